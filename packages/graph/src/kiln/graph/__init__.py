@@ -1,0 +1,34 @@
+"""kiln.graph: the contracts between kiln's stages.
+
+Dialects and their verifiers, TensorSpec, guards as data, stage objects with ``as_text()``, a stable
+graph printer, named logs, a pass driver with instruments, and debug dumps. Imports only torch.
+"""
+
+from .core_ops import CORE_ATEN_OPS
+from .debug import dump, new_graph_id
+from .dialects import Dialect
+from .errors import BackendUnavailable, KilnError, VerificationError
+from .guards import GUARD_KINDS, Guard, GuardSet, global_state, tensor_expectation, type_name
+from .knobs import KNOBS, GraphKnobs
+from .logs import LOG_NAMES, enabled, log, set_logs
+from .passes import KeepText, Pass, PassRecord, PipelineResult, VerifyAfterPass, run_pipeline
+from .printer import print_graph, target_name
+from .spec import Dim, TensorSpec
+from .stages import (
+    Backend,
+    CapturedGraph,
+    CompiledGraph,
+    PortableProgram,
+    StageObject,
+    example_specs,
+)
+from .verify import verify
+
+__all__ = [
+    "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
+    "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
+    "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",
+    "StageObject", "TensorSpec", "VerificationError", "VerifyAfterPass", "dump", "enabled",
+    "example_specs", "global_state", "log", "new_graph_id", "print_graph", "run_pipeline",
+    "set_logs", "target_name", "tensor_expectation", "type_name", "verify",
+]

@@ -1,0 +1,86 @@
+"""Stage objects handed across boundaries; each prints itself with ``as_text()``.
+
+Only the objects more than one stage reads live here (CapturedGraph, CompiledGraph, PortableProgram).
+Stage-private objects — autograd's JointGraph/Partitioned, inductor's LoopProgram, runtime's
+Artifact — live in their packages and satisfy the same ``StageObject`` protocol.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import fx
+
+from .dialects import Dialect
+from .guards import GuardSet
+from .printer import print_graph
+from .spec import TensorSpec
+
+# torch.compile's backend contract: backend(gm, example_inputs) -> callable
+Backend = Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]]
+
+
+@runtime_checkable
+class StageObject(Protocol):
+    def as_text(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class CapturedGraph:
+    """Capture's output: a torch-dialect graph, the sources of its inputs, and the guards it assumed."""
+
+    gm: fx.GraphModule
+    input_sources: tuple[str, ...]  # e.g. "L['x']", "L['self'].fc.weight"
+    input_specs: tuple[TensorSpec | int | None, ...]
+    guards: GuardSet
+    dialect: Dialect = Dialect.TORCH
+
+    def as_text(self) -> str:
+        inputs = "\n".join(f"  {src}: {spec.as_text() if isinstance(spec, TensorSpec) else spec}"
+                           for src, spec in zip(self.input_sources, self.input_specs))
+        return (f"# captured graph ({self.dialect})\n# inputs:\n{inputs}\n"
+                f"{print_graph(self.gm)}\n# guards:\n{self.guards.as_text()}")
+
+
+@dataclass(frozen=True)
+class PortableProgram:
+    """A compiled graph as a Python module source plus named binary files, savable without pickle.
+
+    The source defines ``def call(args: list) -> tuple`` and may read ``FILES[name]`` (bytes) and
+    ``FILES_DIR`` (a directory holding the files) that the loader injects into its globals.
+    """
+
+    source: str
+    files: Mapping[str, bytes] = field(default_factory=dict)
+    requires: tuple[str, ...] = ("torch",)  # distributions the source imports
+
+
+@dataclass
+class CompiledGraph:
+    """A backend's result: a callable plus every stage's text form and, if it has one, a portable form."""
+
+    fn: Callable[..., Any]
+    backend: str
+    texts: dict[str, str] = field(default_factory=dict)  # stage name -> text, in pipeline order
+    portable: PortableProgram | None = None
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args)
+
+    def as_text(self) -> str:
+        return "\n\n".join(f"# ---- {name} ----\n{text}" for name, text in self.texts.items())
+
+
+def example_specs(example_inputs: Sequence[Any]) -> tuple[TensorSpec | int | None, ...]:
+    out: list[TensorSpec | int | None] = []
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            out.append(TensorSpec.from_tensor(x))
+        elif isinstance(x, int):
+            out.append(x)
+        else:
+            out.append(None)
+    return tuple(out)

@@ -1,0 +1,96 @@
+"""Dialect verifiers: ``verify(gm, dialect)`` raises VerificationError naming the offending node."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+
+import torch
+from torch import fx
+
+from .core_ops import CORE_ATEN_OPS
+from .dialects import Dialect
+from .errors import VerificationError
+from .printer import target_name
+
+_ALWAYS_OK = {operator.getitem}
+
+
+def _fail(node: fx.Node, why: str) -> VerificationError:
+    return VerificationError(f"node %{node.name} ({node.format_node()}): {why}")
+
+
+def _is_functional(op: torch._ops.OpOverload) -> bool:
+    schema = op._schema
+    if schema.is_mutable:
+        return False
+    return not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
+
+
+def _check_torch(gm: fx.GraphModule, node: fx.Node) -> None:
+    if node.op == "call_module":
+        raise _fail(node, "torch dialect lifts modules away: parameters must be placeholders")
+    if node.op == "get_attr":
+        obj = getattr(gm, str(node.target), None)
+        if not isinstance(obj, (fx.GraphModule, torch.Tensor)):
+            raise _fail(node, "get_attr may only name a subgraph or a constant tensor")
+    if node.op == "call_method" and not hasattr(torch.Tensor, str(node.target)):
+        raise _fail(node, f"{node.target!r} is not a torch.Tensor method")
+
+
+def _aten_check(core: bool) -> Callable[[fx.GraphModule, fx.Node], None]:
+    def check(gm: fx.GraphModule, node: fx.Node) -> None:
+        if node.op in ("call_method", "call_module"):
+            raise _fail(node, f"{node.op} is not allowed in the {'core_aten' if core else 'aten'} dialect")
+        if node.op != "call_function" or node.target in _ALWAYS_OK:
+            return
+        t = node.target
+        if isinstance(t, torch._ops.HigherOrderOperator):
+            return
+        if not isinstance(t, torch._ops.OpOverload):
+            if getattr(t, "__module__", "") in ("_operator", "math", "builtins"):
+                return  # symbolic-size arithmetic
+            raise _fail(node, f"{target_name(t)} is not an ATen operator overload")
+        if t.namespace not in ("aten", "kiln"):
+            raise _fail(node, f"operator namespace {t.namespace!r} is not ATen")
+        if not _is_functional(t):
+            raise _fail(node, f"{target_name(t)} mutates its inputs; the dialect is functional")
+        if core and t.namespace == "aten" and target_name(t) not in CORE_ATEN_OPS:
+            raise _fail(node, f"{target_name(t)} is not in the core ATen set (kiln.graph.CORE_ATEN_OPS)")
+    return check
+
+
+def _check_prims(gm: fx.GraphModule, node: fx.Node) -> None:
+    if node.op in ("call_method", "call_module"):
+        raise _fail(node, f"{node.op} is not allowed in the prims dialect")
+    if node.op != "call_function" or node.target in _ALWAYS_OK:
+        return
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload) and t.namespace == "kiln_prims":
+        return
+    if getattr(t, "__module__", "") in ("_operator", "math", "builtins"):
+        return
+    raise _fail(node, f"{target_name(t)} is not a kiln_prims operator")
+
+
+VERIFIERS: dict[Dialect, Callable[[fx.GraphModule, fx.Node], None]] = {
+    Dialect.TORCH: _check_torch,
+    Dialect.ATEN: _aten_check(core=False),
+    Dialect.CORE_ATEN: _aten_check(core=True),
+    Dialect.PRIMS: _check_prims,
+}
+
+
+def verify(gm: fx.GraphModule, dialect: Dialect | str) -> None:
+    """Check ``gm`` against ``dialect``'s contract, including its subgraphs."""
+    d = Dialect(dialect) if isinstance(dialect, str) else dialect
+    try:
+        gm.graph.lint()
+    except Exception as e:
+        raise VerificationError(f"graph is malformed: {e}") from e
+    check = VERIFIERS[d]
+    for node in gm.graph.nodes:
+        check(gm, node)
+    for _, sub in gm.named_children():
+        if isinstance(sub, fx.GraphModule):
+            verify(sub, d)
