@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 import sympy
 import torch
 
-Dim = Union[int, sympy.Expr]
+Dim = int | sympy.Expr
 
 
 def _dim(d: object) -> Dim:
