@@ -7,6 +7,7 @@ compile.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -93,9 +94,13 @@ def register_backend(fn: Backend | None = None, *, name: str | None = None) -> A
             raise ValueError("register_backend: give the backend a name")
         if key in _BUILTIN:
             raise ValueError(f"register_backend: {key!r} is a built-in kiln backend")
-        _USER[key] = BackendEntry(key, lambda opts, f=f: f, f.__doc__ or "")
+        _USER[key] = BackendEntry(key, functools.partial(_constant_backend, f), f.__doc__ or "")
         return f
     return add(fn) if fn is not None else add
+
+
+def _constant_backend(fn: Backend, opts: CompileOptions) -> Backend:
+    return fn
 
 
 def list_backends() -> list[str]:

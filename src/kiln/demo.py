@@ -3,6 +3,7 @@ round-trips an ahead-of-time artifact through a fresh process."""
 
 from __future__ import annotations
 
+import functools
 import statistics
 import subprocess
 import sys
@@ -82,8 +83,8 @@ def run_demo(device_name: str | None = None, backend: str | None = None, show_gr
             expected = model(x)
             err = (out - expected).abs().max().item()
             ok &= torch.allclose(out, expected, rtol=1e-3, atol=1e-3)
-            t_eager = time_call(lambda m=model, x=x: m(x), device)
-            t_kiln = time_call(lambda c=compiled, x=x: c(x), device)
+            t_eager = time_call(functools.partial(model, x), device)
+            t_kiln = time_call(functools.partial(compiled, x), device)
             table.add_row(model_name, str(report.graph_count), str(report.break_count),
                           f"{compile_s:.2f}", f"{t_eager * 1e3:.3f}", f"{t_kiln * 1e3:.3f}",
                           f"{t_eager / t_kiln:.2f}x", f"{err:.1e}")
