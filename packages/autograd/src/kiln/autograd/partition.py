@@ -80,6 +80,7 @@ class _Split:
     grads: list[fx.Node | None]
     fw_nodes: set[fx.Node]  # what the forward computes anyway (ancestors of its outputs and primals)
     bw_nodes: set[fx.Node]  # what only the backward needs
+    mutated_inputs: tuple[int, ...]
 
 
 def _split(joint: JointGraph) -> _Split:
@@ -96,7 +97,7 @@ def _split(joint: JointGraph) -> _Split:
     # too: the op will not run again in the backward.
     fw_nodes |= {u for n in list(fw_nodes) for u in n.users if u.target is operator.getitem}
     bw_nodes = _ancestors([x for x in grads if x is not None], stop=fw_nodes) - fw_nodes
-    return _Split(primals, tangents, fw_outputs, grads, fw_nodes, bw_nodes)
+    return _Split(primals, tangents, fw_outputs, grads, fw_nodes, bw_nodes, joint.signature.mutated_inputs)
 
 
 def _needed_by_backward(s: _Split) -> set[fx.Node]:
@@ -125,11 +126,15 @@ _SCALE = 1 << 24  # byte weights dominate the tie-break term (graphs have far fe
 def _min_cut(s: _Split) -> list[fx.Node]:
     """Saved nodes = the forward nodes whose in->out edge is in a minimum source/sink cut."""
     net = nx.DiGraph()
+    mutated = {s.primals[i] for i in s.mutated_inputs}
     net.add_node("source")
     net.add_node("sink")
     for n in s.fw_nodes:
         val = n.meta.get("val")
-        if isinstance(val, torch.Tensor):
+        if n in mutated:
+            # an input written back after the forward: the backward must not read its old value
+            net.add_edge(f"{n.name}_in", f"{n.name}_out")
+        elif isinstance(val, torch.Tensor):
             # bytes first; among equal-byte cuts prefer saving inputs (alive anyway) over new values
             tie = 0 if n.op == "placeholder" else 1
             net.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=tensor_bytes(val) * _SCALE + tie)

@@ -89,6 +89,18 @@ def _split_start(step: ViewStep, base_val: torch.Tensor) -> tuple[int, int, int]
     return dim, start, end
 
 
+def _dense(t: torch.Tensor) -> bool:
+    """Non-overlapping and dense: a clone keeps its strides, so storage offsets carry over."""
+    expected = 1
+    for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
+        if size == 1:
+            continue
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def inverse(emit: EmitFn, step: ViewStep, base: fx.Node, base_val: torch.Tensor,
             view_val: torch.Tensor, src: fx.Node, src_val: torch.Tensor) -> fx.Node:
     """A node holding ``base`` with its ``step`` view replaced by ``src``."""
@@ -121,7 +133,7 @@ def inverse(emit: EmitFn, step: ViewStep, base: fx.Node, base_val: torch.Tensor,
     if op is aten.view.dtype:
         return emit(aten.view.dtype, (src, base_val.dtype), {})[0]
     # Anything else: write through the view's strides on a dense copy of the base.
-    if not base_val.is_non_overlapping_and_dense():
+    if not _dense(base_val):
         raise NotImplementedError(f"mutation through view op {op} of a non-dense tensor")
     offset = view_val.storage_offset() - base_val.storage_offset()
     return emit(aten.as_strided_scatter.default,
