@@ -120,8 +120,9 @@ def build_artifact(program: PortableProgram, *, input_sources: Sequence[str] | N
     if not (len(sources) == len(names) == len(specs)):
         raise ArtifactError(f"{len(sources)} input sources, {len(names)} names and {len(specs)} specs "
                             "given; there must be one of each per graph input")
-    params = frame.params if frame is not None else _params_from_sources(sources)
     guard_set = _guards_with_specs(GuardSet(tuple(guards)).portable(), sources, specs)
+    params = frame.params if frame is not None else _params_from_sources(
+        [*sources, *(g.source for g in guard_set)])
     bound = bind_sources(sources, [g.source for g in guard_set], [p.name for p in params], frame,
                          external_data or {})
     kept = tuple(g for g in guard_set if g.source in bound.kept_guard_sources or not g.source)
@@ -225,7 +226,7 @@ def _unique_names(names: Sequence[str]) -> tuple[str, ...]:
 
 
 def _params_from_sources(sources: Sequence[str]) -> tuple[Param, ...]:
-    """Without a frame, the call's parameters are the distinct ``L`` roots, in input order."""
+    """Without a frame, the parameters are the distinct ``L`` roots of inputs, then of guards."""
     names: list[str] = []
     for s in sources:
         root = root_of(s)

@@ -7,6 +7,7 @@ walk the guards one by one and turn the first failure into a ``GuardError`` such
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,7 @@ from kiln.graph import Guard, GuardSet, global_state
 from .errors import GuardError
 from .sources import display_name
 
+_SIZE_SITE = re.compile(r"^(.*)\.(?:size\(\)|shape)\[(\d+)\]$")
 _HINT = ("the artifact was compiled for other inputs: call it with matching inputs, recompile, "
          "or call disable_guard_check() if you know they are compatible")
 
@@ -95,8 +97,14 @@ def diagnose(guards: GuardSet, L: Mapping[str, Any], G: Mapping[str, Any],
         if g.kind == "SYMBOL":
             sym = str(g.expected)
             if sym in symbols and symbols[sym] != value:
-                return GuardError(f"input {label!r}: expected size {symbols[sym]} (equal to the "
-                                  f"earlier size {sym}), got {value}", input_name=label,
+                site = _SIZE_SITE.match(g.source)
+                if site:
+                    label = names.get(site.group(1)) or display_name(site.group(1))
+                    what = f"size of dim {site.group(2)}"
+                else:
+                    what = "size"
+                return GuardError(f"input {label!r}: expected {what} {symbols[sym]} (the same size "
+                                  f"{sym} as an earlier input), got {value}", input_name=label,
                                   expected=symbols[sym], actual=value, guard=g)
             symbols.setdefault(sym, value)
             continue

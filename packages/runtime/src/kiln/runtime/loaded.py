@@ -21,7 +21,7 @@ from .checks import usable_files
 from .errors import ArtifactError, GuardError
 from .guard_check import diagnose
 from .manifest import PROGRAM_NAME
-from .sources import make_binder
+from .sources import display_name, make_binder
 
 logger = logging.getLogger("kiln.runtime")
 
@@ -84,14 +84,14 @@ class LoadedFunction:
         exprs = [resolver.input_expr(i.source) for i in m.inputs]
         self._exprs = exprs
         self._gather = _compile_gather(exprs)
-        guards, names = [], {}
+        guards = []
+        # guard errors name what the user wrote: input names, or the original source's path
+        self._names = {expr: rec.name for expr, rec in zip(exprs, m.inputs)}
         for g in m.guards:
             src = resolver.guard_expr(g.source)
-            if src is None:
-                continue
-            guards.append(Guard(src, g.kind, g.expected, g.note))
-            names[src] = next((i.name for i in m.inputs if i.source == g.source), "")
-        self._names = {k: v for k, v in names.items() if v}
+            if src is not None:
+                guards.append(Guard(src, g.kind, g.expected, g.note))
+                self._names.setdefault(src, display_name(g.source))
         self.guards = GuardSet(tuple(guards))
         self._check = self.guards.compile()
         self._check_guards = True
