@@ -63,7 +63,11 @@ def _inductor(opts: CompileOptions) -> Backend:
     compile_graph = _stage("kiln.inductor", "compile_graph", "inductor")
     options_cls = _stage("kiln.inductor", "InductorOptions", "inductor")
     table = _stage("kiln.decomp", "table", "inductor")("inductor")
-    inductor_options = options_cls.from_compile(opts.mode, dict(opts.options))
+    try:
+        inductor_options = options_cls(mode=opts.mode, max_autotune=opts.mode.startswith("max-autotune"),
+                                       **dict(opts.options))
+    except TypeError as e:
+        raise ValueError(f"kiln.compile(options=...): {e}; see kiln.inductor.InductorOptions") from e
 
     def compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
         return compile_graph(gm, example_inputs, options=inductor_options)
