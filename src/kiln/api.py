@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from kiln import aot
 from kiln.backends import resolve_backend
 from kiln.graph import Backend, BackendUnavailable
 from kiln.settings import CompileOptions
@@ -69,8 +70,7 @@ class CompiledFunction:
 
     def aot_compile(self, example: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
         """Capture the whole function now for ``example`` and compile it ahead of time."""
-        from_aot = importlib.import_module("kiln.aot")
-        return from_aot.aot_compile(self._fn, example, self._opts, self._backend)
+        return aot.aot_compile(self._fn, example, self._opts, self._backend)
 
 
 class _CompiledForward:
@@ -84,9 +84,8 @@ class _CompiledForward:
 
     def aot_compile(self, example: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
         """AOT-compile the module's forward; the result is called as ``compiled(model, *args)``."""
-        from_aot = importlib.import_module("kiln.aot")
         mod = self._owner._orig_mod
-        return from_aot.aot_compile(type(mod).forward, ((mod, *example[0]), example[1]),
+        return aot.aot_compile(type(mod).forward, ((mod, *example[0]), example[1]),
                                     self._owner._opts, self._owner._backend)
 
 

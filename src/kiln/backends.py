@@ -50,7 +50,11 @@ def _stage(module: str, attr: str, backend: str) -> Any:
 
 def _eager(opts: CompileOptions) -> Backend:
     def eager(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-        return CompiledGraph(gm.forward, "eager", {"graph": print_graph(gm)})
+        try:
+            portable = _stage("kiln.autograd", "render_graph_module", "eager")(gm)
+        except (ValueError, BackendUnavailable):
+            portable = None  # still runs; only aot_compile needs the portable form, and says so
+        return CompiledGraph(gm.forward, "eager", {"graph": print_graph(gm)}, portable)
     return eager
 
 

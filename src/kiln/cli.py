@@ -11,6 +11,7 @@ import typer
 from rich.console import Console
 
 import kiln
+import kiln.runtime as runtime
 from kiln import demo as demo_mod
 from kiln.backends import backend_doc
 
@@ -69,15 +70,13 @@ def backends() -> None:
 @cache_app.command("info")
 def cache_info() -> None:
     """Entries and bytes per namespace of the compile cache."""
-    import kiln.runtime as runtime
     console.print(runtime.cache_info_text())
 
 
 @cache_app.command("clear")
 def cache_clear() -> None:
     """Delete every entry of the compile cache."""
-    import kiln.runtime as runtime
-    console.print(runtime.cache_clear_text())
+    console.print(runtime.cache_clear())
 
 
 @app.command("check-artifact", hidden=True)
