@@ -99,7 +99,7 @@ def roundtrip_artifact(console: Console, backend: str, device: torch.device) -> 
     model_name, model, x = demo_models(device)[0]
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"{model_name}.kiln"
-        with console.status("ahead-of-time compiling and saving an artifact"):
+        with console.status("ahead-of-time compiling and saving an artifact"), torch.no_grad():
             compiled = kiln.compile(model, fullgraph=True, backend=backend).forward.aot_compile(
                 ((x,), {}))
             compiled.save_compiled_function(path)
