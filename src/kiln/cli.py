@@ -67,16 +67,19 @@ def backends() -> None:
         console.print(f"[bold]{name:<12}[/] {backend_doc(name)}")
 
 
+CACHE_DIR = typer.Option(None, "--dir", help="cache folder (default: KILN_CACHE_DIR or ~/.cache/kiln)")
+
+
 @cache_app.command("info")
-def cache_info() -> None:
+def cache_info(cache_dir: Path | None = CACHE_DIR) -> None:
     """Entries and bytes per namespace of the compile cache."""
-    console.print(runtime.cache_info_text())
+    console.print(runtime.cache_info_text(cache_dir), markup=False)
 
 
 @cache_app.command("clear")
-def cache_clear() -> None:
+def cache_clear(cache_dir: Path | None = CACHE_DIR) -> None:
     """Delete every entry of the compile cache."""
-    console.print(runtime.cache_clear())
+    console.print(runtime.cache_clear(cache_dir), markup=False)
 
 
 @app.command("check-artifact", hidden=True)
