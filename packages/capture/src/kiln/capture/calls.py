@@ -97,8 +97,6 @@ def real_call(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         raise GraphBreak(f"passing a function defined in compiled code to {name}()")
     result = fn(*args, **kwargs)
     check_tracked(frame, result, f"{name}()")
-    if isinstance(result, torch.Tensor):
-        raise GraphBreak(f"{name}() returned a tensor outside the graph")
     return result
 
 

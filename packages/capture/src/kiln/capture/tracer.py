@@ -27,6 +27,7 @@ from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+DELETED = object()  # an attribute deleted inside the trace
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis))
 
 # dim sets the cache decides for a source: which dims of this input tensor are dynamic
@@ -59,6 +60,9 @@ class Tracer:
         self.symbol_sources: dict[str, list[str]] = {}
         self.speculative: set[fx.Node] = set()
         self.param_fakes: set[int] = set()
+        self.input_source_of_fake: dict[int, str] = {}
+        # attribute writes on objects from outside the trace, replayed after the graph
+        self.attr_writes: dict[tuple[int, str], tuple[Any, str, Any]] = {}
         self.last_placeholder: fx.Node | None = None
         self.location = ""  # user file:line of the instruction being traced, for node metadata
         self.start_state = global_state()
@@ -167,6 +171,7 @@ class Tracer:
                 if s.node.expr not in self.node_of_expr:
                     self.node_of_expr[s.node.expr] = self._size_node(node, i, s)
         self.inputs.append(GraphInput(source, value, fake, node))
+        self.input_source_of_fake[id(fake)] = source
         self.input_by_key[key] = fake
         self.node_of[id(fake)] = node
         self.keep.append(fake)
@@ -293,11 +298,12 @@ class Tracer:
         return acc
 
     # ---- checkpoints for rolling back an instruction that breaks -------------------------
-    def checkpoint(self) -> tuple[fx.Node, bool]:
-        return (self.graph._root.prev, torch.is_grad_enabled())
+    def checkpoint(self) -> tuple[fx.Node, bool, dict]:
+        return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes))
 
-    def rollback(self, cp: tuple[fx.Node, bool]) -> None:
-        last, grad = cp
+    def rollback(self, cp: tuple[fx.Node, bool, dict]) -> None:
+        last, grad, writes = cp
+        self.attr_writes = writes
         while self.graph._root.prev is not last and self.graph._root.prev is not self.graph._root:
             node = self.graph._root.prev
             if node.op == "placeholder":
