@@ -34,6 +34,7 @@ class CompileContext:
         self.options = options
         self.caches: dict[types.CodeType, CodeCache] = {}
         self.wrapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.wrapped_methods: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.resumes: dict[tuple, Callable] = {}
         self.on_capture: list[Callable[[Capture, CodeCache], None]] = []
         _ALL_CONTEXTS.add(self)
@@ -47,6 +48,7 @@ class CompileContext:
     def reset(self) -> None:
         self.caches.clear()
         self.wrapped = weakref.WeakKeyDictionary()
+        self.wrapped_methods = weakref.WeakKeyDictionary()
         self.resumes.clear()
 
     def wrap_callee(self, fn: Any) -> Any:
@@ -64,24 +66,29 @@ class CompileContext:
         mod = getattr(getattr(fn, "__func__", fn), "__module__", "") or ""
         if mod.startswith(("torch.", "kiln.")) and not isinstance(fn, nn.Module) or mod == "torch":
             return fn
-        key = fn.__self__ if isinstance(fn, types.MethodType) else fn
+        is_method = isinstance(fn, types.MethodType)
+        key = fn.__self__ if is_method else fn
+        table = self.wrapped_methods if is_method else self.wrapped
         try:
-            cached = self.wrapped.get(key)
+            cached = table.get(key)
         except TypeError:
             return fn
-        if cached is not None and isinstance(fn, types.MethodType):
+        if cached is not None and is_method:
             cached = cached.get(fn.__func__)
         if cached is not None:
             return cached
         if isinstance(fn, nn.Module):
             wrapped = Optimized(fn.forward, self)
-            self.wrapped[key] = wrapped
-        elif isinstance(fn, types.MethodType):
+            table[key] = wrapped
+        elif is_method:
             wrapped = Optimized(fn, self)
-            self.wrapped.setdefault(key, {})[fn.__func__] = wrapped
+            try:
+                table.setdefault(key, {})[fn.__func__] = wrapped
+            except TypeError:
+                pass
         else:
             wrapped = Optimized(fn, self)
-            self.wrapped[key] = wrapped
+            table[key] = wrapped
         return wrapped
 
 
@@ -292,6 +299,7 @@ def reset() -> None:
             if cache.eager_reason != "generators and coroutines run eagerly":
                 cache.eager_reason = None
         ctx.wrapped = weakref.WeakKeyDictionary()
+        ctx.wrapped_methods = weakref.WeakKeyDictionary()
         ctx.resumes.clear()
 
 

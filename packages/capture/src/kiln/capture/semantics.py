@@ -138,6 +138,8 @@ def tensor_attr(frame: Frame, t: torch.Tensor, name: str) -> Any:
     static = lookup_static(type(t), name)
     if static is not None and callable(static) or hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
         return TensorMethod(t, name)
+    if not hasattr(torch.Tensor, name):
+        raise AttributeError(f"'Tensor' object has no attribute {name!r}")
     raise GraphBreak(f"unsupported tensor attribute {name!r}")
 
 
@@ -184,6 +186,10 @@ def getitem(frame: Frame, obj: Any, key: Any) -> Any:
         raise GraphBreak("indexing a Python container with a tensor")
     if isinstance(obj, (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)):
         src = tracer.source_of.get(id(obj))
+        if isinstance(key, slice) and isinstance(obj, nn.ModuleList):
+            names = list(obj._modules.keys())[key]  # a plain list of the submodules, with their sources
+            return [tracer.wrap(obj._modules[n], module_member_source(src, "_modules", n) if src else None)
+                    for n in names]
         if isinstance(key, slice):
             return frame.call(type(obj).__getitem__, [obj, key], {})
         if isinstance(obj, (nn.ModuleList, nn.Sequential)):
