@@ -109,9 +109,8 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
         result_plan = flat.plan(outcome.value)
     side_effects = [(flat.plan(obj), name, None if value is DELETED else flat.plan(value))
                     for obj, name, value in tracer.attr_writes.values()]
-    # graph-visible global state is restored at the end of the graph
-    if torch.is_grad_enabled() != tracer.start_state[0][1]:
-        tracer.graph.call_function(torch._C._set_grad_enabled, (tracer.start_state[0][1],))
+    # Note: grad-mode changes stay in effect after the graph, as in eager; a break inside a
+    # grad-mode block re-enters a real context object for the resume function (rebuild.py).
     out_nodes = tuple(tracer.to_arg(v) for v in flat.outputs)
     tracer.graph.output(out_nodes)
     _dead_code(tracer)

@@ -24,7 +24,9 @@ from .values import (
     GradModeContext,
     ListIterator,
     NullContext,
+    ResumeIterator,
     SuperProxy,
+    TensorMethod,
     TracedFunction,
 )
 
@@ -80,9 +82,12 @@ class Flattener:
             return lambda outs, L, G: t(p(outs, L, G) for p in parts)
         if isinstance(v, ListIterator):
             parts = [self.plan(x, depth + 1) for x in v.remaining()]
-            return lambda outs, L, G: iter([p(outs, L, G) for p in parts])
+            return lambda outs, L, G: ResumeIterator([p(outs, L, G) for p in parts])
         if isinstance(v, dict):
             return self._dict_plan(v, depth)
+        if isinstance(v, TensorMethod):
+            tplan, name = self.plan(v.tensor, depth + 1), v.name
+            return lambda outs, L, G: getattr(tplan(outs, L, G), name)
         if isinstance(v, ContextExit):
             return self._context_plan(v)
         if isinstance(v, TracedFunction):

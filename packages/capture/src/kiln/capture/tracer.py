@@ -25,9 +25,11 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from .errors import GraphBreak
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
+from .values import ContextExit, GradModeContext, ListIterator, ResumeIterator
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
-DELETED = object()  # an attribute deleted inside the trace
+DELETED = object()
+_GRAD_MODES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)  # an attribute deleted inside the trace
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis))
 
 # dim sets the cache decides for a source: which dims of this input tensor are dynamic
@@ -92,16 +94,22 @@ class Tracer:
             self.add_guard(source, "ID_MATCH" if not isinstance(value, torch.device) else "EQUALS_MATCH",
                            id(value) if not isinstance(value, torch.device) else value)
             return value
+        if isinstance(value, types.MethodType):
+            if value.__name__ == "__exit__" and isinstance(value.__self__, _GRAD_MODES):
+                # a grad-mode block entered before a graph break: model it, so its exit is recorded
+                prev = bool(getattr(value.__self__, "prev", True))
+                self.add_guard(f"{source}.__self__", "TYPE_MATCH", type_name(type(value.__self__)))
+                self.add_guard(f"{source}.__self__.prev", "EQUALS_MATCH", prev)
+                return ContextExit(GradModeContext(torch.is_grad_enabled(), prev=prev))
+            self.add_guard(f"{source}.__func__", "ID_MATCH", id(value.__func__))
+            self.wrap(value.__self__, f"{source}.__self__")
+            return value
         if isinstance(value, types.ModuleType):
             return value  # Python modules are assumed stable (like torch.compile)
         if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, nn.Module,
                               types.MethodWrapperType)) or callable(value) and t.__module__ == "builtins":
             self.add_guard(source, "ID_MATCH", id(value))
             self._remember(value, source)
-            return value
-        if isinstance(value, types.MethodType):
-            self.add_guard(f"{source}.__func__", "ID_MATCH", id(value.__func__))
-            self.wrap(value.__self__, f"{source}.__self__")
             return value
         if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
             self.add_guard(source, "TYPE_MATCH", type_name(t))
@@ -110,6 +118,10 @@ class Tracer:
             out: Any = t(items) if t is list else (tuple(items) if t is tuple else t(*items))
             self._remember(out, source)
             return out
+        if t is ResumeIterator:
+            self.add_guard(source, "TYPE_MATCH", type_name(t))
+            self.add_guard(source, "LENGTH_MATCH", len(value))
+            return ListIterator([self.wrap(value.peek(i), f"{source}.peek({i})") for i in range(len(value))])
         if t is dict or (isinstance(value, dict) and _plain_dict_subclass(t)):
             self.add_guard(source, "TYPE_MATCH", type_name(t))
             keys = list(value.keys())
