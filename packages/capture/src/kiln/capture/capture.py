@@ -48,8 +48,9 @@ class Capture:
 
 
 def run_capture(code: types.CodeType, f_globals: dict[str, Any], closure: tuple | None,
-                L: dict[str, Any], options: CaptureOptions, policy: DynamicPolicy) -> Capture:
-    tracer = Tracer(policy)
+                L: dict[str, Any], options: CaptureOptions, policy: DynamicPolicy,
+                symbolic: bool = True) -> Capture:
+    tracer = Tracer(policy, symbolic)
     ctx = Context(tracer, options, KNOBS.inline_depth, code)
     grad_before = torch.is_grad_enabled()
     try:

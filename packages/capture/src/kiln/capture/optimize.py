@@ -172,7 +172,8 @@ class Optimized:
                 log("recompiles").info("recompiling %s (%s:%s): %s", self.code.co_name, self.code.co_filename,
                                        self.code.co_firstlineno, self._miss_reason(L, G))
         try:
-            cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options))
+            cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options),
+                              cache.may_be_dynamic(L, options))
         except Unsupported:
             raise
         except SkipFrame as e:

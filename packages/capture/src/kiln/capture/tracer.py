@@ -47,8 +47,10 @@ class GraphInput:
 class Tracer:
     """Owns the fx graph, the fake mode and shape env, the input placeholders and the guards."""
 
-    def __init__(self, dynamic_policy: DynamicPolicy) -> None:
-        self.shape_env = ShapeEnv()
+    def __init__(self, dynamic_policy: DynamicPolicy, symbolic: bool = True) -> None:
+        # Note: ShapeEnv is only built when a size may be symbolic; creating the first one imports a
+        # large part of torch, which static captures do not need.
+        self.shape_env = ShapeEnv() if symbolic else None
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
         self.graph = fx.Graph()
         self.dynamic_policy = dynamic_policy
@@ -167,7 +169,7 @@ class Tracer:
                 self.param_fakes.add(id(fake))
         else:
             dims = self.dynamic_policy(source, value)
-            dims = frozenset(d for d in dims if d < value.dim())
+            dims = frozenset(d for d in dims if d < value.dim()) if self.shape_env is not None else frozenset()
             if dims:
                 ctx = StatelessSymbolicContext(dynamic_sizes=[
                     DimDynamic.DYNAMIC if i in dims else DimDynamic.STATIC for i in range(value.dim())])
@@ -207,6 +209,7 @@ class Tracer:
         with self.graph.inserting_after(self.last_placeholder):
             n = self.graph.call_method("size", (tensor_node, dim))
         n.meta["val"] = sym
+        self.speculative.add(n)
         return n
 
     # ---- recording ----------------------------------------------------------------------
