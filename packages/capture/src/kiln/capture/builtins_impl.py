@@ -215,6 +215,27 @@ def _nullcontext(frame: Frame, args: list, kwargs: dict) -> NullContext:
     return NullContext(contextlib.nullcontext(*args, **kwargs))
 
 
+def _operator_fn(fn: Any) -> Handler:
+    def call(frame: Frame, args: list, kwargs: dict) -> Any:
+        return apply_operator(frame, fn, list(args))
+    return call
+
+
+def _register_operators() -> None:
+    from .semantics import contains, getitem, setitem, truth  # noqa: PLC0415
+    for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_",
+                 "xor", "lshift", "rshift", "neg", "pos", "invert", "lt", "le", "eq", "ne", "gt", "ge",
+                 "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul", "abs"):
+        fn = getattr(operator, name)
+        SPECIAL[fn] = _operator_fn(fn)
+    SPECIAL[operator.getitem] = lambda frame, args, kwargs: getitem(frame, args[0], args[1])
+    SPECIAL[operator.setitem] = lambda frame, args, kwargs: setitem(frame, args[0], args[1], args[2])
+    SPECIAL[operator.contains] = lambda frame, args, kwargs: contains(frame, args[1], args[0])
+    SPECIAL[operator.truth] = lambda frame, args, kwargs: truth(frame, args[0])
+    SPECIAL[operator.not_] = lambda frame, args, kwargs: not truth(frame, args[0])
+    SPECIAL[operator.index] = _scalar(operator.index)
+
+
 def _register() -> None:
     b = builtins
     SPECIAL.update({
@@ -233,9 +254,11 @@ def _register() -> None:
         torch.set_grad_enabled: _set_grad_enabled, torch.inference_mode: _grad_mode(False),
         contextlib.nullcontext: _nullcontext,
         torch._C._get_tracing_state: _constant(None),
+        torch._C._set_grad_enabled: lambda frame, args, kwargs: set_grad_mode(frame, bool(args[0])),
         torch.jit.is_scripting: _constant(False), torch.jit.is_tracing: _constant(False),
     })
     import functools  # noqa: PLC0415
+    SPECIAL[functools.partial] = lambda frame, args, kwargs: functools.partial(*args, **kwargs)
     SPECIAL[functools.reduce] = lambda frame, args, kwargs: frame.call(polyfills.reduce_, list(args), kwargs)
     for name in ("is_compiling", "is_dynamo_compiling"):
         fn = getattr(torch.compiler, name, None)
@@ -250,3 +273,4 @@ def _register() -> None:
 
 
 _register()
+_register_operators()

@@ -39,6 +39,21 @@ class CodeCache:
     seen_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dynamic: dict[str, set[int]] = field(default_factory=dict)
 
+    def may_be_dynamic(self, L: dict[str, Any], options: CaptureOptions) -> bool:
+        """Whether this capture could make a size symbolic (so it needs a ShapeEnv)."""
+        if options.dynamic is True or any(self.dynamic.values()):
+            return True
+        if options.dynamic is False:
+            return any(getattr(v, "_kiln_dynamic_dims", None) for v in _top_tensors(L))
+        for name, v in L.items():
+            for src, t in _tensors_at(f"L[{name!r}]", v):
+                if getattr(t, "_kiln_dynamic_dims", None):
+                    return True
+                prev = self.seen_shapes.get(src)
+                if prev is not None and prev != tuple(t.shape):
+                    return True
+        return False
+
     def dynamic_policy(self, options: CaptureOptions) -> Callable[[str, torch.Tensor], frozenset[int]]:
         def policy(source: str, t: torch.Tensor) -> frozenset[int]:
             marked = set(getattr(t, "_kiln_dynamic_dims", ()))
@@ -54,3 +69,17 @@ class CodeCache:
             self.seen_shapes[source] = shape
             return frozenset(dims | marked)
         return policy
+
+
+def _top_tensors(L: dict[str, Any]) -> list[torch.Tensor]:
+    return [t for name, v in L.items() for _, t in _tensors_at(name, v)]
+
+
+def _tensors_at(src: str, v: Any) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(v, torch.Tensor):
+        return [(src, v)]
+    if type(v) in (list, tuple):
+        return [(f"{src}[{i}]", x) for i, x in enumerate(v) if isinstance(x, torch.Tensor)]
+    if type(v) is dict:
+        return [(f"{src}[{k!r}]", x) for k, x in v.items() if isinstance(x, torch.Tensor)]
+    return []

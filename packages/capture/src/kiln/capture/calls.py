@@ -95,10 +95,18 @@ def real_call(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
                          "compiled code", "mutations of inputs run in Python")
     if any(isinstance(a, (TracedFunction, TracedMethod)) for a in args):
         raise GraphBreak(f"passing a function defined in compiled code to {name}()")
-    result = fn(*args, **kwargs)
+    traced_args = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())
+    if not traced_args:
+        result = fn(*args, **kwargs)
+    else:
+        try:
+            result = fn(*args, **kwargs)
+        except GraphBreak:
+            raise
+        except Exception as e:
+            raise GraphBreak(f"{getattr(fn, '__qualname__', name)}() cannot run on tensors at capture "
+                             f"time ({type(e).__name__})", "it runs in Python between graphs") from e
     check_tracked(frame, result, f"{name}()")
-    if isinstance(result, torch.Tensor):
-        raise GraphBreak(f"{name}() returned a tensor outside the graph")
     return result
 
 

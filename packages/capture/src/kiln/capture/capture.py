@@ -18,7 +18,7 @@ from .knobs import KNOBS, CaptureOptions
 from .rebuild import Flattener, Plan
 from .shape_guards import shape_guards
 from .sources import local_source
-from .tracer import DynamicPolicy, Tracer
+from .tracer import DELETED, DynamicPolicy, Tracer
 from .values import NULL, Cell
 
 
@@ -43,20 +43,25 @@ class Capture:
     result_plan: Plan | None  # the return value when the frame returned
     break_plan: BreakPlan | None
     op_count: int
+    side_effects: list[tuple[Plan, str, Plan | None]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
 
 def run_capture(code: types.CodeType, f_globals: dict[str, Any], closure: tuple | None,
-                L: dict[str, Any], options: CaptureOptions, policy: DynamicPolicy) -> Capture:
-    tracer = Tracer(policy)
+                L: dict[str, Any], options: CaptureOptions, policy: DynamicPolicy,
+                symbolic: bool = True) -> Capture:
+    tracer = Tracer(policy, symbolic)
     ctx = Context(tracer, options, KNOBS.inline_depth, code)
     grad_before = torch.is_grad_enabled()
     try:
         locals_ = {}
+        packed = _packed_arg_names(code)
         for name, value in L.items():
             if name == "__closure__":
                 continue
             locals_[name] = tracer.wrap(value, local_source(name))
+            if name in packed:  # *args / **kwargs are fresh per call: the frame owns them
+                tracer.source_of.pop(id(locals_[name]), None)
         cells = tuple(Cell(real=c, source=f"L['__closure__'][{i}].cell_contents")
                       for i, c in enumerate(closure or ()))
         frame = Frame(ctx, code, f_globals, locals_, cells, parent=None)
@@ -66,6 +71,18 @@ def run_capture(code: types.CodeType, f_globals: dict[str, Any], closure: tuple 
         return _package(tracer, frame, outcome)
     finally:
         torch._C._set_grad_enabled(grad_before)
+
+
+def _packed_arg_names(code: types.CodeType) -> set[str]:
+    import inspect  # noqa: PLC0415
+    idx = code.co_argcount + code.co_kwonlyargcount
+    out = set()
+    if code.co_flags & inspect.CO_VARARGS:
+        out.add(code.co_varnames[idx])
+        idx += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        out.add(code.co_varnames[idx])
+    return out
 
 
 def _unsupported_message(b: BreakAt) -> str:
@@ -82,7 +99,7 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
     break_plan: BreakPlan | None = None
     if isinstance(outcome, BreakAt):
         stack_plans = [None if v is NULL else flat.plan(v) for v in outcome.stack]
-        names = [n for n, v in outcome.locals.items() if v is not NULL]
+        names = [n for n, v in outcome.locals.items() if v is not NULL and not n.startswith("__kiln_stack")]
         cell_names = [n for n, c in outcome.cells.items() if c.real is None and n not in outcome.locals
                       and n in frame.code.co_cellvars and c.value is not _EMPTY]
         local_plans = [flat.plan(outcome.locals[n]) for n in names] + \
@@ -91,9 +108,10 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
                                outcome.kw_names, outcome.reason, outcome.user_stack)
     else:
         result_plan = flat.plan(outcome.value)
-    # graph-visible global state is restored at the end of the graph
-    if torch.is_grad_enabled() != tracer.start_state[0][1]:
-        tracer.graph.call_function(torch._C._set_grad_enabled, (tracer.start_state[0][1],))
+    side_effects = [(flat.plan(obj), name, None if value is DELETED else flat.plan(value))
+                    for obj, name, value in tracer.attr_writes.values()]
+    # Note: grad-mode changes stay in effect after the graph, as in eager; a break inside a
+    # grad-mode block re-enters a real context object for the resume function (rebuild.py).
     out_nodes = tuple(tracer.to_arg(v) for v in flat.outputs)
     tracer.graph.output(out_nodes)
     _dead_code(tracer)
@@ -105,7 +123,7 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
     op_count = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method")
                    and n.target is not operator.getitem and n.target != "size")
     return Capture(captured, [i.value for i in tracer.inputs], [i.source for i in tracer.inputs],
-                   result_plan, break_plan, op_count)
+                   result_plan, break_plan, op_count, side_effects)
 
 
 _EMPTY = __import__("kiln.capture.values", fromlist=["EMPTY"]).EMPTY

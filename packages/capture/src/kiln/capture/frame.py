@@ -56,12 +56,18 @@ def decode(code: types.CodeType) -> tuple[list[Inst], dict[int, int], list[ExcEn
     if hit is not None:
         return hit
     insts: list[Inst] = []
+    index_of: dict[int, int] = {}
+    pending: list[int] = []  # offsets of EXTENDED_ARG prefixes: jumps may target them
     for ins in dis.get_instructions(code):
         if ins.opname in ("EXTENDED_ARG", "CACHE"):
+            pending.append(ins.offset)
             continue
         lineno = ins.positions.lineno if ins.positions is not None else None
+        for off in pending:
+            index_of[off] = len(insts)
+        pending.clear()
+        index_of[ins.offset] = len(insts)
         insts.append(Inst(ins.opname, ins.arg, ins.argval, ins.argrepr, ins.offset, lineno, len(insts)))
-    index_of = {i.offset: i.index for i in insts}
     entries = [ExcEntry(e.start, e.end, e.target, e.depth, e.lasti)
                for e in getattr(dis.Bytecode(code), "exception_entries", [])]
     _DECODED[code] = (insts, index_of, entries)

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import GraphBreak
 from .version import PY
-from .semantics import load_attr, store_attr
+from .semantics import delete_attr, load_attr, store_attr
 from .sources import local_source
 from .values import EMPTY, NULL, Cell
 
@@ -223,10 +223,7 @@ def store_attr_op(f: Frame, i: Inst) -> None:
 
 @op("DELETE_ATTR")
 def delete_attr(f: Frame, i: Inst) -> None:
-    obj = f.pop()
-    if f.tracer.source_of.get(id(obj)) is not None:
-        raise GraphBreak("deleting an attribute of an input object")
-    delattr(obj, i.argval)
+    delete_attr(f, f.pop(), i.argval)
 
 
 @op("LOAD_SUPER_ATTR")

@@ -34,6 +34,7 @@ class CompileContext:
         self.options = options
         self.caches: dict[types.CodeType, CodeCache] = {}
         self.wrapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.wrapped_methods: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.resumes: dict[tuple, Callable] = {}
         self.on_capture: list[Callable[[Capture, CodeCache], None]] = []
         _ALL_CONTEXTS.add(self)
@@ -47,6 +48,7 @@ class CompileContext:
     def reset(self) -> None:
         self.caches.clear()
         self.wrapped = weakref.WeakKeyDictionary()
+        self.wrapped_methods = weakref.WeakKeyDictionary()
         self.resumes.clear()
 
     def wrap_callee(self, fn: Any) -> Any:
@@ -64,24 +66,29 @@ class CompileContext:
         mod = getattr(getattr(fn, "__func__", fn), "__module__", "") or ""
         if mod.startswith(("torch.", "kiln.")) and not isinstance(fn, nn.Module) or mod == "torch":
             return fn
-        key = fn.__self__ if isinstance(fn, types.MethodType) else fn
+        is_method = isinstance(fn, types.MethodType)
+        key = fn.__self__ if is_method else fn
+        table = self.wrapped_methods if is_method else self.wrapped
         try:
-            cached = self.wrapped.get(key)
+            cached = table.get(key)
         except TypeError:
             return fn
-        if cached is not None and isinstance(fn, types.MethodType):
+        if cached is not None and is_method:
             cached = cached.get(fn.__func__)
         if cached is not None:
             return cached
         if isinstance(fn, nn.Module):
             wrapped = Optimized(fn.forward, self)
-            self.wrapped[key] = wrapped
-        elif isinstance(fn, types.MethodType):
+            table[key] = wrapped
+        elif is_method:
             wrapped = Optimized(fn, self)
-            self.wrapped.setdefault(key, {})[fn.__func__] = wrapped
+            try:
+                table.setdefault(key, {})[fn.__func__] = wrapped
+            except TypeError:
+                pass
         else:
             wrapped = Optimized(fn, self)
-            self.wrapped[key] = wrapped
+            table[key] = wrapped
         return wrapped
 
 
@@ -107,7 +114,7 @@ class Optimized:
         self.code: types.CodeType | None = getattr(func, "__code__", None)
         self.f_globals: dict = getattr(func, "__globals__", {})
         self.closure = getattr(func, "__closure__", None)
-        self.sig = inspect.signature(func) if func is not None else None
+        self.sig = inspect.signature(func, follow_wrapped=False) if func is not None else None
         self.simple = self.code is not None and not (self.code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)) \
             and not self.code.co_kwonlyargcount and not func.__defaults__
         self.names = self.code.co_varnames[:self.code.co_argcount] if self.code else ()
@@ -165,7 +172,8 @@ class Optimized:
                 log("recompiles").info("recompiling %s (%s:%s): %s", self.code.co_name, self.code.co_filename,
                                        self.code.co_firstlineno, self._miss_reason(L, G))
         try:
-            cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options))
+            cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options),
+                              cache.may_be_dynamic(L, options))
         except Unsupported:
             raise
         except SkipFrame as e:
@@ -206,20 +214,26 @@ class Optimized:
         compiled = compile_capture(cap, self.ctx.backend, self.code)
         extract = _extractor(cap.input_sources)
         check = cap.captured.guards.compile()
+        effects = cap.side_effects
         if cap.break_plan is None:
             plan = cap.result_plan
             assert plan is not None
-            if compiled is None:
+            if effects:
+                def run(L: dict, G: dict) -> Any:
+                    outs = compiled(*extract(L, G)) if compiled is not None else ()
+                    _replay(effects, outs, L, G)
+                    return plan(outs, L, G)
+            elif compiled is None:
                 def run(L: dict, G: dict) -> Any:
                     return plan((), L, G)
             else:
                 def run(L: dict, G: dict) -> Any:
                     return plan(compiled(*extract(L, G)), L, G)
         else:
-            run = self._break_runner(cap.break_plan, compiled, extract)
+            run = self._break_runner(cap.break_plan, compiled, extract, effects)
         return CacheEntry(cap.captured.guards, check, run, cap, compiled)
 
-    def _break_runner(self, bp: BreakPlan, compiled: Any, extract: Callable) -> Callable:
+    def _break_runner(self, bp: BreakPlan, compiled: Any, extract: Callable, effects: list) -> Callable:
         assert self.code is not None
         code, ctx, f_globals = self.code, self.ctx, self.f_globals
         log("graph_breaks").info("graph break in %s: %s\n  at %s", code.co_name, bp.reason,
@@ -228,6 +242,8 @@ class Optimized:
 
         def run(L: dict, G: dict) -> Any:
             outs = compiled(*extract(L, G)) if compiled is not None else ()
+            if effects:
+                _replay(effects, outs, L, G)
             stack = [NEXT if p is None else p(outs, L, G) for p in bp.stack_plans]
             values = [p(outs, L, G) for p in bp.local_plans]
             stack, offset = execute_in_python(code, bp.inst, stack, bp.kw_names, ctx.wrap_callee)
@@ -239,6 +255,16 @@ class Optimized:
                 resume = ctx.resumes[key] = Optimized(fn, ctx)
             return resume(*[v for v in stack if v is not NEXT], *values)
         return run
+
+
+def _replay(effects: list, outs: Any, L: dict, G: dict) -> None:
+    for obj_plan, name, value_plan in effects:
+        obj = obj_plan(outs, L, G)
+        if value_plan is None:
+            if hasattr(obj, name):
+                delattr(obj, name)
+        else:
+            setattr(obj, name, value_plan(outs, L, G))
 
 
 def _extractor(sources: list[str]) -> Callable[[dict, dict], list]:
@@ -274,6 +300,7 @@ def reset() -> None:
             if cache.eager_reason != "generators and coroutines run eagerly":
                 cache.eager_reason = None
         ctx.wrapped = weakref.WeakKeyDictionary()
+        ctx.wrapped_methods = weakref.WeakKeyDictionary()
         ctx.resumes.clear()
 
 

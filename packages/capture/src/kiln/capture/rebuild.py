@@ -7,6 +7,7 @@ the plan rebuilds the real value from the graph's outputs and the frame's ``L``/
 
 from __future__ import annotations
 
+import collections
 import copy
 import types
 from collections.abc import Callable
@@ -23,7 +24,9 @@ from .values import (
     GradModeContext,
     ListIterator,
     NullContext,
+    ResumeIterator,
     SuperProxy,
+    TensorMethod,
     TracedFunction,
 )
 
@@ -46,6 +49,9 @@ class Flattener:
     def plan(self, v: Any, depth: int = 0) -> Plan:
         if depth > 50:
             raise GraphBreak("value nesting too deep to rebuild after the graph")
+        if isinstance(v, torch.Tensor) and id(v) in self.tracer.input_source_of_fake and \
+                self.tracer.node_of.get(id(v)) is not None and self.tracer.node_of[id(v)].op == "placeholder":
+            return eval(f"lambda outs, L, G: {self.tracer.input_source_of_fake[id(v)]}")  # noqa: S307
         if isinstance(v, (torch.Tensor, *SYM_TYPES)):
             i = self.output_index(v)
             return lambda outs, L, G: outs[i]
@@ -76,9 +82,12 @@ class Flattener:
             return lambda outs, L, G: t(p(outs, L, G) for p in parts)
         if isinstance(v, ListIterator):
             parts = [self.plan(x, depth + 1) for x in v.remaining()]
-            return lambda outs, L, G: iter([p(outs, L, G) for p in parts])
+            return lambda outs, L, G: ResumeIterator([p(outs, L, G) for p in parts])
         if isinstance(v, dict):
             return self._dict_plan(v, depth)
+        if isinstance(v, TensorMethod):
+            tplan, name = self.plan(v.tensor, depth + 1), v.name
+            return lambda outs, L, G: getattr(tplan(outs, L, G), name)
         if isinstance(v, ContextExit):
             return self._context_plan(v)
         if isinstance(v, TracedFunction):
@@ -109,10 +118,13 @@ class Flattener:
         if t is dict:
             return lambda outs, L, G: {k: p(outs, L, G) for k, p in zip(keys, parts)}
 
+        base_set = collections.OrderedDict.__setitem__ if isinstance(v, collections.OrderedDict) \
+            else dict.__setitem__
+
         def make(outs: Any, L: dict, G: dict) -> Any:
             new = t.__new__(t)
             for k, p in zip(keys, parts):
-                dict.__setitem__(new, k, p(outs, L, G))
+                base_set(new, k, p(outs, L, G))
             for a, p in attrs.items():
                 object.__setattr__(new, a, p(outs, L, G))
             return new

@@ -38,7 +38,7 @@ def resume_code(code: types.CodeType, offset: int, null_mask: tuple[bool, ...],
     resume_at = next((k for k, x in enumerate(bc) if isinstance(x, Instr) and x.name == "RESUME"), None)
     if resume_at is None:
         raise SkipFrame(f"{code.co_name} has no RESUME instruction")
-    stack_names = [f"__kiln_stack{i}" for i, is_null in enumerate(null_mask) if not is_null]
+    stack_names = [f"__kiln_stack{offset}_{i}" for i, is_null in enumerate(null_mask) if not is_null]
     loc = target.location
     prologue: list = []
     it = iter(stack_names)

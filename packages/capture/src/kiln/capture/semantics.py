@@ -16,7 +16,7 @@ from torch import nn
 
 from .errors import GraphBreak
 from .sources import attr_source, item_source, module_member_source
-from .tracer import SYM_TYPES
+from .tracer import DELETED, SYM_TYPES
 from .values import ListIterator, SuperProxy, TensorMethod
 
 if TYPE_CHECKING:
@@ -62,6 +62,11 @@ def load_attr(frame: Frame, obj: Any, name: str) -> Any:
         return tensor_attr(frame, obj, name)
     if isinstance(obj, SuperProxy):
         return super_attr(frame, obj, name)
+    written = tracer.attr_writes.get((id(obj), name))
+    if written is not None:
+        if written[2] is DELETED:
+            raise AttributeError(name)
+        return written[2]
     if isinstance(obj, types.ModuleType):
         value = getattr(obj, name)
         if isinstance(value, torch.Tensor):
@@ -133,13 +138,18 @@ def tensor_attr(frame: Frame, t: torch.Tensor, name: str) -> Any:
     static = lookup_static(type(t), name)
     if static is not None and callable(static) or hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
         return TensorMethod(t, name)
+    if not hasattr(torch.Tensor, name):
+        raise AttributeError(f"'Tensor' object has no attribute {name!r}")
     raise GraphBreak(f"unsupported tensor attribute {name!r}")
 
 
 def store_attr(frame: Frame, obj: Any, name: str, value: Any) -> None:
     if isinstance(obj, torch.Tensor):
         raise GraphBreak(f"setting tensor attribute {name!r}")
-    if frame.tracer.source_of.get(id(obj)) is not None or isinstance(obj, (nn.Module, type, types.ModuleType)):
+    if frame.tracer.source_of.get(id(obj)) is not None:
+        record_attr_write(frame, obj, name, value)
+        return
+    if isinstance(obj, (nn.Module, type, types.ModuleType)):
         raise GraphBreak(f"mutation of attribute {name!r} on an object from outside the compiled code",
                          "attribute writes on inputs run in Python")
     static = lookup_static(type(obj), name)
@@ -147,6 +157,24 @@ def store_attr(frame: Frame, obj: Any, name: str, value: Any) -> None:
         frame.call(static.fset, [obj, value], {})
         return
     setattr(obj, name, value)
+
+
+def record_attr_write(frame: Frame, obj: Any, name: str, value: Any) -> None:
+    """Defer a write to an object the trace does not own: reads see it, the graph's caller replays it."""
+    if isinstance(obj, nn.Module) and isinstance(value, (torch.Tensor, nn.Module)) or \
+            isinstance(obj, nn.Module) and name in ("training",):
+        raise GraphBreak(f"assigning {name!r} on module {type(obj).__name__}")
+    frame.tracer.attr_writes[(id(obj), name)] = (obj, name, value)
+
+
+def delete_attr(frame: Frame, obj: Any, name: str) -> None:
+    if frame.tracer.source_of.get(id(obj)) is not None:
+        load_attr(frame, obj, name)  # AttributeError if it is not there
+        frame.tracer.attr_writes[(id(obj), name)] = (obj, name, DELETED)
+        return
+    if isinstance(obj, (nn.Module, type, types.ModuleType, torch.Tensor)):
+        raise GraphBreak(f"deleting attribute {name!r}")
+    delattr(obj, name)
 
 
 # ---- items ------------------------------------------------------------------------------
@@ -158,6 +186,10 @@ def getitem(frame: Frame, obj: Any, key: Any) -> Any:
         raise GraphBreak("indexing a Python container with a tensor")
     if isinstance(obj, (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)):
         src = tracer.source_of.get(id(obj))
+        if isinstance(key, slice) and isinstance(obj, nn.ModuleList):
+            names = list(obj._modules.keys())[key]  # a plain list of the submodules, with their sources
+            return [tracer.wrap(obj._modules[n], module_member_source(src, "_modules", n) if src else None)
+                    for n in names]
         if isinstance(key, slice):
             return frame.call(type(obj).__getitem__, [obj, key], {})
         if isinstance(obj, (nn.ModuleList, nn.Sequential)):

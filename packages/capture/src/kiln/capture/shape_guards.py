@@ -3,8 +3,6 @@ printed as Python expressions over symbol names (GuardSet's SHAPE_EXPR kind eval
 
 from __future__ import annotations
 
-import math
-
 import sympy
 from kiln.graph import Guard
 
@@ -58,23 +56,20 @@ def py_expr(e: sympy.Basic) -> str:
 def shape_guards(shape_env, symbol_sources: dict[str, list[str]]) -> list[Guard]:
     """SYMBOL guards binding each symbol, then its range, then every guard ShapeEnv recorded."""
     out: list[Guard] = []
+    if shape_env is None:
+        return out
     for name, sources in symbol_sources.items():
         for src in sources:
             out.append(Guard(src, "SYMBOL", name, "dynamic size"))
     for sym, vr in shape_env.var_to_range.items():
         if str(sym) not in symbol_sources:
             continue
-        lo, hi = vr.lower, vr.upper
-        if lo is not None and not (isinstance(lo, float) and math.isinf(lo)) and lo != -sympy.oo:
+        for bound, op in ((vr.lower, ">="), (vr.upper, "<=")):
             try:
-                out.append(Guard("", "SHAPE_EXPR", f"{sym} >= {int(lo)}", "size range"))
-            except TypeError:
-                pass
-        try:
-            hi_int = int(hi)
-            out.append(Guard("", "SHAPE_EXPR", f"{sym} <= {hi_int}", "size range"))
-        except (TypeError, OverflowError, ValueError):
-            pass
+                value = int(bound)
+            except Exception:  # infinite bounds (int_oo) have no integer value
+                continue
+            out.append(Guard("", "SHAPE_EXPR", f"{sym} {op} {value}", "size range"))
     seen: set[str] = set()
     for g in shape_env.guards:
         text = py_expr(g.expr)

@@ -25,8 +25,11 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from .errors import GraphBreak
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
+from .values import ContextExit, GradModeContext, ListIterator, ResumeIterator
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+DELETED = object()
+_GRAD_MODES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)  # an attribute deleted inside the trace
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis))
 
 # dim sets the cache decides for a source: which dims of this input tensor are dynamic
@@ -44,8 +47,10 @@ class GraphInput:
 class Tracer:
     """Owns the fx graph, the fake mode and shape env, the input placeholders and the guards."""
 
-    def __init__(self, dynamic_policy: DynamicPolicy) -> None:
-        self.shape_env = ShapeEnv()
+    def __init__(self, dynamic_policy: DynamicPolicy, symbolic: bool = True) -> None:
+        # Note: ShapeEnv is only built when a size may be symbolic; creating the first one imports a
+        # large part of torch, which static captures do not need.
+        self.shape_env = ShapeEnv() if symbolic else None
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
         self.graph = fx.Graph()
         self.dynamic_policy = dynamic_policy
@@ -59,6 +64,9 @@ class Tracer:
         self.symbol_sources: dict[str, list[str]] = {}
         self.speculative: set[fx.Node] = set()
         self.param_fakes: set[int] = set()
+        self.input_source_of_fake: dict[int, str] = {}
+        # attribute writes on objects from outside the trace, replayed after the graph
+        self.attr_writes: dict[tuple[int, str], tuple[Any, str, Any]] = {}
         self.last_placeholder: fx.Node | None = None
         self.location = ""  # user file:line of the instruction being traced, for node metadata
         self.start_state = global_state()
@@ -88,16 +96,22 @@ class Tracer:
             self.add_guard(source, "ID_MATCH" if not isinstance(value, torch.device) else "EQUALS_MATCH",
                            id(value) if not isinstance(value, torch.device) else value)
             return value
+        if isinstance(value, types.MethodType):
+            if value.__name__ == "__exit__" and isinstance(value.__self__, _GRAD_MODES):
+                # a grad-mode block entered before a graph break: model it, so its exit is recorded
+                prev = bool(getattr(value.__self__, "prev", True))
+                self.add_guard(f"{source}.__self__", "TYPE_MATCH", type_name(type(value.__self__)))
+                self.add_guard(f"{source}.__self__.prev", "EQUALS_MATCH", prev)
+                return ContextExit(GradModeContext(torch.is_grad_enabled(), prev=prev))
+            self.add_guard(f"{source}.__func__", "ID_MATCH", id(value.__func__))
+            self.wrap(value.__self__, f"{source}.__self__")
+            return value
         if isinstance(value, types.ModuleType):
             return value  # Python modules are assumed stable (like torch.compile)
         if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, nn.Module,
                               types.MethodWrapperType)) or callable(value) and t.__module__ == "builtins":
             self.add_guard(source, "ID_MATCH", id(value))
             self._remember(value, source)
-            return value
-        if isinstance(value, types.MethodType):
-            self.add_guard(f"{source}.__func__", "ID_MATCH", id(value.__func__))
-            self.wrap(value.__self__, f"{source}.__self__")
             return value
         if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
             self.add_guard(source, "TYPE_MATCH", type_name(t))
@@ -106,6 +120,10 @@ class Tracer:
             out: Any = t(items) if t is list else (tuple(items) if t is tuple else t(*items))
             self._remember(out, source)
             return out
+        if t is ResumeIterator:
+            self.add_guard(source, "TYPE_MATCH", type_name(t))
+            self.add_guard(source, "LENGTH_MATCH", len(value))
+            return ListIterator([self.wrap(value.peek(i), f"{source}.peek({i})") for i in range(len(value))])
         if t is dict or (isinstance(value, dict) and _plain_dict_subclass(t)):
             self.add_guard(source, "TYPE_MATCH", type_name(t))
             keys = list(value.keys())
@@ -151,7 +169,7 @@ class Tracer:
                 self.param_fakes.add(id(fake))
         else:
             dims = self.dynamic_policy(source, value)
-            dims = frozenset(d for d in dims if d < value.dim())
+            dims = frozenset(d for d in dims if d < value.dim()) if self.shape_env is not None else frozenset()
             if dims:
                 ctx = StatelessSymbolicContext(dynamic_sizes=[
                     DimDynamic.DYNAMIC if i in dims else DimDynamic.STATIC for i in range(value.dim())])
@@ -167,6 +185,7 @@ class Tracer:
                 if s.node.expr not in self.node_of_expr:
                     self.node_of_expr[s.node.expr] = self._size_node(node, i, s)
         self.inputs.append(GraphInput(source, value, fake, node))
+        self.input_source_of_fake[id(fake)] = source
         self.input_by_key[key] = fake
         self.node_of[id(fake)] = node
         self.keep.append(fake)
@@ -190,6 +209,7 @@ class Tracer:
         with self.graph.inserting_after(self.last_placeholder):
             n = self.graph.call_method("size", (tensor_node, dim))
         n.meta["val"] = sym
+        self.speculative.add(n)
         return n
 
     # ---- recording ----------------------------------------------------------------------
@@ -293,11 +313,12 @@ class Tracer:
         return acc
 
     # ---- checkpoints for rolling back an instruction that breaks -------------------------
-    def checkpoint(self) -> tuple[fx.Node, bool]:
-        return (self.graph._root.prev, torch.is_grad_enabled())
+    def checkpoint(self) -> tuple[fx.Node, bool, dict]:
+        return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes))
 
-    def rollback(self, cp: tuple[fx.Node, bool]) -> None:
-        last, grad = cp
+    def rollback(self, cp: tuple[fx.Node, bool, dict]) -> None:
+        last, grad, writes = cp
+        self.attr_writes = writes
         while self.graph._root.prev is not last and self.graph._root.prev is not self.graph._root:
             node = self.graph._root.prev
             if node.op == "placeholder":

@@ -65,6 +65,9 @@ class TracedFunction:
     def __name__(self) -> str:
         return self.name
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("internal: a traced function was called outside the interpreter")
+
 
 @dataclass(eq=False)
 class TracedMethod:
@@ -152,3 +155,33 @@ class ExceptionValue:
     """An exception raised and being handled inside the trace."""
 
     exc: BaseException
+
+
+class ResumeIterator:
+    """A real iterator over a list that can be inspected without consuming it.
+
+    Graph breaks inside loops hand the loop's iterator to the resume function as one of these, so
+    the resume function's capture can guard on and read the remaining items.
+    """
+
+    __slots__ = ("items", "pos")
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+        self.pos = 0
+
+    def __iter__(self) -> ResumeIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.pos >= len(self.items):
+            raise StopIteration
+        v = self.items[self.pos]
+        self.pos += 1
+        return v
+
+    def __len__(self) -> int:
+        return len(self.items) - self.pos
+
+    def peek(self, i: int) -> Any:
+        return self.items[self.pos + i]
