@@ -173,6 +173,9 @@ def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, 
     for a, v in zip(schema_args, args):
         bound[a.name] = v
     bound.update(kwargs)
+    for a in schema_args:  # the dispatcher drops arguments equal to their defaults
+        if a.name not in bound and a.has_default_value():
+            bound[a.name] = a.default_value
     return bound
 
 
