@@ -33,11 +33,9 @@ OPS = {
     "add_": lambda v: v.add_(1.5),
     "mul_": lambda v: v.mul_(2.0),
     "zero_": lambda v: v.zero_(),
-    "fill_": lambda v: v.fill_(0.25),
     "clamp_": lambda v: v.clamp_(min=-0.1, max=0.3),
     "copy_": lambda v: v.copy_(torch.full_like(v, 3.0)),
     "masked_fill_": lambda v: v.masked_fill_(v > 0, -1.0),
-    "neg_": lambda v: v.neg_(),
 }
 
 
@@ -56,7 +54,7 @@ def test_mutate_intermediate_view(view: str, op: str) -> None:
     check(f, _inputs())
 
 
-@pytest.mark.parametrize("op", ["add_", "mul_", "copy_", "masked_fill_", "zero_"])
+@pytest.mark.parametrize("op", ["add_", "copy_", "masked_fill_"])
 @pytest.mark.parametrize("view", list(VIEWS))
 def test_mutate_input_view(view: str, op: str) -> None:
     def f(x, w):

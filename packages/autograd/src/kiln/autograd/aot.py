@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from torch import fx
 
+from kiln.graph import KNOBS as KILN_GRAPH_KNOBS
 from kiln.graph import CompiledGraph, PortableProgram, dump, enabled, log, new_graph_id, print_graph
 
 from .knobs import KNOBS
@@ -42,6 +43,8 @@ class AotResult:
 
 
 def _log_graphs(gid: str, joint: JointGraph, parts: Partitioned | None) -> None:
+    if not enabled("aot_graphs") and KILN_GRAPH_KNOBS.debug_dir is None:
+        return
     if parts is None:
         text = f"# inference graph {gid}\n{print_graph(joint.gm)}"
         dump(gid, "aot_inference", text)
@@ -72,17 +75,19 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[Any], *, fw_compiler: Compi
     gid = new_graph_id("aot")
     _log_graphs(gid, joint, parts)
     sig = joint.signature
-    texts = {"aot_joint": joint.as_text()}
+    texts: dict[str, str] = {}
     if parts is None:
         compiled = (inference_compiler or fw_compiler)(joint.gm, _example_vals(joint.gm))
         fn = make_inference_callable(sig, compiled)
+        texts["aot_inference"] = print_graph(joint.gm)
         p = _portable_of(compiled)
         portable = training_program(sig, p, None) if p and sig.n_lifted == 0 else None
     else:
         fw = fw_compiler(parts.fw_gm, _example_vals(parts.fw_gm))
         bw = (bw_compiler or fw_compiler)(parts.bw_gm, _example_vals(parts.bw_gm))
         fn = make_training_callable(sig, fw, bw, parts.n_saved)
-        texts["aot_partitioned"] = parts.as_text()
+        texts["aot_forward"] = print_graph(parts.fw_gm)
+        texts["aot_backward"] = print_graph(parts.bw_gm)
         pf, pb = _portable_of(fw), _portable_of(bw)
         portable = training_program(sig, pf, pb) if pf and pb and sig.n_lifted == 0 else None
     if sig.n_lifted:

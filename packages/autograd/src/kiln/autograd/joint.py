@@ -106,7 +106,7 @@ class _FakeInterpreter(fx.Interpreter):
         val = super().get_attr(target, args, kwargs)
         if isinstance(val, torch.Tensor) and not isinstance(val, FakeTensor):
             fake = self.mode.from_tensor(val)
-            self.rec.constant(val.detach(), fake)
+            self.rec.constant(val, fake)  # the real tensor itself: ops here would run under fake mode
             return fake
         return val
 

@@ -106,7 +106,8 @@ def _needed_by_backward(s: _Split) -> set[fx.Node]:
 
 
 def _save_all(s: _Split) -> list[fx.Node]:
-    return [n for n in _order(s) if n in _needed_by_backward(s)]
+    needed = _needed_by_backward(s)
+    return [n for n in _order(s) if n in needed]
 
 
 def _order(s: _Split) -> list[fx.Node]:
@@ -169,10 +170,8 @@ def _copy_graph(joint: fx.GraphModule, inputs: list[tuple[fx.Node, str]], output
                                      "was not given")
         env[n] = g.node_copy(n, lambda x: env[x])
     g.output(tuple(env[o] if o is not None else None for o in outputs))
-    gm = fx.GraphModule(joint, g)
-    gm.graph.eliminate_dead_code()
-    gm.recompile()
-    return gm
+    g.eliminate_dead_code()
+    return fx.GraphModule(joint, g)
 
 
 def partition(joint: JointGraph, partitioner: PartitionerName = "min_cut") -> Partitioned:

@@ -163,10 +163,8 @@ class GraphRecorder:
         root = torch.nn.Module()
         for name, t in self.constants.items():
             root.register_buffer(name, t)
-        gm = fx.GraphModule(root, self.graph)
-        gm.graph.eliminate_dead_code()
-        gm.recompile()
-        return gm
+        self.graph.eliminate_dead_code()
+        return fx.GraphModule(root, self.graph)
 
 
 def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -175,6 +173,9 @@ def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, 
     for a, v in zip(schema_args, args):
         bound[a.name] = v
     bound.update(kwargs)
+    for a in schema_args:  # the dispatcher drops arguments equal to their defaults
+        if a.name not in bound and a.has_default_value():
+            bound[a.name] = a.default_value
     return bound
 
 
@@ -233,7 +234,7 @@ class TracingMode(TorchDispatchMode):
         except Exception as e:
             raise AutogradTraceError(f"{func} failed on fake tensors: {e}") from e
         if mutation is not None:
-            self._functionalize(func, mutation, args, kwargs)
+            self._functionalize(func, mutation, args, kwargs, out)
             return out
         if any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
             self.rec.record(func, args, kwargs, out)
@@ -243,7 +244,7 @@ class TracingMode(TorchDispatchMode):
         out = func(*args)
         real = args[0]
         if isinstance(real, torch.Tensor) and not hasattr(real, "fake_mode"):
-            self.rec.constant(real.detach().clone(), out)
+            self.rec.constant(real, out)  # no detach/clone here: under fake mode they would make fakes
         else:
             self.rec.record(aten.clone.default, (real,), {}, out)
         return out
@@ -264,13 +265,21 @@ class TracingMode(TorchDispatchMode):
         a.node, a.version = node, a.root.version
         return out
 
-    def _functionalize(self, func: Any, m: ops.Mutation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    def _functionalize(self, func: Any, m: ops.Mutation, args: tuple[Any, ...], kwargs: dict[str, Any],
+                       out: Any) -> None:
         bound = _bind(func, args, kwargs)
         for name in m.drop_args:
             bound.pop(name, None)
         fargs, fkwargs = _call_args(m.functional, bound)
         result = m.functional(*fargs, **fkwargs)
         node = self.rec.record(m.functional, fargs, fkwargs, result)
+        if all(r.alias_info is None for r in func._schema.returns):
+            # fresh results (native_batch_norm's output and statistics): the functional op's leading ones
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            for i, o in enumerate(outs):
+                if isinstance(o, torch.Tensor):
+                    src = self._getitem(node, i) if isinstance(result, (tuple, list)) else node
+                    self.rec._register(o, src, None, None)
         full = _bind(func, args, kwargs)
         for target, idx in zip(m.targets, m.result_for):
             dest = full.get(target)
