@@ -12,10 +12,16 @@ from . import (
     activations,
     creation,
     elementwise,
+    indexing,
+    linalg,
+    losses,
     norms,
+    pooling,
+    random_ops,
     reductions,
     shape_ops,
     softmax,
+    upsample,
 )
 from .registry import TABLE_DIALECTS, TABLE_NAMES, USER, DecompTable, Decomposition, Family
 
@@ -23,10 +29,16 @@ FAMILIES: tuple[Family, ...] = (
     activations.FAMILY,
     creation.FAMILY,
     elementwise.FAMILY,
+    indexing.FAMILY,
+    linalg.FAMILY,
+    losses.FAMILY,
     norms.FAMILY,
+    pooling.FAMILY,
+    random_ops.FAMILY,
     reductions.FAMILY,
     shape_ops.FAMILY,
     softmax.FAMILY,
+    upsample.FAMILY,
 )
 
 # Which registered tables feed each table, in override order (later wins).
