@@ -99,6 +99,11 @@ def detach(self):
     return aten.alias.default(self)
 
 
+@register(aten.lift_fresh.default)
+def lift_fresh(self):
+    return aten.alias.default(self)
+
+
 @register(aten.lift_fresh_copy.default)
 def lift_fresh_copy(self):
     return aten.clone.default(self)
