@@ -62,9 +62,9 @@ def _grad_inputs(sample):
     return [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def run_opinfo(opinfo, report: CrossRefReport) -> None:
+def run_opinfo(opinfo, report: CrossRefReport, table_name: str = "core_aten") -> None:
     """Forward (fp32, fp64, bf16) and backward (fp32, fp64) of a few samples under CrossRefMode."""
-    tab = table("core_aten")
+    tab = table(table_name)
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         if dtype not in opinfo.supported_dtypes("cpu"):
             continue

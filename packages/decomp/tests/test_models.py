@@ -27,21 +27,25 @@ def _graphs(name):
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_model_graphs_decompose_to_core(name):
+def test_model_graphs_decompose_to_core_and_prims(name):
     for gm in _graphs(name):
-        out = decompose(gm, table("core_aten"))
-        verify(out, "core_aten")
-        targets = {n.target for n in out.graph.nodes if n.op == "call_function"}
+        core = decompose(gm, table("core_aten"))
+        verify(core, "core_aten")
+        targets = {n.target for n in core.graph.nodes if n.op == "call_function"}
         aten_ops = [t for t in targets if isinstance(t, torch._ops.OpOverload)]
         assert aten_ops and all(
             f"aten.{t._schema.name.split('::')[-1]}.{t._overloadname}" in CORE_ATEN_OPS for t in aten_ops)
+        prims = decompose(core, table("prims"))
+        verify(prims, "prims")
+        assert all(n.target.namespace == "kiln_prims" for n in prims.graph.nodes
+                   if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload))
 
 
-@pytest.mark.parametrize("name", ["vit", "llama"])
-def test_decomposed_training_step_matches_eager(name):
+@pytest.mark.parametrize("name,table_name", [("vit", "core_aten"), ("llama", "core_aten"), ("llama", "prims")])
+def test_decomposed_training_step_matches_eager(name, table_name):
     torch.manual_seed(0)
     gm, params, inputs, step = joint_graph(name)
-    out = decompose(gm, table("core_aten"))
+    out = decompose(gm, table(table_name))
     flat = [t for t in tree_flatten((list((params, inputs)), {}))[0] if isinstance(t, torch.Tensor)]
     got = out(*flat)
     expected = step(params, inputs)

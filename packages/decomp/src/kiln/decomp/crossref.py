@@ -25,6 +25,8 @@ aten = torch.ops.aten
 VALUES_UNSPECIFIED: frozenset[OpOverload] = frozenset({
     aten.empty_like.default, aten.new_empty.default, aten.new_empty_strided.default,
     aten.rand_like.default, aten.randn_like.default, aten.bernoulli.default, aten.native_dropout.default,
+    aten.rand.default, aten.randn.default, aten.randint.low, aten.bernoulli.p, aten.empty.memory_format,
+    aten.empty_strided.default,
 })
 
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {  # (rtol, atol)

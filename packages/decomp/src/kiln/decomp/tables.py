@@ -21,6 +21,8 @@ from . import (
     reductions,
     shape_ops,
     softmax,
+    to_prims,
+    to_prims_views,
     upsample,
 )
 from .registry import TABLE_DIALECTS, TABLE_NAMES, USER, DecompTable, Decomposition, Family
@@ -39,6 +41,8 @@ FAMILIES: tuple[Family, ...] = (
     shape_ops.FAMILY,
     softmax.FAMILY,
     upsample.FAMILY,
+    to_prims.FAMILY,
+    to_prims_views.FAMILY,
 )
 
 # Which registered tables feed each table, in override order (later wins).

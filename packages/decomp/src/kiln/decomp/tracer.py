@@ -219,10 +219,12 @@ class GraphRecorder(TorchDispatchMode):
         return target
 
     def _record(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        node_args = tree_map(self.to_arg, args)
-        node_kwargs = tree_map(self.to_arg, kwargs)
         fargs, fkwargs = tree_map(self.to_fake, (args, kwargs))
         out = func(*fargs, **fkwargs)  # the FakeTensorMode below this one computes it
+        if isinstance(out, (int, float, bool)) and not isinstance(out, torch.SymInt | torch.SymFloat | torch.SymBool):
+            return out  # a static size query (aten.sym_size on a static shape): a constant, no node
+        node_args = tree_map(self.to_arg, args)
+        node_kwargs = tree_map(self.to_arg, kwargs)
         node = self.graph.call_function(func, node_args, node_kwargs)
         node.meta.update(self.carried_meta)
         node.meta["val"] = out
