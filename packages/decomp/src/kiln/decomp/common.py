@@ -93,3 +93,8 @@ def where_scalar(cond: torch.Tensor, a: Any, b: Any, like: torch.Tensor) -> torc
     ta = a if isinstance(a, torch.Tensor) else scalar_like(like, a)
     tb = b if isinstance(b, torch.Tensor) else scalar_like(like, b)
     return aten.where.self(cond, ta, tb)
+
+
+def stats_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype of saved norm statistics: the input's on CPU, the accumulation type elsewhere (eager)."""
+    return x.dtype if x.device.type == "cpu" else compute_dtype(x.dtype)

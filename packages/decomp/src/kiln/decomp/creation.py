@@ -99,6 +99,11 @@ def detach(self):
     return aten.alias.default(self)
 
 
+@register(aten.lift_fresh.default)
+def lift_fresh(self):
+    return aten.alias.default(self)
+
+
 @register(aten.lift_fresh_copy.default)
 def lift_fresh_copy(self):
     return aten.clone.default(self)
@@ -124,6 +129,8 @@ def bernoulli(self, *, generator=None):
 @register(aten.linspace.default)
 def linspace(start, end, steps, *, dtype=None, layout=None, device=None, pin_memory=None):
     dt = dtype or torch.get_default_dtype()
+    if steps == 1:
+        return aten.full.default([1], start, dtype=dt, device=device)
     idx = aten.arange.start_step(0, steps, 1, dtype=torch.float64 if dt == torch.float64 else torch.float32, device=device)
     step = (end - start) / max(steps - 1, 1)
     # compute from both ends to stay symmetric like eager

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import aten, convert, upcast
+from .common import aten, convert, stats_dtype, upcast
 from .registry import Family
 
 FAMILY = Family("norms")
@@ -38,7 +38,7 @@ def native_layer_norm(input, normalized_shape, weight, bias, eps):
     x = upcast(input)
     mean, rstd = _stats(x, dims, eps)
     y = _affine(aten.mul.Tensor(aten.sub.Tensor(x, mean), rstd), weight, bias)
-    return convert(y, input.dtype), convert(mean, x.dtype), convert(rstd, x.dtype)
+    return convert(y, input.dtype), convert(mean, stats_dtype(input)), convert(rstd, stats_dtype(input))
 
 
 @register(aten.native_layer_norm_backward.default)
@@ -135,7 +135,8 @@ def _bn_forward(input, weight, bias, running_mean, running_var, training, moment
         y = aten.mul.Tensor(y, aten.view.default(weight, cs))
     if bias is not None:
         y = aten.add.Tensor(y, aten.view.default(bias, cs))
-    return convert(y, input.dtype), save_mean, save_invstd, new_rm, new_rv
+    sd = stats_dtype(input)
+    return convert(y, input.dtype), convert(save_mean, sd), convert(save_invstd, sd), new_rm, new_rv
 
 
 @register(aten._native_batch_norm_legit_functional.default)
@@ -250,7 +251,8 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
         y = aten.mul.Tensor(y, aten.view.default(weight, cs))
     if bias is not None:
         y = aten.add.Tensor(y, aten.view.default(bias, cs))
-    return convert(y, input.dtype), aten.view.default(mean, [N, group]), aten.view.default(rstd, [N, group])
+    sd = stats_dtype(input)
+    return convert(y, input.dtype), convert(aten.view.default(mean, [N, group]), sd), convert(aten.view.default(rstd, [N, group]), sd)
 
 
 @register(aten.native_group_norm_backward.default)

@@ -180,18 +180,20 @@ def _verify(gm: fx.GraphModule, dialect: Dialect, table: Table) -> None:
 
 
 def trace(fn: Callable[..., Any], args: Sequence[Any], table: Table | None = None,
-          kwargs: Mapping[str, Any] | None = None) -> fx.GraphModule:
+          kwargs: Mapping[str, Any] | None = None, *, functionalize: bool = False) -> fx.GraphModule:
     """Trace ``fn(*args, **kwargs)`` through the dispatcher into an ATen graph (decomposed by ``table``).
 
     Tensor arguments become placeholders (fake copies are made of real tensors); tensors that ``fn``
     reads from elsewhere (module parameters) become ``get_attr`` constants. Autograd runs as usual, so
-    a function that calls ``torch.autograd.grad`` yields its backward ops too.
+    a function that calls ``torch.autograd.grad`` yields its backward ops too. With ``functionalize``,
+    in-place ops on fresh unaliased tensors are recorded in functional form (others raise); full
+    functionalization of views and input mutation is kiln.autograd's job.
     """
     flat, spec = tree_flatten((list(args), dict(kwargs or {})))
     mode = _fake_mode_of(flat) or FakeTensorMode()
     graph = fx.Graph()
     root = torch.nn.Module()
-    recorder = GraphRecorder(graph, table or {}, mode, root)
+    recorder = GraphRecorder(graph, table or {}, mode, root, functionalize=functionalize)
     fakes: list[Any] = []
     for i, v in enumerate(flat):
         if isinstance(v, torch.Tensor):

@@ -208,3 +208,55 @@ def diagonal(self, offset=0, dim1=0, dim2=1):
     off = self.storage_offset() + (offset * st[b] if offset >= 0 else -offset * st[a])
     return aten.as_strided.default(self, [self.shape[i] for i in keep] + [size],
                                    [st[i] for i in keep] + [st[a] + st[b]], off)
+
+
+def view_strides(shape, strides, new_shape):
+    """The strides ``view(new_shape)`` would give a tensor of ``shape``/``strides``, or None when the
+    elements cannot be viewed that way (they would need a copy)."""
+    numel = 1
+    for s in shape:
+        numel = numel * s
+    if numel == 0 or not shape:
+        return [1] * len(new_shape)
+    new_strides = [0] * len(new_shape)
+    view_d = len(new_shape) - 1
+    chunk_base_stride = strides[-1]
+    tensor_numel, view_numel = 1, 1
+    for d in range(len(shape) - 1, -1, -1):
+        tensor_numel *= shape[d]
+        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk_base_stride):
+            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
+                new_strides[view_d] = view_numel * chunk_base_stride
+                view_numel *= new_shape[view_d]
+                view_d -= 1
+            if view_numel != tensor_numel:
+                return None
+            if d > 0:
+                chunk_base_stride = strides[d - 1]
+                tensor_numel, view_numel = 1, 1
+    return new_strides if view_d == -1 else None
+
+
+@register(aten.view.default)
+def view(self, size):
+    # Note: a decomposed producer may lay its result out differently from the eager kernel the
+    # graph was traced with (e.g. a layer norm of a permuted input); values are what a functional
+    # graph promises, so a view that no longer fits the layout reads a contiguous copy instead.
+    shape = _infer_shape(size, self.numel())
+    if self.is_contiguous() or view_strides(list(self.shape), list(self.stride()), shape) is not None:
+        return NotImplemented
+    return aten.view.default(aten.clone.default(self, memory_format=torch.contiguous_format), shape)
+
+
+@register(aten.as_strided_scatter.default)
+def as_strided_scatter(self, src, size, stride, storage_offset=None):
+    if not self.is_contiguous():
+        return NotImplemented
+    idx = aten.full.default([], storage_offset or 0, dtype=torch.int64, device=self.device)
+    for d, (n, st) in enumerate(zip(size, stride)):
+        shape = [1] * len(size)
+        shape[d] = n
+        idx = aten.add.Tensor(idx, aten.view.default(aten.mul.Tensor(arange(n, self), st), shape))
+    flat = aten.view.default(aten.clone.default(self), [-1])
+    out = aten.index_put.default(flat, [reshape(idx, [-1])], reshape(src, [-1]), False)
+    return aten.view.default(out, list(self.shape))

@@ -39,6 +39,7 @@ def log_softmax(self, dim, half_to_float):
 @register(aten._softmax_backward_data.default)
 def softmax_backward_data(grad_output, output, dim, input_dtype):
     d = canonical_dim(dim, output.dim())
+    grad_output, output = upcast(grad_output), upcast(output)
     gy = aten.mul.Tensor(grad_output, output)
     g = aten.sub.Tensor(gy, aten.mul.Tensor(output, aten.sum.dim_IntList(gy, [d], True)))
     return convert(g, input_dtype)
@@ -47,6 +48,7 @@ def softmax_backward_data(grad_output, output, dim, input_dtype):
 @register(aten._log_softmax_backward_data.default)
 def log_softmax_backward_data(grad_output, output, dim, input_dtype):
     d = canonical_dim(dim, output.dim())
+    grad_output, output = upcast(grad_output), upcast(output)
     s = aten.sum.dim_IntList(grad_output, [d], True)
     g = aten.sub.Tensor(grad_output, aten.mul.Tensor(aten.exp.default(output), s))
     return convert(g, input_dtype)

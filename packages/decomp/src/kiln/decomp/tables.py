@@ -12,10 +12,18 @@ from . import (
     activations,
     creation,
     elementwise,
+    indexing,
+    linalg,
+    losses,
     norms,
+    pooling,
+    random_ops,
     reductions,
     shape_ops,
     softmax,
+    to_prims,
+    to_prims_views,
+    upsample,
 )
 from .registry import TABLE_DIALECTS, TABLE_NAMES, USER, DecompTable, Decomposition, Family
 
@@ -23,10 +31,18 @@ FAMILIES: tuple[Family, ...] = (
     activations.FAMILY,
     creation.FAMILY,
     elementwise.FAMILY,
+    indexing.FAMILY,
+    linalg.FAMILY,
+    losses.FAMILY,
     norms.FAMILY,
+    pooling.FAMILY,
+    random_ops.FAMILY,
     reductions.FAMILY,
     shape_ops.FAMILY,
     softmax.FAMILY,
+    upsample.FAMILY,
+    to_prims.FAMILY,
+    to_prims_views.FAMILY,
 )
 
 # Which registered tables feed each table, in override order (later wins).

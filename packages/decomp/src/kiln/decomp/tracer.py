@@ -31,6 +31,13 @@ CARRIED_META = ("stack_trace", "nn_module_stack", "source_fn_stack", "seq_nr", "
                 "original_aten", "partitioner_tag", "recompute", "custom")
 
 
+# In-place ops whose functional form has another overload name.
+_FUNCTIONAL_FORMS: dict[OpOverload, OpOverload] = {
+    torch.ops.aten.bernoulli_.float: torch.ops.aten.bernoulli.p,
+    torch.ops.aten.bernoulli_.Tensor: torch.ops.aten.bernoulli.Tensor,
+}
+
+
 class DecompositionError(KilnError):
     """Re-tracing failed: a decomposition raised, recursed forever, or met a value it cannot record."""
 
@@ -39,8 +46,11 @@ class GraphRecorder(TorchDispatchMode):
     """Records ATen calls on fake tensors into ``graph``, decomposing those in ``table``."""
 
     def __init__(self, graph: fx.Graph, table: Mapping[OpOverload, Callable[..., Any]],
-                 fake_mode: FakeTensorMode, root: torch.nn.Module) -> None:
+                 fake_mode: FakeTensorMode, root: torch.nn.Module, functionalize: bool = False) -> None:
         super().__init__()
+        self.functionalize = functionalize
+        self._views: set[int] = set()  # ids of tensors that alias another (a view's output or base)
+        self._inputs: set[int] = set()
         self.graph = graph
         self.table = table
         self.fake_mode = fake_mode
@@ -58,6 +68,7 @@ class GraphRecorder(TorchDispatchMode):
         """Tie a fake tensor (or a SymInt input) to the node that produces it."""
         if isinstance(value, torch.Tensor):
             self._tensors[id(value)] = (value, node)
+            self._inputs.add(id(value))
             self._bind_shape_symbols(value, node)
         elif isinstance(value, torch.SymInt):
             expr = value.node.expr
@@ -85,7 +96,7 @@ class GraphRecorder(TorchDispatchMode):
             return fake, self._tensors[id(fake)][1]
         name = f"_tensor_constant{self._n_consts}"
         self._n_consts += 1
-        self.root.register_buffer(name, t.detach().clone(), persistent=False)
+        self.root.register_buffer(name, t, persistent=False)  # no copy: runs under the fake mode
         node = self.graph.get_attr(name)
         fake = self.fake_mode.from_tensor(t, static_shapes=True)
         node.meta["val"] = fake
@@ -179,10 +190,41 @@ class GraphRecorder(TorchDispatchMode):
         return self.record(func, args, kwargs)
 
     def record(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        node_args = tree_map(self.to_arg, args)
-        node_kwargs = tree_map(self.to_arg, kwargs)
+        if self.functionalize and func._schema.is_mutable:
+            return self._record_functional(func, args, kwargs)
+        out = self._record(func, args, kwargs)
+        if self.functionalize and any(r.alias_info is not None for r in func._schema.returns):
+            for t in flat_tensors((args, kwargs)) + flat_tensors(out):
+                self._views.add(id(t))
+        return out
+
+    def _record_functional(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An in-place op on a fresh, unaliased tensor becomes its functional form (simple functionalization)."""
+        schema = func._schema
+        base_name = schema.name.split("::")[-1]
+        target = args[0] if args else None
+        functional = _FUNCTIONAL_FORMS.get(func)
+        if functional is None and base_name.endswith("_") and isinstance(target, torch.Tensor) and schema.arguments[0].alias_info is not None:
+            packet = getattr(torch.ops.aten, base_name[:-1], None)
+            functional = getattr(packet, func._overloadname, None) if packet is not None else None
+        aliased = isinstance(target, torch.Tensor) and (id(target) in self._views or id(target) in self._inputs)
+        if functional is None or aliased:
+            why = "it writes to a graph input or a view" if aliased else "it has no functional form"
+            raise DecompositionError(
+                f"cannot functionalize {op_name(func)}: {why}; functionalize the program first "
+                "(kiln.autograd does) or trace it without mutation")
+        new = self._record(functional, args, kwargs)
+        func(*tree_map(self.to_fake, args), **tree_map(self.to_fake, kwargs))  # keep the fake's metadata in step
+        self._tensors[id(target)] = (target, self._tensors[id(new)][1])
+        return target
+
+    def _record(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         fargs, fkwargs = tree_map(self.to_fake, (args, kwargs))
         out = func(*fargs, **fkwargs)  # the FakeTensorMode below this one computes it
+        if isinstance(out, (int, float, bool)) and not isinstance(out, torch.SymInt | torch.SymFloat | torch.SymBool):
+            return out  # a static size query (aten.sym_size on a static shape): a constant, no node
+        node_args = tree_map(self.to_arg, args)
+        node_kwargs = tree_map(self.to_arg, kwargs)
         node = self.graph.call_function(func, node_args, node_kwargs)
         node.meta.update(self.carried_meta)
         node.meta["val"] = out
