@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 from kiln.graph import PortableProgram, TensorSpec
-from kiln.runtime import ArtifactError, DeviceInfo, load_artifact, load_compiled_function, save_artifact
+from kiln.runtime import (
+    ArtifactError,
+    DeviceInfo,
+    load_artifact,
+    load_compiled_function,
+    save_artifact,
+)
 from kiln.runtime.environment import compatible_release, release
 from runtime_testlib import MATMUL, reseal
 
