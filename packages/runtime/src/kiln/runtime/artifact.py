@@ -120,7 +120,7 @@ def build_artifact(program: PortableProgram, *, input_sources: Sequence[str] | N
     if not (len(sources) == len(names) == len(specs)):
         raise ArtifactError(f"{len(sources)} input sources, {len(names)} names and {len(specs)} specs "
                             "given; there must be one of each per graph input")
-    guard_set = _guards_with_specs(GuardSet(tuple(guards)).portable(), sources, specs)
+    guard_set = guards_with_specs(GuardSet(tuple(guards)).portable(), sources, specs)
     params = frame.params if frame is not None else _params_from_sources(
         [*sources, *(g.source for g in guard_set)])
     bound = bind_sources(sources, [g.source for g in guard_set], [p.name for p in params], frame,
@@ -235,7 +235,7 @@ def _params_from_sources(sources: Sequence[str]) -> tuple[Param, ...]:
     return tuple(Param(n) for n in names)
 
 
-def _guards_with_specs(guards: GuardSet, sources: Sequence[str],
+def guards_with_specs(guards: GuardSet, sources: Sequence[str],
                        specs: Sequence[TensorSpec | int | None]) -> GuardSet:
     """Normalize guard sources and add a TENSOR_MATCH per tensor input that has none."""
     out = [Guard(normalize(g.source), g.kind, g.expected, g.note) for g in guards]
