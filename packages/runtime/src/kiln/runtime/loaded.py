@@ -71,6 +71,7 @@ class CallPlan:
 
     params: tuple[Param, ...]
     input_names: tuple[str, ...]
+    input_sources: tuple[str, ...]  # as captured, for messages
     input_exprs: tuple[str, ...]  # expressions over L and G, one per graph input
     guards: GuardSet  # sources over L and G
     names: dict[str, str]  # guard source -> what to call it in a GuardError
@@ -92,7 +93,8 @@ class CallPlan:
                 guards.append(Guard(src, g.kind, g.expected, g.note))
                 # guard errors name what the user wrote, not the rewritten root
                 names.setdefault(src, display_name(g.source))
-        return CallPlan(m.params, tuple(i.name for i in m.inputs), exprs, GuardSet(tuple(guards)),
+        return CallPlan(m.params, tuple(i.name for i in m.inputs), tuple(i.source for i in m.inputs),
+                        exprs, GuardSet(tuple(guards)),
                         names, resolver.static, f_globals if f_globals is not None else {},
                         m.output_spec)
 
@@ -156,7 +158,7 @@ class LoadedFunction:
         specs = tuple(input_specs) or (None,) * len(sources)
         guard_set = guards_with_specs(GuardSet(tuple(guards)), sources, specs)
         params = {p.name for p in frame.params}
-        plan = CallPlan(frame.params, names, sources, guard_set,
+        plan = CallPlan(frame.params, names, sources, sources, guard_set,
                         {**dict(zip(sources, names)), **{g.source: display_name(g.source) for g in guard_set
                                                          if g.source not in sources}},
                         {k: v for k, v in frame.locals.items() if k not in params}, frame.globals,
@@ -191,11 +193,12 @@ class LoadedFunction:
         return out
 
     def _gather_error(self, L: Mapping[str, Any], G: Mapping[str, Any], e: Exception) -> GuardError:
-        for name, expr in zip(self.plan.input_names, self.plan.input_exprs):
+        plan = self.plan
+        for name, source, expr in zip(plan.input_names, plan.input_sources, plan.input_exprs):
             try:
                 eval(expr, {"L": L, "G": G})  # noqa: S307 - one of our own input expressions
             except Exception as inner:  # noqa: BLE001
-                return GuardError(f"input {name!r}: cannot read it from this call "
+                return GuardError(f"input {name!r}: cannot read {source} from this call "
                                   f"({type(inner).__name__}: {inner})", input_name=name)
         return GuardError(f"cannot gather the compiled function's inputs ({type(e).__name__}: {e})")
 
