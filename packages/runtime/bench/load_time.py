@@ -20,7 +20,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from kiln.graph import TensorSpec
-from kiln.runtime import CallFrame, CompileCache, compile_cpp, program_from_graph_module, save_artifact
+from kiln.runtime import (
+    CallFrame,
+    CompileCache,
+    compile_cpp,
+    program_from_graph_module,
+    save_artifact,
+)
 from torch import fx
 
 SETUP = textwrap.dedent('''

@@ -126,6 +126,7 @@ def build_artifact(program: PortableProgram, *, input_sources: Sequence[str] | N
     bound = bind_sources(sources, [g.source for g in guard_set], [p.name for p in params], frame,
                          external_data or {})
     kept = tuple(g for g in guard_set if g.source in bound.kept_guard_sources or not g.source)
+    _check_guards_are_data(kept)
     for name in program.files:
         check_file_name(name)
         if name in (PROGRAM_NAME, CONSTANTS_NAME):
@@ -142,6 +143,15 @@ def build_artifact(program: PortableProgram, *, input_sources: Sequence[str] | N
     records = {n: FileRecord(n, sha256(d), len(d), file_kind(n)) for n, d in art.all_files().items()}
     sealed = Manifest(**{**_fields(manifest), "files": records}).sealed()
     return Artifact(sealed, program.source, dict(program.files), bound.constants)
+
+
+def _check_guards_are_data(guards: Sequence[Guard]) -> None:
+    for g in guards:
+        try:
+            json.dumps(GuardSet((g,)).to_json())
+        except (TypeError, ValueError) as e:
+            raise ArtifactError(f"guard {g.as_text()} cannot be saved: its expected value, a "
+                                f"{type(g.expected).__name__}, is not data ({e})") from e
 
 
 def _fields(m: Manifest) -> dict[str, Any]:
