@@ -109,7 +109,7 @@ def test_training_loop_through_a_loaded_closure(tmp_path):
     loaded = load_compiled_function(tmp_path / "loss.kiln", external_data={"model": model})
     opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, ref))
     for _ in range(3):
-        for fn, m, o in ((loaded, model, opt), (lambda a, b: F.mse_loss(ref(a), b), ref, ref_opt)):
+        for fn, o in ((loaded, opt), (lambda a, b: F.mse_loss(ref(a), b), ref_opt)):
             o.zero_grad()
             fn(x, y).backward()
             o.step()
