@@ -3,11 +3,14 @@ capture and ``program_from_graph_module`` for a backend: compile in process, cal
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+
 import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
-from kiln.graph import Guard, TensorSpec
+from kiln.graph import Guard, PortableProgram, TensorSpec
 from kiln.runtime import (
     ArtifactError,
     CallFrame,
@@ -15,6 +18,7 @@ from kiln.runtime import (
     LoadedFunction,
     load_compiled_function,
     program_from_graph_module,
+    save_artifact,
 )
 from torch import fx
 
@@ -128,3 +132,26 @@ def test_backend_without_portable_program_cannot_save(tmp_path):
     assert compiled(x)[0].equal(x + 1)
     with pytest.raises(ArtifactError, match="backend 'custom' produced no portable program"):
         compiled.save_compiled_function(tmp_path / "f.kiln")
+
+
+def _load_in_child(path: str, queue) -> None:
+    fn = load_compiled_function(path)
+    queue.put(sorted(os.listdir(fn.module.FILES_DIR)))
+
+
+def test_processes_loading_one_artifact_at_once(tmp_path):
+    program = PortableProgram("def call(args):\n    return (FILES['blob.bin'],)\n",
+                              files={"blob.bin": os.urandom(1 << 16)})
+    save_artifact(tmp_path / "p.kiln", program, input_names=["x"])
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_load_in_child, args=(str(tmp_path / "p.kiln"), queue)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=60) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert results == [["blob.bin", "program.py"]] * 3
+    fn = load_compiled_function(tmp_path / "p.kiln")
+    assert fn(None)[0] == program.files["blob.bin"]
