@@ -157,3 +157,33 @@ def test_concurrent_processes_leave_a_valid_cache(cache_root):
         assert data is not None and data == bytes([data[0]]) * (1000 + 37 * data[0])  # one whole write
     assert c.info().namespaces["code"][0] == 30
     assert list((cache_root / "v1").rglob(".tmp-*")) == []
+
+
+def test_cache_key_covers_the_environment():
+    from kiln.runtime import cache_key
+
+    assert cache_key("graph", "opts") == cache_key("graph", "opts")
+    assert cache_key("graph", "opts") != cache_key("graph", "other opts")
+    assert cache_key("ab", "c") != cache_key("a", "bc")  # parts are delimited
+    assert len(cache_key(b"bytes too")) == 64
+
+
+def test_warm_start_of_a_whole_artifact(cache_root, tmp_path):
+    """The recipe for compiled functions: key -> artifact bytes -> load_compiled_function."""
+    import torch
+    from kiln.graph import PortableProgram
+    from kiln.runtime import build_artifact, cache_key, load_compiled_function
+
+    c = CompileCache(cache_root)
+    builds = []
+
+    def build():
+        builds.append(1)
+        return build_artifact(PortableProgram("def call(args):\n    return (args[0] * 2,)\n"),
+                              input_names=["x"]).to_bytes()
+
+    key = cache_key("graph text", "mode=default")
+    for _ in range(2):
+        fn = load_compiled_function(c.get_or_build("artifacts", key, build))
+        assert fn(torch.ones(2))[0].tolist() == [2.0, 2.0]
+    assert builds == [1]

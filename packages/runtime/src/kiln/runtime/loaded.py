@@ -55,7 +55,7 @@ def _materialize(artifact: Artifact, files: Mapping[str, bytes], cache: CompileC
     if not artifact.files:
         return ""
     everything = {PROGRAM_NAME: artifact.source.encode(), **artifact.files}
-    return str(cache.materialize_tree("artifacts", artifact.manifest.integrity, everything))
+    return str(cache.materialize_tree("artifact_files", artifact.manifest.integrity, everything))
 
 
 def _compile_gather(exprs: list[str]) -> Callable[[Mapping[str, Any], Mapping[str, Any]], list]:
@@ -153,6 +153,7 @@ class LoadedFunction:
         guards are checked (ID_MATCH too), and ``save_compiled_function(path, external_data)``
         writes ``program`` as an artifact (an error if the backend gave no portable program).
         """
+        guards = tuple(guards)
         sources = tuple(normalize(s) for s in input_sources)
         names = tuple(input_names or [display_name(s) for s in sources])
         specs = tuple(input_specs) or (None,) * len(sources)
