@@ -86,7 +86,7 @@ class Artifact:
                  f"built with: torch {env.get('torch')}, triton {env.get('triton')}, "
                  f"python {env.get('python')}, {kiln}",
                  f"call: ({', '.join(p.name for p in m.params)})"
-                 + (f" -> {m.output_spec and 'structured output'}" if m.output_spec else ""),
+                 + (" -> a pytree of outputs" if m.output_spec else " -> a tuple of outputs"),
                  "inputs:"]
         for i in m.inputs:
             spec = i.spec.as_text() if isinstance(i.spec, TensorSpec) else repr(i.spec)
@@ -138,11 +138,18 @@ def build_artifact(program: PortableProgram, *, input_sources: Sequence[str] | N
         bindings=bound.bindings, guards=GuardSet(kept), files={},
         output_spec=pytree.treespec_dumps(output_spec) if output_spec is not None else None,
         requires=tuple(program.requires), dropped_guards=len(guard_set) - len(kept),
-        metadata=json.loads(json.dumps(dict(metadata or {}))))
+        metadata=_json_metadata(metadata))
     art = Artifact(manifest, program.source, dict(program.files), bound.constants)
     records = {n: FileRecord(n, sha256(d), len(d), file_kind(n)) for n, d in art.all_files().items()}
     sealed = Manifest(**{**_fields(manifest), "files": records}).sealed()
     return Artifact(sealed, program.source, dict(program.files), bound.constants)
+
+
+def _json_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    try:
+        return json.loads(json.dumps(dict(metadata or {})))
+    except (TypeError, ValueError) as e:
+        raise ArtifactError(f"artifact metadata must be JSON data: {e}") from e
 
 
 def _check_guards_are_data(guards: Sequence[Guard]) -> None:
@@ -158,11 +165,18 @@ def _fields(m: Manifest) -> dict[str, Any]:
     return {f: getattr(m, f) for f in m.__dataclass_fields__}
 
 
-def save_artifact(path: PathOrFile, program: PortableProgram, *, format: str = "auto",
-                  **kwargs: Any) -> Artifact:
+def save_artifact(path: PathOrFile, program: PortableProgram, *,
+                  input_sources: Sequence[str] | None = None,
+                  input_specs: Sequence[TensorSpec | int | None] = (),
+                  input_names: Sequence[str] | None = None,
+                  guards: GuardSet | Iterable[Guard] = (), frame: CallFrame | None = None,
+                  external_data: Mapping[str, object] | None = None,
+                  output_spec: pytree.TreeSpec | None = None, backend: str = "unknown",
+                  metadata: Mapping[str, Any] | None = None, device: DeviceInfo | None = None,
+                  format: str = "auto") -> Artifact:
     """Save ``program`` as an artifact at ``path`` and return it.
 
-    Keyword arguments (all optional except what the program needs):
+    Arguments (all optional except what the program needs):
       input_sources: one source per ``call(args)`` input, e.g. ``"L['self'].fc.weight"``
           (default: ``L['<name>']`` per input name, i.e. the inputs are the call's arguments);
       input_specs: a TensorSpec (or int / None) per input; they also give each tensor input a
@@ -176,7 +190,10 @@ def save_artifact(path: PathOrFile, program: PortableProgram, *, format: str = "
       backend, metadata (JSON-able), device (a DeviceInfo, for cross-compilation);
       format: "auto" (a directory if ``path`` is one or ends with '/', else a zip), "dir", "zip".
     """
-    art = build_artifact(program, **kwargs)
+    art = build_artifact(program, input_sources=input_sources, input_specs=input_specs,
+                         input_names=input_names, guards=guards, frame=frame,
+                         external_data=external_data, output_spec=output_spec, backend=backend,
+                         metadata=metadata, device=device)
     art.save(path, format=format)
     location = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
     return Artifact(art.manifest, art.source, art.files, art.constants, location)
