@@ -89,10 +89,13 @@ class CallPlan:
         guards = []
         for g in m.guards:
             src = resolver.guard_expr(g.source)
-            if src is not None:
-                guards.append(Guard(src, g.kind, g.expected, g.note))
-                # guard errors name what the user wrote, not the rewritten root
-                names.setdefault(src, display_name(g.source))
+            if src is None:
+                logger.info("artifact %s: guard %s is not checked after this load (it reads a "
+                            "constant saved in the artifact or a global no f_globals supplies)",
+                            artifact.location, g.as_text())
+                continue
+            guards.append(Guard(src, g.kind, g.expected, g.note))
+            names.setdefault(src, display_name(g.source))  # errors name what the user wrote
         return CallPlan(m.params, tuple(i.name for i in m.inputs), tuple(i.source for i in m.inputs),
                         exprs, GuardSet(tuple(guards)),
                         names, resolver.static, f_globals if f_globals is not None else {},
