@@ -49,6 +49,7 @@ class Artifact:
     files: Mapping[str, bytes]  # the program's files (FILES), without program.py and constants
     constants: Mapping[str, object]
     location: str | None = None
+    constants_bytes: bytes | None = None  # as read from disk: a re-save writes exactly these bytes
 
     @property
     def program(self) -> PortableProgram:
@@ -60,7 +61,9 @@ class Artifact:
 
     def all_files(self) -> dict[str, bytes]:
         out = {PROGRAM_NAME: self.source.encode()}
-        if self.constants:
+        if self.constants_bytes is not None:
+            out[CONSTANTS_NAME] = self.constants_bytes
+        elif self.constants:
             tensors = {k: v for k, v in self.constants.items() if isinstance(v, torch.Tensor)}
             scalars = {k: v for k, v in self.constants.items() if not isinstance(v, torch.Tensor)}
             out[CONSTANTS_NAME] = tensors_to_bytes(tensors, scalars)
@@ -228,8 +231,9 @@ def load_artifact(path: PathOrFile | bytes, *, check_compatibility: bool = True)
         source = files.pop(PROGRAM_NAME).decode()
     except UnicodeDecodeError as e:
         raise ArtifactError(f"artifact {where}: {PROGRAM_NAME} is not UTF-8 text") from e
-    constants = tensors_from_bytes(files.pop(CONSTANTS_NAME)) if CONSTANTS_NAME in files else {}
-    return Artifact(manifest, source, files, constants, where)
+    blob = files.pop(CONSTANTS_NAME, None)
+    constants = tensors_from_bytes(blob) if blob is not None else {}
+    return Artifact(manifest, source, files, constants, where, blob)
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
