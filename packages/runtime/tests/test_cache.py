@@ -6,6 +6,7 @@ import logging
 import multiprocessing
 import os
 import stat
+import time
 
 import pytest
 from kiln.runtime import CompileCache, cache_clear, cache_info_text
@@ -187,3 +188,28 @@ def test_warm_start_of_a_whole_artifact(cache_root, tmp_path):
         fn = load_compiled_function(c.get_or_build("artifacts", key, build))
         assert fn(torch.ones(2))[0].tolist() == [2.0, 2.0]
     assert builds == [1]
+
+
+def _build_slowly(root: str, log: str, start) -> None:
+    def build() -> bytes:
+        with open(log, "a") as f:
+            f.write("built\n")
+        time.sleep(0.5)  # a compile in progress: the other process must wait, not build again
+        return b"compiled kernel"
+
+    start.wait()
+    assert CompileCache(root).get_or_build("cpp_so", "same-source", build) == b"compiled kernel"
+
+
+def test_concurrent_builders_of_one_key_build_once(cache_root, tmp_path):
+    ctx = multiprocessing.get_context("fork")
+    start = ctx.Event()
+    log = tmp_path / "builds.log"
+    procs = [ctx.Process(target=_build_slowly, args=(str(cache_root), str(log), start)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    start.set()
+    for p in procs:
+        p.join(60)
+    assert [p.exitcode for p in procs] == [0, 0, 0]
+    assert log.read_text() == "built\n"
