@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 os.environ.setdefault("KILN_VERIFY", "1")
 # Before kiln.runtime reads its knobs: the default cache of this test session is a temp dir.
-os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-runtime-tests-")
+_SESSION_CACHE = tempfile.mkdtemp(prefix="kiln-runtime-tests-")
+os.environ["KILN_CACHE_DIR"] = _SESSION_CACHE
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -29,3 +31,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    shutil.rmtree(_SESSION_CACHE, ignore_errors=True)

@@ -107,3 +107,8 @@ def call(args):
     w, x = args
     return (aten.mm(x, w),)
 '''
+
+
+def apply_twice(fn, x):
+    """A module-level function an FX graph may call (importable, so portable)."""
+    return fn(fn(x)[0])[0]

@@ -142,3 +142,35 @@ def test_unsaveable_input_is_refused_at_save(tmp_path):
     with pytest.raises(ArtifactError, match="neither a tensor nor a number"):
         save_artifact(tmp_path / "u.kiln", PortableProgram(LINEAR), frame=CallFrame.of(f, (x,)),
                       input_sources=["L['thing']", "L['x']"])
+
+
+def test_closure_parameter_constant_stays_a_trainable_leaf(tmp_path):
+    w = torch.nn.Parameter(torch.randn(3, 8))
+    b, x = torch.zeros(3), torch.randn(4, 8)
+
+    def f(x):
+        return x @ w.t() + b
+
+    save_artifact(tmp_path / "p.kiln", PortableProgram(LINEAR), frame=CallFrame.of(f, (x,)),
+                  input_sources=["L['w']", "L['b']", "L['x']"], input_specs=_specs(w, b, x))
+    fn = load_compiled_function(tmp_path / "p.kiln")
+    fn(x)[0].sum().backward()
+    saved_w = fn.plan.static["<constant:c0>"]
+    assert saved_w.requires_grad and saved_w.is_leaf
+    torch.testing.assert_close(saved_w.grad, x.sum(0).expand(3, 8))
+
+
+def test_resaving_a_loaded_artifact_with_constants_keeps_it_intact(tmp_path):
+    w, b, x = torch.randn(3, 8), torch.randn(3), torch.randn(4, 8)
+    n = 3
+
+    def f(x):
+        return x @ w.t() + b * n
+
+    save_artifact(tmp_path / "c.kiln", PortableProgram(LINEAR), frame=CallFrame.of(f, (x,)),
+                  input_sources=["L['w']", "L['b']", "L['x']"], input_specs=_specs(w, b, x))
+    fn = load_compiled_function(tmp_path / "c.kiln")
+    fn.save_compiled_function(tmp_path / "again.kiln")
+    again = load_compiled_function(tmp_path / "again.kiln")
+    assert again.artifact.manifest.integrity == fn.artifact.manifest.integrity
+    torch.testing.assert_close(again(x)[0], fn(x)[0])

@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 from kiln.graph import PortableProgram, TensorSpec
-from kiln.runtime import ArtifactError, DeviceInfo, load_artifact, load_compiled_function, save_artifact
+from kiln.runtime import (
+    ArtifactError,
+    DeviceInfo,
+    load_artifact,
+    load_compiled_function,
+    save_artifact,
+)
 from kiln.runtime.environment import compatible_release, release
 from runtime_testlib import MATMUL, reseal
 
@@ -68,3 +74,13 @@ def test_python_version_is_recorded_not_enforced(artifact_dir):
     reseal(artifact_dir, lambda d: d["environment"].update(python="3.99.0"))
     w, x = torch.randn(8, 3), torch.randn(4, 8)
     torch.testing.assert_close(load_compiled_function(artifact_dir)(w, x)[0], x @ w)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks cross-compilation on a CPU-only host")
+def test_cross_compiled_cuda_artifact_records_the_target(tmp_path):
+    spec = TensorSpec((4, 8), torch.float32, torch.device("cuda:0"), (8, 1))  # no GPU needed to save
+    art = save_artifact(tmp_path / "c.kiln", PortableProgram(MATMUL), input_names=["w", "x"],
+                        input_specs=[spec, spec])
+    assert art.manifest.device == DeviceInfo("cuda")  # capability unknown: kernels finish on load
+    with pytest.raises(ArtifactError, match="no CUDA device"):
+        load_compiled_function(tmp_path / "c.kiln")

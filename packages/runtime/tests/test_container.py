@@ -44,7 +44,7 @@ def test_random_corruption_never_escapes_as_another_error(tmp_path):
         path.write_bytes(bytes(bad))
         try:
             fn = load_compiled_function(path)
-        except ArtifactError as e:
+        except ArtifactError:
             outcomes.add("error")
             continue
         # a flipped byte the checksums do not cover (zip timestamps, padding) changes nothing

@@ -124,3 +124,23 @@ def test_guard_on_unreadable_source(tmp_path):
     with pytest.raises(GuardError, match="input 'self': expected type torch.nn.modules.linear.Linear, "
                                          "got builtins.object"):
         fn(object(), x)
+
+
+def test_dtype_and_device_values_survive_the_round_trip(tmp_path):
+    w, x = torch.randn(8, 3), torch.randn(4, 8)
+    guards = [Guard("L['dtype']", "EQUALS_MATCH", torch.float32),
+              Guard("L['device']", "EQUALS_MATCH", torch.device("cpu"))]
+    path = tmp_path / "d.kiln"
+    save_artifact(path, PortableProgram(MATMUL), input_sources=["L['w']", "L['x']"], guards=guards)
+    fn = load_compiled_function(path)
+    torch.testing.assert_close(fn(w, x, torch.float32, torch.device("cpu"))[0], x @ w)
+    with pytest.raises(GuardError, match="input 'dtype': expected value torch.float32, got torch.float16"):
+        fn(w, x, torch.float16, torch.device("cpu"))
+
+
+def test_guard_values_that_are_not_data_are_refused(tmp_path):
+    from kiln.runtime import ArtifactError
+
+    with pytest.raises(ArtifactError, match="cannot be saved: its expected value, a frozenset"):
+        save_artifact(tmp_path / "x.kiln", PortableProgram(MATMUL), input_sources=["L['w']", "L['x']"],
+                      guards=[Guard("L['s']", "EQUALS_MATCH", frozenset({1}))])

@@ -245,12 +245,20 @@ def _check_one(g: Guard, L: Mapping[str, Any], G: Mapping[str, Any],
 def _jsonable(v: Any) -> Any:
     if isinstance(v, tuple):
         return {"tuple": [_jsonable(x) for x in v]}
+    if isinstance(v, torch.dtype):  # e.g. EQUALS_MATCH on a dtype argument
+        return {"dtype": str(v).removeprefix("torch.")}
+    if isinstance(v, torch.device):
+        return {"device": str(v)}
     return v
 
 
 def _hashable(v: Any) -> Any:
     if isinstance(v, dict) and set(v) == {"tuple"}:
         return tuple(_hashable(x) for x in v["tuple"])
+    if isinstance(v, dict) and set(v) == {"dtype"}:
+        return getattr(torch, v["dtype"])
+    if isinstance(v, dict) and set(v) == {"device"}:
+        return torch.device(v["device"])
     if isinstance(v, list):
         return tuple(_hashable(x) for x in v)
     return v

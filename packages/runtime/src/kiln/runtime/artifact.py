@@ -49,6 +49,7 @@ class Artifact:
     files: Mapping[str, bytes]  # the program's files (FILES), without program.py and constants
     constants: Mapping[str, object]
     location: str | None = None
+    constants_bytes: bytes | None = None  # as read from disk: a re-save writes exactly these bytes
 
     @property
     def program(self) -> PortableProgram:
@@ -60,7 +61,9 @@ class Artifact:
 
     def all_files(self) -> dict[str, bytes]:
         out = {PROGRAM_NAME: self.source.encode()}
-        if self.constants:
+        if self.constants_bytes is not None:
+            out[CONSTANTS_NAME] = self.constants_bytes
+        elif self.constants:
             tensors = {k: v for k, v in self.constants.items() if isinstance(v, torch.Tensor)}
             scalars = {k: v for k, v in self.constants.items() if not isinstance(v, torch.Tensor)}
             out[CONSTANTS_NAME] = tensors_to_bytes(tensors, scalars)
@@ -86,7 +89,7 @@ class Artifact:
                  f"built with: torch {env.get('torch')}, triton {env.get('triton')}, "
                  f"python {env.get('python')}, {kiln}",
                  f"call: ({', '.join(p.name for p in m.params)})"
-                 + (f" -> {m.output_spec and 'structured output'}" if m.output_spec else ""),
+                 + (" -> a pytree of outputs" if m.output_spec else " -> a tuple of outputs"),
                  "inputs:"]
         for i in m.inputs:
             spec = i.spec.as_text() if isinstance(i.spec, TensorSpec) else repr(i.spec)
@@ -120,12 +123,13 @@ def build_artifact(program: PortableProgram, *, input_sources: Sequence[str] | N
     if not (len(sources) == len(names) == len(specs)):
         raise ArtifactError(f"{len(sources)} input sources, {len(names)} names and {len(specs)} specs "
                             "given; there must be one of each per graph input")
-    guard_set = _guards_with_specs(GuardSet(tuple(guards)).portable(), sources, specs)
+    guard_set = guards_with_specs(GuardSet(tuple(guards)).portable(), sources, specs)
     params = frame.params if frame is not None else _params_from_sources(
         [*sources, *(g.source for g in guard_set)])
     bound = bind_sources(sources, [g.source for g in guard_set], [p.name for p in params], frame,
                          external_data or {})
     kept = tuple(g for g in guard_set if g.source in bound.kept_guard_sources or not g.source)
+    _check_guards_are_data(kept)
     for name in program.files:
         check_file_name(name)
         if name in (PROGRAM_NAME, CONSTANTS_NAME):
@@ -137,22 +141,45 @@ def build_artifact(program: PortableProgram, *, input_sources: Sequence[str] | N
         bindings=bound.bindings, guards=GuardSet(kept), files={},
         output_spec=pytree.treespec_dumps(output_spec) if output_spec is not None else None,
         requires=tuple(program.requires), dropped_guards=len(guard_set) - len(kept),
-        metadata=json.loads(json.dumps(dict(metadata or {}))))
+        metadata=_json_metadata(metadata))
     art = Artifact(manifest, program.source, dict(program.files), bound.constants)
     records = {n: FileRecord(n, sha256(d), len(d), file_kind(n)) for n, d in art.all_files().items()}
     sealed = Manifest(**{**_fields(manifest), "files": records}).sealed()
     return Artifact(sealed, program.source, dict(program.files), bound.constants)
 
 
+def _json_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any]:
+    try:
+        return json.loads(json.dumps(dict(metadata or {})))
+    except (TypeError, ValueError) as e:
+        raise ArtifactError(f"artifact metadata must be JSON data: {e}") from e
+
+
+def _check_guards_are_data(guards: Sequence[Guard]) -> None:
+    for g in guards:
+        try:
+            json.dumps(GuardSet((g,)).to_json())
+        except (TypeError, ValueError) as e:
+            raise ArtifactError(f"guard {g.as_text()} cannot be saved: its expected value, a "
+                                f"{type(g.expected).__name__}, is not data ({e})") from e
+
+
 def _fields(m: Manifest) -> dict[str, Any]:
     return {f: getattr(m, f) for f in m.__dataclass_fields__}
 
 
-def save_artifact(path: PathOrFile, program: PortableProgram, *, format: str = "auto",
-                  **kwargs: Any) -> Artifact:
+def save_artifact(path: PathOrFile, program: PortableProgram, *,
+                  input_sources: Sequence[str] | None = None,
+                  input_specs: Sequence[TensorSpec | int | None] = (),
+                  input_names: Sequence[str] | None = None,
+                  guards: GuardSet | Iterable[Guard] = (), frame: CallFrame | None = None,
+                  external_data: Mapping[str, object] | None = None,
+                  output_spec: pytree.TreeSpec | None = None, backend: str = "unknown",
+                  metadata: Mapping[str, Any] | None = None, device: DeviceInfo | None = None,
+                  format: str = "auto") -> Artifact:
     """Save ``program`` as an artifact at ``path`` and return it.
 
-    Keyword arguments (all optional except what the program needs):
+    Arguments (all optional except what the program needs):
       input_sources: one source per ``call(args)`` input, e.g. ``"L['self'].fc.weight"``
           (default: ``L['<name>']`` per input name, i.e. the inputs are the call's arguments);
       input_specs: a TensorSpec (or int / None) per input; they also give each tensor input a
@@ -166,7 +193,10 @@ def save_artifact(path: PathOrFile, program: PortableProgram, *, format: str = "
       backend, metadata (JSON-able), device (a DeviceInfo, for cross-compilation);
       format: "auto" (a directory if ``path`` is one or ends with '/', else a zip), "dir", "zip".
     """
-    art = build_artifact(program, **kwargs)
+    art = build_artifact(program, input_sources=input_sources, input_specs=input_specs,
+                         input_names=input_names, guards=guards, frame=frame,
+                         external_data=external_data, output_spec=output_spec, backend=backend,
+                         metadata=metadata, device=device)
     art.save(path, format=format)
     location = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
     return Artifact(art.manifest, art.source, art.files, art.constants, location)
@@ -201,8 +231,9 @@ def load_artifact(path: PathOrFile | bytes, *, check_compatibility: bool = True)
         source = files.pop(PROGRAM_NAME).decode()
     except UnicodeDecodeError as e:
         raise ArtifactError(f"artifact {where}: {PROGRAM_NAME} is not UTF-8 text") from e
-    constants = tensors_from_bytes(files.pop(CONSTANTS_NAME)) if CONSTANTS_NAME in files else {}
-    return Artifact(manifest, source, files, constants, where)
+    blob = files.pop(CONSTANTS_NAME, None)
+    constants = tensors_from_bytes(blob) if blob is not None else {}
+    return Artifact(manifest, source, files, constants, where, blob)
 
 
 # ---- helpers ---------------------------------------------------------------------------------------
@@ -235,7 +266,7 @@ def _params_from_sources(sources: Sequence[str]) -> tuple[Param, ...]:
     return tuple(Param(n) for n in names)
 
 
-def _guards_with_specs(guards: GuardSet, sources: Sequence[str],
+def guards_with_specs(guards: GuardSet, sources: Sequence[str],
                        specs: Sequence[TensorSpec | int | None]) -> GuardSet:
     """Normalize guard sources and add a TENSOR_MATCH per tensor input that has none."""
     out = [Guard(normalize(g.source), g.kind, g.expected, g.note) for g in guards]

@@ -161,7 +161,10 @@ class Resolver:
                 if live:
                     target = b.prefix
                 elif b.kind == "constant":
-                    target = self._static(f"<constant:{b.key}>", constants[b.key])
+                    value = constants[b.key]
+                    if b.requires_grad and isinstance(value, torch.Tensor):
+                        value = value.detach().requires_grad_()  # a leaf again, as it was saved
+                    target = self._static(f"<constant:{b.key}>", value)
                     target = f"{target}\0constant"
                 elif b.key in external:
                     target = self._static(f"<external:{b.key}>", external[b.key])

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .environment import current_host, environment_record
 from .knobs import KNOBS
 
 logger = logging.getLogger("kiln.runtime.cache")
@@ -45,6 +46,20 @@ except ImportError:  # pragma: no cover - Windows: no advisory locks, builds may
 
 def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def cache_key(*parts: str | bytes) -> str:
+    """A content key over ``parts`` (graph text, options...) and everything else that changes
+    generated code: kiln, torch, triton and Python versions and the host CPU. Use it for entries
+    whose bytes depend on the environment (generated code, kernels, autotuning results)."""
+    host = current_host()
+    h = hashlib.sha256()
+    env = (json.dumps(environment_record(), sort_keys=True), host.machine,
+           " ".join(sorted(host.cpu_flags)))
+    for part in (*env, *parts):
+        h.update(part if isinstance(part, bytes) else part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -8,20 +8,21 @@ import logging
 import os
 import sys
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch.utils._pytree as pytree
-from kiln.graph import Guard, GuardSet
+from kiln.graph import Guard, GuardSet, PortableProgram, TensorSpec
 
-from .artifact import Artifact, PathOrFile, load_artifact
+from .artifact import Artifact, PathOrFile, guards_with_specs, load_artifact, save_artifact
 from .bindings import Resolver
 from .cache import CompileCache, default_cache
 from .checks import usable_files
 from .errors import ArtifactError, GuardError
 from .guard_check import diagnose
 from .manifest import PROGRAM_NAME
-from .sources import display_name, make_binder
+from .sources import CallFrame, Param, display_name, make_binder, normalize
 
 logger = logging.getLogger("kiln.runtime")
 
@@ -54,7 +55,7 @@ def _materialize(artifact: Artifact, files: Mapping[str, bytes], cache: CompileC
     if not artifact.files:
         return ""
     everything = {PROGRAM_NAME: artifact.source.encode(), **artifact.files}
-    return str(cache.materialize_tree("artifacts", artifact.manifest.integrity, everything))
+    return str(cache.materialize_tree("artifact_files", artifact.manifest.integrity, everything))
 
 
 def _compile_gather(exprs: list[str]) -> Callable[[Mapping[str, Any], Mapping[str, Any]], list]:
@@ -64,44 +65,120 @@ def _compile_gather(exprs: list[str]) -> Callable[[Mapping[str, Any], Mapping[st
     return ns["gather"]
 
 
-class LoadedFunction:
-    """A compiled function loaded from an artifact; call it like the original function.
+@dataclass(frozen=True)
+class CallPlan:
+    """How a call becomes the program's flat inputs: bind, check guards, gather (all compiled)."""
 
-    Each call binds the arguments to the saved parameters, checks the portable guards (raising
-    ``GuardError`` naming the input), gathers the graph inputs from their sources and runs the
-    program's ``call``. ``disable_guard_check()`` skips the guards.
-    """
+    params: tuple[Param, ...]
+    input_names: tuple[str, ...]
+    input_sources: tuple[str, ...]  # as captured, for messages
+    input_exprs: tuple[str, ...]  # expressions over L and G, one per graph input
+    guards: GuardSet  # sources over L and G
+    names: dict[str, str]  # guard source -> what to call it in a GuardError
+    static: dict[str, object]  # entries of L that do not come from the call's arguments
+    globals: Mapping[str, object]
+    output_spec: str | None = None
 
-    def __init__(self, artifact: Artifact, *, f_globals: dict[str, object] | None = None,
-                 external_data: Mapping[str, object] | None = None,
-                 cache: CompileCache | None = None) -> None:
+    @staticmethod
+    def for_artifact(artifact: Artifact, f_globals: dict[str, object] | None,
+                     external_data: Mapping[str, object] | None) -> CallPlan:
         m = artifact.manifest
-        self.artifact = artifact
         resolver = Resolver(m.bindings, artifact.constants, f_globals, external_data)
-        self._static = resolver.static
-        self._globals: Mapping[str, object] = f_globals if f_globals is not None else {}
-        self._bind = make_binder(m.params)
-        exprs = [resolver.input_expr(i.source) for i in m.inputs]
-        self._exprs = exprs
-        self._gather = _compile_gather(exprs)
+        exprs = tuple(resolver.input_expr(i.source) for i in m.inputs)
+        names = {expr: rec.name for expr, rec in zip(exprs, m.inputs)}
         guards = []
-        # guard errors name what the user wrote: input names, or the original source's path
-        self._names = {expr: rec.name for expr, rec in zip(exprs, m.inputs)}
         for g in m.guards:
             src = resolver.guard_expr(g.source)
-            if src is not None:
-                guards.append(Guard(src, g.kind, g.expected, g.note))
-                self._names.setdefault(src, display_name(g.source))
-        self.guards = GuardSet(tuple(guards))
-        self._check = self.guards.compile()
+            if src is None:
+                logger.info("artifact %s: guard %s is not checked after this load (it reads a "
+                            "constant saved in the artifact or a global no f_globals supplies)",
+                            artifact.location, g.as_text())
+                continue
+            guards.append(Guard(src, g.kind, g.expected, g.note))
+            names.setdefault(src, display_name(g.source))  # errors name what the user wrote
+        return CallPlan(m.params, tuple(i.name for i in m.inputs), tuple(i.source for i in m.inputs),
+                        exprs, GuardSet(tuple(guards)),
+                        names, resolver.static, f_globals if f_globals is not None else {},
+                        m.output_spec)
+
+
+class LoadedFunction:
+    """A compiled function with the original function's calling convention.
+
+    Each call binds the arguments to the saved parameters, checks the guards (raising
+    ``GuardError`` naming the input), gathers the graph inputs from their sources and runs the
+    program's ``call``. ``disable_guard_check()`` skips the guards. Made by
+    ``load_compiled_function`` (from an artifact) or ``LoadedFunction.from_compiled`` (in process,
+    before saving: the AOT object ``aot_compile`` returns).
+    """
+
+    def __init__(self, plan: CallPlan, call: Callable[[list], Any], *,
+                 artifact: Artifact | None = None, module: types.ModuleType | None = None,
+                 save: Callable[[PathOrFile, Mapping[str, object] | None, str], Artifact] | None = None
+                 ) -> None:
+        self.plan = plan
+        self.artifact = artifact
+        self.module = module
+        self._save = save
+        self._bind = make_binder(plan.params)
+        self._static = plan.static
+        self._globals = plan.globals
+        self._gather = _compile_gather(list(plan.input_exprs))
+        self.guards = plan.guards
+        self._check = plan.guards.compile()
         self._check_guards = True
-        self._output = pytree.treespec_loads(m.output_spec) if m.output_spec else None
-        cache = cache or default_cache()
+        self._output = pytree.treespec_loads(plan.output_spec) if plan.output_spec else None
+        self._call = call
+
+    @staticmethod
+    def from_artifact(artifact: Artifact, *, f_globals: dict[str, object] | None = None,
+                      external_data: Mapping[str, object] | None = None,
+                      cache: CompileCache | None = None) -> LoadedFunction:
+        plan = CallPlan.for_artifact(artifact, f_globals, external_data)
         where = artifact.location or "<memory>"
-        files = usable_files(m, {**artifact.files, PROGRAM_NAME: b""}, where)
+        files = usable_files(artifact.manifest, {**artifact.files, PROGRAM_NAME: b""}, where)
         files.pop(PROGRAM_NAME, None)
-        self.module = exec_program(artifact, files, _materialize(artifact, files, cache))
-        self._call: Callable[[list], Any] = self.module.call
+        module = exec_program(artifact, files, _materialize(artifact, files, cache or default_cache()))
+        return LoadedFunction(plan, module.call, artifact=artifact, module=module)
+
+    @staticmethod
+    def from_compiled(call: Callable[[list], Any], *, frame: CallFrame,
+                      input_sources: Sequence[str], input_specs: Sequence[TensorSpec | int | None] = (),
+                      input_names: Sequence[str] | None = None,
+                      guards: GuardSet | Iterable[Guard] = (),
+                      output_spec: pytree.TreeSpec | None = None,
+                      program: PortableProgram | None = None, backend: str = "unknown",
+                      metadata: Mapping[str, Any] | None = None) -> LoadedFunction:
+        """The in-process compiled function (what ``aot_compile`` returns), savable later.
+
+        ``call(flat_inputs: list)`` runs the compiled graph (``lambda a: compiled_graph(*a)``).
+        Sources resolve against the live frame (closure variables and globals as they are now), all
+        guards are checked (ID_MATCH too), and ``save_compiled_function(path, external_data)``
+        writes ``program`` as an artifact (an error if the backend gave no portable program).
+        """
+        guards = tuple(guards)
+        sources = tuple(normalize(s) for s in input_sources)
+        names = tuple(input_names or [display_name(s) for s in sources])
+        specs = tuple(input_specs) or (None,) * len(sources)
+        guard_set = guards_with_specs(GuardSet(tuple(guards)), sources, specs)
+        params = {p.name for p in frame.params}
+        plan = CallPlan(frame.params, names, sources, sources, guard_set,
+                        {**dict(zip(sources, names)), **{g.source: display_name(g.source) for g in guard_set
+                                                         if g.source not in sources}},
+                        {k: v for k, v in frame.locals.items() if k not in params}, frame.globals,
+                        pytree.treespec_dumps(output_spec) if output_spec is not None else None)
+
+        def save(path: PathOrFile, external_data: Mapping[str, object] | None, fmt: str) -> Artifact:
+            if program is None:
+                raise ArtifactError(f"backend {backend!r} produced no portable program, so this "
+                                    "compiled function cannot be saved; use a backend that does "
+                                    "(eager, aot_eager, inductor)")
+            return save_artifact(path, program, format=fmt, input_sources=sources, input_specs=specs,
+                                 input_names=names, guards=guards, frame=frame,
+                                 external_data=external_data, output_spec=output_spec,
+                                 backend=backend, metadata=metadata)
+
+        return LoadedFunction(plan, call, save=save)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         L = self._bind(args, kwargs)
@@ -109,7 +186,7 @@ class LoadedFunction:
             L = {**self._static, **L}
         G = self._globals
         if self._check_guards and not self._check(L, G):
-            raise diagnose(self.guards, L, G, self._names)
+            raise diagnose(self.guards, L, G, self.plan.names)
         try:
             inputs = self._gather(L, G)
         except Exception as e:
@@ -120,12 +197,13 @@ class LoadedFunction:
         return out
 
     def _gather_error(self, L: Mapping[str, Any], G: Mapping[str, Any], e: Exception) -> GuardError:
-        for rec, expr in zip(self.artifact.manifest.inputs, self._exprs):
+        plan = self.plan
+        for name, source, expr in zip(plan.input_names, plan.input_sources, plan.input_exprs):
             try:
                 eval(expr, {"L": L, "G": G})  # noqa: S307 - one of our own input expressions
             except Exception as inner:  # noqa: BLE001
-                return GuardError(f"input {rec.name!r}: cannot read {rec.source} from this call "
-                                  f"({type(inner).__name__}: {inner})", input_name=rec.name)
+                return GuardError(f"input {name!r}: cannot read {source} from this call "
+                                  f"({type(inner).__name__}: {inner})", input_name=name)
         return GuardError(f"cannot gather the compiled function's inputs ({type(e).__name__}: {e})")
 
     def disable_guard_check(self) -> None:
@@ -135,17 +213,26 @@ class LoadedFunction:
     def enable_guard_check(self) -> None:
         self._check_guards = True
 
-    def save_compiled_function(self, path: PathOrFile, *, format: str = "auto") -> None:
-        """Write the same artifact again (for example to copy a loaded function elsewhere)."""
-        self.artifact.save(path, format=format)
+    def save_compiled_function(self, path: PathOrFile, external_data: Mapping[str, object] | None = None,
+                               *, format: str = "auto") -> None:
+        """Save as an artifact. A loaded function writes its artifact again (``external_data`` is
+        then not needed: its bindings are already recorded)."""
+        if self._save is not None:
+            self.artifact = self._save(path, external_data, format)
+        elif self.artifact is not None:
+            self.artifact.save(path, format=format)
+        else:
+            raise ArtifactError("this compiled function has nothing to save")
 
     def as_text(self) -> str:
-        return self.artifact.as_text()
+        if self.artifact is not None:
+            return self.artifact.as_text()
+        inputs = "\n".join(f"  {n:<20} {e}" for n, e in zip(self.plan.input_names, self.plan.input_exprs))
+        return f"# compiled function (in process)\ninputs:\n{inputs}\nguards:\n{self.guards.as_text()}"
 
     def __repr__(self) -> str:
-        m = self.artifact.manifest
-        return (f"<LoadedFunction ({', '.join(p.name for p in m.params)}) backend={m.backend} "
-                f"from {self.artifact.location or '<memory>'}>")
+        where = (self.artifact.location or "<memory>") if self.artifact is not None else "this process"
+        return f"<LoadedFunction ({', '.join(p.name for p in self.plan.params)}) from {where}>"
 
 
 def load_compiled_function(file: PathOrFile | bytes | Artifact, *,
@@ -162,4 +249,5 @@ def load_compiled_function(file: PathOrFile | bytes | Artifact, *,
     """
     artifact = file if isinstance(file, Artifact) else load_artifact(
         file, check_compatibility=check_compatibility)
-    return LoadedFunction(artifact, f_globals=f_globals, external_data=external_data, cache=cache)
+    return LoadedFunction.from_artifact(artifact, f_globals=f_globals, external_data=external_data,
+                                        cache=cache)

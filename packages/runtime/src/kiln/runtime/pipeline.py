@@ -3,7 +3,7 @@
 Saving (artifact.build_artifact, then Artifact.save):
   1. normalize sources        sources.normalize           canonical text for every input/guard source
   2. call convention          sources.CallFrame / params  how arguments bind to L (frame or L roots)
-  3. guards from specs        artifact._guards_with_specs TENSOR_MATCH for tensor inputs lacking one
+  3. guards from specs        artifact.guards_with_specs TENSOR_MATCH for tensor inputs lacking one
   4. bind sources             bindings.bind_sources       argument | external | constant | global
   5. drop frozen guards       artifact.build_artifact     guards on state the artifact now freezes
   6. manifest + seal          manifest.Manifest.sealed    file hashes, versions, host, device, integrity
