@@ -124,7 +124,8 @@ class _Compiler:
     def condition(self, g: Guard) -> str:
         src = g.source
         if g.kind == "TENSOR_MATCH":
-            dtype, device, shape, stride, rg = g.expected  # type: ignore[misc]
+            expected: tuple[Any, ...] = g.expected  # type: ignore[assignment]
+            dtype, device, shape, stride, rg = expected
             dt = getattr(torch, str(dtype).removeprefix("torch."))
             return (f"_tensor_ok({src}, {self.const(dt)}, {self.const(torch.device(device))}, "
                     f"{self.const(shape)}, {self.const(stride)}, {rg!r})")
@@ -140,7 +141,8 @@ class _Compiler:
         if g.kind == "LENGTH_MATCH":
             return f"len({src}) == {g.expected!r}"
         if g.kind == "DICT_KEYS":
-            return f"list({src}.keys()) == {self.const(list(g.expected))}"  # type: ignore[arg-type]
+            keys: tuple[Any, ...] = g.expected  # type: ignore[assignment]
+            return f"list({src}.keys()) == {self.const(list(keys))}"
         if g.kind == "GLOBAL_STATE":
             return f"_global_state() == {self.const(g.expected)}"
         if g.kind == "SYMBOL":

@@ -1,0 +1,121 @@
+"""``aot``: the autograd stage behind the backend contract, and the ready ``aot_eager`` backend."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.graph import CompiledGraph, PortableProgram, dump, enabled, log, new_graph_id, print_graph
+
+from .knobs import KNOBS
+from .joint import JointGraph, module_state_names
+from .partition import Partitioned, PartitionerName
+from .pipeline import AotOptions, run_aot_pipeline
+from .portable import render_graph_module, training_program
+from .tracer import Decompositions
+from .wrapper import make_inference_callable, make_training_callable
+
+Compiler = Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]]
+
+
+def _example_vals(gm: fx.GraphModule) -> list[Any]:
+    return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+
+
+def _portable_of(compiled: Any) -> PortableProgram | None:
+    p = getattr(compiled, "portable", None)
+    return p if isinstance(p, PortableProgram) else None
+
+
+@dataclass
+class AotResult:
+    """What ``aot`` built: the traced graphs plus the compiled callables (for inspection and tests)."""
+
+    joint: JointGraph
+    partitioned: Partitioned | None
+    seconds: float
+
+
+def _log_graphs(gid: str, joint: JointGraph, parts: Partitioned | None) -> None:
+    if parts is None:
+        text = f"# inference graph {gid}\n{print_graph(joint.gm)}"
+        dump(gid, "aot_inference", text)
+    else:
+        text = (f"# {gid}: partitioner={parts.partitioner} saved_tensors={parts.n_saved} "
+                f"saved_bytes={parts.saved_bytes}\n# ---- forward ----\n{print_graph(parts.fw_gm)}\n"
+                f"# ---- backward ----\n{print_graph(parts.bw_gm)}")
+        dump(gid, "aot_forward", print_graph(parts.fw_gm))
+        dump(gid, "aot_backward", print_graph(parts.bw_gm))
+    if enabled("aot_graphs"):
+        log("aot_graphs").info("%s", text)
+
+
+def aot(gm: fx.GraphModule, example_inputs: Sequence[Any], *, fw_compiler: Compiler,
+        bw_compiler: Compiler | None = None, inference_compiler: Compiler | None = None,
+        decompositions: Decompositions | None = None,
+        partitioner: PartitionerName = "min_cut") -> CompiledGraph:
+    """Compile a torch-dialect graph for training or inference (torch.compile's backend contract).
+
+    Traces a joint forward+backward ATen graph when grad mode is on and some input (or lifted
+    parameter) requires grad, partitions it, and compiles the two halves with ``fw_compiler`` and
+    ``bw_compiler``; otherwise traces one forward graph for ``inference_compiler``. Example inputs may
+    be real or fake tensors; nothing real runs while compiling.
+    """
+    t0 = time.perf_counter()
+    opts = AotOptions(partitioner=partitioner, decompositions=decompositions)
+    joint, parts = run_aot_pipeline(gm, example_inputs, opts)
+    gid = new_graph_id("aot")
+    _log_graphs(gid, joint, parts)
+    sig = joint.signature
+    texts = {"aot_joint": joint.as_text()}
+    if parts is None:
+        compiled = (inference_compiler or fw_compiler)(joint.gm, _example_vals(joint.gm))
+        fn = make_inference_callable(sig, compiled)
+        p = _portable_of(compiled)
+        portable = training_program(sig, p, None) if p and sig.n_lifted == 0 else None
+    else:
+        fw = fw_compiler(parts.fw_gm, _example_vals(parts.fw_gm))
+        bw = (bw_compiler or fw_compiler)(parts.bw_gm, _example_vals(parts.bw_gm))
+        fn = make_training_callable(sig, fw, bw, parts.n_saved)
+        texts["aot_partitioned"] = parts.as_text()
+        pf, pb = _portable_of(fw), _portable_of(bw)
+        portable = training_program(sig, pf, pb) if pf and pb and sig.n_lifted == 0 else None
+    if sig.n_lifted:
+        fn = _with_module_state(gm, fn)
+    result = CompiledGraph(fn, "aot", texts, portable)
+    result.aot = AotResult(joint, parts, time.perf_counter() - t0)  # type: ignore[attr-defined]
+    return result
+
+
+def _with_module_state(gm: fx.GraphModule, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Graphs that read parameters/buffers through get_attr get the live tensors prepended per call."""
+    names = module_state_names(gm)
+    params = dict(gm.named_parameters())
+
+    def run(*args: Any) -> Any:
+        state = [params[n] if n in params else gm.get_buffer(n) for n in names]
+        return fn(*state, *args)
+    return run
+
+
+# ---- aot_eager ---------------------------------------------------------------------------------
+
+def run_graph_compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+    """A compiler that just runs the ATen graph (fx GraphModule call), with a portable form."""
+    try:
+        portable: PortableProgram | None = render_graph_module(gm)
+    except ValueError:
+        portable = None
+    return CompiledGraph(gm, "eager_aten", {"aten": print_graph(gm)}, portable)
+
+
+def aot_eager(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> CompiledGraph:
+    """A ready backend: ``aot`` whose compilers run the ATen graphs as they are."""
+    kwargs.setdefault("fw_compiler", run_graph_compiler)
+    kwargs.setdefault("partitioner", KNOBS.partitioner)
+    return aot(gm, example_inputs, **kwargs)

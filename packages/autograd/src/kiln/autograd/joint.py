@@ -1,0 +1,248 @@
+"""Tracing a torch-dialect graph into functional ATen graphs: the joint forward+backward graph for
+training and a forward-only graph for inference.
+
+The torch graph runs under fx.Interpreter on fake tensors with ``TracingMode`` on top of the dispatch
+mode stack, so the autograd engine sits above the recorder: forward ops are recorded as they run, and
+``torch.autograd.grad`` on the fake outputs (with fake tangents as extra graph inputs) records the
+backward ops into the same graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._pytree import tree_flatten
+
+from kiln.graph import print_graph
+
+from .errors import AutogradTraceError
+from .signature import GraphSignature, OutputInfo, OutputKind
+from .tracer import Decompositions, GraphRecorder, TracingMode
+
+
+@dataclass(frozen=True)
+class JointGraph:
+    """One functional ATen graph: ``(*primals, *tangents) -> (*fw_outputs, *mutated_inputs, *grads)``.
+
+    For an inference graph (``joint=False``) there are no tangents and no gradients.
+    """
+
+    gm: fx.GraphModule
+    signature: GraphSignature
+    joint: bool = True
+
+    @property
+    def n_forward_outputs(self) -> int:
+        return self.signature.n_graph_outputs + len(self.signature.mutated_inputs)
+
+    def as_text(self) -> str:
+        kind = "joint forward+backward" if self.joint else "inference"
+        return f"# {kind} graph (aten)\n{self.signature.as_text()}\n{print_graph(self.gm)}"
+
+
+# ---- inputs ------------------------------------------------------------------------------------
+
+def _static_shape(t: torch.Tensor, where: str) -> None:
+    if any(not isinstance(s, int) for s in (*t.shape, *t.stride())):
+        raise AutogradTraceError(
+            f"{where} has symbolic sizes {tuple(t.shape)}; kiln.autograd traces static shapes only. "
+            "Compile with dynamic=False (torch.compile(..., dynamic=False)).")
+
+
+def fake_input(mode: FakeTensorMode, x: Any, where: str) -> Any:
+    """A fresh fake leaf with ``x``'s metadata (a real or fake tensor), or ``x`` itself otherwise."""
+    if isinstance(x, torch.SymInt):
+        raise AutogradTraceError(f"{where} is a symbolic int; compile with dynamic=False")
+    if not isinstance(x, torch.Tensor):
+        return x
+    _static_shape(x, where)
+    if isinstance(x, FakeTensor) or x.device.type == "meta":
+        with mode:
+            f = torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype, device=x.device)
+    else:
+        f = mode.from_tensor(x.detach())
+    if x.requires_grad:
+        f.requires_grad_(True)
+    return f
+
+
+# ---- module state lifting ------------------------------------------------------------------------
+
+def module_state_names(gm: fx.GraphModule) -> tuple[str, ...]:
+    """Parameters and buffers the graph reads through get_attr/call_module; lifted to leading inputs."""
+    return tuple(n for n, _ in gm.named_parameters()) + tuple(n for n, _ in gm.named_buffers())
+
+
+@contextlib.contextmanager
+def swapped_state(gm: fx.GraphModule, values: dict[str, torch.Tensor]) -> Iterator[None]:
+    saved: list[tuple[dict[str, Any], str, Any]] = []
+    try:
+        for name, v in values.items():
+            path, _, attr = name.rpartition(".")
+            mod = gm.get_submodule(path) if path else gm
+            table = mod._parameters if attr in mod._parameters else mod._buffers
+            saved.append((table, attr, table[attr]))
+            table[attr] = v
+        yield
+    finally:
+        for table, attr, old in reversed(saved):
+            table[attr] = old
+
+
+class _FakeInterpreter(fx.Interpreter):
+    """Runs the torch graph; tensor constants read with get_attr become graph constants."""
+
+    def __init__(self, gm: fx.GraphModule, rec: GraphRecorder, mode: FakeTensorMode) -> None:
+        super().__init__(gm)
+        self.rec, self.mode = rec, mode
+
+    def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
+        val = super().get_attr(target, args, kwargs)
+        if isinstance(val, torch.Tensor) and not isinstance(val, FakeTensor):
+            fake = self.mode.from_tensor(val)
+            self.rec.constant(val.detach(), fake)
+            return fake
+        return val
+
+
+# ---- outputs -------------------------------------------------------------------------------------
+
+def _classify(rec: GraphRecorder, flat: list[Any], primals: list[Any]) -> tuple[list[OutputInfo], list[Any]]:
+    infos: list[OutputInfo] = []
+    graph_outs: list[Any] = []
+    seen: dict[int, int] = {}  # id(tensor) -> user output index
+    graph_roots: dict[int, int] = {}  # id(root tensor) -> user output index of a graph output
+    for i, o in enumerate(flat):
+        if not isinstance(o, torch.Tensor):
+            infos.append(OutputInfo(OutputKind.CONSTANT, value=o))
+            continue
+        a = rec.alias_of(o)
+        view = dict(size=tuple(o.shape), stride=tuple(o.stride()), storage_offset=o.storage_offset(),
+                    requires_grad=o.requires_grad)
+        if id(o) in seen:
+            infos.append(OutputInfo(OutputKind.SAME, seen[id(o)]))
+        elif a.root.input_index is not None:
+            idx = a.root.input_index
+            if not a.chain and primals[idx] is o:
+                infos.append(OutputInfo(OutputKind.INPUT, idx, requires_grad=o.requires_grad))
+            else:
+                infos.append(OutputInfo(OutputKind.ALIAS_INPUT, idx, **view))
+        elif a.chain and id(a.root.tensor) in graph_roots:
+            infos.append(OutputInfo(OutputKind.ALIAS_OUTPUT, graph_roots[id(a.root.tensor)], **view))
+        else:
+            infos.append(OutputInfo(OutputKind.GRAPH, len(graph_outs), requires_grad=o.requires_grad))
+            graph_outs.append(o)
+            if not a.chain:
+                graph_roots[id(o)] = i
+        seen.setdefault(id(o), i)
+    return infos, graph_outs
+
+
+def _mutated_inputs(rec: GraphRecorder, primals: list[Any], names: Sequence[str]) -> list[int]:
+    out = []
+    for r in rec.roots:
+        if r.input_index is not None and r.mutated:
+            if primals[r.input_index].requires_grad:
+                raise AutogradTraceError(
+                    f"input {names[r.input_index]!r} requires grad and is mutated in place inside the "
+                    "graph; kiln.autograd does not support that yet (mutate it outside the compiled "
+                    "region or under torch.no_grad on a tensor that does not require grad)")
+            out.append(r.input_index)
+    return sorted(out)
+
+
+# ---- tracing -------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _no_autocast() -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for dev in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(dev):
+                stack.enter_context(torch.autocast(dev, enabled=False))
+        yield
+
+
+def _input_names(gm: fx.GraphModule, n_lifted: int, state: Sequence[str]) -> list[str]:
+    ph = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
+    return list(state) + ph
+
+
+def _trace(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: Decompositions | None,
+           joint: bool) -> JointGraph:
+    state_names = module_state_names(gm)
+    state = [gm.get_parameter(n) if n in dict(gm.named_parameters()) else gm.get_buffer(n)
+             for n in state_names]
+    names = _input_names(gm, len(state), state_names)
+    all_inputs = [*state, *example_inputs]
+    if len(names) != len(all_inputs):
+        raise AutogradTraceError(f"the graph has {len(names) - len(state)} placeholders but "
+                                 f"{len(example_inputs)} example inputs were given")
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    rec = GraphRecorder()
+    primals = [fake_input(mode, x, f"input {n!r}") for x, n in zip(all_inputs, names)]
+    for i, (p, n) in enumerate(zip(primals, names)):
+        rec.placeholder(f"primals_{i + 1}", p, i)
+    interp = _FakeInterpreter(gm, rec, mode)
+    tracer = TracingMode(rec, decompositions)
+    grad_ctx = torch.enable_grad() if joint else torch.no_grad()
+    with mode, grad_ctx, swapped_state(gm, dict(zip(state_names, primals))):
+        with tracer:
+            result = interp.run(*primals[len(state):])
+        flat, spec = tree_flatten(result)
+        infos, graph_outs = _classify(rec, flat, primals)
+        diff = tuple(bool(joint and o.requires_grad and o.grad_fn is not None) for o in graph_outs)
+        grad_inputs = tuple(i for i, p in enumerate(primals)
+                            if joint and isinstance(p, torch.Tensor) and p.requires_grad)
+        grads: Sequence[Any] = ()
+        if joint and any(diff) and grad_inputs:
+            grads = _trace_backward(rec, tracer, graph_outs, diff, [primals[i] for i in grad_inputs])
+        else:
+            diff, grad_inputs = tuple(False for _ in graph_outs), ()
+        mutated = _mutated_inputs(rec, primals, names)
+        with torch.no_grad():
+            outs = [rec.node_of(o) for o in graph_outs]
+            outs += [rec.aliases[id(primals[i])].root.node for i in mutated]
+            outs += [rec.node_of(g) if g is not None else None for g in grads]
+    sig = GraphSignature(
+        n_inputs=len(primals), input_names=tuple(names),
+        input_requires_grad=tuple(isinstance(p, torch.Tensor) and p.requires_grad for p in primals),
+        outputs=tuple(infos), out_spec=spec, n_graph_outputs=len(graph_outs),
+        graph_output_differentiable=diff, mutated_inputs=tuple(mutated), grad_inputs=grad_inputs,
+        n_lifted=len(state))
+    return JointGraph(rec.finish(outs), sig, joint=bool(grad_inputs))
+
+
+def _trace_backward(rec: GraphRecorder, tracer: TracingMode, graph_outs: list[Any],
+                    diff: Sequence[bool], inputs: list[Any]) -> Sequence[Any]:
+    outs = [o for o, d in zip(graph_outs, diff) if d]
+    first = next(n for n in rec.graph.nodes if n.op != "placeholder")
+    tangents = []
+    for i, o in enumerate(outs):
+        t = torch.empty(tuple(o.shape), dtype=o.dtype, device=o.device)
+        with rec.graph.inserting_before(first):
+            rec.placeholder(f"tangents_{i + 1}", t, None)
+        tangents.append(t)
+    with tracer, _no_autocast():
+        return torch.autograd.grad(outs, inputs, tangents, allow_unused=True)
+
+
+def trace_joint(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
+                decompositions: Decompositions | None = None) -> JointGraph:
+    """Trace ``gm`` (torch dialect) into one functional forward+backward ATen graph.
+
+    Gradients are taken for every input that requires grad. When no output needs a gradient the
+    result is a forward-only graph (``joint=False``).
+    """
+    return _trace(gm, example_inputs, decompositions, joint=True)
+
+
+def trace_inference(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
+                    decompositions: Decompositions | None = None) -> JointGraph:
+    """Trace ``gm`` under no_grad into one functional forward-only ATen graph."""
+    return _trace(gm, example_inputs, decompositions, joint=False)

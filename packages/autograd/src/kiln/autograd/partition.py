@@ -1,0 +1,196 @@
+"""Splitting a joint graph into a forward graph and a backward graph.
+
+- ``save_all``: the forward computes everything it can; every forward value the backward reads is saved.
+- ``min_cut``: a max-flow/min-cut over the forward nodes (networkx) picks the cheapest set of tensors
+  (in bytes) to save such that the backward can recompute everything else it needs from them with
+  cheap ops only (pointwise, views, casts). Matmuls, convolutions, attention, reductions and random
+  ops are banned from recomputation: when the backward needs one, it is saved (so dropout's backward
+  uses the forward's mask).
+
+Forward graph: ``(*primals) -> (*fw_outputs, *mutated_inputs, *saved)``.
+Backward graph: ``(*saved, *tangents) -> (*grads)`` (one per ``signature.grad_inputs``).
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import networkx as nx
+import torch
+from torch import fx
+
+from kiln.graph import print_graph
+
+from . import ops
+from .errors import AutogradTraceError
+from .joint import JointGraph
+from .signature import GraphSignature
+
+PartitionerName = Literal["min_cut", "save_all"]
+
+
+@dataclass(frozen=True)
+class Partitioned:
+    fw_gm: fx.GraphModule
+    bw_gm: fx.GraphModule
+    signature: GraphSignature
+    saved: tuple[str, ...]  # joint-graph names of the saved values, in order
+    saved_bytes: int
+    partitioner: str
+
+    @property
+    def n_saved(self) -> int:
+        return len(self.saved)
+
+    def as_text(self) -> str:
+        return (f"# partitioner: {self.partitioner}; saved {self.n_saved} tensors, "
+                f"{self.saved_bytes} bytes: {', '.join(self.saved)}\n"
+                f"{self.signature.as_text()}\n# ---- forward ----\n{print_graph(self.fw_gm)}\n"
+                f"# ---- backward ----\n{print_graph(self.bw_gm)}")
+
+
+def tensor_bytes(val: Any) -> int:
+    if isinstance(val, torch.Tensor):
+        return val.numel() * val.element_size()
+    return 0
+
+
+def _ancestors(roots: Iterable[fx.Node], stop: set[fx.Node] | None = None) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    todo = [r for r in roots if isinstance(r, fx.Node)]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if stop is not None and n in stop:
+            continue
+        todo.extend(n.all_input_nodes)
+    return seen
+
+
+@dataclass(frozen=True)
+class _Split:
+    primals: list[fx.Node]
+    tangents: list[fx.Node]
+    fw_outputs: list[fx.Node]
+    grads: list[fx.Node | None]
+    fw_nodes: set[fx.Node]  # what the forward computes anyway (ancestors of its outputs and primals)
+    bw_nodes: set[fx.Node]  # what only the backward needs
+    mutated_inputs: tuple[int, ...]
+
+
+def _split(joint: JointGraph) -> _Split:
+    g = joint.gm.graph
+    out = next(n for n in reversed(g.nodes) if n.op == "output")
+    results = list(out.args[0])
+    nfw = joint.n_forward_outputs
+    ph = [n for n in g.nodes if n.op == "placeholder"]
+    primals = [n for n in ph if str(n.target).startswith("primals_")]
+    tangents = [n for n in ph if str(n.target).startswith("tangents_")]
+    fw_outputs, grads = results[:nfw], results[nfw:]
+    fw_nodes = _ancestors(fw_outputs) | set(primals)
+    # The other results of a multi-output forward op (dropout's mask, norm statistics) are forward values
+    # too: the op will not run again in the backward.
+    fw_nodes |= {u for n in list(fw_nodes) for u in n.users if u.target is operator.getitem}
+    bw_nodes = _ancestors([x for x in grads if x is not None], stop=fw_nodes) - fw_nodes
+    return _Split(primals, tangents, fw_outputs, grads, fw_nodes, bw_nodes, joint.signature.mutated_inputs)
+
+
+def _needed_by_backward(s: _Split) -> set[fx.Node]:
+    return {i for n in s.bw_nodes for i in n.all_input_nodes if i in s.fw_nodes} | \
+        {x for x in s.grads if x is not None and x in s.fw_nodes}
+
+
+def _save_all(s: _Split) -> list[fx.Node]:
+    return [n for n in _order(s) if n in _needed_by_backward(s)]
+
+
+def _order(s: _Split) -> list[fx.Node]:
+    return [n for n in s.primals[0].graph.nodes if n in s.fw_nodes] if s.primals else \
+        [n for n in s.fw_nodes]
+
+
+def _recomputable(n: fx.Node) -> bool:
+    if n.target is operator.getitem:
+        return True
+    return ops.is_recomputable(n.target)
+
+
+_SCALE = 1 << 24  # byte weights dominate the tie-break term (graphs have far fewer nodes than this)
+
+
+def _min_cut(s: _Split) -> list[fx.Node]:
+    """Saved nodes = the forward nodes whose in->out edge is in a minimum source/sink cut."""
+    net = nx.DiGraph()
+    mutated = {s.primals[i] for i in s.mutated_inputs}
+    net.add_node("source")
+    net.add_node("sink")
+    for n in s.fw_nodes:
+        val = n.meta.get("val")
+        if n in mutated:
+            # an input written back after the forward: the backward must not read its old value
+            net.add_edge(f"{n.name}_in", f"{n.name}_out")
+        elif isinstance(val, torch.Tensor):
+            # bytes first; among equal-byte cuts prefer saving inputs (alive anyway) over new values
+            tie = 0 if n.op == "placeholder" else 1
+            net.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=tensor_bytes(val) * _SCALE + tie)
+        else:
+            net.add_edge(f"{n.name}_in", f"{n.name}_out")  # no capacity attr: infinite
+        if n.op == "placeholder" or not _recomputable(n):
+            net.add_edge("source", f"{n.name}_in")
+        for user in n.users:
+            if user in s.fw_nodes:
+                net.add_edge(f"{n.name}_out", f"{user.name}_in")
+    for n in _needed_by_backward(s):
+        net.add_edge(f"{n.name}_out", "sink")
+    _, (reachable, _) = nx.minimum_cut(net, "source", "sink")
+    return [n for n in _order(s) if f"{n.name}_in" in reachable and f"{n.name}_out" not in reachable]
+
+
+def _copy_graph(joint: fx.GraphModule, inputs: list[tuple[fx.Node, str]], outputs: list[fx.Node | None],
+                where: str) -> fx.GraphModule:
+    """A new graph computing ``outputs`` from ``inputs`` (joint nodes that become placeholders)."""
+    g = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node, name in inputs:
+        p = g.placeholder(name)
+        p.meta.update(node.meta)
+        env[node] = p
+    need = _ancestors([o for o in outputs if o is not None], stop=set(env))
+    for n in joint.graph.nodes:
+        if n not in need or n in env:
+            continue
+        if n.op == "placeholder":
+            raise AutogradTraceError(f"partitioning bug: the {where} graph needs {n.name}, which it "
+                                     "was not given")
+        env[n] = g.node_copy(n, lambda x: env[x])
+    g.output(tuple(env[o] if o is not None else None for o in outputs))
+    gm = fx.GraphModule(joint, g)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    return gm
+
+
+def partition(joint: JointGraph, partitioner: PartitionerName = "min_cut") -> Partitioned:
+    """Split ``joint`` into forward and backward graphs, saving what ``partitioner`` decides."""
+    if not joint.joint:
+        raise ValueError("partition() needs a joint graph; this one is forward-only (trace_inference)")
+    s = _split(joint)
+    if partitioner == "min_cut":
+        saved = _min_cut(s)
+    elif partitioner == "save_all":
+        saved = _save_all(s)
+    else:
+        raise ValueError(f"unknown partitioner {partitioner!r}; use 'min_cut' or 'save_all'")
+    for n in saved:
+        if not isinstance(n.meta.get("val"), torch.Tensor):
+            raise AutogradTraceError(f"partitioner {partitioner} chose to save non-tensor {n.name}")
+    fw = _copy_graph(joint.gm, [(p, str(p.target)) for p in s.primals], [*s.fw_outputs, *saved], "forward")
+    bw_inputs = [(n, f"saved_{n.name}") for n in saved] + [(t, str(t.target)) for t in s.tangents]
+    bw = _copy_graph(joint.gm, bw_inputs, s.grads, "backward")
+    return Partitioned(fw, bw, joint.signature, tuple(n.name for n in saved),
+                       sum(tensor_bytes(n.meta["val"]) for n in saved), partitioner)

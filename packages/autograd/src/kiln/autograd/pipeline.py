@@ -1,0 +1,57 @@
+"""kiln.autograd's passes, in order — the whole stage read top to bottom.
+
+1. trace      run the torch graph on fake tensors under TracingMode: a functional ATen graph,
+              joint forward+backward (training) or forward-only (inference / no grad)
+2. verify     the result is in the ``aten`` dialect (KILN_VERIFY=1)
+3. partition  split the joint graph into forward and backward (min-cut or save-all)
+4. verify     both halves are ``aten`` (KILN_VERIFY=1)
+Compilation of the halves and the run-time wrapper follow in ``aot``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.graph import KNOBS, verify
+
+from .joint import JointGraph, module_state_names, trace_inference, trace_joint
+from .partition import Partitioned, PartitionerName, partition
+from .tracer import Decompositions
+
+
+@dataclass(frozen=True)
+class AotOptions:
+    partitioner: PartitionerName = "min_cut"
+    decompositions: Decompositions | None = None
+    verify: bool = KNOBS.verify
+
+
+def wants_grad(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Training when grad mode is on and an input or a parameter of ``gm`` requires grad."""
+    if not torch.is_grad_enabled():
+        return False
+    if any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
+        return True
+    return bool(module_state_names(gm)) and any(p.requires_grad for p in gm.parameters())
+
+
+def run_aot_pipeline(gm: fx.GraphModule, example_inputs: Sequence[Any],
+                     opts: AotOptions) -> tuple[JointGraph, Partitioned | None]:
+    if wants_grad(gm, example_inputs):
+        joint = trace_joint(gm, example_inputs, decompositions=opts.decompositions)
+    else:
+        joint = trace_inference(gm, example_inputs, decompositions=opts.decompositions)
+    if opts.verify:
+        verify(joint.gm, "aten")
+    if not joint.joint:
+        return joint, None
+    parts = partition(joint, opts.partitioner)
+    if opts.verify:
+        verify(parts.fw_gm, "aten")
+        verify(parts.bw_gm, "aten")
+    return joint, parts

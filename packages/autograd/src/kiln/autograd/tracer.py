@@ -1,0 +1,292 @@
+"""The ATen tracer: a TorchDispatchMode over FakeTensorMode that records every ATen op into an fx.Graph,
+functionalizing as it goes.
+
+Note: functionalization happens here, op by op, instead of as a later graph pass. Each fake tensor maps
+to an ``Alias`` (its root storage plus view chain). An in-place or ``out=`` op is recorded as its
+functional twin and its result is *written* into the mutated tensor: a root simply gets a new node, a
+view is scattered back into its root (``views.inverse``) and every other alias of that root is
+regenerated from the new root the next time it is read (``node_of``). What is left at the end is a
+functional graph plus a list of inputs whose roots were written (returned as extra outputs).
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+from torch import fx
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
+
+from . import ops
+from .errors import AutogradTraceError
+from .views import Alias, Root, ViewStep, inverse, replay
+
+aten = torch.ops.aten
+Decompositions = Mapping[torch._ops.OpOverload, Callable[..., Any]]
+
+_CONSTANT_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
+
+
+class GraphRecorder:
+    """An fx.Graph under construction plus the fake-tensor -> node functionalization state."""
+
+    def __init__(self) -> None:
+        self.graph = fx.Graph()
+        self.aliases: dict[int, Alias] = {}
+        self.roots: list[Root] = []
+        self.constants: dict[str, torch.Tensor] = {}
+        self._names = itertools.count()
+
+    # ---- graph building ----
+    def emit(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.Node, Any]:
+        """Add a node whose arguments are already nodes; its fake value is computed by running ``target``."""
+        vals = tree_map(lambda a: a.meta["val"] if isinstance(a, fx.Node) else a, (args, kwargs))
+        val = target(*vals[0], **vals[1])  # runs on fake tensors (this mode is off while it handles an op)
+        node = self.graph.call_function(target, args, kwargs)
+        node.meta["val"] = val
+        return node, val
+
+    def placeholder(self, name: str, value: Any, input_index: int | None) -> fx.Node:
+        node = self.graph.placeholder(name)
+        node.meta["val"] = value
+        if isinstance(value, torch.Tensor):
+            self._new_root(value, node, input_index)
+        return node
+
+    def _new_root(self, t: torch.Tensor, node: fx.Node, input_index: int | None = None) -> Alias:
+        root = Root(t, node, input_index)
+        self.roots.append(root)
+        alias = Alias(t, root, (), node)
+        self.aliases[id(t)] = alias
+        return alias
+
+    def constant(self, real: torch.Tensor, fake: torch.Tensor) -> fx.Node:
+        name = f"_tensor_constant{len(self.constants)}"
+        self.constants[name] = real
+        node = self.graph.get_attr(name)
+        node.meta["val"] = fake
+        self._new_root(fake, node)
+        return node
+
+    # ---- functional view of tensors ----
+    def alias_of(self, t: torch.Tensor) -> Alias:
+        a = self.aliases.get(id(t))
+        if a is None or a.tensor is not t:
+            const = getattr(t, "constant", None)
+            if isinstance(const, torch.Tensor):
+                self.constant(const, t)
+                return self.aliases[id(t)]
+            raise AutogradTraceError(
+                f"a tensor of shape {tuple(t.shape)} reached the traced graph without being one of its "
+                "inputs or computed inside it (a tensor captured from outside?). Pass it as a graph input.")
+        return a
+
+    def node_of(self, t: torch.Tensor) -> fx.Node:
+        """The node holding ``t``'s current value; stale views are regenerated from their root."""
+        a = self.alias_of(t)
+        if a.version != a.root.version:
+            node, val = a.root.node, a.root.tensor
+            for step in a.chain:
+                node, val = replay(self.emit, step, node, val)
+            a.node, a.version = node, a.root.version
+        return a.node
+
+    def arg_nodes(self, tree: Any) -> Any:
+        return tree_map(lambda x: self.node_of(x) if isinstance(x, torch.Tensor) else x, tree)
+
+    def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> fx.Node:
+        """Record a functional op whose fake result is ``out`` and register its outputs."""
+        node = self.graph.call_function(func, self.arg_nodes(args), self.arg_nodes(kwargs))
+        node.meta["val"] = out
+        view = ops.is_view(func)
+        base = self.alias_of(args[0]) if view else None
+        rest = tuple(args[1:])
+        if isinstance(out, torch.Tensor):
+            self._register(out, node, base, ViewStep(func, rest, tuple(kwargs.items())) if base else None)
+        elif isinstance(out, (tuple, list)):
+            for i, o in enumerate(out):
+                if isinstance(o, torch.Tensor):
+                    g = self.graph.call_function(operator.getitem, (node, i))
+                    g.meta["val"] = o
+                    step = ViewStep(func, rest, tuple(kwargs.items()), i) if base else None
+                    self._register(o, g, base, step)
+        return node
+
+    def _register(self, t: torch.Tensor, node: fx.Node, base: Alias | None, step: ViewStep | None) -> None:
+        known = self.aliases.get(id(t))
+        if known is not None and known.tensor is t:
+            return  # an op handed back a tensor we already track (e.g. a no-op alias)
+        if base is None or step is None:
+            self._new_root(t, node)
+        else:
+            self.aliases[id(t)] = Alias(t, base.root, base.chain + (step,), node, base.root.version)
+
+    def write(self, t: torch.Tensor, node: fx.Node) -> None:
+        """Make ``node`` the new value of ``t`` (and of every tensor sharing its storage)."""
+        val = node.meta["val"]
+        if val.dtype != t.dtype:
+            node, val = self.emit(aten._to_copy.default, (node,), {"dtype": t.dtype})
+        if tuple(val.shape) != tuple(t.shape):
+            node, val = self.emit(aten.expand.default, (node, list(t.shape)), {})
+            node, val = self.emit(aten.clone.default, (node,), {})
+        a = self.alias_of(t)
+        root = a.root
+        if a.chain:
+            root.node = self._scatter(root, a.chain, node, val)
+        else:
+            root.node = node
+        root.version += 1
+        root.mutated = True
+        if not a.chain:
+            a.node, a.version = root.node, root.version
+
+    def _scatter(self, root: Root, chain: tuple[ViewStep, ...], src: fx.Node, src_val: Any) -> fx.Node:
+        nodes, vals = [root.node], [root.tensor]
+        for step in chain:
+            n, v = replay(self.emit, step, nodes[-1], vals[-1])
+            nodes.append(n)
+            vals.append(v)
+        for j in reversed(range(len(chain))):
+            try:
+                src = inverse(self.emit, chain[j], nodes[j], vals[j], vals[j + 1], src, src_val)
+            except NotImplementedError as e:
+                raise AutogradTraceError(f"cannot functionalize an in-place write: {e}") from e
+            src_val = src.meta["val"]
+        return src
+
+    def finish(self, outputs: list[Any]) -> fx.GraphModule:
+        self.graph.output(tuple(outputs))
+        root = torch.nn.Module()
+        for name, t in self.constants.items():
+            root.register_buffer(name, t)
+        gm = fx.GraphModule(root, self.graph)
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+        return gm
+
+
+def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+    bound: dict[str, Any] = {}
+    schema_args = func._schema.arguments
+    for a, v in zip(schema_args, args):
+        bound[a.name] = v
+    bound.update(kwargs)
+    return bound
+
+
+def _call_args(fop: torch._ops.OpOverload, bound: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    for a in fop._schema.arguments:
+        if a.name not in bound:
+            continue
+        if a.kwarg_only:
+            kwargs[a.name] = bound[a.name]
+        else:
+            args.append(bound[a.name])
+    return tuple(args), kwargs
+
+
+def _special_mutation(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ops.Mutation | None:
+    # native_batch_norm writes running stats in training without declaring it in its schema.
+    if func is aten.native_batch_norm.default:
+        b = _bind(func, args, kwargs)
+        if b.get("training") and isinstance(b.get("running_mean"), torch.Tensor):
+            return ops.Mutation(aten._native_batch_norm_legit_functional.default,
+                                ("running_mean", "running_var"), (3, 4))
+    return None
+
+
+class TracingMode(TorchDispatchMode):
+    """Records ATen ops into ``recorder``, applying ``decompositions`` and functionalizing mutations."""
+
+    def __init__(self, recorder: GraphRecorder, decompositions: Decompositions | None = None) -> None:
+        super().__init__()
+        self.rec = recorder
+        self.decompositions = dict(decompositions or {})
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        if func in self.decompositions:
+            with self:  # the decomposition's own aten calls come back through this mode
+                return self.decompositions[func](*args, **kwargs)
+        if not isinstance(func, torch._ops.OpOverload) or func.namespace not in ("aten",):
+            return func(*args, **kwargs)
+        if func in _CONSTANT_OPS:
+            return self._constant(func, args)
+        if func is aten._local_scalar_dense.default:
+            raise AutogradTraceError("the graph reads a tensor's value into Python (.item()/.tolist()); "
+                                     "kiln.autograd traces on fake tensors and cannot; make it a graph break")
+        if func in ops.INPLACE_VIEWS:
+            return self._inplace_view(func, args, kwargs)
+        mutation = _special_mutation(func, args, kwargs) or ops.mutation_of(func)
+        if mutation is None and ops.mutated_args(func):
+            raise AutogradTraceError(f"{func} mutates its arguments and kiln.autograd has no functional "
+                                     "form for it; rewrite the model without it or file an issue")
+        try:
+            out = func(*args, **kwargs)
+        except Exception as e:
+            raise AutogradTraceError(f"{func} failed on fake tensors: {e}") from e
+        if mutation is not None:
+            self._functionalize(func, mutation, args, kwargs)
+            return out
+        if any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
+            self.rec.record(func, args, kwargs, out)
+        return out
+
+    def _constant(self, func: Any, args: tuple[Any, ...]) -> Any:
+        out = func(*args)
+        real = args[0]
+        if isinstance(real, torch.Tensor) and not hasattr(real, "fake_mode"):
+            self.rec.constant(real.detach().clone(), out)
+        else:
+            self.rec.record(aten.clone.default, (real,), {}, out)
+        return out
+
+    def _inplace_view(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        t = args[0]
+        a = self.rec.alias_of(t)
+        if a.root.input_index is not None and not a.chain:
+            raise AutogradTraceError(f"{func} changes the metadata of a graph input in place; "
+                                     "kiln.autograd does not support that (use the out-of-place view)")
+        view_op = ops.INPLACE_VIEWS[func]
+        before = self.rec.node_of(t)
+        out = func(*args, **kwargs)
+        step = ViewStep(view_op, tuple(args[1:]), tuple(kwargs.items()))
+        node, _ = replay(self.rec.emit, step, before, a.tensor)
+        node.meta["val"] = t
+        a.chain = a.chain + (step,)
+        a.node, a.version = node, a.root.version
+        return out
+
+    def _functionalize(self, func: Any, m: ops.Mutation, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        bound = _bind(func, args, kwargs)
+        for name in m.drop_args:
+            bound.pop(name, None)
+        fargs, fkwargs = _call_args(m.functional, bound)
+        result = m.functional(*fargs, **fkwargs)
+        node = self.rec.record(m.functional, fargs, fkwargs, result)
+        full = _bind(func, args, kwargs)
+        for target, idx in zip(m.targets, m.result_for):
+            dest = full.get(target)
+            if dest is None:
+                continue
+            new = node if idx is None else self._getitem(node, idx)
+            if isinstance(dest, (list, tuple)):
+                for i, d in enumerate(dest):
+                    self.rec.write(d, self._getitem(new, i))
+            else:
+                self.rec.write(dest, new)
+
+    def _getitem(self, node: fx.Node, idx: int) -> fx.Node:
+        for user in node.users:
+            if user.target is operator.getitem and user.args[1] == idx:
+                return user
+        g = self.rec.graph.call_function(operator.getitem, (node, idx))
+        g.meta["val"] = node.meta["val"][idx]
+        return g

@@ -1,0 +1,115 @@
+"""Run-time wrappers around compiled graphs.
+
+Training: an ``autograd.Function`` whose forward runs the compiled forward graph and saves what the
+partition chose, and whose backward runs the compiled backward graph. Inference: the compiled graph
+alone. Both then write mutated inputs back with ``copy_`` and rebuild outputs that alias inputs or
+other outputs as views, so callers see eager's aliasing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_unflatten
+
+from .errors import DoubleBackwardError
+from .signature import GraphSignature, OutputKind
+
+Compiled = Callable[..., Any]
+
+
+@contextlib.contextmanager
+def no_autocast() -> Iterator[None]:
+    """Compiled graphs already hold autocast's casts; running them under autocast again would re-cast."""
+    with contextlib.ExitStack() as stack:
+        for dev in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(dev):
+                stack.enter_context(torch.autocast(dev, enabled=False))
+        yield
+
+
+def _as_list(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+def finish_outputs(sig: GraphSignature, args: Sequence[Any], graph_outs: Sequence[Any],
+                   mutated: Sequence[Any]) -> Any:
+    """Write mutated inputs back, then assemble the user's outputs (regenerating aliases)."""
+    if mutated:
+        with torch.no_grad():
+            for idx, new in zip(sig.mutated_inputs, mutated):
+                args[idx].copy_(new)
+    result: list[Any] = []
+    for info in sig.outputs:
+        k = info.kind
+        if k is OutputKind.GRAPH:
+            v = graph_outs[info.index]
+        elif k is OutputKind.INPUT:
+            v = args[info.index]
+        elif k is OutputKind.SAME:
+            v = result[info.index]
+        elif k is OutputKind.CONSTANT:
+            v = info.value
+        else:
+            base = args[info.index] if k is OutputKind.ALIAS_INPUT else result[info.index]
+            v = base.as_strided(info.size, info.stride, info.storage_offset)
+            if not info.requires_grad and v.requires_grad:
+                v = v.detach()
+        result.append(v)
+    return tree_unflatten(result, sig.out_spec)
+
+
+def make_inference_callable(sig: GraphSignature, compiled: Compiled) -> Callable[..., Any]:
+    n_out = sig.n_graph_outputs
+
+    def run(*args: Any) -> Any:
+        with no_autocast():
+            outs = _as_list(compiled(*args))
+        return finish_outputs(sig, args, outs[:n_out], outs[n_out:])
+    return run
+
+
+_DOUBLE_BACKWARD = (
+    "kiln.autograd: the backward of a compiled graph was run with create_graph=True (double backward, "
+    "e.g. a gradient penalty). Compiled backward graphs are not differentiable; compute higher-order "
+    "gradients outside the compiled region or run this model eagerly.")
+
+
+def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_saved: int) -> Callable[..., Any]:
+    n_out, n_mut = sig.n_graph_outputs, len(sig.mutated_inputs)
+    diff = sig.graph_output_differentiable
+    grad_inputs = sig.grad_inputs
+
+    class CompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *args: Any) -> Any:  # type: ignore[override]
+            with no_autocast():
+                outs = _as_list(fw(*args))
+            saved = outs[n_out + n_mut:]
+            ctx.save_for_backward(*saved)
+            nondiff = [o for o, d in zip(outs[:n_out], diff) if not d and isinstance(o, torch.Tensor)]
+            nondiff += outs[n_out:n_out + n_mut]
+            if nondiff:
+                ctx.mark_non_differentiable(*nondiff)
+            return tuple(outs[:n_out + n_mut])
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
+            if torch.is_grad_enabled():
+                raise DoubleBackwardError(_DOUBLE_BACKWARD)
+            tangents = [g.contiguous() for g, d in zip(grads[:n_out], diff) if d]
+            with no_autocast():
+                gin = _as_list(bw(*ctx.saved_tensors, *tangents))
+            result: list[Any] = [None] * sig.n_inputs
+            for idx, g in zip(grad_inputs, gin):
+                result[idx] = g
+            return tuple(result)
+
+    def run(*args: Any) -> Any:
+        outs = CompiledFunction.apply(*args)
+        return finish_outputs(sig, args, outs[:n_out], outs[n_out:])
+    run.autograd_function = CompiledFunction  # type: ignore[attr-defined]
+    return run

@@ -1,0 +1,56 @@
+"""Per-code-object caches of guarded entries, and automatic dynamic shapes.
+
+A ``CodeCache`` holds the compiled entries of one code object under one ``optimize`` call, in
+the order they were made; a call runs the first entry whose guards pass. Sizes seen at each
+capture feed ``dynamic_dims``: a dimension that changed between captures is made symbolic.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from kiln.graph import GuardSet
+
+from .capture import Capture
+from .knobs import CaptureOptions
+
+
+@dataclass
+class CacheEntry:
+    guards: GuardSet
+    check: Callable[[dict, dict], bool]
+    run: Callable[[dict, dict], Any]
+    capture: Capture | None  # None for an entry that runs the frame eagerly
+    compiled: Any = None
+    hits: int = 0
+
+
+@dataclass
+class CodeCache:
+    code: types.CodeType
+    entries: list[CacheEntry] = field(default_factory=list)
+    recompiles: int = 0
+    eager_reason: str | None = None  # set when the frame cannot be captured at all
+    limit_warned: bool = False
+    seen_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dynamic: dict[str, set[int]] = field(default_factory=dict)
+
+    def dynamic_policy(self, options: CaptureOptions) -> Callable[[str, torch.Tensor], frozenset[int]]:
+        def policy(source: str, t: torch.Tensor) -> frozenset[int]:
+            marked = set(getattr(t, "_kiln_dynamic_dims", ()))
+            if options.dynamic is True:
+                return frozenset(range(t.dim()))
+            if options.dynamic is False:
+                return frozenset(marked)
+            shape = tuple(int(s) for s in t.shape)
+            prev = self.seen_shapes.get(source)
+            dims = self.dynamic.setdefault(source, set())
+            if prev is not None and len(prev) == len(shape):
+                dims.update(i for i, (a, b) in enumerate(zip(prev, shape)) if a != b)
+            self.seen_shapes[source] = shape
+            return frozenset(dims | marked)
+        return policy

@@ -1,0 +1,2 @@
+from .common import Rule
+RULES: dict[str, Rule] = {}
