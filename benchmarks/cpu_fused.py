@@ -17,7 +17,6 @@ Targets (issue 6, CPU): kiln >= torch.compile on the first three, softmax never 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from collections.abc import Callable
