@@ -73,7 +73,7 @@ def describe(row: dict[str, Any], eager_ms: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    info = machine_info(args.device, module="benchmarks.run")
+    info = machine_info(args.device, module="benchmarks.run", threads=args.threads)
     settings = {"device": args.device, "small": args.small, "iters": args.iters,
                 "warmup": args.warmup, "kiln_backend": args.kiln_backend,
                 "tc_backend": args.tc_backend, "compile_mode": args.compile_mode}
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
                       compile_mode=args.compile_mode, explain=args.explain)
         log = args.out / "logs" / f"{model}-{mode}-{'-'.join(group)}.log"
         result = run_isolated("benchmarks.kiln_bench.suite_worker:measure_rows", kwargs,
-                              timeout_s=timeout, log_path=log)
+                              timeout_s=timeout, log_path=log, env=cli.child_env(args))
         new = result.get("rows") or [
             {"model": model, "mode": mode, "backend": b, "error": result.get("error", "?")}
             for b in group]

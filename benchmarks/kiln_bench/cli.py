@@ -35,6 +35,9 @@ def add_common(p: argparse.ArgumentParser, *, backends: bool = True) -> None:
                    help="output folder (default: benchmarks/out/<name>-<time>)")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="seconds before one isolated child process is killed")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads of every child (OMP_NUM_THREADS); default: torch's default. "
+                        "1 gives steadier numbers on a shared machine")
 
 
 def finish(args: argparse.Namespace, name: str) -> argparse.Namespace:
@@ -51,3 +54,11 @@ def finish(args: argparse.Namespace, name: str) -> argparse.Namespace:
         args.out = DEFAULT_OUT / f"{name}-{stamp}"
     args.out.mkdir(parents=True, exist_ok=True)
     return args
+
+
+def child_env(args: argparse.Namespace) -> dict[str, str]:
+    """Environment for isolated children derived from the common options."""
+    env: dict[str, str] = {}
+    if getattr(args, "threads", None):
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    return env

@@ -18,7 +18,8 @@ from .measure import geomean
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def machine_info(device: str | None = None, module: str | None = None) -> dict[str, Any]:
+def machine_info(device: str | None = None, module: str | None = None,
+                 threads: int | None = None) -> dict[str, Any]:
     """What the numbers were measured on (kept with every result)."""
     import torch
 
@@ -30,7 +31,8 @@ def machine_info(device: str | None = None, module: str | None = None) -> dict[s
         "torch": torch.__version__,
         "platform": platform.platform(),
         "cpu": _cpu_name(),
-        "cpu_threads": torch.get_num_threads(),
+        "cpu_threads": threads or torch.get_num_threads(),
+        "load_avg_1m": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "git": _git_commit(),
     }
     try:
@@ -67,7 +69,8 @@ def _git_commit() -> str | None:
 
 def machine_line(info: dict[str, Any]) -> str:
     dev = f"GPU {info['gpu']} (CUDA {info.get('cuda')}), " if info.get("gpu") else ""
-    return (f"{dev}CPU {info['cpu']}, {info['cpu_threads']} torch threads; Python {info['python']},"
+    return (f"{dev}CPU {info['cpu']}, {info['cpu_threads']} torch threads, load average "
+            f"{info.get('load_avg_1m')} at start; Python {info['python']},"
             f" torch {info['torch']}, triton {info.get('triton')}; git {info.get('git')};"
             f" {info['date_utc']}")
 
@@ -165,3 +168,14 @@ def bar_chart(path: Path, groups: dict[str, list[tuple[str, dict[str, float | No
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
+
+
+def write_micro(out: Path, name: str, title: str, info: dict[str, Any], body_md: str,
+                payload: dict[str, Any]) -> str:
+    """Write ``<name>.md`` and ``<name>.json`` for a micro-benchmark; return the Markdown."""
+    md = (f"## {title}\n\nCommand: `{info['command']}`\n\nMachine: {machine_line(info)}\n\n"
+          f"{body_md}\n")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.md").write_text(md)
+    write_json(out / f"{name}.json", {"meta": info, **payload})
+    return md
