@@ -13,6 +13,7 @@ class InductorOptions:
     cxx: str = "g++"
     cpp_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
                                   "-fno-math-errno", "-fno-trapping-math")
+    link_flags: tuple[str, ...] = ("-lmvec", "-lm")
     vectorize_math: bool = True  # use glibc's vector math (libmvec) for exp/log/tanh/... in simd loops
     parallel_threshold: int = 32768  # fewer elements than this run on one thread (OpenMP start-up costs)
     inline_max_size: int = 48  # a pointwise value used twice is recomputed when its body is this small
