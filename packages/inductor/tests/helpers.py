@@ -11,7 +11,7 @@ from kiln.inductor import InductorOptions, compile_graph
 from tracer import flat_outputs, trace
 
 
-def compile_fn(fn: Any, *args: Any, options: InductorOptions = InductorOptions()) -> CompiledGraph:
+def compile_fn(fn: Any, *args: Any, options: InductorOptions = InductorOptions(strict_lowering=True)) -> CompiledGraph:
     return compile_graph(trace(fn, *args), list(args), options=options)
 
 
@@ -28,7 +28,7 @@ def assert_close(got: Any, want: Any, atol: float = 1e-5, rtol: float = 1e-4) ->
 
 
 def check(fn: Any, *args: Any, atol: float = 1e-5, rtol: float = 1e-4,
-          options: InductorOptions = InductorOptions()) -> CompiledGraph:
+          options: InductorOptions = InductorOptions(strict_lowering=True)) -> CompiledGraph:
     """Compile ``fn`` for ``args``, run it, and compare every output with eager."""
     cg = compile_fn(fn, *args, options=options)
     got = cg.fn(*args)
