@@ -78,8 +78,3 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     compiled.loop_program = s.program  # type: ignore[attr-defined]
     compiled.scheduled = s.scheduled  # type: ignore[attr-defined]
     return compiled
-
-
-def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-    """torch.compile-style backend: ``torch.compile(f, backend=kiln.inductor.inductor_backend)``."""
-    return compile_graph(gm, example_inputs)

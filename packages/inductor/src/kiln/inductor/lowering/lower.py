@@ -60,6 +60,10 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
     name = target_name(node.target)
     ctx.origin = name.split(".")[1] if name.startswith("aten.") else name
     rule = LOWERINGS.get(name)
+    val = node.meta.get("val")
+    if rule is None and isinstance(val, (bool, int, float, torch.device, torch.dtype)) \
+            and not isinstance(val, torch.SymInt):
+        return val  # metadata queries (prim.device, sym_size of a static dim) fold to their value
     reason = "no lowering"
     if rule is not None:
         try:
