@@ -60,12 +60,20 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
     name = target_name(node.target)
     ctx.origin = name.split(".")[1] if name.startswith("aten.") else name
     rule = LOWERINGS.get(name)
+    val = node.meta.get("val")
+    if rule is None and isinstance(val, (bool, int, float, torch.device, torch.dtype)) \
+            and not isinstance(val, torch.SymInt):
+        return val  # metadata queries (prim.device, sym_size of a static dim) fold to their value
     reason = "no lowering"
     if rule is not None:
         try:
             return rule(ctx, node, *args, **kwargs)
         except NotLowered as e:
             reason = str(e)
+        except Exception as e:  # a bug in a rule: keep the program correct through ATen, and say so
+            if ctx.options.strict_lowering:
+                raise
+            reason = f"lowering rule failed: {type(e).__name__}: {e}"
     if not ctx.options.fallback_unknown_ops:
         raise LoweringError(f"{name} at node {node.name} cannot be lowered ({reason}) and fallbacks are off")
     ctx.perf_hint(f"fallback: {name} runs through ATen ({reason}) at node {node.name}")
