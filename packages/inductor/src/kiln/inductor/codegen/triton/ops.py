@@ -107,8 +107,7 @@ def _sign(a: list[str], d: torch.dtype) -> str:
     if d == torch.bool:
         return x
     t = tl_dtype(d)
-    s = f"(({x} > 0).to({t}) - ({x} < 0).to({t}))"
-    return f"tl.where({x} != {x}, {x}, {s})" if d.is_floating_point else s
+    return f"(({x} > 0).to({t}) - ({x} < 0).to({t}))"  # sign(NaN) is 0 in torch
 
 
 def _pow(a: list[str], d: torch.dtype) -> str:

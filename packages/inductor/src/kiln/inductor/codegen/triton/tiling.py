@@ -20,7 +20,7 @@ from ...ir import (Expr, IndexExpr, IndexValue, Kernel, KernelNode, Load, index_
 def kernel_indices(k: Kernel) -> list[IndexExpr]:
     out: list[IndexExpr] = []
     for n in k.nodes:
-        out.append(n.store_index)
+        out.append(sympy.sympify(n.store_index))
         for e in walk(n.body):
             if isinstance(e, (Load, IndexValue)):
                 out.append(e.index)
