@@ -77,7 +77,9 @@ def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_V
     if not kernels:
         return ""
     src = module_source(kernels)
-    return "\n".join(["import triton", "", f"_TRITON_SOURCE = {src!r}", "", LOADER,
+    # a raw triple-quoted literal keeps the kernels readable in the output_code log
+    literal = f"r'''{src}'''" if "'''" not in src and not src.endswith("\\") else repr(src)
+    return "\n".join(["import triton", "", f"_TRITON_SOURCE = {literal}", "", LOADER,
                       f"{module_var} = _kiln_load_triton_module(_TRITON_SOURCE)", ""])
 
 
