@@ -63,7 +63,8 @@ class TritonKernel:
 
 
 def _is_kernel_var(s: sympy.Symbol) -> bool:
-    return s.name[:1] in ("x", "r") and s.name[1:].isdigit()
+    """Loop variables (x*, r*) and indirect-load values (d*): everything in an index but sizes."""
+    return s.name[:1] in ("x", "r", "d") and s.name[1:].isdigit()
 
 
 def size_symbols(k: Kernel) -> list[str]:
@@ -113,7 +114,7 @@ def needs_int64(k: Kernel) -> bool:
 
 
 def _var_classes(e: IndexExpr) -> frozenset[str]:
-    return frozenset(s.name[0] for s in sympy.sympify(e).free_symbols if _is_kernel_var(s))
+    return frozenset(s.name[0] for s in sympy.sympify(e).free_symbols if _is_kernel_var(s) and s.name[0] != "d")
 
 
 class KernelWriter:
@@ -226,9 +227,20 @@ class KernelWriter:
                 self.line("tl.debug_barrier()")  # a value this kernel stored is read back by other lanes
                 self.barrier_emitted_at.add(len(self.scopes))
         uses = _var_classes(e.index)
+        index = sympy.expand(e.index)
+        if e.indirect:  # gather: d<k> in the index are int64 values computed at this point
+            binds = {}
+            for k, ind in enumerate(e.indirect):
+                code, u = self.value(ind, ctx)
+                binds[sympy.Symbol(f"d{k}", integer=True)] = sympy.Symbol(
+                    self.assign(convert(code, ind.dtype, torch.int64)), integer=True)
+                uses |= u
+            index = index.xreplace(binds).xreplace(
+                {s: binds[sympy.Symbol(s.name, integer=True)] for s in index.free_symbols
+                 if sympy.Symbol(s.name, integer=True) in binds})
         mask = self.mask_for(uses)
         other = "0" if not e.dtype.is_floating_point else "0.0"
-        args = f"{self.ptr(e.buffer)} + ({self.index_code(e.index)})"
+        args = f"{self.ptr(e.buffer)} + ({self.index_code(index)})"
         if mask:
             args += f", {mask}, other={other}"
         code = f"tl.load({args})"

@@ -89,7 +89,7 @@ def _rewrite(e: IndexExpr, mapping: dict[sympy.Symbol, IndexExpr]) -> IndexExpr:
 def _rewrite_body(body: Expr, mapping: dict[sympy.Symbol, IndexExpr]) -> Expr:
     def fn(n: Expr) -> Expr | None:
         if isinstance(n, Load):
-            return Load(n.buffer, _rewrite(n.index, mapping), n.dtype)
+            return Load(n.buffer, _rewrite(n.index, mapping), n.dtype, n.indirect)
         if isinstance(n, IndexValue):
             return IndexValue(_rewrite(n.index, mapping), n.dtype)
         return None
