@@ -127,7 +127,10 @@ class KernelWriter:
         self.lines: list[str] = []
         self.depth = 1
         self.counter = 0
-        self.scopes: list[dict[tuple[Expr, str], tuple[str, frozenset[str]]]] = [{}]
+        self.scopes: list[dict[tuple, tuple[str, frozenset[str]]]] = [{}]
+        # predicates of the enclosing ``where`` branches: loads under them are masked by them, since the IR
+        # promises an untaken branch's load is never evaluated (cat/pad read out of range there)
+        self.preds: tuple[tuple[str, frozenset[str]], ...] = ()
         self.locals: dict[str, tuple[str, frozenset[str], int]] = {}  # buffer -> (var, uses, scope level)
         self.produced = {n.buffer: n for n in k.nodes}
         self.ptrs: dict[str, str] = {}
@@ -181,7 +184,7 @@ class KernelWriter:
 
     # -- expressions ----------------------------------------------------------------------------------
     def value(self, e: Expr, ctx: str) -> tuple[str, frozenset[str]]:
-        key = (e, ctx)
+        key = (e, ctx, self.preds)
         hit = self.scopes[-1].get(key)
         if hit is not None:
             return hit
@@ -206,12 +209,27 @@ class KernelWriter:
                 return code, uses
             return self.assign(convert(code, e.x.dtype, e.dtype)), uses
         assert isinstance(e, Op), e
+        if e.name == "where" and any(isinstance(n, Load) for a in e.args[1:] for n in walk(a)):
+            return self.predicated_where(e, ctx)
         vals = [self.value(a, ctx) for a in e.args]
         want = operand_dtypes(e.name, [a.dtype for a in e.args], e.dtype)
         codes = [convert(c, a.dtype, w) for (c, _), a, w in zip(vals, e.args, want)]
         uses = frozenset().union(*(u for _, u in vals))
         operand = want[1] if e.name == "where" else want[0]
         return self.assign(emit_op(e.name, codes, operand, e.dtype)), uses
+
+    def predicated_where(self, e: Op, ctx: str) -> tuple[str, frozenset[str]]:
+        cond, cu = self.value(e.args[0], ctx)
+        c = self.assign(convert(cond, e.args[0].dtype, torch.bool))
+        outer = self.preds
+        self.preds = outer + ((c, cu),)
+        a, au = self.value(e.args[1], ctx)
+        self.preds = outer + ((f"({c} == 0)", cu),)
+        b, bu = self.value(e.args[2], ctx)
+        self.preds = outer
+        a = convert(a, e.args[1].dtype, e.dtype)
+        b = convert(b, e.args[2].dtype, e.dtype)
+        return self.assign(emit_op("where", [c, a, b], e.dtype, e.dtype)), cu | au | bu
 
     def load(self, e: Load, ctx: str) -> tuple[str, frozenset[str]]:
         node = self.produced.get(e.buffer)
@@ -239,6 +257,9 @@ class KernelWriter:
                 {s: binds[sympy.Symbol(s.name, integer=True)] for s in index.free_symbols
                  if sympy.Symbol(s.name, integer=True) in binds})
         mask = self.mask_for(uses)
+        for pred, pu in self.preds:
+            mask = f"{mask} & {pred}" if mask else pred
+            uses |= pu
         other = "0" if not e.dtype.is_floating_point else "0.0"
         args = f"{self.ptr(e.buffer)} + ({self.index_code(index)})"
         if mask:
