@@ -21,7 +21,7 @@ import torch
 from ...ir import Constant, Expr, IndexExpr, IndexValue, Kernel, KernelNode, Load, Op, walk
 from ...ir import Cast as CastExpr
 from ...ir.index import product
-from .heuristics import BlockChoice, TritonConfig, pointwise_blocks, row_blocks
+from .heuristics import BlockChoice, TritonConfig, next_pow2, pointwise_blocks, row_blocks, static
 from .ops import compute_dtype, convert, emit_op, literal, operand_dtypes, tl_dtype
 from .printer import IndexPrinter, python_index
 from .reductions import ReductionEmitter
@@ -46,17 +46,21 @@ class TritonKernel:
     xblock: int
     rblock: int  # 0 for pointwise kernels
     num_warps: int
-    kind: str  # "pointwise" | "persistent_reduction" | "looped_reduction"
+    kind: str  # "pointwise" | "pointwise_2d" | "persistent_reduction" | "looped_reduction"
+    ynumel: str = "1"  # 2-D tiled pointwise kernels: the outer tile dimension (grid axis 1)
+    yblock: int = 0
 
     @property
     def grid(self) -> str:
-        return f"(triton.cdiv({self.xnumel}, {self.xblock}), 1, 1)"
+        y = f"triton.cdiv({self.ynumel}, {self.yblock})" if self.yblock else "1"
+        return f"(triton.cdiv({self.xnumel}, {self.xblock}), {y}, 1)"
 
     def launch_code(self, module: str = "", args: Sequence[str] | None = None) -> str:
         """One Python statement launching this kernel; ``args`` default to the buffer names."""
         call_args = list(args) if args is not None else list(self.pointer_args)
         call_args += list(self.size_args)
-        consts = f"XBLOCK={self.xblock}" + (f", RBLOCK={self.rblock}" if self.rblock else "")
+        consts = f"XBLOCK={self.xblock}" + (f", RBLOCK={self.rblock}" if self.rblock else "") + (
+            f", YBLOCK={self.yblock}" if self.yblock else "")
         fn = f"{module}.{self.name}" if module else self.name
         return (f"{fn}[{self.grid}]({', '.join(call_args)}, {consts}, num_warps={self.num_warps}, "
                 f"num_stages=1)")
@@ -113,15 +117,25 @@ def needs_int64(k: Kernel) -> bool:
     return bound > INT32_LIMIT
 
 
-def _var_classes(e: IndexExpr) -> frozenset[str]:
-    return frozenset(s.name[0] for s in sympy.sympify(e).free_symbols if _is_kernel_var(s) and s.name[0] != "d")
+def _var_classes(e: IndexExpr, split: int | None = None) -> frozenset[str]:
+    """Which tile axes an index walks: "x", "r", and "y" for the outer group of a 2-D tiled kernel."""
+    out = set()
+    for s in sympy.sympify(e).free_symbols:
+        if _is_kernel_var(s) and s.name[0] != "d":
+            out.add("y" if split is not None and s.name[0] == "x" and int(s.name[1:]) < split else s.name[0])
+    return frozenset(out)
+
+
+def _paren(code: str) -> str:
+    return code if code.isidentifier() or code.isdigit() else f"({code})"
 
 
 class KernelWriter:
     """Writes one kernel function; values are named temporaries, common subexpressions shared."""
 
-    def __init__(self, k: Kernel, cfg: TritonConfig) -> None:
+    def __init__(self, k: Kernel, cfg: TritonConfig, split: int | None = None) -> None:
         self.k = k
+        self.split = split  # 2-D tiling: outer dims [0, split) on the y axis, the rest on x
         self.cfg = cfg
         self.row = k.is_row_kernel
         self.lines: list[str] = []
@@ -170,14 +184,21 @@ class KernelWriter:
         return self.ptrs[buffer]
 
     def shape(self, ctx: str) -> str:
+        if self.split is not None:
+            return "[YBLOCK, XBLOCK]"
         return {"point": "[XBLOCK]", "full": "[XBLOCK, RBLOCK]", "outer": "[XBLOCK, 1]"}[ctx]
 
     def mask_for(self, uses: frozenset[str]) -> str | None:
-        parts = [m for c, m in (("x", "xmask"), ("r", "rmask")) if c in uses]
+        parts = [m for c, m in (("y", "ymask"), ("x", "xmask"), ("r", "rmask")) if c in uses]
         return " & ".join(parts) if parts else None
 
     def ctx_uses(self, ctx: str) -> frozenset[str]:
+        if self.split is not None:
+            return frozenset("xy")
         return frozenset("xr") if ctx == "full" else frozenset("x")
+
+    def classes(self, e: IndexExpr) -> frozenset[str]:
+        return _var_classes(e, self.split)
 
     def index_code(self, e: IndexExpr) -> str:
         return self.idx(sympy.expand(e))
@@ -202,7 +223,7 @@ class KernelWriter:
             if idx.is_number:
                 return literal(int(idx), e.dtype), frozenset()
             code = self.index_code(idx)
-            return self.assign(convert(f"({code}).to(tl.int64)", torch.int64, e.dtype)), _var_classes(idx)
+            return self.assign(convert(f"({code}).to(tl.int64)", torch.int64, e.dtype)), self.classes(idx)
         if isinstance(e, CastExpr):
             code, uses = self.value(e.x, ctx)
             if compute_dtype(e.x.dtype) == compute_dtype(e.dtype) and e.dtype == e.x.dtype:
@@ -244,7 +265,7 @@ class KernelWriter:
             if len(self.scopes) not in self.barrier_emitted_at:
                 self.line("tl.debug_barrier()")  # a value this kernel stored is read back by other lanes
                 self.barrier_emitted_at.add(len(self.scopes))
-        uses = _var_classes(e.index)
+        uses = self.classes(e.index)
         index = sympy.expand(e.index)
         if e.indirect:  # gather: d<k> in the index are int64 values computed at this point
             binds = {}
@@ -272,7 +293,7 @@ class KernelWriter:
     def store(self, n: KernelNode, code: str, ctx: str) -> None:
         if not n.store:
             return
-        uses = _var_classes(n.store_index)
+        uses = self.classes(n.store_index)
         idx = self.index_code(n.store_index)
         need = self.ctx_uses(ctx)
         if not need <= uses:
@@ -288,17 +309,18 @@ class KernelWriter:
         self.locals[n.buffer] = (code, uses, len(self.scopes) - 1 if ctx == "full" else 0)
         self.store(n, code, ctx)
 
-    def define_vars(self, prefix: str, sizes: Sequence[IndexExpr], flat: str) -> None:
+    def define_vars(self, prefix: str, sizes: Sequence[IndexExpr], flat: str, first: int = 0) -> None:
         n = len(sizes)
         for j in range(n):
             stride = product(list(sizes[j + 1:]))
-            code = flat if stride == 1 else f"{flat} // ({self.index_code(stride)})"
+            code = flat if stride == 1 else f"{flat} // {_paren(self.index_code(stride))}"
             if j > 0:
-                code = f"({code}) % ({self.index_code(sizes[j])})"
-            self.line(f"{prefix}{j} = {code}")
+                code = f"{_paren(code)} % {_paren(self.index_code(sizes[j]))}"
+            self.line(f"{prefix}{first + j} = {code}")
 
     def header(self, name: str) -> list[str]:
-        consts = "XBLOCK: tl.constexpr" + (", RBLOCK: tl.constexpr" if self.row else "")
+        consts = "XBLOCK: tl.constexpr" + (", RBLOCK: tl.constexpr" if self.row else "") + (
+            ", YBLOCK: tl.constexpr" if self.split is not None else "")
         params = [self.ptrs[b] for b in self.ptr_order()] + size_symbols(self.k) + [consts]
         return ["@triton.jit", f"def {name}({', '.join(params)}):"]
 
@@ -307,8 +329,23 @@ class KernelWriter:
         order += [b for b in self.ptrs if b not in order]
         return [b for b in order if b in self.ptrs]
 
+    def prologue_2d(self) -> None:
+        k, split = self.k, self.split
+        assert split is not None
+        pid = ".to(tl.int64)" if self.int64 else ""
+        self.line(f"ynumel = {self.index_code(product(list(k.outer[:split])))}")
+        self.line(f"xnumel = {self.index_code(product(list(k.outer[split:])))}")
+        self.line(f"yindex = tl.program_id(1){pid} * YBLOCK + tl.arange(0, YBLOCK)[:, None]")
+        self.line(f"xindex = tl.program_id(0){pid} * XBLOCK + tl.arange(0, XBLOCK)[None, :]")
+        self.line("ymask = yindex < ynumel")
+        self.line("xmask = xindex < xnumel")
+        self.define_vars("x", k.outer[:split], "yindex")
+        self.define_vars("x", k.outer[split:], "xindex", split)
+
     def prologue(self) -> None:
         k = self.k
+        if self.split is not None:
+            return self.prologue_2d()
         self.line(f"xnumel = {self.index_code(product(list(k.outer)))}")
         pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
         self.line(f"xoffset = {pid} * XBLOCK")
@@ -346,6 +383,9 @@ def generate_kernel(k: Kernel, cfg: TritonConfig = TritonConfig()) -> TritonKern
     """Triton source and launch description for one scheduled kernel."""
     simple = simplify_kernel(k)
     xnumel = product(list(simple.outer))
+    split = None if simple.is_row_kernel else tile_split(simple)
+    if split is not None:
+        return _generate_2d(simple, cfg, split)
     writer = KernelWriter(simple, cfg)
     if simple.is_row_kernel:
         blocks = row_blocks(xnumel, product(list(simple.inner)), _r_contiguous(simple), cfg)
@@ -375,3 +415,51 @@ def _r_contiguous(k: Kernel) -> bool:
                 elif x_last is not None and ex.coeff(x_last) == 1:
                     votes -= 1
     return votes >= 0
+
+
+def _contiguous_var(e: IndexExpr, n_outer: int) -> int | None:
+    ex = sympy.expand(e)
+    for j in range(n_outer):
+        v = sympy.Symbol(f"x{j}", integer=True, nonnegative=True)
+        if v in ex.free_symbols and ex.coeff(v) == 1:
+            return j
+    return None
+
+
+def tile_split(k: Kernel) -> int | None:
+    """Where to split the outer dims for a 2-D tile, when stores and loads are contiguous along
+    different dims (a transpose); None keeps the 1-D layout."""
+    n = len(k.outer)
+    if n < 2 or any(static(s) is None for s in k.outer):
+        return None
+    store_dims = {_contiguous_var(nd.store_index, n) for nd in k.nodes if nd.store} - {None}
+    load_dims = {_contiguous_var(e.index, n) for nd in k.nodes for e in walk(nd.body)
+                 if isinstance(e, Load) and not e.indirect} - {None}
+    if len(store_dims) != 1 or not (load_dims - store_dims):
+        return None
+    s = next(iter(store_dims))
+    other = max(load_dims - store_dims)
+    split = max(s, other)
+    y = int(product(list(k.outer[:split])))
+    x = int(product(list(k.outer[split:])))
+    if y < 16 or x < 16:
+        return None  # a thin tile gains nothing
+    return split
+
+
+def _generate_2d(k: Kernel, cfg: TritonConfig, split: int) -> TritonKernel:
+    ynumel, xnumel = product(list(k.outer[:split])), product(list(k.outer[split:]))
+    xblock = min(64, next_pow2(int(xnumel)))
+    yblock = min(64, next_pow2(int(ynumel)), max(1, 4096 // xblock))
+    if (int(ynumel) + yblock - 1) // yblock > 65535:  # CUDA's grid limit on axis 1
+        writer = KernelWriter(k, cfg)
+        blocks = pointwise_blocks(product(list(k.outer)), cfg)
+        return TritonKernel(name=k.name, source=writer.write(blocks), pointer_args=tuple(writer.ptr_order()),
+                            size_args=(), xnumel=python_index(product(list(k.outer))), xblock=blocks.xblock,
+                            rblock=0, num_warps=blocks.num_warps, kind="pointwise")
+    writer = KernelWriter(k, cfg, split)
+    source = writer.write(BlockChoice(xblock, 0, 4, False))
+    return TritonKernel(name=k.name, source=source, pointer_args=tuple(writer.ptr_order()), size_args=(),
+                        xnumel=python_index(xnumel), xblock=xblock, rblock=0,
+                        num_warps=4 if xblock * yblock >= 1024 else 2, kind="pointwise_2d",
+                        ynumel=python_index(ynumel), yblock=yblock)

@@ -115,8 +115,10 @@ class TritonKernels:
             return
         fn = getattr(self.module, k.name)
         args = [buffers[b] for b in k.pointer_args] + [int(env[s]) for s in k.size_args]
-        consts = {"XBLOCK": k.xblock, **({"RBLOCK": k.rblock} if k.rblock else {})}
-        fn[(triton.cdiv(xnumel, k.xblock), 1, 1)](*args, **consts, num_warps=k.num_warps, num_stages=1)
+        consts = {"XBLOCK": k.xblock, **({"RBLOCK": k.rblock} if k.rblock else {}),
+                  **({"YBLOCK": k.yblock} if k.yblock else {})}
+        ygrid = triton.cdiv(eval(k.ynumel, {}, env), k.yblock) if k.yblock else 1  # noqa: S307
+        fn[(triton.cdiv(xnumel, k.xblock), ygrid, 1)](*args, **consts, num_warps=k.num_warps, num_stages=1)
 
     def run(self, buffers: Mapping[str, torch.Tensor], sizes: Mapping[str, int] | None = None) -> None:
         for i in range(len(self.generated)):
