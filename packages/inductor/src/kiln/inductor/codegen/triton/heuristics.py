@@ -17,7 +17,8 @@ import sympy
 class TritonConfig:
     """Options of the Triton code generator (part of generated code, so part of cache keys)."""
 
-    persistent_max: int = 1024  # largest static row kept whole in registers
+    persistent_max: int = 4096  # largest static row kept whole in registers
+    target_programs: int = 264  # about two programs per SM of an H100/H200 (132 SMs)
     pointwise_block: int = 1024
     row_block_elems: int = 4096  # XBLOCK * RBLOCK of a row kernel
     looped_rblock: int = 1024
@@ -34,6 +35,10 @@ class BlockChoice:
 
 def next_pow2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def prev_pow2(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
 
 
 def static(e: sympy.Expr) -> int | None:
@@ -60,7 +65,8 @@ def row_blocks(xnumel: sympy.Expr, rnumel: sympy.Expr, r_contiguous: bool, cfg: 
     if r_contiguous:
         rblock = min(cfg.looped_rblock, next_pow2(rn) if rn is not None else cfg.looped_rblock)
         xblock = max(1, min(xcap, cfg.row_block_elems // 4 // rblock))
-    else:  # reduce across rows of a contiguous x: wide x, short r chunks
-        xblock = max(1, min(xcap, cfg.max_xblock_rows))
+    else:  # reduce across rows of a contiguous x: wide-enough x for coalescing, enough programs to fill SMs
+        want = prev_pow2(max(1, xn // cfg.target_programs)) if xn is not None else cfg.max_xblock_rows
+        xblock = max(1, min(xcap, cfg.max_xblock_rows, max(16, want)))
         rblock = max(8, min(next_pow2(rn) if rn is not None else 64, 2048 // xblock))
     return BlockChoice(xblock, rblock, _warps(xblock * rblock), False)

@@ -59,7 +59,10 @@ class IndexPrinter:
     def _add(self, e: sympy.Add) -> str:
         terms = sorted(e.args, key=sympy.default_sort_key)
         # constants last, for readability: x0 + 16*x1 + 3
-        terms = [t for t in terms if not t.is_number] + [t for t in terms if t.is_number]
+        def negative(t: sympy.Expr) -> bool:
+            return bool(t.as_coeff_Mul()[0] < 0)
+        terms = ([t for t in terms if not t.is_number and not negative(t)]
+                 + [t for t in terms if not t.is_number and negative(t)] + [t for t in terms if t.is_number])
         out = ""
         for t in terms:
             coeff, rest = t.as_coeff_Mul()
