@@ -63,8 +63,8 @@ def test_block_heuristics():
     per = row_blocks(sympy.Integer(100), sympy.Integer(700), True, cfg)
     assert per.persistent and per.rblock == 1024
     loop = row_blocks(sympy.Integer(100), sympy.Integer(50000), True, cfg)
-    assert not loop.persistent and loop.rblock <= 1024
+    assert not loop.persistent and loop.rblock <= 2048
     col = row_blocks(sympy.Integer(4096), sympy.Integer(50000), False, cfg)
-    assert col.xblock >= 16 and 4096 // col.xblock >= 128
+    assert col.xblock >= 8 and 4096 // col.xblock >= 256
     sym = row_blocks(s0, s0, True, cfg)
     assert not sym.persistent

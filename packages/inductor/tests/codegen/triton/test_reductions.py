@@ -9,7 +9,7 @@ from kiln.inductor.ir import Constant, Load, cast, op
 
 F32 = torch.float32
 PERSISTENT = TritonConfig()
-LOOPED = TritonConfig(persistent_max=4, looped_rblock=16)  # rows longer than 4 loop in chunks of 16
+LOOPED = TritonConfig(persistent_max=4, looped_rblock=16, col_tile=64)  # rows > 4 loop in chunks of 16
 CONFIGS = {"persistent": PERSISTENT, "looped": LOOPED}
 
 

@@ -18,10 +18,12 @@ class TritonConfig:
     """Options of the Triton code generator (part of generated code, so part of cache keys)."""
 
     persistent_max: int = 4096  # largest static row kept whole in registers
-    target_programs: int = 264  # about two programs per SM of an H100/H200 (132 SMs)
+    target_programs: int = 528  # about four programs per SM of an H100/H200 (132 SMs)
+    col_min_xblock: int = 8  # column reductions: at least this many contiguous x per tile row
+    col_tile: int = 1024  # column reductions: XBLOCK * RBLOCK
     pointwise_block: int = 1024
-    row_block_elems: int = 4096  # XBLOCK * RBLOCK of a row kernel
-    looped_rblock: int = 1024
+    row_block_elems: int = 8192  # XBLOCK * RBLOCK of a row kernel
+    looped_rblock: int = 2048
     max_xblock_rows: int = 64
 
 
@@ -58,15 +60,23 @@ def pointwise_blocks(xnumel: sympy.Expr, cfg: TritonConfig) -> BlockChoice:
 def row_blocks(xnumel: sympy.Expr, rnumel: sympy.Expr, r_contiguous: bool, cfg: TritonConfig) -> BlockChoice:
     xn, rn = static(xnumel), static(rnumel)
     xcap = next_pow2(xn) if xn is not None else cfg.max_xblock_rows
+    if not r_contiguous:
+        return _column_blocks(xn, rn, xcap, cfg)
     if rn is not None and rn <= cfg.persistent_max:
         rblock = next_pow2(rn)
         xblock = max(1, min(xcap, cfg.max_xblock_rows, cfg.row_block_elems // rblock))
         return BlockChoice(xblock, rblock, _warps(xblock * rblock), True)
-    if r_contiguous:
-        rblock = min(cfg.looped_rblock, next_pow2(rn) if rn is not None else cfg.looped_rblock)
-        xblock = max(1, min(xcap, cfg.row_block_elems // 4 // rblock))
-    else:  # reduce across rows of a contiguous x: wide-enough x for coalescing, enough programs to fill SMs
-        want = prev_pow2(max(1, xn // cfg.target_programs)) if xn is not None else cfg.max_xblock_rows
-        xblock = max(1, min(xcap, cfg.max_xblock_rows, max(16, want)))
-        rblock = max(8, min(next_pow2(rn) if rn is not None else 64, 2048 // xblock))
+    rblock = min(cfg.looped_rblock, next_pow2(rn) if rn is not None else cfg.looped_rblock)
+    xblock = max(1, min(xcap, cfg.row_block_elems // 4 // rblock))
+    return BlockChoice(xblock, rblock, _warps(xblock * rblock), False)
+
+
+def _column_blocks(xn: int | None, rn: int | None, xcap: int, cfg: TritonConfig) -> BlockChoice:
+    """Reduce across rows of a contiguous x: wide-enough x for coalescing, enough programs to fill SMs."""
+    want = prev_pow2(max(1, xn // cfg.target_programs)) if xn is not None else cfg.max_xblock_rows
+    xblock = max(1, min(xcap, cfg.max_xblock_rows, max(cfg.col_min_xblock, want)))
+    if rn is not None and next_pow2(rn) * xblock <= cfg.col_tile:
+        rblock = next_pow2(rn)
+        return BlockChoice(xblock, rblock, _warps(xblock * rblock), True)
+    rblock = max(8, min(next_pow2(rn) if rn is not None else 64, cfg.col_tile // xblock))
     return BlockChoice(xblock, rblock, _warps(xblock * rblock), False)
