@@ -19,6 +19,7 @@ class InductorOptions:
     inline_max_size: int = 48  # a pointwise value used twice is recomputed when its body is this small
     fuse: bool = True  # scheduler fusion on/off (off: one kernel per node; for debugging)
     fallback_unknown_ops: bool = True  # run ops without lowering through ATen (logged in perf_hints)
+    strict_lowering: bool = False  # a failing lowering rule raises instead of falling back (tests)
     verify: bool | None = None  # None: follow KILN_VERIFY
     # kernels for CPU tensors: "cpp" (C++/OpenMP) or "triton" (the Triton interpreter, TRITON_INTERPRET=1;
     # tests the GPU code path on CPU). CUDA tensors always get Triton kernels.

@@ -14,7 +14,7 @@ from typing import Union
 import sympy
 import torch
 
-from .index import IndexExpr
+from .index import IndexExpr, index_str
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,12 +195,12 @@ def format_expr(e: Expr) -> str:
     if isinstance(e, Load):
         if e.indirect:
             binds = ", ".join(f"d{k}={format_expr(a)}" for k, a in enumerate(e.indirect))
-            return f"{e.buffer}[{e.index} | {binds}]"
-        return f"{e.buffer}[{e.index}]"
+            return f"{e.buffer}[{index_str(e.index)} | {binds}]"
+        return f"{e.buffer}[{index_str(e.index)}]"
     if isinstance(e, Constant):
         return repr(e.value)
     if isinstance(e, IndexValue):
-        return f"index({e.index})"
+        return f"index({index_str(e.index)})"
     if isinstance(e, Cast):
         return f"to_{format_dtype(e.dtype)}({format_expr(e.x)})"
     return f"{e.name}({', '.join(format_expr(a) for a in e.args)})"

@@ -93,13 +93,30 @@ def _indices(nodes: list[KernelNode]) -> list[IndexExpr]:
     return out
 
 
+def _linear_coeffs(e: IndexExpr, a: sympy.Symbol, b: sympy.Symbol) -> tuple[IndexExpr, IndexExpr] | None:
+    """Coefficients of ``a`` and ``b`` when ``e`` is linear in them (outside any function), else None."""
+    ca, cb = sympy.Integer(0), sympy.Integer(0)
+    for term in sympy.Add.make_args(e):
+        syms = term.free_symbols
+        if a not in syms and b not in syms:
+            continue
+        coef, dep = term.as_independent(a, b, as_Add=False)
+        if dep == a:
+            ca += coef
+        elif dep == b:
+            cb += coef
+        else:
+            return None
+    return ca, cb
+
+
 def _mergeable(exprs: list[IndexExpr], a: sympy.Symbol, b: sympy.Symbol, size_b: IndexExpr) -> bool:
     for e in exprs:
-        if not (e.has(a) or e.has(b)):
+        syms = e.free_symbols
+        if a not in syms and b not in syms:
             continue
-        if not e.is_polynomial(a, b) or sympy.Poly(e, a, b).total_degree() > 1:
-            return False
-        if sympy.expand(e.coeff(a) - e.coeff(b) * size_b) != 0:
+        c = _linear_coeffs(e, a, b)
+        if c is None or sympy.expand(c[0] - c[1] * size_b) != 0:
             return False
     return True
 
