@@ -73,7 +73,7 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
         texts["fallbacks"] = "\n".join(s.fallbacks)
     for stage, text in texts.items():
         dump(graph_id, stage, text)
-    portable = PortableProgram(s.wrapper, dict(s.kernels.files), ("torch",))
+    portable = PortableProgram(s.wrapper, dict(s.kernels.files), tuple(s.kernels.requires))
     compiled = CompiledGraph(fn, "inductor", texts, portable)
     compiled.loop_program = s.program  # type: ignore[attr-defined]
     compiled.scheduled = s.scheduled  # type: ignore[attr-defined]

@@ -21,6 +21,9 @@ class InductorOptions:
     fallback_unknown_ops: bool = True  # run ops without lowering through ATen (logged in perf_hints)
     strict_lowering: bool = False  # a failing lowering rule raises instead of falling back (tests)
     verify: bool | None = None  # None: follow KILN_VERIFY
+    # kernels for CPU tensors: "cpp" (C++/OpenMP) or "triton" (the Triton interpreter, TRITON_INTERPRET=1;
+    # tests the GPU code path on CPU). CUDA tensors always get Triton kernels.
+    cpu_backend: str = "cpp"
 
     def replace(self, **changes: object) -> InductorOptions:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -15,6 +15,7 @@ from kiln.graph import Pass, log
 from . import decomp_bridge
 from .codegen.common import CompiledKernels, KernelBackend
 from .codegen.cpp import CppBackend
+from .codegen.triton.backend import TritonBackend
 from .codegen.wrapper import wrapper_source
 from .ir import LoopProgram, ScheduledProgram, verify_program, verify_schedule
 from .lowering.lower import lower_graph
@@ -38,11 +39,13 @@ class CompileState:
 
 
 def backend_for(state: CompileState) -> KernelBackend:
-    for x in state.example_inputs:
-        if isinstance(x, torch.Tensor) and x.device.type == "cuda":
-            from kiln.graph import BackendUnavailable
-            raise BackendUnavailable("kiln.inductor's Triton (CUDA) backend is not built yet; compile CPU "
-                                     "graphs or use backend='aot_eager' on the GPU")
+    """Triton for CUDA inputs (real or fake: sources are generated, not run), else the CPU choice."""
+    if any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in state.example_inputs):
+        return TritonBackend("cuda")
+    if state.options.cpu_backend == "triton":
+        return TritonBackend("cpu")
+    if state.options.cpu_backend != "cpp":
+        raise ValueError(f"InductorOptions.cpu_backend={state.options.cpu_backend!r}: use 'cpp' or 'triton'")
     return CppBackend()
 
 

@@ -24,6 +24,7 @@ class CompiledKernels:
     local_dir: str  # where ``files`` already are on this machine (FILES_DIR for in-process use)
     compile_seconds: float = 0.0
     requires: tuple[str, ...] = field(default=("torch",))
+    device: str = "cpu"  # where the wrapper allocates buffers and the seed ("cuda" for Triton on GPUs)
 
 
 class KernelBackend(Protocol):

@@ -63,6 +63,8 @@ class WrapperWriter:
         self.kernels = kernels
         self.layouts = p.layouts()
         self.lines: list[str] = []
+        device = getattr(kernels, "device", "cpu")
+        self.device_kw = "" if device == "cpu" else f", device={device!r}"
 
     def ref(self, r: TensorRef) -> str:
         lay = self.layouts[r.buffer]
@@ -101,7 +103,7 @@ class WrapperWriter:
                               f"; del {reuse}  # reuse")
         else:
             self.lines.append(f"    {buffer} = torch.empty_strided({_ints(layout.shape)}, "
-                              f"{_ints(layout.stride)}, dtype={layout.dtype})")
+                              f"{_ints(layout.stride)}, dtype={layout.dtype}{self.device_kw})")
 
     def write(self) -> str:
         p = self.p
@@ -115,7 +117,7 @@ class WrapperWriter:
         if unpack:
             self.lines.append(f"    {', '.join(unpack)}{',' if len(unpack) == 1 else ''} = args[:{len(unpack)}]")
         if p.seed_buffer:
-            self.lines.append(f"    {p.seed_buffer} = torch.randint(0, 2**62, (1,), dtype=torch.int64)")
+            self.lines.append(f"    {p.seed_buffer} = torch.randint(0, 2**62, (1,), dtype=torch.int64{self.device_kw})")
         for st in self.s.steps:
             for a in st.allocate:
                 self.alloc(a.buffer, a.layout, a.reuse)

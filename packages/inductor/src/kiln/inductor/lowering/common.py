@@ -107,8 +107,8 @@ def tensor_args(args: Sequence[object]) -> list[TensorValue]:
 
 def require_cpu(node: fx.Node, ctx: LoweringContext) -> None:
     v = meta(node)
-    if isinstance(v, torch.Tensor) and v.device.type != "cpu":
-        raise NotLowered(f"device {v.device} is not handled by the C++ backend")
+    if isinstance(v, torch.Tensor) and v.device.type not in ("cpu", "cuda"):
+        raise NotLowered(f"device {v.device} is not handled by the C++ or Triton backends")
 
 
 def zero() -> sympy.Expr:

@@ -35,10 +35,10 @@ def to_arg(ctx: LoweringContext, a: Any) -> Arg:
 
 def _outputs(ctx: LoweringContext, val: Any, path: tuple[int, ...] = ()) -> list[ExternOutput]:
     if isinstance(val, torch.Tensor):
-        if val.device.type != "cpu":
+        if val.device.type not in ("cpu", "cuda"):
             raise NotLowered(f"output on {val.device}")
         layout = Layout(tuple(as_index(s) for s in val.shape), tuple(as_index(s) for s in val.stride()),
-                        val.dtype, "cpu", as_index(0))
+                        val.dtype, val.device.type, as_index(0))
         return [ExternOutput(ctx.new_name(), layout, path)]
     if isinstance(val, (list, tuple)):
         out: list[ExternOutput] = []

@@ -38,14 +38,15 @@ def _input(ctx: LoweringContext, node: fx.Node, position: int, example: Any) -> 
     val = node.meta.get("val", example)
     if not isinstance(val, torch.Tensor):
         return val
-    if val.device.type != "cpu":
-        raise LoweringError(f"input {node.name} is on {val.device}; the C++ backend compiles CPU graphs")
+    if val.device.type not in ("cpu", "cuda"):
+        raise LoweringError(f"input {node.name} is on {val.device}; kiln.inductor compiles CPU (C++) and CUDA "
+                            "(Triton) graphs")
     for s in tuple(val.shape) + tuple(val.stride()):
         if isinstance(s, torch.SymInt):
             raise LoweringError(f"input {node.name} has symbolic sizes; dynamic shapes are not supported by "
                                 "the C++ backend yet (compile with static shapes)")
     layout = Layout(tuple(as_index(s) for s in val.shape), tuple(as_index(s) for s in val.stride()),
-                    val.dtype, "cpu")
+                    val.dtype, val.device.type)
     name = f"arg{position}"
     ctx.inputs.append(InputBuffer(name, layout, position))
     ctx.layouts[name] = layout

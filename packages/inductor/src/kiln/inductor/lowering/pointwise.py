@@ -191,7 +191,9 @@ RULES["aten.hardtanh.default"] = _hardtanh
 
 def _copy_like(ctx: LoweringContext, node: fx.Node, x: TensorValue, *args, **kw) -> Lazy:
     v = meta(node)
-    if v.device.type != "cpu" or v.layout != torch.strided:
+    src = node.args[0].meta.get("val") if isinstance(node.args[0], fx.Node) else None
+    if (v.layout != torch.strided or v.device.type not in ("cpu", "cuda")
+            or (isinstance(src, torch.Tensor) and src.device != v.device)):  # device transfers run in ATen
         raise NotLowered(f"copy to {v.device}/{v.layout}")
     d = out_dtype(node)
     return pointwise(node, [x], lambda a: a, d)
