@@ -275,3 +275,20 @@ def test_limit_counts_recordings_per_function(limit):
         f(torch.zeros(n))
         f(torch.zeros(n))
     assert len(f.nodes) == limit
+
+
+def test_training_step_forward_backward_one_tree(monkeypatch):
+    import gpu_modes_check as chk
+
+    monkeypatch.setattr(chk, "DEV", "cpu")
+    tree = make_tree()
+    monkeypatch.setattr(chk, "cudagraphify", lambda fn, ex, **kw: cudagraphify(fn, ex, **{**kw, "tree": tree}))
+    ref_w, ref_losses, _, _ = chk._train(None)
+    got_w, got_losses, fw_g, bw_g = chk._train(tree)
+    for a, b in zip(got_w, ref_w):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert fw_g.skip_reason is None and bw_g.skip_reason is None
+    nf, nb = fw_g.nodes[0], bw_g.nodes[0]
+    assert nb.parent is nf
+    assert [s.borrowed.owner for s in nb.slots if s.borrowed is not None] == [nf.name]
+    assert tree.stats.eager_fallbacks == 0, tree.as_text()
