@@ -9,7 +9,6 @@ import sys
 from dataclasses import dataclass
 
 import pytest
-
 from kiln.inductor.autotune import (
     AutotuneCache,
     Autotuner,

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
+import gpu_modes_check
 import pytest
 import torch
-
-import gpu_modes_check
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 

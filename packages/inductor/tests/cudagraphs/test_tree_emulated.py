@@ -7,7 +7,6 @@ import logging
 
 import pytest
 import torch
-
 from kiln.inductor.cudagraphs import (
     CUDAGraphOptions,
     CUDAGraphTree,

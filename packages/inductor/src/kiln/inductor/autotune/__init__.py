@@ -9,7 +9,14 @@
 
 from .cache import AutotuneCache, default_cache_path, tune_key
 from .config import Candidate, Choice, Config
-from .kernels import apply_config, default_config, kernel_configs, random_buffer, tune_kernel, tune_program
+from .kernels import (
+    apply_config,
+    default_config,
+    kernel_configs,
+    random_buffer,
+    tune_kernel,
+    tune_program,
+)
 from .matmul import (
     BIAS,
     BIAS_GELU,
