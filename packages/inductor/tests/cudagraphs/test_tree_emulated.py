@@ -291,3 +291,54 @@ def test_training_step_forward_backward_one_tree(monkeypatch):
     assert nb.parent is nf
     assert [s.borrowed.owner for s in nb.slots if s.borrowed is not None] == [nf.name]
     assert tree.stats.eager_fallbacks == 0, tree.as_text()
+
+
+def test_skip_mutated_input_under_inference_mode():
+    def bump(x):
+        x.add_(1)  # inference tensors have no version counter: the dispatcher sees the write
+        return (x * 2,)
+
+    with torch.inference_mode():
+        f, tree = graphed(bump, [torch.zeros(3)])
+        x = torch.zeros(3)
+        for i in range(3):
+            torch.testing.assert_close(f(x)[0], torch.full((3,), 2.0 * (i + 1)))
+    assert f.skip_reason and "mutates input(s) [0]" in f.skip_reason and not tree.nodes
+
+
+def test_out_variant_write_to_input_is_a_mutation():
+    def write(x, y):
+        torch.mul(y, 2, out=x)
+        return (x + 1,)
+
+    f, _ = graphed(write, [torch.zeros(3), torch.ones(3)])
+    f(torch.zeros(3), torch.ones(3))
+    assert f.skip_reason and "mutates input(s) [0]" in f.skip_reason
+
+
+def test_decode_loop_under_inference_mode():
+    emb = torch.randn(16, 16) * 0.3
+    with torch.inference_mode():
+        f, tree = graphed(step, [torch.randn(1, 16), emb], static=(1,))
+        tok = torch.randn(1, 16)
+        ref, kept, refs = tok.clone(), [], []
+        for _ in range(6):
+            (tok,) = f(tok, emb)
+            (ref,) = step(ref, emb)
+            kept.append(tok)
+            refs.append(ref)
+    for got, want in zip(kept, refs):
+        torch.testing.assert_close(got, want)
+    assert f.skip_reason is None and f.stats.replays == 5
+
+
+def test_tree_reset_starts_over():
+    f, tree = graphed(lambda x: (x + 1,), [torch.zeros(2)])
+    for _ in range(3):
+        f(torch.zeros(2))
+    old = tree.nodes[0]
+    tree.reset()
+    assert not tree.nodes
+    for _ in range(3):
+        torch.testing.assert_close(f(torch.ones(2))[0], torch.full((2,), 2.0))
+    assert len(tree.nodes) == 1 and tree.nodes[0] is not old and f.nodes == tree.nodes

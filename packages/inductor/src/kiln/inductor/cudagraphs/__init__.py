@@ -8,7 +8,14 @@ bookkeeping on CPU for tests.
 """
 
 from .api import cudagraphify, wrap_reduce_overhead
-from .engine import CaptureFailed, CudaGraphEngine, EmulatedGraphEngine, GraphEngine, SyncOpDetector
+from .engine import (
+    CaptureFailed,
+    CudaGraphEngine,
+    EmulatedGraphEngine,
+    GraphEngine,
+    WarmupReport,
+    WarmupWatcher,
+)
 from .function import CUDAGraphFunction, FunctionStats, default_tree, reset_default_trees
 from .liveness import LivenessStats, PoolStorage
 from .node import GraphNode
@@ -18,6 +25,6 @@ from .tree import CUDAGraphTree, TreeStats
 __all__ = [
     "CUDAGraphFunction", "CUDAGraphOptions", "CUDAGraphTree", "CaptureFailed", "CudaGraphEngine",
     "EmulatedGraphEngine", "FunctionStats", "GraphEngine", "GraphNode", "LivenessStats", "PoolStorage",
-    "SyncOpDetector", "TreeStats", "cudagraphify", "default_tree", "reset_default_trees",
+    "TreeStats", "WarmupReport", "WarmupWatcher", "cudagraphify", "default_tree", "reset_default_trees",
     "wrap_reduce_overhead",
 ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -32,22 +33,50 @@ class CaptureFailed(RuntimeError):
     """Recording a graph failed; the function runs without CUDA graphs from now on."""
 
 
-class SyncOpDetector(TorchDispatchMode):
-    """Notes ATen ops that synchronise with the host (``.item()``, ``nonzero``, device->CPU copies)."""
+@dataclass(slots=True)
+class WarmupReport:
+    """What a warm-up run did that a CUDA graph cannot replay faithfully."""
 
-    def __init__(self) -> None:
+    syncs: list[str] = field(default_factory=list)  # host synchronisations
+    mutated: set[int] = field(default_factory=set)  # argument indices written in place
+
+
+class WarmupWatcher(TorchDispatchMode):
+    """Watches a warm-up run's ATen ops for host synchronisation (``.item()``, ``nonzero``, device->CPU
+    copies) and for in-place writes to the storages in ``watch`` (data_ptr -> argument index).
+
+    Note: version counters also reveal in-place writes, but inference tensors have none, and a
+    decode loop typically runs under ``torch.inference_mode()``; the dispatcher sees both.
+    """
+
+    def __init__(self, watch: dict[int, int] | None = None) -> None:
         super().__init__()
-        self.found: list[str] = []
+        self.report = WarmupReport()
+        self.watch = watch or {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Sequence[Any] = (),
                            kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}
-        name = func._schema.name
+        schema = func._schema
+        name = schema.name
         if name in _SYNC_OPS:
-            self.found.append(f"{name.removeprefix('aten::')} (a host synchronisation)")
+            self.report.syncs.append(f"{name.removeprefix('aten::')} (a host synchronisation)")
         elif name in ("aten::_to_copy", "aten::copy_") and _device_to_host(name, args, kwargs):
-            self.found.append(f"{name.removeprefix('aten::')} from the device to the CPU")
+            self.report.syncs.append(f"{name.removeprefix('aten::')} from the device to the CPU")
+        if self.watch:
+            self._note_writes(schema, args, kwargs)
         return func(*args, **kwargs)
+
+    def _note_writes(self, schema: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> None:
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is None or not a.alias_info.is_write:
+                continue
+            value = args[i] if i < len(args) else kwargs.get(a.name)
+            for t in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(t, torch.Tensor) and t.numel() > 0:
+                    index = self.watch.get(t.untyped_storage().data_ptr())
+                    if index is not None:
+                        self.report.mutated.add(index)
 
 
 def _device_to_host(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
@@ -70,7 +99,7 @@ class GraphEngine(Protocol):
 
     def replay(self, graph: object) -> None: ...
 
-    def watch_syncs(self) -> contextlib.AbstractContextManager[list[str]]: ...
+    def watch_warmup(self, watch: dict[int, int]) -> contextlib.AbstractContextManager[WarmupReport]: ...
 
 
 class CudaGraphEngine:
@@ -117,22 +146,24 @@ class CudaGraphEngine:
         graph.replay()  # type: ignore[attr-defined]
 
     @contextlib.contextmanager
-    def watch_syncs(self) -> Iterator[list[str]]:
-        found: list[str] = []
+    def watch_warmup(self, watch: dict[int, int]) -> Iterator[WarmupReport]:
+        watcher = WarmupWatcher(watch)
         previous = torch.cuda.get_sync_debug_mode()
-        detector = SyncOpDetector()
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
             try:
-                with detector:
-                    yield found
+                with watcher:
+                    yield watcher.report
             finally:
                 torch.cuda.set_sync_debug_mode(previous)
-        found.extend(detector.found)
-        # (the mode itself warns that it is a prototype: only the per-operation warnings count)
-        found.extend(str(w.message).splitlines()[0] for w in caught
-                     if "called a synchronizing" in str(w.message))
+        # the mode itself warns that it is a prototype: only the per-operation warnings count
+        for w in caught:
+            text = str(w.message)
+            if "called a synchronizing" in text:
+                watcher.report.syncs.append(text.splitlines()[0])
+            elif "debug mode is a prototype" not in text:  # give the user's own warnings back
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
 
 class _EmulatedGraph:
@@ -155,13 +186,13 @@ class EmulatedGraphEngine:
         # A capture runs nothing: give the function copies so in-place updates of static inputs do
         # not happen twice (the replay that follows a recording applies them once).
         scratch = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        with SyncOpDetector() as detector:
+        with WarmupWatcher() as watcher:
             try:
                 outputs = fn(*scratch)
             except Exception as e:
                 raise CaptureFailed(f"{type(e).__name__}: {e}") from e
-        if detector.found:
-            raise CaptureFailed(f"operation not permitted when stream is capturing: {detector.found[0]}")
+        if watcher.report.syncs:
+            raise CaptureFailed(f"operation not permitted when stream is capturing: {watcher.report.syncs[0]}")
         return _EmulatedGraph(fn, list(args), outputs), outputs
 
     def replay(self, graph: object) -> None:
@@ -175,9 +206,7 @@ class EmulatedGraphEngine:
                     static.copy_(value)  # overwrite in place, as a replay does
 
     @contextlib.contextmanager
-    def watch_syncs(self) -> Iterator[list[str]]:
-        found: list[str] = []
-        detector = SyncOpDetector()
-        with detector:
-            yield found
-        found.extend(detector.found)
+    def watch_warmup(self, watch: dict[int, int]) -> Iterator[WarmupReport]:
+        watcher = WarmupWatcher(watch)
+        with watcher:
+            yield watcher.report

@@ -49,10 +49,20 @@ class CUDAGraphFunction:
         self._last: GraphNode | None = None
         self._warm: dict[tuple[Any, ...], int] = {}
         self._limit_logged = False
+        self._generation = tree.generation
+
+    def _forget(self) -> None:
+        self.nodes.clear()
+        self._warm.clear()
+        self._last = None
+        self._limit_logged = False
+        self._generation = self.tree.generation
 
     def __call__(self, *args: Any) -> Any:
         if self.skip_reason is not None:
             return self.fn(*args)
+        if self._generation != self.tree.generation:  # the tree was reset: start over
+            self._forget()
         node = self._last
         if node is None or not node.accepts(args):
             node = next((n for n in self.nodes if n.accepts(args)), None)
@@ -95,6 +105,9 @@ class CUDAGraphFunction:
         except CaptureFailed as e:
             self.skip(f"recording failed ({e}); the function cannot be captured into a CUDA graph")
             return self.fn(*args)
+        except Exception as e:  # kiln's own bookkeeping must never turn a working call into an error
+            self.skip(f"recording failed in kiln ({type(e).__name__}: {e}); please report this")
+            return self.fn(*args)
         self.nodes.append(node)
         self.stats.recordings += 1
         ok, out = self.tree.run(node, args, self.options)
@@ -108,14 +121,14 @@ class CUDAGraphFunction:
     def _warm_up(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
         self._warm[key] = self._warm.get(key, 0) + 1
         self.stats.warmups += 1
-        versions = [(i, a._version) for i, a in enumerate(args)
-                    if isinstance(a, torch.Tensor) and i not in self.static_input_indices]
-        if self.options.detect_syncs:
-            with self.tree.engine.watch_syncs() as syncs:
-                out = self.fn(*args)
-        else:
-            syncs, out = [], self.fn(*args)
-        mutated = [i for i, v in versions if args[i]._version != v]
+        dynamic = [(i, a) for i, a in enumerate(args)
+                   if isinstance(a, torch.Tensor) and i not in self.static_input_indices]
+        versions = [(i, a._version) for i, a in dynamic if not a.is_inference()]  # inference: no counter
+        watch = {a.untyped_storage().data_ptr(): i for i, a in dynamic if a.numel() > 0}
+        with self.tree.engine.watch_warmup(watch) as report:
+            out = self.fn(*args)
+        syncs = report.syncs if self.options.detect_syncs else []
+        mutated = sorted(report.mutated | {i for i, v in versions if args[i]._version != v})
         if mutated:
             self.skip(f"it mutates input(s) {mutated} that are not static (parameters/buffers); a replay "
                       "would update kiln's copy, not your tensor. Register the tensor as a buffer, or "
@@ -184,13 +197,17 @@ def _hashable(a: Any) -> bool:
     return True
 
 
-_DEFAULT_TREES: dict[tuple[int, torch.device], CUDAGraphTree] = {}
+_DEFAULT_TREES: dict[torch.device, CUDAGraphTree] = {}
 _TREES_LOCK = threading.Lock()
 
 
 def default_tree(device: torch.device) -> CUDAGraphTree:
-    """The tree (one pool) every reduce-overhead function on ``device`` in this thread shares."""
-    key = (threading.get_ident(), device)
+    """The tree (one pool) every reduce-overhead function on ``device`` shares.
+
+    Per device, not per thread: autograd runs a CUDA backward on its own device thread, and the
+    backward must join its forward's tree. A tree is not for concurrent use from several threads.
+    """
+    key = device
     with _TREES_LOCK:
         tree = _DEFAULT_TREES.get(key)
         if tree is None:

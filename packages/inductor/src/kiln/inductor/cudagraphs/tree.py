@@ -49,6 +49,7 @@ class CUDAGraphTree:
         self.liveness = LivenessStats()
         self._pool: object | None = None
         self._owners: dict[int, PoolStorage] = {}  # output storage data_ptr -> its PoolStorage
+        self.generation = 0  # bumped by reset(); functions holding old nodes drop them
 
     @property
     def pool(self) -> object:
@@ -144,6 +145,7 @@ class CUDAGraphTree:
         self._owners.clear()
         self.last_run = None
         self._pool = None
+        self.generation += 1
 
 
 def _as_device(device: torch.device | str | int | None, device_type: str) -> torch.device:
