@@ -43,7 +43,7 @@ def _p2(n: int) -> int:
 
 def default_config(k: TritonKernelLike) -> Config:
     consts = {"XBLOCK": k.xblock, **({"RBLOCK": k.rblock} if k.rblock else {})}
-    return Config.make(num_warps=k.num_warps, num_stages=int(getattr(k, "num_stages", 1)), **consts)
+    return Config(tuple(sorted(consts.items())), k.num_warps, int(getattr(k, "num_stages", 1)))
 
 
 def kernel_configs(k: TritonKernelLike, xnumel: int, limit: int = 24) -> list[Config]:
@@ -55,7 +55,7 @@ def kernel_configs(k: TritonKernelLike, xnumel: int, limit: int = 24) -> list[Co
 
     def add(warps: int, **consts: int) -> None:
         for s in stages:
-            c = Config.make(num_warps=warps, num_stages=s, **consts)
+            c = Config(tuple(sorted(consts.items())), warps, s)
             if c not in out:
                 out.append(c)
 

@@ -168,8 +168,10 @@ def mm_candidates(a: torch.Tensor, b: torch.Tensor, epilogue: Epilogue, args: Se
     extern = Config(extern="cublas")
     cands = [Candidate(extern, lambda: _extern(epilogue, a, b, args, out), is_default=True)]
     kernel = load_source_module(template_source(epilogue, a.dtype)).kiln_mm
-    for c in configs:
-        cands.append(Candidate(c, lambda c=c: _launch_template(kernel, c, a, b, args, out)))
+    def launcher(c: Config) -> Callable[[], object]:
+        return lambda: _launch_template(kernel, c, a, b, args, out)
+
+    cands.extend(Candidate(c, launcher(c)) for c in configs)
     return cands
 
 

@@ -120,7 +120,7 @@ class CudaGraphEngine:
             self._streams[index] = torch.cuda.Stream(device=index)
         return self._streams[index]
 
-    def capture(self, fn: Callable[..., Any], args: list[Any], *, pool: object,
+    def capture(self, fn: Callable[..., Any], args: list[Any], *, pool: Any,
                 device: torch.device, capture_error_mode: str) -> tuple[object, Any]:
         with torch.cuda.device(device):
             torch.cuda.synchronize()  # inputs copied into slots, warm-up work finished

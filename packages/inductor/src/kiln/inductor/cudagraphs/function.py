@@ -39,7 +39,7 @@ class CUDAGraphFunction:
                  tree: CUDAGraphTree, options: CUDAGraphOptions | None = None,
                  name: str | None = None) -> None:
         self.fn = fn
-        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self.name: str = str(name or getattr(fn, "__name__", type(fn).__name__))
         self.static_input_indices = frozenset(static_input_indices)
         self.tree = tree
         self.options = options or CUDAGraphOptions()

@@ -122,7 +122,7 @@ class GraphNode:
             if ptr in slot_by_ptr:
                 s = _containing_slot(slot_by_ptr[ptr], o)
                 self.outputs.append(OutputPlan("alias", o, arg_index=s.index,
-                                               slot_offset=s.tensor.storage_offset()))
+                                               slot_offset=int(s.tensor.storage_offset())))
             elif ptr in static_ptrs or o.numel() == 0:
                 self.outputs.append(OutputPlan("fixed", o))
             else:
