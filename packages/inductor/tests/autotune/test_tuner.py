@@ -202,3 +202,19 @@ def test_mode_flags():
     assert f.autotune and not f.cudagraphs
     with pytest.raises(ValueError, match="unknown mode"):
         mode_flags("fast")
+
+
+def test_buffers_for_layouts_with_symbolic_sizes():
+    import sympy
+    import torch
+    from kiln.inductor.autotune import buffers_for
+    from kiln.inductor.ir import Layout
+
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    layouts = {"a": Layout((s0, sympy.Integer(4)), (sympy.Integer(4), sympy.Integer(1)), torch.float32),
+               "t": Layout((sympy.Integer(4), s0), (sympy.Integer(1), sympy.Integer(4)), torch.bfloat16),
+               "idx": Layout((sympy.Integer(8),), (sympy.Integer(1),), torch.int64)}
+    bufs = buffers_for(layouts, {"s0": 3}, "cpu")
+    assert bufs["a"].numel() == 12 and bufs["a"].dtype == torch.float32
+    assert bufs["t"].numel() == 12 and bufs["t"].dtype == torch.bfloat16
+    assert bufs["idx"].numel() == 8 and not bufs["idx"].any()  # indices stay in bounds

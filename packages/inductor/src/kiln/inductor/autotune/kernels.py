@@ -138,6 +138,26 @@ def tune_program(kernels: Any, buffers: Mapping[str, torch.Tensor], sizes: Mappi
     return tuned
 
 
+def buffers_for(layouts: Mapping[str, Any], sizes: Mapping[str, int] | None,
+                device: torch.device | str) -> dict[str, torch.Tensor]:
+    """Tuning buffers for a program's layouts (``ir.Layout``: sympy shape/stride/offset, dtype): each a
+    flat tensor covering the layout's whole extent, size symbols bound from ``sizes``."""
+    env = dict(sizes or {})
+
+    def value(e: Any) -> int:
+        if isinstance(e, int):
+            return e
+        subs = {sym: env[sym.name] for sym in e.free_symbols if sym.name in env}
+        return int(e.subs(subs))
+
+    out = {}
+    for name, layout in layouts.items():
+        dims = [(value(n), value(st)) for n, st in zip(layout.shape, layout.stride)]
+        extent = 0 if any(n == 0 for n, _ in dims) else 1 + sum((n - 1) * st for n, st in dims)
+        out[name] = random_buffer(value(layout.offset) + extent, layout.dtype, device)
+    return out
+
+
 def random_buffer(numel: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """A buffer to tune on: normal floats; zeros for integers and bools (valid as gather indices)."""
     if dtype.is_floating_point or dtype.is_complex:
