@@ -46,6 +46,13 @@ class _Recorder(TorchDispatchMode):
         return out
 
 
+def flat_outputs(out: Any) -> list[Any]:
+    """Outputs as a flat list (nested tuples and return_types flattened)."""
+    if isinstance(out, (tuple, list)):
+        return [y for x in out for y in flat_outputs(x)]
+    return [out]
+
+
 def trace(fn: Callable[..., Any], *inputs: torch.Tensor) -> fx.GraphModule:
     """ATen graph of ``fn(*inputs)``; outputs flattened into a tuple."""
     graph = fx.Graph()
@@ -60,6 +67,6 @@ def trace(fn: Callable[..., Any], *inputs: torch.Tensor) -> fx.GraphModule:
         ins.append(x2)
     with torch.no_grad(), rec:
         out = fn(*ins)
-    outs = out if isinstance(out, (tuple, list)) else (out,)
+    outs = flat_outputs(out)
     graph.output(tuple(rec.env[id(o)] if isinstance(o, torch.Tensor) else o for o in outs))
     return fx.GraphModule(torch.nn.Module(), graph)

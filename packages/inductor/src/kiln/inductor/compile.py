@@ -10,8 +10,9 @@ from typing import Any
 from torch import fx
 
 from kiln.graph import KNOBS as GRAPH_KNOBS
-from kiln.graph import CompiledGraph, PortableProgram, VerifyAfterPass, dump, new_graph_id, run_pipeline
+from kiln.graph import CompiledGraph, PortableProgram, VerifyAfterPass, dump, log, new_graph_id, run_pipeline
 
+from .lowering.lower import LoweringError
 from .options import InductorOptions
 from .pipeline import PASSES, CompileState, verify_state
 
@@ -32,6 +33,27 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     output_code; ``portable`` is the wrapper source plus the shared library and its C++ source.
     """
     t0 = time.perf_counter()
+    try:
+        return _compile(gm, example_inputs, options, name, t0)
+    except LoweringError as e:
+        if not options.fallback_unknown_ops:
+            raise
+        return _eager_graph(gm, name, str(e))
+
+
+def _eager_graph(gm: fx.GraphModule, name: str, reason: str) -> CompiledGraph:
+    """The whole graph runs op by op through ATen: loudly, in perf_hints and the result's texts."""
+    msg = f"graph {name!r} is not compiled, it runs op by op through ATen: {reason}"
+    log("perf_hints").warning(msg)
+
+    def fn(*args: Any) -> tuple:
+        out = gm(*args)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return CompiledGraph(fn, "inductor(eager fallback)", {"fallbacks": msg}, None)
+
+
+def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: InductorOptions, name: str,
+             t0: float) -> CompiledGraph:
     state = CompileState(gm, list(example_inputs), options, name)
     verify = options.verify if options.verify is not None else GRAPH_KNOBS.verify
     instruments = [VerifyAfterPass(verify_state)] if verify else []

@@ -13,11 +13,13 @@ class InductorOptions:
     cxx: str = "g++"
     cpp_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
                                   "-fno-math-errno", "-fno-trapping-math")
+    link_flags: tuple[str, ...] = ("-lmvec", "-lm")
     vectorize_math: bool = True  # use glibc's vector math (libmvec) for exp/log/tanh/... in simd loops
     parallel_threshold: int = 32768  # fewer elements than this run on one thread (OpenMP start-up costs)
     inline_max_size: int = 48  # a pointwise value used twice is recomputed when its body is this small
     fuse: bool = True  # scheduler fusion on/off (off: one kernel per node; for debugging)
     fallback_unknown_ops: bool = True  # run ops without lowering through ATen (logged in perf_hints)
+    strict_lowering: bool = False  # a failing lowering rule raises instead of falling back (tests)
     verify: bool | None = None  # None: follow KILN_VERIFY
 
     def replace(self, **changes: object) -> InductorOptions:

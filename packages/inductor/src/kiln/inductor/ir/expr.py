@@ -14,7 +14,7 @@ from typing import Union
 import sympy
 import torch
 
-from .index import IndexExpr
+from .index import IndexExpr, index_str
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,11 +50,16 @@ OPS: dict[str, OpInfo] = {
 
 @dataclass(frozen=True, slots=True)
 class Load:
-    """Read ``buffer`` at flat element offset ``index``."""
+    """Read ``buffer`` at flat element offset ``index``.
+
+    Indirect (gather) loads: ``index`` may use symbols ``d0, d1, ...`` bound to the int64 values of
+    the expressions in ``indirect`` (evaluated at the same point), e.g. embedding rows.
+    """
 
     buffer: str
     index: IndexExpr
     dtype: torch.dtype
+    indirect: tuple[Expr, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +117,8 @@ def _convert(v: bool | int | float, dtype: torch.dtype) -> bool | int | float:
 def children(e: Expr) -> tuple[Expr, ...]:
     if isinstance(e, Op):
         return e.args
+    if isinstance(e, Load):
+        return e.indirect
     if isinstance(e, Cast):
         return (e.x,)
     return ()
@@ -140,6 +147,9 @@ def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
         elif isinstance(n, Cast):
             x = go(n.x)
             n2 = n if x is n.x else Cast(x, n.dtype)
+        elif isinstance(n, Load) and n.indirect:
+            ind = tuple(go(a) for a in n.indirect)
+            n2 = n if ind == n.indirect else Load(n.buffer, n.index, n.dtype, ind)
         else:
             n2 = n
         r = fn(n2)
@@ -157,7 +167,7 @@ def substitute_index(e: Expr, mapping: Mapping[sympy.Symbol, IndexExpr]) -> Expr
 
     def fn(n: Expr) -> Expr | None:
         if isinstance(n, Load):
-            return Load(n.buffer, sympy.expand(n.index.xreplace(mapping)), n.dtype)
+            return Load(n.buffer, sympy.expand(n.index.xreplace(mapping)), n.dtype, n.indirect)
         if isinstance(n, IndexValue):
             return IndexValue(sympy.expand(n.index.xreplace(mapping)), n.dtype)
         return None
@@ -183,11 +193,14 @@ def format_dtype(d: torch.dtype) -> str:
 
 def format_expr(e: Expr) -> str:
     if isinstance(e, Load):
-        return f"{e.buffer}[{e.index}]"
+        if e.indirect:
+            binds = ", ".join(f"d{k}={format_expr(a)}" for k, a in enumerate(e.indirect))
+            return f"{e.buffer}[{index_str(e.index)} | {binds}]"
+        return f"{e.buffer}[{index_str(e.index)}]"
     if isinstance(e, Constant):
         return repr(e.value)
     if isinstance(e, IndexValue):
-        return f"index({e.index})"
+        return f"index({index_str(e.index)})"
     if isinstance(e, Cast):
         return f"to_{format_dtype(e.dtype)}({format_expr(e.x)})"
     return f"{e.name}({', '.join(format_expr(a) for a in e.args)})"

@@ -105,3 +105,20 @@ def product(xs: Sequence[IndexExpr]) -> IndexExpr:
 
 def is_static(e: IndexExpr) -> bool:
     return isinstance(e, (int, sympy.Integer))
+
+
+@functools.lru_cache(maxsize=65536)
+def index_str(e: sympy.Expr) -> str:
+    """A fast, stable text form of an index (sympy's printer is slow on large programs)."""
+    if isinstance(e, sympy.Integer):
+        return str(int(e))
+    if isinstance(e, sympy.Symbol):
+        return e.name
+    if isinstance(e, sympy.Add):
+        return " + ".join(index_str(a) for a in sorted(e.args, key=sympy.default_sort_key))
+    if isinstance(e, sympy.Mul):
+        return "*".join(f"({index_str(a)})" if isinstance(a, sympy.Add) else index_str(a) for a in e.args)
+    if isinstance(e, (FloorDiv, ModIndex)):
+        op = "//" if isinstance(e, FloorDiv) else "%"
+        return f"({index_str(e.args[0])}){op}{index_str(e.args[1])}"
+    return str(e)

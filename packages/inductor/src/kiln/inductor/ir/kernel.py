@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from .expr import Expr, format_expr
-from .index import IndexExpr
+from .index import IndexExpr, index_str
 from .nodes import ExternKernel, Layout
 
 ROLES = ("full", "outer")
@@ -41,7 +41,7 @@ class KernelNode:
 
     def as_text(self) -> str:
         kind = self.kind if not self.reduction_type else f"{self.kind}_{self.reduction_type}"
-        mem = f" -> [{self.store_index}]" if self.store else " (local)"
+        mem = f" -> [{index_str(self.store_index)}]" if self.store else " (local)"
         return f"  s{self.stage} {self.role:<5} {self.buffer} = {kind} {format_expr(self.body)}{mem}"
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import sympy
 from typing import Union
 
 from .expr import reads
@@ -27,6 +29,9 @@ class LoopProgram:
             else:
                 for o in n.outputs:
                     out[o.buffer] = o.layout
+        if self.seed_buffer:
+            import torch
+            out[self.seed_buffer] = Layout.contiguous((sympy.Integer(1),), torch.int64)
         return out
 
     def as_text(self) -> str:

@@ -50,9 +50,9 @@ def verify_program(p: LoopProgram) -> None:
             if isinstance(d, Reduction):
                 if d.reduction_type not in REDUCTION_TYPES:
                     raise VerificationError(f"{where}: unknown reduction {d.reduction_type!r}")
-                verify_expr(d.body, where, ("i", "r"), dtypes)
+                verify_expr(d.body, where, ("i", "r", "d"), dtypes)
             else:
-                verify_expr(d.body, where, ("i",), dtypes)
+                verify_expr(d.body, where, ("i", "d"), dtypes)
             if isinstance(d, (Pointwise, Scan, Reduction)) and tuple(d.ranges) != tuple(n.layout.shape):
                 raise VerificationError(f"{where}: ranges {d.ranges} differ from its shape {n.layout.shape}")
             if n.name in dtypes:
@@ -73,7 +73,7 @@ def verify_program(p: LoopProgram) -> None:
 def verify_kernel(k: Kernel, dtypes: dict[str, object]) -> None:
     local = dict(dtypes)
     for kn in k.nodes:
-        prefixes = ("x", "r") if (kn.role == "full" or kn.kind == "reduction") else ("x",)
+        prefixes = ("x", "r", "d") if (kn.role == "full" or kn.kind != "pointwise") else ("x", "d")
         verify_expr(kn.body, f"{k.name}/{kn.buffer}", prefixes, local)
         local[kn.buffer] = kn.dtype
         if kn.kind == "reduction" and kn.role != "outer":

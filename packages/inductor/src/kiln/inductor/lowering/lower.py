@@ -66,6 +66,10 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
             return rule(ctx, node, *args, **kwargs)
         except NotLowered as e:
             reason = str(e)
+        except Exception as e:  # a bug in a rule: keep the program correct through ATen, and say so
+            if ctx.options.strict_lowering:
+                raise
+            reason = f"lowering rule failed: {type(e).__name__}: {e}"
     if not ctx.options.fallback_unknown_ops:
         raise LoweringError(f"{name} at node {node.name} cannot be lowered ({reason}) and fallbacks are off")
     ctx.perf_hint(f"fallback: {name} runs through ATen ({reason}) at node {node.name}")

@@ -203,28 +203,30 @@ for _name in ("aten._to_copy.default", "aten.clone.default", "aten.lift_fresh_co
 RULES["aten.copy.default"] = lambda ctx, node, dst, src, non_blocking=False: _copy_like(ctx, node, src)
 
 
-def _fill(ctx: LoweringContext, node: fx.Node, *args, **kw) -> Lazy:
-    value = kw.get("fill_value", 0)
-    name = node.target.__name__ if hasattr(node.target, "__name__") else ""
-    if "full" in name and len(args) >= 2:
-        value = args[1]
-    elif name.startswith("fill") and len(args) >= 2:
-        value = args[1]
-    elif name.startswith("ones"):
-        value = 1
-    if is_tensor(value):
-        raise NotLowered("fill with a tensor value")
-    d = out_dtype(node)
-    return Lazy(out_shape(node), d, cast(Constant(value, torch.float64 if isinstance(value, float) else
-                                                  (torch.bool if isinstance(value, bool) else torch.int64)), d))
+def _filled(value_of):
+    def rule(ctx: LoweringContext, node: fx.Node, *args, **kw) -> Lazy:
+        value = value_of(args, kw)
+        if is_tensor(value):
+            raise NotLowered("fill with a tensor value")
+        d = out_dtype(node)
+        src = torch.bool if isinstance(value, bool) else torch.float64 if isinstance(value, float) else torch.int64
+        return Lazy(out_shape(node), d, cast(Constant(value, src), d))
+    return rule
 
 
-for _name in ("aten.full.default", "aten.full_like.default", "aten.fill.Scalar", "aten.zeros.default",
-              "aten.ones.default", "aten.zeros_like.default", "aten.ones_like.default",
-              "aten.empty.memory_format", "aten.empty_strided.default", "aten.empty_like.default",
-              "aten.new_zeros.default", "aten.new_ones.default", "aten.new_empty.default",
-              "aten.new_full.default", "aten.scalar_tensor.default"):
-    RULES[_name] = _fill
+_FILLS = {
+    "full.default": lambda a, k: a[1] if len(a) > 1 else k["fill_value"],
+    "full_like.default": lambda a, k: a[1] if len(a) > 1 else k["fill_value"],
+    "fill.Scalar": lambda a, k: a[1] if len(a) > 1 else k["value"],
+    "new_full.default": lambda a, k: a[2] if len(a) > 2 else k["fill_value"],
+}
+for _name in ("zeros.default", "zeros_like.default", "new_zeros.default", "empty.memory_format",
+              "empty_strided.default", "empty_like.default", "new_empty.default", "new_empty_strided.default"):
+    _FILLS[_name] = lambda a, k: 0
+for _name in ("ones.default", "ones_like.default", "new_ones.default"):
+    _FILLS[_name] = lambda a, k: 1
+for _name, _fn in _FILLS.items():
+    RULES[f"aten.{_name}"] = _filled(_fn)
 
 
 def _scalar_tensor(ctx: LoweringContext, node: fx.Node, value: object, **kw) -> Lazy:

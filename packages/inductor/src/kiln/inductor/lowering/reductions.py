@@ -23,6 +23,8 @@ RULES: dict[str, Rule] = {}
 
 
 def norm_dims(dims: object, n: int) -> list[int]:
+    if n == 0:
+        return []  # a 0-d tensor reduces over nothing (dim 0 / -1 name it)
     if dims is None:
         return list(range(n))
     if isinstance(dims, int):

@@ -13,8 +13,26 @@ from .dependencies import Dependencies
 from .fusion import Group, var_renaming
 
 
+def _scan_kernel(n: ComputedBuffer, number: int) -> Kernel:
+    """A scan runs sequentially along its axis (inner loop) for every other index (parallel outer)."""
+    d = n.data
+    assert isinstance(d, Scan)
+    iv = index_vars("i", len(d.ranges))
+    others = [k for k in range(len(d.ranges)) if k != d.axis]
+    ren = {iv[k]: index_vars("x", len(others))[j] for j, k in enumerate(others)}
+    ren[iv[d.axis]] = index_vars("r", 1)[0]
+    kn = KernelNode(n.name, "full", "scan", substitute_index(d.body, ren),
+                    sympy.expand(n.layout.store_index().xreplace(ren)), n.layout.dtype, 0, True, d.scan_type)
+    outer = tuple(d.ranges[k] for k in others)
+    inputs = tuple(dict.fromkeys(ld.buffer for ld in reads(kn.body)))
+    name = f"k{number}_" + "_".join(n.origins) if n.origins else f"k{number}_scan"
+    return Kernel(name, outer, (d.ranges[d.axis],), (kn,), inputs, (n.name,))
+
+
 def build_kernel(g: Group, p: LoopProgram, deps: Dependencies, number: int) -> Kernel:
     nodes = [p.nodes[k] for k in g.members]
+    if len(nodes) == 1 and isinstance(nodes[0], ComputedBuffer) and isinstance(nodes[0].data, Scan):
+        return _scan_kernel(nodes[0], number)
     n_outer = len(g.outer)
     names = {n.name for n in nodes}  # type: ignore[union-attr]
     stage: dict[str, int] = {}
@@ -75,13 +93,30 @@ def _indices(nodes: list[KernelNode]) -> list[IndexExpr]:
     return out
 
 
+def _linear_coeffs(e: IndexExpr, a: sympy.Symbol, b: sympy.Symbol) -> tuple[IndexExpr, IndexExpr] | None:
+    """Coefficients of ``a`` and ``b`` when ``e`` is linear in them (outside any function), else None."""
+    ca, cb = sympy.Integer(0), sympy.Integer(0)
+    for term in sympy.Add.make_args(e):
+        syms = term.free_symbols
+        if a not in syms and b not in syms:
+            continue
+        coef, dep = term.as_independent(a, b, as_Add=False)
+        if dep == a:
+            ca += coef
+        elif dep == b:
+            cb += coef
+        else:
+            return None
+    return ca, cb
+
+
 def _mergeable(exprs: list[IndexExpr], a: sympy.Symbol, b: sympy.Symbol, size_b: IndexExpr) -> bool:
     for e in exprs:
-        if not (e.has(a) or e.has(b)):
+        syms = e.free_symbols
+        if a not in syms and b not in syms:
             continue
-        if not e.is_polynomial(a, b) or sympy.Poly(e, a, b).total_degree() > 1:
-            return False
-        if sympy.expand(e.coeff(a) - e.coeff(b) * size_b) != 0:
+        c = _linear_coeffs(e, a, b)
+        if c is None or sympy.expand(c[0] - c[1] * size_b) != 0:
             return False
     return True
 

@@ -7,7 +7,7 @@ from ...options import InductorOptions
 from ..common import CompiledKernels
 from .build import CppCompileError, build_shared_library
 from .kernel import kernel_source
-from .prelude import PRELUDE
+from .prelude import PRELUDE, VECTOR_MATH
 
 
 class CppBackend:
@@ -19,7 +19,8 @@ class CppBackend:
         if not kernels:
             return CompiledKernels({}, "", {}, "", "")
         bodies = [kernel_source(k, layouts, options) for k in kernels]
-        source = PRELUDE + "\n\n" + "\n\n".join(bodies) + "\n"
+        head = VECTOR_MATH if options.vectorize_math else ""
+        source = head + PRELUDE + "\n\n" + "\n\n".join(bodies) + "\n"
         so, seconds = build_shared_library(source, options)
         lib_name = so.name
         prelude = [f"_lib = ctypes.CDLL(os.path.join(FILES_DIR, {lib_name!r}))"]

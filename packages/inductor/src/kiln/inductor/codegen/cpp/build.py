@@ -29,7 +29,7 @@ def compiler_version(cxx: str) -> str:
 
 def build_shared_library(source: str, options: InductorOptions) -> tuple[Path, float]:
     """Return (path of the .so, seconds spent compiling; 0 on a cache hit)."""
-    key = cache.content_key(source, compiler_version(options.cxx), " ".join(options.cpp_flags))
+    key = cache.content_key(source, compiler_version(options.cxx), " ".join(options.cpp_flags + options.link_flags))
     so_name = f"k_{key}.so"
     hit = cache.lookup(so_name)
     if hit is not None:
@@ -38,7 +38,7 @@ def build_shared_library(source: str, options: InductorOptions) -> tuple[Path, f
     cpp = d / f"k_{key}.cpp"
     cache.atomic_write(cpp, source.encode())
     tmp_so = d / f".k_{key}.{os.getpid()}.so"
-    cmd = [options.cxx, *options.cpp_flags, str(cpp), "-o", str(tmp_so)]
+    cmd = [options.cxx, *options.cpp_flags, str(cpp), "-o", str(tmp_so), *options.link_flags]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     dt = time.perf_counter() - t0

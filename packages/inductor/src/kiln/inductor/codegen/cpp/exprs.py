@@ -7,7 +7,7 @@ from collections.abc import Callable
 import sympy
 import torch
 
-from ...ir import Cast, Constant, Expr, FloorDiv, IndexValue, Load, ModIndex, Op, walk
+from ...ir import Cast, Constant, Expr, FloorDiv, IndexValue, Load, ModIndex, Op, index_var, walk
 from .types import constant, ctype
 
 
@@ -140,7 +140,16 @@ class ExprEmitter:
             local = self.load_hook(e)
             if local is not None:
                 return local
-            text = f"{self.ptr_name(e.buffer)}[{cindex(e.index)}]"
+            index = e.index
+            if e.indirect:
+                binds = {}
+                for k, a in enumerate(e.indirect):
+                    v = sub(a)
+                    if not v.isidentifier():
+                        v = self._tmp(v, torch.int64) if not inline else f"({v})"
+                    binds[index_var("d", k)] = sympy.Symbol(v, integer=True)
+                index = index.xreplace(binds)
+            text = f"{self.ptr_name(e.buffer)}[{cindex(index)}]"
             return text if inline else self._tmp(text, e.dtype)
         if isinstance(e, Cast):
             text = cast_call(sub(e.x), e.x.dtype, e.dtype)

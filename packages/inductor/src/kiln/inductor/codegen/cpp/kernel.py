@@ -126,6 +126,9 @@ class CppKernelWriter:
         full = [kn for kn in k.nodes if kn.stage == s and (kn.role == "full" or kn.kind == "reduction")]
         if not full:
             return
+        if any(kn.kind == "scan" for kn in full):
+            self._scan(full, indent)
+            return
         reds = [kn for kn in full if kn.kind == "reduction"]
         clauses = []
         for r in reds:
@@ -169,6 +172,17 @@ class CppKernelWriter:
             self.locals[r.buffer] = (name, r.store_index)
             if r.store:
                 self.lines.append(f"{indent}{self.ptr(r.buffer)}[{cindex(r.store_index)}] = {name};")
+
+    def _scan(self, nodes: list[KernelNode], indent: str) -> None:
+        (kn,) = nodes
+        acc = f"acc_{kn.buffer}"
+        self.lines.append(f"{indent}{ctype(kn.body.dtype)} {acc} = {'0' if kn.reduction_type == 'sum' else '1'};")
+        inner = self.loops(self.k.inner, "r", indent, None)
+        v = self.emitter(inner).emit(kn.body)
+        self.lines.append(f"{inner}{acc} {'+=' if kn.reduction_type == 'sum' else '*='} {v};")
+        self.lines.append(f"{inner}{self.ptr(kn.buffer)}[{cindex(kn.store_index)}] = "
+                          f"{cast_call(acc, kn.body.dtype, kn.dtype)};")
+        self.close(len(self.k.inner), inner)
 
     def _accumulate(self, r: KernelNode, indent: str) -> None:
         v = self.emitter(indent).emit(r.body)

@@ -3,6 +3,11 @@
 No torch headers: kernels see raw pointers; bf16 is carried as its 16 bits, fp16 as _Float16.
 """
 
+# Note: glibc declares SIMD variants of expf/logf/erff/tanhf/... (libmvec) only under __FAST_MATH__.
+# Defining the macro (without -ffast-math's finite-math assumptions) lets g++ vectorise loops that call
+# them while NaN/inf semantics stay IEEE; the library links -lmvec.
+VECTOR_MATH = "#define __FAST_MATH__ 1\n"
+
 PRELUDE = r"""
 #include <cmath>
 #include <cstdint>
