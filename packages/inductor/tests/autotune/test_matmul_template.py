@@ -38,6 +38,10 @@ SCRIPT = textwrap.dedent("""
     t = tuned_mm(a, b, tuner=Autotuner(FakeTimer({"cublas": 0.5, cfg.label: 0.6})), epilogue=EPILOGUES["bias"],
                  epilogue_args=(bias,), configs=configs, device_name="cpu-test")
     assert not t.uses_template
+    from kiln.inductor.autotune import autotune_mm
+    t = autotune_mm(33, 40, 24, torch.float32, "cpu", epilogue=EPILOGUES["relu"],
+                    tuner=Autotuner(FakeTimer({"cublas": 0.1})))
+    torch.testing.assert_close(t(a, b), torch.relu(a @ b), rtol=1e-4, atol=1e-4)
     print("ok tuned")
 """)
 

@@ -218,3 +218,29 @@ def test_buffers_for_layouts_with_symbolic_sizes():
     assert bufs["a"].numel() == 12 and bufs["a"].dtype == torch.float32
     assert bufs["t"].numel() == 12 and bufs["t"].dtype == torch.bfloat16
     assert bufs["idx"].numel() == 8 and not bufs["idx"].any()  # indices stay in bounds
+
+
+def test_autotune_program_tunes_every_kernel():
+    import sympy
+    import torch
+
+    from kiln.inductor.autotune import autotune_program
+    from kiln.inductor.ir import Layout
+
+    class Module:
+        k_add = FakeJit()
+        k_sum = FakeJit()
+
+    class Kernels:  # the shape of codegen.triton.wrapper.TritonKernels
+        module = Module()
+        generated = [FakeKernel("k_add", "a", ("x", "y"), ("s0",), "s0", 1024, 0, 4, "pointwise"),
+                     FakeKernel("k_sum", "b", ("y", "z"), ("s0",), "s0 // 64", 1, 64, 2, "persistent_reduction")]
+
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    layouts = {n: Layout((s0,), (sympy.Integer(1),), torch.float32) for n in "xyz"}
+    best = Config.make(num_warps=2, XBLOCK=256)
+    timer = FakeTimer({best.label: 0.1})
+    tuned = autotune_program(Kernels(), layouts, {"s0": 4096}, "cpu", tuner=Autotuner(timer))
+    assert [k.name for k in tuned] == ["k_add", "k_sum"]
+    assert (tuned[0].xblock, tuned[0].num_warps) == (256, 2)
+    assert tuned[1].rblock == 64 and Module.k_sum.launches  # every kernel was benchmarked

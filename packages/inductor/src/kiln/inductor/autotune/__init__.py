@@ -9,6 +9,7 @@
 
 from .cache import AutotuneCache, default_cache_path, tune_key
 from .config import Candidate, Choice, Config
+from .entry import autotune_mm, autotune_program, make_tuner
 from .kernels import (
     apply_config,
     buffers_for,
@@ -39,7 +40,7 @@ from .tuner import Autotuner, NoViableCandidate
 __all__ = [
     "BIAS", "BIAS_GELU", "BIAS_RELU", "EPILOGUES", "MODES", "NONE", "RELU", "AutotuneCache", "AutotuneOptions",
     "Autotuner", "Candidate", "Choice", "Config", "ConsoleProgress", "DeviceTimer", "Epilogue", "FakeTimer",
-    "LogProgress", "ModeFlags", "NoViableCandidate", "Progress", "Timer", "TunedMatmul", "apply_config", "buffers_for", "buffers_for",
+    "LogProgress", "ModeFlags", "NoViableCandidate", "Progress", "Timer", "TunedMatmul", "apply_config", "autotune_mm", "autotune_program", "buffers_for", "make_tuner", "buffers_for",
     "default_cache_path", "default_config", "kernel_configs", "mm_configs", "mode_flags", "random_buffer",
     "template_source", "tune_kernel", "tune_key", "tune_program", "tuned_mm",
 ]
