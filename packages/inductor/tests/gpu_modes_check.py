@@ -334,11 +334,17 @@ CUDAGRAPH_CHECKS: dict[str, Callable[[], str]] = {
 
 # --- max-autotune -----------------------------------------------------------------------------------
 
-_TMP = tempfile.mkdtemp(prefix="kiln-autotune-check-")
+_TMP: list[str] = []  # one fresh cache folder per run, made on first use
+
+
+def _tmp() -> str:
+    if not _TMP:
+        _TMP.append(tempfile.mkdtemp(prefix="kiln-autotune-check-"))
+    return _TMP[0]
 
 
 def _tuner(name: str) -> Autotuner:
-    return Autotuner(DeviceTimer(warmup_ms=2, rep_ms=10), AutotuneCache(os.path.join(_TMP, f"{name}.json")),
+    return Autotuner(DeviceTimer(warmup_ms=2, rep_ms=10), AutotuneCache(os.path.join(_tmp(), f"{name}.json")),
                      LogProgress())
 
 
@@ -451,7 +457,7 @@ def check_generated_kernels_tuned() -> str:
 def check_autotune_cache_second_process() -> str:
     import subprocess
 
-    path = os.path.join(_TMP, "proc.json")
+    path = os.path.join(_tmp(), "proc.json")
     code = (
         "import sys, torch\n"
         "from kiln.inductor.autotune import AutotuneCache, Autotuner, DeviceTimer, NONE, mm_configs, tuned_mm\n"
