@@ -20,11 +20,11 @@ import torch
 from kiln.inductor.autotune import (
     BIAS_GELU,
     NONE,
-    TunedMatmul,
     AutotuneCache,
     Autotuner,
     DeviceTimer,
     LogProgress,
+    TunedMatmul,
     mm_configs,
     tune_kernel,
     tuned_mm,
