@@ -223,7 +223,6 @@ def test_buffers_for_layouts_with_symbolic_sizes():
 def test_autotune_program_tunes_every_kernel():
     import sympy
     import torch
-
     from kiln.inductor.autotune import autotune_program
     from kiln.inductor.ir import Layout
 
