@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import check
 from kiln.graph import CompiledGraph, PortableProgram
 
