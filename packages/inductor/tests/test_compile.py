@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import check
 from kiln.graph import CompiledGraph, PortableProgram
 
@@ -119,3 +118,20 @@ def test_rand_distribution() -> None:
     u, n = cg.fn(torch.empty(200, 500))
     assert 0 <= u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
     assert abs(n.mean().item()) < 0.02 and abs(n.std().item() - 1) < 0.02
+
+
+def test_foreach_optimizer_update_fuses_per_tensor() -> None:
+    from helpers import n_kernels
+    n = 5
+    ps = [torch.randn(10 + i) for i in range(n)]
+    gs = [torch.randn_like(p) for p in ps]
+    ms = [torch.randn_like(p) for p in ps]
+
+    def f(*ts):
+        p, g, m = list(ts[:n]), list(ts[n:2 * n]), list(ts[2 * n:])
+        m2 = torch._foreach_lerp(m, g, 0.1)
+        d = torch._foreach_addcmul(torch._foreach_mul(p, 0.99), m2, g, value=-0.01)
+        return (*torch._foreach_sqrt(torch._foreach_abs(d)), *m2)
+    cg = check(f, *ps, *gs, *ms)
+    assert n_kernels(cg) == n  # each tensor's whole update chain is one kernel
+    assert "fallbacks" not in cg.texts

@@ -27,3 +27,6 @@ class InductorOptions:
 
     def cache_key(self) -> str:
         return repr(dataclasses.astuple(self))
+
+
+DEFAULT_OPTIONS = InductorOptions()

@@ -1,13 +1,56 @@
 """kiln's loop-level IR: expression bodies, buffers and loop nodes, programs, kernels, verifiers."""
 
-from .expr import (OPS, Cast, Constant, Expr, IndexValue, Load, Op, OpInfo, cast, children, format_expr,
-                   map_expr, op, reads, size, substitute_index, walk)
-from .index import (FloorDiv, IndexExpr, ModIndex, as_index, contiguous_strides, index_var, index_vars,
-                    is_static, product, strided_index)
+from .expr import (
+                   OPS,
+                   Cast,
+                   Constant,
+                   Expr,
+                   IndexValue,
+                   Load,
+                   Op,
+                   OpInfo,
+                   cast,
+                   children,
+                   format_expr,
+                   map_expr,
+                   op,
+                   reads,
+                   size,
+                   substitute_index,
+                   walk,
+)
+from .index import (
+                   FloorDiv,
+                   IndexExpr,
+                   ModIndex,
+                   as_index,
+                   contiguous_strides,
+                   index_var,
+                   index_vars,
+                   is_static,
+                   product,
+                   strided_index,
+)
 from .kernel import Allocation, Kernel, KernelNode, ScheduledProgram, Step
-from .nodes import (REDUCTION_TYPES, Arg, ComputedBuffer, ConstArg, ExternKernel, ExternOutput, InputBuffer,
-                    Layout, ListArg, LoopData, Node, Pointwise, Reduction, Scan, TensorRef, args_buffers,
-                    node_outputs)
+from .nodes import (
+                   REDUCTION_TYPES,
+                   Arg,
+                   ComputedBuffer,
+                   ConstArg,
+                   ExternKernel,
+                   ExternOutput,
+                   InputBuffer,
+                   Layout,
+                   ListArg,
+                   LoopData,
+                   Node,
+                   Pointwise,
+                   Reduction,
+                   Scan,
+                   TensorRef,
+                   args_buffers,
+                   node_outputs,
+)
 from .program import LoopProgram, Output, node_reads
 from .verify import verify_kernel, verify_program, verify_schedule
 

@@ -8,7 +8,6 @@ layout applied to the loop variables ``i0..``. Reductions and scans also use ``r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 import sympy
 import torch
@@ -23,7 +22,7 @@ class Layout:
     stride: tuple[IndexExpr, ...]
     dtype: torch.dtype
     device: str = "cpu"
-    offset: IndexExpr = sympy.Integer(0)
+    offset: IndexExpr = sympy.S.Zero
 
     @staticmethod
     def contiguous(shape: tuple[IndexExpr, ...], dtype: torch.dtype, device: str = "cpu") -> Layout:
@@ -83,7 +82,7 @@ class Scan:
     body: Expr
 
 
-LoopData = Union[Pointwise, Reduction, Scan]
+LoopData = Pointwise | Reduction | Scan
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +137,7 @@ class ListArg:
         return "[" + ", ".join(a.as_text() for a in self.items) + "]"
 
 
-Arg = Union[TensorRef, ConstArg, ListArg]
+Arg = TensorRef | ConstArg | ListArg
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +164,7 @@ class ExternKernel:
         return f"{outs} = {self.kind} {self.target}({', '.join(args)})"
 
 
-Node = Union[ComputedBuffer, ExternKernel]
+Node = ComputedBuffer | ExternKernel
 
 
 def node_outputs(n: Node) -> tuple[str, ...]:

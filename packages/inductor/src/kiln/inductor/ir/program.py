@@ -5,12 +5,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sympy
-from typing import Union
 
 from .expr import reads
-from .nodes import ComputedBuffer, ConstArg, ExternKernel, InputBuffer, Layout, Node, TensorRef, args_buffers
+from .nodes import (
+    ComputedBuffer,
+    ConstArg,
+    ExternKernel,
+    InputBuffer,
+    Layout,
+    Node,
+    TensorRef,
+    args_buffers,
+)
 
-Output = Union[TensorRef, ConstArg]
+Output = TensorRef | ConstArg
 
 
 @dataclass(frozen=True, slots=True)

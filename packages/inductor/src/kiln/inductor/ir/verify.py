@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import sympy
-
 from kiln.graph import VerificationError
 
 from .expr import OPS, Cast, Constant, Expr, IndexValue, Load, Op, walk
 from .kernel import Kernel, ScheduledProgram
-from .nodes import REDUCTION_TYPES, ComputedBuffer, ExternKernel, Pointwise, Reduction, Scan, TensorRef
+from .nodes import (
+    REDUCTION_TYPES,
+    ComputedBuffer,
+    ExternKernel,
+    Pointwise,
+    Reduction,
+    Scan,
+    TensorRef,
+)
 from .program import LoopProgram, node_reads
 
 

@@ -5,10 +5,23 @@ from __future__ import annotations
 
 import sympy
 
-from ..ir import (ComputedBuffer, IndexExpr, Kernel, KernelNode, LoopProgram, Pointwise, Reduction, Scan,
-                  map_expr, reads, substitute_index, walk)
-from ..ir import IndexValue, Load
-from ..ir import index_vars
+from ..ir import (
+    ComputedBuffer,
+    IndexExpr,
+    IndexValue,
+    Kernel,
+    KernelNode,
+    Load,
+    LoopProgram,
+    Pointwise,
+    Reduction,
+    Scan,
+    index_vars,
+    map_expr,
+    reads,
+    substitute_index,
+    walk,
+)
 from .dependencies import Dependencies
 from .fusion import Group, var_renaming
 
