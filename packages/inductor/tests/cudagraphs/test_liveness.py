@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from kiln.inductor.cudagraphs import LivenessStats, PoolStorage
 
 
@@ -52,7 +51,7 @@ def test_relocation_keeps_autograd_history():
     w = torch.ones(6, requires_grad=True)
     y = held * w  # autograd saves `held` itself for w's gradient
     assert ps.release()  # ... so re-pointing `held` moves autograd's reference too
-    static.fill_(0)
+    static.data.fill_(0)  # a replay overwrites memory without touching version counters
     y.sum().backward()
     assert torch.equal(w.grad, torch.arange(6.0))
 
