@@ -211,7 +211,7 @@ class EmulatedGraphEngine:
         with torch.no_grad():
             for static, value in zip(static_seq, fresh_seq):
                 if isinstance(static, torch.Tensor) and static.data_ptr() != value.data_ptr():
-                    static.copy_(value)  # overwrite in place, as a replay does
+                    static.data.copy_(value)  # overwrite in place, as a replay does (no version bump)
 
     @contextlib.contextmanager
     def watch_warmup(self, watch: dict[int, int], device: torch.device) -> Iterator[WarmupReport]:
