@@ -162,3 +162,45 @@ def _pad(ctx: LoweringContext, node: fx.Node, x: TensorValue, pad: Sequence[int]
 
 
 RULES["aten.constant_pad_nd.default"] = _pad
+
+
+def _slice_scatter(ctx: LoweringContext, node: fx.Node, x: TensorValue, src: TensorValue, dim: int = 0,
+                   start: int | None = None, end: int | None = None, step: int = 1) -> Lazy:
+    """x with x[..., start:end:step, ...] replaced by src: a where over the index range."""
+    shape = out_shape(node)
+    n = len(shape)
+    dim = dim + n if dim < 0 else dim
+    size = int(shape[dim])
+    s = 0 if start is None else int(start)
+    s = max(0, min(size, s + size if s < 0 else s))
+    length = int(src.shape[dim])
+    d = out_dtype(node)
+    iv = list(index_vars("i", n))
+    i = IndexValue(iv[dim], torch.int64)
+    cond = op("logical_and", op("ge", i, Constant(s, torch.int64), dtype=torch.bool),
+              op("lt", i, Constant(s + step * length, torch.int64), dtype=torch.bool), dtype=torch.bool)
+    if step != 1:
+        off = IndexValue(iv[dim] - s, torch.int64)
+        cond = op("logical_and", cond, op("eq", op("mod", off, Constant(step, torch.int64), dtype=torch.int64),
+                                          Constant(0, torch.int64), dtype=torch.bool), dtype=torch.bool)
+    sidx = list(iv)
+    from ..ir import FloorDiv
+    sidx[dim] = FloorDiv(iv[dim] - s, step) if step != 1 else iv[dim] - s
+    return Lazy(shape, d, op("where", cond, cast(value_at(src, sidx), d), cast(value_at(x, iv), d), dtype=d))
+
+
+def _select_scatter(ctx: LoweringContext, node: fx.Node, x: TensorValue, src: TensorValue, dim: int,
+                    index: int) -> Lazy:
+    shape = out_shape(node)
+    n = len(shape)
+    dim = dim + n if dim < 0 else dim
+    index = int(index) + (int(shape[dim]) if int(index) < 0 else 0)
+    d = out_dtype(node)
+    iv = list(index_vars("i", n))
+    cond = op("eq", IndexValue(iv[dim], torch.int64), Constant(index, torch.int64), dtype=torch.bool)
+    sidx = iv[:dim] + iv[dim + 1:]
+    return Lazy(shape, d, op("where", cond, cast(value_at(src, sidx), d), cast(value_at(x, iv), d), dtype=d))
+
+
+RULES["aten.slice_scatter.default"] = _slice_scatter
+RULES["aten.select_scatter.default"] = _select_scatter
