@@ -7,7 +7,6 @@ from typing import Any
 import torch
 from kiln.graph import CompiledGraph
 from kiln.inductor import InductorOptions, compile_graph
-
 from tracer import flat_outputs, trace
 
 STRICT = InductorOptions(strict_lowering=True)

@@ -51,6 +51,17 @@ CASES = {
     "sdpa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
              (torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8))),
     "split_unbind": (lambda x: (*x.split([2, 2], 0), *x.unbind(1)), (X,)),
+    "slice_scatter": (lambda x, s: torch.slice_scatter(x, s, 1, 2, 8, 2), (torch.randn(6, 10), torch.randn(6, 3))),
+    "select_scatter": (lambda x, s: torch.select_scatter(x, s, 1, -1), (torch.randn(6, 10), torch.randn(6))),
+    "empty_and_scalar": (lambda x, y: (x * 2, x.sum(0), y + 1), (torch.randn(0, 5), torch.tensor(3.0))),
+    "column_reductions": (lambda x: (x.sum(0), x.amax(0), x.var(0)), (torch.randn(40, 24),)),
+    "scatter": (lambda x, i, s: torch.scatter(x, 0, i, s), (torch.randn(6, 10), torch.randint(0, 6, (4, 10)),
+                                                           torch.randn(4, 10))),
+    "scatter_add": (lambda x, i, s: torch.scatter_add(x, 0, i, s), (torch.randn(6, 10), torch.randint(0, 6, (4, 10)),
+                                                                   torch.randn(4, 10))),
+    "scatter_value": (lambda x, i: torch.scatter(x, 1, i, 2.5), (torch.randn(6, 10), torch.randint(0, 10, (6, 3)))),
+    "index_put_accumulate": (lambda w, i, g: torch.index_put(w, (i,), g, accumulate=True),
+                             (torch.zeros(20, 8), torch.randint(-20, 20, (3, 5)), torch.randn(3, 5, 8))),
     "returns_input_view": (lambda x: (x.t(), x[1]), (torch.randn(5, 3),)),
 }
 

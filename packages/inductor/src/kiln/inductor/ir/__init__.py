@@ -47,8 +47,10 @@ from .nodes import (
                    Pointwise,
                    Reduction,
                    Scan,
+                   Scatter,
                    TensorRef,
                    args_buffers,
+                   loop_bodies,
                    node_outputs,
 )
 from .program import LoopProgram, Output, node_reads
@@ -58,7 +60,7 @@ __all__ = [
     "OPS", "REDUCTION_TYPES", "Allocation", "Arg", "Cast", "ComputedBuffer", "ConstArg", "Constant", "Expr",
     "ExternKernel", "ExternOutput", "FloorDiv", "IndexExpr", "IndexValue", "InputBuffer", "Kernel",
     "KernelNode", "Layout", "ListArg", "Load", "LoopData", "LoopProgram", "ModIndex", "Node", "Op", "OpInfo",
-    "Output", "Pointwise", "Reduction", "Scan", "ScheduledProgram", "Step", "TensorRef", "args_buffers",
+    "Output", "Pointwise", "Reduction", "Scan", "Scatter", "loop_bodies", "ScheduledProgram", "Step", "TensorRef", "args_buffers",
     "as_index", "cast", "children", "contiguous_strides", "format_expr", "index_var", "index_vars",
     "is_static", "map_expr", "node_outputs", "node_reads", "op", "product", "reads", "size",
     "strided_index", "substitute_index", "verify_kernel", "verify_program", "verify_schedule", "walk",

@@ -82,7 +82,29 @@ class Scan:
     body: Expr
 
 
-LoopData = Pointwise | Reduction | Scan
+@dataclass(frozen=True, slots=True)
+class Scatter:
+    """``out = base`` over ``ranges`` (i*), then for every point of ``src_ranges`` (r*, in order):
+    ``out[index] = value`` (mode "store") or ``out[index] += value`` (mode "add"). ``index`` may use
+    ``d0..`` bound to ``indirect`` (int64 bodies over r*), like an indirect load."""
+
+    ranges: tuple[IndexExpr, ...]
+    base: Expr
+    src_ranges: tuple[IndexExpr, ...]
+    index: IndexExpr
+    indirect: tuple[Expr, ...]
+    value: Expr
+    mode: str
+
+
+LoopData = Pointwise | Reduction | Scan | Scatter
+
+
+def loop_bodies(d: LoopData) -> tuple[Expr, ...]:
+    """Every expression a loop node evaluates (for dependency analysis and verification)."""
+    if isinstance(d, Scatter):
+        return (d.base, d.value, *d.indirect)
+    return (d.body,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +122,10 @@ class ComputedBuffer:
         if isinstance(d, Reduction):
             return head + (f"reduce_{d.reduction_type}[{_dims(d.ranges)} | {_dims(d.reduction_ranges)}] "
                            f"{format_expr(d.body)}")
+        if isinstance(d, Scatter):
+            binds = "".join(f", d{k}={format_expr(a)}" for k, a in enumerate(d.indirect))
+            return head + (f"scatter_{d.mode}[{_dims(d.ranges)}] {format_expr(d.base)} then "
+                           f"[{_dims(d.src_ranges)}] at [{d.index}{binds}] {format_expr(d.value)}")
         return head + f"scan_{d.scan_type}[{_dims(d.ranges)} axis={d.axis}] {format_expr(d.body)}"
 
 

@@ -16,6 +16,7 @@ from .nodes import (
     Node,
     TensorRef,
     args_buffers,
+    loop_bodies,
 )
 
 Output = TensorRef | ConstArg
@@ -56,6 +57,6 @@ class LoopProgram:
 def node_reads(n: Node) -> list[str]:
     """Buffers a node reads, in first-read order."""
     if isinstance(n, ComputedBuffer):
-        return list(dict.fromkeys(ld.buffer for ld in reads(n.data.body)))
+        return list(dict.fromkeys(ld.buffer for body in loop_bodies(n.data) for ld in reads(body)))
     assert isinstance(n, ExternKernel)
     return list(dict.fromkeys(args_buffers(n.args) + args_buffers(tuple(v for _, v in n.kwargs))))

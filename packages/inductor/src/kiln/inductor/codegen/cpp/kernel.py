@@ -75,7 +75,9 @@ class CppKernelWriter:
         self.lines.append(self.signature() + " {")
         total = product(list(k.outer) + list(k.inner))
         parallel = f"if({cindex(total)} > {self.options.parallel_threshold})"
-        if not k.inner:
+        if any(kn.kind == "scatter" for kn in k.nodes):
+            self._scatter(parallel)
+        elif not k.inner:
             self._pointwise(parallel)
         elif wants_tiling(k):
             self._rows_tiled(parallel)
@@ -102,6 +104,36 @@ class CppKernelWriter:
         for kn in k.nodes:
             self.compute(kn, indent)
         self.close(n, indent)
+
+    def _scatter(self, parallel: str) -> None:
+        """Copy the base in parallel, then scatter sequentially (deterministic: last write wins)."""
+        init, sc = self.k.nodes
+        k = self.k
+        outer_k = Kernel(k.name, k.outer, (), (init,), k.inputs, k.outputs)
+        saved, self.k = self.k, outer_k
+        self._pointwise(f"if({cindex(product(list(k.outer)))} > {self.options.parallel_threshold})")
+        self.k = saved
+        self.locals = {}
+        indent = self.loops(k.inner, "r", "  ", None)
+        em = self.emitter(indent)
+        val = em.emit(sc.body)
+        index = sc.store_index
+        from ...ir import index_var
+        binds = {}
+        for j, e in enumerate(sc.store_indirect):
+            t = em.emit(e)
+            binds[index_var("d", j)] = sympy.Symbol(t, integer=True)
+        target = f"{self.ptr(sc.buffer)}[{cindex(index.xreplace(binds))}]"
+        v = cast_call(val, sc.body.dtype, sc.dtype)
+        if sc.reduction_type == "add":
+            if sc.dtype == torch.bfloat16:
+                v = f"kiln_f32_to_bf16(kiln_bf16_to_f32({target}) + {cast_call(val, sc.body.dtype, torch.float32)})"
+                self.lines.append(f"{indent}{target} = {v};")
+            else:
+                self.lines.append(f"{indent}{target} += {v};")
+        else:
+            self.lines.append(f"{indent}{target} = {v};")
+        self.close(len(k.inner), indent)
 
     def _rows(self, parallel: str) -> None:
         k = self.k
