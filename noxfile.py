@@ -40,8 +40,7 @@ def _sync(session: nox.Session, *extra: str) -> None:
 def tests(session: nox.Session) -> None:
     """The whole CPU test suite (GPU tests are skipped without CUDA)."""
     _sync(session)
-    workers = os.environ.get("KILN_TEST_WORKERS", "2")
-    session.run("pytest", "-q", "-n", workers, "-m", "not gpu", *session.posargs,
+    session.run("python", "tools/run_tests.py", *session.posargs,
                 env={"KILN_VERIFY": "1", "TRITON_INTERPRET": "1"})
 
 

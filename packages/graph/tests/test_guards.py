@@ -86,3 +86,11 @@ def test_json_round_trip_drops_in_process_identity() -> None:
 def test_unknown_kind_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown guard kind"):
         Guard("L['x']", "FANCY", 1)
+
+
+def test_a_device_without_index_matches_any_index() -> None:
+    from kiln.graph import device_matches
+
+    assert device_matches(torch.device("cuda", 1), torch.device("cuda"))
+    assert not device_matches(torch.device("cuda", 1), torch.device("cuda", 0))
+    assert not device_matches(torch.device("cpu"), torch.device("cuda"))

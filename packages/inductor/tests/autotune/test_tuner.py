@@ -223,7 +223,6 @@ def test_buffers_for_layouts_with_symbolic_sizes():
 def test_autotune_program_tunes_every_kernel():
     import sympy
     import torch
-
     from kiln.inductor.autotune import autotune_program
     from kiln.inductor.ir import Layout
 
@@ -244,3 +243,17 @@ def test_autotune_program_tunes_every_kernel():
     assert [k.name for k in tuned] == ["k_add", "k_sum"]
     assert (tuned[0].xblock, tuned[0].num_warps) == (256, 2)
     assert tuned[1].rblock == 64 and Module.k_sum.launches  # every kernel was benchmarked
+
+
+def test_console_progress_reports_each_tuned_kernel(tmp_path):
+    import io
+
+    from kiln.inductor.autotune import ConsoleProgress
+
+    stream = io.StringIO()
+    timer = FakeTimer({label(64): 2.0, label(128): 1.0, label(256): 0.5, label(512): 0.9})
+    tuner = Autotuner(timer, AutotuneCache(tmp_path / "c.json"), ConsoleProgress(stream))
+    tuner.select("kernel_a", "ka", cands())
+    tuner.select("kernel_a", "ka", cands())  # cached: silent
+    lines = stream.getvalue().splitlines()
+    assert len(lines) == 1 and "kernel_a" in lines[0] and "XBLOCK=256" in lines[0] and "4.00x" in lines[0]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from helpers import compile_fn
 from kiln.inductor import Kernel
 
@@ -38,3 +37,11 @@ def test_post_fusion_text_lists_kernels_and_steps() -> None:
     cg = compile_fn(lambda x: (x.exp().sum(-1) + 1, x.cos()), torch.randn(4, 8))
     text = cg.texts["ir_post_fusion"]
     assert "kernel k0_" in text and "alloc" in text and "reduction_sum" in text
+
+
+def test_strided_reduction_is_tiled_over_the_contiguous_dim() -> None:
+    from helpers import check
+    x = torch.randn(64, 40)
+    cg = check(lambda x: (x.sum(0), x.amax(0), x.var(0)), x, atol=1e-4)
+    code = cg.texts["output_code"]
+    assert "xt += 16" in code  # vectorised across a tile of columns, not along the strided rows

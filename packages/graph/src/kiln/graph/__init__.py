@@ -8,7 +8,15 @@ from .core_ops import CORE_ATEN_OPS
 from .debug import dump, new_graph_id
 from .dialects import Dialect
 from .errors import BackendUnavailable, KilnError, VerificationError
-from .guards import GUARD_KINDS, Guard, GuardSet, global_state, tensor_expectation, type_name
+from .guards import (
+    GUARD_KINDS,
+    Guard,
+    GuardSet,
+    device_matches,
+    global_state,
+    tensor_expectation,
+    type_name,
+)
 from .knobs import KNOBS, GraphKnobs
 from .logs import LOG_NAMES, enabled, log, set_logs
 from .passes import KeepText, Pass, PassRecord, PipelineResult, VerifyAfterPass, run_pipeline
@@ -28,7 +36,7 @@ __all__ = [
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",
-    "StageObject", "TensorSpec", "VerificationError", "VerifyAfterPass", "dump", "enabled",
+    "StageObject", "TensorSpec", "VerificationError", "VerifyAfterPass", "device_matches", "dump", "enabled",
     "example_specs", "global_state", "log", "new_graph_id", "print_graph", "run_pipeline",
     "set_logs", "target_name", "tensor_expectation", "type_name", "verify",
 ]

@@ -92,11 +92,18 @@ def type_name(t: type) -> str:
     return f"{t.__module__}:{t.__qualname__}"
 
 
+def device_matches(actual: torch.device, expected: torch.device) -> bool:
+    """``cuda`` (no index, as written by a cross-compiling host) matches any ``cuda:N``."""
+    if expected.index is None:
+        return actual.type == expected.type
+    return actual == expected
+
+
 def _tensor_ok(v: object, dtype: torch.dtype, device: torch.device, shape: tuple, stride: tuple,
                requires_grad: bool) -> bool:
     if not isinstance(v, torch.Tensor) or v.dtype is not dtype or v.requires_grad != requires_grad:
         return False
-    if v.device != device or v.dim() != len(shape):
+    if v.dim() != len(shape) or not device_matches(v.device, device):
         return False
     got_shape = v.shape
     for want, got in zip(shape, got_shape):

@@ -1,4 +1,4 @@
-"""compile_graph: the entry point (torch.compile's backend contract, returning a CompiledGraph)."""
+"""compile_graph: the entry point (the compile() backend contract, returning a CompiledGraph)."""
 
 from __future__ import annotations
 
@@ -7,13 +7,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from kiln.graph import KNOBS as GRAPH_KNOBS
+from kiln.graph import (
+    CompiledGraph,
+    PortableProgram,
+    VerifyAfterPass,
+    dump,
+    log,
+    new_graph_id,
+    run_pipeline,
+)
 from torch import fx
 
-from kiln.graph import KNOBS as GRAPH_KNOBS
-from kiln.graph import CompiledGraph, PortableProgram, VerifyAfterPass, dump, log, new_graph_id, run_pipeline
-
 from .lowering.lower import LoweringError
-from .options import InductorOptions
+from .options import DEFAULT_OPTIONS, InductorOptions
 from .pipeline import PASSES, CompileState, verify_state
 
 
@@ -26,7 +33,7 @@ def load_wrapper(source: str, files_dir: str, filename: str) -> Any:
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
-                  options: InductorOptions = InductorOptions(), name: str = "graph") -> CompiledGraph:
+                  options: InductorOptions = DEFAULT_OPTIONS, name: str = "graph") -> CompiledGraph:
     """Compile a functional ATen graph into C++/OpenMP kernels plus a Python wrapper.
 
     ``fn(*args)`` of the result returns a tuple; ``texts`` holds ir_pre_fusion, ir_post_fusion and

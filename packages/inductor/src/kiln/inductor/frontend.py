@@ -1,7 +1,7 @@
-"""inductor_backend: kiln.inductor behind torch.compile's backend contract, standalone.
+"""inductor_backend: kiln.inductor behind PyTorch's compile() backend contract, standalone.
 
 kiln's own pipeline hands compile_graph functional ATen graphs (capture -> autograd -> decomp). A
-torch.compile front end hands a backend torch-level graphs instead; this module records such a graph's
+PyTorch compile() front end hands a backend torch-level graphs instead; this module records such a graph's
 ATen calls on fake tensors, rewriting in-place ops to their functional forms (SSA), and compiles the
 result. It handles inference graphs; a graph that mutates its inputs or views, or needs gradients,
 runs as is, with the reason in perf_hints.
@@ -14,15 +14,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from kiln.graph import CompiledGraph, Dialect, VerificationError, log, verify
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from kiln.graph import CompiledGraph, Dialect, VerificationError, log, verify
-
 from .compile import compile_graph
-from .options import InductorOptions
+from .options import DEFAULT_OPTIONS, InductorOptions
 
 
 class FrontendUnsupported(Exception):
@@ -100,8 +99,8 @@ def to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule
 
 
 def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
-                     options: InductorOptions = InductorOptions()) -> Any:
-    """``torch.compile(f, backend=kiln.inductor.inductor_backend)``."""
+                     options: InductorOptions = DEFAULT_OPTIONS) -> Any:
+    """``compile(f, backend=kiln.inductor.inductor_backend) in PyTorch``."""
     try:
         verify(gm, Dialect.ATEN)
         aten_gm = gm

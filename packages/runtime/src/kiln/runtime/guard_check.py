@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from kiln.graph import Guard, GuardSet, global_state
+from kiln.graph import Guard, GuardSet, device_matches, global_state
 
 from .errors import GuardError
 from .sources import display_name
@@ -34,7 +34,7 @@ def _tensor_problem(value: object, expected: tuple) -> tuple[str, object, object
     got_dtype = str(value.dtype).removeprefix("torch.")
     if got_dtype != str(dtype).removeprefix("torch."):
         return "dtype", str(dtype).removeprefix("torch."), got_dtype
-    if value.device != torch.device(device):
+    if not device_matches(value.device, torch.device(device)):
         return "device", device, str(value.device)
     got_shape = tuple(value.shape)
     if len(got_shape) != len(shape) or any(w is not None and w != g for w, g in zip(shape, got_shape)):

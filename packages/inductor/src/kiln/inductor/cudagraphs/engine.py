@@ -99,7 +99,8 @@ class GraphEngine(Protocol):
 
     def replay(self, graph: object) -> None: ...
 
-    def watch_warmup(self, watch: dict[int, int]) -> contextlib.AbstractContextManager[WarmupReport]: ...
+    def watch_warmup(self, watch: dict[int, int],
+                     device: torch.device) -> contextlib.AbstractContextManager[WarmupReport]: ...
 
 
 class CudaGraphEngine:
@@ -146,17 +147,24 @@ class CudaGraphEngine:
         graph.replay()  # type: ignore[attr-defined]
 
     @contextlib.contextmanager
-    def watch_warmup(self, watch: dict[int, int]) -> Iterator[WarmupReport]:
+    def watch_warmup(self, watch: dict[int, int], device: torch.device) -> Iterator[WarmupReport]:
+        """Run the warm-up on the capture stream (as ``make_graphed_callables`` does): lazy per-stream
+        state such as cuBLAS workspaces is then set up before the capture, not inside it."""
         watcher = WarmupWatcher(watch)
         previous = torch.cuda.get_sync_debug_mode()
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            torch.cuda.set_sync_debug_mode("warn")
-            try:
-                with watcher:
-                    yield watcher.report
-            finally:
-                torch.cuda.set_sync_debug_mode(previous)
+        with torch.cuda.device(device):
+            ambient = torch.cuda.current_stream()
+            stream = self._stream(device)
+            stream.wait_stream(ambient)  # inputs are ready; blocks freed earlier are done with
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                torch.cuda.set_sync_debug_mode("warn")
+                try:
+                    with torch.cuda.stream(stream), watcher:
+                        yield watcher.report
+                finally:
+                    torch.cuda.set_sync_debug_mode(previous)
+                    ambient.wait_stream(stream)  # the caller's stream sees the outputs
         # the mode itself warns that it is a prototype: only the per-operation warnings count
         for w in caught:
             text = str(w.message)
@@ -203,10 +211,10 @@ class EmulatedGraphEngine:
         with torch.no_grad():
             for static, value in zip(static_seq, fresh_seq):
                 if isinstance(static, torch.Tensor) and static.data_ptr() != value.data_ptr():
-                    static.copy_(value)  # overwrite in place, as a replay does
+                    static.data.copy_(value)  # overwrite in place, as a replay does (no version bump)
 
     @contextlib.contextmanager
-    def watch_warmup(self, watch: dict[int, int]) -> Iterator[WarmupReport]:
+    def watch_warmup(self, watch: dict[int, int], device: torch.device) -> Iterator[WarmupReport]:
         watcher = WarmupWatcher(watch)
         with watcher:
             yield watcher.report

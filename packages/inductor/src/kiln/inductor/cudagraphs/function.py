@@ -125,7 +125,7 @@ class CUDAGraphFunction:
                    if isinstance(a, torch.Tensor) and i not in self.static_input_indices]
         versions = [(i, a._version) for i, a in dynamic if not a.is_inference()]  # inference: no counter
         watch = {a.untyped_storage().data_ptr(): i for i, a in dynamic if a.numel() > 0}
-        with self.tree.engine.watch_warmup(watch) as report:
+        with self.tree.engine.watch_warmup(watch, self.tree.device) as report:
             out = self.fn(*args)
         syncs = report.syncs if self.options.detect_syncs else []
         mutated = sorted(report.mutated | {i for i, v in versions if args[i]._version != v})

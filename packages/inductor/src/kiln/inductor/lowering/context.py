@@ -7,10 +7,18 @@ from dataclasses import dataclass, field
 
 import sympy
 import torch
-
 from kiln.graph import log
 
-from ..ir import ComputedBuffer, ExternKernel, InputBuffer, Layout, Node, Pointwise, contiguous_strides, size
+from ..ir import (
+    ComputedBuffer,
+    ExternKernel,
+    InputBuffer,
+    Layout,
+    Node,
+    Pointwise,
+    contiguous_strides,
+    size,
+)
 from ..options import InductorOptions
 from .values import Lazy, Strided, TensorValue
 

@@ -13,8 +13,18 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from ..ir import ComputedBuffer, ExternKernel, IndexExpr, LoopProgram, Node, Pointwise, Reduction, reads
-from ..ir import index_vars, node_reads
+from ..ir import (
+    ComputedBuffer,
+    ExternKernel,
+    IndexExpr,
+    LoopProgram,
+    Node,
+    Pointwise,
+    Reduction,
+    index_vars,
+    node_reads,
+    reads,
+)
 from ..options import InductorOptions
 from .dependencies import Dependencies
 

@@ -1,0 +1,58 @@
+"""Run every test root (the meta-package's and each stage's) in its own pytest process.
+
+Each stage's tests are a package named ``tests``; one pytest process per root keeps them from
+shadowing each other. Prints one closing line with the totals: ``N passed, N failed, N skipped``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ROOTS = ["tests", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "packages").glob("*/tests"))]
+
+
+def _counts(junit: Path) -> tuple[int, int, int]:
+    if not junit.exists():
+        return 0, 1, 0
+    tree = ET.parse(junit).getroot()
+    suites = [tree] if tree.tag == "testsuite" else list(tree)
+    total = sum(int(s.get("tests", 0)) for s in suites)
+    failed = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
+    skipped = sum(int(s.get("skipped", 0)) for s in suites)
+    return total - failed - skipped, failed, skipped
+
+
+def main(argv: list[str]) -> int:
+    workers = os.environ.get("KILN_TEST_WORKERS", "2")
+    passed = failed = skipped = 0
+    bad: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, root in enumerate(ROOTS):
+            junit = Path(tmp) / f"{i}.xml"
+            t0 = time.perf_counter()
+            cmd = [sys.executable, "-m", "pytest", root, "-q", "-n", workers, "-m", "not gpu",
+                   "-p", "no:cacheprovider", f"--junitxml={junit}", *argv]
+            rc = subprocess.run(cmd, cwd=ROOT).returncode
+            p, f, s = _counts(junit)
+            if rc not in (0, 5) and f == 0:
+                f = 1  # pytest failed without reporting a test failure (collection, crash)
+            passed, failed, skipped = passed + p, failed + f, skipped + s
+            if f:
+                bad.append(root)
+            print(f"[{root}] {p} passed, {f} failed, {s} skipped in {time.perf_counter() - t0:.0f}s",
+                  flush=True)
+    if bad:
+        print("failing test roots: " + ", ".join(bad))
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
