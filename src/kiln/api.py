@@ -155,8 +155,14 @@ def mark_dynamic(t: torch.Tensor, dim: int | list[int]) -> None:
 
 
 def reset() -> None:
-    """Forget every compiled entry (and recompile counts) of every function."""
+    """Forget every compiled entry (and recompile counts) of every function, and free the memory
+    pools of reduce-overhead's CUDA graph trees."""
     _capture().reset()
+    try:
+        trees = importlib.import_module("kiln.inductor.cudagraphs")
+    except ImportError:
+        return
+    trees.reset_default_trees()
 
 
 def load_compiled_function(file: Any, *, f_globals: dict[str, Any] | None = None,

@@ -62,22 +62,38 @@ def _aot_eager(opts: CompileOptions) -> Backend:
     return _stage("kiln.autograd", "aot_eager", "aot_eager")
 
 
+def _is_module_state(node: fx.Node) -> bool:
+    source = str(node.meta.get("source", ""))
+    return "._parameters[" in source or "._buffers[" in source
+
+
 def _inductor(opts: CompileOptions) -> Backend:
     aot = _stage("kiln.autograd", "aot", "inductor")
     compile_graph = _stage("kiln.inductor", "compile_graph", "inductor")
     options_cls = _stage("kiln.inductor", "InductorOptions", "inductor")
     table = _stage("kiln.decomp", "table", "inductor")("inductor")
+    flags = _stage("kiln.inductor.autotune", "mode_flags", "inductor")(opts.mode)
+    wrap_reduce_overhead = _stage("kiln.inductor.cudagraphs", "wrap_reduce_overhead", opts.mode)
     try:
-        inductor_options = options_cls(mode=opts.mode, max_autotune=opts.mode.startswith("max-autotune"),
-                                       **dict(opts.options))
+        inductor_options = options_cls(mode=opts.mode, max_autotune=flags.autotune, **dict(opts.options))
     except TypeError as e:
         raise ValueError(f"kiln.compile(options=...): {e}; see kiln.inductor.InductorOptions") from e
 
-    def compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-        return compile_graph(gm, example_inputs, options=inductor_options)
+    def compiler(static: tuple[int, ...]) -> Backend:
+        def compile_one(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+            compiled = compile_graph(gm, example_inputs, options=inductor_options)
+            if not flags.cudagraphs:
+                return compiled
+            # reduce-overhead: parameters/buffers are static inputs, the rest get static slots
+            fn = wrap_reduce_overhead(compiled.fn, example_inputs, static)
+            return CompiledGraph(fn, compiled.backend, compiled.texts, compiled.portable)
+        return compile_one
 
     def inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
-        return aot(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler,
+        # the forward (and inference) graph takes the captured graph's inputs first, in order
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        static = tuple(i for i, n in enumerate(placeholders) if _is_module_state(n))
+        return aot(gm, example_inputs, fw_compiler=compiler(static), bw_compiler=compiler(()),
                    decompositions=table)
     return inductor
 
