@@ -278,16 +278,25 @@ class KernelWriter:
                 {s: binds[sympy.Symbol(s.name, integer=True)] for s in index.free_symbols
                  if sympy.Symbol(s.name, integer=True) in binds})
         mask = self.mask_for(uses)
+        index_uses = uses
         for pred, pu in self.preds:
             mask = f"{mask} & {pred}" if mask else pred
             uses |= pu
         other = "0" if not e.dtype.is_floating_point else "0.0"
-        args = f"{self.ptr(e.buffer)} + ({self.index_code(index)})"
+        idx = self.index_code(index)
+        if uses != index_uses or not uses:
+            # a predicate spans more axes than the index, or one element feeds the whole block: widen the
+            # pointer to the block (0-d loads also trip the interpreter, whose scalar compares give int32)
+            uses = self.ctx_uses(ctx)
+            idx = f"({idx}) + tl.zeros({self.shape(ctx)}, tl.int32)"
+        args = f"{self.ptr(e.buffer)} + ({idx})"
         if mask:
             args += f", {mask}, other={other}"
         code = f"tl.load({args})"
         if compute_dtype(e.dtype) != e.dtype:
             code += ".to(tl.float32)"
+        elif e.dtype == torch.bool:
+            code = f"({code} != 0)"  # bool memory may load as int8: make it int1 for masks and where
         return self.assign(code), uses
 
     def store(self, n: KernelNode, code: str, ctx: str) -> None:

@@ -44,6 +44,8 @@ def convert(code: str, src: torch.dtype, dst: torch.dtype) -> str:
         return code
     if dst == torch.bool:
         return f"({code} != 0)"
+    if dst == torch.bfloat16:
+        return f"_kiln_round_bf16({convert(code, src, torch.float32)})"
     if dst in HALF:
         return f"{code}.to({tl_dtype(dst)}).to(tl.float32)"
     if compute_dtype(src) == compute_dtype(dst):
@@ -214,5 +216,5 @@ def emit_op(name: str, args: list[str], operand_dtype: torch.dtype, out: torch.d
     elif kind == "random" and out != torch.float32:
         code = convert(code, torch.float32, out)
     if out in HALF and kind not in ("compare", "logical"):
-        code = f"{code}.to({tl_dtype(out)}).to(tl.float32)"  # an op in a half type rounds like eager
+        code = convert(code, torch.float32, out)  # an op in a half type rounds like eager
     return code

@@ -56,8 +56,19 @@ if os.environ.get("TRITON_INTERPRET", "0") == "1":
         pow = staticmethod(_interp(_np.power))
         atan2 = staticmethod(_interp(_np.arctan2))
         copysign = staticmethod(_interp(_np.copysign))
+
+    @triton.jit
+    def _kiln_round_bf16(x):
+        # the interpreter truncates fp32 -> bf16; round to nearest even by hand, as the GPU's cvt.rn does
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return tl.where(x != x, x, bits.to(tl.float32, bitcast=True))
 else:
     from triton.language.extra import libdevice
+
+    @triton.jit
+    def _kiln_round_bf16(x):
+        return x.to(tl.bfloat16).to(tl.float32)
 
 
 @triton.jit
