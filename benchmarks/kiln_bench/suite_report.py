@@ -160,4 +160,7 @@ def chart(path: Path, rows: Sequence[dict[str, Any]], title: str) -> str | None:
         sp = speedups(by)
         groups.setdefault(mode, []).append(
             (model, {"kiln": sp["kiln"], "torch.compile": sp["torch_compile"]}))
+    for mode, g in geomeans(rows).items():
+        if mode in groups:
+            groups[mode].append(("geomean", {"kiln": g["kiln"], "torch.compile": g["torch_compile"]}))
     return bar_chart(path, groups, title)
