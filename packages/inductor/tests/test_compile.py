@@ -146,3 +146,15 @@ def test_foreach_optimizer_update_fuses_per_tensor() -> None:
     cg = check(f, *ps, *gs, *ms)
     assert n_kernels(cg) == n  # each tensor's whole update chain is one kernel
     assert "fallbacks" not in cg.texts
+
+
+def test_portable_program_rebuilds_when_the_library_does_not_load(tmp_path) -> None:
+    cg = check(lambda x: x.exp() + 1, X)
+    assert cg.portable is not None
+    for name, data in cg.portable.files.items():
+        if name.endswith(".cpp"):
+            (tmp_path / name).write_bytes(data)  # ship only the source
+    ns: dict = {"FILES_DIR": str(tmp_path), "FILES": {}}
+    exec(compile(cg.portable.source, "<portable>", "exec"), ns)
+    (out,) = ns["call"]([X])
+    torch.testing.assert_close(out, X.exp() + 1)
