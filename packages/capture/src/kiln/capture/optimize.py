@@ -129,6 +129,9 @@ class Optimized:
             args = (self.self_obj, *args)
         if self.simple and not kwargs and len(args) == len(self.names):
             L = dict(zip(self.names, args))
+            if self.closure:
+                L["__closure__"] = self.closure
+            return L
         else:
             ba = self.sig.bind(*args, **kwargs)  # type: ignore[union-attr]
             ba.apply_defaults()
@@ -280,8 +283,22 @@ def optimize(fn: Callable, backend: Callable, *, fullgraph: bool = False, dynami
     if opt.code is None:
         raise TypeError(f"kiln.capture.optimize needs a Python function, method or module; got {fn!r}")
 
+    cache, G, bind = opt.cache, opt.f_globals, opt.bind
+
     @functools.wraps(fn if not isinstance(fn, nn.Module) else type(fn).forward)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # the hit path, kept flat: bind, check each entry's guards, run the first that passes
+        if cache is not None and cache.eager_reason is None:
+            L = bind(args, kwargs)
+            for entry in cache.entries:
+                try:
+                    ok = entry.check(L, G)
+                except Exception:
+                    ok = False
+                if ok:
+                    entry.hits += 1
+                    return entry.run(L, G)
+            return opt.miss(L, G, args, kwargs)
         return opt(*args, **kwargs)
     wrapper._kiln_optimized = opt  # type: ignore[attr-defined]
     wrapper._kiln_context = ctx  # type: ignore[attr-defined]
