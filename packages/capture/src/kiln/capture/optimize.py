@@ -215,7 +215,8 @@ class Optimized:
 
     def _make_entry(self, cap: Capture) -> CacheEntry:
         compiled = compile_capture(cap, self.ctx.backend, self.code)
-        extract = _extractor(cap.input_sources)
+        identity = {g.source for g in cap.captured.guards if g.kind == "ID_MATCH"}
+        extract = _extractor(cap.input_sources, cap.example_inputs, identity)
         check = cap.captured.guards.compile()
         effects = cap.side_effects
         if cap.break_plan is None:
@@ -270,9 +271,19 @@ def _replay(effects: list, outs: Any, L: dict, G: dict) -> None:
             setattr(obj, name, value_plan(outs, L, G))
 
 
-def _extractor(sources: list[str]) -> Callable[[dict, dict], list]:
-    body = ", ".join(sources)
-    return eval(f"lambda L, G: [{body}]")  # noqa: S307 (guard sources we generated)
+def _extractor(sources: list[str], values: list[Any] | None = None,
+               identity: set[str] | None = None) -> Callable[[dict, dict], list]:
+    """``lambda L, G: [inputs...]``; sources pinned by an ID_MATCH guard are the very objects
+    seen at capture (the entry keeps them alive), so they are not looked up again."""
+    ns: dict[str, Any] = {}
+    parts = []
+    for i, src in enumerate(sources):
+        if identity and values is not None and src in identity:
+            ns[f"_v{i}"] = values[i]
+            parts.append(f"_v{i}")
+        else:
+            parts.append(src)
+    return eval(f"lambda L, G: [{', '.join(parts)}]", ns)  # noqa: S307 (sources we generated)
 
 
 def optimize(fn: Callable, backend: Callable, *, fullgraph: bool = False, dynamic: bool | None = None,
