@@ -21,7 +21,7 @@ from .semantics import (
     lookup_static,
     store_attr,
 )
-from .values import EMPTY, GradModeContext, ListIterator, NullContext, SuperProxy
+from .values import EMPTY, GradModeContext, ListIterator, NullContext, SuperProxy, TracedFunction, TracedMethod
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -248,6 +248,8 @@ def _register() -> None:
         b.max: _polyfill(max, polyfills.max_), b.any: _polyfill(any, polyfills.any_),
         b.all: _polyfill(all, polyfills.all_), b.map: _polyfill(map, polyfills.map_),
         b.filter: _polyfill(filter, polyfills.filter_), b.sorted: _polyfill(sorted, polyfills.sorted_),
+        b.callable: lambda frame, args, kwargs: isinstance(args[0], (TracedFunction, TracedMethod)) or
+        callable(args[0]),
         b.abs: _abs, b.print: _print, b.super: _super, b.id: _id,
         b.int: _scalar(int), b.float: _scalar(float), b.bool: _scalar(bool), b.complex: _scalar(complex),
         torch.no_grad: _grad_mode(False), torch.enable_grad: _grad_mode(True),

@@ -129,6 +129,9 @@ class Optimized:
             args = (self.self_obj, *args)
         if self.simple and not kwargs and len(args) == len(self.names):
             L = dict(zip(self.names, args))
+            if self.closure:
+                L["__closure__"] = self.closure
+            return L
         else:
             ba = self.sig.bind(*args, **kwargs)  # type: ignore[union-attr]
             ba.apply_defaults()
@@ -212,7 +215,8 @@ class Optimized:
 
     def _make_entry(self, cap: Capture) -> CacheEntry:
         compiled = compile_capture(cap, self.ctx.backend, self.code)
-        extract = _extractor(cap.input_sources)
+        identity = {g.source for g in cap.captured.guards if g.kind == "ID_MATCH"}
+        extract = _extractor(cap.input_sources, cap.example_inputs, identity)
         check = cap.captured.guards.compile()
         effects = cap.side_effects
         if cap.break_plan is None:
@@ -267,9 +271,19 @@ def _replay(effects: list, outs: Any, L: dict, G: dict) -> None:
             setattr(obj, name, value_plan(outs, L, G))
 
 
-def _extractor(sources: list[str]) -> Callable[[dict, dict], list]:
-    body = ", ".join(sources)
-    return eval(f"lambda L, G: [{body}]")  # noqa: S307 (guard sources we generated)
+def _extractor(sources: list[str], values: list[Any] | None = None,
+               identity: set[str] | None = None) -> Callable[[dict, dict], list]:
+    """``lambda L, G: [inputs...]``; sources pinned by an ID_MATCH guard are the very objects
+    seen at capture (the entry keeps them alive), so they are not looked up again."""
+    ns: dict[str, Any] = {}
+    parts = []
+    for i, src in enumerate(sources):
+        if identity and values is not None and src in identity:
+            ns[f"_v{i}"] = values[i]
+            parts.append(f"_v{i}")
+        else:
+            parts.append(src)
+    return eval(f"lambda L, G: [{', '.join(parts)}]", ns)  # noqa: S307 (sources we generated)
 
 
 def optimize(fn: Callable, backend: Callable, *, fullgraph: bool = False, dynamic: bool | None = None,
@@ -280,8 +294,22 @@ def optimize(fn: Callable, backend: Callable, *, fullgraph: bool = False, dynami
     if opt.code is None:
         raise TypeError(f"kiln.capture.optimize needs a Python function, method or module; got {fn!r}")
 
+    cache, G, bind = opt.cache, opt.f_globals, opt.bind
+
     @functools.wraps(fn if not isinstance(fn, nn.Module) else type(fn).forward)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        # the hit path, kept flat: bind, check each entry's guards, run the first that passes
+        if cache is not None and cache.eager_reason is None:
+            L = bind(args, kwargs)
+            for entry in cache.entries:
+                try:
+                    ok = entry.check(L, G)
+                except Exception:
+                    ok = False
+                if ok:
+                    entry.hits += 1
+                    return entry.run(L, G)
+            return opt.miss(L, G, args, kwargs)
         return opt(*args, **kwargs)
     wrapper._kiln_optimized = opt  # type: ignore[attr-defined]
     wrapper._kiln_context = ctx  # type: ignore[attr-defined]

@@ -1,0 +1,44 @@
+"""The corpus again under other capture modes: every size symbolic, and float64 inputs."""
+
+import copy
+
+import pytest
+import torch
+
+import kiln.capture as kc
+
+from .conftest import Recorder, assert_same
+from .corpus import CASES, two
+
+STRAIGHT = [c for c in CASES if c.breaks == 0]
+# float64 inputs: programs over plain input tensors (modules hold float32 parameters)
+FLOAT64 = [c for c in STRAIGHT if c.args is two and c.name not in ("chained_compare_tensor_meta",)]
+
+
+def _double(args):
+    return tuple(a.double() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args)
+
+
+@pytest.mark.parametrize("case", STRAIGHT, ids=[c.name for c in STRAIGHT])
+def test_program_dynamic(case):
+    kc.reset()
+    rec = Recorder()
+    opt = kc.optimize(case.fn, rec, dynamic=True)
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        args = case.args()
+        want = case.fn(*copy.deepcopy(args))
+        assert_same(opt(*args), want)
+    assert rec.count == case.graphs
+
+
+@pytest.mark.parametrize("case", FLOAT64, ids=[c.name for c in FLOAT64])
+def test_program_float64(case):
+    kc.reset()
+    rec = Recorder()
+    opt = kc.optimize(case.fn, rec)
+    torch.manual_seed(0)
+    args = _double(case.args())
+    want = case.fn(*copy.deepcopy(args))
+    assert_same(opt(*args), want)
+    assert rec.count == case.graphs
