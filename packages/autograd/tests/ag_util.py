@@ -143,4 +143,9 @@ def check_module_training(model: torch.nn.Module, make_inputs: Callable[[], Sequ
         opt_e.zero_grad()
         opt_c.zero_grad()
     assert graphs, "torch.compile never called the kiln backend"
+    for g in graphs:  # min-cut never saves more than save-everything
+        parts = g.aot.partitioned
+        if parts is not None:
+            from kiln.autograd import partition
+            assert parts.saved_bytes <= partition(g.aot.joint, "save_all").saved_bytes
     return graphs
