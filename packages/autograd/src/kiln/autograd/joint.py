@@ -191,7 +191,10 @@ def _trace(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: De
     interp = _FakeInterpreter(gm, rec, mode)
     tracer = TracingMode(rec, decompositions)
     grad_ctx = torch.enable_grad() if joint else torch.no_grad()
-    with mode, grad_ctx, swapped_state(gm, dict(zip(state_names, primals))):
+    # cudnn off while tracing: cudnn_batch_norm writes running stats without saying so in its schema;
+    # the native kernels it falls back to have functional forms. Convolutions still pick cudnn at run time.
+    with mode, grad_ctx, torch.backends.cudnn.flags(enabled=False), \
+            swapped_state(gm, dict(zip(state_names, primals))):
         with tracer:
             result = interp.run(*primals[len(state):])
         flat, spec = tree_flatten(result)
