@@ -62,7 +62,7 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[Any], *, fw_compiler: Compi
         bw_compiler: Compiler | None = None, inference_compiler: Compiler | None = None,
         decompositions: Decompositions | None = None,
         partitioner: PartitionerName = "min_cut") -> CompiledGraph:
-    """Compile a torch-dialect graph for training or inference (torch.compile's backend contract).
+    """Compile a torch-dialect graph for training or inference (the standard backend contract).
 
     Traces a joint forward+backward ATen graph when grad mode is on and some input (or lifted
     parameter) requires grad, partitions it, and compiles the two halves with ``fw_compiler`` and

@@ -52,7 +52,7 @@ def _static_shape(t: torch.Tensor, where: str) -> None:
     if any(not isinstance(s, int) for s in (*t.shape, *t.stride())):
         raise AutogradTraceError(
             f"{where} has symbolic sizes {tuple(t.shape)}; kiln.autograd traces static shapes only. "
-            "Compile with dynamic=False (torch.compile(..., dynamic=False)).")
+            "Compile with static shapes (dynamic=False).")
 
 
 def fake_input(mode: FakeTensorMode, x: Any, where: str) -> Any:
