@@ -74,6 +74,7 @@ def render_graph_module(gm: fx.GraphModule) -> PortableProgram:
 _TRAINING_TEMPLATE = '''\
 """kiln.autograd training program: compiled forward and backward graphs with their autograd wrapper."""
 import contextlib
+import os
 import torch
 from torch.utils._pytree import treespec_loads, tree_unflatten
 
@@ -85,7 +86,9 @@ OUT_SPEC = treespec_loads(SIG["out_spec"])
 
 def _load_part(source, prefix):
     files = {{k[len(prefix):]: v for k, v in FILES.items() if k.startswith(prefix)}}
-    ns = {{"FILES": files, "FILES_DIR": globals().get("FILES_DIR"), "__name__": "kiln_part"}}
+    root = globals().get("FILES_DIR")
+    part_dir = os.path.join(root, prefix) if root else root
+    ns = {{"FILES": files, "FILES_DIR": part_dir, "__name__": "kiln_part"}}
     exec(compile(source, "<kiln " + prefix + ">", "exec"), ns)
     return ns["call"]
 

@@ -215,7 +215,9 @@ class TracingMode(TorchDispatchMode):
         kwargs = kwargs or {}
         if func in self.decompositions:
             with self:  # the decomposition's own aten calls come back through this mode
-                return self.decompositions[func](*args, **kwargs)
+                out = self.decompositions[func](*args, **kwargs)
+            if out is not NotImplemented:  # kiln.decomp's way of saying "keep this op here"
+                return out
         if not isinstance(func, torch._ops.OpOverload) or func.namespace not in ("aten",):
             return func(*args, **kwargs)
         if func in _CONSTANT_OPS:

@@ -124,7 +124,8 @@ class _Compiler:
     def condition(self, g: Guard) -> str:
         src = g.source
         if g.kind == "TENSOR_MATCH":
-            dtype, device, shape, stride, rg = g.expected  # type: ignore[misc]
+            expected: tuple[Any, ...] = g.expected  # type: ignore[assignment]
+            dtype, device, shape, stride, rg = expected
             dt = getattr(torch, str(dtype).removeprefix("torch."))
             return (f"_tensor_ok({src}, {self.const(dt)}, {self.const(torch.device(device))}, "
                     f"{self.const(shape)}, {self.const(stride)}, {rg!r})")
@@ -140,7 +141,8 @@ class _Compiler:
         if g.kind == "LENGTH_MATCH":
             return f"len({src}) == {g.expected!r}"
         if g.kind == "DICT_KEYS":
-            return f"list({src}.keys()) == {self.const(list(g.expected))}"  # type: ignore[arg-type]
+            keys: tuple[Any, ...] = g.expected  # type: ignore[assignment]
+            return f"list({src}.keys()) == {self.const(list(keys))}"
         if g.kind == "GLOBAL_STATE":
             return f"_global_state() == {self.const(g.expected)}"
         if g.kind == "SYMBOL":
@@ -243,12 +245,20 @@ def _check_one(g: Guard, L: Mapping[str, Any], G: Mapping[str, Any],
 def _jsonable(v: Any) -> Any:
     if isinstance(v, tuple):
         return {"tuple": [_jsonable(x) for x in v]}
+    if isinstance(v, torch.dtype):  # e.g. EQUALS_MATCH on a dtype argument
+        return {"dtype": str(v).removeprefix("torch.")}
+    if isinstance(v, torch.device):
+        return {"device": str(v)}
     return v
 
 
 def _hashable(v: Any) -> Any:
     if isinstance(v, dict) and set(v) == {"tuple"}:
         return tuple(_hashable(x) for x in v["tuple"])
+    if isinstance(v, dict) and set(v) == {"dtype"}:
+        return getattr(torch, v["dtype"])
+    if isinstance(v, dict) and set(v) == {"device"}:
+        return torch.device(v["device"])
     if isinstance(v, list):
         return tuple(_hashable(x) for x in v)
     return v

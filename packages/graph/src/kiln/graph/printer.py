@@ -22,13 +22,13 @@ def target_name(target: Any) -> str:
         return f"{target._qualified_op_name.replace('::', '.')}"
     if isinstance(target, torch._ops.HigherOrderOperator):
         return f"higher_order.{target.__name__}"
-    module = getattr(target, "__module__", None) or ""
-    name = getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target))
+    module: str = getattr(target, "__module__", None) or ""
+    name: str = str(getattr(target, "__qualname__", None) or getattr(target, "__name__", repr(target)))
     if module in ("_operator", "operator") or getattr(operator, name, None) is target:
         return f"operator.{name}"
     if getattr(builtins, name, None) is target:
         return name
-    short = getattr(target, "__name__", name)
+    short: str = getattr(target, "__name__", name)
     for prefix, ns in (("torch", torch), ("torch.nn.functional", torch.nn.functional),
                        ("torch.special", torch.special), ("torch.linalg", torch.linalg)):
         if getattr(ns, short, None) is target:

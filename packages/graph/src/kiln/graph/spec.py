@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
+from typing import TypeAlias
 
 import sympy
 import torch
 
-Dim = Union[int, sympy.Expr]
+Dim: TypeAlias = int | sympy.Expr
 
 
 def _dim(d: object) -> Dim:
@@ -51,7 +51,7 @@ class TensorSpec:
     def numel(self) -> Dim:
         n: Dim = 1
         for s in self.shape:
-            n = n * s
+            n = n * s  # type: ignore[assignment,operator]
         return n
 
     def as_text(self) -> str:

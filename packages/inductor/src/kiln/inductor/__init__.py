@@ -1,1 +1,19 @@
-"""kiln.inductor"""
+"""kiln.inductor: loop-level IR, fusion and scheduling, C++/OpenMP code generation, Python wrapper.
+
+Entry point: ``compile_graph(gm, example_inputs, options=InductorOptions()) -> CompiledGraph``.
+"""
+
+from .codegen.common import CompiledKernels, KernelBackend
+from .codegen.cpp import CppBackend, CppCompileError
+from .compile import compile_graph
+from .frontend import inductor_backend, to_aten
+from .ir import Kernel, KernelNode, LoopProgram, ScheduledProgram
+from .lowering.lower import LoweringError
+from .lowering.registry import LOWERINGS, lowered_ops
+from .options import InductorOptions
+
+__all__ = [
+    "LOWERINGS", "CompiledKernels", "CppBackend", "CppCompileError", "InductorOptions", "Kernel", "KernelBackend",
+    "KernelNode", "LoopProgram", "LoweringError", "ScheduledProgram", "compile_graph", "inductor_backend",
+    "lowered_ops", "to_aten",
+]

@@ -1,1 +1,34 @@
-"""kiln.runtime"""
+"""kiln.runtime: ahead-of-time artifacts (save/load), the compile cache, and kernel launchers.
+
+Imports only torch and kiln.graph, so a saved artifact loads and runs with kiln-runtime alone.
+
+Artifacts: ``save_artifact`` / ``build_artifact`` turn a ``kiln.graph.PortableProgram`` plus its
+inputs' sources, specs and guards into an ``Artifact`` (directory or zip); ``load_artifact`` reads
+and verifies one; ``load_compiled_function`` makes it callable again (``LoadedFunction``).
+Sources and bindings: see the Note in ``kiln/runtime/sources.py``.
+Cache: ``CompileCache`` (``default_cache()`` at ``KILN_CACHE_DIR``).
+Launchers for generated code: ``compile_cpp``, ``load_cpp_library``, ``load_triton_module``.
+FX graphs as portable source: ``program_from_graph_module``, ``graph_module_source``.
+"""
+
+from .artifact import Artifact, build_artifact, load_artifact, save_artifact
+from .bindings import Binding
+from .cache import CacheInfo, CompileCache, cache_key, default_cache
+from .cli import artifact_text, cache_clear, cache_info, cache_info_text
+from .cpp import CXX_FLAGS, compile_cpp, load_cpp_library
+from .environment import DeviceInfo, HostInfo
+from .errors import ArtifactError, GuardError, KernelBuildError
+from .loaded import LoadedFunction, load_compiled_function
+from .manifest import FILE_KINDS, SCHEMA_VERSION, InputRecord, Manifest
+from .portable import graph_module_source, program_from_graph_module
+from .sources import CallFrame, Param
+from .triton_kernels import load_triton_kernel, load_triton_module
+
+__all__ = [
+    "CXX_FLAGS", "FILE_KINDS", "SCHEMA_VERSION", "Artifact", "ArtifactError", "Binding", "CacheInfo",
+    "CallFrame", "CompileCache", "DeviceInfo", "GuardError", "HostInfo", "InputRecord",
+    "KernelBuildError", "LoadedFunction", "Manifest", "Param", "artifact_text", "build_artifact",
+    "cache_clear", "cache_info", "cache_key", "cache_info_text", "compile_cpp", "default_cache", "graph_module_source", "load_artifact",
+    "load_compiled_function", "load_cpp_library", "load_triton_kernel", "load_triton_module",
+    "program_from_graph_module", "save_artifact",
+]

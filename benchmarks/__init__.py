@@ -1,0 +1,1 @@
+"""kiln benchmark harness (see benchmarks/README.md). Run from the repository root."""

@@ -1,0 +1,209 @@
+"""Micro-benchmark (c): fused pointwise/reduction workloads, eager vs kiln vs torch.compile.
+
+    uv run python -m benchmarks.cpu_fused [--small] [--device cpu] [--out DIR]
+
+Workloads (fp32):
+* ``layer_norm+gelu``: x -> gelu(layer_norm(x)) -> gelu(layer_norm(.)) on (rows, 1024);
+* ``rms_norm``: x * rsqrt(mean(x^2) + eps) * w on (rows, 1024);
+* ``adam_update``: an Adam step written with torch in-place ops under ``no_grad`` over many
+  parameters of assorted sizes (the ``foreach``-free loop users write; mutates its inputs);
+* ``softmax``: ``torch.softmax(x, -1)`` on (rows, 1024), a single-kernel op.
+
+Each backend runs in its own process. Reported: us per call (min over repeats of the mean of
+back-to-back calls), speedup over eager, compile seconds and the max error against eager.
+Targets (issue 6, CPU): kiln >= torch.compile on the first three, softmax never below eager.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.kiln_bench import backends as B
+from benchmarks.kiln_bench import cli
+from benchmarks.kiln_bench import measure as M
+from benchmarks.kiln_bench.isolate import run_isolated
+from benchmarks.kiln_bench.report import (
+    bar_chart,
+    fmt,
+    geomean_cell,
+    machine_info,
+    markdown_table,
+    na,
+    ratio,
+    write_micro,
+)
+
+WORKLOADS = ("layer_norm+gelu", "rms_norm", "adam_update", "softmax")
+
+
+def layer_norm_gelu(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
+                    b2: torch.Tensor) -> torch.Tensor:
+    h = F.gelu(F.layer_norm(x, x.shape[-1:], w1, b1))
+    return F.gelu(F.layer_norm(h, h.shape[-1:], w2, b2))
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+
+def adam_update(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs: list[torch.Tensor],
+                exp_avg_sqs: list[torch.Tensor]) -> None:
+    lr, beta1, beta2, eps, step = 1e-3, 0.9, 0.999, 1e-8, 10
+    bias1, bias2 = 1 - beta1**step, 1 - beta2**step
+    with torch.no_grad():
+        for p, g, m, v in zip(params, grads, exp_avgs, exp_avg_sqs):
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            denom = (v / bias2).sqrt().add_(eps)
+            p.addcdiv_(m, denom, value=-lr / bias1)
+
+
+def softmax(x: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(x, -1)
+
+
+def _sizes(n: int, seed: int) -> list[tuple[int, ...]]:
+    g = torch.Generator().manual_seed(seed)
+    shapes = []
+    for i in range(n):  # a mix of matrices, vectors and scalars-ish, as in a real model
+        a = int(torch.randint(16, 512, (1,), generator=g))
+        shapes.append((a,) if i % 3 == 0 else (a, int(torch.randint(8, 256, (1,), generator=g))))
+    return shapes
+
+
+def make_inputs(workload: str, small: bool, device: str) -> tuple[Callable, list[Any], bool]:
+    """(function, argument list, whether it mutates its inputs) with seeded data."""
+    torch.manual_seed(0)
+    rows = 256 if small else 4096
+    d = 1024
+    if workload == "layer_norm+gelu":
+        return layer_norm_gelu, [torch.randn(rows, d, device=device)] + [
+            torch.randn(d, device=device) for _ in range(4)], False
+    if workload == "rms_norm":
+        return rms_norm, [torch.randn(rows, d, device=device), torch.randn(d, device=device)], False
+    if workload == "softmax":
+        return softmax, [torch.randn(rows, d, device=device)], False
+    shapes = _sizes(50 if small else 200, seed=1)
+    lists = [[torch.randn(s, device=device) for s in shapes] for _ in range(3)]
+    lists.append([torch.rand(s, device=device) for s in shapes])  # exp_avg_sq >= 0
+    return adam_update, lists, True
+
+
+def _clone(args: list[Any]) -> list[Any]:
+    return [[t.clone() for t in a] if isinstance(a, list) else a.clone() for a in args]
+
+
+def _result_tensors(fn: Callable, args: list[Any], mutates: bool) -> list[torch.Tensor]:
+    out = fn(*args)
+    if mutates:
+        return [t for a in args for t in (a if isinstance(a, list) else [a])]
+    return M.flatten_tensors(out)
+
+
+def measure(*, backend: str, workload: str, small: bool, device: str, calls: int,
+            repeats: int, kiln_backend: str, tc_backend: str) -> dict[str, Any]:
+    """Child process: one workload under one backend."""
+    fn, args, mutates = make_inputs(workload, small, device)
+    ref_args = _clone(args)
+    expected = [t.clone() for t in _result_tensors(fn, ref_args, mutates)]
+    result: dict[str, Any] = {"backend": backend, "workload": workload}
+    spec = B.CompileSpec(kiln_backend=kiln_backend, tc_backend=tc_backend)
+    try:
+        run = B.compile_fn(backend, fn, spec)
+        t0 = time.perf_counter()
+        got = _result_tensors(run, args, mutates)
+        M.sync(device)
+        first = time.perf_counter() - t0
+    except Exception as exc:  # noqa: BLE001 - recorded as n/a
+        print(B.error_details(exc))
+        return dict(result, error=B.short_error(exc))
+    err = M.compare([t.detach().cpu() for t in got], [t.cpu() for t in expected])
+    us = M.us_per_call(lambda: run(*args), calls=calls, repeats=repeats)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return dict(result, us=us, first_call_s=first, compile_s=max(0.0, first - us * 1e-6),
+                max_abs=err.max_abs, max_rel=err.max_rel, mismatch=err.count_mismatch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    cli.add_common(p)
+    p.add_argument("--workloads", type=cli.csv, default=list(WORKLOADS))
+    p.add_argument("--repeats", type=int, default=7)
+    args = cli.finish(p.parse_args(argv), "cpu_fused")
+    if "eager" not in args.backends:
+        args.backends = ["eager", *args.backends]
+    info = machine_info(args.device, module="benchmarks.cpu_fused", threads=args.threads)
+    results = []
+    for workload in args.workloads:
+        calls = 20 if args.small else 5
+        for backend in args.backends:
+            r = run_isolated("benchmarks.cpu_fused:measure",
+                             dict(backend=backend, workload=workload, small=args.small,
+                                  device=args.device, calls=calls, repeats=args.repeats,
+                                  kiln_backend=args.kiln_backend, tc_backend=args.tc_backend),
+                             timeout_s=args.timeout, env=cli.child_env(args))
+            r.update(backend=backend, workload=workload)
+            print(f"{workload:<16} {B.LABELS[backend]:<13} "
+                  + (na(r["error"], 200) if r.get("error") else
+                     f"{fmt(r['us'], 1)} us/call, compile {fmt(r['compile_s'])} s"), flush=True)
+            results.append(r)
+    body = _table(results, args.workloads)
+    why = _chart(args.out / "cpu_fused.png", results, args.workloads, info)
+    md = write_micro(args.out, "cpu_fused", "Fused workloads: us per call and speedup over eager",
+                     info, body + (f"\n\n({why})" if why else ""),
+                     {"results": results, "small": args.small})
+    print("\n" + md)
+    return 0
+
+
+def _speedups(results: list[dict], workload: str) -> dict[str, float | None]:
+    rows = {r["backend"]: r for r in results if r["workload"] == workload}
+    eager = rows.get("eager", {}).get("us")
+    return {b: ratio(eager, rows.get(b, {}).get("us")) for b in ("kiln", "torch_compile")}
+
+
+def _table(results: list[dict], workloads: list[str]) -> str:
+    headers = ["workload", "eager us", "kiln us", "kiln x", "torch.compile us", "torch.compile x",
+               "kiln / tc", "compile s (kiln / tc)", "max rel err (kiln / tc)"]
+    body: list[list[Any]] = []
+    for w in workloads:
+        rows = {r["backend"]: r for r in results if r["workload"] == w}
+        e, k, t = (rows.get(b, {}) for b in ("eager", "kiln", "torch_compile"))
+        sp = _speedups(results, w)
+
+        def cell(r: dict, key: str, digits: int = 1) -> str:
+            return na(r["error"]) if r.get("error") else fmt(r.get(key), digits)
+
+        body.append([w, cell(e, "us"), cell(k, "us"), fmt(sp["kiln"]), cell(t, "us"),
+                     fmt(sp["torch_compile"]), fmt(ratio(t.get("us"), k.get("us"))),
+                     f"{fmt(k.get('compile_s'))} / {fmt(t.get('compile_s'))}",
+                     f"{fmt(k.get('max_rel'))} / {fmt(t.get('max_rel'))}"])
+    sps = [_speedups(results, w) for w in workloads]
+    body.append(["**geomean**", "", "", geomean_cell([s["kiln"] for s in sps]), "",
+                 geomean_cell([s["torch_compile"] for s in sps]), "", "", ""])
+    return markdown_table(headers, body)
+
+
+def _chart(path: Path, results: list[dict], workloads: list[str], info: dict) -> str | None:
+    items = []
+    for w in workloads:
+        sp = _speedups(results, w)
+        items.append((w, {"kiln": sp["kiln"], "torch.compile": sp["torch_compile"]}))
+    where = info.get("gpu") or "CPU"
+    return bar_chart(path, {"fused workloads": items}, f"speedup over eager on {where}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

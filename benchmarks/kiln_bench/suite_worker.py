@@ -1,0 +1,145 @@
+"""One suite row: one model, one mode, one backend, measured in its own process.
+
+inference: ``model.eval()`` under ``torch.no_grad()``; bf16 weights and inputs on GPU, fp32 on CPU.
+training:  forward + loss + backward (gradients zeroed with ``set_to_none``; no optimizer step, so
+           weights stay equal to eager's), AMP bf16 (``torch.autocast``) on GPU, fp32 on CPU.
+
+For kiln and torch.compile rows the eager result of the same step is computed first in the same
+process (same weights) and moved to CPU, then the outputs (inference) or loss and every parameter's
+gradient (training) of the compiled step are compared with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from . import backends as B
+from . import measure as M
+from .models import build, cast_inputs
+
+
+def _step_fn(case: Any, run: Callable, training: bool, device: torch.device) -> Callable[[], Any]:
+    args, kwargs = case.args, case.kwargs
+    if not training:
+        def infer() -> Any:
+            with torch.no_grad():
+                return run(*args, **kwargs)
+        return infer
+
+    amp = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
+           else contextlib.nullcontext())
+
+    def train() -> Any:
+        case.model.zero_grad(set_to_none=True)
+        with amp:
+            out = run(*args, **kwargs)
+            loss = case.loss_fn(out, case.targets)
+        loss.backward()
+        return loss.detach()
+    return train
+
+
+def _graph_info(backend: str, case: Any, explain: bool) -> dict[str, Any]:
+    try:
+        if backend == "torch_compile":
+            if explain:
+                torch._dynamo.reset()
+                return B.torch_explain(case.model, case.args, case.kwargs)
+            return B.torch_compile_counters()
+        if backend == "kiln":
+            return B.kiln_explain(case.model, case.args, case.kwargs)
+    except Exception as exc:  # noqa: BLE001 - graph counts are secondary; keep the row
+        return {"error": B.short_error(exc, 200)}
+    return {}
+
+
+def measure_rows(*, model: str, mode: str, backends: list[str], device: str, small: bool,
+                 iters: int, warmup: int, kiln_backend: str = "inductor",
+                 tc_backend: str = "inductor", compile_mode: str | None = None,
+                 explain: bool = False) -> dict[str, Any]:
+    """Rows for ``backends`` (in order) of one model and mode, built once in this process.
+
+    When "eager" is among them it runs first and its last step is the accuracy reference;
+    otherwise one untimed eager step gives the reference.
+    """
+    dev = torch.device(device)
+    training = mode == "training"
+    t_build = time.perf_counter()
+    case = build(model, small=small, device=dev)
+    if not training:
+        case.model.eval()
+        if dev.type == "cuda":
+            case.model.to(torch.bfloat16)
+            cast_inputs(case, torch.bfloat16)
+    base: dict[str, Any] = {
+        "model": model, "mode": mode, "device": device, "batch": case.shape.batch,
+        "size": case.shape.size, "params_m": case.n_params() / 1e6,
+        "description": case.description,
+        "dtype": ("amp-bf16" if training else "bf16") if dev.type == "cuda" else "fp32",
+        "build_s": round(time.perf_counter() - t_build, 2),
+    }
+    spec = B.CompileSpec(kiln_backend=kiln_backend, tc_backend=tc_backend, mode=compile_mode)
+    reference = None
+    if "eager" not in backends:
+        out = _step_fn(case, case.model, training, dev)()
+        reference = _reference(case, out, training)
+        del out
+    rows = []
+    for backend in backends:
+        row = dict(base, backend=backend)
+        _measure_backend(row, case, backend, spec, training, dev, iters, warmup, explain,
+                         reference)
+        if backend == "eager" and "last_out" in row:
+            reference = _reference(case, row.pop("last_out"), training)
+        row.pop("last_out", None)
+        rows.append(row)
+        if dev.type == "cuda":
+            torch.cuda.empty_cache()
+    return {"rows": rows}
+
+
+def _reference(case: Any, out: Any, training: bool) -> tuple[list, list | None]:
+    ref = (M.to_reference(out), M.grads_of(case.model) if training else None)
+    case.model.zero_grad(set_to_none=True)
+    return ref
+
+
+def _measure_backend(row: dict[str, Any], case: Any, backend: str, spec: B.CompileSpec,
+                     training: bool, dev: torch.device, iters: int, warmup: int, explain: bool,
+                     reference: tuple[list, list | None] | None) -> None:
+    try:
+        run = B.compile_fn(backend, case.model, spec)
+        step = _step_fn(case, run, training, dev)
+        first_s, out = M.timed_call(step, dev)
+    except Exception as exc:  # noqa: BLE001 - the row records the failure
+        print(B.error_details(exc))
+        row["error"] = B.short_error(exc)
+        row["error_stage"] = "compile/first call"
+        return
+    try:
+        for _ in range(max(0, warmup - 1)):
+            step()
+        with M.PeakMemory(dev) as mem:
+            median = M.median_seconds(step, dev, iters)
+            out = step()
+            M.sync(dev)
+    except Exception as exc:  # noqa: BLE001
+        print(B.error_details(exc))
+        row["error"] = B.short_error(exc)
+        row["error_stage"] = "steady-state calls"
+        return
+    row.update(first_call_s=first_s, median_ms=median * 1e3, compile_s=max(0.0, first_s - median),
+               peak_mb=mem.mb, mem_kind=mem.kind, iters=iters)
+    if backend == "eager":
+        row["last_out"] = out
+        return
+    if reference is not None:
+        row["acc_out"] = M.compare(M.to_reference(out), reference[0]).as_dict()
+        if training and reference[1] is not None:
+            row["acc_grad"] = M.compare(M.grads_of(case.model), reference[1]).as_dict()
+    row["graph_info"] = _graph_info(backend, case, explain)

@@ -1,0 +1,249 @@
+"""Micro-benchmark (d): warm starts -- compile caches and saved compiled functions.
+
+    uv run python -m benchmarks.warm_start [--small] [--device cpu] [--models gpt2] [--out DIR]
+
+1. Cold vs warm cache: a fresh process compiles a suite model (inference) with every compiler cache
+   (``KILN_CACHE_DIR``, ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``) pointing at an empty temp
+   folder; a second fresh process compiles it again with the same, now warm, folders. Compile time =
+   first call - steady call; the ratio cold / warm is reported per backend (target: >= 5x, issue 7).
+2. Saved compiled function: one process ``aot_compile``s the model's forward (fullgraph) and saves it;
+   a fresh process with empty caches times ``load_compiled_function`` + the first call, against a
+   fresh process's first eager call (target: at most 2x eager, issue 7). torch.compile's own
+   ``aot_compile`` / ``torch.compiler.load_compiled_function`` is measured beside it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from benchmarks.kiln_bench import backends as B
+from benchmarks.kiln_bench import cli
+from benchmarks.kiln_bench import measure as M
+from benchmarks.kiln_bench.isolate import fresh_cache_env, run_isolated
+from benchmarks.kiln_bench.models import build, cast_inputs
+from benchmarks.kiln_bench.report import fmt, machine_info, markdown_table, na, ratio, write_micro
+
+
+def _case(model: str, small: bool, device: str) -> Any:
+    case = build(model, small=small, device=device)
+    case.model.eval()
+    if device.startswith("cuda"):
+        case.model.to(torch.bfloat16)
+        cast_inputs(case, torch.bfloat16)
+    return case
+
+
+# --------------------------------------------------------------------------- children
+
+
+def compile_seconds(*, backend: str, model: str, small: bool, device: str, kiln_backend: str,
+                    tc_backend: str) -> dict[str, Any]:
+    """Child: first call - steady call of the compiled model (caches as the parent set them)."""
+    case = _case(model, small, device)
+    spec = B.CompileSpec(kiln_backend=kiln_backend, tc_backend=tc_backend)
+    try:
+        run = B.compile_fn(backend, case.model, spec)
+        with torch.no_grad():
+            first, _ = M.timed_call(lambda: run(*case.args, **case.kwargs), device)
+            steady = M.median_seconds(lambda: run(*case.args, **case.kwargs), device, 3)
+    except Exception as exc:  # noqa: BLE001
+        print(B.error_details(exc))
+        return {"error": B.short_error(exc)}
+    return {"compile_s": max(0.0, first - steady), "first_call_s": first}
+
+
+def _aot_compile(backend: str, case: Any, spec: B.CompileSpec) -> Any:
+    """The model's forward compiled ahead of time; called as ``compiled(model, *args)``."""
+    if backend == "torch_compile":
+        fn = torch.compile(type(case.model).forward, fullgraph=True, backend=spec.tc_backend)
+        return fn.aot_compile(((case.model, *case.args), case.kwargs))
+    kiln = B.import_kiln()
+    compiled = kiln.compile(case.model, fullgraph=True, backend=spec.kiln_backend)
+    return compiled.forward.aot_compile((case.args, case.kwargs))
+
+
+def save_artifact(*, backend: str, model: str, small: bool, device: str, path: str,
+                  kiln_backend: str, tc_backend: str) -> dict[str, Any]:
+    """Child: aot_compile the model's forward and save it to ``path``."""
+    case = _case(model, small, device)
+    spec = B.CompileSpec(kiln_backend=kiln_backend, tc_backend=tc_backend)
+    try:
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            compiled = _aot_compile(backend, case, spec)
+            compile_s = time.perf_counter() - t0
+            out = compiled(case.model, *case.args, **case.kwargs)
+            expected = case.model(*case.args, **case.kwargs)
+        err = M.compare(M.to_reference(out), M.to_reference(expected))
+        compiled.save_compiled_function(path)
+    except Exception as exc:  # noqa: BLE001
+        print(B.error_details(exc))
+        return {"error": B.short_error(exc)}
+    return {"aot_compile_s": compile_s, "bytes": Path(path).stat().st_size,
+            "max_rel": err.max_rel}
+
+
+def _load(backend: str, path: str) -> Any:
+    with open(path, "rb") as f:
+        if backend == "torch_compile":
+            return torch.compiler.load_compiled_function(f)
+        return B.import_kiln().load_compiled_function(f)
+
+
+def load_first_call(*, backend: str, model: str, small: bool, device: str,
+                    path: str | None) -> dict[str, Any]:
+    """Child: seconds of load + first call (or of eager's first call when ``path`` is None).
+
+    Imports and building the model happen before the clock starts: both sides have those.
+    """
+    case = _case(model, small, device)
+    if backend != "eager":
+        try:
+            B.import_kiln() if backend == "kiln" else None
+        except B.BackendUnavailable as exc:
+            return {"error": str(exc)}
+    M.sync(device)
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad():
+            if backend == "eager":
+                out = case.model(*case.args, **case.kwargs)
+            else:
+                loaded = _load(backend, path)
+                out = loaded(case.model, *case.args, **case.kwargs)
+            M.sync(device)
+    except Exception as exc:  # noqa: BLE001
+        print(B.error_details(exc))
+        return {"error": B.short_error(exc)}
+    seconds = time.perf_counter() - t0
+    with torch.no_grad():
+        err = M.compare(M.to_reference(out), M.to_reference(case.model(*case.args, **case.kwargs)))
+    return {"first_call_s": seconds, "max_rel": err.max_rel}
+
+
+# --------------------------------------------------------------------------- parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    cli.add_common(p)
+    p.add_argument("--models", type=cli.csv, default=None,
+                   help="suite models (default: gpt2 on CPU; gpt2,resnet50 on GPU)")
+    p.add_argument("--parts", type=cli.csv, default=["cache", "load"])
+    args = cli.finish(p.parse_args(argv), "warm_start")
+    if args.models is None:
+        args.models = ["gpt2", "resnet50"] if args.device.startswith("cuda") else ["gpt2"]
+    backends = [b for b in args.backends if b != "eager"]
+    info = machine_info(args.device, module="benchmarks.warm_start", threads=args.threads)
+    common = dict(small=args.small, device=args.device)
+    cache_rows, load_rows = [], []
+    with tempfile.TemporaryDirectory(prefix="kiln_warm_") as tmp:
+        for model in args.models:
+            if "cache" in args.parts:
+                for backend in backends:
+                    cache_rows.append(_cold_warm(args, backend, model, Path(tmp), common))
+            if "load" in args.parts:
+                load_rows.append(_load_row(args, backends, model, Path(tmp), common))
+    body = []
+    if cache_rows:
+        body.append(_cache_table(cache_rows))
+    if load_rows:
+        body.append(_load_table(load_rows, backends))
+    md = write_micro(args.out, "warm_start", "Warm start: compile cache and saved functions", info,
+                     "\n\n".join(body), {"cache": cache_rows, "load": load_rows,
+                                         "small": args.small})
+    print("\n" + md)
+    return 0
+
+
+def _cold_warm(args: argparse.Namespace, backend: str, model: str, tmp: Path,
+               common: dict) -> dict[str, Any]:
+    env = dict(fresh_cache_env(tmp / f"cache-{backend}-{model}"), **cli.child_env(args))
+    kw = dict(backend=backend, model=model, kiln_backend=args.kiln_backend,
+              tc_backend=args.tc_backend, **common)
+    row: dict[str, Any] = {"model": model, "backend": backend}
+    for phase in ("cold", "warm"):
+        r = run_isolated("benchmarks.warm_start:compile_seconds", kw, timeout_s=args.timeout,
+                         env=env, fresh_caches=False)
+        row[phase] = r
+        print(f"cache {phase:<5} {model:<12} {B.LABELS[backend]:<13} "
+              + (na(r["error"], 200) if r.get("error") else f"compile {fmt(r['compile_s'])} s"),
+              flush=True)
+        if r.get("error"):
+            break
+    row["ratio"] = ratio(row["cold"].get("compile_s"), row.get("warm", {}).get("compile_s"))
+    return row
+
+
+def _load_row(args: argparse.Namespace, backends: list[str], model: str, tmp: Path,
+              common: dict) -> dict[str, Any]:
+    row: dict[str, Any] = {"model": model}
+    row["eager"] = run_isolated("benchmarks.warm_start:load_first_call",
+                                dict(backend="eager", model=model, path=None, **common),
+                                timeout_s=args.timeout, env=cli.child_env(args))
+    print(f"load  {model:<12} eager first call {fmt(row['eager'].get('first_call_s'), 3)} s",
+          flush=True)
+    for backend in backends:
+        path = str(tmp / f"{backend}-{model}.artifact")
+        saved = run_isolated("benchmarks.warm_start:save_artifact",
+                             dict(backend=backend, model=model, path=path,
+                                  kiln_backend=args.kiln_backend, tc_backend=args.tc_backend,
+                                  **common), timeout_s=args.timeout, env=cli.child_env(args))
+        loaded = saved if saved.get("error") else run_isolated(
+            "benchmarks.warm_start:load_first_call",
+            dict(backend=backend, model=model, path=path, **common), timeout_s=args.timeout,
+            env=cli.child_env(args))
+        row[backend] = {"save": saved, "load": loaded}
+        print(f"load  {model:<12} {B.LABELS[backend]:<13} "
+              + (na(loaded["error"], 200) if loaded.get("error") else
+                 f"load + first call {fmt(loaded['first_call_s'], 3)} s"), flush=True)
+    return row
+
+
+def _cache_table(rows: list[dict]) -> str:
+    body = []
+    for r in rows:
+        cold, warm = r["cold"], r.get("warm", {})
+        err = cold.get("error") or warm.get("error")
+        body.append([r["model"], B.LABELS[r["backend"]],
+                     na(err) if err else fmt(cold.get("compile_s")),
+                     "-" if err else fmt(warm.get("compile_s")), fmt(r.get("ratio"))])
+    return ("### Compile time, cold vs warm cache (seconds)\n\n" + markdown_table(
+        ["model", "backend", "cold s", "warm s", "cold / warm"], body)
+        + "\n\nTarget (issue 7): cold / warm >= 5 for kiln.")
+
+
+def _load_table(rows: list[dict], backends: list[str]) -> str:
+    headers = ["model", "eager first call s"]
+    for b in backends:
+        headers += [f"{B.LABELS[b]} load + first call s", f"{B.LABELS[b]} / eager",
+                    f"{B.LABELS[b]} artifact KB"]
+    body = []
+    for r in rows:
+        eager = r["eager"].get("first_call_s")
+        line = [r["model"], na(r["eager"]["error"]) if r["eager"].get("error") else fmt(eager, 3)]
+        for b in backends:
+            load = r.get(b, {}).get("load", {})
+            size = r.get(b, {}).get("save", {}).get("bytes")
+            line += [na(load["error"]) if load.get("error") else fmt(load.get("first_call_s"), 3),
+                     fmt(ratio(load.get("first_call_s"), eager)),
+                     fmt(size / 1024 if size else None, 0)]
+        body.append(line)
+    return ("### Saved compiled function: load + first call vs eager first call\n\n"
+            + markdown_table(headers, body)
+            + "\n\nEach in a fresh process with empty compile caches; imports and model building "
+              "happen before the clock starts. Target (issue 7): kiln / eager <= 2.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""nox sessions: tests (3.11-3.13), lint, typecheck, layering, standalone, bench."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import nox
+
+nox.options.default_venv_backend = "uv"
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+PYTHONS = ["3.11", "3.12", "3.13"]
+STAGES = ["graph", "capture", "autograd", "decomp", "inductor", "runtime"]
+# what each stage needs installed beside it (DESIGN.md layering)
+STAGE_DEPS = {
+    "graph": [],
+    "capture": ["graph"],
+    "decomp": ["graph"],
+    "runtime": ["graph"],
+    "autograd": ["graph", "decomp"],
+    "inductor": ["graph", "decomp", "runtime"],
+}
+ROOT = Path(__file__).parent
+
+
+def _sync(session: nox.Session, *extra: str) -> None:
+    """Install the locked workspace into the session's venv."""
+    session.run_install(
+        "uv", "sync", "--frozen", "--python", str(session.python or sys.executable), *extra,
+        env={"UV_PROJECT_ENVIRONMENT": session.virtualenv.location},
+        external=True,
+    )
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """The whole CPU test suite (GPU tests are skipped without CUDA)."""
+    _sync(session)
+    workers = os.environ.get("KILN_TEST_WORKERS", "2")
+    session.run("pytest", "-q", "-n", workers, "-m", "not gpu", *session.posargs,
+                env={"KILN_VERIFY": "1", "TRITON_INTERPRET": "1"})
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    _sync(session)
+    session.run("ruff", "check", "src", "packages", "benchmarks", "noxfile.py")
+
+
+@nox.session(python="3.11")
+def typecheck(session: nox.Session) -> None:
+    """mypy on the stage APIs (each package's public modules)."""
+    _sync(session)
+    # kiln.graph (the contract) and the meta-package fully; each stage's public __init__ API
+    session.run("mypy", "-p", "kiln.graph", "-p", "kiln")
+    session.run("mypy", *[f"packages/{s}/src/kiln/{s}/__init__.py" for s in STAGES if s != "graph"])
+
+
+@nox.session(python="3.11")
+def layering(session: nox.Session) -> None:
+    """import-linter contracts for DESIGN.md's layering."""
+    _sync(session)
+    session.run("python", "tools/layering.py")
+
+
+@nox.session(python="3.11")
+def standalone(session: nox.Session) -> None:
+    """Install each stage alone (with only what it may depend on) and run its smoke test."""
+    for stage in STAGES:
+        with tempfile.TemporaryDirectory() as tmp:
+            venv = Path(tmp) / "venv"
+            session.run("uv", "venv", "-q", "--python", "3.11", str(venv), external=True)
+            py = str(venv / "bin" / "python")
+            pkgs = [str(ROOT / "packages" / d) for d in [*STAGE_DEPS[stage], stage]]
+            session.run("uv", "pip", "install", "-q", "--python", py, *pkgs, external=True)
+            smoke = ROOT / "packages" / stage / "smoke.py"
+            session.run(py, str(smoke), external=True)
+            # the stage must not have pulled in what it may not use
+            others = sorted(set(STAGES) - {stage, *STAGE_DEPS[stage]})
+            session.run(py, "-c", "import importlib.util, sys; missing = [s for s in sys.argv[1:] "
+                        "if importlib.util.find_spec('kiln.' + s) is None]; "
+                        "assert missing == sys.argv[1:], f'installed alone but found {set(sys.argv[1:]) - set(missing)}'; "
+                        "print('alone:', 'ok')", *others, external=True)
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """The CPU benchmark subset (small configs); pass args after -- to the runner."""
+    _sync(session)
+    session.run("python", "-m", "benchmarks.run", "--small", "--device", "cpu", *session.posargs)

@@ -1,0 +1,276 @@
+"""Builtins and torch helpers with interpreter-specific meaning, in one typed table (``SPECIAL``)."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import operator
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from . import polyfills
+from .errors import GraphBreak
+from .semantics import (
+    apply_operator,
+    contains_traced,
+    get_iter,
+    is_traced,
+    load_attr,
+    lookup_static,
+    store_attr,
+)
+from .values import EMPTY, GradModeContext, ListIterator, NullContext, SuperProxy
+
+if TYPE_CHECKING:
+    from .frame import Frame
+
+Handler = Callable[["Frame", list, dict], Any]
+SPECIAL: dict[Any, Handler] = {}
+
+
+def _items(frame: Frame, x: Any) -> list:
+    return list(get_iter(frame, x).remaining())
+
+
+def _len(frame: Frame, args: list, kwargs: dict) -> Any:
+    (x,) = args
+    if isinstance(x, torch.Tensor):
+        return x.shape[0]
+    if isinstance(x, ListIterator):
+        return len(x.remaining())
+    fn = lookup_static(type(x), "__len__")
+    if fn is not None and not isinstance(fn, type(list.__len__)) and callable(fn) and hasattr(fn, "__code__"):
+        return frame.call(fn, [x], {})
+    return len(x)
+
+
+def _isinstance(frame: Frame, args: list, kwargs: dict) -> bool:
+    obj, cls = args
+    if isinstance(obj, torch.Tensor) and id(obj) in frame.tracer.param_fakes:
+        classes = cls if isinstance(cls, tuple) else (cls,)
+        return any(issubclass(torch.nn.Parameter, c) for c in classes)
+    return isinstance(obj, cls)
+
+
+def _type(frame: Frame, args: list, kwargs: dict) -> Any:
+    if len(args) == 1:
+        obj = args[0]
+        if isinstance(obj, torch.Tensor):
+            return torch.nn.Parameter if id(obj) in frame.tracer.param_fakes else torch.Tensor
+        return type(obj)
+    return type(*args, **kwargs)
+
+
+def _getattr(frame: Frame, args: list, kwargs: dict) -> Any:
+    obj, name, *default = args
+    try:
+        return load_attr(frame, obj, name)
+    except AttributeError:
+        if default:
+            return default[0]
+        raise
+
+
+def _hasattr(frame: Frame, args: list, kwargs: dict) -> bool:
+    obj, name = args
+    try:
+        load_attr(frame, obj, name)
+        return True
+    except AttributeError:
+        return False
+
+
+def _setattr(frame: Frame, args: list, kwargs: dict) -> None:
+    store_attr(frame, args[0], args[1], args[2])
+
+
+def _iter(frame: Frame, args: list, kwargs: dict) -> Any:
+    return get_iter(frame, args[0])
+
+
+def _next(frame: Frame, args: list, kwargs: dict) -> Any:
+    it = args[0]
+    if not isinstance(it, ListIterator):
+        raise GraphBreak(f"next() on {type(it).__name__}")
+    try:
+        return it.next()
+    except StopIteration:
+        if len(args) > 1:
+            return args[1]
+        raise
+
+
+def _enumerate(frame: Frame, args: list, kwargs: dict) -> ListIterator:
+    start = args[1] if len(args) > 1 else kwargs.get("start", 0)
+    return ListIterator([(start + i, v) for i, v in enumerate(_items(frame, args[0]))])
+
+
+def _zip(frame: Frame, args: list, kwargs: dict) -> ListIterator:
+    strict = kwargs.get("strict", False)
+    lists = [_items(frame, a) for a in args]
+    if strict and len({len(x) for x in lists}) > 1:
+        raise ValueError("zip() arguments have different lengths")
+    return ListIterator([tuple(t) for t in zip(*lists)])
+
+
+def _reversed(frame: Frame, args: list, kwargs: dict) -> ListIterator:
+    x = args[0]
+    fn = lookup_static(type(x), "__reversed__")
+    if fn is not None and hasattr(fn, "__code__"):
+        return get_iter(frame, frame.call(fn, [x], {}))
+    return ListIterator(list(reversed(_items(frame, x))))
+
+
+def _container(kind: type) -> Handler:
+    def make(frame: Frame, args: list, kwargs: dict) -> Any:
+        if not args:
+            return kind(**kwargs) if kind is dict else kind()
+        x = args[0]
+        if kind is dict:
+            if isinstance(x, dict):
+                out = dict(x)
+            else:
+                out = dict(_items(frame, x))
+            out.update(kwargs)
+            return out
+        return kind(_items(frame, x))
+    return make
+
+
+def _polyfill(real: Callable, poly: Callable) -> Handler:
+    def call(frame: Frame, args: list, kwargs: dict) -> Any:
+        flat = [a for a in args]
+        if any(isinstance(a, ListIterator) or contains_traced(a) for a in flat) or \
+                any(callable(v) and hasattr(v, "__code__") for v in [*args, *kwargs.values()]) or \
+                any(not isinstance(a, (list, tuple, range, set, dict, int, float, str, bool)) for a in flat):
+            return frame.call(poly, list(args), kwargs)
+        return real(*args, **kwargs)
+    return call
+
+
+def _abs(frame: Frame, args: list, kwargs: dict) -> Any:
+    return apply_operator(frame, operator.abs, list(args))
+
+
+def _print(frame: Frame, args: list, kwargs: dict) -> Any:
+    raise GraphBreak("print() inside compiled code", "printing runs in Python between graphs")
+
+
+def _super(frame: Frame, args: list, kwargs: dict) -> SuperProxy:
+    if args:
+        return SuperProxy(args[0], args[1])
+    cell = frame.cells.get("__class__")
+    if cell is None or cell.value is EMPTY and cell.real is None:
+        raise GraphBreak("super() without __class__ cell")
+    cls = cell.value if cell.real is None else cell.real.cell_contents
+    first = frame.code.co_varnames[0]
+    obj = frame.locals.get(first)
+    if obj is None and first in frame.cells:
+        obj = frame.cells[first].value
+    return SuperProxy(cls, obj)
+
+
+def _scalar(kind: type) -> Handler:
+    def conv(frame: Frame, args: list, kwargs: dict) -> Any:
+        if args and isinstance(args[0], torch.Tensor):
+            raise GraphBreak(f"data-dependent {kind.__name__}() of a tensor",
+                             "keep the value as a tensor, or accept the graph break")
+        return kind(*args, **kwargs)
+    return conv
+
+
+def _id(frame: Frame, args: list, kwargs: dict) -> int:
+    if is_traced(args[0]):
+        raise GraphBreak("id() of a tensor")
+    return id(args[0])
+
+
+def _grad_mode(enabled: bool) -> Handler:
+    def make(frame: Frame, args: list, kwargs: dict) -> GradModeContext:
+        return GradModeContext(enabled)
+    return make
+
+
+def _set_grad_enabled(frame: Frame, args: list, kwargs: dict) -> GradModeContext:
+    mode = bool(args[0] if args else kwargs["mode"])
+    ctx = GradModeContext(mode, prev=torch.is_grad_enabled())
+    set_grad_mode(frame, mode)
+    return ctx
+
+
+def set_grad_mode(frame: Frame, mode: bool) -> None:
+    if torch.is_grad_enabled() != mode:
+        node = frame.tracer.graph.call_function(torch._C._set_grad_enabled, (mode,))
+        node.meta["val"] = None
+        torch._C._set_grad_enabled(mode)
+
+
+def _constant(value: Any) -> Handler:
+    return lambda frame, args, kwargs: value
+
+
+def _nullcontext(frame: Frame, args: list, kwargs: dict) -> NullContext:
+    return NullContext(contextlib.nullcontext(*args, **kwargs))
+
+
+def _operator_fn(fn: Any) -> Handler:
+    def call(frame: Frame, args: list, kwargs: dict) -> Any:
+        return apply_operator(frame, fn, list(args))
+    return call
+
+
+def _register_operators() -> None:
+    from .semantics import contains, getitem, setitem, truth  # noqa: PLC0415
+    for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_",
+                 "xor", "lshift", "rshift", "neg", "pos", "invert", "lt", "le", "eq", "ne", "gt", "ge",
+                 "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul", "abs"):
+        fn = getattr(operator, name)
+        SPECIAL[fn] = _operator_fn(fn)
+    SPECIAL[operator.getitem] = lambda frame, args, kwargs: getitem(frame, args[0], args[1])
+    SPECIAL[operator.setitem] = lambda frame, args, kwargs: setitem(frame, args[0], args[1], args[2])
+    SPECIAL[operator.contains] = lambda frame, args, kwargs: contains(frame, args[1], args[0])
+    SPECIAL[operator.truth] = lambda frame, args, kwargs: truth(frame, args[0])
+    SPECIAL[operator.not_] = lambda frame, args, kwargs: not truth(frame, args[0])
+    SPECIAL[operator.index] = _scalar(operator.index)
+
+
+def _register() -> None:
+    b = builtins
+    SPECIAL.update({
+        b.len: _len, b.isinstance: _isinstance, b.type: _type, b.getattr: _getattr,
+        b.hasattr: _hasattr, b.setattr: _setattr, b.iter: _iter, b.next: _next,
+        b.enumerate: _enumerate, b.zip: _zip, b.reversed: _reversed,
+        b.list: _container(list), b.tuple: _container(tuple), b.set: _container(set),
+        b.frozenset: _container(frozenset), b.dict: _container(dict),
+        b.sum: _polyfill(sum, polyfills.sum_), b.min: _polyfill(min, polyfills.min_),
+        b.max: _polyfill(max, polyfills.max_), b.any: _polyfill(any, polyfills.any_),
+        b.all: _polyfill(all, polyfills.all_), b.map: _polyfill(map, polyfills.map_),
+        b.filter: _polyfill(filter, polyfills.filter_), b.sorted: _polyfill(sorted, polyfills.sorted_),
+        b.abs: _abs, b.print: _print, b.super: _super, b.id: _id,
+        b.int: _scalar(int), b.float: _scalar(float), b.bool: _scalar(bool), b.complex: _scalar(complex),
+        torch.no_grad: _grad_mode(False), torch.enable_grad: _grad_mode(True),
+        torch.set_grad_enabled: _set_grad_enabled, torch.inference_mode: _grad_mode(False),
+        contextlib.nullcontext: _nullcontext,
+        torch._C._get_tracing_state: _constant(None),
+        torch._C._set_grad_enabled: lambda frame, args, kwargs: set_grad_mode(frame, bool(args[0])),
+        torch.jit.is_scripting: _constant(False), torch.jit.is_tracing: _constant(False),
+    })
+    import functools  # noqa: PLC0415
+    SPECIAL[functools.partial] = lambda frame, args, kwargs: functools.partial(*args, **kwargs)
+    SPECIAL[functools.reduce] = lambda frame, args, kwargs: frame.call(polyfills.reduce_, list(args), kwargs)
+    for name in ("is_compiling", "is_dynamo_compiling"):
+        fn = getattr(torch.compiler, name, None)
+        if fn is not None:
+            SPECIAL[fn] = _constant(True)
+    for name in ("is_exporting",):
+        fn = getattr(torch.compiler, name, None)
+        if fn is not None:
+            SPECIAL[fn] = _constant(False)
+    if hasattr(torch._utils, "is_compiling"):
+        SPECIAL[torch._utils.is_compiling] = _constant(True)
+
+
+_register()
+_register_operators()

@@ -1,0 +1,85 @@
+"""Per-code-object caches of guarded entries, and automatic dynamic shapes.
+
+A ``CodeCache`` holds the compiled entries of one code object under one ``optimize`` call, in
+the order they were made; a call runs the first entry whose guards pass. Sizes seen at each
+capture feed ``dynamic_dims``: a dimension that changed between captures is made symbolic.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from kiln.graph import GuardSet
+
+from .capture import Capture
+from .knobs import CaptureOptions
+
+
+@dataclass
+class CacheEntry:
+    guards: GuardSet
+    check: Callable[[dict, dict], bool]
+    run: Callable[[dict, dict], Any]
+    capture: Capture | None  # None for an entry that runs the frame eagerly
+    compiled: Any = None
+    hits: int = 0
+
+
+@dataclass
+class CodeCache:
+    code: types.CodeType
+    entries: list[CacheEntry] = field(default_factory=list)
+    recompiles: int = 0
+    eager_reason: str | None = None  # set when the frame cannot be captured at all
+    limit_warned: bool = False
+    seen_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    dynamic: dict[str, set[int]] = field(default_factory=dict)
+
+    def may_be_dynamic(self, L: dict[str, Any], options: CaptureOptions) -> bool:
+        """Whether this capture could make a size symbolic (so it needs a ShapeEnv)."""
+        if options.dynamic is True or any(self.dynamic.values()):
+            return True
+        if options.dynamic is False:
+            return any(getattr(v, "_kiln_dynamic_dims", None) for v in _top_tensors(L))
+        for name, v in L.items():
+            for src, t in _tensors_at(f"L[{name!r}]", v):
+                if getattr(t, "_kiln_dynamic_dims", None):
+                    return True
+                prev = self.seen_shapes.get(src)
+                if prev is not None and prev != tuple(t.shape):
+                    return True
+        return False
+
+    def dynamic_policy(self, options: CaptureOptions) -> Callable[[str, torch.Tensor], frozenset[int]]:
+        def policy(source: str, t: torch.Tensor) -> frozenset[int]:
+            marked = set(getattr(t, "_kiln_dynamic_dims", ()))
+            if options.dynamic is True:
+                return frozenset(range(t.dim()))
+            if options.dynamic is False:
+                return frozenset(marked)
+            shape = tuple(int(s) for s in t.shape)
+            prev = self.seen_shapes.get(source)
+            dims = self.dynamic.setdefault(source, set())
+            if prev is not None and len(prev) == len(shape):
+                dims.update(i for i, (a, b) in enumerate(zip(prev, shape)) if a != b)
+            self.seen_shapes[source] = shape
+            return frozenset(dims | marked)
+        return policy
+
+
+def _top_tensors(L: dict[str, Any]) -> list[torch.Tensor]:
+    return [t for name, v in L.items() for _, t in _tensors_at(name, v)]
+
+
+def _tensors_at(src: str, v: Any) -> list[tuple[str, torch.Tensor]]:
+    if isinstance(v, torch.Tensor):
+        return [(src, v)]
+    if type(v) in (list, tuple):
+        return [(f"{src}[{i}]", x) for i, x in enumerate(v) if isinstance(x, torch.Tensor)]
+    if type(v) is dict:
+        return [(f"{src}[{k!r}]", x) for k, x in v.items() if isinstance(x, torch.Tensor)]
+    return []

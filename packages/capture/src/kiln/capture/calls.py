@@ -1,0 +1,235 @@
+"""Calling things inside the trace: torch ops are recorded, Python code is inlined, the rest of
+Python runs for real when it cannot touch tensors, and anything else breaks the graph."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from . import torch_ops
+from .builtins_impl import SPECIAL
+from .errors import GraphBreak
+from .semantics import check_tracked, contains_traced, lookup_static
+from .values import NULL, Cell, ListIterator, TensorMethod, TracedFunction, TracedMethod
+
+if TYPE_CHECKING:
+    from .frame import Frame
+
+_MODULE_CALLS = {nn.Module.__call__, nn.Module._call_impl}
+if hasattr(nn.Module, "_wrapped_call_impl"):
+    _MODULE_CALLS.add(nn.Module._wrapped_call_impl)
+
+# Python code run for real (not inlined) when no tensor is involved: the stdlib and typing helpers.
+_REAL_MODULE_PREFIXES = ("typing", "inspect", "enum", "abc", "functools", "collections", "dataclasses",
+                         "copy", "warnings", "logging", "re", "os", "posixpath", "threading",
+                         "contextlib", "importlib", "packaging", "weakref")
+
+
+def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
+    if fn is NULL:
+        raise GraphBreak("calling NULL (interpreter stack mismatch)")
+    if isinstance(fn, TensorMethod):
+        return torch_ops.tensor_method(frame, fn.tensor, fn.name, args, kwargs)
+    if isinstance(fn, TracedFunction):
+        return inline(frame, fn.code, fn.globals, args, kwargs, fn.defaults, fn.kwdefaults, fn.closure)
+    if isinstance(fn, TracedMethod):
+        return call_function(frame, fn.fn, [fn.self_obj, *args], kwargs)
+    special = _special(fn)
+    if special is not None:
+        return special(frame, args, kwargs)
+    if isinstance(fn, types.MethodType):
+        if fn.__func__ in _MODULE_CALLS and isinstance(fn.__self__, nn.Module):
+            return call_module(frame, fn.__self__, args, kwargs)
+        return call_function(frame, fn.__func__, [fn.__self__, *args], kwargs)
+    if isinstance(fn, functools.partial):
+        return call_function(frame, fn.func, [*fn.args, *args], {**fn.keywords, **kwargs})
+    if fn in _MODULE_CALLS and args and isinstance(args[0], nn.Module):
+        return call_module(frame, args[0], args[1:], kwargs)
+    if isinstance(fn, nn.Module):
+        return call_module(frame, fn, args, kwargs)
+    if torch_ops.is_torch_function(fn):
+        return torch_ops.call_torch(frame, fn, args, kwargs)
+    if isinstance(fn, type):
+        return construct(frame, fn, args, kwargs)
+    if isinstance(fn, types.FunctionType):
+        if _run_for_real(fn, args, kwargs):
+            return real_call(frame, fn, args, kwargs)
+        return inline_function(frame, fn, args, kwargs)
+    if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
+                       types.WrapperDescriptorType, types.MethodDescriptorType,
+                       types.ClassMethodDescriptorType)):
+        return real_call(frame, fn, args, kwargs)
+    call = getattr(type(fn), "__call__", None)
+    if isinstance(call, types.FunctionType):
+        return call_function(frame, call, [fn, *args], kwargs)
+    return real_call(frame, fn, args, kwargs)
+
+
+def _special(fn: Any) -> Any:
+    try:
+        return SPECIAL.get(fn)
+    except TypeError:  # unhashable callable
+        return None
+
+
+def _run_for_real(fn: types.FunctionType, args: list, kwargs: dict) -> bool:
+    mod = fn.__module__ or ""
+    if not mod.startswith(_REAL_MODULE_PREFIXES):
+        return False
+    return not any(contains_traced(a) for a in args) and not any(contains_traced(v) for v in kwargs.values())
+
+
+def real_call(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
+    """Run a callable for real; refuse when that would compute on tensors outside the graph."""
+    self_obj = getattr(fn, "__self__", None)
+    name = getattr(fn, "__name__", repr(fn))
+    if self_obj is not None and not isinstance(self_obj, types.ModuleType) and \
+            frame.tracer.source_of.get(id(self_obj)) is not None and name in _MUTATING:
+        raise GraphBreak(f"{type(self_obj).__name__}.{name}() mutates an object from outside the "
+                         "compiled code", "mutations of inputs run in Python")
+    if any(isinstance(a, (TracedFunction, TracedMethod)) for a in args):
+        raise GraphBreak(f"passing a function defined in compiled code to {name}()")
+    traced_args = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())
+    if not traced_args:
+        result = fn(*args, **kwargs)
+    else:
+        try:
+            result = fn(*args, **kwargs)
+        except GraphBreak:
+            raise
+        except Exception as e:
+            raise GraphBreak(f"{getattr(fn, '__qualname__', name)}() cannot run on tensors at capture "
+                             f"time ({type(e).__name__})", "it runs in Python between graphs") from e
+    check_tracked(frame, result, f"{name}()")
+    return result
+
+
+_MUTATING = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault",
+                       "popitem", "add", "discard", "sort", "reverse", "__setitem__", "__delitem__",
+                       "__setattr__", "__delattr__"})
+
+
+def bind_arguments(code: types.CodeType, args: list, kwargs: dict, defaults: tuple,
+                   kwdefaults: dict | None, name: str) -> dict[str, Any]:
+    """CPython's argument binding for ``code`` (positional, keyword, *args, **kwargs, defaults)."""
+    nargs, nkw, nposonly = code.co_argcount, code.co_kwonlyargcount, code.co_posonlyargcount
+    names = code.co_varnames
+    has_varargs = bool(code.co_flags & inspect.CO_VARARGS)
+    has_varkw = bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    bound: dict[str, Any] = {}
+    pos = names[:nargs]
+    for pname, a in zip(pos, args):
+        bound[pname] = a
+    extra = args[nargs:]
+    if extra and not has_varargs:
+        raise TypeError(f"{name}() takes {nargs} positional arguments but {len(args)} were given")
+    kwonly = names[nargs:nargs + nkw]
+    idx = nargs + nkw
+    if has_varargs:
+        bound[names[idx]] = tuple(extra)
+        idx += 1
+    rest: dict[str, Any] = {}
+    for k, v in kwargs.items():
+        if k in kwonly or (k in pos and pos.index(k) >= nposonly):
+            if k in bound:
+                raise TypeError(f"{name}() got multiple values for argument {k!r}")
+            bound[k] = v
+        elif has_varkw:
+            rest[k] = v
+        else:
+            raise TypeError(f"{name}() got an unexpected keyword argument {k!r}")
+    nd = len(defaults)
+    for i, pname in enumerate(pos):
+        if pname not in bound:
+            j = i - (nargs - nd)
+            if j < 0:
+                raise TypeError(f"{name}() missing required positional argument {pname!r}")
+            bound[pname] = defaults[j]
+    for pname in kwonly:
+        if pname not in bound:
+            if kwdefaults and pname in kwdefaults:
+                bound[pname] = kwdefaults[pname]
+            else:
+                raise TypeError(f"{name}() missing required keyword-only argument {pname!r}")
+    if has_varkw:
+        bound[names[idx]] = rest
+    return bound
+
+
+def inline_function(frame: Frame, fn: types.FunctionType, args: list, kwargs: dict) -> Any:
+    src = frame.tracer.source_of.get(id(fn))
+    closure: tuple[Cell, ...] = ()
+    if fn.__closure__:
+        closure = tuple(Cell(real=c, source=f"{src}.__closure__[{i}].cell_contents" if src else None)
+                        for i, c in enumerate(fn.__closure__))
+    return inline(frame, fn.__code__, fn.__globals__, args, kwargs, fn.__defaults__ or (),
+                  fn.__kwdefaults__ or {}, closure)
+
+
+def inline(frame: Frame, code: types.CodeType, f_globals: dict, args: list, kwargs: dict,
+           defaults: tuple, kwdefaults: dict, closure: tuple[Cell, ...]) -> Any:
+    if frame.depth >= frame.ctx.depth_limit:
+        raise GraphBreak(f"call depth over {frame.ctx.depth_limit} while inlining {code.co_name}")
+    if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
+        raise GraphBreak(f"coroutine {code.co_name}")
+    bound = bind_arguments(code, args, kwargs, defaults, kwdefaults, code.co_name)
+    child = frame.spawn(code, f_globals, bound, closure)
+    result = child.run_inlined()
+    if child.yields is not None:
+        return ListIterator(child.yields)
+    return result
+
+
+def call_module(frame: Frame, module: nn.Module, args: list, kwargs: dict) -> Any:
+    if _has_hooks(module):
+        return call_function(frame, nn.Module._call_impl, [module, *args], kwargs)
+    forward = type(module).forward
+    if "forward" in module.__dict__:
+        return call_function(frame, module.__dict__["forward"], list(args), kwargs)
+    if not isinstance(forward, types.FunctionType):
+        raise GraphBreak(f"{type(module).__name__}.forward is not a Python function")
+    return call_function(frame, forward, [module, *args], kwargs)
+
+
+def _has_hooks(m: nn.Module) -> bool:
+    if m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or \
+            getattr(m, "_backward_pre_hooks", None):
+        return True
+    g = nn.modules.module
+    return bool(g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks)
+
+
+def construct(frame: Frame, cls: type, args: list, kwargs: dict) -> Any:
+    """Calling a class: user classes are built with their __init__ inlined; C classes for real."""
+    if issubclass(cls, nn.Module):
+        raise GraphBreak(f"constructing module {cls.__name__} inside compiled code")
+    if issubclass(cls, torch.Tensor):
+        raise GraphBreak(f"constructing {cls.__name__} inside compiled code")
+    new = lookup_static(cls, "__new__")
+    init = lookup_static(cls, "__init__")
+    py_new = isinstance(new, staticmethod) and isinstance(new.__func__, types.FunctionType)
+    py_init = isinstance(init, types.FunctionType)
+    if cls.__module__ == "builtins" or issubclass(cls, BaseException) or not (py_new or py_init) or \
+            (issubclass(cls, tuple) and hasattr(cls, "_fields")):
+        return real_call(frame, cls, args, kwargs)
+    if py_new:
+        obj = call_function(frame, new.__func__, [cls, *args], kwargs)
+    else:
+        obj = cls.__new__(cls)
+    if not isinstance(obj, cls):
+        return obj
+    if py_init:
+        call_function(frame, init, [obj, *args], kwargs)
+    elif init is not None and init is not object.__init__:
+        init(obj, *args, **kwargs)
+    return obj
+
+
+def module_of(fn: Any) -> str:
+    return getattr(fn, "__module__", None) or getattr(sys.modules.get("builtins"), "__name__", "")

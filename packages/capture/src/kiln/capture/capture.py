@@ -1,0 +1,159 @@
+"""One capture: interpret a frame on fake tensors and package the graph, guards and the plan for
+what happens after the graph (return a value, or run the breaking instruction and resume)."""
+
+from __future__ import annotations
+
+import operator
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from kiln.graph import CapturedGraph, GuardSet, TensorSpec
+from torch import fx
+
+from .errors import GraphBreak, Unsupported
+from .frame import BreakAt, Context, Frame, FrameResult
+from .knobs import KNOBS, CaptureOptions
+from .rebuild import Flattener, Plan
+from .shape_guards import shape_guards
+from .sources import local_source
+from .tracer import DELETED, DynamicPolicy, Tracer
+from .values import NULL, Cell
+
+
+@dataclass
+class BreakPlan:
+    """What runs in Python after the graph when the frame broke at ``inst``."""
+
+    inst: Any
+    stack_plans: list[Plan | None]  # None marks a NULL slot
+    local_names: list[str]
+    local_plans: list[Plan]
+    kw_names: tuple | None
+    reason: str
+    user_stack: list[str]
+
+
+@dataclass
+class Capture:
+    captured: CapturedGraph
+    example_inputs: list[Any]
+    input_sources: list[str]
+    result_plan: Plan | None  # the return value when the frame returned
+    break_plan: BreakPlan | None
+    op_count: int
+    side_effects: list[tuple[Plan, str, Plan | None]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def run_capture(code: types.CodeType, f_globals: dict[str, Any], closure: tuple | None,
+                L: dict[str, Any], options: CaptureOptions, policy: DynamicPolicy,
+                symbolic: bool = True) -> Capture:
+    tracer = Tracer(policy, symbolic)
+    ctx = Context(tracer, options, KNOBS.inline_depth, code)
+    grad_before = torch.is_grad_enabled()
+    try:
+        locals_ = {}
+        packed = _packed_arg_names(code)
+        for name, value in L.items():
+            if name == "__closure__":
+                continue
+            locals_[name] = tracer.wrap(value, local_source(name))
+            if name in packed:  # *args / **kwargs are fresh per call: the frame owns them
+                tracer.source_of.pop(id(locals_[name]), None)
+        cells = tuple(Cell(real=c, source=f"L['__closure__'][{i}].cell_contents")
+                      for i, c in enumerate(closure or ()))
+        frame = Frame(ctx, code, f_globals, locals_, cells, parent=None)
+        outcome = frame.run_top()
+        if isinstance(outcome, BreakAt) and options.fullgraph:
+            raise Unsupported(_unsupported_message(outcome))
+        return _package(tracer, frame, outcome)
+    finally:
+        torch._C._set_grad_enabled(grad_before)
+
+
+def _packed_arg_names(code: types.CodeType) -> set[str]:
+    import inspect  # noqa: PLC0415
+    idx = code.co_argcount + code.co_kwonlyargcount
+    out = set()
+    if code.co_flags & inspect.CO_VARARGS:
+        out.add(code.co_varnames[idx])
+        idx += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        out.add(code.co_varnames[idx])
+    return out
+
+
+def _unsupported_message(b: BreakAt) -> str:
+    where = b.user_stack[0] if b.user_stack else "?"
+    stack = "\n".join(f"  {s}" for s in b.user_stack)
+    return (f"kiln.capture cannot put this in one graph: {b.reason}\n  at {where}\n"
+            f"user stack (innermost first):\n{stack}\n"
+            "hint: remove fullgraph=True to allow a graph break here, or rewrite the construct")
+
+
+def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Capture:
+    flat = Flattener(tracer)
+    result_plan: Plan | None = None
+    break_plan: BreakPlan | None = None
+    if isinstance(outcome, BreakAt):
+        stack_plans = [None if v is NULL else flat.plan(v) for v in outcome.stack]
+        names = [n for n, v in outcome.locals.items() if v is not NULL and not n.startswith("__kiln_stack")]
+        cell_names = [n for n, c in outcome.cells.items() if c.real is None and n not in outcome.locals
+                      and n in frame.code.co_cellvars and c.value is not _EMPTY]
+        local_plans = [flat.plan(outcome.locals[n]) for n in names] + \
+                      [flat.plan(outcome.cells[n].value) for n in cell_names]
+        break_plan = BreakPlan(outcome.inst, stack_plans, names + cell_names, local_plans,
+                               outcome.kw_names, outcome.reason, outcome.user_stack)
+    else:
+        result_plan = flat.plan(outcome.value)
+    side_effects = [(flat.plan(obj), name, None if value is DELETED else flat.plan(value))
+                    for obj, name, value in tracer.attr_writes.values()]
+    # Note: grad-mode changes stay in effect after the graph, as in eager; a break inside a
+    # grad-mode block re-enters a real context object for the resume function (rebuild.py).
+    out_nodes = tuple(tracer.to_arg(v) for v in flat.outputs)
+    tracer.graph.output(out_nodes)
+    _dead_code(tracer)
+    gm = fx.GraphModule(torch.nn.Module(), tracer.graph, class_name="KilnCaptured")
+    guards = list(tracer.guards.values()) + shape_guards(tracer.shape_env, tracer.symbol_sources)
+    gs = GuardSet(tuple(_order_guards(guards)))
+    specs: list[TensorSpec | int | None] = [TensorSpec.from_tensor(i.fake) for i in tracer.inputs]
+    captured = CapturedGraph(gm, tuple(i.source for i in tracer.inputs), tuple(specs), gs)
+    op_count = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method")
+                   and n.target is not operator.getitem and n.target != "size")
+    return Capture(captured, [i.value for i in tracer.inputs], [i.source for i in tracer.inputs],
+                   result_plan, break_plan, op_count, side_effects)
+
+
+_EMPTY = __import__("kiln.capture.values", fromlist=["EMPTY"]).EMPTY
+
+
+def _dead_code(tracer: Tracer) -> None:
+    changed = True
+    while changed:
+        changed = False
+        for node in reversed(list(tracer.graph.nodes)):
+            if node in tracer.speculative and not node.users:
+                tracer.graph.erase_node(node)
+                tracer.speculative.discard(node)
+                changed = True
+
+
+_ORDER = {"GLOBAL_STATE": 0, "ID_MATCH": 1, "TYPE_MATCH": 2, "IS_NONE": 3, "NOT_NONE": 3,
+          "LENGTH_MATCH": 4, "DICT_KEYS": 4, "EQUALS_MATCH": 5, "TENSOR_MATCH": 6, "SYMBOL": 7,
+          "SHAPE_EXPR": 8}
+
+
+def _order_guards(guards: list) -> list:
+    """Cheap guards first, and each source's type before anything reading through it."""
+    def key(g: Any) -> tuple:
+        if g.kind == "GLOBAL_STATE":
+            return (0, 0, 0)
+        if g.kind in ("SYMBOL", "SHAPE_EXPR"):
+            return (2 if g.kind == "SYMBOL" else 3, 0, 0)
+        return (1, g.source.count("[") + g.source.count("."), _ORDER[g.kind])
+    return sorted(guards, key=key)
+
+
+__all__ = ["Capture", "GraphBreak", "run_capture"]

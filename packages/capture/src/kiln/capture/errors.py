@@ -1,0 +1,30 @@
+"""Capture's errors: the user-facing ``Unsupported`` and the internal graph-break signal."""
+
+from __future__ import annotations
+
+from kiln.graph import KilnError
+
+
+class Unsupported(KilnError):
+    """A construct capture cannot put in a graph, raised under ``fullgraph=True``.
+
+    The message names the construct, the user's file:line and a hint.
+    """
+
+
+class GraphBreak(Exception):
+    """Internal: the instruction being interpreted cannot be traced; the frame breaks here."""
+
+    def __init__(self, reason: str, hint: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.hint = hint
+        self.user_stack: list[str] = []  # "file:line in fn" from the innermost inlined frame out
+
+
+class SkipFrame(Exception):
+    """Internal: the whole frame cannot be captured (generators, unknown bytecodes at the start)."""
+
+
+def user_location(code, lineno: int | None) -> str:
+    return f"{code.co_filename}:{lineno if lineno is not None else code.co_firstlineno} in {code.co_name}"

@@ -1,0 +1,86 @@
+"""``explain(fn)(*args)``: every graph, break and guard one call produces; and ``capture_graph``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kiln.graph import CapturedGraph, GuardSet
+
+from .errors import Unsupported
+from .knobs import CaptureOptions
+from .optimize import CompileContext, Optimized
+
+
+@dataclass
+class BreakReason:
+    reason: str
+    user_stack: list[str]
+
+    def as_text(self) -> str:
+        return f"{self.reason}\n" + "\n".join(f"    {s}" for s in self.user_stack)
+
+
+@dataclass
+class ExplainOutput:
+    graphs: list[CapturedGraph] = field(default_factory=list)
+    break_reasons: list[BreakReason] = field(default_factory=list)
+    op_count: int = 0
+    guards: list[GuardSet] = field(default_factory=list)
+    result: Any = None
+
+    @property
+    def graph_count(self) -> int:
+        return len(self.graphs)
+
+    @property
+    def break_count(self) -> int:
+        return len(self.break_reasons)
+
+    def as_text(self) -> str:
+        parts = [f"Graph count: {self.graph_count}", f"Graph break count: {self.break_count}",
+                 f"Op count: {self.op_count}"]
+        if self.break_reasons:
+            parts.append("Break reasons:")
+            parts += [f"  {i + 1}. {b.as_text()}" for i, b in enumerate(self.break_reasons)]
+        for i, g in enumerate(self.graphs):
+            parts.append(f"---- graph {i} ----\n{g.as_text()}")
+        return "\n".join(parts)
+
+
+def _eager_backend(gm: Any, example_inputs: list) -> Callable:
+    return gm.forward
+
+
+def explain(fn: Callable) -> Callable[..., ExplainOutput]:
+    """A callable running ``fn`` once under capture and reporting what was captured."""
+    def run(*args: Any, **kwargs: Any) -> ExplainOutput:
+        out = ExplainOutput()
+        ctx = CompileContext(_eager_backend, CaptureOptions())
+
+        def record(cap: Any, cache: Any) -> None:
+            if cap.op_count or cap.captured.input_sources:
+                out.graphs.append(cap.captured)
+                out.guards.append(cap.captured.guards)
+            out.op_count += cap.op_count
+            if cap.break_plan is not None:
+                out.break_reasons.append(BreakReason(cap.break_plan.reason, cap.break_plan.user_stack))
+        ctx.on_capture.append(record)
+        out.result = Optimized(fn, ctx)(*args, **kwargs)
+        return out
+    return run
+
+
+def capture_graph(fn: Callable, args: tuple | list, kwargs: dict | None = None) -> CapturedGraph:
+    """One whole-graph capture without a backend (for ahead-of-time compilation)."""
+    from .capture import run_capture  # noqa: PLC0415  (kept here: explain is the only caller)
+
+    ctx = CompileContext(_eager_backend, CaptureOptions(fullgraph=True))
+    opt = Optimized(fn, ctx)
+    if opt.code is None:
+        raise Unsupported(f"capture_graph needs a Python function, method or module; got {fn!r}")
+    L = opt.bind(tuple(args), dict(kwargs or {}))
+    cache = ctx.cache_for(opt.code)
+    cap = run_capture(opt.code, opt.f_globals, opt.closure, L, ctx.options, cache.dynamic_policy(ctx.options))
+    return cap.captured

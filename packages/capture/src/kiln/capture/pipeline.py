@@ -1,0 +1,35 @@
+"""kiln.capture's pipeline, top to bottom.
+
+    capture.run_capture        interpret the frame's bytecode on fake tensors (frame.py + op_*.py),
+                               lifting inputs/parameters to placeholders and collecting guards
+      -> capture._package      graph outputs from the live values, dead-code removal, guard ordering
+      -> compile_capture       verify (KILN_VERIFY), log graph_code/guards, dump, call the backend
+      -> optimize._make_entry  compile guards, build the input extractor, cache the entry
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any
+
+from kiln.graph import KNOBS, dump, enabled, log, new_graph_id, verify
+
+from .capture import Capture
+
+
+def compile_capture(cap: Capture, backend: Any, code: types.CodeType | None) -> Any:
+    """Hand the captured graph to the backend (or nothing when the graph computes nothing)."""
+    gm = cap.captured.gm
+    if KNOBS.verify:
+        verify(gm, "torch")
+    name = code.co_name if code is not None else "graph"
+    if enabled("graph_code"):
+        log("graph_code").info("captured graph for %s:\n%s", name, cap.captured.as_text())
+    if enabled("guards"):
+        log("guards").info("guards for %s:\n%s", name, cap.captured.guards.as_text())
+    if KNOBS.debug_dir is not None:
+        dump(new_graph_id(name), "capture", cap.captured.as_text())
+    has_outputs = bool(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+    if not has_outputs and cap.op_count == 0:
+        return None
+    return backend(gm, list(cap.example_inputs))

@@ -1,0 +1,93 @@
+"""Pure-Python versions of builtins that compute on their arguments (sum, min, max, ...).
+
+The interpreter inlines these instead of calling the C builtin, so tensor and size arithmetic
+inside them is recorded into the graph.
+"""
+
+from __future__ import annotations
+
+_MISSING = object()
+
+
+def sum_(iterable, start=0):
+    total = start
+    for x in iterable:
+        total = total + x
+    return total
+
+
+def min_(*args, key=None, default=_MISSING):
+    items = list(args[0]) if len(args) == 1 else list(args)
+    if not items:
+        if default is _MISSING:
+            raise ValueError("min() arg is an empty sequence")
+        return default
+    best = items[0]
+    for x in items[1:]:
+        if (key(x) < key(best)) if key is not None else (x < best):
+            best = x
+    return best
+
+
+def max_(*args, key=None, default=_MISSING):
+    items = list(args[0]) if len(args) == 1 else list(args)
+    if not items:
+        if default is _MISSING:
+            raise ValueError("max() arg is an empty sequence")
+        return default
+    best = items[0]
+    for x in items[1:]:
+        if (key(x) > key(best)) if key is not None else (x > best):
+            best = x
+    return best
+
+
+def any_(iterable):
+    for x in iterable:
+        if x:
+            return True
+    return False
+
+
+def all_(iterable):
+    for x in iterable:
+        if not x:
+            return False
+    return True
+
+
+def map_(fn, *iterables):
+    return [fn(*xs) for xs in zip(*iterables)]
+
+
+def filter_(fn, iterable):
+    if fn is None:
+        return [x for x in iterable if x]
+    return [x for x in iterable if fn(x)]
+
+
+def sorted_(iterable, key=None, reverse=False):
+    items = list(iterable)
+    keys = [key(x) if key is not None else x for x in items]
+    order = list(range(len(items)))
+    # insertion sort keeps it traceable and stable
+    for i in range(1, len(order)):
+        j = i
+        while j > 0 and keys[order[j - 1]] > keys[order[j]]:
+            order[j - 1], order[j] = order[j], order[j - 1]
+            j -= 1
+    out = [items[i] for i in order]
+    if reverse:
+        out.reverse()
+    return out
+
+
+def reduce_(fn, iterable, *initial):
+    it = list(iterable)
+    if initial:
+        acc = initial[0]
+    else:
+        acc, it = it[0], it[1:]
+    for x in it:
+        acc = fn(acc, x)
+    return acc

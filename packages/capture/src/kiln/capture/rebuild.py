@@ -1,0 +1,200 @@
+"""Python values from graph outputs: what a compiled entry hands back to Python.
+
+At the end of a trace (a return or a graph break) the live values hold fake tensors. ``flatten``
+turns each into a *plan* — a small closure — and collects the fakes as graph outputs; on every call
+the plan rebuilds the real value from the graph's outputs and the frame's ``L``/``G``.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import types
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .errors import GraphBreak
+from .tracer import SYM_TYPES, Tracer
+from .values import (
+    NULL,
+    Cell,
+    ContextExit,
+    GradModeContext,
+    ListIterator,
+    NullContext,
+    ResumeIterator,
+    SuperProxy,
+    TensorMethod,
+    TracedFunction,
+)
+
+Plan = Callable[[Any, dict, dict], Any]
+
+
+class Flattener:
+    def __init__(self, tracer: Tracer) -> None:
+        self.tracer = tracer
+        self.outputs: list[Any] = []  # fakes / symbolic sizes, in graph-output order
+        self.index: dict[int, int] = {}
+
+    def output_index(self, v: Any) -> int:
+        k = id(v)
+        if k not in self.index:
+            self.index[k] = len(self.outputs)
+            self.outputs.append(v)
+        return self.index[k]
+
+    def plan(self, v: Any, depth: int = 0) -> Plan:
+        if depth > 50:
+            raise GraphBreak("value nesting too deep to rebuild after the graph")
+        if isinstance(v, torch.Tensor) and id(v) in self.tracer.input_source_of_fake and \
+                self.tracer.node_of.get(id(v)) is not None and self.tracer.node_of[id(v)].op == "placeholder":
+            return eval(f"lambda outs, L, G: {self.tracer.input_source_of_fake[id(v)]}")  # noqa: S307
+        if isinstance(v, (torch.Tensor, *SYM_TYPES)):
+            i = self.output_index(v)
+            return lambda outs, L, G: outs[i]
+        if v is None or type(v) in (int, float, bool, str, bytes, complex) or \
+                isinstance(v, (torch.dtype, torch.device, types.ModuleType)):
+            return lambda outs, L, G: v
+        src = self.tracer.source_of.get(id(v))
+        if src is not None:
+            getter = eval(f"lambda outs, L, G: {src}")  # noqa: S307 (a guard source we generated)
+            return getter
+        t = type(v)
+        if t is list:
+            parts = [self.plan(x, depth + 1) for x in v]
+            return lambda outs, L, G: [p(outs, L, G) for p in parts]
+        if t is tuple:
+            parts = [self.plan(x, depth + 1) for x in v]
+            if all(_is_const_plan(x) for x in v):
+                return lambda outs, L, G: v
+            return lambda outs, L, G: tuple(p(outs, L, G) for p in parts)
+        if isinstance(v, tuple) and hasattr(t, "_fields"):
+            parts = [self.plan(x, depth + 1) for x in v]
+            return lambda outs, L, G: t(*(p(outs, L, G) for p in parts))
+        if isinstance(v, tuple):  # torch.return_types and other structseqs
+            parts = [self.plan(x, depth + 1) for x in v]
+            return lambda outs, L, G: t(tuple(p(outs, L, G) for p in parts))
+        if isinstance(v, (set, frozenset)):
+            parts = [self.plan(x, depth + 1) for x in v]
+            return lambda outs, L, G: t(p(outs, L, G) for p in parts)
+        if isinstance(v, ListIterator):
+            parts = [self.plan(x, depth + 1) for x in v.remaining()]
+            return lambda outs, L, G: ResumeIterator([p(outs, L, G) for p in parts])
+        if isinstance(v, dict):
+            return self._dict_plan(v, depth)
+        if isinstance(v, TensorMethod):
+            tplan, name = self.plan(v.tensor, depth + 1), v.name
+            return lambda outs, L, G: getattr(tplan(outs, L, G), name)
+        if isinstance(v, ContextExit):
+            return self._context_plan(v)
+        if isinstance(v, TracedFunction):
+            return self._function_plan(v, depth)
+        if isinstance(v, Cell):
+            return self.plan(v.value, depth + 1)
+        if isinstance(v, SuperProxy):
+            cls_plan, obj_plan = self.plan(v.cls, depth + 1), self.plan(v.obj, depth + 1)
+            return lambda outs, L, G: super(cls_plan(outs, L, G), obj_plan(outs, L, G))
+        if isinstance(v, GradModeContext | NullContext):
+            return lambda outs, L, G: v.make_real()
+        if v is NULL:
+            raise GraphBreak("NULL cannot be rebuilt as a value")
+        if hasattr(v, "__dict__") and not isinstance(v, (type, types.FunctionType, torch.nn.Module)) \
+                and _traced_inside(v.__dict__):
+            return self._object_plan(v, depth)
+        if isinstance(v, types.MethodType):
+            self_plan = self.plan(v.__self__, depth + 1)
+            fn = v.__func__
+            return lambda outs, L, G: types.MethodType(fn, self_plan(outs, L, G))
+        return lambda outs, L, G: v
+
+    def _dict_plan(self, v: dict, depth: int) -> Plan:
+        t = type(v)
+        keys = list(v.keys())
+        parts = [self.plan(v[k], depth + 1) for k in keys]
+        attrs = {k: self.plan(x, depth + 1) for k, x in getattr(v, "__dict__", {}).items()}
+        if t is dict:
+            return lambda outs, L, G: {k: p(outs, L, G) for k, p in zip(keys, parts)}
+
+        base_set = collections.OrderedDict.__setitem__ if isinstance(v, collections.OrderedDict) \
+            else dict.__setitem__
+
+        def make(outs: Any, L: dict, G: dict) -> Any:
+            new = t.__new__(t)
+            for k, p in zip(keys, parts):
+                base_set(new, k, p(outs, L, G))
+            for a, p in attrs.items():
+                object.__setattr__(new, a, p(outs, L, G))
+            return new
+        return make
+
+    def _object_plan(self, v: Any, depth: int) -> Plan:
+        attrs = {k: self.plan(x, depth + 1) for k, x in v.__dict__.items()}
+
+        def make(outs: Any, L: dict, G: dict) -> Any:
+            new = copy.copy(v)
+            for a, p in attrs.items():
+                new.__dict__[a] = p(outs, L, G)
+            return new
+        return make
+
+    def _context_plan(self, v: ContextExit) -> Plan:
+        ctx = v.ctx
+        if not isinstance(ctx, (GradModeContext, NullContext)):
+            ctx_plan = self.plan(ctx)
+
+            def enter_user(outs: Any, L: dict, G: dict) -> Any:
+                real = ctx_plan(outs, L, G)
+                return real.__exit__  # already entered by the traced code: its state lives in the object
+            return enter_user
+
+        def enter(outs: Any, L: dict, G: dict) -> Any:
+            if isinstance(ctx, GradModeContext):
+                real = torch.set_grad_enabled.__new__(torch.set_grad_enabled)
+                real.prev = bool(ctx.prev)
+                real.mode = ctx.enabled
+                torch._C._set_grad_enabled(ctx.enabled)
+                return real.__exit__
+            real = ctx.real
+            real.__enter__()
+            return real.__exit__
+        return enter
+
+    def _function_plan(self, v: TracedFunction, depth: int) -> Plan:
+        cell_plans = [self.plan(c.value, depth + 1) if c.real is None else None for c in v.closure]
+        defaults = [self.plan(d, depth + 1) for d in v.defaults]
+
+        def make(outs: Any, L: dict, G: dict) -> Any:
+            cells = tuple(c.real if c.real is not None else types.CellType(p(outs, L, G))
+                          for c, p in zip(v.closure, cell_plans))
+            fn = types.FunctionType(v.code, v.globals, v.name,
+                                    tuple(p(outs, L, G) for p in defaults) or None, cells or None)
+            fn.__kwdefaults__ = dict(v.kwdefaults) or None
+            fn.__qualname__ = v.qualname or v.name
+            return fn
+        return make
+
+
+def _is_const_plan(x: Any) -> bool:
+    return x is None or type(x) in (int, float, bool, str)
+
+
+def _traced_inside(d: dict, depth: int = 0) -> bool:
+    for x in d.values():
+        if isinstance(x, (torch.Tensor, *SYM_TYPES)):
+            return True
+        if depth < 3 and isinstance(x, (list, tuple)) and any(
+                isinstance(y, (torch.Tensor, *SYM_TYPES)) or (isinstance(y, (list, tuple, dict)) and
+                                                              _traced_inside({0: y}, depth + 1) if
+                                                              not isinstance(y, dict) else _traced_inside(y, depth + 1))
+                for y in x):
+            return True
+        if depth < 3 and isinstance(x, dict) and _traced_inside(x, depth + 1):
+            return True
+        if depth < 3 and hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType, torch.nn.Module,
+                                                                       types.FunctionType)) \
+                and _traced_inside(x.__dict__, depth + 1):
+            return True
+    return False

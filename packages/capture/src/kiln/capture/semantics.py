@@ -1,0 +1,374 @@
+"""Python semantics over interpreted values: attributes, items, operators, truth, iteration.
+
+Real Python objects are operated on for real; FakeTensors and symbolic sizes are recorded into
+the graph through the tracer. Anything that would mutate state the trace does not own (objects read
+from the frame's inputs) breaks the graph so it runs in Python.
+"""
+
+from __future__ import annotations
+
+import operator
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from .errors import GraphBreak
+from .sources import attr_source, item_source, module_member_source
+from .tracer import DELETED, SYM_TYPES
+from .values import ListIterator, SuperProxy, TensorMethod
+
+if TYPE_CHECKING:
+    from .frame import Frame
+
+TENSOR_META_ATTRS = frozenset({
+    "dtype", "device", "ndim", "is_cuda", "requires_grad", "layout", "is_sparse", "is_leaf",
+    "is_quantized", "is_meta", "is_nested", "is_mkldnn", "is_cpu", "is_xpu", "is_mps", "itemsize",
+    "_version", "is_inference",
+})
+TENSOR_VIEW_ATTRS = frozenset({"T", "mT", "H", "mH", "real", "imag"})
+
+
+def is_traced(v: Any) -> bool:
+    return isinstance(v, (torch.Tensor, *SYM_TYPES))
+
+
+def contains_traced(v: Any, depth: int = 0) -> bool:
+    if isinstance(v, (torch.Tensor, *SYM_TYPES)):
+        return True
+    if depth > 4:
+        return False
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return any(contains_traced(x, depth + 1) for x in v)
+    if isinstance(v, dict):
+        return any(contains_traced(x, depth + 1) for x in v.values())
+    if isinstance(v, slice):
+        return any(contains_traced(x, depth + 1) for x in (v.start, v.stop, v.step))
+    return False
+
+
+def lookup_static(cls: type, name: str) -> Any:
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name]
+    return None
+
+
+# ---- attributes ----------------------------------------------------------------------------
+def load_attr(frame: Frame, obj: Any, name: str) -> Any:
+    tracer = frame.tracer
+    if isinstance(obj, torch.Tensor):
+        return tensor_attr(frame, obj, name)
+    if isinstance(obj, SuperProxy):
+        return super_attr(frame, obj, name)
+    written = tracer.attr_writes.get((id(obj), name))
+    if written is not None:
+        if written[2] is DELETED:
+            raise AttributeError(name)
+        return written[2]
+    if isinstance(obj, types.ModuleType):
+        value = getattr(obj, name)
+        if isinstance(value, torch.Tensor):
+            return tracer.wrap(value, f"__import__('sys').modules[{obj.__name__!r}].{name}")
+        return value
+    src = tracer.source_of.get(id(obj))
+    if isinstance(obj, nn.Module):
+        d = obj.__dict__
+        static = lookup_static(type(obj), name)
+        if not (isinstance(static, property) or hasattr(static, "__set__")):
+            if name in d:
+                return tracer.wrap(d[name], attr_source(src, name) if src else None)
+            for table in ("_parameters", "_buffers", "_modules"):
+                t = d.get(table)
+                if t is not None and name in t:
+                    return tracer.wrap(t[name], module_member_source(src, table, name) if src else None)
+    if src is not None or isinstance(obj, type):
+        static = lookup_static(type(obj), name) if not isinstance(obj, type) else None
+        if isinstance(static, types.FunctionType) and name not in getattr(obj, "__dict__", {}):
+            return types.MethodType(static, obj)
+        value = getattr(obj, name)
+        if isinstance(value, types.MethodType) and value.__self__ is obj:
+            return value
+        if isinstance(obj, type) and isinstance(value, (types.FunctionType, types.MethodType, type)):
+            return value
+        return tracer.wrap(value, attr_source(src, name) if src else None)
+    static = lookup_static(type(obj), name)
+    if isinstance(static, property) and isinstance(static.fget, types.FunctionType) \
+            and name not in getattr(obj, "__dict__", {}):
+        return frame.call(static.fget, [obj], {})
+    value = getattr(obj, name)
+    check_tracked(frame, value, f"attribute {name!r}")
+    return value
+
+
+def super_attr(frame: Frame, sp: SuperProxy, name: str) -> Any:
+    mro = type(sp.obj).__mro__ if not isinstance(sp.obj, type) else sp.obj.__mro__
+    start = mro.index(sp.cls) + 1
+    for klass in mro[start:]:
+        if name in klass.__dict__:
+            attr = klass.__dict__[name]
+            if isinstance(attr, staticmethod):
+                return attr.__func__
+            if isinstance(attr, classmethod):
+                return types.MethodType(attr.__func__, sp.obj if isinstance(sp.obj, type) else type(sp.obj))
+            if isinstance(attr, property):
+                return frame.call(attr.fget, [sp.obj], {})
+            if hasattr(attr, "__get__"):
+                return attr.__get__(sp.obj, type(sp.obj))
+            return attr
+    return getattr(super(sp.cls, sp.obj), name)
+
+
+def tensor_attr(frame: Frame, t: torch.Tensor, name: str) -> Any:
+    tracer = frame.tracer
+    if name == "shape":
+        shape = t.shape
+        if any(isinstance(s, torch.SymInt) for s in shape):
+            return tracer.record("call_method", "size", (t,), {}, lambda: t.size(), pure=True)
+        return shape
+    if name in TENSOR_META_ATTRS:
+        return getattr(t, name)
+    if name in TENSOR_VIEW_ATTRS:
+        return tracer.record("call_function", getattr, (t, name), {}, lambda: getattr(t, name))
+    if name == "data":
+        return tracer.record("call_method", "detach", (t,), {}, lambda: t.detach())
+    if name in ("grad", "grad_fn", "_base"):
+        raise GraphBreak(f"Tensor.{name} is not supported inside a graph")
+    static = lookup_static(type(t), name)
+    if static is not None and callable(static) or hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
+        return TensorMethod(t, name)
+    if not hasattr(torch.Tensor, name):
+        raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+    raise GraphBreak(f"unsupported tensor attribute {name!r}")
+
+
+def store_attr(frame: Frame, obj: Any, name: str, value: Any) -> None:
+    if isinstance(obj, torch.Tensor):
+        raise GraphBreak(f"setting tensor attribute {name!r}")
+    if frame.tracer.source_of.get(id(obj)) is not None:
+        record_attr_write(frame, obj, name, value)
+        return
+    if isinstance(obj, (nn.Module, type, types.ModuleType)):
+        raise GraphBreak(f"mutation of attribute {name!r} on an object from outside the compiled code",
+                         "attribute writes on inputs run in Python")
+    static = lookup_static(type(obj), name)
+    if isinstance(static, property) and isinstance(static.fset, types.FunctionType):
+        frame.call(static.fset, [obj, value], {})
+        return
+    setattr(obj, name, value)
+
+
+def record_attr_write(frame: Frame, obj: Any, name: str, value: Any) -> None:
+    """Defer a write to an object the trace does not own: reads see it, the graph's caller replays it."""
+    if isinstance(obj, nn.Module) and isinstance(value, (torch.Tensor, nn.Module)) or \
+            isinstance(obj, nn.Module) and name in ("training",):
+        raise GraphBreak(f"assigning {name!r} on module {type(obj).__name__}")
+    frame.tracer.attr_writes[(id(obj), name)] = (obj, name, value)
+
+
+def delete_attr(frame: Frame, obj: Any, name: str) -> None:
+    if frame.tracer.source_of.get(id(obj)) is not None:
+        load_attr(frame, obj, name)  # AttributeError if it is not there
+        frame.tracer.attr_writes[(id(obj), name)] = (obj, name, DELETED)
+        return
+    if isinstance(obj, (nn.Module, type, types.ModuleType, torch.Tensor)):
+        raise GraphBreak(f"deleting attribute {name!r}")
+    delattr(obj, name)
+
+
+# ---- items ------------------------------------------------------------------------------
+def getitem(frame: Frame, obj: Any, key: Any) -> Any:
+    tracer = frame.tracer
+    if isinstance(obj, torch.Tensor):
+        return tracer.record("call_function", operator.getitem, (obj, key), {}, lambda: obj[key])
+    if is_traced(key) and not isinstance(key, torch.SymInt):
+        raise GraphBreak("indexing a Python container with a tensor")
+    if isinstance(obj, (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)):
+        src = tracer.source_of.get(id(obj))
+        if isinstance(key, slice) and isinstance(obj, nn.ModuleList):
+            names = list(obj._modules.keys())[key]  # a plain list of the submodules, with their sources
+            return [tracer.wrap(obj._modules[n], module_member_source(src, "_modules", n) if src else None)
+                    for n in names]
+        if isinstance(key, slice):
+            return frame.call(type(obj).__getitem__, [obj, key], {})
+        if isinstance(obj, (nn.ModuleList, nn.Sequential)):
+            idx = operator.index(key)
+            n = len(obj)
+            idx = idx + n if idx < 0 else idx
+            name = list(obj._modules.keys())[idx]
+            return tracer.wrap(obj._modules[name], module_member_source(src, "_modules", name) if src else None)
+        if isinstance(obj, nn.ModuleDict):
+            return tracer.wrap(obj._modules[key], module_member_source(src, "_modules", key) if src else None)
+        value = obj[key]
+        return tracer.wrap(value, item_source(src, key) if src else None)
+    if isinstance(key, torch.SymInt):
+        key = int(key)  # specialise (guarded by the shape env)
+    if type(obj) in (list, tuple, dict) or isinstance(obj, (str, range, torch.Size, tuple, list, dict)):
+        return obj[key]
+    getitem_fn = lookup_static(type(obj), "__getitem__")
+    if isinstance(getitem_fn, types.FunctionType):
+        return frame.call(getitem_fn, [obj, key], {})
+    src = tracer.source_of.get(id(obj))
+    value = obj[key]
+    if src is not None and isinstance(key, (int, str)):
+        return tracer.wrap(value, item_source(src, key))
+    check_tracked(frame, value, "item")
+    return value
+
+
+def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:
+    tracer = frame.tracer
+    if isinstance(obj, torch.Tensor):
+        tracer.record("call_function", operator.setitem, (obj, key, value), {},
+                      lambda: obj.__setitem__(key, value))
+        return
+    if tracer.source_of.get(id(obj)) is not None:
+        raise GraphBreak("mutation of a container from outside the compiled code",
+                         "item writes on inputs run in Python")
+    setitem_fn = lookup_static(type(obj), "__setitem__")
+    if isinstance(setitem_fn, types.FunctionType):
+        frame.call(setitem_fn, [obj, key, value], {})
+        return
+    obj[key] = value
+
+
+def delitem(frame: Frame, obj: Any, key: Any) -> None:
+    if isinstance(obj, torch.Tensor) or frame.tracer.source_of.get(id(obj)) is not None:
+        raise GraphBreak("deleting an item of a tensor or an input container")
+    del obj[key]
+
+
+# ---- operators ----------------------------------------------------------------------------
+BINARY_OPS: dict[str, Any] = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv,
+    "//": operator.floordiv, "%": operator.mod, "**": operator.pow, "@": operator.matmul,
+    "&": operator.and_, "|": operator.or_, "^": operator.xor, "<<": operator.lshift,
+    ">>": operator.rshift,
+    "+=": operator.iadd, "-=": operator.isub, "*=": operator.imul, "/=": operator.itruediv,
+    "//=": operator.ifloordiv, "%=": operator.imod, "**=": operator.ipow, "@=": operator.imatmul,
+    "&=": operator.iand, "|=": operator.ior, "^=": operator.ixor, "<<=": operator.ilshift,
+    ">>=": operator.irshift,
+}
+COMPARE_OPS: dict[str, Any] = {
+    "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
+    ">=": operator.ge,
+}
+
+
+def apply_operator(frame: Frame, op: Any, args: list) -> Any:
+    """Apply an ``operator`` function: recorded if a tensor/size is involved, real otherwise."""
+    if any(is_traced(a) for a in args):
+        inplace_on_python = op in _INPLACE and not isinstance(args[0], torch.Tensor)
+        target = _NOT_INPLACE.get(op, op) if inplace_on_python else op
+        if any(isinstance(a, torch.Tensor) for a in args) or any(contains_traced(a) for a in args):
+            return frame.tracer.record("call_function", target, tuple(args), {}, lambda: target(*args),
+                                       pure=not any(isinstance(a, torch.Tensor) for a in args))
+    if op in _INPLACE and frame.tracer.source_of.get(id(args[0])) is not None and \
+            isinstance(args[0], (list, dict, set)):
+        raise GraphBreak("in-place operator on a container from outside the compiled code")
+    user = _user_dunder(args, op)
+    if user is not None:
+        return frame.call(user[0], user[1], {})
+    return op(*args)
+
+
+_INPLACE = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+            operator.imod, operator.ipow, operator.imatmul, operator.iand, operator.ior,
+            operator.ixor, operator.ilshift, operator.irshift}
+_NOT_INPLACE = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+                operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv,
+                operator.imod: operator.mod, operator.ipow: operator.pow}
+_DUNDER = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__rsub__"),
+           operator.mul: ("__mul__", "__rmul__"), operator.truediv: ("__truediv__", "__rtruediv__"),
+           operator.matmul: ("__matmul__", "__rmatmul__"), operator.eq: ("__eq__", None),
+           operator.lt: ("__lt__", None), operator.getitem: ("__getitem__", None)}
+
+
+def _user_dunder(args: list, op: Any) -> tuple[Any, list] | None:
+    """A Python-level dunder on a user class (so the trace inlines it)."""
+    names = _DUNDER.get(op)
+    if not names or len(args) != 2:
+        return None
+    fwd = lookup_static(type(args[0]), names[0])
+    if isinstance(fwd, types.FunctionType):
+        return fwd, list(args)
+    if names[1]:
+        rev = lookup_static(type(args[1]), names[1])
+        if isinstance(rev, types.FunctionType):
+            return rev, [args[1], args[0]]
+    return None
+
+
+def truth(frame: Frame, v: Any) -> bool:
+    if isinstance(v, torch.Tensor):
+        raise GraphBreak("data-dependent control flow: the truth value of a tensor",
+                         "use torch.where / torch.cond, or accept a graph break here")
+    if isinstance(v, SYM_TYPES):
+        return bool(v)  # ShapeEnv records the guard
+    if isinstance(v, (list, tuple, dict, str, int, float, type(None), bool, set)):
+        return bool(v)
+    boolfn = lookup_static(type(v), "__bool__")
+    lenfn = lookup_static(type(v), "__len__")
+    if isinstance(boolfn, types.FunctionType) or isinstance(lenfn, types.FunctionType) and boolfn is None:
+        return bool(frame.call(boolfn or lenfn, [v], {}))
+    return bool(v)
+
+
+def contains(frame: Frame, item: Any, container: Any) -> bool:
+    if isinstance(container, torch.Tensor) or isinstance(item, torch.Tensor) and \
+            not isinstance(container, (list, tuple, dict, set)):
+        raise GraphBreak("`in` on a tensor")
+    if isinstance(container, (list, tuple)) and isinstance(item, torch.Tensor):
+        return any(x is item for x in container)
+    return item in container
+
+
+# ---- iteration ------------------------------------------------------------------------------
+def get_iter(frame: Frame, obj: Any) -> Any:
+    if isinstance(obj, ListIterator):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        n = obj.shape[0]
+        if isinstance(n, torch.SymInt):
+            raise GraphBreak("iterating over a tensor with a dynamic first dimension")
+        return ListIterator([getitem(frame, obj, i) for i in range(n)])
+    if isinstance(obj, (list, tuple, range, torch.Size, str)):
+        return ListIterator(list(obj))
+    if isinstance(obj, dict):
+        return ListIterator(list(obj.keys()))
+    if isinstance(obj, (nn.ModuleList, nn.Sequential)):
+        return ListIterator([getitem(frame, obj, i) for i in range(len(obj))])
+    if isinstance(obj, nn.ModuleDict):
+        return ListIterator(list(obj.keys()))
+    if isinstance(obj, (set, frozenset)):
+        return ListIterator(list(obj))
+    if isinstance(obj, (type({}.keys()), type({}.values()), type({}.items()), enumerate, zip,
+                        reversed, map, filter)) or type(obj).__name__ in ("list_iterator", "tuple_iterator",
+                                                                           "range_iterator"):
+        return ListIterator(list(obj))
+    iter_fn = lookup_static(type(obj), "__iter__")
+    if isinstance(iter_fn, types.FunctionType):
+        return get_iter(frame, frame.call(iter_fn, [obj], {}))
+    if hasattr(obj, "__next__") and isinstance(lookup_static(type(obj), "__next__"), types.FunctionType):
+        raise GraphBreak(f"iterating a user iterator of type {type(obj).__name__}")
+    try:
+        items = list(obj)
+    except TypeError:
+        raise
+    check_tracked(frame, items, "iteration")
+    return ListIterator(items)
+
+
+def check_tracked(frame: Frame, value: Any, what: str) -> None:
+    """Refuse a value holding fake tensors the graph does not know (computed behind our back)."""
+    tracer = frame.tracer
+    if isinstance(value, torch.Tensor):
+        if id(value) not in tracer.node_of:
+            raise GraphBreak(f"{what} produced a tensor outside the graph")
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            check_tracked(frame, v, what)
+    elif isinstance(value, dict):
+        for v in value.values():
+            check_tracked(frame, v, what)

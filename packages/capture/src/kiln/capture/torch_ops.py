@@ -1,0 +1,94 @@
+"""torch functions and Tensor methods: run on fake tensors and recorded as one node each."""
+
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .errors import GraphBreak
+from .semantics import contains_traced
+from .tracer import SYM_TYPES
+
+if TYPE_CHECKING:
+    from .frame import Frame
+
+_TORCH_NAMESPACES = [torch, torch.nn.functional, torch.linalg, torch.fft, torch.special, torch.functional,
+                     torch._C._nn, torch._C._VariableFunctions, torch._C._linalg, torch._C._fft,
+                     torch._C._special, torch.nn.init]
+
+
+def _collect() -> dict[int, Any]:
+    out: dict[int, Any] = {}
+    for ns in _TORCH_NAMESPACES:
+        for name in dir(ns):
+            v = getattr(ns, name, None)
+            if callable(v) and not isinstance(v, (type, types.ModuleType)):
+                out[id(v)] = v
+    return out
+
+
+TORCH_FUNCTIONS = _collect()
+# Functions with global side effects: never recorded, always a graph break.
+_SIDE_EFFECTS = {id(f) for f in (torch.manual_seed, torch.seed, torch.set_default_dtype,
+                                 torch.use_deterministic_algorithms, torch.set_printoptions)}
+DATA_DEPENDENT_METHODS = frozenset({"item", "tolist", "numpy", "__bool__", "__int__", "__float__",
+                                    "__index__", "__len__", "__iter__", "__repr__", "__str__",
+                                    "__format__", "backward", "register_hook", "data_ptr",
+                                    "untyped_storage", "storage", "retain_grad", "cpu_numpy"})
+META_METHODS = frozenset({"size", "dim", "stride", "numel", "nelement", "is_contiguous",
+                          "element_size", "get_device", "is_floating_point", "is_complex",
+                          "storage_offset", "ndimension", "has_names", "is_signed",
+                          "is_set_to", "is_pinned", "is_shared"})
+
+
+def is_torch_function(fn: Any) -> bool:
+    if id(fn) in TORCH_FUNCTIONS:
+        return True
+    objclass = getattr(fn, "__objclass__", None)
+    return objclass in (torch._C.TensorBase, torch.Tensor)
+
+
+def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
+    if id(fn) in _SIDE_EFFECTS:
+        raise GraphBreak(f"torch.{getattr(fn, '__name__', fn)} changes global state")
+    objclass = getattr(fn, "__objclass__", None)
+    if objclass in (torch._C.TensorBase, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+        return tensor_method(frame, args[0], fn.__name__, list(args[1:]), kwargs)
+    tracer = frame.tracer
+    traced_in = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())
+    if not traced_in:
+        try:
+            with tracer.fake_mode:
+                probe = fn(*args, **kwargs)
+        except Exception as e:
+            raise GraphBreak(f"torch.{getattr(fn, '__name__', fn)} failed at capture: {e}") from e
+        if not _has_traced(probe):
+            return probe
+    return tracer.record("call_function", fn, tuple(args), dict(kwargs), lambda: fn(*args, **kwargs))
+
+
+def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: dict) -> Any:
+    tracer = frame.tracer
+    if name in DATA_DEPENDENT_METHODS:
+        raise GraphBreak(f"data-dependent operation Tensor.{name}()",
+                         "move it out of the compiled region, or accept the graph break")
+    method = getattr(t, name)
+    if name in META_METHODS:
+        with tracer.fake_mode:
+            result = method(*args, **kwargs)
+        if _has_traced(result):
+            return tracer.record("call_method", name, (t, *args), kwargs, lambda: getattr(t, name)(*args, **kwargs),
+                                 pure=True)
+        return result
+    return tracer.record("call_method", name, (t, *args), dict(kwargs),
+                         lambda: getattr(t, name)(*args, **kwargs))
+
+
+def _has_traced(v: Any) -> bool:
+    if isinstance(v, (torch.Tensor, *SYM_TYPES)):
+        return True
+    if isinstance(v, (tuple, list)):
+        return any(_has_traced(x) for x in v)
+    return False

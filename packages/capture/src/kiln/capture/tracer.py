@@ -1,0 +1,348 @@
+"""The graph being built: fake tensors, placeholders for everything read from the frame, guards.
+
+Values entering the trace from the outside world (frame locals, globals, closure cells, attributes
+of modules and objects) pass through ``Tracer.wrap`` with their guard source: tensors become
+placeholders (parameters and buffers included), constants are guarded by value, modules and
+functions by identity, containers by type and length and are copied with wrapped elements.
+"""
+
+from __future__ import annotations
+
+import enum
+import operator
+import types
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+from kiln.graph import Guard, TensorSpec, global_state, tensor_expectation, type_name
+from torch import fx, nn
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from .errors import GraphBreak
+from .shape_source import KilnSource
+from .sources import item_source, placeholder_name, pretty
+from .values import ContextExit, GradModeContext, ListIterator, ResumeIterator
+
+SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+DELETED = object()
+_GRAD_MODES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)  # an attribute deleted inside the trace
+CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis))
+
+# dim sets the cache decides for a source: which dims of this input tensor are dynamic
+DynamicPolicy = Callable[[str, torch.Tensor], frozenset[int]]
+
+
+@dataclass
+class GraphInput:
+    source: str
+    value: Any  # the real value at trace time (an example input)
+    fake: Any
+    node: fx.Node
+
+
+class Tracer:
+    """Owns the fx graph, the fake mode and shape env, the input placeholders and the guards."""
+
+    def __init__(self, dynamic_policy: DynamicPolicy, symbolic: bool = True) -> None:
+        # Note: ShapeEnv is only built when a size may be symbolic; creating the first one imports a
+        # large part of torch, which static captures do not need.
+        self.shape_env = ShapeEnv() if symbolic else None
+        self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
+        self.graph = fx.Graph()
+        self.dynamic_policy = dynamic_policy
+        self.node_of: dict[int, fx.Node] = {}
+        self.node_of_expr: dict[sympy.Expr, fx.Node] = {}
+        self.keep: list[Any] = []  # keeps ids in node_of unique for the trace's lifetime
+        self.inputs: list[GraphInput] = []
+        self.input_by_key: dict[Any, Any] = {}
+        self.guards: dict[tuple[str, str], Guard] = {}
+        self.source_of: dict[int, str] = {}
+        self.symbol_sources: dict[str, list[str]] = {}
+        self.speculative: set[fx.Node] = set()
+        self.param_fakes: set[int] = set()
+        self.input_source_of_fake: dict[int, str] = {}
+        # attribute writes on objects from outside the trace, replayed after the graph
+        self.attr_writes: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+        self.last_placeholder: fx.Node | None = None
+        self.location = ""  # user file:line of the instruction being traced, for node metadata
+        self.start_state = global_state()
+        self.add_guard("", "GLOBAL_STATE", self.start_state, "grad/autocast/dtype state at capture")
+
+    # ---- guards -------------------------------------------------------------------------
+    def add_guard(self, source: str, kind: str, expected: Any, note: str = "") -> None:
+        key = (source, kind)
+        if key not in self.guards:
+            self.guards[key] = Guard(source, kind, expected, note or self.location)
+
+    # ---- values entering the trace -----------------------------------------------------
+    def wrap(self, value: Any, source: str | None) -> Any:
+        """The interpreted form of a real value read from ``source`` (guarding what was assumed)."""
+        if source is None:
+            return self._wrap_unsourced(value)
+        if isinstance(value, torch.Tensor):
+            return self.lift_tensor(value, source)
+        t = type(value)
+        if value is None:
+            self.add_guard(source, "IS_NONE", None)
+            return value
+        if t in (bool, int, float, str, bytes):
+            self.add_guard(source, "EQUALS_MATCH", value)
+            return value
+        if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum)):
+            self.add_guard(source, "ID_MATCH" if not isinstance(value, torch.device) else "EQUALS_MATCH",
+                           id(value) if not isinstance(value, torch.device) else value)
+            return value
+        if isinstance(value, types.MethodType):
+            if value.__name__ == "__exit__" and isinstance(value.__self__, _GRAD_MODES):
+                # a grad-mode block entered before a graph break: model it, so its exit is recorded
+                prev = bool(getattr(value.__self__, "prev", True))
+                self.add_guard(f"{source}.__self__", "TYPE_MATCH", type_name(type(value.__self__)))
+                self.add_guard(f"{source}.__self__.prev", "EQUALS_MATCH", prev)
+                return ContextExit(GradModeContext(torch.is_grad_enabled(), prev=prev))
+            self.add_guard(f"{source}.__func__", "ID_MATCH", id(value.__func__))
+            self.wrap(value.__self__, f"{source}.__self__")
+            return value
+        if isinstance(value, types.ModuleType):
+            return value  # Python modules are assumed stable (like torch.compile)
+        if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, nn.Module,
+                              types.MethodWrapperType)) or callable(value) and t.__module__ == "builtins":
+            self.add_guard(source, "ID_MATCH", id(value))
+            self._remember(value, source)
+            return value
+        if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
+            self.add_guard(source, "TYPE_MATCH", type_name(t))
+            self.add_guard(source, "LENGTH_MATCH", len(value))
+            items = [self.wrap(v, item_source(source, i)) for i, v in enumerate(value)]
+            out: Any = t(items) if t is list else (tuple(items) if t is tuple else t(*items))
+            self._remember(out, source)
+            return out
+        if t is ResumeIterator:
+            self.add_guard(source, "TYPE_MATCH", type_name(t))
+            self.add_guard(source, "LENGTH_MATCH", len(value))
+            return ListIterator([self.wrap(value.peek(i), f"{source}.peek({i})") for i in range(len(value))])
+        if t is dict or (isinstance(value, dict) and _plain_dict_subclass(t)):
+            self.add_guard(source, "TYPE_MATCH", type_name(t))
+            keys = list(value.keys())
+            if all(type(k) in (str, int) for k in keys):
+                self.add_guard(source, "DICT_KEYS", tuple(keys))
+                out = {k: self.wrap(value[k], item_source(source, k)) for k in keys}
+                if t is not dict:
+                    d = t.__new__(t)
+                    d.update(out)
+                    out = d
+                self._remember(out, source)
+                return out
+        self.add_guard(source, "TYPE_MATCH", type_name(t))
+        self._remember(value, source)
+        return value
+
+    def _wrap_unsourced(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
+            raise GraphBreak("a tensor without a guardable source (a constant or a value computed "
+                             "outside the graph)", "pass the tensor as an argument")
+        return value
+
+    def _remember(self, value: Any, source: str) -> None:
+        if id(value) not in self.source_of:
+            self.source_of[id(value)] = source
+            self.keep.append(value)
+
+    def lift_tensor(self, value: torch.Tensor, source: str) -> torch.Tensor:
+        is_state = isinstance(value, nn.Parameter) or "._parameters[" in source or "._buffers[" in source
+        key: Any = id(value) if is_state else source
+        if key in self.input_by_key:
+            if is_state:
+                self.add_guard(source, "ID_MATCH", id(value))
+            return self.input_by_key[key]
+        if type(value) not in (torch.Tensor, nn.Parameter, nn.parameter.Buffer):
+            if isinstance(value, FakeTensor):
+                return value
+            raise GraphBreak(f"tensor subclass {type(value).__name__}")
+        if is_state:
+            self.add_guard(source, "ID_MATCH", id(value))
+            fake = self.fake_mode.from_tensor(value, static_shapes=True)
+            if isinstance(value, nn.Parameter):
+                self.param_fakes.add(id(fake))
+        else:
+            dims = self.dynamic_policy(source, value)
+            dims = frozenset(d for d in dims if d < value.dim()) if self.shape_env is not None else frozenset()
+            if dims:
+                ctx = StatelessSymbolicContext(dynamic_sizes=[
+                    DimDynamic.DYNAMIC if i in dims else DimDynamic.STATIC for i in range(value.dim())])
+                fake = self.fake_mode.from_tensor(value, source=KilnSource(source), symbolic_context=ctx)
+            else:
+                fake = self.fake_mode.from_tensor(value, static_shapes=True)
+            dyn = frozenset(i for i, s in enumerate(fake.shape) if isinstance(s, torch.SymInt))
+            self.add_guard(source, "TENSOR_MATCH", tensor_expectation(value, dyn))
+        node = self._placeholder(source, fake)
+        for i, s in enumerate(fake.shape):
+            if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol):
+                self.symbol_sources.setdefault(str(s.node.expr), []).append(f"{source}.size()[{i}]")
+                if s.node.expr not in self.node_of_expr:
+                    self.node_of_expr[s.node.expr] = self._size_node(node, i, s)
+        self.inputs.append(GraphInput(source, value, fake, node))
+        self.input_source_of_fake[id(fake)] = source
+        self.input_by_key[key] = fake
+        self.node_of[id(fake)] = node
+        self.keep.append(fake)
+        return fake
+
+    def _placeholder(self, source: str, fake: Any) -> fx.Node:
+        if self.last_placeholder is None:
+            first = next(iter(self.graph.nodes), None)
+            ctx = self.graph.inserting_before(first) if first is not None else self.graph.inserting_after()
+        else:
+            ctx = self.graph.inserting_after(self.last_placeholder)
+        with ctx:
+            node = self.graph.placeholder(placeholder_name(source))
+        self.last_placeholder = node
+        node.meta["val"] = fake
+        node.meta["spec"] = TensorSpec.from_tensor(fake) if isinstance(fake, torch.Tensor) else None
+        node.meta["source"] = pretty(source)
+        return node
+
+    def _size_node(self, tensor_node: fx.Node, dim: int, sym: Any) -> fx.Node:
+        with self.graph.inserting_after(self.last_placeholder):
+            n = self.graph.call_method("size", (tensor_node, dim))
+        n.meta["val"] = sym
+        self.speculative.add(n)
+        return n
+
+    # ---- recording ----------------------------------------------------------------------
+    def record(self, kind: str, target: Any, args: tuple, kwargs: dict, run: Callable[[], Any],
+               pure: bool = False) -> Any:
+        """Run ``run`` on fake values and record one node computing its result."""
+        node_args = self.to_arg(args)
+        node_kwargs = self.to_arg(kwargs)
+        try:
+            with self.fake_mode:
+                result = run()
+        except GraphBreak:
+            raise
+        except Exception as e:  # data-dependent output, missing fake kernel, or a user error
+            raise GraphBreak(f"{_describe_target(target)} failed on fake tensors: "
+                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        node = self.graph.create_node(kind, target, node_args, node_kwargs)
+        if self.location:
+            node.meta["stack_trace"] = f'  File "{self.location}"'
+        if pure:
+            self.speculative.add(node)
+        self.register(result, node)
+        return result
+
+    def register(self, value: Any, node: fx.Node) -> None:
+        if isinstance(value, torch.Tensor):
+            self.node_of[id(value)] = node
+            self.keep.append(value)
+            node.meta["val"] = value
+        elif isinstance(value, SYM_TYPES):
+            node.meta["val"] = value
+            self.node_of[id(value)] = node
+            self.keep.append(value)
+            expr = value.node.expr
+            if not expr.is_number:
+                self.node_of_expr.setdefault(expr, node)
+        elif isinstance(value, (tuple, list)):
+            for i, v in enumerate(value):
+                if _has_traced(v):
+                    with self.graph.inserting_after(node):
+                        item = self.graph.call_function(operator.getitem, (node, i))
+                    self.speculative.add(item)
+                    self.register(v, item)
+
+    def to_arg(self, value: Any) -> Any:
+        """Map an interpreted value to an fx argument (fakes and symbolic sizes to their nodes)."""
+        if isinstance(value, torch.Tensor):
+            node = self.node_of.get(id(value))
+            if node is None:
+                raise GraphBreak("a tensor created outside the graph was used in it",
+                                 "create tensors with torch functions inside the compiled code")
+            return node
+        if isinstance(value, SYM_TYPES):
+            return self.sym_node(value)
+        if type(value) in (list, tuple):
+            return type(value)(self.to_arg(v) for v in value)
+        if isinstance(value, tuple) and hasattr(type(value), "_fields"):
+            return tuple(self.to_arg(v) for v in value)
+        if type(value) is dict:
+            return {k: self.to_arg(v) for k, v in value.items()}
+        if type(value) is slice:
+            return slice(self.to_arg(value.start), self.to_arg(value.stop), self.to_arg(value.step))
+        if isinstance(value, torch.Size):
+            return tuple(self.to_arg(v) for v in value)
+        if isinstance(value, (*CONSTANT_TYPES, torch.dtype, torch.device, torch.layout,
+                              torch.memory_format)):
+            return value
+        if isinstance(value, range):
+            return value
+        raise GraphBreak(f"cannot pass a {type(value).__name__} into the graph")
+
+    def sym_node(self, value: Any) -> Any:
+        node = self.node_of.get(id(value))
+        if node is not None:
+            return node
+        expr = value.node.expr
+        if expr.is_number:
+            return int(expr) if isinstance(value, torch.SymInt) else (
+                bool(expr) if isinstance(value, torch.SymBool) else float(expr))
+        node = self._expr_node(expr)
+        self.register(value, node)
+        return node
+
+    def _expr_node(self, expr: sympy.Expr) -> Any:
+        """Build nodes computing a symbolic size expression from the symbols' size nodes."""
+        if expr in self.node_of_expr:
+            return self.node_of_expr[expr]
+        if isinstance(expr, sympy.Integer):
+            return int(expr)
+        name = type(expr).__name__
+        ops = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv,
+               "Mod": operator.mod, "PythonMod": operator.mod, "Pow": operator.pow}
+        if name not in ops:
+            raise GraphBreak(f"symbolic size {expr} has no graph value")
+        args = [self._expr_node(a) for a in expr.args]
+        acc = args[0]
+        for a in args[1:]:
+            acc = self.graph.call_function(ops[name], (acc, a))
+            self.speculative.add(acc)
+        self.node_of_expr[expr] = acc
+        return acc
+
+    # ---- checkpoints for rolling back an instruction that breaks -------------------------
+    def checkpoint(self) -> tuple[fx.Node, bool, dict]:
+        return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes))
+
+    def rollback(self, cp: tuple[fx.Node, bool, dict]) -> None:
+        last, grad, writes = cp
+        self.attr_writes = writes
+        while self.graph._root.prev is not last and self.graph._root.prev is not self.graph._root:
+            node = self.graph._root.prev
+            if node.op == "placeholder":
+                break
+            for user in list(node.users):
+                self.graph.erase_node(user)
+            self.graph.erase_node(node)
+        torch.set_grad_enabled(grad)
+
+
+def _plain_dict_subclass(t: type) -> bool:
+    return t.__module__ == "collections" and t.__name__ in ("OrderedDict", "defaultdict")
+
+
+def _has_traced(v: Any) -> bool:
+    if isinstance(v, (torch.Tensor, *SYM_TYPES)):
+        return True
+    if isinstance(v, (tuple, list)):
+        return any(_has_traced(x) for x in v)
+    return False
+
+
+def _describe_target(target: Any) -> str:
+    if isinstance(target, str):
+        return f"Tensor.{target}"
+    mod = getattr(target, "__module__", None) or ""
+    return f"{mod + '.' if mod else ''}{getattr(target, '__qualname__', getattr(target, '__name__', repr(target)))}"

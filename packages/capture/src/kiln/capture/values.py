@@ -1,0 +1,187 @@
+"""Interpreter-side values that stand in for things the real interpreter would hold.
+
+Most values on the symbolic stack are real Python objects: constants, modules, lists and dicts
+built during the trace, and FakeTensors standing for graph values. The classes here cover what
+has no faithful real counterpart during a trace.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class _Null:
+    """The NULL the CPython stack holds below a callable (PUSH_NULL, LOAD_GLOBAL with the low bit)."""
+
+    _inst: _Null | None = None
+
+    def __new__(cls) -> _Null:
+        if cls._inst is None:
+            cls._inst = super().__new__(cls)
+        return cls._inst
+
+    def __repr__(self) -> str:
+        return "NULL"
+
+
+NULL = _Null()
+
+
+class _Empty:
+    def __repr__(self) -> str:
+        return "<empty cell>"
+
+
+EMPTY = _Empty()
+
+
+@dataclass(eq=False)
+class Cell:
+    """A closure cell of an interpreted frame. ``real`` is set for cells of real function objects."""
+
+    value: Any = EMPTY
+    real: types.CellType | None = None
+    source: str | None = None  # guard source of the real cell's contents
+
+
+@dataclass(eq=False)
+class TracedFunction:
+    """A function made by MAKE_FUNCTION during the trace (nested defs, lambdas, comprehensions)."""
+
+    code: types.CodeType
+    globals: dict[str, Any]
+    name: str
+    defaults: tuple = ()
+    kwdefaults: dict[str, Any] = field(default_factory=dict)
+    closure: tuple[Cell, ...] = ()
+    annotations: Any = None
+    qualname: str = ""
+
+    @property
+    def __name__(self) -> str:
+        return self.name
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("internal: a traced function was called outside the interpreter")
+
+
+@dataclass(eq=False)
+class TracedMethod:
+    """A TracedFunction bound to an object (a nested function stored on an object and called)."""
+
+    fn: Any
+    self_obj: Any
+
+
+@dataclass(eq=False)
+class TensorMethod:
+    """``fake.name`` where name is a torch.Tensor method; calling it records a call_method node."""
+
+    tensor: torch.Tensor
+    name: str
+
+
+@dataclass(eq=False)
+class GradModeContext:
+    """A grad-mode context manager object seen in the trace (no_grad, enable_grad, set_grad_enabled)."""
+
+    enabled: bool
+    prev: bool | None = None
+
+    def make_real(self) -> Any:
+        return torch.set_grad_enabled(self.enabled)
+
+
+@dataclass(eq=False)
+class AutocastContext:
+    device_type: str
+    dtype: Any
+    enabled: bool
+    prev: tuple | None = None
+
+    def make_real(self) -> Any:
+        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
+
+
+@dataclass(eq=False)
+class NullContext:
+    """A context manager with no effect on the graph (contextlib.nullcontext and friends)."""
+
+    real: Any
+
+    def make_real(self) -> Any:
+        return self.real
+
+
+@dataclass(eq=False)
+class ContextExit:
+    """The bound ``__exit__`` BEFORE_WITH leaves on the stack, for a context we model."""
+
+    ctx: Any
+
+
+@dataclass(eq=False)
+class ListIterator:
+    """An iterator over a list of interpreted values (lists, tuples, dict keys, ranges, zips)."""
+
+    items: list
+    index: int = 0
+
+    def next(self) -> Any:
+        if self.index >= len(self.items):
+            raise StopIteration
+        v = self.items[self.index]
+        self.index += 1
+        return v
+
+    def remaining(self) -> list:
+        return self.items[self.index:]
+
+
+@dataclass(eq=False)
+class SuperProxy:
+    """``super()`` / ``super(cls, obj)`` inside the trace: attribute lookups start after ``cls``."""
+
+    cls: type
+    obj: Any
+
+
+@dataclass(eq=False)
+class ExceptionValue:
+    """An exception raised and being handled inside the trace."""
+
+    exc: BaseException
+
+
+class ResumeIterator:
+    """A real iterator over a list that can be inspected without consuming it.
+
+    Graph breaks inside loops hand the loop's iterator to the resume function as one of these, so
+    the resume function's capture can guard on and read the remaining items.
+    """
+
+    __slots__ = ("items", "pos")
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+        self.pos = 0
+
+    def __iter__(self) -> ResumeIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if self.pos >= len(self.items):
+            raise StopIteration
+        v = self.items[self.pos]
+        self.pos += 1
+        return v
+
+    def __len__(self) -> int:
+        return len(self.items) - self.pos
+
+    def peek(self, i: int) -> Any:
+        return self.items[self.pos + i]

@@ -1,0 +1,51 @@
+import os
+
+os.environ.setdefault("KILN_VERIFY", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+
+class Recorder:
+    """A backend that records every graph it is given and runs it as is."""
+
+    def __init__(self) -> None:
+        self.graphs = []
+        self.inputs = []
+
+    def __call__(self, gm, example_inputs):
+        from kiln.graph import verify
+
+        verify(gm, "torch")
+        self.graphs.append(gm)
+        self.inputs.append(list(example_inputs))
+        return gm.forward
+
+    @property
+    def count(self) -> int:
+        return len(self.graphs)
+
+
+@pytest.fixture
+def recorder():
+    import kiln.capture as kc
+
+    kc.reset()
+    return Recorder()
+
+
+def assert_same(got, want, atol=1e-5):
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"expected a tensor, got {type(got)}"
+        assert got.shape == want.shape and got.dtype == want.dtype
+        torch.testing.assert_close(got, want, atol=atol, rtol=1e-4)
+    elif isinstance(want, dict):
+        assert type(got) is type(want) and list(got.keys()) == list(want.keys())
+        for k in want:
+            assert_same(got[k], want[k], atol)
+    elif isinstance(want, (list, tuple)):
+        assert type(got) is type(want) and len(got) == len(want), (got, want)
+        for a, b in zip(got, want):
+            assert_same(a, b, atol)
+    else:
+        assert got == want, (got, want)

@@ -1,0 +1,212 @@
+"""``decompose(gm, table)`` and ``trace(fn, args, table)``: re-trace through the dispatcher.
+
+The source graph is interpreted node by node on fake tensors. An ATen node is handed to the recorder
+(decomposed if the table has it, recorded otherwise); any other node (``torch.*`` functions, tensor
+methods, ``operator.*`` of a torch-dialect graph) is run under the recorder, so whatever ATen calls it
+makes are recorded: ``decompose`` therefore also lowers a torch-dialect graph to ATen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch._ops import HigherOrderOperator, OpOverload
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from kiln.graph import Dialect, verify as verify_dialect
+
+from .tracer import CARRIED_META, DecompositionError, GraphRecorder
+
+Table = Mapping[OpOverload, Callable[..., Any]]
+
+
+def normalize_args(op: OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Arguments as the dispatcher passes them: positional ones by position, kwarg-only by name."""
+    pos: list[Any] = []
+    kw: dict[str, Any] = {}
+    args = list(args)
+    for i, a in enumerate(op._schema.arguments):
+        if a.kwarg_only:
+            if a.name in kwargs:
+                kw[a.name] = kwargs[a.name]
+            continue
+        if i < len(args):
+            pos.append(args[i])
+        elif a.name in kwargs:
+            pos.append(kwargs[a.name])
+        elif a.has_default_value():
+            pos.append(a.default_value)
+        else:
+            raise DecompositionError(f"{op} is missing its argument {a.name!r}")
+    # trailing defaults the caller did not give are dropped, as the dispatcher does
+    while len(pos) > len(args) and pos and op._schema.arguments[len(pos) - 1].has_default_value() \
+            and op._schema.arguments[len(pos) - 1].name not in kwargs:
+        pos.pop()
+    return tuple(pos), kw
+
+
+def _fake_mode_of(values: Sequence[Any]) -> FakeTensorMode | None:
+    for v in tree_flatten(list(values))[0]:
+        if isinstance(v, FakeTensor):
+            return v.fake_mode
+        if isinstance(v, torch.SymInt):
+            return None
+    return None
+
+
+def _fakes_for(gm: fx.GraphModule, example_inputs: Sequence[Any] | None) -> tuple[list[Any], FakeTensorMode]:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if example_inputs is None:
+        missing = [n.name for n in placeholders if "val" not in n.meta]
+        if missing:
+            raise DecompositionError(
+                f"placeholders {missing} have no meta['val']; pass example_inputs=[...] to decompose()")
+        vals = [n.meta["val"] for n in placeholders]
+    else:
+        if len(example_inputs) != len(placeholders):
+            raise DecompositionError(
+                f"the graph has {len(placeholders)} inputs but {len(example_inputs)} example inputs were given")
+        vals = list(example_inputs)
+    mode = _fake_mode_of(vals)
+    if mode is None:
+        mode = FakeTensorMode(allow_non_fake_inputs=False)
+    fakes = [mode.from_tensor(v) if isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor) else v
+             for v in vals]
+    return fakes, mode
+
+
+class _Retracer(fx.Interpreter):
+    """Runs the source graph's nodes through a GraphRecorder, carrying their meta to new nodes."""
+
+    def __init__(self, gm: fx.GraphModule, recorder: GraphRecorder) -> None:
+        super().__init__(gm, garbage_collect_values=False)
+        self.recorder = recorder
+        self._node: fx.Node | None = None
+
+    def run_node(self, n: fx.Node) -> Any:
+        self._node = n
+        self.recorder.carried_meta = {k: n.meta[k] for k in CARRIED_META if k in n.meta}
+        try:
+            return super().run_node(n)
+        except DecompositionError:
+            raise
+        except Exception as e:
+            raise DecompositionError(f"re-tracing node %{n.name} ({n.format_node()}) failed: "
+                                     f"{type(e).__name__}: {e}") from e
+
+    def placeholder(self, target: Any, args: Any, kwargs: Any) -> Any:
+        value = super().placeholder(target, args, kwargs)
+        source = self._node
+        node = self.recorder.graph.placeholder(source.name)
+        node.meta.update(source.meta)
+        node.meta["val"] = value
+        self.recorder.bind(value, node)
+        return value
+
+    def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
+        value = super().get_attr(target, args, kwargs)
+        if isinstance(value, torch.Tensor):
+            return self.recorder.constant(value)[0]
+        raise DecompositionError(f"get_attr {target!r} is a {type(value).__name__}; only tensors are supported")
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if isinstance(target, HigherOrderOperator):
+            raise DecompositionError(f"higher-order operator {target.__name__} is not supported by decompose()")
+        if isinstance(target, OpOverload):
+            args, kwargs = tree_map(self.recorder.to_fake, (args, kwargs))
+            pos, kw = normalize_args(target, args, kwargs)
+            return self.recorder.dispatch(target, pos, kw)
+        with self.recorder:
+            return target(*args, **kwargs)
+
+    def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
+        with self.recorder:
+            return super().call_method(target, args, kwargs)
+
+    def call_module(self, target: Any, args: Any, kwargs: Any) -> Any:
+        with self.recorder:
+            return super().call_module(target, args, kwargs)
+
+    def output(self, target: Any, args: Any, kwargs: Any) -> Any:
+        return args[0]
+
+
+def _finish(graph: fx.Graph, root: torch.nn.Module, recorder: GraphRecorder, out: Any,
+            out_meta: dict[str, Any]) -> fx.GraphModule:
+    out_node = graph.output(recorder.output_args(out))
+    out_node.meta.update(out_meta)
+    out_node.meta["val"] = out
+    graph.eliminate_dead_code()
+    gm = fx.GraphModule(root, graph)
+    gm.recompile()
+    return gm
+
+
+def decompose(gm: fx.GraphModule, table: Table, example_inputs: Sequence[Any] | None = None, *,
+              check: bool = True) -> fx.GraphModule:
+    """Re-trace ``gm`` replacing every op that ``table`` has by its decomposition, to a fixpoint.
+
+    ``gm`` may be aten- or torch-dialect. Placeholders (names, meta) and the output structure are kept;
+    every node carries ``meta['val']``. With ``check`` and a full table (``table.dialect`` set), the
+    result is verified against the table's dialect, naming any op still missing a decomposition.
+    """
+    fakes, mode = _fakes_for(gm, example_inputs)
+    graph = fx.Graph()
+    root = torch.nn.Module()
+    recorder = GraphRecorder(graph, table, mode, root)
+    interp = _Retracer(gm, recorder)
+    out_source = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    with mode, torch.no_grad():
+        out = interp.run(*fakes)
+    result = _finish(graph, root, recorder, out, dict(out_source.meta))
+    dialect: Dialect | None = getattr(table, "dialect", None)
+    if check and dialect is not None:
+        _verify(result, dialect, table)
+    return result
+
+
+def _verify(gm: fx.GraphModule, dialect: Dialect, table: Table) -> None:
+    try:
+        verify_dialect(gm, dialect)
+    except Exception as e:
+        raise DecompositionError(
+            f"decompose(table={getattr(table, 'name', '?')!r}) left ops outside the {dialect} dialect: {e}. "
+            "Register a decomposition with @kiln.decomp.register(op, table=...) or grow the core set."
+        ) from e
+
+
+def trace(fn: Callable[..., Any], args: Sequence[Any], table: Table | None = None,
+          kwargs: Mapping[str, Any] | None = None, *, functionalize: bool = False) -> fx.GraphModule:
+    """Trace ``fn(*args, **kwargs)`` through the dispatcher into an ATen graph (decomposed by ``table``).
+
+    Tensor arguments become placeholders (fake copies are made of real tensors); tensors that ``fn``
+    reads from elsewhere (module parameters) become ``get_attr`` constants. Autograd runs as usual, so
+    a function that calls ``torch.autograd.grad`` yields its backward ops too. With ``functionalize``,
+    in-place ops on fresh unaliased tensors are recorded in functional form (others raise); full
+    functionalization of views and input mutation is kiln.autograd's job.
+    """
+    flat, spec = tree_flatten((list(args), dict(kwargs or {})))
+    mode = _fake_mode_of(flat) or FakeTensorMode()
+    graph = fx.Graph()
+    root = torch.nn.Module()
+    recorder = GraphRecorder(graph, table or {}, mode, root, functionalize=functionalize)
+    fakes: list[Any] = []
+    for i, v in enumerate(flat):
+        if isinstance(v, torch.Tensor):
+            fake = v if isinstance(v, FakeTensor) else mode.from_tensor(v)
+            if v.requires_grad and not fake.requires_grad:
+                fake.requires_grad_(True)
+            node = graph.placeholder(f"arg{i}")
+            node.meta["val"] = fake
+            recorder.bind(fake, node)
+            fakes.append(fake)
+        else:
+            fakes.append(v)
+    fargs, fkwargs = tree_unflatten(fakes, spec)
+    with mode, recorder:
+        out = fn(*fargs, **fkwargs)
+    return _finish(graph, root, recorder, out, {})

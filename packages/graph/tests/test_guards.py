@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from kiln.graph import Guard, GuardSet, global_state, tensor_expectation, type_name
+
+
+def _tensor_guard(name: str, t: torch.Tensor, dyn: frozenset[int] = frozenset()) -> Guard:
+    return Guard(f"L[{name!r}]", "TENSOR_MATCH", tensor_expectation(t, dyn))
+
+
+def test_tensor_match_checks_shape_dtype_stride_and_grad() -> None:
+    x = torch.randn(2, 3)
+    check = GuardSet((_tensor_guard("x", x),)).compile()
+    assert check({"x": torch.randn(2, 3)}, {})
+    assert not check({"x": torch.randn(2, 4)}, {})
+    assert not check({"x": torch.randn(2, 3, dtype=torch.float64)}, {})
+    assert not check({"x": torch.randn(3, 2).t()}, {})  # same shape, other strides
+    assert not check({"x": torch.randn(2, 3, requires_grad=True)}, {})
+    assert not check({"x": 3}, {})
+
+
+def test_dynamic_dims_are_not_pinned() -> None:
+    check = GuardSet((_tensor_guard("x", torch.randn(2, 3), frozenset({0})),)).compile()
+    assert check({"x": torch.randn(7, 3)}, {})
+    assert not check({"x": torch.randn(7, 4)}, {})
+
+
+def test_symbols_bind_and_relate() -> None:
+    gs = GuardSet((
+        Guard("L['x'].size(0)", "SYMBOL", "s0"),
+        Guard("L['y'].size(0)", "SYMBOL", "s0"),
+        Guard("", "SHAPE_EXPR", "s0 >= 2"),
+    ))
+    check = gs.compile()
+    assert check({"x": torch.ones(5), "y": torch.ones(5)}, {})
+    assert not check({"x": torch.ones(5), "y": torch.ones(6)}, {})
+    assert not check({"x": torch.ones(1), "y": torch.ones(1)}, {})
+
+
+def test_constants_types_lengths_and_keys() -> None:
+    gs = GuardSet((
+        Guard("L['n']", "EQUALS_MATCH", 3),
+        Guard("L['xs']", "LENGTH_MATCH", 2),
+        Guard("L['d']", "DICT_KEYS", ("a", "b")),
+        Guard("L['m']", "TYPE_MATCH", type_name(torch.nn.Linear)),
+    ))
+    check = gs.compile()
+    good = {"n": 3, "xs": [1, 2], "d": {"a": 1, "b": 2}, "m": torch.nn.Linear(1, 1)}
+    assert check(good, {})
+    assert not check({**good, "n": 3.0}, {})  # 3.0 == 3 but is a float: a different trace
+    assert not check({**good, "xs": [1]}, {})
+    assert not check({**good, "d": {"b": 1, "a": 2}}, {})
+    assert not check({**good, "m": torch.nn.Conv1d(1, 1, 1)}, {})
+
+
+def test_global_state_guard_sees_grad_mode() -> None:
+    check = GuardSet((Guard("", "GLOBAL_STATE", global_state()),)).compile()
+    assert check({}, {})
+    with torch.no_grad():
+        assert not check({}, {})
+
+
+def test_first_failure_names_guard_and_actual_value() -> None:
+    gs = GuardSet((Guard("L['n']", "EQUALS_MATCH", 3), _tensor_guard("x", torch.ones(2))))
+    failed = gs.first_failure({"n": 3, "x": torch.ones(4)}, {})
+    assert failed is not None
+    guard, actual = failed
+    assert guard.source == "L['x']" and "(4,)" in actual
+
+
+def test_missing_source_fails_instead_of_crashing() -> None:
+    gs = GuardSet((Guard("L['gone'].weight", "NOT_NONE", None),))
+    failed = gs.first_failure({}, {})
+    assert failed is not None and "KeyError" in failed[1]
+
+
+def test_json_round_trip_drops_in_process_identity() -> None:
+    gs = GuardSet((_tensor_guard("x", torch.ones(2, 2)), Guard("L['m']", "ID_MATCH", 1234),
+                   Guard("L['n']", "EQUALS_MATCH", 3)))
+    back = GuardSet.from_json(gs.to_json())
+    assert [g.kind for g in back] == ["TENSOR_MATCH", "EQUALS_MATCH"]
+    assert back.compile()({"x": torch.ones(2, 2), "n": 3}, {})
+
+
+def test_unknown_kind_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown guard kind"):
+        Guard("L['x']", "FANCY", 1)

@@ -1,0 +1,30 @@
+"""Options of max-autotune, one frozen value passed down; and what each compile mode turns on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
+@dataclass(frozen=True, slots=True)
+class AutotuneOptions:
+    kernel_configs: int = 24  # most configurations benchmarked per generated kernel
+    matmul_configs: int | None = None  # most template configurations per matmul (None: all)
+    margin: float = 0.02  # a tuned choice must beat the default by this fraction to replace it
+    progress: bool = True  # a line per tuned kernel on stderr
+
+
+@dataclass(frozen=True, slots=True)
+class ModeFlags:
+    cudagraphs: bool
+    autotune: bool
+
+
+def mode_flags(mode: str | None) -> ModeFlags:
+    """What a ``kiln.compile(mode=...)`` string turns on, as torch.compile defines the modes."""
+    m = mode or "default"
+    if m not in MODES:
+        raise ValueError(f"unknown mode {mode!r}; kiln supports {', '.join(MODES)}")
+    return ModeFlags(cudagraphs=m in ("reduce-overhead", "max-autotune"),
+                     autotune=m in ("max-autotune", "max-autotune-no-cudagraphs"))

@@ -1,0 +1,34 @@
+"""The interface between the scheduler and code generator backends.
+
+A backend turns the kernels of a ScheduledProgram into ``CompiledKernels``: files the wrapper needs
+at run time, Python source defining launchers (it may read ``FILES_DIR``), and for each kernel a
+Python launch statement over buffer names. The wrapper generator (codegen/wrapper.py) is shared.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from ..ir import Layout, ScheduledProgram
+from ..options import InductorOptions
+
+
+@dataclass(frozen=True)
+class CompiledKernels:
+    files: Mapping[str, bytes]  # name -> content, shipped in the PortableProgram
+    prelude: str  # Python source run once when the wrapper module loads (loads libraries, defines launchers)
+    launches: Mapping[str, str]  # kernel name -> Python statement launching it
+    source_text: str  # kernel sources for the output_code log
+    local_dir: str  # where ``files`` already are on this machine (FILES_DIR for in-process use)
+    compile_seconds: float = 0.0
+    requires: tuple[str, ...] = field(default=("torch",))
+    device: str = "cpu"  # where the wrapper allocates buffers and the seed ("cuda" for Triton on GPUs)
+
+
+class KernelBackend(Protocol):
+    name: str
+
+    def compile(self, scheduled: ScheduledProgram, layouts: dict[str, Layout],
+                options: InductorOptions) -> CompiledKernels: ...

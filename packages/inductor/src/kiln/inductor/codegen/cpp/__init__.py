@@ -1,0 +1,39 @@
+"""The C++/OpenMP backend: every kernel of a graph in one translation unit, one shared library."""
+
+from __future__ import annotations
+
+from ...ir import Layout, ScheduledProgram
+from ...options import InductorOptions
+from ..common import CompiledKernels
+from .build import CppCompileError, build_shared_library
+from .kernel import kernel_source
+from .prelude import PRELUDE, VECTOR_MATH
+
+
+class CppBackend:
+    name = "cpp"
+
+    def compile(self, scheduled: ScheduledProgram, layouts: dict[str, Layout],
+                options: InductorOptions) -> CompiledKernels:
+        kernels = scheduled.kernels()
+        if not kernels:
+            return CompiledKernels({}, "", {}, "", "")
+        bodies = [kernel_source(k, layouts, options) for k in kernels]
+        head = VECTOR_MATH if options.vectorize_math else ""
+        source = head + PRELUDE + "\n\n" + "\n\n".join(bodies) + "\n"
+        so, seconds = build_shared_library(source, options)
+        lib_name = so.name
+        prelude = [f"_lib = ctypes.CDLL(os.path.join(FILES_DIR, {lib_name!r}))"]
+        launches: dict[str, str] = {}
+        for k in kernels:
+            n_args = len(k.inputs) + len(k.outputs)
+            prelude.append(f"_{k.name} = _lib.{k.name}")
+            prelude.append(f"_{k.name}.argtypes = [ctypes.c_void_p] * {n_args}")
+            prelude.append(f"_{k.name}.restype = None")
+            args = ", ".join(f"{b}.data_ptr()" for b in (*k.inputs, *k.outputs))
+            launches[k.name] = f"_{k.name}({args})"
+        files = {lib_name: so.read_bytes(), lib_name.replace(".so", ".cpp"): source.encode()}
+        return CompiledKernels(files, "\n".join(prelude), launches, source, str(so.parent), seconds)
+
+
+__all__ = ["CppBackend", "CppCompileError"]

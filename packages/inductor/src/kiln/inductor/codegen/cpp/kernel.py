@@ -1,0 +1,220 @@
+"""C++/OpenMP source for one Kernel: parallel outer loops, simd inner loops, staged row reductions."""
+
+from __future__ import annotations
+
+import sympy
+import torch
+
+from ...ir import Kernel, KernelNode, Layout, Load, product
+from ...options import InductorOptions
+from .exprs import ExprEmitter, cast_call, cindex
+from .types import ctype, highest, lowest
+
+_OMP_RED = {"sum": "+", "prod": "*", "any": "||", "all": "&&", "max": "max", "min": "min"}
+
+
+def _init(rtype: str, d: torch.dtype) -> str:
+    return {"sum": "0", "prod": "1", "any": "false", "all": "true", "max": lowest(d), "min": highest(d),
+            "argmax": lowest(d), "argmin": highest(d)}[rtype]
+
+
+def _acc_type(rtype: str, d: torch.dtype) -> str:
+    return "bool" if rtype in ("any", "all") else ctype(d)
+
+
+class CppKernelWriter:
+    def __init__(self, k: Kernel, layouts: dict[str, Layout], options: InductorOptions) -> None:
+        self.k, self.layouts, self.options = k, layouts, options
+        self.lines: list[str] = []
+        self.counter = [0]
+        self.locals: dict[str, tuple[str, sympy.Expr]] = {}  # buffer -> (C++ name, index it holds)
+        self.by_name = {kn.buffer: kn for kn in k.nodes}
+
+    def ptr(self, buffer: str) -> str:
+        return f"p_{buffer}"
+
+    def signature(self) -> str:
+        params = [f"const {ctype(self.layouts[b].dtype)}* __restrict__ {self.ptr(b)}" for b in self.k.inputs]
+        params += [f"{ctype(self.layouts[b].dtype)}* __restrict__ {self.ptr(b)}" for b in self.k.outputs]
+        return f'extern "C" void {self.k.name}({", ".join(params)})'
+
+    def load_hook(self, ld: Load) -> str | None:
+        hit = self.locals.get(ld.buffer)
+        if hit is not None and sympy.expand(hit[1] - ld.index) == 0:
+            return hit[0]
+        return None
+
+    def emitter(self, indent: str) -> ExprEmitter:
+        return ExprEmitter(self.lines, indent, self.load_hook, self.ptr, self.counter)
+
+    def compute(self, kn: KernelNode, indent: str) -> None:
+        em = self.emitter(indent)
+        val = em.emit(kn.body)
+        name = f"v_{kn.buffer}"
+        self.lines.append(f"{indent}auto {name} = {cast_call(val, kn.body.dtype, kn.dtype)};")
+        self.locals[kn.buffer] = (name, kn.store_index)
+        if kn.store:
+            self.lines.append(f"{indent}{self.ptr(kn.buffer)}[{cindex(kn.store_index)}] = {name};")
+
+    def loops(self, ranges: tuple, prefix: str, indent: str, pragma: str | None) -> str:
+        for j, r in enumerate(ranges):
+            if j == 0 and pragma:
+                self.lines.append(f"{indent}{pragma}")
+            self.lines.append(f"{indent}for (int64_t {prefix}{j} = 0; {prefix}{j} < {cindex(r)}; ++{prefix}{j}) {{")
+            indent += "  "
+        return indent
+
+    def close(self, n: int, indent: str) -> str:
+        for _ in range(n):
+            indent = indent[:-2]
+            self.lines.append(f"{indent}}}")
+        return indent
+
+    def write(self) -> str:
+        k = self.k
+        self.lines.append(self.signature() + " {")
+        total = product(list(k.outer) + list(k.inner))
+        parallel = f"if({cindex(total)} > {self.options.parallel_threshold})"
+        if not k.inner:
+            self._pointwise(parallel)
+        else:
+            self._rows(parallel)
+        self.lines.append("}")
+        return "\n".join(self.lines)
+
+    def _pointwise(self, parallel: str) -> None:
+        k = self.k
+        n = len(k.outer)
+        if n == 0:
+            for kn in k.nodes:
+                self.compute(kn, "  ")
+            return
+        if n == 1:
+            indent = self.loops(k.outer, "x", "  ", f"#pragma omp parallel for simd {parallel}")
+        else:
+            coll = f" collapse({n - 1})" if n > 2 else ""
+            indent = self.loops(k.outer[:-1], "x", "  ", f"#pragma omp parallel for{coll} {parallel}")
+            self.lines.append(f"{indent}#pragma omp simd")
+            self.lines.append(f"{indent}for (int64_t x{n - 1} = 0; x{n - 1} < {cindex(k.outer[-1])}; ++x{n - 1}) {{")
+            indent += "  "
+        for kn in k.nodes:
+            self.compute(kn, indent)
+        self.close(n, indent)
+
+    def _rows(self, parallel: str) -> None:
+        k = self.k
+        n = len(k.outer)
+        stages = max(kn.stage for kn in k.nodes)
+        reducers = [kn for kn in k.nodes if kn.kind == "reduction"]
+        whole = n == 0 and stages == 0 and all(r.reduction_type in _OMP_RED for r in reducers)
+        indent = "  "
+        if n:
+            coll = f" collapse({n})" if n > 1 else ""
+            indent = self.loops(k.outer, "x", indent, f"#pragma omp parallel for{coll} {parallel}")
+        for s in range(stages + 1):
+            for kn in k.nodes:  # outer values ready before this stage's loop
+                if kn.role == "outer" and kn.kind != "reduction" and kn.stage == s:
+                    self.compute(kn, indent)
+            self._stage(s, indent, whole, parallel)
+        for kn in k.nodes:
+            if kn.role == "outer" and kn.kind != "reduction" and kn.stage == stages + 1:
+                self.compute(kn, indent)
+        self.close(n, indent)
+
+    def _stage(self, s: int, indent: str, whole: bool, parallel: str) -> None:
+        k = self.k
+        full = [kn for kn in k.nodes if kn.stage == s and (kn.role == "full" or kn.kind == "reduction")]
+        if not full:
+            return
+        if any(kn.kind == "scan" for kn in full):
+            self._scan(full, indent)
+            return
+        reds = [kn for kn in full if kn.kind == "reduction"]
+        clauses = []
+        for r in reds:
+            acc = f"acc_{r.buffer}"
+            self.lines.append(f"{indent}{_acc_type(r.reduction_type, r.body.dtype)} {acc} = "
+                              f"{_init(r.reduction_type, r.body.dtype)};")
+            if r.reduction_type.startswith("arg"):
+                self.lines.append(f"{indent}int64_t idx_{r.buffer} = 0;")
+            elif r.reduction_type in ("max", "min"):
+                self.lines.append(f"{indent}bool nan_{r.buffer} = false;")
+                clauses.append(f"reduction({_OMP_RED[r.reduction_type]}:{acc}) reduction(||:nan_{r.buffer})")
+            else:
+                clauses.append(f"reduction({_OMP_RED[r.reduction_type]}:{acc})")
+        simd_ok = not any(r.reduction_type.startswith("arg") for r in reds)
+        pragma = None
+        if simd_ok:
+            pragma = ("#pragma omp parallel for simd " + parallel + " " if whole else "#pragma omp simd ") + \
+                " ".join(clauses)
+        saved = dict(self.locals)
+        inner = self.loops(k.inner, "r", indent, pragma)
+        for kn in full:
+            if kn.kind == "pointwise":
+                self.compute(kn, inner)
+            else:
+                self._accumulate(kn, inner)
+        self.close(len(k.inner), inner)
+        self.locals = saved
+        for r in reds:
+            acc = f"acc_{r.buffer}"
+            if r.reduction_type.startswith("arg"):
+                val = f"idx_{r.buffer}"
+                src = torch.int64
+            elif r.reduction_type in ("max", "min"):
+                val = f"(nan_{r.buffer} ? std::numeric_limits<{ctype(r.body.dtype)}>::quiet_NaN() : {acc})" \
+                    if r.body.dtype.is_floating_point else acc
+                src = r.body.dtype
+            else:
+                val, src = acc, (torch.bool if r.reduction_type in ("any", "all") else r.body.dtype)
+            name = f"v_{r.buffer}"
+            self.lines.append(f"{indent}auto {name} = {cast_call(val, src, r.dtype)};")
+            self.locals[r.buffer] = (name, r.store_index)
+            if r.store:
+                self.lines.append(f"{indent}{self.ptr(r.buffer)}[{cindex(r.store_index)}] = {name};")
+
+    def _scan(self, nodes: list[KernelNode], indent: str) -> None:
+        (kn,) = nodes
+        acc = f"acc_{kn.buffer}"
+        self.lines.append(f"{indent}{ctype(kn.body.dtype)} {acc} = {'0' if kn.reduction_type == 'sum' else '1'};")
+        inner = self.loops(self.k.inner, "r", indent, None)
+        v = self.emitter(inner).emit(kn.body)
+        self.lines.append(f"{inner}{acc} {'+=' if kn.reduction_type == 'sum' else '*='} {v};")
+        self.lines.append(f"{inner}{self.ptr(kn.buffer)}[{cindex(kn.store_index)}] = "
+                          f"{cast_call(acc, kn.body.dtype, kn.dtype)};")
+        self.close(len(self.k.inner), inner)
+
+    def _accumulate(self, r: KernelNode, indent: str) -> None:
+        v = self.emitter(indent).emit(r.body)
+        acc, t = f"acc_{r.buffer}", r.reduction_type
+        if t == "sum":
+            self.lines.append(f"{indent}{acc} += {v};")
+        elif t == "prod":
+            self.lines.append(f"{indent}{acc} *= {v};")
+        elif t == "any":
+            self.lines.append(f"{indent}{acc} = {acc} || ({v});")
+        elif t == "all":
+            self.lines.append(f"{indent}{acc} = {acc} && ({v});")
+        elif t in ("max", "min"):
+            cmp = ">" if t == "max" else "<"
+            self.lines.append(f"{indent}{acc} = ({v} {cmp} {acc}) ? {v} : {acc};")
+            if r.body.dtype.is_floating_point:
+                self.lines.append(f"{indent}nan_{r.buffer} = nan_{r.buffer} || ({v} != {v});")
+        else:
+            cmp = ">" if t == "argmax" else "<"
+            flat = _flat_r(self.k.inner)
+            if r.body.dtype.is_floating_point:
+                cond = f"({v} {cmp} {acc} || ({v} != {v} && {acc} == {acc}))"
+            else:
+                cond = f"({v} {cmp} {acc})"
+            self.lines.append(f"{indent}if ({cond}) {{ {acc} = {v}; idx_{r.buffer} = {flat}; }}")
+
+
+def _flat_r(inner: tuple) -> str:
+    from ...ir import contiguous_strides, index_vars
+    return cindex(sympy.expand(sum((v * s for v, s in zip(index_vars("r", len(inner)),
+                                                            contiguous_strides(inner))), sympy.Integer(0))))
+
+
+def kernel_source(k: Kernel, layouts: dict[str, Layout], options: InductorOptions) -> str:
+    return CppKernelWriter(k, layouts, options).write()

@@ -1,0 +1,80 @@
+"""The C++ header every generated translation unit starts with: types, conversions, op helpers, RNG.
+
+No torch headers: kernels see raw pointers; bf16 is carried as its 16 bits, fp16 as _Float16.
+"""
+
+# Note: glibc declares SIMD variants of expf/logf/erff/tanhf/... (libmvec) only under __FAST_MATH__.
+# Defining the macro (without -ffast-math's finite-math assumptions) lets g++ vectorise loops that call
+# them while NaN/inf semantics stay IEEE; the library links -lmvec.
+VECTOR_MATH = "#define __FAST_MATH__ 1\n"
+
+PRELUDE = r"""
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <algorithm>
+typedef uint16_t kiln_bf16;
+
+static inline float kiln_bf16_to_f32(kiln_bf16 v) {
+  uint32_t u = ((uint32_t)v) << 16; float f; std::memcpy(&f, &u, 4); return f;
+}
+static inline kiln_bf16 kiln_f32_to_bf16(float f) {
+  uint32_t u; std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (kiln_bf16)((u >> 16) | 0x40u);  // NaN stays NaN
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
+  return (kiln_bf16)(u >> 16);
+}
+template <typename T> static inline T kiln_max(T a, T b) { return (a != a) ? a : ((a > b) ? a : b); }
+template <typename T> static inline T kiln_min(T a, T b) { return (a != a) ? a : ((a < b) ? a : b); }
+template <typename T> static inline T kiln_floordiv(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { return std::floor(a / b); }
+  else { T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q; }
+}
+template <typename T> static inline T kiln_truncdiv(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { return std::trunc(a / b); } else { return a / b; }
+}
+template <typename T> static inline T kiln_mod(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) {
+    T r = std::fmod(a, b); if (r != 0 && ((r < 0) != (b < 0))) r += b; return r;
+  } else { T r = a % b; if (r != 0 && ((r < 0) != (b < 0))) r += b; return r; }
+}
+template <typename T> static inline T kiln_fmod(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { return std::fmod(a, b); } else { return a % b; }
+}
+template <typename T> static inline T kiln_pow(T a, T b) {
+  if constexpr (std::is_floating_point<T>::value) { return std::pow(a, b); }
+  else { if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
+         T r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
+}
+template <typename T> static inline T kiln_sign(T a) {
+  if constexpr (std::is_floating_point<T>::value) { return (a != a) ? a : (T)((T(0) < a) - (a < T(0))); }
+  else { return (T)((T(0) < a) - (a < T(0))); }
+}
+template <typename T> static inline T kiln_sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
+template <typename T> static inline T kiln_relu(T a) { return a < T(0) ? T(0) : a; }
+template <typename T> static inline bool kiln_isnan(T a) { return a != a; }
+
+// Philox4x32-10 counter-based generator: (seed, offset) -> 4 x uint32, no state between calls.
+static inline void kiln_philox(uint64_t seed, uint64_t offset, uint32_t out[4]) {
+  uint32_t c0 = (uint32_t)offset, c1 = (uint32_t)(offset >> 32), c2 = 0, c3 = 0;
+  uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
+  for (int i = 0; i < 10; ++i) {
+    uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+    uint32_t n0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, n2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+    c1 = (uint32_t)p1; c3 = (uint32_t)p0; c0 = n0; c2 = n2;
+    k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+  }
+  out[0] = c0; out[1] = c1; out[2] = c2; out[3] = c3;
+}
+static inline float kiln_rand(int64_t seed, int64_t offset) {
+  uint32_t r[4]; kiln_philox((uint64_t)seed, (uint64_t)offset, r);
+  return (float)(r[0] >> 8) * (1.0f / 16777216.0f);
+}
+static inline float kiln_randn(int64_t seed, int64_t offset) {
+  uint32_t r[4]; kiln_philox((uint64_t)seed, (uint64_t)offset, r);
+  float u1 = ((float)(r[0] >> 8) + 1.0f) * (1.0f / 16777217.0f);
+  float u2 = (float)(r[1] >> 8) * (1.0f / 16777216.0f);
+  return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.283185307179586f * u2);
+}
+"""

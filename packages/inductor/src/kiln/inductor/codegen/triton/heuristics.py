@@ -1,0 +1,82 @@
+"""Block sizes and warp counts for generated Triton kernels (static choices; max-autotune may refine).
+
+Pointwise kernels take up to 1024 elements a program (8 a thread at 4 warps). Row kernels are
+persistent (the whole row in registers, RBLOCK = next_pow2(rnumel)) when the row is static and at most
+``persistent_max`` long, else they loop over the row in RBLOCK chunks. When the reduced dim is not the
+contiguous one (a column reduction), programs take a wide XBLOCK so loads stay coalesced along x.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+
+@dataclass(frozen=True, slots=True)
+class TritonConfig:
+    """Options of the Triton code generator (part of generated code, so part of cache keys)."""
+
+    persistent_max: int = 4096  # largest static row kept whole in registers
+    target_programs: int = 528  # about four programs per SM of an H100/H200 (132 SMs)
+    col_min_xblock: int = 8  # column reductions: at least this many contiguous x per tile row
+    col_tile: int = 1024  # column reductions: XBLOCK * RBLOCK
+    pointwise_block: int = 1024
+    row_block_elems: int = 8192  # XBLOCK * RBLOCK of a row kernel
+    looped_rblock: int = 2048
+    max_xblock_rows: int = 64
+
+
+@dataclass(frozen=True, slots=True)
+class BlockChoice:
+    xblock: int
+    rblock: int  # 0 for pointwise kernels
+    num_warps: int
+    persistent: bool
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def prev_pow2(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def static(e: sympy.Expr) -> int | None:
+    return int(e) if isinstance(e, (int, sympy.Integer)) else None
+
+
+def _warps(elems: int) -> int:
+    return max(1, min(8, elems // 256))
+
+
+def pointwise_blocks(xnumel: sympy.Expr, cfg: TritonConfig) -> BlockChoice:
+    n = static(xnumel)
+    xblock = cfg.pointwise_block if n is None else max(16, min(cfg.pointwise_block, next_pow2(n)))
+    return BlockChoice(xblock, 0, max(1, min(4, xblock // 128)), False)
+
+
+def row_blocks(xnumel: sympy.Expr, rnumel: sympy.Expr, r_contiguous: bool, cfg: TritonConfig) -> BlockChoice:
+    xn, rn = static(xnumel), static(rnumel)
+    xcap = next_pow2(xn) if xn is not None else cfg.max_xblock_rows
+    if not r_contiguous:
+        return _column_blocks(xn, rn, xcap, cfg)
+    if rn is not None and rn <= cfg.persistent_max:
+        rblock = next_pow2(rn)
+        xblock = max(1, min(xcap, cfg.max_xblock_rows, cfg.row_block_elems // rblock))
+        return BlockChoice(xblock, rblock, _warps(xblock * rblock), True)
+    rblock = min(cfg.looped_rblock, next_pow2(rn) if rn is not None else cfg.looped_rblock)
+    xblock = max(1, min(xcap, cfg.row_block_elems // 4 // rblock))
+    return BlockChoice(xblock, rblock, _warps(xblock * rblock), False)
+
+
+def _column_blocks(xn: int | None, rn: int | None, xcap: int, cfg: TritonConfig) -> BlockChoice:
+    """Reduce across rows of a contiguous x: wide-enough x for coalescing, enough programs to fill SMs."""
+    want = prev_pow2(max(1, xn // cfg.target_programs)) if xn is not None else cfg.max_xblock_rows
+    xblock = max(1, min(xcap, cfg.max_xblock_rows, max(cfg.col_min_xblock, want)))
+    if rn is not None and next_pow2(rn) * xblock <= cfg.col_tile:
+        rblock = next_pow2(rn)
+        return BlockChoice(xblock, rblock, _warps(xblock * rblock), True)
+    rblock = max(8, min(next_pow2(rn) if rn is not None else 64, cfg.col_tile // xblock))
+    return BlockChoice(xblock, rblock, _warps(xblock * rblock), False)

@@ -1,0 +1,465 @@
+"""One scheduled ``Kernel`` -> one ``@triton.jit`` function's source and its launch description.
+
+Layout of a generated kernel:
+
+- pointwise: ``xindex`` is a 1-D block of flat outer positions; kernel variables ``x0..`` are
+  ``xindex`` split by div/mod over the (coalesced) outer sizes.
+- row kernel, persistent: a ``[XBLOCK, RBLOCK]`` tile holds whole rows; stages run one after another
+  on registers, reductions give ``[XBLOCK, 1]`` values that later stages broadcast.
+- row kernel, looped: each stage is an ``for roffset in range(0, rnumel, RBLOCK)`` loop accumulating
+  elementwise into ``[XBLOCK, RBLOCK]`` accumulators, reduced across lanes after the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from ...ir import Constant, Expr, IndexExpr, IndexValue, Kernel, KernelNode, Load, Op, walk
+from ...ir import Cast as CastExpr
+from ...ir.index import product
+from .heuristics import BlockChoice, TritonConfig, next_pow2, pointwise_blocks, row_blocks, static
+from .ops import compute_dtype, convert, emit_op, literal, operand_dtypes, tl_dtype
+from .printer import IndexPrinter, python_index
+from .reductions import ReductionEmitter
+from .tiling import simplify_kernel
+
+INT32_LIMIT = 2**31 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class TritonKernel:
+    """A generated Triton kernel and how to launch it (the Python wrapper's view of it).
+
+    ``pointer_args`` are buffer names passed as tensors in that order, then ``size_args``, the size
+    symbols (``s0``...) passed as ints; ``grid`` is a Python expression over those names.
+    """
+
+    name: str
+    source: str
+    pointer_args: tuple[str, ...]
+    size_args: tuple[str, ...]
+    xnumel: str  # Python expression over size_args
+    xblock: int
+    rblock: int  # 0 for pointwise kernels
+    num_warps: int
+    kind: str  # "pointwise" | "pointwise_2d" | "persistent_reduction" | "looped_reduction"
+    ynumel: str = "1"  # 2-D tiled pointwise kernels: the outer tile dimension (grid axis 1)
+    yblock: int = 0
+
+    @property
+    def grid(self) -> str:
+        y = f"triton.cdiv({self.ynumel}, {self.yblock})" if self.yblock else "1"
+        return f"(triton.cdiv({self.xnumel}, {self.xblock}), {y}, 1)"
+
+    def launch_code(self, module: str = "", args: Sequence[str] | None = None) -> str:
+        """One Python statement launching this kernel; ``args`` default to the buffer names."""
+        call_args = list(args) if args is not None else list(self.pointer_args)
+        call_args += list(self.size_args)
+        consts = f"XBLOCK={self.xblock}" + (f", RBLOCK={self.rblock}" if self.rblock else "") + (
+            f", YBLOCK={self.yblock}" if self.yblock else "")
+        fn = f"{module}.{self.name}" if module else self.name
+        return (f"{fn}[{self.grid}]({', '.join(call_args)}, {consts}, num_warps={self.num_warps}, "
+                f"num_stages=1)")
+
+
+def _is_kernel_var(s: sympy.Symbol) -> bool:
+    """Loop variables (x*, r*) and indirect-load values (d*): everything in an index but sizes."""
+    return s.name[:1] in ("x", "r", "d") and s.name[1:].isdigit()
+
+
+def size_symbols(k: Kernel) -> list[str]:
+    syms: set[str] = set()
+    for e in (*k.outer, *k.inner):
+        syms |= {s.name for s in sympy.sympify(e).free_symbols}
+    for n in k.nodes:
+        for e in [n.store_index, *(x.index for x in walk(n.body) if isinstance(x, (Load, IndexValue)))]:
+            syms |= {s.name for s in e.free_symbols if not _is_kernel_var(s)}
+    return sorted(syms, key=lambda s: (len(s), s))
+
+
+def _bound(e: sympy.Expr, sizes: dict[sympy.Symbol, IndexExpr]) -> float:
+    """An upper bound of |e| over the iteration space (inf when symbolic)."""
+    if isinstance(e, sympy.Integer):
+        return abs(int(e))
+    if isinstance(e, sympy.Symbol):
+        s = sizes.get(e)
+        return float("inf") if s is None or not isinstance(s, sympy.Integer) else int(s) - 1
+    if isinstance(e, sympy.Add):
+        return sum(_bound(a, sizes) for a in e.args)
+    if isinstance(e, sympy.Mul):
+        out = 1.0
+        for a in e.args:
+            out *= _bound(a, sizes)
+        return out
+    if type(e).__name__ == "FloorDiv":
+        return _bound(e.args[0], sizes)
+    if type(e).__name__ == "ModIndex":
+        return _bound(e.args[1], sizes)
+    if isinstance(e, (sympy.Max, sympy.Min)):
+        return max(_bound(a, sizes) for a in e.args)
+    return float("inf")
+
+
+def needs_int64(k: Kernel) -> bool:
+    sizes: dict[sympy.Symbol, IndexExpr] = {}
+    for i, s in enumerate(k.outer):
+        sizes[sympy.Symbol(f"x{i}", integer=True, nonnegative=True)] = s
+    for i, s in enumerate(k.inner):
+        sizes[sympy.Symbol(f"r{i}", integer=True, nonnegative=True)] = s
+    bound = _bound(product(k.outer), {}) + _bound(product(k.inner), {}) + 4096
+    for n in k.nodes:
+        for e in [n.store_index, *(x.index for x in walk(n.body) if isinstance(x, (Load, IndexValue)))]:
+            bound = max(bound, _bound(sympy.expand(e), sizes))
+    return bound > INT32_LIMIT
+
+
+def _var_classes(e: IndexExpr, split: int | None = None) -> frozenset[str]:
+    """Which tile axes an index walks: "x", "r", and "y" for the outer group of a 2-D tiled kernel."""
+    out = set()
+    for s in sympy.sympify(e).free_symbols:
+        if _is_kernel_var(s) and s.name[0] != "d":
+            out.add("y" if split is not None and s.name[0] == "x" and int(s.name[1:]) < split else s.name[0])
+    return frozenset(out)
+
+
+def _paren(code: str) -> str:
+    return code if code.isidentifier() or code.isdigit() else f"({code})"
+
+
+class KernelWriter:
+    """Writes one kernel function; values are named temporaries, common subexpressions shared."""
+
+    def __init__(self, k: Kernel, cfg: TritonConfig, split: int | None = None) -> None:
+        self.k = k
+        self.split = split  # 2-D tiling: outer dims [0, split) on the y axis, the rest on x
+        self.cfg = cfg
+        self.row = k.is_row_kernel
+        self.lines: list[str] = []
+        self.depth = 1
+        self.counter = 0
+        self.scopes: list[dict[tuple, tuple[str, frozenset[str]]]] = [{}]
+        # predicates of the enclosing ``where`` branches: loads under them are masked by them, since the IR
+        # promises an untaken branch's load is never evaluated (cat/pad read out of range there)
+        self.preds: tuple[tuple[str, frozenset[str]], ...] = ()
+        self.locals: dict[str, tuple[str, frozenset[str], int]] = {}  # buffer -> (var, uses, scope level)
+        self.produced = {n.buffer: n for n in k.nodes}
+        self.ptrs: dict[str, str] = {}
+        self.barrier_emitted_at: set[int] = set()
+        self.idx = IndexPrinter()
+        self.red = ReductionEmitter(self)
+        self.int64 = needs_int64(k)
+
+    # -- plumbing -------------------------------------------------------------------------------------
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def tmp(self, prefix: str = "tmp") -> str:
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def assign(self, code: str, prefix: str = "tmp") -> str:
+        name = self.tmp(prefix)
+        self.line(f"{name} = {code}")
+        return name
+
+    def push_scope(self) -> None:
+        self.scopes.append(dict(self.scopes[-1]))
+        self.depth += 1
+
+    def pop_scope(self) -> None:
+        self.scopes.pop()
+        self.depth -= 1
+        for b, (_, _, level) in list(self.locals.items()):
+            if level >= len(self.scopes):
+                del self.locals[b]
+        self.barrier_emitted_at = {d for d in self.barrier_emitted_at if d <= len(self.scopes)}
+
+    def ptr(self, buffer: str) -> str:
+        if buffer not in self.ptrs:
+            self.ptrs[buffer] = "ptr_" + "".join(c if c.isalnum() or c == "_" else "_" for c in buffer)
+        return self.ptrs[buffer]
+
+    def shape(self, ctx: str) -> str:
+        if self.split is not None:
+            return "[YBLOCK, XBLOCK]"
+        return {"point": "[XBLOCK]", "full": "[XBLOCK, RBLOCK]", "outer": "[XBLOCK, 1]"}[ctx]
+
+    def mask_for(self, uses: frozenset[str]) -> str | None:
+        parts = [m for c, m in (("y", "ymask"), ("x", "xmask"), ("r", "rmask")) if c in uses]
+        return " & ".join(parts) if parts else None
+
+    def ctx_uses(self, ctx: str) -> frozenset[str]:
+        if self.split is not None:
+            return frozenset("xy")
+        return frozenset("xr") if ctx == "full" else frozenset("x")
+
+    def classes(self, e: IndexExpr) -> frozenset[str]:
+        return _var_classes(e, self.split)
+
+    def index_code(self, e: IndexExpr) -> str:
+        return self.idx(sympy.expand(e))
+
+    # -- expressions ----------------------------------------------------------------------------------
+    def value(self, e: Expr, ctx: str) -> tuple[str, frozenset[str]]:
+        key = (e, ctx, self.preds)
+        hit = self.scopes[-1].get(key)
+        if hit is not None:
+            return hit
+        out = self._value(e, ctx)
+        self.scopes[-1][key] = out
+        return out
+
+    def _value(self, e: Expr, ctx: str) -> tuple[str, frozenset[str]]:
+        if isinstance(e, Load):
+            return self.load(e, ctx)
+        if isinstance(e, Constant):
+            return literal(e.value, e.dtype), frozenset()
+        if isinstance(e, IndexValue):
+            idx = sympy.expand(e.index)
+            if idx.is_number:
+                return literal(int(idx), e.dtype), frozenset()
+            code = self.index_code(idx)
+            return self.assign(convert(f"({code}).to(tl.int64)", torch.int64, e.dtype)), self.classes(idx)
+        if isinstance(e, CastExpr):
+            code, uses = self.value(e.x, ctx)
+            if compute_dtype(e.x.dtype) == compute_dtype(e.dtype) and e.dtype == e.x.dtype:
+                return code, uses
+            return self.assign(convert(code, e.x.dtype, e.dtype)), uses
+        assert isinstance(e, Op), e
+        if e.name == "where" and any(isinstance(n, Load) for a in e.args[1:] for n in walk(a)):
+            return self.predicated_where(e, ctx)
+        vals = [self.value(a, ctx) for a in e.args]
+        want = operand_dtypes(e.name, [a.dtype for a in e.args], e.dtype)
+        codes = [convert(c, a.dtype, w) for (c, _), a, w in zip(vals, e.args, want)]
+        uses = frozenset().union(*(u for _, u in vals))
+        operand = want[1] if e.name == "where" else want[0]
+        return self.assign(emit_op(e.name, codes, operand, e.dtype)), uses
+
+    def predicated_where(self, e: Op, ctx: str) -> tuple[str, frozenset[str]]:
+        cond, cu = self.value(e.args[0], ctx)
+        c = self.assign(convert(cond, e.args[0].dtype, torch.bool))
+        outer = self.preds
+        self.preds = outer + ((c, cu),)
+        a, au = self.value(e.args[1], ctx)
+        self.preds = outer + ((f"({c} == 0)", cu),)
+        b, bu = self.value(e.args[2], ctx)
+        self.preds = outer
+        a = convert(a, e.args[1].dtype, e.dtype)
+        b = convert(b, e.args[2].dtype, e.dtype)
+        return self.assign(emit_op("where", [c, a, b], e.dtype, e.dtype)), cu | au | bu
+
+    def load(self, e: Load, ctx: str) -> tuple[str, frozenset[str]]:
+        node = self.produced.get(e.buffer)
+        if node is not None:
+            local = self.locals.get(e.buffer)
+            if local is not None and sympy.expand(e.index - node.store_index) == 0:
+                return local[0], local[1]
+            if not node.store:
+                raise NotImplementedError(
+                    f"kernel {self.k.name}: {e.buffer} is read at {e.index} where it is not available in "
+                    f"registers, and it is not stored to memory (scheduler contract)")
+            if len(self.scopes) not in self.barrier_emitted_at:
+                self.line("tl.debug_barrier()")  # a value this kernel stored is read back by other lanes
+                self.barrier_emitted_at.add(len(self.scopes))
+        uses = self.classes(e.index)
+        index = sympy.expand(e.index)
+        if e.indirect:  # gather: d<k> in the index are int64 values computed at this point
+            binds = {}
+            for k, ind in enumerate(e.indirect):
+                code, u = self.value(ind, ctx)
+                binds[sympy.Symbol(f"d{k}", integer=True)] = sympy.Symbol(
+                    self.assign(convert(code, ind.dtype, torch.int64)), integer=True)
+                uses |= u
+            index = index.xreplace(binds).xreplace(
+                {s: binds[sympy.Symbol(s.name, integer=True)] for s in index.free_symbols
+                 if sympy.Symbol(s.name, integer=True) in binds})
+        mask = self.mask_for(uses)
+        for pred, pu in self.preds:
+            mask = f"{mask} & {pred}" if mask else pred
+            uses |= pu
+        other = "0" if not e.dtype.is_floating_point else "0.0"
+        args = f"{self.ptr(e.buffer)} + ({self.index_code(index)})"
+        if mask:
+            args += f", {mask}, other={other}"
+        code = f"tl.load({args})"
+        if compute_dtype(e.dtype) != e.dtype:
+            code += ".to(tl.float32)"
+        return self.assign(code), uses
+
+    def store(self, n: KernelNode, code: str, ctx: str) -> None:
+        if not n.store:
+            return
+        uses = self.classes(n.store_index)
+        idx = self.index_code(n.store_index)
+        need = self.ctx_uses(ctx)
+        if not need <= uses:
+            idx = f"({idx}) + tl.zeros({self.shape(ctx)}, tl.int32)"
+        value = code if compute_dtype(n.dtype) == n.dtype else f"{code}.to({tl_dtype(n.dtype)})"
+        self.line(f"tl.store({self.ptr(n.buffer)} + ({idx}), {value}, {self.mask_for(need)})")
+
+    # -- nodes -----------------------------------------------------------------------------------------
+    def emit_elementwise(self, n: KernelNode, ctx: str) -> None:
+        code, uses = self.value(n.body, ctx)
+        if n.body.dtype != n.dtype:
+            code = self.assign(convert(code, n.body.dtype, n.dtype))
+        self.locals[n.buffer] = (code, uses, len(self.scopes) - 1 if ctx == "full" else 0)
+        self.store(n, code, ctx)
+
+    def define_vars(self, prefix: str, sizes: Sequence[IndexExpr], flat: str, first: int = 0) -> None:
+        n = len(sizes)
+        for j in range(n):
+            stride = product(list(sizes[j + 1:]))
+            code = flat if stride == 1 else f"{flat} // {_paren(self.index_code(stride))}"
+            if j > 0:
+                code = f"{_paren(code)} % {_paren(self.index_code(sizes[j]))}"
+            self.line(f"{prefix}{first + j} = {code}")
+
+    def header(self, name: str) -> list[str]:
+        consts = "XBLOCK: tl.constexpr" + (", RBLOCK: tl.constexpr" if self.row else "") + (
+            ", YBLOCK: tl.constexpr" if self.split is not None else "")
+        params = [self.ptrs[b] for b in self.ptr_order()] + size_symbols(self.k) + [consts]
+        return ["@triton.jit", f"def {name}({', '.join(params)}):"]
+
+    def ptr_order(self) -> list[str]:
+        order = list(dict.fromkeys([*self.k.inputs, *self.k.outputs]))
+        order += [b for b in self.ptrs if b not in order]
+        return [b for b in order if b in self.ptrs]
+
+    def prologue_2d(self) -> None:
+        k, split = self.k, self.split
+        assert split is not None
+        pid = ".to(tl.int64)" if self.int64 else ""
+        self.line(f"ynumel = {self.index_code(product(list(k.outer[:split])))}")
+        self.line(f"xnumel = {self.index_code(product(list(k.outer[split:])))}")
+        self.line(f"yindex = tl.program_id(1){pid} * YBLOCK + tl.arange(0, YBLOCK)[:, None]")
+        self.line(f"xindex = tl.program_id(0){pid} * XBLOCK + tl.arange(0, XBLOCK)[None, :]")
+        self.line("ymask = yindex < ynumel")
+        self.line("xmask = xindex < xnumel")
+        self.define_vars("x", k.outer[:split], "yindex")
+        self.define_vars("x", k.outer[split:], "xindex", split)
+
+    def prologue(self) -> None:
+        k = self.k
+        if self.split is not None:
+            return self.prologue_2d()
+        self.line(f"xnumel = {self.index_code(product(list(k.outer)))}")
+        pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
+        self.line(f"xoffset = {pid} * XBLOCK")
+        if self.row:
+            self.line(f"rnumel = {self.index_code(product(list(k.inner)))}")
+            self.line("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+            self.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+        else:
+            self.line("xindex = xoffset + tl.arange(0, XBLOCK)")
+        self.line("xmask = xindex < xnumel")
+        self.define_vars("x", k.outer, "xindex")
+
+    def r_setup(self, offset: str) -> None:
+        self.line(f"rindex = {offset}rbase")
+        self.line("rmask = rindex < rnumel")
+        self.define_vars("r", self.k.inner, "rindex")
+
+    def write(self, blocks: BlockChoice) -> str:
+        self.prologue()
+        if not self.row:
+            for n in self.k.nodes:
+                if n.kind != "pointwise":
+                    raise NotImplementedError(f"kernel {self.k.name}: {n.kind} node {n.buffer} outside a row kernel")
+                self.emit_elementwise(n, "point")
+        elif blocks.persistent:
+            self.r_setup("")
+            self.red.persistent_body(self.k.nodes)
+        else:
+            self.red.looped_body(self.k.nodes)
+        body = self.lines
+        return "\n".join(self.header(self.k.name) + body)
+
+
+def generate_kernel(k: Kernel, cfg: TritonConfig = TritonConfig()) -> TritonKernel:
+    """Triton source and launch description for one scheduled kernel."""
+    simple = simplify_kernel(k)
+    xnumel = product(list(simple.outer))
+    split = None if simple.is_row_kernel else tile_split(simple)
+    if split is not None:
+        return _generate_2d(simple, cfg, split)
+    writer = KernelWriter(simple, cfg)
+    if simple.is_row_kernel:
+        blocks = row_blocks(xnumel, product(list(simple.inner)), _r_contiguous(simple), cfg)
+        kind = "persistent_reduction" if blocks.persistent else "looped_reduction"
+    else:
+        blocks = pointwise_blocks(xnumel, cfg)
+        kind = "pointwise"
+    source = writer.write(blocks)
+    return TritonKernel(name=k.name, source=source, pointer_args=tuple(writer.ptr_order()),
+                        size_args=tuple(size_symbols(simple)), xnumel=python_index(xnumel),
+                        xblock=blocks.xblock, rblock=blocks.rblock, num_warps=blocks.num_warps, kind=kind)
+
+
+def _r_contiguous(k: Kernel) -> bool:
+    """Whether loads walk memory along the reduced dim (row reductions) rather than across rows."""
+    if not k.inner:
+        return True
+    r_last = sympy.Symbol(f"r{len(k.inner) - 1}", integer=True, nonnegative=True)
+    x_last = sympy.Symbol(f"x{len(k.outer) - 1}", integer=True, nonnegative=True) if k.outer else None
+    votes = 0
+    for n in k.nodes:
+        for e in walk(n.body):
+            if isinstance(e, Load) and r_last in e.index.free_symbols:
+                ex = sympy.expand(e.index)
+                if ex.coeff(r_last) == 1:
+                    votes += 1
+                elif x_last is not None and ex.coeff(x_last) == 1:
+                    votes -= 1
+    return votes >= 0
+
+
+def _contiguous_var(e: IndexExpr, n_outer: int) -> int | None:
+    ex = sympy.expand(e)
+    for j in range(n_outer):
+        v = sympy.Symbol(f"x{j}", integer=True, nonnegative=True)
+        if v in ex.free_symbols and ex.coeff(v) == 1:
+            return j
+    return None
+
+
+def tile_split(k: Kernel) -> int | None:
+    """Where to split the outer dims for a 2-D tile, when stores and loads are contiguous along
+    different dims (a transpose); None keeps the 1-D layout."""
+    n = len(k.outer)
+    if n < 2 or any(static(s) is None for s in k.outer):
+        return None
+    store_dims = {_contiguous_var(nd.store_index, n) for nd in k.nodes if nd.store} - {None}
+    load_dims = {_contiguous_var(e.index, n) for nd in k.nodes for e in walk(nd.body)
+                 if isinstance(e, Load) and not e.indirect} - {None}
+    if len(store_dims) != 1 or not (load_dims - store_dims):
+        return None
+    s = next(iter(store_dims))
+    other = max(load_dims - store_dims)
+    split = max(s, other)
+    y = int(product(list(k.outer[:split])))
+    x = int(product(list(k.outer[split:])))
+    if y < 16 or x < 16:
+        return None  # a thin tile gains nothing
+    return split
+
+
+def _generate_2d(k: Kernel, cfg: TritonConfig, split: int) -> TritonKernel:
+    ynumel, xnumel = product(list(k.outer[:split])), product(list(k.outer[split:]))
+    xblock = min(64, next_pow2(int(xnumel)))
+    yblock = min(64, next_pow2(int(ynumel)), max(1, 4096 // xblock))
+    if (int(ynumel) + yblock - 1) // yblock > 65535:  # CUDA's grid limit on axis 1
+        writer = KernelWriter(k, cfg)
+        blocks = pointwise_blocks(product(list(k.outer)), cfg)
+        return TritonKernel(name=k.name, source=writer.write(blocks), pointer_args=tuple(writer.ptr_order()),
+                            size_args=(), xnumel=python_index(product(list(k.outer))), xblock=blocks.xblock,
+                            rblock=0, num_warps=blocks.num_warps, kind="pointwise")
+    writer = KernelWriter(k, cfg, split)
+    source = writer.write(BlockChoice(xblock, 0, 4, False))
+    return TritonKernel(name=k.name, source=source, pointer_args=tuple(writer.ptr_order()), size_args=(),
+                        xnumel=python_index(xnumel), xblock=xblock, rblock=0,
+                        num_warps=4 if xblock * yblock >= 1024 else 2, kind="pointwise_2d",
+                        ynumel=python_index(ynumel), yblock=yblock)

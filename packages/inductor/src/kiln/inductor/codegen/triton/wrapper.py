@@ -1,0 +1,125 @@
+"""The Triton side of the Python wrapper: kernel module text, its loader, and launch statements.
+
+Generated kernels are plain text inside the wrapper module (so kiln.runtime saves them with no
+pickle). On first use the wrapper writes that text to a file named by its hash (triton's ``@jit``
+reads kernel source through ``inspect``, so it must live in a real file), imports it, and triton
+compiles each kernel on its first launch and caches the binary on disk (``~/.triton/cache``).
+
+How a wrapper uses this (see ``wrapper_prologue`` and ``TritonKernel.launch_code``)::
+
+    <wrapper_prologue(kernels)>            # module level: source constant + loader + import
+    ...
+    s0 = arg0.shape[0]                     # size symbols bound as Python ints
+    buf1 = torch.empty(...)                # outputs allocated by the wrapper
+    <kernel.launch_code("triton_kernels")> # one statement per kernel, in schedule order
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from ...ir import Kernel
+from .heuristics import TritonConfig
+from .kernel import TritonKernel, generate_kernel
+from .prelude import PRELUDE
+
+MODULE_VAR = "triton_kernels"
+
+# Kept as text: the same function is written into generated wrappers and exec'd here for in-process use.
+LOADER = '''\
+def _kiln_load_triton_module(source):
+    """Import generated Triton kernel source from a file named by its hash (triton reads it back)."""
+    import hashlib
+    import importlib.util
+    import os
+    import sys
+    import tempfile
+    name = "kiln_triton_" + hashlib.sha256(source.encode()).hexdigest()[:32]
+    if name in sys.modules:
+        return sys.modules[name]
+    root = os.environ.get("KILN_CACHE_DIR")
+    user = str(os.getuid()) if hasattr(os, "getuid") else "user"
+    folder = os.path.join(root, "triton_src") if root else os.path.join(tempfile.gettempdir(), "kiln-triton-" + user)
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    path = os.path.join(folder, name + ".py")
+    try:
+        with open(path, encoding="utf-8") as f:
+            current = f.read()
+    except OSError:
+        current = None
+    if current != source:  # write atomically: another process may be importing the same file
+        tmp = "%s.%d.tmp" % (path, os.getpid())
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(source)
+        os.replace(tmp, path)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+'''
+
+_ns: dict[str, object] = {}
+exec(compile(LOADER, "<kiln triton loader>", "exec"), _ns)  # noqa: S102 - our own constant text
+load_triton_module = _ns["_kiln_load_triton_module"]
+
+
+def module_source(kernels: Sequence[TritonKernel]) -> str:
+    """The kernel module: prelude helpers then every kernel function."""
+    return PRELUDE + "\n\n" + "\n\n\n".join(k.source for k in kernels) + "\n"
+
+
+def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_VAR) -> str:
+    """Module-level wrapper code defining ``module_var`` (the loaded kernel module)."""
+    if not kernels:
+        return ""
+    src = module_source(kernels)
+    # a raw triple-quoted literal keeps the kernels readable in the output_code log
+    literal = f"r'''{src}'''" if "'''" not in src and not src.endswith("\\") else repr(src)
+    return "\n".join(["import triton", "", f"_TRITON_SOURCE = {literal}", "", LOADER,
+                      f"{module_var} = _kiln_load_triton_module(_TRITON_SOURCE)", ""])
+
+
+def launch_statement(k: TritonKernel, args: Sequence[str] | None = None, module_var: str = MODULE_VAR) -> str:
+    """A wrapper statement launching ``k``; skipped when the iteration space is empty."""
+    return f"if {k.xnumel} > 0:\n    {k.launch_code(module_var, args)}" if k.size_args else (
+        k.launch_code(module_var, args) if k.xnumel != "0" else "pass")
+
+
+class TritonKernels:
+    """Generated kernels of one program, loaded in-process (tests and direct use; wrappers embed text)."""
+
+    def __init__(self, kernels: Sequence[Kernel], cfg: TritonConfig = TritonConfig()) -> None:
+        self.generated = [generate_kernel(k, cfg) for k in kernels]
+        self.source = module_source(self.generated)
+        self._module: types.ModuleType | None = None
+
+    @property
+    def module(self) -> types.ModuleType:
+        if self._module is None:
+            self._module = load_triton_module(self.source)  # type: ignore[operator]
+        return self._module
+
+    def launch(self, index: int, buffers: Mapping[str, torch.Tensor], sizes: Mapping[str, int] | None = None
+               ) -> None:
+        """Run kernel ``index`` over ``buffers`` (name -> tensor, each its whole storage at offset 0)."""
+        import triton
+
+        k = self.generated[index]
+        env = dict(sizes or {})
+        xnumel = eval(k.xnumel, {}, env)  # noqa: S307 - our own printed size expression
+        if xnumel == 0:
+            return
+        fn = getattr(self.module, k.name)
+        args = [buffers[b] for b in k.pointer_args] + [int(env[s]) for s in k.size_args]
+        consts = {"XBLOCK": k.xblock, **({"RBLOCK": k.rblock} if k.rblock else {}),
+                  **({"YBLOCK": k.yblock} if k.yblock else {})}
+        ygrid = triton.cdiv(eval(k.ynumel, {}, env), k.yblock) if k.yblock else 1  # noqa: S307
+        fn[(triton.cdiv(xnumel, k.xblock), ygrid, 1)](*args, **consts, num_warps=k.num_warps, num_stages=1)
+
+    def run(self, buffers: Mapping[str, torch.Tensor], sizes: Mapping[str, int] | None = None) -> None:
+        for i in range(len(self.generated)):
+            self.launch(i, buffers, sizes)

@@ -1,0 +1,139 @@
+"""The Python wrapper: a readable module that allocates buffers, launches kernels and extern calls in
+the planned order, frees buffers after their last use, and returns the outputs.
+
+The module is self-contained (torch + ctypes): it defines ``call(args: list) -> tuple`` and reads
+``FILES_DIR`` for compiled kernels, so kiln.runtime can save and load it without the compiler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..ir import (Arg, ConstArg, ExternKernel, Kernel, Layout, ListArg, LoopProgram, ScheduledProgram,
+                  TensorRef)
+from .common import CompiledKernels
+
+HEADER = '''"""kiln.inductor generated wrapper for graph {name!r}."""
+import ctypes
+import os
+
+import torch
+
+aten = torch.ops.aten
+inf, nan = float("inf"), float("nan")
+
+
+def _restride(t, size, stride):
+    """Fallback kernels may return other strides than their meta said; kernels index by the plan."""
+    if tuple(t.stride()) == stride or t.numel() <= 1:
+        return t
+    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+'''
+
+
+def _ints(xs: tuple) -> str:
+    items = ", ".join(str(int(x)) for x in xs)
+    return f"({items},)" if len(xs) == 1 else f"({items})"
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, torch.dtype):
+        return str(v)
+    if isinstance(v, torch.device):
+        return f"torch.device({str(v)!r})"
+    if isinstance(v, torch.memory_format):
+        return str(v)
+    if isinstance(v, torch.layout):
+        return str(v)
+    if isinstance(v, float) and (v != v or v in (float("inf"), float("-inf"))):
+        return repr(v)
+    return repr(v)
+
+
+class WrapperWriter:
+    def __init__(self, s: ScheduledProgram, kernels: CompiledKernels) -> None:
+        self.s = s
+        p = s.program
+        assert isinstance(p, LoopProgram)
+        self.p = p
+        self.kernels = kernels
+        self.layouts = p.layouts()
+        self.lines: list[str] = []
+        device = getattr(kernels, "device", "cpu")
+        self.device_kw = "" if device == "cpu" else f", device={device!r}"
+
+    def ref(self, r: TensorRef) -> str:
+        lay = self.layouts[r.buffer]
+        if tuple(r.shape) == tuple(lay.shape) and tuple(r.stride) == tuple(lay.stride) and r.offset == lay.offset:
+            return r.buffer
+        off = int(r.offset)
+        offset = f"{r.buffer}.storage_offset() + {off}" if off else f"{r.buffer}.storage_offset()"
+        return f"{r.buffer}.as_strided({_ints(r.shape)}, {_ints(r.stride)}, {offset})"
+
+    def arg(self, a: Arg) -> str:
+        if isinstance(a, TensorRef):
+            return self.ref(a)
+        if isinstance(a, ListArg):
+            return "[" + ", ".join(self.arg(x) for x in a.items) + "]"
+        assert isinstance(a, ConstArg)
+        return _value(a.value)
+
+    def extern(self, e: ExternKernel) -> None:
+        ns, op, overload = e.target.split(".", 2)
+        call_args = [self.arg(a) for a in e.args] + [f"{k}={self.arg(v)}" for k, v in e.kwargs]
+        target = f"torch.ops.{ns}.{op}.{overload}"
+        res = f"_r_{e.name}" if (len(e.outputs) != 1 or e.outputs[0].path) else e.outputs[0].buffer
+        self.lines.append(f"    {res} = {target}({', '.join(call_args)})  # {e.kind}")
+        for o in e.outputs:
+            src = res + "".join(f"[{k}]" for k in o.path)
+            if e.kind == "fallback":
+                src = f"_restride({src}, {_ints(o.layout.shape)}, {_ints(o.layout.stride)})"
+            if src != o.buffer:
+                self.lines.append(f"    {o.buffer} = {src}")
+        if res.startswith("_r_"):
+            self.lines.append(f"    del {res}")
+
+    def alloc(self, buffer: str, layout: Layout, reuse: str | None) -> None:
+        if reuse:
+            self.lines.append(f"    {buffer} = {reuse}.as_strided({_ints(layout.shape)}, {_ints(layout.stride)})"
+                              f"; del {reuse}  # reuse")
+        else:
+            self.lines.append(f"    {buffer} = torch.empty_strided({_ints(layout.shape)}, "
+                              f"{_ints(layout.stride)}, dtype={layout.dtype}{self.device_kw})")
+
+    def write(self) -> str:
+        p = self.p
+        reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
+        self.lines.append(HEADER.format(name=p.name))
+        if self.kernels.prelude:
+            self.lines.append(self.kernels.prelude)
+        self.lines.append("\n\ndef call(args):")
+        names = {b.position: b.name for b in p.inputs}
+        unpack = [names.get(k, "_") for k in range(max(names, default=-1) + 1)]
+        if unpack:
+            self.lines.append(f"    {', '.join(unpack)}{',' if len(unpack) == 1 else ''} = args[:{len(unpack)}]")
+        if p.seed_buffer:
+            self.lines.append(f"    {p.seed_buffer} = torch.randint(0, 2**62, (1,), dtype=torch.int64{self.device_kw})")
+        for st in self.s.steps:
+            for a in st.allocate:
+                self.alloc(a.buffer, a.layout, a.reuse)
+            if isinstance(st.work, Kernel):
+                self.lines.append(f"    {self.kernels.launches[st.work.name]}")
+            else:
+                self.extern(st.work)
+            dels = [b for b in st.free if b not in reused]
+            if dels:
+                self.lines.append(f"    del {', '.join(dels)}")
+        outs = []
+        for o in p.outputs:
+            outs.append(self.ref(o) if isinstance(o, TensorRef) else _value(o.value))
+        self.lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        return "\n".join(self.lines) + "\n"
+
+
+def wrapper_source(s: ScheduledProgram, kernels: CompiledKernels) -> str:
+    return WrapperWriter(s, kernels).write()

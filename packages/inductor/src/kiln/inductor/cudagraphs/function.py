@@ -1,0 +1,221 @@
+"""cudagraphify: wrap any compiled callable so that its calls replay CUDA graphs of one tree.
+
+Per input signature (shapes, strides, dtypes of the non-static tensors; addresses of the static ones;
+values of non-tensors): the first call is a warm-up run (lazy initialisation, autotuning, and the checks
+that decide whether graphs are safe), the second records a graph and replays it, later calls replay.
+After ``max_recordings`` signatures, new ones run without graphs (logged once). A function is not
+graphed at all, with its reason logged, when it takes or returns CPU tensors, mutates an input that is
+not static, synchronises with the host, or its capture fails.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from kiln.graph import log
+
+from .engine import CaptureFailed
+from .node import GraphNode
+from .options import CUDAGraphOptions
+from .tree import CUDAGraphTree
+
+
+@dataclass(slots=True)
+class FunctionStats:
+    warmups: int = 0
+    recordings: int = 0
+    replays: int = 0
+    eager_calls: int = 0  # calls run without a graph (skipped, over the limit, or outputs in use)
+
+
+class CUDAGraphFunction:
+    """A callable that replays CUDA graphs of ``fn`` (one per input signature) inside a tree."""
+
+    def __init__(self, fn: Callable[..., Any], *, static_input_indices: Sequence[int] = (),
+                 tree: CUDAGraphTree, options: CUDAGraphOptions | None = None,
+                 name: str | None = None) -> None:
+        self.fn = fn
+        self.name: str = str(name or getattr(fn, "__name__", type(fn).__name__))
+        self.static_input_indices = frozenset(static_input_indices)
+        self.tree = tree
+        self.options = options or CUDAGraphOptions()
+        self.nodes: list[GraphNode] = []
+        self.stats = FunctionStats()
+        self.skip_reason: str | None = None
+        self._last: GraphNode | None = None
+        self._warm: dict[tuple[Any, ...], int] = {}
+        self._limit_logged = False
+        self._generation = tree.generation
+
+    def _forget(self) -> None:
+        self.nodes.clear()
+        self._warm.clear()
+        self._last = None
+        self._limit_logged = False
+        self._generation = self.tree.generation
+
+    def __call__(self, *args: Any) -> Any:
+        if self.skip_reason is not None:
+            return self.fn(*args)
+        if self._generation != self.tree.generation:  # the tree was reset: start over
+            self._forget()
+        node = self._last
+        if node is None or not node.accepts(args):
+            node = next((n for n in self.nodes if n.accepts(args)), None)
+        if node is None:
+            return self._miss(args)
+        ok, out = self.tree.run(node, args, self.options)
+        if not ok:
+            self.stats.eager_calls += 1
+            return self.fn(*args)
+        self._last = node
+        self.stats.replays += 1
+        return out
+
+    def skip(self, reason: str) -> None:
+        """Run without CUDA graphs from now on, saying why once."""
+        if self.skip_reason is None:
+            self.skip_reason = reason
+            log("cudagraphs").info("skipping CUDA graphs for %s: %s", self.name, reason)
+
+    def _miss(self, args: tuple[Any, ...]) -> Any:
+        reason = _unsupported_args(args, self.tree.device)
+        if reason is not None:
+            self.skip(reason)
+            return self.fn(*args)
+        key = self._signature(args)
+        if self._warm.get(key, 0) < self.options.warmup_runs:
+            return self._warm_up(key, args)
+        if len(self.nodes) >= self.options.max_recordings:
+            self.stats.eager_calls += 1
+            if not self._limit_logged:
+                self._limit_logged = True
+                log("cudagraphs").info(
+                    "%s: %d input signatures recorded (the limit, CUDAGraphOptions.max_recordings); new "
+                    "shapes run without CUDA graphs (mark dimensions dynamic or pad inputs to fewer "
+                    "shapes)", self.name, len(self.nodes))
+            return self.fn(*args)
+        try:
+            node = self.tree.record(self.fn, args, name=self.name,
+                                    static_indices=sorted(self.static_input_indices), options=self.options)
+        except CaptureFailed as e:
+            self.skip(f"recording failed ({e}); the function cannot be captured into a CUDA graph")
+            return self.fn(*args)
+        except Exception as e:  # kiln's own bookkeeping must never turn a working call into an error
+            self.skip(f"recording failed in kiln ({type(e).__name__}: {e}); please report this")
+            return self.fn(*args)
+        self.nodes.append(node)
+        self.stats.recordings += 1
+        ok, out = self.tree.run(node, args, self.options)
+        if not ok:  # cannot happen on a fresh recording, but stay correct if it does
+            self.stats.eager_calls += 1
+            return self.fn(*args)
+        self._last = node
+        self.stats.replays += 1
+        return out
+
+    def _warm_up(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+        self._warm[key] = self._warm.get(key, 0) + 1
+        self.stats.warmups += 1
+        dynamic = [(i, a) for i, a in enumerate(args)
+                   if isinstance(a, torch.Tensor) and i not in self.static_input_indices]
+        versions = [(i, a._version) for i, a in dynamic if not a.is_inference()]  # inference: no counter
+        watch = {a.untyped_storage().data_ptr(): i for i, a in dynamic if a.numel() > 0}
+        with self.tree.engine.watch_warmup(watch) as report:
+            out = self.fn(*args)
+        syncs = report.syncs if self.options.detect_syncs else []
+        mutated = sorted(report.mutated | {i for i, v in versions if args[i]._version != v})
+        if mutated:
+            self.skip(f"it mutates input(s) {mutated} that are not static (parameters/buffers); a replay "
+                      "would update kiln's copy, not your tensor. Register the tensor as a buffer, or "
+                      "return the new value instead of updating it in place")
+        elif syncs:
+            self.skip(f"it synchronises with the host ({syncs[0]}), which a CUDA graph cannot capture; "
+                      "move .item()/.cpu()/data-dependent shapes out of the compiled region")
+        else:
+            self._check_outputs(out)
+        return out
+
+    def _check_outputs(self, out: Any) -> None:
+        seq = out if isinstance(out, (tuple, list)) else (out,)
+        for o in seq:
+            if isinstance(o, torch.Tensor):
+                if o.device.type != self.tree.device.type:
+                    self.skip(f"it returns a tensor on {o.device}; CUDA graphs need every output on "
+                              f"{self.tree.device}")
+                    return
+                if o.requires_grad:
+                    self.skip("it returns tensors that require grad; graph the forward and backward "
+                              "graphs (which autograd wraps), not a differentiable callable")
+                    return
+            elif not isinstance(o, (int, float, bool, type(None))):
+                self.skip(f"it returns a {type(o).__name__}; graphed functions return tensors and numbers")
+                return
+
+    def _signature(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        sig: list[Any] = []
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor):
+                if i in self.static_input_indices:
+                    sig.append(("static", a.data_ptr()))
+                else:
+                    sig.append((tuple(a.shape), a.stride(), a.dtype))
+            else:
+                sig.append((type(a), a if _hashable(a) else id(a)))
+        return tuple(sig)
+
+    def as_text(self) -> str:
+        head = f"{self.name}: {len(self.nodes)} graph(s), {self.stats}"
+        if self.skip_reason:
+            head += f"\n  skipped: {self.skip_reason}"
+        return head
+
+
+def _unsupported_args(args: Sequence[Any], device: torch.device) -> str | None:
+    for i, a in enumerate(args):
+        if isinstance(a, torch.Tensor):
+            if a.device.type != device.type or (
+                    a.device.index is not None and device.index is not None and a.device.index != device.index):
+                return (f"input {i} is a tensor on {a.device}; this tree's CUDA graphs need every tensor "
+                        f"on {device} (move it there, or leave this function in default mode)")
+            if a.is_sparse or a.layout != torch.strided:
+                return f"input {i} has layout {a.layout}; only strided tensors are graphed"
+        elif isinstance(a, (list, tuple, dict)):
+            return f"input {i} is a {type(a).__name__}; graphed functions take flat tensors and numbers"
+    return None
+
+
+def _hashable(a: Any) -> bool:
+    try:
+        hash(a)
+    except TypeError:
+        return False
+    return True
+
+
+_DEFAULT_TREES: dict[torch.device, CUDAGraphTree] = {}
+_TREES_LOCK = threading.Lock()
+
+
+def default_tree(device: torch.device) -> CUDAGraphTree:
+    """The tree (one pool) every reduce-overhead function on ``device`` shares.
+
+    Per device, not per thread: autograd runs a CUDA backward on its own device thread, and the
+    backward must join its forward's tree. A tree is not for concurrent use from several threads.
+    """
+    key = device
+    with _TREES_LOCK:
+        tree = _DEFAULT_TREES.get(key)
+        if tree is None:
+            tree = _DEFAULT_TREES[key] = CUDAGraphTree(device, name=f"{device}")
+        return tree
+
+
+def reset_default_trees() -> None:
+    """Forget all default trees (kiln.reset()); functions wrapped earlier keep their own tree."""
+    with _TREES_LOCK:
+        _DEFAULT_TREES.clear()

@@ -1,0 +1,70 @@
+"""The seam to kiln.decomp and fake-tensor metadata.
+
+kiln.decomp is written concurrently; when it offers ``decompose`` and ``table("inductor")`` the graph
+is decomposed before lowering, otherwise lowering sees the graph as is (ops without a lowering fall
+back to ATen and are reported in perf_hints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kiln.graph import log
+
+try:  # the package may exist without the API yet
+    import kiln.decomp as _decomp
+except ImportError:  # pragma: no cover - kiln-decomp is a dependency
+    _decomp = None  # type: ignore[assignment]
+
+_warned = [False]
+
+
+def decomp_available() -> bool:
+    return _decomp is not None and hasattr(_decomp, "decompose") and hasattr(_decomp, "table")
+
+
+def decompose(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
+    if not decomp_available():
+        if not _warned[0]:
+            _warned[0] = True
+            log("perf_hints").info("kiln.decomp has no decompose()/table() yet: lowering the graph as is")
+        return gm
+    out = _decomp.decompose(gm, _decomp.table("inductor"))  # type: ignore[union-attr]
+    ensure_meta(out, example_inputs)
+    return out
+
+
+def ensure_meta(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Run the graph on fake tensors to fill missing ``meta['val']`` (hand-built graphs)."""
+    nodes = [n for n in gm.graph.nodes if n.op not in ("output",)]
+    if all("val" in n.meta for n in nodes):
+        return
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    env: dict[fx.Node, Any] = {}
+    it = iter(example_inputs)
+
+    def conv(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.fake_tensor.FakeTensor):
+            return mode.from_tensor(x)
+        return x
+
+    with mode:
+        for n in gm.graph.nodes:
+            if n.op == "placeholder":
+                v, ex = n.meta.get("val"), next(it, None)
+                env[n] = v if v is not None else conv(ex)
+            elif n.op == "call_function":
+                args = fx.node.map_arg(n.args, lambda a: env[a])
+                kwargs = fx.node.map_arg(n.kwargs, lambda a: env[a])
+                env[n] = n.target(*args, **kwargs)
+            elif n.op == "get_attr":
+                env[n] = conv(getattr(gm, n.target))
+            else:
+                continue
+            if "val" not in n.meta:
+                n.meta["val"] = env[n]

@@ -1,0 +1,206 @@
+"""Loop bodies as data: expression trees over loads, constants, index values and named ops.
+
+A body is a tree of ``Expr`` nodes evaluated at one point of its iteration space; index expressions
+(sympy) refer to that space's loop variables. Every node carries its result dtype. Bodies are frozen,
+hashable and printable, so codegen, dependency analysis and the verifier are all visitors over them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Union
+
+import sympy
+import torch
+
+from .index import IndexExpr, index_str
+
+
+@dataclass(frozen=True, slots=True)
+class OpInfo:
+    arity: int
+    kind: str  # "math" (float), "arith", "compare" (-> bool), "logical" (bool), "bitwise", "select", "random"
+    doc: str = ""
+
+
+def _ops(kind: str, arity: int, names: str) -> dict[str, OpInfo]:
+    return {n: OpInfo(arity, kind) for n in names.split()}
+
+
+# The op vocabulary of loop bodies. Backends must implement every entry (codegen tests check this).
+OPS: dict[str, OpInfo] = {
+    **_ops("math", 1, "exp exp2 expm1 log log2 log10 log1p sqrt rsqrt sin cos tan asin acos atan "
+                      "sinh cosh tanh asinh acosh atanh erf erfc sigmoid reciprocal floor ceil "
+                      "trunc round frac lgamma"),
+    **_ops("arith", 1, "neg abs sign square relu"),
+    **_ops("arith", 2, "add sub mul truediv floordiv truncdiv mod fmod maximum minimum"),
+    **_ops("math", 2, "pow atan2 copysign"),
+    **_ops("compare", 2, "eq ne lt le gt ge"),
+    **_ops("compare", 1, "isnan isinf isfinite"),
+    **_ops("logical", 2, "logical_and logical_or logical_xor"),
+    **_ops("logical", 1, "logical_not"),
+    **_ops("bitwise", 2, "bitwise_and bitwise_or bitwise_xor lshift rshift"),
+    **_ops("bitwise", 1, "bitwise_not"),
+    **_ops("select", 3, "where"),
+    # counter-based random numbers: args are (seed, offset); offset is an int64 IndexValue
+    **_ops("random", 2, "rand randn"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    """Read ``buffer`` at flat element offset ``index``.
+
+    Indirect (gather) loads: ``index`` may use symbols ``d0, d1, ...`` bound to the int64 values of
+    the expressions in ``indirect`` (evaluated at the same point), e.g. embedding rows.
+    """
+
+    buffer: str
+    index: IndexExpr
+    dtype: torch.dtype
+    indirect: tuple[Expr, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Constant:
+    value: Union[bool, int, float]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True, slots=True)
+class IndexValue:
+    """An index expression used as a value (iota, masks of cat/pad, random offsets)."""
+
+    index: IndexExpr
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """A named op from ``OPS`` applied to operands; ``dtype`` is the result type."""
+
+    name: str
+    args: tuple[Expr, ...]
+    dtype: torch.dtype
+
+
+@dataclass(frozen=True, slots=True)
+class Cast:
+    x: Expr
+    dtype: torch.dtype
+
+
+Expr = Union[Load, Constant, IndexValue, Op, Cast]
+
+
+def op(name: str, *args: Expr, dtype: torch.dtype) -> Op:
+    return Op(name, tuple(args), dtype)
+
+
+def cast(x: Expr, dtype: torch.dtype) -> Expr:
+    if x.dtype == dtype:
+        return x
+    if isinstance(x, Constant):
+        return Constant(_convert(x.value, dtype), dtype)
+    return Cast(x, dtype)
+
+
+def _convert(v: bool | int | float, dtype: torch.dtype) -> bool | int | float:
+    if dtype == torch.bool:
+        return bool(v)
+    if dtype.is_floating_point:
+        return float(v)
+    return int(v)
+
+
+def children(e: Expr) -> tuple[Expr, ...]:
+    if isinstance(e, Op):
+        return e.args
+    if isinstance(e, Load):
+        return e.indirect
+    if isinstance(e, Cast):
+        return (e.x,)
+    return ()
+
+
+def walk(e: Expr) -> Iterator[Expr]:
+    """Pre-order traversal (shared subtrees are visited once per occurrence)."""
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        yield n
+        stack.extend(reversed(children(n)))
+
+
+def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
+    """Rebuild ``e`` bottom-up; ``fn`` may return a replacement for a leaf or rebuilt node."""
+    cache: dict[int, Expr] = {}
+
+    def go(n: Expr) -> Expr:
+        key = id(n)
+        if key in cache:
+            return cache[key]
+        if isinstance(n, Op):
+            new_args = tuple(go(a) for a in n.args)
+            n2: Expr = n if new_args == n.args else Op(n.name, new_args, n.dtype)
+        elif isinstance(n, Cast):
+            x = go(n.x)
+            n2 = n if x is n.x else Cast(x, n.dtype)
+        elif isinstance(n, Load) and n.indirect:
+            ind = tuple(go(a) for a in n.indirect)
+            n2 = n if ind == n.indirect else Load(n.buffer, n.index, n.dtype, ind)
+        else:
+            n2 = n
+        r = fn(n2)
+        out = n2 if r is None else r
+        cache[key] = out
+        return out
+
+    return go(e)
+
+
+def substitute_index(e: Expr, mapping: Mapping[sympy.Symbol, IndexExpr]) -> Expr:
+    """Replace loop variables inside every index expression of ``e`` (how views fold into loads)."""
+    if not mapping:
+        return e
+
+    def fn(n: Expr) -> Expr | None:
+        if isinstance(n, Load):
+            return Load(n.buffer, sympy.expand(n.index.xreplace(mapping)), n.dtype, n.indirect)
+        if isinstance(n, IndexValue):
+            return IndexValue(sympy.expand(n.index.xreplace(mapping)), n.dtype)
+        return None
+
+    return map_expr(e, fn)
+
+
+def reads(e: Expr) -> list[Load]:
+    seen: dict[Load, None] = {}
+    for n in walk(e):
+        if isinstance(n, Load):
+            seen[n] = None
+    return list(seen)
+
+
+def size(e: Expr) -> int:
+    return sum(1 for _ in walk(e))
+
+
+def format_dtype(d: torch.dtype) -> str:
+    return str(d).removeprefix("torch.")
+
+
+def format_expr(e: Expr) -> str:
+    if isinstance(e, Load):
+        if e.indirect:
+            binds = ", ".join(f"d{k}={format_expr(a)}" for k, a in enumerate(e.indirect))
+            return f"{e.buffer}[{index_str(e.index)} | {binds}]"
+        return f"{e.buffer}[{index_str(e.index)}]"
+    if isinstance(e, Constant):
+        return repr(e.value)
+    if isinstance(e, IndexValue):
+        return f"index({index_str(e.index)})"
+    if isinstance(e, Cast):
+        return f"to_{format_dtype(e.dtype)}({format_expr(e.x)})"
+    return f"{e.name}({', '.join(format_expr(a) for a in e.args)})"

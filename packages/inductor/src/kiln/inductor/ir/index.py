@@ -1,0 +1,124 @@
+"""Index expressions: sympy over loop variables, with integer floor-division and modulo that simplify.
+
+Loop variables are integer, non-negative sympy symbols: ``i0, i1, ...`` for a node's iteration space,
+``r0, r1, ...`` for its reduction space, ``x0, ...`` for a kernel's outer loops. Size symbols of
+dynamic shapes (``s0``) appear alongside them.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+import sympy
+
+IndexExpr = sympy.Expr
+
+
+class FloorDiv(sympy.Function):
+    """Integer floor division of non-negative index values (C's ``/`` on them)."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:  # type: ignore[override]
+        if divisor == 1:
+            return base
+        if base == 0:
+            return sympy.Integer(0)
+        if isinstance(base, sympy.Integer) and isinstance(divisor, sympy.Integer):
+            return sympy.Integer(int(base) // int(divisor))
+        if isinstance(base, FloorDiv):  # (a // b) // c == a // (b * c)
+            return FloorDiv(base.args[0], base.args[1] * divisor)
+        if isinstance(base, sympy.Add):  # pull out terms that are exact multiples of the divisor
+            exact = [t for t in base.args if _divisible(t, divisor)]
+            if exact:
+                rest = sympy.Add(*[t for t in base.args if not _divisible(t, divisor)])
+                return sympy.Add(*[t / divisor for t in exact]) + FloorDiv(rest, divisor)
+        if _divisible(base, divisor):
+            return base / divisor
+        return None
+
+
+class ModIndex(sympy.Function):
+    """``base % divisor`` for non-negative index values."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, base: sympy.Expr, divisor: sympy.Expr) -> sympy.Expr | None:  # type: ignore[override]
+        if divisor == 1 or base == 0:
+            return sympy.Integer(0)
+        if isinstance(base, sympy.Integer) and isinstance(divisor, sympy.Integer):
+            return sympy.Integer(int(base) % int(divisor))
+        if isinstance(base, sympy.Add):
+            kept = [t for t in base.args if not _divisible(t, divisor)]
+            if len(kept) != len(base.args):
+                return ModIndex(sympy.Add(*kept), divisor)
+        if _divisible(base, divisor):
+            return sympy.Integer(0)
+        return None
+
+
+def _divisible(term: sympy.Expr, divisor: sympy.Expr) -> bool:
+    q = term / divisor
+    return bool(q.is_integer) if not isinstance(q, sympy.Rational) or q.q == 1 else False
+
+
+@functools.cache
+def index_var(prefix: str, i: int) -> sympy.Symbol:
+    return sympy.Symbol(f"{prefix}{i}", integer=True, nonnegative=True)
+
+
+def index_vars(prefix: str, n: int) -> tuple[sympy.Symbol, ...]:
+    return tuple(index_var(prefix, i) for i in range(n))
+
+
+def as_index(v: object) -> sympy.Expr:
+    if isinstance(v, sympy.Expr):
+        return v
+    return sympy.Integer(int(v))  # type: ignore[call-overload]
+
+
+def contiguous_strides(shape: Sequence[IndexExpr]) -> tuple[IndexExpr, ...]:
+    strides: list[IndexExpr] = []
+    acc: IndexExpr = sympy.Integer(1)
+    for s in reversed(shape):
+        strides.append(acc)
+        acc = acc * s
+    return tuple(reversed(strides))
+
+
+def strided_index(vars_: Sequence[IndexExpr], strides: Sequence[IndexExpr],
+                  offset: IndexExpr = sympy.Integer(0)) -> IndexExpr:
+    return sympy.expand(offset + sum((v * s for v, s in zip(vars_, strides)), sympy.Integer(0)))
+
+
+def product(xs: Sequence[IndexExpr]) -> IndexExpr:
+    acc: IndexExpr = sympy.Integer(1)
+    for x in xs:
+        acc = acc * x
+    return acc
+
+
+def is_static(e: IndexExpr) -> bool:
+    return isinstance(e, (int, sympy.Integer))
+
+
+@functools.lru_cache(maxsize=65536)
+def index_str(e: sympy.Expr) -> str:
+    """A fast, stable text form of an index (sympy's printer is slow on large programs)."""
+    if isinstance(e, sympy.Integer):
+        return str(int(e))
+    if isinstance(e, sympy.Symbol):
+        return e.name
+    if isinstance(e, sympy.Add):
+        return " + ".join(index_str(a) for a in sorted(e.args, key=sympy.default_sort_key))
+    if isinstance(e, sympy.Mul):
+        return "*".join(f"({index_str(a)})" if isinstance(a, sympy.Add) else index_str(a) for a in e.args)
+    if isinstance(e, (FloorDiv, ModIndex)):
+        op = "//" if isinstance(e, FloorDiv) else "%"
+        return f"({index_str(e.args[0])}){op}{index_str(e.args[1])}"
+    return str(e)

@@ -1,0 +1,103 @@
+"""The scheduler's output and the one input of every code generator backend (C++ and Triton).
+
+A ``Kernel`` is a loop nest over ``outer`` (kernel variables ``x0..``) and, for row kernels,
+``inner`` (``r0..``) iterated once per outer point, possibly several times in sequence (stages).
+Each ``KernelNode`` is one fused ComputedBuffer with its body renamed to kernel variables:
+
+- role "full": one value per (x, r) point (pointwise nodes over outer+inner, and the bodies of
+  reductions: a reduction node is role "outer" but its body is evaluated at full points);
+- role "outer": one value per x point (reduction results, epilogues over the outer space).
+
+``stage`` numbers the inner loops of a row kernel: a node in stage k may use reduction results of
+stages < k. A node's value is written to memory when ``store`` is set (it is read outside the kernel
+or by a later stage); otherwise backends keep it in a register/local. Loads of a buffer produced in
+the same kernel at its store index are reads of that local.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .expr import Expr, format_expr
+from .index import IndexExpr, index_str
+from .nodes import ExternKernel, Layout
+
+ROLES = ("full", "outer")
+
+
+@dataclass(frozen=True, slots=True)
+class KernelNode:
+    buffer: str
+    role: str
+    kind: str  # "pointwise" | "reduction" | "scan"
+    body: Expr  # over x* (and r* for full-point bodies, reductions included)
+    store_index: IndexExpr  # over x* (role outer) or x*, r* (role full)
+    dtype: torch.dtype
+    stage: int
+    store: bool
+    reduction_type: str = ""  # for kind "reduction" / "scan"
+
+    def as_text(self) -> str:
+        kind = self.kind if not self.reduction_type else f"{self.kind}_{self.reduction_type}"
+        mem = f" -> [{index_str(self.store_index)}]" if self.store else " (local)"
+        return f"  s{self.stage} {self.role:<5} {self.buffer} = {kind} {format_expr(self.body)}{mem}"
+
+
+@dataclass(frozen=True, slots=True)
+class Kernel:
+    name: str
+    outer: tuple[IndexExpr, ...]
+    inner: tuple[IndexExpr, ...]  # empty for pointwise kernels
+    nodes: tuple[KernelNode, ...]
+    inputs: tuple[str, ...]  # buffers read from memory
+    outputs: tuple[str, ...]  # buffers written to memory
+
+    @property
+    def is_row_kernel(self) -> bool:
+        return bool(self.inner)
+
+    def as_text(self) -> str:
+        head = (f"kernel {self.name}[{', '.join(map(str, self.outer))}"
+                + (f" | {', '.join(map(str, self.inner))}" if self.inner else "") + "]"
+                + f" reads ({', '.join(self.inputs)}) writes ({', '.join(self.outputs)})")
+        return "\n".join([head, *(n.as_text() for n in self.nodes)])
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    buffer: str
+    layout: Layout
+    reuse: str | None = None  # a dead buffer of identical size/dtype whose storage this one takes
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One wrapper step: allocate, run a kernel or extern call, then free buffers no longer needed."""
+
+    allocate: tuple[Allocation, ...]
+    work: Kernel | ExternKernel
+    free: tuple[str, ...]
+
+    def as_text(self) -> str:
+        lines = [f"alloc {a.buffer}: {a.layout.as_text()}" + (f" (reuses {a.reuse})" if a.reuse else "")
+                 for a in self.allocate]
+        lines.append(self.work.as_text())
+        if self.free:
+            lines.append(f"free {', '.join(self.free)}")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledProgram:
+    """A LoopProgram after scheduling: the ordered steps the wrapper runs."""
+
+    program: object  # LoopProgram (typed loosely to keep this module free of program imports)
+    steps: tuple[Step, ...]
+
+    def kernels(self) -> list[Kernel]:
+        return [s.work for s in self.steps if isinstance(s.work, Kernel)]
+
+    def as_text(self) -> str:
+        return "\n".join(s.as_text() for s in self.steps)

@@ -1,0 +1,53 @@
+"""LoopProgram: a whole graph lowered to loop IR (inputs, nodes in order, outputs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+from typing import Union
+
+from .expr import reads
+from .nodes import ComputedBuffer, ConstArg, ExternKernel, InputBuffer, Layout, Node, TensorRef, args_buffers
+
+Output = Union[TensorRef, ConstArg]
+
+
+@dataclass(frozen=True, slots=True)
+class LoopProgram:
+    name: str
+    inputs: tuple[InputBuffer, ...]
+    nodes: tuple[Node, ...]
+    outputs: tuple[Output, ...]
+    seed_buffer: str | None = None  # int64[1] buffer the wrapper fills per call when bodies draw random numbers
+
+    def layouts(self) -> dict[str, Layout]:
+        out: dict[str, Layout] = {b.name: b.layout for b in self.inputs}
+        for n in self.nodes:
+            if isinstance(n, ComputedBuffer):
+                out[n.name] = n.layout
+            else:
+                for o in n.outputs:
+                    out[o.buffer] = o.layout
+        if self.seed_buffer:
+            import torch
+            out[self.seed_buffer] = Layout.contiguous((sympy.Integer(1),), torch.int64)
+        return out
+
+    def as_text(self) -> str:
+        lines = [f"# loop program {self.name}"]
+        for b in self.inputs:
+            lines.append(f"{b.name}: {b.layout.as_text()} = input {b.position}")
+        if self.seed_buffer:
+            lines.append(f"{self.seed_buffer}: int64[1] = random seed")
+        lines += [n.as_text() for n in self.nodes]
+        lines.append("return (" + ", ".join(o.as_text() for o in self.outputs) + ")")
+        return "\n".join(lines)
+
+
+def node_reads(n: Node) -> list[str]:
+    """Buffers a node reads, in first-read order."""
+    if isinstance(n, ComputedBuffer):
+        return list(dict.fromkeys(ld.buffer for ld in reads(n.data.body)))
+    assert isinstance(n, ExternKernel)
+    return list(dict.fromkeys(args_buffers(n.args) + args_buffers(tuple(v for _, v in n.kwargs))))

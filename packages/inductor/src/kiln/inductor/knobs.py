@@ -1,0 +1,29 @@
+"""Environment variables of kiln.inductor, read once (STYLE.md rule 4)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class InductorKnobs:
+    cache_dir: Path  # KILN_INDUCTOR_CACHE_DIR (else KILN_CACHE_DIR/inductor, else a per-user temp dir)
+    keep_sources: bool  # KILN_INDUCTOR_KEEP_SOURCES=1 keeps .cpp next to the .so in the cache
+
+
+def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
+    e = os.environ if env is None else env
+    if e.get("KILN_INDUCTOR_CACHE_DIR"):
+        cache = Path(e["KILN_INDUCTOR_CACHE_DIR"])
+    elif e.get("KILN_CACHE_DIR"):
+        cache = Path(e["KILN_CACHE_DIR"]) / "inductor"
+    else:
+        user = e.get("USER") or str(os.getuid())
+        cache = Path(tempfile.gettempdir()) / f"kiln-inductor-{user}"
+    return InductorKnobs(cache_dir=cache, keep_sources=e.get("KILN_INDUCTOR_KEEP_SOURCES", "1") != "0")
+
+
+KNOBS = read_knobs()

@@ -1,0 +1,115 @@
+"""Shared helpers of lowering rules: output metadata, type promotion, the pointwise builder."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import sympy
+import torch
+from torch import fx
+
+from ..ir import Constant, Expr, IndexExpr, as_index, cast, index_vars
+from .context import LoweringContext, NotLowered
+from .values import Lazy, TensorValue, broadcast_at, is_tensor
+
+Rule = Callable[..., Any]
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+def upcast(d: torch.dtype) -> torch.dtype:
+    """bf16/fp16 are computed in fp32."""
+    return torch.float32 if d in LOW_PRECISION else d
+
+
+def meta(node: fx.Node) -> Any:
+    v = node.meta.get("val")
+    if v is None:
+        raise NotLowered(f"node {node.name} has no meta['val']")
+    return v
+
+
+def out_shape(node: fx.Node) -> tuple[IndexExpr, ...]:
+    v = meta(node)
+    return tuple(_dim(s) for s in v.shape)
+
+
+def out_stride(node: fx.Node) -> tuple[IndexExpr, ...]:
+    return tuple(_dim(s) for s in meta(node).stride())
+
+
+def out_dtype(node: fx.Node) -> torch.dtype:
+    return meta(node).dtype  # type: ignore[no-any-return]
+
+
+def _dim(s: object) -> IndexExpr:
+    if isinstance(s, torch.SymInt):
+        raise NotLowered("symbolic sizes are not supported by the C++ backend yet")
+    return as_index(s)
+
+
+@functools.cache
+def _probe(dtype: torch.dtype, dim: bool) -> torch.Tensor:
+    return torch.empty((1,) if dim else (), dtype=dtype)
+
+
+def promote(*args: object) -> torch.dtype:
+    """torch's result type of ``args`` (values and Python scalars), computed on tiny probe tensors."""
+    probes: list[Any] = []
+    for a in args:
+        if is_tensor(a):
+            probes.append(_probe(a.dtype, len(a.shape) > 0))  # type: ignore[union-attr]
+        elif isinstance(a, (bool, int, float)):
+            probes.append(a)
+        else:
+            raise NotLowered(f"cannot promote {type(a).__name__}")
+    if len(probes) == 1:
+        p = probes[0]
+        return p.dtype if isinstance(p, torch.Tensor) else torch.tensor(p).dtype
+    dt = torch.result_type(probes[0], probes[1])
+    for p in probes[2:]:
+        dt = torch.promote_types(dt, torch.result_type(p, p) if isinstance(p, torch.Tensor) else
+                                 torch.result_type(_probe(dt, True), p))
+    return dt
+
+
+def operand(a: object, idx: Sequence[IndexExpr], dtype: torch.dtype) -> Expr:
+    if is_tensor(a):
+        return broadcast_at(a, idx, dtype)  # type: ignore[arg-type]
+    if isinstance(a, (bool, int, float)):
+        return cast(Constant(a, _scalar_dtype(a)), dtype)
+    if isinstance(a, (torch.SymInt, torch.SymFloat)):
+        raise NotLowered("symbolic scalars are not supported yet")
+    raise NotLowered(f"unsupported operand {type(a).__name__}")
+
+
+def _scalar_dtype(a: bool | int | float) -> torch.dtype:
+    if isinstance(a, bool):
+        return torch.bool
+    return torch.int64 if isinstance(a, int) else torch.float64
+
+
+def pointwise(node: fx.Node, args: Sequence[object], fn: Callable[..., Expr], compute: torch.dtype,
+              dtype: torch.dtype | None = None) -> Lazy:
+    """A lazy value of the node's shape: ``fn`` over operands broadcast and cast to ``compute``."""
+    shape = out_shape(node)
+    d = dtype if dtype is not None else out_dtype(node)
+    idx = index_vars("i", len(shape))
+    body = fn(*(operand(a, idx, compute) for a in args))
+    return Lazy(shape, d, cast(body, d))
+
+
+def tensor_args(args: Sequence[object]) -> list[TensorValue]:
+    return [a for a in args if is_tensor(a)]  # type: ignore[misc]
+
+
+def require_cpu(node: fx.Node, ctx: LoweringContext) -> None:
+    v = meta(node)
+    if isinstance(v, torch.Tensor) and v.device.type not in ("cpu", "cuda"):
+        raise NotLowered(f"device {v.device} is not handled by the C++ or Triton backends")
+
+
+def zero() -> sympy.Expr:
+    return sympy.Integer(0)

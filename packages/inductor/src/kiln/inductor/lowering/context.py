@@ -1,0 +1,92 @@
+"""LoweringContext: what lowering rules read and write (passed explicitly, never a global)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from kiln.graph import log
+
+from ..ir import ComputedBuffer, ExternKernel, InputBuffer, Layout, Node, Pointwise, contiguous_strides, size
+from ..options import InductorOptions
+from .values import Lazy, Strided, TensorValue
+
+
+class NotLowered(Exception):
+    """A lowering rule cannot handle these arguments; the op falls back to ATen (and says so)."""
+
+
+@dataclass
+class LoweringContext:
+    options: InductorOptions
+    inputs: list[InputBuffer] = field(default_factory=list)
+    nodes: list[Node] = field(default_factory=list)
+    layouts: dict[str, Layout] = field(default_factory=dict)
+    fallbacks: list[str] = field(default_factory=list)
+    seed_buffer: str | None = None
+    rng_offset: int = 0  # next unused offset of the counter-based generator
+    storage_offsets: dict[str, int] = field(default_factory=dict)  # input buffer -> its storage_offset
+    origin: str = ""  # the ATen op being lowered, recorded on the buffers it makes
+    _names: itertools.count = field(default_factory=itertools.count)
+
+    def new_name(self, prefix: str = "buf") -> str:
+        return f"{prefix}{next(self._names)}"
+
+    def add(self, node: Node) -> None:
+        self.nodes.append(node)
+        if isinstance(node, ComputedBuffer):
+            self.layouts[node.name] = node.layout
+        else:
+            assert isinstance(node, ExternKernel)
+            for o in node.outputs:
+                self.layouts[o.buffer] = o.layout
+
+    def computed(self, layout: Layout, data: object) -> Strided:
+        name = self.new_name()
+        self.add(ComputedBuffer(name, layout, data, (self.origin,) if self.origin else ()))  # type: ignore[arg-type]
+        return Strided(name, layout.shape, layout.stride, layout.offset, layout.dtype)
+
+    def realize(self, v: TensorValue, stride: tuple[sympy.Expr, ...] | None = None) -> Strided:
+        """Store a lazy value into a new buffer (with ``stride`` when given, else contiguous)."""
+        if isinstance(v, Strided):
+            return v
+        st = stride if stride is not None and _dense(v.shape, stride) else contiguous_strides(v.shape)
+        layout = Layout(v.shape, tuple(st), v.dtype)
+        return self.computed(layout, Pointwise(v.shape, v.body))
+
+    def maybe_realize(self, v: TensorValue, n_users: int) -> TensorValue:
+        """Realize a lazy value read by several consumers unless it is cheap to recompute."""
+        if isinstance(v, Lazy) and ((n_users > 1 and size(v.body) > self.options.inline_max_size)
+                                    or size(v.body) > 8 * self.options.inline_max_size):
+            return self.realize(v)
+        return v
+
+    def seed(self) -> str:
+        if self.seed_buffer is None:
+            self.seed_buffer = "seed"
+        return self.seed_buffer
+
+    def perf_hint(self, msg: str) -> None:
+        self.fallbacks.append(msg)
+        log("perf_hints").info(msg)
+
+
+def _dense(shape: tuple[sympy.Expr, ...], stride: tuple[sympy.Expr, ...]) -> bool:
+    """Whether ``stride`` lays ``shape`` out densely (a permutation of contiguous strides)."""
+    try:
+        dims = sorted((int(st), int(sz)) for sz, st in zip(shape, stride) if int(sz) != 1)
+    except TypeError:
+        return False
+    expect = 1
+    for st, sz in dims:
+        if st != expect:
+            return False
+        expect *= sz
+    return True
+
+
+def dtype_of(v: object) -> torch.dtype:
+    return v.dtype  # type: ignore[attr-defined,no-any-return]

@@ -1,0 +1,90 @@
+"""Extern kernels (matmul, convolution, attention) and ATen fallbacks: calls the wrapper makes.
+
+Both become an ``ExternKernel`` node whose tensor arguments are strided views of buffers (a transpose
+feeding mm costs no copy). Fallbacks are ops without a lowering; each one is reported in perf_hints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.graph import target_name
+
+from ..ir import Arg, ConstArg, ExternKernel, ExternOutput, Layout, ListArg, as_index
+from .common import Rule
+from .context import LoweringContext, NotLowered
+from .values import Strided, TensorValue, is_tensor
+
+RULES: dict[str, Rule] = {}
+
+
+def to_arg(ctx: LoweringContext, a: Any) -> Arg:
+    if is_tensor(a):
+        return ctx.realize(a).ref()
+    if isinstance(a, (list, tuple)):
+        return ListArg(tuple(to_arg(ctx, x) for x in a))
+    if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise NotLowered("symbolic scalar argument")
+    if isinstance(a, fx.Node):
+        raise NotLowered(f"argument {a.name} has no lowered value")
+    return ConstArg(a)
+
+
+def _outputs(ctx: LoweringContext, val: Any, path: tuple[int, ...] = ()) -> list[ExternOutput]:
+    if isinstance(val, torch.Tensor):
+        if val.device.type not in ("cpu", "cuda"):
+            raise NotLowered(f"output on {val.device}")
+        layout = Layout(tuple(as_index(s) for s in val.shape), tuple(as_index(s) for s in val.stride()),
+                        val.dtype, val.device.type, as_index(0))
+        return [ExternOutput(ctx.new_name(), layout, path)]
+    if isinstance(val, (list, tuple)):
+        out: list[ExternOutput] = []
+        for k, v in enumerate(val):
+            out += _outputs(ctx, v, path + (k,))
+        return out
+    if val is None:
+        return []
+    raise NotLowered(f"non-tensor output {type(val).__name__}")
+
+
+def extern_call(ctx: LoweringContext, node: fx.Node, kind: str, args: tuple, kwargs: dict) -> Any:
+    """Emit an ExternKernel for ``node`` and return its value(s) shaped like the op's result."""
+    val = node.meta.get("val")
+    if val is None:
+        raise NotLowered(f"node {node.name} has no meta['val']")
+    outs = _outputs(ctx, val)
+    ext = ExternKernel(ctx.new_name("extern" if kind == "extern" else "fallback"), target_name(node.target),
+                       tuple(to_arg(ctx, a) for a in args),
+                       tuple((k, to_arg(ctx, v)) for k, v in kwargs.items()), tuple(outs), kind)
+    ctx.add(ext)
+    by_path = {o.path: Strided(o.buffer, o.layout.shape, o.layout.stride, o.layout.offset, o.layout.dtype)
+               for o in outs}
+    return _rebuild(val, (), by_path)
+
+
+def _rebuild(val: Any, path: tuple[int, ...], by_path: dict[tuple[int, ...], TensorValue]) -> Any:
+    if isinstance(val, torch.Tensor):
+        return by_path[path]
+    if isinstance(val, (list, tuple)):
+        return tuple(_rebuild(v, path + (k,), by_path) for k, v in enumerate(val))
+    return val
+
+
+def _extern(ctx: LoweringContext, node: fx.Node, *args: Any, **kwargs: Any) -> Any:
+    return extern_call(ctx, node, "extern", args, kwargs)
+
+
+for _name in ("mm.default", "bmm.default", "addmm.default", "baddbmm.default", "convolution.default",
+              "_convolution.default", "_scaled_dot_product_flash_attention_for_cpu.default",
+              "scaled_dot_product_attention.default", "_scaled_dot_product_efficient_attention.default",
+              "_scaled_dot_product_flash_attention.default", "addmv.default", "mv.default", "dot.default",
+              "_weight_int8pack_mm.default", "linear.default", "matmul.default", "convolution_backward.default",
+              "sort.default", "topk.default", "_fft_r2c.default", "_fft_c2r.default", "_fft_c2c.default",
+              "_linalg_svd.default", "linalg_vector_norm.default"):
+    RULES[f"aten.{_name}"] = _extern
+# linalg_vector_norm and sort/topk are library calls here; listed as externs so they are not reported
+# as missing lowerings.
+del RULES["aten.linalg_vector_norm.default"]

@@ -1,0 +1,126 @@
+"""lower_graph: walk a functional ATen graph and build a LoopProgram through the lowering registry."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.graph import target_name
+
+from ..ir import ConstArg, InputBuffer, Layout, LoopProgram, Output, as_index
+from ..options import InductorOptions
+from .common import out_stride
+from .context import LoweringContext, NotLowered
+from .extern import extern_call
+from .registry import LOWERINGS
+from .values import Strided, TensorValue, is_tensor
+
+
+class LoweringError(Exception):
+    """A graph cannot be lowered at all (not one op: the graph's structure)."""
+
+
+def _map(a: Any, env: dict[fx.Node, Any]) -> Any:
+    if isinstance(a, fx.Node):
+        return env[a]
+    if isinstance(a, (list, tuple)):
+        return type(a)(_map(x, env) for x in a)
+    if isinstance(a, dict):
+        return {k: _map(v, env) for k, v in a.items()}
+    return a
+
+
+def _input(ctx: LoweringContext, node: fx.Node, position: int, example: Any) -> Any:
+    val = node.meta.get("val", example)
+    if not isinstance(val, torch.Tensor):
+        return val
+    if val.device.type not in ("cpu", "cuda"):
+        raise LoweringError(f"input {node.name} is on {val.device}; kiln.inductor compiles CPU (C++) and CUDA "
+                            "(Triton) graphs")
+    for s in tuple(val.shape) + tuple(val.stride()):
+        if isinstance(s, torch.SymInt):
+            raise LoweringError(f"input {node.name} has symbolic sizes; dynamic shapes are not supported by "
+                                "the C++ backend yet (compile with static shapes)")
+    layout = Layout(tuple(as_index(s) for s in val.shape), tuple(as_index(s) for s in val.stride()),
+                    val.dtype, val.device.type)
+    name = f"arg{position}"
+    ctx.inputs.append(InputBuffer(name, layout, position))
+    ctx.layouts[name] = layout
+    ctx.storage_offsets[name] = int(val.storage_offset())
+    return Strided(name, layout.shape, layout.stride, layout.offset, layout.dtype)
+
+
+def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> Any:
+    args, kwargs = _map(node.args, env), _map(node.kwargs, env)
+    if node.target is operator.getitem:
+        return args[0][args[1]]
+    name = target_name(node.target)
+    ctx.origin = name.split(".")[1] if name.startswith("aten.") else name
+    rule = LOWERINGS.get(name)
+    val = node.meta.get("val")
+    if rule is None and isinstance(val, (bool, int, float, torch.device, torch.dtype)) \
+            and not isinstance(val, torch.SymInt):
+        return val  # metadata queries (prim.device, sym_size of a static dim) fold to their value
+    reason = "no lowering"
+    if rule is not None:
+        try:
+            return rule(ctx, node, *args, **kwargs)
+        except NotLowered as e:
+            reason = str(e)
+        except Exception as e:  # a bug in a rule: keep the program correct through ATen, and say so
+            if ctx.options.strict_lowering:
+                raise
+            reason = f"lowering rule failed: {type(e).__name__}: {e}"
+    if not ctx.options.fallback_unknown_ops:
+        raise LoweringError(f"{name} at node {node.name} cannot be lowered ({reason}) and fallbacks are off")
+    ctx.perf_hint(f"fallback: {name} runs through ATen ({reason}) at node {node.name}")
+    try:
+        return extern_call(ctx, node, "fallback", args, kwargs)
+    except NotLowered as e:
+        raise LoweringError(f"{name} at node {node.name}: cannot lower or fall back: {e}") from e
+
+
+def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: InductorOptions,
+                name: str = "graph") -> tuple[LoopProgram, list[str]]:
+    ctx = LoweringContext(options)
+    env: dict[fx.Node, Any] = {}
+    outputs: list[Output] = []
+    position = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            ex = example_inputs[position] if position < len(example_inputs) else None
+            env[node] = _input(ctx, node, position, ex)
+            position += 1
+        elif node.op == "call_function":
+            val = lower_node(ctx, node, env)
+            if is_tensor(val):
+                val = ctx.maybe_realize(val, len(node.users))
+            env[node] = val
+        elif node.op == "output":
+            outputs = [_output(ctx, a, env) for a in _flat_outputs(node.args[0])]
+        else:
+            raise LoweringError(f"{node.op} node {node.name} ({node.target}) is not supported by kiln.inductor; "
+                                "lift constants and submodules into graph inputs")
+    program = LoopProgram(name, tuple(ctx.inputs), tuple(ctx.nodes), tuple(outputs), ctx.seed_buffer)
+    return program, ctx.fallbacks
+
+
+def _flat_outputs(out: Any) -> list[Any]:
+    if isinstance(out, (list, tuple)):
+        return list(out)
+    return [out]
+
+
+def _output(ctx: LoweringContext, a: Any, env: dict[fx.Node, Any]) -> Output:
+    if not isinstance(a, fx.Node):
+        return ConstArg(a)
+    v = env[a]
+    if not is_tensor(v):
+        return ConstArg(v)
+    tv: TensorValue = v
+    stride = out_stride(a) if isinstance(a.meta.get("val"), torch.Tensor) else None
+    return ctx.realize(tv, stride).ref()

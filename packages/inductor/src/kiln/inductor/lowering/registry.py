@@ -1,0 +1,21 @@
+"""The lowering registry: ATen op name -> rule, merged from one module per op family."""
+
+from __future__ import annotations
+
+from . import composite, extern, indexing, pointwise, random, reductions, scan, views
+from .common import Rule
+
+LOWERINGS: dict[str, Rule] = {
+    **pointwise.RULES,
+    **views.RULES,
+    **reductions.RULES,
+    **composite.RULES,
+    **indexing.RULES,
+    **scan.RULES,
+    **random.RULES,
+    **extern.RULES,
+}
+
+
+def lowered_ops() -> list[str]:
+    return sorted(LOWERINGS)

@@ -1,0 +1,74 @@
+"""Tensor values during lowering: a strided view of a buffer, or a lazy pointwise body not yet stored.
+
+Views fold into indexing: a view of a ``Strided`` value is another ``Strided`` value when strides can
+express it, otherwise a ``Lazy`` body that loads through the index arithmetic. A ``Lazy`` value is
+inlined into every consumer (recomputed) until the lowering decides to realize it into a buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Union
+
+import sympy
+import torch
+
+from ..ir import Expr, IndexExpr, Load, TensorRef, cast, index_vars, substitute_index
+
+
+@dataclass(frozen=True, slots=True)
+class Strided:
+    buffer: str
+    shape: tuple[IndexExpr, ...]
+    stride: tuple[IndexExpr, ...]
+    offset: IndexExpr
+    dtype: torch.dtype
+
+    def ref(self) -> TensorRef:
+        return TensorRef(self.buffer, self.shape, self.stride, self.offset, self.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class Lazy:
+    shape: tuple[IndexExpr, ...]
+    dtype: torch.dtype
+    body: Expr  # over i0..i{ndim-1}
+
+
+TensorValue = Union[Strided, Lazy]
+
+
+def is_tensor(v: object) -> bool:
+    return isinstance(v, (Strided, Lazy))
+
+
+def value_at(v: TensorValue, idx: Sequence[IndexExpr]) -> Expr:
+    """The body computing ``v[idx]``."""
+    if len(idx) != len(v.shape):
+        raise ValueError(f"indexing a {len(v.shape)}-d value with {len(idx)} indices")
+    if isinstance(v, Strided):
+        flat = v.offset + sum((i * s for i, s in zip(idx, v.stride) if v.shape and True), sympy.Integer(0))
+        return Load(v.buffer, sympy.expand(flat), v.dtype)
+    mapping = dict(zip(index_vars("i", len(v.shape)), idx))
+    if all(k == val for k, val in mapping.items()):
+        return v.body
+    # substitute through temporaries so i0 -> i1, i1 -> i0 swaps do not collide
+    tmp = {k: sympy.Symbol(f"_t{j}", integer=True) for j, k in enumerate(mapping)}
+    body = substitute_index(v.body, tmp)
+    return substitute_index(body, {tmp[k]: val for k, val in mapping.items()})
+
+
+def broadcast_at(v: TensorValue, out_idx: Sequence[IndexExpr], dtype: torch.dtype | None = None) -> Expr:
+    """``v`` read at an index of a broadcast result (numpy rules: align right, size-1 dims read 0)."""
+    nd = len(v.shape)
+    tail = list(out_idx[len(out_idx) - nd:]) if nd else []
+    idx = [sympy.Integer(0) if v.shape[k] == 1 else tail[k] for k in range(nd)]
+    e = value_at(v, idx)
+    return cast(e, dtype) if dtype is not None else e
+
+
+def as_lazy(v: TensorValue) -> Lazy:
+    if isinstance(v, Lazy):
+        return v
+    return Lazy(v.shape, v.dtype, value_at(v, index_vars("i", len(v.shape))))

@@ -1,0 +1,32 @@
+"""InductorOptions: everything that changes generated code, as one frozen value (its hash keys caches)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class InductorOptions:
+    mode: str = "default"  # "default" | "reduce-overhead" | "max-autotune" | "max-autotune-no-cudagraphs"
+    max_autotune: bool = False
+    cxx: str = "g++"
+    cpp_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
+                                  "-fno-math-errno", "-fno-trapping-math")
+    link_flags: tuple[str, ...] = ("-lmvec", "-lm")
+    vectorize_math: bool = True  # use glibc's vector math (libmvec) for exp/log/tanh/... in simd loops
+    parallel_threshold: int = 32768  # fewer elements than this run on one thread (OpenMP start-up costs)
+    inline_max_size: int = 48  # a pointwise value used twice is recomputed when its body is this small
+    fuse: bool = True  # scheduler fusion on/off (off: one kernel per node; for debugging)
+    fallback_unknown_ops: bool = True  # run ops without lowering through ATen (logged in perf_hints)
+    strict_lowering: bool = False  # a failing lowering rule raises instead of falling back (tests)
+    verify: bool | None = None  # None: follow KILN_VERIFY
+    # kernels for CPU tensors: "cpp" (C++/OpenMP) or "triton" (the Triton interpreter, TRITON_INTERPRET=1;
+    # tests the GPU code path on CPU). CUDA tensors always get Triton kernels.
+    cpu_backend: str = "cpp"
+
+    def replace(self, **changes: object) -> InductorOptions:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    def cache_key(self) -> str:
+        return repr(dataclasses.astuple(self))

@@ -1,0 +1,117 @@
+"""kiln.inductor's pipeline, top to bottom. Each pass maps the compile state to the next."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.graph import Pass, log
+
+from . import decomp_bridge
+from .codegen.common import CompiledKernels, KernelBackend
+from .codegen.cpp import CppBackend
+from .codegen.triton.backend import TritonBackend
+from .codegen.wrapper import wrapper_source
+from .ir import LoopProgram, ScheduledProgram, verify_program, verify_schedule
+from .lowering.lower import lower_graph
+from .options import InductorOptions
+from .scheduler import eliminate_dead_code, schedule
+
+
+@dataclass
+class CompileState:
+    gm: fx.GraphModule
+    example_inputs: Sequence[Any]
+    options: InductorOptions
+    name: str
+    program: LoopProgram | None = None
+    scheduled: ScheduledProgram | None = None
+    kernels: CompiledKernels | None = None
+    wrapper: str = ""
+    fallbacks: list[str] = field(default_factory=list)
+    texts: dict[str, str] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def backend_for(state: CompileState) -> KernelBackend:
+    """Triton for CUDA inputs (real or fake: sources are generated, not run), else the CPU choice."""
+    if any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in state.example_inputs):
+        return TritonBackend("cuda")
+    if state.options.cpu_backend == "triton":
+        return TritonBackend("cpu")
+    if state.options.cpu_backend != "cpp":
+        raise ValueError(f"InductorOptions.cpu_backend={state.options.cpu_backend!r}: use 'cpp' or 'triton'")
+    return CppBackend()
+
+
+def propagate_meta(s: CompileState) -> CompileState:
+    """Fill node.meta['val'] with fake tensors when the graph came without them."""
+    decomp_bridge.ensure_meta(s.gm, s.example_inputs)
+    return s
+
+
+def decompose(s: CompileState) -> CompileState:
+    """Rewrite non-core ops with kiln.decomp's "inductor" table (when kiln.decomp provides it)."""
+    return replace(s, gm=decomp_bridge.decompose(s.gm, s.example_inputs))
+
+
+def lower(s: CompileState) -> CompileState:
+    program, fallbacks = lower_graph(s.gm, s.example_inputs, s.options, s.name)
+    s.texts["ir_pre_fusion"] = program.as_text()
+    log("ir_pre_fusion").info("%s", s.texts["ir_pre_fusion"])
+    return replace(s, program=program, fallbacks=fallbacks)
+
+
+def remove_dead_code(s: CompileState) -> CompileState:
+    assert s.program is not None
+    return replace(s, program=eliminate_dead_code(s.program))
+
+
+def fuse_and_plan(s: CompileState) -> CompileState:
+    """Dependencies, fusion, kernel building, ordering and memory planning (the scheduler)."""
+    assert s.program is not None
+    sched = schedule(s.program, s.options)
+    s.texts["ir_post_fusion"] = sched.as_text()
+    log("ir_post_fusion").info("%s", s.texts["ir_post_fusion"])
+    return replace(s, scheduled=sched)
+
+
+def generate_kernels(s: CompileState) -> CompileState:
+    assert s.scheduled is not None and s.program is not None
+    kernels = backend_for(s).compile(s.scheduled, s.program.layouts(), s.options)
+    return replace(s, kernels=kernels)
+
+
+def generate_wrapper(s: CompileState) -> CompileState:
+    assert s.scheduled is not None and s.kernels is not None
+    src = wrapper_source(s.scheduled, s.kernels)
+    s.texts["output_code"] = src + ("\n# ---- kernels ----\n" + s.kernels.source_text if s.kernels.source_text else "")
+    log("output_code").info("%s", s.texts["output_code"])
+    return replace(s, wrapper=src)
+
+
+PASSES: list[Pass[CompileState]] = [
+    Pass("propagate_meta", lambda s, ctx: propagate_meta(s)),
+    Pass("decompose", lambda s, ctx: decompose(s)),
+    Pass("lower", lambda s, ctx: lower(s)),
+    Pass("remove_dead_code", lambda s, ctx: remove_dead_code(s)),
+    Pass("fuse_and_plan", lambda s, ctx: fuse_and_plan(s)),
+    Pass("generate_kernels", lambda s, ctx: generate_kernels(s)),
+    Pass("generate_wrapper", lambda s, ctx: generate_wrapper(s)),
+]
+
+
+def verify_state(s: CompileState) -> None:
+    if s.scheduled is not None:
+        verify_schedule(s.scheduled)
+    elif s.program is not None:
+        verify_program(s.program)
+
+
+def now() -> float:
+    return time.perf_counter()

@@ -1,0 +1,38 @@
+"""Dependency analysis over a LoopProgram: who reads which buffer, and dead-code elimination."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir import LoopProgram, Node, TensorRef, node_outputs, node_reads
+
+
+@dataclass
+class Dependencies:
+    producer: dict[str, int] = field(default_factory=dict)  # buffer -> index of the node writing it
+    readers: dict[str, list[int]] = field(default_factory=dict)  # buffer -> indices of nodes reading it
+    outputs: set[str] = field(default_factory=set)  # buffers returned by the graph
+
+
+def analyze(p: LoopProgram) -> Dependencies:
+    deps = Dependencies()
+    for k, n in enumerate(p.nodes):
+        for b in node_outputs(n):
+            deps.producer[b] = k
+        for b in node_reads(n):
+            deps.readers.setdefault(b, []).append(k)
+    deps.outputs = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
+    return deps
+
+
+def eliminate_dead_code(p: LoopProgram) -> LoopProgram:
+    """Drop nodes none of whose outputs reach the graph outputs (the graph is functional)."""
+    live: set[str] = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
+    kept: list[Node] = []
+    for n in reversed(p.nodes):
+        if any(b in live for b in node_outputs(n)):
+            kept.append(n)
+            live.update(node_reads(n))
+    if len(kept) == len(p.nodes):
+        return p
+    return LoopProgram(p.name, p.inputs, tuple(reversed(kept)), p.outputs, p.seed_buffer)

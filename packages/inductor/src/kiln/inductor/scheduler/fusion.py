@@ -1,0 +1,151 @@
+"""Fusion: group loop nodes into kernels.
+
+Vertical fusion (a consumer joins its producer's kernel) and horizontal fusion (independent work over
+the same iteration space) both go through one test, ``fits``: a node joins a group when its iteration
+space is the group's outer space, or outer+inner space of a row kernel, and every value it reads from
+the group is the element (or row) the group computes at the same point. Nodes are visited in program
+order and only join a group created after all of their other producers, so the order stays valid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from ..ir import ComputedBuffer, ExternKernel, IndexExpr, LoopProgram, Node, Pointwise, Reduction, reads
+from ..ir import index_vars, node_reads
+from ..options import InductorOptions
+from .dependencies import Dependencies
+
+LOOKBACK = 8  # how many recent groups a node may join (bounds compile time)
+
+
+@dataclass
+class Group:
+    outer: tuple[IndexExpr, ...]
+    inner: tuple[IndexExpr, ...] | None  # None: a pointwise group (may still become a row kernel)
+    members: list[int] = field(default_factory=list)  # node indices, in order
+    roles: dict[str, str] = field(default_factory=dict)  # buffer -> "full" | "outer"
+    extern: bool = False  # a group of one node nothing fuses with (extern call, scan)
+
+    def renaming(self, node: ComputedBuffer, role: str) -> dict[sympy.Symbol, IndexExpr]:
+        return var_renaming(node, role, len(self.outer))
+
+
+def var_renaming(node: ComputedBuffer, role: str, n_outer: int) -> dict[sympy.Symbol, IndexExpr]:
+    """Node loop variables (i*, r*) -> kernel variables (x*, r*) for a node playing ``role``."""
+    d = node.data
+    iv = index_vars("i", len(d.ranges))
+    xv, rv = index_vars("x", n_outer), index_vars("r", len(d.ranges))
+    if isinstance(d, Reduction) or role == "outer":
+        return dict(zip(iv, xv))
+    return {**dict(zip(iv[:n_outer], xv)), **dict(zip(iv[n_outer:], rv))}
+
+
+def _role(g: Group, node: ComputedBuffer) -> tuple[str, tuple, tuple | None] | None:
+    """The node's role in ``g`` and the group's (outer, inner) after it joins, or None."""
+    d = node.data
+    if isinstance(d, Reduction):
+        o, r = tuple(d.ranges), tuple(d.reduction_ranges)
+        if g.inner is None:
+            if tuple(g.outer) == o + r:
+                return "outer", o, r
+            if tuple(g.outer) == o:
+                return "outer", o, r
+            return None
+        return ("outer", o, r) if (o == tuple(g.outer) and r == tuple(g.inner)) else None
+    if not isinstance(d, Pointwise):
+        return None
+    p = tuple(d.ranges)
+    if g.inner is None:
+        return ("outer", p, None) if p == tuple(g.outer) else None
+    if p == tuple(g.outer) + tuple(g.inner):
+        return "full", tuple(g.outer), tuple(g.inner)
+    if p == tuple(g.outer):
+        return "outer", tuple(g.outer), tuple(g.inner)
+    return None
+
+
+def _reads_ok(g: Group, node: ComputedBuffer, role: str, outer: tuple, inner: tuple | None,
+              program: LoopProgram) -> bool:
+    """Every load of a group buffer must read exactly what the group computes at this point."""
+    n_outer = len(outer)
+    ren = var_renaming(node, role, n_outer)
+    nodes = program.nodes
+    for ld in reads(node.data.body):
+        prod_role = g.roles.get(ld.buffer)
+        if prod_role is None:
+            continue
+        prod = next(nodes[k] for k in g.members if nodes[k].name == ld.buffer)  # type: ignore[union-attr]
+        assert isinstance(prod, ComputedBuffer)
+        # a pointwise group turning into a row kernel: its members become full-role
+        if g.inner is None and inner is not None and len(prod.data.ranges) == n_outer + len(inner):
+            prod_role = "full"
+        if prod_role == "full" and role == "outer" and not isinstance(node.data, Reduction):
+            return False
+        want = prod.layout.store_index().xreplace(var_renaming(prod, prod_role, n_outer))
+        got = ld.index.xreplace(ren)
+        if sympy.expand(want - got) != 0:
+            return False
+    return True
+
+
+def fits(g: Group, node: Node, program: LoopProgram) -> tuple[str, tuple, tuple | None] | None:
+    if g.extern or not isinstance(node, ComputedBuffer) or not isinstance(node.data, (Pointwise, Reduction)):
+        return None
+    r = _role(g, node)
+    if r is None or not _reads_ok(g, node, r[0], r[1], r[2], program):
+        return None
+    return r
+
+
+def join(g: Group, k: int, node: ComputedBuffer, role: str, outer: tuple, inner: tuple | None) -> None:
+    if g.inner is None and inner is not None:  # pointwise group becomes a row kernel
+        n_full = len(outer) + len(inner)
+        g.roles = {b: ("full" if len(_ranges_of(g, b)) == n_full else "outer") for b in g.roles}
+    g.outer, g.inner = outer, inner
+    g.members.append(k)
+    g.roles[node.name] = role
+
+
+def _ranges_of(g: Group, buffer: str) -> tuple:
+    return g._ranges[buffer]  # type: ignore[attr-defined]
+
+
+def group_nodes(p: LoopProgram, deps: Dependencies, options: InductorOptions) -> list[Group]:
+    groups: list[Group] = []
+    where: dict[str, int] = {}  # buffer -> group index
+    for k, node in enumerate(p.nodes):
+        if isinstance(node, ExternKernel):
+            g = Group((), None, [k], {}, extern=True)
+            groups.append(g)
+            for o in node.outputs:
+                where[o.buffer] = len(groups) - 1
+            continue
+        dep_groups = [where[b] for b in node_reads(node) if b in where]
+        earliest = max(dep_groups, default=-1)
+        chosen = None
+        if options.fuse and isinstance(node.data, (Pointwise, Reduction)):
+            for gi in range(len(groups) - 1, max(earliest, len(groups) - LOOKBACK, 0) - 1, -1):
+                if gi < earliest:
+                    break
+                r = fits(groups[gi], node, p)
+                if r is not None:
+                    chosen = (gi, r)
+                    break
+        if chosen is None:
+            d = node.data
+            inner = tuple(d.reduction_ranges) if isinstance(d, Reduction) else None
+            g = Group(tuple(d.ranges), inner, [], {}, extern=not isinstance(d, (Pointwise, Reduction)))
+            g._ranges = {}  # type: ignore[attr-defined]
+            groups.append(g)
+            gi, role = len(groups) - 1, "outer"
+            g.members.append(k)
+            g.roles[node.name] = role
+        else:
+            gi, (role, outer, inner) = chosen
+            join(groups[gi], k, node, role, outer, inner)
+        groups[gi]._ranges[node.name] = tuple(node.data.ranges)  # type: ignore[attr-defined]
+        where[node.name] = gi
+    return groups

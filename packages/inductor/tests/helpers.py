@@ -1,0 +1,45 @@
+"""Shared test helpers: trace a function, compile it with kiln.inductor, compare with eager."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kiln.graph import CompiledGraph
+from kiln.inductor import InductorOptions, compile_graph
+from tracer import flat_outputs, trace
+
+
+def compile_fn(fn: Any, *args: Any, options: InductorOptions = InductorOptions(strict_lowering=True)) -> CompiledGraph:
+    return compile_graph(trace(fn, *args), list(args), options=options)
+
+
+def assert_close(got: Any, want: Any, atol: float = 1e-5, rtol: float = 1e-4) -> None:
+    if isinstance(want, torch.Tensor):
+        assert isinstance(got, torch.Tensor), f"expected a tensor, got {type(got)}"
+        assert got.shape == want.shape, (got.shape, want.shape)
+        assert got.dtype == want.dtype, (got.dtype, want.dtype)
+        if want.dtype in (torch.bfloat16, torch.float16):
+            atol, rtol = max(atol, 2e-2), max(rtol, 2e-2)
+        torch.testing.assert_close(got, want, atol=atol, rtol=rtol, equal_nan=True, check_stride=False)
+    else:
+        assert got == want, (got, want)
+
+
+def check(fn: Any, *args: Any, atol: float = 1e-5, rtol: float = 1e-4,
+          options: InductorOptions = InductorOptions(strict_lowering=True)) -> CompiledGraph:
+    """Compile ``fn`` for ``args``, run it, and compare every output with eager."""
+    cg = compile_fn(fn, *args, options=options)
+    got = cg.fn(*args)
+    with torch.no_grad():
+        want = flat_outputs(fn(*args))
+    assert isinstance(got, tuple)
+    assert len(got) == len(want), (len(got), len(want))
+    for g, w in zip(got, want):
+        assert_close(g, w, atol, rtol)
+    return cg
+
+
+def n_kernels(cg: CompiledGraph) -> int:
+    return len(cg.scheduled.kernels())  # type: ignore[attr-defined]

@@ -1,0 +1,121 @@
+"""End-to-end: ATen graphs through compile_graph, compared with eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import check
+from kiln.graph import CompiledGraph, PortableProgram
+
+torch.manual_seed(0)
+X = torch.randn(4, 6, 8)
+IDX = torch.randint(0, 4, (5,))
+
+CASES = {
+    "cat": (lambda x: torch.cat([x, x * 2, x.sin()], 1), (X,)),
+    "pad": (lambda x: F.pad(x, (1, 2, 0, 3), value=1.5), (X,)),
+    "cumsum": (lambda x: x.cumsum(1), (X,)),
+    "index_select": (lambda x, i: x.index_select(0, i), (X, IDX)),
+    "embedding": (lambda w, i: F.embedding(i, w), (torch.randn(10, 8), torch.randint(0, 10, (3, 4)))),
+    "gather": (lambda x: torch.gather(x, 2, torch.zeros(4, 6, 3, dtype=torch.long)), (X,)),
+    "index_tensor": (lambda x, i: x[i, :, 1:3], (X, IDX)),
+    "negative_index": (lambda x, i: x[i], (X, torch.tensor([-1, 0, -2]))),
+    "reductions": (lambda x: (x.argmax(-1), x.max(1), x.var(1), x.std(-1, keepdim=True), x.amin((0, 2)),
+                              x.sum(), x.prod(1), x.argmin(), x.mean((0, 1))), (X,)),
+    "any_all": (lambda x: ((x > 0).any(-1), (x > -3).all(), (x > 0).any()), (X,)),
+    "views": (lambda x: x.permute(2, 0, 1).reshape(8, 24).t().contiguous() + 1, (X,)),
+    "bf16": (lambda x: x.to(torch.bfloat16).sigmoid() * 3, (X,)),
+    "fp16": (lambda x: x.to(torch.float16).exp(), (X,)),
+    "bf16_reduce": (lambda x: x.to(torch.bfloat16).sum(-1), (X,)),
+    "softmax": (lambda x: torch.softmax(x, 1) + torch.log_softmax(x, -1), (X,)),
+    "bmm_extern": (lambda x, y: x.transpose(0, 1) @ y, (X, torch.randn(6, 8, 3))),
+    "where_flip": (lambda x: torch.where(x > 0, x, 0.0).flip(1), (X,)),
+    "int_ops": (lambda x: (x.int() // 3, x.int() % 3, x.long().abs(), x.int() * 2 - 1), (X * 10,)),
+    "expand_slice": (lambda x: x.unsqueeze(0).expand(3, 4, 6, 8).sum(0) + x[:, ::2].mean(), (X,)),
+    "layer_norm_gelu": (lambda x, w, b: F.gelu(F.layer_norm(x, (8,), w, b)) * 2, (X, torch.randn(8), torch.randn(8))),
+    "rms_norm": (lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w, (X, torch.randn(8))),
+    "linear_relu": (lambda x, w, b: F.relu(F.linear(x, w, b)), (X, torch.randn(5, 8), torch.randn(5))),
+    "logsumexp": (lambda x: torch.logsumexp(x, -1), (X,)),
+    "clamp_pow": (lambda x: (x.clamp(-0.5, 0.5) ** 2, x.abs() ** 0.5, x.clamp(min=0)), (X,)),
+    "nan_propagation": (lambda x: (x.amax(-1), torch.maximum(x, torch.zeros_like(x)), x.argmax(-1)),
+                        (torch.where(torch.rand(4, 6, 8) < 0.1, float("nan"), X),)),
+    "non_contiguous_input": (lambda x: x * 2 + 1, (X.transpose(1, 2),)),
+    "strided_input_view": (lambda x: x.sum(0), (X[:, 1:4],)),
+    "scalar_output": (lambda x: x.sum() * 2, (X,)),
+    "bool_ops": (lambda x: ((x > 0) & (x < 1), ~(x > 0), (x > 0) ^ (x < 0.5)), (X,)),
+    "silu_hardswish": (lambda x: (F.silu(x), F.hardswish(x), F.leaky_relu(x, 0.2), F.hardtanh(x)), (X,)),
+    "arange_iota": (lambda x: x + torch.arange(8, dtype=torch.float32), (X,)),
+    "conv_bn_relu": (lambda x, w, rm, rv: F.relu(F.batch_norm(F.conv2d(x, w, padding=1), rm, rv, training=False)),
+                     (torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4), torch.rand(4) + 0.5)),
+    "sdpa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+             (torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8))),
+    "split_unbind": (lambda x: (*x.split([2, 2], 0), *x.unbind(1)), (X,)),
+    "returns_input_view": (lambda x: (x.t(), x[1]), (torch.randn(5, 3),)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_matches_eager(name: str) -> None:
+    fn, args = CASES[name]
+    check(fn, *args)
+
+
+def test_compiled_graph_contract() -> None:
+    cg = check(lambda x: (x.sin() + 1).sum(-1), X)
+    assert isinstance(cg, CompiledGraph)
+    assert {"ir_pre_fusion", "ir_post_fusion", "output_code"} <= set(cg.texts)
+    assert "def call(args)" in cg.texts["output_code"]
+    assert "#pragma omp" in cg.texts["output_code"]
+    assert isinstance(cg.portable, PortableProgram)
+    assert any(n.endswith(".so") for n in cg.portable.files)
+
+
+def test_portable_program_runs_from_its_files(tmp_path) -> None:
+    """What kiln.runtime does: write FILES to a folder, exec the source with FILES_DIR, call it."""
+    cg = check(lambda x: torch.softmax(x, -1) * 3, X)
+    assert cg.portable is not None
+    for name, data in cg.portable.files.items():
+        (tmp_path / name).write_bytes(data)
+    ns: dict = {"FILES_DIR": str(tmp_path), "FILES": dict(cg.portable.files)}
+    exec(compile(cg.portable.source, "<portable>", "exec"), ns)
+    (out,) = ns["call"]([X])
+    torch.testing.assert_close(out, torch.softmax(X, -1) * 3)
+
+
+def test_fallback_is_reported(caplog) -> None:
+    from kiln.graph import set_logs
+    set_logs("perf_hints")
+    try:
+        import logging
+        logging.getLogger("kiln.perf_hints").propagate = True
+        with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
+            cg = check(lambda x: torch.sort(x, -1).values.cummax(-1).values + 1, X)
+        assert "fallback" in cg.texts.get("fallbacks", "")
+        assert any("fallback" in r.getMessage() for r in caplog.records)
+    finally:
+        set_logs()
+
+
+def test_random_is_seeded_by_torch_generator() -> None:
+    from helpers import compile_fn
+    cg = compile_fn(lambda x: F.dropout(x, 0.5, training=True), X)
+    torch.manual_seed(1)
+    a = cg.fn(X)[0]
+    torch.manual_seed(1)
+    b = cg.fn(X)[0]
+    c = cg.fn(X)[0]
+    torch.testing.assert_close(a, b)
+    assert not torch.equal(a, c)
+    kept = a != 0
+    torch.testing.assert_close(a[kept], (X * 2)[kept])
+    assert 0.35 < (~kept).float().mean().item() < 0.65
+
+
+def test_rand_distribution() -> None:
+    from helpers import compile_fn
+    cg = compile_fn(lambda x: (torch.rand_like(x), torch.randn_like(x)), torch.empty(200, 500))
+    u, n = cg.fn(torch.empty(200, 500))
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
+    assert abs(n.mean().item()) < 0.02 and abs(n.std().item() - 1) < 0.02

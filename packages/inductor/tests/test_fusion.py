@@ -1,0 +1,102 @@
+"""Fusion: how many kernels a graph becomes, and which buffers never reach memory."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from helpers import check, n_kernels
+from kiln.inductor import InductorOptions
+
+X = torch.randn(16, 32, 64)
+
+
+def _call_body(cg) -> str:
+    return cg.texts["output_code"].split("def call(args):")[1].split("# ---- kernels")[0]
+
+
+def test_pointwise_chain_is_one_kernel() -> None:
+    cg = check(lambda x: ((x * 2 + 1).sin().exp() - x).relu(), X)
+    assert n_kernels(cg) == 1
+    assert "empty_strided" in cg.texts["output_code"]
+    # only the output is allocated: intermediates stay in registers
+    assert _call_body(cg).count("torch.empty_strided(") == 1
+
+
+def test_multi_use_intermediate_stays_local() -> None:
+    def f(x):
+        y = (x * 3 + 2).tanh().exp().sin().cos().sigmoid() * x.sqrt().log1p().abs().exp()
+        return y * y + y.sin()
+    cg = check(f, X.abs())
+    assert n_kernels(cg) == 1
+    assert _call_body(cg).count("torch.empty_strided(") == 1
+
+
+def test_reduction_with_pointwise_epilogue_is_one_kernel() -> None:
+    cg = check(lambda x: (x.exp().sum(-1) * 2).sqrt(), X)
+    assert n_kernels(cg) == 1
+
+
+def test_softmax_is_one_kernel() -> None:
+    cg = check(lambda x: torch.softmax(x, -1), X)
+    assert n_kernels(cg) == 1
+
+
+def test_decomposed_softmax_is_one_kernel() -> None:
+    def f(x):
+        m = x.amax(-1, keepdim=True)
+        e = (x - m).exp()
+        return e / e.sum(-1, keepdim=True)
+    cg = check(f, X)
+    assert n_kernels(cg) == 1
+
+
+def test_layer_norm_gelu_is_one_kernel() -> None:
+    w, b = torch.randn(64), torch.randn(64)
+    cg = check(lambda x, w, b: F.gelu(F.layer_norm(x, (64,), w, b)), X, w, b)
+    assert n_kernels(cg) == 1
+
+
+def test_horizontal_fusion_of_independent_work() -> None:
+    cg = check(lambda x, y: (x.sin(), y.cos() * 2, (x + y).sum(-1)), X, X + 1)
+    assert n_kernels(cg) == 1
+
+
+def test_extern_splits_kernels() -> None:
+    w = torch.randn(64, 64)
+    cg = check(lambda x, w: ((x.relu() @ w) + 1).tanh(), X, w)
+    assert n_kernels(cg) == 2
+    assert "aten.mm" in cg.texts["ir_post_fusion"] or "bmm" in cg.texts["ir_post_fusion"] \
+        or "matmul" in cg.texts["ir_post_fusion"] or "mm" in cg.texts["ir_post_fusion"]
+
+
+def test_fusion_off_gives_one_kernel_per_node() -> None:
+    cg = check(lambda x: torch.softmax(x, -1), X, options=InductorOptions(fuse=False, strict_lowering=True))
+    assert n_kernels(cg) >= 2
+
+
+def test_kernel_names_say_what_they_fuse() -> None:
+    cg = check(lambda x: torch.softmax(x, -1), X)
+    (k,) = cg.scheduled.kernels()
+    assert "softmax" in k.name
+
+
+def test_dead_code_is_removed() -> None:
+    def f(x):
+        _unused = x.exp().sum()
+        return x + 1
+    cg = check(f, X)
+    assert "sum" not in cg.texts["ir_post_fusion"]
+
+
+def test_memory_planning_frees_and_reuses() -> None:
+    w = torch.randn(64, 64) * 0.1
+
+    def f(x, w):
+        a = (x.sin() @ w)
+        b = (a.cos() @ w)
+        c = (b.exp() @ w)
+        return c.relu()
+    cg = check(f, X, w, rtol=1e-3)
+    code = cg.texts["output_code"]
+    assert "del " in code

@@ -1,0 +1,41 @@
+"""Environment variables of kiln.runtime, read once into typed settings (STYLE.md rule 4).
+
+KILN_CACHE_DIR   root of the compile cache (default: $XDG_CACHE_HOME/kiln or ~/.cache/kiln)
+KILN_CACHE=0     disable the on-disk compile cache (everything is rebuilt, nothing written)
+KILN_CXX         the C++ compiler for CPU kernels (default: g++)
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeKnobs:
+    cache_dir: Path
+    cache_enabled: bool
+    cxx: str
+
+
+def default_cache_dir(env: Mapping[str, str]) -> Path:
+    explicit = env.get("KILN_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    xdg = env.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return base / "kiln"
+
+
+def read_knobs(env: Mapping[str, str] | None = None) -> RuntimeKnobs:
+    e = os.environ if env is None else env
+    return RuntimeKnobs(
+        cache_dir=default_cache_dir(e),
+        cache_enabled=e.get("KILN_CACHE", "1") not in ("0", "false", "False", "off"),
+        cxx=e.get("KILN_CXX", "g++"),
+    )
+
+
+KNOBS = read_knobs()

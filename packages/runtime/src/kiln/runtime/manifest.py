@@ -1,0 +1,193 @@
+"""The artifact manifest: a versioned JSON document describing everything in an artifact.
+
+Every file is listed with its sha256; ``integrity`` is the sha256 of the canonical JSON of the rest
+of the manifest, so one hash covers the whole artifact (the files through their listed hashes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import sympy
+import torch
+from kiln.graph import GuardSet, TensorSpec
+
+from .bindings import Binding
+from .environment import DeviceInfo, HostInfo
+from .errors import ArtifactError
+from .sources import Param
+
+FORMAT = "kiln-artifact"
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+PROGRAM_NAME = "program.py"
+CONSTANTS_NAME = "constants.safetensors"
+
+FILE_KINDS = {
+    "program": "the generated Python module (defines call(args) -> tuple)",
+    "cpp_binary": "a C++ shared library (*.so), used when it fits this CPU",
+    "cpp_source": "C++ source (*.cpp, *.c, *.cc) to rebuild a shared library from",
+    "python_source": "more generated Python (*.py), e.g. Triton kernels compiled on first call",
+    "triton_binary": "compiled Triton kernels (under triton/), used when the GPU and triton match",
+    "constants": "tensors saved with the artifact (safetensors format)",
+    "data": "any other file the program reads",
+}
+
+
+def file_kind(name: str) -> str:
+    if name == PROGRAM_NAME:
+        return "program"
+    if name == CONSTANTS_NAME:
+        return "constants"
+    if name.startswith("triton/"):
+        return "triton_binary"
+    if name.endswith(".so"):
+        return "cpp_binary"
+    if name.endswith((".cpp", ".c", ".cc")):
+        return "cpp_source"
+    if name.endswith(".py"):
+        return "python_source"
+    return "data"
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class FileRecord:
+    name: str
+    sha256: str
+    size: int
+    kind: str
+
+
+@dataclass(frozen=True, slots=True)
+class InputRecord:
+    name: str  # readable, used in guard errors: "x", "self.fc.weight"
+    source: str  # the captured graph's source, e.g. "L['self'].fc.weight"
+    spec: TensorSpec | int | None
+
+
+def spec_to_json(spec: TensorSpec | int | None) -> object:
+    if spec is None or isinstance(spec, int):
+        return spec
+    return {"shape": [_dim_json(d) for d in spec.shape], "stride": [_dim_json(d) for d in spec.stride],
+            "dtype": str(spec.dtype).removeprefix("torch."), "device": str(spec.device),
+            "requires_grad": spec.requires_grad}
+
+
+def spec_from_json(d: object) -> TensorSpec | int | None:
+    if d is None or isinstance(d, int):
+        return d
+    assert isinstance(d, dict)
+    return TensorSpec(tuple(_dim_from(x) for x in d["shape"]), getattr(torch, d["dtype"]),
+                      torch.device(d["device"]), tuple(_dim_from(x) for x in d["stride"]),
+                      bool(d.get("requires_grad", False)))
+
+
+def _dim_json(d: object) -> int | str:
+    return d if isinstance(d, int) else str(d)
+
+
+def _dim_from(d: int | str) -> Any:
+    return d if isinstance(d, int) else sympy.sympify(d)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    backend: str
+    environment: dict[str, Any]
+    host: HostInfo
+    device: DeviceInfo
+    params: tuple[Param, ...]
+    inputs: tuple[InputRecord, ...]
+    bindings: tuple[Binding, ...]
+    guards: GuardSet
+    files: dict[str, FileRecord]
+    output_spec: str | None = None  # torch.utils._pytree.treespec_dumps of the output structure
+    requires: tuple[str, ...] = ("torch",)
+    dropped_guards: int = 0
+    metadata: dict[str, Any] = field(default_factory=dict)
+    created: str = ""
+    schema_version: int = SCHEMA_VERSION
+    integrity: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        d = {
+            "format": FORMAT, "schema_version": self.schema_version, "created": self.created,
+            "backend": self.backend, "environment": self.environment, "host": self.host.to_json(),
+            "device": self.device.to_json(),
+            "call": {"parameters": [p.to_json() for p in self.params], "output_spec": self.output_spec},
+            "inputs": [{"name": i.name, "source": i.source, "spec": spec_to_json(i.spec)}
+                       for i in self.inputs],
+            "bindings": [b.to_json() for b in self.bindings],
+            "guards": self.guards.to_json(), "dropped_guards": self.dropped_guards,
+            "program": {"source": PROGRAM_NAME, "requires": list(self.requires)},
+            "files": {f.name: {"sha256": f.sha256, "size": f.size, "kind": f.kind}
+                      for f in self.files.values()},
+            "metadata": self.metadata,
+        }
+        d["integrity"] = self.integrity or integrity_of(d)
+        return d
+
+    def sealed(self) -> Manifest:
+        created = self.created or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        unsealed = replace(self, created=created, integrity="")
+        return replace(unsealed, integrity=integrity_of(unsealed.to_json()))
+
+    @staticmethod
+    def from_json(d: Mapping[str, Any]) -> Manifest:
+        check_schema(d)
+        try:
+            call = d["call"]
+            return Manifest(
+                backend=str(d["backend"]), environment=dict(d["environment"]),
+                host=HostInfo.from_json(d["host"]), device=DeviceInfo.from_json(d["device"]),
+                params=tuple(Param.from_json(p) for p in call["parameters"]),
+                inputs=tuple(InputRecord(i["name"], i["source"], spec_from_json(i["spec"]))
+                             for i in d["inputs"]),
+                bindings=tuple(Binding.from_json(b) for b in d["bindings"]),
+                guards=GuardSet.from_json(d["guards"]),
+                files={n: FileRecord(n, f["sha256"], int(f["size"]), f["kind"])
+                       for n, f in d["files"].items()},
+                output_spec=call.get("output_spec"), requires=tuple(d["program"]["requires"]),
+                dropped_guards=int(d.get("dropped_guards", 0)), metadata=dict(d.get("metadata", {})),
+                created=str(d.get("created", "")), schema_version=int(d["schema_version"]),
+                integrity=str(d["integrity"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ArtifactError(f"the artifact manifest is malformed: {type(e).__name__}: {e}") from e
+
+
+def integrity_of(d: Mapping[str, Any]) -> str:
+    body = {k: v for k, v in d.items() if k != "integrity"}
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + sha256(canonical.encode())
+
+
+def check_schema(d: Mapping[str, Any]) -> None:
+    if not isinstance(d, Mapping) or d.get("format") != FORMAT:
+        raise ArtifactError("this is not a kiln artifact: its manifest.json has no "
+                            f"\"format\": \"{FORMAT}\"")
+    version = d.get("schema_version")
+    if not isinstance(version, int):
+        raise ArtifactError(f"the artifact manifest has no valid schema_version (got {version!r})")
+    if version > SCHEMA_VERSION:
+        raise ArtifactError(f"unknown artifact schema version {version}: this kiln-runtime reads "
+                            f"schema {SCHEMA_VERSION}; upgrade kiln-runtime to load it")
+    if version < 1:
+        raise ArtifactError(f"unknown artifact schema version {version}")
+
+
+def verify_integrity(d: Mapping[str, Any]) -> None:
+    want = d.get("integrity")
+    got = integrity_of(d)
+    if want != got:
+        raise ArtifactError(f"the artifact manifest fails its integrity check (recorded {want}, "
+                            f"computed {got}): it was modified or corrupted after saving")

@@ -1,0 +1,51 @@
+"""Triton kernels from source text: generated wrappers carry their kernels as plain source.
+
+``triton.jit`` reads a kernel's source through ``inspect``, so the text is written to a
+content-addressed ``.py`` file in the compile cache and imported from there; Triton compiles each
+kernel for the GPU it finds on the first launch (and keeps its own binary cache).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from types import ModuleType
+
+from .cache import CompileCache, default_cache
+from .errors import KernelBuildError
+
+_MODULES: dict[str, ModuleType] = {}
+
+
+def load_triton_module(source: str, *, cache: CompileCache | None = None) -> ModuleType:
+    """Import Triton kernel source text as a module (once per distinct text per process)."""
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    if digest in _MODULES:
+        return _MODULES[digest]
+    if importlib.util.find_spec("triton") is None:
+        raise KernelBuildError("these kernels need triton, which is not installed: pip install triton")
+    path = (cache or default_cache()).materialize("triton_src", source.encode(), ".py")
+    name = f"kiln_triton_{digest[:24]}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise KernelBuildError(f"cannot import Triton kernels from {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # triton resolves a kernel's globals through its module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        sys.modules.pop(name, None)
+        raise KernelBuildError(f"Triton kernel source failed to import ({type(e).__name__}: {e}); "
+                               f"the source is at {path}") from e
+    _MODULES[digest] = module
+    return module
+
+
+def load_triton_kernel(source: str, kernel_name: str, *, cache: CompileCache | None = None) -> object:
+    """The ``@triton.jit`` function ``kernel_name`` defined in ``source``."""
+    module = load_triton_module(source, cache=cache)
+    try:
+        return getattr(module, kernel_name)
+    except AttributeError:
+        raise KernelBuildError(f"Triton source defines no kernel named {kernel_name!r}") from None

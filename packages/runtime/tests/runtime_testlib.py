@@ -1,0 +1,114 @@
+"""Hand-written PortablePrograms used by the tests (what a backend would generate)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kiln.runtime.manifest import integrity_of
+
+
+def reseal(artifact_dir: Path, edit) -> None:
+    """Edit a directory artifact's manifest (``edit(dict)``) and recompute its integrity hash."""
+    path = artifact_dir / "manifest.json"
+    d = json.loads(path.read_text())
+    edit(d)
+    d["integrity"] = integrity_of(d)
+    path.write_text(json.dumps(d))
+
+ATEN = '''
+import torch
+aten = torch.ops.aten
+
+def call(args):
+    x, w, b = args
+    y = aten.addmm(b, x, aten.t(w))
+    return (aten.relu(y), aten.sum(y))
+'''
+
+AUTOGRAD = '''
+import torch
+aten = torch.ops.aten
+
+class LinearTanh(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w, x):
+        y = aten.tanh(aten.mm(x, aten.t(w)))
+        ctx.save_for_backward(w, x, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        w, x, y = ctx.saved_tensors
+        gz = aten.mul(gy, aten.rsub(aten.mul(y, y), 1))
+        return aten.mm(aten.t(gz), x), aten.mm(gz, w)
+
+def call(args):
+    return (LinearTanh.apply(*args),)
+'''
+
+CPP_SOURCE = r'''
+extern "C" void add_scaled(const float* a, const float* b, float* out, long n, float s) {
+  #pragma omp parallel for simd
+  for (long i = 0; i < n; ++i) out[i] = a[i] + s * b[i];
+}
+'''
+
+CPP = '''
+import ctypes
+import torch
+from kiln.runtime import load_cpp_library
+
+_lib = load_cpp_library(FILES.get("kernels/add.so"), source=FILES["kernels/add.cpp"].decode(),
+                        name="add")
+_add = _lib.add_scaled
+_add.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_float]
+_add.restype = None
+
+def call(args):
+    a, b = args
+    out = torch.empty_like(a)
+    _add(a.data_ptr(), b.data_ptr(), out.data_ptr(), a.numel(), 2.0)
+    return (out,)
+'''
+
+TRITON_KERNELS = '''
+import triton
+import triton.language as tl
+
+@triton.jit
+def add_kernel(a_ptr, b_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n
+    a = tl.load(a_ptr + offs, mask=mask)
+    b = tl.load(b_ptr + offs, mask=mask)
+    tl.store(out_ptr + offs, a + 2.0 * b, mask=mask)
+'''
+
+TRITON = '''
+import torch
+from kiln.runtime import load_triton_kernel
+
+add_kernel = load_triton_kernel(FILES["kernels.py"].decode(), "add_kernel")
+
+def call(args):
+    a, b = args
+    out = torch.empty_like(a)
+    n = a.numel()
+    add_kernel[((n + 127) // 128,)](a, b, out, n, BLOCK=128)
+    return (out,)
+'''
+
+MATMUL = '''
+import torch
+aten = torch.ops.aten
+
+def call(args):
+    w, x = args
+    return (aten.mm(x, w),)
+'''
+
+
+def apply_twice(fn, x):
+    """A module-level function an FX graph may call (importable, so portable)."""
+    return fn(fn(x)[0])[0]

@@ -1,0 +1,93 @@
+"""C++ kernels: build with g++, load via ctypes from bytes or a path, rebuild when a binary does not fit."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import shutil
+
+import pytest
+import torch
+from kiln.graph import PortableProgram, TensorSpec
+from kiln.runtime import (
+    CompileCache,
+    KernelBuildError,
+    compile_cpp,
+    load_compiled_function,
+    load_cpp_library,
+    save_artifact,
+)
+from runtime_testlib import CPP, CPP_SOURCE, reseal
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+
+
+@pytest.fixture(scope="module")
+def so_bytes() -> bytes:
+    return compile_cpp(CPP_SOURCE)  # the session's default cache: built once for all tests here
+
+
+def _add(lib: ctypes.CDLL, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    fn = lib.add_scaled
+    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long, ctypes.c_float]
+    out = torch.empty_like(a)
+    fn(a.data_ptr(), b.data_ptr(), out.data_ptr(), a.numel(), 2.0)
+    return out
+
+
+def test_compile_and_load_from_bytes_and_path(so_bytes, tmp_path):
+    assert so_bytes[:4] == b"\x7fELF"
+    a, b = torch.randn(1000), torch.randn(1000)
+    torch.testing.assert_close(_add(load_cpp_library(so_bytes), a, b), a + 2 * b)
+    path = tmp_path / "k.so"
+    path.write_bytes(so_bytes)
+    torch.testing.assert_close(_add(load_cpp_library(path), a, b), a + 2 * b)
+
+
+def test_compile_is_cached_by_source(so_bytes, tmp_path):
+    cache = CompileCache(tmp_path / "c")
+    first = compile_cpp(CPP_SOURCE, cache=cache)
+    assert cache.info().namespaces["cpp_so"][0] == 1
+    assert compile_cpp(CPP_SOURCE, cache=cache) == first  # a hit: no second g++ run
+    assert cache.info().namespaces["cpp_so"][0] == 1
+
+
+def test_bad_binary_is_rebuilt_from_source(so_bytes, caplog):
+    a, b = torch.randn(10), torch.randn(10)
+    with caplog.at_level(logging.WARNING, logger="kiln.runtime"):
+        lib = load_cpp_library(b"\x7fELF not really a library", source=CPP_SOURCE, name="add")
+    assert "rebuilding it from source" in caplog.text
+    torch.testing.assert_close(_add(lib, a, b), a + 2 * b)
+    with pytest.raises(KernelBuildError, match="no source to rebuild it from"):
+        load_cpp_library(b"garbage", name="add")
+
+
+def test_compile_error_is_reported():
+    with pytest.raises(KernelBuildError, match="C\\+\\+ compilation failed"):
+        compile_cpp("this is not C++;")
+
+
+def _save_cpp_artifact(path, so: bytes):
+    a, b = torch.randn(64), torch.randn(64)
+    program = PortableProgram(CPP, files={"kernels/add.so": so, "kernels/add.cpp": CPP_SOURCE.encode()})
+    save_artifact(path, program, input_names=["a", "b"], format="dir",
+                  input_specs=[TensorSpec.from_tensor(a), TensorSpec.from_tensor(b)], backend="test")
+    return a, b
+
+
+def test_artifact_with_a_shared_library(so_bytes, tmp_path):
+    a, b = _save_cpp_artifact(tmp_path / "d", so_bytes)
+    fn = load_compiled_function(tmp_path / "d")
+    assert "kernels/add.so" in fn.module.FILES
+    torch.testing.assert_close(fn(a, b)[0], a + 2 * b)
+    assert "cpp_binary" in fn.as_text() and "cpp_source" in fn.as_text()
+
+
+def test_binary_for_another_cpu_is_rebuilt(so_bytes, tmp_path):
+    a, b = _save_cpp_artifact(tmp_path / "d", so_bytes)
+    reseal(tmp_path / "d", lambda d: d["host"]["cpu_flags"].append("avx9000_imaginary"))
+    fn = load_compiled_function(tmp_path / "d")
+    assert "kernels/add.so" not in fn.module.FILES  # left out: rebuilt from kernels/add.cpp
+    torch.testing.assert_close(fn(a, b)[0], a + 2 * b)
+    reseal(tmp_path / "d", lambda d: d["host"].update(machine="riscv128"))
+    torch.testing.assert_close(load_compiled_function(tmp_path / "d")(a, b)[0], a + 2 * b)

@@ -1,0 +1,169 @@
+"""``kiln.compile`` and friends: torch.compile's user surface over kiln's stages."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from kiln import aot
+from kiln.backends import resolve_backend
+from kiln.graph import Backend, BackendUnavailable
+from kiln.settings import CompileOptions
+
+
+def _capture() -> Any:
+    try:
+        return importlib.import_module("kiln.capture")
+    except ImportError as e:
+        raise BackendUnavailable(
+            "kiln.compile needs the capture stage (package kiln-capture), which is not installed"
+        ) from e
+
+
+def compile(
+    fn_or_module: Callable[..., Any] | nn.Module | None = None,
+    *,
+    backend: str | Backend = "inductor",
+    mode: str | None = None,
+    fullgraph: bool = False,
+    dynamic: bool | None = None,
+    options: dict[str, Any] | None = None,
+) -> Any:
+    """Compile a function or nn.Module; usable as ``kiln.compile(f)``, ``@kiln.compile`` or
+    ``@kiln.compile(backend=...)``. Compilation happens on the first call."""
+    opts = CompileOptions(
+        backend=backend if isinstance(backend, str) else getattr(backend, "__name__", "custom"),
+        mode=mode or "default", fullgraph=fullgraph, dynamic=dynamic, options=dict(options or {}),
+    )
+    if fn_or_module is None:
+        return lambda f: compile(f, backend=backend, mode=mode, fullgraph=fullgraph,
+                                 dynamic=dynamic, options=options)
+    compiled_backend = resolve_backend(backend, opts)
+    if isinstance(fn_or_module, nn.Module):
+        return OptimizedModule(fn_or_module, opts, compiled_backend)
+    if not callable(fn_or_module):
+        raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(fn_or_module)}")
+    return CompiledFunction(fn_or_module, opts, compiled_backend)
+
+
+class CompiledFunction:
+    """A function compiled lazily through kiln.capture; callable like the original."""
+
+    def __init__(self, fn: Callable[..., Any], opts: CompileOptions, backend: Backend) -> None:
+        self._fn = fn
+        self._opts = opts
+        self._backend = backend
+        self._optimized = _capture().optimize(fn, backend, fullgraph=opts.fullgraph,
+                                              dynamic=opts.dynamic)
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._optimized(*args, **kwargs)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else functools.partial(self.__call__, obj)
+
+    def aot_compile(self, example: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+        """Capture the whole function now for ``example`` and compile it ahead of time."""
+        return aot.aot_compile(self._fn, example, self._opts, self._backend)
+
+
+class _CompiledForward:
+    """``OptimizedModule.forward``: calls the compiled forward, and offers ``aot_compile``."""
+
+    def __init__(self, owner: OptimizedModule) -> None:
+        self._owner = owner
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._owner._compiled_forward(*args, **kwargs)
+
+    def aot_compile(self, example: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
+        """AOT-compile the module's forward; the result is called as ``compiled(model, *args)``."""
+        mod = self._owner._orig_mod
+        return aot.aot_compile(type(mod).forward, ((mod, *example[0]), example[1]),
+                                    self._owner._opts, self._owner._backend)
+
+
+class OptimizedModule(nn.Module):
+    """Wraps an nn.Module: same parameters, buffers, state_dict (keys under ``_orig_mod.``, as
+    torch.compile does), train()/eval() and forward hooks; its forward runs compiled."""
+
+    def __init__(self, mod: nn.Module, opts: CompileOptions, backend: Backend) -> None:
+        super().__init__()
+        self._orig_mod = mod
+        self._opts = opts
+        self._backend = backend
+        self._compiled_forward = _capture().optimize(mod.forward, backend,
+                                                     fullgraph=opts.fullgraph, dynamic=opts.dynamic)
+
+    @property
+    def forward(self) -> _CompiledForward:  # type: ignore[override]
+        return _CompiledForward(self)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return _call_with_hooks(self._orig_mod, self._compiled_forward, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["_orig_mod"], name)
+
+    def __repr__(self) -> str:
+        return f"OptimizedModule(backend={self._opts.backend!r}, mode={self._opts.mode!r})\n" \
+               f"  {self._orig_mod!r}"
+
+
+def _call_with_hooks(mod: nn.Module, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Run ``mod``'s forward pre-hooks and hooks around the compiled forward, as nn.Module does."""
+    for hook_id, hook in list(mod._forward_pre_hooks.items()):
+        if hook_id in mod._forward_pre_hooks_with_kwargs:
+            res = hook(mod, args, kwargs)
+            if res is not None:
+                args, kwargs = res
+        else:
+            res = hook(mod, args)
+            if res is not None:
+                args = res if isinstance(res, tuple) else (res,)
+    out = forward(*args, **kwargs)
+    for hook_id, hook in list(mod._forward_hooks.items()):
+        if hook_id in mod._forward_hooks_with_kwargs:
+            res = hook(mod, args, kwargs, out)
+        else:
+            res = hook(mod, args, out)
+        if res is not None:
+            out = res
+    return out
+
+
+def explain(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``kiln.explain(fn)(*args)``: graphs, graph breaks with reasons, guards, op counts."""
+    target = fn._orig_mod.forward if isinstance(fn, OptimizedModule) else fn
+    target = getattr(target, "_fn", target)
+    return _capture().explain(target)
+
+
+def mark_dynamic(t: torch.Tensor, dim: int | list[int]) -> None:
+    """Compile ``t``'s dimension(s) ``dim`` as symbolic sizes from the first call on."""
+    for d in [dim] if isinstance(dim, int) else dim:
+        _capture().mark_dynamic(t, d)
+
+
+def reset() -> None:
+    """Forget every compiled entry (and recompile counts) of every function."""
+    _capture().reset()
+
+
+def load_compiled_function(file: Any, *, f_globals: dict[str, Any] | None = None,
+                           external_data: dict[str, Any] | None = None) -> Any:
+    """Load a function saved by ``aot_compile(...).save_compiled_function``; needs kiln.runtime."""
+    try:
+        runtime = importlib.import_module("kiln.runtime")
+    except ImportError as e:
+        raise BackendUnavailable("loading compiled functions needs kiln-runtime") from e
+    return runtime.load_compiled_function(file, f_globals=f_globals, external_data=external_data)

@@ -1,0 +1,150 @@
+"""The backends registry: name -> factory(CompileOptions) -> Backend (torch.compile's contract).
+
+Built-in backends are filled in one place, ``_BUILTIN``; users add theirs with ``register_backend``.
+A backend whose stage is missing raises BackendUnavailable naming the stage; nothing pretends to
+compile.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from torch import fx
+
+from kiln.graph import (
+    Backend,
+    BackendUnavailable,
+    CompiledGraph,
+    dump,
+    log,
+    new_graph_id,
+    print_graph,
+)
+from kiln.settings import CompileOptions
+
+BackendFactory = Callable[[CompileOptions], Backend]
+
+
+@dataclass(frozen=True)
+class BackendEntry:
+    name: str
+    factory: BackendFactory
+    doc: str
+
+
+def _stage(module: str, attr: str, backend: str) -> Any:
+    """Fetch ``module.attr`` or explain which stage the backend is missing."""
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise BackendUnavailable(
+            f"backend {backend!r} needs {module}.{attr}, which is not available ({e}). "
+            f"Install the {module.replace('.', '-')} package, or pick another backend from "
+            f"kiln.list_backends()."
+        ) from e
+
+
+def _eager(opts: CompileOptions) -> Backend:
+    def eager(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+        try:
+            portable = _stage("kiln.autograd", "render_graph_module", "eager")(gm)
+        except (ValueError, BackendUnavailable):
+            portable = None  # still runs; only aot_compile needs the portable form, and says so
+        return CompiledGraph(gm.forward, "eager", {"graph": print_graph(gm)}, portable)
+    return eager
+
+
+def _aot_eager(opts: CompileOptions) -> Backend:
+    return _stage("kiln.autograd", "aot_eager", "aot_eager")
+
+
+def _inductor(opts: CompileOptions) -> Backend:
+    aot = _stage("kiln.autograd", "aot", "inductor")
+    compile_graph = _stage("kiln.inductor", "compile_graph", "inductor")
+    options_cls = _stage("kiln.inductor", "InductorOptions", "inductor")
+    table = _stage("kiln.decomp", "table", "inductor")("inductor")
+    try:
+        inductor_options = options_cls(mode=opts.mode, max_autotune=opts.mode.startswith("max-autotune"),
+                                       **dict(opts.options))
+    except TypeError as e:
+        raise ValueError(f"kiln.compile(options=...): {e}; see kiln.inductor.InductorOptions") from e
+
+    def compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+        return compile_graph(gm, example_inputs, options=inductor_options)
+
+    def inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        return aot(gm, example_inputs, fw_compiler=compiler, bw_compiler=compiler,
+                   decompositions=table)
+    return inductor
+
+
+_BUILTIN: dict[str, BackendEntry] = {
+    e.name: e for e in (
+        BackendEntry("eager", _eager, "runs the captured torch graph as it is (capture only)"),
+        BackendEntry("aot_eager", _aot_eager,
+                     "capture + autograd: runs the forward/backward ATen graphs without codegen"),
+        BackendEntry("inductor", _inductor,
+                     "the full pipeline: capture, autograd, decomp, C++/Triton code generation"),
+    )
+}
+_USER: dict[str, BackendEntry] = {}
+
+
+def register_backend(fn: Backend | None = None, *, name: str | None = None) -> Any:
+    """Register a torch.compile-style backend ``fn(gm, example_inputs)``; usable as a decorator."""
+    def add(f: Backend) -> Backend:
+        key = name or getattr(f, "__name__", None)
+        if not key:
+            raise ValueError("register_backend: give the backend a name")
+        if key in _BUILTIN:
+            raise ValueError(f"register_backend: {key!r} is a built-in kiln backend")
+        _USER[key] = BackendEntry(key, functools.partial(_constant_backend, f), f.__doc__ or "")
+        return f
+    return add(fn) if fn is not None else add
+
+
+def _constant_backend(fn: Backend, opts: CompileOptions) -> Backend:
+    return fn
+
+
+def list_backends() -> list[str]:
+    """Names usable as ``kiln.compile(..., backend=NAME)``."""
+    return sorted([*_BUILTIN, *_USER])
+
+
+def backend_doc(name: str) -> str:
+    entry = _BUILTIN.get(name) or _USER.get(name)
+    return entry.doc if entry else ""
+
+
+def resolve_backend(backend: str | Backend, opts: CompileOptions) -> Backend:
+    """Turn a backend name or callable into a Backend that also dumps each stage's text."""
+    if isinstance(backend, str):
+        entry = _BUILTIN.get(backend) or _USER.get(backend)
+        if entry is None:
+            raise ValueError(f"kiln.compile: unknown backend {backend!r}; known: {list_backends()}")
+        fn, name = entry.factory(opts), backend
+    elif callable(backend):
+        fn, name = backend, getattr(backend, "__name__", "custom")
+    else:
+        raise TypeError(f"kiln.compile: backend must be a name or a callable, got {type(backend)}")
+    return _observed(fn, name)
+
+
+def _observed(fn: Backend, name: str) -> Backend:
+    """Wraps a backend so every compiled graph's stages land in KILN_DEBUG_DIR."""
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+        graph_id = new_graph_id(f"{name}_{gm.__class__.__name__}")
+        dump(graph_id, "00_captured_torch", print_graph(gm))
+        compiled = fn(gm, example_inputs)
+        for i, (stage, text) in enumerate(getattr(compiled, "texts", {}).items(), start=1):
+            dump(graph_id, f"{i:02d}_{stage}", text)
+        log("perf_hints").debug("backend %s compiled graph %s", name, graph_id)
+        return compiled
+    backend.__name__ = name
+    backend.__wrapped__ = fn  # type: ignore[attr-defined]
+    return backend

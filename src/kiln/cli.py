@@ -1,0 +1,95 @@
+"""The ``kiln`` command line: demo (the main job), explain, backends, cache."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import torch
+import typer
+from rich.console import Console
+
+import kiln
+import kiln.runtime as runtime
+from kiln import demo as demo_mod
+from kiln.backends import backend_doc
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="kiln: a staged compiler for PyTorch programs.")
+cache_app = typer.Typer(help="Inspect or clear the on-disk compile cache.")
+app.add_typer(cache_app, name="cache")
+console = Console()
+
+
+@app.command()
+def demo(device: str | None = typer.Option(None, help="cpu or cuda (default: cuda if present)"),
+         backend: str | None = typer.Option(None, help="backend (default: the most complete)"),
+         graphs: bool = typer.Option(True, help="print captured graphs and guards")) -> None:
+    """Compile the built-in models, print graphs, breaks, guards and timings, round-trip an artifact."""
+    raise typer.Exit(demo_mod.run_demo(device, backend, graphs, console))
+
+
+@app.command()
+def explain(target: str = typer.Argument(..., help="FILE.py:FUNC"),
+            shape: list[str] = typer.Option([], "--shape", "-s",
+                                            help="an input tensor shape, e.g. 4,8 (repeatable)"),
+            dtype: str = typer.Option("float32", help="dtype of the --shape inputs")) -> None:
+    """Print captured graphs and graph-break reasons of FUNC in FILE.py.
+
+    Inputs come from --shape options (random tensors), or from FUNC_inputs() / example_inputs()
+    defined in the file."""
+    file, _, func = target.rpartition(":")
+    if not file or not func:
+        raise typer.BadParameter("expected FILE.py:FUNC")
+    spec = importlib.util.spec_from_file_location(Path(file).stem, file)
+    if spec is None or spec.loader is None:
+        raise typer.BadParameter(f"cannot import {file}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    fn = getattr(module, func)
+    if shape:
+        dt = getattr(torch, dtype)
+        args = tuple(torch.randn(*[int(s) for s in sh.split(",")], dtype=dt) for sh in shape)
+    else:
+        maker = getattr(module, f"{func}_inputs", None) or getattr(module, "example_inputs", None)
+        if maker is None:
+            raise typer.BadParameter(f"give --shape, or define {func}_inputs() in {file}")
+        args = tuple(maker())
+    console.print(kiln.explain(fn)(*args).as_text(), markup=False, highlight=False)
+
+
+@app.command()
+def backends() -> None:
+    """List the backends kiln.compile accepts."""
+    for name in kiln.list_backends():
+        console.print(f"[bold]{name:<12}[/] {backend_doc(name)}")
+
+
+CACHE_DIR = typer.Option(None, "--dir", help="cache folder (default: KILN_CACHE_DIR or ~/.cache/kiln)")
+
+
+@cache_app.command("info")
+def cache_info(cache_dir: Path | None = CACHE_DIR) -> None:
+    """Entries and bytes per namespace of the compile cache."""
+    console.print(runtime.cache_info_text(cache_dir), markup=False)
+
+
+@cache_app.command("clear")
+def cache_clear(cache_dir: Path | None = CACHE_DIR) -> None:
+    """Delete every entry of the compile cache."""
+    console.print(runtime.cache_clear(cache_dir), markup=False)
+
+
+@app.command("check-artifact", hidden=True)
+def check_artifact(path: str, model: str, device: str) -> None:
+    raise typer.Exit(demo_mod.check_artifact(path, model, device))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()
