@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import fx
-
 from ag_util import check  # type: ignore[import-not-found]
 from kiln.autograd import aot_eager, trace_joint
+from torch import fx
 
 aten = torch.ops.aten
 

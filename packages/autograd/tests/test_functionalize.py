@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import fx
-
 from ag_util import compile_module  # type: ignore[import-not-found]
-from kiln.autograd import AutogradTraceError, trace_inference, trace_joint
-from kiln.autograd import ops
+from kiln.autograd import AutogradTraceError, ops, trace_inference, trace_joint
 from kiln.graph import verify
+from torch import fx
 
 aten = torch.ops.aten
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
 from ag_util import check_module_training  # type: ignore[import-not-found]
+from torch import nn
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -55,6 +54,7 @@ def test_autocast_bf16_cuda() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)).cuda()
     import copy
+
     from ag_util import compile_module  # type: ignore[import-not-found]
     comp = copy.deepcopy(model)
     compiled, _ = compile_module(comp)

@@ -7,9 +7,8 @@ import sys
 import textwrap
 
 import torch
-from torch import fx
-
 from kiln.autograd import aot_eager, load_program, render_graph_module
+from torch import fx
 
 
 def _f(x, w, b):  # type: ignore[no-untyped-def]

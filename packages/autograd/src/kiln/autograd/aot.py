@@ -7,14 +7,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import fx
-
 from kiln.graph import KNOBS as KILN_GRAPH_KNOBS
 from kiln.graph import CompiledGraph, PortableProgram, dump, enabled, log, new_graph_id, print_graph
+from torch import fx
 
-from .knobs import KNOBS
 from .joint import JointGraph, module_state_names
+from .knobs import KNOBS
 from .partition import Partitioned, PartitionerName
 from .pipeline import AotOptions, run_aot_pipeline
 from .portable import render_graph_module, training_program
