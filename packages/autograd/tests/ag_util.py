@@ -12,10 +12,9 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from kiln.autograd import aot_eager  # noqa: E402
 from torch import fx  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
-
-from kiln.autograd import aot_eager  # noqa: E402
 
 
 def clone_inputs(inputs: Sequence[Any]) -> list[Any]:
@@ -73,7 +72,7 @@ def check(fn: Callable[..., Any], inputs: Sequence[Any], *, partitioner: str = "
         if e_loss is not None:
             e_loss.backward()
     except Exception as e:  # eager refuses the program: the compiled one must refuse it too
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 - whatever eager raised
             with ctx:
                 compiled = compile_fn(fn, c_in, partitioner=partitioner)
                 c_out = compiled(*c_in)
@@ -143,4 +142,9 @@ def check_module_training(model: torch.nn.Module, make_inputs: Callable[[], Sequ
         opt_e.zero_grad()
         opt_c.zero_grad()
     assert graphs, "torch.compile never called the kiln backend"
+    for g in graphs:  # min-cut never saves more than save-everything
+        parts = g.aot.partitioned
+        if parts is not None:
+            from kiln.autograd import partition
+            assert parts.saved_bytes <= partition(g.aot.joint, "save_all").saved_bytes
     return graphs

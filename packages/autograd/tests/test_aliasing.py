@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from ag_util import check, compile_fn  # type: ignore[import-not-found]
 from kiln.autograd import OutputKind
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-
 from ag_util import check_module_training  # type: ignore[import-not-found]
 from kiln.autograd import partition
+from torch import nn
 
 pytestmark = pytest.mark.slow
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from ag_util import check  # type: ignore[import-not-found]
 
 VIEWS = {

@@ -7,11 +7,10 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import fx
-
 from ag_util import check, compile_fn  # type: ignore[import-not-found]
 from kiln.autograd import ops, partition, trace_joint
 from kiln.graph import set_logs, verify
+from torch import fx
 
 aten = torch.ops.aten
 HEAVY = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.convolution.default,
@@ -124,3 +123,21 @@ def test_is_recomputable_classes() -> None:
     assert not ops.is_recomputable(aten.native_dropout.default)
     assert not ops.is_recomputable(aten.bernoulli.p)
     assert not ops.is_recomputable(aten.sum.dim_IntList)
+
+
+def _eager_saved_bytes(fn, inputs) -> int:  # type: ignore[no-untyped-def]
+    seen: dict[tuple[int, tuple[int, ...]], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        seen[(t.untyped_storage().data_ptr(), tuple(t.shape))] = t.numel() * t.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn(*inputs)
+    return sum(seen.values())
+
+
+@pytest.mark.parametrize("name", ["pointwise_chain", "mlp", "gelu_mlp", "layer_norm", "softmax", "residual"])
+def test_min_cut_saves_no_more_than_eager(name: str) -> None:
+    inputs = _inputs()
+    joint = trace_joint(fx.symbolic_trace(PROGRAMS[name]), inputs)
+    assert partition(joint, "min_cut").saved_bytes <= _eager_saved_bytes(PROGRAMS[name], inputs)

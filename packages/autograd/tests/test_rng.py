@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from ag_util import compile_fn  # type: ignore[import-not-found]
 from kiln.autograd import ops
 

@@ -1,8 +1,8 @@
 """kiln.autograd: functionalization, joint forward+backward ATen graphs, min-cut partitioning, and the
-run-time autograd wrapper — torch.compile's AOTAutograd, as a stage usable alone.
+run-time autograd wrapper — PyTorch's AOTAutograd stage rebuilt, usable alone.
 
     compiled = kiln.autograd.aot(gm, example_inputs, fw_compiler=my_compiler)
-    torch.compile(model, backend=kiln.autograd.aot_eager)
+    any front end with the backend contract: backend=kiln.autograd.aot_eager
 """
 
 from .aot import AotResult, aot, aot_eager, run_graph_compiler

@@ -7,14 +7,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch import fx
-
 from kiln.graph import KNOBS as KILN_GRAPH_KNOBS
 from kiln.graph import CompiledGraph, PortableProgram, dump, enabled, log, new_graph_id, print_graph
+from torch import fx
 
-from .knobs import KNOBS
 from .joint import JointGraph, module_state_names
+from .knobs import KNOBS
 from .partition import Partitioned, PartitionerName
 from .pipeline import AotOptions, run_aot_pipeline
 from .portable import render_graph_module, training_program
@@ -62,7 +60,7 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[Any], *, fw_compiler: Compi
         bw_compiler: Compiler | None = None, inference_compiler: Compiler | None = None,
         decompositions: Decompositions | None = None,
         partitioner: PartitionerName = "min_cut") -> CompiledGraph:
-    """Compile a torch-dialect graph for training or inference (torch.compile's backend contract).
+    """Compile a torch-dialect graph for training or inference (the standard backend contract).
 
     Traces a joint forward+backward ATen graph when grad mode is on and some input (or lifted
     parameter) requires grad, partitions it, and compiles the two halves with ``fw_compiler`` and

@@ -15,11 +15,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from kiln.graph import print_graph
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten
-
-from kiln.graph import print_graph
 
 from .errors import AutogradTraceError
 from .signature import GraphSignature, OutputInfo, OutputKind
@@ -52,7 +51,7 @@ def _static_shape(t: torch.Tensor, where: str) -> None:
     if any(not isinstance(s, int) for s in (*t.shape, *t.stride())):
         raise AutogradTraceError(
             f"{where} has symbolic sizes {tuple(t.shape)}; kiln.autograd traces static shapes only. "
-            "Compile with dynamic=False (torch.compile(..., dynamic=False)).")
+            "Compile with static shapes (dynamic=False).")
 
 
 def fake_input(mode: FakeTensorMode, x: Any, where: str) -> Any:
@@ -86,7 +85,7 @@ def swapped_state(gm: fx.GraphModule, values: dict[str, torch.Tensor]) -> Iterat
         for name, v in values.items():
             path, _, attr = name.rpartition(".")
             mod = gm.get_submodule(path) if path else gm
-            table = mod._parameters if attr in mod._parameters else mod._buffers
+            table: dict[str, Any] = mod._parameters if attr in mod._parameters else mod._buffers
             saved.append((table, attr, table[attr]))
             table[attr] = v
         yield
@@ -123,8 +122,9 @@ def _classify(rec: GraphRecorder, flat: list[Any], primals: list[Any]) -> tuple[
             infos.append(OutputInfo(OutputKind.CONSTANT, value=o))
             continue
         a = rec.alias_of(o)
-        view = dict(size=tuple(o.shape), stride=tuple(o.stride()), storage_offset=o.storage_offset(),
-                    requires_grad=o.requires_grad)
+        def view(kind: OutputKind, index: int, o: torch.Tensor = o) -> OutputInfo:
+            return OutputInfo(kind, index, tuple(int(s) for s in o.shape), tuple(int(s) for s in o.stride()),
+                              int(o.storage_offset()), o.requires_grad)
         if id(o) in seen:
             infos.append(OutputInfo(OutputKind.SAME, seen[id(o)]))
         elif a.root.input_index is not None:
@@ -132,9 +132,9 @@ def _classify(rec: GraphRecorder, flat: list[Any], primals: list[Any]) -> tuple[
             if not a.chain and primals[idx] is o:
                 infos.append(OutputInfo(OutputKind.INPUT, idx, requires_grad=o.requires_grad))
             else:
-                infos.append(OutputInfo(OutputKind.ALIAS_INPUT, idx, **view))
+                infos.append(view(OutputKind.ALIAS_INPUT, idx))
         elif a.chain and id(a.root.tensor) in graph_roots:
-            infos.append(OutputInfo(OutputKind.ALIAS_OUTPUT, graph_roots[id(a.root.tensor)], **view))
+            infos.append(view(OutputKind.ALIAS_OUTPUT, graph_roots[id(a.root.tensor)]))
         else:
             infos.append(OutputInfo(OutputKind.GRAPH, len(graph_outs), requires_grad=o.requires_grad))
             graph_outs.append(o)
@@ -186,12 +186,15 @@ def _trace(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: De
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     rec = GraphRecorder()
     primals = [fake_input(mode, x, f"input {n!r}") for x, n in zip(all_inputs, names)]
-    for i, (p, n) in enumerate(zip(primals, names)):
+    for i, (p, _n) in enumerate(zip(primals, names)):
         rec.placeholder(f"primals_{i + 1}", p, i)
     interp = _FakeInterpreter(gm, rec, mode)
     tracer = TracingMode(rec, decompositions)
     grad_ctx = torch.enable_grad() if joint else torch.no_grad()
-    with mode, grad_ctx, swapped_state(gm, dict(zip(state_names, primals))):
+    # cudnn off while tracing: cudnn_batch_norm writes running stats without saying so in its schema;
+    # the native kernels it falls back to have functional forms. Convolutions still pick cudnn at run time.
+    with mode, grad_ctx, torch.backends.cudnn.flags(enabled=False), \
+            swapped_state(gm, dict(zip(state_names, primals))):
         with tracer:
             result = interp.run(*primals[len(state):])
         flat, spec = tree_flatten(result)
@@ -206,7 +209,7 @@ def _trace(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: De
             diff, grad_inputs = tuple(False for _ in graph_outs), ()
         mutated = _mutated_inputs(rec, primals, names)
         with torch.no_grad():
-            outs = [rec.node_of(o) for o in graph_outs]
+            outs: list[fx.Node | None] = [rec.node_of(o) for o in graph_outs]
             outs += [rec.aliases[id(primals[i])].root.node for i in mutated]
             outs += [rec.node_of(g) if g is not None else None for g in grads]
     sig = GraphSignature(

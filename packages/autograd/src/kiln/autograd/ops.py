@@ -60,6 +60,8 @@ _RENAMED: dict[str, str] = {
 _SPECIAL: dict[OpOverload, Mutation] = {
     aten._native_batch_norm_legit.default: Mutation(
         aten._native_batch_norm_legit_functional.default, ("running_mean", "running_var"), (3, 4)),
+    aten._batch_norm_with_update.default: Mutation(
+        aten._batch_norm_with_update_functional.default, ("running_mean", "running_var"), (4, 5)),
 }
 
 # Ops that change a tensor's metadata in place; replayed as the out-of-place view.

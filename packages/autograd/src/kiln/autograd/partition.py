@@ -20,9 +20,8 @@ from typing import Any, Literal
 
 import networkx as nx
 import torch
-from torch import fx
-
 from kiln.graph import print_graph
+from torch import fx
 
 from . import ops
 from .errors import AutogradTraceError

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import fx
-
 from kiln.graph import KNOBS, verify
+from torch import fx
 
 from .joint import JointGraph, module_state_names, trace_inference, trace_joint
 from .partition import Partitioned, PartitionerName, partition

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 from torch.utils._pytree import TreeSpec
 
 
-class OutputKind(str, Enum):
+class OutputKind(StrEnum):
     GRAPH = "graph"  # computed by the graph
     INPUT = "input"  # the input tensor object itself
     ALIAS_INPUT = "alias_input"  # a view of an input: regenerated at run time with as_strided
