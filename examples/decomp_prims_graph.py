@@ -61,8 +61,8 @@ def torch_graph(model: torch.nn.Module, inputs: dict[str, torch.Tensor]):
         print(f"# kiln.capture could not capture the model ({type(e).__name__}: {e}); using kiln.decomp.trace")
         return None
     # Placeholders are named by source: evaluate them against the call's locals to get example inputs.
-    frame_locals = dict(inspect.signature(fn).bind(**inputs).arguments)
-    frame_locals.update({name: value for name, value in inspect.getclosurevars(fn).nonlocals.items()})
+    # (capture names closure cells L['__closure__'][i].cell_contents)
+    frame_locals = dict(inspect.signature(fn).bind(**inputs).arguments, __closure__=fn.__closure__)
     examples = [eval(src, {"L": frame_locals, "G": fn.__globals__}) for src in captured.input_sources]  # noqa: S307
     print(f"# captured a torch-dialect graph: {sum(1 for n in captured.gm.graph.nodes if n.op != 'placeholder')} nodes")
     return captured.gm, examples
