@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
 from kiln.decomp import trace
 
 

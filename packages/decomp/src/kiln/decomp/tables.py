@@ -26,7 +26,7 @@ from . import (
     to_prims_views,
     upsample,
 )
-from .registry import TABLE_DIALECTS, TABLE_NAMES, USER, DecompTable, Decomposition, Family
+from .registry import TABLE_DIALECTS, TABLE_NAMES, USER, Decomposition, DecompTable, Family
 
 FAMILIES: tuple[Family, ...] = (
     activations.FAMILY,
