@@ -80,6 +80,8 @@ _SAMPLES = [
     (aten.where.ScalarSelf, [r(5) > 0, 3.0, r(5)], {}),
     (aten.zero.default, [r(5)], {}),
     (aten.bernoulli.default, [torch.rand(50)], {}),
+    (aten.lift_fresh.default, [r(3)], {}),
+    (aten.as_strided_scatter.default, [r(4, 3), r(3, 2), [3, 2], [1, 3], 1], {}),
 ]
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-
 from kiln.decomp import trace
 
 
@@ -14,7 +13,7 @@ def _vision(name: str) -> Callable[[], tuple[torch.nn.Module, tuple]]:
         import torchvision
 
         model = getattr(torchvision.models, name)(num_classes=10).eval()  # eval: BN without mutation
-        return model, (torch.randn(2, 3, 64, 64),)
+        return model, (torch.randn(2, 3, 32, 32),)
     return build
 
 

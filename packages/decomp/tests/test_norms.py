@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from kiln.decomp import table
 
 aten = torch.ops.aten

@@ -9,13 +9,12 @@ exercised and matched; ``hand_samples.py`` covers ops no OpInfo reaches (composi
 from __future__ import annotations
 
 import pytest
-
 from kiln.decomp import table
 from kiln.decomp.crossref import VALUES_UNSPECIFIED, CrossRefMode, CrossRefReport
+from kiln.decomp.opinfo_check import opinfo_id, run_opinfo, selected_opinfos
 from kiln.decomp.registry import op_name
 
 from .hand_samples import HAND_SAMPLES
-from .opdb_support import opinfo_id, run_opinfo, selected_opinfos
 
 TABLES = ("core_aten", "prims")
 REPORTS = {name: CrossRefReport() for name in TABLES}

@@ -8,12 +8,13 @@
 ``decompose`` also accepts torch-dialect graphs: it re-traces them through the dispatcher.
 """
 
-from .registry import TABLE_NAMES, DecompTable, Decomposition, register, select
+from .pipeline import lower
+from .registry import TABLE_NAMES, Decomposition, DecompTable, register, select
 from .retrace import decompose, normalize_args, trace
 from .tables import table
 from .tracer import DecompositionError, GraphRecorder
 
 __all__ = [
     "TABLE_NAMES", "DecompTable", "Decomposition", "DecompositionError", "GraphRecorder",
-    "decompose", "normalize_args", "register", "select", "table", "trace",
+    "decompose", "lower", "normalize_args", "register", "select", "table", "trace",
 ]

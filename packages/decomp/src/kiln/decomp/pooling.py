@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import aten, arange, convert, reshape
+from .common import arange, aten, convert, reshape
 from .registry import Family
 
 FAMILY = Family("pooling")

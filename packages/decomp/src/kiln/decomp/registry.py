@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._ops import OpOverload, OpOverloadPacket
-
 from kiln.graph import Dialect
+from torch._ops import OpOverload, OpOverloadPacket
 
 DecompFn = Callable[..., Any]
 TABLE_NAMES: tuple[str, ...] = ("core_aten", "inductor", "prims")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import aten, arange, canonical_dim, contiguous, reshape, where_scalar, zeros
+from .common import arange, aten, canonical_dim, contiguous, reshape, where_scalar, zeros
 from .registry import Family
 
 FAMILY = Family("shape_ops")

@@ -13,6 +13,7 @@ from . import (
     creation,
     elementwise,
     indexing,
+    inductor_rewrites,
     linalg,
     losses,
     norms,
@@ -25,13 +26,14 @@ from . import (
     to_prims_views,
     upsample,
 )
-from .registry import TABLE_DIALECTS, TABLE_NAMES, USER, DecompTable, Decomposition, Family
+from .registry import TABLE_DIALECTS, TABLE_NAMES, USER, Decomposition, DecompTable, Family
 
 FAMILIES: tuple[Family, ...] = (
     activations.FAMILY,
     creation.FAMILY,
     elementwise.FAMILY,
     indexing.FAMILY,
+    inductor_rewrites.FAMILY,
     linalg.FAMILY,
     losses.FAMILY,
     norms.FAMILY,

@@ -184,12 +184,18 @@ def _as_bool(x):
     return P.ne(a, z)
 
 
+def _logical_rule(prim_name: str):
+    prim = getattr(P, prim_name)
+
+    def rule(self, other):
+        a, b = operands(_as_bool(self), _as_bool(other), dtype=torch.bool)
+        return prim(a, b)
+    return rule
+
+
 for _op, _prim in [(aten.logical_and.default, "bitwise_and"), (aten.logical_or.default, "bitwise_or"),
                    (aten.logical_xor.default, "bitwise_xor")]:
-    def _logical(self, other, _p=getattr(P, _prim)):
-        a, b = operands(_as_bool(self), _as_bool(other), dtype=torch.bool)
-        return _p(a, b)
-    register(_op, table="prims")(_logical)
+    register(_op, table="prims")(_logical_rule(_prim))
 
 
 @register(aten.bitwise_not.default, table="prims")

@@ -40,7 +40,8 @@ def permute(self, dims):
 def expand(self, size, *, implicit=False):
     off = len(size) - self.dim()
     shape = [self.shape[i - off] if s == -1 else s for i, s in enumerate(size)]
-    return broadcast_to(self, shape)
+    out = broadcast_to(self, shape)
+    return P.reshape(self, shape) if out is self else out  # a view op must return a new tensor
 
 
 @register(aten.squeeze.dims, table="prims")

@@ -1,6 +1,6 @@
 """A dispatcher-level re-tracer: run code on fake tensors and record every ATen call into an fx.Graph.
 
-Note: this is kiln's own tracer (no make_fx). ``GraphRecorder`` is a ``TorchDispatchMode`` stacked
+Note: this is kiln's own tracer, not torch's. ``GraphRecorder`` is a ``TorchDispatchMode`` stacked
 on a ``FakeTensorMode``: each ATen call that reaches it is either replaced by its decomposition from
 the table (run under the recorder again, so the ops it calls are decomposed too: recursion reaches the
 fixpoint) or computed on fake tensors and recorded as a node whose ``meta['val']`` is the fake result.
@@ -15,13 +15,12 @@ from typing import Any
 
 import sympy
 import torch
+from kiln.graph import KilnError
 from torch import fx
 from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_map, tree_flatten
-
-from kiln.graph import KilnError
+from torch.utils._pytree import tree_flatten, tree_map
 
 from .registry import op_name
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .common import aten, arange, convert
+from .common import arange, aten, convert
 from .registry import Family
 
 FAMILY = Family("upsample")

@@ -60,13 +60,18 @@ def _aten_check(core: bool) -> Callable[[fx.GraphModule, fx.Node], None]:
     return check
 
 
+# Size queries of symbolic shapes: metadata, not computation; every dialect may contain them.
+_SYM_QUERIES = {"aten.sym_size.int", "aten.sym_stride.int", "aten.sym_numel.default",
+                "aten.sym_storage_offset.default"}
+
+
 def _check_prims(gm: fx.GraphModule, node: fx.Node) -> None:
     if node.op in ("call_method", "call_module"):
         raise _fail(node, f"{node.op} is not allowed in the prims dialect")
     if node.op != "call_function" or node.target in _ALWAYS_OK:
         return
     t = node.target
-    if isinstance(t, torch._ops.OpOverload) and t.namespace == "kiln_prims":
+    if isinstance(t, torch._ops.OpOverload) and (t.namespace == "kiln_prims" or target_name(t) in _SYM_QUERIES):
         return
     if getattr(t, "__module__", "") in ("_operator", "math", "builtins"):
         return

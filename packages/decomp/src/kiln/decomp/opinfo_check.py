@@ -1,13 +1,16 @@
-"""Runs op_db sample inputs under CrossRefMode (shared by the op tests and the coverage test)."""
+"""Runs PyTorch's OpInfo sample inputs (``op_db``) under CrossRefMode: the op tests and the CLI's
+``kiln-decomp list --check`` use it. ``op_db`` lives in torch's testing package (it needs
+``expecttest``), so it is imported only when a check runs."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten
 
-from kiln.decomp import table
-from kiln.decomp.crossref import CrossRefMode, CrossRefReport
+from .crossref import CrossRefMode, CrossRefReport
+from .tables import table
 
 SAMPLES_PER_DTYPE = 3
 
@@ -42,7 +45,9 @@ nn.functional.interpolate nn.functional.upsample_nearest nn.functional.upsample_
 INTERPOLATE_MODES = {"nearest", "bilinear"}
 
 
-def selected_opinfos():
+def selected_opinfos() -> list[Any]:
+    from torch.testing._internal.common_methods_invocations import op_db  # noqa: PLC0415 - heavy, optional
+
     chosen = []
     for o in op_db:
         if o.name not in OPINFO_NAMES:
@@ -87,3 +92,18 @@ def _backward(out, inputs) -> None:
         return
     grads = [torch.randn(o.shape, dtype=o.dtype) for o in outs]
     torch.autograd.grad(outs, inputs, grads, allow_unused=True)
+
+
+def check_all(table_name: str = "core_aten", hand_samples: dict[str, list] | None = None) -> CrossRefReport:
+    """Cross-check every selected OpInfo (and optional hand samples) against ``table_name``."""
+    report = CrossRefReport()
+    for o in selected_opinfos():
+        try:
+            run_opinfo(o, report, table_name)
+        except Exception as e:  # an OpInfo whose eager run itself fails is reported, not fatal
+            report.failures.append(f"{opinfo_id(o)}: sample run raised {type(e).__name__}: {e}")
+    mode = CrossRefMode(table(table_name), report)
+    for samples in (hand_samples or {}).values():
+        for op, args, kwargs in samples:
+            mode.check(op, tuple(args), dict(kwargs))
+    return report
