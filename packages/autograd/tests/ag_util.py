@@ -109,20 +109,46 @@ def compile_module(model: torch.nn.Module, backend: Callable[..., Any] | None = 
     return torch.compile(model, backend=be, dynamic=False), results
 
 
+def eager_saved_bytes(fn: Callable[[], Any]) -> int:
+    """Bytes of the distinct tensors eager autograd saves while ``fn`` runs (saved-tensor hooks)."""
+    seen: dict[tuple[Any, ...], int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(t.stride()))
+        seen[key] = t.numel() * t.element_size()
+        return t
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
 def check_module_training(model: torch.nn.Module, make_inputs: Callable[[], Sequence[Any]], *,
                           loss_fn: Callable[[Any], torch.Tensor] | None = None, steps: int = 1,
-                          rtol: float = 1e-4, atol: float = 1e-5, lr: float = 0.01) -> list[Any]:
+                          rtol: float = 1e-4, atol: float = 1e-5, lr: float = 0.01,
+                          saved_vs_eager: bool = False, capture: str = "dynamo") -> list[Any]:
     """Train a deep copy eagerly and one compiled with aot_eager for ``steps`` SGD steps; compare the
     loss, every parameter's gradient, and all buffers after each step."""
     eager = model
     comp = copy.deepcopy(model)
-    compiled, graphs = compile_module(comp)
+    if capture == "dynamo":
+        compiled, graphs = compile_module(comp)
+    else:  # fx.symbolic_trace: parameters stay get_attr and kiln lifts them (no dynamo cost)
+        gm = fx.symbolic_trace(comp)
+        graphs = []
+
+        def compiled(*args: Any) -> Any:
+            if not graphs:
+                graphs.append(aot_eager(gm, list(args)))
+            return graphs[0](*args)
     loss_fn = loss_fn or (lambda out: _loss(out))
     opt_e = torch.optim.SGD(eager.parameters(), lr=lr)
     opt_c = torch.optim.SGD(comp.parameters(), lr=lr)
+    eager_bytes = None
     for step in range(steps):
         torch.manual_seed(step)
         inputs = make_inputs()
+        if saved_vs_eager and step == 0:
+            eager_bytes = eager_saved_bytes(lambda: loss_fn(copy.deepcopy(eager)(*inputs)))
         torch.manual_seed(1000 + step)
         le = loss_fn(eager(*inputs))
         le.backward()
@@ -142,9 +168,13 @@ def check_module_training(model: torch.nn.Module, make_inputs: Callable[[], Sequ
         opt_e.zero_grad()
         opt_c.zero_grad()
     assert graphs, "torch.compile never called the kiln backend"
+    from kiln.autograd import partition
+    total = 0
     for g in graphs:  # min-cut never saves more than save-everything
         parts = g.aot.partitioned
         if parts is not None:
-            from kiln.autograd import partition
             assert parts.saved_bytes <= partition(g.aot.joint, "save_all").saved_bytes
+            total += parts.saved_bytes
+    if eager_bytes is not None:
+        assert total <= eager_bytes, f"min-cut saves {total} bytes, eager {eager_bytes}"
     return graphs

@@ -45,7 +45,7 @@ def _ce(out: torch.Tensor) -> torch.Tensor:
 def test_resnet_like_batchnorm_three_steps() -> None:
     torch.manual_seed(0)
     model = TinyResNet().train()
-    graphs = check_module_training(model, lambda: (torch.randn(4, 3, 8, 8),), loss_fn=_ce, steps=3)
+    graphs = check_module_training(model, lambda: (torch.randn(4, 3, 8, 8),), loss_fn=_ce, steps=3, saved_vs_eager=True)
     parts = graphs[0].aot.partitioned
     assert parts is not None and parts.saved_bytes <= partition(graphs[0].aot.joint, "save_all").saved_bytes
     assert graphs[0].aot.joint.signature.mutated_inputs, "BatchNorm running stats must be mutated inputs"
@@ -55,7 +55,8 @@ def test_mobilenet_v3_small() -> None:
     torchvision = pytest.importorskip("torchvision")
     torch.manual_seed(0)
     model = torchvision.models.mobilenet_v3_small(num_classes=10, width_mult=0.25).train()
-    check_module_training(model, lambda: (torch.randn(2, 3, 32, 32),), loss_fn=_ce, steps=1, rtol=1e-3, atol=1e-4)
+    check_module_training(model, lambda: (torch.randn(2, 3, 32, 32),), loss_fn=_ce, steps=1, rtol=1e-3,
+                          atol=1e-4, capture="fx")
 
 
 def _lm_loss(out) -> torch.Tensor:  # type: ignore[no-untyped-def]
@@ -76,7 +77,7 @@ def test_gpt2_tiny() -> None:
     def inputs():  # type: ignore[no-untyped-def]
         ids = _tokens(128)
         return (ids,)
-    check_module_training(_LMWrap(model), inputs, loss_fn=lambda o: o, steps=2)
+    check_module_training(_LMWrap(model), inputs, loss_fn=lambda o: o, steps=2, saved_vs_eager=True)
 
 
 def test_bert_tiny() -> None:
@@ -86,7 +87,8 @@ def test_bert_tiny() -> None:
                                   hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     torch.manual_seed(0)
     model = transformers.BertForMaskedLM(cfg).train()
-    check_module_training(_LMWrap(model), lambda: (_tokens(128),), loss_fn=lambda o: o, steps=1)
+    check_module_training(_LMWrap(model), lambda: (_tokens(128),), loss_fn=lambda o: o, steps=1,
+                          saved_vs_eager=True)
 
 
 def test_llama_tiny() -> None:
@@ -96,7 +98,8 @@ def test_llama_tiny() -> None:
                                    max_position_embeddings=32)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).train()
-    check_module_training(_LMWrap(model), lambda: (_tokens(128),), loss_fn=lambda o: o, steps=1)
+    check_module_training(_LMWrap(model), lambda: (_tokens(128),), loss_fn=lambda o: o, steps=1,
+                          saved_vs_eager=True)
 
 
 def test_t5_tiny() -> None:
