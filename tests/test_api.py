@@ -112,3 +112,18 @@ def test_explain_reports_graphs_and_breaks() -> None:
     assert report.graph_count == 2
     assert report.break_count == 1
     assert "print" in report.as_text()
+
+
+def test_static_shape_backends_recompile_per_size_instead_of_failing() -> None:
+    def f(x):
+        return torch.tanh(x) * 2
+
+    cf = kiln.compile(f, backend="aot_eager")
+    for n in (3, 4, 5):
+        x = torch.randn(n)
+        torch.testing.assert_close(cf(x), f(x))
+
+
+def test_dynamic_true_is_refused_where_it_cannot_be_compiled() -> None:
+    with pytest.raises(NotImplementedError, match="symbolic shapes"):
+        kiln.compile(lambda x: x + 1, backend="inductor", dynamic=True)

@@ -51,6 +51,28 @@ def compile(
     return CompiledFunction(fn_or_module, opts, compiled_backend)
 
 
+# Backends whose stages compile static shapes only (kiln.autograd traces with concrete sizes).
+STATIC_SHAPE_BACKENDS = frozenset({"aot_eager", "inductor"})
+
+
+def capture_dynamic(opts: CompileOptions) -> bool | None:
+    """What capture is told about dynamic shapes for this backend.
+
+    Note: capture supports automatic dynamic shapes, but kiln.autograd (and so aot_eager and
+    inductor) compile concrete sizes. For those backends ``dynamic=None`` becomes ``False`` — each new
+    size recompiles (up to the recompile limit, each logged under ``recompiles``) instead of failing
+    on a symbolic size — and ``dynamic=True`` is refused with a clear error.
+    """
+    if opts.backend not in STATIC_SHAPE_BACKENDS:
+        return opts.dynamic
+    if opts.dynamic:
+        raise NotImplementedError(
+            f"kiln.compile(dynamic=True) with backend {opts.backend!r}: symbolic shapes are captured "
+            "but not yet compiled by kiln.autograd/kiln.inductor; use dynamic=None (recompile per "
+            "shape) or backend='eager' to get symbolic graphs")
+    return False
+
+
 class CompiledFunction:
     """A function compiled lazily through kiln.capture; callable like the original."""
 
@@ -59,7 +81,7 @@ class CompiledFunction:
         self._opts = opts
         self._backend = backend
         self._optimized = _capture().optimize(fn, backend, fullgraph=opts.fullgraph,
-                                              dynamic=opts.dynamic)
+                                              dynamic=capture_dynamic(opts))
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -98,8 +120,8 @@ class OptimizedModule(nn.Module):
         self._orig_mod = mod
         self._opts = opts
         self._backend = backend
-        self._compiled_forward = _capture().optimize(mod.forward, backend,
-                                                     fullgraph=opts.fullgraph, dynamic=opts.dynamic)
+        self._compiled_forward = _capture().optimize(mod.forward, backend, fullgraph=opts.fullgraph,
+                                                     dynamic=capture_dynamic(opts))
 
     @property
     def forward(self) -> _CompiledForward:  # type: ignore[override]
