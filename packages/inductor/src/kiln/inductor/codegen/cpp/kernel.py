@@ -144,6 +144,9 @@ class CppKernelWriter:
             self.compute(kn, indent)
         self.close(n, indent)
 
+    def _rows_tiled(self, parallel: str) -> None:
+        _Tiled.rows(self, parallel)
+
     def _scatter(self, parallel: str) -> None:
         """Copy the base in parallel, then scatter sequentially (deterministic: last write wins)."""
         init, sc = self.k.nodes
@@ -397,8 +400,6 @@ class _Tiled:
                 w.lines.append(f"{inner}{w.ptr(r.buffer)}[{cindex(r.store_index)}] = {name};")
         w.lines.append(f"{indent}}}")
 
-
-CppKernelWriter._rows_tiled = _Tiled.rows  # type: ignore[attr-defined]
 
 
 def _varies(e: object) -> bool:
