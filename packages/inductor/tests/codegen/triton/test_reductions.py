@@ -31,7 +31,7 @@ EAGER = {
 
 @pytest.mark.parametrize("mode", CONFIGS)
 @pytest.mark.parametrize("rtype", list(EAGER))
-@pytest.mark.parametrize("shape", [(7, 37), (3, 3), (1, 100)])
+@pytest.mark.parametrize("shape", [(7, 37), (1, 100)])
 def test_reduction_matches_eager(mode, rtype, shape):
     dev = device()
     g = torch.Generator().manual_seed(0)
