@@ -7,13 +7,12 @@ import functools
 from typing import Any
 
 import pytest
-import torch
-from torch.utils._pytree import tree_flatten
-
 import test_opinfo as base
+import torch
 from helpers import assert_close
 from kiln.inductor import InductorOptions, compile_graph
 from kiln.inductor.codegen.triton.testing import device
+from torch.utils._pytree import tree_flatten
 from tracer import flat_outputs, trace
 
 OPTIONS = InductorOptions(strict_lowering=True, cpu_backend="triton")
@@ -60,7 +59,7 @@ def _group(index: int) -> tuple[Any, list[tuple[str, int, int]]]:
     cg = compile_graph(trace(f, *inputs), inputs, options=OPTIONS)
     got, want = cg.fn(*inputs), f(*inputs)
     layout, pos = [], 0
-    for op, s, spec, slots, leaves, start in entries:
+    for op, s, spec, slots, leaves, _start in entries:
         n = len([r for r in flat_outputs(base._call(op, s, [leaves[k] for k in slots], spec, slots, leaves))
                  if isinstance(r, torch.Tensor)])
         layout.append((op.name, pos, n))

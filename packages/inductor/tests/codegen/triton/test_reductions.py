@@ -2,9 +2,8 @@
 
 import pytest
 import torch
-
 from kiln.inductor.codegen.triton import TritonConfig
-from kiln.inductor.codegen.triton.testing import device, kernel, load, node, run, rs, strided, xs
+from kiln.inductor.codegen.triton.testing import device, kernel, load, node, rs, run, strided, xs
 from kiln.inductor.ir import Constant, Load, cast, op
 
 F32 = torch.float32

@@ -14,7 +14,7 @@ import time
 from ...ir import Layout, ScheduledProgram
 from ...options import InductorOptions
 from ..common import CompiledKernels
-from .heuristics import TritonConfig
+from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .kernel import generate_kernel
 from .wrapper import MODULE_VAR, module_source, wrapper_prologue
 
@@ -30,7 +30,7 @@ def interpreter_enabled() -> bool:
 class TritonBackend:
     name = "triton"
 
-    def __init__(self, device: str = "cuda", cfg: TritonConfig = TritonConfig()) -> None:
+    def __init__(self, device: str = "cuda", cfg: TritonConfig = DEFAULT_CONFIG) -> None:
         self.device = device
         self.cfg = cfg
 

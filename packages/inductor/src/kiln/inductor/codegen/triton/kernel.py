@@ -18,10 +18,18 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from ...ir import Constant, Expr, IndexExpr, IndexValue, Kernel, KernelNode, Load, Op, walk
 from ...ir import Cast as CastExpr
+from ...ir import Constant, Expr, IndexExpr, IndexValue, Kernel, KernelNode, Load, Op, walk
 from ...ir.index import product
-from .heuristics import BlockChoice, TritonConfig, next_pow2, pointwise_blocks, row_blocks, static
+from .heuristics import (
+    DEFAULT_CONFIG,
+    BlockChoice,
+    TritonConfig,
+    next_pow2,
+    pointwise_blocks,
+    row_blocks,
+    static,
+)
 from .ops import compute_dtype, convert, emit_op, literal, operand_dtypes, tl_dtype
 from .printer import IndexPrinter, python_index
 from .reductions import ReductionEmitter
@@ -388,7 +396,7 @@ class KernelWriter:
         return "\n".join(self.header(self.k.name) + body)
 
 
-def generate_kernel(k: Kernel, cfg: TritonConfig = TritonConfig()) -> TritonKernel:
+def generate_kernel(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG) -> TritonKernel:
     """Triton source and launch description for one scheduled kernel."""
     simple = simplify_kernel(k)
     xnumel = product(list(simple.outer))

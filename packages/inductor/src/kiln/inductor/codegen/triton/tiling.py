@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import sympy
 
-from ...ir import (Expr, IndexExpr, IndexValue, Kernel, KernelNode, Load, index_var, map_expr, walk)
+from ...ir import Expr, IndexExpr, IndexValue, Kernel, Load, index_var, map_expr, walk
 
 
 def kernel_indices(k: Kernel) -> list[IndexExpr]:

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ...ir import Kernel
-from .heuristics import TritonConfig
+from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .kernel import TritonKernel, generate_kernel
 from .prelude import PRELUDE
 
@@ -92,7 +92,7 @@ def launch_statement(k: TritonKernel, args: Sequence[str] | None = None, module_
 class TritonKernels:
     """Generated kernels of one program, loaded in-process (tests and direct use; wrappers embed text)."""
 
-    def __init__(self, kernels: Sequence[Kernel], cfg: TritonConfig = TritonConfig()) -> None:
+    def __init__(self, kernels: Sequence[Kernel], cfg: TritonConfig = DEFAULT_CONFIG) -> None:
         self.generated = [generate_kernel(k, cfg) for k in kernels]
         self.source = module_source(self.generated)
         self._module: types.ModuleType | None = None
