@@ -16,6 +16,11 @@ from torch.utils._pytree import tree_flatten
 from tracer import flat_outputs, trace
 
 OPTIONS = InductorOptions(strict_lowering=True, cpu_backend="triton")
+# seen on an H200 (torch 2.11): failures of lowering/decomposition on CUDA, not of Triton codegen
+GPU_KNOWN_FAILURES = {
+    "native_batch_norm": "CUDA's eval-mode native_batch_norm returns empty save_mean/invstd; the lowering "
+                         "follows the CPU meta (shape mismatch)",
+}
 SAMPLES = 2 if device() == "cpu" else base.SAMPLES_PER_OP  # the interpreter is slow; the GPU takes them all
 
 
@@ -69,6 +74,8 @@ def _group(index: int) -> tuple[Any, list[tuple[str, int, int]]]:
 
 @pytest.mark.parametrize("op_name", [o.name for o in base.OPS])
 def test_op_matches_eager_on_triton(op_name: str) -> None:
+    if op_name in GPU_KNOWN_FAILURES and device() == "cuda":
+        pytest.xfail(GPU_KNOWN_FAILURES[op_name])
     index = next(k for k, o in enumerate(base.OPS) if o.name == op_name) // base.GROUP
     (got, want), layout = _group(index)
     rows = [r for r in layout if r[0] == op_name]
