@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-
 from kiln.graph import CompiledGraph
 from kiln.inductor import InductorOptions, compile_graph
 from tracer import flat_outputs, trace
 
+STRICT = InductorOptions(strict_lowering=True)
 
-def compile_fn(fn: Any, *args: Any, options: InductorOptions = InductorOptions(strict_lowering=True)) -> CompiledGraph:
+
+def compile_fn(fn: Any, *args: Any, options: InductorOptions = STRICT) -> CompiledGraph:
     return compile_graph(trace(fn, *args), list(args), options=options)
 
 
@@ -28,7 +29,7 @@ def assert_close(got: Any, want: Any, atol: float = 1e-5, rtol: float = 1e-4) ->
 
 
 def check(fn: Any, *args: Any, atol: float = 1e-5, rtol: float = 1e-4,
-          options: InductorOptions = InductorOptions(strict_lowering=True)) -> CompiledGraph:
+          options: InductorOptions = STRICT) -> CompiledGraph:
     """Compile ``fn`` for ``args``, run it, and compare every output with eager."""
     cg = compile_fn(fn, *args, options=options)
     got = cg.fn(*args)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from helpers import check
 from kiln.graph import CompiledGraph, PortableProgram
 
@@ -52,6 +51,17 @@ CASES = {
     "sdpa": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
              (torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8))),
     "split_unbind": (lambda x: (*x.split([2, 2], 0), *x.unbind(1)), (X,)),
+    "slice_scatter": (lambda x, s: torch.slice_scatter(x, s, 1, 2, 8, 2), (torch.randn(6, 10), torch.randn(6, 3))),
+    "select_scatter": (lambda x, s: torch.select_scatter(x, s, 1, -1), (torch.randn(6, 10), torch.randn(6))),
+    "empty_and_scalar": (lambda x, y: (x * 2, x.sum(0), y + 1), (torch.randn(0, 5), torch.tensor(3.0))),
+    "column_reductions": (lambda x: (x.sum(0), x.amax(0), x.var(0)), (torch.randn(40, 24),)),
+    "scatter": (lambda x, i, s: torch.scatter(x, 0, i, s), (torch.randn(6, 10), torch.randint(0, 6, (4, 10)),
+                                                           torch.randn(4, 10))),
+    "scatter_add": (lambda x, i, s: torch.scatter_add(x, 0, i, s), (torch.randn(6, 10), torch.randint(0, 6, (4, 10)),
+                                                                   torch.randn(4, 10))),
+    "scatter_value": (lambda x, i: torch.scatter(x, 1, i, 2.5), (torch.randn(6, 10), torch.randint(0, 10, (6, 3)))),
+    "index_put_accumulate": (lambda w, i, g: torch.index_put(w, (i,), g, accumulate=True),
+                             (torch.zeros(20, 8), torch.randint(-20, 20, (3, 5)), torch.randn(3, 5, 8))),
     "returns_input_view": (lambda x: (x.t(), x[1]), (torch.randn(5, 3),)),
 }
 
@@ -119,3 +129,32 @@ def test_rand_distribution() -> None:
     u, n = cg.fn(torch.empty(200, 500))
     assert 0 <= u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
     assert abs(n.mean().item()) < 0.02 and abs(n.std().item() - 1) < 0.02
+
+
+def test_foreach_optimizer_update_fuses_per_tensor() -> None:
+    from helpers import n_kernels
+    n = 5
+    ps = [torch.randn(10 + i) for i in range(n)]
+    gs = [torch.randn_like(p) for p in ps]
+    ms = [torch.randn_like(p) for p in ps]
+
+    def f(*ts):
+        p, g, m = list(ts[:n]), list(ts[n:2 * n]), list(ts[2 * n:])
+        m2 = torch._foreach_lerp(m, g, 0.1)
+        d = torch._foreach_addcmul(torch._foreach_mul(p, 0.99), m2, g, value=-0.01)
+        return (*torch._foreach_sqrt(torch._foreach_abs(d)), *m2)
+    cg = check(f, *ps, *gs, *ms)
+    assert n_kernels(cg) == n  # each tensor's whole update chain is one kernel
+    assert "fallbacks" not in cg.texts
+
+
+def test_portable_program_rebuilds_when_the_library_does_not_load(tmp_path) -> None:
+    cg = check(lambda x: x.exp() + 1, X)
+    assert cg.portable is not None
+    for name, data in cg.portable.files.items():
+        if name.endswith(".cpp"):
+            (tmp_path / name).write_bytes(data)  # ship only the source
+    ns: dict = {"FILES_DIR": str(tmp_path), "FILES": {}}
+    exec(compile(cg.portable.source, "<portable>", "exec"), ns)
+    (out,) = ns["call"]([X])
+    torch.testing.assert_close(out, X.exp() + 1)

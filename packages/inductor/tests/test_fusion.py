@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from helpers import check, n_kernels
 from kiln.inductor import InductorOptions
 

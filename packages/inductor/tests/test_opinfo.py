@@ -11,11 +11,10 @@ from typing import Any
 
 import pytest
 import torch
-from torch.testing._internal.common_methods_invocations import op_db
-from torch.utils._pytree import tree_flatten, tree_unflatten
-
 from helpers import assert_close
 from kiln.inductor import InductorOptions, compile_graph, lowered_ops
+from torch.testing._internal.common_methods_invocations import op_db
+from torch.utils._pytree import tree_flatten, tree_unflatten
 from tracer import flat_outputs, trace
 
 SKIP = {"empty", "empty_like", "empty_strided", "new_empty", "randn", "randn_like", "rand_like", "bernoulli",
@@ -83,7 +82,7 @@ def _group(index: int) -> tuple[Any, list[tuple[str, int, int]], list[torch.Tens
     want = f(*inputs)
     layout: list[tuple[str, int, int]] = []
     pos = 0
-    for op, s, spec, slots, leaves, start in entries:
+    for op, s, spec, slots, leaves, _start in entries:
         n = len([r for r in flat_outputs(_call(op, s, [leaves[k] for k in slots], spec, slots, leaves))
                  if isinstance(r, torch.Tensor)])
         layout.append((op.name, pos, n))

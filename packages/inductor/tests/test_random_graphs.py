@@ -11,10 +11,9 @@ import os
 
 import torch
 import torch.nn.functional as F
+from helpers import check
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from helpers import check
 
 EXAMPLES = int(os.environ.get("KILN_HYPOTHESIS_EXAMPLES", "15"))
 CHAINS = 20

@@ -5,7 +5,8 @@ Entry point: ``compile_graph(gm, example_inputs, options=InductorOptions()) -> C
 
 from .codegen.common import CompiledKernels, KernelBackend
 from .codegen.cpp import CppBackend, CppCompileError
-from .compile import compile_graph, inductor_backend
+from .compile import compile_graph
+from .frontend import inductor_backend, to_aten
 from .ir import Kernel, KernelNode, LoopProgram, ScheduledProgram
 from .lowering.lower import LoweringError
 from .lowering.registry import LOWERINGS, lowered_ops
@@ -14,5 +15,5 @@ from .options import InductorOptions
 __all__ = [
     "LOWERINGS", "CompiledKernels", "CppBackend", "CppCompileError", "InductorOptions", "Kernel", "KernelBackend",
     "KernelNode", "LoopProgram", "LoweringError", "ScheduledProgram", "compile_graph", "inductor_backend",
-    "lowered_ops",
+    "lowered_ops", "to_aten",
 ]

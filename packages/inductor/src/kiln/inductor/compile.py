@@ -1,4 +1,4 @@
-"""compile_graph: the entry point (torch.compile's backend contract, returning a CompiledGraph)."""
+"""compile_graph: the entry point (the compile() backend contract, returning a CompiledGraph)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from kiln.graph import KNOBS as GRAPH_KNOBS
+from kiln.graph import (
+    CompiledGraph,
+    PortableProgram,
+    VerifyAfterPass,
+    dump,
+    log,
+    new_graph_id,
+    run_pipeline,
+)
 from torch import fx
 
-from kiln.graph import KNOBS as GRAPH_KNOBS
-from kiln.graph import CompiledGraph, PortableProgram, VerifyAfterPass, dump, new_graph_id, run_pipeline
-
-from .options import InductorOptions
+from .lowering.lower import LoweringError
+from .options import DEFAULT_OPTIONS, InductorOptions
 from .pipeline import PASSES, CompileState, verify_state
 
 
@@ -25,13 +33,34 @@ def load_wrapper(source: str, files_dir: str, filename: str) -> Any:
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
-                  options: InductorOptions = InductorOptions(), name: str = "graph") -> CompiledGraph:
+                  options: InductorOptions = DEFAULT_OPTIONS, name: str = "graph") -> CompiledGraph:
     """Compile a functional ATen graph into C++/OpenMP kernels plus a Python wrapper.
 
     ``fn(*args)`` of the result returns a tuple; ``texts`` holds ir_pre_fusion, ir_post_fusion and
     output_code; ``portable`` is the wrapper source plus the shared library and its C++ source.
     """
     t0 = time.perf_counter()
+    try:
+        return _compile(gm, example_inputs, options, name, t0)
+    except LoweringError as e:
+        if not options.fallback_unknown_ops:
+            raise
+        return _eager_graph(gm, name, str(e))
+
+
+def _eager_graph(gm: fx.GraphModule, name: str, reason: str) -> CompiledGraph:
+    """The whole graph runs op by op through ATen: loudly, in perf_hints and the result's texts."""
+    msg = f"graph {name!r} is not compiled, it runs op by op through ATen: {reason}"
+    log("perf_hints").warning(msg)
+
+    def fn(*args: Any) -> tuple:
+        out = gm(*args)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    return CompiledGraph(fn, "inductor(eager fallback)", {"fallbacks": msg}, None)
+
+
+def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: InductorOptions, name: str,
+             t0: float) -> CompiledGraph:
     state = CompileState(gm, list(example_inputs), options, name)
     verify = options.verify if options.verify is not None else GRAPH_KNOBS.verify
     instruments = [VerifyAfterPass(verify_state)] if verify else []
@@ -56,8 +85,3 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     compiled.loop_program = s.program  # type: ignore[attr-defined]
     compiled.scheduled = s.scheduled  # type: ignore[attr-defined]
     return compiled
-
-
-def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-    """torch.compile-style backend: ``torch.compile(f, backend=kiln.inductor.inductor_backend)``."""
-    return compile_graph(gm, example_inputs)

@@ -30,3 +30,6 @@ class InductorOptions:
 
     def cache_key(self) -> str:
         return repr(dataclasses.astuple(self))
+
+
+DEFAULT_OPTIONS = InductorOptions()

@@ -11,8 +11,17 @@ from typing import Any
 
 import torch
 
-from ..ir import (Arg, ConstArg, ExternKernel, Kernel, Layout, ListArg, LoopProgram, ScheduledProgram,
-                  TensorRef)
+from ..ir import (
+    Arg,
+    ConstArg,
+    ExternKernel,
+    Kernel,
+    Layout,
+    ListArg,
+    LoopProgram,
+    ScheduledProgram,
+    TensorRef,
+)
 from .common import CompiledKernels
 
 HEADER = '''"""kiln.inductor generated wrapper for graph {name!r}."""

@@ -1,13 +1,58 @@
 """kiln's loop-level IR: expression bodies, buffers and loop nodes, programs, kernels, verifiers."""
 
-from .expr import (OPS, Cast, Constant, Expr, IndexValue, Load, Op, OpInfo, cast, children, format_expr,
-                   map_expr, op, reads, size, substitute_index, walk)
-from .index import (FloorDiv, IndexExpr, ModIndex, as_index, contiguous_strides, index_var, index_vars,
-                    is_static, product, strided_index)
+from .expr import (
+                   OPS,
+                   Cast,
+                   Constant,
+                   Expr,
+                   IndexValue,
+                   Load,
+                   Op,
+                   OpInfo,
+                   cast,
+                   children,
+                   format_expr,
+                   map_expr,
+                   op,
+                   reads,
+                   size,
+                   substitute_index,
+                   walk,
+)
+from .index import (
+                   FloorDiv,
+                   IndexExpr,
+                   ModIndex,
+                   as_index,
+                   contiguous_strides,
+                   index_var,
+                   index_vars,
+                   is_static,
+                   product,
+                   strided_index,
+)
 from .kernel import Allocation, Kernel, KernelNode, ScheduledProgram, Step
-from .nodes import (REDUCTION_TYPES, Arg, ComputedBuffer, ConstArg, ExternKernel, ExternOutput, InputBuffer,
-                    Layout, ListArg, LoopData, Node, Pointwise, Reduction, Scan, TensorRef, args_buffers,
-                    node_outputs)
+from .nodes import (
+                   REDUCTION_TYPES,
+                   Arg,
+                   ComputedBuffer,
+                   ConstArg,
+                   ExternKernel,
+                   ExternOutput,
+                   InputBuffer,
+                   Layout,
+                   ListArg,
+                   LoopData,
+                   Node,
+                   Pointwise,
+                   Reduction,
+                   Scan,
+                   Scatter,
+                   TensorRef,
+                   args_buffers,
+                   loop_bodies,
+                   node_outputs,
+)
 from .program import LoopProgram, Output, node_reads
 from .verify import verify_kernel, verify_program, verify_schedule
 
@@ -15,7 +60,7 @@ __all__ = [
     "OPS", "REDUCTION_TYPES", "Allocation", "Arg", "Cast", "ComputedBuffer", "ConstArg", "Constant", "Expr",
     "ExternKernel", "ExternOutput", "FloorDiv", "IndexExpr", "IndexValue", "InputBuffer", "Kernel",
     "KernelNode", "Layout", "ListArg", "Load", "LoopData", "LoopProgram", "ModIndex", "Node", "Op", "OpInfo",
-    "Output", "Pointwise", "Reduction", "Scan", "ScheduledProgram", "Step", "TensorRef", "args_buffers",
+    "Output", "Pointwise", "Reduction", "Scan", "Scatter", "loop_bodies", "ScheduledProgram", "Step", "TensorRef", "args_buffers",
     "as_index", "cast", "children", "contiguous_strides", "format_expr", "index_var", "index_vars",
     "is_static", "map_expr", "node_outputs", "node_reads", "op", "product", "reads", "size",
     "strided_index", "substitute_index", "verify_kernel", "verify_program", "verify_schedule", "walk",

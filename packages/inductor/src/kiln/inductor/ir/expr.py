@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Union
 
 import sympy
 import torch
@@ -64,7 +63,7 @@ class Load:
 
 @dataclass(frozen=True, slots=True)
 class Constant:
-    value: Union[bool, int, float]
+    value: bool | int | float
     dtype: torch.dtype
 
 
@@ -91,7 +90,7 @@ class Cast:
     dtype: torch.dtype
 
 
-Expr = Union[Load, Constant, IndexValue, Op, Cast]
+Expr = Load | Constant | IndexValue | Op | Cast
 
 
 def op(name: str, *args: Expr, dtype: torch.dtype) -> Op:

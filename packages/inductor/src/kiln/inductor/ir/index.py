@@ -92,7 +92,7 @@ def contiguous_strides(shape: Sequence[IndexExpr]) -> tuple[IndexExpr, ...]:
 
 
 def strided_index(vars_: Sequence[IndexExpr], strides: Sequence[IndexExpr],
-                  offset: IndexExpr = sympy.Integer(0)) -> IndexExpr:
+                  offset: IndexExpr = sympy.S.Zero) -> IndexExpr:
     return sympy.expand(offset + sum((v * s for v, s in zip(vars_, strides)), sympy.Integer(0)))
 
 

@@ -2,6 +2,8 @@
 
 A ``Kernel`` is a loop nest over ``outer`` (kernel variables ``x0..``) and, for row kernels,
 ``inner`` (``r0..``) iterated once per outer point, possibly several times in sequence (stages).
+A scatter kernel has two nodes: kind "pointwise" role "outer" (the initial copy, over x*) and kind
+"scatter" (body and store_index over r*, run sequentially so later writes win / adds accumulate).
 Each ``KernelNode`` is one fused ComputedBuffer with its body renamed to kernel variables:
 
 - role "full": one value per (x, r) point (pointwise nodes over outer+inner, and the bodies of
@@ -37,7 +39,8 @@ class KernelNode:
     dtype: torch.dtype
     stage: int
     store: bool
-    reduction_type: str = ""  # for kind "reduction" / "scan"
+    reduction_type: str = ""  # for kind "reduction" / "scan"; "store" | "add" for kind "scatter"
+    store_indirect: tuple[Expr, ...] = ()  # kind "scatter": int64 bodies bound to d0.. in store_index
 
     def as_text(self) -> str:
         kind = self.kind if not self.reduction_type else f"{self.kind}_{self.reduction_type}"

@@ -8,7 +8,6 @@ layout applied to the loop variables ``i0..``. Reductions and scans also use ``r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 import sympy
 import torch
@@ -23,7 +22,7 @@ class Layout:
     stride: tuple[IndexExpr, ...]
     dtype: torch.dtype
     device: str = "cpu"
-    offset: IndexExpr = sympy.Integer(0)
+    offset: IndexExpr = sympy.S.Zero
 
     @staticmethod
     def contiguous(shape: tuple[IndexExpr, ...], dtype: torch.dtype, device: str = "cpu") -> Layout:
@@ -83,7 +82,29 @@ class Scan:
     body: Expr
 
 
-LoopData = Union[Pointwise, Reduction, Scan]
+@dataclass(frozen=True, slots=True)
+class Scatter:
+    """``out = base`` over ``ranges`` (i*), then for every point of ``src_ranges`` (r*, in order):
+    ``out[index] = value`` (mode "store") or ``out[index] += value`` (mode "add"). ``index`` may use
+    ``d0..`` bound to ``indirect`` (int64 bodies over r*), like an indirect load."""
+
+    ranges: tuple[IndexExpr, ...]
+    base: Expr
+    src_ranges: tuple[IndexExpr, ...]
+    index: IndexExpr
+    indirect: tuple[Expr, ...]
+    value: Expr
+    mode: str
+
+
+LoopData = Pointwise | Reduction | Scan | Scatter
+
+
+def loop_bodies(d: LoopData) -> tuple[Expr, ...]:
+    """Every expression a loop node evaluates (for dependency analysis and verification)."""
+    if isinstance(d, Scatter):
+        return (d.base, d.value, *d.indirect)
+    return (d.body,)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +122,10 @@ class ComputedBuffer:
         if isinstance(d, Reduction):
             return head + (f"reduce_{d.reduction_type}[{_dims(d.ranges)} | {_dims(d.reduction_ranges)}] "
                            f"{format_expr(d.body)}")
+        if isinstance(d, Scatter):
+            binds = "".join(f", d{k}={format_expr(a)}" for k, a in enumerate(d.indirect))
+            return head + (f"scatter_{d.mode}[{_dims(d.ranges)}] {format_expr(d.base)} then "
+                           f"[{_dims(d.src_ranges)}] at [{d.index}{binds}] {format_expr(d.value)}")
         return head + f"scan_{d.scan_type}[{_dims(d.ranges)} axis={d.axis}] {format_expr(d.body)}"
 
 
@@ -138,7 +163,7 @@ class ListArg:
         return "[" + ", ".join(a.as_text() for a in self.items) + "]"
 
 
-Arg = Union[TensorRef, ConstArg, ListArg]
+Arg = TensorRef | ConstArg | ListArg
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +190,7 @@ class ExternKernel:
         return f"{outs} = {self.kind} {self.target}({', '.join(args)})"
 
 
-Node = Union[ComputedBuffer, ExternKernel]
+Node = ComputedBuffer | ExternKernel
 
 
 def node_outputs(n: Node) -> tuple[str, ...]:

@@ -5,12 +5,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import sympy
-from typing import Union
 
 from .expr import reads
-from .nodes import ComputedBuffer, ConstArg, ExternKernel, InputBuffer, Layout, Node, TensorRef, args_buffers
+from .nodes import (
+    ComputedBuffer,
+    ConstArg,
+    ExternKernel,
+    InputBuffer,
+    Layout,
+    Node,
+    TensorRef,
+    args_buffers,
+    loop_bodies,
+)
 
-Output = Union[TensorRef, ConstArg]
+Output = TensorRef | ConstArg
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +57,6 @@ class LoopProgram:
 def node_reads(n: Node) -> list[str]:
     """Buffers a node reads, in first-read order."""
     if isinstance(n, ComputedBuffer):
-        return list(dict.fromkeys(ld.buffer for ld in reads(n.data.body)))
+        return list(dict.fromkeys(ld.buffer for body in loop_bodies(n.data) for ld in reads(body)))
     assert isinstance(n, ExternKernel)
     return list(dict.fromkeys(args_buffers(n.args) + args_buffers(tuple(v for _, v in n.kwargs))))

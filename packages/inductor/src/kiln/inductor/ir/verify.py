@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import sympy
-
 from kiln.graph import VerificationError
 
 from .expr import OPS, Cast, Constant, Expr, IndexValue, Load, Op, walk
 from .kernel import Kernel, ScheduledProgram
-from .nodes import REDUCTION_TYPES, ComputedBuffer, ExternKernel, Pointwise, Reduction, Scan, TensorRef
+from .nodes import (
+    REDUCTION_TYPES,
+    ComputedBuffer,
+    ExternKernel,
+    Pointwise,
+    Reduction,
+    Scan,
+    Scatter,
+    TensorRef,
+)
 from .program import LoopProgram, node_reads
 
 
@@ -47,13 +55,19 @@ def verify_program(p: LoopProgram) -> None:
         if isinstance(n, ComputedBuffer):
             d = n.data
             where = f"{n.name}"
-            if isinstance(d, Reduction):
+            if isinstance(d, Scatter):
+                verify_expr(d.base, where, ("i", "d"), dtypes)
+                for e in (d.value, *d.indirect):
+                    verify_expr(e, where, ("r", "d"), dtypes)
+                if d.mode not in ("store", "add"):
+                    raise VerificationError(f"{where}: unknown scatter mode {d.mode!r}")
+            elif isinstance(d, Reduction):
                 if d.reduction_type not in REDUCTION_TYPES:
                     raise VerificationError(f"{where}: unknown reduction {d.reduction_type!r}")
                 verify_expr(d.body, where, ("i", "r", "d"), dtypes)
             else:
                 verify_expr(d.body, where, ("i", "d"), dtypes)
-            if isinstance(d, (Pointwise, Scan, Reduction)) and tuple(d.ranges) != tuple(n.layout.shape):
+            if isinstance(d, (Pointwise, Scan, Reduction, Scatter)) and tuple(d.ranges) != tuple(n.layout.shape):
                 raise VerificationError(f"{where}: ranges {d.ranges} differ from its shape {n.layout.shape}")
             if n.name in dtypes:
                 raise VerificationError(f"{where}: buffer defined twice")

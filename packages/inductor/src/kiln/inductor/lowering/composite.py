@@ -41,7 +41,9 @@ def _softmax(log: bool):
         if log:
             body = op("sub", centered, op("log", broadcast_at(s, iv), dtype=cd), dtype=cd)
         else:
-            body = op("truediv", op("exp", centered, dtype=cd), broadcast_at(s, iv), dtype=cd)
+            # multiply by the row's reciprocal: one division per row instead of per element
+            inv = op("reciprocal", broadcast_at(s, iv), dtype=cd)
+            body = op("mul", op("exp", centered, dtype=cd), inv, dtype=cd)
         return Lazy(tuple(x.shape), d, cast(body, d))
     return rule
 

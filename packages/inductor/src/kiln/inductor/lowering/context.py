@@ -7,10 +7,18 @@ from dataclasses import dataclass, field
 
 import sympy
 import torch
-
 from kiln.graph import log
 
-from ..ir import ComputedBuffer, ExternKernel, InputBuffer, Layout, Node, Pointwise, contiguous_strides, size
+from ..ir import (
+    ComputedBuffer,
+    ExternKernel,
+    InputBuffer,
+    Layout,
+    Node,
+    Pointwise,
+    contiguous_strides,
+    size,
+)
 from ..options import InductorOptions
 from .values import Lazy, Strided, TensorValue
 
@@ -31,6 +39,7 @@ class LoweringContext:
     storage_offsets: dict[str, int] = field(default_factory=dict)  # input buffer -> its storage_offset
     origin: str = ""  # the ATen op being lowered, recorded on the buffers it makes
     _names: itertools.count = field(default_factory=itertools.count)
+    _cse: dict[tuple[object, object], Strided] = field(default_factory=dict)
 
     def new_name(self, prefix: str = "buf") -> str:
         return f"{prefix}{next(self._names)}"
@@ -45,9 +54,15 @@ class LoweringContext:
                 self.layouts[o.buffer] = o.layout
 
     def computed(self, layout: Layout, data: object) -> Strided:
+        key = (layout, data)
+        hit = self._cse.get(key)
+        if hit is not None:  # the same loop over the same inputs was already lowered
+            return hit
         name = self.new_name()
         self.add(ComputedBuffer(name, layout, data, (self.origin,) if self.origin else ()))  # type: ignore[arg-type]
-        return Strided(name, layout.shape, layout.stride, layout.offset, layout.dtype)
+        value = Strided(name, layout.shape, layout.stride, layout.offset, layout.dtype)
+        self._cse[key] = value
+        return value
 
     def realize(self, v: TensorValue, stride: tuple[sympy.Expr, ...] | None = None) -> Strided:
         """Store a lazy value into a new buffer (with ``stride`` when given, else contiguous)."""

@@ -162,3 +162,126 @@ def _pad(ctx: LoweringContext, node: fx.Node, x: TensorValue, pad: Sequence[int]
 
 
 RULES["aten.constant_pad_nd.default"] = _pad
+
+
+def _slice_scatter(ctx: LoweringContext, node: fx.Node, x: TensorValue, src: TensorValue, dim: int = 0,
+                   start: int | None = None, end: int | None = None, step: int = 1) -> Lazy:
+    """x with x[..., start:end:step, ...] replaced by src: a where over the index range."""
+    shape = out_shape(node)
+    n = len(shape)
+    dim = dim + n if dim < 0 else dim
+    size = int(shape[dim])
+    s = 0 if start is None else int(start)
+    s = max(0, min(size, s + size if s < 0 else s))
+    length = int(src.shape[dim])
+    d = out_dtype(node)
+    iv = list(index_vars("i", n))
+    i = IndexValue(iv[dim], torch.int64)
+    cond = op("logical_and", op("ge", i, Constant(s, torch.int64), dtype=torch.bool),
+              op("lt", i, Constant(s + step * length, torch.int64), dtype=torch.bool), dtype=torch.bool)
+    if step != 1:
+        off = IndexValue(iv[dim] - s, torch.int64)
+        cond = op("logical_and", cond, op("eq", op("mod", off, Constant(step, torch.int64), dtype=torch.int64),
+                                          Constant(0, torch.int64), dtype=torch.bool), dtype=torch.bool)
+    sidx = list(iv)
+    from ..ir import FloorDiv
+    sidx[dim] = FloorDiv(iv[dim] - s, step) if step != 1 else iv[dim] - s
+    return Lazy(shape, d, op("where", cond, cast(value_at(src, sidx), d), cast(value_at(x, iv), d), dtype=d))
+
+
+def _select_scatter(ctx: LoweringContext, node: fx.Node, x: TensorValue, src: TensorValue, dim: int,
+                    index: int) -> Lazy:
+    shape = out_shape(node)
+    n = len(shape)
+    dim = dim + n if dim < 0 else dim
+    index = int(index) + (int(shape[dim]) if int(index) < 0 else 0)
+    d = out_dtype(node)
+    iv = list(index_vars("i", n))
+    cond = op("eq", IndexValue(iv[dim], torch.int64), Constant(index, torch.int64), dtype=torch.bool)
+    sidx = iv[:dim] + iv[dim + 1:]
+    return Lazy(shape, d, op("where", cond, cast(value_at(src, sidx), d), cast(value_at(x, iv), d), dtype=d))
+
+
+RULES["aten.slice_scatter.default"] = _slice_scatter
+RULES["aten.select_scatter.default"] = _select_scatter
+
+
+def _scatter_node(ctx: LoweringContext, node: fx.Node, x: TensorValue, src_shape: tuple, dest: list,
+                  value: Expr, mode: str) -> TensorValue:
+    """Lower to a Scatter node: ``dest`` holds per-dim sympy indices (over r*) or index Exprs."""
+    from ..ir import Layout, Scatter
+    shape = out_shape(node)
+    d = out_dtype(node)
+    layout = Layout.contiguous(shape, d)
+    flat = sympy.Integer(0)
+    indirect: list[Expr] = []
+    for k, (i, st) in enumerate(zip(dest, layout.stride)):
+        if isinstance(i, sympy.Expr):
+            flat = flat + i * st
+        else:
+            flat = flat + index_var("d", len(indirect)) * st
+            indirect.append(_wrap(i, shape[k]))
+    base = cast(value_at(x, list(index_vars("i", len(shape)))), d)
+    data = Scatter(shape, base, tuple(src_shape), sympy.expand(flat), tuple(indirect), value, mode)
+    return ctx.computed(layout, data)
+
+
+def _to_r(e: Expr, n: int) -> Expr:
+    """Rename a body over i* (the source space) to r*."""
+    from ..ir import substitute_index
+    return substitute_index(e, dict(zip(index_vars("i", n), index_vars("r", n))))
+
+
+def _scatter(mode: str):
+    def rule(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int, index: TensorValue,
+             src: object, reduce: str | None = None, *, include_self: bool = True) -> TensorValue:
+        m = mode
+        if reduce is not None:
+            if reduce in ("sum", "add") and include_self:
+                m = "add"
+            else:
+                raise NotLowered(f"scatter reduce={reduce!r} include_self={include_self}")
+        n = len(x.shape)
+        if n == 0 or len(index.shape) == 0:
+            raise NotLowered("0-d scatter")
+        dim = dim + n if dim < 0 else dim
+        rv = list(index_vars("r", len(index.shape)))
+        iv = list(index_vars("i", len(index.shape)))
+        d = out_dtype(node)
+        value = cast(value_at(src, iv), d) if not isinstance(src, (int, float, bool)) else \
+            cast(Constant(src, torch.float64 if isinstance(src, float) else torch.int64), d)
+        dest: list = list(rv)
+        dest[dim] = _to_r(value_at(index, iv), len(iv))
+        return _scatter_node(ctx, node, x, tuple(index.shape), dest, _to_r(value, len(iv)), m)
+    return rule
+
+
+RULES["aten.scatter.src"] = _scatter("store")
+RULES["aten.scatter.value"] = _scatter("store")
+RULES["aten.scatter_add.default"] = _scatter("add")
+RULES["aten.scatter_reduce.two"] = _scatter("store")
+
+
+def _index_put(ctx: LoweringContext, node: fx.Node, x: TensorValue, indices: Sequence[TensorValue | None],
+               values: TensorValue, accumulate: bool = False) -> TensorValue:
+    idx_pos = [k for k, t in enumerate(indices) if t is not None]
+    if any(indices[k].dtype in (torch.bool, torch.uint8) for k in idx_pos):  # type: ignore[union-attr]
+        raise NotLowered("boolean mask index_put")
+    if idx_pos != list(range(idx_pos[0], idx_pos[-1] + 1)) or idx_pos[0] != 0:
+        raise NotLowered("index_put with indices that do not start at dim 0")
+    if not accumulate:
+        raise NotLowered("index_put without accumulate (duplicate indices make the result order-dependent)")
+    b_shape = torch.broadcast_shapes(*(tuple(int(s) for s in indices[k].shape) for k in idx_pos))  # type: ignore[union-attr]
+    rest = [x.shape[k] for k in range(len(idx_pos), len(x.shape))]
+    src_shape = tuple(sympy.Integer(s) for s in b_shape) + tuple(rest)
+    iv = list(index_vars("i", len(src_shape)))
+    bvars = iv[:len(b_shape)]
+    dest: list = [_to_r(broadcast_at(indices[k], bvars), len(iv)) for k in idx_pos]  # type: ignore[arg-type]
+    dest += list(index_vars("r", len(src_shape)))[len(b_shape):]
+    d = out_dtype(node)
+    value = _to_r(broadcast_at(values, iv, d), len(iv))
+    return _scatter_node(ctx, node, x, src_shape, dest, value, "add")
+
+
+RULES["aten.index_put.default"] = _index_put
+RULES["aten._unsafe_index_put.default"] = _index_put

@@ -7,9 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import fx
-
 from kiln.graph import target_name
+from torch import fx
 
 from ..ir import ConstArg, InputBuffer, Layout, LoopProgram, Output, as_index
 from ..options import InductorOptions
@@ -61,6 +60,10 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
     name = target_name(node.target)
     ctx.origin = name.split(".")[1] if name.startswith("aten.") else name
     rule = LOWERINGS.get(name)
+    val = node.meta.get("val")
+    if rule is None and isinstance(val, (bool, int, float, torch.device, torch.dtype)) \
+            and not isinstance(val, torch.SymInt):
+        return val  # metadata queries (prim.device, sym_size of a static dim) fold to their value
     reason = "no lowering"
     if rule is not None:
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import composite, extern, indexing, pointwise, random, reductions, scan, views
+from . import composite, extern, foreach, indexing, pointwise, random, reductions, scan, views
 from .common import Rule
 
 LOWERINGS: dict[str, Rule] = {
@@ -10,6 +10,7 @@ LOWERINGS: dict[str, Rule] = {
     **views.RULES,
     **reductions.RULES,
     **composite.RULES,
+    **foreach.RULES,
     **indexing.RULES,
     **scan.RULES,
     **random.RULES,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Union
 
 import sympy
 import torch
@@ -36,7 +35,7 @@ class Lazy:
     body: Expr  # over i0..i{ndim-1}
 
 
-TensorValue = Union[Strided, Lazy]
+TensorValue = Strided | Lazy
 
 
 def is_tensor(v: object) -> bool:

@@ -13,8 +13,18 @@ from dataclasses import dataclass, field
 
 import sympy
 
-from ..ir import ComputedBuffer, ExternKernel, IndexExpr, LoopProgram, Node, Pointwise, Reduction, reads
-from ..ir import index_vars, node_reads
+from ..ir import (
+    ComputedBuffer,
+    ExternKernel,
+    IndexExpr,
+    LoopProgram,
+    Node,
+    Pointwise,
+    Reduction,
+    index_vars,
+    node_reads,
+    reads,
+)
 from ..options import InductorOptions
 from .dependencies import Dependencies
 
@@ -61,6 +71,8 @@ def _role(g: Group, node: ComputedBuffer) -> tuple[str, tuple, tuple | None] | N
     if g.inner is None:
         return ("outer", p, None) if p == tuple(g.outer) else None
     if p == tuple(g.outer) + tuple(g.inner):
+        if not g.outer:  # an epilogue over a whole-tensor reduction: its own parallel kernel is faster
+            return None
         return "full", tuple(g.outer), tuple(g.inner)
     if p == tuple(g.outer):
         return "outer", tuple(g.outer), tuple(g.inner)
@@ -97,6 +109,8 @@ def fits(g: Group, node: Node, program: LoopProgram) -> tuple[str, tuple, tuple 
     r = _role(g, node)
     if r is None or not _reads_ok(g, node, r[0], r[1], r[2], program):
         return None
+    if not r[1] and r[2] and any(ld.buffer in g.roles for ld in reads(node.data.body)):
+        return None  # a second pass over a whole tensor: separate kernels keep both passes parallel
     return r
 
 

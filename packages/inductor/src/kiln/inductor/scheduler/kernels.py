@@ -5,10 +5,24 @@ from __future__ import annotations
 
 import sympy
 
-from ..ir import (ComputedBuffer, IndexExpr, Kernel, KernelNode, LoopProgram, Pointwise, Reduction, Scan,
-                  map_expr, reads, substitute_index, walk)
-from ..ir import IndexValue, Load
-from ..ir import index_vars
+from ..ir import (
+    ComputedBuffer,
+    IndexExpr,
+    IndexValue,
+    Kernel,
+    KernelNode,
+    Load,
+    LoopProgram,
+    Pointwise,
+    Reduction,
+    Scan,
+    Scatter,
+    index_vars,
+    map_expr,
+    reads,
+    substitute_index,
+    walk,
+)
 from .dependencies import Dependencies
 from .fusion import Group, var_renaming
 
@@ -29,8 +43,25 @@ def _scan_kernel(n: ComputedBuffer, number: int) -> Kernel:
     return Kernel(name, outer, (d.ranges[d.axis],), (kn,), inputs, (n.name,))
 
 
+def _scatter_kernel(n: ComputedBuffer, number: int) -> Kernel:
+    """Initial copy over the output (parallel), then the scatter over the source space (sequential)."""
+    d = n.data
+    assert isinstance(d, Scatter)
+    iv = index_vars("i", len(d.ranges))
+    xv = index_vars("x", len(d.ranges))
+    ren = dict(zip(iv, xv))
+    init = KernelNode(n.name, "outer", "pointwise", substitute_index(d.base, ren),
+                      sympy.expand(n.layout.store_index().xreplace(ren)), n.layout.dtype, 0, True)
+    sc = KernelNode(n.name, "full", "scatter", d.value, d.index, n.layout.dtype, 1, True, d.mode, d.indirect)
+    inputs = tuple(dict.fromkeys(ld.buffer for e in (d.base, d.value, *d.indirect) for ld in reads(e)))
+    name = f"k{number}_" + "_".join(n.origins) if n.origins else f"k{number}_scatter"
+    return Kernel(name, tuple(d.ranges), tuple(d.src_ranges), (init, sc), inputs, (n.name,))
+
+
 def build_kernel(g: Group, p: LoopProgram, deps: Dependencies, number: int) -> Kernel:
     nodes = [p.nodes[k] for k in g.members]
+    if len(nodes) == 1 and isinstance(nodes[0], ComputedBuffer) and isinstance(nodes[0].data, Scatter):
+        return _scatter_kernel(nodes[0], number)
     if len(nodes) == 1 and isinstance(nodes[0], ComputedBuffer) and isinstance(nodes[0].data, Scan):
         return _scan_kernel(nodes[0], number)
     n_outer = len(g.outer)

@@ -3,7 +3,17 @@ reader, and hand a dead buffer's storage to a new buffer of the same size and dt
 
 from __future__ import annotations
 
-from ..ir import (Allocation, ExternKernel, Kernel, Layout, LoopProgram, Step, TensorRef, args_buffers, product)
+from ..ir import (
+    Allocation,
+    ExternKernel,
+    Kernel,
+    Layout,
+    LoopProgram,
+    Step,
+    TensorRef,
+    args_buffers,
+    product,
+)
 
 
 def _nbytes(layout: Layout) -> object:

@@ -10,6 +10,25 @@ from .kernel import kernel_source
 from .prelude import PRELUDE, VECTOR_MATH
 
 
+# The wrapper loads its library from FILES_DIR; if that fails (another machine or libc), it rebuilds
+# from the shipped .cpp with the same flags into a temporary folder.
+LOADER = '''
+def _load_library(name):
+    path = os.path.join(FILES_DIR, name)
+    try:
+        return ctypes.CDLL(path)
+    except OSError as first:
+        import subprocess, tempfile
+        out = os.path.join(tempfile.mkdtemp(prefix="kiln-rebuild-"), name)
+        cmd = {flags!r} + [path[:-3] + ".cpp", "-o", out] + {link!r}
+        try:
+            subprocess.run(cmd, check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise RuntimeError(f"cannot load {{path}} ({{first}}) nor rebuild it from its C++ source ({{e}})") from e
+        return ctypes.CDLL(out)
+'''
+
+
 class CppBackend:
     name = "cpp"
 
@@ -23,7 +42,9 @@ class CppBackend:
         source = head + PRELUDE + "\n\n" + "\n\n".join(bodies) + "\n"
         so, seconds = build_shared_library(source, options)
         lib_name = so.name
-        prelude = [f"_lib = ctypes.CDLL(os.path.join(FILES_DIR, {lib_name!r}))"]
+        flags = [options.cxx, *options.cpp_flags]
+        prelude = [LOADER.format(flags=flags, link=list(options.link_flags)),
+                   f"_lib = _load_library({lib_name!r})"]
         launches: dict[str, str] = {}
         for k in kernels:
             n_args = len(k.inputs) + len(k.outputs)

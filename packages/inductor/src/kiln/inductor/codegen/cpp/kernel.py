@@ -75,8 +75,12 @@ class CppKernelWriter:
         self.lines.append(self.signature() + " {")
         total = product(list(k.outer) + list(k.inner))
         parallel = f"if({cindex(total)} > {self.options.parallel_threshold})"
-        if not k.inner:
+        if any(kn.kind == "scatter" for kn in k.nodes):
+            self._scatter(parallel)
+        elif not k.inner:
             self._pointwise(parallel)
+        elif wants_tiling(k):
+            self._rows_tiled(parallel)
         else:
             self._rows(parallel)
         self.lines.append("}")
@@ -100,6 +104,36 @@ class CppKernelWriter:
         for kn in k.nodes:
             self.compute(kn, indent)
         self.close(n, indent)
+
+    def _scatter(self, parallel: str) -> None:
+        """Copy the base in parallel, then scatter sequentially (deterministic: last write wins)."""
+        init, sc = self.k.nodes
+        k = self.k
+        outer_k = Kernel(k.name, k.outer, (), (init,), k.inputs, k.outputs)
+        saved, self.k = self.k, outer_k
+        self._pointwise(f"if({cindex(product(list(k.outer)))} > {self.options.parallel_threshold})")
+        self.k = saved
+        self.locals = {}
+        indent = self.loops(k.inner, "r", "  ", None)
+        em = self.emitter(indent)
+        val = em.emit(sc.body)
+        index = sc.store_index
+        from ...ir import index_var
+        binds = {}
+        for j, e in enumerate(sc.store_indirect):
+            t = em.emit(e)
+            binds[index_var("d", j)] = sympy.Symbol(t, integer=True)
+        target = f"{self.ptr(sc.buffer)}[{cindex(index.xreplace(binds))}]"
+        v = cast_call(val, sc.body.dtype, sc.dtype)
+        if sc.reduction_type == "add":
+            if sc.dtype == torch.bfloat16:
+                v = f"kiln_f32_to_bf16(kiln_bf16_to_f32({target}) + {cast_call(val, sc.body.dtype, torch.float32)})"
+                self.lines.append(f"{indent}{target} = {v};")
+            else:
+                self.lines.append(f"{indent}{target} += {v};")
+        else:
+            self.lines.append(f"{indent}{target} = {v};")
+        self.close(len(k.inner), indent)
 
     def _rows(self, parallel: str) -> None:
         k = self.k
@@ -184,9 +218,9 @@ class CppKernelWriter:
                           f"{cast_call(acc, kn.body.dtype, kn.dtype)};")
         self.close(len(self.k.inner), inner)
 
-    def _accumulate(self, r: KernelNode, indent: str) -> None:
+    def _accumulate(self, r: KernelNode, indent: str, suffix: str = "") -> None:
         v = self.emitter(indent).emit(r.body)
-        acc, t = f"acc_{r.buffer}", r.reduction_type
+        acc, t = f"acc_{r.buffer}{suffix}", r.reduction_type
         if t == "sum":
             self.lines.append(f"{indent}{acc} += {v};")
         elif t == "prod":
@@ -199,7 +233,8 @@ class CppKernelWriter:
             cmp = ">" if t == "max" else "<"
             self.lines.append(f"{indent}{acc} = ({v} {cmp} {acc}) ? {v} : {acc};")
             if r.body.dtype.is_floating_point:
-                self.lines.append(f"{indent}nan_{r.buffer} = nan_{r.buffer} || ({v} != {v});")
+                nan = f"nan_{r.buffer}{suffix}"
+                self.lines.append(f"{indent}{nan} = {nan} || ({v} != {v});")
         else:
             cmp = ">" if t == "argmax" else "<"
             flat = _flat_r(self.k.inner)
@@ -208,6 +243,119 @@ class CppKernelWriter:
             else:
                 cond = f"({v} {cmp} {acc})"
             self.lines.append(f"{indent}if ({cond}) {{ {acc} = {v}; idx_{r.buffer} = {flat}; }}")
+
+
+TILE = 16
+
+
+def wants_tiling(k: Kernel) -> bool:
+    """Reductions over a strided dim whose outer neighbour is contiguous (sum over dim 0, channels of
+    NCHW): vectorise across a tile of outer points instead of along the strided reduction."""
+    if not k.outer or any(kn.kind == "scan" or kn.reduction_type.startswith("arg") for kn in k.nodes):
+        return False
+    from ...ir import index_var, walk
+    xl, rl = index_var("x", len(k.outer) - 1), index_var("r", len(k.inner) - 1)
+    unit_x = unit_r = 0
+    for kn in k.nodes:
+        for e in walk(kn.body):
+            if isinstance(e, Load) and not e.indirect:
+                unit_x += e.index.coeff(xl) == 1
+                unit_r += e.index.coeff(rl) == 1
+    return unit_x > unit_r
+
+
+class _Tiled:
+    """Row kernels tiled over the last outer loop: locals of outer values become TILE-wide arrays."""
+
+    @staticmethod
+    def rows(w: CppKernelWriter, parallel: str) -> None:
+        k = w.k
+        n = len(k.outer)
+        last = f"x{n - 1}"
+        coll = f" collapse({n})" if n > 1 else ""
+        indent = "  "
+        w.lines.append(f"{indent}#pragma omp parallel for{coll} {parallel}")
+        for j, r in enumerate(k.outer[:-1]):
+            w.lines.append(f"{indent}for (int64_t x{j} = 0; x{j} < {cindex(r)}; ++x{j}) {{")
+            indent += "  "
+        size = cindex(k.outer[-1])
+        w.lines.append(f"{indent}for (int64_t xt = 0; xt < {size}; xt += {TILE}) {{")
+        indent += "  "
+        w.lines.append(f"{indent}const int64_t xn = std::min<int64_t>({TILE}, {size} - xt);")
+        stages = max(kn.stage for kn in k.nodes)
+        for s in range(stages + 2):
+            _Tiled.outer_values(w, [kn for kn in k.nodes if kn.role == "outer" and kn.kind != "reduction"
+                                    and kn.stage == s], indent, last)
+            if s <= stages:
+                _Tiled.stage(w, s, indent, last)
+        w.close(n, indent)
+
+    @staticmethod
+    def j_loop(w: CppKernelWriter, indent: str, last: str) -> str:
+        w.lines.append(f"{indent}#pragma omp simd")
+        w.lines.append(f"{indent}for (int64_t j = 0; j < xn; ++j) {{")
+        w.lines.append(f"{indent}  const int64_t {last} = xt + j;")
+        return indent + "  "
+
+    @staticmethod
+    def outer_values(w: CppKernelWriter, nodes: list[KernelNode], indent: str, last: str) -> None:
+        if not nodes:
+            return
+        for kn in nodes:
+            w.lines.append(f"{indent}{ctype(kn.dtype)} v_{kn.buffer}[{TILE}];")
+        inner = _Tiled.j_loop(w, indent, last)
+        for kn in nodes:
+            val = w.emitter(inner).emit(kn.body)
+            name = f"v_{kn.buffer}[j]"
+            w.lines.append(f"{inner}{name} = {cast_call(val, kn.body.dtype, kn.dtype)};")
+            w.locals[kn.buffer] = (name, kn.store_index)
+            if kn.store:
+                w.lines.append(f"{inner}{w.ptr(kn.buffer)}[{cindex(kn.store_index)}] = {name};")
+        w.lines.append(f"{indent}}}")
+
+    @staticmethod
+    def stage(w: CppKernelWriter, s: int, indent: str, last: str) -> None:
+        k = w.k
+        full = [kn for kn in k.nodes if kn.stage == s and (kn.role == "full" or kn.kind == "reduction")]
+        if not full:
+            return
+        reds = [kn for kn in full if kn.kind == "reduction"]
+        for r in reds:
+            t = _acc_type(r.reduction_type, r.body.dtype)
+            w.lines.append(f"{indent}{t} acc_{r.buffer}[{TILE}];")
+            w.lines.append(f"{indent}bool nan_{r.buffer}[{TILE}];")
+            w.lines.append(f"{indent}for (int64_t j = 0; j < {TILE}; ++j) {{ acc_{r.buffer}[j] = "
+                           f"{_init(r.reduction_type, r.body.dtype)}; nan_{r.buffer}[j] = false; }}")
+        saved = dict(w.locals)
+        body_indent = w.loops(k.inner, "r", indent, None)
+        inner = _Tiled.j_loop(w, body_indent, last)
+        for kn in full:
+            if kn.kind == "pointwise":
+                w.compute(kn, inner)
+            else:
+                w._accumulate(kn, inner, "[j]")
+        w.lines.append(f"{body_indent}}}")
+        w.close(len(k.inner), body_indent)
+        w.locals = saved
+        if not reds:
+            return
+        for r in reds:
+            w.lines.append(f"{indent}{ctype(r.dtype)} v_{r.buffer}[{TILE}];")
+        inner = _Tiled.j_loop(w, indent, last)
+        for r in reds:
+            acc = f"acc_{r.buffer}[j]"
+            val, src = acc, (torch.bool if r.reduction_type in ("any", "all") else r.body.dtype)
+            if r.reduction_type in ("max", "min") and r.body.dtype.is_floating_point:
+                val = f"(nan_{r.buffer}[j] ? std::numeric_limits<{ctype(r.body.dtype)}>::quiet_NaN() : {acc})"
+            name = f"v_{r.buffer}[j]"
+            w.lines.append(f"{inner}{name} = {cast_call(val, src, r.dtype)};")
+            w.locals[r.buffer] = (name, r.store_index)
+            if r.store:
+                w.lines.append(f"{inner}{w.ptr(r.buffer)}[{cindex(r.store_index)}] = {name};")
+        w.lines.append(f"{indent}}}")
+
+
+CppKernelWriter._rows_tiled = _Tiled.rows  # type: ignore[attr-defined]
 
 
 def _flat_r(inner: tuple) -> str:

@@ -10,14 +10,8 @@ Public API:
 from .heuristics import BlockChoice, TritonConfig
 from .kernel import TritonKernel, generate_kernel
 from .ops import EMITTERS
-from .wrapper import (
-                      MODULE_VAR,
-                      TritonKernels,
-                      launch_statement,
-                      load_triton_module,
-                      module_source,
-                      wrapper_prologue,
-)
+from .wrapper import (MODULE_VAR, TritonKernels, launch_statement, load_triton_module, module_source,
+                      wrapper_prologue)
 
 __all__ = [
     "EMITTERS", "MODULE_VAR", "BlockChoice", "TritonConfig", "TritonKernel", "TritonKernels",

@@ -1,0 +1,80 @@
+"""The loop IR as data: frozen, hashable, printable; index algebra; the verifier."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import sympy
+import torch
+from kiln.graph import VerificationError
+from kiln.inductor import ir
+
+
+def _program(body: ir.Expr, name: str = "buf0") -> ir.LoopProgram:
+    x = ir.InputBuffer("arg0", ir.Layout.contiguous((sympy.Integer(4), sympy.Integer(8)), torch.float32), 0)
+    node = ir.ComputedBuffer(name, x.layout, ir.Pointwise(x.layout.shape, body), ("sin",))
+    return ir.LoopProgram("g", (x,), (node,), (ir.TensorRef(name, x.layout.shape, x.layout.stride, sympy.Integer(0),
+                                                              torch.float32),))
+
+
+def test_exprs_are_frozen_hashable_and_print() -> None:
+    i0, i1 = ir.index_vars("i", 2)
+    a = ir.op("sin", ir.Load("arg0", 8 * i0 + i1, torch.float32), dtype=torch.float32)
+    b = ir.op("sin", ir.Load("arg0", 8 * i0 + i1, torch.float32), dtype=torch.float32)
+    assert a == b and hash(a) == hash(b)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        a.name = "cos"  # type: ignore[misc]
+    assert ir.format_expr(a) == "sin(arg0[8*i0 + i1])"
+    assert len({a, b}) == 1
+
+
+def test_program_golden_text() -> None:
+    i0, i1 = ir.index_vars("i", 2)
+    body = ir.op("add", ir.op("sin", ir.Load("arg0", 8 * i0 + i1, torch.float32), dtype=torch.float32),
+                 ir.Constant(1.0, torch.float32), dtype=torch.float32)
+    assert _program(body).as_text() == (
+        "# loop program g\n"
+        "arg0: float32[4, 8](8, 1) = input 0\n"
+        "buf0: float32[4, 8](8, 1) = pointwise[4, 8] add(sin(arg0[8*i0 + i1]), 1.0)\n"
+        "return (buf0.view([4, 8], (8, 1), +0))")
+
+
+def test_substitute_folds_a_view_into_the_index() -> None:
+    i0, i1 = ir.index_vars("i", 2)
+    load = ir.Load("arg0", 8 * i0 + i1, torch.float32)
+    transposed = ir.substitute_index(load, {i0: i1, i1: i0})  # simultaneous swap
+    assert transposed == ir.Load("arg0", 8 * i1 + i0, torch.float32)
+
+
+def test_floordiv_and_mod_simplify() -> None:
+    i0, i1 = ir.index_vars("i", 2)
+    assert ir.FloorDiv(8 * i0 + 16, 8) == i0 + 2
+    assert ir.ModIndex(8 * i0 + i1, 8) == ir.ModIndex(i1, 8)
+    assert ir.FloorDiv(ir.FloorDiv(i0, 2), 3) == ir.FloorDiv(i0, 6)
+    assert ir.FloorDiv(sympy.Integer(17), 5) == 3 and ir.ModIndex(sympy.Integer(17), 5) == 2
+
+
+def test_verifier_accepts_good_and_names_bad_programs() -> None:
+    i0, i1 = ir.index_vars("i", 2)
+    good = ir.op("sin", ir.Load("arg0", 8 * i0 + i1, torch.float32), dtype=torch.float32)
+    ir.verify_program(_program(good))
+    with pytest.raises(VerificationError, match="unknown op"):
+        ir.verify_program(_program(ir.Op("frobnicate", (good,), torch.float32)))
+    with pytest.raises(VerificationError, match="before it is defined"):
+        ir.verify_program(_program(ir.Load("nope", i0, torch.float32)))
+    r0 = ir.index_var("r", 0)
+    with pytest.raises(VerificationError, match="allowed loop vars"):
+        ir.verify_program(_program(ir.Load("arg0", r0, torch.float32)))
+    with pytest.raises(VerificationError, match="takes 2 operands"):
+        ir.verify_program(_program(ir.Op("add", (good,), torch.float32)))
+    with pytest.raises(VerificationError, match="holds"):
+        ir.verify_program(_program(ir.Load("arg0", i0, torch.float64)))
+
+
+def test_every_op_has_a_cpp_implementation() -> None:
+    from kiln.inductor.codegen.cpp.exprs import op_call
+    for name, info in ir.OPS.items():
+        args = [ir.Constant(1.0, torch.float32)] * info.arity
+        text = op_call(ir.Op(name, tuple(args), torch.float32), ["a"] * info.arity)
+        assert text, name
