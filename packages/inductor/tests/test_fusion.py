@@ -99,3 +99,9 @@ def test_memory_planning_frees_and_reuses() -> None:
     cg = check(f, X, w, rtol=1e-3)
     code = cg.texts["output_code"]
     assert "del " in code
+
+
+def test_softmax_computes_exp_once_per_element() -> None:
+    cg = check(lambda x: torch.softmax(x, -1), X)
+    kernel_src = cg.texts["output_code"].split("# ---- kernels")[1].split('extern "C"')[1]
+    assert kernel_src.count("std::exp(") == 1  # the second pass reads the row cache

@@ -9,7 +9,6 @@ from .build import CppCompileError, build_shared_library
 from .kernel import kernel_source
 from .prelude import PRELUDE, VECTOR_MATH
 
-
 # The wrapper loads its library from FILES_DIR; if that fails (another machine or libc), it rebuilds
 # from the shipped .cpp with the same flags into a temporary folder.
 LOADER = '''

@@ -113,6 +113,9 @@ class ExprEmitter:
         self.load_hook, self.ptr_name = load_hook, ptr_name
         self.cache: dict[Expr, str] = {}
         self.counter = counter
+        # row kernels: values computed in one inner loop and reused by a later one (softmax's exp)
+        self.row_cache_write: dict[Expr, str] = {}
+        self.row_cache_read: dict[Expr, str] = {}
 
     def _tmp(self, text: str, d: torch.dtype) -> str:
         name = f"t{self.counter[0]}"
@@ -123,8 +126,14 @@ class ExprEmitter:
     def emit(self, e: Expr) -> str:
         if e in self.cache:
             return self.cache[e]
+        reuse = self.row_cache_read.get(e)
+        if reuse is not None:
+            return reuse
         out = self._emit(e, inline=False)
         self.cache[e] = out
+        slot = self.row_cache_write.get(e)
+        if slot is not None:
+            self.lines.append(f"{self.indent}{slot} = {out};")
         return out
 
     def inline(self, e: Expr) -> str:

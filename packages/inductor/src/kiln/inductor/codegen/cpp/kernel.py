@@ -5,11 +5,14 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ...ir import Kernel, KernelNode, Layout, Load, product
+from ...ir import Kernel, KernelNode, Layout, Load, Op, product, walk
 from ...options import InductorOptions
 from .exprs import ExprEmitter, cast_call, cindex
 from .types import ctype, highest, lowest
 
+ROW_CACHE_MAX = 8192  # floats per row array (on each thread's stack)
+_EXPENSIVE = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "tanh", "erf", "erfc", "sigmoid", "pow",
+              "sin", "cos", "tan", "atan", "sqrt", "rsqrt", "truediv", "reciprocal"}
 _OMP_RED = {"sum": "+", "prod": "*", "any": "||", "all": "&&", "max": "max", "min": "min"}
 
 
@@ -29,6 +32,8 @@ class CppKernelWriter:
         self.counter = [0]
         self.locals: dict[str, tuple[str, sympy.Expr]] = {}  # buffer -> (C++ name, index it holds)
         self.by_name = {kn.buffer: kn for kn in k.nodes}
+        self.row_cache: dict = {}  # Expr -> (stage computing it, C++ slot)
+        self.stage_now: int | None = None
 
     def ptr(self, buffer: str) -> str:
         return f"p_{buffer}"
@@ -45,7 +50,41 @@ class CppKernelWriter:
         return None
 
     def emitter(self, indent: str) -> ExprEmitter:
-        return ExprEmitter(self.lines, indent, self.load_hook, self.ptr, self.counter)
+        em = ExprEmitter(self.lines, indent, self.load_hook, self.ptr, self.counter)
+        if self.stage_now is not None:
+            for e, (stage, slot) in self.row_cache.items():
+                if stage == self.stage_now:
+                    em.row_cache_write[e] = slot
+                elif stage < self.stage_now:
+                    em.row_cache_read[e] = slot
+        return em
+
+    def plan_row_cache(self, indent: str) -> None:
+        """Expensive subtrees an inner loop computes that a later inner loop needs again are kept in a
+        per-row array instead of being recomputed (softmax: exp(x - max) feeds the sum and the output)."""
+        k = self.k
+        if len(k.inner) != 1 or not isinstance(k.inner[0], sympy.Integer) or int(k.inner[0]) > ROW_CACHE_MAX:
+            return
+        bodies: dict[int, list] = {}
+        for kn in k.nodes:
+            if kn.role == "full" or kn.kind == "reduction":
+                bodies.setdefault(kn.stage, []).append(kn.body)
+        if any(isinstance(e, Op) and e.name == "where" for bs in bodies.values() for b in bs for e in walk(b)):
+            return  # branches are evaluated lazily; a cached value might never be written
+        seen: dict = {}
+        for stage in sorted(bodies):
+            for b in bodies[stage]:
+                for e in walk(b):
+                    if isinstance(e, Op) and e.name in _EXPENSIVE and e not in seen and _varies(e):
+                        seen[e] = stage
+        for stage in sorted(bodies):
+            for b in bodies[stage]:
+                for e in walk(b):
+                    first = seen.get(e)
+                    if first is not None and first < stage and e not in self.row_cache:
+                        slot = f"rc{len(self.row_cache)}"
+                        self.lines.append(f"{indent}{ctype(e.dtype)} {slot}[{int(k.inner[0])}];")
+                        self.row_cache[e] = (first, f"{slot}[r0]")
 
     def compute(self, kn: KernelNode, indent: str) -> None:
         em = self.emitter(indent)
@@ -105,6 +144,9 @@ class CppKernelWriter:
             self.compute(kn, indent)
         self.close(n, indent)
 
+    def _rows_tiled(self, parallel: str) -> None:
+        _Tiled.rows(self, parallel)
+
     def _scatter(self, parallel: str) -> None:
         """Copy the base in parallel, then scatter sequentially (deterministic: last write wins)."""
         init, sc = self.k.nodes
@@ -145,11 +187,15 @@ class CppKernelWriter:
         if n:
             coll = f" collapse({n})" if n > 1 else ""
             indent = self.loops(k.outer, "x", indent, f"#pragma omp parallel for{coll} {parallel}")
+        if stages > 0:
+            self.plan_row_cache(indent)
         for s in range(stages + 1):
             for kn in k.nodes:  # outer values ready before this stage's loop
                 if kn.role == "outer" and kn.kind != "reduction" and kn.stage == s:
                     self.compute(kn, indent)
+            self.stage_now = s
             self._stage(s, indent, whole, parallel)
+            self.stage_now = None
         for kn in k.nodes:
             if kn.role == "outer" and kn.kind != "reduction" and kn.stage == stages + 1:
                 self.compute(kn, indent)
@@ -355,7 +401,12 @@ class _Tiled:
         w.lines.append(f"{indent}}}")
 
 
-CppKernelWriter._rows_tiled = _Tiled.rows  # type: ignore[attr-defined]
+
+def _varies(e: object) -> bool:
+    """Whether a body depends on the inner loop variable (loop-invariant values are not row-cached)."""
+    from ...ir import IndexValue, index_var
+    r0 = index_var("r", 0)
+    return any(isinstance(n, (Load, IndexValue)) and r0 in n.index.free_symbols for n in walk(e))  # type: ignore[arg-type]
 
 
 def _flat_r(inner: tuple) -> str:
