@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-
 from kiln.inductor import InductorOptions, compile_graph
 from kiln.inductor.codegen.triton.testing import device
 from tracer import flat_outputs, trace
@@ -49,6 +48,10 @@ CASES = {
     "nan_propagation": (lambda x: (x.amax(-1), torch.maximum(x, torch.zeros_like(x)), x.argmax(-1)),
                         (torch.where(_x(4, 6, 8) > 1.5, float("nan"), X),)),
     "scalar_output": (lambda x: x.sum() * 2, (X,)),
+    "index_put_accumulate": (lambda x, i, v: x.index_put((i,), v, accumulate=True) * 2,
+                             (_x(6, 4), torch.tensor([0, 2, 2, 5]), _x(4, 4))),
+    "scatter_add": (lambda x, i, v: x.scatter_add(0, i[:, None].expand(4, 4), v),
+                    (_x(6, 4), torch.tensor([1, 1, 3, 0]), _x(4, 4))),
     "arange_iota": (lambda x: x + torch.arange(8, dtype=torch.float32, device=x.device), (X,)),
 }
 

@@ -7,16 +7,40 @@ import functools
 from typing import Any
 
 import pytest
-import torch
-from torch.utils._pytree import tree_flatten
-
 import test_opinfo as base
+import torch
 from helpers import assert_close
 from kiln.inductor import InductorOptions, compile_graph
 from kiln.inductor.codegen.triton.testing import device
+from torch.utils._pytree import tree_flatten
 from tracer import flat_outputs, trace
 
 OPTIONS = InductorOptions(strict_lowering=True, cpu_backend="triton")
+# seen on an H200 (torch 2.11): failures of lowering/decomposition on CUDA, not of Triton codegen
+GPU_KNOWN_FAILURES = {
+    "native_batch_norm": "CUDA's eval-mode native_batch_norm returns empty save_mean/invstd; the lowering "
+                         "follows the CPU meta (shape mismatch)",
+}
+SAMPLES = 2 if device() == "cpu" else base.SAMPLES_PER_OP  # the interpreter is slow; the GPU takes them all
+
+
+def _samples(op: Any, dev: str) -> list[Any]:
+    """op_db samples made for ``dev`` (factory ops put their outputs there too)."""
+    if dev == "cpu":
+        return base._samples(op)[:SAMPLES]
+    d = base._dtype(op)
+    if d is None:
+        return []
+    out = []
+    for s in op.sample_inputs(dev, d, requires_grad=False):
+        try:
+            op.op(s.input, *s.args, **s.kwargs)
+        except Exception:
+            continue
+        out.append(s)
+        if len(out) == base.SAMPLES_PER_OP:
+            break
+    return out
 
 
 @functools.cache
@@ -25,10 +49,9 @@ def _group(index: int) -> tuple[Any, list[tuple[str, int, int]]]:
     entries = []
     inputs: list[torch.Tensor] = []
     for op in base.OPS[index * base.GROUP:(index + 1) * base.GROUP]:
-        for s in base._samples(op):
+        for s in _samples(op, dev):
             leaves, spec = tree_flatten((s.input, s.args, s.kwargs))
             slots = [k for k, x in enumerate(leaves) if isinstance(x, torch.Tensor)]
-            leaves = [x.to(dev) if isinstance(x, torch.Tensor) else x for x in leaves]
             entries.append((op, s, spec, slots, leaves, len(inputs)))
             inputs += [leaves[k] for k in slots]
 
@@ -41,7 +64,7 @@ def _group(index: int) -> tuple[Any, list[tuple[str, int, int]]]:
     cg = compile_graph(trace(f, *inputs), inputs, options=OPTIONS)
     got, want = cg.fn(*inputs), f(*inputs)
     layout, pos = [], 0
-    for op, s, spec, slots, leaves, start in entries:
+    for op, s, spec, slots, leaves, _start in entries:
         n = len([r for r in flat_outputs(base._call(op, s, [leaves[k] for k in slots], spec, slots, leaves))
                  if isinstance(r, torch.Tensor)])
         layout.append((op.name, pos, n))
@@ -51,6 +74,8 @@ def _group(index: int) -> tuple[Any, list[tuple[str, int, int]]]:
 
 @pytest.mark.parametrize("op_name", [o.name for o in base.OPS])
 def test_op_matches_eager_on_triton(op_name: str) -> None:
+    if op_name in GPU_KNOWN_FAILURES and device() == "cuda":
+        pytest.xfail(GPU_KNOWN_FAILURES[op_name])
     index = next(k for k, o in enumerate(base.OPS) if o.name == op_name) // base.GROUP
     (got, want), layout = _group(index)
     rows = [r for r in layout if r[0] == op_name]

@@ -3,8 +3,12 @@
 import pytest
 import sympy
 import torch
-
-from kiln.inductor.codegen.triton import TritonKernels, generate_kernel, launch_statement, wrapper_prologue
+from kiln.inductor.codegen.triton import (
+    TritonKernels,
+    generate_kernel,
+    launch_statement,
+    wrapper_prologue,
+)
 from kiln.inductor.codegen.triton.testing import device, kernel, load, node, run, strided, xs
 from kiln.inductor.ir import Constant, IndexValue, Load, cast, op
 

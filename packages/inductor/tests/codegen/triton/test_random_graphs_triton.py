@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import os
 
-import torch
-from hypothesis import HealthCheck, given, settings
-
 import test_random_graphs as base
+import torch
 from helpers import check
+from hypothesis import HealthCheck, given, settings
 from kiln.inductor import InductorOptions
 from kiln.inductor.codegen.triton.testing import device
 

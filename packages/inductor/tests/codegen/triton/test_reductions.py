@@ -2,9 +2,8 @@
 
 import pytest
 import torch
-
 from kiln.inductor.codegen.triton import TritonConfig
-from kiln.inductor.codegen.triton.testing import device, kernel, load, node, run, rs, strided, xs
+from kiln.inductor.codegen.triton.testing import device, kernel, load, node, rs, run, strided, xs
 from kiln.inductor.ir import Constant, Load, cast, op
 
 F32 = torch.float32
@@ -31,7 +30,7 @@ EAGER = {
 
 @pytest.mark.parametrize("mode", CONFIGS)
 @pytest.mark.parametrize("rtype", list(EAGER))
-@pytest.mark.parametrize("shape", [(7, 37), (3, 3), (1, 100)])
+@pytest.mark.parametrize("shape", [(7, 37), (1, 100)])
 def test_reduction_matches_eager(mode, rtype, shape):
     dev = device()
     g = torch.Generator().manual_seed(0)

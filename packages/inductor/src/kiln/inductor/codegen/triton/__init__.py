@@ -8,12 +8,18 @@ Public API:
 """
 
 from .heuristics import BlockChoice, TritonConfig
-from .kernel import TritonKernel, generate_kernel
+from .kernel import TritonKernel, generate_kernel, generate_kernels
 from .ops import EMITTERS
-from .wrapper import (MODULE_VAR, TritonKernels, launch_statement, load_triton_module, module_source,
-                      wrapper_prologue)
+from .wrapper import (
+                      MODULE_VAR,
+                      TritonKernels,
+                      launch_statement,
+                      load_triton_module,
+                      module_source,
+                      wrapper_prologue,
+)
 
 __all__ = [
     "EMITTERS", "MODULE_VAR", "BlockChoice", "TritonConfig", "TritonKernel", "TritonKernels",
-    "generate_kernel", "launch_statement", "load_triton_module", "module_source", "wrapper_prologue",
+    "generate_kernel", "generate_kernels", "launch_statement", "load_triton_module", "module_source", "wrapper_prologue",
 ]

@@ -14,9 +14,16 @@ import time
 from ...ir import Layout, ScheduledProgram
 from ...options import InductorOptions
 from ..common import CompiledKernels
-from .heuristics import TritonConfig
-from .kernel import generate_kernel
+from .heuristics import DEFAULT_CONFIG, TritonConfig
+from .kernel import TritonKernel, generate_kernels
 from .wrapper import MODULE_VAR, module_source, wrapper_prologue
+
+
+def _launch_line(g: TritonKernel) -> str:
+    launch = g.launch_code(MODULE_VAR)
+    if g.xnumel == "0" or g.ynumel == "0":
+        return "pass"
+    return f"({launch}) if {g.xnumel} > 0 else None" if g.size_args else launch
 
 
 class TritonBackendError(RuntimeError):
@@ -30,7 +37,7 @@ def interpreter_enabled() -> bool:
 class TritonBackend:
     name = "triton"
 
-    def __init__(self, device: str = "cuda", cfg: TritonConfig = TritonConfig()) -> None:
+    def __init__(self, device: str = "cuda", cfg: TritonConfig = DEFAULT_CONFIG) -> None:
         self.device = device
         self.cfg = cfg
 
@@ -42,13 +49,13 @@ class TritonBackend:
                 "TRITON_INTERPRET=1 in the environment (before the first compile), or use cpu_backend='cpp'")
         t0 = time.perf_counter()
         kernels = scheduled.kernels()
-        generated = [generate_kernel(k, self.cfg) for k in kernels]
+        generated = []
         launches: dict[str, str] = {}
-        for g in generated:
+        for k in kernels:
+            parts = generate_kernels(k, self.cfg)
+            generated += parts
             # one line (the wrapper indents it); an empty iteration space launches nothing
-            launch = g.launch_code(MODULE_VAR)
-            launches[g.name] = (launch if not g.size_args else f"({launch}) if {g.xnumel} > 0 else None") \
-                if g.xnumel != "0" else "pass"
+            launches[k.name] = "; ".join(_launch_line(g) for g in parts)
         source = module_source(generated) if generated else ""
         return CompiledKernels(files={}, prelude=wrapper_prologue(generated), launches=launches,
                                source_text=source, local_dir="", compile_seconds=time.perf_counter() - t0,

@@ -80,3 +80,6 @@ def _column_blocks(xn: int | None, rn: int | None, xcap: int, cfg: TritonConfig)
         return BlockChoice(xblock, rblock, _warps(xblock * rblock), True)
     rblock = max(8, min(next_pow2(rn) if rn is not None else 64, cfg.col_tile // xblock))
     return BlockChoice(xblock, rblock, _warps(xblock * rblock), False)
+
+
+DEFAULT_CONFIG = TritonConfig()

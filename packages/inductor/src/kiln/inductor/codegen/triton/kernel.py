@@ -12,16 +12,38 @@ Layout of a generated kernel:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import sympy
 import torch
 
-from ...ir import Constant, Expr, IndexExpr, IndexValue, Kernel, KernelNode, Load, Op, walk
 from ...ir import Cast as CastExpr
+from ...ir import (
+    Constant,
+    Expr,
+    IndexExpr,
+    IndexValue,
+    Kernel,
+    KernelNode,
+    Load,
+    Op,
+    index_var,
+    reads,
+    substitute_index,
+    walk,
+)
 from ...ir.index import product
-from .heuristics import BlockChoice, TritonConfig, next_pow2, pointwise_blocks, row_blocks, static
+from .heuristics import (
+    DEFAULT_CONFIG,
+    BlockChoice,
+    TritonConfig,
+    next_pow2,
+    pointwise_blocks,
+    row_blocks,
+    static,
+)
 from .ops import compute_dtype, convert, emit_op, literal, operand_dtypes, tl_dtype
 from .printer import IndexPrinter, python_index
 from .reductions import ReductionEmitter
@@ -76,7 +98,8 @@ def size_symbols(k: Kernel) -> list[str]:
     for e in (*k.outer, *k.inner):
         syms |= {s.name for s in sympy.sympify(e).free_symbols}
     for n in k.nodes:
-        for e in [n.store_index, *(x.index for x in walk(n.body) if isinstance(x, (Load, IndexValue)))]:
+        loads = [x.index for r in (n.body, *n.store_indirect) for x in walk(r) if isinstance(x, (Load, IndexValue))]
+        for e in [n.store_index, *loads]:
             syms |= {s.name for s in e.free_symbols if not _is_kernel_var(s)}
     return sorted(syms, key=lambda s: (len(s), s))
 
@@ -207,6 +230,8 @@ class KernelWriter:
     def value(self, e: Expr, ctx: str) -> tuple[str, frozenset[str]]:
         key = (e, ctx, self.preds)
         hit = self.scopes[-1].get(key)
+        if hit is None and self.preds:  # already computed unconditionally: reuse it under any predicate
+            hit = self.scopes[-1].get((e, ctx, ()))
         if hit is not None:
             return hit
         out = self._value(e, ctx)
@@ -268,15 +293,8 @@ class KernelWriter:
         uses = self.classes(e.index)
         index = sympy.expand(e.index)
         if e.indirect:  # gather: d<k> in the index are int64 values computed at this point
-            binds = {}
-            for k, ind in enumerate(e.indirect):
-                code, u = self.value(ind, ctx)
-                binds[sympy.Symbol(f"d{k}", integer=True)] = sympy.Symbol(
-                    self.assign(convert(code, ind.dtype, torch.int64)), integer=True)
-                uses |= u
-            index = index.xreplace(binds).xreplace(
-                {s: binds[sympy.Symbol(s.name, integer=True)] for s in index.free_symbols
-                 if sympy.Symbol(s.name, integer=True) in binds})
+            index, u = self.bind_indirect(index, e.indirect, ctx)
+            uses |= u
         mask = self.mask_for(uses)
         index_uses = uses
         for pred, pu in self.preds:
@@ -310,7 +328,31 @@ class KernelWriter:
         value = code if compute_dtype(n.dtype) == n.dtype else f"{code}.to({tl_dtype(n.dtype)})"
         self.line(f"tl.store({self.ptr(n.buffer)} + ({idx}), {value}, {self.mask_for(need)})")
 
+    def bind_indirect(self, index: IndexExpr, indirect: Sequence[Expr], ctx: str
+                      ) -> tuple[IndexExpr, frozenset[str]]:
+        """Replace ``d<k>`` in ``index`` by temporaries holding the int64 values of ``indirect``."""
+        binds: dict[str, sympy.Symbol] = {}
+        uses: frozenset[str] = frozenset()
+        for k, ind in enumerate(indirect):
+            code, u = self.value(ind, ctx)
+            binds[f"d{k}"] = sympy.Symbol(self.assign(convert(code, ind.dtype, torch.int64)), integer=True)
+            uses |= u
+        return index.xreplace({s: binds[s.name] for s in index.free_symbols if s.name in binds}), uses
+
     # -- nodes -----------------------------------------------------------------------------------------
+    def emit_scatter(self, n: KernelNode) -> None:
+        """out[index] = value / += value at every point (a pointwise kernel over the source space)."""
+        code, uses = self.value(n.body, "point")
+        code = self.assign(convert(code, n.body.dtype, n.dtype))
+        index, iu = self.bind_indirect(sympy.expand(n.store_index), n.store_indirect, "point")
+        idx = self.index_code(index)
+        if not (uses | iu | self.classes(index)):
+            idx = f"({idx}) + tl.zeros([XBLOCK], tl.int32)"
+        value = code if compute_dtype(n.dtype) == n.dtype else f"{code}.to({tl_dtype(n.dtype)})"
+        fn = "tl.atomic_add" if n.reduction_type == "add" else "tl.store"
+        # duplicates: adds accumulate atomically; plain stores race (any one wins, as in torch on CUDA)
+        self.line(f"{fn}({self.ptr(n.buffer)} + ({idx}), {value}, xmask)")
+
     def emit_elementwise(self, n: KernelNode, ctx: str) -> None:
         code, uses = self.value(n.body, ctx)
         if n.body.dtype != n.dtype:
@@ -376,6 +418,9 @@ class KernelWriter:
         self.prologue()
         if not self.row:
             for n in self.k.nodes:
+                if n.kind == "scatter":
+                    self.emit_scatter(n)
+                    continue
                 if n.kind != "pointwise":
                     raise NotImplementedError(f"kernel {self.k.name}: {n.kind} node {n.buffer} outside a row kernel")
                 self.emit_elementwise(n, "point")
@@ -388,7 +433,28 @@ class KernelWriter:
         return "\n".join(self.header(self.k.name) + body)
 
 
-def generate_kernel(k: Kernel, cfg: TritonConfig = TritonConfig()) -> TritonKernel:
+def split_scatter(k: Kernel) -> list[Kernel]:
+    """A scatter kernel runs as two launches: the initial copy over the output, then the scatter as a
+    pointwise kernel over the source space (its r* renamed to x*)."""
+    init = [n for n in k.nodes if n.kind != "scatter"]
+    scat = [n for n in k.nodes if n.kind == "scatter"]
+    ren = {index_var("r", i): index_var("x", i) for i in range(len(k.inner))}
+    moved = [dataclasses.replace(n, body=substitute_index(n.body, ren), store_index=n.store_index.xreplace(ren),
+                                 store_indirect=tuple(substitute_index(e, ren) for e in n.store_indirect),
+                                 stage=0) for n in scat]
+    inputs = tuple(dict.fromkeys(ld.buffer for n in moved for e in (n.body, *n.store_indirect) for ld in reads(e)))
+    return [dataclasses.replace(k, name=f"{k.name}_init", inner=(), nodes=tuple(init)),
+            Kernel(f"{k.name}_scatter", k.inner, (), tuple(moved), inputs, k.outputs)]
+
+
+def generate_kernels(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG) -> list[TritonKernel]:
+    """The launches of one scheduled kernel (one, or two for scatter kernels)."""
+    if any(n.kind == "scatter" for n in k.nodes):
+        return [generate_kernel(part, cfg) for part in split_scatter(k)]
+    return [generate_kernel(k, cfg)]
+
+
+def generate_kernel(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG) -> TritonKernel:
     """Triton source and launch description for one scheduled kernel."""
     simple = simplify_kernel(k)
     xnumel = product(list(simple.outer))

@@ -12,7 +12,7 @@ import torch
 
 from ...ir import Expr, IndexExpr, Kernel, KernelNode, Load, index_vars, reads, walk
 from ...ir.index import as_index, contiguous_strides, strided_index
-from .heuristics import TritonConfig
+from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .wrapper import TritonKernels
 
 
@@ -50,7 +50,7 @@ def kernel(name: str, outer: Sequence[object], inner: Sequence[object], nodes: S
 
 
 def run(kernels: Sequence[Kernel], buffers: Mapping[str, torch.Tensor], sizes: Mapping[str, int] | None = None,
-        cfg: TritonConfig = TritonConfig()) -> TritonKernels:
+        cfg: TritonConfig = DEFAULT_CONFIG) -> TritonKernels:
     """Generate, load and launch ``kernels`` in order over ``buffers``; returns the generated kernels."""
     tk = TritonKernels(kernels, cfg)
     tk.run(buffers, sizes)

@@ -14,16 +14,17 @@ from collections.abc import Sequence
 
 import sympy
 
-from ...ir import (Expr, IndexExpr, IndexValue, Kernel, KernelNode, Load, index_var, map_expr, walk)
+from ...ir import Expr, IndexExpr, IndexValue, Kernel, Load, index_var, map_expr, walk
 
 
 def kernel_indices(k: Kernel) -> list[IndexExpr]:
     out: list[IndexExpr] = []
     for n in k.nodes:
         out.append(sympy.sympify(n.store_index))
-        for e in walk(n.body):
-            if isinstance(e, (Load, IndexValue)):
-                out.append(e.index)
+        for root in (n.body, *n.store_indirect):
+            for e in walk(root):
+                if isinstance(e, (Load, IndexValue)):
+                    out.append(e.index)
     return out
 
 
@@ -108,5 +109,7 @@ def simplify_kernel(k: Kernel) -> Kernel:
         inner = [sympy.Integer(1)]  # still a row kernel (reduction over a size-1 space)
     mapping = {**xmap, **rmap}
     nodes = tuple(dataclasses.replace(n, body=_rewrite_body(n.body, mapping),
-                                      store_index=_rewrite(n.store_index, mapping)) for n in k.nodes)
+                                      store_index=_rewrite(n.store_index, mapping),
+                                      store_indirect=tuple(_rewrite_body(e, mapping) for e in n.store_indirect))
+                  for n in k.nodes)
     return dataclasses.replace(k, outer=tuple(outer), inner=tuple(inner), nodes=nodes)

@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ...ir import Kernel
-from .heuristics import TritonConfig
-from .kernel import TritonKernel, generate_kernel
+from .heuristics import DEFAULT_CONFIG, TritonConfig
+from .kernel import TritonKernel, generate_kernels
 from .prelude import PRELUDE
 
 MODULE_VAR = "triton_kernels"
@@ -92,8 +92,8 @@ def launch_statement(k: TritonKernel, args: Sequence[str] | None = None, module_
 class TritonKernels:
     """Generated kernels of one program, loaded in-process (tests and direct use; wrappers embed text)."""
 
-    def __init__(self, kernels: Sequence[Kernel], cfg: TritonConfig = TritonConfig()) -> None:
-        self.generated = [generate_kernel(k, cfg) for k in kernels]
+    def __init__(self, kernels: Sequence[Kernel], cfg: TritonConfig = DEFAULT_CONFIG) -> None:
+        self.generated = [g for k in kernels for g in generate_kernels(k, cfg)]
         self.source = module_source(self.generated)
         self._module: types.ModuleType | None = None
 
