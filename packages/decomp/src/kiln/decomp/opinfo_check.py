@@ -40,6 +40,8 @@ nn.functional.embedding index_add index_copy index_fill take_along_dim scatter_r
 diagonal_scatter
 nn.functional.adaptive_avg_pool2d nn.functional.max_pool2d nn.functional.adaptive_max_pool2d
 nn.functional.interpolate nn.functional.upsample_nearest nn.functional.upsample_bilinear
+nn.functional.hardshrink nn.functional.softshrink nn.functional.tanhshrink nn.functional.pad round
+nn.functional.pixel_shuffle nn.functional.pixel_unshuffle
 """.split()
 
 INTERPOLATE_MODES = {"nearest", "bilinear"}
