@@ -213,3 +213,36 @@ def log_sigmoid_backward(grad_output, self, buffer):
     sign = where_scalar(neg, 1, -1, self)
     z = aten.exp.default(aten.neg.default(aten.abs.default(self)))
     return aten.mul.Tensor(grad_output, aten.sub.Tensor(max_deriv, aten.mul.Tensor(sign, aten.div.Tensor(z, aten.add.Tensor(z, 1)))))
+
+
+@register(aten.hardshrink.default)
+def hardshrink(self, lambd=0.5):
+    keep = aten.gt.Scalar(aten.abs.default(self), lambd)
+    return where_scalar(keep, self, 0, self)
+
+
+@register(aten.hardshrink_backward.default)
+def hardshrink_backward(grad_out, self, lambd):
+    keep = aten.gt.Scalar(aten.abs.default(self), lambd)
+    return where_scalar(keep, grad_out, 0, grad_out)
+
+
+@register(aten.softshrink.default)
+def softshrink(self, lambd=0.5):
+    shrunk = aten.sub.Tensor(self, aten.mul.Tensor(aten.sign.default(self), lambd))
+    return where_scalar(aten.gt.Scalar(aten.abs.default(self), lambd), shrunk, 0, self)
+
+
+@register(aten.softshrink_backward.default)
+def softshrink_backward(grad_output, self, lambd):
+    return where_scalar(aten.gt.Scalar(aten.abs.default(self), lambd), grad_output, 0, grad_output)
+
+
+@register(aten.glu_backward.default)
+def glu_backward(grad_output, self, dim):
+    n = self.shape[dim] // 2
+    a = aten.slice.Tensor(self, dim, 0, n)
+    s = aten.sigmoid.default(aten.slice.Tensor(self, dim, n, 2 * n))
+    grad_a = aten.mul.Tensor(grad_output, s)
+    grad_b = aten.mul.Tensor(aten.mul.Tensor(aten.mul.Tensor(grad_output, a), s), aten.rsub.Scalar(s, 1))
+    return aten.cat.default([grad_a, grad_b], dim)

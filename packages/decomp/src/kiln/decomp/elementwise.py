@@ -229,3 +229,9 @@ def heaviside(self, values):
 def sinc(self):
     x = aten.mul.Tensor(self, 3.141592653589793)
     return where_scalar(aten.eq.Scalar(self, 0), 1, aten.div.Tensor(aten.sin.default(x), x), x)
+
+
+@register(aten.round.decimals)
+def round_decimals(self, *, decimals=0):
+    scale = 10.0 ** decimals
+    return aten.div.Tensor(aten.round.default(aten.mul.Tensor(self, scale)), scale)

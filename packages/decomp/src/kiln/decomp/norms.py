@@ -251,7 +251,7 @@ def native_group_norm(input, weight, bias, N, C, HxW, group, eps):
         y = aten.mul.Tensor(y, aten.view.default(weight, cs))
     if bias is not None:
         y = aten.add.Tensor(y, aten.view.default(bias, cs))
-    sd = stats_dtype(input)
+    sd = input.dtype  # unlike layer/batch norm, group norm saves its statistics in the input dtype on CUDA too
     return convert(y, input.dtype), convert(aten.view.default(mean, [N, group]), sd), convert(aten.view.default(rstd, [N, group]), sd)
 
 

@@ -40,6 +40,8 @@ nn.functional.embedding index_add index_copy index_fill take_along_dim scatter_r
 diagonal_scatter
 nn.functional.adaptive_avg_pool2d nn.functional.max_pool2d nn.functional.adaptive_max_pool2d
 nn.functional.interpolate nn.functional.upsample_nearest nn.functional.upsample_bilinear
+nn.functional.hardshrink nn.functional.softshrink nn.functional.tanhshrink nn.functional.pad round
+nn.functional.pixel_shuffle nn.functional.pixel_unshuffle
 """.split()
 
 INTERPOLATE_MODES = {"nearest", "bilinear"}
@@ -67,15 +69,15 @@ def _grad_inputs(sample):
     return [t for t in flat if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
-def run_opinfo(opinfo, report: CrossRefReport, table_name: str = "core_aten") -> None:
+def run_opinfo(opinfo, report: CrossRefReport, table_name: str = "core_aten", device: str = "cpu") -> None:
     """Forward (fp32, fp64, bf16) and backward (fp32, fp64) of a few samples under CrossRefMode."""
     tab = table(table_name)
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
-        if dtype not in opinfo.supported_dtypes("cpu"):
+        if dtype not in opinfo.supported_dtypes(device):
             continue
         grad = dtype != torch.bfloat16 and opinfo.supports_autograd and \
-            dtype in opinfo.supported_backward_dtypes("cpu")
-        samples = opinfo.sample_inputs("cpu", dtype, requires_grad=grad)
+            dtype in opinfo.supported_backward_dtypes(device)
+        samples = opinfo.sample_inputs(device, dtype, requires_grad=grad)
         for i, sample in enumerate(samples):
             if i >= SAMPLES_PER_DTYPE:
                 break
@@ -90,16 +92,17 @@ def _backward(out, inputs) -> None:
             if isinstance(o, torch.Tensor) and o.requires_grad and o.dtype.is_floating_point]
     if not outs or not inputs:
         return
-    grads = [torch.randn(o.shape, dtype=o.dtype) for o in outs]
+    grads = [torch.randn(o.shape, dtype=o.dtype, device=o.device) for o in outs]
     torch.autograd.grad(outs, inputs, grads, allow_unused=True)
 
 
-def check_all(table_name: str = "core_aten", hand_samples: dict[str, list] | None = None) -> CrossRefReport:
+def check_all(table_name: str = "core_aten", hand_samples: dict[str, list] | None = None,
+              device: str = "cpu") -> CrossRefReport:
     """Cross-check every selected OpInfo (and optional hand samples) against ``table_name``."""
     report = CrossRefReport()
     for o in selected_opinfos():
         try:
-            run_opinfo(o, report, table_name)
+            run_opinfo(o, report, table_name, device)
         except Exception as e:  # an OpInfo whose eager run itself fails is reported, not fatal
             report.failures.append(f"{opinfo_id(o)}: sample run raised {type(e).__name__}: {e}")
     mode = CrossRefMode(table(table_name), report)

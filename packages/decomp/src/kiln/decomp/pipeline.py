@@ -10,9 +10,8 @@ intermediate program and its timing.
 
 from __future__ import annotations
 
-from torch import fx
-
 from kiln.graph import KNOBS, KeepText, Pass, PipelineResult, print_graph, run_pipeline, verify
+from torch import fx
 
 from .retrace import decompose
 from .tables import table

@@ -126,7 +126,9 @@ def _define_all() -> None:
 
 def _define_extern(full_name: str) -> None:
     name, overload = full_name.split(".")
-    op = getattr(getattr(aten, name), overload)
+    op = getattr(getattr(aten, name, None), overload, None)
+    if op is None:  # an op this torch version does not have (e.g. a newer attention kernel)
+        return
     schema = str(op._schema).split("(", 1)[1]
     prim_name = name if overload == "default" else f"{name}.{overload}"
     _define(prim_name, "(" + schema, lambda *args, **kwargs: op(*args, **kwargs))

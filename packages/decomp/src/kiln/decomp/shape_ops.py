@@ -260,3 +260,46 @@ def as_strided_scatter(self, src, size, stride, storage_offset=None):
     flat = aten.view.default(aten.clone.default(self), [-1])
     out = aten.index_put.default(flat, [reshape(idx, [-1])], reshape(src, [-1]), False)
     return aten.view.default(out, list(self.shape))
+
+
+def _copy_of(view_op):
+    def rule(self, *args, **kwargs):
+        out = view_op(self, *args, **kwargs)
+        if isinstance(out, (list, tuple)):
+            return [aten.clone.default(o) for o in out]
+        return aten.clone.default(out)
+    return rule
+
+
+# The ``*_copy`` variants functionalized graphs may contain: the view, then a copy.
+for _copy, _view in [(aten.t_copy.default, aten.t.default), (aten.transpose_copy.int, aten.transpose.int),
+                     (aten.unsqueeze_copy.default, aten.unsqueeze.default),
+                     (aten.squeeze_copy.dims, aten.squeeze.dims), (aten.select_copy.int, aten.select.int),
+                     (aten.slice_copy.Tensor, aten.slice.Tensor), (aten.detach_copy.default, aten.detach.default),
+                     (aten.alias_copy.default, aten.alias.default), (aten.unbind_copy.int, aten.unbind.int),
+                     (aten.split_with_sizes_copy.default, aten.split_with_sizes.default),
+                     (aten.diagonal_copy.default, aten.diagonal.default), (aten.unfold_copy.default, aten.unfold.default)]:
+    register(_copy)(_copy_of(_view))
+
+
+@register(aten.pixel_shuffle.default)
+def pixel_shuffle(self, upscale_factor):
+    r = upscale_factor
+    *lead, c, h, w = self.shape
+    oc = c // (r * r)
+    x = aten.view.default(contiguous(self), [*lead, oc, r, r, h, w])
+    n = len(lead)
+    perm = list(range(n)) + [n, n + 3, n + 1, n + 4, n + 2]
+    x = aten.permute.default(x, perm)
+    return aten.view.default(aten.clone.default(x, memory_format=torch.contiguous_format), [*lead, oc, h * r, w * r])
+
+
+@register(aten.pixel_unshuffle.default)
+def pixel_unshuffle(self, downscale_factor):
+    r = downscale_factor
+    *lead, c, h, w = self.shape
+    x = aten.view.default(contiguous(self), [*lead, c, h // r, r, w // r, r])
+    n = len(lead)
+    perm = list(range(n)) + [n, n + 2, n + 4, n + 1, n + 3]
+    x = aten.permute.default(x, perm)
+    return aten.view.default(aten.clone.default(x, memory_format=torch.contiguous_format), [*lead, c * r * r, h // r, w // r])
