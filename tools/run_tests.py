@@ -31,13 +31,14 @@ def _counts(junit: Path) -> tuple[int, int, int]:
 
 def main(argv: list[str]) -> int:
     workers = os.environ.get("KILN_TEST_WORKERS", "2")
+    markers = os.environ.get("KILN_TEST_MARKERS", "not gpu")
     passed = failed = skipped = 0
     bad: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, root in enumerate(ROOTS):
             junit = Path(tmp) / f"{i}.xml"
             t0 = time.perf_counter()
-            cmd = [sys.executable, "-m", "pytest", root, "-q", "-n", workers, "-m", "not gpu",
+            cmd = [sys.executable, "-m", "pytest", root, "-q", "-n", workers, "-m", markers,
                    "-p", "no:cacheprovider", f"--junitxml={junit}", *argv]
             rc = subprocess.run(cmd, cwd=ROOT).returncode
             p, f, s = _counts(junit)
