@@ -68,7 +68,7 @@ def describe(row: dict[str, Any], eager_ms: float | None) -> str:
     sp = "" if eager_ms is None or row["backend"] == "eager" else \
         f" ({eager_ms / row['median_ms']:.2f}x eager)"
     return (f"{label} {fmt(row['median_ms'])} ms{sp}, first call {fmt(row['first_call_s'])} s, "
-            f"peak {fmt(row.get('peak_mb'), 0)} MB")
+            f"peak {fmt(row.get('peak_mb'), 1)} MB")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,7 +9,9 @@
 2. Saved compiled function: one process ``aot_compile``s the model's forward (fullgraph) and saves it;
    a fresh process with empty caches times ``load_compiled_function`` + the first call, against a
    fresh process's first eager call (target: at most 2x eager, issue 7). torch.compile's own
-   ``aot_compile`` / ``torch.compiler.load_compiled_function`` is measured beside it.
+   ``aot_compile`` / ``torch.compiler.load_compiled_function`` is measured beside it, with
+   ``guard_filter_fn=torch.compiler.keep_portable_guards_unsafe`` (its default filter keeps
+   ID_MATCH guards that cannot be serialised for transformers models).
 """
 
 from __future__ import annotations
@@ -65,7 +67,14 @@ def compile_seconds(*, backend: str, model: str, small: bool, device: str, kiln_
 def _aot_compile(backend: str, case: Any, spec: B.CompileSpec) -> Any:
     """The model's forward compiled ahead of time; called as ``compiled(model, *args)``."""
     if backend == "torch_compile":
-        fn = torch.compile(type(case.model).forward, fullgraph=True, backend=spec.tc_backend)
+        # torch's default guard filter keeps ID_MATCH guards that cannot be serialised for HF
+        # models ("PackageError: ID_MATCH guard cannot be serialized"); keep portable guards only,
+        # as torch's precompile documentation suggests.
+        keep = getattr(torch.compiler, "keep_portable_guards_unsafe", None) or getattr(
+            torch.compiler, "keep_tensor_guards_unsafe", None)
+        options = {"guard_filter_fn": keep} if keep is not None else None
+        fn = torch.compile(type(case.model).forward, fullgraph=True, backend=spec.tc_backend,
+                           options=options)
         return fn.aot_compile(((case.model, *case.args), case.kwargs))
     kiln = B.import_kiln()
     compiled = kiln.compile(case.model, fullgraph=True, backend=spec.kiln_backend)
