@@ -21,7 +21,7 @@ from .semantics import (
     lookup_static,
     store_attr,
 )
-from .values import EMPTY, GradModeContext, ListIterator, NullContext, SuperProxy, TracedFunction, TracedMethod
+from .values import EMPTY, AutocastContext, GradModeContext, ListIterator, NullContext, SuperProxy, TracedFunction, TracedMethod
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -143,7 +143,8 @@ def _polyfill(real: Callable, poly: Callable) -> Handler:
     def call(frame: Frame, args: list, kwargs: dict) -> Any:
         flat = [a for a in args]
         if any(isinstance(a, ListIterator) or contains_traced(a) for a in flat) or \
-                any(callable(v) and hasattr(v, "__code__") for v in [*args, *kwargs.values()]) or \
+                any(isinstance(v, (TracedFunction, TracedMethod)) or callable(v) and hasattr(v, "__code__")
+                    for v in [*args, *kwargs.values()]) or \
                 any(not isinstance(a, (list, tuple, range, set, dict, int, float, str, bool)) for a in flat):
             return frame.call(poly, list(args), kwargs)
         return real(*args, **kwargs)
@@ -207,6 +208,56 @@ def set_grad_mode(frame: Frame, mode: bool) -> None:
         torch._C._set_grad_enabled(mode)
 
 
+def _autocast(frame: Frame, args: list, kwargs: dict) -> AutocastContext:
+    def parse(device_type: str, dtype: Any = None, enabled: bool = True, cache_enabled: Any = None):
+        return AutocastContext(device_type, dtype, enabled, cache_enabled)
+    return parse(*args, **kwargs)
+
+
+def _module_members(kind: str) -> Handler:
+    """nn.Module.parameters() & co: the real members, each lifted through its attribute path."""
+    def call(frame: Frame, args: list, kwargs: dict) -> Any:
+        module, *rest = args
+        src = frame.tracer.source_of.get(id(module))
+        method = getattr(type(module), kind)
+        named = kind.startswith("named_")
+        items = list(method(module, *rest, **kwargs))
+        out = []
+        for item in items:
+            name, value = item if named else (None, item)
+            if name is None:
+                name = _member_name(module, value, kind)
+            vsrc = _member_source(src, module, name) if (src and name is not None) else None
+            wrapped = frame.tracer.wrap(value, vsrc) if vsrc else (
+                value if isinstance(value, torch.nn.Module) else frame.tracer.wrap(value, None))
+            out.append((name, wrapped) if named else wrapped)
+        return ListIterator(out)
+    return call
+
+
+def _member_name(module: Any, value: Any, kind: str) -> str | None:
+    table = {"parameters": "named_parameters", "buffers": "named_buffers", "children": "named_children",
+             "modules": "named_modules"}[kind]
+    for n, v in getattr(module, table)():
+        if v is value:
+            return n
+    return None
+
+
+def _member_source(src: str, module: Any, dotted: str) -> str:
+    if dotted == "":
+        return src
+    parts = dotted.split(".")
+    out, cur = src, module
+    for p in parts[:-1]:
+        out, cur = f"{out}._modules[{p!r}]", cur._modules[p]
+    last = parts[-1]
+    for table in ("_parameters", "_buffers", "_modules"):
+        if last in cur.__dict__.get(table, {}):
+            return f"{out}.{table}[{last!r}]"
+    return f"{out}.{last}"
+
+
 def _constant(value: Any) -> Handler:
     return lambda frame, args, kwargs: value
 
@@ -255,10 +306,14 @@ def _register() -> None:
         torch.no_grad: _grad_mode(False), torch.enable_grad: _grad_mode(True),
         torch.set_grad_enabled: _set_grad_enabled, torch.inference_mode: _grad_mode(False),
         contextlib.nullcontext: _nullcontext,
+        torch.autocast: _autocast, torch.amp.autocast: _autocast,
         torch._C._get_tracing_state: _constant(None),
         torch._C._set_grad_enabled: lambda frame, args, kwargs: set_grad_mode(frame, bool(args[0])),
         torch.jit.is_scripting: _constant(False), torch.jit.is_tracing: _constant(False),
     })
+    for kind in ("parameters", "named_parameters", "buffers", "named_buffers", "children",
+                 "named_children", "modules", "named_modules"):
+        SPECIAL[getattr(torch.nn.Module, kind)] = _module_members(kind)
     import functools  # noqa: PLC0415
     SPECIAL[functools.partial] = lambda frame, args, kwargs: functools.partial(*args, **kwargs)
     SPECIAL[functools.reduce] = lambda frame, args, kwargs: frame.call(polyfills.reduce_, list(args), kwargs)

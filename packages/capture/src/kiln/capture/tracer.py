@@ -108,7 +108,12 @@ class Tracer:
             return value
         if isinstance(value, types.ModuleType):
             return value  # Python modules are assumed stable (like torch.compile)
-        if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, nn.Module,
+        if isinstance(value, types.FunctionType):
+            # the code, not the function object: closures re-created per call still hit the cache
+            self.add_guard(f"{source}.__code__", "ID_MATCH", id(value.__code__))
+            self._remember(value, source)
+            return value
+        if isinstance(value, (types.BuiltinFunctionType, type, nn.Module,
                               types.MethodWrapperType)) or callable(value) and t.__module__ == "builtins":
             self.add_guard(source, "ID_MATCH", id(value))
             self._remember(value, source)
