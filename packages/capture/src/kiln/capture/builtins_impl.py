@@ -317,12 +317,13 @@ def _register() -> None:
     import functools  # noqa: PLC0415
     SPECIAL[functools.partial] = lambda frame, args, kwargs: functools.partial(*args, **kwargs)
     SPECIAL[functools.reduce] = lambda frame, args, kwargs: frame.call(polyfills.reduce_, list(args), kwargs)
+    compiler_ns = getattr(torch, "compiler")  # user code asks it whether it is being compiled
     for name in ("is_compiling", "is_dynamo_compiling"):
-        fn = getattr(torch.compiler, name, None)
+        fn = getattr(compiler_ns, name, None)
         if fn is not None:
             SPECIAL[fn] = _constant(True)
     for name in ("is_exporting",):
-        fn = getattr(torch.compiler, name, None)
+        fn = getattr(compiler_ns, name, None)
         if fn is not None:
             SPECIAL[fn] = _constant(False)
     if hasattr(torch._utils, "is_compiling"):

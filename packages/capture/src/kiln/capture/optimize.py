@@ -174,22 +174,25 @@ class Optimized:
             if enabled("recompiles"):
                 log("recompiles").info("recompiling %s (%s:%s): %s", self.code.co_name, self.code.co_filename,
                                        self.code.co_firstlineno, self._miss_reason(L, G))
+        fallback: tuple[str, bool] | None = None
         try:
             cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options),
                               cache.may_be_dynamic(L, options))
         except Unsupported:
             raise
         except SkipFrame as e:
-            return self._eager(f"{e}", args, kwargs, permanent=True)
+            fallback = (f"{e}", True)
         except GraphBreak as e:
             if options.fullgraph:
                 raise Unsupported(f"{e.reason} (hint: {e.hint})") from e
-            return self._eager(e.reason, args, kwargs, permanent=False)
+            fallback = (e.reason, False)
         except Exception as e:  # a user error during tracing: eager raises it with the real traceback
             if options.fullgraph and not isinstance(e, (TypeError, ValueError, AssertionError, RuntimeError,
                                                         KeyError, IndexError, AttributeError, NameError)):
                 raise
-            return self._eager(f"{type(e).__name__} while tracing: {e}", args, kwargs, permanent=False)
+            fallback = (f"{type(e).__name__} while tracing: {e}", False)
+        if fallback is not None:  # outside the except blocks: eager errors carry no capture context
+            return self._eager(fallback[0], args, kwargs, permanent=fallback[1])
         entry = self._make_entry(cap)
         cache.entries.append(entry)
         for hook in self.ctx.on_capture:

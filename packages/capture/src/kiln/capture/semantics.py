@@ -331,8 +331,7 @@ def get_iter(frame: Frame, obj: Any) -> Any:
         return obj
     if isinstance(obj, torch.Tensor):
         n = obj.shape[0]
-        if isinstance(n, torch.SymInt):
-            raise GraphBreak("iterating over a tensor with a dynamic first dimension")
+        n = int(n)  # a symbolic length is specialised (ShapeEnv records the guard)
         return ListIterator([getitem(frame, obj, i) for i in range(n)])
     if isinstance(obj, (list, tuple, range, torch.Size, str)):
         return ListIterator(list(obj))

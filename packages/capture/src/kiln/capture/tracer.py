@@ -68,7 +68,8 @@ class Tracer:
         # attribute writes on objects from outside the trace, replayed after the graph
         self.attr_writes: dict[tuple[int, str], tuple[Any, str, Any]] = {}
         self.last_placeholder: fx.Node | None = None
-        self.location = ""  # user file:line of the instruction being traced, for node metadata
+        self.location = ""  # the traced instruction as a traceback line, for node metadata
+        self.where = ""  # the same as file:line, for guard notes
         self.start_state = global_state()
         self.add_guard("", "GLOBAL_STATE", self.start_state, "grad/autocast/dtype state at capture")
 
@@ -76,7 +77,7 @@ class Tracer:
     def add_guard(self, source: str, kind: str, expected: Any, note: str = "") -> None:
         key = (source, kind)
         if key not in self.guards:
-            self.guards[key] = Guard(source, kind, expected, note or self.location)
+            self.guards[key] = Guard(source, kind, expected, note or self.where)
 
     # ---- values entering the trace -----------------------------------------------------
     def wrap(self, value: Any, source: str | None) -> Any:
@@ -107,7 +108,7 @@ class Tracer:
             self.wrap(value.__self__, f"{source}.__self__")
             return value
         if isinstance(value, types.ModuleType):
-            return value  # Python modules are assumed stable (like torch.compile)
+            return value  # Python modules are assumed stable, as in PyTorch's own compiler
         if isinstance(value, types.FunctionType):
             # the code, not the function object: closures re-created per call still hit the cache
             self.add_guard(f"{source}.__code__", "ID_MATCH", id(value.__code__))
@@ -228,12 +229,14 @@ class Tracer:
                 result = run()
         except GraphBreak:
             raise
-        except Exception as e:  # data-dependent output, missing fake kernel, or a user error
+        except Exception as e:
+            if not isinstance(e, _BREAKING_ERRORS):
+                raise  # a genuine user error: the frame runs eagerly and raises it from user code
             raise GraphBreak(f"{_describe_target(target)} failed on fake tensors: "
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         if self.location:
-            node.meta["stack_trace"] = f'  File "{self.location}"'
+            node.meta["stack_trace"] = self.location
         if pure:
             self.speculative.add(node)
         self.register(result, node)
@@ -332,6 +335,20 @@ class Tracer:
                 self.graph.erase_node(user)
             self.graph.erase_node(node)
         torch.set_grad_enabled(grad)
+
+
+def _breaking_errors() -> tuple[type[BaseException], ...]:
+    """Fake-tensor failures that mean 'cannot trace this', not 'the user's code is wrong'."""
+    import torch._subclasses.fake_tensor as ft  # noqa: PLC0415
+    import torch.fx.experimental.symbolic_shapes as ss  # noqa: PLC0415
+    names = [(ft, "DataDependentOutputException"), (ft, "DynamicOutputShapeException"),
+             (ft, "UnsupportedOperatorException"), (ft, "UnsupportedFakeTensorException"),
+             (ss, "GuardOnDataDependentSymNode")]
+    found = [getattr(m, n) for m, n in names if isinstance(getattr(m, n, None), type)]
+    return (*found, NotImplementedError)
+
+
+_BREAKING_ERRORS = _breaking_errors()
 
 
 def _plain_dict_subclass(t: type) -> bool:
