@@ -267,6 +267,13 @@ def test_fullgraph_data_dependent():
         kc.optimize(f, Recorder(), fullgraph=True)(torch.randn(3))
 
 
+def test_explain_graph_count_matches_backend_calls():
+    rec = Recorder()
+    x = torch.randn(2)
+    kc.optimize(f_breaks, rec)(x)
+    assert kc.explain(f_breaks)(x).graph_count == rec.count
+
+
 def test_explain_counts():
     ex = kc.explain(f_breaks)(torch.randn(2))
     assert ex.graph_count == 2 and ex.break_count == 1

@@ -11,6 +11,7 @@ from kiln.graph import CapturedGraph, GuardSet
 from .errors import Unsupported
 from .knobs import CaptureOptions
 from .optimize import CompileContext, Optimized
+from .pipeline import needs_backend
 
 
 @dataclass
@@ -60,7 +61,7 @@ def explain(fn: Callable) -> Callable[..., ExplainOutput]:
         ctx = CompileContext(_eager_backend, CaptureOptions())
 
         def record(cap: Any, cache: Any) -> None:
-            if cap.op_count or cap.captured.input_sources:
+            if needs_backend(cap):
                 out.graphs.append(cap.captured)
                 out.guards.append(cap.captured.guards)
             out.op_count += cap.op_count
