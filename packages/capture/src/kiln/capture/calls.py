@@ -65,7 +65,7 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
                        types.WrapperDescriptorType, types.MethodDescriptorType,
                        types.ClassMethodDescriptorType)):
         return real_call(frame, fn, args, kwargs)
-    call = getattr(type(fn), "__call__", None)
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 (the type's __call__, to inline it)
     if isinstance(call, types.FunctionType):
         return call_function(frame, call, [fn, *args], kwargs)
     return real_call(frame, fn, args, kwargs)

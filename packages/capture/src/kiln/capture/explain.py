@@ -8,6 +8,7 @@ from typing import Any
 
 from kiln.graph import CapturedGraph, GuardSet
 
+from .capture import run_capture
 from .errors import Unsupported
 from .knobs import CaptureOptions
 from .optimize import CompileContext, Optimized
@@ -75,8 +76,6 @@ def explain(fn: Callable) -> Callable[..., ExplainOutput]:
 
 def capture_graph(fn: Callable, args: tuple | list, kwargs: dict | None = None) -> CapturedGraph:
     """One whole-graph capture without a backend (for ahead-of-time compilation)."""
-    from .capture import run_capture  # noqa: PLC0415  (kept here: explain is the only caller)
-
     ctx = CompileContext(_eager_backend, CaptureOptions(fullgraph=True))
     opt = Optimized(fn, ctx)
     if opt.code is None:

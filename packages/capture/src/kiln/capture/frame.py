@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import calls
 from .errors import GraphBreak, user_location
-from .sources import global_source
 from .opcodes import HANDLERS
+from .sources import global_source
 from .values import EMPTY, Cell
 from .version import PY
 

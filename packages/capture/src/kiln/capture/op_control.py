@@ -8,7 +8,6 @@ import torch
 
 from .builtins_impl import set_grad_mode
 from .errors import GraphBreak
-from .version import PY
 from .semantics import get_iter, truth
 from .values import (
     NULL,
@@ -19,6 +18,7 @@ from .values import (
     ListIterator,
     NullContext,
 )
+from .version import PY
 
 if TYPE_CHECKING:
     from .frame import Frame, Inst
@@ -175,7 +175,7 @@ def exit_context(f: Frame, ctx: Any, exc: Any = None) -> Any:
         ctx.real.__exit__(None, None, None)
         f.tracer.graph.call_function(torch.amp.autocast_mode._exit_autocast, (ctx.node,))
         return False
-    exit_fn = getattr(type(ctx), "__exit__")
+    exit_fn = type(ctx).__exit__
     if exc is None:
         return f.call(exit_fn, [ctx, None, None, None], {})
     return f.call(exit_fn, [ctx, type(exc), exc, None], {})

@@ -53,14 +53,12 @@ class CompileContext:
 
     def wrap_callee(self, fn: Any) -> Any:
         """A callable met at a graph break, routed through this context so it is captured too."""
-        target = fn
         if isinstance(fn, nn.Module):
             if fn._forward_hooks or fn._forward_pre_hooks or not isinstance(type(fn).forward, types.FunctionType) \
                     or type(fn).__call__ is not nn.Module.__call__:
                 return fn
-            target = fn
         elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
-            target = fn
+            pass
         elif not isinstance(fn, types.FunctionType):
             return fn
         mod = getattr(getattr(fn, "__func__", fn), "__module__", "") or ""
@@ -103,7 +101,7 @@ class Optimized:
         if isinstance(fn, types.MethodType):
             func, self.self_obj = fn.__func__, fn.__self__
         elif not isinstance(fn, types.FunctionType):
-            call = getattr(type(fn), "__call__", None)
+            call = getattr(type(fn), "__call__", None)  # noqa: B004 (the type's __call__)
             if isinstance(fn, nn.Module):
                 func, self.self_obj = type(fn).forward, fn
             elif isinstance(call, types.FunctionType):

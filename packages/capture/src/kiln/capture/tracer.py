@@ -19,7 +19,9 @@ import sympy
 import torch
 from kiln.graph import Guard, TensorSpec, global_state, tensor_expectation, type_name
 from torch import fx, nn
+from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental import symbolic_shapes
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from .errors import GraphBreak
@@ -339,8 +341,7 @@ class Tracer:
 
 def _breaking_errors() -> tuple[type[BaseException], ...]:
     """Fake-tensor failures that mean 'cannot trace this', not 'the user's code is wrong'."""
-    import torch._subclasses.fake_tensor as ft  # noqa: PLC0415
-    import torch.fx.experimental.symbolic_shapes as ss  # noqa: PLC0415
+    ft, ss = fake_tensor, symbolic_shapes
     names = [(ft, "DataDependentOutputException"), (ft, "DynamicOutputShapeException"),
              (ft, "UnsupportedOperatorException"), (ft, "UnsupportedFakeTensorException"),
              (ss, "GuardOnDataDependentSymNode")]
