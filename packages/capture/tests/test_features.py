@@ -400,14 +400,14 @@ def test_training_forward_with_grads(recorder):
 
 
 def test_attribute_delete_replayed(recorder):
-    class O:
+    class Obj:
         pass
 
     def f(x, o):
         del o.a
         o.b = 1
         return x + 1
-    o = O()
+    o = Obj()
     o.a = 3
     g = kc.optimize(f, recorder)
     assert_same(g(torch.ones(2), o), torch.ones(2) + 1)
@@ -421,3 +421,17 @@ def test_hit_path_guard_source_is_compact():
     src = kc.cache_entries(g)[0].check.__kiln_source__
     # shared prefixes are bound once (walrus) rather than re-walked for every parameter
     assert ":=" in src and src.count("L['self']") == 1
+
+
+def test_torch_cond_is_a_clean_break(recorder):
+    if not hasattr(torch, "cond"):
+        pytest.skip("torch.cond missing")
+
+    def f(x):
+        y = x + 1
+        return torch.cond(y.sum() > 0, lambda t: t * 2, lambda t: t - 2, (y,))
+    x = torch.randn(3).abs()
+    g = kc.optimize(f, recorder)
+    assert_same(g(x), f(x))
+    ex = kc.explain(f)(x)
+    assert ex.break_count == 1 and "torch.cond" in ex.break_reasons[0].reason
