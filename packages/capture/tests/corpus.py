@@ -8,7 +8,7 @@ import functools
 import math
 import operator
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -338,7 +338,7 @@ def loop_break_continue(x, y):
 
 @case()
 def loop_else(x, y):
-    for i in range(2):
+    for _i in range(2):
         x = x + 1
     else:
         x = x * 2
@@ -688,10 +688,10 @@ def getattr_hasattr(x, y):
     a = Affine(2)
     out = x
     if hasattr(a, "k"):
-        out = out + getattr(a, "k")
+        out = out + a.k
     if not hasattr(a, "nope"):
         out = out + getattr(a, "nope", 5)
-    setattr(a, "k", 7)
+    a.k = 7
     return out + a.k
 
 
@@ -727,7 +727,7 @@ def torch_finfo(x, y):
 
 @case()
 def type_checks(x, y):
-    if type(3) is int and callable(len):
+    if int is int and callable(len):
         return x + y
     return x
 
@@ -755,7 +755,7 @@ def math_on_shapes(x, y):
 
 @case()
 def string_format(x, y):
-    s = "{}-{}".format("a", 3) + "%d" % 4
+    s = "{}-{}".format("a", 3) + "%d" % 4  # noqa: UP031 (the program under test uses %)
     return x * len(s)
 
 
@@ -902,6 +902,222 @@ def module_methods(x):
     return _FM(x)
 
 
+@case()
+def autocast_block(x, y):
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = torch.mm(x, y)
+    return z.float() + 1
+
+
+class Scaled:
+    def __init__(self, k):
+        self.k = k
+        self.entered = False
+
+    def __enter__(self):
+        self.entered = True
+        return self.k
+
+    def __exit__(self, *exc):
+        self.entered = False
+        return False
+
+
+@case()
+def user_context_manager(x, y):
+    with Scaled(3) as k:
+        z = x * k
+    return z + y
+
+
+@case()
+def nullcontext_block(x, y):
+    import contextlib
+    with contextlib.nullcontext():
+        z = x + y
+    return z
+
+
+class Gate(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 8)
+        self.blocks = nn.ModuleDict({"a": nn.Linear(4, 4), "b": nn.Linear(4, 4)})
+
+    @property
+    def width(self):
+        return self.proj.out_features // 2
+
+    def forward(self, x):
+        a, b = self.proj(x).split(self.width, dim=-1)
+        out = a * torch.sigmoid(b)
+        for name, block in self.blocks.items():
+            out = out + block(x) * len(name)
+        return out
+
+
+_GATE = Gate()
+
+
+@case(args=one)
+def module_property_moduledict(x):
+    return _GATE(x)
+
+
+class Residual(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return x + self.inner(x)
+
+
+_RES = nn.Sequential(Residual(nn.Linear(4, 4)), Residual(nn.Sequential(nn.ReLU(), nn.Linear(4, 4))))
+
+
+@case(args=one)
+def nested_modules(x):
+    return _RES(x)
+
+
+@case(args=one)
+def module_parameters_loop(x):
+    total = x
+    for p in _MLP.parameters():
+        total = total + p.sum()
+    return total
+
+
+@case(args=one)
+def module_named_children(x):
+    for _name, child in _STACK.seq.named_children():
+        if isinstance(child, nn.Linear):
+            x = child(x)
+    return x
+
+
+@case()
+def list_of_lists(x, y):
+    grid = [[x, y], [y, x]]
+    return sum(sum(row) for row in grid)
+
+
+@case()
+def dict_of_tuples(x, y):
+    d = {"p": (x, 1), "q": (y, 2)}
+    return sum(t * k for t, k in d.values())
+
+
+@case()
+def tensor_iteration(x, y):
+    out = y[0]
+    for row in x:
+        out = out + row
+    return out
+
+
+@case()
+def slice_assign_list(x, y):
+    xs = [x, x, x]
+    xs[1:] = [y, y]
+    return sum(xs)
+
+
+@case()
+def bool_ops_on_python(x, y):
+    flags = [True, False, True]
+    n = sum(1 for f in flags if f)
+    return x * n if any(flags) and not all(flags) else y
+
+
+@case()
+def math_functions(x, y):
+    return x * math.cos(0.0) + y * math.exp(1.0) + math.ceil(1.2) + math.gcd(12, 8)
+
+
+@case()
+def divmod_pow(x, y):
+    q, r = divmod(17, 5)
+    return x * q + y * r + pow(2, 3)
+
+
+@case()
+def min_max_key(x, y):
+    pairs = [(3, "c"), (1, "a"), (2, "b")]
+    lo = min(pairs, key=lambda p: p[0])
+    hi = max(pairs)
+    return x * lo[0] + y * hi[0]
+
+
+@case()
+def enumerate_start(x, y):
+    out = x
+    for i, t in enumerate([x, y], start=5):
+        out = out + t * i
+    return out
+
+
+@case()
+def zip_three(x, y):
+    out = x * 0
+    for a, b, c in zip([x, y], [y, x], [1, 2]):
+        out = out + a * b * c
+    return out
+
+
+@case()
+def chained_methods(x, y):
+    return x.abs().add(1).log().mul(y).sum(dim=1, keepdim=True).expand(4, 4).contiguous()
+
+
+@case()
+def inplace_python_list_of_tensors(x, y):
+    acc = []
+    for i in range(3):
+        acc.append(x * i)
+    acc[0] = y
+    return torch.cat(acc, dim=0)
+
+
+@case()
+def keyword_only_torch(x, y):
+    return torch.sum(x, dim=0, keepdim=True) + torch.nn.functional.normalize(y, p=2.0, dim=-1)
+
+
+@case()
+def torch_tensor_factory(x, y):
+    t = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    return x + t + torch.full((4,), 2.0) + torch.eye(4)
+
+
+@case()
+def type_conversion_methods(x, y):
+    return x.int().float() + y.long().to(torch.float32) + x.half().float()
+
+
+@case()
+def masked_ops(x, y):
+    m = x > 0
+    return torch.where(m, x, torch.zeros_like(x)) + y.masked_fill(~m, 0.0)
+
+
+@case()
+def global_module_function(x, y):
+    return F.relu(x) + torch.nn.functional.silu(y)
+
+
+@case()
+def class_attribute_read(x, y):
+    return x * Affine.make(2).k + y
+
+
+@case()
+def nested_dict_access(x, y):
+    cfg = {"model": {"scale": 2, "layers": [1, 2, 3]}}
+    return x * cfg["model"]["scale"] + y * len(cfg["model"]["layers"])
+
+
 # ---- graph breaks --------------------------------------------------------------------------
 @case(graphs=2, breaks=1)
 def break_on_print(x, y):
@@ -979,3 +1195,62 @@ def break_keeps_locals(x, y):
     d = {"x": x + 1}
     print("kiln-corpus locals")
     return d["x"] * k + len(names) + y
+
+
+@case(graphs=1, breaks=1)  # nothing is computed before the break: no graph there
+def break_then_loop(x, y):
+    print("kiln-corpus before loop")
+    for i in range(3):
+        x = x + y * i
+    return x
+
+
+@case(graphs=1, breaks=1)
+def break_at_start(x, y):
+    print("kiln-corpus first")
+    return x + y
+
+
+@case(graphs=3, breaks=2)
+def two_breaks(x, y):
+    a = x + 1
+    print("kiln-corpus one")
+    b = a * y
+    print("kiln-corpus two")
+    return b - 1
+
+
+@case(graphs=2, breaks=1)
+def break_method_call(x, y):
+    a = Affine(2)
+    z = a.apply(x)
+    print("kiln-corpus method")
+    return z + a.k + y
+
+
+@case(graphs=2, breaks=1)
+def break_in_try(x, y):
+    try:
+        z = x + 1
+        print("kiln-corpus try")
+    except RuntimeError:
+        z = x
+    return z * y
+
+
+@case(graphs=2, breaks=1)
+def break_with_closure(x, y):
+    k = 3
+
+    def scale(t):
+        return t * k
+    a = scale(x)
+    print("kiln-corpus closure")
+    return scale(a) + y
+
+
+@case(graphs=2, breaks=1)
+def break_keyword_call(x, y):
+    a = x + 1
+    print("kiln-corpus", "kw", sep="-")
+    return a * y

@@ -2,12 +2,11 @@
 
 import warnings
 
+import kiln.capture as kc
 import pytest
 import torch
-from torch import nn
-
-import kiln.capture as kc
 from kiln.graph import CapturedGraph, TensorSpec
+from torch import nn
 
 from .conftest import Recorder, assert_same
 
@@ -267,6 +266,13 @@ def test_fullgraph_data_dependent():
         kc.optimize(f, Recorder(), fullgraph=True)(torch.randn(3))
 
 
+def test_explain_graph_count_matches_backend_calls():
+    rec = Recorder()
+    x = torch.randn(2)
+    kc.optimize(f_breaks, rec)(x)
+    assert kc.explain(f_breaks)(x).graph_count == rec.count
+
+
 def test_explain_counts():
     ex = kc.explain(f_breaks)(torch.randn(2))
     assert ex.graph_count == 2 and ex.break_count == 1
@@ -391,3 +397,41 @@ def test_training_forward_with_grads(recorder):
     m(x).sum().backward()
     for a, p in zip(grads, m.parameters()):
         torch.testing.assert_close(a, p.grad)
+
+
+def test_attribute_delete_replayed(recorder):
+    class Obj:
+        pass
+
+    def f(x, o):
+        del o.a
+        o.b = 1
+        return x + 1
+    o = Obj()
+    o.a = 3
+    g = kc.optimize(f, recorder)
+    assert_same(g(torch.ones(2), o), torch.ones(2) + 1)
+    assert not hasattr(o, "a") and o.b == 1
+
+
+def test_hit_path_guard_source_is_compact():
+    m = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    g = kc.optimize(m.forward, Recorder())
+    g(torch.randn(1, 2))
+    src = kc.cache_entries(g)[0].check.__kiln_source__
+    # shared prefixes are bound once (walrus) rather than re-walked for every parameter
+    assert ":=" in src and src.count("L['self']") == 1
+
+
+def test_torch_cond_is_a_clean_break(recorder):
+    if not hasattr(torch, "cond"):
+        pytest.skip("torch.cond missing")
+
+    def f(x):
+        y = x + 1
+        return torch.cond(y.sum() > 0, lambda t: t * 2, lambda t: t - 2, (y,))
+    x = torch.randn(3).abs()
+    g = kc.optimize(f, recorder)
+    assert_same(g(x), f(x))
+    ex = kc.explain(f)(x)
+    assert ex.break_count == 1 and "torch.cond" in ex.break_reasons[0].reason

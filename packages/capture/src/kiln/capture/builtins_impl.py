@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import functools
 import operator
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -14,14 +15,27 @@ from . import polyfills
 from .errors import GraphBreak
 from .semantics import (
     apply_operator,
+    contains,
     contains_traced,
     get_iter,
+    getitem,
     is_traced,
     load_attr,
     lookup_static,
+    setitem,
     store_attr,
+    truth,
 )
-from .values import EMPTY, GradModeContext, ListIterator, NullContext, SuperProxy, TracedFunction, TracedMethod
+from .values import (
+    EMPTY,
+    AutocastContext,
+    GradModeContext,
+    ListIterator,
+    NullContext,
+    SuperProxy,
+    TracedFunction,
+    TracedMethod,
+)
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -143,7 +157,8 @@ def _polyfill(real: Callable, poly: Callable) -> Handler:
     def call(frame: Frame, args: list, kwargs: dict) -> Any:
         flat = [a for a in args]
         if any(isinstance(a, ListIterator) or contains_traced(a) for a in flat) or \
-                any(callable(v) and hasattr(v, "__code__") for v in [*args, *kwargs.values()]) or \
+                any(isinstance(v, (TracedFunction, TracedMethod)) or callable(v) and hasattr(v, "__code__")
+                    for v in [*args, *kwargs.values()]) or \
                 any(not isinstance(a, (list, tuple, range, set, dict, int, float, str, bool)) for a in flat):
             return frame.call(poly, list(args), kwargs)
         return real(*args, **kwargs)
@@ -207,6 +222,56 @@ def set_grad_mode(frame: Frame, mode: bool) -> None:
         torch._C._set_grad_enabled(mode)
 
 
+def _autocast(frame: Frame, args: list, kwargs: dict) -> AutocastContext:
+    def parse(device_type: str, dtype: Any = None, enabled: bool = True, cache_enabled: Any = None):
+        return AutocastContext(device_type, dtype, enabled, cache_enabled)
+    return parse(*args, **kwargs)
+
+
+def _module_members(kind: str) -> Handler:
+    """nn.Module.parameters() & co: the real members, each lifted through its attribute path."""
+    def call(frame: Frame, args: list, kwargs: dict) -> Any:
+        module, *rest = args
+        src = frame.tracer.source_of.get(id(module))
+        method = getattr(type(module), kind)
+        named = kind.startswith("named_")
+        items = list(method(module, *rest, **kwargs))
+        out = []
+        for item in items:
+            name, value = item if named else (None, item)
+            if name is None:
+                name = _member_name(module, value, kind)
+            vsrc = _member_source(src, module, name) if (src and name is not None) else None
+            wrapped = frame.tracer.wrap(value, vsrc) if vsrc else (
+                value if isinstance(value, torch.nn.Module) else frame.tracer.wrap(value, None))
+            out.append((name, wrapped) if named else wrapped)
+        return ListIterator(out)
+    return call
+
+
+def _member_name(module: Any, value: Any, kind: str) -> str | None:
+    table = {"parameters": "named_parameters", "buffers": "named_buffers", "children": "named_children",
+             "modules": "named_modules"}[kind]
+    for n, v in getattr(module, table)():
+        if v is value:
+            return n
+    return None
+
+
+def _member_source(src: str, module: Any, dotted: str) -> str:
+    if dotted == "":
+        return src
+    parts = dotted.split(".")
+    out, cur = src, module
+    for p in parts[:-1]:
+        out, cur = f"{out}._modules[{p!r}]", cur._modules[p]
+    last = parts[-1]
+    for table in ("_parameters", "_buffers", "_modules"):
+        if last in cur.__dict__.get(table, {}):
+            return f"{out}.{table}[{last!r}]"
+    return f"{out}.{last}"
+
+
 def _constant(value: Any) -> Handler:
     return lambda frame, args, kwargs: value
 
@@ -222,7 +287,6 @@ def _operator_fn(fn: Any) -> Handler:
 
 
 def _register_operators() -> None:
-    from .semantics import contains, getitem, setitem, truth  # noqa: PLC0415
     for name in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "matmul", "and_", "or_",
                  "xor", "lshift", "rshift", "neg", "pos", "invert", "lt", "le", "eq", "ne", "gt", "ge",
                  "iadd", "isub", "imul", "itruediv", "ifloordiv", "imod", "ipow", "imatmul", "abs"):
@@ -255,19 +319,29 @@ def _register() -> None:
         torch.no_grad: _grad_mode(False), torch.enable_grad: _grad_mode(True),
         torch.set_grad_enabled: _set_grad_enabled, torch.inference_mode: _grad_mode(False),
         contextlib.nullcontext: _nullcontext,
+        torch.autocast: _autocast, torch.amp.autocast: _autocast,
         torch._C._get_tracing_state: _constant(None),
         torch._C._set_grad_enabled: lambda frame, args, kwargs: set_grad_mode(frame, bool(args[0])),
         torch.jit.is_scripting: _constant(False), torch.jit.is_tracing: _constant(False),
     })
-    import functools  # noqa: PLC0415
+    for kind in ("parameters", "named_parameters", "buffers", "named_buffers", "children",
+                 "named_children", "modules", "named_modules"):
+        SPECIAL[getattr(torch.nn.Module, kind)] = _module_members(kind)
     SPECIAL[functools.partial] = lambda frame, args, kwargs: functools.partial(*args, **kwargs)
     SPECIAL[functools.reduce] = lambda frame, args, kwargs: frame.call(polyfills.reduce_, list(args), kwargs)
+    cond = getattr(torch, "cond", None)
+    if cond is not None:
+        def _cond(frame: Frame, args: list, kwargs: dict) -> Any:
+            raise GraphBreak("torch.cond is not captured as a subgraph yet",
+                             "the call runs in Python between graphs; use torch.where for tensors")
+        SPECIAL[cond] = _cond
+    compiler_ns = vars(torch).get("compiler")  # user code asks it whether it is being compiled
     for name in ("is_compiling", "is_dynamo_compiling"):
-        fn = getattr(torch.compiler, name, None)
+        fn = getattr(compiler_ns, name, None)
         if fn is not None:
             SPECIAL[fn] = _constant(True)
     for name in ("is_exporting",):
-        fn = getattr(torch.compiler, name, None)
+        fn = getattr(compiler_ns, name, None)
         if fn is not None:
             SPECIAL[fn] = _constant(False)
     if hasattr(torch._utils, "is_compiling"):

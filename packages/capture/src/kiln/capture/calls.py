@@ -65,7 +65,7 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
                        types.WrapperDescriptorType, types.MethodDescriptorType,
                        types.ClassMethodDescriptorType)):
         return real_call(frame, fn, args, kwargs)
-    call = getattr(type(fn), "__call__", None)
+    call = getattr(type(fn), "__call__", None)  # noqa: B004 (the type's __call__, to inline it)
     if isinstance(call, types.FunctionType):
         return call_function(frame, call, [fn, *args], kwargs)
     return real_call(frame, fn, args, kwargs)
@@ -168,8 +168,12 @@ def inline_function(frame: Frame, fn: types.FunctionType, args: list, kwargs: di
     if fn.__closure__:
         closure = tuple(Cell(real=c, source=f"{src}.__closure__[{i}].cell_contents" if src else None)
                         for i, c in enumerate(fn.__closure__))
-    return inline(frame, fn.__code__, fn.__globals__, args, kwargs, fn.__defaults__ or (),
-                  fn.__kwdefaults__ or {}, closure)
+    defaults: tuple = fn.__defaults__ or ()
+    kwdefaults: dict = fn.__kwdefaults__ or {}
+    if src is not None:  # the guard is on the code object: defaults are guarded one by one
+        defaults = tuple(frame.tracer.wrap(d, f"{src}.__defaults__[{i}]") for i, d in enumerate(defaults))
+        kwdefaults = {k: frame.tracer.wrap(v, f"{src}.__kwdefaults__[{k!r}]") for k, v in kwdefaults.items()}
+    return inline(frame, fn.__code__, fn.__globals__, args, kwargs, defaults, kwdefaults, closure)
 
 
 def inline(frame: Frame, code: types.CodeType, f_globals: dict, args: list, kwargs: dict,

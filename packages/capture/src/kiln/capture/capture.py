@@ -3,6 +3,7 @@ what happens after the graph (return a value, or run the breaking instruction an
 
 from __future__ import annotations
 
+import inspect
 import operator
 import types
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from .rebuild import Flattener, Plan
 from .shape_guards import shape_guards
 from .sources import local_source
 from .tracer import DELETED, DynamicPolicy, Tracer
-from .values import NULL, Cell
+from .values import EMPTY, NULL, Cell
 
 
 @dataclass
@@ -74,7 +75,6 @@ def run_capture(code: types.CodeType, f_globals: dict[str, Any], closure: tuple 
 
 
 def _packed_arg_names(code: types.CodeType) -> set[str]:
-    import inspect  # noqa: PLC0415
     idx = code.co_argcount + code.co_kwonlyargcount
     out = set()
     if code.co_flags & inspect.CO_VARARGS:
@@ -101,7 +101,7 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
         stack_plans = [None if v is NULL else flat.plan(v) for v in outcome.stack]
         names = [n for n, v in outcome.locals.items() if v is not NULL and not n.startswith("__kiln_stack")]
         cell_names = [n for n, c in outcome.cells.items() if c.real is None and n not in outcome.locals
-                      and n in frame.code.co_cellvars and c.value is not _EMPTY]
+                      and n in frame.code.co_cellvars and c.value is not EMPTY]
         local_plans = [flat.plan(outcome.locals[n]) for n in names] + \
                       [flat.plan(outcome.cells[n].value) for n in cell_names]
         break_plan = BreakPlan(outcome.inst, stack_plans, names + cell_names, local_plans,
@@ -126,7 +126,6 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
                    result_plan, break_plan, op_count, side_effects)
 
 
-_EMPTY = __import__("kiln.capture.values", fromlist=["EMPTY"]).EMPTY
 
 
 def _dead_code(tracer: Tracer) -> None:

@@ -8,9 +8,11 @@ from typing import Any
 
 from kiln.graph import CapturedGraph, GuardSet
 
+from .capture import run_capture
 from .errors import Unsupported
 from .knobs import CaptureOptions
 from .optimize import CompileContext, Optimized
+from .pipeline import needs_backend
 
 
 @dataclass
@@ -60,7 +62,7 @@ def explain(fn: Callable) -> Callable[..., ExplainOutput]:
         ctx = CompileContext(_eager_backend, CaptureOptions())
 
         def record(cap: Any, cache: Any) -> None:
-            if cap.op_count or cap.captured.input_sources:
+            if needs_backend(cap):
                 out.graphs.append(cap.captured)
                 out.guards.append(cap.captured.guards)
             out.op_count += cap.op_count
@@ -74,8 +76,6 @@ def explain(fn: Callable) -> Callable[..., ExplainOutput]:
 
 def capture_graph(fn: Callable, args: tuple | list, kwargs: dict | None = None) -> CapturedGraph:
     """One whole-graph capture without a backend (for ahead-of-time compilation)."""
-    from .capture import run_capture  # noqa: PLC0415  (kept here: explain is the only caller)
-
     ctx = CompileContext(_eager_backend, CaptureOptions(fullgraph=True))
     opt = Optimized(fn, ctx)
     if opt.code is None:

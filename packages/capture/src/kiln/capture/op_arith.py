@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .version import PY
 from .semantics import BINARY_OPS, COMPARE_OPS, apply_operator, contains, truth
+from .version import PY
 
 if TYPE_CHECKING:
     from .frame import Frame, Inst

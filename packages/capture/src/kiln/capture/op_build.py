@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -226,7 +227,6 @@ def call_intrinsic_1(f: Frame, i: Inst) -> None:
     if name == "INTRINSIC_LIST_TO_TUPLE":
         f.push(tuple(f.pop()))
     elif name == "INTRINSIC_UNARY_POSITIVE":
-        import operator  # noqa: PLC0415
         f.push(apply_operator(f, operator.pos, [f.pop()]))
     elif name == "INTRINSIC_STOPITERATION_ERROR":
         exc = f.pop()

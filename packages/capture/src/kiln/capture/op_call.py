@@ -6,10 +6,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .errors import GraphBreak
-from .version import PY
 from .op_control import exit_context
 from .semantics import get_iter
 from .values import NULL, ContextExit, TracedFunction
+from .version import PY
 
 if TYPE_CHECKING:
     from .frame import Frame, Inst

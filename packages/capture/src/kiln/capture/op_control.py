@@ -8,16 +8,17 @@ import torch
 
 from .builtins_impl import set_grad_mode
 from .errors import GraphBreak
-from .version import PY
 from .semantics import get_iter, truth
 from .values import (
     NULL,
+    AutocastContext,
     ContextExit,
     ExceptionValue,
     GradModeContext,
     ListIterator,
     NullContext,
 )
+from .version import PY
 
 if TYPE_CHECKING:
     from .frame import Frame, Inst
@@ -149,6 +150,14 @@ def enter_context(f: Frame, ctx: Any) -> Any:
         return None
     if isinstance(ctx, NullContext):
         return ctx.real.__enter__()
+    if isinstance(ctx, AutocastContext):
+        ctx.real = torch.autocast(ctx.device_type, dtype=ctx.dtype, enabled=ctx.enabled,
+                                  cache_enabled=ctx.cache_enabled)
+        ctx.real.__enter__()
+        ctx.node = f.tracer.graph.call_function(
+            torch.amp.autocast_mode._enter_autocast,
+            (ctx.device_type, ctx.real.fast_dtype, ctx.enabled, ctx.real._cache_enabled))
+        return None
     enter = getattr(type(ctx), "__enter__", None)
     if enter is not None and hasattr(enter, "__code__"):
         return f.call(enter, [ctx], {})
@@ -162,7 +171,11 @@ def exit_context(f: Frame, ctx: Any, exc: Any = None) -> Any:
         return False
     if isinstance(ctx, NullContext):
         return ctx.real.__exit__(None, None, None)
-    exit_fn = getattr(type(ctx), "__exit__")
+    if isinstance(ctx, AutocastContext):
+        ctx.real.__exit__(None, None, None)
+        f.tracer.graph.call_function(torch.amp.autocast_mode._exit_autocast, (ctx.node,))
+        return False
+    exit_fn = type(ctx).__exit__
     if exc is None:
         return f.call(exit_fn, [ctx, None, None, None], {})
     return f.call(exit_fn, [ctx, type(exc), exc, None], {})

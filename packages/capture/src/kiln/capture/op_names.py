@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import GraphBreak
-from .version import PY
 from .semantics import delete_attr, load_attr, store_attr
 from .sources import local_source
-from .values import EMPTY, NULL, Cell
+from .values import EMPTY, NULL, Cell, SuperProxy
+from .version import PY
 
 if TYPE_CHECKING:
     from .frame import Frame, Inst
@@ -222,13 +222,12 @@ def store_attr_op(f: Frame, i: Inst) -> None:
 
 
 @op("DELETE_ATTR")
-def delete_attr(f: Frame, i: Inst) -> None:
+def delete_attr_op(f: Frame, i: Inst) -> None:
     delete_attr(f, f.pop(), i.argval)
 
 
 @op("LOAD_SUPER_ATTR")
 def load_super_attr(f: Frame, i: Inst) -> None:
-    from .values import SuperProxy  # noqa: PLC0415
     self_obj = f.pop()
     cls = f.pop()
     f.pop()  # the global super

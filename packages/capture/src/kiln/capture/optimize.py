@@ -53,14 +53,12 @@ class CompileContext:
 
     def wrap_callee(self, fn: Any) -> Any:
         """A callable met at a graph break, routed through this context so it is captured too."""
-        target = fn
         if isinstance(fn, nn.Module):
             if fn._forward_hooks or fn._forward_pre_hooks or not isinstance(type(fn).forward, types.FunctionType) \
                     or type(fn).__call__ is not nn.Module.__call__:
                 return fn
-            target = fn
         elif isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
-            target = fn
+            pass
         elif not isinstance(fn, types.FunctionType):
             return fn
         mod = getattr(getattr(fn, "__func__", fn), "__module__", "") or ""
@@ -103,7 +101,7 @@ class Optimized:
         if isinstance(fn, types.MethodType):
             func, self.self_obj = fn.__func__, fn.__self__
         elif not isinstance(fn, types.FunctionType):
-            call = getattr(type(fn), "__call__", None)
+            call = getattr(type(fn), "__call__", None)  # noqa: B004 (the type's __call__)
             if isinstance(fn, nn.Module):
                 func, self.self_obj = type(fn).forward, fn
             elif isinstance(call, types.FunctionType):
@@ -174,22 +172,25 @@ class Optimized:
             if enabled("recompiles"):
                 log("recompiles").info("recompiling %s (%s:%s): %s", self.code.co_name, self.code.co_filename,
                                        self.code.co_firstlineno, self._miss_reason(L, G))
+        fallback: tuple[str, bool] | None = None
         try:
             cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options),
                               cache.may_be_dynamic(L, options))
         except Unsupported:
             raise
         except SkipFrame as e:
-            return self._eager(f"{e}", args, kwargs, permanent=True)
+            fallback = (f"{e}", True)
         except GraphBreak as e:
             if options.fullgraph:
                 raise Unsupported(f"{e.reason} (hint: {e.hint})") from e
-            return self._eager(e.reason, args, kwargs, permanent=False)
+            fallback = (e.reason, False)
         except Exception as e:  # a user error during tracing: eager raises it with the real traceback
             if options.fullgraph and not isinstance(e, (TypeError, ValueError, AssertionError, RuntimeError,
                                                         KeyError, IndexError, AttributeError, NameError)):
                 raise
-            return self._eager(f"{type(e).__name__} while tracing: {e}", args, kwargs, permanent=False)
+            fallback = (f"{type(e).__name__} while tracing: {e}", False)
+        if fallback is not None:  # outside the except blocks: eager errors carry no capture context
+            return self._eager(fallback[0], args, kwargs, permanent=fallback[1])
         entry = self._make_entry(cap)
         cache.entries.append(entry)
         for hook in self.ctx.on_capture:

@@ -29,7 +29,13 @@ def compile_capture(cap: Capture, backend: Any, code: types.CodeType | None) -> 
         log("guards").info("guards for %s:\n%s", name, cap.captured.guards.as_text())
     if KNOBS.debug_dir is not None:
         dump(new_graph_id(name), "capture", cap.captured.as_text())
-    has_outputs = bool(next(n for n in gm.graph.nodes if n.op == "output").args[0])
-    if not has_outputs and cap.op_count == 0:
+    if not needs_backend(cap):
         return None
     return backend(gm, list(cap.example_inputs))
+
+
+def needs_backend(cap: Capture) -> bool:
+    """A graph that computes nothing and returns nothing is not handed to the backend."""
+    gm = cap.captured.gm
+    has_outputs = bool(next(n for n in gm.graph.nodes if n.op == "output").args[0])
+    return has_outputs or cap.op_count > 0

@@ -15,10 +15,11 @@ from typing import Any
 
 import torch
 
-from .errors import GraphBreak
+from .errors import GraphBreak, SkipFrame
 from .tracer import SYM_TYPES, Tracer
 from .values import (
     NULL,
+    AutocastContext,
     Cell,
     ContextExit,
     GradModeContext,
@@ -142,6 +143,8 @@ class Flattener:
 
     def _context_plan(self, v: ContextExit) -> Plan:
         ctx = v.ctx
+        if isinstance(ctx, AutocastContext):
+            raise SkipFrame("a graph break inside torch.autocast: the frame runs eagerly")
         if not isinstance(ctx, (GradModeContext, NullContext)):
             ctx_plan = self.plan(ctx)
 

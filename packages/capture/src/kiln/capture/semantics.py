@@ -88,8 +88,9 @@ def load_attr(frame: Frame, obj: Any, name: str) -> Any:
         if isinstance(static, types.FunctionType) and name not in getattr(obj, "__dict__", {}):
             return types.MethodType(static, obj)
         value = getattr(obj, name)
-        if isinstance(value, types.MethodType) and value.__self__ is obj:
-            return value
+        if isinstance(value, (types.MethodType, types.BuiltinMethodType)) and \
+                getattr(value, "__self__", None) is obj:
+            return value  # a method bound to a guarded object: nothing more to guard
         if isinstance(obj, type) and isinstance(value, (types.FunctionType, types.MethodType, type)):
             return value
         return tracer.wrap(value, attr_source(src, name) if src else None)
@@ -330,8 +331,7 @@ def get_iter(frame: Frame, obj: Any) -> Any:
         return obj
     if isinstance(obj, torch.Tensor):
         n = obj.shape[0]
-        if isinstance(n, torch.SymInt):
-            raise GraphBreak("iterating over a tensor with a dynamic first dimension")
+        n = int(n)  # a symbolic length is specialised (ShapeEnv records the guard)
         return ListIterator([getitem(frame, obj, i) for i in range(n)])
     if isinstance(obj, (list, tuple, range, torch.Size, str)):
         return ListIterator(list(obj))

@@ -19,7 +19,9 @@ import sympy
 import torch
 from kiln.graph import Guard, TensorSpec, global_state, tensor_expectation, type_name
 from torch import fx, nn
+from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch.fx.experimental import symbolic_shapes
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from .errors import GraphBreak
@@ -68,7 +70,8 @@ class Tracer:
         # attribute writes on objects from outside the trace, replayed after the graph
         self.attr_writes: dict[tuple[int, str], tuple[Any, str, Any]] = {}
         self.last_placeholder: fx.Node | None = None
-        self.location = ""  # user file:line of the instruction being traced, for node metadata
+        self.location = ""  # the traced instruction as a traceback line, for node metadata
+        self.where = ""  # the same as file:line, for guard notes
         self.start_state = global_state()
         self.add_guard("", "GLOBAL_STATE", self.start_state, "grad/autocast/dtype state at capture")
 
@@ -76,7 +79,7 @@ class Tracer:
     def add_guard(self, source: str, kind: str, expected: Any, note: str = "") -> None:
         key = (source, kind)
         if key not in self.guards:
-            self.guards[key] = Guard(source, kind, expected, note or self.location)
+            self.guards[key] = Guard(source, kind, expected, note or self.where)
 
     # ---- values entering the trace -----------------------------------------------------
     def wrap(self, value: Any, source: str | None) -> Any:
@@ -107,8 +110,13 @@ class Tracer:
             self.wrap(value.__self__, f"{source}.__self__")
             return value
         if isinstance(value, types.ModuleType):
-            return value  # Python modules are assumed stable (like torch.compile)
-        if isinstance(value, (types.FunctionType, types.BuiltinFunctionType, type, nn.Module,
+            return value  # Python modules are assumed stable, as in PyTorch's own compiler
+        if isinstance(value, types.FunctionType):
+            # the code, not the function object: closures re-created per call still hit the cache
+            self.add_guard(f"{source}.__code__", "ID_MATCH", id(value.__code__))
+            self._remember(value, source)
+            return value
+        if isinstance(value, (types.BuiltinFunctionType, type, nn.Module,
                               types.MethodWrapperType)) or callable(value) and t.__module__ == "builtins":
             self.add_guard(source, "ID_MATCH", id(value))
             self._remember(value, source)
@@ -223,12 +231,14 @@ class Tracer:
                 result = run()
         except GraphBreak:
             raise
-        except Exception as e:  # data-dependent output, missing fake kernel, or a user error
+        except Exception as e:
+            if not isinstance(e, _BREAKING_ERRORS):
+                raise  # a genuine user error: the frame runs eagerly and raises it from user code
             raise GraphBreak(f"{_describe_target(target)} failed on fake tensors: "
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         if self.location:
-            node.meta["stack_trace"] = f'  File "{self.location}"'
+            node.meta["stack_trace"] = self.location
         if pure:
             self.speculative.add(node)
         self.register(result, node)
@@ -327,6 +337,19 @@ class Tracer:
                 self.graph.erase_node(user)
             self.graph.erase_node(node)
         torch.set_grad_enabled(grad)
+
+
+def _breaking_errors() -> tuple[type[BaseException], ...]:
+    """Fake-tensor failures that mean 'cannot trace this', not 'the user's code is wrong'."""
+    ft, ss = fake_tensor, symbolic_shapes
+    names = [(ft, "DataDependentOutputException"), (ft, "DynamicOutputShapeException"),
+             (ft, "UnsupportedOperatorException"), (ft, "UnsupportedFakeTensorException"),
+             (ss, "GuardOnDataDependentSymNode")]
+    found = [getattr(m, n) for m, n in names if isinstance(getattr(m, n, None), type)]
+    return (*found, NotImplementedError)
+
+
+_BREAKING_ERRORS = _breaking_errors()
 
 
 def _plain_dict_subclass(t: type) -> bool:

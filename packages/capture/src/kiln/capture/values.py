@@ -98,13 +98,14 @@ class GradModeContext:
 
 @dataclass(eq=False)
 class AutocastContext:
+    """A torch.autocast block in the trace: entered for real (fake tensors see it) and recorded."""
+
     device_type: str
     dtype: Any
     enabled: bool
-    prev: tuple | None = None
-
-    def make_real(self) -> Any:
-        return torch.autocast(self.device_type, dtype=self.dtype, enabled=self.enabled)
+    cache_enabled: Any = None
+    real: Any = None
+    node: Any = None
 
 
 @dataclass(eq=False)
