@@ -94,3 +94,10 @@ def test_a_device_without_index_matches_any_index() -> None:
     assert device_matches(torch.device("cuda", 1), torch.device("cuda"))
     assert not device_matches(torch.device("cuda", 1), torch.device("cuda", 0))
     assert not device_matches(torch.device("cpu"), torch.device("cuda"))
+
+
+def test_compiled_tensor_guard_accepts_an_indexed_device_for_an_index_free_spec() -> None:
+    guard = Guard("L['x']", "TENSOR_MATCH", ("torch.float32", "meta", (2,), (1,), False))
+    check = GuardSet((guard,)).compile()
+    assert check({"x": torch.empty(2, device="meta")}, {})
+    assert not check({"x": torch.empty(2)}, {})

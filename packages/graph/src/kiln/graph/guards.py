@@ -196,6 +196,11 @@ class _Compiler:
         self.consts[name] = value
         return name
 
+    def _device_check(self, t: str, device: torch.device) -> str:
+        if device.index is None and device.type != "cpu":  # e.g. "cuda": any cuda:N (see device_matches)
+            return f"{t}.device.type == {device.type!r}"
+        return f"{t}.device == {self.const(device)}"
+
     def condition(self, g: Guard) -> str:
         src = self.src(g.source) if g.source else g.source
         if g.kind == "TENSOR_MATCH":
@@ -207,7 +212,7 @@ class _Compiler:
                 return (f"(isinstance({t} := {src}, _Tensor) and {t}.dtype is {self.const(dt)} and "
                         f"{t}.requires_grad is {bool(rg)!r} and {t}.shape == {self.const(tuple(shape))} and "
                         f"{t}.stride() == {self.const(tuple(stride))} and "
-                        f"{t}.device == {self.const(torch.device(device))})")
+                        f"{self._device_check(t, torch.device(device))})")
             return (f"_tensor_ok({src}, {self.const(dt)}, {self.const(torch.device(device))}, "
                     f"{self.const(shape)}, {self.const(stride)}, {rg!r})")
         if g.kind == "TYPE_MATCH":
