@@ -1,8 +1,7 @@
 """Smoke test of kiln-capture installed alone (with kiln-graph): capture-only, no code generator."""
 
-import torch
-
 import kiln.capture as capture
+import torch
 
 graphs = []
 

@@ -1,8 +1,7 @@
 """Smoke test of kiln-decomp installed alone (with kiln-graph)."""
 
-import torch
-
 import kiln.decomp as decomp
+import torch
 from kiln.graph import verify
 
 table = decomp.table("core_aten")

@@ -3,9 +3,8 @@
 import tempfile
 from pathlib import Path
 
-import torch
-
 import kiln.runtime as runtime
+import torch
 from kiln.graph import PortableProgram, TensorSpec
 
 program = PortableProgram("import torch\n\ndef call(args):\n    return (torch.sin(args[0]) * 2,)\n")

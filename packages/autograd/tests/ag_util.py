@@ -148,7 +148,7 @@ def check_module_training(model: torch.nn.Module, make_inputs: Callable[[], Sequ
         torch.manual_seed(step)
         inputs = make_inputs()
         if saved_vs_eager and step == 0:
-            eager_bytes = eager_saved_bytes(lambda: loss_fn(copy.deepcopy(eager)(*inputs)))
+            eager_bytes = eager_saved_bytes(lambda inputs=inputs: loss_fn(copy.deepcopy(eager)(*inputs)))
         torch.manual_seed(1000 + step)
         le = loss_fn(eager(*inputs))
         le.backward()
