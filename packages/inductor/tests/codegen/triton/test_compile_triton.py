@@ -49,6 +49,11 @@ CASES = {
     "nan_propagation": (lambda x: (x.amax(-1), torch.maximum(x, torch.zeros_like(x)), x.argmax(-1)),
                         (torch.where(_x(4, 6, 8) > 1.5, float("nan"), X),)),
     "scalar_output": (lambda x: x.sum() * 2, (X,)),
+    # NHWC math permuted to NCHW feeding convolutions (ConvNeXt): the trace says channels-last, the
+    # convolutions may return other strides; the kernels after them must not assume the traced ones
+    "conv_after_permute": (lambda x, w1, w2: (F.conv2d(F.conv2d((x * 2 + 1).permute(0, 3, 1, 2), w1, stride=2),
+                                                      w2, padding=3, groups=8).permute(0, 2, 3, 1) + 1
+                                             ).reshape(-1, 8), (_x(2, 8, 8, 4), _x(8, 4, 2, 2), _x(8, 1, 7, 7))),
     "arange_iota": (lambda x: x + torch.arange(8, dtype=torch.float32, device=x.device), (X,)),
 }
 
