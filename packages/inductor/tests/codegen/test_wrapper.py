@@ -28,3 +28,20 @@ def test_extern_on_channels_last_input():
     # a channels-last input: eager convolution returns channels-last too
     x = _g(2, 4, 8, 8).to(memory_format=torch.channels_last)
     check(lambda x, w: (F.conv2d(x, w) + 1).flatten(1), x, _g(6, 4, 3, 3))
+
+
+def test_restride_copies_an_extern_result_into_the_planned_strides():
+    from kiln.inductor.codegen.wrapper import HEADER
+
+    ns: dict = {}
+    exec(HEADER.format(name="t"), ns)
+    nchw = _g(2, 3, 4, 5)
+    got = ns["_restride"](nchw, (2, 3, 4, 5), (60, 1, 15, 3))  # the plan said channels-last
+    assert got.stride() == (60, 1, 15, 3) and torch.equal(got, nchw)
+    same = ns["_restride"](nchw[:, :1], (2, 1, 4, 5), (60, 7, 5, 1))  # size-1 dims' strides do not matter
+    assert same.data_ptr() == nchw.data_ptr()
+
+
+def test_extern_outputs_go_through_restride():
+    cg = check(lambda x, w: F.conv2d(x, w) + 1, _g(2, 4, 8, 8), _g(6, 4, 3, 3))
+    assert "= _restride(" in cg.texts["output_code"].split("def call")[1]
