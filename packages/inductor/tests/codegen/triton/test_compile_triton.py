@@ -52,6 +52,11 @@ CASES = {
                              (_x(6, 4), torch.tensor([0, 2, 2, 5]), _x(4, 4))),
     "scatter_add": (lambda x, i, v: x.scatter_add(0, i[:, None].expand(4, 4), v),
                     (_x(6, 4), torch.tensor([1, 1, 3, 0]), _x(4, 4))),
+    # NHWC math permuted to NCHW feeding convolutions (ConvNeXt): the trace says channels-last, the
+    # convolutions may return other strides; the kernels after them must not assume the traced ones
+    "conv_after_permute": (lambda x, w1, w2: (F.conv2d(F.conv2d((x * 2 + 1).permute(0, 3, 1, 2), w1, stride=2),
+                                                      w2, padding=3, groups=8).permute(0, 2, 3, 1) + 1
+                                             ).reshape(-1, 8), (_x(2, 8, 8, 4), _x(8, 4, 2, 2), _x(8, 1, 7, 7))),
     "arange_iota": (lambda x: x + torch.arange(8, dtype=torch.float32, device=x.device), (X,)),
 }
 

@@ -35,8 +35,9 @@ inf, nan = float("inf"), float("nan")
 
 
 def _restride(t, size, stride):
-    """Fallback kernels may return other strides than their meta said; kernels index by the plan."""
-    if tuple(t.stride()) == stride or t.numel() <= 1:
+    """Extern and fallback kernels may return other strides than the trace said (a convolution follows
+    its input's layout, cuDNN picks its own); kernels index by the plan, so copy into it if needed."""
+    if t.numel() <= 1 or all(a == b for n, a, b in zip(size, t.stride(), stride) if n != 1):
         return t
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
@@ -99,10 +100,10 @@ class WrapperWriter:
         self.lines.append(f"    {res} = {target}({', '.join(call_args)})  # {e.kind}")
         for o in e.outputs:
             src = res + "".join(f"[{k}]" for k in o.path)
-            if e.kind == "fallback":
-                src = f"_restride({src}, {_ints(o.layout.shape)}, {_ints(o.layout.stride)})"
-            if src != o.buffer:
-                self.lines.append(f"    {o.buffer} = {src}")
+            # externs too, not only fallbacks: the kernels index by the traced strides, which a
+            # convolution (its input's layout) or cuDNN need not return
+            src = f"_restride({src}, {_ints(o.layout.shape)}, {_ints(o.layout.stride)})"
+            self.lines.append(f"    {o.buffer} = {src}")
         if res.startswith("_r_"):
             self.lines.append(f"    del {res}")
 

@@ -20,11 +20,21 @@ from .values import Strided, TensorValue, is_tensor
 RULES: dict[str, Rule] = {}
 
 
-def to_arg(ctx: LoweringContext, a: Any) -> Arg:
+def _traced_stride(a: Any, like: Any) -> tuple | None:
+    """The stride the trace gave this argument: an extern fed the layout eager fed it (a
+    channels-last convolution input) returns the layout eager returned, with no copy after it."""
+    val = like.meta.get("val") if isinstance(like, fx.Node) else None
+    if not isinstance(val, torch.Tensor) or len(val.shape) != len(a.shape):
+        return None
+    return tuple(as_index(s) for s in val.stride())
+
+
+def to_arg(ctx: LoweringContext, a: Any, like: Any = None) -> Arg:
     if is_tensor(a):
-        return ctx.realize(a).ref()
+        return ctx.realize(a, _traced_stride(a, like)).ref()
     if isinstance(a, (list, tuple)):
-        return ListArg(tuple(to_arg(ctx, x) for x in a))
+        likes = like if isinstance(like, (list, tuple)) and len(like) == len(a) else [None] * len(a)
+        return ListArg(tuple(to_arg(ctx, x, y) for x, y in zip(a, likes)))
     if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise NotLowered("symbolic scalar argument")
     if isinstance(a, fx.Node):
@@ -56,12 +66,17 @@ def extern_call(ctx: LoweringContext, node: fx.Node, kind: str, args: tuple, kwa
         raise NotLowered(f"node {node.name} has no meta['val']")
     outs = _outputs(ctx, val)
     ext = ExternKernel(ctx.new_name("extern" if kind == "extern" else "fallback"), target_name(node.target),
-                       tuple(to_arg(ctx, a) for a in args),
-                       tuple((k, to_arg(ctx, v)) for k, v in kwargs.items()), tuple(outs), kind)
+                       tuple(to_arg(ctx, a, like) for a, like in zip(args, _node_args(node, len(args)))),
+                       tuple((k, to_arg(ctx, v, node.kwargs.get(k))) for k, v in kwargs.items()), tuple(outs), kind)
     ctx.add(ext)
     by_path = {o.path: Strided(o.buffer, o.layout.shape, o.layout.stride, o.layout.offset, o.layout.dtype)
                for o in outs}
     return _rebuild(val, (), by_path)
+
+
+def _node_args(node: fx.Node, n: int) -> list[Any]:
+    args = list(node.args)
+    return args + [None] * (n - len(args)) if len(args) <= n else [None] * n
 
 
 def _rebuild(val: Any, path: tuple[int, ...], by_path: dict[tuple[int, ...], TensorValue]) -> Any:

@@ -1,0 +1,47 @@
+"""The wrapper's extern calls, compared with eager on the C++ path."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from helpers import check
+
+
+def _g(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+
+
+def convnext_downsample(x, w1, b1, w2, b2):
+    # NHWC math (ConvNeXt's LayerNorm2d) permuted to NCHW: the trace says the conv input (and so its
+    # output) is channels-last; if kiln stores the permuted value contiguously the convolutions return
+    # NCHW, and the reshape below must still read them right (ConvNeXt stage 0 -> stage 1).
+    y = (x * 2 + 1).permute(0, 3, 1, 2)
+    y = F.conv2d(F.conv2d(y, w1, b1, stride=2), w2, b2, padding=3, groups=8)
+    return (y.permute(0, 2, 3, 1) + 1).reshape(-1, 8)
+
+
+def test_extern_output_strides_differ_from_the_trace():
+    check(convnext_downsample, _g(2, 8, 8, 4), _g(8, 4, 2, 2), _g(8), _g(8, 1, 7, 7), _g(8))
+
+
+def test_extern_on_channels_last_input():
+    # a channels-last input: eager convolution returns channels-last too
+    x = _g(2, 4, 8, 8).to(memory_format=torch.channels_last)
+    check(lambda x, w: (F.conv2d(x, w) + 1).flatten(1), x, _g(6, 4, 3, 3))
+
+
+def test_restride_copies_an_extern_result_into_the_planned_strides():
+    from kiln.inductor.codegen.wrapper import HEADER
+
+    ns: dict = {}
+    exec(HEADER.format(name="t"), ns)
+    nchw = _g(2, 3, 4, 5)
+    got = ns["_restride"](nchw, (2, 3, 4, 5), (60, 1, 15, 3))  # the plan said channels-last
+    assert got.stride() == (60, 1, 15, 3) and torch.equal(got, nchw)
+    same = ns["_restride"](nchw[:, :1], (2, 1, 4, 5), (60, 7, 5, 1))  # size-1 dims' strides do not matter
+    assert same.data_ptr() == nchw.data_ptr()
+
+
+def test_extern_outputs_go_through_restride():
+    cg = check(lambda x, w: F.conv2d(x, w) + 1, _g(2, 4, 8, 8), _g(6, 4, 3, 3))
+    assert "= _restride(" in cg.texts["output_code"].split("def call")[1]
