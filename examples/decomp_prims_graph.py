@@ -19,6 +19,7 @@ from collections import Counter
 
 import torch
 import transformers
+
 from kiln.decomp import decompose, table, trace
 from kiln.graph import print_graph, target_name
 

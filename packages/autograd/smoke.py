@@ -1,8 +1,9 @@
 """Smoke test of kiln-autograd installed alone (with kiln-graph and kiln-decomp)."""
 
-import kiln.autograd as autograd
 import torch
 from torch import fx, nn
+
+import kiln.autograd as autograd
 
 model = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
 gm = fx.symbolic_trace(lambda x, w1, b1, w2, b2: torch.tanh(x @ w1.t() + b1) @ w2.t() + b2)

@@ -1,7 +1,8 @@
 """Smoke test of kiln-capture installed alone (with kiln-graph): capture-only, no code generator."""
 
-import kiln.capture as capture
 import torch
+
+import kiln.capture as capture
 
 graphs = []
 

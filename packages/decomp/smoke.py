@@ -1,7 +1,8 @@
 """Smoke test of kiln-decomp installed alone (with kiln-graph)."""
 
-import kiln.decomp as decomp
 import torch
+
+import kiln.decomp as decomp
 from kiln.graph import verify
 
 table = decomp.table("core_aten")

@@ -1,8 +1,9 @@
 """Smoke test of kiln-graph installed alone (nox -s standalone)."""
 
-import kiln.graph as g
 import torch
 from torch import fx
+
+import kiln.graph as g
 
 gm = fx.symbolic_trace(lambda x: torch.relu(x) * 2)
 g.verify(gm, "torch")

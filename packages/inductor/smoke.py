@@ -1,8 +1,9 @@
 """Smoke test of kiln-inductor installed alone (with kiln-graph, kiln-decomp, kiln-runtime)."""
 
-import kiln.inductor as inductor
 import torch
 from torch import fx
+
+import kiln.inductor as inductor
 
 aten = torch.ops.aten
 g = fx.Graph()

@@ -3,8 +3,9 @@
 import tempfile
 from pathlib import Path
 
-import kiln.runtime as runtime
 import torch
+
+import kiln.runtime as runtime
 from kiln.graph import PortableProgram, TensorSpec
 
 program = PortableProgram("import torch\n\ndef call(args):\n    return (torch.sin(args[0]) * 2,)\n")

@@ -25,9 +25,14 @@ from kiln.graph import Backend, BackendUnavailable, KilnError, PortableProgram
 from kiln.settings import CompileOptions
 
 
-def _frame_values(fn: Callable[..., Any], args: tuple, kwargs: dict) -> tuple[dict, dict]:
+def _frame(fn: Callable[..., Any], args: tuple, kwargs: dict) -> runtime.CallFrame:
+    """The example call's frame as capture names it: arguments, closure variables by name, and
+    ``L['__closure__']`` (capture's source for a cell of the function itself)."""
     frame = runtime.CallFrame.of(fn, args, kwargs)
-    return dict(frame.locals), dict(frame.globals)
+    closure = getattr(inspect.unwrap(fn), "__closure__", None)
+    if not closure:
+        return frame
+    return runtime.CallFrame(frame.params, {**frame.locals, "__closure__": closure}, frame.globals)
 
 
 def _example_inputs(sources: tuple[str, ...], L: dict, G: dict) -> list[Any]:
@@ -59,8 +64,8 @@ def aot_compile(fn: Callable[..., Any], example: tuple[tuple[Any, ...], dict[str
     """Capture ``fn`` on ``example`` as one graph, compile it, and wrap it as a runtime function."""
     args, kwargs = tuple(example[0]), dict(example[1])
     captured = capture.capture_graph(fn, args, kwargs)
-    L, G = _frame_values(fn, args, kwargs)
-    inputs = _example_inputs(captured.input_sources, L, G)
+    frame = _frame(fn, args, kwargs)
+    inputs = _example_inputs(captured.input_sources, dict(frame.locals), dict(frame.globals))
     compiled = backend(captured.gm, inputs)
     program = getattr(compiled, "portable", None)
     if not isinstance(program, PortableProgram):
@@ -70,7 +75,6 @@ def aot_compile(fn: Callable[..., Any], example: tuple[tuple[Any, ...], dict[str
     with torch.no_grad():
         graph_outputs = tuple(compiled(*inputs))
     spec = _output_spec(fn, args, kwargs, graph_outputs)
-    frame = runtime.CallFrame.of(fn, args, kwargs)
     artifact = runtime.build_artifact(
         program, input_sources=captured.input_sources, input_specs=captured.input_specs,
         guards=captured.guards, frame=frame, output_spec=spec, backend=opts.backend,

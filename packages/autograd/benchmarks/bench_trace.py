@@ -8,8 +8,9 @@ import time
 
 import torch
 import transformers
-from kiln.autograd import aot_eager, partition
 from torch._dynamo.backends.debugging import aot_eager as torch_aot_eager
+
+from kiln.autograd import aot_eager, partition
 
 
 def capture(model, inputs):  # type: ignore[no-untyped-def]

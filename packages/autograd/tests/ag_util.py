@@ -12,9 +12,10 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
-from kiln.autograd import aot_eager  # noqa: E402
 from torch import fx  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
+
+from kiln.autograd import aot_eager  # noqa: E402
 
 
 def clone_inputs(inputs: Sequence[Any]) -> list[Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from ag_util import check, compile_fn  # type: ignore[import-not-found]
+
 from kiln.autograd import OutputKind
 
 VIEW_OUTPUTS = {

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import kiln.autograd as autograd
 import torch
 from torch import fx
+
+import kiln.autograd as autograd
 
 aten = torch.ops.aten
 

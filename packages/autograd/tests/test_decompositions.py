@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from ag_util import check  # type: ignore[import-not-found]
-from kiln.autograd import aot_eager, trace_joint
 from torch import fx
+
+from kiln.autograd import aot_eager, trace_joint
 
 aten = torch.ops.aten
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 from ag_util import compile_module  # type: ignore[import-not-found]
+from torch import fx
+
 from kiln.autograd import AutogradTraceError, ops, trace_inference, trace_joint
 from kiln.graph import verify
-from torch import fx
 
 aten = torch.ops.aten
 

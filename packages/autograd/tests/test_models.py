@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 from ag_util import check_module_training  # type: ignore[import-not-found]
-from kiln.autograd import partition
 from torch import nn
+
+from kiln.autograd import partition
 
 pytestmark = pytest.mark.slow
 

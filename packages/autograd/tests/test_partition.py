@@ -8,9 +8,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from ag_util import check, compile_fn  # type: ignore[import-not-found]
+from torch import fx
+
 from kiln.autograd import ops, partition, trace_joint
 from kiln.graph import set_logs, verify
-from torch import fx
 
 aten = torch.ops.aten
 HEAVY = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten.convolution.default,

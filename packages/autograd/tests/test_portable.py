@@ -7,8 +7,9 @@ import sys
 import textwrap
 
 import torch
-from kiln.autograd import aot_eager, load_program, render_graph_module
 from torch import fx
+
+from kiln.autograd import aot_eager, load_program, render_graph_module
 
 
 def _f(x, w, b):  # type: ignore[no-untyped-def]

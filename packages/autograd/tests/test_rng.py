@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from ag_util import compile_fn  # type: ignore[import-not-found]
+
 from kiln.autograd import ops
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 from ag_util import check, compile_fn, compile_module  # type: ignore[import-not-found]
-from kiln.autograd import DoubleBackwardError, aot, aot_eager, run_graph_compiler, trace_inference
 from torch import fx, nn
+
+from kiln.autograd import DoubleBackwardError, aot, aot_eager, run_graph_compiler, trace_inference
 
 
 class MLP(nn.Module):

@@ -6,9 +6,10 @@ from __future__ import annotations
 import time
 import timeit
 
-import kiln.capture as kc
 import torch
 from torch import nn
+
+import kiln.capture as kc
 
 
 def _eager_backend(gm, example_inputs):

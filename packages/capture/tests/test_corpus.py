@@ -1,8 +1,9 @@
 import copy
 
-import kiln.capture as kc
 import pytest
 import torch
+
+import kiln.capture as kc
 
 from .conftest import Recorder, assert_same
 from .corpus import CASES

@@ -2,11 +2,12 @@
 
 import warnings
 
-import kiln.capture as kc
 import pytest
 import torch
-from kiln.graph import CapturedGraph, TensorSpec
 from torch import nn
+
+import kiln.capture as kc
+from kiln.graph import CapturedGraph, TensorSpec
 
 from .conftest import Recorder, assert_same
 

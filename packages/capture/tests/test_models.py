@@ -1,8 +1,9 @@
 """Real models capture with zero graph breaks and match eager (tiny configs, random weights)."""
 
-import kiln.capture as kc
 import pytest
 import torch
+
+import kiln.capture as kc
 
 from .conftest import Recorder
 

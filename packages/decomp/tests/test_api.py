@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import operator
 
-import kiln.decomp as kd
 import pytest
 import torch
+from torch import fx
+
+import kiln.decomp as kd
 from kiln.decomp import DecompositionError, decompose, lower, register, select, table, trace
 from kiln.decomp.cli import main as cli_main
 from kiln.decomp.cli import ops_in_text
 from kiln.graph import CORE_ATEN_OPS, print_graph, verify
-from torch import fx
 
 aten = torch.ops.aten
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._pytree import tree_flatten
+
 from kiln.decomp import decompose, table
 from kiln.graph import CORE_ATEN_OPS, verify
-from torch.utils._pytree import tree_flatten
 
 from .models import MODELS, aot_graphs, joint_graph
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+
 from kiln.decomp import table
 
 aten = torch.ops.aten

@@ -9,6 +9,7 @@ exercised and matched; ``hand_samples.py`` covers ops no OpInfo reaches (composi
 from __future__ import annotations
 
 import pytest
+
 from kiln.decomp import table
 from kiln.decomp.crossref import VALUES_UNSPECIFIED, CrossRefMode, CrossRefReport
 from kiln.decomp.opinfo_check import opinfo_id, run_opinfo, selected_opinfos

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from kiln.graph import Guard, GuardSet, global_state, tensor_expectation, type_name
 
 

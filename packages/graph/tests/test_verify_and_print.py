@@ -4,8 +4,9 @@ import operator
 
 import pytest
 import torch
-from kiln.graph import TensorSpec, VerificationError, print_graph, verify
 from torch import fx
+
+from kiln.graph import TensorSpec, VerificationError, print_graph, verify
 
 
 def _aten_graph(target, *consts) -> fx.GraphModule:

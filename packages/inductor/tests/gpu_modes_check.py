@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable
 
 import torch
+
 from kiln.inductor.autotune import (
     BIAS_GELU,
     NONE,

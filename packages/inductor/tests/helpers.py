@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from tracer import flat_outputs, trace
+
 from kiln.graph import CompiledGraph
 from kiln.inductor import InductorOptions, compile_graph
-from tracer import flat_outputs, trace
 
 STRICT = InductorOptions(strict_lowering=True)
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers import check
+
 from kiln.graph import CompiledGraph, PortableProgram
 
 torch.manual_seed(0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from helpers import check, n_kernels
+
 from kiln.inductor import InductorOptions
 
 X = torch.randn(16, 32, 64)

@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 import torch
 from helpers import assert_close
-from kiln.inductor import InductorOptions, compile_graph, lowered_ops
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_unflatten
 from tracer import flat_outputs, trace
+
+from kiln.inductor import InductorOptions, compile_graph, lowered_ops
 
 SKIP = {"empty", "empty_like", "empty_strided", "new_empty", "randn", "randn_like", "rand_like", "bernoulli",
         "as_strided", "new_empty_strided", "sort", "topk", "matmul", "unbind", "split", "split_with_sizes", "masked_fill"}

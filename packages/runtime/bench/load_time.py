@@ -19,6 +19,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import fx
+
 from kiln.graph import TensorSpec
 from kiln.runtime import (
     CallFrame,
@@ -27,7 +29,6 @@ from kiln.runtime import (
     program_from_graph_module,
     save_artifact,
 )
-from torch import fx
 
 SETUP = textwrap.dedent('''
     import time, torch, torch.nn.functional as F

@@ -8,6 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+from runtime_testlib import ATEN, AUTOGRAD
+
 from kiln.graph import PortableProgram, TensorSpec
 from kiln.runtime import (
     Artifact,
@@ -16,7 +18,6 @@ from kiln.runtime import (
     load_compiled_function,
     save_artifact,
 )
-from runtime_testlib import ATEN, AUTOGRAD
 
 
 def _aten_inputs():

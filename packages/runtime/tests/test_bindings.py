@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from kiln.graph import Guard, PortableProgram, TensorSpec
 from kiln.runtime import ArtifactError, CallFrame, GuardError, load_compiled_function, save_artifact
 

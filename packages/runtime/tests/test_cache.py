@@ -9,6 +9,7 @@ import stat
 import time
 
 import pytest
+
 from kiln.runtime import CompileCache, cache_clear, cache_info_text
 from kiln.runtime.cache import key_hash
 
@@ -172,6 +173,7 @@ def test_cache_key_covers_the_environment():
 def test_warm_start_of_a_whole_artifact(cache_root, tmp_path):
     """The recipe for compiled functions: key -> artifact bytes -> load_compiled_function."""
     import torch
+
     from kiln.graph import PortableProgram
     from kiln.runtime import build_artifact, cache_key, load_compiled_function
 

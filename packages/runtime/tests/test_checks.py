@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from runtime_testlib import MATMUL, reseal
+
 from kiln.graph import PortableProgram, TensorSpec
 from kiln.runtime import (
     ArtifactError,
@@ -13,7 +15,6 @@ from kiln.runtime import (
     save_artifact,
 )
 from kiln.runtime.environment import compatible_release, release
-from runtime_testlib import MATMUL, reseal
 
 
 @pytest.fixture

@@ -9,9 +9,10 @@ import zipfile
 
 import pytest
 import torch
+from runtime_testlib import MATMUL, reseal
+
 from kiln.graph import PortableProgram, TensorSpec
 from kiln.runtime import ArtifactError, load_artifact, load_compiled_function, save_artifact
-from runtime_testlib import MATMUL, reseal
 
 
 def _save(path, fmt="auto"):

@@ -8,6 +8,8 @@ import shutil
 
 import pytest
 import torch
+from runtime_testlib import CPP, CPP_SOURCE, reseal
+
 from kiln.graph import PortableProgram, TensorSpec
 from kiln.runtime import (
     CompileCache,
@@ -17,7 +19,6 @@ from kiln.runtime import (
     load_cpp_library,
     save_artifact,
 )
-from runtime_testlib import CPP, CPP_SOURCE, reseal
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 

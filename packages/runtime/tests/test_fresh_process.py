@@ -13,10 +13,11 @@ import textwrap
 
 import pytest
 import torch
+from runtime_testlib import AUTOGRAD, CPP, CPP_SOURCE, TRITON, TRITON_KERNELS
+
 from kiln.graph import PortableProgram, TensorSpec
 from kiln.runtime import CallFrame, compile_cpp, save_artifact
 from kiln.runtime.tensors import tensors_from_bytes, tensors_to_bytes
-from runtime_testlib import AUTOGRAD, CPP, CPP_SOURCE, TRITON, TRITON_KERNELS
 
 HAVE_TRITON = importlib.util.find_spec("triton") is not None
 HAVE_GXX = shutil.which("g++") is not None

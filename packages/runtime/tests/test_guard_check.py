@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import sympy
 import torch
+from runtime_testlib import MATMUL
+
 from kiln.graph import Guard, GuardSet, PortableProgram, TensorSpec, global_state
 from kiln.runtime import GuardError, load_compiled_function, save_artifact
-from runtime_testlib import MATMUL
 
 
 def _saved(tmp_path, w, x, **kwargs):

@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 import torch.utils._pytree as pytree
+from torch import fx
+
 from kiln.graph import Guard, PortableProgram, TensorSpec
 from kiln.runtime import (
     ArtifactError,
@@ -20,7 +22,6 @@ from kiln.runtime import (
     program_from_graph_module,
     save_artifact,
 )
-from torch import fx
 
 
 class MLP(torch.nn.Module):

@@ -7,11 +7,12 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
+from runtime_testlib import apply_twice
+from torch import fx
+
 from kiln.graph import TensorSpec
 from kiln.runtime import ArtifactError, load_compiled_function, save_artifact
 from kiln.runtime.portable import graph_module_source, program_from_graph_module
-from runtime_testlib import apply_twice
-from torch import fx
 
 
 def _aten_graph() -> fx.GraphModule:

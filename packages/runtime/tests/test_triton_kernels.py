@@ -10,9 +10,10 @@ import textwrap
 
 import pytest
 import torch
+from runtime_testlib import TRITON, TRITON_KERNELS
+
 from kiln.graph import PortableProgram, TensorSpec
 from kiln.runtime import CompileCache, KernelBuildError, load_triton_kernel, save_artifact
-from runtime_testlib import TRITON, TRITON_KERNELS
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")
 

@@ -9,6 +9,7 @@ import sys
 import textwrap
 
 import torch
+
 from kiln.inductor.autotune import BIAS_GELU, Config, mm_configs, template_source
 
 SCRIPT = textwrap.dedent("""

@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass
 
 import pytest
+
 from kiln.inductor.autotune import (
     AutotuneCache,
     Autotuner,
@@ -207,6 +208,7 @@ def test_mode_flags():
 def test_buffers_for_layouts_with_symbolic_sizes():
     import sympy
     import torch
+
     from kiln.inductor.autotune import buffers_for
     from kiln.inductor.ir import Layout
 
@@ -223,6 +225,7 @@ def test_buffers_for_layouts_with_symbolic_sizes():
 def test_autotune_program_tunes_every_kernel():
     import sympy
     import torch
+
     from kiln.inductor.autotune import autotune_program
     from kiln.inductor.ir import Layout
 

@@ -7,6 +7,7 @@ import logging
 
 import pytest
 import torch
+
 from kiln.inductor.cudagraphs import (
     CUDAGraphOptions,
     CUDAGraphTree,

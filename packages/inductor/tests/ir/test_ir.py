@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import sympy
 import torch
+
 from kiln.graph import VerificationError
 from kiln.inductor import ir
 

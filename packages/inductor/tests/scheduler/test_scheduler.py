@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from helpers import compile_fn
+
 from kiln.inductor import Kernel
 
 

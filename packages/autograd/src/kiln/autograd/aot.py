@@ -7,9 +7,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from torch import fx
+
 from kiln.graph import KNOBS as KILN_GRAPH_KNOBS
 from kiln.graph import CompiledGraph, PortableProgram, dump, enabled, log, new_graph_id, print_graph
-from torch import fx
 
 from .joint import JointGraph, module_state_names
 from .knobs import KNOBS

@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from kiln.graph import print_graph
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten
+
+from kiln.graph import print_graph
 
 from .errors import AutogradTraceError
 from .signature import GraphSignature, OutputInfo, OutputKind

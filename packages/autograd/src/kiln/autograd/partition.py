@@ -20,8 +20,9 @@ from typing import Any, Literal
 
 import networkx as nx
 import torch
-from kiln.graph import print_graph
 from torch import fx
+
+from kiln.graph import print_graph
 
 from . import ops
 from .errors import AutogradTraceError

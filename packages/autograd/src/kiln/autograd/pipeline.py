@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from kiln.graph import KNOBS, verify
 from torch import fx
+
+from kiln.graph import KNOBS, verify
 
 from .joint import JointGraph, module_state_names, trace_inference, trace_joint
 from .partition import Partitioned, PartitionerName, partition

@@ -13,9 +13,10 @@ import json
 from typing import Any
 
 import torch
-from kiln.graph import PortableProgram
 from torch import fx
 from torch.utils._pytree import treespec_dumps
+
+from kiln.graph import PortableProgram
 
 from .signature import GraphSignature, OutputKind
 

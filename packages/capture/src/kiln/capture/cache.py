@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from kiln.graph import GuardSet
 
 from .capture import Capture

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from kiln.graph import CapturedGraph, GuardSet, TensorSpec
 from torch import fx
+
+from kiln.graph import CapturedGraph, GuardSet, TensorSpec
 
 from .errors import GraphBreak, Unsupported
 from .frame import BreakAt, Context, Frame, FrameResult

@@ -12,8 +12,9 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from kiln.graph import GuardSet, enabled, log
 from torch import nn
+
+from kiln.graph import GuardSet, enabled, log
 
 from .cache import CacheEntry, CodeCache
 from .capture import BreakPlan, Capture, run_capture

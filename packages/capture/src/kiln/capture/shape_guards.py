@@ -4,6 +4,7 @@ printed as Python expressions over symbol names (GuardSet's SHAPE_EXPR kind eval
 from __future__ import annotations
 
 import sympy
+
 from kiln.graph import Guard
 
 _REL = {"Equality": "==", "Unequality": "!=", "StrictLessThan": "<", "LessThan": "<=",

@@ -17,12 +17,13 @@ from typing import Any
 
 import sympy
 import torch
-from kiln.graph import Guard, TensorSpec, global_state, tensor_expectation, type_name
 from torch import fx, nn
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental import symbolic_shapes
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+from kiln.graph import Guard, TensorSpec, global_state, tensor_expectation, type_name
 
 from .errors import GraphBreak
 from .shape_source import KilnSource

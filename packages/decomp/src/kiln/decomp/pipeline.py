@@ -10,8 +10,9 @@ intermediate program and its timing.
 
 from __future__ import annotations
 
-from kiln.graph import KNOBS, KeepText, Pass, PipelineResult, print_graph, run_pipeline, verify
 from torch import fx
+
+from kiln.graph import KNOBS, KeepText, Pass, PipelineResult, print_graph, run_pipeline, verify
 
 from .retrace import decompose
 from .tables import table

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from kiln.graph import Dialect
 from torch._ops import OpOverload, OpOverloadPacket
+
+from kiln.graph import Dialect
 
 DecompFn = Callable[..., Any]
 TABLE_NAMES: tuple[str, ...] = ("core_aten", "inductor", "prims")

@@ -12,12 +12,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-from kiln.graph import CORE_ATEN_OPS, KNOBS, Dialect, log, target_name
-from kiln.graph import verify as verify_dialect
 from torch import fx
 from torch._ops import HigherOrderOperator, OpOverload
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+
+from kiln.graph import CORE_ATEN_OPS, KNOBS, Dialect, log, target_name
+from kiln.graph import verify as verify_dialect
 
 from .tracer import CARRIED_META, DecompositionError, GraphRecorder
 

@@ -15,12 +15,13 @@ from typing import Any
 
 import sympy
 import torch
-from kiln.graph import KilnError
 from torch import fx
 from torch._ops import OpOverload
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
+
+from kiln.graph import KilnError
 
 from .registry import op_name
 

@@ -7,6 +7,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from torch import fx
+
 from kiln.graph import KNOBS as GRAPH_KNOBS
 from kiln.graph import (
     CompiledGraph,
@@ -17,7 +19,6 @@ from kiln.graph import (
     new_graph_id,
     run_pipeline,
 )
-from torch import fx
 
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions

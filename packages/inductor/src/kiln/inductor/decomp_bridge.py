@@ -11,9 +11,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from kiln.graph import log
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kiln.graph import log
 
 try:  # the package may exist without the API yet
     import kiln.decomp as _decomp

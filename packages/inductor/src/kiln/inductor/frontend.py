@@ -14,11 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from kiln.graph import CompiledGraph, Dialect, VerificationError, log, verify
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
+
+from kiln.graph import CompiledGraph, Dialect, VerificationError, log, verify
 
 from .compile import compile_graph
 from .options import DEFAULT_OPTIONS, InductorOptions

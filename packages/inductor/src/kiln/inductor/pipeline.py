@@ -8,8 +8,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
-from kiln.graph import Pass, log
 from torch import fx
+
+from kiln.graph import Pass, log
 
 from . import decomp_bridge
 from .codegen.common import CompiledKernels, KernelBackend

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from triton.testing import do_bench
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from kiln.inductor import compile_graph  # noqa: E402
 from tracer import trace  # noqa: E402
+
+from kiln.inductor import compile_graph  # noqa: E402
 
 
 def case(name, fn, *args):

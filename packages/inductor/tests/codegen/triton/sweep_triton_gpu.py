@@ -1,9 +1,10 @@
 """Block-size sweep for column reductions and long looped rows (run by hand on the GPU machine)."""
 
 import torch
+from triton.testing import do_bench
+
 from kiln.inductor.codegen.triton import TritonConfig, TritonKernels
 from kiln.inductor.codegen.triton.testing import kernel, load, node, rs, xs
-from triton.testing import do_bench
 
 
 def col_sum(a):

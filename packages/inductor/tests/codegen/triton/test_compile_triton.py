@@ -9,9 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from tracer import flat_outputs, trace
+
 from kiln.inductor import InductorOptions, compile_graph
 from kiln.inductor.codegen.triton.testing import device
-from tracer import flat_outputs, trace
 
 OPTIONS = InductorOptions(cpu_backend="triton")
 

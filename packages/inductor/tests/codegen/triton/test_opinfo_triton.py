@@ -10,10 +10,11 @@ import pytest
 import test_opinfo as base
 import torch
 from helpers import assert_close
-from kiln.inductor import InductorOptions, compile_graph
-from kiln.inductor.codegen.triton.testing import device
 from torch.utils._pytree import tree_flatten
 from tracer import flat_outputs, trace
+
+from kiln.inductor import InductorOptions, compile_graph
+from kiln.inductor.codegen.triton.testing import device
 
 OPTIONS = InductorOptions(strict_lowering=True, cpu_backend="triton")
 # seen on an H200 (torch 2.11): failures of lowering/decomposition on CUDA, not of Triton codegen

@@ -4,6 +4,7 @@ import math
 
 import pytest
 import torch
+
 from kiln.inductor.codegen.triton import EMITTERS
 from kiln.inductor.codegen.triton.testing import device, kernel, load, node, run, strided, xs
 from kiln.inductor.ir import OPS, Constant, IndexValue, cast, op

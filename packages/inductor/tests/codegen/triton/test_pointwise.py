@@ -3,6 +3,7 @@
 import pytest
 import sympy
 import torch
+
 from kiln.inductor.codegen.triton import (
     TritonKernels,
     generate_kernel,

@@ -2,6 +2,7 @@
 
 import sympy
 import torch
+
 from kiln.inductor.codegen.triton.heuristics import TritonConfig, pointwise_blocks, row_blocks
 from kiln.inductor.codegen.triton.printer import IndexPrinter, python_index
 from kiln.inductor.codegen.triton.testing import kernel, node, xs

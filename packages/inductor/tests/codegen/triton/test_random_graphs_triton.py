@@ -12,6 +12,7 @@ import test_random_graphs as base
 import torch
 from helpers import check
 from hypothesis import HealthCheck, given, settings
+
 from kiln.inductor import InductorOptions
 from kiln.inductor.codegen.triton.testing import device
 

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+
 from kiln.inductor.codegen.triton import TritonConfig
 from kiln.inductor.codegen.triton.testing import device, kernel, load, node, rs, run, strided, xs
 from kiln.inductor.ir import Constant, Load, cast, op

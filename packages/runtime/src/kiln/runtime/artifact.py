@@ -15,6 +15,7 @@ from typing import Any, BinaryIO
 
 import torch
 import torch.utils._pytree as pytree
+
 from kiln.graph import Guard, GuardSet, PortableProgram, TensorSpec
 
 from .bindings import bind_sources

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+
 from kiln.graph import Guard, GuardSet, device_matches, global_state
 
 from .errors import GuardError

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch.utils._pytree as pytree
+
 from kiln.graph import Guard, GuardSet, PortableProgram, TensorSpec
 
 from .artifact import Artifact, PathOrFile, guards_with_specs, load_artifact, save_artifact

@@ -15,6 +15,7 @@ from typing import Any
 
 import sympy
 import torch
+
 from kiln.graph import GuardSet, TensorSpec
 
 from .bindings import Binding

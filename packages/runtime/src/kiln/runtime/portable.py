@@ -19,8 +19,9 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from kiln.graph import PortableProgram
 from torch import fx
+
+from kiln.graph import PortableProgram
 
 from .errors import ArtifactError
 from .tensors import tensors_to_bytes

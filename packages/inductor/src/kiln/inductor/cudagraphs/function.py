@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
 from kiln.graph import log
 
 from .engine import CaptureFailed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sympy
+
 from kiln.graph import VerificationError
 
 from .expr import OPS, Cast, Constant, Expr, IndexValue, Load, Op, walk

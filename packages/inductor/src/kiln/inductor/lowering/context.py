@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import sympy
 import torch
+
 from kiln.graph import log
 
 from ..ir import (

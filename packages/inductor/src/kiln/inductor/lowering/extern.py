@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from kiln.graph import target_name
 from torch import fx
+
+from kiln.graph import target_name
 
 from ..ir import Arg, ConstArg, ExternKernel, ExternOutput, Layout, ListArg, as_index
 from .common import Rule

@@ -7,8 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from kiln.graph import target_name
 from torch import fx
+
+from kiln.graph import target_name
 
 from ..ir import ConstArg, InputBuffer, Layout, LoopProgram, Output, as_index
 from ..options import InductorOptions
