@@ -52,7 +52,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def lint(session: nox.Session) -> None:
     _sync(session)
-    session.run("ruff", "check", "src", "packages", "benchmarks", "noxfile.py")
+    session.run("ruff", "check", "src", "packages", "benchmarks", "tests", "tools", "examples", "noxfile.py")
 
 
 @nox.session(python="3.11")
