@@ -71,7 +71,7 @@ def _inductor(opts: CompileOptions) -> Backend:
     aot = _stage("kiln.autograd", "aot", "inductor")
     compile_graph = _stage("kiln.inductor", "compile_graph", "inductor")
     options_cls = _stage("kiln.inductor", "InductorOptions", "inductor")
-    table = _stage("kiln.decomp", "table", "inductor")("inductor")
+    table = _stage("kiln.inductor", "inductor_decompositions", "inductor")()
     flags = _stage("kiln.inductor.autotune", "mode_flags", "inductor")(opts.mode)
     wrap_reduce_overhead = _stage("kiln.inductor.cudagraphs", "wrap_reduce_overhead", opts.mode)
     try:

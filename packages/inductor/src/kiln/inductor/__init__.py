@@ -14,6 +14,6 @@ from .options import InductorOptions
 
 __all__ = [
     "LOWERINGS", "CompiledKernels", "CppBackend", "CppCompileError", "InductorOptions", "Kernel", "KernelBackend",
-    "KernelNode", "LoopProgram", "LoweringError", "ScheduledProgram", "compile_graph", "inductor_backend",
+    "KernelNode", "LoopProgram", "LoweringError", "ScheduledProgram", "compile_graph", "inductor_backend", "inductor_decompositions",
     "lowered_ops", "to_aten",
 ]

@@ -1,8 +1,9 @@
 """The seam to kiln.decomp and fake-tensor metadata.
 
-kiln.decomp is written concurrently; when it offers ``decompose`` and ``table("inductor")`` the graph
-is decomposed before lowering, otherwise lowering sees the graph as is (ops without a lowering fall
-back to ATen and are reported in perf_hints).
+Note: inductor decomposes with kiln.decomp's ``inductor`` table *minus* the ops it lowers natively
+(softmax, layer_norm, ...): one fused kernel from a dedicated lowering beats the same op's
+decomposition. Leftover non-core ops are not an error here (``check=False``, even under
+KILN_VERIFY): lowering either handles them or runs them as ATen fallbacks, reported in perf_hints.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from kiln.graph import log
+from kiln.graph import log, target_name
+
+from .lowering.registry import LOWERINGS
 
 try:  # the package may exist without the API yet
     import kiln.decomp as _decomp
@@ -28,13 +31,20 @@ def decomp_available() -> bool:
     return _decomp is not None and hasattr(_decomp, "decompose") and hasattr(_decomp, "table")
 
 
+def inductor_decompositions() -> Any:
+    """kiln.decomp's ``inductor`` table without the ops kiln.inductor lowers itself; also what the
+    meta-package's backend hands kiln.autograd to apply while tracing."""
+    table = _decomp.table("inductor")  # type: ignore[union-attr]
+    return _decomp.select([op for op in table if target_name(op) not in LOWERINGS], table)  # type: ignore[union-attr]
+
+
 def decompose(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
     if not decomp_available():
         if not _warned[0]:
             _warned[0] = True
             log("perf_hints").info("kiln.decomp has no decompose()/table() yet: lowering the graph as is")
         return gm
-    out = _decomp.decompose(gm, _decomp.table("inductor"))  # type: ignore[union-attr]
+    out = _decomp.decompose(gm, inductor_decompositions(), check=False)  # type: ignore[union-attr]
     ensure_meta(out, example_inputs)
     return out
 
