@@ -96,3 +96,15 @@ def test_cross_compile_for_cuda_under_cuda_autocast_keeps_traced_dtypes():
             cg = compile_graph(gm, fakes)
     _assert_extern_dtypes_match_graph(gm, cg)
     assert "device='cuda'" in cg.portable.source
+
+
+def test_graph_without_meta_compiled_under_autocast_keeps_its_dtypes():
+    # hand-built graphs get meta['val'] by running them on fake tensors: with autocast off, too
+    args = _args()
+    gm = trace(_attention, *args)
+    for n in gm.graph.nodes:
+        n.meta.pop("val", None)
+    with _autocast_on("cpu"):
+        cg = compile_graph(gm, args, options=STRICT)
+    _assert_extern_dtypes_match_graph(gm, cg)
+    assert_close(cg.fn(*args)[0], flat_outputs(_attention(*args))[0], atol=1e-2, rtol=1e-2)
