@@ -187,3 +187,23 @@ def test_cli_lists_tables_and_missing_ops(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "aten.special_bessel_j0.default" in out and "aten.gelu.default" not in out.split("\n", 1)[1]
     assert ops_in_text(g.code) >= {"aten.gelu.default"}
+
+
+def test_decompose_aten_graph_under_ambient_autocast_keeps_traced_dtypes():
+    # an ATen graph holds autocast's casts already (autograd traced them); re-tracing it while the
+    # caller's autocast is still on (kiln.inductor compiles on the first call, inside the user's
+    # torch.autocast) must not cast again: a float32 bmm stays float32, as the compiled graph runs it
+    def f(q, k, w, b):
+        s = torch.bmm(q, k).softmax(-1)
+        return torch.nn.functional.linear(s, w, b), s @ s
+    args = [torch.randn(2, 4, 8), torch.randn(2, 8, 4), torch.randn(3, 4), torch.randn(3)]
+    g = trace(f, args)
+    want = {n.name: n.meta["val"].dtype for n in g.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)}
+    assert set(want.values()) == {torch.float32}
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = decompose(g, table("inductor"))
+    got = [n.meta["val"].dtype for n in out.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+    assert set(got) == {torch.float32}, print_graph(out)
+    assert aten._to_copy.default not in _ops(out)
+    for a, e in zip(out(*args), f(*args)):
+        torch.testing.assert_close(a, e)

@@ -8,7 +8,8 @@ KILN_VERIFY): lowering either handles them or runs them as ATen fallbacks, repor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -25,6 +26,16 @@ except ImportError:  # pragma: no cover - kiln-decomp is a dependency
     _decomp = None  # type: ignore[assignment]
 
 _warned = [False]
+
+
+@contextlib.contextmanager
+def _autocast_off() -> Iterator[None]:
+    """ATen graphs hold autocast's casts and run with autocast off; the caller's may still be on."""
+    with contextlib.ExitStack() as stack:
+        for dev in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(dev):
+                stack.enter_context(torch.autocast(dev, enabled=False))
+        yield
 
 
 def decomp_available() -> bool:
@@ -63,7 +74,7 @@ def ensure_meta(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
             return mode.from_tensor(x)
         return x
 
-    with mode:
+    with mode, _autocast_off():
         for n in gm.graph.nodes:
             if n.op == "placeholder":
                 v, ex = n.meta.get("val"), next(it, None)
