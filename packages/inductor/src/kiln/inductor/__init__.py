@@ -6,6 +6,7 @@ Entry point: ``compile_graph(gm, example_inputs, options=InductorOptions()) -> C
 from .codegen.common import CompiledKernels, KernelBackend
 from .codegen.cpp import CppBackend, CppCompileError
 from .compile import compile_graph
+from .decomp_bridge import inductor_decompositions
 from .frontend import inductor_backend, to_aten
 from .ir import Kernel, KernelNode, LoopProgram, ScheduledProgram
 from .lowering.lower import LoweringError
