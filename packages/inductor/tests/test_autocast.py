@@ -11,10 +11,11 @@ import contextlib
 
 import torch
 from helpers import STRICT, assert_close
-from kiln.inductor import compile_graph
-from kiln.inductor.ir.nodes import ExternKernel, ListArg, TensorRef
 from torch._subclasses.fake_tensor import FakeTensorMode
 from tracer import flat_outputs, trace
+
+from kiln.inductor import compile_graph
+from kiln.inductor.ir.nodes import ExternKernel, ListArg, TensorRef
 
 MATMULS = {"aten.mm.default", "aten.bmm.default", "aten.addmm.default"}
 
