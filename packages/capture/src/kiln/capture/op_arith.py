@@ -8,21 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .op_registry import handler_table
 from .semantics import BINARY_OPS, COMPARE_OPS, apply_operator, contains, truth
 from .version import PY
 
 if TYPE_CHECKING:
     from .frame import Frame, Inst
 
-HANDLERS: dict[str, Any] = {}
-
-
-def op(*names: str):
-    def register(fn):
-        for n in names:
-            HANDLERS[n] = fn
-        return fn
-    return register
+HANDLERS, op = handler_table()
 
 
 def binary_operator(i: Inst) -> Any:

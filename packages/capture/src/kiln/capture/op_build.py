@@ -8,21 +8,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import GraphBreak
+from .op_registry import handler_table
 from .semantics import apply_operator, delitem, get_iter, getitem, setitem
 from .values import ListIterator
 
 if TYPE_CHECKING:
     from .frame import Frame, Inst
 
-HANDLERS: dict[str, Any] = {}
-
-
-def op(*names: str):
-    def register(fn):
-        for n in names:
-            HANDLERS[n] = fn
-        return fn
-    return register
+HANDLERS, op = handler_table()
 
 
 @op("BUILD_TUPLE")

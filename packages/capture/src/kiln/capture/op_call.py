@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import GraphBreak
 from .op_control import exit_context
+from .op_registry import handler_table
 from .semantics import get_iter
 from .values import NULL, ContextExit, TracedFunction
 from .version import PY
@@ -14,15 +15,7 @@ from .version import PY
 if TYPE_CHECKING:
     from .frame import Frame, Inst
 
-HANDLERS: dict[str, Any] = {}
-
-
-def op(*names: str):
-    def register(fn):
-        for n in names:
-            HANDLERS[n] = fn
-        return fn
-    return register
+HANDLERS, op = handler_table()
 
 
 @op("KW_NAMES")

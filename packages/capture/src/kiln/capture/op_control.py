@@ -8,6 +8,7 @@ import torch
 
 from .builtins_impl import set_grad_mode
 from .errors import GraphBreak
+from .op_registry import handler_table
 from .semantics import get_iter, truth
 from .values import (
     NULL,
@@ -23,15 +24,7 @@ from .version import PY
 if TYPE_CHECKING:
     from .frame import Frame, Inst
 
-HANDLERS: dict[str, Any] = {}
-
-
-def op(*names: str):
-    def register(fn):
-        for n in names:
-            HANDLERS[n] = fn
-        return fn
-    return register
+HANDLERS, op = handler_table()
 
 
 @op("JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP", "JUMP_NO_INTERRUPT",

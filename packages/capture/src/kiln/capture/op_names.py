@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .errors import GraphBreak
+from .op_registry import handler_table
 from .semantics import delete_attr, load_attr, store_attr
 from .sources import local_source
 from .values import EMPTY, NULL, Cell, SuperProxy
@@ -13,15 +14,7 @@ from .version import PY
 if TYPE_CHECKING:
     from .frame import Frame, Inst
 
-HANDLERS: dict[str, Any] = {}
-
-
-def op(*names: str):
-    def register(fn):
-        for n in names:
-            HANDLERS[n] = fn
-        return fn
-    return register
+HANDLERS, op = handler_table()
 
 
 @op("NOP", "RESUME", "PRECALL", "CACHE", "EXTENDED_ARG", "INSTRUMENTED_RESUME", "NOT_TAKEN")
