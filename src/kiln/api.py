@@ -10,19 +10,12 @@ from typing import Any
 import torch
 from torch import nn
 
+import kiln.capture as capture
+import kiln.runtime as runtime
 from kiln import aot
 from kiln.backends import resolve_backend
-from kiln.graph import Backend, BackendUnavailable
+from kiln.graph import Backend
 from kiln.settings import CompileOptions
-
-
-def _capture() -> Any:
-    try:
-        return importlib.import_module("kiln.capture")
-    except ImportError as e:
-        raise BackendUnavailable(
-            "kiln.compile needs the capture stage (package kiln-capture), which is not installed"
-        ) from e
 
 
 def compile(
@@ -80,7 +73,7 @@ class CompiledFunction:
         self._fn = fn
         self._opts = opts
         self._backend = backend
-        self._optimized = _capture().optimize(fn, backend, fullgraph=opts.fullgraph,
+        self._optimized = capture.optimize(fn, backend, fullgraph=opts.fullgraph,
                                               dynamic=capture_dynamic(opts))
         functools.update_wrapper(self, fn)
 
@@ -120,7 +113,7 @@ class OptimizedModule(nn.Module):
         self._orig_mod = mod
         self._opts = opts
         self._backend = backend
-        self._compiled_forward = _capture().optimize(mod.forward, backend, fullgraph=opts.fullgraph,
+        self._compiled_forward = capture.optimize(mod.forward, backend, fullgraph=opts.fullgraph,
                                                      dynamic=capture_dynamic(opts))
 
     @property
@@ -167,19 +160,19 @@ def explain(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``kiln.explain(fn)(*args)``: graphs, graph breaks with reasons, guards, op counts."""
     target = fn._orig_mod.forward if isinstance(fn, OptimizedModule) else fn
     target = getattr(target, "_fn", target)
-    return _capture().explain(target)
+    return capture.explain(target)
 
 
 def mark_dynamic(t: torch.Tensor, dim: int | list[int]) -> None:
     """Compile ``t``'s dimension(s) ``dim`` as symbolic sizes from the first call on."""
     for d in [dim] if isinstance(dim, int) else dim:
-        _capture().mark_dynamic(t, d)
+        capture.mark_dynamic(t, d)
 
 
 def reset() -> None:
     """Forget every compiled entry (and recompile counts) of every function, and free the memory
     pools of reduce-overhead's CUDA graph trees."""
-    _capture().reset()
+    capture.reset()
     try:
         trees = importlib.import_module("kiln.inductor.cudagraphs")
     except ImportError:
@@ -189,9 +182,5 @@ def reset() -> None:
 
 def load_compiled_function(file: Any, *, f_globals: dict[str, Any] | None = None,
                            external_data: dict[str, Any] | None = None) -> Any:
-    """Load a function saved by ``aot_compile(...).save_compiled_function``; needs kiln.runtime."""
-    try:
-        runtime = importlib.import_module("kiln.runtime")
-    except ImportError as e:
-        raise BackendUnavailable("loading compiled functions needs kiln-runtime") from e
+    """Load a function saved by ``aot_compile(...).save_compiled_function`` (kiln.runtime's loader)."""
     return runtime.load_compiled_function(file, f_globals=f_globals, external_data=external_data)
