@@ -5,26 +5,31 @@ backward ATen graphs (kiln.autograd), decomposes them (kiln.decomp), generates k
 (kiln.inductor) and stores artifacts (kiln.runtime). See README.md.
 """
 
+import importlib
 import pkgutil
+from typing import Any
 
 # kiln is a namespace shared by every stage distribution; this makes kiln.<stage> importable whether
 # the stages are installed together (this meta-package) or alone.
 __path__ = pkgutil.extend_path(__path__, __name__)
 
-from kiln.api import (  # noqa: E402
-    compile,
-    explain,
-    load_compiled_function,
-    mark_dynamic,
-    reset,
-)
-from kiln.backends import list_backends, register_backend  # noqa: E402
-from kiln.graph import set_logs  # noqa: E402
-from kiln.settings import apply_env_logs  # noqa: E402
+# Note: the API is loaded on first use (PEP 562), so ``import kiln.runtime`` in a deployment process
+# loads the runtime alone, not the compiler stages behind ``kiln.compile``.
+_API = {
+    "compile": "kiln.api", "explain": "kiln.api", "load_compiled_function": "kiln.api",
+    "mark_dynamic": "kiln.api", "reset": "kiln.api", "list_backends": "kiln.backends",
+    "register_backend": "kiln.backends", "set_logs": "kiln.graph",
+}
+__all__ = sorted(_API)
 
-apply_env_logs()
 
-__all__ = [
-    "compile", "explain", "list_backends", "load_compiled_function", "mark_dynamic",
-    "register_backend", "reset", "set_logs",
-]
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        value = getattr(importlib.import_module(_API[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])

@@ -1,4 +1,4 @@
-"""The meta-package's settings: compile options as a frozen dataclass, and KILN_LOGS applied once."""
+"""The meta-package's settings: compile options as a frozen dataclass."""
 
 from __future__ import annotations
 
@@ -6,9 +6,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
-
-from kiln.graph import KNOBS, set_logs
-from kiln.graph.logs import parse_log_spec
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -26,8 +23,3 @@ class CompileOptions:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"kiln.compile: unknown mode {self.mode!r}; expected one of {MODES}")
-
-
-def apply_env_logs() -> None:
-    if KNOBS.logs:
-        set_logs(*parse_log_spec(KNOBS.logs))

@@ -21,8 +21,12 @@ CHAINS = 20
 UNARY = {
     "sin": torch.sin, "tanh": torch.tanh, "abs": torch.abs, "neg": torch.neg, "sigmoid": torch.sigmoid,
     "relu": torch.relu, "exp_clamped": lambda x: x.clamp(-5, 5).exp(), "sqrt_abs": lambda x: x.abs().sqrt(),
-    "square": lambda x: x * x, "gelu": F.gelu, "floor": torch.floor, "to_bf16_and_back": lambda x: x.bfloat16().float(),
+    "square": lambda x: x * x, "gelu": F.gelu,
 }
+# Note: no floor/round/bf16 round trips here. Deep in a random chain a discontinuous op turns a
+# last-bit difference of upstream math (vector erf for gelu) into a whole unit (CI found
+# floor(amax(gelu(x))) = -1 vs 0 at 2,000 cases); that is not a miscompile, and the tolerance of this
+# comparison cannot tell the two apart. Those ops are checked exactly by the op_db tests instead.
 BINARY = {
     "add": torch.add, "mul": torch.mul, "sub": torch.sub, "maximum": torch.maximum,
     "where": lambda a, b: torch.where(a > b, a, b * 0.5), "div_safe": lambda a, b: a / (b.abs() + 1),

@@ -18,7 +18,7 @@ from .guards import (
     type_name,
 )
 from .knobs import KNOBS, GraphKnobs
-from .logs import LOG_NAMES, enabled, log, set_logs
+from .logs import LOG_NAMES, apply_env_logs, enabled, log, set_logs
 from .passes import KeepText, Pass, PassRecord, PipelineResult, VerifyAfterPass, run_pipeline
 from .printer import print_graph, target_name
 from .spec import Dim, TensorSpec
@@ -40,3 +40,5 @@ __all__ = [
     "example_specs", "global_state", "log", "new_graph_id", "print_graph", "run_pipeline",
     "set_logs", "target_name", "tensor_expectation", "type_name", "verify",
 ]
+
+apply_env_logs(KNOBS.logs)  # every stage honours KILN_LOGS, installed alone or together

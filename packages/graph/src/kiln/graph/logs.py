@@ -64,3 +64,9 @@ def set_logs(*names: str, **flags: bool) -> None:
 
 def parse_log_spec(spec: str) -> list[str]:
     return [s.strip() for s in spec.split(",") if s.strip()]
+
+
+def apply_env_logs(spec: str) -> None:
+    """Enable the logs named in KILN_LOGS (read once, in kiln.graph.knobs)."""
+    if spec:
+        set_logs(*parse_log_spec(spec))
