@@ -62,6 +62,7 @@ def test_decomposition(name, table_name):
     assert not failed, failed[:5]
 
 
+@pytest.mark.slow  # counts the whole op_db run: CI checks it on the default Python (noxfile.py)
 @pytest.mark.parametrize("table_name", TABLES)
 def test_at_least_150_ops_checked(table_name):
     report = REPORTS[table_name]
