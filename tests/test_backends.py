@@ -36,3 +36,22 @@ def test_unknown_mode_is_a_clear_error() -> None:
 def test_builtin_names_cannot_be_replaced() -> None:
     with pytest.raises(ValueError, match="built-in"):
         kiln.register_backend(lambda gm, ex: gm.forward, name="eager")
+
+
+def test_module_parameters_and_buffers_are_marked_static_for_cuda_graphs() -> None:
+    """reduce-overhead copies every non-static input into its graph's slot on each call: the
+    parameters and buffers must be recognised, or a decode step copies all its weights."""
+    import torch
+
+    from kiln.backends import _is_module_state
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).eval()
+    marks: dict[str, bool] = {}
+
+    def record(gm, example_inputs):
+        marks.update({n.name: _is_module_state(n) for n in gm.graph.nodes if n.op == "placeholder"})
+        return gm.forward
+
+    kiln.compile(model, backend=record)(torch.randn(2, 4))
+    assert sum(marks.values()) == 6, marks  # weight, bias, BN weight/bias/running stats
+    assert sum(not static for static in marks.values()) == 1, marks  # the input x

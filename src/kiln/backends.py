@@ -63,6 +63,8 @@ def _aot_eager(opts: CompileOptions) -> Backend:
 
 
 def _is_module_state(node: fx.Node) -> bool:
+    if "module_state" in node.meta:  # set by kiln.capture on every placeholder
+        return bool(node.meta["module_state"])
     source = str(node.meta.get("source", ""))
     return "._parameters[" in source or "._buffers[" in source
 

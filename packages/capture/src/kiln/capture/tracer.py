@@ -212,6 +212,8 @@ class Tracer:
         node.meta["val"] = fake
         node.meta["spec"] = TensorSpec.from_tensor(fake) if isinstance(fake, torch.Tensor) else None
         node.meta["source"] = pretty(source)
+        # parameters and buffers of modules: reduce-overhead keeps them as static CUDA-graph inputs
+        node.meta["module_state"] = "._parameters[" in source or "._buffers[" in source
         return node
 
     def _size_node(self, tensor_node: fx.Node, dim: int, sym: Any) -> fx.Node:

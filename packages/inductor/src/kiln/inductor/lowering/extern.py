@@ -55,7 +55,9 @@ def _outputs(ctx: LoweringContext, val: Any, path: tuple[int, ...] = ()) -> list
         for k, v in enumerate(val):
             out += _outputs(ctx, v, path + (k,))
         return out
-    if val is None:
+    if val is None or (isinstance(val, (int, float, bool)) and not isinstance(val, torch.SymInt)):
+        # plain numbers (cuDNN attention's max_q/max_k) are known at trace time: consumers get the
+        # constant (``_rebuild``), the call's own value at that position is ignored
         return []
     raise NotLowered(f"non-tensor output {type(val).__name__}")
 
@@ -95,7 +97,11 @@ def _extern(ctx: LoweringContext, node: fx.Node, *args: Any, **kwargs: Any) -> A
 for _name in ("mm.default", "bmm.default", "addmm.default", "baddbmm.default", "convolution.default",
               "_convolution.default", "_scaled_dot_product_flash_attention_for_cpu.default",
               "scaled_dot_product_attention.default", "_scaled_dot_product_efficient_attention.default",
-              "_scaled_dot_product_flash_attention.default", "addmv.default", "mv.default", "dot.default",
+              "_scaled_dot_product_flash_attention.default", "_scaled_dot_product_cudnn_attention.default",
+              "_scaled_dot_product_flash_attention_backward.default",
+              "_scaled_dot_product_efficient_attention_backward.default",
+              "_scaled_dot_product_cudnn_attention_backward.default",
+              "_scaled_dot_product_flash_attention_for_cpu_backward.default", "addmv.default", "mv.default", "dot.default",
               "_weight_int8pack_mm.default", "linear.default", "matmul.default", "convolution_backward.default",
               "sort.default", "topk.default", "_fft_r2c.default", "_fft_c2r.default", "_fft_c2c.default",
               "_linalg_svd.default", "linalg_vector_norm.default"):

@@ -1,0 +1,144 @@
+"""Where does a compiled step spend its time? One model, one backend: host (cProfile) and device
+(torch.profiler kernel table) breakdown of the steady state, for finding overheads.
+
+    python -m benchmarks.profile --model resnet50 --backend kiln --out DIR [--mode reduce-overhead]
+    python -m benchmarks.profile --model decode --backend kiln --mode reduce-overhead --out DIR
+
+``--model decode`` is the bs=1 decode step of benchmarks.decode (full size on CUDA). Suite models run
+inference as the suite does (bf16 on CUDA, ``no_grad``), or a training step with ``--training``.
+Writes ``<model>-<backend>.txt`` into ``--out``: wall ms per step, device busy ms per step, kernel
+launches per step, the top host functions by own time and the top device kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from benchmarks.kiln_bench import backends as B
+from benchmarks.kiln_bench.models import build, cast_inputs
+from benchmarks.kiln_bench.suite_worker import _step_fn
+
+
+def _decode_step(device: str, spec: B.CompileSpec, backend: str) -> Callable[[], Any]:
+    from benchmarks.kiln_bench.llama_decode import TINY, DecodeConfig, build_decoder
+
+    cfg = DecodeConfig() if device.startswith("cuda") else TINY
+    model = build_decoder(cfg, device, torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    step = B.compile_fn(backend, model, spec)
+    state = {"tok": torch.ones(1, 1, dtype=torch.long, device=device), "i": 0}
+    positions = torch.arange(cfg.max_seq, device=device)
+
+    def run() -> Any:
+        with torch.no_grad():
+            i = state["i"] % cfg.max_seq
+            if backend == "torch_compile" and spec.mode == "reduce-overhead":
+                torch.compiler.cudagraph_mark_step_begin()
+            tok = step(state["tok"], positions[i:i + 1])
+            state["tok"] = tok.clone() if backend == "torch_compile" else tok
+            state["i"] += 1
+            return tok
+    return run
+
+
+def _suite_step(name: str, device: str, spec: B.CompileSpec, backend: str, training: bool,
+                small: bool) -> Callable[[], Any]:
+    dev = torch.device(device)
+    case = build(name, small=small, device=dev)
+    if not training:
+        case.model.eval()
+        if dev.type == "cuda":
+            case.model.to(torch.bfloat16)
+            cast_inputs(case, torch.bfloat16)
+    run = B.compile_fn(backend, case.model, spec)
+    return _step_fn(case, run, training, dev)
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def profile(step: Callable[[], Any], device: str, iters: int, top: int) -> str:
+    t0 = time.perf_counter()
+    step()
+    _sync(device)
+    first = time.perf_counter() - t0
+    for _ in range(5):
+        step()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        step()
+    _sync(device)
+    wall_ms = (time.perf_counter() - t0) / iters * 1e3
+    # host: own time per Python function over the same steps
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(iters):
+        step()
+    _sync(device)
+    prof.disable()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
+    lines = [f"first call s: {first:.2f}", f"wall ms/step: {wall_ms:.3f}"]
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.startswith("cuda"):
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as tp:
+        for _ in range(iters):
+            step()
+        _sync(device)
+    events = tp.key_averages()
+    dev_attr = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    kernels = [e for e in events if getattr(e, dev_attr, 0) > 0 and e.key != "cudaGraphLaunch"]
+    busy = sum(getattr(e, dev_attr) for e in kernels) / iters / 1e3
+    launches = sum(e.count for e in kernels) / iters
+    lines += [f"device busy ms/step (sum of kernel times): {busy:.3f}",
+              f"device ops per step: {launches:.1f}",
+              "", "== top device kernels (self device time, whole run) =="]
+    kernels.sort(key=lambda e: -getattr(e, dev_attr))
+    for e in kernels[:top]:
+        lines.append(f"{getattr(e, dev_attr) / iters / 1e3:9.3f} ms/step  x{e.count / iters:5.1f}  {e.key[:110]}")
+    lines += ["", "== host: top functions by own time over " + str(iters) + " steps ==", s.getvalue()]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model", required=True)
+    p.add_argument("--backend", default="kiln", choices=["kiln", "eager", "torch_compile"])
+    p.add_argument("--mode", default=None)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--training", action="store_true")
+    p.add_argument("--small", action="store_true")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--top", type=int, default=40)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args(argv)
+    spec = B.CompileSpec(mode=args.mode)
+    if args.model == "decode":
+        step = _decode_step(args.device, spec, args.backend)
+    else:
+        step = _suite_step(args.model, args.device, spec, args.backend, args.training, args.small)
+    text = profile(step, args.device, args.iters, args.top)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tag = f"{args.model}-{'train' if args.training else 'infer'}-{args.backend}-{args.mode or 'default'}"
+    (args.out / f"{tag}.txt").write_text(text)
+    print(f"== {tag} ==\n" + "\n".join(text.splitlines()[:4 + args.top // 2]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
