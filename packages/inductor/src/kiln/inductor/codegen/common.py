@@ -25,6 +25,7 @@ class CompiledKernels:
     compile_seconds: float = 0.0
     requires: tuple[str, ...] = field(default=("torch",))
     device: str = "cpu"  # where the wrapper allocates buffers and the seed ("cuda" for Triton on GPUs)
+    call_prologue: str = ""  # one statement at the start of ``call`` (Triton: read device and stream once)
 
 
 class KernelBackend(Protocol):

@@ -126,6 +126,8 @@ class WrapperWriter:
         unpack = [names.get(k, "_") for k in range(max(names, default=-1) + 1)]
         if unpack:
             self.lines.append(f"    {', '.join(unpack)}{',' if len(unpack) == 1 else ''} = args[:{len(unpack)}]")
+        if self.kernels.call_prologue:
+            self.lines.append(f"    {self.kernels.call_prologue}")
         if p.seed_buffer:
             self.lines.append(f"    {p.seed_buffer} = torch.randint(0, 2**62, (1,), dtype=torch.int64{self.device_kw})")
         for st in self.s.steps:

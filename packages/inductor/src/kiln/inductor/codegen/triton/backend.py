@@ -18,9 +18,11 @@ from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .kernel import TritonKernel, generate_kernels
 from .wrapper import MODULE_VAR, module_source, wrapper_prologue
 
+CTX_VAR = "_kctx"  # (device, stream), read once per wrapper call
+
 
 def _launch_line(g: TritonKernel) -> str:
-    launch = g.launch_code(MODULE_VAR)
+    launch = g.launch_code(MODULE_VAR, ctx=CTX_VAR)
     if g.xnumel == "0" or g.ynumel == "0":
         return "pass"
     return f"({launch}) if {g.xnumel} > 0 else None" if g.size_args else launch
@@ -59,4 +61,5 @@ class TritonBackend:
         source = module_source(generated) if generated else ""
         return CompiledKernels(files={}, prelude=wrapper_prologue(generated), launches=launches,
                                source_text=source, local_dir="", compile_seconds=time.perf_counter() - t0,
-                               requires=("torch", "triton"), device=self.device)
+                               requires=("torch", "triton"), device=self.device,
+                               call_prologue=f"{CTX_VAR} = _kiln_launch_context()" if generated else "")

@@ -74,18 +74,33 @@ class TritonKernel:
 
     @property
     def grid(self) -> str:
+        """The launch grid: a literal when the sizes are static, else an expression over size_args."""
         y = f"triton.cdiv({self.ynumel}, {self.yblock})" if self.yblock else "1"
-        return f"(triton.cdiv({self.xnumel}, {self.xblock}), {y}, 1)"
+        expr = f"(triton.cdiv({self.xnumel}, {self.xblock}), {y}, 1)"
+        if self.size_args:
+            return expr
+        cdiv = lambda a, b: -(-a // b)  # noqa: E731
+        gx = cdiv(int(eval(self.xnumel, {}, {})), self.xblock)  # noqa: S307 - our own printed integer
+        gy = cdiv(int(eval(self.ynumel, {}, {})), self.yblock) if self.yblock else 1  # noqa: S307
+        return f"({gx}, {gy}, 1)"
 
-    def launch_code(self, module: str = "", args: Sequence[str] | None = None) -> str:
-        """One Python statement launching this kernel; ``args`` default to the buffer names."""
+    @property
+    def launcher_var(self) -> str:
+        return f"_launch_{self.name}"
+
+    def launcher_definition(self, module: str) -> str:
+        """Module-level wrapper code creating this kernel's ``_KilnLaunch`` (codegen/triton/launcher.py)."""
+        consts = {"XBLOCK": self.xblock, **({"RBLOCK": self.rblock} if self.rblock else {}),
+                  **({"YBLOCK": self.yblock} if self.yblock else {})}
+        return f"{self.launcher_var} = _KilnLaunch({module}.{self.name}, {consts!r}, {self.num_warps})"
+
+    def launch_code(self, module: str = "", args: Sequence[str] | None = None,
+                    ctx: str = "_kiln_launch_context()") -> str:
+        """One Python statement launching this kernel through its launcher; ``args`` default to the
+        buffer names; ``ctx`` is the (device, stream) expression (the wrapper reads it once per call)."""
         call_args = list(args) if args is not None else list(self.pointer_args)
         call_args += list(self.size_args)
-        consts = f"XBLOCK={self.xblock}" + (f", RBLOCK={self.rblock}" if self.rblock else "") + (
-            f", YBLOCK={self.yblock}" if self.yblock else "")
-        fn = f"{module}.{self.name}" if module else self.name
-        return (f"{fn}[{self.grid}]({', '.join(call_args)}, {consts}, num_warps={self.num_warps}, "
-                f"num_stages=1)")
+        return f"{self.launcher_var}({self.grid}, {ctx}, {', '.join(call_args)})"
 
 
 def _is_kernel_var(s: sympy.Symbol) -> bool:

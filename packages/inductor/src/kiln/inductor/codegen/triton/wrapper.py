@@ -24,6 +24,7 @@ import torch
 from ...ir import Kernel
 from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .kernel import TritonKernel, generate_kernels
+from .launcher import LAUNCHER
 from .prelude import PRELUDE
 
 MODULE_VAR = "triton_kernels"
@@ -80,13 +81,15 @@ def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_V
     # a raw triple-quoted literal keeps the kernels readable in the output_code log
     literal = f"r'''{src}'''" if "'''" not in src and not src.endswith("\\") else repr(src)
     return "\n".join(["import triton", "", f"_TRITON_SOURCE = {literal}", "", LOADER,
-                      f"{module_var} = _kiln_load_triton_module(_TRITON_SOURCE)", ""])
+                      f"{module_var} = _kiln_load_triton_module(_TRITON_SOURCE)", "", LAUNCHER,
+                      *(k.launcher_definition(module_var) for k in kernels), ""])
 
 
-def launch_statement(k: TritonKernel, args: Sequence[str] | None = None, module_var: str = MODULE_VAR) -> str:
+def launch_statement(k: TritonKernel, args: Sequence[str] | None = None, module_var: str = MODULE_VAR,
+                     ctx: str = "_kiln_launch_context()") -> str:
     """A wrapper statement launching ``k``; skipped when the iteration space is empty."""
-    return f"if {k.xnumel} > 0:\n    {k.launch_code(module_var, args)}" if k.size_args else (
-        k.launch_code(module_var, args) if k.xnumel != "0" else "pass")
+    return f"if {k.xnumel} > 0:\n    {k.launch_code(module_var, args, ctx)}" if k.size_args else (
+        k.launch_code(module_var, args, ctx) if k.xnumel != "0" else "pass")
 
 
 class TritonKernels:

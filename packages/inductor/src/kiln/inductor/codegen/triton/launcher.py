@@ -1,0 +1,87 @@
+"""The fast Triton launcher generated wrappers use (kept as text: written into every wrapper module,
+and exec'd here for in-process use and tests).
+
+triton's ``fn[grid](*args, **consts)`` binds arguments, computes a specialisation key and looks the
+binary up in Python on every launch: 10-40 us, which dominates a model of a few hundred small kernels
+on a GPU. ``_KilnLaunch`` pays that once: the first call goes through triton (which compiles and
+returns the binary); later calls hand the arguments straight to the binary's C launcher while what
+triton specialised on is unchanged -- each tensor's 16-byte alignment and each int's "== 1" and
+"multiple of 16" -- and the current device is the one it compiled for. Anything else (another
+alignment, a launch hook installed by a profiler, the interpreter) takes triton's own path, so the
+fast path never launches a binary that triton would not have chosen.
+
+The wrapper reads the CUDA device and stream once per call (``_kiln_launch_context()``) and passes them
+to every launch.
+"""
+
+from __future__ import annotations
+
+LAUNCHER = '''\
+def _kiln_make_launch_support():
+    import os
+    import torch
+    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    try:
+        from torch._C import _cuda_getCurrentRawStream as raw_stream
+    except ImportError:  # torch without CUDA: only the interpreter runs kernels
+        raw_stream = None
+
+    def hooks_installed():
+        try:
+            from triton import knobs
+            return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+        except (ImportError, AttributeError):
+            from triton.compiler import CompiledKernel
+            return getattr(CompiledKernel, "launch_enter_hook", None) is not None
+
+    def launch_context():
+        """(device index, raw stream) for this call's launches; (-1, 0) under the interpreter."""
+        if interpret or raw_stream is None or not torch.cuda.is_initialized():
+            return (-1, 0)
+        device = torch.cuda.current_device()
+        return (device, raw_stream(device))
+
+    def spec_key(args):
+        return tuple((a.data_ptr() & 15) == 0 if isinstance(a, torch.Tensor) else
+                     (a == 1, a % 16 == 0) if isinstance(a, int) else None for a in args)
+
+    class KilnLaunch:
+        """One kernel's launcher: triton's path first, then its binary directly (module docstring)."""
+        __slots__ = ("fn", "consts", "num_warps", "run", "function", "meta", "key", "device", "tail")
+
+        def __init__(self, fn, consts, num_warps):
+            self.fn, self.consts, self.num_warps = fn, consts, num_warps
+            self.run = None
+
+        def __call__(self, grid, ctx, *args):
+            run = self.run
+            if run is not None and ctx[0] == self.device and spec_key(args) == self.key:
+                run(grid[0], grid[1], grid[2], ctx[1], self.function, self.meta, None, None, None,
+                    *args, *self.tail)
+                return
+            binary = self.fn[grid](*args, **self.consts, num_warps=self.num_warps, num_stages=1)
+            if run is None and ctx[0] >= 0 and binary is not None and not hooks_installed():
+                self.adopt(binary, ctx[0], args)
+
+        def adopt(self, binary, device, args):
+            names = list(self.fn.arg_names)
+            if set(names[len(args):]) != set(self.consts):
+                return  # an argument order this launcher does not know: stay on triton's path
+            try:
+                self.function, self.meta = binary.function, binary.packed_metadata
+                run = binary.run
+            except AttributeError:  # a triton without these (older/newer API): stay on triton's path
+                return
+            self.tail = tuple(self.consts[n] for n in names[len(args):])
+            self.key, self.device, self.run = spec_key(args), device, run
+
+    return launch_context, KilnLaunch
+
+
+_kiln_launch_context, _KilnLaunch = _kiln_make_launch_support()
+'''
+
+_ns: dict[str, object] = {}
+exec(compile(LAUNCHER, "<kiln triton launcher>", "exec"), _ns)  # noqa: S102 - our own constant text
+launch_context = _ns["_kiln_launch_context"]
+KilnLaunch = _ns["_KilnLaunch"]

@@ -1,0 +1,64 @@
+"""The fast Triton launcher (codegen/triton/launcher.py): triton's own path first, then the binary
+directly while triton's specialisation still holds. GPU tests check results, that the fast path is
+taken, and that an input with another alignment goes back through triton's path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kiln.inductor import compile_graph
+from kiln.inductor.codegen.triton.launcher import KilnLaunch, launch_context
+
+
+def test_launch_context_without_cuda_initialised_is_the_slow_path_marker() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        pytest.skip("CUDA already initialised in this process")
+    assert launch_context() == (-1, 0)
+
+
+def test_launcher_without_a_binary_stays_on_triton_path() -> None:
+    calls = []
+
+    class FakeJit:
+        arg_names = ["a", "XBLOCK"]
+
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                calls.append((grid, args, kwargs))
+                return None  # the interpreter returns no binary
+            return run
+
+    launch = KilnLaunch(FakeJit(), {"XBLOCK": 8}, 1)
+    launch((1, 1, 1), (-1, 0), 5)
+    launch((1, 1, 1), (-1, 0), 5)
+    assert len(calls) == 2 and launch.run is None
+    assert calls[0][2] == {"XBLOCK": 8, "num_warps": 1, "num_stages": 1}
+
+
+def _fx_mul_add():
+    from torch import fx
+
+    g = fx.Graph()
+    x, y = g.placeholder("x"), g.placeholder("y")
+    out = g.call_function(torch.ops.aten.add.Tensor, (g.call_function(torch.ops.aten.mul.Tensor, (x, y)), 1.0))
+    g.output((out,))
+    return fx.GraphModule({}, g)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_fast_path_is_taken_and_alignment_changes_go_back_through_triton() -> None:
+    gm = _fx_mul_add()
+    base = torch.randn(4097, device="cuda")
+    y = torch.randn(4096, device="cuda")
+    x = base[:4096]
+    compiled = compile_graph(gm, [x, y])
+    for _ in range(3):
+        torch.testing.assert_close(compiled.fn(x, y)[0], x * y + 1)
+    call = next(c.cell_contents for c in compiled.fn.__closure__ if callable(c.cell_contents))
+    launchers = [v for v in call.__globals__.values() if type(v).__name__ == "KilnLaunch"]
+    assert launchers and all(launch.run is not None for launch in launchers), "fast path not adopted"
+    shifted = base[1:]  # 4-byte offset: triton specialised the kernel on 16-byte alignment
+    torch.testing.assert_close(compiled.fn(shifted, y)[0], shifted * y + 1)
+    torch.testing.assert_close(compiled.fn(x, y)[0], x * y + 1)
