@@ -103,7 +103,9 @@ def profile(step: Callable[[], Any], device: str, iters: int, top: int) -> str:
         _sync(device)
     events = tp.key_averages()
     dev_attr = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
-    kernels = [e for e in events if getattr(e, dev_attr, 0) > 0 and e.key != "cudaGraphLaunch"]
+    # device kernels only: ATen op events carry their kernels' device time too (counted twice)
+    kernels = [e for e in events if getattr(e, dev_attr, 0) > 0 and not e.key.startswith(("aten::", "cuLaunch", "cuda"))
+               and e.key != "cudaGraphLaunch"]
     busy = sum(getattr(e, dev_attr) for e in kernels) / iters / 1e3
     launches = sum(e.count for e in kernels) / iters
     lines += [f"device busy ms/step (sum of kernel times): {busy:.3f}",
