@@ -37,7 +37,7 @@ inf, nan = float("inf"), float("nan")
 def _restride(t, size, stride):
     """Extern and fallback kernels may return other strides than the trace said (a convolution follows
     its input's layout, cuDNN picks its own); kernels index by the plan, so copy into it if needed."""
-    if t.numel() <= 1 or all(a == b for n, a, b in zip(size, t.stride(), stride) if n != 1):
+    if t.stride() == stride or t.numel() <= 1 or all(a == b for n, a, b in zip(size, t.stride(), stride) if n != 1):
         return t
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
@@ -92,13 +92,18 @@ class WrapperWriter:
         assert isinstance(a, ConstArg)
         return _value(a.value)
 
-    def extern(self, e: ExternKernel) -> None:
+    def extern(self, e: ExternKernel, dead: frozenset[str] = frozenset()) -> None:
+        """The call, then each used output re-strided to its planned layout. ``dead`` outputs (freed in
+        the same step: cuDNN attention's logsumexp and philox state in inference) are never bound:
+        ATen may return undefined tensors (None) for them."""
         ns, op, overload = e.target.split(".", 2)
         call_args = [self.arg(a) for a in e.args] + [f"{k}={self.arg(v)}" for k, v in e.kwargs]
         target = f"torch.ops.{ns}.{op}.{overload}"
         res = f"_r_{e.name}" if (len(e.outputs) != 1 or e.outputs[0].path) else e.outputs[0].buffer
         self.lines.append(f"    {res} = {target}({', '.join(call_args)})  # {e.kind}")
         for o in e.outputs:
+            if o.buffer in dead and res.startswith("_r_"):
+                continue
             src = res + "".join(f"[{k}]" for k in o.path)
             # externs too, not only fallbacks: the kernels index by the traced strides, which a
             # convolution (its input's layout) or cuDNN need not return
@@ -133,11 +138,14 @@ class WrapperWriter:
         for st in self.s.steps:
             for a in st.allocate:
                 self.alloc(a.buffer, a.layout, a.reuse)
+            dead: frozenset[str] = frozenset()
             if isinstance(st.work, Kernel):
                 self.lines.append(f"    {self.kernels.launches[st.work.name]}")
             else:
-                self.extern(st.work)
-            dels = [b for b in st.free if b not in reused]
+                dead = frozenset(o.buffer for o in st.work.outputs
+                                 if o.buffer in st.free and o.buffer not in reused and o.path)
+                self.extern(st.work, dead)
+            dels = [b for b in st.free if b not in reused and b not in dead]
             if dels:
                 self.lines.append(f"    del {', '.join(dels)}")
         outs = []

@@ -27,12 +27,15 @@ def _kiln_make_launch_support():
         raw_stream = None
 
     def hooks_installed():
+        """A profiler (proton, ...) set triton's launch hooks: keep triton's path, which calls them."""
+        def active(hook):  # triton >= 3.5 keeps an always-present HookChain; older ones None or a function
+            return hook is not None and bool(getattr(hook, "calls", True))
         try:
             from triton import knobs
-            return knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None
+            return active(knobs.runtime.launch_enter_hook) or active(knobs.runtime.launch_exit_hook)
         except (ImportError, AttributeError):
             from triton.compiler import CompiledKernel
-            return getattr(CompiledKernel, "launch_enter_hook", None) is not None
+            return active(getattr(CompiledKernel, "launch_enter_hook", None))
 
     def launch_context():
         """(device index, raw stream) for this call's launches; (-1, 0) under the interpreter."""
@@ -75,13 +78,14 @@ def _kiln_make_launch_support():
             self.tail = tuple(self.consts[n] for n in names[len(args):])
             self.key, self.device, self.run = spec_key(args), device, run
 
-    return launch_context, KilnLaunch
+    return launch_context, KilnLaunch, hooks_installed
 
 
-_kiln_launch_context, _KilnLaunch = _kiln_make_launch_support()
+_kiln_launch_context, _KilnLaunch, _kiln_hooks_installed = _kiln_make_launch_support()
 '''
 
 _ns: dict[str, object] = {}
 exec(compile(LAUNCHER, "<kiln triton launcher>", "exec"), _ns)  # noqa: S102 - our own constant text
 launch_context = _ns["_kiln_launch_context"]
 KilnLaunch = _ns["_KilnLaunch"]
+hooks_installed = _ns["_kiln_hooks_installed"]
