@@ -59,7 +59,8 @@ class TritonBackend:
             # one line (the wrapper indents it); an empty iteration space launches nothing
             launches[k.name] = "; ".join(_launch_line(g) for g in parts)
         source = module_source(generated) if generated else ""
-        return CompiledKernels(files={}, prelude=wrapper_prologue(generated), launches=launches,
+        inputs = frozenset(b.name for b in scheduled.program.inputs)
+        return CompiledKernels(files={}, prelude=wrapper_prologue(generated, inputs=inputs), launches=launches,
                                source_text=source, local_dir="", compile_seconds=time.perf_counter() - t0,
                                requires=("torch", "triton"), device=self.device,
                                call_prologue=f"{CTX_VAR} = _kiln_launch_context()" if generated else "")

@@ -88,11 +88,16 @@ class TritonKernel:
     def launcher_var(self) -> str:
         return f"_launch_{self.name}"
 
-    def launcher_definition(self, module: str) -> str:
-        """Module-level wrapper code creating this kernel's ``_KilnLaunch`` (codegen/triton/launcher.py)."""
+    def launcher_definition(self, module: str, inputs: frozenset[str] | None = None) -> str:
+        """Module-level wrapper code creating this kernel's ``_KilnLaunch`` (codegen/triton/launcher.py).
+        ``inputs``: the graph's input buffers, the only pointers whose alignment can change between
+        calls (None: check every argument on every launch)."""
         consts = {"XBLOCK": self.xblock, **({"RBLOCK": self.rblock} if self.rblock else {}),
                   **({"YBLOCK": self.yblock} if self.yblock else {})}
-        return f"{self.launcher_var} = _KilnLaunch({module}.{self.name}, {consts!r}, {self.num_warps})"
+        check = None if inputs is None else tuple(
+            [i for i, b in enumerate(self.pointer_args) if b in inputs]
+            + [len(self.pointer_args) + j for j in range(len(self.size_args))])
+        return f"{self.launcher_var} = _KilnLaunch({module}.{self.name}, {consts!r}, {self.num_warps}, {check!r})"
 
     def launch_code(self, module: str = "", args: Sequence[str] | None = None,
                     ctx: str = "_kiln_launch_context()") -> str:

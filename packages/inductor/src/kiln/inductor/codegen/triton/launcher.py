@@ -44,21 +44,24 @@ def _kiln_make_launch_support():
         device = torch.cuda.current_device()
         return (device, raw_stream(device))
 
-    def spec_key(args):
+    def spec_key(args, check):
+        """What triton specialised on, for the arguments that can change between calls (graph inputs
+        and sizes; buffers the wrapper allocates are always aligned): ``check`` is their positions."""
         return tuple((a.data_ptr() & 15) == 0 if isinstance(a, torch.Tensor) else
-                     (a == 1, a % 16 == 0) if isinstance(a, int) else None for a in args)
+                     (a == 1, a % 16 == 0) if isinstance(a, int) else None
+                     for a in (args if check is None else [args[i] for i in check]))
 
     class KilnLaunch:
         """One kernel's launcher: triton's path first, then its binary directly (module docstring)."""
-        __slots__ = ("fn", "consts", "num_warps", "run", "function", "meta", "key", "device", "tail")
+        __slots__ = ("fn", "consts", "num_warps", "check", "run", "function", "meta", "key", "device", "tail")
 
-        def __init__(self, fn, consts, num_warps):
-            self.fn, self.consts, self.num_warps = fn, consts, num_warps
+        def __init__(self, fn, consts, num_warps, check=None):
+            self.fn, self.consts, self.num_warps, self.check = fn, consts, num_warps, check
             self.run = None
 
         def __call__(self, grid, ctx, *args):
             run = self.run
-            if run is not None and ctx[0] == self.device and spec_key(args) == self.key:
+            if run is not None and ctx[0] == self.device and (not self.check or spec_key(args, self.check) == self.key):
                 run(grid[0], grid[1], grid[2], ctx[1], self.function, self.meta, None, None, None,
                     *args, *self.tail)
                 return
@@ -76,7 +79,7 @@ def _kiln_make_launch_support():
             except AttributeError:  # a triton without these (older/newer API): stay on triton's path
                 return
             self.tail = tuple(self.consts[n] for n in names[len(args):])
-            self.key, self.device, self.run = spec_key(args), device, run
+            self.key, self.device, self.run = spec_key(args, self.check), device, run
 
     return launch_context, KilnLaunch, hooks_installed
 

@@ -73,8 +73,10 @@ def module_source(kernels: Sequence[TritonKernel]) -> str:
     return PRELUDE + "\n\n" + "\n\n\n".join(k.source for k in kernels) + "\n"
 
 
-def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_VAR) -> str:
-    """Module-level wrapper code defining ``module_var`` (the loaded kernel module)."""
+def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_VAR,
+                     inputs: frozenset[str] | None = None) -> str:
+    """Module-level wrapper code defining ``module_var`` (the loaded kernel module) and each kernel's
+    launcher; ``inputs`` names the graph's input buffers (see ``TritonKernel.launcher_definition``)."""
     if not kernels:
         return ""
     src = module_source(kernels)
@@ -82,7 +84,7 @@ def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_V
     literal = f"r'''{src}'''" if "'''" not in src and not src.endswith("\\") else repr(src)
     return "\n".join(["import triton", "", f"_TRITON_SOURCE = {literal}", "", LOADER,
                       f"{module_var} = _kiln_load_triton_module(_TRITON_SOURCE)", "", LAUNCHER,
-                      *(k.launcher_definition(module_var) for k in kernels), ""])
+                      *(k.launcher_definition(module_var, inputs) for k in kernels), ""])
 
 
 def launch_statement(k: TritonKernel, args: Sequence[str] | None = None, module_var: str = MODULE_VAR,
