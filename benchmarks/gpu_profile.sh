@@ -12,6 +12,6 @@ for p in ${PROFILES:-decode:kiln:reduce-overhead}; do
   [[ "$extra" == "train" ]] && args+=(--training)
   dbg="$OUT/debug-$model-$backend"
   [[ -n "${DEBUG:-}" ]] && export KILN_DEBUG_DIR="$dbg" || unset KILN_DEBUG_DIR
-  timeout "${EACH_S:-150}" python3 -m benchmarks.profile "${args[@]}" 2>&1 | grep -v "^USDT\|^ERROR:.*DeviceProperties\|Profiler clears\|_warn_once" | tail -${TAIL:-40}
+  timeout "${EACH_S:-150}" python3 -m benchmarks.profile_step "${args[@]}" 2>&1 | grep -v "^USDT\|^ERROR:.*DeviceProperties\|Profiler clears\|_warn_once" | tail -${TAIL:-40}
   [[ -d "$dbg" ]] && tar czf "$dbg.tgz" -C "$OUT" "$(basename "$dbg")" && rm -rf "$dbg"
 done

@@ -1,8 +1,8 @@
 """Where does a compiled step spend its time? One model, one backend: host (cProfile) and device
 (torch.profiler kernel table) breakdown of the steady state, for finding overheads.
 
-    python -m benchmarks.profile --model resnet50 --backend kiln --out DIR [--mode reduce-overhead]
-    python -m benchmarks.profile --model decode --backend kiln --mode reduce-overhead --out DIR
+    python -m benchmarks.profile_step --model resnet50 --backend kiln --out DIR [--mode reduce-overhead]
+    python -m benchmarks.profile_step --model decode --backend kiln --mode reduce-overhead --out DIR
 
 ``--model decode`` is the bs=1 decode step of benchmarks.decode (full size on CUDA). Suite models run
 inference as the suite does (bf16 on CUDA, ``no_grad``), or a training step with ``--training``.
