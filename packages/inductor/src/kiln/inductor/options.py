@@ -24,6 +24,9 @@ class InductorOptions:
     # kernels for CPU tensors: "cpp" (C++/OpenMP) or "triton" (the Triton interpreter, TRITON_INTERPRET=1;
     # tests the GPU code path on CPU). CUDA tensors always get Triton kernels.
     cpu_backend: str = "cpp"
+    # Triton backend: a one-row mm/addmm (bs=1 decoding) is a generated reduction fused with its
+    # neighbours instead of a cuBLAS call (gemv.py)
+    gemv_as_reduction: bool = True
 
     def replace(self, **changes: object) -> InductorOptions:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

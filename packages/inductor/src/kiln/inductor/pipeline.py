@@ -17,6 +17,7 @@ from .codegen.common import CompiledKernels, KernelBackend
 from .codegen.cpp import CppBackend
 from .codegen.triton.backend import TritonBackend
 from .codegen.wrapper import wrapper_source
+from .gemv import rewrite_gemv
 from .ir import LoopProgram, ScheduledProgram, verify_program, verify_schedule
 from .lowering.lower import lower_graph
 from .options import InductorOptions
@@ -60,6 +61,15 @@ def decompose(s: CompileState) -> CompileState:
     return replace(s, gm=decomp_bridge.decompose(s.gm, s.example_inputs))
 
 
+def small_matmuls(s: CompileState) -> CompileState:
+    """One-row matmuls become fused reductions on the Triton backend (gemv.py says why)."""
+    if not s.options.gemv_as_reduction or not isinstance(backend_for(s), TritonBackend):
+        return s
+    if rewrite_gemv(s.gm):
+        decomp_bridge.ensure_meta(s.gm, s.example_inputs)
+    return s
+
+
 def lower(s: CompileState) -> CompileState:
     program, fallbacks = lower_graph(s.gm, s.example_inputs, s.options, s.name)
     s.texts["ir_pre_fusion"] = program.as_text()
@@ -98,6 +108,7 @@ def generate_wrapper(s: CompileState) -> CompileState:
 PASSES: list[Pass[CompileState]] = [
     Pass("propagate_meta", lambda s, ctx: propagate_meta(s)),
     Pass("decompose", lambda s, ctx: decompose(s)),
+    Pass("small_matmuls", lambda s, ctx: small_matmuls(s)),
     Pass("lower", lambda s, ctx: lower(s)),
     Pass("remove_dead_code", lambda s, ctx: remove_dead_code(s)),
     Pass("fuse_and_plan", lambda s, ctx: fuse_and_plan(s)),

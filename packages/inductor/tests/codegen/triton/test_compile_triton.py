@@ -59,6 +59,10 @@ CASES = {
                                                       w2, padding=3, groups=8).permute(0, 2, 3, 1) + 1
                                              ).reshape(-1, 8), (_x(2, 8, 8, 4), _x(8, 4, 2, 2), _x(8, 1, 7, 7))),
     "arange_iota": (lambda x: x + torch.arange(8, dtype=torch.float32, device=x.device), (X,)),
+    # one-row matmuls are rewritten to fused reductions on the Triton path (gemv.py)
+    "gemv_mm": (lambda x, w: F.silu(x @ w.t()) * 2, (_x(1, 40), _x(24, 40))),
+    "gemv_addmm_bf16": (lambda x, w, b: F.linear(x.bfloat16(), w.bfloat16(), b.bfloat16()),
+                        (_x(1, 64), _x(33, 64), _x(33))),
 }
 
 
@@ -96,6 +100,17 @@ def test_fusion_softmax_and_layer_norm_are_one_kernel_each():
     cg = compile_graph(trace(lambda x: torch.softmax(x, -1), *x), list(x), options=OPTIONS)
     assert len(cg.scheduled.kernels()) == 1, cg.texts["ir_post_fusion"]
     torch.testing.assert_close(cg.fn(*x)[0], torch.softmax(x[0], -1))
+
+
+def test_one_row_matmul_is_a_generated_reduction_not_a_blas_call():
+    x, w = _to((_x(1, 40), _x(24, 40)), device())
+    fn = lambda x, w: F.relu(x @ w.t())  # noqa: E731
+    cg = compile_graph(trace(fn, x, w), [x, w], options=OPTIONS)
+    assert "aten.mm" not in cg.texts["output_code"], cg.texts["output_code"]
+    torch.testing.assert_close(cg.fn(x, w)[0], fn(x, w))
+    two_rows = _to((_x(2, 40),), device())[0]
+    cg2 = compile_graph(trace(fn, two_rows, w), [two_rows, w], options=OPTIONS)
+    assert "aten.mm" in cg2.texts["output_code"]  # real matmuls keep the BLAS extern
 
 
 def test_random_numbers_statistics():
