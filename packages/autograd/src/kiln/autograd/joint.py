@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten
 
 from kiln.graph import print_graph
 
+from .attention import SDPA_TARGETS, fused_attention
 from .errors import AutogradTraceError
 from .signature import GraphSignature, OutputInfo, OutputKind
 from .tracer import Decompositions, GraphRecorder, TracingMode
@@ -101,6 +102,13 @@ class _FakeInterpreter(fx.Interpreter):
     def __init__(self, gm: fx.GraphModule, rec: GraphRecorder, mode: FakeTensorMode) -> None:
         super().__init__(gm)
         self.rec, self.mode = rec, mode
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if target in SDPA_TARGETS:  # CUDA attention: the fused kernel eager runs (attention.py)
+            out = fused_attention(args, kwargs)
+            if out is not None:
+                return out
+        return super().call_function(target, args, kwargs)
 
     def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
         val = super().get_attr(target, args, kwargs)

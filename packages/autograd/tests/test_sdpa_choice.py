@@ -1,0 +1,40 @@
+"""scaled_dot_product_attention picks its fused kernel from the inputs' metadata; on fake tensors
+torch 2.11 answers MATH for masked CUDA attention, so the tracer decides on real tensors of the same
+layout (kiln/autograd/attention.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import fx
+
+from kiln.autograd import trace_inference
+
+
+def _graph() -> fx.GraphModule:
+    g = fx.Graph()
+    q, k, v, m = (g.placeholder(n) for n in ("q", "k", "v", "m"))
+    g.output((g.call_function(F.scaled_dot_product_attention, (q, k, v), {"attn_mask": m}),))
+    return fx.GraphModule({}, g)
+
+
+def _inputs(device: str, dtype: torch.dtype) -> list[torch.Tensor]:
+    x = torch.randn(2, 64, 3, 4, 32, device=device, dtype=dtype)
+    q, k, v = (x[:, :, i].transpose(1, 2) for i in range(3))
+    return [q, k, v, torch.zeros(2, 1, 1, 64, device=device, dtype=dtype).expand(2, 1, 64, 64)]
+
+
+def test_cpu_attention_is_left_to_the_composite() -> None:
+    from kiln.autograd.attention import fused_attention
+
+    assert fused_attention(tuple(_inputs("cpu", torch.float32)[:3]), {}) is None
+    text = trace_inference(_graph(), _inputs("cpu", torch.float32)).as_text()
+    assert "bmm" not in text  # CPU: the fused flash kernel, as eager
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_masked_bf16_attention_on_cuda_traces_a_fused_kernel_like_eager() -> None:
+    text = trace_inference(_graph(), _inputs("cuda", torch.bfloat16)).as_text()
+    assert "bmm" not in text and "_scaled_dot_product_" in text, text
