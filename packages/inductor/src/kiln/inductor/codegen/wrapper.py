@@ -34,9 +34,13 @@ aten = torch.ops.aten
 inf, nan = float("inf"), float("nan")
 
 
-def _restride(t, size, stride):
+def _restride(t, size, stride, dtype=None, device=None):
     """Extern and fallback kernels may return other strides than the trace said (a convolution follows
-    its input's layout, cuDNN picks its own); kernels index by the plan, so copy into it if needed."""
+    its input's layout, cuDNN picks its own); kernels index by the plan, so copy into it if needed.
+    An output ATen left undefined (None: attention's logsumexp when not asked for) gets fresh memory
+    (the memory plan may reuse the buffer)."""
+    if t is None:
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
     if t.stride() == stride or t.numel() <= 1 or all(a == b for n, a, b in zip(size, t.stride(), stride) if n != 1):
         return t
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
@@ -107,7 +111,8 @@ class WrapperWriter:
             src = res + "".join(f"[{k}]" for k in o.path)
             # externs too, not only fallbacks: the kernels index by the traced strides, which a
             # convolution (its input's layout) or cuDNN need not return
-            src = f"_restride({src}, {_ints(o.layout.shape)}, {_ints(o.layout.stride)})"
+            where = f", {o.layout.dtype}, {o.layout.device!r}" if o.path else ""
+            src = f"_restride({src}, {_ints(o.layout.shape)}, {_ints(o.layout.stride)}{where})"
             self.lines.append(f"    {o.buffer} = {src}")
         if res.startswith("_r_"):
             self.lines.append(f"    del {res}")
