@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from . import ops
 from .errors import AutogradTraceError
+from .rewrites import VENDOR_REWRITES
 from .views import Alias, Root, ViewStep, inverse, replay
 
 aten = torch.ops.aten
@@ -218,6 +219,9 @@ class TracingMode(TorchDispatchMode):
                 out = self.decompositions[func](*args, **kwargs)
             if out is not NotImplemented:  # kiln.decomp's way of saying "keep this op here"
                 return out
+        if func in VENDOR_REWRITES:  # cuDNN/MIOpen batch norm: traced as the native ops
+            with self:
+                return VENDOR_REWRITES[func](*args, **kwargs)
         if not isinstance(func, torch._ops.OpOverload) or func.namespace not in ("aten",):
             return func(*args, **kwargs)
         if func in _CONSTANT_OPS:
