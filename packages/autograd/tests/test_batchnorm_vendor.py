@@ -101,3 +101,17 @@ def test_explicit_cudnn_batch_norm_on_fake_cuda() -> None:
     text = graph.as_text()
     assert "cudnn" not in text and "_native_batch_norm_legit_functional" in text
     assert graph.signature.mutated_inputs == (3, 4)
+
+
+def test_training_batch_norm_backward_saves_no_running_stats() -> None:
+    # the training-mode backward reads save_mean/save_invstd only; the updated running stats (new
+    # tensors after functionalization) must not be kept for it (eager keeps none either)
+    gm = fx.symbolic_trace(nn.Sequential(nn.BatchNorm1d(4), nn.Tanh()).train())
+    compiled = compile_fn(gm, [torch.randn(8, 4, requires_grad=True)])
+    parts = compiled.aot.partitioned
+    (bwd,) = [n for n in parts.bw_gm.graph.nodes if n.target is aten.native_batch_norm_backward.default]
+    assert bwd.args[3] is None and bwd.args[4] is None
+    vectors = [p for p in parts.bw_gm.graph.nodes
+               if p.op == "placeholder" and p.name.startswith("saved_") and tuple(p.meta["val"].shape) == (4,)
+               and "primals" not in p.name]
+    assert len(vectors) == 2, [p.name for p in vectors]  # save_mean and save_invstd
