@@ -175,3 +175,39 @@ def test_cond_multi_element_predicate_is_an_error() -> None:
     gm = cond_graph(lambda x: (x,), lambda x: (-x,), 1, 1)
     with pytest.raises(AutogradTraceError, match="predicate has shape"):
         compile_fn(gm, [torch.tensor([True, False]), torch.randn(3)])
+
+
+def test_cond_captured_by_dynamo_trains() -> None:
+    # the same node format from a real front end (dynamo; kiln.capture emits it too): parameters are
+    # lifted into the operands, both predicate values reuse one compiled graph
+    class Gated(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.Linear(4, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.cond(x.sum() > 0, lambda x: self.lin(x).relu(), lambda x: self.lin(x) * 2, (x,))
+
+    torch.manual_seed(0)
+    model = Gated()
+    graphs = []
+
+    def backend(gm: fx.GraphModule, example_inputs: list[torch.Tensor]):  # type: ignore[no-untyped-def]
+        assert any(n.target is COND for n in gm.graph.nodes)
+        graphs.append(compile_fn(gm, example_inputs))
+        return graphs[-1]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend=backend, dynamic=False)
+    for sign in (1.0, -1.0):
+        x = sign * torch.rand(3, 4)
+        model.zero_grad()
+        model(x).sum().backward()
+        want = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        out = compiled(x)
+        out.sum().backward()
+        torch.testing.assert_close(out, model(x))
+        for p, g in zip(model.parameters(), want):
+            torch.testing.assert_close(p.grad, g)
+    assert len(graphs) == 1 and "aten.where" in graphs[0].texts["aot_forward"]
