@@ -37,7 +37,8 @@ def _loss(outs: Any) -> torch.Tensor | None:
     total = None
     for i, o in enumerate(flat):
         g = torch.Generator().manual_seed(100 + i)
-        w = torch.randn(o.shape, generator=g, dtype=torch.float32).to(o.dtype)
+        # weights drawn on the CPU (same values on every device), then moved to the output's device
+        w = torch.randn(o.shape, generator=g, dtype=torch.float32).to(device=o.device, dtype=o.dtype)
         term = (o * w).sum()
         total = term if total is None else total + term
     return total

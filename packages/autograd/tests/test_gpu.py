@@ -66,3 +66,27 @@ def test_autocast_bf16_cuda() -> None:
     oc.float().sum().backward()
     for pe, pc in zip(model.parameters(), comp.parameters()):
         torch.testing.assert_close(pc.grad, pe.grad, rtol=2e-2, atol=2e-2)
+
+
+def test_cudnn_batch_norm_graph_cuda() -> None:
+    # an explicit cudnn_batch_norm (what batch_norm dispatches to on CUDA) runs as the native ops
+    import torch.nn.functional as F
+    from ag_util import compile_fn  # type: ignore[import-not-found]
+    from test_batchnorm_vendor import vendor_graph  # type: ignore[import-not-found]
+    torch.manual_seed(0)
+    inputs = [torch.randn(4, 3, 5, 5, device="cuda", requires_grad=True),
+              torch.rand(3, device="cuda", requires_grad=True),
+              torch.randn(3, device="cuda", requires_grad=True),
+              torch.zeros(3, device="cuda"), torch.ones(3, device="cuda")]
+    c_in = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    e_in = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
+    compiled = compile_fn(vendor_graph(torch.ops.aten.cudnn_batch_norm.default, True), c_in)
+    (out,) = compiled(*c_in)
+    ref = F.batch_norm(e_in[0], e_in[3], e_in[4], e_in[1], e_in[2], True, 0.1, 1e-5).relu()
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    out.sum().backward()
+    ref.sum().backward()
+    for i in range(3):
+        torch.testing.assert_close(c_in[i].grad, e_in[i].grad, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(c_in[3], e_in[3])
+    torch.testing.assert_close(c_in[4], e_in[4])

@@ -147,8 +147,24 @@ def test_double_backward_raises_clear_error() -> None:
     x, w = torch.randn(4, 4), torch.randn(4, 4, requires_grad=True)
     c = compile_fn(lambda x, w: ((x * w).pow(2).sum(),), [x, w])
     (y,) = c(x, w)
+    # create_graph=True still gives the first-order gradient (as torch.compile does) ...
+    (g,) = torch.autograd.grad(y, w, create_graph=True)
+    torch.testing.assert_close(g, 2 * x * x * w)
+    assert g.requires_grad
+    # ... but differentiating it again (a gradient penalty) raises, naming the problem
     with pytest.raises(DoubleBackwardError, match="double backward"):
-        torch.autograd.grad(y, w, create_graph=True)
+        (y + g.pow(2).sum()).backward()
+
+
+def test_create_graph_gradient_passing_a_tangent_through() -> None:
+    x, w = torch.randn(3), torch.randn(3, requires_grad=True)
+    c = compile_fn(lambda x, w: (x + w,), [x, w])
+    (y,) = c(x, w)
+    t = torch.randn(3, requires_grad=True)
+    (g,) = torch.autograd.grad(y, w, t, create_graph=True)
+    torch.testing.assert_close(g, t)
+    with pytest.raises(DoubleBackwardError):
+        g.sum().backward()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

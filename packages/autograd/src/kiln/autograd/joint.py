@@ -22,6 +22,7 @@ from torch.utils._pytree import tree_flatten
 from kiln.graph import print_graph
 
 from .attention import SDPA_TARGETS, fused_attention
+from .cond import is_cond, trace_cond
 from .errors import AutogradTraceError
 from .signature import GraphSignature, OutputInfo, OutputKind
 from .tracer import Decompositions, GraphRecorder, TracingMode
@@ -103,13 +104,6 @@ class _FakeInterpreter(fx.Interpreter):
         super().__init__(gm)
         self.rec, self.mode = rec, mode
 
-    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
-        if target in SDPA_TARGETS:  # CUDA attention: the fused kernel eager runs (attention.py)
-            out = fused_attention(args, kwargs)
-            if out is not None:
-                return out
-        return super().call_function(target, args, kwargs)
-
     def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
         val = super().get_attr(target, args, kwargs)
         if isinstance(val, torch.Tensor) and not isinstance(val, FakeTensor):
@@ -117,6 +111,22 @@ class _FakeInterpreter(fx.Interpreter):
             self.rec.constant(val, fake)  # the real tensor itself: ops here would run under fake mode
             return fake
         return val
+
+    def run_node(self, n: fx.Node) -> Any:
+        self._node_name = n.name
+        return super().run_node(n)
+
+    def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
+        if is_cond(target):
+            return trace_cond(self._run_branch, self.rec, self._node_name, args, kwargs)
+        if target in SDPA_TARGETS:  # CUDA attention: the fused kernel eager runs (attention.py)
+            out = fused_attention(args, kwargs)
+            if out is not None:
+                return out
+        return super().call_function(target, args, kwargs)
+
+    def _run_branch(self, branch: fx.GraphModule, operands: Sequence[Any]) -> Any:
+        return _FakeInterpreter(branch, self.rec, self.mode).run(*operands)
 
 
 # ---- outputs -------------------------------------------------------------------------------------

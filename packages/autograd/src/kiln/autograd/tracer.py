@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from . import ops
 from .errors import AutogradTraceError
+from .rewrites import VENDOR_REWRITES
 from .views import Alias, Root, ViewStep, inverse, replay
 
 aten = torch.ops.aten
@@ -192,6 +193,18 @@ def _call_args(fop: torch._ops.OpOverload, bound: dict[str, Any]) -> tuple[tuple
     return tuple(args), kwargs
 
 
+def _drop_running_stats(func: Any, args: tuple[Any, ...],
+                        kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    # Training-mode batch-norm backward reads the saved mean/invstd, never the running stats; passing
+    # them would make the partitioner save the *updated* running stats (new tensors after
+    # functionalization) for nothing: 2 extra vectors per BatchNorm that eager does not keep.
+    b = _bind(func, args, kwargs)
+    if not b.get("train") or (b.get("running_mean") is None and b.get("running_var") is None):
+        return args, kwargs
+    b["running_mean"] = b["running_var"] = None
+    return _call_args(func, b)
+
+
 def _special_mutation(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> ops.Mutation | None:
     # native_batch_norm writes running stats in training without declaring it in its schema.
     if func is aten.native_batch_norm.default:
@@ -218,6 +231,11 @@ class TracingMode(TorchDispatchMode):
                 out = self.decompositions[func](*args, **kwargs)
             if out is not NotImplemented:  # kiln.decomp's way of saying "keep this op here"
                 return out
+        if func in VENDOR_REWRITES:  # cuDNN/MIOpen batch norm: traced as the native ops
+            with self:
+                return VENDOR_REWRITES[func](*args, **kwargs)
+        if func is aten.native_batch_norm_backward.default:
+            args, kwargs = _drop_running_stats(func, args, kwargs)
         if not isinstance(func, torch._ops.OpOverload) or func.namespace not in ("aten",):
             return func(*args, **kwargs)
         if func in _CONSTANT_OPS:

@@ -73,15 +73,29 @@ def make_inference_callable(sig: GraphSignature, compiled: Compiled) -> Callable
 
 
 _DOUBLE_BACKWARD = (
-    "kiln.autograd: the backward of a compiled graph was run with create_graph=True (double backward, "
-    "e.g. a gradient penalty). Compiled backward graphs are not differentiable; compute higher-order "
-    "gradients outside the compiled region or run this model eagerly.")
+    "kiln.autograd: a gradient computed by a compiled graph's backward (create_graph=True) was "
+    "differentiated again (double backward, e.g. a gradient penalty or Hessian-vector product). "
+    "Compiled backward graphs are not differentiable; compute higher-order gradients outside the "
+    "compiled region or run this model eagerly.")
 
 
 def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_saved: int) -> Callable[..., Any]:
     n_out, n_mut = sig.n_graph_outputs, len(sig.mutated_inputs)
     diff = sig.graph_output_differentiable
     grad_inputs = sig.grad_inputs
+
+    class CompiledBackward(torch.autograd.Function):
+        """The compiled backward run with create_graph=True: its results are gradients that can be
+        read, but differentiating them again (double backward) raises DoubleBackwardError."""
+
+        @staticmethod
+        def forward(ctx: Any, *args: Any) -> Any:  # type: ignore[override]
+            with no_autocast():
+                return tuple(_as_list(bw(*args)))
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
+            raise DoubleBackwardError(_DOUBLE_BACKWARD)
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -98,11 +112,12 @@ def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_sa
 
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
-            if torch.is_grad_enabled():
-                raise DoubleBackwardError(_DOUBLE_BACKWARD)
             tangents = [g.contiguous() for g, d in zip(grads[:n_out], diff) if d]
-            with no_autocast():
-                gin = _as_list(bw(*ctx.saved_tensors, *tangents))
+            if torch.is_grad_enabled():  # create_graph=True: first-order grads, no second order
+                gin = list(CompiledBackward.apply(*ctx.saved_tensors, *tangents))
+            else:
+                with no_autocast():
+                    gin = _as_list(bw(*ctx.saved_tensors, *tangents))
             result: list[Any] = [None] * sig.n_inputs
             for idx, g in zip(grad_inputs, gin):
                 result[idx] = g
