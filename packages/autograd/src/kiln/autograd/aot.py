@@ -76,6 +76,10 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[Any], *, fw_compiler: Compi
     sig = joint.signature
     texts: dict[str, str] = {}
     if parts is None:
+        # which outputs are new values of which inputs (written back after the call): a compiler may
+        # update those inputs in place instead (kiln.inductor does for a KV-cache index_put)
+        joint.gm.meta["kiln_input_mutations"] = tuple(
+            (sig.n_graph_outputs + j, idx) for j, idx in enumerate(sig.mutated_inputs))
         compiled = (inference_compiler or fw_compiler)(joint.gm, _example_vals(joint.gm))
         fn = make_inference_callable(sig, compiled)
         texts["aot_inference"] = print_graph(joint.gm)

@@ -27,6 +27,8 @@ class InductorOptions:
     # Triton backend: a one-row mm/addmm (bs=1 decoding) is a generated reduction fused with its
     # neighbours instead of a cuBLAS call (gemv.py)
     gemv_as_reduction: bool = True
+    # an input the graph mutates by index_put (a KV cache) is updated in place, not copied (reinplace.py)
+    reinplace_mutations: bool = True
 
     def replace(self, **changes: object) -> InductorOptions:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from .gemv import rewrite_gemv
 from .ir import LoopProgram, ScheduledProgram, verify_program, verify_schedule
 from .lowering.lower import lower_graph
 from .options import InductorOptions
+from .reinplace import reinplace_input_mutations
 from .scheduler import eliminate_dead_code, schedule
 
 
@@ -58,7 +59,10 @@ def propagate_meta(s: CompileState) -> CompileState:
 
 def decompose(s: CompileState) -> CompileState:
     """Rewrite non-core ops with kiln.decomp's "inductor" table (when kiln.decomp provides it)."""
-    return replace(s, gm=decomp_bridge.decompose(s.gm, s.example_inputs))
+    gm = decomp_bridge.decompose(s.gm, s.example_inputs)
+    if gm is not s.gm:  # the caller's annotations (kiln_input_mutations) survive the re-trace
+        gm.meta.update({k: v for k, v in s.gm.meta.items() if k not in gm.meta})
+    return replace(s, gm=gm)
 
 
 def small_matmuls(s: CompileState) -> CompileState:
@@ -67,6 +71,13 @@ def small_matmuls(s: CompileState) -> CompileState:
         return s
     if rewrite_gemv(s.gm):
         decomp_bridge.ensure_meta(s.gm, s.example_inputs)
+    return s
+
+
+def reinplace(s: CompileState) -> CompileState:
+    """Inputs the graph mutates by index_put are updated in place (reinplace.py)."""
+    if s.options.reinplace_mutations:
+        reinplace_input_mutations(s.gm)
     return s
 
 
@@ -109,6 +120,7 @@ PASSES: list[Pass[CompileState]] = [
     Pass("propagate_meta", lambda s, ctx: propagate_meta(s)),
     Pass("decompose", lambda s, ctx: decompose(s)),
     Pass("small_matmuls", lambda s, ctx: small_matmuls(s)),
+    Pass("reinplace", lambda s, ctx: reinplace(s)),
     Pass("lower", lambda s, ctx: lower(s)),
     Pass("remove_dead_code", lambda s, ctx: remove_dead_code(s)),
     Pass("fuse_and_plan", lambda s, ctx: fuse_and_plan(s)),
