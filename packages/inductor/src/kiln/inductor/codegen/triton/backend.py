@@ -11,12 +11,16 @@ from __future__ import annotations
 import os
 import time
 
+import torch
+
+from kiln.graph import log
+
 from ...ir import Layout, ScheduledProgram
 from ...options import InductorOptions
 from ..common import CompiledKernels
 from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .kernel import TritonKernel, generate_kernels
-from .wrapper import MODULE_VAR, module_source, wrapper_prologue
+from .wrapper import MODULE_VAR, load_triton_module, module_source, wrapper_prologue
 
 CTX_VAR = "_kctx"  # (device, stream), read once per wrapper call
 
@@ -26,6 +30,32 @@ def _launch_line(g: TritonKernel) -> str:
     if g.xnumel == "0" or g.ynumel == "0":
         return "pass"
     return f"({launch}) if {g.xnumel} > 0 else None" if g.size_args else launch
+
+
+TUNABLE_KINDS = ("pointwise", "persistent_reduction", "looped_reduction")
+
+
+def autotune_kernels(generated: list[TritonKernel], layouts: dict[str, Layout], device: str,
+                     tuner: object | None = None) -> list[TritonKernel]:
+    """max-autotune: benchmark each generated kernel's launch configurations on scratch buffers shaped
+    like its arguments and keep the fastest (autotune/kernels.py; results cached on disk, so a
+    second process does not re-tune). 2-D tiled kernels and kernels with symbolic sizes keep the
+    heuristic configuration (logged)."""
+    from ...autotune import buffers_for, make_tuner, tune_kernel
+
+    module = load_triton_module(module_source(generated))  # type: ignore[operator]
+    tuner = tuner or make_tuner()
+    out = []
+    for k in generated:
+        if k.kind not in TUNABLE_KINDS or k.size_args:
+            log("perf_hints").info("max-autotune: %s (%s) keeps its heuristic configuration", k.name, k.kind)
+            out.append(k)
+            continue
+        buffers = buffers_for({b: layouts[b] for b in k.pointer_args}, None, device)
+        tuned, _ = tune_kernel(k, getattr(module, k.name), [buffers[b] for b in k.pointer_args],
+                               tuner=tuner)  # type: ignore[arg-type]
+        out.append(tuned)  # type: ignore[arg-type]
+    return out
 
 
 class TritonBackendError(RuntimeError):
@@ -58,6 +88,12 @@ class TritonBackend:
             generated += parts
             # one line (the wrapper indents it); an empty iteration space launches nothing
             launches[k.name] = "; ".join(_launch_line(g) for g in parts)
+        if options.max_autotune and generated:
+            if self.device == "cuda" and torch.cuda.is_available():
+                generated = autotune_kernels(generated, layouts, "cuda")
+            else:
+                log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the "
+                                       "interpreter): kernels keep their heuristic configurations")
         source = module_source(generated) if generated else ""
         inputs = frozenset(b.name for b in scheduled.program.inputs)
         return CompiledKernels(files={}, prelude=wrapper_prologue(generated, inputs=inputs), launches=launches,
