@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from . import composite, extern, foreach, indexing, pointwise, pooling, random, reductions, scan, views
+from . import (
+    composite,
+    extern,
+    foreach,
+    indexing,
+    pointwise,
+    pooling,
+    random,
+    reductions,
+    scan,
+    views,
+)
 from .common import Rule
 
 LOWERINGS: dict[str, Rule] = {
