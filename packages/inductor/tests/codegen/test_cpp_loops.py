@@ -96,3 +96,23 @@ def test_optimizer_update_fuses_each_tensors_state_far_apart() -> None:
         return (*p2, *m2, *v2)
     cg = check(step, *ps, *gs, *ms, *vs)
     assert n_kernels(cg) == n
+
+
+def test_mean_over_hw_with_per_channel_prologue_is_not_tiled() -> None:
+    """A squeeze-excitation mean of relu(batch_norm(x)) over H*W: the contiguous dim is the reduction;
+    per-channel weights do not move with it and must not make the kernel tile across channels."""
+    x = torch.randn(2, 24, 8, 8)
+    rm, rv, w, b = torch.randn(24), torch.rand(24) + 0.5, torch.randn(24), torch.randn(24)
+
+    def f(x, rm, rv, w, b):
+        return F.batch_norm(x, rm, rv, w, b, False, 0.1, 1e-3).relu().mean((2, 3), keepdim=True)
+    cg = check(f, x, rm, rv, w, b)
+    (k,) = [k for k in _kernels(cg) if "acc_" in k]
+    assert "xt += " not in k and len(_inner_loops(k)) == 1
+
+
+def test_column_sum_is_tiled_over_the_contiguous_dim() -> None:
+    x = torch.randn(300, 70)
+    cg = check(lambda x: (x * 2).sum(0), x)
+    (k,) = [k for k in _kernels(cg) if "acc_" in k]
+    assert "xt += " in k

@@ -314,12 +314,15 @@ def wants_tiling(k: Kernel) -> bool:
     NCHW): vectorise across a tile of outer points instead of along the strided reduction."""
     if not k.outer or any(kn.kind == "scan" or kn.reduction_type.startswith("arg") for kn in k.nodes):
         return False
-    from ...ir import index_var, walk
+    from ...ir import index_var, index_vars
     xl, rl = index_var("x", len(k.outer) - 1), index_var("r", len(k.inner) - 1)
+    rs = set(index_vars("r", len(k.inner)))
     unit_x = unit_r = 0
     for kn in k.nodes:
         for e in walk(kn.body):
-            if isinstance(e, Load) and not e.indirect:
+            # loads that do not move with r (per-channel weights of a mean over H*W) are loop-invariant
+            # in the row loop: they say nothing about which loop should be the contiguous one
+            if isinstance(e, Load) and not e.indirect and rs & e.index.free_symbols:
                 unit_x += e.index.coeff(xl) == 1
                 unit_r += e.index.coeff(rl) == 1
     return unit_x > unit_r
