@@ -37,7 +37,7 @@ inf, nan = float("inf"), float("nan")
 def _restride(t, size, stride):
     """Extern and fallback kernels may return other strides than the trace said (a convolution follows
     its input's layout, cuDNN picks its own); kernels index by the plan, so copy into it if needed."""
-    if t.numel() <= 1 or all(a == b for n, a, b in zip(size, t.stride(), stride) if n != 1):
+    if t.stride() == stride or t.numel() <= 1 or all(a == b for n, a, b in zip(size, t.stride(), stride) if n != 1):
         return t
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
