@@ -141,6 +141,7 @@ class CppKernelWriter:
             for kn in k.nodes:
                 self.compute(kn, "  ")
             return
+        pragma: str | None
         if n == 1:
             pragma = "#pragma omp simd" if parallel is None else f"#pragma omp parallel for simd {parallel}"
             indent = self.loops(k.outer, "x", "  ", pragma)
