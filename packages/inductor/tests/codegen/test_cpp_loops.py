@@ -116,3 +116,33 @@ def test_column_sum_is_tiled_over_the_contiguous_dim() -> None:
     cg = check(lambda x: (x * 2).sum(0), x)
     (k,) = [k for k in _kernels(cg) if "acc_" in k]
     assert "xt += " in k
+
+
+def test_one_compiler_call_per_graph_and_a_cache_hit_after(monkeypatch) -> None:
+    """Cold compile cost is g++ start-up and parsing the prelude: every kernel of a graph goes into one
+    translation unit (one g++ call, one library), and the same source is never compiled twice."""
+    import subprocess
+    import time
+
+    from kiln.inductor.codegen.cpp import build
+
+    calls: list[list[str]] = []
+    real = subprocess.run
+
+    def counting(cmd, *a, **kw):
+        if "-o" in cmd:
+            calls.append(cmd)
+        return real(cmd, *a, **kw)
+    monkeypatch.setattr(build.subprocess, "run", counting)
+    salt = float(time.time_ns() % 100003) / 7.0  # a constant no earlier run compiled
+
+    def f(x, w):
+        h = torch.softmax(x * salt, -1)
+        return (h @ w).relu().sum(0), h.amax(0)
+    x, w = torch.randn(16, 40), torch.randn(40, 8)
+    cg = check(f, x, w)
+    assert len(_kernels(cg)) >= 2 and len(calls) == 1
+    libs = [n for n in cg.portable.files if n.endswith(".so")]
+    assert len(libs) == 1
+    check(f, x, w)
+    assert len(calls) == 1  # same source: the cached library is loaded
