@@ -11,8 +11,10 @@ class InductorOptions:
     mode: str = "default"  # "default" | "reduce-overhead" | "max-autotune" | "max-autotune-no-cudagraphs"
     max_autotune: bool = False
     cxx: str = "g++"
+    # -ffp-contract=off: g++ would fuse x * c - m into one fma, skipping the rounding eager does after
+    # the multiply (softmax(x * 9000) was off by 1e-3); torch.compile's C++ defaults to off too
     cpp_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
-                                  "-fno-math-errno", "-fno-trapping-math")
+                                  "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off")
     link_flags: tuple[str, ...] = ("-lmvec", "-lm")
     vectorize_math: bool = True  # use glibc's vector math (libmvec) for exp/log/tanh/... in simd loops
     parallel_threshold: int = 32768  # fewer elements than this run on one thread (OpenMP start-up costs)

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from . import composite, extern, foreach, indexing, pointwise, random, reductions, scan, views
+from . import (
+    composite,
+    extern,
+    foreach,
+    indexing,
+    pointwise,
+    pooling,
+    random,
+    reductions,
+    scan,
+    views,
+)
 from .common import Rule
 
 LOWERINGS: dict[str, Rule] = {
@@ -12,6 +23,7 @@ LOWERINGS: dict[str, Rule] = {
     **composite.RULES,
     **foreach.RULES,
     **indexing.RULES,
+    **pooling.RULES,
     **scan.RULES,
     **random.RULES,
     **extern.RULES,

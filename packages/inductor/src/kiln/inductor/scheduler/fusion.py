@@ -127,9 +127,35 @@ def _ranges_of(g: Group, buffer: str) -> tuple:
     return g._ranges[buffer]  # type: ignore[attr-defined]
 
 
+SAME_SPACE_LOOKBACK = 4  # how many earlier groups over the node's own iteration space it may join
+
+
+def _index_space(by_space: dict[tuple, list[int]], g: Group, gi: int) -> None:
+    for key in {tuple(g.outer), tuple(g.outer) + tuple(g.inner or ())}:
+        lst = by_space.setdefault(key, [])
+        if not lst or lst[-1] != gi:
+            lst.append(gi)
+
+
+def _candidates(groups: list[Group], by_space: dict[tuple, list[int]], node: ComputedBuffer,
+                earliest: int) -> list[int]:
+    """Groups ``node`` may join, latest first: the last LOOKBACK groups, plus the last few over its own
+    iteration space however far back (an optimizer step updates p, m and v of one tensor in three
+    nodes that sit many nodes apart; horizontal fusion makes them one kernel)."""
+    d = node.data
+    spaces = [tuple(d.ranges)]
+    if isinstance(d, Reduction):
+        spaces.append(tuple(d.ranges) + tuple(d.reduction_ranges))
+    found = set(range(max(earliest, len(groups) - LOOKBACK, 0), len(groups)))
+    for sp in spaces:
+        found.update(gi for gi in by_space.get(sp, [])[-SAME_SPACE_LOOKBACK:] if gi >= earliest)
+    return sorted(found, reverse=True)
+
+
 def group_nodes(p: LoopProgram, deps: Dependencies, options: InductorOptions) -> list[Group]:
     groups: list[Group] = []
     where: dict[str, int] = {}  # buffer -> group index
+    by_space: dict[tuple, list[int]] = {}  # iteration space -> groups over it, in order
     for k, node in enumerate(p.nodes):
         if isinstance(node, ExternKernel):
             g = Group((), None, [k], {}, extern=True)
@@ -141,9 +167,7 @@ def group_nodes(p: LoopProgram, deps: Dependencies, options: InductorOptions) ->
         earliest = max(dep_groups, default=-1)
         chosen = None
         if options.fuse and isinstance(node.data, (Pointwise, Reduction)):
-            for gi in range(len(groups) - 1, max(earliest, len(groups) - LOOKBACK, 0) - 1, -1):
-                if gi < earliest:
-                    break
+            for gi in _candidates(groups, by_space, node, earliest):
                 r = fits(groups[gi], node, p)
                 if r is not None:
                     chosen = (gi, r)
@@ -162,4 +186,5 @@ def group_nodes(p: LoopProgram, deps: Dependencies, options: InductorOptions) ->
             join(groups[gi], k, node, role, outer, inner)
         groups[gi]._ranges[node.name] = tuple(node.data.ranges)  # type: ignore[attr-defined]
         where[node.name] = gi
+        _index_space(by_space, groups[gi], gi)
     return groups

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sympy
 import torch
 
-from ...ir import Kernel, KernelNode, Layout, Load, Op, product, walk
+from ...ir import Cast, Kernel, KernelNode, Layout, Load, Op, children, product, walk
 from ...options import InductorOptions
 from .exprs import ExprEmitter, cast_call, cindex
 from .types import ctype, highest, lowest
@@ -13,16 +13,18 @@ from .types import ctype, highest, lowest
 ROW_CACHE_MAX = 8192  # floats per row array (on each thread's stack)
 _EXPENSIVE = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "tanh", "erf", "erfc", "sigmoid", "pow",
               "sin", "cos", "tan", "atan", "sqrt", "rsqrt", "truediv", "reciprocal"}
-_OMP_RED = {"sum": "+", "prod": "*", "any": "||", "all": "&&", "max": "max", "min": "min"}
+# any/all and NaN flags accumulate in int with |/&: g++ vectorises those; bool ||/&& reductions it does
+# not (a max reduction with a bool NaN flag ran 15x slower than with an int one).
+_OMP_RED = {"sum": "+", "prod": "*", "any": "|", "all": "&", "max": "max", "min": "min"}
 
 
 def _init(rtype: str, d: torch.dtype) -> str:
-    return {"sum": "0", "prod": "1", "any": "false", "all": "true", "max": lowest(d), "min": highest(d),
+    return {"sum": "0", "prod": "1", "any": "0", "all": "1", "max": lowest(d), "min": highest(d),
             "argmax": lowest(d), "argmin": highest(d)}[rtype]
 
 
 def _acc_type(rtype: str, d: torch.dtype) -> str:
-    return "bool" if rtype in ("any", "all") else ctype(d)
+    return "int" if rtype in ("any", "all") else ctype(d)
 
 
 class CppKernelWriter:
@@ -71,20 +73,18 @@ class CppKernelWriter:
                 bodies.setdefault(kn.stage, []).append(kn.body)
         if any(isinstance(e, Op) and e.name == "where" for bs in bodies.values() for b in bs for e in walk(b)):
             return  # branches are evaluated lazily; a cached value might never be written
-        seen: dict = {}
+        first: dict = {}  # subtree -> the first stage computing it
         for stage in sorted(bodies):
             for b in bodies[stage]:
                 for e in walk(b):
-                    if isinstance(e, Op) and e.name in _EXPENSIVE and e not in seen and _varies(e):
-                        seen[e] = stage
+                    first.setdefault(e, stage)
         for stage in sorted(bodies):
             for b in bodies[stage]:
-                for e in walk(b):
-                    first = seen.get(e)
-                    if first is not None and first < stage and e not in self.row_cache:
+                for e in _reused_subtrees(b, stage, first):
+                    if e not in self.row_cache:
                         slot = f"rc{len(self.row_cache)}"
                         self.lines.append(f"{indent}{ctype(e.dtype)} {slot}[{int(k.inner[0])}];")
-                        self.row_cache[e] = (first, f"{slot}[r0]")
+                        self.row_cache[e] = (first[e], f"{slot}[r0]")
 
     def compute(self, kn: KernelNode, indent: str) -> None:
         em = self.emitter(indent)
@@ -113,7 +113,7 @@ class CppKernelWriter:
         k = self.k
         self.lines.append(self.signature() + " {")
         total = product(list(k.outer) + list(k.inner))
-        parallel = f"if({cindex(total)} > {self.options.parallel_threshold})"
+        parallel = self.parallel_clause(total)
         if any(kn.kind == "scatter" for kn in k.nodes):
             self._scatter(parallel)
         elif not k.inner:
@@ -125,18 +125,30 @@ class CppKernelWriter:
         self.lines.append("}")
         return "\n".join(self.lines)
 
-    def _pointwise(self, parallel: str) -> None:
+    def parallel_clause(self, total: sympy.Expr) -> str | None:
+        """None: run serially; else the clause after ``omp parallel for``. Not ``if(...)``: g++ runs an
+        ``omp parallel for simd if(false)`` loop unvectorised (a small kernel ran 20x slower), so static
+        sizes decide here and symbolic ones pick the thread count."""
+        threshold = self.options.parallel_threshold
+        if isinstance(total, (int, sympy.Integer)):
+            return None if int(total) <= threshold else ""
+        return f"num_threads(({cindex(total)} > {threshold}) ? omp_get_max_threads() : 1)"
+
+    def _pointwise(self, parallel: str | None) -> None:
         k = self.k
         n = len(k.outer)
         if n == 0:
             for kn in k.nodes:
                 self.compute(kn, "  ")
             return
+        pragma: str | None
         if n == 1:
-            indent = self.loops(k.outer, "x", "  ", f"#pragma omp parallel for simd {parallel}")
+            pragma = "#pragma omp simd" if parallel is None else f"#pragma omp parallel for simd {parallel}"
+            indent = self.loops(k.outer, "x", "  ", pragma)
         else:
             coll = f" collapse({n - 1})" if n > 2 else ""
-            indent = self.loops(k.outer[:-1], "x", "  ", f"#pragma omp parallel for{coll} {parallel}")
+            pragma = None if parallel is None else f"#pragma omp parallel for{coll} {parallel}"
+            indent = self.loops(k.outer[:-1], "x", "  ", pragma)
             self.lines.append(f"{indent}#pragma omp simd")
             self.lines.append(f"{indent}for (int64_t x{n - 1} = 0; x{n - 1} < {cindex(k.outer[-1])}; ++x{n - 1}) {{")
             indent += "  "
@@ -144,16 +156,16 @@ class CppKernelWriter:
             self.compute(kn, indent)
         self.close(n, indent)
 
-    def _rows_tiled(self, parallel: str) -> None:
+    def _rows_tiled(self, parallel: str | None) -> None:
         _Tiled.rows(self, parallel)
 
-    def _scatter(self, parallel: str) -> None:
+    def _scatter(self, parallel: str | None) -> None:
         """Copy the base in parallel, then scatter sequentially (deterministic: last write wins)."""
         init, sc = self.k.nodes
         k = self.k
         outer_k = Kernel(k.name, k.outer, (), (init,), k.inputs, k.outputs)
         saved, self.k = self.k, outer_k
-        self._pointwise(f"if({cindex(product(list(k.outer)))} > {self.options.parallel_threshold})")
+        self._pointwise(self.parallel_clause(product(list(k.outer))))
         self.k = saved
         self.locals = {}
         indent = self.loops(k.inner, "r", "  ", None)
@@ -177,7 +189,7 @@ class CppKernelWriter:
             self.lines.append(f"{indent}{target} = {v};")
         self.close(len(k.inner), indent)
 
-    def _rows(self, parallel: str) -> None:
+    def _rows(self, parallel: str | None) -> None:
         k = self.k
         n = len(k.outer)
         stages = max(kn.stage for kn in k.nodes)
@@ -186,7 +198,8 @@ class CppKernelWriter:
         indent = "  "
         if n:
             coll = f" collapse({n})" if n > 1 else ""
-            indent = self.loops(k.outer, "x", indent, f"#pragma omp parallel for{coll} {parallel}")
+            pragma = None if parallel is None else f"#pragma omp parallel for{coll} {parallel}"
+            indent = self.loops(k.outer, "x", indent, pragma)
         if stages > 0:
             self.plan_row_cache(indent)
         for s in range(stages + 1):
@@ -201,7 +214,7 @@ class CppKernelWriter:
                 self.compute(kn, indent)
         self.close(n, indent)
 
-    def _stage(self, s: int, indent: str, whole: bool, parallel: str) -> None:
+    def _stage(self, s: int, indent: str, whole: bool, parallel: str | None) -> None:
         k = self.k
         full = [kn for kn in k.nodes if kn.stage == s and (kn.role == "full" or kn.kind == "reduction")]
         if not full:
@@ -218,14 +231,15 @@ class CppKernelWriter:
             if r.reduction_type.startswith("arg"):
                 self.lines.append(f"{indent}int64_t idx_{r.buffer} = 0;")
             elif r.reduction_type in ("max", "min"):
-                self.lines.append(f"{indent}bool nan_{r.buffer} = false;")
-                clauses.append(f"reduction({_OMP_RED[r.reduction_type]}:{acc}) reduction(||:nan_{r.buffer})")
+                self.lines.append(f"{indent}int nan_{r.buffer} = 0;")
+                clauses.append(f"reduction({_OMP_RED[r.reduction_type]}:{acc}) reduction(|:nan_{r.buffer})")
             else:
                 clauses.append(f"reduction({_OMP_RED[r.reduction_type]}:{acc})")
         simd_ok = not any(r.reduction_type.startswith("arg") for r in reds)
         pragma = None
         if simd_ok:
-            pragma = ("#pragma omp parallel for simd " + parallel + " " if whole else "#pragma omp simd ") + \
+            pragma = ("#pragma omp parallel for simd " + parallel + " " if whole and parallel is not None
+                      else "#pragma omp simd ") + \
                 " ".join(clauses)
         saved = dict(self.locals)
         inner = self.loops(k.inner, "r", indent, pragma)
@@ -245,8 +259,10 @@ class CppKernelWriter:
                 val = f"(nan_{r.buffer} ? std::numeric_limits<{ctype(r.body.dtype)}>::quiet_NaN() : {acc})" \
                     if r.body.dtype.is_floating_point else acc
                 src = r.body.dtype
+            elif r.reduction_type in ("any", "all"):
+                val, src = f"({acc} != 0)", torch.bool
             else:
-                val, src = acc, (torch.bool if r.reduction_type in ("any", "all") else r.body.dtype)
+                val, src = acc, r.body.dtype
             name = f"v_{r.buffer}"
             self.lines.append(f"{indent}auto {name} = {cast_call(val, src, r.dtype)};")
             self.locals[r.buffer] = (name, r.store_index)
@@ -272,15 +288,15 @@ class CppKernelWriter:
         elif t == "prod":
             self.lines.append(f"{indent}{acc} *= {v};")
         elif t == "any":
-            self.lines.append(f"{indent}{acc} = {acc} || ({v});")
+            self.lines.append(f"{indent}{acc} |= (({v}) ? 1 : 0);")
         elif t == "all":
-            self.lines.append(f"{indent}{acc} = {acc} && ({v});")
+            self.lines.append(f"{indent}{acc} &= (({v}) ? 1 : 0);")
         elif t in ("max", "min"):
             cmp = ">" if t == "max" else "<"
             self.lines.append(f"{indent}{acc} = ({v} {cmp} {acc}) ? {v} : {acc};")
             if r.body.dtype.is_floating_point:
                 nan = f"nan_{r.buffer}{suffix}"
-                self.lines.append(f"{indent}{nan} = {nan} || ({v} != {v});")
+                self.lines.append(f"{indent}{nan} |= ({v} != {v});")
         else:
             cmp = ">" if t == "argmax" else "<"
             flat = _flat_r(self.k.inner)
@@ -299,12 +315,15 @@ def wants_tiling(k: Kernel) -> bool:
     NCHW): vectorise across a tile of outer points instead of along the strided reduction."""
     if not k.outer or any(kn.kind == "scan" or kn.reduction_type.startswith("arg") for kn in k.nodes):
         return False
-    from ...ir import index_var, walk
+    from ...ir import index_var, index_vars
     xl, rl = index_var("x", len(k.outer) - 1), index_var("r", len(k.inner) - 1)
+    rs = set(index_vars("r", len(k.inner)))
     unit_x = unit_r = 0
     for kn in k.nodes:
         for e in walk(kn.body):
-            if isinstance(e, Load) and not e.indirect:
+            # loads that do not move with r (per-channel weights of a mean over H*W) are loop-invariant
+            # in the row loop: they say nothing about which loop should be the contiguous one
+            if isinstance(e, Load) and not e.indirect and rs & e.index.free_symbols:
                 unit_x += e.index.coeff(xl) == 1
                 unit_r += e.index.coeff(rl) == 1
     return unit_x > unit_r
@@ -314,13 +333,14 @@ class _Tiled:
     """Row kernels tiled over the last outer loop: locals of outer values become TILE-wide arrays."""
 
     @staticmethod
-    def rows(w: CppKernelWriter, parallel: str) -> None:
+    def rows(w: CppKernelWriter, parallel: str | None) -> None:
         k = w.k
         n = len(k.outer)
         last = f"x{n - 1}"
         coll = f" collapse({n})" if n > 1 else ""
         indent = "  "
-        w.lines.append(f"{indent}#pragma omp parallel for{coll} {parallel}")
+        if parallel is not None:
+            w.lines.append(f"{indent}#pragma omp parallel for{coll} {parallel}")
         for j, r in enumerate(k.outer[:-1]):
             w.lines.append(f"{indent}for (int64_t x{j} = 0; x{j} < {cindex(r)}; ++x{j}) {{")
             indent += "  "
@@ -369,9 +389,9 @@ class _Tiled:
         for r in reds:
             t = _acc_type(r.reduction_type, r.body.dtype)
             w.lines.append(f"{indent}{t} acc_{r.buffer}[{TILE}];")
-            w.lines.append(f"{indent}bool nan_{r.buffer}[{TILE}];")
+            w.lines.append(f"{indent}int nan_{r.buffer}[{TILE}];")
             w.lines.append(f"{indent}for (int64_t j = 0; j < {TILE}; ++j) {{ acc_{r.buffer}[j] = "
-                           f"{_init(r.reduction_type, r.body.dtype)}; nan_{r.buffer}[j] = false; }}")
+                           f"{_init(r.reduction_type, r.body.dtype)}; nan_{r.buffer}[j] = 0; }}")
         saved = dict(w.locals)
         body_indent = w.loops(k.inner, "r", indent, None)
         inner = _Tiled.j_loop(w, body_indent, last)
@@ -390,7 +410,9 @@ class _Tiled:
         inner = _Tiled.j_loop(w, indent, last)
         for r in reds:
             acc = f"acc_{r.buffer}[j]"
-            val, src = acc, (torch.bool if r.reduction_type in ("any", "all") else r.body.dtype)
+            val, src = acc, r.body.dtype
+            if r.reduction_type in ("any", "all"):
+                val, src = f"({acc} != 0)", torch.bool
             if r.reduction_type in ("max", "min") and r.body.dtype.is_floating_point:
                 val = f"(nan_{r.buffer}[j] ? std::numeric_limits<{ctype(r.body.dtype)}>::quiet_NaN() : {acc})"
             name = f"v_{r.buffer}[j]"
@@ -400,6 +422,27 @@ class _Tiled:
                 w.lines.append(f"{inner}{w.ptr(r.buffer)}[{cindex(r.store_index)}] = {name};")
         w.lines.append(f"{indent}}}")
 
+
+
+def _worth_caching(e: object) -> bool:
+    """A per-row array store + load beats recomputing an expensive op or a chain of a few ops."""
+    if not isinstance(e, (Op, Cast)) or not _varies(e):
+        return False
+    ops = [n for n in walk(e) if isinstance(n, (Op, Cast))]  # type: ignore[arg-type]
+    return len(ops) >= 3 or any(isinstance(n, Op) and n.name in _EXPENSIVE for n in ops)
+
+
+def _reused_subtrees(body: object, stage: int, first: dict) -> list:
+    """The largest subtrees of ``body`` an earlier stage already computed (layer_norm -> gelu -> layer_norm:
+    the whole first gelu output, not just its erf), top-down so nested ones are not cached twice."""
+    out, stack = [], [body]
+    while stack:
+        e = stack.pop()
+        if first.get(e, stage) < stage and _worth_caching(e):
+            out.append(e)
+            continue
+        stack.extend(children(e))  # type: ignore[arg-type]
+    return out
 
 
 def _varies(e: object) -> bool:

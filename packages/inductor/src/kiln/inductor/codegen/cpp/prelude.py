@@ -14,6 +14,7 @@ PRELUDE = r"""
 #include <cstring>
 #include <limits>
 #include <algorithm>
+#include <omp.h>
 typedef uint16_t kiln_bf16;
 
 static inline float kiln_bf16_to_f32(kiln_bf16 v) {
