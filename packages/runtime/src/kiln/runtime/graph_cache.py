@@ -38,6 +38,7 @@ from torch import fx
 from kiln.graph import CompiledGraph, PortableProgram, global_state, log
 
 from .cache import CompileCache, cache_key, default_cache, key_hash
+from .fast_load import compile_cached
 from .knobs import KNOBS
 
 NAMESPACE = "graphs"
@@ -209,7 +210,7 @@ def program_callable(program: PortableProgram, cache: CompileCache | None = None
     module = types.ModuleType(f"{name}_{digest[:16]}")
     module.__dict__.update({"FILES": dict(program.files), "FILES_DIR": files_dir,
                             "__file__": f"<{name} {digest[:16]}>"})
-    exec(compile(program.source, module.__file__, "exec"), module.__dict__)  # noqa: S102 - ours
+    exec(compile_cached(program.source, module.__file__, cache), module.__dict__)  # noqa: S102 - ours
     call = module.__dict__["call"]
 
     def fn(*args: Any) -> Any:
