@@ -40,6 +40,7 @@ from kiln.graph import CompiledGraph, PortableProgram, global_state, log
 from .cache import CompileCache, cache_key, default_cache, key_hash
 from .fast_load import compile_cached
 from .knobs import KNOBS
+from .tensors import _raw_bytes
 
 NAMESPACE = "graphs"
 FORMAT = "kiln-graph-cache/1"
@@ -120,9 +121,7 @@ def _input_records(example_inputs: Sequence[Any]) -> list[object]:
 def _tensor_digest(t: torch.Tensor) -> str:
     if t.device.type == "meta" or type(t).__name__ == "FakeTensor":
         raise Uncacheable("the graph holds a fake or meta tensor constant")
-    flat = t.detach().contiguous().cpu().reshape(-1)
-    data = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
-    return hashlib.sha256(data).hexdigest()
+    return hashlib.sha256(_raw_bytes(t)).hexdigest()
 
 
 def _check_targets(gm: fx.GraphModule, where: str) -> None:
