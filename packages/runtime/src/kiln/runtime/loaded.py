@@ -23,6 +23,8 @@ from .checks import usable_files
 from .errors import ArtifactError, GuardError
 from .fast_load import cached_compile, compile_cached, compile_guards
 from .guard_check import diagnose
+from .triton_binaries import PREFIX as TRITON_PREFIX
+from .triton_binaries import install_triton_binaries
 from .manifest import PROGRAM_NAME
 from .sources import CallFrame, Param, display_name, make_binder, normalize
 
@@ -140,6 +142,8 @@ class LoadedFunction:
         where = artifact.location or "<memory>"
         files = usable_files(artifact.manifest, {**artifact.files, PROGRAM_NAME: b""}, where)
         files.pop(PROGRAM_NAME, None)
+        if any(name.startswith(TRITON_PREFIX) for name in files):
+            install_triton_binaries(files, where)  # before the program imports its kernels
         module = exec_program(artifact, files, _materialize(artifact, files, cache or default_cache()))
         return LoadedFunction(plan, module.call, artifact=artifact, module=module)
 
