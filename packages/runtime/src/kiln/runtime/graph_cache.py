@@ -47,7 +47,8 @@ FORMAT = "kiln-graph-cache/1"
 # environment variables that only say where logs, dumps and caches go: not part of the key
 _ENV_IGNORED = frozenset({"KILN_LOGS", "KILN_DEBUG_DIR", "KILN_CACHE_DIR", "KILN_INDUCTOR_CACHE_DIR",
                           "KILN_CACHE", "KILN_GRAPH_CACHE", "TRITON_CACHE_DIR", "KILN_VERIFY"})
-_PURE_MODULES = ("torch", "operator", "_operator", "math", "builtins")
+# kiln itself is covered by kiln_source_hash(); user code is not
+_PURE_MODULES = ("torch", "operator", "_operator", "math", "builtins", "kiln")
 
 
 class Uncacheable(Exception):
@@ -79,9 +80,9 @@ def kiln_source_hash() -> str:
 
 
 def _state() -> list[object]:
+    # (TF32 switches are read by the kernels when they run, not baked into generated code)
     return [list(global_state()), torch.get_float32_matmul_precision(), torch.get_num_threads(),
-            torch.backends.cudnn.allow_tf32 if hasattr(torch.backends, "cudnn") else None,
-            torch.backends.cuda.matmul.allow_tf32, str(torch.__version__)]
+            str(torch.__version__)]
 
 
 def _env() -> list[tuple[str, str]]:
@@ -132,7 +133,7 @@ def _check_targets(gm: fx.GraphModule, where: str) -> None:
         module = getattr(target, "__module__", None) or ""
         if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
             continue
-        if not module.split(".")[0] in _PURE_MODULES:
+        if module.split(".")[0] not in _PURE_MODULES:
             raise Uncacheable(f"{where} calls {getattr(target, '__qualname__', target)!r} from "
                               f"{module or 'an unknown module'}, whose code is not in the key")
 

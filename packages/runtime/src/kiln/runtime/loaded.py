@@ -23,10 +23,10 @@ from .checks import usable_files
 from .errors import ArtifactError, GuardError
 from .fast_load import cached_compile, compile_cached, compile_guards
 from .guard_check import diagnose
-from .triton_binaries import PREFIX as TRITON_PREFIX
-from .triton_binaries import install_triton_binaries
 from .manifest import PROGRAM_NAME
 from .sources import CallFrame, Param, display_name, make_binder, normalize
+from .triton_binaries import PREFIX as TRITON_PREFIX
+from .triton_binaries import install_triton_binaries
 
 logger = logging.getLogger("kiln.runtime")
 
