@@ -13,6 +13,7 @@ tuples of ints...). A guard set whose constants cannot be described is compiled 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -143,8 +144,13 @@ def compile_guards(guards: GuardSet, cache: CompileCache | None = None) -> Any:
     except TypeError as e:
         logger.debug("guard check not cached: %s", e)
         return fn
+    store.put(_CODE_NS, _function_key(fn.__kiln_source__), marshal.dumps(fn.__code__))
     store.put_json(_GUARD_NS, key, {"source": fn.__kiln_source__, "consts": consts})
     return fn
+
+
+def _function_key(source: str) -> str:
+    return f"{_MAGIC}\0<kiln guards: check>\0{hashlib.sha256(source.encode()).hexdigest()}"
 
 
 def _rebuild(entry: dict, store: CompileCache) -> Any:
@@ -152,7 +158,17 @@ def _rebuild(entry: dict, store: CompileCache) -> Any:
     helpers = GuardSet(()).compile().__globals__  # the fixed helper names (_tensor_ok, _Tensor, ...)
     ns: dict[str, Any] = {k: v for k, v in helpers.items() if k.startswith("_") and k != "__builtins__"}
     ns.update({k: _decode(v) for k, v in entry["consts"].items()})
-    exec(compile_cached(source, "<kiln guards>", store), ns)  # noqa: S102 - our generated check
-    fn = ns["check"]
+    ns["__builtins__"] = __builtins__
+    data = store.get(_CODE_NS, _function_key(source))
+    code = None
+    if data is not None:
+        with contextlib.suppress(ValueError, EOFError, TypeError):
+            code = marshal.loads(data)
+    if isinstance(code, types.CodeType):
+        fn = types.FunctionType(code, ns, "check")
+    else:
+        exec(compile(source, "<kiln guards>", "exec"), ns)  # noqa: S102 - our generated check
+        fn = ns["check"]
+        store.put(_CODE_NS, _function_key(source), marshal.dumps(fn.__code__))
     fn.__kiln_source__ = source
     return fn
