@@ -280,8 +280,9 @@ def cached_backend(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], name: str
             log("cache").info("graph cache miss %s (%s): not stored, the backend gave no portable "
                               "program", short, name)
             return compiled
-        stored = graphs.save(key, program, getattr(compiled, "texts", {}),
-                             getattr(compiled, "backend", name))
+        texts = {k: v for k, v in (getattr(compiled, "texts", None) or {}).items()
+                 if isinstance(k, str) and isinstance(v, str)}
+        stored = graphs.save(key, program, texts, str(getattr(compiled, "backend", name)))
         log("cache").info("graph cache miss %s (%s): compiled%s", short, name,
                           " and stored" if stored else ", not stored (cache not writable)")
         return compiled
