@@ -39,6 +39,7 @@ CHILD = textwrap.dedent('''
 ''')
 
 
+@pytest.mark.slow  # two processes each compiling with g++ (~1 min on 2 loaded cores)
 @pytest.mark.parametrize("backend", ["inductor"])
 def test_second_process_hits_and_matches_eager(tmp_path: Path, backend: str) -> None:
     env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"), KILN_LOGS="cache")
