@@ -103,7 +103,7 @@ def _decode(d: dict) -> object:
     if "device" in d:
         return torch.device(d["device"])
     if "size" in d:
-        return torch.Size([_decode(v) for v in d["size"]])
+        return torch.Size([int(_decode(v)) for v in d["size"]])  # type: ignore[call-overload]
     if "tuple" in d:
         return tuple(_decode(v) for v in d["tuple"])
     if "list" in d:
@@ -130,6 +130,7 @@ def compile_guards(guards: GuardSet, cache: CompileCache | None = None) -> Any:
         return guards.compile()
     key = _guards_key(guards)
     entry = store.get_json(_GUARD_NS, key)
+    fn: Any
     if isinstance(entry, dict):
         try:
             fn = _rebuild(entry, store)
@@ -164,6 +165,7 @@ def _rebuild(entry: dict, store: CompileCache) -> Any:
     if data is not None:
         with contextlib.suppress(ValueError, EOFError, TypeError):
             code = marshal.loads(data)
+    fn: Any
     if isinstance(code, types.CodeType):
         fn = types.FunctionType(code, ns, "check")
     else:

@@ -38,7 +38,7 @@ from torch import fx
 from kiln.graph import CompiledGraph, PortableProgram, global_state, log
 
 from .cache import CompileCache, cache_key, default_cache, key_hash
-from .fast_load import compile_cached
+from .fast_load import cached_compile, compile_cached
 from .knobs import KNOBS
 from .tensors import _raw_bytes
 
@@ -208,9 +208,10 @@ def program_callable(program: PortableProgram, cache: CompileCache | None = None
             "graph_files", digest + "".join(hashlib.sha256(program.files[n]).hexdigest()
                                             for n in sorted(program.files)), program.files))
     module = types.ModuleType(f"{name}_{digest[:16]}")
-    module.__dict__.update({"FILES": dict(program.files), "FILES_DIR": files_dir,
-                            "__file__": f"<{name} {digest[:16]}>"})
-    exec(compile_cached(program.source, module.__file__, cache), module.__dict__)  # noqa: S102 - ours
+    filename = f"<{name} {digest[:16]}>"
+    module.__dict__.update({"FILES": dict(program.files), "FILES_DIR": files_dir, "__file__": filename,
+                            "compile": cached_compile})
+    exec(compile_cached(program.source, filename, cache), module.__dict__)  # noqa: S102 - ours
     call = module.__dict__["call"]
 
     def fn(*args: Any) -> Any:
