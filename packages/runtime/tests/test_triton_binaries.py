@@ -117,14 +117,18 @@ GPU_CHILD = textwrap.dedent('''
     before = sorted(os.listdir(cache)) if os.path.isdir(cache) else []
     out = fn(x)
     torch.cuda.synchronize()
-    after = sorted(os.listdir(cache))
-    assert before and after == before, (before, after)  # every kernel came from the artifact
+    new = sorted(set(os.listdir(cache)) - set(before))
+    # every kernel came from the artifact: Triton compiled no kernel (it may build its own C launcher)
+    compiled = [(d, f) for d in new for f in os.listdir(os.path.join(cache, d)) if f.endswith(".cubin")]
+    assert before and not compiled, (before, compiled)
     torch.testing.assert_close(out, x.sin() * 2 + x.cos())
     print("OK", len(before))
 ''')
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="the Triton interpreter compiles no binaries; run without TRITON_INTERPRET")
 def test_gpu_artifact_ships_binaries_and_loads_without_compiling(tmp_path: Path) -> None:
     kiln = pytest.importorskip("kiln.api")
 

@@ -25,6 +25,7 @@ import logging
 import os
 import sys
 import tempfile
+import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,8 @@ def kernel_sources(program_source: str) -> list[str]:
 
 def _jit_functions(module: Any) -> Iterator[Any]:
     for value in vars(module).values():
+        if isinstance(value, types.ModuleType):
+            continue  # triton, tl, torch: not kernels (and their lazy attributes are not probed)
         fn = value
         while fn is not None and not hasattr(fn, "device_caches") and not hasattr(fn, "cache"):
             fn = getattr(fn, "fn", None)  # autotuner / heuristics wrappers
