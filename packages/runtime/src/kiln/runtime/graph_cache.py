@@ -130,7 +130,9 @@ def _check_targets(gm: fx.GraphModule, where: str) -> None:
         if node.op != "call_function":
             continue
         target = node.target
-        module = getattr(target, "__module__", None) or ""
+        # method descriptors (torch.Tensor.add) name their class's module, not their own
+        module = (getattr(target, "__module__", None)
+                  or getattr(getattr(target, "__objclass__", None), "__module__", None) or "")
         if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
             continue
         if module.split(".")[0] not in _PURE_MODULES:
