@@ -1,4 +1,4 @@
-"""nox sessions: tests (3.11-3.13), lint, typecheck, layering, standalone, bench."""
+"""nox sessions: tests (3.11-3.13), lint, typecheck, layering, standalone, runtime_only, bench."""
 
 from __future__ import annotations
 
@@ -89,6 +89,27 @@ def standalone(session: nox.Session) -> None:
                         "if importlib.util.find_spec('kiln.' + s) is None]; "
                         "assert missing == sys.argv[1:], f'installed alone but found {set(sys.argv[1:]) - set(missing)}'; "
                         "print('alone:', 'ok')", *others, external=True)
+
+
+@nox.session(python="3.11")
+def runtime_only(session: nox.Session) -> None:
+    """Deploy with kiln-runtime alone: the full kiln (this session's venv) aot-compiles a model with
+    the inductor backend (C++ kernels) and saves it; a second venv holding only kiln-graph and
+    kiln-runtime (+ torch) loads it, runs it against eager and asserts no compiler stage
+    (kiln.capture/autograd/decomp/inductor, torch._dynamo/_inductor) was imported."""
+    _sync(session)
+    check = str(ROOT / "packages" / "runtime" / "deploy_check.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        artifact_dir = str(Path(tmp) / "artifact")
+        session.run("python", check, "save", artifact_dir, env={"KILN_CACHE_DIR": str(Path(tmp) / "c1")})
+        venv = Path(tmp) / "runtime-venv"
+        session.run("uv", "venv", "-q", "--python", "3.11", str(venv), external=True)
+        py = str(venv / "bin" / "python")
+        session.run("uv", "pip", "install", "-q", "--python", py,
+                    str(ROOT / "packages" / "graph"), str(ROOT / "packages" / "runtime"), external=True)
+        # a fresh cache: the loader must not find anything the compiling process left behind
+        session.run(py, "-W", "ignore::UserWarning", check, "load", artifact_dir, external=True,
+                    env={"KILN_CACHE_DIR": str(Path(tmp) / "c2")})
 
 
 @nox.session(python="3.11")

@@ -59,6 +59,15 @@ def _output_spec(fn: Callable[..., Any], args: tuple, kwargs: dict,
     return spec
 
 
+def _with_triton_binaries(program: PortableProgram) -> PortableProgram:
+    """Ship the Triton kernels the run above compiled, so a load on the same GPU and triton release
+    does not compile them again (other machines rebuild from the sources the wrapper carries)."""
+    binaries = runtime.collect_triton_binaries(program.source)
+    if not binaries:
+        return program
+    return PortableProgram(program.source, {**program.files, **binaries}, program.requires)
+
+
 def aot_compile(fn: Callable[..., Any], example: tuple[tuple[Any, ...], dict[str, Any]],
                 opts: CompileOptions, backend: Backend) -> runtime.LoadedFunction:
     """Capture ``fn`` on ``example`` as one graph, compile it, and wrap it as a runtime function."""
@@ -75,6 +84,7 @@ def aot_compile(fn: Callable[..., Any], example: tuple[tuple[Any, ...], dict[str
     with torch.no_grad():
         graph_outputs = tuple(compiled(*inputs))
     spec = _output_spec(fn, args, kwargs, graph_outputs)
+    program = _with_triton_binaries(program)
     artifact = runtime.build_artifact(
         program, input_sources=captured.input_sources, input_specs=captured.input_specs,
         guards=captured.guards, frame=frame, output_spec=spec, backend=opts.backend,

@@ -146,11 +146,31 @@ def resolve_backend(backend: str | Backend, opts: CompileOptions) -> Backend:
         if entry is None:
             raise ValueError(f"kiln.compile: unknown backend {backend!r}; known: {list_backends()}")
         fn, name = entry.factory(opts), backend
+        fn = _with_graph_cache(fn, name, opts)
     elif callable(backend):
         fn, name = backend, getattr(backend, "__name__", "custom")
     else:
         raise TypeError(f"kiln.compile: backend must be a name or a callable, got {type(backend)}")
     return _observed(fn, name)
+
+
+# Built-in backends whose compiled graphs are portable programs, stored in the graph cache. Modes that
+# wrap the result in CUDA graphs are not cached (the recording is per process).
+_GRAPH_CACHED = frozenset({"aot_eager", "inductor"})
+_UNCACHED_MODES = frozenset({"reduce-overhead", "max-autotune"})
+
+
+def _with_graph_cache(fn: Backend, name: str, opts: CompileOptions) -> Backend:
+    """The caching hook: a second process compiling the same graph loads it from the cache."""
+    if name not in _GRAPH_CACHED:
+        return fn
+    if opts.mode in _UNCACHED_MODES:
+        log("cache").info("graph cache bypass (%s): mode %r records CUDA graphs per process",
+                          name, opts.mode)
+        return fn
+    runtime = importlib.import_module("kiln.runtime")
+    key_opts = (opts.backend, opts.mode, sorted((k, repr(v)) for k, v in dict(opts.options).items()))
+    return runtime.cached_backend(fn, name, key_opts)  # type: ignore[no-any-return]
 
 
 def _observed(fn: Backend, name: str) -> Backend:

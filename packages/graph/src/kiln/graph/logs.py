@@ -20,6 +20,7 @@ LOG_NAMES: dict[str, str] = {
     "output_code": "generated wrapper and kernel source",
     "cudagraphs": "CUDA graph recording, replays and skip reasons",
     "perf_hints": "fallbacks and missed optimisations",
+    "cache": "compile cache hits, misses and rebuilt entries (graph-level cache)",
 }
 
 _handler = logging.StreamHandler(sys.stderr)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 @dataclass(frozen=True, slots=True)
 class InductorKnobs:
-    cache_dir: Path  # KILN_INDUCTOR_CACHE_DIR (else KILN_CACHE_DIR/inductor, else a per-user temp dir)
+    cache_dir: Path  # autotune results: KILN_INDUCTOR_CACHE_DIR (else KILN_CACHE_DIR/inductor, else temp)
     keep_sources: bool  # KILN_INDUCTOR_KEEP_SOURCES=1 keeps .cpp next to the .so in the cache
 
 

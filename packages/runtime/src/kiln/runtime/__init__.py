@@ -6,7 +6,8 @@ Artifacts: ``save_artifact`` / ``build_artifact`` turn a ``kiln.graph.PortablePr
 inputs' sources, specs and guards into an ``Artifact`` (directory or zip); ``load_artifact`` reads
 and verifies one; ``load_compiled_function`` makes it callable again (``LoadedFunction``).
 Sources and bindings: see the Note in ``kiln/runtime/sources.py``.
-Cache: ``CompileCache`` (``default_cache()`` at ``KILN_CACHE_DIR``).
+Cache: ``CompileCache`` (``default_cache()`` at ``KILN_CACHE_DIR``); the graph-level cache
+(``cached_backend`` wraps a backend: captured graph + inputs -> compiled program).
 Launchers for generated code: ``compile_cpp``, ``load_cpp_library``, ``load_triton_module``.
 FX graphs as portable source: ``program_from_graph_module``, ``graph_module_source``.
 """
@@ -15,20 +16,22 @@ from .artifact import Artifact, build_artifact, load_artifact, save_artifact
 from .bindings import Binding
 from .cache import CacheInfo, CompileCache, cache_key, default_cache
 from .cli import artifact_text, cache_clear, cache_info, cache_info_text
-from .cpp import CXX_FLAGS, compile_cpp, load_cpp_library
+from .cpp import CXX_FLAGS, compile_cpp, cpp_cache_key, load_cpp_library
 from .environment import DeviceInfo, HostInfo
 from .errors import ArtifactError, GuardError, KernelBuildError
+from .graph_cache import CachedGraph, GraphCache, Uncacheable, cached_backend, graph_key
 from .loaded import LoadedFunction, load_compiled_function
 from .manifest import FILE_KINDS, SCHEMA_VERSION, InputRecord, Manifest
 from .portable import graph_module_source, program_from_graph_module
 from .sources import CallFrame, Param
+from .triton_binaries import collect_triton_binaries, install_triton_binaries
 from .triton_kernels import load_triton_kernel, load_triton_module
 
 __all__ = [
     "CXX_FLAGS", "FILE_KINDS", "SCHEMA_VERSION", "Artifact", "ArtifactError", "Binding", "CacheInfo",
-    "CallFrame", "CompileCache", "DeviceInfo", "GuardError", "HostInfo", "InputRecord",
+    "CachedGraph", "CallFrame", "CompileCache", "GraphCache", "Uncacheable", "cached_backend", "graph_key", "DeviceInfo", "GuardError", "HostInfo", "InputRecord",
     "KernelBuildError", "LoadedFunction", "Manifest", "Param", "artifact_text", "build_artifact",
-    "cache_clear", "cache_info", "cache_key", "cache_info_text", "compile_cpp", "default_cache", "graph_module_source", "load_artifact",
+    "cache_clear", "cache_info", "collect_triton_binaries", "install_triton_binaries", "cache_key", "cache_info_text", "compile_cpp", "cpp_cache_key", "default_cache", "graph_module_source", "load_artifact",
     "load_compiled_function", "load_cpp_library", "load_triton_kernel", "load_triton_module",
     "program_from_graph_module", "save_artifact",
 ]

@@ -38,10 +38,10 @@ def compiler_id(cxx: str) -> str:
         return ""
 
 
-def cpp_cache_key(source: str, flags: Sequence[str], cxx: str) -> str:
+def cpp_cache_key(source: str, flags: Sequence[str], cxx: str, link_flags: Sequence[str] = ()) -> str:
     host = current_host()
     h = hashlib.sha256()
-    for part in (source, " ".join(flags), cxx, compiler_id(cxx), host.machine,
+    for part in (source, " ".join(flags), " ".join(link_flags), cxx, compiler_id(cxx), host.machine,
                  " ".join(sorted(host.cpu_flags))):
         h.update(part.encode())
         h.update(b"\0")
@@ -49,20 +49,25 @@ def cpp_cache_key(source: str, flags: Sequence[str], cxx: str) -> str:
 
 
 def compile_cpp(source: str, *, flags: Sequence[str] = CXX_FLAGS, extra_flags: Sequence[str] = (),
-                cxx: str | None = None, cache: CompileCache | None = None) -> bytes:
-    """Compile C++ source to a shared library's bytes (cached in namespace 'cpp_so')."""
+                cxx: str | None = None, cache: CompileCache | None = None,
+                link_flags: Sequence[str] = ()) -> bytes:
+    """Compile C++ source to a shared library's bytes (cached in namespace 'cpp_so').
+
+    ``link_flags`` (libraries such as ``-lm``) go after the source and output, where the linker
+    needs them. Concurrent builders of one source wait for each other (one g++ run)."""
     cxx = cxx or KNOBS.cxx
     all_flags = (*flags, *extra_flags)
     cache = cache or default_cache()
-    key = cpp_cache_key(source, all_flags, cxx)
-    return cache.get_or_build("cpp_so", key, lambda: _run_compiler(source, all_flags, cxx))
+    key = cpp_cache_key(source, all_flags, cxx, link_flags)
+    return cache.get_or_build("cpp_so", key,
+                              lambda: _run_compiler(source, all_flags, cxx, tuple(link_flags)))
 
 
-def _run_compiler(source: str, flags: Sequence[str], cxx: str) -> bytes:
+def _run_compiler(source: str, flags: Sequence[str], cxx: str, link_flags: Sequence[str] = ()) -> bytes:
     with tempfile.TemporaryDirectory(prefix="kiln-cpp-") as tmp:
         src, out = Path(tmp) / "kernel.cpp", Path(tmp) / "kernel.so"
         src.write_text(source)
-        cmd = [cxx, *flags, str(src), "-o", str(out)]
+        cmd = [cxx, *flags, str(src), "-o", str(out), *link_flags]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         except FileNotFoundError as e:

@@ -2,6 +2,7 @@
 
 KILN_CACHE_DIR   root of the compile cache (default: $XDG_CACHE_HOME/kiln or ~/.cache/kiln)
 KILN_CACHE=0     disable the on-disk compile cache (everything is rebuilt, nothing written)
+KILN_GRAPH_CACHE=0  skip the graph-level cache (captured graph -> compiled program)
 KILN_CXX         the C++ compiler for CPU kernels (default: g++)
 """
 
@@ -18,6 +19,7 @@ class RuntimeKnobs:
     cache_dir: Path
     cache_enabled: bool
     cxx: str
+    graph_cache: bool = True
 
 
 def default_cache_dir(env: Mapping[str, str]) -> Path:
@@ -35,6 +37,7 @@ def read_knobs(env: Mapping[str, str] | None = None) -> RuntimeKnobs:
         cache_dir=default_cache_dir(e),
         cache_enabled=e.get("KILN_CACHE", "1") not in ("0", "false", "False", "off"),
         cxx=e.get("KILN_CXX", "g++"),
+        graph_cache=e.get("KILN_GRAPH_CACHE", "1") not in ("0", "false", "False", "off"),
     )
 
 

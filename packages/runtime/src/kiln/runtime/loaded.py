@@ -21,9 +21,12 @@ from .bindings import Resolver
 from .cache import CompileCache, default_cache
 from .checks import usable_files
 from .errors import ArtifactError, GuardError
+from .fast_load import cached_compile, compile_cached, compile_guards
 from .guard_check import diagnose
 from .manifest import PROGRAM_NAME
 from .sources import CallFrame, Param, display_name, make_binder, normalize
+from .triton_binaries import PREFIX as TRITON_PREFIX
+from .triton_binaries import install_triton_binaries
 
 logger = logging.getLogger("kiln.runtime")
 
@@ -35,12 +38,12 @@ def exec_program(artifact: Artifact, files: Mapping[str, bytes], files_dir: str)
     filename = os.path.join(files_dir, PROGRAM_NAME) if files_dir else f"<kiln artifact {tag}>"
     module = types.ModuleType(name, f"kiln artifact {artifact.location or ''}".strip())
     module.__dict__.update({"FILES": dict(files), "FILES_DIR": files_dir, "__file__": filename,
-                            "__builtins__": builtins})
+                            "__builtins__": builtins, "compile": cached_compile})
     # inspect (and so triton.jit and tracebacks) reads sources through linecache
     linecache.cache[filename] = (len(artifact.source), None, artifact.source.splitlines(True), filename)
     sys.modules[name] = module  # classes defined by the program (autograd.Function) get a home
     try:
-        exec(compile(artifact.source, filename, "exec"), module.__dict__)  # noqa: S102 - our program
+        exec(compile_cached(artifact.source, filename), module.__dict__)  # noqa: S102 - our program
     except Exception as e:
         sys.modules.pop(name, None)
         raise ArtifactError(f"artifact {artifact.location}: running its program failed "
@@ -62,7 +65,7 @@ def _materialize(artifact: Artifact, files: Mapping[str, bytes], cache: CompileC
 def _compile_gather(exprs: list[str]) -> Callable[[Mapping[str, Any], Mapping[str, Any]], list]:
     src = "def gather(L, G):\n    return [" + ", ".join(exprs) + "]\n"
     ns: dict[str, Any] = {}
-    exec(compile(src, "<kiln input gather>", "exec"), ns)  # noqa: S102
+    exec(compile_cached(src, "<kiln input gather>"), ns)  # noqa: S102
     return ns["gather"]
 
 
@@ -126,7 +129,7 @@ class LoadedFunction:
         self._globals = plan.globals
         self._gather = _compile_gather(list(plan.input_exprs))
         self.guards = plan.guards
-        self._check = plan.guards.compile()
+        self._check = compile_guards(plan.guards)
         self._check_guards = True
         self._output = pytree.treespec_loads(plan.output_spec) if plan.output_spec else None
         self._call = call
@@ -139,6 +142,8 @@ class LoadedFunction:
         where = artifact.location or "<memory>"
         files = usable_files(artifact.manifest, {**artifact.files, PROGRAM_NAME: b""}, where)
         files.pop(PROGRAM_NAME, None)
+        if any(name.startswith(TRITON_PREFIX) for name in files):
+            install_triton_binaries(files, where)  # before the program imports its kernels
         module = exec_program(artifact, files, _materialize(artifact, files, cache or default_cache()))
         return LoadedFunction(plan, module.call, artifact=artifact, module=module)
 

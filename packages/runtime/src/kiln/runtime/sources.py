@@ -135,7 +135,9 @@ class Param:
 
 def params_of(fn: Callable[..., Any]) -> tuple[Param, ...]:
     out = []
-    for p in inspect.signature(fn).parameters.values():
+    # the signature of the code that runs (a functools.wraps wrapper's own *args, **kwargs): that is
+    # the frame capture names its sources in, not the wrapped function's
+    for p in inspect.signature(fn, follow_wrapped=False).parameters.values():
         if p.default is inspect.Parameter.empty:
             out.append(Param(p.name, p.kind.name))
         else:
@@ -204,7 +206,7 @@ class CallFrame:
         if isinstance(fn, torch.nn.Module):
             return CallFrame.of(type(fn).forward, (fn, *args), kwargs)
         params = params_of(fn)
-        bound = inspect.signature(fn).bind(*args, **(kwargs or {}))
+        bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **(kwargs or {}))
         bound.apply_defaults()
         local_values: dict[str, object] = {}
         code = getattr(fn, "__code__", None)

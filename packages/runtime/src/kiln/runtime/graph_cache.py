@@ -1,0 +1,294 @@
+"""The graph-level compile cache: a captured FX graph + its inputs -> the compiled PortableProgram.
+
+Like torch's FX graph cache: a second process compiling the same graph loads the generated program
+(wrapper, kernel libraries, the autograd wrapper for training) instead of running autograd, decomp,
+lowering, scheduling and code generation again.
+
+Note (soundness): the key holds everything that can change the compiled result —
+  * the graph: its code (and every nested GraphModule's), the bytes of its tensor attributes, the
+    ``source`` of its placeholders; graphs calling functions outside torch/operator/math/builtins
+    are not cached (their bodies are not in the key),
+  * each example input: type, shape, stride, storage offset, dtype, device, layout, requires_grad,
+    conj/neg bits, whether it is a view or an inference tensor, and which inputs share storage,
+  * the backend name and its options, torch's global state (grad mode, autocast, default dtype,
+    deterministic algorithms, matmul precision), the number of threads, the ``KILN_*`` and
+    ``TRITON_*`` environment variables that are not just logging or cache locations,
+  * the versions of kiln, torch (with its build tag), triton and Python, the host CPU, and a hash of
+    kiln's own source files (so editing the compiler invalidates entries, as in a development tree).
+Symbolic sizes, fake or meta tensors with no data to hash, and anything else the key cannot
+describe make the graph uncacheable: it compiles as usual and the ``cache`` log says why.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import sys
+import types
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.graph import CompiledGraph, PortableProgram, global_state, log
+
+from .cache import CompileCache, cache_key, default_cache, key_hash
+from .fast_load import cached_compile, compile_cached
+from .knobs import KNOBS
+from .tensors import _raw_bytes
+
+NAMESPACE = "graphs"
+FORMAT = "kiln-graph-cache/1"
+# environment variables that only say where logs, dumps and caches go: not part of the key
+_ENV_IGNORED = frozenset({"KILN_LOGS", "KILN_DEBUG_DIR", "KILN_CACHE_DIR", "KILN_INDUCTOR_CACHE_DIR",
+                          "KILN_CACHE", "KILN_GRAPH_CACHE", "TRITON_CACHE_DIR", "KILN_VERIFY"})
+# kiln itself is covered by kiln_source_hash(); user code is not
+_PURE_MODULES = ("torch", "operator", "_operator", "math", "builtins", "kiln")
+
+
+class Uncacheable(Exception):
+    """The graph or its inputs hold something the key cannot describe soundly."""
+
+
+@dataclass(frozen=True, slots=True)
+class CachedGraph:
+    """A cache hit: the compiled program and the stage texts recorded when it was compiled."""
+
+    program: PortableProgram
+    texts: Mapping[str, str]
+    backend: str
+
+
+# ---- the key -------------------------------------------------------------------------------------
+
+@functools.cache
+def kiln_source_hash() -> str:
+    """sha256 over every kiln source file installed here (all stages of the ``kiln`` namespace)."""
+    # the ``kiln`` namespace (imported already, as our parent) lists every installed stage's folder
+    roots = getattr(sys.modules.get("kiln"), "__path__", None) or [str(Path(__file__).parents[1])]
+    h = hashlib.sha256()
+    for root in sorted({str(Path(p).resolve()) for p in roots}):
+        for path in sorted(Path(root).rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def _state() -> list[object]:
+    # (TF32 switches are read by the kernels when they run, not baked into generated code)
+    return [list(global_state()), torch.get_float32_matmul_precision(), torch.get_num_threads(),
+            str(torch.__version__)]
+
+
+def _env() -> list[tuple[str, str]]:
+    return sorted((k, v) for k, v in os.environ.items()
+                  if k.startswith(("KILN_", "TRITON_")) and k not in _ENV_IGNORED)
+
+
+def _tensor_record(t: torch.Tensor, storages: dict[object, int], index: int) -> list[object]:
+    if any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride())):
+        raise Uncacheable("an input has symbolic sizes")
+    try:
+        ref = t.untyped_storage()._cdata if t.device.type != "meta" else None
+    except Exception:  # noqa: BLE001 - fake tensors and other subclasses
+        ref = None
+    alias = storages.setdefault(ref, index) if ref is not None else index
+    return ["tensor", f"{type(t).__module__}.{type(t).__qualname__}", list(t.shape), list(t.stride()),
+            int(t.storage_offset()), str(t.dtype), str(t.device), str(t.layout),
+            bool(t.requires_grad), bool(t.is_conj()), bool(t.is_neg()), bool(t._is_view()),
+            bool(t.is_inference()), alias]
+
+
+def _input_records(example_inputs: Sequence[Any]) -> list[object]:
+    storages: dict[object, int] = {}
+    out: list[object] = []
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor):
+            out.append(_tensor_record(x, storages, i))
+        elif isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            raise Uncacheable(f"input {i} is a symbolic {type(x).__name__}")
+        elif x is None or isinstance(x, (bool, int, float, str)):
+            out.append([type(x).__name__, x])
+        else:
+            raise Uncacheable(f"input {i} is a {type(x).__name__}")
+    return out
+
+
+def _tensor_digest(t: torch.Tensor) -> str:
+    if t.device.type == "meta" or type(t).__name__ == "FakeTensor":
+        raise Uncacheable("the graph holds a fake or meta tensor constant")
+    return hashlib.sha256(_raw_bytes(t)).hexdigest()
+
+
+def _check_targets(gm: fx.GraphModule, where: str) -> None:
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        # method descriptors (torch.Tensor.add) name their class's module, not their own
+        module = (getattr(target, "__module__", None)
+                  or getattr(getattr(target, "__objclass__", None), "__module__", None) or "")
+        if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+            continue
+        if module.split(".")[0] not in _PURE_MODULES:
+            raise Uncacheable(f"{where} calls {getattr(target, '__qualname__', target)!r} from "
+                              f"{module or 'an unknown module'}, whose code is not in the key")
+
+
+def _graph_records(gm: fx.GraphModule) -> list[object]:
+    records: list[object] = []
+    for name, mod in gm.named_modules():
+        if not isinstance(mod, fx.GraphModule):
+            if name and next(mod.parameters(recurse=False), None) is not None:
+                raise Uncacheable(f"submodule {name!r} is not a GraphModule")
+            continue
+        _check_targets(mod, f"graph {name or '<root>'}")
+        records.append([name, mod.code])
+        for node in mod.graph.nodes:
+            if node.op == "placeholder":
+                records.append(["placeholder", node.name, str(node.meta.get("source", ""))])
+            elif node.op == "get_attr":
+                value: Any = mod
+                for part in str(node.target).split("."):
+                    value = getattr(value, part)
+                if isinstance(value, torch.Tensor):
+                    records.append(["const", node.target, _tensor_record(value, {}, 0),
+                                    _tensor_digest(value)])
+                elif not isinstance(value, fx.GraphModule):
+                    records.append(["attr", node.target, repr(value)])
+    return records
+
+
+def graph_key(gm: fx.GraphModule, example_inputs: Sequence[Any], *, backend: str,
+              options: object) -> str:
+    """The cache key of compiling ``gm`` for ``example_inputs``; raises Uncacheable."""
+    parts = {"format": FORMAT, "backend": backend, "options": repr(options),
+             "graph": _graph_records(gm), "inputs": _input_records(example_inputs),
+             "state": _state(), "env": _env(), "kiln_sources": kiln_source_hash()}
+    return cache_key(json.dumps(parts, sort_keys=True, default=repr))
+
+
+# ---- the value -----------------------------------------------------------------------------------
+
+def encode_entry(program: PortableProgram, texts: Mapping[str, str], backend: str) -> bytes:
+    names = sorted(program.files)
+    header = {"format": FORMAT, "backend": backend, "source": program.source,
+              "requires": list(program.requires), "texts": dict(texts),
+              "files": [[n, len(program.files[n])] for n in names]}
+    return b"".join([json.dumps(header).encode(), b"\n", *(bytes(program.files[n]) for n in names)])
+
+
+def decode_entry(data: bytes) -> CachedGraph:
+    end = data.find(b"\n")
+    header = json.loads(data[:end])
+    if header.get("format") != FORMAT:
+        raise ValueError(f"entry format {header.get('format')!r}, expected {FORMAT!r}")
+    files: dict[str, bytes] = {}
+    pos = end + 1
+    for name, size in header["files"]:
+        files[name] = data[pos:pos + size]
+        pos += size
+    if pos != len(data):
+        raise ValueError("file sizes do not add up to the entry's length")
+    program = PortableProgram(header["source"], files, tuple(header["requires"]))
+    return CachedGraph(program, dict(header["texts"]), str(header["backend"]))
+
+
+def program_callable(program: PortableProgram, cache: CompileCache | None = None,
+                     name: str = "kiln_cached_graph") -> Callable[..., Any]:
+    """``program`` executed as a module; returns ``fn(*args)`` calling its ``call(list(args))``."""
+    cache = cache or default_cache()
+    digest = key_hash(program.source + "\0" + "\0".join(sorted(program.files)))
+    files_dir = ""
+    if program.files:
+        files_dir = str(cache.materialize_tree(
+            "graph_files", digest + "".join(hashlib.sha256(program.files[n]).hexdigest()
+                                            for n in sorted(program.files)), program.files))
+    module = types.ModuleType(f"{name}_{digest[:16]}")
+    filename = f"<{name} {digest[:16]}>"
+    module.__dict__.update({"FILES": dict(program.files), "FILES_DIR": files_dir, "__file__": filename,
+                            "compile": cached_compile})
+    exec(compile_cached(program.source, filename, cache), module.__dict__)  # noqa: S102 - ours
+    call = module.__dict__["call"]
+
+    def fn(*args: Any) -> Any:
+        return call(list(args))
+    fn.kiln_module = module  # type: ignore[attr-defined]
+    return fn
+
+
+class GraphCache:
+    """Looks compiled graphs up by ``graph_key`` in a CompileCache (``default_cache()``)."""
+
+    def __init__(self, cache: CompileCache | None = None) -> None:
+        self._cache = cache
+
+    @property
+    def store(self) -> CompileCache:
+        return self._cache or default_cache()
+
+    def load(self, key: str) -> CachedGraph | None:
+        data = self.store.get(NAMESPACE, key)
+        if data is None:
+            return None
+        try:
+            return decode_entry(data)
+        except (ValueError, KeyError, TypeError) as e:
+            log("cache").warning("graph cache: entry %s is not readable (%s); recompiling",
+                                 key_hash(key)[:16], e)
+            return None
+
+    def save(self, key: str, program: PortableProgram, texts: Mapping[str, str], backend: str) -> bool:
+        return self.store.put(NAMESPACE, key, encode_entry(program, texts, backend))
+
+
+def cached_backend(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], name: str, options: object,
+                   *, cache: CompileCache | None = None) -> Callable[[fx.GraphModule, Sequence[Any]], Any]:
+    """Wrap a backend so each graph it compiles is looked up in, and stored to, the graph cache.
+
+    ``options`` is everything the backend was configured with (part of the key by its ``repr``).
+    A hit returns a CompiledGraph running the cached program; a miss compiles with ``fn`` and stores
+    its portable program. Each outcome is one line of the ``cache`` log.
+    """
+    graphs = GraphCache(cache)
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        if not KNOBS.graph_cache or not graphs.store.enabled:
+            return fn(gm, example_inputs)
+        try:
+            key = graph_key(gm, example_inputs, backend=name, options=options)
+        except Uncacheable as e:
+            log("cache").info("graph cache bypass (%s): %s", name, e)
+            return fn(gm, example_inputs)
+        short = key_hash(key)[:16]
+        hit = graphs.load(key)
+        if hit is not None:
+            try:
+                call = program_callable(hit.program, graphs.store)
+            except Exception as e:  # noqa: BLE001 - a bad entry is rebuilt, never trusted
+                log("cache").warning("graph cache: entry %s failed to load (%s: %s); recompiling",
+                                     short, type(e).__name__, e)
+            else:
+                log("cache").info("graph cache hit %s (%s, %d nodes)", short, name,
+                                  len(gm.graph.nodes))
+                return CompiledGraph(call, hit.backend, dict(hit.texts), hit.program)
+        compiled = fn(gm, example_inputs)
+        program = getattr(compiled, "portable", None)
+        if not isinstance(program, PortableProgram):
+            log("cache").info("graph cache miss %s (%s): not stored, the backend gave no portable "
+                              "program", short, name)
+            return compiled
+        texts = {k: v for k, v in (getattr(compiled, "texts", None) or {}).items()
+                 if isinstance(k, str) and isinstance(v, str)}
+        stored = graphs.save(key, program, texts, str(getattr(compiled, "backend", name)))
+        log("cache").info("graph cache miss %s (%s): compiled%s", short, name,
+                          " and stored" if stored else ", not stored (cache not writable)")
+        return compiled
+    backend.__name__ = getattr(fn, "__name__", name)
+    backend.__wrapped__ = fn  # type: ignore[attr-defined]
+    return backend

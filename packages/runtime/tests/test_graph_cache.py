@@ -1,0 +1,156 @@
+"""The graph-level cache: key soundness, hits load the stored program, bad entries are rebuilt."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from torch import fx
+
+from kiln.graph import CompiledGraph
+from kiln.runtime import CompileCache, GraphCache, Uncacheable, cached_backend, graph_key
+from kiln.runtime.graph_cache import NAMESPACE, decode_entry, encode_entry
+from kiln.runtime.portable import program_from_graph_module
+
+
+def _gm(scale: float = 2.0) -> fx.GraphModule:
+    class M(torch.nn.Module):
+        def forward(self, x, w):
+            return (torch.relu(x @ w) * scale, x.sum())
+    return fx.symbolic_trace(M())
+
+
+def _inputs(n: int = 4) -> list[torch.Tensor]:
+    return [torch.randn(n, 3), torch.randn(3, 5)]
+
+
+class CountingBackend:
+    """A backend whose compiled graphs carry a portable program (the FX graph as source)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, gm: fx.GraphModule, example_inputs) -> CompiledGraph:
+        self.calls += 1
+        return CompiledGraph(gm.forward, "counting", {"graph": gm.code},
+                             program_from_graph_module(gm))
+
+
+def _key(gm, inputs, **kw) -> str:
+    return graph_key(gm, inputs, backend=kw.pop("backend", "b"), options=kw.pop("options", ()))
+
+
+def test_key_is_stable_and_sees_what_changes_the_result() -> None:
+    gm, xs = _gm(), _inputs()
+    base = _key(gm, xs)
+    assert _key(_gm(), [t.clone() for t in xs]) == base  # values of inputs are not in the key
+    assert _key(_gm(3.0), xs) != base  # graph code (a constant)
+    assert _key(gm, _inputs(5)) != base  # shape
+    assert _key(gm, [xs[0].double(), xs[1]]) != base  # dtype
+    assert _key(gm, [xs[0].t().contiguous().t(), xs[1]]) != base  # stride
+    assert _key(gm, [xs[0].requires_grad_(True), xs[1]]) != base  # requires_grad
+    xs[0].requires_grad_(False)
+    assert _key(gm, xs, backend="other") != base
+    assert _key(gm, xs, options=("mode", "max-autotune")) != base
+    with torch.no_grad():
+        assert _key(gm, xs) != base  # grad mode
+    with torch.autocast("cpu"):
+        assert _key(gm, xs) != base  # autocast
+    base, other = torch.randn(20), torch.randn(20)  # inputs sharing storage vs not
+    aliased = [base[:12].view(4, 3), base[5:20].view(3, 5)]
+    assert _key(gm, aliased) != _key(gm, [base[:12].view(4, 3), other[5:20].view(3, 5)])
+
+
+def test_constants_are_hashed_by_value() -> None:
+    class M(torch.nn.Module):
+        def __init__(self, v: float) -> None:
+            super().__init__()
+            self.register_buffer("c", torch.full((3,), v))
+
+        def forward(self, x):
+            return (x + self.c,)
+    x = [torch.randn(2, 3)]
+    assert _key(fx.symbolic_trace(M(1.0)), x) != _key(fx.symbolic_trace(M(2.0)), x)
+
+
+def _user_fn(x):
+    return x * 3
+
+
+fx.wrap("_user_fn")
+
+
+def test_graph_calling_user_code_is_not_cacheable(tmp_path: Path, caplog) -> None:
+    gm = fx.symbolic_trace(lambda x: (_user_fn(x),))
+    with pytest.raises(Uncacheable, match="_user_fn"):
+        _key(gm, [torch.randn(3)])
+    counting = CountingBackend()
+    backend = cached_backend(counting, "b", (), cache=CompileCache(tmp_path))
+    with caplog.at_level(logging.INFO, logger="kiln.cache"):
+        backend(gm, [torch.randn(3)])
+        backend(gm, [torch.randn(3)])
+    assert counting.calls == 2
+    assert "graph cache bypass" in caplog.text
+
+
+def test_miss_then_hit_runs_the_stored_program(tmp_path: Path, caplog) -> None:
+    gm, xs = _gm(), _inputs()
+    counting = CountingBackend()
+    with caplog.at_level(logging.INFO, logger="kiln.cache"):
+        first = cached_backend(counting, "b", (), cache=CompileCache(tmp_path))(gm, xs)
+        # a new wrapper and a new cache object over the same folder: what a second process sees
+        second = cached_backend(counting, "b", (), cache=CompileCache(tmp_path))(_gm(), xs)
+    assert counting.calls == 1
+    assert "graph cache miss" in caplog.text and "graph cache hit" in caplog.text
+    assert second.backend == "counting" and second.texts["graph"] == gm.code
+    fresh = _inputs()
+    expected = gm(*fresh)
+    for got in (first(*fresh), second(*fresh)):
+        torch.testing.assert_close(tuple(got), tuple(expected))
+    # another shape is another entry
+    cached_backend(counting, "b", (), cache=CompileCache(tmp_path))(gm, _inputs(7))
+    assert counting.calls == 2
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "garbage_value"])
+def test_corrupt_entries_are_rebuilt(tmp_path: Path, damage: str, caplog) -> None:
+    gm, xs = _gm(), _inputs()
+    counting = CountingBackend()
+    store = CompileCache(tmp_path)
+    cached_backend(counting, "b", (), cache=store)(gm, xs)
+    (entry,) = [p for p in (tmp_path / "v1" / "entries" / NAMESPACE).rglob("*") if p.is_file()]
+    raw = entry.read_bytes()
+    if damage == "truncate":
+        entry.write_bytes(raw[: len(raw) // 2])
+    elif damage == "flip":
+        entry.write_bytes(raw[:-10] + bytes([raw[-10] ^ 0xFF]) + raw[-9:])
+    else:  # a well-formed cache entry whose program does not run
+        key = _key(gm, xs)
+        store.put(NAMESPACE, key, b'{"format": "kiln-graph-cache/1", "backend": "x", "source": '
+                  b'"raise RuntimeError(1)", "requires": [], "texts": {}, "files": []}\n')
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        again = cached_backend(counting, "b", (), cache=CompileCache(tmp_path))(gm, xs)
+    assert counting.calls == 2
+    torch.testing.assert_close(tuple(again(*xs)), tuple(gm(*xs)))
+    # rebuilt: the next lookup is a hit again
+    cached_backend(counting, "b", (), cache=CompileCache(tmp_path))(gm, xs)
+    assert counting.calls == 2
+
+
+def test_entry_round_trip_with_files() -> None:
+    program = program_from_graph_module(_gm(), extra_files={"lib/k.so": b"\x00\x01binary"})
+    back = decode_entry(encode_entry(program, {"t": "text"}, "inductor"))
+    assert back.program == program and back.texts == {"t": "text"} and back.backend == "inductor"
+    with pytest.raises(ValueError):
+        decode_entry(encode_entry(program, {}, "x")[:-3])
+
+
+def test_disabled_cache_compiles_every_time(tmp_path: Path) -> None:
+    counting = CountingBackend()
+    backend = cached_backend(counting, "b", (), cache=CompileCache(tmp_path, enabled=False))
+    backend(_gm(), _inputs())
+    backend(_gm(), _inputs())
+    assert counting.calls == 2
+    assert GraphCache(CompileCache(tmp_path, enabled=False)).load("k") is None
