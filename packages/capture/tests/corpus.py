@@ -3,6 +3,7 @@
 from . import (  # noqa: F401 (imported for their registrations)
     corpus_breaks,
     corpus_modules,
+    corpus_numbers,
     corpus_python,
     corpus_tensors,
 )

@@ -33,6 +33,7 @@ from .values import (
     ListIterator,
     NullContext,
     SuperProxy,
+    TensorMethod,
     TracedFunction,
     TracedMethod,
 )
@@ -312,7 +313,7 @@ def _register() -> None:
         b.max: _polyfill(max, polyfills.max_), b.any: _polyfill(any, polyfills.any_),
         b.all: _polyfill(all, polyfills.all_), b.map: _polyfill(map, polyfills.map_),
         b.filter: _polyfill(filter, polyfills.filter_), b.sorted: _polyfill(sorted, polyfills.sorted_),
-        b.callable: lambda frame, args, kwargs: isinstance(args[0], (TracedFunction, TracedMethod)) or
+        b.callable: lambda frame, args, kwargs: isinstance(args[0], (TracedFunction, TracedMethod, TensorMethod)) or
         callable(args[0]),
         b.abs: _abs, b.print: _print, b.super: _super, b.id: _id,
         b.int: _scalar(int), b.float: _scalar(float), b.bool: _scalar(bool), b.complex: _scalar(complex),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -49,6 +50,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         return call_function(frame, fn.__func__, [fn.__self__, *args], kwargs)
     if isinstance(fn, functools.partial):
         return call_function(frame, fn.func, [*fn.args, *args], {**fn.keywords, **kwargs})
+    if isinstance(fn, (operator.attrgetter, operator.itemgetter, operator.methodcaller)):
+        return _call_getter(frame, fn, args)
     if fn in _MODULE_CALLS and args and isinstance(args[0], nn.Module):
         return call_module(frame, args[0], args[1:], kwargs)
     if isinstance(fn, nn.Module):
@@ -69,6 +72,31 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if isinstance(call, types.FunctionType):
         return call_function(frame, call, [fn, *args], kwargs)
     return real_call(frame, fn, args, kwargs)
+
+
+def _call_getter(frame: Frame, fn: Any, args: list) -> Any:
+    """operator.attrgetter/itemgetter/methodcaller through the traced getattr/getitem/call."""
+    from .builtins_impl import SPECIAL as _S  # the getattr handler, with guards on what it reads
+
+    (obj,) = args
+    ctor, params = fn.__reduce__()[:2]
+    if isinstance(fn, operator.methodcaller):  # (methodcaller, (name, *args)) or (partial(..), args)
+        if isinstance(ctor, functools.partial):
+            name, call_args, call_kwargs = ctor.args[0], list(params), dict(ctor.keywords)
+        else:
+            name, call_args, call_kwargs = params[0], list(params[1:]), {}
+        method = _S[getattr](frame, [obj, name], {})
+        return call_function(frame, method, call_args, call_kwargs)
+    results = []
+    for p in params:
+        if isinstance(fn, operator.itemgetter):
+            results.append(_S[operator.getitem](frame, [obj, p], {}))
+            continue
+        value = obj
+        for part in p.split("."):
+            value = _S[getattr](frame, [value, part], {})
+        results.append(value)
+    return results[0] if len(results) == 1 else tuple(results)
 
 
 def _special(fn: Any) -> Any:
