@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401 (imported for their registrations)
     corpus_breaks,
+    corpus_containers,
     corpus_modules,
     corpus_numbers,
     corpus_python,

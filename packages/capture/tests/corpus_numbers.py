@@ -82,7 +82,7 @@ def complex_comparisons(x, y):
         out = out + 1
     if (a, 1) < (a, 2):
         out = out + 2
-    if [1, 2] == [1, 2] and "abc" > "abd" is False:
+    if [1, 2] == [1, 2] and ("abc" > "abd") is False:
         out = out + 100
     return out
 

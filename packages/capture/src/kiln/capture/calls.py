@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import torch_ops
+from . import polyfills, torch_ops
 from .builtins_impl import SPECIAL
 from .errors import GraphBreak
 from .semantics import check_tracked, contains_traced, lookup_static
@@ -64,6 +64,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         if _run_for_real(fn, args, kwargs):
             return real_call(frame, fn, args, kwargs)
         return inline_function(frame, fn, args, kwargs)
+    if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) is list and fn.__name__ == "sort":
+        return frame.call(polyfills.list_sort_, [fn.__self__, *args], kwargs)  # key= may be traced
     if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
                        types.WrapperDescriptorType, types.MethodDescriptorType,
                        types.ClassMethodDescriptorType)):
@@ -121,7 +123,7 @@ def real_call(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
             frame.tracer.source_of.get(id(self_obj)) is not None and name in _MUTATING:
         raise GraphBreak(f"{type(self_obj).__name__}.{name}() mutates an object from outside the "
                          "compiled code", "mutations of inputs run in Python")
-    if any(isinstance(a, (TracedFunction, TracedMethod)) for a in args):
+    if any(isinstance(a, (TracedFunction, TracedMethod)) for a in [*args, *kwargs.values()]):
         raise GraphBreak(f"passing a function defined in compiled code to {name}()")
     traced_args = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())
     if not traced_args:

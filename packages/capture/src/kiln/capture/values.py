@@ -142,6 +142,10 @@ class ListIterator:
     def remaining(self) -> list:
         return self.items[self.index:]
 
+    def __iter__(self) -> Any:  # so real Python calls (list.extend, str.join) can consume it
+        while self.index < len(self.items):
+            yield self.next()
+
 
 @dataclass(eq=False)
 class SuperProxy:
