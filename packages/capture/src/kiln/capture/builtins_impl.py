@@ -277,6 +277,18 @@ def _constant(value: Any) -> Handler:
     return lambda frame, args, kwargs: value
 
 
+def _keep_wrapper(wrapper: Any) -> Any:
+    return wrapper
+
+
+def _wraps(frame: Frame, args: list, kwargs: dict) -> Any:
+    """``functools.wraps(fn)`` inside compiled code: the decorator returns the wrapper itself (its
+    metadata is not copied; the wrapper only lives inside the trace)."""
+    if not any(isinstance(a, (TracedFunction, TracedMethod)) for a in args):
+        return functools.wraps(*args, **kwargs)
+    return _keep_wrapper
+
+
 def _nullcontext(frame: Frame, args: list, kwargs: dict) -> NullContext:
     return NullContext(contextlib.nullcontext(*args, **kwargs))
 
@@ -328,6 +340,7 @@ def _register() -> None:
     for kind in ("parameters", "named_parameters", "buffers", "named_buffers", "children",
                  "named_children", "modules", "named_modules"):
         SPECIAL[getattr(torch.nn.Module, kind)] = _module_members(kind)
+    SPECIAL[functools.wraps] = _wraps
     SPECIAL[functools.partial] = lambda frame, args, kwargs: functools.partial(*args, **kwargs)
     SPECIAL[functools.reduce] = lambda frame, args, kwargs: frame.call(polyfills.reduce_, list(args), kwargs)
     cond = getattr(torch, "cond", None)

@@ -3,6 +3,8 @@ Python runs for real when it cannot touch tensors, and anything else breaks the 
 
 from __future__ import annotations
 
+import builtins
+import enum
 import functools
 import inspect
 import operator
@@ -17,7 +19,7 @@ from . import polyfills, torch_ops
 from .builtins_impl import SPECIAL
 from .errors import GraphBreak
 from .semantics import check_tracked, contains_traced, lookup_static
-from .values import NULL, Cell, ListIterator, TensorMethod, TracedFunction, TracedMethod
+from .values import EMPTY, NULL, Cell, ListIterator, TensorMethod, TracedFunction, TracedMethod
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -41,6 +43,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         return inline(frame, fn.code, fn.globals, args, kwargs, fn.defaults, fn.kwdefaults, fn.closure)
     if isinstance(fn, TracedMethod):
         return call_function(frame, fn.fn, [fn.self_obj, *args], kwargs)
+    if fn is builtins.__build_class__:
+        return build_class(frame, args, kwargs)
     special = _special(fn)
     if special is not None:
         return special(frame, args, kwargs)
@@ -249,7 +253,7 @@ def construct(frame: Frame, cls: type, args: list, kwargs: dict) -> Any:
     init = lookup_static(cls, "__init__")
     py_new = isinstance(new, staticmethod) and isinstance(new.__func__, types.FunctionType)
     py_init = isinstance(init, types.FunctionType)
-    if cls.__module__ == "builtins" or issubclass(cls, BaseException) or not (py_new or py_init) or \
+    if cls.__module__ == "builtins" or issubclass(cls, (BaseException, enum.Enum)) or not (py_new or py_init) or \
             (issubclass(cls, tuple) and hasattr(cls, "_fields")):
         return real_call(frame, cls, args, kwargs)
     if py_new:
@@ -263,6 +267,25 @@ def construct(frame: Frame, cls: type, args: list, kwargs: dict) -> Any:
     elif init is not None and init is not object.__init__:
         init(obj, *args, **kwargs)
     return obj
+
+
+def build_class(frame: Frame, args: list, kwargs: dict) -> type:
+    """A ``class`` statement inside compiled code: the body runs for real (it only defines names),
+    as a real function whose closure cells hold the enclosing frame's current values."""
+    body, name, *bases = args
+    if not isinstance(body, TracedFunction) or any(contains_traced(b) for b in bases):
+        raise GraphBreak(f"class {name} with computed bases or body")
+    cells = []
+    for c in body.closure:
+        if c.real is not None:
+            cells.append(c.real)
+            continue
+        if contains_traced(c.value):
+            raise GraphBreak(f"class {name} body refers to a tensor of the compiled code",
+                             "define the class outside the compiled function")
+        cells.append(types.CellType() if c.value is EMPTY else types.CellType(c.value))
+    real_body = types.FunctionType(body.code, body.globals, body.name, body.defaults or None, tuple(cells))
+    return builtins.__build_class__(real_body, name, *bases, **kwargs)
 
 
 def module_of(fn: Any) -> str:
