@@ -125,8 +125,16 @@ def real_call(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     name = getattr(fn, "__name__", repr(fn))
     if self_obj is not None and not isinstance(self_obj, types.ModuleType) and \
             frame.tracer.source_of.get(id(self_obj)) is not None and name in _MUTATING:
+        if frame.tracer.owns_copy(self_obj):  # an input list/dict: replayed after the graph
+            frame.tracer.note_container_write(self_obj)
+            return real_call_unchecked(frame, fn, args, kwargs)
         raise GraphBreak(f"{type(self_obj).__name__}.{name}() mutates an object from outside the "
                          "compiled code", "mutations of inputs run in Python")
+    return real_call_unchecked(frame, fn, args, kwargs)
+
+
+def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
+    name = getattr(fn, "__name__", repr(fn))
     if any(isinstance(a, (TracedFunction, TracedMethod)) for a in [*args, *kwargs.values()]):
         raise GraphBreak(f"passing a function defined in compiled code to {name}()")
     traced_args = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())

@@ -225,8 +225,10 @@ def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:
                       lambda: obj.__setitem__(key, value))
         return
     if tracer.source_of.get(id(obj)) is not None:
-        raise GraphBreak("mutation of a container from outside the compiled code",
-                         "item writes on inputs run in Python")
+        if not tracer.owns_copy(obj):
+            raise GraphBreak(f"item write on a {type(obj).__name__} from outside the compiled code",
+                             "item writes on input lists and dicts are replayed; other containers break")
+        tracer.note_container_write(obj)
     setitem_fn = lookup_static(type(obj), "__setitem__")
     if isinstance(setitem_fn, types.FunctionType):
         frame.call(setitem_fn, [obj, key, value], {})
@@ -235,7 +237,9 @@ def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:
 
 
 def delitem(frame: Frame, obj: Any, key: Any) -> None:
-    if isinstance(obj, torch.Tensor) or frame.tracer.source_of.get(id(obj)) is not None:
+    if frame.tracer.owns_copy(obj):
+        frame.tracer.note_container_write(obj)
+    elif isinstance(obj, torch.Tensor) or frame.tracer.source_of.get(id(obj)) is not None:
         raise GraphBreak("deleting an item of a tensor or an input container")
     del obj[key]
 
@@ -267,7 +271,9 @@ def apply_operator(frame: Frame, op: Any, args: list) -> Any:
                                        pure=not any(isinstance(a, torch.Tensor) for a in args))
     if op in _INPLACE and frame.tracer.source_of.get(id(args[0])) is not None and \
             isinstance(args[0], (list, dict, set)):
-        raise GraphBreak("in-place operator on a container from outside the compiled code")
+        if not frame.tracer.owns_copy(args[0]):
+            raise GraphBreak("in-place operator on a container from outside the compiled code")
+        frame.tracer.note_container_write(args[0])
     user = _user_dunder(args, op)
     if user is not None:
         return frame.call(user[0], user[1], {})

@@ -70,6 +70,11 @@ class Tracer:
         self.input_source_of_fake: dict[int, str] = {}
         # attribute writes on objects from outside the trace, replayed after the graph
         self.attr_writes: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+        # lists/dicts read from a source are traced as copies; writes to them are replayed on the
+        # real container after the graph (contents written back whole)
+        self.owned_copies: dict[int, str] = {}
+        self.container_writes: dict[int, tuple[Any, str]] = {}
+        self.mutation_log: list[tuple[Any, Any, bool]] = []  # (copy, contents before, first write)
         self.last_placeholder: fx.Node | None = None
         self.location = ""  # the traced instruction as a traceback line, for node metadata
         self.where = ""  # the same as file:line, for guard notes
@@ -128,6 +133,8 @@ class Tracer:
             items = [self.wrap(v, item_source(source, i)) for i, v in enumerate(value)]
             out: Any = t(items) if t is list else (tuple(items) if t is tuple else t(*items))
             self._remember(out, source)
+            if t is list:
+                self.owned_copies[id(out)] = source
             return out
         if t is ResumeIterator:
             self.add_guard(source, "TYPE_MATCH", type_name(t))
@@ -144,6 +151,7 @@ class Tracer:
                     d.update(out)
                     out = d
                 self._remember(out, source)
+                self.owned_copies[id(out)] = source
                 return out
         self.add_guard(source, "TYPE_MATCH", type_name(t))
         self._remember(value, source)
@@ -323,13 +331,32 @@ class Tracer:
         self.node_of_expr[expr] = acc
         return acc
 
-    # ---- checkpoints for rolling back an instruction that breaks -------------------------
-    def checkpoint(self) -> tuple[fx.Node, bool, dict]:
-        return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes))
+    # ---- writes to input containers -------------------------------------------------------
+    def owns_copy(self, obj: Any) -> bool:
+        return id(obj) in self.owned_copies and self.source_of.get(id(obj)) == self.owned_copies[id(obj)]
 
-    def rollback(self, cp: tuple[fx.Node, bool, dict]) -> None:
-        last, grad, writes = cp
+    def note_container_write(self, obj: Any) -> None:
+        """Called before ``obj`` (an owned copy of an input list/dict) is changed in place."""
+        first = id(obj) not in self.container_writes
+        self.mutation_log.append((obj, list(obj) if isinstance(obj, list) else dict(obj), first))
+        self.container_writes[id(obj)] = (obj, self.owned_copies[id(obj)])
+
+    # ---- checkpoints for rolling back an instruction that breaks -------------------------
+    def checkpoint(self) -> tuple[fx.Node, bool, dict, int]:
+        return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes), len(self.mutation_log))
+
+    def rollback(self, cp: tuple[fx.Node, bool, dict, int]) -> None:
+        last, grad, writes, n_mutations = cp
         self.attr_writes = writes
+        while len(self.mutation_log) > n_mutations:
+            obj, before, first = self.mutation_log.pop()
+            if isinstance(obj, list):
+                obj[:] = before
+            else:
+                obj.clear()
+                obj.update(before)
+            if first:
+                del self.container_writes[id(obj)]
         while self.graph._root.prev is not last and self.graph._root.prev is not self.graph._root:
             node = self.graph._root.prev
             if node.op == "placeholder":
