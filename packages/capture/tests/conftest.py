@@ -47,6 +47,11 @@ def assert_same(got, want, atol=1e-5):
         assert type(got) is type(want) and len(got) == len(want), (got, want)
         for a, b in zip(got, want):
             assert_same(a, b, atol)
+    elif isinstance(want, torch.nn.Module):
+        assert type(got) is type(want)
+        assert_same(dict(got.state_dict()), dict(want.state_dict()), atol)
+        assert_same({k: v for k, v in vars(got).items() if not k.startswith("_")},
+                    {k: v for k, v in vars(want).items() if not k.startswith("_")}, atol)
     elif _is_plain_object(want):
         assert type(got) is type(want), (got, want)
         assert_same(vars(got), vars(want), atol)

@@ -5,6 +5,7 @@ from . import (  # noqa: F401 (imported for their registrations)
     corpus_containers,
     corpus_functions,
     corpus_modules,
+    corpus_mutation,
     corpus_numbers,
     corpus_python,
     corpus_tensors,

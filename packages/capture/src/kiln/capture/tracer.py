@@ -73,6 +73,7 @@ class Tracer:
         # lists/dicts read from a source are traced as copies; writes to them are replayed on the
         # real container after the graph (contents written back whole)
         self.owned_copies: dict[int, str] = {}
+        self.copies_by_source: dict[str, Any] = {}
         self.container_writes: dict[int, tuple[Any, str]] = {}
         self.mutation_log: list[tuple[Any, Any, bool]] = []  # (copy, contents before, first write)
         self.last_placeholder: fx.Node | None = None
@@ -127,6 +128,8 @@ class Tracer:
             self.add_guard(source, "ID_MATCH", id(value))
             self._remember(value, source)
             return value
+        if source in self.copies_by_source:  # read again: the same (possibly written) traced copy
+            return self.copies_by_source[source]
         if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
             self.add_guard(source, "TYPE_MATCH", type_name(t))
             self.add_guard(source, "LENGTH_MATCH", len(value))
@@ -135,6 +138,7 @@ class Tracer:
             self._remember(out, source)
             if t is list:
                 self.owned_copies[id(out)] = source
+                self.copies_by_source[source] = out
             return out
         if t is ResumeIterator:
             self.add_guard(source, "TYPE_MATCH", type_name(t))
@@ -152,6 +156,7 @@ class Tracer:
                     out = d
                 self._remember(out, source)
                 self.owned_copies[id(out)] = source
+                self.copies_by_source[source] = out
                 return out
         self.add_guard(source, "TYPE_MATCH", type_name(t))
         self._remember(value, source)
