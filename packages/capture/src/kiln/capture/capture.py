@@ -122,7 +122,8 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
     gm = fx.GraphModule(torch.nn.Module(), tracer.graph, class_name="KilnCaptured")
     guards = list(tracer.guards.values()) + shape_guards(tracer.shape_env, tracer.symbol_sources)
     gs = GuardSet(tuple(_order_guards(guards)))
-    specs: list[TensorSpec | int | None] = [TensorSpec.from_tensor(i.fake) for i in tracer.inputs]
+    specs: list[TensorSpec | int | None] = [TensorSpec.from_tensor(i.fake) if isinstance(i.fake, torch.Tensor)
+                                            else None for i in tracer.inputs]
     captured = CapturedGraph(gm, tuple(i.source for i in tracer.inputs), tuple(specs), gs)
     op_count = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method")
                    and n.target is not operator.getitem and n.target != "size")

@@ -345,6 +345,8 @@ def reset() -> None:
             cache.limit_warned = False
             cache.seen_shapes.clear()
             cache.dynamic.clear()
+            cache.seen_ints.clear()
+            cache.dynamic_ints.clear()
             if cache.eager_reason != "generators and coroutines run eagerly":
                 cache.eager_reason = None
         ctx.wrapped = weakref.WeakKeyDictionary()

@@ -36,7 +36,7 @@ _GRAD_MODES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)  # an a
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis))
 
 # dim sets the cache decides for a source: which dims of this input tensor are dynamic
-DynamicPolicy = Callable[[str, torch.Tensor], frozenset[int]]
+DynamicPolicy = Callable[[str, Any], frozenset[int]]  # (source, tensor or int arg) -> dynamic dims
 
 
 @dataclass
@@ -99,6 +99,11 @@ class Tracer:
         if value is None:
             self.add_guard(source, "IS_NONE", None)
             return value
+        if t is int and self.shape_env is not None and _is_argument(source) and \
+                self.dynamic_policy(source, value):
+            lifted = self.lift_int(value, source)
+            if lifted is not None:
+                return lifted
         if t in (bool, int, float, str, bytes):
             self.add_guard(source, "EQUALS_MATCH", value)
             return value
@@ -161,6 +166,26 @@ class Tracer:
         self.add_guard(source, "TYPE_MATCH", type_name(t))
         self._remember(value, source)
         return value
+
+    def lift_int(self, value: int, source: str) -> Any:
+        """A Python int argument as a symbolic int: a graph input bound by a SYMBOL guard.
+        0 and 1 stay constants (ShapeEnv specialises them, as PyTorch's compiler does)."""
+        if source in self.input_by_key:
+            return self.input_by_key[source]
+        assert self.shape_env is not None
+        ksrc = KilnSource(source)
+        sym = self.shape_env.create_symbol(value, ksrc, dynamic_dim=DimDynamic.DYNAMIC)
+        if not isinstance(sym, sympy.Symbol):
+            return None
+        symint = self.shape_env.create_symintnode(sym, hint=value, source=ksrc)
+        self.add_guard(source, "TYPE_MATCH", type_name(int))
+        node = self._placeholder(source, symint)
+        self.symbol_sources.setdefault(str(sym), []).append(source)
+        self.node_of_expr.setdefault(sym, node)
+        self.register(symint, node)
+        self.inputs.append(GraphInput(source, value, symint, node))
+        self.input_by_key[source] = symint
+        return symint
 
     def _wrap_unsourced(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
@@ -383,6 +408,11 @@ def _breaking_errors() -> tuple[type[BaseException], ...]:
 
 
 _BREAKING_ERRORS = _breaking_errors()
+
+
+def _is_argument(source: str) -> bool:
+    """``L['name']``: a frame argument, the only ints made symbolic (not attributes or items)."""
+    return source.startswith("L['") and source.endswith("']") and source.count("[") == 1
 
 
 def _plain_dict_subclass(t: type) -> bool:
