@@ -4,6 +4,7 @@ from . import (  # noqa: F401 (imported for their registrations)
     corpus_breaks,
     corpus_containers,
     corpus_functions,
+    corpus_guards,
     corpus_modules,
     corpus_mutation,
     corpus_numbers,
