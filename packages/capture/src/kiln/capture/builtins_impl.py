@@ -345,10 +345,9 @@ def _register() -> None:
     SPECIAL[functools.reduce] = lambda frame, args, kwargs: frame.call(polyfills.reduce_, list(args), kwargs)
     cond = getattr(torch, "cond", None)
     if cond is not None:
-        def _cond(frame: Frame, args: list, kwargs: dict) -> Any:
-            raise GraphBreak("torch.cond is not captured as a subgraph yet",
-                             "the call runs in Python between graphs; use torch.where for tensors")
-        SPECIAL[cond] = _cond
+        from .cond import trace_cond
+
+        SPECIAL[cond] = trace_cond
     compiler_ns = vars(torch).get("compiler")  # user code asks it whether it is being compiled
     for name in ("is_compiling", "is_dynamo_compiling"):
         fn = getattr(compiler_ns, name, None)

@@ -12,7 +12,7 @@ import enum
 import operator
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
@@ -47,6 +47,28 @@ class GraphInput:
     node: fx.Node
 
 
+@dataclass
+class SubgraphScope:
+    """A torch.cond branch being recorded: its graph and the enclosing nodes it reads."""
+
+    graph: fx.Graph
+    parent: fx.Graph
+    saved_exprs: dict
+    lifted: dict = field(default_factory=dict)  # enclosing node -> placeholder here
+    submodules: dict = field(default_factory=dict)  # branch graphs of torch.cond calls inside this one
+
+    def placeholder(self, outer: fx.Node) -> fx.Node:
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        anchor = placeholders[-1] if placeholders else None
+        first = next(iter(self.graph.nodes), None)
+        ctx = self.graph.inserting_after(anchor) if anchor is not None else (
+            self.graph.inserting_before(first) if first is not None else self.graph.inserting_after())
+        with ctx:
+            node = self.graph.placeholder(outer.name)
+        node.meta.update({k: v for k, v in outer.meta.items() if k in ("val", "spec")})
+        return node
+
+
 class Tracer:
     """Owns the fx graph, the fake mode and shape env, the input placeholders and the guards."""
 
@@ -55,7 +77,10 @@ class Tracer:
         # large part of torch, which static captures do not need.
         self.shape_env = ShapeEnv() if symbolic else None
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
-        self.graph = fx.Graph()
+        self.graph = fx.Graph()  # the graph being recorded: the root, or a torch.cond branch
+        self.root_graph = self.graph
+        self.scopes: list[SubgraphScope] = []  # torch.cond branches being traced, innermost last
+        self.submodules: dict[str, fx.GraphModule] = {}  # branch graphs, attributes of the root
         self.dynamic_policy = dynamic_policy
         self.node_of: dict[int, fx.Node] = {}
         self.node_of_expr: dict[sympy.Expr, fx.Node] = {}
@@ -240,12 +265,13 @@ class Tracer:
 
     def _placeholder(self, source: str, fake: Any) -> fx.Node:
         if self.last_placeholder is None:
-            first = next(iter(self.graph.nodes), None)
-            ctx = self.graph.inserting_before(first) if first is not None else self.graph.inserting_after()
+            root = self.root_graph
+            first = next(iter(root.nodes), None)
+            ctx = root.inserting_before(first) if first is not None else root.inserting_after()
         else:
-            ctx = self.graph.inserting_after(self.last_placeholder)
+            ctx = self.root_graph.inserting_after(self.last_placeholder)
         with ctx:
-            node = self.graph.placeholder(placeholder_name(source))
+            node = self.root_graph.placeholder(placeholder_name(source))
         self.last_placeholder = node
         node.meta["val"] = fake
         node.meta["spec"] = TensorSpec.from_tensor(fake) if isinstance(fake, torch.Tensor) else None
@@ -253,8 +279,8 @@ class Tracer:
         return node
 
     def _size_node(self, tensor_node: fx.Node, dim: int, sym: Any) -> fx.Node:
-        with self.graph.inserting_after(self.last_placeholder):
-            n = self.graph.call_method("size", (tensor_node, dim))
+        with self.root_graph.inserting_after(self.last_placeholder):
+            n = self.root_graph.call_method("size", (tensor_node, dim))
         n.meta["val"] = sym
         self.speculative.add(n)
         return n
@@ -310,9 +336,10 @@ class Tracer:
             if node is None:
                 raise GraphBreak("a tensor created outside the graph was used in it",
                                  "create tensors with torch functions inside the compiled code")
-            return node
+            return self.lift(node)
         if isinstance(value, SYM_TYPES):
-            return self.sym_node(value)
+            node = self.sym_node(value)
+            return self.lift(node) if isinstance(node, fx.Node) else node
         if type(value) in (list, tuple):
             return type(value)(self.to_arg(v) for v in value)
         if isinstance(value, tuple) and hasattr(type(value), "_fields"):
@@ -345,7 +372,7 @@ class Tracer:
     def _expr_node(self, expr: sympy.Expr) -> Any:
         """Build nodes computing a symbolic size expression from the symbols' size nodes."""
         if expr in self.node_of_expr:
-            return self.node_of_expr[expr]
+            return self.lift(self.node_of_expr[expr])
         if isinstance(expr, sympy.Integer):
             return int(expr)
         name = type(expr).__name__
@@ -360,6 +387,35 @@ class Tracer:
             self.speculative.add(acc)
         self.node_of_expr[expr] = acc
         return acc
+
+    # ---- torch.cond branches ---------------------------------------------------------------
+    def push_scope(self) -> SubgraphScope:
+        scope = SubgraphScope(fx.Graph(), self.graph, dict(self.node_of_expr))
+        self.scopes.append(scope)
+        self.graph = scope.graph
+        return scope
+
+    def pop_scope(self, scope: SubgraphScope) -> None:
+        assert self.scopes and self.scopes[-1] is scope
+        self.scopes.pop()
+        self.graph = scope.parent
+        self.node_of_expr = scope.saved_exprs  # sizes computed inside the branch stay inside it
+
+    def lift(self, node: fx.Node) -> fx.Node:
+        """A node of an enclosing graph used inside a branch becomes a branch placeholder."""
+        if not self.scopes or node.graph is self.graph:
+            return node
+        return self._lift_into(len(self.scopes) - 1, node)
+
+    def _lift_into(self, level: int, node: fx.Node) -> fx.Node:
+        scope = self.scopes[level]
+        if node.graph is scope.graph:
+            return node
+        if node.graph is not scope.parent:  # from further out: lift it into the parent first
+            node = self._lift_into(level - 1, node)
+        if node not in scope.lifted:
+            scope.lifted[node] = scope.placeholder(node)
+        return scope.lifted[node]
 
     # ---- writes to input containers -------------------------------------------------------
     def owns_copy(self, obj: Any) -> bool:
