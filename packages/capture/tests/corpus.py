@@ -2,6 +2,7 @@
 
 from . import (  # noqa: F401 (imported for their registrations)
     corpus_breaks,
+    corpus_breaks2,
     corpus_containers,
     corpus_functions,
     corpus_guards,

@@ -18,7 +18,7 @@ from torch import nn
 from . import polyfills, torch_ops
 from .builtins_impl import SPECIAL
 from .errors import GraphBreak
-from .semantics import check_tracked, contains_traced, lookup_static
+from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
 from .values import EMPTY, NULL, Cell, ListIterator, TensorMethod, TracedFunction, TracedMethod
 
 if TYPE_CHECKING:
@@ -135,8 +135,10 @@ def real_call(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
 
 def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     name = getattr(fn, "__name__", repr(fn))
+    self_obj = getattr(fn, "__self__", None)
     if any(isinstance(a, (TracedFunction, TracedMethod)) for a in [*args, *kwargs.values()]):
         raise GraphBreak(f"passing a function defined in compiled code to {name}()")
+    refuse_foreign_values([self_obj, *args, *kwargs.values()], f"{name}()")
     traced_args = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())
     if not traced_args:
         result = fn(*args, **kwargs)

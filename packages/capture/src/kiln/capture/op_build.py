@@ -60,10 +60,18 @@ def _ensure_iterable_items(f: Frame, x: Any) -> list:
     return list(get_iter(f, x).remaining())
 
 
+def _writing(f: Frame, target: Any) -> Any:
+    """A container about to change in place: an input list/dict (resume functions receive the
+    list a comprehension is building) has the write replayed on the real object."""
+    if f.tracer.owns_copy(target):
+        f.tracer.note_container_write(target)
+    return target
+
+
 @op("LIST_APPEND")
 def list_append(f: Frame, i: Inst) -> None:
     v = f.pop()
-    f.stack[-i.arg].append(v)
+    _writing(f, f.stack[-i.arg]).append(v)
 
 
 @op("SET_ADD")
@@ -76,13 +84,13 @@ def set_add(f: Frame, i: Inst) -> None:
 def map_add(f: Frame, i: Inst) -> None:
     v = f.pop()
     k = f.pop()
-    f.stack[-i.arg][k] = v
+    _writing(f, f.stack[-i.arg])[k] = v
 
 
 @op("LIST_EXTEND")
 def list_extend(f: Frame, i: Inst) -> None:
     v = f.pop()
-    f.stack[-i.arg].extend(_ensure_iterable_items(f, v))
+    _writing(f, f.stack[-i.arg]).extend(_ensure_iterable_items(f, v))
 
 
 @op("SET_UPDATE")
@@ -94,7 +102,7 @@ def set_update(f: Frame, i: Inst) -> None:
 @op("DICT_UPDATE", "DICT_MERGE")
 def dict_update(f: Frame, i: Inst) -> None:
     v = f.pop()
-    target = f.stack[-i.arg]
+    target = _writing(f, f.stack[-i.arg])
     if i.opname == "DICT_MERGE":
         dup = set(target) & set(v.keys())
         if dup:

@@ -277,7 +277,17 @@ def apply_operator(frame: Frame, op: Any, args: list) -> Any:
     user = _user_dunder(args, op)
     if user is not None:
         return frame.call(user[0], user[1], {})
+    refuse_foreign_values(args, getattr(op, "__name__", "operator"))
     return op(*args)
+
+
+def refuse_foreign_values(values: Any, what: str) -> None:
+    """Computing on numpy values at capture time would bake one call's data into the entry
+    (only their type is guarded): that runs in Python instead."""
+    for v in values:
+        if (type(v).__module__ or "").startswith("numpy"):
+            raise GraphBreak(f"{what} on a numpy {type(v).__name__}",
+                             "numpy computations run in Python between graphs")
 
 
 _INPLACE = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,

@@ -28,7 +28,7 @@ from kiln.graph import Guard, TensorSpec, global_state, tensor_expectation, type
 from .errors import GraphBreak
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
-from .values import ContextExit, GradModeContext, ListIterator, ResumeIterator
+from .values import ADVANCES, ContextExit, GradModeContext, ListIterator, ResumeIterator
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 DELETED = object()
@@ -99,8 +99,10 @@ class Tracer:
         # real container after the graph (contents written back whole)
         self.owned_copies: dict[int, str] = {}
         self.copies_by_source: dict[str, Any] = {}
+        self.copies_by_id: dict[int, tuple[Any, Any]] = {}  # id(real) -> (copy, real)
         self.container_writes: dict[int, tuple[Any, str]] = {}
         self.mutation_log: list[tuple[Any, Any, bool]] = []  # (copy, contents before, first write)
+        ADVANCES.clear()  # interpreted iterators advanced by this capture
         self.last_placeholder: fx.Node | None = None
         self.location = ""  # the traced instruction as a traceback line, for node metadata
         self.where = ""  # the same as file:line, for guard notes
@@ -160,6 +162,10 @@ class Tracer:
             return value
         if source in self.copies_by_source:  # read again: the same (possibly written) traced copy
             return self.copies_by_source[source]
+        if id(value) in self.copies_by_id:  # the same list/dict reached through another source
+            copy, real = self.copies_by_id[id(value)]
+            if real is value:  # Note: aliasing is assumed, not guarded (as PyTorch's compiler does)
+                return copy
         if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
             self.add_guard(source, "TYPE_MATCH", type_name(t))
             self.add_guard(source, "LENGTH_MATCH", len(value))
@@ -169,6 +175,7 @@ class Tracer:
             if t is list:
                 self.owned_copies[id(out)] = source
                 self.copies_by_source[source] = out
+                self.copies_by_id[id(value)] = (out, value)
             return out
         if t is ResumeIterator:
             self.add_guard(source, "TYPE_MATCH", type_name(t))
@@ -187,6 +194,7 @@ class Tracer:
                 self._remember(out, source)
                 self.owned_copies[id(out)] = source
                 self.copies_by_source[source] = out
+                self.copies_by_id[id(value)] = (out, value)
                 return out
         self.add_guard(source, "TYPE_MATCH", type_name(t))
         self._remember(value, source)
@@ -428,12 +436,16 @@ class Tracer:
         self.container_writes[id(obj)] = (obj, self.owned_copies[id(obj)])
 
     # ---- checkpoints for rolling back an instruction that breaks -------------------------
-    def checkpoint(self) -> tuple[fx.Node, bool, dict, int]:
-        return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes), len(self.mutation_log))
+    def checkpoint(self) -> tuple:
+        return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes), len(self.mutation_log),
+                len(ADVANCES))
 
-    def rollback(self, cp: tuple[fx.Node, bool, dict, int]) -> None:
-        last, grad, writes, n_mutations = cp
+    def rollback(self, cp: tuple) -> None:
+        last, grad, writes, n_mutations, n_advances = cp
         self.attr_writes = writes
+        while len(ADVANCES) > n_advances:
+            it, index = ADVANCES.pop()
+            it.index = index
         while len(self.mutation_log) > n_mutations:
             obj, before, first = self.mutation_log.pop()
             if isinstance(obj, list):
