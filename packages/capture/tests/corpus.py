@@ -3,6 +3,7 @@
 from . import (  # noqa: F401 (imported for their registrations)
     corpus_breaks,
     corpus_breaks2,
+    corpus_cond_dynamic,
     corpus_containers,
     corpus_functions,
     corpus_guards,
