@@ -235,7 +235,7 @@ def dict_iteration_order(x, y):
     d["z"] = x
     d["a"] = y
     out = []
-    for k, v in d.items():
+    for k, v in d.items():  # noqa: B007
         out.append(v * len(out))
     return out[0] + out[1] + (list(d)[0] == "z")
 
@@ -284,7 +284,7 @@ def dict_tuple_keys(x, y):
 def dict_sorted_items(x, y):
     d = {"b": y, "a": x}
     out = []
-    for k, v in sorted(d.items()):
+    for k, v in sorted(d.items()):  # noqa: B007
         out.append(v)
     return out[0] * 2 + out[1]
 

@@ -207,7 +207,7 @@ def lru_cached_helper_pure(x, y):
     return x * _cached_factor(3)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=None)  # noqa: UP033
 def _cached_factor(n):
     return n * 2
 
@@ -529,13 +529,13 @@ def dispatch_through_dict_of_lambdas(x, y):
 @case()
 def getattr_dynamic_name(x, y):
     name = "s" + "in"
-    return getattr(torch, name)(x) + getattr(y, "cos")()
+    return getattr(torch, name)(x) + getattr(y, "cos")()  # noqa: B009
 
 
 @case()
 def setattr_on_local_object(x, y):
     s = Shape(1, 1)
-    setattr(s, "_h", 5)
+    setattr(s, "_h", 5)  # noqa: B010
     return x * s.area
 
 

@@ -93,7 +93,7 @@ def is_and_is_not(x, y):
     b = [1]
     c = b
     out = x
-    if a is None and b is c and b is not [1]:
+    if a is None and b is c and b is not [1]:  # noqa: F632
         out = out + 3
     return out
 
@@ -256,7 +256,7 @@ def builtin_hash_id_free(x, y):
 
 @case()
 def builtin_callable_type(x, y):
-    n = callable(x.add) + (type(3) is int) + (type(x) is torch.Tensor) + isinstance(True, int)
+    n = callable(x.add) + (type(3) is int) + (type(x) is torch.Tensor) + isinstance(True, int)  # noqa: UP003
     return x * n
 
 

@@ -277,6 +277,21 @@ def _constant(value: Any) -> Handler:
     return lambda frame, args, kwargs: value
 
 
+def _text(fn: Callable) -> Handler:
+    """str()/repr() of symbolic sizes specialise them (a guard), so the text is a real number."""
+    def handler(frame: Frame, args: list, kwargs: dict) -> Any:
+        from .op_build import _concrete
+
+        if len(args) == 1 and not kwargs:
+            if isinstance(args[0], torch.Tensor):
+                raise GraphBreak(f"{fn.__name__}() of a tensor", "formatting tensors runs in Python")
+            return fn(_concrete(args[0]))
+        from .calls import real_call
+
+        return real_call(frame, fn, args, kwargs)
+    return handler
+
+
 def _keep_wrapper(wrapper: Any) -> Any:
     return wrapper
 
@@ -341,6 +356,8 @@ def _register() -> None:
                  "named_children", "modules", "named_modules"):
         SPECIAL[getattr(torch.nn.Module, kind)] = _module_members(kind)
     SPECIAL[functools.wraps] = _wraps
+    for text_fn in (str, repr):
+        SPECIAL[text_fn] = _text(text_fn)
     SPECIAL[functools.partial] = lambda frame, args, kwargs: functools.partial(*args, **kwargs)
     SPECIAL[functools.reduce] = lambda frame, args, kwargs: frame.call(polyfills.reduce_, list(args), kwargs)
     cond = getattr(torch, "cond", None)

@@ -183,11 +183,22 @@ def store_slice(f: Frame, i: Inst) -> None:
     setitem(f, obj, slice(start, end), value)
 
 
+def _concrete(value: Any, depth: int = 0) -> Any:
+    """Symbolic sizes formatted into text are specialised (guarded), as int() does."""
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, (torch.SymFloat, torch.SymBool)):
+        return float(value) if isinstance(value, torch.SymFloat) else bool(value)
+    if depth < 4 and type(value) in (tuple, list, torch.Size):
+        items = [_concrete(v, depth + 1) for v in value]
+        return tuple(items) if type(value) is tuple else list(items) if type(value) is list else torch.Size(items)
+    return value
+
+
 def _format(f: Frame, value: Any, spec: str = "", conv: int = 0) -> str:
     if isinstance(value, torch.Tensor):
         raise GraphBreak("formatting a tensor into a string")
-    if isinstance(value, (torch.SymInt, torch.SymFloat)):
-        value = int(value) if isinstance(value, torch.SymInt) else float(value)
+    value = _concrete(value)
     if conv == 1:
         value = str(value)
     elif conv == 2:
@@ -219,7 +230,7 @@ def convert_value(f: Frame, i: Inst) -> None:
     v = f.pop()
     if isinstance(v, torch.Tensor):
         raise GraphBreak("formatting a tensor into a string")
-    f.push({1: str, 2: repr, 3: ascii}[i.arg](v))
+    f.push({1: str, 2: repr, 3: ascii}[i.arg](_concrete(v)))
 
 
 @op("CALL_INTRINSIC_1")
