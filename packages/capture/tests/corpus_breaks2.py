@@ -3,6 +3,8 @@ and the state (locals, stack, grad mode, containers) the resume functions must r
 
 from __future__ import annotations
 
+import sys
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -260,6 +262,7 @@ def break_with_star_args_after(x, y):
     return torch.maximum(*args)
 
 
-@case(graphs=2, breaks=2)
+# Python 3.12 inlines comprehensions (PEP 709): the break is in the frame itself, not in a callee
+@case(graphs=2 if sys.version_info < (3, 12) else 1, breaks=2 if sys.version_info < (3, 12) else 1)
 def break_in_comprehension_element(x, y):
     return sum([print("kiln-corpus", "comp") or t * 2 for t in (x,)]) + y
