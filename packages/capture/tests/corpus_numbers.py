@@ -409,3 +409,11 @@ def torch_dtype_promotion_queries(x, y):
 @case()
 def torch_get_default_dtype(x, y):
     return x.to(torch.get_default_dtype()) + torch.zeros(4, 4, dtype=torch.get_default_dtype())
+
+
+@case()
+def numpy_scalar_constants(x, y):
+    import numpy as np
+
+    k = np.sqrt(16.0) + np.float32(0.5)
+    return x * float(k) + y * math.floor(np.pi)

@@ -282,10 +282,11 @@ def apply_operator(frame: Frame, op: Any, args: list) -> Any:
 
 
 def refuse_foreign_values(values: Any, what: str) -> None:
-    """Computing on numpy values at capture time would bake one call's data into the entry
-    (only their type is guarded): that runs in Python instead."""
+    """Computing on numpy arrays at capture time would bake one call's data into the entry
+    (only their type is guarded): that runs in Python instead. (Numpy scalars are values, like
+    Python numbers, and are computed on.)"""
     for v in values:
-        if (type(v).__module__ or "").startswith("numpy"):
+        if type(v).__name__ == "ndarray" and (type(v).__module__ or "").startswith("numpy"):
             raise GraphBreak(f"{what} on a numpy {type(v).__name__}",
                              "numpy computations run in Python between graphs")
 
