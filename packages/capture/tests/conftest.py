@@ -47,5 +47,21 @@ def assert_same(got, want, atol=1e-5):
         assert type(got) is type(want) and len(got) == len(want), (got, want)
         for a, b in zip(got, want):
             assert_same(a, b, atol)
+    elif isinstance(want, torch.nn.Module):
+        assert type(got) is type(want)
+        assert_same(dict(got.state_dict()), dict(want.state_dict()), atol)
+        assert_same({k: v for k, v in vars(got).items() if not k.startswith("_")},
+                    {k: v for k, v in vars(want).items() if not k.startswith("_")}, atol)
+    elif _is_plain_object(want):
+        assert type(got) is type(want), (got, want)
+        assert_same(vars(got), vars(want), atol)
     else:
         assert got == want, (got, want)
+
+
+def _is_plain_object(v) -> bool:
+    """A user class instance (compared by its attributes), not a module, function or class."""
+    import types
+
+    return hasattr(v, "__dict__") and not isinstance(v, (torch.nn.Module, type, types.FunctionType,
+                                                          types.ModuleType, types.MethodType))

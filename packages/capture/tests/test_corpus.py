@@ -9,19 +9,28 @@ from .conftest import Recorder, assert_same
 from .corpus import CASES
 
 
+def _run_pair(case, opt, args, kwargs):
+    eager_args, eager_kwargs = copy.deepcopy((args, kwargs))
+    want = case.fn(*eager_args, **eager_kwargs)
+    got = opt(*args, **kwargs)
+    assert_same(got, want)
+    # mutation of inputs is replayed: the inputs end up as eager left them
+    assert_same((args, kwargs), (eager_args, eager_kwargs))
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_program(case):
     kc.reset()
     rec = Recorder()
-    opt = kc.optimize(case.fn, rec)
-    for seed in (0, 1):
+    opt = kc.optimize(case.fn, rec, dynamic=case.dynamic)
+    factories = case.calls if case.calls is not None else (case.args, case.args)
+    for seed, factory in enumerate(factories):
         torch.manual_seed(seed)
-        args = case.args()
-        kwargs = case.kwargs()
-        want = case.fn(*copy.deepcopy(args), **copy.deepcopy(kwargs))
-        got = opt(*args, **kwargs)
-        assert_same(got, want)
+        _run_pair(case, opt, factory(), case.kwargs())
     assert rec.count == case.graphs, f"expected {case.graphs} graphs, got {rec.count}"
+    if case.recompiles is not None:
+        assert kc.recompile_count(opt) == case.recompiles
     torch.manual_seed(0)
-    ex = kc.explain(case.fn)(*case.args(), **case.kwargs())
+    first = factories[0]
+    ex = kc.explain(case.fn)(*first(), **case.kwargs())
     assert ex.break_count == case.breaks, ex.as_text()

@@ -424,7 +424,7 @@ def test_hit_path_guard_source_is_compact():
     assert ":=" in src and src.count("L['self']") == 1
 
 
-def test_torch_cond_is_a_clean_break(recorder):
+def test_torch_cond_is_one_graph(recorder):
     if not hasattr(torch, "cond"):
         pytest.skip("torch.cond missing")
 
@@ -435,4 +435,25 @@ def test_torch_cond_is_a_clean_break(recorder):
     g = kc.optimize(f, recorder)
     assert_same(g(x), f(x))
     ex = kc.explain(f)(x)
-    assert ex.break_count == 1 and "torch.cond" in ex.break_reasons[0].reason
+    assert ex.break_count == 0 and ex.graph_count == 1 and recorder.count == 1
+
+
+def test_swapped_or_reshaped_parameter_recompiles(recorder):
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(5)])
+    opt = kc.optimize(model, recorder)
+    x = torch.randn(2, 4)
+    assert_same(opt(x), model(x))
+    model[2].weight = torch.nn.Parameter(torch.randn(4, 4))  # swapped: same shape, new object
+    assert_same(opt(x), model(x))
+    assert recorder.count == 2
+    model[3].bias = torch.nn.Parameter(torch.randn(4))
+    model[4] = torch.nn.Linear(4, 4)  # a swapped submodule
+    assert_same(opt(x), model(x))
+    assert recorder.count == 3
+    with torch.no_grad():  # in-place value changes need no recompile: values are graph inputs
+        model[0].weight.mul_(2)
+    assert_same(opt(x), model(x))
+    assert recorder.count == 3
+    model[1].weight = torch.nn.Parameter(torch.randn(4, 4).t().contiguous().t())  # new strides
+    assert_same(opt(x), model(x))
+    assert recorder.count == 4

@@ -33,6 +33,7 @@ from .values import (
     ListIterator,
     NullContext,
     SuperProxy,
+    TensorMethod,
     TracedFunction,
     TracedMethod,
 )
@@ -276,6 +277,33 @@ def _constant(value: Any) -> Handler:
     return lambda frame, args, kwargs: value
 
 
+def _text(fn: Callable) -> Handler:
+    """str()/repr() of symbolic sizes specialise them (a guard), so the text is a real number."""
+    def handler(frame: Frame, args: list, kwargs: dict) -> Any:
+        from .op_build import _concrete
+
+        if len(args) == 1 and not kwargs:
+            if isinstance(args[0], torch.Tensor):
+                raise GraphBreak(f"{fn.__name__}() of a tensor", "formatting tensors runs in Python")
+            return fn(_concrete(args[0]))
+        from .calls import real_call
+
+        return real_call(frame, fn, args, kwargs)
+    return handler
+
+
+def _keep_wrapper(wrapper: Any) -> Any:
+    return wrapper
+
+
+def _wraps(frame: Frame, args: list, kwargs: dict) -> Any:
+    """``functools.wraps(fn)`` inside compiled code: the decorator returns the wrapper itself (its
+    metadata is not copied; the wrapper only lives inside the trace)."""
+    if not any(isinstance(a, (TracedFunction, TracedMethod)) for a in args):
+        return functools.wraps(*args, **kwargs)
+    return _keep_wrapper
+
+
 def _nullcontext(frame: Frame, args: list, kwargs: dict) -> NullContext:
     return NullContext(contextlib.nullcontext(*args, **kwargs))
 
@@ -312,7 +340,7 @@ def _register() -> None:
         b.max: _polyfill(max, polyfills.max_), b.any: _polyfill(any, polyfills.any_),
         b.all: _polyfill(all, polyfills.all_), b.map: _polyfill(map, polyfills.map_),
         b.filter: _polyfill(filter, polyfills.filter_), b.sorted: _polyfill(sorted, polyfills.sorted_),
-        b.callable: lambda frame, args, kwargs: isinstance(args[0], (TracedFunction, TracedMethod)) or
+        b.callable: lambda frame, args, kwargs: isinstance(args[0], (TracedFunction, TracedMethod, TensorMethod)) or
         callable(args[0]),
         b.abs: _abs, b.print: _print, b.super: _super, b.id: _id,
         b.int: _scalar(int), b.float: _scalar(float), b.bool: _scalar(bool), b.complex: _scalar(complex),
@@ -327,14 +355,16 @@ def _register() -> None:
     for kind in ("parameters", "named_parameters", "buffers", "named_buffers", "children",
                  "named_children", "modules", "named_modules"):
         SPECIAL[getattr(torch.nn.Module, kind)] = _module_members(kind)
+    SPECIAL[functools.wraps] = _wraps
+    for text_fn in (str, repr):
+        SPECIAL[text_fn] = _text(text_fn)
     SPECIAL[functools.partial] = lambda frame, args, kwargs: functools.partial(*args, **kwargs)
     SPECIAL[functools.reduce] = lambda frame, args, kwargs: frame.call(polyfills.reduce_, list(args), kwargs)
     cond = getattr(torch, "cond", None)
     if cond is not None:
-        def _cond(frame: Frame, args: list, kwargs: dict) -> Any:
-            raise GraphBreak("torch.cond is not captured as a subgraph yet",
-                             "the call runs in Python between graphs; use torch.where for tensors")
-        SPECIAL[cond] = _cond
+        from .cond import trace_cond
+
+        SPECIAL[cond] = trace_cond
     compiler_ns = vars(torch).get("compiler")  # user code asks it whether it is being compiled
     for name in ("is_compiling", "is_dynamo_compiling"):
         fn = getattr(compiler_ns, name, None)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from kiln.graph import GuardSet
+from kiln.graph import GuardSet, enabled, log
 
 from .capture import Capture
 from .knobs import CaptureOptions
@@ -39,10 +39,13 @@ class CodeCache:
     limit_warned: bool = False
     seen_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dynamic: dict[str, set[int]] = field(default_factory=dict)
+    seen_ints: dict[str, int] = field(default_factory=dict)
+    dynamic_ints: set[str] = field(default_factory=set)
 
     def may_be_dynamic(self, L: dict[str, Any], options: CaptureOptions) -> bool:
         """Whether this capture could make a size symbolic (so it needs a ShapeEnv)."""
-        if options.dynamic is True or any(self.dynamic.values()):
+        self._note_ints(L, options)
+        if options.dynamic is True or any(self.dynamic.values()) or self.dynamic_ints:
             return True
         if options.dynamic is False:
             return any(getattr(v, "_kiln_dynamic_dims", None) for v in _top_tensors(L))
@@ -55,8 +58,28 @@ class CodeCache:
                     return True
         return False
 
+    def _note_ints(self, L: dict[str, Any], options: CaptureOptions) -> None:
+        """Int arguments are specialised first; one that changed between captures turns symbolic."""
+        if options.dynamic is not None:
+            return
+        for name, v in L.items():
+            if type(v) is not int:
+                continue
+            src = f"L[{name!r}]"
+            prev = self.seen_ints.get(src)
+            self.seen_ints[src] = v
+            if prev is not None and prev != v and src not in self.dynamic_ints:
+                self.dynamic_ints.add(src)
+                if enabled("recompiles"):
+                    log("recompiles").info("%s changed from %s to %s: it is a symbolic int from now on",
+                                           src, prev, v)
+
     def dynamic_policy(self, options: CaptureOptions) -> Callable[[str, torch.Tensor], frozenset[int]]:
-        def policy(source: str, t: torch.Tensor) -> frozenset[int]:
+        def policy(source: str, t: torch.Tensor | int) -> frozenset[int]:
+            if type(t) is int:  # a Python int argument: symbolic once it has changed (_note_ints)
+                if options.dynamic is True or options.dynamic is None and source in self.dynamic_ints:
+                    return frozenset({0})
+                return frozenset()
             marked = set(getattr(t, "_kiln_dynamic_dims", ()))
             if options.dynamic is True:
                 return frozenset(range(t.dim()))

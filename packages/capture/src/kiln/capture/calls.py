@@ -3,8 +3,11 @@ Python runs for real when it cannot touch tensors, and anything else breaks the 
 
 from __future__ import annotations
 
+import builtins
+import enum
 import functools
 import inspect
+import operator
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -12,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import torch_ops
+from . import polyfills, torch_ops
 from .builtins_impl import SPECIAL
 from .errors import GraphBreak
-from .semantics import check_tracked, contains_traced, lookup_static
-from .values import NULL, Cell, ListIterator, TensorMethod, TracedFunction, TracedMethod
+from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
+from .values import EMPTY, NULL, Cell, ListIterator, TensorMethod, TracedFunction, TracedMethod
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -40,6 +43,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         return inline(frame, fn.code, fn.globals, args, kwargs, fn.defaults, fn.kwdefaults, fn.closure)
     if isinstance(fn, TracedMethod):
         return call_function(frame, fn.fn, [fn.self_obj, *args], kwargs)
+    if fn is builtins.__build_class__:
+        return build_class(frame, args, kwargs)
     special = _special(fn)
     if special is not None:
         return special(frame, args, kwargs)
@@ -49,6 +54,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         return call_function(frame, fn.__func__, [fn.__self__, *args], kwargs)
     if isinstance(fn, functools.partial):
         return call_function(frame, fn.func, [*fn.args, *args], {**fn.keywords, **kwargs})
+    if isinstance(fn, (operator.attrgetter, operator.itemgetter, operator.methodcaller)):
+        return _call_getter(frame, fn, args)
     if fn in _MODULE_CALLS and args and isinstance(args[0], nn.Module):
         return call_module(frame, args[0], args[1:], kwargs)
     if isinstance(fn, nn.Module):
@@ -61,6 +68,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         if _run_for_real(fn, args, kwargs):
             return real_call(frame, fn, args, kwargs)
         return inline_function(frame, fn, args, kwargs)
+    if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) is list and fn.__name__ == "sort":
+        return frame.call(polyfills.list_sort_, [fn.__self__, *args], kwargs)  # key= may be traced
     if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
                        types.WrapperDescriptorType, types.MethodDescriptorType,
                        types.ClassMethodDescriptorType)):
@@ -69,6 +78,31 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if isinstance(call, types.FunctionType):
         return call_function(frame, call, [fn, *args], kwargs)
     return real_call(frame, fn, args, kwargs)
+
+
+def _call_getter(frame: Frame, fn: Any, args: list) -> Any:
+    """operator.attrgetter/itemgetter/methodcaller through the traced getattr/getitem/call."""
+    from .builtins_impl import SPECIAL as _S  # the getattr handler, with guards on what it reads
+
+    (obj,) = args
+    ctor, params = fn.__reduce__()[:2]
+    if isinstance(fn, operator.methodcaller):  # (methodcaller, (name, *args)) or (partial(..), args)
+        if isinstance(ctor, functools.partial):
+            name, call_args, call_kwargs = ctor.args[0], list(params), dict(ctor.keywords)
+        else:
+            name, call_args, call_kwargs = params[0], list(params[1:]), {}
+        method = _S[getattr](frame, [obj, name], {})
+        return call_function(frame, method, call_args, call_kwargs)
+    results = []
+    for p in params:
+        if isinstance(fn, operator.itemgetter):
+            results.append(_S[operator.getitem](frame, [obj, p], {}))
+            continue
+        value = obj
+        for part in p.split("."):
+            value = _S[getattr](frame, [value, part], {})
+        results.append(value)
+    return results[0] if len(results) == 1 else tuple(results)
 
 
 def _special(fn: Any) -> Any:
@@ -91,10 +125,20 @@ def real_call(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     name = getattr(fn, "__name__", repr(fn))
     if self_obj is not None and not isinstance(self_obj, types.ModuleType) and \
             frame.tracer.source_of.get(id(self_obj)) is not None and name in _MUTATING:
+        if frame.tracer.owns_copy(self_obj):  # an input list/dict: replayed after the graph
+            frame.tracer.note_container_write(self_obj)
+            return real_call_unchecked(frame, fn, args, kwargs)
         raise GraphBreak(f"{type(self_obj).__name__}.{name}() mutates an object from outside the "
                          "compiled code", "mutations of inputs run in Python")
-    if any(isinstance(a, (TracedFunction, TracedMethod)) for a in args):
+    return real_call_unchecked(frame, fn, args, kwargs)
+
+
+def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
+    name = getattr(fn, "__name__", repr(fn))
+    self_obj = getattr(fn, "__self__", None)
+    if any(isinstance(a, (TracedFunction, TracedMethod)) for a in [*args, *kwargs.values()]):
         raise GraphBreak(f"passing a function defined in compiled code to {name}()")
+    refuse_foreign_values([self_obj, *args, *kwargs.values()], f"{name}()")
     traced_args = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())
     if not traced_args:
         result = fn(*args, **kwargs)
@@ -219,7 +263,7 @@ def construct(frame: Frame, cls: type, args: list, kwargs: dict) -> Any:
     init = lookup_static(cls, "__init__")
     py_new = isinstance(new, staticmethod) and isinstance(new.__func__, types.FunctionType)
     py_init = isinstance(init, types.FunctionType)
-    if cls.__module__ == "builtins" or issubclass(cls, BaseException) or not (py_new or py_init) or \
+    if cls.__module__ == "builtins" or issubclass(cls, (BaseException, enum.Enum)) or not (py_new or py_init) or \
             (issubclass(cls, tuple) and hasattr(cls, "_fields")):
         return real_call(frame, cls, args, kwargs)
     if py_new:
@@ -233,6 +277,25 @@ def construct(frame: Frame, cls: type, args: list, kwargs: dict) -> Any:
     elif init is not None and init is not object.__init__:
         init(obj, *args, **kwargs)
     return obj
+
+
+def build_class(frame: Frame, args: list, kwargs: dict) -> type:
+    """A ``class`` statement inside compiled code: the body runs for real (it only defines names),
+    as a real function whose closure cells hold the enclosing frame's current values."""
+    body, name, *bases = args
+    if not isinstance(body, TracedFunction) or any(contains_traced(b) for b in bases):
+        raise GraphBreak(f"class {name} with computed bases or body")
+    cells = []
+    for c in body.closure:
+        if c.real is not None:
+            cells.append(c.real)
+            continue
+        if contains_traced(c.value):
+            raise GraphBreak(f"class {name} body refers to a tensor of the compiled code",
+                             "define the class outside the compiled function")
+        cells.append(types.CellType() if c.value is EMPTY else types.CellType(c.value))
+    real_body = types.FunctionType(body.code, body.globals, body.name, body.defaults or None, tuple(cells))
+    return builtins.__build_class__(real_body, name, *bases, **kwargs)
 
 
 def module_of(fn: Any) -> str:

@@ -111,15 +111,22 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
         result_plan = flat.plan(outcome.value)
     side_effects = [(flat.plan(obj), name, None if value is DELETED else flat.plan(value))
                     for obj, name, value in tracer.attr_writes.values()]
+    for copy, src in tracer.container_writes.values():
+        getter = eval(f"lambda outs, L, G: {src}")  # noqa: S307 (a guard source we generated)
+        side_effects.append((getter, CONTENTS, _contents_plan(flat, copy)))
     # Note: grad-mode changes stay in effect after the graph, as in eager; a break inside a
     # grad-mode block re-enters a real context object for the resume function (rebuild.py).
     out_nodes = tuple(tracer.to_arg(v) for v in flat.outputs)
     tracer.graph.output(out_nodes)
     _dead_code(tracer)
-    gm = fx.GraphModule(torch.nn.Module(), tracer.graph, class_name="KilnCaptured")
+    root = torch.nn.Module()
+    for name, sub in tracer.submodules.items():  # torch.cond branches (cond.py)
+        root.add_module(name, sub)
+    gm = fx.GraphModule(root, tracer.graph, class_name="KilnCaptured")
     guards = list(tracer.guards.values()) + shape_guards(tracer.shape_env, tracer.symbol_sources)
     gs = GuardSet(tuple(_order_guards(guards)))
-    specs: list[TensorSpec | int | None] = [TensorSpec.from_tensor(i.fake) for i in tracer.inputs]
+    specs: list[TensorSpec | int | None] = [TensorSpec.from_tensor(i.fake) if isinstance(i.fake, torch.Tensor)
+                                            else None for i in tracer.inputs]
     captured = CapturedGraph(gm, tuple(i.source for i in tracer.inputs), tuple(specs), gs)
     op_count = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method")
                    and n.target is not operator.getitem and n.target != "size")
@@ -127,6 +134,19 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
                    result_plan, break_plan, op_count, side_effects)
 
 
+
+
+CONTENTS = "[:]"  # a side effect that writes a container's whole contents back
+
+
+def _contents_plan(flat: Flattener, copy: Any) -> Plan:
+    """The items of a traced copy of an input list/dict, built from graph outputs (not its source)."""
+    if isinstance(copy, list):
+        parts = [flat.plan(x) for x in copy]
+        return lambda outs, L, G: [p(outs, L, G) for p in parts]
+    keys = list(copy.keys())
+    vals = [flat.plan(copy[k]) for k in keys]
+    return lambda outs, L, G: dict(zip(keys, [p(outs, L, G) for p in vals]))
 
 
 def _dead_code(tracer: Tracer) -> None:

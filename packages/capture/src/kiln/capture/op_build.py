@@ -60,10 +60,18 @@ def _ensure_iterable_items(f: Frame, x: Any) -> list:
     return list(get_iter(f, x).remaining())
 
 
+def _writing(f: Frame, target: Any) -> Any:
+    """A container about to change in place: an input list/dict (resume functions receive the
+    list a comprehension is building) has the write replayed on the real object."""
+    if f.tracer.owns_copy(target):
+        f.tracer.note_container_write(target)
+    return target
+
+
 @op("LIST_APPEND")
 def list_append(f: Frame, i: Inst) -> None:
     v = f.pop()
-    f.stack[-i.arg].append(v)
+    _writing(f, f.stack[-i.arg]).append(v)
 
 
 @op("SET_ADD")
@@ -76,13 +84,13 @@ def set_add(f: Frame, i: Inst) -> None:
 def map_add(f: Frame, i: Inst) -> None:
     v = f.pop()
     k = f.pop()
-    f.stack[-i.arg][k] = v
+    _writing(f, f.stack[-i.arg])[k] = v
 
 
 @op("LIST_EXTEND")
 def list_extend(f: Frame, i: Inst) -> None:
     v = f.pop()
-    f.stack[-i.arg].extend(_ensure_iterable_items(f, v))
+    _writing(f, f.stack[-i.arg]).extend(_ensure_iterable_items(f, v))
 
 
 @op("SET_UPDATE")
@@ -94,7 +102,7 @@ def set_update(f: Frame, i: Inst) -> None:
 @op("DICT_UPDATE", "DICT_MERGE")
 def dict_update(f: Frame, i: Inst) -> None:
     v = f.pop()
-    target = f.stack[-i.arg]
+    target = _writing(f, f.stack[-i.arg])
     if i.opname == "DICT_MERGE":
         dup = set(target) & set(v.keys())
         if dup:
@@ -175,11 +183,22 @@ def store_slice(f: Frame, i: Inst) -> None:
     setitem(f, obj, slice(start, end), value)
 
 
+def _concrete(value: Any, depth: int = 0) -> Any:
+    """Symbolic sizes formatted into text are specialised (guarded), as int() does."""
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, (torch.SymFloat, torch.SymBool)):
+        return float(value) if isinstance(value, torch.SymFloat) else bool(value)
+    if depth < 4 and type(value) in (tuple, list, torch.Size):
+        items = [_concrete(v, depth + 1) for v in value]
+        return tuple(items) if type(value) is tuple else list(items) if type(value) is list else torch.Size(items)
+    return value
+
+
 def _format(f: Frame, value: Any, spec: str = "", conv: int = 0) -> str:
     if isinstance(value, torch.Tensor):
         raise GraphBreak("formatting a tensor into a string")
-    if isinstance(value, (torch.SymInt, torch.SymFloat)):
-        value = int(value) if isinstance(value, torch.SymInt) else float(value)
+    value = _concrete(value)
     if conv == 1:
         value = str(value)
     elif conv == 2:
@@ -211,7 +230,7 @@ def convert_value(f: Frame, i: Inst) -> None:
     v = f.pop()
     if isinstance(v, torch.Tensor):
         raise GraphBreak("formatting a tensor into a string")
-    f.push({1: str, 2: repr, 3: ascii}[i.arg](v))
+    f.push({1: str, 2: repr, 3: ascii}[i.arg](_concrete(v)))
 
 
 @op("CALL_INTRINSIC_1")

@@ -17,7 +17,7 @@ from torch import nn
 from kiln.graph import GuardSet, enabled, log
 
 from .cache import CacheEntry, CodeCache
-from .capture import BreakPlan, Capture, run_capture
+from .capture import CONTENTS, BreakPlan, Capture, run_capture
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .knobs import CaptureOptions
 from .pipeline import compile_capture
@@ -227,8 +227,10 @@ class Optimized:
             if effects:
                 def run(L: dict, G: dict) -> Any:
                     outs = compiled(*extract(L, G)) if compiled is not None else ()
-                    _replay(effects, outs, L, G)
-                    return plan(outs, L, G)
+                    pending = _effect_values(effects, outs, L, G)
+                    result = plan(outs, L, G)
+                    _apply(pending)
+                    return result
             elif compiled is None:
                 def run(L: dict, G: dict) -> Any:
                     return plan((), L, G)
@@ -248,10 +250,11 @@ class Optimized:
 
         def run(L: dict, G: dict) -> Any:
             outs = compiled(*extract(L, G)) if compiled is not None else ()
-            if effects:
-                _replay(effects, outs, L, G)
+            pending = _effect_values(effects, outs, L, G) if effects else ()
             stack = [NEXT if p is None else p(outs, L, G) for p in bp.stack_plans]
             values = [p(outs, L, G) for p in bp.local_plans]
+            if pending:
+                _apply(pending)
             stack, offset = execute_in_python(code, bp.inst, stack, bp.kw_names, ctx.wrap_callee)
             mask = tuple(v is NEXT for v in stack)
             key = (code, offset, mask, names)
@@ -263,14 +266,29 @@ class Optimized:
         return run
 
 
-def _replay(effects: list, outs: Any, L: dict, G: dict) -> None:
-    for obj_plan, name, value_plan in effects:
-        obj = obj_plan(outs, L, G)
-        if value_plan is None:
+_DELETE = object()  # an attribute deletion (it has no value plan)
+
+
+def _effect_values(effects: list, outs: Any, L: dict, G: dict) -> list:
+    """Everything the side effects will write, computed before any is applied (and before the
+    frame's own values are rebuilt) so no plan reads state a replay already changed."""
+    return [(obj_plan(outs, L, G), name, _DELETE if value_plan is None else value_plan(outs, L, G))
+            for obj_plan, name, value_plan in effects]
+
+
+def _apply(pending: list) -> None:
+    for obj, name, value in pending:
+        if name == CONTENTS:  # an input list/dict changed in place by the traced code
+            if isinstance(obj, list):
+                obj[:] = value
+            else:
+                obj.clear()
+                obj.update(value)
+        elif value is _DELETE:
             if hasattr(obj, name):
                 delattr(obj, name)
         else:
-            setattr(obj, name, value_plan(outs, L, G))
+            setattr(obj, name, value)
 
 
 def _extractor(sources: list[str], values: list[Any] | None = None,
@@ -327,6 +345,8 @@ def reset() -> None:
             cache.limit_warned = False
             cache.seen_shapes.clear()
             cache.dynamic.clear()
+            cache.seen_ints.clear()
+            cache.dynamic_ints.clear()
             if cache.eager_reason != "generators and coroutines run eagerly":
                 cache.eager_reason = None
         ctx.wrapped = weakref.WeakKeyDictionary()

@@ -82,6 +82,10 @@ def sorted_(iterable, key=None, reverse=False):
     return out
 
 
+def list_sort_(items, key=None, reverse=False):
+    items[:] = sorted_(items, key=key, reverse=reverse)
+
+
 def reduce_(fn, iterable, *initial):
     it = list(iterable)
     if initial:

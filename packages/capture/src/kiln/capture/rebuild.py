@@ -39,6 +39,7 @@ class Flattener:
         self.tracer = tracer
         self.outputs: list[Any] = []  # fakes / symbolic sizes, in graph-output order
         self.index: dict[int, int] = {}
+        self.shared: dict[int, Plan] = {}  # id -> plan of a mutable value (one instance per call)
 
     def output_index(self, v: Any) -> int:
         k = id(v)
@@ -48,6 +49,18 @@ class Flattener:
         return self.index[k]
 
     def plan(self, v: Any, depth: int = 0) -> Plan:
+        """The plan for ``v``; a mutable value reached twice (a list in a local and in a closure)
+        is rebuilt once per call, so the values stay aliased as in the frame."""
+        key = id(v)
+        if key in self.shared:
+            return self.shared[key]
+        p = self._plan(v, depth)
+        if isinstance(v, (list, dict, set)) or (hasattr(v, "__dict__") and not isinstance(
+                v, (type, types.ModuleType, types.FunctionType, torch.nn.Module, torch.Tensor))):
+            p = self.shared[key] = _once_per_call(p, len(self.shared))
+        return p
+
+    def _plan(self, v: Any, depth: int = 0) -> Plan:
         if depth > 50:
             raise GraphBreak("value nesting too deep to rebuild after the graph")
         if isinstance(v, torch.Tensor) and id(v) in self.tracer.input_source_of_fake and \
@@ -178,6 +191,20 @@ class Flattener:
             fn.__qualname__ = v.qualname or v.name
             return fn
         return make
+
+
+_MEMO = "__kiln_rebuilt__"  # key in the call's fresh argument dict L: objects rebuilt this call
+
+
+def _once_per_call(plan: Plan, key: int) -> Plan:
+    def shared(outs: Any, L: dict, G: dict) -> Any:
+        memo = L.get(_MEMO)
+        if memo is None:
+            memo = L[_MEMO] = {}
+        if key not in memo:
+            memo[key] = plan(outs, L, G)
+        return memo[key]
+    return shared
 
 
 def _is_const_plan(x: Any) -> bool:

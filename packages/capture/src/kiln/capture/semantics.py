@@ -225,8 +225,10 @@ def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:
                       lambda: obj.__setitem__(key, value))
         return
     if tracer.source_of.get(id(obj)) is not None:
-        raise GraphBreak("mutation of a container from outside the compiled code",
-                         "item writes on inputs run in Python")
+        if not tracer.owns_copy(obj):
+            raise GraphBreak(f"item write on a {type(obj).__name__} from outside the compiled code",
+                             "item writes on input lists and dicts are replayed; other containers break")
+        tracer.note_container_write(obj)
     setitem_fn = lookup_static(type(obj), "__setitem__")
     if isinstance(setitem_fn, types.FunctionType):
         frame.call(setitem_fn, [obj, key, value], {})
@@ -235,7 +237,9 @@ def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:
 
 
 def delitem(frame: Frame, obj: Any, key: Any) -> None:
-    if isinstance(obj, torch.Tensor) or frame.tracer.source_of.get(id(obj)) is not None:
+    if frame.tracer.owns_copy(obj):
+        frame.tracer.note_container_write(obj)
+    elif isinstance(obj, torch.Tensor) or frame.tracer.source_of.get(id(obj)) is not None:
         raise GraphBreak("deleting an item of a tensor or an input container")
     del obj[key]
 
@@ -267,11 +271,24 @@ def apply_operator(frame: Frame, op: Any, args: list) -> Any:
                                        pure=not any(isinstance(a, torch.Tensor) for a in args))
     if op in _INPLACE and frame.tracer.source_of.get(id(args[0])) is not None and \
             isinstance(args[0], (list, dict, set)):
-        raise GraphBreak("in-place operator on a container from outside the compiled code")
+        if not frame.tracer.owns_copy(args[0]):
+            raise GraphBreak("in-place operator on a container from outside the compiled code")
+        frame.tracer.note_container_write(args[0])
     user = _user_dunder(args, op)
     if user is not None:
         return frame.call(user[0], user[1], {})
+    refuse_foreign_values(args, getattr(op, "__name__", "operator"))
     return op(*args)
+
+
+def refuse_foreign_values(values: Any, what: str) -> None:
+    """Computing on numpy arrays at capture time would bake one call's data into the entry
+    (only their type is guarded): that runs in Python instead. (Numpy scalars are values, like
+    Python numbers, and are computed on.)"""
+    for v in values:
+        if type(v).__name__ == "ndarray" and (type(v).__module__ or "").startswith("numpy"):
+            raise GraphBreak(f"{what} on a numpy {type(v).__name__}",
+                             "numpy computations run in Python between graphs")
 
 
 _INPLACE = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
@@ -279,22 +296,40 @@ _INPLACE = {operator.iadd, operator.isub, operator.imul, operator.itruediv, oper
             operator.ixor, operator.ilshift, operator.irshift}
 _NOT_INPLACE = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
                 operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv,
-                operator.imod: operator.mod, operator.ipow: operator.pow}
+                operator.imod: operator.mod, operator.ipow: operator.pow, operator.imatmul: operator.matmul}
 _DUNDER = {operator.add: ("__add__", "__radd__"), operator.sub: ("__sub__", "__rsub__"),
            operator.mul: ("__mul__", "__rmul__"), operator.truediv: ("__truediv__", "__rtruediv__"),
-           operator.matmul: ("__matmul__", "__rmatmul__"), operator.eq: ("__eq__", None),
-           operator.lt: ("__lt__", None), operator.getitem: ("__getitem__", None)}
+           operator.floordiv: ("__floordiv__", "__rfloordiv__"), operator.mod: ("__mod__", "__rmod__"),
+           operator.pow: ("__pow__", "__rpow__"), operator.matmul: ("__matmul__", "__rmatmul__"),
+           operator.and_: ("__and__", "__rand__"), operator.or_: ("__or__", "__ror__"),
+           operator.xor: ("__xor__", "__rxor__"), operator.lshift: ("__lshift__", "__rlshift__"),
+           operator.rshift: ("__rshift__", "__rrshift__"),
+           operator.eq: ("__eq__", "__eq__"), operator.ne: ("__ne__", "__ne__"),
+           operator.lt: ("__lt__", "__gt__"), operator.gt: ("__gt__", "__lt__"),
+           operator.le: ("__le__", "__ge__"), operator.ge: ("__ge__", "__le__"),
+           operator.getitem: ("__getitem__", None),
+           operator.neg: ("__neg__", None), operator.pos: ("__pos__", None),
+           operator.invert: ("__invert__", None), operator.abs: ("__abs__", None)}
+_INPLACE_DUNDER = {operator.iadd: "__iadd__", operator.isub: "__isub__", operator.imul: "__imul__",
+                   operator.itruediv: "__itruediv__", operator.ifloordiv: "__ifloordiv__",
+                   operator.imod: "__imod__", operator.ipow: "__ipow__", operator.imatmul: "__imatmul__"}
 
 
 def _user_dunder(args: list, op: Any) -> tuple[Any, list] | None:
-    """A Python-level dunder on a user class (so the trace inlines it)."""
+    """A Python-level dunder on a user class (so the trace inlines it); in-place operators fall
+    back to the binary one as Python does."""
+    if op in _INPLACE_DUNDER:
+        own = lookup_static(type(args[0]), _INPLACE_DUNDER[op])
+        if isinstance(own, types.FunctionType):
+            return own, list(args)
+        op = _NOT_INPLACE.get(op, op)
     names = _DUNDER.get(op)
-    if not names or len(args) != 2:
+    if not names or len(args) != (1 if names[1] is None and op is not operator.getitem else 2):
         return None
     fwd = lookup_static(type(args[0]), names[0])
     if isinstance(fwd, types.FunctionType):
         return fwd, list(args)
-    if names[1]:
+    if names[1] and len(args) == 2:
         rev = lookup_static(type(args[1]), names[1])
         if isinstance(rev, types.FunctionType):
             return rev, [args[1], args[0]]

@@ -12,7 +12,7 @@ import enum
 import operator
 import types
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sympy
@@ -28,7 +28,7 @@ from kiln.graph import Guard, TensorSpec, global_state, tensor_expectation, type
 from .errors import GraphBreak
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
-from .values import ContextExit, GradModeContext, ListIterator, ResumeIterator
+from .values import ADVANCES, ContextExit, GradModeContext, ListIterator, ResumeIterator
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 DELETED = object()
@@ -36,7 +36,7 @@ _GRAD_MODES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)  # an a
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis))
 
 # dim sets the cache decides for a source: which dims of this input tensor are dynamic
-DynamicPolicy = Callable[[str, torch.Tensor], frozenset[int]]
+DynamicPolicy = Callable[[str, Any], frozenset[int]]  # (source, tensor or int arg) -> dynamic dims
 
 
 @dataclass
@@ -47,6 +47,28 @@ class GraphInput:
     node: fx.Node
 
 
+@dataclass
+class SubgraphScope:
+    """A torch.cond branch being recorded: its graph and the enclosing nodes it reads."""
+
+    graph: fx.Graph
+    parent: fx.Graph
+    saved_exprs: dict
+    lifted: dict = field(default_factory=dict)  # enclosing node -> placeholder here
+    submodules: dict = field(default_factory=dict)  # branch graphs of torch.cond calls inside this one
+
+    def placeholder(self, outer: fx.Node) -> fx.Node:
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        anchor = placeholders[-1] if placeholders else None
+        first = next(iter(self.graph.nodes), None)
+        ctx = self.graph.inserting_after(anchor) if anchor is not None else (
+            self.graph.inserting_before(first) if first is not None else self.graph.inserting_after())
+        with ctx:
+            node = self.graph.placeholder(outer.name)
+        node.meta.update({k: v for k, v in outer.meta.items() if k in ("val", "spec")})
+        return node
+
+
 class Tracer:
     """Owns the fx graph, the fake mode and shape env, the input placeholders and the guards."""
 
@@ -55,7 +77,10 @@ class Tracer:
         # large part of torch, which static captures do not need.
         self.shape_env = ShapeEnv() if symbolic else None
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
-        self.graph = fx.Graph()
+        self.graph = fx.Graph()  # the graph being recorded: the root, or a torch.cond branch
+        self.root_graph = self.graph
+        self.scopes: list[SubgraphScope] = []  # torch.cond branches being traced, innermost last
+        self.submodules: dict[str, fx.GraphModule] = {}  # branch graphs, attributes of the root
         self.dynamic_policy = dynamic_policy
         self.node_of: dict[int, fx.Node] = {}
         self.node_of_expr: dict[sympy.Expr, fx.Node] = {}
@@ -70,6 +95,14 @@ class Tracer:
         self.input_source_of_fake: dict[int, str] = {}
         # attribute writes on objects from outside the trace, replayed after the graph
         self.attr_writes: dict[tuple[int, str], tuple[Any, str, Any]] = {}
+        # lists/dicts read from a source are traced as copies; writes to them are replayed on the
+        # real container after the graph (contents written back whole)
+        self.owned_copies: dict[int, str] = {}
+        self.copies_by_source: dict[str, Any] = {}
+        self.copies_by_id: dict[int, tuple[Any, Any]] = {}  # id(real) -> (copy, real)
+        self.container_writes: dict[int, tuple[Any, str]] = {}
+        self.mutation_log: list[tuple[Any, Any, bool]] = []  # (copy, contents before, first write)
+        ADVANCES.clear()  # interpreted iterators advanced by this capture
         self.last_placeholder: fx.Node | None = None
         self.location = ""  # the traced instruction as a traceback line, for node metadata
         self.where = ""  # the same as file:line, for guard notes
@@ -93,6 +126,11 @@ class Tracer:
         if value is None:
             self.add_guard(source, "IS_NONE", None)
             return value
+        if t is int and self.shape_env is not None and _is_argument(source) and \
+                self.dynamic_policy(source, value):
+            lifted = self.lift_int(value, source)
+            if lifted is not None:
+                return lifted
         if t in (bool, int, float, str, bytes):
             self.add_guard(source, "EQUALS_MATCH", value)
             return value
@@ -122,12 +160,22 @@ class Tracer:
             self.add_guard(source, "ID_MATCH", id(value))
             self._remember(value, source)
             return value
+        if source in self.copies_by_source:  # read again: the same (possibly written) traced copy
+            return self.copies_by_source[source]
+        if id(value) in self.copies_by_id:  # the same list/dict reached through another source
+            copy, real = self.copies_by_id[id(value)]
+            if real is value:  # Note: aliasing is assumed, not guarded (as PyTorch's compiler does)
+                return copy
         if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
             self.add_guard(source, "TYPE_MATCH", type_name(t))
             self.add_guard(source, "LENGTH_MATCH", len(value))
             items = [self.wrap(v, item_source(source, i)) for i, v in enumerate(value)]
             out: Any = t(items) if t is list else (tuple(items) if t is tuple else t(*items))
             self._remember(out, source)
+            if t is list:
+                self.owned_copies[id(out)] = source
+                self.copies_by_source[source] = out
+                self.copies_by_id[id(value)] = (out, value)
             return out
         if t is ResumeIterator:
             self.add_guard(source, "TYPE_MATCH", type_name(t))
@@ -144,10 +192,33 @@ class Tracer:
                     d.update(out)
                     out = d
                 self._remember(out, source)
+                self.owned_copies[id(out)] = source
+                self.copies_by_source[source] = out
+                self.copies_by_id[id(value)] = (out, value)
                 return out
         self.add_guard(source, "TYPE_MATCH", type_name(t))
         self._remember(value, source)
         return value
+
+    def lift_int(self, value: int, source: str) -> Any:
+        """A Python int argument as a symbolic int: a graph input bound by a SYMBOL guard.
+        0 and 1 stay constants (ShapeEnv specialises them, as PyTorch's compiler does)."""
+        if source in self.input_by_key:
+            return self.input_by_key[source]
+        assert self.shape_env is not None
+        ksrc = KilnSource(source)
+        sym = self.shape_env.create_symbol(value, ksrc, dynamic_dim=DimDynamic.DYNAMIC)
+        if not isinstance(sym, sympy.Symbol):
+            return None
+        symint = self.shape_env.create_symintnode(sym, hint=value, source=ksrc)
+        self.add_guard(source, "TYPE_MATCH", type_name(int))
+        node = self._placeholder(source, symint)
+        self.symbol_sources.setdefault(str(sym), []).append(source)
+        self.node_of_expr.setdefault(sym, node)
+        self.register(symint, node)
+        self.inputs.append(GraphInput(source, value, symint, node))
+        self.input_by_key[source] = symint
+        return symint
 
     def _wrap_unsourced(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
@@ -202,12 +273,13 @@ class Tracer:
 
     def _placeholder(self, source: str, fake: Any) -> fx.Node:
         if self.last_placeholder is None:
-            first = next(iter(self.graph.nodes), None)
-            ctx = self.graph.inserting_before(first) if first is not None else self.graph.inserting_after()
+            root = self.root_graph
+            first = next(iter(root.nodes), None)
+            ctx = root.inserting_before(first) if first is not None else root.inserting_after()
         else:
-            ctx = self.graph.inserting_after(self.last_placeholder)
+            ctx = self.root_graph.inserting_after(self.last_placeholder)
         with ctx:
-            node = self.graph.placeholder(placeholder_name(source))
+            node = self.root_graph.placeholder(placeholder_name(source))
         self.last_placeholder = node
         node.meta["val"] = fake
         node.meta["spec"] = TensorSpec.from_tensor(fake) if isinstance(fake, torch.Tensor) else None
@@ -217,8 +289,8 @@ class Tracer:
         return node
 
     def _size_node(self, tensor_node: fx.Node, dim: int, sym: Any) -> fx.Node:
-        with self.graph.inserting_after(self.last_placeholder):
-            n = self.graph.call_method("size", (tensor_node, dim))
+        with self.root_graph.inserting_after(self.last_placeholder):
+            n = self.root_graph.call_method("size", (tensor_node, dim))
         n.meta["val"] = sym
         self.speculative.add(n)
         return n
@@ -274,9 +346,10 @@ class Tracer:
             if node is None:
                 raise GraphBreak("a tensor created outside the graph was used in it",
                                  "create tensors with torch functions inside the compiled code")
-            return node
+            return self.lift(node)
         if isinstance(value, SYM_TYPES):
-            return self.sym_node(value)
+            node = self.sym_node(value)
+            return self.lift(node) if isinstance(node, fx.Node) else node
         if type(value) in (list, tuple):
             return type(value)(self.to_arg(v) for v in value)
         if isinstance(value, tuple) and hasattr(type(value), "_fields"):
@@ -309,7 +382,7 @@ class Tracer:
     def _expr_node(self, expr: sympy.Expr) -> Any:
         """Build nodes computing a symbolic size expression from the symbols' size nodes."""
         if expr in self.node_of_expr:
-            return self.node_of_expr[expr]
+            return self.lift(self.node_of_expr[expr])
         if isinstance(expr, sympy.Integer):
             return int(expr)
         name = type(expr).__name__
@@ -325,13 +398,65 @@ class Tracer:
         self.node_of_expr[expr] = acc
         return acc
 
-    # ---- checkpoints for rolling back an instruction that breaks -------------------------
-    def checkpoint(self) -> tuple[fx.Node, bool, dict]:
-        return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes))
+    # ---- torch.cond branches ---------------------------------------------------------------
+    def push_scope(self) -> SubgraphScope:
+        scope = SubgraphScope(fx.Graph(), self.graph, dict(self.node_of_expr))
+        self.scopes.append(scope)
+        self.graph = scope.graph
+        return scope
 
-    def rollback(self, cp: tuple[fx.Node, bool, dict]) -> None:
-        last, grad, writes = cp
+    def pop_scope(self, scope: SubgraphScope) -> None:
+        assert self.scopes and self.scopes[-1] is scope
+        self.scopes.pop()
+        self.graph = scope.parent
+        self.node_of_expr = scope.saved_exprs  # sizes computed inside the branch stay inside it
+
+    def lift(self, node: fx.Node) -> fx.Node:
+        """A node of an enclosing graph used inside a branch becomes a branch placeholder."""
+        if not self.scopes or node.graph is self.graph:
+            return node
+        return self._lift_into(len(self.scopes) - 1, node)
+
+    def _lift_into(self, level: int, node: fx.Node) -> fx.Node:
+        scope = self.scopes[level]
+        if node.graph is scope.graph:
+            return node
+        if node.graph is not scope.parent:  # from further out: lift it into the parent first
+            node = self._lift_into(level - 1, node)
+        if node not in scope.lifted:
+            scope.lifted[node] = scope.placeholder(node)
+        return scope.lifted[node]
+
+    # ---- writes to input containers -------------------------------------------------------
+    def owns_copy(self, obj: Any) -> bool:
+        return id(obj) in self.owned_copies and self.source_of.get(id(obj)) == self.owned_copies[id(obj)]
+
+    def note_container_write(self, obj: Any) -> None:
+        """Called before ``obj`` (an owned copy of an input list/dict) is changed in place."""
+        first = id(obj) not in self.container_writes
+        self.mutation_log.append((obj, list(obj) if isinstance(obj, list) else dict(obj), first))
+        self.container_writes[id(obj)] = (obj, self.owned_copies[id(obj)])
+
+    # ---- checkpoints for rolling back an instruction that breaks -------------------------
+    def checkpoint(self) -> tuple:
+        return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes), len(self.mutation_log),
+                len(ADVANCES))
+
+    def rollback(self, cp: tuple) -> None:
+        last, grad, writes, n_mutations, n_advances = cp
         self.attr_writes = writes
+        while len(ADVANCES) > n_advances:
+            it, index = ADVANCES.pop()
+            it.index = index
+        while len(self.mutation_log) > n_mutations:
+            obj, before, first = self.mutation_log.pop()
+            if isinstance(obj, list):
+                obj[:] = before
+            else:
+                obj.clear()
+                obj.update(before)
+            if first:
+                del self.container_writes[id(obj)]
         while self.graph._root.prev is not last and self.graph._root.prev is not self.graph._root:
             node = self.graph._root.prev
             if node.op == "placeholder":
@@ -353,6 +478,11 @@ def _breaking_errors() -> tuple[type[BaseException], ...]:
 
 
 _BREAKING_ERRORS = _breaking_errors()
+
+
+def _is_argument(source: str) -> bool:
+    """``L['name']``: a frame argument, the only ints made symbolic (not attributes or items)."""
+    return source.startswith("L['") and source.endswith("']") and source.count("[") == 1
 
 
 def _plain_dict_subclass(t: type) -> bool:

@@ -125,6 +125,9 @@ class ContextExit:
     ctx: Any
 
 
+ADVANCES: list = []  # (iterator, index before) per next() in the current capture
+
+
 @dataclass(eq=False)
 class ListIterator:
     """An iterator over a list of interpreted values (lists, tuples, dict keys, ranges, zips)."""
@@ -136,11 +139,16 @@ class ListIterator:
         if self.index >= len(self.items):
             raise StopIteration
         v = self.items[self.index]
+        ADVANCES.append((self, self.index))  # so rolling back an instruction can undo it
         self.index += 1
         return v
 
     def remaining(self) -> list:
         return self.items[self.index:]
+
+    def __iter__(self) -> Any:  # so real Python calls (list.extend, str.join) can consume it
+        while self.index < len(self.items):
+            yield self.next()
 
 
 @dataclass(eq=False)

@@ -1,0 +1,49 @@
+"""The corpus registry: a ``Case`` per program, filled by the ``corpus_*`` theme modules.
+
+A case runs ``fn`` eagerly and through ``kiln.capture.optimize`` on the same inputs and compares
+the results, the inputs afterwards (mutation), the number of graphs the backend received, and the
+number of graph breaks ``explain`` reports. ``calls`` gives a sequence of argument factories, run
+in order, for programs about guards and recompiles (``graphs`` then counts over the sequence).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+
+
+@dataclasses.dataclass
+class Case:
+    fn: Callable
+    args: Callable[[], tuple]
+    graphs: int
+    breaks: int
+    name: str
+    kwargs: Callable[[], dict] = dict
+    calls: tuple[Callable[[], tuple], ...] | None = None
+    dynamic: bool | None = None
+    recompiles: int | None = None
+
+
+CASES: list[Case] = []
+
+
+def two():
+    return (torch.randn(4, 4), torch.randn(4, 4))
+
+
+def one():
+    return (torch.randn(4, 4),)
+
+
+def case(graphs: int = 1, breaks: int = 0, args: Callable[[], tuple] = two, kwargs=dict,
+         calls=None, dynamic=None, recompiles=None):
+    def register(fn):
+        if any(c.name == fn.__name__ for c in CASES):
+            raise ValueError(f"two corpus programs are named {fn.__name__}")
+        CASES.append(Case(fn, args, graphs, breaks, fn.__name__, kwargs,
+                          tuple(calls) if calls is not None else None, dynamic, recompiles))
+        return fn
+    return register
