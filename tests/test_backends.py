@@ -55,3 +55,21 @@ def test_module_parameters_and_buffers_are_marked_static_for_cuda_graphs() -> No
     kiln.compile(model, backend=record)(torch.randn(2, 4))
     assert sum(marks.values()) == 6, marks  # weight, bias, BN weight/bias/running stats
     assert sum(not static for static in marks.values()) == 1, marks  # the input x
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_torch_cond_is_one_graph_through_every_backend(backend: str) -> None:
+    """kiln.capture records torch.cond as a subgraph op; kiln.autograd traces both branches."""
+    import torch
+
+    def f(x, w):
+        return torch.cond(x.sum() > 0, lambda x: (x * w).sin(), lambda x: (x - w).cos(), (x,)) + 1
+
+    w = torch.randn(8, requires_grad=True)
+    compiled = kiln.compile(f, backend=backend, fullgraph=True)
+    for x in (torch.randn(8).abs(), -torch.randn(8).abs()):
+        out, ref = compiled(x, w), f(x, w)
+        (got,) = torch.autograd.grad(out.sum(), w)
+        (want,) = torch.autograd.grad(ref.sum(), w)
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(got, want)

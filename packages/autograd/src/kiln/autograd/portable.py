@@ -55,6 +55,8 @@ def render_graph_module(gm: fx.GraphModule) -> PortableProgram:
         if node.op != "get_attr":
             continue
         t = getattr(gm, str(node.target))
+        if not isinstance(t, torch.Tensor):  # a torch.cond branch (a submodule): no portable form yet
+            raise ValueError(f"cannot render {node.target!r} ({type(t).__name__}) as portable source")
         key = f"const_{node.target}"
         files[key] = _tensor_bytes(t)
         lines.append(
