@@ -28,7 +28,7 @@ if __package__ in (None, ""):
 import torch
 
 from benchmarks.kiln_bench import backends as B
-from benchmarks.kiln_bench.models import build, cast_inputs
+from benchmarks.kiln_bench.models import build_for_mode
 from benchmarks.kiln_bench.suite_worker import _step_fn
 
 
@@ -56,12 +56,7 @@ def _decode_step(device: str, spec: B.CompileSpec, backend: str) -> Callable[[],
 def _suite_step(name: str, device: str, spec: B.CompileSpec, backend: str, training: bool,
                 small: bool) -> Callable[[], Any]:
     dev = torch.device(device)
-    case = build(name, small=small, device=dev)
-    if not training:
-        case.model.eval()
-        if dev.type == "cuda":
-            case.model.to(torch.bfloat16)
-            cast_inputs(case, torch.bfloat16)
+    case = build_for_mode(name, small=small, device=dev, training=training)
     run = B.compile_fn(backend, case.model, spec)
     return _step_fn(case, run, training, dev)
 

@@ -266,6 +266,18 @@ def build(name: str, *, small: bool, device: str | torch.device, seed: int = 0) 
     return ModelCase(name, model, (ids,), kwargs, targets, lm_loss, shape, desc)
 
 
+def build_for_mode(name: str, *, small: bool, device: torch.device, training: bool) -> ModelCase:
+    """``build`` set up as the suite measures it: inference is ``eval()`` with bf16 weights and
+    inputs on GPU (fp32 on CPU); training keeps fp32 weights (AMP is applied around the step)."""
+    case = build(name, small=small, device=device)
+    if not training:
+        case.model.eval()
+        if device.type == "cuda":
+            case.model.to(torch.bfloat16)
+            cast_inputs(case, torch.bfloat16)
+    return case
+
+
 def cast_inputs(case: ModelCase, dtype: torch.dtype) -> None:
     """Cast floating-point example inputs (images) to ``dtype``; token ids stay integers."""
     def cast(t: Any) -> Any:

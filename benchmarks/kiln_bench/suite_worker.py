@@ -20,7 +20,7 @@ import torch
 
 from . import backends as B
 from . import measure as M
-from .models import build, cast_inputs
+from .models import build_for_mode
 
 
 def _step_fn(case: Any, run: Callable, training: bool, device: torch.device) -> Callable[[], Any]:
@@ -70,12 +70,7 @@ def measure_rows(*, model: str, mode: str, backends: list[str], device: str, sma
     dev = torch.device(device)
     training = mode == "training"
     t_build = time.perf_counter()
-    case = build(model, small=small, device=dev)
-    if not training:
-        case.model.eval()
-        if dev.type == "cuda":
-            case.model.to(torch.bfloat16)
-            cast_inputs(case, torch.bfloat16)
+    case = build_for_mode(model, small=small, device=dev, training=training)
     base: dict[str, Any] = {
         "model": model, "mode": mode, "device": device, "batch": case.shape.batch,
         "size": case.shape.size, "params_m": case.n_params() / 1e6,
