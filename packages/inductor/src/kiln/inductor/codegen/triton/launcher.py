@@ -62,11 +62,14 @@ def _kiln_make_launch_support():
         def __call__(self, grid, ctx, *args):
             run = self.run
             if run is not None and ctx[0] == self.device and (not self.check or spec_key(args, self.check) == self.key):
-                run(grid[0], grid[1], grid[2], ctx[1], self.function, self.meta, None, None, None,
-                    *args, *self.tail)
-                return
+                try:
+                    run(grid[0], grid[1], grid[2], ctx[1], self.function, self.meta, None, None, None,
+                        *args, *self.tail)
+                    return
+                except TypeError:  # a triton whose launcher takes other arguments: use triton's path
+                    self.run = None
             binary = self.fn[grid](*args, **self.consts, num_warps=self.num_warps, num_stages=1)
-            if run is None and ctx[0] >= 0 and binary is not None and not hooks_installed():
+            if self.run is None and run is None and ctx[0] >= 0 and binary is not None and not hooks_installed():
                 self.adopt(binary, ctx[0], args)
 
         def adopt(self, binary, device, args):
