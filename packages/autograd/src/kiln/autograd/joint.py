@@ -19,7 +19,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
-from kiln.graph import print_graph
+from kiln.graph import autocast_off, print_graph
 
 from .attention import SDPA_TARGETS, fused_attention
 from .cond import is_cond, trace_cond
@@ -178,14 +178,6 @@ def _mutated_inputs(rec: GraphRecorder, primals: list[Any], names: Sequence[str]
 
 # ---- tracing -------------------------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _no_autocast() -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        for dev in ("cpu", "cuda"):
-            if torch.is_autocast_enabled(dev):
-                stack.enter_context(torch.autocast(dev, enabled=False))
-        yield
-
 
 def _input_names(gm: fx.GraphModule, n_lifted: int, state: Sequence[str]) -> list[str]:
     ph = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
@@ -250,7 +242,7 @@ def _trace_backward(rec: GraphRecorder, tracer: TracingMode, graph_outs: list[An
         with rec.graph.inserting_before(first):
             rec.placeholder(f"tangents_{i + 1}", t, None)
         tangents.append(t)
-    with tracer, _no_autocast():
+    with tracer, autocast_off():
         return torch.autograd.grad(outs, inputs, tangents, allow_unused=True)
 
 

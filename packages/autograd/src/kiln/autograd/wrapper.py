@@ -8,27 +8,19 @@ other outputs as views, so callers see eager's aliasing.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_unflatten
+
+from kiln.graph import autocast_off
 
 from .errors import DoubleBackwardError
 from .signature import GraphSignature, OutputKind
 
 Compiled = Callable[..., Any]
 
-
-@contextlib.contextmanager
-def no_autocast() -> Iterator[None]:
-    """Compiled graphs already hold autocast's casts; running them under autocast again would re-cast."""
-    with contextlib.ExitStack() as stack:
-        for dev in ("cpu", "cuda"):
-            if torch.is_autocast_enabled(dev):
-                stack.enter_context(torch.autocast(dev, enabled=False))
-        yield
 
 
 def _as_list(out: Any) -> list[Any]:
@@ -70,7 +62,7 @@ def make_inference_callable(sig: GraphSignature, compiled: Compiled) -> Callable
     n_out = sig.n_graph_outputs
 
     def run(*args: Any) -> Any:
-        with no_autocast():
+        with autocast_off():
             outs = _as_list(compiled(*args))
         return finish_outputs(sig, args, outs[:n_out], outs[n_out:])
     return run
@@ -94,7 +86,7 @@ def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_sa
 
         @staticmethod
         def forward(ctx: Any, *args: Any) -> Any:  # type: ignore[override]
-            with no_autocast():
+            with autocast_off():
                 return tuple(_as_list(bw(*args)))
 
         @staticmethod
@@ -104,7 +96,7 @@ def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_sa
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *args: Any) -> Any:  # type: ignore[override]
-            with no_autocast():
+            with autocast_off():
                 outs = _as_list(fw(*args))
             saved = outs[n_out + n_mut:]
             ctx.save_for_backward(*saved)
@@ -120,7 +112,7 @@ def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_sa
             if torch.is_grad_enabled():  # create_graph=True: first-order grads, no second order
                 gin = list(CompiledBackward.apply(*ctx.saved_tensors, *tangents))
             else:
-                with no_autocast():
+                with autocast_off():
                     gin = _as_list(bw(*ctx.saved_tensors, *tangents))
             result: list[Any] = [None] * sig.n_inputs
             for idx, g in zip(grad_inputs, gin):

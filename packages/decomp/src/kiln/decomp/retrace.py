@@ -8,8 +8,7 @@ makes are recorded: ``decompose`` therefore also lowers a torch-dialect graph to
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -18,24 +17,13 @@ from torch._ops import HigherOrderOperator, OpOverload
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from kiln.graph import CORE_ATEN_OPS, KNOBS, Dialect, log, target_name
+from kiln.graph import CORE_ATEN_OPS, KNOBS, Dialect, autocast_off, log, target_name
 from kiln.graph import verify as verify_dialect
 
 from .tracer import CARRIED_META, DecompositionError, GraphRecorder
 
 Table = Mapping[OpOverload, Callable[..., Any]]
 
-
-@contextlib.contextmanager
-def _autocast_off() -> Iterator[None]:
-    """An ATen node already went through autocast when it was traced (its casts are nodes of the
-    graph); re-tracing it, or its decomposition, under the caller's autocast would cast it again and
-    give it another dtype than the graph says (a compiled graph runs with autocast off)."""
-    with contextlib.ExitStack() as stack:
-        for dev in ("cpu", "cuda"):
-            if torch.is_autocast_enabled(dev):
-                stack.enter_context(torch.autocast(dev, enabled=False))
-        yield
 
 
 def normalize_args(op: OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -133,7 +121,7 @@ class _Retracer(fx.Interpreter):
         if isinstance(target, OpOverload):
             args, kwargs = tree_map(self.recorder.to_fake, (args, kwargs))
             pos, kw = normalize_args(target, args, kwargs)
-            with _autocast_off():
+            with autocast_off():
                 return self.recorder.dispatch(target, pos, kw)
         with self.recorder:
             return target(*args, **kwargs)

@@ -19,6 +19,7 @@ from .guards import (
 )
 from .knobs import KNOBS, GraphKnobs
 from .logs import LOG_NAMES, apply_env_logs, enabled, log, set_logs
+from .modes import autocast_off
 from .passes import KeepText, Pass, PassRecord, PipelineResult, VerifyAfterPass, run_pipeline
 from .printer import print_graph, target_name
 from .spec import Dim, TensorSpec
@@ -36,7 +37,8 @@ __all__ = [
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",
-    "StageObject", "TensorSpec", "VerificationError", "VerifyAfterPass", "device_matches", "dump", "enabled",
+    "StageObject", "TensorSpec", "VerificationError", "VerifyAfterPass", "autocast_off", "device_matches", "dump",
+    "enabled",
     "example_specs", "global_state", "log", "new_graph_id", "print_graph", "run_pipeline",
     "set_logs", "target_name", "tensor_expectation", "type_name", "verify",
 ]

@@ -8,15 +8,14 @@ KILN_VERIFY): lowering either handles them or runs them as ATen fallbacks, repor
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from kiln.graph import log, target_name
+from kiln.graph import autocast_off, log, target_name
 
 from .lowering.registry import LOWERINGS
 
@@ -27,15 +26,6 @@ except ImportError:  # pragma: no cover - kiln-decomp is a dependency
 
 _warned = [False]
 
-
-@contextlib.contextmanager
-def _autocast_off() -> Iterator[None]:
-    """ATen graphs hold autocast's casts and run with autocast off; the caller's may still be on."""
-    with contextlib.ExitStack() as stack:
-        for dev in ("cpu", "cuda"):
-            if torch.is_autocast_enabled(dev):
-                stack.enter_context(torch.autocast(dev, enabled=False))
-        yield
 
 
 def decomp_available() -> bool:
@@ -74,7 +64,7 @@ def ensure_meta(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
             return mode.from_tensor(x)
         return x
 
-    with mode, _autocast_off():
+    with mode, autocast_off():
         for n in gm.graph.nodes:
             if n.op == "placeholder":
                 v, ex = n.meta.get("val"), next(it, None)
