@@ -9,7 +9,6 @@ The same checks run under pytest as @pytest.mark.gpu tests (tests/cudagraphs, te
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from kiln.inductor.autotune import (
     tuned_mm,
 )
 from kiln.inductor.autotune.loader import load_source_module
+from kiln.inductor.codegen.triton import TritonKernel
 from kiln.inductor.cudagraphs import CUDAGraphOptions, CUDAGraphTree, cudagraphify
 
 DEV = "cuda"
@@ -411,17 +411,6 @@ def kiln_softmax(in0, out0, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.con
 """
 
 
-@dataclasses.dataclass(frozen=True)
-class _Generated:  # the fields of codegen.triton.kernel.TritonKernel that tuning reads
-    name: str
-    source: str
-    pointer_args: tuple[str, ...]
-    size_args: tuple[str, ...]
-    xnumel: str
-    xblock: int
-    rblock: int
-    num_warps: int
-    kind: str
 
 
 def check_generated_kernels_tuned() -> str:
@@ -433,9 +422,9 @@ def check_generated_kernels_tuned() -> str:
     x, y = (torch.randn(1 << 22, device=DEV, dtype=torch.bfloat16) for _ in range(2))
     rows = torch.randn(4096, 1000, device=DEV)
     problems = [
-        (_Generated("kiln_gelu_add", _KERNELS, ("in0", "in1", "out0"), ("xnumel",), "xnumel", 1024, 0, 4,
+        (TritonKernel("kiln_gelu_add", _KERNELS, ("in0", "in1", "out0"), ("xnumel",), "xnumel", 1024, 0, 4,
                     "pointwise"), [x, y, torch.empty_like(x), x.numel()], {"xnumel": x.numel()}),
-        (_Generated("kiln_softmax", _KERNELS, ("in0", "out0"), ("xnumel", "rnumel"), "xnumel", 4, 1024, 4,
+        (TritonKernel("kiln_softmax", _KERNELS, ("in0", "out0"), ("xnumel", "rnumel"), "xnumel", 4, 1024, 4,
                     "persistent_reduction"), [rows, torch.empty_like(rows), 4096, 1000],
          {"xnumel": 4096, "rnumel": 1000}),
     ]

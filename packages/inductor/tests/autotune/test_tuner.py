@@ -6,7 +6,6 @@ import json
 import math
 import subprocess
 import sys
-from dataclasses import dataclass
 
 import pytest
 
@@ -23,6 +22,7 @@ from kiln.inductor.autotune import (
     tune_kernel,
     tune_key,
 )
+from kiln.inductor.codegen.triton import TritonKernel
 
 
 def cands(*labels_default):
@@ -133,38 +133,27 @@ def test_tune_key_separates_devices_sizes_dtypes():
                 tune_key("src", "H100", (1024,), ("torch.bfloat16",))}) == 5
 
 
-@dataclass(frozen=True, slots=True)
-class FakeKernel:  # the shape of codegen.triton.kernel.TritonKernel
-    name: str
-    source: str
-    pointer_args: tuple[str, ...]
-    size_args: tuple[str, ...]
-    xnumel: str
-    xblock: int
-    rblock: int
-    num_warps: int
-    kind: str
 
 
 def test_kernel_configs_pointwise():
-    k = FakeKernel("add", "src", ("a", "b"), (), "4096", 1024, 0, 4, "pointwise")
+    k = TritonKernel("add", "src", ("a", "b"), (), "4096", 1024, 0, 4, "pointwise")
     cfgs = kernel_configs(k, 4096)
     assert cfgs[0] == Config.make(num_warps=4, XBLOCK=1024)
     assert len(cfgs) > 8 and len(set(cfgs)) == len(cfgs)
     assert all(c.get("XBLOCK") <= 4096 for c in cfgs)
-    small = kernel_configs(FakeKernel("add", "src", ("a",), (), "100", 128, 0, 1, "pointwise"), 100)
+    small = kernel_configs(TritonKernel("add", "src", ("a",), (), "100", 128, 0, 1, "pointwise"), 100)
     assert all(c.get("XBLOCK") <= 128 for c in small)
 
 
 def test_kernel_configs_persistent_keep_rblock():
-    k = FakeKernel("softmax", "src", ("a", "b"), (), "512", 4, 1024, 8, "persistent_reduction")
+    k = TritonKernel("softmax", "src", ("a", "b"), (), "512", 4, 1024, 8, "persistent_reduction")
     cfgs = kernel_configs(k, 512)
     assert all(c.get("RBLOCK") == 1024 for c in cfgs)
     assert all(c.get("XBLOCK") * 1024 <= 16384 for c in cfgs[1:])
 
 
 def test_kernel_configs_looped_and_limit():
-    k = FakeKernel("sum", "src", ("a", "b"), ("s0",), "s0", 8, 512, 4, "looped_reduction")
+    k = TritonKernel("sum", "src", ("a", "b"), ("s0",), "s0", 8, 512, 4, "looped_reduction")
     cfgs = kernel_configs(k, 4096, limit=10)
     assert len(cfgs) == 10 and cfgs[0] == Config.make(num_warps=4, XBLOCK=8, RBLOCK=512)
     assert len({c.get("RBLOCK") for c in cfgs}) > 2
@@ -183,7 +172,7 @@ class FakeJit:
 def test_tune_kernel_applies_the_winner():
     import torch
 
-    k = FakeKernel("add", "src", ("a", "b"), ("s0",), "s0 * 2", 1024, 0, 4, "pointwise")
+    k = TritonKernel("add", "src", ("a", "b"), ("s0",), "s0 * 2", 1024, 0, 4, "pointwise")
     a, b = torch.zeros(64), torch.zeros(64)
     timer = FakeTimer({Config.make(num_warps=2, XBLOCK=128).label: 0.1}, default=1.0)
     fn = FakeJit()
@@ -235,8 +224,8 @@ def test_autotune_program_tunes_every_kernel():
 
     class Kernels:  # the shape of codegen.triton.wrapper.TritonKernels
         module = Module()
-        generated = [FakeKernel("k_add", "a", ("x", "y"), ("s0",), "s0", 1024, 0, 4, "pointwise"),
-                     FakeKernel("k_sum", "b", ("y", "z"), ("s0",), "s0 // 64", 1, 64, 2, "persistent_reduction")]
+        generated = [TritonKernel("k_add", "a", ("x", "y"), ("s0",), "s0", 1024, 0, 4, "pointwise"),
+                     TritonKernel("k_sum", "b", ("y", "z"), ("s0",), "s0 // 64", 1, 64, 2, "persistent_reduction")]
 
     s0 = sympy.Symbol("s0", integer=True, positive=True)
     layouts = {n: Layout((s0,), (sympy.Integer(1),), torch.float32) for n in "xyz"}
