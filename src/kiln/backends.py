@@ -63,10 +63,7 @@ def _aot_eager(opts: CompileOptions) -> Backend:
 
 
 def _is_module_state(node: fx.Node) -> bool:
-    if "module_state" in node.meta:  # set by kiln.capture on every placeholder
-        return bool(node.meta["module_state"])
-    source = str(node.meta.get("source", ""))
-    return "._parameters[" in source or "._buffers[" in source
+    return bool(node.meta.get("module_state"))  # kiln.capture marks parameters and buffers
 
 
 def _inductor(opts: CompileOptions) -> Backend:
