@@ -9,7 +9,7 @@ import torch
 
 from .errors import GraphBreak
 from .semantics import contains_traced
-from .tracer import SYM_TYPES
+from .tracer import _has_traced
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -86,9 +86,3 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
                          lambda: getattr(t, name)(*args, **kwargs))
 
 
-def _has_traced(v: Any) -> bool:
-    if isinstance(v, (torch.Tensor, *SYM_TYPES)):
-        return True
-    if isinstance(v, (tuple, list)):
-        return any(_has_traced(x) for x in v)
-    return False
