@@ -19,6 +19,9 @@ class InductorOptions:
     vectorize_math: bool = True  # use glibc's vector math (libmvec) for exp/log/tanh/... in simd loops
     parallel_threshold: int = 32768  # fewer elements than this run on one thread (OpenMP start-up costs)
     inline_max_size: int = 48  # a pointwise value used twice is recomputed when its body is this small
+    # ... and reads at most this many whole buffers: a residual stream x = x + f(x) left lazy would be
+    # re-summed from every earlier layer's output in each later consumer (quadratic reads)
+    inline_max_reads: int = 2
     fuse: bool = True  # scheduler fusion on/off (off: one kernel per node; for debugging)
     fallback_unknown_ops: bool = True  # run ops without lowering through ATen (logged in perf_hints)
     strict_lowering: bool = False  # a failing lowering rule raises instead of falling back (tests)
