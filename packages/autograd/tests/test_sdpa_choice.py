@@ -38,3 +38,20 @@ def test_cpu_attention_is_left_to_the_composite() -> None:
 def test_masked_bf16_attention_on_cuda_traces_a_fused_kernel_like_eager() -> None:
     text = trace_inference(_graph(), _inputs("cuda", torch.bfloat16)).as_text()
     assert "bmm" not in text and "_scaled_dot_product_" in text, text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bool_mask_attention_on_cuda_traces_a_fused_kernel_and_matches_eager(dtype: torch.dtype) -> None:
+    # HF BERT's padding mask: a bool (B, 1, L, S) view with stride-0 dims, one row partly masked
+    q, k, v, _ = _inputs("cuda", dtype)
+    keep = torch.ones(2, 1, 1, 64, dtype=torch.bool, device="cuda")
+    keep[1, ..., 40:] = False
+    args = [q, k, v, keep.expand(2, 1, 64, 64)]
+    traced = trace_inference(_graph(), args)
+    text = traced.as_text()
+    assert "bmm" not in text and "_scaled_dot_product_" in text, text
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=args[3])
+    got = traced.gm(*args)[0]  # type: ignore[attr-defined]
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)

@@ -5,8 +5,11 @@ cuDNN, or the MATH decomposition) from the inputs' metadata. On fake tensors tor
 for masked CUDA attention where eager picks cuDNN or memory-efficient attention, so a traced BERT or
 GPT-2 held the fp32 bmm-softmax-bmm decomposition that eager never runs (2-3x slower). When the choice
 on real tensors of the same layout differs from the fake one, the tracer calls that kernel's ATen op
-itself, the way the composite would (same arguments, output 0). Outside the simple envelope (no
-dropout, a mask of the query's dtype, equal head counts) the composite runs unchanged.
+itself, the way the composite would (same arguments, output 0): a boolean mask becomes an additive
+one of the query's dtype (0 / -inf), and memory-efficient attention gets its bias expanded to
+(batch, heads, L, S) (HF BERT's padding mask is a bool (B, 1, L, S) view). Outside the simple envelope
+(no dropout, a bool mask or one of the query's dtype, equal head counts, an efficient-attention mask
+whose last dim is a multiple of 16) the composite runs unchanged.
 """
 
 from __future__ import annotations
@@ -57,17 +60,21 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if not all(isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.dim() == 4 for t in (q, k, v)):
         return None
     if a["dropout_p"] != 0.0 or a["enable_gqa"] or k.shape[1] != q.shape[1] or \
-            (mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != q.dtype)):
+            (mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype not in (q.dtype, torch.bool))):
         return None
     fake = int(torch._fused_sdp_choice(q, k, v, mask, 0.0, a["is_causal"], scale=a["scale"]))
     choice = _real_choice(a)
-    if choice == fake:
-        return None
+    if choice == fake or (choice == int(SDPBackend.EFFICIENT_ATTENTION) and mask is not None and mask.shape[-1] % 16):
+        return None  # an unaligned efficient-attention mask: the composite pads it
     need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if mask is not None and mask.dtype == torch.bool:  # as the composite's convert_boolean_attn_mask
+        mask = aten.masked_fill.Scalar(aten.zeros_like(mask, dtype=q.dtype), aten.logical_not(mask), float("-inf"))
     if choice == int(SDPBackend.CUDNN_ATTENTION):
         return aten._scaled_dot_product_cudnn_attention(q, k, v, mask, need_lse, 0.0, a["is_causal"], False,
                                                          scale=a["scale"])[0]
     if choice == int(SDPBackend.EFFICIENT_ATTENTION):
+        if mask is not None:  # the composite's preprocess_mask
+            mask = aten.expand(mask, [q.shape[0], q.shape[1], q.shape[2], k.shape[2]])
         return aten._scaled_dot_product_efficient_attention(q, k, v, mask, need_lse, 0.0, a["is_causal"],
                                                             scale=a["scale"])[0]
     return None

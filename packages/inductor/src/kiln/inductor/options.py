@@ -32,6 +32,9 @@ class InductorOptions:
     # Triton backend: a one-row mm/addmm (bs=1 decoding) is a generated reduction fused with its
     # neighbours instead of a cuBLAS call (gemv.py)
     gemv_as_reduction: bool = True
+    # a large CUDA matmul with a dimension that is not a multiple of 16 bytes runs on zero-padded
+    # operands: cuBLAS's fast kernels need aligned leading dimensions (padmm.py)
+    pad_matmuls: bool = True
     # an input the graph mutates by index_put (a KV cache) is updated in place, not copied (reinplace.py)
     reinplace_mutations: bool = True
 
