@@ -19,6 +19,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from kiln.graph import log
+
 aten = torch.ops.aten
 
 SDPA_TARGETS = (F.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention)
@@ -35,7 +37,9 @@ def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | Non
     return bound
 
 
-def _real_choice(a: dict[str, Any]) -> int:
+def _real_choice(a: dict[str, Any], dense_mask: bool = False) -> int:
+    """The kernel eager picks for tensors of these layouts; ``dense_mask``: for the mask as kiln would
+    pass it (an additive mask of the query's dtype, contiguous)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     def real(t: Any) -> Any:
@@ -44,9 +48,11 @@ def _real_choice(a: dict[str, Any]) -> int:
         return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
 
     with unset_fake_temporarily():
-        return int(torch._fused_sdp_choice(real(a["query"]), real(a["key"]), real(a["value"]),
-                                           real(a["attn_mask"]), a["dropout_p"], a["is_causal"],
-                                           scale=a["scale"]))
+        q, mask = real(a["query"]), real(a["attn_mask"])
+        if dense_mask and mask is not None:
+            mask = torch.empty(tuple(mask.shape), dtype=q.dtype, device=q.device)
+        return int(torch._fused_sdp_choice(q, real(a["key"]), real(a["value"]), mask, a["dropout_p"],
+                                           a["is_causal"], scale=a["scale"]))
 
 
 def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -64,11 +70,36 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return None
     fake = int(torch._fused_sdp_choice(q, k, v, mask, 0.0, a["is_causal"], scale=a["scale"]))
     choice = _real_choice(a)
+    dense = False
+    if choice == int(SDPBackend.MATH) and mask is not None:
+        # eager would run MATH (fp32 bmm-softmax-bmm) only because of the mask's layout (HF BERT's is a
+        # stride-0 expanded bool view, which the fused kernels do not take): a dense copy of the mask,
+        # a few MB, makes the fused kernel usable, same function in the query's precision
+        dense_choice = _real_choice(a, dense_mask=True)
+        if dense_choice != int(SDPBackend.MATH):
+            choice, dense = dense_choice, True
+            log("perf_hints").info("attention: a dense copy of the %s mask %s lets a fused kernel run where "
+                                   "eager runs MATH", mask.dtype, tuple(mask.shape))
     if choice == fake or (choice == int(SDPBackend.EFFICIENT_ATTENTION) and mask is not None and mask.shape[-1] % 16):
         return None  # an unaligned efficient-attention mask: the composite pads it
     need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    out = _fused_call(choice, q, k, v, mask, dense, need_lse, a)
+    if out is not None and dense:
+        # MATH's safe softmax gives 0 for a query that may attend to nothing; the fused kernels need not
+        allowed = mask if mask.dtype == torch.bool else aten.ne.Scalar(mask, float("-inf"))
+        out = aten.where.ScalarOther(aten.any.dim(allowed, -1, True), out, 0.0)
+    return out
+
+
+def _fused_call(choice: int, q: Any, k: Any, v: Any, mask: Any, dense: bool, need_lse: bool,
+                a: dict[str, Any]) -> Any:
+    from torch.nn.attention import SDPBackend
+
     if mask is not None and mask.dtype == torch.bool:  # as the composite's convert_boolean_attn_mask
-        mask = aten.masked_fill.Scalar(aten.zeros_like(mask, dtype=q.dtype), aten.logical_not(mask), float("-inf"))
+        zeros = aten.zeros.default(list(mask.shape), dtype=q.dtype, device=q.device)
+        mask = aten.masked_fill.Scalar(zeros, aten.logical_not(mask), float("-inf"))
+    elif dense:
+        mask = aten.clone.default(mask, memory_format=torch.contiguous_format)
     if choice == int(SDPBackend.CUDNN_ATTENTION):
         return aten._scaled_dot_product_cudnn_attention(q, k, v, mask, need_lse, 0.0, a["is_causal"], False,
                                                          scale=a["scale"])[0]
