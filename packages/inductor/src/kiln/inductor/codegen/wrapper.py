@@ -110,7 +110,8 @@ class WrapperWriter:
         call_args = [self.arg(a) for a in e.args] + [f"{k}={self.arg(v)}" for k, v in e.kwargs]
         target = _DIRECT.get(e.target, f"torch.ops.{ns}.{op}.{overload}")
         res = f"_r_{e.name}" if (len(e.outputs) != 1 or e.outputs[0].path) else e.outputs[0].buffer
-        self.lines.append(f"    {res} = {target}({', '.join(call_args)})  # {e.kind}")
+        note = e.kind if target.startswith("torch.ops.") else f"{e.kind} {e.target}"
+        self.lines.append(f"    {res} = {target}({', '.join(call_args)})  # {note}")
         for o in e.outputs:
             if o.buffer in dead and res.startswith("_r_"):
                 continue
