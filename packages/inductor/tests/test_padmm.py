@@ -70,7 +70,11 @@ def test_gpt2_lm_head_on_cuda_is_padded_and_matches_eager() -> None:
     w = torch.randn(50257, 768, device="cuda", dtype=torch.bfloat16) * 0.05
     fn = lambda x, w: (x @ w.t()).view(8, 512, 50257)  # noqa: E731
     cg = compile_graph(trace(fn, x, w), [x, w], options=OPTS)
-    assert "constant_pad_nd" in cg.texts["output_code"] or "pad" in cg.texts["ir_pre_fusion"]
+    assert "50264" in cg.texts["output_code"]  # the weight padded to a multiple of 8 rows
     got, want = cg.fn(x, w)[0], fn(x, w)
-    assert_close(got, want)
+    exact = fn(x.double(), w.double())
     assert got.stride() == want.stride()
+    # bf16 products summed in another order: compare both with the fp64 product
+    err_kiln = (got.double() - exact).abs().max().item()
+    err_eager = (want.double() - exact).abs().max().item()
+    assert err_kiln <= 2 * err_eager + 1e-3, (err_kiln, err_eager)
