@@ -26,7 +26,14 @@ import torch
 from kiln.graph import log
 
 from .autotune import Autotuner, Candidate, Choice, Config, buffers_for, make_tuner, tune_key
-from .autotune.mm_template import Epilogue, MatmulSpec, Operand, TemplateKernel, template_configs, template_kernel
+from .autotune.mm_template import (
+    Epilogue,
+    MatmulSpec,
+    Operand,
+    TemplateKernel,
+    template_configs,
+    template_kernel,
+)
 from .codegen.triton.wrapper import TritonKernels, load_triton_module, module_source
 from .ir import (
     ConstArg,
@@ -109,6 +116,8 @@ def matmul_spec(e: ExternKernel) -> MatmulSpec | None:
     (a, ash), (b, bsh), (o, osh) = pa, pb, po
     batch, m, k = (ash if rank == 3 else (1, *ash))
     n = bsh[-1]
+    if osh != ((batch, m, n) if rank == 3 else (m, n)) or bsh[-2] != k or (rank == 3 and bsh[0] != batch):
+        return None
     dtypes = {args[0].dtype, args[1].dtype, out.layout.dtype}  # type: ignore[union-attr]
     if len(dtypes) != 1 or out.layout.dtype not in DTYPES or min(batch, m, n, k) < 1 or batch > 65535:
         return None

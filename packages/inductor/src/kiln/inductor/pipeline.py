@@ -18,9 +18,9 @@ from .codegen.cpp import CppBackend
 from .codegen.triton.backend import TritonBackend
 from .codegen.wrapper import wrapper_source
 from .gemv import rewrite_gemv
-from .mm_templates import count_matmul_sites, select_templates
 from .ir import LoopProgram, ScheduledProgram, verify_program, verify_schedule
 from .lowering.lower import lower_graph
+from .mm_templates import count_matmul_sites, select_templates
 from .options import InductorOptions
 from .reinplace import reinplace_input_mutations
 from .scheduler import eliminate_dead_code, schedule
