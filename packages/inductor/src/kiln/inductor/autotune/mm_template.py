@@ -13,6 +13,7 @@ kernel would read it from memory).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import sympy
@@ -20,7 +21,7 @@ import torch
 
 from ..codegen.triton.heuristics import DEFAULT_CONFIG
 from ..codegen.triton.kernel import INT32_LIMIT, KernelWriter, TritonKernel
-from ..codegen.triton.ops import tl_dtype
+from ..codegen.triton.ops import convert, tl_dtype
 from ..ir import Kernel, KernelNode, Load, index_vars
 from .config import Config
 
@@ -109,6 +110,14 @@ def template_configs(spec: MatmulSpec, limit: int | None = None) -> list[Config]
     return out[:limit] if limit else out
 
 
+def _operands(dtype: torch.dtype) -> str:
+    """tl.dot's operands. The Triton interpreter multiplies bf16/fp16 blocks as their raw bits: there
+    (CPU tests only) they are widened first, which is exact (a product of two halves fits fp32)."""
+    if dtype != torch.float32 and os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return "a.to(tl.float32), b.to(tl.float32)"
+    return "a, b"
+
+
 class _EpilogueWriter(KernelWriter):
     """KernelWriter in 2-D tile mode over the template's ``[BLOCK_M, BLOCK_N]`` tile: the last logical
     variable walks columns (``xmask``), the others rows and batch (``ymask``)."""
@@ -168,7 +177,7 @@ def render(name: str, spec: MatmulSpec, cfg: Config, epilogue: Epilogue) -> tupl
         f"    k_left = {spec.k} - kb * {bk}",
         f"    a = tl.load(a_ptrs, mask=(rm[:, None] < {spec.m}) & (rk[None, :] < k_left), other=0.0)",
         f"    b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & (rn[None, :] < {spec.n}), other=0.0)",
-        f"    acc += tl.dot(a, b{dot})",
+        f"    acc += tl.dot({_operands(spec.dtype)}{dot})",
         f"    a_ptrs += {bk * spec.a.strides[2]}",
         f"    b_ptrs += {bk * spec.b.strides[1]}",
         f"ymask = rm[:, None] < {spec.m}",
@@ -183,8 +192,7 @@ def render(name: str, spec: MatmulSpec, cfg: Config, epilogue: Epilogue) -> tupl
         idx = spec.bias.index(bvar, "rm[:, None]", "rn[None, :]")
         head.append(f"acc += tl.load({pbias} + ({idx}) + tl.zeros([{bm}, {bn}], tl.int32), ymask & xmask, "
                     "other=0.0).to(tl.float32)")
-    rounded = "acc" if spec.dtype == torch.float32 else f"acc.to({tl_dtype(spec.dtype)}).to(tl.float32)"
-    head.append(f"product = {rounded}")
+    head.append(f"product = {convert('acc', torch.float32, spec.dtype)}")  # rounded as memory would hold it
     if epilogue.store_product:
         st = spec.out.strides if spec.batched else spec.out.strides[1:]
         idx = " + ".join([str(spec.out.offset)] * bool(spec.out.offset)
