@@ -187,3 +187,12 @@ def test_sites_in_the_schedule(tmp_path):
     assert sites[0].epilogue is not None and sites[1].epilogue is None
     assert isinstance(sites[0].template, TemplateKernel) and sites[0].template.store_product is False
     assert sites[1].template.store_product is True
+
+
+def test_identical_layers_are_tuned_once(tmp_path):
+    x, w1, b1, w2, b2 = rand(24, 32), rand(32, 32), rand(32), rand(32, 32), rand(32)
+    fn = lambda x, w1, b1, w2, b2: (torch.relu(F.linear(torch.relu(F.linear(x, w1, b1)), w2, b2)),)  # noqa: E731
+    opts, timer = options(tmp_path, TEMPLATE_WINS, configs=2)
+    cg = compile_and_check(fn, (x, w1, b1, w2, b2), opts)
+    assert timer.timed.count("cublas") == 1 and len(timer.timed) == 3  # the second layer reads the cache
+    assert call_code(cg).count("_launch_tmpl_addmm") == 2

@@ -16,6 +16,7 @@ For every static mm/addmm/bmm of a scheduled program on the Triton backend:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +32,7 @@ from .autotune.mm_template import (
     MatmulSpec,
     Operand,
     TemplateKernel,
+    render,
     template_configs,
     template_kernel,
 )
@@ -303,11 +305,27 @@ def tune_site(site: Site, layouts: dict[str, Layout], device: str, tuner: Autotu
     cands = [Candidate(Config(extern="cublas"), bench.cublas, is_default=True)]
     cands += [Candidate(c, bench.template(c)) for c in configs]
     dev_name = torch.cuda.get_device_name() if device == "cuda" else f"{device} (Triton interpreter)"
-    epi = site.epilogue.as_text() if site.epilogue is not None else ""
-    problem = "\n".join([f"kiln mm template v1 {spec.key()}", tk.as_text(), epi,
-                         ";".join(c.label for c in configs)])
-    key = tune_key(problem, dev_name, spec.logical_shape, (spec.dtype,))
+    key = tune_key(problem_text(site, configs), dev_name, spec.logical_shape, (spec.dtype,))
     return tuner.select(tk.name, key, cands)
+
+
+def problem_text(site: Site, configs: Sequence[Config]) -> str:
+    """What a tuning result depends on, free of buffer and kernel names (the twelve identical layers of
+    a transformer share one result): the template as rendered for the first configuration, with its
+    pointers numbered in order, plus the extern's call and the candidate list."""
+    tk = site.template
+    assert tk is not None
+    source, ptrs = render("KERNEL", site.spec, configs[0], Epilogue(tk, tk.store_product))
+    for i, b in enumerate(ptrs):
+        source = re.sub(rf"\bptr_{re.escape(_ident(b))}\b", f"ptr{i}", source)
+    body = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("#"))
+    consts = [a.value for a in site.extern.args if isinstance(a, ConstArg)] + [k for k, _ in site.extern.kwargs]
+    return "\n".join([f"kiln mm template v1 {site.spec.key()} {site.extern.target} {consts!r}", body,
+                      ";".join(c.label for c in configs)])
+
+
+def _ident(buffer: str) -> str:
+    return "".join(c if c.isalnum() or c == "_" else "_" for c in buffer)
 
 
 def count_matmul_sites(s: ScheduledProgram) -> int:
