@@ -196,3 +196,19 @@ def test_identical_layers_are_tuned_once(tmp_path):
     cg = compile_and_check(fn, (x, w1, b1, w2, b2), opts)
     assert timer.timed.count("cublas") == 1 and len(timer.timed) == 3  # the second layer reads the cache
     assert call_code(cg).count("_launch_tmpl_addmm") == 2
+
+
+def test_a_failing_tuning_keeps_the_extern_and_says_so(tmp_path, monkeypatch, caplog):
+    import kiln.inductor.mm_templates as mt
+
+    def boom(*a, **k):
+        raise RuntimeError("scratch buffers unavailable")
+
+    monkeypatch.setattr(mt, "buffers_for", boom)
+    x, w = rand(24, 40), rand(24, 40)
+    opts, _ = options(tmp_path, TEMPLATE_WINS)
+    with caplog.at_level(logging.WARNING, logger="kiln.perf_hints"):
+        cg = compile_and_check(lambda x, w: (torch.relu(x @ w.t()),), (x, w), opts)
+    assert "aten.mm" in call_code(cg) and "_launch_tmpl_" not in call_code(cg)
+    assert any("stays a cuBLAS extern" in r.getMessage() and "scratch buffers" in r.getMessage()
+               for r in caplog.records)

@@ -345,7 +345,13 @@ def select_templates(s: ScheduledProgram, options: InductorOptions, device: str,
     chosen: dict[int, TemplateKernel] = {}  # step index the template takes -> template
     dropped: set[int] = set()
     for site in sites:
-        choice = tune_site(site, layouts, device, tuner, options)
+        try:
+            choice = tune_site(site, layouts, device, tuner, options)
+        except Exception as e:  # noqa: BLE001 - tuning is an optimisation: the extern stays, loudly
+            log("perf_hints").warning("max-autotune: tuning %s (%s %s) failed, it stays a cuBLAS extern: %s: %s",
+                                      site.extern.name, site.spec.op, "x".join(map(str, site.spec.logical_shape)),
+                                      type(e).__name__, e)
+            continue
         if choice.config.extern:
             log("perf_hints").info("max-autotune: %s stays a cuBLAS extern (%.4f ms)", site.extern.name, choice.ms)
             continue
