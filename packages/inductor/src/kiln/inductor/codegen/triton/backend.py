@@ -95,7 +95,9 @@ class TritonBackend:
             launches[k.name] = "; ".join(_launch_line(g) for g in parts)
         if options.max_autotune and generated:
             if self.device == "cuda" and torch.cuda.is_available():
-                generated = autotune_kernels(generated, layouts, "cuda")
+                from ...autotune import make_tuner
+
+                generated = autotune_kernels(generated, layouts, "cuda", make_tuner(options.autotune))
             else:
                 log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the "
                                        "interpreter): kernels keep their heuristic configurations")
