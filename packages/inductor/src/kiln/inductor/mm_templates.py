@@ -16,6 +16,7 @@ For every static mm/addmm/bmm of a scheduled program on the Triton backend:
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -30,13 +31,16 @@ from .autotune import Autotuner, Candidate, Choice, Config, buffers_for, make_tu
 from .autotune.mm_template import (
     Epilogue,
     MatmulSpec,
+    MatmulTritonKernel,
     Operand,
     TemplateKernel,
     render,
     template_configs,
     template_kernel,
 )
-from .codegen.triton.wrapper import TritonKernels, load_triton_module, module_source
+from .codegen.triton.kernel import TritonKernel, generate_kernels
+from .codegen.triton.launcher import KilnLaunch, launch_context
+from .codegen.triton.wrapper import load_triton_module, module_source
 from .ir import (
     ConstArg,
     ExternKernel,
@@ -251,13 +255,15 @@ def _arg_value(a: Any, bufs: dict[str, torch.Tensor]) -> Any:
 
 
 class _Bench:
-    """Scratch buffers and launches for one site, made on first use (a cache hit needs none)."""
+    """Scratch buffers and launches for one site, made on first use (a cache hit needs none). Kernels
+    launch through the wrapper's own fast launcher, so each candidate costs what it will in the program
+    (triton's Python launch path would add ~20 us per kernel and favour one launch over two)."""
 
     def __init__(self, site: Site, layouts: dict[str, Layout], device: str, configs: Sequence[Config]) -> None:
         self.site, self.layouts, self.device, self.configs = site, layouts, device, configs
         self._bufs: dict[str, torch.Tensor] | None = None
-        self._module: Any = None
-        self._epilogue: TritonKernels | None = None
+        self._templates: dict[Config, Callable[[], object]] | None = None
+        self._epilogue: list[Callable[[], object]] | None = None
 
     @property
     def bufs(self) -> dict[str, torch.Tensor]:
@@ -269,6 +275,20 @@ class _Bench:
             self._bufs = buffers_for({b: self.layouts[b] for b in names}, None, self.device)
         return self._bufs
 
+    def _launchers(self, kernels: Sequence[TritonKernel]) -> list[Callable[[], object]]:
+        module = load_triton_module(module_source(kernels))  # type: ignore[operator]
+        out = []
+        for k in kernels:
+            consts = {"XBLOCK": k.xblock, **({"RBLOCK": k.rblock} if k.rblock else {}),
+                      **({"YBLOCK": k.yblock} if k.yblock else {})}
+            if isinstance(k, MatmulTritonKernel):
+                consts = {}
+            run = KilnLaunch(getattr(module, k.name), consts, k.num_warps, None, getattr(k, "num_stages", 1))
+            grid = ast.literal_eval(k.grid)  # static sizes: a literal
+            args = [self.bufs[b] for b in k.pointer_args]
+            out.append(lambda run=run, grid=grid, args=args: run(grid, launch_context(), *args))
+        return out
+
     def cublas(self) -> None:
         e = self.site.extern
         ns, op, overload = e.target.split(".", 2)
@@ -276,24 +296,20 @@ class _Bench:
         fn(*(_arg_value(a, self.bufs) for a in e.args), **{k: _arg_value(v, self.bufs) for k, v in e.kwargs})
         if self.site.epilogue is not None:
             if self._epilogue is None:
-                self._epilogue = TritonKernels([self.site.epilogue])
-            self._epilogue.run(self.bufs)
+                self._epilogue = self._launchers(generate_kernels(self.site.epilogue))
+            for launch in self._epilogue:
+                launch()
 
     def template(self, c: Config) -> Callable[[], object]:
         def launch() -> object:
-            if self._module is None:
-                kernels = [self._kernel(i, cfg) for i, cfg in enumerate(self.configs)]
-                self._module = (load_triton_module(module_source(kernels)), kernels)  # type: ignore[operator]
-            module, kernels = self._module
-            tk = kernels[self.configs.index(c)]
-            return getattr(module, tk.name)[tk.grid_dims](*(self.bufs[b] for b in tk.pointer_args),
-                                                         num_warps=c.num_warps, num_stages=c.num_stages)
+            if self._templates is None:
+                tk = self.site.template
+                assert tk is not None
+                kernels = [template_kernel(f"{tk.name}_c{i}", self.site.spec, cfg, Epilogue(tk, tk.store_product))
+                           for i, cfg in enumerate(self.configs)]
+                self._templates = dict(zip(self.configs, self._launchers(kernels)))
+            return self._templates[c]()
         return launch
-
-    def _kernel(self, i: int, c: Config) -> Any:
-        tk = self.site.template
-        assert tk is not None
-        return template_kernel(f"{tk.name}_c{i}", self.site.spec, c, Epilogue(tk, tk.store_product))
 
 
 def tune_site(site: Site, layouts: dict[str, Layout], device: str, tuner: Autotuner,
