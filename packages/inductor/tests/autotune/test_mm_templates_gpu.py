@@ -47,15 +47,16 @@ def test_gpt2_mlp_up_projection_is_tuned(tmp_path, dtype):
     timer = RecordingTimer()
     opts = InductorOptions(max_autotune=True, autotune=AutotuneOptions(timer=timer, cache_root=str(tmp_path)))
     cg = compile_graph(trace(fn, x, w, b), [x, w, b], options=opts)
-    assert "cublas" in timer.timed and len(timer.timed) >= 5, timer.timed
+    mm = {k: v for k, v in timer.timed.items() if k == "cublas" or "BLOCK_M" in k}  # not kernel configs
+    assert "cublas" in mm and len(mm) >= 5, timer.timed
     torch.testing.assert_close(cg.fn(x, w, b)[0], fn(x, w, b)[0], rtol=3e-2, atol=3e-2)
     default = compile_graph(trace(fn, x, w, b), [x, w, b], options=InductorOptions())
     tuned_ms, default_ms = _ms(cg.fn, x, w, b), _ms(default.fn, x, w, b)
-    best = min(timer.timed, key=timer.timed.get)
+    best = min(mm, key=mm.get)
     print(f"\n{dtype}: tuned {tuned_ms:.4f} ms, default {default_ms:.4f} ms; best candidate {best} "
-          f"{timer.timed[best]:.4f} ms, cuBLAS+gelu {timer.timed['cublas']:.4f} ms")
+          f"{mm[best]:.4f} ms, cuBLAS+gelu {mm['cublas']:.4f} ms")
     uses_template = "_launch_tmpl_addmm" in cg.texts["output_code"]
-    assert uses_template == (best != "cublas" and timer.timed[best] < timer.timed["cublas"] * 0.98)
+    assert uses_template == (best != "cublas" and mm[best] < mm["cublas"] * 0.98)
     # a second compile reads the choice from the compile cache
     again = RecordingTimer()
     opts2 = InductorOptions(max_autotune=True, autotune=AutotuneOptions(timer=again, cache_root=str(tmp_path)))
