@@ -22,6 +22,7 @@ from .ir import LoopProgram, ScheduledProgram, verify_program, verify_schedule
 from .lowering.lower import lower_graph
 from .mm_templates import count_matmul_sites, select_templates
 from .options import InductorOptions
+from .padmm import pad_misaligned_matmuls
 from .reinplace import reinplace_input_mutations
 from .scheduler import eliminate_dead_code, schedule
 
@@ -71,6 +72,13 @@ def small_matmuls(s: CompileState) -> CompileState:
     if not s.options.gemv_as_reduction or not isinstance(backend_for(s), TritonBackend):
         return s
     if rewrite_gemv(s.gm):
+        decomp_bridge.ensure_meta(s.gm, s.example_inputs)
+    return s
+
+
+def pad_matmuls(s: CompileState) -> CompileState:
+    """Large CUDA matmuls with a misaligned M, N or K run on zero-padded operands (padmm.py says why)."""
+    if s.options.pad_matmuls and pad_misaligned_matmuls(s.gm):
         decomp_bridge.ensure_meta(s.gm, s.example_inputs)
     return s
 
@@ -142,6 +150,7 @@ PASSES: list[Pass[CompileState]] = [
     Pass("propagate_meta", lambda s, ctx: propagate_meta(s)),
     Pass("decompose", lambda s, ctx: decompose(s)),
     Pass("small_matmuls", lambda s, ctx: small_matmuls(s)),
+    Pass("pad_matmuls", lambda s, ctx: pad_matmuls(s)),
     Pass("reinplace", lambda s, ctx: reinplace(s)),
     Pass("lower", lambda s, ctx: lower(s)),
     Pass("remove_dead_code", lambda s, ctx: remove_dead_code(s)),
