@@ -291,8 +291,7 @@ class _Bench:
 
     def cublas(self) -> None:
         e = self.site.extern
-        ns, op, overload = e.target.split(".", 2)
-        fn = getattr(getattr(getattr(torch.ops, ns), op), overload)
+        fn = getattr(torch, TARGETS[e.target])  # the binding the wrapper calls (codegen/wrapper.py)
         fn(*(_arg_value(a, self.bufs) for a in e.args), **{k: _arg_value(v, self.bufs) for k, v in e.kwargs})
         if self.site.epilogue is not None:
             if self._epilogue is None:
