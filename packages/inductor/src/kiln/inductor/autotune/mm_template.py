@@ -170,13 +170,18 @@ def render(name: str, spec: MatmulSpec, cfg: Config, epilogue: Epilogue) -> tupl
         f"rm = pid_m * {bm} + tl.arange(0, {bm})",
         f"rn = pid_n * {bn} + tl.arange(0, {bn})",
         f"rk = tl.arange(0, {bk})",
-        f"a_ptrs = {pa} + ({spec.a.index(bvar, 'rm[:, None]', 'rk[None, :]')})",
-        f"b_ptrs = {pb} + ({spec.b.index(bvar, 'rk[:, None]', 'rn[None, :]')})",
+        # rows/columns past the edge wrap around (their results are masked at the end), so operand
+        # loads need no row/column mask; the K tail is masked only when K is not a multiple of BLOCK_K
+        f"ram = rm % {spec.m}",
+        f"rbn = rn % {spec.n}",
+        f"a_ptrs = {pa} + ({spec.a.index(bvar, 'ram[:, None]', 'rk[None, :]')})",
+        f"b_ptrs = {pb} + ({spec.b.index(bvar, 'rk[:, None]', 'rbn[None, :]')})",
         f"acc = tl.zeros(({bm}, {bn}), dtype=tl.float32)",
         f"for kb in range(0, {_cdiv(spec.k, bk)}):",
-        f"    k_left = {spec.k} - kb * {bk}",
-        f"    a = tl.load(a_ptrs, mask=(rm[:, None] < {spec.m}) & (rk[None, :] < k_left), other=0.0)",
-        f"    b = tl.load(b_ptrs, mask=(rk[:, None] < k_left) & (rn[None, :] < {spec.n}), other=0.0)",
+        *(["    a = tl.load(a_ptrs)", "    b = tl.load(b_ptrs)"] if spec.k % bk == 0 else [
+            f"    k_left = {spec.k} - kb * {bk}",
+            "    a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)",
+            "    b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)"]),
         f"    acc += tl.dot({_operands(spec.dtype)}{dot})",
         f"    a_ptrs += {bk * spec.a.strides[2]}",
         f"    b_ptrs += {bk * spec.b.strides[1]}",
