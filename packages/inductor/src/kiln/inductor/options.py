@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .autotune.options import AutotuneOptions
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,6 +39,8 @@ class InductorOptions:
     pad_matmuls: bool = True
     # an input the graph mutates by index_put (a KV cache) is updated in place, not copied (reinplace.py)
     reinplace_mutations: bool = True
+    # max-autotune's own options (configurations per kernel, matmul templates, cache, timer)
+    autotune: AutotuneOptions = field(default_factory=AutotuneOptions)
 
     def replace(self, **changes: object) -> InductorOptions:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -53,10 +53,12 @@ def _kiln_make_launch_support():
 
     class KilnLaunch:
         """One kernel's launcher: triton's path first, then its binary directly (module docstring)."""
-        __slots__ = ("fn", "consts", "num_warps", "check", "run", "function", "meta", "key", "device", "tail")
+        __slots__ = ("fn", "consts", "num_warps", "check", "num_stages", "run", "function", "meta", "key", "device",
+                     "tail")
 
-        def __init__(self, fn, consts, num_warps, check=None):
+        def __init__(self, fn, consts, num_warps, check=None, num_stages=1):
             self.fn, self.consts, self.num_warps, self.check = fn, consts, num_warps, check
+            self.num_stages = num_stages  # software pipelining depth (matmul templates use 3-5)
             self.run = None
 
         def __call__(self, grid, ctx, *args):
@@ -68,7 +70,7 @@ def _kiln_make_launch_support():
                     return
                 except TypeError:  # a triton whose launcher takes other arguments: use triton's path
                     self.run = None
-            binary = self.fn[grid](*args, **self.consts, num_warps=self.num_warps, num_stages=1)
+            binary = self.fn[grid](*args, **self.consts, num_warps=self.num_warps, num_stages=self.num_stages)
             if self.run is None and run is None and ctx[0] >= 0 and binary is not None and not hooks_installed():
                 self.adopt(binary, ctx[0], args)
 
