@@ -110,3 +110,21 @@ def test_direct_launch_declines_scratch_and_other_launcher_shapes() -> None:
     assert direct_launch(_Launcher36(scratch=64)) is None  # needs scratch memory: triton allocates it
     assert direct_launch(_LauncherOther()) is None  # another argument order (triton 3.9's, say)
     assert direct_launch(object()) is None
+
+
+def test_wrapper_precompiles_static_kernels_with_their_pointer_dtypes() -> None:
+    from tracer import trace
+
+    from kiln.inductor import InductorOptions
+    from kiln.inductor.codegen.triton.launcher import precompile
+
+    x = torch.randn(8, 16)
+    fn = lambda x: (torch.softmax(x, -1) * 2, x.sum(0).to(torch.bfloat16))  # noqa: E731
+    cg = compile_graph(trace(fn, x), [x], options=InductorOptions(cpu_backend="triton"))
+    line = next(ln for ln in cg.texts["output_code"].splitlines() if ln.startswith("_kiln_precompile("))
+    assert "_launch_k" in line and "torch.float32" in line and "torch.bfloat16" in line, line
+
+    class Launch:  # under the interpreter (or without CUDA) nothing is compiled ahead
+        fn = None
+
+    precompile([(Launch(), (torch.float32,)), (Launch(), (torch.float32,))])

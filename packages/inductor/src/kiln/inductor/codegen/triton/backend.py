@@ -103,7 +103,8 @@ class TritonBackend:
                                        "interpreter): kernels keep their heuristic configurations")
         source = module_source(generated) if generated else ""
         inputs = frozenset(b.name for b in scheduled.program.inputs)
-        return CompiledKernels(files={}, prelude=wrapper_prologue(generated, inputs=inputs), launches=launches,
+        return CompiledKernels(files={}, prelude=wrapper_prologue(generated, inputs=inputs, dtypes={
+                                   b: layouts[b].dtype for g in generated for b in g.pointer_args if b in layouts}), launches=launches,
                                source_text=source, local_dir="", compile_seconds=time.perf_counter() - t0,
                                requires=("torch", "triton"), device=self.device,
                                call_prologue=f"{CTX_VAR} = _kiln_launch_context()" if generated else "")

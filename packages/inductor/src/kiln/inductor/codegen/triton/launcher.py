@@ -131,6 +131,33 @@ def _kiln_make_direct_launch():
 
 
 _kiln_direct_launch = _kiln_make_direct_launch()
+
+
+def _kiln_precompile(items):
+    """Compile the wrapper's kernels together, on a thread pool through triton's AsyncCompileMode,
+    instead of one after another at each kernel's first launch (a transformer has a few hundred).
+    ``items``: (launcher, pointer dtypes) of kernels without size arguments. Where this cannot run (no
+    CUDA, the interpreter, a triton without AsyncCompileMode, KILN_TRITON_PRECOMPILE=0) kernels compile
+    at first launch as before; so does any kernel whose compile fails here (the error surfaces there,
+    with triton's message)."""
+    import os
+    import torch
+    import triton
+    if (len(items) < 2 or os.environ.get("TRITON_INTERPRET", "0") == "1"
+            or os.environ.get("KILN_TRITON_PRECOMPILE", "1") == "0"
+            or not hasattr(triton, "AsyncCompileMode") or not torch.cuda.is_available()):
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    try:
+        with ThreadPoolExecutor(min(len(items), os.cpu_count() or 1, 32)) as pool, triton.AsyncCompileMode(pool):
+            for launch, dtypes in items:
+                try:
+                    launch.fn.warmup(*dtypes, grid=(1,), **launch.consts, num_warps=launch.num_warps,
+                                     num_stages=launch.num_stages)
+                except Exception:  # noqa: BLE001 - compiled again (and reported) at first launch
+                    pass
+    except Exception:  # noqa: BLE001 - e.g. an AsyncCompileMode of another signature: stay lazy
+        pass
 _kiln_launch_context, _KilnLaunch, _kiln_hooks_installed = _kiln_make_launch_support()
 '''
 
@@ -140,3 +167,4 @@ launch_context = _ns["_kiln_launch_context"]
 KilnLaunch = _ns["_KilnLaunch"]
 hooks_installed = _ns["_kiln_hooks_installed"]
 direct_launch = _ns["_kiln_direct_launch"]
+precompile = _ns["_kiln_precompile"]
