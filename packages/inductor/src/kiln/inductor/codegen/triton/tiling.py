@@ -105,7 +105,7 @@ def store_order(k: Kernel) -> list[int] | None:
     xs = [index_var("x", i) for i in range(len(k.outer))]
     orders = set()
     for n in k.nodes:
-        if not n.store or n.store_indirect or n.role != "outer":
+        if not n.store or n.store_indirect:
             continue
         e = sympy.expand(sympy.sympify(n.store_index))
         coeffs = [e.coeff(v) for v in xs]
