@@ -290,7 +290,7 @@ class KernelWriter:
         outer = self.preds
         self.preds = outer + ((c, cu),)
         a, au = self.value(e.args[1], ctx)
-        self.preds = outer + ((f"({c} == 0)", cu),)
+        self.preds = outer + ((f"(~{c})", cu),)  # not "== 0": a 0-d comparison breaks interpreter masks
         b, bu = self.value(e.args[2], ctx)
         self.preds = outer
         a = convert(a, e.args[1].dtype, e.dtype)

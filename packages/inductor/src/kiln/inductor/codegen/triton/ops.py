@@ -8,7 +8,9 @@ Triton dtype is the compute dtype of the op's result.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import operator
+import re
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -140,8 +142,20 @@ def _bitwise_not(a: list[str], d: torch.dtype) -> str:
     return f"({a[0]} == 0)" if d == torch.bool else f"(~{a[0]})"
 
 
+_INT_LITERAL = re.compile(r"^tl\.full\(\[\], (-?\d+), tl\.u?int(?:8|16|32|64)\)$")
+_COMPARE = {"==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+            ">=": operator.ge}
+
+
 def _binop(sym: str) -> Emitter:
-    return lambda a, d: f"({a[0]} {sym} {a[1]})"
+    def emit(a: Sequence[str], d: torch.dtype) -> str:
+        # a comparison of two integer constants (a cat's branch test at a fixed index) is folded: the
+        # interpreter cannot use a 0-d comparison result in a load mask
+        lhs, rhs = _INT_LITERAL.match(a[0]), _INT_LITERAL.match(a[1])
+        if sym in _COMPARE and lhs and rhs:
+            return literal(_COMPARE[sym](int(lhs.group(1)), int(rhs.group(1))), torch.bool)
+        return f"({a[0]} {sym} {a[1]})"
+    return emit
 
 
 # Emitters keyed by op name. Operands arrive converted to OPERAND_DTYPE's choice (see kernel.py).
