@@ -31,6 +31,9 @@ class InductorOptions:
     gemv_as_reduction: bool = True
     # an input the graph mutates by index_put (a KV cache) is updated in place, not copied (reinplace.py)
     reinplace_mutations: bool = True
+    # 2-D convolutions and the work between them in channels-last (NHWC) memory (layout.py): "auto"
+    # (CUDA graphs where torch's heuristics say it pays), "channels_last" (forced), "keep" (as traced)
+    conv_layout: str = "auto"
 
     def replace(self, **changes: object) -> InductorOptions:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

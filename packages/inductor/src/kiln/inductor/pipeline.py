@@ -18,6 +18,7 @@ from .codegen.cpp import CppBackend
 from .codegen.triton.backend import TritonBackend
 from .codegen.wrapper import wrapper_source
 from .gemv import rewrite_gemv
+from .layout import decide, to_channels_last
 from .ir import LoopProgram, ScheduledProgram, verify_program, verify_schedule
 from .lowering.lower import lower_graph
 from .options import InductorOptions
@@ -63,6 +64,17 @@ def decompose(s: CompileState) -> CompileState:
     if gm is not s.gm:  # the caller's annotations (kiln_input_mutations) survive the re-trace
         gm.meta.update({k: v for k, v in s.gm.meta.items() if k not in gm.meta})
     return replace(s, gm=gm)
+
+
+def conv_layout(s: CompileState) -> CompileState:
+    """Convolution graphs go channels-last when ``options.conv_layout`` says so (layout.py)."""
+    decision = decide(s.gm, s.example_inputs, s.options.conv_layout)
+    if decision.channels_last:
+        to_channels_last(s.gm, s.example_inputs)
+    if decision.reason != "no 2-D convolution":
+        log("perf_hints").info("graph %s: conv layout %s (%s)", s.name,
+                               "channels-last" if decision.channels_last else "as traced", decision.reason)
+    return s
 
 
 def small_matmuls(s: CompileState) -> CompileState:
@@ -119,6 +131,7 @@ def generate_wrapper(s: CompileState) -> CompileState:
 PASSES: list[Pass[CompileState]] = [
     Pass("propagate_meta", lambda s, ctx: propagate_meta(s)),
     Pass("decompose", lambda s, ctx: decompose(s)),
+    Pass("conv_layout", lambda s, ctx: conv_layout(s)),
     Pass("small_matmuls", lambda s, ctx: small_matmuls(s)),
     Pass("reinplace", lambda s, ctx: reinplace(s)),
     Pass("lower", lambda s, ctx: lower(s)),
