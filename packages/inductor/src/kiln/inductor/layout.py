@@ -275,7 +275,7 @@ def _run(n: fx.Node, env: dict[fx.Node, Any]) -> Any:
         return args[0][args[1]]
     try:
         return n.target(*args, **kwargs)
-    except RuntimeError:
+    except (RuntimeError, ValueError):  # fake tensors raise either for a view that cannot be one
         if n.target not in (aten.view.default, aten._unsafe_view.default) or not isinstance(args[0], torch.Tensor):
             raise
         return n.target(args[0].contiguous(), *args[1:], **kwargs)
