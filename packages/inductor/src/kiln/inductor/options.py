@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .knobs import KNOBS
+
 
 @dataclass(frozen=True, slots=True)
 class InductorOptions:
@@ -32,8 +34,9 @@ class InductorOptions:
     # an input the graph mutates by index_put (a KV cache) is updated in place, not copied (reinplace.py)
     reinplace_mutations: bool = True
     # 2-D convolutions and the work between them in channels-last (NHWC) memory (layout.py): "auto"
-    # (CUDA graphs where torch's heuristics say it pays), "channels_last" (forced), "keep" (as traced)
-    conv_layout: str = "auto"
+    # (CUDA graphs where torch's heuristics say it pays), "channels_last" (forced), "keep" (as traced);
+    # the default comes from KILN_CONV_LAYOUT (for A/B measurements without code changes)
+    conv_layout: str = KNOBS.conv_layout
 
     def replace(self, **changes: object) -> InductorOptions:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
