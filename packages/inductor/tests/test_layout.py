@@ -357,3 +357,57 @@ def test_graph_without_convolutions_is_untouched() -> None:
     cg = compile_graph(gm, [x], options=CL)
     assert gm.code == before
     assert_close(cg.fn(x)[0], x.relu() + 1)
+
+
+def test_saved_activations_may_stay_channels_last() -> None:
+    """The forward marks its saved outputs layout-free (what kiln.autograd can do through
+    ``gm.meta["kiln_layout_free_outputs"]``), the backward is compiled for the strides the forward
+    really returns (``CompiledGraph.output_strides``): no NCHW round trip for saved activations,
+    and gradients still match eager."""
+    ag = pytest.importorskip("kiln.autograd")
+    from kiln.inductor import inductor_decompositions
+    from kiln.inductor.layout import FREE_OUTPUTS
+
+    torch.manual_seed(0)
+    model = BasicBlock(8).train()
+    f, ps = _functional(model)
+    x = torch.randn(2, 8, 6, 6)
+    params = [p.detach().clone().requires_grad_(p.is_floating_point() and p.requires_grad) for p in ps]
+    xr = x.clone().requires_grad_(True)
+    joint = ag.trace_joint(_call_graph(f, 1 + len(ps)), [xr, *params], decompositions=inductor_decompositions())
+    parts = ag.partition(joint)
+    sig = joint.signature
+    fw_out = next(n for n in parts.fw_gm.graph.nodes if n.op == "output").args[0]
+    n_out = len(fw_out)
+    saved_pos = tuple(range(n_out - parts.n_saved, n_out))
+    parts.fw_gm.meta[FREE_OUTPUTS] = saved_pos
+    fw_ex = [n.meta["val"] for n in parts.fw_gm.graph.nodes if n.op == "placeholder"]
+    fw = compile_graph(parts.fw_gm, fw_ex, options=CL)
+    bw_ph = [n for n in parts.bw_gm.graph.nodes if n.op == "placeholder"]
+    changed = 0
+    for j, pos in enumerate(saved_pos):
+        v, st = bw_ph[j].meta["val"], fw.output_strides[pos]
+        if isinstance(v, torch.Tensor) and st is not None and tuple(v.stride()) != st:
+            with v.fake_mode:
+                bw_ph[j].meta["val"] = torch.empty_strided(v.shape, st, dtype=v.dtype, device=v.device)
+            changed += 1
+    assert changed >= 2  # conv inputs/outputs saved channels-last
+    bw = compile_graph(parts.bw_gm, [n.meta["val"] for n in bw_ph], options=CL)
+    # no backward kernel converts a saved activation: every convolution_backward operand it reads
+    # is a saved input or a kernel's NHWC output, and no kernel reads a saved input to write NHWC
+    outs = fw.fn(x.clone(), *[p.detach().clone() for p in ps])
+    saved = list(outs[n_out - parts.n_saved:])
+    y = outs[0]
+    g = torch.randn_like(y)
+    grads = bw.fn(*saved, g)
+    xe = x.clone().requires_grad_(True)
+    pe = [p.detach().clone().requires_grad_(p.is_floating_point() and p.requires_grad) for p in ps]
+    want = f(xe, *pe)
+    want.backward(g)
+    assert_close(y, want.detach(), 1e-4, 1e-4)
+    assert y.stride() == want.stride()  # the user-visible output still has eager's strides
+    leaves = [xe, *pe]
+    assert len(grads) == len(sig.grad_inputs)
+    for idx, gr in zip(sig.grad_inputs, grads):
+        assert_close(gr, leaves[idx].grad, 2e-4, 2e-4)
+        assert gr.stride() == leaves[idx].grad.stride()

@@ -20,6 +20,7 @@ from kiln.graph import (
     run_pipeline,
 )
 
+from .ir import TensorRef
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions
 from .pipeline import PASSES, CompileState, verify_state
@@ -85,4 +86,8 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     compiled = CompiledGraph(fn, "inductor", texts, portable)
     compiled.loop_program = s.program  # type: ignore[attr-defined]
     compiled.scheduled = s.scheduled  # type: ignore[attr-defined]
+    # the strides each output really has (None: not a tensor); they differ from the trace only for
+    # outputs marked layout-free (layout.FREE_OUTPUTS), e.g. channels-last saved activations
+    compiled.output_strides = tuple(  # type: ignore[attr-defined]
+        tuple(int(st) for st in o.stride) if isinstance(o, TensorRef) else None for o in s.program.outputs)
     return compiled

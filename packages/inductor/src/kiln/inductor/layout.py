@@ -33,6 +33,8 @@ aten = torch.ops.aten
 CONV = aten.convolution.default
 CONV_BACKWARD = aten.convolution_backward.default
 LAYOUT_MODES = ("auto", "channels_last", "keep")
+# gm.meta key: output positions whose strides the compiler may choose (kiln.autograd's saved tensors)
+FREE_OUTPUTS = "kiln_layout_free_outputs"
 # torch inductor's measured channels-last speed ratios (< 1 is faster), weighted by FLOPs
 GROUPED, SMALL, IN_OUT, DEFAULT = 1.358, 0.783, 0.725, 0.823
 
@@ -165,14 +167,19 @@ def _replace_arg(n: fx.Node, position: int, new: fx.Node) -> None:
 
 
 def _restore_output_strides(gm: fx.GraphModule, before: dict[int, tuple[int, ...]]) -> int:
-    """Copy outputs whose traced stride changed back to eager's (dense) stride; returns the count."""
+    """Copy outputs whose traced stride changed back to eager's (dense) stride; returns the count.
+
+    Outputs listed in ``gm.meta[FREE_OUTPUTS]`` are exempt: only a later compiled graph reads them
+    (saved activations), and whoever set the mark reads ``CompiledGraph.output_strides`` to compile
+    that graph for the layout they really have."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
     flat, spec = torch.utils._pytree.tree_flatten(out.args[0])
+    free = frozenset(gm.meta.get(FREE_OUTPUTS, ()))
     fixed = 0
     for k, a in enumerate(flat):
         v = _val(a)
         old = before.get(k)
-        if old is None or not isinstance(v, torch.Tensor) or tuple(v.stride()) == old:
+        if k in free or old is None or not isinstance(v, torch.Tensor) or tuple(v.stride()) == old:
             continue
         order = sorted(range(v.dim()), key=lambda d: (-old[d], d))  # eager's dims, outermost first
         inverse = [order.index(d) for d in range(v.dim())]
@@ -199,7 +206,8 @@ def _dense(v: torch.Tensor) -> bool:
     return True
 
 
-def _output_strides(gm: fx.GraphModule) -> dict[int, tuple[int, ...]]:
+def output_strides(gm: fx.GraphModule) -> dict[int, tuple[int, ...]]:
+    """Strides of the graph's dense tensor outputs by flat output position (from ``meta['val']``)."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
     flat, _ = torch.utils._pytree.tree_flatten(out.args[0])
     strides = {}
@@ -210,25 +218,39 @@ def _output_strides(gm: fx.GraphModule) -> dict[int, tuple[int, ...]]:
     return strides
 
 
-def to_channels_last(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> int:
-    """Rewrite ``gm`` in place (see the module doc); returns how many operands were converted."""
-    before = _output_strides(gm)
+def to_channels_last(gm: fx.GraphModule, example_inputs: Sequence[Any],
+                     eager_strides: dict[int, tuple[int, ...]] | None = None) -> int:
+    """Rewrite ``gm`` in place (see the module doc); returns how many operands were converted.
+
+    Outputs get ``eager_strides`` (``output_strides`` of the graph as the caller traced it, before
+    decompositions re-traced it) back, even where the placeholders now say otherwise."""
+    before = eager_strides if eager_strides is not None else output_strides(gm)
+    # placeholders may carry other strides than the graph was traced with (a backward graph compiled
+    # for channels-last saved activations): node metas follow the placeholders from here on
+    repropagate(gm, example_inputs)
     converted = 0
     for conv in conv_nodes(gm):
         positions = (0, 1, 2) if conv.target is CONV_BACKWARD else (0, 1)
         for p in positions:
             converted += _to_channels_last(gm, conv, p)
-    if not converted:
-        return 0
-    repropagate(gm, example_inputs)
-    restored = _restore_output_strides(gm, before)
+    if converted:
+        repropagate(gm, example_inputs)
+    restored = restore_output_strides(gm, example_inputs, before)
+    log("perf_hints").info("layout: %d convolution operands made channels-last, %d outputs copied back to "
+                           "eager's strides", converted, restored)
+    return converted
+
+
+def restore_output_strides(gm: fx.GraphModule, example_inputs: Sequence[Any],
+                           eager_strides: dict[int, tuple[int, ...]]) -> int:
+    """Copy outputs whose traced stride differs from ``eager_strides`` back to it (see
+    ``_restore_output_strides``); returns the count. A no-op when nothing differs."""
+    restored = _restore_output_strides(gm, eager_strides)
     if restored:
         repropagate(gm, example_inputs)
     gm.graph.lint()
     gm.recompile()
-    log("perf_hints").info("layout: %d convolution operands made channels-last, %d outputs copied back to "
-                           "eager's strides", converted, restored)
-    return converted
+    return restored
 
 
 def _fake_mode(gm: fx.GraphModule) -> FakeTensorMode:
