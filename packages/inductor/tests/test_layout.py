@@ -344,6 +344,29 @@ def test_auto_is_off_on_cpu_and_on_for_cuda_convs() -> None:
     assert decide(gm, ex, "auto").channels_last
 
 
+def test_auto_training_backward_graph() -> None:
+    """convolution_backward's arguments sit elsewhere than convolution's (transposed at 7, groups at 9)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with mode:
+            go, x, w = (torch.empty(2, 128, 16, 16, device="cuda"), torch.empty(2, 128, 16, 16, device="cuda"),
+                        torch.empty(128, 128, 3, 3, device="cuda"))
+            res = torch.ops.aten.convolution_backward.default(go, x, w, [128], [1, 1], [1, 1], [1, 1], False,
+                                                              [0, 0], 1, [True, True, False])
+    except Exception as e:
+        pytest.skip(f"fake CUDA tensors unavailable: {e}")
+    g = torch.fx.Graph()
+    ph = [g.placeholder(n) for n in ("go", "x", "w")]
+    for p, v in zip(ph, (go, x, w)):
+        p.meta["val"] = v
+    c = g.call_function(torch.ops.aten.convolution_backward.default,
+                        (*ph, [128], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]))
+    c.meta["val"] = res
+    g.output((c,))
+    d = decide(torch.fx.GraphModule(nn.Module(), g), [go, x, w], "auto")
+    assert d.channels_last, d.reason
+
+
 def test_unknown_mode_is_an_error() -> None:
     gm, ex = _fake_graph("cpu", 8, 8)
     with pytest.raises(ValueError, match="conv_layout"):

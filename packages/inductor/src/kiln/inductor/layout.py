@@ -64,7 +64,7 @@ def conv_nodes(gm: fx.GraphModule) -> list[fx.Node]:
 def _operands(n: fx.Node) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
     """(input, weight, groups, transposed) of a forward or backward convolution."""
     if n.target is CONV_BACKWARD:
-        return _val(n.args[1]), _val(n.args[2]), int(n.args[9]), bool(n.args[6])
+        return _val(n.args[1]), _val(n.args[2]), int(n.args[9]), bool(n.args[7])
     return _val(n.args[0]), _val(n.args[1]), int(n.args[8]), bool(n.args[6])
 
 
@@ -297,7 +297,13 @@ def _run(n: fx.Node, env: dict[fx.Node, Any]) -> Any:
         return args[0][args[1]]
     try:
         return n.target(*args, **kwargs)
-    except (RuntimeError, ValueError):  # fake tensors raise either for a view that cannot be one
-        if n.target not in (aten.view.default, aten._unsafe_view.default) or not isinstance(args[0], torch.Tensor):
+    except Exception as e:
+        if n.target in (aten.view.default, aten._unsafe_view.default) and isinstance(args[0], torch.Tensor):
+            return n.target(args[0].contiguous(), *args[1:], **kwargs)
+        old = n.meta.get("val")
+        if old is None:
             raise
-        return n.target(args[0].contiguous(), *args[1:], **kwargs)
+        # fake tensors cannot run it (data-dependent output): its traced meta stands; the lowering
+        # reads the layouts of its tensor arguments from their own values, not from this meta
+        log("perf_hints").debug("layout: keeping the traced meta of %s (%s)", n.name, e)
+        return old
