@@ -18,7 +18,7 @@ from tracer import flat_outputs, trace
 
 from kiln.inductor import InductorOptions, compile_graph
 from kiln.inductor.ir import ExternKernel, Kernel, index_vars, reads
-from kiln.inductor.layout import decide
+from kiln.inductor.layout import FREE_OUTPUTS, decide
 
 CL = STRICT.replace(conv_layout="channels_last")
 KEEP = STRICT.replace(conv_layout="keep")
@@ -337,11 +337,13 @@ def test_auto_is_off_on_cpu_and_on_for_cuda_convs() -> None:
         gm, ex = _fake_graph("cuda", 128, 128)
     except Exception as e:  # a CPU-only torch build cannot make fake CUDA tensors
         pytest.skip(f"fake CUDA tensors unavailable: {e}")
-    assert decide(gm, ex, "auto").channels_last
-    gm, ex = _fake_graph("cuda", 128, 128, groups=2)  # grouped, 64 input channels per group
-    assert not decide(gm, ex, "auto").channels_last
-    gm, ex = _fake_graph("cuda", 128, 128, groups=128)  # depthwise: channels-last helps
-    assert decide(gm, ex, "auto").channels_last
+    # the graph returns its conv's activation: copying it back to NCHW is as big as the conv's input
+    d = decide(gm, ex, "auto")
+    assert not d.channels_last and "copied back" in d.reason
+    for groups, want in ((1, True), (2, False), (128, True)):  # grouped (64 channels a group): off
+        gm, ex = _fake_graph("cuda", 128, 128, groups=groups)
+        gm.meta[FREE_OUTPUTS] = (0,)  # a later graph takes it in any layout (a saved activation)
+        assert decide(gm, ex, "auto").channels_last is want, groups
 
 
 def test_auto_training_backward_graph() -> None:
@@ -389,7 +391,6 @@ def test_saved_activations_may_stay_channels_last() -> None:
     and gradients still match eager."""
     ag = pytest.importorskip("kiln.autograd")
     from kiln.inductor import inductor_decompositions
-    from kiln.inductor.layout import FREE_OUTPUTS
 
     torch.manual_seed(0)
     model = BasicBlock(8).train()
@@ -434,3 +435,10 @@ def test_saved_activations_may_stay_channels_last() -> None:
     for idx, gr in zip(sig.grad_inputs, grads):
         assert_close(gr, leaves[idx].grad, 2e-4, 2e-4)
         assert gr.stride() == leaves[idx].grad.stride()
+
+
+def test_env_knob_sets_the_default() -> None:
+    from kiln.inductor.knobs import read_knobs
+
+    assert read_knobs({"KILN_CONV_LAYOUT": "keep"}).conv_layout == "keep"
+    assert read_knobs({}).conv_layout == "auto"

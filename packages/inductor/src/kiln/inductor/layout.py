@@ -37,6 +37,9 @@ LAYOUT_MODES = ("auto", "channels_last", "keep")
 FREE_OUTPUTS = "kiln_layout_free_outputs"
 # torch inductor's measured channels-last speed ratios (< 1 is faster), weighted by FLOPs
 GROUPED, SMALL, IN_OUT, DEFAULT = 1.358, 0.783, 0.725, 0.823
+# "auto" skips graphs whose NCHW conv-derived outputs hold more elements than this fraction of all
+# convolution inputs (a training forward returning its saved activations; weight gradients are small)
+MAX_RESTORED_FRACTION = 0.25
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +116,13 @@ def _auto(gm: fx.GraphModule, convs: list[fx.Node]) -> LayoutDecision:
     if len(gm.graph.nodes) >= 300 * len(convs):
         return LayoutDecision(False, f"auto: only {len(convs)} convolutions in {len(gm.graph.nodes)} nodes")
     kinds = [_kind(n) for n in convs]
+    restored, copied = _activation_outputs(gm, convs)
+    conv_elems = sum(_operands(n)[0].numel() for n in convs)
+    if copied > MAX_RESTORED_FRACTION * conv_elems:
+        # a training forward whose saved activations must come back NCHW (nobody marked them
+        # layout-free, FREE_OUTPUTS): one transpose copy per saved activation eats the gain
+        return LayoutDecision(False, f"auto: {restored} conv activations are graph outputs that would be "
+                                     f"copied back to NCHW (mark saved outputs in gm.meta[{FREE_OUTPUTS!r}])")
     if any(n.target is CONV_BACKWARD for n in convs):  # training: torch's stricter rules
         if "grouped" in kinds:
             return LayoutDecision(False, "auto: grouped convolution with >1 input channel per group")
@@ -130,6 +140,28 @@ def _auto(gm: fx.GraphModule, convs: list[fx.Node]) -> LayoutDecision:
     if weighted > total:
         return LayoutDecision(False, f"auto: FLOP-weighted estimate {weighted / total:.2f}x (slower)")
     return LayoutDecision(True, f"auto: FLOP-weighted estimate {weighted / max(total, 1.0):.2f}x")
+
+
+def _activation_outputs(gm: fx.GraphModule, convs: list[fx.Node]) -> tuple[int, int]:
+    """How many graph outputs (not marked layout-free) are 4-D NCHW values computed from a
+    convolution, and their elements: each would need a copy back to NCHW after the conversion."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    flat, _ = torch.utils._pytree.tree_flatten(out.args[0])
+    free = frozenset(gm.meta.get(FREE_OUTPUTS, ()))
+    downstream: set[fx.Node] = set()
+    stack = list(convs)
+    while stack:
+        n = stack.pop()
+        if n not in downstream:
+            downstream.add(n)
+            stack.extend(n.users)
+    count = elems = 0
+    for k, a in enumerate(flat):
+        v = _val(a)
+        if (k not in free and a in downstream and isinstance(v, torch.Tensor) and v.dim() == 4
+                and v.is_floating_point() and not _is_channels_last(v)):
+            count, elems = count + 1, elems + v.numel()
+    return count, elems
 
 
 def _is_channels_last(v: torch.Tensor) -> bool:
