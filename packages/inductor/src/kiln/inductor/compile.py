@@ -68,7 +68,7 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     instruments = [VerifyAfterPass(verify_state)] if verify else []
     result = run_pipeline(PASSES, state, None, instruments)
     s = result.value
-    assert s.kernels is not None
+    assert s.kernels is not None and s.program is not None
     graph_id = new_graph_id(name)
     filename = f"<kiln-inductor {graph_id}>"
     call = load_wrapper(s.wrapper, s.kernels.local_dir, filename)

@@ -66,9 +66,10 @@ def conv_nodes(gm: fx.GraphModule) -> list[fx.Node]:
 
 def _operands(n: fx.Node) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
     """(input, weight, groups, transposed) of a forward or backward convolution."""
+    a: Any = n.args
     if n.target is CONV_BACKWARD:
-        return _val(n.args[1]), _val(n.args[2]), int(n.args[9]), bool(n.args[7])
-    return _val(n.args[0]), _val(n.args[1]), int(n.args[8]), bool(n.args[6])
+        return _val(a[1]), _val(a[2]), int(a[9]), bool(a[7])
+    return _val(a[0]), _val(a[1]), int(a[8]), bool(a[6])
 
 
 def _flops(n: fx.Node) -> float:
@@ -323,15 +324,16 @@ def repropagate(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
 
 
 def _run(n: fx.Node, env: dict[fx.Node, Any]) -> Any:
-    args = fx.node.map_arg(n.args, lambda a: env[a])
-    kwargs = fx.node.map_arg(n.kwargs, lambda a: env[a])
-    if n.target is operator.getitem:
+    args: Any = fx.node.map_arg(n.args, lambda a: env[a])
+    kwargs: Any = fx.node.map_arg(n.kwargs, lambda a: env[a])
+    target: Any = n.target
+    if target is operator.getitem:
         return args[0][args[1]]
     try:
-        return n.target(*args, **kwargs)
+        return target(*args, **kwargs)
     except Exception as e:
         if n.target in (aten.view.default, aten._unsafe_view.default) and isinstance(args[0], torch.Tensor):
-            return n.target(args[0].contiguous(), *args[1:], **kwargs)
+            return target(args[0].contiguous(), *args[1:], **kwargs)
         old = n.meta.get("val")
         if old is None:
             raise

@@ -18,8 +18,8 @@ from .codegen.cpp import CppBackend
 from .codegen.triton.backend import TritonBackend
 from .codegen.wrapper import wrapper_source
 from .gemv import rewrite_gemv
-from .layout import decide, output_strides, restore_output_strides, to_channels_last
 from .ir import LoopProgram, ScheduledProgram, verify_program, verify_schedule
+from .layout import decide, output_strides, restore_output_strides, to_channels_last
 from .lowering.lower import lower_graph
 from .options import InductorOptions
 from .reinplace import reinplace_input_mutations

@@ -3,20 +3,17 @@ results and output strides vs eager, and the kernel between two convolutions sto
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import sympy
 import torch
 import torch.nn as nn
+from test_layout import BasicBlock, ConvNeXtBlock, InvertedResidual
+from test_models import _functional
 from tracer import flat_outputs, trace
 
 from kiln.inductor import InductorOptions, compile_graph
 from kiln.inductor.codegen.triton.testing import device
 from kiln.inductor.ir import ExternKernel, index_vars
-
-from test_layout import BasicBlock, ConvNeXtBlock, InvertedResidual
-from test_models import _functional
 
 OPTIONS = InductorOptions(cpu_backend="triton", strict_lowering=True, conv_layout="channels_last")
 

@@ -28,8 +28,9 @@ def order_outer_loops(outer: tuple, nodes: list[KernelNode]) -> tuple[tuple, lis
     ref = next((kn.store_index for kn in nodes if kn.store and kn.role == "outer"), None)
     if ref is None or len(outer) < 2:
         return outer, nodes
-    coeffs = [_coefficient(ref, x) for x in xs]
-    if any(c is None for c in coeffs):
+    found = [_coefficient(ref, x) for x in xs]
+    coeffs = [c for c in found if c is not None]
+    if len(coeffs) != len(found):
         return outer, nodes
     # dims the store does not walk (size 1) keep their place among the outermost
     order = sorted(range(len(outer)), key=lambda k: (-int(coeffs[k]) if outer[k] != 1 else -(2**62), k))
