@@ -442,3 +442,18 @@ def test_env_knob_sets_the_default() -> None:
 
     assert read_knobs({"KILN_CONV_LAYOUT": "keep"}).conv_layout == "keep"
     assert read_knobs({}).conv_layout == "auto"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_auto_on_cuda_block(dtype: torch.dtype) -> None:
+    """On a GPU, ``auto`` turns a conv block channels-last (cuDNN NHWC, Triton kernels in between) and
+    results and strides still match eager."""
+    torch.manual_seed(0)
+    model = Bottleneck().eval().to("cuda", dtype)
+    f, ps = _functional(model)
+    x = torch.randn(4, 3, 32, 32, device="cuda", dtype=dtype)
+    tol = 3e-2 if dtype == torch.bfloat16 else 1e-3
+    cg = run_both(f, x, *ps, options=STRICT, atol=tol, rtol=tol)
+    assert all(c.args[0].stride[1] == 1 for c in _convs(cg))
