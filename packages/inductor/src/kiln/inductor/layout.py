@@ -304,8 +304,8 @@ def repropagate(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
     env: dict[fx.Node, Any] = {}
     it = iter(example_inputs)
 
-    def fake(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):
+    def fake(x: Any) -> Any:  # real tensors and other modes' fakes (the graph came from two traces)
+        if isinstance(x, torch.Tensor) and not (isinstance(x, FakeTensor) and x.fake_mode is mode):
             return mode.from_tensor(x)
         return x
 
