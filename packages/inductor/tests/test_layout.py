@@ -457,3 +457,18 @@ def test_auto_on_cuda_block(dtype: torch.dtype) -> None:
     tol = 3e-2 if dtype == torch.bfloat16 else 1e-3
     cg = run_both(f, x, *ps, options=STRICT, atol=tol, rtol=tol)
     assert all(c.args[0].stride[1] == 1 for c in _convs(cg))
+
+
+def test_transposed_1d_and_3d_convolutions() -> None:
+    """Transposed 2-D convs go channels-last too (forced); 1-D and 3-D convs are left as traced."""
+    torch.manual_seed(0)
+
+    def f(x, w, x1, w1, x3, w3):
+        return (F.relu(F.conv_transpose2d(x, w, stride=2, padding=1)) * 2, F.conv1d(x1, w1).sigmoid(),
+                F.conv3d(x3, w3).tanh())
+
+    args = (torch.randn(2, 4, 5, 5), torch.randn(4, 6, 3, 3), torch.randn(2, 3, 9), torch.randn(5, 3, 3),
+            torch.randn(1, 2, 4, 4, 4), torch.randn(3, 2, 2, 2, 2))
+    cg = run_both(f, *args)
+    ranks = {len(c.args[0].shape): c.args[0].stride[1] == 1 for c in _convs(cg)}
+    assert ranks == {4: True, 3: False, 5: False}
