@@ -346,6 +346,34 @@ def test_auto_is_off_on_cpu_and_on_for_cuda_convs() -> None:
         assert decide(gm, ex, "auto").channels_last is want, groups
 
 
+def test_auto_skips_graphs_mixing_nchw_inputs_into_nhwc_work() -> None:
+    """A graph whose NCHW activation input meets the conv output in pointwise work (a backward fed
+    NCHW saved activations) stays as traced; the same input channels-last goes channels-last."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    for memory_format, want in ((torch.contiguous_format, False), (torch.channels_last, True)):
+        try:
+            with mode:
+                x, w = torch.empty(2, 128, 16, 16, device="cuda"), torch.empty(128, 128, 3, 3, device="cuda")
+                y = torch.empty(2, 128, 16, 16, device="cuda").to(memory_format=memory_format)
+        except Exception as e:
+            pytest.skip(f"fake CUDA tensors unavailable: {e}")
+        g = torch.fx.Graph()
+        ph = [g.placeholder(n) for n in ("x", "w", "y")]
+        for p, v in zip(ph, (x, w, y)):
+            p.meta["val"] = v
+        c = g.call_function(torch.ops.aten.convolution.default,
+                            (ph[0], ph[1], None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1))
+        a = g.call_function(torch.ops.aten.mul.Tensor, (c, ph[2]))
+        s = g.call_function(torch.ops.aten.sum.default, (a,))
+        with mode:
+            c.meta["val"] = torch.ops.aten.convolution.default(x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+            a.meta["val"] = c.meta["val"] * y
+            s.meta["val"] = a.meta["val"].sum()
+        g.output((s,))
+        d = decide(torch.fx.GraphModule(nn.Module(), g), [x, w, y], "auto")
+        assert d.channels_last is want, d.reason
+
+
 def test_auto_training_backward_graph() -> None:
     """convolution_backward's arguments sit elsewhere than convolution's (transposed at 7, groups at 9)."""
     mode = FakeTensorMode(allow_non_fake_inputs=True)

@@ -124,7 +124,14 @@ def _auto(gm: fx.GraphModule, convs: list[fx.Node]) -> LayoutDecision:
         # layout-free, FREE_OUTPUTS): one transpose copy per saved activation eats the gain
         return LayoutDecision(False, f"auto: {restored} conv activations are graph outputs that would be "
                                      f"copied back to NCHW (mark saved outputs in gm.meta[{FREE_OUTPUTS!r}])")
-    if any(n.target is CONV_BACKWARD for n in convs):  # training: torch's stricter rules
+    n_in, in_elems = _activation_inputs(gm)
+    if in_elems > MAX_RESTORED_FRACTION * conv_elems:
+        # its mirror image: a backward graph fed NCHW saved activations would mix layouts in every
+        # BatchNorm/ReLU backward kernel (strided reads), where cuDNN transposes with tiled kernels
+        return LayoutDecision(False, f"auto: {n_in} NCHW activation inputs feed pointwise work (saved "
+                                     "activations of a forward kept NCHW)")
+    # training (a backward graph, or a forward whose saved outputs are marked): torch's stricter rules
+    if FREE_OUTPUTS in gm.meta or any(n.target is CONV_BACKWARD for n in convs):
         if "grouped" in kinds:
             return LayoutDecision(False, "auto: grouped convolution with >1 input channel per group")
         if "in_out" in kinds:
@@ -162,6 +169,20 @@ def _activation_outputs(gm: fx.GraphModule, convs: list[fx.Node]) -> tuple[int, 
         if (k not in free and a in downstream and isinstance(v, torch.Tensor) and v.dim() == 4
                 and v.is_floating_point() and not _is_channels_last(v)):
             count, elems = count + 1, elems + v.numel()
+    return count, elems
+
+
+def _activation_inputs(gm: fx.GraphModule) -> tuple[int, int]:
+    """4-D NCHW floating-point placeholders read by more than convolutions (which convert their
+    operands once), and their elements: pointwise kernels would read them across the NHWC loops."""
+    count = elems = 0
+    for n in gm.graph.nodes:
+        v = n.meta.get("val") if n.op == "placeholder" else None
+        if not isinstance(v, torch.Tensor) or v.dim() != 4 or not v.is_floating_point() or _is_channels_last(v):
+            continue
+        if all(u.target in (CONV, CONV_BACKWARD) for u in n.users):
+            continue
+        count, elems = count + 1, elems + v.numel()
     return count, elems
 
 
