@@ -23,7 +23,7 @@
 # SUITE_ITERS [20]; KILN_BACKEND [inductor]; COMPILE_MODE [default]; PARTS [from PART]; PYTHON [python3].
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="src:packages/graph/src:packages/capture/src:packages/autograd/src:packages/decomp/src:packages/inductor/src:packages/runtime/src:.${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="src:packages/graph/src:packages/capture/src:packages/autograd/src:packages/decomp/src:packages/inductor/src:packages/runtime/src:.:gpu_deps${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 : "${OUT:?set OUT to the output folder}"
 PY=${PYTHON:-python3}

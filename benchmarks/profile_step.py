@@ -79,6 +79,13 @@ def profile(step: Callable[[], Any], device: str, iters: int, top: int) -> str:
         step()
     _sync(device)
     wall_ms = (time.perf_counter() - t0) / iters * 1e3
+    # host only: enqueue a few steps without waiting (few enough not to fill the launch queue)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        step()
+    host_ms = (time.perf_counter() - t0) / 3 * 1e3
+    _sync(device)
     # host: own time per Python function over the same steps
     prof = cProfile.Profile()
     prof.enable()
@@ -88,7 +95,8 @@ def profile(step: Callable[[], Any], device: str, iters: int, top: int) -> str:
     prof.disable()
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
-    lines = [f"first call s: {first:.2f}", f"wall ms/step: {wall_ms:.3f}"]
+    lines = [f"first call s: {first:.2f}", f"wall ms/step: {wall_ms:.3f}",
+             f"host ms/step (3 steps enqueued without a sync): {host_ms:.3f}"]
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.startswith("cuda"):
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -109,6 +117,10 @@ def profile(step: Callable[[], Any], device: str, iters: int, top: int) -> str:
     kernels.sort(key=lambda e: -getattr(e, dev_attr))
     for e in kernels[:top]:
         lines.append(f"{getattr(e, dev_attr) / iters / 1e3:9.3f} ms/step  x{e.count / iters:5.1f}  {e.key[:110]}")
+    host_ops = sorted((e for e in events if e.self_cpu_time_total > 0), key=lambda e: -e.self_cpu_time_total)
+    lines += ["", "== host: top ops by self CPU time (torch profiler) =="]
+    for e in host_ops[:25]:
+        lines.append(f"{e.self_cpu_time_total / iters / 1e3:9.3f} ms/step  x{e.count / iters:5.1f}  {e.key[:90]}")
     lines += ["", "== host: top functions by own time over " + str(iters) + " steps ==", s.getvalue()]
     return "\n".join(lines)
 

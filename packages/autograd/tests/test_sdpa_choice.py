@@ -38,3 +38,39 @@ def test_cpu_attention_is_left_to_the_composite() -> None:
 def test_masked_bf16_attention_on_cuda_traces_a_fused_kernel_like_eager() -> None:
     text = trace_inference(_graph(), _inputs("cuda", torch.bfloat16)).as_text()
     assert "bmm" not in text and "_scaled_dot_product_" in text, text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bool_mask_attention_on_cuda_traces_a_fused_kernel_and_matches_eager(dtype: torch.dtype) -> None:
+    # HF BERT's padding mask: a bool (B, 1, L, S) view with stride-0 dims, one row partly masked
+    q, k, v, _ = _inputs("cuda", dtype)
+    keep = torch.ones(2, 1, 1, 64, dtype=torch.bool, device="cuda")
+    keep[1, ..., 40:] = False
+    args = [q, k, v, keep.expand(2, 1, 64, 64)]
+    traced = trace_inference(_graph(), args)
+    text = traced.as_text()
+    assert "bmm" not in text and "_scaled_dot_product_" in text, text
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=args[3])
+    got = traced.gm(*args)[0]  # type: ignore[attr-defined]
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_stride0_mask_takes_a_fused_kernel_and_keeps_maths_zero_rows() -> None:
+    # a mask whose last dim has stride 0 (HF BERT: (1, 1, L, 1) >= 0, expanded): eager runs MATH;
+    # kiln materialises the mask for a fused kernel, and a query row that may attend to nothing
+    # stays 0 as MATH's safe softmax makes it
+    q, k, v, _ = _inputs("cuda", torch.bfloat16)
+    rows = torch.ones(1, 1, 64, 1, dtype=torch.bool, device="cuda")
+    rows[..., 5, :] = False  # query 5 attends to nothing
+    args = [q, k, v, rows.expand(2, 1, 64, 64)]
+    traced = trace_inference(_graph(), args)
+    text = traced.as_text()
+    assert "bmm" not in text and "_scaled_dot_product_" in text, text
+    want = F.scaled_dot_product_attention(q, k, v, attn_mask=args[3])
+    got = traced.gm(*args)[0]  # type: ignore[attr-defined]
+    assert torch.equal(got[:, :, 5], torch.zeros_like(got[:, :, 5]))
+    torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)

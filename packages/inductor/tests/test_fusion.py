@@ -106,3 +106,20 @@ def test_softmax_computes_exp_once_per_element() -> None:
     cg = check(lambda x: torch.softmax(x, -1), X)
     kernel_src = cg.texts["output_code"].split("# ---- kernels")[1].split('extern "C"')[1]
     assert kernel_src.count("std::exp(") == 1  # the second pass reads the row cache
+
+
+def test_residual_stream_is_stored_not_resummed() -> None:
+    # x = x + f(x) over many layers: a lazy residual would be re-summed from every earlier layer's
+    # output in each later kernel (ViT's layer 12 read 24 buffers); it is stored once it reads 3
+    ws = [torch.randn(64, 64) * 0.1 for _ in range(8)]
+
+    def f(x, *ws):
+        for w in ws:
+            x = x + F.layer_norm(x, (64,)) @ w
+        return x
+
+    cg = check(f, X, *ws)
+    kernel_lines = [ln for ln in _call_body(cg).splitlines() if "_k" in ln and "(" in ln and "aten" not in ln]
+    assert kernel_lines
+    most = max(ln.count("data_ptr") + ln.count("arg") for ln in kernel_lines)
+    assert most <= 8, max(kernel_lines, key=len)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 import sys
@@ -76,8 +75,7 @@ def test_cache_round_trip_and_second_tuner_does_not_retune(tmp_path):
     path = tmp_path / "at.json"
     timer = FakeTimer({label(64): 2.0, label(128): 1.0, label(256): 0.5, label(512): 0.9})
     first = Autotuner(timer, AutotuneCache(path)).select("k", "key1", cands())
-    data = json.loads(path.read_text())
-    assert data["schema"] == 1 and data["entries"]["key1"]["config"]["constants"] == {"XBLOCK": 256}
+    assert AutotuneCache(path).get("key1") == (Config.make(num_warps=4, XBLOCK=256), 0.5)
     timer2 = FakeTimer({})
     again = Autotuner(timer2, AutotuneCache(path)).select("k", "key1", cands())
     assert again.cached and again.config == first.config and again.ms == 0.5 and timer2.timed == []
@@ -89,7 +87,7 @@ def test_cache_round_trip_and_second_tuner_does_not_retune(tmp_path):
 def test_cache_merges_concurrent_writers(tmp_path):
     path = tmp_path / "at.json"
     a, b = AutotuneCache(path), AutotuneCache(path)
-    assert len(a) == 0 and len(b) == 0
+    assert "ka" not in a and "kb" not in b
     a.put("ka", Config.make(XBLOCK=8), 1.0)
     b.put("kb", Config.make(XBLOCK=16), 2.0)
     c = AutotuneCache(path)
@@ -97,14 +95,25 @@ def test_cache_merges_concurrent_writers(tmp_path):
 
 
 def test_cache_survives_garbage(tmp_path):
-    path = tmp_path / "at.json"
-    path.write_text("{not json")
-    cache = AutotuneCache(path)
+    """Entries live in kiln.runtime's compile cache: a corrupt file or a foreign schema is a miss."""
+    from kiln.runtime import CompileCache
+
+    store = CompileCache(tmp_path / "cc")
+    cache = AutotuneCache(store)
     assert cache.get("x") is None
     cache.put("x", Config.make(XBLOCK=4), 1.0)
-    assert AutotuneCache(path).get("x")[1] == 1.0
-    path.write_text(json.dumps({"schema": 999, "entries": {"x": {}}}))
-    assert AutotuneCache(path).get("x") is None
+    assert AutotuneCache(store).get("x")[1] == 1.0
+    for f in (tmp_path / "cc").rglob("*"):
+        if f.is_file() and "autotune" in f.parts:
+            f.write_bytes(b"garbage")
+    assert AutotuneCache(store).get("x") is None
+    store.put_json("autotune", AutotuneCache._stored_key("y"), {"schema": 999, "config": {}})
+    assert AutotuneCache(store).get("y") is None
+
+
+def test_cache_key_covers_versions(tmp_path):
+    """The stored key adds the library versions (kiln.runtime.cache_key) to tune_key."""
+    assert AutotuneCache._stored_key("k") != "k" and len(AutotuneCache._stored_key("k")) == 64
 
 
 def test_cache_in_a_second_process(tmp_path):

@@ -5,8 +5,11 @@ cuDNN, or the MATH decomposition) from the inputs' metadata. On fake tensors tor
 for masked CUDA attention where eager picks cuDNN or memory-efficient attention, so a traced BERT or
 GPT-2 held the fp32 bmm-softmax-bmm decomposition that eager never runs (2-3x slower). When the choice
 on real tensors of the same layout differs from the fake one, the tracer calls that kernel's ATen op
-itself, the way the composite would (same arguments, output 0). Outside the simple envelope (no
-dropout, a mask of the query's dtype, equal head counts) the composite runs unchanged.
+itself, the way the composite would (same arguments, output 0): a boolean mask becomes an additive
+one of the query's dtype (0 / -inf), and memory-efficient attention gets its bias expanded to
+(batch, heads, L, S) (HF BERT's padding mask is a bool (B, 1, L, S) view). Outside the simple envelope
+(no dropout, a bool mask or one of the query's dtype, equal head counts, an efficient-attention mask
+whose last dim is a multiple of 16) the composite runs unchanged.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
+from kiln.graph import log
 
 aten = torch.ops.aten
 
@@ -32,7 +37,9 @@ def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | Non
     return bound
 
 
-def _real_choice(a: dict[str, Any]) -> int:
+def _real_choice(a: dict[str, Any], dense_mask: bool = False) -> int:
+    """The kernel eager picks for tensors of these layouts; ``dense_mask``: for the mask as kiln would
+    pass it (an additive mask of the query's dtype, contiguous)."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     def real(t: Any) -> Any:
@@ -41,9 +48,11 @@ def _real_choice(a: dict[str, Any]) -> int:
         return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
 
     with unset_fake_temporarily():
-        return int(torch._fused_sdp_choice(real(a["query"]), real(a["key"]), real(a["value"]),
-                                           real(a["attn_mask"]), a["dropout_p"], a["is_causal"],
-                                           scale=a["scale"]))
+        q, mask = real(a["query"]), real(a["attn_mask"])
+        if dense_mask and mask is not None:
+            mask = torch.empty(tuple(mask.shape), dtype=q.dtype, device=q.device)
+        return int(torch._fused_sdp_choice(q, real(a["key"]), real(a["value"]), mask, a["dropout_p"],
+                                           a["is_causal"], scale=a["scale"]))
 
 
 def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -57,17 +66,46 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if not all(isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.dim() == 4 for t in (q, k, v)):
         return None
     if a["dropout_p"] != 0.0 or a["enable_gqa"] or k.shape[1] != q.shape[1] or \
-            (mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype != q.dtype)):
+            (mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype not in (q.dtype, torch.bool))):
         return None
     fake = int(torch._fused_sdp_choice(q, k, v, mask, 0.0, a["is_causal"], scale=a["scale"]))
     choice = _real_choice(a)
-    if choice == fake:
-        return None
+    dense = False
+    if choice == int(SDPBackend.MATH) and mask is not None:
+        # eager would run MATH (fp32 bmm-softmax-bmm) only because of the mask's layout (HF BERT's is a
+        # stride-0 expanded bool view, which the fused kernels do not take): a dense copy of the mask,
+        # a few MB, makes the fused kernel usable, same function in the query's precision
+        dense_choice = _real_choice(a, dense_mask=True)
+        if dense_choice != int(SDPBackend.MATH):
+            choice, dense = dense_choice, True
+            log("perf_hints").info("attention: a dense copy of the %s mask %s lets a fused kernel run where "
+                                   "eager runs MATH", mask.dtype, tuple(mask.shape))
+    if choice == fake or (choice == int(SDPBackend.EFFICIENT_ATTENTION) and mask is not None and mask.shape[-1] % 16):
+        return None  # an unaligned efficient-attention mask: the composite pads it
     need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    out = _fused_call(choice, q, k, v, mask, dense, need_lse, a)
+    if out is not None and dense:
+        # MATH's safe softmax gives 0 for a query that may attend to nothing; the fused kernels need not
+        allowed = mask if mask.dtype == torch.bool else aten.ne.Scalar(mask, float("-inf"))
+        out = aten.where.ScalarOther(aten.any.dim(allowed, -1, True), out, 0.0)
+    return out
+
+
+def _fused_call(choice: int, q: Any, k: Any, v: Any, mask: Any, dense: bool, need_lse: bool,
+                a: dict[str, Any]) -> Any:
+    from torch.nn.attention import SDPBackend
+
+    if mask is not None and mask.dtype == torch.bool:  # as the composite's convert_boolean_attn_mask
+        zeros = aten.zeros.default(list(mask.shape), dtype=q.dtype, device=q.device)
+        mask = aten.masked_fill.Scalar(zeros, aten.logical_not(mask), float("-inf"))
+    elif dense:
+        mask = aten.clone.default(mask, memory_format=torch.contiguous_format)
     if choice == int(SDPBackend.CUDNN_ATTENTION):
         return aten._scaled_dot_product_cudnn_attention(q, k, v, mask, need_lse, 0.0, a["is_causal"], False,
                                                          scale=a["scale"])[0]
     if choice == int(SDPBackend.EFFICIENT_ATTENTION):
+        if mask is not None:  # the composite's preprocess_mask
+            mask = aten.expand(mask, [q.shape[0], q.shape[1], q.shape[2], k.shape[2]])
         return aten._scaled_dot_product_efficient_attention(q, k, v, mask, need_lse, 0.0, a["is_causal"],
                                                             scale=a["scale"])[0]
     return None

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .autotune.options import AutotuneOptions
 from .knobs import KNOBS
 
 
@@ -21,6 +22,9 @@ class InductorOptions:
     vectorize_math: bool = True  # use glibc's vector math (libmvec) for exp/log/tanh/... in simd loops
     parallel_threshold: int = 32768  # fewer elements than this run on one thread (OpenMP start-up costs)
     inline_max_size: int = 48  # a pointwise value used twice is recomputed when its body is this small
+    # ... and reads at most this many whole buffers: a residual stream x = x + f(x) left lazy would be
+    # re-summed from every earlier layer's output in each later consumer (quadratic reads)
+    inline_max_reads: int = 2
     fuse: bool = True  # scheduler fusion on/off (off: one kernel per node; for debugging)
     fallback_unknown_ops: bool = True  # run ops without lowering through ATen (logged in perf_hints)
     strict_lowering: bool = False  # a failing lowering rule raises instead of falling back (tests)
@@ -31,12 +35,17 @@ class InductorOptions:
     # Triton backend: a one-row mm/addmm (bs=1 decoding) is a generated reduction fused with its
     # neighbours instead of a cuBLAS call (gemv.py)
     gemv_as_reduction: bool = True
+    # a large CUDA matmul with a dimension that is not a multiple of 16 bytes runs on zero-padded
+    # operands: cuBLAS's fast kernels need aligned leading dimensions (padmm.py)
+    pad_matmuls: bool = True
     # an input the graph mutates by index_put (a KV cache) is updated in place, not copied (reinplace.py)
     reinplace_mutations: bool = True
     # 2-D convolutions and the work between them in channels-last (NHWC) memory (layout.py): "auto"
     # (CUDA graphs where torch's heuristics say it pays), "channels_last" (forced), "keep" (as traced);
     # the default comes from KILN_CONV_LAYOUT (for A/B measurements without code changes)
     conv_layout: str = KNOBS.conv_layout
+    # max-autotune's own options (configurations per kernel, matmul templates, cache, timer)
+    autotune: AutotuneOptions = field(default_factory=AutotuneOptions)
 
     def replace(self, **changes: object) -> InductorOptions:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

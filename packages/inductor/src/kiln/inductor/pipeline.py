@@ -21,7 +21,9 @@ from .gemv import rewrite_gemv
 from .ir import LoopProgram, ScheduledProgram, verify_program, verify_schedule
 from .layout import decide, output_strides, restore_output_strides, to_channels_last
 from .lowering.lower import lower_graph
+from .mm_templates import count_matmul_sites, select_templates
 from .options import InductorOptions
+from .padmm import pad_misaligned_matmuls
 from .reinplace import reinplace_input_mutations
 from .scheduler import eliminate_dead_code, schedule
 
@@ -92,6 +94,13 @@ def small_matmuls(s: CompileState) -> CompileState:
     return s
 
 
+def pad_matmuls(s: CompileState) -> CompileState:
+    """Large CUDA matmuls with a misaligned M, N or K run on zero-padded operands (padmm.py says why)."""
+    if s.options.pad_matmuls and pad_misaligned_matmuls(s.gm):
+        decomp_bridge.ensure_meta(s.gm, s.example_inputs)
+    return s
+
+
 def reinplace(s: CompileState) -> CompileState:
     """Inputs the graph mutates by index_put are updated in place (reinplace.py)."""
     if s.options.reinplace_mutations:
@@ -120,6 +129,27 @@ def fuse_and_plan(s: CompileState) -> CompileState:
     return replace(s, scheduled=sched)
 
 
+def matmul_templates(s: CompileState) -> CompileState:
+    """max-autotune: each static mm/addmm/bmm competes with a Triton template that has its pointwise
+    consumer fused; the fastest is kept (mm_templates.py). Needs the device (or a test timer)."""
+    at = s.options.autotune
+    if not (s.options.max_autotune and at.matmul_templates) or s.scheduled is None:
+        return s
+    backend = backend_for(s)
+    n = count_matmul_sites(s.scheduled) if isinstance(backend, TritonBackend) else 0
+    if not n:
+        return s
+    if at.timer is None and not (backend.device == "cuda" and torch.cuda.is_available()):
+        log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the interpreter): %d "
+                               "matmul(s) stay cuBLAS externs; compile on the target GPU to tune them", n)
+        return s
+    sched = select_templates(s.scheduled, s.options, backend.device)
+    if sched is not s.scheduled:
+        s.texts["ir_post_fusion"] = sched.as_text()
+        log("ir_post_fusion").info("%s", s.texts["ir_post_fusion"])
+    return replace(s, scheduled=sched)
+
+
 def generate_kernels(s: CompileState) -> CompileState:
     assert s.scheduled is not None and s.program is not None
     kernels = backend_for(s).compile(s.scheduled, s.program.layouts(), s.options)
@@ -139,10 +169,12 @@ PASSES: list[Pass[CompileState]] = [
     Pass("decompose", lambda s, ctx: decompose(s)),
     Pass("conv_layout", lambda s, ctx: conv_layout(s)),
     Pass("small_matmuls", lambda s, ctx: small_matmuls(s)),
+    Pass("pad_matmuls", lambda s, ctx: pad_matmuls(s)),
     Pass("reinplace", lambda s, ctx: reinplace(s)),
     Pass("lower", lambda s, ctx: lower(s)),
     Pass("remove_dead_code", lambda s, ctx: remove_dead_code(s)),
     Pass("fuse_and_plan", lambda s, ctx: fuse_and_plan(s)),
+    Pass("matmul_templates", lambda s, ctx: matmul_templates(s)),
     Pass("generate_kernels", lambda s, ctx: generate_kernels(s)),
     Pass("generate_wrapper", lambda s, ctx: generate_wrapper(s)),
 ]

@@ -70,3 +70,61 @@ def test_triton_launch_hooks_are_not_reported_installed_by_default() -> None:
     from kiln.inductor.codegen.triton.launcher import hooks_installed
 
     assert hooks_installed() is False
+
+
+class _Launcher36:
+    """The shape of triton 3.6's CudaLauncher: a Python __call__ in front of the C launch."""
+
+    def __init__(self, scratch: int = 0) -> None:
+        self.global_scratch_size, self.profile_scratch_size = scratch, 0
+        self.launch_cooperative_grid, self.launch_pdl = False, True
+        self.calls: list[tuple] = []
+        self.launch = lambda *a: self.calls.append(a)
+
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):  # noqa: N803 - triton's names
+        global_scratch = profile_scratch = None
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+                    global_scratch, profile_scratch, *args)
+
+
+class _LauncherOther(_Launcher36):
+    def __call__(self, gridX, gridY, gridZ, stream, function, *args):  # noqa: N803
+        self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+                    args[0], None, None)
+
+
+def test_direct_launch_passes_what_triton_would_pass() -> None:
+    from kiln.inductor.codegen.triton.launcher import direct_launch
+
+    run = _Launcher36()
+    direct = direct_launch(run)
+    assert direct is not None
+    direct(4, 1, 1, 7, "fn", "meta", None, None, None, "a0", 3)
+    run(4, 1, 1, 7, "fn", "meta", None, None, None, "a0", 3)
+    assert run.calls[0] == run.calls[1]
+
+
+def test_direct_launch_declines_scratch_and_other_launcher_shapes() -> None:
+    from kiln.inductor.codegen.triton.launcher import direct_launch
+
+    assert direct_launch(_Launcher36(scratch=64)) is None  # needs scratch memory: triton allocates it
+    assert direct_launch(_LauncherOther()) is None  # another argument order (triton 3.9's, say)
+    assert direct_launch(object()) is None
+
+
+def test_wrapper_precompiles_static_kernels_with_their_pointer_dtypes() -> None:
+    from tracer import trace
+
+    from kiln.inductor import InductorOptions
+    from kiln.inductor.codegen.triton.launcher import precompile
+
+    x = torch.randn(8, 16)
+    fn = lambda x: (torch.softmax(x, -1) * 2, x.sum(0).to(torch.bfloat16))  # noqa: E731
+    cg = compile_graph(trace(fn, x), [x], options=InductorOptions(cpu_backend="triton"))
+    line = next(ln for ln in cg.texts["output_code"].splitlines() if ln.startswith("_kiln_precompile("))
+    assert "_launch_k" in line and "torch.float32" in line and "torch.bfloat16" in line, line
+
+    class Launch:  # under the interpreter (or without CUDA) nothing is compiled ahead
+        fn = None
+
+    precompile([(Launch(), (torch.float32,)), (Launch(), (torch.float32,))])

@@ -1,13 +1,15 @@
-"""kiln's max-autotune: benchmark launch configurations on the device and keep the fastest, cached on disk.
+"""kiln's max-autotune: benchmark launch configurations on the device and keep the fastest, cached in kiln.runtime's compile cache.
 
 - ``Autotuner(timer, cache, progress).select(name, key, candidates)``: the core, over ``Candidate``s
   (a ``Config`` and a launch callable); ``FakeTimer`` makes it testable without a GPU.
 - ``tune_kernel`` / ``tune_program``: configurations of kiln's generated Triton kernels.
-- ``tuned_mm``: a Triton matmul template with fused epilogues, competing with cuBLAS.
+- ``tuned_mm``: a Triton matmul template with fused epilogues, competing with cuBLAS (standalone).
+- ``mm_template``: the pipeline's matmul template (mm/addmm/bmm with the consuming pointwise kernel
+  fused), chosen against cuBLAS by the ``matmul_templates`` pass (kiln/inductor/mm_templates.py).
 - ``mode_flags(mode)``: what "max-autotune" / "max-autotune-no-cudagraphs" / "reduce-overhead" turn on.
 """
 
-from .cache import AutotuneCache, default_cache_path, tune_key
+from .cache import AutotuneCache, tune_key
 from .config import Candidate, Choice, Config
 from .entry import autotune_mm, autotune_program, make_tuner
 from .kernels import (
@@ -40,7 +42,7 @@ from .tuner import Autotuner, NoViableCandidate
 __all__ = [
     "BIAS", "BIAS_GELU", "BIAS_RELU", "EPILOGUES", "MODES", "NONE", "RELU", "AutotuneCache", "AutotuneOptions",
     "Autotuner", "Candidate", "Choice", "Config", "ConsoleProgress", "DeviceTimer", "Epilogue", "FakeTimer",
-    "LogProgress", "ModeFlags", "NoViableCandidate", "Progress", "Timer", "TunedMatmul", "apply_config", "autotune_mm", "autotune_program", "buffers_for", "make_tuner", "buffers_for",
-    "default_cache_path", "default_config", "kernel_configs", "mm_configs", "mode_flags", "random_buffer",
+    "LogProgress", "ModeFlags", "NoViableCandidate", "Progress", "Timer", "TunedMatmul", "apply_config", "autotune_mm", "autotune_program", "buffers_for", "make_tuner",
+    "default_config", "kernel_configs", "mm_configs", "mode_flags", "random_buffer",
     "template_source", "tune_kernel", "tune_key", "tune_program", "tuned_mm",
 ]

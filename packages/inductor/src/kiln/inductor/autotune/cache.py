@@ -1,33 +1,33 @@
-"""The autotune cache: chosen configurations on disk, so a second process does not re-tune.
+"""The autotune cache: chosen configurations kept in kiln.runtime's compile cache, so a second process
+(or a second compile of the same model) does not re-tune.
 
-One small JSON file (``KILN_CACHE_DIR/inductor/autotune.json`` by default): entries keyed by
-``tune_key`` — a hash of the kernel source (or template and epilogue), the device name, and the sizes
-and dtypes it was tuned for. Writes merge with what is on disk and replace the file atomically, so
-concurrent processes lose nothing but a racing duplicate. kiln.runtime's compile cache may take this
-over; the format is versioned for that.
+Entries live in the ``autotune`` namespace of a ``kiln.runtime.CompileCache`` (``KILN_CACHE_DIR`` by
+default): one small JSON value per tuning problem. The stored key is ``kiln.runtime.cache_key`` over
+``tune_key`` — the kernel source (or template, epilogue and candidate list), the device name, and the
+sizes, strides and dtypes tuned for — so the torch, triton and kiln versions are part of it too.
+The compile cache verifies every read and publishes writes atomically (concurrent processes race
+harmlessly); when it is disabled (``KILN_CACHE=0``) results are kept for this process only.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from kiln.graph import log
+from kiln.runtime import CompileCache, cache_key, default_cache
 
-from ..knobs import KNOBS
 from .config import Config
 
-SCHEMA = 1
+SCHEMA = 2
+NAMESPACE = "autotune"
 
 
 def tune_key(source: str, device_name: str, sizes: Sequence[object], dtypes: Sequence[object] = ()) -> str:
-    """The cache key of one tuning problem."""
+    """The cache key of one tuning problem (before kiln.runtime adds the library versions)."""
     h = hashlib.sha256()
     for part in (source, device_name, repr(tuple(sizes)), repr(tuple(str(d) for d in dtypes))):
         h.update(part.encode())
@@ -35,57 +35,48 @@ def tune_key(source: str, device_name: str, sizes: Sequence[object], dtypes: Seq
     return h.hexdigest()[:40]
 
 
-def default_cache_path() -> Path:
-    return KNOBS.cache_dir / "autotune.json"
-
-
 class AutotuneCache:
-    def __init__(self, path: Path | str | None = None) -> None:
-        self.path = Path(path) if path is not None else default_cache_path()
-        self._entries: dict[str, dict[str, Any]] | None = None
+    """``get(key) -> (Config, ms) | None`` and ``put(key, config, ms)`` over a CompileCache.
 
-    def _load(self) -> dict[str, dict[str, Any]]:
-        try:
-            data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, ValueError) as e:
-            log("perf_hints").info("autotune cache %s unreadable (%s); starting empty", self.path, e)
-            return {}
-        if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-            return {}
-        entries = data.get("entries", {})
-        return entries if isinstance(entries, dict) else {}
+    ``root``: a CompileCache, a directory for one, or None for the process's default cache.
+    """
 
-    @property
-    def entries(self) -> dict[str, dict[str, Any]]:
-        if self._entries is None:
-            self._entries = self._load()
-        return self._entries
+    def __init__(self, root: CompileCache | Path | str | None = None) -> None:
+        if isinstance(root, CompileCache):
+            self.store = root
+        else:
+            self.store = CompileCache(root) if root is not None else default_cache()
+        self._memory: dict[str, dict[str, Any]] = {}  # this process's results (the store may be disabled)
+
+    @staticmethod
+    def _stored_key(key: str) -> str:
+        return cache_key(f"kiln.inductor.autotune/{SCHEMA}", key)
+
+    def _entry(self, key: str) -> dict[str, Any] | None:
+        if key in self._memory:
+            return self._memory[key]
+        value = self.store.get_json(NAMESPACE, self._stored_key(key))
+        if isinstance(value, dict) and value.get("schema") == SCHEMA:
+            self._memory[key] = value
+            return value
+        return None
 
     def get(self, key: str) -> tuple[Config, float] | None:
-        e = self.entries.get(key)
+        e = self._entry(key)
         if e is None:
             return None
         try:
             return Config.from_json(e["config"]), float(e["ms"])
         except (KeyError, TypeError, ValueError):
+            log("perf_hints").info("autotune cache entry %s is malformed; re-tuning", key)
             return None
 
     def put(self, key: str, config: Config, ms: float, note: str = "") -> None:
-        entry = {"config": config.to_json(), "ms": ms, "note": note, "time": time.time()}
-        self.entries[key] = entry
-        merged = {**self._load(), key: entry}  # keep what other processes wrote meanwhile
-        self._entries.update(merged)  # type: ignore[union-attr]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=".autotune.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump({"schema": SCHEMA, "entries": merged}, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
-        except OSError as e:
-            log("perf_hints").info("could not write autotune cache %s: %s", self.path, e)
-            Path(tmp).unlink(missing_ok=True)
+        entry = {"schema": SCHEMA, "config": config.to_json(), "ms": ms, "note": note, "time": time.time()}
+        self._memory[key] = entry
+        if not self.store.put_json(NAMESPACE, self._stored_key(key), entry) and self.store.enabled:
+            log("perf_hints").info("could not write autotune result %s to the compile cache %s", note,
+                                   self.store.root)
 
-    def __len__(self) -> int:
-        return len(self.entries)
+    def __contains__(self, key: str) -> bool:
+        return self._entry(key) is not None

@@ -21,7 +21,9 @@ DEFAULT_OPTIONS = AutotuneOptions()
 
 def make_tuner(options: AutotuneOptions = DEFAULT_OPTIONS, cache: AutotuneCache | None = None) -> Autotuner:
     progress = ConsoleProgress() if options.progress else LogProgress()
-    return Autotuner(DeviceTimer(), cache if cache is not None else AutotuneCache(), progress, options.margin)
+    timer = options.timer if options.timer is not None else DeviceTimer()
+    cache = cache if cache is not None else AutotuneCache(options.cache_root)
+    return Autotuner(timer, cache, progress, options.margin)  # type: ignore[arg-type]
 
 
 def autotune_program(kernels: Any, layouts: Mapping[str, Any], sizes: Mapping[str, int] | None,

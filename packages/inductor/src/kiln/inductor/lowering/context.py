@@ -18,6 +18,8 @@ from ..ir import (
     Node,
     Pointwise,
     contiguous_strides,
+    index_vars,
+    reads,
     size,
 )
 from ..options import InductorOptions
@@ -77,8 +79,11 @@ class LoweringContext:
                       stride: tuple[sympy.Expr, ...] | None = None) -> TensorValue:
         """Realize a lazy value read by several consumers unless it is cheap to recompute (into
         ``stride`` when given: a channels-last activation stays channels-last)."""
-        if isinstance(v, Lazy) and ((n_users > 1 and size(v.body) > self.options.inline_max_size)
-                                    or size(v.body) > 8 * self.options.inline_max_size):
+        if not isinstance(v, Lazy):
+            return v
+        shared = n_users > 1 and (size(v.body) > self.options.inline_max_size
+                                  or _full_reads(v) > self.options.inline_max_reads)
+        if shared or size(v.body) > 8 * self.options.inline_max_size:
             return self.realize(v, stride)
         return v
 
@@ -90,6 +95,13 @@ class LoweringContext:
     def perf_hint(self, msg: str) -> None:
         self.fallbacks.append(msg)
         log("perf_hints").info(msg)
+
+
+def _full_reads(v: Lazy) -> int:
+    """How many buffers ``v`` reads over its whole iteration space (broadcast reads of a bias or a
+    per-row statistic are cheap to repeat and do not count)."""
+    dims = {var for var, n in zip(index_vars("i", len(v.shape)), v.shape) if n != 1}
+    return len({ld.buffer for ld in reads(v.body) if dims <= ld.index.free_symbols})
 
 
 def _dense(shape: tuple[sympy.Expr, ...], stride: tuple[sympy.Expr, ...]) -> bool:

@@ -15,6 +15,7 @@ import torch
 
 from kiln.graph import log
 
+from ...autotune.mm_template import TemplateKernel
 from ...ir import Layout, ScheduledProgram
 from ...options import InductorOptions
 from ..common import CompiledKernels
@@ -47,6 +48,9 @@ def autotune_kernels(generated: list[TritonKernel], layouts: dict[str, Layout], 
     tuner = tuner or make_tuner()
     out = []
     for k in generated:
+        if k.kind == "mm_template":  # tuned when it was chosen
+            out.append(k)
+            continue
         if k.kind not in TUNABLE_KINDS or k.size_args:
             log("perf_hints").info("max-autotune: %s (%s) keeps its heuristic configuration", k.name, k.kind)
             out.append(k)
@@ -84,19 +88,23 @@ class TritonBackend:
         generated = []
         launches: dict[str, str] = {}
         for k in kernels:
-            parts = generate_kernels(k, self.cfg)
+            # a matmul template chosen by max-autotune (mm_templates.py) brings its own kernel
+            parts = [k.triton_kernel()] if isinstance(k, TemplateKernel) else generate_kernels(k, self.cfg)
             generated += parts
             # one line (the wrapper indents it); an empty iteration space launches nothing
             launches[k.name] = "; ".join(_launch_line(g) for g in parts)
         if options.max_autotune and generated:
             if self.device == "cuda" and torch.cuda.is_available():
-                generated = autotune_kernels(generated, layouts, "cuda")
+                from ...autotune import make_tuner
+
+                generated = autotune_kernels(generated, layouts, "cuda", make_tuner(options.autotune))
             else:
                 log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the "
                                        "interpreter): kernels keep their heuristic configurations")
         source = module_source(generated) if generated else ""
         inputs = frozenset(b.name for b in scheduled.program.inputs)
-        return CompiledKernels(files={}, prelude=wrapper_prologue(generated, inputs=inputs), launches=launches,
+        return CompiledKernels(files={}, prelude=wrapper_prologue(generated, inputs=inputs, dtypes={
+                                   b: layouts[b].dtype for g in generated for b in g.pointer_args if b in layouts}), launches=launches,
                                source_text=source, local_dir="", compile_seconds=time.perf_counter() - t0,
                                requires=("torch", "triton"), device=self.device,
                                call_prologue=f"{CTX_VAR} = _kiln_launch_context()" if generated else "")

@@ -53,10 +53,12 @@ def _kiln_make_launch_support():
 
     class KilnLaunch:
         """One kernel's launcher: triton's path first, then its binary directly (module docstring)."""
-        __slots__ = ("fn", "consts", "num_warps", "check", "run", "function", "meta", "key", "device", "tail")
+        __slots__ = ("fn", "consts", "num_warps", "check", "num_stages", "run", "function", "meta", "key", "device",
+                     "tail")
 
-        def __init__(self, fn, consts, num_warps, check=None):
+        def __init__(self, fn, consts, num_warps, check=None, num_stages=1):
             self.fn, self.consts, self.num_warps, self.check = fn, consts, num_warps, check
+            self.num_stages = num_stages  # software pipelining depth (matmul templates use 3-5)
             self.run = None
 
         def __call__(self, grid, ctx, *args):
@@ -68,7 +70,7 @@ def _kiln_make_launch_support():
                     return
                 except TypeError:  # a triton whose launcher takes other arguments: use triton's path
                     self.run = None
-            binary = self.fn[grid](*args, **self.consts, num_warps=self.num_warps, num_stages=1)
+            binary = self.fn[grid](*args, **self.consts, num_warps=self.num_warps, num_stages=self.num_stages)
             if self.run is None and run is None and ctx[0] >= 0 and binary is not None and not hooks_installed():
                 self.adopt(binary, ctx[0], args)
 
@@ -82,11 +84,80 @@ def _kiln_make_launch_support():
             except AttributeError:  # a triton without these (older/newer API): stay on triton's path
                 return
             self.tail = tuple(self.consts[n] for n in names[len(args):])
-            self.key, self.device, self.run = spec_key(args, self.check), device, run
+            self.key, self.device = spec_key(args, self.check), device
+            self.run = _kiln_direct_launch(run) or run
 
     return launch_context, KilnLaunch, hooks_installed
 
 
+def _kiln_make_direct_launch():
+    """triton's ``CompiledKernel.run`` is a Python ``__call__`` that allocates scratch memory (none for
+    kiln's kernels) and then calls the C ``launch`` with a fixed prefix of arguments; calling ``launch``
+    with that prefix saves a few us per kernel. Only when triton's own ``__call__`` visibly passes
+    exactly that prefix (read once from its source), the kernel needs no scratch and no sanitizer is on."""
+    import inspect
+    prefix = ("self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, "
+              "self.launch_pdl,")
+    known = {}
+
+    def matches(cls):
+        if cls not in known:
+            try:
+                src = " ".join(inspect.getsource(cls.__call__).split())
+            except (OSError, TypeError, AttributeError):
+                src = ""
+            after = src.split(prefix, 1)[1] if prefix in src else ""
+            known[cls] = after.lstrip().startswith("global_scratch, profile_scratch, *args)")
+        return known[cls]
+
+    class Direct:
+        __slots__ = ("launch", "head")
+
+        def __init__(self, launch, head):
+            self.launch, self.head = launch, head
+
+        def __call__(self, gx, gy, gz, stream, function, *rest):
+            self.launch(gx, gy, gz, stream, function, *self.head, *rest)
+
+    def direct_launch(run):
+        try:
+            if (run.global_scratch_size or run.profile_scratch_size or getattr(run, "gsan_enabled", False)
+                    or not matches(type(run))):
+                return None
+            return Direct(run.launch, (run.launch_cooperative_grid, run.launch_pdl, None, None))
+        except AttributeError:
+            return None
+    return direct_launch
+
+
+_kiln_direct_launch = _kiln_make_direct_launch()
+
+
+def _kiln_precompile(items):
+    """Compile the wrapper's kernels together, on a thread pool through triton's AsyncCompileMode,
+    instead of one after another at each kernel's first launch (a transformer has a few hundred).
+    ``items``: (launcher, pointer dtypes) of kernels without size arguments. Where this cannot run (no
+    CUDA, the interpreter, a triton without AsyncCompileMode, KILN_TRITON_PRECOMPILE=0) kernels compile
+    at first launch as before; so does any kernel whose compile fails here (the error surfaces there,
+    with triton's message)."""
+    import os
+    import torch
+    import triton
+    if (len(items) < 2 or os.environ.get("TRITON_INTERPRET", "0") == "1"
+            or os.environ.get("KILN_TRITON_PRECOMPILE", "1") == "0"
+            or not hasattr(triton, "AsyncCompileMode") or not torch.cuda.is_available()):
+        return
+    from concurrent.futures import ThreadPoolExecutor
+    try:
+        with ThreadPoolExecutor(min(len(items), os.cpu_count() or 1, 32)) as pool, triton.AsyncCompileMode(pool):
+            for launch, dtypes in items:
+                try:
+                    launch.fn.warmup(*dtypes, grid=(1,), **launch.consts, num_warps=launch.num_warps,
+                                     num_stages=launch.num_stages)
+                except Exception:  # noqa: BLE001 - compiled again (and reported) at first launch
+                    pass
+    except Exception:  # noqa: BLE001 - e.g. an AsyncCompileMode of another signature: stay lazy
+        pass
 _kiln_launch_context, _KilnLaunch, _kiln_hooks_installed = _kiln_make_launch_support()
 '''
 
@@ -95,3 +166,5 @@ exec(compile(LAUNCHER, "<kiln triton launcher>", "exec"), _ns)  # noqa: S102 - o
 launch_context = _ns["_kiln_launch_context"]
 KilnLaunch = _ns["_KilnLaunch"]
 hooks_installed = _ns["_kiln_hooks_installed"]
+direct_launch = _ns["_kiln_direct_launch"]
+precompile = _ns["_kiln_precompile"]

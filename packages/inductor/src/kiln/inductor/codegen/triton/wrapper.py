@@ -74,17 +74,25 @@ def module_source(kernels: Sequence[TritonKernel]) -> str:
 
 
 def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_VAR,
-                     inputs: frozenset[str] | None = None) -> str:
+                     inputs: frozenset[str] | None = None,
+                     dtypes: Mapping[str, torch.dtype] | None = None) -> str:
     """Module-level wrapper code defining ``module_var`` (the loaded kernel module) and each kernel's
-    launcher; ``inputs`` names the graph's input buffers (see ``TritonKernel.launcher_definition``)."""
+    launcher; ``inputs`` names the graph's input buffers (see ``TritonKernel.launcher_definition``);
+    with ``dtypes`` (buffer -> dtype) the kernels without size arguments are compiled together when the
+    module loads (``_kiln_precompile`` in launcher.py)."""
     if not kernels:
         return ""
     src = module_source(kernels)
     # a raw triple-quoted literal keeps the kernels readable in the output_code log
     literal = f"r'''{src}'''" if "'''" not in src and not src.endswith("\\") else repr(src)
-    return "\n".join(["import triton", "", f"_TRITON_SOURCE = {literal}", "", LOADER,
-                      f"{module_var} = _kiln_load_triton_module(_TRITON_SOURCE)", "", LAUNCHER,
-                      *(k.launcher_definition(module_var, inputs) for k in kernels), ""])
+    lines = ["import triton", "", f"_TRITON_SOURCE = {literal}", "", LOADER,
+             f"{module_var} = _kiln_load_triton_module(_TRITON_SOURCE)", "", LAUNCHER,
+             *(k.launcher_definition(module_var, inputs) for k in kernels)]
+    if dtypes is not None:
+        items = [f"({k.launcher_var}, ({''.join(f'{dtypes[b]}, ' for b in k.pointer_args)}))"
+                 for k in kernels if not k.size_args and all(b in dtypes for b in k.pointer_args)]
+        lines.append(f"_kiln_precompile([{', '.join(items)}])")
+    return "\n".join([*lines, ""])
 
 
 def launch_statement(k: TritonKernel, args: Sequence[str] | None = None, module_var: str = MODULE_VAR,

@@ -1,0 +1,264 @@
+"""The pipeline's Triton matmul template: ``epilogue(A @ B (+ bias))`` as one kernel.
+
+One kernel per (problem, configuration): sizes, strides and block sizes are literals (the matmul
+templates are only used for static shapes), so the launch passes nothing but pointers. Each program
+computes a ``[BLOCK_M, BLOCK_N]`` tile of one batch's product in fp32 (``tl.dot`` of bf16/fp16/fp32
+operands; fp32 follows torch's tf32 setting), with grouped ordering so GROUP_M row-blocks share B tiles
+in L2, masks for sizes that are not multiples of the blocks, and then runs the fused epilogue: the
+body of a scheduled pointwise ``Kernel`` (in the product's logical index variables ``x0..``),
+written by the ordinary Triton ``KernelWriter`` in its 2-D tile mode, where reading the product at
+the point being computed is the accumulator (rounded to the product's dtype first, as the unfused
+kernel would read it from memory).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import sympy
+import torch
+
+from ..codegen.triton.heuristics import DEFAULT_CONFIG
+from ..codegen.triton.kernel import INT32_LIMIT, KernelWriter, TritonKernel
+from ..codegen.triton.ops import convert, tl_dtype
+from ..ir import Kernel, KernelNode, Load, index_vars
+from .config import Config
+
+
+@dataclass(frozen=True, slots=True)
+class Operand:
+    """A strided view of a buffer, as (batch, row, column) element strides (batch 0 for 2-D)."""
+
+    buffer: str
+    offset: int
+    strides: tuple[int, int, int]
+
+    def index(self, b: str, r: str, c: str) -> str:
+        terms = [str(self.offset)] if self.offset else []
+        for var, st in zip((b, r, c), self.strides):
+            if st and var:
+                terms.append(var if st == 1 else f"{var} * {st}")
+        return " + ".join(terms) or "0"
+
+    def extent(self, sizes: tuple[int, int, int]) -> int:
+        return self.offset + sum((n - 1) * abs(s) for n, s in zip(sizes, self.strides)) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulSpec:
+    """One mm/addmm/bmm site: ``out[b, m, n] = bias[b, m, n] + sum_k a[b, m, k] * b[b, k, n]``."""
+
+    op: str  # "mm" | "addmm" | "bmm"
+    batch: int
+    m: int
+    n: int
+    k: int
+    a: Operand
+    b: Operand
+    bias: Operand | None
+    out: Operand  # where the product lives (its buffer is the extern's output)
+    dtype: torch.dtype  # operands and product
+
+    @property
+    def batched(self) -> bool:
+        return self.op == "bmm"
+
+    @property
+    def logical_shape(self) -> tuple[int, ...]:
+        return (self.batch, self.m, self.n) if self.batched else (self.m, self.n)
+
+    def logical_vars(self) -> tuple[sympy.Symbol, ...]:
+        return index_vars("x", len(self.logical_shape))
+
+    def store_index(self) -> sympy.Expr:
+        """The product's storage index at the logical point ``x0..`` (what the epilogue loads)."""
+        xs = self.logical_vars()
+        st = self.out.strides if self.batched else self.out.strides[1:]
+        return sympy.expand(self.out.offset + sum(v * s for v, s in zip(xs, st)))
+
+    def key(self) -> str:
+        return repr((self.op, self.batch, self.m, self.n, self.k, self.a.offset, self.a.strides, self.b.offset,
+                     self.b.strides, self.bias and (self.bias.offset, self.bias.strides), self.out.offset,
+                     self.out.strides, str(self.dtype)))
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _p2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): configurations that do well on Hopper/Ampere
+MM_CONFIGS = [
+    (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
+    (64, 64, 64, 4, 4), (128, 128, 32, 4, 4), (64, 64, 32, 4, 5), (32, 64, 64, 4, 4), (16, 64, 128, 4, 3),
+    (16, 128, 64, 4, 4), (32, 32, 128, 4, 3), (64, 256, 32, 8, 4), (128, 32, 32, 4, 4),
+]
+
+
+def template_configs(spec: MatmulSpec, limit: int | None = None) -> list[Config]:
+    """Candidate configurations, blocks clipped to the problem (tl.dot needs 16 or more per side)."""
+    out: list[Config] = []
+    for bm, bn, bk, w, s in MM_CONFIGS:
+        bm, bn, bk = min(bm, max(16, _p2(spec.m))), min(bn, max(16, _p2(spec.n))), min(bk, max(16, _p2(spec.k)))
+        c = Config.make(num_warps=w, num_stages=s, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
+        if c not in out:
+            out.append(c)
+    return out[:limit] if limit else out
+
+
+def _operands(dtype: torch.dtype) -> str:
+    """tl.dot's operands. The Triton interpreter multiplies bf16/fp16 blocks as their raw bits: there
+    (CPU tests only) they are widened first, which is exact (a product of two halves fits fp32)."""
+    if dtype != torch.float32 and os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return "a.to(tl.float32), b.to(tl.float32)"
+    return "a, b"
+
+
+class _EpilogueWriter(KernelWriter):
+    """KernelWriter in 2-D tile mode over the template's ``[BLOCK_M, BLOCK_N]`` tile: the last logical
+    variable walks columns (``xmask``), the others rows and batch (``ymask``)."""
+
+    def __init__(self, k: Kernel, block_m: int, block_n: int) -> None:
+        super().__init__(k, DEFAULT_CONFIG, split=len(k.outer) - 1)
+        self.block_shape = f"[{block_m}, {block_n}]"
+
+    def shape(self, ctx: str) -> str:
+        return self.block_shape
+
+
+@dataclass(frozen=True, slots=True)
+class Epilogue:
+    """What the template runs after the product: ``kernel``'s nodes (over the logical variables,
+    loads of ``spec.out.buffer`` at ``spec.store_index()`` only), and whether the product itself is
+    stored (it is read elsewhere or returned)."""
+
+    kernel: Kernel | None
+    store_product: bool
+
+
+def render(name: str, spec: MatmulSpec, cfg: Config, epilogue: Epilogue) -> tuple[str, tuple[str, ...]]:
+    """The kernel's source and its pointer arguments (buffer names, in order)."""
+    bm, bn, bk, gm = (cfg.get(x) for x in ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M"))
+    nodes = epilogue.kernel.nodes if epilogue.kernel is not None else ()
+    k = Kernel(name, tuple(sympy.Integer(v) for v in spec.logical_shape), (), nodes, (), ())
+    w = _EpilogueWriter(k, bm, bn)
+    pa, pb = w.ptr(spec.a.buffer), w.ptr(spec.b.buffer)
+    sizes = (spec.batch, spec.m, spec.k)
+    big = max(spec.a.extent(sizes), spec.b.extent((spec.batch, spec.k, spec.n)),
+              spec.out.extent((spec.batch, spec.m, spec.n))) > INT32_LIMIT or w.int64
+    i64 = ".to(tl.int64)" if big else ""
+    mp, np_ = _cdiv(spec.m, bm), _cdiv(spec.n, bn)
+    dot = ""
+    if spec.dtype == torch.float32:
+        dot = ', input_precision="tf32"' if torch.backends.cuda.matmul.allow_tf32 else ', input_precision="ieee"'
+    bvar = "pid_b" if spec.batched else ""
+    ep_text = ", ".join(n.buffer for n in nodes) or "none"
+    head = [
+        f"# {spec.op} [{spec.batch}x]{spec.m}x{spec.k} @ {spec.k}x{spec.n} {spec.dtype}, fp32 accumulation; "
+        f"{cfg.label}; fused epilogue: {ep_text}",
+        f"pid = tl.program_id(0){i64}",
+        *([f"pid_b = tl.program_id(1){i64}"] if spec.batched else []),
+        f"group_id = pid // {gm * np_}",  # grouped ordering: GROUP_M row-blocks share B tiles in L2
+        f"first_pid_m = group_id * {gm}",
+        f"group_size_m = tl.minimum({mp} - first_pid_m, {gm})",
+        f"pid_m = first_pid_m + ((pid % {gm * np_}) % group_size_m)",
+        f"pid_n = (pid % {gm * np_}) // group_size_m",
+        f"rm = pid_m * {bm} + tl.arange(0, {bm})",
+        f"rn = pid_n * {bn} + tl.arange(0, {bn})",
+        f"rk = tl.arange(0, {bk})",
+        # rows/columns past the edge wrap around (their results are masked at the end), so operand
+        # loads need no row/column mask; the K tail is masked only when K is not a multiple of BLOCK_K
+        f"ram = rm % {spec.m}",
+        f"rbn = rn % {spec.n}",
+        f"a_ptrs = {pa} + ({spec.a.index(bvar, 'ram[:, None]', 'rk[None, :]')})",
+        f"b_ptrs = {pb} + ({spec.b.index(bvar, 'rk[:, None]', 'rbn[None, :]')})",
+        f"acc = tl.zeros(({bm}, {bn}), dtype=tl.float32)",
+        f"for kb in range(0, {_cdiv(spec.k, bk)}):",
+        *(["    a = tl.load(a_ptrs)", "    b = tl.load(b_ptrs)"] if spec.k % bk == 0 else [
+            f"    k_left = {spec.k} - kb * {bk}",
+            "    a = tl.load(a_ptrs, mask=rk[None, :] < k_left, other=0.0)",
+            "    b = tl.load(b_ptrs, mask=rk[:, None] < k_left, other=0.0)"]),
+        f"    acc += tl.dot({_operands(spec.dtype)}{dot})",
+        f"    a_ptrs += {bk * spec.a.strides[2]}",
+        f"    b_ptrs += {bk * spec.b.strides[1]}",
+        f"ymask = rm[:, None] < {spec.m}",
+        f"xmask = rn[None, :] < {spec.n}",
+    ]
+    xs = [v.name for v in spec.logical_vars()]
+    if spec.batched:
+        head.append(f"{xs[0]} = pid_b + tl.zeros([{bm}, 1], tl.int32)")
+    head += [f"{xs[-2]} = rm[:, None]", f"{xs[-1]} = rn[None, :]"]
+    if spec.bias is not None:
+        pbias = w.ptr(spec.bias.buffer)
+        idx = spec.bias.index(bvar, "rm[:, None]", "rn[None, :]")
+        head.append(f"acc += tl.load({pbias} + ({idx}) + tl.zeros([{bm}, {bn}], tl.int32), ymask & xmask, "
+                    "other=0.0).to(tl.float32)")
+    head.append(f"product = {convert('acc', torch.float32, spec.dtype)}")  # rounded as memory would hold it
+    if epilogue.store_product:
+        st = spec.out.strides if spec.batched else spec.out.strides[1:]
+        idx = " + ".join([str(spec.out.offset)] * bool(spec.out.offset)
+                         + [f"{x} * {s}" for x, s in zip(xs, st) if s]) or "0"
+        val = "product" if spec.dtype == torch.float32 else f"product.to({tl_dtype(spec.dtype)})"
+        head.append(f"tl.store({w.ptr(spec.out.buffer)} + ({idx}), {val}, ymask & xmask)")
+    # the epilogue reads the product at the point computed: that is ``product``
+    w.produced[spec.out.buffer] = KernelNode(spec.out.buffer, "outer", "pointwise", Load(spec.out.buffer, sympy.S.Zero,
+                                             spec.dtype), spec.store_index(), spec.dtype, 0, False)
+    w.locals[spec.out.buffer] = ("product", frozenset("xy"), 0)
+    for n in nodes:
+        w.emit_elementwise(n, "point")
+    order = list(w.ptrs)
+    lines = ["@triton.jit", f"def {name}({', '.join(w.ptrs[b] for b in order)}):"]
+    lines += ["    " + x for x in head] + w.lines
+    return "\n".join(lines), tuple(order)
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulTritonKernel(TritonKernel):
+    """A template kernel as the wrapper sees it: pointers only, a literal grid, pipeline stages."""
+
+    num_stages: int = 1
+    grid_dims: tuple[int, int, int] = (1, 1, 1)
+
+    @property
+    def grid(self) -> str:
+        return repr(self.grid_dims)
+
+    def launcher_definition(self, module: str, inputs: frozenset[str] | None = None) -> str:
+        check = None if inputs is None else tuple(i for i, b in enumerate(self.pointer_args) if b in inputs)
+        return (f"{self.launcher_var} = _KilnLaunch({module}.{self.name}, {{}}, {self.num_warps}, {check!r}, "
+                f"{self.num_stages})")
+
+
+def template_kernel(name: str, spec: MatmulSpec, cfg: Config, epilogue: Epilogue) -> MatmulTritonKernel:
+    source, ptrs = render(name, spec, cfg, epilogue)
+    grid = (_cdiv(spec.m, cfg.get("BLOCK_M")) * _cdiv(spec.n, cfg.get("BLOCK_N")), spec.batch, 1)
+    return MatmulTritonKernel(name=name, source=source, pointer_args=ptrs, size_args=(),
+                              xnumel=str(spec.batch * spec.m * spec.n), xblock=cfg.get("BLOCK_N"), rblock=0,
+                              num_warps=cfg.num_warps, kind="mm_template", num_stages=cfg.num_stages,
+                              grid_dims=grid)
+
+
+@dataclass(frozen=True, slots=True)
+class TemplateKernel(Kernel):
+    """A scheduled kernel that is a matmul template: ``spec``'s product with the chosen ``config``,
+    then ``nodes`` (the fused epilogue, over the product's logical variables). ``inputs``/``outputs``
+    cover the operands too, so memory planning keeps them alive until it runs."""
+
+    spec: MatmulSpec
+    config: Config
+    store_product: bool
+
+    def triton_kernel(self) -> MatmulTritonKernel:
+        return template_kernel(self.name, self.spec, self.config, Epilogue(self, self.store_product))
+
+    def as_text(self) -> str:
+        s = self.spec
+        head = (f"template {self.name}: {s.op} {s.out.buffer}[{', '.join(map(str, s.logical_shape))}] = "
+                f"{s.a.buffer} @ {s.b.buffer}" + (f" + {s.bias.buffer}" if s.bias else "")
+                + f" ({self.config.label}) {'stored' if self.store_product else 'in registers'}"
+                + f" reads ({', '.join(self.inputs)}) writes ({', '.join(self.outputs)})")
+        return "\n".join([head, *(n.as_text() for n in self.nodes)])
