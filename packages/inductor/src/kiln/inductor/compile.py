@@ -20,6 +20,7 @@ from kiln.graph import (
     run_pipeline,
 )
 
+from .ir import TensorRef
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions
 from .pipeline import PASSES, CompileState, verify_state
@@ -67,7 +68,7 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     instruments = [VerifyAfterPass(verify_state)] if verify else []
     result = run_pipeline(PASSES, state, None, instruments)
     s = result.value
-    assert s.kernels is not None
+    assert s.kernels is not None and s.program is not None
     graph_id = new_graph_id(name)
     filename = f"<kiln-inductor {graph_id}>"
     call = load_wrapper(s.wrapper, s.kernels.local_dir, filename)
@@ -85,4 +86,8 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     compiled = CompiledGraph(fn, "inductor", texts, portable)
     compiled.loop_program = s.program  # type: ignore[attr-defined]
     compiled.scheduled = s.scheduled  # type: ignore[attr-defined]
+    # the strides each output really has (None: not a tensor); they differ from the trace only for
+    # outputs marked layout-free (layout.FREE_OUTPUTS), e.g. channels-last saved activations
+    compiled.output_strides = tuple(  # type: ignore[attr-defined]
+        tuple(int(st) for st in o.stride) if isinstance(o, TensorRef) else None for o in s.program.outputs)
     return compiled

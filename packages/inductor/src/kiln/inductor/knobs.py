@@ -12,6 +12,7 @@ from pathlib import Path
 class InductorKnobs:
     cache_dir: Path  # autotune results: KILN_INDUCTOR_CACHE_DIR (else KILN_CACHE_DIR/inductor, else temp)
     keep_sources: bool  # KILN_INDUCTOR_KEEP_SOURCES=1 keeps .cpp next to the .so in the cache
+    conv_layout: str  # KILN_CONV_LAYOUT: InductorOptions.conv_layout's default (auto|channels_last|keep)
 
 
 def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
@@ -23,7 +24,8 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
     else:
         user = e.get("USER") or str(os.getuid())
         cache = Path(tempfile.gettempdir()) / f"kiln-inductor-{user}"
-    return InductorKnobs(cache_dir=cache, keep_sources=e.get("KILN_INDUCTOR_KEEP_SOURCES", "1") != "0")
+    return InductorKnobs(cache_dir=cache, keep_sources=e.get("KILN_INDUCTOR_KEEP_SOURCES", "1") != "0",
+                         conv_layout=e.get("KILN_CONV_LAYOUT", "auto"))
 
 
 KNOBS = read_knobs()

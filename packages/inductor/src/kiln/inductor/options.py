@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .autotune.options import AutotuneOptions
+from .knobs import KNOBS
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,10 @@ class InductorOptions:
     pad_matmuls: bool = True
     # an input the graph mutates by index_put (a KV cache) is updated in place, not copied (reinplace.py)
     reinplace_mutations: bool = True
+    # 2-D convolutions and the work between them in channels-last (NHWC) memory (layout.py): "auto"
+    # (CUDA graphs where torch's heuristics say it pays), "channels_last" (forced), "keep" (as traced);
+    # the default comes from KILN_CONV_LAYOUT (for A/B measurements without code changes)
+    conv_layout: str = KNOBS.conv_layout
     # max-autotune's own options (configurations per kernel, matmul templates, cache, timer)
     autotune: AutotuneOptions = field(default_factory=AutotuneOptions)
 

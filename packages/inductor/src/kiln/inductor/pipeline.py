@@ -19,6 +19,7 @@ from .codegen.triton.backend import TritonBackend
 from .codegen.wrapper import wrapper_source
 from .gemv import rewrite_gemv
 from .ir import LoopProgram, ScheduledProgram, verify_program, verify_schedule
+from .layout import decide, output_strides, restore_output_strides, to_channels_last
 from .lowering.lower import lower_graph
 from .mm_templates import count_matmul_sites, select_templates
 from .options import InductorOptions
@@ -40,6 +41,7 @@ class CompileState:
     fallbacks: list[str] = field(default_factory=list)
     texts: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    traced_output_strides: dict[int, tuple[int, ...]] = field(default_factory=dict)  # the caller's contract
 
 
 def backend_for(state: CompileState) -> KernelBackend:
@@ -56,6 +58,7 @@ def backend_for(state: CompileState) -> KernelBackend:
 def propagate_meta(s: CompileState) -> CompileState:
     """Fill node.meta['val'] with fake tensors when the graph came without them."""
     decomp_bridge.ensure_meta(s.gm, s.example_inputs)
+    s.traced_output_strides = output_strides(s.gm)  # before decompositions re-trace the graph
     return s
 
 
@@ -65,6 +68,21 @@ def decompose(s: CompileState) -> CompileState:
     if gm is not s.gm:  # the caller's annotations (kiln_input_mutations) survive the re-trace
         gm.meta.update({k: v for k, v in s.gm.meta.items() if k not in gm.meta})
     return replace(s, gm=gm)
+
+
+def conv_layout(s: CompileState) -> CompileState:
+    """Convolution graphs go channels-last when ``options.conv_layout`` says so (layout.py)."""
+    decision = decide(s.gm, s.example_inputs, s.options.conv_layout)
+    if decision.channels_last:
+        to_channels_last(s.gm, s.example_inputs, s.traced_output_strides)
+    elif output_strides(s.gm) != s.traced_output_strides:
+        # placeholders with other strides than the trace (a caller compiling a backward graph for
+        # its forward's real output strides): outputs still keep the strides the caller traced
+        restore_output_strides(s.gm, s.example_inputs, s.traced_output_strides)
+    if decision.reason != "no 2-D convolution":
+        log("perf_hints").info("graph %s: conv layout %s (%s)", s.name,
+                               "channels-last" if decision.channels_last else "as traced", decision.reason)
+    return s
 
 
 def small_matmuls(s: CompileState) -> CompileState:
@@ -149,6 +167,7 @@ def generate_wrapper(s: CompileState) -> CompileState:
 PASSES: list[Pass[CompileState]] = [
     Pass("propagate_meta", lambda s, ctx: propagate_meta(s)),
     Pass("decompose", lambda s, ctx: decompose(s)),
+    Pass("conv_layout", lambda s, ctx: conv_layout(s)),
     Pass("small_matmuls", lambda s, ctx: small_matmuls(s)),
     Pass("pad_matmuls", lambda s, ctx: pad_matmuls(s)),
     Pass("reinplace", lambda s, ctx: reinplace(s)),

@@ -75,14 +75,16 @@ class LoweringContext:
         layout = Layout(v.shape, tuple(st), v.dtype)
         return self.computed(layout, Pointwise(v.shape, v.body))
 
-    def maybe_realize(self, v: TensorValue, n_users: int) -> TensorValue:
-        """Realize a lazy value read by several consumers unless it is cheap to recompute."""
+    def maybe_realize(self, v: TensorValue, n_users: int,
+                      stride: tuple[sympy.Expr, ...] | None = None) -> TensorValue:
+        """Realize a lazy value read by several consumers unless it is cheap to recompute (into
+        ``stride`` when given: a channels-last activation stays channels-last)."""
         if not isinstance(v, Lazy):
             return v
         shared = n_users > 1 and (size(v.body) > self.options.inline_max_size
                                   or _full_reads(v) > self.options.inline_max_reads)
         if shared or size(v.body) > 8 * self.options.inline_max_size:
-            return self.realize(v)
+            return self.realize(v, stride)
         return v
 
     def seed(self) -> str:

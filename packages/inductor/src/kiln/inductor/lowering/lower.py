@@ -12,6 +12,7 @@ from torch import fx
 from kiln.graph import target_name
 
 from ..ir import ConstArg, InputBuffer, Layout, LoopProgram, Output, as_index
+from ..layout import channels_last_stride
 from ..options import InductorOptions
 from .common import out_stride
 from .context import LoweringContext, NotLowered
@@ -98,7 +99,7 @@ def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Indu
         elif node.op == "call_function":
             val = lower_node(ctx, node, env)
             if is_tensor(val):
-                val = ctx.maybe_realize(val, len(node.users))
+                val = ctx.maybe_realize(val, len(node.users), _layout_hint(node))
             env[node] = val
         elif node.op == "output":
             outputs = [_output(ctx, a, env) for a in _flat_outputs(node.args[0])]
@@ -107,6 +108,12 @@ def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Indu
                                 "lift constants and submodules into graph inputs")
     program = LoopProgram(name, tuple(ctx.inputs), tuple(ctx.nodes), tuple(outputs), ctx.seed_buffer)
     return program, ctx.fallbacks
+
+
+def _layout_hint(node: fx.Node) -> tuple | None:
+    """Realized values keep a traced channels-last layout (layout.py); others are stored contiguous."""
+    st = channels_last_stride(node)
+    return tuple(as_index(s) for s in st) if st is not None else None
 
 
 def _flat_outputs(out: Any) -> list[Any]:

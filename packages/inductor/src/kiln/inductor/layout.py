@@ -1,0 +1,364 @@
+"""Channels-last layout for convolution graphs (``InductorOptions.conv_layout``).
+
+cuDNN (and oneDNN) run 2-D convolutions in NHWC; fed NCHW tensors they wrap every convolution in
+``nchwToNhwc`` / ``nhwcToNchw`` transposes. This pass rewrites the FX graph so that every 2-D
+convolution reads channels-last operands (a ``clone(memory_format=channels_last)`` where the traced
+operand is not), then re-runs fake-tensor propagation: eager's own stride rules carry channels-last
+through the pointwise, BatchNorm, pooling and residual work between convolutions (TensorIterator
+keeps its inputs' layout), the lowering realizes buffers in the traced layout
+(``channels_last_stride``) and the scheduler orders loops by the stored layout
+(``scheduler/loop_order.py``), so no transpose copy sits between two convolutions. Graph outputs get
+eager's strides back (a user, or the backward graph that receives saved activations, may depend on
+them): a copy is inserted only where the traced stride of an output changed.
+
+``decide`` follows the spirit of torch inductor's ``decide_layout_opt``: channels-last pays on CUDA
+for ordinary and depthwise convolutions, not for grouped convolutions with several input channels
+per group, nor for graphs whose convolutions all have few channels or shrink channels.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from kiln.graph import autocast_off, log
+
+aten = torch.ops.aten
+CONV = aten.convolution.default
+CONV_BACKWARD = aten.convolution_backward.default
+LAYOUT_MODES = ("auto", "channels_last", "keep")
+# gm.meta key: output positions whose strides the compiler may choose (kiln.autograd's saved tensors)
+FREE_OUTPUTS = "kiln_layout_free_outputs"
+# torch inductor's measured channels-last speed ratios (< 1 is faster), weighted by FLOPs
+GROUPED, SMALL, IN_OUT, DEFAULT = 1.358, 0.783, 0.725, 0.823
+# "auto" skips graphs whose NCHW conv-derived outputs hold more elements than this fraction of all
+# convolution inputs (a training forward returning its saved activations; weight gradients are small)
+MAX_RESTORED_FRACTION = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutDecision:
+    channels_last: bool
+    reason: str
+
+
+def _val(a: Any) -> Any:
+    return a.meta.get("val") if isinstance(a, fx.Node) else None
+
+
+def conv_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """2-D convolutions (forward and backward) with traced 4-D operands."""
+    out = []
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target not in (CONV, CONV_BACKWARD):
+            continue
+        x = _val(n.args[1] if n.target is CONV_BACKWARD else n.args[0])
+        if isinstance(x, torch.Tensor) and x.dim() == 4:
+            out.append(n)
+    return out
+
+
+def _operands(n: fx.Node) -> tuple[torch.Tensor, torch.Tensor, int, bool]:
+    """(input, weight, groups, transposed) of a forward or backward convolution."""
+    a: Any = n.args
+    if n.target is CONV_BACKWARD:
+        return _val(a[1]), _val(a[2]), int(a[9]), bool(a[7])
+    return _val(a[0]), _val(a[1]), int(a[8]), bool(a[6])
+
+
+def _flops(n: fx.Node) -> float:
+    x, w, _, _ = _operands(n)
+    out = _val(n) if n.target is CONV else _val(n.args[0])  # backward: grad_output has the output's shape
+    if isinstance(out, (tuple, list)) or not isinstance(out, torch.Tensor):
+        return 0.0
+    return 2.0 * out.numel() * w.shape[1] * w.shape[2] * w.shape[3]
+
+
+def _kind(n: fx.Node) -> str:
+    _, w, groups, _ = _operands(n)
+    if groups > 1 and w.shape[1] > 1:
+        return "grouped"
+    if w.shape[0] <= 64 and w.shape[1] <= 64:
+        return "small"
+    if w.shape[0] * 2 <= w.shape[1] and w.shape[2] > 1:
+        return "in_out"
+    return "default"
+
+
+def decide(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str) -> LayoutDecision:
+    """Whether this graph's convolutions should run channels-last, and why (logged by the pass)."""
+    if mode not in LAYOUT_MODES:
+        raise ValueError(f"InductorOptions.conv_layout={mode!r}: use one of {', '.join(LAYOUT_MODES)}")
+    if mode == "keep":
+        return LayoutDecision(False, "conv_layout='keep'")
+    convs = conv_nodes(gm)
+    if not convs:
+        return LayoutDecision(False, "no 2-D convolution")
+    if any(not isinstance(v, torch.Tensor) or any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride()))
+           for n in convs for v in _operands(n)[:2]):
+        return LayoutDecision(False, "convolution with symbolic shapes")
+    if mode == "channels_last":
+        return LayoutDecision(True, "conv_layout='channels_last'")
+    return _auto(gm, convs)
+
+
+def _auto(gm: fx.GraphModule, convs: list[fx.Node]) -> LayoutDecision:
+    if any(_operands(n)[0].device.type != "cuda" for n in convs):
+        # measured on the C++ path (benchmarks/results/layout.md): oneDNN convs did not get faster
+        return LayoutDecision(False, "auto: convolutions on CPU keep NCHW (no measured gain)")
+    if any(_operands(n)[3] for n in convs):
+        return LayoutDecision(False, "auto: transposed convolution")
+    if len(gm.graph.nodes) >= 300 * len(convs):
+        return LayoutDecision(False, f"auto: only {len(convs)} convolutions in {len(gm.graph.nodes)} nodes")
+    kinds = [_kind(n) for n in convs]
+    restored, copied = _activation_outputs(gm, convs)
+    conv_elems = sum(_operands(n)[0].numel() for n in convs)
+    if copied > MAX_RESTORED_FRACTION * conv_elems:
+        # a training forward whose saved activations must come back NCHW (nobody marked them
+        # layout-free, FREE_OUTPUTS): one transpose copy per saved activation eats the gain
+        return LayoutDecision(False, f"auto: {restored} conv activations are graph outputs that would be "
+                                     f"copied back to NCHW (mark saved outputs in gm.meta[{FREE_OUTPUTS!r}])")
+    n_in, in_elems = _activation_inputs(gm)
+    if in_elems > MAX_RESTORED_FRACTION * conv_elems:
+        # its mirror image: a backward graph fed NCHW saved activations would mix layouts in every
+        # BatchNorm/ReLU backward kernel (strided reads), where cuDNN transposes with tiled kernels
+        return LayoutDecision(False, f"auto: {n_in} NCHW activation inputs feed pointwise work (saved "
+                                     "activations of a forward kept NCHW)")
+    # training (a backward graph, or a forward whose saved outputs are marked): torch's stricter rules
+    if FREE_OUTPUTS in gm.meta or any(n.target is CONV_BACKWARD for n in convs):
+        if "grouped" in kinds:
+            return LayoutDecision(False, "auto: grouped convolution with >1 input channel per group")
+        if "in_out" in kinds:
+            return LayoutDecision(False, "auto: a convolution shrinks channels")
+        if all(k == "small" for k in kinds):
+            return LayoutDecision(False, "auto: every convolution has <= 64 channels")
+        return LayoutDecision(True, "auto: training convolutions")
+    flops = {"grouped": 0.0, "small": 0.0, "in_out": 0.0, "default": 0.0}
+    for n, k in zip(convs, kinds):
+        flops[k] += _flops(n)
+    total = sum(flops.values())
+    weighted = (flops["grouped"] * GROUPED + flops["small"] * SMALL + flops["in_out"] * IN_OUT
+                + flops["default"] * DEFAULT)
+    if weighted > total:
+        return LayoutDecision(False, f"auto: FLOP-weighted estimate {weighted / total:.2f}x (slower)")
+    return LayoutDecision(True, f"auto: FLOP-weighted estimate {weighted / max(total, 1.0):.2f}x")
+
+
+def _activation_outputs(gm: fx.GraphModule, convs: list[fx.Node]) -> tuple[int, int]:
+    """How many graph outputs (not marked layout-free) are 4-D NCHW values computed from a
+    convolution, and their elements: each would need a copy back to NCHW after the conversion."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    flat, _ = torch.utils._pytree.tree_flatten(out.args[0])
+    free = frozenset(gm.meta.get(FREE_OUTPUTS, ()))
+    downstream: set[fx.Node] = set()
+    stack = list(convs)
+    while stack:
+        n = stack.pop()
+        if n not in downstream:
+            downstream.add(n)
+            stack.extend(n.users)
+    count = elems = 0
+    for k, a in enumerate(flat):
+        v = _val(a)
+        if (k not in free and a in downstream and isinstance(v, torch.Tensor) and v.dim() == 4
+                and v.is_floating_point() and not _is_channels_last(v)):
+            count, elems = count + 1, elems + v.numel()
+    return count, elems
+
+
+def _activation_inputs(gm: fx.GraphModule) -> tuple[int, int]:
+    """4-D NCHW floating-point placeholders read by more than convolutions (which convert their
+    operands once), and their elements: pointwise kernels would read them across the NHWC loops."""
+    count = elems = 0
+    for n in gm.graph.nodes:
+        v = n.meta.get("val") if n.op == "placeholder" else None
+        if not isinstance(v, torch.Tensor) or v.dim() != 4 or not v.is_floating_point() or _is_channels_last(v):
+            continue
+        if all(u.target in (CONV, CONV_BACKWARD) for u in n.users):
+            continue
+        count, elems = count + 1, elems + v.numel()
+    return count, elems
+
+
+def _is_channels_last(v: torch.Tensor) -> bool:
+    return v.is_contiguous(memory_format=torch.channels_last)
+
+
+def channels_last_stride(node: fx.Node) -> tuple[int, ...] | None:
+    """The traced stride of a 4-D value laid out channels-last (and not also contiguous), else None:
+    what the lowering gives the buffer when it realizes this node's value."""
+    v = node.meta.get("val")
+    if not isinstance(v, torch.Tensor) or v.dim() != 4 or v.layout != torch.strided:
+        return None
+    if any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride())):
+        return None
+    if v.is_contiguous() or not _is_channels_last(v):
+        return None
+    return tuple(int(s) for s in v.stride())
+
+
+def _to_channels_last(gm: fx.GraphModule, conv: fx.Node, position: int) -> bool:
+    a = conv.args[position]
+    v = _val(a)
+    if not isinstance(a, fx.Node) or not isinstance(v, torch.Tensor) or _is_channels_last(v):
+        return False
+    with gm.graph.inserting_before(conv):
+        c = gm.graph.call_function(aten.clone.default, (a,), {"memory_format": torch.channels_last})
+    _replace_arg(conv, position, c)
+    return True
+
+
+def _replace_arg(n: fx.Node, position: int, new: fx.Node) -> None:
+    args = list(n.args)
+    args[position] = new
+    n.args = tuple(args)
+
+
+def _restore_output_strides(gm: fx.GraphModule, before: dict[int, tuple[int, ...]]) -> int:
+    """Copy outputs whose traced stride changed back to eager's (dense) stride; returns the count.
+
+    Outputs listed in ``gm.meta[FREE_OUTPUTS]`` are exempt: only a later compiled graph reads them
+    (saved activations), and whoever set the mark reads ``CompiledGraph.output_strides`` to compile
+    that graph for the layout they really have."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    flat, spec = torch.utils._pytree.tree_flatten(out.args[0])
+    free = frozenset(gm.meta.get(FREE_OUTPUTS, ()))
+    fixed = 0
+    for k, a in enumerate(flat):
+        v = _val(a)
+        old = before.get(k)
+        if k in free or old is None or not isinstance(v, torch.Tensor) or tuple(v.stride()) == old:
+            continue
+        order = sorted(range(v.dim()), key=lambda d: (-old[d], d))  # eager's dims, outermost first
+        inverse = [order.index(d) for d in range(v.dim())]
+        with gm.graph.inserting_before(out):
+            x = a
+            if order != list(range(v.dim())):
+                x = gm.graph.call_function(aten.permute.default, (x, order))
+            x = gm.graph.call_function(aten.clone.default, (x,), {"memory_format": torch.contiguous_format})
+            if order != list(range(v.dim())):
+                x = gm.graph.call_function(aten.permute.default, (x, inverse))
+        flat[k] = x
+        fixed += 1
+    out.args = (torch.utils._pytree.tree_unflatten(flat, spec),)
+    return fixed
+
+
+def _dense(v: torch.Tensor) -> bool:
+    dims = sorted((int(st), int(sz)) for sz, st in zip(v.shape, v.stride()) if int(sz) != 1)
+    expect = 1
+    for st, sz in dims:
+        if st != expect:
+            return False
+        expect *= sz
+    return True
+
+
+def output_strides(gm: fx.GraphModule) -> dict[int, tuple[int, ...]]:
+    """Strides of the graph's dense tensor outputs by flat output position (from ``meta['val']``)."""
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    flat, _ = torch.utils._pytree.tree_flatten(out.args[0])
+    strides = {}
+    for k, a in enumerate(flat):
+        v = _val(a)
+        if isinstance(v, torch.Tensor) and v.layout == torch.strided and _dense(v):
+            strides[k] = tuple(int(s) for s in v.stride())
+    return strides
+
+
+def to_channels_last(gm: fx.GraphModule, example_inputs: Sequence[Any],
+                     eager_strides: dict[int, tuple[int, ...]] | None = None) -> int:
+    """Rewrite ``gm`` in place (see the module doc); returns how many operands were converted.
+
+    Outputs get ``eager_strides`` (``output_strides`` of the graph as the caller traced it, before
+    decompositions re-traced it) back, even where the placeholders now say otherwise."""
+    before = eager_strides if eager_strides is not None else output_strides(gm)
+    # placeholders may carry other strides than the graph was traced with (a backward graph compiled
+    # for channels-last saved activations): node metas follow the placeholders from here on
+    repropagate(gm, example_inputs)
+    converted = 0
+    for conv in conv_nodes(gm):
+        positions = (0, 1, 2) if conv.target is CONV_BACKWARD else (0, 1)
+        for p in positions:
+            converted += _to_channels_last(gm, conv, p)
+    if converted:
+        repropagate(gm, example_inputs)
+    restored = restore_output_strides(gm, example_inputs, before)
+    log("perf_hints").info("layout: %d convolution operands made channels-last, %d outputs copied back to "
+                           "eager's strides", converted, restored)
+    return converted
+
+
+def restore_output_strides(gm: fx.GraphModule, example_inputs: Sequence[Any],
+                           eager_strides: dict[int, tuple[int, ...]]) -> int:
+    """Copy outputs whose traced stride differs from ``eager_strides`` back to it (see
+    ``_restore_output_strides``); returns the count. A no-op when nothing differs."""
+    restored = _restore_output_strides(gm, eager_strides)
+    if restored:
+        repropagate(gm, example_inputs)
+    gm.graph.lint()
+    gm.recompile()
+    return restored
+
+
+def _fake_mode(gm: fx.GraphModule) -> FakeTensorMode:
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, FakeTensor):
+            return v.fake_mode
+    return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def repropagate(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+    """Recompute ``meta['val']`` of every node from the placeholders' (strides changed upstream).
+
+    A ``view`` whose input is no longer viewable (a flatten of a channels-last activation) gets the
+    meta of a view of a contiguous copy: the lowering folds views of any layout (copying if needed).
+    """
+    mode = _fake_mode(gm)
+    env: dict[fx.Node, Any] = {}
+    it = iter(example_inputs)
+
+    def fake(x: Any) -> Any:  # real tensors and other modes' fakes (the graph came from two traces)
+        if isinstance(x, torch.Tensor) and not (isinstance(x, FakeTensor) and x.fake_mode is mode):
+            return mode.from_tensor(x)
+        return x
+
+    with mode, autocast_off():
+        for n in gm.graph.nodes:
+            if n.op == "placeholder":
+                v, ex = n.meta.get("val"), next(it, None)
+                env[n] = fake(v if v is not None else ex)
+            elif n.op == "get_attr":
+                env[n] = fake(getattr(gm, n.target))
+            elif n.op == "call_function":
+                env[n] = _run(n, env)
+            else:
+                continue
+            n.meta["val"] = env[n]
+
+
+def _run(n: fx.Node, env: dict[fx.Node, Any]) -> Any:
+    args: Any = fx.node.map_arg(n.args, lambda a: env[a])
+    kwargs: Any = fx.node.map_arg(n.kwargs, lambda a: env[a])
+    target: Any = n.target
+    if target is operator.getitem:
+        return args[0][args[1]]
+    try:
+        return target(*args, **kwargs)
+    except Exception as e:
+        if n.target in (aten.view.default, aten._unsafe_view.default) and isinstance(args[0], torch.Tensor):
+            return target(args[0].contiguous(), *args[1:], **kwargs)
+        old = n.meta.get("val")
+        if old is None:
+            raise
+        # fake tensors cannot run it (data-dependent output): its traced meta stands; the lowering
+        # reads the layouts of its tensor arguments from their own values, not from this meta
+        log("perf_hints").debug("layout: keeping the traced meta of %s (%s)", n.name, e)
+        return old
