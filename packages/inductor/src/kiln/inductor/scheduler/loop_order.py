@@ -25,7 +25,8 @@ def _coefficient(e: IndexExpr, v: sympy.Symbol) -> IndexExpr | None:
 def order_outer_loops(outer: tuple, nodes: list[KernelNode]) -> tuple[tuple, list[KernelNode]]:
     """``outer`` and ``nodes`` with the outer loops permuted into the first store's stride order."""
     xs = index_vars("x", len(outer))
-    ref = next((kn.store_index for kn in nodes if kn.store and kn.role == "outer"), None)
+    ref = next((kn.store_index for kn in nodes if kn.store and kn.role == "outer" and not kn.store_indirect),
+               None)
     if ref is None or len(outer) < 2:
         return outer, nodes
     found = [_coefficient(ref, x) for x in xs]
@@ -42,5 +43,6 @@ def order_outer_loops(outer: tuple, nodes: list[KernelNode]) -> tuple[tuple, lis
     for kn in nodes:
         body = substitute_index(substitute_index(kn.body, tmp), final)
         store = sympy.expand(kn.store_index.xreplace(tmp).xreplace(final))
-        out.append(dataclasses.replace(kn, body=body, store_index=store))
+        indirect = tuple(substitute_index(substitute_index(e, tmp), final) for e in kn.store_indirect)
+        out.append(dataclasses.replace(kn, body=body, store_index=store, store_indirect=indirect))
     return tuple(outer[k] for k in order), out

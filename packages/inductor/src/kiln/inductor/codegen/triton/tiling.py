@@ -97,52 +97,12 @@ def _rewrite_body(body: Expr, mapping: dict[sympy.Symbol, IndexExpr]) -> Expr:
     return map_expr(body, fn)
 
 
-def store_order(k: Kernel) -> list[int] | None:
-    """The outer dims ordered by the stores' strides (largest first), when that is not the logical order
-    and every store agrees: a kernel writing a transposed or channels-last buffer then walks memory
-    contiguously instead of with a stride per lane (a padded, transposed weight copy took 0.78 ms on an
-    H200 instead of ~0.04)."""
-    xs = [index_var("x", i) for i in range(len(k.outer))]
-    orders = set()
-    for n in k.nodes:
-        if not n.store or n.store_indirect:
-            continue
-        e = sympy.expand(sympy.sympify(n.store_index))
-        coeffs = [e.coeff(v) for v in xs]
-        if not all(c.is_number for c in coeffs) or any(v in c.free_symbols for c in coeffs for v in xs):
-            return None
-        live = [i for i in range(len(xs)) if k.outer[i] != 1]
-        orders.add(tuple(sorted(live, key=lambda i: -int(coeffs[i]))))
-    if len(orders) != 1:
-        return None
-    order = list(next(iter(orders)))
-    if order == sorted(order):
-        return None
-    size1 = [i for i in range(len(xs)) if k.outer[i] == 1]
-    return size1 + order
-
-
-def _permute_outer(k: Kernel, order: list[int]) -> Kernel:
-    tmp = {index_var("x", old): sympy.Symbol(f"_px{new}", integer=True, nonnegative=True)
-           for new, old in enumerate(order)}
-    final = {t: index_var("x", new) for new, t in enumerate(tmp.values())}
-    mapping = {v: t.xreplace(final) for v, t in tmp.items()}
-    nodes = tuple(dataclasses.replace(n, body=_rewrite_body(n.body, mapping),
-                                      store_index=_rewrite(n.store_index, mapping),
-                                      store_indirect=tuple(_rewrite_body(e, mapping) for e in n.store_indirect))
-                  for n in k.nodes)
-    return dataclasses.replace(k, outer=tuple(k.outer[i] for i in order), nodes=nodes)
-
-
 def simplify_kernel(k: Kernel) -> Kernel:
-    """The same kernel over a coalesced iteration space (outer and inner dims separately), the outer
-    dims first put in the stores' memory order.
+    """The same kernel over a coalesced iteration space (outer and inner dims separately); the
+    scheduler already put the outer dims in the stores' memory order (scheduler/loop_order.py).
 
     The inner space's flat order is preserved, so argmax/argmin's flat r-index stays valid.
     """
-    order = store_order(k) if not k.inner else None
-    if order is not None:
-        k = _permute_outer(k, order)
     indices = kernel_indices(k)
     outer, xmap = coalesce(k.outer, "x", indices)
     inner, rmap = coalesce(k.inner, "r", indices) if k.inner else ([], {})
