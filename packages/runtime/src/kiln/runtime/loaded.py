@@ -91,6 +91,9 @@ class CallPlan:
                             "constant saved in the artifact or a global no f_globals supplies)",
                             artifact.location, g.as_text())
                 continue
+            if src == g.source:  # the common case: errors name it by display_name(src) already
+                guards.append(g)
+                continue
             guards.append(Guard(src, g.kind, g.expected, g.note))
             names.setdefault(src, display_name(g.source))  # errors name what the user wrote
         return CallPlan(m.params, tuple(i.name for i in m.inputs), tuple(i.source for i in m.inputs),
