@@ -102,3 +102,32 @@ def test_compiled_tensor_guard_accepts_an_indexed_device_for_an_index_free_spec(
     check = GuardSet((guard,)).compile()
     assert check({"x": torch.empty(2, device="meta")}, {})
     assert not check({"x": torch.empty(2)}, {})
+
+
+def test_check_and_gather_reads_shared_prefixes_once_and_modules_globals() -> None:
+    import sys
+
+    import torch
+
+    from kiln.graph import Guard, GuardSet, tensor_expectation
+    lin = torch.nn.Linear(3, 2)
+    sys.modules[__name__].KILN_TEST_FLAG = 7  # type: ignore[attr-defined]
+    mod = f"__import__('sys').modules[{__name__!r}]"
+    guards = GuardSet((
+        Guard("L['m'].weight", "TENSOR_MATCH", tensor_expectation(lin.weight)),
+        Guard("L['m'].bias", "TENSOR_MATCH", tensor_expectation(lin.bias)),
+        Guard("L['m'].in_features", "EQUALS_MATCH", 3),
+        Guard("L['m']", "TYPE_MATCH", "torch.nn.modules.linear:Linear"),
+        Guard(f"{mod}.KILN_TEST_FLAG", "EQUALS_MATCH", 7),
+        Guard("len(L['xs'])", "EQUALS_MATCH", 2),
+    ))
+    gather = guards.compile_gather(["L['m'].weight", "L['xs'][1]"])
+    L = {"m": lin, "xs": [1, 5]}
+    got = gather(L, {})
+    assert got is not None and got[0] is lin.weight and got[1] == 5
+    assert gather({"m": torch.nn.Linear(3, 4), "xs": [1, 5]}, {}) is None
+    assert gather({"m": lin, "xs": [1]}, {}) is None  # len guard fails; xs[1] would raise too
+    sys.modules[__name__].KILN_TEST_FLAG = 8  # type: ignore[attr-defined]
+    assert gather(L, {}) is None and guards.compile()(L, {}) is False
+    # one read per distinct prefix: L['m'] once for its guards and the output (13 walks without)
+    assert gather.__kiln_reads__ < 13

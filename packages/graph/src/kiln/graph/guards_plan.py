@@ -28,6 +28,7 @@ import importlib
 import itertools
 import operator
 import re
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -146,14 +147,18 @@ def _getter(segment: str) -> Callable[[Any], Any]:
     return operator.itemgetter(int(inner))
 
 
+_SYS_MODULES = "__import__('sys').modules"  # how capture roots sources in other modules' globals
+_ROOTS = 4  # vals = [L, G, (L, G), sys.modules, ...one value per read node]
+
+
 class _Reads:
-    """Sources as a tree of reads from ``L`` (node 0), ``G`` (1) and ``(L, G)`` (2): one node per
-    distinct attribute/subscript prefix, so shared prefixes are read once per call."""
+    """Sources as a tree of reads from ``L`` (node 0), ``G`` (1), ``(L, G)`` (2) and ``sys.modules``
+    (3): one node per distinct attribute/subscript prefix, so shared prefixes are read once per call."""
 
     def __init__(self) -> None:
-        self.parent: list[int] = [0, 0, 0]
-        self.getter: list[Callable[[Any], Any] | None] = [None, None, None]
-        self.depth: list[int] = [0, 0, 0]
+        self.parent: list[int] = [0] * _ROOTS
+        self.getter: list[Callable[[Any], Any] | None] = [None] * _ROOTS
+        self.depth: list[int] = [0] * _ROOTS
         self.edges: dict[tuple[int, str], int] = {}
         self.known: dict[str, int] = {}
 
@@ -171,9 +176,11 @@ class _Reads:
         node = self.known.get(source)
         if node is not None:
             return node
+        if source == _SYS_MODULES:
+            return 3
         cut = source.rfind("[") if source[-1] == "]" else source.rfind(".")
         segment = source[cut:]
-        if cut > 0 and _SEGMENT.fullmatch(segment):
+        if cut > 0 and _SEGMENT.fullmatch(segment) and source[:cut] != "__import__('sys')":
             parent = self.slot(source[:cut])
             node = self._node(parent, segment, lambda: _getter(segment))
         elif _BARE.fullmatch(source):
@@ -187,9 +194,9 @@ class _Reads:
     def program(self) -> tuple[list[int], tuple[tuple[tuple, Callable[[list], Any]], ...]]:
         """(position in ``vals`` of each node, levels): nodes are laid out depth by depth, so each
         level is one C-level ``map`` over the values of the level before."""
-        order = sorted(range(3, len(self.getter)), key=self.depth.__getitem__)
-        position = [0, 1, 2] + [0] * (len(self.getter) - 3)
-        for pos, node in enumerate(order, start=3):
+        order = sorted(range(_ROOTS, len(self.getter)), key=self.depth.__getitem__)
+        position = list(range(_ROOTS)) + [0] * (len(self.getter) - _ROOTS)
+        for pos, node in enumerate(order, start=_ROOTS):
             position[node] = pos
         levels: list[tuple[tuple, Callable[[list], Any]]] = []
         i = 0
@@ -346,13 +353,14 @@ def plan_check(guards: Sequence[Any], outputs: Sequence[str] | None = None) -> C
               else (lambda vals, t=_take([pos[n] for n in out_nodes]): list(t(vals))))
     fail = None if gather is not None else False
     call = operator.call
+    modules = sys.modules
 
     def check(L: Mapping[str, Any], G: Mapping[str, Any]) -> Any:
         try:
             for c in first:
                 if not c(L, G):
                     return fail
-            vals: list = [L, G, (L, G)]
+            vals: list = [L, G, (L, G), modules]
             for getters, parents in levels:
                 vals.extend(map(call, getters, parents(vals)))
             for c in checks:
@@ -367,5 +375,5 @@ def plan_check(guards: Sequence[Any], outputs: Sequence[str] | None = None) -> C
         except Exception:  # a source that no longer resolves: the guard fails
             return fail
 
-    check.__kiln_reads__ = len(reads.getter) - 3  # type: ignore[attr-defined]
+    check.__kiln_reads__ = len(reads.getter) - _ROOTS  # type: ignore[attr-defined]
     return check
