@@ -347,11 +347,11 @@ def _load_table(rows: list[dict], backends: list[str]) -> str:
         body.append(line)
     return ("### Saved compiled function: load + first call vs eager first call\n\n"
             + markdown_table(headers, body)
-            + "\n\nEach in a fresh process (with --repeat N: the median of N processes); imports and model building happen before the clock "
-              "starts. 'load + first call': empty compile caches (a new machine). 'warm local "
-              "cache': the second load in a process restart on the same machine (compiled guard "
-              "checks and code objects reused from KILN_CACHE_DIR, as CPython reuses .pyc files). "
-              "Target (issue 7): kiln / eager <= 2.")
+            + "\n\nEach in a fresh process (with --repeat N: the median of N processes); imports "
+              "and model building happen before the clock starts. 'load + first call': empty "
+              "compile caches (a new machine). 'warm local cache': a later load in a process "
+              "restart on the same machine (code objects of the program reused from "
+              "KILN_CACHE_DIR, as CPython reuses .pyc files). Target (issue 7): kiln / eager <= 2.")
 
 
 if __name__ == "__main__":
