@@ -339,4 +339,8 @@ def _store_kernels_after_first_call(compiled: CompiledGraph, graphs: GraphCache,
                                   "call; a warm process will not compile these kernels", short,
                                   len(binaries))
         return out
-    return CompiledGraph(fn, compiled.backend, dict(compiled.texts), compiled.portable)
+    wrapped = CompiledGraph(fn, compiled.backend, dict(compiled.texts), compiled.portable)
+    for name, value in vars(compiled).items():  # what the backend attached (aot, loop_program...)
+        if name not in ("fn", "backend", "texts", "portable"):
+            setattr(wrapped, name, value)
+    return wrapped
