@@ -63,16 +63,27 @@ def device_matches(actual: torch.device, expected: torch.device) -> bool:
     return actual == expected
 
 
+_RESOLVED: dict[str, tuple[object, type]] = {}  # name -> (its module object, the class)
+
+
 def resolve_type(name: str) -> type | None:
-    """The class named ``'module:qualname'``, or None when it cannot be imported here."""
+    """The class named ``'module:qualname'``, or None when it cannot be imported here. Memoized
+    while the module object is the same (a reloaded module resolves again)."""
     module, _, qual = name.partition(":")
+    hit = _RESOLVED.get(name)
+    if hit is not None and sys.modules.get(module) is hit[0]:
+        return hit[1]
     try:
         obj: Any = importlib.import_module(module)
+        mod = obj
         for part in qual.split("."):
             obj = getattr(obj, part)
     except (ImportError, AttributeError):
         return None
-    return obj if isinstance(obj, type) else None
+    if not isinstance(obj, type):
+        return None
+    _RESOLVED[name] = (mod, obj)
+    return obj
 
 
 def tensor_ok(v: object, dtype: torch.dtype, device: torch.device, shape: tuple, stride: tuple,
@@ -138,13 +149,24 @@ def _global_state_check(expected: tuple) -> Callable[[], bool]:
 
 # ---- reads ---------------------------------------------------------------------------------------
 
+_GETTERS: dict[str, Callable[[Any], Any]] = {}  # ``._modules``, ``['0']``... recur in every model
+
+
 def _getter(segment: str) -> Callable[[Any], Any]:
+    got = _GETTERS.get(segment)
+    if got is not None:
+        return got
     if segment[0] == ".":
-        return operator.attrgetter(segment[1:])
-    inner = segment[1:-1]
-    if inner[0] in "'\"":
-        return operator.itemgetter(inner[1:-1] if "\\" not in inner else ast.literal_eval(inner))
-    return operator.itemgetter(int(inner))
+        got = operator.attrgetter(segment[1:])
+    else:
+        inner = segment[1:-1]
+        if inner[0] in "'\"":
+            got = operator.itemgetter(inner[1:-1] if "\\" not in inner else ast.literal_eval(inner))
+        else:
+            got = operator.itemgetter(int(inner))
+    if len(_GETTERS) < 65536:
+        _GETTERS[segment] = got
+    return got
 
 
 _SYS_MODULES = "__import__('sys').modules"  # how capture roots sources in other modules' globals
@@ -332,14 +354,16 @@ def plan_check(guards: Sequence[Any], outputs: Sequence[str] | None = None) -> C
     """``check(L, G)`` for ``guards``: True/False, or with ``outputs`` the list of their values
     (None when a guard fails)."""
     reads = _Reads()
-    first = [_first_check(g) for g in guards
-             if g.kind == "GLOBAL_STATE" or g.kind not in ("SYMBOL", "SHAPE_EXPR") and _BARE.fullmatch(g.source)]
+    first = []
     groups: dict[str, list] = {k: [] for k in _GROUPED}
     single: list = []
     for g in guards:
-        if g.kind in ("SYMBOL", "SHAPE_EXPR", "GLOBAL_STATE") or _BARE.fullmatch(g.source):
+        if g.kind in ("SYMBOL", "SHAPE_EXPR"):
             continue
-        (groups[g.kind] if _groupable(g) else single).append((g, reads.slot(g.source)))
+        if g.kind == "GLOBAL_STATE" or _BARE.fullmatch(g.source):
+            first.append(_first_check(g))
+        else:
+            (groups[g.kind] if _groupable(g) else single).append((g, reads.slot(g.source)))
     symbolic = [(g, reads.slot(g.source) if g.kind == "SYMBOL" else None) for g in guards
                 if g.kind in ("SYMBOL", "SHAPE_EXPR")]
     out_nodes = [reads.slot(s) for s in outputs] if outputs is not None else None
