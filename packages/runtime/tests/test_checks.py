@@ -85,3 +85,11 @@ def test_cross_compiled_cuda_artifact_records_the_target(tmp_path):
     assert art.manifest.device == DeviceInfo("cuda")  # capability unknown: kernels finish on load
     with pytest.raises(ArtifactError, match="no CUDA device"):
         load_compiled_function(tmp_path / "c.kiln")
+
+
+def test_runtime_version_constant_matches_the_installed_distribution() -> None:
+    import importlib.metadata
+
+    from kiln.runtime.environment import RUNTIME_VERSION
+
+    assert RUNTIME_VERSION == importlib.metadata.version("kiln-runtime")

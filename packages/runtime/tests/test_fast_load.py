@@ -8,7 +8,7 @@ import torch
 
 from kiln.graph import Guard, GuardSet, tensor_expectation
 from kiln.runtime import CompileCache
-from kiln.runtime.fast_load import _CODE_NS, _GUARD_NS, compile_cached, compile_guards
+from kiln.runtime.fast_load import _CODE_NS, compile_cached, compile_guards
 
 
 def _guards() -> GuardSet:
@@ -28,28 +28,24 @@ def _frames() -> tuple[dict, dict]:
     return good, bad
 
 
-def test_cached_guard_check_agrees_with_a_fresh_one(tmp_path: Path) -> None:
-    store = CompileCache(tmp_path)
-    first = compile_guards(_guards(), store)
-    again = compile_guards(_guards(), store)  # a new GuardSet: rebuilt from the cache entry
-    assert again is not first and again.__kiln_source__ == first.__kiln_source__
+def test_guard_check_and_gather() -> None:
+    outs = ["L['x']", "L['m'].weight", "L['m'].bias"]
     good, bad = _frames()
-    for fn in (first, again, _guards().compile()):
-        assert fn(good, {}) is True
-        assert [fn(b, {}) for b in bad] == [False] * len(bad)
+    check, gather = compile_guards(_guards()), compile_guards(_guards(), outs)
+    assert check(good, {}) is True and [check(b, {}) for b in bad] == [False] * len(bad)
+    got = gather(good, {})
+    assert got is not None and got[0] is good["x"] and got[1] is good["m"].weight
+    assert got[2] is good["m"].bias
+    assert [gather(b, {}) for b in bad] == [None] * len(bad)
+    assert gather({"x": good["x"], "n": 3}, {}) is None  # a source that cannot be read fails
 
 
-def test_corrupt_guard_and_code_entries_are_regenerated(tmp_path: Path) -> None:
+def test_corrupt_code_entries_are_regenerated(tmp_path: Path) -> None:
     store = CompileCache(tmp_path)
-    compile_guards(_guards(), store)
     compile_cached("y = 1 + 1\n", "<t>", store)
-    for ns in (_GUARD_NS, _CODE_NS):
-        for p in (tmp_path / "v1" / "entries" / ns).rglob("*"):
-            if p.is_file():
-                p.write_bytes(p.read_bytes()[:-5])
-    good, bad = _frames()
-    fn = compile_guards(_guards(), store)
-    assert fn(good, {}) is True and not any(fn(b, {}) for b in bad)
+    for p in (tmp_path / "v1" / "entries" / _CODE_NS).rglob("*"):
+        if p.is_file():
+            p.write_bytes(p.read_bytes()[:-5])
     ns: dict = {}
     exec(compile_cached("y = 1 + 1\n", "<t>", store), ns)
     assert ns["y"] == 2

@@ -154,3 +154,41 @@ def test_disabled_cache_compiles_every_time(tmp_path: Path) -> None:
     backend(_gm(), _inputs())
     assert counting.calls == 2
     assert GraphCache(CompileCache(tmp_path, enabled=False)).load("k") is None
+
+
+def test_triton_binaries_join_the_entry_after_the_first_call_and_install_on_a_hit(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A miss whose program has Triton kernels stores their binaries after its first call (Triton
+    compiles on first launch); a hit installs them into Triton's cache, so nothing recompiles."""
+    import kiln.runtime.graph_cache as gc_mod
+
+    class TritonishBackend(CountingBackend):
+        def __call__(self, gm, example_inputs):
+            compiled = super().__call__(gm, example_inputs)
+            p = compiled.portable
+            src = p.source + "\n_TRITON_SOURCE = 'import triton\\n'\n"
+            out = CompiledGraph(compiled.fn, "tritonish", compiled.texts,
+                                type(p)(src, p.files, p.requires))
+            out.extra = "kept"  # backends attach results (inductor: loop_program, autograd: aot)
+            return out
+
+    fake = {"triton/abc123/k.cubin": b"\x7fELF", "triton/abc123/__grp__k.json": b"{}"}
+    monkeypatch.setattr(gc_mod, "collect_triton_binaries", lambda source: dict(fake))
+    triton_dir = tmp_path / "triton"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_dir))
+    store = CompileCache(tmp_path / "cache")
+    xs = _inputs()
+    backend = cached_backend(TritonishBackend(), "tritonish", None, cache=store)
+    with caplog.at_level(logging.INFO, logger="kiln.cache"):
+        first = backend(_gm(), xs)
+        assert first.extra == "kept"
+        first(*xs)  # the first call: kernels compiled, binaries added to the entry
+        key = graph_key(_gm(), xs, backend="tritonish", options=None)
+        entry = GraphCache(store).load(key)
+        assert entry is not None and set(fake) <= set(entry.program.files)
+        again = backend(_gm(), xs)  # a hit: binaries installed, not materialized with the program
+    assert (triton_dir / "abc123" / "k.cubin").read_bytes() == b"\x7fELF"
+    assert not any(n.startswith("triton/") for n in again.portable.files)
+    torch.testing.assert_close(again(*xs), _gm()(*xs))
+    assert any("Triton kernel(s) installed from the entry, none compiled" in r.getMessage()
+               for r in caplog.records)

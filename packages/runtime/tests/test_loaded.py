@@ -79,6 +79,32 @@ def test_module_forward_with_backward_save_and_load(tmp_path):
         loaded(other.eval(), x)
 
 
+def test_loaded_guards_still_check_everything(tmp_path):
+    """The vectorised guard check rejects what the per-guard one did, and names the input."""
+    model, x = MLP(), torch.randn(3, 8)
+    aot_compile_forward(model, x).save_compiled_function(tmp_path / "mlp.kiln")
+    loaded = load_compiled_function(tmp_path / "mlp.kiln")
+    torch.testing.assert_close(loaded(model, x), model(x))
+    with pytest.raises(GuardError, match=r"input 'x': expected shape \(3, 8\), got \(3, 9\)"):
+        loaded(model, torch.randn(3, 9))
+    with pytest.raises(GuardError, match="input 'x': expected dtype float32, got float64"):
+        loaded(model, x.double())
+    with pytest.raises(GuardError, match="input 'x': expected device cpu, got meta"):
+        loaded(model, x.to("meta"))
+    changed = MLP()
+    changed.fc2 = torch.nn.Linear(16, 5)  # a parameter of another shape
+    with pytest.raises(GuardError, match=r"input 'self.fc2.weight': expected shape \(4, 16\), got \(5, 16\)"):
+        loaded(changed, x)
+    frozen = MLP()
+    frozen.fc1.weight.requires_grad_(False)
+    with pytest.raises(GuardError, match="input 'self.fc1.weight': expected requires_grad True"):
+        loaded(frozen, x)
+    gone = MLP()
+    del gone.fc1  # a source that cannot be read any more: a GuardError, not an AttributeError
+    with pytest.raises(GuardError, match="self.fc1"):
+        loaded(gone, x)
+
+
 def test_in_process_guards_include_identity(tmp_path):
     model, x = MLP(), torch.randn(3, 8)
     compiled = aot_compile_forward(model, x)

@@ -97,6 +97,7 @@ class CompileCache:
         self._enabled = KNOBS.cache_enabled if enabled is None else enabled
         self._ready: bool | None = None
         self._scratch: Path | None = None
+        self._made: set[Path] = set()
 
     # ---- setup -----------------------------------------------------------------------------------
     @property
@@ -123,7 +124,9 @@ class CompileCache:
 
     def _dir(self, *parts: str) -> Path:
         d = self.root.joinpath(LAYOUT, *parts)
-        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if d not in self._made:  # once per process: a load touches a few folders many times
+            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._made.add(d)
         return d
 
     def _entry_path(self, namespace: str, key: str) -> Path:
@@ -290,6 +293,7 @@ class CompileCache:
         """Delete all entries (or one namespace's); returns how many files were removed."""
         if not self.enabled:
             return 0
+        self._made.clear()
         removed = 0
         base = self.root / LAYOUT
         for area in ("entries", "files"):

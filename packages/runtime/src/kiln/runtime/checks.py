@@ -20,10 +20,10 @@ import logging
 from collections.abc import Mapping
 
 from .environment import (
+    RUNTIME_VERSION,
     compatible_release,
     current_capability,
     current_host,
-    kiln_versions,
     release,
     torch_version,
     triton_version,
@@ -44,7 +44,7 @@ def check_compatible(m: Manifest, where: str) -> None:
     """Raise ArtifactError when the artifact cannot run in this process."""
     env = m.environment
     theirs = (env.get("kiln") or {}).get("kiln-runtime")
-    ours = kiln_versions().get("kiln-runtime")
+    ours = RUNTIME_VERSION
     if theirs and ours and not compatible_release(theirs, ours):
         raise ArtifactError(f"artifact {where} was written by kiln-runtime {theirs}, which is not "
                             f"compatible with kiln-runtime {ours} here; {_RECOMPILE}")

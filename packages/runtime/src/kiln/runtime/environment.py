@@ -19,6 +19,11 @@ KILN_DISTRIBUTIONS = ("kiln", "kiln-graph", "kiln-capture", "kiln-autograd", "ki
                       "kiln-inductor", "kiln-runtime")
 
 
+# kiln-runtime's own release, as in packages/runtime/pyproject.toml (a test keeps them equal): the
+# load path compares it with the artifact's without an importlib.metadata scan (~5 ms cold)
+RUNTIME_VERSION = "0.1.0"
+
+
 @functools.cache
 def kiln_versions() -> dict[str, str]:
     """Versions of the kiln distributions installed here (absent ones are left out)."""

@@ -41,6 +41,8 @@ from .cache import CompileCache, cache_key, default_cache, key_hash
 from .fast_load import cached_compile, compile_cached
 from .knobs import KNOBS
 from .tensors import _raw_bytes
+from .triton_binaries import KERNEL_SOURCE_NAME, collect_triton_binaries, install_triton_binaries
+from .triton_binaries import PREFIX as TRITON_PREFIX
 
 NAMESPACE = "graphs"
 FORMAT = "kiln-graph-cache/1"
@@ -269,14 +271,15 @@ def cached_backend(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], name: str
         hit = graphs.load(key)
         if hit is not None:
             try:
-                call = program_callable(hit.program, graphs.store)
+                program, kernels = _install_kernels(hit.program, short)
+                call = program_callable(program, graphs.store)
             except Exception as e:  # noqa: BLE001 - a bad entry is rebuilt, never trusted
                 log("cache").warning("graph cache: entry %s failed to load (%s: %s); recompiling",
                                      short, type(e).__name__, e)
             else:
-                log("cache").info("graph cache hit %s (%s, %d nodes)", short, name,
-                                  len(gm.graph.nodes))
-                return CompiledGraph(call, hit.backend, dict(hit.texts), hit.program)
+                log("cache").info("graph cache hit %s (%s, %d nodes%s)", short, name,
+                                  len(gm.graph.nodes), kernels)
+                return CompiledGraph(call, hit.backend, dict(hit.texts), program)
         compiled = fn(gm, example_inputs)
         program = getattr(compiled, "portable", None)
         if not isinstance(program, PortableProgram):
@@ -288,7 +291,56 @@ def cached_backend(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], name: str
         stored = graphs.save(key, program, texts, str(getattr(compiled, "backend", name)))
         log("cache").info("graph cache miss %s (%s): compiled%s", short, name,
                           " and stored" if stored else ", not stored (cache not writable)")
+        if stored and KERNEL_SOURCE_NAME in program.source and isinstance(compiled, CompiledGraph):
+            return _store_kernels_after_first_call(compiled, graphs, key, program, texts, short)
         return compiled
     backend.__name__ = getattr(fn, "__name__", name)
     backend.__wrapped__ = fn  # type: ignore[attr-defined]
     return backend
+
+
+# ---- Triton binaries in entries ------------------------------------------------------------------
+# Triton compiles a kernel on its first launch, after the backend returned, so a miss stores the
+# program first and adds the compiled kernels' binaries to the entry after the graph's first call.
+# A hit installs them into Triton's cache before the program loads: a warm process compiles no
+# Triton kernel (each ``cache`` log line says how many kernels came from the entry).
+
+def _install_kernels(program: PortableProgram, short: str) -> tuple[PortableProgram, str]:
+    kernels = {n: d for n, d in program.files.items() if n.startswith(TRITON_PREFIX)}
+    if not kernels:
+        return program, ""
+    installed = install_triton_binaries(kernels, f"graph cache entry {short}")
+    rest = {n: d for n, d in program.files.items() if not n.startswith(TRITON_PREFIX)}
+    return (PortableProgram(program.source, rest, program.requires),
+            f"; {installed} compiled Triton kernel(s) installed from the entry, none compiled")
+
+
+def _store_kernels_after_first_call(compiled: CompiledGraph, graphs: GraphCache, key: str,
+                                    program: PortableProgram, texts: Mapping[str, str],
+                                    short: str) -> CompiledGraph:
+    run = compiled.fn
+    pending = [True]
+
+    def fn(*args: Any) -> Any:
+        out = run(*args)
+        if pending:
+            pending.clear()
+            try:
+                binaries = collect_triton_binaries(program.source)
+            except Exception as e:  # noqa: BLE001 - shipping binaries is an optimisation
+                log("cache").info("graph cache %s: Triton binaries not collected (%s: %s)", short,
+                                  type(e).__name__, e)
+                binaries = {}
+            if binaries:
+                files = {**program.files, **binaries}
+                graphs.save(key, PortableProgram(program.source, files, program.requires), texts,
+                            compiled.backend)
+                log("cache").info("graph cache %s: stored %d Triton binary file(s) after the first "
+                                  "call; a warm process will not compile these kernels", short,
+                                  len(binaries))
+        return out
+    wrapped = CompiledGraph(fn, compiled.backend, dict(compiled.texts), compiled.portable)
+    for name, value in vars(compiled).items():  # what the backend attached (aot, loop_program...)
+        if name not in ("fn", "backend", "texts", "portable"):
+            setattr(wrapped, name, value)
+    return wrapped

@@ -62,13 +62,6 @@ def _materialize(artifact: Artifact, files: Mapping[str, bytes], cache: CompileC
     return str(cache.materialize_tree("artifact_files", artifact.manifest.integrity, everything))
 
 
-def _compile_gather(exprs: list[str]) -> Callable[[Mapping[str, Any], Mapping[str, Any]], list]:
-    src = "def gather(L, G):\n    return [" + ", ".join(exprs) + "]\n"
-    ns: dict[str, Any] = {}
-    exec(compile_cached(src, "<kiln input gather>"), ns)  # noqa: S102
-    return ns["gather"]
-
-
 @dataclass(frozen=True)
 class CallPlan:
     """How a call becomes the program's flat inputs: bind, check guards, gather (all compiled)."""
@@ -97,6 +90,9 @@ class CallPlan:
                 logger.info("artifact %s: guard %s is not checked after this load (it reads a "
                             "constant saved in the artifact or a global no f_globals supplies)",
                             artifact.location, g.as_text())
+                continue
+            if src == g.source:  # the common case: errors name it by display_name(src) already
+                guards.append(g)
                 continue
             guards.append(Guard(src, g.kind, g.expected, g.note))
             names.setdefault(src, display_name(g.source))  # errors name what the user wrote
@@ -127,9 +123,10 @@ class LoadedFunction:
         self._bind = make_binder(plan.params)
         self._static = plan.static
         self._globals = plan.globals
-        self._gather = _compile_gather(list(plan.input_exprs))
         self.guards = plan.guards
-        self._check = compile_guards(plan.guards)
+        # one generated function checks every guard and gathers the graph inputs (None: a guard failed)
+        self._check_gather = compile_guards(plan.guards, list(plan.input_exprs))
+        self._gather_only: Callable[[Mapping[str, Any], Mapping[str, Any]], list | None] | None = None
         self._check_guards = True
         self._output = pytree.treespec_loads(plan.output_spec) if plan.output_spec else None
         self._call = call
@@ -191,18 +188,31 @@ class LoadedFunction:
         if self._static:
             L = {**self._static, **L}
         G = self._globals
-        if self._check_guards and not self._check(L, G):
-            raise diagnose(self.guards, L, G, self.plan.names)
-        try:
-            inputs = self._gather(L, G)
-        except Exception as e:
-            raise self._gather_error(L, G, e) from None
+        inputs = self._check_gather(L, G) if self._check_guards else self._unchecked(L, G)
+        if inputs is None:
+            raise self._failure(L, G)
         out = self._call(inputs)
         if self._output is not None:
             return pytree.tree_unflatten(list(out), self._output)
         return out
 
-    def _gather_error(self, L: Mapping[str, Any], G: Mapping[str, Any], e: Exception) -> GuardError:
+    def _unchecked(self, L: Mapping[str, Any], G: Mapping[str, Any]) -> list | None:
+        if self._gather_only is None:
+            self._gather_only = compile_guards(GuardSet(()), list(self.plan.input_exprs))
+        return self._gather_only(L, G)
+
+    def _failure(self, L: Mapping[str, Any], G: Mapping[str, Any]) -> GuardError:
+        """Why the check returned None: the first failing guard, else the input that cannot be read."""
+        if self._check_guards:
+            err = diagnose(self.guards, L, G, self.plan.names)
+            if err.guard is not None or not self._gather_fails(L, G):
+                return err
+        return self._gather_error(L, G)
+
+    def _gather_fails(self, L: Mapping[str, Any], G: Mapping[str, Any]) -> bool:
+        return self._unchecked(L, G) is None
+
+    def _gather_error(self, L: Mapping[str, Any], G: Mapping[str, Any]) -> GuardError:
         plan = self.plan
         for name, source, expr in zip(plan.input_names, plan.input_sources, plan.input_exprs):
             try:
@@ -210,7 +220,7 @@ class LoadedFunction:
             except Exception as inner:  # noqa: BLE001
                 return GuardError(f"input {name!r}: cannot read {source} from this call "
                                   f"({type(inner).__name__}: {inner})", input_name=name)
-        return GuardError(f"cannot gather the compiled function's inputs ({type(e).__name__}: {e})")
+        return GuardError("cannot gather the compiled function's inputs")
 
     def disable_guard_check(self) -> None:
         """Skip guard checks on later calls (you vouch that the inputs match)."""
