@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
+import torch
 
 import kiln
 from kiln.backends import resolve_backend
@@ -73,3 +76,18 @@ def test_torch_cond_is_one_graph_through_every_backend(backend: str) -> None:
         (want,) = torch.autograd.grad(ref.sum(), w)
         torch.testing.assert_close(out, ref)
         torch.testing.assert_close(got, want)
+
+
+def test_channels_last_training_keeps_saved_activations_and_matches_eager() -> None:
+    # conv_layout forced on CPU: the forward's saved activations stay channels-last (kiln.autograd
+    # compiles the backward for the strides the forward returns) and gradients match eager
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 8, 3, padding=1, groups=2), torch.nn.ReLU()).double()
+    ref = copy.deepcopy(net)
+    x = torch.randn(2, 3, 10, 10, dtype=torch.float64)
+    compiled = kiln.compile(net, backend="inductor", options={"conv_layout": "channels_last"})
+    compiled(x).square().sum().backward()
+    ref(x).square().sum().backward()
+    for (name, p), q in zip(net.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)

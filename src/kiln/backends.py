@@ -85,7 +85,10 @@ def _inductor(opts: CompileOptions) -> Backend:
                 return compiled
             # reduce-overhead: parameters/buffers are static inputs, the rest get static slots
             fn = wrap_reduce_overhead(compiled.fn, example_inputs, static)
-            return CompiledGraph(fn, compiled.backend, compiled.texts, compiled.portable)
+            graphed = CompiledGraph(fn, compiled.backend, compiled.texts, compiled.portable)
+            # the strides it really returns (channels-last saved activations): the backward follows them
+            graphed.output_strides = getattr(compiled, "output_strides", None)  # type: ignore[attr-defined]
+            return graphed
         return compile_one
 
     def inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:

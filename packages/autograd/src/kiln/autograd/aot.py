@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import fx
 
 from kiln.graph import KNOBS as KILN_GRAPH_KNOBS
@@ -86,8 +87,7 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[Any], *, fw_compiler: Compi
         p = _portable_of(compiled)
         portable = training_program(sig, p, None) if p and sig.n_lifted == 0 else None
     else:
-        fw = fw_compiler(parts.fw_gm, _example_vals(parts.fw_gm))
-        bw = (bw_compiler or fw_compiler)(parts.bw_gm, _example_vals(parts.bw_gm))
+        fw, bw = _compile_pair(parts, fw_compiler, bw_compiler or fw_compiler)
         fn = make_training_callable(sig, fw, bw, parts.n_saved)
         texts["aot_forward"] = print_graph(parts.fw_gm)
         texts["aot_backward"] = print_graph(parts.bw_gm)
@@ -127,3 +127,26 @@ def aot_eager(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) 
     kwargs.setdefault("fw_compiler", run_graph_compiler)
     kwargs.setdefault("partitioner", KNOBS.partitioner)
     return aot(gm, example_inputs, **kwargs)
+
+
+def _compile_pair(parts: Any, fw_compiler: Compiler, bw_compiler: Compiler) -> tuple[Any, Any]:
+    """Compile the forward, then the backward for the strides the forward really returns.
+
+    The saved activations only travel from the forward to the backward, so the forward's compiler may
+    choose their layout (``gm.meta["kiln_layout_free_outputs"]``: kiln.inductor keeps convolution
+    activations channels-last instead of copying them back to NCHW); a compiled result that reports
+    ``output_strides`` has the backward's saved placeholders retyped to match, before it is compiled."""
+    fw_out = next(n for n in parts.fw_gm.graph.nodes if n.op == "output").args[0]
+    n_out = len(fw_out)
+    parts.fw_gm.meta["kiln_layout_free_outputs"] = tuple(range(n_out - parts.n_saved, n_out))
+    fw = fw_compiler(parts.fw_gm, _example_vals(parts.fw_gm))
+    strides = getattr(fw, "output_strides", None)
+    if strides is not None:
+        saved = [n for n in parts.bw_gm.graph.nodes if n.op == "placeholder"][:parts.n_saved]
+        for ph, st in zip(saved, list(strides)[n_out - parts.n_saved:]):
+            v = ph.meta.get("val")
+            if isinstance(v, torch.Tensor) and st is not None and tuple(v.stride()) != tuple(st):
+                with v.fake_mode:  # type: ignore[attr-defined]
+                    ph.meta["val"] = torch.empty_strided(v.shape, tuple(st), dtype=v.dtype, device=v.device)
+    return fw, bw_compiler(parts.bw_gm, _example_vals(parts.bw_gm))
+
