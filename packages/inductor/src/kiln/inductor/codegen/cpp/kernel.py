@@ -36,12 +36,17 @@ class CppKernelWriter:
         self.by_name = {kn.buffer: kn for kn in k.nodes}
         self.row_cache: dict = {}  # Expr -> (stage computing it, C++ slot)
         self.stage_now: int | None = None
+        # an input overwritten in place is read through its output's pointer (one restrict pointer per
+        # memory); stores of such a kernel wait until every load of the loop point is done
+        self.over = {i: o for o, i in k.inplace}
+        self.deferred: list[str] | None = [] if k.inplace else None
 
     def ptr(self, buffer: str) -> str:
-        return f"p_{buffer}"
+        return f"p_{self.over.get(buffer, buffer)}"
 
     def signature(self) -> str:
-        params = [f"const {ctype(self.layouts[b].dtype)}* __restrict__ {self.ptr(b)}" for b in self.k.inputs]
+        params = [f"const {ctype(self.layouts[b].dtype)}* __restrict__ {self.ptr(b)}"
+                  for b in kernel_params(self.k)[0]]
         params += [f"{ctype(self.layouts[b].dtype)}* __restrict__ {self.ptr(b)}" for b in self.k.outputs]
         return f'extern "C" void {self.k.name}({", ".join(params)})'
 
@@ -93,7 +98,13 @@ class CppKernelWriter:
         self.lines.append(f"{indent}auto {name} = {cast_call(val, kn.body.dtype, kn.dtype)};")
         self.locals[kn.buffer] = (name, kn.store_index)
         if kn.store:
-            self.lines.append(f"{indent}{self.ptr(kn.buffer)}[{cindex(kn.store_index)}] = {name};")
+            store = f"{indent}{self.ptr(kn.buffer)}[{cindex(kn.store_index)}] = {name};"
+            (self.lines if self.deferred is None else self.deferred).append(store)
+
+    def flush_stores(self) -> None:
+        if self.deferred:
+            self.lines.extend(self.deferred)
+            self.deferred.clear()
 
     def loops(self, ranges: tuple, prefix: str, indent: str, pragma: str | None) -> str:
         for j, r in enumerate(ranges):
@@ -111,6 +122,8 @@ class CppKernelWriter:
 
     def write(self) -> str:
         k = self.k
+        if k.inplace and (k.inner or any(kn.kind != "pointwise" for kn in k.nodes)):
+            raise ValueError(f"{k.name}: in-place outputs are planned for pointwise kernels only")
         self.lines.append(self.signature() + " {")
         total = product(list(k.outer) + list(k.inner))
         parallel = self.parallel_clause(total)
@@ -140,6 +153,7 @@ class CppKernelWriter:
         if n == 0:
             for kn in k.nodes:
                 self.compute(kn, "  ")
+            self.flush_stores()
             return
         pragma: str | None
         if n == 1:
@@ -154,6 +168,7 @@ class CppKernelWriter:
             indent += "  "
         for kn in k.nodes:
             self.compute(kn, indent)
+        self.flush_stores()
         self.close(n, indent)
 
     def _rows_tiled(self, parallel: str | None) -> None:
@@ -456,6 +471,13 @@ def _flat_r(inner: tuple) -> str:
     from ...ir import contiguous_strides, index_vars
     return cindex(sympy.expand(sum((v * s for v, s in zip(index_vars("r", len(inner)),
                                                             contiguous_strides(inner))), sympy.Integer(0))))
+
+
+def kernel_params(k: Kernel) -> tuple[list[str], list[str]]:
+    """(input, output) buffers passed to the C++ function, in order; an input written over in place
+    is passed once, as its output."""
+    over = {i for _, i in k.inplace}
+    return [b for b in k.inputs if b not in over], list(k.outputs)
 
 
 def kernel_source(k: Kernel, layouts: dict[str, Layout], options: InductorOptions) -> str:
