@@ -7,6 +7,7 @@ from torch import fx
 
 import kiln
 from kiln.inductor import compile_graph
+from tracer import trace
 
 aten = torch.ops.aten
 
@@ -99,3 +100,48 @@ def test_adam_step_over_many_tensors_matches_eager_and_mutates_in_place() -> Non
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     assert [t.data_ptr() for ts in state for t in ts] == ptrs
+
+
+def _adam_foreach(params, grads, exp_avgs, exp_avg_sqs) -> None:
+    with torch.no_grad():
+        torch._foreach_mul_(exp_avgs, 0.9)
+        torch._foreach_add_(exp_avgs, grads, alpha=0.1)
+        torch._foreach_mul_(exp_avg_sqs, 0.999)
+        torch._foreach_addcmul_(exp_avg_sqs, grads, grads, value=0.001)
+        denom = torch._foreach_sqrt(torch._foreach_div(exp_avg_sqs, 0.5))
+        torch._foreach_add_(denom, 1e-8)
+        torch._foreach_addcdiv_(params, exp_avgs, denom, value=-0.01)
+
+
+def test_foreach_adam_step_matches_eager_with_every_state_updated_in_place() -> None:
+    torch.manual_seed(0)
+    shapes = [(37,), (16, 9), (5, 3, 7), (1,), (64, 33)]
+    state = [[torch.randn(s) for s in shapes] for _ in range(3)] + [[torch.rand(s) for s in shapes]]
+    ref = [[t.clone() for t in ts] for ts in state]
+    step = kiln.compile(_adam_foreach, backend="inductor")
+    for _ in range(2):
+        step(*state)
+        _adam_foreach(*ref)
+    for got, want in zip(state, ref):
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _functional_adam(p, g, m, v):
+    m2 = m * 0.9 + g * 0.1
+    v2 = v * 0.999 + g * g * 0.001
+    return p - 0.01 * m2 / ((v2 / 0.5).sqrt() + 1e-8), m2, v2
+
+
+def test_the_update_kernel_of_each_tensor_writes_all_three_states_in_place() -> None:
+    torch.manual_seed(0)
+    p, g, m, v = torch.randn(16, 9), torch.randn(16, 9), torch.randn(16, 9), torch.rand(16, 9)
+    gm = trace(_functional_adam, p, g, m, v)
+    gm.meta["kiln_input_mutations"] = ((0, 0), (1, 2), (2, 3))  # new p, m, v are inputs 0, 2, 3
+    want = _functional_adam(p, g, m, v)
+    cg = compile_graph(gm, [p, g, m, v])
+    got = cg.fn(p, g, m, v)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    assert cg.texts["ir_post_fusion"].count(" over arg") == 3  # one kernel writes p, m and v in place
+    assert [o.data_ptr() for o in got] == [t.data_ptr() for t in (p, m, v)]
