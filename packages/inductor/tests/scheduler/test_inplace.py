@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 from torch import fx
+from tracer import trace
 
 import kiln
 from kiln.inductor import compile_graph
-from tracer import trace
 
 aten = torch.ops.aten
 
