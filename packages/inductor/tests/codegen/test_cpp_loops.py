@@ -10,10 +10,18 @@ import torch.nn.functional as F
 from helpers import check, n_kernels
 
 
-def _kernels(cg) -> list[str]:
-    """The C++ source of each generated kernel (prelude stripped)."""
+def _kernels(cg, variant: str = "parallel") -> list[str]:
+    """The C++ source of each generated kernel (prelude stripped). A parallel kernel carries a serial
+    copy of its loops for one-thread runs: ``variant`` picks which one is returned."""
     src = cg.texts["output_code"].split("# ---- kernels")[1]
-    return ['extern "C"' + k for k in src.split('extern "C"')[1:]]
+    out = []
+    for k in ['extern "C"' + k for k in src.split('extern "C"')[1:]]:
+        if "if (omp_get_max_threads() > 1) {" in k:
+            head, rest = k.split("if (omp_get_max_threads() > 1) {", 1)
+            par, ser = rest.split("\n  } else {", 1)
+            k = head + (par if variant == "parallel" else ser)
+        out.append(k)
+    return out
 
 
 def _inner_loops(kernel: str) -> list[str]:
@@ -59,6 +67,20 @@ def test_small_kernels_are_serial_simd_loops() -> None:
     cg = check(lambda x: (x * 2).sin() + 1, big)
     (k,) = _kernels(cg)
     assert "#pragma omp parallel for" in k and " if(" not in k
+
+
+def test_parallel_kernels_have_a_serial_copy_for_one_thread() -> None:
+    x = torch.randn(64, 1024)
+    for threads in (1, 2):  # the OpenMP thread count picks the variant at run time: both must be right
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            cg = check(lambda x: (torch.softmax(x, -1), (x * 2).sin() + 1), x)
+        finally:
+            torch.set_num_threads(before)
+    for par, ser in zip(_kernels(cg), _kernels(cg, "serial")):
+        assert "#pragma omp parallel for" in par and "omp parallel" not in ser
+        assert len(_inner_loops(par)) == len(_inner_loops(ser))
 
 
 def test_small_row_reductions_are_serial() -> None:

@@ -137,7 +137,8 @@ class CompiledFunction(torch.autograd.Function):
 def _finish(args, graph_outs, mutated):
     with torch.no_grad():
         for idx, new in zip(SIG["mutated"], mutated):
-            args[idx].copy_(new)
+            if new is not args[idx]:  # a compiler that updated the input in place returns it
+                args[idx].copy_(new)
     result = []
     for kind, index, size, stride, offset, rg, value in SIG["outputs"]:
         if kind == "graph":

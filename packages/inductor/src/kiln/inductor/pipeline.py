@@ -26,6 +26,7 @@ from .options import InductorOptions
 from .padmm import pad_misaligned_matmuls
 from .reinplace import reinplace_input_mutations
 from .scheduler import eliminate_dead_code, schedule
+from .scheduler.inplace import plan_inplace_updates
 
 
 @dataclass
@@ -150,6 +151,18 @@ def matmul_templates(s: CompileState) -> CompileState:
     return replace(s, scheduled=sched)
 
 
+def inplace_updates(s: CompileState) -> CompileState:
+    """Mutated inputs written over by the kernel computing their new value (scheduler/inplace.py);
+    C++ only: its writer orders each loop point's stores after its loads."""
+    assert s.scheduled is not None
+    if not s.options.reinplace_mutations or not isinstance(backend_for(s), CppBackend):
+        return s
+    sched = plan_inplace_updates(s.scheduled, s.gm.meta.get("kiln_input_mutations") or ())
+    if sched is not s.scheduled:
+        s.texts["ir_post_fusion"] = sched.as_text()
+    return replace(s, scheduled=sched)
+
+
 def generate_kernels(s: CompileState) -> CompileState:
     assert s.scheduled is not None and s.program is not None
     kernels = backend_for(s).compile(s.scheduled, s.program.layouts(), s.options)
@@ -175,6 +188,7 @@ PASSES: list[Pass[CompileState]] = [
     Pass("remove_dead_code", lambda s, ctx: remove_dead_code(s)),
     Pass("fuse_and_plan", lambda s, ctx: fuse_and_plan(s)),
     Pass("matmul_templates", lambda s, ctx: matmul_templates(s)),
+    Pass("inplace_updates", lambda s, ctx: inplace_updates(s)),
     Pass("generate_kernels", lambda s, ctx: generate_kernels(s)),
     Pass("generate_wrapper", lambda s, ctx: generate_wrapper(s)),
 ]

@@ -125,7 +125,9 @@ class WrapperWriter:
             self.lines.append(f"    del {res}")
 
     def alloc(self, buffer: str, layout: Layout, reuse: str | None) -> None:
-        if reuse:
+        if reuse and self.layouts[reuse] == layout:  # same layout (an input updated in place): no view
+            self.lines.append(f"    {buffer} = {reuse}; del {reuse}  # reuse")
+        elif reuse:
             self.lines.append(f"    {buffer} = {reuse}.as_strided({_ints(layout.shape)}, {_ints(layout.stride)})"
                               f"; del {reuse}  # reuse")
         else:

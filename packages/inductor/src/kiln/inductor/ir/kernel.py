@@ -56,6 +56,9 @@ class Kernel:
     nodes: tuple[KernelNode, ...]
     inputs: tuple[str, ...]  # buffers read from memory
     outputs: tuple[str, ...]  # buffers written to memory
+    # (output, input) pairs: the output is written over the input's memory (an optimizer's in-place
+    # update, scheduler/inplace.py); every read of that input in this kernel is at the output's index
+    inplace: tuple[tuple[str, str], ...] = ()
 
     @property
     def is_row_kernel(self) -> bool:
@@ -64,7 +67,8 @@ class Kernel:
     def as_text(self) -> str:
         head = (f"kernel {self.name}[{', '.join(map(str, self.outer))}"
                 + (f" | {', '.join(map(str, self.inner))}" if self.inner else "") + "]"
-                + f" reads ({', '.join(self.inputs)}) writes ({', '.join(self.outputs)})")
+                + f" reads ({', '.join(self.inputs)}) writes ({', '.join(self.outputs)})"
+                + "".join(f" {o} over {i}" for o, i in self.inplace))
         return "\n".join([head, *(n.as_text() for n in self.nodes)])
 
 

@@ -6,7 +6,7 @@ from ...ir import Layout, ScheduledProgram
 from ...options import InductorOptions
 from ..common import CompiledKernels
 from .build import CppCompileError, build_shared_library
-from .kernel import kernel_source
+from .kernel import kernel_params, kernel_source
 from .prelude import PRELUDE, VECTOR_MATH
 
 # The wrapper loads its library from FILES_DIR; if that fails (another machine or libc), it rebuilds
@@ -46,11 +46,12 @@ class CppBackend:
                    f"_lib = _load_library({lib_name!r})"]
         launches: dict[str, str] = {}
         for k in kernels:
-            n_args = len(k.inputs) + len(k.outputs)
+            ins, outs = kernel_params(k)
+            n_args = len(ins) + len(outs)
             prelude.append(f"_{k.name} = _lib.{k.name}")
             prelude.append(f"_{k.name}.argtypes = [ctypes.c_void_p] * {n_args}")
             prelude.append(f"_{k.name}.restype = None")
-            args = ", ".join(f"{b}.data_ptr()" for b in (*k.inputs, *k.outputs))
+            args = ", ".join(f"{b}.data_ptr()" for b in (*ins, *outs))
             launches[k.name] = f"_{k.name}({args})"
         files = {lib_name: so.read_bytes(), lib_name.replace(".so", ".cpp"): source.encode()}
         return CompiledKernels(files, "\n".join(prelude), launches, source, str(so.parent), seconds)

@@ -26,8 +26,11 @@ static inline kiln_bf16 kiln_f32_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
   return (kiln_bf16)(u >> 16);
 }
-template <typename T> static inline T kiln_max(T a, T b) { return (a != a) ? a : ((a > b) ? a : b); }
-template <typename T> static inline T kiln_min(T a, T b) { return (a != a) ? a : ((a < b) ? a : b); }
+// select first, NaN fix-up second: g++ turns these into max/min + blend; the nested form
+// `(a != a) ? a : (a > b ? a : b)` compiled to data-dependent branches in loops it could not
+// vectorise (a BN+ReLU+max-pool kernel: 4.2 ms on random data, 0.3 ms with these forms)
+template <typename T> static inline T kiln_max(T a, T b) { T m = (a > b) ? a : b; return (a != a) ? a : m; }
+template <typename T> static inline T kiln_min(T a, T b) { T m = (a < b) ? a : b; return (a != a) ? a : m; }
 template <typename T> static inline T kiln_floordiv(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { return std::floor(a / b); }
   else { T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q; }
@@ -53,7 +56,7 @@ template <typename T> static inline T kiln_sign(T a) {
   else { return (T)((T(0) < a) - (a < T(0))); }
 }
 template <typename T> static inline T kiln_sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
-template <typename T> static inline T kiln_relu(T a) { return a < T(0) ? T(0) : a; }
+template <typename T> static inline T kiln_relu(T a) { T m = (a > T(0)) ? a : T(0); return (a != a) ? a : m; }
 template <typename T> static inline bool kiln_isnan(T a) { return a != a; }
 
 // Philox4x32-10 counter-based generator: (seed, offset) -> 4 x uint32, no state between calls.

@@ -1,0 +1,98 @@
+"""Input mutations written in place by the kernel that computes them (C++ backend).
+
+A functional graph returns the new value of every input it mutated; kiln.autograd copies it back after
+the call (``gm.meta["kiln_input_mutations"]``: (output position, input position) pairs). For an
+optimizer step written with in-place ops (``p.addcdiv_``, ``m.mul_().add_()``) that is one fresh buffer
+plus one full copy per state tensor per step: the adam_update benchmark spent more time in the 150
+``copy_`` calls and allocations than in its kernels. torch.compile writes into the parameters.
+
+Here the output buffer takes the input's memory when that is safe:
+
+- a pointwise kernel (no row loops, no scatter) computes it, with exactly the input's layout;
+- every read of the input in that kernel is at the output's store index (each loop point reads the old
+  value only where it writes the new one; the C++ writer stores after all loads of a point);
+- nothing after that kernel reads the input, and no graph output is the input itself or a view of it.
+
+The wrapper then binds the output to the input tensor (no allocation) and the write-back finds the same
+memory and copies nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import sympy
+
+from ..ir import (
+    Allocation,
+    ExternKernel,
+    Kernel,
+    LoopProgram,
+    ScheduledProgram,
+    Step,
+    TensorRef,
+    args_buffers,
+    reads,
+)
+
+
+def _buffers_used(w: Kernel | ExternKernel) -> set[str]:
+    if isinstance(w, Kernel):
+        return set(w.inputs) | set(w.outputs)
+    return set(args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs))) | {o.buffer for o in w.outputs}
+
+
+def _reads_only_at(k: Kernel, buffer: str, out: str) -> bool:
+    """Whether every load of ``buffer`` in ``k`` is a direct load at ``out``'s store index."""
+    node = next(kn for kn in k.nodes if kn.buffer == out)
+    for kn in k.nodes:
+        for ld in reads(kn.body):
+            if ld.buffer == buffer and (ld.indirect or sympy.expand(ld.index - node.store_index) != 0):
+                return False
+    return True
+
+
+def _eligible_kernel(k: Kernel, out: str) -> bool:
+    node = next((kn for kn in k.nodes if kn.buffer == out), None)
+    return (node is not None and node.store and not k.inner
+            and all(kn.kind == "pointwise" for kn in k.nodes))
+
+
+def plan_inplace_updates(s: ScheduledProgram, mutations: Sequence[tuple[int, int]]) -> ScheduledProgram:
+    """``s`` with each eligible mutated-input output written over its input (see the module doc)."""
+    p = s.program
+    assert isinstance(p, LoopProgram)
+    if not mutations:
+        return s
+    layouts = p.layouts()
+    by_position = {b.position: b.name for b in p.inputs}
+    returned = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
+    steps = list(s.steps)
+    taken: set[str] = set()
+    for out_pos, in_pos in mutations:
+        if out_pos >= len(p.outputs) or in_pos not in by_position:
+            continue
+        ref, inp = p.outputs[out_pos], by_position[in_pos]
+        if not isinstance(ref, TensorRef) or inp in returned or inp in taken:
+            continue
+        out = ref.buffer
+        lay_o, lay_i = layouts[out], layouts[inp]
+        if (tuple(ref.shape), tuple(ref.stride), ref.offset) != (lay_o.shape, lay_o.stride, lay_o.offset) \
+                or lay_o != lay_i:
+            continue
+        k = next((j for j, st in enumerate(steps) if isinstance(st.work, Kernel) and out in st.work.outputs), None)
+        if k is None:
+            continue
+        work = steps[k].work
+        assert isinstance(work, Kernel)
+        if not _eligible_kernel(work, out) or not _reads_only_at(work, inp, out):
+            continue
+        if any(inp in _buffers_used(st.work) for st in steps[k + 1:]):
+            continue
+        allocs = tuple(Allocation(a.buffer, a.layout, inp) if a.buffer == out else a for a in steps[k].allocate)
+        if not any(a.buffer == out and a.reuse == inp for a in allocs):
+            continue
+        steps[k] = Step(allocs, replace(work, inplace=(*work.inplace, (out, inp))), steps[k].free)
+        taken.add(inp)
+    return ScheduledProgram(p, tuple(steps)) if taken else s
