@@ -224,7 +224,7 @@ def find_sites(s: ScheduledProgram) -> list[Site]:
         nodes = epilogue_nodes(w, spec) if isinstance(w, Kernel) and first not in absorbed else None
         if nodes is None:
             tk = TemplateKernel(f"tmpl_{spec.op}_{st.work.name}", _shape(spec), (), (), _inputs(spec, ()),
-                                (spec.out.buffer,), spec, Config(), True)
+                                (spec.out.buffer,), spec=spec, config=Config(), store_product=True)
             sites.append(Site(i, st.work, spec, None, None, tk))
             continue
         assert isinstance(w, Kernel) and first is not None
@@ -232,7 +232,8 @@ def find_sites(s: ScheduledProgram) -> list[Site]:
         store = len(readers) > 1 or spec.out.buffer in outputs
         outs = tuple(dict.fromkeys(((spec.out.buffer,) if store else ()) + tuple(w.outputs)))
         ins = _inputs(spec, tuple(b for b in w.inputs if b != spec.out.buffer))
-        tk = TemplateKernel(f"tmpl_{spec.op}_{w.name}", _shape(spec), (), nodes, ins, outs, spec, Config(), store)
+        tk = TemplateKernel(f"tmpl_{spec.op}_{w.name}", _shape(spec), (), nodes, ins, outs, spec=spec, config=Config(),
+                            store_product=store)
         sites.append(Site(i, st.work, spec, first, w, tk))
     return sites
 
@@ -390,4 +391,5 @@ def select_templates(s: ScheduledProgram, options: InductorOptions, device: str,
 
 
 def _with_config(tk: TemplateKernel, c: Config) -> TemplateKernel:
-    return TemplateKernel(tk.name, tk.outer, tk.inner, tk.nodes, tk.inputs, tk.outputs, tk.spec, c, tk.store_product)
+    return TemplateKernel(tk.name, tk.outer, tk.inner, tk.nodes, tk.inputs, tk.outputs, spec=tk.spec, config=c,
+                          store_product=tk.store_product)

@@ -242,7 +242,7 @@ def template_kernel(name: str, spec: MatmulSpec, cfg: Config, epilogue: Epilogue
                               grid_dims=grid)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class TemplateKernel(Kernel):
     """A scheduled kernel that is a matmul template: ``spec``'s product with the chosen ``config``,
     then ``nodes`` (the fused epilogue, over the product's logical variables). ``inputs``/``outputs``
