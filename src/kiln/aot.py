@@ -50,13 +50,23 @@ def _output_spec(fn: Callable[..., Any], args: tuple, kwargs: dict,
                         f"({', '.join(kinds)}); ahead-of-time functions must return tensors in "
                         "(nested) tuples, lists or dicts")
     if len(leaves) != len(graph_outputs) or not all(
-            a.shape == b.shape and torch.allclose(a.detach().float(), b.detach().float(),
-                                                  rtol=1e-3, atol=1e-4, equal_nan=True)
-            for a, b in zip(leaves, graph_outputs)):
+            a.shape == b.shape and _close(a, b) for a, b in zip(leaves, graph_outputs)):
         raise KilnError(f"aot_compile: cannot match the {len(leaves)} returned tensors of "
                         f"{getattr(fn, '__qualname__', fn)} to the captured graph's "
                         f"{len(graph_outputs)} outputs (does it return an input or a view of one?)")
     return spec
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a returned tensor is this graph output: the same values up to the compiled code's
+    rounding (16-bit products summed in another order differ by a few units of their last place)."""
+    if a.dtype != b.dtype or a.numel() == 0:
+        return a.dtype == b.dtype
+    low = a.is_floating_point() and a.element_size() < 4
+    a, b = a.detach().float(), b.detach().float()
+    scale = float(a.abs().max()) if low else 0.0
+    return torch.allclose(a, b, rtol=5e-2 if low else 1e-3, atol=5e-2 * (scale + 1) if low else 1e-4,
+                          equal_nan=True)
 
 
 def _with_triton_binaries(program: PortableProgram) -> PortableProgram:
