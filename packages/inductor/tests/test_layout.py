@@ -328,7 +328,10 @@ def trace_fake(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.fx.GraphM
     return torch.fx.GraphModule(nn.Module(), g)
 
 
-def test_auto_is_off_on_cpu_and_on_for_cuda_convs() -> None:
+def test_auto_is_off_on_cpu_and_on_for_cuda_convs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kiln.inductor.layout as layout_mod
+
+    monkeypatch.setattr(layout_mod, "TRAINING_CHANNELS_LAST", True)  # the training rules themselves
     gm, ex = _fake_graph("cpu", 128, 128)
     assert not decide(gm, ex, "auto").channels_last
     assert decide(gm, ex, "channels_last").channels_last
@@ -374,8 +377,11 @@ def test_auto_skips_graphs_mixing_nchw_inputs_into_nhwc_work() -> None:
         assert d.channels_last is want, d.reason
 
 
-def test_auto_training_backward_graph() -> None:
-    """convolution_backward's arguments sit elsewhere than convolution's (transposed at 7, groups at 9)."""
+def test_auto_training_backward_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """convolution_backward's arguments sit elsewhere than convolution's (transposed at 7, groups at 9);
+    by default training graphs keep NCHW (measured slower channels-last on the H200)."""
+    import kiln.inductor.layout as layout_mod
+
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         with mode:
@@ -393,8 +399,57 @@ def test_auto_training_backward_graph() -> None:
                         (*ph, [128], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [True, True, False]))
     c.meta["val"] = res
     g.output((c,))
-    d = decide(torch.fx.GraphModule(nn.Module(), g), [go, x, w], "auto")
+    gm = torch.fx.GraphModule(nn.Module(), g)
+    d = decide(gm, [go, x, w], "auto")
+    assert not d.channels_last and "training" in d.reason, d.reason
+    monkeypatch.setattr(layout_mod, "TRAINING_CHANNELS_LAST", True)
+    d = decide(gm, [go, x, w], "auto")
     assert d.channels_last, d.reason
+
+
+def test_auto_keeps_nchw_when_a_spatial_reduction_feeds_later_convolutions() -> None:
+    """Squeeze-excite (mean over H, W, then more convolutions) stays NCHW; a final global pool does not
+    count (nothing convolves after it)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    try:
+        with mode:
+            x, w = torch.empty(2, 128, 16, 16, device="cuda"), torch.empty(128, 128, 3, 3, device="cuda")
+    except Exception as e:
+        pytest.skip(f"fake CUDA tensors unavailable: {e}")
+    aten = torch.ops.aten
+    conv_args = (None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    for se in (True, False):
+        g = torch.fx.Graph()
+        a, b = g.placeholder("x"), g.placeholder("w")
+        a.meta["val"], b.meta["val"] = x, w
+        with mode:
+            c1v = aten.convolution.default(x, w, *conv_args)
+            pv = aten.mean.dim(c1v, [2, 3], True)
+            sv = aten.mul.Tensor(c1v, pv)
+            c2v = aten.convolution.default(sv, w, *conv_args)
+        c1 = g.call_function(aten.convolution.default, (a, b, *conv_args))
+        c1.meta["val"] = c1v
+        if se:
+            p = g.call_function(aten.mean.dim, (c1, [2, 3], True))
+            p.meta["val"] = pv
+            s2 = g.call_function(aten.mul.Tensor, (c1, p))
+            s2.meta["val"] = sv
+            c2 = g.call_function(aten.convolution.default, (s2, b, *conv_args))
+            c2.meta["val"] = c2v
+            out = g.call_function(aten.sum.default, (c2,))
+        else:
+            c2 = g.call_function(aten.convolution.default, (c1, b, *conv_args))
+            c2.meta["val"] = c2v
+            p = g.call_function(aten.mean.dim, (c2, [2, 3], True))
+            p.meta["val"] = pv
+            out = g.call_function(aten.sum.default, (p,))
+        with mode:
+            out.meta["val"] = torch.empty((), device="cuda")
+        g.output((out,))
+        d = decide(torch.fx.GraphModule(nn.Module(), g), [x, w], "auto")
+        assert d.channels_last is not se, d.reason
+        if se:
+            assert "squeeze-excite" in d.reason
 
 
 def test_unknown_mode_is_an_error() -> None:

@@ -36,7 +36,8 @@ def finish_outputs(sig: GraphSignature, args: Sequence[Any], graph_outs: Sequenc
                 dst = args[idx]
                 # a compiler that updated the input in place (kiln.inductor's reinplacing) returns it,
                 # or a view of the same memory from a CUDA graph: nothing to copy
-                if new is not dst and new.data_ptr() != dst.data_ptr() or new.stride() != dst.stride() or new.shape != dst.shape:
+                if new is not dst and (new.data_ptr() != dst.data_ptr() or new.stride() != dst.stride()
+                                       or new.shape != dst.shape):
                     dst.copy_(new)
     result: list[Any] = []
     for info in sig.outputs:

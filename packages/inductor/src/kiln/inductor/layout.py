@@ -27,7 +27,7 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from kiln.graph import autocast_off, log
+from kiln.graph import autocast_off, log, target_name
 
 aten = torch.ops.aten
 CONV = aten.convolution.default
@@ -40,6 +40,8 @@ GROUPED, SMALL, IN_OUT, DEFAULT = 1.358, 0.783, 0.725, 0.823
 # "auto" skips graphs whose NCHW conv-derived outputs hold more elements than this fraction of all
 # convolution inputs (a training forward returning its saved activations; weight gradients are small)
 MAX_RESTORED_FRACTION = 0.25
+# auto for training graphs: off until BatchNorm's NHWC column reductions are split (see _auto)
+TRAINING_CHANNELS_LAST = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +132,14 @@ def _auto(gm: fx.GraphModule, convs: list[fx.Node]) -> LayoutDecision:
         # BatchNorm/ReLU backward kernel (strided reads), where cuDNN transposes with tiled kernels
         return LayoutDecision(False, f"auto: {n_in} NCHW activation inputs feed pointwise work (saved "
                                      "activations of a forward kept NCHW)")
-    # training (a backward graph, or a forward whose saved outputs are marked): torch's stricter rules
+    # training (a backward graph, or a forward whose saved outputs are marked). Measured on the H200
+    # (benchmarks/RESULTS.md, session 4): with channels-last training graphs ResNet-50 AMP training ran
+    # at 0.49x eager and MobileNetV3 0.57x (NCHW: 1.37x / 1.22x the session before): BatchNorm's
+    # statistics become column reductions, which kiln's Triton reductions do not split yet
     if FREE_OUTPUTS in gm.meta or any(n.target is CONV_BACKWARD for n in convs):
+        if not TRAINING_CHANNELS_LAST:
+            return LayoutDecision(False, "auto: training graphs keep NCHW (BatchNorm statistics over NHWC "
+                                         "are column reductions; slower on the H200)")
         if "grouped" in kinds:
             return LayoutDecision(False, "auto: grouped convolution with >1 input channel per group")
         if "in_out" in kinds:
@@ -139,6 +147,11 @@ def _auto(gm: fx.GraphModule, convs: list[fx.Node]) -> LayoutDecision:
         if all(k == "small" for k in kinds):
             return LayoutDecision(False, "auto: every convolution has <= 64 channels")
         return LayoutDecision(True, "auto: training convolutions")
+    pooled = _spatial_reduction_before_conv(gm, convs)
+    if pooled is not None:
+        # squeeze-excite: MobileNetV3 inference measured 0.86x eager channels-last vs 2.15x NCHW
+        return LayoutDecision(False, f"auto: {pooled} reduces over H and W before later convolutions "
+                                     "(squeeze-excite): a column reduction in NHWC")
     flops = {"grouped": 0.0, "small": 0.0, "in_out": 0.0, "default": 0.0}
     for n, k in zip(convs, kinds):
         flops[k] += _flops(n)
@@ -148,6 +161,28 @@ def _auto(gm: fx.GraphModule, convs: list[fx.Node]) -> LayoutDecision:
     if weighted > total:
         return LayoutDecision(False, f"auto: FLOP-weighted estimate {weighted / total:.2f}x (slower)")
     return LayoutDecision(True, f"auto: FLOP-weighted estimate {weighted / max(total, 1.0):.2f}x")
+
+
+_SPATIAL_REDUCTIONS = {"aten.mean.dim", "aten.sum.dim_IntList", "aten.amax.default", "aten.amin.default",
+                       "aten.var_mean.correction", "aten.var.correction"}
+
+
+def _spatial_reduction_before_conv(gm: fx.GraphModule, convs: list[fx.Node]) -> str | None:
+    """The first node reducing a 4-D value over both H and W that a later convolution follows in the
+    graph's (topological) order, or None."""
+    remaining = len(convs)
+    is_conv = set(convs)
+    for n in gm.graph.nodes:
+        remaining -= n in is_conv
+        if not remaining:
+            return None
+        if n.op != "call_function" or target_name(n.target) not in _SPATIAL_REDUCTIONS or len(n.args) < 2:
+            continue
+        v = n.args[0].meta.get("val") if isinstance(n.args[0], fx.Node) else None
+        dims = n.args[1] if isinstance(n.args[1], (list, tuple)) else [n.args[1]]
+        if isinstance(v, torch.Tensor) and v.dim() == 4 and {d % 4 for d in dims if isinstance(d, int)} >= {2, 3}:
+            return n.name
+    return None
 
 
 def _activation_outputs(gm: fx.GraphModule, convs: list[fx.Node]) -> tuple[int, int]:
