@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .guards_codegen import GENERATED_MAX_GUARDS, generated_check
-from .guards_plan import device_matches, global_state, plan_check
+from .guards_plan import global_state, plan_check
 
 GUARD_KINDS: dict[str, str] = {
     "TENSOR_MATCH": "dtype, device, shape (None = dynamic), stride (None = dynamic), requires_grad",
