@@ -201,10 +201,10 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if "cache" in args.parts:
                 for backend in backends:
-                    cache_rows.append(_guarded(lambda b=backend: _cold_warm(
-                        args, b, model, Path(tmp), common), {"model": model, "backend": backend}))
+                    cache_rows.append(_guarded(lambda b=backend, m=model: _cold_warm(
+                        args, b, m, Path(tmp), common), {"model": model, "backend": backend}))
             if "load" in args.parts:
-                load_rows.append(_guarded(lambda: _load_row(args, backends, model, Path(tmp), common),
+                load_rows.append(_guarded(lambda m=model: _load_row(args, backends, m, Path(tmp), common),
                                           {"model": model}))
     _print_ratios(cache_rows, load_rows, backends)
     body = []
@@ -292,8 +292,8 @@ def _load_row(args: argparse.Namespace, backends: list[str], model: str, tmp: Pa
                                   kiln_backend=args.kiln_backend, tc_backend=args.tc_backend,
                                   **common), timeout_s=args.timeout, env=cli.child_env(args))
         load_kw = dict(backend=backend, model=model, path=path, **common)
-        loaded = saved if saved.get("error") else _median_of(args.repeat, lambda: run_isolated(
-            "benchmarks.warm_start:load_first_call", load_kw, timeout_s=args.timeout,
+        loaded = saved if saved.get("error") else _median_of(args.repeat, lambda kw=load_kw: run_isolated(
+            "benchmarks.warm_start:load_first_call", kw, timeout_s=args.timeout,
             env=cli.child_env(args)))
         # a restart on the same machine: a first load fills the local caches, a second one is timed
         again: dict[str, Any] = {"error": loaded.get("error") or saved.get("error")}
@@ -301,8 +301,8 @@ def _load_row(args: argparse.Namespace, backends: list[str], model: str, tmp: Pa
             env = dict(fresh_cache_env(tmp / f"load-cache-{backend}-{model}"), **cli.child_env(args))
             run_isolated("benchmarks.warm_start:load_first_call", load_kw,  # fills the local cache
                          timeout_s=args.timeout, env=env, fresh_caches=False)
-            again = _median_of(args.repeat, lambda: run_isolated(
-                "benchmarks.warm_start:load_first_call", load_kw, timeout_s=args.timeout, env=env,
+            again = _median_of(args.repeat, lambda kw=load_kw, e=env: run_isolated(
+                "benchmarks.warm_start:load_first_call", kw, timeout_s=args.timeout, env=e,
                 fresh_caches=False))
         row[backend] = {"save": saved, "load": loaded, "load_warm": again}
         print(f"load  {model:<12} {B.LABELS[backend]:<13} "

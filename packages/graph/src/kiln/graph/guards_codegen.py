@@ -11,11 +11,14 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .guards_plan import device_matches, global_state, resolve_type
+
+if TYPE_CHECKING:  # guards.py imports this module
+    from .guards import Guard
 
 GENERATED_MAX_GUARDS = 256
 
