@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .guards_codegen import GENERATED_MAX_GUARDS, generated_check
+from .guards_plan import device_matches as device_matches  # re-exported (kiln.graph API)
 from .guards_plan import global_state, plan_check
 
 GUARD_KINDS: dict[str, str] = {

@@ -368,13 +368,15 @@ def plan_check(guards: Sequence[Any], outputs: Sequence[str] | None = None) -> C
                 if g.kind in ("SYMBOL", "SHAPE_EXPR")]
     out_nodes = [reads.slot(s) for s in outputs] if outputs is not None else None
     pos, levels = reads.program()  # node -> position in vals, from here on
-    checks = [_group_check(kind, [g for g, _ in members], _take([pos[n] for _, n in members]))
-              for kind, members in groups.items() if members]
+    checks: list[Callable[[list[Any]], bool]] = [
+        _group_check(kind, [g for g, _ in members], _take([pos[n] for _, n in members]))
+        for kind, members in groups.items() if members]
     for g, n in single:
-        checks.append(lambda vals, i=pos[n], ok=_value_check(g): ok(vals[i]))
+        checks.append(lambda vals, i=pos[n], ok=_value_check(g): ok(vals[i]))  # type: ignore[misc]
     binds = [_symbol_check(g, None if n is None else pos[n]) for g, n in symbolic]
-    gather = (None if out_nodes is None else (lambda vals: []) if not out_nodes
-              else (lambda vals, t=_take([pos[n] for n in out_nodes]): list(t(vals))))
+    gather: Callable[[list[Any]], list[Any]] | None = (
+        None if out_nodes is None else (lambda vals: []) if not out_nodes
+        else (lambda vals, t=_take([pos[n] for n in out_nodes]): list(t(vals))))  # type: ignore[misc]
     fail = None if gather is not None else False
     call = operator.call
     modules = sys.modules
@@ -387,8 +389,8 @@ def plan_check(guards: Sequence[Any], outputs: Sequence[str] | None = None) -> C
             vals: list = [L, G, (L, G), modules]
             for getters, parents in levels:
                 vals.extend(map(call, getters, parents(vals)))
-            for c in checks:
-                if not c(vals):
+            for vc in checks:
+                if not vc(vals):
                     return fail
             if binds:
                 S: dict = {}
