@@ -29,6 +29,8 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from kiln.graph import autocast_off, log, target_name
 
+from .ir import is_dense
+
 aten = torch.ops.aten
 CONV = aten.convolution.default
 CONV_BACKWARD = aten.convolution_backward.default
@@ -285,16 +287,6 @@ def _restore_output_strides(gm: fx.GraphModule, before: dict[int, tuple[int, ...
     return fixed
 
 
-def _dense(v: torch.Tensor) -> bool:
-    dims = sorted((int(st), int(sz)) for sz, st in zip(v.shape, v.stride()) if int(sz) != 1)
-    expect = 1
-    for st, sz in dims:
-        if st != expect:
-            return False
-        expect *= sz
-    return True
-
-
 def output_strides(gm: fx.GraphModule) -> dict[int, tuple[int, ...]]:
     """Strides of the graph's dense tensor outputs by flat output position (from ``meta['val']``)."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
@@ -302,7 +294,7 @@ def output_strides(gm: fx.GraphModule) -> dict[int, tuple[int, ...]]:
     strides = {}
     for k, a in enumerate(flat):
         v = _val(a)
-        if isinstance(v, torch.Tensor) and v.layout == torch.strided and _dense(v):
+        if isinstance(v, torch.Tensor) and v.layout == torch.strided and is_dense(v.shape, v.stride()):
             strides[k] = tuple(int(s) for s in v.stride())
     return strides
 

@@ -27,6 +27,7 @@ from .index import (
                    contiguous_strides,
                    index_var,
                    index_vars,
+                   is_dense,
                    is_static,
                    product,
                    strided_index,
@@ -61,7 +62,7 @@ __all__ = [
     "ExternKernel", "ExternOutput", "FloorDiv", "IndexExpr", "IndexValue", "InputBuffer", "Kernel",
     "KernelNode", "Layout", "ListArg", "Load", "LoopData", "LoopProgram", "ModIndex", "Node", "Op", "OpInfo",
     "Output", "Pointwise", "Reduction", "Scan", "Scatter", "loop_bodies", "ScheduledProgram", "Step", "TensorRef", "args_buffers",
-    "as_index", "cast", "children", "contiguous_strides", "format_expr", "index_var", "index_vars",
+    "as_index", "cast", "children", "contiguous_strides", "is_dense", "format_expr", "index_var", "index_vars",
     "is_static", "map_expr", "node_outputs", "node_reads", "op", "product", "reads", "size",
     "strided_index", "substitute_index", "verify_kernel", "verify_program", "verify_schedule", "walk",
 ]

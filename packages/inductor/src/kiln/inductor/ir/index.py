@@ -82,6 +82,21 @@ def as_index(v: object) -> sympy.Expr:
     return sympy.Integer(int(v))  # type: ignore[call-overload]
 
 
+def is_dense(shape: Sequence[object], stride: Sequence[object]) -> bool:
+    """Whether ``stride`` lays ``shape`` out densely (a permutation of contiguous strides); False for
+    symbolic sizes."""
+    try:
+        dims = sorted((int(st), int(sz)) for sz, st in zip(shape, stride) if int(sz) != 1)  # type: ignore[call-overload]
+    except TypeError:
+        return False
+    expect = 1
+    for st, sz in dims:
+        if st != expect:
+            return False
+        expect *= sz
+    return True
+
+
 def contiguous_strides(shape: Sequence[IndexExpr]) -> tuple[IndexExpr, ...]:
     strides: list[IndexExpr] = []
     acc: IndexExpr = sympy.Integer(1)

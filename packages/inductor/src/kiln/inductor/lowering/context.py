@@ -19,6 +19,7 @@ from ..ir import (
     Pointwise,
     contiguous_strides,
     index_vars,
+    is_dense,
     reads,
     size,
 )
@@ -71,7 +72,7 @@ class LoweringContext:
         """Store a lazy value into a new buffer (with ``stride`` when given, else contiguous)."""
         if isinstance(v, Strided):
             return v
-        st = stride if stride is not None and _dense(v.shape, stride) else contiguous_strides(v.shape)
+        st = stride if stride is not None and is_dense(v.shape, stride) else contiguous_strides(v.shape)
         layout = Layout(v.shape, tuple(st), v.dtype)
         return self.computed(layout, Pointwise(v.shape, v.body))
 
@@ -102,20 +103,6 @@ def _full_reads(v: Lazy) -> int:
     per-row statistic are cheap to repeat and do not count)."""
     dims = {var for var, n in zip(index_vars("i", len(v.shape)), v.shape) if n != 1}
     return len({ld.buffer for ld in reads(v.body) if dims <= ld.index.free_symbols})
-
-
-def _dense(shape: tuple[sympy.Expr, ...], stride: tuple[sympy.Expr, ...]) -> bool:
-    """Whether ``stride`` lays ``shape`` out densely (a permutation of contiguous strides)."""
-    try:
-        dims = sorted((int(st), int(sz)) for sz, st in zip(shape, stride) if int(sz) != 1)
-    except TypeError:
-        return False
-    expect = 1
-    for st, sz in dims:
-        if st != expect:
-            return False
-        expect *= sz
-    return True
 
 
 def dtype_of(v: object) -> torch.dtype:
