@@ -8,15 +8,29 @@ from __future__ import annotations
 
 from typing import Any
 
+import sympy
 import torch
 from torch import fx
 
 from kiln.graph import target_name
 
-from ..ir import Arg, ConstArg, ExternKernel, ExternOutput, Layout, ListArg, as_index
+from ..ir import (
+    Arg,
+    ConstArg,
+    ExternKernel,
+    ExternOutput,
+    IndexValue,
+    Layout,
+    ListArg,
+    Load,
+    as_index,
+    index_vars,
+    substitute_index,
+    walk,
+)
 from .common import Rule
 from .context import LoweringContext, NotLowered
-from .values import Strided, TensorValue, is_tensor
+from .values import Lazy, Strided, TensorValue, is_tensor
 
 RULES: dict[str, Rule] = {}
 
@@ -32,7 +46,12 @@ def _traced_stride(a: Any, like: Any) -> tuple | None:
 
 def to_arg(ctx: LoweringContext, a: Any, like: Any = None) -> Arg:
     if is_tensor(a):
-        return ctx.realize(a, _traced_stride(a, like)).ref()
+        stride = _traced_stride(a, like)
+        if isinstance(a, Lazy) and stride is not None:
+            small = _realize_broadcast(ctx, a, stride)
+            if small is not None:
+                return small.ref()
+        return ctx.realize(a, stride).ref()
     if isinstance(a, (list, tuple)):
         likes = like if isinstance(like, (list, tuple)) and len(like) == len(a) else [None] * len(a)
         return ListArg(tuple(to_arg(ctx, x, y) for x, y in zip(a, likes)))
@@ -41,6 +60,25 @@ def to_arg(ctx: LoweringContext, a: Any, like: Any = None) -> Arg:
     if isinstance(a, fx.Node):
         raise NotLowered(f"argument {a.name} has no lowered value")
     return ConstArg(a)
+
+
+def _realize_broadcast(ctx: LoweringContext, a: Lazy, stride: tuple) -> Strided | None:
+    """A lazy value that is constant along some dims which the trace passed with stride 0 (an
+    expanded attention mask): store it once with those dims of size 1 and hand the extern a stride-0
+    view, as eager did, instead of materialising every copy (BERT's (B, H, L, S) mask per layer)."""
+    used: set[sympy.Symbol] = set()
+    for e in walk(a.body):
+        if isinstance(e, (Load, IndexValue)):
+            used |= sympy.sympify(e.index).free_symbols
+    ivars = index_vars("i", len(a.shape))
+    flat = [k for k, (v, n) in enumerate(zip(ivars, a.shape)) if n != 1 and v not in used and stride[k] == 0]
+    if not flat:
+        return None
+    body = substitute_index(a.body, {ivars[k]: sympy.Integer(0) for k in flat})
+    small_shape = tuple(sympy.Integer(1) if k in flat else n for k, n in enumerate(a.shape))
+    base = ctx.realize(Lazy(small_shape, a.dtype, body))
+    return Strided(base.buffer, a.shape, tuple(sympy.Integer(0) if k in flat else st
+                                               for k, st in enumerate(base.stride)), base.offset, a.dtype)
 
 
 def _outputs(ctx: LoweringContext, val: Any, path: tuple[int, ...] = ()) -> list[ExternOutput]:
