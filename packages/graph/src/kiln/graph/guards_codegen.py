@@ -15,29 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .guards_plan import device_matches, global_state, resolve_type
+from .guards_plan import global_state, resolve_type, tensor_ok
 
 if TYPE_CHECKING:  # guards.py imports this module
     from .guards import Guard
 
 GENERATED_MAX_GUARDS = 256
-
-def _tensor_ok(v: object, dtype: torch.dtype, device: torch.device, shape: tuple, stride: tuple,
-               requires_grad: bool) -> bool:
-    if not isinstance(v, torch.Tensor) or v.dtype is not dtype or v.requires_grad != requires_grad:
-        return False
-    if v.dim() != len(shape) or not device_matches(v.device, device):
-        return False
-    got_shape = v.shape
-    for want, got in zip(shape, got_shape):
-        if want is not None and want != got:
-            return False
-    got_stride = v.stride()
-    for want, got in zip(stride, got_stride):
-        if want is not None and want != got:
-            return False
-    return True
-
 
 _BASE = re.compile(r"""^[LG]\[(?:'[^']*'|"[^"]*"|-?\d+)\]""")
 _SEGMENT = re.compile(r"""\.[A-Za-z_]\w*|\[(?:'[^']*'|"[^"]*"|-?\d+)\]""")
@@ -83,7 +66,7 @@ class _Compiler:
 
     def __init__(self, guards: tuple[Guard, ...] = ()) -> None:
         self.consts: dict[str, object] = {
-            "_tensor_ok": _tensor_ok, "_global_state": global_state, "_Tensor": torch.Tensor,
+            "_tensor_ok": tensor_ok, "_global_state": global_state, "_Tensor": torch.Tensor,
             "_is_grad": torch.is_grad_enabled, "_autocast": torch.is_autocast_enabled,
             "_default_dtype": torch.get_default_dtype,
             "_deterministic": torch.are_deterministic_algorithms_enabled,
