@@ -44,8 +44,26 @@ def main() -> None:
         "torch.empty_strided((64, 2304), (2304, 1))": lambda: torch.empty_strided((64, 2304), (2304, 1), dtype=dt, device=dev),
         "x.add(1) (one elementwise kernel)": lambda: x.add(1),
     }
-    for name, fn in rows.items():
-        print(f"  {_us(fn):7.2f} us  {name}")
+    # convolutions (ResNet-50's 3x3 stage-1 conv at batch 2): NCHW, channels-last, mixed
+    xi = torch.randn(2, 64, 56, 56, device=dev, dtype=dt)
+    wi = torch.randn(64, 64, 3, 3, device=dev, dtype=dt)
+    xc, wc = xi.to(memory_format=torch.channels_last), wi.to(memory_format=torch.channels_last)
+    conv = torch.convolution
+    rows.update({
+        "torch.convolution NCHW x, NCHW w": lambda: conv(xi, wi, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+        "torch.convolution NHWC x, NHWC w": lambda: conv(xc, wc, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+        "torch.convolution NHWC x, NCHW w": lambda: conv(xc, wi, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+        "aten.convolution.default NHWC x, NHWC w": lambda: aten.convolution.default(
+            xc, wc, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+        "torch.nn.functional.conv2d NHWC x, NHWC w": lambda: torch.nn.functional.conv2d(xc, wc, None, 1, 1),
+        "torch.nn.functional.conv2d NCHW x, NCHW w": lambda: torch.nn.functional.conv2d(xi, wi, None, 1, 1),
+    })
+    for bench in (False, True):
+        torch.backends.cudnn.benchmark = bench
+        for name, fn in rows.items():
+            if bench and "conv" not in name:
+                continue
+            print(f"  {_us(fn):7.2f} us  {name}{'  [cudnn.benchmark]' if bench else ''}")
 
 
 if __name__ == "__main__":

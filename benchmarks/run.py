@@ -41,6 +41,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--explain", action="store_true",
                    help="graph breaks of torch.compile from torch._dynamo.explain (re-traces); "
                         "default: its counters")
+    p.add_argument("--isolate-kiln", action="store_true",
+                   help="run kiln's row in its own process (default: one process per model and mode, "
+                        "backends timed in alternating rounds so host drift hits all alike)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="stop starting new rows after this many seconds (rows left are "
                         "reported as not run)")
@@ -55,9 +58,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def plan(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
-    """(model, mode, backends of one child process), inference first (cheaper)."""
-    groups = [[b for b in args.backends if b in ("eager", "torch_compile")],
-              [b for b in args.backends if b == "kiln"]]
+    """(model, mode, backends of one child process), inference first (cheaper). Eager first (the
+    reference), then kiln, then torch.compile."""
+    order = sorted(args.backends, key=["eager", "kiln", "torch_compile"].index)
+    groups = ([[b for b in order if b != "kiln"], [b for b in order if b == "kiln"]]
+              if args.isolate_kiln else [order])
     return [(model, mode, g) for mode in args.modes for model in args.models for g in groups if g]
 
 

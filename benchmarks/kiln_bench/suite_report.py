@@ -128,7 +128,9 @@ def markdown(rows: Sequence[dict[str, Any]], info: dict[str, Any], settings: dic
         f"Command: `{info['command']}`",
         f"Machine: {machine_line(info)}",
         "Settings: " + ", ".join(f"{k}={v}" for k, v in settings.items()),
-        "Times are medians of individually timed steps after warm-up (synchronised on GPU); "
+        "Times are medians of individually timed steps after warm-up (synchronised on GPU), taken "
+        "in alternating rounds over the backends of a model (eager, kiln, torch.compile, eager, ...) "
+        "so that host-speed drift hits all alike; "
         "`x` = eager ms / backend ms; compile s = first call - steady-state call; peak MB = "
         + ("torch.cuda.max_memory_allocated over the timed steps" if info.get("gpu")
            and settings.get("device", "").startswith("cuda")

@@ -12,6 +12,7 @@ gradient (training) of the compiled step are compared with it.
 from __future__ import annotations
 
 import contextlib
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -85,17 +86,45 @@ def measure_rows(*, model: str, mode: str, backends: list[str], device: str, sma
         reference = _reference(case, out, training)
         del out
     rows = []
+    steps: dict[int, Callable[[], Any]] = {}
     for backend in backends:
         row = dict(base, backend=backend)
-        _measure_backend(row, case, backend, spec, training, dev, iters, warmup, explain,
-                         reference)
+        step = _measure_backend(row, case, backend, spec, training, dev, iters, warmup, explain,
+                                reference)
         if backend == "eager" and "last_out" in row:
             reference = _reference(case, row.pop("last_out"), training)
         row.pop("last_out", None)
+        if step is not None:
+            steps[len(rows)] = step
         rows.append(row)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
+    if len(steps) > 1 and not explain:
+        _interleaved(rows, steps, dev, iters)
     return {"rows": rows}
+
+
+def _interleaved(rows: list[dict[str, Any]], steps: dict[int, Callable[[], Any]],
+                 dev: torch.device, iters: int, rounds: int = 5) -> None:
+    """Time every backend's step again in alternating rounds (A B C A B C ...) and make the median
+    of those the row's ``median_ms``. The host of a GPU machine drifts (the same ATen call measured
+    13-21 us in one process minutes apart), and host-bound steps drift with it: measured one after
+    another, backends would be compared at different host speeds. The one-after-another median is
+    kept as ``median_seq_ms``."""
+    per_round = max(1, iters // rounds)
+    times: dict[int, list[float]] = {i: [] for i in steps}
+    try:
+        for _ in range(rounds):
+            for i, step in steps.items():
+                times[i].extend(M.timed_call(step, dev)[0] for _ in range(per_round))
+    except Exception as exc:  # noqa: BLE001 - keep the one-after-another medians
+        print(f"interleaved timing failed, rows keep their sequential medians: {B.short_error(exc)}")
+        return
+    for i, ts in times.items():
+        row = rows[i]
+        row["median_seq_ms"] = row["median_ms"]
+        row["median_ms"] = statistics.median(ts) * 1e3
+        row["timing"] = f"interleaved, {rounds} rounds x {per_round} steps"
 
 
 def _reference(case: Any, out: Any, training: bool) -> tuple[list, list | None]:
@@ -106,7 +135,8 @@ def _reference(case: Any, out: Any, training: bool) -> tuple[list, list | None]:
 
 def _measure_backend(row: dict[str, Any], case: Any, backend: str, spec: B.CompileSpec,
                      training: bool, dev: torch.device, iters: int, warmup: int, explain: bool,
-                     reference: tuple[list, list | None] | None) -> None:
+                     reference: tuple[list, list | None] | None) -> Callable[[], Any] | None:
+    """Compile, check and time one backend into ``row``; its step function when it ran, else None."""
     try:
         run = B.compile_fn(backend, case.model, spec)
         step = _step_fn(case, run, training, dev)
@@ -115,7 +145,7 @@ def _measure_backend(row: dict[str, Any], case: Any, backend: str, spec: B.Compi
         print(B.error_details(exc))
         row["error"] = B.short_error(exc)
         row["error_stage"] = "compile/first call"
-        return
+        return None
     try:
         for _ in range(max(0, warmup - 1)):
             step()
@@ -127,14 +157,15 @@ def _measure_backend(row: dict[str, Any], case: Any, backend: str, spec: B.Compi
         print(B.error_details(exc))
         row["error"] = B.short_error(exc)
         row["error_stage"] = "steady-state calls"
-        return
+        return None
     row.update(first_call_s=first_s, median_ms=median * 1e3, compile_s=max(0.0, first_s - median),
                peak_mb=mem.mb, mem_kind=mem.kind, iters=iters)
     if backend == "eager":
         row["last_out"] = out
-        return
+        return step
     if reference is not None:
         row["acc_out"] = M.compare(M.to_reference(out), reference[0]).as_dict()
         if training and reference[1] is not None:
             row["acc_grad"] = M.compare(M.grads_of(case.model), reference[1]).as_dict()
     row["graph_info"] = _graph_info(backend, case, explain)
+    return step
