@@ -154,6 +154,8 @@ def test_plan_and_generated_checks_agree() -> None:
         Guard("L['opts']['b']", "LENGTH_MATCH", 2),
         Guard("L['opts']['a']", "IS_NONE", None),
         Guard("L['m'].bias", "NOT_NONE", None),
+        Guard("L['m'].weight", "ID_MATCH", id(lin.weight)),
+        Guard("L['m'].bias", "ID_MATCH", id(lin.bias)),
         Guard("L['x'].size()[0]", "SYMBOL", "s0"),
         Guard("L['y'].size()[0]", "SYMBOL", "s0"),
         Guard("", "SHAPE_EXPR", "s0 >= 2"),
@@ -163,7 +165,8 @@ def test_plan_and_generated_checks_agree() -> None:
               dict(good, y=torch.randn(5)), dict(good, x=torch.randn(1, 3), y=torch.randn(1)),
               dict(good, m=torch.nn.Linear(3, 3)), dict(good, m=torch.nn.Linear(3, 2).eval()),
               dict(good, opts={"b": [1, 2], "a": None}), dict(good, opts={"a": 1, "b": [1, 2]}),
-              dict(good, opts={"a": None, "b": [1]}), dict(good, x=x.double())]
+              dict(good, opts={"a": None, "b": [1]}), dict(good, x=x.double()),
+              dict(good, m=_with_new_bias(lin))]
     plan, generated = plan_check(guards), generated_check(guards)
     answers = []
     for frame in frames:
@@ -174,3 +177,13 @@ def test_plan_and_generated_checks_agree() -> None:
         assert plan(frame, {}) is want, frame
         answers.append(want)
     assert answers[0] is True and answers[1] is True and not any(answers[2:])
+
+
+def _with_new_bias(lin):  # an equal module whose bias is another Parameter object (ID_MATCH fails)
+    import copy
+
+    import torch
+
+    other = copy.copy(lin)
+    other._parameters = dict(lin._parameters, bias=torch.nn.Parameter(lin.bias.detach().clone()))
+    return other

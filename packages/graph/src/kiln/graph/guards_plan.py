@@ -305,6 +305,9 @@ def _group_check(kind: str, members: list, take: Callable[[list], tuple]) -> Cal
             got = take(vals)
             return tuple(map(type, got)) == classes and got == values
         return equals
+    if kind == "ID_MATCH":  # modules of a model: hundreds per call, one comparison
+        ids = tuple(g.expected for g in members)
+        return lambda vals: tuple(map(id, take(vals))) == ids
     if kind == "LENGTH_MATCH":
         lengths = tuple(g.expected for g in members)
         return lambda vals: tuple(map(len, take(vals))) == lengths
@@ -313,7 +316,7 @@ def _group_check(kind: str, members: list, take: Callable[[list], tuple]) -> Cal
     return lambda vals: all(v is not None for v in take(vals))  # NOT_NONE
 
 
-_GROUPED = ("TYPE_MATCH", "LENGTH_MATCH", "IS_NONE", "NOT_NONE", "EQUALS_MATCH", "TENSOR_MATCH")
+_GROUPED = ("TYPE_MATCH", "ID_MATCH", "LENGTH_MATCH", "IS_NONE", "NOT_NONE", "EQUALS_MATCH", "TENSOR_MATCH")
 
 
 def _groupable(g: Any) -> bool:
