@@ -38,6 +38,9 @@ class InductorOptions:
     # a large CUDA matmul with a dimension that is not a multiple of 16 bytes runs on zero-padded
     # operands: cuBLAS's fast kernels need aligned leading dimensions (padmm.py)
     pad_matmuls: bool = True
+    # Triton backend: a reduction with few outputs over many elements (BatchNorm statistics, bias
+    # gradients) runs as partial sums over chunks plus a small final pass (split_reductions.py)
+    split_reductions: bool = True
     # an input the graph mutates by index_put (a KV cache) is updated in place, not copied (reinplace.py)
     reinplace_mutations: bool = True
     # 2-D convolutions and the work between them in channels-last (NHWC) memory (layout.py): "auto"

@@ -27,6 +27,7 @@ from .padmm import pad_misaligned_matmuls
 from .reinplace import reinplace_input_mutations
 from .scheduler import eliminate_dead_code, schedule
 from .scheduler.inplace import plan_inplace_updates
+from .split_reductions import split_reductions
 
 
 @dataclass
@@ -121,6 +122,17 @@ def remove_dead_code(s: CompileState) -> CompileState:
     return replace(s, program=eliminate_dead_code(s.program))
 
 
+def split_long_reductions(s: CompileState) -> CompileState:
+    """Triton: reductions of few outputs over many elements run in two passes (split_reductions.py)."""
+    assert s.program is not None
+    if not s.options.split_reductions or not isinstance(backend_for(s), TritonBackend):
+        return s
+    program, count = split_reductions(s.program)
+    if count:
+        log("perf_hints").info("graph %s: %d long reduction(s) split into partial + final passes", s.name, count)
+    return replace(s, program=program)
+
+
 def fuse_and_plan(s: CompileState) -> CompileState:
     """Dependencies, fusion, kernel building, ordering and memory planning (the scheduler)."""
     assert s.program is not None
@@ -186,6 +198,7 @@ PASSES: list[Pass[CompileState]] = [
     Pass("reinplace", lambda s, ctx: reinplace(s)),
     Pass("lower", lambda s, ctx: lower(s)),
     Pass("remove_dead_code", lambda s, ctx: remove_dead_code(s)),
+    Pass("split_reductions", lambda s, ctx: split_long_reductions(s)),
     Pass("fuse_and_plan", lambda s, ctx: fuse_and_plan(s)),
     Pass("matmul_templates", lambda s, ctx: matmul_templates(s)),
     Pass("inplace_updates", lambda s, ctx: inplace_updates(s)),

@@ -1,0 +1,76 @@
+"""Split reductions on the Triton path: few outputs over many elements run as partial + final passes,
+and still match eager (Triton interpreter on CPU, CUDA on a GPU machine)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from tracer import flat_outputs, trace
+
+from kiln.inductor import InductorOptions, compile_graph
+from kiln.inductor.codegen.triton.testing import device
+from kiln.inductor.split_reductions import chunks_for
+
+OPTIONS = InductorOptions(cpu_backend="triton")
+
+
+def _x(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(*shape, generator=g).to(dtype)
+
+
+def _bn_stats(x):  # BatchNorm training statistics of an NCHW tensor
+    var, mean = torch.var_mean(x, dim=(0, 2, 3), correction=0)
+    return var, mean, (x - mean[None, :, None, None]) * torch.rsqrt(var[None, :, None, None] + 1e-5)
+
+
+def _bn_backward_sums(dy, x):  # the two column sums of BatchNorm's backward, and a bias gradient
+    return dy.sum((0, 2, 3)), (dy * x).sum((0, 2, 3)), dy.flatten(1).sum(0)
+
+
+CASES = {
+    "bn_stats": (_bn_stats, (_x(8, 3, 32, 32),)),
+    "bn_backward": (_bn_backward_sums, (_x(8, 3, 32, 32), _x(8, 3, 32, 32))),
+    "column_max_min": (lambda x: (x.amax(0), x.amin(0), (x > 3.5).any(0), (x > -5).all(0)), (_x(8192, 2),)),
+    "bf16_column_sum": (lambda x: x.sum(0), (_x(6000, 3, dtype=torch.bfloat16),)),
+    "channels_last_mean": (lambda x: x.mean((0, 2, 3)), (_x(4, 5, 40, 40).to(memory_format=torch.channels_last),)),
+}
+
+
+def _compile(fn, inputs, options=OPTIONS):
+    dev = device()
+    ins = [t.to(dev) for t in inputs]
+    gm = trace(fn, *ins)
+    return compile_graph(gm, ins, options=options), ins
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_split_reductions_match_eager(case, caplog):
+    fn, inputs = CASES[case]
+    with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
+        cg, ins = _compile(fn, inputs)
+    assert "long reduction(s) split" in caplog.text  # the split path ran, not the one-pass kernel
+    got = flat_outputs(cg.fn(*ins))
+    want = flat_outputs(fn(*ins))
+    for g, w in zip(got, want, strict=True):
+        tol = dict(rtol=2e-2, atol=2e-2) if w.dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(g.cpu(), w.cpu(), **tol)
+
+
+def test_split_adds_a_partial_kernel_and_the_option_turns_it_off():
+    fn, inputs = CASES["bn_backward"]
+    split, _ = _compile(fn, inputs)
+    whole, _ = _compile(fn, inputs, OPTIONS.replace(split_reductions=False))
+    assert "_part" in split.texts["ir_pre_fusion"] or "_part" in split.texts["ir_post_fusion"]
+    assert "_part" not in whole.texts["ir_post_fusion"]
+
+
+def test_row_reductions_and_short_columns_stay_one_pass():
+    assert chunks_for(100352, (768,)) is None  # LayerNorm rows: many outputs
+    assert chunks_for(64, (32, 7, 7)) is None  # 1,568 elements per output: one pass is fine
+    assert chunks_for(4096, (8, 512)) is None  # enough outputs already
+    assert chunks_for(64, (32, 112, 112)) == (0, 32)  # ResNet stem BatchNorm: split over the batch
+    assert chunks_for(768, (8, 512)) == (0, 4)  # a bias gradient over 8 x 512 tokens
+    assert chunks_for(10, (4099,)) is None  # a prime length: no whole-dimension chunking
