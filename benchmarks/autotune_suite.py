@@ -119,6 +119,100 @@ def print_table(rows: list[dict[str, Any]], device: str) -> None:
     print(f"{'geomean':<24} {'':>11} {'':>12} {_fmt(g, '7.3f')}   ({len(ratios)} of {len(rows)} models)")
 
 
+# ---- cross-compile: what max-autotune would compile, measured on a host without a GPU ----
+
+class _Reports(logging.Handler):
+    """Collects max-autotune's per-compile TuningReport (attached to its summary log record)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.reports: list[Any] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        report = getattr(record, "kiln_autotune_report", None)
+        if report is not None:
+            self.reports.append(report)
+
+
+def _cuda_device_constants(gm: Any) -> None:
+    """The captured graph was traced on CPU: device arguments (``arange(..., device=cpu)``) become CUDA."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+
+    def fix(v: Any) -> Any:
+        if isinstance(v, torch.device) and v == cpu:
+            return cuda
+        if isinstance(v, str) and v == "cpu":
+            return "cuda"
+        return v
+
+    for n in gm.graph.nodes:
+        if n.op == "call_function" or n.op == "call_method":
+            n.args = tuple(fix(a) for a in n.args)
+            n.kwargs = {k: fix(v) for k, v in n.kwargs.items()}
+    gm.recompile()
+
+
+def cross_compile_model(name: str, small: bool, target: str) -> dict[str, Any]:
+    """Compile ``name`` for CUDA with fake inputs under max-autotune on this (GPU-less) host: every
+    candidate is compiled for ``target`` (KILN_AUTOTUNE_CROSS_TARGET) and nothing is timed. Returns
+    the candidate counts and the compile-only seconds (run in a child: the knob is read at import)."""
+    import os
+
+    os.environ["KILN_AUTOTUNE_CROSS_TARGET"] = target
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import kiln
+    from benchmarks.kiln_bench.models import build
+    from kiln.backends import resolve_backend
+    from kiln.settings import CompileOptions
+
+    case = build(name, small=small, device="cpu")
+    case.model.eval().to(torch.bfloat16)  # as the GPU suite runs inference
+    graphs: list[tuple[Any, list[Any]]] = []
+
+    class Captured(Exception):
+        pass
+
+    def record(gm: Any, example_inputs: Any) -> Any:
+        graphs.append((gm, list(example_inputs)))
+
+        def stop(*a: Any) -> Any:
+            raise Captured
+        return stop
+
+    kiln.reset()
+    try:
+        with torch.no_grad():
+            kiln.compile(case.model, backend=record)(*case.args, **case.kwargs)
+    except Captured:
+        pass
+    reports = _Reports()
+    hints = logging.getLogger("kiln.perf_hints")
+    hints.addHandler(reports)
+    hints.setLevel(logging.INFO)
+    backend = resolve_backend("inductor", CompileOptions(mode=MODE))
+    t0 = time.perf_counter()
+    try:
+        for gm, inputs in graphs:
+            _cuda_device_constants(gm)
+            with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+                fake = [mode.from_tensor(x).to("cuda") if isinstance(x, torch.Tensor) else x for x in inputs]
+            with torch.no_grad():
+                backend(gm, fake)
+    finally:
+        hints.removeHandler(reports)
+    total = time.perf_counter() - t0
+    row: dict[str, Any] = {"model": name, "graphs": len(graphs), "compile_s": total, "target": target}
+    for field_name in ("sites", "problems", "cached", "candidates"):
+        row[field_name] = sum(getattr(r, field_name) for r in reports.reports)
+    row["jobs"] = sum(r.compile.jobs for r in reports.reports)
+    row["failed"] = sum(r.compile.failed for r in reports.reports)
+    row["tune_compile_s"] = sum(r.compile.seconds for r in reports.reports)
+    row["workers"] = max([r.compile.workers for r in reports.reports] or [0])
+    row["kinds"] = [dict(r.kinds) for r in reports.reports]
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.kiln_bench.models import SUITE
 

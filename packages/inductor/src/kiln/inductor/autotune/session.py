@@ -67,6 +67,7 @@ class TuningReport:
     budget_defaults: int = 0
     compile: CompileStats = field(default_factory=CompileStats)
     candidates: int = 0  # distinct candidates of the problems compiled
+    kinds: dict[str, int] = field(default_factory=dict)  # distinct problems by kind ("matmul", "kernel")
 
     def line(self) -> str:
         c = self.compile
@@ -103,6 +104,7 @@ class TuningSession:
         p.wanted = wanted
         self.problems[p.key] = p
         self.report.problems += 1
+        self.report.kinds[p.kind] = self.report.kinds.get(p.kind, 0) + 1
         hit = self.tuner.cached(p.key, p.configs)
         if hit is not None:
             p.choice = hit
