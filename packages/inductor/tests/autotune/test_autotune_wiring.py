@@ -11,7 +11,13 @@ import torch
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
-from kiln.inductor.autotune import AutotuneCache, AutotuneOptions, Autotuner, FakeTimer, kernel_configs
+from kiln.inductor.autotune import (
+    AutotuneCache,
+    AutotuneOptions,
+    Autotuner,
+    FakeTimer,
+    kernel_configs,
+)
 from kiln.inductor.codegen.triton import generate_kernels
 from kiln.inductor.codegen.triton.backend import autotune_kernels
 

@@ -34,7 +34,13 @@ from kiln.inductor.autotune import (
     TuningSession,
     normalized_source,
 )
-from kiln.inductor.autotune.mm_template import MatmulSpec, Operand, smem_bytes, smem_limit, template_configs
+from kiln.inductor.autotune.mm_template import (
+    MatmulSpec,
+    Operand,
+    smem_bytes,
+    smem_limit,
+    template_configs,
+)
 
 needs_triton = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                   reason="Triton kernels need a GPU or TRITON_INTERPRET=1")

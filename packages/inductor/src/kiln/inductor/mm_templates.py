@@ -27,7 +27,16 @@ import torch
 
 from kiln.graph import log
 
-from .autotune import Autotuner, Choice, CompileJob, Config, Problem, TuningSession, buffers_for, tune_key
+from .autotune import (
+    Autotuner,
+    Choice,
+    CompileJob,
+    Config,
+    Problem,
+    TuningSession,
+    buffers_for,
+    tune_key,
+)
 from .autotune.mm_template import (
     Epilogue,
     MatmulSpec,

@@ -13,9 +13,9 @@ from torch import fx
 from kiln.graph import Pass, log
 
 from . import decomp_bridge
+from .autotune import TuningSession, make_session
 from .codegen.common import CompiledKernels, KernelBackend
 from .codegen.cpp import CppBackend
-from .autotune import TuningSession, make_session
 from .codegen.triton.backend import TritonBackend, kernel_problems
 from .codegen.triton.kernel import generate_kernels as generate_triton_kernels
 from .codegen.wrapper import wrapper_source

@@ -57,6 +57,7 @@ class CompileStats:
     workers: int = 1
     mode: str = "none"  # "async" | "target" | "serial" | "none"
     errors: list[str] = field(default_factory=list)
+    job_seconds: list[tuple[float, str]] = field(default_factory=list)  # (seconds, label) where measured
 
     def add(self, other: CompileStats) -> None:
         self.jobs += other.jobs
@@ -68,6 +69,7 @@ class CompileStats:
         if other.mode != "none":
             self.mode = other.mode
         self.errors += other.errors[:5]
+        self.job_seconds += other.job_seconds
 
 
 class Compiler(Protocol):
@@ -182,11 +184,13 @@ class TargetCompiler:
                 return
             consts = dict(j.constants)
             dtypes = iter(j.dtypes)
+            t = time.perf_counter()
             try:
                 sig = {name: "constexpr" if name in consts else "*" + _TRITON_TYPES[next(dtypes)]
                        for name in j.fn.arg_names}
                 src = ASTSource(j.fn, signature=sig, constexprs={k: v for k, v in consts.items() if k in sig})
                 triton.compile(src, target=target, options={"num_warps": j.num_warps, "num_stages": j.num_stages})
+                stats.job_seconds.append((time.perf_counter() - t, j.label))
             except Exception as e:  # noqa: BLE001 - counted, like a candidate that fails on the device
                 with lock:
                     stats.failed += 1

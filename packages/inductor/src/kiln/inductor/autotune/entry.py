@@ -17,8 +17,8 @@ from .kernels import buffers_for, tune_program
 from .matmul import NONE, Epilogue, TunedMatmul, mm_configs, tuned_mm
 from .options import AutotuneOptions
 from .progress import ConsoleProgress, LogProgress
-from .timing import DeviceTimer
 from .session import TuningSession
+from .timing import DeviceTimer
 from .tuner import Autotuner
 
 DEFAULT_OPTIONS = AutotuneOptions()

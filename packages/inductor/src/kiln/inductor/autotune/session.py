@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from kiln.graph import log
 
-from .compile_pool import CompileJob, CompileStats, Compiler, NoCompile
+from .compile_pool import CompileJob, Compiler, CompileStats, NoCompile
 from .config import Candidate, Choice, Config
 from .options import AutotuneOptions
 from .tuner import Autotuner
