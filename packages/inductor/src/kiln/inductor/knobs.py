@@ -19,6 +19,8 @@ class InductorKnobs:
     # KILN_AUTOTUNE_CROSS_TARGET=cuda:90: without a device, compile every candidate for that target
     # (compile-only: nothing is timed, choices keep their defaults) to measure what tuning would compile
     autotune_cross_target: str = ""
+    # KILN_AUTOTUNE_COMPILE_POOL: "process" (spawned workers; triton's compile holds the GIL) or "thread"
+    autotune_compile_pool: str = "process"
 
 
 def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
@@ -35,7 +37,8 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
                          autotune_budget_s=_float(e.get("KILN_AUTOTUNE_BUDGET_S"), 60.0, "KILN_AUTOTUNE_BUDGET_S"),
                          autotune_workers=int(_float(e.get("KILN_AUTOTUNE_COMPILE_WORKERS"), 0,
                                                      "KILN_AUTOTUNE_COMPILE_WORKERS")),
-                         autotune_cross_target=e.get("KILN_AUTOTUNE_CROSS_TARGET", ""))
+                         autotune_cross_target=e.get("KILN_AUTOTUNE_CROSS_TARGET", ""),
+                         autotune_compile_pool=e.get("KILN_AUTOTUNE_COMPILE_POOL", "process"))
 
 
 def _float(text: str | None, default: float, name: str) -> float:

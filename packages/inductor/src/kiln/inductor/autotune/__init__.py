@@ -12,7 +12,14 @@
 """
 
 from .cache import AutotuneCache, tune_key
-from .compile_pool import CompileJob, CompileStats, DeviceCompiler, NoCompile, TargetCompiler
+from .compile_pool import (
+    CompileJob,
+    CompileStats,
+    DeviceCompiler,
+    NoCompile,
+    ProcessCompiler,
+    TargetCompiler,
+)
 from .config import Candidate, Choice, Config
 from .entry import autotune_mm, autotune_program, make_session, make_tuner
 from .kernels import (
@@ -51,6 +58,6 @@ __all__ = [
     "LogProgress", "ModeFlags", "NoViableCandidate", "Progress", "Timer", "TunedMatmul", "apply_config", "autotune_mm", "autotune_program", "buffers_for", "make_tuner",
     "default_config", "kernel_configs", "mm_configs", "mode_flags", "random_buffer",
     "template_source", "tune_kernel", "tune_key", "tune_program", "tuned_mm",
-    "CompileJob", "CompileStats", "DeviceCompiler", "NoCompile", "TargetCompiler", "Problem", "TuningReport",
+    "CompileJob", "CompileStats", "DeviceCompiler", "NoCompile", "ProcessCompiler", "TargetCompiler", "Problem", "TuningReport",
     "TuningSession", "kernel_problem", "make_session", "normalized_source",
 ]

@@ -12,7 +12,14 @@ from typing import Any
 import torch
 
 from .cache import AutotuneCache
-from .compile_pool import DeviceCompiler, NoCompile, TargetCompiler
+from .compile_pool import (
+    Compiler,
+    DeviceCompiler,
+    NoCompile,
+    ProcessCompiler,
+    TargetCompiler,
+    default_workers,
+)
 from .kernels import buffers_for, tune_program
 from .matmul import NONE, Epilogue, TunedMatmul, mm_configs, tuned_mm
 from .options import AutotuneOptions
@@ -71,18 +78,28 @@ def make_session(options: AutotuneOptions, device: str) -> TuningSession | None:
     if options.timer is not None or on_device:
         timer = options.timer if options.timer is not None else DeviceTimer()
         if compiler is None:
-            compiler = DeviceCompiler(options.compile_workers or None) if on_device else NoCompile()
+            compiler = _compiler(options, "") if on_device else NoCompile()
         can_time = True
     elif options.cross_target:
         timer = DeviceTimer()  # never called: compile-only
-        compiler = compiler if compiler is not None else TargetCompiler(options.cross_target,
-                                                                        options.compile_workers or None)
+        compiler = compiler if compiler is not None else _compiler(options, options.cross_target)
         can_time = False
     else:
         return None
     tuner = make_tuner(replace(options, timer=timer))
     return TuningSession(tuner, compiler, budget_s=options.budget_s, can_time=can_time,  # type: ignore[arg-type]
                          clock=options.clock, console=options.progress, options=options)  # type: ignore[arg-type]
+
+
+def _compiler(options: AutotuneOptions, target: str) -> Compiler:
+    """Worker processes (default) with the in-process thread compiler as their fallback."""
+    workers = options.compile_workers or default_workers()
+    threads: Compiler = TargetCompiler(target, workers) if target else DeviceCompiler(workers)
+    if options.compile_pool not in ("process", "thread"):
+        raise ValueError(f"KILN_AUTOTUNE_COMPILE_POOL={options.compile_pool!r}: use 'process' or 'thread'")
+    if options.compile_pool == "thread" or workers < 2:
+        return threads
+    return ProcessCompiler(workers, target, fallback=threads)
 
 
 def session_for_tuner(tuner: Autotuner | None, device: str) -> TuningSession:

@@ -17,7 +17,8 @@ class AutotuneOptions:
     # seconds one compile may spend tuning (compiling candidates and timing them); after it, choices
     # not yet made keep their defaults (cuBLAS, the heuristic launch config) and a log line says so
     budget_s: float = KNOBS.autotune_budget_s
-    compile_workers: int = KNOBS.autotune_workers  # threads compiling candidates (0: one a core, at most 32)
+    compile_workers: int = KNOBS.autotune_workers  # workers compiling candidates (0: one a core, at most 32)
+    compile_pool: str = KNOBS.autotune_compile_pool  # "process" (worker processes) or "thread"
     # without a device: compile every candidate for this target ("cuda:90") and report; nothing is timed
     cross_target: str = KNOBS.autotune_cross_target
     progress: bool = True  # a line per tuned kernel on stderr

@@ -73,7 +73,7 @@ class TuningReport:
         c = self.compile
         return (f"{self.sites} tuning sites -> {self.problems} distinct problems ({self.cached} cached); "
                 f"{self.candidates} candidates, {c.jobs} compiled in {c.seconds:.1f} s ({c.mode}, {c.workers} "
-                f"threads; {c.failed} failed, {c.skipped} skipped); {self.timed_candidates} timed in "
+                f"workers; {c.failed} failed, {c.skipped} skipped); {self.timed_candidates} timed in "
                 f"{self.timing_s:.1f} s; {self.budget_defaults} left at defaults by the budget")
 
 
@@ -177,6 +177,9 @@ class TuningSession:
     def finish(self) -> TuningReport:
         """Log the summary (``perf_hints``; stderr with progress on); the report is returned."""
         self._log_budget()
+        close = getattr(self.compiler, "close", None)
+        if close is not None:
+            close()  # worker processes are not kept past the compile
         line = self.report.line()
         log("perf_hints").info("max-autotune: %s", line, extra={"kiln_autotune_report": self.report})
         if self.console and (self.report.timed_candidates or self.report.compile.jobs):
