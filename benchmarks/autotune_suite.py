@@ -242,7 +242,7 @@ def cross_compile_model(name: str, small: bool, target: str) -> dict[str, Any]:
 
 def print_cross_table(rows: list[dict[str, Any]], target: str) -> None:
     head = (f"{'model':<24} {'graphs':>6} {'sites':>6} {'problems mm/kern':>17} {'candidates':>10} "
-            f"{'compiled':>8} {'failed':>6} {'threads':>7} {'compile-only s':>14} {'whole compile s':>15}  note")
+            f"{'compiled':>8} {'failed':>6} {'workers':>7} {'compile-only s':>14} {'whole compile s':>15}  note")
     print(f"\nmax-autotune cross-compile for {target} (no GPU: every candidate compiled, nothing timed)")
     print(head)
     print("-" * len(head))

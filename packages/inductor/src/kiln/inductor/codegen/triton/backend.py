@@ -139,13 +139,13 @@ class TritonBackend:
             generated += parts
             # one line (the wrapper indents it); an empty iteration space launches nothing
             launches[k.name] = "; ".join(_launch_line(g) for g in parts)
-        if options.max_autotune and generated:
-            if tuning is not None:  # the compile's max-autotune session (pipeline.py: matmul_templates)
+        if tuning is not None:  # the compile's max-autotune session (pipeline.py: matmul_templates)
+            if generated:
                 generated = autotune_kernels(generated, layouts, self.device, session=tuning)
-                tuning.finish()  # type: ignore[attr-defined]
-            else:
-                log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the "
-                                       "interpreter): kernels keep their heuristic configurations")
+            tuning.finish()  # type: ignore[attr-defined]
+        elif options.max_autotune and generated:
+            log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the "
+                                   "interpreter): kernels keep their heuristic configurations")
         source = module_source(generated) if generated else ""
         inputs = frozenset(b.name for b in scheduled.program.inputs)
         return CompiledKernels(files={}, prelude=wrapper_prologue(generated, inputs=inputs, dtypes={
