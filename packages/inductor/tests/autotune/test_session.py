@@ -240,7 +240,7 @@ CROSS = textwrap.dedent("""
     gm = trace(fn, *args)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake = [mode.from_tensor(a.to(torch.bfloat16)).to("cuda") for a in args]
-    at = AutotuneOptions(cross_target="cuda:90", matmul_configs=2, kernel_configs=2, compile_workers=2,
+    at = AutotuneOptions(cross_target="cuda:90", matmul_configs=1, kernel_configs=2, compile_workers=2,
                          cache_root=sys.argv[2], progress=False)
     cg = compile_graph(gm, fake, options=InductorOptions(max_autotune=True, autotune=at))
     r = reports[-1]
@@ -265,7 +265,7 @@ def test_cross_compile_for_a_cuda_target(tmp_path):
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["kinds"]["matmul"] == 2 and r["kinds"]["kernel"] >= 1
     assert r["mode"] == "process" and r["failed"] == 0 and r["timed"] == 0 and r["addmm"]
-    assert r["jobs"] >= 2 * 3  # two matmuls: the template configurations (2 each) and epilogue kernels
+    assert r["jobs"] >= 2 + 2  # two matmuls' templates (1 configuration each), kernels' configurations
 
 
 def test_compile_stats_add():
