@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -80,6 +81,9 @@ class CompileStats:
 
 class Compiler(Protocol):
     def __call__(self, jobs: Sequence[CompileJob], deadline: float) -> CompileStats: ...
+
+
+JOB_TIMEOUT_S = 300.0  # one compile may take this long past the tuning deadline before its worker is stopped
 
 
 def default_workers() -> int:
@@ -260,6 +264,15 @@ class ProcessCompiler:
                     assert proc.stdin is not None and proc.stdout is not None
                     proc.stdin.write(json.dumps(a) + "\n")
                     proc.stdin.flush()
+                    # a compile that hangs must not hang the compile: the worker is killed after
+                    # JOB_TIMEOUT_S past the deadline (one result line per job: nothing is buffered)
+                    wait = max(0.0, wall_deadline - time.time()) + JOB_TIMEOUT_S
+                    if not select.select([proc.stdout], [], [], wait)[0]:
+                        proc.kill()
+                        with lock:
+                            stats.failed += 1
+                            stats.errors.append(f"{j.label}: compile did not finish in time; worker stopped")
+                        return
                     status, seconds, error = json.loads(proc.stdout.readline())
                 except (OSError, ValueError, AssertionError):  # the worker died: its job goes back
                     with lock:
