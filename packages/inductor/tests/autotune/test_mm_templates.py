@@ -31,7 +31,9 @@ CUBLAS_WINS = {"cublas": 0.1}
 
 def options(tmp_path, times, configs: int = 1) -> tuple[InductorOptions, FakeTimer]:
     timer = FakeTimer(times, default=0.5)
-    at = AutotuneOptions(matmul_configs=configs, timer=timer, cache_root=str(tmp_path / "cache"), progress=False)
+    # kernel_configs=1: the generated kernels keep their one configuration (not timed): only matmuls are
+    at = AutotuneOptions(matmul_configs=configs, kernel_configs=1, timer=timer, cache_root=str(tmp_path / "cache"),
+                         progress=False)
     return InductorOptions(cpu_backend="triton", max_autotune=True, autotune=at), timer
 
 

@@ -13,6 +13,14 @@ class InductorKnobs:
     cache_dir: Path  # autotune results: KILN_INDUCTOR_CACHE_DIR (else KILN_CACHE_DIR/inductor, else temp)
     keep_sources: bool  # KILN_INDUCTOR_KEEP_SOURCES=1 keeps .cpp next to the .so in the cache
     conv_layout: str  # KILN_CONV_LAYOUT: InductorOptions.conv_layout's default (auto|channels_last|keep)
+    # max-autotune: seconds one compile may spend tuning, after which choices keep their defaults
+    autotune_budget_s: float = 60.0  # KILN_AUTOTUNE_BUDGET_S
+    autotune_workers: int = 0  # KILN_AUTOTUNE_COMPILE_WORKERS: threads compiling candidates (0: one a core, <= 32)
+    # KILN_AUTOTUNE_CROSS_TARGET=cuda:90: without a device, compile every candidate for that target
+    # (compile-only: nothing is timed, choices keep their defaults) to measure what tuning would compile
+    autotune_cross_target: str = ""
+    # KILN_AUTOTUNE_COMPILE_POOL: "process" (spawned workers; triton's compile holds the GIL) or "thread"
+    autotune_compile_pool: str = "process"
 
 
 def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
@@ -25,7 +33,21 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
         user = e.get("USER") or str(os.getuid())
         cache = Path(tempfile.gettempdir()) / f"kiln-inductor-{user}"
     return InductorKnobs(cache_dir=cache, keep_sources=e.get("KILN_INDUCTOR_KEEP_SOURCES", "1") != "0",
-                         conv_layout=e.get("KILN_CONV_LAYOUT", "auto"))
+                         conv_layout=e.get("KILN_CONV_LAYOUT", "auto"),
+                         autotune_budget_s=_float(e.get("KILN_AUTOTUNE_BUDGET_S"), 60.0, "KILN_AUTOTUNE_BUDGET_S"),
+                         autotune_workers=int(_float(e.get("KILN_AUTOTUNE_COMPILE_WORKERS"), 0,
+                                                     "KILN_AUTOTUNE_COMPILE_WORKERS")),
+                         autotune_cross_target=e.get("KILN_AUTOTUNE_CROSS_TARGET", ""),
+                         autotune_compile_pool=e.get("KILN_AUTOTUNE_COMPILE_POOL", "process"))
+
+
+def _float(text: str | None, default: float, name: str) -> float:
+    if not text:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{name}={text!r} is not a number") from None
 
 
 KNOBS = read_knobs()

@@ -27,7 +27,16 @@ import torch
 
 from kiln.graph import log
 
-from .autotune import Autotuner, Candidate, Choice, Config, buffers_for, make_tuner, tune_key
+from .autotune import (
+    Autotuner,
+    Choice,
+    CompileJob,
+    Config,
+    Problem,
+    TuningSession,
+    buffers_for,
+    tune_key,
+)
 from .autotune.mm_template import (
     Epilogue,
     MatmulSpec,
@@ -35,6 +44,7 @@ from .autotune.mm_template import (
     Operand,
     TemplateKernel,
     render,
+    smem_limit,
     template_configs,
     template_kernel,
 )
@@ -256,15 +266,16 @@ def _arg_value(a: Any, bufs: dict[str, torch.Tensor]) -> Any:
 
 
 class _Bench:
-    """Scratch buffers and launches for one site, made on first use (a cache hit needs none). Kernels
-    launch through the wrapper's own fast launcher, so each candidate costs what it will in the program
-    (triton's Python launch path would add ~20 us per kernel and favour one launch over two)."""
+    """Scratch buffers, kernels and launches for one site, made on first use (a cache hit needs none).
+    Kernels launch through the wrapper's own fast launcher, so each candidate costs what it will in the
+    program (triton's Python launch path would add ~20 us per kernel and favour one launch over two).
+    ``jobs()`` lists the compiles the candidates need, for the session's parallel compile."""
 
     def __init__(self, site: Site, layouts: dict[str, Layout], device: str, configs: Sequence[Config]) -> None:
         self.site, self.layouts, self.device, self.configs = site, layouts, device, configs
         self._bufs: dict[str, torch.Tensor] | None = None
-        self._templates: dict[Config, Callable[[], object]] | None = None
-        self._epilogue: list[Callable[[], object]] | None = None
+        self._kernels: dict[str, tuple[list[TritonKernel], Any]] = {}  # "templates"/"epilogue" -> (kernels, module)
+        self._launches: dict[str, list[Callable[[], object]]] = {}
 
     @property
     def bufs(self) -> dict[str, torch.Tensor]:
@@ -276,53 +287,85 @@ class _Bench:
             self._bufs = buffers_for({b: self.layouts[b] for b in names}, None, self.device)
         return self._bufs
 
-    def _launchers(self, kernels: Sequence[TritonKernel]) -> list[Callable[[], object]]:
-        module = load_triton_module(module_source(kernels))  # type: ignore[operator]
+    def _group(self, which: str) -> tuple[list[TritonKernel], Any]:
+        if which not in self._kernels:
+            if which == "templates":
+                tk = self.site.template
+                assert tk is not None
+                ks: list[TritonKernel] = [template_kernel(f"{tk.name}_c{i}", self.site.spec, cfg,
+                                                          Epilogue(tk, tk.store_product))
+                                          for i, cfg in enumerate(self.configs)]
+            else:
+                ks = generate_kernels(self.site.epilogue) if self.site.epilogue is not None else []
+            self._kernels[which] = (ks, load_triton_module(module_source(ks)) if ks else None)  # type: ignore[operator]
+        return self._kernels[which]
+
+    @staticmethod
+    def _consts(k: TritonKernel) -> dict[str, int]:
+        if isinstance(k, MatmulTritonKernel):
+            return {}
+        return {"XBLOCK": k.xblock, **({"RBLOCK": k.rblock} if k.rblock else {}),
+                **({"YBLOCK": k.yblock} if k.yblock else {})}
+
+    def jobs(self) -> list[CompileJob]:
         out = []
-        for k in kernels:
-            consts = {"XBLOCK": k.xblock, **({"RBLOCK": k.rblock} if k.rblock else {}),
-                      **({"YBLOCK": k.yblock} if k.yblock else {})}
-            if isinstance(k, MatmulTritonKernel):
-                consts = {}
-            run = KilnLaunch(getattr(module, k.name), consts, k.num_warps, None, getattr(k, "num_stages", 1))
-            grid = ast.literal_eval(k.grid)  # static sizes: a literal
-            args = [self.bufs[b] for b in k.pointer_args]
-            out.append(lambda run=run, grid=grid, args=args: run(grid, launch_context(), *args))
+        for which in ("templates", "epilogue"):
+            ks, module = self._group(which)
+            for k in ks:
+                if k.size_args:
+                    continue
+                out.append(CompileJob(getattr(module, k.name), tuple(self.layouts[b].dtype for b in k.pointer_args),
+                                      tuple(sorted(self._consts(k).items())), k.num_warps, getattr(k, "num_stages", 1),
+                                      k.name))
         return out
+
+    def _launchers(self, which: str) -> list[Callable[[], object]]:
+        if which not in self._launches:
+            ks, module = self._group(which)
+            out = []
+            for k in ks:
+                run = KilnLaunch(getattr(module, k.name), self._consts(k), k.num_warps, None, getattr(k, "num_stages", 1))
+                grid = ast.literal_eval(k.grid)  # static sizes: a literal
+                args = [self.bufs[b] for b in k.pointer_args]
+                out.append(lambda run=run, grid=grid, args=args: run(grid, launch_context(), *args))
+            self._launches[which] = out
+        return self._launches[which]
 
     def cublas(self) -> None:
         e = self.site.extern
         fn = getattr(torch, TARGETS[e.target])  # the binding the wrapper calls (codegen/wrapper.py)
         fn(*(_arg_value(a, self.bufs) for a in e.args), **{k: _arg_value(v, self.bufs) for k, v in e.kwargs})
-        if self.site.epilogue is not None:
-            if self._epilogue is None:
-                self._epilogue = self._launchers(generate_kernels(self.site.epilogue))
-            for launch in self._epilogue:
-                launch()
+        for launch in self._launchers("epilogue"):
+            launch()
 
-    def template(self, c: Config) -> Callable[[], object]:
-        def launch() -> object:
-            if self._templates is None:
-                tk = self.site.template
-                assert tk is not None
-                kernels = [template_kernel(f"{tk.name}_c{i}", self.site.spec, cfg, Epilogue(tk, tk.store_product))
-                           for i, cfg in enumerate(self.configs)]
-                self._templates = dict(zip(self.configs, self._launchers(kernels)))
-            return self._templates[c]()
-        return launch
+    def launch(self, c: Config) -> Callable[[], object]:
+        if c.extern:
+            return self.cublas
+        i = list(self.configs).index(c)
+        return lambda: self._launchers("templates")[i]()
+
+
+def site_problem(site: Site, layouts: dict[str, Layout], device: str, options: InductorOptions) -> Problem:
+    """The tuning problem of one matmul site: cuBLAS (the default) against the template configurations
+    that fit the device (autotune/mm_template.py ``template_configs``), keyed so that identical sites
+    (the layers of a transformer) share it."""
+    spec, tk = site.spec, site.template
+    assert tk is not None
+    at = options.autotune
+    configs = template_configs(spec, at.matmul_configs, smem_limit(device, at.cross_target))
+    bench = _Bench(site, layouts, device, configs)
+    on_device = device == "cuda" and torch.cuda.is_available()
+    dev_name = torch.cuda.get_device_name() if on_device else (
+        f"{device} (Triton interpreter)" if device == "cpu" else at.cross_target or device)
+    key = tune_key(problem_text(site, configs), dev_name, spec.logical_shape, (spec.dtype,))
+    return Problem(tk.name, key, "matmul", [Config(extern="cublas"), *configs], bench.launch, bench.jobs)
 
 
 def tune_site(site: Site, layouts: dict[str, Layout], device: str, tuner: Autotuner,
               options: InductorOptions) -> Choice:
-    spec, tk = site.spec, site.template
-    assert tk is not None
-    configs = template_configs(spec, options.autotune.matmul_configs)
-    bench = _Bench(site, layouts, device, configs)
-    cands = [Candidate(Config(extern="cublas"), bench.cublas, is_default=True)]
-    cands += [Candidate(c, bench.template(c)) for c in configs]
-    dev_name = torch.cuda.get_device_name() if device == "cuda" else f"{device} (Triton interpreter)"
-    key = tune_key(problem_text(site, configs), dev_name, spec.logical_shape, (spec.dtype,))
-    return tuner.select(tk.name, key, cands)
+    """One site on its own (tests and direct use): the cached choice or a measurement."""
+    p = site_problem(site, layouts, device, options)
+    return tuner.select(p.name, p.key, p.candidates())
 
 
 def problem_text(site: Site, configs: Sequence[Config]) -> str:
@@ -349,25 +392,33 @@ def count_matmul_sites(s: ScheduledProgram) -> int:
 
 
 def select_templates(s: ScheduledProgram, options: InductorOptions, device: str,
-                     tuner: Autotuner | None = None) -> ScheduledProgram:
-    """Tune every matmul site of ``s``; the program with the winning templates in place."""
+                     session: TuningSession) -> ScheduledProgram:
+    """Tune every matmul site of ``s`` in ``session`` (identical sites once; all candidates compiled
+    before any is timed); the program with the winning templates in place."""
     sites = find_sites(s)
     if not sites:
         return s
     p = s.program
     assert isinstance(p, LoopProgram)
     layouts = p.layouts()
-    tuner = tuner or make_tuner(options.autotune)
-    chosen: dict[int, TemplateKernel] = {}  # step index the template takes -> template
-    dropped: set[int] = set()
+    problems = []
     for site in sites:
         try:
-            choice = tune_site(site, layouts, device, tuner, options)
+            problems.append(session.add(site_problem(site, layouts, device, options)))
         except Exception as e:  # noqa: BLE001 - tuning is an optimisation: the extern stays, loudly
-            log("perf_hints").warning("max-autotune: tuning %s (%s %s) failed, it stays a cuBLAS extern: %s: %s",
-                                      site.extern.name, site.spec.op, "x".join(map(str, site.spec.logical_shape)),
-                                      type(e).__name__, e)
+            problems.append(None)
+            _tuning_failed(site, e)
+    session.run()
+    chosen: dict[int, TemplateKernel] = {}  # step index the template takes -> template
+    dropped: set[int] = set()
+    for site, prob in zip(sites, problems):
+        if prob is None:
             continue
+        if prob.choice is None:
+            if prob.defaulted not in ("budget", "compile-only"):
+                _tuning_failed(site, RuntimeError(prob.defaulted or "not timed"))
+            continue
+        choice = prob.choice
         if choice.config.extern:
             log("perf_hints").info("max-autotune: %s stays a cuBLAS extern (%.4f ms)", site.extern.name, choice.ms)
             continue
@@ -388,6 +439,12 @@ def select_templates(s: ScheduledProgram, options: InductorOptions, device: str,
         elif i not in dropped:
             works.append(st.work)
     return ScheduledProgram(p, tuple(plan_memory(p, works)))
+
+
+def _tuning_failed(site: Site, e: Exception) -> None:
+    log("perf_hints").warning("max-autotune: tuning %s (%s %s) failed, it stays a cuBLAS extern: %s: %s",
+                              site.extern.name, site.spec.op, "x".join(map(str, site.spec.logical_shape)),
+                              type(e).__name__, e)
 
 
 def _with_config(tk: TemplateKernel, c: Config) -> TemplateKernel:

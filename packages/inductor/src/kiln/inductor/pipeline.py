@@ -13,9 +13,11 @@ from torch import fx
 from kiln.graph import Pass, log
 
 from . import decomp_bridge
+from .autotune import TuningSession, make_session
 from .codegen.common import CompiledKernels, KernelBackend
 from .codegen.cpp import CppBackend
-from .codegen.triton.backend import TritonBackend
+from .codegen.triton.backend import TritonBackend, kernel_problems
+from .codegen.triton.kernel import generate_kernels as generate_triton_kernels
 from .codegen.wrapper import wrapper_source
 from .gemv import rewrite_gemv
 from .ir import LoopProgram, ScheduledProgram, verify_program, verify_schedule
@@ -44,6 +46,7 @@ class CompileState:
     texts: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     traced_output_strides: dict[int, tuple[int, ...]] = field(default_factory=dict)  # the caller's contract
+    tuning: TuningSession | None = None  # max-autotune's session for this compile (matmul_templates)
 
 
 def backend_for(state: CompileState) -> KernelBackend:
@@ -143,24 +146,31 @@ def fuse_and_plan(s: CompileState) -> CompileState:
 
 
 def matmul_templates(s: CompileState) -> CompileState:
-    """max-autotune: each static mm/addmm/bmm competes with a Triton template that has its pointwise
-    consumer fused; the fastest is kept (mm_templates.py). Needs the device (or a test timer)."""
-    at = s.options.autotune
-    if not (s.options.max_autotune and at.matmul_templates) or s.scheduled is None:
+    """max-autotune: start the compile's tuning session (autotune/session.py) and choose for each static
+    mm/addmm/bmm between cuBLAS and a Triton template with its pointwise consumer fused
+    (mm_templates.py). The generated kernels' configurations are registered too, so every candidate of
+    the program compiles in one parallel batch; they are timed in ``generate_kernels`` if they survive."""
+    if not s.options.max_autotune or s.scheduled is None:
         return s
     backend = backend_for(s)
-    n = count_matmul_sites(s.scheduled) if isinstance(backend, TritonBackend) else 0
-    if not n:
+    if not isinstance(backend, TritonBackend):
         return s
-    if at.timer is None and not (backend.device == "cuda" and torch.cuda.is_available()):
-        log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the interpreter): %d "
-                               "matmul(s) stay cuBLAS externs; compile on the target GPU to tune them", n)
+    n = count_matmul_sites(s.scheduled) if s.options.autotune.matmul_templates else 0
+    session = make_session(s.options.autotune, backend.device)
+    if session is None:
+        if n:
+            log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the interpreter): %d "
+                                   "matmul(s) stay cuBLAS externs; compile on the target GPU to tune them "
+                                   "(KILN_AUTOTUNE_CROSS_TARGET=cuda:90 measures what tuning would compile)", n)
         return s
-    sched = select_templates(s.scheduled, s.options, backend.device)
+    assert s.program is not None
+    generated = [g for k in s.scheduled.kernels() for g in generate_triton_kernels(k, backend.cfg)]
+    kernel_problems(generated, s.program.layouts(), backend.device, session, wanted=False)
+    sched = select_templates(s.scheduled, s.options, backend.device, session) if n else s.scheduled
     if sched is not s.scheduled:
         s.texts["ir_post_fusion"] = sched.as_text()
         log("ir_post_fusion").info("%s", s.texts["ir_post_fusion"])
-    return replace(s, scheduled=sched)
+    return replace(s, scheduled=sched, tuning=session)
 
 
 def inplace_updates(s: CompileState) -> CompileState:
@@ -177,7 +187,11 @@ def inplace_updates(s: CompileState) -> CompileState:
 
 def generate_kernels(s: CompileState) -> CompileState:
     assert s.scheduled is not None and s.program is not None
-    kernels = backend_for(s).compile(s.scheduled, s.program.layouts(), s.options)
+    backend = backend_for(s)
+    if isinstance(backend, TritonBackend):  # with max-autotune's session (matmul_templates) when there is one
+        kernels = backend.compile(s.scheduled, s.program.layouts(), s.options, tuning=s.tuning)
+    else:
+        kernels = backend.compile(s.scheduled, s.program.layouts(), s.options)
     return replace(s, kernels=kernels)
 
 

@@ -6,17 +6,29 @@
 - ``tuned_mm``: a Triton matmul template with fused epilogues, competing with cuBLAS (standalone).
 - ``mm_template``: the pipeline's matmul template (mm/addmm/bmm with the consuming pointwise kernel
   fused), chosen against cuBLAS by the ``matmul_templates`` pass (kiln/inductor/mm_templates.py).
+- ``TuningSession`` (``make_session``): one compile's tuning -- problems deduplicated by key, every
+  candidate compiled in parallel first (``compile_pool``), then timed serially within a budget.
 - ``mode_flags(mode)``: what "max-autotune" / "max-autotune-no-cudagraphs" / "reduce-overhead" turn on.
 """
 
 from .cache import AutotuneCache, tune_key
+from .compile_pool import (
+    CompileJob,
+    CompileStats,
+    DeviceCompiler,
+    NoCompile,
+    ProcessCompiler,
+    TargetCompiler,
+)
 from .config import Candidate, Choice, Config
-from .entry import autotune_mm, autotune_program, make_tuner
+from .entry import autotune_mm, autotune_program, make_session, make_tuner
 from .kernels import (
     apply_config,
     buffers_for,
     default_config,
     kernel_configs,
+    kernel_problem,
+    normalized_source,
     random_buffer,
     tune_kernel,
     tune_program,
@@ -36,6 +48,7 @@ from .matmul import (
 )
 from .options import MODES, AutotuneOptions, ModeFlags, mode_flags
 from .progress import ConsoleProgress, LogProgress, Progress
+from .session import Problem, TuningReport, TuningSession
 from .timing import DeviceTimer, FakeTimer, Timer
 from .tuner import Autotuner, NoViableCandidate
 
@@ -45,4 +58,6 @@ __all__ = [
     "LogProgress", "ModeFlags", "NoViableCandidate", "Progress", "Timer", "TunedMatmul", "apply_config", "autotune_mm", "autotune_program", "buffers_for", "make_tuner",
     "default_config", "kernel_configs", "mm_configs", "mode_flags", "random_buffer",
     "template_source", "tune_kernel", "tune_key", "tune_program", "tuned_mm",
+    "CompileJob", "CompileStats", "DeviceCompiler", "NoCompile", "ProcessCompiler", "TargetCompiler", "Problem", "TuningReport",
+    "TuningSession", "kernel_problem", "make_session", "normalized_source",
 ]

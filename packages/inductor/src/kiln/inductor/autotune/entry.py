@@ -1,18 +1,30 @@
-"""Entry points for the inductor backend under max-autotune: build a tuner from options, tune a
-program's generated kernels from its layouts, and tune an extern matmul site by its sizes."""
+"""Entry points for the inductor backend under max-autotune: build a tuner or a compile's tuning
+session from options, tune a program's generated kernels from its layouts, and tune an extern matmul
+site by its sizes."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from .cache import AutotuneCache
+from .compile_pool import (
+    Compiler,
+    DeviceCompiler,
+    NoCompile,
+    ProcessCompiler,
+    TargetCompiler,
+    default_workers,
+)
 from .kernels import buffers_for, tune_program
 from .matmul import NONE, Epilogue, TunedMatmul, mm_configs, tuned_mm
 from .options import AutotuneOptions
 from .progress import ConsoleProgress, LogProgress
+from .session import TuningSession
 from .timing import DeviceTimer
 from .tuner import Autotuner
 
@@ -46,3 +58,52 @@ def autotune_mm(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device
     extra = [torch.randn(n, device=device).to(dtype) for _ in epilogue.params]
     return tuned_mm(a, b, tuner=tuner, epilogue=epilogue, epilogue_args=extra,
                     configs=mm_configs(m, n, k, limit=options.matmul_configs))
+
+
+def _interpreter() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def make_session(options: AutotuneOptions, device: str) -> TuningSession | None:
+    """The max-autotune session of one compile for kernels on ``device``, or None when there is
+    nothing to do it with: no CUDA device, no test timer, and no ``cross_target`` to compile for.
+
+    - a CUDA device: candidates compiled on a thread pool (AsyncCompileMode), timed on the device;
+    - ``options.timer`` (tests, under the Triton interpreter): nothing to compile, timed by it;
+    - no device but ``options.cross_target`` (``KILN_AUTOTUNE_CROSS_TARGET=cuda:90``): every candidate
+      compiled for that target, nothing timed (defaults kept): what tuning would cost, measured.
+    """
+    on_device = device == "cuda" and torch.cuda.is_available() and not _interpreter()
+    compiler = options.compiler
+    if options.timer is not None or on_device:
+        timer = options.timer if options.timer is not None else DeviceTimer()
+        if compiler is None:
+            compiler = _compiler(options, "") if on_device else NoCompile()
+        can_time = True
+    elif options.cross_target:
+        timer = DeviceTimer()  # never called: compile-only
+        compiler = compiler if compiler is not None else _compiler(options, options.cross_target)
+        can_time = False
+    else:
+        return None
+    tuner = make_tuner(replace(options, timer=timer))
+    return TuningSession(tuner, compiler, budget_s=options.budget_s, can_time=can_time,  # type: ignore[arg-type]
+                         clock=options.clock, console=options.progress, options=options)  # type: ignore[arg-type]
+
+
+def _compiler(options: AutotuneOptions, target: str) -> Compiler:
+    """Worker processes (default) with the in-process thread compiler as their fallback."""
+    workers = options.compile_workers or default_workers()
+    threads: Compiler = TargetCompiler(target, workers) if target else DeviceCompiler(workers)
+    if options.compile_pool not in ("process", "thread"):
+        raise ValueError(f"KILN_AUTOTUNE_COMPILE_POOL={options.compile_pool!r}: use 'process' or 'thread'")
+    if options.compile_pool == "thread" or workers < 2:
+        return threads
+    return ProcessCompiler(workers, target, fallback=threads)
+
+
+def session_for_tuner(tuner: Autotuner | None, device: str) -> TuningSession:
+    """A session around an existing tuner (direct use and tests of ``autotune_kernels``)."""
+    on_device = device == "cuda" and torch.cuda.is_available() and not _interpreter()
+    return TuningSession(tuner or make_tuner(), DeviceCompiler() if on_device else NoCompile(),
+                         budget_s=DEFAULT_OPTIONS.budget_s, options=DEFAULT_OPTIONS)

@@ -15,13 +15,16 @@ for them. Stages vary only when the kernel description carries a ``num_stages`` 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import torch
 
 from .cache import tune_key
+from .compile_pool import CompileJob
 from .config import Candidate, Choice, Config
+from .session import Problem
 from .tuner import Autotuner
 
 
@@ -80,6 +83,8 @@ def kernel_configs(k: TritonKernelLike, xnumel: int, limit: int = 24) -> list[Co
                 for w in (2, 4, 8):
                     if 32 * w <= xb * rb // 4:
                         add(w, XBLOCK=xb, RBLOCK=rb)
+    if limit <= 1:
+        return out[:1]
     if len(out) > limit:  # keep the default and an even spread of the rest
         rest = out[1:]
         step = len(rest) / (limit - 1)
@@ -163,3 +168,50 @@ def random_buffer(numel: int, dtype: torch.dtype, device: torch.device | str) ->
     if dtype.is_floating_point or dtype.is_complex:
         return torch.randn(numel, device=device).to(dtype)
     return torch.zeros(numel, dtype=dtype, device=device)
+
+
+_DEF = re.compile(r"def\s+(\w+)\s*\(([^)]*)\)")
+
+
+def normalized_source(source: str) -> str:
+    """``source`` with its function name and parameters renamed by position and comment lines dropped:
+    kernels that differ only in buffer names (the same layer, twelve times) normalise alike."""
+    m = _DEF.search(source)
+    if m is None:
+        return source
+    params = [p.split(":")[0].split("=")[0].strip() for p in m.group(2).split(",") if p.strip()]
+    renames = {m.group(1): "KERNEL", **{p: f"arg{i}" for i, p in enumerate(params)}}
+    pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in renames) + r")\b")
+    lines = (ln for ln in source.splitlines() if not ln.lstrip().startswith("#"))
+    return pattern.sub(lambda x: renames[x.group(1)], "\n".join(lines))
+
+
+def kernel_problem(k: TritonKernelLike, fn: Callable[[], Any], dtypes: Sequence[torch.dtype],
+                   buffers: Callable[[], Sequence[torch.Tensor]], device_name: str, limit: int) -> Problem:
+    """The tuning problem of one generated kernel with static sizes and no size arguments: its
+    configurations (the heuristic one first), launches through the wrapper's fast launcher on
+    ``buffers()`` (made on first use), and a compile job per configuration. ``fn()`` gives the
+    triton function (its module loads on first use: a cache hit needs none)."""
+    from ..codegen.triton.launcher import KilnLaunch, launch_context
+
+    xnumel = int(eval(k.xnumel, {}, {})) if k.xnumel else 0  # noqa: S307 - the generator's own literal
+    configs = kernel_configs(k, xnumel, limit)
+    key = tune_key("kiln kernel v2\n" + normalized_source(k.source), device_name, (xnumel,), list(dtypes))
+
+    def launch(c: Config) -> Callable[[], object]:
+        run = None
+
+        def go() -> object:
+            nonlocal run
+            if run is None:
+                run = KilnLaunch(fn(), dict(c.constants), c.num_warps, None, c.num_stages)
+            grid = (-(-xnumel // c.get("XBLOCK", 1)), 1, 1)
+            return run(grid, launch_context(), *buffers())
+        return go
+
+    def jobs() -> list[CompileJob]:
+        f = fn()
+        return [CompileJob(f, tuple(dtypes), c.constants, c.num_warps, c.num_stages, f"{k.name} {c.label}")
+                for c in configs]
+
+    return Problem(k.name, key, "kernel", configs, launch, jobs)

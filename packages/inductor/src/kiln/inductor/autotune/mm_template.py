@@ -99,14 +99,44 @@ MM_CONFIGS = [
 ]
 
 
-def template_configs(spec: MatmulSpec, limit: int | None = None) -> list[Config]:
-    """Candidate configurations, blocks clipped to the problem (tl.dot needs 16 or more per side)."""
+# shared memory a thread block may use (opt-in), by CUDA compute capability; unknown: Hopper's
+_SMEM_BY_ARCH = {80: 166912, 86: 101376, 87: 166912, 89: 101376, 90: 232448, 100: 232448, 120: 101376}
+
+
+def smem_limit(device: str, cross_target: str = "") -> int:
+    """Bytes of shared memory one program may use on ``device`` (or the cross-compile target)."""
+    import torch
+
+    if device == "cuda" and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        optin = getattr(props, "shared_memory_per_block_optin", 0)
+        if optin:
+            return int(optin)
+        return _SMEM_BY_ARCH.get(props.major * 10 + props.minor, 101376)
+    if cross_target.startswith("cuda:") and cross_target[5:].isdigit():
+        return _SMEM_BY_ARCH.get(int(cross_target[5:]), 101376)
+    return _SMEM_BY_ARCH[90]
+
+
+def smem_bytes(cfg: Config, dtype: torch.dtype) -> int:
+    """Shared memory of a configuration's software pipeline: ``stages`` A and B tiles in flight."""
+    bm, bn, bk = cfg.get("BLOCK_M"), cfg.get("BLOCK_N"), cfg.get("BLOCK_K")
+    return cfg.num_stages * (bm * bk + bk * bn) * dtype.itemsize
+
+
+def template_configs(spec: MatmulSpec, limit: int | None = None, smem: int | None = None) -> list[Config]:
+    """Candidate configurations, pruned before anything is compiled: blocks clipped to the problem
+    (tl.dot needs 16 or more per side; configurations that clip to the same one are one candidate)
+    and configurations whose pipeline does not fit ``smem`` bytes of shared memory dropped."""
     out: list[Config] = []
     for bm, bn, bk, w, s in MM_CONFIGS:
         bm, bn, bk = min(bm, max(16, _p2(spec.m))), min(bn, max(16, _p2(spec.n))), min(bk, max(16, _p2(spec.k)))
+        while w > 1 and bm * bn < 32 * w * 8:  # a tile too small for its warps: fewer warps, same tile
+            w //= 2
         c = Config.make(num_warps=w, num_stages=s, BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8)
-        if c not in out:
-            out.append(c)
+        if c in out or (smem is not None and smem_bytes(c, spec.dtype) > smem):
+            continue
+        out.append(c)
     return out[:limit] if limit else out
 
 

@@ -4,14 +4,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..knobs import KNOBS
+
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 
 @dataclass(frozen=True, slots=True)
 class AutotuneOptions:
-    kernel_configs: int = 24  # most configurations benchmarked per generated kernel
-    matmul_configs: int | None = None  # most template configurations per matmul (None: all)
-    margin: float = 0.02  # a tuned choice must beat the default by this fraction to replace it
+    kernel_configs: int = 8  # most configurations benchmarked per generated kernel (the default included)
+    matmul_configs: int | None = None  # most template configurations per matmul (None: all that fit)
+    margin: float = 0.03  # a tuned choice must take < (1 - margin) of the default's time to replace it
+    # seconds one compile may spend tuning (compiling candidates and timing them); after it, choices
+    # not yet made keep their defaults (cuBLAS, the heuristic launch config) and a log line says so
+    budget_s: float = KNOBS.autotune_budget_s
+    compile_workers: int = KNOBS.autotune_workers  # workers compiling candidates (0: one a core, at most 32)
+    compile_pool: str = KNOBS.autotune_compile_pool  # "process" (worker processes) or "thread"
+    # without a device: compile every candidate for this target ("cuda:90") and report; nothing is timed
+    cross_target: str = KNOBS.autotune_cross_target
     progress: bool = True  # a line per tuned kernel on stderr
     matmul_templates: bool = True  # mm/addmm/bmm compete with a Triton template (epilogue fused)
     # where results are cached: a kiln.runtime CompileCache root (None: KILN_CACHE_DIR's cache)
@@ -19,6 +28,10 @@ class AutotuneOptions:
     # what measures a candidate: None is the device timer; tests pass a FakeTimer (which also lets the
     # Triton interpreter stand in for a device). Not part of the options' identity.
     timer: object | None = field(default=None, compare=False, repr=False)
+    # what compiles the candidates before timing (autotune/compile_pool.py); None: chosen by device
+    compiler: object | None = field(default=None, compare=False, repr=False)
+    # the clock the budget is measured on (tests pass a fake one)
+    clock: object | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 A candidate that fails to compile or run (too many registers, shared memory) is skipped with its error
 recorded. When a default candidate is given, a tuned one replaces it only when it is faster by
-``margin`` (measurement noise must not make max-autotune slower than the default mode).
+``margin`` (measurement noise must not make max-autotune slower than the default mode): the default
+is kept unless a candidate takes less than ``(1 - margin)`` of its time.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from kiln.graph import log
 
 from .cache import AutotuneCache
-from .config import Candidate, Choice
+from .config import Candidate, Choice, Config
 from .progress import LogProgress, Progress
 from .timing import DeviceTimer, Timer
 
@@ -28,23 +29,35 @@ class Autotuner:
     timer: Timer
     cache: AutotuneCache | None = None
     progress: Progress | None = None
-    margin: float = 0.02  # a non-default candidate must be this much faster than the default
+    margin: float = 0.03  # a non-default candidate must be this much faster than the default
 
     @staticmethod
     def for_device(cache: AutotuneCache | None = None, progress: Progress | None = None) -> Autotuner:
         return Autotuner(DeviceTimer(), cache if cache is not None else AutotuneCache(), progress)
 
+    def cached(self, key: str, configs: Sequence[Config]) -> Choice | None:
+        """The stored choice for ``key`` when it is one of ``configs`` (else the problem is re-tuned)."""
+        hit = self.cache.get(key) if self.cache is not None else None
+        if hit is None or hit[0] not in configs:
+            return None
+        return Choice(hit[0], hit[1], cached=True)
+
     def select(self, name: str, key: str, candidates: Sequence[Candidate]) -> Choice:
+        """The cached choice, else ``measure``."""
+        if not candidates:
+            raise NoViableCandidate(f"{name}: no candidate configurations to tune")
+        choice = self.cached(key, [c.config for c in candidates])
+        if choice is not None:
+            (self.progress or LogProgress()).done(name, choice, None)
+            return choice
+        return self.measure(name, key, candidates)
+
+    def measure(self, name: str, key: str, candidates: Sequence[Candidate]) -> Choice:
+        """Time every candidate (serially: one kernel on the device at a time), keep the fastest by
+        the margin rule (``_pick``) and store it in the cache."""
         if not candidates:
             raise NoViableCandidate(f"{name}: no candidate configurations to tune")
         progress = self.progress or LogProgress()
-        hit = self.cache.get(key) if self.cache is not None else None
-        if hit is not None:
-            config, ms = hit
-            if any(c.config == config for c in candidates):
-                choice = Choice(config, ms, cached=True)
-                progress.done(name, choice, None)
-                return choice
         progress.start(name, len(candidates))
         timings: dict[str, float] = {}
         failures: dict[str, str] = {}

@@ -36,29 +36,75 @@ def _launch_line(g: TritonKernel) -> str:
 TUNABLE_KINDS = ("pointwise", "persistent_reduction", "looped_reduction")
 
 
-def autotune_kernels(generated: list[TritonKernel], layouts: dict[str, Layout], device: str,
-                     tuner: object | None = None) -> list[TritonKernel]:
-    """max-autotune: benchmark each generated kernel's launch configurations on scratch buffers shaped
-    like its arguments and keep the fastest (autotune/kernels.py; results cached on disk, so a
-    second process does not re-tune). 2-D tiled kernels and kernels with symbolic sizes keep the
-    heuristic configuration (logged)."""
-    from ...autotune import buffers_for, make_tuner, tune_kernel
+def kernel_problems(generated: list[TritonKernel], layouts: dict[str, Layout], device: str, session: object,
+                    wanted: bool) -> list[tuple[int, object]]:
+    """Register the tunable kernels of ``generated`` with a max-autotune ``TuningSession``: (index,
+    problem) pairs. Kernels sharing normalised source, sizes and dtypes share one problem (one tuning);
+    2-D tiled kernels and kernels with symbolic sizes keep the heuristic configuration (logged)."""
+    from ...autotune import kernel_problem
+    from ...autotune.session import TuningSession
 
-    module = load_triton_module(module_source(generated))  # type: ignore[operator]
-    tuner = tuner or make_tuner()
+    assert isinstance(session, TuningSession)
+    module: list[object] = []
+
+    def fn_of(name: str):
+        def get() -> object:
+            if not module:  # loaded once, only when some problem is compiled or timed
+                module.append(load_triton_module(module_source(generated)))  # type: ignore[operator]
+            return getattr(module[0], name)
+        return get
+
+    dev_name = _device_name(device)
+    limit = session.options.kernel_configs
     out = []
-    for k in generated:
-        if k.kind == "mm_template":  # tuned when it was chosen
-            out.append(k)
-            continue
+    for i, k in enumerate(generated):
         if k.kind not in TUNABLE_KINDS or k.size_args:
-            log("perf_hints").info("max-autotune: %s (%s) keeps its heuristic configuration", k.name, k.kind)
-            out.append(k)
+            if wanted and k.kind != "mm_template":  # a template was tuned when it was chosen
+                log("perf_hints").info("max-autotune: %s (%s) keeps its heuristic configuration", k.name, k.kind)
             continue
-        buffers = buffers_for({b: layouts[b] for b in k.pointer_args}, None, device)
-        tuned, _ = tune_kernel(k, getattr(module, k.name), [buffers[b] for b in k.pointer_args],
-                               tuner=tuner)  # type: ignore[arg-type]
-        out.append(tuned)  # type: ignore[arg-type]
+        p = kernel_problem(k, fn_of(k.name), [layouts[b].dtype for b in k.pointer_args],
+                           _LazyBuffers(k.pointer_args, layouts, device), dev_name, limit)
+        out.append((i, session.add(p, wanted=wanted)))
+    return out
+
+
+class _LazyBuffers:
+    """Scratch buffers for one kernel's arguments, made on first use (a cached choice needs none)."""
+
+    def __init__(self, names: tuple[str, ...], layouts: dict[str, Layout], device: str) -> None:
+        self.names, self.layouts, self.device = names, layouts, device
+        self.made: list[torch.Tensor] | None = None
+
+    def __call__(self) -> list[torch.Tensor]:
+        if self.made is None:
+            from ...autotune import buffers_for
+
+            bufs = buffers_for({b: self.layouts[b] for b in self.names}, None, self.device)
+            self.made = [bufs[b] for b in self.names]
+        return self.made
+
+
+def _device_name(device: str) -> str:
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"{device} (Triton interpreter)" if device == "cpu" else device
+
+
+def autotune_kernels(generated: list[TritonKernel], layouts: dict[str, Layout], device: str,
+                     tuner: object | None = None, session: object | None = None) -> list[TritonKernel]:
+    """max-autotune: each generated kernel's launch configurations, compiled together and then timed
+    on scratch buffers shaped like its arguments; the fastest is kept (by the margin rule). With a
+    ``session`` (the compile's TuningSession, which may already have compiled and timed kernels of
+    the schedule before the matmul templates were chosen) its budget and dedup apply."""
+    from ...autotune import apply_config
+    from ...autotune.entry import session_for_tuner
+
+    session = session if session is not None else session_for_tuner(tuner, device)
+    problems = kernel_problems(generated, layouts, device, session, wanted=True)
+    session.run()  # type: ignore[attr-defined]
+    out = list(generated)
+    for i, p in problems:
+        out[i] = apply_config(generated[i], session.choice(p).config)  # type: ignore[attr-defined]
     return out
 
 
@@ -78,7 +124,7 @@ class TritonBackend:
         self.cfg = cfg
 
     def compile(self, scheduled: ScheduledProgram, layouts: dict[str, Layout],
-                options: InductorOptions) -> CompiledKernels:
+                options: InductorOptions, tuning: object | None = None) -> CompiledKernels:
         if self.device == "cpu" and not interpreter_enabled():
             raise TritonBackendError(
                 "cpu_backend='triton' runs Triton kernels on CPU tensors through the Triton interpreter: set "
@@ -93,14 +139,13 @@ class TritonBackend:
             generated += parts
             # one line (the wrapper indents it); an empty iteration space launches nothing
             launches[k.name] = "; ".join(_launch_line(g) for g in parts)
-        if options.max_autotune and generated:
-            if self.device == "cuda" and torch.cuda.is_available():
-                from ...autotune import make_tuner
-
-                generated = autotune_kernels(generated, layouts, "cuda", make_tuner(options.autotune))
-            else:
-                log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the "
-                                       "interpreter): kernels keep their heuristic configurations")
+        if tuning is not None:  # the compile's max-autotune session (pipeline.py: matmul_templates)
+            if generated:
+                generated = autotune_kernels(generated, layouts, self.device, session=tuning)
+            tuning.finish()  # type: ignore[attr-defined]
+        elif options.max_autotune and generated:
+            log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the "
+                                   "interpreter): kernels keep their heuristic configurations")
         source = module_source(generated) if generated else ""
         inputs = frozenset(b.name for b in scheduled.program.inputs)
         return CompiledKernels(files={}, prelude=wrapper_prologue(generated, inputs=inputs, dtypes={
