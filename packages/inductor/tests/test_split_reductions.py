@@ -31,11 +31,11 @@ def _bn_backward_sums(dy, x):  # the two column sums of BatchNorm's backward, an
 
 
 CASES = {
-    "bn_stats": (_bn_stats, (_x(8, 3, 32, 32),)),
-    "bn_backward": (_bn_backward_sums, (_x(8, 3, 32, 32), _x(8, 3, 32, 32))),
-    "column_max_min": (lambda x: (x.amax(0), x.amin(0), (x > 3.5).any(0), (x > -5).all(0)), (_x(8192, 2),)),
-    "bf16_column_sum": (lambda x: x.sum(0), (_x(6000, 3, dtype=torch.bfloat16),)),
-    "channels_last_mean": (lambda x: x.mean((0, 2, 3)), (_x(4, 5, 40, 40).to(memory_format=torch.channels_last),)),
+    "bn_stats": (_bn_stats, (_x(16, 3, 32, 32),)),
+    "bn_backward": (_bn_backward_sums, (_x(16, 3, 32, 32), _x(16, 3, 32, 32))),
+    "column_max_min": (lambda x: (x.amax(0), x.amin(0), (x > 3.5).any(0), (x > -5).all(0)), (_x(16384, 2),)),
+    "bf16_column_sum": (lambda x: x.sum(0), (_x(20000, 3, dtype=torch.bfloat16),)),
+    "channels_last_mean": (lambda x: x.mean((0, 2, 3)), (_x(8, 5, 64, 64).to(memory_format=torch.channels_last),)),
 }
 
 
@@ -70,7 +70,8 @@ def test_split_adds_a_partial_kernel_and_the_option_turns_it_off():
 def test_row_reductions_and_short_columns_stay_one_pass():
     assert chunks_for(100352, (768,)) is None  # LayerNorm rows: many outputs
     assert chunks_for(64, (32, 7, 7)) is None  # 1,568 elements per output: one pass is fine
-    assert chunks_for(4096, (8, 512)) is None  # enough outputs already
+    assert chunks_for(512, (32, 28, 28)) is None  # enough outputs (programs) already
+    assert chunks_for(768, (8, 512)) is None  # a bias gradient over 4,096 tokens: short enough
     assert chunks_for(64, (32, 112, 112)) == (0, 32)  # ResNet stem BatchNorm: split over the batch
-    assert chunks_for(768, (8, 512)) == (0, 4)  # a bias gradient over 8 x 512 tokens
-    assert chunks_for(10, (4099,)) is None  # a prime length: no whole-dimension chunking
+    assert chunks_for(256, (32, 56, 56)) == (0, 8)  # ResNet stage 1, 256 channels
+    assert chunks_for(10, (16411,)) is None  # a prime length: no whole-dimension chunking

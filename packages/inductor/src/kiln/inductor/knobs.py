@@ -13,6 +13,7 @@ class InductorKnobs:
     cache_dir: Path  # autotune results: KILN_INDUCTOR_CACHE_DIR (else KILN_CACHE_DIR/inductor, else temp)
     keep_sources: bool  # KILN_INDUCTOR_KEEP_SOURCES=1 keeps .cpp next to the .so in the cache
     conv_layout: str  # KILN_CONV_LAYOUT: InductorOptions.conv_layout's default (auto|channels_last|keep)
+    split_reductions: bool = True  # KILN_SPLIT_REDUCTIONS=0: InductorOptions.split_reductions's default
     # max-autotune: seconds one compile may spend tuning, after which choices keep their defaults
     autotune_budget_s: float = 60.0  # KILN_AUTOTUNE_BUDGET_S
     autotune_workers: int = 0  # KILN_AUTOTUNE_COMPILE_WORKERS: threads compiling candidates (0: one a core, <= 32)
@@ -34,6 +35,7 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
         cache = Path(tempfile.gettempdir()) / f"kiln-inductor-{user}"
     return InductorKnobs(cache_dir=cache, keep_sources=e.get("KILN_INDUCTOR_KEEP_SOURCES", "1") != "0",
                          conv_layout=e.get("KILN_CONV_LAYOUT", "auto"),
+                         split_reductions=e.get("KILN_SPLIT_REDUCTIONS", "1") != "0",
                          autotune_budget_s=_float(e.get("KILN_AUTOTUNE_BUDGET_S"), 60.0, "KILN_AUTOTUNE_BUDGET_S"),
                          autotune_workers=int(_float(e.get("KILN_AUTOTUNE_COMPILE_WORKERS"), 0,
                                                      "KILN_AUTOTUNE_COMPILE_WORKERS")),

@@ -40,7 +40,7 @@ class InductorOptions:
     pad_matmuls: bool = True
     # Triton backend: a reduction with few outputs over many elements (BatchNorm statistics, bias
     # gradients) runs as partial sums over chunks plus a small final pass (split_reductions.py)
-    split_reductions: bool = True
+    split_reductions: bool = KNOBS.split_reductions
     # an input the graph mutates by index_put (a KV cache) is updated in place, not copied (reinplace.py)
     reinplace_mutations: bool = True
     # 2-D convolutions and the work between them in channels-last (NHWC) memory (layout.py): "auto"
