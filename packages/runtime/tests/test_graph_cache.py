@@ -217,7 +217,7 @@ def test_source_hash_reads_files_only_after_a_change(tmp_path: Path,
 
     reads: list[Path] = []
     real = Path.read_bytes
-    monkeypatch.setattr(Path, "read_bytes", 
+    monkeypatch.setattr(Path, "read_bytes",
                         lambda self: (root in self.parents and reads.append(self)) or real(self))
     first = gc_mod.source_hash([str(root)], cache)
     assert first == by_content() and len(reads) == 2 + 2  # its own reads, then by_content's
