@@ -91,3 +91,14 @@ def test_a_warm_process_imports_no_compiler_stage(tmp_path: Path) -> None:
     assert cold["ok"] and warm["ok"]
     assert "kiln.inductor" in cold["stages"]
     assert warm["stages"] == [], f"a warm start imported {warm['stages']}"
+
+
+def test_the_captured_graph_is_printed_only_for_debug_dumps(monkeypatch: pytest.MonkeyPatch) -> None:
+    printed: list[object] = []
+    real = backends.print_graph
+    monkeypatch.setattr(backends, "print_graph", lambda gm: printed.append(gm) or real(gm))
+    net = nn.Sequential(nn.Linear(5, 7), nn.Tanh())
+    x = torch.randn(2, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(kiln.compile(net, backend="aot_eager")(x), net(x))
+    assert backends.GRAPH_KNOBS.debug_dir is None and printed == []

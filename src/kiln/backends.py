@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import fx
 
+from kiln.graph import KNOBS as GRAPH_KNOBS
 from kiln.graph import (
     Backend,
     BackendUnavailable,
@@ -209,7 +210,8 @@ def _observed(fn: Backend, name: str) -> Backend:
     """Wraps a backend so every compiled graph's stages land in KILN_DEBUG_DIR."""
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         graph_id = new_graph_id(f"{name}_{gm.__class__.__name__}")
-        dump(graph_id, "00_captured_torch", print_graph(gm))
+        if GRAPH_KNOBS.debug_dir is not None:  # printing a large graph costs ms even when nothing is written
+            dump(graph_id, "00_captured_torch", print_graph(gm))
         compiled = fn(gm, example_inputs)
         for i, (stage, text) in enumerate(getattr(compiled, "texts", {}).items(), start=1):
             dump(graph_id, f"{i:02d}_{stage}", text)
