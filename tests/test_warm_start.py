@@ -69,11 +69,18 @@ _CHILD = textwrap.dedent("""
     import torch
     import kiln
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    def make():
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    net, ref = make(), make()
+    ref.load_state_dict(net.state_dict())
     x = torch.randn(3, 8)
-    with torch.no_grad():
-        out = kiln.compile(net)(x)
-        ok = torch.allclose(out, net(x), rtol=1e-4, atol=1e-5)
+    out = kiln.compile(net)(x)  # training: forward and backward come from the cached program
+    out.square().sum().backward()
+    expected = ref(x)
+    expected.square().sum().backward()
+    ok = torch.allclose(out, expected, rtol=1e-4, atol=1e-5) and all(
+        torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+        for a, b in zip(net.parameters(), ref.parameters()))
     print(json.dumps({"ok": ok, "stages": sorted(m for m in ("kiln.inductor", "kiln.autograd",
                                                              "kiln.decomp") if m in sys.modules)}))
 """)
