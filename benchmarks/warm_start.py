@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="suite models (default: gpt2 on CPU; gpt2,resnet50 on GPU)")
     p.add_argument("--parts", type=cli.csv, default=["cache", "load"])
     p.add_argument("--repeat", type=int, default=1,
-                   help="fresh processes per load measurement; the median is reported")
+                   help="fresh processes per measurement (cold/warm pairs, loads); medians are reported")
     p.add_argument("--budget", type=float, default=None,
                    help="seconds for the whole run: models not started by then are skipped "
                         "(rows say so); one model's phases always finish")
@@ -259,21 +259,39 @@ def _print_ratios(cache_rows: list[dict], load_rows: list[dict], backends: list[
 
 def _cold_warm(args: argparse.Namespace, backend: str, model: str, tmp: Path,
                common: dict) -> dict[str, Any]:
-    env = dict(fresh_cache_env(tmp / f"cache-{backend}-{model}"), **cli.child_env(args))
+    """Cold then warm compile, ``--repeat`` times (each pair with its own new cache folders); the
+    medians are reported, with every sample."""
     kw = dict(backend=backend, model=model, kiln_backend=args.kiln_backend,
               tc_backend=args.tc_backend, **common)
     row: dict[str, Any] = {"model": model, "backend": backend}
-    for phase in ("cold", "warm"):
-        r = run_isolated("benchmarks.warm_start:compile_seconds", kw, timeout_s=args.timeout,
-                         env=env, fresh_caches=False)
-        row[phase] = r
-        print(f"cache {phase:<5} {model:<12} {B.LABELS[backend]:<13} "
-              + (na(r["error"], 200) if r.get("error") else f"compile {fmt(r['compile_s'])} s")
-              + (f"  [{r['cache_log']}]" if r.get("cache_log") else ""), flush=True)
-        if r.get("error"):
+    samples: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": []}
+    for rep in range(max(1, args.repeat)):
+        env = dict(fresh_cache_env(tmp / f"cache-{backend}-{model}-{rep}"), **cli.child_env(args))
+        for phase in ("cold", "warm"):
+            r = run_isolated("benchmarks.warm_start:compile_seconds", kw, timeout_s=args.timeout,
+                             env=env, fresh_caches=False)
+            samples[phase].append(r)
+            print(f"cache {phase:<5} {model:<12} {B.LABELS[backend]:<13} "
+                  + (na(r["error"], 200) if r.get("error") else f"compile {fmt(r['compile_s'])} s")
+                  + (f"  [{r['cache_log']}]" if r.get("cache_log") else ""), flush=True)
+            if r.get("error"):
+                break
+        if any(r.get("error") for r in samples["cold"] + samples["warm"]):
             break
+    for phase in ("cold", "warm"):
+        if samples[phase]:
+            row[phase] = _median_compile(samples[phase])
     row["ratio"] = ratio(row["cold"].get("compile_s"), row.get("warm", {}).get("compile_s"))
     return row
+
+
+def _median_compile(results: list[dict[str, Any]]) -> dict[str, Any]:
+    good = sorted((r for r in results if not r.get("error")), key=lambda r: r["compile_s"])
+    if len(good) < len(results):
+        return next(r for r in results if r.get("error"))
+    out = dict(good[len(good) // 2])
+    out["samples_s"] = [round(r["compile_s"], 3) for r in good]
+    return out
 
 
 def _load_row(args: argparse.Namespace, backends: list[str], model: str, tmp: Path,
@@ -318,11 +336,18 @@ def _cache_table(rows: list[dict]) -> str:
         cold, warm = r["cold"], r.get("warm", {})
         err = cold.get("error") or warm.get("error")
         body.append([r["model"], B.LABELS[r["backend"]],
-                     na(err) if err else fmt(cold.get("compile_s")),
-                     "-" if err else fmt(warm.get("compile_s")), fmt(r.get("ratio"))])
+                     na(err) if err else fmt(cold.get("compile_s")) + _samples(cold),
+                     "-" if err else fmt(warm.get("compile_s")) + _samples(warm),
+                     fmt(r.get("ratio"))])
     return ("### Compile time, cold vs warm cache (seconds)\n\n" + markdown_table(
         ["model", "backend", "cold s", "warm s", "cold / warm"], body)
-        + "\n\nTarget (issue 7): cold / warm >= 5 for kiln.")
+        + "\n\nWith --repeat N: medians of N cold/warm pairs (samples in brackets). "
+          "Target (issue 7): cold / warm >= 5 for kiln.")
+
+
+def _samples(r: dict[str, Any]) -> str:
+    s = r.get("samples_s") or []
+    return f" ({', '.join(f'{x:.2f}' for x in s)})" if len(s) > 1 else ""
 
 
 def _load_table(rows: list[dict], backends: list[str]) -> str:

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torch import fx
 
+from kiln.graph import KNOBS as GRAPH_KNOBS
 from kiln.graph import (
     Backend,
     BackendUnavailable,
@@ -145,8 +147,8 @@ def resolve_backend(backend: str | Backend, opts: CompileOptions) -> Backend:
         entry = _BUILTIN.get(backend) or _USER.get(backend)
         if entry is None:
             raise ValueError(f"kiln.compile: unknown backend {backend!r}; known: {list_backends()}")
-        fn, name = entry.factory(opts), backend
-        fn = _with_graph_cache(fn, name, opts)
+        name = backend
+        fn = _with_graph_cache(_build_on_first_miss(entry, opts), name, opts)
     elif callable(backend):
         fn, name = backend, getattr(backend, "__name__", "custom")
     else:
@@ -158,6 +160,37 @@ def resolve_backend(backend: str | Backend, opts: CompileOptions) -> Backend:
 # wrap the result in CUDA graphs are not cached (the recording is per process).
 _GRAPH_CACHED = frozenset({"aot_eager", "inductor"})
 _UNCACHED_MODES = frozenset({"reduce-overhead", "max-autotune"})
+
+
+# The compiler stages each cached built-in backend imports when it is built.
+_STAGE_MODULES: dict[str, tuple[str, ...]] = {"aot_eager": ("kiln.autograd",),
+                                              "inductor": ("kiln.autograd", "kiln.inductor")}
+
+
+def _build_on_first_miss(entry: BackendEntry, opts: CompileOptions) -> Backend:
+    """``entry``'s backend, built (its stages imported) only when a graph must really be compiled.
+
+    Why: on a warm start every graph is a graph-cache hit, and importing kiln.autograd and
+    kiln.inductor (networkx, sympy printers, the decomposition tables) is then wasted time. A
+    missing stage is still reported here, at kiln.compile time (found without importing it), and
+    ``options`` are validated by building the backend now, as before.
+    """
+    if entry.name not in _GRAPH_CACHED or opts.options:
+        return entry.factory(opts)
+    for module in _STAGE_MODULES.get(entry.name, ()):
+        if importlib.util.find_spec(module) is None:
+            raise BackendUnavailable(
+                f"backend {entry.name!r} needs {module}, which is not installed. Install the "
+                f"{module.replace('.', '-')} package, or pick another backend from "
+                "kiln.list_backends().")
+    built: list[Backend] = []
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+        if not built:
+            built.append(entry.factory(opts))
+        return built[0](gm, example_inputs)
+    backend.__name__ = entry.name
+    return backend
 
 
 def _with_graph_cache(fn: Backend, name: str, opts: CompileOptions) -> Backend:
@@ -177,7 +210,8 @@ def _observed(fn: Backend, name: str) -> Backend:
     """Wraps a backend so every compiled graph's stages land in KILN_DEBUG_DIR."""
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         graph_id = new_graph_id(f"{name}_{gm.__class__.__name__}")
-        dump(graph_id, "00_captured_torch", print_graph(gm))
+        if GRAPH_KNOBS.debug_dir is not None:  # printing a large graph costs ms even when nothing is written
+            dump(graph_id, "00_captured_torch", print_graph(gm))
         compiled = fn(gm, example_inputs)
         for i, (stage, text) in enumerate(getattr(compiled, "texts", {}).items(), start=1):
             dump(graph_id, f"{i:02d}_{stage}", text)

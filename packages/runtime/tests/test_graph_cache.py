@@ -192,3 +192,39 @@ def test_triton_binaries_join_the_entry_after_the_first_call_and_install_on_a_hi
     torch.testing.assert_close(again(*xs), _gm()(*xs))
     assert any("Triton kernel(s) installed from the entry, none compiled" in r.getMessage()
                for r in caplog.records)
+
+
+def test_source_hash_reads_files_only_after_a_change(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import hashlib
+    import os
+
+    from kiln.runtime import graph_cache as gc_mod
+
+    root = tmp_path / "src" / "kiln"
+    (root / "stage").mkdir(parents=True)
+    (root / "a.py").write_text("A = 1\n")
+    (root / "stage" / "b.py").write_text("B = 2\n")
+    (root / "notes.txt").write_text("not source")
+    cache = CompileCache(tmp_path / "cache")
+
+    def by_content() -> str:
+        h = hashlib.sha256()
+        for rel in ("a.py", "stage/b.py"):
+            h.update(rel.encode())
+            h.update((root / rel).read_bytes())
+        return h.hexdigest()
+
+    reads: list[Path] = []
+    real = Path.read_bytes
+    monkeypatch.setattr(Path, "read_bytes",
+                        lambda self: (root in self.parents and reads.append(self)) or real(self))
+    first = gc_mod.source_hash([str(root)], cache)
+    assert first == by_content() and len(reads) == 2 + 2  # its own reads, then by_content's
+    reads.clear()
+    assert gc_mod.source_hash([str(root)], cache) == first
+    assert reads == [], "an unchanged tree was read and hashed again"
+    (root / "stage" / "b.py").write_text("B = 3\n")
+    os.utime(root / "stage" / "b.py", ns=(1, 1))  # a new mtime, whatever the clock's resolution
+    changed = gc_mod.source_hash([str(root)], cache)
+    assert changed != first and changed == by_content()

@@ -1,0 +1,111 @@
+"""Warm starts: a graph-cache hit skips the whole backend, including importing its stages."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+import kiln.backends as backends
+import kiln.runtime.cache as runtime_cache
+from kiln.graph import BackendUnavailable
+from kiln.runtime import CompileCache
+from kiln.settings import CompileOptions
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[CompileOptions]:
+    calls: list[CompileOptions] = []
+    entry = backends._BUILTIN[name]
+
+    def factory(opts: CompileOptions):
+        calls.append(opts)
+        return entry.factory(opts)
+    monkeypatch.setitem(backends._BUILTIN, name, backends.BackendEntry(name, factory, entry.doc))
+    return calls
+
+
+def test_a_graph_cache_hit_does_not_build_the_backend(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime_cache, "_DEFAULT", [CompileCache(tmp_path)])
+    calls = _counting(monkeypatch, "aot_eager")
+    net = nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3))
+    x = torch.randn(4, 8)
+    with torch.no_grad():
+        expected = net(x)
+        first = kiln.compile(net, backend="aot_eager")
+        assert calls == []  # kiln.compile itself builds nothing
+        torch.testing.assert_close(first(x), expected)
+        assert len(calls) == 1  # the miss built the backend once
+        second = kiln.compile(net, backend="aot_eager")  # what a restarted process does
+        torch.testing.assert_close(second(x), expected)
+    assert len(calls) == 1, "a graph-cache hit built (imported) the backend's stages"
+
+
+def test_options_are_still_checked_when_compiling(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = _counting(monkeypatch, "inductor")
+    with pytest.raises(ValueError, match="options"):
+        kiln.compile(nn.Linear(2, 2), backend="inductor", options={"no_such_option": 1})
+    assert len(calls) == 1
+
+
+def test_a_missing_stage_is_reported_at_compile_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = backends.importlib.util.find_spec
+    monkeypatch.setattr(backends.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "kiln.inductor" else real(name, *a))
+    with pytest.raises(BackendUnavailable, match="kiln.inductor"):
+        kiln.compile(nn.Linear(2, 2), backend="inductor")
+
+
+_CHILD = textwrap.dedent("""
+    import json, sys
+    import torch
+    import kiln
+    torch.manual_seed(0)
+    def make():
+        return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+    net, ref = make(), make()
+    ref.load_state_dict(net.state_dict())
+    x = torch.randn(3, 8)
+    out = kiln.compile(net)(x)  # training: forward and backward come from the cached program
+    out.square().sum().backward()
+    expected = ref(x)
+    expected.square().sum().backward()
+    ok = torch.allclose(out, expected, rtol=1e-4, atol=1e-5) and all(
+        torch.allclose(a.grad, b.grad, rtol=1e-4, atol=1e-5)
+        for a, b in zip(net.parameters(), ref.parameters()))
+    print(json.dumps({"ok": ok, "stages": sorted(m for m in ("kiln.inductor", "kiln.autograd",
+                                                             "kiln.decomp") if m in sys.modules)}))
+""")
+
+
+def test_a_warm_process_imports_no_compiler_stage(tmp_path: Path) -> None:
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path)}
+    runs = []
+    for _ in range(2):  # cold, then warm (same cache folder)
+        proc = subprocess.run([sys.executable, "-c", _CHILD], env=env, capture_output=True,
+                              text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    cold, warm = runs
+    assert cold["ok"] and warm["ok"]
+    assert "kiln.inductor" in cold["stages"]
+    assert warm["stages"] == [], f"a warm start imported {warm['stages']}"
+
+
+def test_the_captured_graph_is_printed_only_for_debug_dumps(monkeypatch: pytest.MonkeyPatch) -> None:
+    printed: list[object] = []
+    real = backends.print_graph
+    monkeypatch.setattr(backends, "print_graph", lambda gm: printed.append(gm) or real(gm))
+    net = nn.Sequential(nn.Linear(5, 7), nn.Tanh())
+    x = torch.randn(2, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(kiln.compile(net, backend="aot_eager")(x), net(x))
+    assert backends.GRAPH_KNOBS.debug_dir is None and printed == []
