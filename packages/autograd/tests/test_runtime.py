@@ -255,3 +255,52 @@ def test_fake_example_inputs_run_nothing_real() -> None:
 def test_run_graph_compiler_has_portable() -> None:
     gm = fx.symbolic_trace(lambda x: (x + 1,))
     assert run_graph_compiler(gm, [torch.randn(2)]).portable is not None
+
+
+class _OpCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        name = func.overloadpacket.__name__
+        self.ops[name] = self.ops.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+class _BNNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(4, 4, 3, padding=1) for _ in range(3))
+        self.bns = nn.ModuleList(nn.BatchNorm2d(4) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        for c, b in zip(self.convs, self.bns):
+            x = F.relu(b(c(x)))
+        return x, x.mean()  # the second output is left out of the loss
+
+
+def test_mutated_buffers_written_back_at_once_and_no_zero_grads_for_them() -> None:
+    """BatchNorm running statistics (9 mutated buffers) are written back by one multi-tensor copy,
+    and backward allocates no zero gradients for them; results and buffers match eager."""
+    torch.manual_seed(0)
+    eager = _BNNet()
+    comp = copy.deepcopy(eager)
+    x = torch.randn(2, 4, 6, 6)
+    run = aot_eager(fx.symbolic_trace(comp), [x])
+    out_e = eager(x)[0]
+    out_e.sum().backward()
+    counter = _OpCounter()
+    with counter:
+        out_c = run(x)[0]
+    assert counter.ops.get("_foreach_copy_", 0) == 1 and counter.ops.get("copy_", 0) == 0, counter.ops
+    backward_ops = _OpCounter()
+    with backward_ops:
+        out_c.sum().backward()
+    assert backward_ops.ops.get("zeros", 0) + backward_ops.ops.get("zero_", 0) + backward_ops.ops.get("fill_", 0) <= 1, \
+        backward_ops.ops  # at most the unused mean output's tangent
+    torch.testing.assert_close(out_c, out_e)
+    for (n, a), b in zip(eager.named_buffers(), comp.buffers()):
+        torch.testing.assert_close(b, a, msg=n)
+    for (n, a), b in zip(eager.named_parameters(), comp.parameters()):
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-4, atol=1e-5, msg=n)
