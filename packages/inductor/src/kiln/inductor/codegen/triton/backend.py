@@ -132,13 +132,12 @@ class TritonBackend:
         t0 = time.perf_counter()
         kernels = scheduled.kernels()
         generated = []
-        launches: dict[str, str] = {}
+        spans: list[tuple[str, int, int]] = []  # (scheduled kernel, its generated kernels' [start, end))
         for k in kernels:
             # a matmul template chosen by max-autotune (mm_templates.py) brings its own kernel
             parts = [k.triton_kernel()] if isinstance(k, TemplateKernel) else generate_kernels(k, self.cfg)
+            spans.append((k.name, len(generated), len(generated) + len(parts)))
             generated += parts
-            # one line (the wrapper indents it); an empty iteration space launches nothing
-            launches[k.name] = "; ".join(_launch_line(g) for g in parts)
         if tuning is not None:  # the compile's max-autotune session (pipeline.py: matmul_templates)
             if generated:
                 generated = autotune_kernels(generated, layouts, self.device, session=tuning)
@@ -146,6 +145,10 @@ class TritonBackend:
         elif options.max_autotune and generated:
             log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the "
                                    "interpreter): kernels keep their heuristic configurations")
+        # launch lines only now: a tuned XBLOCK changes the grid (it was written from the heuristic
+        # config before, so a tuned kernel ran on too few or too many programs: wrong results).
+        # One line each (the wrapper indents it); an empty iteration space launches nothing.
+        launches = {name: "; ".join(_launch_line(g) for g in generated[a:b]) for name, a, b in spans}
         source = module_source(generated) if generated else ""
         inputs = frozenset(b.name for b in scheduled.program.inputs)
         return CompiledKernels(files={}, prelude=wrapper_prologue(generated, inputs=inputs, dtypes={
