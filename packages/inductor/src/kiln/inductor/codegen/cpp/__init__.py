@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from ...ir import Layout, ScheduledProgram
+import re
+
+from ...ir import Kernel, Layout, ScheduledProgram
 from ...options import InductorOptions
 from ..common import CompiledKernels
 from .build import CppCompileError, build_shared_library
@@ -36,7 +38,7 @@ class CppBackend:
         kernels = scheduled.kernels()
         if not kernels:
             return CompiledKernels({}, "", {}, "", "")
-        bodies = [kernel_source(k, layouts, options) for k in kernels]
+        bodies, symbol = unique_kernel_sources(kernels, layouts, options)
         head = VECTOR_MATH if options.vectorize_math else ""
         source = head + PRELUDE + "\n\n" + "\n\n".join(bodies) + "\n"
         so, seconds = build_shared_library(source, options)
@@ -48,7 +50,7 @@ class CppBackend:
         for k in kernels:
             ins, outs = kernel_params(k)
             n_args = len(ins) + len(outs)
-            prelude.append(f"_{k.name} = _lib.{k.name}")
+            prelude.append(f"_{k.name} = _lib.{symbol[k.name]}")
             prelude.append(f"_{k.name}.argtypes = [ctypes.c_void_p] * {n_args}")
             prelude.append(f"_{k.name}.restype = None")
             args = ", ".join(f"{b}.data_ptr()" for b in (*ins, *outs))
@@ -57,4 +59,37 @@ class CppBackend:
         return CompiledKernels(files, "\n".join(prelude), launches, source, str(so.parent), seconds)
 
 
-__all__ = ["CppBackend", "CppCompileError"]
+def canonical_source(k: Kernel, source: str) -> str:
+    """``source`` with the kernel's name and every buffer name in it (pointer parameters ``p_buf3``,
+    locals ``v_buf3``, ``acc_buf3_1``) renamed in order of first appearance: two kernels with equal
+    canonical sources compute the same function of their arguments, in the same order (a
+    transformer's layers give the same kernels over other buffers), so one compiled body serves both."""
+    names = {k.name, *k.inputs, *k.outputs, *(kn.buffer for kn in k.nodes)}
+    # a name is delimited by anything but a letter or digit: "_" joins it to its prefix/suffix
+    pattern = re.compile(r"(?<![A-Za-z0-9])(" + "|".join(
+        re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")(?![A-Za-z0-9])")
+    renamed: dict[str, str] = {}
+
+    def rename(m: re.Match[str]) -> str:
+        return renamed.setdefault(m.group(1), f"N{len(renamed)}")
+    return pattern.sub(rename, source)
+
+
+def unique_kernel_sources(kernels: list[Kernel], layouts: dict[str, Layout],
+                          options: InductorOptions) -> tuple[list[str], dict[str, str]]:
+    """The C++ bodies to build, one per distinct kernel, and each kernel's exported symbol: the
+    name of the first kernel with the same canonical source (g++ time grows with the bodies)."""
+    bodies: list[str] = []
+    seen: dict[str, str] = {}  # canonical source -> symbol
+    symbol: dict[str, str] = {}
+    for k in kernels:
+        source = kernel_source(k, layouts, options)
+        key = canonical_source(k, source)
+        if key not in seen:
+            seen[key] = k.name
+            bodies.append(source)
+        symbol[k.name] = seen[key]
+    return bodies, symbol
+
+
+__all__ = ["CppBackend", "CppCompileError", "canonical_source", "unique_kernel_sources"]
