@@ -21,7 +21,8 @@ from typing import Any
 # (module, function name, stage). Order of stages in reports follows ORDER.
 STAGES: tuple[tuple[str, str, str], ...] = (
     ("kiln.capture.capture", "run_capture", "capture"),
-    ("kiln.autograd.joint", "trace_joint", "autograd: joint trace"),
+    ("kiln.autograd.joint", "trace_joint", "autograd: trace"),
+    ("kiln.autograd.joint", "trace_inference", "autograd: trace"),
     ("kiln.autograd.partition", "partition", "autograd: partition"),
     ("kiln.inductor.decomp_bridge", "decompose", "decomp"),
     ("kiln.inductor.decomp_bridge", "ensure_meta", "decomp"),
@@ -42,7 +43,7 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("kiln.runtime.graph_cache", "graph_key", "graph cache key/store"),
     ("kiln.runtime.graph_cache", "GraphCache.save", "graph cache key/store"),
 )
-ORDER = ("capture", "autograd: joint trace", "autograd: partition", "decomp", "graph passes",
+ORDER = ("capture", "autograd: trace", "autograd: partition", "decomp", "graph passes",
          "lowering", "scheduling", "codegen", "C++ compile",
          "wrapper load / Triton compile", "graph cache key/store")
 
