@@ -43,9 +43,10 @@ from benchmarks.kiln_bench.spans import ORDER, StageTimer, cpu_clock
 
 
 def _warm_up(backend: str, device: str) -> None:
-    """Pay one-time imports and initialisation on a trivial function."""
-    warm = B.compile_fn(backend, lambda x: torch.relu(x) + 1, B.CompileSpec())
-    warm(torch.randn(3, device=device))
+    """Pay one-time imports and initialisation on a small function (a reduction over a view: sympy
+    imports parts of itself lazily on the first index arithmetic)."""
+    warm = B.compile_fn(backend, lambda x: torch.softmax(x.t() * 2, -1).sum(0), B.CompileSpec())
+    warm(torch.randn(4, 8, device=device))
     if backend == "torch_compile":
         torch._dynamo.reset()
 
