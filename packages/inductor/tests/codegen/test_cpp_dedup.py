@@ -35,6 +35,15 @@ def test_repeated_layers_build_one_body_per_distinct_kernel() -> None:
     assert len(bodies) < n_kernels(cg)
     assert len(_bodies(cg)) == len(bodies)  # only the distinct bodies are compiled
     assert len(set(symbol.values())) == len(bodies)
+    # merged kernels generate the same C++ up to buffer names (what the shared body computes)
+    from kiln.inductor.codegen.cpp.kernel import kernel_source
+
+    by_name = {k.name: k for k in cg.scheduled.kernels()}
+    layouts = cg.loop_program.layouts()
+    for name, sym in symbol.items():
+        a, b = by_name[name], by_name[sym]
+        assert canonical_source(a, kernel_source(a, layouts, DEFAULT_OPTIONS)) == \
+            canonical_source(b, kernel_source(b, layouts, DEFAULT_OPTIONS))
 
 
 def test_kernels_differing_in_a_constant_are_not_merged() -> None:
