@@ -21,6 +21,7 @@ from typing import Any
 # (module, function name, stage). Order of stages in reports follows ORDER.
 STAGES: tuple[tuple[str, str, str], ...] = (
     ("kiln.capture.capture", "run_capture", "capture"),
+    ("kiln.graph.guards", "GuardSet.compile", "guards"),
     ("kiln.autograd.joint", "trace_joint", "autograd: trace"),
     ("kiln.autograd.joint", "trace_inference", "autograd: trace"),
     ("kiln.autograd.partition", "partition", "autograd: partition"),
@@ -43,7 +44,7 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("kiln.runtime.graph_cache", "graph_key", "graph cache key/store"),
     ("kiln.runtime.graph_cache", "GraphCache.save", "graph cache key/store"),
 )
-ORDER = ("capture", "autograd: trace", "autograd: partition", "decomp", "graph passes",
+ORDER = ("capture", "guards", "autograd: trace", "autograd: partition", "decomp", "graph passes",
          "lowering", "scheduling", "codegen", "C++ compile",
          "wrapper load / Triton compile", "graph cache key/store")
 
