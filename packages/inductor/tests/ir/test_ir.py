@@ -79,3 +79,22 @@ def test_every_op_has_a_cpp_implementation() -> None:
         args = [ir.Constant(1.0, torch.float32)] * info.arity
         text = op_call(ir.Op(name, tuple(args), torch.float32), ["a"] * info.arity)
         assert text, name
+
+
+def test_substitute_index_is_simultaneous_and_its_cache_keys_on_all_inputs() -> None:
+    import sympy
+
+    from kiln.inductor.ir import Load, substitute_index
+    from kiln.inductor.ir.expr import substituted
+
+    i0, i1 = sympy.symbols("i0 i1", integer=True)
+    ld = Load("buf0", 8 * i0 + i1, torch.float32)
+    swapped = substitute_index(ld, {i0: i1, i1: i0})
+    assert swapped.index == 8 * i1 + i0  # a swap, not i0 -> i1 -> i0
+    again = substitute_index(ld, {i0: i1, i1: i0})
+    assert again.index == swapped.index
+    # another mapping, another index over the same symbols: each gets its own (fresh) result
+    assert substitute_index(ld, {i0: i1 + 1}).index == 8 * i1 + i1 + 8
+    assert substitute_index(Load("buf0", 4 * i0 + i1, torch.float32), {i0: i1, i1: i0}).index == 4 * i1 + i0
+    assert substituted(8 * i0 + i1, ((i0, 2 * i1),)) == 17 * i1
+    assert substituted(8 * i0 + i1, ((i0, 3 * i1),)) == 25 * i1

@@ -8,6 +8,7 @@ makes are recorded: ``decompose`` therefore also lowers a torch-dialect graph to
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -159,6 +160,52 @@ def decompose(gm: fx.GraphModule, table: Table, example_inputs: Sequence[Any] | 
     decomposition; the default raises under ``KILN_VERIFY=1`` and otherwise logs those ops to
     ``perf_hints`` and returns the graph with them left in place (so a backend can fall back).
     """
+    if example_inputs is None and _already_decomposed(gm, table):
+        result = _copy(gm)  # re-tracing would rebuild the same graph, at the cost of a fake run per node
+    else:
+        result = _retrace(gm, table, example_inputs)
+    dialect: Dialect | None = getattr(table, "dialect", None)
+    if dialect is not None and check is not False:
+        _verify(result, dialect, table, strict=KNOBS.verify if check is None else True)
+    return result
+
+
+def _already_decomposed(gm: fx.GraphModule, table: Table) -> bool:
+    """Whether ``decompose`` would give ``gm`` back unchanged: an ATen graph (a kiln.autograd trace
+    that applied the same table) where no op has a decomposition, every node carries its fake
+    value, tensors only (no size queries to fold), and nothing is dead."""
+    for n in gm.graph.nodes:
+        if n.op in ("placeholder", "output"):
+            if n.op == "placeholder" and not isinstance(n.meta.get("val"), (FakeTensor, torch.SymInt, int)):
+                return False
+            continue
+        if n.op != "call_function" or not n.users:
+            return False
+        val = n.meta.get("val")
+        if n.target is operator.getitem:
+            if not isinstance(val, FakeTensor):
+                return False
+            continue
+        if not isinstance(n.target, OpOverload) or n.target in table:
+            return False
+        vals = val if isinstance(val, (tuple, list)) else (val,)
+        if not vals or not all(isinstance(v, FakeTensor) for v in vals):
+            return False
+    return True
+
+
+def _copy(gm: fx.GraphModule) -> fx.GraphModule:
+    """A new GraphModule over a copy of the graph (same names, meta shallow-copied): callers rewrite
+    the result in place, as they may a re-traced one."""
+    graph = fx.Graph()
+    out, out_node = graph.graph_copy(gm.graph, {}, return_output_node=True)  # type: ignore[misc]
+    graph.output(out).meta.update(out_node.meta)
+    result = fx.GraphModule(gm, graph)
+    result.meta.update(gm.meta)
+    return result
+
+
+def _retrace(gm: fx.GraphModule, table: Table, example_inputs: Sequence[Any] | None) -> fx.GraphModule:
     fakes, mode = _fakes_for(gm, example_inputs)
     graph = fx.Graph()
     root = torch.nn.Module()
@@ -167,11 +214,7 @@ def decompose(gm: fx.GraphModule, table: Table, example_inputs: Sequence[Any] | 
     out_source = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     with mode, torch.no_grad():
         out = interp.run(*fakes)
-    result = _finish(graph, root, recorder, out, dict(out_source.meta))
-    dialect: Dialect | None = getattr(table, "dialect", None)
-    if dialect is not None and check is not False:
-        _verify(result, dialect, table, strict=KNOBS.verify if check is None else True)
-    return result
+    return _finish(graph, root, recorder, out, dict(out_source.meta))
 
 
 def _in_dialect(op: OpOverload, dialect: Dialect) -> bool:

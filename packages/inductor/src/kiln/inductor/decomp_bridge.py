@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 from torch import fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from kiln.graph import autocast_off, log, target_name
 
@@ -51,16 +52,41 @@ def decompose(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModu
 
 
 def ensure_meta(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
-    """Run the graph on fake tensors to fill missing ``meta['val']`` (hand-built graphs)."""
+    """Run the graph on fake tensors to fill missing ``meta['val']`` (hand-built graphs, or the few
+    nodes a rewrite such as pad_matmuls added): only the missing nodes run when the others carry
+    fake values of one mode; otherwise the whole graph runs in a fresh mode."""
     nodes = [n for n in gm.graph.nodes if n.op not in ("output",)]
     if all("val" in n.meta for n in nodes):
         return
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    mode = _mode_of_existing(nodes)
+    if mode is None:
+        _propagate(gm, example_inputs, FakeTensorMode(allow_non_fake_inputs=True), reuse=False)
+    else:
+        _propagate(gm, example_inputs, mode, reuse=True)
+
+
+def _mode_of_existing(nodes: list[fx.Node]) -> FakeTensorMode | None:
+    """The one fake mode of every existing value, when the missing ones can be computed in it."""
+    modes = set()
+    for n in nodes:
+        if "val" not in n.meta:
+            if n.op != "call_function":
+                return None  # a placeholder/get_attr without a value: start over
+            continue
+        for v in pytree.tree_leaves(n.meta["val"]):
+            if isinstance(v, FakeTensor):
+                modes.add(v.fake_mode)
+            elif isinstance(v, torch.Tensor):
+                return None
+    return modes.pop() if len(modes) == 1 else None
+
+
+def _propagate(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: FakeTensorMode, reuse: bool) -> None:
     env: dict[fx.Node, Any] = {}
     it = iter(example_inputs)
 
     def conv(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and not isinstance(x, torch._subclasses.fake_tensor.FakeTensor):
+        if isinstance(x, torch.Tensor) and not isinstance(x, FakeTensor):
             return mode.from_tensor(x)
         return x
 
@@ -69,6 +95,8 @@ def ensure_meta(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
             if n.op == "placeholder":
                 v, ex = n.meta.get("val"), next(it, None)
                 env[n] = v if v is not None else conv(ex)
+            elif reuse and "val" in n.meta:
+                env[n] = n.meta["val"]
             elif n.op == "call_function":
                 args = fx.node.map_arg(n.args, lambda a: env[a])
                 kwargs = fx.node.map_arg(n.kwargs, lambda a: env[a])

@@ -7,6 +7,8 @@ hashable and printable, so codegen, dependency analysis and the verifier are all
 
 from __future__ import annotations
 
+import functools
+
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -160,18 +162,28 @@ def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
 
 
 def substitute_index(e: Expr, mapping: Mapping[sympy.Symbol, IndexExpr]) -> Expr:
-    """Replace loop variables inside every index expression of ``e`` (how views fold into loads)."""
+    """Replace loop variables inside every index expression of ``e`` (how views fold into loads).
+    The replacement is simultaneous (``i0 -> i1, i1 -> i0`` swaps them)."""
     if not mapping:
         return e
+    items = tuple(mapping.items())
 
     def fn(n: Expr) -> Expr | None:
         if isinstance(n, Load):
-            return Load(n.buffer, sympy.expand(n.index.xreplace(mapping)), n.dtype, n.indirect)
+            return Load(n.buffer, substituted(n.index, items), n.dtype, n.indirect)
         if isinstance(n, IndexValue):
-            return IndexValue(sympy.expand(n.index.xreplace(mapping)), n.dtype)
+            return IndexValue(substituted(n.index, items), n.dtype)
         return None
 
     return map_expr(e, fn)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def substituted(index: IndexExpr, items: tuple[tuple[sympy.Symbol, IndexExpr], ...]) -> IndexExpr:
+    """``expand(index.xreplace(dict(items)))``, cached: a model's repeated layers fold the same views
+    into the same indices, and sympy's expand is the cost (the key is the whole input, so a changed
+    index or mapping is a new entry)."""
+    return sympy.expand(index.xreplace(dict(items)))
 
 
 def reads(e: Expr) -> list[Load]:

@@ -7,6 +7,7 @@ inlined into every consumer (recomputed) until the lowering decides to realize i
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,15 +48,17 @@ def value_at(v: TensorValue, idx: Sequence[IndexExpr]) -> Expr:
     if len(idx) != len(v.shape):
         raise ValueError(f"indexing a {len(v.shape)}-d value with {len(idx)} indices")
     if isinstance(v, Strided):
-        flat = v.offset + sum((i * s for i, s in zip(idx, v.stride) if v.shape and True), sympy.Integer(0))
-        return Load(v.buffer, sympy.expand(flat), v.dtype)
+        return Load(v.buffer, _strided_index(v.offset, v.stride, tuple(idx)), v.dtype)
     mapping = dict(zip(index_vars("i", len(v.shape)), idx))
     if all(k == val for k, val in mapping.items()):
         return v.body
-    # substitute through temporaries so i0 -> i1, i1 -> i0 swaps do not collide
-    tmp = {k: sympy.Symbol(f"_t{j}", integer=True) for j, k in enumerate(mapping)}
-    body = substitute_index(v.body, tmp)
-    return substitute_index(body, {tmp[k]: val for k, val in mapping.items()})
+    return substitute_index(v.body, mapping)  # simultaneous: i0 -> i1, i1 -> i0 swaps do not collide
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _strided_index(offset: IndexExpr, stride: tuple[IndexExpr, ...], idx: tuple[IndexExpr, ...]) -> IndexExpr:
+    """``expand(offset + sum(i * s))``, cached (keyed on all of its inputs)."""
+    return sympy.expand(offset + sum((i * s for i, s in zip(idx, stride)), sympy.Integer(0)))
 
 
 def broadcast_at(v: TensorValue, out_idx: Sequence[IndexExpr], dtype: torch.dtype | None = None) -> Expr:

@@ -3,6 +3,8 @@ merge loop dimensions that index memory contiguously, and name kernels after the
 
 from __future__ import annotations
 
+import functools
+
 import sympy
 
 from ..ir import (
@@ -126,8 +128,10 @@ def _indices(nodes: list[KernelNode]) -> list[IndexExpr]:
     return out
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def _linear_coeffs(e: IndexExpr, a: sympy.Symbol, b: sympy.Symbol) -> tuple[IndexExpr, IndexExpr] | None:
-    """Coefficients of ``a`` and ``b`` when ``e`` is linear in them (outside any function), else None."""
+    """Coefficients of ``a`` and ``b`` when ``e`` is linear in them (outside any function), else None.
+    Cached: a model's repeated layers merge the same loops over the same indices."""
     ca, cb = sympy.Integer(0), sympy.Integer(0)
     for term in sympy.Add.make_args(e):
         syms = term.free_symbols

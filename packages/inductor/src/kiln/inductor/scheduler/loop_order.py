@@ -10,14 +10,17 @@ memory contiguously, and ``merge_loops`` then collapses the whole NHWC space int
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import sympy
 
 from ..ir import IndexExpr, KernelNode, index_vars, substitute_index
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def _coefficient(e: IndexExpr, v: sympy.Symbol) -> IndexExpr | None:
-    """The stride of ``v`` in ``e`` when ``e`` is linear in ``v`` with a constant coefficient."""
+    """The stride of ``v`` in ``e`` when ``e`` is linear in ``v`` with a constant coefficient (cached:
+    a model's repeated layers ask about the same indices)."""
     c = sympy.expand(e).coeff(v)
     return c if c.is_number else None
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import sympy
 import torch
 
@@ -359,9 +361,14 @@ def wants_tiling(k: Kernel) -> bool:
             # loads that do not move with r (per-channel weights of a mean over H*W) are loop-invariant
             # in the row loop: they say nothing about which loop should be the contiguous one
             if isinstance(e, Load) and not e.indirect and rs & e.index.free_symbols:
-                unit_x += e.index.coeff(xl) == 1
-                unit_r += e.index.coeff(rl) == 1
+                unit_x += _unit_stride(e.index, xl)
+                unit_r += _unit_stride(e.index, rl)
     return unit_x > unit_r
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _unit_stride(index: sympy.Expr, v: sympy.Symbol) -> bool:
+    return bool(index.coeff(v) == 1)
 
 
 class _Tiled:

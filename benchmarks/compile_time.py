@@ -1,0 +1,255 @@
+"""Cold compile time, kiln vs torch.compile, with kiln's time per stage (issue #6).
+
+    uv run python -m benchmarks.compile_time --models bert_base,gpt2,vit_base_patch16_224 \
+        --modes inference,training [--device cpu] [--small] [--cross-cuda] [--profile DIR]
+
+Every row runs in a fresh process with empty caches (KILN_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR and
+TRITON_CACHE_DIR point at new temporary folders). Cold compile = first call - steady call, where each
+process first compiles a trivial function so one-time imports are not charged to the model.
+
+kiln's stages (capture, autograd joint trace / partition, decomp, lowering, scheduling, codegen, C++
+compile, wrapper load = Triton compile on a GPU, graph-cache store; "other" = the first run of the
+compiled code plus glue) are measured by wrapping those stages' entry points from the outside
+(``kiln_bench/spans.py``); they are exclusive and add up to the first call.
+
+``--cross-cuda`` compiles for CUDA from a host without a GPU: the model is captured on the CPU, then
+the captured graph goes through kiln's inductor backend with fake CUDA example inputs (bf16 for
+inference), so Triton sources are generated but neither compiled nor run. This measures the Python
+side of the GPU path; torch.compile has no such mode, so those rows are kiln only. Inference only:
+the joint forward/backward trace runs torch's autograd engine, which needs a real CUDA device for
+CUDA tensors (fake or not), so training rows say so instead of measuring.
+``--profile DIR`` also writes a cProfile of each kiln first call to DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from benchmarks.kiln_bench import backends as B
+from benchmarks.kiln_bench import cli
+from benchmarks.kiln_bench.isolate import run_isolated
+from benchmarks.kiln_bench.report import fmt, machine_info, markdown_table, na, ratio, write_micro
+from benchmarks.kiln_bench.spans import ORDER, StageTimer, cpu_clock
+
+
+def _warm_up(backend: str, device: str) -> None:
+    """Pay one-time imports and initialisation on a small function (a reduction over a view: sympy
+    imports parts of itself lazily on the first index arithmetic)."""
+    warm = B.compile_fn(backend, lambda x: torch.softmax(x.t() * 2, -1).sum(0), B.CompileSpec())
+    warm(torch.randn(4, 8, device=device))
+    if backend == "torch_compile":
+        torch._dynamo.reset()
+
+
+def _step(case: Any, run: Any, training: bool, device: torch.device) -> Any:
+    amp = (torch.autocast("cuda", dtype=torch.bfloat16) if training and device.type == "cuda"
+           else contextlib.nullcontext())
+    if not training:
+        with torch.no_grad():
+            return run(*case.args, **case.kwargs)
+    case.model.zero_grad(set_to_none=True)
+    with amp:
+        loss = case.loss_fn(run(*case.args, **case.kwargs), case.targets)
+    loss.backward()
+    return loss.detach()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def measure(*, backend: str, model: str, mode: str, small: bool, device: str,
+            profile: str | None = None) -> dict[str, Any]:
+    """Child process: cold compile seconds (and kiln's stages) of one (model, mode, backend)."""
+    from benchmarks.kiln_bench.models import build_for_mode
+
+    dev, training = torch.device(device), mode == "training"
+    result: dict[str, Any] = {"backend": backend, "model": model, "mode": mode}
+    try:
+        _warm_up(backend, device)
+        case = build_for_mode(model, small=small, device=dev, training=training)
+        compiled = B.compile_fn(backend, case.model, B.CompileSpec())
+        timer = StageTimer(cpu_clock).install() if backend == "kiln" else None
+        prof = _profiler(profile)
+        _sync(dev)
+        t0, c0 = time.perf_counter(), cpu_clock()
+        with prof:
+            _step(case, compiled, training, dev)
+            _sync(dev)
+        first, first_cpu = time.perf_counter() - t0, cpu_clock() - c0
+        if timer is not None:
+            timer.uninstall()
+        steady, steady_cpu = [], []
+        for _ in range(3):
+            t0, c0 = time.perf_counter(), cpu_clock()
+            _step(case, compiled, training, dev)
+            _sync(dev)
+            steady.append(time.perf_counter() - t0)
+            steady_cpu.append(cpu_clock() - c0)
+    except Exception as exc:  # noqa: BLE001 - the row records why
+        return dict(result, error=B.short_error(exc), details=B.error_details(exc))
+    _save_profile(prof, profile, f"{backend}-{model}-{mode}-{device}")
+    step, step_cpu = sorted(steady)[1], sorted(steady_cpu)[1]
+    out = dict(result, compile_s=round(first - step, 3), first_s=round(first, 3),
+               steady_ms=round(step * 1e3, 2), compile_cpu_s=round(first_cpu - step_cpu, 3))
+    if timer is not None:
+        out["stages"] = timer.report(first_cpu - step_cpu)
+        out["stages_missing"] = timer.missing
+    return out
+
+
+def measure_cross_cuda(*, model: str, mode: str, small: bool, profile: str | None = None) -> dict[str, Any]:
+    """Child process: kiln compiling ``model`` for CUDA from this host with fake CUDA inputs."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from benchmarks.kiln_bench.models import build_for_mode, cast_inputs
+
+    training = mode == "training"
+    result: dict[str, Any] = {"backend": "kiln", "model": model, "mode": mode + " (cross-cuda)"}
+    try:
+        kiln = B.import_kiln()
+        from kiln.backends import resolve_backend
+        from kiln.capture import capture_graph
+        from kiln.settings import CompileOptions
+
+        _warm_up("kiln", "cpu")
+        case = build_for_mode(model, small=small, device=torch.device("cpu"), training=training)
+        if not training:  # what the GPU suite runs
+            case.model.to(torch.bfloat16)
+            cast_inputs(case, torch.bfloat16)
+        backend = resolve_backend("inductor", CompileOptions())
+        timer = StageTimer(cpu_clock).install()
+        prof = _profiler(profile)
+        t0, c0 = time.perf_counter(), cpu_clock()
+        with prof:
+            with torch.set_grad_enabled(training):
+                captured = capture_graph(type(case.model).forward, (case.model, *case.args), case.kwargs)
+                _to_cuda_graph(captured.gm)
+                mode_ = FakeTensorMode(allow_non_fake_inputs=True)
+                fakes = [_fake_cuda(spec, mode_) for spec in captured.input_specs]
+                backend(captured.gm, fakes)
+        total, total_cpu = time.perf_counter() - t0, cpu_clock() - c0
+        timer.uninstall()
+        del kiln
+    except Exception as exc:  # noqa: BLE001
+        return dict(result, error=B.short_error(exc), details=B.error_details(exc))
+    _save_profile(prof, profile, f"kiln-{model}-{mode}-cross-cuda")
+    return dict(result, compile_s=round(total, 3), compile_cpu_s=round(total_cpu, 3),
+                stages=timer.report(total_cpu),
+                stages_missing=timer.missing)
+
+
+def _fake_cuda(spec: Any, mode: Any) -> Any:
+    """A fake CUDA tensor like the captured input ``spec`` (ints stay ints)."""
+    if spec is None or isinstance(spec, int):
+        return spec
+    with mode:
+        t = torch.empty_strided(tuple(int(s) for s in spec.shape), tuple(int(s) for s in spec.stride),
+                                dtype=spec.dtype, device="cuda")
+    return t.requires_grad_(bool(spec.requires_grad)) if t.is_floating_point() else t
+
+
+def _to_cuda_graph(gm: torch.fx.GraphModule) -> None:
+    """Device constants the CPU capture baked in (``arange(..., device='cpu')``) become CUDA."""
+    def cuda(a: Any) -> Any:
+        is_cpu = isinstance(a, torch.device) and a.type == "cpu" or a == "cpu"
+        return torch.device("cuda") if is_cpu else a
+
+    for node in gm.graph.nodes:
+        node.args = torch.fx.node.map_aggregate(node.args, cuda)
+        node.kwargs = torch.fx.node.map_aggregate(node.kwargs, cuda)
+    gm.recompile()
+
+
+class _NoProfile(contextlib.nullcontext):
+    pass
+
+
+def _profiler(path: str | None) -> Any:
+    if not path:
+        return _NoProfile()
+    import cProfile
+
+    return cProfile.Profile()
+
+
+def _save_profile(prof: Any, folder: str | None, name: str) -> None:
+    if folder and not isinstance(prof, _NoProfile):
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        prof.dump_stats(str(Path(folder) / f"{name}.prof"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    cli.add_common(p)
+    p.set_defaults(backends=["kiln", "torch_compile"])
+    p.add_argument("--models", type=cli.csv, default=["bert_base", "gpt2", "vit_base_patch16_224"])
+    p.add_argument("--modes", type=cli.csv, default=["inference", "training"])
+    p.add_argument("--cross-cuda", action="store_true",
+                   help="also compile for CUDA from this host with fake inputs (kiln only)")
+    p.add_argument("--profile", default=None, help="folder for cProfile dumps of kiln's first calls")
+    args = cli.finish(p.parse_args(argv), "compile_time")
+    env = cli.child_env(args)
+    backends = [b for b in args.backends if b != "eager"]
+    results = []
+    for mode in args.modes:
+        for model in args.models:
+            jobs = [("benchmarks.compile_time:measure",
+                     dict(backend=b, model=model, mode=mode, small=args.small, device=args.device,
+                          profile=args.profile if b == "kiln" else None)) for b in backends]
+            if args.cross_cuda and mode == "inference":
+                jobs.append(("benchmarks.compile_time:measure_cross_cuda",
+                             dict(model=model, mode=mode, small=args.small, profile=args.profile)))
+            for target, kwargs in jobs:
+                r = run_isolated(target, kwargs, timeout_s=args.timeout, env=env)
+                r.setdefault("backend", kwargs.get("backend", "kiln"))
+                r.setdefault("model", model)
+                r.setdefault("mode", mode + (" (cross-cuda)" if "cross" in target else ""))
+                print(f"{r['mode']:<24} {model:<22} {B.LABELS[r['backend']]:<13} "
+                      + (na(r["error"], 200) if r.get("error") else f"compile {fmt(r['compile_s'])} s"),
+                      flush=True)
+                results.append(r)
+    info = machine_info(args.device, module="benchmarks.compile_time", threads=args.threads)
+    md = write_micro(args.out, "compile_time", "Cold compile time (first call - steady call, seconds)",
+                     info, _tables(results, args.small), {"results": results, "small": args.small})
+    print("\n" + md)
+    return 0
+
+
+def _tables(results: list[dict], small: bool) -> str:
+    keys = sorted({(r["mode"], r["model"]) for r in results}, key=lambda k: (k[0], k[1]))
+    main_rows, stage_rows = [], []
+    for mode, model in keys:
+        rows = {r["backend"]: r for r in results if r["mode"] == mode and r["model"] == model}
+        k, t = rows.get("kiln", {}), rows.get("torch_compile", {})
+        name = model + (" (small)" if small else "")
+        main_rows.append([mode, name, na(k["error"]) if k.get("error") else fmt(k.get("compile_s")),
+                          na(t["error"]) if t.get("error") else fmt(t.get("compile_s")),
+                          fmt(ratio(k.get("compile_s"), t.get("compile_s"))),
+                          fmt(k.get("compile_cpu_s")), fmt(t.get("compile_cpu_s"))])
+        if k.get("stages"):
+            st = k["stages"]
+            stage_rows.append([mode, name, *[fmt(st.get(s)) for s in (*ORDER, "other")]])
+    out = markdown_table(["mode", "model", "kiln s", "torch.compile s", "kiln / torch.compile",
+                          "kiln CPU s", "torch.compile CPU s"], main_rows)
+    out += ("\n\nTarget (issue #6): kiln / torch.compile <= 0.5. CPU s: CPU seconds of the process and "
+            "its compiler subprocesses (steadier than wall time on a shared machine; torch.compile's "
+            "compile workers are subprocesses it does not wait for, so its CPU s undercounts).\n\n"
+            "kiln per stage (CPU seconds, exclusive):\n\n")
+    out += markdown_table(["mode", "model", *ORDER, "other"], stage_rows)
+    return out
+
+
+if __name__ == "__main__":
+    sys.exit(main())
