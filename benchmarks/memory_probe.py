@@ -67,6 +67,8 @@ def _origin(op: object) -> str:
 def _storage_key(t: torch.Tensor) -> tuple[str, int, int] | None:
     try:
         s = t.untyped_storage()
+        if s.device.type == "meta":  # fake tensors: the storage object is the identity
+            return (str(t.device), 0, id(s))
         return (str(t.device), s.data_ptr(), id(s))
     except Exception:  # noqa: BLE001 - sparse / nested tensors: not counted
         return None
@@ -81,6 +83,7 @@ class LiveBytes(TorchDispatchMode):
     peak: int = 0
     at_peak: list[Live] = field(default_factory=list)
     keep_snapshots: bool = True
+    fake_ok: bool = True
     known: set = field(default_factory=set)  # storages alive before the mode: views of them are free
 
     def __post_init__(self) -> None:
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> None:
         probe_model(name, small=a.small, training=a.training, backends=a.backends.split(","), top=a.top)
         if a.static_cuda:
             from benchmarks.memory_static import probe_static_cuda
-            probe_static_cuda(name, small=a.small, training=a.training, top=a.top)
+            probe_static_cuda(name, small=a.small, top=a.top)
 
 
 if __name__ == "__main__":
