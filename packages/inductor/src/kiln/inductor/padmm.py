@@ -6,8 +6,12 @@ the same product with ``W`` padded to 50264 rows 0.46 ms; BERT's 30522-word head
 (``benchmarks/mm_layout_probe.py``). So a large ``mm``/``addmm`` whose M, N or K is not a multiple of
 8 (16-bit) or 4 (fp32) elements computes on zero-padded operands: padding K adds zero products,
 padded M rows / N columns are sliced off the result. Each pad is one copy of that operand. The result
-is a slice of the padded product (rows of the padded stride); where it leaves the graph or a view
-op reads it, it is copied into eager's contiguous layout first, so callers see eager's strides.
+is a slice of the padded product (rows of the padded stride) where kernels of the graph read it.
+
+Where it leaves the graph or a view op reads it, callers need eager's contiguous layout. Slicing and
+copying the whole padded product held both at once (GPT-2's LM head: 2 x 393 MB for 8 x 512 tokens,
+over eager's peak): ``kiln_inductor::mm_padded`` instead computes the padded product a block of rows
+at a time and copies each block into the contiguous result, so only 1/``CHUNKS`` of it is extra.
 """
 
 from __future__ import annotations
@@ -20,11 +24,43 @@ from torch import fx
 aten = torch.ops.aten
 
 _ALIGN_BYTES = 16
+CHUNKS = 8  # mm_padded's workspace is 1/CHUNKS of its result (row blocks stay large for cuBLAS)
 _MIN_MACS = 1 << 30  # smaller products lose less to misalignment than the pad copies cost
 _MIN_DIM = 512  # a short misaligned dimension is cheap for cuBLAS
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
           aten.permute.default, aten.t.default, aten.transpose.int, aten.as_strided.default,
           aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default}
+
+
+def mm_padded_chunks(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, m: int, n: int,
+                     chunks: int = CHUNKS) -> torch.Tensor:
+    """The first ``m`` rows and ``n`` columns of ``addmm(bias, a, b)`` (``mm`` without bias) as a
+    contiguous tensor, computed ``chunks`` row blocks at a time. The generated wrapper has a copy
+    (``_mm_padded`` in codegen/wrapper.py: portable programs need only torch)."""
+    out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    rows = -(-max(1, -(-m // chunks)) // 8) * 8
+    for r in range(0, m, rows):
+        e = min(r + rows, m)
+        if bias is None:
+            prod = torch.mm(a[r:e], b)
+        else:
+            prod = torch.addmm(bias[r:e] if bias.dim() == 2 and bias.shape[0] != 1 else bias, a[r:e], b)
+        out[r:e].copy_(prod[:, :n])
+        del prod
+    return out
+
+
+@torch.library.custom_op("kiln_inductor::mm_padded", mutates_args=())
+def mm_padded(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, m: int, n: int) -> torch.Tensor:
+    return mm_padded_chunks(bias, a, b, m, n)
+
+
+@mm_padded.register_fake
+def _mm_padded_fake(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, m: int, n: int) -> torch.Tensor:
+    return a.new_empty((m, n))
+
+
+MM_PADDED = torch.ops.kiln_inductor.mm_padded.default
 
 
 def _val(n: object) -> torch.Tensor | None:
@@ -94,18 +130,17 @@ def pad_misaligned_matmuls(gm: fx.GraphModule, *, devices: tuple[str, ...] = ("c
         with g.inserting_before(node):
             ap = _pad(g, a, mp - m, kp - k)
             bp = _pad(g, b, kp - k, np_ - n)
-            if node.target is aten.addmm.default:
-                bias = _pad_bias(g, node.args[0], m, n, mp, np_)
-                prod = g.call_function(aten.addmm.default, (bias, ap, bp))
-            else:
-                prod = g.call_function(aten.mm.default, (ap, bp))
-            out = prod
-            if np_ != n:
-                out = g.call_function(aten.slice.Tensor, (out, 1, 0, n))
-            if mp != m:
-                out = g.call_function(aten.slice.Tensor, (out, 0, 0, m))
+            bias = _pad_bias(g, node.args[0], m, n, mp, np_) if node.target is aten.addmm.default else None
             if any(u.op == "output" or u.target in _VIEWS for u in node.users):
-                out = g.call_function(aten.clone.default, (out,), {"memory_format": torch.contiguous_format})
+                # eager's contiguous layout, without a second whole copy (the module doc says why)
+                out = g.call_function(MM_PADDED, (bias, ap, bp, m, n))
+            else:
+                out = (g.call_function(aten.addmm.default, (bias, ap, bp)) if bias is not None
+                       else g.call_function(aten.mm.default, (ap, bp)))
+                if np_ != n:
+                    out = g.call_function(aten.slice.Tensor, (out, 1, 0, n))
+                if mp != m:
+                    out = g.call_function(aten.slice.Tensor, (out, 0, 0, m))
         node.replace_all_uses_with(out)
         g.erase_node(node)
         count += 1
