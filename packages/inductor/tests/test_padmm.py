@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import assert_close
+from memprobe import peak_bytes
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
@@ -78,3 +79,30 @@ def test_gpt2_lm_head_on_cuda_is_padded_and_matches_eager() -> None:
     err_kiln = (got.double() - exact).abs().max().item()
     err_eager = (want.double() - exact).abs().max().item()
     assert err_kiln <= 2 * err_eager + 1e-3, (err_kiln, err_eager)
+
+
+def test_padded_graph_output_is_not_held_twice() -> None:
+    """The padded product of a graph output is computed in row blocks into eager's layout: its peak is
+    the result plus one block, not the padded product plus its contiguous copy (> 2x the result)."""
+    x, w = torch.randn(256, 8), torch.randn(37, 8)
+    fn = lambda x, w: (x @ w.t()).view(16, 16, 37)  # noqa: E731 - a view of the result leaves the graph
+    gm, n = _padded(fn, x, w)
+    assert n == 1 and "mm_padded" in gm.code and "clone" not in gm.code
+    cg = compile_graph(gm, [x, w], options=OPTS)
+    assert "_mm_padded(" in cg.texts["output_code"]
+    got = cg.fn(x, w)[0]
+    assert_close(got, fn(x, w))
+    assert got.stride() == fn(x, w).stride()
+    result = got.untyped_storage().nbytes()
+    eager, kiln = peak_bytes(fn, x, w), peak_bytes(cg.fn, x, w)
+    assert eager == result
+    assert kiln <= 1.3 * eager, (kiln, eager)  # result + a 1/8 block + the padded weight
+
+
+def test_mm_padded_blocks_cover_every_row() -> None:
+    from kiln.inductor.padmm import mm_padded_chunks
+    a, b, bias = torch.randn(53, 16), torch.randn(16, 24), torch.randn(53, 24)
+    for chunks in (1, 3, 8, 64):
+        assert_close(mm_padded_chunks(None, a, b, 50, 21, chunks), (a @ b)[:50, :21])
+        assert_close(mm_padded_chunks(bias, a, b, 53, 21, chunks), torch.addmm(bias, a, b)[:, :21])
+        assert_close(mm_padded_chunks(bias[0], a, b, 53, 24, chunks), torch.addmm(bias[0], a, b))
