@@ -24,7 +24,7 @@ from torch import fx
 aten = torch.ops.aten
 
 _ALIGN_BYTES = 16
-CHUNKS = 8  # mm_padded's workspace is 1/CHUNKS of its result (row blocks stay large for cuBLAS)
+CHUNKS = 16  # mm_padded's workspace is 1/CHUNKS of its result (row blocks stay large for cuBLAS)
 _MIN_MACS = 1 << 30  # smaller products lose less to misalignment than the pad copies cost
 _MIN_DIM = 512  # a short misaligned dimension is cheap for cuBLAS
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,

@@ -50,9 +50,9 @@ def _restride(t, size, stride, dtype=None, device=None):
 
 def _mm_padded(bias, a, b, m, n):
     """kiln_inductor::mm_padded (padmm.py): rows [:m], columns [:n] of a zero-padded product, computed
-    in row blocks copied into a contiguous result (1/8 of it extra, not a whole second copy)."""
+    in row blocks copied into a contiguous result (1/16 of it extra, not a whole second copy)."""
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    rows = -(-max(1, -(-m // 8)) // 8) * 8
+    rows = -(-max(1, -(-m // 16)) // 8) * 8  # padmm.CHUNKS
     for r in range(0, m, rows):
         e = min(r + rows, m)
         if bias is None:
