@@ -73,8 +73,10 @@ def static_peak(scheduled: Any, program: Any) -> StaticPeak:
             pass
         now = sum(n for n, _ in live.values())
         if isinstance(work, ExternKernel) and work.target == "kiln_inductor.mm_padded.default":
-            from kiln.inductor.padmm import CHUNKS  # its row-block workspace lives inside the call
-            now += _layout_bytes(work.outputs[0].layout) // CHUNKS
+            from kiln.inductor.padmm import BLOCK  # its column-block workspace lives inside the call
+            lay = work.outputs[0].layout
+            a_rows = layouts[work.args[1].buffer].shape[0] if hasattr(work.args[1], "buffer") else lay.shape[0]
+            now += int(a_rows) * min(BLOCK, int(lay.shape[1]) + 8) * torch.empty((), dtype=lay.dtype).element_size()
         if now > peak:
             peak = now
             at_peak = sorted(((n, b, w) for b, (n, w) in live.items()), reverse=True)
@@ -139,8 +141,8 @@ def cross_compile(case: Any, dtype: torch.dtype = torch.bfloat16) -> list[Any]:
     return compiled
 
 
-def eager_fake_cuda_peak(case: Any, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int]:
-    """(bytes before the step, step peak) of eager on fake CUDA tensors."""
+def eager_fake_cuda_peak(case: Any, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int, list]:
+    """(bytes before the step, step peak, live buffers at the peak) of eager on fake CUDA tensors."""
     from benchmarks.memory_probe import LiveBytes
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     model = case.model
@@ -150,11 +152,11 @@ def eager_fake_cuda_peak(case: Any, dtype: torch.dtype = torch.bfloat16) -> tupl
     before = sum(t.untyped_storage().nbytes() for t in {id(t): t for t in [
         *fake_model.parameters(), *fake_model.buffers()]}.values())
     before += sum(a.untyped_storage().nbytes() for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor))
-    probe = LiveBytes(keep_snapshots=False, fake_ok=True)
+    probe = LiveBytes(keep_snapshots=True, fake_ok=True)
     with mode, probe, torch.no_grad():
         out = fake_model(*args, **kwargs)
         del out
-    return before, probe.peak
+    return before, probe.peak, sorted(probe.at_peak, key=lambda e: -e.nbytes)
 
 
 def _to_fake(model: torch.nn.Module, mode: FakeTensorMode, dtype: torch.dtype) -> torch.nn.Module:
@@ -179,9 +181,11 @@ def probe_static_cuda(name: str, *, small: bool, top: int) -> None:
     shape = "small" if small else "CPU"
     print(f"## {name}: CUDA bf16 path, static estimate ({shape} batch {case.shape.batch} x {case.shape.size})")
     try:
-        base, step = eager_fake_cuda_peak(case)
+        base, step, at_peak = eager_fake_cuda_peak(case)
         print(f"  eager (fake CUDA)   peak {(base + step) / MB:9.1f} MB  (weights+inputs {base / MB:8.1f}, "
               f"step {step / MB:8.1f})")
+        for e in at_peak[:top]:
+            print(f"    {e.nbytes / MB:9.2f} MB  {str(tuple(e.shape)):<24} {str(e.dtype)[6:]:<9} {e.origin}")
     except Exception as exc:  # noqa: BLE001
         print(f"  eager (fake CUDA): failed: {type(exc).__name__}: {str(exc)[:300]}")
     graphs = cross_compile(case)

@@ -16,10 +16,10 @@ aten = torch.ops.aten
 OPTS = InductorOptions(strict_lowering=True)
 
 
-def _padded(fn, *args):
+def _padded(fn, *args, block=2048):
     gm = trace(fn, *args)
     ensure_meta(gm, list(args))
-    n = pad_misaligned_matmuls(gm, devices=("cpu",), min_macs=0, min_dim=1)
+    n = pad_misaligned_matmuls(gm, devices=("cpu",), min_macs=0, min_dim=1, block=block)
     ensure_meta(gm, list(args))
     return gm, n
 
@@ -37,12 +37,12 @@ CASES = {
 def test_padded_matmul_matches_eager_with_eager_strides(name: str) -> None:
     fn, args = CASES[name]
     gm, n = _padded(fn, *args)
-    assert n == 1 and "constant_pad_nd" in gm.code
+    assert n == 1 and ("constant_pad_nd" in gm.code or "mm_padded" in gm.code)
     want = fn(*args)
     got = gm(*args)[0]
     assert_close(got, want)
     assert got.stride() == want.stride()  # a graph output is copied into eager's layout
-    cg = compile_graph(gm, list(args), options=OPTS)  # the rewritten graph lowers (pad, slice, clone)
+    cg = compile_graph(gm, list(args), options=OPTS)  # the rewritten graph lowers (pad, slice or mm_padded)
     assert_close(cg.fn(*args)[0], want)
 
 
@@ -71,7 +71,8 @@ def test_gpt2_lm_head_on_cuda_is_padded_and_matches_eager() -> None:
     w = torch.randn(50257, 768, device="cuda", dtype=torch.bfloat16) * 0.05
     fn = lambda x, w: (x @ w.t()).view(8, 512, 50257)  # noqa: E731
     cg = compile_graph(trace(fn, x, w), [x, w], options=OPTS)
-    assert "50264" in cg.texts["output_code"]  # the weight padded to a multiple of 8 rows
+    # a graph output: N is aligned a block of columns at a time (the last block's rows padded to 8)
+    assert "_mm_padded(" in cg.texts["output_code"]
     got, want = cg.fn(x, w)[0], fn(x, w)
     exact = fn(x.double(), w.double())
     assert got.stride() == want.stride()
@@ -82,27 +83,30 @@ def test_gpt2_lm_head_on_cuda_is_padded_and_matches_eager() -> None:
 
 
 def test_padded_graph_output_is_not_held_twice() -> None:
-    """The padded product of a graph output is computed in row blocks into eager's layout: its peak is
-    the result plus one block, not the padded product plus its contiguous copy (> 2x the result)."""
+    """A graph output's padded product is computed a block of columns at a time into eager's layout:
+    its peak is the result plus one block (and the last block's padded weight rows), not the padded
+    weight, the padded product and its contiguous copy (> 2x the result)."""
     x, w = torch.randn(256, 8), torch.randn(37, 8)
     fn = lambda x, w: (x @ w.t()).view(16, 16, 37)  # noqa: E731 - a view of the result leaves the graph
-    gm, n = _padded(fn, x, w)
-    assert n == 1 and "mm_padded" in gm.code and "clone" not in gm.code
+    gm, n = _padded(fn, x, w, block=8)
+    assert n == 1 and "mm_padded" in gm.code and "clone" not in gm.code and "constant_pad_nd" not in gm.code
     cg = compile_graph(gm, [x, w], options=OPTS)
     assert "_mm_padded(" in cg.texts["output_code"]
     got = cg.fn(x, w)[0]
     assert_close(got, fn(x, w))
     assert got.stride() == fn(x, w).stride()
-    result = got.untyped_storage().nbytes()
     eager, kiln = peak_bytes(fn, x, w), peak_bytes(cg.fn, x, w)
-    assert eager == result
-    assert kiln <= 1.3 * eager, (kiln, eager)  # result + a 1/8 block + the padded weight
+    assert eager == got.untyped_storage().nbytes()
+    assert kiln <= 1.3 * eager, (kiln, eager)  # result + one 8-column block
 
 
-def test_mm_padded_blocks_cover_every_row() -> None:
-    from kiln.inductor.padmm import mm_padded_chunks
-    a, b, bias = torch.randn(53, 16), torch.randn(16, 24), torch.randn(53, 24)
-    for chunks in (1, 3, 8, 64):
-        assert_close(mm_padded_chunks(None, a, b, 50, 21, chunks), (a @ b)[:50, :21])
-        assert_close(mm_padded_chunks(bias, a, b, 53, 21, chunks), torch.addmm(bias, a, b)[:, :21])
-        assert_close(mm_padded_chunks(bias[0], a, b, 53, 24, chunks), torch.addmm(bias[0], a, b))
+@pytest.mark.parametrize("block", [4, 8, 16, 64])
+def test_mm_padded_blocks_match_addmm(block: int) -> None:
+    from kiln.inductor.padmm import mm_padded_blocks
+    a, w, bias = torch.randn(53, 16), torch.randn(21, 16), torch.randn(53, 21)
+    b = w.t()  # a transposed weight (nn.Linear) and a row-major one
+    for rhs in (b, b.contiguous()):
+        assert_close(mm_padded_blocks(None, a, rhs, 50, block), (a @ rhs)[:50])
+        assert_close(mm_padded_blocks(bias, a, rhs, 53, block), torch.addmm(bias, a, rhs))
+        assert_close(mm_padded_blocks(bias[0], a, rhs, 53, block), torch.addmm(bias[0], a, rhs))
+        assert mm_padded_blocks(bias[0], a, rhs, 53, block).is_contiguous()

@@ -9,9 +9,11 @@ padded M rows / N columns are sliced off the result. Each pad is one copy of tha
 is a slice of the padded product (rows of the padded stride) where kernels of the graph read it.
 
 Where it leaves the graph or a view op reads it, callers need eager's contiguous layout. Slicing and
-copying the whole padded product held both at once (GPT-2's LM head: 2 x 393 MB for 8 x 512 tokens,
-over eager's peak): ``kiln_inductor::mm_padded`` instead computes the padded product a block of rows
-at a time and copies each block into the contiguous result, so only 1/``CHUNKS`` of it is extra.
+copying the whole padded product held both at once, plus the padded weight (GPT-2's LM head:
+2 x 393 + 74 MB for 8 x 512 tokens, over eager's peak). There ``kiln_inductor::mm_padded`` computes
+``BLOCK`` columns at a time: each block of the weight is aligned as it is (only the last, partial
+block is padded, a small copy), its product goes to an aligned workspace and is copied into the
+contiguous result. Extra memory: one M x BLOCK workspace (16 MB for GPT-2's head).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from torch import fx
 aten = torch.ops.aten
 
 _ALIGN_BYTES = 16
-CHUNKS = 16  # mm_padded's workspace is 1/CHUNKS of its result (row blocks stay large for cuBLAS)
+BLOCK = 2048  # mm_padded's columns per product: its workspace is M x BLOCK (cuBLAS stays on aligned calls)
 _MIN_MACS = 1 << 30  # smaller products lose less to misalignment than the pad copies cost
 _MIN_DIM = 512  # a short misaligned dimension is cheap for cuBLAS
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
@@ -32,32 +34,54 @@ _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, at
           aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default}
 
 
-def mm_padded_chunks(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, m: int, n: int,
-                     chunks: int = CHUNKS) -> torch.Tensor:
-    """The first ``m`` rows and ``n`` columns of ``addmm(bias, a, b)`` (``mm`` without bias) as a
-    contiguous tensor, computed ``chunks`` row blocks at a time. The generated wrapper has a copy
-    (``_mm_padded`` in codegen/wrapper.py: portable programs need only torch)."""
+# The wrapper module defines this function too (codegen/wrapper.py adds the source): a saved program
+# runs with torch alone, without this package registering the op.
+MM_PADDED_SOURCE = '''
+def _mm_padded(bias, a, b, m, block):
+    """kiln_inductor::mm_padded (kiln.inductor padmm.py): ``(addmm(bias, a, b))[:m]`` as a contiguous
+    tensor, computed ``block`` columns at a time into a workspace of aligned width and copied into place:
+    every product is a fast, aligned cuBLAS call and neither the whole padded weight nor a whole padded
+    result ever exists (GPT-2's LM head: a 16 MB workspace instead of 74 + 393 MB)."""
+    k, n = b.shape
+    align = max(1, 16 // a.element_size())
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    rows = -(-max(1, -(-m // chunks)) // 8) * 8
-    for r in range(0, m, rows):
-        e = min(r + rows, m)
-        if bias is None:
-            prod = torch.mm(a[r:e], b)
-        else:
-            prod = torch.addmm(bias[r:e] if bias.dim() == 2 and bias.shape[0] != 1 else bias, a[r:e], b)
-        out[r:e].copy_(prod[:, :n])
-        del prod
+    for c in range(0, n, block):
+        e = min(c + block, n)
+        w = e - c
+        bb = b[:, c:e]
+        bias_blk = None if bias is None else (bias[..., c:e] if bias.dim() and bias.shape[-1] == n else bias)
+        ld = bb.stride(1) if bb.stride(0) == 1 else bb.stride(0)
+        if w % align or ld % align or (bb.storage_offset() * bb.element_size()) % 16:
+            # a partial or misaligned block: an aligned zero-padded copy of this block alone
+            wp = -(-w // align) * align
+            if bb.stride(0) == 1:
+                t = torch.zeros((wp, k), dtype=b.dtype, device=b.device)
+                t[:w].copy_(bb.t())
+                bb = t.t()
+            else:
+                t = torch.zeros((k, wp), dtype=b.dtype, device=b.device)
+                t[:, :w].copy_(bb)
+                bb = t
+            if bias_blk is not None and bias_blk.dim() and bias_blk.shape[-1] == w and w > 1:
+                bias_blk = torch.constant_pad_nd(bias_blk, [0, wp - w])
+        prod = torch.mm(a, bb) if bias_blk is None else torch.addmm(bias_blk, a, bb)
+        out[:, c:e].copy_(prod[:m, :w])
+        del prod, bb
     return out
+'''
+_ns: dict[str, Any] = {"torch": torch}
+exec(MM_PADDED_SOURCE, _ns)  # noqa: S102 - our own source, shared with the generated wrapper
+mm_padded_blocks = _ns["_mm_padded"]
 
 
 @torch.library.custom_op("kiln_inductor::mm_padded", mutates_args=())
-def mm_padded(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, m: int, n: int) -> torch.Tensor:
-    return mm_padded_chunks(bias, a, b, m, n)
+def mm_padded(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, m: int, block: int) -> torch.Tensor:
+    return mm_padded_blocks(bias, a, b, m, block)  # type: ignore[no-any-return]
 
 
 @mm_padded.register_fake
-def _mm_padded_fake(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, m: int, n: int) -> torch.Tensor:
-    return a.new_empty((m, n))
+def _mm_padded_fake(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, m: int, block: int) -> torch.Tensor:
+    return a.new_empty((m, b.shape[1]))
 
 
 MM_PADDED = torch.ops.kiln_inductor.mm_padded.default
@@ -114,8 +138,32 @@ def _pad_bias(g: fx.Graph, bias: Any, m: int, n: int, mp: int, np_: int) -> Any:
     return g.call_function(aten.constant_pad_nd.default, (bias, [0, cols, 0, rows])) if cols or rows else bias
 
 
+def _rewrite(g: fx.Graph, node: fx.Node, sizes: tuple[int, int, int], block: int) -> fx.Node:
+    """The nodes computing ``node`` on padded operands (inserted before it); returns the result."""
+    mp, np_, kp = sizes
+    a, b = node.args[-2], node.args[-1]
+    (m, k), n = _val(a).shape, _val(b).shape[1]  # type: ignore[union-attr]
+    addmm = node.target is aten.addmm.default
+    ap = _pad(g, a, mp - m, kp - k)
+    if any(u.op == "output" or u.target in _VIEWS for u in node.users):
+        # eager's contiguous layout without whole padded copies (the module doc says why): N is
+        # aligned block by block inside mm_padded, so only M and K are padded here
+        bias = _pad_bias(g, node.args[0], m, n, mp, n) if addmm else None
+        return g.call_function(MM_PADDED, (bias, ap, _pad(g, b, kp - k, 0), m, block))
+    bp = _pad(g, b, kp - k, np_ - n)
+    if addmm:
+        out = g.call_function(aten.addmm.default, (_pad_bias(g, node.args[0], m, n, mp, np_), ap, bp))
+    else:
+        out = g.call_function(aten.mm.default, (ap, bp))
+    if np_ != n:
+        out = g.call_function(aten.slice.Tensor, (out, 1, 0, n))
+    if mp != m:
+        out = g.call_function(aten.slice.Tensor, (out, 0, 0, m))
+    return out
+
+
 def pad_misaligned_matmuls(gm: fx.GraphModule, *, devices: tuple[str, ...] = ("cuda",),
-                           min_macs: int = _MIN_MACS, min_dim: int = _MIN_DIM) -> int:
+                           min_macs: int = _MIN_MACS, min_dim: int = _MIN_DIM, block: int = BLOCK) -> int:
     """Rewrite each large misaligned mm/addmm on ``devices``; returns how many. New nodes have no
     ``meta['val']``: the caller re-propagates metadata."""
     g = gm.graph
@@ -124,23 +172,8 @@ def pad_misaligned_matmuls(gm: fx.GraphModule, *, devices: tuple[str, ...] = ("c
         sizes = _padding(node, devices, min_macs, min_dim)
         if sizes is None:
             continue
-        mp, np_, kp = sizes
-        a, b = node.args[-2], node.args[-1]
-        (m, k), n = _val(a).shape, _val(b).shape[1]  # type: ignore[union-attr]
         with g.inserting_before(node):
-            ap = _pad(g, a, mp - m, kp - k)
-            bp = _pad(g, b, kp - k, np_ - n)
-            bias = _pad_bias(g, node.args[0], m, n, mp, np_) if node.target is aten.addmm.default else None
-            if any(u.op == "output" or u.target in _VIEWS for u in node.users):
-                # eager's contiguous layout, without a second whole copy (the module doc says why)
-                out = g.call_function(MM_PADDED, (bias, ap, bp, m, n))
-            else:
-                out = (g.call_function(aten.addmm.default, (bias, ap, bp)) if bias is not None
-                       else g.call_function(aten.mm.default, (ap, bp)))
-                if np_ != n:
-                    out = g.call_function(aten.slice.Tensor, (out, 1, 0, n))
-                if mp != m:
-                    out = g.call_function(aten.slice.Tensor, (out, 0, 0, m))
+            out = _rewrite(g, node, sizes, block)
         node.replace_all_uses_with(out)
         g.erase_node(node)
         count += 1

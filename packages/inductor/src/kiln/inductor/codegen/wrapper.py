@@ -22,6 +22,7 @@ from ..ir import (
     ScheduledProgram,
     TensorRef,
 )
+from ..padmm import MM_PADDED_SOURCE
 from .common import CompiledKernels
 
 HEADER = '''"""kiln.inductor generated wrapper for graph {name!r}."""
@@ -47,21 +48,6 @@ def _restride(t, size, stride, dtype=None, device=None):
     out.copy_(t)
     return out
 
-
-def _mm_padded(bias, a, b, m, n):
-    """kiln_inductor::mm_padded (padmm.py): rows [:m], columns [:n] of a zero-padded product, computed
-    in row blocks copied into a contiguous result (1/16 of it extra, not a whole second copy)."""
-    out = torch.empty((m, n), dtype=a.dtype, device=a.device)
-    rows = -(-max(1, -(-m // 16)) // 8) * 8  # padmm.CHUNKS
-    for r in range(0, m, rows):
-        e = min(r + rows, m)
-        if bias is None:
-            prod = torch.mm(a[r:e], b)
-        else:
-            prod = torch.addmm(bias[r:e] if bias.dim() == 2 and bias.shape[0] != 1 else bias, a[r:e], b)
-        out[r:e].copy_(prod[:, :n])
-        del prod
-    return out
 '''
 
 
@@ -69,7 +55,9 @@ def _mm_padded(bias, a, b, m, n):
 # OpOverload's boxed call: 13.8 instead of 19.5 us of host time per addmm on the H200's host
 # (benchmarks/host_probe.py); a step of a transformer makes ~60 such calls
 _DIRECT = {f"aten.{op}.default": f"torch.{op}" for op in ("mm", "addmm", "bmm", "baddbmm", "convolution")}
-_DIRECT["kiln_inductor.mm_padded.default"] = "_mm_padded"  # the header's copy: no kiln import at run time
+# kiln's own ops run as functions the module defines: a saved program needs no kiln import
+_HELPERS = {"kiln_inductor.mm_padded.default": "_mm_padded"}
+_DIRECT.update(_HELPERS)
 
 
 def _ints(xs: tuple) -> str:
@@ -155,6 +143,8 @@ class WrapperWriter:
         p = self.p
         reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
         self.lines.append(HEADER.format(name=p.name))
+        if any(isinstance(st.work, ExternKernel) and st.work.target in _HELPERS for st in self.s.steps):
+            self.lines.append(MM_PADDED_SOURCE)
         if self.kernels.prelude:
             self.lines.append(self.kernels.prelude)
         self.lines.append("\n\ndef call(args):")
