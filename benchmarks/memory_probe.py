@@ -147,8 +147,9 @@ class Peak:
         return self.baseline + self.step_peak
 
 
-def measure(step: Callable[[], Any], warmup: int = 2) -> Peak:
-    """Peak of one steady-state ``step()`` (its result dropped), after ``warmup`` calls."""
+def measure(step: Callable[[], Any], warmup: int = 2, earlier: frozenset = frozenset()) -> Peak:
+    """Peak of one steady-state ``step()`` (its result dropped), after ``warmup`` calls; storages in
+    ``earlier`` (alive before the model was built: other models of the same run) are not counted."""
     for _ in range(warmup):
         out = step()
         del out
@@ -158,7 +159,7 @@ def measure(step: Callable[[], Any], warmup: int = 2) -> Peak:
     with mode:
         out = step()
     del out
-    return Peak(sum(before.values()), mode.peak, sorted(mode.at_peak, key=lambda e: -e.nbytes))
+    return Peak(sum(n for k, n in before.items() if k not in earlier), mode.peak, sorted(mode.at_peak, key=lambda e: -e.nbytes))
 
 
 def breakdown(p: Peak, top: int) -> str:
@@ -179,6 +180,8 @@ def _step(case: Any, run: Callable, training: bool) -> Callable[[], Any]:
 
 def probe_model(name: str, *, small: bool, training: bool, backends: list[str], top: int) -> None:
     from benchmarks.kiln_bench import backends as B
+    gc.collect()
+    earlier = frozenset(live_storages())
     case = _build(name, small, training)
     print(f"## {name} ({'training' if training else 'inference'}, "
           f"batch {case.shape.batch} x {case.shape.size}, fp32 CPU)")
@@ -186,7 +189,7 @@ def probe_model(name: str, *, small: bool, training: bool, backends: list[str], 
     for backend in backends:
         try:
             run = B.compile_fn(backend, case.model, B.CompileSpec())
-            results[backend] = measure(_step(case, run, training))
+            results[backend] = measure(_step(case, run, training), earlier=earlier)
         except Exception as exc:  # noqa: BLE001 - a row per backend, failures included
             print(f"  {backend}: failed: {type(exc).__name__}: {str(exc)[:300]}")
         if backend == "torch_compile":

@@ -13,6 +13,7 @@ live throughout. Eager's reference is the same model run op by op on fake CUDA t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,52 @@ def static_peak(scheduled: Any, program: Any) -> StaticPeak:
     return StaticPeak(inputs, peak, at_peak)
 
 
+def _h200_attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
+                    scale: Any = None, enable_gqa: bool = False) -> Any:
+    """The fused kernel an H200 runs for 16-bit 4-D attention (flash without a mask, memory-efficient
+    with one), as the ATen op; None where it would run MATH."""
+    aten, mask = torch.ops.aten, attn_mask
+    if q.dtype not in (torch.float16, torch.bfloat16) or q.dim() != 4 or q.shape[-1] > 256 or dropout_p or enable_gqa:
+        return None
+    if mask is None:
+        return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, is_causal, False, scale=scale)[0]
+    if mask.dtype == torch.bool:
+        mask = aten.masked_fill.Scalar(aten.zeros.default(list(mask.shape), dtype=q.dtype, device=q.device),
+                                       aten.logical_not(mask), float("-inf"))
+    if mask.dtype != q.dtype or mask.shape[-1] % 16:
+        return None
+    mask = aten.expand(mask, [q.shape[0], q.shape[1], q.shape[2], k.shape[2]])
+    return aten._scaled_dot_product_efficient_attention(q, k, v, mask, False, 0.0, is_causal, scale=scale)[0]
+
+
+class _H200Attention(torch.overrides.TorchFunctionMode):
+    """Eager on fake CUDA tensors, with the attention kernel choice of a GPU (this host has none)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        from kiln.autograd.attention import SDPA_TARGETS
+        if func in SDPA_TARGETS:
+            out = _h200_attention(*args, **(kwargs or {}))
+            if out is not None:
+                return out
+        return func(*args, **(kwargs or {}))
+
+
+GPU_ATTENTION = False
+
+
+def simulate_gpu_attention_choice() -> None:
+    """On a host without a GPU, fake CUDA tensors make ``scaled_dot_product_attention`` pick MATH (the
+    fp32 bmm-softmax-bmm decomposition); an H200 picks flash or memory-efficient attention. Eager runs
+    under ``_H200Attention``; kiln's tracer (kiln.autograd.joint.fused_attention) gets the same choice."""
+    global GPU_ATTENTION
+    import kiln.autograd.joint as joint
+
+    def fused(args: tuple, kwargs: dict) -> Any:
+        return _h200_attention(*args, **kwargs)
+    joint.fused_attention = fused
+    GPU_ATTENTION = True
+
+
 def _fake_cuda(t: Any, mode: FakeTensorMode, dtype: torch.dtype) -> Any:
     if not isinstance(t, torch.Tensor):
         return t
@@ -143,17 +190,20 @@ def cross_compile(case: Any, dtype: torch.dtype = torch.bfloat16) -> list[Any]:
 
 def eager_fake_cuda_peak(case: Any, dtype: torch.dtype = torch.bfloat16) -> tuple[int, int, list]:
     """(bytes before the step, step peak, live buffers at the peak) of eager on fake CUDA tensors."""
-    from benchmarks.memory_probe import LiveBytes
+    from benchmarks.memory_probe import LiveBytes, _storage_key
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     model = case.model
     fake_model = _to_fake(model, mode, dtype)
     args = [_fake_cuda(a, mode, dtype) for a in case.args]
     kwargs = {k: _fake_cuda(v, mode, dtype) for k, v in case.kwargs.items()}
-    before = sum(t.untyped_storage().nbytes() for t in {id(t): t for t in [
-        *fake_model.parameters(), *fake_model.buffers()]}.values())
-    before += sum(a.untyped_storage().nbytes() for a in [*args, *kwargs.values()] if isinstance(a, torch.Tensor))
-    probe = LiveBytes(keep_snapshots=True, fake_ok=True)
-    with mode, probe, torch.no_grad():
+    held = [t for t in [*fake_model.parameters(), *fake_model.buffers(), *args, *kwargs.values()]
+            if isinstance(t, torch.Tensor)]
+    storages = {_storage_key(t): t.untyped_storage().nbytes() for t in held}
+    before = sum(storages.values())
+    # views of weights (W.t() for a linear) are not new memory
+    probe = LiveBytes(keep_snapshots=True, fake_ok=True, known=set(storages))
+    attention = _H200Attention() if GPU_ATTENTION else contextlib.nullcontext()
+    with mode, probe, torch.no_grad(), attention:
         out = fake_model(*args, **kwargs)
         del out
     return before, probe.peak, sorted(probe.at_peak, key=lambda e: -e.nbytes)
@@ -203,7 +253,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--small", action="store_true")
     ap.add_argument("--top", type=int, default=12)
     ap.add_argument("--gpu-shapes", action="store_true", help="the GPU suite's batch and sizes")
+    ap.add_argument("--gpu-attention", action="store_true",
+                    help="attention picks the fused kernel an H200 would (flash / memory-efficient), not MATH")
     a = ap.parse_args(argv)
+    if a.gpu_attention:
+        simulate_gpu_attention_choice()
     if a.gpu_shapes:  # fake tensors cost nothing; only capture runs on CPU at that size
         from benchmarks.kiln_bench import models
         models.SHAPES[("cpu", False)] = models.SHAPES[("cuda", False)]
