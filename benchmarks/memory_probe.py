@@ -168,28 +168,53 @@ def breakdown(p: Peak, top: int) -> str:
     return "\n".join(lines)
 
 
-def _build(name: str, small: bool, training: bool) -> Any:
+def _build(name: str, small: bool, training: bool, device: str = "cpu") -> Any:
     from benchmarks.kiln_bench.models import build_for_mode
-    return build_for_mode(name, small=small, device=torch.device("cpu"), training=training)
+    return build_for_mode(name, small=small, device=torch.device(device), training=training)
 
 
-def _step(case: Any, run: Callable, training: bool) -> Callable[[], Any]:
+def _step(case: Any, run: Callable, training: bool, device: str = "cpu") -> Callable[[], Any]:
     from benchmarks.kiln_bench.suite_worker import _step_fn
-    return _step_fn(case, run, training, torch.device("cpu"))
+    step = _step_fn(case, run, training, torch.device(device))
+    if device == "cpu":
+        return step
+
+    def synced() -> Any:
+        out = step()
+        torch.cuda.synchronize()
+        return out
+    return synced
 
 
-def probe_model(name: str, *, small: bool, training: bool, backends: list[str], top: int) -> None:
+def _cuda_peak(step: Callable[[], Any]) -> tuple[float, float]:
+    """(MB allocated before a step, torch.cuda.max_memory_allocated over it) after warm-up."""
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = step()
+    del out
+    return before / MB, torch.cuda.max_memory_allocated() / MB
+
+
+def probe_model(name: str, *, small: bool, training: bool, backends: list[str], top: int,
+                device: str = "cpu") -> None:
     from benchmarks.kiln_bench import backends as B
     gc.collect()
     earlier = frozenset(live_storages())
-    case = _build(name, small, training)
+    case = _build(name, small, training, device)
+    dtype = "fp32" if device == "cpu" else ("amp-bf16" if training else "bf16")
     print(f"## {name} ({'training' if training else 'inference'}, "
-          f"batch {case.shape.batch} x {case.shape.size}, fp32 CPU)")
+          f"batch {case.shape.batch} x {case.shape.size}, {dtype} {device})")
+    cuda_rows: dict[str, tuple[float, float]] = {}
     results: dict[str, Peak] = {}
     for backend in backends:
         try:
             run = B.compile_fn(backend, case.model, B.CompileSpec())
-            results[backend] = measure(_step(case, run, training), earlier=earlier)
+            step = _step(case, run, training, device)
+            results[backend] = measure(step, earlier=earlier)
+            if device == "cuda":  # the allocator's own figure, next to the probe's
+                cuda_rows[backend] = _cuda_peak(step)
         except Exception as exc:  # noqa: BLE001 - a row per backend, failures included
             print(f"  {backend}: failed: {type(exc).__name__}: {str(exc)[:300]}")
         if backend == "torch_compile":
@@ -197,6 +222,9 @@ def probe_model(name: str, *, small: bool, training: bool, backends: list[str], 
     for backend, p in results.items():
         print(f"  {backend:<14} peak {p.total / MB:9.1f} MB  (before the step {p.baseline / MB:8.1f} MB, "
               f"step {p.step_peak / MB:8.1f} MB)")
+    for backend, (before, peak) in cuda_rows.items():
+        print(f"  {backend:<14} torch.cuda: {before:9.1f} MB allocated before the step, "
+              f"max_memory_allocated {peak:9.1f} MB")
     if "kiln" in results:
         print(f"  kiln's largest live buffers at its peak:\n{breakdown(results['kiln'], top)}")
     if "eager" in results and "kiln" in results:
@@ -211,12 +239,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--training", action="store_true", help="forward + backward step")
     ap.add_argument("--backends", default="eager,kiln,torch_compile")
     ap.add_argument("--top", type=int, default=12)
+    ap.add_argument("--device", default="cpu", help="cpu (fp32) or cuda (bf16 inference / AMP training)")
     ap.add_argument("--static-cuda", action="store_true",
                     help="also cross-compile for fake CUDA inputs and print the static peak estimate")
     a = ap.parse_args(argv)
     torch.manual_seed(0)
     for name in a.models.split(","):
-        probe_model(name, small=a.small, training=a.training, backends=a.backends.split(","), top=a.top)
+        probe_model(name, small=a.small, training=a.training, backends=a.backends.split(","), top=a.top,
+                    device=a.device)
         if a.static_cuda:
             from benchmarks.memory_static import probe_static_cuda
             probe_static_cuda(name, small=a.small, top=a.top)
