@@ -96,3 +96,46 @@ def plan_inplace_updates(s: ScheduledProgram, mutations: Sequence[tuple[int, int
         steps[k] = Step(allocs, replace(work, inplace=(*work.inplace, (out, inp))), steps[k].free)
         taken.add(inp)
     return ScheduledProgram(p, tuple(steps)) if taken else s
+
+
+def plan_inplace_reuse(s: ScheduledProgram) -> ScheduledProgram:
+    """Intermediate buffers written over by the pointwise kernel that reads them last (C++ backend).
+
+    Buffer reuse (memory.py) hands a dead buffer to a later allocation only after the step that
+    frees it, so a pointwise kernel whose input dies in it (``grad_a + grad_b`` of a tied weight's
+    two gradients, a residual add, an activation's backward) held input and output at once: one
+    buffer more than eager, which adds in place or frees the input as it goes. Same conditions as
+    ``plan_inplace_updates``; the input must also not be a graph input or output, nor planned for
+    reuse by a later allocation, and the output must be freshly allocated with the input's layout.
+    """
+    p = s.program
+    assert isinstance(p, LoopProgram)
+    layouts = p.layouts()
+    keep = {b.name for b in p.inputs} | {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
+    if p.seed_buffer:
+        keep.add(p.seed_buffer)
+    reused = {a.reuse for st in s.steps for a in st.allocate if a.reuse}
+    steps = list(s.steps)
+    changed = False
+    for k, st in enumerate(steps):
+        work = st.work
+        if not isinstance(work, Kernel) or work.inner or any(kn.kind != "pointwise" for kn in work.nodes):
+            continue
+        taken = {i for _, i in work.inplace}
+        allocs = list(st.allocate)
+        for j, a in enumerate(allocs):
+            if a.reuse is not None or not _eligible_kernel(work, a.buffer):
+                continue
+            inp = next((i for i in work.inputs if i in st.free and i not in keep and i not in reused
+                        and i not in taken and layouts[i] == a.layout and _reads_only_at(work, i, a.buffer)),
+                       None)
+            if inp is None:
+                continue
+            allocs[j] = Allocation(a.buffer, a.layout, inp)
+            work = replace(work, inplace=(*work.inplace, (a.buffer, inp)))
+            taken.add(inp)
+            reused.add(inp)
+        if work is not st.work:
+            steps[k] = Step(tuple(allocs), work, st.free)
+            changed = True
+    return ScheduledProgram(p, tuple(steps)) if changed else s
