@@ -26,6 +26,8 @@ import sympy
 
 from ..ir import (
     Allocation,
+    FloorDiv,
+    ModIndex,
     ExternKernel,
     Kernel,
     LoopProgram,
@@ -43,13 +45,28 @@ def _buffers_used(w: Kernel | ExternKernel) -> set[str]:
     return set(args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs))) | {o.buffer for o in w.outputs}
 
 
+def _canonical(e: sympy.Expr) -> sympy.Expr:
+    """``a % b`` written as ``a - b * (a // b)`` (true for the non-negative values indices take), so
+    that a load through a view's div/mod (``3072 * (x0 % 197) + 605184 * (x0 // 197)``) and the
+    store's flat index (``3072 * x0``) expand to the same expression."""
+    return sympy.expand(e.replace(lambda t: isinstance(t, ModIndex),
+                                  lambda t: t.args[0] - t.args[1] * FloorDiv(t.args[0], t.args[1])))
+
+
 def _reads_only_at(k: Kernel, buffer: str, out: str) -> bool:
     """Whether every load of ``buffer`` in ``k`` is a direct load at ``out``'s store index."""
     node = next(kn for kn in k.nodes if kn.buffer == out)
+    store = None
     for kn in k.nodes:
         for ld in reads(kn.body):
-            if ld.buffer == buffer and (ld.indirect or sympy.expand(ld.index - node.store_index) != 0):
+            if ld.buffer != buffer:
+                continue
+            if ld.indirect:
                 return False
+            if sympy.expand(ld.index - node.store_index) != 0:
+                store = _canonical(node.store_index) if store is None else store
+                if sympy.expand(_canonical(ld.index) - store) != 0:
+                    return False
     return True
 
 
