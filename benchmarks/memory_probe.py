@@ -169,7 +169,7 @@ def measure(step: Callable[[], Any], warmup: int = 2, earlier: frozenset = froze
 
 
 def breakdown(p: Peak, top: int) -> str:
-    lines = [f"    {e.nbytes / MB:9.2f} MB  {str(tuple(e.shape)):<24} {str(e.dtype)[6:]:<9} {e.origin}"
+    lines = [f"    {e.nbytes / MB:9.3f} MB  {str(tuple(e.shape)):<24} {str(e.dtype)[6:]:<9} {e.origin}"
              for e in p.at_peak[:top]]
     return "\n".join(lines)
 
@@ -230,15 +230,17 @@ def probe_model(name: str, *, small: bool, training: bool, backends: list[str], 
             print("  torch_compile  (no probe figure: dynamo runs eagerly under a dispatch mode)")
             continue
         print(f"  {backend:<14} peak {p.total / MB:9.1f} MB  (before the step {p.baseline / MB:8.1f} MB, "
-              f"step {p.step_peak / MB:8.1f} MB)")
+              f"step {p.step_peak / MB:8.1f} MB; {p.baseline} + {p.step_peak} bytes)")
     for backend, (before, peak) in cuda_rows.items():
         print(f"  {backend:<14} torch.cuda: {before:9.1f} MB allocated before the step, "
               f"max_memory_allocated {peak:9.1f} MB")
-    if "kiln" in results:
-        print(f"  kiln's largest live buffers at its peak:\n{breakdown(results['kiln'], top)}")
+    for backend in ("eager", "kiln"):
+        if backend in results:
+            print(f"  {backend}'s largest live buffers at its peak:\n{breakdown(results[backend], top)}")
     if "eager" in results and "kiln" in results:
         verdict = "OK" if results["kiln"].total <= results["eager"].total else "OVER"
-        print(f"  kiln / eager = {results['kiln'].total / results['eager'].total:.3f}  {verdict}")
+        delta = results["kiln"].total - results["eager"].total
+        print(f"  kiln / eager = {results['kiln'].total / results['eager'].total:.3f} ({delta:+d} bytes)  {verdict}")
 
 
 def main(argv: list[str] | None = None) -> None:
