@@ -73,11 +73,7 @@ def static_peak(scheduled: Any, program: Any) -> StaticPeak:
         elif not isinstance(work, Kernel):
             pass
         now = sum(n for n, _ in live.values())
-        if isinstance(work, ExternKernel) and work.target == "kiln_inductor.mm_padded.default":
-            from kiln.inductor.padmm import BLOCK  # its column-block workspace lives inside the call
-            lay = work.outputs[0].layout
-            a_rows = layouts[work.args[1].buffer].shape[0] if hasattr(work.args[1], "buffer") else lay.shape[0]
-            now += int(a_rows) * min(BLOCK, int(lay.shape[1]) + 8) * torch.empty((), dtype=lay.dtype).element_size()
+        # (kiln_inductor.mm_padded keeps its workspace inside its own result: nothing to add)
         if now > peak:
             peak = now
             at_peak = sorted(((n, b, w) for b, (n, w) in live.items()), reverse=True)
