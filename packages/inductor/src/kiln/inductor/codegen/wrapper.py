@@ -47,7 +47,6 @@ def _restride(t, size, stride, dtype=None, device=None):
     out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
     out.copy_(t)
     return out
-
 '''
 
 
