@@ -115,3 +115,21 @@ def test_mm_padded_blocks_match_addmm(block: int, m: int, n: int) -> None:
             got = mm_padded_blocks(bias, a, rhs, m, block)
             assert got.is_contiguous() and got.shape == (m, n)
             assert_close(got, want)
+
+
+def test_cross_compiled_cuda_lm_head_output_uses_mm_padded() -> None:
+    """The CUDA path (compiled for fake CUDA tensors on this host): GPT-2's head, a graph output, runs
+    as the wrapper's own ``_mm_padded`` (no padded weight, no padded product, no clone)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def head(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x @ w.t()).view(8, 512, 50257)
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.empty(4096, 768, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(50257, 768, dtype=torch.bfloat16, device="cuda")
+        gm = trace(head, x, w)
+        cg = compile_graph(gm, [x, w], options=OPTS)
+    code = cg.texts["output_code"]
+    assert "_mm_padded(" in code and "def _mm_padded" in cg.portable.source
+    assert "constant_pad_nd" not in code and "50264" not in code

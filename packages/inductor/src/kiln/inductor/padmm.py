@@ -85,7 +85,9 @@ exec(MM_PADDED_SOURCE, _ns)  # noqa: S102 - our own source, shared with the gene
 mm_padded_blocks = _ns["_mm_padded"]
 
 
-@torch.library.custom_op("kiln_inductor::mm_padded", mutates_args=())
+# an explicit schema: inferring it from (string) annotations differs between torch versions
+@torch.library.custom_op("kiln_inductor::mm_padded", mutates_args=(),
+                         schema="(Tensor? bias, Tensor a, Tensor b, int m, int block) -> Tensor")
 def mm_padded(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, m: int, block: int) -> torch.Tensor:
     return mm_padded_blocks(bias, a, b, m, block)  # type: ignore[no-any-return]
 
