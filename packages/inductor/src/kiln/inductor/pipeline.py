@@ -153,15 +153,16 @@ def matmul_templates(s: CompileState) -> CompileState:
 
 def inplace_updates(s: CompileState) -> CompileState:
     """Mutated inputs, and intermediates dying in a pointwise kernel, written over by the kernel that
-    computes their successor (scheduler/inplace.py); C++ only: its writer orders each loop point's
-    stores after its loads."""
+    computes their successor (scheduler/inplace.py). C++: its writer orders each loop point's stores
+    after its loads; Triton: intermediates of kernels with one store only."""
     assert s.scheduled is not None
     if not isinstance(backend_for(s), CppBackend):
-        return s
-    sched = s.scheduled
-    if s.options.reinplace_mutations:
-        sched = plan_inplace_updates(sched, s.gm.meta.get("kiln_input_mutations") or ())
-    sched = plan_inplace_reuse(sched)
+        sched = plan_inplace_reuse(s.scheduled, single_store=True)
+    else:
+        sched = s.scheduled
+        if s.options.reinplace_mutations:
+            sched = plan_inplace_updates(sched, s.gm.meta.get("kiln_input_mutations") or ())
+        sched = plan_inplace_reuse(sched)
     if sched is not s.scheduled:
         s.texts["ir_post_fusion"] = sched.as_text()
     return replace(s, scheduled=sched)

@@ -7,6 +7,7 @@ The module is self-contained (torch + ctypes): it defines ``call(args: list) -> 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -156,11 +157,20 @@ class WrapperWriter:
         if p.seed_buffer:
             self.lines.append(f"    {p.seed_buffer} = torch.randint(0, 2**62, (1,), dtype=torch.int64{self.device_kw})")
         for st in self.s.steps:
+            # outputs written over an input the launch still names (Triton takes the tensor as its input
+            # and its output pointer; C++ takes it once): both names stay bound through the launch
+            launch = self.kernels.launches[st.work.name] if isinstance(st.work, Kernel) else ""
+            over = {o: i for o, i in st.work.inplace if re.search(rf"\b{i}\b", launch)} if launch else {}
             for a in st.allocate:
-                self.alloc(a.buffer, a.layout, a.reuse)
+                if over.get(a.buffer) == a.reuse and a.reuse is not None:
+                    self.lines.append(f"    {a.buffer} = {a.reuse}  # written in place")
+                else:
+                    self.alloc(a.buffer, a.layout, a.reuse)
             dead: frozenset[str] = frozenset()
             if isinstance(st.work, Kernel):
-                self.lines.append(f"    {self.kernels.launches[st.work.name]}")
+                self.lines.append(f"    {launch}")
+                if over:
+                    self.lines.append(f"    del {', '.join(over.values())}")
             else:
                 dead = frozenset(o.buffer for o in st.work.outputs
                                  if o.buffer in st.free and o.buffer not in reused and o.path)

@@ -115,7 +115,7 @@ def plan_inplace_updates(s: ScheduledProgram, mutations: Sequence[tuple[int, int
     return ScheduledProgram(p, tuple(steps)) if taken else s
 
 
-def plan_inplace_reuse(s: ScheduledProgram) -> ScheduledProgram:
+def plan_inplace_reuse(s: ScheduledProgram, single_store: bool = False) -> ScheduledProgram:
     """Intermediate buffers written over by the pointwise kernel that reads them last (C++ backend).
 
     Buffer reuse (memory.py) hands a dead buffer to a later allocation only after the step that
@@ -124,6 +124,8 @@ def plan_inplace_reuse(s: ScheduledProgram) -> ScheduledProgram:
     buffer more than eager, which adds in place or frees the input as it goes. Same conditions as
     ``plan_inplace_updates``; the input must also not be a graph input or output, nor planned for
     reuse by a later allocation, and the output must be freshly allocated with the input's layout.
+    ``single_store`` (Triton, whose writer does not defer stores): only kernels storing that one output,
+    whose store depends on every load that feeds it, so no load can follow it.
     """
     p = s.program
     assert isinstance(p, LoopProgram)
@@ -137,6 +139,8 @@ def plan_inplace_reuse(s: ScheduledProgram) -> ScheduledProgram:
     for k, st in enumerate(steps):
         work = st.work
         if not isinstance(work, Kernel) or work.inner or any(kn.kind != "pointwise" for kn in work.nodes):
+            continue
+        if single_store and (len(work.outputs) != 1 or sum(kn.store for kn in work.nodes) != 1):
             continue
         taken = {i for _, i in work.inplace}
         allocs = list(st.allocate)
