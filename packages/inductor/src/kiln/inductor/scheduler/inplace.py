@@ -115,6 +115,24 @@ def plan_inplace_updates(s: ScheduledProgram, mutations: Sequence[tuple[int, int
     return ScheduledProgram(p, tuple(steps)) if taken else s
 
 
+def _hand_over(steps: list[Step], inp: str, out: str, k: int, reused: set[str], keep: set[str]) -> bool:
+    """``inp`` is promised to a later allocation (memory.py's pool). When ``out`` (inp's memory from
+    step ``k`` on) dies before that allocation, promise ``out`` instead and return True."""
+    later = next(((y, j) for y in range(k + 1, len(steps)) for j, a in enumerate(steps[y].allocate)
+                  if a.reuse == inp), None)
+    if later is None or out in keep or out in reused:
+        return False
+    dies = next((f for f in range(k, len(steps)) if out in steps[f].free), None)
+    if dies is None or dies >= later[0]:
+        return False
+    y, j = later
+    allocs = list(steps[y].allocate)
+    allocs[j] = Allocation(allocs[j].buffer, allocs[j].layout, out)
+    steps[y] = Step(tuple(allocs), steps[y].work, steps[y].free)
+    reused.add(out)
+    return True
+
+
 def plan_inplace_reuse(s: ScheduledProgram, single_store: bool = False) -> ScheduledProgram:
     """Intermediate buffers written over by the pointwise kernel that reads them last (C++ backend).
 
@@ -123,7 +141,10 @@ def plan_inplace_reuse(s: ScheduledProgram, single_store: bool = False) -> Sched
     two gradients, a residual add, an activation's backward) held input and output at once: one
     buffer more than eager, which adds in place or frees the input as it goes. Same conditions as
     ``plan_inplace_updates``; the input must also not be a graph input or output, nor planned for
-    reuse by a later allocation, and the output must be freshly allocated with the input's layout.
+    reuse by a later allocation (see below), and the output must be freshly allocated with the input's
+    layout.
+    An input the pool promised to a later allocation is taken when the output dies before it: the
+    promise passes to the output (``_hand_over``).
     ``single_store`` (Triton, whose writer does not defer stores): only kernels storing that one output,
     whose store depends on every load that feeds it, so no load can follow it.
     """
@@ -147,9 +168,9 @@ def plan_inplace_reuse(s: ScheduledProgram, single_store: bool = False) -> Sched
         for j, a in enumerate(allocs):
             if a.reuse is not None or not _eligible_kernel(work, a.buffer):
                 continue
-            inp = next((i for i in work.inputs if i in st.free and i not in keep and i not in reused
-                        and i not in taken and layouts[i] == a.layout and _reads_only_at(work, i, a.buffer)),
-                       None)
+            inp = next((i for i in work.inputs if i in st.free and i not in keep and i not in taken
+                        and layouts[i] == a.layout and _reads_only_at(work, i, a.buffer)
+                        and (i not in reused or _hand_over(steps, i, a.buffer, k, reused, keep))), None)
             if inp is None:
                 continue
             allocs[j] = Allocation(a.buffer, a.layout, inp)
