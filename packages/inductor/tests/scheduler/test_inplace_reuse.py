@@ -93,3 +93,23 @@ def test_buffer_promised_to_a_later_allocation_is_taken_and_the_promise_moves() 
     assert_close(cg.fn(*args)[0], f(*args)[0])
     eager, kiln = peak_bytes(f, *args), peak_bytes(cg.fn, *args)
     assert kiln <= eager, (kiln, eager)
+
+
+def test_cross_compiled_cuda_gelu_writes_over_its_matmul() -> None:
+    """The CUDA path (Triton, compiled for fake CUDA tensors): ViT's MLP GELU, read through a
+    (B, L, C) view of the matmul's (B*L, C) output, takes that output's memory (an extern's layout
+    says device 'cuda' where a kernel output's does not: the memory layout is what must match)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        h = torch.addmm(b1, x.view(-1, 64), w1).view(4, 17, 256)
+        return (torch.nn.functional.gelu(h).view(-1, 256) @ w2,)
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        args = [torch.empty(4, 17, 64, dtype=torch.bfloat16, device="cuda"),
+                torch.empty(64, 256, dtype=torch.bfloat16, device="cuda"),
+                torch.empty(256, dtype=torch.bfloat16, device="cuda"),
+                torch.empty(256, 64, dtype=torch.bfloat16, device="cuda")]
+        cg = compile_graph(trace(mlp, *args), args, options=OPTS)
+    assert " over " in cg.texts["ir_post_fusion"], cg.texts["ir_post_fusion"]
+    assert "# written in place" in cg.texts["output_code"]

@@ -30,6 +30,7 @@ from ..ir import (
     ModIndex,
     ExternKernel,
     Kernel,
+    Layout,
     LoopProgram,
     ScheduledProgram,
     Step,
@@ -115,21 +116,29 @@ def plan_inplace_updates(s: ScheduledProgram, mutations: Sequence[tuple[int, int
     return ScheduledProgram(p, tuple(steps)) if taken else s
 
 
+def _same_memory_layout(a: Layout, b: Layout) -> bool:
+    """Same shape, strides, offset and dtype (kernel outputs' ``device`` field is not always the
+    program's: one program runs on one device)."""
+    return (a.shape, a.stride, a.offset, a.dtype) == (b.shape, b.stride, b.offset, b.dtype)
+
+
 def _hand_over(steps: list[Step], inp: str, out: str, k: int, reused: set[str], keep: set[str]) -> bool:
-    """``inp`` is promised to a later allocation (memory.py's pool). When ``out`` (inp's memory from
-    step ``k`` on) dies before that allocation, promise ``out`` instead and return True."""
+    """``inp`` is promised to a later allocation Y (memory.py's pool) and ``out`` now takes its memory.
+    Y gets ``out`` instead when ``out`` dies before Y and is promised to nobody, else fresh memory.
+    Never more live memory: at every later step the same number of storages exist (Y's own or
+    ``out``'s takes the place of the one ``out`` would have had), and at step ``k`` one fewer."""
     later = next(((y, j) for y in range(k + 1, len(steps)) for j, a in enumerate(steps[y].allocate)
                   if a.reuse == inp), None)
-    if later is None or out in keep or out in reused:
+    if later is None:
         return False
     dies = next((f for f in range(k, len(steps)) if out in steps[f].free), None)
-    if dies is None or dies >= later[0]:
-        return False
     y, j = later
+    free_for_y = out not in keep and out not in reused and dies is not None and dies < y
     allocs = list(steps[y].allocate)
-    allocs[j] = Allocation(allocs[j].buffer, allocs[j].layout, out)
+    allocs[j] = Allocation(allocs[j].buffer, allocs[j].layout, out if free_for_y else None)
     steps[y] = Step(tuple(allocs), steps[y].work, steps[y].free)
-    reused.add(out)
+    if free_for_y:
+        reused.add(out)
     return True
 
 
@@ -143,8 +152,8 @@ def plan_inplace_reuse(s: ScheduledProgram, single_store: bool = False) -> Sched
     ``plan_inplace_updates``; the input must also not be a graph input or output, nor planned for
     reuse by a later allocation (see below), and the output must be freshly allocated with the input's
     layout.
-    An input the pool promised to a later allocation is taken when the output dies before it: the
-    promise passes to the output (``_hand_over``).
+    An input the pool promised to a later allocation is taken too; the promise passes to the output,
+    or that allocation gets fresh memory (``_hand_over``).
     ``single_store`` (Triton, whose writer does not defer stores): only kernels storing that one output,
     whose store depends on every load that feeds it, so no load can follow it.
     """
@@ -169,7 +178,7 @@ def plan_inplace_reuse(s: ScheduledProgram, single_store: bool = False) -> Sched
             if a.reuse is not None or not _eligible_kernel(work, a.buffer):
                 continue
             inp = next((i for i in work.inputs if i in st.free and i not in keep and i not in taken
-                        and layouts[i] == a.layout and _reads_only_at(work, i, a.buffer)
+                        and _same_memory_layout(layouts[i], a.layout) and _reads_only_at(work, i, a.buffer)
                         and (i not in reused or _hand_over(steps, i, a.buffer, k, reused, keep))), None)
             if inp is None:
                 continue
