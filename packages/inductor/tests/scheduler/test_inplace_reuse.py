@@ -76,9 +76,10 @@ def test_matmul_view_gelu_matmul_chain() -> None:
     assert_close(cg.fn(*args)[0], f(*args)[0])
 
 
-def test_buffer_promised_to_a_later_allocation_is_taken_and_the_promise_moves() -> None:
-    # two MLP blocks: block 1's activation takes its matmul's memory, which the pool had promised to
-    # block 2's activation; the promise passes to block 1's activation (dead by then)
+def test_activation_given_a_pooled_buffer_takes_its_dying_input_instead() -> None:
+    # two MLP blocks: block 2's activation was given block 1's dead activation by the pool (held
+    # from its death until then, across block 2's matmul); it takes its own matmul's memory instead
+    # and block 1's activation is freed where it dies
     def f(x: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor) -> tuple[torch.Tensor, ...]:
         h = torch.relu(torch.mm(x, w1) + 1.0)
         y = torch.mm(h, w2)
@@ -87,12 +88,11 @@ def test_buffer_promised_to_a_later_allocation_is_taken_and_the_promise_moves() 
     args = (torch.randn(32, 16), torch.randn(16, 64), torch.randn(64, 16))
     cg = compile_graph(trace(f, *args), list(args), options=OPTS)
     text = cg.texts["ir_post_fusion"]
-    first = next(line for line in text.splitlines() if line.startswith("kernel"))
-    assert " over buf" in first, text  # without the hand-over the promised buffer was not taken
-    assert "(reuses buf" in text.split(first)[1], text  # block 2's activation reuses the handed-over memory
+    assert text.count(" over ") == 2, text
     assert_close(cg.fn(*args)[0], f(*args)[0])
+    one = 32 * 64 * 4
     eager, kiln = peak_bytes(f, *args), peak_bytes(cg.fn, *args)
-    assert kiln <= eager, (kiln, eager)
+    assert kiln <= eager and kiln < 2 * one, (kiln, eager)
 
 
 def test_cross_compiled_cuda_gelu_writes_over_its_matmul() -> None:

@@ -150,8 +150,9 @@ def plan_inplace_reuse(s: ScheduledProgram, single_store: bool = False) -> Sched
     two gradients, a residual add, an activation's backward) held input and output at once: one
     buffer more than eager, which adds in place or frees the input as it goes. Same conditions as
     ``plan_inplace_updates``; the input must also not be a graph input or output, nor planned for
-    reuse by a later allocation (see below), and the output must be freshly allocated with the input's
-    layout.
+    reuse by a later allocation (see below), and the output must have the input's memory layout. An
+    output the pool gave a dead buffer takes the dying input instead: the pool's buffer is then freed
+    where it died rather than held until this step.
     An input the pool promised to a later allocation is taken too; the promise passes to the output,
     or that allocation gets fresh memory (``_hand_over``).
     ``single_store`` (Triton, whose writer does not defer stores): only kernels storing that one output,
@@ -174,14 +175,19 @@ def plan_inplace_reuse(s: ScheduledProgram, single_store: bool = False) -> Sched
             continue
         taken = {i for _, i in work.inplace}
         allocs = list(st.allocate)
+        done = {o for o, _ in work.inplace}
         for j, a in enumerate(allocs):
-            if a.reuse is not None or not _eligible_kernel(work, a.buffer):
+            if a.buffer in done or not _eligible_kernel(work, a.buffer):
                 continue
             inp = next((i for i in work.inputs if i in st.free and i not in keep and i not in taken
                         and _same_memory_layout(layouts[i], a.layout) and _reads_only_at(work, i, a.buffer)
                         and (i not in reused or _hand_over(steps, i, a.buffer, k, reused, keep))), None)
             if inp is None:
                 continue
+            if a.reuse is not None:
+                # the pool's buffer is not needed after all: freed where it died (so on CUDA the caching
+                # allocator can give it to an extern's output) instead of held until this step
+                reused.discard(a.reuse)
             allocs[j] = Allocation(a.buffer, a.layout, inp)
             work = replace(work, inplace=(*work.inplace, (a.buffer, inp)))
             taken.add(inp)
