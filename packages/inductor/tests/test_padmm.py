@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers import assert_close
+from memprobe import peak_bytes
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
@@ -15,10 +16,10 @@ aten = torch.ops.aten
 OPTS = InductorOptions(strict_lowering=True)
 
 
-def _padded(fn, *args):
+def _padded(fn, *args, block=2048):
     gm = trace(fn, *args)
     ensure_meta(gm, list(args))
-    n = pad_misaligned_matmuls(gm, devices=("cpu",), min_macs=0, min_dim=1)
+    n = pad_misaligned_matmuls(gm, devices=("cpu",), min_macs=0, min_dim=1, block=block)
     ensure_meta(gm, list(args))
     return gm, n
 
@@ -36,12 +37,12 @@ CASES = {
 def test_padded_matmul_matches_eager_with_eager_strides(name: str) -> None:
     fn, args = CASES[name]
     gm, n = _padded(fn, *args)
-    assert n == 1 and "constant_pad_nd" in gm.code
+    assert n == 1 and ("constant_pad_nd" in gm.code or "mm_padded" in gm.code)
     want = fn(*args)
     got = gm(*args)[0]
     assert_close(got, want)
     assert got.stride() == want.stride()  # a graph output is copied into eager's layout
-    cg = compile_graph(gm, list(args), options=OPTS)  # the rewritten graph lowers (pad, slice, clone)
+    cg = compile_graph(gm, list(args), options=OPTS)  # the rewritten graph lowers (pad, slice or mm_padded)
     assert_close(cg.fn(*args)[0], want)
 
 
@@ -70,7 +71,8 @@ def test_gpt2_lm_head_on_cuda_is_padded_and_matches_eager() -> None:
     w = torch.randn(50257, 768, device="cuda", dtype=torch.bfloat16) * 0.05
     fn = lambda x, w: (x @ w.t()).view(8, 512, 50257)  # noqa: E731
     cg = compile_graph(trace(fn, x, w), [x, w], options=OPTS)
-    assert "50264" in cg.texts["output_code"]  # the weight padded to a multiple of 8 rows
+    # a graph output: N is aligned a block of columns at a time (the last block's rows padded to 8)
+    assert "_mm_padded(" in cg.texts["output_code"]
     got, want = cg.fn(x, w)[0], fn(x, w)
     exact = fn(x.double(), w.double())
     assert got.stride() == want.stride()
@@ -78,3 +80,56 @@ def test_gpt2_lm_head_on_cuda_is_padded_and_matches_eager() -> None:
     err_kiln = (got.double() - exact).abs().max().item()
     err_eager = (want.double() - exact).abs().max().item()
     assert err_kiln <= 2 * err_eager + 1e-3, (err_kiln, err_eager)
+
+
+def test_padded_graph_output_is_not_held_twice() -> None:
+    """A graph output's product is computed a block of aligned columns at a time into eager's layout,
+    its workspace inside the result's own unwritten rows: the peak is the result alone, as eager's,
+    not the padded weight, the padded product and its contiguous copy (> 2x the result)."""
+    x, w = torch.randn(256, 8), torch.randn(37, 8)
+    fn = lambda x, w: (x @ w.t()).view(16, 16, 37)  # noqa: E731 - a view of the result leaves the graph
+    gm, n = _padded(fn, x, w, block=8)
+    assert n == 1 and "mm_padded" in gm.code and "clone" not in gm.code and "constant_pad_nd" not in gm.code
+    cg = compile_graph(gm, [x, w], options=OPTS)
+    assert "_mm_padded(" in cg.texts["output_code"]
+    got = cg.fn(x, w)[0]
+    assert_close(got, fn(x, w))
+    assert got.stride() == fn(x, w).stride()
+    eager, kiln = peak_bytes(fn, x, w), peak_bytes(cg.fn, x, w)
+    assert eager == got.untyped_storage().nbytes()
+    assert kiln <= eager, (kiln, eager)
+
+
+@pytest.mark.parametrize("block", [4, 8, 16, 64])
+@pytest.mark.parametrize("m,n", [(53, 21), (1, 21), (64, 3), (200, 37), (8, 16)])
+def test_mm_padded_blocks_match_addmm(block: int, m: int, n: int) -> None:
+    from kiln.inductor.padmm import mm_padded_blocks
+    torch.manual_seed(0)
+    a, w = torch.randn(m + 3, 16), torch.randn(n, 16)
+    b = w.t()  # a transposed weight (nn.Linear) and a row-major one
+    biases = [None, torch.randn(n), torch.randn(1, n), torch.randn(m + 3, n), torch.randn(m, n), torch.tensor(0.5)]
+    for rhs in (b, b.contiguous()):
+        for bias in biases:
+            rows = bias[:m] if bias is not None and bias.dim() == 2 and bias.shape[0] > 1 else bias
+            want = (a[:m] @ rhs) if bias is None else torch.addmm(rows, a[:m], rhs)
+            got = mm_padded_blocks(bias, a, rhs, m, block)
+            assert got.is_contiguous() and got.shape == (m, n)
+            assert_close(got, want)
+
+
+def test_cross_compiled_cuda_lm_head_output_uses_mm_padded() -> None:
+    """The CUDA path (compiled for fake CUDA tensors on this host): GPT-2's head, a graph output, runs
+    as the wrapper's own ``_mm_padded`` (no padded weight, no padded product, no clone)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def head(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (x @ w.t()).view(8, 512, 50257)
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.empty(4096, 768, dtype=torch.bfloat16, device="cuda")
+        w = torch.empty(50257, 768, dtype=torch.bfloat16, device="cuda")
+        gm = trace(head, x, w)
+        cg = compile_graph(gm, [x, w], options=OPTS)
+    code = cg.texts["output_code"]
+    assert "_mm_padded(" in code and "def _mm_padded" in cg.portable.source
+    assert "constant_pad_nd" not in code and "50264" not in code

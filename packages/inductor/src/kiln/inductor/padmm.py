@@ -6,8 +6,14 @@ the same product with ``W`` padded to 50264 rows 0.46 ms; BERT's 30522-word head
 (``benchmarks/mm_layout_probe.py``). So a large ``mm``/``addmm`` whose M, N or K is not a multiple of
 8 (16-bit) or 4 (fp32) elements computes on zero-padded operands: padding K adds zero products,
 padded M rows / N columns are sliced off the result. Each pad is one copy of that operand. The result
-is a slice of the padded product (rows of the padded stride); where it leaves the graph or a view
-op reads it, it is copied into eager's contiguous layout first, so callers see eager's strides.
+is a slice of the padded product (rows of the padded stride) where kernels of the graph read it.
+
+Where it leaves the graph or a view op reads it, callers need eager's contiguous layout. Slicing and
+copying the whole padded product held both at once, plus the padded weight (GPT-2's LM head:
+2 x 393 + 74 MB for 8 x 512 tokens, over eager's peak). There ``kiln_inductor::mm_padded`` computes
+``BLOCK`` aligned columns at a time into a workspace inside the result's own not-yet-written last
+rows and copies each block into place; those last rows (~4% for GPT-2) take the unaligned call.
+Extra memory: none (the result, as eager); the weight is never padded.
 """
 
 from __future__ import annotations
@@ -20,11 +26,78 @@ from torch import fx
 aten = torch.ops.aten
 
 _ALIGN_BYTES = 16
+BLOCK = 2048  # mm_padded's columns per aligned product (fewer, larger cuBLAS calls vs a smaller unaligned tail)
 _MIN_MACS = 1 << 30  # smaller products lose less to misalignment than the pad copies cost
 _MIN_DIM = 512  # a short misaligned dimension is cheap for cuBLAS
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
           aten.permute.default, aten.t.default, aten.transpose.int, aten.as_strided.default,
           aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default}
+
+
+# The wrapper module defines this function too (codegen/wrapper.py adds the source): a saved program
+# runs with torch alone, without this package registering the op.
+MM_PADDED_SOURCE = '''
+def _mm_padded(bias, a, b, m, block):
+    """kiln_inductor::mm_padded (kiln.inductor padmm.py): ``addmm(bias, a, b)[:m]`` in a new contiguous
+    tensor, with no memory beyond it. cuBLAS is fast only on aligned widths, which the result's odd
+    row length is not. So the first ``m - tail`` rows are computed ``block`` (aligned) columns at a
+    time into a workspace carved out of the result's own last ``tail`` rows (not written yet), each
+    block copied into place; the last block is shifted left to stay aligned (it recomputes a few
+    columns), so no weight rows are padded. The ``tail`` rows (a few percent) then go straight into
+    the result through the unaligned call."""
+    k, n = b.shape
+    align = max(1, 16 // a.element_size())
+    out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    flat = out.view(-1)
+
+    def rows(x, r0, r1):  # a bias's rows for result rows r0:r1 (a broadcast bias as it is)
+        return x[r0:r1] if x is not None and x.dim() == 2 and x.shape[0] != 1 else x
+
+    def cols(x, c0, c1):
+        return x[..., c0:c1] if x is not None and x.dim() and x.shape[-1] == n else x
+
+    bw = min(block, n - n % align)
+    head = 0
+    if bw > 0:
+        tail = -(-m * bw // (n + bw))  # the workspace (head x bw) fits in the tail rows (tail x n)
+        head = (m - tail) // align * align  # an aligned workspace start
+    if head > 0:
+        ws = flat[head * n: head * n + head * bw].view(head, bw)
+        c = 0
+        while c < n:
+            c0 = min(c, n - bw)  # the last block ends at n: shifted left, still bw wide
+            bb, bias_blk = b[:, c0:c0 + bw], cols(rows(bias, 0, head), c0, c0 + bw)
+            if bias_blk is None:
+                torch.mm(a[:head], bb, out=ws)
+            else:
+                torch.addmm(bias_blk, a[:head], bb, out=ws)
+            out[:head, c:c0 + bw].copy_(ws[:, c - c0:])
+            c = c0 + bw
+    if head < m:
+        if bias is None:
+            torch.mm(a[head:m], b, out=out[head:])
+        else:
+            torch.addmm(rows(bias, head, m), a[head:m], b, out=out[head:])
+    return out
+'''
+_ns: dict[str, Any] = {"torch": torch}
+exec(MM_PADDED_SOURCE, _ns)  # noqa: S102 - our own source, shared with the generated wrapper
+mm_padded_blocks = _ns["_mm_padded"]
+
+
+# an explicit schema: inferring it from (string) annotations differs between torch versions
+@torch.library.custom_op("kiln_inductor::mm_padded", mutates_args=(),
+                         schema="(Tensor? bias, Tensor a, Tensor b, int m, int block) -> Tensor")
+def mm_padded(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, m: int, block: int) -> torch.Tensor:
+    return mm_padded_blocks(bias, a, b, m, block)  # type: ignore[no-any-return]
+
+
+@mm_padded.register_fake
+def _mm_padded_fake(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, m: int, block: int) -> torch.Tensor:
+    return a.new_empty((m, b.shape[1]))
+
+
+MM_PADDED = torch.ops.kiln_inductor.mm_padded.default
 
 
 def _val(n: object) -> torch.Tensor | None:
@@ -78,8 +151,32 @@ def _pad_bias(g: fx.Graph, bias: Any, m: int, n: int, mp: int, np_: int) -> Any:
     return g.call_function(aten.constant_pad_nd.default, (bias, [0, cols, 0, rows])) if cols or rows else bias
 
 
+def _rewrite(g: fx.Graph, node: fx.Node, sizes: tuple[int, int, int], block: int) -> fx.Node:
+    """The nodes computing ``node`` on padded operands (inserted before it); returns the result."""
+    mp, np_, kp = sizes
+    a, b = node.args[-2], node.args[-1]
+    (m, k), n = _val(a).shape, _val(b).shape[1]  # type: ignore[union-attr]
+    addmm = node.target is aten.addmm.default
+    ap = _pad(g, a, mp - m, kp - k)
+    if any(u.op == "output" or u.target in _VIEWS for u in node.users):
+        # eager's contiguous layout without whole padded copies (the module doc says why): N is
+        # aligned block by block inside mm_padded, so only M and K are padded here
+        bias = _pad_bias(g, node.args[0], m, n, mp, n) if addmm else None
+        return g.call_function(MM_PADDED, (bias, ap, _pad(g, b, kp - k, 0), m, block))
+    bp = _pad(g, b, kp - k, np_ - n)
+    if addmm:
+        out = g.call_function(aten.addmm.default, (_pad_bias(g, node.args[0], m, n, mp, np_), ap, bp))
+    else:
+        out = g.call_function(aten.mm.default, (ap, bp))
+    if np_ != n:
+        out = g.call_function(aten.slice.Tensor, (out, 1, 0, n))
+    if mp != m:
+        out = g.call_function(aten.slice.Tensor, (out, 0, 0, m))
+    return out
+
+
 def pad_misaligned_matmuls(gm: fx.GraphModule, *, devices: tuple[str, ...] = ("cuda",),
-                           min_macs: int = _MIN_MACS, min_dim: int = _MIN_DIM) -> int:
+                           min_macs: int = _MIN_MACS, min_dim: int = _MIN_DIM, block: int = BLOCK) -> int:
     """Rewrite each large misaligned mm/addmm on ``devices``; returns how many. New nodes have no
     ``meta['val']``: the caller re-propagates metadata."""
     g = gm.graph
@@ -88,24 +185,8 @@ def pad_misaligned_matmuls(gm: fx.GraphModule, *, devices: tuple[str, ...] = ("c
         sizes = _padding(node, devices, min_macs, min_dim)
         if sizes is None:
             continue
-        mp, np_, kp = sizes
-        a, b = node.args[-2], node.args[-1]
-        (m, k), n = _val(a).shape, _val(b).shape[1]  # type: ignore[union-attr]
         with g.inserting_before(node):
-            ap = _pad(g, a, mp - m, kp - k)
-            bp = _pad(g, b, kp - k, np_ - n)
-            if node.target is aten.addmm.default:
-                bias = _pad_bias(g, node.args[0], m, n, mp, np_)
-                prod = g.call_function(aten.addmm.default, (bias, ap, bp))
-            else:
-                prod = g.call_function(aten.mm.default, (ap, bp))
-            out = prod
-            if np_ != n:
-                out = g.call_function(aten.slice.Tensor, (out, 1, 0, n))
-            if mp != m:
-                out = g.call_function(aten.slice.Tensor, (out, 0, 0, m))
-            if any(u.op == "output" or u.target in _VIEWS for u in node.users):
-                out = g.call_function(aten.clone.default, (out,), {"memory_format": torch.contiguous_format})
+            out = _rewrite(g, node, sizes, block)
         node.replace_all_uses_with(out)
         g.erase_node(node)
         count += 1

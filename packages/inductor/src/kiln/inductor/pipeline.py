@@ -28,7 +28,7 @@ from .options import InductorOptions
 from .padmm import pad_misaligned_matmuls
 from .reinplace import reinplace_input_mutations
 from .scheduler import eliminate_dead_code, schedule
-from .scheduler.inplace import plan_inplace_updates
+from .scheduler.inplace import plan_inplace_reuse, plan_inplace_updates
 from .split_reductions import split_reductions
 
 
@@ -174,12 +174,17 @@ def matmul_templates(s: CompileState) -> CompileState:
 
 
 def inplace_updates(s: CompileState) -> CompileState:
-    """Mutated inputs written over by the kernel computing their new value (scheduler/inplace.py);
-    C++ only: its writer orders each loop point's stores after its loads."""
+    """Mutated inputs, and intermediates dying in a pointwise kernel, written over by the kernel that
+    computes their successor (scheduler/inplace.py). C++: its writer orders each loop point's stores
+    after its loads; Triton: intermediates of kernels with one store only."""
     assert s.scheduled is not None
-    if not s.options.reinplace_mutations or not isinstance(backend_for(s), CppBackend):
-        return s
-    sched = plan_inplace_updates(s.scheduled, s.gm.meta.get("kiln_input_mutations") or ())
+    if not isinstance(backend_for(s), CppBackend):
+        sched = plan_inplace_reuse(s.scheduled, single_store=True)
+    else:
+        sched = s.scheduled
+        if s.options.reinplace_mutations:
+            sched = plan_inplace_updates(sched, s.gm.meta.get("kiln_input_mutations") or ())
+        sched = plan_inplace_reuse(sched)
     if sched is not s.scheduled:
         s.texts["ir_post_fusion"] = sched.as_text()
     return replace(s, scheduled=sched)

@@ -7,6 +7,7 @@ The module is self-contained (torch + ctypes): it defines ``call(args: list) -> 
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ from ..ir import (
     ScheduledProgram,
     TensorRef,
 )
+from ..padmm import MM_PADDED_SOURCE
 from .common import CompiledKernels
 
 HEADER = '''"""kiln.inductor generated wrapper for graph {name!r}."""
@@ -53,6 +55,9 @@ def _restride(t, size, stride, dtype=None, device=None):
 # OpOverload's boxed call: 13.8 instead of 19.5 us of host time per addmm on the H200's host
 # (benchmarks/host_probe.py); a step of a transformer makes ~60 such calls
 _DIRECT = {f"aten.{op}.default": f"torch.{op}" for op in ("mm", "addmm", "bmm", "baddbmm", "convolution")}
+# kiln's own ops run as functions the module defines: a saved program needs no kiln import
+_HELPERS = {"kiln_inductor.mm_padded.default": "_mm_padded"}
+_DIRECT.update(_HELPERS)
 
 
 def _ints(xs: tuple) -> str:
@@ -138,6 +143,8 @@ class WrapperWriter:
         p = self.p
         reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
         self.lines.append(HEADER.format(name=p.name))
+        if any(isinstance(st.work, ExternKernel) and st.work.target in _HELPERS for st in self.s.steps):
+            self.lines.append(MM_PADDED_SOURCE)
         if self.kernels.prelude:
             self.lines.append(self.kernels.prelude)
         self.lines.append("\n\ndef call(args):")
@@ -150,11 +157,20 @@ class WrapperWriter:
         if p.seed_buffer:
             self.lines.append(f"    {p.seed_buffer} = torch.randint(0, 2**62, (1,), dtype=torch.int64{self.device_kw})")
         for st in self.s.steps:
+            # outputs written over an input the launch still names (Triton takes the tensor as its input
+            # and its output pointer; C++ takes it once): both names stay bound through the launch
+            launch = self.kernels.launches[st.work.name] if isinstance(st.work, Kernel) else ""
+            over = {o: i for o, i in st.work.inplace if re.search(rf"\b{i}\b", launch)} if launch else {}
             for a in st.allocate:
-                self.alloc(a.buffer, a.layout, a.reuse)
+                if over.get(a.buffer) == a.reuse and a.reuse is not None:
+                    self.lines.append(f"    {a.buffer} = {a.reuse}  # written in place")
+                else:
+                    self.alloc(a.buffer, a.layout, a.reuse)
             dead: frozenset[str] = frozenset()
             if isinstance(st.work, Kernel):
-                self.lines.append(f"    {self.kernels.launches[st.work.name]}")
+                self.lines.append(f"    {launch}")
+                if over:
+                    self.lines.append(f"    del {', '.join(over.values())}")
             else:
                 dead = frozenset(o.buffer for o in st.work.outputs
                                  if o.buffer in st.free and o.buffer not in reused and o.path)

@@ -60,7 +60,8 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
     if node.target is operator.getitem:
         return args[0][args[1]]
     name = target_name(node.target)
-    ctx.origin = name.split(".")[1] if name.startswith("aten.") else name
+    # kernel names are C identifiers: "aten.add.Tensor" -> add, "kiln_inductor.mm_padded.default" -> mm_padded
+    ctx.origin = name.split(".")[1] if name.count(".") >= 2 else name
     rule = LOWERINGS.get(name)
     val = node.meta.get("val")
     if rule is None and isinstance(val, (bool, int, float, torch.device, torch.dtype)) \

@@ -26,8 +26,11 @@ import sympy
 
 from ..ir import (
     Allocation,
+    FloorDiv,
+    ModIndex,
     ExternKernel,
     Kernel,
+    Layout,
     LoopProgram,
     ScheduledProgram,
     Step,
@@ -43,13 +46,28 @@ def _buffers_used(w: Kernel | ExternKernel) -> set[str]:
     return set(args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs))) | {o.buffer for o in w.outputs}
 
 
+def _canonical(e: sympy.Expr) -> sympy.Expr:
+    """``a % b`` written as ``a - b * (a // b)`` (true for the non-negative values indices take), so
+    that a load through a view's div/mod (``3072 * (x0 % 197) + 605184 * (x0 // 197)``) and the
+    store's flat index (``3072 * x0``) expand to the same expression."""
+    return sympy.expand(e.replace(lambda t: isinstance(t, ModIndex),
+                                  lambda t: t.args[0] - t.args[1] * FloorDiv(t.args[0], t.args[1])))
+
+
 def _reads_only_at(k: Kernel, buffer: str, out: str) -> bool:
     """Whether every load of ``buffer`` in ``k`` is a direct load at ``out``'s store index."""
     node = next(kn for kn in k.nodes if kn.buffer == out)
+    store = None
     for kn in k.nodes:
         for ld in reads(kn.body):
-            if ld.buffer == buffer and (ld.indirect or sympy.expand(ld.index - node.store_index) != 0):
+            if ld.buffer != buffer:
+                continue
+            if ld.indirect:
                 return False
+            if sympy.expand(ld.index - node.store_index) != 0:
+                store = _canonical(node.store_index) if store is None else store
+                if sympy.expand(_canonical(ld.index) - store) != 0:
+                    return False
     return True
 
 
@@ -96,3 +114,85 @@ def plan_inplace_updates(s: ScheduledProgram, mutations: Sequence[tuple[int, int
         steps[k] = Step(allocs, replace(work, inplace=(*work.inplace, (out, inp))), steps[k].free)
         taken.add(inp)
     return ScheduledProgram(p, tuple(steps)) if taken else s
+
+
+def _same_memory_layout(a: Layout, b: Layout) -> bool:
+    """Same shape, strides, offset and dtype (kernel outputs' ``device`` field is not always the
+    program's: one program runs on one device)."""
+    return (a.shape, a.stride, a.offset, a.dtype) == (b.shape, b.stride, b.offset, b.dtype)
+
+
+def _hand_over(steps: list[Step], inp: str, out: str, k: int, reused: set[str], keep: set[str]) -> bool:
+    """``inp`` is promised to a later allocation Y (memory.py's pool) and ``out`` now takes its memory.
+    Y gets ``out`` instead when ``out`` dies before Y and is promised to nobody, else fresh memory.
+    Never more live memory: at every later step the same number of storages exist (Y's own or
+    ``out``'s takes the place of the one ``out`` would have had), and at step ``k`` one fewer."""
+    later = next(((y, j) for y in range(k + 1, len(steps)) for j, a in enumerate(steps[y].allocate)
+                  if a.reuse == inp), None)
+    if later is None:
+        return False
+    dies = next((f for f in range(k, len(steps)) if out in steps[f].free), None)
+    y, j = later
+    free_for_y = out not in keep and out not in reused and dies is not None and dies < y
+    allocs = list(steps[y].allocate)
+    allocs[j] = Allocation(allocs[j].buffer, allocs[j].layout, out if free_for_y else None)
+    steps[y] = Step(tuple(allocs), steps[y].work, steps[y].free)
+    if free_for_y:
+        reused.add(out)
+    return True
+
+
+def plan_inplace_reuse(s: ScheduledProgram, single_store: bool = False) -> ScheduledProgram:
+    """Intermediate buffers written over by the pointwise kernel that reads them last (C++ backend).
+
+    Buffer reuse (memory.py) hands a dead buffer to a later allocation only after the step that
+    frees it, so a pointwise kernel whose input dies in it (``grad_a + grad_b`` of a tied weight's
+    two gradients, a residual add, an activation's backward) held input and output at once: one
+    buffer more than eager, which adds in place or frees the input as it goes. Same conditions as
+    ``plan_inplace_updates``; the input must also not be a graph input or output, nor planned for
+    reuse by a later allocation (see below), and the output must have the input's memory layout. An
+    output the pool gave a dead buffer takes the dying input instead: the pool's buffer is then freed
+    where it died rather than held until this step.
+    An input the pool promised to a later allocation is taken too; the promise passes to the output,
+    or that allocation gets fresh memory (``_hand_over``).
+    ``single_store`` (Triton, whose writer does not defer stores): only kernels storing that one output,
+    whose store depends on every load that feeds it, so no load can follow it.
+    """
+    p = s.program
+    assert isinstance(p, LoopProgram)
+    layouts = p.layouts()
+    keep = {b.name for b in p.inputs} | {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
+    if p.seed_buffer:
+        keep.add(p.seed_buffer)
+    reused = {a.reuse for st in s.steps for a in st.allocate if a.reuse}
+    steps = list(s.steps)
+    changed = False
+    for k, st in enumerate(steps):
+        work = st.work
+        if not isinstance(work, Kernel) or work.inner or any(kn.kind != "pointwise" for kn in work.nodes):
+            continue
+        if single_store and (len(work.outputs) != 1 or sum(kn.store for kn in work.nodes) != 1):
+            continue
+        taken = {i for _, i in work.inplace}
+        allocs = list(st.allocate)
+        done = {o for o, _ in work.inplace}
+        for j, a in enumerate(allocs):
+            if a.buffer in done or not _eligible_kernel(work, a.buffer):
+                continue
+            inp = next((i for i in work.inputs if i in st.free and i not in keep and i not in taken
+                        and _same_memory_layout(layouts[i], a.layout) and _reads_only_at(work, i, a.buffer)
+                        and (i not in reused or _hand_over(steps, i, a.buffer, k, reused, keep))), None)
+            if inp is None:
+                continue
+            if a.reuse is not None:
+                # the pool's buffer is not needed after all: freed where it died (so on CUDA the caching
+                # allocator can give it to an extern's output) instead of held until this step
+                reused.discard(a.reuse)
+            allocs[j] = Allocation(a.buffer, a.layout, inp)
+            work = replace(work, inplace=(*work.inplace, (a.buffer, inp)))
+            taken.add(inp)
+            reused.add(inp)
+        if work is not st.work:
+            steps[k] = Step(tuple(allocs), work, st.free)
+            changed = True
+    return ScheduledProgram(p, tuple(steps)) if changed else s
