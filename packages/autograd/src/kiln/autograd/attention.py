@@ -37,22 +37,41 @@ def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | Non
     return bound
 
 
+_CHOICES: dict[tuple[Any, ...], int] = {}  # layouts -> the kernel eager picks (one query per layout)
+
+
+def _layout(t: Any) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return t
+    return (tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
+
+
 def _real_choice(a: dict[str, Any], dense_mask: bool = False) -> int:
     """The kernel eager picks for tensors of these layouts; ``dense_mask``: for the mask as kiln would
-    pass it (an additive mask of the query's dtype, contiguous)."""
+    pass it (an additive mask of the query's dtype, contiguous). Asked once per layout, on real
+    tensors allocated outside every tracing mode (on the H200, tracing modes kept the real q/k/v of
+    each ViT layer alive: 1 GB held after compiling)."""
+    key = (tuple(_layout(a[k]) for k in ("query", "key", "value", "attn_mask")), dense_mask,
+           a["dropout_p"], a["is_causal"], a["scale"])
+    hit = _CHOICES.get(key)
+    if hit is not None:
+        return hit
     from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._python_dispatch import _disable_current_modes
 
     def real(t: Any) -> Any:
         if not isinstance(t, torch.Tensor):
             return t
         return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
 
-    with unset_fake_temporarily():
-        q, mask = real(a["query"]), real(a["attn_mask"])
+    with unset_fake_temporarily(), _disable_current_modes():
+        q, k, v, mask = real(a["query"]), real(a["key"]), real(a["value"]), real(a["attn_mask"])
         if dense_mask and mask is not None:
             mask = torch.empty(tuple(mask.shape), dtype=q.dtype, device=q.device)
-        return int(torch._fused_sdp_choice(q, real(a["key"]), real(a["value"]), mask, a["dropout_p"],
-                                           a["is_causal"], scale=a["scale"]))
+        choice = int(torch._fused_sdp_choice(q, k, v, mask, a["dropout_p"], a["is_causal"], scale=a["scale"]))
+        del q, k, v, mask
+    _CHOICES[key] = choice
+    return choice
 
 
 def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import fx
 import torch.utils._pytree as pytree
+from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from kiln.graph import autocast_off, log, target_name

@@ -102,8 +102,12 @@ def _compiler(options: AutotuneOptions, target: str) -> Compiler:
     return ProcessCompiler(workers, target, fallback=threads)
 
 
+DIRECT_KERNEL_CONFIGS = 8  # autotune_kernels called directly tunes configs (the pipeline's default: 1)
+
+
 def session_for_tuner(tuner: Autotuner | None, device: str) -> TuningSession:
     """A session around an existing tuner (direct use and tests of ``autotune_kernels``)."""
     on_device = device == "cuda" and torch.cuda.is_available() and not _interpreter()
+    options = replace(DEFAULT_OPTIONS, kernel_configs=DIRECT_KERNEL_CONFIGS)
     return TuningSession(tuner or make_tuner(), DeviceCompiler() if on_device else NoCompile(),
-                         budget_s=DEFAULT_OPTIONS.budget_s, options=DEFAULT_OPTIONS)
+                         budget_s=options.budget_s, options=options)

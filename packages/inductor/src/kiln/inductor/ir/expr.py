@@ -8,7 +8,6 @@ hashable and printable, so codegen, dependency analysis and the verifier are all
 from __future__ import annotations
 
 import functools
-
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 

@@ -26,12 +26,12 @@ import sympy
 
 from ..ir import (
     Allocation,
-    FloorDiv,
-    ModIndex,
     ExternKernel,
+    FloorDiv,
     Kernel,
     Layout,
     LoopProgram,
+    ModIndex,
     ScheduledProgram,
     Step,
     TensorRef,
