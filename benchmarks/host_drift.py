@@ -20,23 +20,12 @@ if __package__ in (None, ""):
 
 import torch
 
+from benchmarks.host_probe import _us as us
 from benchmarks.kiln_bench import backends as B
 from benchmarks.kiln_bench.models import build_for_mode
 from benchmarks.kiln_bench.suite_worker import _step_fn
 
 DEV = "cuda"
-
-
-def us(fn: Callable[[], object], n: int = 3000) -> float:
-    for _ in range(50):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    t = (time.perf_counter() - t0) / n * 1e6
-    torch.cuda.synchronize()
-    return t
 
 
 def report(tag: str) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from tracer import flat_outputs, trace
 
 from kiln.graph import CompiledGraph
@@ -45,3 +46,13 @@ def check(fn: Any, *args: Any, atol: float = 1e-5, rtol: float = 1e-4,
 
 def n_kernels(cg: CompiledGraph) -> int:
     return len(cg.scheduled.kernels())  # type: ignore[attr-defined]
+
+
+def transformer_blocks(n: int):
+    """n blocks of LayerNorm -> linear+gelu -> linear + residual over (x, *weights) (autotune tests)."""
+    def fn(x, *wb):
+        for i in range(n):
+            h = F.gelu(F.linear(F.layer_norm(x, x.shape[-1:]), wb[4 * i], wb[4 * i + 1]))
+            x = x + F.linear(h, wb[4 * i + 2], wb[4 * i + 3])
+        return (x,)
+    return fn

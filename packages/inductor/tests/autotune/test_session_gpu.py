@@ -9,7 +9,7 @@ import time
 
 import pytest
 import torch
-import torch.nn.functional as F
+from helpers import transformer_blocks as block
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
@@ -45,15 +45,6 @@ def reports():
     yield h.reports
     lg.removeHandler(h)
     lg.setLevel(old)
-
-
-def block(n: int):
-    def fn(x, *wb):
-        for i in range(n):
-            h = F.gelu(F.linear(F.layer_norm(x, x.shape[-1:]), wb[4 * i], wb[4 * i + 1]))
-            x = x + F.linear(h, wb[4 * i + 2], wb[4 * i + 3])
-        return (x,)
-    return fn
 
 
 def block_args(n: int, d: int = 256, tokens: int = 512):

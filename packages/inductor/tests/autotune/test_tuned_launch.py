@@ -14,7 +14,7 @@ import re
 
 import pytest
 import torch
-import torch.nn.functional as F
+from helpers import transformer_blocks as block
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
@@ -41,15 +41,6 @@ class SmallBlocksWin(FakeTimer):
             return 0.5
         consts = dict(kv.split("=") for kv in label.split(",") if "=" in kv)
         return float(consts["XBLOCK"]) + 0.01 * float(consts["warps"])
-
-
-def block(n: int):
-    def fn(x, *wb):
-        for i in range(n):
-            h = F.gelu(F.linear(F.layer_norm(x, x.shape[-1:]), wb[4 * i], wb[4 * i + 1]))
-            x = x + F.linear(h, wb[4 * i + 2], wb[4 * i + 3])
-        return (x,)
-    return fn
 
 
 def block_args(n: int, d: int, tokens: int, dtype: torch.dtype):
