@@ -35,6 +35,7 @@ CASES = {
     "bn_backward": (_bn_backward_sums, (_x(16, 3, 32, 32), _x(16, 3, 32, 32))),
     "column_max_min": (lambda x: (x.amax(0), x.amin(0), (x > 3.5).any(0), (x > -5).all(0)), (_x(16384, 2),)),
     "bf16_column_sum": (lambda x: x.sum(0), (_x(20000, 3, dtype=torch.bfloat16),)),
+    "whole_tensor": (lambda x: (x.sum(), x.amax(), x.mean()), (_x(20000),)),
     "channels_last_mean": (lambda x: x.mean((0, 2, 3)), (_x(8, 5, 64, 64).to(memory_format=torch.channels_last),)),
 }
 

@@ -46,13 +46,21 @@ def _layout(t: Any) -> Any:
     return (tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
 
 
+def _backend_flags() -> tuple[Any, ...]:
+    """The global switches eager's choice depends on (``sdpa_kernel`` contexts set them too)."""
+    b = torch.backends.cuda
+    order = getattr(torch._C, "_get_sdp_priority_order", None)
+    return (b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled(),
+            b.cudnn_sdp_enabled(), tuple(order()) if order is not None else ())
+
+
 def _real_choice(a: dict[str, Any], dense_mask: bool = False) -> int:
     """The kernel eager picks for tensors of these layouts; ``dense_mask``: for the mask as kiln would
     pass it (an additive mask of the query's dtype, contiguous). Asked once per layout, on real
     tensors allocated outside every tracing mode (on the H200, tracing modes kept the real q/k/v of
     each ViT layer alive: 1 GB held after compiling)."""
     key = (tuple(_layout(a[k]) for k in ("query", "key", "value", "attn_mask")), dense_mask,
-           a["dropout_p"], a["is_causal"], a["scale"])
+           a["dropout_p"], a["is_causal"], a["scale"], _backend_flags())
     hit = _CHOICES.get(key)
     if hit is not None:
         return hit
