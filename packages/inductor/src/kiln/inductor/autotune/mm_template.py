@@ -259,7 +259,8 @@ class MatmulTritonKernel(TritonKernel):
 
     def launcher_definition(self, module: str, inputs: frozenset[str] | None = None) -> str:
         check = None if inputs is None else tuple(i for i, b in enumerate(self.pointer_args) if b in inputs)
-        return (f"{self.launcher_var} = _KilnLaunch({module}.{self.name}, {{}}, {self.num_warps}, {check!r}, "
+        return (f"{self.launcher_var} = _KilnLaunch({module}.{self.function or self.name}, {{}}, {self.num_warps}, "
+                f"{check!r}, "
                 f"{self.num_stages})")
 
 

@@ -19,6 +19,7 @@ from ...autotune.mm_template import TemplateKernel
 from ...ir import Layout, ScheduledProgram
 from ...options import InductorOptions
 from ..common import CompiledKernels
+from .dedup import share_identical_kernels
 from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .kernel import TritonKernel, generate_kernels
 from .wrapper import MODULE_VAR, load_triton_module, module_source, wrapper_prologue
@@ -148,6 +149,10 @@ class TritonBackend:
         # launch lines only now: a tuned XBLOCK changes the grid (it was written from the heuristic
         # config before, so a tuned kernel ran on too few or too many programs: wrong results).
         # One line each (the wrapper indents it); an empty iteration space launches nothing.
+        generated, shared = share_identical_kernels(generated)
+        if shared:
+            log("perf_hints").info("triton: %d of %d kernels launch an identical kernel's function (compiled once)",
+                                   shared, len(generated))
         launches = {name: "; ".join(_launch_line(g) for g in generated[a:b]) for name, a, b in spans}
         source = module_source(generated) if generated else ""
         inputs = frozenset(b.name for b in scheduled.program.inputs)

@@ -71,6 +71,9 @@ class TritonKernel:
     kind: str  # "pointwise" | "pointwise_2d" | "persistent_reduction" | "looped_reduction"
     ynumel: str = "1"  # 2-D tiled pointwise kernels: the outer tile dimension (grid axis 1)
     yblock: int = 0
+    # the module function this kernel launches when another kernel's source is the same up to names
+    # ("" = its own, ``name``): identical layers compile one Triton function (share_identical_kernels)
+    function: str = ""
 
     @property
     def grid(self) -> str:
@@ -97,7 +100,8 @@ class TritonKernel:
         check = None if inputs is None else tuple(
             [i for i, b in enumerate(self.pointer_args) if b in inputs]
             + [len(self.pointer_args) + j for j in range(len(self.size_args))])
-        return f"{self.launcher_var} = _KilnLaunch({module}.{self.name}, {consts!r}, {self.num_warps}, {check!r})"
+        fn = self.function or self.name
+        return f"{self.launcher_var} = _KilnLaunch({module}.{fn}, {consts!r}, {self.num_warps}, {check!r})"
 
     def launch_code(self, module: str = "", args: Sequence[str] | None = None,
                     ctx: str = "_kiln_launch_context()") -> str:

@@ -69,8 +69,9 @@ load_triton_module = _ns["_kiln_load_triton_module"]
 
 
 def module_source(kernels: Sequence[TritonKernel]) -> str:
-    """The kernel module: prelude helpers then every kernel function."""
-    return PRELUDE + "\n\n" + "\n\n\n".join(k.source for k in kernels) + "\n"
+    """The kernel module: prelude helpers then every kernel function (a kernel that launches another's
+    identical function adds none)."""
+    return PRELUDE + "\n\n" + "\n\n\n".join(k.source for k in kernels if not k.function) + "\n"
 
 
 def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_VAR,
@@ -90,7 +91,7 @@ def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_V
              *(k.launcher_definition(module_var, inputs) for k in kernels)]
     if dtypes is not None:
         items = [f"({k.launcher_var}, ({''.join(f'{dtypes[b]}, ' for b in k.pointer_args)}))"
-                 for k in kernels if not k.size_args and all(b in dtypes for b in k.pointer_args)]
+                 for k in kernels if not k.size_args and not k.function and all(b in dtypes for b in k.pointer_args)]
         lines.append(f"_kiln_precompile([{', '.join(items)}])")
     return "\n".join([*lines, ""])
 
