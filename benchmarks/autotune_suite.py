@@ -7,9 +7,10 @@ For each model (benchmarks/kiln_bench/models.py; bf16 ``eval()`` on GPU, fp32 on
 process with fresh compile caches: compile with ``kiln.compile(model)`` and with
 ``kiln.compile(model, mode="max-autotune-no-cudagraphs")``, time each (median of ``--iters`` calls
 after warm-up, taken in alternating rounds so host-speed drift hits both alike), and print one
-table: both times, the ratio (default / max-autotune: above 1 means max-autotune is faster), max-autotune's compile time, how many matmuls took a Triton template vs
-stayed on cuBLAS (from the ``perf_hints`` log), and the largest difference from eager. A geomean of
-the ratios closes the table. A model that fails shows its error in its row; models not started
+table: both times, the ratio (default / max-autotune: above 1 means max-autotune is faster),
+max-autotune's compile time, how many matmuls took a Triton template vs stayed on cuBLAS (from the
+``perf_hints`` log), and the largest difference from eager. A geomean of the ratios closes the
+table. A model that fails shows its error in its row; models not started
 within ``--budget-s`` are listed as skipped.
 
 ``--cross-compile cuda:90`` (no GPU needed): each model is compiled for CUDA with fake inputs and
