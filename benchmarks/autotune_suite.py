@@ -63,7 +63,7 @@ def _first_tensor(out: Any) -> torch.Tensor:
     return logits_of(out)
 
 
-def measure_model(name: str, small: bool, device: str, iters: int) -> dict[str, Any]:
+def measure_model(name: str, small: bool, device: str, iters: int, mode: str = MODE) -> dict[str, Any]:
     """Both modes for one model in this process (run in a child by ``main``)."""
     import kiln
     from benchmarks.kiln_bench.measure import timed_call
@@ -74,15 +74,16 @@ def measure_model(name: str, small: bool, device: str, iters: int) -> dict[str, 
     model, args, kwargs = case.model, case.args, case.kwargs
     with torch.no_grad():
         ref = _first_tensor(model(*args, **kwargs)).float()
-    row: dict[str, Any] = {"model": name}
+    row: dict[str, Any] = {"model": name, "mode": mode}
+    tuned_mode = mode
     counter = _Counter()
     reports = _Reports()
     hints = logging.getLogger("kiln.perf_hints")
     steps = {}
     kiln.reset()
-    for mode in ("default", MODE):  # each kiln.compile wrapper keeps its own compiled entries
+    for mode in ("default", tuned_mode):  # each kiln.compile wrapper keeps its own compiled entries
         compiled = kiln.compile(model, mode=None if mode == "default" else mode)
-        if mode == MODE:
+        if mode == tuned_mode:
             hints.addHandler(counter)
             hints.addHandler(reports)
             hints.setLevel(logging.INFO)
@@ -95,8 +96,9 @@ def measure_model(name: str, small: bool, device: str, iters: int) -> dict[str, 
             hints.removeHandler(counter)
             hints.removeHandler(reports)
         steps[mode] = lambda c=compiled: c(*args, **kwargs)
-        row[f"{mode}_compile_s"] = compile_s
-        row[f"{mode}_diff"] = float((_first_tensor(out).float() - ref).abs().max())
+        key = "tuned" if mode == tuned_mode else mode
+        row[f"{key}_compile_s"] = compile_s
+        row[f"{key}_diff"] = float((_first_tensor(out).float() - ref).abs().max())
     # alternating rounds (default, max-autotune, default, ...): the GPU host's speed drifts within a
     # process, and host-bound steps with it (benchmarks/host_drift.py)
     rounds = 5
@@ -106,7 +108,7 @@ def measure_model(name: str, small: bool, device: str, iters: int) -> dict[str, 
             for mode, step in steps.items():
                 times[mode].extend(timed_call(step, dev)[0] for _ in range(max(1, iters // rounds)))
     for mode, ts in times.items():
-        row[f"{mode}_ms"] = 1e3 * statistics.median(ts)
+        row[f"{'tuned' if mode == tuned_mode else mode}_ms"] = 1e3 * statistics.median(ts)
     row["templates"], row["cublas"] = counter.template, counter.cublas
     row.update(_report_totals(reports.reports))
     return row
@@ -140,7 +142,8 @@ def print_table(rows: list[dict[str, Any]], device: str) -> None:
 
     head = (f"{'model':<24} {'default ms':>11} {'autotune ms':>12} {'ratio':>7} {'compile s':>10} "
             f"{'mm: tmpl/cuBLAS':>16} {'max|d| eager':>13}  tuning: problems, compiled (s), timed (s), budget cut")
-    print(f"\nkiln default vs kiln {MODE} ({device}); ratio = default / autotune (>1: autotune faster)")
+    mode = next((r["mode"] for r in rows if "mode" in r), MODE)
+    print(f"\nkiln default vs kiln {mode} ({device}); ratio = default / autotune (>1: autotune faster)")
     print(head)
     print("-" * len(head))
     ratios = []
@@ -148,17 +151,17 @@ def print_table(rows: list[dict[str, Any]], device: str) -> None:
         if "error" in r:
             print(f"{r['model']:<24} {'':>11} {'':>12} {'':>7} {'':>10} {'':>16} {'':>13}  {r['error'][:160]}")
             continue
-        d, a = r["default_ms"], r[f"{MODE}_ms"]
+        d, a = r["default_ms"], r["tuned_ms"]
         ratio = d / a if a > 0 else None
         if ratio:
             ratios.append(ratio)
         mm = f"{r['templates']}/{r['cublas']}"
-        diff = max(r["default_diff"], r[f"{MODE}_diff"])
+        diff = max(r["default_diff"], r["tuned_diff"])
         tuning = (f"{r.get('problems', '-')} of {r.get('sites', '-')} sites, {r.get('jobs', '-')} "
                   f"({_fmt(r.get('tune_compile_s'), '.1f')}), {r.get('timed', '-')} ({_fmt(r.get('timing_s'), '.1f')}), "
                   f"{r.get('budget_defaults', '-')}")
         print(f"{r['model']:<24} {_fmt(d, '11.3f')} {_fmt(a, '12.3f')} {_fmt(ratio, '7.3f')} "
-              f"{_fmt(r[f'{MODE}_compile_s'], '10.1f')} {mm:>16} {_fmt(diff, '13.4f')}  {tuning}")
+              f"{_fmt(r['tuned_compile_s'], '10.1f')} {mm:>16} {_fmt(diff, '13.4f')}  {tuning}")
     g = geomean(ratios)
     print(f"{'geomean':<24} {'':>11} {'':>12} {_fmt(g, '7.3f')}   ({len(ratios)} of {len(rows)} models)")
 
@@ -280,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--budget-s", type=float, default=1800.0, help="stop starting models after this")
     p.add_argument("--model-timeout-s", type=float, default=900.0)
     p.add_argument("--in-process", action="store_true", help="no child processes (debugging)")
+    p.add_argument("--mode", default=MODE, choices=[MODE, "max-autotune"],
+                   help="the tuned mode compared with default (max-autotune adds CUDA graphs, as torch's does)")
     p.add_argument("--autotune-budget-s", type=float, default=None,
                    help="KILN_AUTOTUNE_BUDGET_S for each compile (default: kiln's, 60 s)")
     p.add_argument("--cross-compile", metavar="TARGET", default="",
@@ -303,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         if left <= 0:
             rows.append({"model": name, "error": f"skipped: time budget of {a.budget_s:.0f}s spent"})
             continue
-        kwargs: dict[str, Any] = {"name": name, "small": a.small, "device": a.device, "iters": a.iters}
+        kwargs: dict[str, Any] = {"name": name, "small": a.small, "device": a.device, "iters": a.iters,
+                                  "mode": a.mode}
         target = "benchmarks.autotune_suite:measure_model"
         if a.cross_compile:
             kwargs, target = {"name": name, "small": a.small, "target": a.cross_compile}, (
