@@ -6,7 +6,8 @@ For each model and mode, in one process on the GPU:
 - **graph tree**: kiln reduce-overhead; after warm-up and recording, the bytes of the private pool's
   segments (``torch.cuda.memory_snapshot``: segments whose pool id is not the default one), i.e. the
   memory the tree keeps for every recorded graph's temporaries and outputs.
-The ratio is pool / peak. Prints a markdown table; one line per row even when a row fails.
+The ratio is pool / peak (allocated); pool / reserved peak of the plain step (from an emptied cache)
+is printed too, since the pool's figure is the allocator's segments, rounded as reserved memory is. Prints a markdown table; one line per row even when a row fails.
 
     python -m benchmarks.cudagraph_memory --models gpt2,resnet50 --modes inference,training
 """
@@ -40,16 +41,25 @@ def _pool_bytes() -> int:
     return total
 
 
-def _peak_step(step: Callable[[], Any]) -> int:
+def _pool_active_bytes() -> int:
+    """Bytes of private-pool blocks in use (allocated) now: what the tree's live outputs hold."""
+    return sum(int(seg["active_size"]) for seg in torch.cuda.memory_snapshot()
+               if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0))
+
+
+def _peak_step(step: Callable[[], Any]) -> tuple[int, int]:
+    """(allocated, reserved) peak of one step over what was there before it; the reserved figure
+    starts from an emptied cache, so it counts the allocator's segments as the pool's figure does."""
     for _ in range(3):
         step()
     torch.cuda.synchronize()
     gc.collect()
-    base = torch.cuda.memory_allocated()
+    torch.cuda.empty_cache()
+    base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
+    return torch.cuda.max_memory_allocated() - base, torch.cuda.max_memory_reserved() - base_reserved
 
 
 def _row(name: str, training: bool) -> str:
@@ -58,7 +68,7 @@ def _row(name: str, training: bool) -> str:
     try:
         case = build_for_mode(name, small=False, device=dev, training=training)
         plain = _step_fn(case, B.compile_fn("kiln", case.model, B.CompileSpec()), training, dev)
-        peak = _peak_step(plain)
+        peak, peak_reserved = _peak_step(plain)
         del plain
         gc.collect()
         torch.cuda.empty_cache()
@@ -72,10 +82,13 @@ def _row(name: str, training: bool) -> str:
         torch.cuda.empty_cache()
         pool = _pool_bytes() - before
         ratio = pool / peak if peak else float("nan")
+        ratio_reserved = pool / peak_reserved if peak_reserved else float("nan")
         ok = "yes" if ratio <= 1.2 else "no"
-        return f"| {name} | {kind} | {peak / 2**20:.1f} | {pool / 2**20:.1f} | {ratio:.2f} | {ok} |"
+        mb = 2**20
+        return (f"| {name} | {kind} | {peak / mb:.1f} | {peak_reserved / mb:.1f} | {pool / mb:.1f} | "
+                f"{_pool_active_bytes() / mb:.1f} | {ratio:.2f} | {ratio_reserved:.2f} | {ok} |")
     except Exception as exc:  # noqa: BLE001 - one failed row must not hide the others
-        return f"| {name} | {kind} | - | - | - | n/a ({B.short_error(exc, 120)}) |"
+        return f"| {name} | {kind} | - | - | - | - | - | - | n/a ({B.short_error(exc, 120)}) |"
     finally:
         gc.collect()
         torch.cuda.empty_cache()
@@ -90,8 +103,9 @@ def main(argv: list[str] | None = None) -> int:
         print("cudagraph_memory: needs a CUDA device (CUDA graphs)")
         return 0
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| model | mode | step peak without graphs MB | graph pool MB | pool / peak | <= 1.2 |")
-    print("|---|---|---|---|---|---|")
+    print("| model | mode | step peak without graphs MB (allocated) | (reserved) | graph pool MB (reserved) | "
+          "pool in use after replays MB | pool / peak allocated | pool / peak reserved | <= 1.2 (allocated) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         for mode in args.modes.split(","):
             print(_row(name, mode == "training"), flush=True)
