@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -62,9 +63,33 @@ def _peak_step(step: Callable[[], Any]) -> tuple[int, int]:
     return torch.cuda.max_memory_allocated() - base, torch.cuda.max_memory_reserved() - base_reserved
 
 
+class _Events(logging.Handler):
+    """The cudagraphs log's records: how many graphs were recorded and skipped (and why)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.recorded, self.skipped = 0, []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        msg = record.getMessage()
+        if msg.startswith("recorded "):
+            self.recorded += 1
+        elif msg.startswith("skipping CUDA graphs"):
+            self.skipped.append(msg.split(": ", 1)[-1][:80])
+
+
 def _row(name: str, training: bool) -> str:
+    import kiln
+
     dev = torch.device("cuda")
     kind = "training" if training else "inference"
+    kiln.reset()  # frees the trees (and pools) of earlier rows
+    gc.collect()
+    torch.cuda.empty_cache()
+    events = _Events()
+    cg_log = logging.getLogger("kiln.cudagraphs")
+    cg_log.addHandler(events)
+    cg_log.setLevel(logging.INFO)
     try:
         case = build_for_mode(name, small=False, device=dev, training=training)
         plain = _step_fn(case, B.compile_fn("kiln", case.model, B.CompileSpec()), training, dev)
@@ -72,7 +97,7 @@ def _row(name: str, training: bool) -> str:
         del plain
         gc.collect()
         torch.cuda.empty_cache()
-        before = _pool_bytes()
+        before, before_active = _pool_bytes(), _pool_active_bytes()
         graphed = _step_fn(case, B.compile_fn("kiln", case.model, B.CompileSpec(mode="reduce-overhead")),
                            training, dev)
         for _ in range(4):  # warm-up, record, replays
@@ -86,10 +111,12 @@ def _row(name: str, training: bool) -> str:
         ok = "yes" if ratio <= 1.2 else "no"
         mb = 2**20
         return (f"| {name} | {kind} | {peak / mb:.1f} | {peak_reserved / mb:.1f} | {pool / mb:.1f} | "
-                f"{_pool_active_bytes() / mb:.1f} | {ratio:.2f} | {ratio_reserved:.2f} | {ok} |")
+                f"{(_pool_active_bytes() - before_active) / mb:.1f} | {ratio:.2f} | {ratio_reserved:.2f} | {ok} | "
+                f"{events.recorded} / {len(events.skipped)} {'; '.join(sorted(set(events.skipped)))} |")
     except Exception as exc:  # noqa: BLE001 - one failed row must not hide the others
-        return f"| {name} | {kind} | - | - | - | - | - | - | n/a ({B.short_error(exc, 120)}) |"
+        return f"| {name} | {kind} | - | - | - | - | - | - | n/a ({B.short_error(exc, 120)}) | - |"
     finally:
+        cg_log.removeHandler(events)
         gc.collect()
         torch.cuda.empty_cache()
 
@@ -104,8 +131,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
     print("| model | mode | step peak without graphs MB (allocated) | (reserved) | graph pool MB (reserved) | "
-          "pool in use after replays MB | pool / peak allocated | pool / peak reserved | <= 1.2 (allocated) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "pool in use after replays MB | pool / peak allocated | pool / peak reserved | <= 1.2 (allocated) | "
+          "graphs recorded / skipped |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
         for mode in args.modes.split(","):
             print(_row(name, mode == "training"), flush=True)
