@@ -343,3 +343,29 @@ def test_tree_reset_starts_over():
     for _ in range(3):
         torch.testing.assert_close(f(torch.ones(2))[0], torch.full((2,), 2.0))
     assert len(tree.nodes) == 1 and tree.nodes[0] is not old and f.nodes == tree.nodes
+
+
+def test_forward_graph_handing_back_a_parameter_is_graphed():
+    """A training forward graph returns the weights it saves for the backward: they require grad, but
+    they are the caller's own tensors, so the graph is recorded (it was skipped as "returns tensors
+    that require grad", which left every training forward of the suite without CUDA graphs)."""
+    w = torch.nn.Parameter(torch.randn(8, 8))
+
+    def forward(x, w):
+        with torch.no_grad():  # as inside autograd.Function.forward
+            return ((x @ w).relu(), w)
+
+    f, tree = graphed(forward, [torch.randn(4, 8), w], static=(1,))
+    for _ in range(4):
+        x = torch.randn(4, 8)
+        out, saved = f(x, w)
+        torch.testing.assert_close(out, (x @ w).relu().detach())
+        torch.testing.assert_close(saved, w.detach())  # (the emulated capture runs on copies)
+    assert f.skip_reason is None and f.stats.recordings == 1 and f.stats.replays == 3
+
+
+def test_new_tensor_requiring_grad_still_skips():
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    f, _ = graphed(lambda x, w: ((x @ w).relu(),), [torch.randn(4, 8), w], static=(1,))
+    f(torch.randn(4, 8), w)
+    assert f.skip_reason and "require grad" in f.skip_reason

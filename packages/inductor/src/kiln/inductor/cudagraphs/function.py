@@ -138,18 +138,22 @@ class CUDAGraphFunction:
             self.skip(f"it synchronises with the host ({syncs[0]}), which a CUDA graph cannot capture; "
                       "move .item()/.cpu()/data-dependent shapes out of the compiled region")
         else:
-            self._check_outputs(out)
+            self._check_outputs(out, args)
         return out
 
-    def _check_outputs(self, out: Any) -> None:
+    def _check_outputs(self, out: Any, args: tuple[Any, ...]) -> None:
         seq = out if isinstance(out, (tuple, list)) else (out,)
+        # An argument handed back (a parameter a forward graph saves for the backward) requires grad
+        # but is no new autograd history: the replay returns the caller's tensor itself.
+        arg_storages = {a.untyped_storage().data_ptr() for a in args
+                        if isinstance(a, torch.Tensor) and a.numel() > 0}
         for o in seq:
             if isinstance(o, torch.Tensor):
                 if o.device.type != self.tree.device.type:
                     self.skip(f"it returns a tensor on {o.device}; CUDA graphs need every output on "
                               f"{self.tree.device}")
                     return
-                if o.requires_grad:
+                if o.requires_grad and (o.numel() == 0 or o.untyped_storage().data_ptr() not in arg_storages):
                     self.skip("it returns tensors that require grad; graph the forward and backward "
                               "graphs (which autograd wraps), not a differentiable callable")
                     return
