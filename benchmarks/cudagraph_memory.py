@@ -6,8 +6,9 @@ For each model and mode, in one process on the GPU:
 - **graph tree**: kiln reduce-overhead; after warm-up and recording, the bytes of the private pool's
   segments (``torch.cuda.memory_snapshot``: segments whose pool id is not the default one), i.e. the
   memory the tree keeps for every recorded graph's temporaries and outputs.
-The ratio is pool / peak (allocated); pool / reserved peak of the plain step (from an emptied cache)
-is printed too, since the pool's figure is the allocator's segments, rounded as reserved memory is. Prints a markdown table; one line per row even when a row fails.
+The ratio is pool / peak (allocated). The pool's figure is allocator segments (rounded, fragmented),
+so the plain step is also run once with its allocations in a fresh private pool (``torch.cuda.MemPool``)
+and pool / that pool's segments is printed: like for like. Prints a markdown table; one line per row even when a row fails.
 
     python -m benchmarks.cudagraph_memory --models gpt2,resnet50 --modes inference,training
 """
@@ -48,19 +49,18 @@ def _pool_active_bytes() -> int:
                if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0))
 
 
-def _peak_step(step: Callable[[], Any]) -> tuple[int, int]:
-    """(allocated, reserved) peak of one step over what was there before it; the reserved figure
-    starts from an emptied cache, so it counts the allocator's segments as the pool's figure does."""
+def _peak_step(step: Callable[[], Any]) -> int:
+    """Allocated peak of one step over what was there before it."""
     for _ in range(3):
         step()
     torch.cuda.synchronize()
     gc.collect()
     torch.cuda.empty_cache()
-    base, base_reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    base = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     step()
     torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base, torch.cuda.max_memory_reserved() - base_reserved
+    return torch.cuda.max_memory_allocated() - base
 
 
 class _Events(logging.Handler):
@@ -78,6 +78,22 @@ class _Events(logging.Handler):
             self.skipped.append(msg.split(": ", 1)[-1][:80])
 
 
+def _private_pool_step(step: Callable[[], Any]) -> int | None:
+    """Segment bytes one plain step (no CUDA graphs) takes when its allocations go to a fresh private
+    pool (``torch.cuda.MemPool``): the same allocator, rounding and fragmentation a graph pool sees,
+    so pool / this compares like with like. None where torch has no MemPool."""
+    if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+        return None
+    pool = torch.cuda.MemPool()
+    with torch.cuda.use_mem_pool(pool):
+        out = step()
+        torch.cuda.synchronize()
+    total = sum(int(seg["total_size"]) for seg in torch.cuda.memory_snapshot()
+                if tuple(seg.get("segment_pool_id", (0, 0))) == tuple(pool.id))
+    del out
+    return total
+
+
 def _row(name: str, training: bool) -> str:
     import kiln
 
@@ -93,7 +109,8 @@ def _row(name: str, training: bool) -> str:
     try:
         case = build_for_mode(name, small=False, device=dev, training=training)
         plain = _step_fn(case, B.compile_fn("kiln", case.model, B.CompileSpec()), training, dev)
-        peak, peak_reserved = _peak_step(plain)
+        peak = _peak_step(plain)
+        private = _private_pool_step(plain)
         del plain
         gc.collect()
         torch.cuda.empty_cache()
@@ -107,11 +124,11 @@ def _row(name: str, training: bool) -> str:
         torch.cuda.empty_cache()
         pool = _pool_bytes() - before
         ratio = pool / peak if peak else float("nan")
-        ratio_reserved = pool / peak_reserved if peak_reserved else float("nan")
+        ratio_private = pool / private if private else float("nan")
         ok = "yes" if ratio <= 1.2 else "no"
         mb = 2**20
-        return (f"| {name} | {kind} | {peak / mb:.1f} | {peak_reserved / mb:.1f} | {pool / mb:.1f} | "
-                f"{(_pool_active_bytes() - before_active) / mb:.1f} | {ratio:.2f} | {ratio_reserved:.2f} | {ok} | "
+        return (f"| {name} | {kind} | {peak / mb:.1f} | {(private or 0) / mb:.1f} | {pool / mb:.1f} | "
+                f"{(_pool_active_bytes() - before_active) / mb:.1f} | {ratio:.2f} | {ratio_private:.2f} | {ok} | "
                 f"{events.recorded} / {len(events.skipped)} {'; '.join(sorted(set(events.skipped)))} |")
     except Exception as exc:  # noqa: BLE001 - one failed row must not hide the others
         return f"| {name} | {kind} | - | - | - | - | - | - | n/a ({B.short_error(exc, 120)}) | - |"
@@ -130,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         print("cudagraph_memory: needs a CUDA device (CUDA graphs)")
         return 0
     print(f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print("| model | mode | step peak without graphs MB (allocated) | (reserved) | graph pool MB (reserved) | "
-          "pool in use after replays MB | pool / peak allocated | pool / peak reserved | <= 1.2 (allocated) | "
+    print("| model | mode | step peak without graphs MB (allocated) | the step alone in a private pool MB "
+          "(segments) | graph pool MB (segments) | pool in use after replays MB | pool / peak allocated | "
+          "pool / private-pool step | <= 1.2 (allocated) | "
           "graphs recorded / skipped |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
