@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from kiln.graph import log
 
 from ...ir import Layout
 from ...knobs import KNOBS
@@ -50,15 +49,12 @@ def compile_target(device: str) -> tuple[tuple[str, Any, int] | None, bool]:
     if device != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
         return None, False
     if torch.cuda.is_available():
-        try:
-            from triton.runtime import driver
-
-            t = driver.active.get_current_target()
-            return (str(t.backend), t.arch, int(t.warp_size)), False
-        except Exception as e:  # noqa: BLE001 - then kernels compile as before (wrapper's thread pool)
-            log("perf_hints").info("triton: no compile target from the driver (%s: %s); kernels compile in this "
-                                   "process", type(e).__name__, e)
+        if torch.version.hip is not None:  # ROCm: the wrapper's thread pool compiles (not tried here)
             return None, False
+        # what triton's CUDA driver reports, without making that driver here (on a fresh cache it builds
+        # a C module first: the compile workers do that while this process lowers)
+        major, minor = torch.cuda.get_device_capability()
+        return ("cuda", major * 10 + minor, 32), False
     if KNOBS.triton_cross_target:
         return parse_target(KNOBS.triton_cross_target), True
     return None, False

@@ -55,8 +55,8 @@ class TritonJob:
     num_warps: int
     num_stages: int
 
-    def as_dict(self, target: tuple[str, Any, int] | None) -> dict[str, Any]:
-        return {"path": self.path, "module": self.module, "function": self.function, "dtypes": list(self.dtypes),
+    def as_dict(self, target: tuple[str, Any, int] | None, launcher: bool = False) -> dict[str, Any]:
+        return {"launcher": launcher, "path": self.path, "module": self.module, "function": self.function, "dtypes": list(self.dtypes),
                 "constants": [list(c) for c in self.constants], "num_warps": self.num_warps,
                 "num_stages": self.num_stages, "target": list(target) if target else None}
 
@@ -75,8 +75,10 @@ class BatchReport:
 class CompileBatch:
     """A graph's jobs, submitted to the pool (or compiled in this process when ``pool`` is None)."""
 
-    def __init__(self, jobs: Sequence[TritonJob], target: tuple[str, Any, int] | None, label: str) -> None:
+    def __init__(self, jobs: Sequence[TritonJob], target: tuple[str, Any, int] | None, label: str,
+                 launchers: bool = False) -> None:
         self.jobs, self.target, self.label = list(jobs), target, label
+        self.launchers = launchers  # also build triton's C launchers (on a GPU host: they load libcuda)
         self.results: list[tuple[str, float, str] | None] = [None] * len(self.jobs)
         self.lock = threading.Lock()
         self.done = threading.Event()
@@ -140,8 +142,8 @@ def _compile_here(job: TritonJob, target: tuple[str, Any, int] | None) -> tuple[
 
 
 class _Worker:
-    def __init__(self, env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, WORKER_SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    def __init__(self, env: dict[str, str], flags: Sequence[str] = ()) -> None:
+        self.proc = subprocess.Popen([sys.executable, WORKER_SCRIPT, *flags], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, env=env)
 
     def read(self, timeout: float) -> tuple[str, float, str] | None:
@@ -178,22 +180,24 @@ class _Worker:
 class CompilePool:
     """``workers`` compile processes, each served by a thread of this process taking jobs from one queue."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, gpu: bool = False) -> None:
         self.size = workers
+        self.gpu = gpu  # this host has the GPU the kernels are for: the first worker builds triton's driver helpers
         self.queue: queue.Queue[tuple[CompileBatch, int] | None] = queue.Queue()
         self.alive = 0
         self.lock = threading.Lock()
         self.workers: list[_Worker] = []
         self.threads: list[threading.Thread] = []
         self.error = ""
+        self.closing = False
 
     def start(self) -> bool:
         """Start the workers (non-blocking: they import in the background); False if none could."""
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("TRITON_INTERPRET", None)
-        for _ in range(self.size):
+        for i in range(self.size):
             try:
-                w = _Worker(env)
+                w = _Worker(env, ("--driver-utils",) if self.gpu and i == 0 else ())
             except OSError as e:
                 self.error = f"{type(e).__name__}: {e}"
                 break
@@ -222,29 +226,40 @@ class CompilePool:
             if item is None:
                 break
             batch, i = item
-            result = w.read(JOB_TIMEOUT_S) if w.send(batch.jobs[i].as_dict(batch.target)) else None
+            job = batch.jobs[i].as_dict(batch.target, batch.launchers)
+            result = w.read(JOB_TIMEOUT_S) if w.send(job) else None
             if result is None:
                 batch.record(i, ("lost", 0.0, "compile worker died or timed out"))
                 break
             batch.record(i, result)
         if not ok:
-            self.error = self.error or f"a compile worker did not start (exit code {w.proc.poll()})"
+            try:
+                code: int | None = w.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                code = None
+            self.error = self.error or f"a compile worker did not start (exit code {code})"
+            log("perf_hints").warning("triton: %s", self.error)
         self._worker_gone()
 
     def _worker_gone(self) -> None:
         with self.lock:
             self.alive -= 1
             last = self.alive == 0
-        if last:  # nobody will take what is queued: hand it back to its batches
-            while True:
-                try:
-                    item = self.queue.get_nowait()
-                except queue.Empty:
-                    return
-                if item is not None:
-                    item[0].record(item[1], ("lost", 0.0, "no compile worker left"))
+        if not last:
+            return
+        if not self.closing:
+            log("perf_hints").warning("triton: no compile worker left (%s); kernels compile in this process",
+                                      self.error or "they exited")
+        while True:  # nobody will take what is queued: hand it back to its batches
+            try:
+                item = self.queue.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                item[0].record(item[1], ("lost", 0.0, "no compile worker left"))
 
     def close(self) -> None:
+        self.closing = True
         for _ in self.threads:
             self.queue.put(None)
         for w in self.workers:
@@ -271,7 +286,9 @@ def compile_pool() -> CompilePool | None:
             pool = _POOL[0]
             return pool if pool.alive > 0 else None
         workers = KNOBS.triton_compile_workers if KNOBS.triton_compile_workers >= 0 else default_workers()
-        pool = CompilePool(workers)
+        import torch
+
+        pool = CompilePool(workers, gpu=torch.cuda.is_available())
         _POOL.append(pool)
         if workers == 0:
             log("perf_hints").info("triton: KILN_TRITON_COMPILE_WORKERS=0: kernels compile in this process")
@@ -295,7 +312,7 @@ def submit(jobs: Sequence[TritonJob], target: tuple[str, Any, int], label: str) 
     pool = compile_pool()
     if pool is None:
         return None
-    batch = CompileBatch(jobs, target, label)
+    batch = CompileBatch(jobs, target, label, launchers=pool.gpu)
     if not pool.submit(batch):
         log("perf_hints").warning("triton: the compile workers are gone (%s); %s compiles in this process",
                                   pool.error or "they exited", label)

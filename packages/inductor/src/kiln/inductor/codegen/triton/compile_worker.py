@@ -81,9 +81,32 @@ def load_module(path: str, name: str) -> types.ModuleType:
     return module
 
 
+def build_launcher(kernel: Any) -> None:
+    """triton <= 3.6 builds a C launcher per kernel signature with the host compiler at the kernel's
+    first launch (0.5-1 s each, serial in the parent, cached on disk by source): build it here, so the
+    launch finds it. Later tritons launch through one generic launcher: nothing to build (the
+    target-only driver refuses what they ask for)."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        CudaLauncher(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001, S110 - an optimisation: the launch builds it otherwise
+        pass
+
+
+def build_driver_utils() -> None:
+    """triton's CUDA driver helpers (a C module built on first use of a fresh cache), built ahead."""
+    try:
+        from triton.backends.nvidia.driver import CudaUtils
+
+        CudaUtils()
+    except Exception:  # noqa: BLE001, S110 - the parent builds it on its first launch otherwise
+        pass
+
+
 def compile_job(job: dict[str, Any], target: tuple[str, Any, int] | None) -> tuple[str, float, str]:
     """Compile one kernel specialisation; ("ok" | "failed", seconds, error text). ``target`` None:
-    the current device (in-process on a GPU)."""
+    the current device (in-process on a GPU). ``job["launcher"]``: also build its C launcher."""
     import torch
 
     t0 = time.perf_counter()
@@ -91,8 +114,10 @@ def compile_job(job: dict[str, Any], target: tuple[str, Any, int] | None) -> tup
         fn = getattr(load_module(job["path"], job["module"]), job["function"])
         dtypes = [getattr(torch, d) for d in job["dtypes"]]
         with target_driver(target) if target is not None else contextlib.nullcontext():
-            fn.warmup(*dtypes, grid=(1,), **dict(job["constants"]), num_warps=job["num_warps"],
-                      num_stages=job["num_stages"])
+            kernel = fn.warmup(*dtypes, grid=(1,), **dict(job["constants"]), num_warps=job["num_warps"],
+                               num_stages=job["num_stages"])
+            if job.get("launcher") and kernel is not None:
+                build_launcher(kernel)
     except Exception as e:  # noqa: BLE001 - reported to the parent; the kernel compiles again at launch
         first = str(e).splitlines()[0] if str(e) else ""
         return ("failed", time.perf_counter() - t0, f"{type(e).__name__}: {first}")
@@ -107,6 +132,9 @@ def main() -> None:
     sys.stdout = sys.stderr
     import torch  # noqa: F401 - paid now, while the parent is still capturing and lowering
     import triton  # noqa: F401
+
+    if "--driver-utils" in sys.argv:
+        build_driver_utils()
 
     out.write(json.dumps(["ready", 0.0, ""]) + "\n")
     out.flush()
