@@ -64,7 +64,7 @@ def _compile_in_a_plain_process(jobs: list[TritonJob], cache: str) -> None:
     script = textwrap.dedent(f"""
         from kiln.inductor.codegen.triton.compile_worker import compile_job
         for job in {[j.as_dict(None) for j in jobs]!r}:
-            status, _, error = compile_job(job, {TARGET!r})
+            status, _, error, _ = compile_job(job, {TARGET!r})
             assert status == "ok", error
     """)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -73,8 +73,8 @@ def _compile_in_a_plain_process(jobs: list[TritonJob], cache: str) -> None:
 
 @pytest.fixture
 def pool(tmp_path, monkeypatch):
-    """A one-worker pool compiling into a fresh triton cache, installed as the process's pool."""
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "pool_cache"))
+    """A one-worker pool compiling into ``tmp_path/cache``, installed as the process's pool."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     p = CompilePool(1)
     assert p.start()
     monkeypatch.setattr(cp, "_POOL", [p])
@@ -82,26 +82,25 @@ def pool(tmp_path, monkeypatch):
     p.close()
 
 
-def test_worker_binaries_are_the_ones_an_in_process_compile_makes_and_a_second_pool_compiles_nothing(
-        pool, tmp_path, monkeypatch):
+def test_a_worker_finds_what_an_in_process_compile_made_and_compiles_nothing(tmp_path, monkeypatch):
+    """The parent's own compile (a plain process: its first launch) fills the cache; a worker asked
+    for the same kernel then writes nothing new: both compute the same key, so a launch after a
+    worker's compile finds that binary, and a second process compiles nothing."""
     path = _module_file(tmp_path, ADD, "kiln_test_pool_add")
-    jobs = _jobs(path, "kiln_test_pool_add")
-    report = cp.submit(jobs, TARGET, "add").wait()  # type: ignore[union-attr]
-    assert (report.jobs, report.compiled, report.failed, report.in_process) == (2, 2, 0, 0), report.errors
-    pool_keys = _kernel_dirs(str(tmp_path / "pool_cache"))
-    assert len(pool_keys) == 2
-    _compile_in_a_plain_process(jobs, str(tmp_path / "plain_cache"))
-    assert _kernel_dirs(str(tmp_path / "plain_cache")) == pool_keys  # same keys: a launch finds them
-
-    # a second process (fresh workers, same cache): every job is a cache hit, nothing new is written
-    second = CompilePool(1)
-    assert second.start()
-    monkeypatch.setattr(cp, "_POOL", [second])
+    jobs = _jobs(path, "kiln_test_pool_add", (128,))
+    _compile_in_a_plain_process(jobs, str(tmp_path / "cache"))
+    made = _kernel_dirs(str(tmp_path / "cache"))
+    assert len(made) == 1
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    p = CompilePool(1)
+    assert p.start()
+    monkeypatch.setattr(cp, "_POOL", [p])
     try:
-        again = cp.submit(jobs, TARGET, "add again").wait()  # type: ignore[union-attr]
+        report = cp.submit(jobs, TARGET, "add").wait()  # type: ignore[union-attr]
     finally:
-        second.close()
-    assert again.compiled == 2 and _kernel_dirs(str(tmp_path / "pool_cache")) == pool_keys
+        p.close()
+    assert (report.jobs, report.compiled, report.failed, report.in_process) == (1, 1, 0, 0), report.errors
+    assert _kernel_dirs(str(tmp_path / "cache")) == made
 
 
 def _layers(x, *ws):  # identical layers: twins sharing one function
@@ -124,7 +123,7 @@ def test_graph_kernels_compile_in_the_pool_and_the_first_call_waits_and_matches_
     assert cg.fn.pending is None  # waited on the first call
     report = cg.wait_kernels()
     assert report.compiled == report.jobs == len(batch.jobs) and report.in_process == 0, report.errors
-    assert len(_kernel_dirs(os.environ["TRITON_CACHE_DIR"])) == report.jobs
+    assert len(_kernel_dirs(os.environ["TRITON_CACHE_DIR"])) == report.jobs  # each compiled in the worker
 
 
 def _twin(k: TritonKernel, **changes) -> TritonKernel:
@@ -169,24 +168,6 @@ def _run_clean(tmp_path, body: str) -> str:
     return done.stdout + done.stderr  # kiln's logs go to stderr
 
 
-def test_workers_that_cannot_start_fall_back_to_this_process_with_a_log(tmp_path):
-    path = _module_file(tmp_path, ADD + "# fallback\n", "kiln_test_pool_fallback")
-    out = _run_clean(tmp_path, f"""
-        cp.WORKER_SCRIPT = {str(tmp_path / "missing_worker.py")!r}  # every worker exits at once
-        pool = CompilePool(1)
-        cp._POOL.append(pool)
-        assert pool.start()  # the process started; it dies before saying it is ready
-        for t in pool.threads:
-            t.join(timeout=60)
-        jobs = [TritonJob({path!r}, "kiln_test_pool_fallback", "add", ("float32",) * 3, (("XBLOCK", 64),), 4, 1)]
-        assert cp.submit(jobs, {TARGET!r}, "g") is None  # no pool: the caller compiles in-process
-        report = cp.in_process(jobs, {TARGET!r}, "g").wait()
-        assert report.in_process == 1 and report.compiled == 1, report.errors
-    """)
-    assert "did not start" in out and "kernels compile in this process" in out, out
-    assert len(_kernel_dirs(str(tmp_path / "cache"))) == 1
-
-
 DIES_IN_WORKER = """
 import os
 import sys
@@ -196,21 +177,35 @@ if sys.argv[0].endswith("compile_worker.py"):
 """ + ADD
 
 
-def test_a_worker_dying_hands_its_job_back_to_this_process(tmp_path):
-    path = _module_file(tmp_path, DIES_IN_WORKER, "kiln_test_pool_dies")
+def test_lost_workers_fall_back_to_this_process_with_a_log(tmp_path):
+    """A worker dying on a job hands it back (compiled here); with no worker left, and when workers
+    cannot start at all, kernels compile in this process; each case says so in perf_hints."""
+    dies = _module_file(tmp_path, DIES_IN_WORKER, "kiln_test_pool_dies")
+    add = _module_file(tmp_path, ADD + "# fallback\n", "kiln_test_pool_fallback")
     out = _run_clean(tmp_path, f"""
         pool = CompilePool(1)
         cp._POOL.append(pool)
         assert pool.start()
-        jobs = [TritonJob({path!r}, "kiln_test_pool_dies", "add", ("float32",) * 3, (("XBLOCK", 32),), 4, 1)]
+        jobs = [TritonJob({dies!r}, "kiln_test_pool_dies", "add", ("float32",) * 3, (("XBLOCK", 32),), 4, 1)]
         batch = cp.submit(jobs, {TARGET!r}, "dying")
         assert batch is not None
         report = batch.wait()
         assert report.in_process == 1 and report.compiled == 1, report.errors
-        assert cp.submit(jobs, {TARGET!r}, "after") is None  # no worker left
+        assert cp.submit(jobs, {TARGET!r}, "after") is None  # no worker left: the caller compiles here
+
+        cp.WORKER_SCRIPT = {str(tmp_path / "missing_worker.py")!r}  # every worker exits at once
+        cp._POOL.clear()
+        pool = cp.compile_pool()
+        assert pool is not None  # the process started; it dies before saying it is ready
+        for t in pool.threads:
+            t.join(timeout=60)
+        jobs = [TritonJob({add!r}, "kiln_test_pool_fallback", "add", ("float32",) * 3, (("XBLOCK", 64),), 4, 1)]
+        assert cp.submit(jobs, {TARGET!r}, "g") is None
+        report = cp.in_process(jobs, {TARGET!r}, "g").wait()
+        assert report.in_process == 1 and report.compiled == 1, report.errors
     """)
-    assert "died or timed out" in out, out
-    assert len(_kernel_dirs(str(tmp_path / "cache"))) == 1
+    assert "died or timed out" in out and "did not start" in out and "compile in this process" in out, out
+    assert len(_kernel_dirs(str(tmp_path / "cache"))) == 2
 
 
 @pytest.mark.gpu

@@ -68,7 +68,9 @@ class BatchReport:
     failed: int = 0
     in_process: int = 0  # compiled in this process (workers unavailable or lost)
     seconds: float = 0.0  # from submit to the end of wait
-    worker_seconds: float = 0.0  # sum of the jobs' compile times in workers
+    worker_seconds: float = 0.0  # sum of the jobs' compile times in workers (wall)
+    worker_cpu: float = 0.0  # ... in CPU seconds (worker + ptxas): what a many-core host spreads out
+    longest_cpu: float = 0.0  # the slowest job's CPU seconds: a floor for the wall time, whatever the cores
     errors: list[str] = field(default_factory=list)
 
 
@@ -79,7 +81,7 @@ class CompileBatch:
                  launchers: bool = False) -> None:
         self.jobs, self.target, self.label = list(jobs), target, label
         self.launchers = launchers  # also build triton's C launchers (on a GPU host: they load libcuda)
-        self.results: list[tuple[str, float, str] | None] = [None] * len(self.jobs)
+        self.results: list[tuple[str, float, str, float] | None] = [None] * len(self.jobs)
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.left = len(self.jobs)
@@ -88,7 +90,7 @@ class CompileBatch:
         if not self.jobs:
             self.done.set()
 
-    def record(self, index: int, result: tuple[str, float, str]) -> None:
+    def record(self, index: int, result: tuple[str, float, str, float]) -> None:
         with self.lock:
             if self.results[index] is not None:
                 return
@@ -105,12 +107,14 @@ class CompileBatch:
         rep = BatchReport(jobs=len(self.jobs))
         for job, res in zip(self.jobs, self.results):
             assert res is not None
-            status, seconds, error = res
+            status, seconds, error, cpu = res
             if status == "lost":  # no pool, or the worker died or hung: compile it here
                 rep.in_process += 1
-                status, seconds, error = _compile_here(job, self.target)
+                status, seconds, error, cpu = _compile_here(job, self.target)
             else:
                 rep.worker_seconds += seconds
+                rep.worker_cpu += cpu
+                rep.longest_cpu = max(rep.longest_cpu, cpu)
             if status == "ok":
                 rep.compiled += 1
             else:
@@ -131,7 +135,7 @@ class CompileBatch:
         return rep
 
 
-def _compile_here(job: TritonJob, target: tuple[str, Any, int] | None) -> tuple[str, float, str]:
+def _compile_here(job: TritonJob, target: tuple[str, Any, int] | None) -> tuple[str, float, str, float]:
     """In this process: on a GPU with the real driver (``target`` is the device's own), else for ``target``."""
     from .compile_worker import compile_job
 
@@ -146,7 +150,7 @@ class _Worker:
         self.proc = subprocess.Popen([sys.executable, WORKER_SCRIPT, *flags], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.DEVNULL, text=True, env=env)
 
-    def read(self, timeout: float) -> tuple[str, float, str] | None:
+    def read(self, timeout: float) -> tuple[str, float, str, float] | None:
         """One result line; None when the worker died or did not answer in time (it is then stopped)."""
         assert self.proc.stdout is not None
         try:
@@ -154,10 +158,10 @@ class _Worker:
                 self.proc.kill()
                 return None
             line = self.proc.stdout.readline()
-            status, seconds, error = json.loads(line)
+            status, seconds, error, cpu = json.loads(line)
         except (OSError, ValueError):
             return None
-        return (str(status), float(seconds), str(error))
+        return (str(status), float(seconds), str(error), float(cpu))
 
     def send(self, job: dict[str, Any]) -> bool:
         assert self.proc.stdin is not None
@@ -229,7 +233,7 @@ class CompilePool:
             job = batch.jobs[i].as_dict(batch.target, batch.launchers)
             result = w.read(JOB_TIMEOUT_S) if w.send(job) else None
             if result is None:
-                batch.record(i, ("lost", 0.0, "compile worker died or timed out"))
+                batch.record(i, ("lost", 0.0, "compile worker died or timed out", 0.0))
                 break
             batch.record(i, result)
         if not ok:
@@ -256,7 +260,7 @@ class CompilePool:
             except queue.Empty:
                 return
             if item is not None:
-                item[0].record(item[1], ("lost", 0.0, "no compile worker left"))
+                item[0].record(item[1], ("lost", 0.0, "no compile worker left", 0.0))
 
     def close(self) -> None:
         self.closing = True
@@ -324,7 +328,7 @@ def in_process(jobs: Sequence[TritonJob], target: tuple[str, Any, int], label: s
     """A batch whose jobs compile in this process when it is waited for (no pool)."""
     batch = CompileBatch(jobs, target, label)
     for i in range(len(batch.jobs)):
-        batch.record(i, ("lost", 0.0, "no compile worker"))
+        batch.record(i, ("lost", 0.0, "no compile worker", 0.0))
     return batch
 
 

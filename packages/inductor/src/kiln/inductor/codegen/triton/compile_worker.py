@@ -3,7 +3,7 @@
 Run as a script (``python compile_worker.py``), not imported through kiln, so a worker starts in the
 time it takes to import torch and triton (started early, while the parent captures and lowers).
 Protocol: one JSON job per stdin line (``compile_job``'s arguments); one JSON ``[status, seconds,
-error]`` per stdout line.
+error, cpu seconds]`` per stdout line.
 
 Each job goes through the JIT's own path, ``fn.warmup(dtypes..., constexprs, num_warps,
 num_stages)``, with triton's driver replaced by one that only names the target (``TargetOnlyDriver``):
@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import os
 import sys
 import time
 import types
@@ -104,12 +105,19 @@ def build_driver_utils() -> None:
         pass
 
 
-def compile_job(job: dict[str, Any], target: tuple[str, Any, int] | None) -> tuple[str, float, str]:
-    """Compile one kernel specialisation; ("ok" | "failed", seconds, error text). ``target`` None:
-    the current device (in-process on a GPU). ``job["launcher"]``: also build its C launcher."""
+def _cpu() -> float:
+    """CPU seconds of this process and the compilers it waited for (ptxas, the launcher's cc)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def compile_job(job: dict[str, Any], target: tuple[str, Any, int] | None) -> tuple[str, float, str, float]:
+    """Compile one kernel specialisation; ("ok" | "failed", seconds, error text, CPU seconds).
+    ``target`` None: the current device (in-process on a GPU). ``job["launcher"]``: also build its C
+    launcher."""
     import torch
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     try:
         fn = getattr(load_module(job["path"], job["module"]), job["function"])
         dtypes = [getattr(torch, d) for d in job["dtypes"]]
@@ -120,13 +128,11 @@ def compile_job(job: dict[str, Any], target: tuple[str, Any, int] | None) -> tup
                 build_launcher(kernel)
     except Exception as e:  # noqa: BLE001 - reported to the parent; the kernel compiles again at launch
         first = str(e).splitlines()[0] if str(e) else ""
-        return ("failed", time.perf_counter() - t0, f"{type(e).__name__}: {first}")
-    return ("ok", time.perf_counter() - t0, "")
+        return ("failed", time.perf_counter() - t0, f"{type(e).__name__}: {first}", _cpu() - c0)
+    return ("ok", time.perf_counter() - t0, "", _cpu() - c0)
 
 
 def main() -> None:
-    import os
-
     out = os.fdopen(os.dup(1), "w")  # the protocol's channel; whatever triton prints goes to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -136,7 +142,7 @@ def main() -> None:
     if "--driver-utils" in sys.argv:
         build_driver_utils()
 
-    out.write(json.dumps(["ready", 0.0, ""]) + "\n")
+    out.write(json.dumps(["ready", 0.0, "", 0.0]) + "\n")
     out.flush()
     for line in sys.stdin:
         if not line.strip():
