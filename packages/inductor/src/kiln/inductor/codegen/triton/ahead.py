@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-
 from ...ir import Layout
 from ...knobs import KNOBS
 from .compile_pool import CompileBatch, TritonJob, in_process, parse_target, submit

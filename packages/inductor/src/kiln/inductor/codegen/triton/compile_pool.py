@@ -137,9 +137,9 @@ class CompileBatch:
 
 def _compile_here(job: TritonJob, target: tuple[str, Any, int] | None) -> tuple[str, float, str, float]:
     """In this process: on a GPU with the real driver (``target`` is the device's own), else for ``target``."""
-    from .compile_worker import compile_job
-
     import torch
+
+    from .compile_worker import compile_job
 
     own = target if target is not None and not torch.cuda.is_available() else None
     return compile_job(job.as_dict(None), own)
