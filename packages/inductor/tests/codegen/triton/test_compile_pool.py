@@ -115,7 +115,9 @@ def test_graph_kernels_compile_in_the_pool_and_the_first_call_waits_and_matches_
     g = torch.Generator().manual_seed(0)
     args = [torch.randn(8, 32, generator=g).to(dev)] + [torch.randn(32, 32, generator=g).to(dev) * 0.2
                                                           for _ in range(3)]
+    before = os.environ.get("KILN_TRITON_PRECOMPILE")
     cg = compile_graph(trace(_layers, *args), args, options=InductorOptions(cpu_backend="triton"))
+    assert os.environ.get("KILN_TRITON_PRECOMPILE") == before  # switched off only while the wrapper loaded
     batch = cg.fn.pending
     assert isinstance(batch, CompileBatch) and batch.jobs
     assert len({(j.function, j.constants, j.num_warps) for j in batch.jobs}) == len(batch.jobs)  # distinct only
@@ -141,6 +143,9 @@ def test_twins_with_their_own_tuned_config_are_their_own_jobs():
     jobs = ahead.kernel_jobs([k, same, tuned, symbolic], layouts, "/x.py", "m")
     assert [(j.function, dict(j.constants)["XBLOCK"], j.num_warps) for j in jobs] == [("k1", 64, 4), ("k1", 128, 8)]
     assert jobs[0].dtypes == ("bfloat16", "bfloat16")
+    # one C launcher per signature (triton <= 3.6 builds one with the host compiler): the first job's
+    assert [j.builds_launcher for j in jobs] == [True, False]
+    assert jobs[0].as_dict(TARGET, launcher=True)["launcher"] and not jobs[1].as_dict(TARGET, True)["launcher"]
 
 
 def test_no_workers_means_in_process_with_a_log(monkeypatch, caplog):

@@ -8,6 +8,7 @@ specialise on their int arguments' values, unknown here: they compile at first l
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -31,15 +32,21 @@ def launch_constants(k: TritonKernel) -> dict[str, int]:
 
 def kernel_jobs(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout], path: str,
                 module: str) -> list[TritonJob]:
-    jobs: dict[TritonJob, None] = {}
+    jobs: dict[TritonJob, TritonJob] = {}  # job (builds_launcher left True) -> as queued
+    signatures: set[tuple[Any, ...]] = set()
     for k in kernels:
         if k.size_args or not all(b in layouts for b in k.pointer_args):
             continue
         dtypes = tuple(str(layouts[b].dtype).removeprefix("torch.") for b in k.pointer_args)
-        job = TritonJob(path, module, k.function or k.name, dtypes, tuple(sorted(launch_constants(k).items())),
-                        k.num_warps, int(getattr(k, "num_stages", 1)))
-        jobs.setdefault(job)
-    return list(jobs)
+        consts = tuple(sorted(launch_constants(k).items()))
+        job = TritonJob(path, module, k.function or k.name, dtypes, consts, k.num_warps,
+                        int(getattr(k, "num_stages", 1)))
+        if job in jobs:
+            continue
+        signature = (dtypes, tuple(c for c, _ in consts), k.kind == "mm_template")
+        jobs[job] = dataclasses.replace(job, builds_launcher=signature not in signatures)
+        signatures.add(signature)
+    return list(jobs.values())
 
 
 def compile_target(device: str) -> tuple[tuple[str, Any, int] | None, bool]:

@@ -54,9 +54,12 @@ class TritonJob:
     constants: tuple[tuple[str, int], ...]  # constexpr arguments
     num_warps: int
     num_stages: int
+    # the first job of its launcher signature (pointer dtypes, constexprs): it builds the C launcher
+    # triton <= 3.6 needs per signature, the others find it in the cache
+    builds_launcher: bool = True
 
     def as_dict(self, target: tuple[str, Any, int] | None, launcher: bool = False) -> dict[str, Any]:
-        return {"launcher": launcher, "path": self.path, "module": self.module, "function": self.function, "dtypes": list(self.dtypes),
+        return {"launcher": launcher and self.builds_launcher, "path": self.path, "module": self.module, "function": self.function, "dtypes": list(self.dtypes),
                 "constants": [list(c) for c in self.constants], "num_warps": self.num_warps,
                 "num_stages": self.num_stages, "target": list(target) if target else None}
 

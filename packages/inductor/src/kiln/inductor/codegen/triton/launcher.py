@@ -139,12 +139,11 @@ def _kiln_precompile(items):
     ``items``: (launcher, pointer dtypes) of kernels without size arguments. Where this cannot run (no
     CUDA, the interpreter, a triton without AsyncCompileMode, KILN_TRITON_PRECOMPILE=0) kernels compile
     at first launch as before; so does any kernel whose compile fails here (the error surfaces there,
-    with triton's message). Nothing is done where kiln's compile already handed the kernels to its
-    worker processes (it sets ``_KILN_PRECOMPILED`` in the wrapper's namespace; compile_pool.py)."""
+    with triton's message)."""
     import os
     import torch
     import triton
-    if (len(items) < 2 or globals().get("_KILN_PRECOMPILED") or os.environ.get("TRITON_INTERPRET", "0") == "1"
+    if (len(items) < 2 or os.environ.get("TRITON_INTERPRET", "0") == "1"
             or os.environ.get("KILN_TRITON_PRECOMPILE", "1") == "0"
             or not hasattr(triton, "AsyncCompileMode") or not torch.cuda.is_available()):
         return
