@@ -4,8 +4,8 @@ Entry point: ``compile_graph(gm, example_inputs, options=InductorOptions()) -> C
 """
 
 from .codegen.common import CompiledKernels, KernelBackend
-from .codegen.triton.ahead import warm_compile_pool
 from .codegen.cpp import CppBackend, CppCompileError
+from .codegen.triton.ahead import warm_compile_pool
 from .compile import compile_graph
 from .decomp_bridge import inductor_decompositions
 from .frontend import inductor_backend, to_aten
