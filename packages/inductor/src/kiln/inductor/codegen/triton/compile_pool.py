@@ -226,27 +226,40 @@ class CompilePool:
         return True
 
     def _serve(self, w: _Worker) -> None:
-        ready = w.read(START_TIMEOUT_S)
-        ok = ready is not None and ready[0] == "ready"
-        while ok:
-            item = self.queue.get()
-            if item is None:
-                break
-            batch, i = item
-            job = batch.jobs[i].as_dict(batch.target, batch.launchers)
-            result = w.read(JOB_TIMEOUT_S) if w.send(job) else None
-            if result is None:
-                batch.record(i, ("lost", 0.0, "compile worker died or timed out", 0.0))
-                break
-            batch.record(i, result)
-        if not ok:
-            try:
-                code: int | None = w.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                code = None
-            self.error = self.error or f"a compile worker did not start (exit code {code})"
-            log("perf_hints").warning("triton: %s", self.error)
-        self._worker_gone()
+        """Feed ``w`` jobs one at a time until the pool closes or the worker is lost; whatever happens,
+        the job in hand is answered (a batch never waits forever) and the worker is counted gone."""
+        item: tuple[CompileBatch, int] | None = None
+        try:
+            ready = w.read(START_TIMEOUT_S)
+            if ready is None or ready[0] != "ready":
+                self._not_started(w)
+                return
+            while True:
+                item = self.queue.get()
+                if item is None:
+                    return
+                batch, i = item
+                job = batch.jobs[i].as_dict(batch.target, batch.launchers)
+                result = w.read(JOB_TIMEOUT_S) if w.send(job) else None
+                if result is None:
+                    return  # the worker died or hung (and was stopped): the job is handed back below
+                batch.record(i, result)
+                item = None
+        except Exception as e:  # noqa: BLE001 - a bug here must not leave a batch waiting
+            self.error = self.error or f"compile worker thread failed: {type(e).__name__}: {e}"
+        finally:
+            if item is not None:
+                item[0].record(item[1], ("lost", 0.0, "compile worker died or timed out", 0.0))
+            self._worker_gone()
+
+    def _not_started(self, w: _Worker) -> None:
+        try:
+            code: int | None = w.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+            code = None
+        self.error = self.error or f"a compile worker did not start (exit code {code})"
+        log("perf_hints").warning("triton: %s", self.error)
 
     def _worker_gone(self) -> None:
         with self.lock:
