@@ -145,7 +145,8 @@ def measure_cross_cuda(*, model: str, mode: str, small: bool, profile: str | Non
             case.model.to(torch.bfloat16)
             cast_inputs(case, torch.bfloat16)
         made: list[Any] = []
-        kiln_inductor.compile_graph = _retargeting(kiln_inductor.compile_graph, made, training)
+        retarget: list[float] = []
+        kiln_inductor.compile_graph = _retargeting(kiln_inductor.compile_graph, made, training, retarget, clock)
         backend = resolve_backend("inductor", CompileOptions())
         timer = StageTimer(clock).install()
         prof = _profiler(profile)
@@ -167,9 +168,12 @@ def measure_cross_cuda(*, model: str, mode: str, small: bool, profile: str | Non
     except Exception as exc:  # noqa: BLE001
         return dict(result, error=B.short_error(exc), details=B.error_details(exc))
     _save_profile(prof, profile, f"kiln-{model}-{mode}-cross-cuda")
-    out = dict(result, compile_s=round(total, 3), compile_cpu_s=round(total_cpu, 3),
-               stages=timer.report(total if triton else total_cpu), stages_missing=timer.missing,
-               graphs=len(made), python_s=round(python_s, 3), python_cpu_s=round(python_cpu, 3))
+    # the CPU-traced graphs' move to CUDA is this benchmark's, not kiln's: left out of every figure
+    moved = sum(retarget)
+    stages = timer.report((total if triton else total_cpu) - moved)
+    out = dict(result, compile_s=round(total - moved, 3), compile_cpu_s=round(total_cpu - moved, 3),
+               stages=stages, stages_missing=timer.missing, graphs=len(made), retarget_s=round(moved, 3),
+               python_s=round(python_s - moved, 3), python_cpu_s=round(python_cpu - moved, 3))
     reports = [r for r in reports if r is not None]
     if reports:
         cpu, longest = sum(r.worker_cpu for r in reports), max(r.longest_cpu for r in reports)
@@ -179,14 +183,17 @@ def measure_cross_cuda(*, model: str, mode: str, small: bool, profile: str | Non
                          "worker_cpu_s": round(cpu, 3), "longest_cpu_s": round(longest, 3),
                          # a 16-core GPU host (15 workers beside this process), if the workers had been
                          # ready: this process's CPU seconds + the kernels spread over the workers
-                         "est_16core_s": round(python_cpu + max(longest, cpu / 15), 3)}
+                         "est_16core_s": round(python_cpu - moved + max(longest, cpu / 15), 3)}
     return out
 
 
-def _retargeting(compile_graph: Any, made: list[Any], training: bool) -> Any:
+def _retargeting(compile_graph: Any, made: list[Any], training: bool, spent: list[float],
+                 clock: Any = time.perf_counter) -> Any:
     """``compile_graph`` that keeps what it compiled in ``made``; for training it first turns each (CPU
-    traced) graph into a CUDA one: device constants, fake CUDA example inputs, values re-propagated."""
+    traced) graph into a CUDA one: device constants, fake CUDA example inputs and values (the seconds
+    this takes, which a GPU does not spend, are added to ``spent``)."""
     def compile_for_cuda(gm: torch.fx.GraphModule, example_inputs: Any, **kwargs: Any) -> Any:
+        t0 = clock()
         if training:
             from torch._subclasses.fake_tensor import FakeTensorMode
             from torch.utils import _pytree as pytree
@@ -203,6 +210,7 @@ def _retargeting(compile_graph: Any, made: list[Any], training: bool) -> Any:
             for node in gm.graph.nodes:  # values stay (as the GPU trace gives them): no re-trace
                 if "val" in node.meta:
                     node.meta["val"] = pytree.tree_map(cuda, node.meta["val"])
+        spent.append(clock() - t0)
         compiled = compile_graph(gm, example_inputs, **kwargs)
         made.append(compiled)
         return compiled
