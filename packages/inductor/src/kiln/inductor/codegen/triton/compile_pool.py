@@ -318,7 +318,21 @@ def compile_pool() -> CompilePool | None:
                                       "this process", pool.error)
             return None
         atexit.register(pool.close)
+        if pool.gpu:  # this process loads the workers' binaries: pay triton's one-time key now, aside
+            threading.Thread(target=_prime_triton_key, name="kiln-triton-key", daemon=True).start()
         return pool
+
+
+def _prime_triton_key() -> None:
+    """triton hashes its own sources and its ~100 MB library once per process, at the first compile or
+    cache lookup (0.5 s): the first launch of the first kernel. hashlib releases the GIL on large
+    buffers, so a background thread does it while this process captures and lowers."""
+    try:
+        from triton.runtime.cache import triton_key
+
+        triton_key()
+    except Exception:  # noqa: BLE001, S110 - an optimisation; the first lookup computes it otherwise
+        pass
 
 
 def warm_compile_pool() -> bool:
