@@ -153,9 +153,7 @@ def _finish(graph: fx.Graph, root: torch.nn.Module, recorder: GraphRecorder, out
     out_node.meta.update(out_meta)
     out_node.meta["val"] = out
     graph.eliminate_dead_code()
-    gm = fx.GraphModule(root, graph)
-    gm.recompile()
-    return gm
+    return lazy_graph_module(root, graph)  # code made if it is ever run (a GraphModule made it twice)
 
 
 def decompose(gm: fx.GraphModule, table: Table, example_inputs: Sequence[Any] | None = None, *,
