@@ -197,6 +197,7 @@ class CompilePool:
         self.threads: list[threading.Thread] = []
         self.error = ""
         self.closing = False
+        self.pid = os.getpid()
 
     def start(self) -> bool:
         """Start the workers (non-blocking: they import in the background); False if none could."""
@@ -279,6 +280,8 @@ class CompilePool:
                 item[0].record(item[1], ("lost", 0.0, "no compile worker left", 0.0))
 
     def close(self) -> None:
+        if self.pid != os.getpid():
+            return  # a forked child's copy: the workers belong to the parent
         self.closing = True
         for _ in self.threads:
             self.queue.put(None)
@@ -302,6 +305,8 @@ def default_workers() -> int:
 def compile_pool() -> CompilePool | None:
     """The process's pool, started on first use; None where worker processes are not used (logged once)."""
     with _POOL_LOCK:
+        if _POOL and _POOL[0].pid != os.getpid():  # a forked child: its parent's workers are not its own
+            _POOL.clear()
         if _POOL:
             pool = _POOL[0]
             return pool if pool.alive > 0 else None
