@@ -266,11 +266,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cross-cuda", action="store_true",
                    help="also compile for CUDA from this host with fake inputs (kiln only; Python side)")
     p.add_argument("--cross-triton", default="",
-                   help="with --cross-cuda: also compile the Triton kernels for this target (cuda:90) on "
+                   help="implies --cross-cuda: also compile the Triton kernels for this target (cuda:90) on "
                         "kiln's compile workers; stages in wall seconds")
     p.add_argument("--kiln-only", action="store_true", help="measure kiln only (no torch.compile rows)")
     p.add_argument("--profile", default=None, help="folder for cProfile dumps of kiln's first calls")
     args = cli.finish(p.parse_args(argv), "compile_time")
+    args.cross_cuda = args.cross_cuda or bool(args.cross_triton)
     env = cli.child_env(args)
     backends = [b for b in args.backends if b != "eager" and not (args.kiln_only and b != "kiln")]
     results = []
