@@ -1,7 +1,7 @@
 """Which kernels of a CUDA graph compile ahead of the first call, for which target (compile_pool.py).
 
 Every generated kernel without size arguments is one job per distinct (function, pointer dtypes,
-constexprs, warps, stages): kernels sharing one function (dedup.py) with the same launch config are
+constexprs, warps, stages), queued longest first: kernels sharing one function (dedup.py) with the same launch config are
 one job, a twin with its own (max-autotune tuned) config is another. Kernels with symbolic sizes
 specialise on their int arguments' values, unknown here: they compile at first launch.
 """
@@ -35,6 +35,7 @@ def launch_constants(k: TritonKernel) -> dict[str, int]:
 def kernel_jobs(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout], path: str,
                 module: str) -> list[TritonJob]:
     jobs: dict[TritonJob, TritonJob] = {}  # job (builds_launcher left True) -> as queued
+    size: dict[TritonJob, int] = {}
     signatures: set[tuple[Any, ...]] = set()
     for k in kernels:
         if k.size_args or not all(b in layouts for b in k.pointer_args):
@@ -47,8 +48,11 @@ def kernel_jobs(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout], 
             continue
         signature = (dtypes, tuple(c for c, _ in consts), k.kind == "mm_template")
         jobs[job] = dataclasses.replace(job, builds_launcher=signature not in signatures)
+        size[jobs[job]] = len(k.source) * int(getattr(k, "num_stages", 1))
         signatures.add(signature)
-    return list(jobs.values())
+    # longest first (source size as the guess): a big reduction or matmul template queued last would
+    # leave the other workers idle while it compiles
+    return sorted(jobs.values(), key=lambda j: -size[j])
 
 
 def compile_target(device: str) -> tuple[tuple[str, Any, int] | None, bool]:
