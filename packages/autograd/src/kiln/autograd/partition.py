@@ -22,7 +22,7 @@ import networkx as nx
 import torch
 from torch import fx
 
-from kiln.graph import print_graph
+from kiln.graph import lazy_graph_module, print_graph
 
 from . import ops
 from .errors import AutogradTraceError
@@ -171,7 +171,7 @@ def _copy_graph(joint: fx.GraphModule, inputs: list[tuple[fx.Node, str]], output
         env[n] = g.node_copy(n, lambda x: env[x])
     g.output(tuple(env[o] if o is not None else None for o in outputs))
     g.eliminate_dead_code()
-    return fx.GraphModule(joint, g)
+    return lazy_graph_module(joint, g)  # the compilers read the nodes; code made if it is ever run
 
 
 def partition(joint: JointGraph, partitioner: PartitionerName = "min_cut") -> Partitioned:

@@ -21,6 +21,8 @@ from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from kiln.graph import lazy_graph_module
+
 from . import ops
 from .errors import AutogradTraceError
 from .rewrites import VENDOR_REWRITES
@@ -165,7 +167,7 @@ class GraphRecorder:
         for name, t in self.constants.items():
             root.register_buffer(name, t)
         self.graph.eliminate_dead_code()
-        return fx.GraphModule(root, self.graph)
+        return lazy_graph_module(root, self.graph)  # code made if it is ever run
 
 
 def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,15 @@ from torch._ops import HigherOrderOperator, OpOverload
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from kiln.graph import CORE_ATEN_OPS, KNOBS, Dialect, autocast_off, log, target_name
+from kiln.graph import (
+    CORE_ATEN_OPS,
+    KNOBS,
+    Dialect,
+    autocast_off,
+    lazy_graph_module,
+    log,
+    target_name,
+)
 from kiln.graph import verify as verify_dialect
 
 from .tracer import CARRIED_META, DecompositionError, GraphRecorder
@@ -145,9 +153,7 @@ def _finish(graph: fx.Graph, root: torch.nn.Module, recorder: GraphRecorder, out
     out_node.meta.update(out_meta)
     out_node.meta["val"] = out
     graph.eliminate_dead_code()
-    gm = fx.GraphModule(root, graph)
-    gm.recompile()
-    return gm
+    return lazy_graph_module(root, graph)  # code made if it is ever run (a GraphModule made it twice)
 
 
 def decompose(gm: fx.GraphModule, table: Table, example_inputs: Sequence[Any] | None = None, *,
@@ -200,7 +206,7 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
     graph = fx.Graph()
     out, out_node = graph.graph_copy(gm.graph, {}, return_output_node=True)  # type: ignore[misc]
     graph.output(out).meta.update(out_node.meta)
-    result = fx.GraphModule(gm, graph)
+    result = lazy_graph_module(gm, graph)
     result.meta.update(gm.meta)
     return result
 

@@ -18,6 +18,7 @@ from .guards import (
     type_name,
 )
 from .knobs import KNOBS, GraphKnobs
+from .lazy_module import lazy_graph_module
 from .logs import LOG_NAMES, apply_env_logs, enabled, log, set_logs
 from .modes import autocast_off
 from .passes import KeepText, Pass, PassRecord, PipelineResult, VerifyAfterPass, run_pipeline
@@ -39,7 +40,7 @@ __all__ = [
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",
     "StageObject", "TensorSpec", "VerificationError", "VerifyAfterPass", "autocast_off", "device_matches", "dump",
     "enabled",
-    "example_specs", "global_state", "log", "new_graph_id", "print_graph", "run_pipeline",
+    "example_specs", "global_state", "lazy_graph_module", "log", "new_graph_id", "print_graph", "run_pipeline",
     "set_logs", "target_name", "tensor_expectation", "type_name", "verify",
 ]
 

@@ -5,6 +5,7 @@ Entry point: ``compile_graph(gm, example_inputs, options=InductorOptions()) -> C
 
 from .codegen.common import CompiledKernels, KernelBackend
 from .codegen.cpp import CppBackend, CppCompileError
+from .codegen.triton.ahead import warm_compile_pool
 from .compile import compile_graph
 from .decomp_bridge import inductor_decompositions
 from .frontend import inductor_backend, to_aten
@@ -16,5 +17,5 @@ from .options import InductorOptions
 __all__ = [
     "LOWERINGS", "CompiledKernels", "CppBackend", "CppCompileError", "InductorOptions", "Kernel", "KernelBackend",
     "KernelNode", "LoopProgram", "LoweringError", "ScheduledProgram", "compile_graph", "inductor_backend", "inductor_decompositions",
-    "lowered_ops", "to_aten",
+    "lowered_ops", "to_aten", "warm_compile_pool",
 ]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import linecache
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import torch
 from torch import fx
 
 from kiln.graph import KNOBS as GRAPH_KNOBS
@@ -20,18 +22,67 @@ from kiln.graph import (
     run_pipeline,
 )
 
+from .codegen.triton.ahead import warm_compile_pool
 from .ir import TensorRef
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions
 from .pipeline import PASSES, CompileState, verify_state
 
 
-def load_wrapper(source: str, files_dir: str, filename: str) -> Any:
-    """Execute wrapper source as a module namespace and return its ``call``."""
+def load_wrapper(source: str, files_dir: str, filename: str, precompiled: bool = False) -> Any:
+    """Execute wrapper source as a module namespace and return its ``call``. ``precompiled``: its
+    Triton kernels (and their launchers) are compiling in the worker pool already, so the wrapper's own
+    precompile on load (``_kiln_precompile``, for wrappers loaded elsewhere) is switched off by its
+    documented knob while it loads: it would compile the same kernels again, here."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     ns: dict[str, Any] = {"FILES_DIR": files_dir, "FILES": {}, "__name__": filename}
-    exec(compile(source, filename, "exec"), ns)
+    code = compile(source, filename, "exec")
+    if not precompiled:
+        exec(code, ns)
+        return ns["call"]
+    before = os.environ.get(PRECOMPILE_KNOB)
+    os.environ[PRECOMPILE_KNOB] = "0"
+    try:
+        exec(code, ns)
+    finally:
+        if before is None:
+            del os.environ[PRECOMPILE_KNOB]
+        else:
+            os.environ[PRECOMPILE_KNOB] = before
     return ns["call"]
+
+
+PRECOMPILE_KNOB = "KILN_TRITON_PRECOMPILE"  # read by the wrapper's _kiln_precompile (codegen/triton/launcher.py)
+
+
+class _Call:
+    __slots__ = ("call",)
+
+    def __init__(self, call: Any) -> None:
+        self.call = call
+
+    def __call__(self, *args: Any) -> tuple:
+        return self.call(list(args))  # type: ignore[no-any-return]
+
+
+class _FirstCallWaits:
+    """The compiled graph whose Triton kernels compile in worker processes: its first call waits for
+    them (each first launch then loads its binary from triton's cache instead of compiling it)."""
+
+    __slots__ = ("call", "pending")
+
+    def __init__(self, call: Any, pending: Any) -> None:
+        self.call, self.pending = call, pending
+
+    def __call__(self, *args: Any) -> tuple:
+        if self.pending is not None:
+            self.pending.wait()
+            self.pending = None
+        return self.call(list(args))  # type: ignore[no-any-return]
+
+
+def _nothing() -> None:
+    return None
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
@@ -42,6 +93,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     output_code; ``portable`` is the wrapper source plus the shared library and its C++ source.
     """
     t0 = time.perf_counter()
+    if any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs):
+        warm_compile_pool("cuda")  # workers import while this graph is lowered
     try:
         return _compile(gm, example_inputs, options, name, t0)
     except LoweringError as e:
@@ -71,10 +124,9 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     assert s.kernels is not None and s.program is not None
     graph_id = new_graph_id(name)
     filename = f"<kiln-inductor {graph_id}>"
-    call = load_wrapper(s.wrapper, s.kernels.local_dir, filename)
-
-    def fn(*args: Any) -> tuple:
-        return call(list(args))  # type: ignore[no-any-return]
+    pending = s.kernels.pending
+    call = load_wrapper(s.wrapper, s.kernels.local_dir, filename, precompiled=pending is not None)
+    fn = _FirstCallWaits(call, pending) if pending is not None else _Call(call)
 
     texts = dict(s.texts)
     texts["timings"] = result.timings() + f"\ntotal {1e3 * (time.perf_counter() - t0):.1f} ms"
@@ -86,6 +138,8 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     compiled = CompiledGraph(fn, "inductor", texts, portable)
     compiled.loop_program = s.program  # type: ignore[attr-defined]
     compiled.scheduled = s.scheduled  # type: ignore[attr-defined]
+    # blocks until the Triton kernels compiling in the worker pool are done (the first call does it too)
+    compiled.wait_kernels = pending.wait if pending is not None else _nothing  # type: ignore[attr-defined]
     # the strides each output really has (None: not a tensor); they differ from the trace only for
     # outputs marked layout-free (layout.FREE_OUTPUTS), e.g. channels-last saved activations
     compiled.output_strides = tuple(  # type: ignore[attr-defined]

@@ -22,6 +22,12 @@ class InductorKnobs:
     autotune_cross_target: str = ""
     # KILN_AUTOTUNE_COMPILE_POOL: "process" (spawned workers; triton's compile holds the GIL) or "thread"
     autotune_compile_pool: str = "process"
+    # KILN_TRITON_COMPILE_WORKERS: processes compiling a graph's Triton kernels (codegen/triton/compile_pool.py);
+    # -1 (unset): one a core, at most 32; 0: compile in this process (the wrapper's thread pool)
+    triton_compile_workers: int = -1
+    # KILN_TRITON_CROSS_TARGET=cuda:90: without a GPU, compile the generated Triton kernels of CUDA graphs
+    # for that target anyway (what a GPU cold compile costs, measured on a CPU host; nothing runs)
+    triton_cross_target: str = ""
 
 
 def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
@@ -40,7 +46,10 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
                          autotune_workers=int(_float(e.get("KILN_AUTOTUNE_COMPILE_WORKERS"), 0,
                                                      "KILN_AUTOTUNE_COMPILE_WORKERS")),
                          autotune_cross_target=e.get("KILN_AUTOTUNE_CROSS_TARGET", ""),
-                         autotune_compile_pool=e.get("KILN_AUTOTUNE_COMPILE_POOL", "process"))
+                         autotune_compile_pool=e.get("KILN_AUTOTUNE_COMPILE_POOL", "process"),
+                         triton_compile_workers=int(_float(e.get("KILN_TRITON_COMPILE_WORKERS"), -1,
+                                                           "KILN_TRITON_COMPILE_WORKERS")),
+                         triton_cross_target=e.get("KILN_TRITON_CROSS_TARGET", ""))
 
 
 def _float(text: str | None, default: float, name: str) -> float:

@@ -1,8 +1,10 @@
 """The Triton kernel backend behind the shared wrapper (``KernelBackend`` of codegen/common.py).
 
-Kernel sources are embedded as text in the wrapper's prelude; nothing is compiled here, so CUDA
-graphs compile on a machine without a GPU (cross-compilation with fake tensors) and triton compiles
-each kernel on its first launch. On CPU tensors the same kernels run under the Triton interpreter
+Kernel sources are embedded as text in the wrapper's prelude. On a GPU (or with
+``KILN_TRITON_CROSS_TARGET``) the final kernels are handed to the compile worker processes here
+(ahead.py, compile_pool.py) and the compiled graph waits for them on its first call; otherwise triton
+compiles each kernel on its first launch (or the wrapper's precompile does, on a thread pool). CUDA
+graphs compile on a machine without a GPU (cross-compilation with fake tensors). On CPU tensors the same kernels run under the Triton interpreter
 (``TRITON_INTERPRET=1``; ``InductorOptions(cpu_backend="triton")``), which is how CI tests this path.
 """
 
@@ -19,6 +21,7 @@ from ...autotune.mm_template import TemplateKernel
 from ...ir import Layout, ScheduledProgram
 from ...options import InductorOptions
 from ..common import CompiledKernels
+from .ahead import compile_ahead
 from .dedup import share_identical_kernels
 from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .kernel import TritonKernel, generate_kernels
@@ -153,6 +156,8 @@ class TritonBackend:
         if shared:
             log("perf_hints").info("triton: %d of %d kernels launch an identical kernel's function (compiled once)",
                                    shared, len(generated))
+        # the final kernels start compiling now, in worker processes, while the compile goes on
+        pending = compile_ahead(generated, layouts, self.device) if generated else None
         launches = {name: "; ".join(_launch_line(g) for g in generated[a:b]) for name, a, b in spans}
         source = module_source(generated) if generated else ""
         inputs = frozenset(b.name for b in scheduled.program.inputs)
@@ -160,4 +165,5 @@ class TritonBackend:
                                    b: layouts[b].dtype for g in generated for b in g.pointer_args if b in layouts}), launches=launches,
                                source_text=source, local_dir="", compile_seconds=time.perf_counter() - t0,
                                requires=("torch", "triton"), device=self.device,
-                               call_prologue=f"{CTX_VAR} = _kiln_launch_context()" if generated else "")
+                               call_prologue=f"{CTX_VAR} = _kiln_launch_context()" if generated else "",
+                               pending=pending)

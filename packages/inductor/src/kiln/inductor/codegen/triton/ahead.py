@@ -1,0 +1,106 @@
+"""Which kernels of a CUDA graph compile ahead of the first call, for which target (compile_pool.py).
+
+Every generated kernel without size arguments is one job per distinct (function, pointer dtypes,
+constexprs, warps, stages), queued longest first: kernels sharing one function (dedup.py) with the same launch config are
+one job, a twin with its own (max-autotune tuned) config is another. Kernels with symbolic sizes
+specialise on their int arguments' values, unknown here: they compile at first launch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from kiln.graph import log
+
+from ...ir import Layout
+from ...knobs import KNOBS
+from .compile_pool import CompileBatch, TritonJob, in_process, parse_target, submit
+from .kernel import TritonKernel
+from .wrapper import load_triton_module, module_source
+
+
+def launch_constants(k: TritonKernel) -> dict[str, int]:
+    """The constexprs ``k``'s launcher passes (a matmul template's are in its source: none)."""
+    if k.kind == "mm_template":
+        return {}
+    return {"XBLOCK": k.xblock, **({"RBLOCK": k.rblock} if k.rblock else {}),
+            **({"YBLOCK": k.yblock} if k.yblock else {})}
+
+
+def kernel_jobs(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout], path: str,
+                module: str) -> list[TritonJob]:
+    jobs: dict[TritonJob, TritonJob] = {}  # job (builds_launcher left True) -> as queued
+    size: dict[TritonJob, int] = {}
+    signatures: set[tuple[Any, ...]] = set()
+    for k in kernels:
+        if k.size_args or not all(b in layouts for b in k.pointer_args):
+            continue
+        dtypes = tuple(str(layouts[b].dtype).removeprefix("torch.") for b in k.pointer_args)
+        consts = tuple(sorted(launch_constants(k).items()))
+        job = TritonJob(path, module, k.function or k.name, dtypes, consts, k.num_warps,
+                        int(getattr(k, "num_stages", 1)))
+        if job in jobs:
+            continue
+        signature = (dtypes, tuple(c for c, _ in consts), k.kind == "mm_template")
+        jobs[job] = dataclasses.replace(job, builds_launcher=signature not in signatures)
+        size[jobs[job]] = len(k.source) * int(getattr(k, "num_stages", 1))
+        signatures.add(signature)
+    # longest first (source size as the guess): a big reduction or matmul template queued last would
+    # leave the other workers idle while it compiles
+    return sorted(jobs.values(), key=lambda j: -size[j])
+
+
+def compile_target(device: str) -> tuple[tuple[str, Any, int] | None, bool]:
+    """(target, cross): this process's GPU's, or ``KILN_TRITON_CROSS_TARGET`` without one; None: nothing
+    to compile ahead (not CUDA, the interpreter, or no GPU and no cross target)."""
+    if device != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return None, False
+    if torch.cuda.is_available():
+        if torch.version.hip is not None:  # ROCm: the wrapper's thread pool compiles (not tried here)
+            return None, False
+        # what triton's CUDA driver reports, without making that driver here (on a fresh cache it builds
+        # a C module first: the compile workers do that while this process lowers)
+        try:
+            major, minor = torch.cuda.get_device_capability()
+        except Exception as e:  # noqa: BLE001 - then the wrapper's own precompile compiles, as before
+            log("perf_hints").info("triton: no device capability (%s: %s); kernels compile in this process",
+                                   type(e).__name__, e)
+            return None, False
+        return ("cuda", major * 10 + minor, 32), False
+    if KNOBS.triton_cross_target:
+        return parse_target(KNOBS.triton_cross_target), True
+    return None, False
+
+
+def compile_ahead(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout], device: str,
+                  label: str = "a graph") -> CompileBatch | None:
+    """Hand the kernels to the compile pool; None when the wrapper's own precompile should run instead
+    (no pool on a GPU: its thread pool; or nothing to compile ahead)."""
+    target, cross = compile_target(device)
+    if target is None or not kernels:
+        return None
+    source = module_source(kernels)
+    module = load_triton_module(source)  # type: ignore[operator]  # written to its file for the workers
+    jobs = kernel_jobs(kernels, layouts, str(module.__file__), module.__name__)
+    if not jobs:
+        return None
+    label = f"{label} ({len(jobs)} kernel specialisations)"
+    batch = submit(jobs, target, label)
+    if batch is None and cross:  # the cross-compile still compiles, here (the measurement stays honest)
+        batch = in_process(jobs, target, label)
+    return batch
+
+
+def warm_compile_pool(device: str = "cuda") -> bool:
+    """Start the Triton compile workers now, in the background, when graphs for ``device`` will compile
+    Triton kernels here (a GPU, or ``KILN_TRITON_CROSS_TARGET``); True when there is a pool. kiln.compile
+    may call this before capture so the workers' imports overlap it; compile_graph calls it on entry."""
+    from .compile_pool import compile_pool
+
+    target, _ = compile_target(device)
+    return target is not None and compile_pool() is not None

@@ -1,0 +1,157 @@
+"""A Triton compile worker process: generated kernels compiled into triton's on-disk cache, one a line.
+
+Run as a script (``python compile_worker.py``), not imported through kiln, so a worker starts in the
+time it takes to import torch and triton (started early, while the parent captures and lowers).
+Protocol: one JSON job per stdin line (``compile_job``'s arguments); one JSON ``[status, seconds,
+error, cpu seconds]`` per stdout line.
+
+Each job goes through the JIT's own path, ``fn.warmup(dtypes..., constexprs, num_warps,
+num_stages)``, with triton's driver replaced by one that only names the target (``TargetOnlyDriver``):
+the worker never touches the GPU (no CUDA context, no device memory), and the binary lands in
+triton's cache under the very key the parent's first launch computes -- same function source, same
+specialisation (``warmup`` treats every pointer as 16-byte aligned, as the wrapper's buffers are), same
+options -- so that launch loads it from disk instead of compiling. The target is the parent's device
+(``cuda``, arch 90 on an H100/H200) or, cross-compiling on a host without a GPU, the one asked for.
+
+Only the standard library, torch (dtypes) and triton are imported here; the parent may also call
+``compile_job`` in-process (the fallback when worker processes cannot be used).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import sys
+import time
+import types
+from collections.abc import Iterator
+from typing import Any
+
+_MODULES: dict[str, types.ModuleType] = {}
+
+
+class TargetOnlyDriver:
+    """Stands in for triton's active driver while compiling for ``target`` without using a device:
+    what ``JITFunction.warmup`` and ``triton.compile`` ask of a driver, and nothing else."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        return self.target
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"kiln compile worker: triton asked the target-only driver for {name!r} "
+                             "(only compiling is possible here)")
+
+
+@contextlib.contextmanager
+def target_driver(target: tuple[str, Any, int]) -> Iterator[None]:
+    """triton's active driver is a ``TargetOnlyDriver`` for ``target`` (backend, arch, warp size) inside."""
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import driver
+
+    previous = getattr(driver, "_active", None)
+    driver.set_active(TargetOnlyDriver(GPUTarget(*target)))
+    try:
+        yield
+    finally:
+        driver._active = previous  # None: the default driver is made again when next asked for
+
+
+def load_module(path: str, name: str) -> types.ModuleType:
+    """The generated kernel module at ``path``, imported once under the parent's module name."""
+    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == path:
+        return sys.modules[name]
+    if name in _MODULES:
+        return _MODULES[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    _MODULES[name] = module
+    return module
+
+
+def build_launcher(kernel: Any) -> None:
+    """triton <= 3.6 builds a C launcher per kernel signature with the host compiler at the kernel's
+    first launch (0.5-1 s each, serial in the parent, cached on disk by source): build it here, so the
+    launch finds it. Later tritons launch through one generic launcher: nothing to build (the
+    target-only driver refuses what they ask for)."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+
+        CudaLauncher(kernel.src, kernel.metadata)
+    except Exception:  # noqa: BLE001, S110 - an optimisation: the launch builds it otherwise
+        pass
+
+
+def build_driver_utils() -> None:
+    """triton's CUDA driver helpers (a C module built on first use of a fresh cache), built ahead."""
+    try:
+        from triton.backends.nvidia.driver import CudaUtils
+
+        CudaUtils()
+    except Exception:  # noqa: BLE001, S110 - the parent builds it on its first launch otherwise
+        pass
+
+
+def _cpu() -> float:
+    """CPU seconds of this process and the compilers it waited for (ptxas, the launcher's cc)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+def compile_job(job: dict[str, Any], target: tuple[str, Any, int] | None) -> tuple[str, float, str, float]:
+    """Compile one kernel specialisation; ("ok" | "failed", seconds, error text, CPU seconds).
+    ``target`` None: the current device (in-process on a GPU). ``job["launcher"]``: also build its C
+    launcher."""
+    import torch
+
+    t0, c0 = time.perf_counter(), _cpu()
+    try:
+        fn = getattr(load_module(job["path"], job["module"]), job["function"])
+        dtypes = [getattr(torch, d) for d in job["dtypes"]]
+        with target_driver(target) if target is not None else contextlib.nullcontext():
+            kernel = fn.warmup(*dtypes, grid=(1,), **dict(job["constants"]), num_warps=job["num_warps"],
+                               num_stages=job["num_stages"])
+            if job.get("launcher") and kernel is not None:
+                build_launcher(kernel)
+    except Exception as e:  # noqa: BLE001 - reported to the parent; the kernel compiles again at launch
+        first = str(e).splitlines()[0] if str(e) else ""
+        return ("failed", time.perf_counter() - t0, f"{type(e).__name__}: {first}", _cpu() - c0)
+    return ("ok", time.perf_counter() - t0, "", _cpu() - c0)
+
+
+def main() -> None:
+    out = os.fdopen(os.dup(1), "w")  # the protocol's channel; whatever triton prints goes to stderr
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    import torch  # noqa: F401 - paid now, while the parent is still capturing and lowering
+    import triton  # noqa: F401
+
+    if "--driver-utils" in sys.argv:
+        build_driver_utils()
+
+    out.write(json.dumps(["ready", 0.0, "", 0.0]) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        job = json.loads(line)
+        target = tuple(job["target"]) if job.get("target") else None
+        out.write(json.dumps(compile_job(job, target)) + "\n")  # type: ignore[arg-type]
+        out.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+"""Triton kernels compiled ahead in worker processes (codegen/triton/compile_pool.py, ahead.py).
+
+Without a GPU the workers cross-compile for cuda:90 (what ``KILN_TRITON_CROSS_TARGET`` does): the
+binaries are real, only nothing launches them. A kernel compiled in a worker must land in triton's
+cache under the key an in-process compile (the parent's first launch) computes, or the launch would
+compile it again; that is what these tests compare. The graph itself still runs under the
+interpreter here (this folder's conftest), after its first call waited for the workers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tracer import trace
+
+from kiln.inductor import InductorOptions, compile_graph
+from kiln.inductor.codegen.triton import ahead
+from kiln.inductor.codegen.triton import compile_pool as cp
+from kiln.inductor.codegen.triton.compile_pool import CompileBatch, CompilePool, TritonJob
+from kiln.inductor.codegen.triton.kernel import TritonKernel
+from kiln.inductor.codegen.triton.testing import device
+from kiln.inductor.ir import Layout
+
+TARGET = ("cuda", 90, 32)
+ADD = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def add(X, Y, Z, XBLOCK: tl.constexpr):
+    o = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    tl.store(Z + o, tl.load(X + o) + tl.load(Y + o))
+"""
+
+
+def _module_file(tmp_path, text: str, name: str) -> str:
+    path = tmp_path / f"{name}.py"
+    path.write_text(text)
+    return str(path)
+
+
+def _jobs(path: str, name: str, xblocks=(128, 256)) -> list[TritonJob]:
+    return [TritonJob(path, name, "add", ("float32",) * 3, (("XBLOCK", xb),), 4, 1) for xb in xblocks]
+
+
+def _kernel_dirs(cache: str) -> set[str]:
+    """Cache folders holding a compiled kernel (a cubin), by key."""
+    if not os.path.isdir(cache):
+        return set()
+    return {d for d in os.listdir(cache) if any(f.endswith(".cubin") for f in os.listdir(os.path.join(cache, d)))}
+
+
+def _compile_in_a_plain_process(jobs: list[TritonJob], cache: str) -> None:
+    """What the parent's own compile (its first launch) does, in a process without the interpreter."""
+    script = textwrap.dedent(f"""
+        from kiln.inductor.codegen.triton.compile_worker import compile_job
+        for job in {[j.as_dict(None) for j in jobs]!r}:
+            status, _, error, _ = compile_job(job, {TARGET!r})
+            assert status == "ok", error
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", script], check=True, env=dict(env, TRITON_CACHE_DIR=cache), timeout=300)
+
+
+@pytest.fixture
+def pool(tmp_path, monkeypatch):
+    """A one-worker pool compiling into ``tmp_path/cache``, installed as the process's pool."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    p = CompilePool(1)
+    assert p.start()
+    monkeypatch.setattr(cp, "_POOL", [p])
+    yield p
+    p.close()
+
+
+def test_a_worker_finds_what_an_in_process_compile_made_and_compiles_nothing(tmp_path, monkeypatch):
+    """The parent's own compile (a plain process: its first launch) fills the cache; a worker asked
+    for the same kernel then writes nothing new: both compute the same key, so a launch after a
+    worker's compile finds that binary, and a second process compiles nothing."""
+    path = _module_file(tmp_path, ADD, "kiln_test_pool_add")
+    jobs = _jobs(path, "kiln_test_pool_add", (128,))
+    _compile_in_a_plain_process(jobs, str(tmp_path / "cache"))
+    made = _kernel_dirs(str(tmp_path / "cache"))
+    assert len(made) == 1
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    p = CompilePool(1)
+    assert p.start()
+    monkeypatch.setattr(cp, "_POOL", [p])
+    try:
+        report = cp.submit(jobs, TARGET, "add").wait()  # type: ignore[union-attr]
+    finally:
+        p.close()
+    assert (report.jobs, report.compiled, report.failed, report.in_process) == (1, 1, 0, 0), report.errors
+    assert _kernel_dirs(str(tmp_path / "cache")) == made
+
+
+def _layers(x, *ws):  # identical layers: twins sharing one function
+    for w in ws:
+        x = x + F.gelu(F.layer_norm(x, x.shape[-1:]) @ w)
+    return (x,)
+
+
+def test_graph_kernels_compile_in_the_pool_and_the_first_call_waits_and_matches_eager(pool, monkeypatch, caplog):
+    monkeypatch.setattr(ahead, "compile_target", lambda device: (TARGET, True))
+    dev = device()
+    g = torch.Generator().manual_seed(0)
+    args = [torch.randn(8, 32, generator=g).to(dev)] + [torch.randn(32, 32, generator=g).to(dev) * 0.2
+                                                          for _ in range(3)]
+    before = os.environ.get("KILN_TRITON_PRECOMPILE")
+    cg = compile_graph(trace(_layers, *args), args, options=InductorOptions(cpu_backend="triton"))
+    assert os.environ.get("KILN_TRITON_PRECOMPILE") == before  # switched off only while the wrapper loaded
+    batch = cg.fn.pending
+    assert isinstance(batch, CompileBatch) and batch.jobs
+    assert len({(j.function, j.constants, j.num_warps) for j in batch.jobs}) == len(batch.jobs)  # distinct only
+    torch.testing.assert_close(cg.fn(*args)[0], _layers(*args)[0], rtol=1e-4, atol=1e-5)
+    assert cg.fn.pending is None  # waited on the first call
+    report = cg.wait_kernels()
+    assert report.compiled == report.jobs == len(batch.jobs) and report.in_process == 0, report.errors
+    assert len(_kernel_dirs(os.environ["TRITON_CACHE_DIR"])) == report.jobs  # each compiled in the worker
+
+
+def _twin(k: TritonKernel, **changes) -> TritonKernel:
+    return dataclasses.replace(k, name=k.name + "_twin", function=k.name, **changes)
+
+
+def test_twins_with_their_own_tuned_config_are_their_own_jobs():
+    src = "@triton.jit\ndef k1(ptr_a, ptr_b, XBLOCK: tl.constexpr):\n    pass\n"
+    k = TritonKernel(name="k1", source=src, pointer_args=("a", "b"), size_args=(), xnumel="64", xblock=64,
+                     rblock=0, num_warps=4, kind="pointwise")
+    layouts = {b: Layout.contiguous((64,), torch.bfloat16, "cuda") for b in ("a", "b", "c", "d")}
+    same = _twin(k, pointer_args=("c", "d"))
+    tuned = _twin(k, pointer_args=("c", "d"), xblock=128, num_warps=8)  # max-autotune chose another config
+    symbolic = dataclasses.replace(k, name="k2", size_args=("s0",))
+    jobs = ahead.kernel_jobs([k, same, tuned, symbolic], layouts, "/x.py", "m")
+    assert [(j.function, dict(j.constants)["XBLOCK"], j.num_warps) for j in jobs] == [("k1", 64, 4), ("k1", 128, 8)]
+    assert jobs[0].dtypes == ("bfloat16", "bfloat16")
+    # one C launcher per signature (triton <= 3.6 builds one with the host compiler): the first job's
+    assert [j.builds_launcher for j in jobs] == [True, False]
+    assert jobs[0].as_dict(TARGET, launcher=True)["launcher"] and not jobs[1].as_dict(TARGET, True)["launcher"]
+
+
+def test_no_workers_means_in_process_with_a_log(monkeypatch, caplog):
+    monkeypatch.setattr(cp, "KNOBS", dataclasses.replace(cp.KNOBS, triton_compile_workers=0))
+    monkeypatch.setattr(cp, "_POOL", [])
+    with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
+        assert cp.compile_pool() is None
+        assert cp.submit(_jobs("/nowhere.py", "m"), TARGET, "g") is None
+    assert any("KILN_TRITON_COMPILE_WORKERS=0" in r.getMessage() for r in caplog.records)
+
+
+def _run_clean(tmp_path, body: str) -> str:
+    """Run ``body`` in a fresh process without the interpreter (this process imported triton under
+    it, which leaves triton unable to compile here); returns its log output."""
+    script = textwrap.dedent("""
+        import logging, sys
+        logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
+        from kiln.inductor.codegen.triton import compile_pool as cp
+        from kiln.inductor.codegen.triton.compile_pool import CompilePool, TritonJob
+    """) + textwrap.dedent(body)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), KILN_LOGS="perf_hints")
+    done = subprocess.run([sys.executable, "-c", script], env=env, timeout=300, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout + done.stderr  # kiln's logs go to stderr
+
+
+DIES_IN_WORKER = """
+import os
+import sys
+
+if sys.argv[0].endswith("compile_worker.py"):
+    os._exit(3)  # a worker crashing on this kernel (the parent imports it fine)
+""" + ADD
+
+
+def test_lost_workers_fall_back_to_this_process_with_a_log(tmp_path):
+    """A worker dying on a job hands it back (compiled here); with no worker left, and when workers
+    cannot start at all, kernels compile in this process; each case says so in perf_hints."""
+    dies = _module_file(tmp_path, DIES_IN_WORKER, "kiln_test_pool_dies")
+    add = _module_file(tmp_path, ADD + "# fallback\n", "kiln_test_pool_fallback")
+    out = _run_clean(tmp_path, f"""
+        pool = CompilePool(1)
+        cp._POOL.append(pool)
+        assert pool.start()
+        jobs = [TritonJob({dies!r}, "kiln_test_pool_dies", "add", ("float32",) * 3, (("XBLOCK", 32),), 4, 1)]
+        batch = cp.submit(jobs, {TARGET!r}, "dying")
+        assert batch is not None
+        report = batch.wait()
+        assert report.in_process == 1 and report.compiled == 1, report.errors
+        assert cp.submit(jobs, {TARGET!r}, "after") is None  # no worker left: the caller compiles here
+
+        cp.WORKER_SCRIPT = {str(tmp_path / "missing_worker.py")!r}  # every worker exits at once
+        cp._POOL.clear()
+        pool = cp.compile_pool()
+        assert pool is not None  # the process started; it dies before saying it is ready
+        for t in pool.threads:
+            t.join(timeout=60)
+        jobs = [TritonJob({add!r}, "kiln_test_pool_fallback", "add", ("float32",) * 3, (("XBLOCK", 64),), 4, 1)]
+        assert cp.submit(jobs, {TARGET!r}, "g") is None
+        report = cp.in_process(jobs, {TARGET!r}, "g").wait()
+        assert report.in_process == 1 and report.compiled == 1, report.errors
+    """)
+    assert "died or timed out" in out and "did not start" in out and "compile in this process" in out, out
+    assert len(_kernel_dirs(str(tmp_path / "cache"))) == 2
+
+
+@pytest.mark.gpu
+def test_gpu_first_launches_compile_nothing(tmp_path, monkeypatch):
+    if not torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1":
+        pytest.skip("needs a CUDA device without the interpreter")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
+    p = CompilePool(2, gpu=True)
+    assert p.start()
+    monkeypatch.setattr(cp, "_POOL", [p])
+    g = torch.Generator().manual_seed(1)
+    args = [torch.randn(64, 96, generator=g).cuda()] + [torch.randn(96, 96, generator=g).cuda() * 0.1
+                                                         for _ in range(3)]
+    try:
+        cg = compile_graph(trace(_layers, *args), args)
+        report = cg.wait_kernels()
+        before = _kernel_dirs(str(tmp_path / "cache"))
+        out = cg.fn(*args)[0]
+        torch.cuda.synchronize()
+    finally:
+        p.close()
+    assert report.jobs > 0 and report.compiled == report.jobs, report.errors
+    assert _kernel_dirs(str(tmp_path / "cache")) == before  # the launches loaded what the workers built
+    torch.testing.assert_close(out, _layers(*args)[0], rtol=1e-3, atol=1e-3)
