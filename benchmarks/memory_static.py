@@ -114,6 +114,23 @@ class _H200Attention(torch.overrides.TorchFunctionMode):
 
 
 GPU_ATTENTION = False
+_REAL_SELECT_CONV_BACKEND = torch._C._select_conv_backend
+
+
+def _cudnn_conv_backend(input: Any, weight: Any, *args: Any, **kwargs: Any) -> Any:
+    """Fake CUDA tensors on a host without a GPU make fake-tensor propagation pick ``Slow2d`` (or the
+    depthwise kernel) for a convolution, whose output is NCHW; an H200 runs cuDNN, whose output follows
+    a channels-last input or weight. The stride matters: the compiled program copies an extern output
+    whose stride differs from the trace's, so the estimate must trace what the GPU returns."""
+    backend = _REAL_SELECT_CONV_BACKEND(input, weight, *args, **kwargs)
+    if input.device.type == "cuda" and input.dim() == 4:
+        return torch._C._ConvBackend.Cudnn
+    return backend
+
+
+def simulate_cudnn() -> None:
+    """Fake-tensor convolutions on CUDA take cuDNN's memory format (see ``_cudnn_conv_backend``)."""
+    torch._C._select_conv_backend = _cudnn_conv_backend
 
 
 def simulate_gpu_attention_choice() -> None:
@@ -252,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gpu-attention", action="store_true",
                     help="attention picks the fused kernel an H200 would (flash / memory-efficient), not MATH")
     a = ap.parse_args(argv)
+    simulate_cudnn()
     if a.gpu_attention:
         simulate_gpu_attention_choice()
     if a.gpu_shapes:  # fake tensors cost nothing; only capture runs on CPU at that size
