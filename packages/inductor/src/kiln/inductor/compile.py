@@ -27,11 +27,12 @@ from .pipeline import PASSES, CompileState, verify_state
 
 
 def load_wrapper(source: str, files_dir: str, filename: str) -> Any:
-    """Execute wrapper source as a module namespace and return its ``call``."""
+    """Execute wrapper source as a module namespace and return its ``call_owned`` (which empties the
+    list it is given: pass a list of your own)."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     ns: dict[str, Any] = {"FILES_DIR": files_dir, "FILES": {}, "__name__": filename}
     exec(compile(source, filename, "exec"), ns)
-    return ns["call"]
+    return ns["call_owned"]
 
 
 def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
@@ -75,6 +76,8 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
 
     def fn(*args: Any) -> tuple:
         return call(list(args))  # type: ignore[no-any-return]
+    # callers that can hand their references over (kiln.autograd's backward: saved activations)
+    fn.call_owned = call  # type: ignore[attr-defined]
 
     texts = dict(s.texts)
     texts["timings"] = result.timings() + f"\ntotal {1e3 * (time.perf_counter() - t0):.1f} ms"
