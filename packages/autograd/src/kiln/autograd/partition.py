@@ -135,6 +135,11 @@ def _min_cut(s: _Split) -> list[fx.Node]:
         if n in mutated:
             # an input written back after the forward: the backward must not read its old value
             net.add_edge(f"{n.name}_in", f"{n.name}_out")
+        elif isinstance(val, torch.Tensor) and n.op == "placeholder" and val.requires_grad:
+            # a parameter: alive anyway (the module holds it), so saving it costs no memory. Under AMP
+            # the backward then recomputes each weight's bf16 cast instead of keeping it from the
+            # forward (ResNet-50, batch 32: 54 casts, 54 MB less at the backward's start)
+            net.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=0)
         elif isinstance(val, torch.Tensor):
             # bytes first; among equal-byte cuts prefer saving inputs (alive anyway) over new values
             tie = 0 if n.op == "placeholder" else 1
