@@ -101,3 +101,22 @@ def test_portable_training_program_peak_at_most_eagers(tmp_path: Path) -> None:
     for g, w in zip(grads, want):
         assert_close(g, w, atol=1e-5, rtol=1e-4)
     assert kiln_peak <= eager_peak + SLACK, (kiln_peak / ACT, eager_peak / ACT)
+
+
+def test_retain_graph_keeps_the_saved_tensors_for_a_second_backward() -> None:
+    compiled = _compiled()
+    inputs, e_inputs = _inputs(), _inputs()
+    (out,) = compiled(*inputs)
+    loss = out.square().mean()
+    loss.backward(retain_graph=True)
+    loss.backward()  # the saved activations were not handed over: retain_graph
+    e_loss = _eager(e_inputs)[0].square().mean()
+    e_loss.backward(retain_graph=True)
+    e_loss.backward()
+    for p, e in zip(inputs[1:], e_inputs[1:]):
+        assert_close(p.grad, e.grad, atol=1e-5, rtol=1e-4)
+    (out,) = compiled(*inputs)
+    loss = out.square().mean()
+    loss.backward()
+    with pytest.raises(RuntimeError, match="second time"):
+        loss.backward()
