@@ -61,7 +61,7 @@ def _log_graphs(gid: str, joint: JointGraph, parts: Partitioned | None) -> None:
 def aot(gm: fx.GraphModule, example_inputs: Sequence[Any], *, fw_compiler: Compiler,
         bw_compiler: Compiler | None = None, inference_compiler: Compiler | None = None,
         decompositions: Decompositions | None = None,
-        partitioner: PartitionerName = "min_cut", recompute_norms: bool = True) -> CompiledGraph:
+        partitioner: PartitionerName = "min_cut", recompute_norms: bool = KNOBS.recompute_norms) -> CompiledGraph:
     """Compile a torch-dialect graph for training or inference (the standard backend contract).
 
     Traces a joint forward+backward ATen graph when grad mode is on and some input (or lifted

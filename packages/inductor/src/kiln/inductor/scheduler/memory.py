@@ -27,6 +27,12 @@ def _nbytes(layout: Layout) -> object:
     return (layout.dtype, product(layout.shape))
 
 
+def _in_place(target: str) -> bool:
+    """``aten.div_.Scalar`` and the like: ATen's in-place overloads end in an underscore."""
+    parts = target.split(".")
+    return len(parts) >= 2 and parts[1].endswith("_") and (not parts[1].endswith("__") or parts[1].startswith("__i"))
+
+
 def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step]:
     layouts = p.layouts()
     outputs = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
@@ -37,6 +43,10 @@ def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step
             args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs)) + [o.buffer for o in w.outputs])
         for b in used:
             last_use[b] = k
+    # an in-place ATen fallback (bernoulli_, div_) returns its argument's storage under a new name:
+    # the argument's name dies there, its memory does not, so it must never be handed on for reuse
+    aliased = {b for w in works if isinstance(w, ExternKernel) and _in_place(w.target)
+               for b in args_buffers(w.args)}
     pool: dict[object, list[str]] = {}
     steps: list[Step] = []
     for k, w in enumerate(works):
@@ -50,7 +60,7 @@ def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step
                      if last == k and b not in outputs and b not in inputs)
         for b in free:
             key = _nbytes(layouts[b])
-            if key is not None:
+            if key is not None and b not in aliased:
                 pool.setdefault(key, []).append(b)
         steps.append(Step(tuple(allocs), w, free))
     return steps
