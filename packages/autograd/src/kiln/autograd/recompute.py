@@ -22,10 +22,13 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 aten = torch.ops.aten
 # BatchNorm ops whose outputs are (normalized, mean, invstd, ...) -> position of their training flag
-_TRAINING_BN = {
+# (None: always training)
+_TRAINING_BN: dict[Any, int | None] = {
     aten._native_batch_norm_legit_functional.default: 5,  # (x, w, b, rm, rv, training, momentum, eps)
     aten._native_batch_norm_legit.no_stats: 3,  # (x, w, b, training, momentum, eps)
 }
+if hasattr(aten, "_batch_norm_with_update_functional"):  # (x, w, b, rm, rv, momentum, eps)
+    _TRAINING_BN[aten._batch_norm_with_update_functional.default] = None
 
 
 def expose_batch_norm_outputs(gm: fx.GraphModule) -> int:
@@ -33,7 +36,10 @@ def expose_batch_norm_outputs(gm: fx.GraphModule) -> int:
     rewritten = 0
     order = {m: k for k, m in enumerate(gm.graph.nodes)}
     for n in list(gm.graph.nodes):
-        if n.op != "call_function" or n.target not in _TRAINING_BN or n.args[_TRAINING_BN[n.target]] is not True:
+        if n.op != "call_function" or n.target not in _TRAINING_BN:
+            continue
+        flag = _TRAINING_BN[n.target]
+        if flag is not None and n.args[flag] is not True:
             continue
         out = next((u for u in n.users if u.target is operator.getitem and u.args[1] == 0), None)
         x = n.args[0]
