@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,59 +27,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 MB = 2**20
 
 
-@dataclass(slots=True)
-class StaticPeak:
-    inputs: int  # bytes of the graph's inputs (weights and activations), live throughout
-    peak: int  # most bytes of the graph's own buffers live at once
-    at_peak: list[tuple[int, str, str]]  # (bytes, buffer, what wrote it)
-
-    @property
-    def total(self) -> int:
-        return self.inputs + self.peak
-
-
-def _layout_bytes(layout: Any) -> int:
-    """Storage bytes of a layout: the extent its strides reach, times the element size."""
-    shape = [int(s) for s in layout.shape]
-    if any(s == 0 for s in shape):
-        return 0
-    extent = 1 + sum((s - 1) * int(st) for s, st in zip(shape, layout.stride))
-    return (extent + int(layout.offset or 0)) * torch.empty((), dtype=layout.dtype).element_size()
-
-
-def static_peak(scheduled: Any, program: Any) -> StaticPeak:
-    """Walk ``scheduled.steps`` as the generated wrapper does: an allocation that reuses a dead
-    buffer costs nothing, a buffer that will be reused stays live until then (the wrapper keeps it)."""
-    from kiln.inductor.ir import ExternKernel, Kernel
-
-    layouts = program.layouts()
-    inputs = sum(_layout_bytes(layouts[b.name]) for b in program.inputs if b.name in layouts)
-    reused = {a.reuse for st in scheduled.steps for a in st.allocate if a.reuse}
-    live: dict[str, tuple[int, str]] = {}
-    peak, at_peak = 0, []
-    input_names = {b.name for b in program.inputs}
-    for st in scheduled.steps:
-        work = st.work
-        for a in st.allocate:
-            if a.reuse and a.reuse in live:
-                live[a.buffer] = live.pop(a.reuse)
-            elif not a.reuse:
-                live[a.buffer] = (_layout_bytes(a.layout), getattr(work, "name", "?"))
-        if isinstance(work, ExternKernel):
-            for o in work.outputs:
-                if o.buffer not in live and o.buffer not in input_names:
-                    live[o.buffer] = (_layout_bytes(o.layout), f"{work.kind} {work.target}")
-        elif not isinstance(work, Kernel):
-            pass
-        now = sum(n for n, _ in live.values())
-        # (kiln_inductor.mm_padded keeps its workspace inside its own result: nothing to add)
-        if now > peak:
-            peak = now
-            at_peak = sorted(((n, b, w) for b, (n, w) in live.items()), reverse=True)
-        for b in st.free:
-            if b not in reused:
-                live.pop(b, None)
-    return StaticPeak(inputs, peak, at_peak)
+def static_peak(scheduled: Any, program: Any = None) -> Any:
+    """``kiln.inductor.planned_peak`` of one compiled schedule (inputs live throughout)."""
+    from kiln.inductor import planned_peak
+    return planned_peak(scheduled)
 
 
 def _h200_attention(q: Any, k: Any, v: Any, attn_mask: Any = None, dropout_p: float = 0.0, is_causal: bool = False,
@@ -114,6 +64,23 @@ class _H200Attention(torch.overrides.TorchFunctionMode):
 
 
 GPU_ATTENTION = False
+_REAL_SELECT_CONV_BACKEND = torch._C._select_conv_backend
+
+
+def _cudnn_conv_backend(input: Any, weight: Any, *args: Any, **kwargs: Any) -> Any:
+    """Fake CUDA tensors on a host without a GPU make fake-tensor propagation pick ``Slow2d`` (or the
+    depthwise kernel) for a convolution, whose output is NCHW; an H200 runs cuDNN, whose output follows
+    a channels-last input or weight. The stride matters: the compiled program copies an extern output
+    whose stride differs from the trace's, so the estimate must trace what the GPU returns."""
+    backend = _REAL_SELECT_CONV_BACKEND(input, weight, *args, **kwargs)
+    if input.device.type == "cuda" and input.dim() == 4:
+        return torch._C._ConvBackend.Cudnn
+    return backend
+
+
+def simulate_cudnn() -> None:
+    """Fake-tensor convolutions on CUDA take cuDNN's memory format (see ``_cudnn_conv_backend``)."""
+    torch._C._select_conv_backend = _cudnn_conv_backend
 
 
 def simulate_gpu_attention_choice() -> None:
@@ -236,10 +203,161 @@ def probe_static_cuda(name: str, *, small: bool, top: int) -> None:
         print(f"  eager (fake CUDA): failed: {type(exc).__name__}: {str(exc)[:300]}")
     graphs = cross_compile(case)
     for cg in graphs:
-        sp = static_peak(cg.scheduled, cg.loop_program)
-        print(f"  kiln (static)       peak {sp.total / MB:9.1f} MB  (graph inputs {sp.inputs / MB:8.1f}, "
+        sp = static_peak(cg.scheduled)
+        print(f"  kiln (static)       peak {(sp.inputs + sp.peak) / MB:9.1f} MB  (graph inputs {sp.inputs / MB:8.1f}, "
               f"buffers {sp.peak / MB:8.1f})")
         for n, b, w in sp.at_peak[:top]:
+            print(f"    {n / MB:9.2f} MB  {b:<10} {w}")
+
+
+# ---- training: forward + loss + backward under AMP (bf16 autocast), as the GPU suite runs it --------
+
+_CUDA_FP32_OPS = ("layer_norm", "group_norm", "softmax", "log_softmax", "logsumexp", "cumsum", "cross_entropy",
+                  "nll_loss", "mse_loss")
+
+
+class CudaAmpPolicy(torch.overrides.TorchFunctionMode):
+    """CPU autocast with CUDA autocast's float32 list: the training estimate traces on CPU (the autograd
+    engine needs a real device for CUDA tensors, fake or not), where autocast leaves LayerNorm and
+    softmax in bf16; CUDA autocast runs them in float32 (their outputs are fp32, as is what they save)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name not in _CUDA_FP32_OPS or not torch.is_autocast_enabled("cpu"):
+            return func(*args, **kwargs)
+
+        def up(x: Any) -> Any:
+            return x.float() if isinstance(x, torch.Tensor) and x.dtype in (torch.bfloat16, torch.float16) else x
+        with torch.autocast("cpu", enabled=False):
+            return func(*[up(a) for a in args], **{k: up(v) for k, v in kwargs.items()})
+
+
+def _fake_cpu(t: Any, mode: FakeTensorMode, requires_grad: bool = False) -> Any:
+    if not isinstance(t, torch.Tensor):
+        return t
+    with mode:
+        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+    return torch.nn.Parameter(out, requires_grad=True) if requires_grad else out
+
+
+def eager_training_peak(case: Any) -> tuple[int, int, list]:
+    """(bytes before the step, step peak, live at the peak) of eager forward + loss + backward (AMP
+    bf16), on fake tensors (CPU device: see ``CudaAmpPolicy``); gradients start as None."""
+    import copy
+
+    from benchmarks.memory_probe import LiveBytes, _storage_key
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    model = copy.deepcopy(case.model)
+    for mod in model.modules():
+        for k, p in list(mod._parameters.items()):
+            if p is not None:
+                mod._parameters[k] = _fake_cpu(p, mode, requires_grad=p.requires_grad)
+        for k, b in list(mod._buffers.items()):
+            if b is not None:
+                mod._buffers[k] = _fake_cpu(b, mode)
+    args = [_fake_cpu(a, mode) for a in case.args]
+    kwargs = {k: _fake_cpu(v, mode) for k, v in case.kwargs.items()}
+    targets = _fake_cpu(case.targets, mode)
+    held = [t for t in [*model.parameters(), *model.buffers(), *args, *kwargs.values(), targets]
+            if isinstance(t, torch.Tensor)]
+    storages = {_storage_key(t): t.untyped_storage().nbytes() for t in held}
+    probe = LiveBytes(keep_snapshots=True, fake_ok=True, known=set(storages))
+    attention = _H200Attention() if GPU_ATTENTION else contextlib.nullcontext()
+    with mode, probe, attention, torch.autocast("cpu", dtype=torch.bfloat16), CudaAmpPolicy():
+        out = model(*args, **kwargs)
+        loss = case.loss_fn(out, targets)
+        del out
+        loss.backward()
+    return sum(storages.values()), probe.peak, sorted(probe.at_peak, key=lambda e: -e.nbytes)
+
+
+def _cuda_compiler(compiled: list[Any]) -> Any:
+    """A compiler for kiln.autograd's halves: the graph (traced on CPU) is compiled for fake CUDA
+    tensors of the traced shapes, strides and dtypes."""
+    from kiln.inductor import InductorOptions, compile_graph
+
+    def compile_for_cuda(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        mode = FakeTensorMode(allow_non_fake_inputs=True)
+        fakes = [_fake_cuda(v, mode, v.dtype) if isinstance(v, torch.Tensor) else v for v in example_inputs]
+        for n in gm.graph.nodes:  # re-propagated on the CUDA inputs by compile_graph
+            n.meta.pop("val", None)
+        _retarget_devices(gm)
+        cg = compile_graph(gm, fakes, options=InductorOptions())
+        compiled.append(cg)
+        return cg
+    return compile_for_cuda
+
+
+def cross_compile_training(case: Any) -> tuple[Any, list[Any]]:
+    """kiln.autograd + kiln.inductor on ``case``'s captured graph: the joint graph traced on CPU under
+    AMP (``CudaAmpPolicy``), each half compiled for fake CUDA tensors. (partition, [forward, backward])."""
+    from kiln import aot as kaot
+    from kiln import capture
+    from kiln.autograd import aot
+    from kiln.inductor import inductor_decompositions
+
+    mod = case.model
+    fn = type(mod).forward
+    args, kwargs = (mod, *case.args), dict(case.kwargs)
+    captured = capture.capture_graph(fn, args, kwargs)
+    frame = kaot._frame(fn, args, kwargs)
+    inputs = kaot._example_inputs(captured.input_sources, dict(frame.locals), dict(frame.globals))
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [_fake_cpu(t, mode, requires_grad=isinstance(t, torch.Tensor) and t.requires_grad) for t in inputs]
+    compiled: list[Any] = []
+    compiler = _cuda_compiler(compiled)
+    with torch.autocast("cpu", dtype=torch.bfloat16), CudaAmpPolicy():
+        result = aot(captured.gm, fakes, fw_compiler=compiler, bw_compiler=compiler,
+                     decompositions=inductor_decompositions())
+    return result.aot.partitioned, compiled
+
+
+def training_static_peak(parts: Any, fw: Any, bw: Any) -> dict[str, Any]:
+    """Peak of a training step from the two schedules: the forward with its inputs (weights, batch);
+    then the weights, the saved activations (dropped by the backward after their last use) and the
+    backward's buffers (gradients included; they stay as ``.grad``)."""
+    from kiln.inductor import planned_peak
+    from kiln.inductor.ir import TensorRef
+
+    fwp, bwp = fw.loop_program, bw.loop_program
+    fw_inputs = {b.name for b in fwp.inputs}
+    saved_refs = fwp.outputs[len(fwp.outputs) - parts.n_saved:]
+    bw_saved = sorted(bwp.inputs, key=lambda b: b.position)
+    # saved tensors that are (views of) the forward's inputs: parameters, held by the module anyway
+    shared = frozenset(b.name for b, r in zip(bw_saved, saved_refs)
+                       if b.position < parts.n_saved and isinstance(r, TensorRef) and r.buffer in fw_inputs)
+    f = planned_peak(fw.scheduled)
+    b = planned_peak(bw.scheduled, owned_inputs=True, shared_inputs=shared)
+    held = planned_peak(bw.scheduled, owned_inputs=False, shared_inputs=shared)
+    fw_total = f.peak_with_inputs
+    bw_total = f.inputs + b.peak_with_inputs
+    return {"forward": fw_total, "backward": bw_total, "backward_saved_held": f.inputs + held.peak_with_inputs, "total": max(fw_total, bw_total), "weights_inputs": f.inputs,
+            "saved": b.inputs, "fw_at_peak": f.at_peak, "bw_at_peak": b.at_peak}
+
+
+def probe_static_training(name: str, *, small: bool, top: int) -> None:
+    from benchmarks.kiln_bench.models import build_for_mode
+    case = build_for_mode(name, small=small, device=torch.device("cpu"), training=True)
+    print(f"## {name}: training step (AMP bf16), CUDA path, static estimate (batch {case.shape.batch} x "
+          f"{case.shape.size})")
+    base, step, at_peak = eager_training_peak(case)
+    print(f"  eager (fake)        peak {(base + step) / MB:9.1f} MB  (weights+inputs {base / MB:8.1f}, "
+          f"step {step / MB:8.1f})")
+    for e in at_peak[:top]:
+        print(f"    {e.nbytes / MB:9.2f} MB  {str(tuple(e.shape)):<24} {str(e.dtype)[6:]:<9} {e.origin}")
+    parts, graphs = cross_compile_training(case)
+    if len(graphs) != 2:
+        print(f"  kiln: {len(graphs)} compiled graphs (expected forward + backward)")
+        return
+    est = training_static_peak(parts, *graphs)
+    print(f"  kiln (static)       peak {est['total'] / MB:9.1f} MB  (forward {est['forward'] / MB:8.1f}, backward "
+          f"{est['backward'] / MB:8.1f}; weights+inputs {est['weights_inputs'] / MB:8.1f}, saved "
+          f"{est['saved'] / MB:8.1f}, {parts.n_saved} tensors)  kiln / eager {est['total'] / (base + step):.3f}")
+    print(f"  (backward if the saved tensors were held to its end: {est['backward_saved_held'] / MB:9.1f} MB)")
+    for label, rows in (("forward", est["fw_at_peak"]), ("backward", est["bw_at_peak"])):
+        print(f"    at the {label} peak:")
+        for n, b, w in rows[:top]:
             print(f"    {n / MB:9.2f} MB  {b:<10} {w}")
 
 
@@ -251,14 +369,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gpu-shapes", action="store_true", help="the GPU suite's batch and sizes")
     ap.add_argument("--gpu-attention", action="store_true",
                     help="attention picks the fused kernel an H200 would (flash / memory-efficient), not MATH")
+    ap.add_argument("--training", action="store_true", help="forward + loss + backward under AMP bf16")
     a = ap.parse_args(argv)
+    simulate_cudnn()
     if a.gpu_attention:
         simulate_gpu_attention_choice()
     if a.gpu_shapes:  # fake tensors cost nothing; only capture runs on CPU at that size
         from benchmarks.kiln_bench import models
         models.SHAPES[("cpu", False)] = models.SHAPES[("cuda", False)]
+        models.SHAPES[("cpu", True)] = models.SHAPES[("cuda", True)]
     for name in a.models.split(","):
-        probe_static_cuda(name, small=a.small, top=a.top)
+        if a.training:
+            probe_static_training(name, small=a.small, top=a.top)
+        else:
+            probe_static_cuda(name, small=a.small, top=a.top)
 
 
 if __name__ == "__main__":

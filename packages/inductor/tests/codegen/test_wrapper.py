@@ -44,4 +44,4 @@ def test_restride_copies_an_extern_result_into_the_planned_strides():
 
 def test_extern_outputs_go_through_restride():
     cg = check(lambda x, w: F.conv2d(x, w) + 1, _g(2, 4, 8, 8), _g(6, 4, 3, 3))
-    assert "= _restride(" in cg.texts["output_code"].split("def call")[1]
+    assert "= _restride(" in cg.texts["output_code"].split("def call_owned")[1]

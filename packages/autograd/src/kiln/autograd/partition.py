@@ -135,6 +135,11 @@ def _min_cut(s: _Split) -> list[fx.Node]:
         if n in mutated:
             # an input written back after the forward: the backward must not read its old value
             net.add_edge(f"{n.name}_in", f"{n.name}_out")
+        elif isinstance(val, torch.Tensor) and n.op == "placeholder" and val.requires_grad:
+            # a parameter: alive anyway (the module holds it), so saving it costs no memory. Under AMP
+            # the backward then recomputes each weight's bf16 cast instead of keeping it from the
+            # forward (ResNet-50, batch 32: 54 casts, 54 MB less at the backward's start)
+            net.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=0)
         elif isinstance(val, torch.Tensor):
             # bytes first; among equal-byte cuts prefer saving inputs (alive anyway) over new values
             tie = 0 if n.op == "placeholder" else 1
@@ -152,8 +157,20 @@ def _min_cut(s: _Split) -> list[fx.Node]:
     return [n for n in _order(s) if f"{n.name}_in" in reachable and f"{n.name}_out" not in reachable]
 
 
+def _descendants(roots: Iterable[fx.Node], within: set[fx.Node]) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    todo = list(roots)
+    while todo:
+        n = todo.pop()
+        for u in n.users:
+            if u in within and u not in seen:
+                seen.add(u)
+                todo.append(u)
+    return seen
+
+
 def _copy_graph(joint: fx.GraphModule, inputs: list[tuple[fx.Node, str]], outputs: list[fx.Node | None],
-                where: str) -> fx.GraphModule:
+                where: str, lazy_after: list[fx.Node] | None = None) -> fx.GraphModule:
     """A new graph computing ``outputs`` from ``inputs`` (joint nodes that become placeholders)."""
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
@@ -162,13 +179,33 @@ def _copy_graph(joint: fx.GraphModule, inputs: list[tuple[fx.Node, str]], output
         p.meta.update(node.meta)
         env[node] = p
     need = _ancestors([o for o in outputs if o is not None], stop=set(env))
+
+    def emit(root: fx.Node) -> None:
+        """Copy ``root`` after whatever it needs that is not copied yet (iterative post-order)."""
+        stack = [(root, False)]
+        while stack:
+            n, ready = stack.pop()
+            if n in env:
+                continue
+            if n.op == "placeholder":
+                raise AutogradTraceError(f"partitioning bug: the {where} graph needs {n.name}, which it "
+                                         "was not given")
+            if ready:
+                env[n] = g.node_copy(n, lambda x: env[x])
+                continue
+            stack.append((n, True))
+            stack.extend((i, False) for i in reversed(n.all_input_nodes) if i not in env)
+
+    # the nodes that follow from ``lazy_after`` (the tangents) keep the traced order; what is only
+    # recomputed from saved tensors is placed right before its first reader, not all at the start:
+    # every recomputed activation would otherwise be alive from the backward's first step
+    anchored = _descendants(lazy_after, need) if lazy_after else need
     for n in joint.graph.nodes:
-        if n not in need or n in env:
-            continue
-        if n.op == "placeholder":
-            raise AutogradTraceError(f"partitioning bug: the {where} graph needs {n.name}, which it "
-                                     "was not given")
-        env[n] = g.node_copy(n, lambda x: env[x])
+        if n in anchored:
+            emit(n)
+    for n in joint.graph.nodes:
+        if n in need:
+            emit(n)
     g.output(tuple(env[o] if o is not None else None for o in outputs))
     g.eliminate_dead_code()
     return lazy_graph_module(joint, g)  # the compilers read the nodes; code made if it is ever run
@@ -190,6 +227,6 @@ def partition(joint: JointGraph, partitioner: PartitionerName = "min_cut") -> Pa
             raise AutogradTraceError(f"partitioner {partitioner} chose to save non-tensor {n.name}")
     fw = _copy_graph(joint.gm, [(p, str(p.target)) for p in s.primals], [*s.fw_outputs, *saved], "forward")
     bw_inputs = [(n, f"saved_{n.name}") for n in saved] + [(t, str(t.target)) for t in s.tangents]
-    bw = _copy_graph(joint.gm, bw_inputs, s.grads, "backward")
+    bw = _copy_graph(joint.gm, bw_inputs, s.grads, "backward", lazy_after=s.tangents)
     return Partitioned(fw, bw, joint.signature, tuple(n.name for n in saved),
                        sum(tensor_bytes(n.meta["val"]) for n in saved), partitioner)

@@ -3,8 +3,10 @@
 1. trace      run the torch graph on fake tensors under TracingMode: a functional ATen graph,
               joint forward+backward (training) or forward-only (inference / no grad)
 2. verify     the result is in the ``aten`` dialect (KILN_VERIFY=1)
-3. partition  split the joint graph into forward and backward (min-cut or save-all)
-4. verify     both halves are ``aten`` (KILN_VERIFY=1)
+3. recompute  training BatchNorm outputs written as their pointwise expression (recompute.py), so
+              the partitioner may rebuild what follows them in the backward instead of saving it
+4. partition  split the joint graph into forward and backward (min-cut or save-all)
+5. verify     both halves are ``aten`` (KILN_VERIFY=1)
 Compilation of the halves and the run-time wrapper follow in ``aot``.
 """
 
@@ -21,6 +23,7 @@ from kiln.graph import KNOBS, verify
 
 from .joint import JointGraph, module_state_names, trace_inference, trace_joint
 from .partition import Partitioned, PartitionerName, partition
+from .recompute import expose_batch_norm_outputs
 from .tracer import Decompositions
 
 
@@ -29,6 +32,7 @@ class AotOptions:
     partitioner: PartitionerName = "min_cut"
     decompositions: Decompositions | None = None
     verify: bool = KNOBS.verify
+    recompute_norms: bool = True  # min_cut only: see recompute.py
 
 
 def wants_grad(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
@@ -50,6 +54,10 @@ def run_aot_pipeline(gm: fx.GraphModule, example_inputs: Sequence[Any],
         verify(joint.gm, "aten")
     if not joint.joint:
         return joint, None
+    if opts.recompute_norms and opts.partitioner == "min_cut":
+        expose_batch_norm_outputs(joint.gm)
+        if opts.verify:
+            verify(joint.gm, "aten")
     parts = partition(joint, opts.partitioner)
     if opts.verify:
         verify(parts.fw_gm, "aten")

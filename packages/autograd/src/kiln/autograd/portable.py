@@ -92,7 +92,8 @@ def _load_part(source, prefix):
     part_dir = os.path.join(root, prefix) if root else root
     ns = {{"FILES": files, "FILES_DIR": part_dir, "__name__": "kiln_part"}}
     exec(compile(source, "<kiln " + prefix + ">", "exec"), ns)
-    return ns["call"]
+    # call_owned (kiln.inductor's wrappers) takes the list's references over
+    return ns.get("call_owned", ns["call"])
 
 
 _fw = _load_part(FW_SOURCE, "fw/")
@@ -126,8 +127,12 @@ class CompiledFunction(torch.autograd.Function):
         if torch.is_grad_enabled():
             raise RuntimeError("kiln: double backward through a compiled graph is not supported")
         tangents = [g.contiguous() for g, d in zip(grads[:SIG["n_out"]], SIG["diff"]) if d]
+        bw_args = list(ctx.saved_tensors) + tangents
+        del tangents
+        if hasattr(ctx, "maybe_clear_saved_tensors"):  # the backward frees them as it goes
+            ctx.maybe_clear_saved_tensors()
         with _no_autocast():
-            gin = list(_bw(list(ctx.saved_tensors) + tangents))
+            gin = list(_bw(bw_args))
         result = [None] * SIG["n_inputs"]
         for idx, g in zip(SIG["grad_inputs"], gin):
             result[idx] = g
@@ -163,7 +168,7 @@ def call(args):
     n_out = SIG["n_out"]
     if _bw is None:
         with _no_autocast():
-            outs = list(_fw(args))
+            outs = list(_fw(list(args)))
     else:
         outs = list(CompiledFunction.apply(*args))
     return _finish(args, outs[:n_out], outs[n_out:])

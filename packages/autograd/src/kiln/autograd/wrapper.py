@@ -77,6 +77,20 @@ def _write_back(dsts: list[torch.Tensor], news: list[torch.Tensor]) -> None:
             dst.copy_(new)
 
 
+def owned_call(compiled: Any) -> Callable[[list], Any] | None:
+    """The compiled graph's entry that takes the caller's references over (``call_owned(list)``:
+    kiln.inductor's wrappers), or None."""
+    fn = getattr(compiled, "fn", compiled)
+    return getattr(fn, "call_owned", None)
+
+
+def release_saved(ctx: Any) -> None:
+    """Drop ``ctx``'s references to its saved tensors unless the graph is kept (retain_graph)."""
+    clear = getattr(ctx, "maybe_clear_saved_tensors", None)
+    if clear is not None:
+        clear()
+
+
 def make_inference_callable(sig: GraphSignature, compiled: Compiled) -> Callable[..., Any]:
     n_out = sig.n_graph_outputs
 
@@ -98,6 +112,7 @@ def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_sa
     n_out, n_mut = sig.n_graph_outputs, len(sig.mutated_inputs)
     diff = sig.graph_output_differentiable
     grad_inputs = sig.grad_inputs
+    owned = owned_call(bw)
 
     class CompiledBackward(torch.autograd.Function):
         """The compiled backward run with create_graph=True: its results are gradients that can be
@@ -136,6 +151,14 @@ def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_sa
                         for g, (shape, dtype, device) in zip(given, ctx.tangent_meta)]
             if torch.is_grad_enabled():  # create_graph=True: first-order grads, no second order
                 gin = list(CompiledBackward.apply(*ctx.saved_tensors, *tangents))
+            elif owned is not None:
+                # hand the saved activations over: the compiled backward drops each after its last
+                # use, as eager's engine frees a node's saved tensors once it ran (unless retain_graph)
+                bw_args = [*ctx.saved_tensors, *tangents]
+                release_saved(ctx)
+                del tangents, given
+                with autocast_off():
+                    gin = _as_list(owned(bw_args))
             else:
                 with autocast_off():
                     gin = _as_list(bw(*ctx.saved_tensors, *tangents))

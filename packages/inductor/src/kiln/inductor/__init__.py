@@ -13,9 +13,10 @@ from .ir import Kernel, KernelNode, LoopProgram, ScheduledProgram
 from .lowering.lower import LoweringError
 from .lowering.registry import LOWERINGS, lowered_ops
 from .options import InductorOptions
+from .scheduler import PlannedPeak, planned_peak
 
 __all__ = [
     "LOWERINGS", "CompiledKernels", "CppBackend", "CppCompileError", "InductorOptions", "Kernel", "KernelBackend",
-    "KernelNode", "LoopProgram", "LoweringError", "ScheduledProgram", "compile_graph", "inductor_backend", "inductor_decompositions",
-    "lowered_ops", "to_aten", "warm_compile_pool",
+    "KernelNode", "LoopProgram", "LoweringError", "PlannedPeak", "ScheduledProgram", "compile_graph", "inductor_backend",
+    "inductor_decompositions", "lowered_ops", "planned_peak", "to_aten", "warm_compile_pool",
 ]

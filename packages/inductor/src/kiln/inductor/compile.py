@@ -30,16 +30,17 @@ from .pipeline import PASSES, CompileState, verify_state
 
 
 def load_wrapper(source: str, files_dir: str, filename: str, precompiled: bool = False) -> Any:
-    """Execute wrapper source as a module namespace and return its ``call``. ``precompiled``: its
-    Triton kernels (and their launchers) are compiling in the worker pool already, so the wrapper's own
-    precompile on load (``_kiln_precompile``, for wrappers loaded elsewhere) is switched off by its
-    documented knob while it loads: it would compile the same kernels again, here."""
+    """Execute wrapper source as a module namespace and return its ``call_owned`` (which empties the
+    list it is given: pass a list of your own). ``precompiled``: its Triton kernels (and their
+    launchers) are compiling in the worker pool already, so the wrapper's own precompile on load
+    (``_kiln_precompile``, for wrappers loaded elsewhere) is switched off by its documented knob while
+    it loads: it would compile the same kernels again, here."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     ns: dict[str, Any] = {"FILES_DIR": files_dir, "FILES": {}, "__name__": filename}
     code = compile(source, filename, "exec")
     if not precompiled:
         exec(code, ns)
-        return ns["call"]
+        return ns["call_owned"]
     before = os.environ.get(PRECOMPILE_KNOB)
     os.environ[PRECOMPILE_KNOB] = "0"
     try:
@@ -49,13 +50,16 @@ def load_wrapper(source: str, files_dir: str, filename: str, precompiled: bool =
             del os.environ[PRECOMPILE_KNOB]
         else:
             os.environ[PRECOMPILE_KNOB] = before
-    return ns["call"]
+    return ns["call_owned"]
 
 
 PRECOMPILE_KNOB = "KILN_TRITON_PRECOMPILE"  # read by the wrapper's _kiln_precompile (codegen/triton/launcher.py)
 
 
 class _Call:
+    """A compiled graph: ``fn(*args)``, or ``fn.call_owned(list)`` for callers that hand their
+    references over (kiln.autograd's backward: saved activations are freed after their last use)."""
+
     __slots__ = ("call",)
 
     def __init__(self, call: Any) -> None:
@@ -63,6 +67,9 @@ class _Call:
 
     def __call__(self, *args: Any) -> tuple:
         return self.call(list(args))  # type: ignore[no-any-return]
+
+    def call_owned(self, args: list) -> tuple:
+        return self.call(args)  # type: ignore[no-any-return]
 
 
 class _FirstCallWaits:
@@ -75,10 +82,13 @@ class _FirstCallWaits:
         self.call, self.pending = call, pending
 
     def __call__(self, *args: Any) -> tuple:
+        return self.call_owned(list(args))
+
+    def call_owned(self, args: list) -> tuple:
         if self.pending is not None:
             self.pending.wait()
             self.pending = None
-        return self.call(list(args))  # type: ignore[no-any-return]
+        return self.call(args)  # type: ignore[no-any-return]
 
 
 def _nothing() -> None:

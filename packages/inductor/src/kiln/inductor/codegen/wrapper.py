@@ -22,6 +22,7 @@ from ..ir import (
     LoopProgram,
     ScheduledProgram,
     TensorRef,
+    args_buffers,
 )
 from ..padmm import MM_PADDED_SOURCE
 from .common import CompiledKernels
@@ -58,6 +59,17 @@ _DIRECT = {f"aten.{op}.default": f"torch.{op}" for op in ("mm", "addmm", "bmm", 
 # kiln's own ops run as functions the module defines: a saved program needs no kiln import
 _HELPERS = {"kiln_inductor.mm_padded.default": "_mm_padded"}
 _DIRECT.update(_HELPERS)
+
+
+# ``call`` keeps the caller's list as it is; ``call_owned`` takes the caller's references over (it
+# empties the list) and drops each input after its last use
+CALL_OWNED = """
+
+def call(args):
+    return call_owned(list(args))
+
+
+def call_owned(args):"""
 
 
 def _ints(xs: tuple) -> str:
@@ -139,6 +151,26 @@ class WrapperWriter:
             self.lines.append(f"    {buffer} = torch.empty_strided({_ints(layout.shape)}, "
                               f"{_ints(layout.stride)}, dtype={layout.dtype}{self.device_kw})")
 
+    def input_last_uses(self) -> dict[int, list[str]]:
+        """Step index -> graph inputs last read there (-1: never read), which the wrapper unbinds
+        after that step. Only ``call_owned`` callers gain from it: they handed over their references
+        (a backward's saved activations die as it goes, as in eager's autograd engine)."""
+        p = self.p
+        kept = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
+        kept |= {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}  # updated in place
+        last: dict[str, int] = {b.name: -1 for b in p.inputs if b.name not in kept}
+        for k, st in enumerate(self.s.steps):
+            w = st.work
+            used = (list(w.inputs) + list(w.outputs)) if isinstance(w, Kernel) else (
+                args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs)))
+            for b in used:
+                if b in last:
+                    last[b] = k
+        by_step: dict[int, list[str]] = {}
+        for b, k in last.items():
+            by_step.setdefault(k, []).append(b)
+        return by_step
+
     def write(self) -> str:
         p = self.p
         reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
@@ -147,16 +179,20 @@ class WrapperWriter:
             self.lines.append(MM_PADDED_SOURCE)
         if self.kernels.prelude:
             self.lines.append(self.kernels.prelude)
-        self.lines.append("\n\ndef call(args):")
+        self.lines.append(CALL_OWNED)
         names = {b.position: b.name for b in p.inputs}
         unpack = [names.get(k, "_") for k in range(max(names, default=-1) + 1)]
         if unpack:
             self.lines.append(f"    {', '.join(unpack)}{',' if len(unpack) == 1 else ''} = args[:{len(unpack)}]")
+        self.lines.append("    args.clear()")
+        input_dels = self.input_last_uses()
+        if input_dels.get(-1):
+            self.lines.append(f"    del {', '.join(input_dels[-1])}")
         if self.kernels.call_prologue:
             self.lines.append(f"    {self.kernels.call_prologue}")
         if p.seed_buffer:
             self.lines.append(f"    {p.seed_buffer} = torch.randint(0, 2**62, (1,), dtype=torch.int64{self.device_kw})")
-        for st in self.s.steps:
+        for k, st in enumerate(self.s.steps):
             # outputs written over an input the launch still names (Triton takes the tensor as its input
             # and its output pointer; C++ takes it once): both names stay bound through the launch
             launch = self.kernels.launches[st.work.name] if isinstance(st.work, Kernel) else ""
@@ -175,7 +211,7 @@ class WrapperWriter:
                 dead = frozenset(o.buffer for o in st.work.outputs
                                  if o.buffer in st.free and o.buffer not in reused and o.path)
                 self.extern(st.work, dead)
-            dels = [b for b in st.free if b not in reused and b not in dead]
+            dels = [b for b in st.free if b not in reused and b not in dead] + input_dels.get(k, [])
             if dels:
                 self.lines.append(f"    del {', '.join(dels)}")
         outs = []

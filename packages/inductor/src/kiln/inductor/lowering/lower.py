@@ -11,14 +11,15 @@ from torch import fx
 
 from kiln.graph import target_name
 
-from ..ir import ConstArg, InputBuffer, Layout, LoopProgram, Output, as_index
+from ..ir import ConstArg, InputBuffer, Layout, LoopProgram, Output, as_index, is_dense
 from ..layout import channels_last_stride
 from ..options import InductorOptions
 from .common import out_stride
 from .context import LoweringContext, NotLowered
+from .extern import RULES as EXTERN_RULES
 from .extern import extern_call
 from .registry import LOWERINGS
-from .values import Strided, TensorValue, is_tensor
+from .values import Lazy, Strided, TensorValue, is_tensor
 
 
 class LoweringError(Exception):
@@ -101,6 +102,7 @@ def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Indu
             val = lower_node(ctx, node, env)
             if is_tensor(val):
                 val = ctx.maybe_realize(val, len(node.users), _layout_hint(node))
+                val = _share_stored(ctx, node, val)
             env[node] = val
         elif node.op == "output":
             outputs = [_output(ctx, a, env) for a in _flat_outputs(node.args[0])]
@@ -109,6 +111,27 @@ def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Indu
                                 "lift constants and submodules into graph inputs")
     program = LoopProgram(name, tuple(ctx.inputs), tuple(ctx.nodes), tuple(outputs), ctx.seed_buffer)
     return program, ctx.fallbacks
+
+
+def _share_stored(ctx: LoweringContext, node: fx.Node, val: Any) -> Any:
+    """A small pointwise value left lazy for several consumers is realized here when one of them
+    stores it anyway (an extern call's operand, a graph output): the others read that buffer instead
+    of recomputing it. Recomputing would keep every buffer the value reads alive until the last
+    consumer: ResNet-50's block output, relu(bn(conv3) + bn(downsample)), stored for the next
+    convolution and recomputed for the next residual add, held both 49 MB convolution outputs (bf16,
+    batch 32) across the whole next block."""
+    if not isinstance(val, Lazy) or len(node.users) < 2:
+        return val
+    if not any(u.op == "output" or (u.op == "call_function" and target_name(u.target) in EXTERN_RULES)
+               for u in node.users):
+        return val
+    traced = node.meta.get("val")
+    if not isinstance(traced, torch.Tensor) or any(isinstance(s, torch.SymInt) for s in traced.stride()):
+        return val
+    stride = tuple(as_index(s) for s in traced.stride())
+    if not is_dense(val.shape, stride):
+        return val  # an expanded value: the extern stores it once with stride-0 dims (extern.py)
+    return ctx.realize(val, stride)
 
 
 def _layout_hint(node: fx.Node) -> tuple | None:

@@ -7,7 +7,7 @@ from ..options import InductorOptions
 from .dependencies import analyze, eliminate_dead_code
 from .fusion import group_nodes
 from .kernels import build_kernel
-from .memory import plan_memory
+from .memory import PlannedPeak, plan_memory, planned_peak
 
 
 def schedule(p: LoopProgram, options: InductorOptions) -> ScheduledProgram:
@@ -23,4 +23,4 @@ def schedule(p: LoopProgram, options: InductorOptions) -> ScheduledProgram:
     return ScheduledProgram(p, tuple(plan_memory(p, works)))
 
 
-__all__ = ["analyze", "eliminate_dead_code", "group_nodes", "schedule"]
+__all__ = ["PlannedPeak", "analyze", "eliminate_dead_code", "group_nodes", "planned_peak", "schedule"]

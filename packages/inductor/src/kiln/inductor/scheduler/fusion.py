@@ -23,6 +23,7 @@ from ..ir import (
     Reduction,
     index_vars,
     node_reads,
+    product,
     reads,
 )
 from ..options import InductorOptions
@@ -152,14 +153,35 @@ def _candidates(groups: list[Group], by_space: dict[tuple, list[int]], node: Com
     return sorted(found, reverse=True)
 
 
+def _reads_from(g: Group, node: ComputedBuffer) -> bool:
+    """Whether ``node`` reads a value ``g`` computes. A node that does not (horizontal fusion) would
+    be computed, and its buffer allocated, where ``g`` runs: across an extern call in between, that
+    buffer stays alive through the extern's output. In a backward graph the values recomputed from
+    saved tensors (ReLU outputs of ResNet-50, GELU outputs of ViT) were pulled, several into one
+    kernel, far ahead of the convolution/matmul gradients that read them, and all lived at once."""
+    return any(ld.buffer in g.roles for ld in reads(node.data.body))
+
+
+# horizontal fusion may still hoist a small value across an extern call (a weight converted to
+# channels-last joins the previous weight's conversion kernel): one launch less, little memory
+HOIST_MAX_ELEMENTS = 1 << 20
+
+
+def _large(node: ComputedBuffer) -> bool:
+    n = product(node.layout.shape)
+    return not isinstance(n, (int, sympy.Integer)) or int(n) > HOIST_MAX_ELEMENTS
+
+
 def group_nodes(p: LoopProgram, deps: Dependencies, options: InductorOptions) -> list[Group]:
     groups: list[Group] = []
     where: dict[str, int] = {}  # buffer -> group index
     by_space: dict[tuple, list[int]] = {}  # iteration space -> groups over it, in order
+    last_extern = -1  # index of the latest extern group
     for k, node in enumerate(p.nodes):
         if isinstance(node, ExternKernel):
             g = Group((), None, [k], {}, extern=True)
             groups.append(g)
+            last_extern = len(groups) - 1
             for o in node.outputs:
                 where[o.buffer] = len(groups) - 1
             continue
@@ -168,6 +190,8 @@ def group_nodes(p: LoopProgram, deps: Dependencies, options: InductorOptions) ->
         chosen = None
         if options.fuse and isinstance(node.data, (Pointwise, Reduction)):
             for gi in _candidates(groups, by_space, node, earliest):
+                if gi < last_extern and not _reads_from(groups[gi], node) and _large(node):
+                    continue  # see _reads_from
                 r = fits(groups[gi], node, p)
                 if r is not None:
                     chosen = (gi, r)

@@ -3,12 +3,17 @@ reader, and hand a dead buffer's storage to a new buffer of the same size and dt
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
+
 from ..ir import (
     Allocation,
     ExternKernel,
     Kernel,
     Layout,
     LoopProgram,
+    ScheduledProgram,
     Step,
     TensorRef,
     args_buffers,
@@ -22,6 +27,12 @@ def _nbytes(layout: Layout) -> object:
     return (layout.dtype, product(layout.shape))
 
 
+def _in_place(target: str) -> bool:
+    """``aten.div_.Scalar`` and the like: ATen's in-place overloads end in an underscore."""
+    parts = target.split(".")
+    return len(parts) >= 2 and parts[1].endswith("_") and (not parts[1].endswith("__") or parts[1].startswith("__i"))
+
+
 def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step]:
     layouts = p.layouts()
     outputs = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
@@ -32,6 +43,10 @@ def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step
             args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs)) + [o.buffer for o in w.outputs])
         for b in used:
             last_use[b] = k
+    # an in-place ATen fallback (bernoulli_, div_) returns its argument's storage under a new name:
+    # the argument's name dies there, its memory does not, so it must never be handed on for reuse
+    aliased = {b for w in works if isinstance(w, ExternKernel) and _in_place(w.target)
+               for b in args_buffers(w.args)}
     pool: dict[object, list[str]] = {}
     steps: list[Step] = []
     for k, w in enumerate(works):
@@ -45,7 +60,82 @@ def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step
                      if last == k and b not in outputs and b not in inputs)
         for b in free:
             key = _nbytes(layouts[b])
-            if key is not None:
+            if key is not None and b not in aliased:
                 pool.setdefault(key, []).append(b)
         steps.append(Step(tuple(allocs), w, free))
     return steps
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedPeak:
+    """The most bytes a compiled program holds at once, walking its steps as the wrapper runs them."""
+
+    inputs: int  # bytes of the graph's inputs
+    peak: int  # most bytes of the program's own buffers (kernel and extern outputs) live at once
+    peak_with_inputs: int  # most bytes live at once, inputs included (owned inputs die at last use)
+    at_peak: tuple[tuple[int, str, str], ...]  # (bytes, buffer, what wrote it), largest first
+
+
+def layout_bytes(layout: Layout) -> int:
+    """Storage bytes of a layout: the extent its strides reach (plus its offset), times the item size."""
+    shape = [int(s) for s in layout.shape]
+    if any(s == 0 for s in shape):
+        return 0
+    extent = 1 + sum((s - 1) * int(st) for s, st in zip(shape, layout.stride))
+    return (extent + int(layout.offset or 0)) * torch.empty((), dtype=layout.dtype).element_size()
+
+
+def planned_peak(s: ScheduledProgram, owned_inputs: bool = False,
+                 shared_inputs: frozenset[str] = frozenset()) -> PlannedPeak:
+    """Walk ``s.steps`` as the generated wrapper does: an allocation that takes a dead buffer costs
+    nothing, a freed buffer promised to a later allocation stays alive until then, an extern's
+    outputs are new memory. ``owned_inputs``: the caller handed its inputs over (``call_owned``), so
+    each dies after its last use. ``shared_inputs`` are counted elsewhere (a backward's saved
+    parameters: the module holds them). Not counted: temporaries inside extern calls, ``_restride`` copies."""
+    p = s.program
+    assert isinstance(p, LoopProgram)
+    layouts = p.layouts()
+    input_bytes = {b.name: 0 if b.name in shared_inputs else layout_bytes(layouts[b.name])
+                   for b in p.inputs if b.name in layouts}
+    outputs = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
+    reused = {a.reuse for st in s.steps for a in st.allocate if a.reuse}
+    last_input_use: dict[str, int] = {}
+    for k, st in enumerate(s.steps):
+        for b in _used(st.work):
+            if b in input_bytes:
+                last_input_use[b] = k
+    live_inputs = sum(input_bytes.values())
+    if owned_inputs:  # never read: dropped right after unpacking
+        live_inputs -= sum(n for b, n in input_bytes.items() if b not in last_input_use and b not in outputs)
+    live: dict[str, tuple[int, str]] = {}
+    peak = peak_all = 0
+    at_peak: list[tuple[int, str, str]] = []
+    for k, st in enumerate(s.steps):
+        work = st.work
+        for a in st.allocate:
+            if a.reuse and a.reuse in live:
+                live[a.buffer] = live.pop(a.reuse)
+            elif not a.reuse:
+                live[a.buffer] = (layout_bytes(a.layout), work.name)
+        if isinstance(work, ExternKernel):
+            for o in work.outputs:
+                if o.buffer not in live and o.buffer not in input_bytes:
+                    live[o.buffer] = (layout_bytes(o.layout), f"{work.kind} {work.target}")
+        now = sum(n for n, _ in live.values())
+        if now > peak:
+            peak = now
+            at_peak = sorted(((n, b, w) for b, (n, w) in live.items()), reverse=True)
+        peak_all = max(peak_all, now + live_inputs)
+        for b in st.free:
+            if b not in reused:
+                live.pop(b, None)
+        if owned_inputs:
+            live_inputs -= sum(input_bytes[b] for b, last in last_input_use.items()
+                               if last == k and b not in outputs and b not in reused)
+    return PlannedPeak(sum(input_bytes.values()), peak, peak_all, tuple(at_peak))
+
+
+def _used(w: Kernel | ExternKernel) -> list[str]:
+    if isinstance(w, Kernel):
+        return list(w.inputs) + list(w.outputs)
+    return args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs))
