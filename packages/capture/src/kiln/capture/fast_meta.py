@@ -1,0 +1,136 @@
+"""Shape rules: the fake result of a few common torch functions without running their meta kernel.
+
+Why: capture runs every recorded call on fake tensors only to learn its result's metadata (shape,
+strides, dtype, device, requires_grad). For ``batch_norm`` that means torch's Python decomposition
+of ``native_batch_norm`` (~20 fake ops, and the fake-tensor cache misses for each new shape or
+every training-mode call): about 45 % of a full ResNet-50's warm-start capture on CPU. Its output's
+metadata is the input's, which is cheap to produce.
+
+Each rule returns the fake result, or ``None`` to take the ordinary path (running the function on
+fake tensors), which it does for anything it is not sure of: symbolic sizes, layouts other than
+dense contiguous / channels-last, autocast, inference mode, mismatched parameter shapes (so that a
+user error is still raised by torch, with torch's message). A test checks every rule against the
+ordinary path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
+
+FastRule = Callable[[tuple, dict], Any]
+
+
+def _autocast_on() -> bool:
+    for device in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(device):
+                return True
+        except TypeError:  # torch without the device argument (not the versions kiln supports)
+            return True
+    return False
+
+
+def _static_dense(t: Any) -> bool:
+    """A fake tensor with int sizes whose memory is dense in a standard format: every meta kernel
+    and ``empty_like`` agree on its strides."""
+    if type(t) is not FakeTensor or t.is_sparse or t.layout is not torch.strided:
+        return False
+    if any(not isinstance(s, int) for s in t.shape) or any(not isinstance(s, int) for s in t.stride()):
+        return False
+    if t.is_contiguous():
+        return True
+    if t.dim() == 4:
+        return t.is_contiguous(memory_format=torch.channels_last)
+    if t.dim() == 5:
+        return t.is_contiguous(memory_format=torch.channels_last_3d)
+    return False
+
+
+def like_input(x: torch.Tensor, differentiable: tuple[Any, ...]) -> torch.Tensor:
+    """A fresh fake tensor with ``x``'s metadata that requires grad (as a non-leaf) exactly when
+    autograd would make the op's output require grad. Runs under the capture's fake mode."""
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in differentiable)
+    if not needs_grad:
+        return torch.empty_like(x)
+    if x.requires_grad:
+        return x.clone()  # a non-leaf with x's strides (dense: preserve_format keeps them)
+    return torch.empty_like(x).requires_grad_().clone()
+
+
+def _batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any,
+                training: Any, momentum: Any, eps: Any) -> Any:
+    if not (_static_dense(x) and x.dim() >= 2 and x.is_floating_point()):
+        return None
+    if type(training) is not bool or type(eps) not in (int, float) or \
+            (momentum is not None and type(momentum) not in (int, float)):
+        return None
+    if torch.is_inference_mode_enabled() or _autocast_on():
+        return None
+    channels = x.shape[1]
+    for p in (running_mean, running_var, weight, bias):
+        if p is None:
+            continue
+        if type(p) is not FakeTensor or tuple(p.shape) != (channels,) or p.device != x.device:
+            return None  # torch raises the error (or knows the rule) on the ordinary path
+    if (running_mean is None) != (running_var is None) or (not training and running_mean is None):
+        return None
+    if training:
+        per_channel = x.shape[0]
+        for s in x.shape[2:]:
+            per_channel *= s
+        if per_channel == 1 or eps <= 0:
+            return None  # F.batch_norm raises its ValueError on the ordinary path
+    elif eps < 0:
+        return None
+    return like_input(x, (x, weight, bias))
+
+
+def _f_batch_norm(args: tuple, kwargs: dict) -> Any:
+    names = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+    defaults = (None, None, None, None, None, False, 0.1, 1e-5)
+    bound = _bind(names, defaults, 3, args, kwargs)
+    return None if bound is None else _batch_norm(*bound)
+
+
+def _torch_batch_norm(args: tuple, kwargs: dict) -> Any:
+    names = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps",
+             "cudnn_enabled")
+    bound = _bind(names, (None,) * 9, 9, args, kwargs)
+    if bound is None:
+        return None
+    x, weight, bias, mean, var, training, momentum, eps, _ = bound
+    return _batch_norm(x, mean, var, weight, bias, training, momentum, eps)
+
+
+def _bind(names: tuple[str, ...], defaults: tuple, required: int, args: tuple,
+          kwargs: dict) -> list | None:
+    """Arguments by position, or None when the call does not bind plainly (torch then reports it)."""
+    if len(args) > len(names) or any(k not in names for k in kwargs):
+        return None
+    out = list(args) + [kwargs.get(n, d) for n, d in zip(names[len(args):], defaults[len(args):])]
+    if any(n in kwargs for n in names[:len(args)]):
+        return None
+    if len(args) + sum(n in kwargs for n in names[len(args):required]) < required:
+        return None
+    return out
+
+
+# id(torch function) -> its rule. One family per module would be the rule (STYLE.md) once this
+# grows past normalisation layers.
+FAST_META: dict[int, FastRule] = {
+    id(F.batch_norm): _f_batch_norm,
+    id(torch.batch_norm): _torch_batch_norm,
+}
+
+
+def fast_result(fn: Any, args: tuple, kwargs: dict) -> Any:
+    """The fake result of ``fn(*args, **kwargs)`` by its shape rule, or None (no rule applies).
+    Called under the capture's fake mode."""
+    rule = FAST_META.get(id(fn))
+    return None if rule is None else rule(args, kwargs)

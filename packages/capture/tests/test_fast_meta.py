@@ -1,0 +1,113 @@
+"""Shape rules (fast_meta): the same fake results as running the function, and capture uses them."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import kiln.capture as kc
+from kiln.capture.fast_meta import fast_result
+
+from .conftest import assert_same
+
+
+def _meta(t):
+    return (tuple(t.shape), t.stride(), t.dtype, t.device, t.requires_grad, t.is_leaf)
+
+
+CASES = [
+    # (input shape, channels_last, input dtype, param dtype, training, x requires grad, w requires grad)
+    ((2, 3, 5, 5), False, torch.float32, torch.float32, False, False, False),
+    ((2, 3, 5, 5), True, torch.float32, torch.float32, False, False, False),
+    ((2, 3, 5, 5), False, torch.float32, torch.float32, True, True, True),
+    ((2, 3, 5, 5), True, torch.float32, torch.float32, True, False, True),
+    ((2, 3, 5, 5), False, torch.bfloat16, torch.float32, False, False, False),
+    ((2, 3, 5, 5), False, torch.float32, torch.float32, True, True, False),
+    ((4, 3), False, torch.float32, torch.float32, True, False, True),
+    ((2, 3, 7), False, torch.float64, torch.float64, False, False, False),
+    ((2, 3, 2, 3, 4), True, torch.float32, torch.float32, True, True, True),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=str)
+@pytest.mark.parametrize("grad_mode", [True, False])
+def test_batch_norm_rule_matches_running_it(case, grad_mode):
+    shape, channels_last, dtype, pdtype, training, x_grad, w_grad = case
+    mode = FakeTensorMode()
+    x = torch.randn(shape, dtype=dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last if x.dim() == 4 else torch.channels_last_3d)
+    c = shape[1]
+    w, b = torch.randn(c, dtype=pdtype, requires_grad=w_grad), torch.randn(c, dtype=pdtype)
+    rm, rv = torch.zeros(c, dtype=pdtype), torch.ones(c, dtype=pdtype)
+    fx_, fw, fb, frm, frv = (mode.from_tensor(t) for t in (x.requires_grad_(x_grad), w, b, rm, rv))
+    with mode, torch.set_grad_enabled(grad_mode):
+        fast = fast_result(F.batch_norm, (fx_, frm, frv, fw, fb, training, 0.1, 1e-5), {})
+        slow = F.batch_norm(fx_, frm, frv, fw, fb, training, 0.1, 1e-5)
+        fast_t = fast_result(torch.batch_norm, (fx_, fw, fb, frm, frv, training, 0.1, 1e-5, False), {})
+    assert fast is not None and fast_t is not None
+    assert _meta(fast) == _meta(slow) == _meta(fast_t)
+
+
+def test_batch_norm_rule_declines_what_it_is_not_sure_of():
+    mode = FakeTensorMode()
+    x, w = mode.from_tensor(torch.randn(1, 3, 1, 1)), mode.from_tensor(torch.randn(3))
+    wrong = mode.from_tensor(torch.randn(4))
+    strided = mode.from_tensor(torch.randn(2, 3, 4, 8)[..., ::2])
+    with mode:
+        assert fast_result(F.batch_norm, (x, w, w, None, None, True), {}) is None  # 1 value/channel
+        assert fast_result(F.batch_norm, (x, wrong, wrong), {}) is None  # torch reports the mismatch
+        assert fast_result(F.batch_norm, (strided, w, w), {}) is None  # not dense
+        assert fast_result(F.batch_norm, (x, w, w), {"eps": -1.0}) is None
+        assert fast_result(F.batch_norm, (x, w, w), {"bogus": 1}) is None
+        with torch.autocast("cpu"):
+            assert fast_result(F.batch_norm, (x, w, w), {}) is None
+    with mode, torch.inference_mode():
+        assert fast_result(F.batch_norm, (x, w, w), {}) is None
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.bn1d = nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        y = torch.relu_(self.bn(self.conv(x)))  # in place on batch_norm's result: a non-leaf
+        return self.bn1d(y.mean((2, 3))) + y.requires_grad
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_capture_takes_the_shape_rule_and_matches_eager(recorder, monkeypatch, training):
+    calls = []
+    real = torch.batch_norm
+
+    def counting(*args, **kwargs):
+        calls.append(type(args[0]).__name__)
+        return real(*args, **kwargs)
+
+    model, ref = ConvBN().train(training), ConvBN().train(training)
+    ref.load_state_dict(model.state_dict())
+    g = kc.optimize(model, recorder, fullgraph=True)
+    x = torch.randn(2, 3, 6, 6)
+    monkeypatch.setattr(torch, "batch_norm", counting)  # what F.batch_norm calls on the slow path
+    got = g(x)
+    assert "FakeTensor" not in calls, "capture ran batch_norm on fake tensors instead of its shape rule"
+    monkeypatch.undo()
+    want = ref(x)
+    assert_same(got, want)
+    assert_same(model.bn.running_mean, ref.bn.running_mean)
+    assert recorder.count == 1
+    if training:
+        got.sum().backward()
+        want.sum().backward()
+        assert_same(model.conv.weight.grad, ref.conv.weight.grad, atol=1e-4)
+
+
+def test_batch_norm_user_error_still_raised_by_torch(recorder):
+    model = nn.BatchNorm2d(3).train()
+    g = kc.optimize(model, recorder)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        g(torch.randn(1, 3, 1, 1))
