@@ -68,3 +68,29 @@ def test_edited_canonical_manifest_is_refused_or_reverified(tmp_path, edit):
     else:
         with pytest.raises(ArtifactError, match="integrity"):
             load_artifact(tmp_path / "a")
+
+
+LOAD_ONLY = '''
+import sys, torch
+from kiln.runtime import load_compiled_function
+x, w, b = torch.randn(4, 8), torch.randn(16, 8), torch.randn(16)
+out = load_compiled_function(sys.argv[1])(x, w, b)[0]
+assert torch.allclose(out, torch.relu(x @ w.t() + b))
+heavy = sorted(m for m in ("sympy", "kiln.capture", "networkx") if m in sys.modules)
+print("heavy modules:", heavy)
+'''
+
+
+def test_loading_a_static_artifact_imports_neither_sympy_nor_the_compiler(tmp_path):
+    """A deployment process loading a static-shape artifact pays no sympy import (~0.3 s, 20x a
+    small model's first eager call) and no capture stage."""
+    import os
+    import subprocess
+    import sys
+
+    _save(tmp_path / "a.kiln", fmt="zip")
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", LOAD_ONLY, str(tmp_path / "a.kiln")],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "heavy modules: []" in proc.stdout, proc.stdout

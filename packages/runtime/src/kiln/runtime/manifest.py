@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import sympy
 import torch
 
 from kiln.graph import GuardSet, TensorSpec
@@ -98,7 +97,11 @@ def _dim_json(d: object) -> int | str:
 
 
 def _dim_from(d: int | str) -> Any:
-    return d if isinstance(d, int) else sympy.sympify(d)
+    if isinstance(d, int):
+        return d
+    import sympy  # only for symbolic sizes: a ~0.3 s import static artifacts do not pay
+
+    return sympy.sympify(d)
 
 
 @dataclass(frozen=True)
