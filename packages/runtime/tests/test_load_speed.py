@@ -94,3 +94,41 @@ def test_loading_a_static_artifact_imports_neither_sympy_nor_the_compiler(tmp_pa
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "heavy modules: []" in proc.stdout, proc.stdout
+
+
+def test_guard_plan_parses_each_distinct_segment_once(monkeypatch):
+    """Building the check of a module's guards (thousands of sources over a few dozen distinct
+    attribute/subscript segments) runs the segment regex once per distinct segment, not per
+    source; the plan still checks every guard."""
+    from kiln.graph import Guard, GuardSet
+    from kiln.graph import guards_plan
+
+    calls = []
+    real = guards_plan._SEGMENT
+
+    class Counting:
+        def fullmatch(self, s):
+            calls.append(s)
+            return real.fullmatch(s)
+    monkeypatch.setattr(guards_plan, "_SEGMENT", Counting())
+    monkeypatch.setattr(guards_plan, "_GETTERS", {})
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(2, 2, 1)
+    net = torch.nn.Sequential(*[Block() for _ in range(40)])
+    guards = []
+    for i in range(40):
+        base = f"L['net']._modules['{i}']._modules['conv']"
+        guards += [Guard(f"{base}.stride", "EQUALS_MATCH", (1, 1)),
+                   Guard(f"{base}.groups", "EQUALS_MATCH", 1),
+                   Guard(f"{base}.padding_mode", "EQUALS_MATCH", "zeros")]
+    check = GuardSet(tuple(guards)).compile_gather(["L['net']._modules['3']._modules['conv'].weight"])
+    got = check({"net": net}, {})
+    assert got is not None and got[0] is net[3].conv.weight
+    distinct = {"._modules", "['conv']", ".stride", ".groups", ".padding_mode", ".weight"} | {
+        f"['{i}']" for i in range(40)}
+    assert len(calls) <= len(distinct) + 5, f"{len(calls)} regex calls for {len(distinct)} segments"
+    net[7].conv.groups = 2
+    assert check({"net": net}, {}) is None

@@ -87,9 +87,16 @@ def spec_from_json(d: object) -> TensorSpec | int | None:
     if d is None or isinstance(d, int):
         return d
     assert isinstance(d, dict)
-    return TensorSpec(tuple(_dim_from(x) for x in d["shape"]), getattr(torch, d["dtype"]),
-                      torch.device(d["device"]), tuple(_dim_from(x) for x in d["stride"]),
+    shape, stride = d["shape"], d["stride"]
+    static = all(type(x) is int for x in shape) and all(type(x) is int for x in stride)
+    device = _DEVICES.get(d["device"]) or _DEVICES.setdefault(d["device"], torch.device(d["device"]))
+    return TensorSpec(tuple(shape) if static else tuple(_dim_from(x) for x in shape),
+                      getattr(torch, d["dtype"]), device,
+                      tuple(stride) if static else tuple(_dim_from(x) for x in stride),
                       bool(d.get("requires_grad", False)))
+
+
+_DEVICES: dict[str, torch.device] = {}  # a model's hundreds of inputs share one or two devices
 
 
 def _dim_json(d: object) -> int | str:
