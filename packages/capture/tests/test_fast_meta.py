@@ -111,3 +111,67 @@ def test_batch_norm_user_error_still_raised_by_torch(recorder):
     g = kc.optimize(model, recorder)
     with pytest.raises(ValueError, match="more than 1 value per channel"):
         g(torch.randn(1, 3, 1, 1))
+
+
+class Layers(nn.Module):
+    """The same linear / layer_norm / conv shapes in every layer: what the memo is for."""
+
+    def __init__(self):
+        super().__init__()
+        self.lins = nn.ModuleList(nn.Linear(8, 8) for _ in range(4))
+        self.norms = nn.ModuleList(nn.LayerNorm(8) for _ in range(4))
+        self.convs = nn.ModuleList(nn.Conv1d(3, 3, 3, padding=1) for _ in range(3))
+
+    def forward(self, x, s):
+        for lin, norm in zip(self.lins, self.norms):
+            x = F.gelu(norm(lin(x))) + x
+        for conv in self.convs:
+            s = conv(s)
+        return x.sum(-1, keepdim=True) * s.mean()
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_repeated_calls_reuse_the_memoized_fake_result(recorder, monkeypatch, grad):
+    from kiln.capture import torch_ops
+
+    hits = []
+    real = torch_ops.from_memo
+
+    def counting(entry):
+        out = real(entry)
+        hits.append(out)
+        return out
+    monkeypatch.setattr(torch_ops, "from_memo", counting)
+    model, x, s = Layers(), torch.randn(2, 5, 8), torch.randn(2, 3, 6)
+    g = kc.optimize(model, recorder, fullgraph=True)
+    with torch.set_grad_enabled(grad):
+        got, want = g(x, s), model(x, s)
+    # with grad: the first linear and conv read an input that does not require grad (another key)
+    assert len(hits) == (9 if grad else 11), len(hits)
+    assert all(h.requires_grad == grad for h in hits)
+    assert_same(got, want)
+    if grad:
+        got.sum().backward()
+        w1 = model.lins[1].weight.grad.clone()
+        model.zero_grad()
+        model(x, s).sum().backward()
+        assert_same(w1, model.lins[1].weight.grad, atol=1e-4)
+
+
+def test_memo_key_describes_everything_that_decides_the_result():
+    from kiln.capture.fast_meta import memo_key
+
+    mode = FakeTensorMode()
+    x = mode.from_tensor(torch.randn(2, 8))
+    w = mode.from_tensor(torch.randn(4, 8))
+    wg = mode.from_tensor(torch.randn(4, 8).requires_grad_())
+    xt = mode.from_tensor(torch.randn(8, 2)).t()  # same shape, other strides
+    xd = mode.from_tensor(torch.randn(2, 8, dtype=torch.float64))
+    keys = {memo_key(F.linear, (a, b), {}) for a, b in ((x, w), (x, wg), (xt, w), (xd, w))}
+    assert None not in keys and len(keys) == 4
+    with torch.no_grad():
+        assert memo_key(F.linear, (x, wg), {}) not in keys  # grad mode is in the key
+    assert memo_key(F.relu, (x,), {}) is None  # not a memoized function
+    assert memo_key(F.linear, (x, w), {"bias": object()}) is None  # an argument it cannot describe
+    with torch.inference_mode():
+        assert memo_key(F.linear, (x, w), {}) is None

@@ -100,8 +100,7 @@ def test_guard_plan_parses_each_distinct_segment_once(monkeypatch):
     """Building the check of a module's guards (thousands of sources over a few dozen distinct
     attribute/subscript segments) runs the segment regex once per distinct segment, not per
     source; the plan still checks every guard."""
-    from kiln.graph import Guard, GuardSet
-    from kiln.graph import guards_plan
+    from kiln.graph import Guard, GuardSet, guards_plan
 
     calls = []
     real = guards_plan._SEGMENT

@@ -129,6 +129,79 @@ FAST_META: dict[int, FastRule] = {
 }
 
 
+# ---- memoized results ------------------------------------------------------------------------------
+# Functional torch functions whose result is a fresh tensor with metadata fixed by the inputs'
+# metadata and the constant arguments. Why: a transformer runs the same linear / layer_norm / attention
+# on the same shapes in every layer; on fake tensors each call still costs 0.3-0.4 ms (cache hits
+# inside torch's fake mode, for the view/mm/view they decompose into) or several ms (misses).
+MEMO_FUNCTIONS: frozenset[int] = frozenset(id(f) for f in (
+    F.linear, F.conv1d, F.conv2d, F.conv3d, F.layer_norm, F.gelu, torch._C._nn.linear,
+    torch.conv2d, torch.layer_norm))
+# Not attention: its result's strides depend on the kernel torch picks, which an sdpa_kernel block
+# inside the model can change between two calls with the same arguments.
+
+MemoKey = tuple
+MemoEntry = tuple  # (shape, stride, dtype, device, requires_grad) of the result
+
+
+def _arg_key(a: Any) -> Any:
+    """A hashable description of one argument, or ``_NO`` when it cannot be described soundly."""
+    t = type(a)
+    if t is FakeTensor:
+        shape, stride = tuple(a.shape), a.stride()
+        if not all(type(s) is int for s in shape) or not all(type(s) is int for s in stride):
+            return _NO
+        return ("T", shape, stride, a.dtype, a.device, a.requires_grad, a.storage_offset())
+    if t in (int, float, bool, str, type(None)):
+        return (t, a)
+    if t in (tuple, list):
+        items = tuple(_arg_key(x) for x in a)
+        return _NO if _NO in items else (t, items)
+    return _NO
+
+
+_NO = object()
+
+
+def memo_key(fn: Any, args: tuple, kwargs: dict) -> MemoKey | None:
+    """The key of a memoizable call, or None (not in MEMO_FUNCTIONS, symbolic sizes, a value the
+    key cannot describe, inference mode or autocast)."""
+    if id(fn) not in MEMO_FUNCTIONS or torch.is_inference_mode_enabled() or _autocast_on():
+        return None
+    key = [id(fn), torch.is_grad_enabled()]
+    for a in args:
+        k = _arg_key(a)
+        if k is _NO:
+            return None
+        key.append(k)
+    for name in sorted(kwargs):
+        k = _arg_key(kwargs[name])
+        if k is _NO:
+            return None
+        key.append((name, k))
+    return tuple(key)
+
+
+def memo_entry(result: Any) -> MemoEntry | None:
+    if type(result) is not FakeTensor or result.storage_offset() != 0:
+        return None
+    shape, stride = tuple(result.shape), result.stride()
+    if not all(type(s) is int for s in shape) or not all(type(s) is int for s in stride):
+        return None
+    return (shape, stride, result.dtype, result.device, result.requires_grad)
+
+
+def from_memo(entry: MemoEntry) -> Any:
+    """A fresh fake tensor with the memoized metadata (under the capture's fake mode), or None."""
+    shape, stride, dtype, device, requires_grad = entry
+    out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    if requires_grad:
+        out = out.requires_grad_().clone()  # a non-leaf, as the function's own result is
+        if out.stride() != stride:
+            return None
+    return out
+
+
 def fast_result(fn: Any, args: tuple, kwargs: dict) -> Any:
     """The fake result of ``fn(*args, **kwargs)`` by its shape rule, or None (no rule applies).
     Called under the capture's fake mode."""

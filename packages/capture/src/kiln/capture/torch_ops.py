@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import GraphBreak
-from .fast_meta import FAST_META
+from .fast_meta import FAST_META, from_memo, memo_entry, memo_key
 from .semantics import contains_traced
 from .tracer import _has_traced
 
@@ -73,6 +73,20 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
             fast = rule(tuple(args), kwargs)
             return fn(*args, **kwargs) if fast is None else fast
         return tracer.record("call_function", fn, tuple(args), dict(kwargs), run)
+    key = memo_key(fn, tuple(args), kwargs)
+    if key is not None:  # the same call seen before in this capture: its result's metadata again
+        memo = tracer.fake_memo
+
+        def run_memo() -> Any:
+            entry = memo.get(key)
+            out = from_memo(entry) if entry is not None else None
+            if out is None:
+                out = fn(*args, **kwargs)
+                entry = memo_entry(out)
+                if entry is not None:
+                    memo[key] = entry
+            return out
+        return tracer.record("call_function", fn, tuple(args), dict(kwargs), run_memo)
     return tracer.record("call_function", fn, tuple(args), dict(kwargs), lambda: fn(*args, **kwargs))
 
 
