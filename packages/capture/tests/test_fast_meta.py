@@ -146,8 +146,9 @@ def test_repeated_calls_reuse_the_memoized_fake_result(recorder, monkeypatch, gr
     g = kc.optimize(model, recorder, fullgraph=True)
     with torch.set_grad_enabled(grad):
         got, want = g(x, s), model(x, s)
-    # with grad: the first linear and conv read an input that does not require grad (another key)
-    assert len(hits) == (9 if grad else 11), len(hits)
+    # linear and layer_norm take their shape rules; gelu hits 3 times, conv twice (with grad the
+    # first conv reads an input that does not require grad: another key)
+    assert len(hits) == (4 if grad else 5), len(hits)
     assert all(h.requires_grad == grad for h in hits)
     assert_same(got, want)
     if grad:
@@ -175,3 +176,76 @@ def test_memo_key_describes_everything_that_decides_the_result():
     assert memo_key(F.linear, (x, w), {"bias": object()}) is None  # an argument it cannot describe
     with torch.inference_mode():
         assert memo_key(F.linear, (x, w), {}) is None
+
+
+def _fake_input(mode, shape, layout, grad):
+    x = torch.randn(shape)
+    if layout == "permuted":  # ConvNeXt: (N, C, H, W) data read as (N, H, W, C)
+        x = torch.randn(shape[0], shape[-1], *shape[1:-1]).movedim(1, -1)
+    elif layout == "channels_last":
+        x = x.to(memory_format=torch.channels_last)
+    elif layout == "transposed":
+        x = torch.randn(*shape[:-2], shape[-1], shape[-2]).transpose(-1, -2)
+    return mode.from_tensor(x.requires_grad_(grad))
+
+
+LAYOUT_CASES = [((3, 8), "contiguous"), ((8,), "contiguous"), ((2, 4, 8), "contiguous"),
+                ((2, 5, 5, 8), "permuted"), ((2, 3, 4, 8), "channels_last"),
+                ((2, 6, 8), "transposed"), ((0, 8), "contiguous")]
+
+
+@pytest.mark.parametrize("shape,layout", LAYOUT_CASES)
+@pytest.mark.parametrize("x_grad,w_grad,grad_mode", [(False, False, True), (True, False, True),
+                                                     (False, True, True), (True, True, False)])
+def test_linear_and_layer_norm_rules_match_running_them(shape, layout, x_grad, w_grad, grad_mode):
+    mode = FakeTensorMode()
+    x = _fake_input(mode, shape, layout, x_grad)
+    w = mode.from_tensor(torch.randn(16, 8).requires_grad_(w_grad))
+    b = mode.from_tensor(torch.randn(16))
+    g = mode.from_tensor(torch.randn(8).requires_grad_(w_grad))
+    with mode, torch.set_grad_enabled(grad_mode):
+        for fn, args, kwargs in ((F.linear, (x, w, b), {}), (F.linear, (x, w), {}),
+                                 (F.layer_norm, (x, (8,), g, g), {"eps": 1e-6}),
+                                 (F.layer_norm, (x, [8]), {})):
+            fast = fast_result(fn, args, kwargs)
+            assert fast is not None, (fn, shape, layout)
+            assert _meta(fast) == _meta(fn(*args, **kwargs)), (fn.__name__, shape, layout)
+
+
+def test_linear_and_layer_norm_rules_decline_what_torch_must_report():
+    mode = FakeTensorMode()
+    x = mode.from_tensor(torch.randn(3, 8))
+    with mode:
+        assert fast_result(F.linear, (x, mode.from_tensor(torch.randn(4, 7))), {}) is None
+        assert fast_result(F.linear, (x, mode.from_tensor(torch.randn(4, 8, dtype=torch.float64))),
+                           {}) is None
+        assert fast_result(F.linear, (x, mode.from_tensor(torch.randn(4, 8)),
+                                      mode.from_tensor(torch.randn(5))), {}) is None
+        assert fast_result(F.layer_norm, (x, (7,)), {}) is None
+        assert fast_result(F.layer_norm, (x, (8,), mode.from_tensor(torch.randn(7))), {}) is None
+        assert fast_result(F.layer_norm, (x, (2, 3, 8)), {}) is None
+        with torch.autocast("cpu"):
+            assert fast_result(F.linear, (x, mode.from_tensor(torch.randn(4, 8))), {}) is None
+
+
+def test_capture_of_a_convnext_block_with_rules_matches_eager(recorder):
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.dw = nn.Conv2d(8, 8, 3, padding=1, groups=8)
+            self.norm = nn.LayerNorm(8)
+            self.up, self.down = nn.Linear(8, 16), nn.Linear(16, 8)
+
+        def forward(self, x):
+            y = self.norm(self.dw(x).permute(0, 2, 3, 1))
+            return x + self.down(F.gelu(self.up(y))).permute(0, 3, 1, 2)
+
+    model, x = Block(), torch.randn(2, 8, 5, 5)
+    g = kc.optimize(model, recorder, fullgraph=True)
+    got, want = g(x), model(x)
+    assert_same(got, want)
+    got.sum().backward()
+    grad = model.up.weight.grad.clone()
+    model.zero_grad()
+    model(x).sum().backward()
+    assert_same(grad, model.up.weight.grad, atol=1e-4)
