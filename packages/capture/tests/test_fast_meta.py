@@ -172,6 +172,7 @@ def test_memo_key_describes_everything_that_decides_the_result():
     assert None not in keys and len(keys) == 4
     with torch.no_grad():
         assert memo_key(F.linear, (x, wg), {}) not in keys  # grad mode is in the key
+    assert memo_key(torch.addmm, (mode.from_tensor(torch.randn(4)), x, w.t()), {}) is not None
     assert memo_key(F.relu, (x,), {}) is None  # not a memoized function
     assert memo_key(F.linear, (x, w), {"bias": object()}) is None  # an argument it cannot describe
     with torch.inference_mode():

@@ -196,7 +196,8 @@ FAST_META: dict[int, FastRule] = {
 # on the same shapes in every layer; on fake tensors each call still costs 0.3-0.4 ms (cache hits
 # inside torch's fake mode, for the view/mm/view they decompose into) or several ms (misses).
 MEMO_FUNCTIONS: frozenset[int] = frozenset(id(f) for f in (
-    F.linear, F.conv1d, F.conv2d, F.conv3d, F.layer_norm, F.gelu, torch.conv2d, torch.layer_norm))
+    F.linear, F.conv1d, F.conv2d, F.conv3d, F.layer_norm, F.gelu, torch.conv2d, torch.layer_norm,
+    torch.addmm, torch.mm, torch.bmm))  # addmm: HF GPT-2's Conv1D
 # Not attention: its result's strides depend on the kernel torch picks, which an sdpa_kernel block
 # inside the model can change between two calls with the same arguments.
 
