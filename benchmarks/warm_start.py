@@ -50,16 +50,29 @@ def _case(model: str, small: bool, device: str) -> Any:
 
 
 def compile_seconds(*, backend: str, model: str, small: bool, device: str, kiln_backend: str,
-                    tc_backend: str) -> dict[str, Any]:
-    """Child: first call - steady call of the compiled model (caches as the parent set them)."""
+                    tc_backend: str, train: bool = False) -> dict[str, Any]:
+    """Child: first call - steady call of the compiled model (caches as the parent set them).
+    ``train``: the call is a training step (model in train mode, forward + backward of the sum of
+    the outputs), so forward and backward graphs are compiled (or loaded from the cache)."""
     case = _case(model, small, device)
     spec = B.CompileSpec(kiln_backend=kiln_backend, tc_backend=tc_backend)
     lines = _cache_log_lines() if backend == "kiln" else []
     try:
         run = B.compile_fn(backend, case.model, spec)
-        with torch.no_grad():
-            first, _ = M.timed_call(lambda: run(*case.args, **case.kwargs), device)
-            steady = M.median_seconds(lambda: run(*case.args, **case.kwargs), device, 3)
+        if train:
+            case.model.train()
+
+            def step() -> Any:
+                out = run(*case.args, **case.kwargs)
+                loss = sum(t.float().sum() for t in M.flatten_tensors(out) if t.requires_grad)
+                loss.backward()
+                return out
+        else:
+            def step() -> Any:
+                with torch.no_grad():
+                    return run(*case.args, **case.kwargs)
+        first, _ = M.timed_call(step, device)
+        steady = M.median_seconds(step, device, 3)
     except Exception as exc:  # noqa: BLE001
         print(B.error_details(exc))
         return {"error": B.short_error(exc)}
@@ -176,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", type=cli.csv, default=None,
                    help="suite models (default: gpt2 on CPU; gpt2,resnet50 on GPU)")
     p.add_argument("--parts", type=cli.csv, default=["cache", "load"])
+    p.add_argument("--train", action="store_true",
+                   help="cache part: time a training step (forward + backward) instead of inference")
     p.add_argument("--repeat", type=int, default=1,
                    help="fresh processes per measurement (cold/warm pairs, loads); medians are reported")
     p.add_argument("--budget", type=float, default=None,
@@ -262,7 +277,7 @@ def _cold_warm(args: argparse.Namespace, backend: str, model: str, tmp: Path,
     """Cold then warm compile, ``--repeat`` times (each pair with its own new cache folders); the
     medians are reported, with every sample."""
     kw = dict(backend=backend, model=model, kiln_backend=args.kiln_backend,
-              tc_backend=args.tc_backend, **common)
+              tc_backend=args.tc_backend, train=args.train, **common)
     row: dict[str, Any] = {"model": model, "backend": backend}
     samples: dict[str, list[dict[str, Any]]] = {"cold": [], "warm": []}
     for rep in range(max(1, args.repeat)):

@@ -109,3 +109,30 @@ def test_the_captured_graph_is_printed_only_for_debug_dumps(monkeypatch: pytest.
     with torch.no_grad():
         torch.testing.assert_close(kiln.compile(net, backend="aot_eager")(x), net(x))
     assert backends.GRAPH_KNOBS.debug_dir is None and printed == []
+
+
+_LOADER = textwrap.dedent("""
+    import json, sys, torch
+    import kiln
+    fn = kiln.load_compiled_function(sys.argv[1])
+    x = torch.randn(3, 4)
+    ok = torch.allclose(fn(x), torch.relu(x) * 2)
+    print(json.dumps({"ok": ok, "stages": sorted(m for m in ("kiln.api", "kiln.capture", "sympy")
+                                                 if m in sys.modules)}))
+""")
+
+
+def test_kiln_load_compiled_function_imports_only_the_runtime(tmp_path: Path) -> None:
+    """``kiln.load_compiled_function`` is kiln.runtime's loader: a deployment process that loads a
+    saved function does not import capture (nor kiln.api), and a static one not sympy."""
+    def f(x):
+        return torch.relu(x) * 2
+
+    compiled = kiln.compile(f, fullgraph=True, backend="aot_eager").aot_compile(((torch.randn(3, 4),), {}))
+    compiled.save_compiled_function(str(tmp_path / "f.kiln"))
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, "-c", _LOADER, str(tmp_path / "f.kiln")], env=env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["ok"] and out["stages"] == [], out

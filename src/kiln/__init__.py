@@ -16,7 +16,7 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 # Note: the API is loaded on first use (PEP 562), so ``import kiln.runtime`` in a deployment process
 # loads the runtime alone, not the compiler stages behind ``kiln.compile``.
 _API = {
-    "compile": "kiln.api", "explain": "kiln.api", "load_compiled_function": "kiln.api",
+    "compile": "kiln.api", "explain": "kiln.api", "load_compiled_function": "kiln.runtime",
     "mark_dynamic": "kiln.api", "reset": "kiln.api", "list_backends": "kiln.backends",
     "register_backend": "kiln.backends", "set_logs": "kiln.graph",
 }

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import GraphBreak
+from .fast_meta import FAST_META, from_memo, memo_entry, memo_key
 from .semantics import contains_traced
 from .tracer import _has_traced
 
@@ -66,6 +67,26 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
             raise GraphBreak(f"torch.{getattr(fn, '__name__', fn)} failed at capture: {e}") from e
         if not _has_traced(probe):
             return probe
+    rule = FAST_META.get(id(fn))
+    if rule is not None:  # a shape rule instead of the function's meta kernel (None: no shortcut)
+        def run() -> Any:
+            fast = rule(tuple(args), kwargs)
+            return fn(*args, **kwargs) if fast is None else fast
+        return tracer.record("call_function", fn, tuple(args), dict(kwargs), run)
+    key = memo_key(fn, tuple(args), kwargs)
+    if key is not None:  # the same call seen before in this capture: its result's metadata again
+        memo = tracer.fake_memo
+
+        def run_memo() -> Any:
+            entry = memo.get(key)
+            out = from_memo(entry) if entry is not None else None
+            if out is None:
+                out = fn(*args, **kwargs)
+                entry = memo_entry(out)
+                if entry is not None:
+                    memo[key] = entry
+            return out
+        return tracer.record("call_function", fn, tuple(args), dict(kwargs), run_memo)
     return tracer.record("call_function", fn, tuple(args), dict(kwargs), lambda: fn(*args, **kwargs))
 
 

@@ -104,6 +104,7 @@ class Tracer:
         self.mutation_log: list[tuple[Any, Any, bool]] = []  # (copy, contents before, first write)
         ADVANCES.clear()  # interpreted iterators advanced by this capture
         self.last_placeholder: fx.Node | None = None
+        self.fake_memo: dict[tuple, tuple] = {}  # fast_meta: memoized results of repeated calls
         self.location = ""  # the traced instruction as a traceback line, for node metadata
         self.where = ""  # the same as file:line, for guard notes
         self.start_state = global_state()

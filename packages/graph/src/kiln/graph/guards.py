@@ -163,7 +163,12 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+_JSON_SCALARS = frozenset({int, str, bool, float, type(None)})
+
+
 def _hashable(v: Any) -> Any:
+    if type(v) in _JSON_SCALARS:  # most expected values (1,400 guards per mobilenet load)
+        return v
     if isinstance(v, dict) and set(v) == {"tuple"}:
         return tuple(_hashable(x) for x in v["tuple"])
     if isinstance(v, dict) and set(v) == {"dtype"}:

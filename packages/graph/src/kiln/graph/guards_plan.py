@@ -202,7 +202,9 @@ class _Reads:
             return 3
         cut = source.rfind("[") if source[-1] == "]" else source.rfind(".")
         segment = source[cut:]
-        if cut > 0 and _SEGMENT.fullmatch(segment) and source[:cut] != "__import__('sys')":
+        # every key of _GETTERS is a valid segment: skip the regex for the ones seen before
+        if cut > 0 and (segment in _GETTERS or _SEGMENT.fullmatch(segment)) \
+                and source[:cut] != "__import__('sys')":
             parent = self.slot(source[:cut])
             node = self._node(parent, segment, lambda: _getter(segment))
         elif _BARE.fullmatch(source):

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
-from typing import TypeAlias
+from typing import TYPE_CHECKING, TypeAlias
 
-import sympy
 import torch
 
-Dim: TypeAlias = int | sympy.Expr
+if TYPE_CHECKING:
+    import sympy
+
+# Note: sympy is imported only where a size is symbolic. Importing it costs ~0.3 s, which a process
+# that only loads and runs saved artifacts (kiln.runtime) never needs for static shapes.
+Dim: TypeAlias = "int | sympy.Expr"
 
 
 def _dim(d: object) -> Dim:
+    if type(d) is int:
+        return d
     if isinstance(d, torch.SymInt):
+        import sympy
+
         return sympy.sympify(str(d.node.expr)) if hasattr(d, "node") else sympy.Symbol(str(d))
-    if isinstance(d, sympy.Expr):
+    sympy_module = sys.modules.get("sympy")  # no sympy imported: d cannot be a sympy expression
+    if sympy_module is not None and isinstance(d, sympy_module.Expr):
         return d
     return int(d)  # type: ignore[call-overload]
 

@@ -30,10 +30,10 @@ from .manifest import (
     FileRecord,
     InputRecord,
     Manifest,
-    check_schema,
     file_kind,
+    manifest_file_bytes,
     sha256,
-    verify_integrity,
+    verified_manifest,
 )
 from .sources import CallFrame, Param, display_name, normalize, root_of
 from .tensors import tensors_from_bytes, tensors_to_bytes
@@ -72,7 +72,7 @@ class Artifact:
         return out
 
     def manifest_bytes(self) -> bytes:
-        return json.dumps(self.manifest.to_json(), indent=1, sort_keys=True).encode()
+        return manifest_file_bytes(self.manifest.to_json())
 
     def save(self, path: PathOrFile, *, format: str = "auto") -> None:
         """Write to ``path``: a directory (existing dir or trailing '/'), else one zip file."""
@@ -218,12 +218,11 @@ def load_artifact(path: PathOrFile | bytes, *, check_compatibility: bool = True)
     """Read and verify an artifact (schema, integrity, every file's checksum, compatibility)."""
     container = open_container(path)
     where = container.location
+    data = container.read(MANIFEST_NAME)
     try:
-        raw = json.loads(container.read(MANIFEST_NAME))
+        raw = verified_manifest(data)  # schema and integrity
     except ValueError as e:
         raise ArtifactError(f"artifact {where}: manifest.json is not valid JSON ({e})") from e
-    check_schema(raw)
-    verify_integrity(raw)
     manifest = Manifest.from_json(raw)
     files: dict[str, bytes] = {}
     for name, rec in manifest.files.items():

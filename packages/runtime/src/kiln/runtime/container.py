@@ -114,7 +114,7 @@ class Container:
         except FileNotFoundError:
             raise ArtifactError(f"artifact {self.location} is missing file {name!r} listed in its "
                                 "manifest (truncated or incomplete copy?)") from None
-        except (zipfile.BadZipFile, zlib.error, EOFError) as e:
+        except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as e:  # ValueError: bad offsets
             raise ArtifactError(f"artifact {self.location}: file {name!r} is corrupt in the zip "
                                 f"archive ({e})") from e
         except OSError as e:

@@ -12,7 +12,7 @@ Saving (artifact.build_artifact, then Artifact.save):
 Loading (artifact.load_artifact, then loaded.LoadedFunction):
   1. open                     container.open_container    directory or zip; bad zip -> ArtifactError
   2. schema                   manifest.check_schema       format marker, known schema version
-  3. integrity                manifest.verify_integrity   the manifest hash over everything
+  3. integrity                manifest.verified_manifest  the manifest hash over everything (its bytes)
   4. file checksums           artifact.load_artifact      sha256 + size of every listed file
   5. compatibility            checks.check_compatible     kiln/torch/triton versions, device capability
   6. resolve sources          bindings.Resolver           external_data / f_globals / constants

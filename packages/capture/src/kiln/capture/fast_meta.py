@@ -1,0 +1,270 @@
+"""Shape rules: the fake result of a few common torch functions without running their meta kernel.
+
+Why: capture runs every recorded call on fake tensors only to learn its result's metadata (shape,
+strides, dtype, device, requires_grad). For ``batch_norm`` that means torch's Python decomposition
+of ``native_batch_norm`` (~20 fake ops, and the fake-tensor cache misses for each new shape or
+every training-mode call): about 45 % of a full ResNet-50's warm-start capture on CPU. Its output's
+metadata is the input's, which is cheap to produce.
+
+Each rule returns the fake result, or ``None`` to take the ordinary path (running the function on
+fake tensors), which it does for anything it is not sure of: symbolic sizes, layouts other than
+dense contiguous / channels-last, autocast, inference mode, mismatched parameter shapes (so that a
+user error is still raised by torch, with torch's message). A test checks every rule against the
+ordinary path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor
+
+FastRule = Callable[[tuple, dict], Any]
+
+
+def _autocast_on() -> bool:
+    for device in ("cpu", "cuda"):
+        try:
+            if torch.is_autocast_enabled(device):
+                return True
+        except TypeError:  # torch without the device argument (not the versions kiln supports)
+            return True
+    return False
+
+
+def _static_dense(t: Any) -> bool:
+    """A fake tensor with int sizes whose memory is dense in a standard format: every meta kernel
+    and ``empty_like`` agree on its strides."""
+    if type(t) is not FakeTensor or t.is_sparse or t.layout is not torch.strided:
+        return False
+    if any(not isinstance(s, int) for s in t.shape) or any(not isinstance(s, int) for s in t.stride()):
+        return False
+    if t.is_contiguous():
+        return True
+    if t.dim() == 4:
+        return t.is_contiguous(memory_format=torch.channels_last)
+    if t.dim() == 5:
+        return t.is_contiguous(memory_format=torch.channels_last_3d)
+    return False
+
+
+def like_input(x: torch.Tensor, differentiable: tuple[Any, ...]) -> torch.Tensor:
+    """A fresh fake tensor with ``x``'s metadata that requires grad (as a non-leaf) exactly when
+    autograd would make the op's output require grad. Runs under the capture's fake mode."""
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in differentiable)
+    if not needs_grad:
+        return torch.empty_like(x)
+    if x.requires_grad:
+        return x.clone()  # a non-leaf with x's strides (dense: preserve_format keeps them)
+    return torch.empty_like(x).requires_grad_().clone()
+
+
+def fresh_contiguous(shape: tuple[int, ...], x: torch.Tensor, differentiable: tuple[Any, ...]) -> torch.Tensor:
+    """A new contiguous fake tensor of ``shape`` with ``x``'s dtype and device, requiring grad (as
+    a non-leaf) exactly when autograd would make the op's output require grad."""
+    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    if torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for t in differentiable):
+        out = out.requires_grad_().clone()
+    return out
+
+
+def _same_kind(x: Any, *others: Any) -> bool:
+    """Every given tensor a fake tensor with int sizes, on x's device, with x's dtype."""
+    for t in others:
+        if t is None:
+            continue
+        if type(t) is not FakeTensor or t.dtype != x.dtype or t.device != x.device or \
+                any(type(s) is not int for s in t.shape):
+            return False
+    return True
+
+
+def _linear(args: tuple, kwargs: dict) -> Any:
+    """F.linear: the result is contiguous (matmul folds, or copies, the input to 2-D) with shape
+    ``input.shape[:-1] + (out_features,)``; on a channels-last permuted input torch's own fake
+    run takes ~7 ms per call (ConvNeXt)."""
+    bound = _bind(("input", "weight", "bias"), (None, None, None), 2, args, kwargs)
+    if bound is None or torch.is_inference_mode_enabled() or _autocast_on():
+        return None
+    x, w, b = bound
+    if type(x) is not FakeTensor or x.dim() < 1 or not x.is_floating_point() or \
+            any(type(s) is not int for s in x.shape) or not _same_kind(x, w, b):
+        return None
+    if w.dim() != 2 or w.shape[1] != x.shape[-1] or (b is not None and tuple(b.shape) != (w.shape[0],)):
+        return None
+    return fresh_contiguous((*x.shape[:-1], w.shape[0]), x, (x, w, b))
+
+
+def _layer_norm(args: tuple, kwargs: dict) -> Any:
+    """F.layer_norm: the result is contiguous with the input's shape, whatever its layout."""
+    bound = _bind(("input", "normalized_shape", "weight", "bias", "eps"),
+                  (None, None, None, None, 1e-5), 2, args, kwargs)
+    if bound is None or torch.is_inference_mode_enabled() or _autocast_on():
+        return None
+    x, normalized, w, b, eps = bound
+    if type(x) is not FakeTensor or not x.is_floating_point() or type(eps) not in (int, float) or \
+            any(type(s) is not int for s in x.shape) or not _same_kind(x, w, b):
+        return None
+    if isinstance(normalized, int):
+        normalized = (normalized,)
+    if type(normalized) not in (tuple, list, torch.Size) or not normalized or \
+            any(type(n) is not int for n in normalized) or len(normalized) > x.dim() or \
+            tuple(x.shape[x.dim() - len(normalized):]) != tuple(normalized):
+        return None
+    for p in (w, b):
+        if p is not None and tuple(p.shape) != tuple(normalized):
+            return None
+    return fresh_contiguous(tuple(x.shape), x, (x, w, b))
+
+
+def _batch_norm(x: Any, running_mean: Any, running_var: Any, weight: Any, bias: Any,
+                training: Any, momentum: Any, eps: Any) -> Any:
+    if not (_static_dense(x) and x.dim() >= 2 and x.is_floating_point()):
+        return None
+    if type(training) is not bool or type(eps) not in (int, float) or \
+            (momentum is not None and type(momentum) not in (int, float)):
+        return None
+    if torch.is_inference_mode_enabled() or _autocast_on():
+        return None
+    channels = x.shape[1]
+    for p in (running_mean, running_var, weight, bias):
+        if p is None:
+            continue
+        if type(p) is not FakeTensor or tuple(p.shape) != (channels,) or p.device != x.device:
+            return None  # torch raises the error (or knows the rule) on the ordinary path
+    if (running_mean is None) != (running_var is None) or (not training and running_mean is None):
+        return None
+    if training:
+        per_channel = x.shape[0]
+        for s in x.shape[2:]:
+            per_channel *= s
+        if per_channel == 1 or eps <= 0:
+            return None  # F.batch_norm raises its ValueError on the ordinary path
+    elif eps < 0:
+        return None
+    return like_input(x, (x, weight, bias))
+
+
+def _f_batch_norm(args: tuple, kwargs: dict) -> Any:
+    names = ("input", "running_mean", "running_var", "weight", "bias", "training", "momentum", "eps")
+    defaults = (None, None, None, None, None, False, 0.1, 1e-5)
+    bound = _bind(names, defaults, 3, args, kwargs)
+    return None if bound is None else _batch_norm(*bound)
+
+
+def _torch_batch_norm(args: tuple, kwargs: dict) -> Any:
+    names = ("input", "weight", "bias", "running_mean", "running_var", "training", "momentum", "eps",
+             "cudnn_enabled")
+    bound = _bind(names, (None,) * 9, 9, args, kwargs)
+    if bound is None:
+        return None
+    x, weight, bias, mean, var, training, momentum, eps, _ = bound
+    return _batch_norm(x, mean, var, weight, bias, training, momentum, eps)
+
+
+def _bind(names: tuple[str, ...], defaults: tuple, required: int, args: tuple,
+          kwargs: dict) -> list | None:
+    """Arguments by position, or None when the call does not bind plainly (torch then reports it)."""
+    if len(args) > len(names) or any(k not in names for k in kwargs):
+        return None
+    out = list(args) + [kwargs.get(n, d) for n, d in zip(names[len(args):], defaults[len(args):])]
+    if any(n in kwargs for n in names[:len(args)]):
+        return None
+    if len(args) + sum(n in kwargs for n in names[len(args):required]) < required:
+        return None
+    return out
+
+
+# id(torch function) -> its rule. One family per module would be the rule (STYLE.md) once this
+# grows past normalisation layers.
+FAST_META: dict[int, FastRule] = {
+    id(F.batch_norm): _f_batch_norm,
+    id(torch.batch_norm): _torch_batch_norm,
+    id(F.linear): _linear,
+    id(F.layer_norm): _layer_norm,
+}
+
+
+# ---- memoized results ------------------------------------------------------------------------------
+# Functional torch functions whose result is a fresh tensor with metadata fixed by the inputs'
+# metadata and the constant arguments. Why: a transformer runs the same linear / layer_norm / attention
+# on the same shapes in every layer; on fake tensors each call still costs 0.3-0.4 ms (cache hits
+# inside torch's fake mode, for the view/mm/view they decompose into) or several ms (misses).
+MEMO_FUNCTIONS: frozenset[int] = frozenset(id(f) for f in (
+    F.linear, F.conv1d, F.conv2d, F.conv3d, F.layer_norm, F.gelu, torch.conv2d, torch.layer_norm,
+    torch.addmm, torch.mm, torch.bmm))  # addmm: HF GPT-2's Conv1D
+# Not attention: its result's strides depend on the kernel torch picks, which an sdpa_kernel block
+# inside the model can change between two calls with the same arguments.
+
+MemoKey = tuple
+MemoEntry = tuple  # (shape, stride, dtype, device, requires_grad) of the result
+
+
+def _arg_key(a: Any) -> Any:
+    """A hashable description of one argument, or ``_NO`` when it cannot be described soundly."""
+    t = type(a)
+    if t is FakeTensor:
+        shape, stride = tuple(a.shape), a.stride()
+        if not all(type(s) is int for s in shape) or not all(type(s) is int for s in stride):
+            return _NO
+        return ("T", shape, stride, a.dtype, a.device, a.requires_grad, a.storage_offset())
+    if t in (int, float, bool, str, type(None)):
+        return (t, a)
+    if t in (tuple, list):
+        items = tuple(_arg_key(x) for x in a)
+        return _NO if _NO in items else (t, items)
+    return _NO
+
+
+_NO = object()
+
+
+def memo_key(fn: Any, args: tuple, kwargs: dict) -> MemoKey | None:
+    """The key of a memoizable call, or None (not in MEMO_FUNCTIONS, symbolic sizes, a value the
+    key cannot describe, inference mode or autocast)."""
+    if id(fn) not in MEMO_FUNCTIONS or torch.is_inference_mode_enabled() or _autocast_on():
+        return None
+    key = [id(fn), torch.is_grad_enabled()]
+    for a in args:
+        k = _arg_key(a)
+        if k is _NO:
+            return None
+        key.append(k)
+    for name in sorted(kwargs):
+        k = _arg_key(kwargs[name])
+        if k is _NO:
+            return None
+        key.append((name, k))
+    return tuple(key)
+
+
+def memo_entry(result: Any) -> MemoEntry | None:
+    if type(result) is not FakeTensor or result.storage_offset() != 0:
+        return None
+    shape, stride = tuple(result.shape), result.stride()
+    if not all(type(s) is int for s in shape) or not all(type(s) is int for s in stride):
+        return None
+    return (shape, stride, result.dtype, result.device, result.requires_grad)
+
+
+def from_memo(entry: MemoEntry) -> Any:
+    """A fresh fake tensor with the memoized metadata (under the capture's fake mode), or None."""
+    shape, stride, dtype, device, requires_grad = entry
+    out = torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    if requires_grad:
+        out = out.requires_grad_().clone()  # a non-leaf, as the function's own result is
+        if out.stride() != stride:
+            return None
+    return out
+
+
+def fast_result(fn: Any, args: tuple, kwargs: dict) -> Any:
+    """The fake result of ``fn(*args, **kwargs)`` by its shape rule, or None (no rule applies).
+    Called under the capture's fake mode."""
+    rule = FAST_META.get(id(fn))
+    return None if rule is None else rule(args, kwargs)
