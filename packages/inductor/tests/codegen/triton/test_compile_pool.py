@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 import torch
@@ -157,6 +158,27 @@ def test_no_workers_means_in_process_with_a_log(monkeypatch, caplog):
     assert any("KILN_TRITON_COMPILE_WORKERS=0" in r.getMessage() for r in caplog.records)
 
 
+def test_gpu_graph_does_not_wait_for_workers_still_starting(monkeypatch, caplog):
+    """On a GPU host a graph compiled before any worker is ready takes the wrapper's own thread pool
+    (None here) instead of waiting for the workers' imports; once one is ready, jobs are queued."""
+    class Pool:
+        gpu, ready, queued = True, 0, 0
+
+        def submit(self, batch):
+            self.queued += len(batch.jobs)
+            return True
+
+    pool = Pool()
+    monkeypatch.setattr(cp, "compile_pool", lambda: pool)
+    jobs = _jobs("/nowhere.py", "m")
+    with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
+        assert cp.submit(jobs, TARGET, "the first graph") is None
+    assert pool.queued == 0
+    assert any("still starting; the first graph compiles in this process" in r.getMessage() for r in caplog.records)
+    pool.ready = 1
+    assert cp.submit(jobs, TARGET, "a later graph") is not None and pool.queued == len(jobs)
+
+
 def _run_clean(tmp_path, body: str) -> str:
     """Run ``body`` in a fresh process without the interpreter (this process imported triton under
     it, which leaves triton unable to compile here); returns its log output."""
@@ -221,6 +243,9 @@ def test_gpu_first_launches_compile_nothing(tmp_path, monkeypatch):
     p = CompilePool(2, gpu=True)
     assert p.start()
     monkeypatch.setattr(cp, "_POOL", [p])
+    deadline = time.monotonic() + 120  # a graph compiled before a worker is ready compiles in-process
+    while p.ready == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
     g = torch.Generator().manual_seed(1)
     args = [torch.randn(64, 96, generator=g).cuda()] + [torch.randn(96, 96, generator=g).cuda() * 0.1
                                                          for _ in range(3)]

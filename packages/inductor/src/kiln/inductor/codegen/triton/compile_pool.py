@@ -192,6 +192,7 @@ class CompilePool:
         self.gpu = gpu  # this host has the GPU the kernels are for: the first worker builds triton's driver helpers
         self.queue: queue.Queue[tuple[CompileBatch, int] | None] = queue.Queue()
         self.alive = 0
+        self.ready = 0  # workers that finished their imports and take jobs
         self.lock = threading.Lock()
         self.workers: list[_Worker] = []
         self.threads: list[threading.Thread] = []
@@ -235,6 +236,8 @@ class CompilePool:
             if ready is None or ready[0] != "ready":
                 self._not_started(w)
                 return
+            with self.lock:
+                self.ready += 1
             while True:
                 item = self.queue.get()
                 if item is None:
@@ -350,6 +353,13 @@ def submit(jobs: Sequence[TritonJob], target: tuple[str, Any, int], label: str) 
     """Compile ``jobs`` for ``target`` on the pool (returns at once); None when there is no pool."""
     pool = compile_pool()
     if pool is None:
+        return None
+    if pool.gpu and pool.ready == 0:
+        # Waiting for workers that are still importing torch and triton costs more than a small graph's
+        # compile here (H200 suite, inference: ~8.5 s first calls with the wait, ~3-4.5 s compiled in
+        # this process): this graph takes the wrapper's thread pool; later graphs (a training step's
+        # backward, the next model) find the workers ready.
+        log("perf_hints").info("triton: compile workers still starting; %s compiles in this process", label)
         return None
     batch = CompileBatch(jobs, target, label, launchers=pool.gpu)
     if not pool.submit(batch):
