@@ -11,6 +11,9 @@ torch.compile's compile workers, kiln keeps a pool of worker processes (``compil
   once: the forward's kernels compile while the backward is traced, lowered and generated;
 - the compiled graph waits for its batch on its first call (``CompileBatch.wait``); the first launch
   of each kernel then loads the binary from triton's on-disk cache (milliseconds).
+- on a GPU host, a graph compiled before any worker is ready (the first graph of a process, while the
+  workers still import torch and triton) does not wait for them: it compiles in this process, on the
+  wrapper's thread pool, and later graphs go to the workers.
 
 Workers never touch the GPU: they compile for the target the parent names (its device's, or the
 cross-compile target ``KILN_TRITON_CROSS_TARGET=cuda:90`` on a host without one). Where processes
