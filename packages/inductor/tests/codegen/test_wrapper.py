@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import torch
 import torch.nn.functional as F
 from helpers import check
@@ -45,3 +47,27 @@ def test_restride_copies_an_extern_result_into_the_planned_strides():
 def test_extern_outputs_go_through_restride():
     cg = check(lambda x, w: F.conv2d(x, w) + 1, _g(2, 4, 8, 8), _g(6, 4, 3, 3))
     assert "= _restride(" in cg.texts["output_code"].split("def call_owned")[1]
+
+
+def test_single_output_extern_is_restrided_in_its_call_statement():
+    cg = check(lambda x, w: F.conv2d(x, w) + 1, _g(2, 4, 8, 8), _g(6, 4, 3, 3))
+    body = cg.texts["output_code"].split("def call_owned")[1]
+    assert re.search(r"^    buf\d+ = _restride\(torch\.convolution\(.*\), \(2, 6, 6, 6\), \(\d+, \d+, \d+, \d+\)\)  # ",
+                     body, re.M), body
+
+
+def test_cpp_kernels_are_bound_from_one_table():
+    # two kernels with one body (each feeds an extern): the table binds both names to the shared symbol
+    def f(x, w):
+        a = (x * 2).exp() @ w
+        return a, (a * 2).exp() @ w  # ``a`` is an output: the second kernel cannot write over it
+
+    cg = check(f, _g(4, 4), _g(4, 4))
+    code = cg.texts["output_code"]
+    assert ".argtypes" not in code.split("def _bind")[1].split('"""')[0]
+    table = code.split('_bind(_lib, """\n')[1].split('"""')[0].splitlines()
+    rows = [line.split() for line in table]
+    launched = re.findall(r"^    (_k\w+)\(", code.split("def call_owned")[1], re.M)
+    assert sorted(name for name, _, _ in rows) == sorted(launched) and len(launched) == 2
+    assert len({symbol for _, symbol, _ in rows}) == 1, table
+    assert all(int(n) == 2 for _, _, n in rows), table

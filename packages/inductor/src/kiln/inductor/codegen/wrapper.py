@@ -120,7 +120,8 @@ class WrapperWriter:
         return _value(a.value)
 
     def extern(self, e: ExternKernel, dead: frozenset[str] = frozenset()) -> None:
-        """The call, then each used output re-strided to its planned layout. ``dead`` outputs (freed in
+        """The call, then each used output re-strided to its planned layout (one statement for a call
+        with one plain output, the common case: fewer statements to compile at load). ``dead`` outputs (freed in
         the same step: cuDNN attention's logsumexp and philox state in inference) are never bound:
         ATen may return undefined tensors (None) for them."""
         ns, op, overload = e.target.split(".", 2)
@@ -128,7 +129,13 @@ class WrapperWriter:
         target = _DIRECT.get(e.target, f"torch.ops.{ns}.{op}.{overload}")
         res = f"_r_{e.name}" if (len(e.outputs) != 1 or e.outputs[0].path) else e.outputs[0].buffer
         note = e.kind if target.startswith("torch.ops.") else f"{e.kind} {e.target}"
-        self.lines.append(f"    {res} = {target}({', '.join(call_args)})  # {note}")
+        call = f"{target}({', '.join(call_args)})"
+        if not res.startswith("_r_"):  # one plain output: re-strided in the same statement (less to compile)
+            o = e.outputs[0]
+            self.lines.append(f"    {res} = _restride({call}, {_ints(o.layout.shape)}, {_ints(o.layout.stride)})"
+                              f"  # {note}")
+            return
+        self.lines.append(f"    {res} = {call}  # {note}")
         for o in e.outputs:
             if o.buffer in dead and res.startswith("_r_"):
                 continue

@@ -27,6 +27,18 @@ def _load_library(name):
         except (OSError, subprocess.CalledProcessError) as e:
             raise RuntimeError(f"cannot load {{path}} ({{first}}) nor rebuild it from its C++ source ({{e}})") from e
         return ctypes.CDLL(out)
+
+
+def _bind(lib, table):
+    """Binds each kernel's ctypes function as a module global: a line of ``table`` is the launcher's
+    name, its exported symbol (kernels with one body share it) and its number of pointer arguments."""
+    for line in table.splitlines():
+        if line:
+            name, symbol, n_args = line.split()
+            fn = getattr(lib, symbol)
+            fn.argtypes = [ctypes.c_void_p] * int(n_args)
+            fn.restype = None
+            globals()[name] = fn
 '''
 
 
@@ -47,14 +59,15 @@ class CppBackend:
         prelude = [LOADER.format(flags=flags, link=list(options.link_flags)),
                    f"_lib = _load_library({lib_name!r})"]
         launches: dict[str, str] = {}
+        # one string table instead of three statements per kernel: the wrapper's compile() at load
+        # time grows with its statements, and a string constant costs next to nothing to compile
+        table = []
         for k in kernels:
             ins, outs = kernel_params(k)
-            n_args = len(ins) + len(outs)
-            prelude.append(f"_{k.name} = _lib.{symbol[k.name]}")
-            prelude.append(f"_{k.name}.argtypes = [ctypes.c_void_p] * {n_args}")
-            prelude.append(f"_{k.name}.restype = None")
+            table.append(f"_{k.name} {symbol[k.name]} {len(ins) + len(outs)}")
             args = ", ".join(f"{b}.data_ptr()" for b in (*ins, *outs))
             launches[k.name] = f"_{k.name}({args})"
+        prelude.append('_bind(_lib, """\n' + "\n".join(table) + '\n""")')
         files = {lib_name: so.read_bytes(), lib_name.replace(".so", ".cpp"): source.encode()}
         return CompiledKernels(files, "\n".join(prelude), launches, source, str(so.parent), seconds)
 
