@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import linecache
-import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -32,28 +31,14 @@ from .pipeline import PASSES, CompileState, verify_state
 def load_wrapper(source: str, files_dir: str, filename: str, precompiled: bool = False) -> Any:
     """Execute wrapper source as a module namespace and return its ``call_owned`` (which empties the
     list it is given: pass a list of your own). ``precompiled``: its Triton kernels (and their
-    launchers) are compiling in the worker pool already, so the wrapper's own precompile on load
-    (``_kiln_precompile``, for wrappers loaded elsewhere) is switched off by its documented knob while
-    it loads: it would compile the same kernels again, here."""
+    launchers) are compiling in the worker pool already, so the module's own precompile on load
+    (``_kiln_precompile``, for wrappers loaded elsewhere) is told to skip them through a module global:
+    it would compile the same kernels again, here."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    ns: dict[str, Any] = {"FILES_DIR": files_dir, "FILES": {}, "__name__": filename}
-    code = compile(source, filename, "exec")
-    if not precompiled:
-        exec(code, ns)
-        return ns["call_owned"]
-    before = os.environ.get(PRECOMPILE_KNOB)
-    os.environ[PRECOMPILE_KNOB] = "0"
-    try:
-        exec(code, ns)
-    finally:
-        if before is None:
-            del os.environ[PRECOMPILE_KNOB]
-        else:
-            os.environ[PRECOMPILE_KNOB] = before
+    ns: dict[str, Any] = {"FILES_DIR": files_dir, "FILES": {}, "__name__": filename,
+                          "_KILN_COMPILED_AHEAD": precompiled}
+    exec(compile(source, filename, "exec"), ns)
     return ns["call_owned"]
-
-
-PRECOMPILE_KNOB = "KILN_TRITON_PRECOMPILE"  # read by the wrapper's _kiln_precompile (codegen/triton/launcher.py)
 
 
 class _Call:

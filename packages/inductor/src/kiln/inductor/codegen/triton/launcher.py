@@ -145,6 +145,7 @@ def _kiln_precompile(items):
     import triton
     if (len(items) < 2 or os.environ.get("TRITON_INTERPRET", "0") == "1"
             or os.environ.get("KILN_TRITON_PRECOMPILE", "1") == "0"
+            or globals().get("_KILN_COMPILED_AHEAD")  # set by kiln.inductor when the compile workers have them
             or not hasattr(triton, "AsyncCompileMode") or not torch.cuda.is_available()):
         return
     from concurrent.futures import ThreadPoolExecutor
