@@ -51,12 +51,15 @@ def _static_dense(t: Any) -> bool:
     return False
 
 
+def _needs_grad(differentiable: tuple[Any, ...]) -> bool:
+    """Whether autograd would make the op's output require grad."""
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in differentiable)
+
+
 def like_input(x: torch.Tensor, differentiable: tuple[Any, ...]) -> torch.Tensor:
     """A fresh fake tensor with ``x``'s metadata that requires grad (as a non-leaf) exactly when
     autograd would make the op's output require grad. Runs under the capture's fake mode."""
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in differentiable)
-    if not needs_grad:
+    if not _needs_grad(differentiable):
         return torch.empty_like(x)
     if x.requires_grad:
         return x.clone()  # a non-leaf with x's strides (dense: preserve_format keeps them)
@@ -67,8 +70,7 @@ def fresh_contiguous(shape: tuple[int, ...], x: torch.Tensor, differentiable: tu
     """A new contiguous fake tensor of ``shape`` with ``x``'s dtype and device, requiring grad (as
     a non-leaf) exactly when autograd would make the op's output require grad."""
     out = torch.empty(shape, dtype=x.dtype, device=x.device)
-    if torch.is_grad_enabled() and any(
-            isinstance(t, torch.Tensor) and t.requires_grad for t in differentiable):
+    if _needs_grad(differentiable):
         out = out.requires_grad_().clone()
     return out
 

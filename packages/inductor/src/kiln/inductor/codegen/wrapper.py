@@ -158,13 +158,13 @@ class WrapperWriter:
             self.lines.append(f"    {buffer} = torch.empty_strided({_ints(layout.shape)}, "
                               f"{_ints(layout.stride)}, dtype={layout.dtype}{self.device_kw})")
 
-    def input_last_uses(self) -> dict[int, list[str]]:
+    def input_last_uses(self, reused: set[str]) -> dict[int, list[str]]:
         """Step index -> graph inputs last read there (-1: never read), which the wrapper unbinds
         after that step. Only ``call_owned`` callers gain from it: they handed over their references
-        (a backward's saved activations die as it goes, as in eager's autograd engine)."""
+        (a backward's saved activations die as it goes, as in eager's autograd engine). ``reused``
+        buffers are updated in place and stay bound."""
         p = self.p
-        kept = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
-        kept |= {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}  # updated in place
+        kept = {o.buffer for o in p.outputs if isinstance(o, TensorRef)} | reused
         last: dict[str, int] = {b.name: -1 for b in p.inputs if b.name not in kept}
         for k, st in enumerate(self.s.steps):
             w = st.work
@@ -192,7 +192,7 @@ class WrapperWriter:
         if unpack:
             self.lines.append(f"    {', '.join(unpack)}{',' if len(unpack) == 1 else ''} = args[:{len(unpack)}]")
         self.lines.append("    args.clear()")
-        input_dels = self.input_last_uses()
+        input_dels = self.input_last_uses(reused)
         if input_dels.get(-1):
             self.lines.append(f"    del {', '.join(input_dels[-1])}")
         if self.kernels.call_prologue:
