@@ -22,7 +22,7 @@ from ..ir import (
     LoopProgram,
     ScheduledProgram,
     TensorRef,
-    args_buffers,
+    work_buffers,
 )
 from ..padmm import MM_PADDED_SOURCE
 from .common import CompiledKernels
@@ -167,10 +167,7 @@ class WrapperWriter:
         kept = {o.buffer for o in p.outputs if isinstance(o, TensorRef)} | reused
         last: dict[str, int] = {b.name: -1 for b in p.inputs if b.name not in kept}
         for k, st in enumerate(self.s.steps):
-            w = st.work
-            used = (list(w.inputs) + list(w.outputs)) if isinstance(w, Kernel) else (
-                args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs)))
-            for b in used:
+            for b in work_buffers(st.work):
                 if b in last:
                     last[b] = k
         by_step: dict[int, list[str]] = {}

@@ -32,7 +32,7 @@ from .index import (
                    product,
                    strided_index,
 )
-from .kernel import Allocation, Kernel, KernelNode, ScheduledProgram, Step
+from .kernel import Allocation, Kernel, KernelNode, ScheduledProgram, Step, work_buffers
 from .nodes import (
                    REDUCTION_TYPES,
                    Arg,
@@ -65,4 +65,5 @@ __all__ = [
     "as_index", "cast", "children", "contiguous_strides", "is_dense", "format_expr", "index_var", "index_vars",
     "is_static", "map_expr", "node_outputs", "node_reads", "op", "product", "reads", "size",
     "strided_index", "substitute_index", "verify_kernel", "verify_program", "verify_schedule", "walk",
+    "work_buffers",
 ]

@@ -24,7 +24,7 @@ import torch
 
 from .expr import Expr, format_expr
 from .index import IndexExpr, index_str
-from .nodes import ExternKernel, Layout
+from .nodes import ExternKernel, Layout, args_buffers
 
 ROLES = ("full", "outer")
 
@@ -77,6 +77,14 @@ class Allocation:
     buffer: str
     layout: Layout
     reuse: str | None = None  # a dead buffer of identical size/dtype whose storage this one takes
+
+
+def work_buffers(w: Kernel | ExternKernel) -> list[str]:
+    """The buffers a step's work names: a kernel's inputs and outputs, an extern call's tensor arguments
+    (its outputs are new memory, not listed)."""
+    if isinstance(w, Kernel):
+        return list(w.inputs) + list(w.outputs)
+    return args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs))
 
 
 @dataclass(frozen=True, slots=True)

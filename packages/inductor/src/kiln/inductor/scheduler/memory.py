@@ -18,6 +18,7 @@ from ..ir import (
     TensorRef,
     args_buffers,
     product,
+    work_buffers,
 )
 
 
@@ -39,8 +40,7 @@ def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step
     inputs = {b.name for b in p.inputs} | ({p.seed_buffer} if p.seed_buffer else set())
     last_use: dict[str, int] = {}
     for k, w in enumerate(works):
-        used = (list(w.inputs) + list(w.outputs)) if isinstance(w, Kernel) else (
-            args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs)) + [o.buffer for o in w.outputs])
+        used = work_buffers(w) + ([o.buffer for o in w.outputs] if isinstance(w, ExternKernel) else [])
         for b in used:
             last_use[b] = k
     # an in-place ATen fallback (bernoulli_, div_) returns its argument's storage under a new name:
@@ -101,7 +101,7 @@ def planned_peak(s: ScheduledProgram, owned_inputs: bool = False,
     reused = {a.reuse for st in s.steps for a in st.allocate if a.reuse}
     last_input_use: dict[str, int] = {}
     for k, st in enumerate(s.steps):
-        for b in _used(st.work):
+        for b in work_buffers(st.work):
             if b in input_bytes:
                 last_input_use[b] = k
     live_inputs = sum(input_bytes.values())
@@ -135,7 +135,3 @@ def planned_peak(s: ScheduledProgram, owned_inputs: bool = False,
     return PlannedPeak(sum(input_bytes.values()), peak, peak_all, tuple(at_peak))
 
 
-def _used(w: Kernel | ExternKernel) -> list[str]:
-    if isinstance(w, Kernel):
-        return list(w.inputs) + list(w.outputs)
-    return args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs))
