@@ -74,14 +74,17 @@ def _sync(device: torch.device) -> None:
 
 
 def measure(*, backend: str, model: str, mode: str, small: bool, device: str,
-            profile: str | None = None) -> dict[str, Any]:
-    """Child process: cold compile seconds (and kiln's stages) of one (model, mode, backend)."""
+            profile: str | None = None, warm_up: bool = True) -> dict[str, Any]:
+    """Child process: cold compile seconds (and kiln's stages) of one (model, mode, backend).
+    ``warm_up=False``: the model is the process's first compile, as in the suite (one-time imports and
+    kiln's Triton compile workers starting are charged to it)."""
     from benchmarks.kiln_bench.models import build_for_mode
 
     dev, training = torch.device(device), mode == "training"
     result: dict[str, Any] = {"backend": backend, "model": model, "mode": mode}
     try:
-        _warm_up(backend, device)
+        if warm_up:
+            _warm_up(backend, device)
         case = build_for_mode(model, small=small, device=dev, training=training)
         compiled = B.compile_fn(backend, case.model, B.CompileSpec())
         timer = StageTimer(cpu_clock).install() if backend == "kiln" else None
@@ -270,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
                         "kiln's compile workers; stages in wall seconds")
     p.add_argument("--kiln-only", action="store_true", help="measure kiln only (no torch.compile rows)")
     p.add_argument("--profile", default=None, help="folder for cProfile dumps of kiln's first calls")
+    p.add_argument("--first-compile", action="store_true",
+                   help="no warm-up compile: the model is each process's first compile, as in the suite")
     args = cli.finish(p.parse_args(argv), "compile_time")
     args.cross_cuda = args.cross_cuda or bool(args.cross_triton)
     env = cli.child_env(args)
@@ -279,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         for model in args.models:
             jobs = [("benchmarks.compile_time:measure",
                      dict(backend=b, model=model, mode=mode, small=args.small, device=args.device,
-                          profile=args.profile if b == "kiln" else None)) for b in backends]
+                          profile=args.profile if b == "kiln" else None,
+                          warm_up=not args.first_compile)) for b in backends]
             if args.cross_cuda:
                 jobs.append(("benchmarks.compile_time:measure_cross_cuda",
                              dict(model=model, mode=mode, small=args.small, profile=args.profile,
