@@ -158,25 +158,52 @@ def test_no_workers_means_in_process_with_a_log(monkeypatch, caplog):
     assert any("KILN_TRITON_COMPILE_WORKERS=0" in r.getMessage() for r in caplog.records)
 
 
-def test_gpu_graph_does_not_wait_for_workers_still_starting(monkeypatch, caplog):
-    """On a GPU host a graph compiled before any worker is ready takes the wrapper's own thread pool
-    (None here) instead of waiting for the workers' imports; once one is ready, jobs are queued."""
+def test_gpu_graph_queued_while_workers_start_gets_help_from_this_process(monkeypatch, caplog):
+    """On a GPU host a graph submitted before any worker is ready is queued as usual, and this process
+    starts compiling from the queue itself (``help_while_starting``) instead of waiting idle; once a
+    worker is ready, nobody is asked to help."""
     class Pool:
-        gpu, ready, queued = True, 0, 0
+        gpu, ready, queued, helped = True, 0, 0, 0
 
         def submit(self, batch):
             self.queued += len(batch.jobs)
             return True
 
+        def help_while_starting(self):
+            self.helped += 1
+
     pool = Pool()
     monkeypatch.setattr(cp, "compile_pool", lambda: pool)
     jobs = _jobs("/nowhere.py", "m")
     with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
-        assert cp.submit(jobs, TARGET, "the first graph") is None
-    assert pool.queued == 0
-    assert any("still starting; the first graph compiles in this process" in r.getMessage() for r in caplog.records)
+        assert cp.submit(jobs, TARGET, "the first graph") is not None
+    assert (pool.queued, pool.helped) == (len(jobs), 1)
+    assert any("still starting; this process compiles the first graph's kernels" in r.getMessage()
+               for r in caplog.records)
     pool.ready = 1
-    assert cp.submit(jobs, TARGET, "a later graph") is not None and pool.queued == len(jobs)
+    assert cp.submit(jobs, TARGET, "a later graph") is not None
+    assert (pool.queued, pool.helped) == (2 * len(jobs), 1)
+
+
+def test_helpers_compile_the_queue_while_no_worker_is_ready(tmp_path):
+    """The helper threads really compile what is queued (cross-compiled for cuda:90 here) and answer
+    the batch; the cubins land in triton's cache where the first launch looks."""
+    path = _module_file(tmp_path, ADD, "kiln_triton_help")
+    out = _run_clean(tmp_path, f"""
+        import time
+        pool = CompilePool(1)  # never started: no worker will ever be ready
+        pool.alive = 1
+        jobs = [TritonJob({path!r}, "kiln_triton_help", "add", ("float32",) * 3, (("XBLOCK", xb),), 4, 1)
+                for xb in (64, 128, 256)]
+        batch = cp.CompileBatch(jobs, {TARGET!r}, "g")
+        assert pool.submit(batch)
+        pool.help_while_starting()
+        assert batch.done.wait(240), "helpers did not finish"
+        rep = batch.wait()
+        print("REPORT", rep.compiled, rep.failed, pool.helpers)
+    """)
+    assert "REPORT 3 0" in out, out
+    assert len(_kernel_dirs(str(tmp_path / "cache"))) == 3
 
 
 def _run_clean(tmp_path, body: str) -> str:

@@ -11,9 +11,9 @@ torch.compile's compile workers, kiln keeps a pool of worker processes (``compil
   once: the forward's kernels compile while the backward is traced, lowered and generated;
 - the compiled graph waits for its batch on its first call (``CompileBatch.wait``); the first launch
   of each kernel then loads the binary from triton's on-disk cache (milliseconds).
-- on a GPU host, a graph compiled before any worker is ready (the first graph of a process, while the
-  workers still import torch and triton) does not wait for them: it compiles in this process, on the
-  wrapper's thread pool, and later graphs go to the workers.
+- on a GPU host, a graph submitted before any worker is ready (the first graph of a process, while the
+  workers still import torch and triton) does not wait idle for them: two threads of this process
+  compile from the same queue until the first worker is ready, and the workers take the rest.
 
 Workers never touch the GPU: they compile for the target the parent names (its device's, or the
 cross-compile target ``KILN_TRITON_CROSS_TARGET=cuda:90`` on a host without one). Where processes
@@ -44,6 +44,7 @@ from ...knobs import KNOBS
 WORKER_SCRIPT = os.path.join(os.path.dirname(__file__), "compile_worker.py")
 START_TIMEOUT_S = 120.0  # a worker that has not imported torch and triton by then is given up
 JOB_TIMEOUT_S = 300.0  # one compile longer than this: the worker is stopped, the kernel compiles here
+HELPERS = 2  # threads of this process compiling from the queue while no worker is ready (help_while_starting)
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,14 +142,15 @@ class CompileBatch:
         return rep
 
 
-def _compile_here(job: TritonJob, target: tuple[str, Any, int] | None) -> tuple[str, float, str, float]:
+def _compile_here(job: TritonJob, target: tuple[str, Any, int] | None,
+                  launcher: bool = False) -> tuple[str, float, str, float]:
     """In this process: on a GPU with the real driver (``target`` is the device's own), else for ``target``."""
     import torch
 
     from .compile_worker import compile_job
 
     own = target if target is not None and not torch.cuda.is_available() else None
-    return compile_job(job.as_dict(None), own)
+    return compile_job(job.as_dict(None, launcher=launcher and own is None), own)
 
 
 class _Worker:
@@ -202,6 +204,7 @@ class CompilePool:
         self.error = ""
         self.closing = False
         self.pid = os.getpid()
+        self.helpers = 0  # threads of this process taking jobs while no worker is ready
 
     def start(self) -> bool:
         """Start the workers (non-blocking: they import in the background); False if none could."""
@@ -229,6 +232,40 @@ class CompilePool:
             for i in range(len(batch.jobs)):
                 self.queue.put((batch, i))
         return True
+
+    def help_while_starting(self) -> None:
+        """Until a worker is ready, ``HELPERS`` threads of this process take jobs from the same queue.
+
+        The first graph of a process is lowered in 1-3 s while its workers import torch and triton (3-5 s
+        on a 16-core host, all starting at once); waiting for them leaves the GPU host idle, and compiling
+        every kernel on the wrapper's thread pool instead holds the GIL for seconds (triton's front end
+        and passes are Python). Two threads here keep one kernel in ptxas while the other is in Python;
+        the workers take the rest of the queue as they come up."""
+        with self.lock:
+            start = max(0, HELPERS - self.helpers) if self.ready == 0 else 0
+            self.helpers += start
+        for _ in range(start):
+            threading.Thread(target=self._help, name="kiln-triton-compile-here", daemon=True).start()
+
+    def _help(self) -> None:
+        try:
+            while self.ready == 0 and not self.closing:
+                try:
+                    item = self.queue.get_nowait()
+                except queue.Empty:
+                    return
+                if item is None:  # close(): the sentinel is a worker thread's
+                    self.queue.put(None)
+                    return
+                batch, i = item
+                try:
+                    result = _compile_here(batch.jobs[i], batch.target, batch.launchers)
+                except Exception as e:  # noqa: BLE001 - the batch must be answered; its first launch reports it
+                    result = ("failed", 0.0, f"{type(e).__name__}: {e}", 0.0)
+                batch.record(i, result)
+        finally:
+            with self.lock:
+                self.helpers -= 1
 
     def _serve(self, w: _Worker) -> None:
         """Feed ``w`` jobs one at a time until the pool closes or the worker is lost; whatever happens,
@@ -357,18 +394,15 @@ def submit(jobs: Sequence[TritonJob], target: tuple[str, Any, int], label: str) 
     pool = compile_pool()
     if pool is None:
         return None
-    if pool.gpu and pool.ready == 0:
-        # Waiting for workers that are still importing torch and triton costs more than a small graph's
-        # compile here (H200 suite, inference: ~8.5 s first calls with the wait, ~3-4.5 s compiled in
-        # this process): this graph takes the wrapper's thread pool; later graphs (a training step's
-        # backward, the next model) find the workers ready.
-        log("perf_hints").info("triton: compile workers still starting; %s compiles in this process", label)
-        return None
     batch = CompileBatch(jobs, target, label, launchers=pool.gpu)
     if not pool.submit(batch):
         log("perf_hints").warning("triton: the compile workers are gone (%s); %s compiles in this process",
                                   pool.error or "they exited", label)
         return None
+    if pool.gpu and pool.ready == 0:
+        log("perf_hints").info("triton: compile workers still starting; this process compiles %s's kernels "
+                               "with them until they are ready", label)
+        pool.help_while_starting()
     return batch
 
 

@@ -24,6 +24,7 @@ import importlib.util
 import json
 import os
 import sys
+import threading
 import time
 import types
 from collections.abc import Iterator
@@ -53,33 +54,53 @@ class TargetOnlyDriver:
                              "(only compiling is possible here)")
 
 
+# In the parent, several threads compile at once (compile_pool's helpers): the driver swap below is
+# process-global, so the first thread in sets it and the last one out restores it; a module is
+# imported by one thread while the others wait (a half-executed module has no kernels yet).
+_LOCK = threading.Lock()
+_DRIVER_USERS: list[Any] = []  # [previous driver, users] while a target driver is active
+
+
 @contextlib.contextmanager
 def target_driver(target: tuple[str, Any, int]) -> Iterator[None]:
     """triton's active driver is a ``TargetOnlyDriver`` for ``target`` (backend, arch, warp size) inside."""
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
 
-    previous = getattr(driver, "_active", None)
-    driver.set_active(TargetOnlyDriver(GPUTarget(*target)))
+    with _LOCK:
+        if _DRIVER_USERS:
+            _DRIVER_USERS[1] += 1
+        else:
+            _DRIVER_USERS[:] = [getattr(driver, "_active", None), 1]
+            driver.set_active(TargetOnlyDriver(GPUTarget(*target)))
     try:
         yield
     finally:
-        driver._active = previous  # None: the default driver is made again when next asked for
+        with _LOCK:
+            _DRIVER_USERS[1] -= 1
+            if _DRIVER_USERS[1] == 0:
+                driver._active = _DRIVER_USERS[0]  # None: the default driver is made again when next asked for
+                _DRIVER_USERS.clear()
 
 
 def load_module(path: str, name: str) -> types.ModuleType:
     """The generated kernel module at ``path``, imported once under the parent's module name."""
-    if name in sys.modules and getattr(sys.modules[name], "__file__", None) == path:
-        return sys.modules[name]
-    if name in _MODULES:
-        return _MODULES[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    _MODULES[name] = module
-    return module
+    with _LOCK:
+        if name in sys.modules and getattr(sys.modules[name], "__file__", None) == path:
+            return sys.modules[name]
+        if name in _MODULES:
+            return _MODULES[name]
+        spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None, path
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        try:
+            spec.loader.exec_module(module)
+        except BaseException:
+            del sys.modules[name]
+            raise
+        _MODULES[name] = module
+        return module
 
 
 def build_launcher(kernel: Any) -> None:
