@@ -148,3 +148,35 @@ def test_gpu_artifact_ships_binaries_and_loads_without_compiling(tmp_path: Path)
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert shipped, "the artifact carries no Triton binaries"
+    import triton
+    if tuple(int(p) for p in triton.__version__.split(".")[:2]) <= (3, 6):  # per-signature C launchers
+        assert any(n.endswith(".so") for n in shipped), shipped
+
+
+def test_launcher_modules_triton_built_are_shipped_and_installed(tmp_path, monkeypatch):
+    """triton <= 3.6 builds a C launcher per kernel signature (and its driver helpers) into its cache
+    with gcc; the artifact carries those .so files under the same cache key, and a load puts them back
+    (a new machine then runs no host compiler). Files outside triton's cache are not shipped."""
+    import types
+
+    from kiln.runtime import triton_binaries as tb
+
+    cache = tmp_path / "cache"
+    so = cache / "abc123" / "__triton_launcher.cpython-3x.so"
+    so.parent.mkdir(parents=True)
+    so.write_bytes(b"\x7fELF launcher")
+    monkeypatch.setattr(tb, "triton_cache_dir", lambda: cache)
+    module = types.SimpleNamespace(__file__=str(so))
+    launch = types.SimpleNamespace(__self__=module)  # a builtin's __self__ is its module
+    owner = types.SimpleNamespace(launch=launch)
+    files = tb._host_module_files(owner, "launch")
+    assert files == {"triton/abc123/__triton_launcher.cpython-3x.so": b"\x7fELF launcher"}
+    elsewhere = types.SimpleNamespace(launch=types.SimpleNamespace(
+        __self__=types.SimpleNamespace(__file__=str(tmp_path / "pkg" / "x.so"))))
+    assert tb._host_module_files(elsewhere, "launch") == {}
+    assert tb._host_module_files(types.SimpleNamespace(launch=len), "launch") == {}  # no file: nothing
+
+    target = tmp_path / "other"
+    assert tb.install_triton_binaries(files, cache_dir=target) == 1
+    assert (target / "abc123" / "__triton_launcher.cpython-3x.so").read_bytes() == b"\x7fELF launcher"
+    assert tb.install_triton_binaries(files, cache_dir=target) == 1  # already there: kept

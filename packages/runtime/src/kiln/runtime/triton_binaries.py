@@ -8,7 +8,8 @@ instead of compiling it — and a folder that does not fit is simply never looke
 
 ``collect_triton_binaries(program_source)`` finds the kernel modules the program's wrappers loaded
 (each ``_TRITON_SOURCE`` text, nested sources included), and returns every compiled kernel's cache
-folder as artifact files ``triton/<key>/<file>`` (kind ``triton_binary``). ``install_triton_binaries``
+folder as artifact files ``triton/<key>/<file>`` (kind ``triton_binary``), with the C launchers and driver helpers triton <= 3.6 builds for them with
+the host compiler (a new machine would otherwise run gcc once per kernel signature at first launch). ``install_triton_binaries``
 writes them into this process's Triton cache when the artifact was built for this GPU capability and
 triton release (``checks.usable_files`` drops them otherwise, with a log line: Triton then rebuilds
 from the sources the wrapper carries). We use only Triton's on-disk layout and public attributes of
@@ -25,6 +26,7 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -100,7 +102,53 @@ def collect_triton_binaries(program_source: str, modules: Mapping[str, Any] | No
         for fn in _jit_functions(module):
             for kernel in _compiled_kernels(fn):
                 files.update(_kernel_files(kernel))
+                state = getattr(kernel, "__dict__", {})  # not ``kernel.run``: on an unlaunched kernel
+                files.update(_host_module_files(state.get("_run") or state.get("run"), "launch"))  # it builds
+    if files:
+        files.update(_driver_utils_files())
     return files
+
+
+def _host_module_files(owner: Any, attr: str) -> dict[str, bytes]:
+    """The C extension triton built with the host compiler for ``owner`` (triton <= 3.6 builds a launcher
+    per kernel signature, and its CUDA driver helpers, with gcc: 0.25-0.35 s each on a new machine), as
+    ``triton/<key>/<name>.so`` -- the folder ``compile_module_from_src`` looks in. Its file name carries
+    the Python ABI (``EXT_SUFFIX``) and its key the launcher source and platform, so a process that does
+    not fit never looks it up. Nothing for tritons that launch through one generic module."""
+    fn = getattr(owner, attr, None)
+    path = getattr(getattr(fn, "__self__", None), "__file__", None)
+    if not isinstance(path, str) or not path.endswith(".so"):
+        return {}
+    p = Path(path)
+    try:
+        if p.parent.parent.resolve() != triton_cache_dir().resolve():
+            return {}  # not in triton's cache (a launcher of the installed package): nothing to ship
+        return {f"{PREFIX}{p.parent.name}/{p.name}": p.read_bytes()}
+    except OSError:
+        return {}
+
+
+def _driver_utils_files() -> dict[str, bytes]:
+    """triton's CUDA driver helpers module, when this process made the driver (it launched kernels)."""
+    with contextlib.suppress(Exception):
+        from triton.runtime import driver
+
+        active = getattr(driver, "_active", None)  # never make a driver here (a CPU host has none)
+        utils = getattr(active, "utils", None)
+        if utils is not None:
+            return _host_module_files(utils, "load_binary")
+    return {}
+
+
+def prime_triton_key() -> None:
+    """Start triton's one-time hash of its own sources and library (0.4-0.5 s at the first cache lookup
+    of a process) on a background thread: hashlib releases the GIL, so it overlaps the rest of a load."""
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            from triton.runtime.cache import triton_key
+
+            triton_key()
+    threading.Thread(target=run, name="kiln-triton-key", daemon=True).start()
 
 
 def _kernel_files(kernel: Any) -> dict[str, bytes]:
@@ -149,7 +197,8 @@ def install_triton_binaries(files: Mapping[str, bytes], where: str = "<artifact>
     installed = 0
     for key, entries in folders.items():
         target = root / key
-        if target.is_dir() and any(n.startswith("__grp__") for n in os.listdir(target)):
+        if target.is_dir() and (any(n.startswith("__grp__") for n in os.listdir(target))
+                                or all((target / n).is_file() for n in entries)):
             installed += 1
             continue
         try:
