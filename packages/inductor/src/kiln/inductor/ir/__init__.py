@@ -25,6 +25,7 @@ from .index import (
                    ModIndex,
                    as_index,
                    contiguous_strides,
+                   fold_divmod,
                    index_var,
                    index_vars,
                    is_dense,
