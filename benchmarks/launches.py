@@ -104,11 +104,20 @@ def classify_extern(e: Any) -> list[Launch]:
     args = ", ".join(_arg_text(a) for a in e.args if not (hasattr(a, "value") and a.value is None))
     if e.target != "kiln_inductor.mm_padded.default":
         return [Launch(e.kind, e.target, args, 0)]
-    from kiln.inductor.padmm import mm_padded_plan
-
     a, b, m, block = e.args[1], e.args[2], e.args[3].value, e.args[4].value
     n, align = int(b.shape[1]), max(1, 16 // a.dtype.itemsize)
     out: list[Launch] = []
+    try:
+        from kiln.inductor.padmm import mm_padded_plan
+    except ImportError:  # kiln before 2026-11-22 14:30: blocks of ``block`` columns, a strided copy each
+        bw = min(block, n - n % align)
+        head = (m - -(-m * bw // (n + bw))) // align * align if bw > 0 else 0
+        for c in range(-(-n // bw) if head > 0 else 0):
+            out.append(Launch("extern", "aten.mm (mm_padded)", f"rows 0:{head}, column block {c}", 0))
+            out.append(Launch("aten copy", "copy_ (mm_padded)", f"column block {c} into place", head * bw))
+        if head < m:
+            out.append(Launch("extern", "aten.mm (mm_padded)", f"rows {head}:{m} unaligned", 0))
+        return out
     for r, h, start in mm_padded_plan(m, n, align, block):
         out.append(Launch("extern", "aten.mm (mm_padded)", f"rows {r}:{r + h}" + (" unaligned" if start < 0 else ""), 0))
         if start >= 0:
@@ -157,11 +166,12 @@ def gpu_attention(backend: str) -> Any:
     real_choice, fused, available = A._real_choice, A.fused_attention, torch.cuda.is_available
 
     def choice(a: dict[str, Any], dense_mask: bool = False) -> int:
-        if a["attn_mask"] is None and a["is_causal"] is False and backend == "efficient":
-            return int(SDPBackend.FLASH_ATTENTION)
-        if a["attn_mask"] is not None and wanted == SDPBackend.FLASH_ATTENTION:
-            return int(SDPBackend.EFFICIENT_ATTENTION)
-        return int(wanted)
+        mask = a["attn_mask"]
+        if mask is None:
+            return int(SDPBackend.FLASH_ATTENTION if backend == "efficient" else wanted)
+        if not dense_mask and any(st == 0 for st, n in zip(mask.stride(), mask.shape) if n > 1):
+            return int(SDPBackend.MATH)  # an expanded (stride-0) mask: no fused kernel takes it (BERT's)
+        return int(SDPBackend.EFFICIENT_ATTENTION if wanted == SDPBackend.FLASH_ATTENTION else wanted)
 
     def fused_attention(args: Any, kwargs: Any) -> Any:
         a = A._bind(args, kwargs)
