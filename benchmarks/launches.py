@@ -119,7 +119,8 @@ def classify_extern(e: Any) -> list[Launch]:
             out.append(Launch("extern", "aten.mm (mm_padded)", f"rows {head}:{m} unaligned", 0))
         return out
     for r, h, start in mm_padded_plan(m, n, align, block):
-        out.append(Launch("extern", "aten.mm (mm_padded)", f"rows {r}:{r + h}" + (" unaligned" if start < 0 else ""), 0))
+        tail = " unaligned" if start < 0 and n % align else ""
+        out.append(Launch("extern", "aten.mm (mm_padded)", f"rows {r}:{r + h}{tail}", 0))
         if start >= 0:
             out.append(Launch("aten copy", "copy_ (mm_padded)", f"rows {r}:{r + h} into place", h * n))
     return out

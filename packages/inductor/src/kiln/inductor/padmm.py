@@ -136,17 +136,52 @@ def _padding(node: fx.Node, devices: tuple[str, ...], min_macs: int, min_dim: in
     return padded if padded != (m, n, k) else None  # type: ignore[return-value]
 
 
-def _pad(g: fx.Graph, x: Any, rows: int, cols: int) -> Any:
+def _transposed_source(x: Any) -> Any:
+    """The 2-D node ``x`` transposes (``t``, ``permute [1, 0]``, ``transpose 0 1``), else None."""
+    if not isinstance(x, fx.Node) or x.op != "call_function" or not x.args:
+        return None
+    src = x.args[0]
+    v = _val(src)
+    if v is None or v.dim() != 2:
+        return None
+    if x.target is aten.t.default or (x.target is aten.permute.default and list(x.args[1]) == [1, 0]) or (
+            x.target is aten.transpose.int and sorted(int(d) % 2 for d in x.args[1:3]) == [0, 1]):
+        return src
+    return None
+
+
+def _pad(g: fx.Graph, x: Any, rows: int, cols: int, made: dict[tuple, fx.Node]) -> Any:
     """``x`` (2-D) zero-padded by ``rows``/``cols``; a transposed operand is padded in its own memory
-    order, so the padded copy keeps the layout cuBLAS was given."""
+    order, so the padded copy keeps the layout cuBLAS was given. ``made`` shares pads of one tensor:
+    a backward pads GPT-2's logits gradient ``g`` for ``g @ W`` (K) and ``g.t() @ h`` (M), the same
+    padded rows of ``g`` both times (411 MB copied twice per step before)."""
     if not rows and not cols:
         return x
     v = _val(x)
     if v is not None and v.stride(0) == 1 and v.shape[0] > 1:
-        xt = g.call_function(aten.permute.default, (x, [1, 0]))
-        padded = g.call_function(aten.constant_pad_nd.default, (xt, [0, rows, 0, cols]))
-        return g.call_function(aten.permute.default, (padded, [1, 0]))
-    return g.call_function(aten.constant_pad_nd.default, (x, [0, cols, 0, rows]))
+        src = _transposed_source(x)
+        key = ("t", _same_value(src if src is not None else x), rows, cols)
+        if key not in made:
+            xt = src if src is not None else g.call_function(aten.permute.default, (x, [1, 0]))
+            made[key] = _padded(g, xt, cols, rows, made)
+        return g.call_function(aten.permute.default, (made[key], [1, 0]))
+    return _padded(g, x, rows, cols, made)
+
+
+def _same_value(x: Any) -> Any:
+    """A key equal for two view nodes of one tensor with the same arguments (a backward views its
+    3-D logits gradient as [B*L, V] once per matmul)."""
+    if isinstance(x, fx.Node) and x.op == "call_function" and x.target in (aten.view.default, aten._unsafe_view.default,
+                                                                            aten.reshape.default) and not x.kwargs:
+        return (x.target, _same_value(x.args[0]), tuple(x.args[1]))
+    return x
+
+
+def _padded(g: fx.Graph, x: Any, rows: int, cols: int, made: dict[tuple, fx.Node]) -> fx.Node:
+    key = ("pad", _same_value(x), rows, cols)
+    if key not in made:
+        made[key] = g.call_function(aten.constant_pad_nd.default, (x, [0, cols, 0, rows]))
+    return made[key]
 
 
 def _pad_bias(g: fx.Graph, bias: Any, m: int, n: int, mp: int, np_: int) -> Any:
@@ -160,19 +195,20 @@ def _pad_bias(g: fx.Graph, bias: Any, m: int, n: int, mp: int, np_: int) -> Any:
     return g.call_function(aten.constant_pad_nd.default, (bias, [0, cols, 0, rows])) if cols or rows else bias
 
 
-def _rewrite(g: fx.Graph, node: fx.Node, sizes: tuple[int, int, int], block: int) -> fx.Node:
+def _rewrite(g: fx.Graph, node: fx.Node, sizes: tuple[int, int, int], block: int,
+             made: dict[tuple, fx.Node]) -> fx.Node:
     """The nodes computing ``node`` on padded operands (inserted before it); returns the result."""
     mp, np_, kp = sizes
     a, b = node.args[-2], node.args[-1]
     (m, k), n = _val(a).shape, _val(b).shape[1]  # type: ignore[union-attr]
     addmm = node.target is aten.addmm.default
-    ap = _pad(g, a, mp - m, kp - k)
+    ap = _pad(g, a, mp - m, kp - k, made)
     if any(u.op == "output" or u.target in _VIEWS for u in node.users):
         # eager's contiguous layout without whole padded copies (the module doc says why): N is
         # aligned block by block inside mm_padded, so only M and K are padded here
         bias = _pad_bias(g, node.args[0], m, n, mp, n) if addmm else None
-        return g.call_function(MM_PADDED, (bias, ap, _pad(g, b, kp - k, 0), m, block))
-    bp = _pad(g, b, kp - k, np_ - n)
+        return g.call_function(MM_PADDED, (bias, ap, _pad(g, b, kp - k, 0, made), m, block))
+    bp = _pad(g, b, kp - k, np_ - n, made)
     if addmm:
         out = g.call_function(aten.addmm.default, (_pad_bias(g, node.args[0], m, n, mp, np_), ap, bp))
     else:
@@ -190,12 +226,13 @@ def pad_misaligned_matmuls(gm: fx.GraphModule, *, devices: tuple[str, ...] = ("c
     ``meta['val']``: the caller re-propagates metadata."""
     g = gm.graph
     count = 0
+    made: dict[tuple, fx.Node] = {}  # pads shared between matmuls (``_pad``)
     for node in list(g.nodes):
         sizes = _padding(node, devices, min_macs, min_dim)
         if sizes is None:
             continue
         with g.inserting_before(node):
-            out = _rewrite(g, node, sizes, block)
+            out = _rewrite(g, node, sizes, block, made)
         node.replace_all_uses_with(out)
         g.erase_node(node)
         count += 1
