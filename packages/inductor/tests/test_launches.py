@@ -183,3 +183,19 @@ def test_mm_padded_with_bias_adds_it_in_the_copy() -> None:
         got = mm_padded_blocks(bias, a, w.t(), 200, 8)
     assert_close(got, torch.addmm(bias, a, w.t()))
     assert "copy_" not in counter.ops and "add" in counter.ops  # the bias rides on the chunk's copy
+
+
+def test_autocast_layer_norm_feeding_a_matmul_is_one_kernel() -> None:
+    """Under autocast the matmul reads ``view(ln).to(bf16)``: the cast of a reshape is the reshape of
+    the cast, stored in the LayerNorm's own iteration space (GPT-2 training: 25 kernels less a step)."""
+    torch.manual_seed(0)
+
+    def f(x, w, b, lw, lb):
+        y = F.layer_norm(x, (16,), lw, lb)
+        return torch.addmm(b.bfloat16(), y.view(-1, 16).bfloat16(), w.bfloat16()), y.sum()
+    args = (torch.randn(2, 8, 16), torch.randn(16, 24), torch.randn(24), torch.randn(16), torch.randn(16))
+    cg = check(f, *args, atol=1e-4)
+    row_kernels = [k for k in cg.scheduled.kernels() if k.inner]
+    ln = next(k for k in row_kernels if "native_layer_norm" in k.name)
+    assert any(n.dtype == torch.bfloat16 and n.store for n in ln.nodes), cg.texts["ir_post_fusion"]
+    assert len(cg.scheduled.kernels()) == 4, cg.texts["ir_post_fusion"]  # LN+cast, bias, weight, sum
