@@ -24,7 +24,6 @@ from ..ir import (
     ListArg,
     Load,
     as_index,
-    contiguous_strides,
     index_vars,
     substitute_index,
     walk,
@@ -32,7 +31,6 @@ from ..ir import (
 from .common import Rule
 from .context import LoweringContext, NotLowered
 from .values import Lazy, Strided, TensorValue, is_tensor
-from .views import view_strides
 
 RULES: dict[str, Rule] = {}
 
@@ -53,10 +51,6 @@ def to_arg(ctx: LoweringContext, a: Any, like: Any = None) -> Arg:
             small = _realize_broadcast(ctx, a, stride)
             if small is not None:
                 return small.ref()
-        if isinstance(a, Lazy) and a.view_of is not None:
-            view = _realize_reshaped(ctx, a, stride)
-            if view is not None:
-                return view.ref()
         return ctx.realize(a, stride).ref()
     if isinstance(a, (list, tuple)):
         likes = like if isinstance(like, (list, tuple)) and len(like) == len(a) else [None] * len(a)
@@ -66,33 +60,6 @@ def to_arg(ctx: LoweringContext, a: Any, like: Any = None) -> Arg:
     if isinstance(a, fx.Node):
         raise NotLowered(f"argument {a.name} has no lowered value")
     return ConstArg(a)
-
-
-def _realize_reshaped(ctx: LoweringContext, a: Lazy, stride: tuple | None) -> Strided | None:
-    """A reshaped lazy value (``a.view_of``) stored in its source's shape, contiguous, and passed as the
-    free view of that buffer, when that view has the layout the extern is to get. The same bytes as
-    storing ``a`` itself, but the loop runs over the source's iteration space: a LayerNorm's normalised
-    output ([B, L, C]) joins the kernel computing its statistics ([B, L | C]) instead of being a second
-    kernel over [B*L, C] that reads the row again (two launches per LayerNorm before a matmul)."""
-    src = a.view_of
-    assert src is not None
-    st = view_strides(src.shape, contiguous_strides(src.shape), a.shape)
-    if st is None or (stride is not None and not _same_layout(a.shape, st, stride)):
-        return None
-    if src.view_of is not None:
-        base = _realize_reshaped(ctx, src, contiguous_strides(src.shape))
-        if base is None:
-            return None
-    else:
-        base = ctx.realize(src)
-    st = view_strides(base.shape, base.stride, a.shape)
-    if st is None:
-        return None
-    return Strided(base.buffer, a.shape, st, base.offset, a.dtype)
-
-
-def _same_layout(shape: tuple, a: tuple, b: tuple) -> bool:
-    return all(x == y for n, x, y in zip(shape, a, b) if n != 1)
 
 
 def _realize_broadcast(ctx: LoweringContext, a: Lazy, stride: tuple) -> Strided | None:
