@@ -101,8 +101,10 @@ def _reads_ok(g: Group, node: ComputedBuffer, role: str, outer: tuple, inner: tu
             prod_role = "full"
         if prod_role == "full" and role == "outer" and not isinstance(node.data, Reduction):
             return False
-        want = prod.layout.store_index().xreplace(var_renaming(prod, prod_role, n_outer)).xreplace(unit)
-        got = ld.index.xreplace(ren).xreplace(unit)
+        want = prod.layout.store_index().xreplace(var_renaming(prod, prod_role, n_outer))
+        got = ld.index.xreplace(ren)
+        if unit:
+            want, got = want.xreplace(unit), got.xreplace(unit)
         if sympy.expand(want - got) != 0:
             return False
     return True
