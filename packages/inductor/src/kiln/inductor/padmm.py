@@ -15,7 +15,7 @@ chunks of rows, each into a workspace of aligned row length inside the result's 
 rows below it, and copies each chunk into place. The chunks halve (each workspace fits in what is
 left), so GPT-2's head takes 6 aligned products, 6 contiguous copies and one unaligned product of
 its last 72 rows (1.8 %): 13 launches. (It took 25 column blocks of 2048 and 25 strided copies
-before: 50 launches, 0.39 ms of copies on the H200, in a host-bound step.)
+before: 51 launches, 0.39 ms of copies on the H200, in a host-bound step.)
 Extra memory: none (the result, as eager); the weight is never padded.
 """
 
@@ -204,8 +204,8 @@ def _rewrite(g: fx.Graph, node: fx.Node, sizes: tuple[int, int, int], block: int
     addmm = node.target is aten.addmm.default
     ap = _pad(g, a, mp - m, kp - k, made)
     if any(u.op == "output" or u.target in _VIEWS for u in node.users):
-        # eager's contiguous layout without whole padded copies (the module doc says why): N is
-        # aligned block by block inside mm_padded, so only M and K are padded here
+        # eager's contiguous layout without whole padded copies (the module doc says why): the rows
+        # are aligned chunk by chunk inside mm_padded, so only M and K are padded here
         bias = _pad_bias(g, node.args[0], m, n, mp, n) if addmm else None
         return g.call_function(MM_PADDED, (bias, ap, _pad(g, b, kp - k, 0, made), m, block))
     bp = _pad(g, b, kp - k, np_ - n, made)

@@ -199,7 +199,7 @@ def _copy_like(ctx: LoweringContext, node: fx.Node, x: TensorValue, *args, **kw)
     out = pointwise(node, [x], lambda a: a, d)
     if isinstance(x, Lazy) and x.view_of is not None and isinstance(out, Lazy) and out.shape == x.shape:
         # a cast of a reshaped value is that reshape of the cast source (autocast converts the [B*L, C]
-        # view a matmul reads): extern.py can still store it in the source's iteration space
+        # view a matmul reads): realizing it can still store it in the source's iteration space
         return Lazy(out.shape, out.dtype, out.body, view_of=_cast_source(x.view_of, d))
     return out
 

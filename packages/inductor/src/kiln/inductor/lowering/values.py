@@ -34,9 +34,10 @@ class Lazy:
     shape: tuple[IndexExpr, ...]
     dtype: torch.dtype
     body: Expr  # over i0..i{ndim-1}
-    # the lazy value this one reshapes (views.py): an extern call realizes that one in its own
-    # iteration space, so the loop fuses with its producer's (a LayerNorm over [B, L | C] whose
-    # output feeds a matmul as [B*L, C]), and passes the free view of it
+    # the lazy value this one reshapes (views.py; a cast keeps it, pointwise.py): realizing this one
+    # stores that one in its own iteration space, so the loop fuses with its producer's (a LayerNorm
+    # over [B, L | C] whose output feeds a matmul as [B*L, C]), and returns the free view of it
+    # (LoweringContext.realize)
     view_of: Lazy | None = field(default=None, compare=False)
 
 
