@@ -71,7 +71,7 @@ def test_gpt2_lm_head_on_cuda_is_padded_and_matches_eager() -> None:
     w = torch.randn(50257, 768, device="cuda", dtype=torch.bfloat16) * 0.05
     fn = lambda x, w: (x @ w.t()).view(8, 512, 50257)  # noqa: E731
     cg = compile_graph(trace(fn, x, w), [x, w], options=OPTS)
-    # a graph output: N is aligned a block of columns at a time (the last block's rows padded to 8)
+    # a graph output: rows are computed in aligned chunks (a workspace of padded row length each)
     assert "_mm_padded(" in cg.texts["output_code"]
     got, want = cg.fn(x, w)[0], fn(x, w)
     exact = fn(x.double(), w.double())
