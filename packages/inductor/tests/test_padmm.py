@@ -71,7 +71,7 @@ def test_gpt2_lm_head_on_cuda_is_padded_and_matches_eager() -> None:
     w = torch.randn(50257, 768, device="cuda", dtype=torch.bfloat16) * 0.05
     fn = lambda x, w: (x @ w.t()).view(8, 512, 50257)  # noqa: E731
     cg = compile_graph(trace(fn, x, w), [x, w], options=OPTS)
-    # a graph output: N is aligned a block of columns at a time (the last block's rows padded to 8)
+    # a graph output: rows are computed in aligned chunks (a workspace of padded row length each)
     assert "_mm_padded(" in cg.texts["output_code"]
     got, want = cg.fn(x, w)[0], fn(x, w)
     exact = fn(x.double(), w.double())
@@ -133,3 +133,31 @@ def test_cross_compiled_cuda_lm_head_output_uses_mm_padded() -> None:
     code = cg.texts["output_code"]
     assert "_mm_padded(" in code and "def _mm_padded" in cg.portable.source
     assert "constant_pad_nd" not in code and "50264" not in code
+
+
+def test_one_pad_of_a_gradient_serves_both_backward_matmuls() -> None:
+    """A backward multiplies the logits gradient ``g`` by the weight (K = V misaligned) and its
+    transpose by the activations (M = V misaligned): both use the same padded rows of ``g``, copied
+    once (GPT-2 training padded its 411 MB gradient twice per step)."""
+    torch.manual_seed(0)
+
+    def f(g, w, h):
+        grad_h = g.view(-1, 37) @ w
+        grad_w = g.view(-1, 37).t() @ h
+        return grad_h, grad_w
+    args = (torch.randn(2, 6, 37), torch.randn(37, 16), torch.randn(12, 16))
+    gm, n = _padded(f, *args)
+    assert n == 2
+    pads = [x for x in gm.graph.nodes if x.target is aten.constant_pad_nd.default]
+    padded = [x.args[0] for x in pads]
+    assert sum(1 for x in padded if _shape(x) == (12, 37)) == 1, gm.code  # g's one pad (the weight has its own)
+    for got, want in zip(gm(*args), f(*args)):
+        assert_close(got, want)
+    cg = compile_graph(gm, list(args), options=OPTS)
+    for got, want in zip(cg.fn(*args), f(*args)):
+        assert_close(got, want)
+
+
+def _shape(n):
+    v = n.meta.get("val")
+    return tuple(v.shape) if v is not None else None

@@ -203,7 +203,9 @@ class WrapperWriter:
             over = {o: i for o, i in st.work.inplace if re.search(rf"\b{i}\b", launch)} if launch else {}
             for a in st.allocate:
                 if over.get(a.buffer) == a.reuse and a.reuse is not None:
-                    self.lines.append(f"    {a.buffer} = {a.reuse}  # written in place")
+                    lay = a.layout  # the input may have another shape over the same memory (inplace.py)
+                    view = "" if self.layouts[a.reuse] == lay else f".as_strided({_ints(lay.shape)}, {_ints(lay.stride)})"
+                    self.lines.append(f"    {a.buffer} = {a.reuse}{view}  # written in place")
                 else:
                     self.alloc(a.buffer, a.layout, a.reuse)
             dead: frozenset[str] = frozenset()

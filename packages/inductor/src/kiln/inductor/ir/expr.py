@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from .index import IndexExpr, index_str
+from .index import IndexExpr, fold_divmod, index_str
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +182,7 @@ def substituted(index: IndexExpr, items: tuple[tuple[sympy.Symbol, IndexExpr], .
     """``expand(index.xreplace(dict(items)))``, cached: a model's repeated layers fold the same views
     into the same indices, and sympy's expand is the cost (the key is the whole input, so a changed
     index or mapping is a new entry)."""
-    return sympy.expand(index.xreplace(dict(items)))
+    return fold_divmod(sympy.expand(index.xreplace(dict(items))))
 
 
 def reads(e: Expr) -> list[Load]:

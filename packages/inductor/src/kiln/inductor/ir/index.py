@@ -62,6 +62,29 @@ class ModIndex(sympy.Function):
         return None
 
 
+def fold_divmod(index: sympy.Expr) -> sympy.Expr:
+    """``c*n*(b // n) + c*(b % n)`` folded back to ``c*b`` in a sum. A reshape that splits a dim and
+    one that merges it again (a [B*L, C] view of a [B, L, C] value, for a matmul) leave this pair;
+    folded, the load reads ``768*x0`` as the producer stores it, so the two loops fuse (a LayerNorm and
+    the normalised values it writes for the next matmul: one kernel, not two)."""
+    if not isinstance(index, sympy.Add) or not index.has(ModIndex):
+        return index
+    while isinstance(index, sympy.Add):
+        terms = index.as_coefficients_dict()
+        for t, c in terms.items():
+            if not isinstance(t, ModIndex):
+                continue
+            base, n = t.args
+            q = FloorDiv(base, n)
+            cq = terms.get(q)
+            if cq is not None and cq == c * n:
+                index = sympy.expand(index - c * t - cq * q + c * base)
+                break
+        else:
+            break
+    return index
+
+
 def _divisible(term: sympy.Expr, divisor: sympy.Expr) -> bool:
     q = term / divisor
     return bool(q.is_integer) if not isinstance(q, sympy.Rational) or q.q == 1 else False

@@ -73,6 +73,13 @@ class LoweringContext:
         if isinstance(v, Strided):
             return v
         st = stride if stride is not None and is_dense(v.shape, stride) else contiguous_strides(v.shape)
+        if v.view_of is not None and _same_layout(v.shape, st, contiguous_strides(v.shape)):
+            # a reshaped lazy value: its source is stored (contiguous) in its own iteration space and
+            # this is a free view of it. Same bytes, but the loop fuses with the source's producer (a
+            # LayerNorm over [B, L | C] writing the [B*L, C] operand of the next matmul: one kernel)
+            base = self.realize(v.view_of)
+            if base.offset == 0 and _same_layout(base.shape, base.stride, contiguous_strides(base.shape)):
+                return Strided(base.buffer, v.shape, contiguous_strides(v.shape), base.offset, v.dtype)
         layout = Layout(v.shape, tuple(st), v.dtype)
         return self.computed(layout, Pointwise(v.shape, v.body))
 
@@ -96,6 +103,11 @@ class LoweringContext:
     def perf_hint(self, msg: str) -> None:
         self.fallbacks.append(msg)
         log("perf_hints").info(msg)
+
+
+def _same_layout(shape: tuple, a: tuple, b: tuple) -> bool:
+    """Strides ``a`` and ``b`` address ``shape`` alike (size-1 dims' strides do not matter)."""
+    return all(x == y for n, x, y in zip(shape, a, b) if n != 1)
 
 
 def _full_reads(v: Lazy) -> int:

@@ -196,7 +196,17 @@ def _copy_like(ctx: LoweringContext, node: fx.Node, x: TensorValue, *args, **kw)
             or (isinstance(src, torch.Tensor) and src.device != v.device)):  # device transfers run in ATen
         raise NotLowered(f"copy to {v.device}/{v.layout}")
     d = out_dtype(node)
-    return pointwise(node, [x], lambda a: a, d)
+    out = pointwise(node, [x], lambda a: a, d)
+    if isinstance(x, Lazy) and x.view_of is not None and isinstance(out, Lazy) and out.shape == x.shape:
+        # a cast of a reshaped value is that reshape of the cast source (autocast converts the [B*L, C]
+        # view a matmul reads): realizing it can still store it in the source's iteration space
+        return Lazy(out.shape, out.dtype, out.body, view_of=_cast_source(x.view_of, d))
+    return out
+
+
+def _cast_source(src: Lazy, dtype: torch.dtype) -> Lazy:
+    inner = _cast_source(src.view_of, dtype) if src.view_of is not None else None
+    return Lazy(src.shape, dtype, cast(src.body, dtype), view_of=inner)
 
 
 for _name in ("aten._to_copy.default", "aten.clone.default", "aten.lift_fresh_copy.default",

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import sympy
 import torch
 
-from ..ir import Expr, IndexExpr, Load, TensorRef, cast, index_vars, substitute_index
+from ..ir import Expr, IndexExpr, Load, TensorRef, cast, fold_divmod, index_vars, substitute_index
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +34,11 @@ class Lazy:
     shape: tuple[IndexExpr, ...]
     dtype: torch.dtype
     body: Expr  # over i0..i{ndim-1}
+    # the lazy value this one reshapes (views.py; a cast keeps it, pointwise.py): realizing this one
+    # stores that one in its own iteration space, so the loop fuses with its producer's (a LayerNorm
+    # over [B, L | C] whose output feeds a matmul as [B*L, C]), and returns the free view of it
+    # (LoweringContext.realize)
+    view_of: Lazy | None = field(default=None, compare=False)
 
 
 TensorValue = Strided | Lazy
@@ -57,8 +62,9 @@ def value_at(v: TensorValue, idx: Sequence[IndexExpr]) -> Expr:
 
 @functools.lru_cache(maxsize=1 << 16)
 def _strided_index(offset: IndexExpr, stride: tuple[IndexExpr, ...], idx: tuple[IndexExpr, ...]) -> IndexExpr:
-    """``expand(offset + sum(i * s))``, cached (keyed on all of its inputs)."""
-    return sympy.expand(offset + sum((i * s for i, s in zip(idx, stride)), sympy.Integer(0)))
+    """``expand(offset + sum(i * s))`` with split-and-merged dims folded (``fold_divmod``), cached (keyed
+    on all of its inputs)."""
+    return fold_divmod(sympy.expand(offset + sum((i * s for i, s in zip(idx, stride)), sympy.Integer(0))))
 
 
 def broadcast_at(v: TensorValue, out_idx: Sequence[IndexExpr], dtype: torch.dtype | None = None) -> Expr:

@@ -101,7 +101,8 @@ def _view(ctx: LoweringContext, node: fx.Node, x: TensorValue, *args, **kw) -> T
         st = view_strides(x.shape, x.stride, shape)
         if st is not None:
             return Strided(x.buffer, shape, st, x.offset, x.dtype)
-    return _lazy_from(shape, x, reshape_index(x.shape, shape))
+    view = _lazy_from(shape, x, reshape_index(x.shape, shape))
+    return Lazy(view.shape, view.dtype, view.body, view_of=x) if isinstance(x, Lazy) else view
 
 
 for _name in ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default",

@@ -86,6 +86,10 @@ def _reads_ok(g: Group, node: ComputedBuffer, role: str, outer: tuple, inner: tu
     n_outer = len(outer)
     ren = var_renaming(node, role, n_outer)
     nodes = program.nodes
+    # a size-1 dim's variable is 0: a store over [B, 1, L, S] and a load that skips that dim (the
+    # attention mask converted for the extern) read the same element
+    unit = {v: sympy.Integer(0) for v, n in zip((*index_vars("x", n_outer), *index_vars("r", len(inner or ()))),
+                                                (*outer, *(inner or ()))) if n == 1}
     for ld in reads(node.data.body):
         prod_role = g.roles.get(ld.buffer)
         if prod_role is None:
@@ -99,6 +103,8 @@ def _reads_ok(g: Group, node: ComputedBuffer, role: str, outer: tuple, inner: tu
             return False
         want = prod.layout.store_index().xreplace(var_renaming(prod, prod_role, n_outer))
         got = ld.index.xreplace(ren)
+        if unit:
+            want, got = want.xreplace(unit), got.xreplace(unit)
         if sympy.expand(want - got) != 0:
             return False
     return True

@@ -36,6 +36,7 @@ from ..ir import (
     Step,
     TensorRef,
     args_buffers,
+    product,
     reads,
 )
 
@@ -117,9 +118,14 @@ def plan_inplace_updates(s: ScheduledProgram, mutations: Sequence[tuple[int, int
 
 
 def _same_memory_layout(a: Layout, b: Layout) -> bool:
-    """Same shape, strides, offset and dtype (kernel outputs' ``device`` field is not always the
-    program's: one program runs on one device)."""
-    return (a.shape, a.stride, a.offset, a.dtype) == (b.shape, b.stride, b.offset, b.dtype)
+    """Same shape, strides, offset and dtype, or both contiguous over as many elements of one dtype
+    (a matmul's [B*L, C] output and the [B, L, C] activation computed from it: lowering stores an
+    extern's reshaped operand in its source's shape). Kernel outputs' ``device`` field is not always
+    the program's: one program runs on one device."""
+    if (a.shape, a.stride, a.offset, a.dtype) == (b.shape, b.stride, b.offset, b.dtype):
+        return True
+    return (a.dtype == b.dtype and a.is_contiguous and b.is_contiguous
+            and sympy.expand(product(a.shape) - product(b.shape)) == 0)
 
 
 def _hand_over(steps: list[Step], inp: str, out: str, k: int, reused: set[str], keep: set[str]) -> bool:

@@ -1,0 +1,206 @@
+"""Launches a compiled step makes: no pure copy kernels, no kernel torch.compile would not launch.
+
+The CUDA programs are compiled here for fake CUDA tensors (no GPU needed) and counted in the generated
+wrapper; numerics are checked against eager on CPU, on the C++ path and the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers import assert_close, check
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from tracer import trace
+
+from kiln.inductor import InductorOptions, compile_graph
+from kiln.inductor.ir import Cast, Load
+
+aten = torch.ops.aten
+STRICT = InductorOptions(strict_lowering=True)
+TRITON = InductorOptions(strict_lowering=True, cpu_backend="triton")
+
+
+def wrapper_launches(cg) -> list[str]:
+    """What the generated wrapper's ``call`` launches, in order: Triton kernel names and the ATen ops of
+    extern calls (``_mm_padded`` counted as itself)."""
+    body = cg.texts["output_code"].split("def call_owned(args):", 1)[1].split("# ---- kernels ----")[0]
+    out = []
+    for line in body.splitlines():
+        m = re.search(r"\b_launch_(\w+)\(", line)
+        if m:
+            out.append(m.group(1))
+        elif "# extern" in line or "# fallback" in line or "_mm_padded(" in line:
+            out.append("extern " + (line.rsplit("# extern", 1)[-1].strip() if "# extern" in line else "call"))
+    return out
+
+
+def copy_kernels(cg) -> list[str]:
+    """Launched kernels whose every stored value is a load of one buffer (a layout change: a
+    ``.contiguous()``, a materialised transpose, a clone), possibly converted."""
+    kernels = {k.name: k for k in cg.scheduled.kernels()}
+    out = []
+    for name in wrapper_launches(cg):
+        k = kernels.get(name)
+        if k is None:
+            continue
+        stored = [n.body for n in k.nodes if n.store]
+        if stored and all(isinstance(b, Load) and not b.indirect
+                          or isinstance(b, Cast) and isinstance(b.x, Load) and not b.x.indirect for b in stored):
+            out.append(name)
+    return out
+
+
+def _fake_cuda(*shapes_dtypes):
+    return [torch.empty(s, dtype=d, device="cuda") for s, d in shapes_dtypes]
+
+
+def gpt2_block(x, mask, ln1_w, ln1_b, w_qkv, b_qkv, w_o, b_o, ln2_w, ln2_b, w_fc, b_fc, w_proj, b_proj):
+    """One GPT-2 block as kiln.autograd traces it for an H200 (HF Conv1D weights, efficient attention
+    with the additive form of the boolean mask, as kiln/autograd/attention.py calls it)."""
+    b, t, c = x.shape
+    heads = 4
+    h = F.layer_norm(x, (c,), ln1_w, ln1_b)
+    qkv = torch.addmm(b_qkv, h.view(-1, c), w_qkv).view(b, t, 3 * c)
+    q, k, v = (z.view(b, t, heads, c // heads).transpose(1, 2) for z in qkv.split(c, 2))
+    bias = aten.masked_fill.Scalar(torch.zeros(mask.shape, dtype=x.dtype, device=x.device), ~mask, float("-inf"))
+    a = aten._scaled_dot_product_efficient_attention(q, k, v, bias.expand(b, heads, t, t), False)[0]
+    x = x + torch.addmm(b_o, a.transpose(1, 2).reshape(-1, c), w_o).view(b, t, c)
+    h = F.layer_norm(x, (c,), ln2_w, ln2_b)
+    f = F.gelu(torch.addmm(b_fc, h.view(-1, c), w_fc), approximate="tanh")
+    return (x + torch.addmm(b_proj, f, w_proj).view(b, t, c),)
+
+
+def test_gpt2_block_inference_on_cuda_has_no_pure_copy_kernel() -> None:
+    """Each LayerNorm is one kernel with the normalised values it writes for the next matmul (it was a
+    statistics kernel plus a second kernel over [B*L, C] reading the row again); the attention mask
+    and its additive form are one kernel. 5 Triton kernels (LayerNorm, mask, residual + LayerNorm,
+    GELU, residual) + 5 library calls (was 7 + 5)."""
+    bf16 = torch.bfloat16
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        c = 64
+        args = _fake_cuda(((2, 32, c), bf16), ((2, 1, 32, 32), torch.bool), ((c,), bf16), ((c,), bf16),
+                          ((c, 3 * c), bf16), ((3 * c,), bf16), ((c, c), bf16), ((c,), bf16), ((c,), bf16),
+                          ((c,), bf16), ((c, 4 * c), bf16), ((4 * c,), bf16), ((4 * c, c), bf16), ((c,), bf16))
+        cg = compile_graph(trace(gpt2_block, *args), args, options=STRICT)
+    launches = wrapper_launches(cg)
+    kernels = [x for x in launches if not x.startswith("extern")]
+    externs = [x for x in launches if x.startswith("extern")]
+    assert copy_kernels(cg) == [], launches
+    assert len(externs) == 5, launches
+    assert len(kernels) == 5, launches
+
+
+def _ln_linear(x, r, w, b, lw, lb):
+    h = x + r
+    return F.linear(F.layer_norm(h, h.shape[-1:], lw, lb), w, b), h
+
+
+@pytest.mark.parametrize("options", [STRICT, TRITON], ids=["cpp", "triton"])
+def test_layer_norm_feeding_a_matmul_is_one_kernel(options: InductorOptions) -> None:
+    if options.cpu_backend == "triton":
+        pytest.importorskip("triton")
+        import os
+        if os.environ.get("TRITON_INTERPRET") != "1":
+            pytest.skip("needs TRITON_INTERPRET=1")
+    torch.manual_seed(0)
+    args = (torch.randn(2, 7, 16), torch.randn(2, 7, 16), torch.randn(24, 16), torch.randn(24),
+            torch.randn(16), torch.randn(16))
+    cg = check(_ln_linear, *args, atol=1e-4, options=options)
+    # the residual add, the statistics and the normalised [2, 7, 16] values for the [14, 16] matmul
+    assert len(cg.scheduled.kernels()) == 1, cg.texts["ir_post_fusion"]
+
+
+def test_reshaped_operands_that_are_not_views_of_their_source_still_match_eager() -> None:
+    """A reshape of a transposed lazy value (no strides express it over the source's contiguous
+    layout) is stored as before; a reshape of a reshape folds down to the first source."""
+    torch.manual_seed(0)
+
+    def f(x, w):
+        t = torch.sigmoid(x).transpose(1, 2).reshape(-1, 5)  # [2, 6, 5] -> [12, 5]: not a view
+        u = (x * 2).reshape(2, 30).reshape(10, 6)  # view of a view of [2, 5, 6]
+        return t @ w, u @ w.t()
+    check(f, torch.randn(2, 5, 6), torch.randn(5, 6), atol=1e-4)
+
+
+def test_mask_and_its_additive_form_are_one_kernel_on_cuda() -> None:
+    """The boolean mask is stored (GPT-2's: a large body read by every layer; here: also returned); the
+    layers' additive form of it (the same, computed once) joins the mask's kernel: one kernel, not two."""
+    def f(pos, q, k, v):
+        mask = (pos[:, None, :, None] >= pos[:, None, None, :])  # [B, 1, T, T], a size-1 head dim
+        out = q
+        for _ in range(2):  # two layers, one mask
+            bias = aten.masked_fill.Scalar(torch.zeros(mask.shape, dtype=q.dtype, device=q.device), ~mask,
+                                           float("-inf"))
+            out = aten._scaled_dot_product_efficient_attention(out, k, v, bias.expand(2, 4, 16, 16), False)[0]
+        return out, mask
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        args = _fake_cuda(((2, 16), torch.int64), *[((2, 4, 16, 8), torch.bfloat16)] * 3)
+        cg = compile_graph(trace(f, *args), args, options=STRICT)
+    launches = wrapper_launches(cg)
+    assert len(launches) == 3, launches  # the mask kernel and two attention calls
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in ("mm", "addmm", "copy_", "add"):
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+
+def test_mm_padded_gpt2_head_launches_few_kernels() -> None:
+    """GPT-2's LM head (4096 x 768 @ 768 x 50257, bf16): halving row chunks, each one aligned product
+    and one contiguous copy, then the unaligned tail: 13 launches (25 column blocks made 51)."""
+    from kiln.inductor.padmm import BLOCK, mm_padded_blocks, mm_padded_plan
+
+    a = torch.empty(4096, 768, dtype=torch.bfloat16, device="meta")
+    b = torch.empty(50257, 768, dtype=torch.bfloat16, device="meta").t()
+    with _CountOps() as counter:
+        out = mm_padded_blocks(None, a, b, 4096, BLOCK)
+    assert out.shape == (4096, 50257) and out.is_contiguous()
+    assert len(counter.ops) <= 13, counter.ops
+    m, n, align = 4096, 50257, 8
+    npad = 50264
+    r = 0
+    for row, rows, start in mm_padded_plan(m, n, align, BLOCK):
+        assert row == r and rows > 0
+        if start >= 0:  # the workspace: aligned, below this chunk's rows, inside the result
+            assert start % align == 0 and start >= (row + rows) * n and start + rows * npad <= m * n
+        r += rows
+    assert r == m
+    assert sum(rows for _, rows, start in mm_padded_plan(m, n, align, BLOCK) if start < 0) <= m // 32
+
+
+def test_mm_padded_with_bias_adds_it_in_the_copy() -> None:
+    from kiln.inductor.padmm import mm_padded_blocks
+
+    torch.manual_seed(0)
+    a, w, bias = torch.randn(200, 16), torch.randn(37, 16), torch.randn(37)
+    with _CountOps() as counter:
+        got = mm_padded_blocks(bias, a, w.t(), 200, 8)
+    assert_close(got, torch.addmm(bias, a, w.t()))
+    assert "copy_" not in counter.ops and "add" in counter.ops  # the bias rides on the chunk's copy
+
+
+def test_autocast_layer_norm_feeding_a_matmul_is_one_kernel() -> None:
+    """Under autocast the matmul reads ``view(ln).to(bf16)``: the cast of a reshape is the reshape of
+    the cast, stored in the LayerNorm's own iteration space (GPT-2 training: 25 kernels less a step)."""
+    torch.manual_seed(0)
+
+    def f(x, w, b, lw, lb):
+        y = F.layer_norm(x, (16,), lw, lb)
+        return torch.addmm(b.bfloat16(), y.view(-1, 16).bfloat16(), w.bfloat16()), y.sum()
+    args = (torch.randn(2, 8, 16), torch.randn(16, 24), torch.randn(24), torch.randn(16), torch.randn(16))
+    cg = check(f, *args, atol=1e-4)
+    row_kernels = [k for k in cg.scheduled.kernels() if k.inner]
+    ln = next(k for k in row_kernels if "native_layer_norm" in k.name)
+    assert any(n.dtype == torch.bfloat16 and n.store for n in ln.nodes), cg.texts["ir_post_fusion"]
+    assert len(cg.scheduled.kernels()) == 4, cg.texts["ir_post_fusion"]  # LN+cast, bias, weight, sum
