@@ -11,11 +11,10 @@ is a slice of the padded product (rows of the padded stride) where kernels of th
 Where it leaves the graph or a view op reads it, callers need eager's contiguous layout. Slicing and
 copying the whole padded product held both at once, plus the padded weight (GPT-2's LM head:
 2 x 393 + 74 MB for 8 x 512 tokens, over eager's peak). There ``kiln_inductor::mm_padded`` computes
-chunks of rows, each into a workspace of aligned row length inside the result's own not-yet-written
-rows below it, and copies each chunk into place. The chunks halve (each workspace fits in what is
-left), so GPT-2's head takes 6 aligned products, 6 contiguous copies and one unaligned product of
-its last 72 rows (1.8 %): 13 launches. (It took 25 column blocks of 2048 and 25 strided copies
-before: 51 launches, 0.39 ms of copies on the H200, in a host-bound step.)
+``BLOCK`` aligned columns at a time into a workspace inside the result's own not-yet-written last
+rows and copies each block into place; those last rows (~4% for GPT-2) take the unaligned call.
+(Halving row chunks written through a padded leading dimension took 13 launches instead of 51, but
+GPT-2 inference went from 4.4 to 7.0 ms a step on the H200: cuBLAS is slow there; reverted.)
 Extra memory: none (the result, as eager); the weight is never padded.
 """
 
@@ -29,7 +28,7 @@ from torch import fx
 aten = torch.ops.aten
 
 _ALIGN_BYTES = 16
-BLOCK = 64  # mm_padded's fewest rows per aligned chunk: fewer rows left take the unaligned call
+BLOCK = 2048  # mm_padded's columns per aligned product (fewer, larger cuBLAS calls vs a smaller unaligned tail)
 _MIN_MACS = 1 << 30  # smaller products lose less to misalignment than the pad copies cost
 _MIN_DIM = 512  # a short misaligned dimension is cheap for cuBLAS
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
@@ -40,52 +39,47 @@ _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, at
 # The wrapper module defines this function too (codegen/wrapper.py adds the source): a saved program
 # runs with torch alone, without this package registering the op.
 MM_PADDED_SOURCE = '''
-def _mm_padded_plan(m, n, align, min_rows):
-    """Row chunks of ``_mm_padded``: (first row, rows, workspace start in elements or -1: unaligned call)."""
-    npad = -(-n // align) * align
-    plan, r = [], 0
-    while r < m:
-        # a chunk of h rows computes into h x npad elements of the result's unwritten rows below it
-        # (an aligned start): h * npad + h * n + align <= (m - r) * n
-        h = ((m - r) * n - align) // (n + npad) // align * align
-        if h < max(min_rows, 1) or npad == n:
-            plan.append((r, m - r, -1))
-            break
-        plan.append((r, h, -(-(r + h) * n // align) * align))
-        r += h
-    return plan
-
-
 def _mm_padded(bias, a, b, m, block):
     """kiln_inductor::mm_padded (kiln.inductor padmm.py): ``addmm(bias, a, b)[:m]`` in a new contiguous
-    tensor, with no memory beyond it. cuBLAS is fast only on aligned leading dimensions, which the
-    result's odd row length is not. So rows are computed in chunks, each into a workspace of aligned
-    (padded) row length carved out of the result's own rows below it (not written yet), then copied
-    (with the bias added) into place: the chunks halve, so a few launches cover all but the last
-    rows; those (fewer than ``block`` aligned ones: ~2% of GPT-2's head) take the unaligned call.
-    Launches: two per chunk (GPT-2's 4096 x 50257 head: 6 chunks + the tail, 13 launches)."""
+    tensor, with no memory beyond it. cuBLAS is fast only on aligned widths, which the result's odd
+    row length is not. So the first ``m - tail`` rows are computed ``block`` (aligned) columns at a
+    time into a workspace carved out of the result's own last ``tail`` rows (not written yet), each
+    block copied into place; the last block is shifted left to stay aligned (it recomputes a few
+    columns), so no weight rows are padded. The ``tail`` rows (a few percent) then go straight into
+    the result through the unaligned call."""
     k, n = b.shape
     align = max(1, 16 // a.element_size())
-    npad = -(-n // align) * align
     out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     flat = out.view(-1)
 
     def rows(x, r0, r1):  # a bias's rows for result rows r0:r1 (a broadcast bias as it is)
         return x[r0:r1] if x is not None and x.dim() == 2 and x.shape[0] != 1 else x
 
-    for r, h, start in _mm_padded_plan(m, n, align, block):
-        if start < 0:
-            if bias is None:
-                torch.mm(a[r:r + h], b, out=out[r:r + h])
+    def cols(x, c0, c1):
+        return x[..., c0:c1] if x is not None and x.dim() and x.shape[-1] == n else x
+
+    bw = min(block, n - n % align)
+    head = 0
+    if bw > 0:
+        tail = -(-m * bw // (n + bw))  # the workspace (head x bw) fits in the tail rows (tail x n)
+        head = (m - tail) // align * align  # an aligned workspace start
+    if head > 0:
+        ws = flat[head * n: head * n + head * bw].view(head, bw)
+        c = 0
+        while c < n:
+            c0 = min(c, n - bw)  # the last block ends at n: shifted left, still bw wide
+            bb, bias_blk = b[:, c0:c0 + bw], cols(rows(bias, 0, head), c0, c0 + bw)
+            if bias_blk is None:
+                torch.mm(a[:head], bb, out=ws)
             else:
-                torch.addmm(rows(bias, r, r + h), a[r:r + h], b, out=out[r:r + h])
-            continue
-        ws = flat[start:start + h * npad].view(h, npad)[:, :n]
-        torch.mm(a[r:r + h], b, out=ws)  # cuBLAS writes the strided rows in place (ld = npad)
+                torch.addmm(bias_blk, a[:head], bb, out=ws)
+            out[:head, c:c0 + bw].copy_(ws[:, c - c0:])
+            c = c0 + bw
+    if head < m:
         if bias is None:
-            out[r:r + h].copy_(ws)
+            torch.mm(a[head:m], b, out=out[head:])
         else:
-            torch.add(ws, rows(bias, r, r + h), out=out[r:r + h])
+            torch.addmm(rows(bias, head, m), a[head:m], b, out=out[head:])
     return out
 '''
 _ns: dict[str, Any] = {"torch": torch}
@@ -105,7 +99,6 @@ def _mm_padded_fake(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor,
     return a.new_empty((m, b.shape[1]))
 
 
-mm_padded_plan = _ns["_mm_padded_plan"]
 MM_PADDED = torch.ops.kiln_inductor.mm_padded.default
 
 
