@@ -26,7 +26,7 @@ from .guard_check import diagnose
 from .manifest import PROGRAM_NAME
 from .sources import CallFrame, Param, display_name, make_binder, normalize
 from .triton_binaries import PREFIX as TRITON_PREFIX
-from .triton_binaries import install_triton_binaries, prime_triton_key
+from .triton_binaries import install_triton_binaries
 
 logger = logging.getLogger("kiln.runtime")
 
@@ -140,7 +140,6 @@ class LoadedFunction:
         files = usable_files(artifact.manifest, {**artifact.files, PROGRAM_NAME: b""}, where)
         files.pop(PROGRAM_NAME, None)
         if any(name.startswith(TRITON_PREFIX) for name in files):
-            prime_triton_key()
             install_triton_binaries(files, where)  # before the program imports its kernels
         module = exec_program(artifact, files, _materialize(artifact, files, cache or default_cache()))
         return LoadedFunction(plan, module.call, artifact=artifact, module=module)

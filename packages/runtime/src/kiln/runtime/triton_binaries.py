@@ -26,7 +26,6 @@ import logging
 import os
 import sys
 import tempfile
-import threading
 import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -138,34 +137,6 @@ def _driver_utils_files() -> dict[str, bytes]:
         if utils is not None:
             return _host_module_files(utils, "load_binary")
     return {}
-
-
-def prime_triton_key() -> None:
-    """Start triton's one-time hash of its own sources and library (0.4-0.5 s at the first cache lookup
-    of a process) on a background thread: hashlib releases the GIL, so it overlaps the rest of a load."""
-    def run() -> None:
-        with contextlib.suppress(Exception):
-            from triton.runtime.cache import triton_key
-
-            triton_key()
-    threading.Thread(target=run, name="kiln-triton-key", daemon=True).start()
-
-
-def _kernel_files(kernel: Any) -> dict[str, bytes]:
-    """One compiled kernel's cache folder: the files of its metadata group and the group file."""
-    paths = [Path(p) for p in (getattr(kernel, "metadata_group", None) or {}).values()]
-    if not paths:
-        return {}
-    folder = paths[0].parent
-    paths += sorted(folder.glob("__grp__*.json"))
-    out: dict[str, bytes] = {}
-    for p in paths:
-        try:
-            out[f"{PREFIX}{folder.name}/{p.name}"] = p.read_bytes()
-        except OSError as e:
-            logger.info("Triton binary %s is not readable (%s); the kernel is not shipped", p, e)
-            return {}
-    return out
 
 
 def triton_cache_dir() -> Path:
