@@ -139,6 +139,23 @@ def _driver_utils_files() -> dict[str, bytes]:
     return {}
 
 
+def _kernel_files(kernel: Any) -> dict[str, bytes]:
+    """One compiled kernel's cache folder: the files of its metadata group and the group file."""
+    paths = [Path(p) for p in (getattr(kernel, "metadata_group", None) or {}).values()]
+    if not paths:
+        return {}
+    folder = paths[0].parent
+    paths += sorted(folder.glob("__grp__*.json"))
+    out: dict[str, bytes] = {}
+    for p in paths:
+        try:
+            out[f"{PREFIX}{folder.name}/{p.name}"] = p.read_bytes()
+        except OSError as e:
+            logger.info("Triton binary %s is not readable (%s); the kernel is not shipped", p, e)
+            return {}
+    return out
+
+
 def triton_cache_dir() -> Path:
     """Where this process's Triton looks for compiled kernels."""
     with contextlib.suppress(Exception):  # triton >= 3.3 exposes its settings as knobs
