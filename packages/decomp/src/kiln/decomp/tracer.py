@@ -221,6 +221,11 @@ class GraphRecorder(TorchDispatchMode):
     def _record(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         fargs, fkwargs = tree_map(self.to_fake, (args, kwargs))
         out = func(*fargs, **fkwargs)  # the FakeTensorMode below this one computes it
+        return self.emit(func, args, kwargs, out)
+
+    def emit(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+        """Record ``func(*args, **kwargs)`` whose fake result ``out`` is already known (computed by
+        ``_record``, or carried over from the graph being re-traced when its inputs did not change)."""
         if isinstance(out, (int, float, bool)) and not isinstance(out, torch.SymInt | torch.SymFloat | torch.SymBool):
             return out  # a static size query (aten.sym_size on a static shape): a constant, no node
         node_args = tree_map(self.to_arg, args)

@@ -139,17 +139,23 @@ def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
 
     def go(n: Expr) -> Expr:
         key = id(n)
-        if key in cache:
-            return cache[key]
-        if isinstance(n, Op):
-            new_args = tuple(go(a) for a in n.args)
-            n2: Expr = n if new_args == n.args else Op(n.name, new_args, n.dtype)
-        elif isinstance(n, Cast):
-            x = go(n.x)
-            n2 = n if x is n.x else Cast(x, n.dtype)
-        elif isinstance(n, Load) and n.indirect:
-            ind = tuple(go(a) for a in n.indirect)
-            n2 = n if ind == n.indirect else Load(n.buffer, n.index, n.dtype, ind)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        # children compared by identity: ``==`` on rebuilt subtrees would compare them field by field
+        cls = type(n)
+        if cls is Op:
+            args = n.args  # type: ignore[union-attr]
+            new_args = tuple([go(a) for a in args])
+            same = all(a is b for a, b in zip(new_args, args))
+            n2: Expr = n if same else Op(n.name, new_args, n.dtype)  # type: ignore[union-attr]
+        elif cls is Cast:
+            x = go(n.x)  # type: ignore[union-attr]
+            n2 = n if x is n.x else Cast(x, n.dtype)  # type: ignore[union-attr]
+        elif cls is Load and n.indirect:  # type: ignore[union-attr]
+            ind = tuple([go(a) for a in n.indirect])  # type: ignore[union-attr]
+            same = all(a is b for a, b in zip(ind, n.indirect))  # type: ignore[union-attr]
+            n2 = n if same else Load(n.buffer, n.index, n.dtype, ind)  # type: ignore[union-attr]
         else:
             n2 = n
         r = fn(n2)
