@@ -153,7 +153,8 @@ def measure_cross_cuda(*, model: str, mode: str, small: bool, profile: str | Non
         amp = torch.autocast("cpu", dtype=torch.bfloat16) if training else contextlib.nullcontext()
         t0, c0 = time.perf_counter(), cpu_clock()
         with prof:
-            with torch.set_grad_enabled(training), amp:
+            # cyclic GC paused as kiln.compile pauses it while a frame compiles (capture/optimize.py)
+            with torch.set_grad_enabled(training), amp, _gc_paused():
                 captured = capture_graph(type(case.model).forward, (case.model, *case.args), case.kwargs)
                 mode_ = FakeTensorMode(allow_non_fake_inputs=True)
                 if not training:
@@ -185,6 +186,14 @@ def measure_cross_cuda(*, model: str, mode: str, small: bool, profile: str | Non
                          # ready: this process's CPU seconds + the kernels spread over the workers
                          "est_16core_s": round(python_cpu - moved_cpu + max(longest, cpu / 15), 3)}
     return out
+
+
+def _gc_paused() -> Any:
+    try:
+        from kiln.capture.optimize import gc_paused
+    except ImportError:  # pragma: no cover - a kiln without it
+        return contextlib.nullcontext()
+    return gc_paused()
 
 
 def _retargeting(compile_graph: Any, made: list[Any], training: bool, spent: list[tuple[float, float]]) -> Any:

@@ -174,10 +174,13 @@ def substitute_index(e: Expr, mapping: Mapping[sympy.Symbol, IndexExpr]) -> Expr
     items = tuple(mapping.items())
 
     def fn(n: Expr) -> Expr | None:
+        # an index the mapping leaves as it was keeps its node: unchanged subtrees stay the same objects
         if isinstance(n, Load):
-            return Load(n.buffer, substituted(n.index, items), n.dtype, n.indirect)
+            index = substituted(n.index, items)
+            return None if index == n.index else Load(n.buffer, index, n.dtype, n.indirect)
         if isinstance(n, IndexValue):
-            return IndexValue(substituted(n.index, items), n.dtype)
+            index = substituted(n.index, items)
+            return None if index == n.index else IndexValue(index, n.dtype)
         return None
 
     return map_expr(e, fn)
