@@ -195,10 +195,25 @@ def substituted(index: IndexExpr, items: tuple[tuple[sympy.Symbol, IndexExpr], .
 
 
 def reads(e: Expr) -> list[Load]:
+    """The loads of ``e`` in pre-order of first occurrence. A subtree object met again (an inlined
+    value used twice) is not walked again: its loads were all seen the first time."""
     seen: dict[Load, None] = {}
-    for n in walk(e):
-        if isinstance(n, Load):
-            seen[n] = None
+    visited: set[int] = set()
+    stack: list[Expr] = [e]
+    while stack:
+        n = stack.pop()
+        if id(n) in visited:
+            continue
+        visited.add(id(n))
+        cls = type(n)
+        if cls is Load:
+            seen[n] = None  # type: ignore[index]
+            if n.indirect:  # type: ignore[union-attr]
+                stack.extend(reversed(n.indirect))  # type: ignore[union-attr]
+        elif cls is Op:
+            stack.extend(reversed(n.args))  # type: ignore[union-attr]
+        elif cls is Cast:
+            stack.append(n.x)  # type: ignore[union-attr]
     return list(seen)
 
 
