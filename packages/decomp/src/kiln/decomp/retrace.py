@@ -29,7 +29,7 @@ from kiln.graph import (
 )
 from kiln.graph import verify as verify_dialect
 
-from .tracer import CARRIED_META, DecompositionError, GraphRecorder
+from .tracer import CARRIED_META, DecompositionError, GraphRecorder, map_leaves
 
 Table = Mapping[OpOverload, Callable[..., Any]]
 
@@ -135,7 +135,7 @@ class _Retracer(fx.Interpreter):
         if isinstance(target, HigherOrderOperator):
             raise DecompositionError(f"higher-order operator {target.__name__} is not supported by decompose()")
         if isinstance(target, OpOverload):
-            args, kwargs = tree_map(self.recorder.to_fake, (args, kwargs))
+            args, kwargs = map_leaves(self.recorder.to_fake, (args, kwargs))
             pos, kw = normalize_args(target, args, kwargs)
             if self.reuse and target not in self.recorder.table:
                 traced = self._traced_value(target)
