@@ -17,7 +17,9 @@ the captured graph goes through kiln's inductor backend with fake CUDA example i
 inference), so Triton sources are generated but not run. This measures the Python side of the GPU
 path; torch.compile has no such mode, so those rows are kiln only. Training traces the joint graph on
 the CPU under CPU autocast (torch's autograd engine needs a real CUDA device for CUDA tensors, fake
-or not) and compiles the forward and backward graphs for CUDA (``_retargeting``).
+or not) and compiles the forward and backward graphs for CUDA (``_retargeting``). The benchmark's own
+moves of graphs and inputs to CUDA are left out of every figure, and Python's cyclic GC is paused
+while the model compiles, as ``kiln.compile`` pauses it (``kiln.capture.optimize.gc_paused``).
 ``--cross-triton cuda:90`` (with ``--cross-cuda``) also compiles every generated Triton kernel for that
 target, on kiln's compile worker processes as on a GPU (``KILN_TRITON_CROSS_TARGET``): the whole GPU
 cold compile but the first run (and, with triton <= 3.6, its C launcher builds, which the workers do

@@ -139,3 +139,18 @@ def test_substitute_index_keeps_untouched_subtrees_and_rebuilds_changed_ones() -
     assert out.args[1] is untouched  # nothing in it uses i0
     assert out.args[0] == ir.Load("a", i0 + 1, torch.float32)
     assert ir.substitute_index(e, {i0: i0}) is e
+
+
+def test_size_counts_every_occurrence_and_stops_past_its_limit() -> None:
+    import random
+
+    from kiln.inductor.ir.expr import walk
+
+    rng = random.Random(1)
+    for _ in range(300):
+        e = _random_shared_body(rng)
+        full = sum(1 for _ in walk(e))
+        assert ir.size(e) == full
+        for limit in (0, 1, 3, 8, 20):
+            got = ir.size(e, limit=limit)
+            assert got == full if full <= limit else got > limit

@@ -217,8 +217,24 @@ def reads(e: Expr) -> list[Load]:
     return list(seen)
 
 
-def size(e: Expr) -> int:
-    return sum(1 for _ in walk(e))
+def size(e: Expr, limit: int | None = None) -> int:
+    """Nodes in ``e`` counted per occurrence; with ``limit``, counting stops past it (the answer is
+    then some number > limit): callers comparing against a bound need not walk a huge body."""
+    count = 0
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        count += 1
+        if limit is not None and count > limit:
+            return count
+        cls = type(n)
+        if cls is Op:
+            stack.extend(n.args)  # type: ignore[union-attr]
+        elif cls is Cast:
+            stack.append(n.x)  # type: ignore[union-attr]
+        elif cls is Load and n.indirect:  # type: ignore[union-attr]
+            stack.extend(n.indirect)  # type: ignore[union-attr]
+    return count
 
 
 def format_dtype(d: torch.dtype) -> str:
