@@ -4,6 +4,8 @@ re-trace would change still goes through it."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import fx
 
@@ -66,3 +68,70 @@ def test_missing_meta_dead_nodes_and_example_inputs_take_the_retrace() -> None:
 def test_torch_dialect_graph_is_retraced() -> None:
     gm = fx.symbolic_trace(lambda x: torch.relu(x) + 1)
     assert not rt._already_decomposed(gm, table("core_aten"))
+
+
+# ---- partial re-trace: only decomposed nodes (and what their values change) run on fake tensors ----
+
+def _conv_bn_joint() -> tuple[fx.GraphModule, list[torch.Tensor]]:
+    """A conv + batch-norm + view forward and its backward, traced keeping the batch-norm ops."""
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 3, 6, 6), torch.randn(4, 3, 3, 3, requires_grad=True)
+    gamma, beta = torch.randn(4, requires_grad=True), torch.randn(4, requires_grad=True)
+
+    def f(x, w, gamma, beta):
+        y = torch.nn.functional.conv2d(x, w)
+        y = torch.nn.functional.batch_norm(y, None, None, gamma, beta, training=True)
+        z = torch.relu(y).permute(0, 2, 3, 1).reshape(-1, 4)
+        loss = (z * z).sum()
+        return (loss, *torch.autograd.grad(loss, [w, gamma, beta]))
+
+    full = table("core_aten")
+    keep = [op for op in full if "batch_norm" not in str(op)]
+    args = [x, w, gamma, beta]
+    return trace(f, args, select(keep, full)), args
+
+
+def _structure(gm: fx.GraphModule) -> list[tuple]:
+    def meta(v):
+        if isinstance(v, torch.Tensor):
+            return (tuple(v.shape), v.stride(), v.storage_offset(), v.dtype, v.device)
+        return tuple(meta(x) for x in v) if isinstance(v, (tuple, list)) else v
+    return [(n.op, n.name, str(n.target), str(n.args), str(n.kwargs), meta(n.meta.get("val")))
+            for n in gm.graph.nodes]
+
+
+def test_partial_retrace_reuses_traced_values_and_builds_the_same_graph(monkeypatch) -> None:
+    g, args = _conv_bn_joint()
+    bn = [n for n in g.graph.nodes if "batch_norm" in str(n.target)]
+    assert bn, "the source graph keeps its batch-norm ops"
+    ran: list[Any] = []
+    real_record = rt.GraphRecorder._record
+    monkeypatch.setattr(rt.GraphRecorder, "_record", lambda self, f, a, k: ran.append(f) or real_record(self, f, a, k))
+    partial = decompose(g, table("core_aten"))
+    n_partial = len(ran)
+    monkeypatch.setattr(rt, "_reusable_values", lambda gm, mode: False)
+    ran.clear()
+    full = decompose(g, table("core_aten"))
+    assert _structure(partial) == _structure(full)
+    assert not any("batch_norm" in str(n.target) for n in partial.graph.nodes)
+    assert n_partial < len(ran)  # fewer fake runs: the copied nodes reused their values
+    for a, b in zip(partial(*args), g(*args)):
+        torch.testing.assert_close(a, b)
+
+
+def test_partial_retrace_reruns_a_node_whose_input_changed_metadata() -> None:
+    """A decomposition giving other strides than the traced op: its consumers run again, so their
+    values follow the new strides (as a full re-trace gives)."""
+    x = torch.randn(3, 4)
+    g = trace(lambda x: torch.nn.functional.silu(x.t()) + 1, [x])
+    silu = next(n for n in g.graph.nodes if n.target == aten.silu.default)
+    add = next(iter(silu.users))
+    # pretend the trace gave silu a row-major result (the decomposition keeps x.t()'s strides)
+    fake = silu.meta["val"]
+    with fake.fake_mode:
+        silu.meta["val"] = torch.empty_strided((4, 3), (3, 1), dtype=fake.dtype)
+        add.meta["val"] = torch.empty_strided((4, 3), (3, 1), dtype=fake.dtype)
+    out = decompose(g, select(["aten.silu.default"], table("core_aten")))
+    last = next(n for n in reversed(out.graph.nodes) if n.op == "call_function")
+    assert last.target == aten.add.Tensor and last.meta["val"].stride() == (1, 4)
+    torch.testing.assert_close(out(x), torch.nn.functional.silu(x.t()) + 1)

@@ -555,3 +555,34 @@ def test_transposed_1d_and_3d_convolutions() -> None:
     cg = run_both(f, *args)
     ranks = {len(c.args[0].shape): c.args[0].stride[1] == 1 for c in _convs(cg)}
     assert ranks == {4: True, 3: False, 5: False}
+
+
+def test_channels_last_rewrite_values_match_a_full_repropagation(monkeypatch) -> None:
+    """The conversion's later re-propagations reuse the values of nodes whose inputs did not change;
+    every node ends with the metadata a from-scratch re-propagation gives."""
+    from kiln.inductor import layout as L
+
+    torch.manual_seed(0)
+    m = Bottleneck().eval()
+    x = torch.randn(2, 3, 32, 32)
+    fn, tensors = _functional(m)
+    examples = [x, *[t.detach() for t in tensors]]
+    gm = trace(fn, *examples)
+    from kiln.inductor.decomp_bridge import ensure_meta
+
+    ensure_meta(gm, examples)
+    ran: list[int] = []
+    real_run = L._run
+    monkeypatch.setattr(L, "_run", lambda n, env: ran.append(1) or real_run(n, env))
+    assert L.to_channels_last(gm, examples) > 0
+    calls = len(ran)
+
+    def meta(n):
+        v = n.meta.get("val")
+        return (tuple(v.shape), v.stride(), v.dtype) if isinstance(v, torch.Tensor) else None
+    incremental = [meta(n) for n in gm.graph.nodes]
+    ran.clear()
+    L.repropagate(gm, examples)
+    assert [meta(n) for n in gm.graph.nodes] == incremental
+    n_call = sum(1 for n in gm.graph.nodes if n.op == "call_function")
+    assert n_call <= calls < 2 * n_call  # the second pass re-ran only what the conversions changed

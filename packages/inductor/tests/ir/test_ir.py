@@ -98,3 +98,59 @@ def test_substitute_index_is_simultaneous_and_its_cache_keys_on_all_inputs() -> 
     assert substitute_index(Load("buf0", 4 * i0 + i1, torch.float32), {i0: i1, i1: i0}).index == 4 * i1 + i0
     assert substituted(8 * i0 + i1, ((i0, 2 * i1),)) == 17 * i1
     assert substituted(8 * i0 + i1, ((i0, 3 * i1),)) == 25 * i1
+
+
+def _random_shared_body(rng) -> ir.Expr:
+    """A body whose subtrees are shared objects (as inlined lazy values make them)."""
+    pool: list = [ir.Load(f"b{rng.randrange(5)}", sympy.Symbol(f"i{rng.randrange(3)}") * rng.randrange(1, 3),
+                          torch.float32) for _ in range(4)]
+    pool.append(ir.Constant(1.0, torch.float32))
+    for _ in range(rng.randrange(1, 12)):
+        k = rng.random()
+        if k < 0.6:
+            pool.append(ir.Op("add", (rng.choice(pool), rng.choice(pool)), torch.float32))
+        elif k < 0.8:
+            pool.append(ir.Cast(rng.choice(pool), torch.float16))
+        else:
+            pool.append(ir.Load("g", sympy.Symbol("d0"), torch.float32, (rng.choice(pool),)))
+    return pool[-1]
+
+
+def test_reads_lists_loads_in_first_occurrence_order_of_the_full_tree() -> None:
+    """reads() skips a shared subtree met again; the answer is the per-occurrence walk's."""
+    import random
+
+    from kiln.inductor.ir.expr import walk
+
+    rng = random.Random(0)
+    for _ in range(500):
+        e = _random_shared_body(rng)
+        expected = list(dict.fromkeys(n for n in walk(e) if isinstance(n, ir.Load)))
+        assert ir.reads(e) == expected
+
+
+def test_substitute_index_keeps_untouched_subtrees_and_rebuilds_changed_ones() -> None:
+    i0, i1 = sympy.symbols("i0 i1", integer=True)
+    a = ir.Load("a", i0, torch.float32)
+    b = ir.Load("b", 2 * i1, torch.float32)
+    untouched = ir.Op("neg", (b,), torch.float32)
+    e = ir.Op("add", (a, untouched), torch.float32)
+    out = ir.substitute_index(e, {i0: i0 + 1})
+    assert out.args[1] is untouched  # nothing in it uses i0
+    assert out.args[0] == ir.Load("a", i0 + 1, torch.float32)
+    assert ir.substitute_index(e, {i0: i0}) is e
+
+
+def test_size_counts_every_occurrence_and_stops_past_its_limit() -> None:
+    import random
+
+    from kiln.inductor.ir.expr import walk
+
+    rng = random.Random(1)
+    for _ in range(300):
+        e = _random_shared_body(rng)
+        full = sum(1 for _ in walk(e))
+        assert ir.size(e) == full
+        for limit in (0, 1, 3, 8, 20):
+            got = ir.size(e, limit=limit)
+            assert got == full if full <= limit else got > limit

@@ -37,13 +37,19 @@ def _arg_sig(a: torch._C.Argument) -> tuple[str, str]:
     return (a.name, str(a.type))
 
 
+@cache  # asked for every traced op: reading a schema's alias info costs more than the lookup
 def mutated_args(op: OpOverload) -> tuple[str, ...]:
     return tuple(a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write)
 
 
 def is_view(op: OpOverload) -> bool:
     """True when the op's outputs alias its first argument (a view), without writing it."""
-    if not isinstance(op, OpOverload) or mutated_args(op):
+    return isinstance(op, OpOverload) and _is_view_op(op)
+
+
+@cache
+def _is_view_op(op: OpOverload) -> bool:
+    if mutated_args(op):
         return False
     rets = op._schema.returns
     return bool(rets) and all(r.alias_info is not None and not r.alias_info.is_write for r in rets)

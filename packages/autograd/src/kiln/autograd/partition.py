@@ -1,7 +1,7 @@
 """Splitting a joint graph into a forward graph and a backward graph.
 
 - ``save_all``: the forward computes everything it can; every forward value the backward reads is saved.
-- ``min_cut``: a max-flow/min-cut over the forward nodes (networkx) picks the cheapest set of tensors
+- ``min_cut``: a max-flow/min-cut over the forward nodes (mincut.py) picks the cheapest set of tensors
   (in bytes) to save such that the backward can recompute everything else it needs from them with
   cheap ops only (pointwise, views, casts). Matmuls, convolutions, attention, reductions and random
   ops are banned from recomputation: when the backward needs one, it is saved (so dropout's backward
@@ -18,13 +18,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-import networkx as nx
 import torch
 from torch import fx
 
 from kiln.graph import lazy_graph_module, print_graph
 
 from . import ops
+from .mincut import CutNetwork
 from .errors import AutogradTraceError
 from .joint import JointGraph
 from .signature import GraphSignature
@@ -126,10 +126,10 @@ _SCALE = 1 << 24  # byte weights dominate the tie-break term (graphs have far fe
 
 def _min_cut(s: _Split) -> list[fx.Node]:
     """Saved nodes = the forward nodes whose in->out edge is in a minimum source/sink cut."""
-    net = nx.DiGraph()
+    net = CutNetwork()
     mutated = {s.primals[i] for i in s.mutated_inputs}
-    net.add_node("source")
-    net.add_node("sink")
+    net.node("source")
+    net.node("sink")
     for n in s.fw_nodes:
         val = n.meta.get("val")
         if n in mutated:
@@ -153,7 +153,7 @@ def _min_cut(s: _Split) -> list[fx.Node]:
                 net.add_edge(f"{n.name}_out", f"{user.name}_in")
     for n in _needed_by_backward(s):
         net.add_edge(f"{n.name}_out", "sink")
-    _, (reachable, _) = nx.minimum_cut(net, "source", "sink")
+    reachable = net.source_side("source", "sink")
     return [n for n in _order(s) if f"{n.name}_in" in reachable and f"{n.name}_out" not in reachable]
 
 

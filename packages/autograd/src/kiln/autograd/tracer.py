@@ -99,7 +99,7 @@ class GraphRecorder:
         return a.node
 
     def arg_nodes(self, tree: Any) -> Any:
-        return tree_map(lambda x: self.node_of(x) if isinstance(x, torch.Tensor) else x, tree)
+        return map_tensors(self.node_of, tree)
 
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> fx.Node:
         """Record a functional op whose fake result is ``out`` and register its outputs."""
@@ -168,6 +168,22 @@ class GraphRecorder:
             root.register_buffer(name, t)
         self.graph.eliminate_dead_code()
         return lazy_graph_module(root, self.graph)  # code made if it is ever run
+
+
+def map_tensors(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
+    """``tree_map`` applying ``fn`` to the tensors of an op's arguments. Plain tuples, lists and dicts
+    (what ATen arguments are made of) are rebuilt here, much faster than pytree's flatten/unflatten;
+    any other container goes through ``tree_map``."""
+    cls = type(tree)
+    if cls is tuple or cls is list:
+        return cls([map_tensors(fn, x) for x in tree])
+    if cls is dict:
+        return {k: map_tensors(fn, v) for k, v in tree.items()}
+    if isinstance(tree, torch.Tensor):
+        return fn(tree)
+    if isinstance(tree, (tuple, list, dict)):  # namedtuples, torch.Size, OrderedDict...
+        return tree_map(lambda x: fn(x) if isinstance(x, torch.Tensor) else x, tree)
+    return tree
 
 
 def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -258,7 +274,7 @@ class TracingMode(TorchDispatchMode):
         if mutation is not None:
             self._functionalize(func, mutation, args, kwargs, out)
             return out
-        if any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
+        if isinstance(out, torch.Tensor) or any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
             self.rec.record(func, args, kwargs, out)
         return out
 

@@ -29,7 +29,7 @@ from kiln.graph import (
 )
 from kiln.graph import verify as verify_dialect
 
-from .tracer import CARRIED_META, DecompositionError, GraphRecorder
+from .tracer import CARRIED_META, DecompositionError, GraphRecorder, map_leaves
 
 Table = Mapping[OpOverload, Callable[..., Any]]
 
@@ -91,11 +91,18 @@ def _fakes_for(gm: fx.GraphModule, example_inputs: Sequence[Any] | None) -> tupl
 
 
 class _Retracer(fx.Interpreter):
-    """Runs the source graph's nodes through a GraphRecorder, carrying their meta to new nodes."""
+    """Runs the source graph's nodes through a GraphRecorder, carrying their meta to new nodes.
 
-    def __init__(self, gm: fx.GraphModule, recorder: GraphRecorder) -> None:
+    ``reuse``: a node the table does not decompose, whose inputs' values have the metadata its
+    source inputs had, is recorded with the source node's own fake value instead of running it on
+    fake tensors again (the run would compute the same metadata): only the decomposed nodes, and
+    whatever their new values change downstream, run. Fake dispatch is most of a re-trace's cost.
+    """
+
+    def __init__(self, gm: fx.GraphModule, recorder: GraphRecorder, reuse: bool = False) -> None:
         super().__init__(gm, garbage_collect_values=False)
         self.recorder = recorder
+        self.reuse = reuse
         self._node: fx.Node | None = None
 
     def run_node(self, n: fx.Node) -> Any:
@@ -128,12 +135,37 @@ class _Retracer(fx.Interpreter):
         if isinstance(target, HigherOrderOperator):
             raise DecompositionError(f"higher-order operator {target.__name__} is not supported by decompose()")
         if isinstance(target, OpOverload):
-            args, kwargs = tree_map(self.recorder.to_fake, (args, kwargs))
+            args, kwargs = map_leaves(self.recorder.to_fake, (args, kwargs))
             pos, kw = normalize_args(target, args, kwargs)
+            if self.reuse and target not in self.recorder.table:
+                traced = self._traced_value(target)
+                if traced is not None:
+                    return self.recorder.emit(target, pos, kw, traced)
             with autocast_off():
                 return self.recorder.dispatch(target, pos, kw)
         with self.recorder:
             return target(*args, **kwargs)
+
+    def _traced_value(self, target: OpOverload) -> Any:
+        """The source node's fake value when running ``target`` again would give the same: it has
+        one (of this trace's fake mode) and every input's value now matches what it was traced with
+        (the same tensor, or for non-aliasing ops one with equal metadata)."""
+        n = self._node
+        assert n is not None
+        val = n.meta.get("val")
+        vals = val if isinstance(val, (tuple, list)) else (val,)
+        mode = self.recorder.fake_mode
+        if not vals or not all(isinstance(v, FakeTensor) and v.fake_mode is mode for v in vals):
+            return None
+        aliasing = any(r.alias_info is not None for r in target._schema.returns)
+        for a in n.all_input_nodes:
+            now, was = self.env[a], a.meta.get("val")
+            if now is was:
+                continue
+            if aliasing or not (isinstance(now, FakeTensor) and isinstance(was, FakeTensor)) \
+                    or not _same_metadata(now, was):
+                return None
+        return val
 
     def call_method(self, target: Any, args: Any, kwargs: Any) -> Any:
         with self.recorder:
@@ -145,6 +177,26 @@ class _Retracer(fx.Interpreter):
 
     def output(self, target: Any, args: Any, kwargs: Any) -> Any:
         return args[0]
+
+
+def _same_metadata(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.dtype == b.dtype and a.device == b.device and a.shape == b.shape and a.stride() == b.stride()
+            and a.storage_offset() == b.storage_offset())
+
+
+def _reusable_values(gm: fx.GraphModule, mode: FakeTensorMode) -> bool:
+    """Whether the graph's own fake values may stand in for a node's re-run: static shapes (no
+    symbolic size to re-bind), and placeholders whose values are the trace's fake tensors."""
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("val")
+        if isinstance(v, FakeTensor):
+            if v.fake_mode is not mode or any(not isinstance(s, int) for s in (*v.shape, *v.stride())):
+                return False
+        elif not isinstance(v, int):
+            return False
+    return True
 
 
 def _finish(graph: fx.Graph, root: torch.nn.Module, recorder: GraphRecorder, out: Any,
@@ -216,7 +268,7 @@ def _retrace(gm: fx.GraphModule, table: Table, example_inputs: Sequence[Any] | N
     graph = fx.Graph()
     root = torch.nn.Module()
     recorder = GraphRecorder(graph, table, mode, root)
-    interp = _Retracer(gm, recorder)
+    interp = _Retracer(gm, recorder, reuse=example_inputs is None and _reusable_values(gm, mode))
     out_source = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
     with mode, torch.no_grad():
         out = interp.run(*fakes)

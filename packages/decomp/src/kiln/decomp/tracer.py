@@ -38,6 +38,26 @@ _FUNCTIONAL_FORMS: dict[OpOverload, OpOverload] = {
 }
 
 
+def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
+    """``tree_map(fn, tree)`` for an op's arguments: plain tuples, lists and dicts are rebuilt here (much
+    faster than pytree's flatten/unflatten); any other container goes through ``tree_map``."""
+    cls = type(tree)
+    if cls is tuple or cls is list:
+        return cls([map_leaves(fn, x) for x in tree])
+    if cls is dict:
+        return {k: map_leaves(fn, v) for k, v in tree.items()}
+    if isinstance(tree, (tuple, list, dict)):  # namedtuples, torch.Size, OrderedDict...
+        return tree_map(fn, tree)
+    if tree is None and not _NONE_IS_LEAF:
+        return None
+    return fn(tree)
+
+
+# whether pytree hands None to the function (a leaf) or keeps it (a node without children): it
+# changed between torch versions
+_NONE_IS_LEAF = tree_map(lambda x: True, None) is True
+
+
 class DecompositionError(KilnError):
     """Re-tracing failed: a decomposition raised, recursed forever, or met a value it cannot record."""
 
@@ -219,12 +239,17 @@ class GraphRecorder(TorchDispatchMode):
         return target
 
     def _record(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        fargs, fkwargs = tree_map(self.to_fake, (args, kwargs))
+        fargs, fkwargs = map_leaves(self.to_fake, (args, kwargs))
         out = func(*fargs, **fkwargs)  # the FakeTensorMode below this one computes it
+        return self.emit(func, args, kwargs, out)
+
+    def emit(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> Any:
+        """Record ``func(*args, **kwargs)`` whose fake result ``out`` is already known (computed by
+        ``_record``, or carried over from the graph being re-traced when its inputs did not change)."""
         if isinstance(out, (int, float, bool)) and not isinstance(out, torch.SymInt | torch.SymFloat | torch.SymBool):
             return out  # a static size query (aten.sym_size on a static shape): a constant, no node
-        node_args = tree_map(self.to_arg, args)
-        node_kwargs = tree_map(self.to_arg, kwargs)
+        node_args = map_leaves(self.to_arg, args)
+        node_kwargs = map_leaves(self.to_arg, kwargs)
         node = self.graph.call_function(func, node_args, node_kwargs)
         node.meta.update(self.carried_meta)
         node.meta["val"] = out

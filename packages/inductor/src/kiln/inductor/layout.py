@@ -332,28 +332,29 @@ def to_channels_last(gm: fx.GraphModule, example_inputs: Sequence[Any],
     before = eager_strides if eager_strides is not None else output_strides(gm)
     # placeholders may carry other strides than the graph was traced with (a backward graph compiled
     # for channels-last saved activations): node metas follow the placeholders from here on
-    repropagate(gm, example_inputs)
+    ran = repropagate(gm, example_inputs)
     converted = 0
     for conv in conv_nodes(gm):
         positions = (0, 1, 2) if conv.target is CONV_BACKWARD else (0, 1)
         for p in positions:
             converted += _to_channels_last(gm, conv, p)
     if converted:
-        repropagate(gm, example_inputs)
+        ran = repropagate(gm, example_inputs, ran)
         converted -= _drop_redundant_clones(gm)
-    restored = restore_output_strides(gm, example_inputs, before)
+    restored = restore_output_strides(gm, example_inputs, before, ran)
     log("perf_hints").info("layout: %d convolution operands made channels-last, %d outputs copied back to "
                            "eager's strides", converted, restored)
     return converted
 
 
 def restore_output_strides(gm: fx.GraphModule, example_inputs: Sequence[Any],
-                           eager_strides: dict[int, tuple[int, ...]]) -> int:
+                           eager_strides: dict[int, tuple[int, ...]], ran: Propagated | None = None) -> int:
     """Copy outputs whose traced stride differs from ``eager_strides`` back to it (see
-    ``_restore_output_strides``); returns the count. A no-op when nothing differs."""
+    ``_restore_output_strides``); returns the count. A no-op when nothing differs. ``ran``: the
+    last ``repropagate`` of ``gm``'s record."""
     restored = _restore_output_strides(gm, eager_strides)
     if restored:
-        repropagate(gm, example_inputs)
+        repropagate(gm, example_inputs, ran)
     gm.graph.lint()
     gm.recompile()
     return restored
@@ -367,15 +368,23 @@ def _fake_mode(gm: fx.GraphModule) -> FakeTensorMode:
     return FakeTensorMode(allow_non_fake_inputs=True)
 
 
-def repropagate(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
+# per node of a repropagated graph: (the values of its inputs it was run on, the value it gave)
+Propagated = dict[fx.Node, tuple[tuple[Any, ...], Any]]
+
+
+def repropagate(gm: fx.GraphModule, example_inputs: Sequence[Any], ran: Propagated | None = None) -> Propagated:
     """Recompute ``meta['val']`` of every node from the placeholders' (strides changed upstream).
 
     A ``view`` whose input is no longer viewable (a flatten of a channels-last activation) gets the
     meta of a view of a contiguous copy: the lowering folds views of any layout (copying if needed).
+    ``ran``: what an earlier repropagate of this graph returned; a node it ran on the very same input
+    values (objects), and whose value is still the one it gave, keeps that value instead of running
+    on fake tensors again (the rewrites between two passes touch a few nodes). Returns the record.
     """
     mode = _fake_mode(gm)
     env: dict[fx.Node, Any] = {}
     it = iter(example_inputs)
+    record: Propagated = {}
 
     def fake(x: Any) -> Any:  # real tensors and other modes' fakes (the graph came from two traces)
         if isinstance(x, torch.Tensor) and not (isinstance(x, FakeTensor) and x.fake_mode is mode):
@@ -390,10 +399,18 @@ def repropagate(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
             elif n.op == "get_attr":
                 env[n] = fake(getattr(gm, n.target))
             elif n.op == "call_function":
-                env[n] = _run(n, env)
+                inputs = tuple(env[a] for a in n.all_input_nodes)
+                before = ran.get(n) if ran is not None else None
+                if before is not None and before[1] is n.meta.get("val") and len(before[0]) == len(inputs) \
+                        and all(x is y for x, y in zip(before[0], inputs)):
+                    env[n] = before[1]
+                else:
+                    env[n] = _run(n, env)
+                record[n] = (inputs, env[n])
             else:
                 continue
             n.meta["val"] = env[n]
+    return record
 
 
 def _run(n: fx.Node, env: dict[fx.Node, Any]) -> Any:

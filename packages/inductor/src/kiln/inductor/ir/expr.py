@@ -139,17 +139,23 @@ def map_expr(e: Expr, fn: Callable[[Expr], Expr | None]) -> Expr:
 
     def go(n: Expr) -> Expr:
         key = id(n)
-        if key in cache:
-            return cache[key]
-        if isinstance(n, Op):
-            new_args = tuple(go(a) for a in n.args)
-            n2: Expr = n if new_args == n.args else Op(n.name, new_args, n.dtype)
-        elif isinstance(n, Cast):
-            x = go(n.x)
-            n2 = n if x is n.x else Cast(x, n.dtype)
-        elif isinstance(n, Load) and n.indirect:
-            ind = tuple(go(a) for a in n.indirect)
-            n2 = n if ind == n.indirect else Load(n.buffer, n.index, n.dtype, ind)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit
+        # children compared by identity: ``==`` on rebuilt subtrees would compare them field by field
+        cls = type(n)
+        if cls is Op:
+            args = n.args  # type: ignore[union-attr]
+            new_args = tuple([go(a) for a in args])
+            same = all(a is b for a, b in zip(new_args, args))
+            n2: Expr = n if same else Op(n.name, new_args, n.dtype)  # type: ignore[union-attr]
+        elif cls is Cast:
+            x = go(n.x)  # type: ignore[union-attr]
+            n2 = n if x is n.x else Cast(x, n.dtype)  # type: ignore[union-attr]
+        elif cls is Load and n.indirect:  # type: ignore[union-attr]
+            ind = tuple([go(a) for a in n.indirect])  # type: ignore[union-attr]
+            same = all(a is b for a, b in zip(ind, n.indirect))  # type: ignore[union-attr]
+            n2 = n if same else Load(n.buffer, n.index, n.dtype, ind)  # type: ignore[union-attr]
         else:
             n2 = n
         r = fn(n2)
@@ -168,10 +174,13 @@ def substitute_index(e: Expr, mapping: Mapping[sympy.Symbol, IndexExpr]) -> Expr
     items = tuple(mapping.items())
 
     def fn(n: Expr) -> Expr | None:
+        # an index the mapping leaves as it was keeps its node: unchanged subtrees stay the same objects
         if isinstance(n, Load):
-            return Load(n.buffer, substituted(n.index, items), n.dtype, n.indirect)
+            index = substituted(n.index, items)
+            return None if index == n.index else Load(n.buffer, index, n.dtype, n.indirect)
         if isinstance(n, IndexValue):
-            return IndexValue(substituted(n.index, items), n.dtype)
+            index = substituted(n.index, items)
+            return None if index == n.index else IndexValue(index, n.dtype)
         return None
 
     return map_expr(e, fn)
@@ -186,15 +195,46 @@ def substituted(index: IndexExpr, items: tuple[tuple[sympy.Symbol, IndexExpr], .
 
 
 def reads(e: Expr) -> list[Load]:
+    """The loads of ``e`` in pre-order of first occurrence. A subtree object met again (an inlined
+    value used twice) is not walked again: its loads were all seen the first time."""
     seen: dict[Load, None] = {}
-    for n in walk(e):
-        if isinstance(n, Load):
-            seen[n] = None
+    visited: set[int] = set()
+    stack: list[Expr] = [e]
+    while stack:
+        n = stack.pop()
+        if id(n) in visited:
+            continue
+        visited.add(id(n))
+        cls = type(n)
+        if cls is Load:
+            seen[n] = None  # type: ignore[index]
+            if n.indirect:  # type: ignore[union-attr]
+                stack.extend(reversed(n.indirect))  # type: ignore[union-attr]
+        elif cls is Op:
+            stack.extend(reversed(n.args))  # type: ignore[union-attr]
+        elif cls is Cast:
+            stack.append(n.x)  # type: ignore[union-attr]
     return list(seen)
 
 
-def size(e: Expr) -> int:
-    return sum(1 for _ in walk(e))
+def size(e: Expr, limit: int | None = None) -> int:
+    """Nodes in ``e`` counted per occurrence; with ``limit``, counting stops past it (the answer is
+    then some number > limit): callers comparing against a bound need not walk a huge body."""
+    count = 0
+    stack = [e]
+    while stack:
+        n = stack.pop()
+        count += 1
+        if limit is not None and count > limit:
+            return count
+        cls = type(n)
+        if cls is Op:
+            stack.extend(n.args)  # type: ignore[union-attr]
+        elif cls is Cast:
+            stack.append(n.x)  # type: ignore[union-attr]
+        elif cls is Load and n.indirect:  # type: ignore[union-attr]
+            stack.extend(n.indirect)  # type: ignore[union-attr]
+    return count
 
 
 def format_dtype(d: torch.dtype) -> str:

@@ -24,7 +24,7 @@ import torch
 
 from .expr import Expr, format_expr
 from .index import IndexExpr, index_str
-from .nodes import ExternKernel, Layout, args_buffers
+from .nodes import ExternKernel, Layout, args_buffers, dims_str
 
 ROLES = ("full", "outer")
 
@@ -65,8 +65,8 @@ class Kernel:
         return bool(self.inner)
 
     def as_text(self) -> str:
-        head = (f"kernel {self.name}[{', '.join(map(str, self.outer))}"
-                + (f" | {', '.join(map(str, self.inner))}" if self.inner else "") + "]"
+        head = (f"kernel {self.name}[{dims_str(self.outer)}"
+                + (f" | {dims_str(self.inner)}" if self.inner else "") + "]"
                 + f" reads ({', '.join(self.inputs)}) writes ({', '.join(self.outputs)})"
                 + "".join(f" {o} over {i}" for o, i in self.inplace))
         return "\n".join([head, *(n.as_text() for n in self.nodes)])

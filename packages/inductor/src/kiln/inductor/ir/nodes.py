@@ -40,9 +40,9 @@ class Layout:
             st == cs or sz == 1 for sz, st, cs in zip(self.shape, self.stride, contiguous_strides(self.shape)))
 
     def as_text(self) -> str:
-        shape = ", ".join(str(s) for s in self.shape)
-        stride = ", ".join(str(s) for s in self.stride)
-        off = f" +{self.offset}" if self.offset != 0 else ""
+        shape = dims_str(self.shape)
+        stride = dims_str(self.stride)
+        off = f" +{dim_str(self.offset)}" if self.offset != 0 else ""
         return f"{format_dtype(self.dtype)}[{shape}]({stride}){off}"
 
 
@@ -118,19 +118,24 @@ class ComputedBuffer:
         d = self.data
         head = f"{self.name}: {self.layout.as_text()} = "
         if isinstance(d, Pointwise):
-            return head + f"pointwise[{_dims(d.ranges)}] {format_expr(d.body)}"
+            return head + f"pointwise[{dims_str(d.ranges)}] {format_expr(d.body)}"
         if isinstance(d, Reduction):
-            return head + (f"reduce_{d.reduction_type}[{_dims(d.ranges)} | {_dims(d.reduction_ranges)}] "
+            return head + (f"reduce_{d.reduction_type}[{dims_str(d.ranges)} | {dims_str(d.reduction_ranges)}] "
                            f"{format_expr(d.body)}")
         if isinstance(d, Scatter):
             binds = "".join(f", d{k}={format_expr(a)}" for k, a in enumerate(d.indirect))
-            return head + (f"scatter_{d.mode}[{_dims(d.ranges)}] {format_expr(d.base)} then "
-                           f"[{_dims(d.src_ranges)}] at [{d.index}{binds}] {format_expr(d.value)}")
-        return head + f"scan_{d.scan_type}[{_dims(d.ranges)} axis={d.axis}] {format_expr(d.body)}"
+            return head + (f"scatter_{d.mode}[{dims_str(d.ranges)}] {format_expr(d.base)} then "
+                           f"[{dims_str(d.src_ranges)}] at [{d.index}{binds}] {format_expr(d.value)}")
+        return head + f"scan_{d.scan_type}[{dims_str(d.ranges)} axis={d.axis}] {format_expr(d.body)}"
 
 
-def _dims(r: tuple[IndexExpr, ...]) -> str:
-    return ", ".join(str(x) for x in r)
+def dims_str(r: tuple[IndexExpr, ...]) -> str:
+    return ", ".join([dim_str(x) for x in r])
+
+
+def dim_str(x: IndexExpr) -> str:
+    """``str(x)``; integers without sympy's printer (most sizes and strides are integers)."""
+    return str(int(x)) if isinstance(x, (int, sympy.Integer)) else str(x)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +149,7 @@ class TensorRef:
     dtype: torch.dtype
 
     def as_text(self) -> str:
-        return (f"{self.buffer}.view([{_dims(self.shape)}], ({_dims(self.stride)}), +{self.offset})")
+        return (f"{self.buffer}.view([{dims_str(self.shape)}], ({dims_str(self.stride)}), +{dim_str(self.offset)})")
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,9 +89,10 @@ class LoweringContext:
         ``stride`` when given: a channels-last activation stays channels-last)."""
         if not isinstance(v, Lazy):
             return v
-        shared = n_users > 1 and (size(v.body) > self.options.inline_max_size
+        body_size = size(v.body, limit=8 * self.options.inline_max_size)  # exact up to the larger bound
+        shared = n_users > 1 and (body_size > self.options.inline_max_size
                                   or _full_reads(v) > self.options.inline_max_reads)
-        if shared or size(v.body) > 8 * self.options.inline_max_size:
+        if shared or body_size > 8 * self.options.inline_max_size:
             return self.realize(v, stride)
         return v
 

@@ -189,15 +189,14 @@ def _merge_dims(prefix: str, ranges: tuple, nodes: list[KernelNode]) -> tuple[tu
             ranges[k + 1] = ranges[k] * ranges[k + 1]
             del ranges[k], cur[k]
         k -= 1
-    # rename surviving vars to prefix0..n
+    # rename surviving vars to prefix0..n: one simultaneous substitution (x1 -> x0, x0 -> 0 cannot
+    # collide), composed with the merges and size-1 drops
     final = {v: index_vars(prefix, len(cur))[j] for j, v in enumerate(cur)}
-    tmp = {v: sympy.Symbol(f"_m{j}", integer=True) for j, v in enumerate(cur)}
-    composed = {s: v.xreplace(tmp) for s, v in mapping.items()}
+    composed = {s: v.xreplace(final) for s, v in mapping.items()}
     for v in cur:
-        composed.setdefault(v, tmp[v])
-    nodes = _apply(nodes, composed)
-    nodes = _apply(nodes, {tmp[v]: final[v] for v in cur})
-    return tuple(ranges), nodes
+        composed.setdefault(v, final[v])
+    composed = {s: v for s, v in composed.items() if s != v}
+    return tuple(ranges), _apply(nodes, composed)
 
 
 def merge_loops(outer: tuple, inner: tuple, nodes: list[KernelNode]) -> tuple[tuple, tuple, list[KernelNode]]:

@@ -47,6 +47,9 @@ def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step
     # the argument's name dies there, its memory does not, so it must never be handed on for reuse
     aliased = {b for w in works if isinstance(w, ExternKernel) and _in_place(w.target)
                for b in args_buffers(w.args)}
+    dying: dict[int, list[str]] = {}  # step -> buffers last used there (in last_use's order)
+    for b, last in last_use.items():
+        dying.setdefault(last, []).append(b)
     pool: dict[object, list[str]] = {}
     steps: list[Step] = []
     for k, w in enumerate(works):
@@ -56,8 +59,7 @@ def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step
                 key = _nbytes(layouts[b])
                 reuse = pool.get(key, []).pop() if key is not None and pool.get(key) else None
                 allocs.append(Allocation(b, layouts[b], reuse))
-        free = tuple(b for b, last in last_use.items()
-                     if last == k and b not in outputs and b not in inputs)
+        free = tuple(b for b in dying.get(k, ()) if b not in outputs and b not in inputs)
         for b in free:
             key = _nbytes(layouts[b])
             if key is not None and b not in aliased:
