@@ -134,12 +134,19 @@ def _tensors_ok(values: tuple, expected: tuple) -> bool:
     return True
 
 
+_PAYLOAD_PARTS: dict[tuple[str, str], tuple[torch.dtype, torch.device | str]] = {}
+
+
 def _tensor_payload(expected: tuple) -> tuple:
     dtype, device, shape, stride, rg = expected
-    dt = getattr(torch, str(dtype).removeprefix("torch."))
-    dev = torch.device(device)
-    return (dt, dev.type if dev.index is None and dev.type != "cpu" else dev, tuple(shape),
-            tuple(stride), bool(rg))
+    parts = _PAYLOAD_PARTS.get((dtype, device))  # a model's hundreds of tensors share one or two
+    if parts is None:
+        dt = getattr(torch, str(dtype).removeprefix("torch."))
+        dev = torch.device(device)
+        parts = (dt, dev.type if dev.index is None and dev.type != "cpu" else dev)
+        if type(dtype) is str and type(device) is str:
+            _PAYLOAD_PARTS[(dtype, device)] = parts
+    return (*parts, tuple(shape), tuple(stride), bool(rg))
 
 
 def _static(expected: tuple) -> bool:
@@ -197,16 +204,15 @@ class _Reads:
         self.parent: list[int] = [0] * _ROOTS
         self.getter: list[Callable[[Any], Any] | None] = [None] * _ROOTS
         self.depth: list[int] = [0] * _ROOTS
-        self.edges: dict[tuple[int, str], int] = {}
         self.known: dict[str, int] = {}
 
-    def _node(self, parent: int, key: str, make: Callable[[], Callable[[Any], Any]]) -> int:
-        node = self.edges.get((parent, key))
-        if node is None:
-            node = self.edges[(parent, key)] = len(self.getter)
-            self.parent.append(parent)
-            self.getter.append(make())
-            self.depth.append(self.depth[parent] + 1)
+    def _node(self, parent: int, getter: Callable[[Any], Any]) -> int:
+        """A new node. Why no lookup by (parent, segment): a source not in ``known`` has a parent
+        and segment no other source string has (the prefix string names the parent)."""
+        node = len(self.getter)
+        self.parent.append(parent)
+        self.getter.append(getter)
+        self.depth.append(self.depth[parent] + 1)
         return node
 
     def slot(self, source: str) -> int:
@@ -221,13 +227,12 @@ class _Reads:
         # every key of _GETTERS is a valid segment: skip the regex for the ones seen before
         if cut > 0 and (segment in _GETTERS or _SEGMENT.fullmatch(segment)) \
                 and source[:cut] != "__import__('sys')":
-            parent = self.slot(source[:cut])
-            node = self._node(parent, segment, lambda: _getter(segment))
+            node = self._node(self.slot(source[:cut]), _GETTERS.get(segment) or _getter(segment))
         elif _BARE.fullmatch(source):
-            node = self._node(0 if source[0] == "L" else 1, source[1:], lambda: _getter(source[1:]))
+            node = self._node(0 if source[0] == "L" else 1, _getter(source[1:]))
         else:  # not a chain (``len(L['x'])``, ``L['x'].size()``): one compiled read of the source
             fn = eval(f"lambda LG: (lambda L, G: {source})(*LG)")  # noqa: S307 - a guard source
-            node = self._node(2, source, lambda: fn)
+            node = self._node(2, fn)
         self.known[source] = node
         return node
 
