@@ -109,3 +109,16 @@ def test_cpp_kernels_are_bound_from_one_table():
     assert sorted(name for name, _, _ in rows) == sorted(launched) and len(launched) == 2
     assert len({symbol for _, symbol, _ in rows}) == 1, table
     assert all(int(n) == 2 for _, _, n in rows), table
+
+
+def test_frees_wait_for_the_next_allocation_in_one_statement():
+    # conv -> pointwise -> conv -> pointwise: the frees after a convolution and after the kernel that
+    # follows it (which allocates nothing) are one ``del`` just before the next allocation
+    def f(x, w1, w2):
+        y = F.conv2d(x, w1, padding=1).relu() * 2
+        return (F.conv2d(y, w2, padding=1) + 1).sigmoid()
+    cg = check(f, _g(2, 4, 8, 8), _g(4, 4, 3, 3), _g(4, 4, 3, 3))
+    lines = cg.texts["output_code"].split("def call_owned")[1].split("\n\n")[0].splitlines()
+    for a, b in zip(lines, lines[1:]):
+        assert not (a.strip().startswith("del ") and b.strip().startswith("_k")), lines
+        assert not (a.strip().startswith("del ") and b.strip().startswith("del ")), lines

@@ -146,9 +146,19 @@ class WrapperWriter:
         self.alias: dict[str, str] = {}
         self.note = ""  # a comment for the next statement (where an alias was made)
         self.ext_rows: list[list[Any]] = []
+        # names whose last use is behind: unbound by one ``del`` just before the next statement that
+        # may allocate (not before a kernel launch, which allocates nothing), so the memory is free
+        # for it as before, with fewer statements to compile at load and to run per call
+        self.pending_dels: list[str] = []
 
-    def emit(self, line: str) -> None:
+    def free(self, names: list[str]) -> None:
+        self.pending_dels += names
+
+    def emit(self, line: str, *, allocates: bool = True) -> None:
         """Append a statement of ``call_owned``, its buffer names read through the aliases."""
+        if allocates and self.pending_dels:
+            dels, self.pending_dels = self.pending_dels, []
+            self.emit(f"    del {', '.join(dels)}")
         if self.alias:
             line = _NAME.sub(lambda m: self.alias.get(m.group(0), m.group(0)), line)
         if self.note:
@@ -272,19 +282,19 @@ class WrapperWriter:
                     self.alloc(a.buffer, a.layout, a.reuse)
             dead: frozenset[str] = frozenset()
             if isinstance(st.work, Kernel):
-                self.emit(f"    {launch}")
+                self.emit(f"    {launch}", allocates=False)
                 if over:
-                    self.emit(f"    del {', '.join(over.values())}")
+                    self.free(list(over.values()))
             else:
                 dead = frozenset(o.buffer for o in st.work.outputs
                                  if o.buffer in st.free and o.buffer not in reused and o.path)
                 self.extern(st.work, dead)
             dels = [b for b in st.free if b not in reused and b not in dead] + input_dels.get(k, [])
-            if dels:
-                self.emit(f"    del {', '.join(dels)}")
+            self.free(dels)
         outs = []
         for o in p.outputs:
             outs.append(self.ref(o) if isinstance(o, TensorRef) else _value(o.value))
+        self.pending_dels.clear()  # returning unbinds them all at once
         self.emit(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         if self.ext_rows:
             table = json.dumps(self.ext_rows, separators=(",", ":"))
