@@ -130,7 +130,7 @@ class _Compiler:
             return f"id({src}) == {g.expected!r}"
         if g.kind == "EQUALS_MATCH":
             if flat_tuple(g.expected):  # the items' types too: (True, 1) == (1, 1)
-                items = tuple(type(x) for x in g.expected)  # type: ignore[union-attr]
+                items = tuple(type(x) for x in g.expected)  # type: ignore[attr-defined]
                 v = f"_t{next(self.counter)}"
                 return (f"(type({v} := {src}) is tuple and {v} == {self.const(g.expected)} and "
                         f"tuple(map(type, {v})) == {self.const(items)})")

@@ -109,7 +109,7 @@ def typed_equal(value: object, expected: object) -> bool:
     if type(value) is not type(expected) or value != expected:
         return False
     if type(expected) is tuple:
-        return all(map(typed_equal, value, expected))  # type: ignore[arg-type]
+        return all(map(typed_equal, value, expected))  # type: ignore[call-overload]
     return True
 
 
@@ -257,7 +257,7 @@ class _Reads:
         return position, tuple(levels)
 
 
-def _take(indices: Sequence[int]) -> Callable[[list], tuple]:
+def _take(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple]:
     """``vals`` -> the tuple of ``vals[i]`` for ``indices``."""
     if len(indices) == 1:
         i = indices[0]
