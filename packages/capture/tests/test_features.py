@@ -457,3 +457,40 @@ def test_swapped_or_reshaped_parameter_recompiles(recorder):
     model[1].weight = torch.nn.Parameter(torch.randn(4, 4).t().contiguous().t())  # new strides
     assert_same(opt(x), model(x))
     assert recorder.count == 4
+
+
+# ---- constant tuples: one guard each (issue 7) ----------------------------------------------
+def test_conv_tuples_are_one_guard_each():
+    """A conv's stride/padding/dilation are one typed EQUALS_MATCH each, not TYPE_MATCH +
+    LENGTH_MATCH + a guard per item (744 of a mobilenet's 1,395 guards)."""
+    m = nn.Conv2d(2, 2, 3, stride=(2, 1), padding=1).eval()
+    cg = kc.capture_graph(m.forward, (torch.randn(1, 2, 5, 5),), {})
+    by_source: dict[str, list[str]] = {}
+    for g in cg.guards:
+        by_source.setdefault(g.source, []).append(g.kind)
+    for name, value in (("stride", (2, 1)), ("padding", (1, 1)), ("dilation", (1, 1))):
+        src = f"L['self'].{name}"
+        assert by_source[src] == ["EQUALS_MATCH"]
+        assert not any(s.startswith(src + "[") for s in by_source)
+        (g,) = [g for g in cg.guards if g.source == src]
+        assert g.expected == value and all(type(v) is int for v in g.expected)
+
+
+@pytest.mark.parametrize("change", [(2, 2), (1, 1, 1), (True, 1), (1.0, 1), [1, 1]])
+def test_changed_constant_tuple_recompiles(recorder, change):
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = (1, 1)
+
+        def forward(self, x):
+            return x * self.scale[0] + self.scale[-1]
+    m = M()
+    g = kc.optimize(m, recorder)
+    x = torch.randn(3)
+    assert_same(g(x), m(x))
+    assert_same(g(x), m(x))
+    assert recorder.count == 1
+    m.scale = change
+    assert_same(g(x), m(x))
+    assert recorder.count == 2  # (True, 1) == (1, 1), but its trace may differ: a new entry

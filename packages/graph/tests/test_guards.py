@@ -187,3 +187,93 @@ def _with_new_bias(lin):  # an equal module whose bias is another Parameter obje
     other = copy.copy(lin)
     other._parameters = dict(lin._parameters, bias=torch.nn.Parameter(lin.bias.detach().clone()))
     return other
+
+
+# ---- constant tuples: one typed EQUALS_MATCH (issue 7: fewer guards per load) ---------------------
+
+_TUPLE_CASES = [((1, 1), (1, 1), True), ((1, 1), (True, 1), False), ((1, 1), (1.0, 1), False),
+                ((1, 1), (1, 2), False), ((1, 1), (1, 1, 1), False), ((1, 1), [1, 1], False),
+                ((), (), True), (((1, 2), "a"), ((1, 2), "a"), True), (((1, 2), "a"), ((1, True), "a"), False),
+                ((None, 2.5), (None, 2.5), True), ((None, 2.5), (None, 2), False)]
+
+
+@pytest.mark.parametrize("expected,actual,ok", _TUPLE_CASES)
+@pytest.mark.parametrize("path", ["generated", "plan", "plan_bare"])
+def test_equals_match_on_a_tuple_compares_item_types(expected, actual, ok, path) -> None:
+    from kiln.graph.guards_codegen import generated_check
+    from kiln.graph.guards_plan import plan_check
+    if path == "plan_bare":  # a guard on an argument itself is checked one by one
+        guards = (Guard("L['s']", "EQUALS_MATCH", expected),)
+        L = {"s": actual}
+    else:  # an attribute: grouped with other EQUALS_MATCH guards (one comparison per kind)
+        guards = (Guard("L['m'].s", "EQUALS_MATCH", expected), Guard("L['m'].k", "EQUALS_MATCH", (3, 3)),
+                  Guard("L['m'].n", "EQUALS_MATCH", 2))
+
+        class M:
+            s, k, n = actual, (3, 3), 2
+        L = {"m": M()}
+    check = generated_check(guards) if path == "generated" else plan_check(guards)
+    assert bool(check(L, {})) is ok
+
+
+def test_first_failure_names_the_tuple_source() -> None:
+    gs = GuardSet((Guard("L['m'].stride", "EQUALS_MATCH", (1, 1)), Guard("L['m'].padding", "EQUALS_MATCH", (0, 0))))
+
+    class M:
+        stride, padding = (1, 1), (True, 0)
+    failed = gs.first_failure({"m": M()}, {})
+    assert failed is not None and failed[0].source == "L['m'].padding" and failed[1] == "(True, 0)"
+
+
+def test_tuple_guard_survives_json() -> None:
+    gs = GuardSet((Guard("L['m'].s", "EQUALS_MATCH", ((1, 2.0), True, None, "x")),))
+    back = GuardSet.from_json(gs.to_json())
+    assert back.guards == gs.guards
+    check = back.compile()
+
+    class M:
+        s = ((1, 2.0), True, None, "x")
+    assert check({"m": M()}, {})
+    M.s = ((1, 2), True, None, "x")
+    assert not check({"m": M()}, {})
+
+
+def test_simplified_drops_only_implied_guards() -> None:
+    s = "L['m'].stride"
+    gs = GuardSet((
+        Guard("", "GLOBAL_STATE", global_state()),
+        Guard(s, "TYPE_MATCH", "builtins:tuple"),
+        Guard(s, "LENGTH_MATCH", 2),
+        Guard(f"{s}[0]", "EQUALS_MATCH", 1),
+        Guard(f"{s}[1]", "TYPE_MATCH", "builtins:int"),
+        Guard(s, "EQUALS_MATCH", (1, 2)),
+        Guard(s, "NOT_NONE", None),
+        Guard(s, "EQUALS_MATCH", (1, 2)),  # an exact duplicate
+        Guard("L['m'].w", "TENSOR_MATCH", tensor_expectation(torch.ones(2))),
+        Guard("L['m'].w", "NOT_NONE", None),
+        Guard("L['m'].w", "TYPE_MATCH", "torch.nn.parameter:Parameter"),  # not implied by the tensor
+        Guard("L['d']", "DICT_KEYS", ("a", "b")),
+        Guard("L['d']", "LENGTH_MATCH", 2),
+        Guard("L['e']", "LENGTH_MATCH", 2),  # nothing implies it
+        Guard("L['f']", "TYPE_MATCH", "builtins:list"),  # not implied: f's EQUALS_MATCH is a tuple
+        Guard("L['f']", "EQUALS_MATCH", (1,)),
+        Guard(f"{s}[0]", "IS_NONE", None),  # contradicts the tuple: kept (the set fails, as before)
+    ))
+    kept = gs.simplified()
+    assert [(g.source, g.kind) for g in kept] == [
+        ("", "GLOBAL_STATE"), (s, "EQUALS_MATCH"), ("L['m'].w", "TENSOR_MATCH"),
+        ("L['m'].w", "TYPE_MATCH"), ("L['d']", "DICT_KEYS"), ("L['e']", "LENGTH_MATCH"),
+        ("L['f']", "TYPE_MATCH"), ("L['f']", "EQUALS_MATCH"), (f"{s}[0]", "IS_NONE")]
+    # the same answer as the full set on inputs that pass and fail
+    class M:
+        stride, w = (1, 2), torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    for stride in [(1, 2), (True, 2), (1, 2, 3), [1, 2], (1, 2.0)]:
+        M.stride = stride
+        L = {"m": M(), "d": {"a": 1, "b": 2}, "e": [0, 0], "f": (1,)}
+        assert gs.compile()(L, {}) == kept.compile()(L, {}) is False  # IS_NONE on [0] always fails
+    no_contradiction = GuardSet(tuple(g for g in gs if g.kind != "IS_NONE" and g.source != "L['f']"))
+    for stride in [(1, 2), (True, 2), (1, 2, 3), [1, 2], (1, 2.0)]:
+        M.stride = stride
+        L = {"m": M(), "d": {"a": 1, "b": 2}, "e": [0, 0], "f": (1,)}
+        assert no_contradiction.compile()(L, {}) == no_contradiction.simplified().compile()(L, {}) \
+            == (stride == (1, 2) and type(stride[1]) is int and type(stride) is tuple and type(stride[0]) is int)

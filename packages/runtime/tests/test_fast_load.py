@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
-from kiln.graph import Guard, GuardSet, tensor_expectation
+from kiln.graph import Guard, GuardSet, PortableProgram, TensorSpec, tensor_expectation
 from kiln.runtime import CompileCache
 from kiln.runtime.fast_load import _CODE_NS, compile_cached, compile_guards
 
@@ -59,3 +60,39 @@ def test_compile_cached_reuses_code(tmp_path: Path) -> None:
     ns: dict = {}
     exec(b, ns)
     assert ns["f"](4) == 8
+
+
+def test_gc_is_paused_while_loading_and_restored(tmp_path) -> None:
+    """A load allocates many long-lived objects: Python's cyclic GC is off during it, on after (also
+    when the load fails), and stays off for a program that turned it off."""
+    import gc
+
+    from kiln.runtime import ArtifactError, load_compiled_function, save_artifact
+    from kiln.runtime import loaded as loaded_mod
+
+    seen: list[bool] = []
+    real = loaded_mod.LoadedFunction.from_artifact
+
+    def spy(*a, **k):
+        seen.append(gc.isenabled())
+        return real(*a, **k)
+    prog = PortableProgram("def call(args):\n    return (args[0] + 1,)\n", {})
+    path = tmp_path / "a.kiln"
+    save_artifact(path, prog, input_names=["x"], input_specs=[TensorSpec.from_tensor(torch.ones(2))])
+    loaded_mod.LoadedFunction.from_artifact = staticmethod(spy)
+    try:
+        assert gc.isenabled()
+        fn = load_compiled_function(str(path))
+        assert seen == [False] and gc.isenabled()
+        torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 2.0))
+        with pytest.raises(ArtifactError):
+            load_compiled_function(b"not an artifact")
+        assert gc.isenabled()
+        gc.disable()
+        try:
+            load_compiled_function(str(path))
+            assert not gc.isenabled()
+        finally:
+            gc.enable()
+    finally:
+        loaded_mod.LoadedFunction.from_artifact = real

@@ -124,7 +124,7 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
         root.add_module(name, sub)
     gm = fx.GraphModule(root, tracer.graph, class_name="KilnCaptured")
     guards = list(tracer.guards.values()) + shape_guards(tracer.shape_env, tracer.symbol_sources)
-    gs = GuardSet(tuple(_order_guards(guards)))
+    gs = GuardSet(tuple(_order_guards(guards))).simplified()
     specs: list[TensorSpec | int | None] = [TensorSpec.from_tensor(i.fake) if isinstance(i.fake, torch.Tensor)
                                             else None for i in tracer.inputs]
     captured = CapturedGraph(gm, tuple(i.source for i in tracer.inputs), tuple(specs), gs)

@@ -167,6 +167,13 @@ class Tracer:
             copy, real = self.copies_by_id[id(value)]
             if real is value:  # Note: aliasing is assumed, not guarded (as PyTorch's compiler does)
                 return copy
+        if t is tuple and _constant_tuple(value):
+            # one guard for a constant tuple (a conv's stride): EQUALS_MATCH compares every item's
+            # type too, so it stands for TYPE_MATCH + LENGTH_MATCH + a guard per item
+            self.add_guard(source, "EQUALS_MATCH", value)
+            copy = tuple([*value])  # a traced value of its own, as the item-wise path made
+            self._remember(copy, source)
+            return copy
         if t in (tuple, list) or (isinstance(value, tuple) and hasattr(t, "_fields")):
             self.add_guard(source, "TYPE_MATCH", type_name(t))
             self.add_guard(source, "LENGTH_MATCH", len(value))
@@ -484,6 +491,14 @@ _BREAKING_ERRORS = _breaking_errors()
 def _is_argument(source: str) -> bool:
     """``L['name']``: a frame argument, the only ints made symbolic (not attributes or items)."""
     return source.startswith("L['") and source.endswith("']") and source.count("[") == 1
+
+
+_CONSTANT_TYPES = frozenset({bool, int, float, str, type(None)})
+
+
+def _constant_tuple(value: tuple) -> bool:
+    """A tuple of ints, floats, bools, strings and None (or tuples of them): data a guard can hold."""
+    return all(type(v) in _CONSTANT_TYPES or (type(v) is tuple and _constant_tuple(v)) for v in value)
 
 
 def _plain_dict_subclass(t: type) -> bool:

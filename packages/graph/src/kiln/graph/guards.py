@@ -20,12 +20,14 @@ import torch
 from .guards_codegen import GENERATED_MAX_GUARDS, generated_check
 from .guards_plan import device_matches as device_matches  # re-exported (kiln.graph API)
 from .guards_plan import global_state, plan_check
+from .guards_simplify import simplify_guards
 
 GUARD_KINDS: dict[str, str] = {
     "TENSOR_MATCH": "dtype, device, shape (None = dynamic), stride (None = dynamic), requires_grad",
     "TYPE_MATCH": "type(x) is the class named 'module:qualname'",
     "ID_MATCH": "x is the very object seen at trace time (in-process only)",
-    "EQUALS_MATCH": "x == a constant (int, float, str, bool, None, tuples of them)",
+    "EQUALS_MATCH": "x == a constant (int, float, str, bool, None, tuples of them) of the same "
+                    "type; a tuple's items of the same types too",
     "LENGTH_MATCH": "len(x) == n",
     "DICT_KEYS": "list(x.keys()) == the keys seen, in order",
     "GLOBAL_STATE": "grad mode, autocast, default dtype and deterministic flags",
@@ -88,6 +90,12 @@ class GuardSet:
 
     def as_text(self) -> str:
         return "\n".join(g.as_text() for g in self.guards) or "(no guards)"
+
+    def simplified(self) -> GuardSet:
+        """The same checks without duplicates and without guards the others imply (a constant
+        tuple's EQUALS_MATCH implies its TYPE_MATCH, LENGTH_MATCH and its items' guards)."""
+        kept = simplify_guards(self.guards)
+        return self if len(kept) == len(self.guards) else GuardSet(kept)
 
     def to_json(self) -> list[dict[str, Any]]:
         return [{"source": g.source, "kind": g.kind, "expected": _jsonable(g.expected), "note": g.note}
@@ -167,8 +175,12 @@ _JSON_SCALARS = frozenset({int, str, bool, float, type(None)})
 
 
 def _hashable(v: Any) -> Any:
-    if type(v) in _JSON_SCALARS:  # most expected values (1,400 guards per mobilenet load)
+    if type(v) in _JSON_SCALARS:  # most expected values (800-1,400 guards per mobilenet load)
         return v
+    if type(v) is dict and len(v) == 1 and type(items := v.get("tuple")) is list:
+        if _JSON_SCALARS.issuperset(map(type, items)):  # shapes, strides, conv tuples: C-level
+            return tuple(items)
+        return tuple(map(_hashable, items))
     if isinstance(v, dict) and set(v) == {"tuple"}:
         return tuple(_hashable(x) for x in v["tuple"])
     if isinstance(v, dict) and set(v) == {"dtype"}:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .guards_plan import global_state, resolve_type, tensor_ok
+from .guards_plan import flat_tuple, global_state, resolve_type, tensor_ok, typed_equal
 
 if TYPE_CHECKING:  # guards.py imports this module
     from .guards import Guard
@@ -67,6 +67,7 @@ class _Compiler:
     def __init__(self, guards: tuple[Guard, ...] = ()) -> None:
         self.consts: dict[str, object] = {
             "_tensor_ok": tensor_ok, "_global_state": global_state, "_Tensor": torch.Tensor,
+            "_typed_equal": typed_equal,
             "_is_grad": torch.is_grad_enabled, "_autocast": torch.is_autocast_enabled,
             "_default_dtype": torch.get_default_dtype,
             "_deterministic": torch.are_deterministic_algorithms_enabled,
@@ -128,6 +129,13 @@ class _Compiler:
         if g.kind == "ID_MATCH":
             return f"id({src}) == {g.expected!r}"
         if g.kind == "EQUALS_MATCH":
+            if flat_tuple(g.expected):  # the items' types too: (True, 1) == (1, 1)
+                items = tuple(type(x) for x in g.expected)  # type: ignore[attr-defined]
+                v = f"_t{next(self.counter)}"
+                return (f"(type({v} := {src}) is tuple and {v} == {self.const(g.expected)} and "
+                        f"tuple(map(type, {v})) == {self.const(items)})")
+            if type(g.expected) is tuple:
+                return f"_typed_equal({src}, {self.const(g.expected)})"
             return f"(type({src}) is {self.const(type(g.expected))} and {src} == {self.const(g.expected)})"
         if g.kind == "LENGTH_MATCH":
             return f"len({src}) == {g.expected!r}"

@@ -102,6 +102,22 @@ def tensor_ok(v: object, dtype: torch.dtype, device: torch.device, shape: tuple,
     return True
 
 
+def typed_equal(value: object, expected: object) -> bool:
+    """EQUALS_MATCH: ``value == expected`` with the same type, and for a tuple the same type at
+    every position too (``(True, 1) == (1, 1)`` and ``(1.0,) == (1,)`` in Python, but a trace of
+    either took other paths): one guard stands for a constant tuple (a conv's ``stride``)."""
+    if type(value) is not type(expected) or value != expected:
+        return False
+    if type(expected) is tuple:
+        return all(map(typed_equal, value, expected))  # type: ignore[call-overload]
+    return True
+
+
+def flat_tuple(expected: object) -> bool:
+    """A tuple none of whose items is a tuple: its item types are checked as one flat tuple."""
+    return type(expected) is tuple and not any(type(x) is tuple for x in expected)
+
+
 def _tensors_ok(values: tuple, expected: tuple) -> bool:
     """Each value a tensor with exactly the (dtype, device, shape, stride, requires_grad) given; a
     device given as a string (``'cuda'``, no index) matches any index of that type."""
@@ -118,12 +134,19 @@ def _tensors_ok(values: tuple, expected: tuple) -> bool:
     return True
 
 
+_PAYLOAD_PARTS: dict[tuple[str, str], tuple[torch.dtype, torch.device | str]] = {}
+
+
 def _tensor_payload(expected: tuple) -> tuple:
     dtype, device, shape, stride, rg = expected
-    dt = getattr(torch, str(dtype).removeprefix("torch."))
-    dev = torch.device(device)
-    return (dt, dev.type if dev.index is None and dev.type != "cpu" else dev, tuple(shape),
-            tuple(stride), bool(rg))
+    parts = _PAYLOAD_PARTS.get((dtype, device))  # a model's hundreds of tensors share one or two
+    if parts is None:
+        dt = getattr(torch, str(dtype).removeprefix("torch."))
+        dev = torch.device(device)
+        parts = (dt, dev.type if dev.index is None and dev.type != "cpu" else dev)
+        if type(dtype) is str and type(device) is str:
+            _PAYLOAD_PARTS[(dtype, device)] = parts
+    return (*parts, tuple(shape), tuple(stride), bool(rg))
 
 
 def _static(expected: tuple) -> bool:
@@ -181,16 +204,15 @@ class _Reads:
         self.parent: list[int] = [0] * _ROOTS
         self.getter: list[Callable[[Any], Any] | None] = [None] * _ROOTS
         self.depth: list[int] = [0] * _ROOTS
-        self.edges: dict[tuple[int, str], int] = {}
         self.known: dict[str, int] = {}
 
-    def _node(self, parent: int, key: str, make: Callable[[], Callable[[Any], Any]]) -> int:
-        node = self.edges.get((parent, key))
-        if node is None:
-            node = self.edges[(parent, key)] = len(self.getter)
-            self.parent.append(parent)
-            self.getter.append(make())
-            self.depth.append(self.depth[parent] + 1)
+    def _node(self, parent: int, getter: Callable[[Any], Any]) -> int:
+        """A new node. Why no lookup by (parent, segment): a source not in ``known`` has a parent
+        and segment no other source string has (the prefix string names the parent)."""
+        node = len(self.getter)
+        self.parent.append(parent)
+        self.getter.append(getter)
+        self.depth.append(self.depth[parent] + 1)
         return node
 
     def slot(self, source: str) -> int:
@@ -205,13 +227,12 @@ class _Reads:
         # every key of _GETTERS is a valid segment: skip the regex for the ones seen before
         if cut > 0 and (segment in _GETTERS or _SEGMENT.fullmatch(segment)) \
                 and source[:cut] != "__import__('sys')":
-            parent = self.slot(source[:cut])
-            node = self._node(parent, segment, lambda: _getter(segment))
+            node = self._node(self.slot(source[:cut]), _GETTERS.get(segment) or _getter(segment))
         elif _BARE.fullmatch(source):
-            node = self._node(0 if source[0] == "L" else 1, source[1:], lambda: _getter(source[1:]))
+            node = self._node(0 if source[0] == "L" else 1, _getter(source[1:]))
         else:  # not a chain (``len(L['x'])``, ``L['x'].size()``): one compiled read of the source
             fn = eval(f"lambda LG: (lambda L, G: {source})(*LG)")  # noqa: S307 - a guard source
-            node = self._node(2, source, lambda: fn)
+            node = self._node(2, fn)
         self.known[source] = node
         return node
 
@@ -236,7 +257,7 @@ class _Reads:
         return position, tuple(levels)
 
 
-def _take(indices: Sequence[int]) -> Callable[[list], tuple]:
+def _take(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple]:
     """``vals`` -> the tuple of ``vals[i]`` for ``indices``."""
     if len(indices) == 1:
         i = indices[0]
@@ -264,6 +285,8 @@ def _value_check(g: Any) -> Callable[[Any], bool]:
     if kind == "ID_MATCH":
         return lambda v: id(v) == expected
     if kind == "EQUALS_MATCH":
+        if type(expected) is tuple:
+            return lambda v: typed_equal(v, expected)
         cls = type(expected)
         return lambda v: type(v) is cls and v == expected
     if kind == "LENGTH_MATCH":
@@ -300,13 +323,7 @@ def _group_check(kind: str, members: list, take: Callable[[list], tuple]) -> Cal
         types = tuple(resolve_type(str(g.expected)) for g in members)
         return lambda vals: tuple(map(type, take(vals))) == types
     if kind == "EQUALS_MATCH":
-        classes = tuple(type(g.expected) for g in members)
-        values = tuple(g.expected for g in members)
-
-        def equals(vals: list) -> bool:
-            got = take(vals)
-            return tuple(map(type, got)) == classes and got == values
-        return equals
+        return _equals_check(members, take)
     if kind == "ID_MATCH":  # modules of a model: hundreds per call, one comparison
         ids = tuple(g.expected for g in members)
         return lambda vals: tuple(map(id, take(vals))) == ids
@@ -316,6 +333,28 @@ def _group_check(kind: str, members: list, take: Callable[[list], tuple]) -> Cal
     if kind == "IS_NONE":
         return lambda vals: all(v is None for v in take(vals))
     return lambda vals: all(v is not None for v in take(vals))  # NOT_NONE
+
+
+def _equals_check(members: list, take: Callable[[list], tuple]) -> Callable[[list], bool]:
+    """Types and values of every member as two tuple comparisons; then the item types of the
+    constant tuples among them (a mobilenet's 186 conv stride/padding/dilation tuples) as one more,
+    over their items chained, and nested tuples one by one."""
+    classes = tuple(type(g.expected) for g in members)
+    values = tuple(g.expected for g in members)
+    flat = [i for i, g in enumerate(members) if flat_tuple(g.expected)]
+    nested = [i for i, g in enumerate(members) if type(g.expected) is tuple and not flat_tuple(g.expected)]
+    item_types = tuple(type(x) for i in flat for x in members[i].expected)
+    pick_flat = _take(flat) if flat else None
+    chain = itertools.chain.from_iterable
+
+    def equals(vals: list) -> bool:
+        got = take(vals)
+        if tuple(map(type, got)) != classes or got != values:
+            return False
+        if pick_flat is not None and tuple(map(type, chain(pick_flat(got)))) != item_types:
+            return False
+        return all(typed_equal(got[i], values[i]) for i in nested)
+    return equals
 
 
 _GROUPED = ("TYPE_MATCH", "ID_MATCH", "LENGTH_MATCH", "IS_NONE", "NOT_NONE", "EQUALS_MATCH", "TENSOR_MATCH")

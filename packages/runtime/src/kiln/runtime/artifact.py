@@ -124,7 +124,7 @@ def build_artifact(program: PortableProgram, *, input_sources: Sequence[str] | N
     if not (len(sources) == len(names) == len(specs)):
         raise ArtifactError(f"{len(sources)} input sources, {len(names)} names and {len(specs)} specs "
                             "given; there must be one of each per graph input")
-    guard_set = guards_with_specs(GuardSet(tuple(guards)).portable(), sources, specs)
+    guard_set = guards_with_specs(GuardSet(tuple(guards)).portable().simplified(), sources, specs)
     params = frame.params if frame is not None else _params_from_sources(
         [*sources, *(g.source for g in guard_set)])
     bound = bind_sources(sources, [g.source for g in guard_set], [p.name for p in params], frame,

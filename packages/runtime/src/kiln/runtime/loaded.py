@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import builtins
+import contextlib
+import gc
 import linecache
 import logging
 import os
 import sys
 import types
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -263,7 +265,24 @@ def load_compiled_function(file: PathOrFile | bytes | Artifact, *,
     ``G['name']`` read it (falling back to values saved in the artifact).
     ``external_data``: the objects kept out of the artifact at save time, under the same keys.
     """
-    artifact = file if isinstance(file, Artifact) else load_artifact(
-        file, check_compatibility=check_compatibility)
-    return LoadedFunction.from_artifact(artifact, f_globals=f_globals, external_data=external_data,
-                                        cache=cache)
+    with _gc_paused():
+        artifact = file if isinstance(file, Artifact) else load_artifact(
+            file, check_compatibility=check_compatibility)
+        return LoadedFunction.from_artifact(artifact, f_globals=f_globals, external_data=external_data,
+                                            cache=cache)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Python's cyclic GC off while an artifact loads: the load allocates tens of thousands of
+    objects that live on (the parsed manifest, guards, the check's plan), so collections during it
+    rescan them for nothing (~1 ms of a mobilenet's load in a new process). As kiln.capture does
+    while it compiles; a program that turned GC off keeps it off."""
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

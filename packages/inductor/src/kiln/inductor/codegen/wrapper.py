@@ -7,6 +7,7 @@ The module is self-contained (torch + ctypes): it defines ``call(args: list) -> 
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -51,6 +52,26 @@ def _restride(t, size, stride, dtype=None, device=None):
     return out
 '''
 
+# Extern calls with one plain output, when their trailing arguments are constants: one short statement
+# each (``buf3 = _ext(torch.convolution, 7, buf2, arg6)``) with the constants, size and stride in a
+# table read from one JSON string. Why: compile() of the wrapper at every artifact load grows with
+# its expressions (a convolution's statement had ~30 constants: 23 us of compile each, 5 us now);
+# per call it is one Python frame, as ``_restride`` was, and no argument lists built.
+EXT_HELPERS = '''
+
+def _ext(fn, i, *args):
+    consts, size, stride = _EXT[i]
+    t = fn(*args, *consts)
+    if t is not None and t.stride() == stride:
+        return t
+    return _restride(t, size, stride)
+
+
+def _ext_table(text):
+    import json
+    return [(tuple(c), tuple(size), tuple(stride)) for c, size, stride in json.loads(text)]
+'''
+
 
 # torch's generated Python bindings take the same arguments as these overloads and skip the
 # OpOverload's boxed call: 13.8 instead of 19.5 us of host time per addmm on the H200's host
@@ -75,6 +96,24 @@ def call_owned(args):"""
 def _ints(xs: tuple) -> str:
     items = ", ".join(str(int(x)) for x in xs)
     return f"({items},)" if len(xs) == 1 else f"({items})"
+
+
+_JSON_SCALARS = (bool, int, str, type(None))
+
+
+def _json_const(a: Arg) -> bool:
+    """A constant argument that JSON gives back as the same Python value (lists stay lists)."""
+    if isinstance(a, ConstArg):
+        v = a.value
+        return type(v) in _JSON_SCALARS or (type(v) is float and v == v and abs(v) != float("inf"))
+    return isinstance(a, ListArg) and all(_json_const(x) for x in a.items)
+
+
+def _json_value(a: Arg) -> Any:
+    return [_json_value(x) for x in a.items] if isinstance(a, ListArg) else a.value  # type: ignore[union-attr]
+
+
+_NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 
 
 def _value(v: Any) -> str:
@@ -102,6 +141,30 @@ class WrapperWriter:
         self.lines: list[str] = []
         device = getattr(kernels, "device", "cpu")
         self.device_kw = "" if device == "cpu" else f", device={device!r}"
+        # a buffer that takes over another's memory with the same layout is the same tensor: it
+        # keeps the first name (no statement, nothing to compile at load, nothing to run per call)
+        self.alias: dict[str, str] = {}
+        self.note = ""  # a comment for the next statement (where an alias was made)
+        self.ext_rows: list[list[Any]] = []
+        # names whose last use is behind: unbound by one ``del`` just before the next statement that
+        # may allocate (not before a kernel launch, which allocates nothing), so the memory is free
+        # for it as before, with fewer statements to compile at load and to run per call
+        self.pending_dels: list[str] = []
+
+    def free(self, names: list[str]) -> None:
+        self.pending_dels += names
+
+    def emit(self, line: str, *, allocates: bool = True) -> None:
+        """Append a statement of ``call_owned``, its buffer names read through the aliases."""
+        if allocates and self.pending_dels:
+            dels, self.pending_dels = self.pending_dels, []
+            self.emit(f"    del {', '.join(dels)}")
+        if self.alias:
+            line = _NAME.sub(lambda m: self.alias.get(m.group(0), m.group(0)), line)
+        if self.note:
+            line = f"{line}  # {self.note}" if "  # " not in line else f"{line}; {self.note}"
+            self.note = ""
+        self.lines.append(line)
 
     def ref(self, r: TensorRef) -> str:
         lay = self.layouts[r.buffer]
@@ -132,10 +195,19 @@ class WrapperWriter:
         call = f"{target}({', '.join(call_args)})"
         if not res.startswith("_r_"):  # one plain output: re-strided in the same statement (less to compile)
             o = e.outputs[0]
-            self.lines.append(f"    {res} = _restride({call}, {_ints(o.layout.shape)}, {_ints(o.layout.stride)})"
-                              f"  # {note}")
+            if not e.kwargs:
+                cut = len(e.args)
+                while cut > 0 and _json_const(e.args[cut - 1]):
+                    cut -= 1
+                self.ext_rows.append([[_json_value(a) for a in e.args[cut:]],
+                                      [int(x) for x in o.layout.shape], [int(x) for x in o.layout.stride]])
+                lead = "".join(f", {a}" for a in call_args[:cut])
+                self.emit(f"    {res} = _ext({target}, {len(self.ext_rows) - 1}{lead})  # {note}")
+                return
+            self.emit(f"    {res} = _restride({call}, {_ints(o.layout.shape)}, {_ints(o.layout.stride)})"
+                      f"  # {note}")
             return
-        self.lines.append(f"    {res} = {call}  # {note}")
+        self.emit(f"    {res} = {call}  # {note}")
         for o in e.outputs:
             if o.buffer in dead and res.startswith("_r_"):
                 continue
@@ -144,19 +216,20 @@ class WrapperWriter:
             # convolution (its input's layout) or cuDNN need not return
             where = f", {o.layout.dtype}, {o.layout.device!r}" if o.path else ""
             src = f"_restride({src}, {_ints(o.layout.shape)}, {_ints(o.layout.stride)}{where})"
-            self.lines.append(f"    {o.buffer} = {src}")
+            self.emit(f"    {o.buffer} = {src}")
         if res.startswith("_r_"):
-            self.lines.append(f"    del {res}")
+            self.emit(f"    del {res}")
 
     def alloc(self, buffer: str, layout: Layout, reuse: str | None) -> None:
         if reuse and self.layouts[reuse] == layout:  # same layout (an input updated in place): no view
-            self.lines.append(f"    {buffer} = {reuse}; del {reuse}  # reuse")
+            self.alias[buffer] = self.alias.get(reuse, reuse)
+            self.note = (f"{self.note}, " if self.note else "") + f"reuse: {buffer} is {self.alias[buffer]}"
         elif reuse:
-            self.lines.append(f"    {buffer} = {reuse}.as_strided({_ints(layout.shape)}, {_ints(layout.stride)})"
-                              f"; del {reuse}  # reuse")
+            self.emit(f"    {buffer} = {reuse}.as_strided({_ints(layout.shape)}, {_ints(layout.stride)})"
+                      f"; del {reuse}  # reuse")
         else:
-            self.lines.append(f"    {buffer} = torch.empty_strided({_ints(layout.shape)}, "
-                              f"{_ints(layout.stride)}, dtype={layout.dtype}{self.device_kw})")
+            self.emit(f"    {buffer} = torch.empty_strided({_ints(layout.shape)}, "
+                      f"{_ints(layout.stride)}, dtype={layout.dtype}{self.device_kw})")
 
     def input_last_uses(self, reused: set[str]) -> dict[int, list[str]]:
         """Step index -> graph inputs last read there (-1: never read), which the wrapper unbinds
@@ -183,6 +256,7 @@ class WrapperWriter:
             self.lines.append(MM_PADDED_SOURCE)
         if self.kernels.prelude:
             self.lines.append(self.kernels.prelude)
+        tables = len(self.lines)  # the extern table goes here once the steps are written
         self.lines.append(CALL_OWNED)
         names = {b.position: b.name for b in p.inputs}
         unpack = [names.get(k, "_") for k in range(max(names, default=-1) + 1)]
@@ -205,25 +279,28 @@ class WrapperWriter:
                 if over.get(a.buffer) == a.reuse and a.reuse is not None:
                     lay = a.layout  # the input may have another shape over the same memory (inplace.py)
                     view = "" if self.layouts[a.reuse] == lay else f".as_strided({_ints(lay.shape)}, {_ints(lay.stride)})"
-                    self.lines.append(f"    {a.buffer} = {a.reuse}{view}  # written in place")
+                    self.emit(f"    {a.buffer} = {a.reuse}{view}  # written in place")
                 else:
                     self.alloc(a.buffer, a.layout, a.reuse)
             dead: frozenset[str] = frozenset()
             if isinstance(st.work, Kernel):
-                self.lines.append(f"    {launch}")
+                self.emit(f"    {launch}", allocates=False)
                 if over:
-                    self.lines.append(f"    del {', '.join(over.values())}")
+                    self.free(list(over.values()))
             else:
                 dead = frozenset(o.buffer for o in st.work.outputs
                                  if o.buffer in st.free and o.buffer not in reused and o.path)
                 self.extern(st.work, dead)
             dels = [b for b in st.free if b not in reused and b not in dead] + input_dels.get(k, [])
-            if dels:
-                self.lines.append(f"    del {', '.join(dels)}")
+            self.free(dels)
         outs = []
         for o in p.outputs:
             outs.append(self.ref(o) if isinstance(o, TensorRef) else _value(o.value))
-        self.lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        self.pending_dels.clear()  # returning unbinds them all at once
+        self.emit(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+        if self.ext_rows:
+            table = json.dumps(self.ext_rows, separators=(",", ":"))
+            self.lines.insert(tables, f"{EXT_HELPERS}\n_EXT = _ext_table({table!r})\n")
         return "\n".join(self.lines) + "\n"
 
 
