@@ -19,7 +19,7 @@ path; torch.compile has no such mode, so those rows are kiln only. Training trac
 the CPU under CPU autocast (torch's autograd engine needs a real CUDA device for CUDA tensors, fake
 or not) and compiles the forward and backward graphs for CUDA (``_retargeting``). The benchmark's own
 moves of graphs and inputs to CUDA are left out of every figure, and Python's cyclic GC is paused
-while the model compiles, as ``kiln.compile`` pauses it (``kiln.capture.optimize.gc_paused``).
+while the model compiles, as ``kiln.compile`` pauses it (``kiln.graph.gc_paused``).
 ``--cross-triton cuda:90`` (with ``--cross-cuda``) also compiles every generated Triton kernel for that
 target, on kiln's compile worker processes as on a GPU (``KILN_TRITON_CROSS_TARGET``): the whole GPU
 cold compile but the first run (and, with triton <= 3.6, its C launcher builds, which the workers do
@@ -197,7 +197,7 @@ def measure_cross_cuda(*, model: str, mode: str, small: bool, profile: str | Non
 
 def _gc_paused() -> Any:
     try:
-        from kiln.capture.optimize import gc_paused
+        from kiln.graph import gc_paused
     except ImportError:  # pragma: no cover - a kiln without it
         return contextlib.nullcontext()
     return gc_paused()

@@ -3,20 +3,18 @@ miss, and continues in Python after a graph break through generated resume funct
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import gc
 import inspect
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from kiln.graph import GuardSet, enabled, log
+from kiln.graph import GuardSet, enabled, gc_paused, log
 
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
@@ -282,21 +280,6 @@ class Optimized:
 
 
 _DELETE = object()  # an attribute deletion (it has no value plan)
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's cyclic GC off while a frame compiles: compilation allocates hundreds of thousands of
-    objects (fake tensors, fx nodes, IR) that stay alive until it ends, so every collection rescans
-    them for nothing (about a fifth of BERT's compile time). Garbage left is collected afterwards."""
-    if not gc.isenabled():  # nested compiles, or the user turned it off
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _effect_values(effects: list, outs: Any, L: dict, G: dict) -> list:

@@ -20,7 +20,7 @@ from .guards import (
 from .knobs import KNOBS, GraphKnobs
 from .lazy_module import lazy_graph_module
 from .logs import LOG_NAMES, apply_env_logs, enabled, log, set_logs
-from .modes import autocast_off
+from .modes import autocast_off, gc_paused
 from .passes import KeepText, Pass, PassRecord, PipelineResult, VerifyAfterPass, run_pipeline
 from .printer import print_graph, target_name
 from .spec import Dim, TensorSpec
@@ -38,7 +38,7 @@ __all__ = [
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",
-    "StageObject", "TensorSpec", "VerificationError", "VerifyAfterPass", "autocast_off", "device_matches", "dump",
+    "StageObject", "TensorSpec", "VerificationError", "VerifyAfterPass", "autocast_off", "device_matches", "dump", "gc_paused",
     "enabled",
     "example_specs", "global_state", "lazy_graph_module", "log", "new_graph_id", "print_graph", "run_pipeline",
     "set_logs", "target_name", "tensor_expectation", "type_name", "verify",

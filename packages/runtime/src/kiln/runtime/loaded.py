@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 import builtins
-import contextlib
-import gc
 import linecache
 import logging
 import os
 import sys
 import types
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch.utils._pytree as pytree
 
-from kiln.graph import Guard, GuardSet, PortableProgram, TensorSpec
+from kiln.graph import Guard, GuardSet, PortableProgram, TensorSpec, gc_paused
 
 from .artifact import Artifact, PathOrFile, guards_with_specs, load_artifact, save_artifact
 from .bindings import Resolver
@@ -265,24 +263,8 @@ def load_compiled_function(file: PathOrFile | bytes | Artifact, *,
     ``G['name']`` read it (falling back to values saved in the artifact).
     ``external_data``: the objects kept out of the artifact at save time, under the same keys.
     """
-    with _gc_paused():
+    with gc_paused():
         artifact = file if isinstance(file, Artifact) else load_artifact(
             file, check_compatibility=check_compatibility)
         return LoadedFunction.from_artifact(artifact, f_globals=f_globals, external_data=external_data,
                                             cache=cache)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Python's cyclic GC off while an artifact loads: the load allocates tens of thousands of
-    objects that live on (the parsed manifest, guards, the check's plan), so collections during it
-    rescan them for nothing (~1 ms of a mobilenet's load in a new process). As kiln.capture does
-    while it compiles; a program that turned GC off keeps it off."""
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
