@@ -24,9 +24,9 @@ from torch import fx
 from kiln.graph import lazy_graph_module, print_graph
 
 from . import ops
-from .mincut import CutNetwork
 from .errors import AutogradTraceError
 from .joint import JointGraph
+from .mincut import CutNetwork
 from .signature import GraphSignature
 
 PartitionerName = Literal["min_cut", "save_all"]

@@ -16,7 +16,7 @@ import torch
 from torch import fx
 from torch._ops import HigherOrderOperator, OpOverload
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from kiln.graph import (
     CORE_ATEN_OPS,
