@@ -1,0 +1,65 @@
+"""Where a saved compiled function's load + first call spends its time (cProfile), one model.
+
+    python -m benchmarks.load_profile save gpt2 /tmp/gpt2.kiln     # process 1: aot_compile + save
+    KILN_CACHE_DIR=... TRITON_CACHE_DIR=... \\
+        python -m benchmarks.load_profile prof gpt2 /tmp/gpt2.kiln   # process 2, fresh caches = new machine
+
+Prints load s, first call s, a second call, then the top functions by cumulative and by own time.
+On CUDA the model is the suite's bf16 inference configuration (``benchmarks.warm_start``).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import pstats
+import sys
+import time
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from benchmarks import warm_start as W
+from benchmarks.kiln_bench import backends as B
+from benchmarks.kiln_bench import measure as M
+
+
+def main(argv: list[str]) -> int:
+    what, model, path = argv[:3]
+    device = argv[3] if len(argv) > 3 else ("cuda" if torch.cuda.is_available() else "cpu")
+    if what == "save":
+        print(W.save_artifact(backend="kiln", model=model, small=device == "cpu", device=device, path=path,
+                              kiln_backend="inductor", tc_backend="inductor"))
+        return 0
+    case = W._case(model, device == "cpu", device)
+    B.import_kiln()
+    M.sync(device)
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    with torch.no_grad():
+        loaded = W._load("kiln", path)
+        t1 = time.perf_counter()
+        loaded(case.model, *case.args, **case.kwargs)
+        M.sync(device)
+    prof.disable()
+    t2 = time.perf_counter()
+    print(f"load {t1 - t0:.3f} s, first call {t2 - t1:.3f} s, total {t2 - t0:.3f}")
+    t3 = time.perf_counter()
+    with torch.no_grad():
+        loaded(case.model, *case.args, **case.kwargs)
+        M.sync(device)
+    print(f"second call {time.perf_counter() - t3:.4f} s")
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("cumulative").print_stats(45)
+    stats.sort_stats("tottime").print_stats(25)
+    print("\n".join(line[:200] for line in out.getvalue().splitlines()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
