@@ -21,7 +21,7 @@ from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from kiln.graph import lazy_graph_module
+from kiln.graph import lazy_graph_module, map_leaves
 
 from . import ops
 from .errors import AutogradTraceError
@@ -171,19 +171,8 @@ class GraphRecorder:
 
 
 def map_tensors(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
-    """``tree_map`` applying ``fn`` to the tensors of an op's arguments. Plain tuples, lists and dicts
-    (what ATen arguments are made of) are rebuilt here, much faster than pytree's flatten/unflatten;
-    any other container goes through ``tree_map``."""
-    cls = type(tree)
-    if cls is tuple or cls is list:
-        return cls([map_tensors(fn, x) for x in tree])
-    if cls is dict:
-        return {k: map_tensors(fn, v) for k, v in tree.items()}
-    if isinstance(tree, torch.Tensor):
-        return fn(tree)
-    if isinstance(tree, (tuple, list, dict)):  # namedtuples, torch.Size, OrderedDict...
-        return tree_map(lambda x: fn(x) if isinstance(x, torch.Tensor) else x, tree)
-    return tree
+    """``fn`` applied to the tensors of an op's arguments (``kiln.graph.map_leaves``, pytree's speed aside)."""
+    return map_leaves(lambda x: fn(x) if isinstance(x, torch.Tensor) else x, tree)
 
 
 def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -25,11 +25,12 @@ from kiln.graph import (
     autocast_off,
     lazy_graph_module,
     log,
+    map_leaves,
     target_name,
 )
 from kiln.graph import verify as verify_dialect
 
-from .tracer import CARRIED_META, DecompositionError, GraphRecorder, map_leaves
+from .tracer import CARRIED_META, DecompositionError, GraphRecorder
 
 Table = Mapping[OpOverload, Callable[..., Any]]
 

@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from kiln.graph import KilnError
+from kiln.graph import KilnError, map_leaves
 
 from .registry import op_name
 
@@ -36,26 +36,6 @@ _FUNCTIONAL_FORMS: dict[OpOverload, OpOverload] = {
     torch.ops.aten.bernoulli_.float: torch.ops.aten.bernoulli.p,
     torch.ops.aten.bernoulli_.Tensor: torch.ops.aten.bernoulli.Tensor,
 }
-
-
-def map_leaves(fn: Callable[[Any], Any], tree: Any) -> Any:
-    """``tree_map(fn, tree)`` for an op's arguments: plain tuples, lists and dicts are rebuilt here (much
-    faster than pytree's flatten/unflatten); any other container goes through ``tree_map``."""
-    cls = type(tree)
-    if cls is tuple or cls is list:
-        return cls([map_leaves(fn, x) for x in tree])
-    if cls is dict:
-        return {k: map_leaves(fn, v) for k, v in tree.items()}
-    if isinstance(tree, (tuple, list, dict)):  # namedtuples, torch.Size, OrderedDict...
-        return tree_map(fn, tree)
-    if tree is None and not _NONE_IS_LEAF:
-        return None
-    return fn(tree)
-
-
-# whether pytree hands None to the function (a leaf) or keeps it (a node without children): it
-# changed between torch versions
-_NONE_IS_LEAF = tree_map(lambda x: True, None) is True
 
 
 class DecompositionError(KilnError):

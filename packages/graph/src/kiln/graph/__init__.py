@@ -32,13 +32,14 @@ from .stages import (
     StageObject,
     example_specs,
 )
+from .trees import map_leaves
 from .verify import verify
 
 __all__ = [
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",
-    "StageObject", "TensorSpec", "VerificationError", "VerifyAfterPass", "autocast_off", "device_matches", "dump", "gc_paused",
+    "StageObject", "TensorSpec", "VerificationError", "VerifyAfterPass", "autocast_off", "device_matches", "dump", "gc_paused", "map_leaves",
     "enabled",
     "example_specs", "global_state", "lazy_graph_module", "log", "new_graph_id", "print_graph", "run_pipeline",
     "set_logs", "target_name", "tensor_expectation", "type_name", "verify",
