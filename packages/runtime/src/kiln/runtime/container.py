@@ -114,7 +114,8 @@ class Container:
         except FileNotFoundError:
             raise ArtifactError(f"artifact {self.location} is missing file {name!r} listed in its "
                                 "manifest (truncated or incomplete copy?)") from None
-        except (zipfile.BadZipFile, zlib.error, EOFError, ValueError) as e:  # ValueError: bad offsets
+        # ValueError: bad offsets; NotImplementedError: a corrupt header naming an unknown zip version/method
+        except (zipfile.BadZipFile, zlib.error, EOFError, ValueError, NotImplementedError) as e:
             raise ArtifactError(f"artifact {self.location}: file {name!r} is corrupt in the zip "
                                 f"archive ({e})") from e
         except OSError as e:
@@ -145,7 +146,7 @@ def open_container(source: PathLike | BinaryIO | bytes) -> Container:
 def _open_zip(buf: io.BytesIO, location: str) -> Container:
     try:
         archive = zipfile.ZipFile(buf)
-    except zipfile.BadZipFile as e:
+    except (zipfile.BadZipFile, NotImplementedError) as e:  # a corrupt header can name an unknown zip version
         size = len(buf.getvalue())
         raise ArtifactError(f"artifact {location} is not a valid kiln artifact: bad zip file ({e}; "
                             f"{size} bytes) — it is truncated, corrupt, or not an artifact") from e
