@@ -49,11 +49,14 @@ def _pool_active_bytes() -> int:
                if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0))
 
 
-def _peak_step(step: Callable[[], Any]) -> int:
-    """Allocated peak of one step over what was there before it."""
+def _peak_step(step: Callable[[], Any], clear_grads: Callable[[], Any] | None = None) -> int:
+    """Allocated peak of one step over what was there before it (after ``clear_grads``: the step
+    drops the previous step's gradients first, so they are not part of the base)."""
     for _ in range(3):
         step()
     torch.cuda.synchronize()
+    if clear_grads is not None:
+        clear_grads()
     gc.collect()
     torch.cuda.empty_cache()
     base = torch.cuda.memory_allocated()
@@ -109,7 +112,7 @@ def _row(name: str, training: bool) -> str:
     try:
         case = build_for_mode(name, small=False, device=dev, training=training)
         plain = _step_fn(case, B.compile_fn("kiln", case.model, B.CompileSpec()), training, dev)
-        peak = _peak_step(plain)
+        peak = _peak_step(plain, (lambda: case.model.zero_grad(set_to_none=True)) if training else None)
         private = _private_pool_step(plain)
         del plain
         gc.collect()

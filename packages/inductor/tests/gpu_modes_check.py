@@ -9,6 +9,8 @@ The same checks run under pytest as @pytest.mark.gpu tests (tests/cudagraphs, te
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import os
 import sys
 import tempfile
@@ -327,6 +329,97 @@ def check_pool_shared_across_graphs() -> str:
     return f"3 graphs x 64 MiB scratch: one tree +{one / 2**20:.0f} MiB, separate pools +{separate / 2**20:.0f} MiB"
 
 
+def _private_pool_bytes() -> int:
+    return sum(int(seg["total_size"]) for seg in torch.cuda.memory_snapshot()
+               if tuple(seg.get("segment_pool_id", (0, 0))) != (0, 0))
+
+
+class _Deep(torch.nn.Module):
+    """Eight Linear+GELU layers at batch 2048: 8 MiB per activation, saved twice per layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(1024, 1024) for _ in range(8))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = x
+        kept = None
+        for i, layer in enumerate(self.layers):
+            h = torch.nn.functional.gelu(layer(h))
+            if i == 3:
+                kept = h  # returned as well as saved: the caller may keep it past the backward
+        return h, kept
+
+
+def _deep_steps(compiled: Callable[..., object], model: torch.nn.Module, x: torch.Tensor, steps: int = 5):
+    """Steps 1-3 warm up, record and replay; the last two backward twice (retain_graph: autograd keeps
+    the saved activations, so they are not handed over and the donated memory must not be reused)."""
+    kept, grads = [], []
+    for step in range(steps):
+        model.zero_grad(set_to_none=True)
+        out, mid = compiled(x)
+        loss = out.square().mean() + mid.mean()
+        if step >= 3:
+            loss.backward(retain_graph=True)
+        loss.backward()
+        kept.append(mid)
+        grads.append([p.grad.clone() for p in model.parameters()])
+    return grads, kept
+
+
+def check_training_pool_donation() -> str:
+    """kiln.compile(mode="reduce-overhead") training: the backward's recording reuses the saved
+    activations it reads (pool smaller than without donation) and results equal eager's, also for an
+    activation the caller keeps and for retain_graph."""
+    import kiln
+    from kiln.inductor.cudagraphs import function as cg_function
+
+    torch.manual_seed(0)
+    model = _Deep().to(DEV)
+    x = torch.randn(2048, 1024, device=DEV)
+    ref_grads, ref_kept = _deep_steps(model, model, x)
+    torch.cuda.synchronize()
+    model.zero_grad(set_to_none=True)
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out, mid = model(x)
+    (out.square().mean() + mid.mean()).backward()
+    del out, mid
+    eager_peak = torch.cuda.max_memory_allocated() - base
+
+    pools, stats = {}, {}
+    original = cg_function.CUDAGraphOptions
+    for donate in (False, True):
+        kiln.reset()
+        gc.collect()
+        torch.cuda.empty_cache()
+        before = _private_pool_bytes()
+        cg_function.CUDAGraphOptions = functools.partial(original, donate_saved=donate)  # type: ignore[misc]
+        try:
+            compiled = kiln.compile(model, mode="reduce-overhead")
+            grads, kept = _deep_steps(compiled, model, x)
+        finally:
+            cg_function.CUDAGraphOptions = original  # type: ignore[misc]
+        torch.cuda.synchronize()
+        pools[donate] = _private_pool_bytes() - before
+        tree = cg_function.default_tree(x.device)
+        stats[donate] = tree.liveness
+        for step_grads, step_ref in zip(grads, ref_grads):
+            for g, r in zip(step_grads, step_ref):
+                _close(g, r, 2e-3)
+        for k, r in zip(kept, ref_kept):  # every step's kept activation, read after later steps ran
+            _close(k, r, 2e-3)
+        del compiled, grads, kept
+    kiln.reset()
+    assert stats[True].donated > 0, "no saved activation was donated to the backward's recording"
+    assert pools[True] < 0.8 * pools[False], pools
+    mb = 2**20
+    return (f"pool {pools[True] / mb:.0f} MiB with donation ({stats[True].donated} storages, "
+            f"{stats[True].donated_bytes / mb:.0f} MiB) vs {pools[False] / mb:.0f} MiB without; eager step peak "
+            f"{eager_peak / mb:.0f} MiB (pool / peak {pools[True] / eager_peak:.2f}); grads and kept activations "
+            f"equal eager's")
+
+
 CUDAGRAPH_CHECKS: dict[str, Callable[[], str]] = {
     "cudagraphs.replay_equals_eager": check_replay_equals_eager,
     "cudagraphs.output_aliasing_input": check_output_aliasing_input,
@@ -336,6 +429,7 @@ CUDAGRAPH_CHECKS: dict[str, Callable[[], str]] = {
     "cudagraphs.rerecord_limit": check_rerecord_limit,
     "cudagraphs.skip_reasons": check_skip_reasons,
     "cudagraphs.pool_shared_across_graphs": check_pool_shared_across_graphs,
+    "cudagraphs.training_pool_donation": check_training_pool_donation,
 }
 
 # --- max-autotune -----------------------------------------------------------------------------------

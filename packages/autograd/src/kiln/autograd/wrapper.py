@@ -84,11 +84,18 @@ def owned_call(compiled: Any) -> Callable[[list], Any] | None:
     return getattr(fn, "call_owned", None)
 
 
-def release_saved(ctx: Any) -> None:
-    """Drop ``ctx``'s references to its saved tensors unless the graph is kept (retain_graph)."""
+def release_saved(ctx: Any) -> bool:
+    """Drop ``ctx``'s references to its saved tensors unless the graph is kept (retain_graph); True when
+    they were dropped, so the caller holds the only references left."""
     clear = getattr(ctx, "maybe_clear_saved_tensors", None)
-    if clear is not None:
-        clear()
+    if clear is None:
+        return False
+    clear()
+    try:
+        ctx.saved_tensors  # noqa: B018 - raises once autograd has freed them
+    except RuntimeError:
+        return True
+    return False
 
 
 def make_inference_callable(sig: GraphSignature, compiled: Compiled) -> Callable[..., Any]:
@@ -155,10 +162,10 @@ def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_sa
                 # hand the saved activations over: the compiled backward drops each after its last
                 # use, as eager's engine frees a node's saved tensors once it ran (unless retain_graph)
                 bw_args = [*ctx.saved_tensors, *tangents]
-                release_saved(ctx)
+                handed_over = release_saved(ctx)
                 del tangents, given
-                with autocast_off():
-                    gin = _as_list(owned(bw_args))
+                with autocast_off():  # retain_graph: autograd keeps them, so they are not the callee's
+                    gin = _as_list(owned(bw_args) if handed_over else bw(*bw_args))
             else:
                 with autocast_off():
                     gin = _as_list(bw(*ctx.saved_tensors, *tangents))

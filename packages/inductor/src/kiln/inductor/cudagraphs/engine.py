@@ -21,6 +21,8 @@ from typing import Any, Protocol
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from .liveness import CAN_DONATE
+
 # ATen ops that wait for the device (their result size or value lives on the host).
 _SYNC_OPS = frozenset({
     "aten::_local_scalar_dense", "aten::nonzero", "aten::nonzero_static", "aten::masked_select",
@@ -91,11 +93,12 @@ def _device_to_host(name: str, args: Sequence[Any], kwargs: dict[str, Any]) -> b
 
 class GraphEngine(Protocol):
     device_type: str
+    donates: bool  # a capture can free an input's memory after its last read (tree.py, donation)
 
     def new_pool(self, device: torch.device) -> object: ...
 
     def capture(self, fn: Callable[..., Any], args: list[Any], *, pool: object,
-                device: torch.device, capture_error_mode: str) -> tuple[object, Any]: ...
+                device: torch.device, capture_error_mode: str, owned: bool = False) -> tuple[object, Any]: ...
 
     def replay(self, graph: object) -> None: ...
 
@@ -107,6 +110,7 @@ class CudaGraphEngine:
     """Records into ``torch.cuda.CUDAGraph`` on a per-device side stream, into one shared pool."""
 
     device_type = "cuda"
+    donates = CAN_DONATE
 
     def __init__(self) -> None:
         self._streams: dict[int, torch.cuda.Stream] = {}
@@ -122,7 +126,9 @@ class CudaGraphEngine:
         return self._streams[index]
 
     def capture(self, fn: Callable[..., Any], args: list[Any], *, pool: Any,
-                device: torch.device, capture_error_mode: str) -> tuple[object, Any]:
+                device: torch.device, capture_error_mode: str, owned: bool = False) -> tuple[object, Any]:
+        """``owned``: ``fn.call_owned(args)`` takes the list's references over and drops each input after
+        its last read, so the allocator can give that memory to the rest of the capture."""
         with torch.cuda.device(device):
             torch.cuda.synchronize()  # inputs copied into slots, warm-up work finished
             stream = self._stream(device)
@@ -131,7 +137,7 @@ class CudaGraphEngine:
             with torch.cuda.stream(stream):
                 graph.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
                 try:
-                    outputs = fn(*args)
+                    outputs = fn.call_owned(args) if owned else fn(*args)  # type: ignore[attr-defined]
                 except BaseException as e:
                     with contextlib.suppress(Exception):
                         graph.capture_end()  # leave the stream out of capture mode
@@ -185,12 +191,13 @@ class EmulatedGraphEngine:
     """CPU stand-in with CUDA graph semantics, for testing the tree's bookkeeping without a GPU."""
 
     device_type = "cpu"
+    donates = False  # a CPU stand-in has no allocator pool to hand memory back to
 
     def new_pool(self, device: torch.device) -> object:
         return object()
 
     def capture(self, fn: Callable[..., Any], args: list[Any], *, pool: object,
-                device: torch.device, capture_error_mode: str) -> tuple[object, Any]:
+                device: torch.device, capture_error_mode: str, owned: bool = False) -> tuple[object, Any]:
         # A capture runs nothing: give the function copies so in-place updates of static inputs do
         # not happen twice (the replay that follows a recording applies them once).
         scratch = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]

@@ -60,22 +60,37 @@ class CUDAGraphFunction:
         self._generation = self.tree.generation
 
     def __call__(self, *args: Any) -> Any:
+        return self._call(args, owned=False)
+
+    def call_owned(self, args: list[Any]) -> Any:
+        """Call with the caller's references handed over (the list is emptied), as ``fn.call_owned``:
+        a backward's recording may then reuse the saved activations it reads (``CUDAGraphTree.record``)."""
+        try:
+            return self._call(args, owned=True)
+        finally:
+            args.clear()
+
+    def _call(self, args: Sequence[Any], owned: bool) -> Any:
         if self.skip_reason is not None:
-            return self.fn(*args)
+            return self._eager(args, owned)
         if self._generation != self.tree.generation:  # the tree was reset: start over
             self._forget()
         node = self._last
         if node is None or not node.accepts(args):
             node = next((n for n in self.nodes if n.accepts(args)), None)
         if node is None:
-            return self._miss(args)
-        ok, out = self.tree.run(node, args, self.options)
+            return self._miss(args, owned)
+        ok, out = self.tree.run(node, args, self.options, owned=owned)
         if not ok:
             self.stats.eager_calls += 1
-            return self.fn(*args)
+            return self._eager(args, owned)
         self._last = node
         self.stats.replays += 1
         return out
+
+    def _eager(self, args: Sequence[Any], owned: bool) -> Any:
+        call_owned = getattr(self.fn, "call_owned", None) if owned else None
+        return call_owned(args) if call_owned is not None else self.fn(*args)
 
     def skip(self, reason: str) -> None:
         """Run without CUDA graphs from now on, saying why once."""
@@ -83,11 +98,11 @@ class CUDAGraphFunction:
             self.skip_reason = reason
             log("cudagraphs").info("skipping CUDA graphs for %s: %s", self.name, reason)
 
-    def _miss(self, args: tuple[Any, ...]) -> Any:
+    def _miss(self, args: Sequence[Any], owned: bool) -> Any:
         reason = _unsupported_args(args, self.tree.device)
         if reason is not None:
             self.skip(reason)
-            return self.fn(*args)
+            return self._eager(args, owned)
         key = self._signature(args)
         if self._warm.get(key, 0) < self.options.warmup_runs:
             return self._warm_up(key, args)
@@ -99,10 +114,11 @@ class CUDAGraphFunction:
                     "%s: %d input signatures recorded (the limit, CUDAGraphOptions.max_recordings); new "
                     "shapes run without CUDA graphs (mark dimensions dynamic or pad inputs to fewer "
                     "shapes)", self.name, len(self.nodes))
-            return self.fn(*args)
+            return self._eager(args, owned)
+        hand_over = owned and isinstance(args, list) and hasattr(self.fn, "call_owned")
         try:
-            node = self.tree.record(self.fn, args, name=self.name,
-                                    static_indices=sorted(self.static_input_indices), options=self.options)
+            node = self.tree.record(self.fn, args, name=self.name, static_indices=sorted(self.static_input_indices),
+                                    options=self.options, owned=hand_over)
         except CaptureFailed as e:
             self.skip(f"recording failed ({e}); the function cannot be captured into a CUDA graph")
             return self.fn(*args)
@@ -111,7 +127,7 @@ class CUDAGraphFunction:
             return self.fn(*args)
         self.nodes.append(node)
         self.stats.recordings += 1
-        ok, out = self.tree.run(node, args, self.options)
+        ok, out = self.tree.run(node, args, self.options, owned=hand_over)
         if not ok:  # cannot happen on a fresh recording, but stay correct if it does
             self.stats.eager_calls += 1
             return self.fn(*args)
@@ -119,7 +135,7 @@ class CUDAGraphFunction:
         self.stats.replays += 1
         return out
 
-    def _warm_up(self, key: tuple[Any, ...], args: tuple[Any, ...]) -> Any:
+    def _warm_up(self, key: tuple[Any, ...], args: Sequence[Any]) -> Any:
         self._warm[key] = self._warm.get(key, 0) + 1
         self.stats.warmups += 1
         dynamic = [(i, a) for i, a in enumerate(args)
@@ -141,7 +157,7 @@ class CUDAGraphFunction:
             self._check_outputs(out, args)
         return out
 
-    def _check_outputs(self, out: Any, args: tuple[Any, ...]) -> None:
+    def _check_outputs(self, out: Any, args: Sequence[Any]) -> None:
         seq = out if isinstance(out, (tuple, list)) else (out,)
         # An argument handed back (a parameter a forward graph saves for the backward) requires grad
         # but is no new autograd history: the replay returns the caller's tensor itself.
@@ -161,7 +177,7 @@ class CUDAGraphFunction:
                 self.skip(f"it returns a {type(o).__name__}; graphed functions return tensors and numbers")
                 return
 
-    def _signature(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    def _signature(self, args: Sequence[Any]) -> tuple[Any, ...]:
         sig: list[Any] = []
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
@@ -223,4 +239,6 @@ def default_tree(device: torch.device) -> CUDAGraphTree:
 def reset_default_trees() -> None:
     """Forget all default trees (kiln.reset()); functions wrapped earlier keep their own tree."""
     with _TREES_LOCK:
+        for tree in _DEFAULT_TREES.values():
+            tree.reset()  # moves tensors still on donated memory out before the pool can go
         _DEFAULT_TREES.clear()

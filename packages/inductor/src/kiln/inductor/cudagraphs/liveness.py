@@ -9,6 +9,15 @@ user's tensor keeps its value, identity and autograd history. References kiln ca
 the user made, tensors autograd saved) make ``release`` fail; the caller then runs that call without
 the graph and hands out copies of this storage's outputs from then on.
 
+Donation (``PoolStorage.donate``): a backward graph reads the forward's saved activations in place and,
+as eager's autograd engine does, drops each after its last use. For that memory to serve the backward's
+own scratch and gradients while it is recorded, kiln's references to the storage must not keep it
+allocated: ``donate`` re-points every tensor kiln keeps on it to a *non-owning* storage at the same
+address, so the caller's tensors (handed over to the recording) are the last owners. From then on the
+allocator may give that memory to any graph recorded later, so a replay of any node recorded at or after
+the donation first releases the donated storage (``donated_at``), not counting the tensors the call itself
+passes in (the backward's own saved activations).
+
 Note: torch's CUDA graph trees instead poison such outputs ("accessing tensor output of CUDAGraphs that
 has been overwritten") and ask the user to ``.clone()``; a decode loop that feeds its output back in and
 keeps it (a list of tokens, the previous logits) just works here, at the price of one small copy.
@@ -17,11 +26,16 @@ keeps it (a list of tokens, the previous logits) just works here, at the price o
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 _use_count = getattr(torch._C, "_storage_Use_Count", None)
+# a storage over memory it does not own (torch's own CUDA graph trees hand outputs out this way)
+_non_owning = getattr(torch._C, "_construct_storage_from_data_pointer", None)
+CAN_DONATE = _use_count is not None and _non_owning is not None
 
 
 @dataclass(slots=True)
@@ -30,13 +44,15 @@ class LivenessStats:
     relocated_bytes: int = 0
     blocked: int = 0  # releases that failed (references kiln could not re-point)
     copied_outputs: int = 0  # outputs handed out as copies (storages in copy-out mode)
+    donated: int = 0  # output storages whose memory a later recording was allowed to reuse
+    donated_bytes: int = 0
 
 
 class PoolStorage:
     """One storage of a recorded graph's outputs, and the tensors handed out on it since its last release."""
 
-    __slots__ = ("_bytes", "_cdata", "_handed", "baseline", "copy_out", "data_ptr", "nbytes", "owner",
-                 "stats", "storage")
+    __slots__ = ("_bytes", "_cdata", "_handed", "baseline", "copy_out", "data_ptr", "donated_at", "internal",
+                 "nbytes", "owner", "stats", "storage")
 
     def __init__(self, tensor: torch.Tensor, owner: str, stats: LivenessStats) -> None:
         self.storage = tensor.untyped_storage()  # held, so the count below stays stable
@@ -49,14 +65,46 @@ class PoolStorage:
         self.copy_out = False
         self.owner = owner
         self.stats = stats
+        self.internal: list[torch.Tensor] = []  # tensors kiln keeps on this storage (static outputs, slots)
+        self.donated_at: int | None = None  # recording order from which later graphs may reuse the memory
 
     def seal(self) -> None:
         """Take the current count as kiln's own (call when nothing has been handed out yet)."""
         self.baseline = self.use_count()
 
-    def add_internal_ref(self) -> None:
+    def add_internal_ref(self, view: torch.Tensor | None = None) -> None:
         """A view kiln keeps on this storage (a consumer graph's input slot borrowing it)."""
         self.baseline += 1
+        if view is not None:
+            self.internal.append(view)
+
+    def keep(self, tensor: torch.Tensor) -> None:
+        """A tensor kiln holds on this storage for good (a recorded graph's static output)."""
+        self.internal.append(tensor)
+
+    def outside_refs(self, args: Sequence[Any] = ()) -> int:
+        """References beyond kiln's own, not counting the tensors in ``args`` (a call's own inputs)."""
+        mine = {id(a) for a in args
+                if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == self.data_ptr}
+        return self.use_count() - self.baseline - len(mine)
+
+    def donate(self, order: int) -> torch.UntypedStorage:
+        """Let the recording at ``order`` (and later ones) reuse this memory once its last owner drops it:
+        kiln's tensors move to a non-owning storage at the same address. Returns the owning storage,
+        which the caller must drop (it only watches it with a weak reference)."""
+        assert _non_owning is not None
+        owning = self.storage
+        loose = _non_owning(self.data_ptr, owning.device, self.nbytes)
+        with torch.no_grad():
+            for t in [self._bytes, *self.internal]:  # ``.data``: also detached tensors and views
+                t.data = torch.empty(0, dtype=t.dtype, device=t.device).set_(
+                    loose, t.storage_offset(), t.size(), t.stride())
+        self.storage, self._cdata = loose, loose._cdata
+        self.baseline = self.use_count()
+        self.donated_at = order
+        self.stats.donated += 1
+        self.stats.donated_bytes += self.nbytes
+        return owning
 
     def use_count(self) -> int:
         if _use_count is not None:
@@ -75,13 +123,17 @@ class PoolStorage:
         self._handed.append(weakref.ref(out))
         return out
 
-    def release(self, relocate: bool = True) -> bool:
-        """Ensure no user reference aliases this storage; False when one could not be moved."""
-        if self.use_count() <= self.baseline:
+    def release(self, relocate: bool = True, args: Sequence[Any] = ()) -> bool:
+        """Ensure no user reference aliases this storage; False when one could not be moved. ``args``:
+        the tensors of the call about to run, which it reads before overwriting (a donated storage's
+        consumer) -- neither counted nor moved."""
+        if self.outside_refs(args) <= 0:
             self._handed.clear()
             return True
-        alive = [t for r in self._handed if (t := r()) is not None]
-        self._handed.clear()
+        keep = {id(a) for a in args}
+        alive = [t for r in self._handed if (t := r()) is not None and id(t) not in keep]
+        self._handed = [weakref.ref(a) for a in args
+                        if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == self.data_ptr]
         if alive and relocate:
             copy = self._bytes.clone()
             with torch.no_grad():
@@ -91,7 +143,7 @@ class PoolStorage:
             self.stats.relocations += len(alive)
             self.stats.relocated_bytes += self.nbytes
             del alive, copy
-        if self.use_count() <= self.baseline:
+        if self.outside_refs(args) <= 0:
             return True
         self.stats.blocked += 1
         return False

@@ -128,6 +128,7 @@ class GraphNode:
             else:
                 if ptr not in storages:
                     storages[ptr] = PoolStorage(o, self.name, stats)
+                storages[ptr].keep(o)
                 self.outputs.append(OutputPlan("pool", o, storage=storages[ptr]))
         self.storages = list(storages.values())
 
@@ -206,7 +207,7 @@ def _make_slot(index: int, arg: torch.Tensor, producer: PoolStorage | None) -> S
     if producer is not None:
         view = torch.empty(0, dtype=arg.dtype, device=arg.device).set_(
             producer.storage, arg.storage_offset(), arg.size(), arg.stride())
-        producer.add_internal_ref()
+        producer.add_internal_ref(view)
     else:
         view = torch.empty_strided(arg.size(), arg.stride(), dtype=arg.dtype, device=arg.device)
     return Slot(index, view, arg.shape, arg.stride(), arg.dtype, producer)

@@ -13,6 +13,7 @@ class CUDAGraphOptions:
     capture_error_mode: str = "thread_local"  # cudaStreamCaptureMode for the capture stream
     detect_syncs: bool = True  # watch warm-up runs for host synchronisation (which capture cannot hold)
     relocate_outputs: bool = True  # move outputs the user still holds out of the way of a replay (else run eagerly)
+    donate_saved: bool = True  # a backward's recording reuses the saved activations it reads (tree.py)
 
     def replace(self, **changes: object) -> CUDAGraphOptions:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

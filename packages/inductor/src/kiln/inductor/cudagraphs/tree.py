@@ -8,6 +8,13 @@ outputs of N itself and of every graph recorded after N. So before replaying N, 
 (``PoolStorage.release``) the outputs of nodes ``N..last`` that the user still holds — relocating them, or,
 when it cannot, running that one call without the graph.
 
+Donation: a graph recorded with the caller's references handed over (``record(..., owned=True)``, a
+backward called through ``call_owned``) may take over the saved activations it reads from earlier graphs
+(``PoolStorage.donate``), so its scratch and gradients reuse their memory after their last read, as eager's
+backward does; the pool then holds about what one eager step peaks at instead of the forward's outputs
+plus the whole backward beside them. A donated storage is released before any graph recorded at or after
+the donation replays (``_release_from``).
+
 The tree records which graph ran before each recording (``parent``), so ``as_text()`` shows the paths
 through a model: forward then backward, the pieces around a graph break, prefill then decode.
 """
@@ -20,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.graph import log
 
@@ -50,6 +58,7 @@ class CUDAGraphTree:
         self.liveness = LivenessStats()
         self._pool: object | None = None
         self._owners: dict[int, PoolStorage] = {}  # output storage data_ptr -> its PoolStorage
+        self._donated: list[PoolStorage] = []  # storages a later recording may have reused (donate)
         self.generation = 0  # bumped by reset(); functions holding old nodes drop them
 
     @property
@@ -62,8 +71,12 @@ class CUDAGraphTree:
         return self._owners.get(t.untyped_storage().data_ptr())
 
     def record(self, fn: Callable[..., Any], args: Sequence[Any], *, name: str,
-               static_indices: Sequence[int], options: CUDAGraphOptions) -> GraphNode:
-        """Record ``fn`` into a new graph of this tree (raises CaptureFailed). Does not run it."""
+               static_indices: Sequence[int], options: CUDAGraphOptions, owned: bool = False) -> GraphNode:
+        """Record ``fn`` into a new graph of this tree (raises CaptureFailed). Does not run it.
+
+        ``owned``: ``args`` is the caller's list, handed over (``fn.call_owned`` drops each input after
+        its last read); earlier graphs' outputs it borrows that nothing else holds are donated to this
+        recording, and their places in ``args`` are taken by kiln's (non-owning) views at the same address."""
         order = len(self.nodes)
         node = GraphNode.plan_inputs(f"{name}#{order}", order, self.last_run, args, static_indices,
                                      self.owner_of)
@@ -72,8 +85,14 @@ class CUDAGraphTree:
             for s in node.slots:
                 if s.tensor.data_ptr() != args[s.index].data_ptr():
                     s.tensor.copy_(args[s.index])
+        watched: list[tuple[PoolStorage, StorageWeakRef]] = []
+        if owned and options.donate_saved and getattr(self.engine, "donates", False) and isinstance(args, list):
+            watched = self._donate_inputs(node, args, graph_args, order)
         node.graph, outputs = self.engine.capture(fn, graph_args, pool=self.pool, device=self.device,
-                                                  capture_error_mode=options.capture_error_mode)
+                                                  capture_error_mode=options.capture_error_mode, owned=bool(watched))
+        if watched:
+            graph_args = node.graph_args(args)  # the capture emptied the list it was handed
+            self._log_donations(node, watched)
         node.plan_outputs(outputs, graph_args, self.liveness)
         del outputs
         gc.collect(0)  # drop young cycles that may still view the outputs before counting kiln's refs
@@ -88,9 +107,45 @@ class CUDAGraphTree:
                                node.parent.name if node.parent is not None else "nothing")
         return node
 
-    def run(self, node: GraphNode, args: Sequence[Any], options: CUDAGraphOptions) -> tuple[bool, Any]:
-        """Replay ``node`` on ``args``: (True, outputs), or (False, None) when the caller must run eagerly."""
-        if not self._release_from(node, options.relocate_outputs):
+    def _donate_inputs(self, node: GraphNode, args: list[Any], graph_args: list[Any],
+                       order: int) -> list[tuple[PoolStorage, StorageWeakRef]]:
+        """Hand the recording the caller's own tensors on borrowed storages nobody else holds (so the
+        memory is freed after their last read inside the capture); kiln keeps non-owning views."""
+        candidates: dict[int, tuple[PoolStorage, list[int]]] = {}
+        for s in node.slots:
+            ps = s.borrowed
+            if ps is None or ps.donated_at is not None:
+                continue
+            if args[s.index].data_ptr() != s.tensor.data_ptr():
+                candidates[id(ps)] = (ps, [])  # the argument lives elsewhere: this storage stays as it is
+                continue
+            candidates.setdefault(id(ps), (ps, []))[1].append(s.index)
+        watched = []
+        slot_at = {s.index: s for s in node.slots}
+        for ps, indices in candidates.values():
+            if not indices or ps.outside_refs(args) > 0:
+                continue
+            for i in indices:
+                graph_args[i] = args[i]  # the only owners left, dropped by the capture after their last read
+                args[i] = slot_at[i].tensor  # kiln's view (re-pointed below): same address, owns nothing
+            watched.append((ps, StorageWeakRef(ps.donate(order))))
+            self._donated.append(ps)
+        return watched
+
+    def _log_donations(self, node: GraphNode, watched: list[tuple[PoolStorage, StorageWeakRef]]) -> None:
+        freed = [ps for ps, ref in watched if ref.expired()]
+        held = len(watched) - len(freed)
+        log("cudagraphs").info(
+            "%s reuses %d saved output(s) of %s (%.1f MiB) after their last read%s", node.name, len(freed),
+            ", ".join(sorted({ps.owner for ps, _ in watched})), sum(ps.nbytes for ps in freed) / 2**20,
+            f"; {held} stayed allocated (held elsewhere during the recording)" if held else "")
+
+    def run(self, node: GraphNode, args: Sequence[Any], options: CUDAGraphOptions,
+            owned: bool = False) -> tuple[bool, Any]:
+        """Replay ``node`` on ``args``: (True, outputs), or (False, None) when the caller must run eagerly.
+        ``owned``: the caller handed its references over, so its tensors on donated memory are this
+        call's to overwrite (otherwise they count as held, and are moved out first)."""
+        if not self._release_from(node, options.relocate_outputs, args if owned else ()):
             return False, None
         with torch.no_grad():
             if not node.load_inputs(args, options.relocate_outputs):
@@ -104,12 +159,15 @@ class CUDAGraphTree:
         self.last_run = node
         return True, node.hand_out(args)
 
-    def _release_from(self, node: GraphNode, relocate: bool) -> bool:
+    def _release_from(self, node: GraphNode, relocate: bool, args: Sequence[Any] = ()) -> bool:
         blocked: list[PoolStorage] = []
         for later in self.nodes[node.order:]:
             for ps in later.storages:
                 if not ps.release(relocate):
                     blocked.append(ps)
+        for ps in self._donated:  # memory any graph recorded since its donation may overwrite
+            if ps.donated_at is not None and ps.donated_at <= node.order and not ps.release(relocate, args):
+                blocked.append(ps)
         if not blocked:
             return True
         for ps in blocked:
@@ -142,11 +200,21 @@ class CUDAGraphTree:
 
     def reset(self) -> None:
         """Drop every graph (and with them the pool's memory, once the user drops their outputs)."""
+        # tensors handed out on donated storages do not keep the pool alive: move them out first, or
+        # keep the graphs (and so the pool) for as long as the process lives when they cannot move
+        if any(not ps.release(True) for ps in self._donated):
+            _KEPT.append(list(self.nodes))
+            log("cudagraphs").info("%s reset while outputs on donated memory are still referenced through "
+                                   "views kiln cannot move: its graphs and pool are kept", self.name)
+        self._donated.clear()
         self.nodes.clear()
         self._owners.clear()
         self.last_run = None
         self._pool = None
         self.generation += 1
+
+
+_KEPT: list[list[GraphNode]] = []  # graphs of reset trees whose donated memory is still in use
 
 
 def _as_device(device: torch.device | str | int | None, device_type: str) -> torch.device:
