@@ -81,19 +81,31 @@ class _Events(logging.Handler):
             self.skipped.append(msg.split(": ", 1)[-1][:80])
 
 
-def _private_pool_step(step: Callable[[], Any]) -> int | None:
+def _private_pool_step(step: Callable[[], Any], clear_grads: Callable[[], Any] | None = None) -> int | None:
     """Segment bytes one plain step (no CUDA graphs) takes when its allocations go to a fresh private
     pool (``torch.cuda.MemPool``): the same allocator, rounding and fragmentation a graph pool sees,
-    so pool / this compares like with like. None where torch has no MemPool."""
-    if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+    so pool / this compares like with like. All threads' allocations go there: ``use_mem_pool`` routes
+    only the calling thread's, and autograd runs a CUDA backward on its own thread (so a training step
+    measured that way counted its forward alone). None where torch has no MemPool."""
+    if not hasattr(torch.cuda, "MemPool"):
         return None
     pool = torch.cuda.MemPool()
-    with torch.cuda.use_mem_pool(pool):
+    device = torch.cuda.current_device()
+    begin = getattr(torch._C, "_cuda_beginAllocateToPool", None)
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if begin is None or end is None:
+        return None
+    begin(device, pool.id)
+    try:
         out = step()
         torch.cuda.synchronize()
+    finally:
+        end(device, pool.id)
     total = sum(int(seg["total_size"]) for seg in torch.cuda.memory_snapshot()
                 if tuple(seg.get("segment_pool_id", (0, 0))) == tuple(pool.id))
     del out
+    if clear_grads is not None:  # the gradients live in that pool: drop them so it can go
+        clear_grads()
     return total
 
 
@@ -112,8 +124,9 @@ def _row(name: str, training: bool) -> str:
     try:
         case = build_for_mode(name, small=False, device=dev, training=training)
         plain = _step_fn(case, B.compile_fn("kiln", case.model, B.CompileSpec()), training, dev)
-        peak = _peak_step(plain, (lambda: case.model.zero_grad(set_to_none=True)) if training else None)
-        private = _private_pool_step(plain)
+        clear = (lambda: case.model.zero_grad(set_to_none=True)) if training else None
+        peak = _peak_step(plain, clear)
+        private = _private_pool_step(plain, clear)
         del plain
         gc.collect()
         torch.cuda.empty_cache()

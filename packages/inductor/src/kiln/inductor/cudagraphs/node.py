@@ -109,9 +109,10 @@ class GraphNode:
             self.container, seq = type(outputs), list(outputs)
         else:
             raise TypeError(f"a CUDA-graphed function must return tensors or a tuple/list, got {type(outputs)}")
-        slot_by_ptr: dict[int, list[Slot]] = {}
+        # by storage identity: an output at the address of a donated input is new memory, not a view of it
+        slot_by_storage: dict[int, list[Slot]] = {}
         for s in self.slots:
-            slot_by_ptr.setdefault(s.tensor.untyped_storage().data_ptr(), []).append(s)
+            slot_by_storage.setdefault(s.tensor.untyped_storage()._cdata, []).append(s)
         static_ptrs = {args[i].untyped_storage().data_ptr() for i in self.static_indices}
         storages: dict[int, PoolStorage] = {}
         for o in seq:
@@ -119,8 +120,9 @@ class GraphNode:
                 self.outputs.append(OutputPlan("value", o))
                 continue
             ptr = o.untyped_storage().data_ptr()
-            if ptr in slot_by_ptr:
-                s = _containing_slot(slot_by_ptr[ptr], o)
+            aliased = slot_by_storage.get(o.untyped_storage()._cdata)
+            if aliased:
+                s = _containing_slot(aliased, o)
                 self.outputs.append(OutputPlan("alias", o, arg_index=s.index,
                                                slot_offset=int(s.tensor.storage_offset())))
             elif ptr in static_ptrs or o.numel() == 0:

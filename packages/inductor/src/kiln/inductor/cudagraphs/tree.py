@@ -57,7 +57,9 @@ class CUDAGraphTree:
         self.stats = TreeStats()
         self.liveness = LivenessStats()
         self._pool: object | None = None
-        self._owners: dict[int, PoolStorage] = {}  # output storage data_ptr -> its PoolStorage
+        # output storage (its StorageImpl, not its address: donated memory can hold a later graph's
+        # output at the same address) -> its PoolStorage
+        self._owners: dict[int, PoolStorage] = {}
         self._donated: list[PoolStorage] = []  # storages a later recording may have reused (donate)
         self.generation = 0  # bumped by reset(); functions holding old nodes drop them
 
@@ -68,7 +70,7 @@ class CUDAGraphTree:
         return self._pool
 
     def owner_of(self, t: torch.Tensor) -> PoolStorage | None:
-        return self._owners.get(t.untyped_storage().data_ptr())
+        return self._owners.get(t.untyped_storage()._cdata)
 
     def record(self, fn: Callable[..., Any], args: Sequence[Any], *, name: str,
                static_indices: Sequence[int], options: CUDAGraphOptions, owned: bool = False) -> GraphNode:
@@ -98,7 +100,7 @@ class CUDAGraphTree:
         gc.collect(0)  # drop young cycles that may still view the outputs before counting kiln's refs
         for ps in node.storages:
             ps.seal()
-            self._owners[ps.data_ptr] = ps
+            self._owners[ps._cdata] = ps  # noqa: SLF001 - the storage's identity
         self.nodes.append(node)
         if node.parent is not None:
             node.parent.children.append(node)
@@ -128,7 +130,10 @@ class CUDAGraphTree:
             for i in indices:
                 graph_args[i] = args[i]  # the only owners left, dropped by the capture after their last read
                 args[i] = slot_at[i].tensor  # kiln's view (re-pointed below): same address, owns nothing
+            before = ps._cdata  # noqa: SLF001
             watched.append((ps, StorageWeakRef(ps.donate(order))))
+            self._owners.pop(before, None)
+            self._owners[ps._cdata] = ps  # noqa: SLF001 - now the non-owning storage's identity
             self._donated.append(ps)
         return watched
 
