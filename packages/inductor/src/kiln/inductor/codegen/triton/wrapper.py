@@ -60,6 +60,11 @@ def _kiln_load_triton_module(source):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+    # an artifact or cache entry loaded in this process may carry these kernels' binaries: kiln.runtime
+    # hands them to triton now (no compile, no cache lookup at first launch); absent, triton's own path
+    preload = getattr(sys.modules.get("kiln.runtime.triton_preload"), "adopt_module", None)
+    if preload is not None:
+        preload(module)
     return module
 '''
 
@@ -91,7 +96,8 @@ def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_V
              *(k.launcher_definition(module_var, inputs) for k in kernels)]
     if dtypes is not None:
         items = [f"({k.launcher_var}, ({''.join(f'{dtypes[b]}, ' for b in k.pointer_args)}))"
-                 for k in kernels if not k.size_args and not k.function and all(b in dtypes for b in k.pointer_args)]
+                 for k in kernels if not k.size_args and not k.function and k.xnumel != "0"
+                 and all(b in dtypes for b in k.pointer_args)]  # (an empty kernel is never launched)
         lines.append(f"_kiln_precompile([{', '.join(items)}])")
     return "\n".join([*lines, ""])
 
