@@ -13,6 +13,7 @@ import hashlib
 import importlib.util
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -205,3 +206,67 @@ def test_count_triton_work_counts_and_restores() -> None:
         cache.triton_key()
     assert work.triton_key == 1
     assert (cache.triton_key, build._build) == before
+
+
+# ---- GPU: a small GPT-2 saved on CUDA, loaded in a new process with empty caches ----------------
+
+GPT2_CHILD = '''
+import json, os, sys, time, torch
+from transformers import GPT2Config, GPT2LMHeadModel
+from kiln.runtime import load_compiled_function, triton_preload
+data = torch.load(sys.argv[2])
+model = GPT2LMHeadModel(GPT2Config(**data["config"], **data["fixed"])).cuda().eval()
+model.load_state_dict(data["state"])
+torch.cuda.synchronize()
+with torch.no_grad(), triton_preload.count_triton_work() as load_work:
+    t0 = time.perf_counter()
+    loaded = load_compiled_function(sys.argv[1])
+    t1 = time.perf_counter()
+    with triton_preload.count_triton_work() as call_work:
+        out = loaded(model, data["ids"])
+        torch.cuda.synchronize()
+    t2 = time.perf_counter()
+logits = out[0] if isinstance(out, (tuple, list)) else out.logits
+torch.testing.assert_close(logits, data["expected"], rtol=0, atol=0)  # the same binaries: the same bits
+print(json.dumps({"load": load_work.__dict__, "first_call": call_work.__dict__,
+                  "load_s": t1 - t0, "first_call_s": t2 - t1}))
+'''
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="the Triton interpreter compiles no binaries; run without TRITON_INTERPRET")
+def test_gpu_gpt2_artifact_loads_without_triton_lookup_or_gcc(tmp_path: Path) -> None:
+    """Save a 2-layer GPT-2 compiled on CUDA; a new process with empty KILN/TRITON caches (a new machine)
+    loads it and runs it: the same logits, and no triton cache lookup (so no ``triton_key``) and no
+    gcc build, neither while loading nor in the first call."""
+    import subprocess
+
+    kiln = pytest.importorskip("kiln.api")
+    transformers = pytest.importorskip("transformers")
+    config = dict(n_layer=2, n_embd=128, n_head=4, vocab_size=512, n_positions=64)
+    fixed = dict(resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False, attn_implementation="sdpa",
+                 bos_token_id=0, eos_token_id=0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**config, **fixed)).cuda().eval()
+    ids = torch.randint(0, 512, (2, 32), device="cuda")
+    with torch.no_grad():
+        compiled = kiln.compile(model, fullgraph=True, backend="inductor").forward.aot_compile(((ids,), {}))
+        out = compiled(model, ids)
+        expected = (out[0] if isinstance(out, (tuple, list)) else out.logits).clone()
+        eager = model(ids).logits
+    torch.testing.assert_close(expected, eager, rtol=1e-3, atol=1e-3)
+    path = tmp_path / "gpt2.kiln"
+    compiled.save_compiled_function(path)
+    shipped = sorted(compiled.artifact.files) if compiled.artifact is not None else []
+    assert any(n.startswith(tp.RECORDS_PREFIX) for n in shipped), shipped[:20]
+    torch.save({"config": config, "fixed": fixed, "state": model.state_dict(), "ids": ids, "expected": expected},
+               tmp_path / "data.pt")
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "fresh-triton"), KILN_CACHE_DIR=str(tmp_path / "fresh-kiln"))
+    proc = subprocess.run([sys.executable, "-c", GPT2_CHILD, str(path), str(tmp_path / "data.pt")],
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(report)
+    for phase in ("load", "first_call"):
+        assert report[phase] == {"cache_lookups": 0, "triton_key": 0, "host_builds": 0}, (phase, report)

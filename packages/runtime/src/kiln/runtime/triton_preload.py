@@ -87,7 +87,7 @@ def records_file(records: list[dict[str, Any]]) -> dict[str, bytes]:
     import triton
 
     data = json.dumps({"format": FORMAT, "triton": triton.__version__, "env": _env_vars(),
-                       "kernels": records}, sort_keys=True).encode()
+                       "kernels": records}).encode()  # key order kept: a signature is positional
     return {f"{RECORDS_PREFIX}{hashlib.sha256(data).hexdigest()[:16]}.json": data}
 
 
