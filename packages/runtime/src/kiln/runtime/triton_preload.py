@@ -28,7 +28,7 @@ import contextlib
 import json
 import threading
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -243,10 +243,33 @@ class TritonWork:
     cache_lookups: int = 0  # triton.compile's disk cache key computations (each needs triton_key)
     triton_key: int = 0  # calls of triton_key (the first in a process hashes triton itself: ~0.4 s)
     host_builds: int = 0  # C modules built with the host compiler (triton <= 3.6 launchers, driver helpers)
+    details: list[str] = field(default_factory=list)  # which kernel each lookup / build was for
 
     def as_text(self) -> str:
-        return (f"{self.cache_lookups} triton cache lookup(s), {self.triton_key} triton_key call(s), "
+        text = (f"{self.cache_lookups} triton cache lookup(s), {self.triton_key} triton_key call(s), "
                 f"{self.host_builds} gcc build(s)")
+        return text + "".join(f"\n    {d}" for d in self.details[:20])
+
+
+def _what(field_name: str, args: tuple) -> str:
+    """A line naming what a counted call was for: the kernel looked up, or the module gcc built and
+    (for a launcher) the kernel it was built for, found in the caller's frames."""
+    import sys
+
+    if field_name == "cache_lookups":
+        return f"cache lookup: kernel {getattr(args[0], 'name', '?') if args else '?'}"
+    if field_name != "host_builds":
+        return ""
+    frame, kernel = sys._getframe(2), "?"
+    for _ in range(8):
+        if frame is None:
+            break
+        meta = frame.f_locals.get("metadata")
+        if hasattr(meta, "name"):
+            kernel = f"{meta.name} (signature {getattr(frame.f_locals.get('signature'), 'values', lambda: '?')()})"
+            break
+        frame = frame.f_back
+    return f"gcc build: {args[0] if args else '?'} for kernel {kernel}"
 
 
 @contextlib.contextmanager
@@ -257,7 +280,7 @@ def count_triton_work() -> Iterator[TritonWork]:
     work = TritonWork()
     patches: list[tuple[Any, str, Any]] = []
 
-    def wrap(module_name: str, attr: str, field: str) -> None:
+    def wrap(module_name: str, attr: str, field_name: str) -> None:
         try:
             mod = importlib.import_module(module_name)
         except ImportError:
@@ -267,7 +290,11 @@ def count_triton_work() -> Iterator[TritonWork]:
             return
 
         def counted(*args: Any, **kwargs: Any) -> Any:
-            setattr(work, field, getattr(work, field) + 1)
+            setattr(work, field_name, getattr(work, field_name) + 1)
+            with contextlib.suppress(Exception):
+                line = _what(field_name, args)
+                if line:
+                    work.details.append(line)
             return original(*args, **kwargs)
         patches.append((mod, attr, original))
         setattr(mod, attr, counted)
