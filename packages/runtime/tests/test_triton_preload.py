@@ -272,3 +272,43 @@ def test_gpu_gpt2_artifact_loads_without_triton_lookup_or_gcc(tmp_path: Path) ->
     for phase in ("load", "first_call"):
         counts = {k: report[phase][k] for k in ("cache_lookups", "triton_key", "host_builds")}
         assert counts == {"cache_lookups": 0, "triton_key": 0, "host_builds": 0}, (phase, report)
+
+
+WARM_CHILD = '''
+import json, sys, torch
+from torch import nn
+import kiln.api as kiln
+from kiln.runtime import triton_preload
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64), nn.LayerNorm(64)).cuda().eval()
+x = torch.randn(8, 64, device="cuda")
+with torch.no_grad(), triton_preload.count_triton_work() as work:
+    out = kiln.compile(model, backend="inductor")(x)
+    torch.cuda.synchronize()
+torch.save(out.cpu(), sys.argv[1])
+print(json.dumps({k: v for k, v in work.__dict__.items()}))
+'''
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
+                    reason="the Triton interpreter compiles no binaries; run without TRITON_INTERPRET")
+def test_gpu_warm_start_hands_cached_kernels_to_triton(tmp_path: Path) -> None:
+    """kiln's graph cache on a warm start (a second process, same machine): the entry's kernels are
+    handed to triton as an artifact's are, so the warm process makes no triton cache lookup."""
+    import subprocess
+
+    pytest.importorskip("kiln.api")
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp_path / "triton"), KILN_CACHE_DIR=str(tmp_path / "kiln"))
+    reports = []
+    for run in ("cold", "warm"):
+        proc = subprocess.run([sys.executable, "-c", WARM_CHILD, str(tmp_path / f"{run}.pt")], env=env,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        reports.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    print(reports)
+    cold, warm = reports
+    assert cold["cache_lookups"] > 0  # the cold process compiled (or looked up) its kernels
+    # (triton_key may still be computed by the compile pool's background thread: not a lookup)
+    assert warm["cache_lookups"] == 0 and warm["host_builds"] == 0, warm
+    torch.testing.assert_close(torch.load(tmp_path / "warm.pt"), torch.load(tmp_path / "cold.pt"), rtol=0, atol=0)
