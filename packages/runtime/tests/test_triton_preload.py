@@ -199,6 +199,34 @@ def test_registered_after_the_module_was_imported(target_driver, tmp_path: Path)
     assert [k.hash for k in module.add_one.device_caches[0][0].values()] == [saved.hash]
 
 
+def test_artifact_load_preloads_through_the_wrapper_loader(target_driver, tmp_path: Path, monkeypatch) -> None:
+    """The whole load path: an artifact whose program imports its kernels with the generated wrappers'
+    loader; load_compiled_function installs the binaries, and the loader's hook files them into
+    triton's kernel cache before the program runs."""
+    import kiln.runtime.checks as checks
+    from kiln.graph import PortableProgram, TensorSpec
+    from kiln.runtime import load_compiled_function, save_artifact
+
+    wrapper = pytest.importorskip("kiln.inductor.codegen.triton.wrapper")
+    files, saved = _saved(tmp_path)
+    program = (f"import triton\n_TRITON_SOURCE = {KERNELS!r}\n{wrapper.LOADER}\n"
+               "triton_kernels = _kiln_load_triton_module(_TRITON_SOURCE)\n\n"
+               "def call(args):\n    return (args[0] + len(triton_kernels.add_one.device_caches[0][0]),)\n")
+    path = tmp_path / "f.kiln"
+    save_artifact(path, PortableProgram(program, files), input_names=["x"],
+                  input_specs=[TensorSpec.from_tensor(torch.zeros(3))])
+    monkeypatch.setattr(checks, "_triton_binaries_fit", lambda m: True)  # as on the GPU that built it
+    monkeypatch.setattr("kiln.runtime.triton_binaries.triton_cache_dir", lambda: tmp_path / "fresh")
+    with tp.count_triton_work() as work:
+        fn = load_compiled_function(path)
+        out = fn(torch.zeros(3))[0]
+    assert work.cache_lookups == 0, work.as_text()
+    torch.testing.assert_close(out, torch.ones(3))  # one kernel in triton's cache when the program ran
+    (kernel,) = sys.modules[MODULE].add_one.device_caches[0][0].values()
+    assert kernel.hash == saved.hash and str(tmp_path / "fresh") in kernel.metadata_group[f"{saved.name}.cubin"]
+    assert list(kernel.src.signature) == list(saved.src.signature)  # positional order kept
+
+
 def test_count_triton_work_counts_and_restores() -> None:
     import triton.runtime.build as build
     import triton.runtime.cache as cache
