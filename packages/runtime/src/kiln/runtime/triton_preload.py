@@ -208,7 +208,9 @@ def adopt_module(module: Any) -> int:
 def _adopt(module: Any, p: Pending, device: int, ast_source: Any, compiled_kernel: Any) -> str:
     """One record into its function's kernel cache; '' when done, else why not."""
     rec = p.record
-    fn = getattr(module, str(rec["function"]), None)
+    fn: Any = getattr(module, str(rec["function"]), None)
+    while fn is not None and not hasattr(fn, "device_caches") and hasattr(fn, "fn"):
+        fn = fn.fn  # autotuner / heuristics wrappers, as collected (triton_binaries._jit_functions)
     caches = getattr(fn, "device_caches", None)
     if caches is None:
         return "not a triton JIT function with per-device kernel caches"
@@ -260,7 +262,8 @@ def _what(field_name: str, args: tuple) -> str:
         return f"cache lookup: kernel {getattr(args[0], 'name', '?') if args else '?'}"
     if field_name != "host_builds":
         return ""
-    frame, kernel = sys._getframe(2), "?"
+    frame: Any = sys._getframe(2)
+    kernel = "?"
     for _ in range(8):
         if frame is None:
             break
