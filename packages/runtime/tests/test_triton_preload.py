@@ -160,6 +160,25 @@ def test_launch_runs_the_preloaded_binary(target_driver, tmp_path: Path, monkeyp
     assert args[:5] == (2, 1, 1, 0, f"function:{saved.hash}") and args[-3] is x and args[-2] is y and args[-1] == 128
 
 
+def test_preloaded_kernel_needs_the_launcher_the_artifact_carries(target_driver, tmp_path: Path) -> None:
+    """triton <= 3.6 builds a C launcher per kernel signature, found in its cache by the launcher's
+    source: the kernel rebuilt from the records must generate exactly the saved kernel's source, so
+    the launcher the artifact ships is the one found (no gcc on the new machine)."""
+    nvidia = pytest.importorskip("triton.backends.nvidia.driver")
+    if not hasattr(nvidia, "make_launcher"):
+        pytest.skip("this triton launches every kernel through one generic launcher")
+    files, saved = _saved(tmp_path)
+    install_triton_binaries(files, "test artifact", cache_dir=tmp_path / "fresh")
+    module = _import_kernels(tmp_path / "src-load")
+    (loaded,) = module.add_one.device_caches[0][0].values()
+
+    def launcher_source(kernel) -> str:  # what CudaLauncher.__init__ hands to make_launcher
+        src = kernel.src
+        constants = {(src.fn.arg_names.index(k),) if isinstance(k, str) else k: v for k, v in src.constants.items()}
+        return nvidia.make_launcher(constants, dict(src.signature), getattr(kernel.metadata, "tensordesc_meta", None))
+    assert launcher_source(loaded) == launcher_source(saved)
+
+
 def test_other_specialisation_still_takes_triton_path(target_driver, tmp_path: Path) -> None:
     files, saved = _saved(tmp_path)
     install_triton_binaries(files, "test artifact", cache_dir=tmp_path / "fresh")
