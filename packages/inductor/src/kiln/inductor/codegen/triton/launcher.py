@@ -139,7 +139,8 @@ def _kiln_precompile(items):
     ``items``: (launcher, pointer dtypes) of kernels without size arguments. Where this cannot run (no
     CUDA, the interpreter, a triton without AsyncCompileMode, KILN_TRITON_PRECOMPILE=0) kernels compile
     at first launch as before; so does any kernel whose compile fails here (the error surfaces there,
-    with triton's message)."""
+    with triton's message). Kernels whose binaries kiln.runtime already handed to triton (a loaded
+    artifact or cache entry: ``_kiln_preloaded``) are left out."""
     import os
     import torch
     import triton

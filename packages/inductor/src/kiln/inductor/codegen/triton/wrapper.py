@@ -3,7 +3,10 @@
 Generated kernels are plain text inside the wrapper module (so kiln.runtime saves them with no
 pickle). On first use the wrapper writes that text to a file named by its hash (triton's ``@jit``
 reads kernel source through ``inspect``, so it must live in a real file), imports it, and triton
-compiles each kernel on its first launch and caches the binary on disk (``~/.triton/cache``).
+compiles each kernel on its first launch and caches the binary on disk (``~/.triton/cache``). When
+the wrapper runs from a kiln artifact or graph-cache entry that carries the binaries, the loader hands
+the imported module to ``kiln.runtime.triton_preload.adopt_module`` (if kiln.runtime is loaded), which
+files them into triton's in-memory kernel cache: no compile and no cache lookup at first launch.
 
 How a wrapper uses this (see ``wrapper_prologue`` and ``TritonKernel.launch_code``)::
 
