@@ -121,7 +121,7 @@ def register_records(files: Mapping[str, bytes], root: Path, where: str) -> int:
 
     accepted: dict[str, list[Pending]] = {}
     for name, data in files.items():
-        if not (name.startswith(RECORDS_PREFIX) and name.endswith(".json")):
+        if not (name.startswith(RECORDS_PREFIX) and name.endswith(".json") and name.count("/") == 1):
             continue
         try:
             doc = json.loads(data)
