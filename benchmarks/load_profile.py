@@ -4,7 +4,8 @@
     KILN_CACHE_DIR=... TRITON_CACHE_DIR=... \\
         python -m benchmarks.load_profile prof gpt2 /tmp/gpt2.kiln   # process 2, fresh caches = new machine
 
-Prints load s, first call s, a second call, then the top functions by cumulative and by own time.
+Prints load s, first call s, how many triton cache lookups, ``triton_key`` calls and gcc builds each
+phase made, a second call, then the top functions by cumulative and by own time.
 On CUDA the model is the suite's bf16 inference configuration (``benchmarks.warm_start``).
 """
 
@@ -37,17 +38,24 @@ def main(argv: list[str]) -> int:
     case = W._case(model, device == "cpu", device)
     B.import_kiln()
     M.sync(device)
+    counting = _work_counter()
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
     with torch.no_grad():
-        loaded = W._load("kiln", path)
+        with counting() as load_work:
+            loaded = W._load("kiln", path)
         t1 = time.perf_counter()
-        loaded(case.model, *case.args, **case.kwargs)
-        M.sync(device)
+        with counting() as call_work:
+            loaded(case.model, *case.args, **case.kwargs)
+            M.sync(device)
     prof.disable()
     t2 = time.perf_counter()
     print(f"load {t1 - t0:.3f} s, first call {t2 - t1:.3f} s, total {t2 - t0:.3f}")
+    # what triton did in each phase: a load of an artifact built on this GPU and triton release should
+    # show none of it (binaries handed to triton's kernel cache, launchers shipped)
+    print(f"load:       {load_work.as_text()}")
+    print(f"first call: {call_work.as_text()}")
     t3 = time.perf_counter()
     with torch.no_grad():
         loaded(case.model, *case.args, **case.kwargs)
@@ -59,6 +67,25 @@ def main(argv: list[str]) -> int:
     stats.sort_stats("tottime").print_stats(25)
     print("\n".join(line[:200] for line in out.getvalue().splitlines()))
     return 0
+
+
+def _work_counter():
+    """kiln.runtime's counter of triton cache lookups / triton_key / gcc builds, or a stand-in that
+    says it is missing (an older kiln.runtime)."""
+    import contextlib
+
+    try:
+        from kiln.runtime.triton_preload import count_triton_work
+        return count_triton_work
+    except ImportError:
+        class Unknown:
+            def as_text(self) -> str:
+                return "(kiln.runtime has no count_triton_work)"
+
+        @contextlib.contextmanager
+        def unknown():
+            yield Unknown()
+        return unknown
 
 
 if __name__ == "__main__":

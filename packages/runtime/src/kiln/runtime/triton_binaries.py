@@ -14,6 +14,12 @@ writes them into this process's Triton cache when the artifact was built for thi
 triton release (``checks.usable_files`` drops them otherwise, with a log line: Triton then rebuilds
 from the sources the wrapper carries). We use only Triton's on-disk layout and public attributes of
 compiled kernels, not its private loader APIs, which move between releases.
+
+With the folders go records of each kernel (``triton/kernels.<digest>.json``, triton_preload.py):
+installing registers them, and when the program imports its kernel module each kernel is filed into
+triton's in-memory kernel cache, so a load makes no triton cache lookup (no ``triton_key``) at all.
+A kernel compiled but never launched in the saving process gets its C launcher built there (on the
+GPU host), so the artifact carries a launcher for every kernel it carries.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ import types
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from .triton_preload import kernel_record, records_file, register_records
 
 logger = logging.getLogger("kiln.runtime")
 
@@ -63,49 +71,86 @@ def kernel_sources(program_source: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _jit_functions(module: Any) -> Iterator[Any]:
-    for value in vars(module).values():
+def _jit_functions(module: Any) -> Iterator[tuple[str, Any]]:
+    """(attribute name, JIT function) of the module's kernels."""
+    for name, value in vars(module).items():
         if isinstance(value, types.ModuleType):
             continue  # triton, tl, torch: not kernels (and their lazy attributes are not probed)
         fn = value
         while fn is not None and not hasattr(fn, "device_caches") and not hasattr(fn, "cache"):
             fn = getattr(fn, "fn", None)  # autotuner / heuristics wrappers
         if fn is not None and (hasattr(fn, "device_caches") or hasattr(fn, "cache")):
-            yield fn
+            yield name, fn
 
 
-def _compiled_kernels(fn: Any) -> Iterator[Any]:
+def _compiled_kernels(fn: Any) -> Iterator[tuple[Any, Any]]:
+    """(triton's in-memory key, CompiledKernel) of every kernel ``fn`` compiled in this process."""
     caches = getattr(fn, "device_caches", None)
     if isinstance(caches, Mapping):
         for entry in caches.values():
             table = entry[0] if isinstance(entry, tuple) else entry
             if isinstance(table, Mapping):
-                yield from table.values()
+                yield from table.items()
         return
     legacy = getattr(fn, "cache", None)  # triton < 3.2: {device: {key: CompiledKernel}}
     if isinstance(legacy, Mapping):
         for table in legacy.values():
             if isinstance(table, Mapping):
-                yield from table.values()
+                yield from table.items()
 
 
 def collect_triton_binaries(program_source: str, modules: Mapping[str, Any] | None = None
                             ) -> dict[str, bytes]:
-    """The cache folders of the program's compiled kernels, as ``triton/<key>/<file>`` files."""
+    """The cache folders of the program's compiled kernels, as ``triton/<key>/<file>`` files, their C
+    launchers, and one ``triton/kernels.<digest>.json`` of records (triton_preload.py) that let a load
+    hand each kernel to triton without a compile or cache lookup."""
     modules = sys.modules if modules is None else modules
     files: dict[str, bytes] = {}
+    records: list[dict[str, Any]] = []
     for text in kernel_sources(program_source):
-        module = modules.get(MODULE_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:32])
+        module_name = MODULE_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:32]
+        module = modules.get(module_name)
         if module is None:
             continue  # never loaded (or never launched) in this process: nothing compiled to ship
-        for fn in _jit_functions(module):
-            for kernel in _compiled_kernels(fn):
-                files.update(_kernel_files(kernel))
-                state = getattr(kernel, "__dict__", {})  # not ``kernel.run``: on an unlaunched kernel
-                files.update(_host_module_files(state.get("_run") or state.get("run"), "launch"))  # it builds
+        for name, fn in _jit_functions(module):
+            for key, kernel in _compiled_kernels(fn):
+                kernel_files = _kernel_files(kernel)
+                if not kernel_files:
+                    continue
+                files.update(kernel_files)
+                files.update(_launcher_files(kernel))
+                record = kernel_record(module_name, name, key, kernel)
+                if record is not None:
+                    records.append(record)
     if files:
         files.update(_driver_utils_files())
+        with contextlib.suppress(ImportError):
+            files.update(records_file(records))
     return files
+
+
+def _launcher_files(kernel: Any) -> dict[str, bytes]:
+    """The C launcher triton <= 3.6 built for ``kernel`` (its first launch did); for a kernel this
+    process compiled but never launched, built now when this process has the GPU driver -- so a load
+    never runs gcc for a kernel the artifact carries."""
+    state = getattr(kernel, "__dict__", {})  # not ``kernel.run``: on an unlaunched kernel it loads the binary
+    run = state.get("_run") or state.get("run")
+    if run is None:
+        run = _build_launcher(kernel)
+    return _host_module_files(run, "launch")
+
+
+def _build_launcher(kernel: Any) -> Any:
+    with contextlib.suppress(Exception):
+        from triton.backends.nvidia import driver as nvidia_driver
+        from triton.runtime import driver
+
+        active = getattr(driver, "_active", None)  # never make a driver here (a CPU host has none)
+        if active is None or not hasattr(nvidia_driver, "make_launcher") \
+                or type(active).__name__ != "CudaDriver":
+            return None
+        return active.launcher_cls(kernel.src, kernel.metadata)
+    return None
 
 
 def _host_module_files(owner: Any, attr: str) -> dict[str, bytes]:
@@ -172,7 +217,8 @@ def install_triton_binaries(files: Mapping[str, bytes], where: str = "<artifact>
     """Write the artifact's ``triton/`` folders into Triton's cache; returns how many kernels.
 
     Folders already there are kept (Triton wrote them, or an earlier load did). Group files list
-    absolute paths, so they are rewritten to the folder they land in.
+    absolute paths, so they are rewritten to the folder they land in. The kernels' records are
+    registered for ``triton_preload.adopt_module``.
     """
     folders: dict[str, dict[str, bytes]] = {}
     for name, data in files.items():
@@ -197,6 +243,9 @@ def install_triton_binaries(files: Mapping[str, bytes], where: str = "<artifact>
                            "recompiles that kernel from source", where, key, root, e)
     logger.info("artifact %s: %d compiled Triton kernel(s) installed into %s (no recompilation)",
                 where, installed, root)
+    # each kernel is then handed to triton's in-memory cache when the program imports its module:
+    # its first launch neither compiles nor looks the binary up (triton_preload.py)
+    register_records(files, root, where)
     return installed
 
 

@@ -139,10 +139,14 @@ def _kiln_precompile(items):
     ``items``: (launcher, pointer dtypes) of kernels without size arguments. Where this cannot run (no
     CUDA, the interpreter, a triton without AsyncCompileMode, KILN_TRITON_PRECOMPILE=0) kernels compile
     at first launch as before; so does any kernel whose compile fails here (the error surfaces there,
-    with triton's message)."""
+    with triton's message). Kernels whose binaries kiln.runtime already handed to triton (a loaded
+    artifact or cache entry: ``_kiln_preloaded``) are left out."""
     import os
     import torch
     import triton
+    # kernels kiln.runtime handed to triton from an artifact or cache entry (triton_preload.py): nothing
+    # to compile; warming them up here would only cost triton's key computation for a cache lookup
+    items = [item for item in items if not getattr(item[0].fn, "_kiln_preloaded", False)]
     if (len(items) < 2 or os.environ.get("TRITON_INTERPRET", "0") == "1"
             or os.environ.get("KILN_TRITON_PRECOMPILE", "1") == "0"
             or globals().get("_KILN_COMPILED_AHEAD")  # set by kiln.inductor when the compile workers have them

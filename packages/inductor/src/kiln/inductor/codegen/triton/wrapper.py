@@ -3,7 +3,10 @@
 Generated kernels are plain text inside the wrapper module (so kiln.runtime saves them with no
 pickle). On first use the wrapper writes that text to a file named by its hash (triton's ``@jit``
 reads kernel source through ``inspect``, so it must live in a real file), imports it, and triton
-compiles each kernel on its first launch and caches the binary on disk (``~/.triton/cache``).
+compiles each kernel on its first launch and caches the binary on disk (``~/.triton/cache``). When
+the wrapper runs from a kiln artifact or graph-cache entry that carries the binaries, the loader hands
+the imported module to ``kiln.runtime.triton_preload.adopt_module`` (if kiln.runtime is loaded), which
+files them into triton's in-memory kernel cache: no compile and no cache lookup at first launch.
 
 How a wrapper uses this (see ``wrapper_prologue`` and ``TritonKernel.launch_code``)::
 
@@ -60,6 +63,11 @@ def _kiln_load_triton_module(source):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
+    # an artifact or cache entry loaded in this process may carry these kernels' binaries: kiln.runtime
+    # hands them to triton now (no compile, no cache lookup at first launch); absent, triton's own path
+    preload = getattr(sys.modules.get("kiln.runtime.triton_preload"), "adopt_module", None)
+    if preload is not None:
+        preload(module)
     return module
 '''
 
@@ -91,7 +99,8 @@ def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_V
              *(k.launcher_definition(module_var, inputs) for k in kernels)]
     if dtypes is not None:
         items = [f"({k.launcher_var}, ({''.join(f'{dtypes[b]}, ' for b in k.pointer_args)}))"
-                 for k in kernels if not k.size_args and not k.function and all(b in dtypes for b in k.pointer_args)]
+                 for k in kernels if not k.size_args and not k.function and k.xnumel != "0"
+                 and all(b in dtypes for b in k.pointer_args)]  # (an empty kernel is never launched)
         lines.append(f"_kiln_precompile([{', '.join(items)}])")
     return "\n".join([*lines, ""])
 
