@@ -157,6 +157,10 @@ def main() -> None:
     out = os.fdopen(os.dup(1), "w")  # the protocol's channel; whatever triton prints goes to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr
+    # below the parent: a pool started at kiln.compile imports torch on every core while the parent
+    # captures (or, on a warm start, only loads cached graphs and needs no worker at all)
+    with contextlib.suppress(AttributeError, OSError):
+        os.nice(5)
     import torch  # noqa: F401 - paid now, while the parent is still capturing and lowering
     import triton  # noqa: F401
 
