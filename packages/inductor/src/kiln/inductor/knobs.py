@@ -28,6 +28,9 @@ class InductorKnobs:
     # KILN_TRITON_CROSS_TARGET=cuda:90: without a GPU, compile the generated Triton kernels of CUDA graphs
     # for that target anyway (what a GPU cold compile costs, measured on a CPU host; nothing runs)
     triton_cross_target: str = ""
+    # KILN_TRITON_WORKER_TORCH=1: compile workers import torch as before session 8 (they compile without
+    # it: 0.3 s to start instead of 2-4 s); a way back should a triton need torch to compile
+    triton_worker_torch: bool = False
 
 
 def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
@@ -49,7 +52,8 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
                          autotune_compile_pool=e.get("KILN_AUTOTUNE_COMPILE_POOL", "process"),
                          triton_compile_workers=int(_float(e.get("KILN_TRITON_COMPILE_WORKERS"), -1,
                                                            "KILN_TRITON_COMPILE_WORKERS")),
-                         triton_cross_target=e.get("KILN_TRITON_CROSS_TARGET", ""))
+                         triton_cross_target=e.get("KILN_TRITON_CROSS_TARGET", ""),
+                         triton_worker_torch=e.get("KILN_TRITON_WORKER_TORCH", "0") == "1")
 
 
 def _float(text: str | None, default: float, name: str) -> float:

@@ -287,3 +287,26 @@ def test_gpu_first_launches_compile_nothing(tmp_path, monkeypatch):
     assert report.jobs > 0 and report.compiled == report.jobs, report.errors
     assert _kernel_dirs(str(tmp_path / "cache")) == before  # the launches loaded what the workers built
     torch.testing.assert_close(out, _layers(*args)[0], rtol=1e-3, atol=1e-3)
+
+
+def test_a_worker_compiles_without_importing_torch_into_the_key_torch_dtypes_give(tmp_path):
+    """Workers start with triton only (importing torch was 2-4 s of each worker's start): a kernel
+    compiled there, from mock tensors over stand-in dtypes, lands under the cache key that real torch
+    dtypes (the parent's launch) give, and torch is never imported."""
+    path = _module_file(tmp_path, ADD, "kiln_test_pool_notorch")
+    jobs = _jobs(path, "kiln_test_pool_notorch", (128,))
+    _compile_in_a_plain_process(jobs, str(tmp_path / "with_torch"))
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.path.dirname(cp.WORKER_SCRIPT)!r})
+        import compile_worker
+        for job in {[j.as_dict(None) for j in jobs]!r}:
+            status, _, error, _ = compile_worker.compile_job(job, {TARGET!r})
+            assert status == "ok", error
+        assert "torch" not in sys.modules, "a worker imported torch"
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300,
+                   env=dict(env, TRITON_CACHE_DIR=str(tmp_path / "without_torch")))
+    made = _kernel_dirs(str(tmp_path / "with_torch"))
+    assert len(made) == 1 and _kernel_dirs(str(tmp_path / "without_torch")) == made

@@ -153,3 +153,30 @@ def test_transpose_gets_a_2d_tile(shape):
     g = tk.generated[0]
     assert g.kind == "pointwise_2d" and g.yblock > 1 and "YBLOCK" in g.source, g.source
     torch.testing.assert_close(out, at + 1)
+
+
+def test_a_big_transposing_kernel_gets_a_smaller_tile():
+    """A 2-D kernel with many loads and stores (Llama's fused residual recompute: 143 loads, 71
+    stores) keeps every live value's tile in registers: 32 x 32 (8 elements a thread), not the
+    64 x 64 a small transpose gets (which spilled and took triton 12-16 s to compile)."""
+    dev = device()
+    shape = (64, 80)
+    v = xs(2)
+    a = torch.randn(*reversed(shape), device=dev)
+    at = a.t()
+    rows = torch.randn(shape[0], device=dev)
+    acc = load("a", v, at)
+    nodes, outs, expect, ref = [], {}, [], at.clone()
+    for i in range(10):  # a chain; each step reads a per-row value and stores its own output
+        acc = op("add", acc, op("mul", load("rows", v[:1], rows), Constant(float(i), F32), dtype=F32), dtype=F32)
+        outs[f"o{i}"] = torch.empty(shape, device=dev)
+        nodes.append(node(f"o{i}", acc, strided(v, outs[f"o{i}"])))
+        ref = ref + rows[:, None] * float(i)
+        expect.append(ref)
+    tk = run([kernel("k_big", shape, [], nodes)], {"a": a, "rows": rows, **outs})
+    g = tk.generated[0]
+    assert g.kind == "pointwise_2d" and g.xblock * g.yblock == 1024 and g.num_warps == 4, (g.xblock, g.yblock)
+    for i, want in enumerate(expect):
+        torch.testing.assert_close(outs[f"o{i}"], want)
+    small = run([kernel("k_small", shape, [], nodes[:1])], {"a": a, "rows": rows, "o0": outs["o0"]}).generated[0]
+    assert small.kind == "pointwise_2d" and (small.xblock, small.yblock) == (64, 64)

@@ -212,7 +212,8 @@ class CompilePool:
         env.pop("TRITON_INTERPRET", None)
         for i in range(self.size):
             try:
-                w = _Worker(env, ("--driver-utils",) if self.gpu and i == 0 else ())
+                flags = ("--driver-utils",) if self.gpu and i == 0 else ()
+                w = _Worker(env, flags + (("--with-torch",) if KNOBS.triton_worker_torch else ()))
             except OSError as e:
                 self.error = f"{type(e).__name__}: {e}"
                 break

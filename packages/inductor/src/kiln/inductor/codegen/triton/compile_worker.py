@@ -13,8 +13,15 @@ specialisation (``warmup`` treats every pointer as 16-byte aligned, as the wrapp
 options -- so that launch loads it from disk instead of compiling. The target is the parent's device
 (``cuda``, arch 90 on an H100/H200) or, cross-compiling on a host without a GPU, the one asked for.
 
-Only the standard library, torch (dtypes) and triton are imported here; the parent may also call
-``compile_job`` in-process (the fallback when worker processes cannot be used).
+Only the standard library and triton are imported in a worker -- not torch: importing torch took
+2-4 s of each worker's start (16 workers on a 16-core GPU host: every core busy for seconds while the
+parent captures and lowers), triton alone 0.3 s. Pointer arguments are triton's ``MockTensor`` over
+a stand-in dtype that prints as ``torch.<name>`` (all triton reads of it: ``canonicalize_dtype`` takes
+``str(dtype)``), and triton 3.6's one import of torch (its argument specializer's first call, to recognise
+``torch.Tensor``) gets a stand-in module (``_torch_stub``), so the kernel's signature, and its cache key,
+are the ones a launch with real tensors computes (tested). The parent may also call ``compile_job``
+in-process (the fallback when worker processes cannot be used): there torch is loaded, and its dtypes
+are used.
 """
 
 from __future__ import annotations
@@ -126,6 +133,59 @@ def build_driver_utils() -> None:
         pass
 
 
+class _DtypeName:
+    """A torch dtype as triton reads it, in a process without torch: ``str()`` gives ``torch.<name>``.
+    One object per name (triton's specializer caches by the dtype's hash)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __str__(self) -> str:
+        return f"torch.{self.name}"
+
+    __repr__ = __str__
+
+    def __hash__(self) -> int:
+        return hash(("torch.dtype", self.name))
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _DtypeName) and other.name == self.name
+
+
+_DTYPES: dict[str, _DtypeName] = {}
+
+
+def _pointer_args(names: list[str]) -> list[Any]:
+    """What ``fn.warmup`` takes for pointer parameters of these dtypes: torch's dtypes when this process
+    has torch (the parent), else mock tensors over stand-in dtypes (a worker)."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return [getattr(torch, d) for d in names]
+    from triton.runtime.jit import MockTensor
+
+    return [MockTensor(_DTYPES.setdefault(d, _DtypeName(d))) for d in names]
+
+
+@contextlib.contextmanager
+def _torch_stub() -> Iterator[None]:
+    """In a process without torch: ``import torch`` gives a module with only a ``Tensor`` class inside.
+    triton 3.6's argument specializer imports torch at its first call, only to recognise
+    ``torch.Tensor`` arguments (none here: mock tensors); the real import would cost 2-4 s."""
+    if "torch" in sys.modules:
+        yield
+        return
+    stub = types.ModuleType("torch", "kiln compile worker: torch is not loaded here")
+    stub.Tensor = type("Tensor", (), {})  # type: ignore[attr-defined]
+    sys.modules["torch"] = stub
+    try:
+        yield
+    finally:
+        if sys.modules.get("torch") is stub:
+            del sys.modules["torch"]
+
+
 def _cpu() -> float:
     """CPU seconds of this process and the compilers it waited for (ptxas, the launcher's cc)."""
     t = os.times()
@@ -136,13 +196,11 @@ def compile_job(job: dict[str, Any], target: tuple[str, Any, int] | None) -> tup
     """Compile one kernel specialisation; ("ok" | "failed", seconds, error text, CPU seconds).
     ``target`` None: the current device (in-process on a GPU). ``job["launcher"]``: also build its C
     launcher."""
-    import torch
-
     t0, c0 = time.perf_counter(), _cpu()
     try:
         fn = getattr(load_module(job["path"], job["module"]), job["function"])
-        dtypes = [getattr(torch, d) for d in job["dtypes"]]
-        with target_driver(target) if target is not None else contextlib.nullcontext():
+        dtypes = _pointer_args(job["dtypes"])
+        with target_driver(target) if target is not None else contextlib.nullcontext(), _torch_stub():
             kernel = fn.warmup(*dtypes, grid=(1,), **dict(job["constants"]), num_warps=job["num_warps"],
                                num_stages=job["num_stages"])
             if job.get("launcher") and kernel is not None:
@@ -157,12 +215,13 @@ def main() -> None:
     out = os.fdopen(os.dup(1), "w")  # the protocol's channel; whatever triton prints goes to stderr
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    # below the parent: a pool started at kiln.compile imports torch on every core while the parent
-    # captures (or, on a warm start, only loads cached graphs and needs no worker at all)
+    # below the parent: a pool started at kiln.compile starts on every core while the parent captures
+    # (or, on a warm start, only loads cached graphs and needs no worker at all)
     with contextlib.suppress(AttributeError, OSError):
         os.nice(5)
-    import torch  # noqa: F401 - paid now, while the parent is still capturing and lowering
-    import triton  # noqa: F401
+    if "--with-torch" in sys.argv:
+        import torch  # noqa: F401
+    import triton  # noqa: F401 - paid now, while the parent is still capturing and lowering
 
     if "--driver-utils" in sys.argv:
         build_driver_utils()

@@ -25,6 +25,13 @@ class TritonConfig:
     row_block_elems: int = 8192  # XBLOCK * RBLOCK of a row kernel
     looped_rblock: int = 2048
     max_xblock_rows: int = 64
+    tile_block: int = 4096  # YBLOCK * XBLOCK of a 2-D (transposing) pointwise tile: 64 x 64
+    # ... of a 2-D tile with more than tile_big_accesses loads + stores: 32 x 32, 8 elements a thread
+    # at 4 warps (torch.compile's tile for square tiles). A 64 x 64 tile keeps 32 elements a thread of every
+    # live value in registers: Llama-350M's backward fused the 24 layers' residual recompute into one
+    # kernel (143 loads, 71 stores) that spilled and took triton 12-16 CPU s to compile (3.4 s at 32 x 32).
+    tile_block_big: int = 1024
+    tile_big_accesses: int = 16
 
 
 @dataclass(frozen=True, slots=True)

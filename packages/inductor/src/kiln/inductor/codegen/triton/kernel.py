@@ -41,6 +41,7 @@ from .heuristics import (
     TritonConfig,
     next_pow2,
     pointwise_blocks,
+    prev_pow2,
     row_blocks,
     static,
 )
@@ -546,10 +547,24 @@ def tile_split(k: Kernel) -> int | None:
     return split
 
 
+def _memory_accesses(k: Kernel, limit: int) -> int:
+    """Loads + stores of ``k``, counted up to just past ``limit``."""
+    n = sum(1 for nd in k.nodes if nd.store)
+    for nd in k.nodes:
+        for e in walk(nd.body):
+            n += isinstance(e, Load)
+            if n > limit:
+                return n
+    return n
+
+
 def _generate_2d(k: Kernel, cfg: TritonConfig, split: int) -> TritonKernel:
     ynumel, xnumel = product(list(k.outer[:split])), product(list(k.outer[split:]))
-    xblock = min(64, next_pow2(int(xnumel)))
-    yblock = min(64, next_pow2(int(ynumel)), max(1, 4096 // xblock))
+    big = _memory_accesses(k, cfg.tile_big_accesses) > cfg.tile_big_accesses
+    elems = cfg.tile_block_big if big else cfg.tile_block
+    side = prev_pow2(int(elems ** 0.5))  # 64 (or 32 for a big kernel)
+    xblock = min(side, next_pow2(int(xnumel)))
+    yblock = min(side, next_pow2(int(ynumel)), max(1, elems // xblock))
     if (int(ynumel) + yblock - 1) // yblock > 65535:  # CUDA's grid limit on axis 1
         writer = KernelWriter(k, cfg)
         blocks = pointwise_blocks(product(list(k.outer)), cfg)
