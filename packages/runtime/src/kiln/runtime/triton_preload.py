@@ -290,9 +290,10 @@ def _adopt(module: Any, p: Pending, device: int, ast_source: Any, compiled_kerne
     kernel_cache[key] = kernel
     fn._kiln_preloaded = True  # the wrapper's precompile leaves it alone (launcher.py)
     if no_launcher is not None:
-        missing = _launcher_missing(p, kernel)
-        if missing:
-            no_launcher.append(missing)
+        with contextlib.suppress(Exception):  # a diagnostic only: the kernel is filed either way
+            missing = _launcher_missing(p, kernel)
+            if missing:
+                no_launcher.append(missing)
     return ""
 
 
