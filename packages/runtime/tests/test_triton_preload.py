@@ -276,6 +276,33 @@ def test_layer_norm_kernel_ships_the_launcher_a_load_builds(target_driver, launc
     assert (work.host_builds, builds) == (0, []), work.as_text()
 
 
+def test_save_builds_the_launcher_nobody_built(target_driver, launcher_builds, tmp_path: Path,
+                                              monkeypatch) -> None:
+    """On the GPU host (triton's CUDA driver made), a kernel compiled but never launched whose launcher is
+    in no cache gets it built at save, from the source the load will compute: the load builds none."""
+    from triton.runtime import driver
+
+    nvidia, builds = launcher_builds
+
+    class CudaDriver(TargetOnlyDriver):  # what kiln checks for "this process has triton's CUDA driver"
+        launcher_cls = nvidia.CudaLauncher
+    monkeypatch.setattr(driver, "_active", CudaDriver())
+    module = _import_ln(tmp_path / "src-save")
+    module.k18_native_layer_norm_addmm.warmup(*[torch.bfloat16] * 5, grid=(1,), XBLOCK=8, RBLOCK=1024,
+                                              num_warps=8, num_stages=1)
+    assert builds == []
+    files = collect_triton_binaries(LN_WRAPPER)
+    assert len(builds) == 1 and sum(tp.LAUNCHER_NAME in n for n in files) == 1  # built once, shipped
+    sys.modules.pop(LN_MODULE)
+    fresh = tmp_path / "fresh"
+    install_triton_binaries(files, "test artifact", cache_dir=fresh)
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(fresh))
+    builds.clear()
+    (loaded,) = _import_ln(tmp_path / "src-load").k18_native_layer_norm_addmm.device_caches[0][0].values()
+    nvidia.CudaLauncher(loaded.src, loaded.metadata)
+    assert builds == []
+
+
 def test_load_names_a_preloaded_kernel_without_its_launcher(target_driver, launcher_builds, tmp_path: Path,
                                                             caplog) -> None:
     """When the artifact lacks a kernel's launcher (an artifact of an older kiln), the load says which
