@@ -56,6 +56,7 @@ def main(argv: list[str]) -> int:
     # show none of it (binaries handed to triton's kernel cache, launchers shipped)
     print(f"load:       {load_work.as_text()}")
     print(f"first call: {call_work.as_text()}")
+    _launchers_shipped(loaded, [*getattr(load_work, "details", []), *getattr(call_work, "details", [])])
     t3 = time.perf_counter()
     with torch.no_grad():
         loaded(case.model, *case.args, **case.kwargs)
@@ -67,6 +68,18 @@ def main(argv: list[str]) -> int:
     stats.sort_stats("tottime").print_stats(25)
     print("\n".join(line[:200] for line in out.getvalue().splitlines()))
     return 0
+
+
+def _launchers_shipped(loaded, details: list[str]) -> None:
+    """How many C launchers (triton <= 3.6) the artifact carries, and for each gcc build above whether the
+    folder it went to was one of them (yes: the shipped file was not used; no: it was never shipped)."""
+    files = getattr(getattr(loaded, "artifact", None), "files", None) or {}
+    shipped = {name.split("/")[1] for name in files if name.startswith("triton/") and "__triton_launcher" in name}
+    print(f"artifact:   {len(shipped)} C launcher(s) shipped")
+    for line in details:
+        if "gcc build" in line and "-> triton/" in line:
+            folder = line.rsplit("-> triton/", 1)[1].strip("/ ")
+            print(f"    {folder[:16]}...: {'in the artifact' if folder in shipped else 'NOT in the artifact'}")
 
 
 def _work_counter():

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -181,6 +182,141 @@ def test_preloaded_kernel_needs_the_launcher_the_artifact_carries(target_driver,
         constants = {(src.fn.arg_names.index(k),) if isinstance(k, str) else k: v for k, v in src.constants.items()}
         return nvidia.make_launcher(constants, dict(src.signature), getattr(kernel.metadata, "tensordesc_meta", None))
     assert launcher_source(loaded) == launcher_source(saved)
+
+
+# A LayerNorm row kernel as kiln generates it for GPT-2 (the residual sum's LayerNorm in front of an addmm,
+# one function shared by every layer): five bf16 pointers, two constexprs -- the launcher signature that
+# the H200 load still built with gcc (k18_native_layer_norm_addmm, runtime.md "Session 8 -- GPU load 2").
+LN_KERNELS = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def k18_native_layer_norm_addmm(ptr_buf0, ptr_buf1, ptr_arg0, ptr_arg1, ptr_buf2, XBLOCK: tl.constexpr,
+                                RBLOCK: tl.constexpr):
+    xindex = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+    rindex = tl.arange(0, RBLOCK)[None, :]
+    x = (tl.load(ptr_buf0 + (rindex + RBLOCK * xindex)).to(tl.float32)
+         + tl.load(ptr_buf1 + (rindex + RBLOCK * xindex)).to(tl.float32))
+    mean = tl.sum(x, 1)[:, None] / RBLOCK
+    d = x - mean
+    var = tl.sum(d * d, 1)[:, None] / RBLOCK
+    y = d * tl.rsqrt(var + 1e-5) * tl.load(ptr_arg0 + rindex).to(tl.float32) + tl.load(ptr_arg1 + rindex).to(tl.float32)
+    tl.store(ptr_buf2 + (rindex + RBLOCK * xindex), y.to(tl.bfloat16))
+'''
+LN_MODULE = MODULE_PREFIX + hashlib.sha256(LN_KERNELS.encode()).hexdigest()[:32]
+LN_WRAPPER = f"_TRITON_SOURCE = {LN_KERNELS!r}\n\ndef call(args):\n    return (args[0],)\n"
+
+
+def _import_ln(folder: Path):
+    sys.modules.pop(LN_MODULE, None)
+    path = folder / f"{LN_MODULE}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(LN_KERNELS)
+    spec = importlib.util.spec_from_file_location(LN_MODULE, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[LN_MODULE] = module
+    spec.loader.exec_module(module)
+    tp.adopt_module(module)
+    return module
+
+
+@pytest.fixture
+def launcher_builds(monkeypatch):
+    """triton 3.6's own launcher path (``CudaLauncher`` -> ``make_launcher`` -> ``compile_module_from_src``,
+    its cache lookup by the source's key) with only what needs CUDA replaced: the host compiler writes a
+    stand-in file, libcuda's folder is not searched, a found module is not dlopen'ed. Yields the list of
+    builds (sources compiled)."""
+    nvidia = pytest.importorskip("triton.backends.nvidia.driver")
+    if not hasattr(nvidia, "make_launcher"):
+        pytest.skip("this triton launches every kernel through one generic launcher (no per-signature build)")
+    import triton.runtime.build as build
+    from triton import knobs
+
+    builds: list[str] = []
+
+    def host_compiler(name, src, srcdir, library_dirs, include_dirs, libraries):
+        builds.append(Path(src).read_text())
+        out = Path(srcdir) / f"{name}.so"
+        out.write_bytes(b"stand-in launcher for " + hashlib.sha256(builds[-1].encode()).hexdigest().encode())
+        return str(out)
+    monkeypatch.setattr(knobs.build, "impl", host_compiler)
+    monkeypatch.setattr(nvidia, "library_dirs", lambda: [])
+    monkeypatch.setattr(build, "_load_module_from_path", lambda name, path: types.SimpleNamespace(
+        __file__=path, launch=lambda *a: None))
+    yield nvidia, builds
+    sys.modules.pop(LN_MODULE, None)
+
+
+def test_layer_norm_kernel_ships_the_launcher_a_load_builds(target_driver, launcher_builds, tmp_path: Path,
+                                                            monkeypatch) -> None:
+    """The saving process compiled the LayerNorm kernel through ``warmup`` (compile workers, the wrapper's
+    precompile) and its C launcher was built into triton's cache by another kernel object of that
+    signature (a compile worker, ``_kiln_prebuild_launchers``), so this kernel object has no launcher of
+    its own (``_run`` None) and no driver here builds one: the artifact must still carry the launcher
+    file the load's ``CudaLauncher`` looks up -- before this fix it shipped none and the load ran gcc."""
+    nvidia, builds = launcher_builds
+    module = _import_ln(tmp_path / "src-save")
+    saved = module.k18_native_layer_norm_addmm.warmup(*[torch.bfloat16] * 5, grid=(1,), XBLOCK=8, RBLOCK=1024,
+                                                      num_warps=8, num_stages=1)
+    assert list(saved.src.signature.values()) == ["*bf16"] * 5 + ["constexpr"] * 2
+    nvidia.CudaLauncher(saved.src, saved.metadata)  # what the compile worker did: the .so is in the cache
+    assert len(builds) == 1 and saved.__dict__.get("_run") is None
+    files = collect_triton_binaries(LN_WRAPPER)
+    sys.modules.pop(LN_MODULE)  # the saving process is gone
+    fresh = tmp_path / "fresh"
+    install_triton_binaries(files, "test artifact", cache_dir=fresh)
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(fresh))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(fresh))
+    builds.clear()
+    module = _import_ln(tmp_path / "src-load")
+    (loaded,) = module.k18_native_layer_norm_addmm.device_caches[0][0].values()
+    with tp.count_triton_work() as work:
+        nvidia.CudaLauncher(loaded.src, loaded.metadata)  # what the load's first launch does
+    assert (work.host_builds, builds) == (0, []), work.as_text()
+
+
+def test_save_builds_the_launcher_nobody_built(target_driver, launcher_builds, tmp_path: Path,
+                                              monkeypatch) -> None:
+    """On the GPU host (triton's CUDA driver made), a kernel compiled but never launched whose launcher is
+    in no cache gets it built at save, from the source the load will compute: the load builds none."""
+    from triton.runtime import driver
+
+    nvidia, builds = launcher_builds
+
+    class CudaDriver(TargetOnlyDriver):  # what kiln checks for "this process has triton's CUDA driver"
+        launcher_cls = nvidia.CudaLauncher
+    monkeypatch.setattr(driver, "_active", CudaDriver())
+    module = _import_ln(tmp_path / "src-save")
+    module.k18_native_layer_norm_addmm.warmup(*[torch.bfloat16] * 5, grid=(1,), XBLOCK=8, RBLOCK=1024,
+                                              num_warps=8, num_stages=1)
+    assert builds == []
+    files = collect_triton_binaries(LN_WRAPPER)
+    assert len(builds) == 1 and sum(tp.LAUNCHER_NAME in n for n in files) == 1  # built once, shipped
+    sys.modules.pop(LN_MODULE)
+    fresh = tmp_path / "fresh"
+    install_triton_binaries(files, "test artifact", cache_dir=fresh)
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(fresh))
+    builds.clear()
+    (loaded,) = _import_ln(tmp_path / "src-load").k18_native_layer_norm_addmm.device_caches[0][0].values()
+    nvidia.CudaLauncher(loaded.src, loaded.metadata)
+    assert builds == []
+
+
+def test_load_names_a_preloaded_kernel_without_its_launcher(target_driver, launcher_builds, tmp_path: Path,
+                                                            caplog) -> None:
+    """When the artifact lacks a kernel's launcher (an artifact of an older kiln), the load says which
+    kernel will build one at its first launch, with the folder triton will put it in."""
+    module = _import_ln(tmp_path / "src-save")
+    module.k18_native_layer_norm_addmm.warmup(*[torch.bfloat16] * 5, grid=(1,), XBLOCK=8, RBLOCK=1024,
+                                              num_warps=8, num_stages=1)
+    files = {n: d for n, d in collect_triton_binaries(LN_WRAPPER).items() if tp.LAUNCHER_NAME not in n}
+    sys.modules.pop(LN_MODULE)
+    with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
+        install_triton_binaries(files, "test artifact", cache_dir=tmp_path / "fresh")
+        _import_ln(tmp_path / "src-load")
+    assert "no C launcher for 1 preloaded Triton kernel(s)" in caplog.text
+    assert "k18_native_layer_norm_addmm (launcher " in caplog.text
 
 
 def test_other_specialisation_still_takes_triton_path(target_driver, tmp_path: Path) -> None:

@@ -37,7 +37,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from .triton_preload import kernel_record, records_file, register_records
+from kiln.graph import log
+
+from .triton_preload import kernel_record, launcher_file, records_file, register_records
 
 logger = logging.getLogger("kiln.runtime")
 
@@ -118,8 +120,8 @@ def collect_triton_binaries(program_source: str, modules: Mapping[str, Any] | No
                 if not kernel_files:
                     continue
                 files.update(kernel_files)
-                files.update(_launcher_files(kernel))
                 record = kernel_record(module_name, name, key, kernel)
+                files.update(_launcher_files(kernel, record, files))
                 if record is not None:
                     records.append(record)
     if files:
@@ -129,28 +131,80 @@ def collect_triton_binaries(program_source: str, modules: Mapping[str, Any] | No
     return files
 
 
-def _launcher_files(kernel: Any) -> dict[str, bytes]:
-    """The C launcher triton <= 3.6 built for ``kernel`` (its first launch did); for a kernel this
-    process compiled but never launched, built now when this process has the GPU driver -- so a load
-    never runs gcc for a kernel the artifact carries."""
+def _launcher_files(kernel: Any, record: Mapping[str, Any] | None = None,
+                    shipped: Mapping[str, bytes] | None = None) -> dict[str, bytes]:
+    """The C launcher triton <= 3.6 needs for ``kernel``: the one its first launch here built, and the
+    one a load will look for -- predicted from ``record`` exactly as the load rebuilds the kernel
+    (``triton_preload.launcher_file``), found in triton's cache by its key (a compile worker or
+    ``_kiln_prebuild_launchers`` may have built it for another kernel object of this signature), else
+    built now when this process has the CUDA driver. So a load never runs gcc for a kernel the artifact
+    carries; when it cannot be shipped, a ``perf_hints`` line says which kernel and why."""
     state = getattr(kernel, "__dict__", {})  # not ``kernel.run``: on an unlaunched kernel it loads the binary
     run = state.get("_run") or state.get("run")
-    if run is None:
-        run = _build_launcher(kernel)
-    return _host_module_files(run, "launch")
+    wanted = launcher_file(record, getattr(kernel, "metadata", None)) if record is not None else None
+    if wanted is None:  # no prediction (no record, or a triton without per-signature launchers)
+        return _host_module_files(run if run is not None else _build_launcher(kernel), "launch")
+    files = _host_module_files(run, "launch") if run is not None else {}
+    folder, name, source = wanted
+    artifact_name = f"{PREFIX}{folder}/{name}"
+    if artifact_name in files or (shipped is not None and artifact_name in shipped):
+        return files
+    if files:  # the launcher this process built is not the one a load computes: ship both
+        log("perf_hints").info("Triton kernel %s: the C launcher built here (%s) is not the one a load "
+                               "builds (triton/%s/); shipping that one too", record.get("function"),
+                               ", ".join(files), folder)
+    path = triton_cache_dir() / folder / name
+    why = "" if path.is_file() else _build_launcher_source(source)
+    try:
+        files[artifact_name] = path.read_bytes()
+    except OSError as e:
+        log("perf_hints").info(
+            "Triton kernel %s: its C launcher (triton/%s/) is not shipped (%s); a load on a new machine "
+            "builds it with the host compiler at the kernel's first launch", record.get("function"),
+            folder, why or f"{type(e).__name__}: {e}")
+    return files
 
 
 def _build_launcher(kernel: Any) -> Any:
+    active = _cuda_driver()
+    if active is None:
+        return None
+    with contextlib.suppress(Exception):
+        return active.launcher_cls(kernel.src, kernel.metadata)
+    return None
+
+
+def _cuda_driver() -> Any:
+    """triton's active CUDA driver when this process made one (never made here: a CPU host has none)
+    and its triton builds a launcher per signature; else None."""
     with contextlib.suppress(Exception):
         from triton.backends.nvidia import driver as nvidia_driver
         from triton.runtime import driver
 
-        active = getattr(driver, "_active", None)  # never make a driver here (a CPU host has none)
-        if active is None or not hasattr(nvidia_driver, "make_launcher") \
-                or type(active).__name__ != "CudaDriver":
-            return None
-        return active.launcher_cls(kernel.src, kernel.metadata)
+        active = getattr(driver, "_active", None)
+        if active is not None and hasattr(nvidia_driver, "make_launcher") \
+                and type(active).__name__ == "CudaDriver":
+            return active
     return None
+
+
+def _build_launcher_source(source: str) -> str:
+    """Build (or find) triton's launcher module for ``source`` into triton's cache, as ``CudaLauncher``
+    does; '' when built, else why not."""
+    if _cuda_driver() is None:
+        return "not in triton's cache, and this process has no CUDA driver to build it"
+    try:
+        from triton.backends.nvidia import driver as nvidia_driver
+
+        from .triton_preload import LAUNCHER_NAME
+
+        nvidia_driver.compile_module_from_src(src=source, name=LAUNCHER_NAME,
+                                              library_dirs=nvidia_driver.library_dirs(),
+                                              include_dirs=nvidia_driver.include_dirs,
+                                              libraries=nvidia_driver.libraries)
+        return ""
+    except Exception as e:  # noqa: BLE001 - an optimisation: the load builds it otherwise
+        return f"building it failed: {type(e).__name__}: {e}"
 
 
 def _host_module_files(owner: Any, attr: str) -> dict[str, bytes]:

@@ -101,6 +101,54 @@ def _env_vars() -> dict[str, Any]:
     return {}
 
 
+# ---- the C launcher triton <= 3.6 builds per kernel signature --------------------------------------
+
+LAUNCHER_NAME = "__triton_launcher"  # the module name triton's CUDA launcher is built under
+
+
+def launcher_file(record: Mapping[str, Any], metadata: Any) -> tuple[str, str, str] | None:
+    """(cache folder, file name, C source) of the launcher triton <= 3.6 builds for the kernel of
+    ``record`` when a load launches it -- computed from the record itself, as ``_adopt`` rebuilds the
+    kernel (``CudaLauncher(src, metadata)`` -> ``make_launcher`` -> ``compile_module_from_src``, whose
+    cache key is the source and the platform). None for a triton without per-signature launchers or
+    whose launcher cache is keyed otherwise (the kernel then still launches: triton builds or finds it)."""
+    try:
+        import hashlib
+        import sysconfig
+
+        from triton.backends.nvidia import driver as nvidia_driver
+        from triton.runtime import build
+
+        make_launcher = getattr(nvidia_driver, "make_launcher", None)
+        platform_key = getattr(build, "platform_key", None)
+        if make_launcher is None or platform_key is None:
+            return None
+        signature = {str(k): _tuples(v) for k, v in record["signature"].items()}
+        constants = {_tuples(k): v for k, v in record["constants"]}  # (unused by 3.6's make_launcher)
+        source = make_launcher(constants, signature, getattr(metadata, "tensordesc_meta", None))
+        folder = _cache_folder(hashlib.sha256((source + platform_key()).encode("utf-8")).hexdigest())
+        return folder, f"{LAUNCHER_NAME}{sysconfig.get_config_var('EXT_SUFFIX')}", source
+    except Exception:  # noqa: BLE001 - another triton layout: no prediction, triton's own path
+        return None
+
+
+def _cache_folder(key: str) -> str:
+    """The folder triton's cache manager files ``key`` (a hex digest) under: base32 of its bytes since
+    triton 3.0 (``get_cache_manager(key)`` -> ``_base32``), the key itself where there is no such step."""
+    from triton.runtime import cache
+
+    to_folder = getattr(cache, "_base32", None)
+    return str(to_folder(key)) if callable(to_folder) else key
+
+
+def _launcher_missing(p: Pending, kernel: Any) -> str:
+    """'' when the launcher the kernel will need is in the Triton cache (or this triton needs none)."""
+    wanted = launcher_file(p.record, kernel.metadata)
+    if wanted is None or (p.root / wanted[0] / wanted[1]).is_file():
+        return ""
+    return f"{p.record.get('function')} (launcher {wanted[0][:16]})"
+
+
 # ---- load: records waiting for their kernel module ----------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -187,10 +235,10 @@ def adopt_module(module: Any) -> int:
     except Exception as e:  # noqa: BLE001 - no driver (no GPU), another triton layout: triton's path
         log("perf_hints").info("%s: Triton kernels are not preloaded (%s: %s)", items[0].where, type(e).__name__, e)
         return 0
-    adopted, skipped = 0, []
+    adopted, skipped, no_launcher = 0, [], []
     for p in items:
         try:
-            why = _adopt(module, p, device, ASTSource, CompiledKernel)
+            why = _adopt(module, p, device, ASTSource, CompiledKernel, no_launcher)
         except Exception as e:  # noqa: BLE001 - never a crash: triton compiles or looks it up
             why = f"{type(e).__name__}: {e}"
         if why:
@@ -200,13 +248,19 @@ def adopt_module(module: Any) -> int:
     if skipped:
         log("perf_hints").info("%s: %d Triton kernel(s) not preloaded, triton finds or compiles them on "
                                "first launch (%s)", items[0].where, len(skipped), "; ".join(skipped[:3]))
+    if no_launcher:
+        log("perf_hints").info("%s: the artifact carries no C launcher for %d preloaded Triton kernel(s): "
+                               "triton builds each with the host compiler at its first launch (%s)",
+                               items[0].where, len(no_launcher), "; ".join(no_launcher[:3]))
     log("cache").info("%s: %d compiled Triton kernel(s) of %s handed to triton (no compile, no cache lookup)",
                       items[0].where, adopted, getattr(module, "__name__", "?"))
     return adopted
 
 
-def _adopt(module: Any, p: Pending, device: int, ast_source: Any, compiled_kernel: Any) -> str:
-    """One record into its function's kernel cache; '' when done, else why not."""
+def _adopt(module: Any, p: Pending, device: int, ast_source: Any, compiled_kernel: Any,
+           no_launcher: list[str] | None = None) -> str:
+    """One record into its function's kernel cache; '' when done, else why not. A kernel whose C
+    launcher (triton <= 3.6) is not in the cache is named in ``no_launcher`` (a gcc build to come)."""
     rec = p.record
     fn: Any = getattr(module, str(rec["function"]), None)
     while fn is not None and not hasattr(fn, "device_caches") and hasattr(fn, "fn"):
@@ -235,6 +289,11 @@ def _adopt(module: Any, p: Pending, device: int, ast_source: Any, compiled_kerne
         return f"binary is for kernel {kernel.metadata.name!r}"
     kernel_cache[key] = kernel
     fn._kiln_preloaded = True  # the wrapper's precompile leaves it alone (launcher.py)
+    if no_launcher is not None:
+        with contextlib.suppress(Exception):  # a diagnostic only: the kernel is filed either way
+            missing = _launcher_missing(p, kernel)
+            if missing:
+                no_launcher.append(missing)
     return ""
 
 
@@ -272,7 +331,20 @@ def _what(field_name: str, args: tuple) -> str:
             kernel = f"{meta.name} (signature {getattr(frame.f_locals.get('signature'), 'values', lambda: '?')()})"
             break
         frame = frame.f_back
-    return f"gcc build: {args[0] if args else '?'} for kernel {kernel}"
+    return f"gcc build: {args[0] if args else '?'} for kernel {kernel}{_build_key(args)}"
+
+
+def _build_key(args: tuple) -> str:
+    """The Triton cache folder the module being built goes to (its source's key), so a profile line
+    can be checked against an artifact's ``triton/<folder>/`` files."""
+    with contextlib.suppress(Exception):
+        import hashlib
+
+        from triton.runtime.build import platform_key
+
+        source = Path(args[1]).read_text()
+        return f" -> triton/{_cache_folder(hashlib.sha256((source + platform_key()).encode('utf-8')).hexdigest())}/"
+    return ""
 
 
 @contextlib.contextmanager
