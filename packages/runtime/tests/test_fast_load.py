@@ -124,3 +124,28 @@ def test_code_objects_are_written_off_the_loading_thread(tmp_path: Path, monkeyp
     assert flush_code_writes(10) and writers == [False]
     b = compile_cached(src, "<bg>", store)
     assert b is not a and b == a  # read back from the cache
+
+
+@pytest.mark.parametrize("first", ["call", "guard_failure"])
+def test_a_load_writes_its_code_objects_after_the_first_call(tmp_path: Path, monkeypatch, first) -> None:
+    """The writer thread would take the GIL from the load and the first call (what a new machine
+    waits on): a load queues its code objects and the writes start once the first call returns."""
+    from kiln.runtime import GuardError, cache, fast_load, load_compiled_function, save_artifact
+
+    assert flush_code_writes(10)
+    store = CompileCache(tmp_path / "cache")
+    monkeypatch.setattr(cache, "_DEFAULT", [store])
+    prog = PortableProgram("def call(args):\n    return (args[0] * 5,)\n", {})
+    path = tmp_path / "a.kiln"
+    save_artifact(path, prog, input_names=["x"], input_specs=[TensorSpec.from_tensor(torch.ones(2))])
+    fn = load_compiled_function(str(path), cache=store)
+    assert fast_load._PENDING and not fast_load._WRITER  # queued, not started
+    if first == "call":
+        torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 5.0))
+    else:
+        with pytest.raises(GuardError):
+            fn(torch.ones(3))
+    assert not fast_load._HELD[0]
+    assert flush_code_writes(10) and not fast_load._PENDING
+    assert [p for p in (tmp_path / "cache" / "v1" / "entries" / _CODE_NS).rglob("*") if p.is_file()]
+    torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 5.0))

@@ -66,23 +66,46 @@ _IDLE = threading.Event()
 _IDLE.set()
 _WRITER: list[threading.Thread] = []  # the running writer, if any
 _EXIT_HOOK: list[object] = []
+_HELD: list[int] = [0]  # loads in progress: their writes wait for the first call (release_code_writes)
+
+
+def hold_code_writes() -> None:
+    """Queue code-object writes without starting them (a load until its first call returns: the
+    writer thread would take the GIL from the first call)."""
+    with _LOCK:
+        _HELD[0] += 1
+
+
+def release_code_writes() -> None:
+    """End one ``hold_code_writes``; the last one starts the queued writes."""
+    with _LOCK:
+        _HELD[0] = max(0, _HELD[0] - 1)
+        if not _HELD[0]:
+            _start_writer()
 
 
 def _write_later(store: CompileCache, key: str, code: types.CodeType) -> None:
     with _LOCK:
         _PENDING[(id(store), key)] = (store, code)
         _IDLE.clear()
+        if not _EXIT_HOOK:  # exit writes what is queued (held or not), waiting at most 10 s
+            _EXIT_HOOK.append(atexit.register(flush_code_writes, 10.0))
+        if not _HELD[0]:
+            _start_writer()
+
+
+def _start_writer() -> None:
+    """With _LOCK held: a writer thread for the queue, unless one runs or nothing is queued."""
+    if _PENDING:
         if not _WRITER:  # none running (the writer clears this under the lock as it ends)
-            if not _EXIT_HOOK:
-                _EXIT_HOOK.append(atexit.register(flush_code_writes, 10.0))
             # daemon: a stuck filesystem must not hang exit beyond flush_code_writes' timeout
             t = threading.Thread(target=_drain, name="kiln-code-cache-writer", daemon=True)
             _WRITER.append(t)
             try:
                 t.start()
-            except RuntimeError:  # no new threads (interpreter shutdown): the entry is skipped
+            except RuntimeError:  # no new threads (interpreter shutdown): the entries are skipped
                 _WRITER.clear()
-                _PENDING.pop((id(store), key), None)
+                _PENDING.clear()
                 _IDLE.set()
 
 
@@ -109,6 +132,7 @@ def _after_fork_in_child() -> None:
     _LOCK, _IDLE = threading.Lock(), threading.Event()
     _PENDING.clear()
     _WRITER.clear()
+    _HELD[0] = 0
     _IDLE.set()
 
 
@@ -117,7 +141,10 @@ if hasattr(os, "register_at_fork"):
 
 
 def flush_code_writes(timeout: float | None = None) -> bool:
-    """Wait until code objects compiled so far are in the cache; False if ``timeout`` ran out."""
+    """Write the code objects compiled so far to the cache (also those a load still holds back) and
+    wait for them; False if ``timeout`` ran out."""
+    with _LOCK:
+        _start_writer()
     return _IDLE.wait(timeout)
 
 
