@@ -103,10 +103,19 @@ def _start_writer() -> None:
             _WRITER.append(t)
             try:
                 t.start()
-            except RuntimeError:  # no new threads (interpreter shutdown): the entries are skipped
+            except RuntimeError:  # no new threads (3.12 at interpreter shutdown): write them here
                 _WRITER.clear()
+                for (_, key), (store, code) in list(_PENDING.items()):
+                    _put(store, key, code)
                 _PENDING.clear()
                 _IDLE.set()
+
+
+def _put(store: CompileCache, key: str, code: types.CodeType) -> None:
+    try:
+        store.put(_CODE_NS, key, marshal.dumps(code))  # put logs its own OSErrors
+    except Exception:  # noqa: BLE001 - a cache write must never break the program that loaded
+        logger.warning("compile cache: writing a code object failed", exc_info=True)
 
 
 def _drain() -> None:
@@ -118,10 +127,7 @@ def _drain() -> None:
                 return
             item_key = next(iter(_PENDING))
             store, code = _PENDING[item_key]
-        try:
-            store.put(_CODE_NS, item_key[1], marshal.dumps(code))  # put logs its own OSErrors
-        except Exception:  # noqa: BLE001 - a cache write must never break the program that loaded
-            logger.warning("compile cache: writing a code object failed", exc_info=True)
+        _put(store, item_key[1], code)
         with _LOCK:
             _PENDING.pop(item_key, None)
 
