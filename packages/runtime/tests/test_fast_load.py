@@ -149,3 +149,68 @@ def test_a_load_writes_its_code_objects_after_the_first_call(tmp_path: Path, mon
     assert flush_code_writes(10) and not fast_load._PENDING
     assert [p for p in (tmp_path / "cache" / "v1" / "entries" / _CODE_NS).rglob("*") if p.is_file()]
     torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 5.0))
+
+
+def _entries(root: Path) -> list[Path]:
+    return [p for p in (root / "v1" / "entries" / _CODE_NS).rglob("*") if p.is_file()]
+
+
+def test_writes_after_a_first_call_wait_a_moment_unless_flushed(tmp_path: Path, monkeypatch) -> None:
+    """After a first call the writer pauses before it writes (what the program does next runs
+    without it); a flush writes at once. The first call does not wait for the writer thread."""
+    import threading
+    import time
+
+    from kiln.runtime import cache, fast_load, load_compiled_function, save_artifact
+
+    assert flush_code_writes(10)
+    monkeypatch.setattr(fast_load, "_WRITE_DELAY_S", 60.0)
+    started = []
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self))  # none used
+    store = CompileCache(tmp_path / "cache")
+    monkeypatch.setattr(cache, "_DEFAULT", [store])
+    prog = PortableProgram("def call(args):\n    return (args[0] * 7,)\n", {})
+    save_artifact(tmp_path / "a.kiln", prog, input_names=["x"],
+                  input_specs=[TensorSpec.from_tensor(torch.ones(2))])
+    fn = load_compiled_function(str(tmp_path / "a.kiln"), cache=store)
+    torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 7.0))
+    time.sleep(0.3)
+    assert fast_load._WRITER and fast_load._PENDING and not _entries(tmp_path / "cache")  # paused
+    t0 = time.perf_counter()
+    assert flush_code_writes(10) and not fast_load._PENDING
+    assert time.perf_counter() - t0 < 10 and _entries(tmp_path / "cache") and not started
+    # the next writer pauses again
+    compile_cached("y = 1\n", "<again>", store)
+    time.sleep(0.3)
+    assert fast_load._PENDING
+    assert flush_code_writes(10) and len(_entries(tmp_path / "cache")) == 2
+
+
+def test_a_process_that_exits_right_after_its_first_call_writes_its_code_objects(tmp_path: Path) -> None:
+    """The exit flush cuts the writer's pause short: nothing is lost, every entry is whole."""
+    import os
+    import subprocess
+    import sys
+
+    from kiln.runtime import save_artifact
+
+    prog = PortableProgram("def call(args):\n    return (args[0] * 7,)\n", {})
+    save_artifact(tmp_path / "a.kiln", prog, input_names=["x"],
+                  input_specs=[TensorSpec.from_tensor(torch.ones(2))])
+    code = ("import torch, time; from kiln.runtime import load_compiled_function as load; "
+            f"f = load({str(tmp_path / 'a.kiln')!r}); f(torch.ones(2)); t = time.perf_counter()")
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    entries = _entries(tmp_path / "cache")
+    assert entries and not [p for p in (tmp_path / "cache").rglob(".tmp*")]
+    import json
+    import marshal
+
+    from kiln.runtime.cache import MAGIC
+
+    store = CompileCache(tmp_path / "cache")
+    for p in entries:  # each entry verifies (its checksum) and unmarshals
+        raw = p.read_bytes()
+        key = json.loads(raw[len(MAGIC):raw.index(b"\n", len(MAGIC))])["key"]
+        data = store.get(_CODE_NS, key)
+        assert data is not None and marshal.loads(data).co_filename

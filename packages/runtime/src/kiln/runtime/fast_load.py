@@ -9,6 +9,7 @@ earlier versions generated ~130 KB of Python for a mobilenet's 1,400 guards and 
 
 from __future__ import annotations
 
+import _thread
 import atexit
 import hashlib
 import importlib.util
@@ -64,7 +65,9 @@ _LOCK = threading.Lock()
 _PENDING: dict[tuple[int, str], tuple[CompileCache, types.CodeType]] = {}
 _IDLE = threading.Event()
 _IDLE.set()
-_WRITER: list[threading.Thread] = []  # the running writer, if any
+_HURRY = threading.Event()  # set: the writer writes now instead of after its delay
+_WRITE_DELAY_S = 0.25  # a writer's pause before it writes (see _start_writer)
+_WRITER: list[bool] = []  # [True] while a writer thread runs
 _EXIT_HOOK: list[object] = []
 _HELD: list[int] = [0]  # loads in progress: their writes wait for the first call (release_code_writes)
 
@@ -95,14 +98,21 @@ def _write_later(store: CompileCache, key: str, code: types.CodeType) -> None:
 
 
 def _start_writer() -> None:
-    """With _LOCK held: a writer thread for the queue, unless one runs or nothing is queued."""
+    """With _LOCK held: a writer thread for the queue, unless one runs or nothing is queued.
+
+    A bare ``_thread`` thread: ``threading.Thread.start`` waits until the new thread runs, and
+    that thread must first win the GIL from the caller (a first call, in ``release_code_writes``:
+    0.2-3 ms of a new machine's load + first call on a busy host). The writer then sleeps
+    ``_WRITE_DELAY_S`` before writing, so the marshal/write work does not compete with what the
+    program does right after its first call; ``flush_code_writes`` (and interpreter exit) cut the
+    sleep short."""
     if _PENDING:
         if not _WRITER:  # none running (the writer clears this under the lock as it ends)
-            # daemon: a stuck filesystem must not hang exit beyond flush_code_writes' timeout
-            t = threading.Thread(target=_drain, name="kiln-code-cache-writer", daemon=True)
-            _WRITER.append(t)
+            _WRITER.append(True)
             try:
-                t.start()
+                # not waited for at exit (as a daemon thread): the exit hook flushes, with a timeout,
+                # so a stuck filesystem cannot hang exit
+                _thread.start_new_thread(_drain, ())
             except RuntimeError:  # no new threads (3.12 at interpreter shutdown): write them here
                 _WRITER.clear()
                 for (_, key), (store, code) in list(_PENDING.items()):
@@ -119,10 +129,12 @@ def _put(store: CompileCache, key: str, code: types.CodeType) -> None:
 
 
 def _drain() -> None:
+    _HURRY.wait(_WRITE_DELAY_S)
     while True:
         with _LOCK:
             if not _PENDING:
                 _WRITER.clear()
+                _HURRY.clear()  # the next writer pauses again (unless a flush waits for it)
                 _IDLE.set()
                 return
             item_key = next(iter(_PENDING))
@@ -134,8 +146,8 @@ def _drain() -> None:
 
 def _after_fork_in_child() -> None:
     # the writer thread does not exist in a forked child: its copy of the queue is the parent's job
-    global _LOCK, _IDLE
-    _LOCK, _IDLE = threading.Lock(), threading.Event()
+    global _LOCK, _IDLE, _HURRY
+    _LOCK, _IDLE, _HURRY = threading.Lock(), threading.Event(), threading.Event()
     _PENDING.clear()
     _WRITER.clear()
     _HELD[0] = 0
@@ -150,7 +162,9 @@ def flush_code_writes(timeout: float | None = None) -> bool:
     """Write the code objects compiled so far to the cache (also those a load still holds back) and
     wait for them; False if ``timeout`` ran out."""
     with _LOCK:
-        _start_writer()
+        if _PENDING:  # the writer that ends with an empty queue clears it
+            _HURRY.set()
+            _start_writer()
     return _IDLE.wait(timeout)
 
 
