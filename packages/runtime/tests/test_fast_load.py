@@ -106,6 +106,7 @@ def test_code_objects_are_written_off_the_loading_thread(tmp_path: Path, monkeyp
     (flush_code_writes waits for it); until then the same process reuses the code it compiled."""
     import threading
 
+    assert flush_code_writes(10)  # earlier tests' writes (the writer pauses before writing)
     store = CompileCache(tmp_path)
     release, writers = threading.Event(), []
     real_put = CompileCache.put
