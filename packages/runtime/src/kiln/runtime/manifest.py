@@ -88,9 +88,16 @@ def spec_to_json(spec: TensorSpec | int | None) -> object:
 
 def spec_expectation(spec: TensorSpec) -> tuple:
     """The TENSOR_MATCH payload a tensor input's spec gives (dynamic sizes and their strides free)."""
-    shape = tuple(d if isinstance(d, int) else None for d in spec.shape)
-    stride = tuple(d if isinstance(d, int) and not spec.is_dynamic else None for d in spec.stride)
-    return (str(spec.dtype), str(spec.device), shape, stride, spec.requires_grad)
+    shape, stride = spec.shape, spec.stride
+    if not (_INT.issuperset(map(type, shape)) and _INT.issuperset(map(type, stride))):
+        dynamic = spec.is_dynamic
+        shape = tuple(d if isinstance(d, int) else None for d in shape)
+        stride = tuple(d if isinstance(d, int) and not dynamic else None for d in stride)
+    # a load rebuilds hundreds of these (schema 2): the static case stays C-level
+    return (str(spec.dtype), str(spec.device), tuple(shape), tuple(stride), spec.requires_grad)
+
+
+_INT = frozenset({int})
 
 
 def _spec_guards_left_out(guards: GuardSet, inputs: tuple[InputRecord, ...]) -> GuardSet:
