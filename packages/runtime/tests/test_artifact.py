@@ -13,6 +13,7 @@ from runtime_testlib import ATEN, AUTOGRAD
 from kiln.graph import PortableProgram, TensorSpec
 from kiln.runtime import (
     Artifact,
+    GuardError,
     build_artifact,
     load_artifact,
     load_compiled_function,
@@ -63,7 +64,7 @@ def test_artifact_inspection(tmp_path):
     assert loaded.manifest.integrity == art.manifest.integrity
     assert loaded.program.source == ATEN
     text = loaded.as_text()
-    for needle in ("schema 1", "backend: test", "TENSOR_MATCH", "L['x']", "program.py", "integrity",
+    for needle in ("schema 2", "backend: test", "TENSOR_MATCH", "L['x']", "program.py", "integrity",
                    "aten.addmm", f"torch {torch.__version__.split('+')[0]}"):
         assert needle in text, needle
     # the same artifact saved twice is byte-identical apart from nothing: hashes are stable
@@ -133,3 +134,61 @@ def test_program_without_call_is_an_artifact_error(tmp_path):
                   input_names=["x"])
     with pytest.raises(ArtifactError, match="ModuleNotFoundError"):
         load_compiled_function(tmp_path / "m.kiln")
+
+
+def _schema2_artifact(tmp_path):
+    from kiln.graph import Guard, tensor_expectation
+
+    x, w, b = _aten_inputs()
+    guards = [Guard("L['x']", "TENSOR_MATCH", tensor_expectation(x)),  # what x's spec gives: left out
+              Guard("L['w']", "TENSOR_MATCH", tensor_expectation(w, frozenset({0}))),  # not: kept
+              Guard("L['n']", "EQUALS_MATCH", 3)]
+    art = save_artifact(tmp_path / "a.kiln", PortableProgram(ATEN), input_names=["x", "w", "b"],
+                        input_specs=[TensorSpec.from_tensor(t) for t in (x, w, b)], guards=guards)
+    return art, (x, w, b)
+
+
+def test_schema2_leaves_out_the_tensor_guards_input_specs_give(tmp_path):
+    import json
+    import zipfile
+
+    art, (x, w, b) = _schema2_artifact(tmp_path)
+    with zipfile.ZipFile(tmp_path / "a.kiln") as z:
+        raw = json.loads(z.read("manifest.json"))
+    assert raw["schema_version"] == 2
+    stored = {(g["source"], g["kind"]) for g in raw["guards"]}
+    assert stored == {("L['w']", "TENSOR_MATCH"), ("L['n']", "EQUALS_MATCH")}
+    loaded = load_artifact(tmp_path / "a.kiln")
+    key = lambda g: (g.source, g.kind, g.expected)  # noqa: E731
+    assert sorted(map(key, loaded.manifest.guards)) == sorted(map(key, art.manifest.guards))
+    assert len(loaded.manifest.guards) == 4  # x and b rebuilt from their specs
+    fn = load_compiled_function(tmp_path / "a.kiln")
+    want = (F.relu(x @ w.t() + b), (x @ w.t() + b).sum())
+    torch.testing.assert_close(fn(x, w, b, n=3)[0], want[0])
+    with pytest.raises(GuardError, match="'x'"):
+        fn(torch.randn(5, 4), w, b, n=3)
+    with pytest.raises(GuardError, match="'b'"):
+        fn(x, w, b.double(), n=3)
+    # a loaded schema-2 artifact saves the same manifest again (its integrity still verifies)
+    load_compiled_function(tmp_path / "a.kiln").save_compiled_function(tmp_path / "again.kiln")
+    assert load_artifact(tmp_path / "again.kiln").manifest.integrity == art.manifest.integrity
+
+
+def test_a_schema1_manifest_keeps_every_guard_and_still_loads(tmp_path):
+    import dataclasses
+    import json
+    import zipfile
+
+    art, (x, w, b) = _schema2_artifact(tmp_path)
+    old = dataclasses.replace(art.manifest, schema_version=1, integrity="").sealed()
+    Artifact(old, art.source, art.files, art.constants).save(tmp_path / "old.kiln")
+    with zipfile.ZipFile(tmp_path / "old.kiln") as z:
+        raw = json.loads(z.read("manifest.json"))
+    assert raw["schema_version"] == 1 and len(raw["guards"]) == 4
+    loaded = load_artifact(tmp_path / "old.kiln")
+    assert loaded.manifest.schema_version == 1 and len(loaded.manifest.guards) == 4
+    fn = load_compiled_function(tmp_path / "old.kiln")
+    with pytest.raises(GuardError, match="'x'"):
+        fn(torch.randn(5, 4), w, b, n=3)
+    fn.save_compiled_function(tmp_path / "again.kiln")  # re-saved as it was: schema 1, same integrity
+    assert load_artifact(tmp_path / "again.kiln").manifest.integrity == old.integrity

@@ -127,3 +127,42 @@ def test_save_is_atomic_over_an_existing_artifact(tmp_path, monkeypatch):
     assert (tmp_path / "z.kiln").read_bytes() == before  # the old artifact is intact
     assert sorted(p.name for p in tmp_path.iterdir()) == ["z.kiln"]  # no temp files left
     shutil.rmtree(tmp_path)
+
+
+def test_zip_entries_are_stored(tmp_path):
+    """Reading needs no inflate (part of a new machine's load)."""
+    _save(tmp_path / "z.kiln")
+    with zipfile.ZipFile(tmp_path / "z.kiln") as z:
+        infos = z.infolist()
+    assert {i.filename for i in infos} == {"manifest.json", "program.py", "notes/data.bin"}
+    assert all(i.compress_type == zipfile.ZIP_STORED for i in infos)
+
+
+def test_a_fresh_process_reads_a_zip_artifact_without_the_cp437_codec(tmp_path):
+    import subprocess
+    import sys
+
+    _save(tmp_path / "z.kiln")
+    code = ("import sys; from kiln.runtime import load_artifact; "
+            f"load_artifact({str(tmp_path / 'z.kiln')!r}); print('encodings.cp437' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_a_deflated_zip_artifact_still_loads(tmp_path):
+    """Artifacts written before entries were stored (deflated, cp437 names) read as before."""
+    w, x = _save(tmp_path / "d", fmt="dir")
+    with zipfile.ZipFile(tmp_path / "old.kiln", "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for p in sorted((tmp_path / "d").rglob("*")):
+            if p.is_file():
+                z.writestr(str(p.relative_to(tmp_path / "d")), p.read_bytes())
+    with zipfile.ZipFile(tmp_path / "old.kiln") as z:
+        assert all(i.compress_type == zipfile.ZIP_DEFLATED for i in z.infolist())
+    fn = load_compiled_function(tmp_path / "old.kiln")
+    with zipfile.ZipFile(tmp_path / "other.zip", "w") as z:
+        z.writestr("cafX.txt", b"x")
+    # a name that is not UTF-8 (a cp437 zip from elsewhere): an ArtifactError, not a UnicodeDecodeError
+    (tmp_path / "other.zip").write_bytes((tmp_path / "other.zip").read_bytes().replace(b"cafX", b"caf\x82"))
+    with pytest.raises(ArtifactError, match="not a valid kiln artifact"):
+        load_artifact(tmp_path / "other.zip")
+    torch.testing.assert_close(fn(w, x)[0], x @ w)

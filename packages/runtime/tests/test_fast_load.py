@@ -9,7 +9,7 @@ import torch
 
 from kiln.graph import Guard, GuardSet, PortableProgram, TensorSpec, tensor_expectation
 from kiln.runtime import CompileCache
-from kiln.runtime.fast_load import _CODE_NS, compile_cached, compile_guards
+from kiln.runtime.fast_load import _CODE_NS, compile_cached, compile_guards, flush_code_writes
 
 
 def _guards() -> GuardSet:
@@ -44,6 +44,7 @@ def test_guard_check_and_gather() -> None:
 def test_corrupt_code_entries_are_regenerated(tmp_path: Path) -> None:
     store = CompileCache(tmp_path)
     compile_cached("y = 1 + 1\n", "<t>", store)
+    assert flush_code_writes(10)
     for p in (tmp_path / "v1" / "entries" / _CODE_NS).rglob("*"):
         if p.is_file():
             p.write_bytes(p.read_bytes()[:-5])
@@ -55,7 +56,9 @@ def test_corrupt_code_entries_are_regenerated(tmp_path: Path) -> None:
 def test_compile_cached_reuses_code(tmp_path: Path) -> None:
     store = CompileCache(tmp_path)
     src = "def f(a):\n    return a * 2\n"
-    a, b = compile_cached(src, "<f>", store), compile_cached(src, "<f>", store)
+    a = compile_cached(src, "<f>", store)
+    assert flush_code_writes(10)
+    b = compile_cached(src, "<f>", store)
     assert a is not b and a == b  # the second one was unmarshalled
     ns: dict = {}
     exec(b, ns)
@@ -96,3 +99,119 @@ def test_gc_is_paused_while_loading_and_restored(tmp_path) -> None:
             gc.enable()
     finally:
         loaded_mod.LoadedFunction.from_artifact = real
+
+
+def test_code_objects_are_written_off_the_loading_thread(tmp_path: Path, monkeypatch) -> None:
+    """A load needs the code, not its cache entry: the entry is written by a background thread
+    (flush_code_writes waits for it); until then the same process reuses the code it compiled."""
+    import threading
+
+    assert flush_code_writes(10)  # earlier tests' writes (the writer pauses before writing)
+    store = CompileCache(tmp_path)
+    release, writers = threading.Event(), []
+    real_put = CompileCache.put
+
+    def slow_put(self, namespace, key, data):
+        writers.append(threading.current_thread() is threading.main_thread())
+        release.wait(10)
+        return real_put(self, namespace, key, data)
+    monkeypatch.setattr(CompileCache, "put", slow_put)
+    src = "def f(a):\n    return a + 3\n"
+    a = compile_cached(src, "<bg>", store)  # returns while the write waits
+    assert compile_cached(src, "<bg>", store) is a  # pending in this process: not compiled again
+    assert not flush_code_writes(0.05)
+    assert not [p for p in (tmp_path / "v1" / "entries").rglob("*") if p.is_file()]
+    release.set()
+    assert flush_code_writes(10) and writers == [False]
+    b = compile_cached(src, "<bg>", store)
+    assert b is not a and b == a  # read back from the cache
+
+
+@pytest.mark.parametrize("first", ["call", "guard_failure"])
+def test_a_load_writes_its_code_objects_after_the_first_call(tmp_path: Path, monkeypatch, first) -> None:
+    """The writer thread would take the GIL from the load and the first call (what a new machine
+    waits on): a load queues its code objects and the writes start once the first call returns."""
+    from kiln.runtime import GuardError, cache, fast_load, load_compiled_function, save_artifact
+
+    assert flush_code_writes(10)
+    store = CompileCache(tmp_path / "cache")
+    monkeypatch.setattr(cache, "_DEFAULT", [store])
+    prog = PortableProgram("def call(args):\n    return (args[0] * 5,)\n", {})
+    path = tmp_path / "a.kiln"
+    save_artifact(path, prog, input_names=["x"], input_specs=[TensorSpec.from_tensor(torch.ones(2))])
+    fn = load_compiled_function(str(path), cache=store)
+    assert fast_load._PENDING and not fast_load._WRITER  # queued, not started
+    if first == "call":
+        torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 5.0))
+    else:
+        with pytest.raises(GuardError):
+            fn(torch.ones(3))
+    assert not fast_load._HELD[0]
+    assert flush_code_writes(10) and not fast_load._PENDING
+    assert [p for p in (tmp_path / "cache" / "v1" / "entries" / _CODE_NS).rglob("*") if p.is_file()]
+    torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 5.0))
+
+
+def _entries(root: Path) -> list[Path]:
+    return [p for p in (root / "v1" / "entries" / _CODE_NS).rglob("*") if p.is_file()]
+
+
+def test_writes_after_a_first_call_wait_a_moment_unless_flushed(tmp_path: Path, monkeypatch) -> None:
+    """After a first call the writer pauses before it writes (what the program does next runs
+    without it); a flush writes at once. The first call does not wait for the writer thread."""
+    import threading
+    import time
+
+    from kiln.runtime import cache, fast_load, load_compiled_function, save_artifact
+
+    assert flush_code_writes(10)
+    monkeypatch.setattr(fast_load, "_WRITE_DELAY_S", 60.0)
+    started = []
+    monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self))  # none used
+    store = CompileCache(tmp_path / "cache")
+    monkeypatch.setattr(cache, "_DEFAULT", [store])
+    prog = PortableProgram("def call(args):\n    return (args[0] * 7,)\n", {})
+    save_artifact(tmp_path / "a.kiln", prog, input_names=["x"],
+                  input_specs=[TensorSpec.from_tensor(torch.ones(2))])
+    fn = load_compiled_function(str(tmp_path / "a.kiln"), cache=store)
+    torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 7.0))
+    time.sleep(0.3)
+    assert fast_load._WRITER and fast_load._PENDING and not _entries(tmp_path / "cache")  # paused
+    t0 = time.perf_counter()
+    assert flush_code_writes(10) and not fast_load._PENDING
+    assert time.perf_counter() - t0 < 10 and _entries(tmp_path / "cache") and not started
+    # the next writer pauses again
+    compile_cached("y = 1\n", "<again>", store)
+    time.sleep(0.3)
+    assert fast_load._PENDING
+    assert flush_code_writes(10) and len(_entries(tmp_path / "cache")) == 2
+
+
+def test_a_process_that_exits_right_after_its_first_call_writes_its_code_objects(tmp_path: Path) -> None:
+    """The exit flush cuts the writer's pause short: nothing is lost, every entry is whole."""
+    import os
+    import subprocess
+    import sys
+
+    from kiln.runtime import save_artifact
+
+    prog = PortableProgram("def call(args):\n    return (args[0] * 7,)\n", {})
+    save_artifact(tmp_path / "a.kiln", prog, input_names=["x"],
+                  input_specs=[TensorSpec.from_tensor(torch.ones(2))])
+    code = ("import torch, time; from kiln.runtime import load_compiled_function as load; "
+            f"f = load({str(tmp_path / 'a.kiln')!r}); f(torch.ones(2)); t = time.perf_counter()")
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path / "cache"))
+    subprocess.run([sys.executable, "-c", code], env=env, check=True, timeout=120)
+    entries = _entries(tmp_path / "cache")
+    assert entries and not [p for p in (tmp_path / "cache").rglob(".tmp*")]
+    import json
+    import marshal
+
+    from kiln.runtime.cache import MAGIC
+
+    store = CompileCache(tmp_path / "cache")
+    for p in entries:  # each entry verifies (its checksum) and unmarshals
+        raw = p.read_bytes()
+        key = json.loads(raw[len(MAGIC):raw.index(b"\n", len(MAGIC))])["key"]
+        data = store.get(_CODE_NS, key)
+        assert data is not None and marshal.loads(data).co_filename

@@ -122,3 +122,28 @@ def test_frees_wait_for_the_next_allocation_in_one_statement():
     for a, b in zip(lines, lines[1:]):
         assert not (a.strip().startswith("del ") and b.strip().startswith("_k")), lines
         assert not (a.strip().startswith("del ") and b.strip().startswith("del ")), lines
+
+
+def test_ext2_ext3_take_argument_views_from_the_table():
+    from kiln.inductor.codegen.wrapper import EXT_VIEW_HELPERS
+
+    ns = _ext_namespace([[[], [3, 5], [5, 1], [[3, 4], [1, 3], 0], None],
+                         [[], [4, 4], [4, 1], None, [[4, 2], [2, 1], 0], [[2, 4], [1, 2], 2]]])
+    for n in (2, 3):
+        exec(EXT_VIEW_HELPERS[n], ns)
+    a, b = _g(12), _g(4, 5)
+    got = ns["_ext2"](torch.mm, 0, a, b)  # a read as its transposed (3, 4) view
+    assert torch.equal(got, torch.mm(a.as_strided((3, 4), (1, 3)), b))
+    bias, m, w = _g(4, 4), _g(8), _g(11)
+    want = torch.addmm(bias, m.as_strided((4, 2), (2, 1)), w.as_strided((2, 4), (1, 2), 2))
+    assert torch.equal(ns["_ext3"](torch.addmm, 1, bias, m, w), want)  # the offset adds to the buffer's
+
+
+def test_mm_of_a_transposed_weight_is_one_statement_without_views():
+    # a linear layer: mm(x, w.t()): the view of w rides in the table row, not in the statement
+    cg = check(lambda x, w: (F.linear(x, w) + 1).relu(), _g(4, 6), _g(5, 6))
+    code = cg.texts["output_code"]
+    body = code.split("def call_owned")[1]
+    assert re.search(r"^    buf\d+ = _ext[23]\(torch\.(mm|addmm), \d+(, \w+)+\)  # ", body, re.M), body
+    assert ".as_strided(" not in body.split("return")[0], body
+    assert "def _ext3" not in code or "= _ext3(" in body  # helpers only where used

@@ -19,6 +19,7 @@ from .cli import artifact_text, cache_clear, cache_info, cache_info_text
 from .cpp import CXX_FLAGS, compile_cpp, cpp_cache_key, load_cpp_library
 from .environment import DeviceInfo, HostInfo
 from .errors import ArtifactError, GuardError, KernelBuildError
+from .fast_load import flush_code_writes
 from .graph_cache import CachedGraph, GraphCache, Uncacheable, cached_backend, graph_key
 from .loaded import LoadedFunction, load_compiled_function
 from .manifest import FILE_KINDS, SCHEMA_VERSION, InputRecord, Manifest
@@ -31,7 +32,7 @@ __all__ = [
     "CXX_FLAGS", "FILE_KINDS", "SCHEMA_VERSION", "Artifact", "ArtifactError", "Binding", "CacheInfo",
     "CachedGraph", "CallFrame", "CompileCache", "GraphCache", "Uncacheable", "cached_backend", "graph_key", "DeviceInfo", "GuardError", "HostInfo", "InputRecord",
     "KernelBuildError", "LoadedFunction", "Manifest", "Param", "artifact_text", "build_artifact",
-    "cache_clear", "cache_info", "collect_triton_binaries", "install_triton_binaries", "cache_key", "cache_info_text", "compile_cpp", "cpp_cache_key", "default_cache", "graph_module_source", "load_artifact",
+    "cache_clear", "cache_info", "flush_code_writes", "collect_triton_binaries", "install_triton_binaries", "cache_key", "cache_info_text", "compile_cpp", "cpp_cache_key", "default_cache", "graph_module_source", "load_artifact",
     "load_compiled_function", "load_cpp_library", "load_triton_kernel", "load_triton_module",
     "program_from_graph_module", "save_artifact",
 ]

@@ -33,6 +33,7 @@ from .manifest import (
     file_kind,
     manifest_file_bytes,
     sha256,
+    spec_expectation,
     verified_manifest,
 )
 from .sources import CallFrame, Param, display_name, normalize, root_of
@@ -284,10 +285,6 @@ def guards_with_specs(guards: GuardSet, sources: Sequence[str],
     matched = {g.source for g in out if g.kind == "TENSOR_MATCH"}
     for source, spec in zip(sources, specs):
         if isinstance(spec, TensorSpec) and source not in matched:
-            shape = tuple(d if isinstance(d, int) else None for d in spec.shape)
-            stride = tuple(d if isinstance(d, int) and not spec.is_dynamic else None
-                           for d in spec.stride)
-            expected = (str(spec.dtype), str(spec.device), shape, stride, spec.requires_grad)
-            out.append(Guard(source, "TENSOR_MATCH", expected, "from the input's spec"))
+            out.append(Guard(source, "TENSOR_MATCH", spec_expectation(spec), "from the input's spec"))
             matched.add(source)
     return GuardSet(tuple(out))

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import types
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,13 @@ from .bindings import Resolver
 from .cache import CompileCache, default_cache
 from .checks import usable_files
 from .errors import ArtifactError, GuardError
-from .fast_load import cached_compile, compile_cached, compile_guards
+from .fast_load import (
+    cached_compile,
+    compile_cached,
+    compile_guards,
+    hold_code_writes,
+    release_code_writes,
+)
 from .guard_check import diagnose
 from .manifest import PROGRAM_NAME
 from .sources import CallFrame, Param, display_name, make_binder, normalize
@@ -114,8 +121,8 @@ class LoadedFunction:
 
     def __init__(self, plan: CallPlan, call: Callable[[list], Any], *,
                  artifact: Artifact | None = None, module: types.ModuleType | None = None,
-                 save: Callable[[PathOrFile, Mapping[str, object] | None, str], Artifact] | None = None
-                 ) -> None:
+                 save: Callable[[PathOrFile, Mapping[str, object] | None, str], Artifact] | None = None,
+                 after_first_call: Callable[[], None] | None = None) -> None:
         self.plan = plan
         self.artifact = artifact
         self.module = module
@@ -130,11 +137,33 @@ class LoadedFunction:
         self._check_guards = True
         self._output = pytree.treespec_loads(plan.output_spec) if plan.output_spec else None
         self._call = call
+        # runs once: after the first call, at a guard failure before it, or when this is dropped uncalled
+        self._after_first_call = weakref.finalize(self, after_first_call) if after_first_call else None
+        if self._after_first_call is not None:  # the first call runs through a wrapper; later ones do not
+            self._call = self._first_call(call, self._after_first_call)
+
+    def _first_call(self, call: Callable[[list], Any], done: Callable[[], Any]) -> Callable[[list], Any]:
+        me = weakref.ref(self)  # no cycle: an uncalled function that is dropped is freed (and done runs)
+
+        def first(inputs: list) -> Any:
+            owner = me()
+            if owner is not None:
+                owner._call = call
+            try:
+                return call(inputs)
+            finally:
+                done()
+        return first
+
+    def _first_call_done(self) -> None:
+        if self._after_first_call is not None:
+            self._after_first_call()  # a weakref.finalize: runs at most once
 
     @staticmethod
     def from_artifact(artifact: Artifact, *, f_globals: dict[str, object] | None = None,
                       external_data: Mapping[str, object] | None = None,
-                      cache: CompileCache | None = None) -> LoadedFunction:
+                      cache: CompileCache | None = None,
+                      after_first_call: Callable[[], None] | None = None) -> LoadedFunction:
         plan = CallPlan.for_artifact(artifact, f_globals, external_data)
         where = artifact.location or "<memory>"
         files = usable_files(artifact.manifest, {**artifact.files, PROGRAM_NAME: b""}, where)
@@ -142,7 +171,8 @@ class LoadedFunction:
         if any(name.startswith(TRITON_PREFIX) for name in files):
             install_triton_binaries(files, where)  # before the program imports its kernels
         module = exec_program(artifact, files, _materialize(artifact, files, cache or default_cache()))
-        return LoadedFunction(plan, module.call, artifact=artifact, module=module)
+        return LoadedFunction(plan, module.call, artifact=artifact, module=module,
+                              after_first_call=after_first_call)
 
     @staticmethod
     def from_compiled(call: Callable[[list], Any], *, frame: CallFrame,
@@ -203,6 +233,7 @@ class LoadedFunction:
 
     def _failure(self, L: Mapping[str, Any], G: Mapping[str, Any]) -> GuardError:
         """Why the check returned None: the first failing guard, else the input that cannot be read."""
+        self._first_call_done()  # no first call yet: let held cache writes go now
         if self._check_guards:
             err = diagnose(self.guards, L, G, self.plan.names)
             if err.guard is not None or not self._gather_fails(L, G):
@@ -263,8 +294,15 @@ def load_compiled_function(file: PathOrFile | bytes | Artifact, *,
     ``G['name']`` read it (falling back to values saved in the artifact).
     ``external_data``: the objects kept out of the artifact at save time, under the same keys.
     """
-    with gc_paused():
-        artifact = file if isinstance(file, Artifact) else load_artifact(
-            file, check_compatibility=check_compatibility)
-        return LoadedFunction.from_artifact(artifact, f_globals=f_globals, external_data=external_data,
-                                            cache=cache)
+    # the program's code objects go to the local cache after the first call (a writer thread
+    # would compete for the GIL with the load and the first call: both are what a new machine waits on)
+    hold_code_writes()
+    try:
+        with gc_paused():
+            artifact = file if isinstance(file, Artifact) else load_artifact(
+                file, check_compatibility=check_compatibility)
+            return LoadedFunction.from_artifact(artifact, f_globals=f_globals, external_data=external_data,
+                                                cache=cache, after_first_call=release_code_writes)
+    except BaseException:
+        release_code_writes()
+        raise

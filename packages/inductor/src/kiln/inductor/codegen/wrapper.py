@@ -56,7 +56,10 @@ def _restride(t, size, stride, dtype=None, device=None):
 # each (``buf3 = _ext(torch.convolution, 7, buf2, arg6)``) with the constants, size and stride in a
 # table read from one JSON string. Why: compile() of the wrapper at every artifact load grows with
 # its expressions (a convolution's statement had ~30 constants: 23 us of compile each, 5 us now);
-# per call it is one Python frame, as ``_restride`` was, and no argument lists built.
+# per call it is one Python frame, as ``_restride`` was, and no argument lists built. ``_ext2``/
+# ``_ext3`` (mm, bmm, addmm, a convolution) also take their tensor arguments' views from the row
+# (``(shape, stride, offset)`` or None per argument): two ``x.as_strided((..), (..), x.storage_offset())``
+# per mm were ~40 % of a transformer wrapper's compile() time; per call the same as_strided calls run.
 EXT_HELPERS = '''
 
 def _ext(fn, i, *args):
@@ -69,8 +72,41 @@ def _ext(fn, i, *args):
 
 def _ext_table(text):
     import json
-    return [(tuple(c), tuple(size), tuple(stride)) for c, size, stride in json.loads(text)]
+    view = lambda v: v if v is None else (tuple(v[0]), tuple(v[1]), v[2])  # noqa: E731
+    return [(tuple(r[0]), tuple(r[1]), tuple(r[2]), *map(view, r[3:])) for r in json.loads(text)]
 '''
+
+# emitted only where used (less to compile at load)
+EXT_VIEW_HELPERS = {
+    2: '''
+
+def _ext2(fn, i, a, b):
+    consts, size, stride, va, vb = _EXT[i]
+    if va is not None:
+        a = a.as_strided(va[0], va[1], a.storage_offset() + va[2])
+    if vb is not None:
+        b = b.as_strided(vb[0], vb[1], b.storage_offset() + vb[2])
+    t = fn(a, b, *consts)
+    if t is not None and t.stride() == stride:
+        return t
+    return _restride(t, size, stride)
+''',
+    3: '''
+
+def _ext3(fn, i, a, b, c):
+    consts, size, stride, va, vb, vc = _EXT[i]
+    if va is not None:
+        a = a.as_strided(va[0], va[1], a.storage_offset() + va[2])
+    if vb is not None:
+        b = b.as_strided(vb[0], vb[1], b.storage_offset() + vb[2])
+    if vc is not None:
+        c = c.as_strided(vc[0], vc[1], c.storage_offset() + vc[2])
+    t = fn(a, b, c, *consts)
+    if t is not None and t.stride() == stride:
+        return t
+    return _restride(t, size, stride)
+''',
+}
 
 
 # torch's generated Python bindings take the same arguments as these overloads and skip the
@@ -174,6 +210,13 @@ class WrapperWriter:
         offset = f"{r.buffer}.storage_offset() + {off}" if off else f"{r.buffer}.storage_offset()"
         return f"{r.buffer}.as_strided({_ints(r.shape)}, {_ints(r.stride)}, {offset})"
 
+    def view(self, a: Arg) -> list | None:
+        """A tensor argument's view of its buffer as a table entry ``[shape, stride, offset]``
+        (offset relative to the buffer's own); None when it is the buffer as planned or no tensor."""
+        if not isinstance(a, TensorRef) or self.ref(a) == a.buffer:
+            return None
+        return [[int(x) for x in a.shape], [int(x) for x in a.stride], int(a.offset)]
+
     def arg(self, a: Arg) -> str:
         if isinstance(a, TensorRef):
             return self.ref(a)
@@ -199,10 +242,18 @@ class WrapperWriter:
                 cut = len(e.args)
                 while cut > 0 and _json_const(e.args[cut - 1]):
                     cut -= 1
-                self.ext_rows.append([[_json_value(a) for a in e.args[cut:]],
-                                      [int(x) for x in o.layout.shape], [int(x) for x in o.layout.stride]])
+                row = [[_json_value(a) for a in e.args[cut:]],
+                       [int(x) for x in o.layout.shape], [int(x) for x in o.layout.stride]]
+                views = [self.view(a) for a in e.args[:cut]]
+                helper = "_ext"
+                if cut in (2, 3) and any(v is not None for v in views):
+                    helper = f"_ext{cut}"
+                    row += views
+                    call_args[:cut] = [a.buffer if v is not None else c  # type: ignore[union-attr]
+                                       for a, v, c in zip(e.args, views, call_args)]
+                self.ext_rows.append(row)
                 lead = "".join(f", {a}" for a in call_args[:cut])
-                self.emit(f"    {res} = _ext({target}, {len(self.ext_rows) - 1}{lead})  # {note}")
+                self.emit(f"    {res} = {helper}({target}, {len(self.ext_rows) - 1}{lead})  # {note}")
                 return
             self.emit(f"    {res} = _restride({call}, {_ints(o.layout.shape)}, {_ints(o.layout.stride)})"
                       f"  # {note}")
@@ -300,7 +351,9 @@ class WrapperWriter:
         self.emit(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         if self.ext_rows:
             table = json.dumps(self.ext_rows, separators=(",", ":"))
-            self.lines.insert(tables, f"{EXT_HELPERS}\n_EXT = _ext_table({table!r})\n")
+            arities = sorted({len(r) - 3 for r in self.ext_rows if len(r) > 3})
+            helpers = EXT_HELPERS + "".join(EXT_VIEW_HELPERS[n] for n in arities)
+            self.lines.insert(tables, f"{helpers}\n_EXT = _ext_table({table!r})\n")
         return "\n".join(self.lines) + "\n"
 
 
