@@ -81,15 +81,15 @@ def target_driver(monkeypatch, tmp_path):
     sys.modules.pop(MODULE, None)
 
 
-def _import_kernels(folder: Path):
+def _import_kernels(folder: Path, name: str = MODULE, source: str = KERNELS):
     """The kernel module as a process imports it (the wrapper's loader: same name, new objects)."""
-    sys.modules.pop(MODULE, None)
-    path = folder / f"{MODULE}.py"
+    sys.modules.pop(name, None)
+    path = folder / f"{name}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(KERNELS)
-    spec = importlib.util.spec_from_file_location(MODULE, path)
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[MODULE] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     tp.adopt_module(module)  # what the wrapper's loader does after the import
     return module
@@ -209,16 +209,7 @@ LN_WRAPPER = f"_TRITON_SOURCE = {LN_KERNELS!r}\n\ndef call(args):\n    return (a
 
 
 def _import_ln(folder: Path):
-    sys.modules.pop(LN_MODULE, None)
-    path = folder / f"{LN_MODULE}.py"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(LN_KERNELS)
-    spec = importlib.util.spec_from_file_location(LN_MODULE, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[LN_MODULE] = module
-    spec.loader.exec_module(module)
-    tp.adopt_module(module)
-    return module
+    return _import_kernels(folder, LN_MODULE, LN_KERNELS)
 
 
 @pytest.fixture

@@ -117,22 +117,26 @@ def eager_step(x, w1, w2):
     return out, h1.detach()
 
 
-def test_backward_reuses_saved_activations_and_results_stay_eager():
+def graphed_vs_eager(options, steps, retain_from):
+    """Eager and graphed runs of the same steps: (grads, kept, ref_grads, ref_kept, tree, fw_g, bw_g)."""
     torch.manual_seed(0)
     w1 = torch.randn(8, 8, dtype=torch.float64, requires_grad=True)
     w2 = torch.randn(8, 8, dtype=torch.float64, requires_grad=True)
-    xs = [torch.randn(16, 8, dtype=torch.float64) for _ in range(6)]
-    ref_grads, ref_kept = run_steps(eager_step, w1, w2, xs, retain_from=4)
-
+    xs = [torch.randn(16, 8, dtype=torch.float64) for _ in range(steps)]
+    ref_grads, ref_kept = run_steps(eager_step, w1, w2, xs, retain_from=retain_from)
     engine = ClobberingEngine()
     tree = CUDAGraphTree("cpu", engine=engine, name="donation")
     engine.tree = tree
-    step, fw_g, bw_g = make_step(tree, CUDAGraphOptions())
-    grads, kept = run_steps(step.apply, w1, w2, xs, retain_from=4)
-
+    step, fw_g, bw_g = make_step(tree, options)
+    grads, kept = run_steps(step.apply, w1, w2, xs, retain_from=retain_from)
     for (g1, g2), (r1, r2) in zip(grads, ref_grads):
         torch.testing.assert_close(g1, r1)
         torch.testing.assert_close(g2, r2)
+    return kept, ref_kept, tree, fw_g, bw_g
+
+
+def test_backward_reuses_saved_activations_and_results_stay_eager():
+    kept, ref_kept, tree, fw_g, bw_g = graphed_vs_eager(CUDAGraphOptions(), steps=6, retain_from=4)
     for k, r in zip(kept, ref_kept):  # h1 is returned to the caller too: never donated, never clobbered
         torch.testing.assert_close(k, r)
     if not liveness.CAN_DONATE:
@@ -149,17 +153,5 @@ def test_backward_reuses_saved_activations_and_results_stay_eager():
 
 
 def test_no_donation_when_switched_off():
-    torch.manual_seed(0)
-    w1 = torch.randn(8, 8, dtype=torch.float64, requires_grad=True)
-    w2 = torch.randn(8, 8, dtype=torch.float64, requires_grad=True)
-    xs = [torch.randn(16, 8, dtype=torch.float64) for _ in range(4)]
-    ref_grads, _ = run_steps(eager_step, w1, w2, xs, retain_from=9)
-    engine = ClobberingEngine()
-    tree = CUDAGraphTree("cpu", engine=engine, name="off")
-    engine.tree = tree
-    step, _, _ = make_step(tree, CUDAGraphOptions(donate_saved=False))
-    grads, _ = run_steps(step.apply, w1, w2, xs, retain_from=9)
-    for (g1, g2), (r1, r2) in zip(grads, ref_grads):
-        torch.testing.assert_close(g1, r1)
-        torch.testing.assert_close(g2, r2)
+    _, _, tree, _, _ = graphed_vs_eager(CUDAGraphOptions(donate_saved=False), steps=4, retain_from=9)
     assert tree.liveness.donated == 0
