@@ -121,16 +121,16 @@ class CUDAGraphFunction:
                                     options=self.options, owned=hand_over)
         except CaptureFailed as e:
             self.skip(f"recording failed ({e}); the function cannot be captured into a CUDA graph")
-            return self.fn(*args)
+            return self._eager(args, owned)
         except Exception as e:  # kiln's own bookkeeping must never turn a working call into an error
             self.skip(f"recording failed in kiln ({type(e).__name__}: {e}); please report this")
-            return self.fn(*args)
+            return self._eager(args, owned)
         self.nodes.append(node)
         self.stats.recordings += 1
         ok, out = self.tree.run(node, args, self.options, owned=hand_over)
         if not ok:  # cannot happen on a fresh recording, but stay correct if it does
             self.stats.eager_calls += 1
-            return self.fn(*args)
+            return self._eager(args, owned)
         self._last = node
         self.stats.replays += 1
         return out

@@ -48,6 +48,17 @@ class LivenessStats:
     donated_bytes: int = 0
 
 
+def tensors_by_storage(args: Sequence[Any]) -> dict[int, list[torch.Tensor]]:
+    """The distinct tensors of ``args`` by their storage's address: a call's own references."""
+    out: dict[int, list[torch.Tensor]] = {}
+    seen: set[int] = set()
+    for a in args:
+        if isinstance(a, torch.Tensor) and id(a) not in seen:
+            seen.add(id(a))
+            out.setdefault(a.untyped_storage().data_ptr(), []).append(a)
+    return out
+
+
 class PoolStorage:
     """One storage of a recorded graph's outputs, and the tensors handed out on it since its last release."""
 
@@ -82,11 +93,10 @@ class PoolStorage:
         """A tensor kiln holds on this storage for good (a recorded graph's static output)."""
         self.internal.append(tensor)
 
-    def outside_refs(self, args: Sequence[Any] = ()) -> int:
-        """References beyond kiln's own, not counting the tensors in ``args`` (a call's own inputs)."""
-        mine = {id(a) for a in args
-                if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == self.data_ptr}
-        return self.use_count() - self.baseline - len(mine)
+    def outside_refs(self, own: Sequence[torch.Tensor] = ()) -> int:
+        """References beyond kiln's own, not counting ``own``: a call's own distinct tensors on this
+        storage (``tensors_by_storage``)."""
+        return self.use_count() - self.baseline - len(own)
 
     def donate(self, order: int) -> torch.UntypedStorage:
         """Let the recording at ``order`` (and later ones) reuse this memory once its last owner drops it:
@@ -123,17 +133,16 @@ class PoolStorage:
         self._handed.append(weakref.ref(out))
         return out
 
-    def release(self, relocate: bool = True, args: Sequence[Any] = ()) -> bool:
-        """Ensure no user reference aliases this storage; False when one could not be moved. ``args``:
-        the tensors of the call about to run, which it reads before overwriting (a donated storage's
-        consumer) -- neither counted nor moved."""
-        if self.outside_refs(args) <= 0:
+    def release(self, relocate: bool = True, own: Sequence[torch.Tensor] = ()) -> bool:
+        """Ensure no user reference aliases this storage; False when one could not be moved. ``own``:
+        the tensors on it of the call about to run, which reads them before overwriting (a donated
+        storage's consumer) -- neither counted nor moved."""
+        if self.outside_refs(own) <= 0:
             self._handed.clear()
             return True
-        keep = {id(a) for a in args}
+        keep = {id(t) for t in own}
         alive = [t for r in self._handed if (t := r()) is not None and id(t) not in keep]
-        self._handed = [weakref.ref(a) for a in args
-                        if isinstance(a, torch.Tensor) and a.untyped_storage().data_ptr() == self.data_ptr]
+        self._handed = [weakref.ref(t) for t in own]
         if alive and relocate:
             copy = self._bytes.clone()
             with torch.no_grad():
@@ -143,7 +152,7 @@ class PoolStorage:
             self.stats.relocations += len(alive)
             self.stats.relocated_bytes += self.nbytes
             del alive, copy
-        if self.outside_refs(args) <= 0:
+        if self.outside_refs(own) <= 0:
             return True
         self.stats.blocked += 1
         return False

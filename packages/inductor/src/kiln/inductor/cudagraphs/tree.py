@@ -32,7 +32,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from kiln.graph import log
 
 from .engine import CudaGraphEngine, GraphEngine
-from .liveness import LivenessStats, PoolStorage
+from .liveness import LivenessStats, PoolStorage, tensors_by_storage
 from .node import GraphNode
 from .options import CUDAGraphOptions
 
@@ -113,21 +113,23 @@ class CUDAGraphTree:
                        order: int) -> list[tuple[PoolStorage, StorageWeakRef]]:
         """Hand the recording the caller's own tensors on borrowed storages nobody else holds (so the
         memory is freed after their last read inside the capture); kiln keeps non-owning views."""
-        candidates: dict[int, tuple[PoolStorage, list[int]]] = {}
+        indices: dict[int, tuple[PoolStorage, list[int]]] = {}
+        elsewhere: set[int] = set()  # a slot's argument lives elsewhere: that storage stays as it is
         for s in node.slots:
             ps = s.borrowed
             if ps is None or ps.donated_at is not None:
                 continue
             if args[s.index].data_ptr() != s.tensor.data_ptr():
-                candidates[id(ps)] = (ps, [])  # the argument lives elsewhere: this storage stays as it is
-                continue
-            candidates.setdefault(id(ps), (ps, []))[1].append(s.index)
+                elsewhere.add(id(ps))
+            else:
+                indices.setdefault(id(ps), (ps, []))[1].append(s.index)
+        mine = tensors_by_storage(args)
         watched = []
         slot_at = {s.index: s for s in node.slots}
-        for ps, indices in candidates.values():
-            if not indices or ps.outside_refs(args) > 0:
+        for key, (ps, slots) in indices.items():
+            if key in elsewhere or ps.outside_refs(mine.get(ps.data_ptr, ())) > 0:
                 continue
-            for i in indices:
+            for i in slots:
                 graph_args[i] = args[i]  # the only owners left, dropped by the capture after their last read
                 args[i] = slot_at[i].tensor  # kiln's view (re-pointed below): same address, owns nothing
             before = ps._cdata  # noqa: SLF001
@@ -170,9 +172,13 @@ class CUDAGraphTree:
             for ps in later.storages:
                 if not ps.release(relocate):
                     blocked.append(ps)
+        mine: dict[int, list[torch.Tensor]] | None = None  # args by storage, built once if needed
         for ps in self._donated:  # memory any graph recorded since its donation may overwrite
-            if ps.donated_at is not None and ps.donated_at <= node.order and not ps.release(relocate, args):
-                blocked.append(ps)
+            if ps.donated_at is not None and ps.donated_at <= node.order:
+                if mine is None:
+                    mine = tensors_by_storage(args)
+                if not ps.release(relocate, mine.get(ps.data_ptr, ())):
+                    blocked.append(ps)
         if not blocked:
             return True
         for ps in blocked:
