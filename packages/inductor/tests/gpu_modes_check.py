@@ -325,7 +325,8 @@ def check_pool_shared_across_graphs() -> str:
     separate = grow(lambda: _tree("separate"))
     # one graph's scratch is 64 MiB: a shared pool holds it once, separate pools three times
     assert one * 2 < separate, (one, separate)
-    assert one <= 80 * 2**20, f"one tree grew by {one / 2**20:.1f} MiB for 3 graphs with 64 MiB scratch each"
+    # (+ outputs and page rounding: expandable pool segments map 2 MiB pages, so allow half a scratch)
+    assert one <= 96 * 2**20, f"one tree grew by {one / 2**20:.1f} MiB for 3 graphs with 64 MiB scratch each"
     return f"3 graphs x 64 MiB scratch: one tree +{one / 2**20:.0f} MiB, separate pools +{separate / 2**20:.0f} MiB"
 
 
@@ -411,6 +412,9 @@ def check_training_pool_donation() -> str:
         pools[donate] = _private_pool_bytes() - before
         tree = cg_function.default_tree(x.device)
         stats[donate] = tree.liveness
+        # the backward reads the weights the forward saved in place, as the forward does (no slots)
+        weights = {p.data_ptr() for p in model.parameters()}
+        assert weights & {ptr for n in tree.nodes[1:] for ptr in n.static_ptrs}, tree.as_text()
         for step_grads, step_ref in zip(grads, ref_grads):
             for g, r in zip(step_grads, step_ref):
                 _close(g, r, 2e-3)
@@ -419,6 +423,7 @@ def check_training_pool_donation() -> str:
         del compiled, grads, kept
     kiln.reset()
     assert stats[True].donated > 0, "no saved activation was donated to the backward's recording"
+    assert stats[True].donated_held == 0, stats[True]  # every donated activation was freed after its last read
     assert pools[True] <= pools[False], pools
     assert pools[True] <= 1.2 * eager_pool, (pools, eager_pool)
     mb = 2**20

@@ -9,6 +9,7 @@ and for ``retain_graph`` (autograd keeps the saved tensors, so they are not the 
 from __future__ import annotations
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 
 from kiln.autograd.wrapper import release_saved
 from kiln.inductor.cudagraphs import (
@@ -155,3 +156,49 @@ def test_backward_reuses_saved_activations_and_results_stay_eager():
 def test_no_donation_when_switched_off():
     _, _, tree, _, _ = graphed_vs_eager(CUDAGraphOptions(donate_saved=False), steps=4, retain_from=9)
     assert tree.liveness.donated == 0
+
+
+def test_saved_parameters_are_static_in_the_backward():
+    """The backward receives the weights the forward saved: it reads them in place like the forward
+    (no slot, no copy per replay) although its own static indices do not name them."""
+    options = CUDAGraphOptions()
+    torch.manual_seed(0)
+    tree = CUDAGraphTree("cpu", engine=ClobberingEngine(), name="statics")
+    tree.engine.tree = tree
+    ex_x, ex_w = torch.randn(16, 8, dtype=torch.float64), torch.randn(8, 8, dtype=torch.float64)
+    bw_plain = cudagraphify(Owned(bw), [ex_x, ex_x, ex_w, ex_w, ex_x, torch.randn(16, dtype=torch.float64)],
+                            tree=tree, options=options, name="bw_plain")
+    fw_g = cudagraphify(Owned(fw), [ex_x, ex_w, ex_w], static_input_indices=(1, 2), tree=tree,
+                        options=options, name="fw2")
+    w1 = torch.randn(8, 8, dtype=torch.float64)
+    w2 = torch.randn(8, 8, dtype=torch.float64)
+    for _ in range(4):
+        x = torch.randn(16, 8, dtype=torch.float64)
+        out, h1, s1, s2 = fw_g(x, w1, w2)
+        g = torch.randn(16, dtype=torch.float64)
+        got = bw_plain(s1.clone(), s2.clone(), w1, w2, x, g)
+        ref = bw(s1, s2, w1, w2, x, g)
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b)
+        w1.add_(0.01)  # an optimizer step: in place, the graph reads the new values
+    assert bw_plain.static_input_indices == {2, 3}, bw_plain.static_input_indices
+    node = bw_plain.nodes[0]
+    assert {s.index for s in node.slots} == {0, 1, 4, 5}, node.describe()
+    assert bw_plain.stats.recordings == 1 and bw_plain.stats.replays == 3, bw_plain.stats
+
+
+def test_donated_view_output_does_not_pin_its_memory():
+    """An output that is a view (an mm result reshaped) keeps its base alive through ``_base``: once donated,
+    the recording must be able to free the memory when the caller's tensors go (Llama: 770 MB stayed)."""
+    if not liveness.CAN_DONATE:
+        return
+    from kiln.inductor.cudagraphs.node import GraphNode
+
+    node = GraphNode.plan_inputs("fw#0", 0, None, [], [], lambda t: None)
+    out = torch.randn(16, 8).view(8, 16)
+    node.plan_outputs((out,), [], liveness.LivenessStats())
+    del out
+    (ps,) = node.storages
+    ps.seal()
+    watched = StorageWeakRef(ps.donate(1))
+    assert watched.expired(), "a kept view's base still owns the donated storage"

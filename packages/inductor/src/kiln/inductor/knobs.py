@@ -31,6 +31,9 @@ class InductorKnobs:
     # KILN_TRITON_WORKER_TORCH=1: compile workers import torch as before session 8 (they compile without
     # it: 0.3 s to start instead of 2-4 s); a way back should a triton need torch to compile
     triton_worker_torch: bool = False
+    # KILN_CUDAGRAPH_EXPANDABLE=0: CUDA graph pools keep torch's fixed-size segments (cudagraphs/engine.py)
+    cudagraph_expandable: bool = True
+    alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF (else PYTORCH_ALLOC_CONF): the user's allocator settings
 
 
 def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
@@ -53,7 +56,9 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
                          triton_compile_workers=int(_float(e.get("KILN_TRITON_COMPILE_WORKERS"), -1,
                                                            "KILN_TRITON_COMPILE_WORKERS")),
                          triton_cross_target=e.get("KILN_TRITON_CROSS_TARGET", ""),
-                         triton_worker_torch=e.get("KILN_TRITON_WORKER_TORCH", "0") == "1")
+                         triton_worker_torch=e.get("KILN_TRITON_WORKER_TORCH", "0") == "1",
+                         cudagraph_expandable=e.get("KILN_CUDAGRAPH_EXPANDABLE", "1") != "0",
+                         alloc_conf=e.get("PYTORCH_CUDA_ALLOC_CONF") or e.get("PYTORCH_ALLOC_CONF") or "")
 
 
 def _float(text: str | None, default: float, name: str) -> float:

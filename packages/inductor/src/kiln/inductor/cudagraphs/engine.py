@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..knobs import KNOBS
 from .liveness import CAN_DONATE
 
 # ATen ops that wait for the device (their result size or value lives on the host).
@@ -107,13 +108,20 @@ class GraphEngine(Protocol):
 
 
 class CudaGraphEngine:
-    """Records into ``torch.cuda.CUDAGraph`` on a per-device side stream, into one shared pool."""
+    """Records into ``torch.cuda.CUDAGraph`` on a per-device side stream, into one shared pool.
+
+    ``expandable``: the pool's segments are expandable (one virtual range per pool, pages mapped as
+    needed), so a recording that frees and allocates as it goes -- a backward taking over the forward's
+    saved activations -- reuses the freed memory whatever the sizes. With fixed segments a request
+    that fits no hole takes a new segment, and the pool ended up 1.3-1.6x the step's live peak
+    (ResNet-50 training: 1,422 MB of segments for an 886 MB allocated peak)."""
 
     device_type = "cuda"
     donates = CAN_DONATE
 
-    def __init__(self) -> None:
+    def __init__(self, expandable: bool | None = None) -> None:
         self._streams: dict[int, torch.cuda.Stream] = {}
+        self.expandable = _expandable_default() if expandable is None else expandable
 
     def new_pool(self, device: torch.device) -> object:
         with torch.cuda.device(device):
@@ -134,7 +142,7 @@ class CudaGraphEngine:
             stream = self._stream(device)
             stream.wait_stream(torch.cuda.current_stream())
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(stream):
+            with torch.cuda.stream(stream), _expandable_segments(self.expandable):
                 graph.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
                 try:
                     outputs = fn.call_owned(args) if owned else fn(*args)  # type: ignore[attr-defined]
@@ -178,6 +186,40 @@ class CudaGraphEngine:
                 watcher.report.syncs.append(text.splitlines()[0])
             elif "debug mode is a prototype" not in text:  # give the user's own warnings back
                 warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+
+
+# the allocator's run-time settings entry: torch._C's (torch >= 2.9), else the older cuda.memory one
+_SET_ALLOCATOR = (getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+                  or getattr(torch._C, "_cuda_cudaCachingAllocator_set_allocator_settings", None))
+
+
+def _expandable_default() -> bool:
+    """Expandable pool segments unless switched off (KILN_CUDAGRAPH_EXPANDABLE=0), the user already
+    has them everywhere or runs another allocator backend, or this torch cannot set them at run time."""
+    if not KNOBS.cudagraph_expandable:
+        return False
+    conf = KNOBS.alloc_conf.replace(" ", "").lower()
+    if "expandable_segments:true" in conf or "cudamallocasync" in conf:
+        return False
+    return _SET_ALLOCATOR is not None
+
+
+@contextlib.contextmanager
+def _expandable_segments(on: bool) -> Iterator[None]:
+    """Segments the allocator creates meanwhile (the recording's, in the tree's pool) are expandable.
+    The allocator reads its settings as one string (a parse may reset the keys it does not name), so
+    the user's own settings are passed along each time."""
+    if not on:
+        yield
+        return
+    user = KNOBS.alloc_conf
+    sep = "," if user else ""
+    assert _SET_ALLOCATOR is not None
+    _SET_ALLOCATOR(f"{user}{sep}expandable_segments:True")
+    try:
+        yield
+    finally:
+        _SET_ALLOCATOR(f"{user}{sep}expandable_segments:False")
 
 
 class _EmulatedGraph:

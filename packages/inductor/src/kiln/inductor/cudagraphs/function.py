@@ -51,6 +51,7 @@ class CUDAGraphFunction:
         self._warm: dict[tuple[Any, ...], int] = {}
         self._limit_logged = False
         self._generation = tree.generation
+        self._statics_noted = False
 
     def _forget(self) -> None:
         self.nodes.clear()
@@ -58,6 +59,7 @@ class CUDAGraphFunction:
         self._last = None
         self._limit_logged = False
         self._generation = self.tree.generation
+        self._statics_noted = False
 
     def __call__(self, *args: Any) -> Any:
         return self._call(args, owned=False)
@@ -103,6 +105,8 @@ class CUDAGraphFunction:
         if reason is not None:
             self.skip(reason)
             return self._eager(args, owned)
+        if not self._statics_noted:
+            self._note_statics(args)
         key = self._signature(args)
         if self._warm.get(key, 0) < self.options.warmup_runs:
             return self._warm_up(key, args)
@@ -134,6 +138,17 @@ class CUDAGraphFunction:
         self._last = node
         self.stats.replays += 1
         return out
+
+    def _note_statics(self, args: Sequence[Any]) -> None:
+        """First call: share this function's static inputs with the tree, and take as static the inputs
+        that other graphs of the tree read in place (a backward's saved parameters)."""
+        self._statics_noted = True
+        inferred = self.tree.static_in(args) - self.static_input_indices
+        if inferred:
+            self.static_input_indices = self.static_input_indices | inferred
+            log("cudagraphs").info("%s: %d input(s) are parameters/buffers that other graphs read in place; "
+                                   "static here too", self.name, len(inferred))
+        self.tree.note_static(args, sorted(self.static_input_indices))
 
     def _warm_up(self, key: tuple[Any, ...], args: Sequence[Any]) -> Any:
         self._warm[key] = self._warm.get(key, 0) + 1

@@ -46,6 +46,7 @@ class LivenessStats:
     copied_outputs: int = 0  # outputs handed out as copies (storages in copy-out mode)
     donated: int = 0  # output storages whose memory a later recording was allowed to reuse
     donated_bytes: int = 0
+    donated_held: int = 0  # donated storages the recording could not free (referenced elsewhere)
 
 
 def tensors_by_storage(args: Sequence[Any]) -> dict[int, list[torch.Tensor]]:

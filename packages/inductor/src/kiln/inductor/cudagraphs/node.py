@@ -130,8 +130,10 @@ class GraphNode:
             else:
                 if ptr not in storages:
                     storages[ptr] = PoolStorage(o, self.name, stats)
-                storages[ptr].keep(o)
-                self.outputs.append(OutputPlan("pool", o, storage=storages[ptr]))
+                # kept detached: a view's ``_base`` would pin the storage that ``donate`` re-points it off
+                static = o.detach()
+                storages[ptr].keep(static)
+                self.outputs.append(OutputPlan("pool", static, storage=storages[ptr]))
         self.storages = list(storages.values())
 
     # --- calling --------------------------------------------------------------------------------

@@ -61,6 +61,9 @@ class CUDAGraphTree:
         # output at the same address) -> its PoolStorage
         self._owners: dict[int, PoolStorage] = {}
         self._donated: list[PoolStorage] = []  # storages a later recording may have reused (donate)
+        # storages some graph reads in place (parameters, buffers): StorageImpl -> a weak reference, which
+        # also keeps the StorageImpl's address from being reused while it is in this table
+        self._static: dict[int, StorageWeakRef] = {}
         self.generation = 0  # bumped by reset(); functions holding old nodes drop them
 
     @property
@@ -71,6 +74,27 @@ class CUDAGraphTree:
 
     def owner_of(self, t: torch.Tensor) -> PoolStorage | None:
         return self._owners.get(t.untyped_storage()._cdata)
+
+    def note_static(self, args: Sequence[Any], indices: Sequence[int]) -> None:
+        """Remember the storages of ``args[indices]``: graphs of this tree read them in place."""
+        for i in indices:
+            a = args[i]
+            if isinstance(a, torch.Tensor) and a.numel() > 0:
+                st = a.untyped_storage()
+                self._static.setdefault(st._cdata, StorageWeakRef(st))
+
+    def static_in(self, args: Sequence[Any]) -> set[int]:
+        """Indices of ``args`` on a storage another graph of this tree reads in place: a parameter that a
+        forward saved for its backward arrives there as an ordinary input, and is static there too (no
+        slot, no copy per replay -- for a model's weights, their whole size)."""
+        out: set[int] = set()
+        for i, a in enumerate(args):
+            if isinstance(a, torch.Tensor) and a.numel() > 0:
+                st = a.untyped_storage()
+                ref = self._static.get(st._cdata)
+                if ref is not None and not ref.expired():
+                    out.add(i)
+        return out
 
     def record(self, fn: Callable[..., Any], args: Sequence[Any], *, name: str,
                static_indices: Sequence[int], options: CUDAGraphOptions, owned: bool = False) -> GraphNode:
@@ -142,6 +166,7 @@ class CUDAGraphTree:
     def _log_donations(self, node: GraphNode, watched: list[tuple[PoolStorage, StorageWeakRef]]) -> None:
         freed = [ps for ps, ref in watched if ref.expired()]
         held = len(watched) - len(freed)
+        self.liveness.donated_held += held
         log("cudagraphs").info(
             "%s reuses %d saved output(s) of %s (%.1f MiB) after their last read%s", node.name, len(freed),
             ", ".join(sorted({ps.owner for ps, _ in watched})), sum(ps.nbytes for ps in freed) / 2**20,
@@ -218,6 +243,7 @@ class CUDAGraphTree:
             log("cudagraphs").info("%s reset while outputs on donated memory are still referenced through "
                                    "views kiln cannot move: its graphs and pool are kept", self.name)
         self._donated.clear()
+        self._static.clear()
         self.nodes.clear()
         self._owners.clear()
         self.last_run = None
