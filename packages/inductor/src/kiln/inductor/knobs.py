@@ -31,7 +31,8 @@ class InductorKnobs:
     # KILN_TRITON_WORKER_TORCH=1: compile workers import torch as before session 8 (they compile without
     # it: 0.3 s to start instead of 2-4 s); a way back should a triton need torch to compile
     triton_worker_torch: bool = False
-    # KILN_CUDAGRAPH_EXPANDABLE=0: CUDA graph pools keep torch's fixed-size segments (cudagraphs/engine.py)
+    # KILN_CUDAGRAPH_EXPANDABLE=0: a backward recording (which frees the saved activations it takes over as it
+    # goes) allocates in fixed-size pool segments, as every other recording does (cudagraphs/engine.py)
     cudagraph_expandable: bool = True
     alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF (else PYTORCH_ALLOC_CONF): the user's allocator settings
 
