@@ -28,7 +28,8 @@ class ClobberingEngine(EmulatedGraphEngine):
         self.tree: CUDAGraphTree | None = None
         self.order: dict[int, int] = {}  # id(graph) -> its recording order
 
-    def capture(self, fn, args, *, pool, device, capture_error_mode, owned=False):
+    def capture(self, fn, args, *, pool, device, capture_error_mode, owned=False, expandable=False):
+        self.expandable_captures = getattr(self, "expandable_captures", 0) + expandable
         graph, outputs = super().capture(fn, list(args), pool=pool, device=device,
                                          capture_error_mode=capture_error_mode)
         self.order[id(graph)] = len(self.order)
@@ -144,6 +145,8 @@ def test_backward_reuses_saved_activations_and_results_stay_eager():
         return
     assert bw_g.stats.recordings == 1 and bw_g.stats.replays >= 4, (bw_g.stats, bw_g.skip_reason, fw_g.skip_reason)
     assert tree.liveness.donated == 1, tree.as_text()  # h2 only: h1's storage is also the caller's output
+    # a training tree: forward and backward recordings allocate in expandable segments (engine.py)
+    assert tree.trains and tree.engine.expandable_captures == 2, tree.engine.expandable_captures
     donated = tree._donated[0]  # noqa: SLF001
     assert donated.owner == fw_g.nodes[0].name and donated.donated_at == bw_g.nodes[0].order
     # (the backward's second call of a retain_graph step runs once without its graph: the first one's

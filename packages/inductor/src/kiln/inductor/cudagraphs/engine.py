@@ -98,8 +98,8 @@ class GraphEngine(Protocol):
 
     def new_pool(self, device: torch.device) -> object: ...
 
-    def capture(self, fn: Callable[..., Any], args: list[Any], *, pool: object,
-                device: torch.device, capture_error_mode: str, owned: bool = False) -> tuple[object, Any]: ...
+    def capture(self, fn: Callable[..., Any], args: list[Any], *, pool: object, device: torch.device,
+                capture_error_mode: str, owned: bool = False, expandable: bool = False) -> tuple[object, Any]: ...
 
     def replay(self, graph: object) -> None: ...
 
@@ -110,13 +110,14 @@ class GraphEngine(Protocol):
 class CudaGraphEngine:
     """Records into ``torch.cuda.CUDAGraph`` on a per-device side stream, into one shared pool.
 
-    ``expandable``: a recording handed its inputs (``owned``: a backward taking over the forward's saved
-    activations) allocates in expandable segments (one virtual range, pages mapped as needed), so what
-    it frees as it goes serves its later requests whatever their sizes. With fixed segments a request
-    that fit no hole took a new segment: ResNet-50 training's pool was 1,422 MB for an 886 MB allocated
-    peak, 1,092 MB now (H200). Other recordings keep fixed segments: a single graph's pool is then
-    exactly the segments the same graph takes run without CUDA graphs (expandable ones were 0.9-1.25x
-    those: better for transformers, worse for the CNNs' many sizes)."""
+    ``expandable``: the recordings of a training tree (``capture(expandable=True)``: a forward whose saved
+    activations a backward will take over, the backward that frees them as it goes) allocate in
+    expandable segments (one virtual range, pages mapped as needed), so what the backward frees serves its
+    own requests whatever their sizes. With fixed segments a request that fit no hole took a new
+    segment: ResNet-50 training's pool was 1,422 MB for an 886 MB allocated peak (H200); 1,064 MB with
+    both recordings expandable, 1,092 with the backward's alone. Inference recordings keep fixed
+    segments: a single graph's pool is then exactly the segments the same graph takes without CUDA
+    graphs (expandable ones were 0.9-1.25x those: better for transformers, worse for CNNs)."""
 
     device_type = "cuda"
     donates = CAN_DONATE
@@ -135,16 +136,17 @@ class CudaGraphEngine:
             self._streams[index] = torch.cuda.Stream(device=index)
         return self._streams[index]
 
-    def capture(self, fn: Callable[..., Any], args: list[Any], *, pool: Any,
-                device: torch.device, capture_error_mode: str, owned: bool = False) -> tuple[object, Any]:
+    def capture(self, fn: Callable[..., Any], args: list[Any], *, pool: Any, device: torch.device,
+                capture_error_mode: str, owned: bool = False, expandable: bool = False) -> tuple[object, Any]:
         """``owned``: ``fn.call_owned(args)`` takes the list's references over and drops each input after
-        its last read, so the allocator can give that memory to the rest of the capture."""
+        its last read, so the allocator can give that memory to the rest of the capture. ``expandable``:
+        allocate in expandable segments (if this engine may: ``self.expandable``)."""
         with torch.cuda.device(device):
             torch.cuda.synchronize()  # inputs copied into slots, warm-up work finished
             stream = self._stream(device)
             stream.wait_stream(torch.cuda.current_stream())
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(stream), _expandable_segments(self.expandable and owned):
+            with torch.cuda.stream(stream), _expandable_segments(self.expandable and expandable):
                 graph.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
                 try:
                     outputs = fn.call_owned(args) if owned else fn(*args)  # type: ignore[attr-defined]
@@ -240,8 +242,8 @@ class EmulatedGraphEngine:
     def new_pool(self, device: torch.device) -> object:
         return object()
 
-    def capture(self, fn: Callable[..., Any], args: list[Any], *, pool: object,
-                device: torch.device, capture_error_mode: str, owned: bool = False) -> tuple[object, Any]:
+    def capture(self, fn: Callable[..., Any], args: list[Any], *, pool: object, device: torch.device,
+                capture_error_mode: str, owned: bool = False, expandable: bool = False) -> tuple[object, Any]:
         # A capture runs nothing: give the function copies so in-place updates of static inputs do
         # not happen twice (the replay that follows a recording applies them once).
         scratch = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]

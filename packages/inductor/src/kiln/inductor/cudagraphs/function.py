@@ -67,6 +67,7 @@ class CUDAGraphFunction:
     def call_owned(self, args: list[Any]) -> Any:
         """Call with the caller's references handed over (the list is emptied), as ``fn.call_owned``:
         a backward's recording may then reuse the saved activations it reads (``CUDAGraphTree.record``)."""
+        self.tree.trains = True
         try:
             return self._call(args, owned=True)
         finally:

@@ -65,6 +65,8 @@ class CUDAGraphTree:
         # also keeps the StorageImpl's address from being reused while it is in this table
         self._static: dict[int, StorageWeakRef] = {}
         self.generation = 0  # bumped by reset(); functions holding old nodes drop them
+        # a function was called with its inputs handed over (a backward): the tree runs training steps
+        self.trains = False
 
     @property
     def pool(self) -> object:
@@ -115,7 +117,8 @@ class CUDAGraphTree:
         if owned and options.donate_saved and getattr(self.engine, "donates", False) and isinstance(args, list):
             watched = self._donate_inputs(node, args, graph_args, order)
         node.graph, outputs = self.engine.capture(fn, graph_args, pool=self.pool, device=self.device,
-                                                  capture_error_mode=options.capture_error_mode, owned=bool(watched))
+                                                  capture_error_mode=options.capture_error_mode, owned=bool(watched),
+                                                  expandable=bool(watched) or self.trains)
         if watched:
             graph_args = node.graph_args(args)  # the capture emptied the list it was handed
             self._log_donations(node, watched)
