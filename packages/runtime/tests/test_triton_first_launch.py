@@ -161,8 +161,8 @@ def test_first_warm_launch_binds_the_preloaded_binary_without_jit_run(cross, tmp
     assert len(launched) == 2 and jit_runs == []
 
 
-@pytest.mark.parametrize("change", ["misaligned", "size", "xblock", "warps", "no description"])
-def test_a_launch_described_otherwise_takes_triton_path(cross, tmp_path: Path, change: str) -> None:
+@pytest.mark.parametrize("change", ["misaligned", "size", "xblock", "warps", "debug knob", "no description"])
+def test_a_launch_described_otherwise_takes_triton_path(cross, tmp_path: Path, change: str, monkeypatch) -> None:
     launched, jit_runs = cross
     files, _ = _cold(tmp_path, launched)
     if change == "no description":  # an entry written before launches were recorded
@@ -172,6 +172,9 @@ def test_a_launch_described_otherwise_takes_triton_path(cross, tmp_path: Path, c
         files = {**files, name: json.dumps(doc).encode()}
     module = _warm(tmp_path, files)
     jit_runs.clear()
+    if change == "debug knob":  # a launch option triton reads from its knobs, not from the arguments
+        knobs = pytest.importorskip("triton.knobs")
+        monkeypatch.setattr(knobs.runtime, "debug", True)
     x, y = torch.ones(301), torch.zeros(300)
     args = {"misaligned": (x[1:], y, 300), "size": (x[:300], y, 288)}.get(change, (x[:300], y, 300))
     launch = KilnLaunch(module.scale_add, {"XBLOCK": 64 if change == "xblock" else 128},

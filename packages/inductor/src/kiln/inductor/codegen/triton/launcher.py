@@ -78,10 +78,13 @@ def _kiln_make_launch_support():
             from triton import knobs
         except ImportError:
             return []
-        return [repr(getattr(knobs.runtime, "debug", None)),
-                repr(getattr(knobs.compilation, "instrumentation_mode", None)),
-                repr(getattr(knobs.compilation, "fpsan_homomorphic_casts", None)),
-                getattr(knobs.runtime, "add_stages_inspection_hook", None) is None]
+        def read(group, name):
+            return repr(getattr(getattr(knobs, group, None), name, None))
+        return [read("runtime", "debug"), read("compilation", "instrumentation_mode"),
+                read("compilation", "fpsan_homomorphic_casts"), read("runtime", "override_arch"),
+                read("language", "default_fp_fusion"), read("language", "force_disable_fp_fusion"),
+                read("language", "fp32_default"),
+                getattr(getattr(knobs, "runtime", None), "add_stages_inspection_hook", None) is None]
 
     class KilnLaunch:
         """One kernel's launcher: triton's path first, then its binary directly (module docstring)."""
