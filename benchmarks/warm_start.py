@@ -210,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--parts", type=cli.csv, default=["cache", "load"])
     p.add_argument("--train", action="store_true",
                    help="cache part: time a training step (forward + backward) instead of inference")
+    p.add_argument("--warm-env", action="append", default=[], metavar="VAR=VALUE",
+                   help="cache part: set VAR=VALUE in the warm processes only (repeatable), e.g. "
+                        "KILN_TRITON_COMPILE_WORKERS=0 to time a warm start without Triton compile "
+                        "workers importing beside it")
     p.add_argument("--repeat", type=int, default=1,
                    help="fresh processes per measurement (cold/warm pairs, loads); medians are reported")
     p.add_argument("--budget", type=float, default=None,
@@ -302,8 +306,9 @@ def _cold_warm(args: argparse.Namespace, backend: str, model: str, tmp: Path,
     for rep in range(max(1, args.repeat)):
         env = dict(fresh_cache_env(tmp / f"cache-{backend}-{model}-{rep}"), **cli.child_env(args))
         for phase in ("cold", "warm"):
+            extra = _warm_env(args) if phase == "warm" else {}
             r = run_isolated("benchmarks.warm_start:compile_seconds", kw, timeout_s=args.timeout,
-                             env=env, fresh_caches=False)
+                             env={**env, **extra}, fresh_caches=False)
             samples[phase].append(r)
             print(f"cache {phase:<5} {model:<12} {B.LABELS[backend]:<13} "
                   + (na(r["error"], 200) if r.get("error") else f"compile {fmt(r['compile_s'])} s")
@@ -317,6 +322,17 @@ def _cold_warm(args: argparse.Namespace, backend: str, model: str, tmp: Path,
             row[phase] = _median_compile(samples[phase])
     row["ratio"] = ratio(row["cold"].get("compile_s"), row.get("warm", {}).get("compile_s"))
     return row
+
+
+def _warm_env(args: argparse.Namespace) -> dict[str, str]:
+    """--warm-env VAR=VALUE options as a dict (the warm processes' extra environment)."""
+    out: dict[str, str] = {}
+    for item in getattr(args, "warm_env", None) or []:
+        var, sep, value = item.partition("=")
+        if not sep or not var:
+            raise SystemExit(f"--warm-env expects VAR=VALUE, got {item!r}")
+        out[var] = value
+    return out
 
 
 def _median_compile(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -47,9 +47,12 @@ from .triton_binaries import PREFIX as TRITON_PREFIX
 NAMESPACE = "graphs"
 _SOURCE_NS = "source_hash"  # stamp of kiln's source files -> their content hash
 FORMAT = "kiln-graph-cache/1"
-# environment variables that only say where logs, dumps and caches go: not part of the key
+# environment variables that only say where logs, dumps and caches go, or how many processes compile
+# (the same kernels either way): not part of the key
 _ENV_IGNORED = frozenset({"KILN_LOGS", "KILN_DEBUG_DIR", "KILN_CACHE_DIR", "KILN_INDUCTOR_CACHE_DIR",
-                          "KILN_CACHE", "KILN_GRAPH_CACHE", "TRITON_CACHE_DIR", "KILN_VERIFY"})
+                          "KILN_CACHE", "KILN_GRAPH_CACHE", "TRITON_CACHE_DIR", "KILN_VERIFY",
+                          "KILN_TRITON_COMPILE_WORKERS", "KILN_TRITON_WORKER_TORCH", "KILN_TRITON_PRECOMPILE",
+                          "KILN_AUTOTUNE_COMPILE_WORKERS", "KILN_AUTOTUNE_COMPILE_POOL"})
 # kiln itself is covered by kiln_source_hash(); user code is not
 _PURE_MODULES = ("torch", "operator", "_operator", "math", "builtins", "kiln")
 

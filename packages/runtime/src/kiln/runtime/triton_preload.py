@@ -18,6 +18,12 @@ triton would not have chosen: a record is used only for the same triton release,
 target, the same cache-invalidating environment variables, with every file present; anything else
 is skipped with a ``perf_hints`` log line (triton then finds or compiles the kernel as before).
 
+A record also carries the description of the launch that compiled the kernel (``launch``: constexprs,
+warps, stages, triton's option knobs, and per argument what triton specialises on), set by the wrappers'
+launcher (inductor codegen/triton/launcher.py). The rebuilt kernel keeps it, and a launcher whose first
+call is described exactly so binds the binary directly, without triton's ``JITFunction.run`` (whose
+first specialisation in a process imports triton's gluon packages: 0.1 s of a GPT-2 warm start).
+
 ``count_triton_work()`` counts triton cache lookups, ``triton_key`` calls and host-compiler (gcc)
 builds while it is active: the load profile and tests use it to show what a load did.
 """
@@ -68,14 +74,33 @@ def kernel_record(module: str, function: str, key: Any, kernel: Any) -> dict[str
         constants = [[list(k), v] for k, v in getattr(src, "constants", {}).items()]
         if len(folders) != 1 or any(not isinstance(v, _JSON_SCALARS) for _, v in constants):
             return None
-        return {"module": module, "function": function, "key": key, "hash": kernel.hash,
-                "folder": folders.pop(), "files": {c: p.name for c, p in paths.items()},
-                "signature": {k: _jsonable(v) for k, v in src.signature.items()},
-                "constants": constants,
-                "attrs": [[list(k), _jsonable(v)] for k, v in (getattr(src, "attrs", None) or {}).items()],
-                "target": [target.backend, target.arch, target.warp_size]}
+        record = {"module": module, "function": function, "key": key, "hash": kernel.hash,
+                  "folder": folders.pop(), "files": {c: p.name for c, p in paths.items()},
+                  "signature": {k: _jsonable(v) for k, v in src.signature.items()},
+                  "constants": constants,
+                  "attrs": [[list(k), _jsonable(v)] for k, v in (getattr(src, "attrs", None) or {}).items()],
+                  "target": [target.backend, target.arch, target.warp_size]}
     except (AttributeError, TypeError, ValueError):
         return None
+    launch = _launch_description(kernel)
+    if launch is not None:
+        record["launch"] = launch
+    return record
+
+
+def _launch_description(kernel: Any) -> list[Any] | None:
+    """What the kiln launch that compiled ``kernel`` passed (``_kiln_launch``, set by the wrappers'
+    ``_KilnLaunch``, codegen/triton/launcher.py), as JSON data; None when absent or not plain data.
+    At load it lets a launcher described the same way bind the binary without triton's ``run``."""
+    launch = getattr(kernel, "_kiln_launch", None)
+    if not isinstance(launch, list):
+        return None
+    try:
+        data = _jsonable(launch)
+    except ValueError:
+        return None
+    # JSON keeps lists and scalars: the description a load compares with is the one computed here
+    return data if json.loads(json.dumps(data)) == launch else None
 
 
 def records_file(records: list[dict[str, Any]]) -> dict[str, bytes]:
@@ -273,7 +298,10 @@ def _adopt(module: Any, p: Pending, device: int, ast_source: Any, compiled_kerne
     if [target.backend, target.arch, target.warp_size] != list(rec["target"]):
         return f"built for {rec['target']}, this GPU is {[target.backend, target.arch, target.warp_size]}"
     key = rec["key"]
+    launch = rec.get("launch") if isinstance(rec.get("launch"), list) else None
     if key in kernel_cache:
+        if launch is not None and getattr(kernel_cache[key], "_kiln_launch", None) is None:
+            kernel_cache[key]._kiln_launch = launch
         fn._kiln_preloaded = True
         return ""
     folder = p.root / str(rec["folder"])
@@ -288,6 +316,8 @@ def _adopt(module: Any, p: Pending, device: int, ast_source: Any, compiled_kerne
     if expected is not None and kernel.metadata.name != expected:
         return f"binary is for kernel {kernel.metadata.name!r}"
     kernel_cache[key] = kernel
+    if launch is not None:  # the wrapper's launcher may bind it on its first call (launcher.py)
+        kernel._kiln_launch = launch
     fn._kiln_preloaded = True  # the wrapper's precompile leaves it alone (launcher.py)
     if no_launcher is not None:
         with contextlib.suppress(Exception):  # a diagnostic only: the kernel is filed either way

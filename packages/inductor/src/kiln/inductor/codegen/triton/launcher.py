@@ -10,6 +10,15 @@ triton specialised on is unchanged -- each tensor's 16-byte alignment and each i
 alignment, a launch hook installed by a profiler, the interpreter) takes triton's own path, so the
 fast path never launches a binary that triton would not have chosen.
 
+A first launch after a warm start (kernels handed to triton from a cache entry or artifact,
+``kiln.runtime.triton_preload``) skips triton's path too: each binary carries, as ``_kiln_launch``,
+what the launch that made it passed -- the constexprs, warps, stages, triton's launch-option knobs
+and, per argument, everything triton specialises on (a tensor's dtype and 16-byte alignment, an
+int's "== 1", "multiple of 16" and 32/64-bit range) -- recorded when it was compiled and saved with
+it. A launcher whose first call describes its arguments exactly so binds that binary directly: no
+``JITFunction.run``, whose first specialisation in a process imports triton's gluon packages (0.1 s).
+Any difference (or no description) takes triton's path, which finds or compiles the binary as before.
+
 The wrapper reads the CUDA device and stream once per call (``_kiln_launch_context()``) and passes them
 to every launch.
 """
@@ -51,15 +60,42 @@ def _kiln_make_launch_support():
                      (a == 1, a % 16 == 0) if isinstance(a, int) else None
                      for a in (args if check is None else [args[i] for i in check]))
 
+    def arg_spec(a):
+        """What triton specialises a kernel on for one argument (JSON data); None: not known here."""
+        if isinstance(a, torch.Tensor):
+            return ["T", str(a.dtype), (a.data_ptr() & 15) == 0]
+        if type(a) is int:
+            return ["i", a == 1, a % 16 == 0, -2**31 <= a < 2**31, -2**63 <= a < 2**63]
+        if type(a) is float:
+            return ["f"]
+        if type(a) is bool:
+            return ["b", a]
+        return None
+
+    def option_knobs():
+        """triton's knobs that enter a kernel's launch options (so its key) besides the arguments."""
+        try:
+            from triton import knobs
+        except ImportError:
+            return []
+        def read(group, name):
+            return repr(getattr(getattr(knobs, group, None), name, None))
+        return [read("runtime", "debug"), read("compilation", "instrumentation_mode"),
+                read("compilation", "fpsan_homomorphic_casts"), read("runtime", "override_arch"),
+                read("language", "default_fp_fusion"), read("language", "force_disable_fp_fusion"),
+                read("language", "fp32_default"),
+                getattr(getattr(knobs, "runtime", None), "add_stages_inspection_hook", None) is None]
+
     class KilnLaunch:
         """One kernel's launcher: triton's path first, then its binary directly (module docstring)."""
         __slots__ = ("fn", "consts", "num_warps", "check", "num_stages", "run", "function", "meta", "key", "device",
-                     "tail")
+                     "tail", "bound_preloaded")
 
         def __init__(self, fn, consts, num_warps, check=None, num_stages=1):
             self.fn, self.consts, self.num_warps, self.check = fn, consts, num_warps, check
             self.num_stages = num_stages  # software pipelining depth (matmul templates use 3-5)
             self.run = None
+            self.bound_preloaded = None  # None: not tried yet; then whether a preloaded binary was bound
 
         def __call__(self, grid, ctx, *args):
             run = self.run
@@ -70,18 +106,56 @@ def _kiln_make_launch_support():
                     return
                 except TypeError:  # a triton whose launcher takes other arguments: use triton's path
                     self.run = None
+            if run is None and self.bound_preloaded is None and ctx[0] >= 0:
+                self.bound_preloaded = self.bind_preloaded(ctx[0], args)
+                if self.bound_preloaded:
+                    return self(grid, ctx, *args)  # the fast path above, with the bound binary
             binary = self.fn[grid](*args, **self.consts, num_warps=self.num_warps, num_stages=self.num_stages)
+            if binary is not None and getattr(binary, "_kiln_launch", None) is None:
+                try:  # what this launch specialised on, saved with the binary (triton_preload.kernel_record)
+                    binary._kiln_launch = self.describe(args)
+                except Exception:  # noqa: BLE001 - a binary without a description is never bound directly
+                    pass
             if self.run is None and run is None and ctx[0] >= 0 and binary is not None and not hooks_installed():
                 self.adopt(binary, ctx[0], args)
+
+        def describe(self, args):
+            """This launch as triton would key it, as JSON data (None when an argument is not known here)."""
+            specs = [arg_spec(a) for a in args]
+            if any(s is None for s in specs):
+                return None
+            return [[[k, self.consts[k]] for k in sorted(self.consts)], self.num_warps, self.num_stages,
+                    option_knobs(), specs]
+
+        def bind_preloaded(self, device, args):
+            """Bind a binary handed to triton at load (kiln.runtime.triton_preload) whose recorded launch is
+            described exactly as this one: True when bound (no JITFunction.run), else triton's path."""
+            try:
+                caches = getattr(self.fn, "device_caches", None)
+                if caches is None or device not in caches or getattr(self.fn, "pre_run_hooks", None):
+                    return False
+                kernels = [k for k in caches[device][0].values() if getattr(k, "_kiln_launch", None) is not None]
+                if not kernels or hooks_installed():
+                    return False
+                want = self.describe(args)
+                kernel = next((k for k in kernels if k._kiln_launch == want), None) if want is not None else None
+                if kernel is None:
+                    return False
+                self.adopt(kernel, device, args)
+            except Exception:  # noqa: BLE001 - e.g. the binary does not load here: triton's path says why
+                self.run = None
+            return self.run is not None
 
         def adopt(self, binary, device, args):
             names = list(self.fn.arg_names)
             if set(names[len(args):]) != set(self.consts):
                 return  # an argument order this launcher does not know: stay on triton's path
             try:
+                run = binary.run  # first: a binary not launched yet loads onto the GPU here (function is set)
                 self.function, self.meta = binary.function, binary.packed_metadata
-                run = binary.run
             except AttributeError:  # a triton without these (older/newer API): stay on triton's path
+                return
+            if self.function is None:
                 return
             self.tail = tuple(self.consts[n] for n in names[len(args):])
             self.key, self.device = spec_key(args, self.check), device
