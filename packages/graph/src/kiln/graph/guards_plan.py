@@ -225,7 +225,8 @@ class _Reads:
         cut = source.rfind("[") if source[-1] == "]" else source.rfind(".")
         segment = source[cut:]
         # every key of _GETTERS is a valid segment: skip the regex for the ones seen before
-        if cut > 0 and (segment in _GETTERS or _SEGMENT.fullmatch(segment)) \
+        # cut > 1: ``L['x']`` is a root read (below), not ``L`` (no value) subscripted
+        if cut > 1 and (segment in _GETTERS or _SEGMENT.fullmatch(segment)) \
                 and source[:cut] != "__import__('sys')":
             node = self._node(self.slot(source[:cut]), _GETTERS.get(segment) or _getter(segment))
         elif _BARE.fullmatch(source):
