@@ -175,3 +175,41 @@ def test_resaving_a_loaded_artifact_with_constants_keeps_it_intact(tmp_path):
     again = load_compiled_function(tmp_path / "again.kiln")
     assert again.artifact.manifest.integrity == fn.artifact.manifest.integrity
     torch.testing.assert_close(again(x)[0], fn(x)[0])
+
+
+def test_guards_under_identity_bindings_are_not_rewritten_one_by_one(tmp_path, monkeypatch):
+    """A load looks up a rewrite only for guards under a binding it rewrites (external data here);
+    guards on the arguments keep their source as it is, without a lookup each."""
+    from kiln.runtime.bindings import Resolver
+
+    model, x = torch.nn.Linear(8, 3), torch.randn(4, 8)
+
+    def f(m, x):
+        return model(x) + m.weight.sum()
+
+    guards = [Guard("L['model'].training", "EQUALS_MATCH", True),
+              *(Guard(f"L['m'].attr{i}", "EQUALS_MATCH", i) for i in range(20))]
+    m = torch.nn.Linear(8, 3)
+    for i in range(20):
+        setattr(m, f"attr{i}", i)
+    save_artifact(tmp_path / "f.kiln", PortableProgram(LINEAR), frame=CallFrame.of(f, (m, x)),
+                  external_data={"net": model}, guards=guards,
+                  input_specs=_specs(model.weight, model.bias, x),
+                  input_sources=["L['model'].weight", "L['model'].bias", "L['x']"])
+    looked_up: list[str] = []
+    real = Resolver.guard_expr
+
+    def counting(self, source):
+        looked_up.append(source)
+        return real(self, source)
+    monkeypatch.setattr(Resolver, "guard_expr", counting)
+    fn = load_compiled_function(tmp_path / "f.kiln", external_data={"net": model})
+    assert sorted(looked_up) == ["L['model'].bias", "L['model'].training", "L['model'].weight"]
+    torch.testing.assert_close(fn(m, x)[0], model(x))
+    m.attr3 = 4  # a guard on an argument still checks
+    with pytest.raises(GuardError, match="attr3"):
+        fn(m, x)
+    model.eval()  # and the rewritten one on the external object
+    m.attr3 = 3
+    with pytest.raises(GuardError, match="model.training"):
+        fn(m, x)

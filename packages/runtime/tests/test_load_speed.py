@@ -131,3 +131,20 @@ def test_guard_plan_parses_each_distinct_segment_once(monkeypatch):
     assert len(calls) <= len(distinct) + 5, f"{len(calls)} regex calls for {len(distinct)} segments"
     net[7].conv.groups = 2
     assert check({"net": net}, {}) is None
+
+
+def test_guard_plan_reads_an_argument_root_without_eval(monkeypatch):
+    """``L['self'].config``: ``L['self']`` is read from L directly; it was a child of an ``L`` node
+    built by eval() (a compile in every new process's load)."""
+    from kiln.graph import Guard, GuardSet, guards_plan
+
+    evals = []
+    monkeypatch.setattr(guards_plan, "eval", lambda s, *a: evals.append(s) or eval(s, *a), raising=False)
+    m = torch.nn.Linear(2, 2)
+    check = GuardSet((Guard("L['self'].training", "EQUALS_MATCH", True),
+                      Guard("L['self'].in_features", "EQUALS_MATCH", 2))).compile_gather(["L['self'].weight"])
+    assert evals == []
+    assert check({"self": m}, {})[0] is m.weight
+    m.eval()
+    assert check({"self": m}, {}) is None
+    assert check.__kiln_reads__ == 4  # L['self'] and its three attributes

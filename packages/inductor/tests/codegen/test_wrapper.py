@@ -53,10 +53,10 @@ def test_extern_outputs_go_through_restride():
 def _ext_namespace(rows: list) -> dict:
     import json
 
-    from kiln.inductor.codegen.wrapper import EXT_HELPERS, HEADER
+    from kiln.inductor.codegen.wrapper import EXT_TABLE, HEADER
 
     ns: dict = {}
-    exec(HEADER.format(name="t") + EXT_HELPERS + f"\n_EXT = _ext_table({json.dumps(rows)!r})\n", ns)
+    exec(HEADER.format(name="t") + EXT_TABLE.format(table=json.dumps(rows)), ns)
     return ns
 
 
@@ -79,7 +79,7 @@ def test_single_output_extern_is_one_short_statement_with_a_table_row():
     body = code.split("def call_owned")[1]
     m = re.search(r"^    buf\d+ = _ext\(torch\.convolution, (\d+), arg\d+, arg\d+\)  # ", body, re.M)
     assert m, body
-    table = re.search(r"^_EXT = _ext_table\((.*)\)$", code, re.M)
+    table = re.search(r"^_EXT, _ext, _ext2, _ext3 = _ext_callers\((.*)\)$", code, re.M)
     assert table, code
     import ast
     import json
@@ -102,8 +102,8 @@ def test_cpp_kernels_are_bound_from_one_table():
 
     cg = check(f, _g(4, 4), _g(4, 4))
     code = cg.texts["output_code"]
-    assert ".argtypes" not in code.split("def _bind")[1].split('"""')[0]
-    table = code.split('_bind(_lib, """\n')[1].split('"""')[0].splitlines()
+    assert ".argtypes" not in code.split("def call_owned")[0]  # the helper sets them, from the table
+    table = code.split('_bind_kernels(globals(), _lib, """\n')[1].split('"""')[0].splitlines()
     rows = [line.split() for line in table]
     launched = re.findall(r"^    (_k\w+)\(", code.split("def call_owned")[1], re.M)
     assert sorted(name for name, _, _ in rows) == sorted(launched) and len(launched) == 2
@@ -125,12 +125,8 @@ def test_frees_wait_for_the_next_allocation_in_one_statement():
 
 
 def test_ext2_ext3_take_argument_views_from_the_table():
-    from kiln.inductor.codegen.wrapper import EXT_VIEW_HELPERS
-
     ns = _ext_namespace([[[], [3, 5], [5, 1], [[3, 4], [1, 3], 0], None],
                          [[], [4, 4], [4, 1], None, [[4, 2], [2, 1], 0], [[2, 4], [1, 2], 2]]])
-    for n in (2, 3):
-        exec(EXT_VIEW_HELPERS[n], ns)
     a, b = _g(12), _g(4, 5)
     got = ns["_ext2"](torch.mm, 0, a, b)  # a read as its transposed (3, 4) view
     assert torch.equal(got, torch.mm(a.as_strided((3, 4), (1, 3)), b))
@@ -146,4 +142,15 @@ def test_mm_of_a_transposed_weight_is_one_statement_without_views():
     body = code.split("def call_owned")[1]
     assert re.search(r"^    buf\d+ = _ext[23]\(torch\.(mm|addmm), \d+(, \w+)+\)  # ", body, re.M), body
     assert ".as_strided(" not in body.split("return")[0], body
-    assert "def _ext3" not in code or "= _ext3(" in body  # helpers only where used
+
+
+def test_wrapper_imports_its_constant_helpers():
+    # helpers (restride, the extern table's callers, the C++ library loader and binder) are
+    # kiln.runtime's: a loaded artifact does not compile them again (only the graph's own code)
+    cg = check(lambda x, w, m: ((F.conv2d(x, w) + 1).flatten(1) @ m).relu(), _g(2, 4, 8, 8), _g(6, 4, 3, 3),
+               _g(216, 5))
+    code = cg.texts["output_code"]
+    head = code.split("\ndef call(")[0]
+    assert "def " not in head and "class " not in head, head
+    assert "from kiln.runtime.program_helpers import" in head and "_bind_kernels(globals(), _lib" in head
+    assert "kiln.runtime" in cg.portable.requires

@@ -73,105 +73,18 @@ def render_graph_module(gm: fx.GraphModule) -> PortableProgram:
     return PortableProgram("\n".join([lines[0], loader, *lines[1:]]), files, ("torch",))
 
 
+# The program holds only its own data: the parts' sources, the signature. The code that runs them (the
+# autograd.Function, output rebuilding) is kiln.runtime.program_helpers.autograd_program: imported, its
+# bytecode cached by Python, where a template of it here was compiled again at every load in a new
+# process (~0.5-1 ms). An inference program makes no autograd.Function.
 _TRAINING_TEMPLATE = '''\
-"""kiln.autograd training program: compiled forward and backward graphs with their autograd wrapper."""
-import contextlib
-import os
-import torch
-from torch.utils._pytree import treespec_loads, tree_unflatten
+"""kiln.autograd program: compiled forward (and backward) graphs behind kiln.runtime's autograd wrapper."""
+from kiln.runtime.program_helpers import autograd_program
 
 FW_SOURCE = {fw_source!r}
 BW_SOURCE = {bw_source!r}
 SIG = {sig_json}
-OUT_SPEC = treespec_loads(SIG["out_spec"])
-
-
-def _load_part(source, prefix):
-    files = {{k[len(prefix):]: v for k, v in FILES.items() if k.startswith(prefix)}}
-    root = globals().get("FILES_DIR")
-    part_dir = os.path.join(root, prefix) if root else root
-    ns = {{"FILES": files, "FILES_DIR": part_dir, "__name__": "kiln_part"}}
-    exec(compile(source, "<kiln " + prefix + ">", "exec"), ns)
-    # call_owned (kiln.inductor's wrappers) takes the list's references over
-    return ns.get("call_owned", ns["call"])
-
-
-_fw = _load_part(FW_SOURCE, "fw/")
-_bw = _load_part(BW_SOURCE, "bw/") if BW_SOURCE else None
-
-
-@contextlib.contextmanager
-def _no_autocast():
-    with contextlib.ExitStack() as stack:
-        for dev in ("cpu", "cuda"):
-            if torch.is_autocast_enabled(dev):
-                stack.enter_context(torch.autocast(dev, enabled=False))
-        yield
-
-
-class CompiledFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, *args):
-        n_out, n_mut = SIG["n_out"], len(SIG["mutated"])
-        with _no_autocast():
-            outs = list(_fw(list(args)))
-        ctx.save_for_backward(*outs[n_out + n_mut:])
-        nondiff = [o for o, d in zip(outs[:n_out], SIG["diff"]) if not d and isinstance(o, torch.Tensor)]
-        nondiff += outs[n_out:n_out + n_mut]
-        if nondiff:
-            ctx.mark_non_differentiable(*nondiff)
-        return tuple(outs[:n_out + n_mut])
-
-    @staticmethod
-    def backward(ctx, *grads):
-        if torch.is_grad_enabled():
-            raise RuntimeError("kiln: double backward through a compiled graph is not supported")
-        tangents = [g.contiguous() for g, d in zip(grads[:SIG["n_out"]], SIG["diff"]) if d]
-        bw_args = list(ctx.saved_tensors) + tangents
-        del tangents
-        if hasattr(ctx, "maybe_clear_saved_tensors"):  # the backward frees them as it goes
-            ctx.maybe_clear_saved_tensors()
-        with _no_autocast():
-            gin = list(_bw(bw_args))
-        result = [None] * SIG["n_inputs"]
-        for idx, g in zip(SIG["grad_inputs"], gin):
-            result[idx] = g
-        return tuple(result)
-
-
-def _finish(args, graph_outs, mutated):
-    with torch.no_grad():
-        for idx, new in zip(SIG["mutated"], mutated):
-            if new is not args[idx]:  # a compiler that updated the input in place returns it
-                args[idx].copy_(new)
-    result = []
-    for kind, index, size, stride, offset, rg, value in SIG["outputs"]:
-        if kind == "graph":
-            v = graph_outs[index]
-        elif kind == "input":
-            v = args[index]
-        elif kind == "same":
-            v = result[index]
-        elif kind == "constant":
-            v = value
-        else:
-            base = args[index] if kind == "alias_input" else result[index]
-            v = base.as_strided(size, stride, offset)
-            if not rg and v.requires_grad:
-                v = v.detach()
-        result.append(v)
-    return tree_unflatten(result, OUT_SPEC)
-
-
-def call(args):
-    args = list(args)
-    n_out = SIG["n_out"]
-    if _bw is None:
-        with _no_autocast():
-            outs = list(_fw(list(args)))
-    else:
-        outs = list(CompiledFunction.apply(*args))
-    return _finish(args, outs[:n_out], outs[n_out:])
+call = autograd_program(globals(), FW_SOURCE, BW_SOURCE, SIG)
 '''
 
 
@@ -195,7 +108,7 @@ def training_program(sig: GraphSignature, fw: PortableProgram, bw: PortableProgr
         files.update({f"bw/{k}": v for k, v in bw.files.items()})
     src = _TRAINING_TEMPLATE.format(fw_source=fw.source, bw_source=bw.source if bw else "",
                                     sig_json=_sig_json(sig))
-    requires = tuple(dict.fromkeys((*fw.requires, *(bw.requires if bw else ()))))
+    requires = tuple(dict.fromkeys((*fw.requires, *(bw.requires if bw else ()), "kiln.runtime")))
     return PortableProgram(src, files, requires)
 
 

@@ -216,24 +216,40 @@ class _Reads:
         return node
 
     def slot(self, source: str) -> int:
-        """The node reading ``source`` (memoized; a source's parent is itself a source)."""
-        node = self.known.get(source)
+        """The node reading ``source`` (memoized; a source's parent is itself a source). Written for
+        a new process's load (hundreds of sources, each getter made once): one slice per part, the
+        parent looked up before recursing, the node appended inline."""
+        known = self.known
+        node = known.get(source)
         if node is not None:
             return node
         if source == _SYS_MODULES:
             return 3
         cut = source.rfind("[") if source[-1] == "]" else source.rfind(".")
-        segment = source[cut:]
-        # every key of _GETTERS is a valid segment: skip the regex for the ones seen before
-        if cut > 0 and (segment in _GETTERS or _SEGMENT.fullmatch(segment)) \
-                and source[:cut] != "__import__('sys')":
-            node = self._node(self.slot(source[:cut]), _GETTERS.get(segment) or _getter(segment))
-        elif _BARE.fullmatch(source):
+        # cut > 1: ``L['x']`` is a root read (below), not ``L`` (no value) subscripted
+        if cut > 1:
+            segment = source[cut:]
+            # every key of _GETTERS is a valid segment: the regex runs once per distinct segment
+            getter = _GETTERS.get(segment)
+            if getter is None and _SEGMENT.fullmatch(segment):
+                getter = _getter(segment)
+            prefix = source[:cut]
+            if getter is not None and prefix != "__import__('sys')":
+                parent = known.get(prefix)
+                if parent is None:
+                    parent = self.slot(prefix)
+                node = len(self.getter)  # _node, inline
+                self.parent.append(parent)
+                self.getter.append(getter)
+                self.depth.append(self.depth[parent] + 1)
+                known[source] = node
+                return node
+        if _BARE.fullmatch(source):
             node = self._node(0 if source[0] == "L" else 1, _getter(source[1:]))
         else:  # not a chain (``len(L['x'])``, ``L['x'].size()``): one compiled read of the source
             fn = eval(f"lambda LG: (lambda L, G: {source})(*LG)")  # noqa: S307 - a guard source
             node = self._node(2, fn)
-        self.known[source] = node
+        known[source] = node
         return node
 
     def program(self) -> tuple[list[int], tuple[tuple[tuple, Callable[[list], Any]], ...]]:

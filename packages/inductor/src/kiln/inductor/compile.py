@@ -22,6 +22,7 @@ from kiln.graph import (
 )
 
 from .codegen.triton.ahead import warm_compile_pool
+from .codegen.wrapper import REQUIRES
 from .ir import TensorRef
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions
@@ -129,7 +130,9 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
         texts["fallbacks"] = "\n".join(s.fallbacks)
     for stage, text in texts.items():
         dump(graph_id, stage, text)
-    portable = PortableProgram(s.wrapper, dict(s.kernels.files), tuple(s.kernels.requires))
+    # every wrapper imports its constant helpers from kiln.runtime (codegen/wrapper.py REQUIRES)
+    requires = tuple(dict.fromkeys((*s.kernels.requires, *REQUIRES)))
+    portable = PortableProgram(s.wrapper, dict(s.kernels.files), requires)
     compiled = CompiledGraph(fn, "inductor", texts, portable)
     compiled.loop_program = s.program  # type: ignore[attr-defined]
     compiled.scheduled = s.scheduled  # type: ignore[attr-defined]

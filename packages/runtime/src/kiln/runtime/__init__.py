@@ -10,6 +10,7 @@ Cache: ``CompileCache`` (``default_cache()`` at ``KILN_CACHE_DIR``); the graph-l
 (``cached_backend`` wraps a backend: captured graph + inputs -> compiled program).
 Launchers for generated code: ``compile_cpp``, ``load_cpp_library``, ``load_triton_module``.
 FX graphs as portable source: ``program_from_graph_module``, ``graph_module_source``.
+Generated programs import their constant helper code from ``kiln.runtime.program_helpers``.
 """
 
 from .artifact import Artifact, build_artifact, load_artifact, save_artifact
@@ -24,6 +25,10 @@ from .graph_cache import CachedGraph, GraphCache, Uncacheable, cached_backend, g
 from .loaded import LoadedFunction, load_compiled_function
 from .manifest import FILE_KINDS, SCHEMA_VERSION, InputRecord, Manifest
 from .portable import graph_module_source, program_from_graph_module
+
+# the constant code saved programs import (inductor wrappers, autograd programs): imported with the
+# runtime, as a part of it, not at an artifact's load
+from . import program_helpers  # noqa: E402,F401  isort: skip
 from .sources import CallFrame, Param
 from .triton_binaries import collect_triton_binaries, install_triton_binaries
 from .triton_kernels import load_triton_kernel, load_triton_module

@@ -182,6 +182,11 @@ class Resolver:
         self.static[key] = value
         return f"L[{key!r}]"
 
+    def rewritten_prefixes(self) -> tuple[str, ...]:
+        """Prefixes whose sources this load rewrites (or drops); a source under none of them is its
+        own expression (an identity binding, such as an argument's, leaves it as it is)."""
+        return tuple(b.prefix for b, target in self.rewrites if target != b.prefix)
+
     def _lookup(self, source: str) -> tuple[Binding | None, str | None]:
         for b, target in self.rewrites:
             if has_prefix(source, b.prefix):

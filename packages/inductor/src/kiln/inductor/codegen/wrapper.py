@@ -28,28 +28,18 @@ from ..ir import (
 from ..padmm import MM_PADDED_SOURCE
 from .common import CompiledKernels
 
+# The constant helpers (``_restride``, the extern-call table's callers, the C++ library loader) live in
+# kiln.runtime.program_helpers: imported (Python caches its bytecode) instead of compiled with every
+# artifact a new process loads (~0.4 ms of compile() per wrapper).
 HEADER = '''"""kiln.inductor generated wrapper for graph {name!r}."""
 import ctypes
 import os
 
 import torch
+from kiln.runtime.program_helpers import restride as _restride
 
 aten = torch.ops.aten
 inf, nan = float("inf"), float("nan")
-
-
-def _restride(t, size, stride, dtype=None, device=None):
-    """Extern and fallback kernels may return other strides than the trace said (a convolution follows
-    its input's layout, cuDNN picks its own); kernels index by the plan, so copy into it if needed.
-    An output ATen left undefined (None: attention's logsumexp when not asked for) gets fresh memory
-    (the memory plan may reuse the buffer)."""
-    if t is None:
-        return torch.empty_strided(size, stride, dtype=dtype, device=device)
-    if t.stride() == stride or t.numel() <= 1 or all(a == b for n, a, b in zip(size, t.stride(), stride) if n != 1):
-        return t
-    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
-    out.copy_(t)
-    return out
 '''
 
 # Extern calls with one plain output, when their trailing arguments are constants: one short statement
@@ -60,53 +50,11 @@ def _restride(t, size, stride, dtype=None, device=None):
 # ``_ext3`` (mm, bmm, addmm, a convolution) also take their tensor arguments' views from the row
 # (``(shape, stride, offset)`` or None per argument): two ``x.as_strided((..), (..), x.storage_offset())``
 # per mm were ~40 % of a transformer wrapper's compile() time; per call the same as_strided calls run.
-EXT_HELPERS = '''
+# The callers are closures over the table (kiln.runtime.program_helpers.ext_callers).
+EXT_TABLE = "\nfrom kiln.runtime.program_helpers import ext_callers as _ext_callers\n_EXT, _ext, _ext2, _ext3 = _ext_callers({table!r})\n"
 
-def _ext(fn, i, *args):
-    consts, size, stride = _EXT[i]
-    t = fn(*args, *consts)
-    if t is not None and t.stride() == stride:
-        return t
-    return _restride(t, size, stride)
-
-
-def _ext_table(text):
-    import json
-    view = lambda v: v if v is None else (tuple(v[0]), tuple(v[1]), v[2])  # noqa: E731
-    return [(tuple(r[0]), tuple(r[1]), tuple(r[2]), *map(view, r[3:])) for r in json.loads(text)]
-'''
-
-# emitted only where used (less to compile at load)
-EXT_VIEW_HELPERS = {
-    2: '''
-
-def _ext2(fn, i, a, b):
-    consts, size, stride, va, vb = _EXT[i]
-    if va is not None:
-        a = a.as_strided(va[0], va[1], a.storage_offset() + va[2])
-    if vb is not None:
-        b = b.as_strided(vb[0], vb[1], b.storage_offset() + vb[2])
-    t = fn(a, b, *consts)
-    if t is not None and t.stride() == stride:
-        return t
-    return _restride(t, size, stride)
-''',
-    3: '''
-
-def _ext3(fn, i, a, b, c):
-    consts, size, stride, va, vb, vc = _EXT[i]
-    if va is not None:
-        a = a.as_strided(va[0], va[1], a.storage_offset() + va[2])
-    if vb is not None:
-        b = b.as_strided(vb[0], vb[1], b.storage_offset() + vb[2])
-    if vc is not None:
-        c = c.as_strided(vc[0], vc[1], c.storage_offset() + vc[2])
-    t = fn(a, b, c, *consts)
-    if t is not None and t.stride() == stride:
-        return t
-    return _restride(t, size, stride)
-''',
-}
+# what a wrapper's ``requires`` lists besides torch: the helpers above
+REQUIRES = ("torch", "kiln.runtime")
 
 
 # torch's generated Python bindings take the same arguments as these overloads and skip the
@@ -351,9 +299,7 @@ class WrapperWriter:
         self.emit(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         if self.ext_rows:
             table = json.dumps(self.ext_rows, separators=(",", ":"))
-            arities = sorted({len(r) - 3 for r in self.ext_rows if len(r) > 3})
-            helpers = EXT_HELPERS + "".join(EXT_VIEW_HELPERS[n] for n in arities)
-            self.lines.insert(tables, f"{helpers}\n_EXT = _ext_table({table!r})\n")
+            self.lines.insert(tables, EXT_TABLE.format(table=table))
         return "\n".join(self.lines) + "\n"
 
 

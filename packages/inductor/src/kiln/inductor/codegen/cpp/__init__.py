@@ -12,34 +12,12 @@ from .kernel import kernel_params, kernel_source
 from .prelude import PRELUDE, VECTOR_MATH
 
 # The wrapper loads its library from FILES_DIR; if that fails (another machine or libc), it rebuilds
-# from the shipped .cpp with the same flags into a temporary folder.
-LOADER = '''
-def _load_library(name):
-    path = os.path.join(FILES_DIR, name)
-    try:
-        return ctypes.CDLL(path)
-    except OSError as first:
-        import subprocess, tempfile
-        out = os.path.join(tempfile.mkdtemp(prefix="kiln-rebuild-"), name)
-        cmd = {flags!r} + [path[:-3] + ".cpp", "-o", out] + {link!r}
-        try:
-            subprocess.run(cmd, check=True, capture_output=True)
-        except (OSError, subprocess.CalledProcessError) as e:
-            raise RuntimeError(f"cannot load {{path}} ({{first}}) nor rebuild it from its C++ source ({{e}})") from e
-        return ctypes.CDLL(out)
-
-
-def _bind(lib, table):
-    """Binds each kernel's ctypes function as a module global: a line of ``table`` is the launcher's
-    name, its exported symbol (kernels with one body share it) and its number of pointer arguments."""
-    for line in table.splitlines():
-        if line:
-            name, symbol, n_args = line.split()
-            fn = getattr(lib, symbol)
-            fn.argtypes = [ctypes.c_void_p] * int(n_args)
-            fn.restype = None
-            globals()[name] = fn
-'''
+# from the shipped .cpp with the same flags into a temporary folder (kiln.runtime.program_helpers:
+# constant code imported, not compiled with every artifact).
+LOADER = """
+from kiln.runtime.program_helpers import bind_kernels as _bind_kernels
+from kiln.runtime.program_helpers import load_library as _load_library
+_lib = _load_library(FILES_DIR, {name!r}, {flags!r}, {link!r})"""
 
 
 class CppBackend:
@@ -56,8 +34,7 @@ class CppBackend:
         so, seconds = build_shared_library(source, options)
         lib_name = so.name
         flags = [options.cxx, *options.cpp_flags]
-        prelude = [LOADER.format(flags=flags, link=list(options.link_flags)),
-                   f"_lib = _load_library({lib_name!r})"]
+        prelude = [LOADER.format(name=lib_name, flags=flags, link=list(options.link_flags))]
         launches: dict[str, str] = {}
         # one string table instead of three statements per kernel: the wrapper's compile() at load
         # time grows with its statements, and a string constant costs next to nothing to compile
@@ -67,7 +44,7 @@ class CppBackend:
             table.append(f"_{k.name} {symbol[k.name]} {len(ins) + len(outs)}")
             args = ", ".join(f"{b}.data_ptr()" for b in (*ins, *outs))
             launches[k.name] = f"_{k.name}({args})"
-        prelude.append('_bind(_lib, """\n' + "\n".join(table) + '\n""")')
+        prelude.append('_bind_kernels(globals(), _lib, """\n' + "\n".join(table) + '\n""")')
         files = {lib_name: so.read_bytes(), lib_name.replace(".so", ".cpp"): source.encode()}
         return CompiledKernels(files, "\n".join(prelude), launches, source, str(so.parent), seconds)
 

@@ -1,0 +1,231 @@
+"""The constant code of generated programs, imported instead of compiled with every artifact.
+
+kiln.inductor's wrappers and kiln.autograd's programs used to carry these helpers as source: each
+load of an artifact in a new process compiled them again (~1-1.4 ms of a new machine's load + first
+call, as much as the program's own body for a small model). As a module of kiln-runtime its
+bytecode is cached by Python (``.pyc``), so a load only imports it, once per process. Programs that
+use it list ``kiln.runtime`` in their ``requires``. The names and behaviour here are part of the
+artifact format: programs saved by this version call them, so change them only compatibly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_unflatten, treespec_loads
+
+# ---- kiln.inductor wrappers ---------------------------------------------------------------------
+
+
+def restride(t: Any, size: tuple[int, ...], stride: tuple[int, ...], dtype: Any = None,
+             device: Any = None) -> torch.Tensor:
+    """Extern and fallback kernels may return other strides than the trace said (a convolution follows
+    its input's layout, cuDNN picks its own); kernels index by the plan, so copy into it if needed.
+    An output ATen left undefined (None: attention's logsumexp when not asked for) gets fresh memory
+    (the memory plan may reuse the buffer)."""
+    if t is None:
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+    if t.stride() == stride or t.numel() <= 1 or all(a == b for n, a, b in zip(size, t.stride(), stride) if n != 1):
+        return t
+    out = torch.empty_strided(size, stride, dtype=t.dtype, device=t.device)
+    out.copy_(t)
+    return out
+
+
+def _view(v: Sequence[Any] | None) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
+    return v if v is None else (tuple(v[0]), tuple(v[1]), v[2])
+
+
+def ext_callers(text: str) -> tuple[list[tuple], Callable[..., Any], Callable[..., Any], Callable[..., Any]]:
+    """The extern-call table of a wrapper (JSON rows ``[consts, size, stride, *views]``) and its three
+    callers ``ext(fn, i, *args)``, ``ext2(fn, i, a, b)``, ``ext3(fn, i, a, b, c)``: row ``i``'s
+    trailing constant arguments are appended, tensor arguments with a view in the row are viewed
+    first, and the result is re-strided to the row's size/stride only if it differs. The callers are
+    closures over the table (a cell read per call, as fast as the global read of the inline helpers
+    they replace)."""
+    table = [(tuple(r[0]), tuple(r[1]), tuple(r[2]), *map(_view, r[3:])) for r in json.loads(text)]
+
+    def ext(fn: Any, i: int, *args: Any) -> Any:
+        consts, size, stride = table[i]
+        t = fn(*args, *consts)
+        if t is not None and t.stride() == stride:
+            return t
+        return restride(t, size, stride)
+
+    def ext2(fn: Any, i: int, a: Any, b: Any) -> Any:
+        consts, size, stride, va, vb = table[i]
+        if va is not None:
+            a = a.as_strided(va[0], va[1], a.storage_offset() + va[2])
+        if vb is not None:
+            b = b.as_strided(vb[0], vb[1], b.storage_offset() + vb[2])
+        t = fn(a, b, *consts)
+        if t is not None and t.stride() == stride:
+            return t
+        return restride(t, size, stride)
+
+    def ext3(fn: Any, i: int, a: Any, b: Any, c: Any) -> Any:
+        consts, size, stride, va, vb, vc = table[i]
+        if va is not None:
+            a = a.as_strided(va[0], va[1], a.storage_offset() + va[2])
+        if vb is not None:
+            b = b.as_strided(vb[0], vb[1], b.storage_offset() + vb[2])
+        if vc is not None:
+            c = c.as_strided(vc[0], vc[1], c.storage_offset() + vc[2])
+        t = fn(a, b, c, *consts)
+        if t is not None and t.stride() == stride:
+            return t
+        return restride(t, size, stride)
+
+    return table, ext, ext2, ext3
+
+
+def load_library(files_dir: str | None, name: str, flags: Sequence[str], link: Sequence[str]) -> ctypes.CDLL:
+    """The wrapper's C++ kernel library from ``files_dir``; if it cannot be loaded (another machine
+    or libc), rebuilt from the shipped ``.cpp`` with the same flags into a temporary folder."""
+    path = os.path.join(files_dir or "", name)
+    try:
+        return ctypes.CDLL(path)
+    except OSError as first:
+        import subprocess
+        import tempfile
+        out = os.path.join(tempfile.mkdtemp(prefix="kiln-rebuild-"), name)
+        cmd = [*flags, path[:-3] + ".cpp", "-o", out, *link]
+        try:
+            subprocess.run(cmd, check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError) as e:
+            raise RuntimeError(f"cannot load {path} ({first}) nor rebuild it from its C++ source ({e})") from e
+        return ctypes.CDLL(out)
+
+
+def bind_kernels(namespace: MutableMapping[str, Any], lib: ctypes.CDLL, table: str) -> None:
+    """Binds each kernel's ctypes function in ``namespace`` (the wrapper's globals): a line of
+    ``table`` is the launcher's name, its exported symbol (kernels with one body share it) and its
+    number of pointer arguments."""
+    for line in table.splitlines():
+        if line:
+            name, symbol, n_args = line.split()
+            fn = getattr(lib, symbol)
+            fn.argtypes = [ctypes.c_void_p] * int(n_args)
+            fn.restype = None
+            namespace[name] = fn
+
+
+# ---- kiln.autograd programs ---------------------------------------------------------------------
+
+
+def load_part(namespace: MutableMapping[str, Any], source: str, prefix: str) -> Callable[[list], Any]:
+    """Runs one embedded part (a forward or backward wrapper) of a program in its own namespace, with
+    the program's files under ``prefix``; returns its ``call_owned`` (kiln.inductor's wrappers: it
+    takes the list's references over) or ``call``. Compiles with the program's ``compile`` (the
+    loader's code cache, where kiln.runtime injected it)."""
+    files = namespace.get("FILES") or {}
+    part_files = {k[len(prefix):]: v for k, v in files.items() if k.startswith(prefix)}
+    root = namespace.get("FILES_DIR")
+    part_dir = os.path.join(root, prefix) if root else root
+    ns = {"FILES": part_files, "FILES_DIR": part_dir, "__name__": "kiln_part"}
+    compile_fn = namespace.get("compile", compile)
+    exec(compile_fn(source, "<kiln " + prefix + ">", "exec"), ns)  # noqa: S102 - the program's own part
+    return ns.get("call_owned", ns["call"])  # type: ignore[no-any-return]
+
+
+@contextlib.contextmanager
+def no_autocast() -> Iterator[None]:
+    """Compiled graphs ran with autocast already applied: a caller's autocast must not apply again."""
+    with contextlib.ExitStack() as stack:
+        for dev in ("cpu", "cuda"):
+            if torch.is_autocast_enabled(dev):
+                stack.enter_context(torch.autocast(dev, enabled=False))
+        yield
+
+
+def autograd_program(namespace: MutableMapping[str, Any], fw_source: str, bw_source: str,
+                     sig: dict[str, Any]) -> Callable[[Sequence[Any]], Any]:
+    """The ``call(args)`` of a kiln.autograd program: its forward part, behind an
+    ``autograd.Function`` when it has a backward part, and the outputs rebuilt by ``sig`` (the
+    graph signature: aliases of inputs and outputs, mutated inputs, constants, the output tree)."""
+    fw = load_part(namespace, fw_source, "fw/")
+    bw = load_part(namespace, bw_source, "bw/") if bw_source else None
+    out_spec = treespec_loads(sig["out_spec"])
+    n_out, mutated, diff = sig["n_out"], sig["mutated"], sig["diff"]
+    n_mut, outputs = len(mutated), sig["outputs"]
+
+    def finish(args: list, graph_outs: list, new_values: list) -> Any:
+        with torch.no_grad():
+            for idx, new in zip(mutated, new_values):
+                if new is not args[idx]:  # a compiler that updated the input in place returns it
+                    args[idx].copy_(new)
+        result: list[Any] = []
+        for kind, index, size, stride, offset, rg, value in outputs:
+            if kind == "graph":
+                v = graph_outs[index]
+            elif kind == "input":
+                v = args[index]
+            elif kind == "same":
+                v = result[index]
+            elif kind == "constant":
+                v = value
+            else:
+                base = args[index] if kind == "alias_input" else result[index]
+                v = base.as_strided(size, stride, offset)
+                if not rg and v.requires_grad:
+                    v = v.detach()
+            result.append(v)
+        return tree_unflatten(result, out_spec)
+
+    if bw is None:
+        def call(args: Sequence[Any]) -> Any:
+            args = list(args)
+            with no_autocast():
+                outs = list(fw(list(args)))
+            return finish(args, outs[:n_out], outs[n_out:])
+        return call
+
+    function = _autograd_function(fw, bw, sig)
+
+    def call_training(args: Sequence[Any]) -> Any:
+        args = list(args)
+        outs = list(function.apply(*args))
+        return finish(args, outs[:n_out], outs[n_out:])
+    call_training.autograd_function = function  # type: ignore[attr-defined]
+    return call_training
+
+
+def _autograd_function(fw: Callable[[list], Any], bw: Callable[[list], Any], sig: dict[str, Any]) -> type:
+    n_out, n_mut, diff = sig["n_out"], len(sig["mutated"]), sig["diff"]
+    grad_inputs, n_inputs = sig["grad_inputs"], sig["n_inputs"]
+
+    class CompiledFunction(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, *args: Any) -> Any:
+            with no_autocast():
+                outs = list(fw(list(args)))
+            ctx.save_for_backward(*outs[n_out + n_mut:])
+            nondiff = [o for o, d in zip(outs[:n_out], diff) if not d and isinstance(o, torch.Tensor)]
+            nondiff += outs[n_out:n_out + n_mut]
+            if nondiff:
+                ctx.mark_non_differentiable(*nondiff)
+            return tuple(outs[:n_out + n_mut])
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:
+            if torch.is_grad_enabled():
+                raise RuntimeError("kiln: double backward through a compiled graph is not supported")
+            tangents = [g.contiguous() for g, d in zip(grads[:n_out], diff) if d]
+            bw_args = list(ctx.saved_tensors) + tangents
+            del tangents
+            if hasattr(ctx, "maybe_clear_saved_tensors"):  # the backward frees them as it goes
+                ctx.maybe_clear_saved_tensors()
+            with no_autocast():
+                gin = list(bw(bw_args))
+            result: list[Any] = [None] * n_inputs
+            for idx, g in zip(grad_inputs, gin):
+                result[idx] = g
+            return tuple(result)
+
+    return CompiledFunction
