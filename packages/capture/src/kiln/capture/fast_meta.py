@@ -169,6 +169,30 @@ def _torch_batch_norm(args: tuple, kwargs: dict) -> Any:
     return _batch_norm(x, mean, var, weight, bias, training, momentum, eps)
 
 
+_ARANGE_DTYPES = frozenset({torch.int64, torch.int32, torch.float32, torch.float64})
+_ARANGE_KWARGS = frozenset({"dtype", "device", "requires_grad", "layout", "pin_memory"})
+
+
+def _arange(args: tuple, kwargs: dict) -> Any:
+    """torch.arange with Python int bounds: a new contiguous 1-D tensor of ``len(range(...))``
+    elements. Why: on CUDA fake tensors torch (2.11) runs arange's Python decomposition, several ms
+    a call in a GPT-2 warm start (position ids, attention masks). Anything else -- symbolic bounds,
+    floats, keywords for the bounds, other dtypes, requires_grad, step 0 -- takes the ordinary path."""
+    if not 1 <= len(args) <= 3 or any(type(a) is not int for a in args) or not kwargs.keys() <= _ARANGE_KWARGS:
+        return None
+    dtype, device = kwargs.get("dtype"), kwargs.get("device")
+    if (dtype is not None and dtype not in _ARANGE_DTYPES) or kwargs.get("requires_grad") or \
+            kwargs.get("pin_memory") or kwargs.get("layout") not in (None, torch.strided) or \
+            (device is not None and type(device) not in (str, torch.device)):
+        return None
+    if torch.is_inference_mode_enabled():
+        return None
+    start, end, step = (0, args[0], 1) if len(args) == 1 else (args[0], args[1], args[2] if len(args) == 3 else 1)
+    if step == 0:
+        return None  # torch raises its error on the ordinary path
+    return torch.empty((len(range(start, end, step)),), dtype=dtype or torch.int64, device=device)
+
+
 def _bind(names: tuple[str, ...], defaults: tuple, required: int, args: tuple,
           kwargs: dict) -> list | None:
     """Arguments by position, or None when the call does not bind plainly (torch then reports it)."""
@@ -189,6 +213,7 @@ FAST_META: dict[int, FastRule] = {
     id(torch.batch_norm): _torch_batch_norm,
     id(F.linear): _linear,
     id(F.layer_norm): _layer_norm,
+    id(torch.arange): _arange,
 }
 
 

@@ -160,7 +160,9 @@ class Frame:
             raise GraphBreak(f"unsupported bytecode {inst.opname}",
                              "this Python construct is not supported by kiln.capture yet")
         self.current = inst
-        self.tracer.at = (self.code, inst.lineno)
+        self.tracer.where = f"{self.code.co_filename}:{inst.lineno}"
+        self.tracer.location = (f'  File "{self.code.co_filename}", line {inst.lineno}, in '
+                                f'{self.code.co_name}\n')
         self.ip = inst.index + 1
         handler(self, inst)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import GraphBreak
-from .fast_meta import FAST_META, from_memo, memo_entry, memo_key
+from .fast_meta import FAST_META, fast_result, from_memo, memo_entry, memo_key
 from .semantics import contains_traced
 from .tracer import _has_traced
 
@@ -62,7 +62,9 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if not traced_in:
         try:
             with tracer.fake_mode:
-                probe = fn(*args, **kwargs)
+                probe = fast_result(fn, tuple(args), kwargs)  # a shape rule (torch.arange), else run it
+                if probe is None:
+                    probe = fn(*args, **kwargs)
         except Exception as e:
             raise GraphBreak(f"torch.{getattr(fn, '__name__', fn)} failed at capture: {e}") from e
         if not _has_traced(probe):

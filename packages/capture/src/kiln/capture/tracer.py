@@ -105,24 +105,10 @@ class Tracer:
         ADVANCES.clear()  # interpreted iterators advanced by this capture
         self.last_placeholder: fx.Node | None = None
         self.fake_memo: dict[tuple, tuple] = {}  # fast_meta: memoized results of repeated calls
-        # the traced instruction's (code, line), set per instruction; ``location`` and ``where`` are
-        # formatted from it only when a node or guard needs them (not per instruction: 11k in GPT-2)
-        self.at: tuple[types.CodeType, int | None] | None = None
+        self.location = ""  # the traced instruction as a traceback line, for node metadata
+        self.where = ""  # the same as file:line, for guard notes
         self.start_state = global_state()
         self.add_guard("", "GLOBAL_STATE", self.start_state, "grad/autocast/dtype state at capture")
-
-    @property
-    def location(self) -> str:
-        """The traced instruction as a traceback line, for node metadata ('' before the first)."""
-        if self.at is None:
-            return ""
-        code, line = self.at
-        return f'  File "{code.co_filename}", line {line}, in {code.co_name}\n'
-
-    @property
-    def where(self) -> str:
-        """The traced instruction as file:line, for guard notes and messages."""
-        return "" if self.at is None else f"{self.at[0].co_filename}:{self.at[1]}"
 
     # ---- guards -------------------------------------------------------------------------
     def add_guard(self, source: str, kind: str, expected: Any, note: str = "") -> None:
@@ -334,7 +320,7 @@ class Tracer:
             raise GraphBreak(f"{_describe_target(target)} failed on fake tensors: "
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
-        if self.at is not None:
+        if self.location:
             node.meta["stack_trace"] = self.location
         if pure:
             self.speculative.add(node)
