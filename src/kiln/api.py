@@ -38,7 +38,6 @@ def compile(
                                  dynamic=dynamic, options=options)
     compiled_backend = resolve_backend(backend, opts)
     if isinstance(fn_or_module, nn.Module):
-        _warm_kernel_compiler(opts, fn_or_module.parameters())
         return OptimizedModule(fn_or_module, opts, compiled_backend)
     if not callable(fn_or_module):
         raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(fn_or_module)}")
@@ -67,16 +66,6 @@ def capture_dynamic(opts: CompileOptions) -> bool | None:
     return False
 
 
-def _warm_kernel_compiler(opts: CompileOptions, values: Any) -> None:
-    """Start kiln.inductor's Triton compile workers before capture when the inductor backend will compile
-    CUDA graphs (a module with CUDA parameters, a first call with CUDA tensors): the workers import torch
-    and triton (seconds) while capture, the joint trace and decompositions run, instead of after them."""
-    if opts.backend != "inductor" or not torch.cuda.is_available():
-        return
-    if any(isinstance(v, torch.Tensor) and v.is_cuda for v in values):
-        importlib.import_module("kiln.inductor").warm_compile_pool("cuda")
-
-
 class CompiledFunction:
     """A function compiled lazily through kiln.capture; callable like the original."""
 
@@ -86,13 +75,9 @@ class CompiledFunction:
         self._backend = backend
         self._optimized = capture.optimize(fn, backend, fullgraph=opts.fullgraph,
                                               dynamic=capture_dynamic(opts))
-        self._warm_pending = opts.backend == "inductor"
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._warm_pending:
-            self._warm_pending = False
-            _warm_kernel_compiler(self._opts, (*args, *kwargs.values()))
         return self._optimized(*args, **kwargs)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
