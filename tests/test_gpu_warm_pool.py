@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-import kiln
-
 
 def _pool_started() -> bool:
     from kiln.inductor.codegen.triton import compile_pool as cp
