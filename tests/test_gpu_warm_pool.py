@@ -7,11 +7,6 @@ import pytest
 import torch
 
 
-def _pool_started() -> bool:
-    from kiln.inductor.codegen.triton import compile_pool as cp
-    return bool(cp._POOL)  # noqa: SLF001
-
-
 def test_cpu_work_does_not_start_workers(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
     import kiln.inductor
