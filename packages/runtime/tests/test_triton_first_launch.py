@@ -27,7 +27,11 @@ pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
 
 from kiln.inductor.codegen.triton.launcher import KilnLaunch  # noqa: E402
 from kiln.runtime import triton_preload as tp  # noqa: E402
-from kiln.runtime.triton_binaries import MODULE_PREFIX, collect_triton_binaries, install_triton_binaries  # noqa: E402
+from kiln.runtime.triton_binaries import (  # noqa: E402
+    MODULE_PREFIX,
+    collect_triton_binaries,
+    install_triton_binaries,
+)
 
 KERNELS = '''import triton
 import triton.language as tl

@@ -152,8 +152,7 @@ def autograd_program(namespace: MutableMapping[str, Any], fw_source: str, bw_sou
     fw = load_part(namespace, fw_source, "fw/")
     bw = load_part(namespace, bw_source, "bw/") if bw_source else None
     out_spec = treespec_loads(sig["out_spec"])
-    n_out, mutated, diff = sig["n_out"], sig["mutated"], sig["diff"]
-    n_mut, outputs = len(mutated), sig["outputs"]
+    n_out, mutated, outputs = sig["n_out"], sig["mutated"], sig["outputs"]
 
     def finish(args: list, graph_outs: list, new_values: list) -> Any:
         with torch.no_grad():
