@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 from kiln.runtime.manifest import integrity_of
@@ -112,3 +114,39 @@ def call(args):
 def apply_twice(fn, x):
     """A module-level function an FX graph may call (importable, so portable)."""
     return fn(fn(x)[0])[0]
+
+
+class TargetOnlyDriver:
+    """What triton's JIT asks of a driver to compile for ``target`` (backend, arch, warp size), and nothing
+    that needs a GPU: kernels cross-compile on a CPU-only host."""
+
+    def __init__(self, target: tuple[str, int, int] = ("cuda", 90, 32)) -> None:
+        from triton.backends.compiler import GPUTarget
+        self.target = GPUTarget(*target)
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_current_target(self):
+        return self.target
+
+
+@contextlib.contextmanager
+def target_only_driver(monkeypatch, cache_dir: Path, target: tuple[str, int, int] = ("cuda", 90, 32)) -> Iterator[None]:
+    """Triton compiles for ``target`` into ``cache_dir`` for the duration (its previous driver restored)."""
+    from triton.runtime import driver
+    previous = getattr(driver, "_active", None)
+    driver.set_active(TargetOnlyDriver(target))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache_dir))
+    try:
+        from triton import knobs
+        monkeypatch.setattr(knobs.cache, "dir", str(cache_dir))
+    except (ImportError, AttributeError):
+        pass
+    try:
+        yield
+    finally:
+        driver._active = previous

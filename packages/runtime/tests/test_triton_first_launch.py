@@ -25,6 +25,8 @@ triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="the Triton interpreter is on in this process; run packages/runtime/tests alone")
 
+from runtime_testlib import target_only_driver  # noqa: E402
+
 from kiln.inductor.codegen.triton.launcher import KilnLaunch  # noqa: E402
 from kiln.runtime import triton_preload as tp  # noqa: E402
 from kiln.runtime.triton_binaries import (  # noqa: E402
@@ -47,38 +49,12 @@ MODULE = MODULE_PREFIX + hashlib.sha256(KERNELS.encode()).hexdigest()[:32]
 CTX = (0, 7)  # (device, stream) as the wrapper's _kiln_launch_context() gives them
 
 
-class TargetOnlyDriver:
-    """What triton's JIT asks of a driver to compile for sm_90, and nothing that needs a GPU."""
-
-    def __init__(self) -> None:
-        from triton.backends.compiler import GPUTarget
-        self.target = GPUTarget("cuda", 90, 32)
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device: int | None = None) -> int:
-        return 0
-
-    def get_current_target(self):
-        return self.target
-
-
 @pytest.fixture
 def cross(monkeypatch, tmp_path):
     """sm_90 compiles without a GPU; launches recorded instead of run; JITFunction.run counted."""
     from triton.compiler import CompiledKernel
-    from triton.runtime import driver
     from triton.runtime.jit import JITFunction
 
-    previous = getattr(driver, "_active", None)
-    driver.set_active(TargetOnlyDriver())
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "build-cache"))
-    try:
-        from triton import knobs
-        monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "build-cache"))
-    except (ImportError, AttributeError):
-        pass
     launched: list[tuple] = []
     jit_runs: list[str] = []
 
@@ -93,8 +69,8 @@ def cross(monkeypatch, tmp_path):
         jit_runs.append(self.__name__)
         return original_run(self, *args, **kwargs)
     monkeypatch.setattr(JITFunction, "run", counted_run)
-    yield launched, jit_runs
-    driver._active = previous
+    with target_only_driver(monkeypatch, tmp_path / "build-cache"):
+        yield launched, jit_runs
     sys.modules.pop(MODULE, None)
 
 

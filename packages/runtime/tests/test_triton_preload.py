@@ -27,6 +27,8 @@ triton = pytest.importorskip("triton")
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
                                 reason="the Triton interpreter is on in this process; run packages/runtime/tests alone")
 
+from runtime_testlib import TargetOnlyDriver, target_only_driver  # noqa: E402
+
 from kiln.runtime import triton_preload as tp  # noqa: E402
 from kiln.runtime.triton_binaries import (  # noqa: E402
     MODULE_PREFIX,
@@ -48,36 +50,10 @@ MODULE = MODULE_PREFIX + hashlib.sha256(KERNELS.encode()).hexdigest()[:32]
 TARGET = ("cuda", 90, 32)
 
 
-class TargetOnlyDriver:
-    """What triton's JIT asks of a driver to compile for TARGET, and nothing that needs a GPU."""
-
-    def __init__(self) -> None:
-        from triton.backends.compiler import GPUTarget
-        self.target = GPUTarget(*TARGET)
-
-    def get_current_device(self) -> int:
-        return 0
-
-    def get_current_stream(self, device: int | None = None) -> int:
-        return 0
-
-    def get_current_target(self):
-        return self.target
-
-
 @pytest.fixture
 def target_driver(monkeypatch, tmp_path):
-    from triton.runtime import driver
-    previous = getattr(driver, "_active", None)
-    driver.set_active(TargetOnlyDriver())
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "build-cache"))
-    try:
-        from triton import knobs
-        monkeypatch.setattr(knobs.cache, "dir", str(tmp_path / "build-cache"))
-    except (ImportError, AttributeError):
-        pass
-    yield
-    driver._active = previous
+    with target_only_driver(monkeypatch, tmp_path / "build-cache", TARGET):
+        yield
     sys.modules.pop(MODULE, None)
 
 
