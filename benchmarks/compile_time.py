@@ -147,8 +147,6 @@ def measure_cross_cuda(*, model: str, mode: str, small: bool, profile: str | Non
 
         _warm_up("kiln", "cpu")
         case = _build_with_gpu_shapes(build_for_mode, model, small, training)
-        if triton:  # kiln.compile starts the compile workers before capture (src/kiln/api.py): so here
-            kiln_inductor.warm_compile_pool("cuda")
         if not training:  # what the GPU suite runs
             case.model.to(torch.bfloat16)
             cast_inputs(case, torch.bfloat16)
@@ -170,6 +168,8 @@ def measure_cross_cuda(*, model: str, mode: str, small: bool, profile: str | Non
                     _to_cuda_graph(captured.gm)
                 fakes = [_fake_like(spec, mode_, "cpu" if training else "cuda") for spec in captured.input_specs]
                 retarget.append((time.perf_counter() - t1, cpu_clock() - c1))
+                if triton and training:  # kiln's backend starts the compile workers on entry when its inputs
+                    kiln_inductor.warm_compile_pool("cuda")  # are CUDA; these CPU-traced ones become CUDA later
                 backend(captured.gm, fakes)
             python_s, python_cpu = time.perf_counter() - t0, cpu_clock() - c0
             reports = [c.wait_kernels() for c in made if getattr(c, "wait_kernels", None) is not None]
