@@ -23,6 +23,7 @@ from kiln.graph import (
 
 from .codegen.triton.ahead import warm_compile_pool
 from .codegen.wrapper import REQUIRES
+from .constants import WithConstants, constants_epilogue, lift_constants
 from .ir import TensorRef
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions
@@ -91,12 +92,32 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     t0 = time.perf_counter()
     if any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs):
         warm_compile_pool("cuda")  # workers import while this graph is lowered
+    lifted, constants = lift_constants(gm)
     try:
-        return _compile(gm, example_inputs, options, name, t0)
+        compiled = _compile(lifted, [*example_inputs, *constants], options, name, t0)
     except LoweringError as e:
         if not options.fallback_unknown_ops:
             raise
         return _eager_graph(gm, name, str(e))
+    if constants:
+        compiled = _bind_constants(compiled, constants)
+    return compiled
+
+
+def _bind_constants(compiled: CompiledGraph, constants: list[torch.Tensor]) -> CompiledGraph:
+    """The compiled graph with its lifted constants appended to every call; its saved program loads them."""
+    portable = compiled.portable
+    if portable is not None:
+        try:
+            epilogue, files = constants_epilogue(constants)
+            portable = PortableProgram(portable.source + epilogue, {**portable.files, **files}, portable.requires)
+        except ValueError as e:
+            log("perf_hints").warning("graph %s cannot be saved: %s", getattr(compiled, "name", "?"), e)
+            portable = None
+    bound = CompiledGraph(WithConstants(compiled.fn, constants), compiled.backend, compiled.texts, portable)
+    for attr in ("loop_program", "scheduled", "wait_kernels", "output_strides"):
+        setattr(bound, attr, getattr(compiled, attr))
+    return bound
 
 
 def _eager_graph(gm: fx.GraphModule, name: str, reason: str) -> CompiledGraph:

@@ -228,3 +228,15 @@ def _autograd_function(fw: Callable[[list], Any], bw: Callable[[list], Any], sig
             return tuple(result)
 
     return CompiledFunction
+
+
+def load_constant(files: MutableMapping[str, bytes], key: str, size: Sequence[int], stride: Sequence[int],
+                  dtype: torch.dtype, device: str) -> torch.Tensor:
+    """A graph constant saved as its contiguous bytes (``files[key]``), rebuilt with its strides on ``device``."""
+    raw = files[key]
+    flat = (torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype) if raw
+            else torch.empty(0, dtype=dtype))
+    out = torch.empty_strided(tuple(size), tuple(stride), dtype=dtype, device=device)
+    if out.numel():
+        out.copy_(flat.reshape(tuple(size)))
+    return out

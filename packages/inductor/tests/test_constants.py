@@ -1,0 +1,49 @@
+"""Graphs that read tensor constants (get_attr) compile, run and save like any other graph."""
+
+from __future__ import annotations
+
+import torch
+from torch import fx
+
+from kiln.inductor import compile_graph
+
+aten = torch.ops.aten
+
+
+def _graph_with_constants() -> tuple[fx.GraphModule, torch.Tensor, torch.Tensor]:
+    """x -> cat([empty, x * 2], 0) + bias: HF's DynamicCache concatenates onto ``torch.tensor([])``, and a
+    non-contiguous constant checks that strides survive."""
+    root = torch.nn.Module()
+    root.empty = torch.tensor([])
+    root.bias = torch.arange(24.0).reshape(4, 6).t()  # (6, 4), strides (1, 6)
+    g = fx.Graph()
+    x = g.placeholder("x")
+    empty, bias = g.get_attr("empty"), g.get_attr("bias")
+    cat = g.call_function(aten.cat.default, ([empty, g.call_function(aten.mul.Tensor, (x, 2.0))], 0))
+    g.output((g.call_function(aten.add.Tensor, (cat, bias)),))
+    return fx.GraphModule(root, g), root.empty, root.bias
+
+
+def test_constants_are_compiled_not_run_through_aten() -> None:
+    gm, _, bias = _graph_with_constants()
+    x = torch.randn(6, 4)
+    cg = compile_graph(gm, [x])
+    assert cg.backend == "inductor", cg.texts.get("fallbacks")  # was "inductor(eager fallback)"
+    (out,) = cg.fn(x)
+    torch.testing.assert_close(out, x * 2 + bias)
+    (again,) = cg.fn.call_owned([x + 1])
+    torch.testing.assert_close(again, (x + 1) * 2 + bias)
+    assert [n.op for n in gm.graph.nodes].count("get_attr") == 2  # the caller's graph is left as it was
+
+
+def test_saved_program_carries_its_constants(tmp_path) -> None:
+    gm, _, bias = _graph_with_constants()
+    x = torch.randn(6, 4)
+    cg = compile_graph(gm, [x])
+    assert cg.portable is not None
+    for name, data in cg.portable.files.items():
+        (tmp_path / name).write_bytes(data)
+    ns: dict = {"FILES_DIR": str(tmp_path), "FILES": dict(cg.portable.files)}
+    exec(compile(cg.portable.source, "<portable>", "exec"), ns)
+    (out,) = ns["call"]([x])
+    torch.testing.assert_close(out, x * 2 + bias)
