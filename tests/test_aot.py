@@ -116,3 +116,6 @@ def test_output_matching_tolerates_16_bit_rounding_but_not_other_values() -> Non
     assert not _close(x, torch.randn(64, 50, dtype=torch.bfloat16) * 30)
     y = torch.randn(8, 8)
     assert _close(y, y.clone()) and not _close(y, y + 1e-2) and not _close(y, y.double())
+    logits = torch.randn(4, 1000) * 20  # TF32 convolutions: an error up to ~5e-4 of the largest value
+    assert _close(logits, logits + torch.randn(4, 1000).clamp(-3, 3) * 1.5e-4 * logits.abs().max())
+    assert not _close(logits, torch.randn(4, 1000) * 20) and not _close(logits, logits * 1.01)

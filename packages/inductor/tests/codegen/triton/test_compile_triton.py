@@ -38,6 +38,10 @@ CASES = {
     "rms_norm": (lambda x, w: x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w, (X, _x(8))),
     "long_rows": (lambda x: (torch.softmax(x, -1), x.sum(-1), x.argmax(-1)), (_x(2, 700),)),
     "column_sum": (lambda x: x.sum(0), (_x(300, 7),)),
+    # Inception-v3's average pool of a 1x1 map in training (dropout after it): was a reduction node
+    # with nothing to iterate, which the Triton writer refused outside a row kernel
+    "size1_reductions": (lambda x: (x.relu().mean((2, 3)) * 2, x.amax((2, 3), keepdim=True) + 1,
+                                    x.argmax(3), (x > 0).any(2), x.sum(-1).exp()), (_x(2, 5, 1, 1),)),
     "bf16": (lambda x: x.to(torch.bfloat16).sigmoid() * 3, (X,)),
     "bf16_reduce": (lambda x: x.to(torch.bfloat16).sum(-1), (X,)),
     "int_ops": (lambda x: (x.int() // 3, x.int() % 3, x.long().abs(), x.int() * 2 - 1), (X * 10,)),

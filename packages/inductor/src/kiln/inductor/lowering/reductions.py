@@ -42,14 +42,17 @@ def reduce(ctx: LoweringContext, x: TensorValue, dims: Sequence[int], rtype: str
     idx: list[sympy.Expr] = [sympy.Integer(0)] * n
     for j, k in enumerate(kept):
         idx[k] = ivars[j]
+    # over size-1 dims only (a global average pool of a 1x1 map): one element, read directly; as a
+    # reduction with nothing to iterate it reached the Triton backend as a reduction without a row
+    single = all(x.shape[k] == 1 for k in dims)
     for j, k in enumerate(dims):
-        idx[k] = rvars[j]
+        idx[k] = sympy.Integer(0) if single else rvars[j]
     body: Expr = cast(value_at(x, idx), body_dtype)
     if body_fn is not None:
         body = body_fn(body, list(ivars))
     ranges = tuple(x.shape[k] for k in kept)
     rranges = tuple(x.shape[k] for k in dims)
-    if n == 0 or not dims:
+    if n == 0 or not dims or single:
         shape = ranges
         val: TensorValue = Lazy(shape, dtype, cast(body if rtype not in ("argmax", "argmin") else
                                                     Constant(0, torch.int64), dtype))
