@@ -232,7 +232,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="default,training")
     p.add_argument("--device", default="cpu")
     p.add_argument("--small", action="store_true")
+    p.add_argument("--no-tf32", action="store_true", help="fp32 convolutions and matmuls in full fp32 (both sides)")
     args = p.parse_args(argv)
+    if args.no_tf32:
+        torch.backends.cudnn.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = False
     device = torch.device(args.device)
     print(f"zoo on {device} ({'small' if args.small else 'full'} configs), torch {torch.__version__}")
     print("| model | mode | result | max error / output scale | first call s | graph-break log lines |")
