@@ -15,7 +15,7 @@ from kiln.graph import CompiledGraph, PortableProgram, dump, enabled, log, new_g
 
 from .joint import JointGraph, module_state_names
 from .knobs import KNOBS
-from .partition import Partitioned, PartitionerName
+from .partition import Partitioned, PartitionerName, tangent_dependencies
 from .pipeline import AotOptions, run_aot_pipeline
 from .portable import render_graph_module, training_program
 from .tracer import Decompositions
@@ -90,11 +90,12 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[Any], *, fw_compiler: Compi
         portable = training_program(sig, p, None) if p and sig.n_lifted == 0 else None
     else:
         fw, bw = _compile_pair(parts, fw_compiler, bw_compiler or fw_compiler)
-        fn = make_training_callable(sig, fw, bw, parts.n_saved)
+        grad_deps = tangent_dependencies(parts.bw_gm, parts.n_saved)
+        fn = make_training_callable(sig, fw, bw, parts.n_saved, grad_deps)
         texts["aot_forward"] = print_graph(parts.fw_gm)
         texts["aot_backward"] = print_graph(parts.bw_gm)
         pf, pb = _portable_of(fw), _portable_of(bw)
-        portable = training_program(sig, pf, pb) if pf and pb and sig.n_lifted == 0 else None
+        portable = training_program(sig, pf, pb, grad_deps) if pf and pb and sig.n_lifted == 0 else None
     if sig.n_lifted:
         fn = _with_module_state(gm, fn)
     result = CompiledGraph(fn, "aot", texts, portable)

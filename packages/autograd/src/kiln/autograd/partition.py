@@ -230,3 +230,28 @@ def partition(joint: JointGraph, partitioner: PartitionerName = "min_cut") -> Pa
     bw = _copy_graph(joint.gm, bw_inputs, s.grads, "backward", lazy_after=s.tangents)
     return Partitioned(fw, bw, joint.signature, tuple(n.name for n in saved),
                        sum(tensor_bytes(n.meta["val"]) for n in saved), partitioner)
+
+
+def tangent_dependencies(bw_gm: fx.GraphModule, n_saved: int) -> tuple[tuple[int, ...], ...]:
+    """For each gradient the backward returns, the tangents (by position) its value is computed from.
+
+    The backward is linear in the tangents, so a gradient that reads none of the tangents autograd left
+    undefined (outputs the loss did not use) is zero, and eager autograd never reaches its input at
+    all: the caller returns None for it, as eager does (an optimizer skips a None gradient, but
+    applies momentum and weight decay to a zero one)."""
+    deps: dict[fx.Node, frozenset[int]] = {}
+    position = 0
+    for node in bw_gm.graph.nodes:
+        if node.op == "placeholder":
+            deps[node] = frozenset({position - n_saved}) if position >= n_saved else frozenset()
+            position += 1
+        elif node.op == "output":
+            outs = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
+            return tuple(tuple(sorted(deps.get(o, frozenset()))) if isinstance(o, fx.Node) else ()
+                         for o in outs)
+        else:
+            found: set[int] = set()
+            for a in node.all_input_nodes:
+                found |= deps.get(a, frozenset())
+            deps[node] = frozenset(found)
+    return ()

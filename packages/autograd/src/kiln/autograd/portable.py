@@ -10,6 +10,7 @@ namespace, with its files prefixed (``fw/``, ``bw/``).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -88,7 +89,7 @@ call = autograd_program(globals(), FW_SOURCE, BW_SOURCE, SIG)
 '''
 
 
-def _sig_json(sig: GraphSignature) -> str:
+def _sig_json(sig: GraphSignature, grad_deps: Sequence[Sequence[int]] | None = None) -> str:
     outputs = []
     for o in sig.outputs:
         if o.kind is OutputKind.CONSTANT and not isinstance(o.value, (int, float, bool, type(None), str)):
@@ -98,16 +99,20 @@ def _sig_json(sig: GraphSignature) -> str:
     data = {"n_out": sig.n_graph_outputs, "mutated": list(sig.mutated_inputs),
             "diff": list(sig.graph_output_differentiable), "grad_inputs": list(sig.grad_inputs),
             "n_inputs": sig.n_inputs, "outputs": outputs, "out_spec": treespec_dumps(sig.out_spec)}
+    if grad_deps is not None:
+        data["grad_deps"] = [list(d) for d in grad_deps]
     return repr(json.loads(json.dumps(data)))
 
 
-def training_program(sig: GraphSignature, fw: PortableProgram, bw: PortableProgram | None) -> PortableProgram:
-    """One self-contained program running ``fw`` (and ``bw`` for training) behind the wrapper."""
+def training_program(sig: GraphSignature, fw: PortableProgram, bw: PortableProgram | None,
+                     grad_deps: Sequence[Sequence[int]] | None = None) -> PortableProgram:
+    """One self-contained program running ``fw`` (and ``bw`` for training) behind the wrapper;
+    ``grad_deps`` as in ``make_training_callable``."""
     files = {f"fw/{k}": v for k, v in fw.files.items()}
     if bw is not None:
         files.update({f"bw/{k}": v for k, v in bw.files.items()})
     src = _TRAINING_TEMPLATE.format(fw_source=fw.source, bw_source=bw.source if bw else "",
-                                    sig_json=_sig_json(sig))
+                                    sig_json=_sig_json(sig, grad_deps))
     requires = tuple(dict.fromkeys((*fw.requires, *(bw.requires if bw else ()), "kiln.runtime")))
     return PortableProgram(src, files, requires)
 

@@ -115,7 +115,16 @@ _DOUBLE_BACKWARD = (
     "compiled region or run this model eagerly.")
 
 
-def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_saved: int) -> Callable[..., Any]:
+def undefined_gradients(grad_deps: Sequence[Sequence[int]], missing: set[int]) -> list[int]:
+    """Positions of the gradients that read only tangents in ``missing`` (autograd passed None for
+    them): zero by linearity, and None in eager, which never reaches their inputs."""
+    return [k for k, deps in enumerate(grad_deps) if all(j in missing for j in deps)]
+
+
+def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_saved: int,
+                           grad_deps: Sequence[Sequence[int]] | None = None) -> Callable[..., Any]:
+    """``grad_deps``: per gradient of the backward, the tangents it is computed from
+    (``partition.tangent_dependencies``); a gradient whose tangents were all undefined is None."""
     n_out, n_mut = sig.n_graph_outputs, len(sig.mutated_inputs)
     diff = sig.graph_output_differentiable
     grad_inputs = sig.grad_inputs
@@ -154,6 +163,7 @@ def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_sa
         @staticmethod
         def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
             given = [g for g, d in zip(grads[:n_out], diff) if d]
+            missing = {j for j, g in enumerate(given) if g is None}
             tangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g.contiguous()
                         for g, (shape, dtype, device) in zip(given, ctx.tangent_meta)]
             if torch.is_grad_enabled():  # create_graph=True: first-order grads, no second order
@@ -169,6 +179,9 @@ def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_sa
             else:
                 with autocast_off():
                     gin = _as_list(bw(*ctx.saved_tensors, *tangents))
+            if missing and grad_deps is not None:
+                for k in undefined_gradients(grad_deps, missing):
+                    gin[k] = None
             result: list[Any] = [None] * sig.n_inputs
             for idx, g in zip(grad_inputs, gin):
                 result[idx] = g

@@ -198,6 +198,7 @@ def autograd_program(namespace: MutableMapping[str, Any], fw_source: str, bw_sou
 def _autograd_function(fw: Callable[[list], Any], bw: Callable[[list], Any], sig: dict[str, Any]) -> type:
     n_out, n_mut, diff = sig["n_out"], len(sig["mutated"]), sig["diff"]
     grad_inputs, n_inputs = sig["grad_inputs"], sig["n_inputs"]
+    grad_deps = sig.get("grad_deps")  # absent in programs saved before it was recorded
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
@@ -205,6 +206,9 @@ def _autograd_function(fw: Callable[[list], Any], bw: Callable[[list], Any], sig
             with no_autocast():
                 outs = list(fw(list(args)))
             ctx.save_for_backward(*outs[n_out + n_mut:])
+            if grad_deps is not None:  # None for outputs nobody differentiated (see backward)
+                ctx.set_materialize_grads(False)
+                ctx.tangent_meta = [(o.shape, o.dtype, o.device) for o, d in zip(outs[:n_out], diff) if d]
             nondiff = [o for o, d in zip(outs[:n_out], diff) if not d and isinstance(o, torch.Tensor)]
             nondiff += outs[n_out:n_out + n_mut]
             if nondiff:
@@ -215,13 +219,21 @@ def _autograd_function(fw: Callable[[list], Any], bw: Callable[[list], Any], sig
         def backward(ctx: Any, *grads: Any) -> Any:
             if torch.is_grad_enabled():
                 raise RuntimeError("kiln: double backward through a compiled graph is not supported")
-            tangents = [g.contiguous() for g, d in zip(grads[:n_out], diff) if d]
+            given = [g for g, d in zip(grads[:n_out], diff) if d]
+            missing = {j for j, g in enumerate(given) if g is None}
+            meta = getattr(ctx, "tangent_meta", None)
+            tangents = [g.contiguous() if g is not None else torch.zeros(m[0], dtype=m[1], device=m[2])
+                        for g, m in zip(given, meta or [None] * len(given))]
             bw_args = list(ctx.saved_tensors) + tangents
             del tangents
             if hasattr(ctx, "maybe_clear_saved_tensors"):  # the backward frees them as it goes
                 ctx.maybe_clear_saved_tensors()
             with no_autocast():
                 gin = list(bw(bw_args))
+            if missing:  # gradients computed only from undefined tangents: None, as in eager
+                for k, deps in enumerate(grad_deps or ()):
+                    if all(j in missing for j in deps):
+                        gin[k] = None
             result: list[Any] = [None] * n_inputs
             for idx, g in zip(grad_inputs, gin):
                 result[idx] = g
