@@ -266,3 +266,44 @@ def break_with_star_args_after(x, y):
 @case(graphs=2 if sys.version_info < (3, 12) else 1, breaks=2 if sys.version_info < (3, 12) else 1)
 def break_in_comprehension_element(x, y):
     return sum([print("kiln-corpus", "comp") or t * 2 for t in (x,)]) + y
+
+
+# A break inside a call rolls the whole call back; what the call did to Python state goes back too.
+def _identity_then_break(t):
+    u = t.to(t.dtype)  # returns ``t`` itself: the tracer maps that object to the new node
+    return _Opaque.apply(u) + u
+
+
+@case(graphs=5, breaks=5)
+def break_after_method_returning_self(x, y):
+    z = x * 1.5
+    return _identity_then_break(z) * y + z  # z is live at the break: it must name the mul, not the erased to
+
+
+class _Layer:
+    def __init__(self):
+        self.keys = None
+
+
+class _Cache:
+    """HF's DynamicCache in miniature: tensors kept on objects in a list, updated by attribute writes."""
+
+    def __init__(self):
+        self.layers = [_Layer()]
+
+    def update(self, k):
+        layer = self.layers[0]
+        layer.keys = k if layer.keys is None else torch.cat([layer.keys, k])
+        return layer.keys
+
+    def update_then_break(self, k):
+        keys = self.update(k)
+        return _Opaque.apply(keys) + keys
+
+
+@case(graphs=5, breaks=5)
+def break_with_cache_made_in_the_trace(x, y):
+    cache = _Cache()
+    a = cache.update(x + 1)  # the cache escapes to the code after the break, holding a graph value
+    b = cache.update_then_break(y * 2)  # the write to layer.keys is undone with the call that breaks
+    return a.sum() + b.sum() + cache.layers[0].keys.sum()

@@ -212,19 +212,22 @@ def _is_const_plan(x: Any) -> bool:
 
 
 def _traced_inside(d: dict, depth: int = 0) -> bool:
-    for x in d.values():
-        if isinstance(x, (torch.Tensor, *SYM_TYPES)):
-            return True
-        if depth < 3 and isinstance(x, (list, tuple)) and any(
-                isinstance(y, (torch.Tensor, *SYM_TYPES)) or (isinstance(y, (list, tuple, dict)) and
-                                                              _traced_inside({0: y}, depth + 1) if
-                                                              not isinstance(y, dict) else _traced_inside(y, depth + 1))
-                for y in x):
-            return True
-        if depth < 3 and isinstance(x, dict) and _traced_inside(x, depth + 1):
-            return True
-        if depth < 3 and hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType, torch.nn.Module,
-                                                                       types.FunctionType)) \
-                and _traced_inside(x.__dict__, depth + 1):
-            return True
+    """Whether a traced value (tensor, symbolic number) sits in ``d``'s values, looking through lists,
+    tuples, dicts and plain objects' attributes (3 levels). A list of objects counts: HF's
+    ``DynamicCache`` keeps its tensors in a list of ``DynamicLayer`` objects, and a cache created
+    during the trace reached the code after a graph break with the trace's fake tensors inside."""
+    return any(_holds_traced(x, depth) for x in d.values())
+
+
+def _holds_traced(x: Any, depth: int) -> bool:
+    if isinstance(x, (torch.Tensor, *SYM_TYPES)):
+        return True
+    if depth >= 3:
+        return False
+    if isinstance(x, (list, tuple)):
+        return any(_holds_traced(y, depth + 1) for y in x)
+    if isinstance(x, dict):
+        return _traced_inside(x, depth + 1)
+    if hasattr(x, "__dict__") and not isinstance(x, (type, types.ModuleType, torch.nn.Module, types.FunctionType)):
+        return _traced_inside(x.__dict__, depth + 1)
     return False

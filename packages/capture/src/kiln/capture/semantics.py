@@ -157,6 +157,7 @@ def store_attr(frame: Frame, obj: Any, name: str, value: Any) -> None:
     if isinstance(static, property) and isinstance(static.fset, types.FunctionType):
         frame.call(static.fset, [obj, value], {})
         return
+    frame.tracer.note_setattr(obj, name)
     setattr(obj, name, value)
 
 
@@ -175,6 +176,7 @@ def delete_attr(frame: Frame, obj: Any, name: str) -> None:
         return
     if isinstance(obj, (nn.Module, type, types.ModuleType, torch.Tensor)):
         raise GraphBreak(f"deleting attribute {name!r}")
+    frame.tracer.note_setattr(obj, name)
     delattr(obj, name)
 
 

@@ -8,6 +8,8 @@ functions by identity, containers by type and length and are copied with wrapped
 
 from __future__ import annotations
 
+import contextlib
+
 import enum
 import operator
 import types
@@ -31,6 +33,7 @@ from .sources import item_source, placeholder_name, pretty
 from .values import ADVANCES, ContextExit, GradModeContext, ListIterator, ResumeIterator
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
+_UNSET = object()  # an attribute that did not exist before a write
 DELETED = object()
 _GRAD_MODES = (torch.no_grad, torch.enable_grad, torch.set_grad_enabled)  # an attribute deleted inside the trace
 CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellipsis))
@@ -102,6 +105,13 @@ class Tracer:
         self.copies_by_id: dict[int, tuple[Any, Any]] = {}  # id(real) -> (copy, real)
         self.container_writes: dict[int, tuple[Any, str]] = {}
         self.mutation_log: list[tuple[Any, Any, bool]] = []  # (copy, contents before, first write)
+        # (id, node before): a value recorded again as another node's result. ``x.to(x.dtype)``,
+        # ``x.contiguous()`` and in-place methods return ``x`` itself, so its entry moves to the new
+        # node; rolling that node back must move it back (else a graph output names an erased node)
+        self.rebinds: list[tuple[int, fx.Node]] = []
+        # (object, name, value before or _UNSET): attributes set for real on objects the trace made
+        # (an HF cache's ``self.keys = torch.cat(...)``), undone with the instruction that breaks
+        self.setattr_log: list[tuple[Any, str, Any]] = []
         ADVANCES.clear()  # interpreted iterators advanced by this capture
         self.last_placeholder: fx.Node | None = None
         self.fake_memo: dict[tuple, tuple] = {}  # fast_meta: memoized results of repeated calls
@@ -328,6 +338,9 @@ class Tracer:
         return result
 
     def register(self, value: Any, node: fx.Node) -> None:
+        before = self.node_of.get(id(value)) if isinstance(value, (torch.Tensor, *SYM_TYPES)) else None
+        if before is not None and before is not node:
+            self.rebinds.append((id(value), before))
         if isinstance(value, torch.Tensor):
             self.node_of[id(value)] = node
             self.keep.append(value)
@@ -445,14 +458,28 @@ class Tracer:
         self.mutation_log.append((obj, list(obj) if isinstance(obj, list) else dict(obj), first))
         self.container_writes[id(obj)] = (obj, self.owned_copies[id(obj)])
 
+    def note_setattr(self, obj: Any, name: str) -> None:
+        """Called before ``obj.name`` is set or deleted for real (see ``setattr_log``)."""
+        self.setattr_log.append((obj, name, getattr(obj, name, _UNSET)))
+
     # ---- checkpoints for rolling back an instruction that breaks -------------------------
     def checkpoint(self) -> tuple:
         return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes), len(self.mutation_log),
-                len(ADVANCES))
+                len(ADVANCES), len(self.rebinds), len(self.setattr_log))
 
     def rollback(self, cp: tuple) -> None:
-        last, grad, writes, n_mutations, n_advances = cp
+        last, grad, writes, n_mutations, n_advances, n_rebinds, n_setattrs = cp
         self.attr_writes = writes
+        while len(self.rebinds) > n_rebinds:
+            key, node = self.rebinds.pop()
+            self.node_of[key] = node
+        while len(self.setattr_log) > n_setattrs:
+            obj, name, before = self.setattr_log.pop()
+            if before is _UNSET:
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, name)
+            else:
+                setattr(obj, name, before)
         while len(ADVANCES) > n_advances:
             it, index = ADVANCES.pop()
             it.index = index
