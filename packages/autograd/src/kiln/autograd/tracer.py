@@ -34,6 +34,9 @@ Decompositions = Mapping[torch._ops.OpOverload, Callable[..., Any]]
 _CONSTANT_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
 
 
+_INTERNAL_NAMESPACES = frozenset({"prim", "prims", "profiler", "debugprims"})
+
+
 class GraphRecorder:
     """An fx.Graph under construction plus the fake-tensor -> node functionalization state."""
 
@@ -243,8 +246,10 @@ class TracingMode(TorchDispatchMode):
                 return VENDOR_REWRITES[func](*args, **kwargs)
         if func is aten.native_batch_norm_backward.default:
             args, kwargs = _drop_running_stats(func, args, kwargs)
-        if not isinstance(func, torch._ops.OpOverload) or func.namespace not in ("aten",):
+        if not isinstance(func, torch._ops.OpOverload):
             return func(*args, **kwargs)
+        if func.namespace != "aten":
+            return self._library_op(func, args, kwargs)
         if func in _CONSTANT_OPS:
             return self._constant(func, args)
         if func is aten._local_scalar_dense.default:
@@ -263,6 +268,23 @@ class TracingMode(TorchDispatchMode):
         if mutation is not None:
             self._functionalize(func, mutation, args, kwargs, out)
             return out
+        if isinstance(out, torch.Tensor) or any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
+            self.rec.record(func, args, kwargs, out)
+        return out
+
+    def _library_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """An op of another library (``torch.library`` custom ops: HF's ``transformers::grouped_mm_fallback``)
+        runs through its fake kernel and is recorded as one node if it is functional; its backward is the
+        autograd formula the library registered, traced like any other. Others run unrecorded, as before."""
+        schema = func._schema
+        functional = not schema.is_mutable and all(a.alias_info is None for a in (*schema.arguments, *schema.returns))
+        if not functional or func.namespace in _INTERNAL_NAMESPACES:
+            return func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except Exception as e:
+            raise AutogradTraceError(f"{func} failed on fake tensors (does it have a fake kernel, "
+                                     f"torch.library.register_fake?): {e}") from e
         if isinstance(out, torch.Tensor) or any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
             self.rec.record(func, args, kwargs, out)
         return out

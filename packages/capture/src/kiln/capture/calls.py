@@ -62,6 +62,9 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         return call_module(frame, fn, args, kwargs)
     if torch_ops.is_torch_function(fn):
         return torch_ops.call_torch(frame, fn, args, kwargs)
+    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):  # not functional_op
+        raise GraphBreak(f"torch.ops.{fn} writes its arguments or returns an alias of one",
+                         "it runs in Python between graphs")
     if isinstance(fn, type):
         return construct(frame, fn, args, kwargs)
     if isinstance(fn, types.FunctionType):
@@ -143,6 +146,7 @@ def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if not traced_args:
         result = fn(*args, **kwargs)
     else:
+        versions = _versions([*args, *kwargs.values()])
         try:
             result = fn(*args, **kwargs)
         except GraphBreak:
@@ -150,8 +154,20 @@ def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         except Exception as e:
             raise GraphBreak(f"{getattr(fn, '__qualname__', name)}() cannot run on tensors at capture "
                              f"time ({type(e).__name__})", "it runs in Python between graphs") from e
+        if _versions([*args, *kwargs.values()]) != versions:  # the write happened to fake tensors only
+            raise GraphBreak(f"{getattr(fn, '__qualname__', name)}() wrote a tensor in place outside the graph",
+                             "it runs in Python between graphs")
     check_tracked(frame, result, f"{name}()")
     return result
+
+
+def _versions(values: list) -> list[int]:
+    """Version counters of the tensors in ``values`` (and one level of lists/tuples/dicts in them)."""
+    out: list[int] = []
+    for v in values:
+        items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)
+        out += [t._version for t in items if isinstance(t, torch.Tensor)]
+    return out
 
 
 _MUTATING = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault",

@@ -47,8 +47,25 @@ META_METHODS = frozenset({"size", "dim", "stride", "numel", "nelement", "is_cont
 def is_torch_function(fn: Any) -> bool:
     if id(fn) in TORCH_FUNCTIONS:
         return True
+    if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        return functional_op(fn)
     objclass = getattr(fn, "__objclass__", None)
     return objclass in (torch._C.TensorBase, torch.Tensor)
+
+
+def functional_op(fn: Any) -> bool:
+    """A dispatcher op (``torch.ops.ns.name[.overload]``: ATen, or a library's ``torch.library``
+    custom op) that writes none of its arguments and returns no alias of them: recorded as one node
+    and run on fake tensors through its fake kernel, as torch.compile does. HF's MoE layers call
+    ``torch.ops.transformers.grouped_mm_fallback`` on CPU. An op that mutates (or has several
+    overloads to choose from at run time) is left to the ordinary path: a graph break."""
+    if isinstance(fn, torch._ops.OpOverloadPacket):
+        overloads = fn.overloads()
+        if len(overloads) != 1:
+            return False
+        fn = getattr(fn, overloads[0])
+    schema = fn._schema
+    return not schema.is_mutable and all(a.alias_info is None for a in (*schema.arguments, *schema.returns))
 
 
 def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
