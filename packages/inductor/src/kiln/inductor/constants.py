@@ -77,7 +77,7 @@ def constants_epilogue(constants: Sequence[torch.Tensor]) -> tuple[str, dict[str
             raise ValueError(f"graph constant {i} ({type(t).__name__} on {t.device}) has no data to save")
         key = f"const_{i}.bin"
         data = t.detach().contiguous().cpu()
-        files[key] = data.view(torch.uint8).numpy().tobytes() if data.numel() else b""
+        files[key] = data.reshape(-1).view(torch.uint8).numpy().tobytes() if data.numel() else b""  # 0-d too
         rows.append(f"    _load_constant(FILES, {key!r}, {list(t.shape)}, {list(t.stride())}, {t.dtype}, "
                     f"{str(t.device)!r}),")
     src = ("\n\nfrom kiln.runtime.program_helpers import load_constant as _load_constant\n"
