@@ -111,7 +111,7 @@ def _bind_constants(compiled: CompiledGraph, constants: list[torch.Tensor]) -> C
         try:
             epilogue, files = constants_epilogue(constants)
             portable = PortableProgram(portable.source + epilogue, {**portable.files, **files}, portable.requires)
-        except ValueError as e:
+        except (ValueError, RuntimeError) as e:  # the graph still runs; only saving it is refused
             log("perf_hints").warning("graph %s cannot be saved: %s", getattr(compiled, "name", "?"), e)
             portable = None
     bound = CompiledGraph(WithConstants(compiled.fn, constants), compiled.backend, compiled.texts, portable)
