@@ -9,7 +9,6 @@ functions by identity, containers by type and length and are copied with wrapped
 from __future__ import annotations
 
 import contextlib
-
 import enum
 import operator
 import types
