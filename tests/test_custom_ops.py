@@ -58,3 +58,35 @@ def test_custom_op_inference_and_training_match_eager(caplog) -> None:
     model(x).square().sum().backward()
     for n, p in model.named_parameters():
         torch.testing.assert_close(got[n], p.grad)
+
+
+@torch.library.custom_op("kiln_test::norm_scale", mutates_args=())
+def norm_scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@norm_scale.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def _norm_scale_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return grad * 2 + 0 * float(x.abs().max().item())  # reads a value: untraceable on fake tensors
+
+
+norm_scale.register_autograd(_norm_scale_backward, setup_context=lambda ctx, inputs, output: ctx.save_for_backward(*inputs))
+
+
+def test_untraceable_backward_runs_the_graph_with_torch_autograd_and_says_so(caplog) -> None:
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 4)
+    x = torch.randn(3, 4)
+    compiled = kiln.compile(lambda t: torch.ops.kiln_test.norm_scale(lin(t)).sum())
+    with caplog.at_level(logging.WARNING, logger="kiln.perf_hints"):
+        compiled(x).backward()
+    assert any("runs op by op with torch's autograd" in r.getMessage() for r in caplog.records)
+    got = lin.weight.grad.clone()
+    lin.zero_grad()
+    torch.ops.kiln_test.norm_scale(lin(x)).sum().backward()
+    torch.testing.assert_close(got, lin.weight.grad)

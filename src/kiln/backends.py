@@ -77,6 +77,7 @@ def _inductor(opts: CompileOptions) -> Backend:
     flags = _stage("kiln.inductor.autotune", "mode_flags", "inductor")(opts.mode)
     wrap_reduce_overhead = _stage("kiln.inductor.cudagraphs", "wrap_reduce_overhead", opts.mode)
     warm_compile_pool = _stage("kiln.inductor", "warm_compile_pool", "inductor")
+    trace_error = _stage("kiln.autograd", "AutogradTraceError", "inductor")
     try:
         inductor_options = options_cls(mode=opts.mode, max_autotune=flags.autotune, **dict(opts.options))
     except TypeError as e:
@@ -104,8 +105,16 @@ def _inductor(opts: CompileOptions) -> Backend:
         # the forward (and inference) graph takes the captured graph's inputs first, in order
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         static = tuple(i for i, n in enumerate(placeholders) if _is_module_state(n))
-        return aot(gm, example_inputs, fw_compiler=compiler(static), bw_compiler=compiler(()),
-                   decompositions=table)
+        try:
+            return aot(gm, example_inputs, fw_compiler=compiler(static), bw_compiler=compiler(()),
+                       decompositions=table)
+        except trace_error as e:
+            # e.g. a backward a library registered reads a value with .item() (HF Mixtral's grouped
+            # matmul on the GPU): torch's own autograd runs this graph, and the log says so
+            msg = f"graph is not compiled, it runs op by op with torch's autograd: {e}"
+            log("perf_hints").warning(msg)
+            log("graph_breaks").info(msg)
+            return CompiledGraph(gm.forward, "inductor(eager fallback)", {"fallbacks": msg}, None)
     return inductor
 
 

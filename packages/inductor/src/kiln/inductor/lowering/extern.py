@@ -23,6 +23,7 @@ from ..ir import (
     Layout,
     ListArg,
     Load,
+    Pointwise,
     as_index,
     index_vars,
     substitute_index,
@@ -30,7 +31,7 @@ from ..ir import (
 )
 from .common import Rule
 from .context import LoweringContext, NotLowered
-from .values import Lazy, Strided, TensorValue, is_tensor
+from .values import Lazy, Strided, TensorValue, is_tensor, value_at
 
 RULES: dict[str, Rule] = {}
 
@@ -150,6 +151,43 @@ for _name in ("mm.default", "bmm.default", "addmm.default", "baddbmm.default", "
               "_linalg_svd.default", "linalg_vector_norm.default"):
     RULES[f"aten.{_name}"] = _extern
 RULES["kiln_inductor.mm_padded.default"] = _extern  # padmm.py: a misaligned matmul's output
+
+# the attention kernels that take an additive bias, and its position among their arguments
+_BIAS_ARG = {"aten._scaled_dot_product_efficient_attention.default": 3,
+             "aten._scaled_dot_product_efficient_attention_backward.default": 4,
+             "aten._scaled_dot_product_cudnn_attention.default": 3,
+             "aten._scaled_dot_product_cudnn_attention_backward.default": 8}
+
+
+def _attention(ctx: LoweringContext, node: fx.Node, *args: Any, **kwargs: Any) -> Any:
+    i = _BIAS_ARG[target_name(node.target)]
+    if i < len(args) and is_tensor(args[i]):
+        args = (*args[:i], aligned_bias(ctx, args[i]), *args[i + 1:])
+    return extern_call(ctx, node, "extern", args, kwargs)
+
+
+def aligned_bias(ctx: LoweringContext, v: TensorValue) -> TensorValue:
+    """An attention bias whose rows start on 16-element boundaries, as torch's ``pad_bias`` leaves it:
+    the kernels refuse another layout ("attn_bias is not correctly aligned"). The trace recorded the
+    padded view, but storing the value densely dropped the padding (BEiT's 197-wide relative-position
+    bias: row stride 197). A value already aligned is passed as it is."""
+    shape = v.shape
+    if len(shape) < 2 or not all(isinstance(n, (int, sympy.Integer)) for n in shape):
+        return v
+    if isinstance(v, Strided) and int(v.stride[-1]) == 1 and int(v.offset) % 16 == 0 and \
+            all(int(st) % 16 == 0 for st in v.stride[:-1]):
+        return v
+    row = -(-int(shape[-1]) // 16) * 16
+    strides = [row, 1]
+    for n in reversed(shape[1:-1]):
+        strides.insert(0, strides[0] * int(n))
+    body = v.body if isinstance(v, Lazy) else value_at(v, index_vars("i", len(shape)))
+    layout = Layout(tuple(shape), tuple(sympy.Integer(st) for st in strides), v.dtype)
+    return ctx.computed(layout, Pointwise(tuple(shape), body))
+
+
+for _name in _BIAS_ARG:
+    RULES[_name] = _attention
 # linalg_vector_norm and sort/topk are library calls here; listed as externs so they are not reported
 # as missing lowerings.
 del RULES["aten.linalg_vector_norm.default"]

@@ -1,0 +1,35 @@
+"""The attention kernels' additive bias is stored with rows on 16-element boundaries (torch's pad_bias
+layout): a 197-wide BEiT bias stored densely made the efficient-attention kernel refuse it on the GPU."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from kiln.inductor import compile_graph
+
+aten = torch.ops.aten
+
+
+def _graph() -> fx.GraphModule:
+    g = fx.Graph()
+    q, k, v, b = (g.placeholder(n) for n in ("q", "k", "v", "b"))
+    bias = g.call_function(aten.mul.Tensor, (b, 2.0))  # computed in the graph: kiln stores it
+    att = g.call_function(aten._scaled_dot_product_efficient_attention.default, (q, k, v, bias, False))
+    g.output((g.call_function(__import__("operator").getitem, (att, 0)),))
+    return fx.GraphModule(torch.nn.Module(), g)
+
+
+def test_efficient_attention_bias_rows_are_16_aligned() -> None:
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        qkv = [torch.empty(1, 2, 197, 64, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+        bias = torch.empty(1, 2, 197, 197, dtype=torch.bfloat16, device="cuda")
+        cg = compile_graph(_graph(), [*qkv, bias])  # cross-compiled: sources only, nothing runs
+    source = cg.portable.source
+    allocs = re.findall(r"empty_strided\(\(1, 2, 197, 197\), \(([0-9, ]+)\)", source)
+    assert allocs, source
+    strides = [int(s) for s in allocs[0].split(",")]
+    assert strides[-1] == 1 and all(s % 16 == 0 for s in strides[:-1]), strides  # 197 -> 208 per row
