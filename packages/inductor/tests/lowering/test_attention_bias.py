@@ -33,3 +33,20 @@ def test_efficient_attention_bias_rows_are_16_aligned() -> None:
     assert allocs, source
     strides = [int(s) for s in allocs[0].split(",")]
     assert strides[-1] == 1 and all(s % 16 == 0 for s in strides[:-1]), strides  # 197 -> 208 per row
+
+
+def test_broadcast_bias_stays_broadcast_with_aligned_rows() -> None:
+    g = fx.Graph()
+    q, k, v, b = (g.placeholder(n) for n in ("q", "k", "v", "b"))
+    bias = g.call_function(aten.expand.default, (g.call_function(aten.mul.Tensor, (b, 2.0)), [2, 4, 197, 197]))
+    att = g.call_function(aten._scaled_dot_product_efficient_attention.default, (q, k, v, bias, False))
+    g.output((g.call_function(__import__("operator").getitem, (att, 0)),))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        qkv = [torch.empty(2, 4, 197, 64, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+        one = torch.empty(2, 1, 197, 197, dtype=torch.bfloat16, device="cuda")  # one bias for all heads
+        cg = compile_graph(fx.GraphModule(torch.nn.Module(), g), [*qkv, one])
+    source = cg.portable.source
+    allocs = re.findall(r"empty_strided\(\(2, 1, 197, 197\), \(([0-9, ]+)\)", source)
+    assert allocs, source  # stored once, not once per head
+    strides = [int(s) for s in allocs[0].split(",")]
+    assert strides[-1] == 1 and all(s % 16 == 0 for s in strides[:-1]), strides

@@ -45,14 +45,20 @@ def _traced_stride(a: Any, like: Any) -> tuple | None:
     return tuple(as_index(s) for s in val.stride())
 
 
+def stored(ctx: LoweringContext, a: TensorValue, like: Any = None) -> Strided:
+    """``a`` in memory as an extern takes it: in the traced layout where that is dense, broadcast dims
+    the trace passed with stride 0 stored once."""
+    stride = _traced_stride(a, like)
+    if isinstance(a, Lazy) and stride is not None:
+        small = _realize_broadcast(ctx, a, stride)
+        if small is not None:
+            return small
+    return ctx.realize(a, stride)
+
+
 def to_arg(ctx: LoweringContext, a: Any, like: Any = None) -> Arg:
     if is_tensor(a):
-        stride = _traced_stride(a, like)
-        if isinstance(a, Lazy) and stride is not None:
-            small = _realize_broadcast(ctx, a, stride)
-            if small is not None:
-                return small.ref()
-        return ctx.realize(a, stride).ref()
+        return stored(ctx, a, like).ref()
     if isinstance(a, (list, tuple)):
         likes = like if isinstance(like, (list, tuple)) and len(like) == len(a) else [None] * len(a)
         return ListArg(tuple(to_arg(ctx, x, y) for x, y in zip(a, likes)))
@@ -162,28 +168,33 @@ _BIAS_ARG = {"aten._scaled_dot_product_efficient_attention.default": 3,
 def _attention(ctx: LoweringContext, node: fx.Node, *args: Any, **kwargs: Any) -> Any:
     i = _BIAS_ARG[target_name(node.target)]
     if i < len(args) and is_tensor(args[i]):
-        args = (*args[:i], aligned_bias(ctx, args[i]), *args[i + 1:])
+        args = (*args[:i], aligned_bias(ctx, stored(ctx, args[i], node.args[i])), *args[i + 1:])
     return extern_call(ctx, node, "extern", args, kwargs)
 
 
-def aligned_bias(ctx: LoweringContext, v: TensorValue) -> TensorValue:
+def aligned_bias(ctx: LoweringContext, v: Strided) -> Strided:
     """An attention bias whose rows start on 16-element boundaries, as torch's ``pad_bias`` leaves it:
     the kernels refuse another layout ("attn_bias is not correctly aligned"). The trace recorded the
     padded view, but storing the value densely dropped the padding (BEiT's 197-wide relative-position
-    bias: row stride 197). A value already aligned is passed as it is."""
+    bias: row stride 197). A bias already aligned is passed as it is; broadcast (stride-0) dims stay
+    broadcast, stored once."""
     shape = v.shape
-    if len(shape) < 2 or not all(isinstance(n, (int, sympy.Integer)) for n in shape):
+    if len(shape) < 2 or not all(isinstance(n, (int, sympy.Integer)) for n in shape) or \
+            not all(isinstance(st, (int, sympy.Integer)) for st in (*v.stride, v.offset)):
         return v
-    if isinstance(v, Strided) and int(v.stride[-1]) == 1 and int(v.offset) % 16 == 0 and \
-            all(int(st) % 16 == 0 for st in v.stride[:-1]):
+    if int(v.stride[-1]) == 1 and int(v.offset) % 16 == 0 and all(int(st) % 16 == 0 for st in v.stride[:-1]):
         return v
-    row = -(-int(shape[-1]) // 16) * 16
-    strides = [row, 1]
-    for n in reversed(shape[1:-1]):
-        strides.insert(0, strides[0] * int(n))
-    body = v.body if isinstance(v, Lazy) else value_at(v, index_vars("i", len(shape)))
-    layout = Layout(tuple(shape), tuple(sympy.Integer(st) for st in strides), v.dtype)
-    return ctx.computed(layout, Pointwise(tuple(shape), body))
+    flat = {k for k, (n, st) in enumerate(zip(shape, v.stride)) if int(st) == 0 and int(n) != 1}
+    small = [1 if k in flat else int(n) for k, n in enumerate(shape)]
+    strides = [-(-small[-1] // 16) * 16, 1]
+    for n in reversed(small[1:-1]):
+        strides.insert(0, strides[0] * n)
+    ivars = index_vars("i", len(shape))
+    body = value_at(v, [sympy.Integer(0) if k in flat else ivars[k] for k in range(len(shape))])
+    layout = Layout(tuple(sympy.Integer(n) for n in small), tuple(sympy.Integer(st) for st in strides), v.dtype)
+    base = ctx.computed(layout, Pointwise(layout.shape, body))
+    return Strided(base.buffer, shape, tuple(sympy.Integer(0) if k in flat else sympy.Integer(st)
+                                             for k, st in enumerate(strides)), base.offset, v.dtype)
 
 
 for _name in _BIAS_ARG:
