@@ -38,6 +38,10 @@ def _check_torch(gm: fx.GraphModule, node: fx.Node) -> None:
         raise _fail(node, f"{node.target!r} is not a torch.Tensor method")
 
 
+# namespaces of lower-level IRs: ops from them in an ATen graph mean a decomposition went too far
+_NOT_ATEN = frozenset({"prims", "prim", "kiln_prims"})
+
+
 def _aten_check(core: bool) -> Callable[[fx.GraphModule, fx.Node], None]:
     def check(gm: fx.GraphModule, node: fx.Node) -> None:
         if node.op in ("call_method", "call_module"):
@@ -51,7 +55,7 @@ def _aten_check(core: bool) -> Callable[[fx.GraphModule, fx.Node], None]:
             if getattr(t, "__module__", "") in ("_operator", "math", "builtins"):
                 return  # symbolic-size arithmetic
             raise _fail(node, f"{target_name(t)} is not an ATen operator overload")
-        if t.namespace not in ("aten", "kiln"):
+        if t.namespace in _NOT_ATEN:  # other libraries' ops (torch.library custom ops) are opaque calls
             raise _fail(node, f"operator namespace {t.namespace!r} is not ATen")
         if not _is_functional(t):
             raise _fail(node, f"{target_name(t)} mutates its inputs; the dialect is functional")
