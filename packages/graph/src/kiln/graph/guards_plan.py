@@ -252,6 +252,36 @@ class _Reads:
         known[source] = node
         return node
 
+    def prime(self, tree: Sequence[tuple[str, int, str]], wanted: set[str]) -> None:
+        """Nodes for the sources in ``wanted`` (and their prefixes) from a read tree saved with an
+        artifact (``source_tree``): rows ``(source, parent row or -1, segment)``, parents first.
+        Each node is what ``slot`` would make, without splitting source strings (about half of a
+        mobilenet's plan build in a new process). Rows outside ``wanted`` make no node (every node
+        is read at every call); sources not in the tree are left to ``slot``."""
+        keep = [False] * len(tree)
+        for i in range(len(tree) - 1, -1, -1):  # children after parents: one backward pass marks prefixes
+            if keep[i] or tree[i][0] in wanted:
+                keep[i] = True
+                parent = tree[i][1]
+                if parent >= 0:
+                    keep[parent] = True
+        known, getters = self.known, _GETTERS
+        node_of = [0] * len(tree)
+        for i, (source, parent, segment) in enumerate(tree):
+            if not keep[i]:
+                continue
+            node = known.get(source)
+            if node is None:
+                getter = getters.get(segment) if parent >= 0 else None
+                if getter is None and parent >= 0 and _SEGMENT.fullmatch(segment):
+                    getter = _getter(segment)
+                if getter is None or tree[parent][0] + segment != source:
+                    node = self.slot(source)  # a root, or a row that is not a plain read
+                else:
+                    node = self._node(node_of[parent], getter)
+                    known[source] = node
+            node_of[i] = node
+
     def program(self) -> tuple[list[int], tuple[tuple[tuple, Callable[[list], Any]], ...]]:
         """(position in ``vals`` of each node, levels): nodes are laid out depth by depth, so each
         level is one C-level ``map`` over the values of the level before."""
@@ -410,10 +440,52 @@ def _symbol_check(g: Any, node: int | None) -> Callable[[list, dict], bool]:
     return bind
 
 
-def plan_check(guards: Sequence[Any], outputs: Sequence[str] | None = None) -> Check:
+def split_source(source: str) -> tuple[str, str] | None:
+    """(prefix, last segment) of a source the plan reads as a child of its prefix (``L['a'].b`` ->
+    ``("L['a']", ".b")``), or None for one it reads as a root (``L['a']``, ``len(L['a'])``)."""
+    if source == _SYS_MODULES or not source:
+        return None
+    cut = source.rfind("[") if source[-1] == "]" else source.rfind(".")
+    if cut <= 1:
+        return None
+    segment, prefix = source[cut:], source[:cut]
+    if prefix == "__import__('sys')" or not (segment in _GETTERS or _SEGMENT.fullmatch(segment)):
+        return None
+    return prefix, segment
+
+
+def source_tree(sources: Sequence[str]) -> list[tuple[str, int, str]]:
+    """The read tree of ``sources``: rows ``(source, parent row or -1, segment)``, parents before
+    children, one row per distinct source and prefix (a root's segment is its whole source). Saved
+    with an artifact, it lets a load build the guard plan without splitting sources
+    (``plan_check(..., tree=...)``)."""
+    rows: list[tuple[str, int, str]] = []
+    index: dict[str, int] = {}
+
+    def add(source: str) -> int:
+        i = index.get(source)
+        if i is None:
+            split = split_source(source)
+            parent, segment = (-1, source) if split is None else (add(split[0]), split[1])
+            i = index[source] = len(rows)
+            rows.append((source, parent, segment))
+        return i
+    for s in sources:
+        if s:
+            add(s)
+    return rows
+
+
+def plan_check(guards: Sequence[Any], outputs: Sequence[str] | None = None,
+               tree: Sequence[tuple[str, int, str]] | None = None) -> Check:
     """``check(L, G)`` for ``guards``: True/False, or with ``outputs`` the list of their values
-    (None when a guard fails)."""
+    (None when a guard fails). ``tree``: a ``source_tree`` holding (some of) the sources, which the
+    plan then reads without splitting them (the same reads)."""
     reads = _Reads()
+    if tree:
+        wanted = {g.source for g in guards if g.kind == "SYMBOL" or not (
+            g.kind in ("GLOBAL_STATE", "SHAPE_EXPR") or _BARE.fullmatch(g.source))}
+        reads.prime(tree, wanted.union(outputs or ()))
     first = []
     groups: dict[str, list] = {k: [] for k in _GROUPED}
     single: list = []

@@ -178,10 +178,12 @@ def cached_compile(source: Any, filename: str, mode: str, *args: Any, **kwargs: 
 
 # ---- guard checks ----------------------------------------------------------------------------------
 
-def compile_guards(guards: GuardSet, outputs: Sequence[str] | None = None) -> Any:
+def compile_guards(guards: GuardSet, outputs: Sequence[str] | None = None,
+                   tree: Sequence[tuple[str, int, str]] = ()) -> Any:
     """The guard check of ``guards``; with ``outputs`` it also gathers their values (a list, or
     None when a guard fails). Built as a plan of C-level reads (``kiln.graph.guards_plan``), with no
-    ``compile()``, so there is nothing to cache: ~3 ms for 1,400 guards on a new machine."""
+    ``compile()``, so there is nothing to cache: ~3 ms for 1,400 guards on a new machine.
+    ``tree``: the artifact's read tree of the sources (schema 3), so the plan does not split them."""
     if outputs is None:
         return guards.compile()
-    return guards.compile_gather(outputs)
+    return guards.compile_gather(outputs, tree) if tree else guards.compile_gather(outputs)

@@ -82,6 +82,7 @@ class CallPlan:
     static: dict[str, object]  # entries of L that do not come from the call's arguments
     globals: Mapping[str, object]
     output_spec: str | None = None
+    tree: tuple[tuple[str, int, str], ...] = ()  # the artifact's read tree of sources (schema 3)
 
     @staticmethod
     def for_artifact(artifact: Artifact, f_globals: dict[str, object] | None,
@@ -112,7 +113,7 @@ class CallPlan:
         return CallPlan(m.params, tuple(i.name for i in m.inputs), tuple(i.source for i in m.inputs),
                         exprs, GuardSet(tuple(guards)),
                         names, resolver.static, f_globals if f_globals is not None else {},
-                        m.output_spec)
+                        m.output_spec, m.source_tree)
 
 
 class LoadedFunction:
@@ -138,7 +139,7 @@ class LoadedFunction:
         self._globals = plan.globals
         self.guards = plan.guards
         # one generated function checks every guard and gathers the graph inputs (None: a guard failed)
-        self._check_gather = compile_guards(plan.guards, list(plan.input_exprs))
+        self._check_gather = compile_guards(plan.guards, list(plan.input_exprs), plan.tree)
         self._gather_only: Callable[[Mapping[str, Any], Mapping[str, Any]], list | None] | None = None
         self._check_guards = True
         self._output = pytree.treespec_loads(plan.output_spec) if plan.output_spec else None
