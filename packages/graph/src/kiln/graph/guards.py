@@ -19,7 +19,7 @@ import torch
 
 from .guards_codegen import GENERATED_MAX_GUARDS, generated_check
 from .guards_plan import device_matches as device_matches  # re-exported (kiln.graph API)
-from .guards_plan import global_state, plan_check
+from .guards_plan import build_plan, global_state, plan_check, plan_layout
 from .guards_plan import source_tree as source_tree  # re-exported (kiln.graph API)
 from .guards_simplify import simplify_guards
 
@@ -126,6 +126,18 @@ class GuardSet:
         guard holds, else None: one pass, shared source prefixes read once for guards and outputs.
         ``tree``: a saved ``source_tree`` of the sources (a load skips splitting them)."""
         return plan_check(self.guards, outputs, tree)
+
+    def gather_layout(self, outputs: Sequence[str], tree: Sequence[tuple[str, int, str]] | None = None
+                      ) -> dict[str, Any]:
+        """``compile_gather(outputs)``'s plan as JSON data (reads and guard indices), which
+        ``compile_layout`` turns into the same check without analysing the guards again."""
+        return plan_layout(self.guards, outputs, tree)
+
+    def compile_layout(self, layout: Mapping[str, Any]
+                       ) -> Callable[[Mapping[str, Any], Mapping[str, Any]], list | None]:
+        """The check of ``gather_layout`` (made from these very guards, in this order). Raises
+        ValueError (or IndexError/KeyError/TypeError) when the layout does not fit."""
+        return build_plan(layout, self.guards)
 
     def first_failure(self, L: Mapping[str, Any], G: Mapping[str, Any]) -> tuple[Guard, str] | None:
         """The first guard that fails on (L, G) with the actual value seen, for recompile reasons."""

@@ -83,12 +83,21 @@ class CallPlan:
     globals: Mapping[str, object]
     output_spec: str | None = None
     tree: tuple[tuple[str, int, str], ...] = ()  # the artifact's read tree of sources (schema 3)
+    layout: Mapping[str, Any] | None = None  # the saved guard plan, when it fits these guards as they are
 
     @staticmethod
     def for_artifact(artifact: Artifact, f_globals: dict[str, object] | None,
                      external_data: Mapping[str, object] | None) -> CallPlan:
         m = artifact.manifest
         resolver = Resolver(m.bindings, artifact.constants, f_globals, external_data)
+        sources = getattr(m.inputs, "sources", None)  # schema 3: without making the InputRecords
+        if sources is not None and not resolver.rewritten_prefixes():
+            # nothing rebinds a source (the call's arguments only): inputs and guards as saved; the
+            # names (for errors) are made when an error needs them
+            return CallPlan(m.params, _Later(lambda: tuple(i.name for i in m.inputs)), sources, sources,
+                            m.guards, _LaterMap(lambda: {i.source: i.name for i in m.inputs}),
+                            resolver.static, f_globals if f_globals is not None else {},
+                            m.output_spec, m.source_tree, m.guard_layout)
         exprs = tuple(resolver.input_expr(i.source) for i in m.inputs)
         names = {expr: rec.name for expr, rec in zip(exprs, m.inputs)}
         guards = []
@@ -113,7 +122,50 @@ class CallPlan:
         return CallPlan(m.params, tuple(i.name for i in m.inputs), tuple(i.source for i in m.inputs),
                         exprs, GuardSet(tuple(guards)),
                         names, resolver.static, f_globals if f_globals is not None else {},
-                        m.output_spec, m.source_tree)
+                        m.output_spec, m.source_tree,
+                        # the saved plan is of the manifest's guards and inputs as they are
+                        m.guard_layout if not rewritten else None)
+
+
+class _Later(Sequence):
+    """A tuple made on first use (a load's input names: only errors and ``as_text`` read them)."""
+
+    def __init__(self, make: Callable[[], tuple]) -> None:
+        self._make: Callable[[], tuple] | None = make
+        self._items: tuple = ()
+
+    def _all(self) -> tuple:
+        if self._make is not None:
+            self._items, self._make = self._make(), None
+        return self._items
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+class _LaterMap(Mapping):
+    """A dict made on first use (guard source -> the name a GuardError gives it)."""
+
+    def __init__(self, make: Callable[[], dict]) -> None:
+        self._make: Callable[[], dict] | None = make
+        self._items: dict = {}
+
+    def _all(self) -> dict:
+        if self._make is not None:
+            self._items, self._make = self._make(), None
+        return self._items
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._all()[key]
+
+    def __iter__(self) -> Any:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
 class LoadedFunction:
@@ -139,7 +191,7 @@ class LoadedFunction:
         self._globals = plan.globals
         self.guards = plan.guards
         # one generated function checks every guard and gathers the graph inputs (None: a guard failed)
-        self._check_gather = compile_guards(plan.guards, list(plan.input_exprs), plan.tree)
+        self._check_gather = compile_guards(plan.guards, list(plan.input_exprs), plan.tree, plan.layout)
         self._gather_only: Callable[[Mapping[str, Any], Mapping[str, Any]], list | None] | None = None
         self._check_guards = True
         self._output = pytree.treespec_loads(plan.output_spec) if plan.output_spec else None

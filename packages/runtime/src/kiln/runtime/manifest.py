@@ -176,6 +176,8 @@ class Manifest:
     integrity: str = ""
     # schema 3: the read tree of the sources (rows ``(source, parent row or -1, segment)``), as read
     source_tree: tuple[tuple[str, int, str], ...] = field(default=(), compare=False, repr=False)
+    # schema 3: the guard plan of a load that rewrites no source (``GuardSet.gather_layout``), as read
+    guard_layout: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         d = {
@@ -229,6 +231,7 @@ class Manifest:
                 dropped_guards=int(d.get("dropped_guards", 0)), metadata=dict(d.get("metadata", {})),
                 created=str(d.get("created", "")), schema_version=version,
                 integrity=str(d["integrity"]), source_tree=tree,
+                guard_layout=d.get("plan") if version >= 3 else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             raise ArtifactError(f"the artifact manifest is malformed: {type(e).__name__}: {e}") from e

@@ -10,6 +10,9 @@ row:
     "inputs":  [[row, name or null, spec], ...]      spec: [dtype, device, shape, stride, requires_grad]
     "guards":  [[row or -1, kind, expected, note], ...]   note: an index into "notes"
     "notes":   ["", "torchvision/models/mobilenetv3.py:113", ...]
+    "plan":    the loaded function's guard plan (``GuardSet.gather_layout``: reads level by level,
+               guards by index), so a load that reads every source as saved (no external data or
+               constants rebinding a prefix) builds its check without analysing ~800 guards again
 
 An input's name is null when it is the source's display name (``self._modules['features']...``),
 rebuilt from the tree. The reader returns the same InputRecords and guards as schemas 1-2 and the
@@ -35,7 +38,11 @@ def compact_sources(inputs: Sequence[Any], guards: GuardSet) -> dict[str, Any]:
     row = {source: i for i, (source, _, _) in enumerate(tree)}
     names = _Names(tree)
     notes: dict[str, int] = {"": 0}
+    # the loaded function's guard plan, for the guards in the order a load rebuilds them
+    loaded_guards = _manifest._with_spec_guards(GuardSet(tuple(stored)), tuple(inputs))
+    layout = loaded_guards.gather_layout([i.source for i in inputs], tree)
     return {
+        "plan": layout,
         "sources": [[parent, segment] for _, parent, segment in tree],
         "inputs": [[row[i.source], None if names.of(row[i.source]) == i.name else i.name,
                     _spec_row(spec_to_json(i.spec))] for i in inputs],
@@ -50,7 +57,6 @@ def read_sources(d: Mapping[str, Any]) -> tuple[tuple[tuple[str, int, str], ...]
     schema 2 leaves to the input specs. Malformed rows raise KeyError, TypeError, ValueError or
     IndexError (the caller's "malformed manifest" error). Written for a new process's load (C-level
     loops where it can: ~1,300 sources, ~800 guards and ~270 inputs for a mobilenet)."""
-    InputRecord, spec_expectation = _manifest.InputRecord, _manifest.spec_expectation
     rows = d["sources"]
     sources: list[str] = []
     append = sources.append
@@ -59,21 +65,58 @@ def read_sources(d: Mapping[str, Any]) -> tuple[tuple[tuple[str, int, str], ...]
     if not _STR.issuperset(map(type, sources)):
         raise ValueError("a source row's segment is not a string")
     tree = tuple(zip(sources, *zip(*rows))) if rows else ()
-    names = _Names(tree)
     notes = d["notes"]
     guards = [Guard(sources[i] if i >= 0 else "", kind, expected_from_json(expected), notes[note])
               for i, kind, expected, note in d["guards"]]
+    input_rows = d["inputs"]
+    inputs = LazyInputs(input_rows, sources, tree)
     matched = {g.source for g in guards if g.kind == "TENSOR_MATCH"}
-    inputs = []
     spec_guards = []
-    for i, name, row in d["inputs"]:
-        source = sources[i]
-        spec, expectation = _spec_from_row(row)
-        inputs.append(InputRecord(name if name is not None else names.of(i), source, spec))
-        if type(spec) is TensorSpec and source not in matched:  # as Manifest._with_spec_guards
-            spec_guards.append(Guard(source, "TENSOR_MATCH", expectation or spec_expectation(spec)))
+    for source, (_, _, row) in zip(inputs.sources, input_rows):
+        if type(row) is list and source not in matched:  # a tensor's spec: as Manifest._with_spec_guards
+            spec_guards.append(Guard(source, "TENSOR_MATCH", _expectation(row)))
             matched.add(source)
-    return tree, tuple(inputs), GuardSet((*guards, *spec_guards))
+    return tree, inputs, GuardSet((*guards, *spec_guards))
+
+
+class LazyInputs(Sequence):
+    """A schema-3 manifest's InputRecords, made on first use: a load needs only their sources (and
+    each tensor's TENSOR_MATCH expectation, made from its row); names and TensorSpecs serve errors,
+    ``as_text`` and re-saving (~270 of each for a mobilenet, ~0.8 ms of a new process's load)."""
+
+    def __init__(self, rows: list, sources: list[str], tree: Sequence[tuple[str, int, str]]) -> None:
+        for row in rows:
+            if len(row) != 3:
+                raise ValueError("an input row is not [source row, name, spec]")
+        self.sources: tuple[str, ...] = tuple(map(sources.__getitem__, [r[0] for r in rows]))
+        self._rows, self._tree = rows, tree
+        self._items: tuple | None = None
+
+    def _all(self) -> tuple:
+        if self._items is None:
+            names = _Names(self._tree)
+            self._items = tuple(
+                _manifest.InputRecord(name if name is not None else names.of(i), source, _spec_from_row(row))
+                for source, (i, name, row) in zip(self.sources, self._rows))
+        return self._items
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __iter__(self) -> Any:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return self._all() == (tuple(other) if isinstance(other, (tuple, LazyInputs)) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
 
 
 _STR = frozenset({str})
@@ -104,13 +147,17 @@ def _spec_row(spec: object) -> object:
     return [spec["dtype"], spec["device"], spec["shape"], spec["stride"], spec["requires_grad"]]
 
 
-def _spec_from_row(row: object) -> tuple[TensorSpec | int | None, tuple | None]:
-    """(spec, its TENSOR_MATCH expectation or None to compute) of an input row's spec."""
+def _spec_from_row(row: object) -> TensorSpec | int | None:
     if type(row) is not list:
-        return _manifest.spec_from_json(row), None
+        return _manifest.spec_from_json(row)
     dtype, device, shape, stride, requires_grad = row
-    spec = _manifest.spec_from_parts(dtype, device, shape, stride, requires_grad)
-    if not (_INT.issuperset(map(type, shape)) and _INT.issuperset(map(type, stride))):
-        return spec, None  # symbolic sizes: spec_expectation frees them
-    # what spec_expectation gives, without str() of the dtype and device objects
-    return spec, ("torch." + dtype, device, tuple(shape), tuple(stride), bool(requires_grad))
+    return _manifest.spec_from_parts(dtype, device, shape, stride, requires_grad)
+
+
+def _expectation(row: list) -> tuple:
+    """The TENSOR_MATCH expectation of a tensor input's spec row, as ``spec_expectation`` gives it."""
+    dtype, device, shape, stride, requires_grad = row
+    if _INT.issuperset(map(type, shape)) and _INT.issuperset(map(type, stride)):
+        # without a TensorSpec, nor str() of a dtype and a device object
+        return ("torch." + dtype, device, tuple(shape), tuple(stride), bool(requires_grad))
+    return _manifest.spec_expectation(_spec_from_row(row))  # type: ignore[arg-type]
