@@ -81,3 +81,45 @@ def test_compile_gather_takes_the_tree():
     assert guards.compile_gather(outputs, tree)({"self": m, "x": x}, {})[0] is x
     ns = types.SimpleNamespace(flag=True)
     assert guards.compile_gather(outputs, tree)({"self": ns, "x": x}, {}) is None
+
+
+def test_a_layout_as_json_builds_the_same_check():
+    """``gather_layout`` -> JSON -> ``compile_layout``: the same reads, the same answers (passes,
+    each kind of failure), no source split again."""
+    import json
+
+    m = _module()
+    guards = GuardSet((*_guards(m), Guard("L['self']._modules['1']", "TYPE_MATCH",
+                                          "torch.nn.modules.activation:ReLU"),
+                       Guard("L['self']._modules['0'].bias", "NOT_NONE", None),
+                       Guard("L['x'].size()[0]", "SYMBOL", "s0"),
+                       Guard("L['self']._modules['0']._parameters['bias'].size()[0]", "SYMBOL", "s1"),
+                       Guard("", "SHAPE_EXPR", "s0 >= 2")))
+    outputs = ["L['x']", "L['self']._modules['0']._parameters['weight']"]
+    layout = json.loads(json.dumps(guards.gather_layout(outputs)))
+    rebuilt, direct = guards.compile_layout(layout), guards.compile_gather(outputs)
+    assert rebuilt.__kiln_reads__ == direct.__kiln_reads__
+    x = torch.randn(2, 3)
+    for case in ({"self": m, "x": x}, {"self": m, "x": torch.randn(1, 3)}, {"self": m, "x": x.double()},
+                 {"self": _module().double(), "x": x}, {"self": types.SimpleNamespace(), "x": x}):
+        a, b = rebuilt(case, {}), direct(case, {})
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert all(u is v for u, v in zip(a, b))
+    assert rebuilt({"self": m, "x": x}, {}) is not None
+
+
+def test_a_layout_that_does_not_fit_raises():
+    import pytest
+
+    m = _module()
+    guards = GuardSet(tuple(_guards(m)))
+    layout = guards.gather_layout(["L['x']"])
+    bad_parent = {**layout, "levels": [[[99], [0]], *layout["levels"][1:]]}
+    with pytest.raises(ValueError):
+        guards.compile_layout(bad_parent)
+    bad_position = {**layout, "outputs": [10_000]}
+    with pytest.raises(ValueError):
+        guards.compile_layout(bad_position)
+    with pytest.raises((ValueError, IndexError)):
+        GuardSet(tuple(_guards(m))[:2]).compile_layout(layout)  # fewer guards than it indexes
