@@ -62,11 +62,21 @@ def exec_program(artifact: Artifact, files: Mapping[str, bytes], files_dir: str)
 
 
 def _materialize(artifact: Artifact, files: Mapping[str, bytes], cache: CompileCache) -> str:
-    """A directory holding the program's files (for dlopen/import); '' when it has none."""
-    if not artifact.files:
+    """A directory holding the program's files (for dlopen/import); '' when it has none, or when
+    they are only C++ libraries (and sources) its wrappers load from FILES (``load_library_from``)."""
+    if not artifact.files or _loads_from_memory(artifact.source, files):
         return ""
     everything = {PROGRAM_NAME: artifact.source.encode(), **artifact.files}
     return str(cache.materialize_tree("artifact_files", artifact.manifest.integrity, everything))
+
+
+def _loads_from_memory(source: str, files: Mapping[str, bytes]) -> bool:
+    """Whether the program needs no folder of files: its files are C++ libraries and their sources
+    only, which its wrappers load with ``load_library_from`` (a memfd), never with the older
+    ``load_library(FILES_DIR, ...)``."""
+    return (bool(files) and all(n.endswith((".so", ".cpp")) for n in files)
+            and "import load_library_from as _load_library_from" in source
+            and "import load_library as _load_library" not in source)
 
 
 @dataclass(frozen=True)
