@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from .guards_codegen import GENERATED_MAX_GUARDS, generated_check
-from .guards_plan import device_matches as device_matches  # re-exported (kiln.graph API)
 from .guards_plan import build_plan, global_state, plan_check, plan_layout
+from .guards_plan import device_matches as device_matches  # re-exported (kiln.graph API)
 from .guards_plan import source_tree as source_tree  # re-exported (kiln.graph API)
 from .guards_simplify import simplify_guards
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
 import re
-import itertools
 import shutil
 import stat
 import tempfile

@@ -24,7 +24,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from kiln.graph import Guard, GuardSet, TensorSpec, expected_from_json, expected_to_json, source_tree
+from kiln.graph import (
+    Guard,
+    GuardSet,
+    TensorSpec,
+    expected_from_json,
+    expected_to_json,
+    source_tree,
+)
 
 from . import manifest as _manifest  # a cycle: manifest imports this module; used at call time only
 from .sources import display_name
