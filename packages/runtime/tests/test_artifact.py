@@ -275,9 +275,14 @@ def test_a_schema3_manifest_with_a_bad_source_row_is_an_artifact_error(tmp_path)
     with zipfile.ZipFile(tmp_path / "a.kiln") as z:
         raw = json.loads(z.read("manifest.json"))
         files = {n: z.read(n) for n in z.namelist() if n != "manifest.json"}
-    raw["sources"][0] = [5, "['x']"]  # a parent after its child
-    raw.pop("integrity")
     from kiln.runtime.container import zip_bytes
-    (tmp_path / "bad.kiln").write_bytes(zip_bytes(manifest_file_bytes(raw), files))
+
+    def write(broken):
+        broken.pop("integrity", None)
+        (tmp_path / "bad.kiln").write_bytes(zip_bytes(manifest_file_bytes(broken), files))
+    write({**raw, "sources": [[5, "['x']"], *raw["sources"][1:]]})  # a parent after its child
     with pytest.raises(ArtifactError, match="malformed"):
+        load_artifact(tmp_path / "bad.kiln")
+    write({**raw, "guards": [[g[0], "BOGUS_MATCH", *g[2:]] for g in raw["guards"]]})
+    with pytest.raises(ArtifactError, match="malformed.*BOGUS_MATCH"):
         load_artifact(tmp_path / "bad.kiln")

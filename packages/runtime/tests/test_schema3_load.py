@@ -43,6 +43,7 @@ def test_a_load_builds_its_check_from_the_saved_plan(tmp_path, monkeypatch):
     torch.testing.assert_close(fn(x, net)[0], F.relu(net.fc(x)))
     # InputRecords and names are made only when something needs them: an error here
     assert fn.artifact.manifest.inputs._items is None
+    assert fn.artifact.manifest.guards.guards._items is None  # the check was built from records
     net.scale = 3
     with pytest.raises(GuardError, match="scale"):
         fn(x, net)

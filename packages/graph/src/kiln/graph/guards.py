@@ -133,11 +133,13 @@ class GuardSet:
         ``compile_layout`` turns into the same check without analysing the guards again."""
         return plan_layout(self.guards, outputs, tree)
 
-    def compile_layout(self, layout: Mapping[str, Any]
+    def compile_layout(self, layout: Mapping[str, Any], records: Sequence[Any] | None = None
                        ) -> Callable[[Mapping[str, Any], Mapping[str, Any]], list | None]:
         """The check of ``gather_layout`` (made from these very guards, in this order). Raises
-        ValueError (or IndexError/KeyError/TypeError) when the layout does not fit."""
-        return build_plan(layout, self.guards)
+        ValueError (or IndexError/KeyError/TypeError) when the layout does not fit. ``records``:
+        the guards as lighter objects with ``source``, ``kind`` and ``expected`` (a loader's rows),
+        used instead of the Guards themselves."""
+        return build_plan(layout, self.guards if records is None else records)
 
     def first_failure(self, L: Mapping[str, Any], G: Mapping[str, Any]) -> tuple[Guard, str] | None:
         """The first guard that fails on (L, G) with the actual value seen, for recompile reasons."""

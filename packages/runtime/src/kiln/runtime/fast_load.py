@@ -190,7 +190,8 @@ def compile_guards(guards: GuardSet, outputs: Sequence[str] | None = None,
         return guards.compile()
     if layout is not None:
         try:
-            check = guards.compile_layout(layout)
+            # a schema-3 manifest's guards are records until something needs Guards
+            check = guards.compile_layout(layout, getattr(guards.guards, "records", None))
             if layout.get("outputs") is not None and len(layout["outputs"]) == len(outputs):
                 return check
             logger.warning("artifact guard plan gathers %s values, the call needs %d; rebuilding it",
