@@ -91,3 +91,35 @@ def test_a_plan_that_does_not_fit_is_logged_and_rebuilt(tmp_path, caplog):
         fn = load_compiled_function(odd)
     assert "rebuilding it" in caplog.text
     torch.testing.assert_close(fn(x, net)[0], F.relu(net.fc(x)))
+
+
+FLAG = True
+
+
+def test_a_dropped_global_guard_keeps_the_saved_plan(tmp_path):
+    """transformers models guard a module global (``G['_is_torch_available']``): loaded without
+    f_globals that guard is dropped, and the saved plan is still used, without it; with f_globals it
+    is checked."""
+    from kiln.runtime import CallFrame
+
+    net, x = Net(), torch.randn(4, 8)
+
+    def forward(self, x):
+        return F.relu(self.fc(x)) if FLAG else x
+    specs = [TensorSpec.from_tensor(t) for t in (x, net.fc.weight, net.fc.bias)]
+    save_artifact(tmp_path / "g.kiln", PROGRAM, frame=CallFrame.of(forward, (net, x)),
+                  input_sources=SOURCES, input_specs=specs,
+                  guards=[Guard("G['FLAG']", "EQUALS_MATCH", True), Guard("L['self'].scale", "EQUALS_MATCH", 2)])
+    fn = load_compiled_function(tmp_path / "g.kiln")
+    assert fn.plan.layout is not None and len(fn.plan.guards) == len(fn.plan.records) - 1
+    torch.testing.assert_close(fn(net, x)[0], F.relu(net.fc(x)))
+    net.scale = 3
+    with pytest.raises(GuardError, match="scale"):
+        fn(net, x)
+    net.scale = 2
+    live = load_compiled_function(tmp_path / "g.kiln", f_globals={"FLAG": False})
+    assert live.plan.layout is not None and len(live.plan.guards) == len(live.plan.records)
+    with pytest.raises(GuardError, match="FLAG"):
+        live(net, x)
+    torch.testing.assert_close(load_compiled_function(tmp_path / "g.kiln", f_globals={"FLAG": True})(net, x)[0],
+                               F.relu(net.fc(x)))

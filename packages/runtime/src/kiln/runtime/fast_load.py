@@ -179,19 +179,22 @@ def cached_compile(source: Any, filename: str, mode: str, *args: Any, **kwargs: 
 # ---- guard checks ----------------------------------------------------------------------------------
 
 def compile_guards(guards: GuardSet, outputs: Sequence[str] | None = None,
-                   tree: Sequence[tuple[str, int, str]] = (), layout: Mapping[str, Any] | None = None) -> Any:
+                   tree: Sequence[tuple[str, int, str]] = (), layout: Mapping[str, Any] | None = None,
+                   records: Sequence[Any] | None = None) -> Any:
     """The guard check of ``guards``; with ``outputs`` it also gathers their values (a list, or
     None when a guard fails). Built as a plan of C-level reads (``kiln.graph.guards_plan``), with no
     ``compile()``, so there is nothing to cache: ~2 ms for 1,400 guards on a new machine.
     ``tree``: the artifact's read tree of the sources (schema 3), so the plan does not split them;
     ``layout``: the plan itself as saved with the artifact for these guards and outputs (schema 3),
-    so the load only builds it (~4x less work); one that does not fit is logged and rebuilt."""
+    so the load only builds it (~4x less work); one that does not fit is logged and rebuilt.
+    ``records``: the guards the layout indexes (a schema-3 manifest's records), when not ``guards``."""
     if outputs is None:
         return guards.compile()
     if layout is not None:
         try:
             # a schema-3 manifest's guards are records until something needs Guards
-            check = guards.compile_layout(layout, getattr(guards.guards, "records", None))
+            check = guards.compile_layout(layout, records if records is not None
+                                          else getattr(guards.guards, "records", None))
             if layout.get("outputs") is not None and len(layout["outputs"]) == len(outputs):
                 return check
             logger.warning("artifact guard plan gathers %s values, the call needs %d; rebuilding it",
