@@ -300,7 +300,7 @@ class _Reads:
                 depth = self.depth[n]
                 levels.append([])
             levels[-1].append((position[self.parent[n]], self.text[n]))
-        return position, levels, [self.getter[n] for n in order]
+        return position, levels, [self.getter[n] for n in order]  # type: ignore[misc]  # roots have none
 
 
 def _take(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple]:
@@ -518,10 +518,11 @@ def _layout(guards: Sequence[Any], outputs: Sequence[str] | None,
     out_nodes = [reads.slot(s) for s in outputs] if outputs is not None else None
     pos, levels, getters = reads.program()
     texts: dict[str, int] = {}  # a model's ~1,300 reads use a few dozen distinct segments
-    layout = {
-        "texts": texts,
-        "levels": [[[p for p, _ in level], [texts.setdefault(t, len(texts)) for _, t in level]]
-                   for level in levels],
+    level_rows = [[[p for p, _ in level], [texts.setdefault(t, len(texts)) for _, t in level]]
+                  for level in levels]
+    layout: dict[str, Any] = {
+        "texts": list(texts),
+        "levels": level_rows,
         "first": first,
         "groups": [[kind, [i for i, _ in members], [pos[n] for _, n in members]]
                    for kind, members in groups.items() if members],
@@ -529,7 +530,6 @@ def _layout(guards: Sequence[Any], outputs: Sequence[str] | None,
         "symbols": [[i, None if n is None else pos[n]] for i, n in symbolic],
         "outputs": None if out_nodes is None else [pos[n] for n in out_nodes],
     }
-    layout["texts"] = list(texts)
     return layout, getters
 
 
