@@ -6,6 +6,13 @@
 
 Prints load s, first call s, how many triton cache lookups, ``triton_key`` calls and gcc builds each
 phase made, a second call, then the top functions by cumulative and by own time.
+
+    KILN_CACHE_DIR=$(mktemp -d) python -m benchmarks.load_profile spans mobilenet_v3_large /tmp/m.kiln cpu
+
+prints one line of wall-clock spans of the load (no profiler: cProfile inflates per-call costs several
+times): read (load_artifact), plan (CallPlan), materialize, exec (of which compile()), guards (the
+check's build), then the first, second and third call, in ms. Run it in fresh processes and take mins
+and medians: a new process is what a restart pays.
 On CUDA the model is the suite's bf16 inference configuration (``benchmarks.warm_start``).
 """
 
@@ -38,6 +45,9 @@ def main(argv: list[str]) -> int:
     case = W._case(model, device == "cpu", device)
     B.import_kiln()
     M.sync(device)
+    if what == "spans":
+        print(_spans(case, path, device))
+        return 0
     counting = _work_counter()
     prof = cProfile.Profile()
     t0 = time.perf_counter()
@@ -68,6 +78,48 @@ def main(argv: list[str]) -> int:
     stats.sort_stats("tottime").print_stats(25)
     print("\n".join(line[:200] for line in out.getvalue().splitlines()))
     return 0
+
+
+def _spans(case, path: str, device: str) -> str:
+    """Wall-clock spans (ms) of a load + three calls, timed by wrapping kiln.runtime's steps."""
+    import builtins
+
+    import kiln.runtime.fast_load as fast_load
+    import kiln.runtime.loaded as loaded_mod
+
+    spans: dict[str, float] = {}
+
+    def timed(owner, name: str, label: str) -> None:
+        fn = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spans[label] = spans.get(label, 0.0) + time.perf_counter() - t
+        setattr(owner, name, wrapper)
+
+    timed(loaded_mod, "load_artifact", "read")
+    timed(loaded_mod.CallPlan, "for_artifact", "plan")
+    timed(loaded_mod, "_materialize", "materialize")
+    timed(loaded_mod, "exec_program", "exec")
+    timed(loaded_mod, "compile_guards", "guards")
+    fast_load.compile = builtins.compile  # the name fast_load calls: time it there
+    timed(fast_load, "compile", "compile()")
+    with open(path, "rb") as f:
+        data = f.read()
+    marks = [time.perf_counter()]
+    with torch.no_grad():
+        loaded = B.import_kiln().load_compiled_function(io.BytesIO(data))
+        marks.append(time.perf_counter())
+        for _ in range(3):
+            loaded(case.model, *case.args, **case.kwargs)
+            M.sync(device)
+            marks.append(time.perf_counter())
+    spans.update(load=marks[1] - marks[0], first=marks[2] - marks[1], second=marks[3] - marks[2],
+                 third=marks[4] - marks[3], total=marks[2] - marks[0])
+    return " ".join(f"{k}={v * 1e3:.2f}" for k, v in spans.items())
 
 
 def _launchers_shipped(loaded, details: list[str]) -> None:

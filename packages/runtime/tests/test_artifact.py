@@ -12,6 +12,7 @@ from runtime_testlib import ATEN, AUTOGRAD
 
 from kiln.graph import PortableProgram, TensorSpec
 from kiln.runtime import (
+    SCHEMA_VERSION,
     Artifact,
     GuardError,
     build_artifact,
@@ -64,7 +65,7 @@ def test_artifact_inspection(tmp_path):
     assert loaded.manifest.integrity == art.manifest.integrity
     assert loaded.program.source == ATEN
     text = loaded.as_text()
-    for needle in ("schema 2", "backend: test", "TENSOR_MATCH", "L['x']", "program.py", "integrity",
+    for needle in (f"schema {SCHEMA_VERSION}", "backend: test", "TENSOR_MATCH", "L['x']", "program.py", "integrity",
                    "aten.addmm", f"torch {torch.__version__.split('+')[0]}"):
         assert needle in text, needle
     # the same artifact saved twice is byte-identical apart from nothing: hashes are stable
@@ -136,15 +137,22 @@ def test_program_without_call_is_an_artifact_error(tmp_path):
         load_compiled_function(tmp_path / "m.kiln")
 
 
-def _schema2_artifact(tmp_path):
+def _schema2_artifact(tmp_path, version=2):
+    """An artifact as kiln-runtime wrote it at schema ``version`` (the manifest writes each schema)."""
+    import dataclasses
+
     from kiln.graph import Guard, tensor_expectation
 
     x, w, b = _aten_inputs()
     guards = [Guard("L['x']", "TENSOR_MATCH", tensor_expectation(x)),  # what x's spec gives: left out
               Guard("L['w']", "TENSOR_MATCH", tensor_expectation(w, frozenset({0}))),  # not: kept
               Guard("L['n']", "EQUALS_MATCH", 3)]
-    art = save_artifact(tmp_path / "a.kiln", PortableProgram(ATEN), input_names=["x", "w", "b"],
-                        input_specs=[TensorSpec.from_tensor(t) for t in (x, w, b)], guards=guards)
+    art = build_artifact(PortableProgram(ATEN), input_names=["x", "w", "b"],
+                         input_specs=[TensorSpec.from_tensor(t) for t in (x, w, b)], guards=guards)
+    if version != SCHEMA_VERSION:
+        art = Artifact(dataclasses.replace(art.manifest, schema_version=version, integrity="").sealed(),
+                       art.source, art.files, art.constants)
+    art.save(tmp_path / "a.kiln")
     return art, (x, w, b)
 
 
@@ -192,3 +200,89 @@ def test_a_schema1_manifest_keeps_every_guard_and_still_loads(tmp_path):
         fn(torch.randn(5, 4), w, b, n=3)
     fn.save_compiled_function(tmp_path / "again.kiln")  # re-saved as it was: schema 1, same integrity
     assert load_artifact(tmp_path / "again.kiln").manifest.integrity == old.integrity
+
+
+def test_schema3_writes_sources_once_as_a_tree(tmp_path):
+    """Schema 3: each source and prefix is one row of ``sources``; inputs and guards name rows; the
+    loaded manifest has the same inputs and guards as schema 2's, and the loaded function's guard
+    plan is built from the tree."""
+    import json
+    import zipfile
+
+    from kiln.graph import Guard
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 16)
+            self.scale = 2
+
+        def forward(self, x):
+            return F.relu(self.fc(x)) * self.scale
+
+    net = Net()
+    x = torch.randn(4, 8)
+    sources = ["L['x']", "L['self'].fc.weight", "L['self'].fc.bias"]
+    guards = [Guard("L['self'].scale", "EQUALS_MATCH", 2, "model.py:9"),
+              Guard("L['self'].fc.in_features", "EQUALS_MATCH", 8, "model.py:9")]
+    specs = [TensorSpec.from_tensor(t) for t in (x, net.fc.weight, net.fc.bias)]
+    prog = PortableProgram("import torch\n\ndef call(args):\n    x, w, b = args\n"
+                           "    return (torch.relu(torch.nn.functional.linear(x, w, b)),)\n")
+    art = save_artifact(tmp_path / "a.kiln", prog, input_sources=sources,
+                        input_names=["x", "weight", "self.fc.bias"], input_specs=specs, guards=guards)
+    with zipfile.ZipFile(tmp_path / "a.kiln") as z:
+        raw = json.loads(z.read("manifest.json"))
+    assert raw["schema_version"] == 3
+    rows = raw["sources"]
+    text = [None] * len(rows)
+    for i, (parent, segment) in enumerate(rows):
+        text[i] = segment if parent < 0 else text[parent] + segment
+    assert len(set(text)) == len(text) and "L['self'].fc" in text
+    assert [[text[i], name] for i, name, _ in raw["inputs"]] == [
+        ["L['x']", None], ["L['self'].fc.weight", "weight"], ["L['self'].fc.bias", None]]
+    assert {(text[i], kind, raw["notes"][n]) for i, kind, _, n in raw["guards"]} >= {
+        ("L['self'].scale", "EQUALS_MATCH", "model.py:9")}
+    assert "source" not in json.dumps(raw["guards"]) and "L['self'].fc.weight" not in json.dumps(raw["inputs"])
+
+    loaded = load_artifact(tmp_path / "a.kiln")
+    key = lambda g: (g.source, g.kind, g.expected)  # noqa: E731
+    assert sorted(map(key, loaded.manifest.guards)) == sorted(map(key, art.manifest.guards))
+    assert {g.note for g in loaded.manifest.guards if g.kind == "EQUALS_MATCH"} == {"model.py:9"}
+    assert loaded.manifest.inputs == art.manifest.inputs
+    assert loaded.manifest.source_tree and loaded.manifest.integrity == art.manifest.integrity
+
+    fn = load_compiled_function(tmp_path / "a.kiln")
+    assert fn.plan.tree == loaded.manifest.source_tree
+    torch.testing.assert_close(fn(x, net)[0], F.relu(net.fc(x)))
+    net.scale = 3
+    with pytest.raises(GuardError, match="scale"):
+        fn(x, net)
+    net.scale = 2
+    with pytest.raises(GuardError, match="'weight'"):
+        fn(x, Net().double())
+    fn.save_compiled_function(tmp_path / "again.kiln")  # re-saved: the same manifest
+    assert load_artifact(tmp_path / "again.kiln").manifest.integrity == art.manifest.integrity
+
+
+def test_a_schema3_manifest_with_a_bad_source_row_is_an_artifact_error(tmp_path):
+    import json
+    import zipfile
+
+    from kiln.runtime import ArtifactError
+    from kiln.runtime.manifest import manifest_file_bytes
+
+    _schema2_artifact(tmp_path, version=3)
+    with zipfile.ZipFile(tmp_path / "a.kiln") as z:
+        raw = json.loads(z.read("manifest.json"))
+        files = {n: z.read(n) for n in z.namelist() if n != "manifest.json"}
+    from kiln.runtime.container import zip_bytes
+
+    def write(broken):
+        broken.pop("integrity", None)
+        (tmp_path / "bad.kiln").write_bytes(zip_bytes(manifest_file_bytes(broken), files))
+    write({**raw, "sources": [[5, "['x']"], *raw["sources"][1:]]})  # a parent after its child
+    with pytest.raises(ArtifactError, match="malformed"):
+        load_artifact(tmp_path / "bad.kiln")
+    write({**raw, "guards": [[g[0], "BOGUS_MATCH", *g[2:]] for g in raw["guards"]]})
+    with pytest.raises(ArtifactError, match="malformed.*BOGUS_MATCH"):
+        load_artifact(tmp_path / "bad.kiln")

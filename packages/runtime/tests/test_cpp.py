@@ -92,3 +92,66 @@ def test_binary_for_another_cpu_is_rebuilt(so_bytes, tmp_path):
     torch.testing.assert_close(fn(a, b)[0], a + 2 * b)
     reseal(tmp_path / "d", lambda d: d["host"].update(machine="riscv128"))
     torch.testing.assert_close(load_compiled_function(tmp_path / "d")(a, b)[0], a + 2 * b)
+
+
+# ---- libraries loaded from the program's FILES (load_library_from) --------------------------------
+
+FROM_FILES = '''
+import ctypes
+import torch
+from kiln.runtime.program_helpers import load_library_from as _load_library_from
+_lib = _load_library_from(FILES, FILES_DIR, "add.so", ["g++", "-O2", "-shared", "-fPIC", "-fopenmp"], [])
+_add = _lib.add_scaled
+_add.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_float]
+_add.restype = None
+
+def call(args):
+    a, b = args
+    out = torch.empty_like(a)
+    _add(a.data_ptr(), b.data_ptr(), out.data_ptr(), a.numel(), 2.0)
+    return (out,)
+'''
+
+
+def test_load_library_from_memory_keeps_libraries_apart(so_bytes):
+    """Two libraries loaded from memory one after the other are two libraries (dlopen knows a
+    library by its path: a memfd path must not be reused while the first is loaded)."""
+    from kiln.runtime.program_helpers import load_library_from
+
+    other = compile_cpp(CPP_SOURCE.replace("a[i] + s * b[i]", "a[i] - s * b[i]"))
+    a, b = torch.randn(16), torch.randn(16)
+    first = load_library_from({"add.so": so_bytes}, None, "add.so", [], [])
+    second = load_library_from({"add.so": other}, None, "add.so", [], [])
+    torch.testing.assert_close(_add(first, a, b), a + 2 * b)
+    torch.testing.assert_close(_add(second, a, b), a - 2 * b)
+
+
+def test_load_library_from_rebuilds_from_the_source_in_files():
+    from kiln.runtime.program_helpers import load_library_from
+
+    lib = load_library_from({"add.cpp": CPP_SOURCE.encode()}, None, "add.so",
+                            ["g++", "-O2", "-shared", "-fPIC"], [])
+    a, b = torch.randn(16), torch.randn(16)
+    torch.testing.assert_close(_add(lib, a, b), a + 2 * b)
+
+
+def test_a_program_loading_its_library_from_files_writes_no_folder(so_bytes, tmp_path):
+    """A new machine's load of a program whose files are a library (and its source) loaded with
+    load_library_from creates no folder of files in the cache; an older program still gets one."""
+    a, b = torch.randn(64), torch.randn(64)
+    files = {"add.so": so_bytes, "add.cpp": CPP_SOURCE.encode()}
+    specs = [TensorSpec.from_tensor(a), TensorSpec.from_tensor(b)]
+    save_artifact(tmp_path / "new.kiln", PortableProgram(FROM_FILES, files=files), input_names=["a", "b"],
+                  input_specs=specs)
+    cache = CompileCache(tmp_path / "cache")
+    fn = load_compiled_function(tmp_path / "new.kiln", cache=cache)
+    torch.testing.assert_close(fn(a, b)[0], a + 2 * b)
+    assert fn.module.FILES_DIR == ""
+    assert not (tmp_path / "cache").exists() or not list((tmp_path / "cache").rglob("add.so"))
+    old = FROM_FILES.replace("load_library_from as _load_library_from", "load_library as _load_library")
+    old = old.replace("_load_library_from(FILES, FILES_DIR,", "_load_library(FILES_DIR,")
+    save_artifact(tmp_path / "old.kiln", PortableProgram(old, files=files), input_names=["a", "b"],
+                  input_specs=specs)
+    fn = load_compiled_function(tmp_path / "old.kiln", cache=cache)
+    torch.testing.assert_close(fn(a, b)[0], a + 2 * b)
+    assert fn.module.FILES_DIR and list((tmp_path / "cache").rglob("add.so"))

@@ -18,8 +18,9 @@ from typing import Any
 import torch
 
 from .guards_codegen import GENERATED_MAX_GUARDS, generated_check
+from .guards_plan import build_plan, global_state, plan_check, plan_layout
 from .guards_plan import device_matches as device_matches  # re-exported (kiln.graph API)
-from .guards_plan import global_state, plan_check
+from .guards_plan import source_tree as source_tree  # re-exported (kiln.graph API)
 from .guards_simplify import simplify_guards
 
 GUARD_KINDS: dict[str, str] = {
@@ -119,10 +120,26 @@ class GuardSet:
         self._check.append(fn)
         return fn
 
-    def compile_gather(self, outputs: Sequence[str]) -> Callable[[Mapping[str, Any], Mapping[str, Any]], list | None]:
+    def compile_gather(self, outputs: Sequence[str], tree: Sequence[tuple[str, int, str]] | None = None
+                       ) -> Callable[[Mapping[str, Any], Mapping[str, Any]], list | None]:
         """``check(L, G)`` returning the values of ``outputs`` (sources over L and G) when every
-        guard holds, else None: one pass, shared source prefixes read once for guards and outputs."""
-        return plan_check(self.guards, outputs)
+        guard holds, else None: one pass, shared source prefixes read once for guards and outputs.
+        ``tree``: a saved ``source_tree`` of the sources (a load skips splitting them)."""
+        return plan_check(self.guards, outputs, tree)
+
+    def gather_layout(self, outputs: Sequence[str], tree: Sequence[tuple[str, int, str]] | None = None
+                      ) -> dict[str, Any]:
+        """``compile_gather(outputs)``'s plan as JSON data (reads and guard indices), which
+        ``compile_layout`` turns into the same check without analysing the guards again."""
+        return plan_layout(self.guards, outputs, tree)
+
+    def compile_layout(self, layout: Mapping[str, Any], records: Sequence[Any] | None = None
+                       ) -> Callable[[Mapping[str, Any], Mapping[str, Any]], list | None]:
+        """The check of ``gather_layout`` (made from these very guards, in this order). Raises
+        ValueError (or IndexError/KeyError/TypeError) when the layout does not fit. ``records``:
+        the guards as lighter objects with ``source``, ``kind`` and ``expected`` (a loader's rows),
+        used instead of the Guards themselves."""
+        return build_plan(layout, self.guards if records is None else records)
 
     def first_failure(self, L: Mapping[str, Any], G: Mapping[str, Any]) -> tuple[Guard, str] | None:
         """The first guard that fails on (L, G) with the actual value seen, for recompile reasons."""
@@ -159,6 +176,16 @@ def _check_one(g: Guard, L: Mapping[str, Any], G: Mapping[str, Any],
         return True, repr(value)
     single = GuardSet((g,)).compile()
     return single(L, G), _describe(value)
+
+
+def expected_to_json(v: Any) -> Any:
+    """A guard's expected value as JSON data (tuples, dtypes and devices tagged)."""
+    return _jsonable(v)
+
+
+def expected_from_json(v: Any) -> Any:
+    """The inverse of ``expected_to_json``."""
+    return _hashable(v)
 
 
 def _jsonable(v: Any) -> Any:

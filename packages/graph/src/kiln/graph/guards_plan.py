@@ -204,14 +204,16 @@ class _Reads:
         self.parent: list[int] = [0] * _ROOTS
         self.getter: list[Callable[[Any], Any] | None] = [None] * _ROOTS
         self.depth: list[int] = [0] * _ROOTS
+        self.text: list[str] = [""] * _ROOTS  # a node's segment (``.a``, ``['k']``), or its source (parent 2)
         self.known: dict[str, int] = {}
 
-    def _node(self, parent: int, getter: Callable[[Any], Any]) -> int:
+    def _node(self, parent: int, getter: Callable[[Any], Any], text: str) -> int:
         """A new node. Why no lookup by (parent, segment): a source not in ``known`` has a parent
         and segment no other source string has (the prefix string names the parent)."""
         node = len(self.getter)
         self.parent.append(parent)
         self.getter.append(getter)
+        self.text.append(text)
         self.depth.append(self.depth[parent] + 1)
         return node
 
@@ -241,36 +243,64 @@ class _Reads:
                 node = len(self.getter)  # _node, inline
                 self.parent.append(parent)
                 self.getter.append(getter)
+                self.text.append(segment)
                 self.depth.append(self.depth[parent] + 1)
                 known[source] = node
                 return node
         if _BARE.fullmatch(source):
-            node = self._node(0 if source[0] == "L" else 1, _getter(source[1:]))
+            node = self._node(0 if source[0] == "L" else 1, _getter(source[1:]), source[1:])
         else:  # not a chain (``len(L['x'])``, ``L['x'].size()``): one compiled read of the source
             fn = eval(f"lambda LG: (lambda L, G: {source})(*LG)")  # noqa: S307 - a guard source
-            node = self._node(2, fn)
+            node = self._node(2, fn, source)
         known[source] = node
         return node
 
-    def program(self) -> tuple[list[int], tuple[tuple[tuple, Callable[[list], Any]], ...]]:
-        """(position in ``vals`` of each node, levels): nodes are laid out depth by depth, so each
-        level is one C-level ``map`` over the values of the level before."""
+    def prime(self, tree: Sequence[tuple[str, int, str]], wanted: set[str]) -> None:
+        """Nodes for the sources in ``wanted`` (and their prefixes) from a read tree saved with an
+        artifact (``source_tree``): rows ``(source, parent row or -1, segment)``, parents first.
+        Each node is what ``slot`` would make, without splitting source strings (about half of a
+        mobilenet's plan build in a new process). Rows outside ``wanted`` make no node (every node
+        is read at every call); sources not in the tree are left to ``slot``."""
+        keep = [False] * len(tree)
+        for i in range(len(tree) - 1, -1, -1):  # children after parents: one backward pass marks prefixes
+            if keep[i] or tree[i][0] in wanted:
+                keep[i] = True
+                parent = tree[i][1]
+                if parent >= 0:
+                    keep[parent] = True
+        known, getters = self.known, _GETTERS
+        node_of = [0] * len(tree)
+        for i, (source, parent, segment) in enumerate(tree):
+            if not keep[i]:
+                continue
+            node = known.get(source)
+            if node is None:
+                getter = getters.get(segment) if parent >= 0 else None
+                if getter is None and parent >= 0 and _SEGMENT.fullmatch(segment):
+                    getter = _getter(segment)
+                if getter is None or tree[parent][0] + segment != source:
+                    node = self.slot(source)  # a root, or a row that is not a plain read
+                else:
+                    node = self._node(node_of[parent], getter, segment)
+                    known[source] = node
+            node_of[i] = node
+
+    def program(self) -> tuple[list[int], list[list[tuple[int, str]]], list[Callable[[Any], Any]]]:
+        """(position in ``vals`` of each node, levels, getters in ``vals`` order): nodes are laid out
+        depth by depth, so each level is one C-level ``map`` over the values of the level before; a
+        level is a list of (parent's position, node text)."""
         order = sorted(range(_ROOTS, len(self.getter)), key=self.depth.__getitem__)
         position = list(range(_ROOTS)) + [0] * (len(self.getter) - _ROOTS)
         for pos, node in enumerate(order, start=_ROOTS):
             position[node] = pos
-        levels: list[tuple[tuple, Callable[[list], Any]]] = []
-        i = 0
-        while i < len(order):
-            d = self.depth[order[i]]
-            j = i
-            while j < len(order) and self.depth[order[j]] == d:
-                j += 1
-            nodes = order[i:j]
-            levels.append((tuple(self.getter[n] for n in nodes),
-                           _take([position[self.parent[n]] for n in nodes])))
-            i = j
-        return position, tuple(levels)
+        levels: list[list[tuple[int, str]]] = []
+        depth = -1
+        for n in order:
+            if self.depth[n] != depth:
+                depth = self.depth[n]
+                levels.append([])
+            levels[-1].append((position[self.parent[n]], self.text[n]))
+        return position, levels, [self.getter[n] for n in order]  # type: ignore[misc]  # roots have none
 
 
 def _take(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple]:
@@ -410,33 +440,147 @@ def _symbol_check(g: Any, node: int | None) -> Callable[[list, dict], bool]:
     return bind
 
 
-def plan_check(guards: Sequence[Any], outputs: Sequence[str] | None = None) -> Check:
+def split_source(source: str) -> tuple[str, str] | None:
+    """(prefix, last segment) of a source the plan reads as a child of its prefix (``L['a'].b`` ->
+    ``("L['a']", ".b")``), or None for one it reads as a root (``L['a']``, ``len(L['a'])``)."""
+    if source == _SYS_MODULES or not source:
+        return None
+    cut = source.rfind("[") if source[-1] == "]" else source.rfind(".")
+    if cut <= 1:
+        return None
+    segment, prefix = source[cut:], source[:cut]
+    if prefix == "__import__('sys')" or not (segment in _GETTERS or _SEGMENT.fullmatch(segment)):
+        return None
+    return prefix, segment
+
+
+def source_tree(sources: Sequence[str]) -> list[tuple[str, int, str]]:
+    """The read tree of ``sources``: rows ``(source, parent row or -1, segment)``, parents before
+    children, one row per distinct source and prefix (a root's segment is its whole source). Saved
+    with an artifact, it lets a load build the guard plan without splitting sources
+    (``plan_check(..., tree=...)``)."""
+    rows: list[tuple[str, int, str]] = []
+    index: dict[str, int] = {}
+
+    def add(source: str) -> int:
+        i = index.get(source)
+        if i is None:
+            split = split_source(source)
+            parent, segment = (-1, source) if split is None else (add(split[0]), split[1])
+            i = index[source] = len(rows)
+            rows.append((source, parent, segment))
+        return i
+    for s in sources:
+        if s:
+            add(s)
+    return rows
+
+
+def plan_check(guards: Sequence[Any], outputs: Sequence[str] | None = None,
+               tree: Sequence[tuple[str, int, str]] | None = None) -> Check:
     """``check(L, G)`` for ``guards``: True/False, or with ``outputs`` the list of their values
-    (None when a guard fails)."""
+    (None when a guard fails). ``tree``: a ``source_tree`` holding (some of) the sources, which the
+    plan then reads without splitting them (the same reads)."""
+    layout, getters = _layout(guards, outputs, tree)
+    return build_plan(layout, guards, getters)
+
+
+def plan_layout(guards: Sequence[Any], outputs: Sequence[str] | None = None,
+                tree: Sequence[tuple[str, int, str]] | None = None) -> dict[str, Any]:
+    """The plan of ``plan_check(guards, outputs)`` as JSON data: reads level by level (parent
+    position, segment or source), guards by index per group. ``build_plan(layout, guards)`` makes
+    the same check again without splitting a source or classifying a guard: an artifact carries
+    it, so a load builds a mobilenet's check from C-level maps instead of ~1,000 Python steps."""
+    return _layout(guards, outputs, tree)[0]
+
+
+def _layout(guards: Sequence[Any], outputs: Sequence[str] | None,
+            tree: Sequence[tuple[str, int, str]] | None) -> tuple[dict[str, Any], list]:
     reads = _Reads()
-    first = []
-    groups: dict[str, list] = {k: [] for k in _GROUPED}
-    single: list = []
-    for g in guards:
+    if tree:
+        wanted = {g.source for g in guards if g.kind == "SYMBOL" or not (
+            g.kind in ("GLOBAL_STATE", "SHAPE_EXPR") or _BARE.fullmatch(g.source))}
+        reads.prime(tree, wanted.union(outputs or ()))
+    first: list[int] = []
+    groups: dict[str, list[tuple[int, int]]] = {k: [] for k in _GROUPED}
+    single: list[tuple[int, int]] = []
+    symbolic: list[tuple[int, int | None]] = []
+    for i, g in enumerate(guards):
         if g.kind in ("SYMBOL", "SHAPE_EXPR"):
             continue
         if g.kind == "GLOBAL_STATE" or _BARE.fullmatch(g.source):
-            first.append(_first_check(g))
+            first.append(i)
         else:
-            (groups[g.kind] if _groupable(g) else single).append((g, reads.slot(g.source)))
-    symbolic = [(g, reads.slot(g.source) if g.kind == "SYMBOL" else None) for g in guards
-                if g.kind in ("SYMBOL", "SHAPE_EXPR")]
+            (groups[g.kind] if _groupable(g) else single).append((i, reads.slot(g.source)))
+    for i, g in enumerate(guards):
+        if g.kind in ("SYMBOL", "SHAPE_EXPR"):
+            symbolic.append((i, reads.slot(g.source) if g.kind == "SYMBOL" else None))
     out_nodes = [reads.slot(s) for s in outputs] if outputs is not None else None
-    pos, levels = reads.program()  # node -> position in vals, from here on
+    pos, levels, getters = reads.program()
+    texts: dict[str, int] = {}  # a model's ~1,300 reads use a few dozen distinct segments
+    level_rows = [[[p for p, _ in level], [texts.setdefault(t, len(texts)) for _, t in level]]
+                  for level in levels]
+    layout: dict[str, Any] = {
+        "texts": list(texts),
+        "levels": level_rows,
+        "first": first,
+        "groups": [[kind, [i for i, _ in members], [pos[n] for _, n in members]]
+                   for kind, members in groups.items() if members],
+        "single": [[i, pos[n]] for i, n in single],
+        "symbols": [[i, None if n is None else pos[n]] for i, n in symbolic],
+        "outputs": None if out_nodes is None else [pos[n] for n in out_nodes],
+    }
+    return layout, getters
+
+
+def _level_getter(parent: int, text: str) -> Callable[[Any], Any]:
+    if parent == 2:  # not a chain: one compiled read of the source
+        return eval(f"lambda LG: (lambda L, G: {text})(*LG)")  # noqa: S307 - a guard source
+    got = _GETTERS.get(text)
+    if got is None:
+        if not _SEGMENT.fullmatch(text):
+            raise ValueError(f"guard plan: {text!r} is not an attribute or subscript")
+        got = _getter(text)
+    return got
+
+
+def build_plan(layout: Mapping[str, Any], guards: Sequence[Any],
+               getters: Sequence[Callable[[Any], Any]] | None = None) -> Check:
+    """The check of ``plan_layout(guards, outputs)`` (``getters``: the reads' getters in order, when
+    the caller has them). Raises ValueError/IndexError/TypeError/KeyError on a malformed layout."""
+    levels: list[tuple[tuple, Callable[[list], Any]]] = []
+    texts = layout["texts"]
+    segment_getters: list[Any] = [None] * len(texts)  # made once per distinct segment
+    at = 0
+    for parents, ids in layout["levels"]:
+        if len(parents) != len(ids) or min(parents) < 0 or max(parents) >= _ROOTS + at:
+            raise ValueError("guard plan: a read's parent is not read before it")
+        if getters is not None:
+            level_getters = tuple(getters[at:at + len(ids)])
+        elif 2 in parents:  # reads of whole sources (not chains): one compiled read each
+            level_getters = tuple(map(_level_getter, parents, map(texts.__getitem__, ids)))
+        else:
+            for t in set(ids).difference(i for i, g in enumerate(segment_getters) if g is not None):
+                segment_getters[t] = _level_getter(0, texts[t])
+            level_getters = tuple(map(segment_getters.__getitem__, ids))
+        at += len(ids)
+        levels.append((level_getters, _take(parents)))
+    n_vals = _ROOTS + at
+    for positions in (*(g[2] for g in layout["groups"]), [p for _, p in layout["single"]],
+                      [p for _, p in layout["symbols"] if p is not None], layout["outputs"] or ()):
+        if positions and not (0 <= min(positions) and max(positions) < n_vals):
+            raise ValueError("guard plan: a check reads a value the plan does not read")
+    first = [_first_check(guards[i]) for i in layout["first"]]
     checks: list[Callable[[list[Any]], bool]] = [
-        _group_check(kind, [g for g, _ in members], _take([pos[n] for _, n in members]))
-        for kind, members in groups.items() if members]
-    for g, n in single:
-        checks.append(lambda vals, i=pos[n], ok=_value_check(g): ok(vals[i]))  # type: ignore[misc]
-    binds = [_symbol_check(g, None if n is None else pos[n]) for g, n in symbolic]
+        _group_check(kind, [guards[i] for i in members], _take(positions))
+        for kind, members, positions in layout["groups"]]
+    for i, p in layout["single"]:
+        checks.append(lambda vals, i=p, ok=_value_check(guards[i]): ok(vals[i]))  # type: ignore[misc]
+    binds = [_symbol_check(guards[i], p) for i, p in layout["symbols"]]
+    outputs = layout["outputs"]
     gather: Callable[[list[Any]], list[Any]] | None = (
-        None if out_nodes is None else (lambda vals: []) if not out_nodes
-        else (lambda vals, t=_take([pos[n] for n in out_nodes]): list(t(vals))))  # type: ignore[misc]
+        None if outputs is None else (lambda vals: []) if not outputs
+        else (lambda vals, t=_take(outputs): list(t(vals))))  # type: ignore[misc]
     fail = None if gather is not None else False
     call = operator.call
     modules = sys.modules
@@ -447,8 +591,8 @@ def plan_check(guards: Sequence[Any], outputs: Sequence[str] | None = None) -> C
                 if not c(L, G):
                     return fail
             vals: list = [L, G, (L, G), modules]
-            for getters, parents in levels:
-                vals.extend(map(call, getters, parents(vals)))
+            for level_getters, parents in levels:
+                vals.extend(map(call, level_getters, parents(vals)))
             for vc in checks:
                 if not vc(vals):
                     return fail
@@ -461,5 +605,5 @@ def plan_check(guards: Sequence[Any], outputs: Sequence[str] | None = None) -> C
         except Exception:  # a source that no longer resolves: the guard fails
             return fail
 
-    check.__kiln_reads__ = len(reads.getter) - _ROOTS  # type: ignore[attr-defined]
+    check.__kiln_reads__ = at  # type: ignore[attr-defined]
     return check

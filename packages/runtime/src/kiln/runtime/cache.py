@@ -18,12 +18,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import itertools
 import json
 import logging
 import os
 import re
 import shutil
+import stat
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,8 +111,7 @@ class CompileCache:
 
     def _prepare_root(self) -> bool:
         try:
-            self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            st = self.root.stat()
+            st = _makedirs(self.root)
             if hasattr(os, "getuid") and st.st_uid != os.getuid():
                 logger.warning("compile cache %s belongs to another user (uid %d); not using it. "
                                "Set KILN_CACHE_DIR to a directory of your own.", self.root, st.st_uid)
@@ -125,7 +127,7 @@ class CompileCache:
     def _dir(self, *parts: str) -> Path:
         d = self.root.joinpath(LAYOUT, *parts)
         if d not in self._made:  # once per process: a load touches a few folders many times
-            d.mkdir(parents=True, exist_ok=True, mode=0o700)
+            _makedirs(d)
             self._made.add(d)
         return d
 
@@ -247,10 +249,14 @@ class CompileCache:
         target = folder / key_hash(key)[:32]
         if target.is_dir() and _tree_matches(target, files):
             return target
-        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder))
+        tmp = _new_temp_dir(folder)
+        made = {tmp}
         for name, data in files.items():
-            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp / name).write_bytes(data)
+            path = tmp / name
+            if path.parent not in made:
+                _makedirs(path.parent)
+                made.add(path.parent)
+            path.write_bytes(data)
         if target.exists():
             logger.warning("compile cache: %s does not match its key; replacing it", target)
             shutil.rmtree(target, ignore_errors=True)
@@ -333,6 +339,45 @@ def _tree_matches(target: Path, files: Mapping[str, bytes]) -> bool:
                    for n, d in files.items())
     except OSError:
         return False
+
+
+def _makedirs(d: Path) -> os.stat_result:
+    """``d`` and its missing parents (0700), top-down, and its stat. A new machine's load creates
+    the cache's folders: ``Path.mkdir(parents=True)`` tries the deepest first and climbs up through
+    FileNotFoundErrors (and an existing folder costs a FileExistsError): ~0.3 ms more, measured."""
+    try:
+        return _a_folder(d, os.stat(d))
+    except FileNotFoundError:
+        pass
+    missing = [d]
+    while not os.path.isdir(missing[-1].parent) and missing[-1].parent != missing[-1]:
+        missing.append(missing[-1].parent)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder, 0o700)
+        except FileExistsError:  # another process made it meanwhile
+            pass
+    return _a_folder(d, os.stat(d))
+
+
+def _a_folder(d: Path, st: os.stat_result) -> os.stat_result:
+    if not stat.S_ISDIR(st.st_mode):
+        raise NotADirectoryError(f"{d} is not a folder")
+    return st
+
+
+_TEMP_SEQ = itertools.count()
+
+
+def _new_temp_dir(folder: Path) -> Path:
+    """A new private folder in ``folder``, named by process, thread and a counter (``mkdtemp``'s
+    first use seeds a random generator: ~0.1-0.3 ms of a new process's load); mkdtemp if taken."""
+    tmp = folder / f".tmp-{os.getpid()}-{threading.get_ident()}-{next(_TEMP_SEQ)}"
+    try:
+        os.mkdir(tmp, 0o700)
+        return tmp
+    except FileExistsError:  # a leftover of a crashed process with the same pid
+        return Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder))
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

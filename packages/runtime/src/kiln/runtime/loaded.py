@@ -31,6 +31,7 @@ from .fast_load import (
 )
 from .guard_check import diagnose
 from .manifest import PROGRAM_NAME
+from .manifest_v3 import LazyGuards
 from .sources import CallFrame, Param, display_name, has_prefix, make_binder, normalize
 from .triton_binaries import PREFIX as TRITON_PREFIX
 from .triton_binaries import install_triton_binaries
@@ -62,11 +63,21 @@ def exec_program(artifact: Artifact, files: Mapping[str, bytes], files_dir: str)
 
 
 def _materialize(artifact: Artifact, files: Mapping[str, bytes], cache: CompileCache) -> str:
-    """A directory holding the program's files (for dlopen/import); '' when it has none."""
-    if not artifact.files:
+    """A directory holding the program's files (for dlopen/import); '' when it has none, or when
+    they are only C++ libraries (and sources) its wrappers load from FILES (``load_library_from``)."""
+    if not artifact.files or _loads_from_memory(artifact.source, files):
         return ""
     everything = {PROGRAM_NAME: artifact.source.encode(), **artifact.files}
     return str(cache.materialize_tree("artifact_files", artifact.manifest.integrity, everything))
+
+
+def _loads_from_memory(source: str, files: Mapping[str, bytes]) -> bool:
+    """Whether the program needs no folder of files: its files are C++ libraries and their sources
+    only, which its wrappers load with ``load_library_from`` (a memfd), never with the older
+    ``load_library(FILES_DIR, ...)``."""
+    return (bool(files) and all(n.endswith((".so", ".cpp")) for n in files)
+            and "import load_library_from as _load_library_from" in source
+            and "import load_library as _load_library" not in source)
 
 
 @dataclass(frozen=True)
@@ -82,12 +93,18 @@ class CallPlan:
     static: dict[str, object]  # entries of L that do not come from the call's arguments
     globals: Mapping[str, object]
     output_spec: str | None = None
+    tree: tuple[tuple[str, int, str], ...] = ()  # the artifact's read tree of sources (schema 3)
+    layout: Mapping[str, Any] | None = None  # the saved guard plan, when it fits these guards as they are
+    records: Sequence[Any] | None = None  # the saved guards the layout indexes (schema-3 records)
 
     @staticmethod
     def for_artifact(artifact: Artifact, f_globals: dict[str, object] | None,
                      external_data: Mapping[str, object] | None) -> CallPlan:
         m = artifact.manifest
         resolver = Resolver(m.bindings, artifact.constants, f_globals, external_data)
+        fast = CallPlan._as_saved(artifact, resolver, f_globals)
+        if fast is not None:
+            return fast
         exprs = tuple(resolver.input_expr(i.source) for i in m.inputs)
         names = {expr: rec.name for expr, rec in zip(exprs, m.inputs)}
         guards = []
@@ -112,7 +129,85 @@ class CallPlan:
         return CallPlan(m.params, tuple(i.name for i in m.inputs), tuple(i.source for i in m.inputs),
                         exprs, GuardSet(tuple(guards)),
                         names, resolver.static, f_globals if f_globals is not None else {},
-                        m.output_spec)
+                        m.output_spec, m.source_tree,
+                        # the saved plan is of the manifest's guards and inputs as they are
+                        m.guard_layout if not rewritten else None)
+
+    @staticmethod
+    def _as_saved(artifact: Artifact, resolver: Resolver, f_globals: dict[str, object] | None) -> CallPlan | None:
+        """The plan of a schema-3 load whose inputs all read as saved, with the saved guard plan:
+        inputs and guards as the manifest has them (records; InputRecords and names are made when
+        an error needs them). A rebinding that only drops guards on a bare global
+        (``G['_is_torch_available']`` without f_globals) drops them from the saved plan's first
+        checks; any other rebinding (None here) takes the general path."""
+        m = artifact.manifest
+        sources = getattr(m.inputs, "sources", None)
+        records = getattr(m.guards.guards, "records", None)
+        layout = m.guard_layout
+        if sources is None or records is None or layout is None:
+            return None
+        rewritten = resolver.rewritten_prefixes()
+        guards = m.guards
+        if rewritten:
+            if any(s.startswith(rewritten) and any(has_prefix(s, p) for p in rewritten) for s in sources):
+                return None
+            under = [i for i, r in enumerate(records)
+                     if r.source.startswith(rewritten) and any(has_prefix(r.source, p) for p in rewritten)]
+            first = set(layout.get("first") or ())
+            if any(resolver.guard_expr(records[i].source) is not None or i not in first for i in under):
+                return None  # a guard rewritten to another source, or read through the plan's reads
+            for i in under:
+                logger.info("artifact %s: guard %s is not checked after this load (it reads a "
+                            "constant saved in the artifact or a global no f_globals supplies)",
+                            artifact.location, records[i].source)
+            dropped = set(under)
+            layout = {**layout, "first": [i for i in layout["first"] if i not in dropped]}
+            guards = GuardSet(LazyGuards([r for i, r in enumerate(records) if i not in dropped]))  # type: ignore[arg-type]
+        return CallPlan(m.params, _Later(lambda: tuple(i.name for i in m.inputs)), sources, sources,
+                        guards, _LaterMap(lambda: {i.source: i.name for i in m.inputs}),
+                        resolver.static, f_globals if f_globals is not None else {},
+                        m.output_spec, m.source_tree, layout, records)
+
+
+class _Later(Sequence):
+    """A tuple made on first use (a load's input names: only errors and ``as_text`` read them)."""
+
+    def __init__(self, make: Callable[[], tuple]) -> None:
+        self._make: Callable[[], tuple] | None = make
+        self._items: tuple = ()
+
+    def _all(self) -> tuple:
+        if self._make is not None:
+            self._items, self._make = self._make(), None
+        return self._items
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+class _LaterMap(Mapping):
+    """A dict made on first use (guard source -> the name a GuardError gives it)."""
+
+    def __init__(self, make: Callable[[], dict]) -> None:
+        self._make: Callable[[], dict] | None = make
+        self._items: dict = {}
+
+    def _all(self) -> dict:
+        if self._make is not None:
+            self._items, self._make = self._make(), None
+        return self._items
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._all()[key]
+
+    def __iter__(self) -> Any:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
 
 
 class LoadedFunction:
@@ -138,7 +233,8 @@ class LoadedFunction:
         self._globals = plan.globals
         self.guards = plan.guards
         # one generated function checks every guard and gathers the graph inputs (None: a guard failed)
-        self._check_gather = compile_guards(plan.guards, list(plan.input_exprs))
+        self._check_gather = compile_guards(plan.guards, list(plan.input_exprs), plan.tree, plan.layout,
+                                            plan.records)
         self._gather_only: Callable[[Mapping[str, Any], Mapping[str, Any]], list | None] | None = None
         self._check_guards = True
         self._output = pytree.treespec_loads(plan.output_spec) if plan.output_spec else None

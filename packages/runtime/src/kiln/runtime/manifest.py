@@ -21,13 +21,18 @@ from kiln.graph import Guard, GuardSet, TensorSpec
 from .bindings import Binding
 from .environment import DeviceInfo, HostInfo
 from .errors import ArtifactError
+from .manifest_v3 import compact_sources, read_sources
 from .sources import Param
 
 FORMAT = "kiln-artifact"
 # 2: a tensor input's TENSOR_MATCH guard that equals the one its spec gives (``spec_guard``) is not
 # written (readers rebuild it from ``inputs``): the same check, ~a quarter less manifest to parse
 # for a model whose parameters are inputs (a mobilenet's 267). Schema-1 files read as before.
-SCHEMA_VERSION = 2
+# 3: sources as a read tree (``"sources": [[parent, segment], ...]``, ``source_tree``): inputs and
+# guards name a row instead of repeating the source's text (a mobilenet's ~800 sources share a dozen
+# prefixes), inputs and guards as rows, notes as a table; a load hands the tree to the guard plan,
+# which then reads without splitting sources. The same manifest in ~40 % of the bytes (manifest_v3.py).
+SCHEMA_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 PROGRAM_NAME = "program.py"
 CONSTANTS_NAME = "constants.safetensors"
@@ -123,13 +128,17 @@ def spec_from_json(d: object) -> TensorSpec | int | None:
     if d is None or isinstance(d, int):
         return d
     assert isinstance(d, dict)
-    shape, stride = d["shape"], d["stride"]
-    static = all(type(x) is int for x in shape) and all(type(x) is int for x in stride)
-    device = _DEVICES.get(d["device"]) or _DEVICES.setdefault(d["device"], torch.device(d["device"]))
+    return spec_from_parts(d["dtype"], d["device"], d["shape"], d["stride"], d.get("requires_grad", False))
+
+
+def spec_from_parts(dtype: str, device: str, shape: list, stride: list, requires_grad: object) -> TensorSpec:
+    """A TensorSpec from its JSON parts (a load makes hundreds: the static case stays C-level)."""
+    static = _INT.issuperset(map(type, shape)) and _INT.issuperset(map(type, stride))
+    dev = _DEVICES.get(device) or _DEVICES.setdefault(device, torch.device(device))
     return TensorSpec(tuple(shape) if static else tuple(_dim_from(x) for x in shape),
-                      getattr(torch, d["dtype"]), device,
+                      getattr(torch, dtype), dev,
                       tuple(stride) if static else tuple(_dim_from(x) for x in stride),
-                      bool(d.get("requires_grad", False)))
+                      bool(requires_grad))
 
 
 _DEVICES: dict[str, torch.device] = {}  # a model's hundreds of inputs share one or two devices
@@ -165,6 +174,10 @@ class Manifest:
     created: str = ""
     schema_version: int = SCHEMA_VERSION
     integrity: str = ""
+    # schema 3: the read tree of the sources (rows ``(source, parent row or -1, segment)``), as read
+    source_tree: tuple[tuple[str, int, str], ...] = field(default=(), compare=False, repr=False)
+    # schema 3: the guard plan of a load that rewrites no source (``GuardSet.gather_layout``), as read
+    guard_layout: dict[str, Any] | None = field(default=None, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         d = {
@@ -183,6 +196,8 @@ class Manifest:
                       for f in self.files.values()},
             "metadata": self.metadata,
         }
+        if self.schema_version >= 3:
+            d.update(compact_sources(self.inputs, _spec_guards_left_out(self.guards, self.inputs)))
         d["integrity"] = self.integrity or integrity_of(d)
         return d
 
@@ -196,23 +211,29 @@ class Manifest:
         check_schema(d)
         try:
             call = d["call"]
-            inputs = tuple(InputRecord(i["name"], i["source"], spec_from_json(i["spec"])) for i in d["inputs"])
-            guards = GuardSet.from_json(d["guards"])
             version = int(d["schema_version"])
+            tree: tuple[tuple[str, int, str], ...] = ()
+            if version >= 3:
+                tree, inputs, guards = read_sources(d)
+            else:
+                inputs = tuple(InputRecord(i["name"], i["source"], spec_from_json(i["spec"]))
+                               for i in d["inputs"])
+                guards = GuardSet.from_json(d["guards"])
             return Manifest(
                 backend=str(d["backend"]), environment=dict(d["environment"]),
                 host=HostInfo.from_json(d["host"]), device=DeviceInfo.from_json(d["device"]),
                 params=tuple(Param.from_json(p) for p in call["parameters"]),
                 inputs=inputs, bindings=tuple(Binding.from_json(b) for b in d["bindings"]),
-                guards=_with_spec_guards(guards, inputs) if version >= 2 else guards,
+                guards=_with_spec_guards(guards, inputs) if version == 2 else guards,
                 files={n: FileRecord(n, f["sha256"], int(f["size"]), f["kind"])
                        for n, f in d["files"].items()},
                 output_spec=call.get("output_spec"), requires=tuple(d["program"]["requires"]),
                 dropped_guards=int(d.get("dropped_guards", 0)), metadata=dict(d.get("metadata", {})),
                 created=str(d.get("created", "")), schema_version=version,
-                integrity=str(d["integrity"]),
+                integrity=str(d["integrity"]), source_tree=tree,
+                guard_layout=d.get("plan") if version >= 3 else None,
             )
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
             raise ArtifactError(f"the artifact manifest is malformed: {type(e).__name__}: {e}") from e
 
 

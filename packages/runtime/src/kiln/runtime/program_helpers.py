@@ -14,7 +14,7 @@ import contextlib
 import ctypes
 import json
 import os
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
@@ -101,6 +101,52 @@ def load_library(files_dir: str | None, name: str, flags: Sequence[str], link: S
         except (OSError, subprocess.CalledProcessError) as e:
             raise RuntimeError(f"cannot load {path} ({first}) nor rebuild it from its C++ source ({e})") from e
         return ctypes.CDLL(out)
+
+
+_MEMORY_LIBRARIES: list[int] = []  # their memfds stay open: see _dlopen_memory
+
+
+def load_library_from(files: Mapping[str, bytes] | None, files_dir: str | None, name: str,
+                      flags: Sequence[str], link: Sequence[str]) -> ctypes.CDLL:
+    """``load_library``, from the library's bytes in the program's ``FILES`` when it has them: on
+    Linux through a memfd, so a new machine's load writes no folder for it (creating the cache's
+    folders and files was ~0.7 ms of a mobilenet's load). Else from ``files_dir``; with no folder,
+    the library and its source are written to a temporary one first (load_library's rebuild reads
+    the ``.cpp`` there)."""
+    files = files or {}
+    data = files.get(name)
+    if data is not None and hasattr(os, "memfd_create"):
+        lib = _dlopen_memory(name, data)
+        if lib is not None:
+            return lib
+    if not files_dir and files:
+        import tempfile
+        files_dir = tempfile.mkdtemp(prefix="kiln-lib-")
+        for n in (name, name[:-3] + ".cpp"):
+            if n in files:
+                with open(os.path.join(files_dir, n), "wb") as f:
+                    f.write(files[n])
+    return load_library(files_dir, name, flags, link)
+
+
+def _dlopen_memory(name: str, data: bytes) -> ctypes.CDLL | None:
+    """dlopen ``data`` from an anonymous in-memory file, or None where that does not work (no memfd,
+    a kernel that forbids executable memfds). The memfd stays open for the process: dlopen knows a
+    loaded library by its path, so ``/proc/self/fd/N`` must never name another library."""
+    try:
+        fd = os.memfd_create(os.path.basename(name), getattr(os, "MFD_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        lib = ctypes.CDLL(f"/proc/self/fd/{fd}")
+    except OSError:
+        os.close(fd)
+        return None
+    _MEMORY_LIBRARIES.append(fd)
+    return lib
 
 
 def bind_kernels(namespace: MutableMapping[str, Any], lib: ctypes.CDLL, table: str) -> None:

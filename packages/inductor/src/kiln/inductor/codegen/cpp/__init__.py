@@ -11,13 +11,15 @@ from .build import CppCompileError, build_shared_library
 from .kernel import kernel_params, kernel_source
 from .prelude import PRELUDE, VECTOR_MATH
 
-# The wrapper loads its library from FILES_DIR; if that fails (another machine or libc), it rebuilds
-# from the shipped .cpp with the same flags into a temporary folder (kiln.runtime.program_helpers:
-# constant code imported, not compiled with every artifact).
+# The wrapper loads its library from its bytes in FILES (a memfd: a loaded artifact needs no folder of
+# files) or from FILES_DIR; if that fails (another machine or libc), it rebuilds from the shipped
+# .cpp with the same flags into a temporary folder (kiln.runtime.program_helpers: constant code
+# imported, not compiled with every artifact). kiln.runtime writes no FILES_DIR for a program whose
+# only files are libraries loaded this way.
 LOADER = """
 from kiln.runtime.program_helpers import bind_kernels as _bind_kernels
-from kiln.runtime.program_helpers import load_library as _load_library
-_lib = _load_library(FILES_DIR, {name!r}, {flags!r}, {link!r})"""
+from kiln.runtime.program_helpers import load_library_from as _load_library_from
+_lib = _load_library_from(FILES, FILES_DIR, {name!r}, {flags!r}, {link!r})"""
 
 
 class CppBackend:
