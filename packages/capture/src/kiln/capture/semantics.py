@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .errors import GraphBreak
+from .fast_views import fast_getitem
 from .sources import attr_source, item_source, module_member_source
 from .tracer import DELETED, SYM_TYPES
 from .values import ListIterator, SuperProxy, TensorMethod
@@ -182,7 +183,10 @@ def delete_attr(frame: Frame, obj: Any, name: str) -> None:
 def getitem(frame: Frame, obj: Any, key: Any) -> Any:
     tracer = frame.tracer
     if isinstance(obj, torch.Tensor):
-        return tracer.record("call_function", operator.getitem, (obj, key), {}, lambda: obj[key])
+        def index() -> Any:
+            fast = fast_getitem(obj, key)  # basic indexing: one as_strided instead of a chain of views
+            return obj[key] if fast is None else fast
+        return tracer.record("call_function", operator.getitem, (obj, key), {}, index)
     if is_traced(key) and not isinstance(key, torch.SymInt):
         raise GraphBreak("indexing a Python container with a tensor")
     if isinstance(obj, (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)):

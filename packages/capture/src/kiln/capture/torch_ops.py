@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import GraphBreak
+from .fast_views import FAST_METHODS
 from .fast_meta import FAST_META, fast_result, from_memo, memo_entry, memo_key
 from .semantics import contains_traced
 from .tracer import _has_traced
@@ -108,6 +109,12 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
             return tracer.record("call_method", name, (t, *args), kwargs, lambda: getattr(t, name)(*args, **kwargs),
                                  pure=True)
         return result
+    rule = FAST_METHODS.get(name)
+    if rule is not None:  # a view by its shape rule (None: the ordinary path)
+        def run() -> Any:
+            fast = rule(t, tuple(args), kwargs)
+            return getattr(t, name)(*args, **kwargs) if fast is None else fast
+        return tracer.record("call_method", name, (t, *args), dict(kwargs), run)
     return tracer.record("call_method", name, (t, *args), dict(kwargs),
                          lambda: getattr(t, name)(*args, **kwargs))
 
