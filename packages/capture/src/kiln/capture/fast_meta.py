@@ -57,13 +57,14 @@ def _needs_grad(differentiable: tuple[Any, ...]) -> bool:
 
 
 def like_input(x: torch.Tensor, differentiable: tuple[Any, ...]) -> torch.Tensor:
-    """A fresh fake tensor with ``x``'s metadata that requires grad (as a non-leaf) exactly when
+    """A fresh fake tensor with ``x``'s (dense) metadata that requires grad (as a non-leaf) exactly when
     autograd would make the op's output require grad. Runs under the capture's fake mode."""
-    if not _needs_grad(differentiable):
-        return torch.empty_like(x)
-    if x.requires_grad:
+    if x.requires_grad and _needs_grad(differentiable):
         return x.clone()  # a non-leaf with x's strides (dense: preserve_format keeps them)
-    return torch.empty_like(x).requires_grad_().clone()
+    # empty_like(x) for a dense x is empty_strided with x's strides; the fake empty_like runs a
+    # Python decomposition (~1 ms a call for each new shape), empty_strided does not
+    out = torch.empty_strided(tuple(x.shape), x.stride(), dtype=x.dtype, device=x.device)
+    return out.requires_grad_().clone() if _needs_grad(differentiable) else out
 
 
 def fresh_contiguous(shape: tuple[int, ...], x: torch.Tensor, differentiable: tuple[Any, ...]) -> torch.Tensor:
@@ -169,6 +170,44 @@ def _torch_batch_norm(args: tuple, kwargs: dict) -> Any:
     return _batch_norm(x, mean, var, weight, bias, training, momentum, eps)
 
 
+def _addmm(args: tuple, kwargs: dict) -> Any:
+    """torch.addmm(input, mat1, mat2): a new contiguous (n, m) tensor (HF GPT-2's Conv1D); its fake
+    run is a Python meta function, ~1-3 ms for each new shape."""
+    if not kwargs.keys() <= {"beta", "alpha"} or any(type(v) not in (int, float) for v in kwargs.values()):
+        return None
+    if len(args) != 3 or torch.is_inference_mode_enabled() or _autocast_on():
+        return None
+    bias, m1, m2 = args
+    if type(m1) is not FakeTensor or not m1.is_floating_point() or not _same_kind(m1, bias, m2) or \
+            bias is None or m1.dim() != 2 or m2.dim() != 2 or m1.shape[1] != m2.shape[0]:
+        return None
+    out = (m1.shape[0], m2.shape[1])
+    try:
+        if tuple(torch.broadcast_shapes(tuple(bias.shape), out)) != out:
+            return None
+    except RuntimeError:
+        return None
+    return fresh_contiguous(out, m1, (bias, m1, m2))
+
+
+def _embedding(args: tuple, kwargs: dict) -> Any:
+    """F.embedding: a new contiguous ``indices.shape + (dim,)`` tensor of the weight's dtype."""
+    bound = _bind(("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse"),
+                  (None, None, None, None, 2.0, False, False), 2, args, kwargs)
+    if bound is None or torch.is_inference_mode_enabled() or _autocast_on():
+        return None
+    idx, w, padding_idx, max_norm, _, scale, sparse = bound
+    if max_norm is not None or sparse is not False or type(scale) is not bool:
+        return None  # max_norm renormalises the weight in place: the ordinary path
+    if type(idx) is not FakeTensor or idx.dtype not in (torch.int64, torch.int32) or \
+            type(w) is not FakeTensor or w.dim() != 2 or not w.is_floating_point() or \
+            idx.device != w.device or any(type(s) is not int for s in (*idx.shape, *w.shape)):
+        return None
+    if padding_idx is not None and (type(padding_idx) is not int or not -w.shape[0] <= padding_idx < w.shape[0]):
+        return None
+    return fresh_contiguous((*idx.shape, w.shape[1]), w, (w,))
+
+
 _ARANGE_DTYPES = frozenset({torch.int64, torch.int32, torch.float32, torch.float64})
 _ARANGE_KWARGS = frozenset({"dtype", "device", "requires_grad", "layout", "pin_memory"})
 
@@ -214,6 +253,8 @@ FAST_META: dict[int, FastRule] = {
     id(F.linear): _linear,
     id(F.layer_norm): _layer_norm,
     id(torch.arange): _arange,
+    id(torch.addmm): _addmm,
+    id(F.embedding): _embedding,
 }
 
 

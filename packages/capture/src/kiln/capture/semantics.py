@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .errors import GraphBreak
+from .fast_pointwise import FAST_POINTWISE
 from .fast_views import fast_getitem
 from .sources import attr_source, item_source, module_member_source
 from .tracer import DELETED, SYM_TYPES
@@ -271,7 +272,12 @@ def apply_operator(frame: Frame, op: Any, args: list) -> Any:
         inplace_on_python = op in _INPLACE and not isinstance(args[0], torch.Tensor)
         target = _NOT_INPLACE.get(op, op) if inplace_on_python else op
         if any(isinstance(a, torch.Tensor) for a in args) or any(contains_traced(a) for a in args):
-            return frame.tracer.record("call_function", target, tuple(args), {}, lambda: target(*args),
+            rule = FAST_POINTWISE.get(id(target))
+
+            def run() -> Any:
+                fast = rule(tuple(args), {}) if rule is not None else None  # + - * / ** by shape rule
+                return target(*args) if fast is None else fast
+            return frame.tracer.record("call_function", target, tuple(args), {}, run,
                                        pure=not any(isinstance(a, torch.Tensor) for a in args))
     if op in _INPLACE and frame.tracer.source_of.get(id(args[0])) is not None and \
             isinstance(args[0], (list, dict, set)):

@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .errors import GraphBreak
-from .fast_views import FAST_METHODS
 from .fast_meta import FAST_META, fast_result, from_memo, memo_entry, memo_key
+from .fast_pointwise import FAST_POINTWISE
+from .fast_views import FAST_METHODS
 from .semantics import contains_traced
 from .tracer import _has_traced
 
@@ -73,7 +74,7 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         # a factory (torch.arange, torch.zeros...): record the probe's result instead of running the
         # function on fake tensors a second time (each run of a fake constructor is 0.1-7 ms)
         return tracer.record("call_function", fn, tuple(args), dict(kwargs), lambda: probe)
-    rule = FAST_META.get(id(fn))
+    rule = FAST_META.get(id(fn)) or FAST_POINTWISE.get(id(fn))
     if rule is not None:  # a shape rule instead of the function's meta kernel (None: no shortcut)
         def run() -> Any:
             fast = rule(tuple(args), kwargs)
