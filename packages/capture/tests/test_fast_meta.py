@@ -303,3 +303,24 @@ def test_embedding_rule_matches_running_it():
                 with mode, torch.set_grad_enabled(grad):
                     taken += _rule_vs_running(F.embedding, args, kwargs) is not None
     assert taken > 40
+
+
+def test_conv2d_rule_matches_running_it():
+    mode = FakeTensorMode()
+    taken = 0
+    inputs = [torch.randn(2, 4, 7, 7), torch.randn(1, 4, 5, 6), torch.randn(2, 4, 1, 1), torch.randn(2, 4, 3, 3),
+              torch.randn(2, 4, 7, 7).to(memory_format=torch.channels_last), torch.randn(2, 4, 7, 7)[:, :, ::2],
+              torch.randn(4, 7, 7), torch.randn(2, 4, 6, 6, dtype=torch.float64), torch.randn(2, 1, 5, 5)]
+    weights = [torch.randn(6, 4, 3, 3), torch.randn(8, 4, 1, 1), torch.randn(4, 1, 3, 3), torch.randn(6, 2, 3, 3),
+               torch.randn(6, 4, 3, 3).to(memory_format=torch.channels_last), torch.randn(3, 4, 5, 5),
+               torch.randn(6, 4, 3, 3, requires_grad=True), torch.randn(6, 1, 1, 1)]
+    options = [{}, {"stride": 2, "padding": 1}, {"padding": (1, 2), "dilation": 2}, {"groups": 4, "padding": 1},
+               {"groups": 2}, {"stride": (2, 1)}, {"padding": "same"}, {"stride": 0}, {"padding": -1}]
+    for x, w in [(x, w) for x in inputs for w in weights]:
+        fx_, fw = mode.from_tensor(x), mode.from_tensor(w)
+        for bias in (None, mode.from_tensor(torch.randn(w.shape[0])), mode.from_tensor(torch.randn(2))):
+            for kw in options:
+                for grad in (True, False):
+                    with mode, torch.set_grad_enabled(grad):
+                        taken += _rule_vs_running(F.conv2d, (fx_, fw, bias), kw) is not None
+    assert taken > 100

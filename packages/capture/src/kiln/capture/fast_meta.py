@@ -208,6 +208,50 @@ def _embedding(args: tuple, kwargs: dict) -> Any:
     return fresh_contiguous((*idx.shape, w.shape[1]), w, (w,))
 
 
+def _pair(v: Any) -> tuple[int, int] | None:
+    if type(v) is int:
+        return v, v
+    if type(v) in (tuple, list) and len(v) == 2 and all(type(i) is int for i in v):
+        return v[0], v[1]
+    return None  # "same" / "valid" padding, or something torch reports
+
+
+def _only_contiguous(t: Any) -> bool:
+    """Contiguous and not also channels-last: no memory format for torch's conv to prefer."""
+    return t.is_contiguous() and not t.is_contiguous(memory_format=torch.channels_last)
+
+
+def _conv2d(args: tuple, kwargs: dict) -> Any:
+    """F.conv2d on batched, unambiguously contiguous input and weight: a new contiguous
+    ``(N, C_out, H_out, W_out)`` tensor. Why: each new shape runs torch's conv backend selection
+    and meta kernel on fake tensors (~1-3 ms; most of a MobileNetV3 warm start's fake time).
+    Channels-last or ambiguous layouts (a 1x1 spatial map, one channel), where torch picks the
+    output's memory format by backend, take the ordinary path."""
+    bound = _bind(("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+                  (None, None, None, 1, 0, 1, 1), 2, args, kwargs)
+    if bound is None or torch.is_inference_mode_enabled() or _autocast_on():
+        return None
+    x, w, b, stride, padding, dilation, groups = bound
+    if type(x) is not FakeTensor or x.dim() != 4 or not x.is_floating_point() or not _same_kind(x, w, b) or \
+            type(w) is not FakeTensor or w.dim() != 4 or type(groups) is not int or groups < 1:
+        return None
+    if any(type(v) is not int for v in (*x.stride(), *w.stride())) or \
+            not _only_contiguous(x) or not _only_contiguous(w):
+        return None
+    s, p, d = _pair(stride), _pair(padding), _pair(dilation)
+    if s is None or p is None or d is None or min(s) < 1 or min(p) < 0 or min(d) < 1:
+        return None
+    n, c_in, h, wd = x.shape
+    c_out, c_per_group, kh, kw = w.shape
+    if c_in != c_per_group * groups or c_out % groups or (b is not None and tuple(b.shape) != (c_out,)):
+        return None
+    h_out = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
+    w_out = (wd + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1
+    if min(n, c_out, h_out, w_out) < 1:
+        return None
+    return fresh_contiguous((n, c_out, h_out, w_out), x, (x, w, b))
+
+
 _ARANGE_DTYPES = frozenset({torch.int64, torch.int32, torch.float32, torch.float64})
 _ARANGE_KWARGS = frozenset({"dtype", "device", "requires_grad", "layout", "pin_memory"})
 
@@ -255,6 +299,7 @@ FAST_META: dict[int, FastRule] = {
     id(torch.arange): _arange,
     id(torch.addmm): _addmm,
     id(F.embedding): _embedding,
+    id(torch.conv2d): _conv2d,  # F.conv2d is the same builtin
 }
 
 
