@@ -26,8 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .fast_meta import _autocast_on, fresh_contiguous
-from .fast_views import contiguous_strides
+from .fast_meta import _autocast_on, contiguous_strides, fresh_contiguous
 
 PointwiseRule = Callable[[tuple, dict], Any]
 _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
@@ -39,7 +38,7 @@ def _contiguous_float(t: Any) -> bool:
     shape, stride = t.shape, t.stride()
     if any(type(s) is not int for s in shape) or any(type(s) is not int for s in stride):
         return False
-    return list(stride) == contiguous_strides(list(shape))
+    return stride == contiguous_strides(shape)
 
 
 def _ok_mode() -> bool:

@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from .fast_meta import contiguous_strides
+
 Layout = tuple[list[int], list[int], int]  # sizes, strides, storage offset
 MethodRule = Callable[[Any, tuple, dict], Any]
 
@@ -80,14 +82,6 @@ def _infer_size(shape: list[int], numel: int) -> list[int] | None:
     return shape
 
 
-def contiguous_strides(sizes: list[int]) -> list[int]:
-    out, acc = [], 1
-    for s in reversed(sizes):
-        out.append(acc)
-        acc *= max(s, 1)
-    return out[::-1]
-
-
 def view_strides(old: list[int], old_strides: list[int], new: list[int]) -> list[int] | None:
     """ATen's ``computeStride``: the strides viewing (old, old_strides) as shape ``new``, or None
     when no view exists (torch then copies in ``reshape`` or raises in ``view``)."""
@@ -123,7 +117,7 @@ def _view_layout(x: torch.Tensor, args: tuple) -> Layout | None:
     new = _infer_size(shape, numel)
     if new is None or not new or x.dim() == 0:
         return None
-    if 1 in new and list(x.stride()) != contiguous_strides(list(x.shape)):
+    if 1 in new and x.stride() != contiguous_strides(x.shape):
         # Note: a size-1 dim's stride is a convention, and torch's fake view (a Python reference
         # implementation) keeps other conventions than ATen's for strided inputs; every other
         # stride of a view is fixed by the elements it addresses, so both agree on them
