@@ -305,7 +305,15 @@ def test_embedding_rule_matches_running_it():
     assert taken > 40
 
 
-def test_conv2d_rule_matches_running_it():
+def _fake_on(mode, t, device):
+    """A fake tensor with ``t``'s layout on ``device`` (a CUDA fake tensor needs no GPU)."""
+    with mode:
+        out = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+    return out.requires_grad_(t.requires_grad)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_conv2d_rule_matches_running_it(device):
     mode = FakeTensorMode()
     taken = 0
     inputs = [torch.randn(2, 4, 7, 7), torch.randn(1, 4, 5, 6), torch.randn(2, 4, 1, 1), torch.randn(2, 4, 3, 3),
@@ -317,8 +325,8 @@ def test_conv2d_rule_matches_running_it():
     options = [{}, {"stride": 2, "padding": 1}, {"padding": (1, 2), "dilation": 2}, {"groups": 4, "padding": 1},
                {"groups": 2}, {"stride": (2, 1)}, {"padding": "same"}, {"stride": 0}, {"padding": -1}]
     for x, w in [(x, w) for x in inputs for w in weights]:
-        fx_, fw = mode.from_tensor(x), mode.from_tensor(w)
-        for bias in (None, mode.from_tensor(torch.randn(w.shape[0])), mode.from_tensor(torch.randn(2))):
+        fx_, fw = _fake_on(mode, x, device), _fake_on(mode, w, device)
+        for bias in (None, _fake_on(mode, torch.randn(w.shape[0]), device), _fake_on(mode, torch.randn(2), device)):
             for kw in options:
                 for grad in (True, False):
                     with mode, torch.set_grad_enabled(grad):
