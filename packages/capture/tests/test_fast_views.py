@@ -2,7 +2,9 @@
 capture uses them instead of torch's fake view implementations."""
 
 import itertools
+import operator
 import random
+from functools import partial
 
 import pytest
 import torch
@@ -74,10 +76,10 @@ def test_view_rules_match_running_them(method):
     for t in _bases(rng, mode):
         for shape in _view_shapes(rng, t):
             with mode:
-                fast = _same_or_both_fail(lambda: FAST_METHODS[method](t, (shape,), {}),
-                                          lambda: getattr(t, method)(shape))
-                _same_or_both_fail(lambda: FAST_METHODS[method](t, shape, {}),
-                                   lambda: getattr(t, method)(*shape))
+                fast = _same_or_both_fail(partial(FAST_METHODS[method], t, (shape,), {}),
+                                          partial(getattr(t, method), shape))
+                _same_or_both_fail(partial(FAST_METHODS[method], t, shape, {}),
+                                   partial(getattr(t, method), *shape))
             taken += fast is not None
     assert taken > 300  # the rule applies to most of them (not only declines)
 
@@ -97,8 +99,8 @@ def test_layout_rules_match_running_them():
                   ("expand", tuple(s + 1 for s in t.shape)), ("expand", (-1, *t.shape))]
         for name, args in cases:
             with mode:
-                fast = _same_or_both_fail(lambda: FAST_METHODS[name](t, args, {}),
-                                          lambda: getattr(t, name)(*args))
+                fast = _same_or_both_fail(partial(FAST_METHODS[name], t, args, {}),
+                                          partial(getattr(t, name), *args))
             taken += fast is not None
     assert taken > 300
 
@@ -121,7 +123,7 @@ def test_getitem_rule_matches_running_it():
         keys += [(None, None, Ellipsis, 0), (Ellipsis, None), (True,), torch.tensor([0]), "a"]
         for key in keys:
             with mode:
-                fast = _same_or_both_fail(lambda: fast_getitem(t, key), lambda: t[key])
+                fast = _same_or_both_fail(partial(fast_getitem, t, key), partial(operator.getitem, t, key))
             taken += fast is not None
     assert taken > 800
 
