@@ -76,3 +76,20 @@ def test_arange_rule_matches_running_it(args, kwargs):
 def test_arange_rule_declines_what_it_is_not_sure_of(args, kwargs):
     with FakeTensorMode():
         assert fast_result(torch.arange, args, kwargs) is None
+
+
+def _two_lines(x):
+    y = x.sin()
+    return y * 2
+
+
+def test_each_node_keeps_its_own_source_line(recorder):
+    """Location texts are made once per line at decode time: each node still names its line."""
+    g = kc.optimize(_two_lines, recorder, fullgraph=True)
+    x = torch.randn(3)
+    assert_same(g(x), _two_lines(x))
+    first = _two_lines.__code__.co_firstlineno
+    traces = {n.target if isinstance(n.target, str) else n.target.__name__: n.meta.get("stack_trace")
+              for n in recorder.graphs[-1].graph.nodes if n.op in ("call_method", "call_function")}
+    assert traces["sin"] == f'  File "{__file__}", line {first + 1}, in _two_lines\n'
+    assert traces["mul"] == f'  File "{__file__}", line {first + 2}, in _two_lines\n'

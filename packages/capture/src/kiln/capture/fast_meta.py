@@ -57,19 +57,45 @@ def _needs_grad(differentiable: tuple[Any, ...]) -> bool:
 
 
 def like_input(x: torch.Tensor, differentiable: tuple[Any, ...]) -> torch.Tensor:
-    """A fresh fake tensor with ``x``'s metadata that requires grad (as a non-leaf) exactly when
+    """A fresh fake tensor with ``x``'s (dense) metadata that requires grad (as a non-leaf) exactly when
     autograd would make the op's output require grad. Runs under the capture's fake mode."""
-    if not _needs_grad(differentiable):
-        return torch.empty_like(x)
-    if x.requires_grad:
+    if x.requires_grad and _needs_grad(differentiable):
         return x.clone()  # a non-leaf with x's strides (dense: preserve_format keeps them)
-    return torch.empty_like(x).requires_grad_().clone()
+    # empty_like(x) for a dense x is empty_strided with x's strides; the fake empty_like runs a
+    # Python decomposition (~1 ms a call for each new shape), empty_strided does not
+    out = new_fake(x, tuple(x.shape), x.stride(), x.dtype)
+    return out.requires_grad_().clone() if _needs_grad(differentiable) else out
+
+
+_NO_DISPATCH = getattr(torch._C, "_DisableTorchDispatch", None)
+
+
+def new_fake(x: Any, shape: tuple[int, ...], stride: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A fresh fake tensor in ``x``'s fake mode, on its device: a meta tensor wrapped as the fake
+    mode wraps every op's output. Why: ``torch.empty_strided`` under the fake mode costs a fake
+    dispatch (0.2-0.5 ms for each new shape: a cache miss running the meta kernel), this ~20 us."""
+    mode = getattr(x, "fake_mode", None)
+    converter = getattr(mode, "fake_tensor_converter", None)
+    if _NO_DISPATCH is None or not hasattr(converter, "from_meta_and_device"):
+        return torch.empty_strided(shape, stride, dtype=dtype, device=x.device)
+    with _NO_DISPATCH():
+        meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+    return converter.from_meta_and_device(mode, meta, x.device)
+
+
+def contiguous_strides(sizes: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    """The strides ``torch.empty(sizes)`` gets."""
+    out, acc = [], 1
+    for s in reversed(sizes):
+        out.append(acc)
+        acc *= max(s, 1)
+    return tuple(out[::-1])
 
 
 def fresh_contiguous(shape: tuple[int, ...], x: torch.Tensor, differentiable: tuple[Any, ...]) -> torch.Tensor:
     """A new contiguous fake tensor of ``shape`` with ``x``'s dtype and device, requiring grad (as
     a non-leaf) exactly when autograd would make the op's output require grad."""
-    out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    out = new_fake(x, shape, contiguous_strides(shape), x.dtype)
     if _needs_grad(differentiable):
         out = out.requires_grad_().clone()
     return out
@@ -169,6 +195,88 @@ def _torch_batch_norm(args: tuple, kwargs: dict) -> Any:
     return _batch_norm(x, mean, var, weight, bias, training, momentum, eps)
 
 
+def _addmm(args: tuple, kwargs: dict) -> Any:
+    """torch.addmm(input, mat1, mat2): a new contiguous (n, m) tensor (HF GPT-2's Conv1D); its fake
+    run is a Python meta function, ~1-3 ms for each new shape."""
+    if not kwargs.keys() <= {"beta", "alpha"} or any(type(v) not in (int, float) for v in kwargs.values()):
+        return None
+    if len(args) != 3 or torch.is_inference_mode_enabled() or _autocast_on():
+        return None
+    bias, m1, m2 = args
+    if type(m1) is not FakeTensor or not m1.is_floating_point() or not _same_kind(m1, bias, m2) or \
+            bias is None or m1.dim() != 2 or m2.dim() != 2 or m1.shape[1] != m2.shape[0]:
+        return None
+    out = (m1.shape[0], m2.shape[1])
+    try:
+        if tuple(torch.broadcast_shapes(tuple(bias.shape), out)) != out:
+            return None
+    except RuntimeError:
+        return None
+    return fresh_contiguous(out, m1, (bias, m1, m2))
+
+
+def _embedding(args: tuple, kwargs: dict) -> Any:
+    """F.embedding: a new contiguous ``indices.shape + (dim,)`` tensor of the weight's dtype."""
+    bound = _bind(("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse"),
+                  (None, None, None, None, 2.0, False, False), 2, args, kwargs)
+    if bound is None or torch.is_inference_mode_enabled() or _autocast_on():
+        return None
+    idx, w, padding_idx, max_norm, _, scale, sparse = bound
+    if max_norm is not None or sparse is not False or type(scale) is not bool:
+        return None  # max_norm renormalises the weight in place: the ordinary path
+    if type(idx) is not FakeTensor or idx.dtype not in (torch.int64, torch.int32) or \
+            type(w) is not FakeTensor or w.dim() != 2 or not w.is_floating_point() or \
+            idx.device != w.device or any(type(s) is not int for s in (*idx.shape, *w.shape)):
+        return None
+    if padding_idx is not None and (type(padding_idx) is not int or not -w.shape[0] <= padding_idx < w.shape[0]):
+        return None
+    return fresh_contiguous((*idx.shape, w.shape[1]), w, (w,))
+
+
+def _pair(v: Any) -> tuple[int, int] | None:
+    if type(v) is int:
+        return v, v
+    if type(v) in (tuple, list) and len(v) == 2 and all(type(i) is int for i in v):
+        return v[0], v[1]
+    return None  # "same" / "valid" padding, or something torch reports
+
+
+def _only_contiguous(t: Any) -> bool:
+    """Contiguous and not also channels-last: no memory format for torch's conv to prefer."""
+    return t.is_contiguous() and not t.is_contiguous(memory_format=torch.channels_last)
+
+
+def _conv2d(args: tuple, kwargs: dict) -> Any:
+    """F.conv2d on batched, unambiguously contiguous input and weight: a new contiguous
+    ``(N, C_out, H_out, W_out)`` tensor. Why: each new shape runs torch's conv backend selection
+    and meta kernel on fake tensors (~1-3 ms; most of a MobileNetV3 warm start's fake time).
+    Channels-last or ambiguous layouts (a 1x1 spatial map, one channel), where torch picks the
+    output's memory format by backend, take the ordinary path."""
+    bound = _bind(("input", "weight", "bias", "stride", "padding", "dilation", "groups"),
+                  (None, None, None, 1, 0, 1, 1), 2, args, kwargs)
+    if bound is None or torch.is_inference_mode_enabled() or _autocast_on():
+        return None
+    x, w, b, stride, padding, dilation, groups = bound
+    if type(x) is not FakeTensor or x.dim() != 4 or not x.is_floating_point() or not _same_kind(x, w, b) or \
+            type(w) is not FakeTensor or w.dim() != 4 or type(groups) is not int or groups < 1:
+        return None
+    if any(type(v) is not int for v in (*x.stride(), *w.stride())) or \
+            not _only_contiguous(x) or not _only_contiguous(w):
+        return None
+    s, p, d = _pair(stride), _pair(padding), _pair(dilation)
+    if s is None or p is None or d is None or min(s) < 1 or min(p) < 0 or min(d) < 1:
+        return None
+    n, c_in, h, wd = x.shape
+    c_out, c_per_group, kh, kw = w.shape
+    if c_in != c_per_group * groups or c_out % groups or (b is not None and tuple(b.shape) != (c_out,)):
+        return None
+    h_out = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
+    w_out = (wd + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1
+    if min(n, c_out, h_out, w_out) < 1:
+        return None
+    return fresh_contiguous((n, c_out, h_out, w_out), x, (x, w, b))
+
+
 _ARANGE_DTYPES = frozenset({torch.int64, torch.int32, torch.float32, torch.float64})
 _ARANGE_KWARGS = frozenset({"dtype", "device", "requires_grad", "layout", "pin_memory"})
 
@@ -214,6 +322,9 @@ FAST_META: dict[int, FastRule] = {
     id(F.linear): _linear,
     id(F.layer_norm): _layer_norm,
     id(torch.arange): _arange,
+    id(torch.addmm): _addmm,
+    id(F.embedding): _embedding,
+    id(torch.conv2d): _conv2d,  # F.conv2d is the same builtin
 }
 
 

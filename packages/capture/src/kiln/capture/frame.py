@@ -36,6 +36,8 @@ class Inst:
     offset: int
     lineno: int | None
     index: int
+    where: str = ""  # file:line, for guard notes
+    location: str = ""  # the same as a traceback line, for node metadata
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +60,9 @@ def decode(code: types.CodeType) -> tuple[list[Inst], dict[int, int], list[ExcEn
     insts: list[Inst] = []
     index_of: dict[int, int] = {}
     pending: list[int] = []  # offsets of EXTENDED_ARG prefixes: jumps may target them
+    # Note: each instruction's location texts, made once per line here rather than formatted on
+    # every step (a capture steps through ~2x as many instructions as it decodes)
+    lines: dict[int | None, tuple[str, str]] = {}
     for ins in dis.get_instructions(code):
         if ins.opname in ("EXTENDED_ARG", "CACHE"):
             pending.append(ins.offset)
@@ -67,7 +72,11 @@ def decode(code: types.CodeType) -> tuple[list[Inst], dict[int, int], list[ExcEn
             index_of[off] = len(insts)
         pending.clear()
         index_of[ins.offset] = len(insts)
-        insts.append(Inst(ins.opname, ins.arg, ins.argval, ins.argrepr, ins.offset, lineno, len(insts)))
+        texts = lines.get(lineno)
+        if texts is None:
+            texts = lines[lineno] = (f"{code.co_filename}:{lineno}",
+                                     f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n')
+        insts.append(Inst(ins.opname, ins.arg, ins.argval, ins.argrepr, ins.offset, lineno, len(insts), *texts))
     entries = [ExcEntry(e.start, e.end, e.target, e.depth, e.lasti)
                for e in getattr(dis.Bytecode(code), "exception_entries", [])]
     _DECODED[code] = (insts, index_of, entries)
@@ -160,9 +169,8 @@ class Frame:
             raise GraphBreak(f"unsupported bytecode {inst.opname}",
                              "this Python construct is not supported by kiln.capture yet")
         self.current = inst
-        self.tracer.where = f"{self.code.co_filename}:{inst.lineno}"
-        self.tracer.location = (f'  File "{self.code.co_filename}", line {inst.lineno}, in '
-                                f'{self.code.co_name}\n')
+        self.tracer.where = inst.where
+        self.tracer.location = inst.location
         self.ip = inst.index + 1
         handler(self, inst)
 

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 
 from .errors import GraphBreak
+from .fast_pointwise import FAST_POINTWISE
+from .fast_views import fast_getitem
 from .sources import attr_source, item_source, module_member_source
 from .tracer import DELETED, SYM_TYPES
 from .values import ListIterator, SuperProxy, TensorMethod
@@ -184,7 +186,10 @@ def delete_attr(frame: Frame, obj: Any, name: str) -> None:
 def getitem(frame: Frame, obj: Any, key: Any) -> Any:
     tracer = frame.tracer
     if isinstance(obj, torch.Tensor):
-        return tracer.record("call_function", operator.getitem, (obj, key), {}, lambda: obj[key])
+        def index() -> Any:
+            fast = fast_getitem(obj, key)  # basic indexing: one as_strided instead of a chain of views
+            return obj[key] if fast is None else fast
+        return tracer.record("call_function", operator.getitem, (obj, key), {}, index)
     if is_traced(key) and not isinstance(key, torch.SymInt):
         raise GraphBreak("indexing a Python container with a tensor")
     if isinstance(obj, (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)):
@@ -269,7 +274,12 @@ def apply_operator(frame: Frame, op: Any, args: list) -> Any:
         inplace_on_python = op in _INPLACE and not isinstance(args[0], torch.Tensor)
         target = _NOT_INPLACE.get(op, op) if inplace_on_python else op
         if any(isinstance(a, torch.Tensor) for a in args) or any(contains_traced(a) for a in args):
-            return frame.tracer.record("call_function", target, tuple(args), {}, lambda: target(*args),
+            rule = FAST_POINTWISE.get(id(target))
+
+            def run() -> Any:
+                fast = rule(tuple(args), {}) if rule is not None else None  # + - * / ** by shape rule
+                return target(*args) if fast is None else fast
+            return frame.tracer.record("call_function", target, tuple(args), {}, run,
                                        pure=not any(isinstance(a, torch.Tensor) for a in args))
     if op in _INPLACE and frame.tracer.source_of.get(id(args[0])) is not None and \
             isinstance(args[0], (list, dict, set)):

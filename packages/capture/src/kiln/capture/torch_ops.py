@@ -9,6 +9,8 @@ import torch
 
 from .errors import GraphBreak
 from .fast_meta import FAST_META, fast_result, from_memo, memo_entry, memo_key
+from .fast_pointwise import FAST_POINTWISE
+from .fast_views import FAST_METHODS
 from .semantics import contains_traced
 from .tracer import _has_traced
 
@@ -89,7 +91,7 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         # a factory (torch.arange, torch.zeros...): record the probe's result instead of running the
         # function on fake tensors a second time (each run of a fake constructor is 0.1-7 ms)
         return tracer.record("call_function", fn, tuple(args), dict(kwargs), lambda: probe)
-    rule = FAST_META.get(id(fn))
+    rule = FAST_META.get(id(fn)) or FAST_POINTWISE.get(id(fn))
     if rule is not None:  # a shape rule instead of the function's meta kernel (None: no shortcut)
         def run() -> Any:
             fast = rule(tuple(args), kwargs)
@@ -125,6 +127,12 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
             return tracer.record("call_method", name, (t, *args), kwargs, lambda: getattr(t, name)(*args, **kwargs),
                                  pure=True)
         return result
+    rule = FAST_METHODS.get(name)
+    if rule is not None:  # a view by its shape rule (None: the ordinary path)
+        def run() -> Any:
+            fast = rule(t, tuple(args), kwargs)
+            return getattr(t, name)(*args, **kwargs) if fast is None else fast
+        return tracer.record("call_method", name, (t, *args), dict(kwargs), run)
     return tracer.record("call_method", name, (t, *args), dict(kwargs),
                          lambda: getattr(t, name)(*args, **kwargs))
 
