@@ -59,21 +59,3 @@ def test_mutating_custom_op_still_breaks() -> None:
     assert ex.break_count >= 1
     opt = kc.optimize(_mutates_with_custom_op, Recorder())
     torch.testing.assert_close(opt(x), _mutates_with_custom_op(x))
-
-
-@torch.jit.script
-def _scripted_bucket(x: torch.Tensor, n: int) -> torch.Tensor:
-    return torch.sign(x) * torch.log1p(torch.abs(x)) * n
-
-
-def _calls_script_function(x, y):
-    return _scripted_bucket(x + y, 3) * 2
-
-
-def test_torchscript_function_is_traced_through_its_python_source() -> None:
-    kc.reset()
-    rec = Recorder()
-    opt = kc.optimize(_calls_script_function, rec)
-    x, y = torch.randn(4, 5), torch.randn(4, 5)
-    torch.testing.assert_close(opt(x, y), _calls_script_function(x, y))
-    assert rec.count == 1 and kc.explain(_calls_script_function)(x, y).break_count == 0

@@ -48,11 +48,6 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     special = _special(fn)
     if special is not None:
         return special(frame, args, kwargs)
-    if isinstance(fn, torch.jit.ScriptFunction) and isinstance(getattr(fn, "_torchdynamo_inline", None),
-                                                               types.FunctionType):
-        # torch.jit.script keeps the Python function it compiled for compilers to trace (DeBERTa-v2's
-        # relative-position helpers): trace that instead of running TorchScript on fake tensors
-        return call_function(frame, fn._torchdynamo_inline, args, kwargs)
     if isinstance(fn, types.MethodType):
         if fn.__func__ in _MODULE_CALLS and isinstance(fn.__self__, nn.Module):
             return call_module(frame, fn.__self__, args, kwargs)
