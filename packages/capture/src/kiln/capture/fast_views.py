@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
+from kiln.graph import view_strides
+
 from .fast_meta import contiguous_strides
 
 Layout = tuple[list[int], list[int], int]  # sizes, strides, storage offset
@@ -82,29 +84,6 @@ def _infer_size(shape: list[int], numel: int) -> list[int] | None:
     return shape
 
 
-def view_strides(old: list[int], old_strides: list[int], new: list[int]) -> list[int] | None:
-    """ATen's ``computeStride``: the strides viewing (old, old_strides) as shape ``new``, or None
-    when no view exists (torch then copies in ``reshape`` or raises in ``view``)."""
-    if not old:
-        return [1] * len(new)
-    new_strides = [0] * len(new)
-    view_d = len(new) - 1
-    chunk_base = old_strides[-1]
-    tensor_numel = view_numel = 1
-    for tensor_d in range(len(old) - 1, -1, -1):
-        tensor_numel *= old[tensor_d]
-        if tensor_d == 0 or (old[tensor_d - 1] != 1 and
-                             old_strides[tensor_d - 1] != tensor_numel * chunk_base):
-            while view_d >= 0 and (view_numel < tensor_numel or new[view_d] == 1):
-                new_strides[view_d] = view_numel * chunk_base
-                view_numel *= new[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if tensor_d > 0:
-                chunk_base = old_strides[tensor_d - 1]
-                tensor_numel = view_numel = 1
-    return new_strides if view_d == -1 else None
 
 
 def _view_layout(x: torch.Tensor, args: tuple) -> Layout | None:

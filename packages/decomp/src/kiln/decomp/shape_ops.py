@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from kiln.graph import view_strides
+
 from .common import arange, aten, canonical_dim, contiguous, reshape, where_scalar, zeros
 from .registry import Family
 
@@ -208,33 +210,6 @@ def diagonal(self, offset=0, dim1=0, dim2=1):
     off = self.storage_offset() + (offset * st[b] if offset >= 0 else -offset * st[a])
     return aten.as_strided.default(self, [self.shape[i] for i in keep] + [size],
                                    [st[i] for i in keep] + [st[a] + st[b]], off)
-
-
-def view_strides(shape, strides, new_shape):
-    """The strides ``view(new_shape)`` would give a tensor of ``shape``/``strides``, or None when the
-    elements cannot be viewed that way (they would need a copy)."""
-    numel = 1
-    for s in shape:
-        numel = numel * s
-    if numel == 0 or not shape:
-        return [1] * len(new_shape)
-    new_strides = [0] * len(new_shape)
-    view_d = len(new_shape) - 1
-    chunk_base_stride = strides[-1]
-    tensor_numel, view_numel = 1, 1
-    for d in range(len(shape) - 1, -1, -1):
-        tensor_numel *= shape[d]
-        if d == 0 or (shape[d - 1] != 1 and strides[d - 1] != tensor_numel * chunk_base_stride):
-            while view_d >= 0 and (view_numel < tensor_numel or new_shape[view_d] == 1):
-                new_strides[view_d] = view_numel * chunk_base_stride
-                view_numel *= new_shape[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if d > 0:
-                chunk_base_stride = strides[d - 1]
-                tensor_numel, view_numel = 1, 1
-    return new_strides if view_d == -1 else None
 
 
 @register(aten.view.default)

@@ -35,6 +35,7 @@ from .stages import (
     StageObject,
     example_specs,
 )
+from .strides import view_strides
 from .trees import map_leaves
 from .verify import verify
 
@@ -46,7 +47,7 @@ __all__ = [
     "expected_from_json", "expected_to_json", "source_tree", "gc_paused", "map_leaves",
     "enabled",
     "example_specs", "global_state", "lazy_graph_module", "log", "new_graph_id", "print_graph", "run_pipeline",
-    "set_logs", "target_name", "tensor_expectation", "type_name", "verify",
+    "set_logs", "target_name", "tensor_expectation", "type_name", "verify", "view_strides",
 ]
 
 apply_env_logs(KNOBS.logs)  # every stage honours KILN_LOGS, installed alone or together

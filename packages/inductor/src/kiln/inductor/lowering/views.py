@@ -8,6 +8,8 @@ import sympy
 import torch
 from torch import fx
 
+from kiln.graph import view_strides as aten_view_strides
+
 from ..ir import FloorDiv, IndexExpr, ModIndex, as_index, contiguous_strides, index_vars
 from .common import Rule, meta, out_shape
 from .context import LoweringContext, NotLowered
@@ -26,41 +28,16 @@ def _lazy_from(shape: tuple[IndexExpr, ...], x: TensorValue, idx_of: list[IndexE
 
 def view_strides(old_shape: Sequence[IndexExpr], old_stride: Sequence[IndexExpr],
                  new_shape: Sequence[IndexExpr]) -> tuple[IndexExpr, ...] | None:
-    """Strides giving ``new_shape`` over the same memory, or None when a copy is needed."""
+    """Strides giving ``new_shape`` over the same memory, or None when a copy is needed (or the sizes
+    are symbolic)."""
     try:
         osz = [int(s) for s in old_shape]
         ost = [int(s) for s in old_stride]
         nsz = [int(s) for s in new_shape]
     except TypeError:
         return None
-    if not osz:
-        return tuple(sympy.Integer(1) for _ in nsz)
-    numel = 1
-    for s in osz:
-        numel *= s
-    if numel == 0:
-        return contiguous_strides(new_shape)
-    new_st = [0] * len(nsz)
-    view_d = len(nsz) - 1
-    chunk_base = ost[-1]
-    tensor_numel = 1
-    view_numel = 1
-    for td in range(len(osz) - 1, -1, -1):
-        tensor_numel *= osz[td]
-        if td == 0 or (osz[td - 1] != 1 and ost[td - 1] != tensor_numel * chunk_base):
-            while view_d >= 0 and (view_numel < tensor_numel or nsz[view_d] == 1):
-                new_st[view_d] = view_numel * chunk_base
-                view_numel *= nsz[view_d]
-                view_d -= 1
-            if view_numel != tensor_numel:
-                return None
-            if td > 0:
-                chunk_base = ost[td - 1]
-                tensor_numel = 1
-                view_numel = 1
-    if view_d != -1:
-        return None
-    return tuple(sympy.Integer(s) for s in new_st)
+    new_st = aten_view_strides(osz, ost, nsz)
+    return None if new_st is None else tuple(sympy.Integer(s) for s in new_st)
 
 
 def reshape_index(old_shape: Sequence[IndexExpr], new_shape: Sequence[IndexExpr]) -> list[IndexExpr]:
