@@ -44,6 +44,17 @@ def check(fn: Any, *args: Any, atol: float = 1e-5, rtol: float = 1e-4,
     return cg
 
 
+def run_portable(cg: CompiledGraph, tmp_path: Any, args: list) -> tuple:
+    """What kiln.runtime does with a saved program: write FILES to a folder, exec the source with
+    FILES_DIR, call it."""
+    assert cg.portable is not None
+    for name, data in cg.portable.files.items():
+        (tmp_path / name).write_bytes(data)
+    ns: dict = {"FILES_DIR": str(tmp_path), "FILES": dict(cg.portable.files)}
+    exec(compile(cg.portable.source, "<portable>", "exec"), ns)
+    return ns["call"](args)  # type: ignore[no-any-return]
+
+
 def n_kernels(cg: CompiledGraph) -> int:
     return len(cg.scheduled.kernels())  # type: ignore[attr-defined]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import check
+from helpers import check, run_portable
 
 from kiln.graph import CompiledGraph, PortableProgram
 
@@ -86,12 +86,7 @@ def test_compiled_graph_contract() -> None:
 def test_portable_program_runs_from_its_files(tmp_path) -> None:
     """What kiln.runtime does: write FILES to a folder, exec the source with FILES_DIR, call it."""
     cg = check(lambda x: torch.softmax(x, -1) * 3, X)
-    assert cg.portable is not None
-    for name, data in cg.portable.files.items():
-        (tmp_path / name).write_bytes(data)
-    ns: dict = {"FILES_DIR": str(tmp_path), "FILES": dict(cg.portable.files)}
-    exec(compile(cg.portable.source, "<portable>", "exec"), ns)
-    (out,) = ns["call"]([X])
+    (out,) = run_portable(cg, tmp_path, [X])
     torch.testing.assert_close(out, torch.softmax(X, -1) * 3)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from helpers import run_portable
 from torch import fx
 
 from kiln.inductor import compile_graph
@@ -41,10 +42,5 @@ def test_saved_program_carries_its_constants(tmp_path) -> None:
     gm, _, bias = _graph_with_constants()
     x = torch.randn(6, 4)
     cg = compile_graph(gm, [x])
-    assert cg.portable is not None
-    for name, data in cg.portable.files.items():
-        (tmp_path / name).write_bytes(data)
-    ns: dict = {"FILES_DIR": str(tmp_path), "FILES": dict(cg.portable.files)}
-    exec(compile(cg.portable.source, "<portable>", "exec"), ns)
-    (out,) = ns["call"]([x])
+    (out,) = run_portable(cg, tmp_path, [x])
     torch.testing.assert_close(out, x * 2 + bias)

@@ -56,13 +56,8 @@ extern "C" void add_scaled(const float* a, const float* b, float* out, long n, f
 }
 '''
 
-CPP = '''
-import ctypes
-import torch
-from kiln.runtime import load_cpp_library
-
-_lib = load_cpp_library(FILES.get("kernels/add.so"), source=FILES["kernels/add.cpp"].decode(),
-                        name="add")
+# a program calling add_scaled from a library ``_lib`` its first lines load (``cpp_program``)
+_CPP_CALL = '''
 _add = _lib.add_scaled
 _add.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_float]
 _add.restype = None
@@ -73,6 +68,19 @@ def call(args):
     _add(a.data_ptr(), b.data_ptr(), out.data_ptr(), a.numel(), 2.0)
     return (out,)
 '''
+
+
+def cpp_program(load: str) -> str:
+    """The add_scaled program with ``load`` (source lines binding ``_lib``) as its loader."""
+    return "\nimport ctypes\nimport torch\n" + load.strip("\n") + "\n" + _CPP_CALL
+
+
+CPP = cpp_program('''
+from kiln.runtime import load_cpp_library
+
+_lib = load_cpp_library(FILES.get("kernels/add.so"), source=FILES["kernels/add.cpp"].decode(),
+                        name="add")
+''')
 
 TRITON_KERNELS = '''
 import triton

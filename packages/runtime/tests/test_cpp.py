@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 import torch
-from runtime_testlib import CPP, CPP_SOURCE, reseal
+from runtime_testlib import CPP, CPP_SOURCE, cpp_program, reseal
 
 from kiln.graph import PortableProgram, TensorSpec
 from kiln.runtime import (
@@ -96,21 +96,10 @@ def test_binary_for_another_cpu_is_rebuilt(so_bytes, tmp_path):
 
 # ---- libraries loaded from the program's FILES (load_library_from) --------------------------------
 
-FROM_FILES = '''
-import ctypes
-import torch
+FROM_FILES = cpp_program('''
 from kiln.runtime.program_helpers import load_library_from as _load_library_from
 _lib = _load_library_from(FILES, FILES_DIR, "add.so", ["g++", "-O2", "-shared", "-fPIC", "-fopenmp"], [])
-_add = _lib.add_scaled
-_add.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long, ctypes.c_float]
-_add.restype = None
-
-def call(args):
-    a, b = args
-    out = torch.empty_like(a)
-    _add(a.data_ptr(), b.data_ptr(), out.data_ptr(), a.numel(), 2.0)
-    return (out,)
-'''
+''')
 
 
 def test_load_library_from_memory_keeps_libraries_apart(so_bytes):
