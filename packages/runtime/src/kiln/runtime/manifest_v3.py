@@ -99,7 +99,29 @@ class GuardRecord(NamedTuple):
     note: str
 
 
-class LazyGuards(Sequence):
+class _LazyTuple(Sequence):
+    """A tuple made on first use (``_all``): indexing, iteration, equality with tuples, hashing."""
+
+    def _all(self) -> tuple:
+        raise NotImplementedError
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._all()[i]
+
+    def __iter__(self) -> Any:
+        return iter(self._all())
+
+    def __eq__(self, other: object) -> bool:
+        return self._all() == (tuple(other) if isinstance(other, (tuple, _LazyTuple)) else other)
+
+    def __hash__(self) -> int:
+        return hash(self._all())
+
+    def __repr__(self) -> str:
+        return repr(self._all())
+
+
+class LazyGuards(_LazyTuple):
     """A schema-3 manifest's Guards, made on first use; ``records`` are what a load builds its
     check from (~840 Guards for a mobilenet: ~0.4 ms of a new process's load)."""
 
@@ -115,23 +137,8 @@ class LazyGuards(Sequence):
     def __len__(self) -> int:
         return len(self.records)
 
-    def __getitem__(self, i: Any) -> Any:
-        return self._all()[i]
 
-    def __iter__(self) -> Any:
-        return iter(self._all())
-
-    def __eq__(self, other: object) -> bool:
-        return self._all() == (tuple(other) if isinstance(other, (tuple, LazyGuards)) else other)
-
-    def __hash__(self) -> int:
-        return hash(self._all())
-
-    def __repr__(self) -> str:
-        return repr(self._all())
-
-
-class LazyInputs(Sequence):
+class LazyInputs(_LazyTuple):
     """A schema-3 manifest's InputRecords, made on first use: a load needs only their sources (and
     each tensor's TENSOR_MATCH expectation, made from its row); names and TensorSpecs serve errors,
     ``as_text`` and re-saving (~270 of each for a mobilenet, ~0.8 ms of a new process's load)."""
@@ -154,21 +161,6 @@ class LazyInputs(Sequence):
 
     def __len__(self) -> int:
         return len(self._rows)
-
-    def __getitem__(self, i: Any) -> Any:
-        return self._all()[i]
-
-    def __iter__(self) -> Any:
-        return iter(self._all())
-
-    def __eq__(self, other: object) -> bool:
-        return self._all() == (tuple(other) if isinstance(other, (tuple, LazyInputs)) else other)
-
-    def __hash__(self) -> int:
-        return hash(self._all())
-
-    def __repr__(self) -> str:
-        return repr(self._all())
 
 
 _STR = frozenset({str})
