@@ -100,11 +100,11 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
             raise
         return _eager_graph(gm, name, str(e))
     if constants:
-        compiled = _bind_constants(compiled, constants)
+        compiled = _bind_constants(compiled, constants, name)
     return compiled
 
 
-def _bind_constants(compiled: CompiledGraph, constants: list[torch.Tensor]) -> CompiledGraph:
+def _bind_constants(compiled: CompiledGraph, constants: list[torch.Tensor], name: str) -> CompiledGraph:
     """The compiled graph with its lifted constants appended to every call; its saved program loads them."""
     portable = compiled.portable
     if portable is not None:
@@ -112,7 +112,7 @@ def _bind_constants(compiled: CompiledGraph, constants: list[torch.Tensor]) -> C
             epilogue, files = constants_epilogue(constants)
             portable = PortableProgram(portable.source + epilogue, {**portable.files, **files}, portable.requires)
         except (ValueError, RuntimeError) as e:  # the graph still runs; only saving it is refused
-            log("perf_hints").warning("graph %s cannot be saved: %s", getattr(compiled, "name", "?"), e)
+            log("perf_hints").warning("graph %s cannot be saved: %s", name, e)
             portable = None
     bound = CompiledGraph(WithConstants(compiled.fn, constants), compiled.backend, compiled.texts, portable)
     for attr in ("loop_program", "scheduled", "wait_kernels", "output_strides"):
