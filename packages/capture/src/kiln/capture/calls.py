@@ -63,8 +63,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if torch_ops.is_torch_function(fn):
         return torch_ops.call_torch(frame, fn, args, kwargs)
     if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):  # not functional_op
-        raise GraphBreak(f"torch.ops.{fn} writes its arguments or returns an alias of one",
-                         "it runs in Python between graphs")
+        raise GraphBreak(f"torch.ops.{fn} is not recorded: it writes its arguments, returns an alias of one, "
+                         "or is a packet of several overloads", "call one overload (op.default), or accept the break")
     if isinstance(fn, type):
         return construct(frame, fn, args, kwargs)
     if isinstance(fn, types.FunctionType):
