@@ -21,7 +21,7 @@ from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from kiln.graph import lazy_graph_module, map_leaves
+from kiln.graph import is_pure_op, lazy_graph_module, map_leaves
 
 from . import ops
 from .errors import AutogradTraceError
@@ -276,9 +276,7 @@ class TracingMode(TorchDispatchMode):
         """An op of another library (``torch.library`` custom ops: HF's ``transformers::grouped_mm_fallback``)
         runs through its fake kernel and is recorded as one node if it is functional; its backward is the
         autograd formula the library registered, traced like any other. Others run unrecorded, as before."""
-        schema = func._schema
-        functional = not schema.is_mutable and all(a.alias_info is None for a in (*schema.arguments, *schema.returns))
-        if not functional or func.namespace in _INTERNAL_NAMESPACES:
+        if not is_pure_op(func) or func.namespace in _INTERNAL_NAMESPACES:
             return func(*args, **kwargs)
         try:
             out = func(*args, **kwargs)

@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from kiln.graph import is_pure_op
+
 from .errors import GraphBreak
 from .fast_meta import FAST_META, fast_result, from_memo, memo_entry, memo_key
 from .fast_pointwise import FAST_POINTWISE
@@ -66,8 +68,7 @@ def functional_op(fn: Any) -> bool:
         if len(overloads) != 1:
             return False
         fn = getattr(fn, overloads[0])
-    schema = fn._schema
-    return not schema.is_mutable and all(a.alias_info is None for a in (*schema.arguments, *schema.returns))
+    return is_pure_op(fn)
 
 
 def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:

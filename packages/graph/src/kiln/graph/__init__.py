@@ -37,7 +37,7 @@ from .stages import (
 )
 from .strides import view_strides
 from .trees import map_leaves
-from .verify import verify
+from .verify import is_pure_op, verify
 
 __all__ = [
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
@@ -47,7 +47,7 @@ __all__ = [
     "expected_from_json", "expected_to_json", "source_tree", "gc_paused", "map_leaves",
     "enabled",
     "example_specs", "global_state", "lazy_graph_module", "log", "new_graph_id", "print_graph", "run_pipeline",
-    "set_logs", "target_name", "tensor_expectation", "type_name", "verify", "view_strides",
+    "is_pure_op", "set_logs", "target_name", "tensor_expectation", "type_name", "verify", "view_strides",
 ]
 
 apply_env_logs(KNOBS.logs)  # every stage honours KILN_LOGS, installed alone or together

@@ -27,6 +27,13 @@ def _is_functional(op: torch._ops.OpOverload) -> bool:
     return not any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments)
 
 
+def is_pure_op(op: torch._ops.OpOverload) -> bool:
+    """An op that writes none of its arguments and returns no alias of one: a graph may record it as
+    one opaque call (kiln.capture and kiln.autograd do for other libraries' ``torch.library`` ops)."""
+    schema = op._schema
+    return not schema.is_mutable and all(a.alias_info is None for a in (*schema.arguments, *schema.returns))
+
+
 def _check_torch(gm: fx.GraphModule, node: fx.Node) -> None:
     if node.op == "call_module":
         raise _fail(node, "torch dialect lifts modules away: parameters must be placeholders")
