@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
 from kiln.runtime.manifest import integrity_of
+
+# triton reads TRITON_INTERPRET once, at import: a run that also collects inductor's Triton tests (whose
+# conftest turns the interpreter on) has no compiled kernels to record or preload
+needs_compiled_triton = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1",
+    reason="the Triton interpreter is on in this process; run packages/runtime/tests alone")
 
 
 def reseal(artifact_dir: Path, edit) -> None:

@@ -22,10 +22,9 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                                reason="the Triton interpreter is on in this process; run packages/runtime/tests alone")
+from runtime_testlib import needs_compiled_triton, target_only_driver  # noqa: E402
 
-from runtime_testlib import target_only_driver  # noqa: E402
+pytestmark = needs_compiled_triton
 
 from kiln.inductor.codegen.triton.launcher import KilnLaunch  # noqa: E402
 from kiln.runtime import triton_preload as tp  # noqa: E402

@@ -22,12 +22,9 @@ import pytest
 import torch
 
 triton = pytest.importorskip("triton")
-# triton reads TRITON_INTERPRET once, at import: a run that also collects inductor's Triton tests (whose
-# conftest turns the interpreter on) has no compiled kernels to record
-pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") == "1",
-                                reason="the Triton interpreter is on in this process; run packages/runtime/tests alone")
+from runtime_testlib import TargetOnlyDriver, needs_compiled_triton, target_only_driver  # noqa: E402
 
-from runtime_testlib import TargetOnlyDriver, target_only_driver  # noqa: E402
+pytestmark = needs_compiled_triton
 
 from kiln.runtime import triton_preload as tp  # noqa: E402
 from kiln.runtime.triton_binaries import (  # noqa: E402

@@ -169,33 +169,14 @@ class CallPlan:
                         m.output_spec, m.source_tree, layout, records)
 
 
-class _Later(Sequence):
-    """A tuple made on first use (a load's input names: only errors and ``as_text`` read them)."""
+class _OnFirstUse:
+    """A container made on first use by ``make``: a load builds names only errors and ``as_text`` read."""
 
-    def __init__(self, make: Callable[[], tuple]) -> None:
-        self._make: Callable[[], tuple] | None = make
-        self._items: tuple = ()
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make: Callable[[], Any] | None = make
+        self._items: Any = None
 
-    def _all(self) -> tuple:
-        if self._make is not None:
-            self._items, self._make = self._make(), None
-        return self._items
-
-    def __getitem__(self, i: Any) -> Any:
-        return self._all()[i]
-
-    def __len__(self) -> int:
-        return len(self._all())
-
-
-class _LaterMap(Mapping):
-    """A dict made on first use (guard source -> the name a GuardError gives it)."""
-
-    def __init__(self, make: Callable[[], dict]) -> None:
-        self._make: Callable[[], dict] | None = make
-        self._items: dict = {}
-
-    def _all(self) -> dict:
+    def _all(self) -> Any:
         if self._make is not None:
             self._items, self._make = self._make(), None
         return self._items
@@ -203,11 +184,19 @@ class _LaterMap(Mapping):
     def __getitem__(self, key: Any) -> Any:
         return self._all()[key]
 
-    def __iter__(self) -> Any:
-        return iter(self._all())
-
     def __len__(self) -> int:
         return len(self._all())
+
+
+class _Later(_OnFirstUse, Sequence):
+    """A tuple made on first use (a load's input names)."""
+
+
+class _LaterMap(_OnFirstUse, Mapping):
+    """A dict made on first use (guard source -> the name a GuardError gives it)."""
+
+    def __iter__(self) -> Any:
+        return iter(self._all())
 
 
 class LoadedFunction:
