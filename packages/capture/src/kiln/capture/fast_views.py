@@ -84,8 +84,6 @@ def _infer_size(shape: list[int], numel: int) -> list[int] | None:
     return shape
 
 
-
-
 def _view_layout(x: torch.Tensor, args: tuple) -> Layout | None:
     shape = _shape_args(args)
     if shape is None:
