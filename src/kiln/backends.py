@@ -83,9 +83,17 @@ def _inductor(opts: CompileOptions) -> Backend:
     except TypeError as e:
         raise ValueError(f"kiln.compile(options=...): {e}; see kiln.inductor.InductorOptions") from e
 
-    def compiler(static: tuple[int, ...]) -> Backend:
+    # reduce-overhead inference graphs on the GPU: intermediates in one planned arena per call, so the
+    # CUDA graph pool holds about the graph's allocated peak (kiln.inductor's InductorOptions.memory_arena)
+    arena = (flags.cudagraphs and "memory_arena" not in dict(opts.options)
+             and _stage("kiln.inductor.knobs", "KNOBS", "inductor").memory_arena)
+
+    def compiler(static: tuple[int, ...], inference: bool = False) -> Backend:
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-            compiled = compile_graph(gm, example_inputs, options=inductor_options)
+            options = inductor_options
+            if inference and arena and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
+                options = options.replace(memory_arena=True)
+            compiled = compile_graph(gm, example_inputs, options=options)
             if not flags.cudagraphs:
                 return compiled
             # reduce-overhead: parameters/buffers are static inputs, the rest get static slots
@@ -107,7 +115,7 @@ def _inductor(opts: CompileOptions) -> Backend:
         static = tuple(i for i, n in enumerate(placeholders) if _is_module_state(n))
         try:
             return aot(gm, example_inputs, fw_compiler=compiler(static), bw_compiler=compiler(()),
-                       decompositions=table)
+                       inference_compiler=compiler(static, inference=True), decompositions=table)
         except trace_error as e:
             # e.g. a backward a library registered reads a value with .item() (HF Mixtral's grouped
             # matmul on the GPU): torch's own autograd runs this graph, and the log says so

@@ -63,3 +63,19 @@ def test_copy_out_mode_hands_out_private_copies():
     out = ps.hand_out(static)
     assert out.data_ptr() != static.data_ptr() and not ps.is_referenced()
     assert ps.stats.copied_outputs == 1
+
+
+def test_relocation_copies_only_what_the_outputs_reach():
+    # a storage that is a whole arena, of which the outputs are a small part (scheduler/arena.py)
+    arena = torch.arange(1000.0)
+    outs = [arena[600:610], arena[700:704].view(2, 2)]
+    ps = PoolStorage(arena, "node#0", LivenessStats())
+    ps.keep(arena)
+    ps.seal()
+    held = [ps.hand_out(o) for o in outs]
+    assert ps.release()
+    arena.fill_(-1)
+    assert torch.equal(held[0], torch.arange(600.0, 610.0))
+    assert torch.equal(held[1], torch.arange(700.0, 704.0).view(2, 2))
+    assert ps.stats.relocated_bytes == (704 - 600) * 4  # not the arena's 4,000 bytes
+    assert held[0].untyped_storage().data_ptr() == held[1].untyped_storage().data_ptr()

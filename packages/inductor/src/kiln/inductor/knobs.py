@@ -34,6 +34,9 @@ class InductorKnobs:
     # KILN_CUDAGRAPH_EXPANDABLE=0: a backward recording (which frees the saved activations it takes over as it
     # goes) allocates in fixed-size pool segments, as every other recording does (cudagraphs/engine.py)
     cudagraph_expandable: bool = True
+    # KILN_MEMORY_ARENA=0: kiln.compile's reduce-overhead inference graphs allocate one block per buffer
+    # as before, not one arena (InductorOptions.memory_arena)
+    memory_arena: bool = True
     alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF (else PYTORCH_ALLOC_CONF): the user's allocator settings
 
 
@@ -59,6 +62,7 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
                          triton_cross_target=e.get("KILN_TRITON_CROSS_TARGET", ""),
                          triton_worker_torch=e.get("KILN_TRITON_WORKER_TORCH", "0") == "1",
                          cudagraph_expandable=e.get("KILN_CUDAGRAPH_EXPANDABLE", "1") != "0",
+                         memory_arena=e.get("KILN_MEMORY_ARENA", "1") != "0",
                          alloc_conf=e.get("PYTORCH_CUDA_ALLOC_CONF") or e.get("PYTORCH_ALLOC_CONF") or "")
 
 

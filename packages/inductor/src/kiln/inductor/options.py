@@ -47,6 +47,12 @@ class InductorOptions:
     # (CUDA graphs where torch's heuristics say it pays), "channels_last" (forced), "keep" (as traced);
     # the default comes from KILN_CONV_LAYOUT (for A/B measurements without code changes)
     conv_layout: str = KNOBS.conv_layout
+    # the program's intermediate buffers at planned offsets of one allocation per call
+    # (scheduler/arena.py) instead of one allocator block each: kiln.compile turns it on for inference
+    # graphs recorded into CUDA graphs (KILN_MEMORY_ARENA=0: off), where the pool's segment rounding
+    # cost 1.2-1.5x the graph's allocated peak. Not for a training forward or backward: the arena is
+    # taken whole at the start, while their inputs die and saved outputs pile up as the call goes.
+    memory_arena: bool = False
     # max-autotune's own options (configurations per kernel, matmul templates, cache, timer)
     autotune: AutotuneOptions = field(default_factory=AutotuneOptions)
 

@@ -39,17 +39,18 @@ _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, at
 # The wrapper module defines this function too (codegen/wrapper.py adds the source): a saved program
 # runs with torch alone, without this package registering the op.
 MM_PADDED_SOURCE = '''
-def _mm_padded(bias, a, b, m, block):
+def _mm_padded(bias, a, b, m, block, out=None):
     """kiln_inductor::mm_padded (kiln.inductor padmm.py): ``addmm(bias, a, b)[:m]`` in a new contiguous
     tensor, with no memory beyond it. cuBLAS is fast only on aligned widths, which the result's odd
     row length is not. So the first ``m - tail`` rows are computed ``block`` (aligned) columns at a
     time into a workspace carved out of the result's own last ``tail`` rows (not written yet), each
     block copied into place; the last block is shifted left to stay aligned (it recomputes a few
     columns), so no weight rows are padded. The ``tail`` rows (a few percent) then go straight into
-    the result through the unaligned call."""
+    the result through the unaligned call. ``out``: the result's memory, given (contiguous)."""
     k, n = b.shape
     align = max(1, 16 // a.element_size())
-    out = torch.empty((m, n), dtype=a.dtype, device=a.device)
+    if out is None:
+        out = torch.empty((m, n), dtype=a.dtype, device=a.device)
     flat = out.view(-1)
 
     def rows(x, r0, r1):  # a bias's rows for result rows r0:r1 (a broadcast bias as it is)

@@ -201,7 +201,7 @@ def generate_kernels(s: CompileState) -> CompileState:
 
 def generate_wrapper(s: CompileState) -> CompileState:
     assert s.scheduled is not None and s.kernels is not None
-    src = wrapper_source(s.scheduled, s.kernels)
+    src = wrapper_source(s.scheduled, s.kernels, arena=s.options.memory_arena)
     s.texts["output_code"] = src + ("\n# ---- kernels ----\n" + s.kernels.source_text if s.kernels.source_text else "")
     log("output_code").info("%s", s.texts["output_code"])
     return replace(s, wrapper=src)

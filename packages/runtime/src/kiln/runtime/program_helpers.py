@@ -38,6 +38,38 @@ def restride(t: Any, size: tuple[int, ...], stride: tuple[int, ...], dtype: Any 
     return out
 
 
+def _conv_tf32() -> bool:
+    """Whether ATen's convolution would let cuDNN use TF32 for fp32 now (the new precision API's
+    effective value where torch has it, else the legacy flag)."""
+    try:
+        return torch.backends.cudnn.conv.fp32_precision == "tf32"
+    except AttributeError:
+        return bool(torch.backends.cudnn.allow_tf32)
+
+
+def conv_out(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: list, padding: list,
+             dilation: list, transposed: bool, output_padding: list, groups: int,
+             out: torch.Tensor) -> torch.Tensor:
+    """``torch.convolution`` written into ``out`` (a slot of the wrapper's arena) where ATen would run
+    cuDNN or its depthwise kernel, the two with an ``out=`` form, with the flags ATen passes; else
+    the plain call, its result in fresh memory (re-strided to ``out``'s layout), which is returned."""
+    if x.is_cuda and not transposed and x.dim() == 4:
+        backend = torch._C._select_conv_backend(x, w, bias, stride, padding, dilation, transposed,
+                                                output_padding, groups, None)
+        if backend == torch._C._ConvBackend.Cudnn:
+            deterministic = torch.backends.cudnn.deterministic or torch.are_deterministic_algorithms_enabled()
+            torch.ops.aten.cudnn_convolution.out(x, w, padding, stride, dilation, groups, torch.backends.cudnn.benchmark,
+                                                 deterministic, _conv_tf32(), out=out)
+            if bias is not None:
+                out.add_(bias.view(1, -1, 1, 1))
+            return out
+        if backend == torch._C._ConvBackend.CudaDepthwise2d and out.is_contiguous():
+            torch.ops.aten._conv_depthwise2d.out(x.contiguous(), w, w.shape[2:], bias, stride, padding, dilation, out=out)
+            return out
+    return restride(torch.convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups),
+                    tuple(out.shape), tuple(out.stride()))
+
+
 def _view(v: Sequence[Any] | None) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
     return v if v is None else (tuple(v[0]), tuple(v[1]), v[2])
 

@@ -26,6 +26,7 @@ from ..ir import (
     work_buffers,
 )
 from ..padmm import MM_PADDED_SOURCE
+from ..scheduler.arena import CONVOLUTION, OUT_FORMS, ArenaPlan, plan_arena
 from .common import CompiledKernels
 
 # The constant helpers (``_restride``, the extern-call table's callers, the C++ library loader) live in
@@ -64,6 +65,9 @@ _DIRECT = {f"aten.{op}.default": f"torch.{op}" for op in ("mm", "addmm", "bmm", 
 # kiln's own ops run as functions the module defines: a saved program needs no kiln import
 _HELPERS = {"kiln_inductor.mm_padded.default": "_mm_padded"}
 _DIRECT.update(_HELPERS)
+
+
+CONV_OUT = "from kiln.runtime.program_helpers import conv_out as _conv_out\n"
 
 
 # ``call`` keeps the caller's list as it is; ``call_owned`` takes the caller's references over (it
@@ -115,13 +119,19 @@ def _value(v: Any) -> str:
 
 
 class WrapperWriter:
-    def __init__(self, s: ScheduledProgram, kernels: CompiledKernels) -> None:
+    def __init__(self, s: ScheduledProgram, kernels: CompiledKernels, arena: bool = False) -> None:
         self.s = s
         p = s.program
         assert isinstance(p, LoopProgram)
         self.p = p
         self.kernels = kernels
         self.layouts = p.layouts()
+        # the program's intermediate buffers at planned offsets of one allocation per call
+        # (scheduler/arena.py); None: one allocator block per buffer
+        self.arena: ArenaPlan | None = None
+        if arena:
+            plan = plan_arena(s)
+            self.arena = plan if plan.offsets else None
         self.lines: list[str] = []
         device = getattr(kernels, "device", "cpu")
         self.device_kw = "" if device == "cpu" else f", device={device!r}"
@@ -177,9 +187,20 @@ class WrapperWriter:
         """The call, then each used output re-strided to its planned layout (one statement for a call
         with one plain output, the common case: fewer statements to compile at load). ``dead`` outputs (freed in
         the same step: cuDNN attention's logsumexp and philox state in inference) are never bound:
-        ATen may return undefined tensors (None) for them."""
+        ATen may return undefined tensors (None) for them. An output planned in the arena is written
+        there through the op's ``out=`` form."""
         ns, op, overload = e.target.split(".", 2)
         call_args = [self.arg(a) for a in e.args] + [f"{k}={self.arg(v)}" for k, v in e.kwargs]
+        if self.arena and e.outputs[0].buffer in self.arena.offsets:
+            o = e.outputs[0]
+            self.emit(f"    {o.buffer} = {self.arena_view(o.buffer, o.layout)}")
+            if e.target == CONVOLUTION:
+                self.emit(f"    {o.buffer} = _conv_out({', '.join(call_args)}, {o.buffer})  # {e.kind} {e.target}, "
+                          "into the arena", allocates=False)
+            else:
+                self.emit(f"    {OUT_FORMS[e.target]}({', '.join(call_args)}, out={o.buffer})  # {e.kind} "
+                          f"{e.target}, into the arena", allocates=False)
+            return
         target = _DIRECT.get(e.target, f"torch.ops.{ns}.{op}.{overload}")
         res = f"_r_{e.name}" if (len(e.outputs) != 1 or e.outputs[0].path) else e.outputs[0].buffer
         note = e.kind if target.startswith("torch.ops.") else f"{e.kind} {e.target}"
@@ -219,7 +240,27 @@ class WrapperWriter:
         if res.startswith("_r_"):
             self.emit(f"    del {res}")
 
+    def arena_view(self, buffer: str, layout: Layout) -> str:
+        """The arena's bytes at ``buffer``'s planned offset as a tensor of its layout (through one view
+        of the arena per dtype, made at the start of the call)."""
+        assert self.arena is not None
+        item = torch.empty((), dtype=layout.dtype).element_size()
+        at = self.arena.offsets[self.arena.roots[buffer]] // item
+        return f"{self._arena_name(layout.dtype)}.as_strided({_ints(layout.shape)}, {_ints(layout.stride)}, {at})"
+
+    @staticmethod
+    def _arena_name(dtype: torch.dtype) -> str:
+        return f"_arena_{str(dtype).removeprefix('torch.')}"
+
     def alloc(self, buffer: str, layout: Layout, reuse: str | None) -> None:
+        if self.arena and buffer in self.arena.offsets:
+            if reuse:  # the memory plan's hand-over, planned anew in the arena
+                self.free([reuse])
+            self.emit(f"    {buffer} = {self.arena_view(buffer, layout)}")
+            return
+        if self.arena and reuse and reuse in self.arena.roots and buffer not in self.arena.roots:
+            self.free([reuse])  # an escaping buffer (an output) never takes arena memory
+            reuse = None
         if reuse and self.layouts[reuse] == layout:  # same layout (an input updated in place): no view
             self.alias[buffer] = self.alias.get(reuse, reuse)
             self.note = (f"{self.note}, " if self.note else "") + f"reuse: {buffer} is {self.alias[buffer]}"
@@ -267,6 +308,15 @@ class WrapperWriter:
             self.lines.append(f"    del {', '.join(input_dels[-1])}")
         if self.kernels.call_prologue:
             self.lines.append(f"    {self.kernels.call_prologue}")
+        if self.arena and any(isinstance(st.work, ExternKernel) and st.work.target == CONVOLUTION
+                              and st.work.outputs[0].buffer in self.arena.offsets for st in self.s.steps):
+            self.lines[tables:tables] = [CONV_OUT]
+        if self.arena:
+            self.lines.append(f"    _arena = torch.empty(({self.arena.size},), dtype=torch.uint8{self.device_kw})"
+                              f"  # {len(self.arena.offsets)} buffers; most live at once: {self.arena.live_peak} bytes")
+            for dt in sorted({self.layouts[b].dtype for b in self.arena.roots}, key=str):
+                self.lines.append(f"    {self._arena_name(dt)} = _arena.view({dt})")
+            self.lines.append("    del _arena")
         if p.seed_buffer:
             self.lines.append(f"    {p.seed_buffer} = torch.randint(0, 2**62, (1,), dtype=torch.int64{self.device_kw})")
         for k, st in enumerate(self.s.steps):
@@ -303,5 +353,5 @@ class WrapperWriter:
         return "\n".join(self.lines) + "\n"
 
 
-def wrapper_source(s: ScheduledProgram, kernels: CompiledKernels) -> str:
-    return WrapperWriter(s, kernels).write()
+def wrapper_source(s: ScheduledProgram, kernels: CompiledKernels, arena: bool = False) -> str:
+    return WrapperWriter(s, kernels, arena).write()

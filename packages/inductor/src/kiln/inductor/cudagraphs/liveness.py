@@ -145,15 +145,31 @@ class PoolStorage:
         alive = [t for r in self._handed if (t := r()) is not None and id(t) not in keep]
         self._handed = [weakref.ref(t) for t in own]
         if alive and relocate:
-            copy = self._bytes.clone()
+            # only the bytes the handed-out tensors reach (a storage may be a whole arena of which
+            # the outputs are a part: kiln.inductor's scheduler/arena.py)
+            lo, hi = _extent(alive, self.nbytes)
+            copy = self._bytes[lo:hi].clone()
             with torch.no_grad():
                 for t in alive:
                     t.data = torch.empty(0, dtype=t.dtype, device=t.device).set_(
-                        copy.untyped_storage(), t.storage_offset(), t.size(), t.stride())
+                        copy.untyped_storage(), t.storage_offset() - lo // t.element_size(), t.size(), t.stride())
             self.stats.relocations += len(alive)
-            self.stats.relocated_bytes += self.nbytes
+            self.stats.relocated_bytes += hi - lo
             del alive, copy
         if self.outside_refs(own) <= 0:
             return True
         self.stats.blocked += 1
         return False
+
+
+def _extent(tensors: Sequence[torch.Tensor], nbytes: int) -> tuple[int, int]:
+    """The byte range of a storage that ``tensors`` reach, its start aligned down to 16 bytes (a
+    multiple of every element size), so each keeps a whole-element offset in a copy of that range."""
+    lo, hi = nbytes, 0
+    for t in tensors:
+        item = t.element_size()
+        first = t.storage_offset() * item
+        reach = 1 + sum((n - 1) * st for n, st in zip(t.size(), t.stride())) if t.numel() else 0
+        lo, hi = min(lo, first), max(hi, first + reach * item)
+    lo = lo // 16 * 16
+    return (lo, hi) if hi > lo else (0, nbytes)
