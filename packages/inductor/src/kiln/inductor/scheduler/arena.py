@@ -5,17 +5,18 @@ Why: a CUDA graph's private pool is the caching allocator's segments, and their 
 segments for small blocks, 20 MB for 1-10 MB ones) and best-fit holes made inference pools
 1.2-1.5x the bytes the same graph ever has allocated at once. With an arena the pool holds one
 block of the planned size (greedy by size over lifetimes, within a few percent of the most bytes
-live at once), plus what ATen still allocates itself: the graph's outputs, and extern calls
-without an ``out=`` form (attention, fallbacks).
+live at once), plus what ATen still allocates itself: extern calls without an ``out=`` form
+(attention, fallbacks), the workspaces of those with one (cuDNN's), and the graph's outputs unless
+they are most of the arena (then they join it: ``OUTPUTS_INSIDE``).
 
 A *storage* is a buffer the wrapper allocates (or an extern call with an ``out=`` form writes)
 together with the buffers a kernel writes over it in place (``Kernel.inplace``). The memory plan's
 other hand-overs (a dead buffer's memory to a new one of the same size) are planned anew here, each
 buffer a storage of its own: the offsets reuse memory across sizes and dtypes too. It lives from
 the step of its first allocation through the step its last member is freed (inclusive: a step's
-work still reads what it frees). Storages whose memory escapes are left to the allocator: one
-member is a graph output, is never freed, or is an argument of an extern call that may return
-its memory under another name (an in-place op, a view).
+work still reads what it frees); a returned one, through the end. Storages whose memory escapes are
+left to the allocator: one member is never freed (and not returned), or is an argument of an extern
+call that may return its memory under another name (an in-place op, a view).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ ALIGN = 512  # the caching allocator's block alignment: kernels' pointer alignme
 
 
 # extern calls that can write into the arena (``out=``) when their one output is dense: matmuls
-# through ATen's out= overloads and kiln's padded matmul; 2-D convolutions through cuDNN's or the depthwise kernel's out=
-# overload where ATen would pick that backend (kiln.runtime.program_helpers.conv_out)
+# through ATen's out= overloads and kiln's padded matmul; 2-D convolutions through cuDNN's or the
+# depthwise kernel's out= overload where ATen would pick that backend (program_helpers.conv_out)
 OUT_FORMS = {f"aten.{op}.default": f"torch.ops.aten.{op}.out" for op in ("mm", "addmm", "bmm", "baddbmm")}
 OUT_FORMS["kiln_inductor.mm_padded.default"] = "_mm_padded"  # padmm.py: a language model's logits
 CONVOLUTION = "aten.convolution.default"
