@@ -26,6 +26,7 @@ from .lowering.lower import lower_graph
 from .mm_templates import count_matmul_sites, select_templates
 from .options import InductorOptions
 from .padmm import pad_misaligned_matmuls
+from .patch_conv import rewrite_patch_convs
 from .reinplace import reinplace_input_mutations
 from .scheduler import eliminate_dead_code, schedule
 from .scheduler.inplace import plan_inplace_reuse, plan_inplace_updates
@@ -87,6 +88,13 @@ def conv_layout(s: CompileState) -> CompileState:
     if decision.reason != "no 2-D convolution":
         log("perf_hints").info("graph %s: conv layout %s (%s)", s.name,
                                "channels-last" if decision.channels_last else "as traced", decision.reason)
+    return s
+
+
+def patch_convs(s: CompileState) -> CompileState:
+    """Patch-embedding stems on CUDA become matrix products (patch_conv.py says why)."""
+    if s.options.patch_convs_as_matmuls and rewrite_patch_convs(s.gm):
+        decomp_bridge.ensure_meta(s.gm, s.example_inputs)
     return s
 
 
@@ -210,6 +218,7 @@ def generate_wrapper(s: CompileState) -> CompileState:
 PASSES: list[Pass[CompileState]] = [
     Pass("propagate_meta", lambda s, ctx: propagate_meta(s)),
     Pass("decompose", lambda s, ctx: decompose(s)),
+    Pass("patch_convs", lambda s, ctx: patch_convs(s)),
     Pass("conv_layout", lambda s, ctx: conv_layout(s)),
     Pass("small_matmuls", lambda s, ctx: small_matmuls(s)),
     Pass("pad_matmuls", lambda s, ctx: pad_matmuls(s)),

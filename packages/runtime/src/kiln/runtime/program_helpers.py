@@ -70,6 +70,16 @@ def conv_out(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride
                     tuple(out.shape), tuple(out.stride()))
 
 
+def take_arena(nbytes: int, tail: int, device: str) -> torch.Tensor:
+    """A wrapper's arena (kiln.inductor scheduler/arena.py). While a CUDA graph records, one block of
+    ``nbytes + tail`` is taken and freed first, so the arena is carved from its start and the rest
+    of that segment serves what the call allocates beside the arena (a private pool otherwise opens a
+    20 MB segment for a 1-10 MB request)."""
+    if torch.cuda.is_current_stream_capturing():
+        torch.empty((nbytes + tail,), dtype=torch.uint8, device=device)
+    return torch.empty((nbytes,), dtype=torch.uint8, device=device)
+
+
 def _view(v: Sequence[Any] | None) -> tuple[tuple[int, ...], tuple[int, ...], int] | None:
     return v if v is None else (tuple(v[0]), tuple(v[1]), v[2])
 

@@ -68,6 +68,7 @@ _DIRECT.update(_HELPERS)
 
 
 CONV_OUT = "from kiln.runtime.program_helpers import conv_out as _conv_out\n"
+TAKE_ARENA = "from kiln.runtime.program_helpers import take_arena as _take_arena\n"
 
 
 # ``call`` keeps the caller's list as it is; ``call_owned`` takes the caller's references over (it
@@ -308,12 +309,17 @@ class WrapperWriter:
             self.lines.append(f"    del {', '.join(input_dels[-1])}")
         if self.kernels.call_prologue:
             self.lines.append(f"    {self.kernels.call_prologue}")
+        device = getattr(self.kernels, "device", "cpu")
         if self.arena and any(isinstance(st.work, ExternKernel) and st.work.target == CONVOLUTION
                               and st.work.outputs[0].buffer in self.arena.offsets for st in self.s.steps):
             self.lines[tables:tables] = [CONV_OUT]
         if self.arena:
-            self.lines.append(f"    _arena = torch.empty(({self.arena.size},), dtype=torch.uint8{self.device_kw})"
-                              f"  # {len(self.arena.offsets)} buffers; most live at once: {self.arena.live_peak} bytes")
+            note = f"  # {len(self.arena.offsets)} buffers; most live at once: {self.arena.live_peak} bytes"
+            if self.arena.tail and device != "cpu":
+                self.lines[tables:tables] = [TAKE_ARENA]
+                self.lines.append(f"    _arena = _take_arena({self.arena.size}, {self.arena.tail}, {device!r}){note}")
+            else:
+                self.lines.append(f"    _arena = torch.empty(({self.arena.size},), dtype=torch.uint8{self.device_kw}){note}")
             for dt in sorted({self.layouts[b].dtype for b in self.arena.roots}, key=str):
                 self.lines.append(f"    {self._arena_name(dt)} = _arena.view({dt})")
             self.lines.append("    del _arena")

@@ -64,6 +64,10 @@ class ArenaPlan:
     roots: dict[str, str]  # every buffer placed in the arena -> its storage's root
     live_peak: int  # most bytes (aligned) of arena storages live at once: the lower bound of ``size``
     spans: dict[str, tuple[int, int, int]]  # root -> (first step, last step, bytes)
+    # bytes to leave free right after the arena in its allocator segment (``tail``): what the call
+    # allocates beside it outside the plan (outputs of calls without an ``out=`` form, outputs kept
+    # apart) at most at once, plus room for a library's workspace (``WORKSPACE``)
+    tail: int = 0
 
 
 def returns_alias(target: str) -> bool:
@@ -135,7 +139,49 @@ def plan_arena(s: ScheduledProgram) -> ArenaPlan:
         # the arena is then little more than those outputs, and smaller than the two apart
         if both.size - out_bytes <= OUTPUTS_INSIDE * out_bytes and both.size < plan.size + out_bytes:
             plan = both
-    return replace(plan, roots={b: r for b, r in root.items() if r in plan.offsets})
+    roots = {b: r for b, r in root.items() if r in plan.offsets}
+    beside = _beside(s, roots, layouts, outputs)
+    tail = beside + WORKSPACE if plan.size + beside >= TAIL_FROM else 0
+    return replace(plan, roots=roots, tail=tail)
+
+
+# The caching allocator serves a 1-10 MB request from a 20 MB segment of its own when no free block
+# fits, so one attention output or cuDNN workspace beside the arena cost a 20 MB segment. A call
+# being recorded first takes and frees one block of arena + ``tail`` bytes and then carves the arena
+# from it (program_helpers.take_arena): requests up to ``tail`` fit the rest of that segment. The
+# workspace share is a guess (MobileNetV3's cuDNN workspaces were 2.4-3.3 MB); larger ones still take
+# a segment. Arenas under ``TAIL_FROM`` sit in a 20 MB segment anyway.
+WORKSPACE = 4 << 20
+TAIL_FROM = 10 << 20
+_LARGE = 1 << 20  # requests up to 1 MB come from the allocator's small-block segments
+
+
+def _beside(s: ScheduledProgram, roots: dict[str, str], layouts: dict[str, Layout], outputs: set[str]) -> int:
+    """The most bytes of large blocks outside the arena the wrapper's steps hold at once: extern
+    outputs written without ``out=`` and kernel outputs kept apart (graph outputs until the end)."""
+    born: dict[str, int] = {}
+    for k, st in enumerate(s.steps):
+        for a in st.allocate:
+            if a.buffer not in roots and (a.reuse is None or a.reuse in roots):
+                born[a.buffer] = k
+        if isinstance(st.work, ExternKernel):
+            for o in st.work.outputs:
+                if o.buffer not in roots:
+                    born[o.buffer] = k
+    died = {b: k for k, st in enumerate(s.steps) for b in st.free}
+    events: dict[int, int] = {}
+    for b, k in born.items():
+        n = layout_bytes(layouts[b])
+        if n <= _LARGE:
+            continue
+        last = len(s.steps) if b in outputs or b not in died else died[b]
+        events[k] = events.get(k, 0) + n
+        events[last + 1] = events.get(last + 1, 0) - n
+    most = now = 0
+    for k in sorted(events):
+        now += events[k]
+        most = max(most, now)
+    return most
 
 
 # outputs join the arena when it is then at most this much larger than they are
