@@ -47,9 +47,10 @@ class InductorOptions:
     # (CUDA graphs where torch's heuristics say it pays), "channels_last" (forced), "keep" (as traced);
     # the default comes from KILN_CONV_LAYOUT (for A/B measurements without code changes)
     conv_layout: str = KNOBS.conv_layout
-    # CUDA patch-embedding stems (kernel == stride over 1-4 channels: ViT, ConvNeXt) run as a matmul
-    # over the cut-out patches instead of cuDNN, which took a 37 MB workspace for ViT-B/16 (patch_conv.py)
-    patch_convs_as_matmuls: bool = True
+    # CUDA image stems without cuDNN workspaces (stems.py): patch embeddings (kernel == stride over 1-4
+    # channels: ViT, ConvNeXt) as a matmul over the cut-out patches; channels-last half-precision stems
+    # (ResNet) with input and weight zero-padded to 8 channels
+    rewrite_stems: bool = True
     # the program's intermediate buffers at planned offsets of one allocation per call
     # (scheduler/arena.py) instead of one allocator block each: kiln.compile turns it on for inference
     # graphs recorded into CUDA graphs (KILN_MEMORY_ARENA=0: off), where the pool's segment rounding

@@ -26,7 +26,7 @@ from .lowering.lower import lower_graph
 from .mm_templates import count_matmul_sites, select_templates
 from .options import InductorOptions
 from .padmm import pad_misaligned_matmuls
-from .patch_conv import rewrite_patch_convs
+from .stems import pad_stem_channels, rewrite_patch_convs
 from .reinplace import reinplace_input_mutations
 from .scheduler import eliminate_dead_code, schedule
 from .scheduler.inplace import plan_inplace_reuse, plan_inplace_updates
@@ -92,8 +92,15 @@ def conv_layout(s: CompileState) -> CompileState:
 
 
 def patch_convs(s: CompileState) -> CompileState:
-    """Patch-embedding stems on CUDA become matrix products (patch_conv.py says why)."""
-    if s.options.patch_convs_as_matmuls and rewrite_patch_convs(s.gm):
+    """Patch-embedding stems on CUDA become matrix products (stems.py says why)."""
+    if s.options.rewrite_stems and rewrite_patch_convs(s.gm):
+        decomp_bridge.ensure_meta(s.gm, s.example_inputs)
+    return s
+
+
+def pad_stems(s: CompileState) -> CompileState:
+    """Channels-last half-precision stems on CUDA get 8 zero-padded channels (stems.py says why)."""
+    if s.options.rewrite_stems and pad_stem_channels(s.gm):
         decomp_bridge.ensure_meta(s.gm, s.example_inputs)
     return s
 
@@ -220,6 +227,7 @@ PASSES: list[Pass[CompileState]] = [
     Pass("decompose", lambda s, ctx: decompose(s)),
     Pass("patch_convs", lambda s, ctx: patch_convs(s)),
     Pass("conv_layout", lambda s, ctx: conv_layout(s)),
+    Pass("pad_stems", lambda s, ctx: pad_stems(s)),
     Pass("small_matmuls", lambda s, ctx: small_matmuls(s)),
     Pass("pad_matmuls", lambda s, ctx: pad_matmuls(s)),
     Pass("reinplace", lambda s, ctx: reinplace(s)),

@@ -1,6 +1,7 @@
-"""Patch-embedding stems as matmuls (patch_conv.py): the rewritten graph equals the convolution, in
-both input layouts, with and without bias; other convolutions are left alone; on the CUDA path
-(cross-compiled with fake tensors) the program calls a matmul and no convolution."""
+"""Image stems (stems.py): a patch embedding rewritten as a matmul equals the convolution, in both
+input layouts, with and without bias; other convolutions are left alone; on the CUDA path
+(cross-compiled with fake tensors) the program calls a matmul and no convolution. A channels-last
+half-precision stem with its channels zero-padded to 8 equals the convolution."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
-from kiln.inductor.patch_conv import rewrite_patch_convs
+from kiln.inductor.stems import pad_stem_channels, rewrite_patch_convs
 
 aten = torch.ops.aten
 
@@ -61,3 +62,33 @@ def test_cuda_program_runs_a_matmul_for_a_vit_stem() -> None:
     src = cg.texts["output_code"]
     assert "torch.addmm" in src or "aten.addmm" in src, src
     assert "convolution" not in src.split("# ---- kernels ----")[0]
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_padded_stem_equals_the_convolution(channels_last: bool) -> None:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 20, 20, generator=g).to(torch.bfloat16)
+    w = torch.randn(8, 3, 7, 7, generator=g).to(torch.bfloat16)
+    if channels_last:
+        x, w = (t.contiguous(memory_format=torch.channels_last) for t in (x, w))
+    gm = trace(lambda x, w: (F.conv2d(x, w, stride=2, padding=3),), x, w)
+    assert pad_stem_channels(gm, devices=("cpu",)) == int(channels_last)
+    pads = [n for n in gm.graph.nodes if n.target is aten.constant_pad_nd.default]
+    assert len(pads) == 2 * int(channels_last)
+    got = gm(x, w)[0]
+    want = F.conv2d(x.float(), w.float(), stride=2, padding=3)
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=5e-2)
+
+
+def test_cuda_channels_last_stem_reaches_cudnn_with_8_channels() -> None:
+    from kiln.inductor.ir import ExternKernel
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        args = [torch.empty(2, 3, 32, 32, device="cuda", dtype=torch.bfloat16),
+                torch.empty(16, 3, 7, 7, device="cuda", dtype=torch.bfloat16)]
+        with torch.backends.cudnn.flags(enabled=False):
+            gm = trace(lambda x, w: (torch.relu(F.conv2d(x, w, stride=2, padding=3)),), *args)
+        cg = compile_graph(gm, args, options=InductorOptions(strict_lowering=True, conv_layout="channels_last"))
+    convs = [st.work for st in cg.scheduled.steps  # type: ignore[attr-defined]
+             if isinstance(st.work, ExternKernel) and st.work.target == "aten.convolution.default"]
+    assert len(convs) == 1
+    assert [int(a.shape[1]) for a in convs[0].args[:2]] == [8, 8], convs[0].as_text()
