@@ -13,21 +13,18 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from .fx_rewrite import node_val, replace_nodes
+
 aten = torch.ops.aten
 
 _MM = {aten.mm.default, aten.addmm.default}
-
-
-def _val(n: object) -> torch.Tensor | None:
-    v = n.meta.get("val") if isinstance(n, fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
 
 
 def _is_gemv(node: fx.Node, max_k: int) -> bool:
     if node.target not in _MM:
         return False
     a, b = (node.args[0], node.args[1]) if node.target is aten.mm.default else (node.args[1], node.args[2])
-    va, vb = _val(a), _val(b)
+    va, vb = node_val(a), node_val(b)
     if va is None or vb is None or node.kwargs:
         return False
     if not all(isinstance(s, int) for s in (*va.shape, *vb.shape)):
@@ -41,27 +38,18 @@ def _is_gemv(node: fx.Node, max_k: int) -> bool:
 def rewrite_gemv(gm: fx.GraphModule, *, max_k: int = 16384) -> int:
     """Replace one-row ``mm``/``addmm`` by a fp32 multiply + sum reduction; returns how many.
     New nodes have no ``meta['val']``: the caller re-propagates metadata."""
-    count = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or not _is_gemv(node, max_k):
-            continue
-        out_dtype = _val(node).dtype  # type: ignore[union-attr]
+    def build(g: fx.Graph, node: fx.Node) -> fx.Node | None:
+        if not _is_gemv(node, max_k):
+            return None
+        out_dtype = node_val(node).dtype  # type: ignore[union-attr]
         bias = node.args[0] if node.target is aten.addmm.default else None
         a, b = (node.args[0], node.args[1]) if bias is None else (node.args[1], node.args[2])
-        g = gm.graph
-        with g.inserting_before(node):
-            a32 = g.call_function(aten._to_copy.default, (a,), {"dtype": torch.float32})
-            b32 = g.call_function(aten._to_copy.default, (b,), {"dtype": torch.float32})
-            prod = g.call_function(aten.mul.Tensor, (g.call_function(aten.unsqueeze.default, (a32, 2)),
-                                                     g.call_function(aten.unsqueeze.default, (b32, 0))))
-            acc = g.call_function(aten.sum.dim_IntList, (prod, [1]))
-            if bias is not None:
-                acc = g.call_function(aten.add.Tensor, (acc, bias))
-            out = g.call_function(aten._to_copy.default, (acc,), {"dtype": out_dtype})
-        node.replace_all_uses_with(out)
-        g.erase_node(node)
-        count += 1
-    if count:
-        gm.graph.lint()
-        gm.recompile()
-    return count
+        a32 = g.call_function(aten._to_copy.default, (a,), {"dtype": torch.float32})
+        b32 = g.call_function(aten._to_copy.default, (b,), {"dtype": torch.float32})
+        prod = g.call_function(aten.mul.Tensor, (g.call_function(aten.unsqueeze.default, (a32, 2)),
+                                                 g.call_function(aten.unsqueeze.default, (b32, 0))))
+        acc = g.call_function(aten.sum.dim_IntList, (prod, [1]))
+        if bias is not None:
+            acc = g.call_function(aten.add.Tensor, (acc, bias))
+        return g.call_function(aten._to_copy.default, (acc,), {"dtype": out_dtype})
+    return replace_nodes(gm, build)

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 from torch import fx
 
+from .fx_rewrite import node_val, replace_nodes
+
 aten = torch.ops.aten
 
 _ALIGN_BYTES = 16
@@ -103,11 +105,6 @@ def _mm_padded_fake(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor,
 MM_PADDED = torch.ops.kiln_inductor.mm_padded.default
 
 
-def _val(n: object) -> torch.Tensor | None:
-    v = n.meta.get("val") if isinstance(n, fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
-
-
 def _padding(node: fx.Node, devices: tuple[str, ...], min_macs: int, min_dim: int) -> tuple[int, int, int] | None:
     """(M, N, K) padded sizes for a matmul worth padding, else None."""
     if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default) or node.kwargs:
@@ -115,7 +112,7 @@ def _padding(node: fx.Node, devices: tuple[str, ...], min_macs: int, min_dim: in
     if node.target is aten.addmm.default and len(node.args) > 3:
         return None  # beta/alpha given
     a, b = node.args[-2], node.args[-1]
-    va, vb, out = _val(a), _val(b), _val(node)
+    va, vb, out = node_val(a), node_val(b), node_val(node)
     if va is None or vb is None or out is None or out.device.type not in devices:
         return None
     if out.dtype not in (torch.float16, torch.bfloat16, torch.float32) or va.dtype != out.dtype:
@@ -135,7 +132,7 @@ def _transposed_source(x: Any) -> Any:
     if not isinstance(x, fx.Node) or x.op != "call_function" or not x.args:
         return None
     src = x.args[0]
-    v = _val(src)
+    v = node_val(src)
     if v is None or v.dim() != 2:
         return None
     if x.target is aten.t.default or (x.target is aten.permute.default and list(x.args[1]) == [1, 0]) or (
@@ -151,7 +148,7 @@ def _pad(g: fx.Graph, x: Any, rows: int, cols: int, made: dict[tuple, fx.Node]) 
     padded rows of ``g`` both times (411 MB copied twice per step before)."""
     if not rows and not cols:
         return x
-    v = _val(x)
+    v = node_val(x)
     if v is not None and v.stride(0) == 1 and v.shape[0] > 1:
         src = _transposed_source(x)
         key = ("t", _same_value(src if src is not None else x), rows, cols)
@@ -179,7 +176,7 @@ def _padded(g: fx.Graph, x: Any, rows: int, cols: int, made: dict[tuple, fx.Node
 
 
 def _pad_bias(g: fx.Graph, bias: Any, m: int, n: int, mp: int, np_: int) -> Any:
-    v = _val(bias)
+    v = node_val(bias)
     if v is None or v.dim() == 0:
         return bias
     cols = np_ - n if v.shape[-1] == n and n > 1 else 0
@@ -194,7 +191,7 @@ def _rewrite(g: fx.Graph, node: fx.Node, sizes: tuple[int, int, int], block: int
     """The nodes computing ``node`` on padded operands (inserted before it); returns the result."""
     mp, np_, kp = sizes
     a, b = node.args[-2], node.args[-1]
-    (m, k), n = _val(a).shape, _val(b).shape[1]  # type: ignore[union-attr]
+    (m, k), n = node_val(a).shape, node_val(b).shape[1]  # type: ignore[union-attr]
     addmm = node.target is aten.addmm.default
     ap = _pad(g, a, mp - m, kp - k, made)
     if any(u.op == "output" or u.target in _VIEWS for u in node.users):
@@ -218,19 +215,9 @@ def pad_misaligned_matmuls(gm: fx.GraphModule, *, devices: tuple[str, ...] = ("c
                            min_macs: int = _MIN_MACS, min_dim: int = _MIN_DIM, block: int = BLOCK) -> int:
     """Rewrite each large misaligned mm/addmm on ``devices``; returns how many. New nodes have no
     ``meta['val']``: the caller re-propagates metadata."""
-    g = gm.graph
-    count = 0
     made: dict[tuple, fx.Node] = {}  # pads shared between matmuls (``_pad``)
-    for node in list(g.nodes):
+
+    def build(g: fx.Graph, node: fx.Node) -> fx.Node | None:
         sizes = _padding(node, devices, min_macs, min_dim)
-        if sizes is None:
-            continue
-        with g.inserting_before(node):
-            out = _rewrite(g, node, sizes, block, made)
-        node.replace_all_uses_with(out)
-        g.erase_node(node)
-        count += 1
-    if count:
-        g.lint()
-        gm.recompile()
-    return count
+        return None if sizes is None else _rewrite(g, node, sizes, block, made)
+    return replace_nodes(gm, build)

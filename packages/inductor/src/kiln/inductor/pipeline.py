@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,11 +26,11 @@ from .lowering.lower import lower_graph
 from .mm_templates import count_matmul_sites, select_templates
 from .options import InductorOptions
 from .padmm import pad_misaligned_matmuls
-from .stems import pad_stem_channels, rewrite_patch_convs
 from .reinplace import reinplace_input_mutations
 from .scheduler import eliminate_dead_code, schedule
 from .scheduler.inplace import plan_inplace_reuse, plan_inplace_updates
 from .split_reductions import split_reductions
+from .stems import pad_stem_channels, rewrite_patch_convs
 
 
 @dataclass
@@ -91,34 +91,31 @@ def conv_layout(s: CompileState) -> CompileState:
     return s
 
 
-def patch_convs(s: CompileState) -> CompileState:
-    """Patch-embedding stems on CUDA become matrix products (stems.py says why)."""
-    if s.options.rewrite_stems and rewrite_patch_convs(s.gm):
+def _fx_rewrite(s: CompileState, enabled: bool, rewrite: Callable[[fx.GraphModule], int]) -> CompileState:
+    """Run a graph rewrite; the nodes it made get their metadata."""
+    if enabled and rewrite(s.gm):
         decomp_bridge.ensure_meta(s.gm, s.example_inputs)
     return s
+
+
+def patch_convs(s: CompileState) -> CompileState:
+    """Patch-embedding stems on CUDA become matrix products (stems.py says why)."""
+    return _fx_rewrite(s, s.options.rewrite_stems, rewrite_patch_convs)
 
 
 def pad_stems(s: CompileState) -> CompileState:
     """Channels-last half-precision stems on CUDA get 8 zero-padded channels (stems.py says why)."""
-    if s.options.rewrite_stems and pad_stem_channels(s.gm):
-        decomp_bridge.ensure_meta(s.gm, s.example_inputs)
-    return s
+    return _fx_rewrite(s, s.options.rewrite_stems, pad_stem_channels)
 
 
 def small_matmuls(s: CompileState) -> CompileState:
     """One-row matmuls become fused reductions on the Triton backend (gemv.py says why)."""
-    if not s.options.gemv_as_reduction or not isinstance(backend_for(s), TritonBackend):
-        return s
-    if rewrite_gemv(s.gm):
-        decomp_bridge.ensure_meta(s.gm, s.example_inputs)
-    return s
+    return _fx_rewrite(s, s.options.gemv_as_reduction and isinstance(backend_for(s), TritonBackend), rewrite_gemv)
 
 
 def pad_matmuls(s: CompileState) -> CompileState:
     """Large CUDA matmuls with a misaligned M, N or K run on zero-padded operands (padmm.py says why)."""
-    if s.options.pad_matmuls and pad_misaligned_matmuls(s.gm):
-        decomp_bridge.ensure_meta(s.gm, s.example_inputs)
-    return s
+    return _fx_rewrite(s, s.options.pad_matmuls, pad_misaligned_matmuls)
 
 
 def reinplace(s: CompileState) -> CompileState:

@@ -1,4 +1,4 @@
-"""Image stems: the first convolutions of vision models, over an image's 3 channels, rewritten so
+"""Image stems: the first convolutions of vision models, over an image's few channels, rewritten so
 that cuDNN needs no workspace for them (CUDA).
 
 Why: a workspace is an allocation ATen makes inside the call, outside kiln's memory plan. In a CUDA
@@ -23,19 +23,16 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from .fx_rewrite import node_val, replace_nodes
+
 aten = torch.ops.aten
-
-
-def _val(n: object) -> torch.Tensor | None:
-    v = n.meta.get("val") if isinstance(n, fx.Node) else None
-    return v if isinstance(v, torch.Tensor) else None
 
 
 def _is_patch_conv(node: fx.Node, devices: tuple[str, ...]) -> bool:
     if node.target is not aten.convolution.default or len(node.args) != 9 or node.kwargs:
         return False
     x, w, _b, stride, padding, dilation, transposed, _out_pad, groups = node.args
-    vx, vw = _val(x), _val(w)
+    vx, vw = node_val(x), node_val(w)
     if vx is None or vw is None or vx.dim() != 4 or vx.device.type not in devices:
         return False
     if not all(isinstance(s, int) for s in (*vx.shape, *vw.shape)):
@@ -50,40 +47,30 @@ def _is_patch_conv(node: fx.Node, devices: tuple[str, ...]) -> bool:
 def rewrite_patch_convs(gm: fx.GraphModule, devices: tuple[str, ...] = ("cuda",)) -> int:
     """Replace patch-embedding convolutions on ``devices`` by patches @ weight.T (+ bias); returns how
     many. New nodes have no ``meta['val']``: the caller re-propagates metadata."""
-    count = 0
-    g = gm.graph
-    for node in list(g.nodes):
-        if node.op != "call_function" or not _is_patch_conv(node, devices):
-            continue
+    def build(g: fx.Graph, node: fx.Node) -> fx.Node | None:
+        if not _is_patch_conv(node, devices):
+            return None
         x, w, b = node.args[0], node.args[1], node.args[2]
-        n, c, h, wd = _val(x).shape  # type: ignore[union-attr]
-        co, _, kh, kw = _val(w).shape  # type: ignore[union-attr]
+        n, c, h, wd = node_val(x).shape  # type: ignore[union-attr]
+        co, _, kh, kw = node_val(w).shape  # type: ignore[union-attr]
         ho, wo = h // kh, wd // kw
-        with g.inserting_before(node):
-            p = g.call_function(aten.reshape.default, (x, [n, c, ho, kh, wo, kw]))
-            p = g.call_function(aten.permute.default, (p, [0, 2, 4, 1, 3, 5]))
-            p = g.call_function(aten.clone.default, (p,), {"memory_format": torch.contiguous_format})
-            p = g.call_function(aten.view.default, (p, [n * ho * wo, c * kh * kw]))
-            wt = g.call_function(aten.permute.default, (g.call_function(aten.reshape.default, (w, [co, c * kh * kw])),
-                                                        [1, 0]))
-            y = (g.call_function(aten.mm.default, (p, wt)) if b is None
-                 else g.call_function(aten.addmm.default, (b, p, wt)))
-            y = g.call_function(aten.view.default, (y, [n, ho, wo, co]))
-            y = g.call_function(aten.permute.default, (y, [0, 3, 1, 2]))
-        node.replace_all_uses_with(y)
-        g.erase_node(node)
-        count += 1
-    if count:
-        g.lint()
-        gm.recompile()
-    return count
+        p = g.call_function(aten.reshape.default, (x, [n, c, ho, kh, wo, kw]))
+        p = g.call_function(aten.permute.default, (p, [0, 2, 4, 1, 3, 5]))
+        p = g.call_function(aten.clone.default, (p,), {"memory_format": torch.contiguous_format})
+        p = g.call_function(aten.view.default, (p, [n * ho * wo, c * kh * kw]))
+        wt = g.call_function(aten.permute.default, (g.call_function(aten.reshape.default, (w, [co, c * kh * kw])),
+                                                    [1, 0]))
+        y = g.call_function(aten.mm.default, (p, wt)) if b is None else g.call_function(aten.addmm.default, (b, p, wt))
+        y = g.call_function(aten.view.default, (y, [n, ho, wo, co]))
+        return g.call_function(aten.permute.default, (y, [0, 3, 1, 2]))
+    return replace_nodes(gm, build)
 
 
 def _is_narrow_channels_last_conv(node: fx.Node, devices: tuple[str, ...]) -> bool:
     if node.target is not aten.convolution.default or len(node.args) != 9 or node.kwargs:
         return False
     x, w, _b, _stride, _padding, _dilation, transposed, _out_pad, groups = node.args
-    vx, vw = _val(x), _val(w)
+    vx, vw = node_val(x), node_val(w)
     if vx is None or vw is None or vx.dim() != 4 or vx.device.type not in devices or transposed or groups != 1:
         return False
     return (vx.dtype in (torch.float16, torch.bfloat16) and vx.shape[1] % 8 != 0 and vx.shape[1] < 8
@@ -93,19 +80,11 @@ def _is_narrow_channels_last_conv(node: fx.Node, devices: tuple[str, ...]) -> bo
 def pad_stem_channels(gm: fx.GraphModule, devices: tuple[str, ...] = ("cuda",)) -> int:
     """Zero-pad the input and weight channels of channels-last half-precision stems to 8; returns
     how many. New nodes have no ``meta['val']``: the caller re-propagates metadata."""
-    count = 0
-    g = gm.graph
-    for node in list(g.nodes):
-        if node.op != "call_function" or not _is_narrow_channels_last_conv(node, devices):
-            continue
-        x, w = node.args[0], node.args[1]
-        pad = [0, 0, 0, 0, 0, 8 - _val(x).shape[1]]  # type: ignore[union-attr]
-        with g.inserting_before(node):
-            xp, wp = (g.call_function(aten.clone.default, (g.call_function(aten.constant_pad_nd.default, (t, pad)),),
-                                      {"memory_format": torch.channels_last}) for t in (x, w))
-        node.args = (xp, wp, *node.args[2:])
-        count += 1
-    if count:
-        g.lint()
-        gm.recompile()
-    return count
+    def build(g: fx.Graph, node: fx.Node) -> fx.Node | None:
+        if not _is_narrow_channels_last_conv(node, devices):
+            return None
+        pad = [0, 0, 0, 0, 0, 8 - node_val(node.args[0]).shape[1]]  # type: ignore[union-attr]
+        xp, wp = (g.call_function(aten.clone.default, (g.call_function(aten.constant_pad_nd.default, (t, pad)),),
+                                  {"memory_format": torch.channels_last}) for t in node.args[:2])
+        return g.call_function(aten.convolution.default, (xp, wp, *node.args[2:]))
+    return replace_nodes(gm, build)
