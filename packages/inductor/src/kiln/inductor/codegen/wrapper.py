@@ -67,6 +67,7 @@ _HELPERS = {"kiln_inductor.mm_padded.default": "_mm_padded"}
 _DIRECT.update(_HELPERS)
 
 
+# the helpers an arena program calls (kiln.runtime.program_helpers), imported only where used
 CONV_OUT = "from kiln.runtime.program_helpers import conv_out as _conv_out\n"
 TAKE_ARENA = "from kiln.runtime.program_helpers import take_arena as _take_arena\n"
 
@@ -134,8 +135,9 @@ class WrapperWriter:
             plan = plan_arena(s)
             self.arena = plan if plan.offsets else None
         self.lines: list[str] = []
-        device = getattr(kernels, "device", "cpu")
-        self.device_kw = "" if device == "cpu" else f", device={device!r}"
+        self.device = getattr(kernels, "device", "cpu")
+        self.device_kw = "" if self.device == "cpu" else f", device={self.device!r}"
+        self.imports: list[str] = []  # module-level lines the steps turned out to need (helpers above)
         # a buffer that takes over another's memory with the same layout is the same tensor: it
         # keeps the first name (no statement, nothing to compile at load, nothing to run per call)
         self.alias: dict[str, str] = {}
@@ -196,6 +198,8 @@ class WrapperWriter:
             o = e.outputs[0]
             self.emit(f"    {o.buffer} = {self.arena_view(o.buffer, o.layout)}")
             if e.target == CONVOLUTION:
+                if CONV_OUT not in self.imports:
+                    self.imports.append(CONV_OUT)
                 self.emit(f"    {o.buffer} = _conv_out({', '.join(call_args)}, {o.buffer})  # {e.kind} {e.target}, "
                           "into the arena", allocates=False)
             else:
@@ -240,6 +244,21 @@ class WrapperWriter:
             self.emit(f"    {o.buffer} = {src}")
         if res.startswith("_r_"):
             self.emit(f"    del {res}")
+
+    def take_arena(self) -> None:
+        """The call's first statements: the arena (carved from a block with a tail while a CUDA graph
+        records, see scheduler/arena.py), one view of it per dtype its buffers have."""
+        assert self.arena is not None
+        a = self.arena
+        note = f"  # {len(a.offsets)} buffers; most live at once: {a.live_peak} bytes"
+        if a.tail and self.device != "cpu":
+            self.imports.append(TAKE_ARENA)
+            self.lines.append(f"    _arena = _take_arena({a.size}, {a.tail}, {self.device!r}){note}")
+        else:
+            self.lines.append(f"    _arena = torch.empty(({a.size},), dtype=torch.uint8{self.device_kw}){note}")
+        for dt in sorted({self.layouts[b].dtype for b in a.roots}, key=str):
+            self.lines.append(f"    {self._arena_name(dt)} = _arena.view({dt})")
+        self.lines.append("    del _arena")
 
     def arena_view(self, buffer: str, layout: Layout) -> str:
         """The arena's bytes at ``buffer``'s planned offset as a tensor of its layout (through one view
@@ -297,7 +316,7 @@ class WrapperWriter:
             self.lines.append(MM_PADDED_SOURCE)
         if self.kernels.prelude:
             self.lines.append(self.kernels.prelude)
-        tables = len(self.lines)  # the extern table goes here once the steps are written
+        tables = len(self.lines)  # the imports and the extern table go here once the steps are written
         self.lines.append(CALL_OWNED)
         names = {b.position: b.name for b in p.inputs}
         unpack = [names.get(k, "_") for k in range(max(names, default=-1) + 1)]
@@ -309,20 +328,8 @@ class WrapperWriter:
             self.lines.append(f"    del {', '.join(input_dels[-1])}")
         if self.kernels.call_prologue:
             self.lines.append(f"    {self.kernels.call_prologue}")
-        device = getattr(self.kernels, "device", "cpu")
-        if self.arena and any(isinstance(st.work, ExternKernel) and st.work.target == CONVOLUTION
-                              and st.work.outputs[0].buffer in self.arena.offsets for st in self.s.steps):
-            self.lines[tables:tables] = [CONV_OUT]
         if self.arena:
-            note = f"  # {len(self.arena.offsets)} buffers; most live at once: {self.arena.live_peak} bytes"
-            if self.arena.tail and device != "cpu":
-                self.lines[tables:tables] = [TAKE_ARENA]
-                self.lines.append(f"    _arena = _take_arena({self.arena.size}, {self.arena.tail}, {device!r}){note}")
-            else:
-                self.lines.append(f"    _arena = torch.empty(({self.arena.size},), dtype=torch.uint8{self.device_kw}){note}")
-            for dt in sorted({self.layouts[b].dtype for b in self.arena.roots}, key=str):
-                self.lines.append(f"    {self._arena_name(dt)} = _arena.view({dt})")
-            self.lines.append("    del _arena")
+            self.take_arena()
         if p.seed_buffer:
             self.lines.append(f"    {p.seed_buffer} = torch.randint(0, 2**62, (1,), dtype=torch.int64{self.device_kw})")
         for k, st in enumerate(self.s.steps):
@@ -354,8 +361,8 @@ class WrapperWriter:
         self.pending_dels.clear()  # returning unbinds them all at once
         self.emit(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
         if self.ext_rows:
-            table = json.dumps(self.ext_rows, separators=(",", ":"))
-            self.lines.insert(tables, EXT_TABLE.format(table=table))
+            self.imports.append(EXT_TABLE.format(table=json.dumps(self.ext_rows, separators=(",", ":"))))
+        self.lines[tables:tables] = self.imports
         return "\n".join(self.lines) + "\n"
 
 
