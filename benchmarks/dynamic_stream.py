@@ -1,0 +1,184 @@
+"""Micro-benchmark: a serving stream of changing shapes (issue 20), kiln vs eager vs torch.compile.
+
+    uv run python -m benchmarks.dynamic_stream [--requests 40] [--small] [--dynamic auto|true]
+
+A Llama-style ``LlamaForCausalLM`` (the suite's 350M config in bf16 on the GPU; a tiny fp32 config on
+the CPU or with ``--small``) serves ``--requests`` forward calls whose batch is drawn from 1-8 and
+sequence length from 8-512 (8-64 on the CPU), the same seeded stream for every backend. Each backend
+runs in its own process:
+
+- pass 1 (cold): the whole stream once, compiles included; wall time, compiles, eager fallbacks;
+- pass 2 (steady): the same stream again, the sum of per-request times (device synchronised).
+
+Compiles are the graphs each compiler built (kiln: ``kiln.stats()`` where present, else the
+``recompiles`` log; torch.compile: dynamo's ``unique_graphs``). A backend that gave up and ran
+eagerly shows ``ran eagerly`` with the warning's text. Outputs of every request are compared with
+eager's logits in the same process (max |diff| relative to the logits' max).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from benchmarks.kiln_bench import backends as B
+from benchmarks.kiln_bench import cli
+from benchmarks.kiln_bench.isolate import run_isolated
+from benchmarks.kiln_bench.models import LLAMA_350M, TINY_LM
+from benchmarks.kiln_bench.report import fmt, machine_info, markdown_table, na, ratio, write_micro
+
+
+def stream(n: int, max_seq: int, seed: int = 0) -> list[tuple[int, int]]:
+    """The request stream: ``n`` (batch, seq) pairs, batch 1-8, seq 8-``max_seq``."""
+    rng = random.Random(seed)
+    return [(rng.randint(1, 8), rng.randint(8, max_seq)) for _ in range(n)]
+
+
+def _build(small: bool, device: str) -> tuple[torch.nn.Module, int]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+               num_key_value_heads=2, vocab_size=TINY_LM["vocab"], max_position_embeddings=1024,
+               tie_word_embeddings=False) if small else dict(LLAMA_350M, max_position_embeddings=1024)
+    config = LlamaConfig(**cfg, attention_dropout=0.0, use_cache=False, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LlamaForCausalLM(config)
+    model.eval()
+    if device.startswith("cuda"):
+        model = model.to(torch.bfloat16)
+    return model, config.vocab_size
+
+
+class _CompileCounter(logging.Handler):
+    """Counts kiln's ``recompiles``/``graph_code`` log records (used when kiln.stats is absent)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record.getMessage())
+
+
+def _kiln_graphs() -> int | None:
+    try:
+        kiln = B.import_kiln()
+    except B.BackendUnavailable:
+        return None
+    stats = getattr(kiln, "stats", None)
+    if not callable(stats):
+        return None
+    return int(stats().graphs_compiled)
+
+
+def _compiles(backend: str, counter: _CompileCounter) -> int | None:
+    if backend == "torch_compile":
+        return int(B.torch_compile_counters()["graphs"])
+    if backend == "kiln":
+        graphs = _kiln_graphs()
+        return graphs if graphs is not None else sum("compiling" in r for r in counter.records) or None
+    return 0
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def measure(*, backend: str, small: bool, device: str, requests: int, dynamic: str,
+            mode: str | None) -> dict[str, Any]:
+    """Child: run the stream twice with ``backend``; times, compiles, fallbacks, max error."""
+    model, vocab = _build(small, device)
+    pairs = stream(requests, 512 if device.startswith("cuda") and not small else 64)
+    gen = torch.Generator().manual_seed(1)
+    inputs = [torch.randint(0, vocab, (b, s), generator=gen).to(device) for b, s in pairs]
+    with torch.no_grad():
+        reference = [model(ids).logits.float().cpu() for ids in inputs[:8]]
+    spec = B.CompileSpec(kiln_backend="inductor", tc_backend="inductor", mode=mode,
+                         dynamic={"auto": None, "true": True}[dynamic])
+    counter = _CompileCounter()
+    logging.getLogger("kiln").addHandler(counter)
+    result: dict[str, Any] = {"backend": backend, "pairs": pairs}
+    try:
+        step = B.compile_fn(backend, model, spec)
+        with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+            warnings.simplefilter("always")
+            t0 = time.perf_counter()
+            outs = []
+            for ids in inputs:
+                outs.append(step(ids).logits)
+            _sync(device)
+            cold_s = time.perf_counter() - t0
+            compiles = _compiles(backend, counter)
+            steady = 0.0
+            for ids in inputs:
+                _sync(device)
+                t1 = time.perf_counter()
+                step(ids)
+                _sync(device)
+                steady += time.perf_counter() - t1
+    except Exception as exc:  # noqa: BLE001
+        print(B.error_details(exc))
+        return dict(result, error=B.short_error(exc))
+    eager_msgs = [str(w.message) for w in caught if "eager" in str(w.message).lower()]
+    err = max(float((o.float().cpu() - r).abs().max() / r.abs().max().clamp_min(1e-6))
+              for o, r in zip(outs, reference, strict=False))
+    result.update(cold_s=cold_s, steady_s=steady, compiles=compiles, rel_err=err,
+                  ran_eagerly=eager_msgs[0][:200] if eager_msgs else None)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    cli.add_common(p)
+    p.add_argument("--requests", type=int, default=40)
+    p.add_argument("--dynamic", choices=["auto", "true"], default="auto",
+                   help="dynamic=None (automatic, the default) or dynamic=True for both compilers")
+    p.add_argument("--mode", default=None, help="compile mode for both compilers")
+    args = cli.finish(p.parse_args(argv), "dynamic_stream")
+    small = args.small or not args.device.startswith("cuda")
+    info = machine_info(args.device, module="benchmarks.dynamic_stream", threads=args.threads)
+    rows, payload = [], {}
+    for backend in args.backends:
+        res = run_isolated("benchmarks.dynamic_stream:measure",
+                           dict(backend=backend, small=small, device=args.device,
+                                requests=args.requests, dynamic=args.dynamic, mode=args.mode),
+                           timeout_s=args.timeout)
+        payload[backend] = res
+        print(backend, {k: v for k, v in res.items() if k != "pairs"}, flush=True)
+    eager = payload.get("eager", {})
+    tc = payload.get("torch_compile", {})
+    for backend, res in payload.items():
+        if "error" in res:
+            rows.append([backend, na(res["error"])] + ["n/a"] * 6)
+            continue
+        rows.append([backend, res["compiles"], "yes" if res["ran_eagerly"] else "no",
+                     fmt(res["cold_s"]), fmt(res["steady_s"] * 1e3),
+                     fmt(ratio(eager.get("steady_s"), res["steady_s"])),
+                     fmt(ratio(tc.get("steady_s"), res["steady_s"])),
+                     fmt(ratio(res["cold_s"], tc.get("cold_s")))])
+    body = (f"Stream: {args.requests} requests, batch 1-8 x seq 8-{512 if not small else 64}, "
+            f"{'tiny fp32' if small else 'Llama-350M bf16'}, dynamic={args.dynamic}, "
+            f"mode={args.mode or 'default'}.\n\n"
+            + markdown_table(["backend", "compiles", "ran eagerly", "stream wall s (cold)",
+                              "steady ms (stream)", "speed vs eager", "speed vs torch.compile",
+                              "cold wall / torch.compile's"], rows))
+    print(write_micro(args.out, "dynamic_stream", "Serving stream of changing shapes", info, body,
+                      payload))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
