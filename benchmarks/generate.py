@@ -1,0 +1,144 @@
+"""Micro-benchmark: HF ``generate()`` with a growing DynamicCache (issue 20), kiln vs eager vs torch.compile.
+
+    uv run python -m benchmarks.generate [--models gpt2,llama] [--tokens 64] [--mode reduce-overhead]
+
+``model.forward`` is replaced by the compiled forward, as users do, and ``generate`` runs greedy
+decoding of ``--tokens`` new tokens from a batch of 2 prompts of 16 tokens. Every step's sequence
+length differs (the KV cache grows), so a compiler that specialises on sizes recompiles per token.
+Each backend runs in its own process: the first ``generate`` (compiles included), then the best of
+``--runs`` timed ones; compiles counted as in ``benchmarks.dynamic_stream``; tokens compared with
+eager's (identical prefix length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from benchmarks.dynamic_stream import _compiles, _CompileCounter, _sync
+from benchmarks.kiln_bench import backends as B
+from benchmarks.kiln_bench import cli
+from benchmarks.kiln_bench.isolate import run_isolated
+from benchmarks.kiln_bench.models import GPT2_12L, LLAMA_350M, TINY_LM
+from benchmarks.kiln_bench.report import fmt, machine_info, markdown_table, na, ratio, write_micro
+
+
+def _build(name: str, small: bool, device: str) -> torch.nn.Module:
+    import transformers as T
+
+    torch.manual_seed(0)
+    if name == "gpt2":
+        cfg = dict(n_layer=2, n_embd=64, n_head=2, vocab_size=TINY_LM["vocab"], n_positions=256) \
+            if small else GPT2_12L
+        config = T.GPT2Config(**cfg, attn_implementation="sdpa", bos_token_id=0, eos_token_id=0)
+        cls: Any = T.GPT2LMHeadModel
+    else:
+        cfg = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=2, vocab_size=TINY_LM["vocab"], max_position_embeddings=256,
+                   tie_word_embeddings=False) if small else LLAMA_350M
+        config = T.LlamaConfig(**cfg, attn_implementation="sdpa", bos_token_id=0, eos_token_id=0)
+        cls = T.LlamaForCausalLM
+    with torch.device(device):
+        model = cls(config)
+    model.eval()
+    if device.startswith("cuda"):
+        model = model.to(torch.bfloat16)
+    return model
+
+
+def _generate(model: torch.nn.Module, prompt: torch.Tensor, tokens: int) -> torch.Tensor:
+    with torch.no_grad():
+        return model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
+                              pad_token_id=0, use_cache=True)
+
+
+def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, runs: int,
+            mode: str | None) -> dict[str, Any]:
+    """Child: first generate (compiles included), best of ``runs`` timed ones, tokens vs eager."""
+    model = _build(name, small, device)
+    vocab = model.config.vocab_size
+    prompt = torch.randint(1, vocab, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
+    reference = _generate(model, prompt, tokens).cpu()
+    spec = B.CompileSpec(kiln_backend="inductor", tc_backend="inductor", mode=mode)
+    counter = _CompileCounter()
+    import logging
+
+    logging.getLogger("kiln").addHandler(counter)
+    result: dict[str, Any] = {"backend": backend, "model": name}
+    try:
+        model.forward = B.compile_fn(backend, model.forward, spec)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            t0 = time.perf_counter()
+            got = _generate(model, prompt, tokens)
+            _sync(device)
+            first_s = time.perf_counter() - t0
+            compiles = _compiles(backend, counter)
+            best = float("inf")
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                got = _generate(model, prompt, tokens)
+                _sync(device)
+                best = min(best, time.perf_counter() - t0)
+    except Exception as exc:  # noqa: BLE001
+        print(B.error_details(exc))
+        return dict(result, error=B.short_error(exc))
+    got = got.cpu()
+    same = int((got == reference).all(0).cumprod(0).sum()) - prompt.shape[1]
+    eager_msgs = [str(w.message) for w in caught if "eager" in str(w.message).lower()]
+    result.update(first_s=first_s, ms_per_token=best / tokens * 1e3, compiles=compiles,
+                  same_tokens=same, tokens=tokens,
+                  ran_eagerly=eager_msgs[0][:200] if eager_msgs else None)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    cli.add_common(p)
+    p.add_argument("--models", type=cli.csv, default=["gpt2", "llama"])
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--mode", default=None, help="compile mode for both compilers")
+    args = cli.finish(p.parse_args(argv), "generate")
+    small = args.small or not args.device.startswith("cuda")
+    info = machine_info(args.device, module="benchmarks.generate", threads=args.threads)
+    rows = []
+    payload: dict[str, Any] = {}
+    for name in args.models:
+        results = {}
+        for backend in args.backends:
+            res = run_isolated("benchmarks.generate:measure",
+                               dict(backend=backend, name=name, small=small, device=args.device,
+                                    tokens=args.tokens, runs=args.runs, mode=args.mode),
+                               timeout_s=args.timeout)
+            results[backend] = res
+            print(name, res, flush=True)
+        payload[name] = results
+        eager, tc = results.get("eager", {}), results.get("torch_compile", {})
+        for backend, res in results.items():
+            if "error" in res:
+                rows.append([name, backend, na(res["error"])] + ["n/a"] * 5)
+                continue
+            rows.append([name, backend, res["compiles"], "yes" if res["ran_eagerly"] else "no",
+                         f"{res['same_tokens']}/{res['tokens']}", fmt(res["ms_per_token"], 3),
+                         fmt(ratio(eager.get("ms_per_token"), res["ms_per_token"])),
+                         fmt(ratio(tc.get("ms_per_token"), res["ms_per_token"]))])
+    body = (f"{args.tokens} new tokens, batch 2, greedy, {'tiny fp32' if small else 'bf16'} configs, "
+            f"mode={args.mode or 'default'}.\n\n"
+            + markdown_table(["model", "backend", "compiles", "ran eagerly", "tokens = eager's",
+                              "ms/token", "speed vs eager", "speed vs torch.compile"], rows))
+    print(write_micro(args.out, "generate", "HF generate() with a growing cache", info, body, payload))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
