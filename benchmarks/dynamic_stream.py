@@ -61,7 +61,7 @@ def _build(small: bool, device: str) -> tuple[torch.nn.Module, int]:
     return model, config.vocab_size
 
 
-class _CompileCounter(logging.Handler):
+class CompileCounter(logging.Handler):
     """Counts kiln's ``recompiles``/``graph_code`` log records (used when kiln.stats is absent)."""
 
     def __init__(self) -> None:
@@ -83,7 +83,7 @@ def _kiln_graphs() -> int | None:
     return int(stats().graphs_compiled)
 
 
-def _compiles(backend: str, counter: _CompileCounter) -> int | None:
+def count_compiles(backend: str, counter: CompileCounter) -> int | None:
     if backend == "torch_compile":
         return int(B.torch_compile_counters()["graphs"])
     if backend == "kiln":
@@ -92,7 +92,7 @@ def _compiles(backend: str, counter: _CompileCounter) -> int | None:
     return 0
 
 
-def _sync(device: str) -> None:
+def sync_device(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
@@ -108,7 +108,7 @@ def measure(*, backend: str, small: bool, device: str, requests: int, dynamic: s
         reference = [model(ids).logits.float().cpu() for ids in inputs[:8]]
     spec = B.CompileSpec(kiln_backend="inductor", tc_backend="inductor", mode=mode,
                          dynamic={"auto": None, "true": True}[dynamic])
-    counter = _CompileCounter()
+    counter = CompileCounter()
     logging.getLogger("kiln").addHandler(counter)
     result: dict[str, Any] = {"backend": backend, "pairs": pairs}
     try:
@@ -119,15 +119,15 @@ def measure(*, backend: str, small: bool, device: str, requests: int, dynamic: s
             outs = []
             for ids in inputs:
                 outs.append(step(ids).logits)
-            _sync(device)
+            sync_device(device)
             cold_s = time.perf_counter() - t0
-            compiles = _compiles(backend, counter)
+            compiles = count_compiles(backend, counter)
             steady = 0.0
             for ids in inputs:
-                _sync(device)
+                sync_device(device)
                 t1 = time.perf_counter()
                 step(ids)
-                _sync(device)
+                sync_device(device)
                 steady += time.perf_counter() - t1
     except Exception as exc:  # noqa: BLE001
         print(B.error_details(exc))

@@ -2,7 +2,7 @@
 
     uv run python -m benchmarks.generate [--models gpt2,llama] [--tokens 64] [--mode reduce-overhead]
 
-``model.forward`` is replaced by the compiled forward, as users do, and ``generate`` runs greedy
+Weights are fp32 unless ``--bf16``. ``model.forward`` is replaced by the compiled forward, as users do, and ``generate`` runs greedy
 decoding of ``--tokens`` new tokens from a batch of 2 prompts of 16 tokens. Every step's sequence
 length differs (the KV cache grows), so a compiler that specialises on sizes recompiles per token.
 Each backend runs in its own process: the first ``generate`` (compiles included), then the best of
@@ -13,6 +13,7 @@ eager's (identical prefix length).
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import time
 import warnings
@@ -24,7 +25,7 @@ if __package__ in (None, ""):
 
 import torch
 
-from benchmarks.dynamic_stream import _compiles, _CompileCounter, _sync
+from benchmarks.dynamic_stream import CompileCounter, count_compiles, sync_device
 from benchmarks.kiln_bench import backends as B
 from benchmarks.kiln_bench import cli
 from benchmarks.kiln_bench.isolate import run_isolated
@@ -32,7 +33,7 @@ from benchmarks.kiln_bench.models import GPT2_12L, LLAMA_350M, TINY_LM
 from benchmarks.kiln_bench.report import fmt, machine_info, markdown_table, na, ratio, write_micro
 
 
-def _build(name: str, small: bool, device: str) -> torch.nn.Module:
+def _build(name: str, small: bool, device: str, bf16: bool) -> torch.nn.Module:
     import transformers as T
 
     torch.manual_seed(0)
@@ -50,7 +51,7 @@ def _build(name: str, small: bool, device: str) -> torch.nn.Module:
     with torch.device(device):
         model = cls(config)
     model.eval()
-    if device.startswith("cuda"):
+    if bf16:
         model = model.to(torch.bfloat16)
     return model
 
@@ -62,16 +63,14 @@ def _generate(model: torch.nn.Module, prompt: torch.Tensor, tokens: int) -> torc
 
 
 def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, runs: int,
-            mode: str | None) -> dict[str, Any]:
+            mode: str | None, bf16: bool = False) -> dict[str, Any]:
     """Child: first generate (compiles included), best of ``runs`` timed ones, tokens vs eager."""
-    model = _build(name, small, device)
+    model = _build(name, small, device, bf16)
     vocab = model.config.vocab_size
     prompt = torch.randint(1, vocab, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
     reference = _generate(model, prompt, tokens).cpu()
     spec = B.CompileSpec(kiln_backend="inductor", tc_backend="inductor", mode=mode)
-    counter = _CompileCounter()
-    import logging
-
+    counter = CompileCounter()
     logging.getLogger("kiln").addHandler(counter)
     result: dict[str, Any] = {"backend": backend, "model": name}
     try:
@@ -80,14 +79,14 @@ def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, r
             warnings.simplefilter("always")
             t0 = time.perf_counter()
             got = _generate(model, prompt, tokens)
-            _sync(device)
+            sync_device(device)
             first_s = time.perf_counter() - t0
-            compiles = _compiles(backend, counter)
+            compiles = count_compiles(backend, counter)
             best = float("inf")
             for _ in range(runs):
                 t0 = time.perf_counter()
                 got = _generate(model, prompt, tokens)
-                _sync(device)
+                sync_device(device)
                 best = min(best, time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001
         print(B.error_details(exc))
@@ -108,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--mode", default=None, help="compile mode for both compilers")
+    p.add_argument("--bf16", action="store_true",
+                   help="bf16 weights (greedy tokens then differ from eager's by rounding, for every "
+                        "compiler); the default fp32 makes the token comparison exact")
     args = cli.finish(p.parse_args(argv), "generate")
     small = args.small or not args.device.startswith("cuda")
     info = machine_info(args.device, module="benchmarks.generate", threads=args.threads)
@@ -118,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         for backend in args.backends:
             res = run_isolated("benchmarks.generate:measure",
                                dict(backend=backend, name=name, small=small, device=args.device,
-                                    tokens=args.tokens, runs=args.runs, mode=args.mode),
+                                    tokens=args.tokens, runs=args.runs, mode=args.mode,
+                                    bf16=args.bf16),
                                timeout_s=args.timeout)
             results[backend] = res
             print(name, res, flush=True)
@@ -132,7 +135,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"{res['same_tokens']}/{res['tokens']}", fmt(res["ms_per_token"], 3),
                          fmt(ratio(eager.get("ms_per_token"), res["ms_per_token"])),
                          fmt(ratio(tc.get("ms_per_token"), res["ms_per_token"]))])
-    body = (f"{args.tokens} new tokens, batch 2, greedy, {'tiny fp32' if small else 'bf16'} configs, "
+    dtype = "bf16" if args.bf16 else "fp32"
+    body = (f"{args.tokens} new tokens, batch 2, greedy, {'tiny' if small else 'full'} configs, {dtype}, "
             f"mode={args.mode or 'default'}.\n\n"
             + markdown_table(["model", "backend", "compiles", "ran eagerly", "tokens = eager's",
                               "ms/token", "speed vs eager", "speed vs torch.compile"], rows))
