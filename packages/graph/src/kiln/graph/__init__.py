@@ -4,6 +4,16 @@ Dialects and their verifiers, TensorSpec, guards as data, stage objects with ``a
 graph printer, named logs, a pass driver with instruments, and debug dumps. Imports only torch.
 """
 
+from .annotations import (
+    GRAPH_META_KEYS,
+    NO_ANNOTATIONS,
+    NODE_META_KEYS,
+    DistributedState,
+    GraphAnnotations,
+    SymbolicSize,
+    annotate,
+    annotations_of,
+)
 from .core_ops import CORE_ATEN_OPS
 from .debug import dump, new_graph_id
 from .dialects import Dialect
@@ -40,6 +50,8 @@ from .trees import map_leaves
 from .verify import is_pure_op, verify
 
 __all__ = [
+    "GRAPH_META_KEYS", "NODE_META_KEYS", "NO_ANNOTATIONS", "DistributedState", "GraphAnnotations",
+    "SymbolicSize", "annotate", "annotations_of",
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",
