@@ -73,7 +73,7 @@ class CompiledGraph:
     # layout (GraphAnnotations.layout_free_outputs); None: every output has its traced strides
     output_strides: tuple[tuple[int, ...] | None, ...] | None = None
     # blocks until kernels compiling in the background are ready (the first call waits too)
-    wait_kernels: Callable[[], None] | None = None
+    wait_kernels: Callable[[], object] | None = None
     # stage-private results kept for inspection and tests: inductor's LoopProgram and schedule,
     # autograd's traced and partitioned graphs (kiln.autograd.AotResult)
     loop_program: StageObject | None = None

@@ -324,18 +324,16 @@ def cached_backend(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], name: str
                                   len(gm.graph.nodes), kernels)
                 return CompiledGraph(call, hit.backend, dict(hit.texts), program)
         compiled = fn(gm, example_inputs)
-        program = compiled.portable if isinstance(compiled, CompiledGraph) else None
-        if program is None:
+        if not isinstance(compiled, CompiledGraph) or compiled.portable is None:
             log("cache").info("graph cache miss %s (%s): not stored, the backend gave no portable "
                               "program", short, name)
             return compiled
-        assert isinstance(compiled, CompiledGraph)
         texts = dict(compiled.texts)
-        stored = graphs.save(key, program, texts, compiled.backend)
+        stored = graphs.save(key, compiled.portable, texts, compiled.backend)
         log("cache").info("graph cache miss %s (%s): compiled%s", short, name,
                           " and stored" if stored else ", not stored (cache not writable)")
-        if stored and KERNEL_SOURCE_NAME in program.source:
-            return _store_kernels_after_first_call(compiled, graphs, key, program, texts, short)
+        if stored and KERNEL_SOURCE_NAME in compiled.portable.source:
+            return _store_kernels_after_first_call(compiled, graphs, key, compiled.portable, texts, short)
         return compiled
     backend.__name__ = getattr(fn, "__name__", name)
     backend.__wrapped__ = fn  # type: ignore[attr-defined]
