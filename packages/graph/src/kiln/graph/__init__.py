@@ -14,10 +14,20 @@ from .annotations import (
     annotate,
     annotations_of,
 )
+from .compiled_call import (
+    CallSignature,
+    ListCall,
+    OutputRule,
+    finish_outputs,
+    inference_call,
+    release_saved,
+    training_call,
+    training_function,
+)
 from .core_ops import CORE_ATEN_OPS
 from .debug import dump, new_graph_id
 from .dialects import Dialect
-from .errors import BackendUnavailable, KilnError, VerificationError
+from .errors import BackendUnavailable, DoubleBackwardError, KilnError, VerificationError
 from .guards import (
     GUARD_KINDS,
     Guard,
@@ -52,6 +62,8 @@ from .verify import is_pure_op, verify
 __all__ = [
     "GRAPH_META_KEYS", "NODE_META_KEYS", "NO_ANNOTATIONS", "DistributedState", "GraphAnnotations",
     "SymbolicSize", "annotate", "annotations_of",
+    "CallSignature", "DoubleBackwardError", "ListCall", "OutputRule", "finish_outputs", "inference_call",
+    "release_saved", "training_call", "training_function",
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",
