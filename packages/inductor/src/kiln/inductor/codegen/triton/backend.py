@@ -55,7 +55,7 @@ def kernel_problems(generated: list[TritonKernel], layouts: dict[str, Layout], d
     def fn_of(name: str):
         def get() -> object:
             if not module:  # loaded once, only when some problem is compiled or timed
-                module.append(load_triton_module(module_source(generated)))  # type: ignore[operator]
+                module.append(load_triton_module(module_source(generated)))
             return getattr(module[0], name)
         return get
 
