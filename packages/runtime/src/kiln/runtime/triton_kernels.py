@@ -17,6 +17,7 @@ from .cache import CompileCache, default_cache
 from .errors import KernelBuildError
 from .triton_binaries import MODULE_PREFIX
 
+
 def load_triton_module(source: str, *, cache: CompileCache | None = None) -> ModuleType:
     """Import Triton kernel source text as the module ``kiln_triton_<sha256[:32]>`` (once per distinct
     text per process). The one loader: generated wrappers call it (kiln.inductor's codegen imports it
