@@ -119,3 +119,28 @@ def test_output_matching_tolerates_16_bit_rounding_but_not_other_values() -> Non
     logits = torch.randn(4, 1000) * 20  # TF32 convolutions: an error up to ~5e-4 of the largest value
     assert _close(logits, logits + torch.randn(4, 1000).clamp(-3, 3) * 1.5e-4 * logits.abs().max())
     assert not _close(logits, torch.randn(4, 1000) * 20) and not _close(logits, logits * 1.01)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_create_graph_behaves_alike_in_process_and_after_load(backend: str, tmp_path) -> None:
+    """One compiled-training autograd.Function: with create_graph=True the compiled program and the
+    artifact loaded from it both give eager's first-order gradient, and both raise the same clear
+    DoubleBackwardError when that gradient is differentiated again."""
+    from kiln.graph import DoubleBackwardError
+    from kiln.runtime import load_compiled_function
+
+    def loss(x, w):
+        return (x * w).pow(2).sum()
+
+    x0, w0 = torch.randn(4, 4), torch.randn(4, 4, requires_grad=True)
+    compiled = kiln.compile(loss, fullgraph=True, backend=backend).aot_compile(((x0, w0), {}))
+    compiled.save_compiled_function(tmp_path / "loss.kiln")
+    loaded = load_compiled_function(tmp_path / "loss.kiln")
+    for fn in (compiled, loaded):
+        for _ in range(3):  # fresh inputs each call
+            x, w = torch.randn(4, 4), torch.randn(4, 4, requires_grad=True)
+            (g,) = torch.autograd.grad(fn(x, w), w, create_graph=True)
+            torch.testing.assert_close(g, 2 * x * x * w.detach())
+            assert g.requires_grad
+            with pytest.raises(DoubleBackwardError, match="double backward"):
+                g.pow(2).sum().backward()

@@ -46,13 +46,15 @@ def test_module_parameters_and_buffers_are_marked_static_for_cuda_graphs() -> No
     parameters and buffers must be recognised, or a decode step copies all its weights."""
     import torch
 
-    from kiln.backends import _is_module_state
+    from kiln.graph import annotations_of
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).eval()
     marks: dict[str, bool] = {}
 
     def record(gm, example_inputs):
-        marks.update({n.name: _is_module_state(n) for n in gm.graph.nodes if n.op == "placeholder"})
+        static = annotations_of(gm).module_state
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        marks.update({n.name: i in static for i, n in enumerate(placeholders)})
         return gm.forward
 
     kiln.compile(model, backend=record)(torch.randn(2, 4))

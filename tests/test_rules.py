@@ -74,3 +74,68 @@ def test_import_layering() -> None:
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "0 broken" in proc.stdout
+
+
+# ---- what crosses a stage boundary through gm.meta / node.meta (DESIGN.md: the typed graph interface)
+
+def _package_of(path: Path) -> str:
+    rel = path.relative_to(ROOT).parts
+    return rel[1] if rel[0] == "packages" else "kiln"
+
+
+def meta_keys(source: str) -> list[tuple[int, str]]:
+    """String keys read or written through ``<x>.meta`` (``[k]``, ``.get(k)``, ``.setdefault(k)``,
+    ``.pop(k)``, ``k in <x>.meta``), literal or through a module-level string constant."""
+    tree = ast.parse(source)
+    consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+              and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+              for t in n.targets if isinstance(t, ast.Name)}
+
+    def key(node: ast.AST) -> str | None:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        return consts.get(node.id) if isinstance(node, ast.Name) else None
+
+    def is_meta(node: ast.AST) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "meta"
+
+    hits: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        k = None
+        if isinstance(node, ast.Subscript) and is_meta(node.value):
+            k = key(node.slice)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_meta(node.func.value)
+              and node.func.attr in ("get", "setdefault", "pop") and node.args):
+            k = key(node.args[0])
+        elif (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], (ast.In, ast.NotIn))
+              and is_meta(node.comparators[0])):
+            k = key(node.left)
+        if k is not None:
+            hits.append((node.lineno, k))
+    return hits
+
+
+def test_only_declared_meta_keys_cross_packages() -> None:
+    """A ``meta`` key one package writes and another reads must be declared in kiln.graph
+    (NODE_META_KEYS, or GraphAnnotations through annotate/annotations_of); keys private to one
+    package are its own business."""
+    from kiln.graph import GRAPH_META_KEYS, NODE_META_KEYS
+
+    users: dict[str, dict[str, list[str]]] = {}
+    for path in _sources():
+        for line, k in meta_keys(path.read_text()):
+            users.setdefault(k, {}).setdefault(_package_of(path), []).append(f"{path.relative_to(ROOT)}:{line}")
+    declared = NODE_META_KEYS | GRAPH_META_KEYS
+    crossing = {k: where for k, where in users.items() if len(where) > 1 and k not in declared}
+    assert not crossing, ("meta keys shared between packages but not declared in kiln.graph "
+                          "(use GraphAnnotations):\n" + "\n".join(
+                              f"{k!r}: {sites}" for k, sites in sorted(crossing.items())))
+    outside = [s for k in GRAPH_META_KEYS for pkg, sites in users.get(k, {}).items() if pkg != "graph"
+               for s in sites]
+    assert not outside, f"only kiln.graph's annotate/annotations_of touch the annotations entry: {outside}"
+
+
+def test_the_meta_rule_sees_keys() -> None:
+    src = ('K = "kiln_x"\ngm.meta[K] = 1\nn.meta.get("a")\nif "b" in n.meta: pass\n'
+           'n.meta.setdefault("c", 0)\nx = n.meta["val"]\n')
+    assert sorted(k for _, k in meta_keys(src)) == ["a", "b", "c", "kiln_x", "val"]

@@ -11,7 +11,7 @@ import functools
 import importlib
 import importlib.util
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -22,6 +22,7 @@ from kiln.graph import (
     Backend,
     BackendUnavailable,
     CompiledGraph,
+    annotations_of,
     dump,
     log,
     new_graph_id,
@@ -65,10 +66,6 @@ def _aot_eager(opts: CompileOptions) -> Backend:
     return _stage("kiln.autograd", "aot_eager", "aot_eager")
 
 
-def _is_module_state(node: fx.Node) -> bool:
-    return bool(node.meta.get("module_state"))  # kiln.capture marks parameters and buffers
-
-
 def _inductor(opts: CompileOptions) -> Backend:
     aot = _stage("kiln.autograd", "aot", "inductor")
     compile_graph = _stage("kiln.inductor", "compile_graph", "inductor")
@@ -97,11 +94,8 @@ def _inductor(opts: CompileOptions) -> Backend:
             if not flags.cudagraphs:
                 return compiled
             # reduce-overhead: parameters/buffers are static inputs, the rest get static slots
-            fn = wrap_reduce_overhead(compiled.fn, example_inputs, static)
-            graphed = CompiledGraph(fn, compiled.backend, compiled.texts, compiled.portable)
-            # the strides it really returns (channels-last saved activations): the backward follows them
-            graphed.output_strides = getattr(compiled, "output_strides", None)  # type: ignore[attr-defined]
-            return graphed
+            # (output_strides travel: the backward follows the strides the forward really returns)
+            return replace(compiled, fn=wrap_reduce_overhead(compiled.fn, example_inputs, static))
         return compile_one
 
     def inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -111,8 +105,7 @@ def _inductor(opts: CompileOptions) -> Backend:
         if any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
             warm_compile_pool("cuda")
         # the forward (and inference) graph takes the captured graph's inputs first, in order
-        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        static = tuple(i for i, n in enumerate(placeholders) if _is_module_state(n))
+        static = annotations_of(gm).module_state  # kiln.capture marks parameters and buffers
         try:
             return aot(gm, example_inputs, fw_compiler=compiler(static), bw_compiler=compiler(()),
                        inference_compiler=compiler(static, inference=True), decompositions=table)
@@ -237,7 +230,8 @@ def _observed(fn: Backend, name: str) -> Backend:
         if GRAPH_KNOBS.debug_dir is not None:  # printing a large graph costs ms even when nothing is written
             dump(graph_id, "00_captured_torch", print_graph(gm))
         compiled = fn(gm, example_inputs)
-        for i, (stage, text) in enumerate(getattr(compiled, "texts", {}).items(), start=1):
+        texts = compiled.texts if isinstance(compiled, CompiledGraph) else {}
+        for i, (stage, text) in enumerate(texts.items(), start=1):
             dump(graph_id, f"{i:02d}_{stage}", text)
         log("perf_hints").debug("backend %s compiled graph %s", name, graph_id)
         return compiled

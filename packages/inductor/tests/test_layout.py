@@ -16,9 +16,10 @@ from test_models import _functional
 from torch._subclasses.fake_tensor import FakeTensorMode
 from tracer import flat_outputs, trace
 
+from kiln.graph import GraphAnnotations, annotate
 from kiln.inductor import InductorOptions, compile_graph
 from kiln.inductor.ir import ExternKernel, Kernel, index_vars, reads
-from kiln.inductor.layout import FREE_OUTPUTS, decide
+from kiln.inductor.layout import decide
 
 CL = STRICT.replace(conv_layout="channels_last")
 KEEP = STRICT.replace(conv_layout="keep")
@@ -345,7 +346,7 @@ def test_auto_is_off_on_cpu_and_on_for_cuda_convs(monkeypatch: pytest.MonkeyPatc
     assert not d.channels_last and "copied back" in d.reason
     for groups, want in ((1, True), (2, False), (128, True)):  # grouped (64 channels a group): off
         gm, ex = _fake_graph("cuda", 128, 128, groups=groups)
-        gm.meta[FREE_OUTPUTS] = (0,)  # a later graph takes it in any layout (a saved activation)
+        annotate(gm, GraphAnnotations(layout_free_outputs=(0,)))  # a later graph takes it in any layout (a saved activation)
         assert decide(gm, ex, "auto").channels_last is want, groups
 
 
@@ -469,7 +470,7 @@ def test_graph_without_convolutions_is_untouched() -> None:
 
 def test_saved_activations_may_stay_channels_last() -> None:
     """The forward marks its saved outputs layout-free (what kiln.autograd can do through
-    ``gm.meta["kiln_layout_free_outputs"]``), the backward is compiled for the strides the forward
+    ``GraphAnnotations.layout_free_outputs``), the backward is compiled for the strides the forward
     really returns (``CompiledGraph.output_strides``): no NCHW round trip for saved activations,
     and gradients still match eager."""
     ag = pytest.importorskip("kiln.autograd")
@@ -487,7 +488,7 @@ def test_saved_activations_may_stay_channels_last() -> None:
     fw_out = next(n for n in parts.fw_gm.graph.nodes if n.op == "output").args[0]
     n_out = len(fw_out)
     saved_pos = tuple(range(n_out - parts.n_saved, n_out))
-    parts.fw_gm.meta[FREE_OUTPUTS] = saved_pos
+    annotate(parts.fw_gm, GraphAnnotations(layout_free_outputs=saved_pos))
     fw_ex = [n.meta["val"] for n in parts.fw_gm.graph.nodes if n.op == "placeholder"]
     fw = compile_graph(parts.fw_gm, fw_ex, options=CL)
     bw_ph = [n for n in parts.bw_gm.graph.nodes if n.op == "placeholder"]

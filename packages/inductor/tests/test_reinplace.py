@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from kiln.graph import GraphAnnotations, annotate
 from kiln.inductor import compile_graph
 
 aten = torch.ops.aten
@@ -19,7 +20,7 @@ def _cache_update(extra_reader: bool) -> fx.GraphModule:
         out = g.call_function(aten.add.Tensor, (out, g.call_function(aten.sum.dim_IntList, (cache, [1]))))
     g.output((out, new))
     gm = fx.GraphModule({}, g)
-    gm.meta["kiln_input_mutations"] = ((1, 0),)  # output 1 is the new value of input 0
+    annotate(gm, GraphAnnotations(input_mutations=((1, 0),)))  # output 1 is the new value of input 0
     return gm
 
 

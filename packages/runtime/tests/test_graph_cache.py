@@ -167,10 +167,9 @@ def test_triton_binaries_join_the_entry_after_the_first_call_and_install_on_a_hi
             compiled = super().__call__(gm, example_inputs)
             p = compiled.portable
             src = p.source + "\n_TRITON_SOURCE = 'import triton\\n'\n"
-            out = CompiledGraph(compiled.fn, "tritonish", compiled.texts,
-                                type(p)(src, p.files, p.requires))
-            out.extra = "kept"  # backends attach results (inductor: loop_program, autograd: aot)
-            return out
+            # a backend's stage-private results (inductor: loop_program, autograd: aot) are kept
+            return CompiledGraph(compiled.fn, "tritonish", compiled.texts,
+                                 type(p)(src, p.files, p.requires), aot="kept")
 
     fake = {"triton/abc123/k.cubin": b"\x7fELF", "triton/abc123/__grp__k.json": b"{}"}
     monkeypatch.setattr(gc_mod, "collect_triton_binaries", lambda source: dict(fake))
@@ -181,7 +180,7 @@ def test_triton_binaries_join_the_entry_after_the_first_call_and_install_on_a_hi
     backend = cached_backend(TritonishBackend(), "tritonish", None, cache=store)
     with caplog.at_level(logging.INFO, logger="kiln.cache"):
         first = backend(_gm(), xs)
-        assert first.extra == "kept"
+        assert first.aot == "kept"
         first(*xs)  # the first call: kernels compiled, binaries added to the entry
         key = graph_key(_gm(), xs, backend="tritonish", options=None)
         entry = GraphCache(store).load(key)

@@ -7,6 +7,7 @@ from torch import fx
 from tracer import trace
 
 import kiln
+from kiln.graph import GraphAnnotations, annotate
 from kiln.inductor import compile_graph
 
 aten = torch.ops.aten
@@ -28,7 +29,7 @@ def _graph(extra: str) -> fx.GraphModule:
         other = g.call_function(aten.sum.default, (grad,))
     g.output((other, new))
     gm = fx.GraphModule({}, g)
-    gm.meta["kiln_input_mutations"] = ((1, 0),)  # output 1 is the new value of input 0
+    annotate(gm, GraphAnnotations(input_mutations=((1, 0),)))  # output 1 is the new value of input 0
     return gm
 
 
@@ -138,7 +139,7 @@ def test_the_update_kernel_of_each_tensor_writes_all_three_states_in_place() -> 
     torch.manual_seed(0)
     p, g, m, v = torch.randn(16, 9), torch.randn(16, 9), torch.randn(16, 9), torch.rand(16, 9)
     gm = trace(_functional_adam, p, g, m, v)
-    gm.meta["kiln_input_mutations"] = ((0, 0), (1, 2), (2, 3))  # new p, m, v are inputs 0, 2, 3
+    annotate(gm, GraphAnnotations(input_mutations=((0, 0), (1, 2), (2, 3))))  # new p, m, v are inputs 0, 2, 3
     want = _functional_adam(p, g, m, v)
     cg = compile_graph(gm, [p, g, m, v])
     got = cg.fn(p, g, m, v)

@@ -4,14 +4,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 from torch import fx
 
 from kiln.graph import KNOBS as KILN_GRAPH_KNOBS
-from kiln.graph import CompiledGraph, PortableProgram, dump, enabled, log, new_graph_id, print_graph
+from kiln.graph import (
+    CompiledGraph,
+    PortableProgram,
+    annotate,
+    annotations_of,
+    dump,
+    enabled,
+    log,
+    new_graph_id,
+    print_graph,
+)
 
 from .joint import JointGraph, module_state_names
 from .knobs import KNOBS
@@ -28,9 +38,8 @@ def _example_vals(gm: fx.GraphModule) -> list[Any]:
     return [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
 
 
-def _portable_of(compiled: Any) -> PortableProgram | None:
-    p = getattr(compiled, "portable", None)
-    return p if isinstance(p, PortableProgram) else None
+def _portable_of(compiled: Callable[..., Any]) -> PortableProgram | None:
+    return compiled.portable if isinstance(compiled, CompiledGraph) else None
 
 
 @dataclass
@@ -81,8 +90,8 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[Any], *, fw_compiler: Compi
     if parts is None:
         # which outputs are new values of which inputs (written back after the call): a compiler may
         # update those inputs in place instead (kiln.inductor does for a KV-cache index_put)
-        joint.gm.meta["kiln_input_mutations"] = tuple(
-            (sig.n_graph_outputs + j, idx) for j, idx in enumerate(sig.mutated_inputs))
+        annotate(joint.gm, replace(annotations_of(joint.gm), input_mutations=tuple(
+            (sig.n_graph_outputs + j, idx) for j, idx in enumerate(sig.mutated_inputs))))
         compiled = (inference_compiler or fw_compiler)(joint.gm, _example_vals(joint.gm))
         fn = make_inference_callable(sig, compiled)
         texts["aot_inference"] = print_graph(joint.gm)
@@ -98,9 +107,7 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[Any], *, fw_compiler: Compi
         portable = training_program(sig, pf, pb, grad_deps) if pf and pb and sig.n_lifted == 0 else None
     if sig.n_lifted:
         fn = _with_module_state(gm, fn)
-    result = CompiledGraph(fn, "aot", texts, portable)
-    result.aot = AotResult(joint, parts, time.perf_counter() - t0)  # type: ignore[attr-defined]
-    return result
+    return CompiledGraph(fn, "aot", texts, portable, aot=AotResult(joint, parts, time.perf_counter() - t0))
 
 
 def _with_module_state(gm: fx.GraphModule, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -139,14 +146,15 @@ def _compile_pair(parts: Any, fw_compiler: Compiler, bw_compiler: Compiler) -> t
     """Compile the forward, then the backward for the strides the forward really returns.
 
     The saved activations only travel from the forward to the backward, so the forward's compiler may
-    choose their layout (``gm.meta["kiln_layout_free_outputs"]``: kiln.inductor keeps convolution
+    choose their layout (``GraphAnnotations.layout_free_outputs``: kiln.inductor keeps convolution
     activations channels-last instead of copying them back to NCHW); a compiled result that reports
     ``output_strides`` has the backward's saved placeholders retyped to match, before it is compiled."""
     fw_out = next(n for n in parts.fw_gm.graph.nodes if n.op == "output").args[0]
     n_out = len(fw_out)
-    parts.fw_gm.meta["kiln_layout_free_outputs"] = tuple(range(n_out - parts.n_saved, n_out))
+    annotate(parts.fw_gm, replace(annotations_of(parts.fw_gm),
+                                  layout_free_outputs=tuple(range(n_out - parts.n_saved, n_out))))
     fw = fw_compiler(parts.fw_gm, _example_vals(parts.fw_gm))
-    strides = getattr(fw, "output_strides", None)
+    strides = fw.output_strides if isinstance(fw, CompiledGraph) else None
     if strides is not None:
         saved = [n for n in parts.bw_gm.graph.nodes if n.op == "placeholder"][:parts.n_saved]
         for ph, st in zip(saved, list(strides)[n_out - parts.n_saved:]):

@@ -98,16 +98,16 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     fake = int(torch._fused_sdp_choice(q, k, v, mask, 0.0, a["is_causal"], scale=a["scale"]))
     choice = _real_choice(a)
     dense = False
-    if choice == int(SDPBackend.MATH) and mask is not None:
+    if choice == SDPBackend.MATH.value and mask is not None:
         # eager would run MATH (fp32 bmm-softmax-bmm) only because of the mask's layout (HF BERT's is a
         # stride-0 expanded bool view, which the fused kernels do not take): a dense copy of the mask,
         # a few MB, makes the fused kernel usable, same function in the query's precision
         dense_choice = _real_choice(a, dense_mask=True)
-        if dense_choice != int(SDPBackend.MATH):
+        if dense_choice != SDPBackend.MATH.value:
             choice, dense = dense_choice, True
             log("perf_hints").info("attention: a dense copy of the %s mask %s lets a fused kernel run where "
                                    "eager runs MATH", mask.dtype, tuple(mask.shape))
-    if choice == fake or (choice == int(SDPBackend.EFFICIENT_ATTENTION) and mask is not None and mask.shape[-1] % 16):
+    if choice == fake or (choice == SDPBackend.EFFICIENT_ATTENTION.value and mask is not None and mask.shape[-1] % 16):
         return None  # an unaligned efficient-attention mask: the composite pads it
     need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     out = _fused_call(choice, q, k, v, mask, dense, need_lse, a)
@@ -127,10 +127,10 @@ def _fused_call(choice: int, q: Any, k: Any, v: Any, mask: Any, dense: bool, nee
         mask = aten.masked_fill.Scalar(zeros, aten.logical_not(mask), float("-inf"))
     elif dense:
         mask = aten.clone.default(mask, memory_format=torch.contiguous_format)
-    if choice == int(SDPBackend.CUDNN_ATTENTION):
+    if choice == SDPBackend.CUDNN_ATTENTION.value:
         return aten._scaled_dot_product_cudnn_attention(q, k, v, mask, need_lse, 0.0, a["is_causal"], False,
                                                          scale=a["scale"])[0]
-    if choice == int(SDPBackend.EFFICIENT_ATTENTION):
+    if choice == SDPBackend.EFFICIENT_ATTENTION.value:
         if mask is not None:  # the composite's preprocess_mask
             mask = aten.expand(mask, [q.shape[0], q.shape[1], q.shape[2], k.shape[2]])
         return aten._scaled_dot_product_efficient_attention(q, k, v, mask, need_lse, 0.0, a["is_causal"],

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from kiln.graph import KilnError
+from kiln.graph import DoubleBackwardError, KilnError
+
+__all__ = ["AutogradTraceError", "DoubleBackwardError"]
 
 
 class AutogradTraceError(KilnError):
     """Tracing the torch-dialect graph into ATen failed (an unsupported op, mutation or input)."""
-
-
-class DoubleBackwardError(RuntimeError):
-    """A compiled graph's backward was itself differentiated (create_graph=True)."""

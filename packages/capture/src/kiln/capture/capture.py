@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.graph import CapturedGraph, GuardSet, TensorSpec
+from kiln.graph import CapturedGraph, GraphAnnotations, GuardSet, TensorSpec, annotate
 
 from .errors import GraphBreak, Unsupported
 from .frame import BreakAt, Context, Frame, FrameResult
@@ -123,6 +123,7 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
     for name, sub in tracer.submodules.items():  # torch.cond branches (cond.py)
         root.add_module(name, sub)
     gm = fx.GraphModule(root, tracer.graph, class_name="KilnCaptured")
+    _annotate(gm)
     guards = list(tracer.guards.values()) + shape_guards(tracer.shape_env, tracer.symbol_sources)
     gs = GuardSet(tuple(_order_guards(guards))).simplified()
     specs: list[TensorSpec | int | None] = [TensorSpec.from_tensor(i.fake) if isinstance(i.fake, torch.Tensor)
@@ -134,6 +135,14 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
                    result_plan, break_plan, op_count, side_effects)
 
 
+
+
+def _annotate(gm: fx.GraphModule) -> None:
+    """What later stages need to know of the graph's inputs (kiln.graph's GraphAnnotations)."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    annotate(gm, GraphAnnotations(
+        input_sources=tuple(str(n.meta.get("source", "")) for n in placeholders),
+        module_state=tuple(i for i, n in enumerate(placeholders) if n.meta.get("module_state"))))
 
 
 CONTENTS = "[:]"  # a side effect that writes a container's whole contents back

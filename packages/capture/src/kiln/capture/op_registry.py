@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
-Handler = Callable[..., Any]
+if TYPE_CHECKING:  # frame.py imports the opcode table this module builds
+    from .frame import Frame, Inst
+
+# one opcode's semantics: reads the instruction, updates the frame's stack, locals and tracer
+Handler = Callable[["Frame", "Inst"], None]
 
 
 def handler_table() -> tuple[dict[str, Handler], Callable[..., Callable[[Handler], Handler]]]:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from . import op_arith, op_build, op_call, op_control, op_names
+from .op_registry import Handler
 
-HANDLERS: dict[str, Any] = {}
+HANDLERS: dict[str, Handler] = {}
 for _family in (op_names, op_build, op_arith, op_control, op_call):
     HANDLERS.update(_family.HANDLERS)

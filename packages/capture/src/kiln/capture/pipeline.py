@@ -10,14 +10,16 @@
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
 from typing import Any
 
-from kiln.graph import KNOBS, dump, enabled, log, new_graph_id, verify
+from kiln.graph import KNOBS, Backend, dump, enabled, log, new_graph_id, verify
 
 from .capture import Capture
 
 
-def compile_capture(cap: Capture, backend: Any, code: types.CodeType | None) -> Any:
+def compile_capture(cap: Capture, backend: Backend,
+                    code: types.CodeType | None) -> Callable[..., Any] | None:
     """Hand the captured graph to the backend (or nothing when the graph computes nothing)."""
     gm = cap.captured.gm
     if KNOBS.verify:

@@ -4,10 +4,30 @@ Dialects and their verifiers, TensorSpec, guards as data, stage objects with ``a
 graph printer, named logs, a pass driver with instruments, and debug dumps. Imports only torch.
 """
 
+from .annotations import (
+    GRAPH_META_KEYS,
+    NO_ANNOTATIONS,
+    NODE_META_KEYS,
+    DistributedState,
+    GraphAnnotations,
+    SymbolicSize,
+    annotate,
+    annotations_of,
+)
+from .compiled_call import (
+    CallSignature,
+    ListCall,
+    OutputRule,
+    finish_outputs,
+    inference_call,
+    release_saved,
+    training_call,
+    training_function,
+)
 from .core_ops import CORE_ATEN_OPS
 from .debug import dump, new_graph_id
 from .dialects import Dialect
-from .errors import BackendUnavailable, KilnError, VerificationError
+from .errors import BackendUnavailable, DoubleBackwardError, KilnError, VerificationError
 from .guards import (
     GUARD_KINDS,
     Guard,
@@ -40,6 +60,10 @@ from .trees import map_leaves
 from .verify import is_pure_op, verify
 
 __all__ = [
+    "GRAPH_META_KEYS", "NODE_META_KEYS", "NO_ANNOTATIONS", "DistributedState", "GraphAnnotations",
+    "SymbolicSize", "annotate", "annotations_of",
+    "CallSignature", "DoubleBackwardError", "ListCall", "OutputRule", "finish_outputs", "inference_call",
+    "release_saved", "training_call", "training_function",
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",

@@ -13,3 +13,7 @@ class VerificationError(KilnError):
 
 class BackendUnavailable(KilnError):
     """A backend needs a stage (package) that is not installed or not built yet."""
+
+
+class DoubleBackwardError(RuntimeError):
+    """A compiled graph's backward was itself differentiated (create_graph=True, then backward again)."""

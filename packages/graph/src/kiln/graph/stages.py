@@ -58,14 +58,27 @@ class PortableProgram:
     requires: tuple[str, ...] = ("torch",)  # distributions the source imports
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
 class CompiledGraph:
-    """A backend's result: a callable plus every stage's text form and, if it has one, a portable form."""
+    """A backend's result: a callable plus every stage's text form and, if it has one, a portable form.
+
+    Copies that change a field use ``dataclasses.replace``, so every declared field travels.
+    """
 
     fn: Callable[..., Any]
     backend: str
-    texts: dict[str, str] = field(default_factory=dict)  # stage name -> text, in pipeline order
+    texts: Mapping[str, str] = field(default_factory=dict)  # stage name -> text, in pipeline order
     portable: PortableProgram | None = None
+    # the strides each output really has (None: not a tensor), when the compiler chose some outputs'
+    # layout (GraphAnnotations.layout_free_outputs); None: every output has its traced strides
+    output_strides: tuple[tuple[int, ...] | None, ...] | None = None
+    # blocks until kernels compiling in the background are ready (the first call waits too)
+    wait_kernels: Callable[[], object] | None = None
+    # stage-private results kept for inspection and tests: inductor's LoopProgram and schedule,
+    # autograd's traced and partitioned graphs (kiln.autograd.AotResult)
+    loop_program: StageObject | None = None
+    scheduled: StageObject | None = None
+    aot: object | None = None
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)

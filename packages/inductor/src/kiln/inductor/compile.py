@@ -5,6 +5,7 @@ from __future__ import annotations
 import linecache
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -114,10 +115,7 @@ def _bind_constants(compiled: CompiledGraph, constants: list[torch.Tensor], name
         except (ValueError, RuntimeError) as e:  # the graph still runs; only saving it is refused
             log("perf_hints").warning("graph %s cannot be saved: %s", name, e)
             portable = None
-    bound = CompiledGraph(WithConstants(compiled.fn, constants), compiled.backend, compiled.texts, portable)
-    for attr in ("loop_program", "scheduled", "wait_kernels", "output_strides"):
-        setattr(bound, attr, getattr(compiled, attr))
-    return bound
+    return replace(compiled, fn=WithConstants(compiled.fn, constants), portable=portable)
 
 
 def _eager_graph(gm: fx.GraphModule, name: str, reason: str) -> CompiledGraph:
@@ -154,13 +152,11 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     # every wrapper imports its constant helpers from kiln.runtime (codegen/wrapper.py REQUIRES)
     requires = tuple(dict.fromkeys((*s.kernels.requires, *REQUIRES)))
     portable = PortableProgram(s.wrapper, dict(s.kernels.files), requires)
-    compiled = CompiledGraph(fn, "inductor", texts, portable)
-    compiled.loop_program = s.program  # type: ignore[attr-defined]
-    compiled.scheduled = s.scheduled  # type: ignore[attr-defined]
-    # blocks until the Triton kernels compiling in the worker pool are done (the first call does it too)
-    compiled.wait_kernels = pending.wait if pending is not None else _nothing  # type: ignore[attr-defined]
     # the strides each output really has (None: not a tensor); they differ from the trace only for
-    # outputs marked layout-free (layout.FREE_OUTPUTS), e.g. channels-last saved activations
-    compiled.output_strides = tuple(  # type: ignore[attr-defined]
+    # outputs marked layout-free (GraphAnnotations.layout_free_outputs), e.g. channels-last saved activations
+    output_strides = tuple(
         tuple(int(st) for st in o.stride) if isinstance(o, TensorRef) else None for o in s.program.outputs)
-    return compiled
+    return CompiledGraph(fn, "inductor", texts, portable, output_strides=output_strides,
+                         # blocks until the Triton kernels compiling in the worker pool are done
+                         wait_kernels=pending.wait if pending is not None else _nothing,
+                         loop_program=s.program, scheduled=s.scheduled)

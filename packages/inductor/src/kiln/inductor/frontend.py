@@ -10,7 +10,8 @@ runs as is, with the reason in perf_hints.
 from __future__ import annotations
 
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from kiln.graph import CompiledGraph, Dialect, VerificationError, log, verify
+from kiln.graph import Dialect, VerificationError, log, verify
 
 from .compile import compile_graph
 from .options import DEFAULT_OPTIONS, InductorOptions
@@ -100,7 +101,7 @@ def to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule
 
 
 def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
-                     options: InductorOptions = DEFAULT_OPTIONS) -> Any:
+                     options: InductorOptions = DEFAULT_OPTIONS) -> Callable[..., Any]:
     """``compile(f, backend=kiln.inductor.inductor_backend) in PyTorch``."""
     try:
         verify(gm, Dialect.ATEN)
@@ -115,13 +116,15 @@ def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
         except FrontendUnsupported as e:
             log("perf_hints").warning("kiln.inductor: running a graph uncompiled: %s", e)
             return gm.forward
-    compiled: CompiledGraph = compile_graph(aten_gm, example_inputs, options=options)
-    single = not isinstance(_example_output(gm), (tuple, list))
+    compiled = compile_graph(aten_gm, example_inputs, options=options)
+    if isinstance(_example_output(gm), (tuple, list)):
+        return compiled
+    return replace(compiled, fn=_first_output(compiled.fn))
 
+
+def _first_output(fn: Callable[..., tuple]) -> Callable[..., Any]:
     def run(*args: Any) -> Any:
-        out = compiled.fn(*args)
-        return out[0] if single else out
-    run.compiled_graph = compiled  # type: ignore[attr-defined]
+        return fn(*args)[0]
     return run
 
 

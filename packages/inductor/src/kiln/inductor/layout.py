@@ -27,7 +27,7 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from kiln.graph import autocast_off, log, target_name
+from kiln.graph import annotations_of, autocast_off, log, target_name
 
 from .ir import is_dense
 
@@ -35,8 +35,6 @@ aten = torch.ops.aten
 CONV = aten.convolution.default
 CONV_BACKWARD = aten.convolution_backward.default
 LAYOUT_MODES = ("auto", "channels_last", "keep")
-# gm.meta key: output positions whose strides the compiler may choose (kiln.autograd's saved tensors)
-FREE_OUTPUTS = "kiln_layout_free_outputs"
 # torch inductor's measured channels-last speed ratios (< 1 is faster), weighted by FLOPs
 GROUPED, SMALL, IN_OUT, DEFAULT = 1.358, 0.783, 0.725, 0.823
 # "auto" skips graphs whose NCHW conv-derived outputs hold more elements than this fraction of all
@@ -125,9 +123,9 @@ def _auto(gm: fx.GraphModule, convs: list[fx.Node]) -> LayoutDecision:
     conv_elems = sum(_operands(n)[0].numel() for n in convs)
     if copied > MAX_RESTORED_FRACTION * conv_elems:
         # a training forward whose saved activations must come back NCHW (nobody marked them
-        # layout-free, FREE_OUTPUTS): one transpose copy per saved activation eats the gain
+        # layout-free in GraphAnnotations): one transpose copy per saved activation eats the gain
         return LayoutDecision(False, f"auto: {restored} conv activations are graph outputs that would be "
-                                     f"copied back to NCHW (mark saved outputs in gm.meta[{FREE_OUTPUTS!r}])")
+                                     "copied back to NCHW (mark saved outputs in GraphAnnotations.layout_free_outputs)")
     n_in, in_elems = _activation_inputs(gm)
     if in_elems > MAX_RESTORED_FRACTION * conv_elems:
         # its mirror image: a backward graph fed NCHW saved activations would mix layouts in every
@@ -138,7 +136,7 @@ def _auto(gm: fx.GraphModule, convs: list[fx.Node]) -> LayoutDecision:
     # (benchmarks/RESULTS.md, session 4): with channels-last training graphs ResNet-50 AMP training ran
     # at 0.49x eager and MobileNetV3 0.57x (NCHW: 1.37x / 1.22x the session before): BatchNorm's
     # statistics become column reductions, which kiln's Triton reductions do not split yet
-    if FREE_OUTPUTS in gm.meta or any(n.target is CONV_BACKWARD for n in convs):
+    if annotations_of(gm).layout_free_outputs is not None or any(n.target is CONV_BACKWARD for n in convs):
         if not TRAINING_CHANNELS_LAST:
             return LayoutDecision(False, "auto: training graphs keep NCHW (BatchNorm statistics over NHWC "
                                          "are column reductions; slower on the H200)")
@@ -192,7 +190,7 @@ def _activation_outputs(gm: fx.GraphModule, convs: list[fx.Node]) -> tuple[int, 
     convolution, and their elements: each would need a copy back to NCHW after the conversion."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
     flat, _ = torch.utils._pytree.tree_flatten(out.args[0])
-    free = frozenset(gm.meta.get(FREE_OUTPUTS, ()))
+    free = frozenset(annotations_of(gm).layout_free_outputs or ())
     downstream: set[fx.Node] = set()
     stack = list(convs)
     while stack:
@@ -284,12 +282,12 @@ def _replace_arg(n: fx.Node, position: int, new: fx.Node) -> None:
 def _restore_output_strides(gm: fx.GraphModule, before: dict[int, tuple[int, ...]]) -> int:
     """Copy outputs whose traced stride changed back to eager's (dense) stride; returns the count.
 
-    Outputs listed in ``gm.meta[FREE_OUTPUTS]`` are exempt: only a later compiled graph reads them
+    Outputs listed in ``GraphAnnotations.layout_free_outputs`` are exempt: only a later compiled graph reads them
     (saved activations), and whoever set the mark reads ``CompiledGraph.output_strides`` to compile
     that graph for the layout they really have."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
     flat, spec = torch.utils._pytree.tree_flatten(out.args[0])
-    free = frozenset(gm.meta.get(FREE_OUTPUTS, ()))
+    free = frozenset(annotations_of(gm).layout_free_outputs or ())
     fixed = 0
     for k, a in enumerate(flat):
         v = _val(a)

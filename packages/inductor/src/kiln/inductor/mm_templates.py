@@ -297,7 +297,7 @@ class _Bench:
                                           for i, cfg in enumerate(self.configs)]
             else:
                 ks = generate_kernels(self.site.epilogue) if self.site.epilogue is not None else []
-            self._kernels[which] = (ks, load_triton_module(module_source(ks)) if ks else None)  # type: ignore[operator]
+            self._kernels[which] = (ks, load_triton_module(module_source(ks)) if ks else None)
         return self._kernels[which]
 
     @staticmethod

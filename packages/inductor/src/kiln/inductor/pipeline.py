@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.graph import Pass, enabled, log
+from kiln.graph import Pass, annotations_of, enabled, log
 
 from . import decomp_bridge
 from .autotune import TuningSession, make_session
@@ -71,7 +71,7 @@ def propagate_meta(s: CompileState) -> CompileState:
 def decompose(s: CompileState) -> CompileState:
     """Rewrite non-core ops with kiln.decomp's "inductor" table (when kiln.decomp provides it)."""
     gm = decomp_bridge.decompose(s.gm, s.example_inputs)
-    if gm is not s.gm:  # the caller's annotations (kiln_input_mutations) survive the re-trace
+    if gm is not s.gm:  # the caller's GraphAnnotations survive the re-trace
         gm.meta.update({k: v for k, v in s.gm.meta.items() if k not in gm.meta})
     return replace(s, gm=gm)
 
@@ -194,7 +194,7 @@ def inplace_updates(s: CompileState) -> CompileState:
     else:
         sched = s.scheduled
         if s.options.reinplace_mutations:
-            sched = plan_inplace_updates(sched, s.gm.meta.get("kiln_input_mutations") or ())
+            sched = plan_inplace_updates(sched, annotations_of(s.gm).input_mutations)
         sched = plan_inplace_reuse(sched)
     # the schedule is final here: its text is made once (a large program's text costs 0.1-0.3 s)
     s.texts["ir_post_fusion"] = sched.as_text()

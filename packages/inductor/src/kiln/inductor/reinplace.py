@@ -4,7 +4,7 @@ A functional graph returns the new value of an input it mutated (BatchNorm stati
 written with ``index_copy_``) and the caller copies it back. For a KV cache that means copying the
 whole cache twice per decode step (the functional ``index_put`` clones it, the write-back copies it
 again) to change one row. When kiln.autograd says which outputs are new input values
-(``gm.meta["kiln_input_mutations"]``: (output position, input position) pairs) and the value is an
+(``GraphAnnotations.input_mutations``: (output position, input position) pairs) and the value is an
 ``index_put`` of that very input, whose only reader is this ``index_put``, the op runs in place on the
 input (``index_put_``) and the write-back finds nothing to copy.
 """
@@ -14,11 +14,13 @@ from __future__ import annotations
 import torch
 from torch import fx
 
+from kiln.graph import annotations_of
+
 aten = torch.ops.aten
 
 
 def reinplace_input_mutations(gm: fx.GraphModule) -> int:
-    pairs = gm.meta.get("kiln_input_mutations") or ()
+    pairs = annotations_of(gm).input_mutations
     if not pairs:
         return 0
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

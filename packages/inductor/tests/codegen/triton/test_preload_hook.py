@@ -22,7 +22,7 @@ def test_loader_hands_a_new_module_to_the_runtime_preload(monkeypatch: pytest.Mo
     seen = []
     monkeypatch.setattr(tp, "adopt_module", seen.append)
     source = _source()
-    module = load_triton_module(source)  # type: ignore[operator]
+    module = load_triton_module(source)
     assert seen == [module] and hasattr(module, "k0")
     assert load_triton_module(source) is module  # type: ignore[operator]
     assert seen == [module]  # already imported: not handed over twice
@@ -30,7 +30,7 @@ def test_loader_hands_a_new_module_to_the_runtime_preload(monkeypatch: pytest.Mo
 
 def test_loader_works_without_kiln_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(sys.modules, "kiln.runtime.triton_preload", raising=False)
-    module = load_triton_module(_source())  # type: ignore[operator]
+    module = load_triton_module(_source())
     assert hasattr(module, "k0")
 
 

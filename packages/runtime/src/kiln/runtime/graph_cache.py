@@ -28,14 +28,14 @@ import os
 import sys
 import types
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import fx
 
-from kiln.graph import CompiledGraph, PortableProgram, global_state, log
+from kiln.graph import CompiledGraph, PortableProgram, annotations_of, global_state, log
 
 from .cache import CompileCache, cache_key, default_cache, key_hash
 from .fast_load import cached_compile, compile_cached
@@ -193,10 +193,10 @@ def _graph_records(gm: fx.GraphModule) -> list[object]:
                 raise Uncacheable(f"submodule {name!r} is not a GraphModule")
             continue
         _check_targets(mod, f"graph {name or '<root>'}")
-        records.append([name, mod.code])
+        records.append([name, mod.code, repr(annotations_of(mod))])
         for node in mod.graph.nodes:
             if node.op == "placeholder":
-                records.append(["placeholder", node.name, str(node.meta.get("source", ""))])
+                records.append(["placeholder", node.name])
             elif node.op == "get_attr":
                 value: Any = mod
                 for part in str(node.target).split("."):
@@ -324,18 +324,16 @@ def cached_backend(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], name: str
                                   len(gm.graph.nodes), kernels)
                 return CompiledGraph(call, hit.backend, dict(hit.texts), program)
         compiled = fn(gm, example_inputs)
-        program = getattr(compiled, "portable", None)
-        if not isinstance(program, PortableProgram):
+        if not isinstance(compiled, CompiledGraph) or compiled.portable is None:
             log("cache").info("graph cache miss %s (%s): not stored, the backend gave no portable "
                               "program", short, name)
             return compiled
-        texts = {k: v for k, v in (getattr(compiled, "texts", None) or {}).items()
-                 if isinstance(k, str) and isinstance(v, str)}
-        stored = graphs.save(key, program, texts, str(getattr(compiled, "backend", name)))
+        texts = dict(compiled.texts)
+        stored = graphs.save(key, compiled.portable, texts, compiled.backend)
         log("cache").info("graph cache miss %s (%s): compiled%s", short, name,
                           " and stored" if stored else ", not stored (cache not writable)")
-        if stored and KERNEL_SOURCE_NAME in program.source and isinstance(compiled, CompiledGraph):
-            return _store_kernels_after_first_call(compiled, graphs, key, program, texts, short)
+        if stored and KERNEL_SOURCE_NAME in compiled.portable.source:
+            return _store_kernels_after_first_call(compiled, graphs, key, compiled.portable, texts, short)
         return compiled
     backend.__name__ = getattr(fn, "__name__", name)
     backend.__wrapped__ = fn  # type: ignore[attr-defined]
@@ -382,8 +380,4 @@ def _store_kernels_after_first_call(compiled: CompiledGraph, graphs: GraphCache,
                                   "call; a warm process will not compile these kernels", short,
                                   len(binaries))
         return out
-    wrapped = CompiledGraph(fn, compiled.backend, dict(compiled.texts), compiled.portable)
-    for name, value in vars(compiled).items():  # what the backend attached (aot, loop_program...)
-        if name not in ("fn", "backend", "texts", "portable"):
-            setattr(wrapped, name, value)
-    return wrapped
+    return replace(compiled, fn=fn)

@@ -10,15 +10,16 @@ artifact format: programs saved by this version call them, so change them only c
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import os
-from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_unflatten, treespec_loads
+from torch.utils._pytree import treespec_loads
+
+from kiln.graph import CallSignature, ListCall, inference_call, training_call
 
 # ---- kiln.inductor wrappers ---------------------------------------------------------------------
 
@@ -207,127 +208,38 @@ def bind_kernels(namespace: MutableMapping[str, Any], lib: ctypes.CDLL, table: s
 # ---- kiln.autograd programs ---------------------------------------------------------------------
 
 
-def load_part(namespace: MutableMapping[str, Any], source: str, prefix: str) -> Callable[[list], Any]:
+def load_part(namespace: MutableMapping[str, Any], source: str, prefix: str) -> tuple[ListCall, ListCall | None]:
     """Runs one embedded part (a forward or backward wrapper) of a program in its own namespace, with
-    the program's files under ``prefix``; returns its ``call_owned`` (kiln.inductor's wrappers: it
-    takes the list's references over) or ``call``. Compiles with the program's ``compile`` (the
-    loader's code cache, where kiln.runtime injected it)."""
+    the program's files under ``prefix``; returns its ``call(list)``, and its ``call_owned(list)`` when
+    it has one (kiln.inductor's wrappers: it takes the list's references over). Compiles with the
+    program's ``compile`` (the loader's code cache, where kiln.runtime injected it)."""
     files = namespace.get("FILES") or {}
     part_files = {k[len(prefix):]: v for k, v in files.items() if k.startswith(prefix)}
     root = namespace.get("FILES_DIR")
     part_dir = os.path.join(root, prefix) if root else root
-    ns = {"FILES": part_files, "FILES_DIR": part_dir, "__name__": "kiln_part"}
+    ns: dict[str, Any] = {"FILES": part_files, "FILES_DIR": part_dir, "__name__": "kiln_part"}
     compile_fn = namespace.get("compile", compile)
     exec(compile_fn(source, "<kiln " + prefix + ">", "exec"), ns)  # noqa: S102 - the program's own part
-    return ns.get("call_owned", ns["call"])  # type: ignore[no-any-return]
-
-
-@contextlib.contextmanager
-def no_autocast() -> Iterator[None]:
-    """Compiled graphs ran with autocast already applied: a caller's autocast must not apply again."""
-    with contextlib.ExitStack() as stack:
-        for dev in ("cpu", "cuda"):
-            if torch.is_autocast_enabled(dev):
-                stack.enter_context(torch.autocast(dev, enabled=False))
-        yield
+    owned = ns.get("call_owned")
+    if owned is None:
+        return ns["call"], None
+    return (lambda args: owned(list(args))), owned
 
 
 def autograd_program(namespace: MutableMapping[str, Any], fw_source: str, bw_source: str,
                      sig: dict[str, Any]) -> Callable[[Sequence[Any]], Any]:
-    """The ``call(args)`` of a kiln.autograd program: its forward part, behind an
-    ``autograd.Function`` when it has a backward part, and the outputs rebuilt by ``sig`` (the
-    graph signature: aliases of inputs and outputs, mutated inputs, constants, the output tree)."""
-    fw = load_part(namespace, fw_source, "fw/")
-    bw = load_part(namespace, bw_source, "bw/") if bw_source else None
-    out_spec = treespec_loads(sig["out_spec"])
-    n_out, mutated, outputs = sig["n_out"], sig["mutated"], sig["outputs"]
-
-    def finish(args: list, graph_outs: list, new_values: list) -> Any:
-        with torch.no_grad():
-            for idx, new in zip(mutated, new_values):
-                if new is not args[idx]:  # a compiler that updated the input in place returns it
-                    args[idx].copy_(new)
-        result: list[Any] = []
-        for kind, index, size, stride, offset, rg, value in outputs:
-            if kind == "graph":
-                v = graph_outs[index]
-            elif kind == "input":
-                v = args[index]
-            elif kind == "same":
-                v = result[index]
-            elif kind == "constant":
-                v = value
-            else:
-                base = args[index] if kind == "alias_input" else result[index]
-                v = base.as_strided(size, stride, offset)
-                if not rg and v.requires_grad:
-                    v = v.detach()
-            result.append(v)
-        return tree_unflatten(result, out_spec)
-
-    if bw is None:
-        def call(args: Sequence[Any]) -> Any:
-            args = list(args)
-            with no_autocast():
-                outs = list(fw(list(args)))
-            return finish(args, outs[:n_out], outs[n_out:])
-        return call
-
-    function = _autograd_function(fw, bw, sig)
-
-    def call_training(args: Sequence[Any]) -> Any:
-        args = list(args)
-        outs = list(function.apply(*args))
-        return finish(args, outs[:n_out], outs[n_out:])
+    """The ``call(args)`` of a kiln.autograd program: its forward part, behind kiln.graph's
+    compiled-training ``autograd.Function`` (the one kiln.autograd uses in-process) when it has a
+    backward part, and the outputs rebuilt by ``sig`` (the graph signature: aliases of inputs and
+    outputs, mutated inputs, constants, the output tree)."""
+    fw, fw_owned = load_part(namespace, fw_source, "fw/")
+    call_sig = CallSignature.from_json(sig, treespec_loads(sig["out_spec"]))
+    if not bw_source:
+        return inference_call(call_sig, fw_owned or fw)  # it calls with a list of its own
+    bw, bw_owned = load_part(namespace, bw_source, "bw/")
+    call_training, function = training_call(call_sig, fw_owned or fw, bw, bw_owned)
     call_training.autograd_function = function  # type: ignore[attr-defined]
     return call_training
-
-
-def _autograd_function(fw: Callable[[list], Any], bw: Callable[[list], Any], sig: dict[str, Any]) -> type:
-    n_out, n_mut, diff = sig["n_out"], len(sig["mutated"]), sig["diff"]
-    grad_inputs, n_inputs = sig["grad_inputs"], sig["n_inputs"]
-    grad_deps = sig.get("grad_deps")  # absent in programs saved before it was recorded
-
-    class CompiledFunction(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, *args: Any) -> Any:
-            with no_autocast():
-                outs = list(fw(list(args)))
-            ctx.save_for_backward(*outs[n_out + n_mut:])
-            if grad_deps is not None:  # None for outputs nobody differentiated (see backward)
-                ctx.set_materialize_grads(False)
-                ctx.tangent_meta = [(o.shape, o.dtype, o.device) for o, d in zip(outs[:n_out], diff) if d]
-            nondiff = [o for o, d in zip(outs[:n_out], diff) if not d and isinstance(o, torch.Tensor)]
-            nondiff += outs[n_out:n_out + n_mut]
-            if nondiff:
-                ctx.mark_non_differentiable(*nondiff)
-            return tuple(outs[:n_out + n_mut])
-
-        @staticmethod
-        def backward(ctx: Any, *grads: Any) -> Any:
-            if torch.is_grad_enabled():
-                raise RuntimeError("kiln: double backward through a compiled graph is not supported")
-            given = [g for g, d in zip(grads[:n_out], diff) if d]
-            missing = {j for j, g in enumerate(given) if g is None}
-            meta = getattr(ctx, "tangent_meta", None)
-            tangents = [g.contiguous() if g is not None else torch.zeros(m[0], dtype=m[1], device=m[2])
-                        for g, m in zip(given, meta or [None] * len(given))]
-            bw_args = list(ctx.saved_tensors) + tangents
-            del tangents
-            if hasattr(ctx, "maybe_clear_saved_tensors"):  # the backward frees them as it goes
-                ctx.maybe_clear_saved_tensors()
-            with no_autocast():
-                gin = list(bw(bw_args))
-            if missing:  # gradients computed only from undefined tangents: None, as in eager
-                for k, deps in enumerate(grad_deps or ()):
-                    if all(j in missing for j in deps):
-                        gin[k] = None
-            result: list[Any] = [None] * n_inputs
-            for idx, g in zip(grad_inputs, gin):
-                result[idx] = g
-            return tuple(result)
-
-    return CompiledFunction
 
 
 def load_constant(files: MutableMapping[str, bytes], key: str, size: Sequence[int], stride: Sequence[int],

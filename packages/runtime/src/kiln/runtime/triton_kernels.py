@@ -12,21 +12,26 @@ import importlib.util
 import sys
 from types import ModuleType
 
+from . import triton_preload
 from .cache import CompileCache, default_cache
 from .errors import KernelBuildError
-
-_MODULES: dict[str, ModuleType] = {}
+from .triton_binaries import MODULE_PREFIX
 
 
 def load_triton_module(source: str, *, cache: CompileCache | None = None) -> ModuleType:
-    """Import Triton kernel source text as a module (once per distinct text per process)."""
-    digest = hashlib.sha256(source.encode()).hexdigest()
-    if digest in _MODULES:
-        return _MODULES[digest]
+    """Import Triton kernel source text as the module ``kiln_triton_<sha256[:32]>`` (once per distinct
+    text per process). The one loader: generated wrappers call it (kiln.inductor's codegen imports it
+    as ``_kiln_load_triton_module``), and so do in-process compiles, the autotuner and the compile
+    pool's producers. A module newly imported is handed to ``triton_preload.adopt_module``: the
+    binaries an artifact or cache entry loaded in this process carries for it are filed into triton's
+    kernel cache (no compile, no cache lookup at first launch)."""
+    name = MODULE_PREFIX + hashlib.sha256(source.encode()).hexdigest()[:32]
+    found = sys.modules.get(name)
+    if found is not None:
+        return found
     if importlib.util.find_spec("triton") is None:
         raise KernelBuildError("these kernels need triton, which is not installed: pip install triton")
     path = (cache or default_cache()).materialize("triton_src", source.encode(), ".py")
-    name = f"kiln_triton_{digest[:24]}"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise KernelBuildError(f"cannot import Triton kernels from {path}")
@@ -38,7 +43,7 @@ def load_triton_module(source: str, *, cache: CompileCache | None = None) -> Mod
         sys.modules.pop(name, None)
         raise KernelBuildError(f"Triton kernel source failed to import ({type(e).__name__}: {e}); "
                                f"the source is at {path}") from e
-    _MODULES[digest] = module
+    triton_preload.adopt_module(module)
     return module
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
@@ -29,15 +29,27 @@ from .tuner import Autotuner
 
 
 class TritonKernelLike(Protocol):
-    name: str
-    source: str
-    pointer_args: tuple[str, ...]
-    size_args: tuple[str, ...]
-    xnumel: str
-    xblock: int
-    rblock: int
-    num_warps: int
-    kind: str
+    @property
+    def name(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def pointer_args(self) -> tuple[str, ...]: ...
+    @property
+    def size_args(self) -> tuple[str, ...]: ...
+    @property
+    def xnumel(self) -> str: ...
+    @property
+    def xblock(self) -> int: ...
+    @property
+    def rblock(self) -> int: ...
+    @property
+    def num_warps(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
+
+
+K = TypeVar("K", bound=TritonKernelLike)
 
 
 def _p2(n: int) -> int:
@@ -120,7 +132,7 @@ def tune_kernel(k: TritonKernelLike, fn: Any, args: Sequence[Any], *, tuner: Aut
     return apply_config(k, choice.config), choice
 
 
-def apply_config(k: TritonKernelLike, c: Config) -> TritonKernelLike:
+def apply_config(k: K, c: Config) -> K:
     changes: dict[str, int] = {"xblock": c.get("XBLOCK", k.xblock), "num_warps": c.num_warps}
     if k.rblock:
         changes["rblock"] = c.get("RBLOCK", k.rblock)

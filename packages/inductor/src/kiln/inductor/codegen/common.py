@@ -28,7 +28,13 @@ class CompiledKernels:
     call_prologue: str = ""  # one statement at the start of ``call`` (Triton: read device and stream once)
     # Triton: the kernels compiling ahead in worker processes (codegen/triton/compile_pool.CompileBatch);
     # the compiled graph waits for them on its first call
-    pending: object | None = None
+    pending: Pending | None = None
+
+
+class Pending(Protocol):
+    """Work still running in the background (compile_pool.CompileBatch)."""
+
+    def wait(self) -> object: ...
 
 
 class KernelBackend(Protocol):

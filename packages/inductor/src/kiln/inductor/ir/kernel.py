@@ -25,6 +25,7 @@ import torch
 from .expr import Expr, format_expr
 from .index import IndexExpr, index_str
 from .nodes import ExternKernel, Layout, args_buffers, dims_str
+from .program import LoopProgram
 
 ROLES = ("full", "outer")
 
@@ -108,7 +109,7 @@ class Step:
 class ScheduledProgram:
     """A LoopProgram after scheduling: the ordered steps the wrapper runs."""
 
-    program: object  # LoopProgram (typed loosely to keep this module free of program imports)
+    program: LoopProgram
     steps: tuple[Step, ...]
 
     def kernels(self) -> list[Kernel]:

@@ -1,7 +1,7 @@
 """Input mutations written in place by the kernel that computes them (C++ backend).
 
 A functional graph returns the new value of every input it mutated; kiln.autograd copies it back after
-the call (``gm.meta["kiln_input_mutations"]``: (output position, input position) pairs). For an
+the call (``GraphAnnotations.input_mutations``: (output position, input position) pairs). For an
 optimizer step written with in-place ops (``p.addcdiv_``, ``m.mul_().add_()``) that is one fresh buffer
 plus one full copy per state tensor per step: the adam_update benchmark spent more time in the 150
 ``copy_`` calls and allocations than in its kernels. torch.compile writes into the parameters.

@@ -85,7 +85,7 @@ def compile_ahead(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout]
     if target is None or not kernels:
         return None
     source = module_source(kernels)
-    module = load_triton_module(source)  # type: ignore[operator]  # written to its file for the workers
+    module = load_triton_module(source)  # written to its file for the workers
     jobs = kernel_jobs(kernels, layouts, str(module.__file__), module.__name__)
     if not jobs:
         return None

@@ -18,6 +18,8 @@ import torch
 from kiln.graph import log
 
 from ...autotune.mm_template import TemplateKernel
+from ...autotune.session import Problem, TuningSession
+from ...autotune.tuner import Autotuner
 from ...ir import Layout, ScheduledProgram
 from ...options import InductorOptions
 from ..common import CompiledKernels
@@ -40,13 +42,12 @@ def _launch_line(g: TritonKernel) -> str:
 TUNABLE_KINDS = ("pointwise", "persistent_reduction", "looped_reduction")
 
 
-def kernel_problems(generated: list[TritonKernel], layouts: dict[str, Layout], device: str, session: object,
-                    wanted: bool) -> list[tuple[int, object]]:
+def kernel_problems(generated: list[TritonKernel], layouts: dict[str, Layout], device: str,
+                    session: TuningSession, wanted: bool) -> list[tuple[int, Problem]]:
     """Register the tunable kernels of ``generated`` with a max-autotune ``TuningSession``: (index,
     problem) pairs. Kernels sharing normalised source, sizes and dtypes share one problem (one tuning);
     2-D tiled kernels and kernels with symbolic sizes keep the heuristic configuration (logged)."""
     from ...autotune import kernel_problem
-    from ...autotune.session import TuningSession
 
     assert isinstance(session, TuningSession)
     module: list[object] = []
@@ -54,7 +55,7 @@ def kernel_problems(generated: list[TritonKernel], layouts: dict[str, Layout], d
     def fn_of(name: str):
         def get() -> object:
             if not module:  # loaded once, only when some problem is compiled or timed
-                module.append(load_triton_module(module_source(generated)))  # type: ignore[operator]
+                module.append(load_triton_module(module_source(generated)))
             return getattr(module[0], name)
         return get
 
@@ -95,7 +96,7 @@ def _device_name(device: str) -> str:
 
 
 def autotune_kernels(generated: list[TritonKernel], layouts: dict[str, Layout], device: str,
-                     tuner: object | None = None, session: object | None = None) -> list[TritonKernel]:
+                     tuner: Autotuner | None = None, session: TuningSession | None = None) -> list[TritonKernel]:
     """max-autotune: each generated kernel's launch configurations, compiled together and then timed
     on scratch buffers shaped like its arguments; the fastest is kept (by the margin rule). With a
     ``session`` (the compile's TuningSession, which may already have compiled and timed kernels of
@@ -105,10 +106,10 @@ def autotune_kernels(generated: list[TritonKernel], layouts: dict[str, Layout], 
 
     session = session if session is not None else session_for_tuner(tuner, device)
     problems = kernel_problems(generated, layouts, device, session, wanted=True)
-    session.run()  # type: ignore[attr-defined]
+    session.run()
     out = list(generated)
     for i, p in problems:
-        out[i] = apply_config(generated[i], session.choice(p).config)  # type: ignore[attr-defined]
+        out[i] = apply_config(generated[i], session.choice(p).config)
     return out
 
 
@@ -128,14 +129,14 @@ class TritonBackend:
         self.cfg = cfg
 
     def compile(self, scheduled: ScheduledProgram, layouts: dict[str, Layout],
-                options: InductorOptions, tuning: object | None = None) -> CompiledKernels:
+                options: InductorOptions, tuning: TuningSession | None = None) -> CompiledKernels:
         if self.device == "cpu" and not interpreter_enabled():
             raise TritonBackendError(
                 "cpu_backend='triton' runs Triton kernels on CPU tensors through the Triton interpreter: set "
                 "TRITON_INTERPRET=1 in the environment (before the first compile), or use cpu_backend='cpp'")
         t0 = time.perf_counter()
         kernels = scheduled.kernels()
-        generated = []
+        generated: list[TritonKernel] = []
         spans: list[tuple[str, int, int]] = []  # (scheduled kernel, its generated kernels' [start, end))
         for k in kernels:
             # a matmul template chosen by max-autotune (mm_templates.py) brings its own kernel
@@ -145,7 +146,7 @@ class TritonBackend:
         if tuning is not None:  # the compile's max-autotune session (pipeline.py: matmul_templates)
             if generated:
                 generated = autotune_kernels(generated, layouts, self.device, session=tuning)
-            tuning.finish()  # type: ignore[attr-defined]
+            tuning.finish()
         elif options.max_autotune and generated:
             log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the "
                                    "interpreter): kernels keep their heuristic configurations")

@@ -1,12 +1,12 @@
 """The Triton side of the Python wrapper: kernel module text, its loader, and launch statements.
 
 Generated kernels are plain text inside the wrapper module (so kiln.runtime saves them with no
-pickle). On first use the wrapper writes that text to a file named by its hash (triton's ``@jit``
-reads kernel source through ``inspect``, so it must live in a real file), imports it, and triton
-compiles each kernel on its first launch and caches the binary on disk (``~/.triton/cache``). When
-the wrapper runs from a kiln artifact or graph-cache entry that carries the binaries, the loader hands
-the imported module to ``kiln.runtime.triton_preload.adopt_module`` (if kiln.runtime is loaded), which
-files them into triton's in-memory kernel cache: no compile and no cache lookup at first launch.
+pickle). On first use the wrapper imports that text with kiln.runtime's ``load_triton_module``
+(written to a file in the compile cache named by its hash: triton's ``@jit`` reads kernel source
+through ``inspect``), and triton compiles each kernel on its first launch and caches the binary on
+disk (``~/.triton/cache``). When the wrapper runs from a kiln artifact or graph-cache entry that
+carries the binaries, the loader files them into triton's in-memory kernel cache
+(``kiln.runtime.triton_preload.adopt_module``): no compile and no cache lookup at first launch.
 
 How a wrapper uses this (see ``wrapper_prologue`` and ``TritonKernel.launch_code``)::
 
@@ -24,6 +24,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from kiln.runtime.triton_kernels import load_triton_module
+
 from ...ir import Kernel
 from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .kernel import TritonKernel, generate_kernels
@@ -32,48 +34,8 @@ from .prelude import PRELUDE
 
 MODULE_VAR = "triton_kernels"
 
-# Kept as text: the same function is written into generated wrappers and exec'd here for in-process use.
-LOADER = '''\
-def _kiln_load_triton_module(source):
-    """Import generated Triton kernel source from a file named by its hash (triton reads it back)."""
-    import hashlib
-    import importlib.util
-    import os
-    import sys
-    import tempfile
-    name = "kiln_triton_" + hashlib.sha256(source.encode()).hexdigest()[:32]
-    if name in sys.modules:
-        return sys.modules[name]
-    root = os.environ.get("KILN_CACHE_DIR")
-    user = str(os.getuid()) if hasattr(os, "getuid") else "user"
-    folder = os.path.join(root, "triton_src") if root else os.path.join(tempfile.gettempdir(), "kiln-triton-" + user)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
-    path = os.path.join(folder, name + ".py")
-    try:
-        with open(path, encoding="utf-8") as f:
-            current = f.read()
-    except OSError:
-        current = None
-    if current != source:  # write atomically: another process may be importing the same file
-        tmp = "%s.%d.tmp" % (path, os.getpid())
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(source)
-        os.replace(tmp, path)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    # an artifact or cache entry loaded in this process may carry these kernels' binaries: kiln.runtime
-    # hands them to triton now (no compile, no cache lookup at first launch); absent, triton's own path
-    preload = getattr(sys.modules.get("kiln.runtime.triton_preload"), "adopt_module", None)
-    if preload is not None:
-        preload(module)
-    return module
-'''
-
-_ns: dict[str, object] = {}
-exec(compile(LOADER, "<kiln triton loader>", "exec"), _ns)  # noqa: S102 - our own constant text
-load_triton_module = _ns["_kiln_load_triton_module"]
+# The wrapper's kernel loader: kiln.runtime's (the one loader, also used in-process below)
+LOADER = "from kiln.runtime.triton_kernels import load_triton_module as _kiln_load_triton_module"
 
 
 def module_source(kernels: Sequence[TritonKernel]) -> str:
@@ -123,7 +85,7 @@ class TritonKernels:
     @property
     def module(self) -> types.ModuleType:
         if self._module is None:
-            self._module = load_triton_module(self.source)  # type: ignore[operator]
+            self._module = load_triton_module(self.source)
         return self._module
 
     def launch(self, index: int, buffers: Mapping[str, torch.Tensor], sizes: Mapping[str, int] | None = None
