@@ -160,6 +160,8 @@ def is_opaque_method(fn: Any, self_obj: Any) -> bool:
     if not isinstance(fn, types.BuiltinMethodType):  # method-wrappers are object's own dunders
         return False
     cls = type(self_obj)
+    if cls.__name__.startswith("pybind11_detail_function_record"):  # a pybind11 free function
+        return False
     if (cls.__name__, getattr(fn, "__name__", "")) in _PURE_QUERIES:
         return False
     return all(k.__module__ != "builtins" or k is object for k in cls.__mro__)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from kiln.graph import GuardSet, enabled, gc_paused, log
@@ -69,6 +70,8 @@ class CompileContext:
 
     def wrap_callee(self, fn: Any) -> Any:
         """A callable met at a graph break, routed through this context so it is captured too."""
+        if fn is _CHECKPOINT:  # runs in Python; the function it checkpoints is compiled as its own frame
+            return functools.partial(_checkpoint_compiled, self)
         if isinstance(fn, nn.Module):
             reason = runs_in_python(fn)
             if reason is not None:
@@ -192,7 +195,9 @@ class Optimized:
                 log("recompiles").info("recompiling %s (%s:%s): %s", self.code.co_name, self.code.co_filename,
                                        self.code.co_firstlineno, self._miss_reason(L, G))
         fallback: tuple[str, bool] | None = None
-        with gc_paused():
+        # Note: a capture met under a caller's saved-tensor hooks (torch.utils.checkpoint's recording)
+        # must not feed them the tensors its own tracing saves: identity hooks sit on top meanwhile.
+        with gc_paused(), torch.autograd.graph.saved_tensors_hooks(_same, _same):
             entry, fallback = self._compile(L, G, cache, options)
         if fallback is not None:  # outside the except blocks: eager errors carry no capture context
             return self._eager(fallback[0], args, kwargs, permanent=fallback[1])
@@ -298,6 +303,19 @@ class Optimized:
                 resume = ctx.resumes[key] = Optimized(fn, ctx)
             return resume(*[v for v in stack if v is not NEXT], *values)
         return run
+
+
+_CHECKPOINT = torch.utils.checkpoint.checkpoint
+
+
+def _same(t: Any) -> Any:
+    return t
+
+
+def _checkpoint_compiled(ctx: CompileContext, function: Any, *args: Any, **kwargs: Any) -> Any:
+    """``torch.utils.checkpoint.checkpoint`` met at a graph break: it runs in Python (its saved-tensor
+    hooks and recomputation), calling ``function`` compiled; the recomputation hits the same entry."""
+    return _CHECKPOINT(ctx.wrap_callee(function), *args, **kwargs)
 
 
 _DELETE = object()  # an attribute deletion (it has no value plan)
