@@ -4,4 +4,24 @@ them entries from other runs (or from the user's own ~/.cache/kiln)."""
 import os
 import tempfile
 
+import pytest
+
 os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-tests-cache-"))
+
+
+def _load_distributed_helpers():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "distributed_helpers.py"
+    spec = importlib.util.spec_from_file_location("kiln_distributed_helpers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def run_ranks():
+    """``run_ranks(rank_fn, *args, world=2, timeout=240)``: rank_fn on spawned gloo ranks
+    (distributed_helpers.py); the results by rank."""
+    return _load_distributed_helpers().run_ranks

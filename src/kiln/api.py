@@ -95,7 +95,8 @@ class _CompiledForward:
         self._owner = owner
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._owner._compiled_forward(*args, **kwargs)
+        owner = self._owner
+        return _call_with_hooks(owner._orig_mod, owner._compiled_forward, args, kwargs)
 
     def aot_compile(self, example: tuple[tuple[Any, ...], dict[str, Any]]) -> Any:
         """AOT-compile the module's forward; the result is called as ``compiled(model, *args)``."""
@@ -121,6 +122,8 @@ class OptimizedModule(nn.Module):
         return _CompiledForward(self)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _has_own_hooks(self):  # hooks on the wrapper itself (fully_shard of a compiled block)
+            return nn.Module.__call__(self, *args, **kwargs)  # they run, then self.forward
         return _call_with_hooks(self._orig_mod, self._compiled_forward, args, kwargs)
 
     def __getattr__(self, name: str) -> Any:
@@ -132,6 +135,13 @@ class OptimizedModule(nn.Module):
     def __repr__(self) -> str:
         return f"OptimizedModule(backend={self._opts.backend!r}, mode={self._opts.mode!r})\n" \
                f"  {self._orig_mod!r}"
+
+
+def _has_own_hooks(m: nn.Module) -> bool:
+    g = nn.modules.module
+    return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks
+                or g._global_forward_hooks or g._global_forward_pre_hooks or g._global_backward_hooks
+                or g._global_backward_pre_hooks)
 
 
 def _call_with_hooks(mod: nn.Module, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:

@@ -308,6 +308,14 @@ def _nullcontext(frame: Frame, args: list, kwargs: dict) -> NullContext:
     return NullContext(contextlib.nullcontext(*args, **kwargs))
 
 
+def _no_graph_effect(cls: Any) -> Handler:
+    """A context manager that changes nothing a graph of plain tensors computes (torch-function
+    subclass dispatch switches, profiler ranges): entered and left for real at capture time only."""
+    def make(frame: Frame, args: list, kwargs: dict) -> NullContext:
+        return NullContext(cls(*args, **kwargs))
+    return make
+
+
 def _operator_fn(fn: Any) -> Handler:
     def call(frame: Frame, args: list, kwargs: dict) -> Any:
         return apply_operator(frame, fn, list(args))
@@ -347,6 +355,9 @@ def _register() -> None:
         torch.no_grad: _grad_mode(False), torch.enable_grad: _grad_mode(True),
         torch.set_grad_enabled: _set_grad_enabled, torch.inference_mode: _grad_mode(False),
         contextlib.nullcontext: _nullcontext,
+        torch._C.DisableTorchFunctionSubclass: _no_graph_effect(torch._C.DisableTorchFunctionSubclass),
+        torch._C.DisableTorchFunction: _no_graph_effect(torch._C.DisableTorchFunction),
+        torch.autograd.profiler.record_function: _no_graph_effect(torch.autograd.profiler.record_function),
         torch.autocast: _autocast, torch.amp.autocast: _autocast,
         torch._C._get_tracing_state: _constant(None),
         torch._C._set_grad_enabled: lambda frame, args, kwargs: set_grad_mode(frame, bool(args[0])),

@@ -4,6 +4,7 @@ Python runs for real when it cannot touch tensors, and anything else breaks the 
 from __future__ import annotations
 
 import builtins
+import collections
 import enum
 import functools
 import inspect
@@ -18,6 +19,7 @@ from torch import nn
 from . import polyfills, torch_ops
 from .builtins_impl import SPECIAL
 from .errors import GraphBreak
+from .module_calls import runs_in_python
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
 from .values import EMPTY, NULL, Cell, ListIterator, TensorMethod, TracedFunction, TracedMethod
 
@@ -126,6 +128,10 @@ def real_call(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     """Run a callable for real; refuse when that would compute on tensors outside the graph."""
     self_obj = getattr(fn, "__self__", None)
     name = getattr(fn, "__name__", repr(fn))
+    if is_opaque_method(fn, self_obj):
+        raise GraphBreak(f"{type(self_obj).__qualname__}.{name}() is a method of an opaque (C extension) object: "
+                         "it may read or change state a cached graph cannot replay",
+                         "it runs in Python on every call")
     if self_obj is not None and not isinstance(self_obj, types.ModuleType) and \
             frame.tracer.source_of.get(id(self_obj)) is not None and name in _MUTATING:
         if frame.tracer.owns_copy(self_obj):  # an input list/dict: replayed after the graph
@@ -134,6 +140,31 @@ def real_call(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         raise GraphBreak(f"{type(self_obj).__name__}.{name}() mutates an object from outside the "
                          "compiled code", "mutations of inputs run in Python")
     return real_call_unchecked(frame, fn, args, kwargs)
+
+
+# C types whose methods only compute on their own value (no hidden state to replay).
+_VALUE_TYPES: tuple[type, ...] = (list, tuple, dict, set, frozenset, str, bytes, bytearray, int, float, complex,
+                                  bool, slice, range, memoryview, torch.Size, torch.dtype, torch.device,
+                                  torch.finfo, torch.iinfo, torch.layout, torch.memory_format, torch.Tensor,
+                                  enum.Enum, type, BaseException, collections.deque)
+_PURE_QUERIES = frozenset({("ProcessGroup", "rank"), ("ProcessGroup", "size"), ("ProcessGroup", "name"),
+                           ("ProcessGroup", "group_name"), ("ProcessGroup", "group_desc"),
+                           ("DeviceMesh", "size")})
+
+
+def is_opaque_method(fn: Any, self_obj: Any) -> bool:
+    """A C method bound to an object of a C extension type (a pybind11 reducer, logger, generator,
+    work handle...): calling it at capture time would run its effects once and bake its result in."""
+    if self_obj is None or isinstance(self_obj, (types.ModuleType, *_VALUE_TYPES)):
+        return False
+    if not isinstance(fn, types.BuiltinMethodType):  # method-wrappers are object's own dunders
+        return False
+    cls = type(self_obj)
+    if cls.__name__.startswith("pybind11_detail_function_record"):  # a pybind11 free function
+        return False
+    if (cls.__name__, getattr(fn, "__name__", "")) in _PURE_QUERIES:
+        return False
+    return all(k.__module__ != "builtins" or k is object for k in cls.__mro__)
 
 
 def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
@@ -251,6 +282,9 @@ def inline(frame: Frame, code: types.CodeType, f_globals: dict, args: list, kwar
 
 
 def call_module(frame: Frame, module: nn.Module, args: list, kwargs: dict) -> Any:
+    python_reason = runs_in_python(module)
+    if python_reason is not None:  # the call runs in Python at the break, its forward compiled
+        raise GraphBreak(python_reason, "the module's forward is compiled as its own frame")
     if _has_hooks(module):
         return call_function(frame, nn.Module._call_impl, [module, *args], kwargs)
     forward = type(module).forward

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from kiln.graph import GuardSet, enabled, gc_paused, log
@@ -20,8 +21,9 @@ from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .knobs import CaptureOptions
+from .module_calls import PythonModuleCall, plain_forward, python_wrapper_child, runs_in_python
 from .pipeline import compile_capture
-from .python_step import NEXT, execute_in_python
+from .python_step import CAN_RUN, NEXT, execute_in_python
 from .resume import make_resume_function
 
 _ALL_CONTEXTS: weakref.WeakSet = weakref.WeakSet()
@@ -37,6 +39,7 @@ class CompileContext:
         self.wrapped: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.wrapped_methods: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.resumes: dict[tuple, Callable] = {}
+        self.python_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.on_capture: list[Callable[[Capture, CodeCache], None]] = []
         _ALL_CONTEXTS.add(self)
 
@@ -50,11 +53,29 @@ class CompileContext:
         self.caches.clear()
         self.wrapped = weakref.WeakKeyDictionary()
         self.wrapped_methods = weakref.WeakKeyDictionary()
+        self.python_calls = weakref.WeakKeyDictionary()
         self.resumes.clear()
+
+    def python_module_call(self, module: nn.Module, reason: str, call_forward: bool = False) -> PythonModuleCall:
+        """``module`` called in Python (DDP's forward, FSDP2's hooks) with the forward it wraps
+        compiled as its own frame (module_calls.py)."""
+        key = (call_forward,)
+        per_module = self.python_calls.setdefault(module, {})
+        call = per_module.get(key)
+        if call is None:
+            target = python_wrapper_child(module) or module
+            call = per_module[key] = PythonModuleCall(module, target, Optimized(plain_forward(target), self),
+                                                      reason, call_forward)
+        return call
 
     def wrap_callee(self, fn: Any) -> Any:
         """A callable met at a graph break, routed through this context so it is captured too."""
+        if fn is _CHECKPOINT:  # runs in Python; the function it checkpoints is compiled as its own frame
+            return functools.partial(_checkpoint_compiled, self)
         if isinstance(fn, nn.Module):
+            reason = runs_in_python(fn)
+            if reason is not None:
+                return self.python_module_call(fn, reason)
             if fn._forward_hooks or fn._forward_pre_hooks or not isinstance(type(fn).forward, types.FunctionType) \
                     or type(fn).__call__ is not nn.Module.__call__:
                 return fn
@@ -174,7 +195,9 @@ class Optimized:
                 log("recompiles").info("recompiling %s (%s:%s): %s", self.code.co_name, self.code.co_filename,
                                        self.code.co_firstlineno, self._miss_reason(L, G))
         fallback: tuple[str, bool] | None = None
-        with gc_paused():
+        # Note: a capture met under a caller's saved-tensor hooks (torch.utils.checkpoint's recording)
+        # must not feed them the tensors its own tracing saves: identity hooks sit on top meanwhile.
+        with gc_paused(), torch.autograd.graph.saved_tensors_hooks(_same, _same):
             entry, fallback = self._compile(L, G, cache, options)
         if fallback is not None:  # outside the except blocks: eager errors carry no capture context
             return self._eager(fallback[0], args, kwargs, permanent=fallback[1])
@@ -204,6 +227,9 @@ class Optimized:
                                                         KeyError, IndexError, AttributeError, NameError)):
                 raise
             fallback = (f"{type(e).__name__} while tracing: {e}", False)
+        if fallback is None and cap.break_plan is not None and cap.break_plan.inst.opname not in CAN_RUN:
+            fallback = (f"graph break at {cap.break_plan.inst.opname}, which cannot run in Python between "
+                        f"graphs: {cap.break_plan.reason}", True)
         if fallback is not None:
             return None, fallback
         entry = self._make_entry(cap)
@@ -279,6 +305,19 @@ class Optimized:
         return run
 
 
+_CHECKPOINT = torch.utils.checkpoint.checkpoint
+
+
+def _same(t: Any) -> Any:
+    return t
+
+
+def _checkpoint_compiled(ctx: CompileContext, function: Any, *args: Any, **kwargs: Any) -> Any:
+    """``torch.utils.checkpoint.checkpoint`` met at a graph break: it runs in Python (its saved-tensor
+    hooks and recomputation), calling ``function`` compiled; the recomputation hits the same entry."""
+    return _CHECKPOINT(ctx.wrap_callee(function), *args, **kwargs)
+
+
 _DELETE = object()  # an attribute deletion (it has no value plan)
 
 
@@ -326,6 +365,9 @@ def optimize(fn: Callable, backend: Callable, *, fullgraph: bool = False, dynami
     opt = Optimized(fn, ctx)
     if opt.code is None:
         raise TypeError(f"kiln.capture.optimize needs a Python function, method or module; got {fn!r}")
+    python_call = _python_wrapper_call(fn, ctx)
+    if python_call is not None:
+        return _mark(functools.wraps(opt.func)(lambda *a, **k: python_call(*a, **k)), opt, ctx)
 
     cache, G, bind = opt.cache, opt.f_globals, opt.bind
 
@@ -344,9 +386,26 @@ def optimize(fn: Callable, backend: Callable, *, fullgraph: bool = False, dynami
                     return entry.run(L, G)
             return opt.miss(L, G, args, kwargs)
         return opt(*args, **kwargs)
+    return _mark(wrapper, opt, ctx)
+
+
+def _mark(wrapper: Callable, opt: Optimized, ctx: CompileContext) -> Callable:
     wrapper._kiln_optimized = opt  # type: ignore[attr-defined]
     wrapper._kiln_context = ctx  # type: ignore[attr-defined]
     return wrapper
+
+
+def _python_wrapper_call(fn: Any, ctx: CompileContext) -> PythonModuleCall | None:
+    """``optimize(ddp)`` / ``optimize(ddp.forward)``: DDP's forward runs in Python on every call and
+    its module's forward is the compiled frame (module_calls.py)."""
+    owner = fn if isinstance(fn, nn.Module) else getattr(fn, "__self__", None)
+    if not isinstance(owner, nn.Module) or python_wrapper_child(owner) is None:
+        return None
+    if owner is not fn and getattr(fn, "__func__", None) is not type(owner).forward:
+        return None
+    reason = runs_in_python(owner)
+    assert reason is not None
+    return ctx.python_module_call(owner, reason, call_forward=owner is not fn)
 
 
 def reset() -> None:
@@ -362,9 +421,7 @@ def reset() -> None:
             cache.dynamic_ints.clear()
             if cache.eager_reason != "generators and coroutines run eagerly":
                 cache.eager_reason = None
-        ctx.wrapped = weakref.WeakKeyDictionary()
-        ctx.wrapped_methods = weakref.WeakKeyDictionary()
-        ctx.resumes.clear()
+        ctx.reset()
 
 
 def cache_entries(fn: Callable) -> list[CacheEntry]:

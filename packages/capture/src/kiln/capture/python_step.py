@@ -26,7 +26,7 @@ NEXT = _Next()
 _JUMP_TRUE = {"POP_JUMP_IF_TRUE", "POP_JUMP_FORWARD_IF_TRUE", "POP_JUMP_BACKWARD_IF_TRUE"}
 _JUMP_FALSE = {"POP_JUMP_IF_FALSE", "POP_JUMP_FORWARD_IF_FALSE", "POP_JUMP_BACKWARD_IF_FALSE"}
 CAN_RUN = {"CALL", "CALL_KW", "CALL_FUNCTION_EX", "TO_BOOL", "COMPARE_OP", "BINARY_OP", "STORE_ATTR",
-           "STORE_SUBSCR", "BINARY_SUBSCR", "UNARY_NOT", "GET_ITER", "FOR_ITER",
+           "STORE_SUBSCR", "BINARY_SUBSCR", "UNARY_NOT", "GET_ITER", "FOR_ITER", "LOAD_ATTR", "LOAD_METHOD",
            *_JUMP_TRUE, *_JUMP_FALSE}
 
 
@@ -105,6 +105,16 @@ def execute_in_python(code: types.CodeType, inst: Inst, stack: list, kw_names: t
     if name == "BINARY_OP":
         b, a = stack.pop(), stack.pop()
         stack.append(binary_operator(inst)(a, b))
+        return stack, nxt
+    if name in ("LOAD_ATTR", "LOAD_METHOD"):
+        value = getattr(stack.pop(), inst.argval)
+        method_form = name == "LOAD_METHOD" or PY >= (3, 12) and (inst.arg or 0) & 1
+        if not method_form:
+            stack.append(value)
+        elif PY >= (3, 13):  # callable, then self-or-NULL
+            stack += [value, NEXT]
+        else:  # NULL-or-callable, then callable-or-self
+            stack += [NEXT, value]
         return stack, nxt
     if name == "STORE_ATTR":
         obj, value = stack.pop(), stack.pop()

@@ -21,6 +21,7 @@ LOG_NAMES: dict[str, str] = {
     "cudagraphs": "CUDA graph recording, replays and skip reasons",
     "perf_hints": "fallbacks and missed optimisations",
     "cache": "compile cache hits, misses and rebuilt entries (graph-level cache)",
+    "distributed": "calls that run in Python on every call (DDP, FSDP2 hooks) and collectives",
 }
 
 _handler = logging.StreamHandler(sys.stderr)

@@ -1,0 +1,143 @@
+"""Python-side state a traced call reads or changes (module flags and counters, methods of C
+extension objects, hooks of distributed wrappers) is guarded, replayed or run in Python on every
+call, never cached away: each program is called several times with fresh inputs against eager."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+import kiln.capture as kc
+
+
+class FlagCounter(nn.Module):
+    """Flips a flag and bumps a counter every call, and computes with both."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.flag = False
+        self.count = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.flag = not self.flag
+        self.count += 1
+        y = self.lin(x)
+        return y * 2 + self.count if self.flag else y - self.count
+
+
+def test_flag_and_counter_follow_eager(recorder):
+    torch.manual_seed(0)
+    m = FlagCounter()
+    e = copy.deepcopy(m)
+    f = kc.optimize(m, recorder)
+    for _ in range(6):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(f(x), e(x))
+        assert (m.flag, m.count) == (e.flag, e.count)
+    assert recorder.count >= 2
+
+
+class ReseedsGenerator(nn.Module):
+    """Calls a method of a C extension object (torch.Generator) that changes its state."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gen = torch.Generator().manual_seed(0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.gen.manual_seed(self.gen.initial_seed() + 1)  # no Python-side value to guard on
+        return x.sin() + 1
+
+
+def test_method_of_c_object_runs_every_call(recorder):
+    m = ReseedsGenerator()
+    f = kc.optimize(m, recorder)
+    for i in range(4):
+        x = torch.randn(5)
+        torch.testing.assert_close(f(x), x.sin() + 1)
+        assert m.gen.initial_seed() == i + 1  # the reseed happened on this call, not only at capture
+
+
+class _Opaque:
+    """An object whose state changes through a C method not named like a container mutation."""
+
+    def __init__(self) -> None:
+        self.gen = torch.Generator()
+
+
+def test_c_method_result_is_not_baked_in(recorder):
+    box = _Opaque()
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        return x * box.gen.initial_seed()
+
+    f = kc.optimize(fn, recorder)
+    for seed in (2, 3, 7):
+        box.gen.manual_seed(seed)
+        x = torch.randn(3)
+        torch.testing.assert_close(f(x), x * seed)
+
+
+def test_break_at_attribute_load_runs_in_python(recorder):
+    def fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return x.sin() * y.grad.cos()  # Tensor.grad breaks the graph at the attribute load
+
+    f = kc.optimize(fn, recorder)
+    for _ in range(3):
+        x, y = torch.randn(4), torch.randn(4, requires_grad=True)
+        y.grad = torch.randn(4)
+        torch.testing.assert_close(f(x, y), fn(x, y))
+
+
+def test_torch_function_and_profiler_blocks_do_not_break():
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        with torch.autograd.profiler.record_function("block"):
+            with torch._C.DisableTorchFunctionSubclass():
+                y = x.sin() * 2
+        return y + 1
+
+    out = kc.explain(fn)(torch.randn(4))
+    assert out.break_count == 0 and out.graph_count == 1
+    f = kc.optimize(fn, lambda gm, ex: gm.forward)
+    for _ in range(3):
+        x = torch.randn(4)
+        torch.testing.assert_close(f(x), fn(x))
+
+
+def _distributed_hook(module: nn.Module, args: tuple) -> None:
+    module.hook_calls += 1
+
+
+_distributed_hook.__module__ = "torch.distributed.fsdp.test_stand_in"  # as FSDP2's hooks are
+
+
+class Hooked(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+        self.hook_calls = 0
+        self.register_forward_pre_hook(_distributed_hook)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x).sigmoid()
+
+
+def test_distributed_hooks_run_every_call_with_forward_compiled(recorder):
+    torch.manual_seed(0)
+    inner = Hooked()
+    twin = copy.deepcopy(inner)
+
+    def fn(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return m(x.cos()).relu() + 1
+
+    f = kc.optimize(fn, recorder)
+    for i in range(4):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(f(inner, x), fn(twin, x))
+        assert inner.hook_calls == twin.hook_calls == i + 1
+    assert "forward" not in inner.__dict__  # the routing is undone after each call
+    # the module's own forward was captured as a graph (with the linear), not run eagerly
+    assert any("linear" in str(gm.graph) for gm in recorder.graphs)
