@@ -1,4 +1,4 @@
-"""Whole-program export for deployment without Python.
+"""Whole-program export for deployment without Python (``kiln.export``, ``kiln.package``, ``kiln.load_package``).
 
     exported = kiln.export(model, (x,))                  # capture (fullgraph) + inference ATen graph
     kiln.package(exported, "model_pkg")                  # model.so + weights.safetensors + manifest.json
