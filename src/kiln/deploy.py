@@ -30,14 +30,13 @@ import torch.utils._pytree as pytree
 from torch import fx
 
 import kiln.capture as capture
-import kiln.runtime as runtime
 import kiln.runtime.cxx as cxx
 from kiln.autograd import trace_inference
 from kiln.graph import CapturedGraph, KilnError, TensorSpec, print_graph
 from kiln.inductor import InductorOptions, inductor_decompositions
 from kiln.inductor.codegen.cpp_wrapper import CppProgram, CppWrapperUnsupported, Slot, cpp_program
 
-from .aot import _example_inputs, _output_spec
+from .aot import _example_inputs, _frame, _output_spec
 
 
 class ExportError(KilnError):
@@ -131,7 +130,8 @@ def _capture(fn: Callable[..., Any], args: tuple, kwargs: dict) -> CapturedGraph
         return capture.capture_graph(fn, args, kwargs)
     except KilnError as e:
         raise ExportError(f"kiln.export: {getattr(fn, '__qualname__', type(fn).__name__)} cannot be captured "
-                          f"as one graph:\n{e}") from e
+                          f"as one graph:\n{e}\nkiln.export needs the whole program as one graph (no graph "
+                          "breaks): rewrite the construct named above") from e
 
 
 def export(fn: Callable[..., Any], args: tuple | list, kwargs: Mapping[str, Any] | None = None, *,
@@ -145,7 +145,7 @@ def export(fn: Callable[..., Any], args: tuple | list, kwargs: Mapping[str, Any]
                           "inference program: dropout off, batch norm with its running statistics)")
     with torch.no_grad():
         captured = _capture(fn, args, kwargs)
-    frame = runtime.CallFrame.of(fn, args, kwargs)
+    frame = _frame(fn, args, kwargs)
     scope = frame.scope()
     leaves: dict[str, tuple[str, Any]] = {}
     skip = {"self"} if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn) else set()
