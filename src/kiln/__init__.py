@@ -19,6 +19,7 @@ _API = {
     "compile": "kiln.api", "explain": "kiln.api", "load_compiled_function": "kiln.runtime",
     "mark_dynamic": "kiln.api", "reset": "kiln.api", "list_backends": "kiln.backends",
     "register_backend": "kiln.backends", "set_logs": "kiln.graph",
+    "export": "kiln.deploy", "package": "kiln.deploy", "load_package": "kiln.deploy",
 }
 __all__ = sorted(_API)
 

@@ -30,9 +30,7 @@ class CppBackend:
         kernels = scheduled.kernels()
         if not kernels:
             return CompiledKernels({}, "", {}, "", "")
-        bodies, symbol = unique_kernel_sources(kernels, layouts, options)
-        head = VECTOR_MATH if options.vectorize_math else ""
-        source = head + PRELUDE + "\n\n" + "\n\n".join(bodies) + "\n"
+        source, symbol = library_source(kernels, layouts, options)
         so, seconds = build_shared_library(source, options)
         lib_name = so.name
         flags = [options.cxx, *options.cpp_flags]
@@ -49,6 +47,15 @@ class CppBackend:
         prelude.append('_bind_kernels(globals(), _lib, """\n' + "\n".join(table) + '\n""")')
         files = {lib_name: so.read_bytes(), lib_name.replace(".so", ".cpp"): source.encode()}
         return CompiledKernels(files, "\n".join(prelude), launches, source, str(so.parent), seconds)
+
+
+def library_source(kernels: list[Kernel], layouts: dict[str, Layout],
+                   options: InductorOptions) -> tuple[str, dict[str, str]]:
+    """The translation unit of a graph's kernels and each kernel's exported symbol (shared by the
+    Python wrapper's library and the C++ wrapper's model library, codegen/cpp_wrapper)."""
+    bodies, symbol = unique_kernel_sources(kernels, layouts, options)
+    head = VECTOR_MATH if options.vectorize_math else ""
+    return head + PRELUDE + "\n\n" + "\n\n".join(bodies) + "\n", symbol
 
 
 def _renamer(k: Kernel) -> tuple[re.Pattern[str], list[str]]:
@@ -105,4 +112,5 @@ def unique_kernel_sources(kernels: list[Kernel], layouts: dict[str, Layout],
     return bodies, symbol
 
 
-__all__ = ["CppBackend", "CppCompileError", "canonical_source", "kernel_key", "unique_kernel_sources"]
+__all__ = ["CppBackend", "CppCompileError", "canonical_source", "kernel_key", "library_source",
+           "unique_kernel_sources"]

@@ -1,0 +1,51 @@
+"""Export the example models as kiln packages, with inputs and eager outputs for main.cpp to check.
+
+    uv run python examples/deploy_cpp/export_models.py --out /tmp/kiln_deploy [--small]
+    g++ -O2 examples/deploy_cpp/main.cpp $(uv run python -m kiln.runtime.cxx --cflags --ldflags) -o /tmp/kiln_deploy/main
+    /tmp/kiln_deploy/main /tmp/kiln_deploy/resnet18 /tmp/kiln_deploy/resnet18.inputs.safetensors \
+        /tmp/kiln_deploy/resnet18.expected.safetensors 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+import kiln
+
+sys.path.insert(0, str(Path(__file__).parent))
+from models import example  # noqa: E402
+
+
+def export_one(name: str, out: Path, small: bool) -> None:
+    model, inputs = example(name, small)
+    t0 = time.perf_counter()
+    exported = kiln.export(model, inputs)
+    t1 = time.perf_counter()
+    report = kiln.package(exported, out / name)
+    with torch.no_grad():
+        expected = model(*inputs)
+    expected = expected if isinstance(expected, (tuple, list)) else (expected,)
+    save_file({f"input{k}": t.contiguous() for k, t in enumerate(inputs)}, str(out / f"{name}.inputs.safetensors"))
+    save_file({f"output{k}": t.contiguous() for k, t in enumerate(expected)}, str(out / f"{name}.expected.safetensors"))
+    print(f"{name}: export {t1 - t0:.1f} s; {report.as_text()}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--models", default="transformer,resnet18")
+    ap.add_argument("--small", action="store_true", help="smaller configurations (CI)")
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name in args.models.split(","):
+        export_one(name, args.out, args.small)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Deployment without Python: the package format (package.py), the build of its model.so (build.py), the
+C++ runner's headers (``include/kiln/runner.h``) and their build flags (flags.py,
+``python -m kiln.runtime.cxx --cflags --ldflags``), and a Python loader of the same package (loader.py).
+"""
+
+from .build import BuildReport, build_model_library
+from .flags import INCLUDE_DIR, cflags, ldflags, torch_dir
+from .loader import PackagedModel, load_package
+from .package import (
+    LIBRARY,
+    MANIFEST,
+    SCHEMA_VERSION,
+    WEIGHTS,
+    PackageError,
+    built_for,
+    dtype_name,
+    read_manifest,
+    tensor_spec,
+    write_manifest,
+    write_safetensors,
+)
+
+__all__ = [
+    "INCLUDE_DIR", "LIBRARY", "MANIFEST", "SCHEMA_VERSION", "WEIGHTS", "BuildReport", "PackageError",
+    "PackagedModel", "build_model_library", "built_for", "cflags", "dtype_name", "ldflags", "load_package", "read_manifest",
+    "tensor_spec", "torch_dir", "write_manifest", "write_safetensors",
+]

@@ -1,0 +1,266 @@
+// kiln::Runner: load a package written by kiln.package and run it from C++ with libtorch alone.
+//
+//   kiln::Runner runner("model_pkg", c10::kCPU);
+//   std::vector<at::Tensor> outputs = runner.run({x});
+//
+// Build: g++ main.cpp $(python -m kiln.runtime.cxx --cflags --ldflags) -o main
+// Header-only. The constructor reads manifest.json, checks its format and schema version, the torch
+// version and device the package was built for, and the sha256 and size of model.so and of the
+// weights; then it dlopens model.so and memory-maps the weights (safetensors). run() checks each
+// input's dtype, shape and device against the manifest. Every failure is a std::runtime_error whose
+// message names the package and what is wrong.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/from_blob.h>
+#include <c10/core/Device.h>
+#include <torch/version.h>
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kiln/detail/json.h"
+#include "kiln/detail/sha256.h"
+
+namespace kiln {
+
+constexpr int kPackageSchemaVersion = 1;
+constexpr int kModelAbiVersion = 1;
+
+struct TensorSpec {
+  std::string name;
+  at::ScalarType dtype;
+  std::vector<int64_t> shape;
+  std::vector<int64_t> stride;
+};
+
+namespace detail {
+
+inline at::ScalarType dtype_of(const std::string& s) {
+  static const std::pair<const char*, at::ScalarType> table[] = {
+      {"float32", at::kFloat}, {"float64", at::kDouble}, {"float16", at::kHalf}, {"bfloat16", at::kBFloat16},
+      {"int64", at::kLong},    {"int32", at::kInt},      {"int16", at::kShort},  {"int8", at::kChar},
+      {"uint8", at::kByte},    {"bool", at::kBool}};
+  for (const auto& e : table)
+    if (s == e.first) return e.second;
+  throw std::runtime_error("unknown dtype '" + s + "'");
+}
+
+inline std::string dims(at::IntArrayRef d) {
+  std::ostringstream o;
+  o << "[";
+  for (size_t i = 0; i < d.size(); ++i) o << (i ? ", " : "") << d[i];
+  o << "]";
+  return o.str();
+}
+
+// A read-only file mapped into memory (copy-on-write pages: ATen may treat a constant as writable).
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) {
+    int fd = ::open(path.c_str(), O_RDONLY);
+    if (fd < 0) throw std::runtime_error("cannot open " + path + ": " + std::strerror(errno));
+    struct stat st;
+    if (::fstat(fd, &st) != 0) { ::close(fd); throw std::runtime_error("cannot stat " + path); }
+    size_ = size_t(st.st_size);
+    if (size_ > 0) {
+      void* p = ::mmap(nullptr, size_, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0);
+      if (p == MAP_FAILED) { ::close(fd); throw std::runtime_error("cannot map " + path); }
+      data_ = static_cast<uint8_t*>(p);
+    }
+    ::close(fd);
+  }
+  ~MappedFile() { if (data_) ::munmap(data_, size_); }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+  uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+inline std::string read_text(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) throw std::runtime_error("cannot read " + path);
+  std::ostringstream o;
+  o << f.rdbuf();
+  return o.str();
+}
+
+inline TensorSpec spec_of(const Json& j) {
+  return TensorSpec{j.at("name").str(), dtype_of(j.at("dtype").str()), j.at("shape").ints(), j.at("stride").ints()};
+}
+
+}  // namespace detail
+
+class Runner {
+ public:
+  Runner(const std::string& package_path, c10::Device device = c10::kCPU) : path_(package_path) {
+    try {
+      load(device);
+    } catch (const std::exception& e) {
+      close();
+      throw std::runtime_error("kiln::Runner: package " + path_ + ": " + e.what());
+    }
+  }
+  ~Runner() { close(); }
+  Runner(const Runner&) = delete;
+  Runner& operator=(const Runner&) = delete;
+
+  const std::vector<TensorSpec>& input_specs() const { return inputs_; }
+  const std::vector<TensorSpec>& output_specs() const { return outputs_; }
+
+  std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) {
+    if (inputs.size() != inputs_.size())
+      throw std::runtime_error("kiln::Runner::run: expected " + std::to_string(inputs_.size()) + " inputs (" +
+                               input_names() + "), got " + std::to_string(inputs.size()));
+    std::vector<at::Tensor> held;  // inputs copied into the declared strides
+    std::vector<void*> in(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) in[i] = checked(i, inputs[i], held);
+    std::vector<at::Tensor> outs;
+    std::vector<void*> out;
+    for (const auto& s : outputs_) {
+      outs.push_back(at::empty_strided(s.shape, s.stride, at::TensorOptions().dtype(s.dtype).device(device_)));
+      out.push_back(outs.back().data_ptr());
+    }
+    char err[2048] = {0};
+    if (run_(in.data(), constants_.data(), out.data(), err, sizeof(err)) != 0)
+      throw std::runtime_error(std::string("kiln::Runner::run: ") + err);
+    return outs;
+  }
+
+ private:
+  using InitFn = int (*)(char*, size_t);
+  using RunFn = int (*)(void* const*, void* const*, void* const*, char*, size_t);
+  std::string path_;
+  c10::Device device_ = c10::kCPU;
+  std::vector<TensorSpec> inputs_, outputs_;
+  std::vector<void*> constants_;
+  std::unique_ptr<detail::MappedFile> weights_;
+  void* lib_ = nullptr;
+  RunFn run_ = nullptr;
+
+  std::string input_names() const {
+    std::string s;
+    for (size_t i = 0; i < inputs_.size(); ++i) s += (i ? ", " : "") + inputs_[i].name;
+    return s;
+  }
+
+  void* checked(size_t i, const at::Tensor& t, std::vector<at::Tensor>& held) const {
+    const TensorSpec& s = inputs_[i];
+    std::string who = "kiln::Runner::run: input " + std::to_string(i) + " ('" + s.name + "')";
+    if (!t.defined()) throw std::runtime_error(who + " is an undefined tensor");
+    if (t.device() != device_)
+      throw std::runtime_error(who + " is on " + t.device().str() + ", the package runs on " + device_.str());
+    if (t.scalar_type() != s.dtype)
+      throw std::runtime_error(who + ": expected dtype " + std::string(c10::toString(s.dtype)) + ", got " +
+                               c10::toString(t.scalar_type()));
+    if (t.sizes() != at::IntArrayRef(s.shape))
+      throw std::runtime_error(who + ": expected shape " + detail::dims(s.shape) + ", got " + detail::dims(t.sizes()) +
+                               " (the package was exported for static shapes)");
+    if (t.strides() == at::IntArrayRef(s.stride) || t.numel() == 0) return t.data_ptr();
+    held.push_back(at::empty_strided(s.shape, s.stride, t.options()));
+    held.back().copy_(t);
+    return held.back().data_ptr();
+  }
+
+  void verify(const detail::Json& files, const std::string& name, const uint8_t* data, size_t size) const {
+    const detail::Json& f = files.at(name);
+    if (int64_t(size) != f.at("bytes").integer())
+      throw std::runtime_error(name + " has " + std::to_string(size) + " bytes, the manifest says " +
+                               std::to_string(f.at("bytes").integer()) + " (truncated or replaced)");
+    if (detail::sha256_hex(data, size) != f.at("sha256").str())
+      throw std::runtime_error(name + " does not match its sha256 in the manifest (corrupt or replaced)");
+  }
+
+  void load(c10::Device device) {
+    if (device.type() != c10::DeviceType::CPU)
+      throw std::runtime_error("only CPU packages are supported by this runner (asked for " + device.str() + ")");
+    device_ = device;
+    detail::Json m;
+    try {
+      m = detail::parse_json(detail::read_text(path_ + "/manifest.json"));
+    } catch (const std::exception& e) {
+      throw std::runtime_error(std::string("manifest.json: ") + e.what());
+    }
+    if (!m.has("format") || m.at("format").str() != "kiln-package")
+      throw std::runtime_error("manifest.json is not a kiln package manifest");
+    int64_t schema = m.at("schema_version").integer();
+    if (schema != kPackageSchemaVersion)
+      throw std::runtime_error("manifest schema version " + std::to_string(schema) + "; this runner reads version " +
+                               std::to_string(kPackageSchemaVersion) + " (rebuild the package or the program)");
+    const std::string built = m.at("built_for").at("torch").str();
+    // torch/version.h spells the release without the wheel's local tag ("2.15.0", not "2.15.0+cu132")
+    if (built.substr(0, built.find('+')) != TORCH_VERSION)
+      throw std::runtime_error("built for torch " + built + ", this program links torch " + TORCH_VERSION);
+    const std::string dev = m.at("device").str();
+    if (dev != device.str() && !(dev == "cpu" && device.is_cpu()))
+      throw std::runtime_error("built for device " + dev + ", asked for " + device.str());
+    for (const auto& j : m.at("inputs").array()) inputs_.push_back(detail::spec_of(j));
+    for (const auto& j : m.at("outputs").array()) outputs_.push_back(detail::spec_of(j));
+    const detail::Json& files = m.at("files");
+    load_weights(m, files);
+    load_library(m, files);
+  }
+
+  void load_weights(const detail::Json& m, const detail::Json& files) {
+    const std::string name = m.at("weights").str();
+    weights_ = std::make_unique<detail::MappedFile>(path_ + "/" + name);
+    verify(files, name, weights_->data(), weights_->size());
+    if (weights_->size() < 8) throw std::runtime_error(name + " is too short for a safetensors file");
+    uint64_t n = 0;
+    std::memcpy(&n, weights_->data(), 8);  // little-endian header length
+    if (n > weights_->size() - 8) throw std::runtime_error(name + ": header runs past the end of the file");
+    detail::Json header = detail::parse_json(std::string(reinterpret_cast<char*>(weights_->data()) + 8, n));
+    uint8_t* base = weights_->data() + 8 + n;
+    size_t avail = weights_->size() - 8 - n;
+    for (const auto& c : m.at("constants").array()) {
+      const std::string cname = c.at("name").str();
+      std::vector<int64_t> off = header.at(cname).at("data_offsets").ints();
+      if (off.size() != 2 || off[0] < 0 || off[1] < off[0] || size_t(off[1]) > avail)
+        throw std::runtime_error(name + ": tensor '" + cname + "' lies outside the file");
+      constants_.push_back(base + off[0]);
+    }
+  }
+
+  void load_library(const detail::Json& m, const detail::Json& files) {
+    const std::string name = m.at("library").str();
+    const std::string so = path_ + "/" + name;
+    {
+      detail::MappedFile bytes(so);
+      verify(files, name, bytes.data(), bytes.size());
+    }
+    lib_ = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!lib_) throw std::runtime_error(std::string("cannot load ") + name + ": " + ::dlerror());
+    auto abi = reinterpret_cast<int (*)()>(::dlsym(lib_, "kiln_model_abi_version"));
+    auto init = reinterpret_cast<InitFn>(::dlsym(lib_, "kiln_model_init"));
+    run_ = reinterpret_cast<RunFn>(::dlsym(lib_, "kiln_model_run"));
+    if (!abi || !init || !run_) throw std::runtime_error(name + " is not a kiln model library");
+    if (abi() != kModelAbiVersion || abi() != m.at("abi_version").integer())
+      throw std::runtime_error(name + " has model ABI version " + std::to_string(abi()) + ", this runner calls version " +
+                               std::to_string(kModelAbiVersion));
+    char err[2048] = {0};
+    if (init(err, sizeof(err)) != 0) throw std::runtime_error(err);
+  }
+
+  // model.so stays loaded: OpenMP's worker threads and ATen's registries may still point into it
+  void close() {
+    lib_ = nullptr;
+    run_ = nullptr;
+  }
+};
+
+}  // namespace kiln

@@ -1,0 +1,109 @@
+"""``load_package(path)``: a kiln package as a Python callable, over the same model.so a C++ program
+loads (ctypes, through its C ABI) and the same memory-mapped weights. Nothing is generated or compiled.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import struct
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from ..errors import GuardError
+from .package import DTYPES, PackageError, read_manifest
+
+ABI_VERSION = 1
+
+
+class _Spec:
+    __slots__ = ("name", "dtype", "shape", "stride")
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.name, self.dtype = d["name"], DTYPES[d["dtype"]]
+        self.shape, self.stride = tuple(d["shape"]), tuple(d["stride"])
+
+
+def _map_weights(path: Path) -> tuple[mmap.mmap, torch.Tensor, dict[str, Any], int]:
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+    if len(mm) < 8:
+        raise PackageError(f"{path}: too short for a safetensors file")
+    (n,) = struct.unpack("<Q", mm[:8])
+    if n > len(mm) - 8:
+        raise PackageError(f"{path}: header runs past the end of the file")
+    header = json.loads(bytes(mm[8:8 + n]))
+    return mm, torch.frombuffer(mm, dtype=torch.uint8), header, 8 + n
+
+
+class PackagedModel:
+    """A loaded package: ``model(*inputs)`` returns what the exported function returned (same structure)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.manifest = read_manifest(self.path)
+        m = self.manifest
+        if m["device"] != "cpu":
+            raise PackageError(f"kiln package {self.path}: device {m['device']!r}; this loader runs CPU packages")
+        self.inputs = [_Spec(d) for d in m["inputs"]]
+        self.outputs = [_Spec(d) for d in m["outputs"]]
+        self._out_tree = pytree.treespec_loads(m["output_tree"]) if m.get("output_tree") else None
+        self._mm, self._bytes, header, base = _map_weights(self.path / m["weights"])
+        ptr = self._bytes.data_ptr()
+        self._constants = (ctypes.c_void_p * max(len(m["constants"]), 1))(
+            *[ptr + base + header[c["name"]]["data_offsets"][0] for c in m["constants"]])
+        self._lib = ctypes.CDLL(str(self.path / m["library"]), mode=ctypes.RTLD_LOCAL)
+        if self._lib.kiln_model_abi_version() != ABI_VERSION:
+            raise PackageError(f"kiln package {self.path}: model ABI {self._lib.kiln_model_abi_version()}, "
+                               f"this loader calls version {ABI_VERSION}")
+        self._err = ctypes.create_string_buffer(2048)
+        self._run = self._lib.kiln_model_run
+        self._run.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_char_p, ctypes.c_size_t]
+        if self._lib.kiln_model_init(self._err, len(self._err)) != 0:
+            raise PackageError(f"kiln package {self.path}: {self._err.value.decode()}")
+
+    def _checked(self, k: int, t: Any) -> torch.Tensor:
+        s = self.inputs[k]
+        who = f"kiln package {self.path.name}: input {k} ({s.name!r})"
+        if not isinstance(t, torch.Tensor):
+            raise GuardError(f"{who} must be a tensor, got {type(t).__name__}", input_name=s.name)
+        if t.device.type != "cpu":
+            raise GuardError(f"{who} is on {t.device}, the package runs on cpu", input_name=s.name,
+                             expected="cpu", actual=str(t.device))
+        if t.dtype != s.dtype:
+            raise GuardError(f"{who}: expected dtype {s.dtype}, got {t.dtype}", input_name=s.name,
+                             expected=s.dtype, actual=t.dtype)
+        if tuple(t.shape) != s.shape:
+            raise GuardError(f"{who}: expected shape {list(s.shape)}, got {list(t.shape)} (the package was "
+                             "exported for static shapes)", input_name=s.name, expected=s.shape, actual=tuple(t.shape))
+        if t.stride() != s.stride and t.numel():
+            t = torch.empty_strided(s.shape, s.stride, dtype=s.dtype).copy_(t)
+        return t.detach()
+
+    def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
+        """The flat outputs for the flat inputs (as kiln::Runner::run)."""
+        if len(inputs) != len(self.inputs):
+            names = ", ".join(s.name for s in self.inputs)
+            raise GuardError(f"kiln package {self.path.name}: expected {len(self.inputs)} inputs ({names}), "
+                             f"got {len(inputs)}")
+        ins = [self._checked(k, t) for k, t in enumerate(inputs)]
+        outs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype) for s in self.outputs]
+        in_ptrs = (ctypes.c_void_p * max(len(ins), 1))(*[t.data_ptr() for t in ins])
+        out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[t.data_ptr() for t in outs])
+        if self._run(in_ptrs, self._constants, out_ptrs, self._err, len(self._err)) != 0:
+            raise RuntimeError(f"kiln package {self.path.name}: {self._err.value.decode()}")
+        return outs
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat = pytree.tree_leaves((args, kwargs))
+        outs = self.run(flat)
+        return pytree.tree_unflatten(outs, self._out_tree) if self._out_tree is not None else tuple(outs)
+
+
+def load_package(path: str | Path) -> PackagedModel:
+    return PackagedModel(path)

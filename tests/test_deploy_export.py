@@ -1,0 +1,85 @@
+"""kiln.export: one static inference graph with named constants, and clear errors for what it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from kiln.deploy import ExportError
+
+
+class Small(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.norm = nn.BatchNorm1d(4)
+
+    def forward(self, x: torch.Tensor, scale: float = 2.0) -> dict[str, torch.Tensor]:
+        y = torch.relu(self.norm(self.fc(x))) * scale
+        return {"y": y, "total": y.sum(dim=1)}
+
+
+def test_export_names_constants_and_specs() -> None:
+    m = Small().eval()
+    x = torch.randn(3, 8)
+    e = kiln.export(m, (x,))
+    assert [i.name for i in e.inputs] == ["x"]
+    assert {"fc.weight", "fc.bias", "norm.weight", "norm.bias", "norm.running_mean",
+            "norm.running_var"} <= set(e.constants)
+    assert all(t.is_contiguous() for t in e.constants.values())
+    assert [tuple(o.shape) for o in e.outputs] == [(3, 4), (3,)]
+    text = e.as_text()
+    assert "x: " in text and "fc.weight" in text and "aten." in text
+    for _ in range(3):  # the exported graph computes what the module does, for fresh inputs
+        x = torch.randn(3, 8)
+        got, want = e(x), m(x)
+        assert set(got) == {"y", "total"}
+        torch.testing.assert_close(got["y"], want["y"])
+        torch.testing.assert_close(got["total"], want["total"])
+
+
+def test_export_function_with_two_inputs() -> None:
+    w = torch.randn(8, 8)
+
+    def f(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(a @ w) + b
+
+    a, b = torch.randn(4, 8), torch.randn(4, 8)
+    e = kiln.export(f, (a, b))
+    assert [i.name for i in e.inputs] == ["a", "b"]
+    assert len(e.constants) == 1  # the closure's tensor
+    torch.testing.assert_close(e(a, b), f(a, b))
+
+
+def test_dynamic_shapes_refused_with_the_range() -> None:
+    with pytest.raises(ExportError, match=r"input 'x' dim 0 in range \(1, 64\).*static shapes"):
+        kiln.export(Small().eval(), (torch.randn(3, 8),), dynamic_shapes={"x": {0: (1, 64)}})
+
+
+def test_training_mode_refused() -> None:
+    with pytest.raises(ExportError, match=r"training mode.*\.eval\(\)"):
+        kiln.export(Small(), (torch.randn(3, 8),))
+
+
+def data_dependent(x: torch.Tensor) -> torch.Tensor:
+    if x.sum() > 0:  # a graph break: the branch depends on the data
+        return x * 2
+    return x - 1
+
+
+def test_graph_break_is_an_error_naming_the_line() -> None:
+    with pytest.raises(ExportError) as info:
+        kiln.export(data_dependent, (torch.randn(4),))
+    msg = str(info.value)
+    assert "data_dependent" in msg and "test_deploy_export.py" in msg
+
+
+def test_input_mutation_refused() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x * 2
+
+    with pytest.raises(ExportError, match="writes into its inputs"):
+        kiln.export(f, (torch.randn(4),))
