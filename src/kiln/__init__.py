@@ -18,7 +18,8 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 _API = {
     "compile": "kiln.api", "explain": "kiln.api", "load_compiled_function": "kiln.runtime",
     "mark_dynamic": "kiln.api", "reset": "kiln.api", "list_backends": "kiln.backends",
-    "register_backend": "kiln.backends", "set_logs": "kiln.graph",
+    "register_backend": "kiln.backends", "set_logs": "kiln.graph", "stats": "kiln.compile_stats",
+    "stats_reset": "kiln.compile_stats", "CompileStats": "kiln.compile_stats",
 }
 __all__ = sorted(_API)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 import types
 import warnings
 import weakref
@@ -14,13 +15,26 @@ from typing import Any
 import torch
 from torch import nn
 
-from kiln.graph import GuardSet, enabled, gc_paused, log
+from kiln.graph import (
+    FrameRunEagerly,
+    GraphCaptured,
+    GuardSet,
+    Recompile,
+    StageTime,
+    emit,
+    enabled,
+    gc_paused,
+    log,
+)
+from kiln.graph import (
+    GraphBreak as BreakEvent,
+)
 
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .knobs import CaptureOptions
-from .pipeline import compile_capture
+from .pipeline import compile_capture, frame_name, needs_backend
 from .python_step import NEXT, execute_in_python
 from .resume import make_resume_function
 
@@ -38,6 +52,7 @@ class CompileContext:
         self.wrapped_methods: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.resumes: dict[tuple, Callable] = {}
         self.on_capture: list[Callable[[Capture, CodeCache], None]] = []
+        self.observed = True  # emits compile events (kiln.graph.events); explain's dry runs do not
         _ALL_CONTEXTS.add(self)
 
     def cache_for(self, code: types.CodeType) -> CodeCache:
@@ -164,15 +179,18 @@ class Optimized:
             if len(cache.entries) >= options.recompile_limit:
                 if not cache.limit_warned:
                     cache.limit_warned = True
-                    warnings.warn(f"kiln.capture: {self.code.co_name} ({self.code.co_filename}:"
-                                  f"{self.code.co_firstlineno}) hit the recompile limit "
-                                  f"({options.recompile_limit}); it runs eagerly from now on. Last "
-                                  f"reason: {self._miss_reason(L, G)}", stacklevel=3)
+                    reason = (f"hit the recompile limit ({options.recompile_limit}); it runs eagerly from now "
+                              f"on. Last reason: {self._miss_reason(L, G)}")
+                    warnings.warn(f"kiln.capture: {frame_name(self.code)} {reason}", stacklevel=3)
+                    if self.ctx.observed:
+                        emit(FrameRunEagerly(frame_name(self.code), reason))
                 return self.fn(*args, **kwargs)
             cache.recompiles += 1
-            if enabled("recompiles"):
-                log("recompiles").info("recompiling %s (%s:%s): %s", self.code.co_name, self.code.co_filename,
-                                       self.code.co_firstlineno, self._miss_reason(L, G))
+            if enabled("recompiles") or self.ctx.observed:
+                reason = self._miss_reason(L, G)
+                log("recompiles").info("recompiling %s: %s", frame_name(self.code), reason)
+                if self.ctx.observed:
+                    emit(Recompile(frame_name(self.code), reason))
         fallback: tuple[str, bool] | None = None
         with gc_paused():
             entry, fallback = self._compile(L, G, cache, options)
@@ -188,6 +206,7 @@ class Optimized:
         when it runs eagerly instead."""
         assert self.code is not None
         fallback: tuple[str, bool] | None = None
+        t0 = time.perf_counter()
         try:
             cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options),
                               cache.may_be_dynamic(L, options))
@@ -204,6 +223,8 @@ class Optimized:
                                                         KeyError, IndexError, AttributeError, NameError)):
                 raise
             fallback = (f"{type(e).__name__} while tracing: {e}", False)
+        if self.ctx.observed:
+            emit(StageTime("capture", time.perf_counter() - t0, graph=frame_name(self.code)))
         if fallback is not None:
             return None, fallback
         entry = self._make_entry(cap)
@@ -222,13 +243,17 @@ class Optimized:
 
     def _eager(self, reason: str, args: tuple, kwargs: dict, permanent: bool) -> Any:
         assert self.code is not None and self.cache is not None
-        log("graph_breaks").info("running %s (%s:%s) eagerly: %s", self.code.co_name, self.code.co_filename,
-                                 self.code.co_firstlineno, reason)
+        log("graph_breaks").info("running %s eagerly: %s", frame_name(self.code), reason)
+        if self.ctx.observed:
+            emit(FrameRunEagerly(frame_name(self.code), reason))
         if permanent:
             self.cache.eager_reason = reason
         return self.fn(*args, **kwargs)
 
     def _make_entry(self, cap: Capture) -> CacheEntry:
+        assert self.code is not None
+        if self.ctx.observed and needs_backend(cap):
+            emit(GraphCaptured(frame_name(self.code), cap.captured))
         compiled = compile_capture(cap, self.ctx.backend, self.code)
         identity = {g.source for g in cap.captured.guards if g.kind == "ID_MATCH"}
         extract = _extractor(cap.input_sources, cap.example_inputs, identity)
@@ -259,6 +284,8 @@ class Optimized:
         code, ctx, f_globals = self.code, self.ctx, self.f_globals
         log("graph_breaks").info("graph break in %s: %s\n  at %s", code.co_name, bp.reason,
                                  "\n  from ".join(bp.user_stack))
+        if ctx.observed:
+            emit(BreakEvent(frame_name(code), bp.reason, tuple(bp.user_stack)))
         names = tuple(bp.local_names)
 
         def run(L: dict, G: dict) -> Any:

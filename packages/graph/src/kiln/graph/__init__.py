@@ -8,6 +8,22 @@ from .core_ops import CORE_ATEN_OPS
 from .debug import dump, new_graph_id
 from .dialects import Dialect
 from .errors import BackendUnavailable, KilnError, VerificationError
+from .events import (
+    EVENTS,
+    CacheLookup,
+    Event,
+    EventLog,
+    FrameRunEagerly,
+    GraphBreak,
+    GraphCaptured,
+    GraphCompiled,
+    GraphRunEagerly,
+    Recompile,
+    StageText,
+    StageTime,
+    emit,
+    keeping_texts,
+)
 from .guards import (
     GUARD_KINDS,
     Guard,
@@ -40,6 +56,8 @@ from .trees import map_leaves
 from .verify import is_pure_op, verify
 
 __all__ = [
+    "EVENTS", "CacheLookup", "Event", "EventLog", "FrameRunEagerly", "GraphBreak", "GraphCaptured",
+    "GraphCompiled", "GraphRunEagerly", "Recompile", "StageText", "StageTime", "emit", "keeping_texts",
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",
