@@ -14,6 +14,7 @@ import kiln
 import kiln.runtime as runtime
 from kiln import demo as demo_mod
 from kiln.backends import backend_doc
+from kiln.report import run_script
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kiln: a staged compiler for PyTorch programs.")
@@ -59,6 +60,19 @@ def explain(target: str = typer.Argument(..., help="FILE.py:FUNC"),
             raise typer.BadParameter(f"give --shape, or define {func}_inputs() in {file}")
         args = tuple(maker())
     console.print(kiln.explain(fn)(*args).as_text(), markup=False, highlight=False)
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def report(ctx: typer.Context,
+           script: Path = typer.Argument(..., help="the Python script to run"),
+           out: Path = typer.Option(Path("kiln-report"), "--out", "-o", help="folder for the page")) -> None:
+    """Run SCRIPT [ARGS...] and write its compile report: one self-contained HTML page with every graph,
+    break, recompile, guard, each stage's program, the kernels and compile time by stage."""
+    path, error = run_script(script, list(ctx.args), out)
+    console.print(f"compile report: {path}", markup=False, highlight=False)
+    if error is not None:
+        console.print(f"[red]{script} failed:[/] {type(error).__name__}: {error}")
+        raise typer.Exit(1)
 
 
 @app.command()
