@@ -238,6 +238,8 @@ class Optimized:
             failure = entry.guards.first_failure(L, G)
             if failure is not None:
                 g, actual = failure
+                if g.kind == "GLOBAL_STATE":  # the global torch state: only what changed
+                    return f"guard failed: GLOBAL_STATE: {actual}"
                 return f"guard failed: {g.kind} {g.source or '<global>'}: expected {g.expected!r}, got {actual}"
         return "no entry matched"
 
