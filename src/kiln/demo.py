@@ -28,7 +28,7 @@ from kiln.graph import BackendUnavailable
 from kiln.settings import CompileOptions
 
 PREFERENCE = ("inductor", "aot_eager", "eager")
-TOLERANCE = {"rtol": 1e-3, "atol": 1e-3}
+RTOL = ATOL = 1e-3
 
 
 def best_backend(console: Console, wanted: str | None) -> str:
@@ -134,7 +134,7 @@ def _measure(model_name: str, model: torch.nn.Module, x: torch.Tensor, backend: 
     return ModelRow(
         model_name, delta.graphs_compiled, delta.graph_breaks, delta.total_compile_seconds,
         1e3 * time_call(lambda: model(x), device), 1e3 * time_call(lambda: compiled(x), device),
-        (out - expected).abs().max().item(), torch.allclose(out, expected, **TOLERANCE))
+        (out - expected).abs().max().item(), torch.allclose(out, expected, rtol=RTOL, atol=ATOL))
 
 
 def _with_artifact(row: ModelRow, result: dict[str, Any] | None) -> ModelRow:
@@ -180,7 +180,7 @@ def check_artifacts(device_name: str, items: list[str]) -> int:
             _sync(device)
             seconds = time.perf_counter() - t0
             expected = model(x)
-        same = torch.allclose(out, expected, **TOLERANCE)
+        same = torch.allclose(out, expected, rtol=RTOL, atol=ATOL)
         ok &= same
         print(json.dumps({"model": model_name, "seconds": seconds, "matches": same,
                           "max_err": (out - expected).abs().max().item()}))

@@ -24,6 +24,7 @@ from .events import (
     emit,
     keeping_texts,
 )
+from .golden import GoldenFile, check_golden, read_golden
 from .guards import (
     GUARD_KINDS,
     Guard,
@@ -58,6 +59,7 @@ from .verify import is_pure_op, verify
 __all__ = [
     "EVENTS", "CacheLookup", "Event", "EventLog", "FrameRunEagerly", "GraphBreak", "GraphCaptured",
     "GraphCompiled", "GraphRunEagerly", "Recompile", "StageText", "StageTime", "emit", "keeping_texts",
+    "GoldenFile", "check_golden", "read_golden",
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",
