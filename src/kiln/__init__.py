@@ -20,6 +20,8 @@ _API = {
     "mark_dynamic": "kiln.api", "reset": "kiln.api", "list_backends": "kiln.backends",
     "register_backend": "kiln.backends", "set_logs": "kiln.graph",
     "export": "kiln.deploy", "package": "kiln.deploy", "load_package": "kiln.deploy",
+    "stats": "kiln.compile_stats",
+    "stats_reset": "kiln.compile_stats", "CompileStats": "kiln.compile_stats",
 }
 __all__ = sorted(_API)
 

@@ -15,7 +15,10 @@ import kiln.runtime as runtime
 from kiln import aot
 from kiln.backends import resolve_backend
 from kiln.graph import Backend
+from kiln.report import report_from_env
 from kiln.settings import CompileOptions
+
+report_from_env()  # KILN_REPORT=dir: this process's compile report, written at exit
 
 
 def compile(

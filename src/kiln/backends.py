@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -17,13 +18,16 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.graph import KNOBS as GRAPH_KNOBS
 from kiln.graph import (
     Backend,
     BackendUnavailable,
     CompiledGraph,
+    GraphCompiled,
+    GraphRunEagerly,
     annotations_of,
     dump,
+    emit,
+    keeping_texts,
     log,
     new_graph_id,
     print_graph,
@@ -115,6 +119,7 @@ def _inductor(opts: CompileOptions) -> Backend:
             msg = f"graph is not compiled, it runs op by op with torch's autograd: {e}"
             log("perf_hints").warning(msg)
             log("graph_breaks").info(msg)
+            emit(GraphRunEagerly(gm.__class__.__name__, msg))
             return CompiledGraph(gm.forward, "inductor(eager fallback)", {"fallbacks": msg}, None)
     return inductor
 
@@ -224,12 +229,15 @@ def _with_graph_cache(fn: Backend, name: str, opts: CompileOptions) -> Backend:
 
 
 def _observed(fn: Backend, name: str) -> Backend:
-    """Wraps a backend so every compiled graph's stages land in KILN_DEBUG_DIR."""
+    """Wraps a backend so every compiled graph's stages land in KILN_DEBUG_DIR (and the compile report),
+    and each compile is one GraphCompiled event (kiln.stats(), the report)."""
     def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         graph_id = new_graph_id(f"{name}_{gm.__class__.__name__}")
-        if GRAPH_KNOBS.debug_dir is not None:  # printing a large graph costs ms even when nothing is written
+        if keeping_texts():  # printing a large graph costs ms even when nothing is written
             dump(graph_id, "00_captured_torch", print_graph(gm))
+        t0 = time.perf_counter()
         compiled = fn(gm, example_inputs)
+        emit(GraphCompiled(name, time.perf_counter() - t0, gm, compiled))
         texts = compiled.texts if isinstance(compiled, CompiledGraph) else {}
         for i, (stage, text) in enumerate(texts.items(), start=1):
             dump(graph_id, f"{i:02d}_{stage}", text)

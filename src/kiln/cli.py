@@ -14,6 +14,7 @@ import kiln
 import kiln.runtime as runtime
 from kiln import demo as demo_mod
 from kiln.backends import backend_doc
+from kiln.report import run_script
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="kiln: a staged compiler for PyTorch programs.")
@@ -25,9 +26,10 @@ console = Console()
 @app.command()
 def demo(device: str | None = typer.Option(None, help="cpu or cuda (default: cuda if present)"),
          backend: str | None = typer.Option(None, help="backend (default: the most complete)"),
-         graphs: bool = typer.Option(True, help="print captured graphs and guards")) -> None:
-    """Compile the built-in models, print graphs, breaks, guards and timings, round-trip an artifact."""
-    raise typer.Exit(demo_mod.run_demo(device, backend, graphs, console))
+         verbose: bool = typer.Option(False, "--verbose", "-v", help="also print captured graphs and guards")) -> None:
+    """Compile the built-in models; one table: graphs, breaks, compile time, speed against eager, and
+    each model's saved artifact loaded and run in a fresh process."""
+    raise typer.Exit(demo_mod.run_demo(device, backend, verbose, console))
 
 
 @app.command()
@@ -60,6 +62,19 @@ def explain(target: str = typer.Argument(..., help="FILE.py:FUNC"),
     console.print(kiln.explain(fn)(*args).as_text(), markup=False, highlight=False)
 
 
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def report(ctx: typer.Context,
+           script: Path = typer.Argument(..., help="the Python script to run"),
+           out: Path = typer.Option(Path("kiln-report"), "--out", "-o", help="folder for the page")) -> None:
+    """Run SCRIPT [ARGS...] and write its compile report: one self-contained HTML page with every graph,
+    break, recompile, guard, each stage's program, the kernels and compile time by stage."""
+    path, error = run_script(script, list(ctx.args), out)
+    console.print(f"compile report: {path}", markup=False, highlight=False)
+    if error is not None:
+        console.print(f"[red]{script} failed:[/] {type(error).__name__}: {error}")
+        raise typer.Exit(1)
+
+
 @app.command()
 def backends() -> None:
     """List the backends kiln.compile accepts."""
@@ -83,8 +98,8 @@ def cache_clear(cache_dir: Path | None = CACHE_DIR) -> None:
 
 
 @app.command("check-artifact", hidden=True)
-def check_artifact(path: str, model: str, device: str) -> None:
-    raise typer.Exit(demo_mod.check_artifact(path, model, device))
+def check_artifact(device: str, items: list[str]) -> None:
+    raise typer.Exit(demo_mod.check_artifacts(device, items))
 
 
 def main() -> None:

@@ -54,6 +54,6 @@ def demo_models(device: torch.device, seed: int = 0) -> list[tuple[str, nn.Modul
     block = TransformerBlock().to(device).eval()
     mlp = MLP().to(device).eval()
     return [
-        ("transformer_block", block, torch.randn(8, 64, 256, device=device)),
+        ("transformer", block, torch.randn(8, 64, 256, device=device)),
         ("mlp", mlp, torch.randn(64, 256, device=device)),
     ]

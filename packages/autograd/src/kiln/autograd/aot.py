@@ -10,14 +10,16 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.graph import KNOBS as KILN_GRAPH_KNOBS
 from kiln.graph import (
     CompiledGraph,
     PortableProgram,
+    StageTime,
     annotate,
     annotations_of,
     dump,
+    emit,
     enabled,
+    keeping_texts,
     log,
     new_graph_id,
     print_graph,
@@ -52,7 +54,7 @@ class AotResult:
 
 
 def _log_graphs(gid: str, joint: JointGraph, parts: Partitioned | None) -> None:
-    if not enabled("aot_graphs") and KILN_GRAPH_KNOBS.debug_dir is None:
+    if not enabled("aot_graphs") and not keeping_texts():
         return
     if parts is None:
         text = f"# inference graph {gid}\n{print_graph(joint.gm)}"
@@ -84,6 +86,7 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[Any], *, fw_compiler: Compi
     opts = AotOptions(partitioner=partitioner, decompositions=decompositions, recompute_norms=recompute_norms)
     joint, parts = run_aot_pipeline(gm, example_inputs, opts)
     gid = new_graph_id("aot")
+    emit(StageTime("autograd", time.perf_counter() - t0, graph=gid))  # joint trace + partition
     _log_graphs(gid, joint, parts)
     sig = joint.signature
     texts: dict[str, str] = {}

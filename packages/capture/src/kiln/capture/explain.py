@@ -60,6 +60,7 @@ def explain(fn: Callable) -> Callable[..., ExplainOutput]:
     def run(*args: Any, **kwargs: Any) -> ExplainOutput:
         out = ExplainOutput()
         ctx = CompileContext(_eager_backend, CaptureOptions())
+        ctx.observed = False  # a dry run: kiln.stats() and the compile report count real compiles
 
         def record(cap: Any, cache: Any) -> None:
             if needs_backend(cap):

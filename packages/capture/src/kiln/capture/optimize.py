@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 import types
 import warnings
 import weakref
@@ -15,14 +16,27 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 
-from kiln.graph import GuardSet, enabled, gc_paused, log
+from kiln.graph import (
+    FrameRunEagerly,
+    GraphCaptured,
+    GuardSet,
+    Recompile,
+    StageTime,
+    emit,
+    enabled,
+    gc_paused,
+    log,
+)
+from kiln.graph import (
+    GraphBreak as BreakEvent,
+)
 
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .knobs import CaptureOptions
 from .module_calls import PythonModuleCall, plain_forward, python_wrapper_child, runs_in_python
-from .pipeline import compile_capture
+from .pipeline import compile_capture, frame_name, needs_backend
 from .python_step import CAN_RUN, NEXT, execute_in_python
 from .resume import make_resume_function
 
@@ -41,6 +55,7 @@ class CompileContext:
         self.resumes: dict[tuple, Callable] = {}
         self.python_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.on_capture: list[Callable[[Capture, CodeCache], None]] = []
+        self.observed = True  # emits compile events (kiln.graph.events); explain's dry runs do not
         _ALL_CONTEXTS.add(self)
 
     def cache_for(self, code: types.CodeType) -> CodeCache:
@@ -185,15 +200,18 @@ class Optimized:
             if len(cache.entries) >= options.recompile_limit:
                 if not cache.limit_warned:
                     cache.limit_warned = True
-                    warnings.warn(f"kiln.capture: {self.code.co_name} ({self.code.co_filename}:"
-                                  f"{self.code.co_firstlineno}) hit the recompile limit "
-                                  f"({options.recompile_limit}); it runs eagerly from now on. Last "
-                                  f"reason: {self._miss_reason(L, G)}", stacklevel=3)
+                    reason = (f"hit the recompile limit ({options.recompile_limit}); it runs eagerly from now "
+                              f"on. Last reason: {self._miss_reason(L, G)}")
+                    warnings.warn(f"kiln.capture: {frame_name(self.code)} {reason}", stacklevel=3)
+                    if self.ctx.observed:
+                        emit(FrameRunEagerly(frame_name(self.code), reason))
                 return self.fn(*args, **kwargs)
             cache.recompiles += 1
-            if enabled("recompiles"):
-                log("recompiles").info("recompiling %s (%s:%s): %s", self.code.co_name, self.code.co_filename,
-                                       self.code.co_firstlineno, self._miss_reason(L, G))
+            if enabled("recompiles") or self.ctx.observed:
+                reason = self._miss_reason(L, G)
+                log("recompiles").info("recompiling %s: %s", frame_name(self.code), reason)
+                if self.ctx.observed:
+                    emit(Recompile(frame_name(self.code), reason))
         fallback: tuple[str, bool] | None = None
         # Note: a capture met under a caller's saved-tensor hooks (torch.utils.checkpoint's recording)
         # must not feed them the tensors its own tracing saves: identity hooks sit on top meanwhile.
@@ -211,6 +229,7 @@ class Optimized:
         when it runs eagerly instead."""
         assert self.code is not None
         fallback: tuple[str, bool] | None = None
+        t0 = time.perf_counter()
         try:
             cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options),
                               cache.may_be_dynamic(L, options))
@@ -230,6 +249,8 @@ class Optimized:
         if fallback is None and cap.break_plan is not None and cap.break_plan.inst.opname not in CAN_RUN:
             fallback = (f"graph break at {cap.break_plan.inst.opname}, which cannot run in Python between "
                         f"graphs: {cap.break_plan.reason}", True)
+        if self.ctx.observed:
+            emit(StageTime("capture", time.perf_counter() - t0, graph=frame_name(self.code)))
         if fallback is not None:
             return None, fallback
         entry = self._make_entry(cap)
@@ -243,18 +264,24 @@ class Optimized:
             failure = entry.guards.first_failure(L, G)
             if failure is not None:
                 g, actual = failure
+                if g.kind == "GLOBAL_STATE":  # the global torch state: only what changed
+                    return f"guard failed: GLOBAL_STATE: {actual}"
                 return f"guard failed: {g.kind} {g.source or '<global>'}: expected {g.expected!r}, got {actual}"
         return "no entry matched"
 
     def _eager(self, reason: str, args: tuple, kwargs: dict, permanent: bool) -> Any:
         assert self.code is not None and self.cache is not None
-        log("graph_breaks").info("running %s (%s:%s) eagerly: %s", self.code.co_name, self.code.co_filename,
-                                 self.code.co_firstlineno, reason)
+        log("graph_breaks").info("running %s eagerly: %s", frame_name(self.code), reason)
+        if self.ctx.observed:
+            emit(FrameRunEagerly(frame_name(self.code), reason))
         if permanent:
             self.cache.eager_reason = reason
         return self.fn(*args, **kwargs)
 
     def _make_entry(self, cap: Capture) -> CacheEntry:
+        assert self.code is not None
+        if self.ctx.observed and needs_backend(cap):
+            emit(GraphCaptured(frame_name(self.code), cap.captured))
         compiled = compile_capture(cap, self.ctx.backend, self.code)
         identity = {g.source for g in cap.captured.guards if g.kind == "ID_MATCH"}
         extract = _extractor(cap.input_sources, cap.example_inputs, identity)
@@ -285,6 +312,8 @@ class Optimized:
         code, ctx, f_globals = self.code, self.ctx, self.f_globals
         log("graph_breaks").info("graph break in %s: %s\n  at %s", code.co_name, bp.reason,
                                  "\n  from ".join(bp.user_stack))
+        if ctx.observed:
+            emit(BreakEvent(frame_name(code), bp.reason, tuple(bp.user_stack)))
         names = tuple(bp.local_names)
 
         def run(L: dict, G: dict) -> Any:

@@ -13,7 +13,7 @@ import types
 from collections.abc import Callable
 from typing import Any
 
-from kiln.graph import KNOBS, Backend, dump, enabled, log, new_graph_id, verify
+from kiln.graph import KNOBS, Backend, dump, enabled, keeping_texts, log, new_graph_id, verify
 
 from .capture import Capture
 
@@ -29,11 +29,16 @@ def compile_capture(cap: Capture, backend: Backend,
         log("graph_code").info("captured graph for %s:\n%s", name, cap.captured.as_text())
     if enabled("guards"):
         log("guards").info("guards for %s:\n%s", name, cap.captured.guards.as_text())
-    if KNOBS.debug_dir is not None:
+    if keeping_texts():
         dump(new_graph_id(name), "capture", cap.captured.as_text())
     if not needs_backend(cap):
         return None
     return backend(gm, list(cap.example_inputs))
+
+
+def frame_name(code: types.CodeType) -> str:
+    """How events and reports name a frame: ``fn (file.py:12)``."""
+    return f"{code.co_name} ({code.co_filename}:{code.co_firstlineno})"
 
 
 def needs_backend(cap: Capture) -> bool:

@@ -28,6 +28,23 @@ from .core_ops import CORE_ATEN_OPS
 from .debug import dump, new_graph_id
 from .dialects import Dialect
 from .errors import BackendUnavailable, DoubleBackwardError, KilnError, VerificationError
+from .events import (
+    EVENTS,
+    CacheLookup,
+    Event,
+    EventLog,
+    FrameRunEagerly,
+    GraphBreak,
+    GraphCaptured,
+    GraphCompiled,
+    GraphRunEagerly,
+    Recompile,
+    StageText,
+    StageTime,
+    emit,
+    keeping_texts,
+)
+from .golden import GoldenFile, check_golden, read_golden
 from .guards import (
     GUARD_KINDS,
     Guard,
@@ -64,6 +81,9 @@ __all__ = [
     "SymbolicSize", "annotate", "annotations_of",
     "CallSignature", "DoubleBackwardError", "ListCall", "OutputRule", "finish_outputs", "inference_call",
     "release_saved", "training_call", "training_function",
+    "EVENTS", "CacheLookup", "Event", "EventLog", "FrameRunEagerly", "GraphBreak", "GraphCaptured",
+    "GraphCompiled", "GraphRunEagerly", "Recompile", "StageText", "StageTime", "emit", "keeping_texts",
+    "GoldenFile", "check_golden", "read_golden",
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",

@@ -6,6 +6,7 @@ import itertools
 import re
 from pathlib import Path
 
+from .events import EVENTS, StageText
 from .knobs import KNOBS
 
 _counter = itertools.count()
@@ -18,7 +19,10 @@ def new_graph_id(name: str) -> str:
 
 
 def dump(graph_id: str, stage: str, text: str, debug_dir: Path | None = None) -> Path | None:
-    """Write ``text`` to ``<KILN_DEBUG_DIR>/<graph_id>/<stage>.txt``; no-op when unset."""
+    """Write ``text`` to ``<KILN_DEBUG_DIR>/<graph_id>/<stage>.txt`` (no file when unset), and hand it
+    to the event listeners that keep texts (the compile report)."""
+    if EVENTS.keeps_texts():
+        EVENTS.emit(StageText(graph_id, stage, text))
     root = debug_dir if debug_dir is not None else KNOBS.debug_dir
     if root is None:
         return None

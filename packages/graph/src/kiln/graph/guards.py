@@ -161,7 +161,9 @@ def _check_one(g: Guard, L: Mapping[str, Any], G: Mapping[str, Any],
                symbols: dict[str, Any]) -> tuple[bool, str]:
     if g.kind == "GLOBAL_STATE":
         now = global_state()
-        return now == g.expected, repr(now)
+        was: dict[str, Any] = dict(tuple(g.expected))  # type: ignore[arg-type]
+        changed = [f"{k} is {v!r}, was {was.get(k)!r}" for k, v in now if was.get(k) != v]
+        return now == g.expected, "; ".join(changed) or repr(now)
     if g.kind == "SHAPE_EXPR":
         return bool(eval(str(g.expected), {}, symbols)), repr(symbols)
     try:

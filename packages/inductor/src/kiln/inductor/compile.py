@@ -14,9 +14,13 @@ from torch import fx
 from kiln.graph import KNOBS as GRAPH_KNOBS
 from kiln.graph import (
     CompiledGraph,
+    GraphRunEagerly,
     PortableProgram,
+    StageTime,
     VerifyAfterPass,
     dump,
+    emit,
+    keeping_texts,
     log,
     new_graph_id,
     run_pipeline,
@@ -122,6 +126,7 @@ def _eager_graph(gm: fx.GraphModule, name: str, reason: str) -> CompiledGraph:
     """The whole graph runs op by op through ATen: loudly, in perf_hints and the result's texts."""
     msg = f"graph {name!r} is not compiled, it runs op by op through ATen: {reason}"
     log("perf_hints").warning(msg)
+    emit(GraphRunEagerly(name, msg))
 
     def fn(*args: Any) -> tuple:
         out = gm(*args)
@@ -138,6 +143,8 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     s = result.value
     assert s.kernels is not None and s.program is not None
     graph_id = new_graph_id(name)
+    for r in result.records:
+        emit(StageTime("inductor", r.seconds, step=r.name, graph=graph_id))
     filename = f"<kiln-inductor {graph_id}>"
     pending = s.kernels.pending
     call = load_wrapper(s.wrapper, s.kernels.local_dir, filename, precompiled=pending is not None)
@@ -147,6 +154,8 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     texts["timings"] = result.timings() + f"\ntotal {1e3 * (time.perf_counter() - t0):.1f} ms"
     if s.fallbacks:
         texts["fallbacks"] = "\n".join(s.fallbacks)
+    if keeping_texts() and s.scheduled is not None:  # one line per kernel or extern call, in launch order
+        texts["kernels"] = "\n".join(step.work.as_text().splitlines()[0] for step in s.scheduled.steps)
     for stage, text in texts.items():
         dump(graph_id, stage, text)
     # every wrapper imports its constant helpers from kiln.runtime (codegen/wrapper.py REQUIRES)

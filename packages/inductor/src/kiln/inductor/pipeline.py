@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.graph import Pass, annotations_of, enabled, log
+from kiln.graph import Pass, annotations_of, enabled, keeping_texts, log, print_graph
 
 from . import decomp_bridge
 from .autotune import TuningSession, make_session
@@ -73,6 +73,8 @@ def decompose(s: CompileState) -> CompileState:
     gm = decomp_bridge.decompose(s.gm, s.example_inputs)
     if gm is not s.gm:  # the caller's GraphAnnotations survive the re-trace
         gm.meta.update({k: v for k, v in s.gm.meta.items() if k not in gm.meta})
+    if keeping_texts():  # the compile report and KILN_DEBUG_DIR show the program lowering starts from
+        s.texts["core_aten"] = print_graph(gm)
     return replace(s, gm=gm)
 
 

@@ -35,7 +35,15 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.graph import CompiledGraph, PortableProgram, annotations_of, global_state, log
+from kiln.graph import (
+    CacheLookup,
+    CompiledGraph,
+    PortableProgram,
+    annotations_of,
+    emit,
+    global_state,
+    log,
+)
 
 from .cache import CompileCache, cache_key, default_cache, key_hash
 from .fast_load import cached_compile, compile_cached
@@ -322,7 +330,9 @@ def cached_backend(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], name: str
             else:
                 log("cache").info("graph cache hit %s (%s, %d nodes%s)", short, name,
                                   len(gm.graph.nodes), kernels)
+                emit(CacheLookup(name, True, short))
                 return CompiledGraph(call, hit.backend, dict(hit.texts), program)
+        emit(CacheLookup(name, False, short))
         compiled = fn(gm, example_inputs)
         if not isinstance(compiled, CompiledGraph) or compiled.portable is None:
             log("cache").info("graph cache miss %s (%s): not stored, the backend gave no portable "

@@ -1,0 +1,87 @@
+"""Golden tests of inductor's graph rewrites before lowering: each file under golden/graph_passes/ holds the
+core ATen graph as traced from the program below (checked against the trace) and the graph the rewrite
+makes of it. The rewrites are asked to act on CPU graphs here (their ``devices`` argument) so the files
+show them without a GPU. ``--update-golden`` rewrites the expected parts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from tracer import trace
+
+from kiln.graph import check_golden, print_graph
+from kiln.inductor import decomp_bridge
+from kiln.inductor.gemv import rewrite_gemv
+from kiln.inductor.layout import output_strides, to_channels_last
+from kiln.inductor.padmm import pad_misaligned_matmuls
+from kiln.inductor.stems import rewrite_patch_convs
+
+HERE = Path(__file__).parent / "graph_passes"
+
+
+def _r(*shape: int) -> torch.Tensor:
+    return torch.randn(*shape)
+
+
+def _gemv(gm: Any, inputs: list) -> str:
+    return f"# {rewrite_gemv(gm)} matmul(s) rewritten"
+
+
+def _padmm(gm: Any, inputs: list) -> str:
+    return f"# {pad_misaligned_matmuls(gm, devices=('cpu',), min_macs=1, min_dim=1)} matmul(s) padded"
+
+
+def _stems(gm: Any, inputs: list) -> str:
+    return f"# {rewrite_patch_convs(gm, devices=('cpu',))} convolution(s) rewritten"
+
+
+def _layout(gm: Any, inputs: list) -> str:
+    return f"# {to_channels_last(gm, inputs, output_strides(gm))} operand(s) made channels-last"
+
+
+# case -> (what the rewrite is, the program, its inputs, the rewrite: (gm, inputs) -> a summary line)
+CASES: dict[str, tuple[str, Callable[..., Any], tuple[torch.Tensor, ...], Callable[..., Any]]] = {
+    "gemv-one_row_linear": ("gemv.rewrite_gemv: a one-row matmul as a fused multiply-reduce",
+                            lambda x, w, b: F.linear(x, w, b).relu(), (_r(1, 64), _r(32, 64), _r(32)), _gemv),
+    "padmm-misaligned": ("padmm.pad_misaligned_matmuls: a matmul with a misaligned size on zero-padded operands",
+                         lambda a, b: a @ b, (_r(30, 70), _r(70, 50)), _padmm),
+    "stems-patch_embedding": ("stems.rewrite_patch_convs: a patch-embedding convolution as patches @ weight.T",
+                              lambda x, w, b: F.conv2d(x, w, b, stride=4), (_r(2, 3, 16, 16), _r(8, 3, 4, 4), _r(8)),
+                              _stems),
+    "layout-conv_relu": ("layout.to_channels_last: convolution operands channels-last, outputs as traced",
+                         lambda x, w: F.conv2d(x, w, padding=1).relu(), (_r(2, 8, 6, 6), _r(8, 8, 3, 3)), _layout),
+}
+
+
+def _graph(name: str) -> tuple[Any, list]:
+    _, fn, inputs, _ = CASES[name]
+    torch.manual_seed(0)
+    gm = trace(fn, *inputs)
+    decomp_bridge.ensure_meta(gm, list(inputs))
+    gm = decomp_bridge.decompose(gm, list(inputs))
+    return gm, list(inputs)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_golden_graph_pass(name: str, request) -> None:
+    describe, _, _, rewrite = CASES[name]
+    gm, inputs = _graph(name)
+
+    before = gm(*inputs)
+
+    def run(_: str) -> str:
+        summary = rewrite(gm, inputs)
+        decomp_bridge.ensure_meta(gm, inputs)
+        return f"{summary}\n{print_graph(gm)}"
+    check_golden(HERE / f"{name}.txt", run, describe=describe, update=request.config.getoption("--update-golden"),
+                 input=print_graph(gm))
+    torch.testing.assert_close(gm(*inputs), before)  # the rewritten graph computes what the traced one did
+
+
+def test_every_golden_file_is_a_listed_case() -> None:
+    assert {p.stem for p in HERE.glob("*.txt")} <= set(CASES)
