@@ -58,7 +58,8 @@ NO_ANNOTATIONS = GraphAnnotations()
 _KEY = "kiln_annotations"  # the one gm.meta entry kiln's stages share
 
 # node.meta keys more than one stage reads: torch's fake value and capture's TensorSpec (printer.py)
-NODE_META_KEYS = frozenset({"val", "spec"})
+# "stack_trace" is FX's own: the user source line a node came from (capture writes it, reports read it)
+NODE_META_KEYS = frozenset({"val", "spec", "stack_trace"})
 GRAPH_META_KEYS = frozenset({_KEY})
 
 
