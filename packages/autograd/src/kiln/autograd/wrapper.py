@@ -122,9 +122,12 @@ def undefined_gradients(grad_deps: Sequence[Sequence[int]], missing: set[int]) -
 
 
 def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_saved: int,
-                           grad_deps: Sequence[Sequence[int]] | None = None) -> Callable[..., Any]:
+                           grad_deps: Sequence[Sequence[int]] | None = None,
+                           n_saved_sizes: int = 0) -> Callable[..., Any]:
     """``grad_deps``: per gradient of the backward, the tangents it is computed from
-    (``partition.tangent_dependencies``); a gradient whose tangents were all undefined is None."""
+    (``partition.tangent_dependencies``); a gradient whose tangents were all undefined is None.
+    ``n_saved_sizes``: the forward's last outputs are that many ints (symbolic sizes), which the
+    backward takes after the saved tensors."""
     n_out, n_mut = sig.n_graph_outputs, len(sig.mutated_inputs)
     diff = sig.graph_output_differentiable
     grad_inputs = sig.grad_inputs
@@ -148,8 +151,9 @@ def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_sa
         def forward(ctx: Any, *args: Any) -> Any:  # type: ignore[override]
             with autocast_off():
                 outs = _as_list(fw(*args))
-            saved = outs[n_out + n_mut:]
-            ctx.save_for_backward(*saved)
+            end = len(outs) - n_saved_sizes
+            ctx.save_for_backward(*outs[n_out + n_mut:end])
+            ctx.saved_sizes = outs[end:]
             nondiff = [o for o, d in zip(outs[:n_out], diff) if not d and isinstance(o, torch.Tensor)]
             nondiff += outs[n_out:n_out + n_mut]
             if nondiff:
@@ -167,18 +171,18 @@ def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_sa
             tangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g.contiguous()
                         for g, (shape, dtype, device) in zip(given, ctx.tangent_meta)]
             if torch.is_grad_enabled():  # create_graph=True: first-order grads, no second order
-                gin = list(CompiledBackward.apply(*ctx.saved_tensors, *tangents))
+                gin = list(CompiledBackward.apply(*ctx.saved_tensors, *ctx.saved_sizes, *tangents))
             elif owned is not None:
                 # hand the saved activations over: the compiled backward drops each after its last
                 # use, as eager's engine frees a node's saved tensors once it ran (unless retain_graph)
-                bw_args = [*ctx.saved_tensors, *tangents]
+                bw_args = [*ctx.saved_tensors, *ctx.saved_sizes, *tangents]
                 handed_over = release_saved(ctx)
                 del tangents, given
                 with autocast_off():  # retain_graph: autograd keeps them, so they are not the callee's
                     gin = _as_list(owned(bw_args) if handed_over else bw(*bw_args))
             else:
                 with autocast_off():
-                    gin = _as_list(bw(*ctx.saved_tensors, *tangents))
+                    gin = _as_list(bw(*ctx.saved_tensors, *ctx.saved_sizes, *tangents))
             if missing and grad_deps is not None:
                 for k in undefined_gradients(grad_deps, missing):
                     gin[k] = None

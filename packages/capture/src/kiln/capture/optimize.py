@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kiln.graph import GuardSet, enabled, gc_paused, log
+from kiln.graph import Guard, GuardSet, enabled, gc_paused, log
 
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
@@ -161,18 +161,22 @@ class Optimized:
         assert cache is not None and self.code is not None
         options = self.ctx.options
         if cache.entries:
+            failure = self._latest_failure(L, G)
+            reason = _failure_text(failure)
+            key = _failure_key(failure)
+            cache.failures[key] = cache.failures.get(key, 0) + 1
             if len(cache.entries) >= options.recompile_limit:
                 if not cache.limit_warned:
                     cache.limit_warned = True
-                    warnings.warn(f"kiln.capture: {self.code.co_name} ({self.code.co_filename}:"
-                                  f"{self.code.co_firstlineno}) hit the recompile limit "
-                                  f"({options.recompile_limit}); it runs eagerly from now on. Last "
-                                  f"reason: {self._miss_reason(L, G)}", stacklevel=3)
+                    warnings.warn(self._limit_message(options.recompile_limit, reason), stacklevel=3)
+                    log("recompiles").warning("%s", self._limit_message(options.recompile_limit, reason))
                 return self.fn(*args, **kwargs)
             cache.recompiles += 1
+            if failure is not None and options.dynamic is None:
+                cache.note_failed_guard(failure[0])
             if enabled("recompiles"):
                 log("recompiles").info("recompiling %s (%s:%s): %s", self.code.co_name, self.code.co_filename,
-                                       self.code.co_firstlineno, self._miss_reason(L, G))
+                                       self.code.co_firstlineno, reason)
         fallback: tuple[str, bool] | None = None
         with gc_paused():
             entry, fallback = self._compile(L, G, cache, options)
@@ -211,14 +215,26 @@ class Optimized:
             hook(cap, cache)
         return entry, None
 
-    def _miss_reason(self, L: dict, G: dict) -> str:
+    def _latest_failure(self, L: dict, G: dict) -> tuple[Guard, str] | None:
+        """The first failing guard of the newest entry (the most general one: automatic dynamic
+        shapes make each recompile serve more sizes), with the value seen."""
         assert self.cache is not None
-        for entry in self.cache.entries:
+        for entry in reversed(self.cache.entries):
             failure = entry.guards.first_failure(L, G)
             if failure is not None:
-                g, actual = failure
-                return f"guard failed: {g.kind} {g.source or '<global>'}: expected {g.expected!r}, got {actual}"
-        return "no entry matched"
+                return failure
+        return None
+
+    def _limit_message(self, limit: int, reason: str) -> str:
+        """The recompile-limit warning: which guard kept failing and what to do about it."""
+        assert self.code is not None and self.cache is not None
+        kept, times = max(self.cache.failures.items(), key=lambda kv: kv[1])
+        return (f"kiln.capture: {self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno}) "
+                f"hit the recompile limit ({limit}); it runs EAGERLY (not compiled) from now on. The guard "
+                f"that kept failing ({times} of {sum(self.cache.failures.values())} misses): {kept}. Last: "
+                f"{reason}. If a size varies, mark it dynamic (kiln.mark_dynamic(t, dim), or "
+                "kiln.compile(..., dynamic=True)); if a Python value varies, pass it as an argument or a "
+                "tensor; or raise the limit (recompile_limit / KILN_RECOMPILE_LIMIT)")
 
     def _eager(self, reason: str, args: tuple, kwargs: dict, permanent: bool) -> Any:
         assert self.code is not None and self.cache is not None
@@ -277,6 +293,25 @@ class Optimized:
                 resume = ctx.resumes[key] = Optimized(fn, ctx)
             return resume(*[v for v in stack if v is not NEXT], *values)
         return run
+
+
+def _failure_key(failure: tuple[Guard, str] | None) -> str:
+    """The failing guard without the values seen, so repeated failures of one guard count together."""
+    if failure is None:
+        return "no entry matched"
+    g = failure[0]
+    if g.kind == "SHAPE_EXPR":
+        return f"size guard {g.expected}"
+    return f"{g.kind} on {g.source or '<global>'}"
+
+
+def _failure_text(failure: tuple[Guard, str] | None) -> str:
+    if failure is None:
+        return "no entry matched"
+    g, actual = failure
+    if g.kind == "SHAPE_EXPR":
+        return f"size guard {g.expected} failed ({g.note}) with {actual}"
+    return f"guard failed: {g.kind} {g.source or '<global>'}: expected {g.expected!r}, got {actual}"
 
 
 _DELETE = object()  # an attribute deletion (it has no value plan)
@@ -359,6 +394,7 @@ def reset() -> None:
             cache.seen_shapes.clear()
             cache.dynamic.clear()
             cache.seen_ints.clear()
+            cache.failures.clear()
             cache.dynamic_ints.clear()
             if cache.eager_reason != "generators and coroutines run eagerly":
                 cache.eager_reason = None
@@ -378,11 +414,36 @@ def recompile_count(fn: Callable) -> int:
     return opt.cache.recompiles if opt.cache is not None else 0
 
 
-def mark_dynamic(t: torch.Tensor, dim: int | list[int]) -> None:
-    """Make ``dim`` of ``t`` symbolic from the first capture on."""
-    dims = set(getattr(t, "_kiln_dynamic_dims", ()))
-    dims.update([dim] if isinstance(dim, int) else dim)
-    t._kiln_dynamic_dims = dims  # type: ignore[attr-defined]
+def mark_dynamic(t: torch.Tensor, dim: int | list[int], *, min: int | None = None,  # noqa: A002
+                 max: int | None = None) -> None:  # noqa: A002
+    """Make ``dim`` of ``t`` symbolic from the first capture on; ``min``/``max`` bound the sizes the
+    compiled code serves (guards: a size outside them recompiles, or fails a loaded artifact's check)."""
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    for d in dims:
+        if not isinstance(d, int) or not -t.dim() <= d < t.dim():
+            raise IndexError(f"mark_dynamic: dim {d} is out of range for a tensor of {t.dim()} dims")
+    if min is not None and max is not None and min > max:
+        raise ValueError(f"mark_dynamic: min={min} is larger than max={max}")
+    dims = [d % t.dim() for d in dims]
+    marked = set(getattr(t, "_kiln_dynamic_dims", ()))
+    marked.update(dims)
+    t._kiln_dynamic_dims = marked  # type: ignore[attr-defined]
+    if min is not None or max is not None:
+        ranges = dict(getattr(t, "_kiln_dynamic_ranges", {}))
+        ranges.update({d: (min, max) for d in dims})
+        t._kiln_dynamic_ranges = ranges  # type: ignore[attr-defined]
 
 
-__all__ = ["GuardSet", "optimize", "reset", "cache_entries", "mark_dynamic"]
+def mark_static(t: torch.Tensor, dim: int | list[int]) -> None:
+    """Keep ``dim`` of ``t`` a constant size (guarded), even under ``dynamic=True`` or after it changed
+    between calls (automatic dynamic shapes)."""
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    for d in dims:
+        if not isinstance(d, int) or not -t.dim() <= d < t.dim():
+            raise IndexError(f"mark_static: dim {d} is out of range for a tensor of {t.dim()} dims")
+    static = set(getattr(t, "_kiln_static_dims", ()))
+    static.update(d % t.dim() for d in dims)
+    t._kiln_static_dims = static  # type: ignore[attr-defined]
+
+
+__all__ = ["GuardSet", "optimize", "reset", "cache_entries", "mark_dynamic", "mark_static"]

@@ -287,13 +287,16 @@ def _autograd_function(fw: Callable[[list], Any], bw: Callable[[list], Any], sig
     n_out, n_mut, diff = sig["n_out"], len(sig["mutated"]), sig["diff"]
     grad_inputs, n_inputs = sig["grad_inputs"], sig["n_inputs"]
     grad_deps = sig.get("grad_deps")  # absent in programs saved before it was recorded
+    n_sizes = sig.get("n_saved_sizes", 0)  # symbolic sizes the backward needs, after the saved tensors
 
     class CompiledFunction(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, *args: Any) -> Any:
             with no_autocast():
                 outs = list(fw(list(args)))
-            ctx.save_for_backward(*outs[n_out + n_mut:])
+            end = len(outs) - n_sizes
+            ctx.save_for_backward(*outs[n_out + n_mut:end])
+            ctx.saved_sizes = outs[end:]
             if grad_deps is not None:  # None for outputs nobody differentiated (see backward)
                 ctx.set_materialize_grads(False)
                 ctx.tangent_meta = [(o.shape, o.dtype, o.device) for o, d in zip(outs[:n_out], diff) if d]
@@ -312,7 +315,7 @@ def _autograd_function(fw: Callable[[list], Any], bw: Callable[[list], Any], sig
             meta = getattr(ctx, "tangent_meta", None)
             tangents = [g.contiguous() if g is not None else torch.zeros(m[0], dtype=m[1], device=m[2])
                         for g, m in zip(given, meta or [None] * len(given))]
-            bw_args = list(ctx.saved_tensors) + tangents
+            bw_args = [*ctx.saved_tensors, *ctx.saved_sizes, *tangents]
             del tangents
             if hasattr(ctx, "maybe_clear_saved_tensors"):  # the backward frees them as it goes
                 ctx.maybe_clear_saved_tensors()
