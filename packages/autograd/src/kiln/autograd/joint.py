@@ -19,7 +19,15 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
-from kiln.graph import SymbolicSizeError, autocast_off, has_symbolic_sizes, is_symbolic, print_graph, shape_env_of
+from kiln.graph import (
+    SymbolicSizeError,
+    autocast_off,
+    has_symbolic_sizes,
+    is_symbolic,
+    print_graph,
+    py_expr,
+    shape_env_of,
+)
 
 from .attention import SDPA_TARGETS, fused_attention
 from .cond import is_cond, trace_cond
@@ -161,8 +169,8 @@ def _classify(rec: GraphRecorder, flat: list[Any], primals: list[Any]) -> tuple[
             continue
         a = rec.alias_of(o)
         def view(kind: OutputKind, index: int, o: torch.Tensor = o) -> OutputInfo:
-            return OutputInfo(kind, index, tuple(int(s) for s in o.shape), tuple(int(s) for s in o.stride()),
-                              int(o.storage_offset()), o.requires_grad)
+            return OutputInfo(kind, index, tuple(_size(s) for s in o.shape), tuple(_size(s) for s in o.stride()),
+                              _size(o.storage_offset()), o.requires_grad)
         if id(o) in seen:
             infos.append(OutputInfo(OutputKind.SAME, seen[id(o)]))
         elif a.root.input_index is not None:
@@ -180,6 +188,27 @@ def _classify(rec: GraphRecorder, flat: list[Any], primals: list[Any]) -> tuple[
                 graph_roots[id(o)] = i
         seen.setdefault(id(o), i)
     return infos, graph_outs
+
+
+def _size(s: Any) -> int | str:
+    """A view's size/stride/offset for the signature: an int, or a symbolic one as a Python expression
+    (read back at run time from the inputs, so returning a view does not fix the sizes)."""
+    if isinstance(s, torch.SymInt):
+        return int(s.node.expr) if s.node.expr.is_number else py_expr(s.node.expr)
+    return int(s)
+
+
+def _symbol_bindings(primals: Sequence[Any]) -> tuple[tuple[str, int, int], ...]:
+    """Where each size symbol of the inputs is read at run time (first input having it)."""
+    out: dict[str, tuple[str, int, int]] = {}
+    for i, p in enumerate(primals):
+        if isinstance(p, torch.Tensor):
+            for d, s in enumerate(p.shape):
+                if isinstance(s, torch.SymInt) and s.node.expr.is_Symbol:
+                    out.setdefault(str(s.node.expr), (str(s.node.expr), i, d))
+        elif isinstance(p, torch.SymInt) and p.node.expr.is_Symbol:
+            out.setdefault(str(p.node.expr), (str(p.node.expr), i, -1))
+    return tuple(out.values())
 
 
 def _mutated_inputs(rec: GraphRecorder, primals: list[Any], names: Sequence[str]) -> list[int]:
@@ -250,7 +279,7 @@ def _trace(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: De
         input_requires_grad=tuple(isinstance(p, torch.Tensor) and p.requires_grad for p in primals),
         outputs=tuple(infos), out_spec=spec, n_graph_outputs=len(graph_outs),
         graph_output_differentiable=diff, mutated_inputs=tuple(mutated), grad_inputs=grad_inputs,
-        n_lifted=len(state))
+        n_lifted=len(state), symbols=_symbol_bindings(primals))
     return JointGraph(rec.finish(outs), sig, joint=bool(grad_inputs))
 
 

@@ -104,6 +104,8 @@ def _sig_json(sig: GraphSignature, grad_deps: Sequence[Sequence[int]] | None = N
         data["grad_deps"] = [list(d) for d in grad_deps]
     if n_saved_sizes:
         data["n_saved_sizes"] = n_saved_sizes
+    if sig.symbols:
+        data["symbols"] = [list(b) for b in sig.symbols]
     return repr(json.loads(json.dumps(data)))
 
 

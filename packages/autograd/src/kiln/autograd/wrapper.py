@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_unflatten
 
-from kiln.graph import autocast_off
+from kiln.graph import autocast_off, size_evaluator
 
 from .errors import DoubleBackwardError
 from .signature import GraphSignature, OutputKind
@@ -27,9 +27,20 @@ def _as_list(out: Any) -> list[Any]:
     return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
+ViewMeta = Callable[[Sequence[Any]], tuple[Any, Any, Any]]
+
+
+def view_evaluators(sig: GraphSignature) -> tuple[ViewMeta | None, ...]:
+    """Per output, a function of the call's arguments giving a view's (size, stride, offset) when they
+    were symbolic at trace time (None otherwise)."""
+    return tuple(size_evaluator((o.size, o.stride, o.storage_offset), sig.symbols) if o.symbolic else None
+                 for o in sig.outputs)
+
+
 def finish_outputs(sig: GraphSignature, args: Sequence[Any], graph_outs: Sequence[Any],
-                   mutated: Sequence[Any]) -> Any:
-    """Write mutated inputs back, then assemble the user's outputs (regenerating aliases)."""
+                   mutated: Sequence[Any], views: Sequence[ViewMeta | None] = ()) -> Any:
+    """Write mutated inputs back, then assemble the user's outputs (regenerating aliases; ``views``
+    from ``view_evaluators`` for aliases with symbolic sizes)."""
     if mutated:
         dsts, news = [], []
         for idx, new in zip(sig.mutated_inputs, mutated):
@@ -43,7 +54,7 @@ def finish_outputs(sig: GraphSignature, args: Sequence[Any], graph_outs: Sequenc
         if dsts:
             _write_back(dsts, news)
     result: list[Any] = []
-    for info in sig.outputs:
+    for i, info in enumerate(sig.outputs):
         k = info.kind
         if k is OutputKind.GRAPH:
             v = graph_outs[info.index]
@@ -55,7 +66,9 @@ def finish_outputs(sig: GraphSignature, args: Sequence[Any], graph_outs: Sequenc
             v = info.value
         else:
             base = args[info.index] if k is OutputKind.ALIAS_INPUT else result[info.index]
-            v = base.as_strided(info.size, info.stride, info.storage_offset)
+            meta = views[i] if i < len(views) else None
+            v = base.as_strided(*meta(args)) if meta is not None else \
+                base.as_strided(info.size, info.stride, info.storage_offset)  # type: ignore[arg-type]
             if not info.requires_grad and v.requires_grad:
                 v = v.detach()
         result.append(v)
@@ -100,11 +113,12 @@ def release_saved(ctx: Any) -> bool:
 
 def make_inference_callable(sig: GraphSignature, compiled: Compiled) -> Callable[..., Any]:
     n_out = sig.n_graph_outputs
+    views = view_evaluators(sig)
 
     def run(*args: Any) -> Any:
         with autocast_off():
             outs = _as_list(compiled(*args))
-        return finish_outputs(sig, args, outs[:n_out], outs[n_out:])
+        return finish_outputs(sig, args, outs[:n_out], outs[n_out:], views)
     return run
 
 
@@ -191,8 +205,10 @@ def make_training_callable(sig: GraphSignature, fw: Compiled, bw: Compiled, n_sa
                 result[idx] = g
             return tuple(result)
 
+    views = view_evaluators(sig)
+
     def run(*args: Any) -> Any:
         outs = CompiledFunction.apply(*args)
-        return finish_outputs(sig, args, outs[:n_out], outs[n_out:])
+        return finish_outputs(sig, args, outs[:n_out], outs[n_out:], views)
     run.autograd_function = CompiledFunction  # type: ignore[attr-defined]
     return run

@@ -111,6 +111,29 @@ def size_hint(v: Any) -> int:
     return int(v)
 
 
+SymbolBinding = tuple[str, int, int]  # (symbol name, input index, dim of that input or -1 for an int input)
+
+
+def size_evaluator(values: Any, bindings: Any) -> Callable[[Any], Any]:
+    """``args -> values`` where each str inside ``values`` (nested tuples/lists of ints and strs) is a
+    Python size expression (``py_expr``) over symbols, read from the call's arguments by ``bindings``.
+
+    Used to rebuild, at run time, a size that was symbolic when the graph was traced (a view of an
+    input returned with symbolic sizes), in kiln.autograd's wrapper and in saved programs alike."""
+    def render(v: Any) -> str:
+        if isinstance(v, str):
+            return f"({v})"
+        if isinstance(v, (tuple, list)):
+            return "(" + "".join(f"{render(x)}, " for x in v) + ")"
+        return repr(int(v))
+    body = render(values)
+    used = [(n, i, d) for n, i, d in bindings if n in body]
+    params = ", ".join(n for n, _, _ in used)
+    reads = ", ".join(f"args[{i}].shape[{d}]" if d >= 0 else f"args[{i}]" for _, i, d in used)
+    src = f"lambda args: (lambda {params}: {body})({reads})" if used else f"lambda args: {body}"
+    return eval(src, {"max": max, "min": min})  # noqa: S307 - expressions kiln printed
+
+
 _OPS: dict[str, Callable[..., Any]] = {
     "Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod,
     "PythonMod": operator.mod, "Pow": operator.pow, "Max": torch.sym_max, "Min": torch.sym_min,

@@ -20,6 +20,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_unflatten, treespec_loads
 
+from kiln.graph import size_evaluator
+
 # ---- kiln.inductor wrappers ---------------------------------------------------------------------
 
 
@@ -241,6 +243,10 @@ def autograd_program(namespace: MutableMapping[str, Any], fw_source: str, bw_sou
     bw = load_part(namespace, bw_source, "bw/") if bw_source else None
     out_spec = treespec_loads(sig["out_spec"])
     n_out, mutated, outputs = sig["n_out"], sig["mutated"], sig["outputs"]
+    # views with symbolic sizes: their size/stride/offset computed from this call's arguments
+    bindings = [tuple(b) for b in sig.get("symbols", ())]
+    views = [size_evaluator((o[2], o[3], o[4]), bindings)
+             if any(isinstance(v, str) for v in (*o[2], *o[3], o[4])) else None for o in outputs]
 
     def finish(args: list, graph_outs: list, new_values: list) -> Any:
         with torch.no_grad():
@@ -248,7 +254,7 @@ def autograd_program(namespace: MutableMapping[str, Any], fw_source: str, bw_sou
                 if new is not args[idx]:  # a compiler that updated the input in place returns it
                     args[idx].copy_(new)
         result: list[Any] = []
-        for kind, index, size, stride, offset, rg, value in outputs:
+        for i, (kind, index, size, stride, offset, rg, value) in enumerate(outputs):
             if kind == "graph":
                 v = graph_outs[index]
             elif kind == "input":
@@ -259,7 +265,8 @@ def autograd_program(namespace: MutableMapping[str, Any], fw_source: str, bw_sou
                 v = value
             else:
                 base = args[index] if kind == "alias_input" else result[index]
-                v = base.as_strided(size, stride, offset)
+                meta = views[i]
+                v = base.as_strided(*meta(args)) if meta is not None else base.as_strided(size, stride, offset)
                 if not rg and v.requires_grad:
                     v = v.detach()
             result.append(v)
