@@ -24,6 +24,7 @@ served by the compiled graph.
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any
@@ -48,6 +49,8 @@ def py_expr(e: Any) -> str:
         return str(int(e))
     if getattr(e, "is_Rational", False):
         return f"({e.p}/{e.q})"
+    if getattr(e, "is_Float", False):
+        return repr(float(e))
     if name == "BooleanTrue":
         return "True"
     if name == "BooleanFalse":
@@ -64,8 +67,14 @@ def py_expr(e: Any) -> str:
         return f"(not {args[0]})"
     if name == "FloorDiv":
         return f"({args[0]} // {args[1]})"
-    if name == "IntTrueDiv":
+    if name in ("IntTrueDiv", "FloatTrueDiv"):
         return f"({args[0]} / {args[1]})"
+    if name in ("PowByNatural", "FloatPow"):
+        return f"({args[0]} ** {args[1]})"
+    if name == "ToFloat":
+        return f"float({args[0]})"
+    if name == "TruncToInt":
+        return f"int({args[0]})"
     if name in ("Mod", "PythonMod"):
         return f"({args[0]} % {args[1]})"
     if name == "Max":
@@ -136,8 +145,12 @@ def size_evaluator(values: Any, bindings: Any) -> Callable[[Any], Any]:
 
 _OPS: dict[str, Callable[..., Any]] = {
     "Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod,
-    "PythonMod": operator.mod, "Pow": operator.pow, "Max": torch.sym_max, "Min": torch.sym_min,
+    "PythonMod": operator.mod, "Pow": operator.pow, "PowByNatural": operator.pow, "FloatPow": operator.pow,
+    "Max": torch.sym_max, "Min": torch.sym_min, "IntTrueDiv": operator.truediv,
+    "FloatTrueDiv": operator.truediv,
 }
+_UNARY: dict[str, Callable[..., Any]] = {"ToFloat": torch.sym_float, "TruncToInt": torch.sym_int,
+                                         "FloorToInt": math.floor, "CeilToInt": math.ceil}
 
 
 class SymbolNodes:
@@ -181,10 +194,13 @@ class SymbolNodes:
         if isinstance(v, torch.SymInt):
             expr = v.node.expr
             return int(expr) if expr.is_number else self.node(expr, v)
-        if isinstance(v, (torch.SymFloat, torch.SymBool)):
+        if isinstance(v, torch.SymFloat):
+            expr = v.node.expr
+            return float(expr) if expr.is_number else self.node(expr, v)
+        if isinstance(v, torch.SymBool):
             if v.node.expr.is_number:
-                return float(v.node.expr) if isinstance(v, torch.SymFloat) else bool(v.node.expr)
-            raise SymbolicSizeError(f"a symbolic {type(v).__name__} ({v.node.expr}) cannot be an op argument yet")
+                return bool(v.node.expr)
+            raise SymbolicSizeError(f"a symbolic bool ({v.node.expr}) cannot be an op argument yet")
         return v
 
     def node(self, expr: Any, val: Any = None) -> Any:
@@ -194,14 +210,23 @@ class SymbolNodes:
             return got
         if expr.is_Integer:
             return int(expr)
+        if expr.is_number:
+            return float(expr)
         make = self._makers.pop(expr, None)
         if make is not None:
             n = self._nodes[expr] = make()
             return n
         if expr.is_Symbol:
             raise SymbolicSizeError(f"size symbol {expr} is not a size of any graph input")
+        unary = _UNARY.get(type(expr).__name__)
+        if unary is not None:
+            arg = self.node(expr.args[0])
+            n = self.graph.call_function(unary, (arg,))
+            n.meta["val"] = unary(_val(arg))
+            self._nodes[expr] = n
+            return n
         op = _OPS.get(type(expr).__name__)
-        if op is None or (op is operator.pow and not expr.args[1].is_Integer):
+        if op is None:
             raise SymbolicSizeError(f"size expression {expr} ({type(expr).__name__}) has no graph form")
         args = [self.node(a) for a in expr.args]
         acc = args[0]
