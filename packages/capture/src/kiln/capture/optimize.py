@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import types
 import warnings
 import weakref
@@ -163,7 +164,7 @@ class Optimized:
         if cache.entries:
             failure = self._latest_failure(L, G)
             reason = _failure_text(failure)
-            key = _failure_key(failure)
+            key = _failure_key(failure, cache.entries[-1].guards)
             cache.failures[key] = cache.failures.get(key, 0) + 1
             if len(cache.entries) >= options.recompile_limit:
                 if not cache.limit_warned:
@@ -295,13 +296,17 @@ class Optimized:
         return run
 
 
-def _failure_key(failure: tuple[Guard, str] | None) -> str:
-    """The failing guard without the values seen, so repeated failures of one guard count together."""
+def _failure_key(failure: tuple[Guard, str] | None, guards: GuardSet | None = None) -> str:
+    """The failing guard without the values seen, so repeated failures of one guard count together:
+    a size guard counts by the sizes it reads (``s0 <= 5`` then ``s0 <= 6`` are one size that keeps
+    failing)."""
     if failure is None:
         return "no entry matched"
     g = failure[0]
     if g.kind == "SHAPE_EXPR":
-        return f"size guard {g.expected}"
+        names = set(re.findall(r"[a-z]+\d+", str(g.expected)))
+        sources = sorted({s.source for s in guards or () if s.kind == "SYMBOL" and str(s.expected) in names})
+        return f"size guards on {', '.join(sources) or str(g.expected)}"
     return f"{g.kind} on {g.source or '<global>'}"
 
 
@@ -310,7 +315,9 @@ def _failure_text(failure: tuple[Guard, str] | None) -> str:
         return "no entry matched"
     g, actual = failure
     if g.kind == "SHAPE_EXPR":
-        return f"size guard {g.expected} failed ({g.note}) with {actual}"
+        pinned = " (a graph specialised to one size: the backend or the code read it as an int)" \
+            if re.fullmatch(r"\(?\w+ (==|<=) \d+\)?", str(g.expected)) else ""
+        return f"size guard {g.expected} failed ({g.note}) with {actual}{pinned}"
     return f"guard failed: {g.kind} {g.source or '<global>'}: expected {g.expected!r}, got {actual}"
 
 
