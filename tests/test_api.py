@@ -124,6 +124,12 @@ def test_static_shape_backends_recompile_per_size_instead_of_failing() -> None:
         torch.testing.assert_close(cf(x), f(x))
 
 
-def test_dynamic_true_is_refused_where_it_cannot_be_compiled() -> None:
-    with pytest.raises(NotImplementedError, match="symbolic shapes"):
-        kiln.compile(lambda x: x + 1, backend="inductor", dynamic=True)
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "inductor"])
+def test_dynamic_true_is_accepted_by_every_backend(backend: str) -> None:
+    def f(x):
+        return x * 2 + 1
+    cf = kiln.compile(f, backend=backend, dynamic=True)
+    for n in (3, 5, 8):
+        x = torch.randn(n, 4)
+        torch.testing.assert_close(cf(x), f(x))
+    assert len(kiln.capture.cache_entries(cf._optimized)) == 1

@@ -17,7 +17,7 @@ __path__ = pkgutil.extend_path(__path__, __name__)
 # loads the runtime alone, not the compiler stages behind ``kiln.compile``.
 _API = {
     "compile": "kiln.api", "explain": "kiln.api", "load_compiled_function": "kiln.runtime",
-    "mark_dynamic": "kiln.api", "reset": "kiln.api", "list_backends": "kiln.backends",
+    "mark_dynamic": "kiln.api", "mark_static": "kiln.api", "reset": "kiln.api", "list_backends": "kiln.backends",
     "register_backend": "kiln.backends", "set_logs": "kiln.graph",
     "export": "kiln.deploy", "package": "kiln.deploy", "load_package": "kiln.deploy",
     "stats": "kiln.compile_stats",

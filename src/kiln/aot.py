@@ -84,10 +84,13 @@ def aot_compile(fn: Callable[..., Any], example: tuple[tuple[Any, ...], dict[str
                 opts: CompileOptions, backend: Backend) -> runtime.LoadedFunction:
     """Capture ``fn`` on ``example`` as one graph, compile it, and wrap it as a runtime function."""
     args, kwargs = tuple(example[0]), dict(example[1])
-    captured = capture.capture_graph(fn, args, kwargs)
+    captured = capture.capture_graph(fn, args, kwargs, dynamic=opts.dynamic)
     frame = _frame(fn, args, kwargs)
     inputs = _example_inputs(captured.input_sources, dict(frame.locals), dict(frame.globals))
     compiled = backend(captured.gm, inputs)
+    # sizes marked dynamic stay symbolic in the artifact: its guards are the relations the capture and
+    # the backend assumed (checked on every call of the loaded function)
+    captured = capture.refresh_shape_guards(captured)
     program = getattr(compiled, "portable", None)
     if not isinstance(program, PortableProgram):
         raise BackendUnavailable(

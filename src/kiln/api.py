@@ -47,28 +47,6 @@ def compile(
     return CompiledFunction(fn_or_module, opts, compiled_backend)
 
 
-# Backends whose stages compile static shapes only (kiln.autograd traces with concrete sizes).
-STATIC_SHAPE_BACKENDS = frozenset({"aot_eager", "inductor"})
-
-
-def capture_dynamic(opts: CompileOptions) -> bool | None:
-    """What capture is told about dynamic shapes for this backend.
-
-    Note: capture supports automatic dynamic shapes, but kiln.autograd (and so aot_eager and
-    inductor) compile concrete sizes. For those backends ``dynamic=None`` becomes ``False`` — each new
-    size recompiles (up to the recompile limit, each logged under ``recompiles``) instead of failing
-    on a symbolic size — and ``dynamic=True`` is refused with a clear error.
-    """
-    if opts.backend not in STATIC_SHAPE_BACKENDS:
-        return opts.dynamic
-    if opts.dynamic:
-        raise NotImplementedError(
-            f"kiln.compile(dynamic=True) with backend {opts.backend!r}: symbolic shapes are captured "
-            "but not yet compiled by kiln.autograd/kiln.inductor; use dynamic=None (recompile per "
-            "shape) or backend='eager' to get symbolic graphs")
-    return False
-
-
 class CompiledFunction:
     """A function compiled lazily through kiln.capture; callable like the original."""
 
@@ -77,7 +55,7 @@ class CompiledFunction:
         self._opts = opts
         self._backend = backend
         self._optimized = capture.optimize(fn, backend, fullgraph=opts.fullgraph,
-                                              dynamic=capture_dynamic(opts))
+                                              dynamic=opts.dynamic)
         functools.update_wrapper(self, fn)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -118,7 +96,7 @@ class OptimizedModule(nn.Module):
         self._opts = opts
         self._backend = backend
         self._compiled_forward = capture.optimize(mod.forward, backend, fullgraph=opts.fullgraph,
-                                                     dynamic=capture_dynamic(opts))
+                                                     dynamic=opts.dynamic)
 
     @property
     def forward(self) -> _CompiledForward:  # type: ignore[override]
@@ -176,10 +154,16 @@ def explain(fn: Callable[..., Any]) -> Callable[..., Any]:
     return capture.explain(target)
 
 
-def mark_dynamic(t: torch.Tensor, dim: int | list[int]) -> None:
-    """Compile ``t``'s dimension(s) ``dim`` as symbolic sizes from the first call on."""
-    for d in [dim] if isinstance(dim, int) else dim:
-        capture.mark_dynamic(t, d)
+def mark_dynamic(t: torch.Tensor, dim: int | list[int], *, min: int | None = None,  # noqa: A002
+                 max: int | None = None) -> None:  # noqa: A002
+    """Compile ``t``'s dimension(s) ``dim`` as symbolic sizes from the first call on; ``min``/``max``
+    bound the sizes one compiled graph serves (guarded; a loaded artifact refuses others)."""
+    capture.mark_dynamic(t, dim, min=min, max=max)
+
+
+def mark_static(t: torch.Tensor, dim: int | list[int]) -> None:
+    """Keep ``t``'s dimension(s) ``dim`` constant sizes, even with ``dynamic=True``."""
+    capture.mark_static(t, dim)
 
 
 def reset() -> None:

@@ -27,6 +27,7 @@ from kiln.graph import (
     annotations_of,
     dump,
     emit,
+    has_symbolic_sizes,
     keeping_texts,
     log,
     new_graph_id,
@@ -89,8 +90,13 @@ def _inductor(opts: CompileOptions) -> Backend:
     arena = (flags.cudagraphs and "memory_arena" not in dict(opts.options)
              and _stage("kiln.inductor.knobs", "KNOBS", "inductor").memory_arena)
 
+    run_aten = _stage("kiln.autograd", "run_graph_compiler", "inductor")
+    symbolic_ok = _inductor_compiles_symbolic()
+
     def compiler(static: tuple[int, ...], inference: bool = False) -> Backend:
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+            if not symbolic_ok and any(has_symbolic_sizes(x) for x in example_inputs):
+                return _symbolic_fallback(run_aten, gm, example_inputs)
             options = inductor_options
             if inference and arena and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
                 options = options.replace(memory_arena=True)
@@ -122,6 +128,40 @@ def _inductor(opts: CompileOptions) -> Backend:
             emit(GraphRunEagerly(gm.__class__.__name__, msg))
             return CompiledGraph(gm.forward, "inductor(eager fallback)", {"fallbacks": msg}, None)
     return inductor
+
+
+def _inductor_compiles_symbolic() -> bool:
+    """Whether the installed kiln.inductor compiles graphs with symbolic sizes: it says so with a
+    module attribute ``SUPPORTS_SYMBOLIC_SHAPES = True``.
+
+    Note: asked up front rather than by trying, because a compiler that reads a symbolic size as an int
+    before refusing the graph specialises the capture's ShapeEnv (``s0 == 5`` becomes a guard), and the
+    fallback graph would then serve one size only."""
+    try:
+        return bool(getattr(importlib.import_module("kiln.inductor"), "SUPPORTS_SYMBOLIC_SHAPES", False))
+    except ImportError:
+        return False
+
+
+def _symbolic_fallback(run_aten: Backend, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+    """A symbolic graph kiln.inductor cannot compile yet: its ATen graph runs op by op (one compile for
+    every size), said in perf_hints, graph_breaks and the graph's texts (explain, KILN_DEBUG_DIR)."""
+    syms = sorted({str(s) for x in example_inputs for s in _free_symbols(x)})
+    msg = (f"graph is not compiled by kiln.inductor, its ATen graph runs op by op: it has symbolic sizes "
+           f"({', '.join(syms)}) and this kiln.inductor compiles static shapes only. One compile serves "
+           "every size; compile with dynamic=False for generated kernels per size (recompiled per size)")
+    log("perf_hints").warning(msg)
+    log("graph_breaks").info(msg)
+    compiled = run_aten(gm, example_inputs)
+    texts = {**getattr(compiled, "texts", {}), "fallbacks": msg}
+    return CompiledGraph(compiled.fn, "inductor(symbolic: ATen fallback)", texts, compiled.portable)
+
+
+def _free_symbols(x: Any) -> set[Any]:
+    if isinstance(x, torch.Tensor):
+        return {e for s in (*x.shape, *x.stride()) if isinstance(s, torch.SymInt)
+                for e in s.node.expr.free_symbols}
+    return set(x.node.expr.free_symbols) if isinstance(x, torch.SymInt) else set()
 
 
 _BUILTIN: dict[str, BackendEntry] = {

@@ -102,12 +102,13 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[Any], *, fw_compiler: Compi
         portable = training_program(sig, p, None) if p and sig.n_lifted == 0 else None
     else:
         fw, bw = _compile_pair(parts, fw_compiler, bw_compiler or fw_compiler)
-        grad_deps = tangent_dependencies(parts.bw_gm, parts.n_saved)
-        fn = make_training_callable(sig, fw, bw, parts.n_saved, grad_deps)
+        grad_deps = tangent_dependencies(parts.bw_gm, parts.n_saved + parts.n_saved_sizes)
+        fn = make_training_callable(sig, fw, bw, parts.n_saved, grad_deps, parts.n_saved_sizes)
         texts["aot_forward"] = print_graph(parts.fw_gm)
         texts["aot_backward"] = print_graph(parts.bw_gm)
         pf, pb = _portable_of(fw), _portable_of(bw)
-        portable = training_program(sig, pf, pb, grad_deps) if pf and pb and sig.n_lifted == 0 else None
+        portable = training_program(sig, pf, pb, grad_deps, parts.n_saved_sizes) \
+            if pf and pb and sig.n_lifted == 0 else None
     if sig.n_lifted:
         fn = _with_module_state(gm, fn)
     return CompiledGraph(fn, "aot", texts, portable, aot=AotResult(joint, parts, time.perf_counter() - t0))
@@ -153,14 +154,14 @@ def _compile_pair(parts: Any, fw_compiler: Compiler, bw_compiler: Compiler) -> t
     activations channels-last instead of copying them back to NCHW); a compiled result that reports
     ``output_strides`` has the backward's saved placeholders retyped to match, before it is compiled."""
     fw_out = next(n for n in parts.fw_gm.graph.nodes if n.op == "output").args[0]
-    n_out = len(fw_out)
+    n_out = len(fw_out) - parts.n_saved_sizes  # the saved sizes (ints) come last
     annotate(parts.fw_gm, replace(annotations_of(parts.fw_gm),
                                   layout_free_outputs=tuple(range(n_out - parts.n_saved, n_out))))
     fw = fw_compiler(parts.fw_gm, _example_vals(parts.fw_gm))
     strides = fw.output_strides if isinstance(fw, CompiledGraph) else None
     if strides is not None:
         saved = [n for n in parts.bw_gm.graph.nodes if n.op == "placeholder"][:parts.n_saved]
-        for ph, st in zip(saved, list(strides)[n_out - parts.n_saved:]):
+        for ph, st in zip(saved, list(strides)[n_out - parts.n_saved:n_out]):
             v = ph.meta.get("val")
             if isinstance(v, torch.Tensor) and st is not None and tuple(v.stride()) != tuple(st):
                 with v.fake_mode:  # type: ignore[attr-defined]

@@ -19,7 +19,15 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
-from kiln.graph import autocast_off, print_graph
+from kiln.graph import (
+    SymbolicSizeError,
+    autocast_off,
+    has_symbolic_sizes,
+    is_symbolic,
+    print_graph,
+    py_expr,
+    shape_env_of,
+)
 
 from .attention import SDPA_TARGETS, fused_attention
 from .cond import is_cond, trace_cond
@@ -50,28 +58,47 @@ class JointGraph:
 
 # ---- inputs ------------------------------------------------------------------------------------
 
-def _static_shape(t: torch.Tensor, where: str) -> None:
-    if any(not isinstance(s, int) for s in (*t.shape, *t.stride())):
-        raise AutogradTraceError(
-            f"{where} has symbolic sizes {tuple(t.shape)}; kiln.autograd traces static shapes only. "
-            "Compile with static shapes (dynamic=False).")
-
-
 def fake_input(mode: FakeTensorMode, x: Any, where: str) -> Any:
-    """A fresh fake leaf with ``x``'s metadata (a real or fake tensor), or ``x`` itself otherwise."""
+    """A fresh fake leaf with ``x``'s metadata (a real or fake tensor, its sizes symbolic or not), a
+    SymInt of ``mode``'s ShapeEnv as it is, or ``x`` itself otherwise."""
     if isinstance(x, torch.SymInt):
-        raise AutogradTraceError(f"{where} is a symbolic int; compile with dynamic=False")
+        if is_symbolic(x) and x.node.shape_env is not mode.shape_env:
+            raise AutogradTraceError(f"{where} is a symbolic int of another ShapeEnv than the graph's")
+        return x
     if not isinstance(x, torch.Tensor):
         return x
-    _static_shape(x, where)
+    env = shape_env_of([x])
+    if env is not None and env is not mode.shape_env:
+        raise AutogradTraceError(f"{where} has symbolic sizes {tuple(x.shape)} from another ShapeEnv than "
+                                 "the graph's other inputs (one capture makes one ShapeEnv)")
     if isinstance(x, FakeTensor) or x.device.type == "meta":
         with mode:
             f = torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype, device=x.device)
     else:
-        f = mode.from_tensor(x.detach())
+        f = mode.from_tensor(x.detach(), static_shapes=True)
     if x.requires_grad:
         f.requires_grad_(True)
     return f
+
+
+def _traced_inputs(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> tuple[Any, list[Any]]:
+    """(ShapeEnv or None, the values to trace with): a placeholder whose ``meta["val"]`` has symbolic
+    sizes is traced with that value (the real example input of a capture is one size of many), with the
+    example input's requires_grad; every other input as given."""
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    env = shape_env_of(vals)
+    if env is None or len(vals) != len(example_inputs):
+        return shape_env_of(example_inputs), list(example_inputs)
+    out: list[Any] = []
+    for x, v in zip(example_inputs, vals):
+        if isinstance(v, torch.Tensor) and has_symbolic_sizes(v):
+            grad = x.requires_grad if isinstance(x, torch.Tensor) else v.requires_grad
+            out.append(v.detach().requires_grad_(grad) if v.requires_grad != grad else v)
+        elif is_symbolic(v):
+            out.append(v)
+        else:
+            out.append(x)
+    return env, out
 
 
 # ---- module state lifting ------------------------------------------------------------------------
@@ -107,7 +134,7 @@ class _FakeInterpreter(fx.Interpreter):
     def get_attr(self, target: Any, args: Any, kwargs: Any) -> Any:
         val = super().get_attr(target, args, kwargs)
         if isinstance(val, torch.Tensor) and not isinstance(val, FakeTensor):
-            fake = self.mode.from_tensor(val)
+            fake = self.mode.from_tensor(val, static_shapes=True)
             self.rec.constant(val, fake)  # the real tensor itself: ops here would run under fake mode
             return fake
         return val
@@ -142,8 +169,8 @@ def _classify(rec: GraphRecorder, flat: list[Any], primals: list[Any]) -> tuple[
             continue
         a = rec.alias_of(o)
         def view(kind: OutputKind, index: int, o: torch.Tensor = o) -> OutputInfo:
-            return OutputInfo(kind, index, tuple(int(s) for s in o.shape), tuple(int(s) for s in o.stride()),
-                              int(o.storage_offset()), o.requires_grad)
+            return OutputInfo(kind, index, tuple(_size(s) for s in o.shape), tuple(_size(s) for s in o.stride()),
+                              _size(o.storage_offset()), o.requires_grad)
         if id(o) in seen:
             infos.append(OutputInfo(OutputKind.SAME, seen[id(o)]))
         elif a.root.input_index is not None:
@@ -161,6 +188,27 @@ def _classify(rec: GraphRecorder, flat: list[Any], primals: list[Any]) -> tuple[
                 graph_roots[id(o)] = i
         seen.setdefault(id(o), i)
     return infos, graph_outs
+
+
+def _size(s: Any) -> int | str:
+    """A view's size/stride/offset for the signature: an int, or a symbolic one as a Python expression
+    (read back at run time from the inputs, so returning a view does not fix the sizes)."""
+    if isinstance(s, torch.SymInt):
+        return int(s.node.expr) if s.node.expr.is_number else py_expr(s.node.expr)
+    return int(s)
+
+
+def _symbol_bindings(primals: Sequence[Any]) -> tuple[tuple[str, int, int], ...]:
+    """Where each size symbol of the inputs is read at run time (first input having it)."""
+    out: dict[str, tuple[str, int, int]] = {}
+    for i, p in enumerate(primals):
+        if isinstance(p, torch.Tensor):
+            for d, s in enumerate(p.shape):
+                if isinstance(s, torch.SymInt) and s.node.expr.is_Symbol:
+                    out.setdefault(str(s.node.expr), (str(s.node.expr), i, d))
+        elif isinstance(p, torch.SymInt) and p.node.expr.is_Symbol:
+            out.setdefault(str(p.node.expr), (str(p.node.expr), i, -1))
+    return tuple(out.values())
 
 
 def _mutated_inputs(rec: GraphRecorder, primals: list[Any], names: Sequence[str]) -> list[int]:
@@ -190,11 +238,14 @@ def _trace(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: De
     state = [gm.get_parameter(n) if n in dict(gm.named_parameters()) else gm.get_buffer(n)
              for n in state_names]
     names = _input_names(gm, len(state), state_names)
-    all_inputs = [*state, *example_inputs]
+    shape_env, inputs = _traced_inputs(gm, example_inputs)
+    all_inputs = [*state, *inputs]
     if len(names) != len(all_inputs):
         raise AutogradTraceError(f"the graph has {len(names) - len(state)} placeholders but "
                                  f"{len(example_inputs)} example inputs were given")
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    # one ShapeEnv for the whole trace: the capture's, when its graph has symbolic sizes (guards the
+    # trace adds land there, and kiln.capture guards on them); real tensors become static fakes
+    mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=shape_env, static_shapes=True)
     rec = GraphRecorder()
     primals = [fake_input(mode, x, f"input {n!r}") for x, n in zip(all_inputs, names)]
     for i, (p, _n) in enumerate(zip(primals, names)):
@@ -228,7 +279,7 @@ def _trace(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: De
         input_requires_grad=tuple(isinstance(p, torch.Tensor) and p.requires_grad for p in primals),
         outputs=tuple(infos), out_spec=spec, n_graph_outputs=len(graph_outs),
         graph_output_differentiable=diff, mutated_inputs=tuple(mutated), grad_inputs=grad_inputs,
-        n_lifted=len(state))
+        n_lifted=len(state), symbols=_symbol_bindings(primals))
     return JointGraph(rec.finish(outs), sig, joint=bool(grad_inputs))
 
 
@@ -253,10 +304,18 @@ def trace_joint(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     Gradients are taken for every input that requires grad. When no output needs a gradient the
     result is a forward-only graph (``joint=False``).
     """
-    return _trace(gm, example_inputs, decompositions, joint=True)
+    return _traced(gm, example_inputs, decompositions, joint=True)
 
 
 def trace_inference(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
                     decompositions: Decompositions | None = None) -> JointGraph:
     """Trace ``gm`` under no_grad into one functional forward-only ATen graph."""
-    return _trace(gm, example_inputs, decompositions, joint=False)
+    return _traced(gm, example_inputs, decompositions, joint=False)
+
+
+def _traced(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: Decompositions | None,
+            joint: bool) -> JointGraph:
+    try:
+        return _trace(gm, example_inputs, decompositions, joint)
+    except SymbolicSizeError as e:
+        raise AutogradTraceError(f"symbolic sizes: {e}") from e

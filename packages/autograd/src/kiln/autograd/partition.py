@@ -7,8 +7,9 @@
   ops are banned from recomputation: when the backward needs one, it is saved (so dropout's backward
   uses the forward's mask).
 
-Forward graph: ``(*primals) -> (*fw_outputs, *mutated_inputs, *saved)``.
-Backward graph: ``(*saved, *tangents) -> (*grads)`` (one per ``signature.grad_inputs``).
+Forward graph: ``(*primals) -> (*fw_outputs, *mutated_inputs, *saved, *saved_sizes)``.
+Backward graph: ``(*saved, *saved_sizes, *tangents) -> (*grads)`` (one per ``signature.grad_inputs``);
+``saved_sizes`` are symbolic sizes (SymInt placeholders; plain ints at run time).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Literal
 import torch
 from torch import fx
 
-from kiln.graph import lazy_graph_module, print_graph
+from kiln.graph import lazy_graph_module, print_graph, size_hint
 
 from . import ops
 from .errors import AutogradTraceError
@@ -40,22 +41,36 @@ class Partitioned:
     saved: tuple[str, ...]  # joint-graph names of the saved values, in order
     saved_bytes: int
     partitioner: str
+    saved_sizes: tuple[str, ...] = ()  # symbolic sizes the backward needs, saved as ints after the tensors
 
     @property
     def n_saved(self) -> int:
+        """Saved tensors (the sizes in ``saved_sizes`` follow them)."""
         return len(self.saved)
 
+    @property
+    def n_saved_sizes(self) -> int:
+        return len(self.saved_sizes)
+
     def as_text(self) -> str:
+        sizes = f"; sizes: {', '.join(self.saved_sizes)}" if self.saved_sizes else ""
         return (f"# partitioner: {self.partitioner}; saved {self.n_saved} tensors, "
-                f"{self.saved_bytes} bytes: {', '.join(self.saved)}\n"
+                f"{self.saved_bytes} bytes: {', '.join(self.saved)}{sizes}\n"
                 f"{self.signature.as_text()}\n# ---- forward ----\n{print_graph(self.fw_gm)}\n"
                 f"# ---- backward ----\n{print_graph(self.bw_gm)}")
 
 
 def tensor_bytes(val: Any) -> int:
+    """Bytes of a tensor; of a symbolic one at its size hints (the sizes it was captured at), so no
+    decision here adds a guard."""
     if isinstance(val, torch.Tensor):
-        return val.numel() * val.element_size()
+        n = val.numel()
+        return size_hint(n) * val.element_size()
     return 0
+
+
+def _is_size(n: fx.Node) -> bool:
+    return isinstance(n.meta.get("val"), torch.SymInt)
 
 
 def _ancestors(roots: Iterable[fx.Node], stop: set[fx.Node] | None = None) -> set[fx.Node]:
@@ -96,6 +111,11 @@ def _split(joint: JointGraph) -> _Split:
     # The other results of a multi-output forward op (dropout's mask, norm statistics) are forward values
     # too: the op will not run again in the backward.
     fw_nodes |= {u for n in list(fw_nodes) for u in n.users if u.target is operator.getitem}
+    # Sizes computed from the inputs alone (sym_size and arithmetic on it) are forward values: one the
+    # backward needs is saved as an int, never the tensor it was read from.
+    for n in g.nodes:
+        if _is_size(n) and n not in fw_nodes and all(i in fw_nodes for i in n.all_input_nodes):
+            fw_nodes.add(n)
     bw_nodes = _ancestors([x for x in grads if x is not None], stop=fw_nodes) - fw_nodes
     return _Split(primals, tangents, fw_outputs, grads, fw_nodes, bw_nodes, joint.signature.mutated_inputs)
 
@@ -140,13 +160,15 @@ def _min_cut(s: _Split) -> list[fx.Node]:
             # the backward then recomputes each weight's bf16 cast instead of keeping it from the
             # forward (ResNet-50, batch 32: 54 casts, 54 MB less at the backward's start)
             net.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=0)
+        elif isinstance(val, torch.SymInt):
+            net.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=1)  # an int: about free to save
         elif isinstance(val, torch.Tensor):
             # bytes first; among equal-byte cuts prefer saving inputs (alive anyway) over new values
             tie = 0 if n.op == "placeholder" else 1
             net.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=tensor_bytes(val) * _SCALE + tie)
         else:
             net.add_edge(f"{n.name}_in", f"{n.name}_out")  # no capacity attr: infinite
-        if n.op == "placeholder" or not _recomputable(n):
+        if n.op == "placeholder" or not _recomputable(n) or isinstance(val, torch.SymInt):
             net.add_edge("source", f"{n.name}_in")
         for user in n.users:
             if user in s.fw_nodes:
@@ -222,14 +244,18 @@ def partition(joint: JointGraph, partitioner: PartitionerName = "min_cut") -> Pa
         saved = _save_all(s)
     else:
         raise ValueError(f"unknown partitioner {partitioner!r}; use 'min_cut' or 'save_all'")
+    sizes = [n for n in saved if _is_size(n)]
+    saved = [n for n in saved if not _is_size(n)]
     for n in saved:
         if not isinstance(n.meta.get("val"), torch.Tensor):
             raise AutogradTraceError(f"partitioner {partitioner} chose to save non-tensor {n.name}")
-    fw = _copy_graph(joint.gm, [(p, str(p.target)) for p in s.primals], [*s.fw_outputs, *saved], "forward")
-    bw_inputs = [(n, f"saved_{n.name}") for n in saved] + [(t, str(t.target)) for t in s.tangents]
+    fw = _copy_graph(joint.gm, [(p, str(p.target)) for p in s.primals], [*s.fw_outputs, *saved, *sizes],
+                     "forward")
+    bw_inputs = [(n, f"saved_{n.name}") for n in (*saved, *sizes)] + [(t, str(t.target)) for t in s.tangents]
     bw = _copy_graph(joint.gm, bw_inputs, s.grads, "backward", lazy_after=s.tangents)
     return Partitioned(fw, bw, joint.signature, tuple(n.name for n in saved),
-                       sum(tensor_bytes(n.meta["val"]) for n in saved), partitioner)
+                       sum(tensor_bytes(n.meta["val"]) for n in saved), partitioner,
+                       tuple(n.name for n in sizes))
 
 
 def tangent_dependencies(bw_gm: fx.GraphModule, n_saved: int) -> tuple[tuple[int, ...], ...]:

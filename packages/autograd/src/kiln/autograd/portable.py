@@ -89,7 +89,8 @@ call = autograd_program(globals(), FW_SOURCE, BW_SOURCE, SIG)
 '''
 
 
-def _sig_json(sig: GraphSignature, grad_deps: Sequence[Sequence[int]] | None = None) -> str:
+def _sig_json(sig: GraphSignature, grad_deps: Sequence[Sequence[int]] | None = None,
+              n_saved_sizes: int = 0) -> str:
     outputs = []
     for o in sig.outputs:
         if o.kind is OutputKind.CONSTANT and not isinstance(o.value, (int, float, bool, type(None), str)):
@@ -101,18 +102,22 @@ def _sig_json(sig: GraphSignature, grad_deps: Sequence[Sequence[int]] | None = N
             "n_inputs": sig.n_inputs, "outputs": outputs, "out_spec": treespec_dumps(sig.out_spec)}
     if grad_deps is not None:
         data["grad_deps"] = [list(d) for d in grad_deps]
+    if n_saved_sizes:
+        data["n_saved_sizes"] = n_saved_sizes
+    if sig.symbols:
+        data["symbols"] = [list(b) for b in sig.symbols]
     return repr(json.loads(json.dumps(data)))
 
 
 def training_program(sig: GraphSignature, fw: PortableProgram, bw: PortableProgram | None,
-                     grad_deps: Sequence[Sequence[int]] | None = None) -> PortableProgram:
+                     grad_deps: Sequence[Sequence[int]] | None = None, n_saved_sizes: int = 0) -> PortableProgram:
     """One self-contained program running ``fw`` (and ``bw`` for training) behind the wrapper;
-    ``grad_deps`` as in ``make_training_callable``."""
+    ``grad_deps`` and ``n_saved_sizes`` as in ``make_training_callable``."""
     files = {f"fw/{k}": v for k, v in fw.files.items()}
     if bw is not None:
         files.update({f"bw/{k}": v for k, v in bw.files.items()})
     src = _TRAINING_TEMPLATE.format(fw_source=fw.source, bw_source=bw.source if bw else "",
-                                    sig_json=_sig_json(sig, grad_deps))
+                                    sig_json=_sig_json(sig, grad_deps, n_saved_sizes))
     requires = tuple(dict.fromkeys((*fw.requires, *(bw.requires if bw else ()), "kiln.runtime")))
     return PortableProgram(src, files, requires)
 

@@ -22,11 +22,16 @@ class OutputKind(StrEnum):
 class OutputInfo:
     kind: OutputKind
     index: int = -1  # graph-output index, input index, or earlier user-output index
-    size: tuple[int, ...] = ()
-    stride: tuple[int, ...] = ()
-    storage_offset: int = 0
+    # a view's metadata; a str is a symbolic size as a Python expression over GraphSignature.symbols
+    size: tuple[int | str, ...] = ()
+    stride: tuple[int | str, ...] = ()
+    storage_offset: int | str = 0
     requires_grad: bool = False
     value: Any = None  # for CONSTANT
+
+    @property
+    def symbolic(self) -> bool:
+        return any(isinstance(v, str) for v in (*self.size, *self.stride, self.storage_offset))
 
     def as_text(self) -> str:
         if self.kind is OutputKind.CONSTANT:
@@ -55,6 +60,8 @@ class GraphSignature:
     mutated_inputs: tuple[int, ...]
     grad_inputs: tuple[int, ...]
     n_lifted: int = 0  # leading inputs that are module parameters/buffers lifted from get_attr
+    # where each size symbol is read at run time: (name, input index, dim, or -1 for an int input)
+    symbols: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def n_tangents(self) -> int:

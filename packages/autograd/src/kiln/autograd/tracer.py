@@ -21,7 +21,7 @@ from torch import fx
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from kiln.graph import is_pure_op, lazy_graph_module, map_leaves
+from kiln.graph import SymbolNodes, is_pure_op, lazy_graph_module, map_leaves
 
 from . import ops
 from .errors import AutogradTraceError
@@ -46,13 +46,16 @@ class GraphRecorder:
         self.roots: list[Root] = []
         self.constants: dict[str, torch.Tensor] = {}
         self._names = itertools.count()
+        # symbolic sizes as nodes: a symbol is the sym_size of the first input having it (or the SymInt
+        # input itself), an expression is built from those (kiln.graph.SymbolNodes)
+        self.syms = SymbolNodes(self.graph)
 
     # ---- graph building ----
     def emit(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.Node, Any]:
         """Add a node whose arguments are already nodes; its fake value is computed by running ``target``."""
         vals = tree_map(lambda a: a.meta["val"] if isinstance(a, fx.Node) else a, (args, kwargs))
         val = target(*vals[0], **vals[1])  # runs on fake tensors (this mode is off while it handles an op)
-        node = self.graph.call_function(target, args, kwargs)
+        node = self.graph.call_function(target, map_leaves(self.syms.arg, args), map_leaves(self.syms.arg, kwargs))
         node.meta["val"] = val
         return node, val
 
@@ -61,6 +64,10 @@ class GraphRecorder:
         node.meta["val"] = value
         if isinstance(value, torch.Tensor):
             self._new_root(value, node, input_index)
+            if input_index is not None:  # sizes come from the inputs, never from the tangents
+                self.syms.bind_tensor(node, value)
+        elif isinstance(value, torch.SymInt) and value.node.expr.is_Symbol:
+            self.syms.bind_node(value.node.expr, node)
         return node
 
     def _new_root(self, t: torch.Tensor, node: fx.Node, input_index: int | None = None) -> Alias:
@@ -102,7 +109,14 @@ class GraphRecorder:
         return a.node
 
     def arg_nodes(self, tree: Any) -> Any:
-        return map_tensors(self.node_of, tree)
+        """An op's arguments as graph arguments: tensors to their current nodes, symbolic sizes to the
+        nodes computing them."""
+        return map_leaves(self._arg_node, tree)
+
+    def _arg_node(self, x: Any) -> Any:
+        if isinstance(x, torch.Tensor):
+            return self.node_of(x)
+        return self.syms.arg(x)
 
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> fx.Node:
         """Record a functional op whose fake result is ``out`` and register its outputs."""
@@ -171,11 +185,6 @@ class GraphRecorder:
             root.register_buffer(name, t)
         self.graph.eliminate_dead_code()
         return lazy_graph_module(root, self.graph)  # code made if it is ever run
-
-
-def map_tensors(fn: Callable[[torch.Tensor], Any], tree: Any) -> Any:
-    """``fn`` applied to the tensors of an op's arguments (``kiln.graph.map_leaves``, pytree's speed aside)."""
-    return map_leaves(lambda x: fn(x) if isinstance(x, torch.Tensor) else x, tree)
 
 
 def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -14,10 +14,11 @@ from typing import Any
 
 import torch
 
-from kiln.graph import GuardSet, enabled, log
+from kiln.graph import Guard, GuardSet, enabled, log
 
 from .capture import Capture
 from .knobs import CaptureOptions
+from .sources import is_argument
 
 
 @dataclass
@@ -41,6 +42,15 @@ class CodeCache:
     dynamic: dict[str, set[int]] = field(default_factory=dict)
     seen_ints: dict[str, int] = field(default_factory=dict)
     dynamic_ints: set[str] = field(default_factory=set)
+    failures: dict[str, int] = field(default_factory=dict)  # recompile reason -> times seen
+
+    def note_failed_guard(self, g: Guard) -> None:
+        """Automatic dynamic for ints beyond arguments: an int guarded as a constant (an attribute,
+        an item of an argument) whose value changed becomes a symbolic int at the next capture."""
+        if g.kind == "EQUALS_MATCH" and type(g.expected) is int and g.source not in self.dynamic_ints:
+            self.dynamic_ints.add(g.source)
+            if enabled("recompiles"):
+                log("recompiles").info("%s changed from %s: it is a symbolic int from now on", g.source, g.expected)
 
     def may_be_dynamic(self, L: dict[str, Any], options: CaptureOptions) -> bool:
         """Whether this capture could make a size symbolic (so it needs a ShapeEnv)."""
@@ -76,22 +86,24 @@ class CodeCache:
 
     def dynamic_policy(self, options: CaptureOptions) -> Callable[[str, torch.Tensor], frozenset[int]]:
         def policy(source: str, t: torch.Tensor | int) -> frozenset[int]:
-            if type(t) is int:  # a Python int argument: symbolic once it has changed (_note_ints)
-                if options.dynamic is True or options.dynamic is None and source in self.dynamic_ints:
+            if type(t) is int:  # symbolic once it has changed (_note_ints, note_failed_guard)
+                if options.dynamic is True and is_argument(source) or \
+                        options.dynamic is None and source in self.dynamic_ints:
                     return frozenset({0})
                 return frozenset()
             marked = set(getattr(t, "_kiln_dynamic_dims", ()))
+            static = set(getattr(t, "_kiln_static_dims", ()))
             if options.dynamic is True:
-                return frozenset(range(t.dim()))
+                return frozenset(range(t.dim())) - static
             if options.dynamic is False:
-                return frozenset(marked)
+                return frozenset(marked - static)
             shape = tuple(int(s) for s in t.shape)
             prev = self.seen_shapes.get(source)
             dims = self.dynamic.setdefault(source, set())
             if prev is not None and len(prev) == len(shape):
                 dims.update(i for i, (a, b) in enumerate(zip(prev, shape)) if a != b)
             self.seen_shapes[source] = shape
-            return frozenset(dims | marked)
+            return frozenset((dims | marked) - static)
         return policy
 
 

@@ -3,6 +3,7 @@ what happens after the graph (return a value, or run the breaking instruction an
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import operator
 import types
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.graph import CapturedGraph, GraphAnnotations, GuardSet, TensorSpec, annotate
+from kiln.graph import CapturedGraph, GraphAnnotations, GuardSet, TensorSpec, annotate, shape_env_of
 
 from .errors import GraphBreak, Unsupported
 from .frame import BreakAt, Context, Frame, FrameResult
@@ -124,8 +125,7 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
         root.add_module(name, sub)
     gm = fx.GraphModule(root, tracer.graph, class_name="KilnCaptured")
     _annotate(gm)
-    guards = list(tracer.guards.values()) + shape_guards(tracer.shape_env, tracer.symbol_sources)
-    gs = GuardSet(tuple(_order_guards(guards))).simplified()
+    gs = _guard_set(list(tracer.guards.values()), tracer.shape_env, tracer.symbol_sources)
     specs: list[TensorSpec | int | None] = [TensorSpec.from_tensor(i.fake) if isinstance(i.fake, torch.Tensor)
                                             else None for i in tracer.inputs]
     captured = CapturedGraph(gm, tuple(i.source for i in tracer.inputs), tuple(specs), gs)
@@ -143,6 +143,29 @@ def _annotate(gm: fx.GraphModule) -> None:
     annotate(gm, GraphAnnotations(
         input_sources=tuple(str(n.meta.get("source", "")) for n in placeholders),
         module_state=tuple(i for i, n in enumerate(placeholders) if n.meta.get("module_state"))))
+
+
+def _guard_set(guards: list, shape_env: Any, symbol_sources: dict[str, list[str]]) -> GuardSet:
+    return GuardSet(tuple(_order_guards(guards + shape_guards(shape_env, symbol_sources)))).simplified()
+
+
+def refresh_shape_guards(captured: CapturedGraph) -> CapturedGraph:
+    """``captured`` with its shape guards taken again from its ShapeEnv.
+
+    Note: the ShapeEnv of a symbolic capture is shared with the backend (kiln.autograd traces with it,
+    a compiler may specialise a size), so assumptions made *after* capture are guards too: the
+    entry's guards are built from the ShapeEnv once the backend returned (torch's compiler does the
+    same). A static capture comes back unchanged."""
+    vals = [n.meta.get("val") for n in captured.gm.graph.nodes if n.op == "placeholder"]
+    env = shape_env_of(vals)
+    if env is None:
+        return captured
+    symbols: dict[str, list[str]] = {}
+    for g in captured.guards:
+        if g.kind == "SYMBOL":
+            symbols.setdefault(str(g.expected), []).append(g.source)
+    rest = [g for g in captured.guards if g.kind not in ("SYMBOL", "SHAPE_EXPR")]
+    return dataclasses.replace(captured, guards=_guard_set(rest, env, symbols))
 
 
 CONTENTS = "[:]"  # a side effect that writes a container's whole contents back
@@ -185,4 +208,4 @@ def _order_guards(guards: list) -> list:
     return sorted(guards, key=key)
 
 
-__all__ = ["Capture", "GraphBreak", "run_capture"]
+__all__ = ["Capture", "GraphBreak", "refresh_shape_guards", "run_capture"]

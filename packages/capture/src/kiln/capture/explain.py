@@ -75,13 +75,17 @@ def explain(fn: Callable) -> Callable[..., ExplainOutput]:
     return run
 
 
-def capture_graph(fn: Callable, args: tuple | list, kwargs: dict | None = None) -> CapturedGraph:
-    """One whole-graph capture without a backend (for ahead-of-time compilation)."""
-    ctx = CompileContext(_eager_backend, CaptureOptions(fullgraph=True))
+def capture_graph(fn: Callable, args: tuple | list, kwargs: dict | None = None, *,
+                  dynamic: bool | None = None) -> CapturedGraph:
+    """One whole-graph capture without a backend (for ahead-of-time compilation). Dims marked with
+    ``mark_dynamic`` (every dim with ``dynamic=True``) are symbolic; a backend compiling the graph
+    afterwards may add shape guards: take them with ``refresh_shape_guards``."""
+    ctx = CompileContext(_eager_backend, CaptureOptions(fullgraph=True, dynamic=dynamic))
     opt = Optimized(fn, ctx)
     if opt.code is None:
         raise Unsupported(f"capture_graph needs a Python function, method or module; got {fn!r}")
     L = opt.bind(tuple(args), dict(kwargs or {}))
     cache = ctx.cache_for(opt.code)
-    cap = run_capture(opt.code, opt.f_globals, opt.closure, L, ctx.options, cache.dynamic_policy(ctx.options))
+    cap = run_capture(opt.code, opt.f_globals, opt.closure, L, ctx.options, cache.dynamic_policy(ctx.options),
+                      cache.may_be_dynamic(L, ctx.options))
     return cap.captured

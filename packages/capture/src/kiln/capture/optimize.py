@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 import time
 import types
 import warnings
@@ -19,6 +20,7 @@ from torch import nn
 from kiln.graph import (
     FrameRunEagerly,
     GraphCaptured,
+    Guard,
     GuardSet,
     Recompile,
     StageTime,
@@ -197,21 +199,26 @@ class Optimized:
         assert cache is not None and self.code is not None
         options = self.ctx.options
         if cache.entries:
+            failure = self._latest_failure(L, G)
+            reason = _failure_text(failure)
+            key = _failure_key(failure, cache.entries[-1].guards)
+            cache.failures[key] = cache.failures.get(key, 0) + 1
             if len(cache.entries) >= options.recompile_limit:
                 if not cache.limit_warned:
                     cache.limit_warned = True
-                    reason = (f"hit the recompile limit ({options.recompile_limit}); it runs eagerly from now "
-                              f"on. Last reason: {self._miss_reason(L, G)}")
-                    warnings.warn(f"kiln.capture: {frame_name(self.code)} {reason}", stacklevel=3)
+                    message = self._limit_message(options.recompile_limit, reason)
+                    warnings.warn(message, stacklevel=3)
+                    log("recompiles").warning("%s", message)
                     if self.ctx.observed:
-                        emit(FrameRunEagerly(frame_name(self.code), reason))
+                        emit(FrameRunEagerly(frame_name(self.code), message))
                 return self.fn(*args, **kwargs)
             cache.recompiles += 1
-            if enabled("recompiles") or self.ctx.observed:
-                reason = self._miss_reason(L, G)
+            if failure is not None and options.dynamic is None:
+                cache.note_failed_guard(failure[0])
+            if enabled("recompiles"):
                 log("recompiles").info("recompiling %s: %s", frame_name(self.code), reason)
-                if self.ctx.observed:
-                    emit(Recompile(frame_name(self.code), reason))
+            if self.ctx.observed:
+                emit(Recompile(frame_name(self.code), reason))
         fallback: tuple[str, bool] | None = None
         # Note: a capture met under a caller's saved-tensor hooks (torch.utils.checkpoint's recording)
         # must not feed them the tensors its own tracing saves: identity hooks sit on top meanwhile.
@@ -258,16 +265,26 @@ class Optimized:
             hook(cap, cache)
         return entry, None
 
-    def _miss_reason(self, L: dict, G: dict) -> str:
+    def _latest_failure(self, L: dict, G: dict) -> tuple[Guard, str] | None:
+        """The first failing guard of the newest entry (the most general one: automatic dynamic
+        shapes make each recompile serve more sizes), with the value seen."""
         assert self.cache is not None
-        for entry in self.cache.entries:
+        for entry in reversed(self.cache.entries):
             failure = entry.guards.first_failure(L, G)
             if failure is not None:
-                g, actual = failure
-                if g.kind == "GLOBAL_STATE":  # the global torch state: only what changed
-                    return f"guard failed: GLOBAL_STATE: {actual}"
-                return f"guard failed: {g.kind} {g.source or '<global>'}: expected {g.expected!r}, got {actual}"
-        return "no entry matched"
+                return failure
+        return None
+
+    def _limit_message(self, limit: int, reason: str) -> str:
+        """The recompile-limit warning: which guard kept failing and what to do about it."""
+        assert self.code is not None and self.cache is not None
+        kept, times = max(self.cache.failures.items(), key=lambda kv: kv[1])
+        return (f"kiln.capture: {self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno}) "
+                f"hit the recompile limit ({limit}); it runs EAGERLY (not compiled) from now on. The guard "
+                f"that kept failing ({times} of {sum(self.cache.failures.values())} misses): {kept}. Last: "
+                f"{reason}. If a size varies, mark it dynamic (kiln.mark_dynamic(t, dim), or "
+                "kiln.compile(..., dynamic=True)); if a Python value varies, pass it as an argument or a "
+                "tensor; or raise the limit (recompile_limit / KILN_RECOMPILE_LIMIT)")
 
     def _eager(self, reason: str, args: tuple, kwargs: dict, permanent: bool) -> Any:
         assert self.code is not None and self.cache is not None
@@ -345,6 +362,33 @@ def _checkpoint_compiled(ctx: CompileContext, function: Any, *args: Any, **kwarg
     """``torch.utils.checkpoint.checkpoint`` met at a graph break: it runs in Python (its saved-tensor
     hooks and recomputation), calling ``function`` compiled; the recomputation hits the same entry."""
     return _CHECKPOINT(ctx.wrap_callee(function), *args, **kwargs)
+
+
+def _failure_key(failure: tuple[Guard, str] | None, guards: GuardSet | None = None) -> str:
+    """The failing guard without the values seen, so repeated failures of one guard count together:
+    a size guard counts by the sizes it reads (``s0 <= 5`` then ``s0 <= 6`` are one size that keeps
+    failing)."""
+    if failure is None:
+        return "no entry matched"
+    g = failure[0]
+    if g.kind == "SHAPE_EXPR":
+        names = set(re.findall(r"[a-z]+\d+", str(g.expected)))
+        sources = sorted({s.source for s in guards or () if s.kind == "SYMBOL" and str(s.expected) in names})
+        return f"size guards on {', '.join(sources) or str(g.expected)}"
+    return f"{g.kind} on {g.source or '<global>'}"
+
+
+def _failure_text(failure: tuple[Guard, str] | None) -> str:
+    if failure is None:
+        return "no entry matched"
+    g, actual = failure
+    if g.kind == "SHAPE_EXPR":
+        pinned = " (a graph specialised to one size: the backend or the code read it as an int)" \
+            if re.fullmatch(r"\(?\w+ (==|<=) \d+\)?", str(g.expected)) else ""
+        return f"size guard {g.expected} failed ({g.note}) with {actual}{pinned}"
+    if g.kind == "GLOBAL_STATE":  # the global torch state: only what changed
+        return f"guard failed: GLOBAL_STATE: {actual}"
+    return f"guard failed: {g.kind} {g.source or '<global>'}: expected {g.expected!r}, got {actual}"
 
 
 _DELETE = object()  # an attribute deletion (it has no value plan)
@@ -447,6 +491,7 @@ def reset() -> None:
             cache.seen_shapes.clear()
             cache.dynamic.clear()
             cache.seen_ints.clear()
+            cache.failures.clear()
             cache.dynamic_ints.clear()
             if cache.eager_reason != "generators and coroutines run eagerly":
                 cache.eager_reason = None
@@ -464,11 +509,36 @@ def recompile_count(fn: Callable) -> int:
     return opt.cache.recompiles if opt.cache is not None else 0
 
 
-def mark_dynamic(t: torch.Tensor, dim: int | list[int]) -> None:
-    """Make ``dim`` of ``t`` symbolic from the first capture on."""
-    dims = set(getattr(t, "_kiln_dynamic_dims", ()))
-    dims.update([dim] if isinstance(dim, int) else dim)
-    t._kiln_dynamic_dims = dims  # type: ignore[attr-defined]
+def mark_dynamic(t: torch.Tensor, dim: int | list[int], *, min: int | None = None,  # noqa: A002
+                 max: int | None = None) -> None:  # noqa: A002
+    """Make ``dim`` of ``t`` symbolic from the first capture on; ``min``/``max`` bound the sizes the
+    compiled code serves (guards: a size outside them recompiles, or fails a loaded artifact's check)."""
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    for d in dims:
+        if not isinstance(d, int) or not -t.dim() <= d < t.dim():
+            raise IndexError(f"mark_dynamic: dim {d} is out of range for a tensor of {t.dim()} dims")
+    if min is not None and max is not None and min > max:
+        raise ValueError(f"mark_dynamic: min={min} is larger than max={max}")
+    dims = [d % t.dim() for d in dims]
+    marked = set(getattr(t, "_kiln_dynamic_dims", ()))
+    marked.update(dims)
+    t._kiln_dynamic_dims = marked  # type: ignore[attr-defined]
+    if min is not None or max is not None:
+        ranges = dict(getattr(t, "_kiln_dynamic_ranges", {}))
+        ranges.update({d: (min, max) for d in dims})
+        t._kiln_dynamic_ranges = ranges  # type: ignore[attr-defined]
 
 
-__all__ = ["GuardSet", "optimize", "reset", "cache_entries", "mark_dynamic"]
+def mark_static(t: torch.Tensor, dim: int | list[int]) -> None:
+    """Keep ``dim`` of ``t`` a constant size (guarded), even under ``dynamic=True`` or after it changed
+    between calls (automatic dynamic shapes)."""
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    for d in dims:
+        if not isinstance(d, int) or not -t.dim() <= d < t.dim():
+            raise IndexError(f"mark_static: dim {d} is out of range for a tensor of {t.dim()} dims")
+    static = set(getattr(t, "_kiln_static_dims", ()))
+    static.update(d % t.dim() for d in dims)
+    t._kiln_static_dims = static  # type: ignore[attr-defined]
+
+
+__all__ = ["GuardSet", "optimize", "reset", "cache_entries", "mark_dynamic", "mark_static"]

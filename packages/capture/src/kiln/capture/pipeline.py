@@ -3,7 +3,8 @@
     capture.run_capture        interpret the frame's bytecode on fake tensors (frame.py + op_*.py),
                                lifting inputs/parameters to placeholders and collecting guards
       -> capture._package      graph outputs from the live values, dead-code removal, guard ordering
-      -> compile_capture       verify (KILN_VERIFY), log graph_code/guards, dump, call the backend
+      -> compile_capture       verify (KILN_VERIFY), log graph_code, dump, call the backend, then take
+                               the shape guards again from the ShapeEnv (the backend's assumptions too)
       -> optimize._make_entry  compile guards, build the input extractor, cache the entry
 """
 
@@ -15,7 +16,7 @@ from typing import Any
 
 from kiln.graph import KNOBS, Backend, dump, enabled, keeping_texts, log, new_graph_id, verify
 
-from .capture import Capture
+from .capture import Capture, refresh_shape_guards
 
 
 def compile_capture(cap: Capture, backend: Backend,
@@ -27,13 +28,14 @@ def compile_capture(cap: Capture, backend: Backend,
     name = code.co_name if code is not None else "graph"
     if enabled("graph_code"):
         log("graph_code").info("captured graph for %s:\n%s", name, cap.captured.as_text())
-    if enabled("guards"):
-        log("guards").info("guards for %s:\n%s", name, cap.captured.guards.as_text())
     if keeping_texts():
         dump(new_graph_id(name), "capture", cap.captured.as_text())
-    if not needs_backend(cap):
-        return None
-    return backend(gm, list(cap.example_inputs))
+    compiled = backend(gm, list(cap.example_inputs)) if needs_backend(cap) else None
+    # the backend traced with the capture's ShapeEnv: what it assumed about sizes is guarded too
+    cap.captured = refresh_shape_guards(cap.captured)
+    if enabled("guards"):
+        log("guards").info("guards for %s:\n%s", name, cap.captured.guards.as_text())
+    return compiled
 
 
 def frame_name(code: types.CodeType) -> str:

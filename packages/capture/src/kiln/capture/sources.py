@@ -17,6 +17,11 @@ def local_source(name: str) -> str:
     return f"L[{name!r}]"
 
 
+def is_argument(source: str) -> bool:
+    """``L['name']``: a frame argument (``dynamic=True`` makes ints symbolic only there)."""
+    return source.startswith("L['") and source.endswith("']") and source.count("[") == 1
+
+
 def global_source(name: str) -> str:
     return f"G[{name!r}]"
 

@@ -26,7 +26,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 
 from kiln.graph import Guard, TensorSpec, global_state, tensor_expectation, type_name
 
-from .errors import GraphBreak
+from .errors import GraphBreak, Unsupported
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
 from .values import ADVANCES, ContextExit, GradModeContext, ListIterator, ResumeIterator
@@ -136,8 +136,7 @@ class Tracer:
         if value is None:
             self.add_guard(source, "IS_NONE", None)
             return value
-        if t is int and self.shape_env is not None and _is_argument(source) and \
-                self.dynamic_policy(source, value):
+        if t is int and self.shape_env is not None and self.dynamic_policy(source, value):
             lifted = self.lift_int(value, source)
             if lifted is not None:
                 return lifted
@@ -271,6 +270,7 @@ class Tracer:
                 ctx = StatelessSymbolicContext(dynamic_sizes=[
                     DimDynamic.DYNAMIC if i in dims else DimDynamic.STATIC for i in range(value.dim())])
                 fake = self.fake_mode.from_tensor(value, source=KilnSource(source), symbolic_context=ctx)
+                self._constrain_ranges(value, fake, source)
             else:
                 fake = self.fake_mode.from_tensor(value, static_shapes=True)
             dyn = frozenset(i for i, s in enumerate(fake.shape) if isinstance(s, torch.SymInt))
@@ -287,6 +287,21 @@ class Tracer:
         self.node_of[id(fake)] = node
         self.keep.append(fake)
         return fake
+
+    def _constrain_ranges(self, value: torch.Tensor, fake: torch.Tensor, source: str) -> None:
+        """``mark_dynamic(t, dim, min=, max=)``: the symbol's range (guarded as ``s0 >= min``, ``s0 <= max``)."""
+        assert self.shape_env is not None
+        for d, (lo, hi) in getattr(value, "_kiln_dynamic_ranges", {}).items():
+            size = int(value.shape[d])
+            if (lo is not None and size < lo) or (hi is not None and size > hi):
+                raise Unsupported(f"{source}.size()[{d}] is {size}, outside the range [{lo}, {hi}] given to "
+                                  "mark_dynamic; widen the range or call with a size inside it")
+            s = fake.shape[d]
+            if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol):
+                vr = self.shape_env.var_to_range[s.node.expr]
+                self.shape_env.constrain_symbol_range(
+                    s.node.expr, compiler_min=int(vr.lower) if lo is None else max(lo, int(vr.lower)),
+                    compiler_max=vr.upper if hi is None else hi)
 
     def _placeholder(self, source: str, fake: Any) -> fx.Node:
         if self.last_placeholder is None:
@@ -512,11 +527,6 @@ def _breaking_errors() -> tuple[type[BaseException], ...]:
 
 
 _BREAKING_ERRORS = _breaking_errors()
-
-
-def _is_argument(source: str) -> bool:
-    """``L['name']``: a frame argument, the only ints made symbolic (not attributes or items)."""
-    return source.startswith("L['") and source.endswith("']") and source.count("[") == 1
 
 
 _CONSTANT_TYPES = frozenset({bool, int, float, str, type(None)})

@@ -73,6 +73,16 @@ from .stages import (
     example_specs,
 )
 from .strides import view_strides
+from .symbolic import (
+    SymbolicSizeError,
+    SymbolNodes,
+    has_symbolic_sizes,
+    is_symbolic,
+    py_expr,
+    shape_env_of,
+    size_evaluator,
+    size_hint,
+)
 from .trees import map_leaves
 from .verify import is_pure_op, verify
 
@@ -91,7 +101,8 @@ __all__ = [
     "expected_from_json", "expected_to_json", "source_tree", "gc_paused", "map_leaves",
     "enabled",
     "example_specs", "global_state", "lazy_graph_module", "log", "new_graph_id", "print_graph", "run_pipeline",
-    "is_pure_op", "set_logs", "target_name", "tensor_expectation", "type_name", "verify", "view_strides",
+    "is_pure_op", "set_logs", "SymbolNodes", "SymbolicSizeError", "has_symbolic_sizes", "is_symbolic",
+    "py_expr", "shape_env_of", "size_evaluator", "size_hint", "target_name", "tensor_expectation", "type_name", "verify", "view_strides",
 ]
 
 apply_env_logs(KNOBS.logs)  # every stage honours KILN_LOGS, installed alone or together

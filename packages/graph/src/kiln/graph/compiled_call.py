@@ -22,6 +22,7 @@ from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from .errors import DoubleBackwardError
 from .modes import autocast_off
+from .symbolic import size_evaluator
 
 ListCall = Callable[[list[Any]], Sequence[Any]]
 
@@ -35,11 +36,16 @@ class OutputRule:
 
     kind: str
     index: int = -1
-    size: tuple[int, ...] = ()
-    stride: tuple[int, ...] = ()
-    storage_offset: int = 0
+    # a view's metadata; a str is a symbolic size as a Python expression over CallSignature.symbols
+    size: tuple[int | str, ...] = ()
+    stride: tuple[int | str, ...] = ()
+    storage_offset: int | str = 0
     requires_grad: bool = False
     value: Any = None  # a constant output (int, None, ...)
+
+    @property
+    def symbolic(self) -> bool:
+        return any(isinstance(v, str) for v in (*self.size, *self.stride, self.storage_offset))
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +54,10 @@ class CallSignature:
     the new values of the ``mutated`` inputs, then (training) the tensors saved for the backward;
     the backward takes the saved tensors and one tangent per ``diff`` output and returns one
     gradient per ``grad_inputs`` entry. ``grad_deps``: per gradient, the tangents it reads (a
-    gradient whose tangents were all undefined is None, as in eager)."""
+    gradient whose tangents were all undefined is None, as in eager). Symbolic graphs: the forward's
+    last ``n_saved_sizes`` outputs are ints (sizes the backward needs, passed after the saved
+    tensors), and ``symbols`` says where each size symbol is read at run time: (name, input index,
+    dim, or -1 for an int input)."""
 
     n_inputs: int
     n_out: int
@@ -58,6 +67,8 @@ class CallSignature:
     outputs: tuple[OutputRule, ...]
     out_spec: TreeSpec
     grad_deps: tuple[tuple[int, ...], ...] | None = None
+    n_saved_sizes: int = 0
+    symbols: tuple[tuple[str, int, int], ...] = ()
 
     @staticmethod
     def from_json(sig: Mapping[str, Any], out_spec: TreeSpec) -> CallSignature:
@@ -67,12 +78,24 @@ class CallSignature:
             sig["n_inputs"], sig["n_out"], tuple(sig["mutated"]), tuple(sig["diff"]), tuple(sig["grad_inputs"]),
             tuple(OutputRule(k, i, tuple(size), tuple(stride), off, rg, v)
                   for k, i, size, stride, off, rg, v in sig["outputs"]),
-            out_spec, None if deps is None else tuple(tuple(d) for d in deps))
+            out_spec, None if deps is None else tuple(tuple(d) for d in deps),
+            sig.get("n_saved_sizes", 0), tuple((n, i, d) for n, i, d in sig.get("symbols", ())))
+
+
+ViewMeta = Callable[[Sequence[Any]], tuple[Any, Any, Any]]
+
+
+def view_evaluators(sig: CallSignature) -> tuple[ViewMeta | None, ...]:
+    """Per output, a function of the call's arguments giving a view's (size, stride, offset) when they
+    were symbolic at trace time (None otherwise)."""
+    return tuple(size_evaluator((r.size, r.stride, r.storage_offset), sig.symbols) if r.symbolic else None
+                 for r in sig.outputs)
 
 
 def finish_outputs(sig: CallSignature, args: Sequence[Any], graph_outs: Sequence[Any],
-                   mutated: Sequence[Any]) -> Any:
-    """Write mutated inputs back, then assemble the user's outputs (regenerating aliases)."""
+                   mutated: Sequence[Any], views: Sequence[ViewMeta | None] = ()) -> Any:
+    """Write mutated inputs back, then assemble the user's outputs (regenerating aliases; ``views``
+    from ``view_evaluators`` for aliases with symbolic sizes)."""
     if mutated:
         dsts, news = [], []
         for idx, new in zip(sig.mutated, mutated):
@@ -86,7 +109,7 @@ def finish_outputs(sig: CallSignature, args: Sequence[Any], graph_outs: Sequence
         if dsts:
             _write_back(dsts, news)
     result: list[Any] = []
-    for rule in sig.outputs:
+    for i, rule in enumerate(sig.outputs):
         k = rule.kind
         if k == "graph":
             v = graph_outs[rule.index]
@@ -98,7 +121,9 @@ def finish_outputs(sig: CallSignature, args: Sequence[Any], graph_outs: Sequence
             v = rule.value
         else:
             base = args[rule.index] if k == "alias_input" else result[rule.index]
-            v = base.as_strided(rule.size, rule.stride, rule.storage_offset)
+            meta = views[i] if i < len(views) else None
+            v = base.as_strided(*meta(args)) if meta is not None else \
+                base.as_strided(rule.size, rule.stride, rule.storage_offset)  # type: ignore[arg-type]
             if not rule.requires_grad and v.requires_grad:
                 v = v.detach()
         result.append(v)
@@ -150,11 +175,12 @@ DOUBLE_BACKWARD = (
 def inference_call(sig: CallSignature, fw: ListCall) -> Callable[[list[Any]], Any]:
     """``call(args)``: the forward graph, then write-back and output rebuilding."""
     n_out = sig.n_out
+    views = view_evaluators(sig)
 
     def call(args: list[Any]) -> Any:
         with autocast_off():
             outs = list(fw(list(args)))
-        return finish_outputs(sig, args, outs[:n_out], outs[n_out:])
+        return finish_outputs(sig, args, outs[:n_out], outs[n_out:], views)
     return call
 
 
@@ -165,7 +191,7 @@ def training_function(sig: CallSignature, fw: ListCall, bw: ListCall,
     first-order gradients (as torch.compile does); differentiating those again raises
     DoubleBackwardError."""
     n_out, n_mut, diff = sig.n_out, len(sig.mutated), sig.diff
-    grad_inputs, grad_deps = sig.grad_inputs, sig.grad_deps
+    grad_inputs, grad_deps, n_sizes = sig.grad_inputs, sig.grad_deps, sig.n_saved_sizes
 
     class CompiledBackward(torch.autograd.Function):
         """The compiled backward run with create_graph=True: its results are gradients that can be
@@ -185,7 +211,9 @@ def training_function(sig: CallSignature, fw: ListCall, bw: ListCall,
         def forward(ctx: Any, *args: Any) -> Any:  # type: ignore[override]
             with autocast_off():
                 outs = list(fw(list(args)))
-            ctx.save_for_backward(*outs[n_out + n_mut:])
+            end = len(outs) - n_sizes
+            ctx.save_for_backward(*outs[n_out + n_mut:end])
+            ctx.saved_sizes = outs[end:]
             nondiff = [o for o, d in zip(outs[:n_out], diff) if not d and isinstance(o, torch.Tensor)]
             nondiff += outs[n_out:n_out + n_mut]
             if nondiff:
@@ -203,9 +231,9 @@ def training_function(sig: CallSignature, fw: ListCall, bw: ListCall,
             tangents = [torch.zeros(shape, dtype=dtype, device=device) if g is None else g.contiguous()
                         for g, (shape, dtype, device) in zip(given, ctx.tangent_meta)]
             if torch.is_grad_enabled():  # create_graph=True: first-order grads, no second order
-                gin = list(CompiledBackward.apply(*ctx.saved_tensors, *tangents))
+                gin = list(CompiledBackward.apply(*ctx.saved_tensors, *ctx.saved_sizes, *tangents))
             else:
-                bw_args = [*ctx.saved_tensors, *tangents]
+                bw_args = [*ctx.saved_tensors, *ctx.saved_sizes, *tangents]
                 # hand the saved activations over: the compiled backward drops each after its last
                 # use, as eager's engine frees a node's saved tensors once it ran (unless retain_graph)
                 handed_over = bw_owned is not None and release_saved(ctx)
@@ -229,8 +257,9 @@ def training_call(sig: CallSignature, fw: ListCall, bw: ListCall,
     rebuilding; and the Function (for inspection)."""
     function = training_function(sig, fw, bw, bw_owned)
     n_out = sig.n_out
+    views = view_evaluators(sig)
 
     def call(args: list[Any]) -> Any:
         outs = function.apply(*args)
-        return finish_outputs(sig, args, outs[:n_out], outs[n_out:])
+        return finish_outputs(sig, args, outs[:n_out], outs[n_out:], views)
     return call, function

@@ -56,6 +56,10 @@ class Guard:
         return self.kind != "ID_MATCH"
 
     def as_text(self) -> str:
+        if self.kind == "SYMBOL":  # symbolic sizes read as relations over named sizes
+            return f"{self.kind:<13} {self.expected} := {self.source}"
+        if self.kind == "SHAPE_EXPR":
+            return f"{self.kind:<13} {self.expected}" + (f"  # {self.note}" if self.note else "")
         return f"{self.kind:<13} {self.source or '<global>'} == {self.expected!r}"
 
 

@@ -14,6 +14,12 @@ from .errors import VerificationError
 from .printer import target_name
 
 _ALWAYS_OK = {operator.getitem}
+# symbolic-size arithmetic beside ``operator``/``math``: the torch.sym_* functions (kiln.graph.SymbolNodes)
+_SIZE_FUNCTIONS = {torch.sym_float, torch.sym_int, torch.sym_max, torch.sym_min, torch.sym_not}
+
+
+def _size_arithmetic(t: object) -> bool:
+    return t in _SIZE_FUNCTIONS or getattr(t, "__module__", "") in ("_operator", "math", "builtins")
 
 
 def _fail(node: fx.Node, why: str) -> VerificationError:
@@ -59,14 +65,15 @@ def _aten_check(core: bool) -> Callable[[fx.GraphModule, fx.Node], None]:
         if isinstance(t, torch._ops.HigherOrderOperator):
             return
         if not isinstance(t, torch._ops.OpOverload):
-            if getattr(t, "__module__", "") in ("_operator", "math", "builtins"):
-                return  # symbolic-size arithmetic
+            if _size_arithmetic(t):
+                return
             raise _fail(node, f"{target_name(t)} is not an ATen operator overload")
         if t.namespace in _NOT_ATEN:  # other libraries' ops (torch.library custom ops) are opaque calls
             raise _fail(node, f"operator namespace {t.namespace!r} is not ATen")
         if not _is_functional(t):
             raise _fail(node, f"{target_name(t)} mutates its inputs; the dialect is functional")
-        if core and t.namespace == "aten" and target_name(t) not in CORE_ATEN_OPS:
+        if core and t.namespace == "aten" and target_name(t) not in CORE_ATEN_OPS and \
+                target_name(t) not in _SYM_QUERIES:
             raise _fail(node, f"{target_name(t)} is not in the core ATen set (kiln.graph.CORE_ATEN_OPS)")
     return check
 
@@ -84,7 +91,7 @@ def _check_prims(gm: fx.GraphModule, node: fx.Node) -> None:
     t = node.target
     if isinstance(t, torch._ops.OpOverload) and (t.namespace == "kiln_prims" or target_name(t) in _SYM_QUERIES):
         return
-    if getattr(t, "__module__", "") in ("_operator", "math", "builtins"):
+    if _size_arithmetic(t):
         return
     raise _fail(node, f"{target_name(t)} is not a kiln_prims operator")
 

@@ -15,8 +15,15 @@ Note (soundness): the key holds everything that can change the compiled result â
     ``TRITON_*`` environment variables that are not just logging or cache locations,
   * the versions of kiln, torch (with its build tag), triton and Python, the host CPU, and a hash of
     kiln's own source files (so editing the compiler invalidates entries, as in a development tree).
-Symbolic sizes, fake or meta tensors with no data to hash, and anything else the key cannot
-describe make the graph uncacheable: it compiles as usual and the ``cache`` log says why.
+A graph with symbolic sizes (placeholders whose ``meta["val"]`` has SymInt sizes) is keyed on its
+symbolic signature instead of the example inputs' sizes: each input's sizes and strides as size
+expressions (``s77``, ``4*s77``: ShapeEnv names a symbol after its source, so the names agree across
+processes), and the ShapeEnv's guards on those symbols so far; one entry then serves every size.
+Such an entry is stored only when compiling it added no guard to the ShapeEnv: a hit does not
+compile, so an assumption the compile made (``s0 % 4 == 0``) would not become a guard of the
+caller's cache entry (the ``cache`` log says so when it is not stored).
+Fake or meta tensors with no data to hash, and anything else the key cannot describe make the graph
+uncacheable: it compiles as usual and the ``cache`` log says why.
 """
 
 from __future__ import annotations
@@ -42,7 +49,11 @@ from kiln.graph import (
     annotations_of,
     emit,
     global_state,
+    has_symbolic_sizes,
+    is_symbolic,
     log,
+    py_expr,
+    shape_env_of,
 )
 
 from .cache import CompileCache, cache_key, default_cache, key_hash
@@ -143,8 +154,9 @@ def _env() -> list[tuple[str, str]]:
                   if k.startswith(("KILN_", "TRITON_")) and k not in _ENV_IGNORED)
 
 
-def _tensor_record(t: torch.Tensor, storages: dict[object, int], index: int) -> list[object]:
-    if any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride())):
+def _tensor_record(t: torch.Tensor, storages: dict[object, int], index: int,
+                   symbolic_ok: bool = False) -> list[object]:
+    if not symbolic_ok and any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride())):
         raise Uncacheable("an input has symbolic sizes")
     try:
         ref = t.untyped_storage()._cdata if t.device.type != "meta" else None
@@ -157,11 +169,31 @@ def _tensor_record(t: torch.Tensor, storages: dict[object, int], index: int) -> 
             bool(t.is_inference()), alias]
 
 
-def _input_records(example_inputs: Sequence[Any]) -> list[object]:
+def _symbolic_record(record: list[object], val: torch.Tensor) -> list[object]:
+    """A tensor's record with its sizes and strides as the placeholder's size expressions."""
+    out = list(record)
+    out[2] = [str(s) for s in val.shape]
+    out[3] = [str(s) for s in val.stride()]
+    out[4] = str(val.storage_offset())
+    return out
+
+
+def _shape_env_record(env: Any) -> list[object]:
+    return sorted({py_expr(g.expr) for g in env.guards}) + sorted(
+        f"{k}:{v.lower}..{v.upper}" for k, v in env.var_to_range.items())
+
+
+def _input_records(example_inputs: Sequence[Any], vals: Sequence[Any] | None = None) -> list[object]:
+    """Records of the inputs; ``vals``: the placeholders' symbolic values of a symbolic graph."""
     storages: dict[object, int] = {}
     out: list[object] = []
     for i, x in enumerate(example_inputs):
-        if isinstance(x, torch.Tensor):
+        val = vals[i] if vals is not None else None
+        if isinstance(val, torch.SymInt) and is_symbolic(val):
+            out.append(["symint", str(val.node.expr)])
+        elif isinstance(x, torch.Tensor) and isinstance(val, torch.Tensor) and has_symbolic_sizes(val):
+            out.append(_symbolic_record(_tensor_record(x, storages, i, symbolic_ok=True), val))
+        elif isinstance(x, torch.Tensor):
             out.append(_tensor_record(x, storages, i))
         elif isinstance(x, (torch.SymInt, torch.SymFloat, torch.SymBool)):
             raise Uncacheable(f"input {i} is a symbolic {type(x).__name__}")
@@ -220,10 +252,21 @@ def _graph_records(gm: fx.GraphModule) -> list[object]:
 def graph_key(gm: fx.GraphModule, example_inputs: Sequence[Any], *, backend: str,
               options: object) -> str:
     """The cache key of compiling ``gm`` for ``example_inputs``; raises Uncacheable."""
+    vals = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    shape_env = shape_env_of(vals)
+    symbolic = shape_env is not None and len(vals) == len(example_inputs)
     parts = {"format": FORMAT, "backend": backend, "options": repr(options),
-             "graph": _graph_records(gm), "inputs": _input_records(example_inputs),
+             "graph": _graph_records(gm), "inputs": _input_records(example_inputs, vals if symbolic else None),
              "state": _state(), "env": _env(), "kiln_sources": kiln_source_hash()}
+    if symbolic:
+        parts["shape_env"] = _shape_env_record(shape_env)
     return cache_key(json.dumps(parts, sort_keys=True, default=repr))
+
+
+def _guard_count(gm: fx.GraphModule) -> tuple[Any, int]:
+    """The graph's ShapeEnv (None for a static graph) and how many guards it holds now."""
+    env = shape_env_of([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
+    return env, (len(env.guards) + len(env.replacements) if env is not None else 0)
 
 
 # ---- the value -----------------------------------------------------------------------------------
@@ -333,7 +376,12 @@ def cached_backend(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], name: str
                 emit(CacheLookup(name, True, short))
                 return CompiledGraph(call, hit.backend, dict(hit.texts), program)
         emit(CacheLookup(name, False, short))
+        env, guards_before = _guard_count(gm)
         compiled = fn(gm, example_inputs)
+        if env is not None and _guard_count(gm)[1] != guards_before:
+            log("cache").info("graph cache miss %s (%s): not stored, compiling it added shape guards "
+                              "(a hit would not add them)", short, name)
+            return compiled
         if not isinstance(compiled, CompiledGraph) or compiled.portable is None:
             log("cache").info("graph cache miss %s (%s): not stored, the backend gave no portable "
                               "program", short, name)

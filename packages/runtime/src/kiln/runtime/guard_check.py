@@ -68,10 +68,35 @@ def _describe_failure(g: Guard, value: object) -> tuple[str, object, object]:
     return "value", g.expected, value
 
 
+_RANGE = re.compile(r"^(\w+) (>=|<=) (-?\d+)$")
+
+
+def _shape_error(g: Any, guards: GuardSet, symbols: Mapping[str, Any], sites: Mapping[str, str]) -> GuardError:
+    """A failed size relation, said with the inputs' dims it reads: for a range guard, the range."""
+    bound = ", ".join(f"{sites.get(k, k)} = {v} ({k})" for k, v in symbols.items() if k in str(g.expected))
+    m = _RANGE.match(str(g.expected))
+    if m:
+        sym = m.group(1)
+        lo = hi = None
+        for other in guards:
+            r = _RANGE.match(str(other.expected)) if other.kind == "SHAPE_EXPR" else None
+            if r and r.group(1) == sym:
+                lo, hi = (int(r.group(3)), hi) if r.group(2) == ">=" else (lo, int(r.group(3)))
+        where = sites.get(sym, sym)
+        return GuardError(f"{where}: size {symbols.get(sym)} is outside the range [{lo}, {'inf' if hi is None else hi}] "
+                          f"this function was compiled for (symbol {sym}); compile it again with a wider "
+                          "kiln.mark_dynamic(t, dim, min=, max=) range", input_name=where,
+                          expected=f"{lo} <= {sym} <= {hi}", actual=symbols.get(sym), guard=g)
+    return GuardError(f"shape relation {g.expected} does not hold for {bound}; the compiled function assumed "
+                      "it (compile it again for these sizes)", input_name="", expected=g.expected, actual=bound,
+                      guard=g)
+
+
 def diagnose(guards: GuardSet, L: Mapping[str, Any], G: Mapping[str, Any],
              names: Mapping[str, str]) -> GuardError:
     """The GuardError for the first failing guard (``names``: guard source -> input name)."""
     symbols: dict[str, Any] = {}
+    sites: dict[str, str] = {}  # symbol -> "input 'x' dim 0", where it was first read
     for g in guards:
         label = names.get(g.source) or display_name(g.source)
         if g.kind == "GLOBAL_STATE":
@@ -86,9 +111,7 @@ def diagnose(guards: GuardSet, L: Mapping[str, Any], G: Mapping[str, Any],
             continue
         if g.kind == "SHAPE_EXPR":
             if not eval(str(g.expected), {}, dict(symbols)):  # noqa: S307 - a guard we saved
-                bound = ", ".join(f"{k}={v}" for k, v in symbols.items())
-                return GuardError(f"shape constraint {g.expected} does not hold ({bound})",
-                                  input_name="", expected=g.expected, actual=bound, guard=g)
+                return _shape_error(g, guards, symbols, sites)
             continue
         try:
             value = eval(g.source, {"L": L, "G": G})  # noqa: S307
@@ -108,6 +131,10 @@ def diagnose(guards: GuardSet, L: Mapping[str, Any], G: Mapping[str, Any],
                                   f"{sym} as an earlier input), got {value}", input_name=label,
                                   expected=symbols[sym], actual=value, guard=g)
             symbols.setdefault(sym, value)
+            if sym not in sites:
+                site = _SIZE_SITE.match(g.source)
+                sites[sym] = (f"input {names.get(site.group(1)) or display_name(site.group(1))!r} dim "
+                              f"{site.group(2)}") if site else f"input {label!r}"
             continue
         if GuardSet((g,)).compile()(L, G):
             continue

@@ -1,0 +1,141 @@
+"""Recompiles on sizes: automatic dynamic dims and ints (arguments and attributes), the recompile
+limit's warning (which guard kept failing, what to do), shape guards a backend adds after capture,
+and symbolic guards printed readably in explain() and the recompiles log."""
+
+from __future__ import annotations
+
+import logging
+import re
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import kiln.capture as kc
+from kiln.graph import set_logs
+
+from .conftest import assert_same
+
+
+def test_size_stream_compiles_twice(recorder):
+    def f(x):
+        return x.relu() * x.shape[0]
+    g = kc.optimize(f, recorder)
+    for n in range(2, 30):
+        x = torch.randn(n, 3)
+        assert_same(g(x), f(x))
+    assert recorder.count == 2  # the first size, then one symbolic graph for every other size
+
+
+class Step(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pos = 0
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x) * self.pos
+
+
+def test_attribute_int_that_varies_becomes_symbolic(recorder):
+    m = Step()
+    g = kc.optimize(m.forward, recorder)
+    for pos in range(2, 14):
+        m.pos = pos
+        x = torch.randn(2, 4)
+        assert_same(g(x), m(x))
+    assert recorder.count == 2
+    assert any(isinstance(n.meta.get("val"), torch.SymInt)
+               for n in recorder.graphs[-1].graph.nodes if n.op == "placeholder")
+
+
+def test_recompile_limit_warning_names_the_guard_and_what_to_do(recorder):
+    def f(x):
+        return x + 1
+    g = kc.optimize(f, recorder, dynamic=False, recompile_limit=3)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for n in range(2, 9):
+            x = torch.randn(n)
+            assert_same(g(x), f(x))
+    assert recorder.count == 3
+    msg = " ".join(str(m.message) for m in w if "recompile limit" in str(m.message))
+    assert "EAGERLY" in msg
+    assert "TENSOR_MATCH on L['x']" in msg and "kept failing (3 of 3 misses)" in msg
+    assert "kiln.mark_dynamic" in msg and "dynamic=True" in msg
+
+
+def _specialising(gm, example_inputs):
+    """A backend that reads each symbolic size as an int (a compiler that specialises)."""
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if n.op == "placeholder" and isinstance(v, torch.Tensor):
+            [int(s) for s in v.shape]  # noqa: B018 - the int() adds a guard s == value
+    return gm.forward
+
+
+def test_backend_specialisation_is_guarded_and_reported():
+    kc.reset()
+
+    def f(x):
+        return x * 2
+    g = kc.optimize(f, _specialising, recompile_limit=4)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        for n in range(2, 12):  # fresh inputs each call: a graph for another size is never reused
+            x = torch.randn(n)
+            assert_same(g(x), f(x))
+    entries = kc.cache_entries(g)
+    assert len(entries) == 4
+    # the symbolic entries carry the backend's assumption as a guard, never serve another size
+    assert any(re.search(r"\(s\d+ == \d+\)", e.guards.as_text()) for e in entries[1:])
+    msg = " ".join(str(m.message) for m in w if "recompile limit" in str(m.message))
+    assert re.search(r"size guards on L\['x'\]\.size\(\)\[0\]", msg), msg
+    assert "specialised to one size" in msg
+
+
+def test_explain_prints_symbolic_guards_readably():
+    def f(x, y):
+        return torch.cat([x, y]).reshape(-1, 2)
+    x, y = torch.randn(4, 3), torch.randn(6, 3)
+    kc.mark_dynamic(x, 0)
+    kc.mark_dynamic(y, 0)
+    text = kc.explain(f)(x, y).guards[0].as_text()
+    assert re.search(r"SYMBOL +s\d+ := L\['x'\]\.size\(\)\[0\]", text), text
+    assert re.search(r"SHAPE_EXPR +s\d+ >= 2  # size range", text), text
+
+
+def test_recompiles_log_names_the_failing_size_guard(recorder, caplog):
+    def f(x):
+        if x.shape[0] > 5:
+            return x * 2
+        return x - 1
+    set_logs("recompiles")
+    try:
+        logging.getLogger("kiln.recompiles").propagate = True
+        with caplog.at_level(logging.INFO, logger="kiln.recompiles"):
+            g = kc.optimize(f, recorder, dynamic=True)
+            for n in (8, 9, 3, 4):
+                x = torch.randn(n)
+                assert_same(g(x), f(x))
+    finally:
+        set_logs()
+    assert recorder.count == 2
+    assert re.search(r"size guard \(s\d+ > 5\)|size guard \(5 < s\d+\)|size guard s\d+ >= 6", caplog.text), caplog.text
+
+
+@pytest.mark.parametrize("dynamic", [None, True])
+def test_marked_range_bounds_the_symbolic_entry(recorder, dynamic):
+    def f(x):
+        return x.sum(0)
+    g = kc.optimize(f, recorder, dynamic=dynamic)
+    x = torch.randn(5, 2)
+    kc.mark_dynamic(x, 0, min=4, max=6)
+    for t in (x, torch.randn(4, 2), torch.randn(6, 2), torch.randn(7, 2), torch.randn(9, 2)):
+        assert_same(g(t), f(t))
+    assert recorder.count == 2  # 4..6 from the marked entry; 7 and 9 share a second one
+    with pytest.raises(kc.Unsupported, match=r"outside the range \[4, 6\]"):
+        y = torch.randn(3, 2)
+        kc.mark_dynamic(y, 0, min=4, max=6)
+        kc.optimize(f, recorder)(y)
