@@ -23,6 +23,7 @@ from kiln.graph import (
 
 from .codegen.triton.ahead import warm_compile_pool
 from .codegen.wrapper import REQUIRES
+from .dynamic import GuardWatch
 from .constants import WithConstants, constants_epilogue, lift_constants
 from .ir import TensorRef
 from .lowering.lower import LoweringError
@@ -133,7 +134,9 @@ def _eager_graph(gm: fx.GraphModule, name: str, reason: str) -> CompiledGraph:
 
 def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: InductorOptions, name: str,
              t0: float) -> CompiledGraph:
-    state = CompileState(gm, list(example_inputs), options, name)
+    watch = GuardWatch(example_inputs)
+    state = CompileState(gm, list(example_inputs), options, name,
+                         guards=watch if watch.symbolic else None)
     verify = options.verify if options.verify is not None else GRAPH_KNOBS.verify
     instruments = [VerifyAfterPass(verify_state)] if verify else []
     result = run_pipeline(PASSES, state, None, instruments)

@@ -56,6 +56,18 @@ from .nodes import (
                    node_outputs,
 )
 from .program import LoopProgram, Output, node_reads
+from .sizes import (
+                   DynamicShapeUnsupported,
+                   SizeGuard,
+                   SizeSource,
+                   is_size_symbol,
+                   kernel_size_symbols,
+                   is_symbolic,
+                   size_symbol,
+                   size_symbols_of,
+                   substitute_hints,
+                   sym_expr,
+)
 from .verify import verify_kernel, verify_program, verify_schedule
 
 __all__ = [
@@ -67,5 +79,6 @@ __all__ = [
     "index_vars",
     "is_static", "map_expr", "node_outputs", "node_reads", "op", "product", "reads", "size",
     "strided_index", "substitute_index", "verify_kernel", "verify_program", "verify_schedule", "walk",
-    "work_buffers",
+    "work_buffers", "DynamicShapeUnsupported", "SizeGuard", "SizeSource", "is_size_symbol", "kernel_size_symbols",
+    "is_symbolic", "size_symbol", "size_symbols_of", "substitute_hints", "sym_expr",
 ]

@@ -10,7 +10,7 @@ import sympy
 import torch
 from torch import fx
 
-from ..ir import Constant, Expr, IndexExpr, as_index, cast, index_vars
+from ..ir import Constant, Expr, IndexExpr, IndexValue, as_index, cast, index_vars, is_symbolic, sym_expr
 from .context import LoweringContext, NotLowered
 from .values import Lazy, TensorValue, broadcast_at, is_tensor
 
@@ -45,8 +45,8 @@ def out_dtype(node: fx.Node) -> torch.dtype:
 
 
 def _dim(s: object) -> IndexExpr:
-    if isinstance(s, torch.SymInt):
-        raise NotLowered("symbolic sizes are not supported by the C++ backend yet")
+    if is_symbolic(s):
+        return sym_expr(s)
     return as_index(s)
 
 
@@ -63,6 +63,8 @@ def promote(*args: object) -> torch.dtype:
             probes.append(_probe(a.dtype, len(a.shape) > 0))  # type: ignore[union-attr]
         elif isinstance(a, (bool, int, float)):
             probes.append(a)
+        elif isinstance(a, sympy.Expr):  # a symbolic int (a size used as a value)
+            probes.append(1)
         else:
             raise NotLowered(f"cannot promote {type(a).__name__}")
     if len(probes) == 1:
@@ -80,6 +82,8 @@ def operand(a: object, idx: Sequence[IndexExpr], dtype: torch.dtype) -> Expr:
         return broadcast_at(a, idx, dtype)  # type: ignore[arg-type]
     if isinstance(a, (bool, int, float)):
         return cast(Constant(a, _scalar_dtype(a)), dtype)
+    if isinstance(a, sympy.Expr):  # a symbolic int: the kernel reads the size argument
+        return cast(IndexValue(a, torch.int64), dtype)
     if isinstance(a, (torch.SymInt, torch.SymFloat)):
         raise NotLowered("symbolic scalars are not supported yet")
     raise NotLowered(f"unsupported operand {type(a).__name__}")

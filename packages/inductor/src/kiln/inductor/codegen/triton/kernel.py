@@ -30,6 +30,7 @@ from ...ir import (
     Load,
     Op,
     index_var,
+    kernel_size_symbols,
     reads,
     substitute_index,
     walk,
@@ -118,15 +119,7 @@ def _is_kernel_var(s: sympy.Symbol) -> bool:
     return s.name[:1] in ("x", "r", "d") and s.name[1:].isdigit()
 
 
-def size_symbols(k: Kernel) -> list[str]:
-    syms: set[str] = set()
-    for e in (*k.outer, *k.inner):
-        syms |= {s.name for s in sympy.sympify(e).free_symbols}
-    for n in k.nodes:
-        loads = [x.index for r in (n.body, *n.store_indirect) for x in walk(r) if isinstance(x, (Load, IndexValue))]
-        for e in [n.store_index, *loads]:
-            syms |= {s.name for s in e.free_symbols if not _is_kernel_var(s)}
-    return sorted(syms, key=lambda s: (len(s), s))
+size_symbols = kernel_size_symbols  # the kernel's size parameters (ir/sizes.py)
 
 
 def _bound(e: sympy.Expr, sizes: dict[sympy.Symbol, IndexExpr]) -> float:
