@@ -11,7 +11,7 @@ from dynamic_helpers import BACKENDS, SIZES, check_sizes, compile_symbolic, is_d
 torch.manual_seed(0)
 
 
-def _run(fn, make_args, options, sizes=SIZES, example=5, **tol):
+def _run(fn, make_args, options, sizes=SIZES, example=37, **tol):
     cg = compile_symbolic(fn, *make_args(example), options=options)
     assert is_dynamic(cg), cg.loop_program.as_text()
     check_sizes(cg, fn, make_args, sizes, **tol)

@@ -25,7 +25,7 @@ from .codegen.triton.ahead import warm_compile_pool
 from .codegen.wrapper import REQUIRES
 from .dynamic import GuardWatch
 from .constants import WithConstants, constants_epilogue, lift_constants
-from .ir import TensorRef
+from .ir import TensorRef, is_static
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions
 from .pipeline import PASSES, CompileState, verify_state
@@ -77,6 +77,10 @@ class _FirstCallWaits:
             self.pending.wait()
             self.pending = None
         return self.call(args)  # type: ignore[no-any-return]
+
+
+def is_static_all(xs: Sequence[Any]) -> bool:
+    return all(is_static(x) for x in xs)
 
 
 def _nothing() -> None:
@@ -165,5 +169,8 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     # the strides each output really has (None: not a tensor); they differ from the trace only for
     # outputs marked layout-free (layout.FREE_OUTPUTS), e.g. channels-last saved activations
     compiled.output_strides = tuple(  # type: ignore[attr-defined]
-        tuple(int(st) for st in o.stride) if isinstance(o, TensorRef) else None for o in s.program.outputs)
+        tuple(int(st) for st in o.stride) if isinstance(o, TensorRef) and is_static_all(o.stride) else None
+        for o in s.program.outputs)  # symbolic strides: None (the caller keeps the traced ones)
+    compiled.size_guards = tuple(g.expr for g in s.program.size_guards)  # type: ignore[attr-defined]
+    compiled.size_sources = {z.symbol: z.source for z in s.program.sizes}  # type: ignore[attr-defined]
     return compiled

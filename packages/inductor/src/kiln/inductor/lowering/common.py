@@ -115,5 +115,12 @@ def require_cpu(node: fx.Node, ctx: LoweringContext) -> None:
         raise NotLowered(f"device {v.device} is not handled by the C++ or Triton backends")
 
 
+def size_value(n: IndexExpr, dtype: torch.dtype) -> Expr:
+    """A size as a value of ``dtype``: a constant when static, else the kernel's size argument."""
+    if isinstance(n, (int, sympy.Integer)):
+        return Constant(float(n) if dtype.is_floating_point else int(n), dtype)
+    return cast(IndexValue(n, torch.int64), dtype)
+
+
 def zero() -> sympy.Expr:
     return sympy.Integer(0)

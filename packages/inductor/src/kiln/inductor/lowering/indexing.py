@@ -13,7 +13,7 @@ import torch
 from torch import fx
 
 from ..ir import Constant, Expr, IndexExpr, IndexValue, Load, cast, index_var, index_vars, op
-from .common import Rule, out_dtype, out_shape
+from .common import Rule, out_dtype, out_shape, size_value
 from .context import LoweringContext, NotLowered
 from .values import Lazy, Strided, TensorValue, broadcast_at, value_at
 
@@ -24,7 +24,7 @@ def _wrap(idx: Expr, size: IndexExpr) -> Expr:
     """Negative indices count from the end."""
     i = cast(idx, torch.int64)
     return op("where", op("lt", i, Constant(0, torch.int64), dtype=torch.bool),
-              op("add", i, Constant(int(size), torch.int64), dtype=torch.int64), i, dtype=torch.int64)
+              op("add", i, size_value(size, torch.int64), dtype=torch.int64), i, dtype=torch.int64)
 
 
 def gather_load(ctx: LoweringContext, x: TensorValue, idx: list[IndexExpr | Expr]) -> Expr:
@@ -125,7 +125,7 @@ def _cat(ctx: LoweringContext, node: fx.Node, tensors: Sequence[TensorValue], di
         if body is None:
             body = val
         else:
-            cond = op("lt", IndexValue(iv[dim], torch.int64), Constant(int(s + t.shape[dim]), torch.int64),
+            cond = op("lt", IndexValue(iv[dim], torch.int64), size_value(s + t.shape[dim], torch.int64),
                       dtype=torch.bool)
             body = op("where", cond, val, body, dtype=d)
     assert body is not None
