@@ -149,7 +149,7 @@ def _pad(ctx: LoweringContext, node: fx.Node, x: TensorValue, pad: Sequence[int]
         if lo > 0:
             conds.append(op("ge", IndexValue(iv[k], torch.int64), Constant(lo, torch.int64), dtype=torch.bool))
         if int(pad[2 * j + 1]) > 0 or lo > 0:
-            conds.append(op("lt", IndexValue(iv[k], torch.int64), Constant(int(x.shape[k]) + lo, torch.int64),
+            conds.append(op("lt", IndexValue(iv[k], torch.int64), size_value(x.shape[k] + lo, torch.int64),
                             dtype=torch.bool))
     val = value_at(x, idx)
     if not conds:

@@ -286,9 +286,9 @@ def _split(ctx: LoweringContext, node: fx.Node, x: TensorValue, sizes: object, d
     dim = _norm_dim(dim, n)
     outs = meta(node)
     parts = []
-    start = 0
+    start: IndexExpr = sympy.Integer(0)
     for o in outs:
-        length = int(o.shape[dim])
+        length = as_index(o.shape[dim])  # never int(): a SymInt would be specialised
         parts.append(_slice_to(ctx, x, dim, start, start + length, tuple(as_index(s) for s in o.shape)))
         start += length
     return tuple(parts)
