@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import kiln.decomp as decomp
 from kiln.graph import CompiledGraph
@@ -23,18 +25,33 @@ needs_triton = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 BACKENDS = [pytest.param(CPP, id="cpp"), pytest.param(TRITON, id="triton", marks=needs_triton)]
 
 
-def symbolic_graph(fn: Callable[..., Any], *args: Any) -> tuple[torch.fx.GraphModule, list[Any]]:
-    """``fn`` traced with symbolic sizes (every tensor dim and int argument a symbol, as torch traces
-    ``dynamic=True``), decomposed as kiln's backend hands graphs to compile_graph; and its example inputs
-    (the placeholders' fake tensors and SymInts)."""
-    gm = make_fx(fn, tracing_mode="symbolic")(*args)
+def symbolic_graph(fn: Callable[..., Any], *args: Any,
+                   dynamic: dict[int, tuple[int, ...]] | None = None) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """``fn`` traced with symbolic sizes, decomposed as kiln's backend hands graphs to compile_graph;
+    and its example inputs (the placeholders' fake tensors and SymInts). Without ``dynamic`` every
+    tensor dim and int argument is a symbol (as torch traces ``dynamic=True``); with it, only those
+    dims of those arguments (``{0: (0, 1)}``: dims 0 and 1 of the first), over one ShapeEnv, the rest
+    static (weights, as kiln.capture marks parameters)."""
+    if dynamic is None:
+        gm = make_fx(fn, tracing_mode="symbolic")(*args)
+    else:
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+        fakes = []
+        for k, a in enumerate(args):
+            dims = dynamic.get(k, ())
+            ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
+                                                          for d in range(a.dim())])
+            fakes.append(mode.from_tensor(a, symbolic_context=ctx))
+        with mode:
+            gm = make_fx(fn, tracing_mode="real")(*fakes)
     gm = decomp.decompose(gm, inductor_decompositions(), check=False)
     examples = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     return gm, examples
 
 
-def compile_symbolic(fn: Callable[..., Any], *args: Any, options: InductorOptions = CPP) -> CompiledGraph:
-    gm, examples = symbolic_graph(fn, *args)
+def compile_symbolic(fn: Callable[..., Any], *args: Any, options: InductorOptions = CPP,
+                     dynamic: dict[int, tuple[int, ...]] | None = None) -> CompiledGraph:
+    gm, examples = symbolic_graph(fn, *args, dynamic=dynamic)
     cg = compile_graph(gm, examples, options=options)
     assert cg.backend == "inductor", cg.texts.get("fallbacks")
     return cg

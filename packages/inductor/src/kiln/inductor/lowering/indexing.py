@@ -271,9 +271,16 @@ def _index_put(ctx: LoweringContext, node: fx.Node, x: TensorValue, indices: Seq
         raise NotLowered("index_put with indices that do not start at dim 0")
     if not accumulate:
         raise NotLowered("index_put without accumulate (duplicate indices make the result order-dependent)")
-    b_shape = torch.broadcast_shapes(*(tuple(int(s) for s in indices[k].shape) for k in idx_pos))  # type: ignore[union-attr]
+    shapes = [tuple(indices[k].shape) for k in idx_pos]  # type: ignore[union-attr]
+    if all(isinstance(s, sympy.Integer) for sh in shapes for s in sh):
+        b_shape: tuple = tuple(sympy.Integer(s) for s in torch.broadcast_shapes(*(tuple(int(s) for s in sh)
+                                                                                  for sh in shapes)))
+    elif all(sh == shapes[0] for sh in shapes):
+        b_shape = shapes[0]  # symbolic: indices of one shape need no broadcast
+    else:
+        raise NotLowered("index_put with symbolic index shapes that broadcast")
     rest = [x.shape[k] for k in range(len(idx_pos), len(x.shape))]
-    src_shape = tuple(sympy.Integer(s) for s in b_shape) + tuple(rest)
+    src_shape = tuple(b_shape) + tuple(rest)
     iv = list(index_vars("i", len(src_shape)))
     bvars = iv[:len(b_shape)]
     dest: list = [_to_r(broadcast_at(indices[k], bvars), len(iv)) for k in idx_pos]  # type: ignore[arg-type]

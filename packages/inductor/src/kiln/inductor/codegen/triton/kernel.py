@@ -32,6 +32,7 @@ from ...ir import (
     index_var,
     kernel_size_symbols,
     reads,
+    substitute_hints,
     substitute_index,
     walk,
 )
@@ -465,14 +466,17 @@ def split_scatter(k: Kernel) -> list[Kernel]:
             Kernel(f"{k.name}_scatter", k.inner, (), tuple(moved), inputs, k.outputs)]
 
 
-def generate_kernels(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG) -> list[TritonKernel]:
-    """The launches of one scheduled kernel (one, or two for scatter kernels)."""
+def generate_kernels(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG,
+                     hints: dict[str, int] | None = None) -> list[TritonKernel]:
+    """The launches of one scheduled kernel (one, or two for scatter kernels); ``hints``: the example
+    inputs' values of size symbols (block sizes only)."""
     if any(n.kind == "scatter" for n in k.nodes):
-        return [generate_kernel(part, cfg) for part in split_scatter(k)]
-    return [generate_kernel(k, cfg)]
+        return [generate_kernel(part, cfg, hints) for part in split_scatter(k)]
+    return [generate_kernel(k, cfg, hints)]
 
 
-def generate_kernel(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG) -> TritonKernel:
+def generate_kernel(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG,
+                    hints: dict[str, int] | None = None) -> TritonKernel:
     """Triton source and launch description for one scheduled kernel."""
     simple = simplify_kernel(k)
     xnumel = product(list(simple.outer))
@@ -481,7 +485,9 @@ def generate_kernel(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG) -> TritonKern
         return _generate_2d(simple, cfg, split)
     writer = KernelWriter(simple, cfg)
     if simple.is_row_kernel:
-        blocks = row_blocks(xnumel, product(list(simple.inner)), _r_contiguous(simple), cfg)
+        rnumel = product(list(simple.inner))
+        rhint = static(substitute_hints(rnumel, hints)) if hints else None
+        blocks = row_blocks(xnumel, rnumel, _r_contiguous(simple), cfg, rhint)
         kind = "persistent_reduction" if blocks.persistent else "looped_reduction"
     else:
         blocks = pointwise_blocks(xnumel, cfg)
