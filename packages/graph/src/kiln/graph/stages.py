@@ -79,6 +79,10 @@ class CompiledGraph:
     loop_program: StageObject | None = None
     scheduled: StageObject | None = None
     aot: object | None = None
+    # symbolic graphs: the size relations the compiled code assumed (its wrapper checks them on every
+    # call and raises GuardError), and where each size symbol is read from ("L['x'].size()[0]"-style)
+    size_guards: tuple[str, ...] = ()
+    size_sources: Mapping[str, str] = field(default_factory=dict)
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)

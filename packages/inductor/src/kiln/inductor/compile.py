@@ -29,7 +29,8 @@ from kiln.graph import (
 from .codegen.triton.ahead import warm_compile_pool
 from .codegen.wrapper import REQUIRES
 from .constants import WithConstants, constants_epilogue, lift_constants
-from .ir import TensorRef
+from .dynamic import GuardWatch
+from .ir import TensorRef, is_static
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions
 from .pipeline import PASSES, CompileState, verify_state
@@ -81,6 +82,10 @@ class _FirstCallWaits:
             self.pending.wait()
             self.pending = None
         return self.call(args)  # type: ignore[no-any-return]
+
+
+def is_static_all(xs: Sequence[Any]) -> bool:
+    return all(is_static(x) for x in xs)
 
 
 def _nothing() -> None:
@@ -136,7 +141,9 @@ def _eager_graph(gm: fx.GraphModule, name: str, reason: str) -> CompiledGraph:
 
 def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: InductorOptions, name: str,
              t0: float) -> CompiledGraph:
-    state = CompileState(gm, list(example_inputs), options, name)
+    watch = GuardWatch(example_inputs)
+    state = CompileState(gm, list(example_inputs), options, name,
+                         guards=watch if watch.symbolic else None)
     verify = options.verify if options.verify is not None else GRAPH_KNOBS.verify
     instruments = [VerifyAfterPass(verify_state)] if verify else []
     result = run_pipeline(PASSES, state, None, instruments)
@@ -162,10 +169,14 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     requires = tuple(dict.fromkeys((*s.kernels.requires, *REQUIRES)))
     portable = PortableProgram(s.wrapper, dict(s.kernels.files), requires)
     # the strides each output really has (None: not a tensor); they differ from the trace only for
-    # outputs marked layout-free (GraphAnnotations.layout_free_outputs), e.g. channels-last saved activations
+    # outputs marked layout-free (GraphAnnotations.layout_free_outputs), e.g. channels-last saved activations;
+    # symbolic strides: None (the caller keeps the traced ones)
     output_strides = tuple(
-        tuple(int(st) for st in o.stride) if isinstance(o, TensorRef) else None for o in s.program.outputs)
+        tuple(int(st) for st in o.stride) if isinstance(o, TensorRef) and is_static_all(o.stride) else None
+        for o in s.program.outputs)
     return CompiledGraph(fn, "inductor", texts, portable, output_strides=output_strides,
                          # blocks until the Triton kernels compiling in the worker pool are done
                          wait_kernels=pending.wait if pending is not None else _nothing,
-                         loop_program=s.program, scheduled=s.scheduled)
+                         loop_program=s.program, scheduled=s.scheduled,
+                         size_guards=tuple(str(g.expr) for g in s.program.size_guards),
+                         size_sources={str(z.symbol): z.source for z in s.program.sizes})

@@ -19,6 +19,7 @@ from .codegen.cpp import CppBackend
 from .codegen.triton.backend import TritonBackend, kernel_problems
 from .codegen.triton.kernel import generate_kernels as generate_triton_kernels
 from .codegen.wrapper import wrapper_source
+from .dynamic import GuardWatch
 from .gemv import rewrite_gemv
 from .ir import LoopProgram, ScheduledProgram, verify_program, verify_schedule
 from .layout import decide, output_strides, restore_output_strides, to_channels_last
@@ -48,6 +49,7 @@ class CompileState:
     timings: dict[str, float] = field(default_factory=dict)
     traced_output_strides: dict[int, tuple[int, ...]] = field(default_factory=dict)  # the caller's contract
     tuning: TuningSession | None = None  # max-autotune's session for this compile (matmul_templates)
+    guards: GuardWatch | None = None  # symbolic sizes: what this compile added to the ShapeEnv (dynamic.py)
 
 
 def backend_for(state: CompileState) -> KernelBackend:
@@ -215,10 +217,23 @@ def generate_kernels(s: CompileState) -> CompileState:
 
 def generate_wrapper(s: CompileState) -> CompileState:
     assert s.scheduled is not None and s.kernels is not None
+    s = _with_size_guards(s)
+    assert s.scheduled is not None and s.kernels is not None
     src = wrapper_source(s.scheduled, s.kernels, arena=s.options.memory_arena)
     s.texts["output_code"] = src + ("\n# ---- kernels ----\n" + s.kernels.source_text if s.kernels.source_text else "")
     log("output_code").info("%s", s.texts["output_code"])
     return replace(s, wrapper=src)
+
+
+def _with_size_guards(s: CompileState) -> CompileState:
+    """The relations this compile assumed about symbolic sizes, on the program the wrapper checks."""
+    if s.guards is None or s.program is None or s.scheduled is None:
+        return s
+    added = s.guards.added(s.name)
+    if not added:
+        return s
+    program = replace(s.program, size_guards=tuple(dict.fromkeys((*s.program.size_guards, *added))))
+    return replace(s, program=program, scheduled=replace(s.scheduled, program=program))
 
 
 PASSES: list[Pass[CompileState]] = [

@@ -14,6 +14,8 @@ so indices stay affine: ``r_k -> s * (d_k / S) + r_k``.
 
 from __future__ import annotations
 
+import dataclasses
+
 import sympy
 
 from .ir import ComputedBuffer, Layout, Load, LoopProgram, Reduction, index_vars, substitute_index
@@ -42,7 +44,7 @@ def split_reductions(program: LoopProgram) -> tuple[LoopProgram, int]:
             count += 1
     if not count:
         return program, 0
-    return LoopProgram(program.name, program.inputs, tuple(nodes), program.outputs, program.seed_buffer), count
+    return dataclasses.replace(program, nodes=tuple(nodes)), count
 
 
 def chunks_for(outputs: int, reduced: tuple[int, ...]) -> tuple[int, int] | None:

@@ -11,6 +11,7 @@ import json
 import re
 from typing import Any
 
+import sympy
 import torch
 
 from ..ir import (
@@ -28,6 +29,7 @@ from ..ir import (
 from ..padmm import MM_PADDED_SOURCE
 from ..scheduler.arena import CONVOLUTION, OUT_FORMS, ArenaPlan, plan_arena
 from .common import CompiledKernels
+from .triton.printer import python_index
 
 # The constant helpers (``_restride``, the extern-call table's callers, the C++ library loader) live in
 # kiln.runtime.program_helpers: imported (Python caches its bytecode) instead of compiled with every
@@ -83,12 +85,29 @@ def call(args):
 def call_owned(args):"""
 
 
+def _int(x: Any) -> str:
+    """A size as Python: the integer, or the expression over the call's size symbols."""
+    return str(int(x)) if isinstance(x, (int, sympy.Integer)) else python_index(x)
+
+
 def _ints(xs: tuple) -> str:
-    items = ", ".join(str(int(x)) for x in xs)
+    items = ", ".join(_int(x) for x in xs)
     return f"({items},)" if len(xs) == 1 else f"({items})"
 
 
+def _static(*xs: Any) -> bool:
+    return all(isinstance(x, (int, sympy.Integer)) for x in xs)
+
+
+# symbolic sizes: the helper that raises when a call's sizes break a relation the compile assumed
+GUARD_ERROR = "from kiln.runtime import GuardError as _GuardError\n"
+
+
 _JSON_SCALARS = (bool, int, str, type(None))
+
+
+class _Symbolic(Exception):
+    """An extern's operand view has symbolic sizes: it cannot go in the JSON table."""
 
 
 def _json_const(a: Arg) -> bool:
@@ -107,6 +126,8 @@ _NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 
 
 def _value(v: Any) -> str:
+    if isinstance(v, sympy.Expr):  # a symbolic size argument
+        return _int(v)
     if isinstance(v, torch.dtype):
         return str(v)
     if isinstance(v, torch.device):
@@ -131,7 +152,7 @@ class WrapperWriter:
         # the program's intermediate buffers at planned offsets of one allocation per call
         # (scheduler/arena.py); None: one allocator block per buffer
         self.arena: ArenaPlan | None = None
-        if arena:
+        if arena and not p.sizes:  # symbolic sizes: one allocator block per buffer (sizes vary per call)
             plan = plan_arena(s)
             self.arena = plan if plan.offsets else None
         self.lines: list[str] = []
@@ -167,8 +188,8 @@ class WrapperWriter:
         lay = self.layouts[r.buffer]
         if tuple(r.shape) == tuple(lay.shape) and tuple(r.stride) == tuple(lay.stride) and r.offset == lay.offset:
             return r.buffer
-        off = int(r.offset)
-        offset = f"{r.buffer}.storage_offset() + {off}" if off else f"{r.buffer}.storage_offset()"
+        off = _int(r.offset)
+        offset = f"{r.buffer}.storage_offset() + {off}" if off != "0" else f"{r.buffer}.storage_offset()"
         return f"{r.buffer}.as_strided({_ints(r.shape)}, {_ints(r.stride)}, {offset})"
 
     def view(self, a: Arg) -> list | None:
@@ -176,6 +197,8 @@ class WrapperWriter:
         (offset relative to the buffer's own); None when it is the buffer as planned or no tensor."""
         if not isinstance(a, TensorRef) or self.ref(a) == a.buffer:
             return None
+        if not _static(*a.shape, *a.stride, a.offset):
+            raise _Symbolic
         return [[int(x) for x in a.shape], [int(x) for x in a.stride], int(a.offset)]
 
     def arg(self, a: Arg) -> str:
@@ -212,13 +235,18 @@ class WrapperWriter:
         call = f"{target}({', '.join(call_args)})"
         if not res.startswith("_r_"):  # one plain output: re-strided in the same statement (less to compile)
             o = e.outputs[0]
-            if not e.kwargs:
+            views = None
+            if not e.kwargs and _static(*o.layout.shape, *o.layout.stride):
                 cut = len(e.args)
                 while cut > 0 and _json_const(e.args[cut - 1]):
                     cut -= 1
+                try:
+                    views = [self.view(a) for a in e.args[:cut]]
+                except _Symbolic:  # a symbolic view of an operand: the plain call below
+                    views = None
+            if views is not None:
                 row = [[_json_value(a) for a in e.args[cut:]],
                        [int(x) for x in o.layout.shape], [int(x) for x in o.layout.stride]]
-                views = [self.view(a) for a in e.args[:cut]]
                 helper = "_ext"
                 if cut in (2, 3) and any(v is not None for v in views):
                     helper = f"_ext{cut}"
@@ -291,6 +319,20 @@ class WrapperWriter:
             self.emit(f"    {buffer} = torch.empty_strided({_ints(layout.shape)}, "
                       f"{_ints(layout.stride)}, dtype={layout.dtype}{self.device_kw})")
 
+    def size_prologue(self) -> None:
+        """Symbolic sizes: every size symbol read from the inputs, then the relations the compile
+        assumed checked (a GuardError names the one that fails)."""
+        p = self.p
+        for z in p.sizes:
+            self.lines.append(f"    {z.symbol} = {z.source}")
+        if p.size_guards:
+            self.imports.append(GUARD_ERROR)
+            sizes = ", ".join(f"{z.symbol}={{{z.symbol}}}" for z in p.sizes)
+            for g in p.size_guards:
+                msg = f"graph {p.name!r} was compiled for sizes with {g.expr} ({g.reason}); called with {sizes}"
+                self.lines.append(f"    if not ({g.expr}):")
+                self.lines.append(f"        raise _GuardError(f{msg!r})")
+
     def input_last_uses(self, reused: set[str]) -> dict[int, list[str]]:
         """Step index -> graph inputs last read there (-1: never read), which the wrapper unbinds
         after that step. Only ``call_owned`` callers gain from it: they handed over their references
@@ -318,11 +360,12 @@ class WrapperWriter:
             self.lines.append(self.kernels.prelude)
         tables = len(self.lines)  # the imports and the extern table go here once the steps are written
         self.lines.append(CALL_OWNED)
-        names = {b.position: b.name for b in p.inputs}
+        names = {b.position: b.name for b in p.inputs} | {k: f"arg{k}" for k in p.scalar_inputs}
         unpack = [names.get(k, "_") for k in range(max(names, default=-1) + 1)]
         if unpack:
             self.lines.append(f"    {', '.join(unpack)}{',' if len(unpack) == 1 else ''} = args[:{len(unpack)}]")
         self.lines.append("    args.clear()")
+        self.size_prologue()
         input_dels = self.input_last_uses(reused)
         if input_dels.get(-1):
             self.lines.append(f"    del {', '.join(input_dels[-1])}")

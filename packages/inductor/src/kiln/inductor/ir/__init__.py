@@ -57,6 +57,18 @@ from .nodes import (
 )
 from .parse import IRParseError, parse_index, parse_layout, parse_program
 from .program import LoopProgram, Output, node_reads
+from .sizes import (
+                   DynamicShapeUnsupported,
+                   SizeGuard,
+                   SizeSource,
+                   is_size_symbol,
+                   is_symbolic,
+                   kernel_size_symbols,
+                   size_symbol,
+                   size_symbols_of,
+                   substitute_hints,
+                   sym_expr,
+)
 from .verify import verify_kernel, verify_program, verify_schedule
 
 __all__ = [
@@ -68,5 +80,6 @@ __all__ = [
     "index_vars",
     "is_static", "map_expr", "node_outputs", "node_reads", "op", "product", "reads", "size",
     "strided_index", "substitute_index", "verify_kernel", "verify_program", "verify_schedule", "walk",
-    "work_buffers",
+    "work_buffers", "DynamicShapeUnsupported", "SizeGuard", "SizeSource", "is_size_symbol", "kernel_size_symbols",
+    "is_symbolic", "size_symbol", "size_symbols_of", "substitute_hints", "sym_expr",
 ]

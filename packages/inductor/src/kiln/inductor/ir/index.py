@@ -11,8 +11,16 @@ import functools
 from collections.abc import Sequence
 
 import sympy
+import torch
+
+from kiln.graph import KilnError
 
 IndexExpr = sympy.Expr
+
+
+class DynamicShapeUnsupported(KilnError):
+    """kiln.inductor cannot compile this graph with symbolic sizes (the reason says what); the caller
+    compiles it again with static sizes."""
 
 
 class FloorDiv(sympy.Function):
@@ -102,16 +110,17 @@ def index_vars(prefix: str, n: int) -> tuple[sympy.Symbol, ...]:
 def as_index(v: object) -> sympy.Expr:
     if isinstance(v, sympy.Expr):
         return v
+    if isinstance(v, torch.SymInt):  # never int(): that would specialise the size
+        return sym_expr(v)
     return sympy.Integer(int(v))  # type: ignore[call-overload]
 
 
 def is_dense(shape: Sequence[object], stride: Sequence[object]) -> bool:
     """Whether ``stride`` lays ``shape`` out densely (a permutation of contiguous strides); False for
     symbolic sizes."""
-    try:
-        dims = sorted((int(st), int(sz)) for sz, st in zip(shape, stride) if int(sz) != 1)  # type: ignore[call-overload]
-    except TypeError:
-        return False
+    if not all(isinstance(x, (int, sympy.Integer)) for x in (*shape, *stride)):
+        return False  # symbolic (int() of a SymInt would specialise it)
+    dims = sorted((int(st), int(sz)) for sz, st in zip(shape, stride) if int(sz) != 1)  # type: ignore[call-overload]
     expect = 1
     for st, sz in dims:
         if st != expect:
@@ -160,3 +169,64 @@ def index_str(e: sympy.Expr) -> str:
         op = "//" if isinstance(e, FloorDiv) else "%"
         return f"({index_str(e.args[0])}){op}{index_str(e.args[1])}"
     return str(e)
+
+
+# ---- symbolic sizes (ir/sizes.py says more) ----
+
+
+@functools.cache
+def size_symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+def is_symbolic(v: object) -> bool:
+    return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not _is_constant(v)
+
+
+def _is_constant(v: object) -> bool:
+    try:
+        return v.node.is_constant() or isinstance(v.node.expr, sympy.Number)  # type: ignore[attr-defined]
+    except AttributeError:
+        return False
+
+
+def sym_expr(v: object) -> sympy.Expr:
+    """An int or SymInt as a kiln index expression (DynamicShapeUnsupported for what has none)."""
+    if isinstance(v, torch.SymInt):
+        return to_kiln(v.node.expr)
+    if isinstance(v, (torch.SymFloat, torch.SymBool)):
+        raise DynamicShapeUnsupported(f"a symbolic {type(v).__name__} ({v}) is not modelled by kiln.inductor")
+    if isinstance(v, sympy.Expr):
+        return v
+    return sympy.Integer(int(v))  # type: ignore[call-overload]
+
+
+def to_kiln(e: sympy.Expr) -> sympy.Expr:
+    """A ShapeEnv expression in kiln's vocabulary (its symbols as size symbols, its FloorDiv and
+    ModularIndexing as kiln's FloorDiv/ModIndex)."""
+    if isinstance(e, sympy.Integer):
+        return e
+    if isinstance(e, sympy.Symbol):
+        if e.name.startswith(("u", "zuf")):
+            raise DynamicShapeUnsupported(f"data-dependent size {e.name} (an unbacked symbol) is not modelled "
+                                          "by kiln.inductor")
+        return size_symbol(e.name)
+    args = [to_kiln(a) for a in e.args]
+    if isinstance(e, (sympy.Add, sympy.Mul)):
+        return e.func(*args)
+    if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and int(e.exp) > 0:
+        return args[0] ** int(e.exp)
+    name = type(e).__name__
+    if name in ("FloorDiv", "CleanDiv", "IntTrueDiv") and len(args) == 2:
+        return FloorDiv(*args)
+    if name == "CeilDiv" and len(args) == 2:
+        return FloorDiv(args[0] + args[1] - 1, args[1])
+    if name in ("Mod", "PythonMod") and len(args) == 2:
+        return ModIndex(*args)
+    if name == "ModularIndexing":
+        return ModIndex(FloorDiv(args[0], args[1]), args[2])
+    if name == "PowByNatural" and isinstance(args[1], sympy.Integer):
+        return args[0] ** int(args[1])
+    if name in ("Max", "Min"):
+        return (sympy.Max if name == "Max" else sympy.Min)(*args)
+    raise DynamicShapeUnsupported(f"size expression {e} ({name}) is not modelled by kiln.inductor")

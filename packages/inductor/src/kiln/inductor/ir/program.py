@@ -18,6 +18,7 @@ from .nodes import (
     args_buffers,
     loop_bodies,
 )
+from .sizes import SizeGuard, SizeSource
 
 Output = TensorRef | ConstArg
 
@@ -29,6 +30,15 @@ class LoopProgram:
     nodes: tuple[Node, ...]
     outputs: tuple[Output, ...]
     seed_buffer: str | None = None  # int64[1] buffer the wrapper fills per call when bodies draw random numbers
+    # symbolic sizes (ir/sizes.py): where the wrapper reads each size symbol, the relations choices
+    # assumed (checked per call), and the placeholders that are symbolic ints (unpacked by the wrapper)
+    sizes: tuple[SizeSource, ...] = ()
+    size_guards: tuple[SizeGuard, ...] = ()
+    scalar_inputs: tuple[int, ...] = ()
+
+    @property
+    def hints(self) -> dict[str, int]:
+        return {s.symbol: s.hint for s in self.sizes}
 
     def layouts(self) -> dict[str, Layout]:
         out: dict[str, Layout] = {b.name: b.layout for b in self.inputs}
@@ -49,6 +59,8 @@ class LoopProgram:
             lines.append(f"{b.name}: {b.layout.as_text()} = input {b.position}")
         if self.seed_buffer:
             lines.append(f"{self.seed_buffer}: int64[1] = random seed")
+        lines += [f"{z.symbol} = {z.source}  # size (example: {z.hint})" for z in self.sizes]
+        lines += [f"guard {g.expr}  # {g.reason}" for g in self.size_guards]
         lines += [n.as_text() for n in self.nodes]
         lines.append("return (" + ", ".join(o.as_text() for o in self.outputs) + ")")
         return "\n".join(lines)

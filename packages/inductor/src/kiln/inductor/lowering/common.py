@@ -10,7 +10,17 @@ import sympy
 import torch
 from torch import fx
 
-from ..ir import Constant, Expr, IndexExpr, as_index, cast, index_vars
+from ..ir import (
+    Constant,
+    Expr,
+    IndexExpr,
+    IndexValue,
+    as_index,
+    cast,
+    index_vars,
+    is_symbolic,
+    sym_expr,
+)
 from .context import LoweringContext, NotLowered
 from .values import Lazy, TensorValue, broadcast_at, is_tensor
 
@@ -45,8 +55,8 @@ def out_dtype(node: fx.Node) -> torch.dtype:
 
 
 def _dim(s: object) -> IndexExpr:
-    if isinstance(s, torch.SymInt):
-        raise NotLowered("symbolic sizes are not supported by the C++ backend yet")
+    if is_symbolic(s):
+        return sym_expr(s)
     return as_index(s)
 
 
@@ -63,6 +73,8 @@ def promote(*args: object) -> torch.dtype:
             probes.append(_probe(a.dtype, len(a.shape) > 0))  # type: ignore[union-attr]
         elif isinstance(a, (bool, int, float)):
             probes.append(a)
+        elif isinstance(a, sympy.Expr):  # a symbolic int (a size used as a value)
+            probes.append(1)
         else:
             raise NotLowered(f"cannot promote {type(a).__name__}")
     if len(probes) == 1:
@@ -80,6 +92,8 @@ def operand(a: object, idx: Sequence[IndexExpr], dtype: torch.dtype) -> Expr:
         return broadcast_at(a, idx, dtype)  # type: ignore[arg-type]
     if isinstance(a, (bool, int, float)):
         return cast(Constant(a, _scalar_dtype(a)), dtype)
+    if isinstance(a, sympy.Expr):  # a symbolic int: the kernel reads the size argument
+        return cast(IndexValue(a, torch.int64), dtype)
     if isinstance(a, (torch.SymInt, torch.SymFloat)):
         raise NotLowered("symbolic scalars are not supported yet")
     raise NotLowered(f"unsupported operand {type(a).__name__}")
@@ -109,6 +123,13 @@ def require_cpu(node: fx.Node, ctx: LoweringContext) -> None:
     v = meta(node)
     if isinstance(v, torch.Tensor) and v.device.type not in ("cpu", "cuda"):
         raise NotLowered(f"device {v.device} is not handled by the C++ or Triton backends")
+
+
+def size_value(n: IndexExpr, dtype: torch.dtype) -> Expr:
+    """A size as a value of ``dtype``: a constant when static, else the kernel's size argument."""
+    if isinstance(n, (int, sympy.Integer)):
+        return Constant(float(n) if dtype.is_floating_point else int(n), dtype)
+    return cast(IndexValue(n, torch.int64), dtype)
 
 
 def zero() -> sympy.Expr:

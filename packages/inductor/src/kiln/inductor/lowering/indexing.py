@@ -13,7 +13,7 @@ import torch
 from torch import fx
 
 from ..ir import Constant, Expr, IndexExpr, IndexValue, Load, cast, index_var, index_vars, op
-from .common import Rule, out_dtype, out_shape
+from .common import Rule, out_dtype, out_shape, size_value
 from .context import LoweringContext, NotLowered
 from .values import Lazy, Strided, TensorValue, broadcast_at, value_at
 
@@ -24,7 +24,7 @@ def _wrap(idx: Expr, size: IndexExpr) -> Expr:
     """Negative indices count from the end."""
     i = cast(idx, torch.int64)
     return op("where", op("lt", i, Constant(0, torch.int64), dtype=torch.bool),
-              op("add", i, Constant(int(size), torch.int64), dtype=torch.int64), i, dtype=torch.int64)
+              op("add", i, size_value(size, torch.int64), dtype=torch.int64), i, dtype=torch.int64)
 
 
 def gather_load(ctx: LoweringContext, x: TensorValue, idx: list[IndexExpr | Expr]) -> Expr:
@@ -125,7 +125,7 @@ def _cat(ctx: LoweringContext, node: fx.Node, tensors: Sequence[TensorValue], di
         if body is None:
             body = val
         else:
-            cond = op("lt", IndexValue(iv[dim], torch.int64), Constant(int(s + t.shape[dim]), torch.int64),
+            cond = op("lt", IndexValue(iv[dim], torch.int64), size_value(s + t.shape[dim], torch.int64),
                       dtype=torch.bool)
             body = op("where", cond, val, body, dtype=d)
     assert body is not None
@@ -149,7 +149,7 @@ def _pad(ctx: LoweringContext, node: fx.Node, x: TensorValue, pad: Sequence[int]
         if lo > 0:
             conds.append(op("ge", IndexValue(iv[k], torch.int64), Constant(lo, torch.int64), dtype=torch.bool))
         if int(pad[2 * j + 1]) > 0 or lo > 0:
-            conds.append(op("lt", IndexValue(iv[k], torch.int64), Constant(int(x.shape[k]) + lo, torch.int64),
+            conds.append(op("lt", IndexValue(iv[k], torch.int64), size_value(x.shape[k] + lo, torch.int64),
                             dtype=torch.bool))
     val = value_at(x, idx)
     if not conds:
@@ -271,9 +271,16 @@ def _index_put(ctx: LoweringContext, node: fx.Node, x: TensorValue, indices: Seq
         raise NotLowered("index_put with indices that do not start at dim 0")
     if not accumulate:
         raise NotLowered("index_put without accumulate (duplicate indices make the result order-dependent)")
-    b_shape = torch.broadcast_shapes(*(tuple(int(s) for s in indices[k].shape) for k in idx_pos))  # type: ignore[union-attr]
+    shapes = [tuple(indices[k].shape) for k in idx_pos]  # type: ignore[union-attr]
+    if all(isinstance(s, sympy.Integer) for sh in shapes for s in sh):
+        b_shape: tuple = tuple(sympy.Integer(s) for s in torch.broadcast_shapes(*(tuple(int(s) for s in sh)
+                                                                                  for sh in shapes)))
+    elif all(sh == shapes[0] for sh in shapes):
+        b_shape = shapes[0]  # symbolic: indices of one shape need no broadcast
+    else:
+        raise NotLowered("index_put with symbolic index shapes that broadcast")
     rest = [x.shape[k] for k in range(len(idx_pos), len(x.shape))]
-    src_shape = tuple(sympy.Integer(s) for s in b_shape) + tuple(rest)
+    src_shape = tuple(b_shape) + tuple(rest)
     iv = list(index_vars("i", len(src_shape)))
     bvars = iv[:len(b_shape)]
     dest: list = [_to_r(broadcast_at(indices[k], bvars), len(iv)) for k in idx_pos]  # type: ignore[arg-type]

@@ -11,7 +11,17 @@ from torch import fx
 
 from kiln.graph import target_name
 
-from ..ir import ConstArg, InputBuffer, Layout, LoopProgram, Output, as_index, is_dense
+from ..ir import (
+    ConstArg,
+    InputBuffer,
+    Layout,
+    LoopProgram,
+    Output,
+    as_index,
+    is_dense,
+    is_symbolic,
+    sym_expr,
+)
 from ..layout import channels_last_stride
 from ..options import InductorOptions
 from .common import out_stride
@@ -19,6 +29,7 @@ from .context import LoweringContext, NotLowered
 from .extern import RULES as EXTERN_RULES
 from .extern import extern_call
 from .registry import LOWERINGS
+from .symbolic import SizeTable
 from .values import Lazy, Strided, TensorValue, is_tensor
 
 
@@ -36,23 +47,25 @@ def _map(a: Any, env: dict[fx.Node, Any]) -> Any:
     return a
 
 
-def _input(ctx: LoweringContext, node: fx.Node, position: int, example: Any) -> Any:
+def _input(ctx: LoweringContext, node: fx.Node, position: int, example: Any, sizes: SizeTable) -> Any:
     val = node.meta.get("val", example)
     if not isinstance(val, torch.Tensor):
+        if isinstance(val, torch.SymInt) and is_symbolic(val):
+            return sizes.scalar(val, position)  # a symbolic int input: its size symbol
         return val
     if val.device.type not in ("cpu", "cuda"):
         raise LoweringError(f"input {node.name} is on {val.device}; kiln.inductor compiles CPU (C++) and CUDA "
                             "(Triton) graphs")
-    for s in tuple(val.shape) + tuple(val.stride()):
-        if isinstance(s, torch.SymInt):
-            raise LoweringError(f"input {node.name} has symbolic sizes; dynamic shapes are not supported by "
-                                "the C++ backend yet (compile with static shapes)")
-    layout = Layout(tuple(as_index(s) for s in val.shape), tuple(as_index(s) for s in val.stride()),
-                    val.dtype, val.device.type)
     name = f"arg{position}"
+    if any(is_symbolic(s) for s in (*val.shape, *val.stride(), val.storage_offset())):
+        layout = sizes.tensor(val, name)
+    else:
+        layout = Layout(tuple(as_index(s) for s in val.shape), tuple(as_index(s) for s in val.stride()),
+                        val.dtype, val.device.type)
     ctx.inputs.append(InputBuffer(name, layout, position))
     ctx.layouts[name] = layout
-    ctx.storage_offsets[name] = int(val.storage_offset())
+    off = val.storage_offset()
+    ctx.storage_offsets[name] = sym_expr(off) if is_symbolic(off) else int(off)
     return Strided(name, layout.shape, layout.stride, layout.offset, layout.dtype)
 
 
@@ -65,6 +78,10 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
     ctx.origin = name.split(".")[1] if name.count(".") >= 2 else name
     rule = LOWERINGS.get(name)
     val = node.meta.get("val")
+    if is_symbolic(val):  # size arithmetic (sym_size, mul of sizes, ...): the value is its expression
+        return sym_expr(val)
+    if name.startswith(("aten._assert", "aten.sym_constrain")):
+        return None  # the caller's guards hold these relations
     if rule is None and isinstance(val, (bool, int, float, torch.device, torch.dtype)) \
             and not isinstance(val, torch.SymInt):
         return val  # metadata queries (prim.device, sym_size of a static dim) fold to their value
@@ -90,13 +107,14 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
 def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: InductorOptions,
                 name: str = "graph") -> tuple[LoopProgram, list[str]]:
     ctx = LoweringContext(options)
+    sizes = SizeTable()
     env: dict[fx.Node, Any] = {}
     outputs: list[Output] = []
     position = 0
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             ex = example_inputs[position] if position < len(example_inputs) else None
-            env[node] = _input(ctx, node, position, ex)
+            env[node] = _input(ctx, node, position, ex, sizes)
             position += 1
         elif node.op == "call_function":
             val = lower_node(ctx, node, env)
@@ -110,6 +128,8 @@ def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Indu
             raise LoweringError(f"{node.op} node {node.name} ({node.target}) is not supported by kiln.inductor; "
                                 "lift constants and submodules into graph inputs")
     program = LoopProgram(name, tuple(ctx.inputs), tuple(ctx.nodes), tuple(outputs), ctx.seed_buffer)
+    if sizes.sources:
+        program = sizes.finish(program)
     return program, ctx.fallbacks
 
 

@@ -59,6 +59,8 @@ def _max_pool2d(ctx: LoweringContext, node: fx.Node, x: TensorValue, kernel_size
         raise NotLowered(f"max_pool2d window {kh}x{kw} is larger than {MAX_WINDOW} elements")
     if not x.dtype.is_floating_point:
         raise NotLowered("max_pool2d of integer tensors")
+    if not all(isinstance(s, sympy.Integer) for s in x.shape):
+        raise NotLowered("max_pool2d with symbolic sizes")  # through ATen, correct for every size
     shape = tuple(node.meta["val"][0].shape)
     n = len(shape)
     H, W = int(x.shape[-2]), int(x.shape[-1])

@@ -15,7 +15,7 @@ import torch
 from torch import fx
 
 from ..ir import Constant, Expr, Layout, Reduction, cast, index_vars, op, product
-from .common import Rule, out_dtype, upcast
+from .common import Rule, out_dtype, size_value, upcast
 from .context import LoweringContext
 from .values import Lazy, Strided, TensorValue, value_at
 
@@ -91,7 +91,7 @@ def mean(ctx: LoweringContext, x: TensorValue, dims: list[int], keepdim: bool, d
     s = reduce(ctx, x, dims, "sum", cd, cd, keepdim)
     count = product([x.shape[k] for k in dims]) if x.shape else sympy.Integer(1)
     return Lazy(s.shape, d, cast(op("truediv", value_at(s, index_vars("i", len(s.shape))),
-                                    Constant(float(count), cd), dtype=cd), d))
+                                    size_value(count, cd), dtype=cd), d))
 
 
 def _mean(ctx: LoweringContext, node: fx.Node, x: TensorValue, dims: object = None, keepdim: bool = False,
@@ -182,15 +182,19 @@ def variance(ctx: LoweringContext, x: TensorValue, dims: list[int], correction: 
     """(var, mean) by two passes; both keep dims when ``keepdim``."""
     cd = upcast(d)
     m = mean(ctx, x, dims, False, cd)
-    count = float(product([x.shape[k] for k in dims]))
+    count = product([x.shape[k] for k in dims])
 
     def dev2(v: Expr, kept: list[sympy.Expr]) -> Expr:
         diff = op("sub", v, value_at(m, kept), dtype=cd)
         return op("mul", diff, diff, dtype=cd)
     ss = reduce(ctx, x, dims, "sum", cd, cd, False, dev2)
-    denom = max(count - correction, 0.0)
     iv = index_vars("i", len(ss.shape))
-    var = Lazy(ss.shape, d, cast(op("truediv", value_at(ss, iv), Constant(denom, cd), dtype=cd), d))
+    if isinstance(count, sympy.Integer):
+        denom: Expr = Constant(max(float(count) - correction, 0.0), cd)
+    else:  # symbolic count: max(n - correction, 0) computed per call
+        denom = op("maximum", op("sub", size_value(count, cd), Constant(correction, cd), dtype=cd),
+                   Constant(0.0, cd), dtype=cd)
+    var = Lazy(ss.shape, d, cast(op("truediv", value_at(ss, iv), denom, dtype=cd), d))
     mean_d = Lazy(m.shape, d, cast(value_at(m, iv), d))
     if keepdim:
         return keep_dims(var, len(x.shape), dims), keep_dims(mean_d, len(x.shape), dims)

@@ -28,39 +28,92 @@ def _lazy_from(shape: tuple[IndexExpr, ...], x: TensorValue, idx_of: list[IndexE
 
 def view_strides(old_shape: Sequence[IndexExpr], old_stride: Sequence[IndexExpr],
                  new_shape: Sequence[IndexExpr]) -> tuple[IndexExpr, ...] | None:
-    """Strides giving ``new_shape`` over the same memory, or None when a copy is needed (or the sizes
-    are symbolic)."""
+    """Strides giving ``new_shape`` over the same memory, or None when a copy is needed."""
     try:
         osz = [int(s) for s in old_shape]
         ost = [int(s) for s in old_stride]
         nsz = [int(s) for s in new_shape]
     except TypeError:
-        return None
+        return _symbolic_view_strides(old_shape, old_stride, new_shape)
     new_st = aten_view_strides(osz, ost, nsz)
     return None if new_st is None else tuple(sympy.Integer(s) for s in new_st)
 
 
-def reshape_index(old_shape: Sequence[IndexExpr], new_shape: Sequence[IndexExpr]) -> list[IndexExpr]:
-    """Old-shape indices as functions of new-shape loop variables (grouping dims to avoid div/mod)."""
-    new_vars = index_vars("i", len(new_shape))
+def _symbolic_view_strides(old_shape: Sequence[IndexExpr], old_stride: Sequence[IndexExpr],
+                           new_shape: Sequence[IndexExpr]) -> tuple[IndexExpr, ...] | None:
+    """``view_strides`` with symbolic sizes: each group of old dims that one group of new dims
+    re-splits must be one contiguous run of memory (provably, for every size); else None (a copy)."""
+    groups = _dim_groups(old_shape, new_shape)
+    if groups is None:
+        return None
+    new_st: list[IndexExpr] = [sympy.Integer(1)] * len(new_shape)
+    for og, ng in groups:
+        for a, b in zip(og, og[1:]):
+            if sympy.expand(old_stride[a] - old_stride[b] * old_shape[b]) != 0:
+                return None
+        inner = contiguous_strides([new_shape[k] for k in ng])
+        for k, st in zip(ng, inner):
+            new_st[k] = sympy.expand(st * old_stride[og[-1]])
+    return tuple(new_st)
+
+
+def _smaller(a: IndexExpr, b: IndexExpr) -> bool | None:
+    """Whether size product ``a`` < ``b`` where one divides the other (None: cannot tell)."""
+    if isinstance(a - b, sympy.Integer):
+        return bool(a < b)
+    num, den = sympy.fraction(sympy.cancel(b / a))
+    if den == 1 and num != 1:
+        return True  # a divides b (and they differ)
+    num, den = sympy.fraction(sympy.cancel(a / b))
+    if den == 1 and num != 1:
+        return False
+    return None
+
+
+def _dim_groups(old_shape: Sequence[IndexExpr], new_shape: Sequence[IndexExpr]
+                ) -> list[tuple[list[int], list[int]]] | None:
+    """Runs of old and new dims (size-1 dims left out) with equal products, in order; None when a
+    symbolic reshape cannot be grouped provably."""
     old_dims = [k for k, s in enumerate(old_shape) if s != 1]
     new_dims = [k for k, s in enumerate(new_shape) if s != 1]
-    out: list[IndexExpr] = [sympy.Integer(0)] * len(old_shape)
+    groups: list[tuple[list[int], list[int]]] = []
     oi = ni = 0
     while oi < len(old_dims) or ni < len(new_dims):
+        if oi >= len(old_dims) or ni >= len(new_dims):
+            return None
         og, ng = [old_dims[oi]], [new_dims[ni]]
         oi += 1
         ni += 1
         po, pn = old_shape[og[0]], new_shape[ng[0]]
         while po != pn:
-            if (sympy.simplify(po - pn).is_negative if not isinstance(po - pn, sympy.Integer) else po < pn):
+            less = _smaller(po, pn)
+            if less is None:
+                return None
+            if less:
+                if oi >= len(old_dims):
+                    return None
                 og.append(old_dims[oi])
                 po = po * old_shape[old_dims[oi]]
                 oi += 1
             else:
+                if ni >= len(new_dims):
+                    return None
                 ng.append(new_dims[ni])
                 pn = pn * new_shape[new_dims[ni]]
                 ni += 1
+        groups.append((og, ng))
+    return groups
+
+
+def reshape_index(old_shape: Sequence[IndexExpr], new_shape: Sequence[IndexExpr]) -> list[IndexExpr]:
+    """Old-shape indices as functions of new-shape loop variables (grouping dims to avoid div/mod)."""
+    new_vars = index_vars("i", len(new_shape))
+    groups = _dim_groups(old_shape, new_shape)
+    if groups is None:
+        raise NotLowered(f"a reshape of symbolic sizes {list(old_shape)} -> {list(new_shape)} that cannot be "
+                         "grouped for every size")
+    out: list[IndexExpr] = [sympy.Integer(0)] * len(old_shape)
+    for og, ng in groups:
         ns = contiguous_strides([new_shape[k] for k in ng])
         flat = sum((new_vars[k] * s for k, s in zip(ng, ns)), sympy.Integer(0))
         os_ = contiguous_strides([old_shape[k] for k in og])
@@ -144,9 +197,12 @@ def _slice(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int = 0, st
            end: int | None = None, step: int = 1) -> TensorValue:
     n = len(x.shape)
     dim = _norm_dim(dim, n)
-    size = int(x.shape[dim])
-    s = 0 if start is None else int(start)
-    s = max(0, min(size, s + size if s < 0 else s))
+    s = 0 if start is None else start
+    if isinstance(x.shape[dim], (int, sympy.Integer)) and isinstance(s, int):
+        size = int(x.shape[dim])
+        s = max(0, min(size, s + size if s < 0 else s))
+    elif isinstance(s, int) and s < 0:
+        raise NotLowered("a slice from the end of a symbolic dim")  # its clamp is a Max: through ATen
     shape = out_shape(node)
     if isinstance(x, Strided):
         st = list(x.stride)
@@ -163,15 +219,15 @@ RULES["aten.slice.Tensor"] = _slice
 def _select(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int, index: int) -> TensorValue:
     n = len(x.shape)
     dim = _norm_dim(dim, n)
-    index = int(index)
-    if index < 0:
-        index += int(x.shape[dim])
+    if isinstance(index, int) and index < 0:
+        index = index + x.shape[dim]
+        index = int(index) if isinstance(index, (int, sympy.Integer)) else index
     shape = out_shape(node)
     if isinstance(x, Strided):
         st = tuple(s for k, s in enumerate(x.stride) if k != dim)
         return Strided(x.buffer, shape, st, sympy.expand(x.offset + index * x.stride[dim]), x.dtype)
     vs = list(index_vars("i", n - 1))
-    idx = vs[:dim] + [sympy.Integer(index)] + vs[dim:]
+    idx = vs[:dim] + [as_index(index)] + vs[dim:]
     return _lazy_from(shape, x, idx)
 
 
@@ -230,9 +286,9 @@ def _split(ctx: LoweringContext, node: fx.Node, x: TensorValue, sizes: object, d
     dim = _norm_dim(dim, n)
     outs = meta(node)
     parts = []
-    start = 0
+    start: IndexExpr = sympy.Integer(0)
     for o in outs:
-        length = int(o.shape[dim])
+        length = as_index(o.shape[dim])  # never int(): a SymInt would be specialised
         parts.append(_slice_to(ctx, x, dim, start, start + length, tuple(as_index(s) for s in o.shape)))
         start += length
     return tuple(parts)

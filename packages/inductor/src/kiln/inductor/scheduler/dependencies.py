@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from ..ir import LoopProgram, Node, TensorRef, node_outputs, node_reads
@@ -35,4 +36,4 @@ def eliminate_dead_code(p: LoopProgram) -> LoopProgram:
             live.update(node_reads(n))
     if len(kept) == len(p.nodes):
         return p
-    return LoopProgram(p.name, p.inputs, tuple(reversed(kept)), p.outputs, p.seed_buffer)
+    return dataclasses.replace(p, nodes=tuple(reversed(kept)))

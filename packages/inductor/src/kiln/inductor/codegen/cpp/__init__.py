@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ...ir import Kernel, Layout, ScheduledProgram
+from ...ir import Kernel, Layout, ScheduledProgram, kernel_size_symbols
 from ...options import InductorOptions
 from ..common import CompiledKernels
 from .build import CppCompileError, build_shared_library
@@ -39,12 +39,18 @@ class CppBackend:
         # one string table instead of three statements per kernel: the wrapper's compile() at load
         # time grows with its statements, and a string constant costs next to nothing to compile
         table = []
+        sized = []  # kernels with symbolic sizes: their int64 size parameters follow the pointers
         for k in kernels:
             ins, outs = kernel_params(k)
+            sizes = kernel_size_symbols(k)
             table.append(f"_{k.name} {symbol[k.name]} {len(ins) + len(outs)}")
-            args = ", ".join(f"{b}.data_ptr()" for b in (*ins, *outs))
+            args = ", ".join([f"{b}.data_ptr()" for b in (*ins, *outs)] + sizes)
             launches[k.name] = f"_{k.name}({args})"
+            if sizes:
+                sized.append(f"_{k.name}.argtypes = [ctypes.c_void_p] * {len(ins) + len(outs)} + "
+                             f"[ctypes.c_int64] * {len(sizes)}")
         prelude.append('_bind_kernels(globals(), _lib, """\n' + "\n".join(table) + '\n""")')
+        prelude += sized
         files = {lib_name: so.read_bytes(), lib_name.replace(".so", ".cpp"): source.encode()}
         return CompiledKernels(files, "\n".join(prelude), launches, source, str(so.parent), seconds)
 

@@ -29,6 +29,12 @@ def cindex(e: sympy.Expr) -> str:
         return f"({cindex(e.args[0])} % {cindex(e.args[1])})"
     if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and int(e.exp) > 0:
         return "(" + " * ".join([cindex(e.base)] * int(e.exp)) + ")"
+    if isinstance(e, (sympy.Max, sympy.Min)):  # symbolic sizes (a convolution's output size)
+        fn = "std::max<int64_t>" if isinstance(e, sympy.Max) else "std::min<int64_t>"
+        out = cindex(e.args[0])
+        for a in e.args[1:]:
+            out = f"{fn}({out}, {cindex(a)})"
+        return out
     raise NotImplementedError(f"index expression {e} ({type(e).__name__}) has no C++ form")
 
 

@@ -7,7 +7,18 @@ import functools
 import sympy
 import torch
 
-from ...ir import Cast, Kernel, KernelNode, Layout, Load, Op, children, product, walk
+from ...ir import (
+    Cast,
+    Kernel,
+    KernelNode,
+    Layout,
+    Load,
+    Op,
+    children,
+    kernel_size_symbols,
+    product,
+    walk,
+)
 from ...options import InductorOptions
 from .exprs import ExprEmitter, cast_call, cindex
 from .types import ctype, highest, lowest
@@ -50,6 +61,7 @@ class CppKernelWriter:
         params = [f"const {ctype(self.layouts[b].dtype)}* __restrict__ {self.ptr(b)}"
                   for b in kernel_params(self.k)[0]]
         params += [f"{ctype(self.layouts[b].dtype)}* __restrict__ {self.ptr(b)}" for b in self.k.outputs]
+        params += [f"const int64_t {s}" for s in kernel_size_symbols(self.k)]  # symbolic sizes, per call
         return f'extern "C" void {self.k.name}({", ".join(params)})'
 
     def load_hook(self, ld: Load) -> str | None:

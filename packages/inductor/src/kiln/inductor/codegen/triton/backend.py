@@ -136,11 +136,12 @@ class TritonBackend:
                 "TRITON_INTERPRET=1 in the environment (before the first compile), or use cpu_backend='cpp'")
         t0 = time.perf_counter()
         kernels = scheduled.kernels()
+        hints = getattr(scheduled.program, "hints", None)  # symbolic sizes' example values (block sizes)
         generated: list[TritonKernel] = []
         spans: list[tuple[str, int, int]] = []  # (scheduled kernel, its generated kernels' [start, end))
         for k in kernels:
             # a matmul template chosen by max-autotune (mm_templates.py) brings its own kernel
-            parts = [k.triton_kernel()] if isinstance(k, TemplateKernel) else generate_kernels(k, self.cfg)
+            parts = [k.triton_kernel()] if isinstance(k, TemplateKernel) else generate_kernels(k, self.cfg, hints)
             spans.append((k.name, len(generated), len(generated) + len(parts)))
             generated += parts
         if tuning is not None:  # the compile's max-autotune session (pipeline.py: matmul_templates)

@@ -64,7 +64,11 @@ def pointwise_blocks(xnumel: sympy.Expr, cfg: TritonConfig) -> BlockChoice:
     return BlockChoice(xblock, 0, max(1, min(4, xblock // 128)), False)
 
 
-def row_blocks(xnumel: sympy.Expr, rnumel: sympy.Expr, r_contiguous: bool, cfg: TritonConfig) -> BlockChoice:
+def row_blocks(xnumel: sympy.Expr, rnumel: sympy.Expr, r_contiguous: bool, cfg: TritonConfig,
+               rhint: int | None = None) -> BlockChoice:
+    """``rhint``: a symbolic row's length in the example inputs. It only sizes RBLOCK of the looped
+    kernel (a short row does not loop over 2048-wide masked blocks); persistence needs a static row,
+    so the kernel is correct for every length."""
     xn, rn = static(xnumel), static(rnumel)
     xcap = next_pow2(xn) if xn is not None else cfg.max_xblock_rows
     if not r_contiguous:
@@ -73,7 +77,8 @@ def row_blocks(xnumel: sympy.Expr, rnumel: sympy.Expr, r_contiguous: bool, cfg: 
         rblock = next_pow2(rn)
         xblock = max(1, min(xcap, cfg.max_xblock_rows, cfg.row_block_elems // rblock))
         return BlockChoice(xblock, rblock, _warps(xblock * rblock), True)
-    rblock = min(cfg.looped_rblock, next_pow2(rn) if rn is not None else cfg.looped_rblock)
+    rsize = rn if rn is not None else (max(16, rhint) if rhint is not None else None)
+    rblock = min(cfg.looped_rblock, next_pow2(rsize) if rsize is not None else cfg.looped_rblock)
     xblock = max(1, min(xcap, cfg.row_block_elems // 4 // rblock))
     return BlockChoice(xblock, rblock, _warps(xblock * rblock), False)
 

@@ -30,7 +30,9 @@ from ...ir import (
     Load,
     Op,
     index_var,
+    kernel_size_symbols,
     reads,
+    substitute_hints,
     substitute_index,
     walk,
 )
@@ -118,15 +120,7 @@ def _is_kernel_var(s: sympy.Symbol) -> bool:
     return s.name[:1] in ("x", "r", "d") and s.name[1:].isdigit()
 
 
-def size_symbols(k: Kernel) -> list[str]:
-    syms: set[str] = set()
-    for e in (*k.outer, *k.inner):
-        syms |= {s.name for s in sympy.sympify(e).free_symbols}
-    for n in k.nodes:
-        loads = [x.index for r in (n.body, *n.store_indirect) for x in walk(r) if isinstance(x, (Load, IndexValue))]
-        for e in [n.store_index, *loads]:
-            syms |= {s.name for s in e.free_symbols if not _is_kernel_var(s)}
-    return sorted(syms, key=lambda s: (len(s), s))
+size_symbols = kernel_size_symbols  # the kernel's size parameters (ir/sizes.py)
 
 
 def _bound(e: sympy.Expr, sizes: dict[sympy.Symbol, IndexExpr]) -> float:
@@ -472,14 +466,17 @@ def split_scatter(k: Kernel) -> list[Kernel]:
             Kernel(f"{k.name}_scatter", k.inner, (), tuple(moved), inputs, k.outputs)]
 
 
-def generate_kernels(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG) -> list[TritonKernel]:
-    """The launches of one scheduled kernel (one, or two for scatter kernels)."""
+def generate_kernels(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG,
+                     hints: dict[str, int] | None = None) -> list[TritonKernel]:
+    """The launches of one scheduled kernel (one, or two for scatter kernels); ``hints``: the example
+    inputs' values of size symbols (block sizes only)."""
     if any(n.kind == "scatter" for n in k.nodes):
-        return [generate_kernel(part, cfg) for part in split_scatter(k)]
-    return [generate_kernel(k, cfg)]
+        return [generate_kernel(part, cfg, hints) for part in split_scatter(k)]
+    return [generate_kernel(k, cfg, hints)]
 
 
-def generate_kernel(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG) -> TritonKernel:
+def generate_kernel(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG,
+                    hints: dict[str, int] | None = None) -> TritonKernel:
     """Triton source and launch description for one scheduled kernel."""
     simple = simplify_kernel(k)
     xnumel = product(list(simple.outer))
@@ -488,7 +485,9 @@ def generate_kernel(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG) -> TritonKern
         return _generate_2d(simple, cfg, split)
     writer = KernelWriter(simple, cfg)
     if simple.is_row_kernel:
-        blocks = row_blocks(xnumel, product(list(simple.inner)), _r_contiguous(simple), cfg)
+        rnumel = product(list(simple.inner))
+        rhint = static(substitute_hints(rnumel, hints)) if hints else None
+        blocks = row_blocks(xnumel, rnumel, _r_contiguous(simple), cfg, rhint)
         kind = "persistent_reduction" if blocks.persistent else "looped_reduction"
     else:
         blocks = pointwise_blocks(xnumel, cfg)

@@ -1,0 +1,78 @@
+"""Symbolic-size bookkeeping of one compile: the ShapeEnv's guards the compile added.
+
+Note: a compile with symbolic sizes must not make choices that hold only for the example sizes. Where
+a pass still asks a SymInt for a number (``int(s)``, ``s == 3``, ``s > 4096``), torch's ShapeEnv
+answers from the example and records the assumption as a guard (or a replacement ``s -> 3``).
+``GuardWatch`` collects what this compile added: each becomes a ``SizeGuard`` that the generated
+wrapper checks on every call (``kiln.runtime.GuardError`` when it fails) and that the compiled graph
+lists in ``size_guards``, so the caller can check (or guard on) it too; each is logged in
+``perf_hints``. The same ShapeEnv is the caller's: its guards already include these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sympy
+import torch
+
+from kiln.graph import log
+
+from .codegen.triton.printer import python_index
+from .ir import DynamicShapeUnsupported, SizeGuard
+from .ir.sizes import to_kiln
+
+_REL = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}
+
+
+def shape_env_of(example_inputs: Sequence[Any]) -> Any:
+    for x in example_inputs:
+        vals = [x] if isinstance(x, torch.SymInt) else (
+            [*x.shape, *x.stride()] if isinstance(x, torch.Tensor) else [])
+        for v in vals:
+            if isinstance(v, torch.SymInt):
+                env = getattr(v.node, "shape_env", None)
+                if env is not None:
+                    return env
+    return None
+
+
+def guard_text(e: sympy.Basic) -> str:
+    """A ShapeEnv relation as Python over kiln's size symbols."""
+    if isinstance(e, (sympy.And, sympy.Or)):
+        op = " and " if isinstance(e, sympy.And) else " or "
+        return "(" + op.join(guard_text(a) for a in e.args) + ")"
+    if isinstance(e, sympy.Not):
+        return f"not ({guard_text(e.args[0])})"
+    for rel, op in _REL.items():
+        if isinstance(e, rel):
+            return f"{python_index(to_kiln(e.lhs))} {op} {python_index(to_kiln(e.rhs))}"
+    raise DynamicShapeUnsupported(f"a size guard {e} has no Python form here")
+
+
+class GuardWatch:
+    """The guards and replacements a ShapeEnv gains while this compile runs."""
+
+    def __init__(self, example_inputs: Sequence[Any]) -> None:
+        self.env = shape_env_of(example_inputs)
+        self.n_guards = len(self.env.guards) if self.env is not None else 0
+        self.replacements = dict(self.env.replacements) if self.env is not None else {}
+
+    @property
+    def symbolic(self) -> bool:
+        return self.env is not None
+
+    def added(self, name: str) -> tuple[SizeGuard, ...]:
+        if self.env is None:
+            return ()
+        out: list[SizeGuard] = []
+        for sym, e in self.env.replacements.items():
+            if self.replacements.get(sym) != e:
+                out.append(SizeGuard(guard_text(sympy.Eq(sym, e)), "a compile step specialised this size"))
+        for g in self.env.guards[self.n_guards:]:
+            out.append(SizeGuard(guard_text(g.expr), "a compile step assumed this relation"))
+        for g in out:
+            log("perf_hints").warning("graph %s: compiled for sizes with %s (%s); the wrapper checks it per call",
+                                      name, g.expr, g.reason)
+        return tuple(dict.fromkeys(out))

@@ -1,0 +1,88 @@
+"""Test helpers for symbolic-shape graphs: trace with torch's symbolic make_fx (tests may use it as the
+reference front end), decompose with kiln.decomp's inductor table, compile, and compare with eager."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+import kiln.decomp as decomp
+from kiln.graph import CompiledGraph
+from kiln.inductor import InductorOptions, compile_graph, inductor_decompositions
+
+CPP = InductorOptions(strict_lowering=True)
+TRITON = InductorOptions(strict_lowering=True, cpu_backend="triton")
+
+needs_triton = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                  reason="the Triton path on CPU tensors needs TRITON_INTERPRET=1")
+BACKENDS = [pytest.param(CPP, id="cpp"), pytest.param(TRITON, id="triton", marks=needs_triton)]
+
+
+def symbolic_graph(fn: Callable[..., Any], *args: Any,
+                   dynamic: dict[int, tuple[int, ...]] | None = None) -> tuple[torch.fx.GraphModule, list[Any]]:
+    """``fn`` traced with symbolic sizes, decomposed as kiln's backend hands graphs to compile_graph;
+    and its example inputs (the placeholders' fake tensors and SymInts). Without ``dynamic`` every
+    tensor dim and int argument is a symbol (as torch traces ``dynamic=True``); with it, only those
+    dims of those arguments (``{0: (0, 1)}``: dims 0 and 1 of the first), over one ShapeEnv, the rest
+    static (weights, as kiln.capture marks parameters)."""
+    if dynamic is None:
+        gm = make_fx(fn, tracing_mode="symbolic")(*args)
+    else:
+        mode = FakeTensorMode(shape_env=ShapeEnv())
+        fakes = []
+        for k, a in enumerate(args):
+            dims = dynamic.get(k, ())
+            ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
+                                                          for d in range(a.dim())])
+            fakes.append(mode.from_tensor(a, symbolic_context=ctx))
+        with mode:
+            gm = make_fx(fn, tracing_mode="real")(*fakes)
+    gm = decomp.decompose(gm, inductor_decompositions(), check=False)
+    examples = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
+    return gm, examples
+
+
+def compile_symbolic(fn: Callable[..., Any], *args: Any, options: InductorOptions = CPP,
+                     dynamic: dict[int, tuple[int, ...]] | None = None) -> CompiledGraph:
+    gm, examples = symbolic_graph(fn, *args, dynamic=dynamic)
+    cg = compile_graph(gm, examples, options=options)
+    assert cg.backend == "inductor", cg.texts.get("fallbacks")
+    return cg
+
+
+def flat(out: Any) -> tuple:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def check_sizes(cg: CompiledGraph, fn: Callable[..., Any], make_args: Callable[[int], tuple],
+                sizes: Iterable[int], atol: float = 1e-5, rtol: float = 1e-4) -> None:
+    """One compiled graph called with inputs of every size (fresh inputs each call) matches eager."""
+    for n in sizes:
+        args = make_args(n)
+        got = cg.fn(*args)
+        want = flat(fn(*args))
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            if isinstance(w, torch.Tensor):
+                assert g.shape == w.shape, (n, g.shape, w.shape)
+                assert g.dtype == w.dtype, (n, g.dtype, w.dtype)
+                torch.testing.assert_close(g, w, atol=atol, rtol=rtol, equal_nan=True, check_stride=False,
+                                           msg=lambda m, n=n: f"size {n}: {m}")
+            else:
+                assert g == w, (n, g, w)
+
+
+def is_dynamic(cg: CompiledGraph) -> bool:
+    """The program reads sizes from its inputs and assumed nothing about them."""
+    p = cg.loop_program  # type: ignore[attr-defined]
+    return bool(p.sizes) and not p.size_guards
+
+
+SIZES = (2, 3, 1, 0, 7, 13, 64, 97)
