@@ -27,7 +27,6 @@ from kiln.graph import (
     annotations_of,
     dump,
     emit,
-    has_symbolic_sizes,
     keeping_texts,
     log,
     new_graph_id,
@@ -91,16 +90,17 @@ def _inductor(opts: CompileOptions) -> Backend:
              and _stage("kiln.inductor.knobs", "KNOBS", "inductor").memory_arena)
 
     run_aten = _stage("kiln.autograd", "run_graph_compiler", "inductor")
-    symbolic_ok = _inductor_compiles_symbolic()
+    symbolic_refused = _stage("kiln.inductor", "DynamicShapeUnsupported", "inductor")
 
     def compiler(static: tuple[int, ...], inference: bool = False) -> Backend:
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-            if not symbolic_ok and any(has_symbolic_sizes(x) for x in example_inputs):
-                return _symbolic_fallback(run_aten, gm, example_inputs)
             options = inductor_options
             if inference and arena and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
                 options = options.replace(memory_arena=True)
-            compiled = compile_graph(gm, example_inputs, options=options)
+            try:
+                compiled = compile_graph(gm, example_inputs, options=options)
+            except symbolic_refused as e:
+                return _symbolic_fallback(run_aten, gm, example_inputs, str(e))
             if not flags.cudagraphs:
                 return compiled
             # reduce-overhead: parameters/buffers are static inputs, the rest get static slots
@@ -130,26 +130,16 @@ def _inductor(opts: CompileOptions) -> Backend:
     return inductor
 
 
-def _inductor_compiles_symbolic() -> bool:
-    """Whether the installed kiln.inductor compiles graphs with symbolic sizes: it says so with a
-    module attribute ``SUPPORTS_SYMBOLIC_SHAPES = True``.
-
-    Note: asked up front rather than by trying, because a compiler that reads a symbolic size as an int
-    before refusing the graph specialises the capture's ShapeEnv (``s0 == 5`` becomes a guard), and the
-    fallback graph would then serve one size only."""
-    try:
-        return bool(getattr(importlib.import_module("kiln.inductor"), "SUPPORTS_SYMBOLIC_SHAPES", False))
-    except ImportError:
-        return False
-
-
-def _symbolic_fallback(run_aten: Backend, gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
-    """A symbolic graph kiln.inductor cannot compile yet: its ATen graph runs op by op (one compile for
-    every size), said in perf_hints, graph_breaks and the graph's texts (explain, KILN_DEBUG_DIR)."""
+def _symbolic_fallback(run_aten: Backend, gm: fx.GraphModule, example_inputs: Sequence[Any],
+                       reason: str) -> CompiledGraph:
+    """A symbolic graph kiln.inductor refused (``reason``, its DynamicShapeUnsupported): its ATen graph
+    runs op by op (one compile for every size), said in perf_hints, graph_breaks and the graph's texts
+    (explain, KILN_DEBUG_DIR, the compile report)."""
     syms = sorted({str(s) for x in example_inputs for s in _free_symbols(x)})
     msg = (f"graph is not compiled by kiln.inductor, its ATen graph runs op by op: it has symbolic sizes "
-           f"({', '.join(syms)}) and this kiln.inductor compiles static shapes only. One compile serves "
-           "every size; compile with dynamic=False for generated kernels per size (recompiled per size)")
+           f"({', '.join(syms)}) and kiln.inductor refused them: {reason}. One compile serves every size; "
+           "compile with dynamic=False for generated kernels per size (recompiled per size)")
+    emit(GraphRunEagerly(gm.__class__.__name__, msg))
     log("perf_hints").warning(msg)
     log("graph_breaks").info(msg)
     compiled = run_aten(gm, example_inputs)

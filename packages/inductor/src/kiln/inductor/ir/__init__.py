@@ -20,6 +20,7 @@ from .expr import (
                    walk,
 )
 from .index import (
+                   DynamicShapeUnsupported,
                    FloorDiv,
                    IndexExpr,
                    ModIndex,
@@ -30,10 +31,21 @@ from .index import (
                    index_vars,
                    is_dense,
                    is_static,
+                   is_symbolic,
                    product,
+                   size_symbol,
                    strided_index,
+                   sym_expr,
 )
-from .kernel import Allocation, Kernel, KernelNode, ScheduledProgram, Step, work_buffers
+from .kernel import (
+                   Allocation,
+                   Kernel,
+                   KernelNode,
+                   ScheduledProgram,
+                   Step,
+                   kernel_size_symbols,
+                   work_buffers,
+)
 from .nodes import (
                    REDUCTION_TYPES,
                    Arg,
@@ -58,16 +70,11 @@ from .nodes import (
 from .parse import IRParseError, parse_index, parse_layout, parse_program
 from .program import LoopProgram, Output, node_reads
 from .sizes import (
-                   DynamicShapeUnsupported,
                    SizeGuard,
                    SizeSource,
                    is_size_symbol,
-                   is_symbolic,
-                   kernel_size_symbols,
-                   size_symbol,
                    size_symbols_of,
                    substitute_hints,
-                   sym_expr,
 )
 from .verify import verify_kernel, verify_program, verify_schedule
 

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import sympy
 import torch
 
-from .expr import Expr, format_expr
+from .expr import Expr, IndexValue, Load, format_expr, walk
 from .index import IndexExpr, index_str
 from .nodes import ExternKernel, Layout, args_buffers, dims_str
 from .program import LoopProgram
+from .sizes import size_symbols_of
 
 ROLES = ("full", "outer")
 
@@ -117,3 +119,15 @@ class ScheduledProgram:
 
     def as_text(self) -> str:
         return "\n".join(s.as_text() for s in self.steps)
+
+
+def kernel_size_symbols(k: Kernel) -> list[str]:
+    """The size symbols a kernel's ranges and indices use: its size parameters, in a stable order."""
+    syms: set[str] = set()
+    for e in (*k.outer, *k.inner):
+        syms |= {s.name for s in size_symbols_of(sympy.sympify(e))}
+    for n in k.nodes:
+        loads = [x.index for r in (n.body, *n.store_indirect) for x in walk(r) if isinstance(x, (Load, IndexValue))]
+        for e in [n.store_index, *loads]:
+            syms |= {s.name for s in size_symbols_of(e)}
+    return sorted(syms, key=lambda s: (len(s), s))

@@ -17,9 +17,6 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from .expr import IndexValue, Load, walk
-from .kernel import Kernel
-
 
 @dataclass(frozen=True, slots=True)
 class SizeSource:
@@ -62,15 +59,3 @@ def substitute_hints(e: sympy.Expr, hints: dict[str, int]) -> sympy.Expr:
         return e
     binds = {s: hints[s.name] for s in size_symbols_of(e) if s.name in hints}
     return e.xreplace(binds) if binds else e
-
-
-def kernel_size_symbols(k: Kernel) -> list[str]:
-    """The size symbols a kernel's ranges and indices use: its size parameters, in a stable order."""
-    syms: set[str] = set()
-    for e in (*k.outer, *k.inner):
-        syms |= {s.name for s in size_symbols_of(sympy.sympify(e))}
-    for n in k.nodes:
-        loads = [x.index for r in (n.body, *n.store_indirect) for x in walk(r) if isinstance(x, (Load, IndexValue))]
-        for e in [n.store_index, *loads]:
-            syms |= {s.name for s in size_symbols_of(e)}
-    return sorted(syms, key=lambda s: (len(s), s))
