@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import polyfills
+from . import controls, polyfills
 from .errors import GraphBreak
 from .semantics import (
     apply_operator,
@@ -22,6 +22,7 @@ from .semantics import (
     is_traced,
     load_attr,
     lookup_static,
+    refuse_foreign_values,
     setitem,
     store_attr,
     truth,
@@ -58,6 +59,7 @@ def _len(frame: Frame, args: list, kwargs: dict) -> Any:
     fn = lookup_static(type(x), "__len__")
     if fn is not None and not isinstance(fn, type(list.__len__)) and callable(fn) and hasattr(fn, "__code__"):
         return frame.call(fn, [x], {})
+    refuse_foreign_values(frame, [x], "len()")
     return len(x)
 
 
@@ -273,6 +275,12 @@ def _member_source(src: str, module: Any, dotted: str) -> str:
     return f"{out}.{last}"
 
 
+def _refuse(what: str, hint: str) -> Handler:
+    def refuse(frame: Frame, args: list, kwargs: dict) -> Any:
+        raise GraphBreak(what, hint)
+    return refuse
+
+
 def _constant(value: Any) -> Handler:
     return lambda frame, args, kwargs: value
 
@@ -374,6 +382,11 @@ def _register() -> None:
         fn = getattr(compiler_ns, name, None)
         if fn is not None:
             SPECIAL[fn] = _constant(False)
+    SPECIAL[controls.is_compiling] = _constant(True)
+    for fn in (controls.set_stance, getattr(compiler_ns, "set_stance", None)):
+        if fn is not None:
+            SPECIAL[fn] = _refuse("set_stance inside compiled code",
+                                  "set the stance around the call of the compiled function")
     if hasattr(torch._utils, "is_compiling"):
         SPECIAL[torch._utils.is_compiling] = _constant(True)
 

@@ -17,6 +17,7 @@ import torch
 from kiln.graph import GuardSet, enabled, log
 
 from .capture import Capture
+from .controls import static_dims
 from .knobs import CaptureOptions
 
 
@@ -37,6 +38,7 @@ class CodeCache:
     recompiles: int = 0
     eager_reason: str | None = None  # set when the frame cannot be captured at all
     limit_warned: bool = False
+    ran_eagerly: bool = False  # set_stance('eager_then_compile'): the first call ran in Python
     seen_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dynamic: dict[str, set[int]] = field(default_factory=dict)
     seen_ints: dict[str, int] = field(default_factory=dict)
@@ -81,8 +83,9 @@ class CodeCache:
                     return frozenset({0})
                 return frozenset()
             marked = set(getattr(t, "_kiln_dynamic_dims", ()))
+            static = static_dims(t)  # kiln.mark_static
             if options.dynamic is True:
-                return frozenset(range(t.dim()))
+                return frozenset(range(t.dim())) - static
             if options.dynamic is False:
                 return frozenset(marked)
             shape = tuple(int(s) for s in t.shape)
@@ -91,7 +94,7 @@ class CodeCache:
             if prev is not None and len(prev) == len(shape):
                 dims.update(i for i, (a, b) in enumerate(zip(prev, shape)) if a != b)
             self.seen_shapes[source] = shape
-            return frozenset(dims | marked)
+            return frozenset(dims | marked) - (static - marked)
         return policy
 
 

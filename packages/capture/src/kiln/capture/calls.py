@@ -17,7 +17,9 @@ from torch import nn
 
 from . import polyfills, torch_ops
 from .builtins_impl import SPECIAL
+from .controls import allowed_in_graph, disabled_reason
 from .errors import GraphBreak
+from .foreign import is_mutable_c_value
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
 from .values import EMPTY, NULL, Cell, ListIterator, TensorMethod, TracedFunction, TracedMethod
 
@@ -37,6 +39,13 @@ _REAL_MODULE_PREFIXES = ("typing", "inspect", "enum", "abc", "functools", "colle
 def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if fn is NULL:
         raise GraphBreak("calling NULL (interpreter stack mismatch)")
+    if isinstance(fn, (types.FunctionType, types.MethodType)):
+        reason = disabled_reason(fn)
+        if reason is not None:
+            raise GraphBreak(f"call to {getattr(fn, '__qualname__', fn)}, {reason}",
+                             "it runs in Python outside the graph, its frames not captured")
+    if allowed_in_graph(fn):  # kiln/torch.compiler.allow_in_graph: one node, run on fake tensors
+        return frame.tracer.record("call_function", fn, tuple(args), dict(kwargs), lambda: fn(*args, **kwargs))
     if isinstance(fn, TensorMethod):
         return torch_ops.tensor_method(frame, fn.tensor, fn.name, args, kwargs)
     if isinstance(fn, TracedFunction):
@@ -141,7 +150,8 @@ def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     self_obj = getattr(fn, "__self__", None)
     if any(isinstance(a, (TracedFunction, TracedMethod)) for a in [*args, *kwargs.values()]):
         raise GraphBreak(f"passing a function defined in compiled code to {name}()")
-    refuse_foreign_values([self_obj, *args, *kwargs.values()], f"{name}()")
+    if not (isinstance(fn, types.BuiltinFunctionType) and fn in _TYPE_ONLY):
+        refuse_foreign_values(frame, [self_obj, *args, *kwargs.values()], f"{name}()")
     traced_args = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())
     if not traced_args:
         result = fn(*args, **kwargs)
@@ -158,6 +168,8 @@ def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
             raise GraphBreak(f"{getattr(fn, '__qualname__', name)}() wrote a tensor in place outside the graph",
                              "it runs in Python between graphs")
     check_tracked(frame, result, f"{name}()")
+    if is_mutable_c_value(result):
+        frame.tracer.note_made(result)
     return result
 
 
@@ -170,6 +182,7 @@ def _versions(values: list) -> list[int]:
     return out
 
 
+_TYPE_ONLY = frozenset({callable, id, type, isinstance, issubclass, hasattr})  # read no object state
 _MUTATING = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault",
                        "popitem", "add", "discard", "sort", "reverse", "__setitem__", "__delitem__",
                        "__setattr__", "__delattr__"})
@@ -251,6 +264,10 @@ def inline(frame: Frame, code: types.CodeType, f_globals: dict, args: list, kwar
 
 
 def call_module(frame: Frame, module: nn.Module, args: list, kwargs: dict) -> Any:
+    reason = disabled_reason(module.__dict__.get("forward", type(module).forward))
+    if reason is not None:
+        raise GraphBreak(f"call to {type(module).__name__}.forward, {reason}",
+                         "it runs in Python outside the graph, its frames not captured")
     if _has_hooks(module):
         return call_function(frame, nn.Module._call_impl, [module, *args], kwargs)
     forward = type(module).forward
@@ -288,6 +305,7 @@ def construct(frame: Frame, cls: type, args: list, kwargs: dict) -> Any:
         obj = cls.__new__(cls)
     if not isinstance(obj, cls):
         return obj
+    frame.tracer.note_made(obj)
     if py_init:
         call_function(frame, init, [obj, *args], kwargs)
     elif init is not None and init is not object.__init__:

@@ -18,6 +18,7 @@ from kiln.graph import GuardSet, enabled, gc_paused, log
 
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
+from .controls import current_stance, disabled_reason
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .knobs import CaptureOptions
 from .pipeline import compile_capture
@@ -38,6 +39,7 @@ class CompileContext:
         self.wrapped_methods: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.resumes: dict[tuple, Callable] = {}
         self.on_capture: list[Callable[[Capture, CodeCache], None]] = []
+        self.on_eager: list[Callable[[str, str], None]] = []  # (function at file:line, reason)
         _ALL_CONTEXTS.add(self)
 
     def cache_for(self, code: types.CodeType) -> CodeCache:
@@ -54,6 +56,8 @@ class CompileContext:
 
     def wrap_callee(self, fn: Any) -> Any:
         """A callable met at a graph break, routed through this context so it is captured too."""
+        if disabled_reason(type(fn).forward if isinstance(fn, nn.Module) else fn) is not None:
+            return fn
         if isinstance(fn, nn.Module):
             if fn._forward_hooks or fn._forward_pre_hooks or not isinstance(type(fn).forward, types.FunctionType) \
                     or type(fn).__call__ is not nn.Module.__call__:
@@ -122,6 +126,7 @@ class Optimized:
             cache = ctx.cache_for(self.code)
             cache.eager_reason = "generators and coroutines run eagerly"
         self.cache = ctx.cache_for(self.code) if self.code is not None else None
+        self.disabled = disabled_reason(fn if not isinstance(fn, nn.Module) else type(fn).forward)
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         if self.self_obj is not None:
@@ -141,7 +146,13 @@ class Optimized:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         cache = self.cache
+        if self.disabled is not None or current_stance() == "force_eager":
+            return self._eager(self.disabled or "set_stance('force_eager')", args, kwargs, permanent=False)
         if cache is None or cache.eager_reason is not None:
+            if cache is not None and self.ctx.on_eager:
+                for hook in self.ctx.on_eager:
+                    hook(f"{cache.code.co_name} ({cache.code.co_filename}:{cache.code.co_firstlineno})",
+                         cache.eager_reason)
             return self.fn(*args, **kwargs)
         L = self.bind(args, kwargs)
         G = self.f_globals
@@ -160,6 +171,14 @@ class Optimized:
         cache = self.cache
         assert cache is not None and self.code is not None
         options = self.ctx.options
+        stance = current_stance()
+        if cache.entries and stance == "fail_on_recompile":
+            raise RuntimeError(f"kiln: {self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno}) "
+                               f"would recompile under set_stance('fail_on_recompile'): {self._miss_reason(L, G)}")
+        if cache.entries and stance == "eager_on_recompile" or stance == "eager_then_compile" and \
+                not cache.ran_eagerly:
+            cache.ran_eagerly = True
+            return self._eager(f"set_stance({stance!r})", args, kwargs, permanent=False)
         if cache.entries:
             if len(cache.entries) >= options.recompile_limit:
                 if not cache.limit_warned:
@@ -224,6 +243,8 @@ class Optimized:
         assert self.code is not None and self.cache is not None
         log("graph_breaks").info("running %s (%s:%s) eagerly: %s", self.code.co_name, self.code.co_filename,
                                  self.code.co_firstlineno, reason)
+        for hook in self.ctx.on_eager:
+            hook(f"{self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno})", reason)
         if permanent:
             self.cache.eager_reason = reason
         return self.fn(*args, **kwargs)
@@ -332,7 +353,8 @@ def optimize(fn: Callable, backend: Callable, *, fullgraph: bool = False, dynami
     @functools.wraps(fn if not isinstance(fn, nn.Module) else type(fn).forward)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # the hit path, kept flat: bind, check each entry's guards, run the first that passes
-        if cache is not None and cache.eager_reason is None:
+        if cache is not None and cache.eager_reason is None and opt.disabled is None and \
+                current_stance() != "force_eager":
             L = bind(args, kwargs)
             for entry in cache.entries:
                 try:

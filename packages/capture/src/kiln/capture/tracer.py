@@ -27,6 +27,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 from kiln.graph import Guard, TensorSpec, global_state, tensor_expectation, type_name
 
 from .errors import GraphBreak
+from .foreign import is_immutable_constant, is_numpy_scalar, state_in_c
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
 from .values import ADVANCES, ContextExit, GradModeContext, ListIterator, ResumeIterator
@@ -91,6 +92,8 @@ class Tracer:
         self.input_by_key: dict[Any, Any] = {}
         self.guards: dict[tuple[str, str], Guard] = {}
         self.source_of: dict[int, str] = {}
+        self.made: set[int] = set()  # objects made during the trace that must be rebuilt per call
+        self.opaque: set[int] = set()  # ids of values from the frame guarded by type only (foreign.py)
         self.symbol_sources: dict[str, list[str]] = {}
         self.speculative: set[fx.Node] = set()
         self.param_fakes: set[int] = set()
@@ -141,8 +144,14 @@ class Tracer:
             lifted = self.lift_int(value, source)
             if lifted is not None:
                 return lifted
-        if t in (bool, int, float, str, bytes):
+        if t in (bool, int, float, str, bytes) or is_numpy_scalar(value):
             self.add_guard(source, "EQUALS_MATCH", value)
+            return value
+        if t in (set, frozenset) and all(type(v) in _CONSTANT_TYPES for v in value):
+            # a set of constants: its contents guarded as one frozenset (a set has no item sources)
+            self.add_guard(source, "TYPE_MATCH", type_name(t))
+            self.add_guard(f"frozenset({source})", "EQUALS_MATCH", frozenset(value))
+            self._remember(value, source)
             return value
         if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum)):
             self.add_guard(source, "ID_MATCH" if not isinstance(value, torch.device) else "EQUALS_MATCH",
@@ -215,7 +224,19 @@ class Tracer:
                 return out
         self.add_guard(source, "TYPE_MATCH", type_name(t))
         self._remember(value, source)
+        if state_in_c(value):
+            self.opaque.add(id(value))  # only its type is guarded: no computing on it (foreign.py)
         return value
+
+    def note_made(self, value: Any) -> None:
+        """``value`` was made during the trace (a constructed object, a mutable C object a call
+        returned): after the graph it is rebuilt per call, or the frame runs in Python."""
+        if id(value) not in self.source_of and not is_immutable_constant(value):
+            self.made.add(id(value))
+            self.keep.append(value)
+
+    def is_opaque(self, value: Any) -> bool:
+        return id(value) in self.opaque and id(value) in self.source_of
 
     def lift_int(self, value: int, source: str) -> Any:
         """A Python int argument as a symbolic int: a graph input bound by a SYMBOL guard.
@@ -380,6 +401,8 @@ class Tracer:
             return slice(self.to_arg(value.start), self.to_arg(value.stop), self.to_arg(value.step))
         if isinstance(value, torch.Size):
             return tuple(self.to_arg(v) for v in value)
+        if is_numpy_scalar(value):  # torch treats numpy scalars as Python numbers
+            return value.item()
         if isinstance(value, (*CONSTANT_TYPES, torch.dtype, torch.device, torch.layout,
                               torch.memory_format)):
             return value
