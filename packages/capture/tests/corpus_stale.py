@@ -11,7 +11,7 @@ import random
 import numpy as np
 import torch
 
-from .corpus_registry import case
+from .corpus_registry import case, graph_break
 
 
 def _np_arg():
@@ -156,7 +156,7 @@ def stale_list_made_in_trace(x, y):
 def stale_object_across_break(x, y):
     b = _Box(1)
     z = x + 1
-    print("kiln-corpus", b.v)
+    graph_break("kiln-corpus", b.v)
     b.v += 1
     return z * y, b
 

@@ -6,12 +6,13 @@ import builtins
 import contextlib
 import functools
 import operator
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import controls, polyfills
+from . import controls, deferred, polyfills
 from .errors import GraphBreak
 from .semantics import (
     apply_operator,
@@ -170,10 +171,6 @@ def _polyfill(real: Callable, poly: Callable) -> Handler:
 
 def _abs(frame: Frame, args: list, kwargs: dict) -> Any:
     return apply_operator(frame, operator.abs, list(args))
-
-
-def _print(frame: Frame, args: list, kwargs: dict) -> Any:
-    raise GraphBreak("print() inside compiled code", "printing runs in Python between graphs")
 
 
 def _super(frame: Frame, args: list, kwargs: dict) -> SuperProxy:
@@ -350,7 +347,7 @@ def _register() -> None:
         b.filter: _polyfill(filter, polyfills.filter_), b.sorted: _polyfill(sorted, polyfills.sorted_),
         b.callable: lambda frame, args, kwargs: isinstance(args[0], (TracedFunction, TracedMethod, TensorMethod)) or
         callable(args[0]),
-        b.abs: _abs, b.print: _print, b.super: _super, b.id: _id,
+        b.abs: _abs, b.print: deferred.print_, b.super: _super, b.id: _id,
         b.int: _scalar(int), b.float: _scalar(float), b.bool: _scalar(bool), b.complex: _scalar(complex),
         torch.no_grad: _grad_mode(False), torch.enable_grad: _grad_mode(True),
         torch.set_grad_enabled: _set_grad_enabled, torch.inference_mode: _grad_mode(False),
@@ -359,6 +356,8 @@ def _register() -> None:
         torch._C._get_tracing_state: _constant(None),
         torch._C._set_grad_enabled: lambda frame, args, kwargs: set_grad_mode(frame, bool(args[0])),
         torch.jit.is_scripting: _constant(False), torch.jit.is_tracing: _constant(False),
+        warnings.warn: deferred.warn_, torch.manual_seed: deferred.manual_seed_,
+        torch.random.manual_seed: deferred.manual_seed_,
     })
     for kind in ("parameters", "named_parameters", "buffers", "named_buffers", "children",
                  "named_children", "modules", "named_modules"):

@@ -51,9 +51,20 @@ def disable(fn: Callable | None = None, recursive: bool = True, *, reason: str |
     return mark if fn is None else mark(fn)
 
 
+# torch's own functions marked never-compile (torch.manual_seed, ...) are wrappers with this code
+_TORCH_DISABLED_CODE = torch._disable_dynamo(lambda: None).__code__ if hasattr(torch, "_disable_dynamo") else None
+
+
+def torch_disabled_wrapper(fn: Any) -> bool:
+    """A torch function wrapped by ``torch._disable_dynamo`` (its ``__wrapped__`` is the function)."""
+    return getattr(fn, "__code__", None) is _TORCH_DISABLED_CODE and _TORCH_DISABLED_CODE is not None
+
+
 def disabled_reason(fn: Any) -> str | None:
     """Why ``fn`` must not be captured (``kiln.disable`` or ``torch.compiler.disable``), or None."""
     target = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    if torch_disabled_wrapper(target):
+        return f"a torch function marked never to be compiled ({getattr(target, '__qualname__', target)})"
     try:
         reason = getattr(target, "_kiln_disable", None)
         if reason is None and getattr(target, "_torchdynamo_disable", False) is True:

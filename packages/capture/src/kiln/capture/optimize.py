@@ -19,6 +19,7 @@ from kiln.graph import GuardSet, enabled, gc_paused, log
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
 from .controls import current_stance, disabled_reason
+from .deferred import CALL
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .knobs import CaptureOptions
 from .pipeline import compile_capture
@@ -312,7 +313,9 @@ def _effect_values(effects: list, outs: Any, L: dict, G: dict) -> list:
 
 def _apply(pending: list) -> None:
     for obj, name, value in pending:
-        if name == CONTENTS:  # an input list/dict changed in place by the traced code
+        if name == CALL:  # a call replayed after the graph (deferred.py)
+            obj(*value[0], **value[1])
+        elif name == CONTENTS:  # an input list/dict changed in place by the traced code
             if isinstance(obj, list):
                 obj[:] = value
             else:

@@ -178,7 +178,14 @@ class Flattener:
     def _context_plan(self, v: ContextExit) -> Plan:
         ctx = v.ctx
         if isinstance(ctx, AutocastContext):
-            raise SkipFrame("a graph break inside torch.autocast: the frame runs eagerly")
+            def enter_autocast(outs: Any, L: dict, G: dict) -> Any:
+                # the graph closed the block at the break; Python re-enters it for the breaking
+                # instruction and the resume function, which breaks again where the block ends
+                real = torch.autocast(ctx.device_type, dtype=ctx.dtype, enabled=ctx.enabled,
+                                      cache_enabled=ctx.cache_enabled)
+                real.__enter__()
+                return real.__exit__
+            return enter_autocast
         if not isinstance(ctx, (GradModeContext, NullContext)):
             ctx_plan = self.plan(ctx)
 

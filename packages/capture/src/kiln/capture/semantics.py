@@ -153,7 +153,7 @@ def store_attr(frame: Frame, obj: Any, name: str, value: Any) -> None:
     if frame.tracer.source_of.get(id(obj)) is not None:
         record_attr_write(frame, obj, name, value)
         return
-    if isinstance(obj, (nn.Module, type, types.ModuleType)):
+    if isinstance(obj, (nn.Module, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)):
         raise GraphBreak(f"mutation of attribute {name!r} on an object from outside the compiled code",
                          "attribute writes on inputs run in Python")
     static = lookup_static(type(obj), name)

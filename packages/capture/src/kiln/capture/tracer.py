@@ -26,6 +26,7 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 
 from kiln.graph import Guard, TensorSpec, global_state, tensor_expectation, type_name
 
+from .deferred import is_random_target, seed_pending
 from .errors import GraphBreak
 from .foreign import is_immutable_constant, is_numpy_scalar, state_in_c
 from .shape_source import KilnSource
@@ -114,6 +115,7 @@ class Tracer:
         # (object, name, value before or _UNSET): attributes set for real on objects the trace made
         # (an HF cache's ``self.keys = torch.cat(...)``), undone with the instruction that breaks
         self.setattr_log: list[tuple[Any, str, Any]] = []
+        self.deferred: list[tuple[Any, list, dict]] = []  # calls replayed after the graph (deferred.py)
         ADVANCES.clear()  # interpreted iterators advanced by this capture
         self.last_placeholder: fx.Node | None = None
         self.fake_memo: dict[tuple, tuple] = {}  # fast_meta: memoized results of repeated calls
@@ -337,6 +339,9 @@ class Tracer:
     def record(self, kind: str, target: Any, args: tuple, kwargs: dict, run: Callable[[], Any],
                pure: bool = False) -> Any:
         """Run ``run`` on fake values and record one node computing its result."""
+        if self.deferred and seed_pending(self.deferred) and is_random_target(target):
+            raise GraphBreak("a random op after torch.manual_seed in the same graph",
+                             "the seed is set after the graph, then this op runs in Python")
         node_args = self.to_arg(args)
         node_kwargs = self.to_arg(kwargs)
         try:
@@ -487,11 +492,12 @@ class Tracer:
     # ---- checkpoints for rolling back an instruction that breaks -------------------------
     def checkpoint(self) -> tuple:
         return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes), len(self.mutation_log),
-                len(ADVANCES), len(self.rebinds), len(self.setattr_log))
+                len(ADVANCES), len(self.rebinds), len(self.setattr_log), len(self.deferred))
 
     def rollback(self, cp: tuple) -> None:
-        last, grad, writes, n_mutations, n_advances, n_rebinds, n_setattrs = cp
+        last, grad, writes, n_mutations, n_advances, n_rebinds, n_setattrs, n_deferred = cp
         self.attr_writes = writes
+        del self.deferred[n_deferred:]
         while len(self.rebinds) > n_rebinds:
             key, node = self.rebinds.pop()
             self.node_of[key] = node
