@@ -161,11 +161,6 @@ def mark_dynamic(t: torch.Tensor, dim: int | list[int], *, min: int | None = Non
     capture.mark_dynamic(t, dim, min=min, max=max)
 
 
-def mark_static(t: torch.Tensor, dim: int | list[int]) -> None:
-    """Keep ``t``'s dimension(s) ``dim`` constant sizes, even with ``dynamic=True``."""
-    capture.mark_static(t, dim)
-
-
 def reset() -> None:
     """Forget every compiled entry (and recompile counts) of every function, and free the memory
     pools of reduce-overhead's CUDA graph trees."""

@@ -39,6 +39,12 @@ def assert_same(got, want, atol=1e-5):
         assert isinstance(got, torch.Tensor), f"expected a tensor, got {type(got)}"
         assert got.shape == want.shape and got.dtype == want.dtype
         torch.testing.assert_close(got, want, atol=atol, rtol=1e-4)
+    elif type(want).__module__ == "numpy" and hasattr(want, "dtype"):  # ndarray or numpy scalar
+        import numpy as np
+
+        assert type(got) is type(want), f"expected a {type(want)}, got {type(got)}"
+        assert got.dtype == want.dtype and np.shape(got) == np.shape(want), (got, want)
+        np.testing.assert_allclose(got, want, atol=atol, rtol=1e-4)
     elif isinstance(want, dict):
         assert type(got) is type(want) and list(got.keys()) == list(want.keys())
         for k in want:

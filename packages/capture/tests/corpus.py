@@ -11,6 +11,7 @@ from . import (  # noqa: F401 (imported for their registrations)
     corpus_mutation,
     corpus_numbers,
     corpus_python,
+    corpus_stale,
     corpus_tensors,
 )
 from .corpus_registry import CASES, Case, one, two

@@ -14,11 +14,11 @@ import torch.nn.functional as F  # noqa: F401
 from torch import nn  # noqa: F401
 
 from .corpus_python import Affine
-from .corpus_registry import case, one, two  # noqa: F401
+from .corpus_registry import case, graph_break, one, two  # noqa: F401
 
 
 # ---- graph breaks --------------------------------------------------------------------------
-@case(graphs=2, breaks=1)
+@case(graphs=1, breaks=0)  # print is replayed after the graph
 def break_on_print(x, y):
     a = x + 1
     print("kiln-corpus", a.shape)
@@ -48,7 +48,7 @@ def break_data_dependent_else(x, y):
 
 
 def _untraceable(t):
-    print("kiln-corpus inner")
+    graph_break("kiln-corpus inner")
     return t * 3
 
 
@@ -63,7 +63,7 @@ def break_in_callee(x, y):
 def break_in_loop(x, y):
     for i in range(2):
         x = x + i
-        print("kiln-corpus loop", i)
+        graph_break("kiln-corpus loop", i)
     return x * y
 
 
@@ -71,7 +71,7 @@ def break_in_loop(x, y):
 def break_in_no_grad(x, y):
     with torch.no_grad():
         a = x * 2
-        print("kiln-corpus with")
+        graph_break("kiln-corpus with")
         b = a + y
     return b, torch.is_grad_enabled()
 
@@ -92,13 +92,13 @@ def break_keeps_locals(x, y):
     k = 3
     names = ["a", "b"]
     d = {"x": x + 1}
-    print("kiln-corpus locals")
+    graph_break("kiln-corpus locals")
     return d["x"] * k + len(names) + y
 
 
 @case(graphs=1, breaks=1)  # nothing is computed before the break: no graph there
 def break_then_loop(x, y):
-    print("kiln-corpus before loop")
+    graph_break("kiln-corpus before loop")
     for i in range(3):
         x = x + y * i
     return x
@@ -106,16 +106,16 @@ def break_then_loop(x, y):
 
 @case(graphs=1, breaks=1)
 def break_at_start(x, y):
-    print("kiln-corpus first")
+    graph_break("kiln-corpus first")
     return x + y
 
 
 @case(graphs=3, breaks=2)
 def two_breaks(x, y):
     a = x + 1
-    print("kiln-corpus one")
+    graph_break("kiln-corpus one")
     b = a * y
-    print("kiln-corpus two")
+    graph_break("kiln-corpus two")
     return b - 1
 
 
@@ -123,7 +123,7 @@ def two_breaks(x, y):
 def break_method_call(x, y):
     a = Affine(2)
     z = a.apply(x)
-    print("kiln-corpus method")
+    graph_break("kiln-corpus method")
     return z + a.k + y
 
 
@@ -131,7 +131,7 @@ def break_method_call(x, y):
 def break_in_try(x, y):
     try:
         z = x + 1
-        print("kiln-corpus try")
+        graph_break("kiln-corpus try")
     except RuntimeError:
         z = x
     return z * y
@@ -144,12 +144,12 @@ def break_with_closure(x, y):
     def scale(t):
         return t * k
     a = scale(x)
-    print("kiln-corpus closure")
+    graph_break("kiln-corpus closure")
     return scale(a) + y
 
 
 @case(graphs=2, breaks=1)
 def break_keyword_call(x, y):
     a = x + 1
-    print("kiln-corpus", "kw", sep="-")
+    graph_break("kiln-corpus", "kw", sep="-")
     return a * y

@@ -9,12 +9,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .corpus_registry import case, one
+from .corpus_registry import case, graph_break, one
 
 
 def _inner_break(t):
     u = t * 2
-    print("kiln-corpus", "inner")
+    graph_break("kiln-corpus", "inner")
     return u + 1
 
 
@@ -49,18 +49,18 @@ def break_on_numpy_roundtrip(x, y):
 
 @case(graphs=2, breaks=1)
 def break_keeps_stack_values(x, y):
-    return (x + 1) * (print("kiln-corpus", "mid") or 1) + y
+    return (x + 1) * (graph_break("kiln-corpus", "mid") or 1) + y
 
 
 @case(graphs=2, breaks=1)
 def break_inside_list_literal(x, y):
-    items = [x + 1, print("kiln-corpus", "in list") or y, x * y]
+    items = [x + 1, graph_break("kiln-corpus", "in list") or y, x * y]
     return items[0] + items[1] + items[2]
 
 
 @case(graphs=2, breaks=1)
 def break_inside_call_args(x, y):
-    return torch.add(x * 2, y, alpha=(print("kiln-corpus", "arg") or 2))
+    return torch.add(x * 2, y, alpha=(graph_break("kiln-corpus", "arg") or 2))
 
 
 @case(graphs=2, breaks=1)
@@ -68,7 +68,7 @@ def break_in_enable_grad_block(x, y):
     with torch.no_grad():
         with torch.enable_grad():
             a = x * 2
-            print("kiln-corpus", "enable_grad")
+            graph_break("kiln-corpus", "enable_grad")
             b = a + y
     return b, torch.is_grad_enabled()
 
@@ -77,7 +77,7 @@ def break_in_enable_grad_block(x, y):
 def break_in_set_grad_enabled_false(x, y):
     with torch.set_grad_enabled(False):
         a = x + 1
-        print("kiln-corpus", "set_grad_enabled")
+        graph_break("kiln-corpus", "set_grad_enabled")
         b = a * y
     return b
 
@@ -86,7 +86,7 @@ def break_in_set_grad_enabled_false(x, y):
 def break_after_with_block(x, y):
     with torch.no_grad():
         a = x * 3
-    print("kiln-corpus", "after with")
+    graph_break("kiln-corpus", "after with")
     return a + y
 
 
@@ -95,7 +95,7 @@ def break_in_while_loop(x, y):
     i = 0
     while i < 2:
         x = x + y
-        print("kiln-corpus", "while", i)
+        graph_break("kiln-corpus", "while", i)
         i += 1
     return x
 
@@ -105,7 +105,7 @@ def break_in_loop_last_iteration_only(x, y):
     for i in range(3):
         x = x * 2
         if i == 2:
-            print("kiln-corpus", "last")
+            graph_break("kiln-corpus", "last")
     return x + y
 
 
@@ -114,7 +114,7 @@ def break_in_loop_over_list(x, y):
     out = x
     for t in [x, y]:
         out = out + t
-        print("kiln-corpus", "list loop")
+        graph_break("kiln-corpus", "list loop")
     return out
 
 
@@ -124,14 +124,14 @@ def break_in_loop_over_dict_items(x, y):
     out = x * 0
     for k, v in d.items():
         out = out + v
-        print("kiln-corpus", "dict loop", k)
+        graph_break("kiln-corpus", "dict loop", k)
     return out
 
 
 @case(graphs=1, breaks=1)
 def break_with_local_containers_mutated_after(x, y):
     acc = [x]
-    print("kiln-corpus", "before append")
+    graph_break("kiln-corpus", "before append")
     acc.append(y)
     return torch.stack(acc).sum(0)
 
@@ -143,7 +143,7 @@ def break_with_dict_and_closure_alive(x, y):
     def f(t):
         return t * scale["k"]
     a = f(x)
-    print("kiln-corpus", "closure dict")
+    graph_break("kiln-corpus", "closure dict")
     scale["k"] = 3
     return a + f(y)
 
@@ -151,7 +151,7 @@ def break_with_dict_and_closure_alive(x, y):
 @case(graphs=2, breaks=1)
 def break_then_return_tuple(x, y):
     a = x.relu()
-    print("kiln-corpus", "tuple")
+    graph_break("kiln-corpus", "tuple")
     return a, y.sigmoid(), 3
 
 
@@ -163,7 +163,7 @@ def break_in_method_of_user_object(x, y):
 
         def go(self, t):
             t = t * self.k
-            print("kiln-corpus", "method")
+            graph_break("kiln-corpus", "method")
             return t + 1
     return Stage(2).go(x) * y
 
@@ -175,7 +175,7 @@ def break_unsupported_generator_callee(x, y):
         yield 2
     total = 0
     g = gen()
-    print("kiln-corpus", "generator object")
+    graph_break("kiln-corpus", "generator object")
     for v in g:
         total += v
     return x * total
@@ -217,7 +217,7 @@ class _BreakingModule(nn.Module):
 
     def forward(self, x):
         h = F.relu(self.a(x))
-        print("kiln-corpus", "module")
+        graph_break("kiln-corpus", "module")
         return self.b(h)
 
 
@@ -231,7 +231,7 @@ def break_inside_module_forward(x):
 
 @case(graphs=2, breaks=2)
 def break_in_lambda(x, y):
-    f = lambda t: print("kiln-corpus", "lambda") or t * 2  # noqa: E731
+    f = lambda t: graph_break("kiln-corpus", "lambda") or t * 2  # noqa: E731
     return f(x) + y
 
 
@@ -240,7 +240,7 @@ def break_in_nested_try(x, y):
     try:
         try:
             a = x + 1
-            print("kiln-corpus", "nested try")
+            graph_break("kiln-corpus", "nested try")
         finally:
             b = y * 2
     except ValueError:
@@ -251,21 +251,21 @@ def break_in_nested_try(x, y):
 @case(graphs=1, breaks=1)
 def break_with_kwargs_unpack_after(x, y):
     kw = {"alpha": 2}
-    print("kiln-corpus", "kwargs")
+    graph_break("kiln-corpus", "kwargs")
     return torch.add(x, y, **kw)
 
 
 @case(graphs=1, breaks=1)
 def break_with_star_args_after(x, y):
     args = (x, y)
-    print("kiln-corpus", "star args")
+    graph_break("kiln-corpus", "star args")
     return torch.maximum(*args)
 
 
 # Python 3.12 inlines comprehensions (PEP 709): the break is in the frame itself, not in a callee
 @case(graphs=2 if sys.version_info < (3, 12) else 1, breaks=2 if sys.version_info < (3, 12) else 1)
 def break_in_comprehension_element(x, y):
-    return sum([print("kiln-corpus", "comp") or t * 2 for t in (x,)]) + y
+    return sum([graph_break("kiln-corpus", "comp") or t * 2 for t in (x,)]) + y
 
 
 # A break inside a call rolls the whole call back; what the call did to Python state goes back too.

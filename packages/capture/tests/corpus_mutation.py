@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .corpus_registry import case
+from .corpus_registry import case, graph_break
 
 
 def _list_args():
@@ -229,7 +229,7 @@ def mutate_list_and_dict_together(xs, d, y):
 @case(graphs=2, breaks=1, args=_list_args)
 def mutation_before_break(xs, y):
     xs.append(y * 2)
-    print("kiln-corpus after append", len(xs))
+    graph_break("kiln-corpus after append", len(xs))
     return xs[-1] + 1
 
 
@@ -237,5 +237,5 @@ def mutation_before_break(xs, y):
 def attribute_write_before_break(h, y):
     h.count = 5
     h.t = y * 2
-    print("kiln-corpus after attr")
+    graph_break("kiln-corpus after attr")
     return h.t + h.count

@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 import torch
 
+import kiln.capture as kc
+
 
 @dataclasses.dataclass
 class Case:
@@ -47,3 +49,10 @@ def case(graphs: int = 1, breaks: int = 0, args: Callable[[], tuple] = two, kwar
                           tuple(calls) if calls is not None else None, dynamic, recompiles))
         return fn
     return register
+
+
+@kc.disable(reason="the corpus's graph break")
+def graph_break(*args, **kwargs):
+    """A call capture never traces (``kiln.capture.disable``): the graph breaks around it, as at any
+    construct capture cannot put in a graph. Returns None (``graph_break(...) or x`` is x)."""
+    return None

@@ -6,12 +6,13 @@ import builtins
 import contextlib
 import functools
 import operator
+import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from . import polyfills
+from . import controls, deferred, polyfills
 from .errors import GraphBreak
 from .semantics import (
     apply_operator,
@@ -22,6 +23,7 @@ from .semantics import (
     is_traced,
     load_attr,
     lookup_static,
+    refuse_foreign_values,
     setitem,
     store_attr,
     truth,
@@ -58,6 +60,7 @@ def _len(frame: Frame, args: list, kwargs: dict) -> Any:
     fn = lookup_static(type(x), "__len__")
     if fn is not None and not isinstance(fn, type(list.__len__)) and callable(fn) and hasattr(fn, "__code__"):
         return frame.call(fn, [x], {})
+    refuse_foreign_values(frame, [x], "len()")
     return len(x)
 
 
@@ -170,10 +173,6 @@ def _abs(frame: Frame, args: list, kwargs: dict) -> Any:
     return apply_operator(frame, operator.abs, list(args))
 
 
-def _print(frame: Frame, args: list, kwargs: dict) -> Any:
-    raise GraphBreak("print() inside compiled code", "printing runs in Python between graphs")
-
-
 def _super(frame: Frame, args: list, kwargs: dict) -> SuperProxy:
     if args:
         return SuperProxy(args[0], args[1])
@@ -273,6 +272,12 @@ def _member_source(src: str, module: Any, dotted: str) -> str:
     return f"{out}.{last}"
 
 
+def _refuse(what: str, hint: str) -> Handler:
+    def refuse(frame: Frame, args: list, kwargs: dict) -> Any:
+        raise GraphBreak(what, hint)
+    return refuse
+
+
 def _constant(value: Any) -> Handler:
     return lambda frame, args, kwargs: value
 
@@ -350,7 +355,7 @@ def _register() -> None:
         b.filter: _polyfill(filter, polyfills.filter_), b.sorted: _polyfill(sorted, polyfills.sorted_),
         b.callable: lambda frame, args, kwargs: isinstance(args[0], (TracedFunction, TracedMethod, TensorMethod)) or
         callable(args[0]),
-        b.abs: _abs, b.print: _print, b.super: _super, b.id: _id,
+        b.abs: _abs, b.print: deferred.print_, b.super: _super, b.id: _id,
         b.int: _scalar(int), b.float: _scalar(float), b.bool: _scalar(bool), b.complex: _scalar(complex),
         torch.no_grad: _grad_mode(False), torch.enable_grad: _grad_mode(True),
         torch.set_grad_enabled: _set_grad_enabled, torch.inference_mode: _grad_mode(False),
@@ -362,6 +367,8 @@ def _register() -> None:
         torch._C._get_tracing_state: _constant(None),
         torch._C._set_grad_enabled: lambda frame, args, kwargs: set_grad_mode(frame, bool(args[0])),
         torch.jit.is_scripting: _constant(False), torch.jit.is_tracing: _constant(False),
+        warnings.warn: deferred.warn_, torch.manual_seed: deferred.manual_seed_,
+        torch.random.manual_seed: deferred.manual_seed_,
     })
     for kind in ("parameters", "named_parameters", "buffers", "named_buffers", "children",
                  "named_children", "modules", "named_modules"):
@@ -385,6 +392,11 @@ def _register() -> None:
         fn = getattr(compiler_ns, name, None)
         if fn is not None:
             SPECIAL[fn] = _constant(False)
+    SPECIAL[controls.is_compiling] = _constant(True)
+    for fn in (controls.set_stance, getattr(compiler_ns, "set_stance", None)):
+        if fn is not None:
+            SPECIAL[fn] = _refuse("set_stance inside compiled code",
+                                  "set the stance around the call of the compiled function")
     if hasattr(torch._utils, "is_compiling"):
         SPECIAL[torch._utils.is_compiling] = _constant(True)
 

@@ -17,6 +17,7 @@ import torch
 from kiln.graph import Guard, GuardSet, enabled, log
 
 from .capture import Capture
+from .controls import static_dims
 from .knobs import CaptureOptions
 from .sources import is_argument
 
@@ -38,6 +39,7 @@ class CodeCache:
     recompiles: int = 0
     eager_reason: str | None = None  # set when the frame cannot be captured at all
     limit_warned: bool = False
+    ran_eagerly: bool = False  # set_stance('eager_then_compile'): the first call ran in Python
     seen_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     dynamic: dict[str, set[int]] = field(default_factory=dict)
     seen_ints: dict[str, int] = field(default_factory=dict)
@@ -92,7 +94,7 @@ class CodeCache:
                     return frozenset({0})
                 return frozenset()
             marked = set(getattr(t, "_kiln_dynamic_dims", ()))
-            static = set(getattr(t, "_kiln_static_dims", ()))
+            static = static_dims(t)  # kiln.mark_static
             if options.dynamic is True:
                 return frozenset(range(t.dim())) - static
             if options.dynamic is False:

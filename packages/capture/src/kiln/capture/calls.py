@@ -18,7 +18,10 @@ from torch import nn
 
 from . import polyfills, torch_ops
 from .builtins_impl import SPECIAL
+from .controls import allowed_in_graph, disabled_reason, torch_disabled_wrapper
+from .deferred import defer, is_log_call
 from .errors import GraphBreak
+from .foreign import is_mutable_c_value
 from .module_calls import runs_in_python
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
 from .values import EMPTY, NULL, Cell, ListIterator, TensorMethod, TracedFunction, TracedMethod
@@ -50,7 +53,17 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     special = _special(fn)
     if special is not None:
         return special(frame, args, kwargs)
+    if isinstance(fn, (types.FunctionType, types.MethodType)):
+        reason = disabled_reason(fn)
+        if reason is not None:
+            raise GraphBreak(f"call to {getattr(fn, '__qualname__', fn)}, {reason}",
+                             "it runs in Python outside the graph, its frames not captured")
+    if allowed_in_graph(fn):  # kiln/torch.compiler.allow_in_graph: one node, run on fake tensors
+        return frame.tracer.record("call_function", fn, tuple(args), dict(kwargs), lambda: fn(*args, **kwargs))
     if isinstance(fn, types.MethodType):
+        if fn.__func__ is torch.autocast.__exit__:
+            raise GraphBreak("leaving a torch.autocast block entered before a graph break",
+                             "the block's end runs in Python; the code after it is captured again")
         if fn.__func__ in _MODULE_CALLS and isinstance(fn.__self__, nn.Module):
             return call_module(frame, fn.__self__, args, kwargs)
         return call_function(frame, fn.__func__, [fn.__self__, *args], kwargs)
@@ -70,6 +83,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if isinstance(fn, type):
         return construct(frame, fn, args, kwargs)
     if isinstance(fn, types.FunctionType):
+        if is_log_call(fn):  # logging: replayed after the graph (deferred.py)
+            return defer(frame, fn, args, kwargs)
         if _run_for_real(fn, args, kwargs):
             return real_call(frame, fn, args, kwargs)
         return inline_function(frame, fn, args, kwargs)
@@ -112,9 +127,12 @@ def _call_getter(frame: Frame, fn: Any, args: list) -> Any:
 
 def _special(fn: Any) -> Any:
     try:
-        return SPECIAL.get(fn)
+        found = SPECIAL.get(fn)
     except TypeError:  # unhashable callable
         return None
+    if found is None and torch_disabled_wrapper(fn):  # importing torch._dynamo rewraps torch.manual_seed
+        return SPECIAL.get(fn.__wrapped__)
+    return found
 
 
 def _run_for_real(fn: types.FunctionType, args: list, kwargs: dict) -> bool:
@@ -172,7 +190,8 @@ def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     self_obj = getattr(fn, "__self__", None)
     if any(isinstance(a, (TracedFunction, TracedMethod)) for a in [*args, *kwargs.values()]):
         raise GraphBreak(f"passing a function defined in compiled code to {name}()")
-    refuse_foreign_values([self_obj, *args, *kwargs.values()], f"{name}()")
+    if not (isinstance(fn, types.BuiltinFunctionType) and fn in _TYPE_ONLY):
+        refuse_foreign_values(frame, [self_obj, *args, *kwargs.values()], f"{name}()")
     traced_args = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())
     if not traced_args:
         result = fn(*args, **kwargs)
@@ -189,6 +208,8 @@ def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
             raise GraphBreak(f"{getattr(fn, '__qualname__', name)}() wrote a tensor in place outside the graph",
                              "it runs in Python between graphs")
     check_tracked(frame, result, f"{name}()")
+    if is_mutable_c_value(result):
+        frame.tracer.note_made(result)
     return result
 
 
@@ -201,6 +222,7 @@ def _versions(values: list) -> list[int]:
     return out
 
 
+_TYPE_ONLY = frozenset({callable, id, type, isinstance, issubclass, hasattr})  # read no object state
 _MUTATING = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault",
                        "popitem", "add", "discard", "sort", "reverse", "__setitem__", "__delitem__",
                        "__setattr__", "__delattr__"})
@@ -285,6 +307,10 @@ def call_module(frame: Frame, module: nn.Module, args: list, kwargs: dict) -> An
     python_reason = runs_in_python(module)
     if python_reason is not None:  # the call runs in Python at the break, its forward compiled
         raise GraphBreak(python_reason, "the module's forward is compiled as its own frame")
+    reason = disabled_reason(module.__dict__.get("forward", type(module).forward))
+    if reason is not None:
+        raise GraphBreak(f"call to {type(module).__name__}.forward, {reason}",
+                         "it runs in Python outside the graph, its frames not captured")
     if _has_hooks(module):
         return call_function(frame, nn.Module._call_impl, [module, *args], kwargs)
     forward = type(module).forward
@@ -306,7 +332,7 @@ def _has_hooks(m: nn.Module) -> bool:
 def construct(frame: Frame, cls: type, args: list, kwargs: dict) -> Any:
     """Calling a class: user classes are built with their __init__ inlined; C classes for real."""
     if issubclass(cls, nn.Module):
-        raise GraphBreak(f"constructing module {cls.__name__} inside compiled code")
+        return construct_module(frame, cls, args, kwargs)
     if issubclass(cls, torch.Tensor):
         raise GraphBreak(f"constructing {cls.__name__} inside compiled code")
     new = lookup_static(cls, "__new__")
@@ -322,11 +348,32 @@ def construct(frame: Frame, cls: type, args: list, kwargs: dict) -> Any:
         obj = cls.__new__(cls)
     if not isinstance(obj, cls):
         return obj
+    frame.tracer.note_made(obj)
     if py_init:
         call_function(frame, init, [obj, *args], kwargs)
     elif init is not None and init is not object.__init__:
         init(obj, *args, **kwargs)
     return obj
+
+
+def construct_module(frame: Frame, cls: type, args: list, kwargs: dict) -> nn.Module:
+    """``nn.CrossEntropyLoss()`` in a forward: a torch.nn module without parameters or buffers
+    (losses, activations, containers of them) is built for real, once per capture, and rebuilt per
+    call if it outlives the graph. One with state (``nn.Linear``'s random weights) breaks the graph:
+    building it at capture would initialise its weights once instead of on every call."""
+    name = cls.__name__
+    if not (cls.__module__ or "").startswith("torch.nn.") or \
+            any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values()):
+        raise GraphBreak(f"constructing module {name} inside compiled code",
+                         "build the module outside the compiled function")
+    refuse_foreign_values(frame, [*args, *kwargs.values()], f"{name}()")
+    with torch.random.fork_rng(devices=[]):  # a module that draws weights does not consume the RNG
+        module = cls(*args, **kwargs)
+    if any(True for _ in module.parameters()) or any(b is not None for b in module.buffers()):
+        raise GraphBreak(f"constructing module {name} (with parameters or buffers) inside compiled code",
+                         "build the module outside the compiled function")
+    frame.tracer.note_made(module)
+    return module
 
 
 def build_class(frame: Frame, args: list, kwargs: dict) -> type:

@@ -15,6 +15,7 @@ from torch import fx
 
 from kiln.graph import CapturedGraph, GraphAnnotations, GuardSet, TensorSpec, annotate, shape_env_of
 
+from .deferred import CALL
 from .errors import GraphBreak, Unsupported
 from .frame import BreakAt, Context, Frame, FrameResult
 from .knobs import KNOBS, CaptureOptions
@@ -22,7 +23,7 @@ from .rebuild import Flattener, Plan
 from .shape_guards import shape_guards
 from .sources import local_source
 from .tracer import DELETED, DynamicPolicy, Tracer
-from .values import EMPTY, NULL, Cell
+from .values import EMPTY, NULL, AutocastContext, Cell, ContextExit
 
 
 @dataclass
@@ -100,6 +101,7 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
     result_plan: Plan | None = None
     break_plan: BreakPlan | None = None
     if isinstance(outcome, BreakAt):
+        _close_autocast_blocks(tracer, outcome.stack)
         stack_plans = [None if v is NULL else flat.plan(v) for v in outcome.stack]
         names = [n for n, v in outcome.locals.items() if v is not NULL and not n.startswith("__kiln_stack")]
         cell_names = [n for n, c in outcome.cells.items() if c.real is None and n not in outcome.locals
@@ -115,6 +117,8 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
     for copy, src in tracer.container_writes.values():
         getter = eval(f"lambda outs, L, G: {src}")  # noqa: S307 (a guard source we generated)
         side_effects.append((getter, CONTENTS, _contents_plan(flat, copy)))
+    for fn, args, kwargs in tracer.deferred:  # print, logging, warnings, manual_seed (deferred.py)
+        side_effects.append((flat.plan(fn), CALL, flat.plan((list(args), dict(kwargs)))))
     # Note: grad-mode changes stay in effect after the graph, as in eager; a break inside a
     # grad-mode block re-enters a real context object for the resume function (rebuild.py).
     out_nodes = tuple(tracer.to_arg(v) for v in flat.outputs)
@@ -166,6 +170,16 @@ def refresh_shape_guards(captured: CapturedGraph) -> CapturedGraph:
             symbols.setdefault(str(g.expected), []).append(g.source)
     rest = [g for g in captured.guards if g.kind not in ("SYMBOL", "SHAPE_EXPR")]
     return dataclasses.replace(captured, guards=_guard_set(rest, env, symbols))
+
+
+def _close_autocast_blocks(tracer: Tracer, stack: list) -> None:
+    """A break inside ``torch.autocast``: the graph leaves the block (innermost first) and so does
+    the real state the trace entered; the rebuild plan enters it again for the resume function."""
+    for v in reversed(stack):
+        if isinstance(v, ContextExit) and isinstance(v.ctx, AutocastContext) and v.ctx.node is not None:
+            tracer.root_graph.call_function(torch.amp.autocast_mode._exit_autocast, (v.ctx.node,))
+            v.ctx.real.__exit__(None, None, None)
+            v.ctx.node = None
 
 
 CONTENTS = "[:]"  # a side effect that writes a container's whole contents back

@@ -25,12 +25,32 @@ class BreakReason:
 
 
 @dataclass
+class EagerFrame:
+    """A frame that ran in Python without a graph, and why."""
+
+    function: str  # name (file:line)
+    reason: str
+
+    def as_text(self) -> str:
+        return f"{self.function} ran eagerly: {self.reason}"
+
+
+@dataclass(repr=False)
 class ExplainOutput:
     graphs: list[CapturedGraph] = field(default_factory=list)
     break_reasons: list[BreakReason] = field(default_factory=list)
     op_count: int = 0
     guards: list[GuardSet] = field(default_factory=list)
     result: Any = None
+    eager_frames: list[EagerFrame] = field(default_factory=list)
+
+    def __repr__(self) -> str:  # a summary; as_text() prints the graphs and guards in full
+        lines = [f"ExplainOutput: {self.graph_count} graph(s), {self.break_count} graph break(s), "
+                 f"{self.op_count} op(s), {sum(len(g) for g in self.guards)} guard(s)"]
+        lines += [f"  break {i + 1}: {b.reason} at {b.user_stack[0] if b.user_stack else '?'}"
+                  for i, b in enumerate(self.break_reasons)]
+        lines += [f"  {e.as_text()}" for e in self.eager_frames]
+        return "\n".join(lines)
 
     @property
     def graph_count(self) -> int:
@@ -43,6 +63,9 @@ class ExplainOutput:
     def as_text(self) -> str:
         parts = [f"Graph count: {self.graph_count}", f"Graph break count: {self.break_count}",
                  f"Op count: {self.op_count}"]
+        if self.eager_frames:
+            parts.append("Frames run eagerly (no graph):")
+            parts += [f"  {e.as_text()}" for e in self.eager_frames]
         if self.break_reasons:
             parts.append("Break reasons:")
             parts += [f"  {i + 1}. {b.as_text()}" for i, b in enumerate(self.break_reasons)]
@@ -70,6 +93,7 @@ def explain(fn: Callable) -> Callable[..., ExplainOutput]:
             if cap.break_plan is not None:
                 out.break_reasons.append(BreakReason(cap.break_plan.reason, cap.break_plan.user_stack))
         ctx.on_capture.append(record)
+        ctx.on_eager.append(lambda function, reason: out.eager_frames.append(EagerFrame(function, reason)))
         out.result = Optimized(fn, ctx)(*args, **kwargs)
         return out
     return run

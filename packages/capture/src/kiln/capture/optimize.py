@@ -35,6 +35,8 @@ from kiln.graph import (
 
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
+from .controls import current_stance, disabled_reason
+from .deferred import CALL
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .knobs import CaptureOptions
 from .module_calls import PythonModuleCall, plain_forward, python_wrapper_child, runs_in_python
@@ -58,6 +60,7 @@ class CompileContext:
         self.python_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.on_capture: list[Callable[[Capture, CodeCache], None]] = []
         self.observed = True  # emits compile events (kiln.graph.events); explain's dry runs do not
+        self.on_eager: list[Callable[[str, str], None]] = []  # (function at file:line, reason)
         _ALL_CONTEXTS.add(self)
 
     def cache_for(self, code: types.CodeType) -> CodeCache:
@@ -89,6 +92,8 @@ class CompileContext:
         """A callable met at a graph break, routed through this context so it is captured too."""
         if fn is _CHECKPOINT:  # runs in Python; the function it checkpoints is compiled as its own frame
             return functools.partial(_checkpoint_compiled, self)
+        if disabled_reason(type(fn).forward if isinstance(fn, nn.Module) else fn) is not None:
+            return fn
         if isinstance(fn, nn.Module):
             reason = runs_in_python(fn)
             if reason is not None:
@@ -160,6 +165,7 @@ class Optimized:
             cache = ctx.cache_for(self.code)
             cache.eager_reason = "generators and coroutines run eagerly"
         self.cache = ctx.cache_for(self.code) if self.code is not None else None
+        self.disabled = disabled_reason(fn if not isinstance(fn, nn.Module) else type(fn).forward)
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         if self.self_obj is not None:
@@ -179,7 +185,13 @@ class Optimized:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         cache = self.cache
+        if self.disabled is not None or current_stance() == "force_eager":
+            return self._eager(self.disabled or "set_stance('force_eager')", args, kwargs, permanent=False)
         if cache is None or cache.eager_reason is not None:
+            if cache is not None and self.ctx.on_eager:
+                for hook in self.ctx.on_eager:
+                    hook(f"{cache.code.co_name} ({cache.code.co_filename}:{cache.code.co_firstlineno})",
+                         cache.eager_reason)
             return self.fn(*args, **kwargs)
         L = self.bind(args, kwargs)
         G = self.f_globals
@@ -198,6 +210,14 @@ class Optimized:
         cache = self.cache
         assert cache is not None and self.code is not None
         options = self.ctx.options
+        stance = current_stance()
+        if cache.entries and stance == "fail_on_recompile":
+            raise RuntimeError(f"kiln: {self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno}) "
+                               f"would recompile under set_stance('fail_on_recompile'): {self._miss_reason(L, G)}")
+        if cache.entries and stance == "eager_on_recompile" or stance == "eager_then_compile" and \
+                not cache.ran_eagerly:
+            cache.ran_eagerly = True
+            return self._eager(f"set_stance({stance!r})", args, kwargs, permanent=False)
         if cache.entries:
             failure = self._latest_failure(L, G)
             reason = _failure_text(failure)
@@ -291,6 +311,8 @@ class Optimized:
         log("graph_breaks").info("running %s eagerly: %s", frame_name(self.code), reason)
         if self.ctx.observed:
             emit(FrameRunEagerly(frame_name(self.code), reason))
+        for hook in self.ctx.on_eager:
+            hook(frame_name(self.code), reason)
         if permanent:
             self.cache.eager_reason = reason
         return self.fn(*args, **kwargs)
@@ -403,7 +425,9 @@ def _effect_values(effects: list, outs: Any, L: dict, G: dict) -> list:
 
 def _apply(pending: list) -> None:
     for obj, name, value in pending:
-        if name == CONTENTS:  # an input list/dict changed in place by the traced code
+        if name == CALL:  # a call replayed after the graph (deferred.py)
+            obj(*value[0], **value[1])
+        elif name == CONTENTS:  # an input list/dict changed in place by the traced code
             if isinstance(obj, list):
                 obj[:] = value
             else:
@@ -447,7 +471,8 @@ def optimize(fn: Callable, backend: Callable, *, fullgraph: bool = False, dynami
     @functools.wraps(fn if not isinstance(fn, nn.Module) else type(fn).forward)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # the hit path, kept flat: bind, check each entry's guards, run the first that passes
-        if cache is not None and cache.eager_reason is None:
+        if cache is not None and cache.eager_reason is None and opt.disabled is None and \
+                current_stance() != "force_eager":
             L = bind(args, kwargs)
             for entry in cache.entries:
                 try:
@@ -529,16 +554,4 @@ def mark_dynamic(t: torch.Tensor, dim: int | list[int], *, min: int | None = Non
         t._kiln_dynamic_ranges = ranges  # type: ignore[attr-defined]
 
 
-def mark_static(t: torch.Tensor, dim: int | list[int]) -> None:
-    """Keep ``dim`` of ``t`` a constant size (guarded), even under ``dynamic=True`` or after it changed
-    between calls (automatic dynamic shapes)."""
-    dims = [dim] if isinstance(dim, int) else list(dim)
-    for d in dims:
-        if not isinstance(d, int) or not -t.dim() <= d < t.dim():
-            raise IndexError(f"mark_static: dim {d} is out of range for a tensor of {t.dim()} dims")
-    static = set(getattr(t, "_kiln_static_dims", ()))
-    static.update(d % t.dim() for d in dims)
-    t._kiln_static_dims = static  # type: ignore[attr-defined]
-
-
-__all__ = ["GuardSet", "optimize", "reset", "cache_entries", "mark_dynamic", "mark_static"]
+__all__ = ["GuardSet", "optimize", "reset", "cache_entries", "mark_dynamic"]

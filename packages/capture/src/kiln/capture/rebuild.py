@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .errors import GraphBreak, SkipFrame
+from .foreign import is_immutable_constant, state_in_c
 from .tracer import SYM_TYPES, Tracer
 from .values import (
     NULL,
@@ -122,6 +123,26 @@ class Flattener:
             self_plan = self.plan(v.__self__, depth + 1)
             fn = v.__func__
             return lambda outs, L, G: types.MethodType(fn, self_plan(outs, L, G))
+        return self._opaque_plan(v, depth)
+
+    def _opaque_plan(self, v: Any, depth: int) -> Plan:
+        """A value with no source and no traced contents. Note: a bound builtin method is rebuilt
+        from its owner (``arr.copy`` bound to the first call's array returned that array forever);
+        an object the trace constructed is copied per call; a mutable C object a call made during
+        the trace (a deque, an ndarray) cannot be rebuilt, so the frame runs in Python; anything else
+        (library objects reached through modules) is assumed stable, as in PyTorch's compiler."""
+        if is_immutable_constant(v):
+            return lambda outs, L, G: v
+        owner = getattr(v, "__self__", None)
+        if isinstance(v, (types.BuiltinMethodType, types.MethodWrapperType)) and owner is not None \
+                and not isinstance(owner, (types.ModuleType, type)):
+            self_plan, name = self.plan(owner, depth + 1), v.__name__
+            return lambda outs, L, G: getattr(self_plan(outs, L, G), name)
+        if id(v) in self.tracer.made:
+            if hasattr(v, "__dict__") and not state_in_c(v):
+                return self._object_plan(v, depth)
+            raise SkipFrame(f"a {type(v).__name__} made at capture time is live after the graph and kiln "
+                            "cannot rebuild it per call (its state would be shared across calls)")
         return lambda outs, L, G: v
 
     def _dict_plan(self, v: dict, depth: int) -> Plan:
@@ -157,7 +178,14 @@ class Flattener:
     def _context_plan(self, v: ContextExit) -> Plan:
         ctx = v.ctx
         if isinstance(ctx, AutocastContext):
-            raise SkipFrame("a graph break inside torch.autocast: the frame runs eagerly")
+            def enter_autocast(outs: Any, L: dict, G: dict) -> Any:
+                # the graph closed the block at the break; Python re-enters it for the breaking
+                # instruction and the resume function, which breaks again where the block ends
+                real = torch.autocast(ctx.device_type, dtype=ctx.dtype, enabled=ctx.enabled,
+                                      cache_enabled=ctx.cache_enabled)
+                real.__enter__()
+                return real.__exit__
+            return enter_autocast
         if not isinstance(ctx, (GradModeContext, NullContext)):
             ctx_plan = self.plan(ctx)
 

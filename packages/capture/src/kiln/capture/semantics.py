@@ -17,6 +17,7 @@ from torch import nn
 from .errors import GraphBreak
 from .fast_pointwise import FAST_POINTWISE
 from .fast_views import fast_getitem
+from .foreign import is_ndarray
 from .sources import attr_source, item_source, module_member_source
 from .tracer import DELETED, SYM_TYPES
 from .values import ListIterator, SuperProxy, TensorMethod
@@ -152,7 +153,7 @@ def store_attr(frame: Frame, obj: Any, name: str, value: Any) -> None:
     if frame.tracer.source_of.get(id(obj)) is not None:
         record_attr_write(frame, obj, name, value)
         return
-    if isinstance(obj, (nn.Module, type, types.ModuleType)):
+    if isinstance(obj, (nn.Module, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)):
         raise GraphBreak(f"mutation of attribute {name!r} on an object from outside the compiled code",
                          "attribute writes on inputs run in Python")
     static = lookup_static(type(obj), name)
@@ -218,9 +219,10 @@ def getitem(frame: Frame, obj: Any, key: Any) -> Any:
     if isinstance(getitem_fn, types.FunctionType):
         return frame.call(getitem_fn, [obj, key], {})
     src = tracer.source_of.get(id(obj))
+    if src is not None and type(key) in (int, str):
+        return tracer.wrap(obj[key], item_source(src, key))
+    refuse_foreign_values(frame, [obj], "indexing")
     value = obj[key]
-    if src is not None and isinstance(key, (int, str)):
-        return tracer.wrap(value, item_source(src, key))
     check_tracked(frame, value, "item")
     return value
 
@@ -289,18 +291,22 @@ def apply_operator(frame: Frame, op: Any, args: list) -> Any:
     user = _user_dunder(args, op)
     if user is not None:
         return frame.call(user[0], user[1], {})
-    refuse_foreign_values(args, getattr(op, "__name__", "operator"))
+    refuse_foreign_values(frame, args, getattr(op, "__name__", "operator"))
     return op(*args)
 
 
-def refuse_foreign_values(values: Any, what: str) -> None:
-    """Computing on numpy arrays at capture time would bake one call's data into the entry
-    (only their type is guarded): that runs in Python instead. (Numpy scalars are values, like
-    Python numbers, and are computed on.)"""
+def refuse_foreign_values(frame: Frame, values: Any, what: str) -> None:
+    """Computing at capture time on an object guarded by its type only (a numpy array, a set, a
+    deque, a C object from the frame) would bake one call's contents into the entry: that runs in
+    Python instead (see foreign.py)."""
+    tracer = frame.tracer
     for v in values:
-        if type(v).__name__ == "ndarray" and (type(v).__module__ or "").startswith("numpy"):
-            raise GraphBreak(f"{what} on a numpy {type(v).__name__}",
-                             "numpy computations run in Python between graphs")
+        items = v if type(v) in (list, tuple) else (v,)
+        for x in items:
+            if is_ndarray(x) or tracer.is_opaque(x):
+                kind = "numpy ndarray" if is_ndarray(x) else type(x).__name__
+                raise GraphBreak(f"{what} on a {kind} from outside the compiled code (only its type is guarded)",
+                                 "it runs in Python between graphs, on each call's own data")
 
 
 _INPLACE = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
@@ -354,12 +360,13 @@ def truth(frame: Frame, v: Any) -> bool:
                          "use torch.where / torch.cond, or accept a graph break here")
     if isinstance(v, SYM_TYPES):
         return bool(v)  # ShapeEnv records the guard
-    if isinstance(v, (list, tuple, dict, str, int, float, type(None), bool, set)):
+    if isinstance(v, (list, tuple, dict, str, int, float, type(None), bool)):
         return bool(v)
     boolfn = lookup_static(type(v), "__bool__")
     lenfn = lookup_static(type(v), "__len__")
     if isinstance(boolfn, types.FunctionType) or isinstance(lenfn, types.FunctionType) and boolfn is None:
         return bool(frame.call(boolfn or lenfn, [v], {}))
+    refuse_foreign_values(frame, [v], "truth value")
     return bool(v)
 
 
@@ -369,6 +376,7 @@ def contains(frame: Frame, item: Any, container: Any) -> bool:
         raise GraphBreak("`in` on a tensor")
     if isinstance(container, (list, tuple)) and isinstance(item, torch.Tensor):
         return any(x is item for x in container)
+    refuse_foreign_values(frame, [container], "`in`")
     return item in container
 
 
@@ -389,6 +397,7 @@ def get_iter(frame: Frame, obj: Any) -> Any:
     if isinstance(obj, nn.ModuleDict):
         return ListIterator(list(obj.keys()))
     if isinstance(obj, (set, frozenset)):
+        refuse_foreign_values(frame, [obj], "iteration")
         return ListIterator(list(obj))
     if isinstance(obj, (type({}.keys()), type({}.values()), type({}.items()), enumerate, zip,
                         reversed, map, filter)) or type(obj).__name__ in ("list_iterator", "tuple_iterator",
@@ -399,10 +408,8 @@ def get_iter(frame: Frame, obj: Any) -> Any:
         return get_iter(frame, frame.call(iter_fn, [obj], {}))
     if hasattr(obj, "__next__") and isinstance(lookup_static(type(obj), "__next__"), types.FunctionType):
         raise GraphBreak(f"iterating a user iterator of type {type(obj).__name__}")
-    try:
-        items = list(obj)
-    except TypeError:
-        raise
+    refuse_foreign_values(frame, [obj], "iteration")
+    items = list(obj)
     check_tracked(frame, items, "iteration")
     return ListIterator(items)
 

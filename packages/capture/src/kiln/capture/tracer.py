@@ -26,7 +26,9 @@ from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, Stateles
 
 from kiln.graph import Guard, TensorSpec, global_state, tensor_expectation, type_name
 
+from .deferred import is_random_target, seed_pending
 from .errors import GraphBreak, Unsupported
+from .foreign import is_immutable_constant, is_numpy_scalar, state_in_c
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
 from .values import ADVANCES, ContextExit, GradModeContext, ListIterator, ResumeIterator
@@ -91,6 +93,8 @@ class Tracer:
         self.input_by_key: dict[Any, Any] = {}
         self.guards: dict[tuple[str, str], Guard] = {}
         self.source_of: dict[int, str] = {}
+        self.made: set[int] = set()  # objects made during the trace that must be rebuilt per call
+        self.opaque: set[int] = set()  # ids of values from the frame guarded by type only (foreign.py)
         self.symbol_sources: dict[str, list[str]] = {}
         self.speculative: set[fx.Node] = set()
         self.param_fakes: set[int] = set()
@@ -111,6 +115,7 @@ class Tracer:
         # (object, name, value before or _UNSET): attributes set for real on objects the trace made
         # (an HF cache's ``self.keys = torch.cat(...)``), undone with the instruction that breaks
         self.setattr_log: list[tuple[Any, str, Any]] = []
+        self.deferred: list[tuple[Any, list, dict]] = []  # calls replayed after the graph (deferred.py)
         ADVANCES.clear()  # interpreted iterators advanced by this capture
         self.last_placeholder: fx.Node | None = None
         self.fake_memo: dict[tuple, tuple] = {}  # fast_meta: memoized results of repeated calls
@@ -140,8 +145,14 @@ class Tracer:
             lifted = self.lift_int(value, source)
             if lifted is not None:
                 return lifted
-        if t in (bool, int, float, str, bytes):
+        if t in (bool, int, float, str, bytes) or is_numpy_scalar(value):
             self.add_guard(source, "EQUALS_MATCH", value)
+            return value
+        if t in (set, frozenset) and all(type(v) in _CONSTANT_TYPES for v in value):
+            # a set of constants: its contents guarded as one frozenset (a set has no item sources)
+            self.add_guard(source, "TYPE_MATCH", type_name(t))
+            self.add_guard(f"frozenset({source})", "EQUALS_MATCH", frozenset(value))
+            self._remember(value, source)
             return value
         if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum)):
             self.add_guard(source, "ID_MATCH" if not isinstance(value, torch.device) else "EQUALS_MATCH",
@@ -214,7 +225,19 @@ class Tracer:
                 return out
         self.add_guard(source, "TYPE_MATCH", type_name(t))
         self._remember(value, source)
+        if state_in_c(value):
+            self.opaque.add(id(value))  # only its type is guarded: no computing on it (foreign.py)
         return value
+
+    def note_made(self, value: Any) -> None:
+        """``value`` was made during the trace (a constructed object, a mutable C object a call
+        returned): after the graph it is rebuilt per call, or the frame runs in Python."""
+        if id(value) not in self.source_of and not is_immutable_constant(value):
+            self.made.add(id(value))
+            self.keep.append(value)
+
+    def is_opaque(self, value: Any) -> bool:
+        return id(value) in self.opaque and id(value) in self.source_of
 
     def lift_int(self, value: int, source: str) -> Any:
         """A Python int argument as a symbolic int: a graph input bound by a SYMBOL guard.
@@ -331,6 +354,9 @@ class Tracer:
     def record(self, kind: str, target: Any, args: tuple, kwargs: dict, run: Callable[[], Any],
                pure: bool = False) -> Any:
         """Run ``run`` on fake values and record one node computing its result."""
+        if self.deferred and seed_pending(self.deferred) and is_random_target(target):
+            raise GraphBreak("a random op after torch.manual_seed in the same graph",
+                             "the seed is set after the graph, then this op runs in Python")
         node_args = self.to_arg(args)
         node_kwargs = self.to_arg(kwargs)
         try:
@@ -395,6 +421,8 @@ class Tracer:
             return slice(self.to_arg(value.start), self.to_arg(value.stop), self.to_arg(value.step))
         if isinstance(value, torch.Size):
             return tuple(self.to_arg(v) for v in value)
+        if is_numpy_scalar(value):  # torch treats numpy scalars as Python numbers
+            return value.item()
         if isinstance(value, (*CONSTANT_TYPES, torch.dtype, torch.device, torch.layout,
                               torch.memory_format)):
             return value
@@ -479,11 +507,12 @@ class Tracer:
     # ---- checkpoints for rolling back an instruction that breaks -------------------------
     def checkpoint(self) -> tuple:
         return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes), len(self.mutation_log),
-                len(ADVANCES), len(self.rebinds), len(self.setattr_log))
+                len(ADVANCES), len(self.rebinds), len(self.setattr_log), len(self.deferred))
 
     def rollback(self, cp: tuple) -> None:
-        last, grad, writes, n_mutations, n_advances, n_rebinds, n_setattrs = cp
+        last, grad, writes, n_mutations, n_advances, n_rebinds, n_setattrs, n_deferred = cp
         self.attr_writes = writes
+        del self.deferred[n_deferred:]
         while len(self.rebinds) > n_rebinds:
             key, node = self.rebinds.pop()
             self.node_of[key] = node

@@ -1,0 +1,172 @@
+"""The user's controls over capture, mirroring ``torch.compiler``'s: ``disable``, ``allow_in_graph``,
+``is_compiling``, ``set_stance``, ``mark_static``. Functions marked through ``torch.compiler`` are
+honoured too (its markers are attributes on the function; its stance is read where the user set it).
+
+Note: the stance is process-wide state, as torch's is (and as grad mode is): ``set_stance`` is a user
+switch, set as a call, a context manager or a decorator, never configuration read deep in a pass.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile", "eager_then_compile")
+
+
+class _Stance:
+    __slots__ = ("name",)
+
+    def __init__(self) -> None:
+        self.name = "default"
+
+
+_STANCE = _Stance()
+_ALLOWED: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # id -> function allowed in graph
+_ALLOWED_STRONG: dict[int, Any] = {}  # builtins and other callables that take no weak reference
+
+
+# ---- disable -------------------------------------------------------------------------------------
+def disable(fn: Callable | None = None, recursive: bool = True, *, reason: str | None = None) -> Any:
+    """``fn`` runs as an opaque Python call: a compiled caller breaks its graph around the call and
+    no frame of ``fn`` is captured. ``recursive=False`` skips only ``fn``'s own frame. Note: kiln
+    intercepts calls at the boundary of compiled functions (no frame hook), so what ``fn`` calls runs
+    in Python either way."""
+    def mark(f: Callable) -> Callable:
+        if not callable(f):
+            raise TypeError(f"kiln.disable expects a callable, got {f!r}")
+
+        @functools.wraps(f)
+        def disabled(*args: Any, **kwargs: Any) -> Any:
+            return f(*args, **kwargs)
+        disabled._kiln_disable = reason or "marked kiln.disable"  # type: ignore[attr-defined]
+        disabled._kiln_disable_recursive = recursive  # type: ignore[attr-defined]
+        return disabled
+    return mark if fn is None else mark(fn)
+
+
+# torch's own functions marked never-compile (torch.manual_seed, ...) are wrappers with this code
+_TORCH_DISABLED_CODE = torch._disable_dynamo(lambda: None).__code__ if hasattr(torch, "_disable_dynamo") else None
+
+
+def torch_disabled_wrapper(fn: Any) -> bool:
+    """A torch function wrapped by ``torch._disable_dynamo`` (its ``__wrapped__`` is the function)."""
+    return getattr(fn, "__code__", None) is _TORCH_DISABLED_CODE and _TORCH_DISABLED_CODE is not None
+
+
+def disabled_reason(fn: Any) -> str | None:
+    """Why ``fn`` must not be captured (``kiln.disable`` or ``torch.compiler.disable``), or None."""
+    target = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    if torch_disabled_wrapper(target):
+        return f"a torch function marked never to be compiled ({getattr(target, '__qualname__', target)})"
+    try:
+        reason = getattr(target, "_kiln_disable", None)
+        if reason is None and getattr(target, "_torchdynamo_disable", False) is True:
+            msg = getattr(target, "_torchdynamo_disable_msg", None)
+            reason = "marked torch.compiler.disable" + (f" ({msg})" if msg else "")
+    except Exception:  # objects with unusual __getattr__
+        return None
+    return reason if isinstance(reason, str) else None
+
+
+# ---- allow_in_graph ----------------------------------------------------------------------------------
+def allow_in_graph(fn: Any) -> Any:
+    """``fn`` is recorded as one node of the graph (run on fake tensors at capture, not inlined)."""
+    if isinstance(fn, (list, tuple)):
+        return [allow_in_graph(f) for f in fn]
+    if not callable(fn):
+        raise TypeError(f"kiln.allow_in_graph expects a callable, got {fn!r}")
+    try:
+        _ALLOWED[id(fn)] = fn
+    except TypeError:
+        _ALLOWED_STRONG[id(fn)] = fn
+    return fn
+
+
+def allowed_in_graph(fn: Any) -> bool:
+    if _ALLOWED.get(id(fn)) is fn or _ALLOWED_STRONG.get(id(fn)) is fn:
+        return True
+    rules = sys.modules.get("torch._dynamo.trace_rules")  # torch.compiler.allow_in_graph's registry
+    allowed = getattr(rules, "_allowed_callable_ids", None)
+    try:
+        return allowed is not None and id(fn) in allowed
+    except Exception:
+        return False
+
+
+# ---- is_compiling ------------------------------------------------------------------------------------
+def is_compiling() -> bool:
+    """False when running in Python; True inside code kiln traces (the tracer answers the call)."""
+    return False
+
+
+# ---- set_stance ----------------------------------------------------------------------------------------
+class set_stance:  # noqa: N801 (a function, context manager and decorator, as torch's)
+    """``kiln.set_stance(name)``: "default"; "force_eager" (run every compiled function in Python);
+    "eager_on_recompile" (run in Python instead of recompiling; cached entries still run);
+    "fail_on_recompile" (raise instead of recompiling); "eager_then_compile" (the first call runs in
+    Python). A call sets it; ``with`` and ``@`` restore the previous one afterwards."""
+
+    def __init__(self, stance: str = "default") -> None:
+        if stance not in STANCES:
+            raise ValueError(f"kiln.set_stance: unknown stance {stance!r}; expected one of {STANCES}")
+        self.stance = stance
+        self.prev = _STANCE.name
+        _STANCE.name = stance
+
+    def __enter__(self) -> set_stance:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _STANCE.name = self.prev
+
+    def __call__(self, fn: Callable) -> Callable:
+        _STANCE.name = self.prev  # as a decorator it applies during calls only
+        stance = self.stance
+
+        @functools.wraps(fn)
+        def with_stance(*args: Any, **kwargs: Any) -> Any:
+            prev, _STANCE.name = _STANCE.name, stance
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                _STANCE.name = prev
+        return with_stance
+
+
+def current_stance() -> str:
+    """kiln's stance, else the one set through ``torch.compiler.set_stance``."""
+    name = _STANCE.name
+    if name != "default":
+        return name
+    frames = sys.modules.get("torch._dynamo.eval_frame")
+    torch_stance = getattr(getattr(frames, "_stance", None), "stance", None)
+    return torch_stance if isinstance(torch_stance, str) and torch_stance in STANCES else name
+
+
+# ---- mark_static -----------------------------------------------------------------------------------------
+def mark_static(t: Any, index: int | list[int] | tuple[int, ...] | None = None) -> None:
+    """Keep dims of ``t`` (all when ``index`` is None) static under automatic dynamic shapes and
+    ``dynamic=True``. An nn.Module class is accepted (kiln already treats module attributes as
+    guarded constants)."""
+    if isinstance(t, type) and issubclass(t, torch.nn.Module):
+        return
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"kiln.mark_static expects a tensor or an nn.Module class, got {type(t).__name__}")
+    dims = range(t.dim()) if index is None else ([index] if isinstance(index, int) else list(index))
+    for d in dims:
+        if not isinstance(d, int) or not -t.dim() <= d < max(t.dim(), 1):
+            raise IndexError(f"mark_static: dim {d} is out of range for a tensor of {t.dim()} dims")
+    static = set(getattr(t, "_kiln_static_dims", ()))
+    static.update(d % max(t.dim(), 1) for d in dims)
+    t._kiln_static_dims = static  # type: ignore[attr-defined]
+
+
+def static_dims(t: Any) -> frozenset[int]:
+    return frozenset(getattr(t, "_kiln_static_dims", ()))
