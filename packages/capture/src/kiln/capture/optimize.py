@@ -188,10 +188,12 @@ class Optimized:
         if self.disabled is not None or current_stance() == "force_eager":
             return self._eager(self.disabled or "set_stance('force_eager')", args, kwargs, permanent=False)
         if cache is None or cache.eager_reason is not None:
-            if cache is not None and self.ctx.on_eager:
+            if cache is not None:
+                if self.ctx.observed and not cache.eager_reported:  # kiln.stats counts the frame once
+                    cache.eager_reported = True
+                    emit(FrameRunEagerly(frame_name(cache.code), cache.eager_reason or ""))
                 for hook in self.ctx.on_eager:
-                    hook(f"{cache.code.co_name} ({cache.code.co_filename}:{cache.code.co_firstlineno})",
-                         cache.eager_reason)
+                    hook(frame_name(cache.code), cache.eager_reason)
             return self.fn(*args, **kwargs)
         L = self.bind(args, kwargs)
         G = self.f_globals
