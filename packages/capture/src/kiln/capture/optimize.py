@@ -215,7 +215,7 @@ class Optimized:
         stance = current_stance()
         if cache.entries and stance == "fail_on_recompile":
             raise RuntimeError(f"kiln: {self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno}) "
-                               f"would recompile under set_stance('fail_on_recompile'): {self._miss_reason(L, G)}")
+                               f"would recompile under set_stance('fail_on_recompile'): {_failure_text(self._latest_failure(L, G))}")
         if cache.entries and stance == "eager_on_recompile" or stance == "eager_then_compile" and \
                 not cache.ran_eagerly:
             cache.ran_eagerly = True
