@@ -234,3 +234,27 @@ def test_backend_assumptions_are_guarded() -> None:
         f(torch.randn(6))
     with pytest.raises(RuntimeError):
         cf(torch.randn(6))  # recompiled for 6, which eager refuses too
+
+
+def test_inductor_symbolic_graph_is_a_logged_fallback(caplog: pytest.LogCaptureFixture) -> None:
+    """Until kiln.inductor compiles symbolic graphs (it says so with SUPPORTS_SYMBOLIC_SHAPES), a
+    symbolic graph runs its ATen graph, one compile for every size, and perf_hints says so."""
+    import logging
+
+    import kiln.inductor
+
+    if getattr(kiln.inductor, "SUPPORTS_SYMBOLIC_SHAPES", False):
+        pytest.skip("this kiln.inductor compiles symbolic graphs")
+    m = MLP()
+    kiln.set_logs("perf_hints")
+    try:
+        logging.getLogger("kiln.perf_hints").propagate = True
+        with caplog.at_level(logging.WARNING, logger="kiln.perf_hints"):
+            cf = kiln.compile(m, backend="inductor", dynamic=True)
+            for n in (3, 8, 13):
+                x = torch.randn(n, 12, requires_grad=True)
+                torch.testing.assert_close(cf(x), m(x))
+    finally:
+        kiln.set_logs()
+    assert _entries(cf) == 1
+    assert "not compiled by kiln.inductor" in caplog.text and "symbolic sizes" in caplog.text
