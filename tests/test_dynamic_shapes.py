@@ -118,7 +118,8 @@ def test_attention_block_over_sequence_lengths() -> None:
 def test_sdpa_over_batch_and_sequence() -> None:
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    check_sizes(f, lambda n: [torch.randn(n, 2, n + 3, 8, requires_grad=True) for _ in range(3)], (2, 3, 5))
+    # captured at n=3 (all dims distinct: dynamic=True duck-sizes equal ones into one symbol)
+    check_sizes(f, lambda n: [torch.randn(n, 2, n + 3, 8, requires_grad=True) for _ in range(3)], (3, 5, 2))
 
 
 @pytest.mark.parametrize("norm", ["layer", "batch", "group", "rms"])
