@@ -259,3 +259,10 @@ def test_inductor_symbolic_graph_is_a_logged_fallback(caplog: pytest.LogCaptureF
         kiln.set_logs()
     assert _entries(cf) == 1
     assert "not compiled by kiln.inductor" in caplog.text and "symbolic sizes" in caplog.text
+
+
+def test_explain_shows_symbolic_guards_of_a_dynamic_compile() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1, 4).sum(1)
+    text = kiln.explain(kiln.compile(f, backend="aot_eager", dynamic=True))(torch.randn(8)).as_text()
+    assert "SYMBOL" in text and ":= L['x'].size()[0]" in text and "% 4) == 0" in text
