@@ -66,11 +66,11 @@ def check_sizes(fn: Callable[..., Any], make: Callable[[int], Sequence[Any]], si
             module.zero_grad(set_to_none=True)
         c_out, c_grads = _run(cf, compiled_args)
         for a, b in zip(c_out, e_out, strict=True):
-            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"size {n}: output {m}")
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m, n=n: f"size {n}: output {m}")
         for a, b in zip(c_grads, e_grads, strict=True):
-            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"size {n}: input grad {m}")
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m, n=n: f"size {n}: input grad {m}")
         for p, e in zip(module.parameters() if module else [], e_params):
-            torch.testing.assert_close(p.grad, e, rtol=rtol, atol=atol, msg=lambda m: f"size {n}: param grad {m}")
+            torch.testing.assert_close(p.grad, e, rtol=rtol, atol=atol, msg=lambda m, n=n: f"size {n}: param grad {m}")
     special = len({s for s in sizes if s in (0, 1)})
     assert _entries(cf) == 1 + special, f"{_entries(cf)} compiles for sizes {sorted(set(sizes))}"
     return cf

@@ -10,13 +10,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from ag_util import assert_close, clone_inputs
 from torch import fx
 from torch._dynamo.source import ConstantSource  # tests only: a named source for the symbols
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import kiln.autograd as ka
-from ag_util import assert_close, clone_inputs
 
 
 def symbolic_graph(fn: Callable[..., Any], inputs: Sequence[Any], dynamic: Sequence[Sequence[int]]) -> fx.GraphModule:

@@ -36,7 +36,16 @@ from .stages import (
     example_specs,
 )
 from .strides import view_strides
-from .symbolic import SymbolicSizeError, SymbolNodes, has_symbolic_sizes, is_symbolic, py_expr, shape_env_of, size_evaluator, size_hint
+from .symbolic import (
+    SymbolicSizeError,
+    SymbolNodes,
+    has_symbolic_sizes,
+    is_symbolic,
+    py_expr,
+    shape_env_of,
+    size_evaluator,
+    size_hint,
+)
 from .trees import map_leaves
 from .verify import is_pure_op, verify
 
