@@ -93,3 +93,16 @@ def test_static_artifact_stays_static(tmp_path: Path) -> None:
     f = kiln.compile(mlp, backend="aot_eager", fullgraph=True).aot_compile(((torch.randn(4, 8), w1, w2), {}))
     with pytest.raises(GuardError):
         f(torch.randn(5, 8), w1, w2)
+
+
+def test_broken_size_relation_is_a_guard_error() -> None:
+    def rows(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1, 4).sum(1)
+    x = torch.randn(8)
+    kiln.mark_dynamic(x, 0)
+    f = kiln.compile(rows, backend="aot_eager", fullgraph=True).aot_compile(((x,), {}))
+    for n in (4, 12, 40):
+        y = torch.randn(n)
+        torch.testing.assert_close(f(y), rows(y))
+    with pytest.raises(GuardError, match=r"shape relation .*% 4\) == 0\) does not hold for input 'x' dim 0 = 6"):
+        f(torch.randn(6))

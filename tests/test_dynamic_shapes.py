@@ -66,11 +66,11 @@ def check_sizes(fn: Callable[..., Any], make: Callable[[int], Sequence[Any]], si
             module.zero_grad(set_to_none=True)
         c_out, c_grads = _run(cf, compiled_args)
         for a, b in zip(c_out, e_out, strict=True):
-            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"size {n}: output {m}")
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m, n=n: f"size {n}: output {m}")
         for a, b in zip(c_grads, e_grads, strict=True):
-            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"size {n}: input grad {m}")
+            torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m, n=n: f"size {n}: input grad {m}")
         for p, e in zip(module.parameters() if module else [], e_params):
-            torch.testing.assert_close(p.grad, e, rtol=rtol, atol=atol, msg=lambda m: f"size {n}: param grad {m}")
+            torch.testing.assert_close(p.grad, e, rtol=rtol, atol=atol, msg=lambda m, n=n: f"size {n}: param grad {m}")
     special = len({s for s in sizes if s in (0, 1)})
     assert _entries(cf) == 1 + special, f"{_entries(cf)} compiles for sizes {sorted(set(sizes))}"
     return cf
@@ -118,7 +118,8 @@ def test_attention_block_over_sequence_lengths() -> None:
 def test_sdpa_over_batch_and_sequence() -> None:
     def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    check_sizes(f, lambda n: [torch.randn(n, 2, n + 3, 8, requires_grad=True) for _ in range(3)], (2, 3, 5))
+    # captured at n=3 (all dims distinct: dynamic=True duck-sizes equal ones into one symbol)
+    check_sizes(f, lambda n: [torch.randn(n, 2, n + 3, 8, requires_grad=True) for _ in range(3)], (3, 5, 2))
 
 
 @pytest.mark.parametrize("norm", ["layer", "batch", "group", "rms"])
@@ -234,3 +235,34 @@ def test_backend_assumptions_are_guarded() -> None:
         f(torch.randn(6))
     with pytest.raises(RuntimeError):
         cf(torch.randn(6))  # recompiled for 6, which eager refuses too
+
+
+def test_inductor_symbolic_graph_is_a_logged_fallback(caplog: pytest.LogCaptureFixture) -> None:
+    """Until kiln.inductor compiles symbolic graphs (it says so with SUPPORTS_SYMBOLIC_SHAPES), a
+    symbolic graph runs its ATen graph, one compile for every size, and perf_hints says so."""
+    import logging
+
+    import kiln.inductor
+
+    if getattr(kiln.inductor, "SUPPORTS_SYMBOLIC_SHAPES", False):
+        pytest.skip("this kiln.inductor compiles symbolic graphs")
+    m = MLP()
+    kiln.set_logs("perf_hints")
+    try:
+        logging.getLogger("kiln.perf_hints").propagate = True
+        with caplog.at_level(logging.WARNING, logger="kiln.perf_hints"):
+            cf = kiln.compile(m, backend="inductor", dynamic=True)
+            for n in (3, 8, 13):
+                x = torch.randn(n, 12, requires_grad=True)
+                torch.testing.assert_close(cf(x), m(x))
+    finally:
+        kiln.set_logs()
+    assert _entries(cf) == 1
+    assert "not compiled by kiln.inductor" in caplog.text and "symbolic sizes" in caplog.text
+
+
+def test_explain_shows_symbolic_guards_of_a_dynamic_compile() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(-1, 4).sum(1)
+    text = kiln.explain(kiln.compile(f, backend="aot_eager", dynamic=True))(torch.randn(8)).as_text()
+    assert "SYMBOL" in text and ":= L['x'].size()[0]" in text and "% 4) == 0" in text

@@ -150,8 +150,9 @@ def _call_with_hooks(mod: nn.Module, forward: Callable[..., Any], args: tuple, k
 def explain(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``kiln.explain(fn)(*args)``: graphs, graph breaks with reasons, guards, op counts."""
     target = fn._orig_mod.forward if isinstance(fn, OptimizedModule) else fn
+    opts = getattr(fn, "_opts", None)
     target = getattr(target, "_fn", target)
-    return capture.explain(target)
+    return capture.explain(target, dynamic=opts.dynamic if opts is not None else None)
 
 
 def mark_dynamic(t: torch.Tensor, dim: int | list[int], *, min: int | None = None,  # noqa: A002

@@ -143,7 +143,8 @@ def _symbolic_fallback(run_aten: Backend, gm: fx.GraphModule, example_inputs: Se
     log("perf_hints").warning(msg)
     log("graph_breaks").info(msg)
     compiled = run_aten(gm, example_inputs)
-    texts = {**getattr(compiled, "texts", {}), "fallbacks": msg}
+    assert isinstance(compiled, CompiledGraph)
+    texts = {**compiled.texts, "fallbacks": msg}
     return CompiledGraph(compiled.fn, "inductor(symbolic: ATen fallback)", texts, compiled.portable)
 
 

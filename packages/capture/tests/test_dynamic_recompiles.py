@@ -139,3 +139,18 @@ def test_marked_range_bounds_the_symbolic_entry(recorder, dynamic):
         y = torch.randn(3, 2)
         kc.mark_dynamic(y, 0, min=4, max=6)
         kc.optimize(f, recorder)(y)
+
+
+class Holder:
+    def __init__(self, t: torch.Tensor) -> None:
+        self.t = t
+
+
+def test_nested_tensor_that_changes_size_recompiles_once(recorder):
+    def f(h):
+        return h.t.cumsum(0) * 2
+    g = kc.optimize(f, recorder)
+    for n in range(2, 12):
+        h = Holder(torch.randn(n, 3))
+        assert_same(g(h), f(h))
+    assert recorder.count == 2  # the first size, then one symbolic graph (found while tracing)

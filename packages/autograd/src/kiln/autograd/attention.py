@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kiln.graph import log
+from kiln.graph import has_symbolic_sizes, log
 
 aten = torch.ops.aten
 
@@ -91,6 +91,12 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         return None
     q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
     if not all(isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.dim() == 4 for t in (q, k, v)):
+        return None
+    if any(has_symbolic_sizes(t) for t in (q, k, v, mask) if isinstance(t, torch.Tensor)):
+        # the kernel eager picks depends on the sizes (probed with real tensors): with symbolic sizes
+        # the composite is traced instead, correct for every size
+        log("perf_hints").info("attention with symbolic sizes: traced as its composite (math) form, "
+                               "not the fused kernel eager runs")
         return None
     if a["dropout_p"] != 0.0 or a["enable_gqa"] or k.shape[1] != q.shape[1] or \
             (mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype not in (q.dtype, torch.bool))):

@@ -55,6 +55,9 @@ class CodeCache:
             if enabled("recompiles"):
                 log("recompiles").info("%s changed from %s: it is a symbolic int from now on", g.source, g.expected)
 
+    def dynamic_dim_count(self) -> int:
+        return sum(len(d) for d in self.dynamic.values())
+
     def may_be_dynamic(self, L: dict[str, Any], options: CaptureOptions) -> bool:
         """Whether this capture could make a size symbolic (so it needs a ShapeEnv)."""
         self._note_ints(L, options)

@@ -54,7 +54,7 @@ class Capture:
 def run_capture(code: types.CodeType, f_globals: dict[str, Any], closure: tuple | None,
                 L: dict[str, Any], options: CaptureOptions, policy: DynamicPolicy,
                 symbolic: bool = True) -> Capture:
-    tracer = Tracer(policy, symbolic)
+    tracer = Tracer(policy, symbolic, duck=options.dynamic is True)
     ctx = Context(tracer, options, KNOBS.inline_depth, code)
     grad_before = torch.is_grad_enabled()
     try:

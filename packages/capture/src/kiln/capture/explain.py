@@ -78,11 +78,12 @@ def _eager_backend(gm: Any, example_inputs: list) -> Callable:
     return gm.forward
 
 
-def explain(fn: Callable) -> Callable[..., ExplainOutput]:
-    """A callable running ``fn`` once under capture and reporting what was captured."""
+def explain(fn: Callable, *, dynamic: bool | None = None) -> Callable[..., ExplainOutput]:
+    """A callable running ``fn`` once under capture and reporting what was captured (``dynamic`` as in
+    ``optimize``: symbolic sizes print as ``SYMBOL``/``SHAPE_EXPR`` guards)."""
     def run(*args: Any, **kwargs: Any) -> ExplainOutput:
         out = ExplainOutput()
-        ctx = CompileContext(_eager_backend, CaptureOptions())
+        ctx = CompileContext(_eager_backend, CaptureOptions(dynamic=dynamic))
         ctx.observed = False  # a dry run: kiln.stats() and the compile report count real compiles
 
         def record(cap: Any, cache: Any) -> None:

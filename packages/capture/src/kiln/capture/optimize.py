@@ -260,8 +260,13 @@ class Optimized:
         fallback: tuple[str, bool] | None = None
         t0 = time.perf_counter()
         try:
-            cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options),
-                              cache.may_be_dynamic(L, options))
+            symbolic = cache.may_be_dynamic(L, options)
+            dims_before = cache.dynamic_dim_count()
+            cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), symbolic)
+            if not symbolic and cache.dynamic_dim_count() > dims_before:
+                # a tensor reached through an attribute or a nested container changed size (found while
+                # tracing): capture again with symbolic sizes instead of compiling one more static graph
+                cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), True)
         except Unsupported:
             raise
         except SkipFrame as e:

@@ -76,7 +76,7 @@ class SubgraphScope:
 class Tracer:
     """Owns the fx graph, the fake mode and shape env, the input placeholders and the guards."""
 
-    def __init__(self, dynamic_policy: DynamicPolicy, symbolic: bool = True) -> None:
+    def __init__(self, dynamic_policy: DynamicPolicy, symbolic: bool = True, duck: bool = False) -> None:
         # Note: ShapeEnv is only built when a size may be symbolic; creating the first one imports a
         # large part of torch, which static captures do not need.
         self.shape_env = ShapeEnv() if symbolic else None
@@ -86,6 +86,9 @@ class Tracer:
         self.scopes: list[SubgraphScope] = []  # torch.cond branches being traced, innermost last
         self.submodules: dict[str, fx.GraphModule] = {}  # branch graphs, attributes of the root
         self.dynamic_policy = dynamic_policy
+        # dynamic=True: dims not marked are duck-sized (equal sizes share one symbol), as torch does;
+        # marked and automatically dynamic dims get a symbol each
+        self.duck = duck
         self.node_of: dict[int, fx.Node] = {}
         self.node_of_expr: dict[sympy.Expr, fx.Node] = {}
         self.keep: list[Any] = []  # keeps ids in node_of unique for the trace's lifetime
@@ -290,8 +293,11 @@ class Tracer:
             dims = self.dynamic_policy(source, value)
             dims = frozenset(d for d in dims if d < value.dim()) if self.shape_env is not None else frozenset()
             if dims:
+                marked = getattr(value, "_kiln_dynamic_dims", ())
                 ctx = StatelessSymbolicContext(dynamic_sizes=[
-                    DimDynamic.DYNAMIC if i in dims else DimDynamic.STATIC for i in range(value.dim())])
+                    DimDynamic.STATIC if i not in dims else
+                    DimDynamic.DUCK if self.duck and i not in marked else DimDynamic.DYNAMIC
+                    for i in range(value.dim())])
                 fake = self.fake_mode.from_tensor(value, source=KilnSource(source), symbolic_context=ctx)
                 self._constrain_ranges(value, fake, source)
             else:

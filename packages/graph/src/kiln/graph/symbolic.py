@@ -116,7 +116,12 @@ def size_hint(v: Any) -> int:
     """The value a (possibly symbolic) size had when it was captured, without adding a guard."""
     if isinstance(v, torch.SymInt):
         hint = v.node.hint
-        return int(hint) if hint is not None else int(v.node.shape_env.size_hint(v.node.expr))
+        env = v.node.shape_env
+        if hint is None and env is not None:
+            hint = env.size_hint(v.node.expr)
+        if hint is None:
+            raise SymbolicSizeError(f"size {v.node.expr} has no hint (a data-dependent size)")
+        return int(hint)
     return int(v)
 
 

@@ -1,0 +1,42 @@
+"""The graph cache keys a symbolic graph on its symbolic signature: a later process (here: a second
+kiln.compile) capturing the same graph at another size loads it instead of compiling, and serves
+every size from it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import kiln
+import kiln.backends as backends
+import kiln.capture as kc
+import kiln.runtime.cache as runtime_cache
+from kiln.runtime import CompileCache
+
+
+def test_symbolic_graph_hit_at_another_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime_cache, "_DEFAULT", [CompileCache(tmp_path)])
+    built: list[object] = []
+    entry = backends._BUILTIN["aot_eager"]
+    monkeypatch.setitem(backends._BUILTIN, "aot_eager", backends.BackendEntry(
+        "aot_eager", lambda opts: built.append(opts) or entry.factory(opts), entry.doc))
+    net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+    first = kiln.compile(net, backend="aot_eager", dynamic=True)
+    for n in (5, 7):
+        x = torch.randn(n, 8, requires_grad=True)
+        torch.testing.assert_close(first(x), net(x))
+    assert len(built) == 1
+    second = kiln.compile(net, backend="aot_eager", dynamic=True)  # what a restarted process does
+    for n in (9, 13, 2, 30):
+        x = torch.randn(n, 8, requires_grad=True)
+        y = x.detach().clone().requires_grad_()
+        out, ref = second(x), net(y)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x.grad, y.grad)
+    assert len(built) == 1, "the symbolic graph was compiled again instead of loaded"
+    assert len(kc.cache_entries(second._compiled_forward)) == 1
