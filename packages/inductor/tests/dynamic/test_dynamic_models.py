@@ -63,3 +63,21 @@ def test_fully_symbolic_mlp_weights_too():
     """Every dim symbolic (dynamic=True style), weights included."""
     cg = compile_symbolic(mlp, *_mlp_args(37))
     check_sizes(cg, mlp, _mlp_args, (1, 2, 9, 40), atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_triton_kernels_over_many_sizes(dtype):
+    """Generated Triton kernels on the GPU with sizes as arguments: one compile, many sizes."""
+    dev = "cuda"
+    w = tuple(t.to(dev, dtype) for t in WEIGHTS)
+
+    def args(n):
+        return (torch.randn(1 + n % 3, n, D, device=dev, dtype=dtype), *w)
+    cg = compile_symbolic(attention_block, *args(37), dynamic={0: (0, 1)})
+    tol = {"atol": 3e-2, "rtol": 3e-2} if dtype == torch.bfloat16 else {"atol": 1e-4}
+    check_sizes(cg, attention_block, args, (1, 2, 3, 7, 13, 31, 64, 127, 128, 129, 511, 1000), **tol)
+    cg = compile_symbolic(mlp, *(t.to(dev, dtype) for t in _mlp_args(37)), dynamic={0: (0,)})
+    check_sizes(cg, mlp, lambda n: tuple(t.to(dev, dtype) for t in _mlp_args(n)),
+                (0, 1, 2, 5, 17, 64, 1023, 1024, 1025, 4097), **tol)

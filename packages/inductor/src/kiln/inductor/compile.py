@@ -23,6 +23,7 @@ from kiln.graph import (
 
 from .codegen.triton.ahead import warm_compile_pool
 from .codegen.wrapper import REQUIRES
+from .buckets import bucket_sizes
 from .dynamic import GuardWatch
 from .constants import WithConstants, constants_epilogue, lift_constants
 from .ir import TensorRef, is_static
@@ -151,6 +152,8 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     pending = s.kernels.pending
     call = load_wrapper(s.wrapper, s.kernels.local_dir, filename, precompiled=pending is not None)
     fn = _FirstCallWaits(call, pending) if pending is not None else _Call(call)
+    if options.cudagraph_sizes:
+        fn = bucket_sizes(s.program, fn, options.cudagraph_sizes, name)
 
     texts = dict(s.texts)
     texts["timings"] = result.timings() + f"\ntotal {1e3 * (time.perf_counter() - t0):.1f} ms"
