@@ -24,9 +24,9 @@ from kiln.graph import (
 from .codegen.triton.ahead import warm_compile_pool
 from .codegen.wrapper import REQUIRES
 from .buckets import bucket_sizes
-from .dynamic import GuardWatch
+from .dynamic import GuardWatch, shape_env_of
 from .constants import WithConstants, constants_epilogue, lift_constants
-from .ir import TensorRef, is_static
+from .ir import DynamicShapeUnsupported, TensorRef, is_static
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions
 from .pipeline import PASSES, CompileState, verify_state
@@ -102,6 +102,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     try:
         compiled = _compile(lifted, [*example_inputs, *constants], options, name, t0)
     except LoweringError as e:
+        if shape_env_of(example_inputs) is not None:  # symbolic: a static compile can do better than ATen
+            raise DynamicShapeUnsupported(f"graph {name!r} with symbolic sizes cannot be lowered: {e}") from e
         if not options.fallback_unknown_ops:
             raise
         return _eager_graph(gm, name, str(e))

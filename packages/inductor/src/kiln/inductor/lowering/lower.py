@@ -92,6 +92,8 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
             return rule(ctx, node, *args, **kwargs)
         except NotLowered as e:
             reason = str(e)
+        except DynamicShapeUnsupported:
+            raise  # the caller compiles the graph again with static sizes
         except Exception as e:  # a bug in a rule: keep the program correct through ATen, and say so
             if ctx.options.strict_lowering:
                 raise
