@@ -59,3 +59,18 @@ def test_unbacked_sizes_are_refused_clearly():
     gm, examples = symbolic_graph(lambda x: (torch.nonzero(x > 0).float().sum(0),), torch.randn(37, 3))
     with pytest.raises(DynamicShapeUnsupported, match="data-dependent size"):
         compile_graph(gm, examples)
+
+
+def test_outputs_keep_traced_dense_strides_and_refuse_gapped_ones():
+    """Outputs come back with the traced strides (a transposed result stays transposed), which is what
+    a caller reading them with the traced layout (a backward's saved activations) needs; a lazy view with
+    gaps, which no returned buffer could match for every size, is refused."""
+    cg = compile_symbolic(lambda x: ((x * 2).t(), x.sum(1)), torch.randn(37, 5))
+    for n in (1, 4, 9):
+        x = torch.randn(n, 5)
+        got = cg.fn(x)[0]
+        assert got.stride() == (x * 2).t().stride()
+        torch.testing.assert_close(got, (x * 2).t())
+    gm, examples = symbolic_graph(lambda x: ((x * 2)[:, :3],), torch.randn(37, 5))
+    with pytest.raises(DynamicShapeUnsupported, match="neither dense nor broadcast"):
+        compile_graph(gm, examples)

@@ -9,7 +9,15 @@ from .codegen.triton.ahead import warm_compile_pool
 from .compile import compile_graph
 from .decomp_bridge import inductor_decompositions
 from .frontend import inductor_backend, to_aten
-from .ir import DynamicShapeUnsupported, Kernel, KernelNode, LoopProgram, ScheduledProgram, SizeGuard, SizeSource
+from .ir import (
+    DynamicShapeUnsupported,
+    Kernel,
+    KernelNode,
+    LoopProgram,
+    ScheduledProgram,
+    SizeGuard,
+    SizeSource,
+)
 from .lowering.lower import LoweringError
 from .lowering.registry import LOWERINGS, lowered_ops
 from .options import InductorOptions

@@ -21,11 +21,11 @@ from kiln.graph import (
     run_pipeline,
 )
 
+from .buckets import bucket_sizes
 from .codegen.triton.ahead import warm_compile_pool
 from .codegen.wrapper import REQUIRES
-from .buckets import bucket_sizes
-from .dynamic import GuardWatch, shape_env_of
 from .constants import WithConstants, constants_epilogue, lift_constants
+from .dynamic import GuardWatch, shape_env_of
 from .ir import DynamicShapeUnsupported, TensorRef, is_static
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions

@@ -21,7 +21,7 @@ from kiln.graph import log
 
 from .codegen.triton.printer import python_index
 from .ir import DynamicShapeUnsupported, SizeGuard
-from .ir.sizes import to_kiln
+from .ir.index import to_kiln
 
 _REL = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}
 

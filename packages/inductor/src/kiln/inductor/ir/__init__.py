@@ -20,6 +20,7 @@ from .expr import (
                    walk,
 )
 from .index import (
+                   DynamicShapeUnsupported,
                    FloorDiv,
                    IndexExpr,
                    ModIndex,
@@ -30,8 +31,11 @@ from .index import (
                    index_vars,
                    is_dense,
                    is_static,
+                   is_symbolic,
                    product,
+                   size_symbol,
                    strided_index,
+                   sym_expr,
 )
 from .kernel import Allocation, Kernel, KernelNode, ScheduledProgram, Step, work_buffers
 from .nodes import (
@@ -57,16 +61,12 @@ from .nodes import (
 )
 from .program import LoopProgram, Output, node_reads
 from .sizes import (
-                   DynamicShapeUnsupported,
                    SizeGuard,
                    SizeSource,
                    is_size_symbol,
                    kernel_size_symbols,
-                   is_symbolic,
-                   size_symbol,
                    size_symbols_of,
                    substitute_hints,
-                   sym_expr,
 )
 from .verify import verify_kernel, verify_program, verify_schedule
 

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 import sympy
 
 from .expr import reads
-from .sizes import SizeGuard, SizeSource
 from .nodes import (
     ComputedBuffer,
     ConstArg,
@@ -19,6 +18,7 @@ from .nodes import (
     args_buffers,
     loop_bodies,
 )
+from .sizes import SizeGuard, SizeSource
 
 Output = TensorRef | ConstArg
 

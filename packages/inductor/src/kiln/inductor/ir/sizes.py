@@ -18,7 +18,6 @@ import sympy
 import torch
 
 from .expr import IndexValue, Load, walk
-from .index import DynamicShapeUnsupported, is_symbolic, size_symbol, sym_expr, to_kiln
 from .kernel import Kernel
 
 

@@ -10,7 +10,17 @@ import sympy
 import torch
 from torch import fx
 
-from ..ir import Constant, Expr, IndexExpr, IndexValue, as_index, cast, index_vars, is_symbolic, sym_expr
+from ..ir import (
+    Constant,
+    Expr,
+    IndexExpr,
+    IndexValue,
+    as_index,
+    cast,
+    index_vars,
+    is_symbolic,
+    sym_expr,
+)
 from .context import LoweringContext, NotLowered
 from .values import Lazy, TensorValue, broadcast_at, is_tensor
 

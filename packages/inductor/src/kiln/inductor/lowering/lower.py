@@ -20,6 +20,7 @@ from ..ir import (
     Output,
     as_index,
     is_dense,
+    is_static,
     is_symbolic,
     sym_expr,
 )
@@ -177,4 +178,16 @@ def _output(ctx: LoweringContext, a: Any, env: dict[fx.Node, Any]) -> Output:
         return ConstArg(v)
     tv: TensorValue = v
     stride = out_stride(a) if isinstance(a.meta.get("val"), torch.Tensor) else None
-    return ctx.realize(tv, stride).ref()
+    ref = ctx.realize(tv, stride).ref()
+    if stride is not None and not all(is_static(x) for x in stride) and not _same_or_broadcast(ref, stride):
+        # symbolic sizes: compile_graph reports no output strides, so a caller (kiln.autograd's backward)
+        # reads this output with the traced ones; a strided view with gaps cannot be given those
+        raise DynamicShapeUnsupported(f"output {a.name} was traced with strides {stride} that are neither "
+                                      "dense nor broadcast; kiln.inductor cannot return them for every size")
+    return ref
+
+
+def _same_or_broadcast(ref: Any, stride: tuple) -> bool:
+    """The returned strides equal the traced ones wherever they matter (stride-0 dims read one row,
+    which every row of the dense copy equals)."""
+    return all(n == 1 or a == b or b == 0 for n, a, b in zip(ref.shape, ref.stride, stride))

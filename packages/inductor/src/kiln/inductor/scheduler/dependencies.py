@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-
 from dataclasses import dataclass, field
 
 from ..ir import LoopProgram, Node, TensorRef, node_outputs, node_reads

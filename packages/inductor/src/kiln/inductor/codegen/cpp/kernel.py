@@ -7,7 +7,18 @@ import functools
 import sympy
 import torch
 
-from ...ir import Cast, Kernel, KernelNode, Layout, Load, Op, children, kernel_size_symbols, product, walk
+from ...ir import (
+    Cast,
+    Kernel,
+    KernelNode,
+    Layout,
+    Load,
+    Op,
+    children,
+    kernel_size_symbols,
+    product,
+    walk,
+)
 from ...options import InductorOptions
 from .exprs import ExprEmitter, cast_call, cindex
 from .types import ctype, highest, lowest
