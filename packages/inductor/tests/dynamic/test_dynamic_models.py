@@ -63,3 +63,38 @@ def test_fully_symbolic_mlp_weights_too():
     """Every dim symbolic (dynamic=True style), weights included."""
     cg = compile_symbolic(mlp, *_mlp_args(37))
     check_sizes(cg, mlp, _mlp_args, (1, 2, 9, 40), atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_triton_kernels_over_many_sizes(dtype):
+    """Generated Triton kernels on the GPU with sizes as arguments: one compile, many sizes."""
+    dev = "cuda"
+    w = tuple(t.to(dev, dtype) for t in WEIGHTS)
+
+    def args(n):
+        return (torch.randn(1 + n % 3, n, D, device=dev, dtype=dtype), *w)
+    cg = compile_symbolic(attention_block, *args(37), dynamic={0: (0, 1)})
+    tol = {"atol": 3e-2, "rtol": 3e-2} if dtype == torch.bfloat16 else {"atol": 1e-4}
+    check_sizes(cg, attention_block, args, (1, 2, 3, 7, 13, 31, 64, 127, 128, 129, 511, 1000), **tol)
+    cg = compile_symbolic(mlp, *(t.to(dev, dtype) for t in _mlp_args(37)), dynamic={0: (0,)})
+    check_sizes(cg, mlp, lambda n: tuple(t.to(dev, dtype) for t in _mlp_args(n)),
+                (0, 1, 2, 5, 17, 64, 1023, 1024, 1025, 4097), **tol)
+
+
+def fwd_bwd(x, w, g, b):
+    """A training step's forward + backward as one ATen graph (gradients of a LayerNorm/GELU/softmax
+    head), traced with a symbolic batch."""
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    y = F.gelu(F.layer_norm(x @ w, (w.shape[1],), g, b)).softmax(-1)
+    return torch.autograd.grad((y * y).sum(), (x, w))
+
+
+@pytest.mark.parametrize("options", BACKENDS)
+def test_forward_backward_graph_symbolic_batch(options):
+    def args(n):
+        return (torch.randn(n, 8), torch.randn(8, 6), torch.randn(6), torch.randn(6))
+    cg = compile_symbolic(fwd_bwd, *args(37), options=options, dynamic={0: (0,)})
+    assert not cg.loop_program.size_guards  # type: ignore[attr-defined]
+    check_sizes(cg, fwd_bwd, args, (1, 2, 3, 0, 17, 64), atol=1e-4)

@@ -9,15 +9,22 @@ from .codegen.triton.ahead import warm_compile_pool
 from .compile import compile_graph
 from .decomp_bridge import inductor_decompositions
 from .frontend import inductor_backend, to_aten
-from .ir import Kernel, KernelNode, LoopProgram, ScheduledProgram
-from .ir.index import DynamicShapeUnsupported
+from .ir import (
+    DynamicShapeUnsupported,
+    Kernel,
+    KernelNode,
+    LoopProgram,
+    ScheduledProgram,
+    SizeGuard,
+    SizeSource,
+)
 from .lowering.lower import LoweringError
 from .lowering.registry import LOWERINGS, lowered_ops
 from .options import InductorOptions
 from .scheduler import PlannedPeak, planned_peak
 
 __all__ = [
-    "LOWERINGS", "CompiledKernels", "CppBackend", "CppCompileError", "DynamicShapeUnsupported", "InductorOptions", "Kernel", "KernelBackend",
+    "LOWERINGS", "CompiledKernels", "DynamicShapeUnsupported", "SizeGuard", "SizeSource", "CppBackend", "CppCompileError", "InductorOptions", "Kernel", "KernelBackend",
     "KernelNode", "LoopProgram", "LoweringError", "PlannedPeak", "ScheduledProgram", "compile_graph", "inductor_backend",
     "inductor_decompositions", "lowered_ops", "planned_peak", "to_aten", "warm_compile_pool",
 ]

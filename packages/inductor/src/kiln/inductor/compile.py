@@ -26,11 +26,12 @@ from kiln.graph import (
     run_pipeline,
 )
 
+from .buckets import bucket_sizes
 from .codegen.triton.ahead import warm_compile_pool
 from .codegen.wrapper import REQUIRES
 from .constants import WithConstants, constants_epilogue, lift_constants
-from .dynamic import GuardWatch
-from .ir import TensorRef, is_static
+from .dynamic import GuardWatch, shape_env_of
+from .ir import DynamicShapeUnsupported, TensorRef, is_static
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions
 from .pipeline import PASSES, CompileState, verify_state
@@ -106,6 +107,8 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     try:
         compiled = _compile(lifted, [*example_inputs, *constants], options, name, t0)
     except LoweringError as e:
+        if shape_env_of(example_inputs) is not None:  # symbolic: a static compile can do better than ATen
+            raise DynamicShapeUnsupported(f"graph {name!r} with symbolic sizes cannot be lowered: {e}") from e
         if not options.fallback_unknown_ops:
             raise
         return _eager_graph(gm, name, str(e))
@@ -156,6 +159,8 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
     pending = s.kernels.pending
     call = load_wrapper(s.wrapper, s.kernels.local_dir, filename, precompiled=pending is not None)
     fn = _FirstCallWaits(call, pending) if pending is not None else _Call(call)
+    if options.cudagraph_sizes:
+        fn = bucket_sizes(s.program, fn, options.cudagraph_sizes, name)
 
     texts = dict(s.texts)
     texts["timings"] = result.timings() + f"\ntotal {1e3 * (time.perf_counter() - t0):.1f} ms"

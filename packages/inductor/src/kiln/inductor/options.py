@@ -57,8 +57,18 @@ class InductorOptions:
     # cost 1.2-1.5x the graph's allocated peak. Not for a training forward or backward: the arena is
     # taken whole at the start, while their inputs die and saved outputs pile up as the call goes.
     memory_arena: bool = False
+    # symbolic sizes with reduce-overhead: the leading symbolic dim (batch, tokens) padded up to the next
+    # of these sizes and the outputs sliced back, so CUDA graphs are recorded per bucket, not per size
+    # (buckets.py; refused, logged, when rows of that dim meet in the graph)
+    cudagraph_sizes: tuple[int, ...] = ()
     # max-autotune's own options (configurations per kernel, matmul templates, cache, timer)
     autotune: AutotuneOptions = field(default_factory=AutotuneOptions)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.cudagraph_sizes, tuple):  # a list from kiln.compile(options={...})
+            object.__setattr__(self, "cudagraph_sizes", tuple(int(x) for x in self.cudagraph_sizes))
+        if any(x < 1 for x in self.cudagraph_sizes):
+            raise ValueError(f"cudagraph_sizes={self.cudagraph_sizes!r}: buckets are sizes >= 1")
 
     def replace(self, **changes: object) -> InductorOptions:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

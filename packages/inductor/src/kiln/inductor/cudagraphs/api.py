@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..buckets import BucketedCall
 from .function import CUDAGraphFunction, default_tree
 from .options import CUDAGraphOptions
 from .tree import CUDAGraphTree
@@ -39,7 +40,13 @@ def wrap_reduce_overhead(compiled_fn: Callable[..., Any], example_inputs: Sequen
                          static_input_indices: Sequence[int], *, tree: CUDAGraphTree | None = None,
                          options: CUDAGraphOptions | None = None) -> Callable[..., Any]:
     """How a backend applies mode="reduce-overhead" to one compiled graph (forward, backward, or a piece
-    of a graph break): the result has the compiled graph's calling convention."""
+    of a graph break): the result has the compiled graph's calling convention. A graph with size buckets
+    (``InductorOptions.cudagraph_sizes``, buckets.py) pads before the CUDA graphs see its inputs, so
+    they are recorded per bucket."""
+    if isinstance(compiled_fn, BucketedCall):
+        inner = cudagraphify(compiled_fn.fn, example_inputs, static_input_indices=static_input_indices, tree=tree,
+                             options=options, name=getattr(compiled_fn.fn, "__name__", None))
+        return BucketedCall(inner, compiled_fn.plan)
     return cudagraphify(compiled_fn, example_inputs, static_input_indices=static_input_indices, tree=tree,
                         options=options, name=getattr(compiled_fn, "__name__", None))
 

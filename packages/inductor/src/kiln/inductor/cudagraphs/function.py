@@ -132,6 +132,10 @@ class CUDAGraphFunction:
             return self._eager(args, owned)
         self.nodes.append(node)
         self.stats.recordings += 1
+        log("cudagraphs").info("%s: CUDA graph %d (of at most %d) recorded for input sizes %s", self.name,
+                               len(self.nodes), self.options.max_recordings,
+                               [tuple(a.shape) for i, a in enumerate(args) if isinstance(a, torch.Tensor)
+                                and i not in self.static_input_indices])
         ok, out = self.tree.run(node, args, self.options, owned=hand_over)
         if not ok:  # cannot happen on a fresh recording, but stay correct if it does
             self.stats.eager_calls += 1

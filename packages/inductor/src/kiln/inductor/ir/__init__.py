@@ -79,7 +79,8 @@ from .sizes import (
 from .verify import verify_kernel, verify_program, verify_schedule
 
 __all__ = [
-    "OPS", "REDUCTION_TYPES", "IRParseError", "parse_index", "parse_layout", "parse_program", "Allocation", "Arg", "Cast", "ComputedBuffer", "ConstArg", "Constant", "Expr",
+    "IRParseError", "parse_index", "parse_layout", "parse_program",
+    "OPS", "REDUCTION_TYPES", "Allocation", "Arg", "Cast", "ComputedBuffer", "ConstArg", "Constant", "Expr",
     "ExternKernel", "ExternOutput", "FloorDiv", "IndexExpr", "IndexValue", "InputBuffer", "Kernel",
     "KernelNode", "Layout", "ListArg", "Load", "LoopData", "LoopProgram", "ModIndex", "Node", "Op", "OpInfo",
     "Output", "Pointwise", "Reduction", "Scan", "Scatter", "loop_bodies", "ScheduledProgram", "Step", "TensorRef", "args_buffers",

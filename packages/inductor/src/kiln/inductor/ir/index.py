@@ -116,16 +116,31 @@ def as_index(v: object) -> sympy.Expr:
 
 
 def is_dense(shape: Sequence[object], stride: Sequence[object]) -> bool:
-    """Whether ``stride`` lays ``shape`` out densely (a permutation of contiguous strides); False for
-    symbolic sizes."""
+    """Whether ``stride`` lays ``shape`` out densely (a permutation of contiguous strides). Symbolic
+    sizes as sympy: provably dense for every size; SymInts: False (int() would specialise them)."""
     if not all(isinstance(x, (int, sympy.Integer)) for x in (*shape, *stride)):
-        return False  # symbolic (int() of a SymInt would specialise it)
+        if not all(isinstance(x, (int, sympy.Expr)) for x in (*shape, *stride)):
+            return False
+        return _dense_symbolic(shape, stride)
     dims = sorted((int(st), int(sz)) for sz, st in zip(shape, stride) if int(sz) != 1)  # type: ignore[call-overload]
     expect = 1
     for st, sz in dims:
         if st != expect:
             return False
         expect *= sz
+    return True
+
+
+def _dense_symbolic(shape: Sequence[object], stride: Sequence[object]) -> bool:
+    """Each next stride is the product of the sizes before it, in some order of the dims."""
+    left = [(sympy.sympify(st), sympy.sympify(sz)) for sz, st in zip(shape, stride) if sz != 1]
+    expect: sympy.Expr = sympy.Integer(1)
+    while left:
+        hit = next((p for p in left if sympy.expand(p[0] - expect) == 0), None)
+        if hit is None:
+            return False
+        left.remove(hit)
+        expect = sympy.expand(expect * hit[1])
     return True
 
 

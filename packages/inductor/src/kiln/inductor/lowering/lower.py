@@ -13,12 +13,14 @@ from kiln.graph import target_name
 
 from ..ir import (
     ConstArg,
+    DynamicShapeUnsupported,
     InputBuffer,
     Layout,
     LoopProgram,
     Output,
     as_index,
     is_dense,
+    is_static,
     is_symbolic,
     sym_expr,
 )
@@ -91,6 +93,8 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
             return rule(ctx, node, *args, **kwargs)
         except NotLowered as e:
             reason = str(e)
+        except DynamicShapeUnsupported:
+            raise  # the caller compiles the graph again with static sizes
         except Exception as e:  # a bug in a rule: keep the program correct through ATen, and say so
             if ctx.options.strict_lowering:
                 raise
@@ -174,4 +178,16 @@ def _output(ctx: LoweringContext, a: Any, env: dict[fx.Node, Any]) -> Output:
         return ConstArg(v)
     tv: TensorValue = v
     stride = out_stride(a) if isinstance(a.meta.get("val"), torch.Tensor) else None
-    return ctx.realize(tv, stride).ref()
+    ref = ctx.realize(tv, stride).ref()
+    if stride is not None and not all(is_static(x) for x in stride) and not _same_or_broadcast(ref, stride):
+        # symbolic sizes: compile_graph reports no output strides, so a caller (kiln.autograd's backward)
+        # reads this output with the traced ones; a strided view with gaps cannot be given those
+        raise DynamicShapeUnsupported(f"output {a.name} was traced with strides {stride} that are neither "
+                                      "dense nor broadcast; kiln.inductor cannot return them for every size")
+    return ref
+
+
+def _same_or_broadcast(ref: Any, stride: tuple) -> bool:
+    """The returned strides equal the traced ones wherever they matter (stride-0 dims read one row,
+    which every row of the dense copy equals)."""
+    return all(n == 1 or a == b or b == 0 for n, a, b in zip(ref.shape, ref.stride, stride))
