@@ -162,12 +162,37 @@ TYPED: dict[str, tuple[str, str]] = {
     "aten.addmm.default": ("at::addmm", "ATen/ops/addmm.h"),
     "aten.bmm.default": ("at::bmm", "ATen/ops/bmm.h"),
     "aten.baddbmm.default": ("at::baddbmm", "ATen/ops/baddbmm.h"),
+    "aten.convolution.default": ("at::convolution", "ATen/ops/convolution.h"),
 }
+_CONV_LISTS = (3, 4, 5, 7)  # stride, padding, dilation, output_padding
 
 
 def typed_call(e: ExternKernel, tensor: Callable[[TensorRef], str]) -> str | None:
-    """``at::mm(a, b)`` for an all-tensor call of a ``TYPED`` op (None otherwise)."""
-    if e.target not in TYPED or e.kwargs or not all(isinstance(a, TensorRef) for a in e.args):
+    """``at::mm(a, b)`` for an all-tensor matmul, ``at::convolution(...)`` for a convolution with constant
+    options (None otherwise: the boxed call)."""
+    if e.target not in TYPED or e.kwargs:
         return None
     fn, _ = TYPED[e.target]
+    if e.target == "aten.convolution.default":
+        return _typed_convolution(e, fn, tensor)
+    if not all(isinstance(a, TensorRef) for a in e.args):
+        return None
     return f"{fn}({', '.join(tensor(a) for a in e.args)})"  # type: ignore[arg-type]
+
+
+def _typed_convolution(e: ExternKernel, fn: str, tensor: Callable[[TensorRef], str]) -> str | None:
+    a = e.args
+    if len(a) != 9 or not isinstance(a[0], TensorRef) or not isinstance(a[1], TensorRef):
+        return None
+    if not all(isinstance(a[k], ListArg) and all(isinstance(x, ConstArg) for x in a[k].items)  # type: ignore[union-attr]
+               for k in _CONV_LISTS):
+        return None
+    if not (isinstance(a[6], ConstArg) and isinstance(a[8], ConstArg)):
+        return None
+    bias = tensor(a[2]) if isinstance(a[2], TensorRef) else "std::optional<at::Tensor>()" if _none(a[2]) else None
+    if bias is None:
+        return None
+    lists = {k: "at::IntArrayRef({" + ", ".join(f"int64_t({int(_v(x))})" for x in a[k].items) + "})"  # type: ignore[union-attr]
+             for k in _CONV_LISTS}
+    return (f"{fn}({tensor(a[0])}, {tensor(a[1])}, {bias}, {lists[3]}, {lists[4]}, {lists[5]}, "
+            f"{_scalar(bool(_v(a[6])))}, {lists[7]}, int64_t({int(_v(a[8]))}))")
