@@ -219,8 +219,8 @@ class PackageReport:
         b = self.build
         return (f"package {self.path}: model.so {self.library_bytes / 1e6:.2f} MB, weights {self.weights_bytes / 1e6:.2f} "
                 f"MB; codegen {self.codegen_seconds:.2f} s, build {b.seconds:.1f} s (wrapper {b.wrapper_seconds:.1f} s, "
-                f"kernels {b.kernels_seconds:.1f} s); {self.program.n_kernels} kernels, {self.program.n_externs} "
-                "ATen calls")
+                f"kernels {b.kernels_seconds:.1f} s, support library {b.support_seconds:.1f} s or cached); "
+                f"{self.program.n_kernels} kernels, {self.program.n_externs} ATen calls")
 
 
 def package(exported: ExportedGraph, path: str | Path, *, device: str = "cpu",
