@@ -16,6 +16,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -136,8 +137,13 @@ Tensor Stack::out_item(size_t k, size_t j) const {
 
 int init_ops(const char* const* names, const char* const* overloads, int n, char* err, size_t err_len) {
   try {
-    if (OPS.empty())
-      for (int k = 0; k < n; ++k) OPS.push_back(c10::Dispatcher::singleton().findSchemaOrThrow(names[k], overloads[k]));
+    static std::mutex lock;  // two runners of one model.so may start at once
+    std::lock_guard<std::mutex> guard(lock);
+    if (OPS.empty()) {
+      std::vector<c10::OperatorHandle> ops;
+      for (int k = 0; k < n; ++k) ops.push_back(c10::Dispatcher::singleton().findSchemaOrThrow(names[k], overloads[k]));
+      OPS = std::move(ops);
+    }
     return 0;
   } catch (const std::exception& e) {
     std::snprintf(err, err_len, "kiln model: %s", e.what());

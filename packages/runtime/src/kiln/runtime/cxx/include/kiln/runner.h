@@ -123,6 +123,7 @@ class Runner {
   const std::vector<TensorSpec>& input_specs() const { return inputs_; }
   const std::vector<TensorSpec>& output_specs() const { return outputs_; }
 
+  // Safe to call from several threads at once (each call allocates its own buffers).
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) {
     if (inputs.size() != inputs_.size())
       throw std::runtime_error("kiln::Runner::run: expected " + std::to_string(inputs_.size()) + " inputs (" +
