@@ -5,7 +5,7 @@ Why three: the wrapper includes no torch header, so it compiles in a fraction of
 translation unit that includes ATen (slow: ~4-7 s of g++ on this host) is the support file, compiled once
 per (source, torch release, compiler, flags) and kept in the compile cache (``cxx_support``). The
 kernels keep their own flags (``-O3 -march=native -fopenmp ...``: the same code the Python wrapper
-loads). Kernels and wrapper compile in parallel.
+loads). Kernels and wrapper compile in parallel, then the support object (when not cached).
 """
 
 from __future__ import annotations
@@ -89,9 +89,9 @@ def build_model_library(wrapper_source: str, kernel_source: str, out: Path, *, k
             k_src.write_text(kernel_source)
             objs.append(Path(tmp) / "kernels.o")
             kernels = _start([cxx, *kernel_flags, "-fPIC", "-c", str(k_src), "-o", str(objs[1])])
-        support, s_seconds = support_object(cxx)
         w_seconds = _finish(wrapper, "the C++ wrapper", w_src)
         k_seconds = _finish(kernels, "kiln's kernels", k_src) if kernels else 0.0
+        support, s_seconds = support_object(cxx)  # after them: their times stay their own
         link = _start([cxx, "-shared", *(f for f in kernel_flags if f == "-fopenmp"), *map(str, objs), str(support),
                        "-o", str(out), *ldflags(), *link_flags])
         _finish(link, "model.so", w_src)
