@@ -108,3 +108,21 @@ def test_loader_checks_fixed_arguments(tmp_path) -> None:  # type: ignore[no-unt
         torch.testing.assert_close(p(x, 3.0), x * 3.0)
     with pytest.raises(kiln.runtime.GuardError, match=r"differ from the values fixed at export \(scale=3.0\)"):
         p(x, 2.0)
+
+
+def test_tied_weights_are_one_constant() -> None:
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False)
+            self.b.weight = self.a.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.relu(self.a(x)))
+
+    m = Tied().eval()
+    e = kiln.export(m, (torch.randn(2, 4),))
+    assert list(e.constants) == ["a.weight"]
+    for _ in range(3):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(e(x), m(x))
