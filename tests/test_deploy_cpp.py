@@ -124,6 +124,10 @@ def _damaged(work: dict, how: str) -> Path:
         (dst / cxx.MANIFEST).write_text(json.dumps({"name": "some other format"}))
     elif how == "garbled-manifest":
         (dst / cxx.MANIFEST).write_text('{"format": "kiln-package", "schema_version": ')
+    elif how == "other-cpu":
+        m = json.loads((dst / cxx.MANIFEST).read_text())
+        m["built_for"]["cpu_flags"].append("kiln_future_isa")
+        (dst / cxx.MANIFEST).write_text(json.dumps(m))
     elif how == "other-torch":
         m = json.loads((dst / cxx.MANIFEST).read_text())
         m["built_for"]["torch"] = "1.0.0"
@@ -138,6 +142,7 @@ DAMAGE = {
     "foreign": r"not a kiln package manifest",
     "garbled-manifest": r"manifest.json",
     "other-torch": r"built for torch 1.0.0",
+    "other-cpu": r"built on a CPU with instructions this one lacks \(kiln_future_isa\)",
 }
 
 

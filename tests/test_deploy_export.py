@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import kiln
+import kiln.runtime
 from kiln.deploy import ExportError
 
 
@@ -83,3 +84,45 @@ def test_input_mutation_refused() -> None:
 
     with pytest.raises(ExportError, match="writes into its inputs"):
         kiln.export(f, (torch.randn(4),))
+
+
+def test_package_refuses_other_devices(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    e = kiln.export(Small().eval(), (torch.randn(3, 8),))
+    with pytest.raises(ExportError, match="device 'cuda' is not supported yet"):
+        kiln.package(e, tmp_path / "pkg", device="cuda")
+    with pytest.raises(ExportError, match="options=.*InductorOptions"):
+        kiln.package(e, tmp_path / "pkg", options={"no_such_option": 1})
+
+
+def test_loader_checks_fixed_arguments(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A non-tensor argument is fixed at export: passing another value is an error, not a silent answer."""
+    def f(x: torch.Tensor, scale: float) -> torch.Tensor:
+        return x * scale
+
+    x = torch.randn(4)
+    kiln.package(kiln.export(f, (x, 3.0)), tmp_path / "pkg")
+    p = kiln.load_package(tmp_path / "pkg")
+    for _ in range(3):
+        x = torch.randn(4)
+        torch.testing.assert_close(p(x), x * 3.0)
+        torch.testing.assert_close(p(x, 3.0), x * 3.0)
+    with pytest.raises(kiln.runtime.GuardError, match=r"differ from the values fixed at export \(scale=3.0\)"):
+        p(x, 2.0)
+
+
+def test_tied_weights_are_one_constant() -> None:
+    class Tied(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False)
+            self.b.weight = self.a.weight
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(torch.relu(self.a(x)))
+
+    m = Tied().eval()
+    e = kiln.export(m, (torch.randn(2, 4),))
+    assert list(e.constants) == ["a.weight"]
+    for _ in range(3):
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(e(x), m(x))

@@ -145,17 +145,35 @@ def export(fn: Callable[..., Any], args: tuple | list, kwargs: Mapping[str, Any]
                           "inference program: dropout off, batch norm with its running statistics)")
     with torch.no_grad():
         captured = _capture(fn, args, kwargs)
+    tensor_leaves, baked = _call_leaves(fn, args, kwargs)
+    constants, slots = _classify(fn, args, kwargs, captured, tensor_leaves)
+    inputs = tuple(ExportedInput(n, src, _spec(v)) for src, n, v in tensor_leaves)
+    graph, outputs, tree = _inference_graph(fn, args, kwargs, captured, tensor_leaves, constants, slots)
+    return ExportedGraph(name, captured, graph, inputs, constants, tuple(slots), outputs, tree, baked)
+
+
+def _call_leaves(fn: Callable[..., Any], args: tuple,
+                 kwargs: dict) -> tuple[list[tuple[str, str, torch.Tensor]], dict[str, Any]]:
+    """The call's tensors as (capture source, display name, value) in argument order, and its other
+    arguments by display name (fixed at export)."""
     frame = _frame(fn, args, kwargs)
-    scope = frame.scope()
     leaves: dict[str, tuple[str, Any]] = {}
     skip = {"self"} if isinstance(fn, torch.nn.Module) or inspect.ismethod(fn) else set()
     for p in frame.params:
         if p.name in frame.locals and p.name not in skip:
             _leaf_sources(p.name, frame.locals[p.name], f"L[{p.name!r}]", leaves)
-    tensor_leaves = [(src, n, v) for src, (n, v) in leaves.items() if isinstance(v, torch.Tensor)]
-    baked = {n: v for src, (n, v) in leaves.items() if not isinstance(v, torch.Tensor)}
+    tensors = [(src, n, v) for src, (n, v) in leaves.items() if isinstance(v, torch.Tensor)]
+    return tensors, {n: v for n, v in leaves.values() if not isinstance(v, torch.Tensor)}
+
+
+def _classify(fn: Callable[..., Any], args: tuple, kwargs: dict, captured: CapturedGraph,
+              tensor_leaves: list[tuple[str, str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], list[Slot]]:
+    """Each graph input as the caller's tensor k or a named constant (one per distinct tensor: tied
+    weights are stored once)."""
+    scope = _frame(fn, args, kwargs).scope()
     position = {src: k for k, (src, _, _) in enumerate(tensor_leaves)}
     constants: dict[str, torch.Tensor] = {}
+    by_id: dict[int, str] = {}
     slots: list[Slot] = []
     for src, spec in zip(captured.input_sources, captured.input_specs):
         if not isinstance(spec, TensorSpec):
@@ -165,14 +183,14 @@ def export(fn: Callable[..., Any], args: tuple | list, kwargs: Mapping[str, Any]
             continue
         (value,) = _example_inputs((src,), dict(scope["L"]), dict(scope["G"]))
         assert isinstance(value, torch.Tensor)
-        cname = constant_name(src)
-        while cname in constants and constants[cname] is not value:
-            cname += "_"
-        constants.setdefault(cname, value.detach().contiguous())
-        slots.append(Slot("constant", list(constants).index(cname)))
-    inputs = tuple(ExportedInput(n, src, _spec(v)) for src, n, v in tensor_leaves)
-    graph, outputs, tree = _inference_graph(fn, args, kwargs, captured, tensor_leaves, constants, slots)
-    return ExportedGraph(name, captured, graph, inputs, constants, tuple(slots), outputs, tree, baked)
+        if id(value) not in by_id:
+            cname = constant_name(src)
+            while cname in constants:
+                cname += "_"
+            by_id[id(value)] = cname
+            constants[cname] = value.detach().contiguous()
+        slots.append(Slot("constant", list(constants).index(by_id[id(value)])))
+    return constants, slots
 
 
 def _spec(t: torch.Tensor) -> TensorSpec:
@@ -219,8 +237,8 @@ class PackageReport:
         b = self.build
         return (f"package {self.path}: model.so {self.library_bytes / 1e6:.2f} MB, weights {self.weights_bytes / 1e6:.2f} "
                 f"MB; codegen {self.codegen_seconds:.2f} s, build {b.seconds:.1f} s (wrapper {b.wrapper_seconds:.1f} s, "
-                f"kernels {b.kernels_seconds:.1f} s); {self.program.n_kernels} kernels, {self.program.n_externs} "
-                "ATen calls")
+                f"kernels {b.kernels_seconds:.1f} s, support library {b.support_seconds:.1f} s or cached); "
+                f"{self.program.n_kernels} kernels, {self.program.n_externs} ATen calls")
 
 
 def package(exported: ExportedGraph, path: str | Path, *, device: str = "cpu",

@@ -1,12 +1,16 @@
-"""Build a package's ``model.so``: kiln's kernels and the C++ wrapper as two translation units, compiled
-in parallel (the wrapper against libtorch's headers is the slow one), linked into one shared library.
+"""Build a package's ``model.so`` from three objects: kiln's kernels, the generated C++ wrapper, and
+``model_support.cpp`` (kiln/model_support.h's libtorch side).
 
-The kernels keep their own flags (``-O3 -march=native -fopenmp ...``: the same code the Python wrapper
-loads); the wrapper needs only ``-O2``: it is a straight line of calls.
+Why three: the wrapper includes no torch header, so it compiles in a fraction of a second; the one
+translation unit that includes ATen (slow: ~4-7 s of g++ on this host) is the support file, compiled once
+per (source, torch release, compiler, flags) and kept in the compile cache (``cxx_support``). The
+kernels keep their own flags (``-O3 -march=native -fopenmp ...``: the same code the Python wrapper
+loads). Kernels and wrapper compile in parallel, then the support object (when not cached).
 """
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import tempfile
 import time
@@ -14,10 +18,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import KernelBuildError
-from .flags import cflags, ldflags
+import torch
 
-WRAPPER_FLAGS = ("-O2", "-fPIC", "-fvisibility=hidden")
+from ..cache import default_cache
+from ..cpp import compiler_id
+from ..errors import KernelBuildError
+from .flags import INCLUDE_DIR, cflags, ldflags
+
+SUPPORT_SOURCE = Path(__file__).parent / "model_support.cpp"
+SUPPORT_HEADER = INCLUDE_DIR / "kiln" / "model_support.h"
+OBJECT_FLAGS = ("-O2", "-fPIC", "-fvisibility=hidden")
 
 
 @dataclass(frozen=True)
@@ -25,6 +35,7 @@ class BuildReport:
     seconds: float  # wall time of the whole build
     wrapper_seconds: float
     kernels_seconds: float
+    support_seconds: float  # 0 when the compile cache had it
     library_bytes: int
 
 
@@ -36,9 +47,29 @@ def _finish(job: tuple[subprocess.Popen[str], float], what: str, source: Path) -
     proc, t0 = job
     out, _ = proc.communicate()
     if proc.returncode != 0:
-        raise KernelBuildError(f"building {what} failed ({' '.join(proc.args)}):\n{out[-8000:]}\n"  # type: ignore[arg-type]
-                               f"source: {source}")
+        raise KernelBuildError(f"building {what} failed ({' '.join(map(str, proc.args))}):\n"  # type: ignore[arg-type]
+                               f"{out[-8000:]}\nsource: {source}")
     return time.perf_counter() - t0
+
+
+def support_object(cxx: str) -> tuple[Path, float]:
+    """The compiled ``model_support.cpp`` (from the compile cache when it has it) and seconds spent building."""
+    h = hashlib.sha256()
+    for part in (SUPPORT_SOURCE.read_bytes(), SUPPORT_HEADER.read_bytes(), torch.__version__.encode(),
+                 cxx.encode(), compiler_id(cxx).encode(), " ".join([*cflags(), *OBJECT_FLAGS]).encode()):
+        h.update(part + b"\0")
+    spent = 0.0
+
+    def build() -> bytes:
+        nonlocal spent
+        with tempfile.TemporaryDirectory(prefix="kiln-support-") as tmp:
+            out = Path(tmp) / "model_support.o"
+            spent = _finish(_start([cxx, *cflags(), *OBJECT_FLAGS, "-c", str(SUPPORT_SOURCE), "-o", str(out)]),
+                            "kiln's model support library", SUPPORT_SOURCE)
+            return out.read_bytes()
+    cache = default_cache()
+    data = cache.get_or_build("cxx_support", h.hexdigest(), build)
+    return cache.materialize("cxx_support", data, suffix=".o"), spent
 
 
 def build_model_library(wrapper_source: str, kernel_source: str, out: Path, *, kernel_flags: Sequence[str],
@@ -52,15 +83,16 @@ def build_model_library(wrapper_source: str, kernel_source: str, out: Path, *, k
         w_src, k_src = d / "wrapper.cpp", d / "kernels.cpp"
         w_src.write_text(wrapper_source)
         objs = [Path(tmp) / "wrapper.o"]
-        wrapper = _start([cxx, *cflags(), *WRAPPER_FLAGS, "-c", str(w_src), "-o", str(objs[0])])
-        k_seconds = 0.0
+        wrapper = _start([cxx, "-std=c++20", f"-I{INCLUDE_DIR}", *OBJECT_FLAGS, "-c", str(w_src), "-o", str(objs[0])])
+        kernels = None
         if kernel_source:
             k_src.write_text(kernel_source)
             objs.append(Path(tmp) / "kernels.o")
             kernels = _start([cxx, *kernel_flags, "-fPIC", "-c", str(k_src), "-o", str(objs[1])])
-            k_seconds = _finish(kernels, "kiln's kernels", k_src)
         w_seconds = _finish(wrapper, "the C++ wrapper", w_src)
-        link = _start([cxx, "-shared", *(f for f in kernel_flags if f == "-fopenmp"), *map(str, objs),
+        k_seconds = _finish(kernels, "kiln's kernels", k_src) if kernels else 0.0
+        support, s_seconds = support_object(cxx)  # after them: their times stay their own
+        link = _start([cxx, "-shared", *(f for f in kernel_flags if f == "-fopenmp"), *map(str, objs), str(support),
                        "-o", str(out), *ldflags(), *link_flags])
         _finish(link, "model.so", w_src)
-    return BuildReport(time.perf_counter() - t0, w_seconds, k_seconds, out.stat().st_size)
+    return BuildReport(time.perf_counter() - t0, w_seconds, k_seconds, s_seconds, out.stat().st_size)

@@ -85,6 +85,13 @@ class PackagedModel:
             t = torch.empty_strided(s.shape, s.stride, dtype=s.dtype).copy_(t)
         return t.detach()
 
+    def _check_fixed(self, given: list[Any]) -> None:
+        fixed = _fixed_arguments(self.manifest)
+        if len(given) != len(fixed) or any(repr(v) != want for v, (_, want) in zip(given, fixed)):
+            said = ", ".join(f"{n}={v}" for n, v in fixed) or "none"
+            raise GuardError(f"kiln package {self.path.name}: non-tensor arguments {given!r} differ from the values "
+                             f"fixed at export ({said}); export again for other values", expected=fixed, actual=given)
+
     def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
         """The flat outputs for the flat inputs (as kiln::Runner::run)."""
         if len(inputs) != len(self.inputs):
@@ -95,14 +102,25 @@ class PackagedModel:
         outs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype) for s in self.outputs]
         in_ptrs = (ctypes.c_void_p * max(len(ins), 1))(*[t.data_ptr() for t in ins])
         out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[t.data_ptr() for t in outs])
-        if self._run(in_ptrs, self._constants, out_ptrs, self._err, len(self._err)) != 0:
-            raise RuntimeError(f"kiln package {self.path.name}: {self._err.value.decode()}")
+        err = ctypes.create_string_buffer(1024)  # per call: runs may overlap in threads
+        if self._run(in_ptrs, self._constants, out_ptrs, err, len(err)) != 0:
+            raise RuntimeError(f"kiln package {self.path.name}: {err.value.decode()}")
         return outs
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        flat = pytree.tree_leaves((args, kwargs))
+        """The exported call's arguments: its tensors (nested as exported), and optionally its non-tensor
+        arguments, which must equal the values fixed at export (the manifest's ``constant_argument`` guards)."""
+        leaves = pytree.tree_leaves((args, kwargs))
+        flat = [x for x in leaves if isinstance(x, torch.Tensor)]
+        given = [x for x in leaves if not isinstance(x, torch.Tensor)]
+        if given:
+            self._check_fixed(given)
         outs = self.run(flat)
         return pytree.tree_unflatten(outs, self._out_tree) if self._out_tree is not None else tuple(outs)
+
+
+def _fixed_arguments(manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(g["input"], g["value"]) for g in manifest.get("guards", []) if g.get("kind") == "constant_argument"]
 
 
 def load_package(path: str | Path) -> PackagedModel:

@@ -116,6 +116,10 @@ def read_manifest(folder: Path, *, verify: bool = True) -> dict[str, Any]:
     built = manifest.get("built_for", {}).get("torch")
     if built != torch.__version__:
         raise PackageError(f"{where}: built for torch {built}, this process runs torch {torch.__version__}")
+    missing = sorted(set(manifest.get("built_for", {}).get("cpu_flags", ())) - current_host().cpu_flags)
+    if missing:
+        raise PackageError(f"{where}: built on a CPU with instructions this one lacks ({', '.join(missing)}); "
+                           "rebuild the package on this machine")
     if verify:
         for name, rec in manifest["files"].items():
             p = folder / name

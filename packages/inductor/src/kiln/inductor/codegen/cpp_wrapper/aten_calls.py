@@ -1,10 +1,10 @@
 """ATen calls from generated C++: an extern or fallback node as a boxed call through the dispatcher.
 
 Why boxed: one emitter covers every op the Python wrapper may call (matmuls, convolutions, attention
-and any ATen fallback) from its schema alone, with each argument built as the ``c10::IValue`` its
-declared type wants and the schema's defaults filled in. The dispatcher's boxed path costs a few
-hundred nanoseconds more per call than a typed ``at::mm``; the common matmuls get typed calls
-(``TYPED``) because a transformer makes dozens of them per step.
+and any ATen fallback) from its schema alone, with each argument pushed as the ``c10::IValue`` its
+declared type wants (``kiln_rt::Stack``, kiln/model_support.h) and the schema's defaults filled in.
+The boxed path costs a little more per call than a typed one; matmuls and convolutions get typed
+calls (``TYPED``) because models make dozens of them per step.
 """
 
 from __future__ import annotations
@@ -22,16 +22,21 @@ class CppWrapperUnsupported(Exception):
     """Something the C++ wrapper cannot call without Python (a custom op, a Python-only value)."""
 
 
-SCALAR_TYPES: dict[torch.dtype, str] = {
-    torch.float32: "Float", torch.float64: "Double", torch.float16: "Half", torch.bfloat16: "BFloat16",
-    torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
-    torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+# c10::ScalarType's values (kiln/model_support.h's Dtype codes)
+SCALAR_TYPES: dict[torch.dtype, int] = {
+    torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4, torch.float16: 5,
+    torch.float32: 6, torch.float64: 7, torch.complex64: 9, torch.complex128: 10, torch.bool: 11,
+    torch.bfloat16: 15,
 }
+_LAYOUTS = {torch.strided: 0, torch.sparse_coo: 1}
+_MEMORY_FORMATS = {torch.contiguous_format: 0, torch.preserve_format: 1, torch.channels_last: 2,
+                   torch.channels_last_3d: 3}
 
 
 def scalar_type(d: torch.dtype) -> str:
+    """The dtype's code as a C++ expression (with its name, for the reader)."""
     try:
-        return f"at::ScalarType::{SCALAR_TYPES[d]}"
+        return f"{SCALAR_TYPES[d]} /*{str(d).removeprefix('torch.')}*/"
     except KeyError:
         raise CppWrapperUnsupported(f"dtype {d} has no C++ spelling in the C++ wrapper") from None
 
@@ -44,28 +49,28 @@ def _double(v: float) -> str:
     return repr(float(v))
 
 
-_MEMORY_FORMATS = {torch.contiguous_format: "Contiguous", torch.channels_last: "ChannelsLast",
-                   torch.preserve_format: "Preserve", torch.channels_last_3d: "ChannelsLast3d"}
+def _cstr(v: str) -> str:
+    return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _scalar(v: Any) -> str:
-    """A Python constant as a C++ expression convertible to ``c10::IValue``."""
+    """A Python constant as one push onto a ``kiln_rt::Stack``."""
     if isinstance(v, bool):
-        return "true" if v else "false"
+        return f".b({'true' if v else 'false'})"
     if isinstance(v, int):
-        return f"int64_t({v}LL)"
+        return f".i({v}LL)"
     if isinstance(v, float):
-        return f"double({_double(v)})"
+        return f".d({_double(v)})"
     if isinstance(v, str):
-        return f"std::string({v!r})".replace("'", '"')
+        return f".str({_cstr(v)})"
     if isinstance(v, torch.dtype):
-        return scalar_type(v)
+        return f".scalar_type({scalar_type(v)})"
     if isinstance(v, torch.memory_format):
-        return f"c10::MemoryFormat::{_MEMORY_FORMATS[v]}"
-    if isinstance(v, torch.layout):
-        return "c10::Layout::Strided" if v == torch.strided else f"c10::Layout::{str(v).split('.')[-1].capitalize()}"
+        return f".memory_format({_MEMORY_FORMATS[v]})"
+    if isinstance(v, torch.layout) and v in _LAYOUTS:
+        return f".layout({_LAYOUTS[v]})"
     if isinstance(v, torch.device):
-        return f"c10::Device(std::string({str(v)!r}))".replace("'", '"')
+        return f".device({_cstr(str(v))})"
     raise CppWrapperUnsupported(f"constant {v!r} of type {type(v).__name__} has no C++ form")
 
 
@@ -73,36 +78,35 @@ def _strip_optional(t: str) -> str:
     return t[len("Optional["):-1] if t.startswith("Optional[") else t
 
 
-def ivalue(a: Arg | Any, typ: str, tensor: Callable[[TensorRef], str]) -> str:
-    """``a`` as a C++ expression of a ``c10::IValue`` for a schema argument of type ``typ``."""
+def push(a: Arg | Any, typ: str, tensor: Callable[[TensorRef], str]) -> str:
+    """``a`` pushed onto a ``kiln_rt::Stack`` for a schema argument of type ``typ`` (``.i(3)``, ...)."""
     if isinstance(a, ConstArg):
         a = a.value
     if a is None:
-        return "c10::IValue()"
+        return ".none()"
     typ = _strip_optional(typ)
     if isinstance(a, TensorRef):
-        return f"c10::IValue({tensor(a)})"
+        return f".tensor({tensor(a)})"
     items = a.items if isinstance(a, ListArg) else a if isinstance(a, (list, tuple)) else None
     if items is not None:
         inner = _strip_optional(typ[len("List["):-1]) if typ.startswith("List[") else ""
         if inner == "Tensor":
-            opt = typ.startswith("List[Optional[")
-            elem = "std::optional<at::Tensor>" if opt else "at::Tensor"
-            parts = [("std::optional<at::Tensor>()" if opt else "at::Tensor()") if _none(x) else
-                     (f"{elem}({tensor(x)})" if isinstance(x, TensorRef) else _bad(x)) for x in items]
-            return f"c10::IValue(c10::List<{elem}>({{{', '.join(parts)}}}))"
+            parts = ["kiln_rt::Tensor()" if _none(x) else tensor(x) if isinstance(x, TensorRef) else _bad(x)
+                     for x in items]
+            kind = "optional_tensors" if typ.startswith("List[Optional[") else "tensors"
+            return f".{kind}({{{', '.join(parts)}}})"
         if inner in ("int", "SymInt"):
-            return f"c10::IValue(c10::List<int64_t>({{{', '.join(f'int64_t({int(_v(x))}LL)' for x in items)}}}))"
+            return f".ints({{{', '.join(f'{int(_v(x))}LL' for x in items)}}})"
         if inner == "float":
-            return f"c10::IValue(c10::List<double>({{{', '.join(_double(float(_v(x))) for x in items)}}}))"
+            return f".doubles({{{', '.join(_double(float(_v(x))) for x in items)}}})"
         if inner == "bool":
-            return f"c10::IValue(c10::List<bool>({{{', '.join(_scalar(bool(_v(x))) for x in items)}}}))"
+            return f".bools({{{', '.join('true' if _v(x) else 'false' for x in items)}}})"
         raise CppWrapperUnsupported(f"list argument of schema type {typ} has no C++ form")
     if typ == "float" and isinstance(a, int) and not isinstance(a, bool):
         a = float(a)
     if typ in ("int", "SymInt") and isinstance(a, float) and a.is_integer():
         a = int(a)
-    return f"c10::IValue({_scalar(a)})"
+    return _scalar(a)
 
 
 def _none(x: Any) -> bool:
@@ -133,18 +137,18 @@ def schema_name(target: str) -> tuple[str, str]:
 
 
 def boxed_arguments(e: ExternKernel, tensor: Callable[[TensorRef], str]) -> list[str]:
-    """Every schema argument of ``e``'s op in order, as ``c10::IValue`` expressions (defaults filled in)."""
+    """Every schema argument of ``e``'s op in order, as pushes onto a ``kiln_rt::Stack`` (defaults filled in)."""
     schema = op_overload(e.target)._schema
     kwargs = dict(e.kwargs)
     out: list[str] = []
     for k, arg in enumerate(schema.arguments):
         typ = str(arg.type)
         if k < len(e.args) and not arg.kwarg_only:
-            out.append(ivalue(e.args[k], typ, tensor))
+            out.append(push(e.args[k], typ, tensor))
         elif arg.name in kwargs:
-            out.append(ivalue(kwargs.pop(arg.name), typ, tensor))
+            out.append(push(kwargs.pop(arg.name), typ, tensor))
         elif arg.has_default_value():
-            out.append(ivalue(arg.default_value, typ, tensor))
+            out.append(push(arg.default_value, typ, tensor))
         else:
             raise CppWrapperUnsupported(f"{e.target}: no value for argument {arg.name!r}")
     if kwargs:
@@ -157,17 +161,39 @@ def n_returns(target: str) -> int:
 
 
 # ops with a typed ATen function of the same arguments (all tensors or int lists): no boxing per call
-TYPED: dict[str, tuple[str, str]] = {
-    "aten.mm.default": ("at::mm", "ATen/ops/mm.h"),
-    "aten.addmm.default": ("at::addmm", "ATen/ops/addmm.h"),
-    "aten.bmm.default": ("at::bmm", "ATen/ops/bmm.h"),
-    "aten.baddbmm.default": ("at::baddbmm", "ATen/ops/baddbmm.h"),
+TYPED: dict[str, str] = {
+    "aten.mm.default": "kiln_rt::mm", "aten.addmm.default": "kiln_rt::addmm", "aten.bmm.default": "kiln_rt::bmm",
+    "aten.baddbmm.default": "kiln_rt::baddbmm", "aten.convolution.default": "kiln_rt::convolution",
 }
+_CONV_LISTS = (3, 4, 5, 7)  # stride, padding, dilation, output_padding
 
 
 def typed_call(e: ExternKernel, tensor: Callable[[TensorRef], str]) -> str | None:
-    """``at::mm(a, b)`` for an all-tensor call of a ``TYPED`` op (None otherwise)."""
-    if e.target not in TYPED or e.kwargs or not all(isinstance(a, TensorRef) for a in e.args):
+    """``at::mm(a, b)`` for an all-tensor matmul, ``at::convolution(...)`` for a convolution with constant
+    options (None otherwise: the boxed call)."""
+    if e.target not in TYPED or e.kwargs:
         return None
-    fn, _ = TYPED[e.target]
+    fn = TYPED[e.target]
+    if e.target == "aten.convolution.default":
+        return _typed_convolution(e, fn, tensor)
+    if not all(isinstance(a, TensorRef) for a in e.args):
+        return None
     return f"{fn}({', '.join(tensor(a) for a in e.args)})"  # type: ignore[arg-type]
+
+
+def _typed_convolution(e: ExternKernel, fn: str, tensor: Callable[[TensorRef], str]) -> str | None:
+    a = e.args
+    if len(a) != 9 or not isinstance(a[0], TensorRef) or not isinstance(a[1], TensorRef):
+        return None
+    if not all(isinstance(a[k], ListArg) and all(isinstance(x, ConstArg) for x in a[k].items)  # type: ignore[union-attr]
+               for k in _CONV_LISTS):
+        return None
+    if not (isinstance(a[6], ConstArg) and isinstance(a[8], ConstArg)):
+        return None
+    bias = tensor(a[2]) if isinstance(a[2], TensorRef) else "kiln_rt::Tensor()" if _none(a[2]) else None
+    if bias is None:
+        return None
+    lists = {k: "{" + ", ".join(f"{int(_v(x))}" for x in a[k].items) + "}"  # type: ignore[union-attr]
+             for k in _CONV_LISTS}
+    return (f"{fn}({tensor(a[0])}, {tensor(a[1])}, {bias}, {lists[3]}, {lists[4]}, {lists[5]}, "
+            f"{'true' if _v(a[6]) else 'false'}, {lists[7]}, {int(_v(a[8]))})")

@@ -21,7 +21,6 @@ import torch
 from ...ir import ConstArg, ExternKernel, Kernel, Layout, LoopProgram, ScheduledProgram, TensorRef
 from ..cpp.kernel import kernel_params
 from .aten_calls import (
-    TYPED,
     CppWrapperUnsupported,
     boxed_arguments,
     n_returns,
@@ -78,8 +77,7 @@ class CppWrapperWriter:
         self.layouts = p.layouts()
         self.lines: list[str] = []
         self.declared: set[str] = set()
-        self.ops: list[tuple[str, str]] = []  # dispatcher (name, overload) per OPS index
-        self.includes: set[str] = set()
+        self.ops: list[tuple[str, str]] = []  # dispatcher (name, overload) per kiln_rt::init_ops index
         self.direct = self._direct_outputs()
 
     def _direct_outputs(self) -> dict[str, int]:
@@ -101,7 +99,7 @@ class CppWrapperWriter:
         return {b: k for b, k in seen.items() if b not in twice}
 
     def assign(self, name: str, expr: str, note: str = "") -> None:
-        decl = "" if name in self.declared else "at::Tensor "
+        decl = "" if name in self.declared else "Tensor "
         self.declared.add(name)
         self.lines.append(f"  {decl}{name} = {expr};{f'  // {note}' if note else ''}")
 
@@ -109,9 +107,7 @@ class CppWrapperWriter:
         lay = self.layouts[r.buffer]
         if tuple(r.shape) == tuple(lay.shape) and tuple(r.stride) == tuple(lay.stride) and r.offset == lay.offset:
             return r.buffer
-        off = int(r.offset)
-        return (f"{r.buffer}.as_strided({_ints(r.shape)}, {_ints(r.stride)}, "
-                f"{r.buffer}.storage_offset(){f' + {off}' if off else ''})")
+        return f"kiln_rt::as_strided({r.buffer}, {_ints(r.shape)}, {_ints(r.stride)}, {int(r.offset)})"
 
     def op_index(self, target: str) -> int:
         key = schema_name(target)
@@ -126,53 +122,54 @@ class CppWrapperWriter:
                 raise CppWrapperUnsupported(f"program input {b.position} ({b.name}) has no source")
             src = "inputs" if slot.kind == "input" else "constants"
             lay = b.layout
-            self.assign(b.name, f"wrap({src}[{slot.index}], {_ints(lay.shape)}, {_ints(lay.stride)}, "
+            self.assign(b.name, f"kiln_rt::wrap({src}[{slot.index}], {_ints(lay.shape)}, {_ints(lay.stride)}, "
                                 f"{scalar_type(lay.dtype)})", f"{slot.kind} {slot.index}")
 
     def alloc(self, buffer: str, layout: Layout, reuse: str | None) -> None:
         shape, stride = _ints(layout.shape), _ints(layout.stride)
         if buffer in self.direct:
             k = self.direct[buffer]
-            self.assign(buffer, f"wrap(outputs[{k}], {shape}, {stride}, {scalar_type(layout.dtype)})",
+            self.assign(buffer, f"kiln_rt::wrap(outputs[{k}], {shape}, {stride}, {scalar_type(layout.dtype)})",
                         f"output {k}, computed in place")
         elif reuse and self.layouts[reuse] == layout:
             self.assign(buffer, reuse, f"reuse: {buffer} is {reuse}")
         elif reuse:
-            self.assign(buffer, f"{reuse}.as_strided({shape}, {stride})", "reuse")
+            self.assign(buffer, f"kiln_rt::reshaped_storage({reuse}, {shape}, {stride})", "reuse")
         else:
-            self.assign(buffer, f"at::empty_strided({shape}, {stride}, opts({scalar_type(layout.dtype)}))")
+            self.assign(buffer, f"kiln_rt::empty_strided({shape}, {stride}, {scalar_type(layout.dtype)})")
 
     def kernel(self, k: Kernel) -> None:
         ins, outs = kernel_params(k)
-        args = ", ".join(f"{b}.data_ptr()" for b in (*ins, *outs))
+        args = ", ".join(f"{b}.data()" for b in (*ins, *outs))
         self.lines.append(f"  {self.symbols[k.name]}({args});")
 
     def extern(self, e: ExternKernel) -> None:
         typed = typed_call(e, self.ref)
         if typed is not None and len(e.outputs) == 1 and not e.outputs[0].path:
-            self.includes.add(TYPED[e.target][1])
             o = e.outputs[0]
             lay = o.layout
-            self.assign(o.buffer, f"restride({typed}, {_ints(lay.shape)}, {_ints(lay.stride)}, "
+            self.assign(o.buffer, f"kiln_rt::restride({typed}, {_ints(lay.shape)}, {_ints(lay.stride)}, "
                                   f"{scalar_type(lay.dtype)})", f"{e.kind} {e.target}")
             return
         k = self.op_index(e.target)
         args = boxed_arguments(e, self.ref)
         for o in e.outputs:  # bound inside the call's block, used after it
             if o.buffer not in self.declared:
-                self.lines.append(f"  at::Tensor {o.buffer};")
+                self.lines.append(f"  Tensor {o.buffer};")
                 self.declared.add(o.buffer)
         self.lines.append(f"  {{  // {e.kind} {e.target}")
-        self.lines.append(f"    Stack s{{{', '.join(args)}}};")
-        self.lines.append(f"    OPS[{k}].callBoxed(s);")
+        self.lines.append("    kiln_rt::Stack s;")
+        self.lines.append(f"    s{''.join(args)};")
+        self.lines.append(f"    s.call({k});")
         many = n_returns(e.target) > 1
         for o in e.outputs:
             path = list(o.path)
-            src = f"s[{path.pop(0)}]" if many and path else "s[0]"
-            for i in path:
-                src = f"c10::IValue({src}.toList().get({i}))"
+            first = path.pop(0) if many and path else 0
+            if len(path) > 1:
+                raise CppWrapperUnsupported(f"{e.target}: output path {o.path} is nested too deep")
+            src = f"s.out_item({first}, {path[0]})" if path else f"s.out({first})"
             lay = o.layout
-            self.lines.append(f"    {o.buffer} = restride({src}, {_ints(lay.shape)}, {_ints(lay.stride)}, "
+            self.lines.append(f"    {o.buffer} = kiln_rt::restride({src}, {_ints(lay.shape)}, {_ints(lay.stride)}, "
                               f"{scalar_type(lay.dtype)});")
         self.lines.append("  }")
 
@@ -188,14 +185,14 @@ class CppWrapperWriter:
             if self.direct.get(o.buffer) == k:
                 continue
             shape, stride = output_layout(o)
-            self.lines.append(f"  wrap(outputs[{k}], {_ints(shape)}, {_ints(stride)}, "
-                              f"{scalar_type(o.dtype)}).copy_({self.ref(o)});")
+            self.lines.append(f"  kiln_rt::copy_into(outputs[{k}], {_ints(shape)}, {_ints(stride)}, "
+                              f"{scalar_type(o.dtype)}, {self.ref(o)});")
 
     def body(self) -> None:
         reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
         self.inputs()
         if self.p.seed_buffer:
-            self.assign(self.p.seed_buffer, "at::randint(0, int64_t(1) << 62, {1}, opts(at::ScalarType::Long))")
+            self.assign(self.p.seed_buffer, "kiln_rt::random_seed()")
         for st in self.s.steps:
             for a in st.allocate:
                 self.alloc(a.buffer, a.layout, a.reuse)
@@ -214,14 +211,12 @@ class CppWrapperWriter:
             k = next(k for k in kernels if self.symbols[k.name] == sym)
             n = sum(len(x) for x in kernel_params(k))
             decls.append(f'extern "C" void {sym}({", ".join(["void*"] * n)});')
-        lookups = "\n".join(f"      OPS.push_back(d.findSchemaOrThrow({json.dumps(n)}, {json.dumps(o)}));"
-                            for n, o in self.ops)
-        head = HEAD.format(name=self.p.name, includes="".join(f"#include <{i}>\n" for i in sorted(self.includes)))
+        head = HEAD.format(name=self.p.name)
         fn = ["static void run_graph(void* const* inputs, void* const* constants, void* const* outputs) {",
-              f"  if (OPS.size() != {len(self.ops)}) throw std::runtime_error(\"kiln_model_init was not called\");",
-              "  (void)inputs; (void)constants; (void)outputs;",
-              *self.lines, "}"]
-        abi = ABI.format(abi=ABI_VERSION, name_c=json.dumps(self.p.name), lookups=lookups)
+              "  (void)inputs; (void)constants; (void)outputs;", *self.lines, "}"]
+        abi = ABI.format(abi=ABI_VERSION, name_c=json.dumps(self.p.name), n_ops=len(self.ops),
+                         names=", ".join(json.dumps(n) for n, _ in self.ops) or "nullptr",
+                         overloads=", ".join(json.dumps(o) for _, o in self.ops) or "nullptr")
         return head + "\n".join(decls) + "\n\n" + "\n".join(fn) + "\n" + abi
 
 

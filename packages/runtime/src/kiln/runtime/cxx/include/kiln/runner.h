@@ -23,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -100,6 +101,32 @@ inline std::string read_text(const std::string& path) {
   return o.str();
 }
 
+// This CPU's instruction-set flags (/proc/cpuinfo), as the manifest lists the building CPU's.
+inline std::vector<std::string> cpu_flags() {
+  std::ifstream f("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(f, line)) {
+    std::string key = line.substr(0, line.find(':'));
+    key.erase(key.find_last_not_of(" \t") + 1);
+    if (key == "flags" || key == "Features") {
+      std::istringstream words(line.substr(line.find(':') + 1));
+      std::vector<std::string> out;
+      for (std::string w; words >> w;) out.push_back(w);
+      return out;
+    }
+  }
+  return {};
+}
+
+// The building CPU's flags this one lacks (kiln's kernels are built with -march=native).
+inline std::string missing_cpu_flags(const Json& built) {
+  std::vector<std::string> here = cpu_flags();
+  std::string missing;
+  for (const auto& f : built.array())
+    if (std::find(here.begin(), here.end(), f.str()) == here.end()) missing += (missing.empty() ? "" : ", ") + f.str();
+  return missing;
+}
+
 inline TensorSpec spec_of(const Json& j) {
   return TensorSpec{j.at("name").str(), dtype_of(j.at("dtype").str()), j.at("shape").ints(), j.at("stride").ints()};
 }
@@ -123,6 +150,7 @@ class Runner {
   const std::vector<TensorSpec>& input_specs() const { return inputs_; }
   const std::vector<TensorSpec>& output_specs() const { return outputs_; }
 
+  // Safe to call from several threads at once (each call allocates its own buffers).
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) {
     if (inputs.size() != inputs_.size())
       throw std::runtime_error("kiln::Runner::run: expected " + std::to_string(inputs_.size()) + " inputs (" +
@@ -209,6 +237,12 @@ class Runner {
     const std::string dev = m.at("device").str();
     if (dev != device.str() && !(dev == "cpu" && device.is_cpu()))
       throw std::runtime_error("built for device " + dev + ", asked for " + device.str());
+    if (m.at("built_for").has("cpu_flags")) {
+      std::string missing = detail::missing_cpu_flags(m.at("built_for").at("cpu_flags"));
+      if (!missing.empty())
+        throw std::runtime_error("built on a CPU with instructions this one lacks (" + missing +
+                                 "); rebuild the package on this machine");
+    }
     for (const auto& j : m.at("inputs").array()) inputs_.push_back(detail::spec_of(j));
     for (const auto& j : m.at("outputs").array()) outputs_.push_back(detail::spec_of(j));
     const detail::Json& files = m.at("files");

@@ -1,0 +1,86 @@
+"""The C++ wrapper's text for small graphs (no C++ build here: tests/test_deploy_cpp.py builds and runs
+packages): typed matmul and convolution calls, boxed dispatcher calls with the schema's defaults for
+other ATen ops, kernels by symbol, outputs written into the caller's buffers, and clear refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from tracer import trace
+
+from kiln.inductor.codegen.cpp_wrapper import CppWrapperUnsupported, Slot, cpp_program
+from kiln.inductor.codegen.cpp_wrapper.aten_calls import op_overload, push
+from kiln.inductor.ir import ConstArg, ListArg
+
+
+def program(fn, *args, constants=0):  # type: ignore[no-untyped-def]
+    n = len(args)
+    slots = {k: Slot("input", k) if k < n - constants else Slot("constant", k - (n - constants)) for k in range(n)}
+    return cpp_program(trace(fn, *args), list(args), slots)
+
+
+def test_linear_relu_sum() -> None:
+    w, b, x = torch.randn(16, 8), torch.randn(16), torch.randn(4, 8)
+    p = program(lambda x, w, b: (torch.relu(x @ w.t() + b), x.sum()), x, w, b, constants=2)
+    src = p.wrapper_source
+    assert "Tensor arg0 = kiln_rt::wrap(inputs[0], {4, 8}, {8, 1}, 6 /*float32*/);  // input 0" in src
+    assert "Tensor arg2 = kiln_rt::wrap(constants[1], {16}, {1}, 6 /*float32*/);  // constant 1" in src
+    assert "kiln_rt::mm(arg0, kiln_rt::as_strided(arg1, {8, 16}, {1, 8}, 0))" in src
+    assert "Tensor buf2 = kiln_rt::wrap(outputs[1], {}, {}, 6 /*float32*/);  // output 1, computed in place" in src
+    # output 0 is written over the matmul's result (ATen's memory): copied into the caller's buffer
+    assert "kiln_rt::copy_into(outputs[0], {4, 16}, {16, 1}, 6 /*float32*/, buf3);" in src
+    # no torch header: the wrapper builds in well under a second (kiln/model_support.h)
+    includes = [line for line in src.splitlines() if line.startswith("#include")]
+    assert includes == ["#include <kiln/model_support.h>", "#include <limits>"]
+    assert "kiln_model_run" in src
+    assert p.n_kernels >= 1 and p.kernel_source.count('extern "C" void') >= 1
+    assert [(o[0], o[2]) for o in p.outputs] == [((4, 16), torch.float32), ((), torch.float32)]
+
+
+def test_multi_output_fallback_is_a_boxed_call_with_defaults() -> None:
+    x = torch.randn(6, 8)
+    p = program(lambda x: torch.topk(x, 3, dim=-1), x)
+    src = p.wrapper_source
+    assert 'names[] = {"aten::topk"}' in src and 'overloads[] = {""}' in src
+    # topk(self, k, dim=-1, largest=True, sorted=True): every argument on the stack, defaults included
+    assert "s.tensor(arg0).i(3LL).i(-1LL).b(true).b(true);" in src
+    assert "= kiln_rt::restride(s.out(0)," in src and "= kiln_rt::restride(s.out(1)," in src
+
+
+def test_convolution_is_typed() -> None:
+    x, w = torch.randn(1, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    src = program(lambda x, w: torch.nn.functional.conv2d(x, w, padding=1), x, w, constants=1).wrapper_source
+    assert "kiln_rt::convolution(arg0, arg1, kiln_rt::Tensor(), {1, 1}, {1, 1}, {1, 1}, false, {0, 0}, 1)" in src
+
+
+def test_push_forms() -> None:
+    assert push(ConstArg(None), "Optional[Tensor]", str) == ".none()"
+    assert push(ConstArg(torch.float16), "Optional[ScalarType]", str) == ".scalar_type(5 /*float16*/)"
+    assert push(ConstArg(float("inf")), "float", str) == ".d(std::numeric_limits<double>::infinity())"
+    assert push(ConstArg(2), "float", str) == ".d(2.0)"
+    assert push(ListArg((ConstArg(2), ConstArg(3))), "List[int]", str) == ".ints({2LL, 3LL})"
+    assert push(ConstArg(2), "Scalar", str) == ".i(2LL)"
+    assert push(ConstArg(torch.device("cpu")), "Optional[Device]", str) == '.device("cpu")'
+    assert push(ListArg((ConstArg(None),)), "List[Optional[Tensor]]", str) == ".optional_tensors({kiln_rt::Tensor()})"
+
+
+def test_cuda_inputs_refused() -> None:
+    with pytest.raises(CppWrapperUnsupported, match="CPU only"):
+        cpp_program(trace(lambda x: x + 1, torch.randn(2)), [_FakeCuda()], {0: Slot("input", 0)})
+
+
+class _FakeCuda(torch.Tensor):
+    """Stands in for a CUDA tensor (this host has none): only ``.device`` is read before refusing."""
+
+    @staticmethod
+    def __new__(cls):  # type: ignore[no-untyped-def]
+        return torch.Tensor._make_subclass(cls, torch.empty(2))
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return torch.device("cuda", 0)
+
+
+def test_python_registered_ops_refused() -> None:
+    with pytest.raises(CppWrapperUnsupported, match="not an ATen op.*torch.library"):
+        op_overload("mylib.scale.default")

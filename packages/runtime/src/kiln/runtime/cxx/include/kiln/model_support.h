@@ -1,0 +1,87 @@
+// What a generated C++ wrapper (model.so) calls: libtorch behind a small interface with no torch
+// headers, so that each package's wrapper compiles in well under a second; model_support.cpp (the
+// only translation unit that includes ATen) is compiled once per torch/compiler and linked in.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+
+namespace kiln_rt {
+
+using Ints = std::initializer_list<int64_t>;
+
+// dtype codes: c10::ScalarType's values (stable across torch releases)
+enum Dtype : int { kU8 = 0, kI8 = 1, kI16 = 2, kI32 = 3, kI64 = 4, kF16 = 5, kF32 = 6, kF64 = 7, kC64 = 9, kC128 = 10,
+                   kBool = 11, kBF16 = 15 };
+
+// A reference-counted at::Tensor behind an opaque pointer (undefined when empty).
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(void* impl) : p_(impl) {}
+  Tensor(const Tensor& o);
+  Tensor(Tensor&& o) noexcept : p_(o.p_) { o.p_ = nullptr; }
+  Tensor& operator=(const Tensor& o);
+  Tensor& operator=(Tensor&& o) noexcept;
+  ~Tensor() { reset(); }
+  void reset();
+  void* data() const;
+  void* impl() const { return p_; }
+
+ private:
+  void* p_ = nullptr;
+};
+
+Tensor wrap(void* data, Ints size, Ints stride, int dtype);  // caller memory, not owned
+Tensor empty_strided(Ints size, Ints stride, int dtype);
+Tensor as_strided(const Tensor& t, Ints size, Ints stride, int64_t offset);  // offset added to t's own
+Tensor reshaped_storage(const Tensor& t, Ints size, Ints stride);  // t's memory (and offset) in another layout
+Tensor restride(const Tensor& t, Ints size, Ints stride, int dtype);  // ATen's result in the planned strides
+void copy_into(void* dst, Ints size, Ints stride, int dtype, const Tensor& src);
+Tensor random_seed();  // int64[1] in [0, 2^62)
+
+Tensor mm(const Tensor& a, const Tensor& b);
+Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b);
+Tensor bmm(const Tensor& a, const Tensor& b);
+Tensor baddbmm(const Tensor& c, const Tensor& a, const Tensor& b);
+Tensor convolution(const Tensor& x, const Tensor& w, const Tensor& bias, Ints stride, Ints padding, Ints dilation,
+                   bool transposed, Ints output_padding, int64_t groups);
+
+// The arguments of a boxed ATen call, pushed in schema order; call(op) runs OPS[op] (init_ops).
+class Stack {
+ public:
+  Stack();
+  ~Stack();
+  Stack(const Stack&) = delete;
+  Stack& operator=(const Stack&) = delete;
+  Stack& none();
+  Stack& tensor(const Tensor& t);
+  Stack& i(int64_t v);
+  Stack& d(double v);
+  Stack& b(bool v);
+  Stack& ints(Ints v);
+  Stack& doubles(std::initializer_list<double> v);
+  Stack& bools(std::initializer_list<bool> v);
+  Stack& tensors(std::initializer_list<Tensor> v);
+  Stack& optional_tensors(std::initializer_list<Tensor> v);  // undefined ones are None
+  Stack& scalar_type(int v);
+  Stack& layout(int v);
+  Stack& memory_format(int v);
+  Stack& device(const char* v);
+  Stack& str(const char* v);
+  void call(int op);
+  Tensor out(size_t k) const;  // return k (None: undefined)
+  Tensor out_item(size_t k, size_t j) const;  // item j of return k (a tensor list)
+
+ private:
+  void* p_;
+};
+
+// Look up the graph's ATen ops by (name, overload) into the table Stack::call indexes.
+int init_ops(const char* const* names, const char* const* overloads, int n, char* err, size_t err_len);
+// Run ``graph`` in inference mode; 0, or 1 with the exception's message in ``err``.
+int run(void (*graph)(void* const*, void* const*, void* const*), void* const* inputs, void* const* constants,
+        void* const* outputs, char* err, size_t err_len);
+
+}  // namespace kiln_rt

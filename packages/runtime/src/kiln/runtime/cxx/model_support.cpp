@@ -1,0 +1,166 @@
+// The libtorch side of kiln/model_support.h: compiled once per torch release and compiler (cached),
+// linked into every package's model.so.
+#include "kiln/model_support.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/baddbmm.h>
+#include <ATen/ops/bmm.h>
+#include <ATen/ops/convolution.h>
+#include <ATen/ops/empty_strided.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/randint.h>
+#include <c10/core/InferenceMode.h>
+
+#include <cstdio>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace kiln_rt {
+namespace {
+
+using Stack_ = std::vector<c10::IValue>;
+std::vector<c10::OperatorHandle> OPS;
+
+at::Tensor& T(const Tensor& t) {
+  static at::Tensor undefined;
+  return t.impl() ? *static_cast<at::Tensor*>(t.impl()) : undefined;
+}
+Tensor make(at::Tensor t) { return Tensor(new at::Tensor(std::move(t))); }
+at::TensorOptions opts(int dtype) { return at::TensorOptions().dtype(at::ScalarType(dtype)).device(at::kCPU); }
+at::IntArrayRef ref(Ints v) { return at::IntArrayRef(v.begin(), v.size()); }
+Stack_& S(void* p) { return *static_cast<Stack_*>(p); }
+
+}  // namespace
+
+Tensor::Tensor(const Tensor& o) : p_(o.p_ ? new at::Tensor(T(o)) : nullptr) {}
+Tensor& Tensor::operator=(const Tensor& o) {
+  if (this != &o) { reset(); p_ = o.p_ ? new at::Tensor(T(o)) : nullptr; }
+  return *this;
+}
+Tensor& Tensor::operator=(Tensor&& o) noexcept {
+  if (this != &o) { reset(); p_ = o.p_; o.p_ = nullptr; }
+  return *this;
+}
+void Tensor::reset() {
+  delete static_cast<at::Tensor*>(p_);
+  p_ = nullptr;
+}
+void* Tensor::data() const { return T(*this).data_ptr(); }
+
+Tensor wrap(void* data, Ints size, Ints stride, int dtype) {
+  return make(at::from_blob(data, ref(size), ref(stride), opts(dtype)));
+}
+Tensor empty_strided(Ints size, Ints stride, int dtype) { return make(at::empty_strided(ref(size), ref(stride), opts(dtype))); }
+Tensor as_strided(const Tensor& t, Ints size, Ints stride, int64_t offset) {
+  const at::Tensor& x = T(t);
+  return make(x.as_strided(ref(size), ref(stride), x.storage_offset() + offset));
+}
+Tensor reshaped_storage(const Tensor& t, Ints size, Ints stride) { return make(T(t).as_strided(ref(size), ref(stride))); }
+
+Tensor restride(const Tensor& t, Ints size, Ints stride, int dtype) {
+  const at::Tensor& x = T(t);
+  if (!x.defined()) return empty_strided(size, stride, dtype);
+  if (x.numel() <= 1) return t;
+  bool same = true;
+  for (size_t d = 0; d < size.size(); ++d) same = same && (ref(size)[d] == 1 || x.stride(d) == ref(stride)[d]);
+  if (same) return t;
+  at::Tensor out = at::empty_strided(ref(size), ref(stride), x.options());
+  out.copy_(x);
+  return make(out);
+}
+
+void copy_into(void* dst, Ints size, Ints stride, int dtype, const Tensor& src) {
+  at::from_blob(dst, ref(size), ref(stride), opts(dtype)).copy_(T(src));
+}
+Tensor random_seed() { return make(at::randint(0, int64_t(1) << 62, {1}, opts(kI64))); }
+
+Tensor mm(const Tensor& a, const Tensor& b) { return make(at::mm(T(a), T(b))); }
+Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b) { return make(at::addmm(T(c), T(a), T(b))); }
+Tensor bmm(const Tensor& a, const Tensor& b) { return make(at::bmm(T(a), T(b))); }
+Tensor baddbmm(const Tensor& c, const Tensor& a, const Tensor& b) { return make(at::baddbmm(T(c), T(a), T(b))); }
+Tensor convolution(const Tensor& x, const Tensor& w, const Tensor& bias, Ints stride, Ints padding, Ints dilation,
+                   bool transposed, Ints output_padding, int64_t groups) {
+  std::optional<at::Tensor> b = bias.impl() ? std::optional<at::Tensor>(T(bias)) : std::nullopt;
+  return make(at::convolution(T(x), T(w), b, ref(stride), ref(padding), ref(dilation), transposed, ref(output_padding),
+                              groups));
+}
+
+Stack::Stack() : p_(new Stack_()) {}
+Stack::~Stack() { delete &S(p_); }
+Stack& Stack::none() { S(p_).emplace_back(); return *this; }
+Stack& Stack::tensor(const Tensor& t) { S(p_).emplace_back(T(t)); return *this; }
+Stack& Stack::i(int64_t v) { S(p_).emplace_back(v); return *this; }
+Stack& Stack::d(double v) { S(p_).emplace_back(v); return *this; }
+Stack& Stack::b(bool v) { S(p_).emplace_back(v); return *this; }
+Stack& Stack::ints(Ints v) { S(p_).emplace_back(c10::List<int64_t>(std::vector<int64_t>(v))); return *this; }
+Stack& Stack::doubles(std::initializer_list<double> v) {
+  S(p_).emplace_back(c10::List<double>(std::vector<double>(v)));
+  return *this;
+}
+Stack& Stack::bools(std::initializer_list<bool> v) {
+  c10::List<bool> l;
+  for (bool x : v) l.push_back(x);
+  S(p_).emplace_back(l);
+  return *this;
+}
+Stack& Stack::tensors(std::initializer_list<Tensor> v) {
+  c10::List<at::Tensor> l;
+  for (const auto& t : v) l.push_back(T(t));
+  S(p_).emplace_back(l);
+  return *this;
+}
+Stack& Stack::optional_tensors(std::initializer_list<Tensor> v) {
+  c10::List<std::optional<at::Tensor>> l;
+  for (const auto& t : v) l.push_back(t.impl() ? std::optional<at::Tensor>(T(t)) : std::nullopt);
+  S(p_).emplace_back(l);
+  return *this;
+}
+Stack& Stack::scalar_type(int v) { S(p_).emplace_back(at::ScalarType(v)); return *this; }
+Stack& Stack::layout(int v) { S(p_).emplace_back(c10::Layout(v)); return *this; }
+Stack& Stack::memory_format(int v) { S(p_).emplace_back(c10::MemoryFormat(v)); return *this; }
+Stack& Stack::device(const char* v) { S(p_).emplace_back(c10::Device(std::string(v))); return *this; }
+Stack& Stack::str(const char* v) { S(p_).emplace_back(std::string(v)); return *this; }
+void Stack::call(int op) { OPS.at(size_t(op)).callBoxed(S(p_)); }
+Tensor Stack::out(size_t k) const {
+  const c10::IValue& v = S(p_).at(k);
+  return v.isNone() ? Tensor() : make(v.toTensor());
+}
+Tensor Stack::out_item(size_t k, size_t j) const {
+  c10::IValue v = S(p_).at(k).toList().get(j);
+  return v.isNone() ? Tensor() : make(v.toTensor());
+}
+
+int init_ops(const char* const* names, const char* const* overloads, int n, char* err, size_t err_len) {
+  try {
+    static std::mutex lock;  // two runners of one model.so may start at once
+    std::lock_guard<std::mutex> guard(lock);
+    if (OPS.empty()) {
+      std::vector<c10::OperatorHandle> ops;
+      for (int k = 0; k < n; ++k) ops.push_back(c10::Dispatcher::singleton().findSchemaOrThrow(names[k], overloads[k]));
+      OPS = std::move(ops);
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(err, err_len, "kiln model: %s", e.what());
+    return 1;
+  }
+}
+
+int run(void (*graph)(void* const*, void* const*, void* const*), void* const* inputs, void* const* constants,
+        void* const* outputs, char* err, size_t err_len) {
+  try {
+    c10::InferenceMode guard;
+    graph(inputs, constants, outputs);
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(err, err_len, "kiln model: %s", e.what());
+    return 1;
+  }
+}
+
+}  // namespace kiln_rt

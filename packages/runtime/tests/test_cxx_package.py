@@ -1,0 +1,79 @@
+"""kiln.runtime.cxx without a C++ build: the printed flags, the weights file (read back by the safetensors
+library), and the manifest checks shared with kiln/runner.h (format, schema, torch, sizes, hashes)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import kiln.runtime.cxx as cxx
+
+
+def test_flags_point_at_torch_and_the_runner_header() -> None:
+    out = subprocess.run([sys.executable, "-m", "kiln.runtime.cxx", "--cflags", "--ldflags"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    includes = [Path(f[2:]) for f in out if f.startswith("-I")]
+    assert any((d / "kiln" / "runner.h").exists() for d in includes)
+    assert any((d / "ATen" / "core" / "Tensor.h").exists() for d in includes)
+    libdirs = [Path(f[2:]) for f in out if f.startswith("-L")]
+    assert any((d / "libtorch_cpu.so").exists() for d in libdirs)
+    assert "-ltorch_cpu" in out and "-lc10" in out and "-std=c++20" in out
+    assert not any("python" in f for f in out if f.startswith("-l"))
+
+
+def test_weights_are_plain_safetensors(tmp_path: Path) -> None:
+    tensors = {"a.weight": torch.randn(3, 4), "ids": torch.arange(5), "mask": torch.tensor([True, False]),
+               "half": torch.randn(7).half(), "t": torch.randn(4, 3).t()}
+    cxx.write_safetensors(tmp_path / "w.safetensors", tensors, {"format": "pt"})
+    back = load_file(str(tmp_path / "w.safetensors"))
+    assert set(back) == set(tensors)
+    for k, t in tensors.items():
+        assert torch.equal(back[k], t)
+    header_len = int.from_bytes((tmp_path / "w.safetensors").read_bytes()[:8], "little")
+    assert (8 + header_len) % 64 == 0  # data starts aligned
+
+
+def _package(tmp_path: Path) -> Path:
+    (tmp_path / cxx.LIBRARY).write_bytes(b"\x7fELF not really a library")
+    cxx.write_safetensors(tmp_path / cxx.WEIGHTS, {"w": torch.ones(2)}, {})
+    cxx.write_manifest(tmp_path, {"device": "cpu", "built_for": cxx.built_for("cpu", ["-O3"]), "inputs": [],
+                                  "outputs": [], "constants": []})
+    return tmp_path
+
+
+def _edit(folder: Path, **changes: object) -> None:
+    m = json.loads((folder / cxx.MANIFEST).read_text())
+    m.update(changes)
+    (folder / cxx.MANIFEST).write_text(json.dumps(m))
+
+
+def test_manifest_checks(tmp_path: Path) -> None:
+    pkg = _package(tmp_path)
+    m = cxx.read_manifest(pkg)
+    assert m["schema_version"] == cxx.SCHEMA_VERSION and m["built_for"]["torch"] == torch.__version__
+    assert set(m["files"]) == {cxx.LIBRARY, cxx.WEIGHTS}
+    (pkg / cxx.WEIGHTS).write_bytes((pkg / cxx.WEIGHTS).read_bytes()[:-1])
+    with pytest.raises(cxx.PackageError, match=r"weights.safetensors has 135 bytes, the manifest says 136 \(truncated"):
+        cxx.read_manifest(pkg)
+    pkg = _package(tmp_path)
+    data = bytearray((pkg / cxx.LIBRARY).read_bytes())
+    data[0] ^= 1
+    (pkg / cxx.LIBRARY).write_bytes(bytes(data))
+    with pytest.raises(cxx.PackageError, match="model.so does not match its sha256"):
+        cxx.read_manifest(pkg)
+    pkg = _package(tmp_path)
+    _edit(pkg, schema_version=2)
+    with pytest.raises(cxx.PackageError, match="schema version 2"):
+        cxx.read_manifest(pkg)
+    _edit(pkg, format="something-else", schema_version=1)
+    with pytest.raises(cxx.PackageError, match="not a kiln package manifest"):
+        cxx.read_manifest(pkg)
+    (pkg / cxx.MANIFEST).unlink()
+    with pytest.raises(cxx.PackageError, match="no manifest.json"):
+        cxx.read_manifest(pkg)
