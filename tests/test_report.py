@@ -143,3 +143,27 @@ def test_chromium_renders_the_page(page: Path, tmp_path: Path) -> None:
     shot = tmp_path / "report.png"
     proc = _chromium("--window-size=1200,1600", f"--screenshot={shot}", page.as_uri())
     assert shot.exists() and shot.stat().st_size > 20_000, proc.stderr[-2000:]
+
+
+def test_a_failing_script_still_gets_its_page(tmp_path: Path) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text("import torch, kiln\n"
+                      "kiln.compile(lambda x: x.tan(), backend='eager')(torch.randn(3))\n"
+                      "raise RuntimeError('the script failed after compiling')\n")
+    result = CliRunner().invoke(app, ["report", str(script), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    html = next((tmp_path / "out").glob("*.html")).read_text()
+    assert "the run raised" in html and "the script failed after compiling" in html
+    assert html.count('<details class="graph graph-') == 1
+
+
+@pytest.mark.gpu
+def test_a_cuda_run_shows_triton_kernels(tmp_path: Path) -> None:
+    def f(x):
+        return (x.sin() * 2.5).softmax(-1)
+    kiln.reset()
+    with CompileReport("gpu") as report:
+        x = torch.randn(64, 128, device="cuda")
+        torch.testing.assert_close(kiln.compile(f)(x), f(x))
+    html = report.write(tmp_path).read_text()
+    assert "@triton.jit" in html and "kernels and extern calls" in html and "loop IR (before fusion)" in html

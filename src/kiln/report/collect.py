@@ -117,6 +117,7 @@ class RunRecord:
     cache: list[CacheLookup] = field(default_factory=list)
     times: list[StageTime] = field(default_factory=list)
     backend_seconds: float = 0.0
+    error: str = ""  # how the run ended, when it raised
 
 
 class Collector:

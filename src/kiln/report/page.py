@@ -49,8 +49,10 @@ def _summary_table(run: RunRecord, title: str) -> str:
              ("cache hits / misses", f"{hits} / {len(run.cache) - hits}"), ("compile s", f"{compile_s:.2f}")]
     rows = "".join(f'<tr><th>{k}</th><td class="num" data-key="{escape(k)}">{v}</td></tr>' for k, v in cells)
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started))
+    error = (f'<details class="error" open><summary>the run raised</summary>{_pre(run.error)}</details>'
+             if run.error else "")
     return (f"<h1>kiln compile report</h1><p class=\"meta\">{escape(title)} · {when} · Python "
-            f"{platform.python_version()} · torch {torch.__version__}</p><table class=\"summary\">{rows}</table>")
+            f"{platform.python_version()} · torch {torch.__version__}</p>{error}<table class=\"summary\">{rows}</table>")
 
 
 def _events_section(run: RunRecord) -> str:

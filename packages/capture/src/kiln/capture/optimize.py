@@ -135,6 +135,8 @@ class Optimized:
         if self.code is not None and self.code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE |
                                                            inspect.CO_ASYNC_GENERATOR):
             cache = ctx.cache_for(self.code)
+            if cache.eager_reason is None and ctx.observed:
+                emit(FrameRunEagerly(frame_name(self.code), "generators and coroutines run eagerly"))
             cache.eager_reason = "generators and coroutines run eagerly"
         self.cache = ctx.cache_for(self.code) if self.code is not None else None
 
