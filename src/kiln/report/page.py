@@ -66,15 +66,17 @@ def _events_section(run: RunRecord) -> str:
     eager += "".join(f'<li class="eager"><span class="reason">{escape(e.reason)}</span></li>'
                      for e in run.eager_graphs)
     cache = "".join(f'<li>{"hit" if c.hit else "miss"} {escape(c.key)} ({escape(c.backend)})</li>' for c in run.cache)
-    out = [f'<section id="breaks"><h2>Graph breaks ({len(run.breaks)})</h2>'
-           f'<ol class="events">{breaks or "<li class=none>none</li>"}</ol></section>',
-           f'<section id="recompiles"><h2>Recompiles ({len(run.recompiles)})</h2>'
-           f'<ol class="events">{recompiles or "<li class=none>none</li>"}</ol></section>',
-           f'<section id="fallbacks"><h2>Run eagerly ({len(run.eager_frames) + len(run.eager_graphs)})</h2>'
-           f'<ol class="events">{eager or "<li class=none>none</li>"}</ol></section>']
+    out = [_event_list("breaks", f"Graph breaks ({len(run.breaks)})", breaks),
+           _event_list("recompiles", f"Recompiles ({len(run.recompiles)})", recompiles),
+           _event_list("fallbacks", f"Run eagerly ({len(run.eager_frames) + len(run.eager_graphs)})", eager)]
     if run.cache:
         out.append(_details(f"Graph cache lookups ({len(run.cache)})", f"<ul>{cache}</ul>", "cache"))
     return "".join(out)
+
+
+def _event_list(section: str, title: str, items: str) -> str:
+    body = f'<ol class="events">{items}</ol>' if items else '<p class="none dim">none</p>'
+    return f'<section id="{section}"><h2>{title}</h2>{body}</section>'
 
 
 def _program_block(p: Program, role: str) -> str:
