@@ -106,6 +106,29 @@ def test_golden_lowering(name: str, request) -> None:
                  describe="lowering.lower_graph: core ATen graph -> loop program", input=print_graph(gm))
 
 
+DECOMPOSED = ("softmax", "layer_norm", "linear_gelu", "cat_pad", "max_pool", "index_add")
+
+
+@pytest.mark.parametrize("name", DECOMPOSED)
+def test_golden_decomposition(name: str, request) -> None:
+    """decomp_bridge.decompose: the ATen graph to core ATen with kiln.decomp's "inductor" table."""
+    fn, inputs = PROGRAMS[name]
+    torch.manual_seed(0)
+    gm = trace(fn, *inputs)
+    decomp_bridge.ensure_meta(gm, list(inputs))
+    before = gm(*inputs)
+    out: list[Any] = []
+
+    def run(_: str) -> str:
+        out.append(decomp_bridge.decompose(gm, list(inputs)))
+        return print_graph(out[0])
+    check_golden(HERE.parent / "decompose" / f"{name}.txt", run, update=request.config.getoption("--update-golden"),
+                 describe='decomp_bridge.decompose: ATen -> core ATen (kiln.decomp\'s "inductor" table)',
+                 input=print_graph(gm))
+    torch.testing.assert_close(out[0](*inputs), before)  # the decomposed graph computes what the traced one did
+
+
 def test_every_golden_file_is_a_listed_case() -> None:
     assert {p.stem for p in HERE.glob("*.txt")} <= set(CASES)
     assert {p.stem for p in (HERE.parent / "lowering").glob("*.txt")} <= set(LOWERED)
+    assert {p.stem for p in (HERE.parent / "decompose").glob("*.txt")} <= set(DECOMPOSED)
