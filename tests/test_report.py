@@ -167,3 +167,19 @@ def test_a_cuda_run_shows_triton_kernels(tmp_path: Path) -> None:
         torch.testing.assert_close(kiln.compile(f)(x), f(x))
     html = report.write(tmp_path).read_text()
     assert "@triton.jit" in html and "kernels and extern calls" in html and "loop IR (before fusion)" in html
+
+
+def test_a_graph_cache_hit_is_shown_as_such() -> None:
+    def g(x):
+        return torch.cosh(x) * 0.375 + 4  # constants of this test: the first compile misses the cache
+    kiln.reset()
+    kiln.compile(g, backend="aot_eager")(torch.randn(7))
+    kiln.reset()  # the next call captures again and loads the stored program
+    with CompileReport("cache") as report:
+        x = torch.randn(7)
+        torch.testing.assert_close(kiln.compile(g, backend="aot_eager")(x), torch.cosh(x) * 0.375 + 4)
+    kiln.reset()
+    run = report.collector.run
+    assert [c.hit for c in run.cache] == [True] and len(run.graphs) == 1
+    html = report.html()
+    assert "cache hit" in html and "the compiler stages did not run in this process" in html
