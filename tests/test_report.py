@@ -183,3 +183,17 @@ def test_a_graph_cache_hit_is_shown_as_such() -> None:
     assert [c.hit for c in run.cache] == [True] and len(run.graphs) == 1
     html = report.html()
     assert "cache hit" in html and "the compiler stages did not run in this process" in html
+
+
+@pytest.mark.slow  # two fresh processes
+def test_no_graph_cache_compiles_every_graph(tmp_path: Path) -> None:
+    script = tmp_path / "twice.py"
+    script.write_text("import torch, kiln\n"
+                      "kiln.compile(lambda x: x.sinh() * 0.625, backend='aot_eager')(torch.randn(4))\n")
+    env = {"KILN_CACHE_DIR": str(tmp_path / "cache")}
+    for run in range(2):  # the second run would load the graph the first stored
+        result = CliRunner().invoke(app, ["report", "--no-graph-cache", "--out", str(tmp_path / f"out{run}"),
+                                          str(script)], env=env)
+        assert result.exit_code == 0, result.output
+        html = next((tmp_path / f"out{run}").glob("*.html")).read_text()
+        assert 'data-key="cache hits / misses">0 / 0<' in html and "ATen graph (inference)" in html

@@ -27,7 +27,13 @@ STAGE_TITLES = {
 }
 
 
+MAX_TEXT = 400_000  # characters of one program shown; a page stays quick to open with a large model's code
+
+
 def _pre(text: str, cls: str = "") -> str:
+    if len(text) > MAX_TEXT:
+        rest = text[MAX_TEXT:].count("\n")
+        text = text[:MAX_TEXT] + f"\n... {rest} more lines not shown (KILN_DEBUG_DIR=dir writes every stage in full)"
     return f'<pre class="{cls}">{escape(text)}</pre>' if cls else f"<pre>{escape(text)}</pre>"
 
 
