@@ -17,6 +17,7 @@ from torch import nn
 
 from kiln.graph import (
     FrameRunEagerly,
+    GraphBreakEvent,
     GraphCaptured,
     GuardSet,
     Recompile,
@@ -25,9 +26,6 @@ from kiln.graph import (
     enabled,
     gc_paused,
     log,
-)
-from kiln.graph import (
-    GraphBreak as BreakEvent,
 )
 
 from .cache import CacheEntry, CodeCache
@@ -289,7 +287,7 @@ class Optimized:
         log("graph_breaks").info("graph break in %s: %s\n  at %s", code.co_name, bp.reason,
                                  "\n  from ".join(bp.user_stack))
         if ctx.observed:
-            emit(BreakEvent(frame_name(code), bp.reason, tuple(bp.user_stack)))
+            emit(GraphBreakEvent(frame_name(code), bp.reason, tuple(bp.user_stack)))
         names = tuple(bp.local_names)
 
         def run(L: dict, G: dict) -> Any:

@@ -14,7 +14,7 @@ from .events import (
     Event,
     EventLog,
     FrameRunEagerly,
-    GraphBreak,
+    GraphBreakEvent,
     GraphCaptured,
     GraphCompiled,
     GraphRunEagerly,
@@ -57,7 +57,7 @@ from .trees import map_leaves
 from .verify import is_pure_op, verify
 
 __all__ = [
-    "EVENTS", "CacheLookup", "Event", "EventLog", "FrameRunEagerly", "GraphBreak", "GraphCaptured",
+    "EVENTS", "CacheLookup", "Event", "EventLog", "FrameRunEagerly", "GraphBreakEvent", "GraphCaptured",
     "GraphCompiled", "GraphRunEagerly", "Recompile", "StageText", "StageTime", "emit", "keeping_texts",
     "GoldenFile", "check_golden", "read_golden",
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
