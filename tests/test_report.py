@@ -197,3 +197,11 @@ def test_no_graph_cache_compiles_every_graph(tmp_path: Path) -> None:
         assert result.exit_code == 0, result.output
         html = next((tmp_path / f"out{run}").glob("*.html")).read_text()
         assert 'data-key="cache hits / misses">0 / 0<' in html and "ATen graph (inference)" in html
+
+
+def test_a_finished_report_stops_listening() -> None:
+    from kiln.graph import EVENTS
+    before = len(EVENTS.listeners)
+    with CompileReport("short"):
+        assert len(EVENTS.listeners) == before + 1
+    assert len(EVENTS.listeners) == before and not EVENTS.keeps_texts()

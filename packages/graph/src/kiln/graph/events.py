@@ -130,7 +130,8 @@ class EventLog:
         self.listeners.append((listener, texts))
 
     def unsubscribe(self, listener: Listener) -> None:
-        self.listeners[:] = [(fn, t) for fn, t in self.listeners if fn is not listener]
+        # ``==``: a bound method (``obj.on_event``) is a new object at every access, equal to the last
+        self.listeners[:] = [(fn, t) for fn, t in self.listeners if fn != listener]
 
     def keeps_texts(self) -> bool:
         return any(t for _, t in self.listeners)
