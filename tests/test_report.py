@@ -148,3 +148,65 @@ def test_chromium_renders_the_page(page: Path, tmp_path: Path) -> None:
     shot = tmp_path / "report.png"
     proc = _chromium("--window-size=1200,1600", f"--screenshot={shot}", page.as_uri())
     assert shot.exists() and shot.stat().st_size > 20_000, proc.stderr[-2000:]
+
+
+def test_a_failing_script_still_gets_its_page(tmp_path: Path) -> None:
+    script = tmp_path / "fails.py"
+    script.write_text("import torch, kiln\n"
+                      "kiln.compile(lambda x: x.tan(), backend='eager')(torch.randn(3))\n"
+                      "raise RuntimeError('the script failed after compiling')\n")
+    result = CliRunner().invoke(app, ["report", str(script), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    html = next((tmp_path / "out").glob("*.html")).read_text()
+    assert "the run raised" in html and "the script failed after compiling" in html
+    assert html.count('<details class="graph graph-') == 1
+
+
+@pytest.mark.gpu
+def test_a_cuda_run_shows_triton_kernels(tmp_path: Path) -> None:
+    def f(x):
+        return (x.sin() * 2.5).softmax(-1)
+    kiln.reset()
+    with CompileReport("gpu") as report:
+        x = torch.randn(64, 128, device="cuda")
+        torch.testing.assert_close(kiln.compile(f)(x), f(x))
+    html = report.write(tmp_path).read_text()
+    assert "@triton.jit" in html and "kernels and extern calls" in html and "loop IR (before fusion)" in html
+
+
+def test_a_graph_cache_hit_is_shown_as_such() -> None:
+    def g(x):
+        return torch.cosh(x) * 0.375 + 4  # constants of this test: the first compile misses the cache
+    kiln.reset()
+    kiln.compile(g, backend="aot_eager")(torch.randn(7))
+    kiln.reset()  # the next call captures again and loads the stored program
+    with CompileReport("cache") as report:
+        x = torch.randn(7)
+        torch.testing.assert_close(kiln.compile(g, backend="aot_eager")(x), torch.cosh(x) * 0.375 + 4)
+    kiln.reset()
+    run = report.collector.run
+    assert [c.hit for c in run.cache] == [True] and len(run.graphs) == 1
+    html = report.html()
+    assert "cache hit" in html and "the compiler stages did not run in this process" in html
+
+
+@pytest.mark.slow  # two fresh processes
+def test_no_graph_cache_compiles_every_graph(tmp_path: Path) -> None:
+    script = tmp_path / "twice.py"
+    script.write_text("import torch, kiln\n"
+                      "kiln.compile(lambda x: x.sinh() * 0.625, backend='aot_eager')(torch.randn(4))\n")
+    env = {"KILN_CACHE_DIR": str(tmp_path / "cache")}
+    for run in range(2):  # the second run would load the graph the first stored
+        result = CliRunner().invoke(app, ["report", "--no-graph-cache", "--out", str(tmp_path / f"out{run}"),
+                                          str(script)], env=env)
+        assert result.exit_code == 0, result.output
+        html = next((tmp_path / f"out{run}").glob("*.html")).read_text()
+        assert 'data-key="cache hits / misses">0 / 0<' in html and "ATen graph (inference)" in html
+
+
+def test_a_finished_report_stops_listening() -> None:
+    from kiln.graph import EVENTS
+    before = len(EVENTS.listeners)
+    with CompileReport("short"):
+        assert len(EVENTS.listeners) == before + 1
+    assert len(EVENTS.listeners) == before and not EVENTS.keeps_texts()

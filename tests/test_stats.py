@@ -87,6 +87,19 @@ def test_a_frame_that_cannot_be_captured_is_counted_as_run_eagerly() -> None:
     assert s.frames_run_eagerly >= 1 and s.graphs_compiled == 0
 
 
+def test_a_generator_runs_eagerly_and_is_counted_once() -> None:
+    def gen(x):
+        yield x + 1
+        yield x * 2
+    g = kiln.compile(gen, backend="eager")
+    for _ in range(3):
+        x = torch.randn(3)
+        out = list(g(x))
+        torch.testing.assert_close(out[1], x * 2)
+    s = kiln.stats()
+    assert (s.frames_run_eagerly, s.graphs_captured) == (1, 0)
+
+
 def test_explain_is_a_dry_run_and_not_counted(capsys) -> None:
     kiln.explain(_breaks)(torch.randn(3))
     assert kiln.stats() == kiln.CompileStats()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -65,9 +67,17 @@ def explain(target: str = typer.Argument(..., help="FILE.py:FUNC"),
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def report(ctx: typer.Context,
            script: Path = typer.Argument(..., help="the Python script to run"),
-           out: Path = typer.Option(Path("kiln-report"), "--out", "-o", help="folder for the page")) -> None:
+           out: Path = typer.Option(Path("kiln-report"), "--out", "-o", help="folder for the page"),
+           no_graph_cache: bool = typer.Option(
+               False, "--no-graph-cache", help="compile every graph instead of loading it from the graph cache, "
+                                               "so the page shows every stage's program (runs in a new process)"),
+           in_child: bool = typer.Option(False, "--in-child", hidden=True)) -> None:
     """Run SCRIPT [ARGS...] and write its compile report: one self-contained HTML page with every graph,
     break, recompile, guard, each stage's program, the kernels and compile time by stage."""
+    if no_graph_cache and not in_child:  # settings are read at import: a new process reads KILN_GRAPH_CACHE=0
+        cmd = [sys.executable, "-m", "kiln.cli", "report", "--out", str(out), "--no-graph-cache", "--in-child",
+               str(script), *ctx.args]
+        raise typer.Exit(subprocess.run(cmd, env={**os.environ, "KILN_GRAPH_CACHE": "0"}).returncode)
     path, error = run_script(script, list(ctx.args), out)
     console.print(f"compile report: {path}", markup=False, highlight=False)
     if error is not None:

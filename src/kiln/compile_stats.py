@@ -47,7 +47,7 @@ class CompileStats:
 
 # CompileStats field -> the event kind counted
 _COUNTED = {
-    "graphs_captured": "GraphCaptured", "graphs_compiled": "GraphCompiled", "graph_breaks": "GraphBreak",
+    "graphs_captured": "GraphCaptured", "graphs_compiled": "GraphCompiled", "graph_breaks": "GraphBreakEvent",
     "recompiles": "Recompile", "cache_hits": "CacheHit", "cache_misses": "CacheMiss",
     "frames_run_eagerly": "FrameRunEagerly", "graphs_run_eagerly": "GraphRunEagerly",
 }

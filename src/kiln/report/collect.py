@@ -18,7 +18,7 @@ from kiln.graph import (
     CacheLookup,
     Event,
     FrameRunEagerly,
-    GraphBreak,
+    GraphBreakEvent,
     GraphCaptured,
     GraphCompiled,
     GraphRunEagerly,
@@ -60,7 +60,7 @@ class GraphRecord:
     programs: list[Program] = field(default_factory=list)
     times: list[StageTime] = field(default_factory=list)
     cache: list[CacheLookup] = field(default_factory=list)
-    breaks: list[GraphBreak] = field(default_factory=list)
+    breaks: list[GraphBreakEvent] = field(default_factory=list)
     eager: list[GraphRunEagerly] = field(default_factory=list)
 
     def program(self, graph_id: str) -> Program:
@@ -110,13 +110,14 @@ class RunRecord:
 
     started: float = field(default_factory=time.time)
     graphs: list[GraphRecord] = field(default_factory=list)
-    breaks: list[GraphBreak] = field(default_factory=list)
+    breaks: list[GraphBreakEvent] = field(default_factory=list)
     recompiles: list[Recompile] = field(default_factory=list)
     eager_frames: list[FrameRunEagerly] = field(default_factory=list)
     eager_graphs: list[GraphRunEagerly] = field(default_factory=list)
     cache: list[CacheLookup] = field(default_factory=list)
     times: list[StageTime] = field(default_factory=list)
     backend_seconds: float = 0.0
+    error: str = ""  # how the run ended, when it raised
 
 
 class Collector:
@@ -143,7 +144,7 @@ class Collector:
                 self._capture_s[e.graph] = e.seconds
             elif self._current is not None:
                 self._current.times.append(e)
-        elif isinstance(e, GraphBreak):
+        elif isinstance(e, GraphBreakEvent):
             run.breaks.append(e)
             owner = next((g for g in reversed(run.graphs) if g.frame == e.frame), None)
             if owner is not None:

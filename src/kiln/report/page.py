@@ -27,7 +27,13 @@ STAGE_TITLES = {
 }
 
 
+MAX_TEXT = 400_000  # characters of one program shown; a page stays quick to open with a large model's code
+
+
 def _pre(text: str, cls: str = "") -> str:
+    if len(text) > MAX_TEXT:
+        rest = text[MAX_TEXT:].count("\n")
+        text = text[:MAX_TEXT] + f"\n... {rest} more lines not shown (KILN_DEBUG_DIR=dir writes every stage in full)"
     return f'<pre class="{cls}">{escape(text)}</pre>' if cls else f"<pre>{escape(text)}</pre>"
 
 
@@ -49,8 +55,10 @@ def _summary_table(run: RunRecord, title: str) -> str:
              ("cache hits / misses", f"{hits} / {len(run.cache) - hits}"), ("compile s", f"{compile_s:.2f}")]
     rows = "".join(f'<tr><th>{k}</th><td class="num" data-key="{escape(k)}">{v}</td></tr>' for k, v in cells)
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started))
+    error = (f'<details class="error" open><summary>the run raised</summary>{_pre(run.error)}</details>'
+             if run.error else "")
     return (f"<h1>kiln compile report</h1><p class=\"meta\">{escape(title)} · {when} · Python "
-            f"{platform.python_version()} · torch {torch.__version__}</p><table class=\"summary\">{rows}</table>")
+            f"{platform.python_version()} · torch {torch.__version__}</p>{error}<table class=\"summary\">{rows}</table>")
 
 
 def _events_section(run: RunRecord) -> str:
@@ -64,15 +72,17 @@ def _events_section(run: RunRecord) -> str:
     eager += "".join(f'<li class="eager"><span class="reason">{escape(e.reason)}</span></li>'
                      for e in run.eager_graphs)
     cache = "".join(f'<li>{"hit" if c.hit else "miss"} {escape(c.key)} ({escape(c.backend)})</li>' for c in run.cache)
-    out = [f'<section id="breaks"><h2>Graph breaks ({len(run.breaks)})</h2>'
-           f'<ol class="events">{breaks or "<li class=none>none</li>"}</ol></section>',
-           f'<section id="recompiles"><h2>Recompiles ({len(run.recompiles)})</h2>'
-           f'<ol class="events">{recompiles or "<li class=none>none</li>"}</ol></section>',
-           f'<section id="fallbacks"><h2>Run eagerly ({len(run.eager_frames) + len(run.eager_graphs)})</h2>'
-           f'<ol class="events">{eager or "<li class=none>none</li>"}</ol></section>']
+    out = [_event_list("breaks", f"Graph breaks ({len(run.breaks)})", breaks),
+           _event_list("recompiles", f"Recompiles ({len(run.recompiles)})", recompiles),
+           _event_list("fallbacks", f"Run eagerly ({len(run.eager_frames) + len(run.eager_graphs)})", eager)]
     if run.cache:
         out.append(_details(f"Graph cache lookups ({len(run.cache)})", f"<ul>{cache}</ul>", "cache"))
     return "".join(out)
+
+
+def _event_list(section: str, title: str, items: str) -> str:
+    body = f'<ol class="events">{items}</ol>' if items else '<p class="none dim">none</p>'
+    return f'<section id="{section}"><h2>{title}</h2>{body}</section>'
 
 
 def _program_block(p: Program, role: str) -> str:

@@ -8,6 +8,7 @@ import os
 import runpy
 import sys
 import time
+import traceback
 from pathlib import Path
 from types import TracebackType
 
@@ -90,6 +91,7 @@ def run_script(script: Path, args: list[str], folder: Path) -> tuple[Path, BaseE
                 error = e
         except Exception as e:  # noqa: BLE001 - the report of a failing run is still written
             error = e
+            report.collector.run.error = "".join(traceback.format_exception(e))
         finally:
             sys.argv = argv
             sys.path.remove(str(script.resolve().parent))

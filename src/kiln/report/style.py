@@ -25,6 +25,7 @@ details.stage, details.guards, details.cache { margin-left: 8px; }
 ol.events li { margin: 4px 0; } .reason { font-weight: 600; } .where { color: #656d76; margin-left: 8px; }
 p.break, p.recompile, p.eager { margin: 4px 0; padding: 4px 8px; border-radius: 4px; background: #fff8c5; }
 p.eager { background: #ffebe9; }
+details.error { background: #ffebe9; border-radius: 6px; padding: 4px 10px; }
 table.source td.where { white-space: nowrap; font-size: 12px; }
 svg.chart text { font-size: 12px; fill: #1f2328; }
 """

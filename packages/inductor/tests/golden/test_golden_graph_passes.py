@@ -12,12 +12,14 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from golden_programs import CASES as PROGRAMS
 from tracer import trace
 
 from kiln.graph import check_golden, print_graph
-from kiln.inductor import decomp_bridge
+from kiln.inductor import InductorOptions, decomp_bridge
 from kiln.inductor.gemv import rewrite_gemv
 from kiln.inductor.layout import output_strides, to_channels_last
+from kiln.inductor.lowering.lower import lower_graph
 from kiln.inductor.padmm import pad_misaligned_matmuls
 from kiln.inductor.stems import rewrite_patch_convs
 
@@ -83,5 +85,50 @@ def test_golden_graph_pass(name: str, request) -> None:
     torch.testing.assert_close(gm(*inputs), before)  # the rewritten graph computes what the traced one did
 
 
+LOWERED = ("pointwise", "broadcast_where", "softmax", "layer_norm", "sum_max_argmax", "transpose_reshape",
+           "split_merge_dims", "cumsum", "embedding", "index_add", "cat_pad", "int_and_casts", "matmul_epilogue",
+           "dropout", "bool_logic", "max_pool")
+
+
+@pytest.mark.parametrize("name", LOWERED)
+def test_golden_lowering(name: str, request) -> None:
+    """lowering.lower_graph: a core ATen graph (as decomposed for inductor) to the loop program."""
+    fn, inputs = PROGRAMS[name]
+    torch.manual_seed(0)
+    gm = trace(fn, *inputs)
+    decomp_bridge.ensure_meta(gm, list(inputs))
+    gm = decomp_bridge.decompose(gm, list(inputs))
+
+    def run(_: str) -> str:
+        program, fallbacks = lower_graph(gm, list(inputs), InductorOptions(strict_lowering=True), name)
+        return "\n".join([*(f"# {f}" for f in fallbacks), program.as_text()])
+    check_golden(HERE.parent / "lowering" / f"{name}.txt", run, update=request.config.getoption("--update-golden"),
+                 describe="lowering.lower_graph: core ATen graph -> loop program", input=print_graph(gm))
+
+
+DECOMPOSED = ("softmax", "layer_norm", "linear_gelu", "cat_pad", "max_pool", "index_add")
+
+
+@pytest.mark.parametrize("name", DECOMPOSED)
+def test_golden_decomposition(name: str, request) -> None:
+    """decomp_bridge.decompose: the ATen graph to core ATen with kiln.decomp's "inductor" table."""
+    fn, inputs = PROGRAMS[name]
+    torch.manual_seed(0)
+    gm = trace(fn, *inputs)
+    decomp_bridge.ensure_meta(gm, list(inputs))
+    before = gm(*inputs)
+    out: list[Any] = []
+
+    def run(_: str) -> str:
+        out.append(decomp_bridge.decompose(gm, list(inputs)))
+        return print_graph(out[0])
+    check_golden(HERE.parent / "decompose" / f"{name}.txt", run, update=request.config.getoption("--update-golden"),
+                 describe='decomp_bridge.decompose: ATen -> core ATen (kiln.decomp\'s "inductor" table)',
+                 input=print_graph(gm))
+    torch.testing.assert_close(out[0](*inputs), before)  # the decomposed graph computes what the traced one did
+
+
 def test_every_golden_file_is_a_listed_case() -> None:
     assert {p.stem for p in HERE.glob("*.txt")} <= set(CASES)
+    assert {p.stem for p in (HERE.parent / "lowering").glob("*.txt")} <= set(LOWERED)
+    assert {p.stem for p in (HERE.parent / "decompose").glob("*.txt")} <= set(DECOMPOSED)

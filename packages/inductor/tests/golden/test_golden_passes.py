@@ -11,6 +11,8 @@ from golden_programs import corpus
 
 from kiln.graph import check_golden
 from kiln.inductor import InductorOptions
+from kiln.inductor.codegen.cpp.kernel import kernel_source
+from kiln.inductor.codegen.triton.kernel import generate_kernels
 from kiln.inductor.ir import parse_program, verify_program, verify_schedule
 from kiln.inductor.scheduler import eliminate_dead_code, schedule
 from kiln.inductor.scheduler.inplace import plan_inplace_reuse
@@ -43,6 +45,23 @@ def _inplace_reuse(text: str) -> str:
     return out.as_text()
 
 
+def _cpp(text: str) -> str:
+    program = parse_program(text)
+    sched = schedule(program, InductorOptions())
+    layouts = program.layouts()
+    return "\n\n".join(kernel_source(k, layouts, InductorOptions()) for k in sched.kernels())
+
+
+def _triton(text: str) -> str:
+    sched = schedule(parse_program(text, device="cuda"), InductorOptions())
+    parts = []
+    for k in sched.kernels():
+        for t in generate_kernels(k):
+            parts.append(f"# {t.name}: {t.kind}, grid {t.grid}, XBLOCK={t.xblock} RBLOCK={t.rblock} "
+                         f"num_warps={t.num_warps}, args {', '.join(t.pointer_args + t.size_args)}\n{t.source}")
+    return "\n\n".join(parts)
+
+
 # pass -> (what it is, how to run it, the corpus programs it is tested on)
 PASSES: dict[str, tuple[str, Callable[[str], str], tuple[str, ...]]] = {
     "remove_dead_code": ("scheduler.eliminate_dead_code: nodes whose values reach no output are dropped",
@@ -54,6 +73,10 @@ PASSES: dict[str, tuple[str, Callable[[str], str], tuple[str, ...]]] = {
                              "cumsum", "embedding", "index_add", "cat_pad", "matmul_epilogue", "dropout")),
     "inplace_reuse": ("scheduler.inplace.plan_inplace_reuse after schedule: a pointwise kernel writes over an "
                       "input that dies in it", _inplace_reuse, ("linear_gelu", "layer_norm", "int_and_casts")),
+    "codegen_cpp": ("codegen.cpp.kernel_source after schedule: each kernel's C++/OpenMP source",
+                    _cpp, ("pointwise", "softmax", "layer_norm", "embedding", "cumsum")),
+    "codegen_triton": ("codegen.triton.generate_kernels after schedule (CUDA layouts): each kernel's Triton source "
+                       "and launch", _triton, ("pointwise", "softmax", "layer_norm", "embedding", "index_add")),
 }
 CASES = [(p, c) for p, (_, _, cases) in PASSES.items() for c in cases]
 
@@ -76,5 +99,5 @@ def test_golden_pass(pass_name: str, case: str, programs, request) -> None:
 
 
 def test_every_golden_file_is_a_listed_case() -> None:
-    on_disk = {(p.parent.name, p.stem) for p in HERE.glob("*/*.txt") if p.parent.name in PASSES}
+    on_disk = {(p.parent.name, p.stem) for p in HERE.glob("*/*.txt") if p.parent.name not in ("graph_passes", "lowering", "decompose")}
     assert on_disk <= set(CASES), f"golden files without a test: {sorted(on_disk - set(CASES))}"

@@ -19,6 +19,7 @@ from torch import nn
 
 from kiln.graph import (
     FrameRunEagerly,
+    GraphBreakEvent,
     GraphCaptured,
     Guard,
     GuardSet,
@@ -28,9 +29,6 @@ from kiln.graph import (
     enabled,
     gc_paused,
     log,
-)
-from kiln.graph import (
-    GraphBreak as BreakEvent,
 )
 
 from .cache import CacheEntry, CodeCache
@@ -163,6 +161,8 @@ class Optimized:
         if self.code is not None and self.code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE |
                                                            inspect.CO_ASYNC_GENERATOR):
             cache = ctx.cache_for(self.code)
+            if cache.eager_reason is None and ctx.observed:
+                emit(FrameRunEagerly(frame_name(self.code), "generators and coroutines run eagerly"))
             cache.eager_reason = "generators and coroutines run eagerly"
         self.cache = ctx.cache_for(self.code) if self.code is not None else None
         self.disabled = disabled_reason(fn if not isinstance(fn, nn.Module) else type(fn).forward)
@@ -359,7 +359,7 @@ class Optimized:
         log("graph_breaks").info("graph break in %s: %s\n  at %s", code.co_name, bp.reason,
                                  "\n  from ".join(bp.user_stack))
         if ctx.observed:
-            emit(BreakEvent(frame_name(code), bp.reason, tuple(bp.user_stack)))
+            emit(GraphBreakEvent(frame_name(code), bp.reason, tuple(bp.user_stack)))
         names = tuple(bp.local_names)
 
         def run(L: dict, G: dict) -> Any:

@@ -1,6 +1,6 @@
 """Compile events: what happened while compiling, as typed data every stage emits the same way.
 
-A stage calls ``emit(GraphBreak(...))`` where the thing happens; ``EVENTS`` counts every event (a
+A stage calls ``emit(GraphBreakEvent(...))`` where the thing happens; ``EVENTS`` counts every event (a
 few dictionary updates, cheap enough to stay on) and hands it to the listeners a tool subscribed
 (``kiln.stats()`` reads the counts; the compile report keeps the events of a run). Events hold
 references, not text: a listener that wants a graph's printed form prints it, so nothing is printed
@@ -27,7 +27,7 @@ class GraphCaptured:
 
 
 @dataclass(frozen=True, slots=True)
-class GraphBreak:
+class GraphBreakEvent:
     """A frame's capture stopped at an instruction that runs in Python; the rest resumes compiled."""
 
     frame: str
@@ -98,7 +98,7 @@ class GraphCompiled:
     compiled: Any  # what the backend returned
 
 
-Event = (GraphCaptured | GraphBreak | Recompile | FrameRunEagerly | GraphRunEagerly | CacheLookup
+Event = (GraphCaptured | GraphBreakEvent | Recompile | FrameRunEagerly | GraphRunEagerly | CacheLookup
          | StageTime | StageText | GraphCompiled)
 Listener = Callable[[Event], None]
 
@@ -130,7 +130,8 @@ class EventLog:
         self.listeners.append((listener, texts))
 
     def unsubscribe(self, listener: Listener) -> None:
-        self.listeners[:] = [(fn, t) for fn, t in self.listeners if fn is not listener]
+        # ``==``: a bound method (``obj.on_event``) is a new object at every access, equal to the last
+        self.listeners[:] = [(fn, t) for fn, t in self.listeners if fn != listener]
 
     def keeps_texts(self) -> bool:
         return any(t for _, t in self.listeners)
