@@ -40,6 +40,7 @@ class CompileContext:
         self.wrapped_methods: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.resumes: dict[tuple, Callable] = {}
         self.python_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.subclass_logged: set[types.CodeType] = set()
         self.on_capture: list[Callable[[Capture, CodeCache], None]] = []
         _ALL_CONTEXTS.add(self)
 
@@ -194,6 +195,9 @@ class Optimized:
             if enabled("recompiles"):
                 log("recompiles").info("recompiling %s (%s:%s): %s", self.code.co_name, self.code.co_filename,
                                        self.code.co_firstlineno, self._miss_reason(L, G))
+        subclass = _subclass_input(L, self.self_obj)
+        if subclass is not None:  # e.g. DTensor parameters/activations of tensor parallelism
+            return self._subclass_eager(subclass, args, kwargs)
         fallback: tuple[str, bool] | None = None
         # Note: a capture met under a caller's saved-tensor hooks (torch.utils.checkpoint's recording)
         # must not feed them the tensors its own tracing saves: identity hooks sit on top meanwhile.
@@ -236,6 +240,16 @@ class Optimized:
         for hook in self.ctx.on_capture:
             hook(cap, cache)
         return entry, None
+
+    def _subclass_eager(self, what: str, args: tuple, kwargs: dict) -> Any:
+        """A frame whose inputs are tensor subclasses runs eagerly (this call; logged once per frame):
+        kiln traces plain tensors, so the graph breaks cleanly at the subclass boundary."""
+        assert self.code is not None
+        if self.code not in self.ctx.subclass_logged:
+            self.ctx.subclass_logged.add(self.code)
+            log("graph_breaks").info("running %s (%s:%s) eagerly while its inputs are tensor subclasses: %s",
+                                     self.code.co_name, self.code.co_filename, self.code.co_firstlineno, what)
+        return self.fn(*args, **kwargs)
 
     def _miss_reason(self, L: dict, G: dict) -> str:
         assert self.cache is not None
@@ -303,6 +317,22 @@ class Optimized:
                 resume = ctx.resumes[key] = Optimized(fn, ctx)
             return resume(*[v for v in stack if v is not NEXT], *values)
         return run
+
+
+_PLAIN_TENSORS = (torch.Tensor, nn.Parameter, nn.parameter.Buffer)
+
+
+def _subclass_input(L: dict, self_obj: Any) -> str | None:
+    """The first frame input (argument, or parameter of the module whose forward this is) of a
+    tensor subclass."""
+    for name, v in L.items():
+        if isinstance(v, torch.Tensor) and type(v) not in _PLAIN_TENSORS:
+            return f"{name}: {type(v).__name__}"
+    if isinstance(self_obj, nn.Module):
+        for pname, p in self_obj._parameters.items():
+            if p is not None and type(p) not in _PLAIN_TENSORS:
+                return f"self.{pname}: {type(p).__name__}"
+    return None
 
 
 _CHECKPOINT = torch.utils.checkpoint.checkpoint
