@@ -19,6 +19,7 @@ from kiln.graph import GuardSet, enabled, gc_paused, log
 
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
+from .ddp_buckets import bucket_split_backend
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .knobs import CaptureOptions
 from .module_calls import PythonModuleCall, plain_forward, python_wrapper_child, runs_in_python
@@ -64,8 +65,14 @@ class CompileContext:
         per_module = self.python_calls.setdefault(module, {})
         call = per_module.get(key)
         if call is None:
-            target = python_wrapper_child(module) or module
-            call = per_module[key] = PythonModuleCall(module, target, Optimized(plain_forward(target), self),
+            child = python_wrapper_child(module)
+            ctx = self
+            if child is not None and isinstance(getattr(module, "bucket_bytes_cap", None), int):
+                # DDP: the wrapped forward is compiled in pieces of one gradient bucket each (ddp_buckets.py)
+                ctx = CompileContext(bucket_split_backend(self.backend, module.bucket_bytes_cap,
+                                                          type(child).__name__), self.options)
+            target = child or module
+            call = per_module[key] = PythonModuleCall(module, target, Optimized(plain_forward(target), ctx),
                                                       reason, call_forward)
         return call
 
