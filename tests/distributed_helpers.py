@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime
 import importlib.util
-import os
 import runpy
 import socket
 import tempfile
@@ -70,7 +69,6 @@ def _rank_main(rank: int, world: int, port: int, test_file: str, fn_name: str, a
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    os.environ["KILN_TEST_RANK"] = str(rank)
     try:
         spec = importlib.util.spec_from_file_location(f"kiln_rank_{Path(test_file).stem}", test_file)
         assert spec is not None and spec.loader is not None

@@ -46,9 +46,11 @@ def _grads(m: nn.Module) -> list[torch.Tensor | None]:
 
 
 def _compiled_hits(compiled: nn.Module) -> int:
-    """Cache hits of every frame compiled under this kiln.compile (the DDP-wrapped forward's)."""
+    """Cache hits of the frames compiled under this kiln.compile (the DDP-wrapped forward's)."""
     ctx = compiled._compiled_forward._kiln_context
-    return sum(e.hits for cache in ctx.caches.values() for e in cache.entries)
+    calls = [c for per_module in ctx.python_calls.values() for c in per_module.values()]
+    caches = [c.routed.compiled.cache for c in calls]
+    return sum(e.hits for cache in caches for e in cache.entries)
 
 
 def ddp_scenario(rank: int, world: int, scenario: str, backend: str) -> dict:
@@ -62,6 +64,10 @@ def ddp_scenario(rank: int, world: int, scenario: str, backend: str) -> dict:
         kw["find_unused_parameters"] = True
     if scenario == "static_graph":
         kw["static_graph"] = True
+    if scenario == "buckets":  # ~500 bytes per bucket: the compiled forward is split into pieces
+        kw["bucket_cap_mb"] = 500 / 2**20
+    early: list[bool] = []  # at the last layer's gradient: is the first layer's still to come?
+    net.extra.weight.register_post_accumulate_grad_hook(lambda p: early.append(net.fc1.weight.grad is None))
     ddp = DDP(net, **kw)
     ddp_twin = DDP(twin, process_group=dist.new_group(), **kw)
     compiled = kiln.compile(ddp, backend=backend)
@@ -88,7 +94,8 @@ def ddp_scenario(rank: int, world: int, scenario: str, backend: str) -> dict:
             for p, q in zip(local.parameters(), twin.parameters()):
                 p.copy_(q)
     params = _max_diff([p.detach() for p in net.parameters()], [p.detach() for p in twin.parameters()])
-    return {"diffs": diffs, "local_diffs": local_diffs, "params": params, "hits": _compiled_hits(compiled)}
+    return {"diffs": diffs, "local_diffs": local_diffs, "params": params, "hits": _compiled_hits(compiled),
+            "early": early}
 
 
 class _null:
@@ -99,7 +106,7 @@ class _null:
         return None
 
 
-SCENARIOS = ("plain", "no_sync", "find_unused", "static_graph")
+SCENARIOS = ("plain", "no_sync", "find_unused", "static_graph", "buckets")
 
 
 def ddp_scenarios(rank: int, world: int, backend: str, scenarios: tuple[str, ...]) -> dict:
@@ -120,6 +127,8 @@ def test_ddp_matches_eager_ddp_every_step(aot_eager_results, scenario):
         # the all-reduce mattered: the ranks' own gradients differ from the reduced ones each step
         assert min(r["local_diffs"]) > 1e-3, (rank, r["local_diffs"])
         assert r["hits"] >= STEPS - 3, r["hits"]  # the wrapped forward ran compiled
+        if scenario == "buckets":  # pieces: the last layer's gradient is final (its bucket can be
+            assert r["early"] and all(r["early"]), r["early"]  # all-reduced) before the first's exists
 
 
 def test_ddp_inductor_matches_eager_ddp(run_ranks):

@@ -141,3 +141,17 @@ def test_distributed_hooks_run_every_call_with_forward_compiled(recorder):
     assert "forward" not in inner.__dict__  # the routing is undone after each call
     # the module's own forward was captured as a graph (with the linear), not run eagerly
     assert any("linear" in str(gm.graph) for gm in recorder.graphs)
+
+
+def test_pybind_method_runs_every_call(recorder):
+    store = torch.distributed.HashStore()  # a pybind11 object whose add() changes and reads a counter
+
+    def fn(x: torch.Tensor) -> torch.Tensor:
+        store.add("calls", 1)
+        return x + 1
+
+    f = kc.optimize(fn, recorder)
+    for i in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(f(x), x + 1)
+        assert store.add("calls", 0) == i + 1

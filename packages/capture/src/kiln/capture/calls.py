@@ -66,6 +66,9 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
                              "the block's end runs in Python; the code after it is captured again")
         if fn.__func__ in _MODULE_CALLS and isinstance(fn.__self__, nn.Module):
             return call_module(frame, fn.__self__, args, kwargs)
+        if isinstance(fn.__func__, types.BuiltinFunctionType) and is_opaque_object(fn.__self__) and \
+                (type(fn.__self__).__name__, fn.__func__.__name__) not in _PURE_QUERIES:
+            raise _opaque_break(fn.__self__, fn.__func__)  # a pybind11 method (process group, reducer)
         return call_function(frame, fn.__func__, [fn.__self__, *args], kwargs)
     if isinstance(fn, functools.partial):
         return call_function(frame, fn.func, [*fn.args, *args], {**fn.keywords, **kwargs})
@@ -147,9 +150,7 @@ def real_call(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     self_obj = getattr(fn, "__self__", None)
     name = getattr(fn, "__name__", repr(fn))
     if is_opaque_method(fn, self_obj):
-        raise GraphBreak(f"{type(self_obj).__qualname__}.{name}() is a method of an opaque (C extension) object: "
-                         "it may read or change state a cached graph cannot replay",
-                         "it runs in Python on every call")
+        raise _opaque_break(self_obj, fn)
     if self_obj is not None and not isinstance(self_obj, types.ModuleType) and \
             frame.tracer.source_of.get(id(self_obj)) is not None and name in _MUTATING:
         if frame.tracer.owns_copy(self_obj):  # an input list/dict: replayed after the graph
@@ -171,18 +172,27 @@ _PURE_QUERIES = frozenset({("ProcessGroup", "rank"), ("ProcessGroup", "size"), (
 
 
 def is_opaque_method(fn: Any, self_obj: Any) -> bool:
-    """A C method bound to an object of a C extension type (a pybind11 reducer, logger, generator,
-    work handle...): calling it at capture time would run its effects once and bake its result in."""
-    if self_obj is None or isinstance(self_obj, (types.ModuleType, *_VALUE_TYPES)):
-        return False
+    """A C method bound to an object of a C extension type (a generator, a work handle...)."""
     if not isinstance(fn, types.BuiltinMethodType):  # method-wrappers are object's own dunders
         return False
-    cls = type(self_obj)
+    return is_opaque_object(self_obj) and (type(self_obj).__name__, getattr(fn, "__name__", "")) not in _PURE_QUERIES
+
+
+def is_opaque_object(obj: Any) -> bool:
+    """An object of a C extension type (a pybind11 reducer, logger, process group, store...): calling
+    its methods at capture time would run their effects once and bake their results in."""
+    if obj is None or isinstance(obj, (types.ModuleType, *_VALUE_TYPES)):
+        return False
+    cls = type(obj)
     if cls.__name__.startswith("pybind11_detail_function_record"):  # a pybind11 free function
         return False
-    if (cls.__name__, getattr(fn, "__name__", "")) in _PURE_QUERIES:
-        return False
     return all(k.__module__ != "builtins" or k is object for k in cls.__mro__)
+
+
+def _opaque_break(obj: Any, fn: Any) -> GraphBreak:
+    name = getattr(fn, "__name__", "method")
+    return GraphBreak(f"{type(obj).__qualname__}.{name}() is a method of an opaque (C extension) object: "
+                      "it may read or change state a cached graph cannot replay", "it runs in Python on every call")
 
 
 def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:

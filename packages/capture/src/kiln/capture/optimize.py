@@ -34,6 +34,7 @@ from kiln.graph import (
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
 from .controls import current_stance, disabled_reason
+from .ddp_buckets import bucket_split_backend
 from .deferred import CALL
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .knobs import CaptureOptions
@@ -56,6 +57,7 @@ class CompileContext:
         self.wrapped_methods: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.resumes: dict[tuple, Callable] = {}
         self.python_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.subclass_logged: set[types.CodeType] = set()
         self.on_capture: list[Callable[[Capture, CodeCache], None]] = []
         self.observed = True  # emits compile events (kiln.graph.events); explain's dry runs do not
         self.on_eager: list[Callable[[str, str], None]] = []  # (function at file:line, reason)
@@ -81,8 +83,14 @@ class CompileContext:
         per_module = self.python_calls.setdefault(module, {})
         call = per_module.get(key)
         if call is None:
-            target = python_wrapper_child(module) or module
-            call = per_module[key] = PythonModuleCall(module, target, Optimized(plain_forward(target), self),
+            child = python_wrapper_child(module)
+            ctx = self
+            if child is not None and isinstance(getattr(module, "bucket_bytes_cap", None), int):
+                # DDP: the wrapped forward is compiled in pieces of one gradient bucket each (ddp_buckets.py)
+                ctx = CompileContext(bucket_split_backend(self.backend, module.bucket_bytes_cap,
+                                                          type(child).__name__), self.options)
+            target = child or module
+            call = per_module[key] = PythonModuleCall(module, target, Optimized(plain_forward(target), ctx),
                                                       reason, call_forward)
         return call
 
@@ -241,6 +249,9 @@ class Optimized:
                 log("recompiles").info("recompiling %s: %s", frame_name(self.code), reason)
             if self.ctx.observed:
                 emit(Recompile(frame_name(self.code), reason))
+        subclass = _subclass_input(L, self.self_obj)
+        if subclass is not None:  # e.g. DTensor parameters/activations of tensor parallelism
+            return self._subclass_eager(subclass, args, kwargs)
         fallback: tuple[str, bool] | None = None
         # Note: a capture met under a caller's saved-tensor hooks (torch.utils.checkpoint's recording)
         # must not feed them the tensors its own tracing saves: identity hooks sit on top meanwhile.
@@ -291,6 +302,18 @@ class Optimized:
         for hook in self.ctx.on_capture:
             hook(cap, cache)
         return entry, None
+
+    def _subclass_eager(self, what: str, args: tuple, kwargs: dict) -> Any:
+        """A frame whose inputs are tensor subclasses runs eagerly (this call; logged once per frame):
+        kiln traces plain tensors, so the graph breaks cleanly at the subclass boundary."""
+        assert self.code is not None
+        if self.code not in self.ctx.subclass_logged:
+            self.ctx.subclass_logged.add(self.code)
+            reason = f"its inputs are tensor subclasses: {what}"
+            log("graph_breaks").info("running %s eagerly while %s", frame_name(self.code), reason)
+            if self.ctx.observed:
+                emit(FrameRunEagerly(frame_name(self.code), reason))
+        return self.fn(*args, **kwargs)
 
     def _latest_failure(self, L: dict, G: dict) -> tuple[Guard, str] | None:
         """The first failing guard of the newest entry (the most general one: automatic dynamic
@@ -378,6 +401,22 @@ class Optimized:
                 resume = ctx.resumes[key] = Optimized(fn, ctx)
             return resume(*[v for v in stack if v is not NEXT], *values)
         return run
+
+
+_PLAIN_TENSORS = (torch.Tensor, nn.Parameter, nn.parameter.Buffer)
+
+
+def _subclass_input(L: dict, self_obj: Any) -> str | None:
+    """The first frame input (argument, or parameter of the module whose forward this is) of a
+    tensor subclass."""
+    for name, v in L.items():
+        if isinstance(v, torch.Tensor) and type(v) not in _PLAIN_TENSORS:
+            return f"{name}: {type(v).__name__}"
+    if isinstance(self_obj, nn.Module):
+        for pname, p in self_obj._parameters.items():
+            if p is not None and type(p) not in _PLAIN_TENSORS:
+                return f"self.{pname}: {type(p).__name__}"
+    return None
 
 
 _CHECKPOINT = torch.utils.checkpoint.checkpoint

@@ -213,6 +213,11 @@ class CompileCache:
     def put_json(self, namespace: str, key: str, value: object) -> bool:
         return self.put(namespace, key, json.dumps(value, sort_keys=True).encode())
 
+    def lock(self, key: str) -> contextlib.AbstractContextManager[None]:
+        """An advisory inter-process lock on ``key`` (a no-op when the cache is disabled): processes
+        sharing the cache build each entry once, the others wait and then read it."""
+        return self._lock(key)
+
     @contextlib.contextmanager
     def _lock(self, key: str) -> Iterator[None]:
         if not self.enabled or fcntl is None:

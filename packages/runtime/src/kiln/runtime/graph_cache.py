@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import sys
+import time
 import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -364,38 +365,61 @@ def cached_backend(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], name: str
         short = key_hash(key)[:16]
         hit = graphs.load(key)
         if hit is not None:
-            try:
-                program, kernels = _install_kernels(hit.program, short)
-                call = program_callable(program, graphs.store)
-            except Exception as e:  # noqa: BLE001 - a bad entry is rebuilt, never trusted
-                log("cache").warning("graph cache: entry %s failed to load (%s: %s); recompiling",
-                                     short, type(e).__name__, e)
-            else:
-                log("cache").info("graph cache hit %s (%s, %d nodes%s)", short, name,
-                                  len(gm.graph.nodes), kernels)
-                emit(CacheLookup(name, True, short))
-                return CompiledGraph(call, hit.backend, dict(hit.texts), program)
-        emit(CacheLookup(name, False, short))
-        env, guards_before = _guard_count(gm)
-        compiled = fn(gm, example_inputs)
-        if env is not None and _guard_count(gm)[1] != guards_before:
-            log("cache").info("graph cache miss %s (%s): not stored, compiling it added shape guards "
-                              "(a hit would not add them)", short, name)
-            return compiled
-        if not isinstance(compiled, CompiledGraph) or compiled.portable is None:
-            log("cache").info("graph cache miss %s (%s): not stored, the backend gave no portable "
-                              "program", short, name)
-            return compiled
-        texts = dict(compiled.texts)
-        stored = graphs.save(key, compiled.portable, texts, compiled.backend)
-        log("cache").info("graph cache miss %s (%s): compiled%s", short, name,
-                          " and stored" if stored else ", not stored (cache not writable)")
-        if stored and KERNEL_SOURCE_NAME in compiled.portable.source:
-            return _store_kernels_after_first_call(compiled, graphs, key, compiled.portable, texts, short)
-        return compiled
+            loaded = _from_hit(hit, gm, graphs, name, short, "")
+            if loaded is not None:
+                return loaded
+        # Note: processes sharing the cache (the ranks of a distributed job) compile each graph
+        # once: the first takes the key's lock and compiles, the others wait and load its entry.
+        t0 = time.perf_counter()
+        with graphs.store.lock(f"graph:{key}"):
+            waited = time.perf_counter() - t0
+            hit = graphs.load(key) if hit is None else None
+            if hit is not None:
+                loaded = _from_hit(hit, gm, graphs, name, short,
+                                   f"; compiled by another process while this one waited {waited:.1f} s")
+                if loaded is not None:
+                    return loaded
+            return _compile_and_store(fn, gm, example_inputs, graphs, key, name, short)
     backend.__name__ = getattr(fn, "__name__", name)
     backend.__wrapped__ = fn  # type: ignore[attr-defined]
     return backend
+
+
+def _from_hit(hit: CachedGraph, gm: fx.GraphModule, graphs: GraphCache, name: str, short: str,
+              note: str) -> CompiledGraph | None:
+    """The compiled graph of a cache entry, or None (logged) when it fails to load."""
+    try:
+        program, kernels = _install_kernels(hit.program, short)
+        call = program_callable(program, graphs.store)
+    except Exception as e:  # noqa: BLE001 - a bad entry is rebuilt, never trusted
+        log("cache").warning("graph cache: entry %s failed to load (%s: %s); recompiling",
+                             short, type(e).__name__, e)
+        return None
+    log("cache").info("graph cache hit %s (%s, %d nodes%s%s)", short, name, len(gm.graph.nodes), kernels, note)
+    emit(CacheLookup(name, True, short))
+    return CompiledGraph(call, hit.backend, dict(hit.texts), program)
+
+
+def _compile_and_store(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], gm: fx.GraphModule,
+                       example_inputs: Sequence[Any], graphs: GraphCache, key: str, name: str, short: str) -> Any:
+    emit(CacheLookup(name, False, short))
+    env, guards_before = _guard_count(gm)
+    compiled = fn(gm, example_inputs)
+    if env is not None and _guard_count(gm)[1] != guards_before:
+        log("cache").info("graph cache miss %s (%s): not stored, compiling it added shape guards "
+                          "(a hit would not add them)", short, name)
+        return compiled
+    if not isinstance(compiled, CompiledGraph) or compiled.portable is None:
+        log("cache").info("graph cache miss %s (%s): not stored, the backend gave no portable "
+                          "program", short, name)
+        return compiled
+    texts = dict(compiled.texts)
+    stored = graphs.save(key, compiled.portable, texts, compiled.backend)
+    log("cache").info("graph cache miss %s (%s): compiled%s", short, name,
+                      " and stored" if stored else ", not stored (cache not writable)")
+    if stored and KERNEL_SOURCE_NAME in compiled.portable.source:
+        return _store_kernels_after_first_call(compiled, graphs, key, compiled.portable, texts, short)
+    return compiled
 
 
 # ---- Triton binaries in entries ------------------------------------------------------------------
