@@ -40,7 +40,7 @@ from .guards import (
     tensor_expectation,
     type_name,
 )
-from .knobs import KNOBS, GraphKnobs
+from .knobs import ENVIRONMENT, KNOBS, EnvVar, GraphKnobs, code_environment
 from .lazy_module import lazy_graph_module
 from .logs import LOG_NAMES, apply_env_logs, enabled, log, set_logs
 from .modes import autocast_off, gc_paused
@@ -64,6 +64,7 @@ __all__ = [
     "SymbolicSize", "annotate", "annotations_of",
     "CallSignature", "DoubleBackwardError", "ListCall", "OutputRule", "finish_outputs", "inference_call",
     "release_saved", "training_call", "training_function",
+    "ENVIRONMENT", "EnvVar", "code_environment",
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",

@@ -66,6 +66,21 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
                          alloc_conf=e.get("PYTORCH_CUDA_ALLOC_CONF") or e.get("PYTORCH_ALLOC_CONF") or "")
 
 
+def triton_interpret() -> bool:
+    """TRITON_INTERPRET=1: Triton runs kernels on CPU tensors through its interpreter. Read on use,
+    not at import: triton reads it itself when it compiles (tests set it before triton loads, after
+    kiln is imported), and kiln must agree with triton at that moment."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def worker_environment() -> dict[str, str]:
+    """The environment of a compile worker process: this one's, unbuffered, without the interpreter
+    (workers compile for the GPU)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TRITON_INTERPRET", None)
+    return env
+
+
 def _float(text: str | None, default: float, name: str) -> float:
     if not text:
         return default

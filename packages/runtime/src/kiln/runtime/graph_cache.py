@@ -35,7 +35,14 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.graph import CompiledGraph, PortableProgram, annotations_of, global_state, log
+from kiln.graph import (
+    CompiledGraph,
+    PortableProgram,
+    annotations_of,
+    code_environment,
+    global_state,
+    log,
+)
 
 from .cache import CompileCache, cache_key, default_cache, key_hash
 from .fast_load import cached_compile, compile_cached
@@ -47,12 +54,6 @@ from .triton_binaries import PREFIX as TRITON_PREFIX
 NAMESPACE = "graphs"
 _SOURCE_NS = "source_hash"  # stamp of kiln's source files -> their content hash
 FORMAT = "kiln-graph-cache/1"
-# environment variables that only say where logs, dumps and caches go, or how many processes compile
-# (the same kernels either way): not part of the key
-_ENV_IGNORED = frozenset({"KILN_LOGS", "KILN_DEBUG_DIR", "KILN_CACHE_DIR", "KILN_INDUCTOR_CACHE_DIR",
-                          "KILN_CACHE", "KILN_GRAPH_CACHE", "TRITON_CACHE_DIR", "KILN_VERIFY",
-                          "KILN_TRITON_COMPILE_WORKERS", "KILN_TRITON_WORKER_TORCH", "KILN_TRITON_PRECOMPILE",
-                          "KILN_AUTOTUNE_COMPILE_WORKERS", "KILN_AUTOTUNE_COMPILE_POOL"})
 # kiln itself is covered by kiln_source_hash(); user code is not
 _PURE_MODULES = ("torch", "operator", "_operator", "math", "builtins", "kiln")
 
@@ -128,11 +129,6 @@ def _state() -> list[object]:
     # (TF32 switches are read by the kernels when they run, not baked into generated code)
     return [list(global_state()), torch.get_float32_matmul_precision(), torch.get_num_threads(),
             str(torch.__version__)]
-
-
-def _env() -> list[tuple[str, str]]:
-    return sorted((k, v) for k, v in os.environ.items()
-                  if k.startswith(("KILN_", "TRITON_")) and k not in _ENV_IGNORED)
 
 
 def _tensor_record(t: torch.Tensor, storages: dict[object, int], index: int) -> list[object]:
@@ -214,7 +210,8 @@ def graph_key(gm: fx.GraphModule, example_inputs: Sequence[Any], *, backend: str
     """The cache key of compiling ``gm`` for ``example_inputs``; raises Uncacheable."""
     parts = {"format": FORMAT, "backend": backend, "options": repr(options),
              "graph": _graph_records(gm), "inputs": _input_records(example_inputs),
-             "state": _state(), "env": _env(), "kiln_sources": kiln_source_hash()}
+             # the environment variables declared to change code (kiln.graph.knobs.ENVIRONMENT)
+             "state": _state(), "env": code_environment(), "kiln_sources": kiln_source_hash()}
     return cache_key(json.dumps(parts, sort_keys=True, default=repr))
 
 

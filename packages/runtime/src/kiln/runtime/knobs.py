@@ -41,4 +41,12 @@ def read_knobs(env: Mapping[str, str] | None = None) -> RuntimeKnobs:
     )
 
 
+def triton_cache_dir_from_env() -> Path:
+    """Triton's cache folder as its environment says (TRITON_CACHE_DIR, else TRITON_HOME/.triton/cache):
+    read on use, as triton does, so a test or a launcher that sets it late is followed."""
+    if os.environ.get("TRITON_CACHE_DIR"):
+        return Path(os.environ["TRITON_CACHE_DIR"])
+    return Path(os.environ.get("TRITON_HOME", os.path.expanduser("~"))) / ".triton" / "cache"
+
+
 KNOBS = read_knobs()

@@ -39,7 +39,7 @@ from typing import Any
 
 from kiln.graph import log
 
-from ...knobs import KNOBS
+from ...knobs import KNOBS, worker_environment
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(__file__), "compile_worker.py")
 START_TIMEOUT_S = 120.0  # a worker that has not imported torch and triton by then is given up
@@ -208,8 +208,7 @@ class CompilePool:
 
     def start(self) -> bool:
         """Start the workers (non-blocking: they import in the background); False if none could."""
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("TRITON_INTERPRET", None)
+        env = worker_environment()
         for i in range(self.size):
             try:
                 flags = ("--driver-utils",) if self.gpu and i == 0 else ()
