@@ -9,7 +9,15 @@ import torch
 
 from kiln.graph import Guard, GuardSet, PortableProgram, TensorSpec, tensor_expectation
 from kiln.runtime import CompileCache
+from kiln.runtime.cache import using_cache
 from kiln.runtime.fast_load import _CODE_NS, compile_cached, compile_guards, flush_code_writes
+
+
+@pytest.fixture
+def default_store(tmp_path: Path):
+    """The process's default compile cache is a fresh one for the test."""
+    with using_cache(CompileCache(tmp_path / "cache")) as store:
+        yield store
 
 
 def _guards() -> GuardSet:
@@ -128,14 +136,14 @@ def test_code_objects_are_written_off_the_loading_thread(tmp_path: Path, monkeyp
 
 
 @pytest.mark.parametrize("first", ["call", "guard_failure"])
-def test_a_load_writes_its_code_objects_after_the_first_call(tmp_path: Path, monkeypatch, first) -> None:
+def test_a_load_writes_its_code_objects_after_the_first_call(tmp_path: Path, monkeypatch, first,
+                                                            default_store: CompileCache) -> None:
     """The writer thread would take the GIL from the load and the first call (what a new machine
     waits on): a load queues its code objects and the writes start once the first call returns."""
-    from kiln.runtime import GuardError, cache, fast_load, load_compiled_function, save_artifact
+    from kiln.runtime import GuardError, fast_load, load_compiled_function, save_artifact
 
     assert flush_code_writes(10)
-    store = CompileCache(tmp_path / "cache")
-    monkeypatch.setattr(cache, "_DEFAULT", [store])
+    store = default_store
     prog = PortableProgram("def call(args):\n    return (args[0] * 5,)\n", {})
     path = tmp_path / "a.kiln"
     save_artifact(path, prog, input_names=["x"], input_specs=[TensorSpec.from_tensor(torch.ones(2))])
@@ -156,20 +164,20 @@ def _entries(root: Path) -> list[Path]:
     return [p for p in (root / "v1" / "entries" / _CODE_NS).rglob("*") if p.is_file()]
 
 
-def test_writes_after_a_first_call_wait_a_moment_unless_flushed(tmp_path: Path, monkeypatch) -> None:
+def test_writes_after_a_first_call_wait_a_moment_unless_flushed(tmp_path: Path, monkeypatch,
+                                                               default_store: CompileCache) -> None:
     """After a first call the writer pauses before it writes (what the program does next runs
     without it); a flush writes at once. The first call does not wait for the writer thread."""
     import threading
     import time
 
-    from kiln.runtime import cache, fast_load, load_compiled_function, save_artifact
+    from kiln.runtime import fast_load, load_compiled_function, save_artifact
 
     assert flush_code_writes(10)
     monkeypatch.setattr(fast_load, "_WRITE_DELAY_S", 60.0)
     started = []
     monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self))  # none used
-    store = CompileCache(tmp_path / "cache")
-    monkeypatch.setattr(cache, "_DEFAULT", [store])
+    store = default_store
     prog = PortableProgram("def call(args):\n    return (args[0] * 7,)\n", {})
     save_artifact(tmp_path / "a.kiln", prog, input_names=["x"],
                   input_specs=[TensorSpec.from_tensor(torch.ones(2))])
