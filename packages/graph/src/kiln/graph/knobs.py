@@ -49,8 +49,8 @@ ENVIRONMENT: Mapping[str, EnvVar] = {v.name: v for v in (
     *_vars("runtime", False, "KILN_CACHE", "KILN_GRAPH_CACHE", "XDG_CACHE_HOME", "TRITON_CACHE_DIR",
            "TRITON_HOME"),
     *_vars("runtime", True, "KILN_CXX"),
-    *_vars("generated", False, "KILN_TRITON_PRECOMPILE"),
-    *_vars("inductor generated", True, "TRITON_INTERPRET"),
+    *_vars("runtime", False, "KILN_TRITON_PRECOMPILE"),  # read when a generated wrapper loads
+    *_vars("runtime generated", True, "TRITON_INTERPRET"),  # generated: Triton kernel modules
 )}
 _KEYED_PREFIXES = ("KILN_", "TRITON_")
 

@@ -7,6 +7,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.runtime.knobs import triton_interpret
+
+__all__ = ["KNOBS", "InductorKnobs", "read_knobs", "triton_interpret", "worker_environment"]
+
 
 @dataclass(frozen=True, slots=True)
 class InductorKnobs:
@@ -64,13 +68,6 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
                          cudagraph_expandable=e.get("KILN_CUDAGRAPH_EXPANDABLE", "1") != "0",
                          memory_arena=e.get("KILN_MEMORY_ARENA", "1") != "0",
                          alloc_conf=e.get("PYTORCH_CUDA_ALLOC_CONF") or e.get("PYTORCH_ALLOC_CONF") or "")
-
-
-def triton_interpret() -> bool:
-    """TRITON_INTERPRET=1: Triton runs kernels on CPU tensors through its interpreter. Read on use,
-    not at import: triton reads it itself when it compiles (tests set it before triton loads, after
-    kiln is imported), and kiln must agree with triton at that moment."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def worker_environment() -> dict[str, str]:
