@@ -357,12 +357,13 @@ def _store_kernels_after_first_call(compiled: CompiledGraph, graphs: GraphCache,
                                     program: PortableProgram, texts: Mapping[str, str],
                                     short: str) -> CompiledGraph:
     run = compiled.fn
-    pending = [True]
+    pending = True
 
     def fn(*args: Any) -> Any:
+        nonlocal pending
         out = run(*args)
         if pending:
-            pending.clear()
+            pending = False
             try:
                 binaries = collect_triton_binaries(program.source)
             except Exception as e:  # noqa: BLE001 - shipping binaries is an optimisation
