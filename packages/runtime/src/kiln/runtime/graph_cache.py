@@ -36,6 +36,7 @@ import torch
 from torch import fx
 
 from kiln.graph import (
+    Backend,
     CompiledGraph,
     PortableProgram,
     annotations_of,
@@ -289,8 +290,7 @@ class GraphCache:
         return self.store.put(NAMESPACE, key, encode_entry(program, texts, backend))
 
 
-def cached_backend(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], name: str, options: object,
-                   *, cache: CompileCache | None = None) -> Callable[[fx.GraphModule, Sequence[Any]], Any]:
+def cached_backend(fn: Backend, name: str, options: object, *, cache: CompileCache | None = None) -> Backend:
     """Wrap a backend so each graph it compiles is looked up in, and stored to, the graph cache.
 
     ``options`` is everything the backend was configured with (part of the key by its ``repr``).
@@ -299,7 +299,7 @@ def cached_backend(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], name: str
     """
     graphs = GraphCache(cache)
 
-    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         if not KNOBS.graph_cache or not graphs.store.enabled:
             return fn(gm, example_inputs)
         try:
