@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,53 @@ def test_the_meta_rule_sees_keys() -> None:
     src = ('K = "kiln_x"\ngm.meta[K] = 1\nn.meta.get("a")\nif "b" in n.meta: pass\n'
            'n.meta.setdefault("c", 0)\nx = n.meta["val"]\n')
     assert sorted(k for _, k in meta_keys(src)) == ["a", "b", "c", "kiln_x", "val"]
+
+
+# ---- settings: the environment is read in knobs.py files only, and every variable is declared ----
+
+def environment_reads(source: str) -> list[int]:
+    """Lines of code (not text in strings) that read the environment: ``os.environ``, ``os.getenv``,
+    or ``environ``/``getenv`` imported from os."""
+    hits = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute) and _dotted(node) in ("os.environ", "os.getenv", "os.environb"):
+            hits.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(
+                a.name in ("environ", "getenv", "environb") for a in node.names):
+            hits.append(node.lineno)
+    return hits
+
+
+def test_only_knobs_files_read_the_environment() -> None:
+    offenders = [f"{path.relative_to(ROOT)}:{line}" for path in _sources() if path.name != "knobs.py"
+                 for line in environment_reads(path.read_text())]
+    assert not offenders, ("environment read outside a package's knobs.py (STYLE.md rule 4):\n"
+                           + "\n".join(offenders))
+
+
+def test_the_environment_rule_sees_reads() -> None:
+    assert environment_reads("import os\nx = os.environ.get('A')\n")
+    assert environment_reads("import os\nx = os.getenv('A')\n")
+    assert environment_reads("from os import environ\n")
+    assert not environment_reads("s = 'os.environ.get(\"A\")'\n")
+
+
+_ENV_NAME = re.compile(r"""(?:\b(?:e|env|environ)\.get\(|\b(?:e|env|environ)\[|getenv\()\s*["']([A-Z][A-Z0-9_]*)["']""")
+
+
+def test_every_environment_variable_is_declared() -> None:
+    """Each variable a knobs.py (or generated code kept as text) reads is declared in
+    kiln.graph.knobs.ENVIRONMENT, for the package that reads it: the graph cache keys on the
+    declared ones that change code, so an undeclared one could hide a stale cache entry."""
+    from kiln.graph import ENVIRONMENT
+
+    problems = []
+    for path in _sources():
+        package = _package_of(path)
+        for name in _ENV_NAME.findall(path.read_text()):
+            declared = ENVIRONMENT.get(name)
+            if declared is None:
+                problems.append(f"{path.relative_to(ROOT)}: {name} is not declared")
+            elif path.name == "knobs.py" and package not in declared.readers:
+                problems.append(f"{path.relative_to(ROOT)}: {name} is declared as read by {sorted(declared.readers)}")
+    assert not problems, "\n".join(problems)

@@ -15,9 +15,9 @@ from torch import nn
 
 import kiln
 import kiln.backends as backends
-import kiln.runtime.cache as runtime_cache
 from kiln.graph import BackendUnavailable
 from kiln.runtime import CompileCache
+from kiln.runtime.cache import using_cache
 from kiln.settings import CompileOptions
 
 
@@ -34,11 +34,10 @@ def _counting(monkeypatch: pytest.MonkeyPatch, name: str) -> list[CompileOptions
 
 def test_a_graph_cache_hit_does_not_build_the_backend(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runtime_cache, "_DEFAULT", [CompileCache(tmp_path)])
     calls = _counting(monkeypatch, "aot_eager")
     net = nn.Sequential(nn.Linear(8, 6), nn.ReLU(), nn.Linear(6, 3))
     x = torch.randn(4, 8)
-    with torch.no_grad():
+    with using_cache(CompileCache(tmp_path)), torch.no_grad():
         expected = net(x)
         first = kiln.compile(net, backend="aot_eager")
         assert calls == []  # kiln.compile itself builds nothing

@@ -21,7 +21,7 @@ import torch.utils._pytree as pytree
 
 import kiln.capture as capture
 import kiln.runtime as runtime
-from kiln.graph import Backend, BackendUnavailable, KilnError, PortableProgram
+from kiln.graph import Backend, BackendUnavailable, CompiledGraph, KilnError, PortableProgram
 from kiln.settings import CompileOptions
 
 
@@ -91,8 +91,8 @@ def aot_compile(fn: Callable[..., Any], example: tuple[tuple[Any, ...], dict[str
     # sizes marked dynamic stay symbolic in the artifact: its guards are the relations the capture and
     # the backend assumed (checked on every call of the loaded function)
     captured = capture.refresh_shape_guards(captured)
-    program = getattr(compiled, "portable", None)
-    if not isinstance(program, PortableProgram):
+    program = compiled.portable if isinstance(compiled, CompiledGraph) else None
+    if program is None:
         raise BackendUnavailable(
             f"aot_compile: backend {opts.backend!r} gave no portable program, so the result could "
             "not be saved; use backend 'eager', 'aot_eager' or 'inductor'")

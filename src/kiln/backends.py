@@ -238,7 +238,7 @@ def _build_on_first_miss(entry: BackendEntry, opts: CompileOptions) -> Backend:
                 "kiln.list_backends().")
     built: list[Backend] = []
 
-    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         if not built:
             built.append(entry.factory(opts))
         return built[0](gm, example_inputs)

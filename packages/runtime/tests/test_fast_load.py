@@ -9,7 +9,15 @@ import torch
 
 from kiln.graph import Guard, GuardSet, PortableProgram, TensorSpec, tensor_expectation
 from kiln.runtime import CompileCache
+from kiln.runtime.cache import using_cache
 from kiln.runtime.fast_load import _CODE_NS, compile_cached, compile_guards, flush_code_writes
+
+
+@pytest.fixture
+def default_store(tmp_path: Path):
+    """The process's default compile cache is a fresh one for the test."""
+    with using_cache(CompileCache(tmp_path / "cache")) as store:
+        yield store
 
 
 def _guards() -> GuardSet:
@@ -128,26 +136,26 @@ def test_code_objects_are_written_off_the_loading_thread(tmp_path: Path, monkeyp
 
 
 @pytest.mark.parametrize("first", ["call", "guard_failure"])
-def test_a_load_writes_its_code_objects_after_the_first_call(tmp_path: Path, monkeypatch, first) -> None:
+def test_a_load_writes_its_code_objects_after_the_first_call(tmp_path: Path, monkeypatch, first,
+                                                            default_store: CompileCache) -> None:
     """The writer thread would take the GIL from the load and the first call (what a new machine
     waits on): a load queues its code objects and the writes start once the first call returns."""
-    from kiln.runtime import GuardError, cache, fast_load, load_compiled_function, save_artifact
+    from kiln.runtime import GuardError, fast_load, load_compiled_function, save_artifact
 
     assert flush_code_writes(10)
-    store = CompileCache(tmp_path / "cache")
-    monkeypatch.setattr(cache, "_DEFAULT", [store])
+    store = default_store
     prog = PortableProgram("def call(args):\n    return (args[0] * 5,)\n", {})
     path = tmp_path / "a.kiln"
     save_artifact(path, prog, input_names=["x"], input_specs=[TensorSpec.from_tensor(torch.ones(2))])
     fn = load_compiled_function(str(path), cache=store)
-    assert fast_load._PENDING and not fast_load._WRITER  # queued, not started
+    assert fast_load.WRITER.pending and not fast_load.WRITER.running  # queued, not started
     if first == "call":
         torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 5.0))
     else:
         with pytest.raises(GuardError):
             fn(torch.ones(3))
-    assert not fast_load._HELD[0]
-    assert flush_code_writes(10) and not fast_load._PENDING
+    assert not fast_load.WRITER.held
+    assert flush_code_writes(10) and not fast_load.WRITER.pending
     assert [p for p in (tmp_path / "cache" / "v1" / "entries" / _CODE_NS).rglob("*") if p.is_file()]
     torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 5.0))
 
@@ -156,34 +164,34 @@ def _entries(root: Path) -> list[Path]:
     return [p for p in (root / "v1" / "entries" / _CODE_NS).rglob("*") if p.is_file()]
 
 
-def test_writes_after_a_first_call_wait_a_moment_unless_flushed(tmp_path: Path, monkeypatch) -> None:
+def test_writes_after_a_first_call_wait_a_moment_unless_flushed(tmp_path: Path, monkeypatch,
+                                                               default_store: CompileCache) -> None:
     """After a first call the writer pauses before it writes (what the program does next runs
     without it); a flush writes at once. The first call does not wait for the writer thread."""
     import threading
     import time
 
-    from kiln.runtime import cache, fast_load, load_compiled_function, save_artifact
+    from kiln.runtime import fast_load, load_compiled_function, save_artifact
 
     assert flush_code_writes(10)
-    monkeypatch.setattr(fast_load, "_WRITE_DELAY_S", 60.0)
+    monkeypatch.setattr(fast_load.WRITER, "delay_s", 60.0)
     started = []
     monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self))  # none used
-    store = CompileCache(tmp_path / "cache")
-    monkeypatch.setattr(cache, "_DEFAULT", [store])
+    store = default_store
     prog = PortableProgram("def call(args):\n    return (args[0] * 7,)\n", {})
     save_artifact(tmp_path / "a.kiln", prog, input_names=["x"],
                   input_specs=[TensorSpec.from_tensor(torch.ones(2))])
     fn = load_compiled_function(str(tmp_path / "a.kiln"), cache=store)
     torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 7.0))
     time.sleep(0.3)
-    assert fast_load._WRITER and fast_load._PENDING and not _entries(tmp_path / "cache")  # paused
+    assert fast_load.WRITER.running and fast_load.WRITER.pending and not _entries(tmp_path / "cache")  # paused
     t0 = time.perf_counter()
-    assert flush_code_writes(10) and not fast_load._PENDING
+    assert flush_code_writes(10) and not fast_load.WRITER.pending
     assert time.perf_counter() - t0 < 10 and _entries(tmp_path / "cache") and not started
     # the next writer pauses again
     compile_cached("y = 1\n", "<again>", store)
     time.sleep(0.3)
-    assert fast_load._PENDING
+    assert fast_load.WRITER.pending
     assert flush_code_writes(10) and len(_entries(tmp_path / "cache")) == 2
 
 

@@ -35,3 +35,17 @@ def test_settings_that_change_the_program_change_the_key(monkeypatch, var: str) 
     before = _key()
     monkeypatch.setenv(var, "0")
     assert _key() != before
+
+
+def test_the_key_follows_the_declarations(monkeypatch) -> None:
+    """Derived from kiln.graph.knobs.ENVIRONMENT: every variable declared to change code changes the
+    key, no variable declared not to does, and an undeclared KILN_ variable does (to stay sound)."""
+    from kiln.graph import ENVIRONMENT
+
+    before = _key()
+    for var in ENVIRONMENT.values():
+        with monkeypatch.context() as m:
+            m.setenv(var.name, "kiln-test-value")
+            assert (_key() != before) is var.changes_code, var
+    monkeypatch.setenv("KILN_SOMETHING_NEW", "1")
+    assert _key() != before

@@ -297,14 +297,17 @@ def _verify(gm: fx.GraphModule, dialect: Dialect, table: Table, strict: bool) ->
 
 
 def trace(fn: Callable[..., Any], args: Sequence[Any], table: Table | None = None,
-          kwargs: Mapping[str, Any] | None = None, *, functionalize: bool = False) -> fx.GraphModule:
+          kwargs: Mapping[str, Any] | None = None, *, functionalize: bool = False,
+          scalar_inputs: bool = False) -> fx.GraphModule:
     """Trace ``fn(*args, **kwargs)`` through the dispatcher into an ATen graph (decomposed by ``table``).
 
     Tensor arguments become placeholders (fake copies are made of real tensors); tensors that ``fn``
     reads from elsewhere (module parameters) become ``get_attr`` constants. Autograd runs as usual, so
     a function that calls ``torch.autograd.grad`` yields its backward ops too. With ``functionalize``,
     in-place ops on fresh unaliased tensors are recorded in functional form (others raise); full
-    functionalization of views and input mutation is kiln.autograd's job.
+    functionalization of views and input mutation is kiln.autograd's job. With ``scalar_inputs``,
+    non-tensor arguments get placeholders too (the graph takes the same argument list; a SymInt's
+    symbol is bound to its placeholder, other values are used as constants).
     """
     flat, spec = tree_flatten((list(args), dict(kwargs or {})))
     mode = _fake_mode_of(flat) or FakeTensorMode()
@@ -322,6 +325,10 @@ def trace(fn: Callable[..., Any], args: Sequence[Any], table: Table | None = Non
             recorder.bind(fake, node)
             fakes.append(fake)
         else:
+            if scalar_inputs:
+                node = graph.placeholder(f"arg{i}")
+                node.meta["val"] = v
+                recorder.bind(v, node)
             fakes.append(v)
     fargs, fkwargs = tree_unflatten(fakes, spec)
     with mode, recorder:

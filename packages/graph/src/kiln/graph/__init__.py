@@ -57,7 +57,7 @@ from .guards import (
     tensor_expectation,
     type_name,
 )
-from .knobs import KNOBS, GraphKnobs
+from .knobs import ENVIRONMENT, KNOBS, EnvVar, GraphKnobs, code_environment
 from .lazy_module import lazy_graph_module
 from .logs import LOG_NAMES, apply_env_logs, enabled, log, set_logs
 from .modes import autocast_off, gc_paused
@@ -94,6 +94,7 @@ __all__ = [
     "EVENTS", "CacheLookup", "Event", "EventLog", "FrameRunEagerly", "GraphBreakEvent", "GraphCaptured",
     "GraphCompiled", "GraphRunEagerly", "Recompile", "StageText", "StageTime", "emit", "keeping_texts",
     "GoldenFile", "check_golden", "read_golden",
+    "ENVIRONMENT", "EnvVar", "code_environment",
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",

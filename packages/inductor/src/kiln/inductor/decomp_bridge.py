@@ -16,37 +16,21 @@ import torch.utils._pytree as pytree
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from kiln.graph import autocast_off, log, target_name
+import kiln.decomp as _decomp
+from kiln.graph import autocast_off, target_name
 
 from .lowering.registry import LOWERINGS
-
-try:  # the package may exist without the API yet
-    import kiln.decomp as _decomp
-except ImportError:  # pragma: no cover - kiln-decomp is a dependency
-    _decomp = None  # type: ignore[assignment]
-
-_warned = [False]
-
-
-
-def decomp_available() -> bool:
-    return _decomp is not None and hasattr(_decomp, "decompose") and hasattr(_decomp, "table")
 
 
 def inductor_decompositions() -> Any:
     """kiln.decomp's ``inductor`` table without the ops kiln.inductor lowers itself; also what the
     meta-package's backend hands kiln.autograd to apply while tracing."""
-    table = _decomp.table("inductor")  # type: ignore[union-attr]
-    return _decomp.select([op for op in table if target_name(op) not in LOWERINGS], table)  # type: ignore[union-attr]
+    table = _decomp.table("inductor")
+    return _decomp.select([op for op in table if target_name(op) not in LOWERINGS], table)
 
 
 def decompose(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
-    if not decomp_available():
-        if not _warned[0]:
-            _warned[0] = True
-            log("perf_hints").info("kiln.decomp has no decompose()/table() yet: lowering the graph as is")
-        return gm
-    out = _decomp.decompose(gm, inductor_decompositions(), check=False)  # type: ignore[union-attr]
+    out = _decomp.decompose(gm, inductor_decompositions(), check=False)
     ensure_meta(out, example_inputs)
     return out
 

@@ -7,6 +7,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from kiln.runtime.knobs import triton_interpret
+
+__all__ = ["KNOBS", "InductorKnobs", "read_knobs", "triton_interpret", "worker_environment"]
+
 
 @dataclass(frozen=True, slots=True)
 class InductorKnobs:
@@ -64,6 +68,14 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
                          cudagraph_expandable=e.get("KILN_CUDAGRAPH_EXPANDABLE", "1") != "0",
                          memory_arena=e.get("KILN_MEMORY_ARENA", "1") != "0",
                          alloc_conf=e.get("PYTORCH_CUDA_ALLOC_CONF") or e.get("PYTORCH_ALLOC_CONF") or "")
+
+
+def worker_environment() -> dict[str, str]:
+    """The environment of a compile worker process: this one's, unbuffered, without the interpreter
+    (workers compile for the GPU)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("TRITON_INTERPRET", None)
+    return env
 
 
 def _float(text: str | None, default: float, name: str) -> float:

@@ -50,17 +50,28 @@ class CompileState:
     traced_output_strides: dict[int, tuple[int, ...]] = field(default_factory=dict)  # the caller's contract
     tuning: TuningSession | None = None  # max-autotune's session for this compile (matmul_templates)
     guards: GuardWatch | None = None  # symbolic sizes: what this compile added to the ShapeEnv (dynamic.py)
+    backend: KernelBackend | None = None  # chosen once, when the compile starts (choose_backend)
+
+    def __post_init__(self) -> None:
+        if self.backend is None:
+            self.backend = choose_backend(self.example_inputs, self.options)
+
+
+def choose_backend(example_inputs: Sequence[Any], options: InductorOptions) -> KernelBackend:
+    """Triton for CUDA inputs (real or fake: sources are generated, not run), else the CPU choice."""
+    if any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs):
+        return TritonBackend("cuda")
+    if options.cpu_backend == "triton":
+        return TritonBackend("cpu")
+    if options.cpu_backend != "cpp":
+        raise ValueError(f"InductorOptions.cpu_backend={options.cpu_backend!r}: use 'cpp' or 'triton'")
+    return CppBackend()
 
 
 def backend_for(state: CompileState) -> KernelBackend:
-    """Triton for CUDA inputs (real or fake: sources are generated, not run), else the CPU choice."""
-    if any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in state.example_inputs):
-        return TritonBackend("cuda")
-    if state.options.cpu_backend == "triton":
-        return TritonBackend("cpu")
-    if state.options.cpu_backend != "cpp":
-        raise ValueError(f"InductorOptions.cpu_backend={state.options.cpu_backend!r}: use 'cpp' or 'triton'")
-    return CppBackend()
+    """The compile's kernel backend (chosen once, in CompileState)."""
+    assert state.backend is not None
+    return state.backend
 
 
 def propagate_meta(s: CompileState) -> CompileState:

@@ -78,8 +78,8 @@ def pool(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     p = CompilePool(1)
     assert p.start()
-    monkeypatch.setattr(cp, "_POOL", [p])
-    yield p
+    with cp.PROCESS_POOL.using(p):
+        yield p
     p.close()
 
 
@@ -95,7 +95,7 @@ def test_a_worker_finds_what_an_in_process_compile_made_and_compiles_nothing(tmp
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     p = CompilePool(1)
     assert p.start()
-    monkeypatch.setattr(cp, "_POOL", [p])
+    monkeypatch.setattr(cp.PROCESS_POOL, "pool", p)
     try:
         report = cp.submit(jobs, TARGET, "add").wait()  # type: ignore[union-attr]
     finally:
@@ -151,7 +151,7 @@ def test_twins_with_their_own_tuned_config_are_their_own_jobs():
 
 def test_no_workers_means_in_process_with_a_log(monkeypatch, caplog):
     monkeypatch.setattr(cp, "KNOBS", dataclasses.replace(cp.KNOBS, triton_compile_workers=0))
-    monkeypatch.setattr(cp, "_POOL", [])
+    monkeypatch.setattr(cp.PROCESS_POOL, "pool", None)
     with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
         assert cp.compile_pool() is None
         assert cp.submit(_jobs("/nowhere.py", "m"), TARGET, "g") is None
@@ -238,7 +238,7 @@ def test_lost_workers_fall_back_to_this_process_with_a_log(tmp_path):
     add = _module_file(tmp_path, ADD + "# fallback\n", "kiln_test_pool_fallback")
     out = _run_clean(tmp_path, f"""
         pool = CompilePool(1)
-        cp._POOL.append(pool)
+        cp.PROCESS_POOL.pool = pool
         assert pool.start()
         jobs = [TritonJob({dies!r}, "kiln_test_pool_dies", "add", ("float32",) * 3, (("XBLOCK", 32),), 4, 1)]
         batch = cp.submit(jobs, {TARGET!r}, "dying")
@@ -248,7 +248,7 @@ def test_lost_workers_fall_back_to_this_process_with_a_log(tmp_path):
         assert cp.submit(jobs, {TARGET!r}, "after") is None  # no worker left: the caller compiles here
 
         cp.WORKER_SCRIPT = {str(tmp_path / "missing_worker.py")!r}  # every worker exits at once
-        cp._POOL.clear()
+        cp.PROCESS_POOL.pool = None
         pool = cp.compile_pool()
         assert pool is not None  # the process started; it dies before saying it is ready
         for t in pool.threads:
@@ -269,7 +269,7 @@ def test_gpu_first_launches_compile_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     p = CompilePool(2, gpu=True)
     assert p.start()
-    monkeypatch.setattr(cp, "_POOL", [p])
+    monkeypatch.setattr(cp.PROCESS_POOL, "pool", p)
     deadline = time.monotonic() + 120  # a graph compiled before a worker is ready compiles in-process
     while p.ready == 0 and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -398,11 +398,32 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
-_DEFAULT: list[CompileCache] = []
+class _DefaultCache:
+    """Owns the process's default cache: made on first use, replaceable for a block (``using_cache``)."""
+
+    def __init__(self) -> None:
+        self.cache: CompileCache | None = None
+
+    def get(self) -> CompileCache:
+        if self.cache is None:
+            self.cache = CompileCache()
+        return self.cache
+
+
+_DEFAULT = _DefaultCache()
 
 
 def default_cache() -> CompileCache:
     """The process's cache at ``KILN_CACHE_DIR`` (created on first use)."""
-    if not _DEFAULT:
-        _DEFAULT.append(CompileCache())
-    return _DEFAULT[0]
+    return _DEFAULT.get()
+
+
+@contextlib.contextmanager
+def using_cache(cache: CompileCache) -> Iterator[CompileCache]:
+    """``cache`` is the process's default cache for the block (tests, tools that compile into a
+    cache of their own)."""
+    before, _DEFAULT.cache = _DEFAULT.cache, cache
+    try:
+        yield cache
+    finally:
+        _DEFAULT.cache = before

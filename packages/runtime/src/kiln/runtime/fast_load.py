@@ -42,8 +42,7 @@ def compile_cached(source: str, filename: str, cache: CompileCache | None = None
     key = f"{_MAGIC}\0{filename}\0{hashlib.sha256(source.encode()).hexdigest()}"
     if not store.enabled:
         return compile(source, filename, "exec")
-    with _LOCK:
-        pending = _PENDING.get((id(store), key))
+    pending = WRITER.queued(store, key)
     if pending is not None:  # compiled by this process moments ago, not yet written
         return pending[1]
     data = store.get(_CODE_NS, key)
@@ -56,69 +55,111 @@ def compile_cached(source: str, filename: str, cache: CompileCache | None = None
             pass
         logger.warning("compile cache: code entry for %s does not unmarshal; recompiling", filename)
     code = compile(source, filename, "exec")
-    _write_later(store, key, code)
+    WRITER.write_later(store, key, code)
     return code
 
 
 # ---- background writes of code objects --------------------------------------------------------------
-_LOCK = threading.Lock()
-_PENDING: dict[tuple[int, str], tuple[CompileCache, types.CodeType]] = {}
-_IDLE = threading.Event()
-_IDLE.set()
-_HURRY = threading.Event()  # set: the writer writes now instead of after its delay
-_WRITE_DELAY_S = 0.25  # a writer's pause before it writes (see _start_writer)
-_WRITER: list[bool] = []  # [True] while a writer thread runs
-_EXIT_HOOK: list[object] = []
-_HELD: list[int] = [0]  # loads in progress: their writes wait for the first call (release_code_writes)
+
+class CodeWriter:
+    """The queue of code objects to write to the cache, and the thread that writes them.
+
+    A load queues its code objects; the writes start when its first call returned (``hold`` /
+    ``release``), on a bare ``_thread`` thread that pauses ``delay_s`` first. One per process
+    (``WRITER``); a forked child starts with an empty one (the queue is its parent's job)."""
+
+    def __init__(self, delay_s: float = 0.25) -> None:
+        self.delay_s = delay_s  # a writer's pause before it writes (see _start)
+        self.lock = threading.Lock()
+        self.pending: dict[tuple[int, str], tuple[CompileCache, types.CodeType]] = {}
+        self.idle = threading.Event()
+        self.idle.set()
+        self.hurry = threading.Event()  # set: the writer writes now instead of after its delay
+        self.running = False  # a writer thread runs
+        self.exit_hook = False  # the exit flush is registered
+        self.held = 0  # loads in progress: their writes wait for the first call (release)
+
+    def hold(self) -> None:
+        with self.lock:
+            self.held += 1
+
+    def release(self) -> None:
+        with self.lock:
+            self.held = max(0, self.held - 1)
+            if not self.held:
+                self._start()
+
+    def queued(self, store: CompileCache, key: str) -> tuple[CompileCache, types.CodeType] | None:
+        with self.lock:
+            return self.pending.get((id(store), key))
+
+    def write_later(self, store: CompileCache, key: str, code: types.CodeType) -> None:
+        with self.lock:
+            self.pending[(id(store), key)] = (store, code)
+            self.idle.clear()
+            if not self.exit_hook:  # exit writes what is queued (held or not), waiting at most 10 s
+                self.exit_hook = True
+                atexit.register(self.flush, 10.0)
+            if not self.held:
+                self._start()
+
+    def _start(self) -> None:
+        """With the lock held: a writer thread for the queue, unless one runs or nothing is queued.
+
+        A bare ``_thread`` thread: ``threading.Thread.start`` waits until the new thread runs, and
+        that thread must first win the GIL from the caller (a first call, in ``release``: 0.2-3 ms
+        of a new machine's load + first call on a busy host). The writer then sleeps ``delay_s``
+        before writing, so the marshal/write work does not compete with what the program does right
+        after its first call; ``flush`` (and interpreter exit) cut the sleep short."""
+        if not self.pending or self.running:
+            return
+        self.running = True  # the writer clears this under the lock as it ends
+        try:
+            # not waited for at exit (as a daemon thread): the exit hook flushes, with a timeout,
+            # so a stuck filesystem cannot hang exit
+            _thread.start_new_thread(self._drain, ())
+        except RuntimeError:  # no new threads (3.12 at interpreter shutdown): write them here
+            self.running = False
+            for (_, key), (store, code) in list(self.pending.items()):
+                _put(store, key, code)
+            self.pending.clear()
+            self.idle.set()
+
+    def _drain(self) -> None:
+        self.hurry.wait(self.delay_s)
+        while True:
+            with self.lock:
+                if not self.pending:
+                    self.running = False
+                    self.hurry.clear()  # the next writer pauses again (unless a flush waits for it)
+                    self.idle.set()
+                    return
+                item_key = next(iter(self.pending))
+                store, code = self.pending[item_key]
+            _put(store, item_key[1], code)
+            with self.lock:
+                self.pending.pop(item_key, None)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        with self.lock:
+            if self.pending:  # the writer that ends with an empty queue clears it
+                self.hurry.set()
+                self._start()
+        return self.idle.wait(timeout)
+
+    def after_fork_in_child(self) -> None:
+        # the writer thread does not exist in a forked child: its copy of the queue is the parent's job
+        self.lock, self.idle, self.hurry = threading.Lock(), threading.Event(), threading.Event()
+        self.pending.clear()
+        self.running = False
+        self.held = 0
+        self.idle.set()
 
 
-def hold_code_writes() -> None:
-    """Queue code-object writes without starting them (a load until its first call returns: the
-    writer thread would take the GIL from the first call)."""
-    with _LOCK:
-        _HELD[0] += 1
+WRITER = CodeWriter()
 
-
-def release_code_writes() -> None:
-    """End one ``hold_code_writes``; the last one starts the queued writes."""
-    with _LOCK:
-        _HELD[0] = max(0, _HELD[0] - 1)
-        if not _HELD[0]:
-            _start_writer()
-
-
-def _write_later(store: CompileCache, key: str, code: types.CodeType) -> None:
-    with _LOCK:
-        _PENDING[(id(store), key)] = (store, code)
-        _IDLE.clear()
-        if not _EXIT_HOOK:  # exit writes what is queued (held or not), waiting at most 10 s
-            _EXIT_HOOK.append(atexit.register(flush_code_writes, 10.0))
-        if not _HELD[0]:
-            _start_writer()
-
-
-def _start_writer() -> None:
-    """With _LOCK held: a writer thread for the queue, unless one runs or nothing is queued.
-
-    A bare ``_thread`` thread: ``threading.Thread.start`` waits until the new thread runs, and
-    that thread must first win the GIL from the caller (a first call, in ``release_code_writes``:
-    0.2-3 ms of a new machine's load + first call on a busy host). The writer then sleeps
-    ``_WRITE_DELAY_S`` before writing, so the marshal/write work does not compete with what the
-    program does right after its first call; ``flush_code_writes`` (and interpreter exit) cut the
-    sleep short."""
-    if _PENDING:
-        if not _WRITER:  # none running (the writer clears this under the lock as it ends)
-            _WRITER.append(True)
-            try:
-                # not waited for at exit (as a daemon thread): the exit hook flushes, with a timeout,
-                # so a stuck filesystem cannot hang exit
-                _thread.start_new_thread(_drain, ())
-            except RuntimeError:  # no new threads (3.12 at interpreter shutdown): write them here
-                _WRITER.clear()
-                for (_, key), (store, code) in list(_PENDING.items()):
-                    _put(store, key, code)
-                _PENDING.clear()
-                _IDLE.set()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=WRITER.after_fork_in_child)
 
 
 def _put(store: CompileCache, key: str, code: types.CodeType) -> None:
@@ -128,44 +169,21 @@ def _put(store: CompileCache, key: str, code: types.CodeType) -> None:
         logger.warning("compile cache: writing a code object failed", exc_info=True)
 
 
-def _drain() -> None:
-    _HURRY.wait(_WRITE_DELAY_S)
-    while True:
-        with _LOCK:
-            if not _PENDING:
-                _WRITER.clear()
-                _HURRY.clear()  # the next writer pauses again (unless a flush waits for it)
-                _IDLE.set()
-                return
-            item_key = next(iter(_PENDING))
-            store, code = _PENDING[item_key]
-        _put(store, item_key[1], code)
-        with _LOCK:
-            _PENDING.pop(item_key, None)
+def hold_code_writes() -> None:
+    """Queue code-object writes without starting them (a load until its first call returns: the
+    writer thread would take the GIL from the first call)."""
+    WRITER.hold()
 
 
-def _after_fork_in_child() -> None:
-    # the writer thread does not exist in a forked child: its copy of the queue is the parent's job
-    global _LOCK, _IDLE, _HURRY
-    _LOCK, _IDLE, _HURRY = threading.Lock(), threading.Event(), threading.Event()
-    _PENDING.clear()
-    _WRITER.clear()
-    _HELD[0] = 0
-    _IDLE.set()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+def release_code_writes() -> None:
+    """End one ``hold_code_writes``; the last one starts the queued writes."""
+    WRITER.release()
 
 
 def flush_code_writes(timeout: float | None = None) -> bool:
     """Write the code objects compiled so far to the cache (also those a load still holds back) and
     wait for them; False if ``timeout`` ran out."""
-    with _LOCK:
-        if _PENDING:  # the writer that ends with an empty queue clears it
-            _HURRY.set()
-            _start_writer()
-    return _IDLE.wait(timeout)
+    return WRITER.flush(timeout)
 
 
 def cached_compile(source: Any, filename: str, mode: str, *args: Any, **kwargs: Any) -> Any:

@@ -44,10 +44,12 @@ import torch
 from torch import fx
 
 from kiln.graph import (
+    Backend,
     CacheLookup,
     CompiledGraph,
     PortableProgram,
     annotations_of,
+    code_environment,
     emit,
     global_state,
     has_symbolic_sizes,
@@ -67,12 +69,6 @@ from .triton_binaries import PREFIX as TRITON_PREFIX
 NAMESPACE = "graphs"
 _SOURCE_NS = "source_hash"  # stamp of kiln's source files -> their content hash
 FORMAT = "kiln-graph-cache/1"
-# environment variables that only say where logs, dumps and caches go, or how many processes compile
-# (the same kernels either way): not part of the key
-_ENV_IGNORED = frozenset({"KILN_LOGS", "KILN_DEBUG_DIR", "KILN_CACHE_DIR", "KILN_INDUCTOR_CACHE_DIR",
-                          "KILN_CACHE", "KILN_GRAPH_CACHE", "TRITON_CACHE_DIR", "KILN_VERIFY",
-                          "KILN_TRITON_COMPILE_WORKERS", "KILN_TRITON_WORKER_TORCH", "KILN_TRITON_PRECOMPILE",
-                          "KILN_AUTOTUNE_COMPILE_WORKERS", "KILN_AUTOTUNE_COMPILE_POOL"})
 # kiln itself is covered by kiln_source_hash(); user code is not
 _PURE_MODULES = ("torch", "operator", "_operator", "math", "builtins", "kiln")
 
@@ -149,10 +145,6 @@ def _state() -> list[object]:
     return [list(global_state()), torch.get_float32_matmul_precision(), torch.get_num_threads(),
             str(torch.__version__)]
 
-
-def _env() -> list[tuple[str, str]]:
-    return sorted((k, v) for k, v in os.environ.items()
-                  if k.startswith(("KILN_", "TRITON_")) and k not in _ENV_IGNORED)
 
 
 def _tensor_record(t: torch.Tensor, storages: dict[object, int], index: int,
@@ -258,7 +250,8 @@ def graph_key(gm: fx.GraphModule, example_inputs: Sequence[Any], *, backend: str
     symbolic = shape_env is not None and len(vals) == len(example_inputs)
     parts = {"format": FORMAT, "backend": backend, "options": repr(options),
              "graph": _graph_records(gm), "inputs": _input_records(example_inputs, vals if symbolic else None),
-             "state": _state(), "env": _env(), "kiln_sources": kiln_source_hash()}
+             # the environment variables declared to change code (kiln.graph.knobs.ENVIRONMENT)
+             "state": _state(), "env": code_environment(), "kiln_sources": kiln_source_hash()}
     if symbolic:
         parts["shape_env"] = _shape_env_record(shape_env)
     return cache_key(json.dumps(parts, sort_keys=True, default=repr))
@@ -344,8 +337,7 @@ class GraphCache:
         return self.store.put(NAMESPACE, key, encode_entry(program, texts, backend))
 
 
-def cached_backend(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], name: str, options: object,
-                   *, cache: CompileCache | None = None) -> Callable[[fx.GraphModule, Sequence[Any]], Any]:
+def cached_backend(fn: Backend, name: str, options: object, *, cache: CompileCache | None = None) -> Backend:
     """Wrap a backend so each graph it compiles is looked up in, and stored to, the graph cache.
 
     ``options`` is everything the backend was configured with (part of the key by its ``repr``).
@@ -354,7 +346,7 @@ def cached_backend(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], name: str
     """
     graphs = GraphCache(cache)
 
-    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Any:
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         if not KNOBS.graph_cache or not graphs.store.enabled:
             return fn(gm, example_inputs)
         try:
@@ -442,12 +434,13 @@ def _store_kernels_after_first_call(compiled: CompiledGraph, graphs: GraphCache,
                                     program: PortableProgram, texts: Mapping[str, str],
                                     short: str) -> CompiledGraph:
     run = compiled.fn
-    pending = [True]
+    pending = True
 
     def fn(*args: Any) -> Any:
+        nonlocal pending
         out = run(*args)
         if pending:
-            pending.clear()
+            pending = False
             try:
                 binaries = collect_triton_binaries(program.source)
             except Exception as e:  # noqa: BLE001 - shipping binaries is an optimisation

@@ -41,4 +41,25 @@ def read_knobs(env: Mapping[str, str] | None = None) -> RuntimeKnobs:
     )
 
 
+def triton_interpret() -> bool:
+    """TRITON_INTERPRET=1: Triton runs kernels on CPU tensors through its interpreter. Read on use,
+    not at import: triton reads it itself when it compiles (tests set it before triton loads, after
+    kiln is imported), and kiln must agree with triton at that moment."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def triton_precompile() -> bool:
+    """KILN_TRITON_PRECOMPILE=0: a generated wrapper does not compile its Triton kernels together
+    when it loads (each compiles at its first launch). Read when a wrapper loads."""
+    return os.environ.get("KILN_TRITON_PRECOMPILE", "1") != "0"
+
+
+def triton_cache_dir_from_env() -> Path:
+    """Triton's cache folder as its environment says (TRITON_CACHE_DIR, else TRITON_HOME/.triton/cache):
+    read on use, as triton does, so a test or a launcher that sets it late is followed."""
+    if os.environ.get("TRITON_CACHE_DIR"):
+        return Path(os.environ["TRITON_CACHE_DIR"])
+    return Path(os.environ.get("TRITON_HOME", os.path.expanduser("~"))) / ".triton" / "cache"
+
+
 KNOBS = read_knobs()

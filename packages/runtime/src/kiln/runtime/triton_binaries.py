@@ -39,6 +39,7 @@ from typing import Any
 
 from kiln.graph import log
 
+from .knobs import triton_cache_dir_from_env
 from .triton_preload import kernel_record, launcher_file, records_file, register_records
 
 logger = logging.getLogger("kiln.runtime")
@@ -261,9 +262,7 @@ def triton_cache_dir() -> Path:
         from triton import knobs  # type: ignore[attr-defined]
         if knobs.cache.dir:
             return Path(knobs.cache.dir)
-    if os.environ.get("TRITON_CACHE_DIR"):
-        return Path(os.environ["TRITON_CACHE_DIR"])
-    return Path(os.environ.get("TRITON_HOME", os.path.expanduser("~"))) / ".triton" / "cache"
+    return triton_cache_dir_from_env()
 
 
 def install_triton_binaries(files: Mapping[str, bytes], where: str = "<artifact>",

@@ -38,6 +38,8 @@ import torch
 
 from kiln.graph import log
 
+from ..knobs import worker_environment
+
 
 @dataclass(frozen=True, slots=True)
 class CompileJob:
@@ -234,8 +236,7 @@ class ProcessCompiler:
     def _start(self) -> list[subprocess.Popen[str]]:
         if not self._procs:
             script = os.path.join(os.path.dirname(__file__), "kiln_autotune_worker.py")
-            env = dict(os.environ, PYTHONUNBUFFERED="1")
-            env.pop("TRITON_INTERPRET", None)
+            env = worker_environment()
             self._procs = [subprocess.Popen([sys.executable, script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                             stderr=subprocess.DEVNULL, text=True, env=env) for _ in range(self.workers)]
         return self._procs

@@ -4,13 +4,13 @@ site by its sizes."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 import torch
 
+from ..knobs import triton_interpret
 from .cache import AutotuneCache
 from .compile_pool import (
     Compiler,
@@ -61,7 +61,7 @@ def autotune_mm(m: int, k: int, n: int, dtype: torch.dtype, device: torch.device
 
 
 def _interpreter() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return triton_interpret()
 
 
 def make_session(options: AutotuneOptions, device: str) -> TuningSession | None:

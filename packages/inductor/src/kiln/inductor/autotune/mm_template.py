@@ -13,7 +13,6 @@ kernel would read it from memory).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import sympy
@@ -23,6 +22,7 @@ from ..codegen.triton.heuristics import DEFAULT_CONFIG
 from ..codegen.triton.kernel import INT32_LIMIT, KernelWriter, TritonKernel
 from ..codegen.triton.ops import convert, tl_dtype
 from ..ir import Kernel, KernelNode, Load, index_vars
+from ..knobs import triton_interpret
 from .config import Config
 
 
@@ -143,7 +143,7 @@ def template_configs(spec: MatmulSpec, limit: int | None = None, smem: int | Non
 def _operands(dtype: torch.dtype) -> str:
     """tl.dot's operands. The Triton interpreter multiplies bf16/fp16 blocks as their raw bits: there
     (CPU tests only) they are widened first, which is exact (a product of two halves fits fp32)."""
-    if dtype != torch.float32 and os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if dtype != torch.float32 and triton_interpret():
         return "a.to(tl.float32), b.to(tl.float32)"
     return "a, b"
 

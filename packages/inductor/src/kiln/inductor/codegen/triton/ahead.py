@@ -9,7 +9,6 @@ specialise on their int arguments' values, unknown here: they compile at first l
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,7 +17,7 @@ import torch
 from kiln.graph import log
 
 from ...ir import Layout
-from ...knobs import KNOBS
+from ...knobs import KNOBS, triton_interpret
 from .compile_pool import CompileBatch, TritonJob, in_process, parse_target, submit
 from .kernel import TritonKernel
 from .wrapper import load_triton_module, module_source
@@ -58,7 +57,7 @@ def kernel_jobs(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout], 
 def compile_target(device: str) -> tuple[tuple[str, Any, int] | None, bool]:
     """(target, cross): this process's GPU's, or ``KILN_TRITON_CROSS_TARGET`` without one; None: nothing
     to compile ahead (not CUDA, the interpreter, or no GPU and no cross target)."""
-    if device != "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1":
+    if device != "cuda" or triton_interpret():
         return None, False
     if torch.cuda.is_available():
         if torch.version.hip is not None:  # ROCm: the wrapper's thread pool compiles (not tried here)

@@ -10,7 +10,6 @@ graphs compile on a machine without a GPU (cross-compilation with fake tensors).
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
@@ -21,6 +20,7 @@ from ...autotune.mm_template import TemplateKernel
 from ...autotune.session import Problem, TuningSession
 from ...autotune.tuner import Autotuner
 from ...ir import Layout, ScheduledProgram
+from ...knobs import triton_interpret
 from ...options import InductorOptions
 from ..common import CompiledKernels
 from .ahead import compile_ahead
@@ -118,7 +118,7 @@ class TritonBackendError(RuntimeError):
 
 
 def interpreter_enabled() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return triton_interpret()
 
 
 class TritonBackend:

@@ -25,6 +25,7 @@ compiled again at its first launch, where triton reports the error.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import queue
@@ -33,13 +34,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from kiln.graph import log
 
-from ...knobs import KNOBS
+from ...knobs import KNOBS, worker_environment
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(__file__), "compile_worker.py")
 START_TIMEOUT_S = 120.0  # a worker that has not imported torch and triton by then is given up
@@ -208,8 +209,7 @@ class CompilePool:
 
     def start(self) -> bool:
         """Start the workers (non-blocking: they import in the background); False if none could."""
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env.pop("TRITON_INTERPRET", None)
+        env = worker_environment()
         for i in range(self.size):
             try:
                 flags = ("--driver-utils",) if self.gpu and i == 0 else ()
@@ -334,8 +334,26 @@ class CompilePool:
         self.workers, self.threads, self.alive = [], [], 0
 
 
-_POOL: list[CompilePool] = []  # the process's pool, made on first use
-_POOL_LOCK = threading.Lock()
+class ProcessPool:
+    """Owns the process's compile pool: made on first use (``compile_pool``), replaceable for a
+    block (``using``); a forked child makes its own."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pool: CompilePool | None = None
+
+    @contextlib.contextmanager
+    def using(self, pool: CompilePool | None) -> Iterator[CompilePool | None]:
+        with self.lock:
+            before, self.pool = self.pool, pool
+        try:
+            yield pool
+        finally:
+            with self.lock:
+                self.pool = before
+
+
+PROCESS_POOL = ProcessPool()
 
 
 def default_workers() -> int:
@@ -348,17 +366,16 @@ def default_workers() -> int:
 
 def compile_pool() -> CompilePool | None:
     """The process's pool, started on first use; None where worker processes are not used (logged once)."""
-    with _POOL_LOCK:
-        if _POOL and _POOL[0].pid != os.getpid():  # a forked child: its parent's workers are not its own
-            _POOL.clear()
-        if _POOL:
-            pool = _POOL[0]
+    with PROCESS_POOL.lock:
+        pool = PROCESS_POOL.pool
+        if pool is not None and pool.pid != os.getpid():  # a forked child: its parent's workers are not its own
+            pool = PROCESS_POOL.pool = None
+        if pool is not None:
             return pool if pool.alive > 0 else None
         workers = KNOBS.triton_compile_workers if KNOBS.triton_compile_workers >= 0 else default_workers()
         import torch
 
-        pool = CompilePool(workers, gpu=torch.cuda.is_available())
-        _POOL.append(pool)
+        pool = PROCESS_POOL.pool = CompilePool(workers, gpu=torch.cuda.is_available())
         if workers == 0:
             log("perf_hints").info("triton: KILN_TRITON_COMPILE_WORKERS=0: kernels compile in this process")
             return None

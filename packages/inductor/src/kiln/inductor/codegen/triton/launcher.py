@@ -27,9 +27,9 @@ from __future__ import annotations
 
 LAUNCHER = '''\
 def _kiln_make_launch_support():
-    import os
     import torch
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    from kiln.runtime.knobs import triton_interpret
+    interpret = triton_interpret()
     try:
         from torch._C import _cuda_getCurrentRawStream as raw_stream
     except ImportError:  # torch without CUDA: only the interpreter runs kernels
@@ -218,11 +218,11 @@ def _kiln_precompile(items):
     import os
     import torch
     import triton
+    from kiln.runtime.knobs import triton_interpret, triton_precompile
     # kernels kiln.runtime handed to triton from an artifact or cache entry (triton_preload.py): nothing
     # to compile; warming them up here would only cost triton's key computation for a cache lookup
     items = [item for item in items if not getattr(item[0].fn, "_kiln_preloaded", False)]
-    if (len(items) < 2 or os.environ.get("TRITON_INTERPRET", "0") == "1"
-            or os.environ.get("KILN_TRITON_PRECOMPILE", "1") == "0"
+    if (len(items) < 2 or triton_interpret() or not triton_precompile()
             or globals().get("_KILN_COMPILED_AHEAD")  # set by kiln.inductor when the compile workers have them
             or not hasattr(triton, "AsyncCompileMode") or not torch.cuda.is_available()):
         return

@@ -12,6 +12,7 @@ import torch
 
 from ...ir import Expr, IndexExpr, Kernel, KernelNode, Load, index_vars, reads, walk
 from ...ir.index import as_index, contiguous_strides, strided_index
+from ...knobs import triton_interpret
 from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .wrapper import TritonKernels
 
@@ -63,7 +64,4 @@ def uses_random(k: Kernel) -> bool:
 
 def device() -> str:
     """Where tests put tensors: the GPU when one is present and the interpreter is off, else CPU."""
-    import os
-
-    interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    return "cuda" if torch.cuda.is_available() and not interpret else "cpu"
+    return "cuda" if torch.cuda.is_available() and not triton_interpret() else "cpu"

@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from kiln.runtime.triton_kernels import load_triton_module
+from kiln.runtime import load_triton_module
 
 from ...ir import Kernel
 from .heuristics import DEFAULT_CONFIG, TritonConfig
