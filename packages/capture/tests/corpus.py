@@ -10,6 +10,7 @@ from . import (  # noqa: F401 (imported for their registrations)
     corpus_modules,
     corpus_mutation,
     corpus_numbers,
+    corpus_numpy,
     corpus_python,
     corpus_stale,
     corpus_tensors,

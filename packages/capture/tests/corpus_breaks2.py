@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import kiln.capture as kc
+
 from .corpus_registry import case, graph_break, one
 
 
@@ -26,8 +28,9 @@ class _Opaque:
     """A C-level call kiln cannot trace: tensors go through a Python-side hook."""
 
     @staticmethod
+    @kc.disable(reason="the corpus's opaque call")
     def apply(t):
-        return torch.from_numpy(t.detach().numpy() * 2)
+        return t.detach() * 2
 
 
 @case(graphs=4, breaks=3)
@@ -40,7 +43,7 @@ def break_in_callee_twice(x, y):
     return _inner_break(x) + _inner_break(y)
 
 
-@case(graphs=2, breaks=3)
+@case(graphs=1, breaks=0)  # NumPy is traced as tensor code (numpy_trace.py): no break
 def break_on_numpy_roundtrip(x, y):
     a = x + 1
     b = torch.from_numpy(a.numpy() * 2)
@@ -274,7 +277,7 @@ def _identity_then_break(t):
     return _Opaque.apply(u) + u
 
 
-@case(graphs=5, breaks=5)
+@case(graphs=4, breaks=2)
 def break_after_method_returning_self(x, y):
     z = x * 1.5
     return _identity_then_break(z) * y + z  # z is live at the break: it must name the mul, not the erased to
@@ -301,7 +304,7 @@ class _Cache:
         return _Opaque.apply(keys) + keys
 
 
-@case(graphs=5, breaks=5)
+@case(graphs=4, breaks=2)
 def break_with_cache_made_in_the_trace(x, y):
     cache = _Cache()
     a = cache.update(x + 1)  # the cache escapes to the code after the break, holding a graph value

@@ -34,6 +34,7 @@ from .values import (
     GradModeContext,
     ListIterator,
     NullContext,
+    NumpyArray,
     SuperProxy,
     TensorMethod,
     TracedFunction,
@@ -57,6 +58,10 @@ def _len(frame: Frame, args: list, kwargs: dict) -> Any:
         return x.shape[0]
     if isinstance(x, ListIterator):
         return len(x.remaining())
+    if isinstance(x, NumpyArray):
+        if x.t.dim() == 0:
+            raise TypeError("len() of unsized object")
+        return int(x.t.shape[0])
     fn = lookup_static(type(x), "__len__")
     if fn is not None and not isinstance(fn, type(list.__len__)) and callable(fn) and hasattr(fn, "__code__"):
         return frame.call(fn, [x], {})
@@ -189,8 +194,8 @@ def _super(frame: Frame, args: list, kwargs: dict) -> SuperProxy:
 
 def _scalar(kind: type) -> Handler:
     def conv(frame: Frame, args: list, kwargs: dict) -> Any:
-        if args and isinstance(args[0], torch.Tensor):
-            raise GraphBreak(f"data-dependent {kind.__name__}() of a tensor",
+        if args and isinstance(args[0], (torch.Tensor, NumpyArray)):
+            raise GraphBreak(f"data-dependent {kind.__name__}() of a tensor or numpy array",
                              "keep the value as a tensor, or accept the graph break")
         return kind(*args, **kwargs)
     return conv

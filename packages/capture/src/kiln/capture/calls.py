@@ -23,8 +23,18 @@ from .deferred import defer, is_log_call
 from .errors import GraphBreak
 from .foreign import is_mutable_c_value
 from .module_calls import runs_in_python
+from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
-from .values import EMPTY, NULL, Cell, ListIterator, TensorMethod, TracedFunction, TracedMethod
+from .values import (
+    EMPTY,
+    NULL,
+    Cell,
+    ListIterator,
+    NumpyArray,
+    TensorMethod,
+    TracedFunction,
+    TracedMethod,
+)
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -53,6 +63,11 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     special = _special(fn)
     if special is not None:
         return special(frame, args, kwargs)
+    if isinstance(fn, BoundArrayMethod):
+        return call_array_method(frame, fn, args, kwargs)
+    numpy_fn = numpy_handler(fn)
+    if numpy_fn is not None and not constant_ufunc_call(fn, args, kwargs):  # np.* as tensor code
+        return numpy_fn(frame, list(args), dict(kwargs))
     if isinstance(fn, (types.FunctionType, types.MethodType)):
         reason = disabled_reason(fn)
         if reason is not None:
@@ -202,6 +217,9 @@ def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         raise GraphBreak(f"passing a function defined in compiled code to {name}()")
     if not (isinstance(fn, types.BuiltinFunctionType) and fn in _TYPE_ONLY):
         refuse_foreign_values(frame, [self_obj, *args, *kwargs.values()], f"{name}()")
+    if any(isinstance(a, NumpyArray) for a in [self_obj, *args, *kwargs.values()]):
+        raise GraphBreak(f"{getattr(fn, '__module__', None) or 'numpy'}.{name} is not traced on numpy arrays",
+                         "it runs in Python between graphs")
     traced_args = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())
     if not traced_args:
         result = fn(*args, **kwargs)

@@ -17,6 +17,7 @@ import torch
 
 from .errors import GraphBreak, SkipFrame
 from .foreign import is_immutable_constant, state_in_c
+from .numpy_table import BoundArrayMethod
 from .tracer import SYM_TYPES, Tracer
 from .values import (
     NULL,
@@ -26,6 +27,7 @@ from .values import (
     GradModeContext,
     ListIterator,
     NullContext,
+    NumpyArray,
     ResumeIterator,
     SuperProxy,
     TensorMethod,
@@ -70,6 +72,11 @@ class Flattener:
         if isinstance(v, (torch.Tensor, *SYM_TYPES)):
             i = self.output_index(v)
             return lambda outs, L, G: outs[i]
+        if isinstance(v, NumpyArray):
+            return self._numpy_plan(v)
+        if isinstance(v, BoundArrayMethod):  # ``arr.sum`` met at a break before its call
+            array_plan, name = self._numpy_plan(v.array), v.name
+            return lambda outs, L, G: getattr(array_plan(outs, L, G), name)
         if v is None or type(v) in (int, float, bool, str, bytes, complex) or \
                 isinstance(v, (torch.dtype, torch.device, types.ModuleType)):
             return lambda outs, L, G: v
@@ -144,6 +151,17 @@ class Flattener:
             raise SkipFrame(f"a {type(v).__name__} made at capture time is live after the graph and kiln "
                             "cannot rebuild it per call (its state would be shared across calls)")
         return lambda outs, L, G: v
+
+    def _numpy_plan(self, v: NumpyArray) -> Plan:
+        """An array of the trace as an ndarray: the caller's own object when it is an input returned
+        unchanged, else the graph output's memory as numpy (a scalar result as a NumPy scalar)."""
+        node = self.tracer.node_of.get(id(v.t))
+        if v.source is not None and node is not None and node.op == "placeholder":
+            return eval(f"lambda outs, L, G: {v.source}")  # noqa: S307 (a guard source we generated)
+        tensor_plan = self._plan(v.t)
+        if v.scalar:
+            return lambda outs, L, G: tensor_plan(outs, L, G).numpy()[()]
+        return lambda outs, L, G: tensor_plan(outs, L, G).numpy()
 
     def _dict_plan(self, v: dict, depth: int) -> Plan:
         t = type(v)

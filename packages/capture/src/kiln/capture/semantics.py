@@ -18,9 +18,11 @@ from .errors import GraphBreak
 from .fast_pointwise import FAST_POINTWISE
 from .fast_views import fast_getitem
 from .foreign import is_ndarray
+from .numpy_table import array_attr, array_getitem, array_setitem
+from .numpy_trace import binary, unary
 from .sources import attr_source, item_source, module_member_source
 from .tracer import DELETED, SYM_TYPES
-from .values import ListIterator, SuperProxy, TensorMethod
+from .values import ListIterator, NumpyArray, SuperProxy, TensorMethod
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -38,7 +40,7 @@ def is_traced(v: Any) -> bool:
 
 
 def contains_traced(v: Any, depth: int = 0) -> bool:
-    if isinstance(v, (torch.Tensor, *SYM_TYPES)):
+    if isinstance(v, (torch.Tensor, *SYM_TYPES, NumpyArray)):
         return True
     if depth > 4:
         return False
@@ -65,6 +67,8 @@ def load_attr(frame: Frame, obj: Any, name: str) -> Any:
         return tensor_attr(frame, obj, name)
     if isinstance(obj, SuperProxy):
         return super_attr(frame, obj, name)
+    if isinstance(obj, NumpyArray):
+        return array_attr(frame, obj, name)
     written = tracer.attr_writes.get((id(obj), name))
     if written is not None:
         if written[2] is DELETED:
@@ -186,6 +190,8 @@ def delete_attr(frame: Frame, obj: Any, name: str) -> None:
 # ---- items ------------------------------------------------------------------------------
 def getitem(frame: Frame, obj: Any, key: Any) -> Any:
     tracer = frame.tracer
+    if isinstance(obj, NumpyArray):
+        return array_getitem(frame, obj, key)
     if isinstance(obj, torch.Tensor):
         def index() -> Any:
             fast = fast_getitem(obj, key)  # basic indexing: one as_strided instead of a chain of views
@@ -229,6 +235,9 @@ def getitem(frame: Frame, obj: Any, key: Any) -> Any:
 
 def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:
     tracer = frame.tracer
+    if isinstance(obj, NumpyArray):
+        array_setitem(frame, obj, key, value)
+        return
     if isinstance(obj, torch.Tensor):
         tracer.record("call_function", operator.setitem, (obj, key, value), {},
                       lambda: obj.__setitem__(key, value))
@@ -272,6 +281,8 @@ COMPARE_OPS: dict[str, Any] = {
 
 def apply_operator(frame: Frame, op: Any, args: list) -> Any:
     """Apply an ``operator`` function: recorded if a tensor/size is involved, real otherwise."""
+    if any(isinstance(a, NumpyArray) for a in args):
+        return numpy_operator(frame, op, args)
     if any(is_traced(a) for a in args):
         inplace_on_python = op in _INPLACE and not isinstance(args[0], torch.Tensor)
         target = _NOT_INPLACE.get(op, op) if inplace_on_python else op
@@ -293,6 +304,23 @@ def apply_operator(frame: Frame, op: Any, args: list) -> Any:
         return frame.call(user[0], user[1], {})
     refuse_foreign_values(frame, args, getattr(op, "__name__", "operator"))
     return op(*args)
+
+
+def numpy_operator(frame: Frame, op: Any, args: list) -> Any:
+    """An operator with a traced numpy array among its operands (numpy_trace.py)."""
+    if op is operator.getitem:
+        return getitem(frame, args[0], args[1])
+    if len(args) == 1:
+        return unary(frame, op, args[0])
+    if op is operator.contains:
+        raise GraphBreak("`in` on a numpy array")
+    other = args[1] if isinstance(args[0], NumpyArray) else args[0]
+    if isinstance(other, torch.Tensor):  # tensor op numpy scalar: torch treats it as a Python number
+        arr = args[0] if other is args[1] else args[1]
+        if not (arr.scalar and arr.t.dtype.is_floating_point and other.dtype.is_floating_point):
+            raise GraphBreak("mixing a tensor and a numpy array in one operation")
+        return apply_operator(frame, op, [arr.t if a is arr else a for a in args])
+    return binary(frame, op, args[0], args[1])
 
 
 def refuse_foreign_values(frame: Frame, values: Any, what: str) -> None:
@@ -355,6 +383,8 @@ def _user_dunder(args: list, op: Any) -> tuple[Any, list] | None:
 
 
 def truth(frame: Frame, v: Any) -> bool:
+    if isinstance(v, NumpyArray):
+        raise GraphBreak("data-dependent control flow: the truth value of a numpy array")
     if isinstance(v, torch.Tensor):
         raise GraphBreak("data-dependent control flow: the truth value of a tensor",
                          "use torch.where / torch.cond, or accept a graph break here")
@@ -384,6 +414,8 @@ def contains(frame: Frame, item: Any, container: Any) -> bool:
 def get_iter(frame: Frame, obj: Any) -> Any:
     if isinstance(obj, ListIterator):
         return obj
+    if isinstance(obj, NumpyArray):
+        return ListIterator([array_getitem(frame, obj, i) for i in range(int(obj.t.shape[0]))])
     if isinstance(obj, torch.Tensor):
         n = obj.shape[0]
         n = int(n)  # a symbolic length is specialised (ShapeEnv records the guard)

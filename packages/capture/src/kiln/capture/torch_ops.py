@@ -13,6 +13,7 @@ from .errors import GraphBreak
 from .fast_meta import FAST_META, fast_result, from_memo, memo_entry, memo_key
 from .fast_pointwise import FAST_POINTWISE
 from .fast_views import FAST_METHODS
+from .numpy_trace import tensor_to_numpy
 from .semantics import contains_traced
 from .tracer import _has_traced
 
@@ -117,6 +118,8 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
 
 def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: dict) -> Any:
     tracer = frame.tracer
+    if name == "numpy" and not kwargs.get("force", False):
+        return tensor_to_numpy(frame, t)
     if name in DATA_DEPENDENT_METHODS:
         raise GraphBreak(f"data-dependent operation Tensor.{name}()",
                          "move it out of the compiled region, or accept the graph break")

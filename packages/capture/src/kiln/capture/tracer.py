@@ -29,9 +29,10 @@ from kiln.graph import Guard, TensorSpec, global_state, tensor_expectation, type
 from .deferred import is_random_target, seed_pending
 from .errors import GraphBreak, Unsupported
 from .foreign import is_immutable_constant, is_numpy_scalar, state_in_c
+from .numpy_trace import liftable
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
-from .values import ADVANCES, ContextExit, GradModeContext, ListIterator, ResumeIterator
+from .values import ADVANCES, ContextExit, GradModeContext, ListIterator, NumpyArray, ResumeIterator
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _UNSET = object()  # an attribute that did not exist before a write
@@ -151,6 +152,11 @@ class Tracer:
         if t in (bool, int, float, str, bytes) or is_numpy_scalar(value):
             self.add_guard(source, "EQUALS_MATCH", value)
             return value
+        if liftable(value):  # an ndarray: a graph input sharing its memory (numpy_trace.py)
+            fake = self.lift_tensor(torch.from_numpy(value), f"__import__('torch').from_numpy({source})")
+            out = NumpyArray(fake, source=source)
+            self.keep.append(out)
+            return out
         if t in (set, frozenset) and all(type(v) in _CONSTANT_TYPES for v in value):
             # a set of constants: its contents guarded as one frozenset (a set has no item sources)
             self.add_guard(source, "TYPE_MATCH", type_name(t))
@@ -228,6 +234,18 @@ class Tracer:
                 return out
         self.add_guard(source, "TYPE_MATCH", type_name(t))
         self._remember(value, source)
+        if isinstance(value, dict) and all(type(k) in (str, int) for k in value):
+            # a dict subclass of a library (a registry): the object itself is used (its methods see
+            # its real contents), so its keys and every value are guarded
+            self.add_guard(source, "DICT_KEYS", tuple(value.keys()))
+            for k in value:
+                self.wrap(dict.__getitem__(value, k), item_source(source, k))
+            return value
+        if isinstance(value, list):
+            self.add_guard(source, "LENGTH_MATCH", len(value))
+            for i in range(len(value)):
+                self.wrap(list.__getitem__(value, i), item_source(source, i))
+            return value
         if state_in_c(value):
             self.opaque.add(id(value))  # only its type is guarded: no computing on it (foreign.py)
         return value
@@ -573,7 +591,7 @@ def _constant_tuple(value: tuple) -> bool:
 
 
 def _plain_dict_subclass(t: type) -> bool:
-    return t.__module__ == "collections" and t.__name__ in ("OrderedDict", "defaultdict")
+    return t.__module__ == "collections" and t.__name__ in ("OrderedDict", "defaultdict", "Counter")
 
 
 def _has_traced(v: Any) -> bool:

@@ -194,3 +194,16 @@ class ResumeIterator:
 
     def peek(self, i: int) -> Any:
         return self.items[self.pos + i]
+
+
+@dataclass(eq=False)
+class NumpyArray:
+    """A NumPy array in the trace (numpy_trace.py): a fake tensor computed with NumPy's semantics.
+
+    ``scalar`` marks a NumPy scalar (``np.float64``: a full reduction, an element), rebuilt as one.
+    ``source`` is the guard source of an array read from the frame, so returning it unchanged
+    returns the very object."""
+
+    t: torch.Tensor
+    scalar: bool = False
+    source: str | None = None
