@@ -152,7 +152,7 @@ def _launcher_files(kernel: Any, record: Mapping[str, Any] | None = None,
         return files
     if files:  # the launcher this process built is not the one a load computes: ship both
         log("perf_hints").info("Triton kernel %s: the C launcher built here (%s) is not the one a load "
-                               "builds (triton/%s/); shipping that one too", record.get("function"),
+                               "builds (triton/%s/); shipping that one too", (record or {}).get("function"),
                                ", ".join(files), folder)
     path = triton_cache_dir() / folder / name
     why = "" if path.is_file() else _build_launcher_source(source)
@@ -161,7 +161,7 @@ def _launcher_files(kernel: Any, record: Mapping[str, Any] | None = None,
     except OSError as e:
         log("perf_hints").info(
             "Triton kernel %s: its C launcher (triton/%s/) is not shipped (%s); a load on a new machine "
-            "builds it with the host compiler at the kernel's first launch", record.get("function"),
+            "builds it with the host compiler at the kernel's first launch", (record or {}).get("function"),
             folder, why or f"{type(e).__name__}: {e}")
     return files
 

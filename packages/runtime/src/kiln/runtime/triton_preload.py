@@ -260,7 +260,8 @@ def adopt_module(module: Any) -> int:
     except Exception as e:  # noqa: BLE001 - no driver (no GPU), another triton layout: triton's path
         log("perf_hints").info("%s: Triton kernels are not preloaded (%s: %s)", items[0].where, type(e).__name__, e)
         return 0
-    adopted, skipped, no_launcher = 0, [], []
+    adopted, skipped = 0, []
+    no_launcher: list[str] = []
     for p in items:
         try:
             why = _adopt(module, p, device, ASTSource, CompiledKernel, no_launcher)
