@@ -57,6 +57,10 @@ def _global_state_check(expected: tuple) -> str | None:
             f"_deterministic() is {bool(want['deterministic'])!r})")
 
 
+_IDENT = re.compile(r"\b[A-Za-z_]\w*\b")
+_SHAPE_FUNCTIONS = frozenset({"max", "min", "float", "int", "and", "or", "not", "True", "False"})
+
+
 class _Compiler:
     """Turns guards into lines of one generated function, with constants hoisted into its globals.
 
@@ -65,6 +69,7 @@ class _Compiler:
     """
 
     def __init__(self, guards: tuple[Guard, ...] = ()) -> None:
+        self.symbols = {str(g.expected) for g in guards if g.kind == "SYMBOL"}
         self.consts: dict[str, object] = {
             "_tensor_ok": tensor_ok, "_global_state": global_state, "_Tensor": torch.Tensor,
             "_typed_equal": typed_equal,
@@ -119,6 +124,12 @@ class _Compiler:
                         f"{t}.requires_grad is {bool(rg)!r} and {t}.shape == {self.const(tuple(shape))} and "
                         f"{t}.stride() == {self.const(tuple(stride))} and "
                         f"{self._device_check(t, torch.device(device))})")
+            if all(s is None for s in stride):  # dynamic dims (symbolic sizes): inline too
+                t = f"_t{next(self.counter)}"
+                sizes = "".join(f" and {t}.shape[{i}] == {int(n)}" for i, n in enumerate(shape) if n is not None)
+                return (f"(isinstance({t} := {src}, _Tensor) and {t}.dtype is {self.const(dt)} and "
+                        f"{t}.requires_grad is {bool(rg)!r} and {t}.dim() == {len(shape)}{sizes} and "
+                        f"{self._device_check(t, torch.device(device))})")
             return (f"_tensor_ok({src}, {self.const(dt)}, {self.const(torch.device(device))}, "
                     f"{self.const(shape)}, {self.const(stride)}, {rg!r})")
         if g.kind == "TYPE_MATCH":
@@ -148,6 +159,13 @@ class _Compiler:
         if g.kind == "SYMBOL":
             return f"_bind({g.expected!r}, {src})"
         if g.kind == "SHAPE_EXPR":
+            # inline Python over the bound sizes (S['s0']): evaluating the text per call would parse
+            # and compile it on every hit (~90 us per relation)
+            expr = str(g.expected)
+            names = set(_IDENT.findall(expr))
+            if names <= self.symbols | _SHAPE_FUNCTIONS:
+                return "(" + _IDENT.sub(lambda m: f"S[{m.group(0)!r}]" if m.group(0) in self.symbols
+                                        else m.group(0), expr) + ")"
             return f"_eval_shape({g.expected!r})"
         if g.kind == "NOT_NONE":
             return f"{src} is not None"
