@@ -4,7 +4,7 @@
 // file is checked at every load).
 #pragma once
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(KILN_NO_SHA_NI)
 #include <immintrin.h>
 #define KILN_SHA_NI 1
 #endif
