@@ -3,7 +3,9 @@ library), and the manifest checks shared with kiln/runner.h (format, schema, tor
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +79,33 @@ def test_manifest_checks(tmp_path: Path) -> None:
     (pkg / cxx.MANIFEST).unlink()
     with pytest.raises(cxx.PackageError, match="no manifest.json"):
         cxx.read_manifest(pkg)
+
+
+SHA_TEST = r"""
+#include "kiln/detail/sha256.h"
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+int main() {
+  for (size_t n : {0, 1, 55, 56, 63, 64, 65, 127, 128, 1000, 100000}) {
+    std::vector<uint8_t> d(n);
+    for (size_t i = 0; i < n; ++i) d[i] = uint8_t(i * 31 + 7);
+    kiln::detail::Sha256 h;
+    size_t i = 0, step = 7;  // odd pieces: the partial-block buffering too
+    while (i < n) { size_t t = std::min(step, n - i); h.update(d.data() + i, t); i += t; step = step * 3 % 200 + 1; }
+    std::printf("%zu %s\n", n, h.hex().c_str());
+  }
+}
+"""
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
+@pytest.mark.parametrize("defines", [[], ["-DKILN_NO_SHA_NI"]], ids=["sha-extensions-if-any", "portable"])
+def test_runner_sha256_matches_hashlib(tmp_path: Path, defines: list[str]) -> None:
+    (tmp_path / "t.cpp").write_text(SHA_TEST)
+    subprocess.run(["g++", "-O1", "-std=c++20", *defines, f"-I{cxx.INCLUDE_DIR}", str(tmp_path / "t.cpp"), "-o",
+                    str(tmp_path / "t")], check=True)
+    lines = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True, check=True).stdout.split("\n")
+    for line in filter(None, lines):
+        n, digest = line.split()
+        assert hashlib.sha256(bytes((i * 31 + 7) % 256 for i in range(int(n)))).hexdigest() == digest, n

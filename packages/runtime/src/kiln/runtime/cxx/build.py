@@ -85,6 +85,7 @@ def build_model_library(wrapper_source: str, kernel_source: str, out: Path, *, k
         objs = [Path(tmp) / "wrapper.o"]
         wrapper = _start([cxx, "-std=c++20", f"-I{INCLUDE_DIR}", *OBJECT_FLAGS, "-c", str(w_src), "-o", str(objs[0])])
         kernels = None
+        k_src.unlink(missing_ok=True)  # a package written over an older one keeps no stale source
         if kernel_source:
             k_src.write_text(kernel_source)
             objs.append(Path(tmp) / "kernels.o")
