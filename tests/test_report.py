@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -30,8 +31,13 @@ def _opaque() -> None:
     """Runs in Python, never captured: calling it is a graph break."""
 
 
+# a constant of this run, in the graphs: the graph cache (warm when KILN_CACHE_DIR is kept between runs)
+# holds no entry for them, so every stage runs and shows on the page
+NONCE = random.random() * 1e-6
+
+
 def breaks_and_recompiles(x):
-    y = torch.tanh(x) * 1.25  # constants of this file: the graph cache holds no entry for these graphs
+    y = torch.tanh(x) * 1.25 + NONCE
     _opaque()  # the graph break
     return (y - 0.75).exp().sum(-1)
 
@@ -44,7 +50,7 @@ def page(tmp_path_factory) -> Path:
     with CompileReport("test_report") as report:
         for n in (8, 8, 12):
             x = torch.randn(3, n)
-            torch.testing.assert_close(f(x), (torch.tanh(x) * 1.25 - 0.75).exp().sum(-1))
+            torch.testing.assert_close(f(x), (torch.tanh(x) * 1.25 + NONCE - 0.75).exp().sum(-1))
     kiln.reset()
     return report.write(tmp_path_factory.mktemp("report"))
 
@@ -57,9 +63,9 @@ def test_the_page_holds_every_stage_of_every_graph(page: Path) -> None:
     for title in ("captured torch graph", "ATen graph (inference)", "core ATen graph", "loop IR (before fusion)",
                   "loop IR (scheduled, after fusion)", "generated code", "kernels and extern calls", "guards"):
         assert title in html, title
-    assert "y = torch.tanh(x) * 1.25" in html  # the user's source line of the first graph
+    assert "y = torch.tanh(x) * 1.25 + NONCE" in html  # the user's source line of the first graph
     assert '<svg class="chart"' in html and 'data-stage="capture"' in html and 'data-stage="autograd"' in html
-    assert "inductor: generate_kernels" in html
+    assert 'data-stage="inductor: ' in html  # inductor's passes (the larger ones by name)
 
 
 def test_the_page_is_self_contained(page: Path) -> None:
@@ -144,7 +150,8 @@ def test_chromium_renders_the_page(page: Path, tmp_path: Path) -> None:
     text = " ".join(dom.text)
     assert dom.graphs == 4
     assert "marked kiln.disable" in text
-    assert dom.svg == 1 and {"capture", "autograd", "inductor: generate_kernels"} <= set(dom.bars)
+    assert dom.svg == 1 and {"capture", "autograd"} <= set(dom.bars)
+    assert any(bar.startswith("inductor: ") for bar in dom.bars), dom.bars
     shot = tmp_path / "report.png"
     proc = _chromium("--window-size=1200,1600", f"--screenshot={shot}", page.as_uri())
     assert shot.exists() and shot.stat().st_size > 20_000, proc.stderr[-2000:]

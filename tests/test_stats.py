@@ -48,7 +48,8 @@ def test_a_break_makes_two_graphs_counted_once_however_often_it_runs(capsys) -> 
     assert (s.graphs_captured, s.graphs_compiled, s.graph_breaks, s.recompiles) == (2, 2, 1, 0)
     assert s.frames_run_eagerly == 0 and s.graphs_run_eagerly == 0
     assert s.compile_seconds["capture"] > 0 and s.compile_seconds["backend"] > 0
-    assert s.compile_seconds["autograd"] > 0  # aot_eager traces ATen graphs
+    # aot_eager traces ATen graphs, unless both came from a warm graph cache (KILN_CACHE_DIR kept between runs)
+    assert s.compile_seconds.get("autograd", 0.0) > 0 or s.cache_hits == 2
 
 
 def test_a_new_size_recompiles_each_frame_and_snapshots_subtract(capsys) -> None:

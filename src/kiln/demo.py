@@ -157,11 +157,11 @@ def roundtrip_artifacts(console: Console, backend: str, device: torch.device) ->
         with console.status("loading the artifacts in a fresh process"):
             proc = subprocess.run([sys.executable, "-m", "kiln.cli", "check-artifact", str(device), *args],
                                   capture_output=True, text=True, timeout=600)
-    if proc.returncode not in (0, 1):
-        console.print(f"[red]fresh-process load failed:[/]\n{proc.stderr[-3000:]}", markup=False)
-        return {}
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-    return {r["model"]: r for r in results}
+    results = {r["model"]: r for r in (json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{"))}
+    if len(results) != len(args):  # it raised (a mismatch alone exits 1 after printing every result)
+        console.print(f"fresh-process load failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}",
+                      markup=False, style="red")
+    return results
 
 
 def check_artifacts(device_name: str, items: list[str]) -> int:

@@ -75,6 +75,8 @@ def run_capture(code: types.CodeType, f_globals: dict[str, Any], closure: tuple 
         return _package(tracer, frame, outcome)
     finally:
         torch._C._set_grad_enabled(grad_before)
+        for block in reversed(ctx.open_autocasts):  # stopped inside `with torch.autocast(...)`
+            block.__exit__(None, None, None)
 
 
 def _packed_arg_names(code: types.CodeType) -> set[str]:

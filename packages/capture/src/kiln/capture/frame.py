@@ -91,6 +91,9 @@ class Context:
     options: CaptureOptions
     depth_limit: int
     root_code: types.CodeType
+    # torch.autocast blocks entered for real and not yet left: a capture that stops inside one (a graph
+    # break there runs the frame eagerly) leaves them on exit, or autocast would stay on after the call
+    open_autocasts: list = field(default_factory=list)
 
 
 @dataclass

@@ -147,6 +147,7 @@ def enter_context(f: Frame, ctx: Any) -> Any:
         ctx.real = torch.autocast(ctx.device_type, dtype=ctx.dtype, enabled=ctx.enabled,
                                   cache_enabled=ctx.cache_enabled)
         ctx.real.__enter__()
+        f.ctx.open_autocasts.append(ctx.real)
         ctx.node = f.tracer.graph.call_function(
             torch.amp.autocast_mode._enter_autocast,
             (ctx.device_type, ctx.real.fast_dtype, ctx.enabled, ctx.real._cache_enabled))
@@ -166,6 +167,8 @@ def exit_context(f: Frame, ctx: Any, exc: Any = None) -> Any:
         return ctx.real.__exit__(None, None, None)
     if isinstance(ctx, AutocastContext):
         ctx.real.__exit__(None, None, None)
+        if ctx.real in f.ctx.open_autocasts:
+            f.ctx.open_autocasts.remove(ctx.real)
         f.tracer.graph.call_function(torch.amp.autocast_mode._exit_autocast, (ctx.node,))
         return False
     exit_fn = type(ctx).__exit__
