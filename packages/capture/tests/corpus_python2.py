@@ -258,7 +258,7 @@ def py_functools_partial_kw(x, y):
     return scale(x) + y
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _table(n):
     return tuple(range(n))
 
