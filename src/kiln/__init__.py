@@ -8,6 +8,7 @@ backward ATen graphs (kiln.autograd), decomposes them (kiln.decomp), generates k
 import importlib as _importlib
 import pkgutil as _pkgutil
 import types as _types
+from typing import Any as _Any
 
 # kiln is a namespace shared by every stage distribution; this makes kiln.<stage> importable whether
 # the stages are installed together (this meta-package) or alone.
@@ -28,7 +29,7 @@ _API = {
 __all__ = sorted(_API)
 
 
-def __getattr__(name: str) -> object:
+def __getattr__(name: str) -> _Any:
     if name in _API:
         value = getattr(_importlib.import_module(_API[name]), name)
         globals()[name] = value

@@ -12,6 +12,7 @@ from . import (  # noqa: F401 (imported for their registrations)
     corpus_numbers,
     corpus_numpy,
     corpus_python,
+    corpus_python2,
     corpus_stale,
     corpus_tensors,
 )

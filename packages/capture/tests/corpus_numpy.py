@@ -489,3 +489,115 @@ def np_break_then_continue(a):
 @case(graphs=0, breaks=1, args=lambda: (torch.randn(3, 4).numpy()[:, ::-1],))  # not shareable: Python
 def np_negative_strides_argument(a):
     return a * 2
+
+
+# ---- more NumPy ------------------------------------------------------------------------------------------
+@case(args=f64)
+def np_broadcast_column_row(a):
+    return a - a[:, :1], a * a[0]
+
+
+@case(args=f64)
+def np_chain_of_ufuncs(a):
+    return np.exp(np.log(np.abs(a) + 1.0)) - 1.0
+
+
+@case(args=f32)
+def np_float32_reductions_keep_dtype(a):
+    return a.sum(axis=0), a.max(), np.mean(a, axis=1)
+
+
+@case(args=i64)
+def np_int_comparisons_and_where(a):
+    return np.where(a % 2 == 0, a, -a), (a > 3).sum()
+
+
+@case(args=i64)
+def np_int_power_and_abs(a):
+    return np.abs(a) ** 2, np.square(a)
+
+
+@case(args=f64)
+def np_minimum_with_scalar(a):
+    return np.minimum(a, 0.0), np.maximum(0.0, a)
+
+
+@case(args=f64)
+def np_mean_of_bool(a):
+    return (a > 0).mean(), np.sum(a > 0, axis=0)
+
+
+@case(args=f64)
+def np_method_chain(a):
+    return a.reshape(2, 6).T.copy().sum(axis=1)
+
+
+@case(args=f64)
+def np_fill_and_inplace_slice(a):
+    b = np.empty((3, 4))
+    b.fill(1.5)
+    b[:, 0] += a[:, 0]
+    return b
+
+
+@case(args=two64)
+def np_stack_then_reduce(a, b):
+    s = np.stack([a, b])
+    return s.mean(axis=0), s.std(axis=0)
+
+
+@case(args=two64)
+def np_pairwise_distances(a, b):
+    return np.sqrt(((a[:, None, :] - b[None, :, :]) ** 2).sum(axis=-1))
+
+
+@case(args=f64)
+def np_cumulative_and_diffs(a):
+    c = np.cumsum(a, axis=0)
+    return c[1:] - c[:-1]
+
+
+@case(args=f64)
+def np_clip_in_loop(a):
+    out = a
+    for lo in (-1.0, -0.5):
+        out = np.clip(out, lo, -lo)
+    return out
+
+
+@case(args=f64)
+def np_dtype_conversions(a):
+    return a.astype(np.float32).astype(np.float64), (a * 10).astype(np.int64) // 3
+
+
+@case(args=tens)
+def np_numpy_of_tensor_ops_to_tensor(x):
+    a = (x * 2).numpy()
+    return torch.from_numpy(np.tanh(a)).sum(dim=0)
+
+
+@case(args=f64)
+def np_list_of_arrays_sum(a):
+    rows = [a[i] * (i + 1) for i in range(3)]
+    return sum(rows), np.concatenate(rows)
+
+
+@case(args=f64)
+def np_scalar_python_math(a):
+    s = a.max() - a.min()
+    return a / (s + 1.0), s * 2
+
+
+@case(args=f64)
+def np_hypot_arctan2_degrees(a):
+    return np.hypot(a, 1.0), np.degrees(np.arctan2(a, 1.0))
+
+
+@case(args=f64)
+def np_logaddexp_and_sign(a):
+    return np.logaddexp(a, a * 2), np.sign(a) * np.abs(a)
+
+
+@case(args=f64)
+def np_eye_matmul(a):
+    return a @ np.eye(4) + np.identity(3) @ a

@@ -94,3 +94,26 @@ def test_t5(grad):
     cfg = tf.T5Config(d_model=32, num_layers=2, num_heads=2, d_ff=64, d_kv=16, vocab_size=50)
     m = tf.T5Model(cfg).eval()
     _check(m, (torch.randint(0, 50, (2, 7)),), {"decoder_input_ids": torch.randint(0, 50, (2, 5))}, grad=grad)
+
+
+def test_bert_mlm_loss_built_in_forward():
+    """BertForMaskedLM with labels builds nn.CrossEntropyLoss() inside forward: still one graph."""
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = tf.BertConfig(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64)
+    m = tf.BertForMaskedLM(cfg).eval()
+    ids, labels = torch.randint(0, 50, (2, 8)), torch.randint(0, 50, (2, 8))
+    _, out = _check(m, (), {"input_ids": ids, "labels": labels}, grad=True)
+    out.loss.backward()
+
+
+def test_t5_seq2seq_loss_built_in_forward():
+    tf = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = tf.T5Config(d_model=32, num_layers=2, num_heads=2, d_ff=64, d_kv=16, vocab_size=50,
+                      decoder_start_token_id=0, pad_token_id=0)
+    m = tf.T5ForConditionalGeneration(cfg).eval()
+    ids, labels = torch.randint(0, 50, (2, 8)), torch.randint(0, 50, (2, 8))
+    _, out = _check(m, (), {"input_ids": ids, "labels": labels}, grad=True)
+    out.loss.backward()
