@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from kiln.graph import GuardSet, enabled, gc_paused, log
 
@@ -326,7 +327,7 @@ class Optimized:
         return run
 
 
-_PLAIN_TENSORS = (torch.Tensor, nn.Parameter, nn.parameter.Buffer)
+_PLAIN_TENSORS = (torch.Tensor, nn.Parameter, nn.parameter.Buffer, FakeTensor)  # fakes are traced as is
 
 
 def _subclass_input(L: dict, self_obj: Any) -> str | None:
