@@ -43,5 +43,7 @@ def test_one_rank_compiles_the_other_loads(run_ranks, tmp_path, monkeypatch):
     assert all(r["ok"] for r in results)
     lines = [line for r in results for line in r["lines"]]
     compiled = [line for line in lines if "compiled and stored" in line]
-    loaded = [line for line in lines if "compiled by another process" in line]
+    # the other rank either waited on the lock ("compiled by another process while this one
+    # waited") or arrived after the entry was stored: a hit either way, never a second compile
+    loaded = [line for line in lines if "graph cache hit" in line]
     assert len(compiled) == 1 and len(loaded) == 1, lines

@@ -51,7 +51,7 @@ def bucket_split_backend(backend: Callable, cap_bytes: int, owner: str) -> Calla
         pieces = len(set(plan.values()))
         if pieces <= 1 or not torch.is_grad_enabled():
             return backend(gm, example_inputs)
-        split = split_module(gm, None, lambda n: plan[n], keep_original_order=True)
+        split = split_module(gm, gm, lambda n: plan[n], keep_original_order=True)
         inputs = _piece_inputs(split, example_inputs)
         for name, sub_inputs in inputs.items():
             sub = getattr(split, name)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from kiln.graph import (
     FrameRunEagerly,
@@ -85,10 +86,10 @@ class CompileContext:
         if call is None:
             child = python_wrapper_child(module)
             ctx = self
-            if child is not None and isinstance(getattr(module, "bucket_bytes_cap", None), int):
+            cap = getattr(module, "bucket_bytes_cap", None)
+            if child is not None and isinstance(cap, int):
                 # DDP: the wrapped forward is compiled in pieces of one gradient bucket each (ddp_buckets.py)
-                ctx = CompileContext(bucket_split_backend(self.backend, module.bucket_bytes_cap,
-                                                          type(child).__name__), self.options)
+                ctx = CompileContext(bucket_split_backend(self.backend, cap, type(child).__name__), self.options)
             target = child or module
             call = per_module[key] = PythonModuleCall(module, target, Optimized(plain_forward(target), ctx),
                                                       reason, call_forward)
@@ -403,7 +404,7 @@ class Optimized:
         return run
 
 
-_PLAIN_TENSORS = (torch.Tensor, nn.Parameter, nn.parameter.Buffer)
+_PLAIN_TENSORS = (torch.Tensor, nn.Parameter, nn.parameter.Buffer, FakeTensor)  # fakes are traced as is
 
 
 def _subclass_input(L: dict, self_obj: Any) -> str | None:
