@@ -4,6 +4,7 @@ every size from it."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,14 @@ import kiln.runtime.cache as runtime_cache
 from kiln.runtime import CompileCache
 
 
-def test_symbolic_graph_hit_at_another_size(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runtime_cache, "_DEFAULT", [CompileCache(tmp_path)])
+@pytest.fixture
+def local_cache(tmp_path: Path) -> Iterator[CompileCache]:
+    """A compile cache of this test's own, the process's default while the test runs."""
+    with runtime_cache.using_cache(CompileCache(tmp_path)) as store:
+        yield store
+
+
+def test_symbolic_graph_hit_at_another_size(local_cache: CompileCache, monkeypatch: pytest.MonkeyPatch) -> None:
     built: list[object] = []
     entry = backends._BUILTIN["aot_eager"]
     monkeypatch.setitem(backends._BUILTIN, "aot_eager", backends.BackendEntry(

@@ -237,28 +237,22 @@ def test_backend_assumptions_are_guarded() -> None:
         cf(torch.randn(6))  # recompiled for 6, which eager refuses too
 
 
-def test_inductor_symbolic_graph_is_a_logged_fallback(caplog: pytest.LogCaptureFixture) -> None:
-    """Until kiln.inductor compiles symbolic graphs (it says so with SUPPORTS_SYMBOLIC_SHAPES), a
-    symbolic graph runs its ATen graph, one compile for every size, and perf_hints says so."""
-    import logging
-
-    import kiln.inductor
-
-    if getattr(kiln.inductor, "SUPPORTS_SYMBOLIC_SHAPES", False):
-        pytest.skip("this kiln.inductor compiles symbolic graphs")
+def test_inductor_compiles_one_symbolic_graph_for_every_size() -> None:
+    """kiln.inductor compiles the symbolic forward and backward: one entry serves every size, with
+    generated kernels (not the ATen fallback), and nothing ran eagerly."""
     m = MLP()
-    kiln.set_logs("perf_hints")
-    try:
-        logging.getLogger("kiln.perf_hints").propagate = True
-        with caplog.at_level(logging.WARNING, logger="kiln.perf_hints"):
-            cf = kiln.compile(m, backend="inductor", dynamic=True)
-            for n in (3, 8, 13):
-                x = torch.randn(n, 12, requires_grad=True)
-                torch.testing.assert_close(cf(x), m(x))
-    finally:
-        kiln.set_logs()
+    kiln.stats_reset()
+    cf = kiln.compile(m, backend="inductor", dynamic=True)
+    for n in (3, 8, 13, 5):
+        x = torch.randn(n, 12, requires_grad=True)
+        out = cf(x)
+        torch.testing.assert_close(out, m(x))
+        g, = torch.autograd.grad(out.sum(), x)
+        e, = torch.autograd.grad(m(x).sum(), x)
+        torch.testing.assert_close(g, e)
     assert _entries(cf) == 1
-    assert "not compiled by kiln.inductor" in caplog.text and "symbolic sizes" in caplog.text
+    s = kiln.stats()
+    assert (s.graphs_run_eagerly, s.frames_run_eagerly, s.recompiles) == (0, 0, 0)
 
 
 def test_explain_shows_symbolic_guards_of_a_dynamic_compile() -> None:

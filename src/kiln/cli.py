@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import kiln
 import kiln.runtime as runtime
 from kiln import demo as demo_mod
 from kiln.backends import backend_doc
+from kiln.knobs import child_environment
 from kiln.report import run_script
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -77,7 +77,7 @@ def report(ctx: typer.Context,
     if no_graph_cache and not in_child:  # settings are read at import: a new process reads KILN_GRAPH_CACHE=0
         cmd = [sys.executable, "-m", "kiln.cli", "report", "--out", str(out), "--no-graph-cache", "--in-child",
                str(script), *ctx.args]
-        raise typer.Exit(subprocess.run(cmd, env={**os.environ, "KILN_GRAPH_CACHE": "0"}).returncode)
+        raise typer.Exit(subprocess.run(cmd, env=child_environment(KILN_GRAPH_CACHE="0")).returncode)
     path, error = run_script(script, list(ctx.args), out)
     console.print(f"compile report: {path}", markup=False, highlight=False)
     if error is not None:

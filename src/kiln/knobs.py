@@ -23,4 +23,10 @@ def read_knobs(env: Mapping[str, str] | None = None) -> KilnKnobs:
     return KilnKnobs(report_dir=Path(report).expanduser() if report else None)
 
 
+def child_environment(**overrides: str) -> dict[str, str]:
+    """This process's environment with ``overrides``, for a child process that must read other settings
+    at import (``kiln report --no-graph-cache`` runs the script in one)."""
+    return {**os.environ, **overrides}
+
+
 KNOBS = read_knobs()

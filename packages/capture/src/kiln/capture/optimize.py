@@ -170,8 +170,6 @@ class Optimized:
         if self.code is not None and self.code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE |
                                                            inspect.CO_ASYNC_GENERATOR):
             cache = ctx.cache_for(self.code)
-            if cache.eager_reason is None and ctx.observed:
-                emit(FrameRunEagerly(frame_name(self.code), "generators and coroutines run eagerly"))
             cache.eager_reason = "generators and coroutines run eagerly"
         self.cache = ctx.cache_for(self.code) if self.code is not None else None
         self.disabled = disabled_reason(fn if not isinstance(fn, nn.Module) else type(fn).forward)
@@ -346,6 +344,7 @@ class Optimized:
             hook(frame_name(self.code), reason)
         if permanent:
             self.cache.eager_reason = reason
+            self.cache.eager_reported = True  # counted just now
         return self.fn(*args, **kwargs)
 
     def _make_entry(self, cap: Capture) -> CacheEntry:

@@ -51,6 +51,7 @@ ENVIRONMENT: Mapping[str, EnvVar] = {v.name: v for v in (
     *_vars("runtime", True, "KILN_CXX"),
     *_vars("runtime", False, "KILN_TRITON_PRECOMPILE"),  # read when a generated wrapper loads
     *_vars("runtime generated", True, "TRITON_INTERPRET"),  # generated: Triton kernel modules
+    *_vars("kiln", False, "KILN_REPORT"),  # the meta-package: where compile reports go
 )}
 _KEYED_PREFIXES = ("KILN_", "TRITON_")
 
