@@ -99,6 +99,11 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
 
     ``fn(*args)`` of the result returns a tuple; ``texts`` holds ir_pre_fusion, ir_post_fusion and
     output_code; ``portable`` is the wrapper source plus the shared library and its C++ source.
+
+    Symbolic sizes: placeholders whose FakeTensors have SymInt sizes (one ShapeEnv; SymInt placeholders
+    for symbolic ints) compile once for every size. ``size_sources`` maps each size symbol to where the
+    wrapper reads it; ``size_guards`` lists the relations the compile assumed (Python over the symbols,
+    checked per call: kiln.runtime.GuardError). ``DynamicShapeUnsupported``: compile static sizes instead.
     """
     t0 = time.perf_counter()
     if any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs):

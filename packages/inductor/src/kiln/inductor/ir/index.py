@@ -41,8 +41,8 @@ class FloorDiv(sympy.Function):
             return FloorDiv(base.args[0], base.args[1] * divisor)
         if isinstance(base, sympy.Add):  # pull out terms that are exact multiples of the divisor
             exact = [t for t in base.args if _divisible(t, divisor)]
-            if exact:
-                rest = sympy.Add(*[t for t in base.args if not _divisible(t, divisor)])
+            rest = sympy.Add(*[t for t in base.args if not _divisible(t, divisor)])
+            if exact and _rest_ok(rest, divisor):
                 return sympy.Add(*[t / divisor for t in exact]) + FloorDiv(rest, divisor)
         if _divisible(base, divisor):
             return base / divisor
@@ -63,7 +63,7 @@ class ModIndex(sympy.Function):
             return sympy.Integer(int(base) % int(divisor))
         if isinstance(base, sympy.Add):
             kept = [t for t in base.args if not _divisible(t, divisor)]
-            if len(kept) != len(base.args):
+            if len(kept) != len(base.args) and _rest_ok(sympy.Add(*kept), divisor):
                 return ModIndex(sympy.Add(*kept), divisor)
         if _divisible(base, divisor):
             return sympy.Integer(0)
@@ -91,6 +91,16 @@ def fold_divmod(index: sympy.Expr) -> sympy.Expr:
         else:
             break
     return index
+
+
+def _rest_ok(rest: sympy.Expr, divisor: sympy.Expr) -> bool:
+    """Whether the part left after pulling exact multiples out of a floor division / modulo stays a
+    non-negative operand (printed as C's truncating ``/`` and ``%``). A symbolic divisor needs it proven:
+    ``(s*s - 1 - i) // s`` must not become ``s + (-1 - i) // s``, which truncates to ``s`` in C
+    (a flip over a symbolic size). Static divisors keep the rule they always had."""
+    if isinstance(divisor, sympy.Integer):
+        return True
+    return rest == 0 or bool(rest.is_nonnegative)
 
 
 def _divisible(term: sympy.Expr, divisor: sympy.Expr) -> bool:

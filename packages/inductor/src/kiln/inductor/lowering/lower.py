@@ -6,6 +6,7 @@ import operator
 from collections.abc import Sequence
 from typing import Any
 
+import sympy
 import torch
 from torch import fx
 
@@ -178,6 +179,8 @@ def _output(ctx: LoweringContext, a: Any, env: dict[fx.Node, Any]) -> Output:
         return ConstArg(v)
     tv: TensorValue = v
     stride = out_stride(a) if isinstance(a.meta.get("val"), torch.Tensor) else None
+    if stride is not None and not all(is_static(x) for x in stride):
+        stride = tuple(_size_one_floor_dropped(x) for x in stride)
     ref = ctx.realize(tv, stride).ref()
     if stride is not None and not all(is_static(x) for x in stride) and not _same_or_broadcast(ref, stride):
         # symbolic sizes: compile_graph reports no output strides, so a caller (kiln.autograd's backward)
@@ -187,7 +190,17 @@ def _output(ctx: LoweringContext, a: Any, env: dict[fx.Node, Any]) -> Output:
     return ref
 
 
+def _size_one_floor_dropped(st: Any) -> Any:
+    """torch's contiguous strides multiply ``Max(1, size)``: the same as ``size`` for every non-empty
+    tensor (an empty one is never read), and what kiln's own strides say."""
+    if not isinstance(st, sympy.Basic):
+        return st
+    return st.replace(lambda e: isinstance(e, sympy.Max) and len(e.args) == 2 and sympy.Integer(1) in e.args,
+                      lambda e: next(a for a in e.args if a != 1))
+
+
 def _same_or_broadcast(ref: Any, stride: tuple) -> bool:
     """The returned strides equal the traced ones wherever they matter (stride-0 dims read one row,
     which every row of the dense copy equals)."""
-    return all(n == 1 or a == b or b == 0 for n, a, b in zip(ref.shape, ref.stride, stride))
+    return all(n == 1 or b == 0 or sympy.expand(_size_one_floor_dropped(a) - b) == 0
+               for n, a, b in zip(ref.shape, ref.stride, stride))
