@@ -93,11 +93,7 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     if not all(isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.dim() == 4 for t in (q, k, v)):
         return None
     if any(has_symbolic_sizes(t) for t in (q, k, v, mask) if isinstance(t, torch.Tensor)):
-        # the kernel eager picks depends on the sizes (probed with real tensors): with symbolic sizes
-        # the composite is traced instead, correct for every size
-        log("perf_hints").info("attention with symbolic sizes: traced as its composite (math) form, "
-                               "not the fused kernel eager runs")
-        return None
+        return _symbolic_attention(q, k, v, mask, a)
     if a["dropout_p"] != 0.0 or a["enable_gqa"] or k.shape[1] != q.shape[1] or \
             (mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype not in (q.dtype, torch.bool))):
         return None
@@ -124,6 +120,44 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return out
 
 
+def _symbolic_attention(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any]) -> Any:
+    """Attention over symbolic sizes: a kernel valid for every size, chosen without reading a size.
+
+    Note: the composite asks ``_fused_sdp_choice`` on the fake tensors, and its cuDNN checks read the
+    sizes as ints, which pins every symbolic size of the graph (an H200 serving stream recompiled per
+    request). So the choice is made here from what does not depend on sizes: flash attention (half
+    precision, no mask, head dim a multiple of 8 up to 256) or memory-efficient attention (no mask),
+    and the MATH form otherwise. A causal call uses them only when queries and keys have the same
+    length symbol (the kernels' causal alignment for L != S differs from the composite's)."""
+    from torch.nn.attention import SDPBackend
+
+    head = q.shape[-1]
+    same_len = _same_size(q.shape[2], k.shape[2])
+    fused = (a["dropout_p"] == 0.0 and not a["enable_gqa"] and mask is None and isinstance(head, int)
+             and head % 8 == 0 and _same_size(q.shape[1], k.shape[1]) and (same_len or not a["is_causal"])
+             and all(isinstance(t.stride(-1), int) and t.stride(-1) == 1 for t in (q, k, v)))
+    need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    b = torch.backends.cuda
+    if fused and q.dtype in (torch.float16, torch.bfloat16) and head <= 256 and b.flash_sdp_enabled():
+        choice = SDPBackend.FLASH_ATTENTION.value
+    elif fused and b.mem_efficient_sdp_enabled():
+        choice = SDPBackend.EFFICIENT_ATTENTION.value
+    else:
+        log("perf_hints").info("attention with symbolic sizes: traced as its MATH form (a mask, dropout or "
+                               "unequal lengths under is_causal)")
+        return aten._scaled_dot_product_attention_math(q, k, v, mask, a["dropout_p"], a["is_causal"], None,
+                                                       scale=a["scale"], enable_gqa=a["enable_gqa"])[0]
+    return _fused_call(choice, q, k, v, None, False, need_lse, a)
+
+
+def _same_size(x: Any, y: Any) -> bool:
+    """``x`` and ``y`` are the same size for every input: equal ints, or the same symbolic expression
+    (compared as expressions, so no guard is added)."""
+    if isinstance(x, torch.SymInt) or isinstance(y, torch.SymInt):
+        return isinstance(x, torch.SymInt) and isinstance(y, torch.SymInt) and x.node.expr == y.node.expr
+    return bool(x == y)
+
+
 def _fused_call(choice: int, q: Any, k: Any, v: Any, mask: Any, dense: bool, need_lse: bool,
                 a: dict[str, Any]) -> Any:
     from torch.nn.attention import SDPBackend
@@ -133,6 +167,8 @@ def _fused_call(choice: int, q: Any, k: Any, v: Any, mask: Any, dense: bool, nee
         mask = aten.masked_fill.Scalar(zeros, aten.logical_not(mask), float("-inf"))
     elif dense:
         mask = aten.clone.default(mask, memory_format=torch.contiguous_format)
+    if choice == SDPBackend.FLASH_ATTENTION.value:
+        return aten._scaled_dot_product_flash_attention(q, k, v, 0.0, a["is_causal"], False, scale=a["scale"])[0]
     if choice == SDPBackend.CUDNN_ATTENTION.value:
         return aten._scaled_dot_product_cudnn_attention(q, k, v, mask, need_lse, 0.0, a["is_causal"], False,
                                                          scale=a["scale"])[0]
