@@ -6,12 +6,9 @@ import sys
 os.environ.setdefault("KILN_VERIFY", "1")
 sys.path.insert(0, os.path.dirname(__file__))
 
+from kiln.graph import add_update_golden_option  # noqa: E402 - read after KILN_VERIFY is set
+
 
 def pytest_addoption(parser):
-    # golden pass tests (kiln.graph.check_golden): rewrite the expected parts instead of checking them
-    try:
-        parser.addoption("--update-golden", action="store_true",
-                         default=os.environ.get("KILN_UPDATE_GOLDEN", "0") not in ("", "0"),
-                         help="rewrite golden files (tests/golden/*.txt) instead of comparing; review the diff")
-    except ValueError:  # already added by another package's conftest (one pytest over every root)
-        pass
+    # golden pass tests (kiln.graph.check_golden): --update-golden rewrites the expected parts
+    add_update_golden_option(parser)

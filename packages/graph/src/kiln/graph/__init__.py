@@ -44,7 +44,7 @@ from .events import (
     emit,
     keeping_texts,
 )
-from .golden import GoldenFile, check_golden, read_golden
+from .golden import GoldenFile, add_update_golden_option, check_golden, read_golden
 from .guards import (
     GUARD_KINDS,
     Guard,
@@ -93,7 +93,7 @@ __all__ = [
     "release_saved", "training_call", "training_function",
     "EVENTS", "CacheLookup", "Event", "EventLog", "FrameRunEagerly", "GraphBreakEvent", "GraphCaptured",
     "GraphCompiled", "GraphRunEagerly", "Recompile", "StageText", "StageTime", "emit", "keeping_texts",
-    "GoldenFile", "check_golden", "read_golden",
+    "GoldenFile", "add_update_golden_option", "check_golden", "read_golden",
     "ENVIRONMENT", "EnvVar", "code_environment",
     "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",

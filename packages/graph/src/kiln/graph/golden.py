@@ -22,6 +22,9 @@ import difflib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from .knobs import KNOBS
 
 SEPARATOR = "# ---- expected ----"
 
@@ -81,3 +84,13 @@ def check_golden(path: Path, run: Callable[[str], str], *, describe: str, update
 
 def _diff(a: str, b: str, name_a: str, name_b: str) -> str:
     return "\n".join(difflib.unified_diff(a.splitlines(), b.splitlines(), name_a, name_b, lineterm=""))
+
+
+def add_update_golden_option(parser: Any) -> None:
+    """Register pytest's ``--update-golden`` (default from ``KILN_UPDATE_GOLDEN``) once, from any test
+    root's ``pytest_addoption``: one pytest over every root meets it in each package's conftest."""
+    try:
+        parser.addoption("--update-golden", action="store_true", default=KNOBS.update_golden,
+                         help="rewrite golden files (tests/golden/*.txt) instead of comparing; review the diff")
+    except ValueError:  # already added by another package's conftest
+        pass

@@ -35,7 +35,7 @@ def _vars(readers: str, changes_code: bool, *names: str) -> tuple[EnvVar, ...]:
 # Where logs, dumps and caches go, how many processes compile (the same kernels either way), or how a
 # captured graph is found: not part of the graph cache key. Everything else is.
 ENVIRONMENT: Mapping[str, EnvVar] = {v.name: v for v in (
-    *_vars("graph", False, "KILN_LOGS", "KILN_DEBUG_DIR", "KILN_VERIFY"),
+    *_vars("graph", False, "KILN_LOGS", "KILN_DEBUG_DIR", "KILN_VERIFY", "KILN_UPDATE_GOLDEN"),
     *_vars("capture", True, "KILN_RECOMPILE_LIMIT", "KILN_INLINE_DEPTH"),
     *_vars("autograd", True, "KILN_PARTITIONER", "KILN_RECOMPUTE_NORMS"),
     *_vars("inductor", False, "KILN_INDUCTOR_CACHE_DIR", "KILN_TRITON_COMPILE_WORKERS",
@@ -72,6 +72,7 @@ class GraphKnobs:
     logs: str  # KILN_LOGS: comma-separated log names
     debug_dir: Path | None  # KILN_DEBUG_DIR: dump every stage's text form here
     verify: bool  # KILN_VERIFY=1: run the verifier after every pass
+    update_golden: bool  # KILN_UPDATE_GOLDEN=1: golden tests rewrite their expected parts (--update-golden)
 
 
 def read_knobs(env: dict[str, str] | None = None) -> GraphKnobs:
@@ -81,6 +82,7 @@ def read_knobs(env: dict[str, str] | None = None) -> GraphKnobs:
         logs=e.get("KILN_LOGS", ""),
         debug_dir=Path(debug) if debug else None,
         verify=e.get("KILN_VERIFY", "0") not in ("", "0", "false", "False"),
+        update_golden=e.get("KILN_UPDATE_GOLDEN", "0") not in ("", "0"),
     )
 
 
