@@ -257,7 +257,16 @@ class Optimized:
         with gc_paused(), torch.autograd.graph.saved_tensors_hooks(_same, _same):
             entry, fallback = self._compile(L, G, cache, options)
         if fallback is not None:  # outside the except blocks: eager errors carry no capture context
-            return self._eager(fallback[0], args, kwargs, permanent=fallback[1])
+            reason, permanent = fallback
+            cache.failed_captures += 1
+            if not permanent and cache.failed_captures >= _FAILED_CAPTURES_LIMIT:
+                # Note: a capture that fails the same frame call after call (a tracing error the next call
+                # meets again) would otherwise re-trace on every call: slower than eager by the trace
+                reason = (f"capture failed {cache.failed_captures} calls in a row, the frame runs eagerly from "
+                          f"now on (kiln.reset() tries again); last: {reason}")
+                permanent = True
+            return self._eager(reason, args, kwargs, permanent=permanent)
+        cache.failed_captures = 0
         assert entry is not None
         cache.entries.append(entry)
         return entry.run(L, G)
@@ -420,6 +429,7 @@ def _subclass_input(L: dict, self_obj: Any) -> str | None:
 
 
 _CHECKPOINT = torch.utils.checkpoint.checkpoint
+_FAILED_CAPTURES_LIMIT = 3  # failed captures in a row before a frame runs eagerly for good
 
 
 def _same(t: Any) -> Any:
