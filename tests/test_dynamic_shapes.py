@@ -260,3 +260,22 @@ def test_explain_shows_symbolic_guards_of_a_dynamic_compile() -> None:
         return x.reshape(-1, 4).sum(1)
     text = kiln.explain(kiln.compile(f, backend="aot_eager", dynamic=True))(torch.randn(8)).as_text()
     assert "SYMBOL" in text and ":= L['x'].size()[0]" in text and "% 4) == 0" in text
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_pad_to_a_multiple_of_a_symbolic_size(backend: str) -> None:
+    """``F.pad`` by ``(-n) % 8`` (HF's attention masks pad so): capture traces it through the Python
+    dispatcher, and kiln.inductor, whose C remainder would round ``(-n) % 8`` wrongly, refuses the graph
+    (its ATen graph runs instead, counted) rather than compute a wrong pad. One compile serves every size."""
+    def f(x):
+        pad = (-x.shape[1]) % 8
+        return F.pad(x, (0, pad)).softmax(-1) * 2
+
+    kiln.stats_reset()
+    cf = kiln.compile(f, dynamic=True, backend=backend)
+    for n in (5, 9, 13, 16, 7):
+        x = torch.randn(3, n)
+        torch.testing.assert_close(cf(x), f(x))
+    s = kiln.stats()
+    assert (s.graphs_compiled, s.frames_run_eagerly) == (1, 0)
+    assert s.graphs_run_eagerly == (1 if backend == "inductor" else 0)

@@ -19,6 +19,7 @@ from typing import Any
 import sympy
 import torch
 from torch import fx, nn
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental import symbolic_shapes
@@ -42,6 +43,19 @@ CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellips
 
 # dim sets the cache decides for a source: which dims of this input tensor are dynamic
 DynamicPolicy = Callable[[str, Any], frozenset[int]]  # (source, tensor or int arg) -> dynamic dims
+
+
+def _run_fake(run: Callable[[], Any], symbolic: bool) -> Any:
+    """``run()`` on fake values. With symbolic sizes, an op whose C++ kernel takes a plain int list (the
+    pads of ``constant_pad_nd``) refuses SymInts; its Python meta rule, which the Python dispatcher reaches,
+    takes them, so such a call is run again through it."""
+    try:
+        return run()
+    except RuntimeError as e:
+        if not symbolic or "expected to contain only concrete integers" not in str(e):
+            raise
+    with enable_python_dispatcher():
+        return run()
 
 
 @dataclass
@@ -375,6 +389,13 @@ class Tracer:
         return n
 
     # ---- recording ----------------------------------------------------------------------
+    def _symbolic(self) -> bool:
+        """Whether this trace has symbolic sizes (torch 2.15 renamed the ShapeEnv's table)."""
+        env = self.shape_env
+        if env is None:
+            return False
+        return bool(getattr(env, "backed_var_to_val", None) if hasattr(env, "backed_var_to_val") else env.var_to_val)
+
     def record(self, kind: str, target: Any, args: tuple, kwargs: dict, run: Callable[[], Any],
                pure: bool = False) -> Any:
         """Run ``run`` on fake values and record one node computing its result."""
@@ -385,7 +406,7 @@ class Tracer:
         node_kwargs = self.to_arg(kwargs)
         try:
             with self.fake_mode:
-                result = run()
+                result = _run_fake(run, self._symbolic())
         except GraphBreak:
             raise
         except Exception as e:

@@ -226,6 +226,16 @@ def sym_expr(v: object) -> sympy.Expr:
     return sympy.Integer(int(v))  # type: ignore[call-overload]
 
 
+def _check_nonnegative_division(e: sympy.Expr, args: list[sympy.Expr]) -> None:
+    """kiln's FloorDiv and ModIndex are C's ``/`` and ``%``, which agree with Python's ``//`` and ``%`` only
+    for a non-negative dividend and a positive divisor; anything else (``(-s0) % 8``, a pad to a multiple)
+    is refused rather than computed with C's truncating rounding."""
+    dividend, divisors = args[0], args[1:]
+    if dividend.is_nonnegative is not True or any(d.is_positive is not True for d in divisors):
+        raise DynamicShapeUnsupported(f"size expression {e}: a division or remainder kiln.inductor cannot prove "
+                                      "non-negative (C and Python round negative operands differently)")
+
+
 def to_kiln(e: sympy.Expr) -> sympy.Expr:
     """A ShapeEnv expression in kiln's vocabulary (its symbols as size symbols, its FloorDiv and
     ModularIndexing as kiln's FloorDiv/ModIndex)."""
@@ -242,6 +252,8 @@ def to_kiln(e: sympy.Expr) -> sympy.Expr:
     if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and int(e.exp) > 0:
         return args[0] ** int(e.exp)
     name = type(e).__name__
+    if name in ("FloorDiv", "CleanDiv", "IntTrueDiv", "CeilDiv", "Mod", "PythonMod", "ModularIndexing"):
+        _check_nonnegative_division(e, args)
     if name in ("FloorDiv", "CleanDiv", "IntTrueDiv") and len(args) == 2:
         return FloorDiv(*args)
     if name == "CeilDiv" and len(args) == 2:
