@@ -17,6 +17,7 @@ import socket
 import tempfile
 import time
 import traceback
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,22 @@ def free_port() -> int:
 
 
 def run_ranks(fn: Callable[..., Any], *args: Any, world: int = 2, timeout: float = 240.0) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` on ``world`` spawned gloo ranks; the results by rank."""
+    """Run ``fn(rank, world, *args)`` on ``world`` spawned gloo ranks; the results by rank.
+
+    A rank killed by a signal without a Python error (seen once on a loaded 2-core CI host: SIGABRT in
+    gloo) is run again once, with a warning; a second such death, an error or a hang fails the test."""
+    try:
+        return _run_ranks_once(fn, *args, world=world, timeout=timeout)
+    except _RankKilled as e:
+        warnings.warn(f"distributed test {fn.__name__}: {e}; running the ranks again", stacklevel=2)
+        return _run_ranks_once(fn, *args, world=world, timeout=timeout)
+
+
+class _RankKilled(AssertionError):
+    """A rank died by a signal and reported no Python error."""
+
+
+def _run_ranks_once(fn: Callable[..., Any], *args: Any, world: int, timeout: float) -> list[Any]:
     test_file = str(Path(fn.__code__.co_filename).resolve())
     ctx = mp.get_context("spawn")
     port = free_port()
@@ -61,7 +77,9 @@ def run_ranks(fn: Callable[..., Any], *args: Any, world: int = 2, timeout: float
             raise AssertionError(f"ranks {hung} did not finish within {timeout:.0f} s")
         bad = [r for r, p in enumerate(procs) if p.exitcode != 0]
         if bad:
-            raise AssertionError(f"ranks {bad} exited with codes {[procs[r].exitcode for r in bad]}")
+            codes = [procs[r].exitcode for r in bad]
+            killed = all(c is not None and c < 0 for c in codes)
+            raise (_RankKilled if killed else AssertionError)(f"ranks {bad} exited with codes {codes}")
         return [torch.load(Path(out) / f"{r}.pt", weights_only=False) for r in range(world)]
 
 
