@@ -148,7 +148,7 @@ def _special(fn: Any) -> Any:
         found = SPECIAL.get(fn)
     except TypeError:  # unhashable callable
         return None
-    if found is None and torch_disabled_wrapper(fn):  # importing torch._dynamo rewraps torch.manual_seed
+    if found is None and torch_disabled_wrapper(fn):  # torch wraps some functions (torch.manual_seed) as never-compiled
         return SPECIAL.get(fn.__wrapped__)
     return found
 

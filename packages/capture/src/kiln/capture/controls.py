@@ -9,7 +9,6 @@ switch, set as a call, a context manager or a decorator, never configuration rea
 from __future__ import annotations
 
 import functools
-import sys
 import types
 import weakref
 from collections.abc import Callable
@@ -90,14 +89,7 @@ def allow_in_graph(fn: Any) -> Any:
 
 
 def allowed_in_graph(fn: Any) -> bool:
-    if _ALLOWED.get(id(fn)) is fn or _ALLOWED_STRONG.get(id(fn)) is fn:
-        return True
-    rules = sys.modules.get("torch._dynamo.trace_rules")  # torch.compiler.allow_in_graph's registry
-    allowed = getattr(rules, "_allowed_callable_ids", None)
-    try:
-        return allowed is not None and id(fn) in allowed
-    except Exception:
-        return False
+    return _ALLOWED.get(id(fn)) is fn or _ALLOWED_STRONG.get(id(fn)) is fn
 
 
 # ---- is_compiling ------------------------------------------------------------------------------------
@@ -141,13 +133,10 @@ class set_stance:  # noqa: N801 (a function, context manager and decorator, as t
 
 
 def current_stance() -> str:
-    """kiln's stance, else the one set through ``torch.compiler.set_stance``."""
-    name = _STANCE.name
-    if name != "default":
-        return name
-    frames = sys.modules.get("torch._dynamo.eval_frame")
-    torch_stance = getattr(getattr(frames, "_stance", None), "stance", None)
-    return torch_stance if isinstance(torch_stance, str) and torch_stance in STANCES else name
+    """kiln's stance (``kiln.set_stance``). Note: ``torch.compiler.set_stance`` and
+    ``torch.compiler.allow_in_graph`` keep their state inside torch's own compiler, which kiln does not
+    read (DESIGN.md); use the ``kiln.*`` controls."""
+    return _STANCE.name
 
 
 # ---- mark_static -----------------------------------------------------------------------------------------

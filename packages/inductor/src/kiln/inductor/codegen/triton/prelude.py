@@ -15,7 +15,7 @@ import os
 import triton
 import triton.language as tl
 
-if os.environ.get("TRITON_INTERPRET", "0") == "1":
+if _KILN_TRITON_INTERPRET:
     import numpy as _np
     from triton.runtime.interpreter import TensorHandle as _TensorHandle
 
