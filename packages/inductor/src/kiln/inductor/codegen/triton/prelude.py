@@ -15,7 +15,7 @@ import os
 import triton
 import triton.language as tl
 
-if _KILN_TRITON_INTERPRET:
+if os.environ.get("TRITON_INTERPRET", "0") == "1":
     import numpy as _np
     from triton.runtime.interpreter import TensorHandle as _TensorHandle
 

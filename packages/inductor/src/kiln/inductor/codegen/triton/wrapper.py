@@ -27,7 +27,6 @@ import torch
 from kiln.runtime import load_triton_module
 
 from ...ir import Kernel
-from ...knobs import triton_interpret
 from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .kernel import TritonKernel, generate_kernels
 from .launcher import LAUNCHER
@@ -42,10 +41,7 @@ LOADER = "from kiln.runtime.triton_kernels import load_triton_module as _kiln_lo
 def module_source(kernels: Sequence[TritonKernel]) -> str:
     """The kernel module: prelude helpers then every kernel function (a kernel that launches another's
     identical function adds none)."""
-    # the interpreter's numpy helpers are chosen when the module is written (TRITON_INTERPRET, a
-    # code-changing setting, is part of the graph cache key)
-    prelude = PRELUDE.replace("_KILN_TRITON_INTERPRET", repr(triton_interpret()))
-    return prelude + "\n\n" + "\n\n\n".join(k.source for k in kernels if not k.function) + "\n"
+    return PRELUDE + "\n\n" + "\n\n\n".join(k.source for k in kernels if not k.function) + "\n"
 
 
 def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_VAR,
