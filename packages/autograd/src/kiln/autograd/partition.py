@@ -138,6 +138,8 @@ def _order(s: _Split) -> list[fx.Node]:
 def _recomputable(n: fx.Node) -> bool:
     if n.target is operator.getitem:
         return True
+    if isinstance(n.meta.get("val"), (torch.SymFloat, torch.SymBool)):
+        return True  # scalar math over sizes (``1.0 / x.shape[0]``): the backward redoes it from saved sizes
     return ops.is_recomputable(n.target)
 
 

@@ -26,6 +26,7 @@ from kiln.graph import (
     lazy_graph_module,
     log,
     map_leaves,
+    symbolic_dispatch,
     target_name,
 )
 from kiln.graph import verify as verify_dialect
@@ -331,6 +332,6 @@ def trace(fn: Callable[..., Any], args: Sequence[Any], table: Table | None = Non
                 recorder.bind(v, node)
             fakes.append(v)
     fargs, fkwargs = tree_unflatten(fakes, spec)
-    with mode, recorder:
+    with mode, recorder, symbolic_dispatch(mode.shape_env is not None):
         out = fn(*fargs, **fkwargs)
     return _finish(graph, root, recorder, out, {})

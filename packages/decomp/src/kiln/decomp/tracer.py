@@ -135,6 +135,8 @@ class GraphRecorder(TorchDispatchMode):
     def _expr_node(self, expr: sympy.Expr) -> Any:
         if expr.is_Integer:
             return int(expr)
+        if expr.is_number:
+            return float(expr)
         if expr in self._sym_nodes:
             return self._sym_nodes[expr]
         node = self._build_expr(expr)
@@ -161,7 +163,11 @@ class GraphRecorder(TorchDispatchMode):
                 return acc
         name = type(expr).__name__
         named = {"FloorDiv": operator.floordiv, "Mod": operator.mod, "PythonMod": operator.mod,
-                 "CleanDiv": operator.floordiv, "Max": max, "Min": min}
+                 "CleanDiv": operator.floordiv, "Max": max, "Min": min, "IntTrueDiv": operator.truediv,
+                 "FloatTrueDiv": operator.truediv, "FloatPow": operator.pow, "PowByNatural": operator.pow}
+        unary = {"ToFloat": torch.sym_float, "TruncToInt": torch.sym_int}
+        if name in unary:
+            return self.graph.call_function(unary[name], (self._expr_node(expr.args[0]),))
         if name in named:
             a, b = (self._expr_node(x) for x in expr.args[:2])
             return self.graph.call_function(named[name], (a, b))

@@ -24,6 +24,7 @@ served by the compiled graph.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._dispatch.python import enable_python_dispatcher
 
 _REL = {"Equality": "==", "Unequality": "!=", "StrictLessThan": "<", "LessThan": "<=",
         "StrictGreaterThan": ">", "GreaterThan": ">="}
@@ -86,6 +88,18 @@ def py_expr(e: Any) -> str:
     if name in ("FloorToInt", "floor"):
         return f"({args[0]} // 1)"
     raise SymbolicSizeError(f"cannot print size expression {e} ({name})")
+
+
+def symbolic_dispatch(symbolic: bool) -> contextlib.AbstractContextManager[Any]:
+    """The dispatch to trace ops under when sizes are symbolic: the Python dispatcher, whose Python
+    rules for composite ops (``matmul``, ``linear``, ``pad``) keep sizes as SymInts.
+
+    Why every stage needs it: the C++ composite kernels read sizes as plain ints on some paths, and
+    a plain int read of a symbolic size specialises it for good (or raises). torch 2.11 on a machine
+    with a GPU does this for a batched ``matmul`` of CUDA tensors (``s0`` pinned to the example's
+    size) and for a 3-d ``linear`` without bias (``numel()`` on symbolic sizes raises); CPU tensors
+    and newer torch happen not to. Static tracing keeps the faster C++ path."""
+    return enable_python_dispatcher() if symbolic else contextlib.nullcontext()
 
 
 def is_symbolic(v: Any) -> bool:
