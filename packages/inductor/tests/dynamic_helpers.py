@@ -14,7 +14,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 import kiln.decomp as decomp
-from kiln.graph import CompiledGraph
+from kiln.graph import CompiledGraph, symbolic_dispatch
 from kiln.inductor import InductorOptions, compile_graph, inductor_decompositions
 
 CPP = InductorOptions(strict_lowering=True)
@@ -42,7 +42,7 @@ def symbolic_graph(fn: Callable[..., Any], *args: Any,
             ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
                                                           for d in range(a.dim())])
             fakes.append(mode.from_tensor(a, symbolic_context=ctx))
-        with mode:
+        with mode, symbolic_dispatch(True):  # as make_fx's symbolic mode: composite ops keep SymInts
             gm = make_fx(fn, tracing_mode="real")(*fakes)
     gm = decomp.decompose(gm, inductor_decompositions(), check=False)
     examples = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
