@@ -126,8 +126,8 @@ def _symbolic_attention(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any]) ->
     Note: the composite asks ``_fused_sdp_choice`` on the fake tensors, and its cuDNN checks read the
     sizes as ints, which pins every symbolic size of the graph (an H200 serving stream recompiled per
     request). So the choice is made here from what does not depend on sizes: flash attention (half
-    precision, no mask, head dim a multiple of 8 up to 256) or memory-efficient attention (no mask),
-    and the MATH form otherwise. A causal call uses them only when queries and keys have the same
+    precision, no mask, head dim a multiple of 8 up to 256) or memory-efficient attention (no mask, or
+    a non-causal call with a mask: ``_masked_efficient``), and the MATH form otherwise. A causal call uses them only when queries and keys have the same
     length symbol (the kernels' causal alignment for L != S differs from the composite's)."""
     from torch.nn.attention import SDPBackend
 
@@ -138,16 +138,52 @@ def _symbolic_attention(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any]) ->
              and all(isinstance(t.stride(-1), int) and t.stride(-1) == 1 for t in (q, k, v)))
     need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     b = torch.backends.cuda
+    masked = (mask is not None and isinstance(mask, torch.Tensor) and mask.dtype in (q.dtype, torch.bool)
+              and mask.dim() == 4 and a["dropout_p"] == 0.0 and not a["enable_gqa"] and isinstance(head, int)
+              and head % 8 == 0 and _same_size(q.shape[1], k.shape[1]) and not a["is_causal"]
+              and all(isinstance(t.stride(-1), int) and t.stride(-1) == 1 for t in (q, k, v)))
     if fused and q.dtype in (torch.float16, torch.bfloat16) and head <= 256 and b.flash_sdp_enabled():
         choice = SDPBackend.FLASH_ATTENTION.value
     elif fused and b.mem_efficient_sdp_enabled():
         choice = SDPBackend.EFFICIENT_ATTENTION.value
+    elif masked and b.mem_efficient_sdp_enabled():
+        return _masked_efficient(q, k, v, mask, need_lse, a)
     else:
         log("perf_hints").info("attention with symbolic sizes: traced as its MATH form (a mask, dropout or "
                                "unequal lengths under is_causal)")
+        if isinstance(mask, torch.Tensor) and mask.dtype == torch.bool:
+            # the composite converts a bool mask before MATH; _scaled_dot_product_attention_math itself
+            # adds a bool mask as 0/1 (a wrong result for every masked position)
+            mask = _additive(mask, q)
         return aten._scaled_dot_product_attention_math(q, k, v, mask, a["dropout_p"], a["is_causal"], None,
                                                        scale=a["scale"], enable_gqa=a["enable_gqa"])[0]
     return _fused_call(choice, q, k, v, None, False, need_lse, a)
+
+
+def _masked_efficient(q: Any, k: Any, v: Any, mask: Any, need_lse: bool, a: dict[str, Any]) -> Any:
+    """Masked attention over symbolic sizes as memory-efficient attention (eager's choice for a
+    masked half-precision call; MATH would run it as fp32 bmm-softmax-bmm).
+
+    The kernel reads the bias rows at 16-element aligned offsets, which a symbolic key length cannot
+    promise: the additive mask is written into rows padded to a multiple of 16 and viewed back to the
+    key length (the composite's pad_bias, with the pad computed as a size expression). A query row
+    that may attend to nothing stays 0, as MATH's safe softmax makes it."""
+    s = k.shape[2]
+    bias = _additive(mask, q) if mask.dtype == torch.bool else mask
+    bias = aten.expand(bias, [q.shape[0], q.shape[1], q.shape[2], s])
+    padded = aten.constant_pad_nd(bias, [0, (s + 15) // 16 * 16 - s], 0.0)
+    bias = aten.slice.Tensor(padded, -1, 0, s)
+    out = aten._scaled_dot_product_efficient_attention(q, k, v, bias, need_lse, 0.0, False,
+                                                        scale=a["scale"])[0]
+    allowed = mask if mask.dtype == torch.bool else aten.ne.Scalar(mask, float("-inf"))
+    return aten.where.ScalarOther(aten.any.dim(allowed, -1, True), out, 0.0)
+
+
+def _additive(mask: Any, q: Any) -> Any:
+    """A bool mask (True: attend) as the additive mask in the query's dtype, as the composite's
+    convert_boolean_attn_mask makes it."""
+    zeros = aten.zeros.default(list(mask.shape), dtype=q.dtype, device=q.device)
+    return aten.masked_fill.Scalar(zeros, aten.logical_not(mask), float("-inf"))
 
 
 def _same_size(x: Any, y: Any) -> bool:
@@ -162,9 +198,8 @@ def _fused_call(choice: int, q: Any, k: Any, v: Any, mask: Any, dense: bool, nee
                 a: dict[str, Any]) -> Any:
     from torch.nn.attention import SDPBackend
 
-    if mask is not None and mask.dtype == torch.bool:  # as the composite's convert_boolean_attn_mask
-        zeros = aten.zeros.default(list(mask.shape), dtype=q.dtype, device=q.device)
-        mask = aten.masked_fill.Scalar(zeros, aten.logical_not(mask), float("-inf"))
+    if mask is not None and mask.dtype == torch.bool:
+        mask = _additive(mask, q)
     elif dense:
         mask = aten.clone.default(mask, memory_format=torch.contiguous_format)
     if choice == SDPBackend.FLASH_ATTENTION.value:
