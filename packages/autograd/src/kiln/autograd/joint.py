@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -19,8 +19,11 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
+from kiln.decomp import decompose
 from kiln.graph import (
     SymbolicSizeError,
+    annotate,
+    annotations_of,
     autocast_off,
     has_symbolic_sizes,
     is_symbolic,
@@ -316,6 +319,27 @@ def trace_inference(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
 def _traced(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: Decompositions | None,
             joint: bool) -> JointGraph:
     try:
-        return _trace(gm, example_inputs, decompositions, joint)
+        traced = _trace(gm, example_inputs, decompositions, joint)
     except SymbolicSizeError as e:
         raise AutogradTraceError(f"symbolic sizes: {e}") from e
+    if not traced.joint:  # no partition follows: its decomposition is finished now
+        traced = replace(traced, gm=finish_decomposition(traced.gm, decompositions))
+    return traced
+
+
+def finish_decomposition(gm: fx.GraphModule, decompositions: Decompositions | None) -> fx.GraphModule:
+    """``gm`` with ``decompositions`` applied to the ops the trace recorded itself, declared done.
+
+    The trace applies the table to every op that reaches it, but the functional forms it records for
+    mutations (training BatchNorm's ``_native_batch_norm_legit_functional``) are kept whole until the
+    joint graph is partitioned (recompute.py and the min-cut read them as one op). This finishes the
+    job -- on the partitioned halves, or an inference graph -- with kiln.decomp (a copy, no re-trace,
+    when nothing is left), and a named table says so in ``GraphAnnotations.decomposed_by``: the
+    compiler that receives the graph does not run the table again (decomposition in one place)."""
+    name = getattr(decompositions, "name", "")
+    if not name or decompositions is None:
+        return gm
+    out = decompose(gm, decompositions, check=False)
+    out.meta.update({k: v for k, v in gm.meta.items() if k not in out.meta})
+    annotate(out, replace(annotations_of(gm), decomposed_by=name))
+    return out
