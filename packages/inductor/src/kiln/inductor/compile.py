@@ -41,7 +41,8 @@ def load_wrapper(source: str, files_dir: str, filename: str, precompiled: bool =
     """Execute wrapper source as a module namespace and return its ``call_owned`` (which empties the
     list it is given: pass a list of your own). ``precompiled``: its Triton kernels (and their
     launchers) are compiling in the worker pool already, so the module's own precompile on load
-    (``_kiln_precompile``, for wrappers loaded elsewhere) is told to skip them through a module global:
+    (``kiln.runtime.triton_compile.precompile``, for wrappers loaded elsewhere) is told to skip them
+    through a module global:
     it would compile the same kernels again, here."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     ns: dict[str, Any] = {"FILES_DIR": files_dir, "FILES": {}, "__name__": filename,

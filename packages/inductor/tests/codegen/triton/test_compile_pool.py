@@ -1,4 +1,4 @@
-"""Triton kernels compiled ahead in worker processes (codegen/triton/compile_pool.py, ahead.py).
+"""Triton kernels compiled ahead in worker processes (kiln/inductor/compile_pool.py, codegen/triton/ahead.py).
 
 Without a GPU the workers cross-compile for cuda:90 (what ``KILN_TRITON_CROSS_TARGET`` does): the
 binaries are real, only nothing launches them. A kernel compiled in a worker must land in triton's
@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
+from kiln.inductor import compile_pool as cp
 from kiln.inductor.codegen.triton import ahead
-from kiln.inductor.codegen.triton import compile_pool as cp
-from kiln.inductor.codegen.triton.compile_pool import CompileBatch, CompilePool, TritonJob
 from kiln.inductor.codegen.triton.kernel import TritonKernel
 from kiln.inductor.codegen.triton.testing import device
+from kiln.inductor.compile_pool import CompileBatch, CompilePool, TritonJob
 from kiln.inductor.ir import Layout
 
 TARGET = ("cuda", 90, 32)
@@ -63,7 +63,7 @@ def _kernel_dirs(cache: str) -> set[str]:
 def _compile_in_a_plain_process(jobs: list[TritonJob], cache: str) -> None:
     """What the parent's own compile (its first launch) does, in a process without the interpreter."""
     script = textwrap.dedent(f"""
-        from kiln.inductor.codegen.triton.compile_worker import compile_job
+        from kiln.inductor.compile_worker import compile_job
         for job in {[j.as_dict(None) for j in jobs]!r}:
             status, _, error, _ = compile_job(job, {TARGET!r})
             assert status == "ok", error
@@ -212,8 +212,8 @@ def _run_clean(tmp_path, body: str) -> str:
     script = textwrap.dedent("""
         import logging, sys
         logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
-        from kiln.inductor.codegen.triton import compile_pool as cp
-        from kiln.inductor.codegen.triton.compile_pool import CompilePool, TritonJob
+        from kiln.inductor import compile_pool as cp
+        from kiln.inductor.compile_pool import CompilePool, TritonJob
     """) + textwrap.dedent(body)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), KILN_LOGS="perf_hints")
@@ -310,3 +310,26 @@ def test_a_worker_compiles_without_importing_torch_into_the_key_torch_dtypes_giv
                    env=dict(env, TRITON_CACHE_DIR=str(tmp_path / "without_torch")))
     made = _kernel_dirs(str(tmp_path / "with_torch"))
     assert len(made) == 1 and _kernel_dirs(str(tmp_path / "without_torch")) == made
+
+
+def test_autotune_candidates_compile_on_the_same_pool(pool, tmp_path):
+    """max-autotune has no compile workers of its own: its candidates are jobs of the one pool that
+    compiles a graph's kernels (autotune/compilers.py PoolCompiler), into triton's cache; candidates
+    whose turn comes after the tuning deadline are skipped, not compiled."""
+    from kiln.inductor.autotune.compilers import CompileJob, PoolCompiler, TargetCompiler
+    from kiln.inductor.autotune.loader import load_source_module
+
+    add = load_source_module(ADD + "# autotune on the pool\n", prefix="kiln_test_pool_tune_").add
+    jobs = [CompileJob(add, (torch.float32,) * 3, (("XBLOCK", xb),), 4, 1, f"add {xb}") for xb in (64, 128)]
+    served: list[CompileBatch] = []
+    submit = pool.submit
+    pool.submit = lambda batch: served.append(batch) or submit(batch)  # type: ignore[method-assign]
+    compiler = PoolCompiler(TARGET, fallback=TargetCompiler("cuda:90"))
+    stats = compiler(jobs, deadline=time.perf_counter() + 300)
+    assert (stats.jobs, stats.compiled, stats.failed, stats.skipped, stats.mode) == (2, 2, 0, 0, "process"), stats.errors
+    assert len(served) == 1 and [j.function for j in served[0].jobs] == ["add", "add"]
+    assert len(_kernel_dirs(os.environ["TRITON_CACHE_DIR"])) == 2  # compiled by the pool's worker
+    late = compiler([CompileJob(add, (torch.float32,) * 3, (("XBLOCK", 256),), 4, 1, "add 256")],
+                    deadline=time.perf_counter() - 1)
+    assert (late.jobs, late.compiled, late.skipped) == (1, 0, 1)
+    assert len(_kernel_dirs(os.environ["TRITON_CACHE_DIR"])) == 2  # nothing compiled after the deadline

@@ -1,4 +1,4 @@
-"""Which kernels of a CUDA graph compile ahead of the first call, for which target (compile_pool.py).
+"""Which kernels of a CUDA graph compile ahead of the first call, for which target (kiln/inductor/compile_pool.py).
 
 Every generated kernel without size arguments is one job per distinct (function, pointer dtypes,
 constexprs, warps, stages), queued longest first: kernels sharing one function (dedup.py) with the same launch config are
@@ -14,11 +14,17 @@ from typing import Any
 
 import torch
 
-from kiln.graph import log
-
+from ...compile_pool import (
+    CompileBatch,
+    TritonJob,
+    compile_pool,
+    device_target,
+    in_process,
+    parse_target,
+    submit,
+)
 from ...ir import Layout
 from ...knobs import KNOBS, triton_interpret
-from .compile_pool import CompileBatch, TritonJob, in_process, parse_target, submit
 from .kernel import TritonKernel
 from .wrapper import load_triton_module, module_source
 
@@ -60,17 +66,7 @@ def compile_target(device: str) -> tuple[tuple[str, Any, int] | None, bool]:
     if device != "cuda" or triton_interpret():
         return None, False
     if torch.cuda.is_available():
-        if torch.version.hip is not None:  # ROCm: the wrapper's thread pool compiles (not tried here)
-            return None, False
-        # what triton's CUDA driver reports, without making that driver here (on a fresh cache it builds
-        # a C module first: the compile workers do that while this process lowers)
-        try:
-            major, minor = torch.cuda.get_device_capability()
-        except Exception as e:  # noqa: BLE001 - then the wrapper's own precompile compiles, as before
-            log("perf_hints").info("triton: no device capability (%s: %s); kernels compile in this process",
-                                   type(e).__name__, e)
-            return None, False
-        return ("cuda", major * 10 + minor, 32), False
+        return device_target(), False
     if KNOBS.triton_cross_target:
         return parse_target(KNOBS.triton_cross_target), True
     return None, False
@@ -99,7 +95,5 @@ def warm_compile_pool(device: str = "cuda") -> bool:
     """Start the Triton compile workers now, in the background, when graphs for ``device`` will compile
     Triton kernels here (a GPU, or ``KILN_TRITON_CROSS_TARGET``); True when there is a pool. kiln.compile
     may call this before capture so the workers' imports overlap it; compile_graph calls it on entry."""
-    from .compile_pool import compile_pool
-
     target, _ = compile_target(device)
     return target is not None and compile_pool() is not None
