@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .knobs import triton_interpret, triton_precompile
+from .triton_notes import KERNEL_NOTES
 
 MAX_THREADS = 32
 
@@ -124,7 +125,7 @@ def precompile(items: Sequence[tuple[Any, tuple[Any, ...]]], compiled_ahead: boo
     import torch
     import triton
 
-    items = [item for item in items if not getattr(item[0].fn, "_kiln_preloaded", False)]
+    items = [item for item in items if not KERNEL_NOTES.preloaded(item[0].fn)]
     if (len(items) < 2 or compiled_ahead or triton_interpret() or not triton_precompile()
             or not hasattr(triton, "AsyncCompileMode") or not torch.cuda.is_available()):
         return

@@ -15,6 +15,7 @@ import time
 import torch
 
 from kiln.graph import log
+from kiln.runtime import triton_module_name
 
 from ...autotune.mm_template import TemplateKernel
 from ...autotune.session import Problem, TuningSession
@@ -168,4 +169,4 @@ class TritonBackend:
                                source_text=source, local_dir="", compile_seconds=time.perf_counter() - t0,
                                requires=("torch", "triton"), device=self.device,
                                call_prologue=f"{CTX_VAR} = _kiln_launch_context()" if generated else "",
-                               pending=pending)
+                               pending=pending, triton_modules=(triton_module_name(source),) if generated else ())

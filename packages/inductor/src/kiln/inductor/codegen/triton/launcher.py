@@ -11,8 +11,9 @@ alignment, a launch hook installed by a profiler, the interpreter) takes triton'
 fast path never launches a binary that triton would not have chosen.
 
 A first launch after a warm start (kernels handed to triton from a cache entry or artifact,
-``kiln.runtime.triton_preload``) skips triton's path too: each binary carries, as ``_kiln_launch``,
-what the launch that made it passed -- the constexprs, warps, stages, triton's launch-option knobs
+``kiln.runtime.triton_preload``) skips triton's path too: beside each binary kiln keeps a
+``LaunchRecord`` (``kiln.runtime.triton_notes``: declared data, not an attribute set on triton's
+object) of what the launch that made it passed -- the constexprs, warps, stages, triton's launch-option knobs
 and, per argument, everything triton specialises on (a tensor's dtype and 16-byte alignment, an
 int's "== 1", "multiple of 16" and 32/64-bit range) -- recorded when it was compiled and saved with
 it. A launcher whose first call describes its arguments exactly so binds that binary directly: no
@@ -29,6 +30,7 @@ LAUNCHER = '''\
 def _kiln_make_launch_support():
     import torch
     from kiln.runtime.knobs import triton_interpret
+    from kiln.runtime.triton_notes import KERNEL_NOTES as notes, LaunchRecord
     interpret = triton_interpret()
     try:
         from torch._C import _cuda_getCurrentRawStream as raw_stream
@@ -111,9 +113,9 @@ def _kiln_make_launch_support():
                 if self.bound_preloaded:
                     return self(grid, ctx, *args)  # the fast path above, with the bound binary
             binary = self.fn[grid](*args, **self.consts, num_warps=self.num_warps, num_stages=self.num_stages)
-            if binary is not None and getattr(binary, "_kiln_launch", None) is None:
+            if binary is not None and notes.launch(binary) is None:
                 try:  # what this launch specialised on, saved with the binary (triton_preload.kernel_record)
-                    binary._kiln_launch = self.describe(args)
+                    notes.note_launch(binary, LaunchRecord.of(self.describe(args)))
                 except Exception:  # noqa: BLE001 - a binary without a description is never bound directly
                     pass
             if self.run is None and run is None and ctx[0] >= 0 and binary is not None and not hooks_installed():
@@ -134,11 +136,11 @@ def _kiln_make_launch_support():
                 caches = getattr(self.fn, "device_caches", None)
                 if caches is None or device not in caches or getattr(self.fn, "pre_run_hooks", None):
                     return False
-                kernels = [k for k in caches[device][0].values() if getattr(k, "_kiln_launch", None) is not None]
+                kernels = [k for k in caches[device][0].values() if notes.launch(k) is not None]
                 if not kernels or hooks_installed():
                     return False
-                want = self.describe(args)
-                kernel = next((k for k in kernels if k._kiln_launch == want), None) if want is not None else None
+                want = LaunchRecord.of(self.describe(args))
+                kernel = next((k for k in kernels if notes.launch(k) == want), None) if want is not None else None
                 if kernel is None:
                     return False
                 self.adopt(kernel, device, args)
