@@ -199,7 +199,7 @@ def pool_job(job: CompileJob) -> TritonJob | None:
         path = inspect.getsourcefile(inner) if inner is not None else None
     except TypeError:
         path = None
-    if not path:
+    if not path or inner is None:
         return None
     dtypes = tuple(str(d).removeprefix("torch.") for d in job.dtypes)
     return TritonJob(path, inner.__module__, inner.__name__, dtypes, tuple(job.constants), job.num_warps,
