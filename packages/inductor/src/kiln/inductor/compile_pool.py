@@ -12,7 +12,7 @@ torch.compile's compile workers, kiln keeps a pool of worker processes (``compil
 
 - started early and in the background (``warm_compile_pool()``: at the first compile of a CUDA graph,
   or sooner by the caller), so a worker's imports overlap capture and lowering;
-- ``submit(jobs)`` hands a graph's distinct kernel specialisations to the workers and returns at
+- ``TritonCompilePool.submit(jobs)`` hands a graph's distinct kernel specialisations to the workers and returns at
   once: the forward's kernels compile while the backward is traced, lowered and generated;
 - the compiled graph waits for its batch on its first call (``CompileBatch.wait``); the first launch
   of each kernel then loads the binary from triton's on-disk cache (milliseconds).
@@ -356,28 +356,6 @@ class CompilePool:
         self.workers, self.threads, self.alive = [], [], 0
 
 
-class ProcessPool:
-    """Owns the process's compile pool: made on first use (``compile_pool``), replaceable for a
-    block (``using``); a forked child makes its own."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.pool: CompilePool | None = None
-
-    @contextlib.contextmanager
-    def using(self, pool: CompilePool | None) -> Iterator[CompilePool | None]:
-        with self.lock:
-            before, self.pool = self.pool, pool
-        try:
-            yield pool
-        finally:
-            with self.lock:
-                self.pool = before
-
-
-PROCESS_POOL = ProcessPool()
-
-
 def default_workers() -> int:
     try:
         cores = len(os.sched_getaffinity(0))
@@ -386,29 +364,78 @@ def default_workers() -> int:
     return max(1, min(cores, 32))
 
 
-def compile_pool() -> CompilePool | None:
-    """The process's pool, started on first use; None where worker processes are not used (logged once)."""
-    with PROCESS_POOL.lock:
-        pool = PROCESS_POOL.pool
-        if pool is not None and pool.pid != os.getpid():  # a forked child: its parent's workers are not its own
-            pool = PROCESS_POOL.pool = None
-        if pool is not None:
-            return pool if pool.alive > 0 else None
-        workers = KNOBS.triton_compile_workers if KNOBS.triton_compile_workers >= 0 else default_workers()
-        import torch
+class TritonCompilePool:
+    """The compile pool its users hold: code generation (``TritonBackend``) and max-autotune
+    (``PoolCompiler``) are handed one and call ``submit``. Its worker processes start on first use
+    (``get``), ``workers`` of them (None: ``KILN_TRITON_COMPILE_WORKERS``, else one a core, at most
+    32; 0: none, every kernel compiles in the caller's process); a forked child starts its own.
+    ``PROCESS_POOL`` is the one a process shares unless a caller passes another (tests do)."""
 
-        pool = PROCESS_POOL.pool = CompilePool(workers, gpu=torch.cuda.is_available())
-        if workers == 0:
-            log("perf_hints").info("triton: KILN_TRITON_COMPILE_WORKERS=0: kernels compile in this process")
+    def __init__(self, workers: int | None = None, started: CompilePool | None = None) -> None:
+        self.workers = workers
+        self.lock = threading.Lock()
+        self.pool: CompilePool | None = started
+
+    @contextlib.contextmanager
+    def using(self, pool: CompilePool | None) -> Iterator[CompilePool | None]:
+        """``pool`` serves this holder's users inside the block (the one before comes back after)."""
+        with self.lock:
+            before, self.pool = self.pool, pool
+        try:
+            yield pool
+        finally:
+            with self.lock:
+                self.pool = before
+
+    def get(self) -> CompilePool | None:
+        """The pool, started on first use; None where worker processes are not used (logged once)."""
+        with self.lock:
+            pool = self.pool
+            if pool is not None and pool.pid != os.getpid():  # a forked child: its parent's workers are not its own
+                pool = self.pool = None
+            if pool is not None:
+                return pool if pool.alive > 0 else None
+            workers = self.workers if self.workers is not None else (
+                KNOBS.triton_compile_workers if KNOBS.triton_compile_workers >= 0 else default_workers())
+            import torch
+
+            pool = self.pool = CompilePool(workers, gpu=torch.cuda.is_available())
+            if workers == 0:
+                log("perf_hints").info("triton: KILN_TRITON_COMPILE_WORKERS=0: kernels compile in this process")
+                return None
+            if not pool.start():
+                log("perf_hints").warning("triton: compile worker processes could not start (%s); kernels compile "
+                                          "in this process", pool.error)
+                return None
+            atexit.register(pool.close)
+            if pool.gpu:  # this process loads the workers' binaries: pay triton's one-time key now, aside
+                threading.Thread(target=_prime_triton_key, name="kiln-triton-key", daemon=True).start()
+            return pool
+
+    def warm(self) -> bool:
+        """Start the worker processes now, in the background; True when there is a pool."""
+        return self.get() is not None
+
+    def submit(self, jobs: Sequence[TritonJob], target: tuple[str, Any, int], label: str,
+               deadline: float | None = None) -> CompileBatch | None:
+        """Compile ``jobs`` for ``target`` on the pool (returns at once); None when there is no pool.
+        Jobs whose turn comes after ``deadline`` (a ``time.perf_counter()``) are skipped."""
+        pool = self.get()
+        if pool is None:
             return None
-        if not pool.start():
-            log("perf_hints").warning("triton: compile worker processes could not start (%s); kernels compile in "
-                                      "this process", pool.error)
+        batch = CompileBatch(jobs, target, label, launchers=pool.gpu, deadline=deadline)
+        if not pool.submit(batch):
+            log("perf_hints").warning("triton: the compile workers are gone (%s); %s compiles in this process",
+                                      pool.error or "they exited", label)
             return None
-        atexit.register(pool.close)
-        if pool.gpu:  # this process loads the workers' binaries: pay triton's one-time key now, aside
-            threading.Thread(target=_prime_triton_key, name="kiln-triton-key", daemon=True).start()
-        return pool
+        if pool.gpu and pool.ready == 0:
+            log("perf_hints").info("triton: compile workers still starting; this process compiles %s's kernels "
+                                   "with them until they are ready", label)
+            pool.help_while_starting()
+        return batch
+
+
+PROCESS_POOL = TritonCompilePool()  # the process's pool unless a caller hands its users another
 
 
 def _prime_triton_key() -> None:
@@ -421,31 +448,6 @@ def _prime_triton_key() -> None:
         triton_key()
     except Exception:  # noqa: BLE001, S110 - an optimisation; the first lookup computes it otherwise
         pass
-
-
-def warm_compile_pool() -> bool:
-    """Start the Triton compile workers now, in the background (they are used when a CUDA graph, or a
-    cross-compiled one, has kernels); True when there is a pool."""
-    return compile_pool() is not None
-
-
-def submit(jobs: Sequence[TritonJob], target: tuple[str, Any, int], label: str,
-           deadline: float | None = None) -> CompileBatch | None:
-    """Compile ``jobs`` for ``target`` on the pool (returns at once); None when there is no pool.
-    Jobs whose turn comes after ``deadline`` (a ``time.perf_counter()``) are skipped."""
-    pool = compile_pool()
-    if pool is None:
-        return None
-    batch = CompileBatch(jobs, target, label, launchers=pool.gpu, deadline=deadline)
-    if not pool.submit(batch):
-        log("perf_hints").warning("triton: the compile workers are gone (%s); %s compiles in this process",
-                                  pool.error or "they exited", label)
-        return None
-    if pool.gpu and pool.ready == 0:
-        log("perf_hints").info("triton: compile workers still starting; this process compiles %s's kernels "
-                               "with them until they are ready", label)
-        pool.help_while_starting()
-    return batch
 
 
 def in_process(jobs: Sequence[TritonJob], target: tuple[str, Any, int], label: str,

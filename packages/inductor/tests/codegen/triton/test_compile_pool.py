@@ -95,9 +95,8 @@ def test_a_worker_finds_what_an_in_process_compile_made_and_compiles_nothing(tmp
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     p = CompilePool(1)
     assert p.start()
-    monkeypatch.setattr(cp.PROCESS_POOL, "pool", p)
     try:
-        report = cp.submit(jobs, TARGET, "add").wait()  # type: ignore[union-attr]
+        report = cp.TritonCompilePool(started=p).submit(jobs, TARGET, "add").wait()  # type: ignore[union-attr]
     finally:
         p.close()
     assert (report.jobs, report.compiled, report.failed, report.in_process) == (1, 1, 0, 0), report.errors
@@ -149,12 +148,11 @@ def test_twins_with_their_own_tuned_config_are_their_own_jobs():
     assert jobs[0].as_dict(TARGET, launcher=True)["launcher"] and not jobs[1].as_dict(TARGET, True)["launcher"]
 
 
-def test_no_workers_means_in_process_with_a_log(monkeypatch, caplog):
-    monkeypatch.setattr(cp, "KNOBS", dataclasses.replace(cp.KNOBS, triton_compile_workers=0))
-    monkeypatch.setattr(cp.PROCESS_POOL, "pool", None)
+def test_no_workers_means_in_process_with_a_log(caplog):
+    pool = cp.TritonCompilePool(workers=0)  # as KILN_TRITON_COMPILE_WORKERS=0 makes the process's pool
     with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
-        assert cp.compile_pool() is None
-        assert cp.submit(_jobs("/nowhere.py", "m"), TARGET, "g") is None
+        assert pool.get() is None
+        assert pool.submit(_jobs("/nowhere.py", "m"), TARGET, "g") is None
     assert any("KILN_TRITON_COMPILE_WORKERS=0" in r.getMessage() for r in caplog.records)
 
 
@@ -163,7 +161,7 @@ def test_gpu_graph_queued_while_workers_start_gets_help_from_this_process(monkey
     starts compiling from the queue itself (``help_while_starting``) instead of waiting idle; once a
     worker is ready, nobody is asked to help."""
     class Pool:
-        gpu, ready, queued, helped = True, 0, 0, 0
+        gpu, ready, queued, helped, alive, pid = True, 0, 0, 0, 1, os.getpid()
 
         def submit(self, batch):
             self.queued += len(batch.jobs)
@@ -173,15 +171,15 @@ def test_gpu_graph_queued_while_workers_start_gets_help_from_this_process(monkey
             self.helped += 1
 
     pool = Pool()
-    monkeypatch.setattr(cp, "compile_pool", lambda: pool)
+    holder = cp.TritonCompilePool(started=pool)  # type: ignore[arg-type]
     jobs = _jobs("/nowhere.py", "m")
     with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
-        assert cp.submit(jobs, TARGET, "the first graph") is not None
+        assert holder.submit(jobs, TARGET, "the first graph") is not None
     assert (pool.queued, pool.helped) == (len(jobs), 1)
     assert any("still starting; this process compiles the first graph's kernels" in r.getMessage()
                for r in caplog.records)
     pool.ready = 1
-    assert cp.submit(jobs, TARGET, "a later graph") is not None
+    assert holder.submit(jobs, TARGET, "a later graph") is not None
     assert (pool.queued, pool.helped) == (2 * len(jobs), 1)
 
 
@@ -238,23 +236,23 @@ def test_lost_workers_fall_back_to_this_process_with_a_log(tmp_path):
     add = _module_file(tmp_path, ADD + "# fallback\n", "kiln_test_pool_fallback")
     out = _run_clean(tmp_path, f"""
         pool = CompilePool(1)
-        cp.PROCESS_POOL.pool = pool
+        holder = cp.TritonCompilePool(started=pool)
         assert pool.start()
         jobs = [TritonJob({dies!r}, "kiln_test_pool_dies", "add", ("float32",) * 3, (("XBLOCK", 32),), 4, 1)]
-        batch = cp.submit(jobs, {TARGET!r}, "dying")
+        batch = holder.submit(jobs, {TARGET!r}, "dying")
         assert batch is not None
         report = batch.wait()
         assert report.in_process == 1 and report.compiled == 1, report.errors
-        assert cp.submit(jobs, {TARGET!r}, "after") is None  # no worker left: the caller compiles here
+        assert holder.submit(jobs, {TARGET!r}, "after") is None  # no worker left: the caller compiles here
 
         cp.WORKER_SCRIPT = {str(tmp_path / "missing_worker.py")!r}  # every worker exits at once
-        cp.PROCESS_POOL.pool = None
-        pool = cp.compile_pool()
+        holder = cp.TritonCompilePool(workers=1)
+        pool = holder.get()
         assert pool is not None  # the process started; it dies before saying it is ready
         for t in pool.threads:
             t.join(timeout=60)
         jobs = [TritonJob({add!r}, "kiln_test_pool_fallback", "add", ("float32",) * 3, (("XBLOCK", 64),), 4, 1)]
-        assert cp.submit(jobs, {TARGET!r}, "g") is None
+        assert holder.submit(jobs, {TARGET!r}, "g") is None
         report = cp.in_process(jobs, {TARGET!r}, "g").wait()
         assert report.in_process == 1 and report.compiled == 1, report.errors
     """)
@@ -269,7 +267,7 @@ def test_gpu_first_launches_compile_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     p = CompilePool(2, gpu=True)
     assert p.start()
-    monkeypatch.setattr(cp.PROCESS_POOL, "pool", p)
+    monkeypatch.setattr(cp.PROCESS_POOL, "pool", p)  # compile_graph's kernels go to the process's pool
     deadline = time.monotonic() + 120  # a graph compiled before a worker is ready compiles in-process
     while p.ready == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -324,7 +322,7 @@ def test_autotune_candidates_compile_on_the_same_pool(pool, tmp_path):
     served: list[CompileBatch] = []
     submit = pool.submit
     pool.submit = lambda batch: served.append(batch) or submit(batch)  # type: ignore[method-assign]
-    compiler = PoolCompiler(TARGET, fallback=TargetCompiler("cuda:90"))
+    compiler = PoolCompiler(TARGET, fallback=TargetCompiler("cuda:90"), pool=cp.TritonCompilePool(started=pool))
     stats = compiler(jobs, deadline=time.perf_counter() + 300)
     assert (stats.jobs, stats.compiled, stats.failed, stats.skipped, stats.mode) == (2, 2, 0, 0, "process"), stats.errors
     assert len(served) == 1 and [j.function for j in served[0].jobs] == ["add", "add"]

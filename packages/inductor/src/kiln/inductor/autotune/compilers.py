@@ -32,7 +32,14 @@ import torch
 from kiln.graph import log
 from kiln.runtime.triton_compile import MAX_THREADS, compile_on_threads, thread_count
 
-from ..compile_pool import CompileBatch, TritonJob, in_process, parse_target, submit
+from ..compile_pool import (
+    PROCESS_POOL,
+    CompileBatch,
+    TritonCompilePool,
+    TritonJob,
+    in_process,
+    parse_target,
+)
 from ..compile_pool import default_workers as pool_workers
 
 
@@ -159,8 +166,9 @@ class PoolCompiler:
     ``KILN_TRITON_COMPILE_WORKERS=0``; a kernel whose function has no source file) go to ``fallback``
     (the thread compilers above), logged."""
 
-    def __init__(self, target: tuple[str, int, int], fallback: Compiler, mode: str = "process") -> None:
-        self.target, self.fallback, self.mode = target, fallback, mode
+    def __init__(self, target: tuple[str, int, int], fallback: Compiler, pool: TritonCompilePool = PROCESS_POOL,
+                 mode: str = "process") -> None:
+        self.target, self.fallback, self.pool, self.mode = target, fallback, pool, mode
 
     def __call__(self, jobs: Sequence[CompileJob], deadline: float) -> CompileStats:
         jobs = distinct(jobs)
@@ -171,7 +179,7 @@ class PoolCompiler:
         pooled = [(j, pool_job(j)) for j in jobs]
         left = [j for j, t in pooled if t is None]
         todo = [(j, t) for j, t in pooled if t is not None]
-        batch = submit([t for _, t in todo], self.target, f"max-autotune ({len(todo)} candidates)",
+        batch = self.pool.submit([t for _, t in todo], self.target, f"max-autotune ({len(todo)} candidates)",
                        deadline=deadline) if todo else None
         if batch is None:
             left = list(jobs)

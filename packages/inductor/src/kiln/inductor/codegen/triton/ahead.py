@@ -15,13 +15,13 @@ from typing import Any
 import torch
 
 from ...compile_pool import (
+    PROCESS_POOL,
     CompileBatch,
+    TritonCompilePool,
     TritonJob,
-    compile_pool,
     device_target,
     in_process,
     parse_target,
-    submit,
 )
 from ...ir import Layout
 from ...knobs import KNOBS, triton_interpret
@@ -73,8 +73,8 @@ def compile_target(device: str) -> tuple[tuple[str, Any, int] | None, bool]:
 
 
 def compile_ahead(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout], device: str,
-                  label: str = "a graph") -> CompileBatch | None:
-    """Hand the kernels to the compile pool; None when the wrapper's own precompile should run instead
+                  label: str = "a graph", pool: TritonCompilePool = PROCESS_POOL) -> CompileBatch | None:
+    """Hand the kernels to ``pool``; None when the wrapper's own precompile should run instead
     (no pool on a GPU: its thread pool; or nothing to compile ahead)."""
     target, cross = compile_target(device)
     if target is None or not kernels:
@@ -85,15 +85,15 @@ def compile_ahead(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout]
     if not jobs:
         return None
     label = f"{label} ({len(jobs)} kernel specialisations)"
-    batch = submit(jobs, target, label)
+    batch = pool.submit(jobs, target, label)
     if batch is None and cross:  # the cross-compile still compiles, here (the measurement stays honest)
         batch = in_process(jobs, target, label)
     return batch
 
 
-def warm_compile_pool(device: str = "cuda") -> bool:
+def warm_compile_pool(device: str = "cuda", pool: TritonCompilePool = PROCESS_POOL) -> bool:
     """Start the Triton compile workers now, in the background, when graphs for ``device`` will compile
     Triton kernels here (a GPU, or ``KILN_TRITON_CROSS_TARGET``); True when there is a pool. kiln.compile
     may call this before capture so the workers' imports overlap it; compile_graph calls it on entry."""
     target, _ = compile_target(device)
-    return target is not None and compile_pool() is not None
+    return target is not None and pool.warm()
