@@ -41,7 +41,7 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     # loading the wrapper module runs its _kiln_precompile: the Triton compile on a GPU
     ("kiln.inductor.compile", "load_wrapper", "wrapper load / Triton compile"),
     # waiting for the kernels compiling on kiln's compile workers (the first call, or a cross-compile's end)
-    ("kiln.inductor.codegen.triton.compile_pool", "CompileBatch.wait", "Triton compile (wait)"),
+    ("kiln.inductor.compile_pool", "CompileBatch.wait", "Triton compile (wait)"),
     ("kiln.inductor.codegen.cpp.build", "build_shared_library", "C++ compile"),
     ("kiln.runtime.graph_cache", "graph_key", "graph cache key/store"),
     ("kiln.runtime.graph_cache", "GraphCache.save", "graph cache key/store"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -74,10 +75,10 @@ def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
 def _with_triton_binaries(program: PortableProgram) -> PortableProgram:
     """Ship the Triton kernels the run above compiled, so a load on the same GPU and triton release
     does not compile them again (other machines rebuild from the sources the wrapper carries)."""
-    binaries = runtime.collect_triton_binaries(program.source)
+    binaries = runtime.collect_triton_binaries(program.triton_modules)
     if not binaries:
         return program
-    return PortableProgram(program.source, {**program.files, **binaries}, program.requires)
+    return replace(program, files={**program.files, **binaries})
 
 
 def aot_compile(fn: Callable[..., Any], example: tuple[tuple[Any, ...], dict[str, Any]],

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.decomp import decompose, select, table, trace
+from kiln.decomp import Decomposition, DecompTable, decompose, select, table, trace
 from kiln.decomp import retrace as rt
 
 aten = torch.ops.aten
@@ -135,3 +135,27 @@ def test_partial_retrace_reruns_a_node_whose_input_changed_metadata() -> None:
     last = next(n for n in reversed(out.graph.nodes) if n.op == "call_function")
     assert last.target == aten.add.Tensor and last.meta["val"].stride() == (1, 4)
     torch.testing.assert_close(out(x), torch.nn.functional.silu(x.t()) + 1)
+
+
+def test_graph_traced_with_the_table_is_not_decomposed_again() -> None:
+    """A graph that says it was traced with a table (GraphAnnotations.decomposed_by, as kiln.autograd
+    writes) is copied, not re-traced: the table is not run on it a second time, even for an op the
+    table has (here silu, deliberately left in to show the table is not consulted)."""
+    from kiln.graph import GraphAnnotations, annotate
+
+    x = torch.randn(5)
+    g = trace(lambda x: torch.nn.functional.silu(x) * 2, [x])
+    calls: list[Any] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return NotImplemented
+
+    named = DecompTable("once", [Decomposition(aten.silu.default, spy, "core_aten", "test")], None)
+    annotate(g, GraphAnnotations(decomposed_by="once"))
+    out = decompose(g, named)
+    assert not calls and aten.silu.default in _ops(out)
+    assert out is not g and out.meta == g.meta  # a copy, annotations kept
+    annotate(g, GraphAnnotations(decomposed_by="another table"))
+    decompose(g, named)
+    assert len(calls) == 1  # not traced with this table: it runs

@@ -166,13 +166,14 @@ def test_triton_binaries_join_the_entry_after_the_first_call_and_install_on_a_hi
         def __call__(self, gm, example_inputs):
             compiled = super().__call__(gm, example_inputs)
             p = compiled.portable
-            src = p.source + "\n_TRITON_SOURCE = 'import triton\\n'\n"
+            # the program declares the Triton kernel module it imports (PortableProgram.triton_modules);
             # a backend's stage-private results (inductor: loop_program, autograd: aot) are kept
             return CompiledGraph(compiled.fn, "tritonish", compiled.texts,
-                                 type(p)(src, p.files, p.requires), aot="kept")
+                                 type(p)(p.source, p.files, p.requires, ("kiln_triton_abc",)), aot="kept")
 
     fake = {"triton/abc123/k.cubin": b"\x7fELF", "triton/abc123/__grp__k.json": b"{}"}
-    monkeypatch.setattr(gc_mod, "collect_triton_binaries", lambda source: dict(fake))
+    asked: list[tuple[str, ...]] = []
+    monkeypatch.setattr(gc_mod, "collect_triton_binaries", lambda modules: asked.append(modules) or dict(fake))
     triton_dir = tmp_path / "triton"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(triton_dir))
     store = CompileCache(tmp_path / "cache")
@@ -185,6 +186,7 @@ def test_triton_binaries_join_the_entry_after_the_first_call_and_install_on_a_hi
         key = graph_key(_gm(), xs, backend="tritonish", options=None)
         entry = GraphCache(store).load(key)
         assert entry is not None and set(fake) <= set(entry.program.files)
+        assert asked == [("kiln_triton_abc",)]  # the modules the program declares, not parsed from its source
         again = backend(_gm(), xs)  # a hit: binaries installed, not materialized with the program
     assert (triton_dir / "abc123" / "k.cubin").read_bytes() == b"\x7fELF"
     assert not any(n.startswith("triton/") for n in again.portable.files)

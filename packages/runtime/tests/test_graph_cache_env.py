@@ -22,8 +22,7 @@ def _key() -> str:
 
 
 @pytest.mark.parametrize("var", ["KILN_TRITON_COMPILE_WORKERS", "KILN_TRITON_WORKER_TORCH",
-                                 "KILN_TRITON_PRECOMPILE", "KILN_AUTOTUNE_COMPILE_WORKERS",
-                                 "KILN_AUTOTUNE_COMPILE_POOL"])
+                                 "KILN_TRITON_PRECOMPILE"])
 def test_compile_worker_settings_do_not_change_the_key(monkeypatch, var: str) -> None:
     before = _key()
     monkeypatch.setenv(var, "0")

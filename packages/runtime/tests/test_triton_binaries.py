@@ -20,18 +20,14 @@ import torch
 
 import kiln.runtime.checks as checks
 from kiln.graph import PortableProgram, TensorSpec
-from kiln.runtime import load_compiled_function, save_artifact
+from kiln.runtime import load_compiled_function, save_artifact, triton_module_name
 from kiln.runtime.triton_binaries import (
-    MODULE_PREFIX,
     collect_triton_binaries,
     install_triton_binaries,
-    kernel_sources,
 )
 
 KERNELS = "import triton\n\n@triton.jit\ndef k0(x):\n    pass\n"
-WRAPPER = f"_TRITON_SOURCE = {KERNELS!r}\n\ndef call(args):\n    return (args[0] + 1,)\n"
-# the autograd training program embeds each part's source as a string
-NESTED = f"FW_SOURCE = {WRAPPER!r}\nBW_SOURCE = ''\n\ndef call(args):\n    return (args[0] + 1,)\n"
+MODULES = (triton_module_name(KERNELS),)  # what a program declares it imports (PortableProgram.triton_modules)
 
 
 def _fake_triton_cache(root: Path, key: str = "ABCDEF234567") -> tuple[Path, object]:
@@ -48,30 +44,24 @@ def _fake_triton_cache(root: Path, key: str = "ABCDEF234567") -> tuple[Path, obj
 
 
 def _kernel_module(kernel: object) -> dict[str, object]:
-    import hashlib
     jit = types.SimpleNamespace(device_caches={0: ({"key": kernel}, None, None, None, None)})
     module = types.SimpleNamespace(k0=jit, helper=3)
-    return {MODULE_PREFIX + hashlib.sha256(KERNELS.encode()).hexdigest()[:32]: module}
-
-
-def test_kernel_sources_are_found_also_when_nested() -> None:
-    assert kernel_sources(WRAPPER) == [KERNELS]
-    assert kernel_sources(NESTED) == [KERNELS]
-    assert kernel_sources("def call(args):\n    return args\n") == []
+    return {triton_module_name(KERNELS): module}
 
 
 def test_collect_takes_the_kernels_cache_folder(tmp_path: Path) -> None:
     folder, kernel = _fake_triton_cache(tmp_path / "triton")
-    files = collect_triton_binaries(NESTED, _kernel_module(kernel))
+    files = collect_triton_binaries(MODULES, _kernel_module(kernel))
     assert sorted(files) == [f"triton/{folder.name}/{n}" for n in
                              ("__grp__k0.json", "k0.cubin", "k0.json", "k0.ptx")]
     assert files[f"triton/{folder.name}/k0.cubin"] == b"\x7fELF-binary"
-    assert collect_triton_binaries(NESTED, {}) == {}  # kernels never loaded: nothing to ship
+    assert collect_triton_binaries(MODULES, {}) == {}  # kernels never loaded: nothing to ship
+    assert collect_triton_binaries((), _kernel_module(kernel)) == {}  # a program that declares none
 
 
 def test_install_writes_folders_with_their_group_pointing_there(tmp_path: Path) -> None:
     folder, kernel = _fake_triton_cache(tmp_path / "built")
-    files = collect_triton_binaries(WRAPPER, _kernel_module(kernel))
+    files = collect_triton_binaries(MODULES, _kernel_module(kernel))
     target = tmp_path / "other-machine-cache"
     assert install_triton_binaries(files, cache_dir=target) == 1
     group = json.loads((target / folder.name / "__grp__k0.json").read_text())
@@ -83,7 +73,7 @@ def test_install_writes_folders_with_their_group_pointing_there(tmp_path: Path) 
 
 def _artifact_with_binaries(tmp_path: Path) -> Path:
     _, kernel = _fake_triton_cache(tmp_path / "built")
-    binaries = collect_triton_binaries(WRAPPER, _kernel_module(kernel))
+    binaries = collect_triton_binaries(MODULES, _kernel_module(kernel))
     program = PortableProgram("def call(args):\n    return (args[0] + 1,)\n", binaries)
     path = tmp_path / "f.kiln"
     save_artifact(path, program, input_names=["x"],

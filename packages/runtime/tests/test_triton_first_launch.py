@@ -11,7 +11,6 @@ real warm start and compares with eager.
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import json
 import os
@@ -27,12 +26,13 @@ from runtime_testlib import needs_compiled_triton, target_only_driver  # noqa: E
 pytestmark = needs_compiled_triton
 
 from kiln.inductor.codegen.triton.launcher import KilnLaunch  # noqa: E402
+from kiln.runtime import triton_module_name  # noqa: E402
 from kiln.runtime import triton_preload as tp  # noqa: E402
 from kiln.runtime.triton_binaries import (  # noqa: E402
-    MODULE_PREFIX,
     collect_triton_binaries,
     install_triton_binaries,
 )
+from kiln.runtime.triton_notes import KERNEL_NOTES  # noqa: E402
 
 KERNELS = '''import triton
 import triton.language as tl
@@ -43,8 +43,7 @@ def scale_add(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
     x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
     tl.store(out_ptr0 + x, tl.load(in_ptr0 + x, mask=x < xnumel) * 2.0 + 1.0, mask=x < xnumel)
 '''
-WRAPPER = f"_TRITON_SOURCE = {KERNELS!r}\n\ndef call(args):\n    return (args[0] * 2 + 1,)\n"
-MODULE = MODULE_PREFIX + hashlib.sha256(KERNELS.encode()).hexdigest()[:32]
+MODULE = triton_module_name(KERNELS)
 CTX = (0, 7)  # (device, stream) as the wrapper's _kiln_launch_context() gives them
 
 
@@ -95,7 +94,7 @@ def _cold(tmp_path: Path, launched: list, xblock: int = 128) -> tuple[dict[str, 
     x, y = torch.zeros(300), torch.zeros(300)
     launch((3, 1, 1), CTX, x, y, 300)
     assert len(launched) == 1 and launch.run is not None
-    files = collect_triton_binaries(WRAPPER)
+    files = collect_triton_binaries((MODULE,))
     (binary,) = module.scale_add.device_caches[0][0].values()
     sys.modules.pop(MODULE)
     launched.clear()
@@ -117,7 +116,8 @@ def test_record_carries_the_launch_that_compiled_the_kernel(cross, tmp_path: Pat
     launched, _ = cross
     files, binary = _cold(tmp_path, launched)
     rec = _record(files)
-    assert rec["launch"] == binary._kiln_launch
+    assert rec["launch"] == KERNEL_NOTES.launch(binary).as_data()  # noted beside the kernel, not on it
+    assert not hasattr(binary, "_kiln_launch")
     consts, warps, stages, _knobs, specs = rec["launch"]
     assert (consts, warps, stages) == ([["XBLOCK", 128]], 4, 1)
     assert specs == [["T", "torch.float32", True], ["T", "torch.float32", True],

@@ -26,12 +26,13 @@ from runtime_testlib import TargetOnlyDriver, needs_compiled_triton, target_only
 
 pytestmark = needs_compiled_triton
 
+from kiln.runtime import triton_module_name  # noqa: E402
 from kiln.runtime import triton_preload as tp  # noqa: E402
 from kiln.runtime.triton_binaries import (  # noqa: E402
-    MODULE_PREFIX,
     collect_triton_binaries,
     install_triton_binaries,
 )
+from kiln.runtime.triton_notes import KERNEL_NOTES  # noqa: E402
 
 KERNELS = '''import triton
 import triton.language as tl
@@ -42,8 +43,7 @@ def add_one(in_ptr0, out_ptr0, XBLOCK: tl.constexpr):
     x = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
     tl.store(out_ptr0 + x, tl.load(in_ptr0 + x) + 1.0)
 '''
-WRAPPER = f"_TRITON_SOURCE = {KERNELS!r}\n\ndef call(args):\n    return (args[0] + 1,)\n"
-MODULE = MODULE_PREFIX + hashlib.sha256(KERNELS.encode()).hexdigest()[:32]
+MODULE = triton_module_name(KERNELS)
 TARGET = ("cuda", 90, 32)
 
 
@@ -76,7 +76,7 @@ def _saved(tmp_path: Path) -> tuple[dict[str, bytes], object]:
     """Compile in a 'saving process' and collect what an artifact carries."""
     module = _import_kernels(tmp_path / "src-save")
     kernel = _warmup(module.add_one)
-    files = collect_triton_binaries(WRAPPER)
+    files = collect_triton_binaries((MODULE,))
     sys.modules.pop(MODULE)  # the saving process is gone
     return files, kernel
 
@@ -113,7 +113,7 @@ def test_load_hands_the_binary_to_triton_without_a_cache_lookup(target_driver, t
     assert kernel is not saved and kernel.hash == saved.hash
     assert kernel.asm["cubin"] == saved.asm["cubin"] and kernel.metadata == saved.metadata
     assert str(fresh) in kernel.metadata_group[f"{saved.name}.json"]
-    assert getattr(module.add_one, "_kiln_preloaded", False)
+    assert KERNEL_NOTES.preloaded(module.add_one) and not hasattr(module.add_one, "_kiln_preloaded")
     assert "1 compiled Triton kernel(s)" in caplog.text and "no cache lookup" in caplog.text
 
 
@@ -177,8 +177,7 @@ def k18_native_layer_norm_addmm(ptr_buf0, ptr_buf1, ptr_arg0, ptr_arg1, ptr_buf2
     y = d * tl.rsqrt(var + 1e-5) * tl.load(ptr_arg0 + rindex).to(tl.float32) + tl.load(ptr_arg1 + rindex).to(tl.float32)
     tl.store(ptr_buf2 + (rindex + RBLOCK * xindex), y.to(tl.bfloat16))
 '''
-LN_MODULE = MODULE_PREFIX + hashlib.sha256(LN_KERNELS.encode()).hexdigest()[:32]
-LN_WRAPPER = f"_TRITON_SOURCE = {LN_KERNELS!r}\n\ndef call(args):\n    return (args[0],)\n"
+LN_MODULE = triton_module_name(LN_KERNELS)
 
 
 def _import_ln(folder: Path):
@@ -226,7 +225,7 @@ def test_layer_norm_kernel_ships_the_launcher_a_load_builds(target_driver, launc
     assert list(saved.src.signature.values()) == ["*bf16"] * 5 + ["constexpr"] * 2
     nvidia.CudaLauncher(saved.src, saved.metadata)  # what the compile worker did: the .so is in the cache
     assert len(builds) == 1 and saved.__dict__.get("_run") is None
-    files = collect_triton_binaries(LN_WRAPPER)
+    files = collect_triton_binaries((LN_MODULE,))
     sys.modules.pop(LN_MODULE)  # the saving process is gone
     fresh = tmp_path / "fresh"
     install_triton_binaries(files, "test artifact", cache_dir=fresh)
@@ -255,7 +254,7 @@ def test_save_builds_the_launcher_nobody_built(target_driver, launcher_builds, t
     module.k18_native_layer_norm_addmm.warmup(*[torch.bfloat16] * 5, grid=(1,), XBLOCK=8, RBLOCK=1024,
                                               num_warps=8, num_stages=1)
     assert builds == []
-    files = collect_triton_binaries(LN_WRAPPER)
+    files = collect_triton_binaries((LN_MODULE,))
     assert len(builds) == 1 and sum(tp.LAUNCHER_NAME in n for n in files) == 1  # built once, shipped
     sys.modules.pop(LN_MODULE)
     fresh = tmp_path / "fresh"
@@ -274,7 +273,7 @@ def test_load_names_a_preloaded_kernel_without_its_launcher(target_driver, launc
     module = _import_ln(tmp_path / "src-save")
     module.k18_native_layer_norm_addmm.warmup(*[torch.bfloat16] * 5, grid=(1,), XBLOCK=8, RBLOCK=1024,
                                               num_warps=8, num_stages=1)
-    files = {n: d for n, d in collect_triton_binaries(LN_WRAPPER).items() if tp.LAUNCHER_NAME not in n}
+    files = {n: d for n, d in collect_triton_binaries((LN_MODULE,)).items() if tp.LAUNCHER_NAME not in n}
     sys.modules.pop(LN_MODULE)
     with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
         install_triton_binaries(files, "test artifact", cache_dir=tmp_path / "fresh")
@@ -314,7 +313,7 @@ def test_records_that_do_not_fit_fall_back_with_a_log_line(target_driver, tmp_pa
         module = _import_kernels(tmp_path / "src-load")
     assert not module.add_one.device_caches[0][0]  # nothing preloaded
     assert "not preloaded" in caplog.text
-    assert not getattr(module.add_one, "_kiln_preloaded", False)
+    assert not KERNEL_NOTES.preloaded(module.add_one)
 
 
 def test_registered_after_the_module_was_imported(target_driver, tmp_path: Path) -> None:

@@ -240,7 +240,7 @@ CROSS = textwrap.dedent("""
     gm = trace(fn, *args)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
         fake = [mode.from_tensor(a.to(torch.bfloat16)).to("cuda") for a in args]
-    at = AutotuneOptions(cross_target="cuda:90", matmul_configs=1, kernel_configs=2, compile_workers=2,
+    at = AutotuneOptions(cross_target="cuda:90", matmul_configs=1, kernel_configs=2,
                          cache_root=sys.argv[2], progress=False)
     cg = compile_graph(gm, fake, options=InductorOptions(max_autotune=True, autotune=at))
     r = reports[-1]

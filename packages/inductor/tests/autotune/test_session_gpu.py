@@ -18,9 +18,10 @@ from kiln.inductor.autotune import (
     CompileJob,
     DeviceCompiler,
     DeviceTimer,
-    ProcessCompiler,
+    PoolCompiler,
 )
 from kiln.inductor.autotune.loader import load_source_module
+from kiln.inductor.compile_pool import device_target
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -105,10 +106,9 @@ def test_compilers_make_launches_find_the_binary(compiler, tmp_path, monkeypatch
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # a cold cache: nothing compiled before
     add = load_source_module(ADD + f"# {compiler}\n", prefix="kiln_test_add_").add
     jobs = [CompileJob(add, (torch.float32,) * 3, (("XBLOCK", xb),), 4, 1, f"add {xb}") for xb in (128, 256, 512)]
-    pool = DeviceCompiler(workers=4) if compiler == "threads" else ProcessCompiler(workers=3)
+    threads = DeviceCompiler(workers=4)
+    pool = threads if compiler == "threads" else PoolCompiler(device_target(), threads)
     stats = pool(jobs, deadline=time.perf_counter() + 600)
-    if isinstance(pool, ProcessCompiler):
-        pool.close()
     assert stats.compiled == 3 and stats.failed == 0, stats.errors
     x = torch.randn(4096, device="cuda")
     z = torch.empty_like(x)

@@ -22,7 +22,7 @@ from torch import fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .errors import AutogradTraceError
-from .tracer import GraphRecorder
+from .tracer import TracingMode
 
 
 def is_cond(target: Any) -> bool:
@@ -59,7 +59,7 @@ def _scalar_pred(pred: Any, where: str) -> Any:
 RunBranch = Callable[[fx.GraphModule, Sequence[Any]], Any]
 
 
-def _run_branch(run: RunBranch, rec: GraphRecorder, branch: Any, operands: Sequence[Any], label: str,
+def _run_branch(run: RunBranch, rec: TracingMode, branch: Any, operands: Sequence[Any], label: str,
                 where: str) -> Any:
     if not isinstance(branch, fx.GraphModule):
         if not callable(branch):
@@ -93,7 +93,7 @@ def _select(pred: torch.Tensor, t: Any, f: Any, i: int, where: str) -> Any:
     return torch.where(pred, t, f)
 
 
-def trace_cond(run: RunBranch, rec: GraphRecorder, node_name: str, args: tuple[Any, ...],
+def trace_cond(run: RunBranch, rec: TracingMode, node_name: str, args: tuple[Any, ...],
                kwargs: dict[str, Any]) -> Any:
     """Trace a cond node: both branches under the active tracer, outputs selected with ``where``.
 

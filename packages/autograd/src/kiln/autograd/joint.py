@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -19,8 +19,11 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
+from kiln.decomp import decompose
 from kiln.graph import (
     SymbolicSizeError,
+    annotate,
+    annotations_of,
     autocast_off,
     has_symbolic_sizes,
     is_symbolic,
@@ -34,7 +37,7 @@ from .attention import SDPA_TARGETS, fused_attention
 from .cond import is_cond, trace_cond
 from .errors import AutogradTraceError
 from .signature import GraphSignature, OutputInfo, OutputKind
-from .tracer import Decompositions, GraphRecorder, TracingMode
+from .tracer import Decompositions, TracingMode
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ def swapped_state(gm: fx.GraphModule, values: dict[str, torch.Tensor]) -> Iterat
 class _FakeInterpreter(fx.Interpreter):
     """Runs the torch graph; tensor constants read with get_attr become graph constants."""
 
-    def __init__(self, gm: fx.GraphModule, rec: GraphRecorder, mode: FakeTensorMode) -> None:
+    def __init__(self, gm: fx.GraphModule, rec: TracingMode, mode: FakeTensorMode) -> None:
         super().__init__(gm)
         self.rec, self.mode = rec, mode
 
@@ -136,7 +139,7 @@ class _FakeInterpreter(fx.Interpreter):
         val = super().get_attr(target, args, kwargs)
         if isinstance(val, torch.Tensor) and not isinstance(val, FakeTensor):
             fake = self.mode.from_tensor(val, static_shapes=True)
-            self.rec.constant(val, fake)  # the real tensor itself: ops here would run under fake mode
+            self.rec.add_constant(val, fake)  # the real tensor itself: ops here would run under fake mode
             return fake
         return val
 
@@ -159,7 +162,7 @@ class _FakeInterpreter(fx.Interpreter):
 
 # ---- outputs -------------------------------------------------------------------------------------
 
-def _classify(rec: GraphRecorder, flat: list[Any], primals: list[Any]) -> tuple[list[OutputInfo], list[Any]]:
+def _classify(rec: TracingMode, flat: list[Any], primals: list[Any]) -> tuple[list[OutputInfo], list[Any]]:
     infos: list[OutputInfo] = []
     graph_outs: list[Any] = []
     seen: dict[int, int] = {}  # id(tensor) -> user output index
@@ -212,7 +215,7 @@ def _symbol_bindings(primals: Sequence[Any]) -> tuple[tuple[str, int, int], ...]
     return tuple(out.values())
 
 
-def _mutated_inputs(rec: GraphRecorder, primals: list[Any], names: Sequence[str]) -> list[int]:
+def _mutated_inputs(rec: TracingMode, primals: list[Any], names: Sequence[str]) -> list[int]:
     out = []
     for r in rec.roots:
         if r.input_index is not None and r.mutated:
@@ -247,18 +250,17 @@ def _trace(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: De
     # one ShapeEnv for the whole trace: the capture's, when its graph has symbolic sizes (guards the
     # trace adds land there, and kiln.capture guards on them); real tensors become static fakes
     mode = FakeTensorMode(allow_non_fake_inputs=True, shape_env=shape_env, static_shapes=True)
-    rec = GraphRecorder()
+    rec = TracingMode(mode, decompositions)  # kiln.decomp's recorder, functionalizing (tracer.py)
     primals = [fake_input(mode, x, f"input {n!r}") for x, n in zip(all_inputs, names)]
     for i, (p, _n) in enumerate(zip(primals, names)):
         rec.placeholder(f"primals_{i + 1}", p, i)
     interp = _FakeInterpreter(gm, rec, mode)
-    tracer = TracingMode(rec, decompositions)
     grad_ctx = torch.enable_grad() if joint else torch.no_grad()
     # cudnn off while tracing: cudnn_batch_norm writes running stats without saying so in its schema;
     # the native kernels it falls back to have functional forms. Convolutions still pick cudnn at run time.
     with mode, grad_ctx, torch.backends.cudnn.flags(enabled=False), \
             swapped_state(gm, dict(zip(state_names, primals))), symbolic_dispatch(shape_env is not None):
-        with tracer:
+        with rec:
             result = interp.run(*primals[len(state):])
         flat, spec = tree_flatten(result)
         infos, graph_outs = _classify(rec, flat, primals)
@@ -267,7 +269,7 @@ def _trace(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: De
                             if joint and isinstance(p, torch.Tensor) and p.requires_grad)
         grads: Sequence[Any] = ()
         if joint and any(diff) and grad_inputs:
-            grads = _trace_backward(rec, tracer, graph_outs, diff, [primals[i] for i in grad_inputs])
+            grads = _trace_backward(rec, graph_outs, diff, [primals[i] for i in grad_inputs])
         else:
             diff, grad_inputs = tuple(False for _ in graph_outs), ()
         mutated = _mutated_inputs(rec, primals, names)
@@ -284,7 +286,7 @@ def _trace(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: De
     return JointGraph(rec.finish(outs), sig, joint=bool(grad_inputs))
 
 
-def _trace_backward(rec: GraphRecorder, tracer: TracingMode, graph_outs: list[Any],
+def _trace_backward(rec: TracingMode, graph_outs: list[Any],
                     diff: Sequence[bool], inputs: list[Any]) -> Sequence[Any]:
     outs = [o for o, d in zip(graph_outs, diff) if d]
     first = next(n for n in rec.graph.nodes if n.op != "placeholder")
@@ -294,7 +296,7 @@ def _trace_backward(rec: GraphRecorder, tracer: TracingMode, graph_outs: list[An
         with rec.graph.inserting_before(first):
             rec.placeholder(f"tangents_{i + 1}", t, None)
         tangents.append(t)
-    with tracer, autocast_off():
+    with rec, autocast_off():
         return torch.autograd.grad(outs, inputs, tangents, allow_unused=True)
 
 
@@ -317,6 +319,27 @@ def trace_inference(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
 def _traced(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: Decompositions | None,
             joint: bool) -> JointGraph:
     try:
-        return _trace(gm, example_inputs, decompositions, joint)
+        traced = _trace(gm, example_inputs, decompositions, joint)
     except SymbolicSizeError as e:
         raise AutogradTraceError(f"symbolic sizes: {e}") from e
+    if not traced.joint:  # no partition follows: its decomposition is finished now
+        traced = replace(traced, gm=finish_decomposition(traced.gm, decompositions))
+    return traced
+
+
+def finish_decomposition(gm: fx.GraphModule, decompositions: Decompositions | None) -> fx.GraphModule:
+    """``gm`` with ``decompositions`` applied to the ops the trace recorded itself, declared done.
+
+    The trace applies the table to every op that reaches it, but the functional forms it records for
+    mutations (training BatchNorm's ``_native_batch_norm_legit_functional``) are kept whole until the
+    joint graph is partitioned (recompute.py and the min-cut read them as one op). This finishes the
+    job -- on the partitioned halves, or an inference graph -- with kiln.decomp (a copy, no re-trace,
+    when nothing is left), and a named table says so in ``GraphAnnotations.decomposed_by``: the
+    compiler that receives the graph does not run the table again (decomposition in one place)."""
+    name = getattr(decompositions, "name", "")
+    if not name or decompositions is None:
+        return gm
+    out = decompose(gm, decompositions, check=False)
+    out.meta.update({k: v for k, v in gm.meta.items() if k not in out.meta})
+    annotate(out, replace(annotations_of(gm), decomposed_by=name))
+    return out

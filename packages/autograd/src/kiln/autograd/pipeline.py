@@ -6,14 +6,16 @@
 3. recompute  training BatchNorm outputs written as their pointwise expression (recompute.py), so
               the partitioner may rebuild what follows them in the backward instead of saving it
 4. partition  split the joint graph into forward and backward (min-cut or save-all)
-5. verify     both halves are ``aten`` (KILN_VERIFY=1)
+5. decompose  the table applied to what the trace kept whole for 3-4 (BatchNorm's functional form):
+              the halves leave this stage decomposed, and say so (GraphAnnotations.decomposed_by)
+6. verify     both halves are ``aten`` (KILN_VERIFY=1)
 Compilation of the halves and the run-time wrapper follow in ``aot``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -21,7 +23,13 @@ from torch import fx
 
 from kiln.graph import KNOBS, verify
 
-from .joint import JointGraph, module_state_names, trace_inference, trace_joint
+from .joint import (
+    JointGraph,
+    finish_decomposition,
+    module_state_names,
+    trace_inference,
+    trace_joint,
+)
 from .partition import Partitioned, PartitionerName, partition
 from .recompute import expose_batch_norm_outputs
 from .tracer import Decompositions
@@ -59,6 +67,8 @@ def run_aot_pipeline(gm: fx.GraphModule, example_inputs: Sequence[Any],
         if opts.verify:
             verify(joint.gm, "aten")
     parts = partition(joint, opts.partitioner)
+    parts = replace(parts, fw_gm=finish_decomposition(parts.fw_gm, opts.decompositions),
+                    bw_gm=finish_decomposition(parts.bw_gm, opts.decompositions))
     if opts.verify:
         verify(parts.fw_gm, "aten")
         verify(parts.bw_gm, "aten")

@@ -119,7 +119,8 @@ def training_program(sig: GraphSignature, fw: PortableProgram, bw: PortableProgr
     src = _TRAINING_TEMPLATE.format(fw_source=fw.source, bw_source=bw.source if bw else "",
                                     sig_json=_sig_json(sig, grad_deps, n_saved_sizes))
     requires = tuple(dict.fromkeys((*fw.requires, *(bw.requires if bw else ()), "kiln.runtime")))
-    return PortableProgram(src, files, requires)
+    modules = tuple(dict.fromkeys((*fw.triton_modules, *(bw.triton_modules if bw else ()))))
+    return PortableProgram(src, files, requires, modules)
 
 
 def load_program(program: PortableProgram) -> Any:

@@ -1,5 +1,7 @@
-"""The ATen tracer: a TorchDispatchMode over FakeTensorMode that records every ATen op into an fx.Graph,
-functionalizing as it goes.
+"""The ATen tracer: kiln.decomp's recorder (``GraphRecorder``, the one ATen recorder: a TorchDispatchMode
+over FakeTensorMode that applies a decomposition table and records every other ATen op into an
+fx.Graph), extended with what autograd needs: functionalization of views and mutations as it goes,
+symbolic sizes bound to the inputs only, library ops, and constants lifted to buffers.
 
 Note: functionalization happens here, op by op, instead of as a later graph pass. Each fake tensor maps
 to an ``Alias`` (its root storage plus view chain). An in-place or ``out=`` op is recorded as its
@@ -11,16 +13,16 @@ functional graph plus a list of inputs whose roots were written (returned as ext
 
 from __future__ import annotations
 
-import itertools
 import operator
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import fx
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+from kiln.decomp import GraphRecorder
 from kiln.graph import SymbolNodes, is_pure_op, lazy_graph_module, map_leaves
 
 from . import ops
@@ -35,156 +37,6 @@ _CONSTANT_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
 
 
 _INTERNAL_NAMESPACES = frozenset({"prim", "prims", "profiler", "debugprims"})
-
-
-class GraphRecorder:
-    """An fx.Graph under construction plus the fake-tensor -> node functionalization state."""
-
-    def __init__(self) -> None:
-        self.graph = fx.Graph()
-        self.aliases: dict[int, Alias] = {}
-        self.roots: list[Root] = []
-        self.constants: dict[str, torch.Tensor] = {}
-        self._names = itertools.count()
-        # symbolic sizes as nodes: a symbol is the sym_size of the first input having it (or the SymInt
-        # input itself), an expression is built from those (kiln.graph.SymbolNodes)
-        self.syms = SymbolNodes(self.graph)
-
-    # ---- graph building ----
-    def emit(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.Node, Any]:
-        """Add a node whose arguments are already nodes; its fake value is computed by running ``target``."""
-        vals = tree_map(lambda a: a.meta["val"] if isinstance(a, fx.Node) else a, (args, kwargs))
-        val = target(*vals[0], **vals[1])  # runs on fake tensors (this mode is off while it handles an op)
-        node = self.graph.call_function(target, map_leaves(self.syms.arg, args), map_leaves(self.syms.arg, kwargs))
-        node.meta["val"] = val
-        return node, val
-
-    def placeholder(self, name: str, value: Any, input_index: int | None) -> fx.Node:
-        node = self.graph.placeholder(name)
-        node.meta["val"] = value
-        if isinstance(value, torch.Tensor):
-            self._new_root(value, node, input_index)
-            if input_index is not None:  # sizes come from the inputs, never from the tangents
-                self.syms.bind_tensor(node, value)
-        elif isinstance(value, torch.SymInt) and value.node.expr.is_Symbol:
-            self.syms.bind_node(value.node.expr, node)
-        return node
-
-    def _new_root(self, t: torch.Tensor, node: fx.Node, input_index: int | None = None) -> Alias:
-        root = Root(t, node, input_index)
-        self.roots.append(root)
-        alias = Alias(t, root, (), node)
-        self.aliases[id(t)] = alias
-        return alias
-
-    def constant(self, real: torch.Tensor, fake: torch.Tensor) -> fx.Node:
-        name = f"_tensor_constant{len(self.constants)}"
-        self.constants[name] = real
-        node = self.graph.get_attr(name)
-        node.meta["val"] = fake
-        self._new_root(fake, node)
-        return node
-
-    # ---- functional view of tensors ----
-    def alias_of(self, t: torch.Tensor) -> Alias:
-        a = self.aliases.get(id(t))
-        if a is None or a.tensor is not t:
-            const = getattr(t, "constant", None)
-            if isinstance(const, torch.Tensor):
-                self.constant(const, t)
-                return self.aliases[id(t)]
-            raise AutogradTraceError(
-                f"a tensor of shape {tuple(t.shape)} reached the traced graph without being one of its "
-                "inputs or computed inside it (a tensor captured from outside?). Pass it as a graph input.")
-        return a
-
-    def node_of(self, t: torch.Tensor) -> fx.Node:
-        """The node holding ``t``'s current value; stale views are regenerated from their root."""
-        a = self.alias_of(t)
-        if a.version != a.root.version:
-            node, val = a.root.node, a.root.tensor
-            for step in a.chain:
-                node, val = replay(self.emit, step, node, val)
-            a.node, a.version = node, a.root.version
-        return a.node
-
-    def arg_nodes(self, tree: Any) -> Any:
-        """An op's arguments as graph arguments: tensors to their current nodes, symbolic sizes to the
-        nodes computing them."""
-        return map_leaves(self._arg_node, tree)
-
-    def _arg_node(self, x: Any) -> Any:
-        if isinstance(x, torch.Tensor):
-            return self.node_of(x)
-        return self.syms.arg(x)
-
-    def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> fx.Node:
-        """Record a functional op whose fake result is ``out`` and register its outputs."""
-        node = self.graph.call_function(func, self.arg_nodes(args), self.arg_nodes(kwargs))
-        node.meta["val"] = out
-        view = ops.is_view(func)
-        base = self.alias_of(args[0]) if view else None
-        rest = tuple(args[1:])
-        if isinstance(out, torch.Tensor):
-            self._register(out, node, base, ViewStep(func, rest, tuple(kwargs.items())) if base else None)
-        elif isinstance(out, (tuple, list)):
-            for i, o in enumerate(out):
-                if isinstance(o, torch.Tensor):
-                    g = self.graph.call_function(operator.getitem, (node, i))
-                    g.meta["val"] = o
-                    step = ViewStep(func, rest, tuple(kwargs.items()), i) if base else None
-                    self._register(o, g, base, step)
-        return node
-
-    def _register(self, t: torch.Tensor, node: fx.Node, base: Alias | None, step: ViewStep | None) -> None:
-        known = self.aliases.get(id(t))
-        if known is not None and known.tensor is t:
-            return  # an op handed back a tensor we already track (e.g. a no-op alias)
-        if base is None or step is None:
-            self._new_root(t, node)
-        else:
-            self.aliases[id(t)] = Alias(t, base.root, base.chain + (step,), node, base.root.version)
-
-    def write(self, t: torch.Tensor, node: fx.Node) -> None:
-        """Make ``node`` the new value of ``t`` (and of every tensor sharing its storage)."""
-        val = node.meta["val"]
-        if val.dtype != t.dtype:
-            node, val = self.emit(aten._to_copy.default, (node,), {"dtype": t.dtype})
-        if tuple(val.shape) != tuple(t.shape):
-            node, val = self.emit(aten.expand.default, (node, list(t.shape)), {})
-            node, val = self.emit(aten.clone.default, (node,), {})
-        a = self.alias_of(t)
-        root = a.root
-        if a.chain:
-            root.node = self._scatter(root, a.chain, node, val)
-        else:
-            root.node = node
-        root.version += 1
-        root.mutated = True
-        if not a.chain:
-            a.node, a.version = root.node, root.version
-
-    def _scatter(self, root: Root, chain: tuple[ViewStep, ...], src: fx.Node, src_val: Any) -> fx.Node:
-        nodes, vals = [root.node], [root.tensor]
-        for step in chain:
-            n, v = replay(self.emit, step, nodes[-1], vals[-1])
-            nodes.append(n)
-            vals.append(v)
-        for j in reversed(range(len(chain))):
-            try:
-                src = inverse(self.emit, chain[j], nodes[j], vals[j], vals[j + 1], src, src_val)
-            except NotImplementedError as e:
-                raise AutogradTraceError(f"cannot functionalize an in-place write: {e}") from e
-            src_val = src.meta["val"]
-        return src
-
-    def finish(self, outputs: list[Any]) -> fx.GraphModule:
-        self.graph.output(tuple(outputs))
-        root = torch.nn.Module()
-        for name, t in self.constants.items():
-            root.register_buffer(name, t)
-        self.graph.eliminate_dead_code()
-        return lazy_graph_module(root, self.graph)  # code made if it is ever run
 
 
 def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -234,22 +86,149 @@ def _special_mutation(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     return None
 
 
-class TracingMode(TorchDispatchMode):
-    """Records ATen ops into ``recorder``, applying ``decompositions`` and functionalizing mutations."""
+class TracingMode(GraphRecorder):
+    """kiln.decomp's recorder, functionalizing: ``decompositions`` run in place of their ops (the base
+    class's dispatch); every other op reaches ``record``, which records its functional form and keeps
+    the fake-tensor -> node state of views and mutated storages (``Alias``/``Root``)."""
 
-    def __init__(self, recorder: GraphRecorder, decompositions: Decompositions | None = None) -> None:
-        super().__init__()
-        self.rec = recorder
-        self.decompositions = dict(decompositions or {})
+    def __init__(self, fake_mode: FakeTensorMode, decompositions: Decompositions | None = None) -> None:
+        super().__init__(fx.Graph(), dict(decompositions or {}), fake_mode, torch.nn.Module())
+        self.aliases: dict[int, Alias] = {}
+        self.roots: list[Root] = []
+        self.constants: dict[str, torch.Tensor] = {}
+        # symbolic sizes as nodes: a symbol is the sym_size of the first input having it (or the SymInt
+        # input itself), an expression is built from those (kiln.graph.SymbolNodes)
+        self.syms = SymbolNodes(self.graph)
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
-        kwargs = kwargs or {}
-        if func in self.decompositions:
-            with self:  # the decomposition's own aten calls come back through this mode
-                out = self.decompositions[func](*args, **kwargs)
-            if out is not NotImplemented:  # kiln.decomp's way of saying "keep this op here"
-                return out
+    # ---- graph building ----
+    def emit_on_nodes(self, target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[fx.Node, Any]:
+        """Add a node whose arguments are already nodes; its fake value is computed by running ``target``."""
+        vals = tree_map(lambda a: a.meta["val"] if isinstance(a, fx.Node) else a, (args, kwargs))
+        val = target(*vals[0], **vals[1])  # runs on fake tensors (this mode is off while it handles an op)
+        node = self.graph.call_function(target, map_leaves(self.syms.arg, args), map_leaves(self.syms.arg, kwargs))
+        node.meta["val"] = val
+        return node, val
+
+    def placeholder(self, name: str, value: Any, input_index: int | None) -> fx.Node:
+        node = self.graph.placeholder(name)
+        node.meta["val"] = value
+        if isinstance(value, torch.Tensor):
+            self._new_root(value, node, input_index)
+            if input_index is not None:  # sizes come from the inputs, never from the tangents
+                self.syms.bind_tensor(node, value)
+        elif isinstance(value, torch.SymInt) and value.node.expr.is_Symbol:
+            self.syms.bind_node(value.node.expr, node)
+        return node
+
+    def _new_root(self, t: torch.Tensor, node: fx.Node, input_index: int | None = None) -> Alias:
+        root = Root(t, node, input_index)
+        self.roots.append(root)
+        alias = Alias(t, root, (), node)
+        self.aliases[id(t)] = alias
+        return alias
+
+    def add_constant(self, real: torch.Tensor, fake: torch.Tensor) -> fx.Node:
+        """A real tensor the graph reads becomes a buffer of the result module (``finish``)."""
+        name = f"_tensor_constant{len(self.constants)}"
+        self.constants[name] = real
+        node = self.graph.get_attr(name)
+        node.meta["val"] = fake
+        self._new_root(fake, node)
+        return node
+
+    # ---- functional view of tensors ----
+    def alias_of(self, t: torch.Tensor) -> Alias:
+        a = self.aliases.get(id(t))
+        if a is None or a.tensor is not t:
+            const = getattr(t, "constant", None)
+            if isinstance(const, torch.Tensor):
+                self.add_constant(const, t)
+                return self.aliases[id(t)]
+            raise AutogradTraceError(
+                f"a tensor of shape {tuple(t.shape)} reached the traced graph without being one of its "
+                "inputs or computed inside it (a tensor captured from outside?). Pass it as a graph input.")
+        return a
+
+    def node_of(self, t: torch.Tensor) -> fx.Node:
+        """The node holding ``t``'s current value; stale views are regenerated from their root."""
+        a = self.alias_of(t)
+        if a.version != a.root.version:
+            node, val = a.root.node, a.root.tensor
+            for step in a.chain:
+                node, val = replay(self.emit_on_nodes, step, node, val)
+            a.node, a.version = node, a.root.version
+        return a.node
+
+    def to_arg(self, x: Any) -> Any:
+        """An op's argument as a graph argument: a tensor its current node, a symbolic size the node
+        computing it (the base recorder's ``emit_node`` maps arguments with this)."""
+        if isinstance(x, torch.Tensor):
+            return self.node_of(x)
+        return self.syms.arg(x)
+
+    def emit_functional(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> fx.Node:
+        """Record a functional op whose fake result is ``out``; its tensors are registered (views of
+        their base, ``bind_output``)."""
+        return self.emit_node(func, args, kwargs, out)
+
+    def bind_output(self, value: torch.Tensor, node: fx.Node, func: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any], index: int | None) -> None:
+        base = self.alias_of(args[0]) if ops.is_view(func) else None
+        step = ViewStep(func, tuple(args[1:]), tuple(kwargs.items()), index) if base is not None else None
+        self._register(value, node, base, step)
+
+    def _register(self, t: torch.Tensor, node: fx.Node, base: Alias | None, step: ViewStep | None) -> None:
+        known = self.aliases.get(id(t))
+        if known is not None and known.tensor is t:
+            return  # an op handed back a tensor we already track (e.g. a no-op alias)
+        if base is None or step is None:
+            self._new_root(t, node)
+        else:
+            self.aliases[id(t)] = Alias(t, base.root, base.chain + (step,), node, base.root.version)
+
+    def write(self, t: torch.Tensor, node: fx.Node) -> None:
+        """Make ``node`` the new value of ``t`` (and of every tensor sharing its storage)."""
+        val = node.meta["val"]
+        if val.dtype != t.dtype:
+            node, val = self.emit_on_nodes(aten._to_copy.default, (node,), {"dtype": t.dtype})
+        if tuple(val.shape) != tuple(t.shape):
+            node, val = self.emit_on_nodes(aten.expand.default, (node, list(t.shape)), {})
+            node, val = self.emit_on_nodes(aten.clone.default, (node,), {})
+        a = self.alias_of(t)
+        root = a.root
+        if a.chain:
+            root.node = self._scatter(root, a.chain, node, val)
+        else:
+            root.node = node
+        root.version += 1
+        root.mutated = True
+        if not a.chain:
+            a.node, a.version = root.node, root.version
+
+    def _scatter(self, root: Root, chain: tuple[ViewStep, ...], src: fx.Node, src_val: Any) -> fx.Node:
+        nodes, vals = [root.node], [root.tensor]
+        for step in chain:
+            n, v = replay(self.emit_on_nodes, step, nodes[-1], vals[-1])
+            nodes.append(n)
+            vals.append(v)
+        for j in reversed(range(len(chain))):
+            try:
+                src = inverse(self.emit_on_nodes, chain[j], nodes[j], vals[j], vals[j + 1], src, src_val)
+            except NotImplementedError as e:
+                raise AutogradTraceError(f"cannot functionalize an in-place write: {e}") from e
+            src_val = src.meta["val"]
+        return src
+
+    def finish(self, outputs: list[Any]) -> fx.GraphModule:
+        self.graph.output(tuple(outputs))
+        root = torch.nn.Module()
+        for name, t in self.constants.items():
+            root.register_buffer(name, t)
+        self.graph.eliminate_dead_code()
+        return lazy_graph_module(root, self.graph)  # code made if it is ever run
+
+    # ---- dispatch: what is not decomposed (GraphRecorder.dispatch applies the table first) ----
+    def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if func in VENDOR_REWRITES:  # cuDNN/MIOpen batch norm: traced as the native ops
             with self:
                 return VENDOR_REWRITES[func](*args, **kwargs)
@@ -278,7 +257,7 @@ class TracingMode(TorchDispatchMode):
             self._functionalize(func, mutation, args, kwargs, out)
             return out
         if isinstance(out, torch.Tensor) or any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
-            self.rec.record(func, args, kwargs, out)
+            self.emit_functional(func, args, kwargs, out)
         return out
 
     def _library_op(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -293,29 +272,29 @@ class TracingMode(TorchDispatchMode):
             raise AutogradTraceError(f"{func} failed on fake tensors (does it have a fake kernel, "
                                      f"torch.library.register_fake?): {e}") from e
         if isinstance(out, torch.Tensor) or any(isinstance(o, torch.Tensor) for o in tree_flatten(out)[0]):
-            self.rec.record(func, args, kwargs, out)
+            self.emit_functional(func, args, kwargs, out)
         return out
 
     def _constant(self, func: Any, args: tuple[Any, ...]) -> Any:
         out = func(*args)
         real = args[0]
         if isinstance(real, torch.Tensor) and not hasattr(real, "fake_mode"):
-            self.rec.constant(real, out)  # no detach/clone here: under fake mode they would make fakes
+            self.add_constant(real, out)  # no detach/clone here: under fake mode they would make fakes
         else:
-            self.rec.record(aten.clone.default, (real,), {}, out)
+            self.emit_functional(aten.clone.default, (real,), {}, out)
         return out
 
     def _inplace_view(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         t = args[0]
-        a = self.rec.alias_of(t)
+        a = self.alias_of(t)
         if a.root.input_index is not None and not a.chain:
             raise AutogradTraceError(f"{func} changes the metadata of a graph input in place; "
                                      "kiln.autograd does not support that (use the out-of-place view)")
         view_op = ops.INPLACE_VIEWS[func]
-        before = self.rec.node_of(t)
+        before = self.node_of(t)
         out = func(*args, **kwargs)
         step = ViewStep(view_op, tuple(args[1:]), tuple(kwargs.items()))
-        node, _ = replay(self.rec.emit, step, before, a.tensor)
+        node, _ = replay(self.emit_on_nodes, step, before, a.tensor)
         node.meta["val"] = t
         a.chain = a.chain + (step,)
         a.node, a.version = node, a.root.version
@@ -328,14 +307,14 @@ class TracingMode(TorchDispatchMode):
             bound.pop(name, None)
         fargs, fkwargs = _call_args(m.functional, bound)
         result = m.functional(*fargs, **fkwargs)
-        node = self.rec.record(m.functional, fargs, fkwargs, result)
+        node = self.emit_functional(m.functional, fargs, fkwargs, result)
         if all(r.alias_info is None for r in func._schema.returns):
             # fresh results (native_batch_norm's output and statistics): the functional op's leading ones
             outs = out if isinstance(out, (tuple, list)) else (out,)
             for i, o in enumerate(outs):
                 if isinstance(o, torch.Tensor):
                     src = self._getitem(node, i) if isinstance(result, (tuple, list)) else node
-                    self.rec._register(o, src, None, None)
+                    self._register(o, src, None, None)
         full = _bind(func, args, kwargs)
         for target, idx in zip(m.targets, m.result_for):
             dest = full.get(target)
@@ -344,14 +323,14 @@ class TracingMode(TorchDispatchMode):
             new = node if idx is None else self._getitem(node, idx)
             if isinstance(dest, (list, tuple)):
                 for i, d in enumerate(dest):
-                    self.rec.write(d, self._getitem(new, i))
+                    self.write(d, self._getitem(new, i))
             else:
-                self.rec.write(dest, new)
+                self.write(dest, new)
 
     def _getitem(self, node: fx.Node, idx: int) -> fx.Node:
         for user in node.users:
             if user.target is operator.getitem and user.args[1] == idx:
                 return user
-        g = self.rec.graph.call_function(operator.getitem, (node, idx))
+        g = self.graph.call_function(operator.getitem, (node, idx))
         g.meta["val"] = node.meta["val"][idx]
         return g

@@ -22,6 +22,7 @@ from kiln.graph import (
     CORE_ATEN_OPS,
     KNOBS,
     Dialect,
+    annotations_of,
     autocast_off,
     lazy_graph_module,
     log,
@@ -220,7 +221,7 @@ def decompose(gm: fx.GraphModule, table: Table, example_inputs: Sequence[Any] | 
     decomposition; the default raises under ``KILN_VERIFY=1`` and otherwise logs those ops to
     ``perf_hints`` and returns the graph with them left in place (so a backend can fall back).
     """
-    if example_inputs is None and _already_decomposed(gm, table):
+    if example_inputs is None and (traced_with(gm, table) or _already_decomposed(gm, table)):
         result = _copy(gm)  # re-tracing would rebuild the same graph, at the cost of a fake run per node
     else:
         result = _retrace(gm, table, example_inputs)
@@ -228,6 +229,14 @@ def decompose(gm: fx.GraphModule, table: Table, example_inputs: Sequence[Any] | 
     if dialect is not None and check is not False:
         _verify(result, dialect, table, strict=KNOBS.verify if check is None else True)
     return result
+
+
+def traced_with(gm: fx.GraphModule, table: Table) -> bool:
+    """Whether ``gm`` was traced with ``table`` applied (``GraphAnnotations.decomposed_by``: kiln.autograd
+    says so of the graphs it traces with a named table): decomposition is done once, where the graph
+    was traced, and not repeated by the compiler that receives it."""
+    name = getattr(table, "name", "")
+    return bool(name) and annotations_of(gm).decomposed_by == name
 
 
 def _already_decomposed(gm: fx.GraphModule, table: Table) -> bool:

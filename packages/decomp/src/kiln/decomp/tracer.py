@@ -234,25 +234,37 @@ class GraphRecorder(TorchDispatchMode):
         ``_record``, or carried over from the graph being re-traced when its inputs did not change)."""
         if isinstance(out, (int, float, bool)) and not isinstance(out, torch.SymInt | torch.SymFloat | torch.SymBool):
             return out  # a static size query (aten.sym_size on a static shape): a constant, no node
+        self.emit_node(func, args, kwargs, out)
+        return out
+
+    def emit_node(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> fx.Node:
+        """The node of ``func(*args, **kwargs)`` with fake result ``out``: arguments become nodes
+        (``to_arg``), each tensor of the result is tied to its node (``bind_output``)."""
         node_args = map_leaves(self.to_arg, args)
         node_kwargs = map_leaves(self.to_arg, kwargs)
         node = self.graph.call_function(func, node_args, node_kwargs)
         node.meta.update(self.carried_meta)
         node.meta["val"] = out
         if isinstance(out, torch.Tensor):
-            self._tensors[id(out)] = (out, node)
+            self.bind_output(out, node, func, args, kwargs, None)
         elif isinstance(out, (tuple, list)):
             for i, o in enumerate(out):
                 if isinstance(o, torch.Tensor):
                     item = self.graph.call_function(operator.getitem, (node, i))
                     item.meta.update(self.carried_meta)
                     item.meta["val"] = o
-                    self._tensors[id(o)] = (o, item)
+                    self.bind_output(o, item, func, args, kwargs, i)
                 elif isinstance(o, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in o):
                     raise DecompositionError(f"{op_name(func)} returns nested tensor lists; not supported")
         elif isinstance(out, torch.SymInt | torch.SymFloat | torch.SymBool):
             self._sym_nodes.setdefault(out.node.expr, node)
-        return out
+        return node
+
+    def bind_output(self, value: torch.Tensor, node: fx.Node, func: Any, args: tuple[Any, ...],
+                    kwargs: dict[str, Any], index: int | None) -> None:
+        """Tie ``value`` (the result of ``func``, or its item ``index``) to ``node``. A recorder that
+        tracks views and mutations (kiln.autograd's) also notes what ``value`` aliases."""
+        self._tensors[id(value)] = (value, node)
 
     def output_args(self, value: Any) -> Any:
         return tree_map(self.to_arg, value)

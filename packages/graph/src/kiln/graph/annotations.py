@@ -52,6 +52,9 @@ class GraphAnnotations:
     symbolic_sizes: tuple[SymbolicSize, ...] = ()
     # set when the graph is one rank's part of a distributed program
     distributed: DistributedState | None = None
+    # autograd: the name of the kiln.decomp table its trace applied ("" none); decomposing the graph
+    # with that table again would rebuild the same graph, so kiln.decomp.decompose does not re-run it
+    decomposed_by: str = ""
 
 
 NO_ANNOTATIONS = GraphAnnotations()

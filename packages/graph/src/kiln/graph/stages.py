@@ -56,6 +56,9 @@ class PortableProgram:
     source: str
     files: Mapping[str, bytes] = field(default_factory=dict)
     requires: tuple[str, ...] = ("torch",)  # distributions the source imports
+    # the Triton kernel modules the source imports (kiln.runtime's load_triton_module names them
+    # kiln_triton_<hash of their text>): whose compiled kernels a save ships with the program
+    triton_modules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

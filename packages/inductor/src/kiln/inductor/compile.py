@@ -41,7 +41,8 @@ def load_wrapper(source: str, files_dir: str, filename: str, precompiled: bool =
     """Execute wrapper source as a module namespace and return its ``call_owned`` (which empties the
     list it is given: pass a list of your own). ``precompiled``: its Triton kernels (and their
     launchers) are compiling in the worker pool already, so the module's own precompile on load
-    (``_kiln_precompile``, for wrappers loaded elsewhere) is told to skip them through a module global:
+    (``kiln.runtime.triton_compile.precompile``, for wrappers loaded elsewhere) is told to skip them
+    through a module global:
     it would compile the same kernels again, here."""
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     ns: dict[str, Any] = {"FILES_DIR": files_dir, "FILES": {}, "__name__": filename,
@@ -128,7 +129,7 @@ def _bind_constants(compiled: CompiledGraph, constants: list[torch.Tensor], name
     if portable is not None:
         try:
             epilogue, files = constants_epilogue(constants)
-            portable = PortableProgram(portable.source + epilogue, {**portable.files, **files}, portable.requires)
+            portable = replace(portable, source=portable.source + epilogue, files={**portable.files, **files})
         except (ValueError, RuntimeError) as e:  # the graph still runs; only saving it is refused
             log("perf_hints").warning("graph %s cannot be saved: %s", name, e)
             portable = None
@@ -177,7 +178,7 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Inducto
         dump(graph_id, stage, text)
     # every wrapper imports its constant helpers from kiln.runtime (codegen/wrapper.py REQUIRES)
     requires = tuple(dict.fromkeys((*s.kernels.requires, *REQUIRES)))
-    portable = PortableProgram(s.wrapper, dict(s.kernels.files), requires)
+    portable = PortableProgram(s.wrapper, dict(s.kernels.files), requires, s.kernels.triton_modules)
     # the strides each output really has (None: not a tensor); they differ from the trace only for
     # outputs marked layout-free (GraphAnnotations.layout_free_outputs), e.g. channels-last saved activations;
     # symbolic strides: None (the caller keeps the traced ones)

@@ -2,7 +2,10 @@
 
 Note: inductor decomposes with kiln.decomp's ``inductor`` table *minus* the ops it lowers natively
 (softmax, layer_norm, ...): one fused kernel from a dedicated lowering beats the same op's
-decomposition. Leftover non-core ops are not an error here (``check=False``, even under
+decomposition. In kiln's pipeline that table is applied once, by kiln.autograd while it traces
+(the meta-package hands it over); the graphs say so (``GraphAnnotations.decomposed_by``) and the
+``decompose`` pass here copies them instead of re-tracing. Graphs from other front ends are
+decomposed here. Leftover non-core ops are not an error here (``check=False``, even under
 KILN_VERIFY): lowering either handles them or runs them as ATen fallbacks, reported in perf_hints.
 """
 
@@ -21,15 +24,20 @@ from kiln.graph import autocast_off, symbolic_dispatch, target_name
 
 from .lowering.registry import LOWERINGS
 
+TABLE_NAME = "inductor_lowering"  # GraphAnnotations.decomposed_by of graphs traced with it
 
-def inductor_decompositions() -> Any:
+
+def inductor_decompositions() -> _decomp.DecompTable:
     """kiln.decomp's ``inductor`` table without the ops kiln.inductor lowers itself; also what the
-    meta-package's backend hands kiln.autograd to apply while tracing."""
+    meta-package's backend hands kiln.autograd to apply while tracing (the graphs it traces then say
+    so, and ``decompose`` below does not re-run the table on them)."""
     table = _decomp.table("inductor")
-    return _decomp.select([op for op in table if target_name(op) not in LOWERINGS], table)
+    return _decomp.DecompTable(TABLE_NAME, [e for e in table.entries() if target_name(e.op) not in LOWERINGS],
+                               None)
 
 
 def decompose(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
+    """``gm`` with the table applied: re-traced, or copied when it was traced with the table already."""
     out = _decomp.decompose(gm, inductor_decompositions(), check=False)
     ensure_meta(out, example_inputs)
     return out

@@ -20,14 +20,12 @@ class InductorKnobs:
     split_reductions: bool = True  # KILN_SPLIT_REDUCTIONS=0: InductorOptions.split_reductions's default
     # max-autotune: seconds one compile may spend tuning, after which choices keep their defaults
     autotune_budget_s: float = 60.0  # KILN_AUTOTUNE_BUDGET_S
-    autotune_workers: int = 0  # KILN_AUTOTUNE_COMPILE_WORKERS: threads compiling candidates (0: one a core, <= 32)
     # KILN_AUTOTUNE_CROSS_TARGET=cuda:90: without a device, compile every candidate for that target
     # (compile-only: nothing is timed, choices keep their defaults) to measure what tuning would compile
     autotune_cross_target: str = ""
-    # KILN_AUTOTUNE_COMPILE_POOL: "process" (spawned workers; triton's compile holds the GIL) or "thread"
-    autotune_compile_pool: str = "process"
-    # KILN_TRITON_COMPILE_WORKERS: processes compiling a graph's Triton kernels (codegen/triton/compile_pool.py);
-    # -1 (unset): one a core, at most 32; 0: compile in this process (the wrapper's thread pool)
+    # KILN_TRITON_COMPILE_WORKERS: processes of the one Triton compile pool (compile_pool.py), compiling a
+    # graph's kernels and max-autotune's candidates; -1 (unset): one a core, at most 32; 0: compile in this
+    # process (the wrapper's thread pool; max-autotune's candidates on threads)
     triton_compile_workers: int = -1
     # KILN_TRITON_CROSS_TARGET=cuda:90: without a GPU, compile the generated Triton kernels of CUDA graphs
     # for that target anyway (what a GPU cold compile costs, measured on a CPU host; nothing runs)
@@ -57,10 +55,7 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
                          conv_layout=e.get("KILN_CONV_LAYOUT", "auto"),
                          split_reductions=e.get("KILN_SPLIT_REDUCTIONS", "1") != "0",
                          autotune_budget_s=_float(e.get("KILN_AUTOTUNE_BUDGET_S"), 60.0, "KILN_AUTOTUNE_BUDGET_S"),
-                         autotune_workers=int(_float(e.get("KILN_AUTOTUNE_COMPILE_WORKERS"), 0,
-                                                     "KILN_AUTOTUNE_COMPILE_WORKERS")),
                          autotune_cross_target=e.get("KILN_AUTOTUNE_CROSS_TARGET", ""),
-                         autotune_compile_pool=e.get("KILN_AUTOTUNE_COMPILE_POOL", "process"),
                          triton_compile_workers=int(_float(e.get("KILN_TRITON_COMPILE_WORKERS"), -1,
                                                            "KILN_TRITON_COMPILE_WORKERS")),
                          triton_cross_target=e.get("KILN_TRITON_CROSS_TARGET", ""),

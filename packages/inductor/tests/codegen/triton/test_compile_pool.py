@@ -1,4 +1,4 @@
-"""Triton kernels compiled ahead in worker processes (codegen/triton/compile_pool.py, ahead.py).
+"""Triton kernels compiled ahead in worker processes (kiln/inductor/compile_pool.py, codegen/triton/ahead.py).
 
 Without a GPU the workers cross-compile for cuda:90 (what ``KILN_TRITON_CROSS_TARGET`` does): the
 binaries are real, only nothing launches them. A kernel compiled in a worker must land in triton's
@@ -23,11 +23,11 @@ import torch.nn.functional as F
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
+from kiln.inductor import compile_pool as cp
 from kiln.inductor.codegen.triton import ahead
-from kiln.inductor.codegen.triton import compile_pool as cp
-from kiln.inductor.codegen.triton.compile_pool import CompileBatch, CompilePool, TritonJob
 from kiln.inductor.codegen.triton.kernel import TritonKernel
 from kiln.inductor.codegen.triton.testing import device
+from kiln.inductor.compile_pool import CompileBatch, CompilePool, TritonJob
 from kiln.inductor.ir import Layout
 
 TARGET = ("cuda", 90, 32)
@@ -63,7 +63,7 @@ def _kernel_dirs(cache: str) -> set[str]:
 def _compile_in_a_plain_process(jobs: list[TritonJob], cache: str) -> None:
     """What the parent's own compile (its first launch) does, in a process without the interpreter."""
     script = textwrap.dedent(f"""
-        from kiln.inductor.codegen.triton.compile_worker import compile_job
+        from kiln.inductor.compile_worker import compile_job
         for job in {[j.as_dict(None) for j in jobs]!r}:
             status, _, error, _ = compile_job(job, {TARGET!r})
             assert status == "ok", error
@@ -95,9 +95,8 @@ def test_a_worker_finds_what_an_in_process_compile_made_and_compiles_nothing(tmp
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     p = CompilePool(1)
     assert p.start()
-    monkeypatch.setattr(cp.PROCESS_POOL, "pool", p)
     try:
-        report = cp.submit(jobs, TARGET, "add").wait()  # type: ignore[union-attr]
+        report = cp.TritonCompilePool(started=p).submit(jobs, TARGET, "add").wait()  # type: ignore[union-attr]
     finally:
         p.close()
     assert (report.jobs, report.compiled, report.failed, report.in_process) == (1, 1, 0, 0), report.errors
@@ -149,12 +148,11 @@ def test_twins_with_their_own_tuned_config_are_their_own_jobs():
     assert jobs[0].as_dict(TARGET, launcher=True)["launcher"] and not jobs[1].as_dict(TARGET, True)["launcher"]
 
 
-def test_no_workers_means_in_process_with_a_log(monkeypatch, caplog):
-    monkeypatch.setattr(cp, "KNOBS", dataclasses.replace(cp.KNOBS, triton_compile_workers=0))
-    monkeypatch.setattr(cp.PROCESS_POOL, "pool", None)
+def test_no_workers_means_in_process_with_a_log(caplog):
+    pool = cp.TritonCompilePool(workers=0)  # as KILN_TRITON_COMPILE_WORKERS=0 makes the process's pool
     with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
-        assert cp.compile_pool() is None
-        assert cp.submit(_jobs("/nowhere.py", "m"), TARGET, "g") is None
+        assert pool.get() is None
+        assert pool.submit(_jobs("/nowhere.py", "m"), TARGET, "g") is None
     assert any("KILN_TRITON_COMPILE_WORKERS=0" in r.getMessage() for r in caplog.records)
 
 
@@ -163,7 +161,7 @@ def test_gpu_graph_queued_while_workers_start_gets_help_from_this_process(monkey
     starts compiling from the queue itself (``help_while_starting``) instead of waiting idle; once a
     worker is ready, nobody is asked to help."""
     class Pool:
-        gpu, ready, queued, helped = True, 0, 0, 0
+        gpu, ready, queued, helped, alive, pid = True, 0, 0, 0, 1, os.getpid()
 
         def submit(self, batch):
             self.queued += len(batch.jobs)
@@ -173,15 +171,15 @@ def test_gpu_graph_queued_while_workers_start_gets_help_from_this_process(monkey
             self.helped += 1
 
     pool = Pool()
-    monkeypatch.setattr(cp, "compile_pool", lambda: pool)
+    holder = cp.TritonCompilePool(started=pool)  # type: ignore[arg-type]
     jobs = _jobs("/nowhere.py", "m")
     with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
-        assert cp.submit(jobs, TARGET, "the first graph") is not None
+        assert holder.submit(jobs, TARGET, "the first graph") is not None
     assert (pool.queued, pool.helped) == (len(jobs), 1)
     assert any("still starting; this process compiles the first graph's kernels" in r.getMessage()
                for r in caplog.records)
     pool.ready = 1
-    assert cp.submit(jobs, TARGET, "a later graph") is not None
+    assert holder.submit(jobs, TARGET, "a later graph") is not None
     assert (pool.queued, pool.helped) == (2 * len(jobs), 1)
 
 
@@ -212,8 +210,8 @@ def _run_clean(tmp_path, body: str) -> str:
     script = textwrap.dedent("""
         import logging, sys
         logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
-        from kiln.inductor.codegen.triton import compile_pool as cp
-        from kiln.inductor.codegen.triton.compile_pool import CompilePool, TritonJob
+        from kiln.inductor import compile_pool as cp
+        from kiln.inductor.compile_pool import CompilePool, TritonJob
     """) + textwrap.dedent(body)
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.update(TRITON_CACHE_DIR=str(tmp_path / "cache"), KILN_LOGS="perf_hints")
@@ -238,23 +236,23 @@ def test_lost_workers_fall_back_to_this_process_with_a_log(tmp_path):
     add = _module_file(tmp_path, ADD + "# fallback\n", "kiln_test_pool_fallback")
     out = _run_clean(tmp_path, f"""
         pool = CompilePool(1)
-        cp.PROCESS_POOL.pool = pool
+        holder = cp.TritonCompilePool(started=pool)
         assert pool.start()
         jobs = [TritonJob({dies!r}, "kiln_test_pool_dies", "add", ("float32",) * 3, (("XBLOCK", 32),), 4, 1)]
-        batch = cp.submit(jobs, {TARGET!r}, "dying")
+        batch = holder.submit(jobs, {TARGET!r}, "dying")
         assert batch is not None
         report = batch.wait()
         assert report.in_process == 1 and report.compiled == 1, report.errors
-        assert cp.submit(jobs, {TARGET!r}, "after") is None  # no worker left: the caller compiles here
+        assert holder.submit(jobs, {TARGET!r}, "after") is None  # no worker left: the caller compiles here
 
         cp.WORKER_SCRIPT = {str(tmp_path / "missing_worker.py")!r}  # every worker exits at once
-        cp.PROCESS_POOL.pool = None
-        pool = cp.compile_pool()
+        holder = cp.TritonCompilePool(workers=1)
+        pool = holder.get()
         assert pool is not None  # the process started; it dies before saying it is ready
         for t in pool.threads:
             t.join(timeout=60)
         jobs = [TritonJob({add!r}, "kiln_test_pool_fallback", "add", ("float32",) * 3, (("XBLOCK", 64),), 4, 1)]
-        assert cp.submit(jobs, {TARGET!r}, "g") is None
+        assert holder.submit(jobs, {TARGET!r}, "g") is None
         report = cp.in_process(jobs, {TARGET!r}, "g").wait()
         assert report.in_process == 1 and report.compiled == 1, report.errors
     """)
@@ -269,7 +267,7 @@ def test_gpu_first_launches_compile_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     p = CompilePool(2, gpu=True)
     assert p.start()
-    monkeypatch.setattr(cp.PROCESS_POOL, "pool", p)
+    monkeypatch.setattr(cp.PROCESS_POOL, "pool", p)  # compile_graph's kernels go to the process's pool
     deadline = time.monotonic() + 120  # a graph compiled before a worker is ready compiles in-process
     while p.ready == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -310,3 +308,26 @@ def test_a_worker_compiles_without_importing_torch_into_the_key_torch_dtypes_giv
                    env=dict(env, TRITON_CACHE_DIR=str(tmp_path / "without_torch")))
     made = _kernel_dirs(str(tmp_path / "with_torch"))
     assert len(made) == 1 and _kernel_dirs(str(tmp_path / "without_torch")) == made
+
+
+def test_autotune_candidates_compile_on_the_same_pool(pool, tmp_path):
+    """max-autotune has no compile workers of its own: its candidates are jobs of the one pool that
+    compiles a graph's kernels (autotune/compilers.py PoolCompiler), into triton's cache; candidates
+    whose turn comes after the tuning deadline are skipped, not compiled."""
+    from kiln.inductor.autotune.compilers import CompileJob, PoolCompiler, TargetCompiler
+    from kiln.inductor.autotune.loader import load_source_module
+
+    add = load_source_module(ADD + "# autotune on the pool\n", prefix="kiln_test_pool_tune_").add
+    jobs = [CompileJob(add, (torch.float32,) * 3, (("XBLOCK", xb),), 4, 1, f"add {xb}") for xb in (64, 128)]
+    served: list[CompileBatch] = []
+    submit = pool.submit
+    pool.submit = lambda batch: served.append(batch) or submit(batch)  # type: ignore[method-assign]
+    compiler = PoolCompiler(TARGET, fallback=TargetCompiler("cuda:90"), pool=cp.TritonCompilePool(started=pool))
+    stats = compiler(jobs, deadline=time.perf_counter() + 300)
+    assert (stats.jobs, stats.compiled, stats.failed, stats.skipped, stats.mode) == (2, 2, 0, 0, "process"), stats.errors
+    assert len(served) == 1 and [j.function for j in served[0].jobs] == ["add", "add"]
+    assert len(_kernel_dirs(os.environ["TRITON_CACHE_DIR"])) == 2  # compiled by the pool's worker
+    late = compiler([CompileJob(add, (torch.float32,) * 3, (("XBLOCK", 256),), 4, 1, "add 256")],
+                    deadline=time.perf_counter() - 1)
+    assert (late.jobs, late.compiled, late.skipped) == (1, 0, 1)
+    assert len(_kernel_dirs(os.environ["TRITON_CACHE_DIR"])) == 2  # nothing compiled after the deadline

@@ -140,3 +140,24 @@ def test_wrapper_precompiles_static_kernels_with_their_pointer_dtypes() -> None:
         fn = None
 
     precompile([(Launch(), (torch.float32,)), (Launch(), (torch.float32,))])
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                    reason="compiles with cpu_backend='triton', which runs CPU tensors through the interpreter")
+def test_program_declares_the_kernel_module_it_imports() -> None:
+    """The portable program says which Triton kernel module its wrapper imports
+    (PortableProgram.triton_modules): what kiln.runtime ships binaries of, without reading the source."""
+    import sys
+
+    from tracer import trace
+
+    from kiln.inductor import InductorOptions
+    from kiln.runtime import collect_triton_binaries
+
+    x = torch.randn(8, 16)
+    cg = compile_graph(trace(lambda x: (torch.softmax(x, -1) * 2,), x), [x], options=InductorOptions(cpu_backend="triton"))
+    assert cg.portable is not None
+    (name,) = cg.portable.triton_modules
+    torch.testing.assert_close(cg.fn(x)[0], torch.softmax(x, -1) * 2)
+    assert name.startswith("kiln_triton_") and name in sys.modules  # the module the wrapper imported
+    assert collect_triton_binaries(cg.portable.triton_modules) == {}  # the interpreter compiles nothing

@@ -31,13 +31,13 @@ from .portable import graph_module_source, program_from_graph_module
 from . import program_helpers  # noqa: E402,F401  isort: skip
 from .sources import CallFrame, Param
 from .triton_binaries import collect_triton_binaries, install_triton_binaries
-from .triton_kernels import load_triton_kernel, load_triton_module
+from .triton_kernels import load_triton_kernel, load_triton_module, triton_module_name
 
 __all__ = [
     "CXX_FLAGS", "FILE_KINDS", "SCHEMA_VERSION", "Artifact", "ArtifactError", "Binding", "CacheInfo",
     "CachedGraph", "CallFrame", "CompileCache", "GraphCache", "Uncacheable", "cached_backend", "graph_key", "DeviceInfo", "GuardError", "HostInfo", "InputRecord",
     "KernelBuildError", "LoadedFunction", "Manifest", "Param", "artifact_text", "build_artifact",
     "cache_clear", "cache_info", "flush_code_writes", "collect_triton_binaries", "install_triton_binaries", "cache_key", "cache_info_text", "compile_cpp", "cpp_cache_key", "default_cache", "graph_module_source", "load_artifact",
-    "load_compiled_function", "load_cpp_library", "load_triton_kernel", "load_triton_module",
+    "load_compiled_function", "load_cpp_library", "load_triton_kernel", "load_triton_module", "triton_module_name",
     "program_from_graph_module", "save_artifact",
 ]

@@ -63,8 +63,8 @@ from .cache import CompileCache, cache_key, default_cache, key_hash
 from .fast_load import cached_compile, compile_cached
 from .knobs import KNOBS
 from .tensors import _raw_bytes
-from .triton_binaries import KERNEL_SOURCE_NAME, collect_triton_binaries, install_triton_binaries
 from .triton_binaries import PREFIX as TRITON_PREFIX
+from .triton_binaries import collect_triton_binaries, install_triton_binaries
 
 NAMESPACE = "graphs"
 _SOURCE_NS = "source_hash"  # stamp of kiln's source files -> their content hash
@@ -409,7 +409,7 @@ def _compile_and_store(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], gm: f
     stored = graphs.save(key, compiled.portable, texts, compiled.backend)
     log("cache").info("graph cache miss %s (%s): compiled%s", short, name,
                       " and stored" if stored else ", not stored (cache not writable)")
-    if stored and KERNEL_SOURCE_NAME in compiled.portable.source:
+    if stored and compiled.portable.triton_modules:
         return _store_kernels_after_first_call(compiled, graphs, key, compiled.portable, texts, short)
     return compiled
 
@@ -426,7 +426,7 @@ def _install_kernels(program: PortableProgram, short: str) -> tuple[PortableProg
         return program, ""
     installed = install_triton_binaries(kernels, f"graph cache entry {short}")
     rest = {n: d for n, d in program.files.items() if not n.startswith(TRITON_PREFIX)}
-    return (PortableProgram(program.source, rest, program.requires),
+    return (replace(program, files=rest),
             f"; {installed} compiled Triton kernel(s) installed from the entry, none compiled")
 
 
@@ -442,14 +442,14 @@ def _store_kernels_after_first_call(compiled: CompiledGraph, graphs: GraphCache,
         if pending:
             pending = False
             try:
-                binaries = collect_triton_binaries(program.source)
+                binaries = collect_triton_binaries(program.triton_modules)
             except Exception as e:  # noqa: BLE001 - shipping binaries is an optimisation
                 log("cache").info("graph cache %s: Triton binaries not collected (%s: %s)", short,
                                   type(e).__name__, e)
                 binaries = {}
             if binaries:
                 files = {**program.files, **binaries}
-                graphs.save(key, PortableProgram(program.source, files, program.requires), texts,
+                graphs.save(key, replace(program, files=files), texts,
                             compiled.backend)
                 log("cache").info("graph cache %s: stored %d Triton binary file(s) after the first "
                                   "call; a warm process will not compile these kernels", short,

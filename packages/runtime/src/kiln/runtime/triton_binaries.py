@@ -6,9 +6,9 @@ PTX/IR stages and a ``__grp__*.json`` listing them). The key covers the kernel s
 GPU, the options and triton's own version, so putting a folder back makes Triton load the binary
 instead of compiling it — and a folder that does not fit is simply never looked up.
 
-``collect_triton_binaries(program_source)`` finds the kernel modules the program's wrappers loaded
-(each ``_TRITON_SOURCE`` text, nested sources included), and returns every compiled kernel's cache
-folder as artifact files ``triton/<key>/<file>`` (kind ``triton_binary``), with the C launchers and driver helpers triton <= 3.6 builds for them with
+``collect_triton_binaries(program.triton_modules)`` takes the kernel modules a program declares it
+loads (``PortableProgram.triton_modules``, set by the code generator), and returns every compiled
+kernel's cache folder as artifact files ``triton/<key>/<file>`` (kind ``triton_binary``), with the C launchers and driver helpers triton <= 3.6 builds for them with
 the host compiler (a new machine would otherwise run gcc once per kernel signature at first launch). ``install_triton_binaries``
 writes them into this process's Triton cache when the artifact was built for this GPU capability and
 triton release (``checks.usable_files`` drops them otherwise, with a log line: Triton then rebuilds
@@ -24,16 +24,14 @@ GPU host), so the artifact carries a launcher for every kernel it carries.
 
 from __future__ import annotations
 
-import ast
 import contextlib
-import hashlib
 import json
 import logging
 import os
 import sys
 import tempfile
 import types
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,33 +43,7 @@ from .triton_preload import kernel_record, launcher_file, records_file, register
 logger = logging.getLogger("kiln.runtime")
 
 PREFIX = "triton/"
-KERNEL_SOURCE_NAME = "_TRITON_SOURCE"  # the wrapper's constant holding the kernel module's text
-MODULE_PREFIX = "kiln_triton_"  # the wrapper imports that text as kiln_triton_<sha256[:32]>
-
-
-def kernel_sources(program_source: str) -> list[str]:
-    """Every ``_TRITON_SOURCE = '...'`` text in the program, also inside embedded sources."""
-    found: list[str] = []
-    pending = [program_source]
-    seen: set[str] = set()
-    while pending:
-        src = pending.pop()
-        if src in seen:
-            continue
-        seen.add(src)
-        try:
-            tree = ast.parse(src)
-        except SyntaxError:
-            continue
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) \
-                    and isinstance(node.value.value, str) \
-                    and any(isinstance(t, ast.Name) and t.id == KERNEL_SOURCE_NAME for t in node.targets):
-                found.append(node.value.value)
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                    and KERNEL_SOURCE_NAME in node.value and "\n" in node.value:
-                pending.append(node.value)  # a program embedded as text (the autograd wrapper's parts)
-    return list(dict.fromkeys(found))
+MODULE_PREFIX = "kiln_triton_"  # load_triton_module imports kernel text as kiln_triton_<sha256[:32]>
 
 
 def _jit_functions(module: Any) -> Iterator[tuple[str, Any]]:
@@ -102,16 +74,16 @@ def _compiled_kernels(fn: Any) -> Iterator[tuple[Any, Any]]:
                 yield from table.items()
 
 
-def collect_triton_binaries(program_source: str, modules: Mapping[str, Any] | None = None
+def collect_triton_binaries(triton_modules: Sequence[str], modules: Mapping[str, Any] | None = None
                             ) -> dict[str, bytes]:
-    """The cache folders of the program's compiled kernels, as ``triton/<key>/<file>`` files, their C
-    launchers, and one ``triton/kernels.<digest>.json`` of records (triton_preload.py) that let a load
-    hand each kernel to triton without a compile or cache lookup."""
+    """The cache folders of the compiled kernels of ``triton_modules`` (a program's
+    ``PortableProgram.triton_modules``), as ``triton/<key>/<file>`` files, their C launchers, and one
+    ``triton/kernels.<digest>.json`` of records (triton_preload.py) that let a load hand each kernel
+    to triton without a compile or cache lookup."""
     modules = sys.modules if modules is None else modules
     files: dict[str, bytes] = {}
     records: list[dict[str, Any]] = []
-    for text in kernel_sources(program_source):
-        module_name = MODULE_PREFIX + hashlib.sha256(text.encode()).hexdigest()[:32]
+    for module_name in dict.fromkeys(triton_modules):
         module = modules.get(module_name)
         if module is None:
             continue  # never loaded (or never launched) in this process: nothing compiled to ship
@@ -137,7 +109,7 @@ def _launcher_files(kernel: Any, record: Mapping[str, Any] | None = None,
     """The C launcher triton <= 3.6 needs for ``kernel``: the one its first launch here built, and the
     one a load will look for -- predicted from ``record`` exactly as the load rebuilds the kernel
     (``triton_preload.launcher_file``), found in triton's cache by its key (a compile worker or
-    ``_kiln_prebuild_launchers`` may have built it for another kernel object of this signature), else
+    ``triton_compile.prebuild_launchers`` may have built it for another kernel object of this signature), else
     built now when this process has the CUDA driver. So a load never runs gcc for a kernel the artifact
     carries; when it cannot be shipped, a ``perf_hints`` line says which kernel and why."""
     state = getattr(kernel, "__dict__", {})  # not ``kernel.run``: on an unlaunched kernel it loads the binary

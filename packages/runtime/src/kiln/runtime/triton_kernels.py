@@ -18,6 +18,12 @@ from .errors import KernelBuildError
 from .triton_binaries import MODULE_PREFIX
 
 
+def triton_module_name(source: str) -> str:
+    """The module name ``load_triton_module`` imports ``source`` as (what ``PortableProgram.triton_modules``
+    lists): ``kiln_triton_<sha256[:32]>`` of the text."""
+    return MODULE_PREFIX + hashlib.sha256(source.encode()).hexdigest()[:32]
+
+
 def load_triton_module(source: str, *, cache: CompileCache | None = None) -> ModuleType:
     """Import Triton kernel source text as the module ``kiln_triton_<sha256[:32]>`` (once per distinct
     text per process). The one loader: generated wrappers call it (kiln.inductor's codegen imports it
@@ -25,7 +31,7 @@ def load_triton_module(source: str, *, cache: CompileCache | None = None) -> Mod
     pool's producers. A module newly imported is handed to ``triton_preload.adopt_module``: the
     binaries an artifact or cache entry loaded in this process carries for it are filed into triton's
     kernel cache (no compile, no cache lookup at first launch)."""
-    name = MODULE_PREFIX + hashlib.sha256(source.encode()).hexdigest()[:32]
+    name = triton_module_name(source)
     found = sys.modules.get(name)
     if found is not None:
         return found

@@ -19,8 +19,9 @@ target, the same cache-invalidating environment variables, with every file prese
 is skipped with a ``perf_hints`` log line (triton then finds or compiles the kernel as before).
 
 A record also carries the description of the launch that compiled the kernel (``launch``: constexprs,
-warps, stages, triton's option knobs, and per argument what triton specialises on), set by the wrappers'
-launcher (inductor codegen/triton/launcher.py). The rebuilt kernel keeps it, and a launcher whose first
+warps, stages, triton's option knobs, and per argument what triton specialises on), noted by the wrappers'
+launcher (inductor codegen/triton/launcher.py) in ``triton_notes.KERNEL_NOTES``. The rebuilt kernel gets
+the same note, and a launcher whose first
 call is described exactly so binds the binary directly, without triton's ``JITFunction.run`` (whose
 first specialisation in a process imports triton's gluon packages: 0.1 s of a GPT-2 warm start).
 
@@ -39,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 from kiln.graph import log
+
+from .triton_notes import KERNEL_NOTES, LaunchRecord
 
 FORMAT = 1
 RECORDS_PREFIX = "triton/kernels."  # artifact files triton/kernels.<digest>.json (one folder up from binaries)
@@ -89,18 +92,11 @@ def kernel_record(module: str, function: str, key: Any, kernel: Any) -> dict[str
 
 
 def _launch_description(kernel: Any) -> list[Any] | None:
-    """What the kiln launch that compiled ``kernel`` passed (``_kiln_launch``, set by the wrappers'
-    ``_KilnLaunch``, codegen/triton/launcher.py), as JSON data; None when absent or not plain data.
-    At load it lets a launcher described the same way bind the binary without triton's ``run``."""
-    launch = getattr(kernel, "_kiln_launch", None)
-    if not isinstance(launch, list):
-        return None
-    try:
-        data = _jsonable(launch)
-    except ValueError:
-        return None
-    # JSON keeps lists and scalars: the description a load compares with is the one computed here
-    return data if json.loads(json.dumps(data)) == launch else None
+    """What the kiln launch that compiled ``kernel`` passed (its ``LaunchRecord``, noted by the wrappers'
+    ``_KilnLaunch``, codegen/triton/launcher.py), as JSON data; None when not noted. At load it lets a
+    launcher described the same way bind the binary without triton's ``run``."""
+    record = KERNEL_NOTES.launch(kernel)
+    return record.as_data() if record is not None else None
 
 
 def records_file(records: list[dict[str, Any]]) -> dict[str, bytes]:
@@ -299,11 +295,10 @@ def _adopt(module: Any, p: Pending, device: int, ast_source: Any, compiled_kerne
     if [target.backend, target.arch, target.warp_size] != list(rec["target"]):
         return f"built for {rec['target']}, this GPU is {[target.backend, target.arch, target.warp_size]}"
     key = rec["key"]
-    launch = rec.get("launch") if isinstance(rec.get("launch"), list) else None
+    launch = LaunchRecord.of(rec.get("launch"))
     if key in kernel_cache:
-        if launch is not None and getattr(kernel_cache[key], "_kiln_launch", None) is None:
-            kernel_cache[key]._kiln_launch = launch
-        fn._kiln_preloaded = True
+        KERNEL_NOTES.note_launch(kernel_cache[key], launch)
+        KERNEL_NOTES.mark_preloaded(fn)
         return ""
     folder = p.root / str(rec["folder"])
     group = {str(child): str(folder / str(name)) for child, name in rec["files"].items()}
@@ -317,9 +312,8 @@ def _adopt(module: Any, p: Pending, device: int, ast_source: Any, compiled_kerne
     if expected is not None and kernel.metadata.name != expected:
         return f"binary is for kernel {kernel.metadata.name!r}"
     kernel_cache[key] = kernel
-    if launch is not None:  # the wrapper's launcher may bind it on its first call (launcher.py)
-        kernel._kiln_launch = launch
-    fn._kiln_preloaded = True  # the wrapper's precompile leaves it alone (launcher.py)
+    KERNEL_NOTES.note_launch(kernel, launch)  # the wrapper's launcher may bind it on its first call
+    KERNEL_NOTES.mark_preloaded(fn)  # the wrapper's precompile leaves it alone (triton_compile.py)
     if no_launcher is not None:
         with contextlib.suppress(Exception):  # a diagnostic only: the kernel is filed either way
             missing = _launcher_missing(p, kernel)

@@ -7,17 +7,17 @@
 - ``mm_template``: the pipeline's matmul template (mm/addmm/bmm with the consuming pointwise kernel
   fused), chosen against cuBLAS by the ``matmul_templates`` pass (kiln/inductor/mm_templates.py).
 - ``TuningSession`` (``make_session``): one compile's tuning -- problems deduplicated by key, every
-  candidate compiled in parallel first (``compile_pool``), then timed serially within a budget.
+  candidate compiled in parallel first (on the one Triton compile pool, ``compilers.py``), then timed serially within a budget.
 - ``mode_flags(mode)``: what "max-autotune" / "max-autotune-no-cudagraphs" / "reduce-overhead" turn on.
 """
 
 from .cache import AutotuneCache, tune_key
-from .compile_pool import (
+from .compilers import (
     CompileJob,
     CompileStats,
     DeviceCompiler,
     NoCompile,
-    ProcessCompiler,
+    PoolCompiler,
     TargetCompiler,
 )
 from .config import Candidate, Choice, Config
@@ -58,6 +58,6 @@ __all__ = [
     "LogProgress", "ModeFlags", "NoViableCandidate", "Progress", "Timer", "TunedMatmul", "apply_config", "autotune_mm", "autotune_program", "buffers_for", "make_tuner",
     "default_config", "kernel_configs", "mm_configs", "mode_flags", "random_buffer",
     "template_source", "tune_kernel", "tune_key", "tune_program", "tuned_mm",
-    "CompileJob", "CompileStats", "DeviceCompiler", "NoCompile", "ProcessCompiler", "TargetCompiler", "Problem", "TuningReport",
+    "CompileJob", "CompileStats", "DeviceCompiler", "NoCompile", "PoolCompiler", "TargetCompiler", "Problem", "TuningReport",
     "TuningSession", "kernel_problem", "make_session", "normalized_source",
 ]

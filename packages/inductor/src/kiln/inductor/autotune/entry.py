@@ -10,15 +10,15 @@ from typing import Any
 
 import torch
 
+from ..compile_pool import device_target, parse_target
 from ..knobs import triton_interpret
 from .cache import AutotuneCache
-from .compile_pool import (
+from .compilers import (
     Compiler,
     DeviceCompiler,
     NoCompile,
-    ProcessCompiler,
+    PoolCompiler,
     TargetCompiler,
-    default_workers,
 )
 from .kernels import buffers_for, tune_program
 from .matmul import NONE, Epilogue, TunedMatmul, mm_configs, tuned_mm
@@ -68,7 +68,7 @@ def make_session(options: AutotuneOptions, device: str) -> TuningSession | None:
     """The max-autotune session of one compile for kernels on ``device``, or None when there is
     nothing to do it with: no CUDA device, no test timer, and no ``cross_target`` to compile for.
 
-    - a CUDA device: candidates compiled on a thread pool (AsyncCompileMode), timed on the device;
+    - a CUDA device: candidates compiled on the compile pool's worker processes, timed on the device;
     - ``options.timer`` (tests, under the Triton interpreter): nothing to compile, timed by it;
     - no device but ``options.cross_target`` (``KILN_AUTOTUNE_CROSS_TARGET=cuda:90``): every candidate
       compiled for that target, nothing timed (defaults kept): what tuning would cost, measured.
@@ -92,14 +92,10 @@ def make_session(options: AutotuneOptions, device: str) -> TuningSession | None:
 
 
 def _compiler(options: AutotuneOptions, target: str) -> Compiler:
-    """Worker processes (default) with the in-process thread compiler as their fallback."""
-    workers = options.compile_workers or default_workers()
-    threads: Compiler = TargetCompiler(target, workers) if target else DeviceCompiler(workers)
-    if options.compile_pool not in ("process", "thread"):
-        raise ValueError(f"KILN_AUTOTUNE_COMPILE_POOL={options.compile_pool!r}: use 'process' or 'thread'")
-    if options.compile_pool == "thread" or workers < 2:
-        return threads
-    return ProcessCompiler(workers, target, fallback=threads)
+    """The one Triton compile pool (compile_pool.py) with the in-process thread compiler as its fallback."""
+    threads: Compiler = TargetCompiler(target) if target else DeviceCompiler()
+    named = parse_target(target, "KILN_AUTOTUNE_CROSS_TARGET") if target else device_target()
+    return PoolCompiler(named, threads) if named is not None else threads
 
 
 DIRECT_KERNEL_CONFIGS = 8  # autotune_kernels called directly tunes configs (the pipeline's default: 1)

@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 import torch
 
 from .cache import tune_key
-from .compile_pool import CompileJob
+from .compilers import CompileJob
 from .config import Candidate, Choice, Config
 from .session import Problem
 from .tuner import Autotuner

@@ -21,8 +21,6 @@ class AutotuneOptions:
     # seconds one compile may spend tuning (compiling candidates and timing them); after it, choices
     # not yet made keep their defaults (cuBLAS, the heuristic launch config) and a log line says so
     budget_s: float = KNOBS.autotune_budget_s
-    compile_workers: int = KNOBS.autotune_workers  # workers compiling candidates (0: one a core, at most 32)
-    compile_pool: str = KNOBS.autotune_compile_pool  # "process" (worker processes) or "thread"
     # without a device: compile every candidate for this target ("cuda:90") and report; nothing is timed
     cross_target: str = KNOBS.autotune_cross_target
     progress: bool = True  # a line per tuned kernel on stderr
@@ -32,7 +30,7 @@ class AutotuneOptions:
     # what measures a candidate: None is the device timer; tests pass a FakeTimer (which also lets the
     # Triton interpreter stand in for a device). Not part of the options' identity.
     timer: object | None = field(default=None, compare=False, repr=False)
-    # what compiles the candidates before timing (autotune/compile_pool.py); None: chosen by device
+    # what compiles the candidates before timing (autotune/compilers.py); None: chosen by device
     compiler: object | None = field(default=None, compare=False, repr=False)
     # the clock the budget is measured on (tests pass a fake one)
     clock: object | None = field(default=None, compare=False, repr=False)

@@ -8,7 +8,7 @@ with names numbered, sizes, dtypes, device -- so the twelve identical layers of 
 
 1. answers problems from the compile cache (a second process does not re-tune);
 2. compiles the candidates of every unanswered problem, matmul templates first, in one parallel
-   batch (``compile_pool``), including problems only registered for compiling (``wanted=False``:
+   batch (``compilers.py``, on the one Triton compile pool), including problems only registered for compiling (``wanted=False``:
    the generated kernels before the templates are chosen, timed later if they survive);
 3. times the wanted problems one after another, the margin rule keeping the default unless beaten;
 4. once ``budget_s`` has passed since the session started, the remaining problems keep their
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 from kiln.graph import log
 
-from .compile_pool import CompileJob, Compiler, CompileStats, NoCompile
+from .compilers import CompileJob, Compiler, CompileStats, NoCompile
 from .config import Candidate, Choice, Config
 from .options import AutotuneOptions
 from .tuner import Autotuner

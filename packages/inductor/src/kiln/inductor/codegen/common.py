@@ -26,7 +26,8 @@ class CompiledKernels:
     requires: tuple[str, ...] = field(default=("torch",))
     device: str = "cpu"  # where the wrapper allocates buffers and the seed ("cuda" for Triton on GPUs)
     call_prologue: str = ""  # one statement at the start of ``call`` (Triton: read device and stream once)
-    # Triton: the kernels compiling ahead in worker processes (codegen/triton/compile_pool.CompileBatch);
+    triton_modules: tuple[str, ...] = ()  # Triton: the kernel module the wrapper imports (PortableProgram's)
+    # Triton: the kernels compiling ahead in worker processes (compile_pool.CompileBatch);
     # the compiled graph waits for them on its first call
     pending: Pending | None = None
 

@@ -1,4 +1,4 @@
-"""Which kernels of a CUDA graph compile ahead of the first call, for which target (compile_pool.py).
+"""Which kernels of a CUDA graph compile ahead of the first call, for which target (kiln/inductor/compile_pool.py).
 
 Every generated kernel without size arguments is one job per distinct (function, pointer dtypes,
 constexprs, warps, stages), queued longest first: kernels sharing one function (dedup.py) with the same launch config are
@@ -14,11 +14,17 @@ from typing import Any
 
 import torch
 
-from kiln.graph import log
-
+from ...compile_pool import (
+    PROCESS_POOL,
+    CompileBatch,
+    TritonCompilePool,
+    TritonJob,
+    device_target,
+    in_process,
+    parse_target,
+)
 from ...ir import Layout
 from ...knobs import KNOBS, triton_interpret
-from .compile_pool import CompileBatch, TritonJob, in_process, parse_target, submit
 from .kernel import TritonKernel
 from .wrapper import load_triton_module, module_source
 
@@ -60,25 +66,15 @@ def compile_target(device: str) -> tuple[tuple[str, Any, int] | None, bool]:
     if device != "cuda" or triton_interpret():
         return None, False
     if torch.cuda.is_available():
-        if torch.version.hip is not None:  # ROCm: the wrapper's thread pool compiles (not tried here)
-            return None, False
-        # what triton's CUDA driver reports, without making that driver here (on a fresh cache it builds
-        # a C module first: the compile workers do that while this process lowers)
-        try:
-            major, minor = torch.cuda.get_device_capability()
-        except Exception as e:  # noqa: BLE001 - then the wrapper's own precompile compiles, as before
-            log("perf_hints").info("triton: no device capability (%s: %s); kernels compile in this process",
-                                   type(e).__name__, e)
-            return None, False
-        return ("cuda", major * 10 + minor, 32), False
+        return device_target(), False
     if KNOBS.triton_cross_target:
         return parse_target(KNOBS.triton_cross_target), True
     return None, False
 
 
 def compile_ahead(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout], device: str,
-                  label: str = "a graph") -> CompileBatch | None:
-    """Hand the kernels to the compile pool; None when the wrapper's own precompile should run instead
+                  label: str = "a graph", pool: TritonCompilePool = PROCESS_POOL) -> CompileBatch | None:
+    """Hand the kernels to ``pool``; None when the wrapper's own precompile should run instead
     (no pool on a GPU: its thread pool; or nothing to compile ahead)."""
     target, cross = compile_target(device)
     if target is None or not kernels:
@@ -89,17 +85,15 @@ def compile_ahead(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout]
     if not jobs:
         return None
     label = f"{label} ({len(jobs)} kernel specialisations)"
-    batch = submit(jobs, target, label)
+    batch = pool.submit(jobs, target, label)
     if batch is None and cross:  # the cross-compile still compiles, here (the measurement stays honest)
         batch = in_process(jobs, target, label)
     return batch
 
 
-def warm_compile_pool(device: str = "cuda") -> bool:
+def warm_compile_pool(device: str = "cuda", pool: TritonCompilePool = PROCESS_POOL) -> bool:
     """Start the Triton compile workers now, in the background, when graphs for ``device`` will compile
     Triton kernels here (a GPU, or ``KILN_TRITON_CROSS_TARGET``); True when there is a pool. kiln.compile
     may call this before capture so the workers' imports overlap it; compile_graph calls it on entry."""
-    from .compile_pool import compile_pool
-
     target, _ = compile_target(device)
-    return target is not None and compile_pool() is not None
+    return target is not None and pool.warm()

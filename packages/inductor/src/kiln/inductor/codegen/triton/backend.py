@@ -15,10 +15,12 @@ import time
 import torch
 
 from kiln.graph import log
+from kiln.runtime import triton_module_name
 
 from ...autotune.mm_template import TemplateKernel
 from ...autotune.session import Problem, TuningSession
 from ...autotune.tuner import Autotuner
+from ...compile_pool import PROCESS_POOL, TritonCompilePool
 from ...ir import Layout, ScheduledProgram
 from ...knobs import triton_interpret
 from ...options import InductorOptions
@@ -124,9 +126,11 @@ def interpreter_enabled() -> bool:
 class TritonBackend:
     name = "triton"
 
-    def __init__(self, device: str = "cuda", cfg: TritonConfig = DEFAULT_CONFIG) -> None:
+    def __init__(self, device: str = "cuda", cfg: TritonConfig = DEFAULT_CONFIG,
+                 pool: TritonCompilePool = PROCESS_POOL) -> None:
         self.device = device
         self.cfg = cfg
+        self.pool = pool  # the Triton compile pool its kernels compile on (compile_pool.py)
 
     def compile(self, scheduled: ScheduledProgram, layouts: dict[str, Layout],
                 options: InductorOptions, tuning: TuningSession | None = None) -> CompiledKernels:
@@ -159,7 +163,7 @@ class TritonBackend:
             log("perf_hints").info("triton: %d of %d kernels launch an identical kernel's function (compiled once)",
                                    shared, len(generated))
         # the final kernels start compiling now, in worker processes, while the compile goes on
-        pending = compile_ahead(generated, layouts, self.device) if generated else None
+        pending = compile_ahead(generated, layouts, self.device, pool=self.pool) if generated else None
         launches = {name: "; ".join(_launch_line(g) for g in generated[a:b]) for name, a, b in spans}
         source = module_source(generated) if generated else ""
         inputs = frozenset(b.name for b in scheduled.program.inputs)
@@ -168,4 +172,4 @@ class TritonBackend:
                                source_text=source, local_dir="", compile_seconds=time.perf_counter() - t0,
                                requires=("torch", "triton"), device=self.device,
                                call_prologue=f"{CTX_VAR} = _kiln_launch_context()" if generated else "",
-                               pending=pending)
+                               pending=pending, triton_modules=(triton_module_name(source),) if generated else ())

@@ -11,8 +11,9 @@ alignment, a launch hook installed by a profiler, the interpreter) takes triton'
 fast path never launches a binary that triton would not have chosen.
 
 A first launch after a warm start (kernels handed to triton from a cache entry or artifact,
-``kiln.runtime.triton_preload``) skips triton's path too: each binary carries, as ``_kiln_launch``,
-what the launch that made it passed -- the constexprs, warps, stages, triton's launch-option knobs
+``kiln.runtime.triton_preload``) skips triton's path too: beside each binary kiln keeps a
+``LaunchRecord`` (``kiln.runtime.triton_notes``: declared data, not an attribute set on triton's
+object) of what the launch that made it passed -- the constexprs, warps, stages, triton's launch-option knobs
 and, per argument, everything triton specialises on (a tensor's dtype and 16-byte alignment, an
 int's "== 1", "multiple of 16" and 32/64-bit range) -- recorded when it was compiled and saved with
 it. A launcher whose first call describes its arguments exactly so binds that binary directly: no
@@ -29,6 +30,7 @@ LAUNCHER = '''\
 def _kiln_make_launch_support():
     import torch
     from kiln.runtime.knobs import triton_interpret
+    from kiln.runtime.triton_notes import KERNEL_NOTES as notes, LaunchRecord
     interpret = triton_interpret()
     try:
         from torch._C import _cuda_getCurrentRawStream as raw_stream
@@ -111,9 +113,9 @@ def _kiln_make_launch_support():
                 if self.bound_preloaded:
                     return self(grid, ctx, *args)  # the fast path above, with the bound binary
             binary = self.fn[grid](*args, **self.consts, num_warps=self.num_warps, num_stages=self.num_stages)
-            if binary is not None and getattr(binary, "_kiln_launch", None) is None:
+            if binary is not None and notes.launch(binary) is None:
                 try:  # what this launch specialised on, saved with the binary (triton_preload.kernel_record)
-                    binary._kiln_launch = self.describe(args)
+                    notes.note_launch(binary, LaunchRecord.of(self.describe(args)))
                 except Exception:  # noqa: BLE001 - a binary without a description is never bound directly
                     pass
             if self.run is None and run is None and ctx[0] >= 0 and binary is not None and not hooks_installed():
@@ -134,11 +136,11 @@ def _kiln_make_launch_support():
                 caches = getattr(self.fn, "device_caches", None)
                 if caches is None or device not in caches or getattr(self.fn, "pre_run_hooks", None):
                     return False
-                kernels = [k for k in caches[device][0].values() if getattr(k, "_kiln_launch", None) is not None]
+                kernels = [k for k in caches[device][0].values() if notes.launch(k) is not None]
                 if not kernels or hooks_installed():
                     return False
-                want = self.describe(args)
-                kernel = next((k for k in kernels if k._kiln_launch == want), None) if want is not None else None
+                want = LaunchRecord.of(self.describe(args))
+                kernel = next((k for k in kernels if notes.launch(k) == want), None) if want is not None else None
                 if kernel is None:
                     return False
                 self.adopt(kernel, device, args)
@@ -207,77 +209,9 @@ def _kiln_make_direct_launch():
 _kiln_direct_launch = _kiln_make_direct_launch()
 
 
-def _kiln_precompile(items):
-    """Compile the wrapper's kernels together, on a thread pool through triton's AsyncCompileMode,
-    instead of one after another at each kernel's first launch (a transformer has a few hundred).
-    ``items``: (launcher, pointer dtypes) of kernels without size arguments. Where this cannot run (no
-    CUDA, the interpreter, a triton without AsyncCompileMode, KILN_TRITON_PRECOMPILE=0) kernels compile
-    at first launch as before; so does any kernel whose compile fails here (the error surfaces there,
-    with triton's message). Kernels whose binaries kiln.runtime already handed to triton (a loaded
-    artifact or cache entry: ``_kiln_preloaded``) are left out."""
-    import os
-    import torch
-    import triton
-    from kiln.runtime.knobs import triton_interpret, triton_precompile
-    # kernels kiln.runtime handed to triton from an artifact or cache entry (triton_preload.py): nothing
-    # to compile; warming them up here would only cost triton's key computation for a cache lookup
-    items = [item for item in items if not getattr(item[0].fn, "_kiln_preloaded", False)]
-    if (len(items) < 2 or triton_interpret() or not triton_precompile()
-            or globals().get("_KILN_COMPILED_AHEAD")  # set by kiln.inductor when the compile workers have them
-            or not hasattr(triton, "AsyncCompileMode") or not torch.cuda.is_available()):
-        return
-    from concurrent.futures import ThreadPoolExecutor
-    workers = min(len(items), os.cpu_count() or 1, 32)
-    compiled = []
-    try:
-        with ThreadPoolExecutor(workers) as pool, triton.AsyncCompileMode(pool):
-            for launch, dtypes in items:
-                try:
-                    compiled.append(launch.fn.warmup(*dtypes, grid=(1,), **launch.consts,
-                                                     num_warps=launch.num_warps, num_stages=launch.num_stages))
-                except Exception:  # noqa: BLE001 - compiled again (and reported) at first launch
-                    pass
-    except Exception:  # noqa: BLE001 - e.g. an AsyncCompileMode of another signature: stay lazy
-        return
-    _kiln_prebuild_launchers(compiled, workers)
-
-
-def _kiln_prebuild_launchers(compiled, workers):
-    """triton <= 3.6 builds a small C launcher per kernel signature with gcc at each kernel's first
-    launch (0.2-0.3 s each, one after another: 23 builds were 6.5 s of GPT-2's 22 s training compile on
-    an H200). Build the distinct ones now, in parallel (gcc runs outside the GIL), into triton's cache,
-    where each first launch finds its launcher. A triton with one generic launcher (no
-    ``make_launcher``) has nothing to build; any failure here leaves the build to the first launch."""
-    from concurrent.futures import ThreadPoolExecutor
-    try:
-        from triton.backends.nvidia import driver as nvidia_driver
-        from triton.runtime import driver
-        if not hasattr(nvidia_driver, "make_launcher"):
-            return
-        launcher_cls = driver.active.launcher_cls  # the driver's lazy set-up, once, on this thread
-    except Exception:  # noqa: BLE001 - another backend or triton layout: nothing to prebuild
-        return
-    distinct = {}
-    for kernel in compiled:
-        try:
-            if hasattr(type(kernel), "result"):  # a FutureKernel of AsyncCompileMode
-                kernel = kernel.result(True)
-            src, meta = kernel.src, kernel.metadata
-            constants = getattr(src, "constants", {}) or {}
-            key = (repr(list(src.signature.items())), repr(sorted(constants.items(), key=repr)),
-                   repr(getattr(meta, "tensordesc_meta", None)))
-        except Exception:  # noqa: BLE001 - not a kernel this knows: its first launch builds it
-            continue
-        distinct.setdefault(key, (src, meta))
-
-    def build(pair):
-        try:
-            launcher_cls(*pair)
-        except Exception:  # noqa: BLE001 - built again (and reported) at first launch
-            pass
-    if distinct:
-        with ThreadPoolExecutor(min(len(distinct), workers)) as pool:
-            list(pool.map(build, distinct.values()))
+# the wrapper's kernels compiled together when it loads, on threads (kiln.runtime.triton_compile): the
+# in-process side of kiln's one Triton compile pool, for kernels its worker processes do not have
+from kiln.runtime.triton_compile import precompile as _kiln_precompile
 _kiln_launch_context, _KilnLaunch, _kiln_hooks_installed = _kiln_make_launch_support()
 '''
 

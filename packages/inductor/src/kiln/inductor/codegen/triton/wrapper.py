@@ -50,7 +50,7 @@ def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_V
     """Module-level wrapper code defining ``module_var`` (the loaded kernel module) and each kernel's
     launcher; ``inputs`` names the graph's input buffers (see ``TritonKernel.launcher_definition``);
     with ``dtypes`` (buffer -> dtype) the kernels without size arguments are compiled together when the
-    module loads (``_kiln_precompile`` in launcher.py)."""
+    module loads (``kiln.runtime.triton_compile.precompile``)."""
     if not kernels:
         return ""
     src = module_source(kernels)
@@ -63,7 +63,8 @@ def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_V
         items = [f"({k.launcher_var}, ({''.join(f'{dtypes[b]}, ' for b in k.pointer_args)}))"
                  for k in kernels if not k.size_args and not k.function and k.xnumel != "0"
                  and all(b in dtypes for b in k.pointer_args)]  # (an empty kernel is never launched)
-        lines.append(f"_kiln_precompile([{', '.join(items)}])")
+        # skipped when kiln.inductor's compile pool has them (load_wrapper sets _KILN_COMPILED_AHEAD)
+        lines.append(f"_kiln_precompile([{', '.join(items)}], globals().get('_KILN_COMPILED_AHEAD', False))")
     return "\n".join([*lines, ""])
 
 

@@ -1,4 +1,9 @@
-"""Triton kernels of a graph compiled in parallel worker processes while the compile goes on.
+"""kiln.inductor's one Triton compile pool: kernels compiled in parallel worker processes.
+
+Two users hand it work: code generation (a graph's kernels, compiled while the compile goes on:
+codegen/triton/ahead.py) and max-autotune (every candidate of a compile, compiled before any is timed:
+autotune/compilers.py ``PoolCompiler``). One set of knobs sizes it: ``KILN_TRITON_COMPILE_WORKERS``
+(0: no worker processes; kernels compile in this process, max-autotune's candidates on threads).
 
 A GPU cold compile is mostly triton compiling kernels (10-40 s for a transformer before kernels
 identical up to their names shared one function). Compiled in the parent at first launch -- or on a
@@ -7,7 +12,7 @@ torch.compile's compile workers, kiln keeps a pool of worker processes (``compil
 
 - started early and in the background (``warm_compile_pool()``: at the first compile of a CUDA graph,
   or sooner by the caller), so a worker's imports overlap capture and lowering;
-- ``submit(jobs)`` hands a graph's distinct kernel specialisations to the workers and returns at
+- ``TritonCompilePool.submit(jobs)`` hands a graph's distinct kernel specialisations to the workers and returns at
   once: the forward's kernels compile while the backward is traced, lowered and generated;
 - the compiled graph waits for its batch on its first call (``CompileBatch.wait``); the first launch
   of each kernel then loads the binary from triton's on-disk cache (milliseconds).
@@ -40,11 +45,12 @@ from typing import Any
 
 from kiln.graph import log
 
-from ...knobs import KNOBS, worker_environment
+from .knobs import KNOBS, triton_interpret, worker_environment
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(__file__), "compile_worker.py")
 START_TIMEOUT_S = 120.0  # a worker that has not imported torch and triton by then is given up
 JOB_TIMEOUT_S = 300.0  # one compile longer than this: the worker is stopped, the kernel compiles here
+SKIPPED = ("skipped", 0.0, "", 0.0)  # a job whose batch's deadline passed before its turn
 HELPERS = 2  # threads of this process compiling from the queue while no worker is ready (help_while_starting)
 
 
@@ -62,6 +68,7 @@ class TritonJob:
     # the first job of its launcher signature (pointer dtypes, constexprs): it builds the C launcher
     # triton <= 3.6 needs per signature, the others find it in the cache
     builds_launcher: bool = True
+    label: str = field(default="", compare=False)  # for logs (max-autotune names the candidate)
 
     def as_dict(self, target: tuple[str, Any, int] | None, launcher: bool = False) -> dict[str, Any]:
         return {"launcher": launcher and self.builds_launcher, "path": self.path, "module": self.module, "function": self.function, "dtypes": list(self.dtypes),
@@ -75,6 +82,7 @@ class BatchReport:
     compiled: int = 0
     failed: int = 0
     in_process: int = 0  # compiled in this process (workers unavailable or lost)
+    skipped: int = 0  # not started before the batch's deadline (max-autotune's budget)
     seconds: float = 0.0  # from submit to the end of wait
     worker_seconds: float = 0.0  # sum of the jobs' compile times in workers (wall)
     worker_cpu: float = 0.0  # ... in CPU seconds (worker + ptxas): what a many-core host spreads out
@@ -86,8 +94,9 @@ class CompileBatch:
     """A graph's jobs, submitted to the pool (or compiled in this process when ``pool`` is None)."""
 
     def __init__(self, jobs: Sequence[TritonJob], target: tuple[str, Any, int] | None, label: str,
-                 launchers: bool = False) -> None:
+                 launchers: bool = False, deadline: float | None = None) -> None:
         self.jobs, self.target, self.label = list(jobs), target, label
+        self.deadline = deadline  # time.perf_counter() after which jobs not yet started are skipped
         self.launchers = launchers  # also build triton's C launchers (on a GPU host: they load libcuda)
         self.results: list[tuple[str, float, str, float] | None] = [None] * len(self.jobs)
         self.lock = threading.Lock()
@@ -97,6 +106,9 @@ class CompileBatch:
         self.report: BatchReport | None = None
         if not self.jobs:
             self.done.set()
+
+    def expired(self) -> bool:
+        return self.deadline is not None and time.perf_counter() > self.deadline
 
     def record(self, index: int, result: tuple[str, float, str, float]) -> None:
         with self.lock:
@@ -116,6 +128,9 @@ class CompileBatch:
         for job, res in zip(self.jobs, self.results):
             assert res is not None
             status, seconds, error, cpu = res
+            if status == "skipped" or (status == "lost" and self.expired()):
+                rep.skipped += 1
+                continue
             if status == "lost":  # no pool, or the worker died or hung: compile it here
                 rep.in_process += 1
                 status, seconds, error, cpu = _compile_here(job, self.target)
@@ -259,6 +274,9 @@ class CompilePool:
                     self.queue.put(None)
                     return
                 batch, i = item
+                if batch.expired():
+                    batch.record(i, SKIPPED)
+                    continue
                 try:
                     result = _compile_here(batch.jobs[i], batch.target, batch.launchers)
                 except Exception as e:  # noqa: BLE001 - the batch must be answered; its first launch reports it
@@ -284,6 +302,10 @@ class CompilePool:
                 if item is None:
                     return
                 batch, i = item
+                if batch.expired():
+                    batch.record(i, SKIPPED)
+                    item = None
+                    continue
                 job = batch.jobs[i].as_dict(batch.target, batch.launchers)
                 result = w.read(JOB_TIMEOUT_S) if w.send(job) else None
                 if result is None:
@@ -334,28 +356,6 @@ class CompilePool:
         self.workers, self.threads, self.alive = [], [], 0
 
 
-class ProcessPool:
-    """Owns the process's compile pool: made on first use (``compile_pool``), replaceable for a
-    block (``using``); a forked child makes its own."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.pool: CompilePool | None = None
-
-    @contextlib.contextmanager
-    def using(self, pool: CompilePool | None) -> Iterator[CompilePool | None]:
-        with self.lock:
-            before, self.pool = self.pool, pool
-        try:
-            yield pool
-        finally:
-            with self.lock:
-                self.pool = before
-
-
-PROCESS_POOL = ProcessPool()
-
-
 def default_workers() -> int:
     try:
         cores = len(os.sched_getaffinity(0))
@@ -364,29 +364,78 @@ def default_workers() -> int:
     return max(1, min(cores, 32))
 
 
-def compile_pool() -> CompilePool | None:
-    """The process's pool, started on first use; None where worker processes are not used (logged once)."""
-    with PROCESS_POOL.lock:
-        pool = PROCESS_POOL.pool
-        if pool is not None and pool.pid != os.getpid():  # a forked child: its parent's workers are not its own
-            pool = PROCESS_POOL.pool = None
-        if pool is not None:
-            return pool if pool.alive > 0 else None
-        workers = KNOBS.triton_compile_workers if KNOBS.triton_compile_workers >= 0 else default_workers()
-        import torch
+class TritonCompilePool:
+    """The compile pool its users hold: code generation (``TritonBackend``) and max-autotune
+    (``PoolCompiler``) are handed one and call ``submit``. Its worker processes start on first use
+    (``get``), ``workers`` of them (None: ``KILN_TRITON_COMPILE_WORKERS``, else one a core, at most
+    32; 0: none, every kernel compiles in the caller's process); a forked child starts its own.
+    ``PROCESS_POOL`` is the one a process shares unless a caller passes another (tests do)."""
 
-        pool = PROCESS_POOL.pool = CompilePool(workers, gpu=torch.cuda.is_available())
-        if workers == 0:
-            log("perf_hints").info("triton: KILN_TRITON_COMPILE_WORKERS=0: kernels compile in this process")
+    def __init__(self, workers: int | None = None, started: CompilePool | None = None) -> None:
+        self.workers = workers
+        self.lock = threading.Lock()
+        self.pool: CompilePool | None = started
+
+    @contextlib.contextmanager
+    def using(self, pool: CompilePool | None) -> Iterator[CompilePool | None]:
+        """``pool`` serves this holder's users inside the block (the one before comes back after)."""
+        with self.lock:
+            before, self.pool = self.pool, pool
+        try:
+            yield pool
+        finally:
+            with self.lock:
+                self.pool = before
+
+    def get(self) -> CompilePool | None:
+        """The pool, started on first use; None where worker processes are not used (logged once)."""
+        with self.lock:
+            pool = self.pool
+            if pool is not None and pool.pid != os.getpid():  # a forked child: its parent's workers are not its own
+                pool = self.pool = None
+            if pool is not None:
+                return pool if pool.alive > 0 else None
+            workers = self.workers if self.workers is not None else (
+                KNOBS.triton_compile_workers if KNOBS.triton_compile_workers >= 0 else default_workers())
+            import torch
+
+            pool = self.pool = CompilePool(workers, gpu=torch.cuda.is_available())
+            if workers == 0:
+                log("perf_hints").info("triton: KILN_TRITON_COMPILE_WORKERS=0: kernels compile in this process")
+                return None
+            if not pool.start():
+                log("perf_hints").warning("triton: compile worker processes could not start (%s); kernels compile "
+                                          "in this process", pool.error)
+                return None
+            atexit.register(pool.close)
+            if pool.gpu:  # this process loads the workers' binaries: pay triton's one-time key now, aside
+                threading.Thread(target=_prime_triton_key, name="kiln-triton-key", daemon=True).start()
+            return pool
+
+    def warm(self) -> bool:
+        """Start the worker processes now, in the background; True when there is a pool."""
+        return self.get() is not None
+
+    def submit(self, jobs: Sequence[TritonJob], target: tuple[str, Any, int], label: str,
+               deadline: float | None = None) -> CompileBatch | None:
+        """Compile ``jobs`` for ``target`` on the pool (returns at once); None when there is no pool.
+        Jobs whose turn comes after ``deadline`` (a ``time.perf_counter()``) are skipped."""
+        pool = self.get()
+        if pool is None:
             return None
-        if not pool.start():
-            log("perf_hints").warning("triton: compile worker processes could not start (%s); kernels compile in "
-                                      "this process", pool.error)
+        batch = CompileBatch(jobs, target, label, launchers=pool.gpu, deadline=deadline)
+        if not pool.submit(batch):
+            log("perf_hints").warning("triton: the compile workers are gone (%s); %s compiles in this process",
+                                      pool.error or "they exited", label)
             return None
-        atexit.register(pool.close)
-        if pool.gpu:  # this process loads the workers' binaries: pay triton's one-time key now, aside
-            threading.Thread(target=_prime_triton_key, name="kiln-triton-key", daemon=True).start()
-        return pool
+        if pool.gpu and pool.ready == 0:
+            log("perf_hints").info("triton: compile workers still starting; this process compiles %s's kernels "
+                                   "with them until they are ready", label)
+            pool.help_while_starting()
+        return batch
+
+
+PROCESS_POOL = TritonCompilePool()  # the process's pool unless a caller hands its users another
 
 
 def _prime_triton_key() -> None:
@@ -401,40 +450,36 @@ def _prime_triton_key() -> None:
         pass
 
 
-def warm_compile_pool() -> bool:
-    """Start the Triton compile workers now, in the background (they are used when a CUDA graph, or a
-    cross-compiled one, has kernels); True when there is a pool."""
-    return compile_pool() is not None
-
-
-def submit(jobs: Sequence[TritonJob], target: tuple[str, Any, int], label: str) -> CompileBatch | None:
-    """Compile ``jobs`` for ``target`` on the pool (returns at once); None when there is no pool."""
-    pool = compile_pool()
-    if pool is None:
-        return None
-    batch = CompileBatch(jobs, target, label, launchers=pool.gpu)
-    if not pool.submit(batch):
-        log("perf_hints").warning("triton: the compile workers are gone (%s); %s compiles in this process",
-                                  pool.error or "they exited", label)
-        return None
-    if pool.gpu and pool.ready == 0:
-        log("perf_hints").info("triton: compile workers still starting; this process compiles %s's kernels "
-                               "with them until they are ready", label)
-        pool.help_while_starting()
-    return batch
-
-
-def in_process(jobs: Sequence[TritonJob], target: tuple[str, Any, int], label: str) -> CompileBatch:
-    """A batch whose jobs compile in this process when it is waited for (no pool)."""
-    batch = CompileBatch(jobs, target, label)
+def in_process(jobs: Sequence[TritonJob], target: tuple[str, Any, int], label: str,
+               deadline: float | None = None) -> CompileBatch:
+    """A batch whose jobs compile in this process when it is waited for (no pool), one after another;
+    those whose turn comes after ``deadline`` are skipped."""
+    batch = CompileBatch(jobs, target, label, deadline=deadline)
     for i in range(len(batch.jobs)):
         batch.record(i, ("lost", 0.0, "no compile worker", 0.0))
     return batch
 
 
-def parse_target(text: str) -> tuple[str, int, int]:
+def parse_target(text: str, knob: str = "KILN_TRITON_CROSS_TARGET") -> tuple[str, int, int]:
     """``"cuda:90"`` -> ("cuda", 90, 32): CUDA targets only."""
     backend, _, arch = text.partition(":")
     if backend != "cuda" or not arch.isdigit():
-        raise ValueError(f"KILN_TRITON_CROSS_TARGET={text!r}: expected 'cuda:<sm>' such as 'cuda:90' (H100/H200)")
+        raise ValueError(f"{knob}={text!r}: expected 'cuda:<sm>' such as 'cuda:90' (H100/H200)")
     return ("cuda", int(arch), 32)
+
+
+def device_target() -> tuple[str, int, int] | None:
+    """What this process's CUDA device compiles for, as triton's CUDA driver reports it, without making
+    that driver here (on a fresh cache it builds a C module first: the compile workers do that while
+    this process lowers); None without a usable CUDA device (or ROCm, or the interpreter)."""
+    import torch
+
+    if triton_interpret() or not torch.cuda.is_available() or torch.version.hip is not None:
+        return None
+    try:
+        major, minor = torch.cuda.get_device_capability()
+    except Exception as e:  # noqa: BLE001 - then the kernels compile in this process, as before
+        log("perf_hints").info("triton: no device capability (%s: %s); kernels compile in this process",
+                               type(e).__name__, e)
+        return None
+    return ("cuda", major * 10 + minor, 32)
