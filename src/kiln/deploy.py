@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import operator
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -320,10 +321,16 @@ def _graph_for(exported: ExportedGraph, device: str) -> tuple[fx.GraphModule, li
                               f"{exported.inputs[0].spec.device}; a CPU package needs it exported on CPU tensors")
         return exported.graph, exported.graph_inputs([_example(i.spec) for i in exported.inputs])
     graph = fx.GraphModule(exported.graph, copy.deepcopy(exported.graph.graph))
-    for node in graph.graph.nodes:
+    for node in list(graph.graph.nodes):
         node.args, node.kwargs = _on_cuda(node.args), _on_cuda(node.kwargs)
-        node.meta.pop("val", None)  # recomputed on the fake CUDA inputs
+        val = node.meta.pop("val", None)  # recomputed on the fake CUDA inputs
         node.meta.pop("tensor_meta", None)
+        if node.op == "call_function" and node.target is _CPU_ATTENTION:
+            _generic_attention(graph, node, val[0].stride(), exported.name)
+        elif node.op == "call_function" and re.search(r"_for_cpu|mkldnn", str(node.target)):
+            raise ExportError(f"kiln.package(device='cuda'): {exported.name} was exported on CPU and its graph calls "
+                              f"the CPU-only {node.target}; export it with its module and inputs on a CUDA device")
+    graph.graph.eliminate_dead_code()
     graph.recompile()
     names = list(exported.constants)
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -335,6 +342,36 @@ def _graph_for(exported: ExportedGraph, device: str) -> tuple[fx.GraphModule, li
                 t = exported.constants[names[s.index]]
                 example.append(torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="cuda"))
     return graph, example
+
+
+_CPU_ATTENTION = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _generic_attention(graph: fx.GraphModule, node: fx.Node, stride: tuple[int, ...], name: str) -> None:
+    """CPU's flash attention (what SDPA traced to on CPU) as ``aten.scaled_dot_product_attention``, which
+    picks its CUDA kernel where the package runs, copied into the CPU kernel's output layout (``stride``:
+    the exported graph's later views rely on it); only its output may be used (not its logsumexp)."""
+    users = list(node.users)
+    if any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+        raise ExportError(f"kiln.package(device='cuda'): {name} uses the logsumexp of CPU attention; export it on a "
+                          "CUDA device")
+    q, k, v, *rest = node.args
+    dropout = rest[0] if rest else node.kwargs.get("dropout_p", 0.0)
+    causal = rest[1] if len(rest) > 1 else node.kwargs.get("is_causal", False)
+    with graph.graph.inserting_before(node):
+        sdpa = graph.graph.call_function(torch.ops.aten.scaled_dot_product_attention.default,
+                                         (q, k, v, node.kwargs.get("attn_mask"), dropout, causal),
+                                         {"scale": node.kwargs.get("scale")})
+        order = sorted(range(len(stride)), key=lambda d: -stride[d])  # outermost dim first
+        back = [order.index(d) for d in range(len(stride))]
+        aten = torch.ops.aten
+        dense = graph.graph.call_function(aten.clone.default, (graph.graph.call_function(
+            aten.permute.default, (sdpa, order)),), {"memory_format": torch.contiguous_format})
+        out = graph.graph.call_function(aten.permute.default, (dense, back))
+    for u in users:
+        u.replace_all_uses_with(out)
+        graph.graph.erase_node(u)
+    graph.graph.erase_node(node)
 
 
 def _on_cuda(value: Any) -> Any:

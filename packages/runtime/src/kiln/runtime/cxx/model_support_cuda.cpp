@@ -95,6 +95,7 @@ struct DeviceKernels {
   std::vector<KernelInfo> info;
 };
 
+Program::Program(const KernelInfo* kernels, int n, int arch) : kernels_(kernels), n_(n), arch_(arch) {}
 Program::~Program() = default;  // modules stay loaded until the process ends (the driver may be gone first)
 
 int Program::load(const char* package_dir, int device, char* err, size_t err_len) {

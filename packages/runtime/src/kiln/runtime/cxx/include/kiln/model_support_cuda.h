@@ -48,7 +48,7 @@ class Launcher {
 // A model's cubins (one per model.so): loaded onto a device by load(), once per device.
 class Program {
  public:
-  Program(const KernelInfo* kernels, int n, int arch) : kernels_(kernels), n_(n), arch_(arch) {}
+  Program(const KernelInfo* kernels, int n, int arch);
   ~Program();
   // Read, check and load every cubin onto ``device``: 0, or 1 with the reason in ``err`` (no driver,
   // another GPU architecture, a missing or corrupt cubin).

@@ -155,6 +155,8 @@ class Runner {
 
   const std::vector<TensorSpec>& input_specs() const { return inputs_; }
   const std::vector<TensorSpec>& output_specs() const { return outputs_; }
+  // where it runs: the device asked for, a CUDA one with its index (the current device's when none was given)
+  c10::Device device() const { return device_; }
 
   // Safe to call from several threads at once (each call allocates its own buffers).
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) {
@@ -234,7 +236,10 @@ class Runner {
     if (!c10::impl::hasDeviceGuardImpl(asked.type()))
       throw std::runtime_error("built for cuda, and this program has no CUDA support loaded (link it with "
                                "python -m kiln.runtime.cxx --cuda --ldflags)");
-    return c10::impl::getDeviceGuardImpl(asked.type())->getDevice();
+    const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(asked.type());
+    if (impl->deviceCount() == 0)  // (no driver, or no GPU: reported as none, not thrown)
+      throw std::runtime_error("built for cuda, and this machine has no CUDA device (or no NVIDIA driver)");
+    return impl->getDevice();
   }
 
   void load(c10::Device device) {
