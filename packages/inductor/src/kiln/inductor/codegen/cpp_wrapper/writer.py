@@ -230,7 +230,7 @@ class CppWrapperWriter:
                     f"{c.launch.scratch_params}, {c.launch.global_scratch_bytes}}},  // {c.function}"
                     for c in self.cuda.cubins]
             if not rows:
-                return "static kiln_rt::cuda::Program PROGRAM(nullptr, 0, %d);\n\n" % self.cuda.arch
+                return f"static kiln_rt::cuda::Program PROGRAM(nullptr, 0, {self.cuda.arch});\n\n"
             return CUDA_PROGRAM.format(rows="\n".join(rows), n=len(rows), arch=self.cuda.arch)
         kernels = self.s.kernels()
         decls = []

@@ -231,12 +231,13 @@ class Runner {
       throw std::runtime_error("built for " + built + ", asked to run on " + asked.str() +
                                " (package it again with kiln.package(..., device='" +
                                c10::DeviceTypeName(asked.type(), true) + "'))");
-    if (asked.is_cpu() || asked.has_index()) return asked;
+    if (asked.is_cpu()) return asked;
     // the current CUDA device (no CUDA header: through c10's device guard registry)
     if (!c10::impl::hasDeviceGuardImpl(asked.type()))
       throw std::runtime_error("built for cuda, and this program has no CUDA support loaded (link it with "
                                "python -m kiln.runtime.cxx --cuda --ldflags)");
     const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(asked.type());
+    if (asked.has_index()) return asked;
     if (impl->deviceCount() == 0)  // (no driver, or no GPU: reported as none, not thrown)
       throw std::runtime_error("built for cuda, and this machine has no CUDA device (or no NVIDIA driver)");
     return impl->getDevice();
@@ -259,6 +260,12 @@ class Runner {
     // torch/version.h spells the release without the wheel's local tag ("2.15.0", not "2.15.0+cu132")
     if (built.substr(0, built.find('+')) != TORCH_VERSION)
       throw std::runtime_error("built for torch " + built + ", this program links torch " + TORCH_VERSION);
+    const detail::Json& files = m.at("files");
+    for (const auto& [name, rec] : files.fields)  // cubins: model.so reads them; checked here like the rest
+      if (name != m.at("weights").str() && name != m.at("library").str()) {
+        detail::MappedFile f(path_ + "/" + name);
+        verify(files, name, f.data(), f.size());
+      }
     device_ = resolve(m.at("device").str(), device);
     if (m.at("built_for").has("cpu_flags")) {
       std::string missing = detail::missing_cpu_flags(m.at("built_for").at("cpu_flags"));
@@ -268,12 +275,6 @@ class Runner {
     }
     for (const auto& j : m.at("inputs").array()) inputs_.push_back(detail::spec_of(j));
     for (const auto& j : m.at("outputs").array()) outputs_.push_back(detail::spec_of(j));
-    const detail::Json& files = m.at("files");
-    for (const auto& [name, rec] : files.fields)  // cubins: model.so reads them; checked here like the rest
-      if (name != m.at("weights").str() && name != m.at("library").str()) {
-        detail::MappedFile f(path_ + "/" + name);
-        verify(files, name, f.data(), f.size());
-      }
     c10::OptionalDeviceGuard on_device;
     if (!device_.is_cpu()) on_device.reset_device(device_);
     load_weights(m, files);
