@@ -31,6 +31,7 @@ from safetensors.torch import save_file
 import kiln
 import kiln.runtime.cxx as cxx
 from kiln.deploy import ExportError
+from kiln.inductor.codegen.triton.cubins import kernel_param_count
 from kiln.runtime import GuardError, KernelBuildError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "deploy_cpp"
@@ -122,8 +123,13 @@ def test_package_holds_sm90_cubins_and_a_cuda_wrapper(work: dict, name: str) -> 
         assert _cubin_sm(data) == 90 and k["arch"] == 90 and k["num_warps"] in (1, 2, 4, 8, 16, 32)
     wrapper = (pkg / "src" / "wrapper.cpp").read_text()
     assert "#include <kiln/model_support_cuda.h>" in wrapper and not (pkg / "src" / "kernels.cpp").exists()
-    launched = {int(i) for i in re.findall(r"^  launch\((\d+), \d+, \d+, \d+, \{", wrapper, re.M)}
-    assert launched == set(range(len(kernels))), "every cubin is launched, and only those"
+    launches = re.findall(r"^  launch\((\d+), (\d+), (\d+), (\d+), \{([^}]*)\}\);", wrapper, re.M)
+    assert {int(i) for i, *_ in launches} == set(range(len(kernels))), "every cubin is launched, and only those"
+    for i, gx, gy, gz, args in launches:  # the parameters each cubin takes are what the launch passes
+        k = kernels[int(i)]
+        passed = len(args.split(",")) + k["scratch_params"]
+        assert kernel_param_count((pkg / k["file"]).read_bytes(), k["symbol"]) == passed, (k["symbol"], args)
+        assert min(int(gx), int(gy), int(gz)) >= 1
     assert sorted(p.name for p in (pkg / cxx.KERNELS).iterdir()) == sorted(Path(k["file"]).name for k in kernels)
 
 
@@ -288,3 +294,24 @@ def test_gpu_package_for_another_arch_refused(tmp_path: Path) -> None:
     kiln.package(kiln.export(model, inputs), tmp_path / "other", device="cuda", options={"cuda_arch": other})
     with pytest.raises(cxx.PackageError, match=rf"compiled for sm_{other}; cuda:\d \(.*\) is sm_{major * 10 + minor}"):
         kiln.load_package(tmp_path / "other")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpu_torchvision_resnet18(tmp_path: Path, dtype: str) -> None:
+    """torchvision's ResNet-18 at full size (224x224), packaged for this GPU, against eager."""
+    models = pytest.importorskip("torchvision.models")
+    dt = getattr(torch, dtype)
+    torch.manual_seed(0)
+    model = models.resnet18().eval().to("cuda", dt)
+    x = torch.randn(2, 3, 224, 224, device="cuda", dtype=dt)
+    kiln.package(kiln.export(model, (x,)), tmp_path / "tv", device="cuda")
+    loaded = kiln.load_package(tmp_path / "tv")
+    for k in range(3):
+        torch.manual_seed(10 + k)
+        x = torch.randn(2, 3, 224, 224, device="cuda", dtype=dt)
+        with torch.no_grad():
+            want = model(x)
+        got = loaded(x)
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got.float(), want.float(), rtol=TOL[dtype], atol=TOL[dtype] * max(scale, 1.0))

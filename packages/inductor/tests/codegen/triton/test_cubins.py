@@ -91,7 +91,7 @@ def test_static_grid() -> None:
 
 COMPILE = textwrap.dedent("""
     import json, sys, torch
-    from kiln.inductor.codegen.triton.cubins import compile_cubins
+    from kiln.inductor.codegen.triton.cubins import compile_cubins, kernel_param_count
     from kiln.inductor.codegen.triton.kernel import TritonKernel
     from kiln.inductor.ir import Layout
     src = '''
@@ -108,7 +108,8 @@ COMPILE = textwrap.dedent("""
     # the second launches the first's function with the same specialisation: one cubin, two launches
     cubins, sites = compile_cubins([k("k0", ("a", "b", "c")), k("k1", ("d", "e", "f"), "k0")], layouts, 90)
     print(json.dumps({"cubins": [[c.function, c.binary[:4].hex(), int.from_bytes(c.binary[18:20], "little"),
-                                  int.from_bytes(c.binary[48:52], "little"), c.launch.as_json()]
+                                  int.from_bytes(c.binary[48:52], "little"), c.launch.as_json(),
+                                  kernel_param_count(c.binary, c.launch.symbol)]
                                  for c in cubins],
                       "sites": [[s.kernel, s.cubin, list(s.grid), list(s.pointer_args)] for s in sites]}))
 """)
@@ -120,7 +121,8 @@ def test_compile_for_sm90_without_a_gpu() -> None:
     r = subprocess.run([sys.executable, "-c", COMPILE], capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    (function, magic, machine, flags, launch), = out["cubins"]
+    (function, magic, machine, flags, launch, params), = out["cubins"]
+    assert params == 3 + launch["scratch_params"]  # what the cubin takes: the 3 pointers and triton's scratch
     # the sm is e_flags' low byte up to CUDA 12's ptxas (0x5a0d5a), its second byte from CUDA 13's (0x0a005a04)
     sm = flags & 0xFF if flags & 0xFF >= 20 else (flags >> 8) & 0xFF
     assert (function, magic, machine, sm) == ("k0", "7f454c46", 190, 90)  # an ELF for EM_CUDA, sm_90
@@ -135,3 +137,10 @@ def test_interpreter_compiles_no_cubins() -> None:
 
     with pytest.raises(CubinUnsupported, match="TRITON_INTERPRET=1"):
         compile_cubins([_kernel()], {}, 90)
+
+
+def test_param_count_refuses_what_is_not_a_cubin() -> None:
+    from kiln.inductor.codegen.triton.cubins import kernel_param_count
+
+    with pytest.raises(CubinUnsupported, match="not a 64-bit CUDA ELF"):
+        kernel_param_count(b"\x7fELF" + bytes(60), "k0")

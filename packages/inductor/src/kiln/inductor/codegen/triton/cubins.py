@@ -7,7 +7,9 @@ symbol, the block (``num_warps * 32`` threads), the dynamic shared memory, and t
 triton's compiler appends to the kernel's parameters (global scratch, and from triton 3.5 a profiler's
 scratch: passed as null when the kernel needs none). What such a launch cannot reproduce (thread-block
 clusters, cooperative or programmatic-dependent launches, tensor descriptors, a profiler's scratch)
-is refused with ``CubinUnsupported``; kiln's kernels use none of it.
+is refused with ``CubinUnsupported``; kiln's kernels use none of it. Each cubin's own parameter count
+(its ``.nv.info`` attributes) is checked against the pointers plus scratch pointers the wrapper will
+pass: a triton whose kernel ABI differs fails here, at packaging, not with a kernel reading garbage.
 
 Compiling goes through the same path as the compile pool (``compile_worker.compile_kernel``: the JIT's
 ``warmup`` with a driver that only names the target), so a package's kernels are the very binaries
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -98,6 +101,41 @@ def cubin_launch(metadata: Any) -> CubinLaunch:
                        scratch_params=scratch, global_scratch_bytes=int(md.get("global_scratch_size", 0) or 0),
                        global_scratch_align=int(md.get("global_scratch_align", 1) or 1), arch=arch,
                        triton_version=str(md.get("triton_version", "")))
+
+
+EM_CUDA = 190
+_KPARAM_INFO = 0x17  # one EIATTR_KPARAM_INFO attribute per kernel parameter
+
+
+def _sections(elf: bytes) -> dict[str, bytes]:
+    """An ELF64's sections by name."""
+    if elf[:4] != b"\x7fELF" or elf[4] != 2 or struct.unpack_from("<H", elf, 18)[0] != EM_CUDA:
+        raise CubinUnsupported("not a 64-bit CUDA ELF (cubin)")
+    shoff = struct.unpack_from("<Q", elf, 0x28)[0]
+    entsize, count, names = struct.unpack_from("<HHH", elf, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", elf, shoff + i * entsize) for i in range(count)]
+    table = headers[names]
+
+    def name(offset: int) -> str:
+        start = table[4] + offset
+        return elf[start:elf.index(b"\0", start)].decode()
+    return {name(h[0]): elf[h[4]:h[4] + h[5]] for h in headers}
+
+
+def kernel_param_count(cubin: bytes, symbol: str) -> int:
+    """How many parameters ``symbol`` takes, from its ``.nv.info.<symbol>`` attributes (each 4 bytes:
+    format, attribute, and a 16-bit value or, for sized values, their length and then the data)."""
+    info = _sections(cubin).get(f".nv.info.{symbol}")
+    if info is None:
+        raise CubinUnsupported(f"the cubin has no .nv.info.{symbol} section")
+    i = count = 0
+    while i + 4 <= len(info):
+        fmt, attr, value = info[i], info[i + 1], struct.unpack_from("<H", info, i + 2)[0]
+        if fmt not in (1, 2, 3, 4):
+            raise CubinUnsupported(f".nv.info.{symbol}: attribute format {fmt} is not known here")
+        count += attr == _KPARAM_INFO
+        i += 4 + (value if fmt == 4 else 0)
+    return count
 
 
 @dataclass(frozen=True)
@@ -186,4 +224,10 @@ def _cubin(job: TritonJob, target: tuple[str, int, int]) -> Cubin:
     launch = cubin_launch(kernel.metadata)
     if launch.arch != target[1]:
         raise CubinUnsupported(f"{job.function}: triton compiled for sm_{launch.arch}, asked for sm_{target[1]}")
+    passed = len(job.dtypes) + launch.scratch_params
+    takes = kernel_param_count(bytes(binary), launch.symbol)
+    if takes != passed:
+        raise CubinUnsupported(f"{job.function}: its cubin takes {takes} parameters, the C++ launch would pass "
+                               f"{passed} ({len(job.dtypes)} pointers + {launch.scratch_params} scratch): this "
+                               f"triton ({launch.triton_version}) lays kernel parameters out otherwise")
     return Cubin(job.function, bytes(binary), launch)
