@@ -202,6 +202,7 @@ def test_package_options_refused_clearly(tmp_path: Path) -> None:
 
 # ---- on a GPU -------------------------------------------------------------------------------------
 
+NEEDS_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 GPU_CASES = [(name, dtype) for name in MODELS for dtype in ("float32", "bfloat16")]
 TOL = {"float32": 1e-4, "bfloat16": 3e-2}
 
@@ -237,6 +238,7 @@ def gpu_work(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 @pytest.mark.gpu
+@NEEDS_GPU
 @pytest.mark.parametrize(("name", "dtype"), GPU_CASES)
 def test_gpu_python_loader_matches_eager(gpu_work: dict, name: str, dtype: str) -> None:
     loaded = kiln.load_package(gpu_work["dir"] / f"{name}-{dtype}")
@@ -252,6 +254,7 @@ def test_gpu_python_loader_matches_eager(gpu_work: dict, name: str, dtype: str) 
 
 
 @pytest.mark.gpu
+@NEEDS_GPU
 @pytest.mark.parametrize(("name", "dtype"), GPU_CASES)
 def test_gpu_cpp_runner_matches_eager_without_python(gpu_work: dict, name: str, dtype: str) -> None:
     d = gpu_work["dir"]
@@ -264,6 +267,7 @@ def test_gpu_cpp_runner_matches_eager_without_python(gpu_work: dict, name: str, 
 
 
 @pytest.mark.gpu
+@NEEDS_GPU
 def test_gpu_bad_inputs(gpu_work: dict) -> None:
     pkg = gpu_work["dir"] / "resnet18-float32"
     r = subprocess.run([str(gpu_work["main"]), "--cuda", str(pkg), "--bad-inputs"], capture_output=True, text=True,
@@ -285,6 +289,7 @@ def test_gpu_bad_inputs(gpu_work: dict) -> None:
 
 
 @pytest.mark.gpu
+@NEEDS_GPU
 def test_gpu_package_for_another_arch_refused(tmp_path: Path) -> None:
     major, minor = torch.cuda.get_device_capability()
     other = 80 if major * 10 + minor != 80 else 90
@@ -297,6 +302,7 @@ def test_gpu_package_for_another_arch_refused(tmp_path: Path) -> None:
 
 
 @pytest.mark.gpu
+@NEEDS_GPU
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gpu_torchvision_resnet18(tmp_path: Path, dtype: str) -> None:
     """torchvision's ResNet-18 at full size (224x224), packaged for this GPU, against eager."""

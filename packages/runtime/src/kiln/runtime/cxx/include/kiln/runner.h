@@ -1,6 +1,7 @@
 // kiln::Runner: load a package written by kiln.package and run it from C++ with libtorch alone.
 //
-//   kiln::Runner runner("model_pkg", c10::kCPU);          // or c10::Device("cuda:0") for a CUDA package
+//   kiln::Runner runner("model_pkg");       // on the manifest's device (CUDA: the current one), or
+//   kiln::Runner runner("model_pkg", c10::Device("cuda:1"));
 //   std::vector<at::Tensor> outputs = runner.run({x});
 //
 // Build: g++ main.cpp $(python -m kiln.runtime.cxx --cflags --ldflags) -o main
@@ -32,6 +33,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -141,14 +143,11 @@ inline TensorSpec spec_of(const Json& j) {
 
 class Runner {
  public:
-  Runner(const std::string& package_path, c10::Device device = c10::kCPU) : path_(package_path) {
-    try {
-      load(device);
-    } catch (const std::exception& e) {
-      close();
-      throw std::runtime_error("kiln::Runner: package " + path_ + ": " + e.what());
-    }
-  }
+  // on the device the package was built for (a CUDA package: the current CUDA device)
+  explicit Runner(const std::string& package_path) : Runner(package_path, std::nullopt) {}
+  // on ``device``: it must be of the package's device type
+  Runner(const std::string& package_path, c10::Device device)
+      : Runner(package_path, std::optional<c10::Device>(device)) {}
   ~Runner() { close(); }
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
@@ -189,6 +188,15 @@ class Runner {
   std::unique_ptr<detail::MappedFile> weights_;
   void* lib_ = nullptr;
   RunFn run_ = nullptr;
+
+  Runner(const std::string& package_path, std::optional<c10::Device> device) : path_(package_path) {
+    try {
+      load(device);
+    } catch (const std::exception& e) {
+      close();
+      throw std::runtime_error("kiln::Runner: package " + path_ + ": " + e.what());
+    }
+  }
 
   std::string input_names() const {
     std::string s;
@@ -243,7 +251,7 @@ class Runner {
     return impl->getDevice();
   }
 
-  void load(c10::Device device) {
+  void load(std::optional<c10::Device> device) {
     detail::Json m;
     try {
       m = detail::parse_json(detail::read_text(path_ + "/manifest.json"));
@@ -266,7 +274,8 @@ class Runner {
         detail::MappedFile f(path_ + "/" + name);
         verify(files, name, f.data(), f.size());
       }
-    device_ = resolve(m.at("device").str(), device);
+    const std::string built_on = m.at("device").str();
+    device_ = resolve(built_on, device ? *device : c10::Device(built_on == "cuda" ? c10::kCUDA : c10::kCPU));
     if (m.at("built_for").has("cpu_flags")) {
       std::string missing = detail::missing_cpu_flags(m.at("built_for").at("cpu_flags"));
       if (!missing.empty())
