@@ -287,6 +287,10 @@ def package(exported: ExportedGraph, path: str | Path, *, device: str = "cpu",
                                      cxx=opts.cxx, keep_sources=folder / "src", cuda=device == "cuda")
     cxx.write_safetensors(folder / cxx.WEIGHTS, exported.constants, {"format": "pt", "kiln_graph": exported.name})
     cubins = cxx.write_cubins(folder, {c.file_name: c.binary for c in program.cubins}) if device == "cuda" else []
+    triton_source = folder / "src" / "triton_kernels.py"  # what the cubins were compiled from, for reading
+    triton_source.unlink(missing_ok=True)
+    if device == "cuda":
+        triton_source.write_text(program.texts.get("triton_kernels", ""))
     cxx.write_manifest(folder, _manifest_fields(exported, program, device), extra_files=cubins)
     return PackageReport(folder, codegen, report, (folder / cxx.LIBRARY).stat().st_size,
                          (folder / cxx.WEIGHTS).stat().st_size, program, sum(len(c.binary) for c in program.cubins))

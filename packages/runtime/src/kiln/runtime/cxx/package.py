@@ -6,7 +6,7 @@
     kernels/*.cubin        CUDA packages: the Triton kernels, compiled for the manifest's ``cuda_arch``
     manifest.json          format, schema version, inputs/outputs/constants, guards as data, what it was
                            built for, sha256 and size of model.so, the weights and each cubin
-    src/                   wrapper.cpp and kernels.cpp (for reading, and to rebuild elsewhere)
+    src/                   wrapper.cpp and kernels.cpp (CUDA: triton_kernels.py), for reading and rebuilding
 
 The weights file is plain safetensors (8-byte little-endian header length, a JSON header, the data),
 written here: tensors ordered by element size so each starts aligned to its own, no holes.

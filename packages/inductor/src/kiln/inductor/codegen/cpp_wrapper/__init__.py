@@ -28,6 +28,7 @@ from ...pipeline import PASSES, CompileState, verify_state
 from ..cpp import library_source
 from ..triton.backend import TritonBackend
 from ..triton.cubins import Cubin, CubinUnsupported, compile_cubins
+from ..triton.wrapper import module_source
 from .aten_calls import CppWrapperUnsupported
 from .prelude import ABI_VERSION
 from .writer import CudaKernels, Slot, cpp_wrapper_source, output_specs
@@ -102,7 +103,7 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
         by_kernel = {site.kernel: site for site in sites}
         launches = {k: [by_kernel[g.name] for g in generated[a:b] if g.name in by_kernel] for k, a, b in spans}
         wrapper = cpp_wrapper_source(s.scheduled, {}, dict(slots), CudaKernels(cubins, launches, cuda_arch))
-        texts["triton_kernels"] = "\n\n".join(g.source for g in generated)
+        texts["triton_kernels"] = module_source(generated) if generated else ""
         texts["cpp_wrapper"] = wrapper
         return CppProgram(name, wrapper, "", (), (), outputs, len(generated), n_ext, texts, device="cuda",
                           cubins=tuple(cubins), cuda_arch=cuda_arch)
