@@ -293,7 +293,7 @@ def test_gpu_bad_inputs(gpu_work: dict) -> None:
 def test_gpu_package_for_another_arch_refused(tmp_path: Path) -> None:
     major, minor = torch.cuda.get_device_capability()
     other = 80 if major * 10 + minor != 80 else 90
-    # a model of its own: its kernels' JIT functions were never specialised for this GPU in this process
+    # a small model of its own (fast to package twice over)
     model = torch.nn.Sequential(torch.nn.Linear(8, 24), torch.nn.GELU(), torch.nn.LayerNorm(24)).eval().cuda()
     inputs = (torch.randn(5, 8, device="cuda"),)
     kiln.package(kiln.export(model, inputs), tmp_path / "other", device="cuda", options={"cuda_arch": other})

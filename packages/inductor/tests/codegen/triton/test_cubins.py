@@ -111,7 +111,9 @@ COMPILE = textwrap.dedent("""
                                   int.from_bytes(c.binary[48:52], "little"), c.launch.as_json(),
                                   kernel_param_count(c.binary, c.launch.symbol)]
                                  for c in cubins],
-                      "sites": [[s.kernel, s.cubin, list(s.grid), list(s.pointer_args)] for s in sites]}))
+                      "sites": [[s.kernel, s.cubin, list(s.grid), list(s.pointer_args)] for s in sites],
+                      # the same kernels for another GPU in the same process (triton's JIT kept sm_90 for them)
+                      "again": [c.launch.arch for c in compile_cubins([k("k0", ("a", "b", "c"))], layouts, 80)[0]]}))
 """)
 
 
@@ -128,6 +130,7 @@ def test_compile_for_sm90_without_a_gpu() -> None:
     assert (function, magic, machine, sm) == ("k0", "7f454c46", 190, 90)  # an ELF for EM_CUDA, sm_90
     assert launch["symbol"] == "k0" and launch["num_warps"] == 4 and launch["arch"] == 90
     assert out["sites"] == [["k0", 0, [8, 1, 1], ["a", "b", "c"]], ["k1", 0, [8, 1, 1], ["d", "e", "f"]]]
+    assert out["again"] == [80]
 
 
 def test_interpreter_compiles_no_cubins() -> None:

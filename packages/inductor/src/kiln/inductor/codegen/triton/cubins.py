@@ -223,7 +223,10 @@ def _cubin(job: TritonJob, target: tuple[str, int, int]) -> Cubin:
         raise CubinUnsupported(f"triton produced no cubin for {job.function} (target sm_{target[1]})")
     launch = cubin_launch(kernel.metadata)
     if launch.arch != target[1]:
-        raise CubinUnsupported(f"{job.function}: triton compiled for sm_{launch.arch}, asked for sm_{target[1]}")
+        kernel = _compile_for(kernel, job, target)
+        binary, launch = kernel.asm.get("cubin"), cubin_launch(kernel.metadata)
+        if launch.arch != target[1] or not binary:
+            raise CubinUnsupported(f"{job.function}: triton compiled it for sm_{launch.arch}, asked for sm_{target[1]}")
     passed = len(job.dtypes) + launch.scratch_params
     takes = kernel_param_count(bytes(binary), launch.symbol)
     if takes != passed:
@@ -231,3 +234,19 @@ def _cubin(job: TritonJob, target: tuple[str, int, int]) -> Cubin:
                                f"{passed} ({len(job.dtypes)} pointers + {launch.scratch_params} scratch): this "
                                f"triton ({launch.triton_version}) lays kernel parameters out otherwise")
     return Cubin(job.function, bytes(binary), launch)
+
+
+def _compile_for(kernel: Any, job: TritonJob, target: tuple[str, int, int]) -> Any:
+    """``kernel``'s source (the JIT's specialisation) compiled again, directly, for ``target``. Why: triton's
+    JIT keeps one target per device and function, so a function this process compiled for another GPU
+    before (a package for another sm, or kiln.compile on this GPU) comes back for that one from
+    ``warmup``; with the same options ``triton.compile`` gives the JIT's very binary (same hash)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    try:
+        return triton.compile(kernel.src, target=GPUTarget(*target),
+                              options={"num_warps": job.num_warps, "num_stages": job.num_stages})
+    except Exception as e:
+        raise CubinUnsupported(f"triton could not compile {job.function} for sm_{target[1]}: "
+                               f"{type(e).__name__}: {e}") from e
