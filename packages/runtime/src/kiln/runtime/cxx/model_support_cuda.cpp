@@ -68,11 +68,14 @@ const Driver& driver() {
   return d;
 }
 
-void check(CUresult r, const std::string& what) {
-  if (r == CUDA_SUCCESS) return;
+[[noreturn]] void fail(CUresult r, const std::string& what) {
   const char* s = nullptr;
   driver().error_string(r, &s);
   throw std::runtime_error(what + ": CUDA error " + std::to_string(int(r)) + " (" + (s ? s : "unknown") + ")");
+}
+
+void check(CUresult r, const std::string& what) {
+  if (r != CUDA_SUCCESS) fail(r, what);
 }
 
 std::string read_file(const std::string& path) {
@@ -186,9 +189,9 @@ void Launcher::operator()(int k, unsigned gx, unsigned gy, unsigned gz, std::ini
   }
   values[n + 1] = nullptr;  // a profiler's scratch: none
   for (int s = 0; s < info.scratch_params; ++s, ++n) params[n] = &values[n];
-  check(driver().launch(k_->functions[size_t(k)], gx, gy, gz, unsigned(32 * info.num_warps), 1, 1,
-                        unsigned(info.shared_bytes), static_cast<CUstream>(stream_), params, nullptr),
-        std::string("launching ") + info.symbol);
+  CUresult r = driver().launch(k_->functions[size_t(k)], gx, gy, gz, unsigned(32 * info.num_warps), 1, 1,
+                               unsigned(info.shared_bytes), static_cast<CUstream>(stream_), params, nullptr);
+  if (r != CUDA_SUCCESS) fail(r, std::string("launching ") + info.symbol);  // (no string built per launch)
 }
 
 }  // namespace cuda
