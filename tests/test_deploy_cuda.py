@@ -198,6 +198,8 @@ def test_package_options_refused_clearly(tmp_path: Path) -> None:
         with pytest.raises(ExportError, match=r"no GPU here to take the architecture from; name it: "
                                               r"options=\{'cuda_arch': 90\}"):
             kiln.package(e, tmp_path / "p", device="cuda")
+        with pytest.raises(ExportError, match="no GPU here"):  # "cuda:0" is a CUDA package (the index is for loading)
+            kiln.package(e, tmp_path / "p", device="cuda:0")
 
 
 # ---- on a GPU -------------------------------------------------------------------------------------

@@ -256,12 +256,13 @@ class PackageReport:
 DEVICES = ("cpu", "cuda")
 
 
-def package(exported: ExportedGraph, path: str | Path, *, device: str = "cpu",
+def package(exported: ExportedGraph, path: str | Path, *, device: str | torch.device = "cpu",
             options: Mapping[str, Any] | None = None) -> PackageReport:
     """Write ``exported`` as a package folder at ``path`` (created; files in it are replaced).
 
     ``device="cuda"``: Triton kernels compiled into cubins for ``options["cuda_arch"]`` (90: H100/H200;
     default: this process's GPU). Other ``options`` are kiln.inductor.InductorOptions fields."""
+    device = str(device).partition(":")[0]  # "cuda:1": a package is for a device type; the index is chosen at load
     if device not in DEVICES:
         raise ExportError(f"kiln.package: device {device!r} is not supported; packages run on 'cpu' or 'cuda'")
     options = dict(options or {})
