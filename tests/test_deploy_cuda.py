@@ -14,6 +14,8 @@ built for another GPU architecture, are refused.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import os
@@ -141,6 +143,23 @@ def test_model_library_links_libtorch_cuda_and_exports_the_abi(work: dict) -> No
     ldd = subprocess.run(["ldd", str(so)], capture_output=True, text=True).stdout
     assert "libtorch_cuda" in ldd and "libc10_cuda" in ldd and "libpython" not in ldd
     assert "libcuda.so" not in ldd  # the driver is opened at run time
+
+
+def test_model_library_refuses_the_wrong_device_type_and_a_missing_driver(work: dict) -> None:
+    """model.so itself (its C ABI, through ctypes): it says what it was built for and refuses the rest."""
+    pkg = work["dir"] / "transformer"
+    lib = ctypes.CDLL(str(pkg / cxx.LIBRARY), mode=ctypes.RTLD_LOCAL)
+    lib.kiln_model_device.restype = ctypes.c_char_p
+    assert lib.kiln_model_abi_version() == 2 and lib.kiln_model_device() == b"cuda"
+    init = lib.kiln_model_init
+    init.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+    err = ctypes.create_string_buffer(2048)
+    assert init(str(pkg).encode(), 0, -1, err, len(err)) == 1
+    assert err.value.decode() == "kiln model: this model.so was built for cuda, asked to run on another device type"
+    if ctypes.util.find_library("cuda") is None:  # no driver here: the cubins cannot be loaded, and it says why
+        assert init(str(pkg).encode(), 1, 0, err, len(err)) == 1
+        assert "cannot load the CUDA driver (libcuda.so.1)" in err.value.decode()
+        assert "a CUDA package needs an NVIDIA GPU and its driver" in err.value.decode()
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
