@@ -19,7 +19,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ...ir import ConstArg, ExternKernel, Kernel, Layout, LoopProgram, ScheduledProgram, TensorRef
+from ...ir import (
+    ConstArg,
+    ExternKernel,
+    Kernel,
+    Layout,
+    LoopProgram,
+    ScheduledProgram,
+    TensorRef,
+    work_buffers,
+)
 from ..cpp.kernel import kernel_params
 from ..triton.cubins import Cubin, CubinSite
 from .aten_calls import (
@@ -92,6 +101,13 @@ class CppWrapperWriter:
         self.declared: set[str] = set()
         self.ops: list[tuple[str, str]] = []  # dispatcher (name, overload) per kiln_rt::init_ops index
         self.direct = self._direct_outputs()
+        self.raw: set[str] = set()  # constants only kernels read: their data pointer, no at::Tensor per call
+
+    def _tensor_users(self) -> set[str]:
+        """Buffers some step needs as an at::Tensor: an extern's arguments, a program output, a reused block."""
+        used = {b for st in self.s.steps if not isinstance(st.work, Kernel) for b in work_buffers(st.work)}
+        used |= {o.buffer for o in self.p.outputs if isinstance(o, TensorRef)}
+        return used | {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
 
     def _direct_outputs(self) -> dict[str, int]:
         """Program outputs that a step allocates fresh in exactly the caller's layout: buffer -> output index."""
@@ -129,10 +145,15 @@ class CppWrapperWriter:
         return self.ops.index(key)
 
     def inputs(self) -> None:
+        users = self._tensor_users()
         for b in sorted(self.p.inputs, key=lambda b: b.position):
             slot = self.slots.get(b.position)
             if slot is None:
                 raise CppWrapperUnsupported(f"program input {b.position} ({b.name}) has no source")
+            if slot.kind == "constant" and b.name not in users:  # (the runners allocate constants aligned)
+                self.raw.add(b.name)
+                self.lines.append(f"  void* const {b.name} = constants[{slot.index}];  // constant {slot.index}")
+                continue
             src = "inputs" if slot.kind == "input" else "constants"
             lay = b.layout
             self.assign(b.name, f"kiln_rt::wrap(dev, {src}[{slot.index}], {_ints(lay.shape)}, {_ints(lay.stride)}, "
@@ -155,12 +176,15 @@ class CppWrapperWriter:
         if self.cuda is not None:
             for site in self.cuda.sites.get(k.name, ()):
                 gx, gy, gz = site.grid
-                args = ", ".join(f"{b}.data()" for b in site.pointer_args)
+                args = ", ".join(self.pointer(b) for b in site.pointer_args)
                 self.lines.append(f"  launch({site.cubin}, {gx}, {gy}, {gz}, {{{args}}});  // {site.kernel}")
             return
         ins, outs = kernel_params(k)
-        args = ", ".join(f"{b}.data()" for b in (*ins, *outs))
+        args = ", ".join(self.pointer(b) for b in (*ins, *outs))
         self.lines.append(f"  {self.symbols[k.name]}({args});")
+
+    def pointer(self, buffer: str) -> str:
+        return buffer if buffer in self.raw else f"{buffer}.data()"
 
     def extern(self, e: ExternKernel) -> None:
         typed = typed_call(e, self.ref)
