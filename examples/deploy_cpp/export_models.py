@@ -4,6 +4,9 @@
     g++ -O2 examples/deploy_cpp/main.cpp $(uv run python -m kiln.runtime.cxx --cflags --ldflags) -o /tmp/kiln_deploy/main
     /tmp/kiln_deploy/main /tmp/kiln_deploy/resnet18 /tmp/kiln_deploy/resnet18.inputs.safetensors \
         /tmp/kiln_deploy/resnet18.expected.safetensors 50
+
+On a GPU: ``--device cuda [--dtype bfloat16]`` (the models are exported on the GPU, the cubins compiled
+for it), the program built with ``--cuda`` flags and run with ``--cuda`` (``--tol 3e-2`` for bf16).
 """
 
 from __future__ import annotations
@@ -22,17 +25,21 @@ sys.path.insert(0, str(Path(__file__).parent))
 from models import example  # noqa: E402
 
 
-def export_one(name: str, out: Path, small: bool) -> None:
+def export_one(name: str, out: Path, small: bool, device: str = "cpu", dtype: str = "float32") -> None:
     model, inputs = example(name, small)
+    dt = getattr(torch, dtype)
+    model = model.to(device, dt)
+    inputs = tuple(x.to(device, dt if x.is_floating_point() else x.dtype) for x in inputs)
     t0 = time.perf_counter()
     exported = kiln.export(model, inputs)
     t1 = time.perf_counter()
-    report = kiln.package(exported, out / name)
+    report = kiln.package(exported, out / name, device=device)
     with torch.no_grad():
         expected = model(*inputs)
     expected = expected if isinstance(expected, (tuple, list)) else (expected,)
-    save_file({f"input{k}": t.contiguous() for k, t in enumerate(inputs)}, str(out / f"{name}.inputs.safetensors"))
-    save_file({f"output{k}": t.contiguous() for k, t in enumerate(expected)}, str(out / f"{name}.expected.safetensors"))
+    save_file({f"input{k}": t.contiguous().cpu() for k, t in enumerate(inputs)}, str(out / f"{name}.inputs.safetensors"))
+    save_file({f"output{k}": t.contiguous().cpu() for k, t in enumerate(expected)},
+              str(out / f"{name}.expected.safetensors"))
     print(f"{name}: export {t1 - t0:.1f} s; {report.as_text()}")
 
 
@@ -41,10 +48,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--models", default="transformer,resnet18")
     ap.add_argument("--small", action="store_true", help="smaller configurations (CI)")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.models.split(","):
-        export_one(name, args.out, args.small)
+        export_one(name, args.out, args.small, args.device, args.dtype)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
     exported = kiln.export(model, (x,))                  # capture (fullgraph) + inference ATen graph
     kiln.package(exported, "model_pkg")                  # model.so + weights.safetensors + manifest.json
+    kiln.package(exported, "gpu_pkg", device="cuda")     # + kernels/*.cubin (sm of this GPU, or
+                                                         #   options={"cuda_arch": 90} without one)
     model = kiln.load_package("model_pkg")               # the same package, from Python
     // C++: kiln::Runner runner("model_pkg", c10::kCPU); runner.run({x});
 
@@ -11,13 +13,19 @@ the caller's tensors (``inputs``) or the module's parameters and buffers and any
 function read (``constants``, by name). ``package`` hands that graph to kiln.inductor's C++ wrapper
 (no Python wrapper) and kiln.runtime.cxx builds and writes the package.
 
+A CUDA package may come from a program exported on CPU: the graph's device arguments (``torch.arange(...,
+device=x.device)``) are moved to CUDA and the schedule is made on fake CUDA tensors, so the package,
+cubins included, builds on a machine without a GPU for the ``cuda_arch`` asked for.
+
 Note: static shapes only. ``dynamic_shapes`` ranges are refused with a clear error until symbolic
 sizes reach the generated C++ (then the manifest's guards carry the ranges).
 """
 
 from __future__ import annotations
 
+import copy
 import inspect
+import operator
 import re
 import time
 from collections.abc import Callable, Mapping
@@ -28,6 +36,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch import fx
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kiln.capture as capture
 import kiln.runtime.cxx as cxx
@@ -232,64 +241,177 @@ class PackageReport:
     library_bytes: int
     weights_bytes: int
     program: CppProgram
+    cubin_bytes: int = 0
 
     def as_text(self) -> str:
         b = self.build
-        return (f"package {self.path}: model.so {self.library_bytes / 1e6:.2f} MB, weights {self.weights_bytes / 1e6:.2f} "
-                f"MB; codegen {self.codegen_seconds:.2f} s, build {b.seconds:.1f} s (wrapper {b.wrapper_seconds:.1f} s, "
-                f"kernels {b.kernels_seconds:.1f} s, support library {b.support_seconds:.1f} s or cached); "
-                f"{self.program.n_kernels} kernels, {self.program.n_externs} ATen calls")
+        cubins = (f", {len(self.program.cubins)} cubins {self.cubin_bytes / 1e6:.2f} MB for sm_{self.program.cuda_arch}"
+                  if self.program.device == "cuda" else "")
+        return (f"package {self.path} ({self.program.device}): model.so {self.library_bytes / 1e6:.2f} MB, weights "
+                f"{self.weights_bytes / 1e6:.2f} MB{cubins}; codegen {self.codegen_seconds:.2f} s, build {b.seconds:.1f} s "
+                f"(wrapper {b.wrapper_seconds:.1f} s, kernels {b.kernels_seconds:.1f} s, support library "
+                f"{b.support_seconds:.1f} s or cached); {self.program.n_kernels} kernels, {self.program.n_externs} ATen calls")
 
 
-def package(exported: ExportedGraph, path: str | Path, *, device: str = "cpu",
+DEVICES = ("cpu", "cuda")
+
+
+def package(exported: ExportedGraph, path: str | Path, *, device: str | torch.device = "cpu",
             options: Mapping[str, Any] | None = None) -> PackageReport:
-    """Write ``exported`` as a package folder at ``path`` (created; files in it are replaced)."""
-    if device != "cpu":
-        raise ExportError(f"kiln.package: device {device!r} is not supported yet; packages run on 'cpu'")
+    """Write ``exported`` as a package folder at ``path`` (created; files in it are replaced).
+
+    ``device="cuda"``: Triton kernels compiled into cubins for ``options["cuda_arch"]`` (90: H100/H200;
+    default: this process's GPU). Other ``options`` are kiln.inductor.InductorOptions fields."""
+    device = str(device).partition(":")[0]  # "cuda:1": a package is for a device type; the index is chosen at load
+    if device not in DEVICES:
+        raise ExportError(f"kiln.package: device {device!r} is not supported; packages run on 'cpu' or 'cuda'")
+    options = dict(options or {})
+    arch = _cuda_arch(options.pop("cuda_arch", None)) if device == "cuda" else None
+    if "cuda_arch" in options or (device == "cpu" and arch is not None):
+        raise ExportError("kiln.package: options['cuda_arch'] is for device='cuda'")
     try:
-        opts = InductorOptions(**dict(options or {}))
+        opts = InductorOptions(**options)
     except TypeError as e:
         raise ExportError(f"kiln.package(options=...): {e}; see kiln.inductor.InductorOptions") from e
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    example = exported.graph_inputs([_example(i.spec) for i in exported.inputs])
+    graph, example = _graph_for(exported, device)
     try:
-        program = cpp_program(exported.graph, example, dict(enumerate(exported.slots)), options=opts,
-                              name=exported.name)
+        program = cpp_program(graph, example, dict(enumerate(exported.slots)), options=opts, name=exported.name,
+                              cuda_arch=arch)
     except CppWrapperUnsupported as e:
-        raise ExportError(f"kiln.package: {exported.name} cannot run without Python: {e}") from e
+        raise ExportError(f"kiln.package: {exported.name} cannot run without Python on {device}: {e}") from e
     codegen = time.perf_counter() - t0
     report = cxx.build_model_library(program.wrapper_source, program.kernel_source, folder / cxx.LIBRARY,
                                      kernel_flags=program.kernel_flags, link_flags=program.link_flags,
-                                     cxx=opts.cxx, keep_sources=folder / "src")
+                                     cxx=opts.cxx, keep_sources=folder / "src", cuda=device == "cuda")
     cxx.write_safetensors(folder / cxx.WEIGHTS, exported.constants, {"format": "pt", "kiln_graph": exported.name})
-    cxx.write_manifest(folder, _manifest_fields(exported, program, device))
+    cubins = cxx.write_cubins(folder, {c.file_name: c.binary for c in program.cubins}) if device == "cuda" else []
+    triton_source = folder / "src" / "triton_kernels.py"  # what the cubins were compiled from, for reading
+    triton_source.unlink(missing_ok=True)
+    if device == "cuda":
+        triton_source.write_text(program.texts.get("triton_kernels", ""))
+    cxx.write_manifest(folder, _manifest_fields(exported, program, device), extra_files=cubins)
     return PackageReport(folder, codegen, report, (folder / cxx.LIBRARY).stat().st_size,
-                         (folder / cxx.WEIGHTS).stat().st_size, program)
+                         (folder / cxx.WEIGHTS).stat().st_size, program, sum(len(c.binary) for c in program.cubins))
 
 
-def _example(spec: TensorSpec) -> torch.Tensor:
-    return torch.empty_strided(tuple(spec.shape), tuple(spec.stride), dtype=spec.dtype, device=spec.device)
+def _cuda_arch(asked: Any) -> int:
+    """The sm the cubins are compiled for: ``asked`` (90, "90", "sm_90"), else this process's GPU's."""
+    if asked is None:
+        if not torch.cuda.is_available():
+            raise ExportError("kiln.package(device='cuda'): there is no GPU here to take the architecture from; "
+                              "name it: options={'cuda_arch': 90} (H100/H200), 80 (A100), 89 (L4/L40), ...")
+        major, minor = torch.cuda.get_device_capability()
+        return major * 10 + minor
+    text = str(asked).lower().removeprefix("sm_").removeprefix("sm")
+    if not text.isdigit() or not 50 <= int(text) < 200:
+        raise ExportError(f"kiln.package: options['cuda_arch']={asked!r}; expected a compute capability as an "
+                          "integer such as 90 (sm_90: H100/H200)")
+    return int(text)
+
+
+def _example(spec: TensorSpec, device: str | torch.device | None = None) -> torch.Tensor:
+    return torch.empty_strided(tuple(spec.shape), tuple(spec.stride), dtype=spec.dtype,
+                               device=spec.device if device is None else device)
+
+
+def _graph_for(exported: ExportedGraph, device: str) -> tuple[fx.GraphModule, list[torch.Tensor]]:
+    """The graph and example inputs to schedule for ``device``: CPU, the exported ones; CUDA, a copy whose
+    device arguments name CUDA, over fake CUDA tensors (no GPU needed)."""
+    if device == "cpu":
+        if any(i.spec.device.type != "cpu" for i in exported.inputs):
+            raise ExportError(f"kiln.package: {exported.name} was exported with inputs on "
+                              f"{exported.inputs[0].spec.device}; a CPU package needs it exported on CPU tensors")
+        return exported.graph, exported.graph_inputs([_example(i.spec) for i in exported.inputs])
+    graph = fx.GraphModule(exported.graph, copy.deepcopy(exported.graph.graph))
+    for node in list(graph.graph.nodes):
+        node.args, node.kwargs = _on_cuda(node.args), _on_cuda(node.kwargs)
+        val = node.meta.pop("val", None)  # recomputed on the fake CUDA inputs
+        node.meta.pop("tensor_meta", None)
+        if node.op == "call_function" and node.target is _CPU_ATTENTION:
+            _generic_attention(graph, node, val[0].stride(), exported.name)
+        elif node.op == "call_function" and re.search(r"_for_cpu|mkldnn", str(node.target)):
+            raise ExportError(f"kiln.package(device='cuda'): {exported.name} was exported on CPU and its graph calls "
+                              f"the CPU-only {node.target}; export it with its module and inputs on a CUDA device")
+    graph.graph.eliminate_dead_code()
+    graph.recompile()
+    names = list(exported.constants)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        example = []
+        for s in exported.slots:
+            if s.kind == "input":
+                example.append(_example(exported.inputs[s.index].spec, "cuda"))
+            else:
+                t = exported.constants[names[s.index]]
+                example.append(torch.empty_strided(tuple(t.shape), t.stride(), dtype=t.dtype, device="cuda"))
+    return graph, example
+
+
+_CPU_ATTENTION = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _generic_attention(graph: fx.GraphModule, node: fx.Node, stride: tuple[int, ...], name: str) -> None:
+    """CPU's flash attention (what SDPA traced to on CPU) as ``aten.scaled_dot_product_attention``, which
+    picks its CUDA kernel where the package runs, copied into the CPU kernel's output layout (``stride``:
+    the exported graph's later views rely on it); only its output may be used (not its logsumexp)."""
+    users = list(node.users)
+    if any(u.target is not operator.getitem or u.args[1] != 0 for u in users):
+        raise ExportError(f"kiln.package(device='cuda'): {name} uses the logsumexp of CPU attention; export it on a "
+                          "CUDA device")
+    q, k, v, *rest = node.args
+    dropout = rest[0] if rest else node.kwargs.get("dropout_p", 0.0)
+    causal = rest[1] if len(rest) > 1 else node.kwargs.get("is_causal", False)
+    with graph.graph.inserting_before(node):
+        sdpa = graph.graph.call_function(torch.ops.aten.scaled_dot_product_attention.default,
+                                         (q, k, v, node.kwargs.get("attn_mask"), dropout, causal),
+                                         {"scale": node.kwargs.get("scale")})
+        order = sorted(range(len(stride)), key=lambda d: -stride[d])  # outermost dim first
+        back = [order.index(d) for d in range(len(stride))]
+        aten = torch.ops.aten
+        dense = graph.graph.call_function(aten.clone.default, (graph.graph.call_function(
+            aten.permute.default, (sdpa, order)),), {"memory_format": torch.contiguous_format})
+        out = graph.graph.call_function(aten.permute.default, (dense, back))
+    for u in users:
+        u.replace_all_uses_with(out)
+        graph.graph.erase_node(u)
+    graph.graph.erase_node(node)
+
+
+def _on_cuda(value: Any) -> Any:
+    """Node arguments with every CPU device (``device=cpu`` of a factory or a copy) replaced by CUDA."""
+    def move(v: Any) -> Any:
+        return torch.device("cuda") if isinstance(v, torch.device) and v.type == "cpu" else v
+    return pytree.tree_map(move, value)
 
 
 def _manifest_fields(exported: ExportedGraph, program: CppProgram, device: str) -> dict[str, Any]:
-    inputs = [cxx.tensor_spec(i.name, i.spec.shape, i.spec.stride, i.spec.dtype) for i in exported.inputs]
-    outputs = [cxx.tensor_spec(f"output{k}", shape, stride, dtype) for k, (shape, stride, dtype)
+    inputs = [cxx.tensor_spec(i.name, i.spec.shape, i.spec.stride, i.spec.dtype, device) for i in exported.inputs]
+    outputs = [cxx.tensor_spec(f"output{k}", shape, stride, dtype, device) for k, (shape, stride, dtype)
                in enumerate(program.outputs)]
-    constants = [cxx.tensor_spec(n, t.shape, t.stride(), t.dtype) for n, t in exported.constants.items()]
+    constants = [cxx.tensor_spec(n, t.shape, t.stride(), t.dtype, device) for n, t in exported.constants.items()]
     guards = [{"kind": "tensor_match", "input": i.name, "dtype": cxx.dtype_name(i.spec.dtype),
                "shape": list(i.spec.shape), "device": device} for i in exported.inputs]
     guards += [{"kind": "constant_argument", "input": k, "value": repr(v)} for k, v in exported.baked.items()]
+    cuda = None
+    kernels = []
+    if device == "cuda":
+        cuda = {"cuda_arch": program.cuda_arch, "torch_cuda": torch.version.cuda,
+                "triton": program.cubins[0].launch.triton_version if program.cubins else None}
+        kernels = [{"file": f"{cxx.KERNELS}/{c.file_name}", "function": c.function, "sha256": c.sha256,
+                    **c.launch.as_json()} for c in program.cubins]
     return {
         "graph": exported.name, "device": device, "abi_version": program.abi_version,
-        "built_for": cxx.built_for(device, program.kernel_flags),
+        "built_for": cxx.built_for(device, program.kernel_flags, cuda),
         "inputs": inputs, "outputs": outputs, "constants": constants, "guards": guards,
         "output_tree": pytree.treespec_dumps(exported.output_tree),
         "source_sha256": program.source_hash,
+        **({"kernels": kernels} if device == "cuda" else {}),
     }
 
 
-def load_package(path: str | Path) -> cxx.PackagedModel:
-    """A package as a Python callable over its model.so (nothing is generated or compiled)."""
-    return cxx.load_package(path)
+def load_package(path: str | Path, device: str | torch.device | None = None) -> cxx.PackagedModel:
+    """A package as a Python callable over its model.so (nothing is generated or compiled). ``device``:
+    where it runs (its manifest's device type; a CUDA package's default is the current CUDA device)."""
+    return cxx.load_package(path, device)

@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import kiln.runtime.cxx as cxx
+from kiln.runtime.errors import KernelBuildError
 
 
 def test_flags_point_at_torch_and_the_runner_header() -> None:
@@ -41,10 +42,48 @@ def test_weights_are_plain_safetensors(tmp_path: Path) -> None:
     assert (8 + header_len) % 64 == 0  # data starts aligned
 
 
+def test_cuda_flags_name_cuda_headers_and_libraries() -> None:
+    try:
+        dirs = cxx.cuda_include_dirs()
+    except KernelBuildError as e:
+        pytest.skip(f"no CUDA headers in this environment: {e}")
+    if not (cxx.torch_dir() / "lib" / "libtorch_cuda.so").exists():
+        pytest.skip("a CPU build of torch: no libtorch_cuda")
+    out = subprocess.run([sys.executable, "-m", "kiln.runtime.cxx", "--cuda", "--cflags", "--ldflags"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    includes = [Path(f[2:]) for f in out if f.startswith("-I")]
+    for header in ("cuda_runtime_api.h", "crt/host_defines.h", "cuda.h"):  # what c10/cuda and the driver API include
+        assert any((d / header).exists() for d in includes), header
+    assert set(dirs) <= set(includes)
+    # libtorch_cuda is linked even when the program calls nothing of it: loading it registers ATen's CUDA kernels
+    k = out.index("-ltorch_cuda")
+    assert out[k - 1] == "-Wl,--no-as-needed" and out[k + 1] == "-lc10_cuda" and out[k + 2] == "-Wl,--as-needed"
+    assert "-lcuda" not in out  # the driver is opened at run time: programs link without one
+
+
+def test_cubins_are_files_the_manifest_hashes(tmp_path: Path) -> None:
+    pkg = _package(tmp_path)
+    names = cxx.write_cubins(pkg, {"k0.abc.cubin": b"\x7fELF cubin"})
+    assert names == ["kernels/k0.abc.cubin"]
+    cxx.write_manifest(pkg, {"device": "cuda", "built_for": cxx.built_for("cuda", [], {"cuda_arch": 90}),
+                             "inputs": [], "outputs": [], "constants": []}, extra_files=names)
+    m = cxx.read_manifest(pkg)
+    assert m["files"]["kernels/k0.abc.cubin"]["sha256"] == hashlib.sha256(b"\x7fELF cubin").hexdigest()
+    assert m["built_for"]["cuda_arch"] == 90 and "cpu_flags" not in m["built_for"]
+    (pkg / "kernels" / "k0.abc.cubin").write_bytes(b"\x7fELF cubiN")
+    with pytest.raises(cxx.PackageError, match="kernels/k0.abc.cubin does not match its sha256"):
+        cxx.read_manifest(pkg)
+    assert cxx.write_cubins(pkg, {"k1.def.cubin": b"x"}) == ["kernels/k1.def.cubin"]
+    assert [p.name for p in (pkg / "kernels").iterdir()] == ["k1.def.cubin"]  # a stale cubin is removed
+    _edit(pkg, device="tpu")
+    with pytest.raises(cxx.PackageError, match="built for device 'tpu'; this kiln runs packages on cpu or cuda"):
+        cxx.read_manifest(pkg, verify=False)
+
+
 def _package(tmp_path: Path) -> Path:
     (tmp_path / cxx.LIBRARY).write_bytes(b"\x7fELF not really a library")
     cxx.write_safetensors(tmp_path / cxx.WEIGHTS, {"w": torch.ones(2)}, {})
-    cxx.write_manifest(tmp_path, {"device": "cpu", "built_for": cxx.built_for("cpu", ["-O3"]), "inputs": [],
+    cxx.write_manifest(tmp_path, {"device": "cpu", "built_for": cxx.built_for("cpu", ["-O3", "-march=native"]), "inputs": [],
                                   "outputs": [], "constants": []})
     return tmp_path
 

@@ -23,16 +23,18 @@ def test_linear_relu_sum() -> None:
     w, b, x = torch.randn(16, 8), torch.randn(16), torch.randn(4, 8)
     p = program(lambda x, w, b: (torch.relu(x @ w.t() + b), x.sum()), x, w, b, constants=2)
     src = p.wrapper_source
-    assert "Tensor arg0 = kiln_rt::wrap(inputs[0], {4, 8}, {8, 1}, 6 /*float32*/);  // input 0" in src
-    assert "Tensor arg2 = kiln_rt::wrap(constants[1], {16}, {1}, 6 /*float32*/);  // constant 1" in src
+    assert "Tensor arg0 = kiln_rt::wrap(dev, inputs[0], {4, 8}, {8, 1}, 6 /*float32*/);  // input 0" in src
+    # the bias only a kernel reads: its data pointer, no at::Tensor made per call (the weight feeds mm: wrapped)
+    assert "void* const arg2 = constants[1];  // constant 1" in src and "arg2.data()" not in src
+    assert "Tensor arg1 = kiln_rt::wrap(dev, constants[0], {16, 8}, {8, 1}, 6 /*float32*/);  // constant 0" in src
     assert "kiln_rt::mm(arg0, kiln_rt::as_strided(arg1, {8, 16}, {1, 8}, 0))" in src
-    assert "Tensor buf2 = kiln_rt::wrap(outputs[1], {}, {}, 6 /*float32*/);  // output 1, computed in place" in src
+    assert "Tensor buf2 = kiln_rt::wrap_output(dev, outputs[1], {}, {}, 6 /*float32*/);  // output 1, computed in place" in src
     # output 0 is written over the matmul's result (ATen's memory): copied into the caller's buffer
-    assert "kiln_rt::copy_into(outputs[0], {4, 16}, {16, 1}, 6 /*float32*/, buf3);" in src
+    assert "kiln_rt::copy_into(dev, outputs[0], {4, 16}, {16, 1}, 6 /*float32*/, buf3);" in src
     # no torch header: the wrapper builds in well under a second (kiln/model_support.h)
     includes = [line for line in src.splitlines() if line.startswith("#include")]
     assert includes == ["#include <kiln/model_support.h>", "#include <limits>"]
-    assert "kiln_model_run" in src
+    assert "kiln_model_run" in src and 'kiln_model_device() { return "cpu"; }' in src
     assert p.n_kernels >= 1 and p.kernel_source.count('extern "C" void') >= 1
     assert [(o[0], o[2]) for o in p.outputs] == [((4, 16), torch.float32), ((), torch.float32)]
 
@@ -44,7 +46,7 @@ def test_multi_output_fallback_is_a_boxed_call_with_defaults() -> None:
     assert 'names[] = {"aten::topk"}' in src and 'overloads[] = {""}' in src
     # topk(self, k, dim=-1, largest=True, sorted=True): every argument on the stack, defaults included
     assert "s.tensor(arg0).i(3LL).i(-1LL).b(true).b(true);" in src
-    assert "= kiln_rt::restride(s.out(0)," in src and "= kiln_rt::restride(s.out(1)," in src
+    assert "= kiln_rt::restride(dev, s.out(0)," in src and "= kiln_rt::restride(dev, s.out(1)," in src
 
 
 def test_convolution_is_typed() -> None:
@@ -64,9 +66,13 @@ def test_push_forms() -> None:
     assert push(ListArg((ConstArg(None),)), "List[Optional[Tensor]]", str) == ".optional_tensors({kiln_rt::Tensor()})"
 
 
-def test_cuda_inputs_refused() -> None:
-    with pytest.raises(CppWrapperUnsupported, match="CPU only"):
+def test_cuda_graph_needs_an_arch_and_one_device() -> None:
+    """(CUDA programs are built and checked in tests/test_deploy_cuda.py: their cubins need triton's compiler.)"""
+    with pytest.raises(CppWrapperUnsupported, match="needs cuda_arch"):
         cpp_program(trace(lambda x: x + 1, torch.randn(2)), [_FakeCuda()], {0: Slot("input", 0)})
+    with pytest.raises(CppWrapperUnsupported, match="one device, CPU or CUDA"):
+        cpp_program(trace(lambda x, y: x + y, torch.randn(2), torch.randn(2)), [_FakeCuda(), torch.randn(2)],
+                    {0: Slot("input", 0), 1: Slot("input", 1)}, cuda_arch=90)
 
 
 class _FakeCuda(torch.Tensor):

@@ -192,19 +192,26 @@ def _cpu() -> float:
     return t.user + t.system + t.children_user + t.children_system
 
 
+def compile_kernel(job: dict[str, Any], target: tuple[str, Any, int] | None, launcher: bool = False) -> Any:
+    """Compile one kernel specialisation (``compile_job``'s job) through the JIT's own path and return
+    triton's compiled kernel (its ``asm["cubin"]`` and ``metadata``); ``target`` None: the current device."""
+    fn = getattr(load_module(job["path"], job["module"]), job["function"])
+    dtypes = _pointer_args(job["dtypes"])
+    with target_driver(target) if target is not None else contextlib.nullcontext(), _torch_stub():
+        kernel = fn.warmup(*dtypes, grid=(1,), **dict(job["constants"]), num_warps=job["num_warps"],
+                           num_stages=job["num_stages"])
+        if launcher and kernel is not None:
+            build_launcher(kernel)
+    return kernel
+
+
 def compile_job(job: dict[str, Any], target: tuple[str, Any, int] | None) -> tuple[str, float, str, float]:
     """Compile one kernel specialisation; ("ok" | "failed", seconds, error text, CPU seconds).
     ``target`` None: the current device (in-process on a GPU). ``job["launcher"]``: also build its C
     launcher."""
     t0, c0 = time.perf_counter(), _cpu()
     try:
-        fn = getattr(load_module(job["path"], job["module"]), job["function"])
-        dtypes = _pointer_args(job["dtypes"])
-        with target_driver(target) if target is not None else contextlib.nullcontext(), _torch_stub():
-            kernel = fn.warmup(*dtypes, grid=(1,), **dict(job["constants"]), num_warps=job["num_warps"],
-                               num_stages=job["num_stages"])
-            if job.get("launcher") and kernel is not None:
-                build_launcher(kernel)
+        compile_kernel(job, target, launcher=bool(job.get("launcher")))
     except Exception as e:  # noqa: BLE001 - reported to the parent; the kernel compiles again at launch
         first = str(e).splitlines()[0] if str(e) else ""
         return ("failed", time.perf_counter() - t0, f"{type(e).__name__}: {first}", _cpu() - c0)

@@ -1,6 +1,7 @@
 """``python -m kiln.runtime.cxx --cflags --ldflags``: flags to build a C++ program using ``kiln/runner.h``.
 
     g++ main.cpp $(python -m kiln.runtime.cxx --cflags --ldflags) -o main
+    g++ main.cpp $(python -m kiln.runtime.cxx --cuda --cflags --ldflags) -o main   # runs CUDA packages too
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cflags", action="store_true", help="include flags (torch's headers, kiln/runner.h)")
     ap.add_argument("--ldflags", action="store_true", help="link flags (libtorch_cpu, libc10, an rpath to them)")
     ap.add_argument("--includedir", action="store_true", help="the folder holding kiln/runner.h")
+    ap.add_argument("--cuda", action="store_true", help="for CUDA packages: the CUDA headers (from the nvidia-* "
+                    "wheels or triton), libtorch_cuda and libc10_cuda")
     args = ap.parse_args(argv)
     if not (args.cflags or args.ldflags or args.includedir):
         ap.print_help()
@@ -26,9 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.includedir:
         out.append(str(INCLUDE_DIR))
     if args.cflags:
-        out += cflags()
+        out += cflags(cuda=args.cuda)
     if args.ldflags:
-        out += ldflags()
+        out += ldflags(cuda=args.cuda)
     print(" ".join(shlex.quote(x) for x in out))
     return 0
 

@@ -6,6 +6,9 @@ translation unit that includes ATen (slow: ~4-7 s of g++ on this host) is the su
 per (source, torch release, compiler, flags) and kept in the compile cache (``cxx_support``). The
 kernels keep their own flags (``-O3 -march=native -fopenmp ...``: the same code the Python wrapper
 loads). Kernels and wrapper compile in parallel, then the support object (when not cached).
+
+A CUDA package has no kernel object (its kernels are cubins beside model.so) and links a second support
+object, ``model_support_cuda.cpp`` (the driver API and torch's CUDA streams; cached the same way).
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from .flags import INCLUDE_DIR, cflags, ldflags
 
 SUPPORT_SOURCE = Path(__file__).parent / "model_support.cpp"
 SUPPORT_HEADER = INCLUDE_DIR / "kiln" / "model_support.h"
+# CUDA packages: cubins loaded and launched through the driver API (kiln/model_support_cuda.h)
+CUDA_SUPPORT_SOURCE = Path(__file__).parent / "model_support_cuda.cpp"
+CUDA_SUPPORT_HEADERS = (INCLUDE_DIR / "kiln" / "model_support_cuda.h", INCLUDE_DIR / "kiln" / "detail" / "sha256.h")
 OBJECT_FLAGS = ("-O2", "-fPIC", "-fvisibility=hidden")
 
 
@@ -52,11 +58,15 @@ def _finish(job: tuple[subprocess.Popen[str], float], what: str, source: Path) -
     return time.perf_counter() - t0
 
 
-def support_object(cxx: str) -> tuple[Path, float]:
-    """The compiled ``model_support.cpp`` (from the compile cache when it has it) and seconds spent building."""
+def support_object(cxx: str, cuda: bool = False) -> tuple[Path, float]:
+    """The compiled ``model_support.cpp`` (``cuda``: ``model_support_cuda.cpp``), from the compile cache
+    when it has it, and seconds spent building."""
+    source = CUDA_SUPPORT_SOURCE if cuda else SUPPORT_SOURCE
+    headers = (SUPPORT_HEADER, *(CUDA_SUPPORT_HEADERS if cuda else ()))
+    flags = [*cflags(cuda=cuda), *OBJECT_FLAGS]
     h = hashlib.sha256()
-    for part in (SUPPORT_SOURCE.read_bytes(), SUPPORT_HEADER.read_bytes(), torch.__version__.encode(),
-                 cxx.encode(), compiler_id(cxx).encode(), " ".join([*cflags(), *OBJECT_FLAGS]).encode()):
+    for part in (source.read_bytes(), *(p.read_bytes() for p in headers), torch.__version__.encode(),
+                 cxx.encode(), compiler_id(cxx).encode(), " ".join(flags).encode()):
         h.update(part + b"\0")
     spent = 0.0
 
@@ -64,8 +74,8 @@ def support_object(cxx: str) -> tuple[Path, float]:
         nonlocal spent
         with tempfile.TemporaryDirectory(prefix="kiln-support-") as tmp:
             out = Path(tmp) / "model_support.o"
-            spent = _finish(_start([cxx, *cflags(), *OBJECT_FLAGS, "-c", str(SUPPORT_SOURCE), "-o", str(out)]),
-                            "kiln's model support library", SUPPORT_SOURCE)
+            spent = _finish(_start([cxx, *flags, "-c", str(source), "-o", str(out)]),
+                            "kiln's model support library" + (" (CUDA)" if cuda else ""), source)
             return out.read_bytes()
     cache = default_cache()
     data = cache.get_or_build("cxx_support", h.hexdigest(), build)
@@ -73,9 +83,11 @@ def support_object(cxx: str) -> tuple[Path, float]:
 
 
 def build_model_library(wrapper_source: str, kernel_source: str, out: Path, *, kernel_flags: Sequence[str],
-                        link_flags: Sequence[str], cxx: str = "g++", keep_sources: Path | None = None) -> BuildReport:
+                        link_flags: Sequence[str], cxx: str = "g++", keep_sources: Path | None = None,
+                        cuda: bool = False) -> BuildReport:
     """Compile and link ``out`` (model.so). ``keep_sources``: a folder that receives wrapper.cpp and
-    kernels.cpp (a package ships them, for reading and for rebuilding on another machine)."""
+    kernels.cpp (a package ships them, for reading and for rebuilding on another machine). ``cuda``: the
+    wrapper launches cubins (kiln/model_support_cuda.h): the CUDA support object and libraries are linked."""
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="kiln-package-") as tmp:
         d = Path(keep_sources) if keep_sources is not None else Path(tmp)
@@ -93,7 +105,12 @@ def build_model_library(wrapper_source: str, kernel_source: str, out: Path, *, k
         w_seconds = _finish(wrapper, "the C++ wrapper", w_src)
         k_seconds = _finish(kernels, "kiln's kernels", k_src) if kernels else 0.0
         support, s_seconds = support_object(cxx)  # after them: their times stay their own
-        link = _start([cxx, "-shared", *(f for f in kernel_flags if f == "-fopenmp"), *map(str, objs), str(support),
-                       "-o", str(out), *ldflags(), *link_flags])
+        supports = [support]
+        if cuda:
+            cuda_support, cuda_seconds = support_object(cxx, cuda=True)
+            supports.append(cuda_support)
+            s_seconds += cuda_seconds
+        link = _start([cxx, "-shared", *(f for f in kernel_flags if f == "-fopenmp"), *map(str, objs),
+                       *map(str, supports), "-o", str(out), *ldflags(cuda=cuda), *link_flags])
         _finish(link, "model.so", w_src)
     return BuildReport(time.perf_counter() - t0, w_seconds, k_seconds, s_seconds, out.stat().st_size)

@@ -1,5 +1,9 @@
 """``load_package(path)``: a kiln package as a Python callable, over the same model.so a C++ program
 loads (ctypes, through its C ABI) and the same memory-mapped weights. Nothing is generated or compiled.
+
+A CUDA package runs on the current CUDA device (or the one asked for): its weights are copied there once,
+its cubins loaded there by model.so (which refuses a GPU of another architecture), and each call runs on
+that device's current stream, as a torch operator would.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ import torch.utils._pytree as pytree
 from ..errors import GuardError
 from .package import DTYPES, PackageError, read_manifest
 
-ABI_VERSION = 1
+ABI_VERSION = 2
+DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType's codes
 
 
 class _Spec:
@@ -41,40 +46,70 @@ def _map_weights(path: Path) -> tuple[mmap.mmap, torch.Tensor, dict[str, Any], i
     return mm, torch.frombuffer(mm, dtype=torch.uint8), header, 8 + n
 
 
+def _device(path: Path, built: str, asked: str | torch.device | None) -> torch.device:
+    """The device a package of device type ``built`` runs on here (``asked``, or the current one)."""
+    dev = torch.device(asked if asked is not None else built)
+    if dev.type != built:
+        raise PackageError(f"kiln package {path}: built for {built}, asked to run on {dev} (package it again with "
+                           f"kiln.package(..., device={dev.type!r}))")
+    if built == "cuda":
+        if not torch.cuda.is_available():
+            raise PackageError(f"kiln package {path}: built for cuda, and this process has no CUDA device "
+                               "(torch.cuda.is_available() is False); package it with device='cpu' to run here")
+        dev = torch.device("cuda", dev.index if dev.index is not None else torch.cuda.current_device())
+    return dev
+
+
 class PackagedModel:
     """A loaded package: ``model(*inputs)`` returns what the exported function returned (same structure)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, device: str | torch.device | None = None) -> None:
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
         m = self.manifest
-        if m["device"] != "cpu":
-            raise PackageError(f"kiln package {self.path}: device {m['device']!r}; this loader runs CPU packages")
+        self.device = _device(self.path, m["device"], device)
         self.inputs = [_Spec(d) for d in m["inputs"]]
         self.outputs = [_Spec(d) for d in m["outputs"]]
         self._out_tree = pytree.treespec_loads(m["output_tree"]) if m.get("output_tree") else None
         self._mm, self._bytes, header, base = _map_weights(self.path / m["weights"])
-        ptr = self._bytes.data_ptr()
-        self._constants = (ctypes.c_void_p * max(len(m["constants"]), 1))(
-            *[ptr + base + header[c["name"]]["data_offsets"][0] for c in m["constants"]])
+        self._held = self._device_constants(m["constants"], header, base)
+        ptrs = [t.data_ptr() for t in self._held] if self._held is not None else [
+            self._bytes.data_ptr() + base + header[c["name"]]["data_offsets"][0] for c in m["constants"]]
+        self._constants = (ctypes.c_void_p * max(len(ptrs), 1))(*ptrs)
         self._lib = ctypes.CDLL(str(self.path / m["library"]), mode=ctypes.RTLD_LOCAL)
         if self._lib.kiln_model_abi_version() != ABI_VERSION:
             raise PackageError(f"kiln package {self.path}: model ABI {self._lib.kiln_model_abi_version()}, "
                                f"this loader calls version {ABI_VERSION}")
         self._err = ctypes.create_string_buffer(2048)
+        self._where = (DEVICE_TYPES[self.device.type], self.device.index if self.device.index is not None else -1)
         self._run = self._lib.kiln_model_run
-        self._run.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_char_p, ctypes.c_size_t]
-        if self._lib.kiln_model_init(self._err, len(self._err)) != 0:
+        self._run.argtypes = [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_char_p, ctypes.c_size_t]
+        init = self._lib.kiln_model_init
+        init.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+        if init(str(self.path).encode(), *self._where, self._err, len(self._err)) != 0:
             raise PackageError(f"kiln package {self.path}: {self._err.value.decode()}")
+
+    def _device_constants(self, specs: list[dict[str, Any]], header: dict[str, Any],
+                          base: int) -> list[torch.Tensor] | None:
+        """CUDA: each constant copied from the mapped weights onto the device (None on CPU: used in place)."""
+        if self.device.type == "cpu":
+            return None
+        out = []
+        for c in specs:
+            s = _Spec(c)
+            lo, hi = header[s.name]["data_offsets"]
+            host = self._bytes[base + lo:base + hi].view(s.dtype).as_strided(s.shape, s.stride)
+            out.append(torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=self.device).copy_(host))
+        return out
 
     def _checked(self, k: int, t: Any) -> torch.Tensor:
         s = self.inputs[k]
         who = f"kiln package {self.path.name}: input {k} ({s.name!r})"
         if not isinstance(t, torch.Tensor):
             raise GuardError(f"{who} must be a tensor, got {type(t).__name__}", input_name=s.name)
-        if t.device.type != "cpu":
-            raise GuardError(f"{who} is on {t.device}, the package runs on cpu", input_name=s.name,
-                             expected="cpu", actual=str(t.device))
+        if t.device != self.device:
+            raise GuardError(f"{who} is on {t.device}, the package runs on {self.device}", input_name=s.name,
+                             expected=str(self.device), actual=str(t.device))
         if t.dtype != s.dtype:
             raise GuardError(f"{who}: expected dtype {s.dtype}, got {t.dtype}", input_name=s.name,
                              expected=s.dtype, actual=t.dtype)
@@ -82,7 +117,7 @@ class PackagedModel:
             raise GuardError(f"{who}: expected shape {list(s.shape)}, got {list(t.shape)} (the package was "
                              "exported for static shapes)", input_name=s.name, expected=s.shape, actual=tuple(t.shape))
         if t.stride() != s.stride and t.numel():
-            t = torch.empty_strided(s.shape, s.stride, dtype=s.dtype).copy_(t)
+            t = torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=self.device).copy_(t)
         return t.detach()
 
     def _check_fixed(self, given: list[Any]) -> None:
@@ -99,11 +134,11 @@ class PackagedModel:
             raise GuardError(f"kiln package {self.path.name}: expected {len(self.inputs)} inputs ({names}), "
                              f"got {len(inputs)}")
         ins = [self._checked(k, t) for k, t in enumerate(inputs)]
-        outs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype) for s in self.outputs]
+        outs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=self.device) for s in self.outputs]
         in_ptrs = (ctypes.c_void_p * max(len(ins), 1))(*[t.data_ptr() for t in ins])
         out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[t.data_ptr() for t in outs])
         err = ctypes.create_string_buffer(1024)  # per call: runs may overlap in threads
-        if self._run(in_ptrs, self._constants, out_ptrs, err, len(err)) != 0:
+        if self._run(*self._where, in_ptrs, self._constants, out_ptrs, err, len(err)) != 0:
             raise RuntimeError(f"kiln package {self.path.name}: {err.value.decode()}")
         return outs
 
@@ -123,5 +158,6 @@ def _fixed_arguments(manifest: dict[str, Any]) -> list[tuple[str, str]]:
     return [(g["input"], g["value"]) for g in manifest.get("guards", []) if g.get("kind") == "constant_argument"]
 
 
-def load_package(path: str | Path) -> PackagedModel:
-    return PackagedModel(path)
+def load_package(path: str | Path, device: str | torch.device | None = None) -> PackagedModel:
+    """``device``: where to run (the package's device type; a CUDA package's default is the current device)."""
+    return PackagedModel(path, device)

@@ -12,9 +12,12 @@
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randint.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/core/InferenceMode.h>
 
+#include <cstdint>
 #include <cstdio>
+#include <stdexcept>
 #include <exception>
 #include <mutex>
 #include <string>
@@ -31,7 +34,11 @@ at::Tensor& T(const Tensor& t) {
   return t.impl() ? *static_cast<at::Tensor*>(t.impl()) : undefined;
 }
 Tensor make(at::Tensor t) { return Tensor(new at::Tensor(std::move(t))); }
-at::TensorOptions opts(int dtype) { return at::TensorOptions().dtype(at::ScalarType(dtype)).device(at::kCPU); }
+c10::Device device(Device d) {
+  return d.type == kDeviceCPU ? c10::Device(c10::kCPU) : c10::Device(c10::DeviceType(d.type), c10::DeviceIndex(d.index));
+}
+at::TensorOptions opts(Device d, int dtype) { return at::TensorOptions().dtype(at::ScalarType(dtype)).device(device(d)); }
+bool misaligned(Device d, const void* p) { return d.type != kDeviceCPU && (reinterpret_cast<uintptr_t>(p) & 15) != 0; }
 at::IntArrayRef ref(Ints v) { return at::IntArrayRef(v.begin(), v.size()); }
 Stack_& S(void* p) { return *static_cast<Stack_*>(p); }
 
@@ -52,19 +59,31 @@ void Tensor::reset() {
 }
 void* Tensor::data() const { return T(*this).data_ptr(); }
 
-Tensor wrap(void* data, Ints size, Ints stride, int dtype) {
-  return make(at::from_blob(data, ref(size), ref(stride), opts(dtype)));
+Tensor wrap(Device dev, void* data, Ints size, Ints stride, int dtype) {
+  at::Tensor t = at::from_blob(data, ref(size), ref(stride), opts(dev, dtype));
+  if (misaligned(dev, data)) {  // triton's kernels were compiled for 16-byte aligned pointers
+    at::Tensor copy = at::empty_strided(ref(size), ref(stride), t.options());
+    copy.copy_(t);
+    return make(copy);
+  }
+  return make(t);
 }
-Tensor empty_strided(Ints size, Ints stride, int dtype) { return make(at::empty_strided(ref(size), ref(stride), opts(dtype))); }
+Tensor wrap_output(Device dev, void* data, Ints size, Ints stride, int dtype) {
+  if (misaligned(dev, data)) throw std::runtime_error("an output buffer is not 16-byte aligned (allocate outputs with ATen)");
+  return make(at::from_blob(data, ref(size), ref(stride), opts(dev, dtype)));
+}
+Tensor empty_strided(Device dev, Ints size, Ints stride, int dtype) {
+  return make(at::empty_strided(ref(size), ref(stride), opts(dev, dtype)));
+}
 Tensor as_strided(const Tensor& t, Ints size, Ints stride, int64_t offset) {
   const at::Tensor& x = T(t);
   return make(x.as_strided(ref(size), ref(stride), x.storage_offset() + offset));
 }
 Tensor reshaped_storage(const Tensor& t, Ints size, Ints stride) { return make(T(t).as_strided(ref(size), ref(stride))); }
 
-Tensor restride(const Tensor& t, Ints size, Ints stride, int dtype) {
+Tensor restride(Device dev, const Tensor& t, Ints size, Ints stride, int dtype) {
   const at::Tensor& x = T(t);
-  if (!x.defined()) return empty_strided(size, stride, dtype);
+  if (!x.defined()) return empty_strided(dev, size, stride, dtype);
   if (x.numel() <= 1) return t;
   bool same = true;
   for (size_t d = 0; d < size.size(); ++d) same = same && (ref(size)[d] == 1 || x.stride(d) == ref(stride)[d]);
@@ -74,10 +93,10 @@ Tensor restride(const Tensor& t, Ints size, Ints stride, int dtype) {
   return make(out);
 }
 
-void copy_into(void* dst, Ints size, Ints stride, int dtype, const Tensor& src) {
-  at::from_blob(dst, ref(size), ref(stride), opts(dtype)).copy_(T(src));
+void copy_into(Device dev, void* dst, Ints size, Ints stride, int dtype, const Tensor& src) {
+  at::from_blob(dst, ref(size), ref(stride), opts(dev, dtype)).copy_(T(src));
 }
-Tensor random_seed() { return make(at::randint(0, int64_t(1) << 62, {1}, opts(kI64))); }
+Tensor random_seed(Device dev) { return make(at::randint(0, int64_t(1) << 62, {1}, opts(dev, kI64))); }
 
 Tensor mm(const Tensor& a, const Tensor& b) { return make(at::mm(T(a), T(b))); }
 Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b) { return make(at::addmm(T(c), T(a), T(b))); }
@@ -146,20 +165,25 @@ int init_ops(const char* const* names, const char* const* overloads, int n, char
     }
     return 0;
   } catch (const std::exception& e) {
-    std::snprintf(err, err_len, "kiln model: %s", e.what());
-    return 1;
+    return report(e.what(), err, err_len);
   }
 }
 
-int run(void (*graph)(void* const*, void* const*, void* const*), void* const* inputs, void* const* constants,
-        void* const* outputs, char* err, size_t err_len) {
+int report(const char* what, char* err, size_t err_len) {
+  std::snprintf(err, err_len, "kiln model: %s", what);
+  return 1;
+}
+
+int run(Graph graph, Device dev, void* const* inputs, void* const* constants, void* const* outputs, char* err,
+        size_t err_len) {
   try {
     c10::InferenceMode guard;
-    graph(inputs, constants, outputs);
+    c10::OptionalDeviceGuard on_device;  // CUDA: the package's device is current (streams, allocations)
+    if (dev.type != kDeviceCPU) on_device.reset_device(device(dev));
+    graph(dev, inputs, constants, outputs);
     return 0;
   } catch (const std::exception& e) {
-    std::snprintf(err, err_len, "kiln model: %s", e.what());
-    return 1;
+    return report(e.what(), err, err_len);
   }
 }
 

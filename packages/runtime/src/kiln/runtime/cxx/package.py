@@ -2,9 +2,11 @@
 
     model.so               the C++ wrapper + kiln's kernels (C ABI: kiln_model_init / kiln_model_run)
     weights.safetensors    the constants (parameters, buffers, tensor constants), memory-mapped at load
+                           (a CUDA package's are copied onto the device once, at load)
+    kernels/*.cubin        CUDA packages: the Triton kernels, compiled for the manifest's ``cuda_arch``
     manifest.json          format, schema version, inputs/outputs/constants, guards as data, what it was
-                           built for, sha256 and size of model.so and the weights
-    src/                   wrapper.cpp and kernels.cpp (for reading, and to rebuild elsewhere)
+                           built for, sha256 and size of model.so, the weights and each cubin
+    src/                   wrapper.cpp and kernels.cpp (CUDA: triton_kernels.py), for reading and rebuilding
 
 The weights file is plain safetensors (8-byte little-endian header length, a JSON header, the data),
 written here: tensors ordered by element size so each starts aligned to its own, no holes.
@@ -27,6 +29,8 @@ from ..errors import ArtifactError
 FORMAT = "kiln-package"
 SCHEMA_VERSION = 1
 MANIFEST, LIBRARY, WEIGHTS = "manifest.json", "model.so", "weights.safetensors"
+KERNELS = "kernels"  # a CUDA package's cubins
+DEVICES = ("cpu", "cuda")
 
 SAFETENSORS_DTYPES: dict[torch.dtype, str] = {
     torch.float32: "F32", torch.float64: "F64", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -82,18 +86,35 @@ def file_record(path: Path) -> dict[str, Any]:
     return {"sha256": h.hexdigest(), "bytes": path.stat().st_size}
 
 
-def built_for(device: str, cxx_flags: Sequence[str]) -> dict[str, Any]:
-    """What the package needs where it runs: this torch (C++ ABI), the device, and for ``-march=native``
-    kernels this machine's CPU instructions."""
+def built_for(device: str, cxx_flags: Sequence[str], cuda: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What the package needs where it runs: this torch (C++ ABI), the device, for ``-march=native``
+    kernels this machine's CPU instructions, and for CUDA the GPU architecture its cubins are for
+    (``cuda``: ``cuda_arch``, the triton that compiled them, ...)."""
     host = current_host()
-    return {"torch": torch.__version__, "device": device, "machine": host.machine, "cxx_flags": list(cxx_flags),
-            "cpu_flags": sorted(host.cpu_flags)}
+    out = {"torch": torch.__version__, "device": device, "machine": host.machine, "cxx_flags": list(cxx_flags)}
+    if "-march=native" in cxx_flags:
+        out["cpu_flags"] = sorted(host.cpu_flags)
+    return {**out, **dict(cuda or {})}
 
 
-def write_manifest(folder: Path, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """manifest.json with the hashes of the library and weights already in ``folder``."""
+def write_cubins(folder: Path, cubins: Mapping[str, bytes]) -> list[str]:
+    """Write a CUDA package's cubins (file name -> binary) under ``kernels/``; their paths in the package.
+    Cubins of an older package written to the same folder are removed."""
+    d = folder / KERNELS
+    d.mkdir(parents=True, exist_ok=True)
+    for old in d.glob("*.cubin"):
+        if old.name not in cubins:
+            old.unlink()
+    for name, data in cubins.items():
+        (d / name).write_bytes(data)
+    return [f"{KERNELS}/{name}" for name in cubins]
+
+
+def write_manifest(folder: Path, fields: Mapping[str, Any], extra_files: Sequence[str] = ()) -> dict[str, Any]:
+    """manifest.json with the hashes of the library, the weights and ``extra_files`` (cubins) already in
+    ``folder``."""
     manifest = {"format": FORMAT, "schema_version": SCHEMA_VERSION, "library": LIBRARY, "weights": WEIGHTS,
-                **fields, "files": {n: file_record(folder / n) for n in (LIBRARY, WEIGHTS)}}
+                **fields, "files": {n: file_record(folder / n) for n in (LIBRARY, WEIGHTS, *extra_files)}}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -113,6 +134,9 @@ def read_manifest(folder: Path, *, verify: bool = True) -> dict[str, Any]:
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise PackageError(f"{where}: manifest schema version {manifest.get('schema_version')}; this kiln reads "
                            f"version {SCHEMA_VERSION} (re-package the model with this kiln)")
+    if manifest.get("device") not in DEVICES:
+        raise PackageError(f"{where}: built for device {manifest.get('device')!r}; this kiln runs packages on "
+                           f"{' or '.join(DEVICES)}")
     built = manifest.get("built_for", {}).get("torch")
     if built != torch.__version__:
         raise PackageError(f"{where}: built for torch {built}, this process runs torch {torch.__version__}")

@@ -1,28 +1,46 @@
-"""The constant parts of a generated C++ wrapper: its one include and the model library's C ABI.
+"""The constant parts of a generated C++ wrapper: its includes and the model library's C ABI.
 
-The wrapper includes no torch header: it calls libtorch through ``kiln/model_support.h`` (kiln.runtime.cxx
-compiles that library's side once per torch release and links it into each model.so), so a package's
-own C++ builds in well under a second.
+The wrapper includes no torch header: it calls libtorch through ``kiln/model_support.h`` (and a CUDA
+package's cubins through ``kiln/model_support_cuda.h``; kiln.runtime.cxx compiles those libraries' side
+once per torch release and links them into each model.so), so a package's own C++ builds in well under
+a second.
 
-The ABI is plain C so that any loader can call it (``kiln/runner.h`` through dlopen, the Python
-loader through ctypes): ``kiln_model_run(inputs, constants, outputs, err, err_len)`` takes the data
-pointers of the inputs and constants, laid out as the manifest says (the caller checked them), and of
-output buffers the caller allocated in the manifest's layouts; it returns 0, or 1 with a message.
+The ABI (version 2) is plain C so that any loader can call it (``kiln/runner.h`` through dlopen, the
+Python loader through ctypes): ``kiln_model_init(package_dir, device_type, device_index, err, err_len)``
+once per device (c10::DeviceType's code: 0 CPU, 1 CUDA; it refuses a device type the library was not
+built for, and on CUDA loads the cubins onto that device); then ``kiln_model_run(device_type,
+device_index, inputs, constants, outputs, err, err_len)`` takes the data pointers of the inputs and
+constants, on that device and laid out as the manifest says (the caller checked them), and of output
+buffers the caller allocated there in the manifest's layouts; each returns 0, or 1 with a message.
 """
 
 from __future__ import annotations
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
-HEAD = """// kiln generated C++ wrapper for graph {name!r}: allocates buffers, calls kiln's C++ kernels and
+HEAD = """// kiln generated C++ wrapper for graph {name!r} ({device}): allocates buffers, calls kiln's kernels and
 // ATen (through kiln/model_support.h) in the planned order. Built into model.so by kiln.package.
 #include <kiln/model_support.h>
-
+{includes}
 #include <limits>
 
 using kiln_rt::Tensor;
 
 """
+
+CUDA_INCLUDE = "#include <kiln/model_support_cuda.h>\n"
+
+# CUDA: the package's cubins (kernels/*.cubin), loaded onto a device by kiln_model_init
+CUDA_PROGRAM = """
+// the package's cubins: file, sha256, symbol, num_warps, shared memory bytes, scratch parameters, global scratch
+static const kiln_rt::cuda::KernelInfo KERNELS[] = {{
+{rows}
+}};
+static kiln_rt::cuda::Program PROGRAM(KERNELS, {n}, {arch});
+
+"""
+
+LOAD_CUDA = "PROGRAM.load(package_dir, device_index, err, err_len)"
 
 ABI = """
 #define KILN_EXPORT extern "C" __attribute__((visibility("default")))
@@ -31,15 +49,24 @@ KILN_EXPORT int kiln_model_abi_version() {{ return {abi}; }}
 
 KILN_EXPORT const char* kiln_model_graph() {{ return {name_c}; }}
 
-// looks up every ATen op the graph calls (a libtorch without one fails here, not mid-run)
-KILN_EXPORT int kiln_model_init(char* err, unsigned long err_len) {{
+KILN_EXPORT const char* kiln_model_device() {{ return "{device}"; }}
+
+// looks up every ATen op the graph calls (a libtorch without one fails here, not mid-run); CUDA: loads
+// the package's cubins onto the device
+KILN_EXPORT int kiln_model_init(const char* package_dir, int device_type, int device_index, char* err,
+                                unsigned long err_len) {{
+  (void)package_dir; (void)device_index;
+  if (device_type != {device_type})
+    return kiln_rt::report("this model.so was built for {device}, asked to run on another device type", err, err_len);
   static const char* const names[] = {{{names}}};
   static const char* const overloads[] = {{{overloads}}};
-  return kiln_rt::init_ops(names, overloads, {n_ops}, err, err_len);
+  int rc = kiln_rt::init_ops(names, overloads, {n_ops}, err, err_len);
+  return rc != 0 ? rc : {load};
 }}
 
-KILN_EXPORT int kiln_model_run(void* const* inputs, void* const* constants, void* const* outputs, char* err,
-                               unsigned long err_len) {{
-  return kiln_rt::run(run_graph, inputs, constants, outputs, err, err_len);
+KILN_EXPORT int kiln_model_run(int device_type, int device_index, void* const* inputs, void* const* constants,
+                               void* const* outputs, char* err, unsigned long err_len) {{
+  return kiln_rt::run(run_graph, kiln_rt::Device{{device_type, device_index}}, inputs, constants, outputs, err,
+                      err_len);
 }}
 """

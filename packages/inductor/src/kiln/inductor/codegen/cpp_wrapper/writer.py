@@ -14,12 +14,23 @@ with exactly that layout is computed there directly (no copy), others are copied
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
-from ...ir import ConstArg, ExternKernel, Kernel, Layout, LoopProgram, ScheduledProgram, TensorRef
+from ...ir import (
+    ConstArg,
+    ExternKernel,
+    Kernel,
+    Layout,
+    LoopProgram,
+    ScheduledProgram,
+    TensorRef,
+    work_buffers,
+)
 from ..cpp.kernel import kernel_params
+from ..triton.cubins import Cubin, CubinSite
 from .aten_calls import (
     CppWrapperUnsupported,
     boxed_arguments,
@@ -28,7 +39,7 @@ from .aten_calls import (
     schema_name,
     typed_call,
 )
-from .prelude import ABI, ABI_VERSION, HEAD
+from .prelude import ABI, ABI_VERSION, CUDA_INCLUDE, CUDA_PROGRAM, HEAD, LOAD_CUDA
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,16 +80,34 @@ def output_layout(o: TensorRef) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return shape, stride if dense_stride(shape, stride) else contiguous_stride(shape)
 
 
+@dataclass(frozen=True)
+class CudaKernels:
+    """A CUDA program's Triton kernels as cubins (codegen/triton/cubins.py): each scheduled kernel's launches."""
+
+    cubins: Sequence[Cubin]
+    sites: Mapping[str, Sequence[CubinSite]]  # scheduled kernel name -> its generated kernels' launches
+    arch: int
+    folder: str = "kernels"  # where the package keeps the cubins
+
+
 class CppWrapperWriter:
-    def __init__(self, s: ScheduledProgram, symbols: dict[str, str], slots: dict[int, Slot]) -> None:
+    def __init__(self, s: ScheduledProgram, symbols: dict[str, str], slots: dict[int, Slot],
+                 cuda: CudaKernels | None = None) -> None:
         p = s.program
         assert isinstance(p, LoopProgram)
-        self.s, self.p, self.symbols, self.slots = s, p, symbols, slots
+        self.s, self.p, self.symbols, self.slots, self.cuda = s, p, symbols, slots, cuda
         self.layouts = p.layouts()
         self.lines: list[str] = []
         self.declared: set[str] = set()
         self.ops: list[tuple[str, str]] = []  # dispatcher (name, overload) per kiln_rt::init_ops index
         self.direct = self._direct_outputs()
+        self.raw: set[str] = set()  # constants only kernels read: their data pointer, no at::Tensor per call
+
+    def _tensor_users(self) -> set[str]:
+        """Buffers some step needs as an at::Tensor: an extern's arguments, a program output, a reused block."""
+        used = {b for st in self.s.steps if not isinstance(st.work, Kernel) for b in work_buffers(st.work)}
+        used |= {o.buffer for o in self.p.outputs if isinstance(o, TensorRef)}
+        return used | {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
 
     def _direct_outputs(self) -> dict[str, int]:
         """Program outputs that a step allocates fresh in exactly the caller's layout: buffer -> output index."""
@@ -116,39 +145,53 @@ class CppWrapperWriter:
         return self.ops.index(key)
 
     def inputs(self) -> None:
+        users = self._tensor_users()
         for b in sorted(self.p.inputs, key=lambda b: b.position):
             slot = self.slots.get(b.position)
             if slot is None:
                 raise CppWrapperUnsupported(f"program input {b.position} ({b.name}) has no source")
+            if slot.kind == "constant" and b.name not in users:  # (the runners allocate constants aligned)
+                self.raw.add(b.name)
+                self.lines.append(f"  void* const {b.name} = constants[{slot.index}];  // constant {slot.index}")
+                continue
             src = "inputs" if slot.kind == "input" else "constants"
             lay = b.layout
-            self.assign(b.name, f"kiln_rt::wrap({src}[{slot.index}], {_ints(lay.shape)}, {_ints(lay.stride)}, "
+            self.assign(b.name, f"kiln_rt::wrap(dev, {src}[{slot.index}], {_ints(lay.shape)}, {_ints(lay.stride)}, "
                                 f"{scalar_type(lay.dtype)})", f"{slot.kind} {slot.index}")
 
     def alloc(self, buffer: str, layout: Layout, reuse: str | None) -> None:
         shape, stride = _ints(layout.shape), _ints(layout.stride)
         if buffer in self.direct:
             k = self.direct[buffer]
-            self.assign(buffer, f"kiln_rt::wrap(outputs[{k}], {shape}, {stride}, {scalar_type(layout.dtype)})",
+            self.assign(buffer, f"kiln_rt::wrap_output(dev, outputs[{k}], {shape}, {stride}, {scalar_type(layout.dtype)})",
                         f"output {k}, computed in place")
         elif reuse and self.layouts[reuse] == layout:
             self.assign(buffer, reuse, f"reuse: {buffer} is {reuse}")
         elif reuse:
             self.assign(buffer, f"kiln_rt::reshaped_storage({reuse}, {shape}, {stride})", "reuse")
         else:
-            self.assign(buffer, f"kiln_rt::empty_strided({shape}, {stride}, {scalar_type(layout.dtype)})")
+            self.assign(buffer, f"kiln_rt::empty_strided(dev, {shape}, {stride}, {scalar_type(layout.dtype)})")
 
     def kernel(self, k: Kernel) -> None:
+        if self.cuda is not None:
+            for site in self.cuda.sites.get(k.name, ()):
+                gx, gy, gz = site.grid
+                args = ", ".join(self.pointer(b) for b in site.pointer_args)
+                self.lines.append(f"  launch({site.cubin}, {gx}, {gy}, {gz}, {{{args}}});  // {site.kernel}")
+            return
         ins, outs = kernel_params(k)
-        args = ", ".join(f"{b}.data()" for b in (*ins, *outs))
+        args = ", ".join(self.pointer(b) for b in (*ins, *outs))
         self.lines.append(f"  {self.symbols[k.name]}({args});")
+
+    def pointer(self, buffer: str) -> str:
+        return buffer if buffer in self.raw else f"{buffer}.data()"
 
     def extern(self, e: ExternKernel) -> None:
         typed = typed_call(e, self.ref)
         if typed is not None and len(e.outputs) == 1 and not e.outputs[0].path:
             o = e.outputs[0]
             lay = o.layout
-            self.assign(o.buffer, f"kiln_rt::restride({typed}, {_ints(lay.shape)}, {_ints(lay.stride)}, "
+            self.assign(o.buffer, f"kiln_rt::restride(dev, {typed}, {_ints(lay.shape)}, {_ints(lay.stride)}, "
                                   f"{scalar_type(lay.dtype)})", f"{e.kind} {e.target}")
             return
         k = self.op_index(e.target)
@@ -169,7 +212,7 @@ class CppWrapperWriter:
                 raise CppWrapperUnsupported(f"{e.target}: output path {o.path} is nested too deep")
             src = f"s.out_item({first}, {path[0]})" if path else f"s.out({first})"
             lay = o.layout
-            self.lines.append(f"    {o.buffer} = kiln_rt::restride({src}, {_ints(lay.shape)}, {_ints(lay.stride)}, "
+            self.lines.append(f"    {o.buffer} = kiln_rt::restride(dev, {src}, {_ints(lay.shape)}, {_ints(lay.stride)}, "
                               f"{scalar_type(lay.dtype)});")
         self.lines.append("  }")
 
@@ -185,14 +228,14 @@ class CppWrapperWriter:
             if self.direct.get(o.buffer) == k:
                 continue
             shape, stride = output_layout(o)
-            self.lines.append(f"  kiln_rt::copy_into(outputs[{k}], {_ints(shape)}, {_ints(stride)}, "
+            self.lines.append(f"  kiln_rt::copy_into(dev, outputs[{k}], {_ints(shape)}, {_ints(stride)}, "
                               f"{scalar_type(o.dtype)}, {self.ref(o)});")
 
     def body(self) -> None:
         reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
         self.inputs()
         if self.p.seed_buffer:
-            self.assign(self.p.seed_buffer, "kiln_rt::random_seed()")
+            self.assign(self.p.seed_buffer, "kiln_rt::random_seed(dev)")
         for st in self.s.steps:
             for a in st.allocate:
                 self.alloc(a.buffer, a.layout, a.reuse)
@@ -203,25 +246,45 @@ class CppWrapperWriter:
             self.free([b for b in st.free if b not in reused])
         self.outputs()
 
-    def write(self) -> str:
-        self.body()
+    def declarations(self) -> str:
+        """CPU: the kernels' C symbols; CUDA: the cubin table and its ``Program``."""
+        if self.cuda is not None:
+            rows = [f"    {{{json.dumps(f'{self.cuda.folder}/{c.file_name}')}, {json.dumps(c.sha256)}, "
+                    f"{json.dumps(c.launch.symbol)}, {c.launch.num_warps}, {c.launch.shared_bytes}, "
+                    f"{c.launch.scratch_params}, {c.launch.global_scratch_bytes}}},  // {c.function}"
+                    for c in self.cuda.cubins]
+            if not rows:
+                return f"static kiln_rt::cuda::Program PROGRAM(nullptr, 0, {self.cuda.arch});\n\n"
+            return CUDA_PROGRAM.format(rows="\n".join(rows), n=len(rows), arch=self.cuda.arch)
         kernels = self.s.kernels()
         decls = []
         for sym in dict.fromkeys(self.symbols[k.name] for k in kernels):
             k = next(k for k in kernels if self.symbols[k.name] == sym)
             n = sum(len(x) for x in kernel_params(k))
             decls.append(f'extern "C" void {sym}({", ".join(["void*"] * n)});')
-        head = HEAD.format(name=self.p.name)
-        fn = ["static void run_graph(void* const* inputs, void* const* constants, void* const* outputs) {",
-              "  (void)inputs; (void)constants; (void)outputs;", *self.lines, "}"]
-        abi = ABI.format(abi=ABI_VERSION, name_c=json.dumps(self.p.name), n_ops=len(self.ops),
+        return "\n".join(decls) + "\n\n"
+
+    def write(self) -> str:
+        self.body()
+        device = "cuda" if self.cuda is not None else "cpu"
+        head = HEAD.format(name=self.p.name, device=device, includes=CUDA_INCLUDE if self.cuda is not None else "")
+        fn = ["static void run_graph(kiln_rt::Device dev, void* const* inputs, void* const* constants, "
+              "void* const* outputs) {",
+              "  (void)dev; (void)inputs; (void)constants; (void)outputs;"]
+        if self.cuda is not None:  # this call's stream and the device's kernels
+            fn.append("  const kiln_rt::cuda::Launcher launch = PROGRAM.launcher(dev.index);")
+        fn += [*self.lines, "}"]
+        abi = ABI.format(abi=ABI_VERSION, name_c=json.dumps(self.p.name), n_ops=len(self.ops), device=device,
+                         device_type=1 if self.cuda is not None else 0,
+                         load=LOAD_CUDA if self.cuda is not None else "0",
                          names=", ".join(json.dumps(n) for n, _ in self.ops) or "nullptr",
                          overloads=", ".join(json.dumps(o) for _, o in self.ops) or "nullptr")
-        return head + "\n".join(decls) + "\n\n" + "\n".join(fn) + "\n" + abi
+        return head + self.declarations() + "\n".join(fn) + "\n" + abi
 
 
-def cpp_wrapper_source(s: ScheduledProgram, symbols: dict[str, str], slots: dict[int, Slot]) -> str:
-    return CppWrapperWriter(s, symbols, slots).write()
+def cpp_wrapper_source(s: ScheduledProgram, symbols: dict[str, str], slots: dict[int, Slot],
+                       cuda: CudaKernels | None = None) -> str:
+    return CppWrapperWriter(s, symbols, slots, cuda).write()
 
 
 def output_specs(p: LoopProgram) -> list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]:

@@ -132,13 +132,14 @@ class TritonBackend:
         self.cfg = cfg
         self.pool = pool  # the Triton compile pool its kernels compile on (compile_pool.py)
 
-    def compile(self, scheduled: ScheduledProgram, layouts: dict[str, Layout],
-                options: InductorOptions, tuning: TuningSession | None = None) -> CompiledKernels:
+    def generate(self, scheduled: ScheduledProgram, layouts: dict[str, Layout], options: InductorOptions,
+                 tuning: TuningSession | None = None) -> tuple[list[TritonKernel], list[tuple[str, int, int]]]:
+        """The final Triton kernels of ``scheduled`` (tuned with max-autotune's session when there is one,
+        identical ones sharing a function), and each scheduled kernel's span of them ``(name, start, end)``."""
         if self.device == "cpu" and not interpreter_enabled():
             raise TritonBackendError(
                 "cpu_backend='triton' runs Triton kernels on CPU tensors through the Triton interpreter: set "
                 "TRITON_INTERPRET=1 in the environment (before the first compile), or use cpu_backend='cpp'")
-        t0 = time.perf_counter()
         kernels = scheduled.kernels()
         hints = getattr(scheduled.program, "hints", None)  # symbolic sizes' example values (block sizes)
         generated: list[TritonKernel] = []
@@ -155,13 +156,19 @@ class TritonBackend:
         elif options.max_autotune and generated:
             log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the "
                                    "interpreter): kernels keep their heuristic configurations")
-        # launch lines only now: a tuned XBLOCK changes the grid (it was written from the heuristic
+        # launch lines only after this: a tuned XBLOCK changes the grid (it was written from the heuristic
         # config before, so a tuned kernel ran on too few or too many programs: wrong results).
-        # One line each (the wrapper indents it); an empty iteration space launches nothing.
         generated, shared = share_identical_kernels(generated)
         if shared:
             log("perf_hints").info("triton: %d of %d kernels launch an identical kernel's function (compiled once)",
                                    shared, len(generated))
+        return generated, spans
+
+    def compile(self, scheduled: ScheduledProgram, layouts: dict[str, Layout],
+                options: InductorOptions, tuning: TuningSession | None = None) -> CompiledKernels:
+        t0 = time.perf_counter()
+        generated, spans = self.generate(scheduled, layouts, options, tuning)
+        # One launch line each (the wrapper indents it); an empty iteration space launches nothing.
         # the final kernels start compiling now, in worker processes, while the compile goes on
         pending = compile_ahead(generated, layouts, self.device, pool=self.pool) if generated else None
         launches = {name: "; ".join(_launch_line(g) for g in generated[a:b]) for name, a, b in spans}

@@ -11,6 +11,14 @@ namespace kiln_rt {
 
 using Ints = std::initializer_list<int64_t>;
 
+// Where a program's tensors live: c10::DeviceType's code (kDeviceCPU, kDeviceCUDA) and the device index.
+struct Device {
+  int type;
+  int index;
+};
+constexpr int kDeviceCPU = 0;
+constexpr int kDeviceCUDA = 1;
+
 // dtype codes: c10::ScalarType's values (stable across torch releases)
 enum Dtype : int { kU8 = 0, kI8 = 1, kI16 = 2, kI32 = 3, kI64 = 4, kF16 = 5, kF32 = 6, kF64 = 7, kC64 = 9, kC128 = 10,
                    kBool = 11, kBF16 = 15 };
@@ -33,13 +41,16 @@ class Tensor {
   void* p_ = nullptr;
 };
 
-Tensor wrap(void* data, Ints size, Ints stride, int dtype);  // caller memory, not owned
-Tensor empty_strided(Ints size, Ints stride, int dtype);
+// caller memory, not owned; on CUDA an input not 16-byte aligned (as triton's kernels assume) is copied
+Tensor wrap(Device dev, void* data, Ints size, Ints stride, int dtype);
+// an output buffer the caller allocated (computed in place): on CUDA it must be 16-byte aligned
+Tensor wrap_output(Device dev, void* data, Ints size, Ints stride, int dtype);
+Tensor empty_strided(Device dev, Ints size, Ints stride, int dtype);
 Tensor as_strided(const Tensor& t, Ints size, Ints stride, int64_t offset);  // offset added to t's own
 Tensor reshaped_storage(const Tensor& t, Ints size, Ints stride);  // t's memory (and offset) in another layout
-Tensor restride(const Tensor& t, Ints size, Ints stride, int dtype);  // ATen's result in the planned strides
-void copy_into(void* dst, Ints size, Ints stride, int dtype, const Tensor& src);
-Tensor random_seed();  // int64[1] in [0, 2^62)
+Tensor restride(Device dev, const Tensor& t, Ints size, Ints stride, int dtype);  // ATen's result, planned strides
+void copy_into(Device dev, void* dst, Ints size, Ints stride, int dtype, const Tensor& src);
+Tensor random_seed(Device dev);  // int64[1] in [0, 2^62)
 
 Tensor mm(const Tensor& a, const Tensor& b);
 Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b);
@@ -80,8 +91,11 @@ class Stack {
 
 // Look up the graph's ATen ops by (name, overload) into the table Stack::call indexes.
 int init_ops(const char* const* names, const char* const* overloads, int n, char* err, size_t err_len);
-// Run ``graph`` in inference mode; 0, or 1 with the exception's message in ``err``.
-int run(void (*graph)(void* const*, void* const*, void* const*), void* const* inputs, void* const* constants,
-        void* const* outputs, char* err, size_t err_len);
+// Run ``graph`` in inference mode on ``dev`` (its device current); 0, or 1 with the exception's message in ``err``.
+using Graph = void (*)(Device, void* const*, void* const*, void* const*);
+int run(Graph graph, Device dev, void* const* inputs, void* const* constants, void* const* outputs, char* err,
+        size_t err_len);
+// Write the current exception's message into ``err`` (inside a catch block); returns 1.
+int report(const char* what, char* err, size_t err_len);
 
 }  // namespace kiln_rt

@@ -1,20 +1,27 @@
 // kiln::Runner: load a package written by kiln.package and run it from C++ with libtorch alone.
 //
-//   kiln::Runner runner("model_pkg", c10::kCPU);
+//   kiln::Runner runner("model_pkg");       // on the manifest's device (CUDA: the current one), or
+//   kiln::Runner runner("model_pkg", c10::Device("cuda:1"));
 //   std::vector<at::Tensor> outputs = runner.run({x});
 //
 // Build: g++ main.cpp $(python -m kiln.runtime.cxx --cflags --ldflags) -o main
-// Header-only. The constructor reads manifest.json, checks its format and schema version, the torch
-// version and device the package was built for, and the sha256 and size of model.so and of the
-// weights; then it dlopens model.so and memory-maps the weights (safetensors). run() checks each
-// input's dtype, shape and device against the manifest. Every failure is a std::runtime_error whose
-// message names the package and what is wrong.
+//        (CUDA packages: python -m kiln.runtime.cxx --cuda --cflags --ldflags)
+// Header-only, and no CUDA header: everything CUDA happens inside a CUDA package's model.so. The
+// constructor reads manifest.json, checks its format and schema version, the torch version and device
+// the package was built for (a CUDA package refuses a CPU device and vice versa; model.so refuses a GPU
+// of another architecture than its cubins'), and the sha256 and size of model.so, the weights and each
+// cubin; then it dlopens model.so and memory-maps the weights (safetensors; a CUDA package's are copied
+// onto the device once). run() checks each input's dtype, shape and device against the manifest; on CUDA
+// it runs on the device's current stream. Every failure is a std::runtime_error whose message names
+// the package and what is wrong.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
 #include <c10/core/Device.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/version.h>
 
 #include <dlfcn.h>
@@ -26,6 +33,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -37,7 +45,7 @@
 namespace kiln {
 
 constexpr int kPackageSchemaVersion = 1;
-constexpr int kModelAbiVersion = 1;
+constexpr int kModelAbiVersion = 2;
 
 struct TensorSpec {
   std::string name;
@@ -135,20 +143,19 @@ inline TensorSpec spec_of(const Json& j) {
 
 class Runner {
  public:
-  Runner(const std::string& package_path, c10::Device device = c10::kCPU) : path_(package_path) {
-    try {
-      load(device);
-    } catch (const std::exception& e) {
-      close();
-      throw std::runtime_error("kiln::Runner: package " + path_ + ": " + e.what());
-    }
-  }
+  // on the device the package was built for (a CUDA package: the current CUDA device)
+  explicit Runner(const std::string& package_path) : Runner(package_path, std::nullopt) {}
+  // on ``device``: it must be of the package's device type
+  Runner(const std::string& package_path, c10::Device device)
+      : Runner(package_path, std::optional<c10::Device>(device)) {}
   ~Runner() { close(); }
   Runner(const Runner&) = delete;
   Runner& operator=(const Runner&) = delete;
 
   const std::vector<TensorSpec>& input_specs() const { return inputs_; }
   const std::vector<TensorSpec>& output_specs() const { return outputs_; }
+  // where it runs: the device asked for, a CUDA one with its index (the current device's when none was given)
+  c10::Device device() const { return device_; }
 
   // Safe to call from several threads at once (each call allocates its own buffers).
   std::vector<at::Tensor> run(const std::vector<at::Tensor>& inputs) {
@@ -165,21 +172,31 @@ class Runner {
       out.push_back(outs.back().data_ptr());
     }
     char err[2048] = {0};
-    if (run_(in.data(), constants_.data(), out.data(), err, sizeof(err)) != 0)
+    if (run_(int(device_.type()), device_.index(), in.data(), constants_.data(), out.data(), err, sizeof(err)) != 0)
       throw std::runtime_error(std::string("kiln::Runner::run: ") + err);
     return outs;
   }
 
  private:
-  using InitFn = int (*)(char*, size_t);
-  using RunFn = int (*)(void* const*, void* const*, void* const*, char*, size_t);
+  using InitFn = int (*)(const char*, int, int, char*, size_t);
+  using RunFn = int (*)(int, int, void* const*, void* const*, void* const*, char*, size_t);
   std::string path_;
   c10::Device device_ = c10::kCPU;
   std::vector<TensorSpec> inputs_, outputs_;
   std::vector<void*> constants_;
+  std::vector<at::Tensor> device_constants_;  // a CUDA package's weights, copied onto its device
   std::unique_ptr<detail::MappedFile> weights_;
   void* lib_ = nullptr;
   RunFn run_ = nullptr;
+
+  Runner(const std::string& package_path, std::optional<c10::Device> device) : path_(package_path) {
+    try {
+      load(device);
+    } catch (const std::exception& e) {
+      close();
+      throw std::runtime_error("kiln::Runner: package " + path_ + ": " + e.what());
+    }
+  }
 
   std::string input_names() const {
     std::string s;
@@ -214,10 +231,27 @@ class Runner {
       throw std::runtime_error(name + " does not match its sha256 in the manifest (corrupt or replaced)");
   }
 
-  void load(c10::Device device) {
-    if (device.type() != c10::DeviceType::CPU)
-      throw std::runtime_error("only CPU packages are supported by this runner (asked for " + device.str() + ")");
-    device_ = device;
+  // The device a package of device type ``built`` runs on: ``asked``, a CUDA one with its index filled in
+  static c10::Device resolve(const std::string& built, c10::Device asked) {
+    if (built != "cpu" && built != "cuda")
+      throw std::runtime_error("built for device '" + built + "'; this runner runs cpu and cuda packages");
+    if (c10::Device(built).type() != asked.type())
+      throw std::runtime_error("built for " + built + ", asked to run on " + asked.str() +
+                               " (package it again with kiln.package(..., device='" +
+                               c10::DeviceTypeName(asked.type(), true) + "'))");
+    if (asked.is_cpu()) return asked;
+    // the current CUDA device (no CUDA header: through c10's device guard registry)
+    if (!c10::impl::hasDeviceGuardImpl(asked.type()))
+      throw std::runtime_error("built for cuda, and this program has no CUDA support loaded (link it with "
+                               "python -m kiln.runtime.cxx --cuda --ldflags)");
+    const c10::impl::DeviceGuardImplInterface* impl = c10::impl::getDeviceGuardImpl(asked.type());
+    if (asked.has_index()) return asked;
+    if (impl->deviceCount() == 0)  // (no driver, or no GPU: reported as none, not thrown)
+      throw std::runtime_error("built for cuda, and this machine has no CUDA device (or no NVIDIA driver)");
+    return impl->getDevice();
+  }
+
+  void load(std::optional<c10::Device> device) {
     detail::Json m;
     try {
       m = detail::parse_json(detail::read_text(path_ + "/manifest.json"));
@@ -234,9 +268,14 @@ class Runner {
     // torch/version.h spells the release without the wheel's local tag ("2.15.0", not "2.15.0+cu132")
     if (built.substr(0, built.find('+')) != TORCH_VERSION)
       throw std::runtime_error("built for torch " + built + ", this program links torch " + TORCH_VERSION);
-    const std::string dev = m.at("device").str();
-    if (dev != device.str() && !(dev == "cpu" && device.is_cpu()))
-      throw std::runtime_error("built for device " + dev + ", asked for " + device.str());
+    const detail::Json& files = m.at("files");
+    for (const auto& [name, rec] : files.fields)  // cubins: model.so reads them; checked here like the rest
+      if (name != m.at("weights").str() && name != m.at("library").str()) {
+        detail::MappedFile f(path_ + "/" + name);
+        verify(files, name, f.data(), f.size());
+      }
+    const std::string built_on = m.at("device").str();
+    device_ = resolve(built_on, device ? *device : c10::Device(built_on == "cuda" ? c10::kCUDA : c10::kCPU));
     if (m.at("built_for").has("cpu_flags")) {
       std::string missing = detail::missing_cpu_flags(m.at("built_for").at("cpu_flags"));
       if (!missing.empty())
@@ -245,7 +284,8 @@ class Runner {
     }
     for (const auto& j : m.at("inputs").array()) inputs_.push_back(detail::spec_of(j));
     for (const auto& j : m.at("outputs").array()) outputs_.push_back(detail::spec_of(j));
-    const detail::Json& files = m.at("files");
+    c10::OptionalDeviceGuard on_device;
+    if (!device_.is_cpu()) on_device.reset_device(device_);
     load_weights(m, files);
     load_library(m, files);
   }
@@ -266,7 +306,17 @@ class Runner {
       std::vector<int64_t> off = header.at(cname).at("data_offsets").ints();
       if (off.size() != 2 || off[0] < 0 || off[1] < off[0] || size_t(off[1]) > avail)
         throw std::runtime_error(name + ": tensor '" + cname + "' lies outside the file");
-      constants_.push_back(base + off[0]);
+      if (device_.is_cpu()) {
+        constants_.push_back(base + off[0]);
+        continue;
+      }
+      const TensorSpec spec = detail::spec_of(c);
+      at::Tensor host = at::from_blob(base + off[0], spec.shape, spec.stride, at::TensorOptions().dtype(spec.dtype));
+      if (int64_t(host.nbytes()) != off[1] - off[0])
+        throw std::runtime_error(name + ": tensor '" + cname + "' does not have the manifest's size");
+      device_constants_.push_back(at::empty_strided(spec.shape, spec.stride, host.options().device(device_)));
+      device_constants_.back().copy_(host);
+      constants_.push_back(device_constants_.back().data_ptr());
     }
   }
 
@@ -287,7 +337,7 @@ class Runner {
       throw std::runtime_error(name + " has model ABI version " + std::to_string(abi()) + ", this runner calls version " +
                                std::to_string(kModelAbiVersion));
     char err[2048] = {0};
-    if (init(err, sizeof(err)) != 0) throw std::runtime_error(err);
+    if (init(path_.c_str(), int(device_.type()), device_.index(), err, sizeof(err)) != 0) throw std::runtime_error(err);
   }
 
   // model.so stays loaded: OpenMP's worker threads and ATen's registries may still point into it
