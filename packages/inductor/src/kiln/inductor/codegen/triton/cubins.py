@@ -27,11 +27,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...compile_pool import PROCESS_POOL, TritonJob
+from ...compile_worker import compile_kernel
 from ...ir import Layout
 from ...knobs import triton_interpret
 from .ahead import launch_constants
-from .compile_pool import TritonJob, submit
-from .compile_worker import compile_kernel
 from .kernel import TritonKernel
 from .wrapper import load_triton_module, module_source
 
@@ -205,7 +205,7 @@ def compile_cubins(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout
         job = _job(k, layouts, path, name)
         jobs.setdefault(job, len(jobs))
         sites.append((k, job))
-    batch = submit(list(jobs), target, f"a package's {len(jobs)} cubins for sm_{arch}")
+    batch = PROCESS_POOL.submit(list(jobs), target, f"a package's {len(jobs)} cubins for sm_{arch}")
     if batch is not None:  # the pool fills triton's cache; each is read back below
         batch.wait()
     cubins = [_cubin(job, target) for job in jobs]
