@@ -29,8 +29,8 @@ from kiln.graph import (
 from .buckets import bucket_sizes
 from .codegen.triton.ahead import warm_compile_pool
 from .codegen.wrapper import REQUIRES
-from .constants import WithConstants, constants_epilogue, lift_constants
 from .dynamic import GuardWatch, shape_env_of
+from .graph_passes.lift_constants import WithConstants, constants_epilogue, lift_constants
 from .ir import DynamicShapeUnsupported, TensorRef, is_static
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions

@@ -20,18 +20,23 @@ from .codegen.triton.backend import TritonBackend, kernel_problems
 from .codegen.triton.kernel import generate_kernels as generate_triton_kernels
 from .codegen.wrapper import wrapper_source
 from .dynamic import GuardWatch
-from .gemv import rewrite_gemv
+from .graph_passes.conv_layout import (
+    decide,
+    output_strides,
+    restore_output_strides,
+    to_channels_last,
+)
+from .graph_passes.gemv_as_reduction import rewrite_gemv
+from .graph_passes.pad_matmuls import pad_misaligned_matmuls
+from .graph_passes.reinplace import reinplace_input_mutations
+from .graph_passes.stems import pad_stem_channels, rewrite_patch_convs
 from .ir import LoopProgram, ScheduledProgram, verify_program, verify_schedule
-from .layout import decide, output_strides, restore_output_strides, to_channels_last
 from .lowering.lower import lower_graph
 from .mm_templates import count_matmul_sites, select_templates
 from .options import InductorOptions
-from .padmm import pad_misaligned_matmuls
-from .reinplace import reinplace_input_mutations
 from .scheduler import eliminate_dead_code, schedule
 from .scheduler.inplace import plan_inplace_reuse, plan_inplace_updates
 from .split_reductions import split_reductions
-from .stems import pad_stem_channels, rewrite_patch_convs
 
 
 @dataclass
@@ -92,7 +97,7 @@ def decompose(s: CompileState) -> CompileState:
 
 
 def conv_layout(s: CompileState) -> CompileState:
-    """Convolution graphs go channels-last when ``options.conv_layout`` says so (layout.py)."""
+    """Convolution graphs go channels-last when ``options.conv_layout`` says so (graph_passes/conv_layout.py)."""
     decision = decide(s.gm, s.example_inputs, s.options.conv_layout)
     if decision.channels_last:
         to_channels_last(s.gm, s.example_inputs, s.traced_output_strides)
@@ -114,27 +119,27 @@ def _fx_rewrite(s: CompileState, enabled: bool, rewrite: Callable[[fx.GraphModul
 
 
 def patch_convs(s: CompileState) -> CompileState:
-    """Patch-embedding stems on CUDA become matrix products (stems.py says why)."""
+    """Patch-embedding stems on CUDA become matrix products (graph_passes/stems.py says why)."""
     return _fx_rewrite(s, s.options.rewrite_stems, rewrite_patch_convs)
 
 
 def pad_stems(s: CompileState) -> CompileState:
-    """Channels-last half-precision stems on CUDA get 8 zero-padded channels (stems.py says why)."""
+    """Channels-last half-precision stems on CUDA get 8 zero-padded channels (graph_passes/stems.py says why)."""
     return _fx_rewrite(s, s.options.rewrite_stems, pad_stem_channels)
 
 
 def small_matmuls(s: CompileState) -> CompileState:
-    """One-row matmuls become fused reductions on the Triton backend (gemv.py says why)."""
+    """One-row matmuls become fused reductions on the Triton backend (graph_passes/gemv_as_reduction.py says why)."""
     return _fx_rewrite(s, s.options.gemv_as_reduction and isinstance(backend_for(s), TritonBackend), rewrite_gemv)
 
 
 def pad_matmuls(s: CompileState) -> CompileState:
-    """Large CUDA matmuls with a misaligned M, N or K run on zero-padded operands (padmm.py says why)."""
+    """Large CUDA matmuls with a misaligned M, N or K run on zero-padded operands (graph_passes/pad_matmuls.py says why)."""
     return _fx_rewrite(s, s.options.pad_matmuls, pad_misaligned_matmuls)
 
 
 def reinplace(s: CompileState) -> CompileState:
-    """Inputs the graph mutates by index_put are updated in place (reinplace.py)."""
+    """Inputs the graph mutates by index_put are updated in place (graph_passes/reinplace.py)."""
     if s.options.reinplace_mutations:
         reinplace_input_mutations(s.gm)
     return s

@@ -14,6 +14,7 @@ from typing import Any
 import sympy
 import torch
 
+from ..graph_passes.pad_matmuls import MM_PADDED_SOURCE
 from ..ir import (
     Arg,
     ConstArg,
@@ -26,7 +27,6 @@ from ..ir import (
     TensorRef,
     work_buffers,
 )
-from ..padmm import MM_PADDED_SOURCE
 from ..scheduler.arena import CONVOLUTION, OUT_FORMS, ArenaPlan, plan_arena
 from .common import CompiledKernels
 from .triton.printer import python_index

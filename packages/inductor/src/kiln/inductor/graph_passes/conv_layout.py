@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from kiln.graph import annotations_of, autocast_off, log, target_name
 
-from .ir import is_dense
+from ..ir import is_dense
 
 aten = torch.ops.aten
 CONV = aten.convolution.default

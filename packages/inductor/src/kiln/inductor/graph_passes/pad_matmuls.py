@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .fx_rewrite import node_val, replace_nodes
+from .rewrite import node_val, replace_nodes
 
 aten = torch.ops.aten
 
@@ -42,7 +42,7 @@ _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, at
 # runs with torch alone, without this package registering the op.
 MM_PADDED_SOURCE = '''
 def _mm_padded(bias, a, b, m, block, out=None):
-    """kiln_inductor::mm_padded (kiln.inductor padmm.py): ``addmm(bias, a, b)[:m]`` in a new contiguous
+    """kiln_inductor::mm_padded (kiln.inductor graph_passes/pad_matmuls.py): ``addmm(bias, a, b)[:m]`` in a new contiguous
     tensor, with no memory beyond it. cuBLAS is fast only on aligned widths, which the result's odd
     row length is not. So the first ``m - tail`` rows are computed ``block`` (aligned) columns at a
     time into a workspace carved out of the result's own last ``tail`` rows (not written yet), each
