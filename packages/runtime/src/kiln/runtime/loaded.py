@@ -31,7 +31,7 @@ from .fast_load import (
 )
 from .guard_check import diagnose
 from .manifest import PROGRAM_NAME
-from .manifest_v3 import LazyGuards
+from .manifest_sources import LazyGuards
 from .sources import CallFrame, Param, display_name, has_prefix, make_binder, normalize
 from .triton_binaries import PREFIX as TRITON_PREFIX
 from .triton_binaries import install_triton_binaries
