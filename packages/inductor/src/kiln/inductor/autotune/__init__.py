@@ -2,7 +2,8 @@
 
 - ``Autotuner(timer, cache, progress).select(name, key, candidates)``: the core, over ``Candidate``s
   (a ``Config`` and a launch callable); ``FakeTimer`` makes it testable without a GPU.
-- ``tune_kernel`` / ``tune_program``: configurations of kiln's generated Triton kernels.
+- ``tune_kernel`` / ``tune_program``: configurations of kiln's generated Triton kernels;
+  ``GeneratedKernelTuner`` (generated.py): the tuner a compile hands to the Triton backend.
 - ``tuned_mm``: a Triton matmul template with fused epilogues, competing with cuBLAS (standalone).
 - ``mm_template``: the pipeline's matmul template (mm/addmm/bmm with the consuming pointwise kernel
   fused), chosen against cuBLAS by the ``matmul_templates`` pass (kiln/inductor/mm_templates.py).
@@ -22,6 +23,7 @@ from .compile_pool import (
 )
 from .config import Candidate, Choice, Config
 from .entry import autotune_mm, autotune_program, make_session, make_tuner
+from .generated import GeneratedKernelTuner, autotune_kernels, kernel_problems
 from .kernels import (
     apply_config,
     buffers_for,
@@ -60,4 +62,5 @@ __all__ = [
     "template_source", "tune_kernel", "tune_key", "tune_program", "tuned_mm",
     "CompileJob", "CompileStats", "DeviceCompiler", "NoCompile", "ProcessCompiler", "TargetCompiler", "Problem", "TuningReport",
     "TuningSession", "kernel_problem", "make_session", "normalized_source",
+    "GeneratedKernelTuner", "autotune_kernels", "kernel_problems",
 ]

@@ -10,4 +10,5 @@ run and on which backend):
     pad_matmuls         misaligned CUDA matmuls on zero-padded operands (``kiln_inductor::mm_padded``)
     reinplace           functional updates of mutated inputs (a KV cache) written in place
     rewrite             what the rewrites share: a node's example value, node-for-node replacement
+    verify              the graph level's verifier, run after every graph pass under KILN_VERIFY=1
 """

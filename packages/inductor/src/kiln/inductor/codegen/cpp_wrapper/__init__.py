@@ -20,8 +20,9 @@ from kiln.graph import KNOBS as GRAPH_KNOBS
 from kiln.graph import VerifyAfterPass, run_pipeline
 
 from ...options import DEFAULT_OPTIONS, InductorOptions
-from ...pipeline import PASSES, CompileState, verify_state
-from ..cpp import library_source
+from ...passes import CompileState
+from ...pipeline import CPP_STAGES, verify_state
+from ..cpp import CppBackend, library_source
 from .aten_calls import CppWrapperUnsupported
 from .prelude import ABI_VERSION
 from .writer import Slot, cpp_wrapper_source, output_specs
@@ -63,9 +64,9 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
     if options.cpu_backend != "cpp":
         raise CppWrapperUnsupported("the C++ wrapper needs cpu_backend='cpp'")
     options = options.replace(memory_arena=False)
-    state = CompileState(gm, list(example_inputs), options, name)
+    state = CompileState(gm, tuple(example_inputs), options, name, CppBackend())
     verify = options.verify if options.verify is not None else GRAPH_KNOBS.verify
-    passes = PASSES[:[p.name for p in PASSES].index(_UNTIL)]
+    passes = CPP_STAGES[:[p.name for p in CPP_STAGES].index(_UNTIL)]
     s = run_pipeline(passes, state, None, [VerifyAfterPass(verify_state)] if verify else []).value
     assert s.scheduled is not None and s.program is not None
     kernels = s.scheduled.kernels()
