@@ -5,7 +5,8 @@ cuBLAS picks its fast tensor-core kernels only when the operands' leading dimens
 times faster on padded operands (``benchmarks/mm_layout_probe.py`` measures it). So a large
 ``mm``/``addmm`` whose M, N or K is not a multiple of 8 (16-bit) or 4 (fp32) elements computes on
 zero-padded operands: padding K adds zero products, padded M rows / N columns are sliced off the
-result. Each pad is one copy of that operand. The result is a slice of the padded product (rows of the padded stride) where kernels of the graph read it.
+result. Each pad is one copy of that operand. The result is a slice of the padded product (rows of
+the padded stride) where kernels of the graph read it.
 
 Where it leaves the graph or a view op reads it, callers need eager's contiguous layout. Slicing and
 copying the whole padded product held both at once, plus the padded weight (GPT-2's LM head:
