@@ -30,7 +30,7 @@ from .graph_passes.reinplace import reinplace_input_mutations
 from .graph_passes.stems import pad_stem_channels, rewrite_patch_convs
 from .ir import LoopProgram, ScheduledProgram
 from .lowering.lower import lower_graph
-from .mm_templates import count_matmul_sites, select_templates
+from .matmul_templates import count_matmul_sites, select_templates
 from .options import InductorOptions
 from .scheduler import eliminate_dead_code, schedule
 from .scheduler.inplace import plan_inplace_reuse, plan_inplace_updates
@@ -176,7 +176,7 @@ def fuse_and_plan(s: CompileState) -> CompileState:
 def matmul_templates(s: CompileState) -> CompileState:
     """max-autotune: start the compile's tuning session (autotune/session.py) and choose for each static
     mm/addmm/bmm between cuBLAS and a Triton template with its pointwise consumer fused
-    (mm_templates.py). The generated kernels' configurations are registered too, so every candidate of
+    (matmul_templates.py). The generated kernels' configurations are registered too, so every candidate of
     the program compiles in one parallel batch; they are timed in ``generate_kernels`` if they survive."""
     if not s.options.max_autotune or s.scheduled is None:
         return s

@@ -5,8 +5,8 @@
 - ``tune_kernel`` / ``tune_program``: configurations of kiln's generated Triton kernels;
   ``GeneratedKernelTuner`` (generated.py): the tuner a compile hands to the Triton backend.
 - ``tuned_mm``: a Triton matmul template with fused epilogues, competing with cuBLAS (standalone).
-- ``mm_template``: the pipeline's matmul template (mm/addmm/bmm with the consuming pointwise kernel
-  fused), chosen against cuBLAS by the ``matmul_templates`` pass (kiln/inductor/mm_templates.py).
+- ``matmul_template_kernel``: the pipeline's matmul template (mm/addmm/bmm with the consuming pointwise kernel
+  fused), chosen against cuBLAS by the ``matmul_templates`` pass (kiln/inductor/matmul_templates.py).
 - ``TuningSession`` (``make_session``): one compile's tuning -- problems deduplicated by key, every
   candidate compiled in parallel first (``compile_pool``), then timed serially within a budget.
 - ``mode_flags(mode)``: what "max-autotune" / "max-autotune-no-cudagraphs" / "reduce-overhead" turn on.

@@ -80,7 +80,7 @@ class TritonBackend:
         generated: list[TritonKernel] = []
         spans: list[tuple[str, int, int]] = []  # (scheduled kernel, its generated kernels' [start, end))
         for k in kernels:
-            # a matmul template chosen by max-autotune (mm_templates.py) brings its own kernel
+            # a matmul template chosen by max-autotune (matmul_templates.py) brings its own kernel
             parts = [k.triton_kernel()] if isinstance(k, PrebuiltKernel) else generate_kernels(k, self.cfg, hints)
             spans.append((k.name, len(generated), len(generated) + len(parts)))
             generated += parts
