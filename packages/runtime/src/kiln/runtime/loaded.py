@@ -21,14 +21,14 @@ from .artifact import Artifact, PathOrFile, guards_with_specs, load_artifact, sa
 from .bindings import Resolver
 from .cache import CompileCache, default_cache
 from .checks import usable_files
-from .errors import ArtifactError, GuardError
-from .fast_load import (
+from .code_cache import (
     cached_compile,
     compile_cached,
     compile_guards,
     hold_code_writes,
     release_code_writes,
 )
+from .errors import ArtifactError, GuardError
 from .guard_check import diagnose
 from .manifest import PROGRAM_NAME
 from .manifest_sources import LazyGuards
