@@ -38,7 +38,7 @@ STAGES: tuple[tuple[str, str, str], ...] = (
     ("kiln.inductor.passes", "inplace_updates_cpp", "scheduling"),
     ("kiln.inductor.passes", "inplace_updates_triton", "scheduling"),
     ("kiln.inductor.passes", "generate_cpp_kernels", "codegen"),
-    ("kiln.inductor.passes", "generate_triton_kernels_tuned", "codegen"),
+    ("kiln.inductor.passes", "generate_triton_kernels", "codegen"),
     ("kiln.inductor.passes", "generate_wrapper", "codegen"),
     # loading the wrapper module runs its _kiln_precompile: the Triton compile on a GPU
     ("kiln.inductor.compile", "load_wrapper", "wrapper load / Triton compile"),

@@ -15,13 +15,15 @@ import torch.nn.functional as F
 from golden_programs import CASES as PROGRAMS
 from tracer import trace
 
-from kiln.graph import check_golden, print_graph
+from kiln.graph import check_golden, print_graph, target_name
 from kiln.inductor import InductorOptions, decomp_bridge
 from kiln.inductor.graph_passes.conv_layout import output_strides, to_channels_last
 from kiln.inductor.graph_passes.gemv_as_reduction import rewrite_gemv
 from kiln.inductor.graph_passes.pad_matmuls import pad_misaligned_matmuls
 from kiln.inductor.graph_passes.stems import rewrite_patch_convs
+from kiln.inductor.graph_passes.verify import verify_graph
 from kiln.inductor.lowering.lower import lower_graph
+from kiln.inductor.lowering.registry import LOWERINGS
 
 HERE = Path(__file__).parent / "graph_passes"
 
@@ -82,9 +84,19 @@ def test_golden_graph_pass(name: str, request) -> None:
         summary = rewrite(gm, inputs)
         decomp_bridge.ensure_meta(gm, inputs)
         return f"{summary}\n{print_graph(gm)}"
+    unlowered = _unlowered(gm)
     check_golden(HERE / f"{name}.txt", run, describe=describe, update=request.config.getoption("--update-golden"),
                  input=print_graph(gm))
     torch.testing.assert_close(gm(*inputs), before)  # the rewritten graph computes what the traced one did
+    verify_graph(gm)  # the graph level's contract (KILN_VERIFY checks it after every graph pass)
+    assert _unlowered(gm) <= unlowered, "the rewrite made ops lowering runs only as ATen fallbacks"
+
+
+def _unlowered(gm: Any) -> set[str]:
+    """The operators of ``gm`` that lowering has no rule for (they would run as ATen fallbacks)."""
+    return {target_name(n.target) for n in gm.graph.nodes
+            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+            and target_name(n.target) not in LOWERINGS}
 
 
 LOWERED = ("pointwise", "broadcast_where", "softmax", "layer_norm", "sum_max_argmax", "transpose_reshape",

@@ -15,7 +15,7 @@ from .autotune import GeneratedKernelTuner, kernel_problems, make_session
 from .codegen.common import CompiledKernels
 from .codegen.cpp import CppBackend
 from .codegen.triton.backend import KernelTuner, TritonBackend
-from .codegen.triton.kernel import generate_kernels as generate_triton_kernels
+from .codegen.triton.kernel import generate_kernels as triton_kernels_for
 from .codegen.wrapper import wrapper_source
 from .dynamic import GuardWatch
 from .graph_passes.conv_layout import (
@@ -190,7 +190,7 @@ def matmul_templates(s: CompileState) -> CompileState:
                                    "(KILN_AUTOTUNE_CROSS_TARGET=cuda:90 measures what tuning would compile)", n)
         return s
     assert s.program is not None
-    generated = [g for k in s.scheduled.kernels() for g in generate_triton_kernels(k, backend.cfg)]
+    generated = [g for k in s.scheduled.kernels() for g in triton_kernels_for(k, backend.cfg)]
     kernel_problems(generated, s.program.layouts(), backend.device, session, wanted=False)
     sched = select_templates(s.scheduled, s.options, backend.device, session) if n else s.scheduled
     if sched is not s.scheduled and enabled("ir_post_fusion"):
@@ -229,7 +229,7 @@ def generate_cpp_kernels(s: CompileState) -> CompileState:
     return replace(s, kernels=s.backend.compile(s.scheduled, s.program.layouts(), s.options))
 
 
-def generate_triton_kernels_tuned(s: CompileState) -> CompileState:
+def generate_triton_kernels(s: CompileState) -> CompileState:
     """One Triton module (codegen/triton/), tuned by max-autotune's session when matmul_templates
     started one; the final kernels start compiling in worker processes."""
     assert s.scheduled is not None and s.program is not None

@@ -26,7 +26,7 @@ from .passes import (
     decompose,
     fuse_and_plan,
     generate_cpp_kernels,
-    generate_triton_kernels_tuned,
+    generate_triton_kernels,
     generate_wrapper,
     inplace_updates_cpp,
     inplace_updates_triton,
@@ -79,7 +79,7 @@ TRITON_STAGES: tuple[Pass[CompileState], ...] = (
     Pass("matmul_templates", lambda s, _: matmul_templates(s), "max-autotune: Triton matmul templates vs cuBLAS"),
     Pass("inplace_updates", lambda s, _: inplace_updates_triton(s), "dying buffers of one-store kernels written over"),
     # code
-    Pass("generate_kernels", lambda s, _: generate_triton_kernels_tuned(s), "one Triton module, compiled in workers"),
+    Pass("generate_kernels", lambda s, _: generate_triton_kernels(s), "one Triton module, compiled in workers"),
     Pass("generate_wrapper", lambda s, _: generate_wrapper(s), "the Python module that runs the schedule"),
 )
 
