@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .autotune.options import AutotuneOptions
+from .autotune_options import AutotuneOptions
 from .knobs import KNOBS
 
 

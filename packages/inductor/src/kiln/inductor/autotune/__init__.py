@@ -12,6 +12,7 @@
 - ``mode_flags(mode)``: what "max-autotune" / "max-autotune-no-cudagraphs" / "reduce-overhead" turn on.
 """
 
+from ..autotune_options import MODES, AutotuneOptions, ModeFlags, mode_flags
 from .cache import AutotuneCache, tune_key
 from .compile_pool import (
     CompileJob,
@@ -48,7 +49,6 @@ from .matmul import (
     template_source,
     tuned_mm,
 )
-from .options import MODES, AutotuneOptions, ModeFlags, mode_flags
 from .progress import ConsoleProgress, LogProgress, Progress
 from .session import Problem, TuningReport, TuningSession
 from .timing import DeviceTimer, FakeTimer, Timer

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..autotune_options import AutotuneOptions
 from ..knobs import triton_interpret
 from .cache import AutotuneCache
 from .compile_pool import (
@@ -22,7 +23,6 @@ from .compile_pool import (
 )
 from .kernels import buffers_for, tune_program
 from .matmul import NONE, Epilogue, TunedMatmul, mm_configs, tuned_mm
-from .options import AutotuneOptions
 from .progress import ConsoleProgress, LogProgress
 from .session import TuningSession
 from .timing import DeviceTimer

@@ -1,10 +1,13 @@
-"""Options of max-autotune, one frozen value passed down; and what each compile mode turns on."""
+"""Options of max-autotune (one frozen value, part of InductorOptions), and what each compile mode turns on.
+
+A module of its own beside options.py: InductorOptions holds these, and code generation imports
+InductorOptions, so they must not live inside the autotune package (which builds on codegen)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..knobs import KNOBS
+from .knobs import KNOBS
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
