@@ -26,18 +26,18 @@ from kiln.graph import (
     run_pipeline,
 )
 
-from .buckets import bucket_sizes
 from .codegen.cpp import CppBackend
 from .codegen.triton.ahead import warm_compile_pool
 from .codegen.triton.backend import TritonBackend
 from .codegen.wrapper import REQUIRES
-from .dynamic import GuardWatch, shape_env_of
 from .graph_passes.lift_constants import WithConstants, constants_epilogue, lift_constants
 from .ir import DynamicShapeUnsupported, TensorRef, is_static
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions
 from .passes import CompileState
 from .pipeline import choose_backend, stages_for, verify_state
+from .size_buckets import bucket_sizes
+from .size_guards import GuardWatch, shape_env_of
 
 
 def load_wrapper(source: str, files_dir: str, filename: str, precompiled: bool = False) -> Any:

@@ -59,7 +59,7 @@ class InductorOptions:
     memory_arena: bool = False
     # symbolic sizes with reduce-overhead: the leading symbolic dim (batch, tokens) padded up to the next
     # of these sizes and the outputs sliced back, so CUDA graphs are recorded per bucket, not per size
-    # (buckets.py; refused, logged, when rows of that dim meet in the graph)
+    # (size_buckets.py; refused, logged, when rows of that dim meet in the graph)
     cudagraph_sizes: tuple[int, ...] = ()
     # max-autotune's own options (configurations per kernel, matmul templates, cache, timer)
     autotune: AutotuneOptions = field(default_factory=AutotuneOptions)

@@ -17,7 +17,6 @@ from .codegen.cpp import CppBackend
 from .codegen.triton.backend import KernelTuner, TritonBackend
 from .codegen.triton.kernel import generate_kernels as triton_kernels_for
 from .codegen.wrapper import wrapper_source
-from .dynamic import GuardWatch
 from .graph_passes.conv_layout import (
     decide,
     output_strides,
@@ -34,6 +33,7 @@ from .matmul_templates import count_matmul_sites, select_templates
 from .options import InductorOptions
 from .scheduler import eliminate_dead_code, schedule
 from .scheduler.inplace import plan_inplace_reuse, plan_inplace_updates
+from .size_guards import GuardWatch
 from .split_reductions import split_reductions
 
 
@@ -47,7 +47,7 @@ class CompileState:
     options: InductorOptions
     name: str
     backend: CppBackend | TritonBackend  # chosen once, when the compile starts (pipeline.choose_backend)
-    guards: GuardWatch | None = None  # symbolic sizes: what this compile added to the ShapeEnv (dynamic.py)
+    guards: GuardWatch | None = None  # symbolic sizes: what this compile added to the ShapeEnv (size_guards.py)
     traced_output_strides: Mapping[int, tuple[int, ...]] = field(default_factory=dict)  # the caller's contract
     program: LoopProgram | None = None
     scheduled: ScheduledProgram | None = None
