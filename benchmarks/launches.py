@@ -108,7 +108,7 @@ def classify_extern(e: Any) -> list[Launch]:
     n, align = int(b.shape[1]), max(1, 16 // a.dtype.itemsize)
     out: list[Launch] = []
     try:
-        from kiln.inductor.padmm import mm_padded_plan
+        from kiln.inductor.graph_passes.pad_matmuls import mm_padded_plan
     except ImportError:  # kiln before 2026-11-22 14:30: blocks of ``block`` columns, a strided copy each
         bw = min(block, n - n % align)
         head = (m - -(-m * bw // (n + bw))) // align * align if bw > 0 else 0

@@ -43,7 +43,7 @@ import kiln.runtime.cxx as cxx
 from kiln.autograd import trace_inference
 from kiln.graph import CapturedGraph, KilnError, TensorSpec, print_graph
 from kiln.inductor import InductorOptions, inductor_decompositions
-from kiln.inductor.codegen.cpp_wrapper import CppProgram, CppWrapperUnsupported, Slot, cpp_program
+from kiln.inductor.cpp_program import CppProgram, CppWrapperUnsupported, Slot, cpp_program
 
 from .aot import _example_inputs, _frame, _output_spec
 

@@ -6,7 +6,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kiln.capture as kc
-from kiln.capture.fast_meta import fast_result
+from kiln.capture.shape_rules.functions import fast_result
 
 from .conftest import assert_same
 

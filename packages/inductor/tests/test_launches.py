@@ -144,7 +144,7 @@ def test_mask_and_its_additive_form_are_one_kernel_on_cuda() -> None:
 
 
 def test_mm_padded_with_bias_matches_addmm() -> None:
-    from kiln.inductor.padmm import mm_padded_blocks
+    from kiln.inductor.graph_passes.pad_matmuls import mm_padded_blocks
 
     torch.manual_seed(0)
     a, w, bias = torch.randn(200, 16), torch.randn(37, 16), torch.randn(37)

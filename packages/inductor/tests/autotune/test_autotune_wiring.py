@@ -17,8 +17,8 @@ from kiln.inductor.autotune import (
     FakeTimer,
     kernel_configs,
 )
+from kiln.inductor.autotune.generated import autotune_kernels
 from kiln.inductor.codegen.triton import generate_kernels
-from kiln.inductor.codegen.triton.backend import autotune_kernels
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                 reason="Triton kernels need a GPU or TRITON_INTERPRET=1")

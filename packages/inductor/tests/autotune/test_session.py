@@ -34,7 +34,7 @@ from kiln.inductor.autotune import (
     TuningSession,
     normalized_source,
 )
-from kiln.inductor.autotune.mm_template import (
+from kiln.inductor.autotune.matmul_template_kernel import (
     MatmulSpec,
     Operand,
     smem_bytes,

@@ -8,8 +8,8 @@ import pytest
 import torch
 from tracer import trace
 
-from kiln.inductor.codegen.cpp_wrapper import CppWrapperUnsupported, Slot, cpp_program
 from kiln.inductor.codegen.cpp_wrapper.aten_calls import op_overload, push
+from kiln.inductor.cpp_program import CppWrapperUnsupported, Slot, cpp_program
 from kiln.inductor.ir import ConstArg, ListArg
 
 

@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from dynamic_helpers import CPP, compile_symbolic
 
-from kiln.inductor.buckets import BucketedCall, plan_buckets
 from kiln.inductor.cudagraphs import (
     CUDAGraphOptions,
     CUDAGraphTree,
     EmulatedGraphEngine,
     wrap_reduce_overhead,
 )
+from kiln.inductor.size_buckets import BucketedCall, plan_buckets
 
 torch.manual_seed(0)
 W1, B1, W2 = torch.randn(16, 8) * 0.3, torch.randn(16), torch.randn(4, 16) * 0.3

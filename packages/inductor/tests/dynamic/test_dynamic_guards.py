@@ -11,8 +11,8 @@ from dynamic_helpers import compile_symbolic, symbolic_graph
 from kiln.inductor import CppBackend, InductorOptions
 from kiln.inductor.codegen.wrapper import wrapper_source
 from kiln.inductor.compile import load_wrapper
-from kiln.inductor.dynamic import GuardWatch
 from kiln.inductor.ir import SizeGuard
+from kiln.inductor.size_guards import GuardWatch
 from kiln.runtime import GuardError
 
 

@@ -15,13 +15,15 @@ import torch.nn.functional as F
 from golden_programs import CASES as PROGRAMS
 from tracer import trace
 
-from kiln.graph import check_golden, print_graph
+from kiln.graph import check_golden, print_graph, target_name
 from kiln.inductor import InductorOptions, decomp_bridge
-from kiln.inductor.gemv import rewrite_gemv
-from kiln.inductor.layout import output_strides, to_channels_last
+from kiln.inductor.graph_passes.conv_layout import output_strides, to_channels_last
+from kiln.inductor.graph_passes.gemv_as_reduction import rewrite_gemv
+from kiln.inductor.graph_passes.pad_matmuls import pad_misaligned_matmuls
+from kiln.inductor.graph_passes.stems import rewrite_patch_convs
+from kiln.inductor.graph_passes.verify import verify_graph
 from kiln.inductor.lowering.lower import lower_graph
-from kiln.inductor.padmm import pad_misaligned_matmuls
-from kiln.inductor.stems import rewrite_patch_convs
+from kiln.inductor.lowering.registry import LOWERINGS
 
 HERE = Path(__file__).parent / "graph_passes"
 
@@ -34,7 +36,7 @@ def _gemv(gm: Any, inputs: list) -> str:
     return f"# {rewrite_gemv(gm)} matmul(s) rewritten"
 
 
-def _padmm(gm: Any, inputs: list) -> str:
+def _pad_matmuls(gm: Any, inputs: list) -> str:
     return f"# {pad_misaligned_matmuls(gm, devices=('cpu',), min_macs=1, min_dim=1)} matmul(s) padded"
 
 
@@ -42,21 +44,23 @@ def _stems(gm: Any, inputs: list) -> str:
     return f"# {rewrite_patch_convs(gm, devices=('cpu',))} convolution(s) rewritten"
 
 
-def _layout(gm: Any, inputs: list) -> str:
+def _conv_layout(gm: Any, inputs: list) -> str:
     return f"# {to_channels_last(gm, inputs, output_strides(gm))} operand(s) made channels-last"
 
 
 # case -> (what the rewrite is, the program, its inputs, the rewrite: (gm, inputs) -> a summary line)
 CASES: dict[str, tuple[str, Callable[..., Any], tuple[torch.Tensor, ...], Callable[..., Any]]] = {
-    "gemv-one_row_linear": ("gemv.rewrite_gemv: a one-row matmul as a fused multiply-reduce",
-                            lambda x, w, b: F.linear(x, w, b).relu(), (_r(1, 64), _r(32, 64), _r(32)), _gemv),
-    "padmm-misaligned": ("padmm.pad_misaligned_matmuls: a matmul with a misaligned size on zero-padded operands",
-                         lambda a, b: a @ b, (_r(30, 70), _r(70, 50)), _padmm),
+    "gemv_as_reduction-one_row_linear": ("gemv_as_reduction.rewrite_gemv: a one-row matmul as a fused multiply-reduce",
+                                         lambda x, w, b: F.linear(x, w, b).relu(), (_r(1, 64), _r(32, 64), _r(32)),
+                                         _gemv),
+    "pad_matmuls-misaligned": ("pad_matmuls.pad_misaligned_matmuls: a matmul with a misaligned size on zero-padded operands",
+                               lambda a, b: a @ b, (_r(30, 70), _r(70, 50)), _pad_matmuls),
     "stems-patch_embedding": ("stems.rewrite_patch_convs: a patch-embedding convolution as patches @ weight.T",
                               lambda x, w, b: F.conv2d(x, w, b, stride=4), (_r(2, 3, 16, 16), _r(8, 3, 4, 4), _r(8)),
                               _stems),
-    "layout-conv_relu": ("layout.to_channels_last: convolution operands channels-last, outputs as traced",
-                         lambda x, w: F.conv2d(x, w, padding=1).relu(), (_r(2, 8, 6, 6), _r(8, 8, 3, 3)), _layout),
+    "conv_layout-conv_relu": ("conv_layout.to_channels_last: convolution operands channels-last, outputs as traced",
+                              lambda x, w: F.conv2d(x, w, padding=1).relu(), (_r(2, 8, 6, 6), _r(8, 8, 3, 3)),
+                              _conv_layout),
 }
 
 
@@ -80,9 +84,19 @@ def test_golden_graph_pass(name: str, request) -> None:
         summary = rewrite(gm, inputs)
         decomp_bridge.ensure_meta(gm, inputs)
         return f"{summary}\n{print_graph(gm)}"
+    unlowered = _unlowered(gm)
     check_golden(HERE / f"{name}.txt", run, describe=describe, update=request.config.getoption("--update-golden"),
                  input=print_graph(gm))
     torch.testing.assert_close(gm(*inputs), before)  # the rewritten graph computes what the traced one did
+    verify_graph(gm)  # the graph level's contract (KILN_VERIFY checks it after every graph pass)
+    assert _unlowered(gm) <= unlowered, "the rewrite made ops lowering runs only as ATen fallbacks"
+
+
+def _unlowered(gm: Any) -> set[str]:
+    """The operators of ``gm`` that lowering has no rule for (they would run as ATen fallbacks)."""
+    return {target_name(n.target) for n in gm.graph.nodes
+            if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload)
+            and target_name(n.target) not in LOWERINGS}
 
 
 LOWERED = ("pointwise", "broadcast_where", "softmax", "layer_norm", "sum_max_argmax", "transpose_reshape",

@@ -15,8 +15,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph, planned_peak
+from kiln.inductor.graph_passes.pad_matmuls import MM_PADDED_SOURCE
 from kiln.inductor.ir import ExternKernel, work_buffers
-from kiln.inductor.padmm import MM_PADDED_SOURCE
 from kiln.inductor.scheduler.arena import ALIGN, plan_arena
 from kiln.runtime.program_helpers import conv_out
 

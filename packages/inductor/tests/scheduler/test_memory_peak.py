@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph, planned_peak
-from kiln.inductor.layout import CONV
+from kiln.inductor.graph_passes.conv_layout import CONV
 
 OPTS = InductorOptions(strict_lowering=True)
 aten = torch.ops.aten
@@ -159,7 +159,7 @@ def _trace_cuda(args: list[torch.Tensor]) -> Any:
 
 
 def test_layout_pass_clones_only_operands_that_stay_nchw(cudnn_layouts: None) -> None:
-    from kiln.inductor.layout import to_channels_last
+    from kiln.inductor.graph_passes.conv_layout import to_channels_last
     real = _net_args("cpu", torch.float32)
     with FakeTensorMode(allow_non_fake_inputs=True):
         args = [torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device="cuda") for a in real]

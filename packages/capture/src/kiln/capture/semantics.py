@@ -15,11 +15,11 @@ import torch
 from torch import nn
 
 from .errors import GraphBreak
-from .fast_pointwise import FAST_POINTWISE
-from .fast_views import fast_getitem
 from .foreign import is_ndarray
 from .numpy_table import array_attr, array_getitem, array_setitem
 from .numpy_trace import binary, unary
+from .shape_rules.pointwise import FAST_POINTWISE
+from .shape_rules.views import fast_getitem
 from .sources import attr_source, item_source, module_member_source
 from .tracer import DELETED, SYM_TYPES
 from .values import ListIterator, NumpyArray, SuperProxy, TensorMethod

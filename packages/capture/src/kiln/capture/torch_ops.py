@@ -10,11 +10,11 @@ import torch
 from kiln.graph import is_pure_op
 
 from .errors import GraphBreak
-from .fast_meta import FAST_META, fast_result, from_memo, memo_entry, memo_key
-from .fast_pointwise import FAST_POINTWISE
-from .fast_views import FAST_METHODS
 from .numpy_trace import tensor_to_numpy
 from .semantics import contains_traced
+from .shape_rules.functions import FAST_META, fast_result, from_memo, memo_entry, memo_key
+from .shape_rules.pointwise import FAST_POINTWISE
+from .shape_rules.views import FAST_METHODS
 from .tracer import _has_traced
 
 if TYPE_CHECKING:

@@ -135,7 +135,7 @@ class Tracer:
         self.deferred: list[tuple[Any, list, dict]] = []  # calls replayed after the graph (deferred.py)
         ADVANCES.clear()  # interpreted iterators advanced by this capture
         self.last_placeholder: fx.Node | None = None
-        self.fake_memo: dict[tuple, tuple] = {}  # fast_meta: memoized results of repeated calls
+        self.fake_memo: dict[tuple, tuple] = {}  # shape_rules/functions.py: memoized results of repeated calls
         self.location = ""  # the traced instruction as a traceback line, for node metadata
         self.where = ""  # the same as file:line, for guard notes
         self.start_state = global_state()

@@ -26,15 +26,18 @@ from kiln.graph import (
     run_pipeline,
 )
 
-from .buckets import bucket_sizes
+from .codegen.cpp import CppBackend
 from .codegen.triton.ahead import warm_compile_pool
+from .codegen.triton.backend import TritonBackend
 from .codegen.wrapper import REQUIRES
-from .constants import WithConstants, constants_epilogue, lift_constants
-from .dynamic import GuardWatch, shape_env_of
+from .graph_passes.lift_constants import WithConstants, constants_epilogue, lift_constants
 from .ir import DynamicShapeUnsupported, TensorRef, is_static
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions
-from .pipeline import PASSES, CompileState, verify_state
+from .passes import CompileState
+from .pipeline import choose_backend, stages_for, verify_state
+from .size_buckets import bucket_sizes
+from .size_guards import GuardWatch, shape_env_of
 
 
 def load_wrapper(source: str, files_dir: str, filename: str, precompiled: bool = False) -> Any:
@@ -107,11 +110,13 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     checked per call: kiln.runtime.GuardError). ``DynamicShapeUnsupported``: compile static sizes instead.
     """
     t0 = time.perf_counter()
-    if any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs):
-        warm_compile_pool("cuda")  # workers import while this graph is lowered
     lifted, constants = lift_constants(gm)
+    inputs = [*example_inputs, *constants]
+    backend = choose_backend(inputs, options)  # once: it picks the stage list (pipeline.py)
+    if isinstance(backend, TritonBackend) and backend.device == "cuda":
+        warm_compile_pool("cuda")  # workers import while this graph is lowered
     try:
-        compiled = _compile(lifted, [*example_inputs, *constants], options, name, t0)
+        compiled = _compile(lifted, inputs, backend, options, name, t0)
     except LoweringError as e:
         if shape_env_of(example_inputs) is not None:  # symbolic: a static compile can do better than ATen
             raise DynamicShapeUnsupported(f"graph {name!r} with symbolic sizes cannot be lowered: {e}") from e
@@ -148,14 +153,14 @@ def _eager_graph(gm: fx.GraphModule, name: str, reason: str) -> CompiledGraph:
     return CompiledGraph(fn, "inductor(eager fallback)", {"fallbacks": msg}, None)
 
 
-def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], options: InductorOptions, name: str,
-             t0: float) -> CompiledGraph:
+def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], backend: CppBackend | TritonBackend,
+             options: InductorOptions, name: str, t0: float) -> CompiledGraph:
     watch = GuardWatch(example_inputs)
-    state = CompileState(gm, list(example_inputs), options, name,
+    state = CompileState(gm, tuple(example_inputs), options, name, backend,
                          guards=watch if watch.symbolic else None)
     verify = options.verify if options.verify is not None else GRAPH_KNOBS.verify
     instruments = [VerifyAfterPass(verify_state)] if verify else []
-    result = run_pipeline(PASSES, state, None, instruments)
+    result = run_pipeline(stages_for(backend), state, None, instruments)
     s = result.value
     assert s.kernels is not None and s.program is not None
     graph_id = new_graph_id(name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .autotune.options import AutotuneOptions
+from .autotune_options import AutotuneOptions
 from .knobs import KNOBS
 
 
@@ -33,21 +33,21 @@ class InductorOptions:
     # tests the GPU code path on CPU). CUDA tensors always get Triton kernels.
     cpu_backend: str = "cpp"
     # Triton backend: a one-row mm/addmm (bs=1 decoding) is a generated reduction fused with its
-    # neighbours instead of a cuBLAS call (gemv.py)
+    # neighbours instead of a cuBLAS call (graph_passes/gemv_as_reduction.py)
     gemv_as_reduction: bool = True
     # a large CUDA matmul with a dimension that is not a multiple of 16 bytes runs on zero-padded
-    # operands: cuBLAS's fast kernels need aligned leading dimensions (padmm.py)
+    # operands: cuBLAS's fast kernels need aligned leading dimensions (graph_passes/pad_matmuls.py)
     pad_matmuls: bool = True
     # Triton backend: a reduction with few outputs over many elements (BatchNorm statistics, bias
     # gradients) runs as partial sums over chunks plus a small final pass (split_reductions.py)
     split_reductions: bool = KNOBS.split_reductions
-    # an input the graph mutates by index_put (a KV cache) is updated in place, not copied (reinplace.py)
+    # an input the graph mutates by index_put (a KV cache) is updated in place, not copied (graph_passes/reinplace.py)
     reinplace_mutations: bool = True
-    # 2-D convolutions and the work between them in channels-last (NHWC) memory (layout.py): "auto"
+    # 2-D convolutions and the work between them in channels-last (NHWC) memory (graph_passes/conv_layout.py): "auto"
     # (CUDA graphs where torch's heuristics say it pays), "channels_last" (forced), "keep" (as traced);
     # the default comes from KILN_CONV_LAYOUT (for A/B measurements without code changes)
     conv_layout: str = KNOBS.conv_layout
-    # CUDA image stems without cuDNN workspaces (stems.py): patch embeddings (kernel == stride over 1-4
+    # CUDA image stems without cuDNN workspaces (graph_passes/stems.py): patch embeddings (kernel == stride over 1-4
     # channels: ViT, ConvNeXt) as a matmul over the cut-out patches; channels-last half-precision stems
     # (ResNet) with input and weight zero-padded to 8 channels
     rewrite_stems: bool = True
@@ -59,7 +59,7 @@ class InductorOptions:
     memory_arena: bool = False
     # symbolic sizes with reduce-overhead: the leading symbolic dim (batch, tokens) padded up to the next
     # of these sizes and the outputs sliced back, so CUDA graphs are recorded per bucket, not per size
-    # (buckets.py; refused, logged, when rows of that dim meet in the graph)
+    # (size_buckets.py; refused, logged, when rows of that dim meet in the graph)
     cudagraph_sizes: tuple[int, ...] = ()
     # max-autotune's own options (configurations per kernel, matmul templates, cache, timer)
     autotune: AutotuneOptions = field(default_factory=AutotuneOptions)

@@ -63,7 +63,7 @@ CASES = {
                                                       w2, padding=3, groups=8).permute(0, 2, 3, 1) + 1
                                              ).reshape(-1, 8), (_x(2, 8, 8, 4), _x(8, 4, 2, 2), _x(8, 1, 7, 7))),
     "arange_iota": (lambda x: x + torch.arange(8, dtype=torch.float32, device=x.device), (X,)),
-    # one-row matmuls are rewritten to fused reductions on the Triton path (gemv.py)
+    # one-row matmuls are rewritten to fused reductions on the Triton path (graph_passes/gemv_as_reduction.py)
     "gemv_mm": (lambda x, w: F.silu(x @ w.t()) * 2, (_x(1, 40), _x(24, 40))),
     "gemv_addmm_bf16": (lambda x, w, b: F.linear(x.bfloat16(), w.bfloat16(), b.bfloat16()),
                         (_x(1, 64), _x(33, 64), _x(33))),

@@ -7,7 +7,7 @@ import pytest
 import sympy
 import torch
 import torch.nn as nn
-from test_layout import BasicBlock, ConvNeXtBlock, InvertedResidual
+from graph_passes.test_conv_layout import BasicBlock, ConvNeXtBlock, InvertedResidual
 from test_models import _functional
 from tracer import flat_outputs, trace
 

@@ -17,10 +17,10 @@ from .artifact import Artifact, build_artifact, load_artifact, save_artifact
 from .bindings import Binding
 from .cache import CacheInfo, CompileCache, cache_key, default_cache
 from .cli import artifact_text, cache_clear, cache_info, cache_info_text
+from .code_cache import flush_code_writes
 from .cpp import CXX_FLAGS, compile_cpp, cpp_cache_key, load_cpp_library
 from .environment import DeviceInfo, HostInfo
 from .errors import ArtifactError, GuardError, KernelBuildError
-from .fast_load import flush_code_writes
 from .graph_cache import CachedGraph, GraphCache, Uncacheable, cached_backend, graph_key
 from .loaded import LoadedFunction, load_compiled_function
 from .manifest import FILE_KINDS, SCHEMA_VERSION, InputRecord, Manifest

@@ -60,7 +60,7 @@ from kiln.graph import (
 )
 
 from .cache import CompileCache, cache_key, default_cache, key_hash
-from .fast_load import cached_compile, compile_cached
+from .code_cache import cached_compile, compile_cached
 from .knobs import KNOBS
 from .tensors import _raw_bytes
 from .triton_binaries import PREFIX as TRITON_PREFIX

@@ -21,17 +21,17 @@ from .artifact import Artifact, PathOrFile, guards_with_specs, load_artifact, sa
 from .bindings import Resolver
 from .cache import CompileCache, default_cache
 from .checks import usable_files
-from .errors import ArtifactError, GuardError
-from .fast_load import (
+from .code_cache import (
     cached_compile,
     compile_cached,
     compile_guards,
     hold_code_writes,
     release_code_writes,
 )
+from .errors import ArtifactError, GuardError
 from .guard_check import diagnose
 from .manifest import PROGRAM_NAME
-from .manifest_v3 import LazyGuards
+from .manifest_sources import LazyGuards
 from .sources import CallFrame, Param, display_name, has_prefix, make_binder, normalize
 from .triton_binaries import PREFIX as TRITON_PREFIX
 from .triton_binaries import install_triton_binaries

@@ -21,7 +21,7 @@ from kiln.graph import Guard, GuardSet, TensorSpec
 from .bindings import Binding
 from .environment import DeviceInfo, HostInfo
 from .errors import ArtifactError
-from .manifest_v3 import compact_sources, read_sources
+from .manifest_sources import compact_sources, read_sources
 from .sources import Param
 
 FORMAT = "kiln-artifact"
@@ -31,7 +31,7 @@ FORMAT = "kiln-artifact"
 # 3: sources as a read tree (``"sources": [[parent, segment], ...]``, ``source_tree``): inputs and
 # guards name a row instead of repeating the source's text (a mobilenet's ~800 sources share a dozen
 # prefixes), inputs and guards as rows, notes as a table; a load hands the tree to the guard plan,
-# which then reads without splitting sources. The same manifest in ~40 % of the bytes (manifest_v3.py).
+# which then reads without splitting sources. The same manifest in ~40 % of the bytes (manifest_sources.py).
 SCHEMA_VERSION = 3
 MANIFEST_NAME = "manifest.json"
 PROGRAM_NAME = "program.py"

@@ -2,15 +2,17 @@
 
 - ``Autotuner(timer, cache, progress).select(name, key, candidates)``: the core, over ``Candidate``s
   (a ``Config`` and a launch callable); ``FakeTimer`` makes it testable without a GPU.
-- ``tune_kernel`` / ``tune_program``: configurations of kiln's generated Triton kernels.
+- ``tune_kernel`` / ``tune_program``: configurations of kiln's generated Triton kernels;
+  ``GeneratedKernelTuner`` (generated.py): the tuner a compile hands to the Triton backend.
 - ``tuned_mm``: a Triton matmul template with fused epilogues, competing with cuBLAS (standalone).
-- ``mm_template``: the pipeline's matmul template (mm/addmm/bmm with the consuming pointwise kernel
-  fused), chosen against cuBLAS by the ``matmul_templates`` pass (kiln/inductor/mm_templates.py).
+- ``matmul_template_kernel``: the pipeline's matmul template (mm/addmm/bmm with the consuming pointwise kernel
+  fused), chosen against cuBLAS by the ``matmul_templates`` pass (kiln/inductor/matmul_templates.py).
 - ``TuningSession`` (``make_session``): one compile's tuning -- problems deduplicated by key, every
   candidate compiled in parallel first (on the one Triton compile pool, ``compilers.py``), then timed serially within a budget.
 - ``mode_flags(mode)``: what "max-autotune" / "max-autotune-no-cudagraphs" / "reduce-overhead" turn on.
 """
 
+from ..autotune_options import MODES, AutotuneOptions, ModeFlags, mode_flags
 from .cache import AutotuneCache, tune_key
 from .compilers import (
     CompileJob,
@@ -22,6 +24,7 @@ from .compilers import (
 )
 from .config import Candidate, Choice, Config
 from .entry import autotune_mm, autotune_program, make_session, make_tuner
+from .generated import GeneratedKernelTuner, autotune_kernels, kernel_problems
 from .kernels import (
     apply_config,
     buffers_for,
@@ -46,7 +49,6 @@ from .matmul import (
     template_source,
     tuned_mm,
 )
-from .options import MODES, AutotuneOptions, ModeFlags, mode_flags
 from .progress import ConsoleProgress, LogProgress, Progress
 from .session import Problem, TuningReport, TuningSession
 from .timing import DeviceTimer, FakeTimer, Timer
@@ -60,4 +62,5 @@ __all__ = [
     "template_source", "tune_kernel", "tune_key", "tune_program", "tuned_mm",
     "CompileJob", "CompileStats", "DeviceCompiler", "NoCompile", "PoolCompiler", "TargetCompiler", "Problem", "TuningReport",
     "TuningSession", "kernel_problem", "make_session", "normalized_source",
+    "GeneratedKernelTuner", "autotune_kernels", "kernel_problems",
 ]

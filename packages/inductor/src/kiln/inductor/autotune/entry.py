@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from ..autotune_options import AutotuneOptions
 from ..compile_pool import device_target, parse_target
 from ..knobs import triton_interpret
 from .cache import AutotuneCache
@@ -22,7 +23,6 @@ from .compilers import (
 )
 from .kernels import buffers_for, tune_program
 from .matmul import NONE, Epilogue, TunedMatmul, mm_configs, tuned_mm
-from .options import AutotuneOptions
 from .progress import ConsoleProgress, LogProgress
 from .session import TuningSession
 from .timing import DeviceTimer

@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
+from ..codegen.triton.launcher import KilnLaunch, launch_context
 from .cache import tune_key
 from .compilers import CompileJob
 from .config import Candidate, Choice, Config
@@ -204,8 +205,6 @@ def kernel_problem(k: TritonKernelLike, fn: Callable[[], Any], dtypes: Sequence[
     configurations (the heuristic one first), launches through the wrapper's fast launcher on
     ``buffers()`` (made on first use), and a compile job per configuration. ``fn()`` gives the
     triton function (its module loads on first use: a cache hit needs none)."""
-    from ..codegen.triton.launcher import KilnLaunch, launch_context
-
     xnumel = int(eval(k.xnumel, {}, {})) if k.xnumel else 0  # noqa: S307 - the generator's own literal
     configs = kernel_configs(k, xnumel, limit)
     key = tune_key("kiln kernel v2\n" + normalized_source(k.source), device_name, (xnumel,), list(dtypes))

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 from kiln.graph import log
 
+from ..autotune_options import AutotuneOptions
 from .compilers import CompileJob, Compiler, CompileStats, NoCompile
 from .config import Candidate, Choice, Config
-from .options import AutotuneOptions
 from .tuner import Autotuner
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import sympy
 import torch
 
+from ..graph_passes.pad_matmuls import MM_PADDED_SOURCE
 from ..ir import (
     Arg,
     ConstArg,
@@ -26,7 +27,6 @@ from ..ir import (
     TensorRef,
     work_buffers,
 )
-from ..padmm import MM_PADDED_SOURCE
 from ..scheduler.arena import CONVOLUTION, OUT_FORMS, ArenaPlan, plan_arena
 from .common import CompiledKernels
 from .triton.printer import python_index
@@ -48,11 +48,11 @@ inf, nan = float("inf"), float("nan")
 # Extern calls with one plain output, when their trailing arguments are constants: one short statement
 # each (``buf3 = _ext(torch.convolution, 7, buf2, arg6)``) with the constants, size and stride in a
 # table read from one JSON string. Why: compile() of the wrapper at every artifact load grows with
-# its expressions (a convolution's statement had ~30 constants: 23 us of compile each, 5 us now);
+# its expressions (a convolution's statement carries ~30 constants, each an expression to compile);
 # per call it is one Python frame, as ``_restride`` was, and no argument lists built. ``_ext2``/
 # ``_ext3`` (mm, bmm, addmm, a convolution) also take their tensor arguments' views from the row
 # (``(shape, stride, offset)`` or None per argument): two ``x.as_strided((..), (..), x.storage_offset())``
-# per mm were ~40 % of a transformer wrapper's compile() time; per call the same as_strided calls run.
+# per mm dominate a transformer wrapper's compile() time otherwise; per call the same as_strided calls run.
 # The callers are closures over the table (kiln.runtime.program_helpers.ext_callers).
 EXT_TABLE = "\nfrom kiln.runtime.program_helpers import ext_callers as _ext_callers\n_EXT, _ext, _ext2, _ext3 = _ext_callers({table!r})\n"
 

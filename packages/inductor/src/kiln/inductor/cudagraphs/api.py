@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from ..buckets import BucketedCall
+from ..size_buckets import BucketedCall
 from .function import CUDAGraphFunction, default_tree
 from .options import CUDAGraphOptions
 from .tree import CUDAGraphTree
@@ -41,7 +41,7 @@ def wrap_reduce_overhead(compiled_fn: Callable[..., Any], example_inputs: Sequen
                          options: CUDAGraphOptions | None = None) -> Callable[..., Any]:
     """How a backend applies mode="reduce-overhead" to one compiled graph (forward, backward, or a piece
     of a graph break): the result has the compiled graph's calling convention. A graph with size buckets
-    (``InductorOptions.cudagraph_sizes``, buckets.py) pads before the CUDA graphs see its inputs, so
+    (``InductorOptions.cudagraph_sizes``, size_buckets.py) pads before the CUDA graphs see its inputs, so
     they are recorded per bucket."""
     if isinstance(compiled_fn, BucketedCall):
         inner = cudagraphify(compiled_fn.fn, example_inputs, static_input_indices=static_input_indices, tree=tree,

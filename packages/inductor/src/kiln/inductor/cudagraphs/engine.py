@@ -113,11 +113,11 @@ class CudaGraphEngine:
     ``expandable``: the recordings of a training tree (``capture(expandable=True)``: a forward whose saved
     activations a backward will take over, the backward that frees them as it goes) allocate in
     expandable segments (one virtual range, pages mapped as needed), so what the backward frees serves its
-    own requests whatever their sizes. With fixed segments a request that fit no hole took a new
-    segment: ResNet-50 training's pool was 1,422 MB for an 886 MB allocated peak (H200); 1,064 MB with
-    both recordings expandable, 1,092 with the backward's alone. Inference recordings keep fixed
+    own requests whatever their sizes. With fixed segments a request that fits no hole takes a new
+    segment, and a training pool grows well past its allocated peak. Inference recordings keep fixed
     segments: a single graph's pool is then exactly the segments the same graph takes without CUDA
-    graphs (expandable ones were 0.9-1.25x those: better for transformers, worse for CNNs)."""
+    graphs (expandable ones are not smaller there: better for transformers, worse for CNNs).
+    benchmarks/RESULTS.md has the measurements."""
 
     device_type = "cuda"
     donates = CAN_DONATE

@@ -156,7 +156,7 @@ for _name in ("mm.default", "bmm.default", "addmm.default", "baddbmm.default", "
               "sort.default", "topk.default", "_fft_r2c.default", "_fft_c2r.default", "_fft_c2c.default",
               "_linalg_svd.default", "linalg_vector_norm.default"):
     RULES[f"aten.{_name}"] = _extern
-RULES["kiln_inductor.mm_padded.default"] = _extern  # padmm.py: a misaligned matmul's output
+RULES["kiln_inductor.mm_padded.default"] = _extern  # graph_passes/pad_matmuls.py: a misaligned matmul's output
 
 # the attention kernels that take an additive bias, and its position among their arguments
 _BIAS_ARG = {"aten._scaled_dot_product_efficient_attention.default": 3,

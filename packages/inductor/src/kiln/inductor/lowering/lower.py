@@ -12,6 +12,7 @@ from torch import fx
 
 from kiln.graph import target_name
 
+from ..graph_passes.conv_layout import channels_last_stride
 from ..ir import (
     ConstArg,
     DynamicShapeUnsupported,
@@ -25,7 +26,6 @@ from ..ir import (
     is_symbolic,
     sym_expr,
 )
-from ..layout import channels_last_stride
 from ..options import InductorOptions
 from .common import out_stride
 from .context import LoweringContext, NotLowered
@@ -160,7 +160,7 @@ def _share_stored(ctx: LoweringContext, node: fx.Node, val: Any) -> Any:
 
 
 def _layout_hint(node: fx.Node) -> tuple | None:
-    """Realized values keep a traced channels-last layout (layout.py); others are stored contiguous."""
+    """Realized values keep a traced channels-last layout (graph_passes/conv_layout.py); others are stored contiguous."""
     st = channels_last_stride(node)
     return tuple(as_index(s) for s in st) if st is not None else None
 

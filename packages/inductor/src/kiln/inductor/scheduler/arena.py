@@ -35,7 +35,7 @@ ALIGN = 512  # the caching allocator's block alignment: kernels' pointer alignme
 # through ATen's out= overloads and kiln's padded matmul; 2-D convolutions through cuDNN's or the
 # depthwise kernel's out= overload where ATen would pick that backend (program_helpers.conv_out)
 OUT_FORMS = {f"aten.{op}.default": f"torch.ops.aten.{op}.out" for op in ("mm", "addmm", "bmm", "baddbmm")}
-OUT_FORMS["kiln_inductor.mm_padded.default"] = "_mm_padded"  # padmm.py: a language model's logits
+OUT_FORMS["kiln_inductor.mm_padded.default"] = "_mm_padded"  # graph_passes/pad_matmuls.py: a language model's logits
 CONVOLUTION = "aten.convolution.default"
 
 

@@ -1,4 +1,4 @@
-"""Misaligned matmuls on zero-padded operands (kiln/inductor/padmm.py): same results, eager's strides."""
+"""Misaligned matmuls on zero-padded operands (kiln/inductor/graph_passes/pad_matmuls.py): same results, eager's strides."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
 from kiln.inductor.decomp_bridge import ensure_meta
-from kiln.inductor.padmm import pad_misaligned_matmuls
+from kiln.inductor.graph_passes.pad_matmuls import pad_misaligned_matmuls
 
 aten = torch.ops.aten
 OPTS = InductorOptions(strict_lowering=True)
@@ -103,7 +103,7 @@ def test_padded_graph_output_is_not_held_twice() -> None:
 @pytest.mark.parametrize("block", [4, 8, 16, 64])
 @pytest.mark.parametrize("m,n", [(53, 21), (1, 21), (64, 3), (200, 37), (8, 16)])
 def test_mm_padded_blocks_match_addmm(block: int, m: int, n: int) -> None:
-    from kiln.inductor.padmm import mm_padded_blocks
+    from kiln.inductor.graph_passes.pad_matmuls import mm_padded_blocks
     torch.manual_seed(0)
     a, w = torch.randn(m + 3, 16), torch.randn(n, 16)
     b = w.t()  # a transposed weight (nn.Linear) and a row-major one

@@ -1,4 +1,4 @@
-"""What kiln.inductor's graph rewrites before lowering share (gemv.py, padmm.py, stems.py): a node's
+"""What kiln.inductor's graph rewrites before lowering share (gemv_as_reduction.py, pad_matmuls.py, stems.py): a node's
 example value, and replacing the nodes a rule matches by what it builds in their place."""
 
 from __future__ import annotations

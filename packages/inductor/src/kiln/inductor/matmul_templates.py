@@ -1,5 +1,5 @@
 """max-autotune's matmul templates: each mm/addmm/bmm extern competes with a Triton template that has
-the pointwise kernel consuming the product fused into it (autotune/mm_template.py).
+the pointwise kernel consuming the product fused into it (autotune/matmul_template_kernel.py).
 
 For every static mm/addmm/bmm of a scheduled program on the Triton backend:
 
@@ -37,7 +37,7 @@ from .autotune import (
     buffers_for,
     tune_key,
 )
-from .autotune.mm_template import (
+from .autotune.matmul_template_kernel import (
     Epilogue,
     MatmulSpec,
     MatmulTritonKernel,
@@ -347,7 +347,7 @@ class _Bench:
 
 def site_problem(site: Site, layouts: dict[str, Layout], device: str, options: InductorOptions) -> Problem:
     """The tuning problem of one matmul site: cuBLAS (the default) against the template configurations
-    that fit the device (autotune/mm_template.py ``template_configs``), keyed so that identical sites
+    that fit the device (autotune/matmul_template_kernel.py ``template_configs``), keyed so that identical sites
     (the layers of a transformer) share it."""
     spec, tk = site.spec, site.template
     assert tk is not None

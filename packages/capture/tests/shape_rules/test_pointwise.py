@@ -1,4 +1,4 @@
-"""Pointwise rules (fast_pointwise): the same fake results as running the op, over many argument
+"""Pointwise rules (shape_rules/pointwise.py): the same fake results as running the op, over many argument
 sets, and capture uses them instead of torch's fake pointwise decompositions."""
 
 import itertools
@@ -11,9 +11,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kiln.capture as kc
-from kiln.capture.fast_pointwise import FAST_POINTWISE
+from kiln.capture.shape_rules.pointwise import FAST_POINTWISE
 
-from .conftest import assert_same
+from ..conftest import assert_same
 
 
 def _meta(t):

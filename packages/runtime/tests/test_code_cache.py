@@ -10,7 +10,7 @@ import torch
 from kiln.graph import Guard, GuardSet, PortableProgram, TensorSpec, tensor_expectation
 from kiln.runtime import CompileCache
 from kiln.runtime.cache import using_cache
-from kiln.runtime.fast_load import _CODE_NS, compile_cached, compile_guards, flush_code_writes
+from kiln.runtime.code_cache import _CODE_NS, compile_cached, compile_guards, flush_code_writes
 
 
 @pytest.fixture
@@ -140,7 +140,7 @@ def test_a_load_writes_its_code_objects_after_the_first_call(tmp_path: Path, mon
                                                             default_store: CompileCache) -> None:
     """The writer thread would take the GIL from the load and the first call (what a new machine
     waits on): a load queues its code objects and the writes start once the first call returns."""
-    from kiln.runtime import GuardError, fast_load, load_compiled_function, save_artifact
+    from kiln.runtime import GuardError, code_cache, load_compiled_function, save_artifact
 
     assert flush_code_writes(10)
     store = default_store
@@ -148,14 +148,14 @@ def test_a_load_writes_its_code_objects_after_the_first_call(tmp_path: Path, mon
     path = tmp_path / "a.kiln"
     save_artifact(path, prog, input_names=["x"], input_specs=[TensorSpec.from_tensor(torch.ones(2))])
     fn = load_compiled_function(str(path), cache=store)
-    assert fast_load.WRITER.pending and not fast_load.WRITER.running  # queued, not started
+    assert code_cache.WRITER.pending and not code_cache.WRITER.running  # queued, not started
     if first == "call":
         torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 5.0))
     else:
         with pytest.raises(GuardError):
             fn(torch.ones(3))
-    assert not fast_load.WRITER.held
-    assert flush_code_writes(10) and not fast_load.WRITER.pending
+    assert not code_cache.WRITER.held
+    assert flush_code_writes(10) and not code_cache.WRITER.pending
     assert [p for p in (tmp_path / "cache" / "v1" / "entries" / _CODE_NS).rglob("*") if p.is_file()]
     torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 5.0))
 
@@ -171,10 +171,10 @@ def test_writes_after_a_first_call_wait_a_moment_unless_flushed(tmp_path: Path, 
     import threading
     import time
 
-    from kiln.runtime import fast_load, load_compiled_function, save_artifact
+    from kiln.runtime import code_cache, load_compiled_function, save_artifact
 
     assert flush_code_writes(10)
-    monkeypatch.setattr(fast_load.WRITER, "delay_s", 60.0)
+    monkeypatch.setattr(code_cache.WRITER, "delay_s", 60.0)
     started = []
     monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self))  # none used
     store = default_store
@@ -184,14 +184,14 @@ def test_writes_after_a_first_call_wait_a_moment_unless_flushed(tmp_path: Path, 
     fn = load_compiled_function(str(tmp_path / "a.kiln"), cache=store)
     torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 7.0))
     time.sleep(0.3)
-    assert fast_load.WRITER.running and fast_load.WRITER.pending and not _entries(tmp_path / "cache")  # paused
+    assert code_cache.WRITER.running and code_cache.WRITER.pending and not _entries(tmp_path / "cache")  # paused
     t0 = time.perf_counter()
-    assert flush_code_writes(10) and not fast_load.WRITER.pending
+    assert flush_code_writes(10) and not code_cache.WRITER.pending
     assert time.perf_counter() - t0 < 10 and _entries(tmp_path / "cache") and not started
     # the next writer pauses again
     compile_cached("y = 1\n", "<again>", store)
     time.sleep(0.3)
-    assert fast_load.WRITER.pending
+    assert code_cache.WRITER.pending
     assert flush_code_writes(10) and len(_entries(tmp_path / "cache")) == 2
 
 

@@ -1,4 +1,4 @@
-"""Image stems (stems.py): a patch embedding rewritten as a matmul equals the convolution, in both
+"""Image stems (graph_passes/stems.py): a patch embedding rewritten as a matmul equals the convolution, in both
 input layouts, with and without bias; other convolutions are left alone; on the CUDA path
 (cross-compiled with fake tensors) the program calls a matmul and no convolution. A channels-last
 half-precision stem with its channels zero-padded to 8 equals the convolution."""
@@ -12,7 +12,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
-from kiln.inductor.stems import pad_stem_channels, rewrite_patch_convs
+from kiln.inductor.graph_passes.stems import pad_stem_channels, rewrite_patch_convs
 
 aten = torch.ops.aten
 

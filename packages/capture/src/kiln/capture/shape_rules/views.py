@@ -26,7 +26,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from kiln.graph import view_strides
 
-from .fast_meta import contiguous_strides
+from .functions import contiguous_strides
 
 Layout = tuple[list[int], list[int], int]  # sizes, strides, storage offset
 MethodRule = Callable[[Any, tuple, dict], Any]

@@ -1,4 +1,4 @@
-"""One-row matmuls as fused reductions (gemv.py) on the Triton backend (the interpreter on CPU): the
+"""One-row matmuls as fused reductions (graph_passes/gemv_as_reduction.py) on the Triton backend (the interpreter on CPU): the
 result equals eager's and no matmul extern is left."""
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
-"""Fast loads: code objects of generated Python kept in the local compile cache.
+"""The code cache: code objects of generated Python kept in the local compile cache (fast loads).
 
 Loading an artifact runs the program's generated Python (wrapper and launchers). Like CPython's
 ``.pyc`` files, its code objects are kept, marshalled, in this machine's compile cache (never in
 artifacts: an artifact holds only sources), keyed by the source text and the interpreter's bytecode
-magic. Guard checks need no cache: they are built without ``compile()`` (``kiln.graph.guards_plan``;
-earlier versions generated ~130 KB of Python for a mobilenet's 1,400 guards and cached it here).
+magic. Guard checks need no cache: they are built without ``compile()`` (``kiln.graph.guards_plan``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""View rules (fast_views): the same fake results as running the op, over many argument sets, and
+"""View rules (shape_rules/views.py): the same fake results as running the op, over many argument sets, and
 capture uses them instead of torch's fake view implementations."""
 
 import itertools
@@ -11,9 +11,9 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kiln.capture as kc
-from kiln.capture.fast_views import FAST_METHODS, fast_getitem
+from kiln.capture.shape_rules.views import FAST_METHODS, fast_getitem
 
-from .conftest import assert_same
+from ..conftest import assert_same
 
 
 def _meta(t):

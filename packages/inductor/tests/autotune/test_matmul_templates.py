@@ -1,4 +1,4 @@
-"""max-autotune's matmul templates in the pipeline (mm_templates.py, autotune/mm_template.py).
+"""max-autotune's matmul templates in the pipeline (matmul_templates.py, autotune/matmul_template_kernel.py).
 
 On CPU the kernels run in the Triton interpreter (conftest sets TRITON_INTERPRET=1 when there is no
 GPU) and a FakeTimer decides who wins; on a GPU the same tests run on the device.
@@ -16,8 +16,13 @@ from tracer import flat_outputs, trace
 
 from kiln.inductor import InductorOptions, compile_graph
 from kiln.inductor.autotune import AutotuneOptions, FakeTimer
-from kiln.inductor.autotune.mm_template import MatmulSpec, Operand, TemplateKernel, template_configs
-from kiln.inductor.mm_templates import _groups, find_sites
+from kiln.inductor.autotune.matmul_template_kernel import (
+    MatmulSpec,
+    Operand,
+    TemplateKernel,
+    template_configs,
+)
+from kiln.inductor.matmul_templates import _groups, find_sites
 
 pytestmark = [
     pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
@@ -201,7 +206,7 @@ def test_identical_layers_are_tuned_once(tmp_path):
 
 
 def test_a_failing_tuning_keeps_the_extern_and_says_so(tmp_path, monkeypatch, caplog):
-    import kiln.inductor.mm_templates as mt
+    import kiln.inductor.matmul_templates as mt
 
     def boom(*a, **k):
         raise RuntimeError("scratch buffers unavailable")

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensor
 
-from .fast_meta import _autocast_on, contiguous_strides, fresh_contiguous
+from .functions import _autocast_on, contiguous_strides, fresh_contiguous
 
 PointwiseRule = Callable[[tuple, dict], Any]
 _increment_version = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)

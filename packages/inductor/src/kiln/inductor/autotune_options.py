@@ -1,10 +1,13 @@
-"""Options of max-autotune, one frozen value passed down; and what each compile mode turns on."""
+"""Options of max-autotune (one frozen value, part of InductorOptions), and what each compile mode turns on.
+
+A module of its own beside options.py: InductorOptions holds these, and code generation imports
+InductorOptions, so they must not live inside the autotune package (which builds on codegen)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..knobs import KNOBS
+from .knobs import KNOBS
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -12,9 +15,9 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 @dataclass(frozen=True, slots=True)
 class AutotuneOptions:
     # most configurations benchmarked per generated kernel (the default included). 1 = generated
-    # kernels keep their heuristic configuration: with 8, GPT-2 inference on the H200 ran at 0.56x
-    # default mode (6.9 vs 3.9 ms; no template won; configs timed alone did not hold up in the
-    # program), so config tuning is opt-in until that is understood
+    # kernels keep their heuristic configuration: configurations timed alone did not hold up in the
+    # whole program (GPT-2 inference ran slower than default mode), so config tuning is opt-in until
+    # that is understood
     kernel_configs: int = 1
     matmul_configs: int | None = None  # most template configurations per matmul (None: all that fit)
     margin: float = 0.03  # a tuned choice must take < (1 - margin) of the default's time to replace it

@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from kiln.graph import annotations_of, autocast_off, log, target_name
 
-from .ir import is_dense
+from ..ir import is_dense
 
 aten = torch.ops.aten
 CONV = aten.convolution.default
@@ -132,10 +132,9 @@ def _auto(gm: fx.GraphModule, convs: list[fx.Node]) -> LayoutDecision:
         # BatchNorm/ReLU backward kernel (strided reads), where cuDNN transposes with tiled kernels
         return LayoutDecision(False, f"auto: {n_in} NCHW activation inputs feed pointwise work (saved "
                                      "activations of a forward kept NCHW)")
-    # training (a backward graph, or a forward whose saved outputs are marked). Measured on the H200
-    # (benchmarks/RESULTS.md, session 4): with channels-last training graphs ResNet-50 AMP training ran
-    # at 0.49x eager and MobileNetV3 0.57x (NCHW: 1.37x / 1.22x the session before): BatchNorm's
-    # statistics become column reductions, which kiln's Triton reductions do not split yet
+    # training (a backward graph, or a forward whose saved outputs are marked): channels-last training
+    # graphs ran slower than eager on the H200 where NCHW ones are faster (benchmarks/RESULTS.md):
+    # BatchNorm's statistics become column reductions, which kiln's Triton reductions do not split yet
     if annotations_of(gm).layout_free_outputs is not None or any(n.target is CONV_BACKWARD for n in convs):
         if not TRAINING_CHANNELS_LAST:
             return LayoutDecision(False, "auto: training graphs keep NCHW (BatchNorm statistics over NHWC "
@@ -149,7 +148,7 @@ def _auto(gm: fx.GraphModule, convs: list[fx.Node]) -> LayoutDecision:
         return LayoutDecision(True, "auto: training convolutions")
     pooled = _spatial_reduction_before_conv(gm, convs)
     if pooled is not None:
-        # squeeze-excite: MobileNetV3 inference measured 0.86x eager channels-last vs 2.15x NCHW
+        # squeeze-excite (MobileNetV3): channels-last inference is slower than eager, NCHW faster
         return LayoutDecision(False, f"auto: {pooled} reduces over H and W before later convolutions "
                                      "(squeeze-excite): a column reduction in NHWC")
     flops = {"grouped": 0.0, "small": 0.0, "in_out": 0.0, "default": 0.0}

@@ -1,4 +1,4 @@
-"""Input mutations by index_put run in place when kiln.autograd marks them (reinplace.py)."""
+"""Input mutations by index_put run in place when kiln.autograd marks them (graph_passes/reinplace.py)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from .fx_rewrite import node_val, replace_nodes
+from .rewrite import node_val, replace_nodes
 
 aten = torch.ops.aten
 

@@ -1,4 +1,4 @@
-"""Shape rules (fast_meta): the same fake results as running the function, and capture uses them."""
+"""Shape rules (shape_rules/functions.py): the same fake results as running the function, and capture uses them."""
 
 import pytest
 import torch
@@ -7,9 +7,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kiln.capture as kc
-from kiln.capture.fast_meta import fast_result
+from kiln.capture.shape_rules.functions import fast_result
 
-from .conftest import assert_same
+from ..conftest import assert_same
 
 
 def _meta(t):
@@ -160,7 +160,7 @@ def test_repeated_calls_reuse_the_memoized_fake_result(recorder, monkeypatch, gr
 
 
 def test_memo_key_describes_everything_that_decides_the_result():
-    from kiln.capture.fast_meta import memo_key
+    from kiln.capture.shape_rules.functions import memo_key
 
     mode = FakeTensorMode()
     x = mode.from_tensor(torch.randn(2, 8))

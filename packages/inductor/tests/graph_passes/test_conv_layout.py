@@ -1,4 +1,4 @@
-"""Channels-last convolution graphs (layout.py): results and strides vs eager, no transposes between
+"""Channels-last convolution graphs (graph_passes/conv_layout.py): results and strides vs eager, no transposes between
 convolutions, loops in memory order, training (forward + backward graphs), and the auto heuristics."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from tracer import flat_outputs, trace
 
 from kiln.graph import GraphAnnotations, annotate
 from kiln.inductor import InductorOptions, compile_graph
+from kiln.inductor.graph_passes.conv_layout import decide
 from kiln.inductor.ir import ExternKernel, Kernel, index_vars, reads
-from kiln.inductor.layout import decide
 
 CL = STRICT.replace(conv_layout="channels_last")
 KEEP = STRICT.replace(conv_layout="keep")
@@ -330,7 +330,7 @@ def trace_fake(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.fx.GraphM
 
 
 def test_auto_is_off_on_cpu_and_on_for_cuda_convs(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kiln.inductor.layout as layout_mod
+    import kiln.inductor.graph_passes.conv_layout as layout_mod
 
     monkeypatch.setattr(layout_mod, "TRAINING_CHANNELS_LAST", True)  # the training rules themselves
     gm, ex = _fake_graph("cpu", 128, 128)
@@ -381,7 +381,7 @@ def test_auto_skips_graphs_mixing_nchw_inputs_into_nhwc_work() -> None:
 def test_auto_training_backward_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     """convolution_backward's arguments sit elsewhere than convolution's (transposed at 7, groups at 9);
     by default training graphs keep NCHW (measured slower channels-last on the H200)."""
-    import kiln.inductor.layout as layout_mod
+    import kiln.inductor.graph_passes.conv_layout as layout_mod
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
@@ -561,7 +561,7 @@ def test_transposed_1d_and_3d_convolutions() -> None:
 def test_channels_last_rewrite_values_match_a_full_repropagation(monkeypatch) -> None:
     """The conversion's later re-propagations reuse the values of nodes whose inputs did not change;
     every node ends with the metadata a from-scratch re-propagation gives."""
-    from kiln.inductor import layout as L
+    from kiln.inductor.graph_passes import conv_layout as L
 
     torch.manual_seed(0)
     m = Bottleneck().eval()

@@ -2,9 +2,9 @@
 that cuDNN needs no workspace for them (CUDA).
 
 Why: a workspace is an allocation ATen makes inside the call, outside kiln's memory plan. In a CUDA
-graph's private pool it takes a segment beside kiln's arena (scheduler/arena.py): ResNet-50's stem
-(bs 32, bf16, channels-last, H200) took 24.5 MB, ViT-B/16's patch embedding 36.7 MB, and the pools
-were 1.24x and 1.37x the graphs' allocated peaks.
+graph's private pool it takes a segment beside kiln's arena (scheduler/arena.py), and for ResNet-50's
+and ViT-B/16's stems that segment made the pool a quarter to a third larger than the graph's
+allocated peak.
 
 - Patch embeddings (``rewrite_patch_convs``): a convolution whose kernel equals its stride, with no
   padding, dilation, groups or transposition (ViT, DeiT, BEiT, Swin; ConvNeXt's stem) reads every
@@ -13,9 +13,9 @@ were 1.24x and 1.37x the graphs' allocated peaks.
   is channels-last in memory (``[N, Ho, Wo, C_out]`` viewed as NCHW), which a vision transformer's
   flatten + transpose reads as a view.
 - Channel padding (``pad_stem_channels``): cuDNN's channels-last half-precision kernels work on a
-  multiple of 8 channels and padded the 3-channel image in a workspace (24.5 MB, exactly the image at
-  8 channels); with input and weight zero-padded to 8 channels by kiln (one fused kernel into a
-  planned buffer, the same sum) it allocates nothing.
+  multiple of 8 channels and pad the 3-channel image in a workspace (the image at 8 channels); with
+  input and weight zero-padded to 8 channels by kiln (one fused kernel into a planned buffer, the
+  same sum) it allocates nothing.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 from torch import fx
 
-from .fx_rewrite import node_val, replace_nodes
+from .rewrite import node_val, replace_nodes
 
 aten = torch.ops.aten
 

@@ -1,21 +1,20 @@
 """Matmuls with a misaligned dimension get zero-padded operands (CUDA only).
 
 cuBLAS picks its fast tensor-core kernels only when the operands' leading dimensions are multiples of
-16 bytes. GPT-2's LM head (50257 words) is not: ``x @ W.T`` for 4096 tokens took 3.35 ms on an H200,
-the same product with ``W`` padded to 50264 rows 0.46 ms; BERT's 30522-word head 0.82 -> 0.29 ms
-(``benchmarks/mm_layout_probe.py``). So a large ``mm``/``addmm`` whose M, N or K is not a multiple of
-8 (16-bit) or 4 (fp32) elements computes on zero-padded operands: padding K adds zero products,
-padded M rows / N columns are sliced off the result. Each pad is one copy of that operand. The result
-is a slice of the padded product (rows of the padded stride) where kernels of the graph read it.
+16 bytes. GPT-2's LM head (50257 words) and BERT's (30522) are not, and their products run several
+times faster on padded operands (``benchmarks/mm_layout_probe.py`` measures it). So a large
+``mm``/``addmm`` whose M, N or K is not a multiple of 8 (16-bit) or 4 (fp32) elements computes on
+zero-padded operands: padding K adds zero products, padded M rows / N columns are sliced off the
+result. Each pad is one copy of that operand. The result is a slice of the padded product (rows of
+the padded stride) where kernels of the graph read it.
 
 Where it leaves the graph or a view op reads it, callers need eager's contiguous layout. Slicing and
 copying the whole padded product held both at once, plus the padded weight (GPT-2's LM head:
 2 x 393 + 74 MB for 8 x 512 tokens, over eager's peak). There ``kiln_inductor::mm_padded`` computes
 ``BLOCK`` aligned columns at a time into a workspace inside the result's own not-yet-written last
 rows and copies each block into place; those last rows (~4% for GPT-2) take the unaligned call.
-(Halving row chunks written through a padded leading dimension took 13 launches instead of 51, but
-GPT-2 inference went from 4.4 to 7.0 ms a step on the H200: cuBLAS is slow there; reverted.)
-Extra memory: none (the result, as eager); the weight is never padded.
+(Row chunks written through a padded leading dimension would take fewer launches, but cuBLAS is slow
+on such outputs.) Extra memory: none (the result, as eager); the weight is never padded.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from .fx_rewrite import node_val, replace_nodes
+from .rewrite import node_val, replace_nodes
 
 aten = torch.ops.aten
 
@@ -42,7 +41,7 @@ _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, at
 # runs with torch alone, without this package registering the op.
 MM_PADDED_SOURCE = '''
 def _mm_padded(bias, a, b, m, block, out=None):
-    """kiln_inductor::mm_padded (kiln.inductor padmm.py): ``addmm(bias, a, b)[:m]`` in a new contiguous
+    """kiln_inductor::mm_padded (kiln.inductor graph_passes/pad_matmuls.py): ``addmm(bias, a, b)[:m]`` in a new contiguous
     tensor, with no memory beyond it. cuBLAS is fast only on aligned widths, which the result's odd
     row length is not. So the first ``m - tail`` rows are computed ``block`` (aligned) columns at a
     time into a workspace carved out of the result's own last ``tail`` rows (not written yet), each

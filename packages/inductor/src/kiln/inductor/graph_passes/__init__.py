@@ -1,0 +1,14 @@
+"""kiln.inductor's graph passes: rewrites of the core ATen FX graph before it is lowered to loops.
+
+Each module is one rewrite over a ``torch.fx.GraphModule`` (``pipeline.py`` says in which order they
+run and on which backend):
+
+    lift_constants      tensor constants (``get_attr``) become trailing graph inputs
+    stems               CUDA image stems without cuDNN workspaces (patch convs as matmuls, padded channels)
+    conv_layout         2-D convolutions and the work between them in channels-last memory
+    gemv_as_reduction   one-row matmuls as fused multiply-reduce (Triton)
+    pad_matmuls         misaligned CUDA matmuls on zero-padded operands (``kiln_inductor::mm_padded``)
+    reinplace           functional updates of mutated inputs (a KV cache) written in place
+    rewrite             what the rewrites share: a node's example value, node-for-node replacement
+    verify              the graph level's verifier, run after every graph pass under KILN_VERIFY=1
+"""
