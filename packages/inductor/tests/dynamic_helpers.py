@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -42,7 +43,9 @@ def symbolic_graph(fn: Callable[..., Any], *args: Any,
             ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
                                                           for d in range(a.dim())])
             fakes.append(mode.from_tensor(a, symbolic_context=ctx))
-        with mode:
+        # the Python dispatcher, as make_fx's symbolic mode and kiln's tracers use it: torch 2.11's C++
+        # matmul of a 3-D by a 2-D tensor (F.linear without bias) asks for numel() and fails otherwise
+        with mode, enable_python_dispatcher():
             gm = make_fx(fn, tracing_mode="real")(*fakes)
     gm = decomp.decompose(gm, inductor_decompositions(), check=False)
     examples = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]

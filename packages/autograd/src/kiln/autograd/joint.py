@@ -27,6 +27,7 @@ from kiln.graph import (
     print_graph,
     py_expr,
     shape_env_of,
+    symbolic_dispatch,
 )
 
 from .attention import SDPA_TARGETS, fused_attention
@@ -255,7 +256,7 @@ def _trace(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: De
     grad_ctx = torch.enable_grad() if joint else torch.no_grad()
     # cudnn off while tracing: cudnn_batch_norm writes running stats without saying so in its schema;
     # the native kernels it falls back to have functional forms. Convolutions still pick cudnn at run time.
-    with mode, grad_ctx, torch.backends.cudnn.flags(enabled=False), \
+    with mode, grad_ctx, torch.backends.cudnn.flags(enabled=False), symbolic_dispatch(shape_env is not None), \
             swapped_state(gm, dict(zip(state_names, primals))):
         with tracer:
             result = interp.run(*primals[len(state):])

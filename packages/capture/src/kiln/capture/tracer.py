@@ -19,13 +19,19 @@ from typing import Any
 import sympy
 import torch
 from torch import fx, nn
-from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental import symbolic_shapes
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from kiln.graph import Guard, TensorSpec, global_state, tensor_expectation, type_name
+from kiln.graph import (
+    Guard,
+    TensorSpec,
+    global_state,
+    symbolic_dispatch,
+    tensor_expectation,
+    type_name,
+)
 
 from .deferred import is_random_target, seed_pending
 from .errors import GraphBreak, Unsupported
@@ -43,19 +49,6 @@ CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellips
 
 # dim sets the cache decides for a source: which dims of this input tensor are dynamic
 DynamicPolicy = Callable[[str, Any], frozenset[int]]  # (source, tensor or int arg) -> dynamic dims
-
-
-def _run_fake(run: Callable[[], Any], symbolic: bool) -> Any:
-    """``run()`` on fake values. With symbolic sizes, an op whose C++ kernel takes a plain int list (the
-    pads of ``constant_pad_nd``) refuses SymInts; its Python meta rule, which the Python dispatcher reaches,
-    takes them, so such a call is run again through it."""
-    try:
-        return run()
-    except RuntimeError as e:
-        if not symbolic or "expected to contain only concrete integers" not in str(e):
-            raise
-    with enable_python_dispatcher():
-        return run()
 
 
 @dataclass
@@ -406,7 +399,8 @@ class Tracer:
         node_kwargs = self.to_arg(kwargs)
         try:
             with self.fake_mode:
-                result = _run_fake(run, self._symbolic())
+                with symbolic_dispatch(self._symbolic()):
+                    result = run()
         except GraphBreak:
             raise
         except Exception as e:

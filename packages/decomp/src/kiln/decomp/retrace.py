@@ -26,6 +26,8 @@ from kiln.graph import (
     lazy_graph_module,
     log,
     map_leaves,
+    shape_env_of,
+    symbolic_dispatch,
     target_name,
 )
 from kiln.graph import verify as verify_dialect
@@ -331,6 +333,6 @@ def trace(fn: Callable[..., Any], args: Sequence[Any], table: Table | None = Non
                 recorder.bind(v, node)
             fakes.append(v)
     fargs, fkwargs = tree_unflatten(fakes, spec)
-    with mode, recorder:
+    with mode, symbolic_dispatch(shape_env_of(fakes) is not None), recorder:
         out = fn(*fargs, **fkwargs)
     return _finish(graph, root, recorder, out, {})

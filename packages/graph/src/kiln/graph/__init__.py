@@ -82,6 +82,7 @@ from .symbolic import (
     shape_env_of,
     size_evaluator,
     size_hint,
+    symbolic_dispatch,
 )
 from .trees import map_leaves
 from .verify import is_pure_op, verify
@@ -103,7 +104,7 @@ __all__ = [
     "enabled",
     "example_specs", "global_state", "lazy_graph_module", "log", "new_graph_id", "print_graph", "run_pipeline",
     "is_pure_op", "set_logs", "SymbolNodes", "SymbolicSizeError", "has_symbolic_sizes", "is_symbolic",
-    "py_expr", "shape_env_of", "size_evaluator", "size_hint", "target_name", "tensor_expectation", "type_name", "verify", "view_strides",
+    "py_expr", "shape_env_of", "size_evaluator", "size_hint", "symbolic_dispatch", "target_name", "tensor_expectation", "type_name", "verify", "view_strides",
 ]
 
 apply_env_logs(KNOBS.logs)  # every stage honours KILN_LOGS, installed alone or together

@@ -24,6 +24,7 @@ served by the compiled graph.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 from collections.abc import Callable
@@ -31,6 +32,7 @@ from typing import Any
 
 import torch
 from torch import fx
+from torch._dispatch.python import enable_python_dispatcher
 
 _REL = {"Equality": "==", "Unequality": "!=", "StrictLessThan": "<", "LessThan": "<=",
         "StrictGreaterThan": ">", "GreaterThan": ">="}
@@ -110,6 +112,19 @@ def shape_env_of(values: Any) -> Any:
         elif is_symbolic(v):
             return v.node.shape_env
     return None
+
+
+def symbolic_dispatch(symbolic: bool) -> contextlib.AbstractContextManager[Any]:
+    """The context fake tensors with symbolic sizes are traced in: torch's Python dispatcher.
+
+    Note: composite ATen ops implemented in C++ read sizes as plain ints in some torch releases
+    (torch 2.11's ``matmul`` of a 3-D by a 2-D tensor, reached from ``F.linear`` without bias, asks for
+    ``numel()``/``sizes()``); on fake tensors that either raises or, through FakeTensor's ``aten.size``
+    handler, turns each size into an int and specialises it (a guard ``s0 == 3`` that makes the
+    graph serve one size). Their Python implementations, which the Python dispatcher reaches, keep
+    SymInts, as do the meta rules of ops whose C++ kernels refuse SymInt lists (``constant_pad_nd``).
+    Static traces keep the C++ path (faster, and nothing to specialise)."""
+    return enable_python_dispatcher() if symbolic else contextlib.nullcontext()
 
 
 def size_hint(v: Any) -> int:
