@@ -52,6 +52,27 @@ def symbolic_graph(fn: Callable[..., Any], *args: Any,
     return gm, examples
 
 
+def symbolic_fakes_graph(fn: Callable[..., Any], shapes: list[tuple[int, ...]], dynamic: dict[int, tuple[int, ...]],
+                         device: str, dtype: torch.dtype) -> tuple[torch.fx.GraphModule, list[Any], ShapeEnv]:
+    """``fn`` traced on fake tensors of ``shapes`` on ``device`` (a CUDA build makes fake CUDA tensors
+    without a GPU), the dims in ``dynamic`` symbolic over one ShapeEnv, decomposed as kiln's backend
+    hands graphs to compile_graph; its example inputs; the ShapeEnv (to check what the trace assumed)."""
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    fakes = []
+    for k, shape in enumerate(shapes):
+        dims = dynamic.get(k, ())
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
+                                                      for d in range(len(shape))])
+        meta = mode.from_tensor(torch.empty(shape, device="meta"), symbolic_context=ctx)
+        with mode:
+            fakes.append(torch.empty(meta.shape, device=device, dtype=dtype))
+    with mode, enable_python_dispatcher():
+        gm = make_fx(fn, tracing_mode="real")(*fakes)
+    gm = decomp.decompose(gm, inductor_decompositions(), check=False)
+    return gm, [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"], env
+
+
 def compile_symbolic(fn: Callable[..., Any], *args: Any, options: InductorOptions = CPP,
                      dynamic: dict[int, tuple[int, ...]] | None = None) -> CompiledGraph:
     gm, examples = symbolic_graph(fn, *args, dynamic=dynamic)
