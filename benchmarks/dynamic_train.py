@@ -178,15 +178,16 @@ def table(payload: dict[str, dict[str, Any]], probe_sizes: list[int]) -> str:
             rows.append([backend, na(res["error"])] + ["n/a"] * (6 + 3 * len(probe_sizes)))
             continue
         c = res["after_stream"] if backend != "kiln_static" else res["after_probes"]
+        static_row = backend == "kiln_static"  # no stream: compiled per probe size
         cells = [backend, c["compiles"], c["breaks"], fmt(c["eager_fallbacks"], 0),
-                 "yes" if res["ran_eagerly"] else "no", fmt(res["stream_s"]),
+                 "yes" if res["ran_eagerly"] else "no", "-" if static_row else fmt(res["stream_s"]),
                  fmt(_loss_diff(res, eager), 4) if backend != "eager" and backend != "kiln_static" else "-"]
         for seq in probe_sizes:
             ms = res["step_ms"].get(str(seq))
             cells += [fmt(ms), fmt(ratio(static.get(str(seq)), ms)), fmt(ratio(tc.get(str(seq)), ms))]
         cells.append(res["after_probes"]["compiles"])
         rows.append(cells)
-    heads = ["backend", "compiles (stream)", "graph breaks", "eager fallbacks", "ran eagerly",
+    heads = ["backend", "compiles (stream; kiln_static: probes)", "graph breaks", "eager fallbacks", "ran eagerly",
              "stream wall s", "max rel loss diff vs eager"]
     for seq in probe_sizes:
         heads += [f"step ms @{seq}", f"speed vs kiln static @{seq}", f"speed vs torch.compile @{seq}"]

@@ -45,3 +45,4 @@ def test_flash_attention_forward_and_backward_lower_with_symbolic_lengths() -> N
     sym_args = [str(a.value) for a in bwd.args if isinstance(getattr(a, "value", None), sympy.Expr)]
     assert sym_args == [q_len, k_len], bwd.as_text()  # max_q, max_k: computed from the inputs' sizes
     assert not {str(s): str(e) for s, e in env.replacements.items() if e.is_number}
+
