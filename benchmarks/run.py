@@ -44,6 +44,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--isolate-kiln", action="store_true",
                    help="run kiln's row in its own process (default: one process per model and mode, "
                         "backends timed in alternating rounds so host drift hits all alike)")
+    p.add_argument("--dynamic", action="store_true",
+                   help="also compile with dynamic=True (kiln and torch.compile, one more process per "
+                        "model and mode) and report each compiler's dynamic geomean against its static one")
     p.add_argument("--budget-s", type=float, default=None,
                    help="stop starting new rows after this many seconds (rows left are "
                         "reported as not run)")
@@ -57,13 +60,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def plan(args: argparse.Namespace) -> list[tuple[str, str, list[str]]]:
-    """(model, mode, backends of one child process), inference first (cheaper). Eager first (the
-    reference), then kiln, then torch.compile."""
+def plan(args: argparse.Namespace) -> list[tuple[str, str, list[str], bool]]:
+    """(model, mode, backends of one child process, dynamic=True), inference first (cheaper). Eager
+    first (the reference), then kiln, then torch.compile; with ``--dynamic``, the compilers again with
+    dynamic=True in a process of their own (a second compile of the same module in one process could
+    meet the first one's cache entries)."""
     order = sorted(args.backends, key=["eager", "kiln", "torch_compile"].index)
     groups = ([[b for b in order if b != "kiln"], [b for b in order if b == "kiln"]]
               if args.isolate_kiln else [order])
-    return [(model, mode, g) for mode in args.modes for model in args.models for g in groups if g]
+    runs = [(g, False) for g in groups if g]
+    if args.dynamic:
+        runs.append(([b for b in order if b != "eager"], True))
+    return [(model, mode, g, dyn) for mode in args.modes for model in args.models for g, dyn in runs if g]
 
 
 def describe(row: dict[str, Any], eager_ms: float | None) -> str:
@@ -81,14 +89,14 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info(args.device, module="benchmarks.run", threads=args.threads)
     settings = {"device": args.device, "small": args.small, "iters": args.iters,
                 "warmup": args.warmup, "kiln_backend": args.kiln_backend,
-                "tc_backend": args.tc_backend, "compile_mode": args.compile_mode}
+                "tc_backend": args.tc_backend, "compile_mode": args.compile_mode, "dynamic": args.dynamic}
     print(f"suite: {len(args.models)} models x {args.modes} x {args.backends} on {args.device}"
           f" -> {args.out}", flush=True)
     rows: list[dict[str, Any]] = []
     eager_ms: dict[tuple[str, str], float] = {}
     t_start = time.perf_counter()
     (args.out / "logs").mkdir(exist_ok=True)
-    for model, mode, group in plan(args):
+    for model, mode, group, dynamic in plan(args):
         elapsed = time.perf_counter() - t_start
         if args.budget_s is not None and elapsed > args.budget_s:
             for b in group:
@@ -101,13 +109,13 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = dict(model=model, mode=mode, backends=group, device=args.device,
                       small=args.small, iters=args.iters, warmup=args.warmup,
                       kiln_backend=args.kiln_backend, tc_backend=args.tc_backend,
-                      compile_mode=args.compile_mode, explain=args.explain)
-        log = args.out / "logs" / f"{model}-{mode}-{'-'.join(group)}.log"
+                      compile_mode=args.compile_mode, explain=args.explain, dynamic=dynamic)
+        log = args.out / "logs" / f"{model}-{mode}-{'-'.join(group)}{'-dynamic' if dynamic else ''}.log"
         result = run_isolated("benchmarks.kiln_bench.suite_worker:measure_rows", kwargs,
                               timeout_s=timeout, log_path=log, env=cli.child_env(args))
         new = result.get("rows") or [
-            {"model": model, "mode": mode, "backend": b, "error": result.get("error", "?")}
-            for b in group]
+            {"model": model, "mode": mode, "backend": suite_report.row_backend(b, dynamic),
+             "error": result.get("error", "?")} for b in group]
         for r in new:
             r["child_wall_s"] = result.get("child_wall_s")
             if r["backend"] == "eager" and r.get("median_ms"):

@@ -279,3 +279,29 @@ def test_pad_to_a_multiple_of_a_symbolic_size(backend: str) -> None:
     s = kiln.stats()
     assert (s.graphs_compiled, s.frames_run_eagerly) == (1, 0)
     assert s.graphs_run_eagerly == (1 if backend == "inductor" else 0)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_linear_without_bias_stays_symbolic_in_training(backend: str) -> None:
+    """``F.linear(x, w)`` of a 3-D input (every Llama projection): torch 2.11's C++ matmul reads the
+    input's sizes as ints, which on fake tensors pinned batch and sequence (a guard ``s0 == 3`` per
+    size, 8 compiles, then eager). Capture, autograd and decomp trace symbolic sizes through the Python
+    dispatcher, so one compile serves every size, forward and backward, called with fresh inputs."""
+    w = torch.randn(12, 8, requires_grad=True)
+
+    def f(x, w):
+        return F.linear(torch.tanh(x), w).relu().sum(-1)
+
+    kiln.stats_reset()
+    cf = kiln.compile(f, dynamic=True, backend=backend)
+    for b, t in ((2, 5), (3, 9), (4, 7), (2, 13)):
+        x = torch.randn(b, t, 8, requires_grad=True)
+        got = cf(x, w)
+        want = f(x, w)
+        torch.testing.assert_close(got, want)
+        gx, gw = torch.autograd.grad(got.sum(), (x, w))
+        ex, ew = torch.autograd.grad(want.sum(), (x, w))
+        torch.testing.assert_close(gx, ex)
+        torch.testing.assert_close(gw, ew)
+    s = kiln.stats()
+    assert (s.graphs_compiled, s.frames_run_eagerly, s.graphs_run_eagerly) == (1, 0, 0), s

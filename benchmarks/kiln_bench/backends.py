@@ -14,7 +14,8 @@ from typing import Any
 import torch
 
 BACKENDS: tuple[str, ...] = ("eager", "kiln", "torch_compile")
-LABELS = {"eager": "eager", "kiln": "kiln", "torch_compile": "torch.compile"}
+LABELS = {"eager": "eager", "kiln": "kiln", "torch_compile": "torch.compile",
+          "kiln_dynamic": "kiln dynamic=True", "torch_compile_dynamic": "torch.compile dynamic=True"}
 
 
 class BackendUnavailable(RuntimeError):

@@ -17,6 +17,19 @@ HEADERS = (
 )
 
 
+COMPILERS = ("kiln", "torch_compile")
+DYNAMIC_HEADERS = (
+    "model", "mode", "kiln static ms", "kiln dynamic ms", "kiln dynamic / static speed",
+    "torch.compile static ms", "torch.compile dynamic ms", "torch.compile dynamic / static speed",
+    "graphs/breaks dynamic (kiln / tc)", "out rel err dynamic (kiln / tc)",
+)
+
+
+def row_backend(backend: str, dynamic: bool) -> str:
+    """The row name of ``backend`` compiled with dynamic=True (``kiln_dynamic``) or not."""
+    return f"{backend}_dynamic" if dynamic and backend != "eager" else backend
+
+
 def group_rows(rows: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, dict]]:
     grouped: dict[tuple[str, str], dict[str, dict]] = {}
     for r in rows:
@@ -105,6 +118,54 @@ def tables(rows: Sequence[dict[str, Any]]) -> str:
     return "\n\n".join(out)
 
 
+def dynamic_loss(grouped: dict[tuple[str, str], dict[str, dict]], mode: str,
+                 compiler: str) -> dict[str, float | None]:
+    """One compiler's dynamic=True against its static rows of ``mode``, over the models where both
+    ran: geomean speedups over eager of each, and ``loss`` = 1 - dynamic geomean / static geomean
+    (> 0: dynamic=True is slower)."""
+    stat, dyn = [], []
+    for (_, m), by in grouped.items():
+        eager = by.get("eager", {}).get("median_ms")
+        s_ms = by.get(compiler, {}).get("median_ms")
+        d_ms = by.get(f"{compiler}_dynamic", {}).get("median_ms")
+        if m == mode and eager and s_ms and d_ms:
+            stat.append(eager / s_ms)
+            dyn.append(eager / d_ms)
+    gs, gd = geomean(stat), geomean(dyn)
+    return {"static": gs, "dynamic": gd, "loss": (1 - gd / gs) if gs and gd else None, "models": len(stat)}
+
+
+def dynamic_tables(rows: Sequence[dict[str, Any]]) -> str:
+    """The dynamic=True rows beside each compiler's static ones (empty without ``--dynamic`` rows)."""
+    grouped = group_rows(rows)
+    if not any(b.endswith("_dynamic") for by in grouped.values() for b in by):
+        return ""
+    out = []
+    for mode in ("inference", "training"):
+        keys = [k for k in grouped if k[1] == mode]
+        if not keys:
+            continue
+        body = []
+        for model, _ in keys:
+            by = grouped[(model, mode)]
+            cells = [model, mode]
+            for c in COMPILERS:
+                st, dy = by.get(c), by.get(f"{c}_dynamic")
+                ok = st and dy and st.get("median_ms") and dy.get("median_ms")
+                cells += [_ms(st), _ms(dy, show_error=True), fmt(ratio(st["median_ms"], dy["median_ms"])) if ok else "-"]
+            kd, td = by.get("kiln_dynamic"), by.get("torch_compile_dynamic")
+            cells += [f"{_graphs(kd)} / {_graphs(td)}", f"{_err(kd, 'acc_out')} / {_err(td, 'acc_out')}"]
+            body.append(cells)
+        summary = ["**geomean**", mode]
+        for c in COMPILERS:
+            d = dynamic_loss(grouped, mode, c)
+            summary += [f"{fmt(d['static'])}x eager", f"{fmt(d['dynamic'])}x eager",
+                        "loss " + (f"{d['loss'] * 100:.1f}%" if d["loss"] is not None else "-")]
+        body.append(summary + ["", ""])
+        out.append(f"### {mode}, dynamic=True against static\n\n" + markdown_table(DYNAMIC_HEADERS, body))
+    return "\n\n".join(out)
+
+
 def notes(rows: Sequence[dict[str, Any]]) -> str:
     lines = []
     for r in rows:
@@ -138,6 +199,11 @@ def markdown(rows: Sequence[dict[str, Any]], info: dict[str, Any], settings: dic
         + "; rel err = max|compiled - eager| / max|eager| (outputs; gradients for training).",
         tables(rows),
     ]
+    dyn = dynamic_tables(rows)
+    if dyn:
+        parts.append("dynamic=True rows ran in a process of their own per model and mode (the compilers "
+                     "only; speedups use the static process's eager time); loss = 1 - dynamic geomean / "
+                     "static geomean over eager.\n\n" + dyn)
     n = notes(rows)
     if n:
         parts.append("Notes:\n\n" + n)
@@ -152,6 +218,11 @@ def geomeans(rows: Sequence[dict[str, Any]]) -> dict[str, dict[str, float | None
         if sps:
             result[mode] = {b: geomean(s[b] for s in sps if s[b] is not None)
                             for b in ("kiln", "torch_compile")}
+            for c in COMPILERS:
+                d = dynamic_loss(grouped, mode, c)
+                if d["models"]:
+                    result[mode][f"{c}_dynamic"] = d["dynamic"]
+                    result[mode][f"{c}_dynamic_loss"] = d["loss"]
     return result
 
 

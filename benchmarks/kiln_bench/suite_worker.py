@@ -45,8 +45,11 @@ def _step_fn(case: Any, run: Callable, training: bool, device: torch.device) -> 
     return train
 
 
-def _graph_info(backend: str, case: Any, explain: bool) -> dict[str, Any]:
+def _graph_info(backend: str, case: Any, explain: bool, dynamic: bool = False) -> dict[str, Any]:
     try:
+        if backend == "kiln" and dynamic:  # kiln.explain would capture again with the default setting
+            s = B.import_kiln().stats()
+            return {"graphs": int(s.graphs_compiled), "breaks": int(s.graph_breaks)}
         if backend == "torch_compile":
             if explain:
                 torch._dynamo.reset()
@@ -62,11 +65,12 @@ def _graph_info(backend: str, case: Any, explain: bool) -> dict[str, Any]:
 def measure_rows(*, model: str, mode: str, backends: list[str], device: str, small: bool,
                  iters: int, warmup: int, kiln_backend: str = "inductor",
                  tc_backend: str = "inductor", compile_mode: str | None = None,
-                 explain: bool = False) -> dict[str, Any]:
+                 explain: bool = False, dynamic: bool = False) -> dict[str, Any]:
     """Rows for ``backends`` (in order) of one model and mode, built once in this process.
 
     When "eager" is among them it runs first and its last step is the accuracy reference;
-    otherwise one untimed eager step gives the reference.
+    otherwise one untimed eager step gives the reference. With ``dynamic`` the compilers compile
+    with ``dynamic=True`` and their rows are named ``kiln_dynamic``/``torch_compile_dynamic``.
     """
     dev = torch.device(device)
     training = mode == "training"
@@ -79,7 +83,8 @@ def measure_rows(*, model: str, mode: str, backends: list[str], device: str, sma
         "dtype": ("amp-bf16" if training else "bf16") if dev.type == "cuda" else "fp32",
         "build_s": round(time.perf_counter() - t_build, 2),
     }
-    spec = B.CompileSpec(kiln_backend=kiln_backend, tc_backend=tc_backend, mode=compile_mode)
+    spec = B.CompileSpec(kiln_backend=kiln_backend, tc_backend=tc_backend, mode=compile_mode,
+                         dynamic=True if dynamic else None)
     reference = None
     if "eager" not in backends:
         out = _step_fn(case, case.model, training, dev)()
@@ -101,6 +106,9 @@ def measure_rows(*, model: str, mode: str, backends: list[str], device: str, sma
             torch.cuda.empty_cache()
     if len(steps) > 1 and not explain:
         _interleaved(rows, steps, dev, iters)
+    if dynamic:
+        for row in rows:
+            row["backend"] = f"{row['backend']}_dynamic"
     return {"rows": rows}
 
 
@@ -167,5 +175,5 @@ def _measure_backend(row: dict[str, Any], case: Any, backend: str, spec: B.Compi
         row["acc_out"] = M.compare(M.to_reference(out), reference[0]).as_dict()
         if training and reference[1] is not None:
             row["acc_grad"] = M.compare(M.grads_of(case.model), reference[1]).as_dict()
-    row["graph_info"] = _graph_info(backend, case, explain)
+    row["graph_info"] = _graph_info(backend, case, explain, spec.dynamic is True)
     return step

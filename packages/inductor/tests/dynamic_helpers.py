@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import torch
+from torch._dispatch.python import enable_python_dispatcher
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -42,11 +43,34 @@ def symbolic_graph(fn: Callable[..., Any], *args: Any,
             ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
                                                           for d in range(a.dim())])
             fakes.append(mode.from_tensor(a, symbolic_context=ctx))
-        with mode, symbolic_dispatch(True):  # as make_fx's symbolic mode: composite ops keep SymInts
+        # the Python dispatcher, as make_fx's symbolic mode and kiln's tracers use it: torch 2.11's C++
+        # matmul of a 3-D by a 2-D tensor (F.linear without bias) asks for numel() and fails otherwise
+        with mode, symbolic_dispatch(True):
             gm = make_fx(fn, tracing_mode="real")(*fakes)
     gm = decomp.decompose(gm, inductor_decompositions(), check=False)
     examples = [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"]
     return gm, examples
+
+
+def symbolic_fakes_graph(fn: Callable[..., Any], shapes: list[tuple[int, ...]], dynamic: dict[int, tuple[int, ...]],
+                         device: str, dtype: torch.dtype) -> tuple[torch.fx.GraphModule, list[Any], ShapeEnv]:
+    """``fn`` traced on fake tensors of ``shapes`` on ``device`` (a CUDA build makes fake CUDA tensors
+    without a GPU), the dims in ``dynamic`` symbolic over one ShapeEnv, decomposed as kiln's backend
+    hands graphs to compile_graph; its example inputs; the ShapeEnv (to check what the trace assumed)."""
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env)
+    fakes = []
+    for k, shape in enumerate(shapes):
+        dims = dynamic.get(k, ())
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC
+                                                      for d in range(len(shape))])
+        meta = mode.from_tensor(torch.empty(shape, device="meta"), symbolic_context=ctx)
+        with mode:
+            fakes.append(torch.empty(meta.shape, device=device, dtype=dtype))
+    with mode, enable_python_dispatcher():
+        gm = make_fx(fn, tracing_mode="real")(*fakes)
+    gm = decomp.decompose(gm, inductor_decompositions(), check=False)
+    return gm, [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"], env
 
 
 def compile_symbolic(fn: Callable[..., Any], *args: Any, options: InductorOptions = CPP,

@@ -6,7 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from dynamic_helpers import BACKENDS, check_sizes, compile_symbolic
+from dynamic_helpers import BACKENDS, check_sizes, compile_symbolic, symbolic_fakes_graph
+
+from kiln.inductor import InductorOptions
+from kiln.inductor.lowering.lower import lower_graph
 
 torch.manual_seed(0)
 D, H, F_ = 16, 2, 32
@@ -23,7 +26,7 @@ def attention_block(x, wqkv, wo, g, b, w1, w2):
     q, k, v = F.linear(h, wqkv).split(D, -1)
     q, k, v = (z.view(bsz, t, H, D // H).transpose(1, 2) for z in (q, k, v))
     att = (q @ k.transpose(-1, -2)) * (D // H) ** -0.5
-    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
     att = att.masked_fill(~mask, float("-inf")).softmax(-1)
     y = (att @ v).transpose(1, 2).reshape(bsz, t, D)
     x = x + F.linear(y, wo)
@@ -81,6 +84,20 @@ def test_gpu_triton_kernels_over_many_sizes(dtype):
     cg = compile_symbolic(mlp, *(t.to(dev, dtype) for t in _mlp_args(37)), dynamic={0: (0,)})
     check_sizes(cg, mlp, lambda n: tuple(t.to(dev, dtype) for t in _mlp_args(n)),
                 (0, 1, 2, 5, 17, 64, 1023, 1024, 1025, 4097), **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_test_graphs_lower_for_cuda_with_symbolic_sizes(dtype: torch.dtype) -> None:
+    """The graphs of test_gpu_triton_kernels_over_many_sizes, traced on fake CUDA tensors as that GPU
+    test traces them (its trace failed on torch 2.11 without the Python dispatcher), lower with every
+    size symbolic and no size assumption (a CUDA build of torch makes fake CUDA tensors without a GPU)."""
+    for fn, shapes, dynamic in ((attention_block, [(3, 37, 16)] + [tuple(w.shape) for w in WEIGHTS], {0: (0, 1)}),
+                                (mlp, [tuple(t.shape) for t in _mlp_args(37)], {0: (0,)})):
+        gm, examples, env = symbolic_fakes_graph(fn, shapes, dynamic, device="cuda", dtype=dtype)
+        program, fallbacks = lower_graph(gm, examples, InductorOptions(strict_lowering=True), fn.__name__)
+        assert not fallbacks and not program.size_guards, (fallbacks, program.size_guards)
+        assert len(program.sizes) == len(dynamic[0])
+        assert not env.replacements, env.replacements
 
 
 def fwd_bwd(x, w, g, b):

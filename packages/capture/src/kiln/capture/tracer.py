@@ -51,12 +51,6 @@ CONSTANT_TYPES = (int, float, bool, str, bytes, complex, type(None), type(Ellips
 DynamicPolicy = Callable[[str, Any], frozenset[int]]  # (source, tensor or int arg) -> dynamic dims
 
 
-def _run_fake(run: Callable[[], Any], symbolic: bool) -> Any:
-    """``run()`` on fake values; with symbolic sizes through the Python dispatcher (``symbolic_dispatch``)."""
-    with symbolic_dispatch(symbolic):
-        return run()
-
-
 @dataclass
 class GraphInput:
     source: str
@@ -405,7 +399,8 @@ class Tracer:
         node_kwargs = self.to_arg(kwargs)
         try:
             with self.fake_mode:
-                result = _run_fake(run, self._symbolic())
+                with symbolic_dispatch(self._symbolic()):
+                    result = run()
         except GraphBreak:
             raise
         except Exception as e:

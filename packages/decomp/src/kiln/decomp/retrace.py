@@ -27,6 +27,7 @@ from kiln.graph import (
     lazy_graph_module,
     log,
     map_leaves,
+    shape_env_of,
     symbolic_dispatch,
     target_name,
 )
@@ -341,6 +342,6 @@ def trace(fn: Callable[..., Any], args: Sequence[Any], table: Table | None = Non
                 recorder.bind(v, node)
             fakes.append(v)
     fargs, fkwargs = tree_unflatten(fakes, spec)
-    with mode, recorder, symbolic_dispatch(mode.shape_env is not None):
+    with mode, symbolic_dispatch(shape_env_of(fakes) is not None), recorder:
         out = fn(*fargs, **fkwargs)
     return _finish(graph, root, recorder, out, {})

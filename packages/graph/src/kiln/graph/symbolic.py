@@ -90,18 +90,6 @@ def py_expr(e: Any) -> str:
     raise SymbolicSizeError(f"cannot print size expression {e} ({name})")
 
 
-def symbolic_dispatch(symbolic: bool) -> contextlib.AbstractContextManager[Any]:
-    """The dispatch to trace ops under when sizes are symbolic: the Python dispatcher, whose Python
-    rules for composite ops (``matmul``, ``linear``, ``pad``) keep sizes as SymInts.
-
-    Why every stage needs it: the C++ composite kernels read sizes as plain ints on some paths, and
-    a plain int read of a symbolic size specialises it for good (or raises). torch 2.11 on a machine
-    with a GPU does this for a batched ``matmul`` of CUDA tensors (``s0`` pinned to the example's
-    size) and for a 3-d ``linear`` without bias (``numel()`` on symbolic sizes raises); CPU tensors
-    and newer torch happen not to. Static tracing keeps the faster C++ path."""
-    return enable_python_dispatcher() if symbolic else contextlib.nullcontext()
-
-
 def is_symbolic(v: Any) -> bool:
     """A SymInt/SymFloat/SymBool whose value is not a constant."""
     return isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) and not v.node.expr.is_number
@@ -124,6 +112,19 @@ def shape_env_of(values: Any) -> Any:
         elif is_symbolic(v):
             return v.node.shape_env
     return None
+
+
+def symbolic_dispatch(symbolic: bool) -> contextlib.AbstractContextManager[Any]:
+    """The context fake tensors with symbolic sizes are traced in: torch's Python dispatcher.
+
+    Note: composite ATen ops implemented in C++ read sizes as plain ints in some torch releases
+    (torch 2.11's ``matmul`` of a 3-D by a 2-D tensor, reached from ``F.linear`` without bias, asks for
+    ``numel()``/``sizes()``); on fake tensors that either raises or, through FakeTensor's ``aten.size``
+    handler, turns each size into an int and specialises it (a guard ``s0 == 3`` that makes the
+    graph serve one size). Their Python implementations, which the Python dispatcher reaches, keep
+    SymInts, as do the meta rules of ops whose C++ kernels refuse SymInt lists (``constant_pad_nd``).
+    Static traces keep the C++ path (faster, and nothing to specialise)."""
+    return enable_python_dispatcher() if symbolic else contextlib.nullcontext()
 
 
 def size_hint(v: Any) -> int:

@@ -11,8 +11,9 @@ from typing import Any
 import sympy
 import torch
 from torch import fx
+from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from kiln.graph import target_name
+from kiln.graph import is_symbolic, target_name
 
 from ..ir import (
     Arg,
@@ -27,6 +28,7 @@ from ..ir import (
     as_index,
     index_vars,
     substitute_index,
+    sym_expr,
     walk,
 )
 from .common import Rule
@@ -62,6 +64,8 @@ def to_arg(ctx: LoweringContext, a: Any, like: Any = None) -> Arg:
     if isinstance(a, (list, tuple)):
         likes = like if isinstance(like, (list, tuple)) and len(like) == len(a) else [None] * len(a)
         return ListArg(tuple(to_arg(ctx, x, y) for x, y in zip(a, likes)))
+    if isinstance(a, torch.SymInt) and not free_unbacked_symbols(a):
+        return ConstArg(sym_expr(a))  # a size (flash attention backward's max_q): the wrapper computes it
     if isinstance(a, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         raise NotLowered("symbolic scalar argument")
     if isinstance(a, fx.Node):
@@ -109,6 +113,10 @@ def _outputs(ctx: LoweringContext, val: Any, path: tuple[int, ...] = ()) -> list
         # plain numbers (cuDNN attention's max_q/max_k) are known at trace time: consumers get the
         # constant (``_rebuild``), the call's own value at that position is ignored
         return []
+    if isinstance(val, torch.SymInt) and not free_unbacked_symbols(val):
+        # a size over the graph's size symbols (flash attention's max_q/max_k with a symbolic sequence
+        # length): consumers get its expression, which the wrapper computes from the inputs' sizes
+        return []
     raise NotLowered(f"non-tensor output {type(val).__name__}")
 
 
@@ -135,6 +143,8 @@ def _node_args(node: fx.Node, n: int) -> list[Any]:
 def _rebuild(val: Any, path: tuple[int, ...], by_path: dict[tuple[int, ...], TensorValue]) -> Any:
     if isinstance(val, torch.Tensor):
         return by_path[path]
+    if is_symbolic(val):
+        return sym_expr(val)
     if isinstance(val, (list, tuple)):
         return tuple(_rebuild(v, path + (k,), by_path) for k, v in enumerate(val))
     return val

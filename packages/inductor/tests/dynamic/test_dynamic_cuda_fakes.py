@@ -1,0 +1,48 @@
+"""kiln.inductor lowers CUDA graphs with symbolic sizes, traced on fake CUDA tensors (a CUDA build of
+torch makes them without a GPU): the decisions made for CUDA only run here on the CPU.
+
+Flash attention (what kiln.autograd picks for bf16 attention with symbolic sizes) returns the query and
+key lengths as SymInts (``max_q``/``max_k``) and its backward takes them back; kiln.inductor refused
+SymInt outputs and arguments, so every bf16 HF Llama graph with symbolic sizes on the H200 ran as its
+ATen graph (``inductor(symbolic: ATen fallback)``)."""
+
+from __future__ import annotations
+
+import sympy
+import torch
+from dynamic_helpers import symbolic_fakes_graph
+from torch import fx
+
+from kiln.inductor import InductorOptions
+from kiln.inductor.ir import ExternKernel
+from kiln.inductor.lowering.lower import lower_graph
+
+aten = torch.ops.aten
+
+
+def flash_forward_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor) -> tuple:
+    out, lse, cq, ck, max_q, max_k, seed, offset, _ = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True)
+    dq, dk, dv = aten._scaled_dot_product_flash_attention_backward(g, q, k, v, out, lse, cq, ck, max_q, max_k,
+                                                                   0.0, True, seed, offset)
+    return out * 2, dq, dk, dv
+
+
+def _externs(gm: fx.GraphModule, examples: list) -> list[ExternKernel]:
+    program, fallbacks = lower_graph(gm, examples, InductorOptions(strict_lowering=True), "flash")
+    assert not fallbacks, fallbacks
+    return [k for k in program.nodes if isinstance(k, ExternKernel)]
+
+
+def test_flash_attention_forward_and_backward_lower_with_symbolic_lengths() -> None:
+    shape = (2, 4, 37, 64)  # batch, heads, sequence, head dim; batch and sequence symbolic
+    gm, examples, env = symbolic_fakes_graph(flash_forward_backward, [shape] * 4, {k: (0, 2) for k in range(4)},
+                                             device="cuda", dtype=torch.bfloat16)
+    externs = _externs(gm, examples)
+    names = [e.target for e in externs]
+    assert "aten._scaled_dot_product_flash_attention.default" in names, names
+    bwd = next(e for e in externs if e.target == "aten._scaled_dot_product_flash_attention_backward.default")
+    q_len, k_len = (str(examples[i].shape[2]) for i in (0, 1))
+    sym_args = [str(a.value) for a in bwd.args if isinstance(getattr(a, "value", None), sympy.Expr)]
+    assert sym_args == [q_len, k_len], bwd.as_text()  # max_q, max_k: computed from the inputs' sizes
+    assert not {str(s): str(e) for s, e in env.replacements.items() if e.is_number}
+
