@@ -3,6 +3,7 @@ backend, in the order they run."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -27,7 +28,7 @@ from .graph_passes.gemv_as_reduction import rewrite_gemv
 from .graph_passes.pad_matmuls import pad_misaligned_matmuls
 from .graph_passes.reinplace import reinplace_input_mutations
 from .graph_passes.stems import pad_stem_channels, rewrite_patch_convs
-from .ir import LoopProgram, ScheduledProgram
+from .ir import DynamicShapeUnsupported, LoopProgram, ScheduledProgram
 from .lowering.lower import lower_graph
 from .matmul_templates import count_matmul_sites, select_templates
 from .options import InductorOptions
@@ -35,6 +36,9 @@ from .scheduler import eliminate_dead_code, schedule
 from .scheduler.inplace import plan_inplace_reuse, plan_inplace_updates
 from .size_guards import GuardWatch
 from .split_reductions import split_reductions
+
+_NAME = re.compile(r"[A-Za-z_]\w*")
+_PY_WORDS = {"and", "or", "not", "max", "min", "True", "False"}
 
 
 @dataclass(frozen=True)
@@ -254,5 +258,12 @@ def _with_size_guards(s: CompileState) -> CompileState:
     added = s.guards.added(s.name)
     if not added:
         return s
+    bound = {z.symbol for z in s.program.sizes}
+    for g in added:
+        unbound = sorted(set(_NAME.findall(g.expr)) - bound - _PY_WORDS)
+        if unbound:  # specialised before lowering: no input size is that symbol any more
+            raise DynamicShapeUnsupported(
+                f"graph {s.name!r}: a compile step assumed {g.expr} ({g.reason}), over size symbol(s) "
+                f"{', '.join(unbound)} the wrapper cannot read from the inputs")
     program = replace(s.program, size_guards=tuple(dict.fromkeys((*s.program.size_guards, *added))))
     return replace(s, program=program, scheduled=replace(s.scheduled, program=program))
