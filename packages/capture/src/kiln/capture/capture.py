@@ -16,6 +16,7 @@ from torch import fx
 from kiln.graph import CapturedGraph, GraphAnnotations, GuardSet, TensorSpec, annotate, shape_env_of
 
 from .deferred import CALL
+from .numpy_random import flush_pending
 from .errors import GraphBreak, Unsupported
 from .frame import BreakAt, Context, Frame, FrameResult
 from .knobs import KNOBS, CaptureOptions
@@ -119,7 +120,8 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
     for copy, src in tracer.container_writes.values():
         getter = eval(f"lambda outs, L, G: {src}")  # noqa: S307 (a guard source we generated)
         side_effects.append((getter, CONTENTS, _contents_plan(flat, copy)))
-    for fn, args, kwargs in tracer.deferred:  # print, logging, warnings, manual_seed (deferred.py)
+    for fn, args, kwargs in [*tracer.deferred, *flush_pending(tracer)]:  # print, logging, warnings,
+        # manual_seed (deferred.py); NumPy seeds no draw of this graph followed (numpy_random.py)
         side_effects.append((flat.plan(fn), CALL, flat.plan((list(args), dict(kwargs)))))
     # Note: grad-mode changes stay in effect after the graph, as in eager; a break inside a
     # grad-mode block re-enters a real context object for the resume function (rebuild.py).

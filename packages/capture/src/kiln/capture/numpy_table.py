@@ -11,6 +11,7 @@ import torch
 
 from . import numpy_trace as nt
 from .errors import GraphBreak
+from .numpy_fft import FFT_FUNCTIONS
 from .values import NumpyArray
 
 if TYPE_CHECKING:
@@ -187,6 +188,9 @@ def _build() -> dict[int, tuple[Any, nt.Handler]]:
     for name, handler in {"norm": _norm, "inv": _linalg(torch.linalg.inv), "det": _linalg(torch.linalg.det),
                           "pinv": _linalg(torch.linalg.pinv)}.items():
         fn = getattr(np.linalg, name)
+        out[id(fn)] = (fn, handler)
+    for name, handler in FFT_FUNCTIONS.items():
+        fn = getattr(np.fft, name)
         out[id(fn)] = (fn, handler)
     out[id(torch.from_numpy)] = (torch.from_numpy, nt.from_numpy)
     return out

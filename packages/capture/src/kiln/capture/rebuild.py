@@ -159,9 +159,10 @@ class Flattener:
         if v.source is not None and node is not None and node.op == "placeholder":
             return eval(f"lambda outs, L, G: {v.source}")  # noqa: S307 (a guard source we generated)
         tensor_plan = self._plan(v.t)
+        # resolve_conj: torch.fft.ihfft (and conj) return a lazily conjugated view, which numpy() refuses
         if v.scalar:
-            return lambda outs, L, G: tensor_plan(outs, L, G).numpy()[()]
-        return lambda outs, L, G: tensor_plan(outs, L, G).numpy()
+            return lambda outs, L, G: tensor_plan(outs, L, G).resolve_conj().numpy()[()]
+        return lambda outs, L, G: tensor_plan(outs, L, G).resolve_conj().numpy()
 
     def _dict_plan(self, v: dict, depth: int) -> Plan:
         t = type(v)

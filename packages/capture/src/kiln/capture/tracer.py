@@ -134,6 +134,10 @@ class Tracer:
         # (an HF cache's ``self.keys = torch.cat(...)``), undone with the instruction that breaks
         self.setattr_log: list[tuple[Any, str, Any]] = []
         self.deferred: list[tuple[Any, list, dict]] = []  # calls replayed after the graph (deferred.py)
+        # NumPy RNG calls (numpy_random.py): draws are graph inputs computed on each call, before the
+        # graph, in program order; seeds not yet followed by a draw wait in ``rng_pending``
+        self.draws: list[GraphInput] = []
+        self.rng_pending: tuple[tuple[Any, list, dict, str], ...] = ()
         ADVANCES.clear()  # interpreted iterators advanced by this capture
         self.last_placeholder: fx.Node | None = None
         self.fake_memo: dict[tuple, tuple] = {}  # fast_meta: memoized results of repeated calls
@@ -349,6 +353,28 @@ class Tracer:
         self.keep.append(fake)
         return fake
 
+    def lift_draw(self, value: torch.Tensor, source: str) -> torch.Tensor:
+        """A graph input computed by ``source`` on every call (a NumPy random draw): ``value`` is an
+        example of its shape and dtype; nothing is guarded (the source's arguments are constants)."""
+        fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        node = self._placeholder(source, fake)
+        graph_input = GraphInput(source, value, fake, node)
+        self.inputs.append(graph_input)
+        self.draws.append(graph_input)
+        self.node_of[id(fake)] = node
+        self.keep.append(fake)
+        return fake
+
+    def _drop_draws(self, keep: int) -> None:
+        """Draws of an instruction rolled back: it runs in Python instead, so they must not run twice."""
+        while len(self.draws) > keep:
+            d = self.draws.pop()
+            self.inputs.remove(d)
+            if self.last_placeholder is d.node:
+                prev = d.node.prev
+                self.last_placeholder = prev if prev.op == "placeholder" else None
+            self.root_graph.erase_node(d.node)
+
     def _constrain_ranges(self, value: torch.Tensor, fake: torch.Tensor, source: str) -> None:
         """``mark_dynamic(t, dim, min=, max=)``: the symbol's range (guarded as ``s0 >= min``, ``s0 <= max``)."""
         assert self.shape_env is not None
@@ -552,12 +578,14 @@ class Tracer:
     # ---- checkpoints for rolling back an instruction that breaks -------------------------
     def checkpoint(self) -> tuple:
         return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes), len(self.mutation_log),
-                len(ADVANCES), len(self.rebinds), len(self.setattr_log), len(self.deferred))
+                len(ADVANCES), len(self.rebinds), len(self.setattr_log), len(self.deferred), len(self.draws),
+                self.rng_pending)
 
     def rollback(self, cp: tuple) -> None:
-        last, grad, writes, n_mutations, n_advances, n_rebinds, n_setattrs, n_deferred = cp
+        last, grad, writes, n_mutations, n_advances, n_rebinds, n_setattrs, n_deferred, n_draws, pending = cp
         self.attr_writes = writes
         del self.deferred[n_deferred:]
+        self.rng_pending = pending
         while len(self.rebinds) > n_rebinds:
             key, node = self.rebinds.pop()
             self.node_of[key] = node
@@ -587,6 +615,7 @@ class Tracer:
             for user in list(node.users):
                 self.graph.erase_node(user)
             self.graph.erase_node(node)
+        self._drop_draws(n_draws)
         torch.set_grad_enabled(grad)
 
 
