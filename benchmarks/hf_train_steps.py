@@ -5,7 +5,8 @@ called with its labels so that the model computes its own loss inside ``forward`
 ``nn.CrossEntropyLoss()`` there). A step is ``model(**inputs).loss.backward()`` with the gradients
 cleared first. Per model and compiler, one fresh reset: the graph and break counts (``kiln.explain``,
 ``torch._dynamo.explain``), the first step's seconds (compile included), and the median of
-``--steps`` later steps (after two warm-up steps). The loss of the compiled step is compared with eager's on the same inputs.
+``--steps`` later steps (after two warm-up steps), timed interleaved across the three so that
+load from other processes on a shared machine falls on all of them alike. The loss of the compiled step is compared with eager's on the same inputs.
 
     python -m benchmarks.hf_train_steps                      # all six, 10 timed steps each
     python -m benchmarks.hf_train_steps --models bert,gpt2 --steps 5
@@ -14,6 +15,7 @@ cleared first. Per model and compiler, one fresh reset: the graph and break coun
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import sys
 import time
@@ -84,6 +86,7 @@ def _resnet() -> tuple[nn.Module, dict]:
     return m, dict(pixel_values=torch.randn(4, 3, 64, 64), labels=torch.randint(0, 10, (4,)))
 
 
+COMPILERS = ("eager", "kiln", "torch.compile")
 MODELS: dict[str, Callable[[], tuple[nn.Module, dict]]] = {
     "bert_mlm": _bert, "t5": _t5, "gpt2": _gpt2, "llama": _llama, "vit_cls": _vit, "resnet": _resnet}
 
@@ -118,25 +121,37 @@ def _compiled(compiler: str, model: nn.Module) -> nn.Module:
     return torch.compile(model)
 
 
-def _measure(name: str, compiler: str, steps: int) -> dict[str, Any]:
+def _measure(name: str, steps: int) -> dict[str, dict[str, Any]]:
+    """One model: counts and first steps per compiler, then the timed steps interleaved (eager, kiln,
+    torch.compile, eager, ...) so that load from other processes falls on all three alike."""
     torch.manual_seed(0)
     model, inputs = MODELS[name]()
     model.train()
     want = _step(model, inputs)
-    graphs, breaks = _counts(compiler, model, inputs) if compiler != "eager" else (0, 0)
-    fast = _compiled(compiler, model)
-    t0 = time.perf_counter()
-    got = _step(fast, inputs)
-    first = time.perf_counter() - t0
-    for _ in range(2):  # warm-up (allocator, oneDNN primitive caches) for every compiler alike
-        _step(fast, inputs)
-    times = []
+    row: dict[str, dict[str, Any]] = {}
+    fast: dict[str, nn.Module] = {}
+    for compiler in COMPILERS:
+        try:
+            copy_ = copy.deepcopy(model)
+            graphs, breaks = _counts(compiler, copy_, inputs) if compiler != "eager" else (0, 0)
+            fn = _compiled(compiler, copy_)
+            t0 = time.perf_counter()
+            got = _step(fn, inputs)
+            row[compiler] = dict(graphs=graphs, breaks=breaks, first_s=time.perf_counter() - t0,
+                                 loss_err=abs(got - want), times=[])
+            for _ in range(2):  # warm-up (allocator, oneDNN primitive caches)
+                _step(fn, inputs)
+            fast[compiler] = fn
+        except Exception as e:  # noqa: BLE001 - a failing compiler is a cell that says why
+            row[compiler] = dict(error=short_error(e, 160))
     for _ in range(steps):
-        t0 = time.perf_counter()
-        _step(fast, inputs)
-        times.append(time.perf_counter() - t0)
-    return dict(graphs=graphs, breaks=breaks, first_s=first, step_ms=1e3 * statistics.median(times),
-                loss_err=abs(got - want))
+        for compiler, fn in fast.items():
+            t0 = time.perf_counter()
+            _step(fn, inputs)
+            row[compiler]["times"].append(time.perf_counter() - t0)
+    for compiler in fast:
+        row[compiler]["step_ms"] = 1e3 * statistics.median(row[compiler]["times"])
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -151,13 +166,7 @@ def main(argv: list[str] | None = None) -> int:
           "| kiln/tc | kiln first s | tc first s | kiln loss err |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for name in a.models.split(","):
-        row: dict[str, dict[str, Any]] = {}
-        for compiler in ("eager", "kiln", "torch.compile"):
-            try:
-                row[compiler] = _measure(name, compiler, a.steps)
-            except Exception as e:  # noqa: BLE001 - a failing model is a row that says why
-                row[compiler] = dict(error=short_error(e, 160))
-        print(_format(name, row), flush=True)
+        print(_format(name, _measure(name, a.steps)), flush=True)
     return 0
 
 

@@ -100,6 +100,7 @@ def _unsupported_message(b: BreakAt) -> str:
 
 
 def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Capture:
+    tracer.write_back_device_copies()  # NumPy arrays moved to a torch.device context's device
     flat = Flattener(tracer)
     result_plan: Plan | None = None
     break_plan: BreakPlan | None = None

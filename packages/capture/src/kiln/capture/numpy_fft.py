@@ -75,7 +75,7 @@ def freq(torch_fn: Any) -> nt.Handler:
         n, d = bound["n"], bound.get("d", 1.0)
         if not isinstance(n, int) or not isinstance(d, (int, float)):
             raise GraphBreak(f"np.fft.{torch_fn.__name__} with n or d that are not Python numbers")
-        return NumpyArray(nt._fn(frame, torch_fn, n, d, dtype=torch.float64))
+        return NumpyArray(nt._fn(frame, torch_fn, n, d, dtype=torch.float64, **nt.device_kw(frame)))
     return call
 
 

@@ -46,6 +46,9 @@ def rng_call(fn: Any) -> tuple[Any, str] | None:
         return owner, getattr(fn, "__name__", "")
     if fn is np.random.seed:
         return np.random.mtrand._rand, "seed"
+    if not isinstance(fn, type) and str(getattr(fn, "__module__", "")).startswith("numpy.random") and \
+            fn is not np.random.default_rng:  # set_bit_generator and the like: run in Python
+        return None, getattr(fn, "__name__", "")
     return None
 
 
@@ -55,7 +58,7 @@ def call(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     what = f"numpy random {name}()"
     if frame.tracer.scopes:
         raise GraphBreak(f"{what} inside a torch.cond branch")
-    if name in _BREAKS or name.startswith("_"):
+    if owner is None or name in _BREAKS or name.startswith("_"):
         raise GraphBreak(f"{what} reads, writes or hands out generator state", "it runs in Python between graphs")
     owner_src = _GLOBAL if owner is np.random.mtrand._rand else frame.tracer.source_of.get(id(owner))
     if owner_src is None:
@@ -76,7 +79,7 @@ def call(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     source = f"({', '.join([*before, expr])},)[-1]" if before else expr
     fake = frame.tracer.lift_draw(torch.from_numpy(example), f"__import__('torch').from_numpy({source})")
     frame.tracer.rng_pending = ()
-    return NumpyArray(fake)
+    return NumpyArray(frame.tracer.on_numpy_device(fake))
 
 
 def _example(owner: Any, name: str, args: list, kwargs: dict, what: str) -> np.ndarray:

@@ -137,6 +137,10 @@ class Tracer:
         # NumPy RNG calls (numpy_random.py): draws are graph inputs computed on each call, before the
         # graph, in program order; seeds not yet followed by a draw wait in ``rng_pending``
         self.draws: list[GraphInput] = []
+        # NumPy under ``with torch.device(d)``: arrays live on d (numpy_trace.on_device); each CPU
+        # array moved there is (cpu tensor, device copy, the copy's version when made, array source)
+        self.numpy_device = torch.get_default_device()
+        self.device_copies: dict[int, tuple[torch.Tensor, torch.Tensor, int, str | None]] = {}
         self.rng_pending: tuple[tuple[Any, list, dict, str], ...] = ()
         ADVANCES.clear()  # interpreted iterators advanced by this capture
         self.last_placeholder: fx.Node | None = None
@@ -172,7 +176,7 @@ class Tracer:
             return value
         if liftable(value):  # an ndarray: a graph input sharing its memory (numpy_trace.py)
             fake = self.lift_tensor(torch.from_numpy(value), f"__import__('torch').from_numpy({source})")
-            out = NumpyArray(fake, source=source)
+            out = NumpyArray(self.on_numpy_device(fake, source), source=source)
             self.keep.append(out)
             return out
         if t in (set, frozenset) and all(type(v) in _CONSTANT_TYPES for v in value):
@@ -364,6 +368,23 @@ class Tracer:
         self.node_of[id(fake)] = node
         self.keep.append(fake)
         return fake
+
+    def on_numpy_device(self, t: torch.Tensor, source: str | None = None) -> torch.Tensor:
+        """A CPU array's tensor moved to the device of the ``torch.device`` context active at capture
+        (NumPy code runs there, as torch.compile allows); writes to the copy are written back at
+        the end of the graph (``write_back_device_copies``)."""
+        d = self.numpy_device
+        if d.type == "cpu" or t.device == d:
+            return t
+        dev = self.record("call_method", "to", (t, d), {}, lambda: t.to(d))
+        self.device_copies[id(dev)] = (t, dev, dev._version, source)
+        return dev
+
+    def write_back_device_copies(self) -> None:
+        """In-place writes to arrays moved to a device reach the CPU memory they came from."""
+        for cpu, dev, version, _ in list(self.device_copies.values()):
+            if dev._version != version:
+                self.record("call_method", "copy_", (cpu, dev), {}, lambda cpu=cpu, dev=dev: cpu.copy_(dev))
 
     def _drop_draws(self, keep: int) -> None:
         """Draws of an instruction rolled back: it runs in Python instead, so they must not run twice."""
