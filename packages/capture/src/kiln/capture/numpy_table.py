@@ -262,6 +262,8 @@ def array_attr(frame: Frame, a: NumpyArray, name: str) -> Any:
         return nt.transpose(frame, [a], {})
     if name in ("real", "imag") and not t.is_complex():
         return a if name == "real" else NumpyArray(nt._fn(frame, torch.zeros_like, t))
+    if name in ("real", "imag"):  # views of a complex array, as NumPy's
+        return NumpyArray(nt._fn(frame, torch.real if name == "real" else torch.imag, t), scalar=a.scalar)
     if name in ARRAY_METHODS:
         return _BoundArrayMethod(a, name)
     raise GraphBreak(f"ndarray.{name} is not traced")

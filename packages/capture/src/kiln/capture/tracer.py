@@ -361,7 +361,8 @@ class Tracer:
         """A graph input computed by ``source`` on every call (a NumPy random draw): ``value`` is an
         example of its shape and dtype; nothing is guarded (the source's arguments are constants)."""
         fake = self.fake_mode.from_tensor(value, static_shapes=True)
-        node = self._placeholder(source, fake)
+        # one call's text can repeat (seed(3), draw, seed(3), draw): the name says which draw it is
+        node = self._placeholder(source, fake, f"numpy_random_draw_{len(self.draws)}")
         graph_input = GraphInput(source, value, fake, node)
         self.inputs.append(graph_input)
         self.draws.append(graph_input)
@@ -411,7 +412,7 @@ class Tracer:
                     s.node.expr, compiler_min=int(vr.lower) if lo is None else max(lo, int(vr.lower)),
                     compiler_max=vr.upper if hi is None else hi)
 
-    def _placeholder(self, source: str, fake: Any) -> fx.Node:
+    def _placeholder(self, source: str, fake: Any, name: str | None = None) -> fx.Node:
         if self.last_placeholder is None:
             root = self.root_graph
             first = next(iter(root.nodes), None)
@@ -419,7 +420,7 @@ class Tracer:
         else:
             ctx = self.root_graph.inserting_after(self.last_placeholder)
         with ctx:
-            node = self.root_graph.placeholder(placeholder_name(source))
+            node = self.root_graph.placeholder(name or placeholder_name(source))
         self.last_placeholder = node
         node.meta["val"] = fake
         node.meta["spec"] = TensorSpec.from_tensor(fake) if isinstance(fake, torch.Tensor) else None
