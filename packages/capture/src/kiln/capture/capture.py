@@ -16,10 +16,10 @@ from torch import fx
 from kiln.graph import CapturedGraph, GraphAnnotations, GuardSet, TensorSpec, annotate, shape_env_of
 
 from .deferred import CALL
-from .numpy_random import flush_pending
 from .errors import GraphBreak, Unsupported
 from .frame import BreakAt, Context, Frame, FrameResult
 from .knobs import KNOBS, CaptureOptions
+from .numpy_random import flush_pending
 from .rebuild import Flattener, Plan
 from .shape_guards import shape_guards
 from .sources import local_source

@@ -107,8 +107,9 @@ def _literal(v: Any) -> str | None:
     if isinstance(v, np.generic) and np.ndim(v) == 0 and v.dtype.kind in "biuf":
         return f"__import__('numpy').{v.dtype.name}({v.item()!r})"
     if type(v) in (tuple, list):
-        parts = [_literal(x) for x in v]
-        if any(p is None for p in parts):
+        maybe = [_literal(x) for x in v]
+        parts = [p for p in maybe if p is not None]
+        if len(parts) != len(maybe):
             return None
         inner = ", ".join(parts) + ("," if type(v) is tuple and len(parts) == 1 else "")
         return f"({inner})" if type(v) is tuple else f"[{inner}]"
