@@ -159,3 +159,19 @@ def test_draw_is_an_input_in_the_printed_graph():
         return x.numpy() + np.random.rand(3, 4)
     text = kc.capture_graph(f, (torch.randn(3, 4),), {}).as_text()
     assert "random.mtrand._rand.rand(3, 4)" in text
+
+
+def helper_same_draws(x):
+    a = np.random.rand(3)
+    b = np.random.rand(3)  # the same call text twice
+    if x.sum() > 0:
+        return x + torch.from_numpy(a - b)
+    return x - torch.from_numpy(a + b)
+
+
+def test_two_identical_draws_in_a_rolled_back_callee():
+    def f(x):
+        np.random.rand(3)  # a draw of the same text kept in the graph
+        return helper_same_draws(x * 2)
+    signs = itertools.cycle([1, -1])
+    _check_global(f, lambda: (torch.randn(3, dtype=torch.float64).abs() * next(signs),), breaks=2)

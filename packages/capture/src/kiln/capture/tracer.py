@@ -391,7 +391,7 @@ class Tracer:
         """Draws of an instruction rolled back: it runs in Python instead, so they must not run twice."""
         while len(self.draws) > keep:
             d = self.draws.pop()
-            self.inputs.remove(d)
+            del self.inputs[next(k for k, i in enumerate(self.inputs) if i is d)]  # by identity (tensor fields)
             if self.last_placeholder is d.node:
                 prev = d.node.prev
                 self.last_placeholder = prev if prev.op == "placeholder" else None
