@@ -11,6 +11,7 @@ from . import (  # noqa: F401 (imported for their registrations)
     corpus_mutation,
     corpus_numbers,
     corpus_numpy,
+    corpus_numpy2,
     corpus_python,
     corpus_python2,
     corpus_stale,

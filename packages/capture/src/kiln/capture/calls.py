@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import polyfills, torch_ops
+from . import numpy_random, polyfills, torch_ops
 from .builtins_impl import SPECIAL
 from .controls import allowed_in_graph, disabled_reason, torch_disabled_wrapper
 from .deferred import defer, is_log_call
 from .errors import GraphBreak
 from .foreign import is_mutable_c_value
 from .module_calls import runs_in_python
+from .numpy_random import rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
 from .values import (
@@ -65,6 +66,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         return special(frame, args, kwargs)
     if isinstance(fn, BoundArrayMethod):
         return call_array_method(frame, fn, args, kwargs)
+    if rng_call(fn) is not None:  # NumPy's generators: draws before the graph (numpy_random.py)
+        return numpy_random.call(frame, fn, list(args), dict(kwargs))
     numpy_fn = numpy_handler(fn)
     if numpy_fn is not None and not constant_ufunc_call(fn, args, kwargs):  # np.* as tensor code
         return numpy_fn(frame, list(args), dict(kwargs))

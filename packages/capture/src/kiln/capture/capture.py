@@ -19,6 +19,7 @@ from .deferred import CALL
 from .errors import GraphBreak, Unsupported
 from .frame import BreakAt, Context, Frame, FrameResult
 from .knobs import KNOBS, CaptureOptions
+from .numpy_random import flush_pending
 from .rebuild import Flattener, Plan
 from .shape_guards import shape_guards
 from .sources import local_source
@@ -99,6 +100,7 @@ def _unsupported_message(b: BreakAt) -> str:
 
 
 def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Capture:
+    tracer.write_back_device_copies()  # NumPy arrays moved to a torch.device context's device
     flat = Flattener(tracer)
     result_plan: Plan | None = None
     break_plan: BreakPlan | None = None
@@ -119,7 +121,8 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
     for copy, src in tracer.container_writes.values():
         getter = eval(f"lambda outs, L, G: {src}")  # noqa: S307 (a guard source we generated)
         side_effects.append((getter, CONTENTS, _contents_plan(flat, copy)))
-    for fn, args, kwargs in tracer.deferred:  # print, logging, warnings, manual_seed (deferred.py)
+    for fn, args, kwargs in [*tracer.deferred, *flush_pending(tracer)]:  # print, logging, warnings,
+        # manual_seed (deferred.py); NumPy seeds no draw of this graph followed (numpy_random.py)
         side_effects.append((flat.plan(fn), CALL, flat.plan((list(args), dict(kwargs)))))
     # Note: grad-mode changes stay in effect after the graph, as in eager; a break inside a
     # grad-mode block re-enters a real context object for the resume function (rebuild.py).

@@ -11,6 +11,7 @@ import torch
 
 from . import numpy_trace as nt
 from .errors import GraphBreak
+from .numpy_fft import FFT_FUNCTIONS
 from .values import NumpyArray
 
 if TYPE_CHECKING:
@@ -188,6 +189,9 @@ def _build() -> dict[int, tuple[Any, nt.Handler]]:
                           "pinv": _linalg(torch.linalg.pinv)}.items():
         fn = getattr(np.linalg, name)
         out[id(fn)] = (fn, handler)
+    for name, handler in FFT_FUNCTIONS.items():
+        fn = getattr(np.fft, name)
+        out[id(fn)] = (fn, handler)
     out[id(torch.from_numpy)] = (torch.from_numpy, nt.from_numpy)
     return out
 
@@ -258,6 +262,8 @@ def array_attr(frame: Frame, a: NumpyArray, name: str) -> Any:
         return nt.transpose(frame, [a], {})
     if name in ("real", "imag") and not t.is_complex():
         return a if name == "real" else NumpyArray(nt._fn(frame, torch.zeros_like, t))
+    if name in ("real", "imag"):  # views of a complex array, as NumPy's
+        return NumpyArray(nt._fn(frame, torch.real if name == "real" else torch.imag, t), scalar=a.scalar)
     if name in ARRAY_METHODS:
         return _BoundArrayMethod(a, name)
     raise GraphBreak(f"ndarray.{name} is not traced")

@@ -113,7 +113,13 @@ def to_array(frame: Frame, v: Any) -> NumpyArray:
 def tensor_to_numpy(frame: Frame, t: torch.Tensor) -> NumpyArray:
     if t.requires_grad or t.device.type != "cpu" or t.dtype not in NUMPY_OF:
         raise GraphBreak("Tensor.numpy() of a tensor that requires grad, is not on the CPU or has no numpy dtype")
-    return NumpyArray(t)
+    return NumpyArray(frame.tracer.on_numpy_device(t))
+
+
+def device_kw(frame: Frame) -> dict:
+    """``device=`` for arrays made in the trace under a ``torch.device`` context (explicit in the graph)."""
+    d = frame.tracer.numpy_device
+    return {} if d.type == "cpu" else {"device": d}
 
 
 # ---- operators --------------------------------------------------------------------------------------
@@ -139,7 +145,7 @@ def binary(frame: Frame, op: Any, a: Any, b: Any) -> Any:
     if not isinstance(ta, torch.Tensor):  # scalar op array: keep the tensor on the left where torch needs it
         if op in _COMPARE:
             return wrap_result(_fn(frame, _SWAPPED[op], tb, ta))
-        ta = _fn(frame, torch.full, (), ta, dtype=TORCH_OF[dt])
+        ta = _fn(frame, torch.full, (), ta, dtype=TORCH_OF[dt], **device_kw(frame))
     return wrap_result(_fn(frame, op, ta, tb))
 
 
@@ -178,7 +184,8 @@ def ufunc(torch_fn: Any, floats: bool = False, result: str | None = None) -> Han
         if "dtype" in kwargs and kwargs["dtype"] is not None:
             dt = as_np_dtype(kwargs["dtype"])
         ts = [tensor_of(frame, a, dt) for a in arrays]
-        ts = [t if isinstance(t, torch.Tensor) else _fn(frame, torch.full, (), t, dtype=TORCH_OF[dt]) for t in ts]
+        ts = [t if isinstance(t, torch.Tensor) else _fn(frame, torch.full, (), t, dtype=TORCH_OF[dt], **device_kw(frame))
+              for t in ts]
         out = _fn(frame, torch_fn, *ts)
         if result is not None and out.dtype != TORCH_OF[np.dtype(result)]:
             out = cast(frame, out, np.dtype(result))
@@ -207,7 +214,7 @@ def where(frame: Frame, args: list, kwargs: dict) -> Any:
     cond = to_array(frame, args[0])
     dt = np.result_type(dtype_of(args[1]), dtype_of(args[2]))
     x, y = (tensor_of(frame, v, dt) for v in args[1:])
-    x = x if isinstance(x, torch.Tensor) else _fn(frame, torch.full, (), x, dtype=TORCH_OF[dt])
+    x = x if isinstance(x, torch.Tensor) else _fn(frame, torch.full, (), x, dtype=TORCH_OF[dt], **device_kw(frame))
     return wrap_result(_fn(frame, torch.where, cast(frame, cond.t, np.dtype(bool)), x, y))
 
 
@@ -340,7 +347,7 @@ def filled(value: float | None) -> Handler:
         default = "float64" if value is not None or isinstance(fill, float) else (
             "bool" if isinstance(fill, bool) else "int64")
         dt = _default_dtype(kwargs if len(args) < 3 else {**kwargs, "dtype": args[2]}, default)
-        return NumpyArray(_fn(frame, torch.full, shape, fill, dtype=dt))
+        return NumpyArray(_fn(frame, torch.full, shape, fill, dtype=dt, **device_kw(frame)))
     return call
 
 
@@ -357,7 +364,7 @@ def arange(frame: Frame, args: list, kwargs: dict) -> Any:
     if any(not isinstance(v, (int, float)) for v in args):
         raise GraphBreak("np.arange with bounds that are not Python numbers")
     default = "float64" if any(isinstance(v, float) for v in args) else "int64"
-    return NumpyArray(_fn(frame, torch.arange, *args, dtype=_default_dtype(kwargs, default)))
+    return NumpyArray(_fn(frame, torch.arange, *args, dtype=_default_dtype(kwargs, default), **device_kw(frame)))
 
 
 def linspace(frame: Frame, args: list, kwargs: dict) -> Any:
@@ -365,7 +372,8 @@ def linspace(frame: Frame, args: list, kwargs: dict) -> Any:
     num = args[2] if len(args) > 2 else kwargs.get("num", 50)
     if not kwargs.get("endpoint", True) or kwargs.get("retstep") or kwargs.get("axis", 0) != 0:
         raise GraphBreak("np.linspace with endpoint=False, retstep or axis")
-    return NumpyArray(_fn(frame, torch.linspace, start, stop, num, dtype=_default_dtype(kwargs, "float64")))
+    return NumpyArray(_fn(frame, torch.linspace, start, stop, num, dtype=_default_dtype(kwargs, "float64"),
+                          **device_kw(frame)))
 
 
 def eye(frame: Frame, args: list, kwargs: dict) -> Any:
@@ -373,7 +381,7 @@ def eye(frame: Frame, args: list, kwargs: dict) -> Any:
     m = args[1] if len(args) > 1 else kwargs.get("M") or n
     if kwargs.get("k", 0) != 0:
         raise GraphBreak("np.eye with k")
-    return NumpyArray(_fn(frame, torch.eye, n, m, dtype=_default_dtype(kwargs, "float64")))
+    return NumpyArray(_fn(frame, torch.eye, n, m, dtype=_default_dtype(kwargs, "float64"), **device_kw(frame)))
 
 
 def asarray(frame: Frame, args: list, kwargs: dict, copy: bool = False) -> Any:
@@ -393,7 +401,8 @@ def asarray(frame: Frame, args: list, kwargs: dict, copy: bool = False) -> Any:
         raise GraphBreak(f"np.asarray of {type(v).__name__}") from e
     if probe.dtype not in TORCH_OF:
         raise GraphBreak(f"np.asarray giving dtype {probe.dtype}")
-    return NumpyArray(_fn(frame, torch.tensor, probe.tolist(), dtype=TORCH_OF[probe.dtype]), scalar=False)
+    return NumpyArray(_fn(frame, torch.tensor, probe.tolist(), dtype=TORCH_OF[probe.dtype], **device_kw(frame)),
+                      scalar=False)
 
 
 def array(frame: Frame, args: list, kwargs: dict) -> Any:

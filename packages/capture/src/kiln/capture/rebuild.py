@@ -156,12 +156,27 @@ class Flattener:
         """An array of the trace as an ndarray: the caller's own object when it is an input returned
         unchanged, else the graph output's memory as numpy (a scalar result as a NumPy scalar)."""
         node = self.tracer.node_of.get(id(v.t))
-        if v.source is not None and node is not None and node.op == "placeholder":
+        moved = self.tracer.device_copies.get(id(v.t))
+        if v.source is not None and (node is not None and node.op == "placeholder" or moved is not None):
             return eval(f"lambda outs, L, G: {v.source}")  # noqa: S307 (a guard source we generated)
+        if moved is not None:  # ``x.numpy()`` moved to a device: the tensor's own memory, as eager
+            cpu_plan = self._plan(moved[0])
+            return lambda outs, L, G: cpu_plan(outs, L, G).numpy()
+        self._refuse_device_view(v)
         tensor_plan = self._plan(v.t)
+        # force=True: to the CPU (a torch.device context's device), conjugate views resolved (ihfft)
         if v.scalar:
-            return lambda outs, L, G: tensor_plan(outs, L, G).numpy()[()]
-        return lambda outs, L, G: tensor_plan(outs, L, G).numpy()
+            return lambda outs, L, G: tensor_plan(outs, L, G).numpy(force=True)[()]
+        return lambda outs, L, G: tensor_plan(outs, L, G).numpy(force=True)
+
+    def _refuse_device_view(self, v: NumpyArray) -> None:
+        """A view of a CPU array moved to a device cannot leave the graph as that array's view."""
+        if v.t.device.type == "cpu" or not self.tracer.device_copies:
+            return
+        storage = v.t.untyped_storage()._cdata
+        if any(dev.untyped_storage()._cdata == storage for _, dev, _, _ in self.tracer.device_copies.values()):
+            raise SkipFrame(f"a view of a numpy array moved to {v.t.device} by a torch.device context lives "
+                            "after the graph (as a copy it would no longer alias the array)")
 
     def _dict_plan(self, v: dict, depth: int) -> Plan:
         t = type(v)

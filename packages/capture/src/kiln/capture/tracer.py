@@ -127,6 +127,14 @@ class Tracer:
         # (an HF cache's ``self.keys = torch.cat(...)``), undone with the instruction that breaks
         self.setattr_log: list[tuple[Any, str, Any]] = []
         self.deferred: list[tuple[Any, list, dict]] = []  # calls replayed after the graph (deferred.py)
+        # NumPy RNG calls (numpy_random.py): draws are graph inputs computed on each call, before the
+        # graph, in program order; seeds not yet followed by a draw wait in ``rng_pending``
+        self.draws: list[GraphInput] = []
+        # NumPy under ``with torch.device(d)``: arrays live on d (numpy_trace.on_device); each CPU
+        # array moved there is (cpu tensor, device copy, the copy's version when made, array source)
+        self.numpy_device = torch.get_default_device()
+        self.device_copies: dict[int, tuple[torch.Tensor, torch.Tensor, int, str | None]] = {}
+        self.rng_pending: tuple[tuple[Any, list, dict, str], ...] = ()
         ADVANCES.clear()  # interpreted iterators advanced by this capture
         self.last_placeholder: fx.Node | None = None
         self.fake_memo: dict[tuple, tuple] = {}  # shape_rules/functions.py: memoized results of repeated calls
@@ -161,7 +169,7 @@ class Tracer:
             return value
         if liftable(value):  # an ndarray: a graph input sharing its memory (numpy_trace.py)
             fake = self.lift_tensor(torch.from_numpy(value), f"__import__('torch').from_numpy({source})")
-            out = NumpyArray(fake, source=source)
+            out = NumpyArray(self.on_numpy_device(fake, source), source=source)
             self.keep.append(out)
             return out
         if t in (set, frozenset) and all(type(v) in _CONSTANT_TYPES for v in value):
@@ -342,6 +350,46 @@ class Tracer:
         self.keep.append(fake)
         return fake
 
+    def lift_draw(self, value: torch.Tensor, source: str) -> torch.Tensor:
+        """A graph input computed by ``source`` on every call (a NumPy random draw): ``value`` is an
+        example of its shape and dtype; nothing is guarded (the source's arguments are constants)."""
+        fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        # one call's text can repeat (seed(3), draw, seed(3), draw): the name says which draw it is
+        node = self._placeholder(source, fake, f"numpy_random_draw_{len(self.draws)}")
+        graph_input = GraphInput(source, value, fake, node)
+        self.inputs.append(graph_input)
+        self.draws.append(graph_input)
+        self.node_of[id(fake)] = node
+        self.keep.append(fake)
+        return fake
+
+    def on_numpy_device(self, t: torch.Tensor, source: str | None = None) -> torch.Tensor:
+        """A CPU array's tensor moved to the device of the ``torch.device`` context active at capture
+        (NumPy code runs there, as torch.compile allows); writes to the copy are written back at
+        the end of the graph (``write_back_device_copies``)."""
+        d = self.numpy_device
+        if d.type == "cpu" or t.device == d:
+            return t
+        dev = self.record("call_method", "to", (t, d), {}, lambda: t.to(d))
+        self.device_copies[id(dev)] = (t, dev, dev._version, source)
+        return dev
+
+    def write_back_device_copies(self) -> None:
+        """In-place writes to arrays moved to a device reach the CPU memory they came from."""
+        for cpu, dev, version, _ in list(self.device_copies.values()):
+            if dev._version != version:
+                self.record("call_method", "copy_", (cpu, dev), {}, lambda cpu=cpu, dev=dev: cpu.copy_(dev))
+
+    def _drop_draws(self, keep: int) -> None:
+        """Draws of an instruction rolled back: it runs in Python instead, so they must not run twice."""
+        while len(self.draws) > keep:
+            d = self.draws.pop()
+            del self.inputs[next(k for k, i in enumerate(self.inputs) if i is d)]  # by identity (tensor fields)
+            if self.last_placeholder is d.node:
+                prev = d.node.prev
+                self.last_placeholder = prev if prev.op == "placeholder" else None
+            self.root_graph.erase_node(d.node)
+
     def _constrain_ranges(self, value: torch.Tensor, fake: torch.Tensor, source: str) -> None:
         """``mark_dynamic(t, dim, min=, max=)``: the symbol's range (guarded as ``s0 >= min``, ``s0 <= max``)."""
         assert self.shape_env is not None
@@ -357,7 +405,7 @@ class Tracer:
                     s.node.expr, compiler_min=int(vr.lower) if lo is None else max(lo, int(vr.lower)),
                     compiler_max=vr.upper if hi is None else hi)
 
-    def _placeholder(self, source: str, fake: Any) -> fx.Node:
+    def _placeholder(self, source: str, fake: Any, name: str | None = None) -> fx.Node:
         if self.last_placeholder is None:
             root = self.root_graph
             first = next(iter(root.nodes), None)
@@ -365,7 +413,7 @@ class Tracer:
         else:
             ctx = self.root_graph.inserting_after(self.last_placeholder)
         with ctx:
-            node = self.root_graph.placeholder(placeholder_name(source))
+            node = self.root_graph.placeholder(name or placeholder_name(source))
         self.last_placeholder = node
         node.meta["val"] = fake
         node.meta["spec"] = TensorSpec.from_tensor(fake) if isinstance(fake, torch.Tensor) else None
@@ -546,12 +594,14 @@ class Tracer:
     # ---- checkpoints for rolling back an instruction that breaks -------------------------
     def checkpoint(self) -> tuple:
         return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes), len(self.mutation_log),
-                len(ADVANCES), len(self.rebinds), len(self.setattr_log), len(self.deferred))
+                len(ADVANCES), len(self.rebinds), len(self.setattr_log), len(self.deferred), len(self.draws),
+                self.rng_pending)
 
     def rollback(self, cp: tuple) -> None:
-        last, grad, writes, n_mutations, n_advances, n_rebinds, n_setattrs, n_deferred = cp
+        last, grad, writes, n_mutations, n_advances, n_rebinds, n_setattrs, n_deferred, n_draws, pending = cp
         self.attr_writes = writes
         del self.deferred[n_deferred:]
+        self.rng_pending = pending
         while len(self.rebinds) > n_rebinds:
             key, node = self.rebinds.pop()
             self.node_of[key] = node
@@ -581,6 +631,7 @@ class Tracer:
             for user in list(node.users):
                 self.graph.erase_node(user)
             self.graph.erase_node(node)
+        self._drop_draws(n_draws)
         torch.set_grad_enabled(grad)
 
 

@@ -89,6 +89,8 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
             and not isinstance(val, torch.SymInt):
         return val  # metadata queries (prim.device, sym_size of a static dim) fold to their value
     reason = "no lowering"
+    if rule is not None and _touches_complex(node):
+        rule, reason = None, "complex dtypes have no generated kernels"
     if rule is not None:
         try:
             return rule(ctx, node, *args, **kwargs)
@@ -107,6 +109,13 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
         return extern_call(ctx, node, "fallback", args, kwargs)
     except NotLowered as e:
         raise LoweringError(f"{name} at node {node.name}: cannot lower or fall back: {e}") from e
+
+
+def _touches_complex(node: fx.Node) -> bool:
+    """A node that reads or makes a complex tensor (np.fft code): it runs through ATen."""
+    vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    return any(isinstance(t, torch.Tensor) and t.is_complex()
+               for v in vals for t in (v if isinstance(v, (list, tuple)) else (v,)))
 
 
 def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: InductorOptions,
