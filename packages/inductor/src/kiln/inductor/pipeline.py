@@ -29,6 +29,7 @@ from .options import InductorOptions
 from .padmm import pad_misaligned_matmuls
 from .reinplace import reinplace_input_mutations
 from .scheduler import eliminate_dead_code, schedule
+from .scheduler.horizontal import group_kernels
 from .scheduler.inplace import plan_inplace_reuse, plan_inplace_updates
 from .split_reductions import split_reductions
 from .stems import pad_stem_channels, rewrite_patch_convs
@@ -211,6 +212,16 @@ def inplace_updates(s: CompileState) -> CompileState:
         if s.options.reinplace_mutations:
             sched = plan_inplace_updates(sched, annotations_of(s.gm).input_mutations)
         sched = plan_inplace_reuse(sched)
+    return replace(s, scheduled=sched)
+
+
+def group_independent_kernels(s: CompileState) -> CompileState:
+    """C++: runs of independent pointwise kernels launched as one group, one parallel region over their
+    flattened ranges (scheduler/horizontal.py)."""
+    assert s.scheduled is not None
+    sched = s.scheduled
+    if isinstance(backend_for(s), CppBackend) and s.options.group_kernels and s.options.fuse:
+        sched = group_kernels(sched)
     # the schedule is final here: its text is made once (a large program's text costs 0.1-0.3 s)
     s.texts["ir_post_fusion"] = sched.as_text()
     return replace(s, scheduled=sched)
@@ -262,6 +273,7 @@ PASSES: list[Pass[CompileState]] = [
     Pass("fuse_and_plan", lambda s, ctx: fuse_and_plan(s)),
     Pass("matmul_templates", lambda s, ctx: matmul_templates(s)),
     Pass("inplace_updates", lambda s, ctx: inplace_updates(s)),
+    Pass("group_kernels", lambda s, ctx: group_independent_kernels(s)),
     Pass("generate_kernels", lambda s, ctx: generate_kernels(s)),
     Pass("generate_wrapper", lambda s, ctx: generate_wrapper(s)),
 ]

@@ -68,7 +68,7 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
     passes = PASSES[:[p.name for p in PASSES].index(_UNTIL)]
     s = run_pipeline(passes, state, None, [VerifyAfterPass(verify_state)] if verify else []).value
     assert s.scheduled is not None and s.program is not None
-    kernels = s.scheduled.kernels()
+    kernels = s.scheduled.launched()
     layouts = s.program.layouts()
     source, symbols = library_source(kernels, layouts, options) if kernels else ("", {})
     wrapper = cpp_wrapper_source(s.scheduled, symbols, dict(slots))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ...ir import ConstArg, ExternKernel, Kernel, Layout, LoopProgram, ScheduledProgram, TensorRef
+from ...ir import ConstArg, ExternKernel, Kernel, KernelGroup, Layout, LoopProgram, ScheduledProgram, TensorRef
 from ..cpp.kernel import kernel_params
 from .aten_calls import (
     CppWrapperUnsupported,
@@ -138,7 +138,7 @@ class CppWrapperWriter:
         else:
             self.assign(buffer, f"kiln_rt::empty_strided({shape}, {stride}, {scalar_type(layout.dtype)})")
 
-    def kernel(self, k: Kernel) -> None:
+    def kernel(self, k: Kernel | KernelGroup) -> None:
         ins, outs = kernel_params(k)
         args = ", ".join(f"{b}.data()" for b in (*ins, *outs))
         self.lines.append(f"  {self.symbols[k.name]}({args});")
@@ -196,7 +196,7 @@ class CppWrapperWriter:
         for st in self.s.steps:
             for a in st.allocate:
                 self.alloc(a.buffer, a.layout, a.reuse)
-            if isinstance(st.work, Kernel):
+            if isinstance(st.work, (Kernel, KernelGroup)):
                 self.kernel(st.work)
             else:
                 self.extern(st.work)
@@ -205,7 +205,7 @@ class CppWrapperWriter:
 
     def write(self) -> str:
         self.body()
-        kernels = self.s.kernels()
+        kernels = self.s.launched()
         decls = []
         for sym in dict.fromkeys(self.symbols[k.name] for k in kernels):
             k = next(k for k in kernels if self.symbols[k.name] == sym)
