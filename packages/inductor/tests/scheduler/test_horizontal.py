@@ -15,6 +15,8 @@ from tracer import trace
 
 from kiln.graph import GraphAnnotations, annotate
 from kiln.inductor import InductorOptions, compile_graph
+from kiln.inductor.codegen.cpp.kernel import kernel_params
+from kiln.inductor.codegen.cpp_wrapper import Slot, cpp_program
 from kiln.inductor.ir import Kernel, KernelGroup
 from kiln.inductor.scheduler.horizontal import MAX_PARAMS, group_kernels
 
@@ -130,7 +132,6 @@ def test_a_launch_stays_below_the_parameter_limit() -> None:
     cg = _compile_adam(shapes)
     groups = _groups(cg)
     assert len(groups) >= 2
-    from kiln.inductor.codegen.cpp.kernel import kernel_params
     for g in groups:
         assert sum(len(x) for x in kernel_params(g)) <= MAX_PARAMS
     _check_adam(cg, shapes, calls=3)
@@ -224,3 +225,17 @@ def test_symbolic_sizes_group_and_run_at_every_size(n_threads: int) -> None:
             args = [torch.randn(sizes[0]), torch.randn(*sizes[1]), torch.randn(sizes[2])]
             for got, want in zip(cg.fn(*args), _three(*args)):
                 torch.testing.assert_close(got, want)
+
+
+def test_cpp_wrapper_calls_a_group_by_its_symbol() -> None:
+    """kiln.package's C++ wrapper launches a group as the Python wrapper does: one call, one symbol."""
+    a, b = torch.randn(37), torch.randn(5, 11)
+    slots = {0: Slot("input", 0), 1: Slot("input", 1)}
+    p = cpp_program(trace(_two, a, b), [a, b], slots)
+    assert p.kernel_source.count('extern "C" void') == 1 and p.n_kernels == 1
+    assert p.wrapper_source.count("group0(") == 2  # its declaration and its one call
+    assert "#pragma omp parallel" not in p.kernel_source  # 92 elements: one thread, no region
+
+
+def _two(a: torch.Tensor, b: torch.Tensor):
+    return a * 2.0 + 1.0, b.sin()

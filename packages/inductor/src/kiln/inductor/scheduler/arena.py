@@ -25,7 +25,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..ir import ExternKernel, Kernel, KernelGroup, Layout, ScheduledProgram, TensorRef, args_buffers
+from ..ir import (
+    ExternKernel,
+    Kernel,
+    KernelGroup,
+    Layout,
+    ScheduledProgram,
+    TensorRef,
+    args_buffers,
+)
 from .memory import layout_bytes
 
 ALIGN = 512  # the caching allocator's block alignment: kernels' pointer alignment stays what it was

@@ -18,7 +18,16 @@ from dataclasses import dataclass
 
 import torch
 
-from ...ir import ConstArg, ExternKernel, Kernel, KernelGroup, Layout, LoopProgram, ScheduledProgram, TensorRef
+from ...ir import (
+    ConstArg,
+    ExternKernel,
+    Kernel,
+    KernelGroup,
+    Layout,
+    LoopProgram,
+    ScheduledProgram,
+    TensorRef,
+)
 from ..cpp.kernel import kernel_params
 from .aten_calls import (
     CppWrapperUnsupported,
