@@ -21,7 +21,7 @@ from kiln.inductor.ir import Kernel, KernelGroup
 from kiln.inductor.scheduler.horizontal import MAX_PARAMS, group_kernels
 
 # sizes of every kind a model's parameters have: primes, odd 2-d, 3-d, one element, empty, large
-SHAPES = [(37,), (13, 7), (5, 3, 7), (1,), (0,), (3, 0), (257,), (64, 1031), (11, 17)]
+SHAPES = [(37,), (13, 7), (5, 3, 7), (1,), (), (0,), (3, 0), (257,), (64, 1031), (11, 17)]
 UNGROUPED = InductorOptions(strict_lowering=True, group_kernels=False)
 
 
