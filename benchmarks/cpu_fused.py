@@ -1,6 +1,8 @@
 """Micro-benchmark (c): fused pointwise/reduction workloads, eager vs kiln vs torch.compile.
 
-    uv run python -m benchmarks.cpu_fused [--small] [--device cpu] [--out DIR]
+    uv run python -m benchmarks.cpu_fused [--small] [--device cpu] [--threads N] [--rounds R] [--out DIR]
+
+Threads: torch's default (every core) unless ``--threads`` sets OMP_NUM_THREADS for the child.
 
 Workloads (fp32):
 * ``layer_norm+gelu``: x -> gelu(layer_norm(x)) -> gelu(layer_norm(.)) on (rows, 1024);
@@ -9,14 +11,18 @@ Workloads (fp32):
   parameters of assorted sizes (the ``foreach``-free loop users write; mutates its inputs);
 * ``softmax``: ``torch.softmax(x, -1)`` on (rows, 1024), a single-kernel op.
 
-Each backend runs in its own process. Reported: us per call (min over repeats of the mean of
-back-to-back calls), speedup over eager, compile seconds and the max error against eager.
-Targets (issue 6, CPU): kiln >= torch.compile on the first three, softmax never below eager.
+Each workload runs in its own process with the three backends side by side, timed interleaved
+(``--rounds`` rounds; each round times a few back-to-back calls of eager, then kiln, then
+torch.compile) so that load from other processes on a shared machine hits all three alike. Reported:
+us per call (median over rounds, and the minimum), speedup over eager, kiln's speed relative to
+torch.compile (the ratio of medians), compile seconds and the max error against eager.
+Targets (CPU, default threads): kiln >= torch.compile on every workload.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -111,14 +117,9 @@ def _result_tensors(fn: Callable, args: list[Any], mutates: bool) -> list[torch.
     return M.flatten_tensors(out)
 
 
-def measure(*, backend: str, workload: str, small: bool, device: str, calls: int,
-            repeats: int, kiln_backend: str, tc_backend: str) -> dict[str, Any]:
-    """Child process: one workload under one backend."""
-    fn, args, mutates = make_inputs(workload, small, device)
-    ref_args = _clone(args)
-    expected = [t.clone() for t in _result_tensors(fn, ref_args, mutates)]
-    result: dict[str, Any] = {"backend": backend, "workload": workload}
-    spec = B.CompileSpec(kiln_backend=kiln_backend, tc_backend=tc_backend)
+def _compile_one(backend: str, fn: Callable, args: list[Any], mutates: bool, expected: list[torch.Tensor],
+                 spec: B.CompileSpec, device: str) -> tuple[Callable | None, dict[str, Any]]:
+    """Compile and run once (the first call compiles); the callable and its compile/accuracy figures."""
     try:
         run = B.compile_fn(backend, fn, spec)
         t0 = time.perf_counter()
@@ -127,38 +128,66 @@ def measure(*, backend: str, workload: str, small: bool, device: str, calls: int
         first = time.perf_counter() - t0
     except Exception as exc:  # noqa: BLE001 - recorded as n/a
         print(B.error_details(exc))
-        return dict(result, error=B.short_error(exc))
+        return None, {"error": B.short_error(exc)}
     err = M.compare([t.detach().cpu() for t in got], [t.cpu() for t in expected])
-    us = M.us_per_call(lambda: run(*args), calls=calls, repeats=repeats)
+    return run, {"first_call_s": first, "max_abs": err.max_abs, "max_rel": err.max_rel,
+                 "mismatch": err.count_mismatch}
+
+
+def measure(*, backends: list[str], workload: str, small: bool, device: str, calls: int,
+            rounds: int, kiln_backend: str, tc_backend: str) -> dict[str, Any]:
+    """Child process: one workload under every backend, timed interleaved round by round."""
+    fn, args, mutates = make_inputs(workload, small, device)
+    expected = [t.clone() for t in _result_tensors(fn, _clone(args), mutates)]
+    spec = B.CompileSpec(kiln_backend=kiln_backend, tc_backend=tc_backend)
+    runs: dict[str, tuple[Callable, list[Any]]] = {}
+    rows: dict[str, dict[str, Any]] = {}
+    for backend in backends:
+        own = _clone(args)  # each backend updates its own copy of a mutated state
+        run, rows[backend] = _compile_one(backend, fn, own, mutates, expected, spec, device)
+        if run is not None:
+            runs[backend] = (run, own)
+    times: dict[str, list[float]] = {b: [] for b in runs}
+    for _ in range(rounds):
+        for backend, (run, own) in runs.items():
+            times[backend].append(M.us_per_call(lambda r=run, a=own: r(*a), calls=calls, repeats=1))
+    for backend, ts in times.items():
+        us = statistics.median(ts)
+        rows[backend].update(us=us, us_min=min(ts), rounds=len(ts),
+                             compile_s=max(0.0, rows[backend]["first_call_s"] - us * 1e-6))
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    return dict(result, us=us, first_call_s=first, compile_s=max(0.0, first - us * 1e-6),
-                max_abs=err.max_abs, max_rel=err.max_rel, mismatch=err.count_mismatch)
+    return {"threads": torch.get_num_threads(), "rows": rows}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     cli.add_common(p)
     p.add_argument("--workloads", type=cli.csv, default=list(WORKLOADS))
-    p.add_argument("--repeats", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=15, help="interleaved timing rounds per workload")
     args = cli.finish(p.parse_args(argv), "cpu_fused")
     if "eager" not in args.backends:
         args.backends = ["eager", *args.backends]
     info = machine_info(args.device, module="benchmarks.cpu_fused", threads=args.threads)
     results = []
     for workload in args.workloads:
-        calls = 20 if args.small else 5
+        r = run_isolated("benchmarks.cpu_fused:measure",
+                         dict(backends=args.backends, workload=workload, small=args.small,
+                              device=args.device, calls=20 if args.small else 5, rounds=args.rounds,
+                              kiln_backend=args.kiln_backend, tc_backend=args.tc_backend),
+                         timeout_s=args.timeout, env=cli.child_env(args))
+        rows = r.get("rows") or {b: {"error": r.get("error", "no result")} for b in args.backends}
+        if r.get("threads"):
+            info["cpu_threads"] = r["threads"]
+        cells = []
         for backend in args.backends:
-            r = run_isolated("benchmarks.cpu_fused:measure",
-                             dict(backend=backend, workload=workload, small=args.small,
-                                  device=args.device, calls=calls, repeats=args.repeats,
-                                  kiln_backend=args.kiln_backend, tc_backend=args.tc_backend),
-                             timeout_s=args.timeout, env=cli.child_env(args))
-            r.update(backend=backend, workload=workload)
-            print(f"{workload:<16} {B.LABELS[backend]:<13} "
-                  + (na(r["error"], 200) if r.get("error") else
-                     f"{fmt(r['us'], 1)} us/call, compile {fmt(r['compile_s'])} s"), flush=True)
-            results.append(r)
+            row = dict(rows.get(backend, {"error": "not run"}), backend=backend, workload=workload)
+            results.append(row)
+            cells.append(f"{B.LABELS[backend]} " + (na(row["error"], 80) if row.get("error") else
+                                                    f"{fmt(row['us'], 1)} us"))
+        sp = _speedups(results, workload)
+        print(f"{workload:<16} " + " | ".join(cells)
+              + f" | kiln / torch.compile speed {fmt(sp['kiln_vs_tc'])}", flush=True)
     body = _table(results, args.workloads)
     why = _chart(args.out / "cpu_fused.png", results, args.workloads, info)
     md = write_micro(args.out, "cpu_fused", "Fused workloads: us per call and speedup over eager",
@@ -171,12 +200,15 @@ def main(argv: list[str] | None = None) -> int:
 def _speedups(results: list[dict], workload: str) -> dict[str, float | None]:
     rows = {r["backend"]: r for r in results if r["workload"] == workload}
     eager = rows.get("eager", {}).get("us")
-    return {b: ratio(eager, rows.get(b, {}).get("us")) for b in ("kiln", "torch_compile")}
+    out = {b: ratio(eager, rows.get(b, {}).get("us")) for b in ("kiln", "torch_compile")}
+    out["kiln_vs_tc"] = ratio(rows.get("torch_compile", {}).get("us"), rows.get("kiln", {}).get("us"))
+    return out
 
 
 def _table(results: list[dict], workloads: list[str]) -> str:
-    headers = ["workload", "eager us", "kiln us", "kiln x", "torch.compile us", "torch.compile x",
-               "kiln / tc", "compile s (kiln / tc)", "max rel err (kiln / tc)"]
+    headers = ["workload", "eager us", "kiln us", "torch.compile us", "kiln x", "torch.compile x",
+               "kiln / tc speed", "min us (eager / kiln / tc)", "compile s (kiln / tc)",
+               "max rel err (kiln / tc)"]
     body: list[list[Any]] = []
     for w in workloads:
         rows = {r["backend"]: r for r in results if r["workload"] == w}
@@ -186,13 +218,15 @@ def _table(results: list[dict], workloads: list[str]) -> str:
         def cell(r: dict, key: str, digits: int = 1) -> str:
             return na(r["error"]) if r.get("error") else fmt(r.get(key), digits)
 
-        body.append([w, cell(e, "us"), cell(k, "us"), fmt(sp["kiln"]), cell(t, "us"),
-                     fmt(sp["torch_compile"]), fmt(ratio(t.get("us"), k.get("us"))),
+        body.append([w, cell(e, "us"), cell(k, "us"), cell(t, "us"), fmt(sp["kiln"]),
+                     fmt(sp["torch_compile"]), fmt(sp["kiln_vs_tc"]),
+                     " / ".join(fmt(r.get("us_min"), 1) for r in (e, k, t)),
                      f"{fmt(k.get('compile_s'))} / {fmt(t.get('compile_s'))}",
                      f"{fmt(k.get('max_rel'))} / {fmt(t.get('max_rel'))}"])
     sps = [_speedups(results, w) for w in workloads]
-    body.append(["**geomean**", "", "", geomean_cell([s["kiln"] for s in sps]), "",
-                 geomean_cell([s["torch_compile"] for s in sps]), "", "", ""])
+    body.append(["**geomean**", "", "", "", geomean_cell([s["kiln"] for s in sps]),
+                 geomean_cell([s["torch_compile"] for s in sps]),
+                 geomean_cell([s["kiln_vs_tc"] for s in sps]), "", "", ""])
     return markdown_table(headers, body)
 
 

@@ -54,6 +54,9 @@ CASES: dict[str, tuple[Callable[..., Any], tuple[torch.Tensor, ...]]] = {
     "max_pool": (lambda x: F.max_pool2d(x, 2), (_r(1, 2, 6, 6),)),
     "dead_code": (lambda x: (x + 1, (x * 2).sum())[0], (_r(5),)),
     "long_reduction": (lambda x: x.sum(), (_r(4096),)),
+    # independent pointwise kernels of other sizes and loop nests, and one depending on a reduction
+    "independent_updates": (lambda a, b, c: (a * 0.9 + 1.0, b.t() * 2.0, (c - a.sum()).exp()),
+                            (_r(7), _r(3, 5), _r(4))),
 }
 
 

@@ -11,10 +11,12 @@ from golden_programs import corpus
 
 from kiln.graph import check_golden
 from kiln.inductor import InductorOptions
+from kiln.inductor.codegen.cpp import unique_kernel_sources
 from kiln.inductor.codegen.cpp.kernel import kernel_source
 from kiln.inductor.codegen.triton.kernel import generate_kernels
 from kiln.inductor.ir import parse_program, verify_program, verify_schedule
 from kiln.inductor.scheduler import eliminate_dead_code, schedule
+from kiln.inductor.scheduler.horizontal import group_kernels
 from kiln.inductor.scheduler.inplace import plan_inplace_reuse
 from kiln.inductor.split_reductions import split_reductions
 
@@ -45,6 +47,14 @@ def _inplace_reuse(text: str) -> str:
     return out.as_text()
 
 
+def _group(text: str) -> str:
+    program = parse_program(text)
+    out = group_kernels(schedule(program, InductorOptions()))
+    verify_schedule(out)
+    bodies, _ = unique_kernel_sources(out.launched(), program.layouts(), InductorOptions())
+    return out.as_text() + "\n\n" + "\n\n".join(bodies)
+
+
 def _cpp(text: str) -> str:
     program = parse_program(text)
     sched = schedule(program, InductorOptions())
@@ -73,6 +83,9 @@ PASSES: dict[str, tuple[str, Callable[[str], str], tuple[str, ...]]] = {
                              "cumsum", "embedding", "index_add", "cat_pad", "matmul_epilogue", "dropout")),
     "inplace_reuse": ("scheduler.inplace.plan_inplace_reuse after schedule: a pointwise kernel writes over an "
                       "input that dies in it", _inplace_reuse, ("linear_gelu", "layer_norm", "int_and_casts")),
+    "group_kernels": ("scheduler.horizontal.group_kernels after schedule, and the C++ of what is launched: "
+                      "independent pointwise kernels as one group over their flattened ranges",
+                      _group, ("independent_updates", "pointwise")),
     "codegen_cpp": ("codegen.cpp.kernel_source after schedule: each kernel's C++/OpenMP source",
                     _cpp, ("pointwise", "softmax", "layer_norm", "embedding", "cumsum")),
     "codegen_triton": ("codegen.triton.generate_kernels after schedule (CUDA layouts): each kernel's Triton source "

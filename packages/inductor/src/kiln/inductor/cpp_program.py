@@ -95,7 +95,7 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
     passes = stages[:[p.name for p in stages].index(_UNTIL)]
     s = run_pipeline(passes, state, None, [VerifyAfterPass(verify_state)] if verify else []).value
     assert s.scheduled is not None and s.program is not None
-    kernels = s.scheduled.kernels()
+    kernels = s.scheduled.launched()  # a kernel group is one C function
     layouts = s.program.layouts()
     n_ext = sum(1 for st in s.scheduled.steps if not hasattr(st.work, "nodes"))
     texts = dict(s.texts)

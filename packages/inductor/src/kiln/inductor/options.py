@@ -26,6 +26,9 @@ class InductorOptions:
     # re-summed from every earlier layer's output in each later consumer (quadratic reads)
     inline_max_reads: int = 2
     fuse: bool = True  # scheduler fusion on/off (off: one kernel per node; for debugging)
+    # C++: consecutive independent pointwise kernels (an optimizer step over many parameters) launched as
+    # one, over one flattened range in one parallel region (scheduler/horizontal.py)
+    group_kernels: bool = True
     fallback_unknown_ops: bool = True  # run ops without lowering through ATen (logged in perf_hints)
     strict_lowering: bool = False  # a failing lowering rule raises instead of falling back (tests)
     verify: bool | None = None  # None: follow KILN_VERIFY

@@ -33,6 +33,7 @@ from .lowering.lower import lower_graph
 from .matmul_templates import count_matmul_sites, select_templates
 from .options import InductorOptions
 from .scheduler import eliminate_dead_code, schedule
+from .scheduler.horizontal import group_kernels
 from .scheduler.inplace import plan_inplace_reuse, plan_inplace_updates
 from .size_guards import GuardWatch
 from .split_reductions import split_reductions
@@ -210,7 +211,17 @@ def inplace_updates_cpp(s: CompileState) -> CompileState:
     sched = s.scheduled
     if s.options.reinplace_mutations:
         sched = plan_inplace_updates(sched, annotations_of(s.gm).input_mutations)
-    return _final_schedule(s, plan_inplace_reuse(sched))
+    return replace(s, scheduled=plan_inplace_reuse(sched))  # group_independent_kernels finishes it
+
+
+def group_independent_kernels(s: CompileState) -> CompileState:
+    """C++: runs of independent pointwise kernels launched as one group, one parallel region over their
+    flattened ranges (scheduler/horizontal.py)."""
+    assert s.scheduled is not None
+    sched = s.scheduled
+    if s.options.group_kernels and s.options.fuse:
+        sched = group_kernels(sched)
+    return _final_schedule(s, sched)
 
 
 def inplace_updates_triton(s: CompileState) -> CompileState:

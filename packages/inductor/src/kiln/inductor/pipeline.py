@@ -28,6 +28,7 @@ from .passes import (
     generate_cpp_kernels,
     generate_triton_kernels,
     generate_wrapper,
+    group_independent_kernels,
     inplace_updates_cpp,
     inplace_updates_triton,
     lower,
@@ -54,6 +55,8 @@ CPP_STAGES: tuple[Pass[CompileState], ...] = (
     Pass("remove_dead_code", lambda s, _: remove_dead_code(s), "drop nodes no output needs"),
     Pass("fuse_and_plan", lambda s, _: fuse_and_plan(s), "fusion, loop order, memory plan -> ScheduledProgram"),
     Pass("inplace_updates", lambda s, _: inplace_updates_cpp(s), "mutated inputs and dying buffers written over"),
+    Pass("group_kernels", lambda s, _: group_independent_kernels(s),
+         "runs of independent pointwise kernels as one launch, one parallel region"),
     # code
     Pass("generate_kernels", lambda s, _: generate_cpp_kernels(s), "one shared library, cached by source hash"),
     Pass("generate_wrapper", lambda s, _: generate_wrapper(s), "the Python module that runs the schedule"),

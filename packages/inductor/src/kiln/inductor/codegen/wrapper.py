@@ -20,6 +20,7 @@ from ..ir import (
     ConstArg,
     ExternKernel,
     Kernel,
+    KernelGroup,
     Layout,
     ListArg,
     LoopProgram,
@@ -378,7 +379,7 @@ class WrapperWriter:
         for k, st in enumerate(self.s.steps):
             # outputs written over an input the launch still names (Triton takes the tensor as its input
             # and its output pointer; C++ takes it once): both names stay bound through the launch
-            launch = self.kernels.launches[st.work.name] if isinstance(st.work, Kernel) else ""
+            launch = self.kernels.launches[st.work.name] if isinstance(st.work, (Kernel, KernelGroup)) else ""
             over = {o: i for o, i in st.work.inplace if re.search(rf"\b{i}\b", launch)} if launch else {}
             for a in st.allocate:
                 if over.get(a.buffer) == a.reuse and a.reuse is not None:
@@ -388,7 +389,7 @@ class WrapperWriter:
                 else:
                     self.alloc(a.buffer, a.layout, a.reuse)
             dead: frozenset[str] = frozenset()
-            if isinstance(st.work, Kernel):
+            if isinstance(st.work, (Kernel, KernelGroup)):
                 self.emit(f"    {launch}", allocates=False)
                 if over:
                     self.free(list(over.values()))

@@ -40,6 +40,7 @@ from .index import (
 from .kernel import (
                    Allocation,
                    Kernel,
+                   KernelGroup,
                    KernelNode,
                    ScheduledProgram,
                    Step,
@@ -81,7 +82,7 @@ from .verify import verify_kernel, verify_program, verify_schedule
 __all__ = [
     "IRParseError", "parse_index", "parse_layout", "parse_program",
     "OPS", "REDUCTION_TYPES", "Allocation", "Arg", "Cast", "ComputedBuffer", "ConstArg", "Constant", "Expr",
-    "ExternKernel", "ExternOutput", "FloorDiv", "IndexExpr", "IndexValue", "InputBuffer", "Kernel",
+    "ExternKernel", "ExternOutput", "FloorDiv", "IndexExpr", "IndexValue", "InputBuffer", "Kernel", "KernelGroup",
     "KernelNode", "Layout", "ListArg", "Load", "LoopData", "LoopProgram", "ModIndex", "Node", "Op", "OpInfo",
     "Output", "Pointwise", "Reduction", "Scan", "Scatter", "loop_bodies", "ScheduledProgram", "Step", "TensorRef", "args_buffers",
     "as_index", "cast", "children", "contiguous_strides", "fold_divmod", "is_dense", "format_expr", "index_var",

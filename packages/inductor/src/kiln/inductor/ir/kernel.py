@@ -76,16 +76,43 @@ class Kernel:
 
 
 @dataclass(frozen=True, slots=True)
+class KernelGroup:
+    """Independent pointwise kernels launched as one (horizontal fusion, scheduler/horizontal.py): the
+    backend runs their loop nests over one flattened index range (the parts' element counts laid end to
+    end) split across threads, so many small tensors (an optimizer step over a model's parameters) share
+    one launch and one parallel region. No part reads or writes memory another part writes."""
+
+    name: str
+    parts: tuple[Kernel, ...]
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(b for k in self.parts for b in k.inputs))
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(b for k in self.parts for b in k.outputs))
+
+    @property
+    def inplace(self) -> tuple[tuple[str, str], ...]:
+        return tuple(pair for k in self.parts for pair in k.inplace)
+
+    def as_text(self) -> str:
+        head = f"group {self.name} of {len(self.parts)} kernels (one launch, one flattened range)"
+        return "\n".join([head, *("  " + line for k in self.parts for line in k.as_text().splitlines())])
+
+
+@dataclass(frozen=True, slots=True)
 class Allocation:
     buffer: str
     layout: Layout
     reuse: str | None = None  # a dead buffer of identical size/dtype whose storage this one takes
 
 
-def work_buffers(w: Kernel | ExternKernel) -> list[str]:
+def work_buffers(w: Kernel | KernelGroup | ExternKernel) -> list[str]:
     """The buffers a step's work names: a kernel's inputs and outputs, an extern call's tensor arguments
     (its outputs are new memory, not listed)."""
-    if isinstance(w, Kernel):
+    if isinstance(w, (Kernel, KernelGroup)):
         return list(w.inputs) + list(w.outputs)
     return args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs))
 
@@ -95,7 +122,7 @@ class Step:
     """One wrapper step: allocate, run a kernel or extern call, then free buffers no longer needed."""
 
     allocate: tuple[Allocation, ...]
-    work: Kernel | ExternKernel
+    work: Kernel | KernelGroup | ExternKernel
     free: tuple[str, ...]
 
     def as_text(self) -> str:
@@ -115,14 +142,28 @@ class ScheduledProgram:
     steps: tuple[Step, ...]
 
     def kernels(self) -> list[Kernel]:
-        return [s.work for s in self.steps if isinstance(s.work, Kernel)]
+        """Every loop nest, the parts of a KernelGroup included."""
+        out: list[Kernel] = []
+        for s in self.steps:
+            if isinstance(s.work, Kernel):
+                out.append(s.work)
+            elif isinstance(s.work, KernelGroup):
+                out.extend(s.work.parts)
+        return out
+
+    def launched(self) -> list[Kernel | KernelGroup]:
+        """What the wrapper launches, one per kernel step (a KernelGroup is one launch)."""
+        return [s.work for s in self.steps if isinstance(s.work, (Kernel, KernelGroup))]
 
     def as_text(self) -> str:
         return "\n".join(s.as_text() for s in self.steps)
 
 
-def kernel_size_symbols(k: Kernel) -> list[str]:
+def kernel_size_symbols(k: Kernel | KernelGroup) -> list[str]:
     """The size symbols a kernel's ranges and indices use: its size parameters, in a stable order."""
+    if isinstance(k, KernelGroup):
+        names = {s for part in k.parts for s in kernel_size_symbols(part)}
+        return sorted(names, key=lambda s: (len(s), s))
     syms: set[str] = set()
     for e in (*k.outer, *k.inner):
         syms |= {s.name for s in size_symbols_of(sympy.sympify(e))}

@@ -7,7 +7,7 @@ import sympy
 from kiln.graph import VerificationError
 
 from .expr import OPS, Cast, Constant, Expr, IndexValue, Load, Op, walk
-from .kernel import Kernel, ScheduledProgram
+from .kernel import Kernel, KernelGroup, ScheduledProgram
 from .nodes import (
     REDUCTION_TYPES,
     ComputedBuffer,
@@ -97,6 +97,23 @@ def verify_kernel(k: Kernel, dtypes: dict[str, object]) -> None:
             raise VerificationError(f"{k.name}/{kn.buffer}: full-role {kn.kind} outside a row kernel")
 
 
+def verify_group(g: KernelGroup, dtypes: dict[str, object]) -> None:
+    """Each part is a valid pointwise kernel, and no part touches what another part writes."""
+    if len(g.parts) < 2:
+        raise VerificationError(f"{g.name}: a kernel group has at least two parts")
+    written: dict[str, str] = {}
+    for k in g.parts:
+        verify_kernel(k, dtypes)
+        if k.inner or any(kn.kind != "pointwise" for kn in k.nodes):
+            raise VerificationError(f"{g.name}/{k.name}: only pointwise kernels are grouped")
+        for b in k.outputs:
+            written[b] = k.name
+    for k in g.parts:
+        for b in (*k.inputs, *k.outputs):
+            if written.get(b, k.name) != k.name:
+                raise VerificationError(f"{g.name}: {k.name} uses {b}, which {written[b]} writes")
+
+
 def verify_schedule(s: ScheduledProgram) -> None:
     p = s.program
     assert isinstance(p, LoopProgram)
@@ -108,3 +125,5 @@ def verify_schedule(s: ScheduledProgram) -> None:
     for step in s.steps:
         if isinstance(step.work, Kernel):
             verify_kernel(step.work, dtypes)
+        elif isinstance(step.work, KernelGroup):
+            verify_group(step.work, dtypes)

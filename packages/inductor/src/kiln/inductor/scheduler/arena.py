@@ -25,7 +25,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..ir import ExternKernel, Kernel, Layout, ScheduledProgram, TensorRef, args_buffers
+from ..ir import (
+    ExternKernel,
+    Kernel,
+    KernelGroup,
+    Layout,
+    ScheduledProgram,
+    TensorRef,
+    args_buffers,
+)
 from .memory import layout_bytes
 
 ALIGN = 512  # the caching allocator's block alignment: kernels' pointer alignment stays what it was
@@ -101,7 +109,7 @@ def plan_arena(s: ScheduledProgram) -> ArenaPlan:
     freed: set[str] = set()
     for k, st in enumerate(s.steps):
         w = st.work
-        pairs = set(w.inplace) if isinstance(w, Kernel) else set()
+        pairs = set(w.inplace) if isinstance(w, (Kernel, KernelGroup)) else set()
         for a in st.allocate:
             if (a.buffer, a.reuse) not in pairs:  # new memory, or a dead buffer's: placed anew here
                 root[a.buffer] = a.buffer

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
-from ...ir import Kernel, Layout, ScheduledProgram, kernel_size_symbols
+from ...ir import Kernel, KernelGroup, Layout, ScheduledProgram, kernel_size_symbols
 from ...options import InductorOptions
 from ..common import CompiledKernels
 from .build import CppCompileError, build_shared_library
+from .dedup import canonical_source, kernel_key
+from .group import RangeFunctions, group_source
 from .kernel import kernel_params, kernel_source
 from .prelude import PRELUDE, VECTOR_MATH
 
@@ -27,7 +27,7 @@ class CppBackend:
 
     def compile(self, scheduled: ScheduledProgram, layouts: dict[str, Layout],
                 options: InductorOptions) -> CompiledKernels:
-        kernels = scheduled.kernels()
+        kernels = scheduled.launched()
         if not kernels:
             return CompiledKernels({}, "", {}, "", "")
         source, symbol = library_source(kernels, layouts, options)
@@ -55,67 +55,34 @@ class CppBackend:
         return CompiledKernels(files, "\n".join(prelude), launches, source, str(so.parent), seconds)
 
 
-def library_source(kernels: list[Kernel], layouts: dict[str, Layout],
+def library_source(kernels: list[Kernel | KernelGroup], layouts: dict[str, Layout],
                    options: InductorOptions) -> tuple[str, dict[str, str]]:
-    """The translation unit of a graph's kernels and each kernel's exported symbol (shared by the
-    Python wrapper's library and the C++ wrapper's model library, codegen/cpp_wrapper)."""
+    """The translation unit of a graph's launched kernels (and groups) and each one's exported symbol
+    (shared by the Python wrapper's library and the C++ wrapper's model library, codegen/cpp_wrapper)."""
     bodies, symbol = unique_kernel_sources(kernels, layouts, options)
     head = VECTOR_MATH if options.vectorize_math else ""
     return head + PRELUDE + "\n\n" + "\n\n".join(bodies) + "\n", symbol
 
 
-def _renamer(k: Kernel) -> tuple[re.Pattern[str], list[str]]:
-    names = {k.name, *k.inputs, *k.outputs, *(kn.buffer for kn in k.nodes)}
-    # a name is delimited by anything but a letter or digit: "_" joins it to its prefix/suffix
-    return re.compile(r"(?<![A-Za-z0-9])(" + "|".join(
-        re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")(?![A-Za-z0-9])"), []
-
-
-def _canonical(k: Kernel, text: str) -> tuple[str, list[str]]:
-    """``text`` with the kernel's name and every buffer name renamed in order of first appearance,
-    and the names in that order."""
-    pattern, order = _renamer(k)
-    renamed: dict[str, str] = {}
-
-    def rename(m: re.Match[str]) -> str:
-        name = m.group(1)
-        if name not in renamed:
-            renamed[name] = f"N{len(renamed)}"
-            order.append(name)
-        return renamed[name]
-    return pattern.sub(rename, text), order
-
-
-def canonical_source(k: Kernel, source: str) -> str:
-    """``source`` with the kernel's name and every buffer name in it (pointer parameters ``p_buf3``,
-    locals ``v_buf3``, ``acc_buf3_1``) renamed in order of first appearance."""
-    return _canonical(k, source)[0]
-
-
-def kernel_key(k: Kernel, layouts: dict[str, Layout]) -> str:
-    """The kernel up to the names of its buffers and itself: its complete dataclass repr (every field,
-    bodies and indices included) renamed as ``canonical_source`` does, plus the dtype of each named
-    buffer (the C++ parameter types). Kernels with equal keys are one kernel over other buffers
-    (a transformer's layers), so one compiled body, called with each one's arguments, serves all."""
-    text, order = _canonical(k, repr(k))
-    return text + repr(tuple(str(layouts[b].dtype) if b in layouts else "-" for b in order))
-
-
-def unique_kernel_sources(kernels: list[Kernel], layouts: dict[str, Layout],
+def unique_kernel_sources(kernels: list[Kernel | KernelGroup], layouts: dict[str, Layout],
                           options: InductorOptions) -> tuple[list[str], dict[str, str]]:
-    """The C++ bodies to build, one per distinct kernel (``kernel_key``), and each kernel's exported
-    symbol: the name of the first kernel with its key. Only distinct kernels are generated and
-    compiled (code generation and g++ time grow with the bodies)."""
+    """The C++ bodies to build, one per distinct kernel or group (``kernel_key``), and each one's
+    exported symbol: the name of the first with its key. Only distinct kernels are generated and
+    compiled (code generation and g++ time grow with the bodies). Groups' range functions come first."""
     bodies: list[str] = []
     seen: dict[str, str] = {}  # kernel key -> symbol
     symbol: dict[str, str] = {}
+    functions = RangeFunctions(layouts, options)
     for k in kernels:
         key = kernel_key(k, layouts)
         if key not in seen:
             seen[key] = k.name
-            bodies.append(kernel_source(k, layouts, options))
+            if isinstance(k, KernelGroup):
+                bodies.append(group_source(k, layouts, options, functions))
+            else:
+                bodies.append(kernel_source(k, layouts, options))
         symbol[k.name] = seen[key]
-    return bodies, symbol
+    return functions.sources + bodies, symbol
 
 
 __all__ = ["CppBackend", "CppCompileError", "canonical_source", "kernel_key", "library_source",

@@ -10,6 +10,7 @@ import torch
 from ...ir import (
     Cast,
     Kernel,
+    KernelGroup,
     KernelNode,
     Layout,
     Load,
@@ -57,12 +58,14 @@ class CppKernelWriter:
     def ptr(self, buffer: str) -> str:
         return f"p_{self.over.get(buffer, buffer)}"
 
-    def signature(self) -> str:
+    def params(self) -> list[str]:
         params = [f"const {ctype(self.layouts[b].dtype)}* __restrict__ {self.ptr(b)}"
                   for b in kernel_params(self.k)[0]]
         params += [f"{ctype(self.layouts[b].dtype)}* __restrict__ {self.ptr(b)}" for b in self.k.outputs]
-        params += [f"const int64_t {s}" for s in kernel_size_symbols(self.k)]  # symbolic sizes, per call
-        return f'extern "C" void {self.k.name}({", ".join(params)})'
+        return params + [f"const int64_t {s}" for s in kernel_size_symbols(self.k)]  # symbolic sizes, per call
+
+    def signature(self) -> str:
+        return f'extern "C" void {self.k.name}({", ".join(self.params())})'
 
     def load_hook(self, ld: Load) -> str | None:
         hit = self.locals.get(ld.buffer)
@@ -155,6 +158,47 @@ class CppKernelWriter:
             self.lines.append("  }")
         self.lines.append("}")
         return "\n".join(self.lines)
+
+    def write_range(self, fn: str) -> str:
+        """A serial function running this pointwise kernel over the flat points [lo, hi) of its outer
+        space (row-major): one part of a KernelGroup (codegen/cpp/group.py), called per block."""
+        k = self.k
+        if k.inner or any(kn.kind != "pointwise" for kn in k.nodes):
+            raise ValueError(f"{k.name}: only pointwise kernels run over a flat range")
+        self.lines.append(f"static __attribute__((noinline)) void {fn}("
+                          f"{', '.join(['const int64_t lo', 'const int64_t hi', *self.params()])}) {{")
+        n = len(k.outer)
+        indent = "  "
+        if n == 0:
+            self.lines.append("  if (lo >= hi) return;")
+        elif n == 1:
+            self.lines += ["  #pragma omp simd", "  for (int64_t x0 = lo; x0 < hi; ++x0) {"]
+            indent = "    "
+        else:
+            indent = self._row_walk(n)
+        for kn in k.nodes:
+            self.compute(kn, indent)
+        self.flush_stores()
+        if n:
+            self.close(1 if n == 1 else 2, indent)
+        self.lines.append("}")
+        return "\n".join(self.lines)
+
+    def _row_walk(self, n: int) -> str:
+        """[lo, hi) of an n-d outer space as pieces of its last dim: the loop variables of the earlier
+        dims are decomposed once per piece, the last dim is a simd loop."""
+        k, last = self.k, n - 1
+        width = cindex(k.outer[last])
+        self.lines += ["  int64_t f = lo;", "  while (f < hi) {",
+                       f"    const int64_t row = f / {width};",
+                       f"    const int64_t j0 = f - row * {width};",
+                       f"    const int64_t j1 = std::min<int64_t>({width}, j0 + (hi - f));",
+                       "    int64_t rest = row;"]
+        for j in range(last - 1, 0, -1):
+            self.lines.append(f"    const int64_t x{j} = rest % {cindex(k.outer[j])}; rest /= {cindex(k.outer[j])};")
+        self.lines += ["    const int64_t x0 = rest;", "    f += j1 - j0;", "    #pragma omp simd",
+                       f"    for (int64_t x{last} = j0; x{last} < j1; ++x{last}) {{"]
+        return "      "
 
     def _body(self, parallel: str | None) -> None:
         k = self.k
@@ -512,9 +556,9 @@ def _flat_r(inner: tuple) -> str:
                                                             contiguous_strides(inner))), sympy.Integer(0))))
 
 
-def kernel_params(k: Kernel) -> tuple[list[str], list[str]]:
+def kernel_params(k: Kernel | KernelGroup) -> tuple[list[str], list[str]]:
     """(input, output) buffers passed to the C++ function, in order; an input written over in place
-    is passed once, as its output."""
+    is passed once, as its output. A group's are its parts' (each once)."""
     over = {i for _, i in k.inplace}
     return [b for b in k.inputs if b not in over], list(k.outputs)
 

@@ -23,6 +23,7 @@ from ...ir import (
     ConstArg,
     ExternKernel,
     Kernel,
+    KernelGroup,
     Layout,
     LoopProgram,
     ScheduledProgram,
@@ -172,7 +173,7 @@ class CppWrapperWriter:
         else:
             self.assign(buffer, f"kiln_rt::empty_strided(dev, {shape}, {stride}, {scalar_type(layout.dtype)})")
 
-    def kernel(self, k: Kernel) -> None:
+    def kernel(self, k: Kernel | KernelGroup) -> None:
         if self.cuda is not None:
             for site in self.cuda.sites.get(k.name, ()):
                 gx, gy, gz = site.grid
@@ -239,7 +240,7 @@ class CppWrapperWriter:
         for st in self.s.steps:
             for a in st.allocate:
                 self.alloc(a.buffer, a.layout, a.reuse)
-            if isinstance(st.work, Kernel):
+            if isinstance(st.work, (Kernel, KernelGroup)):
                 self.kernel(st.work)
             else:
                 self.extern(st.work)
@@ -256,7 +257,7 @@ class CppWrapperWriter:
             if not rows:
                 return f"static kiln_rt::cuda::Program PROGRAM(nullptr, 0, {self.cuda.arch});\n\n"
             return CUDA_PROGRAM.format(rows="\n".join(rows), n=len(rows), arch=self.cuda.arch)
-        kernels = self.s.kernels()
+        kernels = self.s.launched()
         decls = []
         for sym in dict.fromkeys(self.symbols[k.name] for k in kernels):
             k = next(k for k in kernels if self.symbols[k.name] == sym)
