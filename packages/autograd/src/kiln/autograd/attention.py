@@ -171,8 +171,11 @@ def _masked_efficient(q: Any, k: Any, v: Any, mask: Any, need_lse: bool, a: dict
     s = k.shape[2]
     bias = _additive(mask, q) if mask.dtype == torch.bool else mask
     bias = aten.expand(bias, [q.shape[0], q.shape[1], q.shape[2], s])
-    padded = aten.constant_pad_nd(bias, [0, (s + 15) // 16 * 16 - s], 0.0)
-    bias = aten.slice.Tensor(padded, -1, 0, s)
+    # zeros + slice_scatter, not constant_pad_nd: its C++ kernel refuses a symbolic pad list when the
+    # compilers re-trace the graph
+    rows = aten.zeros.default([q.shape[0], q.shape[1], q.shape[2], (s + 15) // 16 * 16], dtype=bias.dtype,
+                              device=q.device)
+    bias = aten.slice.Tensor(aten.slice_scatter.default(rows, bias, -1, 0, s), -1, 0, s)
     out = aten._scaled_dot_product_efficient_attention(q, k, v, bias, need_lse, 0.0, False,
                                                         scale=a["scale"])[0]
     allowed = mask if mask.dtype == torch.bool else aten.ne.Scalar(mask, float("-inf"))
