@@ -32,6 +32,7 @@ from kiln.graph import (
     log,
 )
 
+from . import dtensor_frames
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
 from .controls import current_stance, disabled_reason
@@ -59,6 +60,7 @@ class CompileContext:
         self.resumes: dict[tuple, Callable] = {}
         self.python_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.subclass_logged: set[types.CodeType] = set()
+        self.dtensor_programs: dict[tuple, Any] = {}  # (code, dtensor_frames.frame_key) -> program or reason
         self.on_capture: list[Callable[[Capture, CodeCache], None]] = []
         self.observed = True  # emits compile events (kiln.graph.events); explain's dry runs do not
         self.on_eager: list[Callable[[str, str], None]] = []  # (function at file:line, reason)
@@ -76,6 +78,7 @@ class CompileContext:
         self.wrapped_methods = weakref.WeakKeyDictionary()
         self.python_calls = weakref.WeakKeyDictionary()
         self.resumes.clear()
+        self.dtensor_programs.clear()
 
     def python_module_call(self, module: nn.Module, reason: str, call_forward: bool = False) -> PythonModuleCall:
         """``module`` called in Python (DDP's forward, FSDP2's hooks) with the forward it wraps
@@ -250,7 +253,7 @@ class Optimized:
                 emit(Recompile(frame_name(self.code), reason))
         subclass = _subclass_input(L, self.self_obj)
         if subclass is not None:  # e.g. DTensor parameters/activations of tensor parallelism
-            return self._subclass_eager(subclass, args, kwargs)
+            return self._subclass_call(subclass, L, args, kwargs)
         fallback: tuple[str, bool] | None = None
         # Note: a capture met under a caller's saved-tensor hooks (torch.utils.checkpoint's recording)
         # must not feed them the tensors its own tracing saves: identity hooks sit on top meanwhile.
@@ -310,6 +313,36 @@ class Optimized:
         for hook in self.ctx.on_capture:
             hook(cap, cache)
         return entry, None
+
+    def _subclass_call(self, what: str, L: dict, args: tuple, kwargs: dict) -> Any:
+        """A frame with tensor-subclass inputs: a torch.nn module's forward over DTensors runs as a
+        compiled local program (dtensor_frames.py); anything else runs eagerly, logged."""
+        module = self.self_obj
+        if not (dtensor_frames.leaf_module(module) and dtensor_frames.only_dtensors(L, module)):
+            return self._subclass_eager(what, args, kwargs)
+        try:
+            key = (self.code, dtensor_frames.frame_key(module, args, kwargs))
+        except dtensor_frames.NotRecordable as e:
+            return self._subclass_eager(f"{what}; {e}", args, kwargs)
+        prog = self.ctx.dtensor_programs.get(key)
+        if prog is None:
+            t0 = time.perf_counter()
+            try:
+                prog = dtensor_frames.build_program(module, functools.partial(self.func, module), args, kwargs,
+                                                    self.ctx.backend)
+            except dtensor_frames.NotRecordable as e:
+                prog = f"{what}; {e}"
+            self.ctx.dtensor_programs[key] = prog
+            if self.ctx.observed:
+                emit(StageTime("capture", time.perf_counter() - t0, graph=frame_name(self.code)))
+            if isinstance(prog, dtensor_frames.LocalProgram):
+                log("distributed").info("%s over DTensors compiled as a local program: %d local ops "
+                                        "(%d collectives) forward and backward, %.2f s",
+                                        frame_name(self.code), prog.op_count, prog.collectives,
+                                        time.perf_counter() - t0)
+        if isinstance(prog, str):
+            return self._subclass_eager(prog, args, kwargs)
+        return dtensor_frames.run_program(prog, module, args, kwargs)
 
     def _subclass_eager(self, what: str, args: tuple, kwargs: dict) -> Any:
         """A frame whose inputs are tensor subclasses runs eagerly (this call; logged once per frame):
