@@ -13,7 +13,7 @@ import logging
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import kiln
@@ -124,3 +124,41 @@ def test_user_module_over_dtensors_runs_eagerly(run_ranks):
         assert max(r["diffs"]) == 0.0, r["diffs"]
         assert not any("local program" in m for m in r["log"])
         assert any("tensor subclasses" in m and "DTensor" in m for m in r["log"]), r["log"]
+
+
+def collective_rank(rank: int, world: int, backend: str) -> dict:
+    """A Linear over DTensors whose sharding needs a collective inside its forward (input sharded on
+    the contracted dimension, weight row-sharded): DTensor's redistribution is recorded as graph nodes."""
+    mesh = init_device_mesh("cpu", (world,))
+    torch.manual_seed(0)
+    model = nn.Linear(8, 6)
+    twin = copy.deepcopy(model)
+    for m in (model, twin):
+        m.weight = nn.Parameter(distribute_tensor(m.weight.detach(), mesh, [Shard(0)]))
+        m.bias = nn.Parameter(distribute_tensor(m.bias.detach(), mesh, [Replicate()]))
+    lines = _Lines()
+    kiln.set_logs("graph_breaks", "distributed")
+    logging.getLogger("kiln.graph_breaks").addHandler(lines)
+    logging.getLogger("kiln.distributed").addHandler(lines)
+    compiled = kiln.compile(model, backend=backend)
+    out_diffs, grad_diffs = [], []
+    for step in range(STEPS):
+        full = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))
+        x = distribute_tensor(full, mesh, [Shard(1)])
+        a, b = compiled(x), twin(x)
+        out_diffs.append((a.full_tensor() - b.full_tensor()).abs().max().item())
+        (a.full_tensor() * full.sum()).square().mean().backward()
+        (b.full_tensor() * full.sum()).square().mean().backward()
+        grad_diffs.append(max((p.grad.full_tensor() - q.grad.full_tensor()).abs().max().item()
+                              for p, q in zip(model.parameters(), twin.parameters())))
+        for m in (model, twin):
+            m.zero_grad(set_to_none=True)
+    return {"out": out_diffs, "grads": grad_diffs, "log": lines.lines}
+
+
+def test_collective_inside_a_dtensor_frame_is_a_graph_node(run_ranks):
+    for r in run_ranks(collective_rank, "inductor", timeout=420):
+        assert max(r["out"]) < 1e-5 and max(r["grads"]) < 1e-5, (r["out"], r["grads"])
+        local = [m for m in r["log"] if "compiled as a local program" in m]
+        assert len(local) == 1 and "(0 collectives)" not in local[0], r["log"]
+        assert "run op by op" in local[0]  # kiln.inductor does not take collectives yet: said, not hidden

@@ -34,6 +34,10 @@ from torch.utils import _pytree as pytree
 _CONSTANTS = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
 
+_WAIT = torch.ops._c10d_functional.wait_tensor.default
+_NOT_ISSUING = (_WAIT, torch.ops._c10d_functional._wrap_tensor_autograd.default)
+
+
 class NotRecordable(Exception):
     """The frame does something a recorded local program cannot replay."""
 
@@ -127,7 +131,17 @@ class _Recorder:
         node = self.graph.call_function(func, *pytree.tree_map(as_node, (args, kwargs)))
         node.meta["phase"] = self.phase
         real_args, real_kwargs = pytree.tree_map(lambda x: x.inner if isinstance(x, _Rec) else x, (args, kwargs))
-        return self._wrap(func(*real_args, **real_kwargs), node)
+        out = func(*real_args, **real_kwargs)
+        if func.namespace == "_c10d_functional" and func not in _NOT_ISSUING and isinstance(out, torch.Tensor):
+            # Note: a collective's result is waited for right where it was issued (a wait_tensor node
+            # next to it): DTensor waits lazily through an AsyncCollectiveTensor, which the recording
+            # does not always see, and a read before the wait races the communication.
+            node.meta["phase"] = self.phase
+            node.meta["val"] = out
+            node = self.graph.call_function(_WAIT, (node,))
+            out = _WAIT(out)
+        node.meta["phase"] = self.phase
+        return self._wrap(out, node)
 
     def _wrap(self, out: Any, node: fx.Node) -> Any:
         if isinstance(out, torch.Tensor):
@@ -187,6 +201,7 @@ class LocalProgram:
     single: bool  # the frame returned one tensor, not a tuple
     op_count: int  # local ops in the forward and backward programs (collectives included)
     collectives: int
+    op_by_op: int  # of the two programs, how many run as GraphModules (they hold collectives)
 
 
 def _inputs(module: nn.Module, args: tuple, kwargs: dict) -> tuple[list[tuple[str, Any]], list[str]]:
@@ -287,6 +302,17 @@ def _is_collective(node: fx.Node) -> bool:
     return isinstance(node.target, torch._ops.OpOverload) and node.target.namespace == "_c10d_functional"
 
 
+def _compiled(gm: fx.GraphModule, backend: Any) -> Any:
+    """The backend's compiled graph; a graph with collectives runs op by op (its GraphModule).
+
+    Note: kiln.inductor treats ``_c10d_functional`` ops as plain extern calls: its memory planner may
+    reuse a collective's output buffer while a ``wait_tensor`` alias of it is live, and it does not
+    order reads after the wait. Until it does, such graphs are not handed to it (logged)."""
+    if any(_is_collective(n) for n in gm.graph.nodes):
+        return gm
+    return backend(gm, [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"])
+
+
 def build_program(module: nn.Module, forward: Any, args: tuple, kwargs: dict, backend: Any) -> LocalProgram:
     """Record the frame (module_forward(*args, **kwargs)) and compile its local programs."""
     with torch.enable_grad():
@@ -295,9 +321,8 @@ def build_program(module: nn.Module, forward: Any, args: tuple, kwargs: dict, ba
     ops = [n for g in (fwd_gm, bwd_gm) for n in g.graph.nodes if n.op == "call_function"
            and isinstance(n.target, torch._ops.OpOverload)]
     with torch.no_grad():
-        fwd = backend(fwd_gm, [n.meta["val"] for n in fwd_gm.graph.nodes if n.op == "placeholder"])
-        bwd = backend(bwd_gm, [n.meta["val"] for n in bwd_gm.graph.nodes if n.op == "placeholder"]) \
-            if info["grads"] else None
+        fwd = _compiled(fwd_gm, backend)
+        bwd = _compiled(bwd_gm, backend) if info["grads"] else None
     named = info["named"]
     grads = [g for g in info["grads"]]
     diff = tuple(i for i, g in zip(info["diff"], grads) if g is not None)
@@ -308,7 +333,8 @@ def build_program(module: nn.Module, forward: Any, args: tuple, kwargs: dict, ba
         tangent_specs=tuple(t._spec for t in info["tangents"]),
         grad_specs=tuple(g._spec for g in grads if g is not None),
         differentiable=diff, n_outputs=len(info["outs"]), single=info["single"],
-        op_count=len(ops), collectives=sum(_is_collective(n) for n in ops))
+        op_count=len(ops), collectives=sum(_is_collective(n) for n in ops),
+        op_by_op=sum(isinstance(f, fx.GraphModule) for f in (fwd, bwd)))
 
 
 def _locals(values: Any) -> list[torch.Tensor]:
