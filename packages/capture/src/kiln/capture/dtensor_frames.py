@@ -162,7 +162,7 @@ class _Recorder:
 class _Rec(torch.Tensor):
     """A local tensor whose ops are executed and recorded (the inner tensor holds the value)."""
 
-    inner: torch.Tensor
+    inner: torch.Tensor  # type: ignore[assignment]
     node: fx.Node
     recorder: _Recorder
 
@@ -175,12 +175,12 @@ class _Rec(torch.Tensor):
         return r
 
     @classmethod
-    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+    def __torch_dispatch__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:  # type: ignore[override]
         kwargs = kwargs or {}
         recs = [x for x in pytree.tree_leaves((args, kwargs)) if isinstance(x, _Rec)]
         return recs[0].recorder.call(func, tuple(args), kwargs)
 
-    def __repr__(self) -> str:  # noqa: D105
+    def __repr__(self) -> str:  # type: ignore[override]
         return f"_Rec({self.node.name})"
 
 
@@ -193,9 +193,9 @@ class LocalProgram:
     forward: Any  # (locals) -> (outputs..., saved...)
     backward: Any  # (saved..., tangents...) -> (gradients of the differentiable inputs...)
     input_specs: tuple[DTensorSpec | None, ...]
-    output_specs: tuple[DTensorSpec | None, ...]
-    tangent_specs: tuple[DTensorSpec | None, ...]
-    grad_specs: tuple[DTensorSpec | None, ...]  # per differentiable input
+    output_specs: tuple[DTensorSpec, ...]
+    tangent_specs: tuple[DTensorSpec, ...]
+    grad_specs: tuple[DTensorSpec, ...]  # per differentiable input
     differentiable: tuple[int, ...]  # indices of inputs that get gradients
     n_outputs: int
     single: bool  # the frame returned one tensor, not a tuple
@@ -204,14 +204,14 @@ class LocalProgram:
     op_by_op: int  # of the two programs, how many run as GraphModules (they hold collectives)
 
 
-def _inputs(module: nn.Module, args: tuple, kwargs: dict) -> tuple[list[tuple[str, Any]], list[str]]:
-    """The frame's tensors as (name, value): parameters first, then arguments."""
-    named = [(f"self.{n}", p) for n, p in module._parameters.items() if p is not None]
+def _inputs(module: nn.Module, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
+    """The frame's tensors as (name, value): parameters (``self.p``), buffers (``self.b``), then
+    arguments (``arg0``, keyword names)."""
+    named: list[tuple[str, torch.Tensor]] = [(f"self.{n}", p) for n, p in module._parameters.items() if p is not None]
     named += [(f"self.{n}", b) for n, b in module._buffers.items() if b is not None]
-    params = [n for n, _ in named]
     named += [(f"arg{i}", a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
     named += [(k, v) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
-    return named, params
+    return named
 
 
 def _wrap_rec(t: torch.Tensor, rec: _Recorder, name: str) -> torch.Tensor:
@@ -229,19 +229,24 @@ def _tangent_spec(spec: DTensorSpec) -> DTensorSpec:
 def record(module: nn.Module, forward: Any, args: tuple, kwargs: dict) -> tuple[fx.GraphModule, dict[str, Any]]:
     """Run ``forward`` once through DTensor on recording local tensors (forward and backward)."""
     rec = _Recorder()
-    named, params = _inputs(module, args, kwargs)
+    named = _inputs(module, args, kwargs)
     if any(not isinstance(t, DTensor) and t.requires_grad for _, t in named):
         raise NotRecordable("a plain tensor argument requires grad next to DTensors")
     wrapped = {n: _wrap_rec(t, rec, n.replace(".", "_")) for n, t in named}
-    saved = dict(module._parameters)
-    try:
-        for n in params:
-            module._parameters[n[5:]] = wrapped[n] if n[5:] in module._parameters else None  # type: ignore[assignment]
+    saved_params, saved_buffers = dict(module._parameters), dict(module._buffers)
+    try:  # the module's own tensors swapped for recording ones while the forward runs
+        for table in (module._parameters, module._buffers):
+            for name, value in table.items():
+                if value is not None:
+                    table[name] = wrapped[f"self.{name}"]  # type: ignore[assignment]
         call_args = [wrapped.get(f"arg{i}", a) for i, a in enumerate(args)]
         call_kwargs = {k: wrapped.get(k, v) for k, v in kwargs.items()}
         out = forward(*call_args, **call_kwargs)
     finally:
-        module._parameters.update(saved)
+        module._parameters.clear()
+        module._parameters.update(saved_params)
+        module._buffers.clear()
+        module._buffers.update(saved_buffers)
     outs = (out,) if isinstance(out, torch.Tensor) else out
     if not isinstance(outs, tuple) or not all(isinstance(o, DTensor) and isinstance(o._local_tensor, _Rec)
                                               for o in outs):
@@ -268,13 +273,13 @@ def _split(gm: fx.GraphModule, info: dict[str, Any]) -> tuple[fx.GraphModule, fx
     backward_nodes = [n for n in nodes if n.meta.get("phase") == "backward"]
     saved = [n for n in nodes if n.meta.get("phase") == "forward"
              and any(u.meta.get("phase") == "backward" for u in n.users)]
-    fwd, env = fx.Graph(), {}
+    fwd, env = fx.Graph(), dict[fx.Node, fx.Node]()
     for n in nodes:
         if n.meta.get("phase") in ("forward", "constant") and n.op != "output":
             env[n] = fwd.node_copy(n, lambda a: env[a])
     out_nodes = [o._local_tensor.node for o in info["outs"]]
     fwd.output(tuple(env[n] for n in (*out_nodes, *saved)))
-    bwd, benv = fx.Graph(), {}
+    bwd, benv = fx.Graph(), dict[fx.Node, fx.Node]()
     for i, n in enumerate(saved):
         benv[n] = bwd.placeholder(f"saved{i}")
         benv[n].meta["val"] = n.meta.get("val")
@@ -389,6 +394,6 @@ def _device(spec: DTensorSpec) -> torch.device:
 
 
 def run_program(prog: LocalProgram, module: nn.Module, args: tuple, kwargs: dict) -> Any:
-    named, _ = _inputs(module, args, kwargs)
+    named = _inputs(module, args, kwargs)
     outs = _RunLocalProgram.apply(prog, *[t for _, t in named])
     return outs[0] if prog.single else outs

@@ -317,11 +317,12 @@ class Optimized:
     def _subclass_call(self, what: str, L: dict, args: tuple, kwargs: dict) -> Any:
         """A frame with tensor-subclass inputs: a torch.nn module's forward over DTensors runs as a
         compiled local program (dtensor_frames.py); anything else runs eagerly, logged."""
-        module = self.self_obj
-        if not (dtensor_frames.leaf_module(module) and dtensor_frames.only_dtensors(L, module)):
+        module, code = self.self_obj, self.code
+        if not isinstance(module, nn.Module) or code is None or self.func is None \
+                or not (dtensor_frames.leaf_module(module) and dtensor_frames.only_dtensors(L, module)):
             return self._subclass_eager(what, args, kwargs)
         try:
-            key = (self.code, dtensor_frames.frame_key(module, args, kwargs))
+            key = (code, dtensor_frames.frame_key(module, args, kwargs))
         except dtensor_frames.NotRecordable as e:
             return self._subclass_eager(f"{what}; {e}", args, kwargs)
         prog = self.ctx.dtensor_programs.get(key)
@@ -332,13 +333,15 @@ class Optimized:
                                                     self.ctx.backend)
             except dtensor_frames.NotRecordable as e:
                 prog = f"{what}; {e}"
+            except Exception as e:  # noqa: BLE001 - recording or compiling failed: eager says what the user did wrong
+                prog = f"{what}; recording its local program failed ({type(e).__name__}: {e})"
             self.ctx.dtensor_programs[key] = prog
             if self.ctx.observed:
-                emit(StageTime("capture", time.perf_counter() - t0, graph=frame_name(self.code)))
+                emit(StageTime("capture", time.perf_counter() - t0, graph=frame_name(code)))
             if isinstance(prog, dtensor_frames.LocalProgram):
                 log("distributed").info("%s over DTensors compiled as a local program: %d local ops "
                                         "(%d collectives) forward and backward, %.2f s%s",
-                                        frame_name(self.code), prog.op_count, prog.collectives,
+                                        frame_name(code), prog.op_count, prog.collectives,
                                         time.perf_counter() - t0,
                                         f"; {prog.op_by_op} of its 2 programs hold collectives and run "
                                         "op by op (not compiled)" if prog.op_by_op else "")
