@@ -4,8 +4,10 @@ miss, and continues in Python after a graph break through generated resume funct
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import re
+import sys
 import time
 import types
 import warnings
@@ -32,7 +34,6 @@ from kiln.graph import (
     log,
 )
 
-from . import dtensor_frames
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
 from .controls import current_stance, disabled_reason
@@ -318,6 +319,11 @@ class Optimized:
         """A frame with tensor-subclass inputs: a torch.nn module's forward over DTensors runs as a
         compiled local program (dtensor_frames.py); anything else runs eagerly, logged."""
         module, code = self.self_obj, self.code
+        if "torch.distributed.tensor" not in sys.modules:  # no DTensor exists in this process
+            return self._subclass_eager(what, args, kwargs)
+        # Note: imported on first use: torch.distributed.tensor costs ~1 s of import time, which every
+        # process that never meets a DTensor would pay at `import kiln`.
+        dtensor_frames = importlib.import_module(".dtensor_frames", __package__)
         if not isinstance(module, nn.Module) or code is None or self.func is None \
                 or not (dtensor_frames.leaf_module(module) and dtensor_frames.only_dtensors(L, module)):
             return self._subclass_eager(what, args, kwargs)
