@@ -34,30 +34,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(fn: Callable[..., Any], *args: Any, world: int = 2, timeout: float = 240.0) -> list[Any]:
-    """Run ``fn(rank, world, *args)`` on ``world`` spawned gloo ranks; the results by rank.
+def run_ranks(fn: Callable[..., Any], *args: Any, world: int = 2, timeout: float = 240.0,
+              backend: str = "gloo") -> list[Any]:
+    """Run ``fn(rank, world, *args)`` on ``world`` spawned ranks (``backend``: gloo, or nccl with rank
+    r on cuda:r); the results by rank.
 
     A rank killed by a signal without a Python error (seen once on a loaded 2-core CI host: SIGABRT in
     gloo) is run again once, with a warning; a second such death, an error or a hang fails the test."""
     try:
-        return _run_ranks_once(fn, *args, world=world, timeout=timeout)
+        return _run_ranks_once(fn, *args, world=world, timeout=timeout, backend=backend)
     except _RankKilled as e:
         warnings.warn(f"distributed test {fn.__name__}: {e}; running the ranks again", stacklevel=2)
-        return _run_ranks_once(fn, *args, world=world, timeout=timeout)
+        return _run_ranks_once(fn, *args, world=world, timeout=timeout, backend=backend)
 
 
 class _RankKilled(AssertionError):
     """A rank died by a signal and reported no Python error."""
 
 
-def _run_ranks_once(fn: Callable[..., Any], *args: Any, world: int, timeout: float) -> list[Any]:
+def _run_ranks_once(fn: Callable[..., Any], *args: Any, world: int, timeout: float, backend: str) -> list[Any]:
     test_file = str(Path(fn.__code__.co_filename).resolve())
     ctx = mp.get_context("spawn")
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="kiln-dist-") as out:
         procs = []
         for rank in range(world):
-            init = {"RANK_ARGS": (rank, world, port, test_file, fn.__name__, args, out)}
+            init = {"RANK_ARGS": (rank, world, port, test_file, fn.__name__, args, out, backend)}
             p = ctx.Process(target=runpy.run_path, args=(str(HERE),),
                             kwargs={"init_globals": init, "run_name": "__kiln_rank__"}, daemon=True)
             p.start()
@@ -83,16 +85,19 @@ def _run_ranks_once(fn: Callable[..., Any], *args: Any, world: int, timeout: flo
         return [torch.load(Path(out) / f"{r}.pt", weights_only=False) for r in range(world)]
 
 
-def _rank_main(rank: int, world: int, port: int, test_file: str, fn_name: str, args: tuple, out: str) -> None:
+def _rank_main(rank: int, world: int, port: int, test_file: str, fn_name: str, args: tuple, out: str,
+               backend: str = "gloo") -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
     try:
         spec = importlib.util.spec_from_file_location(f"kiln_rank_{Path(test_file).stem}", test_file)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=120))
         try:
             result = getattr(module, fn_name)(rank, world, *args)

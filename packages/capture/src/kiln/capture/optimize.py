@@ -4,8 +4,10 @@ miss, and continues in Python after a graph break through generated resume funct
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import re
+import sys
 import time
 import types
 import warnings
@@ -59,6 +61,7 @@ class CompileContext:
         self.resumes: dict[tuple, Callable] = {}
         self.python_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.subclass_logged: set[types.CodeType] = set()
+        self.dtensor_programs: dict[tuple, Any] = {}  # (code, dtensor_frames.frame_key) -> program or reason
         self.on_capture: list[Callable[[Capture, CodeCache], None]] = []
         self.observed = True  # emits compile events (kiln.graph.events); explain's dry runs do not
         self.on_eager: list[Callable[[str, str], None]] = []  # (function at file:line, reason)
@@ -76,6 +79,7 @@ class CompileContext:
         self.wrapped_methods = weakref.WeakKeyDictionary()
         self.python_calls = weakref.WeakKeyDictionary()
         self.resumes.clear()
+        self.dtensor_programs.clear()
 
     def python_module_call(self, module: nn.Module, reason: str, call_forward: bool = False) -> PythonModuleCall:
         """``module`` called in Python (DDP's forward, FSDP2's hooks) with the forward it wraps
@@ -250,7 +254,7 @@ class Optimized:
                 emit(Recompile(frame_name(self.code), reason))
         subclass = _subclass_input(L, self.self_obj)
         if subclass is not None:  # e.g. DTensor parameters/activations of tensor parallelism
-            return self._subclass_eager(subclass, args, kwargs)
+            return self._subclass_call(subclass, L, args, kwargs)
         fallback: tuple[str, bool] | None = None
         # Note: a capture met under a caller's saved-tensor hooks (torch.utils.checkpoint's recording)
         # must not feed them the tensors its own tracing saves: identity hooks sit on top meanwhile.
@@ -310,6 +314,46 @@ class Optimized:
         for hook in self.ctx.on_capture:
             hook(cap, cache)
         return entry, None
+
+    def _subclass_call(self, what: str, L: dict, args: tuple, kwargs: dict) -> Any:
+        """A frame with tensor-subclass inputs: a torch.nn module's forward over DTensors runs as a
+        compiled local program (dtensor_frames.py); anything else runs eagerly, logged."""
+        module, code = self.self_obj, self.code
+        if "torch.distributed.tensor" not in sys.modules:  # no DTensor exists in this process
+            return self._subclass_eager(what, args, kwargs)
+        # Note: imported on first use: torch.distributed.tensor costs ~1 s of import time, which every
+        # process that never meets a DTensor would pay at `import kiln`.
+        dtensor_frames = importlib.import_module(".dtensor_frames", __package__)
+        if not isinstance(module, nn.Module) or code is None or self.func is None \
+                or not (dtensor_frames.leaf_module(module) and dtensor_frames.only_dtensors(L, module)):
+            return self._subclass_eager(what, args, kwargs)
+        try:
+            key = (code, dtensor_frames.frame_key(module, args, kwargs))
+        except dtensor_frames.NotRecordable as e:
+            return self._subclass_eager(f"{what}; {e}", args, kwargs)
+        prog = self.ctx.dtensor_programs.get(key)
+        if prog is None:
+            t0 = time.perf_counter()
+            try:
+                prog = dtensor_frames.build_program(module, functools.partial(self.func, module), args, kwargs,
+                                                    self.ctx.backend)
+            except dtensor_frames.NotRecordable as e:
+                prog = f"{what}; {e}"
+            except Exception as e:  # noqa: BLE001 - recording or compiling failed: eager says what the user did wrong
+                prog = f"{what}; recording its local program failed ({type(e).__name__}: {e})"
+            self.ctx.dtensor_programs[key] = prog
+            if self.ctx.observed:
+                emit(StageTime("capture", time.perf_counter() - t0, graph=frame_name(code)))
+            if isinstance(prog, dtensor_frames.LocalProgram):
+                log("distributed").info("%s over DTensors compiled as a local program: %d local ops "
+                                        "(%d collectives) forward and backward, %.2f s%s",
+                                        frame_name(code), prog.op_count, prog.collectives,
+                                        time.perf_counter() - t0,
+                                        f"; {prog.op_by_op} of its 2 programs hold collectives and run "
+                                        "op by op (not compiled)" if prog.op_by_op else "")
+        if isinstance(prog, str):
+            return self._subclass_eager(prog, args, kwargs)
+        return dtensor_frames.run_program(prog, module, args, kwargs)
 
     def _subclass_eager(self, what: str, args: tuple, kwargs: dict) -> Any:
         """A frame whose inputs are tensor subclasses runs eagerly (this call; logged once per frame):
