@@ -65,11 +65,10 @@ def normalize_args(op: OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any
 
 
 def _fake_mode_of(values: Sequence[Any]) -> FakeTensorMode | None:
+    """The fake mode of the values' fake tensors (symbolic sizes among them share its ShapeEnv)."""
     for v in tree_flatten(list(values))[0]:
         if isinstance(v, FakeTensor):
             return v.fake_mode
-        if isinstance(v, torch.SymInt):
-            return None
     return None
 
 
