@@ -30,8 +30,8 @@ class InductorKnobs:
     # KILN_TRITON_CROSS_TARGET=cuda:90: without a GPU, compile the generated Triton kernels of CUDA graphs
     # for that target anyway (what a GPU cold compile costs, measured on a CPU host; nothing runs)
     triton_cross_target: str = ""
-    # KILN_TRITON_WORKER_TORCH=1: compile workers import torch as before session 8 (they compile without
-    # it: 0.3 s to start instead of 2-4 s); a way back should a triton need torch to compile
+    # KILN_TRITON_WORKER_TORCH=1: compile workers import torch (by default they compile without it, which
+    # starts them faster); a way back should a triton need torch to compile
     triton_worker_torch: bool = False
     # KILN_CUDAGRAPH_EXPANDABLE=0: a backward recording (which frees the saved activations it takes over as it
     # goes) allocates in fixed-size pool segments, as every other recording does (cudagraphs/engine.py)

@@ -2,7 +2,9 @@
 
 The module is plain source (saved in artifacts as text); it needs only triton and numpy. Under the
 Triton interpreter (``TRITON_INTERPRET=1``, how CI runs kernels on CPU tensors) libdevice calls have no
-implementation, so the module binds ``libdevice`` to a numpy shim there instead.
+implementation, so the module binds ``libdevice`` to a numpy shim there instead. The branch asks triton's
+knob when the module is imported (compile workers import the same text without the interpreter), so no
+environment is read here.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from __future__ import annotations
 PRELUDE = '''\
 # kiln.inductor generated Triton kernels
 import math
-import os
 
 import triton
 import triton.language as tl
+from triton import knobs as _triton_knobs
 
-if os.environ.get("TRITON_INTERPRET", "0") == "1":
+if _triton_knobs.runtime.interpret:  # triton's own reading of TRITON_INTERPRET, as its JIT decides
     import numpy as _np
     from triton.runtime.interpreter import TensorHandle as _TensorHandle
 
