@@ -21,7 +21,7 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from kiln.graph import KilnError, map_leaves
+from kiln.graph import SIZE_OPS, SIZE_UNARY_OPS, KilnError, map_leaves
 
 from .registry import op_name
 
@@ -162,12 +162,11 @@ class GraphRecorder(TorchDispatchMode):
                     acc = self.graph.call_function(fn, (acc, self._expr_node(a)))
                 return acc
         name = type(expr).__name__
-        named = {"FloorDiv": operator.floordiv, "Mod": operator.mod, "PythonMod": operator.mod,
-                 "CleanDiv": operator.floordiv, "Max": max, "Min": min, "IntTrueDiv": operator.truediv,
-                 "FloatTrueDiv": operator.truediv, "FloatPow": operator.pow, "PowByNatural": operator.pow}
-        unary = {"ToFloat": torch.sym_float, "TruncToInt": torch.sym_int}
-        if name in unary:
-            return self.graph.call_function(unary[name], (self._expr_node(expr.args[0]),))
+        # kiln.graph's table of size operations; CleanDiv and Python's max/min as decomp has always built them
+        named = {**{k: v for k, v in SIZE_OPS.items() if k not in ("Add", "Mul", "Pow")},
+                 "CleanDiv": operator.floordiv, "Max": max, "Min": min}
+        if name in SIZE_UNARY_OPS:
+            return self.graph.call_function(SIZE_UNARY_OPS[name], (self._expr_node(expr.args[0]),))
         if name in named:
             a, b = (self._expr_node(x) for x in expr.args[:2])
             return self.graph.call_function(named[name], (a, b))

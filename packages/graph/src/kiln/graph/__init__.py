@@ -74,6 +74,8 @@ from .stages import (
 )
 from .strides import view_strides
 from .symbolic import (
+    SIZE_OPS,
+    SIZE_UNARY_OPS,
     SymbolicSizeError,
     SymbolNodes,
     has_symbolic_sizes,
@@ -103,7 +105,7 @@ __all__ = [
     "expected_from_json", "expected_to_json", "source_tree", "gc_paused", "map_leaves",
     "enabled",
     "example_specs", "global_state", "lazy_graph_module", "log", "new_graph_id", "print_graph", "run_pipeline",
-    "is_pure_op", "set_logs", "SymbolNodes", "SymbolicSizeError", "has_symbolic_sizes", "is_symbolic",
+    "is_pure_op", "set_logs", "SIZE_OPS", "SIZE_UNARY_OPS", "SymbolNodes", "SymbolicSizeError", "has_symbolic_sizes", "is_symbolic",
     "py_expr", "shape_env_of", "size_evaluator", "size_hint", "symbolic_dispatch", "target_name", "tensor_expectation", "type_name", "verify", "view_strides",
 ]
 

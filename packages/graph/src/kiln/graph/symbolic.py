@@ -163,13 +163,14 @@ def size_evaluator(values: Any, bindings: Any) -> Callable[[Any], Any]:
     return eval(src, {"max": max, "min": min})  # noqa: S307 - expressions kiln printed
 
 
-_OPS: dict[str, Callable[..., Any]] = {
+# sympy size-expression class name -> the Python operation computing it over SymInts (graph nodes)
+SIZE_OPS: dict[str, Callable[..., Any]] = {
     "Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod,
     "PythonMod": operator.mod, "Pow": operator.pow, "PowByNatural": operator.pow, "FloatPow": operator.pow,
     "Max": torch.sym_max, "Min": torch.sym_min, "IntTrueDiv": operator.truediv,
     "FloatTrueDiv": operator.truediv,
 }
-_UNARY: dict[str, Callable[..., Any]] = {"ToFloat": torch.sym_float, "TruncToInt": torch.sym_int,
+SIZE_UNARY_OPS: dict[str, Callable[..., Any]] = {"ToFloat": torch.sym_float, "TruncToInt": torch.sym_int,
                                          "FloorToInt": math.floor, "CeilToInt": math.ceil}
 
 
@@ -178,7 +179,7 @@ class SymbolNodes:
 
     Symbols are bound to a maker (``bind``): a placeholder's ``aten.sym_size.int`` or a SymInt
     placeholder itself, built the first time an expression needs it; compound expressions become
-    ``operator`` nodes over those (``_OPS``). Each new node is inserted by ``insert`` (the caller's
+    ``operator`` nodes over those (``SIZE_OPS``). Each new node is inserted by ``insert`` (the caller's
     insertion point; the default appends to the graph) and its ``meta["val"]`` is its SymInt.
     """
 
@@ -238,14 +239,14 @@ class SymbolNodes:
             return n
         if expr.is_Symbol:
             raise SymbolicSizeError(f"size symbol {expr} is not a size of any graph input")
-        unary = _UNARY.get(type(expr).__name__)
+        unary = SIZE_UNARY_OPS.get(type(expr).__name__)
         if unary is not None:
             arg = self.node(expr.args[0])
             n = self.graph.call_function(unary, (arg,))
             n.meta["val"] = unary(_val(arg))
             self._nodes[expr] = n
             return n
-        op = _OPS.get(type(expr).__name__)
+        op = SIZE_OPS.get(type(expr).__name__)
         if op is None:
             raise SymbolicSizeError(f"size expression {expr} ({type(expr).__name__}) has no graph form")
         args = [self.node(a) for a in expr.args]
