@@ -28,6 +28,9 @@ CASES = {
              lambda n: (torch.randn(2, 3, n, n), torch.randn(4, 3, 3, 3))),
     "index_add": (lambda x, i: (torch.zeros(5, 4).index_add(0, i, x),),
                   lambda n: (torch.randn(n, 4), torch.randint(0, 5, (n,)))),
+    # arange's length is CeilToInt(IntTrueDiv(n, 32)) in the ShapeEnv: a size rounded from a true division
+    "arange_step": (lambda x: (torch.arange(0, x.shape[0], 32) * 2, x[::32] + 1),
+                    lambda n: (torch.randn(n, 4),)),
     "sdpa_causal": (lambda q, k, v: (F.scaled_dot_product_attention(q, k, v, is_causal=True),),
                     lambda n: tuple(torch.randn(2, 2, n, 8) for _ in range(3))),
 }

@@ -246,15 +246,20 @@ def to_kiln(e: sympy.Expr) -> sympy.Expr:
             raise DynamicShapeUnsupported(f"data-dependent size {e.name} (an unbacked symbol) is not modelled "
                                           "by kiln.inductor")
         return size_symbol(e.name)
+    name = type(e).__name__
+    if name in ("CeilToInt", "FloorToInt", "TruncToInt") and type(e.args[0]).__name__ == "IntTrueDiv":
+        # an int rounded from a true division of sizes (``math.ceil(n / 32)``): exact as integer division
+        num, den = (to_kiln(a) for a in e.args[0].args)
+        _check_nonnegative_division(e, [num, den])  # and then truncation is floor
+        return FloorDiv(num + den - 1, den) if name == "CeilToInt" else FloorDiv(num, den)
     args = [to_kiln(a) for a in e.args]
     if isinstance(e, (sympy.Add, sympy.Mul)):
         return e.func(*args)
     if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and int(e.exp) > 0:
         return args[0] ** int(e.exp)
-    name = type(e).__name__
-    if name in ("FloorDiv", "CleanDiv", "IntTrueDiv", "CeilDiv", "Mod", "PythonMod", "ModularIndexing"):
+    if name in ("FloorDiv", "CleanDiv", "CeilDiv", "Mod", "PythonMod", "ModularIndexing"):
         _check_nonnegative_division(e, args)
-    if name in ("FloorDiv", "CleanDiv", "IntTrueDiv") and len(args) == 2:
+    if name in ("FloorDiv", "CleanDiv") and len(args) == 2:
         return FloorDiv(*args)
     if name == "CeilDiv" and len(args) == 2:
         return FloorDiv(args[0] + args[1] - 1, args[1])
