@@ -30,6 +30,7 @@ def main() -> None:
     b = torch.randn(2304, device=dev, dtype=dt)
     out = torch.empty(64, 2304, device=dev, dtype=dt)
     wt = w.t()
+    x3 = x.view(2, 32, 768)
     aten = torch.ops.aten
     rows = {
         "aten.addmm.default(b, x, w.t-view)": lambda: aten.addmm.default(b, x, wt),
@@ -43,6 +44,15 @@ def main() -> None:
         "w.t()": lambda: w.t(),
         "torch.empty_strided((64, 2304), (2304, 1))": lambda: torch.empty_strided((64, 2304), (2304, 1), dtype=dt, device=dev),
         "x.add(1) (one elementwise kernel)": lambda: x.add(1),
+        # a linear over a 3-D activation, the shape LM blocks have: viewed to 2-D around mm, or one call
+        "x3.as_strided 2-D + w.as_strided + torch.mm + .stride()": lambda: torch.mm(
+            x3.as_strided((64, 768), (768, 1), 0), w.as_strided((768, 2304), (1, 768), 0)).stride(),
+        "torch._C._nn.linear(x3, w)": lambda: torch._C._nn.linear(x3, w),
+        "torch._C._nn.linear(x3, w, b)": lambda: torch._C._nn.linear(x3, w, b),
+        "torch.nn.functional.linear(x3, w)": lambda: torch.nn.functional.linear(x3, w),
+        "torch.mm(x, w.t-view) (no out)": lambda: torch.mm(x, wt),
+        "x.view(2, 32, 2304)": lambda: out.view(2, 32, 2304),
+        "torch.ops.aten.view.default(out, [2, 32, 2304])": lambda: aten.view.default(out, [2, 32, 2304]),
     }
     # convolutions (ResNet-50's 3x3 stage-1 conv at batch 2): NCHW, channels-last, mixed
     xi = torch.randn(2, 64, 56, 56, device=dev, dtype=dt)
