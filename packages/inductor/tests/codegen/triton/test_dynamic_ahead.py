@@ -165,6 +165,21 @@ def test_reduction_over_a_symbolic_dim_matches_eager_over_sizes():
     check_sizes(cg, lambda x: (x.sum(0), torch.softmax(x, 0)), lambda n: (torch.randn(n, 6),), SIZES)
 
 
+def test_wrapper_precompile_warms_symbolic_size_kernels_with_a_stand_in_size():
+    """Without the pool (no workers, or a wrapper loaded where kiln.inductor's pool is not used) the
+    wrapper's own precompile compiles symbolic-size kernels too: any value stands for the sizes."""
+    from kiln.inductor.codegen.triton.wrapper import wrapper_prologue
+
+    k = TritonKernel(name="k0", source='@triton.jit(do_not_specialize=["s0"])\ndef k0(ptr_a, s0: "i64", '
+                     'XBLOCK: tl.constexpr):\n    pass\n', pointer_args=("a",), size_args=("s0",),
+                     xnumel="s0", xblock=128, rblock=0, num_warps=4, kind="pointwise")
+    text = wrapper_prologue([k], dtypes={"a": torch.bfloat16})
+    line = next(x for x in text.splitlines() if x.startswith("_kiln_precompile("))
+    assert "(_launch_k0, (torch.bfloat16, 0, ))" in line, line
+    launcher = next(x for x in text.splitlines() if x.startswith("_launch_k0 = "))
+    assert launcher.endswith(", free=(1,))"), launcher
+
+
 @pytest.mark.gpu
 def test_gpu_symbolic_graph_first_launches_compile_nothing_at_any_size(tmp_path, monkeypatch):
     """On the GPU: the pool compiles the symbolic graph's kernels ahead; then calls with many sizes
