@@ -22,7 +22,8 @@ and, per argument, everything triton specialises on (a tensor's dtype and 16-byt
 int's "== 1", "multiple of 16" and 32/64-bit range; a free int only its declared type) -- recorded
 when it was compiled and saved with it. A launcher whose first call describes its arguments exactly
 so binds that binary directly: no ``JITFunction.run``, whose first specialisation in a process
-imports triton's gluon packages (0.1 s). Any difference (or no description) takes triton's path, which finds or compiles the binary as before.
+imports triton's gluon packages (0.1 s). Any difference (or no description) takes triton's path,
+which finds or compiles the binary as before.
 
 The wrapper reads the CUDA device and stream once per call (``_kiln_launch_context()``) and passes them
 to every launch.
