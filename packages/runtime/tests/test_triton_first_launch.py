@@ -44,6 +44,10 @@ def scale_add(in_ptr0, out_ptr0, xnumel, XBLOCK: tl.constexpr):
     tl.store(out_ptr0 + x, tl.load(in_ptr0 + x, mask=x < xnumel) * 2.0 + 1.0, mask=x < xnumel)
 '''
 MODULE = triton_module_name(KERNELS)
+# the same kernel as kiln generates it for a symbolic size: declared i64 and never specialised on
+FREE_KERNELS = KERNELS.replace("@triton.jit", '@triton.jit(do_not_specialize=["xnumel"])').replace(
+    "xnumel, XBLOCK", 'xnumel: "i64", XBLOCK')
+FREE_MODULE = triton_module_name(FREE_KERNELS)
 CTX = (0, 7)  # (device, stream) as the wrapper's _kiln_launch_context() gives them
 
 
@@ -72,15 +76,16 @@ def cross(monkeypatch, tmp_path):
     sys.modules.pop(MODULE, None)
 
 
-def _import_kernels(folder: Path):
+def _import_kernels(folder: Path, source: str = KERNELS):
     """The kernel module as a new process imports it (the wrapper's loader: same name, new objects)."""
-    sys.modules.pop(MODULE, None)
-    path = folder / f"{MODULE}.py"
+    name = triton_module_name(source)
+    sys.modules.pop(name, None)
+    path = folder / f"{name}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(KERNELS)
-    spec = importlib.util.spec_from_file_location(MODULE, path)
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[MODULE] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     tp.adopt_module(module)
     return module
@@ -161,6 +166,53 @@ def test_a_launch_described_otherwise_takes_triton_path(cross, tmp_path: Path, c
     launch((3, 1, 1), CTX, *args)
     assert jit_runs == ["scale_add"], change  # triton specialised this call itself
     assert len(launched) == 1 and launched[0][-4] is args[0]
+
+
+def test_free_sizes_run_one_binary_for_every_size_cold_and_warm(cross, tmp_path: Path) -> None:
+    """A size argument declared unspecialised is ``free``: after the first launch every other size
+    (1, 16, 17, above 2**31) takes the fast path with the same binary; the record describes the size
+    by its declared type only, so a warm start's first launch with another size binds the binary."""
+    launched, jit_runs = cross
+    try:
+        module = _import_kernels(tmp_path / "src-cold", FREE_KERNELS)
+        launch = KilnLaunch(module.scale_add, {"XBLOCK": 128}, 4, (0,), free=(2,))
+        assert launch.free == {2: "i64"} and launch.check == (0,)  # triton agrees it never specialises
+        x, y = torch.zeros(300), torch.zeros(300)
+        for n in (300, 17, 1, 16, 2**31 + 5):
+            launch((3, 1, 1), CTX, x, y, n)
+            assert launched[-1][-2:] == (n, 128)
+        assert jit_runs == ["scale_add"] and len(launched) == 5  # one trip through triton, for the first
+        (binary,) = module.scale_add.device_caches[0][0].values()
+        files = collect_triton_binaries((FREE_MODULE,))
+        (name,) = [n for n in files if n.startswith(tp.RECORDS_PREFIX)]
+        (rec,) = json.loads(files[name])["kernels"]
+        assert rec["launch"][-1] == [["T", "torch.float32", True], ["T", "torch.float32", True], ["n", "i64"]]
+
+        sys.modules.pop(FREE_MODULE)
+        launched.clear()
+        install_triton_binaries(files, "test entry", cache_dir=tmp_path / "fresh")
+        module = _import_kernels(tmp_path / "src-warm", FREE_KERNELS)
+        jit_runs.clear()
+        launch = KilnLaunch(module.scale_add, {"XBLOCK": 128}, 4, (0,), free=(2,))
+        launch((1, 1, 1), CTX, x, y, 97)  # not the size the cold process launched first
+        assert jit_runs == [] and launched[0][4] == f"function:{binary.hash}"
+    finally:
+        sys.modules.pop(FREE_MODULE, None)
+
+
+def test_free_sizes_triton_specialises_after_all_are_checked_per_launch(cross, tmp_path: Path) -> None:
+    """``free`` names sizes that the kernel does not declare unspecialised: the launcher believes
+    triton (its parameters), keys them per launch, and a size with other specialisation goes back
+    through triton's path."""
+    launched, jit_runs = cross
+    module = _import_kernels(tmp_path / "src", KERNELS)
+    launch = KilnLaunch(module.scale_add, {"XBLOCK": 128}, 4, (0,), free=(2,))
+    assert launch.free == {} and launch.check == (0, 2)
+    x, y = torch.zeros(300), torch.zeros(300)
+    launch((3, 1, 1), CTX, x, y, 300)
+    launch((3, 1, 1), CTX, x, y, 288)  # a multiple of 16: triton keys another binary
+    assert jit_runs == ["scale_add", "scale_add"]
+    assert len(module.scale_add.device_caches[0][0]) == 2
 
 
 WARM_CHILD = '''

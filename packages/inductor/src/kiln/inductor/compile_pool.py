@@ -65,14 +65,16 @@ class TritonJob:
     constants: tuple[tuple[str, int], ...]  # constexpr arguments
     num_warps: int
     num_stages: int
-    # the first job of its launcher signature (pointer dtypes, constexprs): it builds the C launcher
+    # the first job of its launcher signature (pointer dtypes, sizes, constexprs): it builds the C launcher
     # triton <= 3.6 needs per signature, the others find it in the cache
     builds_launcher: bool = True
+    # size arguments after the pointers (declared unspecialised: one binary for every value; kernel.py)
+    sizes: int = 0
     label: str = field(default="", compare=False)  # for logs (max-autotune names the candidate)
 
     def as_dict(self, target: tuple[str, Any, int] | None, launcher: bool = False) -> dict[str, Any]:
         return {"launcher": launcher and self.builds_launcher, "path": self.path, "module": self.module, "function": self.function, "dtypes": list(self.dtypes),
-                "constants": [list(c) for c in self.constants], "num_warps": self.num_warps,
+                "sizes": self.sizes, "constants": [list(c) for c in self.constants], "num_warps": self.num_warps,
                 "num_stages": self.num_stages, "target": list(target) if target else None}
 
 

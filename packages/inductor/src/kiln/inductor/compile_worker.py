@@ -196,9 +196,11 @@ def compile_kernel(job: dict[str, Any], target: tuple[str, Any, int] | None, lau
     """Compile one kernel specialisation (``compile_job``'s job) through the JIT's own path and return
     triton's compiled kernel (its ``asm["cubin"]`` and ``metadata``); ``target`` None: the current device."""
     fn = getattr(load_module(job["path"], job["module"]), job["function"])
-    dtypes = _pointer_args(job["dtypes"])
+    # size arguments are declared unspecialised (i64, ``do_not_specialize``): any value gives the key
+    # every launch computes; 0 stands for all of them
+    args = _pointer_args(job["dtypes"]) + [0] * int(job.get("sizes", 0))
     with target_driver(target) if target is not None else contextlib.nullcontext(), _torch_stub():
-        kernel = fn.warmup(*dtypes, grid=(1,), **dict(job["constants"]), num_warps=job["num_warps"],
+        kernel = fn.warmup(*args, grid=(1,), **dict(job["constants"]), num_warps=job["num_warps"],
                            num_stages=job["num_stages"])
         if launcher and kernel is not None:
             build_launcher(kernel)

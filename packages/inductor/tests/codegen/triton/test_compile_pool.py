@@ -141,10 +141,12 @@ def test_twins_with_their_own_tuned_config_are_their_own_jobs():
     tuned = _twin(k, pointer_args=("c", "d"), xblock=128, num_warps=8)  # max-autotune chose another config
     symbolic = dataclasses.replace(k, name="k2", size_args=("s0",))
     jobs = ahead.kernel_jobs([k, same, tuned, symbolic], layouts, "/x.py", "m")
-    assert [(j.function, dict(j.constants)["XBLOCK"], j.num_warps) for j in jobs] == [("k1", 64, 4), ("k1", 128, 8)]
+    assert [(j.function, dict(j.constants)["XBLOCK"], j.num_warps, j.sizes) for j in jobs] == [
+        ("k1", 64, 4, 0), ("k1", 128, 8, 0), ("k2", 64, 4, 1)]  # symbolic sizes compile ahead too
     assert jobs[0].dtypes == ("bfloat16", "bfloat16")
-    # one C launcher per signature (triton <= 3.6 builds one with the host compiler): the first job's
-    assert [j.builds_launcher for j in jobs] == [True, False]
+    # one C launcher per signature (triton <= 3.6 builds one with the host compiler): the first job's;
+    # a size argument is part of the signature
+    assert [j.builds_launcher for j in jobs] == [True, False, True]
     assert jobs[0].as_dict(TARGET, launcher=True)["launcher"] and not jobs[1].as_dict(TARGET, True)["launcher"]
 
 

@@ -6,6 +6,7 @@ import re
 
 import torch
 import torch.nn.functional as F
+from dynamic_helpers import TRITON, check_sizes, compile_symbolic, needs_triton
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
@@ -52,3 +53,37 @@ def test_only_kernels_equal_up_to_names_are_shared():
     out, shared = share_identical_kernels([a, b, c, d])
     assert shared == 2 and [k.function for k in out] == ["", "k1_mul", "", "k1_mul"]
     assert "triton_kernels.k1_mul," in out[3].launcher_definition("triton_kernels")
+
+
+def _sized(name: str, ptrs: tuple[str, ...], sizes: tuple[str, ...], body: str) -> TritonKernel:
+    params = ", ".join([f"ptr_{p}" for p in ptrs] + [f'{s}: "i64"' for s in sizes])
+    src = (f"@triton.jit(do_not_specialize={list(sizes)!r})\ndef {name}({params}, XBLOCK: tl.constexpr):\n"
+           f"    {body.format(*[f'ptr_{p}' for p in ptrs], *sizes)}\n")
+    return TritonKernel(name=name, source=src, pointer_args=ptrs, size_args=sizes, xnumel="*".join(sizes),
+                        xblock=16, rblock=0, num_warps=4, kind="pointwise")
+
+
+def test_symbolic_twins_are_shared_with_sizes_numbered_by_position():
+    """Kernels with symbolic sizes are twins when equal up to kernel, pointer and size names (each
+    launcher passes its own sizes, by position); a size used in another role is another kernel."""
+    body = "x = tl.arange(0, XBLOCK)\n    tl.store({1} + x, tl.load({0} + x, x < {2} * {3}) * 2.0)"
+    a = _sized("k1_mul", ("buf1", "buf2"), ("s0", "s1"), body)
+    b = _sized("k5_mul", ("buf7", "buf8"), ("s0", "s1"), body)  # another layer, same sizes
+    c = _sized("k9_mul", ("buf3", "buf4"), ("s2", "s7"), body)  # other size symbols, same roles
+    d = _sized("k11_mul", ("buf5", "buf6"), ("s0", "s1"), body.replace("{2} * {3}", "{2} + {3}"))
+    out, shared = share_identical_kernels([a, b, c, d])
+    assert shared == 2 and [k.function for k in out] == ["", "k1_mul", "k1_mul", ""]
+    assert "triton_kernels.k1_mul," in out[2].launcher_definition("triton_kernels")
+    assert out[2].launch_code("triton_kernels").endswith(", buf3, buf4, s2, s7)")  # its own sizes
+
+
+@needs_triton  # CPU tensors through the interpreter
+def test_identical_symbolic_layers_share_functions_and_match_eager_over_sizes():
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(32, 32, generator=g) * 0.2 for _ in range(4)]
+    cg = compile_symbolic(_layers, torch.randn(37, 32, generator=g), *ws, options=TRITON, dynamic={0: (0,)})
+    src = cg.texts["output_code"]
+    functions = set(re.findall(r"^def (k\w+)\(", src, re.M))
+    launchers = re.findall(r"^(_launch_k\w+) = _KilnLaunch\(triton_kernels\.(\w+),", src, re.M)
+    assert "do_not_specialize" in src and len(functions) < len(launchers), (functions, launchers)
+    check_sizes(cg, _layers, lambda n: (torch.randn(n, 32), *ws), (0, 1, 7, 16, 33, 512), atol=1e-4)

@@ -116,8 +116,9 @@ def run_on_threads(calls: Iterable[Callable[[], Any]], threads: int) -> None:
 
 def precompile(items: Sequence[tuple[Any, tuple[Any, ...]]], compiled_ahead: bool = False) -> None:
     """A generated wrapper's kernels compiled together when it loads, instead of one after another at
-    each kernel's first launch (a transformer has a few hundred). ``items``: (launcher, pointer dtypes)
-    of kernels without size arguments. Nothing happens where this cannot run or is not needed (no CUDA,
+    each kernel's first launch (a transformer has a few hundred). ``items``: (launcher, warmup
+    arguments): pointer dtypes, then a stand-in for each size argument (kiln declares those
+    unspecialised, so any value compiles the one binary every size uses). Nothing happens where this cannot run or is not needed (no CUDA,
     the interpreter, a triton without AsyncCompileMode, ``KILN_TRITON_PRECOMPILE=0``, the compile pool's
     workers have them: ``compiled_ahead``); any kernel whose compile fails here compiles again at its
     first launch, where triton reports the error. Kernels whose binaries kiln.runtime already handed to
@@ -131,16 +132,16 @@ def precompile(items: Sequence[tuple[Any, tuple[Any, ...]]], compiled_ahead: boo
         return
     threads = thread_count(len(items))
     try:
-        done = compile_on_threads([_launch_warmup(launch, dtypes) for launch, dtypes in items], threads,
+        done = compile_on_threads([_launch_warmup(launch, args) for launch, args in items], threads,
                                   ignore_errors=False)
     except Exception:  # noqa: BLE001 - e.g. an AsyncCompileMode of another signature: stay lazy
         return
     prebuild_launchers([k for k in done.kernels if k is not None], threads)
 
 
-def _launch_warmup(launch: Any, dtypes: tuple[Any, ...]) -> Callable[[], Any]:
+def _launch_warmup(launch: Any, args: tuple[Any, ...]) -> Callable[[], Any]:
     def warm() -> Any:
-        return launch.fn.warmup(*dtypes, grid=(1,), **launch.consts, num_warps=launch.num_warps,
+        return launch.fn.warmup(*args, grid=(1,), **launch.consts, num_warps=launch.num_warps,
                                 num_stages=launch.num_stages)
     return warm
 

@@ -1,9 +1,10 @@
 """Which kernels of a CUDA graph compile ahead of the first call, for which target (kiln/inductor/compile_pool.py).
 
-Every generated kernel without size arguments is one job per distinct (function, pointer dtypes,
-constexprs, warps, stages), queued longest first: kernels sharing one function (dedup.py) with the same launch config are
-one job, a twin with its own (max-autotune tuned) config is another. Kernels with symbolic sizes
-specialise on their int arguments' values, unknown here: they compile at first launch.
+Every generated kernel is one job per distinct (function, pointer dtypes, size arguments, constexprs,
+warps, stages), queued longest first: kernels sharing one function (dedup.py) with the same launch config are
+one job, a twin with its own (max-autotune tuned) config is another. Kernels with symbolic sizes are
+jobs like the others: their size arguments are declared unspecialised (kernel.py SIZE_ARG_TYPE), so the
+binary compiled here, before any size is known, is the one every first launch looks up, whatever its sizes.
 """
 
 from __future__ import annotations
@@ -43,15 +44,15 @@ def kernel_jobs(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout], 
     size: dict[TritonJob, int] = {}
     signatures: set[tuple[Any, ...]] = set()
     for k in kernels:
-        if k.size_args or not all(b in layouts for b in k.pointer_args):
+        if not all(b in layouts for b in k.pointer_args):
             continue
         dtypes = tuple(str(layouts[b].dtype).removeprefix("torch.") for b in k.pointer_args)
         consts = tuple(sorted(launch_constants(k).items()))
         job = TritonJob(path, module, k.function or k.name, dtypes, consts, k.num_warps,
-                        int(getattr(k, "num_stages", 1)))
+                        int(getattr(k, "num_stages", 1)), sizes=len(k.size_args))
         if job in jobs:
             continue
-        signature = (dtypes, tuple(c for c, _ in consts), k.kind == "mm_template")
+        signature = (dtypes, len(k.size_args), tuple(c for c, _ in consts), k.kind == "mm_template")
         jobs[job] = dataclasses.replace(job, builds_launcher=signature not in signatures)
         size[jobs[job]] = len(k.source) * int(getattr(k, "num_stages", 1))
         signatures.add(signature)

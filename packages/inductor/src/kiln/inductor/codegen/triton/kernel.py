@@ -54,13 +54,28 @@ from .tiling import simplify_kernel
 
 INT32_LIMIT = 2**31 - 1
 
+# Note: size arguments. A kernel with symbolic sizes takes them as ints declared ``i64`` and listed in
+# ``do_not_specialize``: triton's key for them is then the declared type alone -- not the value ("== 1",
+# "multiple of 16") and not its range (i32 vs i64) -- so the one binary is valid for every size the
+# graph's guards allow (0, 1, odd, above 2**31), and it can be compiled ahead, before any size is known
+# (ahead.py), as static kernels are. Indexing in such kernels is 64-bit anyway (``needs_int64``: a
+# symbolic bound is unbounded), so the declared type costs nothing; what is given up is triton's
+# divisibility hint on sizes. Kernels without size arguments keep ``@triton.jit`` as it was.
+SIZE_ARG_TYPE = "i64"
+
+
+def jit_decorator(size_args: Sequence[str]) -> str:
+    """The kernel's decorator: its size arguments (by name) are never specialised on (SIZE_ARG_TYPE)."""
+    return f"@triton.jit(do_not_specialize={list(size_args)!r})" if size_args else "@triton.jit"
+
 
 @dataclass(frozen=True, slots=True)
 class TritonKernel:
     """A generated Triton kernel and how to launch it (the Python wrapper's view of it).
 
     ``pointer_args`` are buffer names passed as tensors in that order, then ``size_args``, the size
-    symbols (``s0``...) passed as ints; ``grid`` is a Python expression over those names.
+    symbols (``s0``...) passed as ints, declared ``i64`` and unspecialised (SIZE_ARG_TYPE: one binary
+    serves every size); ``grid`` is a Python expression over those names.
     """
 
     name: str
@@ -97,14 +112,15 @@ class TritonKernel:
     def launcher_definition(self, module: str, inputs: frozenset[str] | None = None) -> str:
         """Module-level wrapper code creating this kernel's ``_KilnLaunch`` (codegen/triton/launcher.py).
         ``inputs``: the graph's input buffers, the only pointers whose alignment can change between
-        calls (None: check every argument on every launch)."""
+        calls (None: check every argument on every launch). The size arguments are ``free``: declared
+        unspecialised (SIZE_ARG_TYPE), so a new size never needs another binary."""
         consts = {"XBLOCK": self.xblock, **({"RBLOCK": self.rblock} if self.rblock else {}),
                   **({"YBLOCK": self.yblock} if self.yblock else {})}
-        check = None if inputs is None else tuple(
-            [i for i, b in enumerate(self.pointer_args) if b in inputs]
-            + [len(self.pointer_args) + j for j in range(len(self.size_args))])
+        check = None if inputs is None else tuple(i for i, b in enumerate(self.pointer_args) if b in inputs)
+        free = tuple(range(len(self.pointer_args), len(self.pointer_args) + len(self.size_args)))
         fn = self.function or self.name
-        return f"{self.launcher_var} = _KilnLaunch({module}.{fn}, {consts!r}, {self.num_warps}, {check!r})"
+        tail = f", free={free!r}" if free else ""
+        return f"{self.launcher_var} = _KilnLaunch({module}.{fn}, {consts!r}, {self.num_warps}, {check!r}{tail})"
 
     def launch_code(self, module: str = "", args: Sequence[str] | None = None,
                     ctx: str = "_kiln_launch_context()") -> str:
@@ -391,8 +407,9 @@ class KernelWriter:
     def header(self, name: str) -> list[str]:
         consts = "XBLOCK: tl.constexpr" + (", RBLOCK: tl.constexpr" if self.row else "") + (
             ", YBLOCK: tl.constexpr" if self.split is not None else "")
-        params = [self.ptrs[b] for b in self.ptr_order()] + size_symbols(self.k) + [consts]
-        return ["@triton.jit", f"def {name}({', '.join(params)}):"]
+        sizes = size_symbols(self.k)
+        params = [self.ptrs[b] for b in self.ptr_order()] + [f'{s}: "{SIZE_ARG_TYPE}"' for s in sizes] + [consts]
+        return [jit_decorator(sizes), f"def {name}({', '.join(params)}):"]
 
     def ptr_order(self) -> list[str]:
         order = list(dict.fromkeys([*self.k.inputs, *self.k.outputs]))

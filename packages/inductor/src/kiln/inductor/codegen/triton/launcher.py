@@ -8,17 +8,22 @@ returns the binary); later calls hand the arguments straight to the binary's C l
 triton specialised on is unchanged -- each tensor's 16-byte alignment and each int's "== 1" and
 "multiple of 16" -- and the current device is the one it compiled for. Anything else (another
 alignment, a launch hook installed by a profiler, the interpreter) takes triton's own path, so the
-fast path never launches a binary that triton would not have chosen.
+fast path never launches a binary that triton would not have chosen. A kernel's size arguments are
+``free`` (codegen/triton/kernel.py SIZE_ARG_TYPE: declared ``i64`` and in ``do_not_specialize``, which
+the launcher confirms with the JIT function's own parameters): triton keys them by that declared type
+alone, so they are neither checked per launch nor part of the launch record, and every size runs the
+one binary.
 
 A first launch after a warm start (kernels handed to triton from a cache entry or artifact,
 ``kiln.runtime.triton_preload``) skips triton's path too: beside each binary kiln keeps a
 ``LaunchRecord`` (``kiln.runtime.triton_notes``: declared data, not an attribute set on triton's
 object) of what the launch that made it passed -- the constexprs, warps, stages, triton's launch-option knobs
 and, per argument, everything triton specialises on (a tensor's dtype and 16-byte alignment, an
-int's "== 1", "multiple of 16" and 32/64-bit range) -- recorded when it was compiled and saved with
-it. A launcher whose first call describes its arguments exactly so binds that binary directly: no
-``JITFunction.run``, whose first specialisation in a process imports triton's gluon packages (0.1 s).
-Any difference (or no description) takes triton's path, which finds or compiles the binary as before.
+int's "== 1", "multiple of 16" and 32/64-bit range; a free int only its declared type) -- recorded
+when it was compiled and saved with it. A launcher whose first call describes its arguments exactly
+so binds that binary directly: no ``JITFunction.run``, whose first specialisation in a process
+imports triton's gluon packages (0.1 s). Any difference (or no description) takes triton's path,
+which finds or compiles the binary as before.
 
 The wrapper reads the CUDA device and stream once per call (``_kiln_launch_context()``) and passes them
 to every launch.
@@ -57,7 +62,8 @@ def _kiln_make_launch_support():
 
     def spec_key(args, check):
         """What triton specialised on, for the arguments that can change between calls (graph inputs
-        and sizes; buffers the wrapper allocates are always aligned): ``check`` is their positions."""
+        and specialised ints; buffers the wrapper allocates are always aligned, free sizes are never
+        specialised on): ``check`` is their positions."""
         return tuple((a.data_ptr() & 15) == 0 if isinstance(a, torch.Tensor) else
                      (a == 1, a % 16 == 0) if isinstance(a, int) else None
                      for a in (args if check is None else [args[i] for i in check]))
@@ -73,6 +79,18 @@ def _kiln_make_launch_support():
         if type(a) is bool:
             return ["b", a]
         return None
+
+    def declared_free(fn, free):
+        """{position: declared type} of the ``free`` int arguments, when triton's own view of ``fn``
+        agrees that none is specialised on (each in ``do_not_specialize`` with a declared type, so
+        triton's key for it is that type alone); else {} (then they are keyed as any int)."""
+        try:
+            params = fn.params
+            out = {i: params[i].annotation_type for i in free
+                   if params[i].do_not_specialize and params[i].annotation_type}
+        except (AttributeError, IndexError, TypeError):  # the interpreter's function, a test double
+            return {}
+        return out if len(out) == len(free) else {}
 
     def option_knobs():
         """triton's knobs that enter a kernel's launch options (so its key) besides the arguments."""
@@ -91,10 +109,17 @@ def _kiln_make_launch_support():
     class KilnLaunch:
         """One kernel's launcher: triton's path first, then its binary directly (module docstring)."""
         __slots__ = ("fn", "consts", "num_warps", "check", "num_stages", "run", "function", "meta", "key", "device",
-                     "tail", "bound_preloaded")
+                     "tail", "bound_preloaded", "free")
 
-        def __init__(self, fn, consts, num_warps, check=None, num_stages=1):
-            self.fn, self.consts, self.num_warps, self.check = fn, consts, num_warps, check
+        def __init__(self, fn, consts, num_warps, check=None, num_stages=1, free=()):
+            self.fn, self.consts, self.num_warps = fn, consts, num_warps
+            self.free = declared_free(fn, free) if free else {}
+            if free and not self.free:  # triton specialises them after all: key them per launch
+                check = None if check is None else tuple(check) + tuple(free)
+            elif self.free and check is None:  # every argument but the free ones
+                count = len(fn.arg_names) - len(consts)
+                check = tuple(i for i in range(count) if i not in self.free)
+            self.check = check
             self.num_stages = num_stages  # software pipelining depth (matmul templates use 3-5)
             self.run = None
             self.bound_preloaded = None  # None: not tried yet; then whether a preloaded binary was bound
@@ -123,7 +148,8 @@ def _kiln_make_launch_support():
 
         def describe(self, args):
             """This launch as triton would key it, as JSON data (None when an argument is not known here)."""
-            specs = [arg_spec(a) for a in args]
+            specs = [["n", self.free[i]] if i in self.free and type(a) is int else arg_spec(a)
+                     for i, a in enumerate(args)]
             if any(s is None for s in specs):
                 return None
             return [[[k, self.consts[k]] for k in sorted(self.consts)], self.num_warps, self.num_stages,

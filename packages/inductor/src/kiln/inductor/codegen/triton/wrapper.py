@@ -49,8 +49,8 @@ def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_V
                      dtypes: Mapping[str, torch.dtype] | None = None) -> str:
     """Module-level wrapper code defining ``module_var`` (the loaded kernel module) and each kernel's
     launcher; ``inputs`` names the graph's input buffers (see ``TritonKernel.launcher_definition``);
-    with ``dtypes`` (buffer -> dtype) the kernels without size arguments are compiled together when the
-    module loads (``kiln.runtime.triton_compile.precompile``)."""
+    with ``dtypes`` (buffer -> dtype) the kernels are compiled together when the module loads
+    (``kiln.runtime.triton_compile.precompile``; a kernel's unspecialised size arguments warm up as 0)."""
     if not kernels:
         return ""
     src = module_source(kernels)
@@ -60,8 +60,8 @@ def wrapper_prologue(kernels: Sequence[TritonKernel], module_var: str = MODULE_V
              f"{module_var} = _kiln_load_triton_module(_TRITON_SOURCE)", "", LAUNCHER,
              *(k.launcher_definition(module_var, inputs) for k in kernels)]
     if dtypes is not None:
-        items = [f"({k.launcher_var}, ({''.join(f'{dtypes[b]}, ' for b in k.pointer_args)}))"
-                 for k in kernels if not k.size_args and not k.function and k.xnumel != "0"
+        items = [f"({k.launcher_var}, ({''.join(f'{dtypes[b]}, ' for b in k.pointer_args)}{'0, ' * len(k.size_args)}))"
+                 for k in kernels if not k.function and k.xnumel != "0"
                  and all(b in dtypes for b in k.pointer_args)]  # (an empty kernel is never launched)
         # skipped when kiln.inductor's compile pool has them (load_wrapper sets _KILN_COMPILED_AHEAD)
         lines.append(f"_kiln_precompile([{', '.join(items)}], globals().get('_KILN_COMPILED_AHEAD', False))")
