@@ -2,7 +2,12 @@
 with fresh inputs against eager: functional collectives (``torch.distributed._functional_collectives``
 and ``torch.ops._c10d_functional``) are graph nodes in program order; ``dist.all_reduce`` on a tensor
 (an in-place call on a process group) breaks the graph and runs in Python on every call. Before, the
-in-place all-reduce ran once on fake tensors at capture and was silently missing from the graph."""
+in-place all-reduce ran once on fake tensors at capture and was silently missing from the graph.
+
+With kiln.inductor (C++ kernels) the collectives run inside the generated wrapper. Before, its memory
+plan handed a collective's output to a later buffer while the wait's alias of it was still read (two
+all-reduces in a row: wrong values on every call), and nothing kept a collective's operand from being
+reused while the communication still read it (``in_flight``)."""
 
 from __future__ import annotations
 
@@ -34,6 +39,21 @@ def functional_ops(x: torch.Tensor) -> torch.Tensor:
     return y - 1
 
 
+def in_flight(x: torch.Tensor) -> torch.Tensor:
+    """Work between a collective and its wait: buffers of the operand's size are made and die while
+    the all-gather is in flight, and one of the output's size while the wait's result is still read."""
+    group = dist.group.WORLD.group_name
+    a = x * 2
+    h = torch.ops._c10d_functional.all_gather_into_tensor(a, 2, group)
+    b = (x.cos() + 1).sin() * 3
+    g = torch.ops._c10d_functional.wait_tensor(h)
+    y = g * 2 + 1
+    return (y + g) * torch.cat([b, b])
+
+
+FUNCTIONS = (inplace_collectives, functional_collectives, functional_ops, in_flight)
+
+
 def _graphs_backend(texts: list[str]):
     def backend(gm, example_inputs):
         texts.append(str(gm.graph))
@@ -41,19 +61,29 @@ def _graphs_backend(texts: list[str]):
     return backend
 
 
+def _wrappers(compiled) -> list[str]:
+    """The generated programs of a kiln.compile'd function's cache entries (compiled here or loaded)."""
+    caches = compiled._optimized._kiln_context.caches.values()
+    return [e.compiled.portable.source for cache in caches for e in cache.entries
+            if e.compiled is not None and e.compiled.portable is not None]
+
+
 def collectives_rank(rank: int, world: int) -> dict:
     out: dict = {}
-    for fn in (inplace_collectives, functional_collectives, functional_ops):
+    for fn in FUNCTIONS:
         texts: list[str] = []
         compiled = kc.optimize(fn, _graphs_backend(texts))
         aot = kiln.compile(fn, backend="aot_eager")
-        diffs = []
+        inductor = kiln.compile(fn)
+        diffs, inductor_diffs = [], []
         for i in range(3):
             x = torch.linspace(-1, 1, 6) * (rank + 1 + i)
             want = fn(x.clone())
             diffs.append(max((compiled(x.clone()) - want).abs().max().item(),
                              (aot(x.clone()) - want).abs().max().item()))
-        out[fn.__name__] = {"diffs": diffs, "graphs": texts}
+            inductor_diffs.append((inductor(x.clone()) - want).abs().max().item())
+        out[fn.__name__] = {"diffs": diffs, "graphs": texts, "inductor": inductor_diffs,
+                            "wrappers": _wrappers(inductor)}
     return out
 
 
@@ -62,10 +92,28 @@ def results(run_ranks):
     return run_ranks(collectives_rank)
 
 
-@pytest.mark.parametrize("name", ["inplace_collectives", "functional_collectives", "functional_ops"])
+NAMES = [fn.__name__ for fn in FUNCTIONS]
+
+
+@pytest.mark.parametrize("name", NAMES)
 def test_collectives_match_eager_every_call(results, name):
     for by_fn in results:
         assert max(by_fn[name]["diffs"]) < 1e-5, by_fn[name]["diffs"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_inductor_matches_eager_every_call(results, name):
+    for by_fn in results:
+        assert max(by_fn[name]["inductor"]) < 1e-5, by_fn[name]["inductor"]
+
+
+@pytest.mark.parametrize("name", ["functional_collectives", "functional_ops", "in_flight"])
+def test_functional_collectives_run_inside_the_generated_wrapper(results, name):
+    for by_fn in results:
+        (wrapper,) = by_fn[name]["wrappers"]  # one graph, compiled by kiln.inductor: no eager fallback
+        assert "kiln.inductor generated wrapper" in wrapper
+        issued = wrapper.count("torch.ops._c10d_functional.all_")
+        assert issued >= 1 and wrapper.count("torch.ops._c10d_functional.wait_tensor.default(") == issued
 
 
 def test_functional_collectives_are_graph_nodes_in_order(results):

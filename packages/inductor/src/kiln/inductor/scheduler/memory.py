@@ -3,14 +3,17 @@ reader, and hand a dead buffer's storage to a new buffer of the same size and dt
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..ir import (
+    WAIT_TENSOR,
     Allocation,
     ExternKernel,
     Kernel,
+    KernelGroup,
     Layout,
     LoopProgram,
     ScheduledProgram,
@@ -34,6 +37,26 @@ def _in_place(target: str) -> bool:
     return len(parts) >= 2 and parts[1].endswith("_") and (not parts[1].endswith("__") or parts[1].startswith("__i"))
 
 
+def shared_storage(works: Sequence[Kernel | KernelGroup | ExternKernel]) -> dict[str, str]:
+    """Buffers that are another buffer's memory under a new name: a ``wait_tensor``'s output -> its
+    argument."""
+    out: dict[str, str] = {}
+    for w in works:
+        if isinstance(w, ExternKernel) and w.target == WAIT_TENSOR and w.outputs:
+            src = args_buffers(w.args)
+            if src:
+                out[w.outputs[0].buffer] = out.get(src[0], src[0])
+    return out
+
+
+def storage_groups(works: Sequence[Kernel | KernelGroup | ExternKernel]) -> list[list[str]]:
+    """Names of one storage (``shared_storage``), each group's first the buffer that owns the memory."""
+    groups: dict[str, list[str]] = {}
+    for out, src in shared_storage(works).items():
+        groups.setdefault(src, [src]).append(out)
+    return list(groups.values())
+
+
 def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step]:
     layouts = p.layouts()
     outputs = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
@@ -47,6 +70,14 @@ def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step
     # the argument's name dies there, its memory does not, so it must never be handed on for reuse
     aliased = {b for w in works if isinstance(w, ExternKernel) and _in_place(w.target)
                for b in args_buffers(w.args)}
+    # a wait_tensor returns its argument (a collective's output): the names are one storage, alive
+    # until the last one's last use, and its memory is handed on once, under the last wait's name
+    for members in storage_groups(works):
+        last = max(last_use[b] for b in members)
+        for b in members:
+            last_use[b] = last
+        kept = any(b in outputs or b in inputs for b in members)
+        aliased.update(members if kept else members[:-1])
     dying: dict[int, list[str]] = {}  # step -> buffers last used there (in last_use's order)
     for b, last in last_use.items():
         dying.setdefault(last, []).append(b)
