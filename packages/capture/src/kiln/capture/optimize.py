@@ -346,11 +346,9 @@ class Optimized:
                 emit(StageTime("capture", time.perf_counter() - t0, graph=frame_name(code)))
             if isinstance(prog, dtensor_frames.LocalProgram):
                 log("distributed").info("%s over DTensors compiled as a local program: %d local ops "
-                                        "(%d collectives) forward and backward, %.2f s%s",
+                                        "(%d collectives) forward and backward, %.2f s",
                                         frame_name(code), prog.op_count, prog.collectives,
-                                        time.perf_counter() - t0,
-                                        f"; {prog.op_by_op} of its 2 programs hold collectives and run "
-                                        "op by op (not compiled)" if prog.op_by_op else "")
+                                        time.perf_counter() - t0)
         if isinstance(prog, str):
             return self._subclass_eager(prog, args, kwargs)
         return dtensor_frames.run_program(prog, module, args, kwargs)

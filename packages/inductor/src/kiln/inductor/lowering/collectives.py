@@ -25,6 +25,7 @@ from torch import fx
 from ..ir import (
     COLLECTIVES,
     WAIT_TENSOR,
+    WRAP_TENSOR,
     ExternKernel,
     args_buffers,
     issues_collective,
@@ -60,6 +61,13 @@ def _wait(ctx: LoweringContext, node: fx.Node, tensor: Any) -> Any:
     return extern_call(ctx, node, "extern", (tensor,), {}, holds=holds)
 
 
+def _same_tensor(ctx: LoweringContext, node: fx.Node, tensor: Any) -> Any:
+    """Eager wraps a collective's result in an AsyncCollectiveTensor (a subclass without storage of
+    its own, which kernels cannot take): in a graph, after the wait, it is the tensor itself."""
+    return tensor
+
+
 RULES[WAIT_TENSOR] = _wait
+RULES[WRAP_TENSOR] = _same_tensor
 for _name in COLLECTIVES:  # (the in-place all_reduce_ stays a fallback: memory.py keeps its memory apart)
     RULES[_name] = _collective
