@@ -2,8 +2,7 @@
 mesh, gloo) under kiln.compile (inductor) against an eager twin over several steps with fresh inputs.
 The parallel layers' hooks run in Python; their forwards (DTensor inputs and parameters) run as
 compiled local programs, forward and backward (``distributed`` log); the plain code around them is
-compiled; a frame whose input is a pending collective (AsyncCollectiveTensor) or a module outside
-torch.nn with DTensor parameters runs eagerly, logged once per frame."""
+compiled; a module outside torch.nn with DTensor parameters runs eagerly, logged once per frame."""
 
 from __future__ import annotations
 
