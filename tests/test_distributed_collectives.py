@@ -62,7 +62,17 @@ def in_flight(x: torch.Tensor) -> torch.Tensor:
     return (y + g) * torch.cat([b, b])
 
 
-FUNCTIONS = (inplace_collectives, functional_collectives, functional_ops, in_flight)
+def coalesced(x: torch.Tensor) -> torch.Tensor:
+    """One call reduces two tensors; each result has its own wait, with work between them."""
+    group = dist.group.WORLD.group_name
+    a, b = torch.ops._c10d_functional.all_reduce_coalesced([x * 2, x.cos()], "sum", group)
+    c = x.sin() * 5
+    a = torch.ops._c10d_functional.wait_tensor(a)
+    b = torch.ops._c10d_functional.wait_tensor(b)
+    return a * b + c
+
+
+FUNCTIONS = (inplace_collectives, functional_collectives, functional_ops, in_flight, coalesced)
 
 
 def _graphs_backend(texts: list[str]):
@@ -100,7 +110,7 @@ def collectives_rank(rank: int, world: int) -> dict:
 
 @pytest.fixture(scope="module")
 def results(run_ranks):
-    return run_ranks(collectives_rank)
+    return run_ranks(collectives_rank, timeout=420)  # inductor compiles (C++) on a shared host
 
 
 NAMES = [fn.__name__ for fn in FUNCTIONS]
@@ -118,13 +128,13 @@ def test_inductor_matches_eager_every_call(results, name):
         assert max(by_fn[name]["inductor"]) < 1e-5, by_fn[name]["inductor"]
 
 
-@pytest.mark.parametrize("name", ["functional_collectives", "functional_ops", "in_flight"])
+@pytest.mark.parametrize("name", ["functional_collectives", "functional_ops", "in_flight", "coalesced"])
 def test_functional_collectives_run_inside_the_generated_wrapper(results, name):
     for by_fn in results:
         (wrapper,) = by_fn[name]["wrappers"]  # one graph, compiled by kiln.inductor: no eager fallback
         assert "kiln.inductor generated wrapper" in wrapper
         issued = wrapper.count("torch.ops._c10d_functional.all_")
-        assert issued >= 1 and wrapper.count("torch.ops._c10d_functional.wait_tensor.default(") == issued
+        assert 1 <= issued <= wrapper.count("torch.ops._c10d_functional.wait_tensor.default(")
 
 
 def test_functional_collectives_are_graph_nodes_in_order(results):
