@@ -79,3 +79,19 @@ def test_kernel_reading_one_name_may_write_over_it() -> None:
     s = plan_inplace_reuse(schedule(parse_program(PROGRAM), UNFUSED))
     over = {i for st in s.steps if hasattr(st.work, "inplace") for _, i in st.work.inplace}
     assert over & {"buf4", "buf5"}  # the last add writes over a dying input: one storage fewer
+
+
+def test_a_read_of_the_collective_output_after_its_wait_is_not_fused_before_it() -> None:
+    """Eager code may read the tensor it waited on (``wait_tensor(h); h * 2``): that read must not
+    join a kernel that runs while the communication still writes ``h`` (buf2's, over the same space)."""
+    text = PROGRAM.replace("buf5: float32[12](1) = pointwise[12] mul(buf4[i0], 2.0)",
+                           "buf5: float32[12](1) = pointwise[12] mul(buf1[i0], 2.0)")
+    text = text.replace("buf2: float32[6](1) = pointwise[6] cos(arg1[i0])",
+                        "buf2: float32[12](1) = pointwise[12] cos(arg1[(i0)//2])")
+    text = text.replace("buf3: float32[6](1) = pointwise[6] sin(buf2[i0])",
+                        "buf3: float32[6](1) = pointwise[6] sin(buf2[2*i0])")
+    steps = schedule(parse_program(text), InductorOptions()).steps
+    wait = _step_of(steps, "buf4")
+    reader = next(k for k, st in enumerate(steps)
+                  if any(kn.buffer == "buf5" for kn in getattr(st.work, "nodes", ())))
+    assert reader > wait

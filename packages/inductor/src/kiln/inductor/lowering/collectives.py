@@ -13,7 +13,12 @@ in-place writes:
   lifetime and hands their memory on once).
 
 Collectives keep their program order: externs are never reordered (scheduler/fusion.py), so every
-rank issues them in the order the graph lists them.
+rank issues them in the order the graph lists them; and a read of a collective's output (eager code
+may read the tensor it waited on) joins no kernel that runs before its wait.
+
+A wait takes the collective's output or a view of it (torch's views are strided, so lowering keeps
+them as views of that buffer); a wait on a value computed from the output reads it before the wait,
+as eager does. Functional graphs (funcol, DTensor) wait on the output itself.
 """
 
 from __future__ import annotations
