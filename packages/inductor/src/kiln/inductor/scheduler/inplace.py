@@ -172,7 +172,8 @@ def plan_inplace_reuse(s: ScheduledProgram, single_store: bool = False) -> Sched
     if p.seed_buffer:
         keep.add(p.seed_buffer)
     reused = {a.reuse for st in s.steps for a in st.allocate if a.reuse}
-    # a collective's output and its wait's are one storage: a kernel reading both cannot write over one
+    # a view an extern returned and the buffer it views (a wait's result and the collective's output)
+    # are one storage: a kernel reading both names cannot write over either
     same_storage = {b: set(g) - {b} for g in storage_groups([st.work for st in s.steps]) for b in g}
     steps = list(s.steps)
     changed = False
