@@ -1,7 +1,8 @@
 """kiln.compile(DistributedDataParallel(model)) on 2 CPU ranks (gloo) against an eager DDP twin:
-gradients every step over 10 steps, with no_sync accumulation, find_unused_parameters and
-static_graph. Before DDP's forward ran in Python on every call, the all-reduce happened on the
-first step only (each rank then kept its local gradients), silently."""
+gradients every step over 10 steps, with no_sync accumulation, find_unused_parameters,
+static_graph, and BatchNorm buffers (broadcast from rank 0 each forward) with train/eval switches.
+Before DDP's forward ran in Python on every call, the all-reduce happened on the first step only
+(each rank then kept its local gradients), silently."""
 
 from __future__ import annotations
 
@@ -19,14 +20,15 @@ STEPS = 10
 
 
 class Net(nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, batch_norm: bool = False) -> None:
         super().__init__()
         self.fc1 = nn.Linear(8, 16)
+        self.norm = nn.BatchNorm1d(16) if batch_norm else nn.Identity()
         self.fc2 = nn.Linear(16, 4)
         self.extra = nn.Linear(16, 4)  # used only when forward(use_extra=True)
 
     def forward(self, x: torch.Tensor, use_extra: bool = True) -> torch.Tensor:
-        h = torch.relu(self.fc1(x))
+        h = torch.relu(self.norm(self.fc1(x)))
         y = self.fc2(h)
         return y + self.extra(h).sigmoid() if use_extra else y
 
@@ -57,7 +59,7 @@ def ddp_scenario(rank: int, world: int, scenario: str, backend: str) -> dict:
     """One scenario on this rank: kiln-compiled DDP and an eager DDP twin (own process group) fed the
     same per-rank batches; the gradient differences each step, and against purely local gradients."""
     torch.manual_seed(0)
-    net = Net()
+    net = Net(batch_norm=scenario == "batch_norm")
     twin, local = copy.deepcopy(net), copy.deepcopy(net)
     kw: dict = {}
     if scenario == "find_unused":
@@ -77,6 +79,9 @@ def ddp_scenario(rank: int, world: int, scenario: str, backend: str) -> dict:
         g = torch.Generator().manual_seed(1000 * step + rank)  # different data on each rank
         use_extra = scenario != "find_unused" or step % 2 == 0
         micro = [torch.randn(6, 8, generator=g) for _ in range(2 if scenario == "no_sync" else 1)]
+        if scenario == "batch_norm":  # DDP broadcasts rank 0's running statistics before each forward
+            for model in (compiled, ddp_twin, local):
+                model.train(step % 3 != 2)
         for i, x in enumerate(micro):
             last = i == len(micro) - 1
             for model, is_ddp in ((compiled, True), (ddp_twin, True), (local, False)):
@@ -94,6 +99,7 @@ def ddp_scenario(rank: int, world: int, scenario: str, backend: str) -> dict:
             for p, q in zip(local.parameters(), twin.parameters()):
                 p.copy_(q)
     params = _max_diff([p.detach() for p in net.parameters()], [p.detach() for p in twin.parameters()])
+    params = max(params, _max_diff(list(net.buffers()), list(twin.buffers())))
     return {"diffs": diffs, "local_diffs": local_diffs, "params": params, "hits": _compiled_hits(compiled),
             "early": early}
 
@@ -106,7 +112,7 @@ class _null:
         return None
 
 
-SCENARIOS = ("plain", "no_sync", "find_unused", "static_graph", "buckets")
+SCENARIOS = ("plain", "no_sync", "find_unused", "static_graph", "buckets", "batch_norm")
 
 
 def ddp_scenarios(rank: int, world: int, backend: str, scenarios: tuple[str, ...]) -> dict:

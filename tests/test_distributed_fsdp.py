@@ -1,8 +1,9 @@
 """FSDP2 (``fully_shard``) with kiln on 2 CPU ranks (gloo), against an eager FSDP2 twin over several
 steps: the torchtitan recipe (kiln.compile each block, then fully_shard each block and the root),
 kiln.compile of an already sharded model, MixedPrecisionPolicy, and torch.utils.checkpoint inside the
-compiled blocks. FSDP2's hooks (all-gather before a block, reshard after it) run in Python on every
-call; the blocks' forwards are compiled frames."""
+compiled blocks, gradient accumulation with the reduce-scatter off (``set_requires_gradient_sync``)
+and ``reshard_after_forward=False``. FSDP2's hooks (all-gather before a block, reshard after it) run
+in Python on every call; the blocks' forwards are compiled frames."""
 
 from __future__ import annotations
 
@@ -50,8 +51,11 @@ class Model(nn.Module):
         return self.head(h)
 
 
-def _shard(model: Model, mesh, mp: MixedPrecisionPolicy | None, compile_blocks: bool) -> None:
-    kw = {"mesh": mesh} if mp is None else {"mesh": mesh, "mp_policy": mp}
+def _shard(model: Model, mesh, mp: MixedPrecisionPolicy | None, compile_blocks: bool,
+           reshard_after_forward: bool = True) -> None:
+    kw = {"mesh": mesh, "reshard_after_forward": reshard_after_forward}
+    if mp is not None:
+        kw["mp_policy"] = mp
     if compile_blocks:
         for i, layer in enumerate(model.layers):
             model.layers[i] = kiln.compile(layer, backend="aot_eager")
@@ -77,18 +81,26 @@ def fsdp_scenario(rank: int, world: int, scenario: str) -> dict:
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) \
         if scenario == "mixed_precision" else None
     whole = scenario == "whole_model"
-    _shard(model, mesh, mp, compile_blocks=not whole)
-    _shard(twin, mesh, mp, compile_blocks=False)
+    reshard = scenario != "no_reshard"
+    _shard(model, mesh, mp, compile_blocks=not whole, reshard_after_forward=reshard)
+    _shard(twin, mesh, mp, compile_blocks=False, reshard_after_forward=reshard)
     run = kiln.compile(model, backend="aot_eager") if whole else model
     opts = [torch.optim.SGD(m.parameters(), lr=0.05) for m in (model, twin)]
     diffs, scales, sharded_after_forward = [], [], []
+    micro = 2 if scenario == "grad_sync_off" else 1
     for step in range(STEPS):
-        x = torch.randn(6, 8, generator=torch.Generator().manual_seed(100 * step + rank))
-        out = run(x)
-        # reshard after forward: every block's registered parameters are sharded DTensors again
-        sharded_after_forward.append(all(isinstance(p, DTensor) for p in model.layers.parameters()))
-        out.float().square().mean().backward()
-        twin(x).float().square().mean().backward()
+        for i in range(micro):
+            # gradient accumulation: the reduce-scatter is off for all micro-batches but the last
+            # (FSDP2's Python state, read by its hooks on every call)
+            if scenario == "grad_sync_off":
+                for m in (model, twin):
+                    m.set_requires_gradient_sync(i == micro - 1)
+            x = torch.randn(6, 8, generator=torch.Generator().manual_seed(100 * step + 10 * i + rank))
+            out = run(x)
+            # reshard after forward: every block's registered parameters are sharded DTensors again
+            sharded_after_forward.append(all(isinstance(p, DTensor) for p in model.layers.parameters()))
+            out.float().square().mean().backward()
+            twin(x).float().square().mean().backward()
         a, b = _full_grads(model), _full_grads(twin)
         diffs.append(max((g - h).abs().max().item() for g, h in zip(a, b)))
         scales.append(max(h.abs().max().item() for h in b))
@@ -99,7 +111,7 @@ def fsdp_scenario(rank: int, world: int, scenario: str) -> dict:
     return {"diffs": diffs, "scales": scales, "sharded": sharded_after_forward, "hits": hits}
 
 
-SCENARIOS = ("per_block", "whole_model", "mixed_precision", "checkpoint")
+SCENARIOS = ("per_block", "whole_model", "mixed_precision", "checkpoint", "grad_sync_off", "no_reshard")
 
 
 def fsdp_scenarios(rank: int, world: int) -> dict:
@@ -118,5 +130,6 @@ def test_fsdp2_matches_eager_fsdp2(results, scenario):
         r = by_scenario[scenario]
         for d, s in zip(r["diffs"], r["scales"]):
             assert d <= tol * max(s, 1.0), (rank, r["diffs"], r["scales"])
-        assert all(r["sharded"]), r["sharded"]  # the reshard hook fired after every forward
+        if scenario != "no_reshard":
+            assert all(r["sharded"]), r["sharded"]  # the reshard hook fired after every forward
         assert r["hits"] >= STEPS - 2, r["hits"]  # the blocks ran compiled frames

@@ -1,6 +1,7 @@
 """DDP and FSDP2 under kiln.compile (inductor) on 2 GPUs with NCCL, AMP bf16, against eager twins
 fed the same per-rank batches: every step's gradients within bf16 noise (relative to the largest
-eager gradient). Needs 2 CUDA GPUs; marked ``gpu`` (CI skips it)."""
+eager gradient); functional collectives called from kiln.inductor's Triton programs. Needs 2 CUDA
+GPUs; marked ``gpu`` (CI skips it)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import copy
 import pytest
 import torch
 import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -129,3 +131,44 @@ def test_ddp_nccl_matches_eager_ddp(run_ranks):
 def test_fsdp2_nccl_matches_eager_fsdp2(run_ranks, whole):
     for r in run_ranks(fsdp_rank, whole, backend="nccl", timeout=600):
         assert max(r["diffs"]) < REL_TOL, r["diffs"]
+
+
+def two_all_reduces(x: torch.Tensor) -> torch.Tensor:
+    y = funcol.all_reduce(x * 2, "sum", dist.group.WORLD)
+    z = funcol.all_reduce(y.sin() * 3, "max", dist.group.WORLD)
+    return z + y
+
+
+def gather_in_flight(x: torch.Tensor) -> torch.Tensor:
+    """Work on the compute stream while the all-gather runs on NCCL's: the operand's memory must not
+    be reused before the wait, nor the output's while the wait's result is read."""
+    a = x * 2
+    h = torch.ops._c10d_functional.all_gather_into_tensor(a, 2, dist.group.WORLD.group_name)
+    b = (x.cos() + 1).sin() * 3
+    g = torch.ops._c10d_functional.wait_tensor(h)
+    y = g * 2 + 1
+    return (y + g) * torch.cat([b, b])
+
+
+def collectives_rank(rank: int, world: int) -> dict:
+    """Functional collectives inside kiln.inductor's Triton programs (called from the wrapper), 3 calls
+    with fresh inputs each, against eager; and the generated wrapper holds the collectives."""
+    out: dict = {}
+    for fn in (two_all_reduces, gather_in_flight):
+        compiled = kiln.compile(fn)
+        diffs = []
+        for i in range(3):
+            x = (torch.linspace(-1, 1, 1 << 16) * (rank + 1 + i)).cuda()
+            diffs.append((compiled(x.clone()) - fn(x.clone())).abs().max().item())
+        caches = compiled._optimized._kiln_context.caches.values()
+        wrappers = [e.compiled.portable.source for c in caches for e in c.entries if e.compiled is not None]
+        out[fn.__name__] = {"diffs": diffs, "inside": bool(wrappers) and all(
+            "torch.ops._c10d_functional.wait_tensor.default(" in w for w in wrappers)}
+    return out
+
+
+def test_functional_collectives_nccl_inside_inductor(run_ranks):
+    for r in run_ranks(collectives_rank, backend="nccl", timeout=600):
+        for name, got in r.items():
+            assert max(got["diffs"]) < 1e-4, (name, got["diffs"])
+            assert got["inside"], name

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -277,3 +279,47 @@ def test_simplified_drops_only_implied_guards() -> None:
         L = {"m": M(), "d": {"a": 1, "b": 2}, "e": [0, 0], "f": (1,)}
         assert no_contradiction.compile()(L, {}) == no_contradiction.simplified().compile()(L, {}) \
             == (stride == (1, 2) and type(stride[1]) is int and type(stride) is tuple and type(stride[0]) is int)
+
+
+# ---- tensor subclasses with a dispatch of their own never satisfy TENSOR_MATCH ------------------
+
+class _Wrapper(torch.Tensor):
+    """A wrapper subclass like DTensor or AsyncCollectiveTensor: same metadata, no storage."""
+
+    @staticmethod
+    def __new__(cls, elem: torch.Tensor) -> _Wrapper:
+        r = torch.Tensor._make_wrapper_subclass(cls, elem.shape, strides=elem.stride(), dtype=elem.dtype,
+                                                device=elem.device)
+        r.elem = elem
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]
+        unwrap = lambda t: t.elem if isinstance(t, _Wrapper) else t  # noqa: E731
+        return func(*torch.utils._pytree.tree_map(unwrap, args), **torch.utils._pytree.tree_map(unwrap, kwargs or {}))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_tensor_match_rejects_a_wrapper_subclass_and_accepts_plain_kinds(dynamic: bool) -> None:
+    """A plain tensor's entry handed a wrapper of the same shape would pass its kernels a null
+    pointer; parameters, buffers and fake tensors still match. Every checker answers alike."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kiln.graph.guards_codegen import generated_check
+    from kiln.graph.guards_plan import plan_check
+
+    x = torch.randn(4, 3)
+    dyn = frozenset({0}) if dynamic else frozenset()
+    # a bare argument is checked alone, a module's tensors (attributes) as one group
+    many = (Guard("L['x']", "TENSOR_MATCH", tensor_expectation(x, dyn)),
+            *(Guard(f"L['m'].t{i}", "TENSOR_MATCH", tensor_expectation(x, dyn)) for i in range(3)))
+    checks = [plan_check(many[:1]), generated_check(many[:1]), plan_check(many), generated_check(many)]
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+    for value, ok in ((x.clone(), True), (torch.nn.Parameter(x.clone(), requires_grad=False), True),
+                      (torch.nn.Buffer(x.clone()), True), (fake, True), (_Wrapper(x.clone()), False)):
+        for where in ("x", "m"):
+            frame = {"x": value if where == "x" else x.clone(),
+                     "m": types.SimpleNamespace(t0=x.clone(), t1=value if where == "m" else x.clone(), t2=x.clone())}
+            for check in checks[2:] if where == "m" else checks:  # (the one-guard checks read only L['x'])
+                assert check(frame, {}) is ok, (type(value).__name__, where, check)

@@ -201,7 +201,6 @@ class LocalProgram:
     single: bool  # the frame returned one tensor, not a tuple
     op_count: int  # local ops in the forward and backward programs (collectives included)
     collectives: int
-    op_by_op: int  # of the two programs, how many run as GraphModules (they hold collectives)
 
 
 def _inputs(module: nn.Module, args: tuple, kwargs: dict) -> list[tuple[str, torch.Tensor]]:
@@ -308,13 +307,8 @@ def _is_collective(node: fx.Node) -> bool:
 
 
 def _compiled(gm: fx.GraphModule, backend: Any) -> Any:
-    """The backend's compiled graph; a graph with collectives runs op by op (its GraphModule).
-
-    Note: kiln.inductor treats ``_c10d_functional`` ops as plain extern calls: its memory planner may
-    reuse a collective's output buffer while a ``wait_tensor`` alias of it is live, and it does not
-    order reads after the wait. Until it does, such graphs are not handed to it (logged)."""
-    if any(_is_collective(n) for n in gm.graph.nodes):
-        return gm
+    """The backend's compiled graph, collectives included (kiln.inductor runs them from its wrapper in
+    program order, each operand and output kept until its ``wait_tensor``)."""
     return backend(gm, [n.meta["val"] for n in gm.graph.nodes if n.op == "placeholder"])
 
 
@@ -338,8 +332,7 @@ def build_program(module: nn.Module, forward: Any, args: tuple, kwargs: dict, ba
         tangent_specs=tuple(t._spec for t in info["tangents"]),
         grad_specs=tuple(g._spec for g in grads if g is not None),
         differentiable=diff, n_outputs=len(info["outs"]), single=info["single"],
-        op_count=len(ops), collectives=sum(_is_collective(n) for n in ops),
-        op_by_op=sum(isinstance(f, fx.GraphModule) for f in (fwd, bwd)))
+        op_count=len(ops), collectives=sum(_is_collective(n) for n in ops))
 
 
 def _locals(values: Any) -> list[torch.Tensor]:

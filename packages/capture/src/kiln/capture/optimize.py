@@ -42,6 +42,7 @@ from .deferred import CALL
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .knobs import CaptureOptions
 from .module_calls import PythonModuleCall, plain_forward, python_wrapper_child, runs_in_python
+from .pending import wait_pending
 from .pipeline import compile_capture, frame_name, needs_backend
 from .python_step import CAN_RUN, NEXT, execute_in_python
 from .resume import make_resume_function
@@ -61,6 +62,7 @@ class CompileContext:
         self.resumes: dict[tuple, Callable] = {}
         self.python_calls: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.subclass_logged: set[types.CodeType] = set()
+        self.pending_logged: set[types.CodeType] = set()  # frames that waited for a collective at the call
         self.dtensor_programs: dict[tuple, Any] = {}  # (code, dtensor_frames.frame_key) -> program or reason
         self.on_capture: list[Callable[[Capture, CodeCache], None]] = []
         self.observed = True  # emits compile events (kiln.graph.events); explain's dry runs do not
@@ -222,6 +224,15 @@ class Optimized:
     def miss(self, L: dict, G: dict, args: tuple, kwargs: dict) -> Any:
         cache = self.cache
         assert cache is not None and self.code is not None
+        waited = wait_pending(args, kwargs)
+        if waited is not None:  # a pending collective result: the frame takes its value (pending.py)
+            args, kwargs, count = waited
+            if self.code not in self.ctx.pending_logged:
+                self.ctx.pending_logged.add(self.code)
+                log("distributed").info("%s waits for %d pending collective result(s) (AsyncCollectiveTensor) "
+                                        "at the call and takes their values as graph inputs",
+                                        frame_name(self.code), count)
+            return self(*args, **kwargs)
         options = self.ctx.options
         stance = current_stance()
         if cache.entries and stance == "fail_on_recompile":
@@ -346,11 +357,9 @@ class Optimized:
                 emit(StageTime("capture", time.perf_counter() - t0, graph=frame_name(code)))
             if isinstance(prog, dtensor_frames.LocalProgram):
                 log("distributed").info("%s over DTensors compiled as a local program: %d local ops "
-                                        "(%d collectives) forward and backward, %.2f s%s",
+                                        "(%d collectives) forward and backward, %.2f s",
                                         frame_name(code), prog.op_count, prog.collectives,
-                                        time.perf_counter() - t0,
-                                        f"; {prog.op_by_op} of its 2 programs hold collectives and run "
-                                        "op by op (not compiled)" if prog.op_by_op else "")
+                                        time.perf_counter() - t0)
         if isinstance(prog, str):
             return self._subclass_eager(prog, args, kwargs)
         return dtensor_frames.run_program(prog, module, args, kwargs)

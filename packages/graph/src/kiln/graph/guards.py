@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from .guards_codegen import GENERATED_MAX_GUARDS, generated_check
-from .guards_plan import build_plan, global_state, plan_check, plan_layout
+from .guards_plan import build_plan, global_state, plain_tensor, plan_check, plan_layout
 from .guards_plan import device_matches as device_matches  # re-exported (kiln.graph API)
 from .guards_plan import source_tree as source_tree  # re-exported (kiln.graph API)
 from .guards_simplify import simplify_guards
@@ -157,7 +157,8 @@ class GuardSet:
 
 def _describe(v: object) -> str:
     if isinstance(v, torch.Tensor):
-        return repr(tensor_expectation(v))
+        kind = "" if plain_tensor(v) else f"a {type(v).__name__} (a tensor subclass) "
+        return kind + repr(tensor_expectation(v))
     return repr(v)
 
 

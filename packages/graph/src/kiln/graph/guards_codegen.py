@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .guards_plan import flat_tuple, global_state, resolve_type, tensor_ok, typed_equal
+from .guards_plan import (
+    flat_tuple,
+    global_state,
+    plain_tensor,
+    resolve_type,
+    tensor_ok,
+    typed_equal,
+)
 
 if TYPE_CHECKING:  # guards.py imports this module
     from .guards import Guard
@@ -71,7 +78,7 @@ class _Compiler:
     def __init__(self, guards: tuple[Guard, ...] = ()) -> None:
         self.symbols = {str(g.expected) for g in guards if g.kind == "SYMBOL"}
         self.consts: dict[str, object] = {
-            "_tensor_ok": tensor_ok, "_global_state": global_state, "_Tensor": torch.Tensor,
+            "_tensor_ok": tensor_ok, "_global_state": global_state, "_plain": plain_tensor,
             "_typed_equal": typed_equal,
             "_is_grad": torch.is_grad_enabled, "_autocast": torch.is_autocast_enabled,
             "_default_dtype": torch.get_default_dtype,
@@ -120,14 +127,14 @@ class _Compiler:
             dt = getattr(torch, str(dtype).removeprefix("torch."))
             if None not in shape and None not in stride:
                 t = f"_t{next(self.counter)}"
-                return (f"(isinstance({t} := {src}, _Tensor) and {t}.dtype is {self.const(dt)} and "
+                return (f"(_plain({t} := {src}) and {t}.dtype is {self.const(dt)} and "
                         f"{t}.requires_grad is {bool(rg)!r} and {t}.shape == {self.const(tuple(shape))} and "
                         f"{t}.stride() == {self.const(tuple(stride))} and "
                         f"{self._device_check(t, torch.device(device))})")
             if all(s is None for s in stride):  # dynamic dims (symbolic sizes): inline too
                 t = f"_t{next(self.counter)}"
                 sizes = "".join(f" and {t}.shape[{i}] == {int(n)}" for i, n in enumerate(shape) if n is not None)
-                return (f"(isinstance({t} := {src}, _Tensor) and {t}.dtype is {self.const(dt)} and "
+                return (f"(_plain({t} := {src}) and {t}.dtype is {self.const(dt)} and "
                         f"{t}.requires_grad is {bool(rg)!r} and {t}.dim() == {len(shape)}{sizes} and "
                         f"{self._device_check(t, torch.device(device))})")
             return (f"_tensor_ok({src}, {self.const(dt)}, {self.const(torch.device(device))}, "

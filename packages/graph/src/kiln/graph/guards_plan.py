@@ -33,6 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 _CHAIN = re.compile(r"""[LG]\[(?:'[^']*'|"[^"]*"|-?\d+)\](?:\.[A-Za-z_]\w*|\[(?:'[^']*'|"[^"]*"|-?\d+)\])*""")
 _SEGMENT = re.compile(r"""\.[A-Za-z_]\w*|\[(?:'[^']*'|"[^"]*"|-?\d+)\]""")
@@ -86,10 +87,25 @@ def resolve_type(name: str) -> type | None:
     return obj
 
 
+PLAIN_TENSOR_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, torch.nn.parameter.Buffer})
+_NO_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
+def plain_tensor(v: object) -> bool:
+    """A tensor compiled code may take: not a subclass with a ``__torch_dispatch__`` of its own (a
+    DTensor, an AsyncCollectiveTensor: a wrapper whose memory kernels cannot read), save fake
+    tensors (traced as they are). TENSOR_MATCH holds only for these: a plain tensor's entry fed a
+    subclass of the same shape would hand its kernels a null pointer."""
+    cls = type(v)
+    if cls in PLAIN_TENSOR_TYPES:
+        return True
+    return isinstance(v, torch.Tensor) and (cls.__torch_dispatch__ is _NO_DISPATCH or isinstance(v, FakeTensor))
+
+
 def tensor_ok(v: object, dtype: torch.dtype, device: torch.device, shape: tuple, stride: tuple,
               requires_grad: bool) -> bool:
     """TENSOR_MATCH with dynamic dims (None in ``shape``/``stride`` is not checked)."""
-    if not isinstance(v, torch.Tensor) or v.dtype is not dtype or v.requires_grad != requires_grad:
+    if not plain_tensor(v) or v.dtype is not dtype or v.requires_grad != requires_grad:  # type: ignore[attr-defined]
         return False
     if v.dim() != len(shape) or not device_matches(v.device, device):
         return False
@@ -122,7 +138,7 @@ def _tensors_ok(values: tuple, expected: tuple) -> bool:
     """Each value a tensor with exactly the (dtype, device, shape, stride, requires_grad) given; a
     device given as a string (``'cuda'``, no index) matches any index of that type."""
     for v, (dtype, device, shape, stride, rg) in zip(values, expected):
-        if not isinstance(v, torch.Tensor) or v.dtype is not dtype or v.requires_grad is not rg:
+        if not plain_tensor(v) or v.dtype is not dtype or v.requires_grad is not rg:
             return False
         if v.shape != shape or v.stride() != stride:
             return False
@@ -349,7 +365,7 @@ def _value_check(g: Any) -> Callable[[Any], bool]:
 
 _TENSOR_META = operator.attrgetter("dtype", "requires_grad", "shape", "device")
 _STRIDE = operator.methodcaller("stride")
-_TENSORS = itertools.repeat(torch.Tensor)
+_PLAIN_TYPE = PLAIN_TENSOR_TYPES.__contains__  # the exact types first: a C-level pass over a model's tensors
 
 
 def _group_check(kind: str, members: list, take: Callable[[list], tuple]) -> Callable[[list], bool]:
@@ -362,8 +378,8 @@ def _group_check(kind: str, members: list, take: Callable[[list], tuple]) -> Cal
 
         def tensors(vals: list) -> bool:
             got = take(vals)
-            return (all(map(isinstance, got, _TENSORS)) and tuple(map(_TENSOR_META, got)) == metas
-                    and tuple(map(_STRIDE, got)) == strides)
+            return ((all(map(_PLAIN_TYPE, map(type, got))) or all(map(plain_tensor, got)))
+                    and tuple(map(_TENSOR_META, got)) == metas and tuple(map(_STRIDE, got)) == strides)
         return tensors
     if kind == "TYPE_MATCH":
         types = tuple(resolve_type(str(g.expected)) for g in members)

@@ -16,6 +16,7 @@ import torch
 
 from ..graph_passes.pad_matmuls import MM_PADDED_SOURCE
 from ..ir import (
+    WAIT_TENSOR,
     Arg,
     ConstArg,
     ExternKernel,
@@ -26,6 +27,7 @@ from ..ir import (
     LoopProgram,
     ScheduledProgram,
     TensorRef,
+    issues_collective,
     work_buffers,
 )
 from ..scheduler.arena import CONVOLUTION, OUT_FORMS, ArenaPlan, plan_arena
@@ -234,6 +236,9 @@ class WrapperWriter:
         res = f"_r_{e.name}" if (len(e.outputs) != 1 or e.outputs[0].path) else e.outputs[0].buffer
         note = e.kind if target.startswith("torch.ops.") else f"{e.kind} {e.target}"
         call = f"{target}({', '.join(call_args)})"
+        if issues_collective(e.target) or e.target == WAIT_TENSOR:
+            self.collective(e, res, call)
+            return
         if not res.startswith("_r_"):  # one plain output: re-strided in the same statement (less to compile)
             o = e.outputs[0]
             views = None
@@ -272,6 +277,16 @@ class WrapperWriter:
             src = f"_restride({src}, {_ints(o.layout.shape)}, {_ints(o.layout.stride)}{where})"
             self.emit(f"    {o.buffer} = {src}")
         if res.startswith("_r_"):
+            self.emit(f"    del {res}")
+
+    def collective(self, e: ExternKernel, res: str, call: str) -> None:
+        """A collective or its wait, its outputs bound as they are: the wait finds its work by the
+        tensor the collective returned, and a copy (``_restride``) before the wait would read memory
+        the communication is still writing. Their fresh outputs have the traced (contiguous) layout."""
+        self.emit(f"    {res} = {call}  # {e.kind}")
+        if res.startswith("_r_"):
+            for o in e.outputs:
+                self.emit(f"    {o.buffer} = {res}{''.join(f'[{k}]' for k in o.path)}")
             self.emit(f"    del {res}")
 
     def take_arena(self) -> None:

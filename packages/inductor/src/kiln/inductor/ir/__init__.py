@@ -1,5 +1,6 @@
 """kiln's loop-level IR: expression bodies, buffers and loop nodes, programs, kernels, verifiers."""
 
+from .collectives import COLLECTIVES, WAIT_TENSOR, WRAP_TENSOR, issues_collective
 from .expr import (
                    OPS,
                    Cast,
@@ -91,4 +92,5 @@ __all__ = [
     "strided_index", "substitute_index", "verify_kernel", "verify_program", "verify_schedule", "walk",
     "work_buffers", "DynamicShapeUnsupported", "SizeGuard", "SizeSource", "is_size_symbol", "kernel_size_symbols",
     "is_symbolic", "size_symbol", "size_symbols_of", "substitute_hints", "sym_expr",
+    "COLLECTIVES", "WAIT_TENSOR", "WRAP_TENSOR", "issues_collective",
 ]

@@ -111,10 +111,10 @@ class Allocation:
 
 def work_buffers(w: Kernel | KernelGroup | ExternKernel) -> list[str]:
     """The buffers a step's work names: a kernel's inputs and outputs, an extern call's tensor arguments
-    (its outputs are new memory, not listed)."""
+    and the buffers it holds (its outputs are new memory, not listed)."""
     if isinstance(w, (Kernel, KernelGroup)):
         return list(w.inputs) + list(w.outputs)
-    return args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs))
+    return args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs)) + list(w.holds)
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,11 +188,16 @@ class ExternKernel:
     kwargs: tuple[tuple[str, Arg], ...]
     outputs: tuple[ExternOutput, ...]
     kind: str  # "extern" | "fallback"
+    # buffers the call keeps in use without passing them: a ``wait_tensor`` holds its collective's
+    # operands and outputs, which the communication reads and writes until the wait returns
+    # (lowering/collectives.py), so liveness, reuse and in-place writes treat them as read here
+    holds: tuple[str, ...] = ()
 
     def as_text(self) -> str:
         args = [a.as_text() for a in self.args] + [f"{k}={v.as_text()}" for k, v in self.kwargs]
         outs = ", ".join(f"{o.buffer}: {o.layout.as_text()}" for o in self.outputs)
-        return f"{outs} = {self.kind} {self.target}({', '.join(args)})"
+        held = f" holding [{', '.join(self.holds)}]" if self.holds else ""
+        return f"{outs} = {self.kind} {self.target}({', '.join(args)}){held}"
 
 
 Node = ComputedBuffer | ExternKernel

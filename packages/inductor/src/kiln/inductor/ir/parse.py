@@ -336,7 +336,7 @@ class _Parser:
                        indirect, typer.expr(_raw_expr(m[4]), layout.dtype), mode)
 
     def extern(self, text: str) -> ExternKernel:
-        m = re.fullmatch(r"(.*?) = (extern|fallback) ([\w.]+)\((.*)\)", text, re.S)
+        m = re.fullmatch(r"(.*?) = (extern|fallback) ([\w.]+)\((.*)\)(?: holding \[(.*)\])?", text, re.S)
         if m is None:
             raise IRParseError(f"bad extern call {text!r}")
         args: list[Arg] = []
@@ -356,7 +356,8 @@ class _Parser:
             self.dtypes[o.buffer] = o.layout.dtype
         last = re.fullmatch(r"buf(\d+)", outs[-1].buffer) if outs else None
         name = f"{m[2]}{int(last[1]) + 1}" if last else m[2]
-        return ExternKernel(name, m[3], tuple(args), tuple(kwargs), tuple(outs), m[2])
+        holds = tuple(b.strip() for b in m[5].split(",")) if m[5] else ()
+        return ExternKernel(name, m[3], tuple(args), tuple(kwargs), tuple(outs), m[2], holds)
 
     def node(self, line: str) -> Node | InputBuffer | str:
         """A program line: a node, an input, or the seed buffer's name."""

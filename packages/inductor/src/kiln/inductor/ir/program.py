@@ -71,4 +71,4 @@ def node_reads(n: Node) -> list[str]:
     if isinstance(n, ComputedBuffer):
         return list(dict.fromkeys(ld.buffer for body in loop_bodies(n.data) for ld in reads(body)))
     assert isinstance(n, ExternKernel)
-    return list(dict.fromkeys(args_buffers(n.args) + args_buffers(tuple(v for _, v in n.kwargs))))
+    return list(dict.fromkeys(args_buffers(n.args) + args_buffers(tuple(v for _, v in n.kwargs)) + list(n.holds)))

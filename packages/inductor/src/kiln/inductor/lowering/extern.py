@@ -120,15 +120,18 @@ def _outputs(ctx: LoweringContext, val: Any, path: tuple[int, ...] = ()) -> list
     raise NotLowered(f"non-tensor output {type(val).__name__}")
 
 
-def extern_call(ctx: LoweringContext, node: fx.Node, kind: str, args: tuple, kwargs: dict) -> Any:
-    """Emit an ExternKernel for ``node`` and return its value(s) shaped like the op's result."""
+def extern_call(ctx: LoweringContext, node: fx.Node, kind: str, args: tuple, kwargs: dict,
+                holds: tuple[str, ...] = ()) -> Any:
+    """Emit an ExternKernel for ``node`` and return its value(s) shaped like the op's result
+    (``holds``: see ``ExternKernel.holds``)."""
     val = node.meta.get("val")
     if val is None:
         raise NotLowered(f"node {node.name} has no meta['val']")
     outs = _outputs(ctx, val)
     ext = ExternKernel(ctx.new_name("extern" if kind == "extern" else "fallback"), target_name(node.target),
                        tuple(to_arg(ctx, a, like) for a, like in zip(args, _node_args(node, len(args)))),
-                       tuple((k, to_arg(ctx, v, node.kwargs.get(k))) for k, v in kwargs.items()), tuple(outs), kind)
+                       tuple((k, to_arg(ctx, v, node.kwargs.get(k))) for k, v in kwargs.items()), tuple(outs), kind,
+                       holds)
     ctx.add(ext)
     by_path = {o.path: Strided(o.buffer, o.layout.shape, o.layout.stride, o.layout.offset, o.layout.dtype)
                for o in outs}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from . import (
+    collectives,
     composite,
     extern,
     foreach,
@@ -27,6 +28,7 @@ LOWERINGS: dict[str, Rule] = {
     **scan.RULES,
     **random.RULES,
     **extern.RULES,
+    **collectives.RULES,
 }
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..ir import (
+    WAIT_TENSOR,
     ExternKernel,
     Kernel,
     KernelGroup,
@@ -79,8 +80,10 @@ class ArenaPlan:
 
 
 def returns_alias(target: str) -> bool:
-    """An ATen op that may return (part of) an argument's memory: in-place, ``out=`` or a view.
-    Unknown ops count as aliasing."""
+    """An ATen op that may return (part of) an argument's memory: in-place, ``out=`` or a view, or
+    ``wait_tensor`` (returns its argument; its schema does not say so). Unknown ops count as aliasing."""
+    if target == WAIT_TENSOR:
+        return True
     ns, op, overload = (target.split(".", 2) + ["", ""])[:3]
     try:
         schema = getattr(getattr(getattr(torch.ops, ns), op), overload)._schema

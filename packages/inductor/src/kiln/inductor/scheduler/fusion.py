@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..ir import (
+    WAIT_TENSOR,
     ComputedBuffer,
     ExternKernel,
     IndexExpr,
@@ -21,6 +22,7 @@ from ..ir import (
     Node,
     Pointwise,
     Reduction,
+    args_buffers,
     index_vars,
     node_reads,
     product,
@@ -190,6 +192,11 @@ def group_nodes(p: LoopProgram, deps: Dependencies, options: InductorOptions) ->
             last_extern = len(groups) - 1
             for o in node.outputs:
                 where[o.buffer] = len(groups) - 1
+            if node.target == WAIT_TENSOR:
+                # the collective's output is ready only now: a later read of it (eager reads the tensor
+                # it waited on) joins no kernel that runs before the wait
+                for b in args_buffers(node.args):
+                    where[b] = len(groups) - 1
             continue
         dep_groups = [where[b] for b in node_reads(node) if b in where]
         earliest = max(dep_groups, default=-1)

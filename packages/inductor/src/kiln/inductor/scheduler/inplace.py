@@ -35,16 +35,17 @@ from ..ir import (
     ScheduledProgram,
     Step,
     TensorRef,
-    args_buffers,
     product,
     reads,
+    work_buffers,
 )
+from .memory import storage_groups
 
 
 def _buffers_used(w: Kernel | ExternKernel) -> set[str]:
     if isinstance(w, Kernel):
         return set(w.inputs) | set(w.outputs)
-    return set(args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs))) | {o.buffer for o in w.outputs}
+    return set(work_buffers(w)) | {o.buffer for o in w.outputs}
 
 
 def _canonical(e: sympy.Expr) -> sympy.Expr:
@@ -171,6 +172,9 @@ def plan_inplace_reuse(s: ScheduledProgram, single_store: bool = False) -> Sched
     if p.seed_buffer:
         keep.add(p.seed_buffer)
     reused = {a.reuse for st in s.steps for a in st.allocate if a.reuse}
+    # a view an extern returned and the buffer it views (a wait's result and the collective's output)
+    # are one storage: a kernel reading both names cannot write over either
+    same_storage = {b: set(g) - {b} for g in storage_groups([st.work for st in s.steps]) for b in g}
     steps = list(s.steps)
     changed = False
     for k, st in enumerate(steps):
@@ -186,6 +190,7 @@ def plan_inplace_reuse(s: ScheduledProgram, single_store: bool = False) -> Sched
             if a.buffer in done or not _eligible_kernel(work, a.buffer):
                 continue
             inp = next((i for i in work.inputs if i in st.free and i not in keep and i not in taken
+                        and not same_storage.get(i, set()) & set(work.inputs)
                         and _same_memory_layout(layouts[i], a.layout) and _reads_only_at(work, i, a.buffer)
                         and (i not in reused or _hand_over(steps, i, a.buffer, k, reused, keep))), None)
             if inp is None:

@@ -1,16 +1,21 @@
 """Memory planning: allocate each stored buffer just before its first writer, free it after its last
-reader, and hand a dead buffer's storage to a new buffer of the same size and dtype."""
+reader, and hand a dead buffer's storage to a new buffer of the same size and dtype. A view an extern
+call returns and the buffer it views are one storage (``shared_storage``): dead after both names."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..ir import (
+    WAIT_TENSOR,
     Allocation,
     ExternKernel,
     Kernel,
+    KernelGroup,
     Layout,
     LoopProgram,
     ScheduledProgram,
@@ -34,6 +39,49 @@ def _in_place(target: str) -> bool:
     return len(parts) >= 2 and parts[1].endswith("_") and (not parts[1].endswith("__") or parts[1].startswith("__i"))
 
 
+@functools.cache
+def view_argument(target: str) -> int | None:
+    """The position of the argument an ATen op returns a view of (``Tensor(a) self -> Tensor(a)``,
+    no write), if any: a fallback ``view_as_complex``/``unfold``; ``wait_tensor`` returns its
+    argument itself (its schema does not say so)."""
+    if target == WAIT_TENSOR:
+        return 0
+    ns, op, overload = (target.split(".", 2) + ["", ""])[:3]
+    try:
+        schema = getattr(getattr(getattr(torch.ops, ns), op), overload)._schema
+    except (AttributeError, RuntimeError):
+        return None
+    sets = {frozenset(r.alias_info.before_set) for r in schema.returns
+            if r.alias_info is not None and not r.alias_info.is_write}
+    for k, a in enumerate(schema.arguments):
+        if a.alias_info is not None and not a.alias_info.is_write and frozenset(a.alias_info.before_set) in sets:
+            return None if a.kwarg_only else k
+    return None
+
+
+def shared_storage(works: Sequence[Kernel | KernelGroup | ExternKernel]) -> dict[str, str]:
+    """Buffers that are another buffer's memory under a new name: each output of an extern call that
+    returns a view of (or, ``wait_tensor``, the very) argument -> the buffer owning that memory."""
+    out: dict[str, str] = {}
+    for w in works:
+        if not isinstance(w, ExternKernel) or not w.outputs:
+            continue
+        k = view_argument(w.target)
+        src = args_buffers(w.args[k:k + 1]) if k is not None else []
+        if src:
+            for o in w.outputs:
+                out[o.buffer] = out.get(src[0], src[0])
+    return out
+
+
+def storage_groups(works: Sequence[Kernel | KernelGroup | ExternKernel]) -> list[list[str]]:
+    """Names of one storage (``shared_storage``), each group's first the buffer that owns the memory."""
+    groups: dict[str, list[str]] = {}
+    for out, src in shared_storage(works).items():
+        groups.setdefault(src, [src]).append(out)
+    return list(groups.values())
+
+
 def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step]:
     layouts = p.layouts()
     outputs = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
@@ -47,6 +95,15 @@ def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step
     # the argument's name dies there, its memory does not, so it must never be handed on for reuse
     aliased = {b for w in works if isinstance(w, ExternKernel) and _in_place(w.target)
                for b in args_buffers(w.args)}
+    # a view returned by an extern call (a fallback view_as_complex; a wait_tensor returns a
+    # collective's output itself) and the buffer it views are one storage: alive until the last
+    # name's last use, and its memory handed on once, under the owner's name
+    for members in storage_groups(works):
+        last = max(last_use[b] for b in members)
+        for b in members:
+            last_use[b] = last
+        kept = any(b in outputs or b in inputs for b in members)
+        aliased.update(members if kept else members[1:])
     dying: dict[int, list[str]] = {}  # step -> buffers last used there (in last_use's order)
     for b, last in last_use.items():
         dying.setdefault(last, []).append(b)
