@@ -1,6 +1,7 @@
 """Whole-program export for deployment without Python (``kiln.export``, ``kiln.package``, ``kiln.load_package``).
 
     exported = kiln.export(model, (x,))                  # capture (fullgraph) + inference ATen graph
+    exported = kiln.export(model, (x,), dynamic_shapes={"x": {0: (2, 64)}})  # one program for x.shape[0] in [2, 64]
     kiln.package(exported, "model_pkg")                  # model.so + weights.safetensors + manifest.json
     kiln.package(exported, "gpu_pkg", device="cuda")     # + kernels/*.cubin (sm of this GPU, or
                                                          #   options={"cuda_arch": 90} without one)
@@ -17,13 +18,19 @@ A CUDA package may come from a program exported on CPU: the graph's device argum
 device=x.device)``) are moved to CUDA and the schedule is made on fake CUDA tensors, so the package,
 cubins included, builds on a machine without a GPU for the ``cuda_arch`` asked for.
 
-Note: static shapes only. ``dynamic_shapes`` ranges are refused with a clear error until symbolic
-sizes reach the generated C++ (then the manifest's guards carry the ranges).
+Dynamic shapes (CPU packages): ``dynamic_shapes`` names, per input, the dims that vary and their range
+``(min, max)``. Those dims are symbolic from capture to the generated C++, which computes every size from
+them; the manifest lists each size symbol with the input dim it is read from and its range, and the
+relations the program assumed between sizes (two inputs sharing a dim, a reshape's divisibility), which
+both runners check before running. A range starts at 2 or more: sizes 0 and 1 are specialised (a
+size-1 dim broadcasts), so they are served by another export. A CUDA package is for static shapes (its
+Triton cubins are compiled per size), and says so.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import operator
 import re
@@ -33,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch import fx
@@ -49,7 +57,19 @@ from .aot import _example_inputs, _frame, _output_spec
 
 
 class ExportError(KilnError):
-    """The program cannot be exported as one static inference graph (the message says why and where)."""
+    """The program cannot be exported as one inference graph (the message says why and where)."""
+
+
+@dataclass(frozen=True)
+class SizeSymbol:
+    """A dim the exported program serves for every size in [min, max]: read from the caller's input
+    ``input`` (its position among the inputs), dim ``dim``."""
+
+    symbol: str  # the size symbol the graph and the generated code name it by
+    input: int
+    dim: int
+    min: int
+    max: int
 
 
 @dataclass(frozen=True)
@@ -72,10 +92,17 @@ class ExportedGraph:
     outputs: tuple[TensorSpec, ...]
     output_tree: pytree.TreeSpec
     baked: Mapping[str, Any] = field(default_factory=dict)  # non-tensor arguments, fixed at export
+    sizes: tuple[SizeSymbol, ...] = ()  # symbolic dims (dynamic_shapes), in the order model.so takes them
+
+    def describe(self, z: SizeSymbol) -> str:
+        return f"input {self.inputs[z.input].name!r} dim {z.dim}"
 
     def as_text(self) -> str:
         lines = [f"# exported program {self.name}", "# inputs:"]
         lines += [f"#   {i.name}: {i.spec.as_text()}" for i in self.inputs]
+        if self.sizes:
+            lines += ["# symbolic sizes:"] + [f"#   {z.symbol} = {self.describe(z)}, in [{z.min}, {z.max}]"
+                                              for z in self.sizes]
         if self.baked:
             lines += ["# fixed arguments:"] + [f"#   {k} = {v!r}" for k, v in self.baked.items()]
         lines.append(f"# constants ({len(self.constants)}, {sum(t.nbytes for t in self.constants.values())} bytes):")
@@ -123,15 +150,110 @@ def _leaf_sources(name: str, value: Any, src: str, out: dict[str, tuple[str, Any
         out[src] = (name, value)
 
 
-def _check_dynamic(dynamic_shapes: Any) -> None:
+def _dynamic_dims(dynamic_shapes: Mapping[str, Any] | None, leaves: list[tuple[str, str, torch.Tensor]],
+                  name: str) -> dict[int, dict[int, tuple[int, int]]]:
+    """``dynamic_shapes`` checked, by input position: {input: {dim: (min, max)}}."""
     if not dynamic_shapes:
-        return
-    ranges = [(k, d, r) for k, dims in dict(dynamic_shapes).items() for d, r in dict(dims or {}).items()]
-    if ranges:
-        k, d, r = ranges[0]
-        raise ExportError(f"kiln.export: dynamic_shapes asks for input {k!r} dim {d} in range {r}; this kiln exports "
-                          "static shapes only (symbolic sizes do not reach the generated C++ yet). Export once per "
-                          "shape you serve, or pass dynamic_shapes=None")
+        return {}
+    where = f"kiln.export({name}, dynamic_shapes=...)"
+    names = {n: k for k, (_, n, _) in enumerate(leaves)}
+    out: dict[int, dict[int, tuple[int, int]]] = {}
+    for key, dims in dict(dynamic_shapes).items():
+        if key not in names:
+            raise ExportError(f"{where}: {key!r} is not a tensor input of the call; its tensor inputs are "
+                              f"{', '.join(repr(n) for n in names) or 'none'}")
+        t = leaves[names[key]][2]
+        for d, rng in dict(dims or {}).items():
+            if not isinstance(d, int) or not -t.dim() <= d < t.dim():
+                raise ExportError(f"{where}: input {key!r} has {t.dim()} dims; dim {d!r} does not exist")
+            if (not isinstance(rng, (tuple, list)) or len(rng) != 2
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in rng)):
+                raise ExportError(f"{where}: input {key!r} dim {d}: expected a range (min, max) of two ints, "
+                                  f"got {rng!r}")
+            lo, hi = rng
+            if lo < 2 or hi < lo:
+                raise ExportError(f"{where}: input {key!r} dim {d} in range {tuple(rng)}: a dynamic size ranges "
+                                  "over 2 <= min <= max (sizes 0 and 1 are specialised: a size-1 dim broadcasts); "
+                                  "export size 1 separately")
+            size = int(t.shape[d])
+            if not lo <= size <= hi:
+                raise ExportError(f"{where}: input {key!r} dim {d} is {size} in the example, outside its range "
+                                  f"{tuple(rng)}; export with an example inside the range")
+            out.setdefault(names[key], {})[d % t.dim()] = (lo, hi)
+    return out
+
+
+def _marked(args: tuple, kwargs: dict, leaves: list[tuple[str, str, torch.Tensor]],
+            dynamic: dict[int, dict[int, tuple[int, int]]]) -> tuple[tuple, dict]:
+    """The call's arguments with each dynamic input replaced by a contiguous alias marked dynamic over
+    its ranges (the caller's tensors are left as they are; a runner makes its inputs contiguous)."""
+    aliases: dict[int, torch.Tensor] = {}
+    for k, dims in dynamic.items():
+        t = leaves[k][2]
+        alias = t.detach().contiguous()
+        for d, (lo, hi) in dims.items():
+            capture.mark_dynamic(alias, d, min=lo, max=hi)
+        aliases[id(t)] = alias
+    args, kwargs = pytree.tree_map(lambda v: aliases.get(id(v), v) if isinstance(v, torch.Tensor) else v,
+                                   (args, kwargs))
+    return tuple(args), dict(kwargs)
+
+
+_SIZE_SOURCE = re.compile(r"^(.*)\.size\(\)\[(\d+)\]$")
+
+
+def _size_symbols(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Tensor]],
+                  dynamic: dict[int, dict[int, tuple[int, int]]], name: str) -> tuple[SizeSymbol, ...]:
+    """Every size symbol of the capture with the input dim it is read from and its range. A dim asked
+    to be dynamic that the program fixed is an error naming it."""
+    if not dynamic:
+        return ()
+    for k, dims in dynamic.items():
+        src, display, _ = leaves[k]
+        if src not in captured.input_sources:
+            continue  # the program does not read this input: any size does
+        spec = captured.input_specs[captured.input_sources.index(src)]
+        assert isinstance(spec, TensorSpec)
+        for d, rng in dims.items():
+            if not isinstance(spec.shape[d], sympy.Symbol):
+                raise ExportError(f"kiln.export({name}): input {display!r} dim {d} was asked to vary in {rng}, but "
+                                  f"the program fixes it to {spec.shape[d]} (it relates the size to a static one); "
+                                  "leave it out of dynamic_shapes or change the program")
+    position = {src: k for k, (src, _, _) in enumerate(leaves)}
+    ranges = _symbol_ranges(captured)
+    out: dict[str, SizeSymbol] = {}
+    for g in captured.guards:
+        if g.kind != "SYMBOL" or str(g.expected) in out:
+            continue
+        m = _SIZE_SOURCE.match(g.source)
+        if m is None or m.group(1) not in position:
+            raise ExportError(f"kiln.export({name}): size symbol {g.expected} comes from {g.source}, not a dim of an "
+                              "input; export with dynamic_shapes over the inputs' dims only")
+        sym = str(g.expected)
+        lo, hi = ranges.get(sym, (None, None))
+        if lo is None or hi is None:
+            raise ExportError(f"kiln.export({name}): size symbol {sym} ({g.source}) has no finite range; give "
+                              "every dynamic dim a (min, max) in dynamic_shapes")
+        out[sym] = SizeSymbol(sym, position[m.group(1)], int(m.group(2)), lo, hi)
+    return tuple(out.values())
+
+
+def _symbol_ranges(captured: CapturedGraph) -> dict[str, tuple[int | None, int | None]]:
+    """The ShapeEnv's range of each size symbol, by name (None: unbounded)."""
+    for n in captured.gm.graph.nodes:
+        v = n.meta.get("val") if n.op == "placeholder" else None
+        sizes = [*v.shape, *v.stride()] if isinstance(v, torch.Tensor) else [v]
+        env = next((s.node.shape_env for s in sizes if isinstance(s, torch.SymInt)), None)
+        if env is not None:
+            return {str(k): (_bound(r.lower), _bound(r.upper)) for k, r in env.var_to_range.items()}
+    return {}
+
+
+def _bound(b: Any) -> int | None:
+    try:
+        return int(b)
+    except (TypeError, ValueError, OverflowError):  # int_oo, -int_oo
+        return None
 
 
 def _capture(fn: Callable[..., Any], args: tuple, kwargs: dict) -> CapturedGraph:
@@ -145,20 +267,28 @@ def _capture(fn: Callable[..., Any], args: tuple, kwargs: dict) -> CapturedGraph
 
 def export(fn: Callable[..., Any], args: tuple | list, kwargs: Mapping[str, Any] | None = None, *,
            dynamic_shapes: Mapping[str, Any] | None = None) -> ExportedGraph:
-    """Capture ``fn(*args, **kwargs)`` (a function or an ``nn.Module``) as one static inference graph."""
-    _check_dynamic(dynamic_shapes)
+    """Capture ``fn(*args, **kwargs)`` (a function or an ``nn.Module``) as one inference graph.
+
+    ``dynamic_shapes``: per tensor input (by name: ``"x"``, ``"xs[1]"``), the dims that vary and their
+    ranges, ``{"x": {0: (2, 64)}}``; other dims are static."""
     args, kwargs = tuple(args), dict(kwargs or {})
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     if isinstance(fn, torch.nn.Module) and fn.training:
         raise ExportError(f"kiln.export: {name} is in training mode; call .eval() first (export makes an "
                           "inference program: dropout off, batch norm with its running statistics)")
+    tensor_leaves, baked = _call_leaves(fn, args, kwargs)
+    dynamic = _dynamic_dims(dynamic_shapes, tensor_leaves, name)
+    if dynamic:
+        args, kwargs = _marked(args, kwargs, tensor_leaves, dynamic)
+        tensor_leaves, baked = _call_leaves(fn, args, kwargs)
     with torch.no_grad():
         captured = _capture(fn, args, kwargs)
-    tensor_leaves, baked = _call_leaves(fn, args, kwargs)
+    sizes = _size_symbols(captured, tensor_leaves, dynamic, name)
     constants, slots = _classify(fn, args, kwargs, captured, tensor_leaves)
-    inputs = tuple(ExportedInput(n, src, _spec(v)) for src, n, v in tensor_leaves)
+    specs = dict(zip(captured.input_sources, captured.input_specs))
+    inputs = tuple(ExportedInput(n, src, _input_spec(specs.get(src), v, sizes)) for src, n, v in tensor_leaves)
     graph, outputs, tree = _inference_graph(fn, args, kwargs, captured, tensor_leaves, constants, slots)
-    return ExportedGraph(name, captured, graph, inputs, constants, tuple(slots), outputs, tree, baked)
+    return ExportedGraph(name, captured, graph, inputs, constants, tuple(slots), outputs, tree, baked, sizes)
 
 
 def _call_leaves(fn: Callable[..., Any], args: tuple,
@@ -206,6 +336,13 @@ def _spec(t: torch.Tensor) -> TensorSpec:
     return TensorSpec.from_tensor(t.detach())
 
 
+def _input_spec(captured: Any, value: torch.Tensor, sizes: tuple[SizeSymbol, ...]) -> TensorSpec:
+    """An input's spec: its example's, with the capture's symbols in dynamic dims."""
+    if sizes and isinstance(captured, TensorSpec):
+        return dataclasses.replace(captured, requires_grad=False)
+    return _spec(value)
+
+
 def _inference_graph(fn: Callable[..., Any], args: tuple, kwargs: dict, captured: CapturedGraph,
                      tensor_leaves: list, constants: dict[str, torch.Tensor],
                      slots: list[Slot]) -> tuple[fx.GraphModule, tuple[TensorSpec, ...], pytree.TreeSpec]:
@@ -230,7 +367,12 @@ def _inference_graph(fn: Callable[..., Any], args: tuple, kwargs: dict, captured
     outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
     graph_outputs = outs[:sig.n_graph_outputs]
     tree = _output_spec(fn, args, kwargs, graph_outputs)
-    return joint.gm, tuple(_spec(t) for t in graph_outputs), tree
+    # the traced values' specs: symbolic sizes where the outputs' sizes vary
+    (ret,) = [n for n in joint.gm.graph.nodes if n.op == "output"]
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in pytree.tree_leaves(ret.args[0])]
+    specs = tuple(_spec(v) if isinstance(v, torch.Tensor) else _spec(t)
+                  for v, t in zip(vals[:sig.n_graph_outputs], graph_outputs))
+    return joint.gm, specs, tree
 
 
 @dataclass(frozen=True)
@@ -273,15 +415,22 @@ def package(exported: ExportedGraph, path: str | Path, *, device: str | torch.de
         opts = InductorOptions(**options)
     except TypeError as e:
         raise ExportError(f"kiln.package(options=...): {e}; see kiln.inductor.InductorOptions") from e
+    if exported.sizes and device == "cuda":
+        dims = ", ".join(f"{exported.describe(z)} in [{z.min}, {z.max}]" for z in exported.sizes)
+        raise ExportError(f"kiln.package(device='cuda'): {exported.name} was exported with dynamic shapes ({dims}); "
+                          "a CUDA package's Triton kernels are compiled into cubins for static sizes. Export it "
+                          "without dynamic_shapes once per size you serve, or package it for device='cpu'")
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     graph, example = _graph_for(exported, device)
+    named = [(z.symbol, exported.describe(z)) for z in exported.sizes]
     try:
         program = cpp_program(graph, example, dict(enumerate(exported.slots)), options=opts, name=exported.name,
-                              cuda_arch=arch)
+                              cuda_arch=arch, size_symbols=named)
     except CppWrapperUnsupported as e:
         raise ExportError(f"kiln.package: {exported.name} cannot run without Python on {device}: {e}") from e
+    _check_not_specialised(exported, program)
     codegen = time.perf_counter() - t0
     report = cxx.build_model_library(program.wrapper_source, program.kernel_source, folder / cxx.LIBRARY,
                                      kernel_flags=program.kernel_flags, link_flags=program.link_flags,
@@ -324,6 +473,8 @@ def _graph_for(exported: ExportedGraph, device: str) -> tuple[fx.GraphModule, li
         if any(i.spec.device.type != "cpu" for i in exported.inputs):
             raise ExportError(f"kiln.package: {exported.name} was exported with inputs on "
                               f"{exported.inputs[0].spec.device}; a CPU package needs it exported on CPU tensors")
+        if exported.sizes:  # the trace's fake tensors, whose sizes are the capture's symbols
+            return exported.graph, [n.meta["val"] for n in exported.graph.graph.nodes if n.op == "placeholder"]
         return exported.graph, exported.graph_inputs([_example(i.spec) for i in exported.inputs])
     graph = fx.GraphModule(exported.graph, copy.deepcopy(exported.graph.graph))
     for node in list(graph.graph.nodes):
@@ -386,14 +537,51 @@ def _on_cuda(value: Any) -> Any:
     return pytree.tree_map(move, value)
 
 
+def _check_not_specialised(exported: ExportedGraph, program: CppProgram) -> None:
+    """A dynamic dim that the compile fixed to one size is an error, not a package serving that size only."""
+    for g in program.size_guards:
+        for z in exported.sizes:
+            if re.fullmatch(rf"{z.symbol} == \d+|\d+ == {z.symbol}", g.expr):
+                raise ExportError(f"kiln.package: {exported.name} fixes {exported.describe(z)} ({g.expr}), exported "
+                                  f"to vary in [{z.min}, {z.max}]; leave it out of dynamic_shapes or change the program")
+
+
+def _dims(xs: Any) -> list[int | str]:
+    """Sizes for the manifest: ints, or the expression over the size symbols as text."""
+    return [int(x) if isinstance(x, (int, sympy.Integer)) else str(x) for x in xs]
+
+
+def _input_specs(exported: ExportedGraph, device: str) -> list[dict[str, Any]]:
+    """Each input's dtype, shape and stride; symbolic dims by the symbol the program reads (after the
+    relations the trace found: two inputs sharing a dim name the same symbol)."""
+    traced: dict[int, TensorSpec] = {}
+    if exported.sizes:
+        vals = [n.meta.get("val") for n in exported.graph.graph.nodes if n.op == "placeholder"]
+        traced = {s.index: TensorSpec.from_tensor(v) for s, v in zip(exported.slots, vals)
+                  if s.kind == "input" and isinstance(v, torch.Tensor)}
+    out = []
+    for k, i in enumerate(exported.inputs):
+        spec = traced.get(k, i.spec)
+        d = cxx.tensor_spec(i.name, [0] * len(spec.shape), [0] * len(spec.stride), spec.dtype, device)
+        out.append({**d, "shape": _dims(spec.shape), "stride": _dims(spec.stride)})
+    return out
+
+
 def _manifest_fields(exported: ExportedGraph, program: CppProgram, device: str) -> dict[str, Any]:
-    inputs = [cxx.tensor_spec(i.name, i.spec.shape, i.spec.stride, i.spec.dtype, device) for i in exported.inputs]
-    outputs = [cxx.tensor_spec(f"output{k}", shape, stride, dtype, device) for k, (shape, stride, dtype)
-               in enumerate(program.outputs)]
+    inputs = _input_specs(exported, device)
+    outputs = [{**cxx.tensor_spec(f"output{k}", [0] * len(shape), [0] * len(stride), dtype, device),
+                "shape": _dims(shape), "stride": _dims(stride)}
+               for k, (shape, stride, dtype) in enumerate(program.outputs)]
     constants = [cxx.tensor_spec(n, t.shape, t.stride(), t.dtype, device) for n, t in exported.constants.items()]
-    guards = [{"kind": "tensor_match", "input": i.name, "dtype": cxx.dtype_name(i.spec.dtype),
-               "shape": list(i.spec.shape), "device": device} for i in exported.inputs]
+    guards = [{"kind": "tensor_match", "input": i["name"], "dtype": i["dtype"], "shape": i["shape"], "device": device}
+              for i in inputs]
     guards += [{"kind": "constant_argument", "input": k, "value": repr(v)} for k, v in exported.baked.items()]
+    sizes = [{"symbol": z.symbol, "input": z.input, "name": exported.inputs[z.input].name, "dim": z.dim,
+              "min": z.min, "max": z.max} for z in exported.sizes]
+    guards += [{"kind": "size_range", "input": s["name"], "dim": s["dim"], "symbol": s["symbol"], "min": s["min"],
+                "max": s["max"]} for s in sizes]
+    guards += [{"kind": "size_relation", "expr": g.expr, "reason": g.reason} for g in program.size_guards]
+    assert [z.symbol for z in exported.sizes] == list(program.size_symbols)
     cuda = None
     kernels = []
     if device == "cuda":
@@ -404,7 +592,7 @@ def _manifest_fields(exported: ExportedGraph, program: CppProgram, device: str) 
     return {
         "graph": exported.name, "device": device, "abi_version": program.abi_version,
         "built_for": cxx.built_for(device, program.kernel_flags, cuda),
-        "inputs": inputs, "outputs": outputs, "constants": constants, "guards": guards,
+        "inputs": inputs, "outputs": outputs, "constants": constants, "sizes": sizes, "guards": guards,
         "output_tree": pytree.treespec_dumps(exported.output_tree),
         "source_sha256": program.source_hash,
         **({"kernels": kernels} if device == "cuda" else {}),
