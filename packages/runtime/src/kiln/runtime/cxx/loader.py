@@ -176,9 +176,9 @@ class PackagedModel:
         return outs
 
     def _sizes(self, ins: list[torch.Tensor]) -> list[int]:
-        """Each size symbol's value, read from its input dim and checked against its range; then every
-        input dim named by a symbol checked against it (inputs that share a dim)."""
-        values: dict[str, int] = {}
+        """Each size symbol's value, read from its input dim and checked against its range; then the input
+        dims named by one symbol checked to be equal (inputs that share a dim; the first one names it)."""
+        values = []
         for z in self.sizes:
             v = ins[z.input].shape[z.dim]
             if not z.min <= v <= z.max:
@@ -186,18 +186,20 @@ class PackagedModel:
                 raise GuardError(f"kiln package {self.path.name}: input {z.input} ({s.name!r}) dim {z.dim}: size {v} "
                                  f"is outside the range [{z.min}, {z.max}] the package was exported for",
                                  input_name=s.name, expected=(z.min, z.max), actual=v)
-            values[z.symbol] = v
-        first = {z.symbol: z for z in self.sizes}
-        for k, s in enumerate(self.inputs):
+            values.append(v)
+        first: dict[str, tuple[int, int]] = {}
+        for i, s in enumerate(self.inputs):
             for d, n in enumerate(s.shape):
-                if isinstance(n, str) and n in values and ins[k].shape[d] != values[n]:
-                    z = first[n]
+                if not isinstance(n, str):
+                    continue
+                j, e = first.setdefault(n, (i, d))
+                if ins[i].shape[d] != ins[j].shape[e]:
                     raise GuardError(
-                        f"kiln package {self.path.name}: input {k} ({s.name!r}) dim {d}: size {ins[k].shape[d]} must "
-                        f"equal input {z.input} ({self.inputs[z.input].name!r}) dim {z.dim}, size {values[n]} (the "
-                        f"program relates these sizes: both are {n})", input_name=s.name, expected=values[n],
-                        actual=ins[k].shape[d])
-        return [values[z.symbol] for z in self.sizes]
+                        f"kiln package {self.path.name}: input {i} ({s.name!r}) dim {d}: size {ins[i].shape[d]} must "
+                        f"equal input {j} ({self.inputs[j].name!r}) dim {e}, size {ins[j].shape[e]} (the program "
+                        f"relates these sizes: both are {n})", input_name=s.name, expected=ins[j].shape[e],
+                        actual=ins[i].shape[d])
+        return values
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The exported call's arguments: its tensors (nested as exported), and optionally its non-tensor

@@ -159,7 +159,7 @@ class CppWrapperWriter:
                 twice.add(o.buffer)
             lay = self.layouts[o.buffer]
             exact = (self.ref(o) == o.buffer and lay.offset == 0
-                     and output_layout(o) == (tuple(int(x) for x in o.shape), tuple(int(x) for x in o.stride)))
+                     and output_layout(o) == (tuple(o.shape), tuple(o.stride)))
             if exact and o.buffer in fresh and o.buffer not in inputs:
                 seen.setdefault(o.buffer, k)
         return {b: k for b, k in seen.items() if b not in twice}

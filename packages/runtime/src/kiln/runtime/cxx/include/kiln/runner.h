@@ -38,6 +38,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -277,8 +278,8 @@ class Runner {
     return held.back().data_ptr();
   }
 
-  // Each size symbol's value, read from its input dim and checked against its range; then every input
-  // dim named by a symbol checked against that value (inputs that share a dim).
+  // Each size symbol's value, read from its input dim and checked against its range; then the input
+  // dims named by one symbol checked to be equal (inputs that share a dim; the first one names it).
   std::vector<int64_t> checked_sizes(const std::vector<at::Tensor>& inputs) const {
     std::vector<int64_t> out;
     for (const auto& z : sizes_) {
@@ -290,17 +291,20 @@ class Runner {
                                  "] the package was exported for");
       out.push_back(v);
     }
+    std::map<std::string, std::pair<size_t, int64_t>> first;  // symbol -> (input, dim) naming it first
     for (size_t i = 0; i < inputs_.size(); ++i)
-      for (size_t d = 0; d < inputs_[i].symbols.size(); ++d)
-        for (size_t k = 0; k < sizes_.size(); ++k) {
-          const SizeSpec& z = sizes_[k];
-          if (inputs_[i].symbols[d] != z.symbol || inputs[i].size(int64_t(d)) == out[k]) continue;
-          throw std::runtime_error(
-              "kiln::Runner::run: input " + std::to_string(i) + " ('" + inputs_[i].name + "') dim " + std::to_string(d) +
-              ": size " + std::to_string(inputs[i].size(int64_t(d))) + " must equal input " + std::to_string(z.input) +
-              " ('" + inputs_[z.input].name + "') dim " + std::to_string(z.dim) + ", size " + std::to_string(out[k]) +
-              " (the program relates these sizes: both are " + z.symbol + ")");
-        }
+      for (size_t d = 0; d < inputs_[i].symbols.size(); ++d) {
+        const std::string& sym = inputs_[i].symbols[d];
+        if (sym.empty()) continue;
+        auto [it, fresh] = first.emplace(sym, std::make_pair(i, int64_t(d)));
+        const auto [j, e] = it->second;
+        if (fresh || inputs[i].size(int64_t(d)) == inputs[j].size(e)) continue;
+        throw std::runtime_error(
+            "kiln::Runner::run: input " + std::to_string(i) + " ('" + inputs_[i].name + "') dim " + std::to_string(d) +
+            ": size " + std::to_string(inputs[i].size(int64_t(d))) + " must equal input " + std::to_string(j) + " ('" +
+            inputs_[j].name + "') dim " + std::to_string(e) + ", size " + std::to_string(inputs[j].size(e)) +
+            " (the program relates these sizes: both are " + sym + ")");
+      }
     return out;
   }
 
