@@ -150,7 +150,7 @@ def test_model_library_refuses_the_wrong_device_type_and_a_missing_driver(work: 
     pkg = work["dir"] / "transformer"
     lib = ctypes.CDLL(str(pkg / cxx.LIBRARY), mode=ctypes.RTLD_LOCAL)
     lib.kiln_model_device.restype = ctypes.c_char_p
-    assert lib.kiln_model_abi_version() == 2 and lib.kiln_model_device() == b"cuda"
+    assert lib.kiln_model_abi_version() == 3 and lib.kiln_model_device() == b"cuda"
     init = lib.kiln_model_init
     init.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
     err = ctypes.create_string_buffer(2048)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import sympy
 import torch
 from torch import nn
 
@@ -54,9 +55,48 @@ def test_export_function_with_two_inputs() -> None:
     torch.testing.assert_close(e(a, b), f(a, b))
 
 
-def test_dynamic_shapes_refused_with_the_range() -> None:
-    with pytest.raises(ExportError, match=r"input 'x' dim 0 in range \(1, 64\).*static shapes"):
-        kiln.export(Small().eval(), (torch.randn(3, 8),), dynamic_shapes={"x": {0: (1, 64)}})
+def test_dynamic_shapes_name_symbols_and_ranges() -> None:
+    m = Small().eval()
+    e = kiln.export(m, (torch.randn(3, 8),), dynamic_shapes={"x": {0: (2, 64)}})
+    (z,) = e.sizes
+    assert (z.input, z.dim, z.min, z.max) == (0, 0, 2, 64)
+    assert isinstance(e.inputs[0].spec.shape[0], sympy.Symbol) and e.inputs[0].spec.shape[1] == 8
+    assert f"{z.symbol} = input 'x' dim 0, in [2, 64]" in e.as_text()
+    for n in (2, 5, 64):  # the exported graph itself serves every size
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(e(x)["y"], m(x)["y"])
+
+
+@pytest.mark.parametrize(("shapes", "message"), [
+    ({"x": {0: (1, 64)}}, r"input 'x' dim 0 in range \(1, 64\): a dynamic size ranges over 2 <= min <= max"),
+    ({"x": {0: (8, 4)}}, r"2 <= min <= max"),
+    ({"x": {0: (4, 64)}}, r"input 'x' dim 0 is 3 in the example, outside its range \(4, 64\)"),
+    ({"x": {2: (2, 64)}}, r"input 'x' has 2 dims; dim 2 does not exist"),
+    ({"x": {0: 64}}, r"expected a range \(min, max\) of two ints, got 64"),
+    ({"y": {0: (2, 64)}}, r"'y' is not a tensor input of the call; its tensor inputs are 'x'"),
+])
+def test_bad_dynamic_shapes_refused(shapes: dict, message: str) -> None:
+    with pytest.raises(ExportError, match=message):
+        kiln.export(Small().eval(), (torch.randn(3, 8),), dynamic_shapes=shapes)
+
+
+def test_dynamic_dim_the_program_fixes_is_refused() -> None:
+    w = torch.randn(3, 8)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x + w  # x's dim 0 must be 3
+
+    with pytest.raises(ExportError, match=r"input 'x' dim 0 was asked to vary in \(2, 8\), but the program fixes "
+                                          r"it to 3"):
+        kiln.export(f, (torch.randn(3, 8),), dynamic_shapes={"x": {0: (2, 8)}})
+
+
+def test_dynamic_cuda_package_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    e = kiln.export(Small().eval(), (torch.randn(3, 8),), dynamic_shapes={"x": {0: (2, 64)}})
+    with pytest.raises(ExportError, match=r"device='cuda'.*dynamic shapes \(input 'x' dim 0 in \[2, 64\]\); a CUDA "
+                                          r"package's Triton kernels are compiled into cubins for static sizes"):
+        kiln.package(e, tmp_path / "pkg", device="cuda", options={"cuda_arch": 90})
+    assert not (tmp_path / "pkg").exists()
 
 
 def test_training_mode_refused() -> None:

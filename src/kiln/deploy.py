@@ -208,12 +208,12 @@ def _size_symbols(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Te
     to be dynamic that the program fixed is an error naming it."""
     if not dynamic:
         return ()
+    specs = _traced_specs(captured)
     for k, dims in dynamic.items():
         src, display, _ = leaves[k]
-        if src not in captured.input_sources:
+        spec = specs.get(src)
+        if spec is None:
             continue  # the program does not read this input: any size does
-        spec = captured.input_specs[captured.input_sources.index(src)]
-        assert isinstance(spec, TensorSpec)
         for d, rng in dims.items():
             if not isinstance(spec.shape[d], sympy.Symbol):
                 raise ExportError(f"kiln.export({name}): input {display!r} dim {d} was asked to vary in {rng}, but "
@@ -236,6 +236,13 @@ def _size_symbols(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Te
                               "every dynamic dim a (min, max) in dynamic_shapes")
         out[sym] = SizeSymbol(sym, position[m.group(1)], int(m.group(2)), lo, hi)
     return tuple(out.values())
+
+
+def _traced_specs(captured: CapturedGraph) -> dict[str, TensorSpec]:
+    """Each tensor input's spec as the capture left it (a symbol the trace related to another, or
+    fixed, is written as what it became), by source."""
+    vals = [n.meta.get("val") for n in captured.gm.graph.nodes if n.op == "placeholder"]
+    return {src: TensorSpec.from_tensor(v) for src, v in zip(captured.input_sources, vals) if isinstance(v, torch.Tensor)}
 
 
 def _symbol_ranges(captured: CapturedGraph) -> dict[str, tuple[int | None, int | None]]:
@@ -285,8 +292,8 @@ def export(fn: Callable[..., Any], args: tuple | list, kwargs: Mapping[str, Any]
         captured = _capture(fn, args, kwargs)
     sizes = _size_symbols(captured, tensor_leaves, dynamic, name)
     constants, slots = _classify(fn, args, kwargs, captured, tensor_leaves)
-    specs = dict(zip(captured.input_sources, captured.input_specs))
-    inputs = tuple(ExportedInput(n, src, _input_spec(specs.get(src), v, sizes)) for src, n, v in tensor_leaves)
+    specs = _traced_specs(captured) if sizes else {}
+    inputs = tuple(ExportedInput(n, src, _input_spec(specs.get(src), v)) for src, n, v in tensor_leaves)
     graph, outputs, tree = _inference_graph(fn, args, kwargs, captured, tensor_leaves, constants, slots)
     return ExportedGraph(name, captured, graph, inputs, constants, tuple(slots), outputs, tree, baked, sizes)
 
@@ -336,11 +343,9 @@ def _spec(t: torch.Tensor) -> TensorSpec:
     return TensorSpec.from_tensor(t.detach())
 
 
-def _input_spec(captured: Any, value: torch.Tensor, sizes: tuple[SizeSymbol, ...]) -> TensorSpec:
+def _input_spec(traced: TensorSpec | None, value: torch.Tensor) -> TensorSpec:
     """An input's spec: its example's, with the capture's symbols in dynamic dims."""
-    if sizes and isinstance(captured, TensorSpec):
-        return dataclasses.replace(captured, requires_grad=False)
-    return _spec(value)
+    return dataclasses.replace(traced, requires_grad=False) if traced is not None else _spec(value)
 
 
 def _inference_graph(fn: Callable[..., Any], args: tuple, kwargs: dict, captured: CapturedGraph,
