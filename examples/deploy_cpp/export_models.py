@@ -38,7 +38,9 @@ def export_one(name: str, out: Path, small: bool, device: str = "cpu", dtype: st
     exported = kiln.export(model, inputs, dynamic_shapes=dynamic)
     t1 = time.perf_counter()
     report = kiln.package(exported, out / name, device=device)
-    cases = [inputs] + ([padded_inputs(b, t, seed=c) for c, (b, t) in enumerate(DYNAMIC_SIZES[1:], 1)] if dynamic else [])
+    cases = [inputs]
+    if dynamic:  # one case per size; the first is the export's example
+        cases += [padded_inputs(b, t, seed=c) for c, (b, t) in enumerate(DYNAMIC_SIZES[1:], 1)]
     ins, outs = {}, {}
     for c, xs in enumerate(cases):
         prefix = f"case{c}/" if c else ""

@@ -151,7 +151,8 @@ int main(int argc, char** argv) {
     auto named = kiln::read_safetensors(args[1]);
     auto case_inputs = [&](const std::string& prefix) {
       std::vector<at::Tensor> v;
-      for (size_t i = 0; i < runner.input_specs().size(); ++i) v.push_back(named.at(prefix + "input" + std::to_string(i)).to(device));
+      for (size_t i = 0; i < runner.input_specs().size(); ++i)
+        v.push_back(named.at(prefix + "input" + std::to_string(i)).to(device));
       return v;
     };
     std::vector<at::Tensor> inputs = case_inputs("");

@@ -101,8 +101,11 @@ class ExportedGraph:
         lines = [f"# exported program {self.name}", "# inputs:"]
         lines += [f"#   {i.name}: {i.spec.as_text()}" for i in self.inputs]
         if self.sizes:
-            lines += ["# symbolic sizes:"] + [f"#   {z.symbol} = {self.describe(z)}, in [{z.min}, {z.max}]"
-                                              for z in self.sizes]
+            lines.append("# symbolic sizes:")
+            for z in self.sizes:
+                same = str(self.inputs[z.input].spec.shape[z.dim])
+                also = f" (the program's {same})" if same != z.symbol else ""
+                lines.append(f"#   {z.symbol} = {self.describe(z)}, in [{z.min}, {z.max}]{also}")
         if self.baked:
             lines += ["# fixed arguments:"] + [f"#   {k} = {v!r}" for k, v in self.baked.items()]
         lines.append(f"# constants ({len(self.constants)}, {sum(t.nbytes for t in self.constants.values())} bytes):")
@@ -242,7 +245,8 @@ def _traced_specs(captured: CapturedGraph) -> dict[str, TensorSpec]:
     """Each tensor input's spec as the capture left it (a symbol the trace related to another, or
     fixed, is written as what it became), by source."""
     vals = [n.meta.get("val") for n in captured.gm.graph.nodes if n.op == "placeholder"]
-    return {src: TensorSpec.from_tensor(v) for src, v in zip(captured.input_sources, vals) if isinstance(v, torch.Tensor)}
+    return {src: TensorSpec.from_tensor(v) for src, v in zip(captured.input_sources, vals)
+            if isinstance(v, torch.Tensor)}
 
 
 def _symbol_ranges(captured: CapturedGraph) -> dict[str, tuple[int | None, int | None]]:
@@ -547,8 +551,9 @@ def _check_not_specialised(exported: ExportedGraph, program: CppProgram) -> None
     for g in program.size_guards:
         for z in exported.sizes:
             if re.fullmatch(rf"{z.symbol} == \d+|\d+ == {z.symbol}", g.expr):
-                raise ExportError(f"kiln.package: {exported.name} fixes {exported.describe(z)} ({g.expr}), exported "
-                                  f"to vary in [{z.min}, {z.max}]; leave it out of dynamic_shapes or change the program")
+                raise ExportError(f"kiln.package: {exported.name} fixes {exported.describe(z)} ({g.expr}), "
+                                  f"exported to vary in [{z.min}, {z.max}]; leave it out of dynamic_shapes or "
+                                  "change the program")
 
 
 def _dims(xs: Any) -> list[int | str]:

@@ -57,7 +57,7 @@ def test_symbolic_sizes_are_arguments_and_relations_are_checked() -> None:
     assert f"  const int64_t {n} = sizes[0];  // input 'x' dim 0" in src
     assert f"Tensor arg0 = kiln_rt::wrap(dev, inputs[0], {{{n}, 8}}, {{8, 1}}, 6 /*float32*/);  // input 0" in src
     assert re.search(rf"  k\w+\(.*, {n}\);", src)  # a kernel's size argument
-    assert re.search(rf'extern "C" void k\w+\((void\*, )+int64_t\);', src)
+    assert re.search(r'extern "C" void k\w+\((void\*, )+int64_t\);', src)
     assert f"layouts[0] = {n};" in src and "layouts[1] = 16;" in src  # output 0: [n, 16]
     assert f"({n} % 2) == 0" in [g.expr for g in p.size_guards]
     assert f'if (!(({n} % 2) == 0)) throw std::runtime_error(' in src

@@ -10,4 +10,5 @@ from .aten_calls import CppWrapperUnsupported
 from .prelude import ABI_VERSION
 from .writer import CudaKernels, SizeArgs, Slot, cpp_wrapper_source, output_specs
 
-__all__ = ["ABI_VERSION", "CppWrapperUnsupported", "CudaKernels", "SizeArgs", "Slot", "cpp_wrapper_source", "output_specs"]
+__all__ = ["ABI_VERSION", "CppWrapperUnsupported", "CudaKernels", "SizeArgs", "Slot", "cpp_wrapper_source",
+           "output_specs"]

@@ -44,8 +44,8 @@ from ..cpp.kernel import kernel_params
 from ..triton.cubins import Cubin, CubinSite
 from .aten_calls import (
     CppWrapperUnsupported,
-    cstr,
     boxed_arguments,
+    cstr,
     n_returns,
     scalar_type,
     schema_name,

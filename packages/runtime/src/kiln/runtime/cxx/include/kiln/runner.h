@@ -263,8 +263,8 @@ class Runner {
       bool same = t.dim() == int64_t(s.shape.size());
       for (size_t d = 0; same && d < s.shape.size(); ++d) same = s.shape[d] < 0 || t.size(int64_t(d)) == s.shape[d];
       if (!same)
-        throw std::runtime_error(who + ": expected shape " + detail::shape_text(s) + ", got " + detail::dims(t.sizes()) +
-                                 " (the dims named by a size symbol vary)");
+        throw std::runtime_error(who + ": expected shape " + detail::shape_text(s) + ", got " +
+                                 detail::dims(t.sizes()) + " (the dims named by a size symbol vary)");
       if (t.is_contiguous()) return t.data_ptr();
       held.push_back(t.contiguous());
       return held.back().data_ptr();
