@@ -91,6 +91,26 @@ def test_dynamic_dim_the_program_fixes_is_refused() -> None:
         kiln.export(f, (torch.randn(3, 8),), dynamic_shapes={"x": {0: (2, 8)}})
 
 
+def test_dims_marked_dynamic_are_exported_with_their_range() -> None:
+    """kiln.mark_dynamic on the example works as dynamic_shapes does; without a range, or on a
+    non-contiguous example, it is refused."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).sum(0)
+
+    x = torch.randn(5, 8)
+    kiln.mark_dynamic(x, 0, min=2, max=16)
+    (z,) = kiln.export(f, (x,)).sizes
+    assert (z.input, z.dim, z.min, z.max) == (0, 0, 2, 16)
+    y = torch.randn(8, 6).t()
+    kiln.mark_dynamic(y, 0, min=2, max=16)
+    with pytest.raises(ExportError, match=r"input 'x' has symbolic sizes and strides \(1, s\d+\), not contiguous"):
+        kiln.export(f, (y,))
+    w = torch.randn(5, 8)
+    kiln.mark_dynamic(w, 0)
+    with pytest.raises(ExportError, match=r"has no finite range; give every dynamic dim a \(min, max\)"):
+        kiln.export(f, (w,))
+
+
 def test_dynamic_cuda_package_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
     e = kiln.export(Small().eval(), (torch.randn(3, 8),), dynamic_shapes={"x": {0: (2, 64)}})
     with pytest.raises(ExportError, match=r"device='cuda'.*dynamic shapes \(input 'x' dim 0 in \[2, 64\]\); a CUDA "

@@ -205,12 +205,9 @@ def _marked(args: tuple, kwargs: dict, leaves: list[tuple[str, str, torch.Tensor
 _SIZE_SOURCE = re.compile(r"^(.*)\.size\(\)\[(\d+)\]$")
 
 
-def _size_symbols(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Tensor]],
-                  dynamic: dict[int, dict[int, tuple[int, int]]], name: str) -> tuple[SizeSymbol, ...]:
-    """Every size symbol of the capture with the input dim it is read from and its range. A dim asked
-    to be dynamic that the program fixed is an error naming it."""
-    if not dynamic:
-        return ()
+def _check_asked(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Tensor]],
+                 dynamic: dict[int, dict[int, tuple[int, int]]], name: str) -> None:
+    """Every dim asked to vary is still a size symbol after capture (the program did not fix it)."""
     specs = _traced_specs(captured)
     for k, dims in dynamic.items():
         src, display, _ = leaves[k]
@@ -222,6 +219,13 @@ def _size_symbols(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Te
                 raise ExportError(f"kiln.export({name}): input {display!r} dim {d} was asked to vary in {rng}, but "
                                   f"the program fixes it to {spec.shape[d]} (it relates the size to a static one); "
                                   "leave it out of dynamic_shapes or change the program")
+
+
+def _size_symbols(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Tensor]],
+                  name: str) -> tuple[SizeSymbol, ...]:
+    """Every size symbol of the capture (dynamic_shapes, or dims marked with kiln.mark_dynamic) with
+    the input dim it is read from and its range. An input with symbolic dims must be contiguous (the
+    runners make their inputs so)."""
     position = {src: k for k, (src, _, _) in enumerate(leaves)}
     ranges = _symbol_ranges(captured)
     out: dict[str, SizeSymbol] = {}
@@ -238,7 +242,22 @@ def _size_symbols(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Te
             raise ExportError(f"kiln.export({name}): size symbol {sym} ({g.source}) has no finite range; give "
                               "every dynamic dim a (min, max) in dynamic_shapes")
         out[sym] = SizeSymbol(sym, position[m.group(1)], int(m.group(2)), lo, hi)
+    if out:
+        for src, spec in _traced_specs(captured).items():
+            if src in position and spec.is_dynamic and not _contiguous(spec):
+                raise ExportError(f"kiln.export({name}): input {leaves[position[src]][1]!r} has symbolic sizes and "
+                                  f"strides {spec.stride}, not contiguous ones; pass a contiguous example (or mark "
+                                  "it through dynamic_shapes, which does)")
     return tuple(out.values())
+
+
+def _contiguous(spec: TensorSpec) -> bool:
+    want: Any = 1
+    for n, st in zip(reversed(spec.shape), reversed(spec.stride)):
+        if n != 1 and sympy.expand(sympy.sympify(st) - want) != 0:
+            return False
+        want = want * n
+    return True
 
 
 def _traced_specs(captured: CapturedGraph) -> dict[str, TensorSpec]:
@@ -263,7 +282,7 @@ def _symbol_ranges(captured: CapturedGraph) -> dict[str, tuple[int | None, int |
 def _bound(b: Any) -> int | None:
     try:
         return int(b)
-    except (TypeError, ValueError, OverflowError):  # int_oo, -int_oo
+    except (TypeError, ValueError, OverflowError, AttributeError):  # int_oo, -int_oo
         return None
 
 
@@ -294,7 +313,8 @@ def export(fn: Callable[..., Any], args: tuple | list, kwargs: Mapping[str, Any]
         tensor_leaves, baked = _call_leaves(fn, args, kwargs)
     with torch.no_grad():
         captured = _capture(fn, args, kwargs)
-    sizes = _size_symbols(captured, tensor_leaves, dynamic, name)
+    _check_asked(captured, tensor_leaves, dynamic, name)
+    sizes = _size_symbols(captured, tensor_leaves, name)
     constants, slots = _classify(fn, args, kwargs, captured, tensor_leaves)
     specs = _traced_specs(captured) if sizes else {}
     inputs = tuple(ExportedInput(n, src, _input_spec(specs.get(src), v)) for src, n, v in tensor_leaves)
