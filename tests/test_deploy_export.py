@@ -111,14 +111,6 @@ def test_dims_marked_dynamic_are_exported_with_their_range() -> None:
         kiln.export(f, (w,))
 
 
-def test_dynamic_cuda_package_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    e = kiln.export(Small().eval(), (torch.randn(3, 8),), dynamic_shapes={"x": {0: (2, 64)}})
-    with pytest.raises(ExportError, match=r"device='cuda'.*dynamic shapes \(input 'x' dim 0 in \[2, 64\]\); a CUDA "
-                                          r"package's Triton kernels are compiled into cubins for static sizes"):
-        kiln.package(e, tmp_path / "pkg", device="cuda", options={"cuda_arch": 90})
-    assert not (tmp_path / "pkg").exists()
-
-
 def test_training_mode_refused() -> None:
     with pytest.raises(ExportError, match=r"training mode.*\.eval\(\)"):
         kiln.export(Small(), (torch.randn(3, 8),))

@@ -8,7 +8,7 @@
 On a GPU: ``--device cuda [--dtype bfloat16]`` (the models are exported on the GPU, the cubins compiled
 for it), the program built with ``--cuda`` flags and run with ``--cuda`` (``--tol 3e-2`` for bf16).
 
-``--models padded_transformer`` (CPU): one package for every batch in [2, 8] and sequence in [2, 64]
+``--models padded_transformer``: one package for every batch in [2, 8] and sequence in [2, 64]
 (``models.DYNAMIC``); its input and expected files hold a case per size in ``models.DYNAMIC_SIZES``.
 """
 
@@ -32,7 +32,10 @@ def export_one(name: str, out: Path, small: bool, device: str = "cpu", dtype: st
     model, inputs = example(name, small)
     dt = getattr(torch, dtype)
     model = model.to(device, dt)
-    inputs = tuple(x.to(device, dt if x.is_floating_point() else x.dtype) for x in inputs)
+
+    def place(xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return tuple(x.to(device, dt if x.is_floating_point() else x.dtype) for x in xs)
+    inputs = place(inputs)
     dynamic = DYNAMIC if name == "padded_transformer" else None
     t0 = time.perf_counter()
     exported = kiln.export(model, inputs, dynamic_shapes=dynamic)
@@ -40,7 +43,7 @@ def export_one(name: str, out: Path, small: bool, device: str = "cpu", dtype: st
     report = kiln.package(exported, out / name, device=device)
     cases = [inputs]
     if dynamic:  # one case per size; the first is the export's example
-        cases += [padded_inputs(b, t, seed=c) for c, (b, t) in enumerate(DYNAMIC_SIZES[1:], 1)]
+        cases += [place(padded_inputs(b, t, seed=c)) for c, (b, t) in enumerate(DYNAMIC_SIZES[1:], 1)]
     ins, outs = {}, {}
     for c, xs in enumerate(cases):
         prefix = f"case{c}/" if c else ""

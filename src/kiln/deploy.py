@@ -18,13 +18,13 @@ A CUDA package may come from a program exported on CPU: the graph's device argum
 device=x.device)``) are moved to CUDA and the schedule is made on fake CUDA tensors, so the package,
 cubins included, builds on a machine without a GPU for the ``cuda_arch`` asked for.
 
-Dynamic shapes (CPU packages): ``dynamic_shapes`` names, per input, the dims that vary and their range
-``(min, max)``. Those dims are symbolic from capture to the generated C++, which computes every size from
-them; the manifest lists each size symbol with the input dim it is read from and its range, and the
-relations the program assumed between sizes (two inputs sharing a dim, a reshape's divisibility), which
-both runners check before running. A range starts at 2 or more: sizes 0 and 1 are specialised (a
-size-1 dim broadcasts), so they are served by another export. A CUDA package is for static shapes (its
-Triton cubins are compiled per size), and says so.
+Dynamic shapes: ``dynamic_shapes`` names, per input, the dims that vary and their range ``(min, max)``.
+Those dims are symbolic from capture to the generated C++, which computes every size from them (a CUDA
+package's cubins take them as int32 parameters, compiled unspecialised); the manifest lists each size
+symbol with the input dim it is read from and its range, and the relations the program assumed between
+sizes (two inputs sharing a dim, a reshape's divisibility), which both runners check before running. A
+range starts at 2 or more: sizes 0 and 1 are specialised (a size-1 dim broadcasts), so they are served
+by another export.
 """
 
 from __future__ import annotations
@@ -444,11 +444,6 @@ def package(exported: ExportedGraph, path: str | Path, *, device: str | torch.de
         opts = InductorOptions(**options)
     except TypeError as e:
         raise ExportError(f"kiln.package(options=...): {e}; see kiln.inductor.InductorOptions") from e
-    if exported.sizes and device == "cuda":
-        dims = ", ".join(f"{exported.describe(z)} in [{z.min}, {z.max}]" for z in exported.sizes)
-        raise ExportError(f"kiln.package(device='cuda'): {exported.name} was exported with dynamic shapes ({dims}); "
-                          "a CUDA package's Triton kernels are compiled into cubins for static sizes. Export it "
-                          "without dynamic_shapes once per size you serve, or package it for device='cpu'")
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
@@ -517,6 +512,11 @@ def _graph_for(exported: ExportedGraph, device: str) -> tuple[fx.GraphModule, li
                               f"the CPU-only {node.target}; export it with its module and inputs on a CUDA device")
     graph.graph.eliminate_dead_code()
     graph.recompile()
+    if exported.sizes:  # the trace's fake tensors moved to CUDA, in their mode (whose sizes are the symbols)
+        vals = [n.meta["val"] for n in exported.graph.graph.nodes if n.op == "placeholder"]
+        mode = next(v.fake_mode for v in vals if isinstance(v, torch.Tensor))
+        with mode:
+            return graph, [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="cuda") for v in vals]
     names = list(exported.constants)
     with FakeTensorMode(allow_non_fake_inputs=True):
         example = []

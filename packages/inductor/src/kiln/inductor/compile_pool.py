@@ -69,11 +69,13 @@ class TritonJob:
     # triton <= 3.6 needs per signature, the others find it in the cache
     builds_launcher: bool = True
     label: str = field(default="", compare=False)  # for logs (max-autotune names the candidate)
+    # int parameters after the pointers (a package's symbolic sizes), compiled unspecialised (int32)
+    ints: int = 0
 
     def as_dict(self, target: tuple[str, Any, int] | None, launcher: bool = False) -> dict[str, Any]:
         return {"launcher": launcher and self.builds_launcher, "path": self.path, "module": self.module, "function": self.function, "dtypes": list(self.dtypes),
                 "constants": [list(c) for c in self.constants], "num_warps": self.num_warps,
-                "num_stages": self.num_stages, "target": list(target) if target else None}
+                "num_stages": self.num_stages, "target": list(target) if target else None, "ints": self.ints}
 
 
 @dataclass

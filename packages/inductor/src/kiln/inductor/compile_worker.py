@@ -156,6 +156,10 @@ class _DtypeName:
 
 _DTYPES: dict[str, _DtypeName] = {}
 
+# what an int parameter is compiled for when any value may come: triton specialises an int on its
+# value (1, a multiple of 16, one past int32); 17 is none of them, so the kernel takes a plain int32
+UNSPECIALISED_INT = 17
+
 
 def _pointer_args(names: list[str]) -> list[Any]:
     """What ``fn.warmup`` takes for pointer parameters of these dtypes: torch's dtypes when this process
@@ -196,9 +200,9 @@ def compile_kernel(job: dict[str, Any], target: tuple[str, Any, int] | None, lau
     """Compile one kernel specialisation (``compile_job``'s job) through the JIT's own path and return
     triton's compiled kernel (its ``asm["cubin"]`` and ``metadata``); ``target`` None: the current device."""
     fn = getattr(load_module(job["path"], job["module"]), job["function"])
-    dtypes = _pointer_args(job["dtypes"])
+    args = [*_pointer_args(job["dtypes"]), *[UNSPECIALISED_INT] * int(job.get("ints", 0))]
     with target_driver(target) if target is not None else contextlib.nullcontext(), _torch_stub():
-        kernel = fn.warmup(*dtypes, grid=(1,), **dict(job["constants"]), num_warps=job["num_warps"],
+        kernel = fn.warmup(*args, grid=(1,), **dict(job["constants"]), num_warps=job["num_warps"],
                            num_stages=job["num_stages"])
         if launcher and kernel is not None:
             build_launcher(kernel)

@@ -10,12 +10,11 @@ are compiled ahead of time into cubins for ``cuda_arch`` (codegen/triton/cubins.
 the wrapper launches them through the CUDA driver API (kiln/model_support_cuda.h). Large misaligned
 matmuls are not padded (``pad_matmuls``: kiln's padded matmul is a Python-registered op).
 
-Symbolic sizes (CPU): example inputs whose FakeTensors have SymInt sizes compile once for every size.
-The caller names every size symbol in the order the model library receives their values
-(``size_symbols``); the wrapper computes every loop bound, kernel size argument, allocation and extern
-size from them, and checks every relation the ShapeEnv holds (capture's, the trace's, this compile's:
-``size_guards``) before it runs. The Triton cubins of a CUDA package are compiled for static sizes, so
-a symbolic CUDA graph is refused.
+Symbolic sizes: example inputs whose FakeTensors have SymInt sizes compile once for every size. The
+caller names every size symbol in the order the model library receives their values (``size_symbols``);
+the wrapper computes every loop bound, kernel size argument (CUDA: the cubins' int32 size parameters,
+compiled unspecialised, and their grids), allocation and extern size from them, and checks every
+relation the ShapeEnv holds (capture's, the trace's, this compile's: ``size_guards``) before it runs.
 """
 
 from __future__ import annotations
@@ -103,9 +102,6 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
     if cuda and cuda_arch is None:
         raise CppWrapperUnsupported("a CUDA graph needs cuda_arch, the GPU architecture its kernels are compiled for")
     symbolic = shape_env_of(example_inputs) is not None
-    if cuda and symbolic:
-        raise CppWrapperUnsupported("symbolic sizes on CUDA: a package's Triton kernels are compiled into cubins for "
-                                    "static sizes; package static shapes for device='cuda'")
     if not cuda and options.cpu_backend != "cpp":
         raise CppWrapperUnsupported("the C++ wrapper needs cpu_backend='cpp'")
     options = options.replace(memory_arena=False, **({"pad_matmuls": False} if cuda else {}))
@@ -123,7 +119,6 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
     if s.fallbacks:
         texts["fallbacks"] = "\n".join(s.fallbacks)
     outputs = tuple(output_specs(s.program))
-    sizes = _size_args(s.program, example_inputs, size_symbols) if symbolic else SizeArgs()
     if cuda:
         assert isinstance(s.backend, TritonBackend) and cuda_arch is not None
         generated, spans = s.backend.generate(s.scheduled, layouts, options, s.tuner)
@@ -133,19 +128,25 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
             raise CppWrapperUnsupported(str(e)) from e
         by_kernel = {site.kernel: site for site in sites}
         launches = {k: [by_kernel[g.name] for g in generated[a:b] if g.name in by_kernel] for k, a, b in spans}
-        wrapper = cpp_wrapper_source(s.scheduled, {}, dict(slots), CudaKernels(cubins, launches, cuda_arch))
+        sizes = _size_args(s.program, example_inputs, size_symbols) if symbolic else SizeArgs()
+        wrapper = cpp_wrapper_source(s.scheduled, {}, dict(slots), CudaKernels(cubins, launches, cuda_arch), sizes)
         texts["triton_kernels"] = module_source(generated) if generated else ""
         texts["cpp_wrapper"] = wrapper
         return CppProgram(name, wrapper, "", (), (), outputs, len(generated), n_ext, texts, device="cuda",
-                          cubins=tuple(cubins), cuda_arch=cuda_arch)
+                          cubins=tuple(cubins), cuda_arch=cuda_arch, **_size_fields(sizes))
     source, symbols = library_source(kernels, layouts, options) if kernels else ("", {})
+    sizes = _size_args(s.program, example_inputs, size_symbols) if symbolic else SizeArgs()
     wrapper = cpp_wrapper_source(s.scheduled, symbols, dict(slots), sizes=sizes)
     flags = tuple(f for f in options.cpp_flags if f != "-shared")
     texts["cpp_wrapper"] = wrapper
     return CppProgram(name, wrapper, source, flags, tuple(options.link_flags), outputs, len(kernels), n_ext, texts,
-                      size_symbols=tuple(n for n, _ in sizes.symbols),
-                      size_guards=tuple(SizeGuard(text, "a relation the program was traced and compiled for")
-                                        for _, text in sizes.relations))
+                      **_size_fields(sizes))
+
+
+def _size_fields(sizes: SizeArgs) -> dict[str, Any]:
+    return {"size_symbols": tuple(n for n, _ in sizes.symbols),
+            "size_guards": tuple(SizeGuard(text, "a relation the program was traced and compiled for")
+                                 for _, text in sizes.relations)}
 
 
 def _size_args(p: LoopProgram, example_inputs: Sequence[Any], named: Sequence[tuple[str, str]]) -> SizeArgs:

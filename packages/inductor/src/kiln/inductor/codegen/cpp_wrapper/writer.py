@@ -214,7 +214,12 @@ class CppWrapperWriter:
             for site in self.cuda.sites.get(k.name, ()):
                 gx, gy, gz = site.grid
                 args = ", ".join(self.pointer(b) for b in site.pointer_args)
-                self.lines.append(f"  launch({site.cubin}, {gx}, {gy}, {gz}, {{{args}}});  // {site.kernel}")
+                if not site.size_args:
+                    self.lines.append(f"  launch({site.cubin}, {gx}, {gy}, {gz}, {{{args}}});  // {site.kernel}")
+                    continue
+                self.lines.append(f"  if ({site.numel} > 0)  // {site.kernel}")
+                self.lines.append(f"    launch({site.cubin}, unsigned({gx}), unsigned({gy}), {gz}, {{{args}}}, "
+                                  f"{{{', '.join(site.size_args)}}});")
             return
         ins, outs = kernel_params(k)
         args = ", ".join([self.pointer(b) for b in (*ins, *outs)] + kernel_size_symbols(k))
