@@ -396,11 +396,11 @@ def _inference_graph(fn: Callable[..., Any], args: tuple, kwargs: dict, captured
     outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
     graph_outputs = outs[:sig.n_graph_outputs]
     tree = _output_spec(fn, args, kwargs, graph_outputs)
-    # the traced values' specs: symbolic sizes where the outputs' sizes vary
+    # where the outputs' sizes vary, the traced values' specs (symbolic); else the example's outputs'
     (ret,) = [n for n in joint.gm.graph.nodes if n.op == "output"]
     vals = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in pytree.tree_leaves(ret.args[0])]
-    specs = tuple(_spec(v) if isinstance(v, torch.Tensor) else _spec(t)
-                  for v, t in zip(vals[:sig.n_graph_outputs], graph_outputs))
+    traced = [_spec(v) if isinstance(v, torch.Tensor) else None for v in vals[:sig.n_graph_outputs]]
+    specs = tuple(s if s is not None and s.is_dynamic else _spec(t) for s, t in zip(traced, graph_outputs))
     return joint.gm, specs, tree
 
 
