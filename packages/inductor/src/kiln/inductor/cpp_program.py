@@ -165,8 +165,11 @@ def _size_args(p: LoopProgram, example_inputs: Sequence[Any], named: Sequence[tu
     if missing:
         raise CppWrapperUnsupported(f"size symbol(s) {', '.join(missing)} are not sizes of the program's inputs "
                                     f"(its inputs' sizes are {', '.join(sorted(known))})")
-    checks = tuple(dict.fromkeys((relation_source(r, cindex, cpp=True), relation_source(r, python_index))
-                                 for r in relations))
+    try:
+        checks = tuple(dict.fromkeys((relation_source(r, cindex, cpp=True), relation_source(r, python_index))
+                                     for r in relations))
+    except (NotImplementedError, DynamicShapeUnsupported) as e:  # e.g. a guard over a true division
+        raise CppWrapperUnsupported(f"a relation between the sizes has no C++ form: {e}") from e
     return SizeArgs(tuple(named), checks)
 
 

@@ -314,7 +314,8 @@ class CppWrapperWriter:
         bind += [f"  (void){n};" for n, _ in self.sizes.symbols]
         check = ["static void check_sizes(const int64_t* sizes) {", "  (void)sizes;", *bind]
         if self.sizes.relations:
-            said = ' + ", " + '.join(f'"{n} = " + std::to_string({n}) + " ({what})"' for n, what in self.sizes.symbols)
+            said = ' + ", " + '.join(f'{cstr(n + " = ")} + std::to_string({n}) + {cstr(f" ({what})")}'
+                                      for n, what in self.sizes.symbols)
             check.append(f"  const auto sizes_said = [&]() -> std::string {{ return {said}; }};")
         for cpp, text in self.sizes.relations:
             msg = cstr(f"the input sizes break a relation the program was exported for: {text}; sizes: ")
