@@ -137,3 +137,18 @@ def test_model_library_checks_the_relations_the_program_assumed(tmp_path: Path) 
     with pytest.raises(GuardError, match=r"the input sizes break a relation the program was exported for: "
                                          r"\(s\d+ % 4\) == 0; sizes: s\d+ = 6 \(input 'x' dim 0\)"):
         loaded(torch.randn(6))
+
+
+def test_convolutional_network_with_a_dynamic_batch(tmp_path: Path) -> None:
+    """The ResNet-18-shaped CNN (convolutions, batch norm, pooling) for every batch in [2, 8]."""
+    model, _ = example("resnet18", small=True)
+    exported = kiln.export(model, (torch.randn(3, 3, 64, 64),), dynamic_shapes={"x": {0: (2, 8)}})
+    kiln.package(exported, tmp_path / "resnet")
+    loaded = kiln.load_package(tmp_path / "resnet")
+    for batch in (2, 3, 7, 8):
+        torch.manual_seed(batch)
+        x = torch.randn(batch, 3, 64, 64)
+        with torch.no_grad():
+            want = model(x)
+        torch.testing.assert_close(loaded(x), want, rtol=1e-5, atol=1e-5)
+

@@ -91,6 +91,19 @@ def test_dynamic_dim_the_program_fixes_is_refused() -> None:
         kiln.export(f, (torch.randn(3, 8),), dynamic_shapes={"x": {0: (2, 8)}})
 
 
+def test_dynamic_range_the_program_narrows_is_refused() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 4:  # a branch on the size: the capture serves sizes above 4 only
+            return x * 2
+        return x - 1
+
+    with pytest.raises(ExportError, match=r"input 'x' dim 0 was to vary in \[2, 8\], but the program was traced or "
+                                          r"compiled for \[5, 8\] only \(it assumed s\d+ > 4\)"):
+        kiln.export(f, (torch.randn(6, 3),), dynamic_shapes={"x": {0: (2, 8)}})
+    e = kiln.export(f, (torch.randn(6, 3),), dynamic_shapes={"x": {0: (5, 8)}})  # what it serves: fine
+    assert [(z.min, z.max) for z in e.sizes] == [(5, 8)]
+
+
 def test_dims_marked_dynamic_are_exported_with_their_range() -> None:
     """kiln.mark_dynamic on the example works as dynamic_shapes does; without a range, or on a
     non-contiguous example, it is refused."""

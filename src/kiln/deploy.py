@@ -236,12 +236,17 @@ def _size_symbols(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Te
         if m is None or m.group(1) not in position:
             raise ExportError(f"kiln.export({name}): size symbol {g.expected} comes from {g.source}, not a dim of an "
                               "input; export with dynamic_shapes over the inputs' dims only")
-        sym = str(g.expected)
+        sym, k, d = str(g.expected), position[m.group(1)], int(m.group(2))
+        # the range asked for (dynamic_shapes or mark_dynamic; sizes 0 and 1 are never symbolic), else
+        # the ShapeEnv's; _check_ranges refuses a program that serves less
+        asked = getattr(leaves[k][2], "_kiln_dynamic_ranges", {}).get(d, (None, None))
         lo, hi = ranges.get(sym, (None, None))
+        lo = lo if asked[0] is None else max(asked[0], 2)
+        hi = hi if asked[1] is None else asked[1]
         if lo is None or hi is None:
             raise ExportError(f"kiln.export({name}): size symbol {sym} ({g.source}) has no finite range; give "
                               "every dynamic dim a (min, max) in dynamic_shapes")
-        out[sym] = SizeSymbol(sym, position[m.group(1)], int(m.group(2)), lo, hi)
+        out[sym] = SizeSymbol(sym, k, d, lo, hi)
     if out:
         for src, spec in _traced_specs(captured).items():
             if src in position and spec.is_dynamic and not _contiguous(spec):
@@ -249,6 +254,31 @@ def _size_symbols(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Te
                                   f"strides {spec.stride}, not contiguous ones; pass a contiguous example (or mark "
                                   "it through dynamic_shapes, which does)")
     return tuple(out.values())
+
+
+def _check_ranges(exported: ExportedGraph, where: str) -> None:
+    """Each size symbol still ranges over what was asked: a step that assumed a narrower range (a shape
+    rule comparing the size with a constant) is an error naming the relations, not a package that
+    serves fewer sizes than asked."""
+    now = _symbol_ranges(exported.captured)
+    for z in exported.sizes:
+        lo, hi = now.get(z.symbol, (z.min, z.max))
+        if (lo, hi) == (z.min, z.max):
+            continue
+        said = ", ".join(t for t in _relations_text(exported.captured) if re.search(rf"\b{z.symbol}\b", t))
+        raise ExportError(f"{where}: {exported.describe(z)} was to vary in [{z.min}, {z.max}], but the program "
+                          f"was traced or compiled for [{lo}, {hi}] only (it assumed {said or 'a narrower range'}); "
+                          "export a narrower range, or that dim static")
+
+
+def _relations_text(captured: CapturedGraph) -> list[str]:
+    for n in captured.gm.graph.nodes:
+        v = n.meta.get("val") if n.op == "placeholder" else None
+        sizes = [*v.shape, *v.stride()] if isinstance(v, torch.Tensor) else [v]
+        env = next((s.node.shape_env for s in sizes if isinstance(s, torch.SymInt)), None)
+        if env is not None:
+            return list(dict.fromkeys(str(g.expr) for g in env.guards))
+    return []
 
 
 def _contiguous(spec: TensorSpec) -> bool:
@@ -319,7 +349,9 @@ def export(fn: Callable[..., Any], args: tuple | list, kwargs: Mapping[str, Any]
     specs = _traced_specs(captured) if sizes else {}
     inputs = tuple(ExportedInput(n, src, _input_spec(specs.get(src), v)) for src, n, v in tensor_leaves)
     graph, outputs, tree = _inference_graph(fn, args, kwargs, captured, tensor_leaves, constants, slots)
-    return ExportedGraph(name, captured, graph, inputs, constants, tuple(slots), outputs, tree, baked, sizes)
+    exported = ExportedGraph(name, captured, graph, inputs, constants, tuple(slots), outputs, tree, baked, sizes)
+    _check_ranges(exported, f"kiln.export({name})")
+    return exported
 
 
 def _call_leaves(fn: Callable[..., Any], args: tuple,
@@ -455,6 +487,7 @@ def package(exported: ExportedGraph, path: str | Path, *, device: str | torch.de
     except CppWrapperUnsupported as e:
         raise ExportError(f"kiln.package: {exported.name} cannot run without Python on {device}: {e}") from e
     _check_not_specialised(exported, program)
+    _check_ranges(exported, f"kiln.package({exported.name})")
     codegen = time.perf_counter() - t0
     report = cxx.build_model_library(program.wrapper_source, program.kernel_source, folder / cxx.LIBRARY,
                                      kernel_flags=program.kernel_flags, link_flags=program.link_flags,

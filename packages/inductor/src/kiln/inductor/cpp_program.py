@@ -110,7 +110,11 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
     verify = options.verify if options.verify is not None else GRAPH_KNOBS.verify
     stages = stages_for(backend)
     passes = stages[:[p.name for p in stages].index(_UNTIL)]
-    s = run_pipeline(passes, state, None, [VerifyAfterPass(verify_state)] if verify else []).value
+    try:
+        s = run_pipeline(passes, state, None, [VerifyAfterPass(verify_state)] if verify else []).value
+    except DynamicShapeUnsupported as e:  # kiln.compile would run this graph through ATen; a package cannot
+        raise CppWrapperUnsupported(f"kiln.inductor cannot compile it for symbolic sizes ({e}); make those dims "
+                                    "static (export once per size)") from e
     assert s.scheduled is not None and s.program is not None
     kernels = s.scheduled.launched()  # a kernel group is one C function
     layouts = s.program.layouts()
