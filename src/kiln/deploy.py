@@ -24,7 +24,7 @@ package's cubins take them as int32 parameters, compiled unspecialised); the man
 symbol with the input dim it is read from and its range, and the relations the program assumed between
 sizes (two inputs sharing a dim, a reshape's divisibility), which both runners check before running. A
 range starts at 2 or more: sizes 0 and 1 are specialised (a size-1 dim broadcasts), so they are served
-by another export.
+by another export. deploy_shapes.py reads and checks them.
 """
 
 from __future__ import annotations
@@ -54,22 +54,16 @@ from kiln.inductor import InductorOptions, inductor_decompositions
 from kiln.inductor.cpp_program import CppProgram, CppWrapperUnsupported, Slot, cpp_program
 
 from .aot import _example_inputs, _frame, _output_spec
-
-
-class ExportError(KilnError):
-    """The program cannot be exported as one inference graph (the message says why and where)."""
-
-
-@dataclass(frozen=True)
-class SizeSymbol:
-    """A dim the exported program serves for every size in [min, max]: read from the caller's input
-    ``input`` (its position among the inputs), dim ``dim``."""
-
-    symbol: str  # the size symbol the graph and the generated code name it by
-    input: int
-    dim: int
-    min: int
-    max: int
+from .deploy_shapes import (
+    ExportError,
+    SizeSymbol,
+    check_asked,
+    check_ranges,
+    dynamic_dims,
+    marked,
+    size_symbols,
+    traced_specs,
+)
 
 
 @dataclass(frozen=True)
@@ -153,169 +147,6 @@ def _leaf_sources(name: str, value: Any, src: str, out: dict[str, tuple[str, Any
         out[src] = (name, value)
 
 
-def _dynamic_dims(dynamic_shapes: Mapping[str, Any] | None, leaves: list[tuple[str, str, torch.Tensor]],
-                  name: str) -> dict[int, dict[int, tuple[int, int]]]:
-    """``dynamic_shapes`` checked, by input position: {input: {dim: (min, max)}}."""
-    if not dynamic_shapes:
-        return {}
-    where = f"kiln.export({name}, dynamic_shapes=...)"
-    names = {n: k for k, (_, n, _) in enumerate(leaves)}
-    out: dict[int, dict[int, tuple[int, int]]] = {}
-    for key, dims in dict(dynamic_shapes).items():
-        if key not in names:
-            raise ExportError(f"{where}: {key!r} is not a tensor input of the call; its tensor inputs are "
-                              f"{', '.join(repr(n) for n in names) or 'none'}")
-        t = leaves[names[key]][2]
-        for d, rng in dict(dims or {}).items():
-            if not isinstance(d, int) or not -t.dim() <= d < t.dim():
-                raise ExportError(f"{where}: input {key!r} has {t.dim()} dims; dim {d!r} does not exist")
-            if (not isinstance(rng, (tuple, list)) or len(rng) != 2
-                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in rng)):
-                raise ExportError(f"{where}: input {key!r} dim {d}: expected a range (min, max) of two ints, "
-                                  f"got {rng!r}")
-            lo, hi = rng
-            if lo < 2 or hi < lo:
-                raise ExportError(f"{where}: input {key!r} dim {d} in range {tuple(rng)}: a dynamic size ranges "
-                                  "over 2 <= min <= max (sizes 0 and 1 are specialised: a size-1 dim broadcasts); "
-                                  "export size 1 separately")
-            size = int(t.shape[d])
-            if not lo <= size <= hi:
-                raise ExportError(f"{where}: input {key!r} dim {d} is {size} in the example, outside its range "
-                                  f"{tuple(rng)}; export with an example inside the range")
-            out.setdefault(names[key], {})[d % t.dim()] = (lo, hi)
-    return out
-
-
-def _marked(args: tuple, kwargs: dict, leaves: list[tuple[str, str, torch.Tensor]],
-            dynamic: dict[int, dict[int, tuple[int, int]]]) -> tuple[tuple, dict]:
-    """The call's arguments with each dynamic input replaced by a contiguous alias marked dynamic over
-    its ranges (the caller's tensors are left as they are; a runner makes its inputs contiguous)."""
-    aliases: dict[int, torch.Tensor] = {}
-    for k, dims in dynamic.items():
-        t = leaves[k][2]
-        alias = t.detach().contiguous()
-        for d, (lo, hi) in dims.items():
-            capture.mark_dynamic(alias, d, min=lo, max=hi)
-        aliases[id(t)] = alias
-    args, kwargs = pytree.tree_map(lambda v: aliases.get(id(v), v) if isinstance(v, torch.Tensor) else v,
-                                   (args, kwargs))
-    return tuple(args), dict(kwargs)
-
-
-_SIZE_SOURCE = re.compile(r"^(.*)\.size\(\)\[(\d+)\]$")
-
-
-def _check_asked(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Tensor]],
-                 dynamic: dict[int, dict[int, tuple[int, int]]], name: str) -> None:
-    """Every dim asked to vary is still a size symbol after capture (the program did not fix it)."""
-    specs = _traced_specs(captured)
-    for k, dims in dynamic.items():
-        src, display, _ = leaves[k]
-        spec = specs.get(src)
-        if spec is None:
-            continue  # the program does not read this input: any size does
-        for d, rng in dims.items():
-            if not isinstance(spec.shape[d], sympy.Symbol):
-                raise ExportError(f"kiln.export({name}): input {display!r} dim {d} was asked to vary in {rng}, but "
-                                  f"the program fixes it to {spec.shape[d]} (it relates the size to a static one); "
-                                  "leave it out of dynamic_shapes or change the program")
-
-
-def _size_symbols(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Tensor]],
-                  name: str) -> tuple[SizeSymbol, ...]:
-    """Every size symbol of the capture (dynamic_shapes, or dims marked with kiln.mark_dynamic) with
-    the input dim it is read from and its range. An input with symbolic dims must be contiguous (the
-    runners make their inputs so)."""
-    position = {src: k for k, (src, _, _) in enumerate(leaves)}
-    ranges = _symbol_ranges(captured)
-    out: dict[str, SizeSymbol] = {}
-    for g in captured.guards:
-        if g.kind != "SYMBOL" or str(g.expected) in out:
-            continue
-        m = _SIZE_SOURCE.match(g.source)
-        if m is None or m.group(1) not in position:
-            raise ExportError(f"kiln.export({name}): size symbol {g.expected} comes from {g.source}, not a dim of an "
-                              "input; export with dynamic_shapes over the inputs' dims only")
-        sym, k, d = str(g.expected), position[m.group(1)], int(m.group(2))
-        # the range asked for (dynamic_shapes or mark_dynamic; sizes 0 and 1 are never symbolic), else
-        # the ShapeEnv's; _check_ranges refuses a program that serves less
-        asked = getattr(leaves[k][2], "_kiln_dynamic_ranges", {}).get(d, (None, None))
-        lo, hi = ranges.get(sym, (None, None))
-        lo = lo if asked[0] is None else max(asked[0], 2)
-        hi = hi if asked[1] is None else asked[1]
-        if lo is None or hi is None:
-            raise ExportError(f"kiln.export({name}): size symbol {sym} ({g.source}) has no finite range; give "
-                              "every dynamic dim a (min, max) in dynamic_shapes")
-        out[sym] = SizeSymbol(sym, k, d, lo, hi)
-    if out:
-        for src, spec in _traced_specs(captured).items():
-            if src in position and spec.is_dynamic and not _contiguous(spec):
-                raise ExportError(f"kiln.export({name}): input {leaves[position[src]][1]!r} has symbolic sizes and "
-                                  f"strides {spec.stride}, not contiguous ones; pass a contiguous example (or mark "
-                                  "it through dynamic_shapes, which does)")
-    return tuple(out.values())
-
-
-def _check_ranges(exported: ExportedGraph, where: str) -> None:
-    """Each size symbol still ranges over what was asked: a step that assumed a narrower range (a shape
-    rule comparing the size with a constant) is an error naming the relations, not a package that
-    serves fewer sizes than asked."""
-    now = _symbol_ranges(exported.captured)
-    for z in exported.sizes:
-        lo, hi = now.get(z.symbol, (z.min, z.max))
-        if (lo, hi) == (z.min, z.max):
-            continue
-        said = ", ".join(t for t in _relations_text(exported.captured) if re.search(rf"\b{z.symbol}\b", t))
-        raise ExportError(f"{where}: {exported.describe(z)} was to vary in [{z.min}, {z.max}], but the program "
-                          f"was traced or compiled for [{lo}, {hi}] only (it assumed {said or 'a narrower range'}); "
-                          "export a narrower range, or that dim static")
-
-
-def _relations_text(captured: CapturedGraph) -> list[str]:
-    for n in captured.gm.graph.nodes:
-        v = n.meta.get("val") if n.op == "placeholder" else None
-        sizes = [*v.shape, *v.stride()] if isinstance(v, torch.Tensor) else [v]
-        env = next((s.node.shape_env for s in sizes if isinstance(s, torch.SymInt)), None)
-        if env is not None:
-            return list(dict.fromkeys(str(g.expr) for g in env.guards))
-    return []
-
-
-def _contiguous(spec: TensorSpec) -> bool:
-    want: Any = 1
-    for n, st in zip(reversed(spec.shape), reversed(spec.stride)):
-        if n != 1 and sympy.expand(sympy.sympify(st) - want) != 0:
-            return False
-        want = want * n
-    return True
-
-
-def _traced_specs(captured: CapturedGraph) -> dict[str, TensorSpec]:
-    """Each tensor input's spec as the capture left it (a symbol the trace related to another, or
-    fixed, is written as what it became), by source."""
-    vals = [n.meta.get("val") for n in captured.gm.graph.nodes if n.op == "placeholder"]
-    return {src: TensorSpec.from_tensor(v) for src, v in zip(captured.input_sources, vals)
-            if isinstance(v, torch.Tensor)}
-
-
-def _symbol_ranges(captured: CapturedGraph) -> dict[str, tuple[int | None, int | None]]:
-    """The ShapeEnv's range of each size symbol, by name (None: unbounded)."""
-    for n in captured.gm.graph.nodes:
-        v = n.meta.get("val") if n.op == "placeholder" else None
-        sizes = [*v.shape, *v.stride()] if isinstance(v, torch.Tensor) else [v]
-        env = next((s.node.shape_env for s in sizes if isinstance(s, torch.SymInt)), None)
-        if env is not None:
-            return {str(k): (_bound(r.lower), _bound(r.upper)) for k, r in env.var_to_range.items()}
-    return {}
-
-
-def _bound(b: Any) -> int | None:
-    try:
-        return int(b)
-    except (TypeError, ValueError, OverflowError, AttributeError):  # int_oo, -int_oo
-        return None
-
-
 def _capture(fn: Callable[..., Any], args: tuple, kwargs: dict) -> CapturedGraph:
     try:
         return capture.capture_graph(fn, args, kwargs)
@@ -337,20 +168,20 @@ def export(fn: Callable[..., Any], args: tuple | list, kwargs: Mapping[str, Any]
         raise ExportError(f"kiln.export: {name} is in training mode; call .eval() first (export makes an "
                           "inference program: dropout off, batch norm with its running statistics)")
     tensor_leaves, baked = _call_leaves(fn, args, kwargs)
-    dynamic = _dynamic_dims(dynamic_shapes, tensor_leaves, name)
+    dynamic = dynamic_dims(dynamic_shapes, tensor_leaves, name)
     if dynamic:
-        args, kwargs = _marked(args, kwargs, tensor_leaves, dynamic)
+        args, kwargs = marked(args, kwargs, tensor_leaves, dynamic)
         tensor_leaves, baked = _call_leaves(fn, args, kwargs)
     with torch.no_grad():
         captured = _capture(fn, args, kwargs)
-    _check_asked(captured, tensor_leaves, dynamic, name)
-    sizes = _size_symbols(captured, tensor_leaves, name)
+    check_asked(captured, tensor_leaves, dynamic, name)
+    sizes = size_symbols(captured, tensor_leaves, name)
     constants, slots = _classify(fn, args, kwargs, captured, tensor_leaves)
-    specs = _traced_specs(captured) if sizes else {}
+    specs = traced_specs(captured) if sizes else {}
     inputs = tuple(ExportedInput(n, src, _input_spec(specs.get(src), v)) for src, n, v in tensor_leaves)
     graph, outputs, tree = _inference_graph(fn, args, kwargs, captured, tensor_leaves, constants, slots)
     exported = ExportedGraph(name, captured, graph, inputs, constants, tuple(slots), outputs, tree, baked, sizes)
-    _check_ranges(exported, f"kiln.export({name})")
+    check_ranges(captured, sizes, exported.describe, f"kiln.export({name})")
     return exported
 
 
@@ -487,7 +318,7 @@ def package(exported: ExportedGraph, path: str | Path, *, device: str | torch.de
     except CppWrapperUnsupported as e:
         raise ExportError(f"kiln.package: {exported.name} cannot run without Python on {device}: {e}") from e
     _check_not_specialised(exported, program)
-    _check_ranges(exported, f"kiln.package({exported.name})")
+    check_ranges(exported.captured, exported.sizes, exported.describe, f"kiln.package({exported.name})")
     codegen = time.perf_counter() - t0
     report = cxx.build_model_library(program.wrapper_source, program.kernel_source, folder / cxx.LIBRARY,
                                      kernel_flags=program.kernel_flags, link_flags=program.link_flags,
