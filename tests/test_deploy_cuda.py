@@ -9,7 +9,8 @@ has no CUDA headers or libraries.
 
 On a GPU (``-m gpu``): the models exported on the GPU (fp32 and bf16) run through kiln.load_package and
 through the C++ program, against eager, with no libpython in the C++ process; bad inputs, and a package
-built for another GPU architecture, are refused.
+built for another GPU architecture, are refused. A package exported with dynamic shapes (its cubins take
+the sizes as int64 parameters) is built without a GPU and run on one at five sizes.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from kiln.runtime import GuardError, KernelBuildError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "deploy_cpp"
 sys.path.insert(0, str(EXAMPLE))
-from models import example  # noqa: E402
+from export_models import export_one  # noqa: E402
+from models import DYNAMIC_SIZES, example, padded_inputs  # noqa: E402
 
 MODELS = ("transformer", "resnet18")
 
@@ -150,7 +152,7 @@ def test_model_library_refuses_the_wrong_device_type_and_a_missing_driver(work: 
     pkg = work["dir"] / "transformer"
     lib = ctypes.CDLL(str(pkg / cxx.LIBRARY), mode=ctypes.RTLD_LOCAL)
     lib.kiln_model_device.restype = ctypes.c_char_p
-    assert lib.kiln_model_abi_version() == 2 and lib.kiln_model_device() == b"cuda"
+    assert lib.kiln_model_abi_version() == 3 and lib.kiln_model_device() == b"cuda"
     init = lib.kiln_model_init
     init.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
     err = ctypes.create_string_buffer(2048)
@@ -219,6 +221,40 @@ def test_package_options_refused_clearly(tmp_path: Path) -> None:
             kiln.package(e, tmp_path / "p", device="cuda")
         with pytest.raises(ExportError, match="no GPU here"):  # "cuda:0" is a CUDA package (the index is for loading)
             kiln.package(e, tmp_path / "p", device="cuda:0")
+
+
+DYNAMIC_PACKAGE = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, {example!r})
+    import kiln
+    from models import DYNAMIC, example
+    model, inputs = example("padded_transformer", small=True)
+    exported = kiln.export(model, inputs, dynamic_shapes=DYNAMIC)
+    print(kiln.package(exported, {out!r}, device="cuda", options={{"cuda_arch": 90}}).as_text())
+""")
+
+
+def test_dynamic_package_launches_cubins_with_size_arguments(tmp_path: Path) -> None:
+    """Dynamic batch and sequence on CUDA: each cubin takes the size symbols as int64 parameters after
+    its pointers (checked against the cubin's own parameter count), its grid is computed from them, and
+    an empty launch is skipped."""
+    pkg = tmp_path / "padded"
+    script = DYNAMIC_PACKAGE.format(example=str(EXAMPLE), out=str(pkg))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_clean_env(), timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    m = json.loads((pkg / cxx.MANIFEST).read_text())
+    assert m["device"] == "cuda" and len(m["sizes"]) == 4 and m["kernels"]
+    symbols = {s["symbol"] for s in m["sizes"]}
+    wrapper = (pkg / "src" / "wrapper.cpp").read_text()
+    launches = re.findall(r"^  if \((.+) > 0\)  // (\w+)\n    launch\((\d+), unsigned\((.+)\), unsigned\((.+)\), 1, "
+                          r"\{([^}]*)\}, \{([^}]*)\}\);$", wrapper, re.M)
+    assert {int(i) for _, _, i, *_ in launches} == set(range(len(m["kernels"])))
+    for _, _, i, _, _, args, sizes in launches:
+        k = m["kernels"][int(i)]
+        names = [s.strip() for s in sizes.split(",")]
+        assert set(names) <= symbols
+        passed = len(args.split(",")) + len(names) + k["scratch_params"]
+        assert kernel_param_count((pkg / k["file"]).read_bytes(), k["symbol"]) == passed, (k["symbol"], args, sizes)
 
 
 # ---- on a GPU -------------------------------------------------------------------------------------
@@ -345,3 +381,31 @@ def test_gpu_torchvision_resnet18(tmp_path: Path, dtype: str, monkeypatch: pytes
         got = loaded(x)
         scale = want.abs().max().item()
         torch.testing.assert_close(got.float(), want.float(), rtol=TOL[dtype], atol=TOL[dtype] * max(scale, 1.0))
+
+
+@pytest.mark.gpu
+@NEEDS_GPU
+def test_gpu_dynamic_package_matches_eager_at_every_size(gpu_work: dict, tmp_path: Path) -> None:
+    """The padded transformer exported once on the GPU with a dynamic batch and sequence: from Python and
+    from C++ at five sizes (the range's corners, primes) against eager; a size past its range refused."""
+    export_one("padded_transformer", tmp_path, small=True, device="cuda")
+    pkg = tmp_path / "padded_transformer"
+    loaded = kiln.load_package(pkg)
+    model, _ = example("padded_transformer", small=True)
+    model = model.cuda()
+    for k, (batch, seq) in enumerate(DYNAMIC_SIZES):
+        ids, keep = (x.cuda() for x in padded_inputs(batch, seq, seed=200 + k))
+        with torch.no_grad():
+            want = model(ids, keep)
+        got = loaded(ids, keep)
+        assert got.shape == (batch, seq, 256)
+        scale = want.abs().max().item()
+        torch.testing.assert_close(got, want, rtol=TOL["float32"], atol=TOL["float32"] * max(scale, 1.0))
+    with pytest.raises(GuardError, match=r"input 0 \('ids'\) dim 1: size 65 is outside the range \[2, 64\]"):
+        loaded(*(x.cuda() for x in padded_inputs(3, 65)))
+    r = subprocess.run([str(gpu_work["main"]), "--cuda", "--tol", str(TOL["float32"]), str(pkg),
+                        str(tmp_path / "padded_transformer.inputs.safetensors"),
+                        str(tmp_path / "padded_transformer.expected.safetensors"), "20"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.count(" ok\n") == len(DYNAMIC_SIZES) and "libpython mapped: no" in r.stdout, r.stdout

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import sympy
 import torch
 from torch import nn
 
@@ -54,9 +55,73 @@ def test_export_function_with_two_inputs() -> None:
     torch.testing.assert_close(e(a, b), f(a, b))
 
 
-def test_dynamic_shapes_refused_with_the_range() -> None:
-    with pytest.raises(ExportError, match=r"input 'x' dim 0 in range \(1, 64\).*static shapes"):
-        kiln.export(Small().eval(), (torch.randn(3, 8),), dynamic_shapes={"x": {0: (1, 64)}})
+def test_dynamic_shapes_name_symbols_and_ranges() -> None:
+    m = Small().eval()
+    e = kiln.export(m, (torch.randn(3, 8),), dynamic_shapes={"x": {0: (2, 64)}})
+    (z,) = e.sizes
+    assert (z.input, z.dim, z.min, z.max) == (0, 0, 2, 64)
+    assert isinstance(e.inputs[0].spec.shape[0], sympy.Symbol) and e.inputs[0].spec.shape[1] == 8
+    assert f"{z.symbol} = input 'x' dim 0, in [2, 64]" in e.as_text()
+    for n in (2, 5, 64):  # the exported graph itself serves every size
+        x = torch.randn(n, 8)
+        torch.testing.assert_close(e(x)["y"], m(x)["y"])
+
+
+@pytest.mark.parametrize(("shapes", "message"), [
+    ({"x": {0: (1, 64)}}, r"input 'x' dim 0 in range \(1, 64\): a dynamic size ranges over 2 <= min <= max"),
+    ({"x": {0: (8, 4)}}, r"2 <= min <= max"),
+    ({"x": {0: (4, 64)}}, r"input 'x' dim 0 is 3 in the example, outside its range \(4, 64\)"),
+    ({"x": {2: (2, 64)}}, r"input 'x' has 2 dims; dim 2 does not exist"),
+    ({"x": {0: 64}}, r"expected a range \(min, max\) of two ints, got 64"),
+    ({"y": {0: (2, 64)}}, r"'y' is not a tensor input of the call; its tensor inputs are 'x'"),
+])
+def test_bad_dynamic_shapes_refused(shapes: dict, message: str) -> None:
+    with pytest.raises(ExportError, match=message):
+        kiln.export(Small().eval(), (torch.randn(3, 8),), dynamic_shapes=shapes)
+
+
+def test_dynamic_dim_the_program_fixes_is_refused() -> None:
+    w = torch.randn(3, 8)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return x + w  # x's dim 0 must be 3
+
+    with pytest.raises(ExportError, match=r"input 'x' dim 0 was asked to vary in \(2, 8\), but the program fixes "
+                                          r"it to 3"):
+        kiln.export(f, (torch.randn(3, 8),), dynamic_shapes={"x": {0: (2, 8)}})
+
+
+def test_dynamic_range_the_program_narrows_is_refused() -> None:
+    def f(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] > 4:  # a branch on the size: the capture serves sizes above 4 only
+            return x * 2
+        return x - 1
+
+    with pytest.raises(ExportError, match=r"input 'x' dim 0 was to vary in \[2, 8\], but the program was traced or "
+                                          r"compiled for \[5, 8\] only \(it assumed s\d+ > 4\)"):
+        kiln.export(f, (torch.randn(6, 3),), dynamic_shapes={"x": {0: (2, 8)}})
+    e = kiln.export(f, (torch.randn(6, 3),), dynamic_shapes={"x": {0: (5, 8)}})  # what it serves: fine
+    assert [(z.min, z.max) for z in e.sizes] == [(5, 8)]
+
+
+def test_dims_marked_dynamic_are_exported_with_their_range() -> None:
+    """kiln.mark_dynamic on the example works as dynamic_shapes does; without a range, or on a
+    non-contiguous example, it is refused."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return (x * 2).sum(0)
+
+    x = torch.randn(5, 8)
+    kiln.mark_dynamic(x, 0, min=2, max=16)
+    (z,) = kiln.export(f, (x,)).sizes
+    assert (z.input, z.dim, z.min, z.max) == (0, 0, 2, 16)
+    y = torch.randn(8, 6).t()
+    kiln.mark_dynamic(y, 0, min=2, max=16)
+    with pytest.raises(ExportError, match=r"input 'x' has symbolic sizes and strides \(1, s\d+\), not contiguous"):
+        kiln.export(f, (y,))
+    w = torch.randn(5, 8)
+    kiln.mark_dynamic(w, 0)
+    with pytest.raises(ExportError, match=r"has no finite range; give every dynamic dim a \(min, max\)"):
+        kiln.export(f, (w,))
 
 
 def test_training_mode_refused() -> None:

@@ -7,6 +7,9 @@
 
 On a GPU: ``--device cuda [--dtype bfloat16]`` (the models are exported on the GPU, the cubins compiled
 for it), the program built with ``--cuda`` flags and run with ``--cuda`` (``--tol 3e-2`` for bf16).
+
+``--models padded_transformer``: one package for every batch in [2, 8] and sequence in [2, 64]
+(``models.DYNAMIC``); its input and expected files hold a case per size in ``models.DYNAMIC_SIZES``.
 """
 
 from __future__ import annotations
@@ -22,24 +25,35 @@ from safetensors.torch import save_file
 import kiln
 
 sys.path.insert(0, str(Path(__file__).parent))
-from models import example  # noqa: E402
+from models import DYNAMIC, DYNAMIC_SIZES, example, padded_inputs  # noqa: E402
 
 
 def export_one(name: str, out: Path, small: bool, device: str = "cpu", dtype: str = "float32") -> None:
     model, inputs = example(name, small)
     dt = getattr(torch, dtype)
     model = model.to(device, dt)
-    inputs = tuple(x.to(device, dt if x.is_floating_point() else x.dtype) for x in inputs)
+
+    def place(xs: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        return tuple(x.to(device, dt if x.is_floating_point() else x.dtype) for x in xs)
+    inputs = place(inputs)
+    dynamic = DYNAMIC if name == "padded_transformer" else None
     t0 = time.perf_counter()
-    exported = kiln.export(model, inputs)
+    exported = kiln.export(model, inputs, dynamic_shapes=dynamic)
     t1 = time.perf_counter()
     report = kiln.package(exported, out / name, device=device)
-    with torch.no_grad():
-        expected = model(*inputs)
-    expected = expected if isinstance(expected, (tuple, list)) else (expected,)
-    save_file({f"input{k}": t.contiguous().cpu() for k, t in enumerate(inputs)}, str(out / f"{name}.inputs.safetensors"))
-    save_file({f"output{k}": t.contiguous().cpu() for k, t in enumerate(expected)},
-              str(out / f"{name}.expected.safetensors"))
+    cases = [inputs]
+    if dynamic:  # one case per size; the first is the export's example
+        cases += [place(padded_inputs(b, t, seed=c)) for c, (b, t) in enumerate(DYNAMIC_SIZES[1:], 1)]
+    ins, outs = {}, {}
+    for c, xs in enumerate(cases):
+        prefix = f"case{c}/" if c else ""
+        with torch.no_grad():
+            expected = model(*xs)
+        expected = expected if isinstance(expected, (tuple, list)) else (expected,)
+        ins.update({f"{prefix}input{k}": t.contiguous().cpu() for k, t in enumerate(xs)})
+        outs.update({f"{prefix}output{k}": t.contiguous().cpu() for k, t in enumerate(expected)})
+    save_file(ins, str(out / f"{name}.inputs.safetensors"))
+    save_file(outs, str(out / f"{name}.expected.safetensors"))
     print(f"{name}: export {t1 - t0:.1f} s; {report.as_text()}")
 
 

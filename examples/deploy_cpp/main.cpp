@@ -3,7 +3,8 @@
 //   main [--cuda] [--tol T] PACKAGE INPUTS.safetensors [EXPECTED.safetensors|- [ITERATIONS]]
 //   main [--cuda] PACKAGE --bad-inputs      (prints the runner's error for each kind of bad call)
 //
-// INPUTS holds input0, input1, ... and EXPECTED output0, output1, ... (export_models.py writes both).
+// INPUTS holds input0, input1, ... and EXPECTED output0, output1, ... (export_models.py writes both); a
+// package exported with dynamic shapes is checked at more sizes: case1/input0, case1/output0, ... too.
 // --cuda runs the package on the current CUDA device (a package built with device="cuda"; build this
 // program with `python -m kiln.runtime.cxx --cuda --cflags --ldflags`): inputs are copied there first.
 // Prints the largest error against EXPECTED (ok within T relative to max |expected|, plus T absolute;
@@ -25,6 +26,7 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -50,35 +52,75 @@ static void synchronize(c10::Device device) {
   if (!device.is_cpu()) c10::impl::getDeviceGuardImpl(device.type())->synchronizeDevice(device.index());
 }
 
+// Each input's shape at the smallest sizes the package serves (a symbolic dim: its range's min).
+static std::vector<std::vector<int64_t>> smallest_shapes(const kiln::Runner& runner) {
+  std::vector<std::vector<int64_t>> out;
+  for (const auto& s : runner.input_specs()) out.push_back(s.shape);
+  for (const auto& z : runner.size_specs()) out[z.input][z.dim] = z.min;
+  std::map<std::string, int64_t> named;  // dims named by one symbol have one size
+  for (size_t i = 0; i < out.size(); ++i)
+    for (size_t d = 0; d < runner.input_specs()[i].symbols.size(); ++d) {
+      const std::string& sym = runner.input_specs()[i].symbols[d];
+      if (!sym.empty()) out[i][d] = named.emplace(sym, out[i][d]).first->second;
+    }
+  return out;
+}
+
 static int bad_inputs(kiln::Runner& runner, c10::Device device) {
   const auto& specs = runner.input_specs();
+  const auto shapes = smallest_shapes(runner);
   std::vector<at::Tensor> good;
-  for (const auto& s : specs) good.push_back(at::zeros(s.shape, at::TensorOptions().dtype(s.dtype).device(device)));
+  for (size_t i = 0; i < specs.size(); ++i)
+    good.push_back(at::zeros(shapes[i], at::TensorOptions().dtype(specs[i].dtype).device(device)));
+  auto with = [&](size_t i, std::vector<int64_t> shape) {
+    auto v = good;
+    v[i] = at::zeros(shape, at::TensorOptions().dtype(specs[i].dtype).device(device));
+    return v;
+  };
   expect_error("count", [&] { runner.run({}); });
   expect_error("shape", [&] {
-    auto v = good;
-    std::vector<int64_t> shape = specs[0].shape;
+    std::vector<int64_t> shape = shapes[0];
     shape.push_back(1);
-    v[0] = at::zeros(shape, at::TensorOptions().dtype(specs[0].dtype).device(device));
-    runner.run(v);
+    runner.run(with(0, shape));
   });
   expect_error("dtype", [&] {
     auto v = good;
-    v[0] = at::zeros(specs[0].shape,
+    v[0] = at::zeros(shapes[0],
                      at::TensorOptions().dtype(specs[0].dtype == at::kDouble ? at::kFloat : at::kDouble).device(device));
     runner.run(v);
   });
   expect_error("device", [&] {
     auto v = good;
-    v[0] = at::empty(specs[0].shape, at::TensorOptions().dtype(specs[0].dtype).device(at::kMeta));
+    v[0] = at::empty(shapes[0], at::TensorOptions().dtype(specs[0].dtype).device(at::kMeta));
     runner.run(v);
   });
   if (!device.is_cpu())  // a CPU tensor given to a CUDA package
     expect_error("other device", [&] {
       auto v = good;
-      v[0] = at::zeros(specs[0].shape, at::TensorOptions().dtype(specs[0].dtype));
+      v[0] = at::zeros(shapes[0], at::TensorOptions().dtype(specs[0].dtype));
       runner.run(v);
     });
+  if (!runner.size_specs().empty()) {  // dynamic shapes: a size past its range, and two related sizes that differ
+    const auto& z = runner.size_specs()[0];
+    expect_error("range", [&] {
+      auto shape = shapes[z.input];
+      shape[z.dim] = z.max + 1;
+      runner.run(with(z.input, shape));
+    });
+    std::map<std::string, bool> named;  // the second dim named by a symbol, grown by one
+    bool shown = false;
+    for (size_t i = 0; i < specs.size() && !shown; ++i)
+      for (size_t d = 0; d < specs[i].symbols.size() && !shown; ++d) {
+        const std::string& sym = specs[i].symbols[d];
+        if (sym.empty() || named.emplace(sym, true).second) continue;
+        shown = true;
+        expect_error("relation", [&] {
+          auto shape = shapes[i];
+          shape[d] += 1;
+          runner.run(with(i, shape));
+        });
+      }
+  }
   runner.run(good);
   synchronize(device);
   std::printf("good: ok\n");
@@ -107,9 +149,13 @@ int main(int argc, char** argv) {
     device = runner.device();
     if (args[1] == "--bad-inputs") return bad_inputs(runner, device);
     auto named = kiln::read_safetensors(args[1]);
-    std::vector<at::Tensor> inputs;
-    for (size_t i = 0; i < runner.input_specs().size(); ++i)
-      inputs.push_back(named.at("input" + std::to_string(i)).to(device));
+    auto case_inputs = [&](const std::string& prefix) {
+      std::vector<at::Tensor> v;
+      for (size_t i = 0; i < runner.input_specs().size(); ++i)
+        v.push_back(named.at(prefix + "input" + std::to_string(i)).to(device));
+      return v;
+    };
+    std::vector<at::Tensor> inputs = case_inputs("");
     synchronize(device);
     auto t1 = std::chrono::steady_clock::now();
     std::vector<at::Tensor> outputs = runner.run(inputs);
@@ -119,15 +165,20 @@ int main(int argc, char** argv) {
     int status = 0;
     if (args.size() > 2 && args[2] != "-") {  // "-": no check (timing only)
       auto expected = kiln::read_safetensors(args[2]);
-      for (size_t k = 0; k < outputs.size(); ++k) {
-        at::Tensor want = expected.at("output" + std::to_string(k)).to(at::kDouble);
-        at::Tensor got = outputs[k].to(c10::Device(c10::kCPU)).to(at::kDouble);  // expected is read on the CPU
-        double err = at::sub(got, want).abs().max().item().toDouble();
-        double scale = want.abs().max().item().toDouble();
-        bool ok = err <= tol + tol * scale;
-        std::printf("output%zu shape %s max_abs_err %.3g (max |expected| %.3g) %s\n", k,
-                    kiln::detail::dims(got.sizes()).c_str(), err, scale, ok ? "ok" : "MISMATCH");
-        if (!ok) status = 1;
+      for (int c = 0;; ++c) {  // case 0, then case1/, case2/, ... while the files hold them
+        std::string prefix = c == 0 ? "" : "case" + std::to_string(c) + "/";
+        if (c > 0 && !named.count(prefix + "input0")) break;
+        if (c > 0) outputs = runner.run(case_inputs(prefix));
+        for (size_t k = 0; k < outputs.size(); ++k) {
+          at::Tensor want = expected.at(prefix + "output" + std::to_string(k)).to(at::kDouble);
+          at::Tensor got = outputs[k].to(c10::Device(c10::kCPU)).to(at::kDouble);  // expected is read on the CPU
+          double err = at::sub(got, want).abs().max().item().toDouble();
+          double scale = want.abs().max().item().toDouble();
+          bool ok = got.sizes() == want.sizes() && err <= tol + tol * scale;
+          std::printf("%soutput%zu shape %s max_abs_err %.3g (max |expected| %.3g) %s\n", prefix.c_str(), k,
+                      kiln::detail::dims(got.sizes()).c_str(), err, scale, ok ? "ok" : "MISMATCH");
+          if (!ok) status = 1;
+        }
       }
     }
     int iters = args.size() > 3 ? std::atoi(args[3].c_str()) : 0;

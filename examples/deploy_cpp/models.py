@@ -39,6 +39,32 @@ class TinyTransformer(nn.Module):
         return self.head(self.ln(x))
 
 
+class PaddedTransformer(nn.Module):
+    """The transformer over a batch of padded sequences: ``keep`` (1.0 for tokens, 0.0 for padding, shaped
+    like ``ids``) zeroes the logits of padding positions. Exported with a dynamic batch and sequence dim
+    (``DYNAMIC``); the two inputs share both dims, a relation the package checks."""
+
+    def __init__(self, **kw: int) -> None:
+        super().__init__()
+        self.tf = TinyTransformer(**kw)
+
+    def forward(self, ids: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        return self.tf(ids) * keep.unsqueeze(-1)
+
+
+# batch in [2, 8], sequence in [2, 64] (the position table's length); sizes 0 and 1 would need another export
+DYNAMIC = {"ids": {0: (2, 8), 1: (2, 64)}, "keep": {0: (2, 8), 1: (2, 64)}}
+# (batch, sequence) sizes the example checks: the range's corners, and primes
+DYNAMIC_SIZES = ((3, 17), (2, 2), (8, 64), (5, 31), (7, 13))
+
+
+def padded_inputs(batch: int, seq: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 256, (batch, seq), generator=g)
+    lengths = torch.randint(1, seq + 1, (batch, 1), generator=g)
+    return ids, (torch.arange(seq) < lengths).float()
+
+
 class BasicBlock(nn.Module):
     def __init__(self, cin: int, cout: int, stride: int) -> None:
         super().__init__()
@@ -87,12 +113,15 @@ def randomize_batch_norms(model: nn.Module, seed: int = 0) -> nn.Module:
 
 
 def example(name: str, small: bool = False) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """(model in eval mode, example inputs) by name: "transformer" or "resnet18"."""
+    """(model in eval mode, example inputs) by name: "transformer", "padded_transformer" (exported with
+    ``DYNAMIC`` shapes) or "resnet18"."""
     torch.manual_seed(0)
     if name == "transformer":
         model = TinyTransformer(layers=2 if small else 4)
         return model.eval(), (torch.randint(0, 256, (2, 32 if small else 64)),)
+    if name == "padded_transformer":
+        return PaddedTransformer(layers=2 if small else 4).eval(), padded_inputs(*DYNAMIC_SIZES[0])
     if name == "resnet18":
         model = randomize_batch_norms(ResNet18(width=16 if small else 64, classes=100 if small else 1000))
         return model.eval(), (torch.randn(1, 3, 64 if small else 224, 64 if small else 224),)
-    raise ValueError(f"unknown example model {name!r}: use 'transformer' or 'resnet18'")
+    raise ValueError(f"unknown example model {name!r}: use 'transformer', 'padded_transformer' or 'resnet18'")

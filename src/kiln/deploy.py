@@ -1,6 +1,7 @@
 """Whole-program export for deployment without Python (``kiln.export``, ``kiln.package``, ``kiln.load_package``).
 
     exported = kiln.export(model, (x,))                  # capture (fullgraph) + inference ATen graph
+    exported = kiln.export(model, (x,), dynamic_shapes={"x": {0: (2, 64)}})  # one program for x.shape[0] in [2, 64]
     kiln.package(exported, "model_pkg")                  # model.so + weights.safetensors + manifest.json
     kiln.package(exported, "gpu_pkg", device="cuda")     # + kernels/*.cubin (sm of this GPU, or
                                                          #   options={"cuda_arch": 90} without one)
@@ -17,13 +18,19 @@ A CUDA package may come from a program exported on CPU: the graph's device argum
 device=x.device)``) are moved to CUDA and the schedule is made on fake CUDA tensors, so the package,
 cubins included, builds on a machine without a GPU for the ``cuda_arch`` asked for.
 
-Note: static shapes only. ``dynamic_shapes`` ranges are refused with a clear error until symbolic
-sizes reach the generated C++ (then the manifest's guards carry the ranges).
+Dynamic shapes: ``dynamic_shapes`` names, per input, the dims that vary and their range ``(min, max)``.
+Those dims are symbolic from capture to the generated C++, which computes every size from them (a CUDA
+package's cubins take them as int32 parameters, compiled unspecialised); the manifest lists each size
+symbol with the input dim it is read from and its range, and the relations the program assumed between
+sizes (two inputs sharing a dim, a reshape's divisibility), which both runners check before running. A
+range starts at 2 or more: sizes 0 and 1 are specialised (a size-1 dim broadcasts), so they are served
+by another export. deploy_shapes.py reads and checks them.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import operator
 import re
@@ -33,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch import fx
@@ -46,10 +54,16 @@ from kiln.inductor import InductorOptions, inductor_decompositions
 from kiln.inductor.cpp_program import CppProgram, CppWrapperUnsupported, Slot, cpp_program
 
 from .aot import _example_inputs, _frame, _output_spec
-
-
-class ExportError(KilnError):
-    """The program cannot be exported as one static inference graph (the message says why and where)."""
+from .deploy_shapes import (
+    ExportError,
+    SizeSymbol,
+    check_asked,
+    check_ranges,
+    dynamic_dims,
+    marked,
+    size_symbols,
+    traced_specs,
+)
 
 
 @dataclass(frozen=True)
@@ -72,10 +86,20 @@ class ExportedGraph:
     outputs: tuple[TensorSpec, ...]
     output_tree: pytree.TreeSpec
     baked: Mapping[str, Any] = field(default_factory=dict)  # non-tensor arguments, fixed at export
+    sizes: tuple[SizeSymbol, ...] = ()  # symbolic dims (dynamic_shapes), in the order model.so takes them
+
+    def describe(self, z: SizeSymbol) -> str:
+        return f"input {self.inputs[z.input].name!r} dim {z.dim}"
 
     def as_text(self) -> str:
         lines = [f"# exported program {self.name}", "# inputs:"]
         lines += [f"#   {i.name}: {i.spec.as_text()}" for i in self.inputs]
+        if self.sizes:
+            lines.append("# symbolic sizes:")
+            for z in self.sizes:
+                same = str(self.inputs[z.input].spec.shape[z.dim])
+                also = f" (the program's {same})" if same != z.symbol else ""
+                lines.append(f"#   {z.symbol} = {self.describe(z)}, in [{z.min}, {z.max}]{also}")
         if self.baked:
             lines += ["# fixed arguments:"] + [f"#   {k} = {v!r}" for k, v in self.baked.items()]
         lines.append(f"# constants ({len(self.constants)}, {sum(t.nbytes for t in self.constants.values())} bytes):")
@@ -123,17 +147,6 @@ def _leaf_sources(name: str, value: Any, src: str, out: dict[str, tuple[str, Any
         out[src] = (name, value)
 
 
-def _check_dynamic(dynamic_shapes: Any) -> None:
-    if not dynamic_shapes:
-        return
-    ranges = [(k, d, r) for k, dims in dict(dynamic_shapes).items() for d, r in dict(dims or {}).items()]
-    if ranges:
-        k, d, r = ranges[0]
-        raise ExportError(f"kiln.export: dynamic_shapes asks for input {k!r} dim {d} in range {r}; this kiln exports "
-                          "static shapes only (symbolic sizes do not reach the generated C++ yet). Export once per "
-                          "shape you serve, or pass dynamic_shapes=None")
-
-
 def _capture(fn: Callable[..., Any], args: tuple, kwargs: dict) -> CapturedGraph:
     try:
         return capture.capture_graph(fn, args, kwargs)
@@ -145,20 +158,31 @@ def _capture(fn: Callable[..., Any], args: tuple, kwargs: dict) -> CapturedGraph
 
 def export(fn: Callable[..., Any], args: tuple | list, kwargs: Mapping[str, Any] | None = None, *,
            dynamic_shapes: Mapping[str, Any] | None = None) -> ExportedGraph:
-    """Capture ``fn(*args, **kwargs)`` (a function or an ``nn.Module``) as one static inference graph."""
-    _check_dynamic(dynamic_shapes)
+    """Capture ``fn(*args, **kwargs)`` (a function or an ``nn.Module``) as one inference graph.
+
+    ``dynamic_shapes``: per tensor input (by name: ``"x"``, ``"xs[1]"``), the dims that vary and their
+    ranges, ``{"x": {0: (2, 64)}}``; other dims are static."""
     args, kwargs = tuple(args), dict(kwargs or {})
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     if isinstance(fn, torch.nn.Module) and fn.training:
         raise ExportError(f"kiln.export: {name} is in training mode; call .eval() first (export makes an "
                           "inference program: dropout off, batch norm with its running statistics)")
+    tensor_leaves, baked = _call_leaves(fn, args, kwargs)
+    dynamic = dynamic_dims(dynamic_shapes, tensor_leaves, name)
+    if dynamic:
+        args, kwargs = marked(args, kwargs, tensor_leaves, dynamic)
+        tensor_leaves, baked = _call_leaves(fn, args, kwargs)
     with torch.no_grad():
         captured = _capture(fn, args, kwargs)
-    tensor_leaves, baked = _call_leaves(fn, args, kwargs)
+    check_asked(captured, tensor_leaves, dynamic, name)
+    sizes = size_symbols(captured, tensor_leaves, name)
     constants, slots = _classify(fn, args, kwargs, captured, tensor_leaves)
-    inputs = tuple(ExportedInput(n, src, _spec(v)) for src, n, v in tensor_leaves)
+    specs = traced_specs(captured) if sizes else {}
+    inputs = tuple(ExportedInput(n, src, _input_spec(specs.get(src), v)) for src, n, v in tensor_leaves)
     graph, outputs, tree = _inference_graph(fn, args, kwargs, captured, tensor_leaves, constants, slots)
-    return ExportedGraph(name, captured, graph, inputs, constants, tuple(slots), outputs, tree, baked)
+    exported = ExportedGraph(name, captured, graph, inputs, constants, tuple(slots), outputs, tree, baked, sizes)
+    check_ranges(captured, sizes, exported.describe, f"kiln.export({name})")
+    return exported
 
 
 def _call_leaves(fn: Callable[..., Any], args: tuple,
@@ -206,6 +230,11 @@ def _spec(t: torch.Tensor) -> TensorSpec:
     return TensorSpec.from_tensor(t.detach())
 
 
+def _input_spec(traced: TensorSpec | None, value: torch.Tensor) -> TensorSpec:
+    """An input's spec: its example's, with the capture's symbols in dynamic dims."""
+    return dataclasses.replace(traced, requires_grad=False) if traced is not None else _spec(value)
+
+
 def _inference_graph(fn: Callable[..., Any], args: tuple, kwargs: dict, captured: CapturedGraph,
                      tensor_leaves: list, constants: dict[str, torch.Tensor],
                      slots: list[Slot]) -> tuple[fx.GraphModule, tuple[TensorSpec, ...], pytree.TreeSpec]:
@@ -230,7 +259,12 @@ def _inference_graph(fn: Callable[..., Any], args: tuple, kwargs: dict, captured
     outs = tuple(outs) if isinstance(outs, (tuple, list)) else (outs,)
     graph_outputs = outs[:sig.n_graph_outputs]
     tree = _output_spec(fn, args, kwargs, graph_outputs)
-    return joint.gm, tuple(_spec(t) for t in graph_outputs), tree
+    # where the outputs' sizes vary, the traced values' specs (symbolic); else the example's outputs'
+    (ret,) = [n for n in joint.gm.graph.nodes if n.op == "output"]
+    vals = [a.meta.get("val") if isinstance(a, fx.Node) else None for a in pytree.tree_leaves(ret.args[0])]
+    traced = [_spec(v) if isinstance(v, torch.Tensor) else None for v in vals[:sig.n_graph_outputs]]
+    specs = tuple(s if s is not None and s.is_dynamic else _spec(t) for s, t in zip(traced, graph_outputs))
+    return joint.gm, specs, tree
 
 
 @dataclass(frozen=True)
@@ -277,11 +311,14 @@ def package(exported: ExportedGraph, path: str | Path, *, device: str | torch.de
     folder.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     graph, example = _graph_for(exported, device)
+    named = [(z.symbol, exported.describe(z)) for z in exported.sizes]
     try:
         program = cpp_program(graph, example, dict(enumerate(exported.slots)), options=opts, name=exported.name,
-                              cuda_arch=arch)
+                              cuda_arch=arch, size_symbols=named)
     except CppWrapperUnsupported as e:
         raise ExportError(f"kiln.package: {exported.name} cannot run without Python on {device}: {e}") from e
+    _check_not_specialised(exported, program)
+    check_ranges(exported.captured, exported.sizes, exported.describe, f"kiln.package({exported.name})")
     codegen = time.perf_counter() - t0
     report = cxx.build_model_library(program.wrapper_source, program.kernel_source, folder / cxx.LIBRARY,
                                      kernel_flags=program.kernel_flags, link_flags=program.link_flags,
@@ -324,6 +361,8 @@ def _graph_for(exported: ExportedGraph, device: str) -> tuple[fx.GraphModule, li
         if any(i.spec.device.type != "cpu" for i in exported.inputs):
             raise ExportError(f"kiln.package: {exported.name} was exported with inputs on "
                               f"{exported.inputs[0].spec.device}; a CPU package needs it exported on CPU tensors")
+        if exported.sizes:  # the trace's fake tensors, whose sizes are the capture's symbols
+            return exported.graph, [n.meta["val"] for n in exported.graph.graph.nodes if n.op == "placeholder"]
         return exported.graph, exported.graph_inputs([_example(i.spec) for i in exported.inputs])
     graph = fx.GraphModule(exported.graph, copy.deepcopy(exported.graph.graph))
     for node in list(graph.graph.nodes):
@@ -337,6 +376,11 @@ def _graph_for(exported: ExportedGraph, device: str) -> tuple[fx.GraphModule, li
                               f"the CPU-only {node.target}; export it with its module and inputs on a CUDA device")
     graph.graph.eliminate_dead_code()
     graph.recompile()
+    if exported.sizes:  # the trace's fake tensors moved to CUDA, in their mode (whose sizes are the symbols)
+        vals = [n.meta["val"] for n in exported.graph.graph.nodes if n.op == "placeholder"]
+        mode = next(v.fake_mode for v in vals if isinstance(v, torch.Tensor))
+        with mode:
+            return graph, [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="cuda") for v in vals]
     names = list(exported.constants)
     with FakeTensorMode(allow_non_fake_inputs=True):
         example = []
@@ -386,14 +430,52 @@ def _on_cuda(value: Any) -> Any:
     return pytree.tree_map(move, value)
 
 
+def _check_not_specialised(exported: ExportedGraph, program: CppProgram) -> None:
+    """A dynamic dim that the compile fixed to one size is an error, not a package serving that size only."""
+    for g in program.size_guards:
+        for z in exported.sizes:
+            if re.fullmatch(rf"{z.symbol} == \d+|\d+ == {z.symbol}", g.expr):
+                raise ExportError(f"kiln.package: {exported.name} fixes {exported.describe(z)} ({g.expr}), "
+                                  f"exported to vary in [{z.min}, {z.max}]; leave it out of dynamic_shapes or "
+                                  "change the program")
+
+
+def _dims(xs: Any) -> list[int | str]:
+    """Sizes for the manifest: ints, or the expression over the size symbols as text."""
+    return [int(x) if isinstance(x, (int, sympy.Integer)) else str(x) for x in xs]
+
+
+def _input_specs(exported: ExportedGraph, device: str) -> list[dict[str, Any]]:
+    """Each input's dtype, shape and stride; symbolic dims by the symbol the program reads (after the
+    relations the trace found: two inputs sharing a dim name the same symbol)."""
+    traced: dict[int, TensorSpec] = {}
+    if exported.sizes:
+        vals = [n.meta.get("val") for n in exported.graph.graph.nodes if n.op == "placeholder"]
+        traced = {s.index: TensorSpec.from_tensor(v) for s, v in zip(exported.slots, vals)
+                  if s.kind == "input" and isinstance(v, torch.Tensor)}
+    out = []
+    for k, i in enumerate(exported.inputs):
+        spec = traced.get(k, i.spec)
+        d = cxx.tensor_spec(i.name, [0] * len(spec.shape), [0] * len(spec.stride), spec.dtype, device)
+        out.append({**d, "shape": _dims(spec.shape), "stride": _dims(spec.stride)})
+    return out
+
+
 def _manifest_fields(exported: ExportedGraph, program: CppProgram, device: str) -> dict[str, Any]:
-    inputs = [cxx.tensor_spec(i.name, i.spec.shape, i.spec.stride, i.spec.dtype, device) for i in exported.inputs]
-    outputs = [cxx.tensor_spec(f"output{k}", shape, stride, dtype, device) for k, (shape, stride, dtype)
-               in enumerate(program.outputs)]
+    inputs = _input_specs(exported, device)
+    outputs = [{**cxx.tensor_spec(f"output{k}", [0] * len(shape), [0] * len(stride), dtype, device),
+                "shape": _dims(shape), "stride": _dims(stride)}
+               for k, (shape, stride, dtype) in enumerate(program.outputs)]
     constants = [cxx.tensor_spec(n, t.shape, t.stride(), t.dtype, device) for n, t in exported.constants.items()]
-    guards = [{"kind": "tensor_match", "input": i.name, "dtype": cxx.dtype_name(i.spec.dtype),
-               "shape": list(i.spec.shape), "device": device} for i in exported.inputs]
+    guards = [{"kind": "tensor_match", "input": i["name"], "dtype": i["dtype"], "shape": i["shape"], "device": device}
+              for i in inputs]
     guards += [{"kind": "constant_argument", "input": k, "value": repr(v)} for k, v in exported.baked.items()]
+    sizes = [{"symbol": z.symbol, "input": z.input, "name": exported.inputs[z.input].name, "dim": z.dim,
+              "min": z.min, "max": z.max} for z in exported.sizes]
+    guards += [{"kind": "size_range", "input": s["name"], "dim": s["dim"], "symbol": s["symbol"], "min": s["min"],
+                "max": s["max"]} for s in sizes]
+    guards += [{"kind": "size_relation", "expr": g.expr, "reason": g.reason} for g in program.size_guards]
+    assert [z.symbol for z in exported.sizes] == list(program.size_symbols)
     cuda = None
     kernels = []
     if device == "cuda":
@@ -404,7 +486,7 @@ def _manifest_fields(exported: ExportedGraph, program: CppProgram, device: str) 
     return {
         "graph": exported.name, "device": device, "abi_version": program.abi_version,
         "built_for": cxx.built_for(device, program.kernel_flags, cuda),
-        "inputs": inputs, "outputs": outputs, "constants": constants, "guards": guards,
+        "inputs": inputs, "outputs": outputs, "constants": constants, "sizes": sizes, "guards": guards,
         "output_tree": pytree.treespec_dumps(exported.output_tree),
         "source_sha256": program.source_hash,
         **({"kernels": kernels} if device == "cuda" else {}),

@@ -332,3 +332,20 @@ def test_conv2d_rule_matches_running_it(device):
                     with mode, torch.set_grad_enabled(grad):
                         taken += _rule_vs_running(F.conv2d, (fx_, fw, bias), kw) is not None
     assert taken > 100
+
+
+def test_conv_rule_keeps_a_dynamic_batch_range():
+    """A symbolic batch through conv2d's shape rule stays over its whole range (no guard against the
+    other sizes of the output)."""
+    conv = nn.Conv2d(3, 16, 3, stride=2, padding=1).eval()
+
+    def f(x):
+        return conv(x)
+
+    x = torch.randn(3, 3, 8, 8)
+    kc.mark_dynamic(x, 0, min=2, max=64)
+    with torch.no_grad():
+        cap = kc.capture_graph(f, (x,))
+    assert not [g for g in cap.guards if g.kind == "SHAPE_EXPR" and g.note != "size range"]
+    ranges = sorted(g.expected.split(" ", 1)[1] for g in cap.guards if g.kind == "SHAPE_EXPR")
+    assert ranges == ["<= 64", ">= 2"]

@@ -4,8 +4,11 @@ other ATen ops, kernels by symbol, outputs written into the caller's buffers, an
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
+from dynamic_helpers import symbolic_graph
 from tracer import trace
 
 from kiln.inductor.codegen.cpp_wrapper.aten_calls import op_overload, push
@@ -33,10 +36,34 @@ def test_linear_relu_sum() -> None:
     assert "kiln_rt::copy_into(dev, outputs[0], {4, 16}, {16, 1}, 6 /*float32*/, buf3);" in src
     # no torch header: the wrapper builds in well under a second (kiln/model_support.h)
     includes = [line for line in src.splitlines() if line.startswith("#include")]
-    assert includes == ["#include <kiln/model_support.h>", "#include <limits>"]
+    assert includes == ["#include <kiln/model_support.h>", "#include <cstdint>", "#include <limits>",
+                        "#include <stdexcept>", "#include <string>"]
     assert "kiln_model_run" in src and 'kiln_model_device() { return "cpu"; }' in src
     assert p.n_kernels >= 1 and p.kernel_source.count('extern "C" void') >= 1
     assert [(o[0], o[2]) for o in p.outputs] == [((4, 16), torch.float32), ((), torch.float32)]
+
+
+def test_symbolic_sizes_are_arguments_and_relations_are_checked() -> None:
+    """A symbolic program: the size symbols come in ``sizes`` (in the order named), every size is an
+    expression over them, kernels take them as arguments, and the relation the reshape assumed is checked."""
+    x, w = torch.randn(6, 8), torch.randn(16, 8)
+    gm, examples = symbolic_graph(lambda x, w: (torch.relu(x @ w.t()), x.sum(1).reshape(-1, 2)), x, w,
+                                  dynamic={0: (0,)})
+    n = str(examples[0].shape[0])
+    slots = {0: Slot("input", 0), 1: Slot("constant", 0)}
+    p = cpp_program(gm, examples, slots, size_symbols=[(n, "input 'x' dim 0")])
+    src = p.wrapper_source
+    assert p.size_symbols == (n,)
+    assert f"  const int64_t {n} = sizes[0];  // input 'x' dim 0" in src
+    assert f"Tensor arg0 = kiln_rt::wrap(dev, inputs[0], {{{n}, 8}}, {{8, 1}}, 6 /*float32*/);  // input 0" in src
+    assert re.search(rf"  k\w+\(.*, {n}\);", src)  # a kernel's size argument
+    assert re.search(r'extern "C" void k\w+\((void\*, )+int64_t\);', src)
+    assert f"layouts[0] = {n};" in src and "layouts[1] = 16;" in src  # output 0: [n, 16]
+    assert f"({n} % 2) == 0" in [g.expr for g in p.size_guards]
+    assert f'if (!(({n} % 2) == 0)) throw std::runtime_error(' in src
+    assert "check_sizes(sizes);" in src and "kiln_model_output_layouts" in src
+    with pytest.raises(CppWrapperUnsupported, match="name its size symbols"):
+        cpp_program(gm, examples, slots)
 
 
 def test_multi_output_fallback_is_a_boxed_call_with_defaults() -> None:

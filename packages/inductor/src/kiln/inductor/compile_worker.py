@@ -156,7 +156,6 @@ class _DtypeName:
 
 _DTYPES: dict[str, _DtypeName] = {}
 
-
 def _pointer_args(names: list[str]) -> list[Any]:
     """What ``fn.warmup`` takes for pointer parameters of these dtypes: torch's dtypes when this process
     has torch (the parent), else mock tensors over stand-in dtypes (a worker)."""

@@ -9,6 +9,12 @@ CUDA (example inputs on a CUDA device, real or fake): the Triton backend generat
 are compiled ahead of time into cubins for ``cuda_arch`` (codegen/triton/cubins.py, no GPU needed), and
 the wrapper launches them through the CUDA driver API (kiln/model_support_cuda.h). Large misaligned
 matmuls are not padded (``pad_matmuls``: kiln's padded matmul is a Python-registered op).
+
+Symbolic sizes: example inputs whose FakeTensors have SymInt sizes compile once for every size. The
+caller names every size symbol in the order the model library receives their values (``size_symbols``);
+the wrapper computes every loop bound, kernel size argument (CUDA: the cubins' int32 size parameters,
+compiled unspecialised, and their grids), allocation and extern size from them, and checks every
+relation the ShapeEnv holds (capture's, the trace's, this compile's: ``size_guards``) before it runs.
 """
 
 from __future__ import annotations
@@ -25,20 +31,25 @@ from kiln.graph import KNOBS as GRAPH_KNOBS
 from kiln.graph import VerifyAfterPass, run_pipeline
 
 from .codegen.cpp import library_source
+from .codegen.cpp.exprs import cindex
 from .codegen.cpp_wrapper import (
     ABI_VERSION,
     CppWrapperUnsupported,
     CudaKernels,
+    SizeArgs,
     Slot,
     cpp_wrapper_source,
     output_specs,
 )
 from .codegen.triton.backend import TritonBackend
 from .codegen.triton.cubins import Cubin, CubinUnsupported, compile_cubins
+from .codegen.triton.printer import python_index
 from .codegen.triton.wrapper import module_source
+from .ir import DynamicShapeUnsupported, LoopProgram, SizeGuard, size_symbols_of
 from .options import DEFAULT_OPTIONS, InductorOptions
 from .passes import CompileState
 from .pipeline import choose_backend, stages_for, verify_state
+from .size_guards import relation_source, shape_env_of, shape_relations
 
 # the passes up to the final schedule: kernels and the Python wrapper are not generated
 _UNTIL = "generate_kernels"
@@ -53,7 +64,8 @@ class CppProgram:
     kernel_source: str  # kiln's kernels ("" when the graph has none); built with ``kernel_flags``
     kernel_flags: tuple[str, ...]
     link_flags: tuple[str, ...]
-    outputs: tuple[tuple[tuple[int, ...], tuple[int, ...], torch.dtype], ...]  # (shape, stride, dtype)
+    # (shape, stride, dtype); symbolic sizes are sympy expressions over ``size_symbols``
+    outputs: tuple[tuple[tuple[Any, ...], tuple[Any, ...], torch.dtype], ...]
     n_kernels: int
     n_externs: int
     texts: Mapping[str, str] = field(default_factory=dict)
@@ -61,6 +73,8 @@ class CppProgram:
     device: str = "cpu"
     cubins: tuple[Cubin, ...] = ()  # CUDA: the Triton kernels, compiled for ``cuda_arch``
     cuda_arch: int | None = None
+    size_symbols: tuple[str, ...] = ()  # the model library's size arguments, in order
+    size_guards: tuple[SizeGuard, ...] = ()  # relations between them that model.so checks per call
 
     @property
     def source_hash(self) -> str:
@@ -73,18 +87,21 @@ class CppProgram:
 
 def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mapping[int, Slot], *,
                 options: InductorOptions = DEFAULT_OPTIONS, name: str = "model",
-                cuda_arch: int | None = None) -> CppProgram:
+                cuda_arch: int | None = None, size_symbols: Sequence[tuple[str, str]] = ()) -> CppProgram:
     """Schedule a functional ATen inference graph and emit its C++ sources (CPU tensors: kiln's C++
     kernels; CUDA tensors, real or fake: Triton kernels compiled into cubins for ``sm_<cuda_arch>``).
 
     ``slots``: for each graph input position, whether the caller passes it as an input or a constant
-    (and which). Raises ``CppWrapperUnsupported`` for what cannot run without Python."""
+    (and which). ``size_symbols``: for symbolic example inputs, every size symbol as (name, what it is,
+    e.g. "input 'x' dim 0"), in the order model.so receives their values. Raises ``CppWrapperUnsupported``
+    for what cannot run without Python."""
     devices = {x.device.type for x in example_inputs if isinstance(x, torch.Tensor)}
     if devices - {"cpu", "cuda"} or len(devices) > 1:
         raise CppWrapperUnsupported(f"the C++ wrapper runs graphs on one device, CPU or CUDA (inputs on {sorted(devices)})")
     cuda = devices == {"cuda"}
     if cuda and cuda_arch is None:
         raise CppWrapperUnsupported("a CUDA graph needs cuda_arch, the GPU architecture its kernels are compiled for")
+    symbolic = shape_env_of(example_inputs) is not None
     if not cuda and options.cpu_backend != "cpp":
         raise CppWrapperUnsupported("the C++ wrapper needs cpu_backend='cpp'")
     options = options.replace(memory_arena=False, **({"pad_matmuls": False} if cuda else {}))
@@ -93,7 +110,11 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
     verify = options.verify if options.verify is not None else GRAPH_KNOBS.verify
     stages = stages_for(backend)
     passes = stages[:[p.name for p in stages].index(_UNTIL)]
-    s = run_pipeline(passes, state, None, [VerifyAfterPass(verify_state)] if verify else []).value
+    try:
+        s = run_pipeline(passes, state, None, [VerifyAfterPass(verify_state)] if verify else []).value
+    except DynamicShapeUnsupported as e:  # kiln.compile would run this graph through ATen; a package cannot
+        raise CppWrapperUnsupported(f"kiln.inductor cannot compile it for symbolic sizes ({e}); make those dims "
+                                    "static (export once per size)") from e
     assert s.scheduled is not None and s.program is not None
     kernels = s.scheduled.launched()  # a kernel group is one C function
     layouts = s.program.layouts()
@@ -111,16 +132,49 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
             raise CppWrapperUnsupported(str(e)) from e
         by_kernel = {site.kernel: site for site in sites}
         launches = {k: [by_kernel[g.name] for g in generated[a:b] if g.name in by_kernel] for k, a, b in spans}
-        wrapper = cpp_wrapper_source(s.scheduled, {}, dict(slots), CudaKernels(cubins, launches, cuda_arch))
+        sizes = _size_args(s.program, example_inputs, size_symbols) if symbolic else SizeArgs()
+        wrapper = cpp_wrapper_source(s.scheduled, {}, dict(slots), CudaKernels(cubins, launches, cuda_arch), sizes)
         texts["triton_kernels"] = module_source(generated) if generated else ""
         texts["cpp_wrapper"] = wrapper
         return CppProgram(name, wrapper, "", (), (), outputs, len(generated), n_ext, texts, device="cuda",
-                          cubins=tuple(cubins), cuda_arch=cuda_arch)
+                          cubins=tuple(cubins), cuda_arch=cuda_arch, **_size_fields(sizes))
     source, symbols = library_source(kernels, layouts, options) if kernels else ("", {})
-    wrapper = cpp_wrapper_source(s.scheduled, symbols, dict(slots))
+    sizes = _size_args(s.program, example_inputs, size_symbols) if symbolic else SizeArgs()
+    wrapper = cpp_wrapper_source(s.scheduled, symbols, dict(slots), sizes=sizes)
     flags = tuple(f for f in options.cpp_flags if f != "-shared")
     texts["cpp_wrapper"] = wrapper
-    return CppProgram(name, wrapper, source, flags, tuple(options.link_flags), outputs, len(kernels), n_ext, texts)
+    return CppProgram(name, wrapper, source, flags, tuple(options.link_flags), outputs, len(kernels), n_ext, texts,
+                      **_size_fields(sizes))
+
+
+def _size_fields(sizes: SizeArgs) -> dict[str, Any]:
+    return {"size_symbols": tuple(n for n, _ in sizes.symbols),
+            "size_guards": tuple(SizeGuard(text, "a relation the program was traced and compiled for")
+                                 for _, text in sizes.relations)}
+
+
+def _size_args(p: LoopProgram, example_inputs: Sequence[Any], named: Sequence[tuple[str, str]]) -> SizeArgs:
+    """The size symbols model.so takes and the relations it checks, each over those symbols only."""
+    if not named:
+        raise CppWrapperUnsupported("the graph has symbolic sizes; name its size symbols (size_symbols=...)")
+    known = {n for n, _ in named}
+    used = {z.symbol for z in p.sizes}
+    try:
+        relations = shape_relations(example_inputs)
+    except DynamicShapeUnsupported as e:
+        raise CppWrapperUnsupported(str(e)) from e
+    for r in relations:
+        used |= {x.name for x in size_symbols_of(r)}
+    missing = sorted(used - known)
+    if missing:
+        raise CppWrapperUnsupported(f"size symbol(s) {', '.join(missing)} are not sizes of the program's inputs "
+                                    f"(its inputs' sizes are {', '.join(sorted(known))})")
+    try:
+        checks = tuple(dict.fromkeys((relation_source(r, cindex, cpp=True), relation_source(r, python_index))
+                                     for r in relations))
+    except (NotImplementedError, DynamicShapeUnsupported) as e:  # e.g. a guard over a true division
+        raise CppWrapperUnsupported(f"a relation between the sizes has no C++ form: {e}") from e
+    return SizeArgs(tuple(named), checks)
 
 
 __all__ = ["CppProgram", "CppWrapperUnsupported", "Slot", "cpp_program"]

@@ -11,7 +11,7 @@ lists in ``size_guards``, so the caller can check (or guard on) it too; each is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import sympy
@@ -76,3 +76,44 @@ class GuardWatch:
             log("perf_hints").warning("graph %s: compiled for sizes with %s (%s); the wrapper checks it per call",
                                       name, g.expr, g.reason)
         return tuple(dict.fromkeys(out))
+
+
+def shape_relations(example_inputs: Sequence[Any]) -> tuple[sympy.Basic, ...]:
+    """Every relation the ShapeEnv of ``example_inputs`` holds so far, in kiln's vocabulary: the guards
+    it recorded (capture's, the trace's and this compile's) and its replacements (``s2 -> s0`` as
+    ``Eq(s2, s0)``). A program run without the capture's guard check (a package's C++ wrapper) checks
+    them all; ``()`` for static inputs."""
+    env = shape_env_of(example_inputs)
+    if env is None:
+        return ()
+    out: dict[sympy.Basic, None] = {}
+    for sym, e in env.replacements.items():
+        if sym != e:
+            out[_relation(sympy.Eq(sym, e, evaluate=False))] = None
+    for g in env.guards:
+        if g.expr.free_symbols:
+            out[_relation(g.expr)] = None
+    return tuple(out)
+
+
+def _relation(e: sympy.Basic) -> sympy.Basic:
+    """``e`` over kiln's size symbols (and/or/not and the six relations kept as they are)."""
+    if isinstance(e, (sympy.And, sympy.Or, sympy.Not)):
+        return e.func(*(_relation(a) for a in e.args), evaluate=False)
+    for rel in _REL:
+        if isinstance(e, rel):
+            return rel(to_kiln(e.lhs), to_kiln(e.rhs), evaluate=False)
+    raise DynamicShapeUnsupported(f"a size guard {e} has no form kiln can check")
+
+
+def relation_source(e: sympy.Basic, index: Callable[[sympy.Expr], str], cpp: bool = False) -> str:
+    """A relation of ``shape_relations`` as Python (or C++: ``cpp``), its sizes printed by ``index``."""
+    if isinstance(e, (sympy.And, sympy.Or)):
+        op = (" && " if cpp else " and ") if isinstance(e, sympy.And) else (" || " if cpp else " or ")
+        return "(" + op.join(relation_source(a, index, cpp) for a in e.args) + ")"
+    if isinstance(e, sympy.Not):
+        return f"{'!' if cpp else 'not '}({relation_source(e.args[0], index, cpp)})"
+    for rel, op in _REL.items():
+        if isinstance(e, rel):
+            return f"{index(e.lhs)} {op} {index(e.rhs)}"
+    raise DynamicShapeUnsupported(f"a size guard {e} has no source form here")

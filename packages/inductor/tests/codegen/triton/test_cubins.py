@@ -17,6 +17,7 @@ import pytest
 from kiln.inductor.codegen.triton.cubins import (
     CubinLaunch,
     CubinUnsupported,
+    cpp_size,
     cubin_launch,
     static_grid,
 )
@@ -89,6 +90,15 @@ def test_static_grid() -> None:
         static_grid(_kernel(size_args=("s0",), xnumel="s0"))
 
 
+def test_sizes_as_cpp() -> None:
+    """Grids over size symbols, printed by the Triton backend as Python, as C++ int64 expressions."""
+    assert cpp_size("64*s0*s1") == "((int64_t(64) * s0) * s1)"
+    assert cpp_size("(s0 // 4) % 3 - 1") == "(((s0 / int64_t(4)) % int64_t(3)) - int64_t(1))"
+    assert cpp_size("max(s0, 2)") == "std::max<int64_t>(s0, int64_t(2))"
+    with pytest.raises(CubinUnsupported, match="no C\\+\\+ form"):
+        cpp_size("s0 / 2")
+
+
 COMPILE = textwrap.dedent("""
     import json, sys, torch
     from kiln.inductor.codegen.triton.cubins import compile_cubins, kernel_param_count
@@ -105,6 +115,13 @@ COMPILE = textwrap.dedent("""
         return TritonKernel(name=name, source=src.format(name=name), pointer_args=args, size_args=(), xnumel="1000",
                             xblock=128, rblock=0, num_warps=4, kind="pointwise", function=function)
     layouts = {b: Layout.contiguous((1000,), torch.float32, "cuda") for b in "abcdef"}
+    def symbolic(layouts):  # a size parameter: compiled as an unspecialised int32, launched after the pointers
+        s = src.format(name="k2").replace("XBLOCK: tl.constexpr", "s0, XBLOCK: tl.constexpr").replace("1000", "s0")
+        k2 = TritonKernel(name="k2", source=s, pointer_args=("a", "b", "c"), size_args=("s0",), xnumel="s0",
+                          xblock=128, rblock=0, num_warps=4, kind="pointwise")
+        (c,), (site,) = compile_cubins([k2], layouts, 90)
+        return [kernel_param_count(c.binary, c.launch.symbol) - c.launch.scratch_params, list(site.grid),
+                list(site.size_args), site.numel]
     # the second launches the first's function with the same specialisation: one cubin, two launches
     cubins, sites = compile_cubins([k("k0", ("a", "b", "c")), k("k1", ("d", "e", "f"), "k0")], layouts, 90)
     print(json.dumps({"cubins": [[c.function, c.binary[:4].hex(), int.from_bytes(c.binary[18:20], "little"),
@@ -113,7 +130,8 @@ COMPILE = textwrap.dedent("""
                                  for c in cubins],
                       "sites": [[s.kernel, s.cubin, list(s.grid), list(s.pointer_args)] for s in sites],
                       # the same kernels for another GPU in the same process (triton's JIT kept sm_90 for them)
-                      "again": [c.launch.arch for c in compile_cubins([k("k0", ("a", "b", "c"))], layouts, 80)[0]]}))
+                      "again": [c.launch.arch for c in compile_cubins([k("k0", ("a", "b", "c"))], layouts, 80)[0]],
+                      "symbolic": symbolic(layouts)}))
 """)
 
 
@@ -129,8 +147,9 @@ def test_compile_for_sm90_without_a_gpu() -> None:
     sm = flags & 0xFF if flags & 0xFF >= 20 else (flags >> 8) & 0xFF
     assert (function, magic, machine, sm) == ("k0", "7f454c46", 190, 90)  # an ELF for EM_CUDA, sm_90
     assert launch["symbol"] == "k0" and launch["num_warps"] == 4 and launch["arch"] == 90
-    assert out["sites"] == [["k0", 0, [8, 1, 1], ["a", "b", "c"]], ["k1", 0, [8, 1, 1], ["d", "e", "f"]]]
+    assert out["sites"] == [["k0", 0, ["8", "1", "1"], ["a", "b", "c"]], ["k1", 0, ["8", "1", "1"], ["d", "e", "f"]]]
     assert out["again"] == [80]
+    assert out["symbolic"] == [4, ["(s0 + 127) / 128", "1", "1"], ["s0"], "(s0) * (int64_t(1))"]
 
 
 def test_interpreter_compiles_no_cubins() -> None:

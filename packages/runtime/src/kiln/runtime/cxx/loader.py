@@ -4,6 +4,10 @@ loads (ctypes, through its C ABI) and the same memory-mapped weights. Nothing is
 A CUDA package runs on the current CUDA device (or the one asked for): its weights are copied there once,
 its cubins loaded there by model.so (which refuses a GPU of another architecture), and each call runs on
 that device's current stream, as a torch operator would.
+
+Dynamic shapes: each size symbol is read from the input dim the manifest's ``sizes`` name and checked
+against its range, every input dim named by a symbol against its value, and model.so checks the other
+relations and gives the outputs' layouts at those sizes (as kiln/runner.h does).
 """
 
 from __future__ import annotations
@@ -22,16 +26,26 @@ import torch.utils._pytree as pytree
 from ..errors import GuardError
 from .package import DTYPES, PackageError, read_manifest
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType's codes
 
 
 class _Spec:
-    __slots__ = ("name", "dtype", "shape", "stride")
+    """A tensor's manifest entry; a symbolic dim is its size symbol's name (or expression) as text."""
+
+    __slots__ = ("name", "dtype", "shape", "stride", "dynamic")
 
     def __init__(self, d: dict[str, Any]) -> None:
         self.name, self.dtype = d["name"], DTYPES[d["dtype"]]
         self.shape, self.stride = tuple(d["shape"]), tuple(d["stride"])
+        self.dynamic = any(isinstance(x, str) for x in self.shape)
+
+
+class _Size:
+    __slots__ = ("symbol", "input", "dim", "min", "max")
+
+    def __init__(self, d: dict[str, Any]) -> None:
+        self.symbol, self.input, self.dim, self.min, self.max = d["symbol"], d["input"], d["dim"], d["min"], d["max"]
 
 
 def _map_weights(path: Path) -> tuple[mmap.mmap, torch.Tensor, dict[str, Any], int]:
@@ -70,6 +84,7 @@ class PackagedModel:
         self.device = _device(self.path, m["device"], device)
         self.inputs = [_Spec(d) for d in m["inputs"]]
         self.outputs = [_Spec(d) for d in m["outputs"]]
+        self.sizes = [_Size(d) for d in m.get("sizes", ())]
         self._out_tree = pytree.treespec_loads(m["output_tree"]) if m.get("output_tree") else None
         self._mm, self._bytes, header, base = _map_weights(self.path / m["weights"])
         self._held = self._device_constants(m["constants"], header, base)
@@ -83,7 +98,10 @@ class PackagedModel:
         self._err = ctypes.create_string_buffer(2048)
         self._where = (DEVICE_TYPES[self.device.type], self.device.index if self.device.index is not None else -1)
         self._run = self._lib.kiln_model_run
-        self._run.argtypes = [ctypes.c_int] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_char_p, ctypes.c_size_t]
+        self._run.argtypes = [ctypes.c_int] * 2 + [ctypes.c_void_p] * 4 + [ctypes.c_char_p, ctypes.c_size_t]
+        self._layouts = self._lib.kiln_model_output_layouts
+        self._layouts.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_char_p, ctypes.c_size_t]
+        self._layout_len = sum(2 * len(s.shape) for s in self.outputs)
         init = self._lib.kiln_model_init
         init.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
         if init(str(self.path).encode(), *self._where, self._err, len(self._err)) != 0:
@@ -113,6 +131,12 @@ class PackagedModel:
         if t.dtype != s.dtype:
             raise GuardError(f"{who}: expected dtype {s.dtype}, got {t.dtype}", input_name=s.name,
                              expected=s.dtype, actual=t.dtype)
+        if s.dynamic:  # its static dims here, its symbolic ones in _sizes
+            if t.dim() != len(s.shape) or any(isinstance(n, int) and t.shape[d] != n for d, n in enumerate(s.shape)):
+                raise GuardError(f"{who}: expected shape [{', '.join(map(str, s.shape))}], got {list(t.shape)} (the "
+                                 "dims named by a size symbol vary)", input_name=s.name, expected=s.shape,
+                                 actual=tuple(t.shape))
+            return t.detach().contiguous()
         if tuple(t.shape) != s.shape:
             raise GuardError(f"{who}: expected shape {list(s.shape)}, got {list(t.shape)} (the package was "
                              "exported for static shapes)", input_name=s.name, expected=s.shape, actual=tuple(t.shape))
@@ -134,13 +158,48 @@ class PackagedModel:
             raise GuardError(f"kiln package {self.path.name}: expected {len(self.inputs)} inputs ({names}), "
                              f"got {len(inputs)}")
         ins = [self._checked(k, t) for k, t in enumerate(inputs)]
-        outs = [torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=self.device) for s in self.outputs]
+        sizes = (ctypes.c_int64 * max(len(self.sizes), 1))(*self._sizes(ins))
+        layouts = (ctypes.c_int64 * max(self._layout_len, 1))()
+        err = ctypes.create_string_buffer(1024)  # per call: runs may overlap in threads
+        if self._layouts(sizes, layouts, err, len(err)) != 0:
+            raise GuardError(f"kiln package {self.path.name}: {err.value.decode()}")
+        outs, at = [], 0
+        for s in self.outputs:
+            n = len(s.shape)
+            shape, stride = tuple(layouts[at:at + n]), tuple(layouts[at + n:at + 2 * n])
+            at += 2 * n
+            outs.append(torch.empty_strided(shape, stride, dtype=s.dtype, device=self.device))
         in_ptrs = (ctypes.c_void_p * max(len(ins), 1))(*[t.data_ptr() for t in ins])
         out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[t.data_ptr() for t in outs])
-        err = ctypes.create_string_buffer(1024)  # per call: runs may overlap in threads
-        if self._run(*self._where, in_ptrs, self._constants, out_ptrs, err, len(err)) != 0:
+        if self._run(*self._where, sizes, in_ptrs, self._constants, out_ptrs, err, len(err)) != 0:
             raise RuntimeError(f"kiln package {self.path.name}: {err.value.decode()}")
         return outs
+
+    def _sizes(self, ins: list[torch.Tensor]) -> list[int]:
+        """Each size symbol's value, read from its input dim and checked against its range; then the input
+        dims named by one symbol checked to be equal (inputs that share a dim; the first one names it)."""
+        values = []
+        for z in self.sizes:
+            v = ins[z.input].shape[z.dim]
+            if not z.min <= v <= z.max:
+                s = self.inputs[z.input]
+                raise GuardError(f"kiln package {self.path.name}: input {z.input} ({s.name!r}) dim {z.dim}: size {v} "
+                                 f"is outside the range [{z.min}, {z.max}] the package was exported for",
+                                 input_name=s.name, expected=(z.min, z.max), actual=v)
+            values.append(v)
+        first: dict[str, tuple[int, int]] = {}
+        for i, s in enumerate(self.inputs):
+            for d, n in enumerate(s.shape):
+                if not isinstance(n, str):
+                    continue
+                j, e = first.setdefault(n, (i, d))
+                if ins[i].shape[d] != ins[j].shape[e]:
+                    raise GuardError(
+                        f"kiln package {self.path.name}: input {i} ({s.name!r}) dim {d}: size {ins[i].shape[d]} must "
+                        f"equal input {j} ({self.inputs[j].name!r}) dim {e}, size {ins[j].shape[e]} (the program "
+                        f"relates these sizes: both are {n})", input_name=s.name, expected=ins[j].shape[e],
+                        actual=ins[i].shape[d])
+        return values
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The exported call's arguments: its tensors (nested as exported), and optionally its non-tensor

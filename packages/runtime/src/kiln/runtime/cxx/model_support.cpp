@@ -174,13 +174,13 @@ int report(const char* what, char* err, size_t err_len) {
   return 1;
 }
 
-int run(Graph graph, Device dev, void* const* inputs, void* const* constants, void* const* outputs, char* err,
-        size_t err_len) {
+int run(Graph graph, Device dev, const int64_t* sizes, void* const* inputs, void* const* constants,
+        void* const* outputs, char* err, size_t err_len) {
   try {
     c10::InferenceMode guard;
     c10::OptionalDeviceGuard on_device;  // CUDA: the package's device is current (streams, allocations)
     if (dev.type != kDeviceCPU) on_device.reset_device(device(dev));
-    graph(dev, inputs, constants, outputs);
+    graph(dev, sizes, inputs, constants, outputs);
     return 0;
   } catch (const std::exception& e) {
     return report(e.what(), err, err_len);

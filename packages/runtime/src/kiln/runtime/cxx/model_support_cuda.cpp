@@ -168,17 +168,25 @@ Launcher Program::launcher(int device) {
   return Launcher(k, device, c10::cuda::getCurrentCUDAStream(c10::DeviceIndex(device)).stream());
 }
 
-void Launcher::operator()(int k, unsigned gx, unsigned gy, unsigned gz, std::initializer_list<void*> args) const {
+void Launcher::operator()(int k, unsigned gx, unsigned gy, unsigned gz, std::initializer_list<void*> args,
+                          std::initializer_list<int64_t> sizes) const {
   const KernelInfo& info = k_->info[size_t(k)];
-  constexpr size_t kMax = 128;  // kiln's kernels take a few pointers each
-  if (args.size() > kMax) throw std::runtime_error(std::string(info.symbol) + ": too many arguments");
+  constexpr size_t kMax = 128;  // kiln's kernels take a few pointers and sizes each
+  if (args.size() + sizes.size() > kMax) throw std::runtime_error(std::string(info.symbol) + ": too many arguments");
   void* values[kMax + 2];
   void* params[kMax + 2];
+  int64_t ints[kMax];  // kiln's Triton kernels declare their sizes i64 (codegen/triton/kernel.py)
   size_t n = 0;
   for (void* v : args) {
     values[n] = v;
     params[n] = &values[n];
     ++n;
+  }
+  size_t i = 0;
+  for (int64_t v : sizes) {
+    if (v < 0) throw std::runtime_error(std::string(info.symbol) + ": a negative size");
+    ints[i] = v;
+    params[n++] = &ints[i++];
   }
   at::Tensor scratch;
   values[n] = nullptr;  // global scratch

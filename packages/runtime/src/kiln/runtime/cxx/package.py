@@ -4,8 +4,9 @@
     weights.safetensors    the constants (parameters, buffers, tensor constants), memory-mapped at load
                            (a CUDA package's are copied onto the device once, at load)
     kernels/*.cubin        CUDA packages: the Triton kernels, compiled for the manifest's ``cuda_arch``
-    manifest.json          format, schema version, inputs/outputs/constants, guards as data, what it was
-                           built for, sha256 and size of model.so, the weights and each cubin
+    manifest.json          format, schema version, inputs/outputs/constants, size symbols (the input dim
+                           each is read from, its range), guards as data, what it was built for, sha256
+                           and size of model.so, the weights and each cubin
     src/                   wrapper.cpp and kernels.cpp (CUDA: triton_kernels.py), for reading and rebuilding
 
 The weights file is plain safetensors (8-byte little-endian header length, a JSON header, the data),
@@ -27,7 +28,7 @@ from ..environment import current_host
 from ..errors import ArtifactError
 
 FORMAT = "kiln-package"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MANIFEST, LIBRARY, WEIGHTS = "manifest.json", "model.so", "weights.safetensors"
 KERNELS = "kernels"  # a CUDA package's cubins
 DEVICES = ("cpu", "cuda")

@@ -13,9 +13,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import sympy
 import torch
 
 from ...ir import Arg, ConstArg, ExternKernel, ListArg, TensorRef
+from ..cpp.exprs import cindex
 
 
 class CppWrapperUnsupported(Exception):
@@ -49,7 +51,7 @@ def _double(v: float) -> str:
     return repr(float(v))
 
 
-def _cstr(v: str) -> str:
+def cstr(v: str) -> str:
     return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
@@ -57,12 +59,14 @@ def _scalar(v: Any) -> str:
     """A Python constant as one push onto a ``kiln_rt::Stack``."""
     if isinstance(v, bool):
         return f".b({'true' if v else 'false'})"
+    if isinstance(v, sympy.Expr):  # a symbolic size
+        return f".i({_int(v)})"
     if isinstance(v, int):
         return f".i({v}LL)"
     if isinstance(v, float):
         return f".d({_double(v)})"
     if isinstance(v, str):
-        return f".str({_cstr(v)})"
+        return f".str({cstr(v)})"
     if isinstance(v, torch.dtype):
         return f".scalar_type({scalar_type(v)})"
     if isinstance(v, torch.memory_format):
@@ -70,7 +74,7 @@ def _scalar(v: Any) -> str:
     if isinstance(v, torch.layout) and v in _LAYOUTS:
         return f".layout({_LAYOUTS[v]})"
     if isinstance(v, torch.device):
-        return f".device({_cstr(str(v))})"
+        return f".device({cstr(str(v))})"
     raise CppWrapperUnsupported(f"constant {v!r} of type {type(v).__name__} has no C++ form")
 
 
@@ -96,7 +100,7 @@ def push(a: Arg | Any, typ: str, tensor: Callable[[TensorRef], str]) -> str:
             kind = "optional_tensors" if typ.startswith("List[Optional[") else "tensors"
             return f".{kind}({{{', '.join(parts)}}})"
         if inner in ("int", "SymInt"):
-            return f".ints({{{', '.join(f'{int(_v(x))}LL' for x in items)}}})"
+            return f".ints({{{', '.join(_int(_v(x)) for x in items)}}})"
         if inner == "float":
             return f".doubles({{{', '.join(_double(float(_v(x))) for x in items)}}})"
         if inner == "bool":
@@ -107,6 +111,13 @@ def push(a: Arg | Any, typ: str, tensor: Callable[[TensorRef], str]) -> str:
     if typ in ("int", "SymInt") and isinstance(a, float) and a.is_integer():
         a = int(a)
     return _scalar(a)
+
+
+def _int(v: Any) -> str:
+    """An int argument as C++: the integer, or a symbolic size's expression over the size symbols."""
+    if isinstance(v, sympy.Expr) and not isinstance(v, sympy.Integer):
+        return f"int64_t{{{cindex(v)}}}"
+    return f"{int(v)}LL"
 
 
 def _none(x: Any) -> bool:

@@ -5,24 +5,31 @@ package's cubins through ``kiln/model_support_cuda.h``; kiln.runtime.cxx compile
 once per torch release and links them into each model.so), so a package's own C++ builds in well under
 a second.
 
-The ABI (version 2) is plain C so that any loader can call it (``kiln/runner.h`` through dlopen, the
+The ABI (version 3) is plain C so that any loader can call it (``kiln/runner.h`` through dlopen, the
 Python loader through ctypes): ``kiln_model_init(package_dir, device_type, device_index, err, err_len)``
 once per device (c10::DeviceType's code: 0 CPU, 1 CUDA; it refuses a device type the library was not
-built for, and on CUDA loads the cubins onto that device); then ``kiln_model_run(device_type,
-device_index, inputs, constants, outputs, err, err_len)`` takes the data pointers of the inputs and
-constants, on that device and laid out as the manifest says (the caller checked them), and of output
-buffers the caller allocated there in the manifest's layouts; each returns 0, or 1 with a message.
+built for, and on CUDA loads the cubins onto that device). Per call, ``sizes`` holds the values of the
+manifest's size symbols in its order (read from the inputs; none for static shapes):
+``kiln_model_output_layouts(sizes, layouts, err, err_len)`` checks the relations between them the
+program assumed and writes each output's shape then stride into ``layouts``; then
+``kiln_model_run(device_type, device_index, sizes, inputs, constants, outputs, err, err_len)`` takes the
+data pointers of the inputs and constants, on that device and laid out as the manifest says (the
+caller checked them), and of output buffers the caller allocated there in those layouts; each returns
+0, or 1 with a message.
 """
 
 from __future__ import annotations
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 HEAD = """// kiln generated C++ wrapper for graph {name!r} ({device}): allocates buffers, calls kiln's kernels and
 // ATen (through kiln/model_support.h) in the planned order. Built into model.so by kiln.package.
 #include <kiln/model_support.h>
 {includes}
+#include <cstdint>
 #include <limits>
+#include <stdexcept>
+#include <string>
 
 using kiln_rt::Tensor;
 
@@ -64,9 +71,20 @@ KILN_EXPORT int kiln_model_init(const char* package_dir, int device_type, int de
   return rc != 0 ? rc : {load};
 }}
 
-KILN_EXPORT int kiln_model_run(int device_type, int device_index, void* const* inputs, void* const* constants,
-                               void* const* outputs, char* err, unsigned long err_len) {{
-  return kiln_rt::run(run_graph, kiln_rt::Device{{device_type, device_index}}, inputs, constants, outputs, err,
-                      err_len);
+// every output's shape then stride at these sizes, after checking the relations the program assumed
+KILN_EXPORT int kiln_model_output_layouts(const int64_t* sizes, int64_t* layouts, char* err, unsigned long err_len) {{
+  try {{
+    check_sizes(sizes);
+    output_layouts(sizes, layouts);
+    return 0;
+  }} catch (const std::exception& e) {{
+    return kiln_rt::report(e.what(), err, err_len);
+  }}
+}}
+
+KILN_EXPORT int kiln_model_run(int device_type, int device_index, const int64_t* sizes, void* const* inputs,
+                               void* const* constants, void* const* outputs, char* err, unsigned long err_len) {{
+  return kiln_rt::run(run_graph, kiln_rt::Device{{device_type, device_index}}, sizes, inputs, constants, outputs,
+                      err, err_len);
 }}
 """

@@ -7,8 +7,14 @@ Buffers are reference-counted ``at::Tensor`` handles: a free is ``reset()``, a h
 the dead buffer's storage.
 
 Inputs and constants arrive as data pointers in the layouts the manifest declares; outputs are written
-into buffers the caller allocated in the manifest's layouts: an output the program allocates itself
-with exactly that layout is computed there directly (no copy), others are copied in at the end.
+into buffers the caller allocated in the layouts ``kiln_model_output_layouts`` gives: an output the
+program allocates itself with exactly that layout is computed there directly (no copy), others are
+copied in at the end.
+
+Symbolic sizes (``SizeArgs``): the caller passes every size symbol's value (read from the inputs, in
+the order ``SizeArgs.symbols`` names them); every size the wrapper computes (layouts, views, kernel size
+arguments, extern arguments) is a C++ expression over them, and ``check_sizes`` tests each relation the
+program assumed before anything runs, throwing an error that names the relation and the sizes.
 """
 
 from __future__ import annotations
@@ -16,7 +22,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import sympy
 import torch
 
 from ...ir import (
@@ -28,13 +36,16 @@ from ...ir import (
     LoopProgram,
     ScheduledProgram,
     TensorRef,
+    kernel_size_symbols,
     work_buffers,
 )
+from ..cpp.exprs import cindex
 from ..cpp.kernel import kernel_params
 from ..triton.cubins import Cubin, CubinSite
 from .aten_calls import (
     CppWrapperUnsupported,
     boxed_arguments,
+    cstr,
     n_returns,
     scalar_type,
     schema_name,
@@ -51,8 +62,26 @@ class Slot:
     index: int
 
 
+@dataclass(frozen=True)
+class SizeArgs:
+    """A symbolic program's size arguments: each symbol with what it is ("input 'x' dim 0"), in the order
+    model.so receives their values, and the relations it checks as (C++, Python text)."""
+
+    symbols: tuple[tuple[str, str], ...] = ()
+    relations: tuple[tuple[str, str], ...] = ()
+
+
+def _static(x: Any) -> bool:
+    return isinstance(x, (int, sympy.Integer))
+
+
+def size_cpp(x: Any) -> str:
+    """A size as a C++ int64 expression: the integer, or the expression over the size symbols."""
+    return str(int(x)) if _static(x) else cindex(x)
+
+
 def _ints(xs: tuple) -> str:
-    return "{" + ", ".join(f"{int(x)}" for x in xs) + "}"
+    return "{" + ", ".join(size_cpp(x) for x in xs) + "}"
 
 
 def dense_stride(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
@@ -66,19 +95,26 @@ def dense_stride(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
     return True
 
 
-def contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
-    out, acc = [], 1
+def contiguous_stride(shape: tuple[Any, ...]) -> tuple[Any, ...]:
+    out: list[Any] = []
+    acc: Any = 1
     for n in reversed(shape):
         out.append(acc)
-        acc *= max(int(n), 1)
+        acc = acc * (max(int(n), 1) if _static(n) else n)  # a size symbol is at least 2
     return tuple(reversed(out))
 
 
-def output_layout(o: TensorRef) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The layout the caller allocates for an output: the program's view when it is dense, else contiguous."""
-    shape = tuple(int(x) for x in o.shape)
-    stride = tuple(int(x) for x in o.stride)
-    return shape, stride if dense_stride(shape, stride) else contiguous_stride(shape)
+def output_layout(o: TensorRef) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The layout the caller allocates for an output: the program's view when it is dense, else contiguous.
+    Symbolic sizes: the view when it is contiguous for every size (with any stride on a dim of size 1)."""
+    if all(_static(x) for x in (*o.shape, *o.stride)):
+        shape = tuple(int(x) for x in o.shape)
+        stride = tuple(int(x) for x in o.stride)
+        return shape, stride if dense_stride(shape, stride) else contiguous_stride(shape)
+    shape, want = tuple(o.shape), contiguous_stride(tuple(o.shape))
+    same = all((_static(n) and int(n) == 1) or sympy.expand(sympy.sympify(a) - b) == 0
+               for n, a, b in zip(shape, o.stride, want))
+    return shape, tuple(o.stride) if same else want
 
 
 @dataclass(frozen=True)
@@ -93,10 +129,10 @@ class CudaKernels:
 
 class CppWrapperWriter:
     def __init__(self, s: ScheduledProgram, symbols: dict[str, str], slots: dict[int, Slot],
-                 cuda: CudaKernels | None = None) -> None:
+                 cuda: CudaKernels | None = None, sizes: SizeArgs = SizeArgs()) -> None:
         p = s.program
         assert isinstance(p, LoopProgram)
-        self.s, self.p, self.symbols, self.slots, self.cuda = s, p, symbols, slots, cuda
+        self.s, self.p, self.symbols, self.slots, self.cuda, self.sizes = s, p, symbols, slots, cuda, sizes
         self.layouts = p.layouts()
         self.lines: list[str] = []
         self.declared: set[str] = set()
@@ -122,8 +158,8 @@ class CppWrapperWriter:
             if o.buffer in seen:
                 twice.add(o.buffer)
             lay = self.layouts[o.buffer]
-            exact = (self.ref(o) == o.buffer and int(lay.offset) == 0
-                     and output_layout(o) == (tuple(int(x) for x in o.shape), tuple(int(x) for x in o.stride)))
+            exact = (self.ref(o) == o.buffer and lay.offset == 0
+                     and output_layout(o) == (tuple(o.shape), tuple(o.stride)))
             if exact and o.buffer in fresh and o.buffer not in inputs:
                 seen.setdefault(o.buffer, k)
         return {b: k for b, k in seen.items() if b not in twice}
@@ -137,7 +173,7 @@ class CppWrapperWriter:
         lay = self.layouts[r.buffer]
         if tuple(r.shape) == tuple(lay.shape) and tuple(r.stride) == tuple(lay.stride) and r.offset == lay.offset:
             return r.buffer
-        return f"kiln_rt::as_strided({r.buffer}, {_ints(r.shape)}, {_ints(r.stride)}, {int(r.offset)})"
+        return f"kiln_rt::as_strided({r.buffer}, {_ints(r.shape)}, {_ints(r.stride)}, {size_cpp(r.offset)})"
 
     def op_index(self, target: str) -> int:
         key = schema_name(target)
@@ -178,10 +214,15 @@ class CppWrapperWriter:
             for site in self.cuda.sites.get(k.name, ()):
                 gx, gy, gz = site.grid
                 args = ", ".join(self.pointer(b) for b in site.pointer_args)
-                self.lines.append(f"  launch({site.cubin}, {gx}, {gy}, {gz}, {{{args}}});  // {site.kernel}")
+                if not site.size_args:
+                    self.lines.append(f"  launch({site.cubin}, {gx}, {gy}, {gz}, {{{args}}});  // {site.kernel}")
+                    continue
+                self.lines.append(f"  if ({site.numel} > 0)  // {site.kernel}")
+                self.lines.append(f"    launch({site.cubin}, unsigned({gx}), unsigned({gy}), {gz}, {{{args}}}, "
+                                  f"{{{', '.join(site.size_args)}}});")
             return
         ins, outs = kernel_params(k)
-        args = ", ".join(self.pointer(b) for b in (*ins, *outs))
+        args = ", ".join([self.pointer(b) for b in (*ins, *outs)] + kernel_size_symbols(k))
         self.lines.append(f"  {self.symbols[k.name]}({args});")
 
     def pointer(self, buffer: str) -> str:
@@ -262,16 +303,42 @@ class CppWrapperWriter:
         for sym in dict.fromkeys(self.symbols[k.name] for k in kernels):
             k = next(k for k in kernels if self.symbols[k.name] == sym)
             n = sum(len(x) for x in kernel_params(k))
-            decls.append(f'extern "C" void {sym}({", ".join(["void*"] * n)});')
+            params = ["void*"] * n + ["int64_t"] * len(kernel_size_symbols(k))
+            decls.append(f'extern "C" void {sym}({", ".join(params)});')
         return "\n".join(decls) + "\n\n"
+
+    def size_functions(self) -> str:
+        """``check_sizes`` (every relation the program assumed, over the symbols' values) and
+        ``output_layouts`` (each output's shape then stride, for the caller to allocate)."""
+        bind = [f"  const int64_t {n} = sizes[{i}];  // {what}" for i, (n, what) in enumerate(self.sizes.symbols)]
+        bind += [f"  (void){n};" for n, _ in self.sizes.symbols]
+        check = ["static void check_sizes(const int64_t* sizes) {", "  (void)sizes;", *bind]
+        if self.sizes.relations:
+            said = ' + ", " + '.join(f'{cstr(n + " = ")} + std::to_string({n}) + {cstr(f" ({what})")}'
+                                      for n, what in self.sizes.symbols)
+            check.append(f"  const auto sizes_said = [&]() -> std::string {{ return {said}; }};")
+        for cpp, text in self.sizes.relations:
+            msg = cstr(f"the input sizes break a relation the program was exported for: {text}; sizes: ")
+            check.append(f"  if (!({cpp})) throw std::runtime_error(std::string({msg}) + sizes_said());")
+        check.append("}")
+        layouts = ["static void output_layouts(const int64_t* sizes, int64_t* layouts) {", "  (void)sizes;", *bind]
+        at = 0
+        for shape, stride, _ in output_specs(self.p):
+            for x in (*shape, *stride):
+                layouts.append(f"  layouts[{at}] = {size_cpp(x)};")
+                at += 1
+        layouts.append("}")
+        return "\n".join(check + [""] + layouts) + "\n\n"
 
     def write(self) -> str:
         self.body()
         device = "cuda" if self.cuda is not None else "cpu"
         head = HEAD.format(name=self.p.name, device=device, includes=CUDA_INCLUDE if self.cuda is not None else "")
-        fn = ["static void run_graph(kiln_rt::Device dev, void* const* inputs, void* const* constants, "
-              "void* const* outputs) {",
-              "  (void)dev; (void)inputs; (void)constants; (void)outputs;"]
+        fn = ["static void run_graph(kiln_rt::Device dev, const int64_t* sizes, void* const* inputs, "
+              "void* const* constants, void* const* outputs) {",
+              "  (void)dev; (void)inputs; (void)constants; (void)outputs;",
+              "  check_sizes(sizes);"]
+        fn += [f"  const int64_t {n} = sizes[{i}];  // {what}" for i, (n, what) in enumerate(self.sizes.symbols)]
         if self.cuda is not None:  # this call's stream and the device's kernels
             fn.append("  const kiln_rt::cuda::Launcher launch = PROGRAM.launcher(dev.index);")
         fn += [*self.lines, "}"]
@@ -280,16 +347,16 @@ class CppWrapperWriter:
                          load=LOAD_CUDA if self.cuda is not None else "0",
                          names=", ".join(json.dumps(n) for n, _ in self.ops) or "nullptr",
                          overloads=", ".join(json.dumps(o) for _, o in self.ops) or "nullptr")
-        return head + self.declarations() + "\n".join(fn) + "\n" + abi
+        return head + self.declarations() + self.size_functions() + "\n".join(fn) + "\n" + abi
 
 
 def cpp_wrapper_source(s: ScheduledProgram, symbols: dict[str, str], slots: dict[int, Slot],
-                       cuda: CudaKernels | None = None) -> str:
-    return CppWrapperWriter(s, symbols, slots, cuda).write()
+                       cuda: CudaKernels | None = None, sizes: SizeArgs = SizeArgs()) -> str:
+    return CppWrapperWriter(s, symbols, slots, cuda, sizes).write()
 
 
-def output_specs(p: LoopProgram) -> list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]:
-    """(shape, stride, dtype) the caller allocates for each output."""
+def output_specs(p: LoopProgram) -> list[tuple[tuple[Any, ...], tuple[Any, ...], torch.dtype]]:
+    """(shape, stride, dtype) the caller allocates for each output (sympy expressions for symbolic sizes)."""
     out = []
     for k, o in enumerate(p.outputs):
         if isinstance(o, ConstArg) or not isinstance(o, TensorRef):

@@ -122,20 +122,29 @@ def _sections(elf: bytes) -> dict[str, bytes]:
     return {name(h[0]): elf[h[4]:h[4] + h[5]] for h in headers}
 
 
-def kernel_param_count(cubin: bytes, symbol: str) -> int:
-    """How many parameters ``symbol`` takes, from its ``.nv.info.<symbol>`` attributes (each 4 bytes:
-    format, attribute, and a 16-bit value or, for sized values, their length and then the data)."""
+def kernel_param_sizes(cubin: bytes, symbol: str) -> list[int]:
+    """The byte size of each parameter ``symbol`` takes, in order, from its ``.nv.info.<symbol>``
+    attributes (each 4 bytes: format, attribute, and a 16-bit value or, for sized values, their length
+    and then the data; a parameter's data: index u32, ordinal u16, offset u16, flags u32 whose top 14
+    bits are its size)."""
     info = _sections(cubin).get(f".nv.info.{symbol}")
     if info is None:
         raise CubinUnsupported(f"the cubin has no .nv.info.{symbol} section")
-    i = count = 0
+    i, params = 0, {}
     while i + 4 <= len(info):
         fmt, attr, value = info[i], info[i + 1], struct.unpack_from("<H", info, i + 2)[0]
         if fmt not in (1, 2, 3, 4):
             raise CubinUnsupported(f".nv.info.{symbol}: attribute format {fmt} is not known here")
-        count += attr == _KPARAM_INFO
+        if attr == _KPARAM_INFO and fmt == 4 and value >= 12:
+            _, ordinal, _, flags = struct.unpack_from("<IHHI", info, i + 4)
+            params[ordinal] = flags >> 18
         i += 4 + (value if fmt == 4 else 0)
-    return count
+    return [params[k] for k in sorted(params)]
+
+
+def kernel_param_count(cubin: bytes, symbol: str) -> int:
+    """How many parameters ``symbol`` takes (``kernel_param_sizes``)."""
+    return len(kernel_param_sizes(cubin, symbol))
 
 
 @dataclass(frozen=True)
@@ -157,21 +166,56 @@ class Cubin:
 
 @dataclass(frozen=True, slots=True)
 class CubinSite:
-    """One generated kernel's launch: which cubin, over which grid, with which buffers."""
+    """One generated kernel's launch: which cubin, over which grid (C++ int expressions: literals, or
+    over the size symbols), with which buffers, then which size symbols (passed as int64: the kernels declare them i64)."""
 
     kernel: str
     cubin: int  # index into the program's cubins
-    grid: tuple[int, int, int]
+    grid: tuple[str, str, str]
     pointer_args: tuple[str, ...]
+    size_args: tuple[str, ...] = ()
+    numel: str = ""  # symbolic sizes: the C++ expression of its element count (no launch when 0)
 
 
 def static_grid(k: TritonKernel) -> tuple[int, int, int]:
     """The launch grid of a kernel with static sizes (its ``grid`` is then a literal)."""
     if k.size_args:
-        raise CubinUnsupported(f"triton kernel {k.name} has symbolic sizes ({', '.join(k.size_args)}); a "
-                               "package is compiled for static shapes")
+        raise CubinUnsupported(f"triton kernel {k.name} has symbolic sizes ({', '.join(k.size_args)})")
     grid = ast.literal_eval(k.grid)
     return int(grid[0]), int(grid[1]), int(grid[2])
+
+
+def _site(k: TritonKernel, cubin: int) -> CubinSite:
+    if not k.size_args:
+        return CubinSite(k.name, cubin, tuple(str(g) for g in static_grid(k)), k.pointer_args)  # type: ignore[arg-type]
+    x, y = cpp_size(k.xnumel), cpp_size(k.ynumel)
+    gy = f"({y} + {k.yblock - 1}) / {k.yblock}" if k.yblock else "1"
+    return CubinSite(k.name, cubin, (f"({x} + {k.xblock - 1}) / {k.xblock}", gy, "1"), k.pointer_args, k.size_args,
+                     f"({x}) * ({y})")
+
+
+_CPP_OPS = {ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "/", ast.Mod: "%"}
+
+
+def cpp_size(expr: str) -> str:
+    """A size the Triton backend printed as Python (``python_index``: ints, size symbols, + - * // %,
+    max/min) as a C++ int64 expression; sizes are non-negative, so ``//`` and ``%`` are C++'s."""
+    def emit(n: ast.AST) -> str:
+        if isinstance(n, ast.Constant) and isinstance(n.value, int):
+            return f"int64_t({n.value})"
+        if isinstance(n, ast.Name):
+            return n.id
+        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub):
+            return f"(-{emit(n.operand)})"
+        if isinstance(n, ast.BinOp) and type(n.op) in _CPP_OPS:
+            return f"({emit(n.left)} {_CPP_OPS[type(n.op)]} {emit(n.right)})"
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("max", "min") and n.args:
+            out = emit(n.args[0])
+            for a in n.args[1:]:
+                out = f"std::{n.func.id}<int64_t>({out}, {emit(a)})"
+            return out
+        raise CubinUnsupported(f"the size {expr!r} has no C++ form here")
+    return emit(ast.parse(expr, mode="eval").body)
 
 
 def _job(k: TritonKernel, layouts: Mapping[str, Layout], path: str, module: str) -> TritonJob:
@@ -181,7 +225,7 @@ def _job(k: TritonKernel, layouts: Mapping[str, Layout], path: str, module: str)
     dtypes = tuple(str(layouts[b].dtype).removeprefix("torch.") for b in k.pointer_args)
     consts = tuple(sorted(launch_constants(k).items()))
     return TritonJob(path, module, k.function or k.name, dtypes, consts, k.num_warps,
-                     int(getattr(k, "num_stages", 1)), builds_launcher=False)
+                     int(getattr(k, "num_stages", 1)), builds_launcher=False, sizes=len(k.size_args))
 
 
 def compile_cubins(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout],
@@ -199,8 +243,7 @@ def compile_cubins(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout
     jobs: dict[TritonJob, int] = {}
     sites: list[tuple[TritonKernel, TritonJob]] = []
     for k in kernels:
-        grid = static_grid(k)
-        if 0 in grid:
+        if not k.size_args and 0 in static_grid(k):
             continue
         job = _job(k, layouts, path, name)
         jobs.setdefault(job, len(jobs))
@@ -209,7 +252,7 @@ def compile_cubins(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout
     if batch is not None:  # the pool fills triton's cache; each is read back below
         batch.wait()
     cubins = [_cubin(job, target) for job in jobs]
-    return cubins, [CubinSite(k.name, jobs[job], static_grid(k), k.pointer_args) for k, job in sites]
+    return cubins, [_site(k, jobs[job]) for k, job in sites]
 
 
 def _cubin(job: TritonJob, target: tuple[str, int, int]) -> Cubin:
@@ -227,12 +270,16 @@ def _cubin(job: TritonJob, target: tuple[str, int, int]) -> Cubin:
         binary, launch = kernel.asm.get("cubin"), cubin_launch(kernel.metadata)
         if launch.arch != target[1] or not binary:
             raise CubinUnsupported(f"{job.function}: triton compiled it for sm_{launch.arch}, asked for sm_{target[1]}")
-    passed = len(job.dtypes) + launch.scratch_params
-    takes = kernel_param_count(bytes(binary), launch.symbol)
-    if takes != passed:
-        raise CubinUnsupported(f"{job.function}: its cubin takes {takes} parameters, the C++ launch would pass "
-                               f"{passed} ({len(job.dtypes)} pointers + {launch.scratch_params} scratch): this "
-                               f"triton ({launch.triton_version}) lays kernel parameters out otherwise")
+    passed = len(job.dtypes) + job.sizes + launch.scratch_params
+    sizes = kernel_param_sizes(bytes(binary), launch.symbol)
+    if len(sizes) != passed:
+        raise CubinUnsupported(f"{job.function}: its cubin takes {len(sizes)} parameters, the C++ launch would pass "
+                               f"{passed} ({len(job.dtypes)} pointers + {job.sizes} sizes + {launch.scratch_params} "
+                               f"scratch): this triton ({launch.triton_version}) lays kernel parameters out otherwise")
+    widths = sizes[len(job.dtypes):len(job.dtypes) + job.sizes]
+    if any(w != 8 for w in widths):  # the C++ launcher passes each size as an int64 (model_support_cuda.cpp)
+        raise CubinUnsupported(f"{job.function}: its cubin takes size parameters of {widths} bytes, the C++ "
+                               "launch passes 8-byte ints")
     return Cubin(job.function, bytes(binary), launch)
 
 

@@ -92,9 +92,10 @@ class Stack {
 // Look up the graph's ATen ops by (name, overload) into the table Stack::call indexes.
 int init_ops(const char* const* names, const char* const* overloads, int n, char* err, size_t err_len);
 // Run ``graph`` in inference mode on ``dev`` (its device current); 0, or 1 with the exception's message in ``err``.
-using Graph = void (*)(Device, void* const*, void* const*, void* const*);
-int run(Graph graph, Device dev, void* const* inputs, void* const* constants, void* const* outputs, char* err,
-        size_t err_len);
+// ``sizes``: the size symbols' values (symbolic shapes), passed through.
+using Graph = void (*)(Device, const int64_t*, void* const*, void* const*, void* const*);
+int run(Graph graph, Device dev, const int64_t* sizes, void* const* inputs, void* const* constants,
+        void* const* outputs, char* err, size_t err_len);
 // Write the current exception's message into ``err`` (inside a catch block); returns 1.
 int report(const char* what, char* err, size_t err_len);
 

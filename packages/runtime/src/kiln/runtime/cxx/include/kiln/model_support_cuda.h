@@ -36,8 +36,10 @@ struct DeviceKernels;  // the cubins loaded onto one device (model_support_cuda.
 class Launcher {
  public:
   Launcher(const DeviceKernels* kernels, int device, void* stream) : k_(kernels), device_(device), stream_(stream) {}
-  // kernel ``k`` over grid (gx, gy, gz) with these pointer arguments, in order
-  void operator()(int k, unsigned gx, unsigned gy, unsigned gz, std::initializer_list<void*> args) const;
+  // kernel ``k`` over grid (gx, gy, gz) with these pointer arguments, in order, then these sizes (symbolic
+  // shapes: passed as int32, as the cubin was compiled; a size past int32 throws)
+  void operator()(int k, unsigned gx, unsigned gy, unsigned gz, std::initializer_list<void*> args,
+                  std::initializer_list<int64_t> sizes = {}) const;
 
  private:
   const DeviceKernels* k_;

@@ -14,6 +14,11 @@
 // onto the device once). run() checks each input's dtype, shape and device against the manifest; on CUDA
 // it runs on the device's current stream. Every failure is a std::runtime_error whose message names
 // the package and what is wrong.
+//
+// Dynamic shapes: a dim the manifest names by a size symbol varies. run() reads each symbol from the
+// input dim the manifest's "sizes" say, checks it against its range, checks every input dim named by a
+// symbol against its value (two inputs sharing a dim), and has model.so check the other relations the
+// program assumed and give the outputs' layouts at those sizes.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -33,6 +38,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
@@ -44,14 +50,25 @@
 
 namespace kiln {
 
-constexpr int kPackageSchemaVersion = 1;
-constexpr int kModelAbiVersion = 2;
+constexpr int kPackageSchemaVersion = 2;
+constexpr int kModelAbiVersion = 3;
 
 struct TensorSpec {
   std::string name;
   at::ScalarType dtype;
-  std::vector<int64_t> shape;
-  std::vector<int64_t> stride;
+  std::vector<int64_t> shape;   // -1 where the dim is symbolic
+  std::vector<int64_t> stride;  // empty for a symbolic input: contiguous
+  std::vector<std::string> symbols;  // per dim: the size symbol (or expression) naming it, "" when static
+  bool dynamic() const { return !symbols.empty(); }
+};
+
+// A dim that varies: its size symbol, the input dim it is read from, and the sizes served.
+struct SizeSpec {
+  std::string symbol;
+  size_t input;
+  int64_t dim;
+  int64_t min;
+  int64_t max;
 };
 
 namespace detail {
@@ -135,8 +152,23 @@ inline std::string missing_cpu_flags(const Json& built) {
   return missing;
 }
 
+inline std::string shape_text(const TensorSpec& s) {
+  std::string out = "[";
+  for (size_t d = 0; d < s.shape.size(); ++d)
+    out += (d ? ", " : "") + (s.symbols.empty() || s.symbols[d].empty() ? std::to_string(s.shape[d]) : s.symbols[d]);
+  return out + "]";
+}
+
 inline TensorSpec spec_of(const Json& j) {
-  return TensorSpec{j.at("name").str(), dtype_of(j.at("dtype").str()), j.at("shape").ints(), j.at("stride").ints()};
+  TensorSpec s{j.at("name").str(), dtype_of(j.at("dtype").str()), {}, {}, {}};
+  bool symbolic = false;
+  for (const auto& d : j.at("shape").array()) symbolic = symbolic || d.kind == Json::Kind::String;
+  for (const auto& d : j.at("shape").array()) {
+    s.shape.push_back(d.kind == Json::Kind::String ? -1 : d.integer());
+    if (symbolic) s.symbols.push_back(d.kind == Json::Kind::String ? d.str() : "");
+  }
+  if (!symbolic) s.stride = j.at("stride").ints();
+  return s;
 }
 
 }  // namespace detail
@@ -154,6 +186,7 @@ class Runner {
 
   const std::vector<TensorSpec>& input_specs() const { return inputs_; }
   const std::vector<TensorSpec>& output_specs() const { return outputs_; }
+  const std::vector<SizeSpec>& size_specs() const { return sizes_; }
   // where it runs: the device asked for, a CUDA one with its index (the current device's when none was given)
   c10::Device device() const { return device_; }
 
@@ -165,24 +198,37 @@ class Runner {
     std::vector<at::Tensor> held;  // inputs copied into the declared strides
     std::vector<void*> in(inputs.size());
     for (size_t i = 0; i < inputs.size(); ++i) in[i] = checked(i, inputs[i], held);
+    std::vector<int64_t> sizes = checked_sizes(inputs);
+    char err[2048] = {0};
+    std::vector<int64_t> layouts(layout_len_);
+    if (layouts_(sizes.data(), layouts.data(), err, sizeof(err)) != 0)
+      throw std::runtime_error(std::string("kiln::Runner::run: ") + err);
     std::vector<at::Tensor> outs;
     std::vector<void*> out;
+    size_t pos = 0;
     for (const auto& s : outputs_) {
-      outs.push_back(at::empty_strided(s.shape, s.stride, at::TensorOptions().dtype(s.dtype).device(device_)));
+      at::IntArrayRef shape(layouts.data() + pos, s.shape.size());
+      at::IntArrayRef stride(layouts.data() + pos + s.shape.size(), s.shape.size());
+      pos += 2 * s.shape.size();
+      outs.push_back(at::empty_strided(shape, stride, at::TensorOptions().dtype(s.dtype).device(device_)));
       out.push_back(outs.back().data_ptr());
     }
-    char err[2048] = {0};
-    if (run_(int(device_.type()), device_.index(), in.data(), constants_.data(), out.data(), err, sizeof(err)) != 0)
+    if (run_(int(device_.type()), device_.index(), sizes.data(), in.data(), constants_.data(), out.data(), err,
+             sizeof(err)) != 0)
       throw std::runtime_error(std::string("kiln::Runner::run: ") + err);
     return outs;
   }
 
  private:
   using InitFn = int (*)(const char*, int, int, char*, size_t);
-  using RunFn = int (*)(int, int, void* const*, void* const*, void* const*, char*, size_t);
+  using LayoutsFn = int (*)(const int64_t*, int64_t*, char*, size_t);
+  using RunFn = int (*)(int, int, const int64_t*, void* const*, void* const*, void* const*, char*, size_t);
   std::string path_;
   c10::Device device_ = c10::kCPU;
   std::vector<TensorSpec> inputs_, outputs_;
+  std::vector<SizeSpec> sizes_;
+  size_t layout_len_ = 0;  // every output's shape and stride
+  LayoutsFn layouts_ = nullptr;
   std::vector<void*> constants_;
   std::vector<at::Tensor> device_constants_;  // a CUDA package's weights, copied onto its device
   std::unique_ptr<detail::MappedFile> weights_;
@@ -213,6 +259,16 @@ class Runner {
     if (t.scalar_type() != s.dtype)
       throw std::runtime_error(who + ": expected dtype " + std::string(c10::toString(s.dtype)) + ", got " +
                                c10::toString(t.scalar_type()));
+    if (s.dynamic()) {  // its static dims here, its symbolic ones in checked_sizes
+      bool same = t.dim() == int64_t(s.shape.size());
+      for (size_t d = 0; same && d < s.shape.size(); ++d) same = s.shape[d] < 0 || t.size(int64_t(d)) == s.shape[d];
+      if (!same)
+        throw std::runtime_error(who + ": expected shape " + detail::shape_text(s) + ", got " +
+                                 detail::dims(t.sizes()) + " (the dims named by a size symbol vary)");
+      if (t.is_contiguous()) return t.data_ptr();
+      held.push_back(t.contiguous());
+      return held.back().data_ptr();
+    }
     if (t.sizes() != at::IntArrayRef(s.shape))
       throw std::runtime_error(who + ": expected shape " + detail::dims(s.shape) + ", got " + detail::dims(t.sizes()) +
                                " (the package was exported for static shapes)");
@@ -220,6 +276,36 @@ class Runner {
     held.push_back(at::empty_strided(s.shape, s.stride, t.options()));
     held.back().copy_(t);
     return held.back().data_ptr();
+  }
+
+  // Each size symbol's value, read from its input dim and checked against its range; then the input
+  // dims named by one symbol checked to be equal (inputs that share a dim; the first one names it).
+  std::vector<int64_t> checked_sizes(const std::vector<at::Tensor>& inputs) const {
+    std::vector<int64_t> out;
+    for (const auto& z : sizes_) {
+      int64_t v = inputs[z.input].size(z.dim);
+      if (v < z.min || v > z.max)
+        throw std::runtime_error("kiln::Runner::run: input " + std::to_string(z.input) + " ('" + inputs_[z.input].name +
+                                 "') dim " + std::to_string(z.dim) + ": size " + std::to_string(v) +
+                                 " is outside the range [" + std::to_string(z.min) + ", " + std::to_string(z.max) +
+                                 "] the package was exported for");
+      out.push_back(v);
+    }
+    std::map<std::string, std::pair<size_t, int64_t>> first;  // symbol -> (input, dim) naming it first
+    for (size_t i = 0; i < inputs_.size(); ++i)
+      for (size_t d = 0; d < inputs_[i].symbols.size(); ++d) {
+        const std::string& sym = inputs_[i].symbols[d];
+        if (sym.empty()) continue;
+        auto [it, fresh] = first.emplace(sym, std::make_pair(i, int64_t(d)));
+        const auto [j, e] = it->second;
+        if (fresh || inputs[i].size(int64_t(d)) == inputs[j].size(e)) continue;
+        throw std::runtime_error(
+            "kiln::Runner::run: input " + std::to_string(i) + " ('" + inputs_[i].name + "') dim " + std::to_string(d) +
+            ": size " + std::to_string(inputs[i].size(int64_t(d))) + " must equal input " + std::to_string(j) + " ('" +
+            inputs_[j].name + "') dim " + std::to_string(e) + ", size " + std::to_string(inputs[j].size(e)) +
+            " (the program relates these sizes: both are " + sym + ")");
+      }
+    return out;
   }
 
   void verify(const detail::Json& files, const std::string& name, const uint8_t* data, size_t size) const {
@@ -283,7 +369,17 @@ class Runner {
                                  "); rebuild the package on this machine");
     }
     for (const auto& j : m.at("inputs").array()) inputs_.push_back(detail::spec_of(j));
-    for (const auto& j : m.at("outputs").array()) outputs_.push_back(detail::spec_of(j));
+    for (const auto& j : m.at("outputs").array()) {
+      outputs_.push_back(detail::spec_of(j));
+      layout_len_ += 2 * outputs_.back().shape.size();
+    }
+    for (const auto& j : m.at("sizes").array()) {
+      SizeSpec z{j.at("symbol").str(), size_t(j.at("input").integer()), j.at("dim").integer(), j.at("min").integer(),
+                 j.at("max").integer()};
+      if (z.input >= inputs_.size() || z.dim < 0 || z.dim >= int64_t(inputs_[z.input].shape.size()))
+        throw std::runtime_error("manifest.json: size " + z.symbol + " names no input dim");
+      sizes_.push_back(z);
+    }
     c10::OptionalDeviceGuard on_device;
     if (!device_.is_cpu()) on_device.reset_device(device_);
     load_weights(m, files);
@@ -332,8 +428,9 @@ class Runner {
     auto abi = reinterpret_cast<int (*)()>(::dlsym(lib_, "kiln_model_abi_version"));
     auto init = reinterpret_cast<InitFn>(::dlsym(lib_, "kiln_model_init"));
     run_ = reinterpret_cast<RunFn>(::dlsym(lib_, "kiln_model_run"));
+    layouts_ = reinterpret_cast<LayoutsFn>(::dlsym(lib_, "kiln_model_output_layouts"));
     if (!abi || !init || !run_) throw std::runtime_error(name + " is not a kiln model library");
-    if (abi() != kModelAbiVersion || abi() != m.at("abi_version").integer())
+    if (abi() != kModelAbiVersion || abi() != m.at("abi_version").integer() || !layouts_)
       throw std::runtime_error(name + " has model ABI version " + std::to_string(abi()) + ", this runner calls version " +
                                std::to_string(kModelAbiVersion));
     char err[2048] = {0};
@@ -344,6 +441,7 @@ class Runner {
   void close() {
     lib_ = nullptr;
     run_ = nullptr;
+    layouts_ = nullptr;
   }
 };
 
