@@ -115,13 +115,22 @@ COMPILE = textwrap.dedent("""
         return TritonKernel(name=name, source=src.format(name=name), pointer_args=args, size_args=(), xnumel="1000",
                             xblock=128, rblock=0, num_warps=4, kind="pointwise", function=function)
     layouts = {b: Layout.contiguous((1000,), torch.float32, "cuda") for b in "abcdef"}
-    def symbolic(layouts):  # a size parameter: compiled as an unspecialised int32, launched after the pointers
-        s = src.format(name="k2").replace("XBLOCK: tl.constexpr", "s0, XBLOCK: tl.constexpr").replace("1000", "s0")
+    def symbolic(layouts):  # a size parameter as kiln declares it (i64, unspecialised), launched after the pointers
+        s = (src.format(name="k2").replace("XBLOCK: tl.constexpr", 's0: "i64", XBLOCK: tl.constexpr')
+             .replace("1000", "s0").replace("@triton.jit", "@triton.jit(do_not_specialize=['s0'])"))
         k2 = TritonKernel(name="k2", source=s, pointer_args=("a", "b", "c"), size_args=("s0",), xnumel="s0",
                           xblock=128, rblock=0, num_warps=4, kind="pointwise")
         (c,), (site,) = compile_cubins([k2], layouts, 90)
+        narrow = TritonKernel(name="k3", source=s.replace('s0: "i64"', "s0").replace("k2", "k3"),
+                              pointer_args=("a", "b", "c"), size_args=("s0",), xnumel="s0", xblock=128, rblock=0,
+                              num_warps=4, kind="pointwise")
+        try:  # a size compiled as int32 would read half of the int64 the C++ launcher passes: refused
+            compile_cubins([narrow], layouts, 90)
+            refused = ""
+        except Exception as e:
+            refused = str(e)
         return [kernel_param_count(c.binary, c.launch.symbol) - c.launch.scratch_params, list(site.grid),
-                list(site.size_args), site.numel]
+                list(site.size_args), site.numel, refused]
     # the second launches the first's function with the same specialisation: one cubin, two launches
     cubins, sites = compile_cubins([k("k0", ("a", "b", "c")), k("k1", ("d", "e", "f"), "k0")], layouts, 90)
     print(json.dumps({"cubins": [[c.function, c.binary[:4].hex(), int.from_bytes(c.binary[18:20], "little"),
@@ -149,7 +158,8 @@ def test_compile_for_sm90_without_a_gpu() -> None:
     assert launch["symbol"] == "k0" and launch["num_warps"] == 4 and launch["arch"] == 90
     assert out["sites"] == [["k0", 0, ["8", "1", "1"], ["a", "b", "c"]], ["k1", 0, ["8", "1", "1"], ["d", "e", "f"]]]
     assert out["again"] == [80]
-    assert out["symbolic"] == [4, ["(s0 + 127) / 128", "1", "1"], ["s0"], "(s0) * (int64_t(1))"]
+    assert out["symbolic"][:4] == [4, ["(s0 + 127) / 128", "1", "1"], ["s0"], "(s0) * (int64_t(1))"]
+    assert "size parameters of [4] bytes" in out["symbolic"][4]
 
 
 def test_interpreter_compiles_no_cubins() -> None:
