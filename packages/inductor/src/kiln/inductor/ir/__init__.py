@@ -70,6 +70,7 @@ from .nodes import (
 )
 from .parse import IRParseError, parse_index, parse_layout, parse_program
 from .program import LoopProgram, Output, node_reads
+from .scalars import SymScalar, python_scalar, sym_scalar
 from .sizes import (
                    SizeGuard,
                    SizeSource,
@@ -91,4 +92,5 @@ __all__ = [
     "strided_index", "substitute_index", "verify_kernel", "verify_program", "verify_schedule", "walk",
     "work_buffers", "DynamicShapeUnsupported", "SizeGuard", "SizeSource", "is_size_symbol", "kernel_size_symbols",
     "is_symbolic", "size_symbol", "size_symbols_of", "substitute_hints", "sym_expr",
+    "SymScalar", "python_scalar", "sym_scalar",
 ]
