@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 from torch import fx
 
@@ -254,19 +255,16 @@ def _iota(ctx: LoweringContext, node: fx.Node, length: int, *, start: int = 0, s
 
 
 def _arange(ctx: LoweringContext, node: fx.Node, *args, **kw) -> Lazy:
-    nums = [a for a in args if isinstance(a, (int, float))]
-    start, step = (0, 1)
-    if len(nums) >= 2:
-        start = nums[0]
-    if len(nums) >= 3:
-        step = nums[2]
+    """``start + i * step``: in int64 when both are ints (symbolic sizes too), else in float64 as
+    ATen accumulates a floating arange (a symbolic float start or step included)."""
+    start, step = (0, 1) if len(args) < 2 else (args[0], args[2] if len(args) > 2 else kw.get("step", 1))
     (i0,) = index_vars("i", 1)
     d = out_dtype(node)
-    if isinstance(start, int) and isinstance(step, int):
+    if all(isinstance(v, (int, sympy.Expr)) and not isinstance(v, bool) for v in (start, step)):
         return Lazy(out_shape(node), d, cast(IndexValue(i0 * step + start, torch.int64), d))
     cd = torch.float64
-    body = op("add", op("mul", cast(IndexValue(i0, torch.int64), cd), Constant(float(step), cd), dtype=cd),
-              Constant(float(start), cd), dtype=cd)
+    body = op("add", op("mul", cast(IndexValue(i0, torch.int64), cd), scalar_value(step, cd), dtype=cd),
+              scalar_value(start, cd), dtype=cd)
     return Lazy(out_shape(node), d, cast(body, d))
 
 
@@ -326,4 +324,4 @@ SYMBOLIC_FLOAT_OPS: frozenset[str] = frozenset(
     + [f"aten.where.{ov}" for ov in ("self", "ScalarSelf", "ScalarOther", "Scalar")]
     + ["aten.masked_fill.Scalar", "aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default",
        "aten.full.default", "aten.full_like.default", "aten.fill.Scalar", "aten.new_full.default",
-       "aten.scalar_tensor.default"])
+       "aten.scalar_tensor.default", "aten.arange.default", "aten.arange.start", "aten.arange.start_step"])
