@@ -1,6 +1,6 @@
 """Floats computed from dynamic sizes through kiln.compile(dynamic=True) with the inductor backend:
 ``loss / batch``, ``x * (1.0 / n)``, ``x / math.sqrt(d)``, ``torch.full((n,), 1.0 / n)``, interpolation
-scales. One compiled graph serves sizes 2, 7, 64 (size 1 specialises, as in torch), kiln.inductor
+scales and sizes floored from them. One compiled graph serves sizes 2, 7, 64 (size 1 specialises, as in torch), kiln.inductor
 generates its code (no graph refused to ATen: ``kiln.stats().graphs_run_eagerly``), and results and
 gradients equal eager's, called repeatedly with fresh inputs."""
 
@@ -31,6 +31,8 @@ PATTERNS: dict[str, tuple[Callable, Callable[[int], torch.Tensor]]] = {
                           lambda n: torch.randn(2, 3, n)),
     "interpolate_size": (lambda x: F.interpolate(x, size=(2 * x.shape[-1] + 1,), mode="nearest"),
                          lambda n: torch.randn(2, 3, n)),
+    "interpolate_by_1_5": (lambda x: F.interpolate(x, scale_factor=1.5, mode="linear"),
+                           lambda n: torch.randn(2, 3, n)),
     "softmax_temperature": (lambda x: (x * math.sqrt(x.shape[-1])).softmax(-1), lambda n: torch.randn(3, n)),
 }
 

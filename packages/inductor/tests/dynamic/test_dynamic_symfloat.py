@@ -12,9 +12,11 @@ import sympy
 import torch
 import torch.nn.functional as F
 from dynamic_helpers import BACKENDS, CPP, check_sizes, compile_symbolic, is_dynamic, symbolic_graph
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from kiln.inductor import DynamicShapeUnsupported, compile_graph
-from kiln.inductor.ir import ExternKernel, SymScalar, op, python_scalar
+from kiln.inductor.ir import ExternKernel, SymScalar, op, python_scalar, sym_scalar
 from kiln.inductor.ir.expr import Cast, Constant, IndexValue
 
 torch.manual_seed(0)
@@ -124,11 +126,32 @@ def test_python_form_of_a_symbolic_float():
     assert eval(text, {"math": math, "s0": 7}) == 1.0 / math.sqrt(7)  # noqa: S307
 
 
-def test_float_size_it_cannot_model_is_refused():
-    """A size computed by flooring a float (``recompute_scale_factor=True``) has no form in kiln's index
-    expressions: the graph is refused (kiln.compile runs its ATen graph, counted), never miscompiled."""
-    def fn(x):
-        return (F.interpolate(x, scale_factor=1.5, mode="linear", recompute_scale_factor=True),)
-    gm, examples = symbolic_graph(fn, torch.randn(2, 3, 6), dynamic={0: (2,)})
-    with pytest.raises(DynamicShapeUnsupported):
-        compile_graph(gm, examples, options=CPP)
+DERIVED = {
+    "linear_1_5": lambda x: (F.interpolate(x, scale_factor=1.5, mode="linear"),),
+    "nearest_0_5": lambda x: (F.interpolate(x, scale_factor=0.5, mode="nearest"),),
+    "recompute_scale": lambda x: (F.interpolate(x, scale_factor=1.5, mode="linear", recompute_scale_factor=True),),
+    "int_of_float_as_value": lambda x: (x * torch.sym_int(x.shape[-1] * 0.5 - 3),),
+    "flattened": lambda x: (F.interpolate(x, scale_factor=1.5, mode="nearest").flatten(1) * 2,),
+}
+
+
+@pytest.mark.parametrize("options", BACKENDS)
+@pytest.mark.parametrize("name", sorted(DERIVED))
+def test_sizes_floored_from_floats(options, name):
+    """A size torch computes by flooring a float (``floor(1.5 * n)``: interpolation by a non-integer
+    scale) is a size argument of its own, computed by the wrapper in Python as torch computed it."""
+    fn = DERIVED[name]
+    make = lambda n: (torch.randn(2, 3, n),)  # noqa: E731
+    cg = _compile(fn, make, options, {0: (2,)})
+    (derived,) = [z for z in cg.loop_program.sizes if z.source.startswith("int(")]
+    assert derived.hint == int(eval(derived.source, {}, cg.loop_program.hints))  # noqa: S307
+    check_sizes(cg, fn, make, (2, 7, 64, 3, 5), atol=1e-6, rtol=1e-6)
+
+
+def test_float_it_cannot_model_is_refused():
+    """A float expression outside the modelled vocabulary (cos of a size) is refused with
+    DynamicShapeUnsupported (kiln.compile then runs the graph's ATen form, counted), never guessed."""
+    n = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(torch.empty(5, 3)).shape[0]
+    assert isinstance(sym_scalar(1.0 / torch._sym_sqrt(n)), SymScalar)
+    with pytest.raises(DynamicShapeUnsupported, match="cos"):
+        sym_scalar(torch._sym_cos(n) * 2.0)

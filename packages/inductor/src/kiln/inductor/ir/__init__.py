@@ -20,6 +20,7 @@ from .expr import (
                    walk,
 )
 from .index import (
+                   DerivedSize,
                    DynamicShapeUnsupported,
                    FloorDiv,
                    IndexExpr,
@@ -92,5 +93,5 @@ __all__ = [
     "strided_index", "substitute_index", "verify_kernel", "verify_program", "verify_schedule", "walk",
     "work_buffers", "DynamicShapeUnsupported", "SizeGuard", "SizeSource", "is_size_symbol", "kernel_size_symbols",
     "is_symbolic", "size_symbol", "size_symbols_of", "substitute_hints", "sym_expr",
-    "SymScalar", "python_scalar", "sym_scalar",
+    "SymScalar", "python_scalar", "sym_scalar", "DerivedSize",
 ]

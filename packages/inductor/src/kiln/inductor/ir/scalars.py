@@ -31,6 +31,7 @@ _FLOAT_FUNCTIONS = frozenset({"ToFloat", "FloatTrueDiv", "IntTrueDiv", "FloatPow
 _BINARY = {"FloatTrueDiv": "truediv", "IntTrueDiv": "truediv", "FloatPow": "pow", "Pow": "pow",
            "Max": "maximum", "Min": "minimum"}
 _UNARY = {"OpaqueUnaryFn_sqrt": "sqrt"}
+_TO_INT = frozenset({"FloorToInt", "CeilToInt", "TruncToInt"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +64,9 @@ def _float(e: sympy.Expr) -> Expr:
         if not e.is_real:
             raise DynamicShapeUnsupported(f"symbolic float {e} is not a real number")
         return Constant(float(e), F64)
-    if _is_int(e):
-        return _size(e)
     name = type(e).__name__
+    if _is_int(e) or name in _TO_INT:  # an int size expression, floor(1.5 * s0) included (DerivedSize)
+        return _size(e)
     if name == "ToFloat":
         return _size(e.args[0])
     if name in _UNARY:
