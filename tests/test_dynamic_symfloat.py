@@ -112,3 +112,42 @@ def test_dynamic_batch_training_step_divides_by_the_batch() -> None:
     s = kiln.stats()
     assert (s.graphs_compiled, s.recompiles, s.graphs_run_eagerly, s.frames_run_eagerly) == (1, 0, 0, 0), s
     assert len(ids) == 2 or s.cache_hits == 1, ids  # the forward and the backward, generated once
+
+
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_float_from_a_dynamic_size_on_the_gpu(name: str) -> None:
+    """The same patterns as Triton kernels on CUDA tensors: the float64 scalar math runs on the GPU."""
+    fn, make = PATTERNS[name]
+    kiln.reset()
+    kiln.stats_reset()
+    cf = kiln.compile(fn, dynamic=True)
+    for n in (7, 2, 64, 129, 7):
+        x = make(n).cuda()
+        torch.testing.assert_close(cf(x), fn(x), atol=1e-5, rtol=1e-5, msg=lambda m, n=n: f"size {n}: {m}")
+    s = kiln.stats()
+    assert (s.graphs_compiled, s.recompiles, s.graphs_run_eagerly, s.frames_run_eagerly) == (1, 0, 0, 0), s
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_dynamic_batch_training_step_on_the_gpu() -> None:
+    torch.manual_seed(1)
+    model, ref = Regressor().cuda(), Regressor().cuda()
+    ref.load_state_dict(model.state_dict())
+    kiln.reset()
+    kiln.stats_reset()
+    step = kiln.compile(model, dynamic=True)
+    for n in (7, 3, 64, 5, 257):
+        x, y = torch.randn(n, 8, device="cuda"), torch.randn(n, 4, device="cuda")
+        model.zero_grad(set_to_none=True)
+        ref.zero_grad(set_to_none=True)
+        loss, want = step(x, y), ref(x, y)
+        loss.backward()
+        want.backward()
+        torch.testing.assert_close(loss, want, atol=1e-5, rtol=1e-5)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-5)
+    s = kiln.stats()
+    assert (s.graphs_compiled, s.recompiles, s.graphs_run_eagerly, s.frames_run_eagerly) == (1, 0, 0, 0), s
