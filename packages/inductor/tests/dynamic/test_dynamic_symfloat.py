@@ -35,7 +35,7 @@ def _compile(fn, make_args, options, dims, example=5):
 # name -> (fn, inputs of size n, dynamic dims, exact): elementwise uses of the scalar are bit-exact
 ELEMENTWISE = {
     "mul_inverse": (lambda x: (x * (1.0 / x.shape[0]),), lambda n: (torch.randn(n, 4),), {0: (0,)}),
-    "div_sqrt": (lambda x: (x / torch._sym_sqrt(x.shape[-1]),), lambda n: (torch.randn(3, n),), {0: (1,)}),
+    "div_sqrt": (lambda x: (x / torch.sym_sqrt(x.shape[-1]),), lambda n: (torch.randn(3, n),), {0: (1,)}),
     "pow_half": (lambda x: (x * x.shape[-1] ** -0.5,), lambda n: (torch.randn(3, n),), {0: (1,)}),
     "full_inverse": (lambda x: (x + torch.full((x.shape[0],), 1.0 / x.shape[0]).unsqueeze(-1),),
                      lambda n: (torch.randn(n, 4),), {0: (0,)}),
@@ -43,7 +43,7 @@ ELEMENTWISE = {
                         lambda n: (torch.randn(n, n + 3),), {0: (0, 1)}),
     "where_clamp": (lambda x: (torch.where(x > 0, x, 1.0 / x.shape[0]).clamp(max=x.shape[0] * 0.25),),
                     lambda n: (torch.randn(n, 4),), {0: (0,)}),
-    "bf16": (lambda x: (x * (1.0 / x.shape[0]), x / torch._sym_sqrt(x.shape[0])),
+    "bf16": (lambda x: (x * (1.0 / x.shape[0]), x / torch.sym_sqrt(x.shape[0])),
              lambda n: (torch.randn(n, 4).bfloat16(),), {0: (0,)}),
     "arange_scaled": (lambda x: (x + torch.arange(x.shape[0]) * (1.0 / x.shape[0]),
                                  torch.arange(x.shape[0], 2 * x.shape[0]) + x),
@@ -65,7 +65,7 @@ TOLERANT = {
     "loss_times_inverse": (lambda x: ((x * x).sum() * (1.0 / x.shape[0]),), lambda n: (torch.randn(n, 4),)),
     "mean_as_sum_times_inverse": (lambda x: (x.sum(0) * (1.0 / x.shape[0]), x.mean(0)),
                                   lambda n: (torch.randn(n, 4),)),
-    "softmax_temperature": (lambda x: ((x / torch._sym_sqrt(x.shape[0])).softmax(0),),
+    "softmax_temperature": (lambda x: ((x / torch.sym_sqrt(x.shape[0])).softmax(0),),
                             lambda n: (torch.randn(n, 4),)),
 }
 
@@ -106,7 +106,7 @@ def test_op_without_a_symbolic_float_rule_gets_it_from_the_wrapper():
     """leaky_relu's rule reads its slope as a number: it runs through ATen, the wrapper computing the
     slope in Python from the call's sizes (a perf hint says so); correct for every size."""
     def fn(x):
-        return (F.leaky_relu(x, 1.0 / torch._sym_sqrt(x.shape[0])),)
+        return (F.leaky_relu(x, 1.0 / torch.sym_sqrt(x.shape[0])),)
     make = lambda n: (torch.randn(n, 4),)  # noqa: E731
     gm, examples = symbolic_graph(fn, *make(5), dynamic={0: (0,)})
     cg = compile_graph(gm, examples, options=CPP)
@@ -152,6 +152,6 @@ def test_float_it_cannot_model_is_refused():
     """A float expression outside the modelled vocabulary (cos of a size) is refused with
     DynamicShapeUnsupported (kiln.compile then runs the graph's ATen form, counted), never guessed."""
     n = FakeTensorMode(shape_env=ShapeEnv()).from_tensor(torch.empty(5, 3)).shape[0]
-    assert isinstance(sym_scalar(1.0 / torch._sym_sqrt(n)), SymScalar)
+    assert isinstance(sym_scalar(1.0 / torch.sym_sqrt(n)), SymScalar)
     with pytest.raises(DynamicShapeUnsupported, match="cos"):
         sym_scalar(torch._sym_cos(n) * 2.0)

@@ -214,7 +214,7 @@ def _record_sym(frame: Frame, fn: Any, v: Any) -> Any:
 
 
 def _sym_math(fn: Any, sym_fn: Any) -> Handler:
-    """``math.sqrt(n)`` of a symbolic size: recorded as torch's symbolic form (``torch._sym_sqrt``)
+    """``math.sqrt(n)`` of a symbolic size: recorded as torch's symbolic form (``torch.sym_sqrt``)
     instead of run on the size's value, which would specialise the graph to that size."""
     def call(frame: Frame, args: list, kwargs: dict) -> Any:
         if len(args) == 1 and not kwargs and _symbolic_number(args[0]):
@@ -404,7 +404,7 @@ def _register() -> None:
                  "named_children", "modules", "named_modules"):
         SPECIAL[getattr(torch.nn.Module, kind)] = _module_members(kind)
     SPECIAL[functools.wraps] = _wraps
-    SPECIAL[math.sqrt] = _sym_math(math.sqrt, torch._sym_sqrt)
+    SPECIAL[math.sqrt] = _sym_math(math.sqrt, torch.sym_sqrt)
     for text_fn in (str, repr):
         SPECIAL[text_fn] = _text(text_fn)
     SPECIAL[functools.partial] = lambda frame, args, kwargs: functools.partial(*args, **kwargs)

@@ -174,7 +174,7 @@ SIZE_OPS: dict[str, Callable[..., Any]] = {
 }
 SIZE_UNARY_OPS: dict[str, Callable[..., Any]] = {"ToFloat": torch.sym_float, "TruncToInt": torch.sym_int,
                                          "FloorToInt": math.floor, "CeilToInt": math.ceil,
-                                         "OpaqueUnaryFn_sqrt": torch._sym_sqrt}
+                                         "OpaqueUnaryFn_sqrt": torch.sym_sqrt}
 
 
 class SymbolNodes:

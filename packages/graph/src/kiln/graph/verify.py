@@ -15,8 +15,8 @@ from .printer import target_name
 
 _ALWAYS_OK = {operator.getitem}
 # symbolic-size arithmetic beside ``operator``/``math``: the torch.sym_* functions (kiln.graph.SymbolNodes)
-# and ``torch._sym_sqrt`` (``math.sqrt`` of a size, as capture records it)
-_SIZE_FUNCTIONS = {torch.sym_float, torch.sym_int, torch.sym_max, torch.sym_min, torch.sym_not, torch._sym_sqrt}
+# and ``torch.sym_sqrt`` (``math.sqrt`` of a size, as capture records it)
+_SIZE_FUNCTIONS = {torch.sym_float, torch.sym_int, torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_sqrt}
 
 
 def is_size_arithmetic(t: object) -> bool:

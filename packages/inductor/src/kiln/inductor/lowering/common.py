@@ -111,17 +111,6 @@ def scalar_value(a: object, dtype: torch.dtype) -> Expr:
     raise NotLowered(f"unsupported operand {type(a).__name__}")
 
 
-def scalar_dtype(a: object) -> torch.dtype:
-    """The dtype a Python scalar argument has before promotion (a symbolic float: float64)."""
-    if isinstance(a, SymScalar):
-        return torch.float64
-    if isinstance(a, sympy.Expr):
-        return torch.int64
-    if isinstance(a, (bool, int, float)):
-        return _scalar_dtype(a)
-    raise NotLowered(f"unsupported scalar {type(a).__name__}")
-
-
 def _scalar_dtype(a: bool | int | float) -> torch.dtype:
     if isinstance(a, bool):
         return torch.bool
