@@ -145,7 +145,8 @@ def test_sizes_floored_from_floats(options, name):
     cg = _compile(fn, make, options, {0: (2,)})
     (derived,) = [z for z in cg.loop_program.sizes if z.source.startswith("int(")]
     assert derived.hint == int(eval(derived.source, {}, cg.loop_program.hints))  # noqa: S307
-    check_sizes(cg, fn, make, (2, 7, 64, 3, 5), atol=1e-6, rtol=1e-6)
+    sizes = (2, 7, 64, 3, 5) if name == "nearest_0_5" else SIZES  # eager refuses an empty output (n = 1)
+    check_sizes(cg, fn, make, sizes, atol=1e-6, rtol=1e-6)
 
 
 def test_float_it_cannot_model_is_refused():
