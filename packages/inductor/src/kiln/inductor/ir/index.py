@@ -303,7 +303,8 @@ def derived_size(e: sympy.Expr) -> DerivedSize:
     for x in e.free_symbols:
         to_kiln(x)  # refuses unbacked symbols as every size does
     try:
-        source = f"int({py_expr(e)})"
+        text = py_expr(e)
+        source = text if text.startswith("int(") else f"int({text})"
     except SymbolicSizeError as err:
         raise DynamicShapeUnsupported(f"size expression {e} has no Python form: {err}") from err
     # non-negative only where that holds for every size (kiln's sizes may be 0): a division or

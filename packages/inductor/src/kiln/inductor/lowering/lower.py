@@ -83,8 +83,8 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
     ctx.origin = name.split(".")[1] if name.count(".") >= 2 else name
     rule = LOWERINGS.get(name)
     val = node.meta.get("val")
-    if isinstance(val, torch.SymFloat) and is_symbolic(val):  # float arithmetic on sizes (ir/scalars.py)
-        return sym_scalar(val)
+    if isinstance(val, torch.SymFloat):  # float arithmetic on sizes (ir/scalars.py), or its constant value
+        return sym_scalar(val) if is_symbolic(val) else float(val.node.expr)
     if is_symbolic(val):  # size arithmetic (sym_size, mul of sizes, ...): the value is its expression
         return sym_expr(val)
     if name.startswith(("aten._assert", "aten.sym_constrain")):
