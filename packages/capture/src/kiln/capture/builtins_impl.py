@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import math
 import operator
 import warnings
 from collections.abc import Callable
@@ -197,8 +198,32 @@ def _scalar(kind: type) -> Handler:
         if args and isinstance(args[0], (torch.Tensor, NumpyArray)):
             raise GraphBreak(f"data-dependent {kind.__name__}() of a tensor or numpy array",
                              "keep the value as a tensor, or accept the graph break")
+        if kind is float and len(args) == 1 and not kwargs and _symbolic_number(args[0]):
+            return _record_sym(frame, torch.sym_float, args[0])
         return kind(*args, **kwargs)
     return conv
+
+
+def _symbolic_number(v: Any) -> bool:
+    return isinstance(v, (torch.SymInt, torch.SymFloat)) and not v.node.expr.is_number
+
+
+def _record_sym(frame: Frame, fn: Any, v: Any) -> Any:
+    """``fn(v)`` of a symbolic size as a graph node: a SymFloat over the size, not a specialised one."""
+    return frame.tracer.record("call_function", fn, (v,), {}, lambda: fn(v), pure=True)
+
+
+def _sym_math(fn: Any, sym_fn: Any) -> Handler:
+    """``math.sqrt(n)`` of a symbolic size: recorded as torch's symbolic form (``torch.sym_sqrt``)
+    instead of run on the size's value, which would specialise the graph to that size."""
+    def call(frame: Frame, args: list, kwargs: dict) -> Any:
+        if len(args) == 1 and not kwargs and _symbolic_number(args[0]):
+            return _record_sym(frame, sym_fn, args[0])
+        if any(isinstance(a, (torch.Tensor, NumpyArray)) for a in args):
+            raise GraphBreak(f"data-dependent math.{fn.__name__}() of a tensor or numpy array",
+                             "use the torch function on the tensor, or accept the graph break")
+        return fn(*args, **kwargs)
+    return call
 
 
 def _id(frame: Frame, args: list, kwargs: dict) -> int:
@@ -379,6 +404,7 @@ def _register() -> None:
                  "named_children", "modules", "named_modules"):
         SPECIAL[getattr(torch.nn.Module, kind)] = _module_members(kind)
     SPECIAL[functools.wraps] = _wraps
+    SPECIAL[math.sqrt] = _sym_math(math.sqrt, torch.sym_sqrt)
     for text_fn in (str, repr):
         SPECIAL[text_fn] = _text(text_fn)
     SPECIAL[functools.partial] = lambda frame, args, kwargs: functools.partial(*args, **kwargs)

@@ -87,7 +87,7 @@ from .symbolic import (
     symbolic_dispatch,
 )
 from .trees import map_leaves
-from .verify import is_pure_op, verify
+from .verify import is_pure_op, is_size_arithmetic, verify
 
 __all__ = [
     "GRAPH_META_KEYS", "NODE_META_KEYS", "NO_ANNOTATIONS", "DistributedState", "GraphAnnotations",
@@ -105,7 +105,7 @@ __all__ = [
     "expected_from_json", "expected_to_json", "source_tree", "gc_paused", "map_leaves",
     "enabled",
     "example_specs", "global_state", "lazy_graph_module", "log", "new_graph_id", "print_graph", "run_pipeline",
-    "is_pure_op", "set_logs", "SIZE_OPS", "SIZE_UNARY_OPS", "SymbolNodes", "SymbolicSizeError", "has_symbolic_sizes", "is_symbolic",
+    "is_pure_op", "is_size_arithmetic", "set_logs", "SIZE_OPS", "SIZE_UNARY_OPS", "SymbolNodes", "SymbolicSizeError", "has_symbolic_sizes", "is_symbolic",
     "py_expr", "shape_env_of", "size_evaluator", "size_hint", "symbolic_dispatch", "target_name", "tensor_expectation", "type_name", "verify", "view_strides",
 ]
 

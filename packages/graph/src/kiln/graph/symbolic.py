@@ -75,6 +75,8 @@ def py_expr(e: Any) -> str:
         return f"({args[0]} ** {args[1]})"
     if name == "ToFloat":
         return f"float({args[0]})"
+    if name == "OpaqueUnaryFn_sqrt":  # the correctly rounded root Python computed (``** 0.5`` need not be);
+        return f"__import__('math').sqrt({args[0]})"  # guards are evaluated with empty globals
     if name == "TruncToInt":
         return f"int({args[0]})"
     if name in ("Mod", "PythonMod"):
@@ -171,7 +173,8 @@ SIZE_OPS: dict[str, Callable[..., Any]] = {
     "FloatTrueDiv": operator.truediv,
 }
 SIZE_UNARY_OPS: dict[str, Callable[..., Any]] = {"ToFloat": torch.sym_float, "TruncToInt": torch.sym_int,
-                                         "FloorToInt": math.floor, "CeilToInt": math.ceil}
+                                         "FloorToInt": math.floor, "CeilToInt": math.ceil,
+                                         "OpaqueUnaryFn_sqrt": torch.sym_sqrt}
 
 
 class SymbolNodes:

@@ -15,11 +15,16 @@ from .printer import target_name
 
 _ALWAYS_OK = {operator.getitem}
 # symbolic-size arithmetic beside ``operator``/``math``: the torch.sym_* functions (kiln.graph.SymbolNodes)
-_SIZE_FUNCTIONS = {torch.sym_float, torch.sym_int, torch.sym_max, torch.sym_min, torch.sym_not}
+# and ``torch.sym_sqrt`` (``math.sqrt`` of a size, as capture records it)
+_SIZE_FUNCTIONS = {torch.sym_float, torch.sym_int, torch.sym_max, torch.sym_min, torch.sym_not, torch.sym_sqrt}
 
 
-def _size_arithmetic(t: object) -> bool:
-    return t in _SIZE_FUNCTIONS or getattr(t, "__module__", "") in ("_operator", "math", "builtins")
+def is_size_arithmetic(t: object) -> bool:
+    """A graph target computing on symbolic sizes (SymInt/SymFloat values), not on tensors."""
+    module = getattr(t, "__module__", "")
+    return t in _SIZE_FUNCTIONS or module in ("_operator", "math", "builtins") or (
+        module == "torch" and getattr(t, "__name__", "").startswith("sym_"))
+
 
 
 def _fail(node: fx.Node, why: str) -> VerificationError:
@@ -65,7 +70,7 @@ def _aten_check(core: bool) -> Callable[[fx.GraphModule, fx.Node], None]:
         if isinstance(t, torch._ops.HigherOrderOperator):
             return
         if not isinstance(t, torch._ops.OpOverload):
-            if _size_arithmetic(t):
+            if is_size_arithmetic(t):
                 return
             raise _fail(node, f"{target_name(t)} is not an ATen operator overload")
         if t.namespace in _NOT_ATEN:  # other libraries' ops (torch.library custom ops) are opaque calls
@@ -91,7 +96,7 @@ def _check_prims(gm: fx.GraphModule, node: fx.Node) -> None:
     t = node.target
     if isinstance(t, torch._ops.OpOverload) and (t.namespace == "kiln_prims" or target_name(t) in _SYM_QUERIES):
         return
-    if _size_arithmetic(t):
+    if is_size_arithmetic(t):
         return
     raise _fail(node, f"{target_name(t)} is not a kiln_prims operator")
 

@@ -26,8 +26,10 @@ from ..ir import (
     ListArg,
     LoopProgram,
     ScheduledProgram,
+    SymScalar,
     TensorRef,
     issues_collective,
+    python_scalar,
     work_buffers,
 )
 from ..scheduler.arena import CONVOLUTION, OUT_FORMS, ArenaPlan, plan_arena
@@ -39,6 +41,7 @@ from .triton.printer import python_index
 # artifact a new process loads (~0.4 ms of compile() per wrapper).
 HEADER = '''"""kiln.inductor generated wrapper for graph {name!r}."""
 import ctypes
+import math
 import os
 
 import torch
@@ -131,6 +134,8 @@ _NAME = re.compile(r"(?<![\w.])[A-Za-z_]\w*")
 def _value(v: Any) -> str:
     if isinstance(v, sympy.Expr):  # a symbolic size argument
         return _int(v)
+    if isinstance(v, SymScalar):  # a symbolic float: computed here from the call's sizes
+        return python_scalar(v, _int)
     if isinstance(v, torch.dtype):
         return str(v)
     if isinstance(v, torch.device):

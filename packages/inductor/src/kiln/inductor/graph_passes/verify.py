@@ -19,7 +19,7 @@ import operator
 import torch
 from torch import fx
 
-from kiln.graph import VerificationError, target_name
+from kiln.graph import VerificationError, is_size_arithmetic, target_name
 
 # prims and kiln_prims sit below ATen (what a decomposition to primitives makes); "prim" holds metadata
 # queries (prim::device) a trace may record, which lowering reads like size queries
@@ -30,14 +30,9 @@ def _fail(node: fx.Node, why: str) -> VerificationError:
     return VerificationError(f"inductor graph: node %{node.name} ({node.format_node()}): {why}")
 
 
-def _is_size_arithmetic(t: object) -> bool:
-    return getattr(t, "__module__", "") in ("_operator", "math", "builtins") or (
-        getattr(t, "__name__", "").startswith("sym_") and getattr(t, "__module__", "") == "torch")
-
-
 def _check_call(node: fx.Node) -> None:
     t = node.target
-    if t is operator.getitem or isinstance(t, torch._ops.HigherOrderOperator) or _is_size_arithmetic(t):
+    if t is operator.getitem or isinstance(t, torch._ops.HigherOrderOperator) or is_size_arithmetic(t):
         return
     if not isinstance(t, torch._ops.OpOverload):
         raise _fail(node, f"{target_name(t)} is not an operator overload")

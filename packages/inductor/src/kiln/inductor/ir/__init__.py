@@ -21,6 +21,7 @@ from .expr import (
                    walk,
 )
 from .index import (
+                   DerivedSize,
                    DynamicShapeUnsupported,
                    FloorDiv,
                    IndexExpr,
@@ -71,6 +72,7 @@ from .nodes import (
 )
 from .parse import IRParseError, parse_index, parse_layout, parse_program
 from .program import LoopProgram, Output, node_reads
+from .scalars import SymScalar, python_scalar, sym_scalar
 from .sizes import (
                    SizeGuard,
                    SizeSource,
@@ -93,4 +95,5 @@ __all__ = [
     "work_buffers", "DynamicShapeUnsupported", "SizeGuard", "SizeSource", "is_size_symbol", "kernel_size_symbols",
     "is_symbolic", "size_symbol", "size_symbols_of", "substitute_hints", "sym_expr",
     "COLLECTIVES", "WAIT_TENSOR", "WRAP_TENSOR", "issues_collective",
+    "SymScalar", "python_scalar", "sym_scalar", "DerivedSize",
 ]

@@ -8,12 +8,14 @@ dynamic shapes (``s0``) appear alongside them.
 from __future__ import annotations
 
 import functools
+import hashlib
 from collections.abc import Sequence
 
 import sympy
 import torch
+from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
-from kiln.graph import KilnError
+from kiln.graph import KilnError, SymbolicSizeError, py_expr
 
 IndexExpr = sympy.Expr
 
@@ -252,6 +254,8 @@ def to_kiln(e: sympy.Expr) -> sympy.Expr:
         num, den = (to_kiln(a) for a in e.args[0].args)
         _check_nonnegative_division(e, [num, den])  # and then truncation is floor
         return FloorDiv(num + den - 1, den) if name == "CeilToInt" else FloorDiv(num, den)
+    if name in _FLOAT_TO_INT:  # any other float rounded to a size: a derived size symbol
+        return derived_size(e)
     args = [to_kiln(a) for a in e.args]
     if isinstance(e, (sympy.Add, sympy.Mul)):
         return e.func(*args)
@@ -272,3 +276,44 @@ def to_kiln(e: sympy.Expr) -> sympy.Expr:
     if name in ("Max", "Min"):
         return (sympy.Max if name == "Max" else sympy.Min)(*args)
     raise DynamicShapeUnsupported(f"size expression {e} ({name}) is not modelled by kiln.inductor")
+
+
+# torch's functions turning a float size expression into an int (``floor(1.5 * n)``, ``int(n * 0.5)``)
+_FLOAT_TO_INT = frozenset({"FloorToInt", "CeilToInt", "TruncToInt"})
+
+
+class DerivedSize(sympy.Symbol):
+    """An integer size computed from a float expression of other sizes (an interpolation's output size
+    ``floor(1.5 * s0)``): the wrapper computes it in Python (``source``) after the input sizes, and
+    kernels take it as one more size argument. Index arithmetic has no float operations, so it sees
+    the value only through this symbol; its name is a hash of the expression (the same expression is
+    the same symbol in every graph and process)."""
+
+    source: str  # a Python int expression over other size symbols
+    depends: tuple[str, ...]  # the size symbols it reads
+
+    def __new__(cls, name: str, source: str, depends: tuple[str, ...],  # type: ignore[misc]
+                nonnegative: bool) -> DerivedSize:
+        assumptions = {"integer": True, **({"nonnegative": True} if nonnegative else {})}
+        obj = super().__new__(cls, name, **assumptions)
+        obj.source, obj.depends = source, depends
+        return obj
+
+    def __getnewargs_ex__(self) -> tuple[tuple, dict]:  # type: ignore[override]
+        return (self.name, self.source, self.depends, bool(self.is_nonnegative)), {}
+
+
+def derived_size(e: sympy.Expr) -> DerivedSize:
+    """``e`` (torch's ``FloorToInt(1.5*ToFloat(s0))``) as a DerivedSize."""
+    for x in e.free_symbols:
+        to_kiln(x)  # refuses unbacked symbols as every size does
+    try:
+        text = py_expr(e)
+        source = text if text.startswith("int(") else f"int({text})"
+    except SymbolicSizeError as err:
+        raise DynamicShapeUnsupported(f"size expression {e} has no Python form: {err}") from err
+    # non-negative only where that holds for every size (kiln's sizes may be 0): a division or
+    # remainder over it relies on that (_check_nonnegative_division)
+    low = bound_sympy(e, {x: ValueRanges(0, sympy.oo) for x in e.free_symbols}).lower
+    name = "s_" + hashlib.sha1(source.encode()).hexdigest()[:12]
+    return DerivedSize(name, source, tuple(sorted(str(x) for x in e.free_symbols)), bool(low >= 0))

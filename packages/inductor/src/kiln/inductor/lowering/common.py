@@ -15,6 +15,7 @@ from ..ir import (
     Expr,
     IndexExpr,
     IndexValue,
+    SymScalar,
     as_index,
     cast,
     index_vars,
@@ -75,6 +76,8 @@ def promote(*args: object) -> torch.dtype:
             probes.append(a)
         elif isinstance(a, sympy.Expr):  # a symbolic int (a size used as a value)
             probes.append(1)
+        elif isinstance(a, SymScalar):  # a symbolic float: promotes as a Python float does
+            probes.append(1.0)
         else:
             raise NotLowered(f"cannot promote {type(a).__name__}")
     if len(probes) == 1:
@@ -90,10 +93,19 @@ def promote(*args: object) -> torch.dtype:
 def operand(a: object, idx: Sequence[IndexExpr], dtype: torch.dtype) -> Expr:
     if is_tensor(a):
         return broadcast_at(a, idx, dtype)  # type: ignore[arg-type]
+    return scalar_value(a, dtype)
+
+
+def scalar_value(a: object, dtype: torch.dtype) -> Expr:
+    """A Python scalar argument as a value of ``dtype``: a constant, a symbolic int (the kernel reads
+    the size argument) or a symbolic float (its float64 expression over size arguments, then cast
+    to ``dtype`` as ATen casts a double scalar: ir/scalars.py)."""
     if isinstance(a, (bool, int, float)):
         return cast(Constant(a, _scalar_dtype(a)), dtype)
-    if isinstance(a, sympy.Expr):  # a symbolic int: the kernel reads the size argument
+    if isinstance(a, sympy.Expr):
         return cast(IndexValue(a, torch.int64), dtype)
+    if isinstance(a, SymScalar):
+        return cast(a.value, dtype)
     if isinstance(a, (torch.SymInt, torch.SymFloat)):
         raise NotLowered("symbolic scalars are not supported yet")
     raise NotLowered(f"unsupported operand {type(a).__name__}")

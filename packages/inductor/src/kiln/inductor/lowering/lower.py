@@ -20,18 +20,20 @@ from ..ir import (
     Layout,
     LoopProgram,
     Output,
+    SymScalar,
     as_index,
     is_dense,
     is_static,
     is_symbolic,
     sym_expr,
+    sym_scalar,
 )
 from ..options import InductorOptions
 from .common import out_stride
 from .context import LoweringContext, NotLowered
 from .extern import RULES as EXTERN_RULES
 from .extern import extern_call
-from .registry import LOWERINGS
+from .registry import LOWERINGS, TAKES_SYMBOLIC_FLOATS
 from .symbolic import SizeTable
 from .values import Lazy, Strided, TensorValue, is_tensor
 
@@ -81,6 +83,8 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
     ctx.origin = name.split(".")[1] if name.count(".") >= 2 else name
     rule = LOWERINGS.get(name)
     val = node.meta.get("val")
+    if isinstance(val, torch.SymFloat):  # float arithmetic on sizes (ir/scalars.py), or its constant value
+        return sym_scalar(val) if is_symbolic(val) else float(val.node.expr)
     if is_symbolic(val):  # size arithmetic (sym_size, mul of sizes, ...): the value is its expression
         return sym_expr(val)
     if name.startswith(("aten._assert", "aten.sym_constrain")):
@@ -91,6 +95,8 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
     reason = "no lowering"
     if rule is not None and _touches_complex(node):
         rule, reason = None, "complex dtypes have no generated kernels"
+    if rule is not None and name not in TAKES_SYMBOLIC_FLOATS and _has_sym_scalar((args, kwargs)):
+        rule, reason = None, "its rule takes no symbolic float argument (the wrapper computes it)"
     if rule is not None:
         try:
             return rule(ctx, node, *args, **kwargs)
@@ -109,6 +115,16 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
         return extern_call(ctx, node, "fallback", args, kwargs)
     except NotLowered as e:
         raise LoweringError(f"{name} at node {node.name}: cannot lower or fall back: {e}") from e
+
+
+def _has_sym_scalar(a: Any) -> bool:
+    if isinstance(a, SymScalar):
+        return True
+    if isinstance(a, (list, tuple)):
+        return any(_has_sym_scalar(x) for x in a)
+    if isinstance(a, dict):
+        return any(_has_sym_scalar(x) for x in a.values())
+    return False
 
 
 def _touches_complex(node: fx.Node) -> bool:

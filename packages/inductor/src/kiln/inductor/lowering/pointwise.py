@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
+import sympy
 import torch
 from torch import fx
 
 from ..ir import Constant, Expr, IndexValue, cast, index_vars, op
-from .common import Rule, meta, out_dtype, out_shape, pointwise, promote, upcast
+from .common import Rule, meta, out_dtype, out_shape, pointwise, promote, scalar_value, upcast
 from .context import LoweringContext, NotLowered
 from .values import Lazy, TensorValue, is_tensor
 
@@ -49,9 +50,8 @@ def _binary(ir_name: str, alpha: bool = False):
         al = kw.get("alpha", rest[0] if rest else 1) if alpha else 1
 
         def fn(x: Expr, y: Expr) -> Expr:
-            if al != 1:
-                y = op("mul", y, cast(Constant(al, torch.float64 if isinstance(al, float) else torch.int64), cd),
-                       dtype=cd)
+            if not (isinstance(al, (int, float)) and al == 1):
+                y = op("mul", y, scalar_value(al, cd), dtype=cd)
             return op(ir_name, x, y, dtype=cd)
         return pointwise(node, [a, b], fn, cd)
     return rule
@@ -221,8 +221,7 @@ def _filled(value_of):
         if is_tensor(value):
             raise NotLowered("fill with a tensor value")
         d = out_dtype(node)
-        src = torch.bool if isinstance(value, bool) else torch.float64 if isinstance(value, float) else torch.int64
-        return Lazy(out_shape(node), d, cast(Constant(value, src), d))
+        return Lazy(out_shape(node), d, scalar_value(value, d))
     return rule
 
 
@@ -243,7 +242,7 @@ for _name, _fn in _FILLS.items():
 
 def _scalar_tensor(ctx: LoweringContext, node: fx.Node, value: object, **kw) -> Lazy:
     d = out_dtype(node)
-    return Lazy((), d, cast(Constant(value, torch.float64 if isinstance(value, float) else torch.int64), d))
+    return Lazy((), d, scalar_value(value, d))
 
 
 RULES["aten.scalar_tensor.default"] = _scalar_tensor
@@ -256,19 +255,16 @@ def _iota(ctx: LoweringContext, node: fx.Node, length: int, *, start: int = 0, s
 
 
 def _arange(ctx: LoweringContext, node: fx.Node, *args, **kw) -> Lazy:
-    nums = [a for a in args if isinstance(a, (int, float))]
-    start, step = (0, 1)
-    if len(nums) >= 2:
-        start = nums[0]
-    if len(nums) >= 3:
-        step = nums[2]
+    """``start + i * step``: in int64 when both are ints (symbolic sizes too), else in float64 as
+    ATen accumulates a floating arange (a symbolic float start or step included)."""
+    start, step = (0, 1) if len(args) < 2 else (args[0], args[2] if len(args) > 2 else kw.get("step", 1))
     (i0,) = index_vars("i", 1)
     d = out_dtype(node)
-    if isinstance(start, int) and isinstance(step, int):
+    if all(isinstance(v, (int, sympy.Expr)) and not isinstance(v, bool) for v in (start, step)):
         return Lazy(out_shape(node), d, cast(IndexValue(i0 * step + start, torch.int64), d))
     cd = torch.float64
-    body = op("add", op("mul", cast(IndexValue(i0, torch.int64), cd), Constant(float(step), cd), dtype=cd),
-              Constant(float(start), cd), dtype=cd)
+    body = op("add", op("mul", cast(IndexValue(i0, torch.int64), cd), scalar_value(step, cd), dtype=cd),
+              scalar_value(start, cd), dtype=cd)
     return Lazy(out_shape(node), d, cast(body, d))
 
 
@@ -316,3 +312,16 @@ def _act(fn_name: str):
 
 for _name in ("gelu", "silu", "leaky_relu", "hardsigmoid", "hardswish"):
     RULES[f"aten.{_name}.default"] = _act(_name)
+
+
+# Ops whose rules read every Python-scalar argument through ``operand``/``scalar_value``: a symbolic
+# float argument (``x * (1.0 / n)``) fuses into their kernels. Any other op given one runs as an ATen
+# call with the scalar computed by the wrapper (lower.py), so no rule meets a value it cannot read.
+SYMBOLIC_FLOAT_OPS: frozenset[str] = frozenset(
+    [f"aten.{n}.{ov}" for n in ("add", "sub", "mul", "div", "rsub", "eq", "ne", "lt", "le", "gt", "ge")
+     for ov in ("Tensor", "Scalar")]
+    + [f"aten.pow.{ov}" for ov in ("Tensor_Scalar", "Tensor_Tensor", "Scalar")]
+    + [f"aten.where.{ov}" for ov in ("self", "ScalarSelf", "ScalarOther", "Scalar")]
+    + ["aten.masked_fill.Scalar", "aten.clamp.default", "aten.clamp_min.default", "aten.clamp_max.default",
+       "aten.full.default", "aten.full_like.default", "aten.fill.Scalar", "aten.new_full.default",
+       "aten.scalar_tensor.default", "aten.arange.default", "aten.arange.start", "aten.arange.start_step"])

@@ -32,5 +32,9 @@ LOWERINGS: dict[str, Rule] = {
 }
 
 
+# ops whose rules take symbolic float scalars (ir/scalars.py); others given one run through ATen
+TAKES_SYMBOLIC_FLOATS: frozenset[str] = pointwise.SYMBOLIC_FLOAT_OPS
+
+
 def lowered_ops() -> list[str]:
     return sorted(LOWERINGS)

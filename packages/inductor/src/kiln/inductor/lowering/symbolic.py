@@ -9,6 +9,7 @@ import torch
 
 from ..ir import (
     ComputedBuffer,
+    DerivedSize,
     DynamicShapeUnsupported,
     ExternKernel,
     Layout,
@@ -55,18 +56,31 @@ class SizeTable:
         return Layout(shape, stride, val.dtype, val.device.type)
 
     def finish(self, p: LoopProgram) -> LoopProgram:
-        """The program with its size sources; every size symbol it uses must have one."""
+        """The program with its size sources; every size symbol it uses must have one. Derived sizes
+        (``floor(1.5 * s0)``: ir/index.py's DerivedSize) are computed after the sizes they read."""
         used = _used_symbols(p)
-        missing = sorted(s for s in used if s not in self.sources)
+        derived = sorted((s for s in used if isinstance(s, DerivedSize)), key=lambda s: s.name)
+        needed = {s.name for s in used if not isinstance(s, DerivedSize)} | {d for s in derived for d in s.depends}
+        missing = sorted(s for s in needed if s not in self.sources)
         if missing:
             raise DynamicShapeUnsupported(
                 f"size symbol(s) {', '.join(missing)} appear in the graph but no input has one of them as a "
                 "whole size, stride or int argument (kiln.inductor reads every symbol from the inputs)")
-        sizes = tuple(SizeSource(sym, src, self.hints.get(sym, 8)) for sym, src in self.sources.items())
-        return dataclasses.replace(p, sizes=sizes, scalar_inputs=tuple(self.scalars))
+        sizes = [SizeSource(sym, src, self.hints.get(sym, 8)) for sym, src in self.sources.items()]
+        hints = {z.symbol: z.hint for z in sizes}
+        sizes += [SizeSource(s.name, s.source, _derived_hint(s, hints)) for s in derived]
+        return dataclasses.replace(p, sizes=tuple(sizes), scalar_inputs=tuple(self.scalars))
 
 
-def _used_symbols(p: LoopProgram) -> set[str]:
+def _derived_hint(s: DerivedSize, hints: dict[str, int]) -> int:
+    """The derived size at the example inputs' sizes (heuristics only)."""
+    try:
+        return int(eval(s.source, {}, dict(hints)))  # noqa: S307 - an expression kiln printed
+    except (ArithmeticError, NameError, ValueError):
+        return 8
+
+
+def _used_symbols(p: LoopProgram) -> set[sympy.Symbol]:
     exprs: list[object] = []
     for lay in p.layouts().values():
         exprs += [*lay.shape, *lay.stride, lay.offset]
@@ -79,7 +93,7 @@ def _used_symbols(p: LoopProgram) -> set[str]:
                 exprs += [e.index for e in walk(body) if isinstance(e, (Load, IndexValue))]
         elif isinstance(n, ExternKernel):
             exprs += [x for o in n.outputs for x in (*o.layout.shape, *o.layout.stride)]
-    out: set[str] = set()
+    out: set[sympy.Symbol] = set()
     for e in exprs:
-        out |= {s.name for s in size_symbols_of(e)}
+        out |= size_symbols_of(e)
     return out
