@@ -50,12 +50,13 @@ class Capture:
     op_count: int
     side_effects: list[tuple[Plan, str, Plan | None]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    pinned: list[Any] = field(default_factory=list)  # objects of ID_MATCH guards, alive with the entry
 
 
 def run_capture(code: types.CodeType, f_globals: dict[str, Any], closure: tuple | None,
                 L: dict[str, Any], options: CaptureOptions, policy: DynamicPolicy,
-                symbolic: bool = True) -> Capture:
-    tracer = Tracer(policy, symbolic, duck=options.dynamic is True)
+                symbolic: bool = True, unspecialized: frozenset[str] = frozenset()) -> Capture:
+    tracer = Tracer(policy, symbolic, duck=options.dynamic is True, unspecialized=unspecialized)
     ctx = Context(tracer, options, KNOBS.inline_depth, code)
     grad_before = torch.is_grad_enabled()
     try:
@@ -141,7 +142,7 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
     op_count = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method")
                    and n.target is not operator.getitem and n.target != "size")
     return Capture(captured, [i.value for i in tracer.inputs], [i.source for i in tracer.inputs],
-                   result_plan, break_plan, op_count, side_effects)
+                   result_plan, break_plan, op_count, side_effects, pinned=tracer.pinned)
 
 
 

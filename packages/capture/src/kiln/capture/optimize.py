@@ -248,6 +248,7 @@ class Optimized:
             cache.recompiles += 1
             if failure is not None and options.dynamic is None:
                 cache.note_failed_guard(failure[0])
+            cache.note_new_modules(cache.entries[-1].guards, L, G)
             if enabled("recompiles"):
                 log("recompiles").info("recompiling %s: %s", frame_name(self.code), reason)
             if self.ctx.observed:
@@ -285,11 +286,14 @@ class Optimized:
         try:
             symbolic = cache.may_be_dynamic(L, options)
             dims_before = cache.dynamic_dim_count()
-            cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), symbolic)
+            new_modules = frozenset(cache.new_modules)
+            cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), symbolic,
+                              new_modules)
             if not symbolic and cache.dynamic_dim_count() > dims_before:
                 # a tensor reached through an attribute or a nested container changed size (found while
                 # tracing): capture again with symbolic sizes instead of compiling one more static graph
-                cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), True)
+                cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), True,
+                                  new_modules)
         except Unsupported:
             raise
         except SkipFrame as e:

@@ -84,7 +84,8 @@ class SubgraphScope:
 class Tracer:
     """Owns the fx graph, the fake mode and shape env, the input placeholders and the guards."""
 
-    def __init__(self, dynamic_policy: DynamicPolicy, symbolic: bool = True, duck: bool = False) -> None:
+    def __init__(self, dynamic_policy: DynamicPolicy, symbolic: bool = True, duck: bool = False,
+                 unspecialized: frozenset[str] = frozenset()) -> None:
         # Note: ShapeEnv is only built when a size may be symbolic; creating the first one imports a
         # large part of torch, which static captures do not need.
         self.shape_env = ShapeEnv() if symbolic else None
@@ -94,6 +95,9 @@ class Tracer:
         self.scopes: list[SubgraphScope] = []  # torch.cond branches being traced, innermost last
         self.submodules: dict[str, fx.GraphModule] = {}  # branch graphs, attributes of the root
         self.dynamic_policy = dynamic_policy
+        # module sources whose object changed between calls (cache.note_new_modules): the modules
+        # at and below them are guarded by type and what the trace reads, never by identity
+        self.unspecialized = unspecialized
         # dynamic=True: dims not marked are duck-sized (equal sizes share one symbol), as torch does;
         # marked and automatically dynamic dims get a symbol each
         self.duck = duck
@@ -103,6 +107,7 @@ class Tracer:
         self.inputs: list[GraphInput] = []
         self.input_by_key: dict[Any, Any] = {}
         self.guards: dict[tuple[str, str], Guard] = {}
+        self.pinned: list[Any] = []  # the objects ID_MATCH guards name (guard_identity)
         self.source_of: dict[int, str] = {}
         self.made: set[int] = set()  # objects made during the trace that must be rebuilt per call
         self.opaque: set[int] = set()  # ids of values from the frame guarded by type only (foreign.py)
@@ -149,6 +154,13 @@ class Tracer:
         if key not in self.guards:
             self.guards[key] = Guard(source, kind, expected, note or self.where)
 
+    def guard_identity(self, source: str, value: Any) -> None:
+        """An ID_MATCH guard; the entry keeps ``value`` alive (``pinned``), so a later object can
+        never reuse its id and pass the guard in its place."""
+        if (source, "ID_MATCH") not in self.guards:
+            self.pinned.append(value)
+        self.add_guard(source, "ID_MATCH", id(value))
+
     # ---- values entering the trace -----------------------------------------------------
     def wrap(self, value: Any, source: str | None) -> Any:
         """The interpreted form of a real value read from ``source`` (guarding what was assumed)."""
@@ -179,8 +191,10 @@ class Tracer:
             self._remember(value, source)
             return value
         if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum)):
-            self.add_guard(source, "ID_MATCH" if not isinstance(value, torch.device) else "EQUALS_MATCH",
-                           id(value) if not isinstance(value, torch.device) else value)
+            if isinstance(value, torch.device):
+                self.add_guard(source, "EQUALS_MATCH", value)
+            else:
+                self.guard_identity(source, value)
             return value
         if isinstance(value, types.MethodType):
             if value.__name__ == "__exit__" and isinstance(value.__self__, _GRAD_MODES):
@@ -189,19 +203,22 @@ class Tracer:
                 self.add_guard(f"{source}.__self__", "TYPE_MATCH", type_name(type(value.__self__)))
                 self.add_guard(f"{source}.__self__.prev", "EQUALS_MATCH", prev)
                 return ContextExit(GradModeContext(torch.is_grad_enabled(), prev=prev))
-            self.add_guard(f"{source}.__func__", "ID_MATCH", id(value.__func__))
+            self.guard_identity(f"{source}.__func__", value.__func__)
             self.wrap(value.__self__, f"{source}.__self__")
             return value
         if isinstance(value, types.ModuleType):
             return value  # Python modules are assumed stable, as in PyTorch's own compiler
         if isinstance(value, types.FunctionType):
             # the code, not the function object: closures re-created per call still hit the cache
-            self.add_guard(f"{source}.__code__", "ID_MATCH", id(value.__code__))
+            self.guard_identity(f"{source}.__code__", value.__code__)
             self._remember(value, source)
+            return value
+        if isinstance(value, nn.Module) and self.is_unspecialized(source):
+            self._wrap_unspecialized_module(value, source)
             return value
         if isinstance(value, (types.BuiltinFunctionType, type, nn.Module,
                               types.MethodWrapperType)) or callable(value) and t.__module__ == "builtins":
-            self.add_guard(source, "ID_MATCH", id(value))
+            self.guard_identity(source, value)
             self._remember(value, source)
             return value
         if source in self.copies_by_source:  # read again: the same (possibly written) traced copy
@@ -265,6 +282,21 @@ class Tracer:
             self.opaque.add(id(value))  # only its type is guarded: no computing on it (foreign.py)
         return value
 
+    def is_unspecialized(self, source: str) -> bool:
+        """Whether ``source`` is, or lies below, a module source guarded by type (see __init__)."""
+        return any(source == p or source.startswith((f"{p}.", f"{p}[")) for p in self.unspecialized)
+
+    def _wrap_unspecialized_module(self, module: nn.Module, source: str) -> None:
+        """A module that is a new object on each call (built inside the compiled code before a graph
+        break): its type, whether it has hooks and an instance ``forward`` are guarded here; what the
+        trace reads from it (attributes, submodules, parameters as graph inputs) is guarded where read."""
+        self.add_guard(source, "TYPE_MATCH", type_name(type(module)))
+        hooks = "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"
+        self.add_guard(f"bool({' or '.join(f'getattr({source}, {h!r}, None)' for h in hooks)})",
+                       "EQUALS_MATCH", any(bool(getattr(module, h, None)) for h in hooks))
+        self.add_guard(f"('forward' in {source}.__dict__)", "EQUALS_MATCH", "forward" in module.__dict__)
+        self._remember(module, source)
+
     def note_made(self, value: Any) -> None:
         """``value`` was made during the trace (a constructed object, a mutable C object a call
         returned): after the graph it is rebuilt per call, or the frame runs in Python."""
@@ -308,17 +340,22 @@ class Tracer:
 
     def lift_tensor(self, value: torch.Tensor, source: str) -> torch.Tensor:
         is_state = isinstance(value, nn.Parameter) or "._parameters[" in source or "._buffers[" in source
-        key: Any = id(value) if is_state else source
+        # parameters of a module built anew on each call are new tensors each call: read by source
+        pinned = is_state and not self.is_unspecialized(source)
+        key: Any = id(value) if pinned else source
         if key in self.input_by_key:
-            if is_state:
-                self.add_guard(source, "ID_MATCH", id(value))
+            if pinned:
+                self.guard_identity(source, value)
             return self.input_by_key[key]
         if type(value) not in (torch.Tensor, nn.Parameter, nn.parameter.Buffer):
             if isinstance(value, FakeTensor):
                 return value
             raise GraphBreak(f"tensor subclass {type(value).__name__}")
         if is_state:
-            self.add_guard(source, "ID_MATCH", id(value))
+            if pinned:
+                self.guard_identity(source, value)
+            else:
+                self.add_guard(source, "TENSOR_MATCH", tensor_expectation(value))
             fake = self.fake_mode.from_tensor(value, static_shapes=True)
             if isinstance(value, nn.Parameter):
                 self.param_fakes.add(id(fake))
