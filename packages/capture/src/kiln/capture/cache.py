@@ -22,7 +22,6 @@ from .controls import static_dims
 from .knobs import CaptureOptions
 from .sources import is_argument
 
-
 _MEMBER = re.compile(r"(.+)\._(parameters|buffers)\[('[^']*')\]")  # a module's parameter or buffer source
 
 

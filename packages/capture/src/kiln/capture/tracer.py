@@ -146,7 +146,7 @@ class Tracer:
         self.location = ""  # the traced instruction as a traceback line, for node metadata
         self.where = ""  # the same as file:line, for guard notes
         self.start_state = global_state()
-        self.add_guard("", "GLOBAL_STATE", self.start_state, "grad/autocast/dtype state at capture")
+        self.add_guard("", "GLOBAL_STATE", self.start_state, "grad/autocast/dtype/device state at capture")
 
     # ---- guards -------------------------------------------------------------------------
     def add_guard(self, source: str, kind: str, expected: Any, note: str = "") -> None:
