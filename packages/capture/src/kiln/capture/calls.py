@@ -23,7 +23,7 @@ from .deferred import defer, is_log_call
 from .errors import GraphBreak
 from .foreign import is_mutable_c_value
 from .module_calls import runs_in_python
-from .numpy_random import rng_call
+from .numpy_random import is_python_draw, rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
 from .values import (
@@ -69,6 +69,9 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if rng_call(fn) is not None:  # NumPy's generators: draws before the graph (numpy_random.py)
         return numpy_random.call(frame, fn, list(args), dict(kwargs))
     numpy_fn = numpy_handler(fn)
+    if numpy_fn is not None and any(is_python_draw(a) for a in [*args, *kwargs.values()]):
+        raise GraphBreak(f"numpy.{getattr(fn, '__name__', fn)} of a number drawn by numpy random",
+                         "it runs in Python on the drawn value")
     if numpy_fn is not None and not constant_ufunc_call(fn, args, kwargs):  # np.* as tensor code
         return numpy_fn(frame, list(args), dict(kwargs))
     if isinstance(fn, (types.FunctionType, types.MethodType)):
@@ -342,14 +345,39 @@ def call_module(frame: Frame, module: nn.Module, args: list, kwargs: dict) -> An
     if reason is not None:
         raise GraphBreak(f"call to {type(module).__name__}.forward, {reason}",
                          "it runs in Python outside the graph, its frames not captured")
-    if _has_hooks(module):
-        return call_function(frame, nn.Module._call_impl, [module, *args], kwargs)
+    _guard_call_path(frame, module)
+    if _has_hooks(module):  # inlined itself: a call of _call_impl is a module call (call_function)
+        return inline_function(frame, nn.Module._call_impl, [module, *args], kwargs)
     forward = type(module).forward
     if "forward" in module.__dict__:
         return call_function(frame, module.__dict__["forward"], list(args), kwargs)
     if not isinstance(forward, types.FunctionType):
         raise GraphBreak(f"{type(module).__name__}.forward is not a Python function")
     return call_function(frame, forward, [module, *args], kwargs)
+
+
+_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks")
+_MODULE_GLOBALS = "__import__('torch').nn.modules.module"
+
+
+def _guard_call_path(frame: Frame, module: nn.Module) -> None:
+    """What decided how ``module(...)`` is traced is guarded: the numbers of its hooks and of the
+    global module hooks (a hook registered after the capture must run), and which ``forward`` it
+    has (an instance attribute set later replaces the class's). Hooks present at capture are traced
+    through ``_call_impl``, which guards what it reads of them."""
+    tracer = frame.tracer
+    for table in _GLOBAL_HOOK_TABLES:
+        tracer.add_guard(f"{_MODULE_GLOBALS}.{table}", "LENGTH_MATCH", len(getattr(nn.modules.module, table)))
+    src = tracer.source_of.get(id(module))
+    if src is None:  # made by the compiled code itself: its hooks and forward are the code's
+        return
+    for table in _HOOK_TABLES:
+        if hasattr(module, table):
+            tracer.add_guard(f"{src}.{table}", "LENGTH_MATCH", len(getattr(module, table)))
+    code = getattr(module.forward, "__code__", None)
+    if code is not None:
+        tracer.guard_identity(f"{src}.forward.__code__", code)
 
 
 def _has_hooks(m: nn.Module) -> bool:

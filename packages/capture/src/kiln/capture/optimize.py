@@ -36,7 +36,7 @@ from kiln.graph import (
 
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
-from .controls import current_stance, disabled_reason
+from .controls import active_mode_reason, current_stance, disabled_reason
 from .ddp_buckets import bucket_split_backend
 from .deferred import CALL
 from .errors import GraphBreak, SkipFrame, Unsupported
@@ -198,6 +198,9 @@ class Optimized:
         cache = self.cache
         if self.disabled is not None or current_stance() == "force_eager":
             return self._eager(self.disabled or "set_stance('force_eager')", args, kwargs, permanent=False)
+        mode = active_mode_reason()
+        if mode is not None:
+            return self._eager(mode, args, kwargs, permanent=False)
         if cache is None or cache.eager_reason is not None:
             if cache is not None:
                 if self.ctx.observed and not cache.eager_reported:  # kiln.stats counts the frame once
@@ -576,7 +579,7 @@ def optimize(fn: Callable, backend: Callable, *, fullgraph: bool = False, dynami
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # the hit path, kept flat: bind, check each entry's guards, run the first that passes
         if cache is not None and cache.eager_reason is None and opt.disabled is None and \
-                current_stance() != "force_eager":
+                current_stance() != "force_eager" and active_mode_reason() is None:
             L = bind(args, kwargs)
             for entry in cache.entries:
                 try:

@@ -16,6 +16,7 @@ from torch import nn
 
 from .errors import GraphBreak
 from .foreign import is_ndarray
+from .numpy_random import is_python_draw, python_operator
 from .numpy_table import array_attr, array_getitem, array_setitem
 from .numpy_trace import binary, unary
 from .shape_rules.pointwise import FAST_POINTWISE
@@ -308,6 +309,8 @@ def apply_operator(frame: Frame, op: Any, args: list) -> Any:
 
 def numpy_operator(frame: Frame, op: Any, args: list) -> Any:
     """An operator with a traced numpy array among its operands (numpy_trace.py)."""
+    if any(is_python_draw(a) for a in args) and op is not operator.getitem:
+        return python_operator(frame, op, args, apply_operator)  # np.random.rand(): a Python float
     if op is operator.getitem:
         return getitem(frame, args[0], args[1])
     if len(args) == 1:

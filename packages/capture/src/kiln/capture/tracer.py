@@ -288,13 +288,9 @@ class Tracer:
 
     def _wrap_unspecialized_module(self, module: nn.Module, source: str) -> None:
         """A module that is a new object on each call (built inside the compiled code before a graph
-        break): its type, whether it has hooks and an instance ``forward`` are guarded here; what the
-        trace reads from it (attributes, submodules, parameters as graph inputs) is guarded where read."""
+        break): its type is guarded here; what the trace reads from it (attributes, submodules,
+        parameters as graph inputs; its hooks and forward when it is called) where it is read."""
         self.add_guard(source, "TYPE_MATCH", type_name(type(module)))
-        hooks = "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks"
-        self.add_guard(f"bool({' or '.join(f'getattr({source}, {h!r}, None)' for h in hooks)})",
-                       "EQUALS_MATCH", any(bool(getattr(module, h, None)) for h in hooks))
-        self.add_guard(f"('forward' in {source}.__dict__)", "EQUALS_MATCH", "forward" in module.__dict__)
         self._remember(module, source)
 
     def note_made(self, value: Any) -> None:
