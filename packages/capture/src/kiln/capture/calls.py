@@ -356,28 +356,27 @@ def call_module(frame: Frame, module: nn.Module, args: list, kwargs: dict) -> An
     return call_function(frame, forward, [module, *args], kwargs)
 
 
-_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
-_GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks")
-_MODULE_GLOBALS = "__import__('torch').nn.modules.module"
-
-
 def _guard_call_path(frame: Frame, module: nn.Module) -> None:
-    """What decided how ``module(...)`` is traced is guarded: the numbers of its hooks and of the
-    global module hooks (a hook registered after the capture must run), and which ``forward`` it
-    has (an instance attribute set later replaces the class's). Hooks present at capture are traced
-    through ``_call_impl``, which guards what it reads of them."""
+    """What decides how ``module(...)`` is traced (its hooks, the global module hooks, which
+    ``forward`` it has) is checked on every call of the entry (module_calls.call_path_check), so a
+    hook registered after the capture runs and an instance ``forward`` set later is called."""
     tracer = frame.tracer
-    for table in _GLOBAL_HOOK_TABLES:
-        tracer.add_guard(f"{_MODULE_GLOBALS}.{table}", "LENGTH_MATCH", len(getattr(nn.modules.module, table)))
+    tracer.note_global_hooks()
     src = tracer.source_of.get(id(module))
     if src is None:  # made by the compiled code itself: its hooks and forward are the code's
         return
-    for table in _HOOK_TABLES:
+    if not tracer.is_unspecialized(src):
+        tracer.note_module_call(module)
+        return
+    for table in _HOOK_TABLES:  # a new object each call: read through its source
         if hasattr(module, table):
             tracer.add_guard(f"{src}.{table}", "LENGTH_MATCH", len(getattr(module, table)))
     code = getattr(module.forward, "__code__", None)
     if code is not None:
         tracer.guard_identity(f"{src}.forward.__code__", code)
+
+
+_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 def _has_hooks(m: nn.Module) -> bool:

@@ -41,7 +41,13 @@ from .ddp_buckets import bucket_split_backend
 from .deferred import CALL
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .knobs import CaptureOptions
-from .module_calls import PythonModuleCall, plain_forward, python_wrapper_child, runs_in_python
+from .module_calls import (
+    PythonModuleCall,
+    call_path_check,
+    plain_forward,
+    python_wrapper_child,
+    runs_in_python,
+)
 from .pipeline import compile_capture, frame_name, needs_backend
 from .python_step import CAN_RUN, NEXT, execute_in_python
 from .resume import make_resume_function
@@ -415,6 +421,11 @@ class Optimized:
         identity = {g.source for g in cap.captured.guards if g.kind == "ID_MATCH"}
         extract = _extractor(cap.input_sources, cap.example_inputs, identity)
         check = cap.captured.guards.compile()
+        if cap.global_hooks is not None:
+            guards_hold, calls_same = check, call_path_check(cap.call_paths, cap.global_hooks)
+
+            def check(L: dict, G: dict) -> bool:
+                return guards_hold(L, G) and calls_same()
         effects = cap.side_effects
         if cap.break_plan is None:
             plan = cap.result_plan
@@ -508,8 +519,8 @@ def _failure_key(failure: tuple[Guard, str] | None, guards: GuardSet | None = No
 
 
 def _failure_text(failure: tuple[Guard, str] | None) -> str:
-    if failure is None:
-        return "no entry matched"
+    if failure is None:  # guards held: the entry's module-call check failed (module_calls.py)
+        return "no entry matched: a module's hooks or forward, or the global module hooks, changed"
     g, actual = failure
     if g.kind == "SHAPE_EXPR":
         pinned = " (a graph specialised to one size: the backend or the code read it as an int)" \

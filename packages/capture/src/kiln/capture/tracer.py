@@ -36,6 +36,7 @@ from kiln.graph import (
 from .deferred import is_random_target, seed_pending
 from .errors import GraphBreak, Unsupported
 from .foreign import is_immutable_constant, is_numpy_scalar, state_in_c
+from .module_calls import CallPath, call_path, global_hook_keys
 from .numpy_trace import liftable
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
@@ -108,6 +109,9 @@ class Tracer:
         self.input_by_key: dict[Any, Any] = {}
         self.guards: dict[tuple[str, str], Guard] = {}
         self.pinned: list[Any] = []  # the objects ID_MATCH guards name (guard_identity)
+        # module calls traced, checked per call of the entry (module_calls.call_path_check)
+        self.call_paths: dict[int, CallPath] = {}
+        self.global_hooks: tuple | None = None
         self.source_of: dict[int, str] = {}
         self.made: set[int] = set()  # objects made during the trace that must be rebuilt per call
         self.opaque: set[int] = set()  # ids of values from the frame guarded by type only (foreign.py)
@@ -281,6 +285,13 @@ class Tracer:
         if state_in_c(value):
             self.opaque.add(id(value))  # only its type is guarded: no computing on it (foreign.py)
         return value
+
+    def note_module_call(self, module: nn.Module) -> None:
+        self.call_paths.setdefault(id(module), call_path(module))
+
+    def note_global_hooks(self) -> None:
+        if self.global_hooks is None:
+            self.global_hooks = global_hook_keys()
 
     def is_unspecialized(self, source: str) -> bool:
         """Whether ``source`` is, or lies below, a module source guarded by type (see __init__)."""
