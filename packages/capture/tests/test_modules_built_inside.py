@@ -201,7 +201,7 @@ def test_new_stateless_modules_with_and_without_hooks():
     def f(m, x):
         return m(x) + 1
     kc.reset()
-    opt = kc.optimize(f, Recorder())
+    opt = kc.optimize(f, Recorder(), recompile_limit=20)
     for i in range(12):
         m = nn.ReLU() if i % 3 else nn.Tanh()
         if i % 2:

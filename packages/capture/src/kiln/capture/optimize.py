@@ -426,6 +426,8 @@ class Optimized:
 
             def check(L: dict, G: dict) -> bool:
                 return guards_hold(L, G) and calls_same()
+            if hasattr(guards_hold, "__kiln_source__"):  # the generated guard code, for inspection
+                check.__kiln_source__ = guards_hold.__kiln_source__  # type: ignore[attr-defined]
         effects = cap.side_effects
         if cap.break_plan is None:
             plan = cap.result_plan

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import operator
+import os
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -211,7 +212,10 @@ class Tracer:
             self.wrap(value.__self__, f"{source}.__self__")
             return value
         if isinstance(value, types.ModuleType):
-            return value  # Python modules are assumed stable, as in PyTorch's own compiler
+            # the module object is assumed stable, as in PyTorch's own compiler; its source guards
+            # the attributes read from it (semantics.module_attr_source)
+            self._remember(value, source)
+            return value
         if isinstance(value, types.FunctionType):
             # the code, not the function object: closures re-created per call still hit the cache
             self.guard_identity(f"{source}.__code__", value.__code__)
@@ -270,6 +274,9 @@ class Tracer:
                 return out
         self.add_guard(source, "TYPE_MATCH", type_name(t))
         self._remember(value, source)
+        if value is os.environ:  # read through stdlib code run for real: its whole contents guarded
+            self.add_guard(f"tuple({source}.items())", "EQUALS_MATCH", tuple(os.environ.items()))
+            return value
         if isinstance(value, dict) and all(type(k) in (str, int) for k in value):
             # a dict subclass of a library (a registry): the object itself is used (its methods see
             # its real contents), so its keys and every value are guarded
