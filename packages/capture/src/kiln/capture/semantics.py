@@ -116,7 +116,8 @@ def load_attr(frame: Frame, obj: Any, name: str) -> Any:
 # program may change between calls: guarded like globals.
 _STABLE_MODULES = ("torch", "numpy", "math", "cmath", "operator", "builtins", "functools", "itertools",
                    "typing", "types", "collections", "enum", "abc", "logging", "warnings", "kiln",
-                   "sympy", "einops", "dataclasses", "contextlib", "inspect", "re")
+                   "sympy", "einops", "dataclasses", "contextlib", "inspect", "re", "copy", "copyreg",
+                   "posixpath", "weakref", "threading", "importlib", "packaging", "string", "json")
 
 
 def module_attr_source(tracer: Any, module: types.ModuleType, name: str, value: Any) -> str | None:
