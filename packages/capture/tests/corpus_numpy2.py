@@ -235,10 +235,25 @@ def nprand_with_torch_ops(a):
     return torch.from_numpy(a).sigmoid() + noise
 
 
-@case(graphs=1, breaks=1, args=f64)
-def nprand_scalar_draw_breaks(a):
+@case(graphs=1, breaks=0, args=f64)
+def nprand_scalar_draw(a):  # a Python float drawn before the graph, a graph input
     np.random.seed(14)
     return a * np.random.rand()
+
+
+@case(graphs=1, breaks=0, args=f64)
+def nprand_scalar_draws_arith(a):
+    np.random.seed(17)
+    r, k = np.random.rand(), np.random.randint(1, 5)
+    return (a.astype(np.float32) * (r - 0.5) + k, k * 2 - 1, r > 0.5)
+
+
+@case(graphs=2, breaks=1, args=f64)
+def nprand_scalar_draw_in_control_flow(a):
+    np.random.seed(16)
+    if np.random.rand() < 0.5:  # a data-dependent branch on the drawn value: runs in Python
+        return a + 1
+    return a - 1
 
 
 @case(graphs=2, breaks=1, args=f64)

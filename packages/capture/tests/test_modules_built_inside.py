@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import kiln.capture as kc
+from kiln.graph import EVENTS
 
 from .conftest import Recorder
 
@@ -89,3 +90,122 @@ def test_stateless_module_stays_in_the_graph():
         return nn.Sequential(nn.ReLU(), nn.Tanh())(x) + nn.MSELoss()(x, y)
     ex = kc.explain(f)(torch.randn(3), torch.randn(3))
     assert ex.graph_count == 1 and ex.break_count == 0, ex.as_text()
+
+
+def _counts():
+    return dict(EVENTS.snapshot()[0])
+
+
+def test_a_loop_of_calls_stops_compiling_after_warm_up():
+    """The frame after the break receives a new module each call: after one recompile it is guarded
+    by type, its parameters read as graph inputs, so later calls hit the cache (never the recompile
+    limit, never a stale weight)."""
+    for fn in PROGRAMS:
+        kc.reset()
+        EVENTS.reset()
+        opt = kc.optimize(fn, Recorder())
+        for i in range(10):
+            if i == 5:
+                warm = _counts()
+            x = torch.randn(3, 4)
+            torch.manual_seed(i)
+            want = fn(x)
+            torch.manual_seed(i)
+            torch.testing.assert_close(opt(x), want, rtol=0, atol=0)
+        after = _counts()
+        for kind in ("GraphCaptured", "Recompile", "FrameRunEagerly"):
+            assert after.get(kind, 0) == warm.get(kind, 0), (fn.__name__, kind, warm, after)
+        assert after.get("Recompile", 0) <= after.get("GraphBreakEvent", 0), (fn.__name__, after)
+
+
+def test_linear_in_forward_compiles_at_most_twice():
+    kc.reset()
+    rec = Recorder()
+    opt = kc.optimize(linear_in_forward, rec)
+    for i in range(10):
+        x = torch.randn(3, 4)
+        torch.manual_seed(i)
+        want = linear_in_forward(x)
+        torch.manual_seed(i)
+        torch.testing.assert_close(opt(x), want, rtol=0, atol=0)
+    assert rec.count <= 2, rec.count
+
+
+def test_new_module_argument_each_call():
+    """A module passed in new on every call: one graph serves them all, each with its own weights."""
+    def f(m, x):
+        return m(x).relu() + m.weight.sum()
+    kc.reset()
+    rec = Recorder()
+    opt = kc.optimize(f, rec)
+    for _ in range(6):
+        m, x = nn.Linear(4, 3), torch.randn(2, 4)
+        torch.testing.assert_close(opt(m, x), f(m, x), rtol=0, atol=0)
+    assert rec.count <= 2, rec.count
+
+
+def test_new_module_that_differs_is_guarded():
+    """What the trace read from a module guarded by type is still guarded: its sizes, its mode, an
+    instance forward and hooks added later each recompile and give eager's values."""
+    def f(m, x):
+        return m(x) * 2
+    kc.reset()
+    opt = kc.optimize(f, Recorder(), recompile_limit=20)
+
+    def hooked():
+        m = nn.Linear(4, 3)
+        m.register_forward_hook(lambda mod, args, out: out + 100)
+        return m
+
+    def own_forward():
+        m = nn.Linear(4, 3)
+        m.forward = lambda x: x[:, :3] - 7
+        return m
+
+    def dropout():
+        m = nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.5))
+        return m.train() if torch.rand(()) < 0.5 else m.eval()
+
+    makers = [lambda: nn.Linear(4, 3), lambda: nn.Linear(4, 3), lambda: nn.Linear(4, 5),
+              lambda: nn.Linear(4, 3, bias=False), hooked, lambda: nn.Linear(4, 3), own_forward,
+              lambda: nn.Linear(4, 3).requires_grad_(False), lambda: nn.Linear(4, 3).double(),
+              *[dropout] * 4, lambda: nn.Linear(4, 3)]
+    for make in makers:
+        m = make()
+        x = torch.randn(2, 4, dtype=next(iter(m.parameters())).dtype)
+        torch.manual_seed(0)
+        want = f(m, x)
+        torch.manual_seed(0)
+        torch.testing.assert_close(opt(m, x), want, rtol=0, atol=0)
+
+
+def test_parameter_replaced_between_calls():
+    """``m.weight = nn.Parameter(...)`` between calls: a new tensor each call is read by source."""
+    m = nn.Linear(4, 3)
+
+    def f(x):
+        return m(x).tanh()
+    kc.reset()
+    rec = Recorder()
+    opt = kc.optimize(f, rec)
+    for _ in range(6):
+        m.weight = nn.Parameter(torch.randn(3, 4))
+        x = torch.randn(2, 4)
+        torch.testing.assert_close(opt(x), f(x), rtol=0, atol=0)
+    assert rec.count <= 2, rec.count
+
+
+def test_new_stateless_modules_with_and_without_hooks():
+    """Modules made and dropped each call can reuse a dead module's id: an entry keeps the objects
+    its identity guards name alive, and a module guarded by type guards its hooks."""
+    def f(m, x):
+        return m(x) + 1
+    kc.reset()
+    opt = kc.optimize(f, Recorder(), recompile_limit=20)
+    for i in range(12):
+        m = nn.ReLU() if i % 3 else nn.Tanh()
+        if i % 2:
+            m.register_forward_hook(lambda mod, args, out: out * 10)
+        x = torch.randn(5)
+        torch.testing.assert_close(opt(m, x), f(m, x), rtol=0, atol=0)
+        del m

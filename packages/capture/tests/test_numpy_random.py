@@ -125,7 +125,15 @@ def test_randomstate_seed_method():
 
 
 @pytest.mark.parametrize("body, reason", [
-    (lambda x: x.numpy() + np.random.rand(), "returns a float"),
+    (lambda x: x.numpy() + np.exp(np.random.rand()), "of a number drawn by numpy random"),
+    (lambda x: x * float(np.random.rand()), "data-dependent float()"),
+    (lambda x: x * 2 if np.random.rand() < 0.5 else x - 1, "data-dependent"),
+    (lambda x: x / np.random.randint(1, 4), "by a number drawn by numpy random"),
+    (lambda x: x * (1.0 / np.random.rand()), "by a number drawn by numpy random"),
+    (lambda x: x * np.random.rand() ** 2, "pow with a number drawn by numpy random"),
+    (lambda x: x.half() * np.random.rand(), "and a float16 tensor"),
+    (lambda x: x.numpy().astype(np.int8) + np.random.randint(0, 100), "and a int8 array"),
+    (lambda x: x.numpy() + np.random.default_rng(0).integers(0, 3), "making a NumPy generator"),
     (lambda x: x.numpy() + np.random.normal(x.numpy()), "not a constant"),
     (lambda x: (np.random.shuffle(x.numpy()), x + 1)[1], "generator state"),
     (lambda x: (x + 1, np.random.get_state()[1][:3]), "generator state"),
@@ -175,3 +183,41 @@ def test_two_identical_draws_in_a_rolled_back_callee():
         return helper_same_draws(x * 2)
     signs = itertools.cycle([1, -1])
     _check_global(f, lambda: (torch.randn(3, dtype=torch.float64).abs() * next(signs),), breaks=2)
+
+
+SCALAR_DRAWS = [
+    lambda x: x.numpy() + np.random.rand(),  # a Python float: weak, the array stays float32
+    lambda x: x * np.random.uniform(0.5, 1.5),
+    lambda x: x + np.random.randint(0, 10),
+    lambda x: x.numpy() * (np.random.rand() * 2 - 1) + np.random.randint(0, 5) // 2 - np.random.normal(),
+    lambda x: (x + 1, np.random.rand(), np.random.randint(0, 10), np.random.normal() > 0, -np.random.rand()),
+    lambda x: np.arange(3) + np.random.randint(0, 4) + np.random.random(),  # int64 array, then float64
+    lambda x: x.double() - np.random.rand() + np.random.random() / 3,
+    lambda x: x.numpy()[np.random.choice(3)],  # a NumPy int scalar as an index: a NumPy scalar result
+    lambda x: (x.numpy() > np.random.rand(), np.random.randint(5) * x.numpy()),
+]
+
+
+@pytest.mark.parametrize("fn", SCALAR_DRAWS)
+def test_scalar_draws_are_graph_inputs_made_per_call(fn):
+    """``np.random.rand()`` (a Python float), ``randint(0, 10)`` (a Python int), ``choice(3)`` (a
+    NumPy int): drawn before the graph on every call like array draws; the values, their Python or
+    NumPy types and NumPy's state afterwards equal eager's, in one graph without a break."""
+    outs = _check_global(fn, _x, calls=5, graphs=1)
+    assert len({repr(o) for o in outs}) > 1  # fresh draws per call, never the capture's
+
+
+def test_scalar_draw_unseeded_stream_and_python_types():
+    def f(x):
+        r, k = np.random.rand(), np.random.randint(0, 100)
+        return x.numpy() * r + k, r, k, r * 2 + k
+    kc.reset()
+    opt = kc.optimize(f, Recorder())
+    xs = [torch.randn(3) for _ in range(4)]
+    np.random.seed(9)
+    want = [f(x) for x in xs]
+    np.random.seed(9)
+    got = [opt(x) for x in xs]
+    for g, w in zip(got, want):
+        assert [type(v) for v in g] == [type(v) for v in w], (g, w)
+        assert_same(g, w, atol=0)

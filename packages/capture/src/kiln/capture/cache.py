@@ -7,6 +7,7 @@ capture feed ``dynamic_dims``: a dimension that changed between captures is made
 
 from __future__ import annotations
 
+import re
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from .capture import Capture
 from .controls import static_dims
 from .knobs import CaptureOptions
 from .sources import is_argument
+
+_MEMBER = re.compile(r"(.+)\._(parameters|buffers)\[('[^']*')\]")  # a module's parameter or buffer source
 
 
 @dataclass
@@ -47,6 +50,7 @@ class CodeCache:
     seen_ints: dict[str, int] = field(default_factory=dict)
     dynamic_ints: set[str] = field(default_factory=set)
     failures: dict[str, int] = field(default_factory=dict)  # recompile reason -> times seen
+    new_modules: set[str] = field(default_factory=set)  # module sources guarded by type (note_new_modules)
 
     def note_failed_guard(self, g: Guard) -> None:
         """Automatic dynamic for ints beyond arguments: an int guarded as a constant (an attribute,
@@ -55,6 +59,31 @@ class CodeCache:
             self.dynamic_ints.add(g.source)
             if enabled("recompiles"):
                 log("recompiles").info("%s changed from %s: it is a symbolic int from now on", g.source, g.expected)
+
+    def note_new_modules(self, guards: GuardSet, L: dict, G: dict) -> None:
+        """Automatic unspecialisation of modules: a module source whose object changed (an
+        ``nn.Linear`` built inside the compiled code before a graph break reaches the resume
+        function as a new object on every call), or whose parameter or buffer is a new tensor, is
+        guarded by type and what the trace reads from then on, its parameters read as graph inputs,
+        instead of recompiling for every new object."""
+        for g in guards:
+            if g.kind != "ID_MATCH":
+                continue
+            m = _MEMBER.fullmatch(g.source)
+            source = m.group(1) if m else g.source
+            if source in self.new_modules:
+                continue
+            try:
+                value = eval(g.source, {"L": L, "G": G})  # noqa: S307 (a source the capture generated)
+                module = eval(source, {"L": L, "G": G}) if m else value  # noqa: S307
+            except Exception:  # noqa: BLE001 - the source no longer resolves: nothing to learn
+                continue
+            if isinstance(module, torch.nn.Module) and id(value) != g.expected:
+                self.new_modules.add(source)
+                if enabled("recompiles"):
+                    what = f"its {m.group(2)} {m.group(3)} is a new tensor" if m else \
+                        f"it is a new {type(module).__name__}"
+                    log("recompiles").info("%s: %s on this call, guarded by type from now on", source, what)
 
     def dynamic_dim_count(self) -> int:
         return sum(len(d) for d in self.dynamic.values())

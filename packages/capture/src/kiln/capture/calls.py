@@ -9,6 +9,7 @@ import enum
 import functools
 import inspect
 import operator
+import os
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -21,9 +22,9 @@ from .builtins_impl import SPECIAL
 from .controls import allowed_in_graph, disabled_reason, torch_disabled_wrapper
 from .deferred import defer, is_log_call
 from .errors import GraphBreak
-from .foreign import is_mutable_c_value
+from .foreign import is_immutable_constant, is_mutable_c_value
 from .module_calls import runs_in_python
-from .numpy_random import rng_call
+from .numpy_random import is_python_draw, rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
 from .values import (
@@ -69,6 +70,9 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if rng_call(fn) is not None:  # NumPy's generators: draws before the graph (numpy_random.py)
         return numpy_random.call(frame, fn, list(args), dict(kwargs))
     numpy_fn = numpy_handler(fn)
+    if numpy_fn is not None and any(is_python_draw(a) for a in [*args, *kwargs.values()]):
+        raise GraphBreak(f"numpy.{getattr(fn, '__name__', fn)} of a number drawn by numpy random",
+                         "it runs in Python on the drawn value")
     if numpy_fn is not None and not constant_ufunc_call(fn, args, kwargs):  # np.* as tensor code
         return numpy_fn(frame, list(args), dict(kwargs))
     if isinstance(fn, (types.FunctionType, types.MethodType)):
@@ -106,7 +110,7 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if isinstance(fn, types.FunctionType):
         if is_log_call(fn):  # logging: replayed after the graph (deferred.py)
             return defer(frame, fn, args, kwargs)
-        if _run_for_real(fn, args, kwargs):
+        if _run_for_real(frame, fn, args, kwargs):
             return real_call(frame, fn, args, kwargs)
         return inline_function(frame, fn, args, kwargs)
     if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) is list and fn.__name__ == "sort":
@@ -156,11 +160,50 @@ def _special(fn: Any) -> Any:
     return found
 
 
-def _run_for_real(fn: types.FunctionType, args: list, kwargs: dict) -> bool:
+def _run_for_real(frame: Frame, fn: types.FunctionType, args: list, kwargs: dict) -> bool:
     mod = fn.__module__ or ""
     if not mod.startswith(_REAL_MODULE_PREFIXES):
         return False
-    return not any(contains_traced(a) for a in args) and not any(contains_traced(v) for v in kwargs.values())
+    values = [*args, *kwargs.values()]
+    # a library function given an object from the frame reads its state (copy.deepcopy(config),
+    # dataclasses.asdict): run for real only once that whole state is guarded, else inlined so
+    # what it reads is guarded (or breaks where it cannot be)
+    return not any(contains_traced(a) for a in values) and \
+        all(_guard_whole_state(frame, a) for a in values if _unguarded_state(frame, a))
+
+
+def _unguarded_state(frame: Frame, v: Any) -> bool:
+    """An object from outside the compiled code (it has a guard source) whose attributes are its
+    state and are guarded only where the trace reads them: a real call given it would read the rest
+    unguarded and bake this call's values into the entry."""
+    if id(v) not in frame.tracer.source_of or v is os.environ:  # os.environ: guarded whole (tracer.wrap)
+        return False
+    if isinstance(v, (type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType,
+                      nn.Module, torch.Tensor, enum.Enum, list, tuple, dict, set, frozenset)):
+        return False
+    return hasattr(v, "__dict__") and not is_immutable_constant(v)
+
+
+def _guard_whole_state(frame: Frame, v: Any, depth: int = 0) -> bool:
+    """Guard every attribute of ``v`` (nested plain objects too, a few levels deep), so a real call
+    reading all of it sees what the guards pin; False when the state is too deep or not plain."""
+    src = frame.tracer.source_of.get(id(v))
+    if src is None or depth > 3 or any("__slots__" in vars(k) for k in type(v).__mro__[:-1]):
+        return False
+    d = vars(v)
+    if not all(type(k) is str for k in d) or len(d) > 512:
+        return False
+    frame.tracer.add_guard(f"{src}.__dict__", "DICT_KEYS", tuple(d))
+    for k, x in d.items():
+        source = f"{src}.__dict__[{k!r}]"
+        if _unguarded_state(frame, x) or not frame.tracer.source_of.get(id(x)) and hasattr(x, "__dict__") and \
+                not isinstance(x, (type, types.ModuleType, types.FunctionType, nn.Module, torch.Tensor, enum.Enum)):
+            frame.tracer.wrap(x, source)  # its type, and a source for the level below
+            if not _guard_whole_state(frame, x, depth + 1):
+                return False
+        elif isinstance(x, torch.Tensor) or contains_traced(frame.tracer.wrap(x, source)):
+            return False  # a tensor in the state: the real call would compute on it outside the graph
+    return True
 
 
 def real_call(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
@@ -220,6 +263,10 @@ def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         raise GraphBreak(f"passing a function defined in compiled code to {name}()")
     if not (isinstance(fn, types.BuiltinFunctionType) and fn in _TYPE_ONLY):
         refuse_foreign_values(frame, [self_obj, *args, *kwargs.values()], f"{name}()")
+        if any(_unguarded_state(frame, a) and not _guard_whole_state(frame, a)
+               for a in [self_obj, *args, *kwargs.values()]):
+            raise GraphBreak(f"{name}() reads the state of an object from outside the compiled code",
+                             "it runs in Python on every call")
     if any(isinstance(a, NumpyArray) for a in [self_obj, *args, *kwargs.values()]):
         raise GraphBreak(f"{getattr(fn, '__module__', None) or 'numpy'}.{name} is not traced on numpy arrays",
                          "it runs in Python between graphs")
@@ -342,14 +389,38 @@ def call_module(frame: Frame, module: nn.Module, args: list, kwargs: dict) -> An
     if reason is not None:
         raise GraphBreak(f"call to {type(module).__name__}.forward, {reason}",
                          "it runs in Python outside the graph, its frames not captured")
-    if _has_hooks(module):
-        return call_function(frame, nn.Module._call_impl, [module, *args], kwargs)
+    _guard_call_path(frame, module)
+    if _has_hooks(module):  # inlined itself: a call of _call_impl is a module call (call_function)
+        return inline_function(frame, nn.Module._call_impl, [module, *args], kwargs)
     forward = type(module).forward
     if "forward" in module.__dict__:
         return call_function(frame, module.__dict__["forward"], list(args), kwargs)
     if not isinstance(forward, types.FunctionType):
         raise GraphBreak(f"{type(module).__name__}.forward is not a Python function")
     return call_function(frame, forward, [module, *args], kwargs)
+
+
+def _guard_call_path(frame: Frame, module: nn.Module) -> None:
+    """What decides how ``module(...)`` is traced (its hooks, the global module hooks, which
+    ``forward`` it has) is checked on every call of the entry (module_calls.call_path_check), so a
+    hook registered after the capture runs and an instance ``forward`` set later is called."""
+    tracer = frame.tracer
+    tracer.note_global_hooks()
+    src = tracer.source_of.get(id(module))
+    if src is None:  # made by the compiled code itself: its hooks and forward are the code's
+        return
+    if not tracer.is_unspecialized(src):
+        tracer.note_module_call(module)
+        return
+    for table in _HOOK_TABLES:  # a new object each call: read through its source
+        if hasattr(module, table):
+            tracer.add_guard(f"{src}.{table}", "LENGTH_MATCH", len(getattr(module, table)))
+    code = getattr(module.forward, "__code__", None)
+    if code is not None:
+        tracer.guard_identity(f"{src}.forward.__code__", code)
+
+
+_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 def _has_hooks(m: nn.Module) -> bool:

@@ -50,12 +50,15 @@ class Capture:
     op_count: int
     side_effects: list[tuple[Plan, str, Plan | None]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    pinned: list[Any] = field(default_factory=list)  # objects of ID_MATCH guards, alive with the entry
+    call_paths: tuple = ()  # module calls traced (module_calls.call_path_check)
+    global_hooks: tuple | None = None  # the global module hooks when a module call was traced
 
 
 def run_capture(code: types.CodeType, f_globals: dict[str, Any], closure: tuple | None,
                 L: dict[str, Any], options: CaptureOptions, policy: DynamicPolicy,
-                symbolic: bool = True) -> Capture:
-    tracer = Tracer(policy, symbolic, duck=options.dynamic is True)
+                symbolic: bool = True, unspecialized: frozenset[str] = frozenset()) -> Capture:
+    tracer = Tracer(policy, symbolic, duck=options.dynamic is True, unspecialized=unspecialized)
     ctx = Context(tracer, options, KNOBS.inline_depth, code)
     grad_before = torch.is_grad_enabled()
     try:
@@ -141,7 +144,8 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
     op_count = sum(1 for n in gm.graph.nodes if n.op in ("call_function", "call_method")
                    and n.target is not operator.getitem and n.target != "size")
     return Capture(captured, [i.value for i in tracer.inputs], [i.source for i in tracer.inputs],
-                   result_plan, break_plan, op_count, side_effects)
+                   result_plan, break_plan, op_count, side_effects, pinned=tracer.pinned,
+                   call_paths=tuple(tracer.call_paths.values()), global_hooks=tracer.global_hooks)
 
 
 

@@ -15,6 +15,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils._python_dispatch
+from torch.utils._device import DeviceContext
 
 STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile", "eager_then_compile")
 
@@ -159,3 +161,30 @@ def mark_static(t: Any, index: int | list[int] | tuple[int, ...] | None = None) 
 
 def static_dims(t: Any) -> frozenset[int]:
     return frozenset(getattr(t, "_kiln_static_dims", ()))
+
+
+# ---- the caller's torch modes ---------------------------------------------------------------------
+_fn_modes = torch._C._len_torch_function_stack
+_fn_mode_at = torch._C._get_function_stack_at
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+
+
+def active_mode_reason() -> str | None:
+    """Why a call must run eagerly because of a torch mode the caller entered, or None.
+
+    Note: a compiled graph runs as generated code, below ``__torch_function__`` and
+    ``__torch_dispatch__``: a ``TorchFunctionMode`` the user entered (one that rewrites ops) or a
+    ``TorchDispatchMode`` (FakeTensorMode, a dtype-changing mode) would silently not apply to it. Such
+    calls run eagerly, as torch.compile does under a dispatch mode. The default-device context
+    (``with torch.device``, itself a function mode) is guarded instead (GLOBAL_STATE)."""
+    if not _fn_modes() and not _dispatch_modes():
+        return None
+    for i in range(_fn_modes()):
+        mode = _fn_mode_at(i)
+        if not isinstance(mode, DeviceContext):
+            return f"a torch function mode ({type(mode).__name__}) is active; compiled graphs run below it"
+    if _dispatch_modes():
+        modes = torch.utils._python_dispatch._get_current_dispatch_mode_stack()
+        names = ", ".join(type(m).__name__ for m in modes) or "a C++ mode"
+        return f"a torch dispatch mode ({names}) is active; compiled graphs run below it"
+    return None

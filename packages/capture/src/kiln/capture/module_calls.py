@@ -13,11 +13,14 @@ instance attribute (``module.forward``, which ``nn.Module.__call__`` looks up), 
 
 from __future__ import annotations
 
+import itertools
+import operator
 import types
 from collections.abc import Callable
 from typing import Any
 
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from kiln.graph import enabled, log
 
@@ -115,3 +118,59 @@ class PythonModuleCall:
 
 
 __all__ = ["PythonModuleCall", "has_python_hooks", "plain_forward", "python_wrapper_child", "runs_in_python"]
+
+
+# ---- what decided how a module call was traced ----------------------------------------------------
+_HOOK_TABLES = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOK_TABLES = ("_global_forward_hooks", "_global_forward_pre_hooks", "_global_backward_hooks",
+                       "_global_backward_pre_hooks")
+
+# (the module's __dict__, whether it had hooks, its instance ``forward`` or None) per traced call
+CallPath = tuple[dict, bool, Any]
+
+
+def has_own_hooks(m: nn.Module) -> bool:
+    d = m.__dict__
+    return any(bool(d.get(t)) for t in _HOOK_TABLES)
+
+
+def call_path(m: nn.Module) -> CallPath:
+    return m.__dict__, has_own_hooks(m), m.__dict__.get("forward")
+
+
+def global_hook_keys() -> tuple:
+    g = nn.modules.module
+    return tuple(tuple(getattr(g, t).keys()) for t in _GLOBAL_HOOK_TABLES)
+
+
+def call_path_check(paths: tuple[CallPath, ...], global_keys: tuple) -> Callable[[], bool]:
+    """Whether every module call of an entry would be traced the same way now: the same hooks
+    present or absent (hooks present were traced through ``_call_impl``, which guards them), the same
+    instance ``forward``, the same global module hooks.
+
+    Note: torch registers every hook through ``RemovableHandle``, whose id counter is global; while
+    it has not moved since the last check no hook was added anywhere, so the hook tables are read
+    only after a registration. Which ``forward`` each module has is one C-level pass over their
+    dicts. Five guards per module instead (hook tables and forward) made a 240-module model's guard
+    check about twice as slow. The modules are the very objects ID_MATCH guards of the entry pin;
+    modules guarded by type only (a new object each call) are guarded through their sources."""
+    plain = [d for d, _, forward in paths if forward is None]
+    own = [(d, forward) for d, _, forward in paths if forward is not None]
+    seen = [RemovableHandle.next_id]
+
+    def hooks_same() -> bool:
+        if global_hook_keys() != global_keys:
+            return False
+        return all(any(bool(d.get(t)) for t in _HOOK_TABLES) is hooks for d, hooks, _ in paths)
+
+    def check() -> bool:
+        if any(map(operator.contains, plain, itertools.repeat("forward", len(plain)))):
+            return False
+        if own and any(d.get("forward") is not forward for d, forward in own):
+            return False
+        if RemovableHandle.next_id != seen[0]:
+            if not hooks_same():
+                return False
+            seen[0] = RemovableHandle.next_id
+        return True
+    return check

@@ -245,6 +245,9 @@ ARRAY_METHODS: dict[str, nt.Handler] = {
 
 
 def array_attr(frame: Frame, a: NumpyArray, name: str) -> Any:
+    if a.python is not None:
+        raise GraphBreak(f"{a.python.__name__}.{name} of a number drawn by numpy random",
+                         "it runs in Python on the drawn value")
     t = a.t
     if name == "shape":
         return tuple(t.shape)
@@ -283,10 +286,14 @@ def call_array_method(frame: Frame, m: _BoundArrayMethod, args: list, kwargs: di
 
 
 def array_getitem(frame: Frame, a: NumpyArray, key: Any) -> Any:
+    if a.python is not None:
+        raise GraphBreak("indexing a number drawn by numpy random", "it runs in Python (and raises, as eager)")
     key = _index(frame, key)
     out = frame.tracer.record("call_function", operator.getitem, (a.t, key), {}, lambda: a.t[key])
-    full = isinstance(key, int) and a.t.dim() == 1 or isinstance(key, tuple) and len(key) == a.t.dim() and \
-        all(isinstance(k, int) for k in key)
+    keys = key if isinstance(key, tuple) else (key,)
+    # integers only (0-d integer arrays too: ``a[np.random.choice(3)]``) down to 0-d: a NumPy scalar
+    full = out.dim() == 0 and all(type(k) is int or isinstance(k, torch.Tensor) and k.dim() == 0 and
+                                  not k.dtype.is_floating_point and k.dtype != torch.bool for k in keys)
     return NumpyArray(out, scalar=full)
 
 

@@ -83,7 +83,7 @@ def wrap_result(t: Any) -> Any:
 def dtype_of(v: Any) -> Any:
     """What np.result_type takes for ``v``: an array's dtype, or a Python scalar itself (weak)."""
     if isinstance(v, NumpyArray):
-        return NUMPY_OF[v.t.dtype]
+        return v.python() if v.python is not None else NUMPY_OF[v.t.dtype]  # a drawn Python number: weak
     if isinstance(v, (bool, int, float, complex, np.generic)):
         return v
     if isinstance(v, (torch.SymInt, torch.SymFloat)):  # a symbolic size: a weak Python number

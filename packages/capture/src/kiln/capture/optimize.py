@@ -36,12 +36,18 @@ from kiln.graph import (
 
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
-from .controls import current_stance, disabled_reason
+from .controls import active_mode_reason, current_stance, disabled_reason
 from .ddp_buckets import bucket_split_backend
 from .deferred import CALL
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .knobs import CaptureOptions
-from .module_calls import PythonModuleCall, plain_forward, python_wrapper_child, runs_in_python
+from .module_calls import (
+    PythonModuleCall,
+    call_path_check,
+    plain_forward,
+    python_wrapper_child,
+    runs_in_python,
+)
 from .pending import wait_pending
 from .pipeline import compile_capture, frame_name, needs_backend
 from .python_step import CAN_RUN, NEXT, execute_in_python
@@ -200,6 +206,9 @@ class Optimized:
         cache = self.cache
         if self.disabled is not None or current_stance() == "force_eager":
             return self._eager(self.disabled or "set_stance('force_eager')", args, kwargs, permanent=False)
+        mode = active_mode_reason()
+        if mode is not None:
+            return self._eager(mode, args, kwargs, permanent=False)
         if cache is None or cache.eager_reason is not None:
             if cache is not None:
                 if self.ctx.observed and not cache.eager_reported:  # kiln.stats counts the frame once
@@ -259,6 +268,7 @@ class Optimized:
             cache.recompiles += 1
             if failure is not None and options.dynamic is None:
                 cache.note_failed_guard(failure[0])
+            cache.note_new_modules(cache.entries[-1].guards, L, G)
             if enabled("recompiles"):
                 log("recompiles").info("recompiling %s: %s", frame_name(self.code), reason)
             if self.ctx.observed:
@@ -296,11 +306,14 @@ class Optimized:
         try:
             symbolic = cache.may_be_dynamic(L, options)
             dims_before = cache.dynamic_dim_count()
-            cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), symbolic)
+            new_modules = frozenset(cache.new_modules)
+            cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), symbolic,
+                              new_modules)
             if not symbolic and cache.dynamic_dim_count() > dims_before:
                 # a tensor reached through an attribute or a nested container changed size (found while
                 # tracing): capture again with symbolic sizes instead of compiling one more static graph
-                cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), True)
+                cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), True,
+                                  new_modules)
         except Unsupported:
             raise
         except SkipFrame as e:
@@ -417,6 +430,13 @@ class Optimized:
         identity = {g.source for g in cap.captured.guards if g.kind == "ID_MATCH"}
         extract = _extractor(cap.input_sources, cap.example_inputs, identity)
         check = cap.captured.guards.compile()
+        if cap.global_hooks is not None:
+            guards_hold, calls_same = check, call_path_check(cap.call_paths, cap.global_hooks)
+
+            def check(L: dict, G: dict) -> bool:
+                return guards_hold(L, G) and calls_same()
+            if hasattr(guards_hold, "__kiln_source__"):  # the generated guard code, for inspection
+                check.__kiln_source__ = guards_hold.__kiln_source__  # type: ignore[attr-defined]
         effects = cap.side_effects
         if cap.break_plan is None:
             plan = cap.result_plan
@@ -510,8 +530,8 @@ def _failure_key(failure: tuple[Guard, str] | None, guards: GuardSet | None = No
 
 
 def _failure_text(failure: tuple[Guard, str] | None) -> str:
-    if failure is None:
-        return "no entry matched"
+    if failure is None:  # guards held: the entry's module-call check failed (module_calls.py)
+        return "no entry matched: a module's hooks or forward, or the global module hooks, changed"
     g, actual = failure
     if g.kind == "SHAPE_EXPR":
         pinned = " (a graph specialised to one size: the backend or the code read it as an int)" \
@@ -581,7 +601,7 @@ def optimize(fn: Callable, backend: Callable, *, fullgraph: bool = False, dynami
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         # the hit path, kept flat: bind, check each entry's guards, run the first that passes
         if cache is not None and cache.eager_reason is None and opt.disabled is None and \
-                current_stance() != "force_eager":
+                current_stance() != "force_eager" and active_mode_reason() is None:
             L = bind(args, kwargs)
             for entry in cache.entries:
                 try:

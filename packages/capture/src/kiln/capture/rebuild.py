@@ -165,6 +165,8 @@ class Flattener:
         self._refuse_device_view(v)
         tensor_plan = self._plan(v.t)
         # force=True: to the CPU (a torch.device context's device), conjugate views resolved (ihfft)
+        if v.python is not None:  # a Python number drawn by numpy random (numpy_random.py)
+            return lambda outs, L, G: tensor_plan(outs, L, G).item()
         if v.scalar:
             return lambda outs, L, G: tensor_plan(outs, L, G).numpy(force=True)[()]
         return lambda outs, L, G: tensor_plan(outs, L, G).numpy(force=True)

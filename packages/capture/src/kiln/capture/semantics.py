@@ -8,6 +8,7 @@ from the frame's inputs) breaks the graph so it runs in Python.
 from __future__ import annotations
 
 import operator
+import sys
 import types
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +17,7 @@ from torch import nn
 
 from .errors import GraphBreak
 from .foreign import is_ndarray
+from .numpy_random import is_python_draw, python_operator
 from .numpy_table import array_attr, array_getitem, array_setitem
 from .numpy_trace import binary, unary
 from .shape_rules.pointwise import FAST_POINTWISE
@@ -76,9 +78,8 @@ def load_attr(frame: Frame, obj: Any, name: str) -> Any:
         return written[2]
     if isinstance(obj, types.ModuleType):
         value = getattr(obj, name)
-        if isinstance(value, torch.Tensor):
-            return tracer.wrap(value, f"__import__('sys').modules[{obj.__name__!r}].{name}")
-        return value
+        src = module_attr_source(tracer, obj, name, value)
+        return value if src is None else tracer.wrap(value, src)
     src = tracer.source_of.get(id(obj))
     if isinstance(obj, nn.Module):
         d = obj.__dict__
@@ -108,6 +109,28 @@ def load_attr(frame: Frame, obj: Any, name: str) -> Any:
     value = getattr(obj, name)
     check_tracked(frame, value, f"attribute {name!r}")
     return value
+
+
+# Libraries whose module attributes are treated as constants (their functions, classes, dtypes);
+# attributes of every other module (a config module's ``SCALE``, ``os.environ``) are state the
+# program may change between calls: guarded like globals.
+_STABLE_MODULES = ("torch", "numpy", "math", "cmath", "operator", "builtins", "functools", "itertools",
+                   "typing", "types", "collections", "enum", "abc", "logging", "warnings", "kiln",
+                   "sympy", "einops", "dataclasses", "contextlib", "inspect", "re", "copy", "copyreg",
+                   "posixpath", "weakref", "threading", "importlib", "packaging", "string", "json")
+
+
+def module_attr_source(tracer: Any, module: types.ModuleType, name: str, value: Any) -> str | None:
+    """The guard source of ``module.name``, or None when the attribute is taken as a constant."""
+    root = (module.__name__ or "").partition(".")[0]
+    if not isinstance(value, torch.Tensor) and (root in _STABLE_MODULES or isinstance(value, types.ModuleType)):
+        return None
+    src = tracer.source_of.get(id(module))
+    if src is not None:
+        return attr_source(src, name)
+    if sys.modules.get(module.__name__) is module:
+        return attr_source(f"__import__('sys').modules[{module.__name__!r}]", name)
+    return None
 
 
 def super_attr(frame: Frame, sp: SuperProxy, name: str) -> Any:
@@ -308,6 +331,8 @@ def apply_operator(frame: Frame, op: Any, args: list) -> Any:
 
 def numpy_operator(frame: Frame, op: Any, args: list) -> Any:
     """An operator with a traced numpy array among its operands (numpy_trace.py)."""
+    if any(is_python_draw(a) for a in args) and op is not operator.getitem:
+        return python_operator(frame, op, args, apply_operator)  # np.random.rand(): a Python float
     if op is operator.getitem:
         return getitem(frame, args[0], args[1])
     if len(args) == 1:

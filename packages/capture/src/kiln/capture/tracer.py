@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import operator
+import os
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from kiln.graph import (
 from .deferred import is_random_target, seed_pending
 from .errors import GraphBreak, Unsupported
 from .foreign import is_immutable_constant, is_numpy_scalar, state_in_c
+from .module_calls import CallPath, call_path, global_hook_keys
 from .numpy_trace import liftable
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
@@ -84,7 +86,8 @@ class SubgraphScope:
 class Tracer:
     """Owns the fx graph, the fake mode and shape env, the input placeholders and the guards."""
 
-    def __init__(self, dynamic_policy: DynamicPolicy, symbolic: bool = True, duck: bool = False) -> None:
+    def __init__(self, dynamic_policy: DynamicPolicy, symbolic: bool = True, duck: bool = False,
+                 unspecialized: frozenset[str] = frozenset()) -> None:
         # Note: ShapeEnv is only built when a size may be symbolic; creating the first one imports a
         # large part of torch, which static captures do not need.
         self.shape_env = ShapeEnv() if symbolic else None
@@ -94,6 +97,9 @@ class Tracer:
         self.scopes: list[SubgraphScope] = []  # torch.cond branches being traced, innermost last
         self.submodules: dict[str, fx.GraphModule] = {}  # branch graphs, attributes of the root
         self.dynamic_policy = dynamic_policy
+        # module sources whose object changed between calls (cache.note_new_modules): the modules
+        # at and below them are guarded by type and what the trace reads, never by identity
+        self.unspecialized = unspecialized
         # dynamic=True: dims not marked are duck-sized (equal sizes share one symbol), as torch does;
         # marked and automatically dynamic dims get a symbol each
         self.duck = duck
@@ -103,6 +109,10 @@ class Tracer:
         self.inputs: list[GraphInput] = []
         self.input_by_key: dict[Any, Any] = {}
         self.guards: dict[tuple[str, str], Guard] = {}
+        self.pinned: list[Any] = []  # the objects ID_MATCH guards name (guard_identity)
+        # module calls traced, checked per call of the entry (module_calls.call_path_check)
+        self.call_paths: dict[int, CallPath] = {}
+        self.global_hooks: tuple | None = None
         self.source_of: dict[int, str] = {}
         self.made: set[int] = set()  # objects made during the trace that must be rebuilt per call
         self.opaque: set[int] = set()  # ids of values from the frame guarded by type only (foreign.py)
@@ -141,13 +151,20 @@ class Tracer:
         self.location = ""  # the traced instruction as a traceback line, for node metadata
         self.where = ""  # the same as file:line, for guard notes
         self.start_state = global_state()
-        self.add_guard("", "GLOBAL_STATE", self.start_state, "grad/autocast/dtype state at capture")
+        self.add_guard("", "GLOBAL_STATE", self.start_state, "grad/autocast/dtype/device state at capture")
 
     # ---- guards -------------------------------------------------------------------------
     def add_guard(self, source: str, kind: str, expected: Any, note: str = "") -> None:
         key = (source, kind)
         if key not in self.guards:
             self.guards[key] = Guard(source, kind, expected, note or self.where)
+
+    def guard_identity(self, source: str, value: Any) -> None:
+        """An ID_MATCH guard; the entry keeps ``value`` alive (``pinned``), so a later object can
+        never reuse its id and pass the guard in its place."""
+        if (source, "ID_MATCH") not in self.guards:
+            self.pinned.append(value)
+        self.add_guard(source, "ID_MATCH", id(value))
 
     # ---- values entering the trace -----------------------------------------------------
     def wrap(self, value: Any, source: str | None) -> Any:
@@ -179,8 +196,10 @@ class Tracer:
             self._remember(value, source)
             return value
         if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format, enum.Enum)):
-            self.add_guard(source, "ID_MATCH" if not isinstance(value, torch.device) else "EQUALS_MATCH",
-                           id(value) if not isinstance(value, torch.device) else value)
+            if isinstance(value, torch.device):
+                self.add_guard(source, "EQUALS_MATCH", value)
+            else:
+                self.guard_identity(source, value)
             return value
         if isinstance(value, types.MethodType):
             if value.__name__ == "__exit__" and isinstance(value.__self__, _GRAD_MODES):
@@ -189,19 +208,25 @@ class Tracer:
                 self.add_guard(f"{source}.__self__", "TYPE_MATCH", type_name(type(value.__self__)))
                 self.add_guard(f"{source}.__self__.prev", "EQUALS_MATCH", prev)
                 return ContextExit(GradModeContext(torch.is_grad_enabled(), prev=prev))
-            self.add_guard(f"{source}.__func__", "ID_MATCH", id(value.__func__))
+            self.guard_identity(f"{source}.__func__", value.__func__)
             self.wrap(value.__self__, f"{source}.__self__")
             return value
         if isinstance(value, types.ModuleType):
-            return value  # Python modules are assumed stable, as in PyTorch's own compiler
+            # the module object is assumed stable, as in PyTorch's own compiler; its source guards
+            # the attributes read from it (semantics.module_attr_source)
+            self._remember(value, source)
+            return value
         if isinstance(value, types.FunctionType):
             # the code, not the function object: closures re-created per call still hit the cache
-            self.add_guard(f"{source}.__code__", "ID_MATCH", id(value.__code__))
+            self.guard_identity(f"{source}.__code__", value.__code__)
             self._remember(value, source)
+            return value
+        if isinstance(value, nn.Module) and self.is_unspecialized(source):
+            self._wrap_unspecialized_module(value, source)
             return value
         if isinstance(value, (types.BuiltinFunctionType, type, nn.Module,
                               types.MethodWrapperType)) or callable(value) and t.__module__ == "builtins":
-            self.add_guard(source, "ID_MATCH", id(value))
+            self.guard_identity(source, value)
             self._remember(value, source)
             return value
         if source in self.copies_by_source:  # read again: the same (possibly written) traced copy
@@ -249,6 +274,9 @@ class Tracer:
                 return out
         self.add_guard(source, "TYPE_MATCH", type_name(t))
         self._remember(value, source)
+        if value is os.environ:  # read through stdlib code run for real: its whole contents guarded
+            self.add_guard(f"tuple({source}.items())", "EQUALS_MATCH", tuple(os.environ.items()))
+            return value
         if isinstance(value, dict) and all(type(k) in (str, int) for k in value):
             # a dict subclass of a library (a registry): the object itself is used (its methods see
             # its real contents), so its keys and every value are guarded
@@ -264,6 +292,24 @@ class Tracer:
         if state_in_c(value):
             self.opaque.add(id(value))  # only its type is guarded: no computing on it (foreign.py)
         return value
+
+    def note_module_call(self, module: nn.Module) -> None:
+        self.call_paths.setdefault(id(module), call_path(module))
+
+    def note_global_hooks(self) -> None:
+        if self.global_hooks is None:
+            self.global_hooks = global_hook_keys()
+
+    def is_unspecialized(self, source: str) -> bool:
+        """Whether ``source`` is, or lies below, a module source guarded by type (see __init__)."""
+        return any(source == p or source.startswith((f"{p}.", f"{p}[")) for p in self.unspecialized)
+
+    def _wrap_unspecialized_module(self, module: nn.Module, source: str) -> None:
+        """A module that is a new object on each call (built inside the compiled code before a graph
+        break): its type is guarded here; what the trace reads from it (attributes, submodules,
+        parameters as graph inputs; its hooks and forward when it is called) where it is read."""
+        self.add_guard(source, "TYPE_MATCH", type_name(type(module)))
+        self._remember(module, source)
 
     def note_made(self, value: Any) -> None:
         """``value`` was made during the trace (a constructed object, a mutable C object a call
@@ -308,17 +354,22 @@ class Tracer:
 
     def lift_tensor(self, value: torch.Tensor, source: str) -> torch.Tensor:
         is_state = isinstance(value, nn.Parameter) or "._parameters[" in source or "._buffers[" in source
-        key: Any = id(value) if is_state else source
+        # parameters of a module built anew on each call are new tensors each call: read by source
+        pinned = is_state and not self.is_unspecialized(source)
+        key: Any = id(value) if pinned else source
         if key in self.input_by_key:
-            if is_state:
-                self.add_guard(source, "ID_MATCH", id(value))
+            if pinned:
+                self.guard_identity(source, value)
             return self.input_by_key[key]
         if type(value) not in (torch.Tensor, nn.Parameter, nn.parameter.Buffer):
             if isinstance(value, FakeTensor):
                 return value
             raise GraphBreak(f"tensor subclass {type(value).__name__}")
         if is_state:
-            self.add_guard(source, "ID_MATCH", id(value))
+            if pinned:
+                self.guard_identity(source, value)
+            else:
+                self.add_guard(source, "TENSOR_MATCH", tensor_expectation(value))
             fake = self.fake_mode.from_tensor(value, static_shapes=True)
             if isinstance(value, nn.Parameter):
                 self.param_fakes.add(id(fake))

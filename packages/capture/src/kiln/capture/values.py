@@ -202,8 +202,11 @@ class NumpyArray:
 
     ``scalar`` marks a NumPy scalar (``np.float64``: a full reduction, an element), rebuilt as one.
     ``source`` is the guard source of an array read from the frame, so returning it unchanged
-    returns the very object."""
+    returns the very object. ``python`` marks a Python ``float``/``int``/``bool`` a NumPy random
+    draw returned (``np.random.rand()``), held as a 0-d float64/int64/bool tensor: only operators
+    use it (numpy_random.python_operator), and it leaves the graph as that Python type."""
 
     t: torch.Tensor
     scalar: bool = False
     source: str | None = None
+    python: type | None = None

@@ -19,6 +19,7 @@ import torch
 
 from .guards_codegen import GENERATED_MAX_GUARDS, generated_check
 from .guards_plan import build_plan, global_state, plain_tensor, plan_check, plan_layout
+from .guards_plan import default_device as default_device  # re-exported (kiln.graph API)
 from .guards_plan import device_matches as device_matches  # re-exported (kiln.graph API)
 from .guards_plan import source_tree as source_tree  # re-exported (kiln.graph API)
 from .guards_simplify import simplify_guards
@@ -31,7 +32,7 @@ GUARD_KINDS: dict[str, str] = {
                     "type; a tuple's items of the same types too",
     "LENGTH_MATCH": "len(x) == n",
     "DICT_KEYS": "list(x.keys()) == the keys seen, in order",
-    "GLOBAL_STATE": "grad mode, autocast, default dtype and deterministic flags",
+    "GLOBAL_STATE": "grad mode, autocast, default dtype and device, and deterministic flags",
     "SYMBOL": "binds a size symbol: expected is the symbol name, source its size expression",
     "SHAPE_EXPR": "a Python boolean expression over size symbols, e.g. 's0 >= 2'",
     "NOT_NONE": "x is not None",

@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._device import DeviceContext
 
 _CHAIN = re.compile(r"""[LG]\[(?:'[^']*'|"[^"]*"|-?\d+)\](?:\.[A-Za-z_]\w*|\[(?:'[^']*'|"[^"]*"|-?\d+)\])*""")
 _SEGMENT = re.compile(r"""\.[A-Za-z_]\w*|\[(?:'[^']*'|"[^"]*"|-?\d+)\]""")
@@ -43,6 +44,21 @@ Check = Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
 
 
 # ---- helpers shared with guards.py ---------------------------------------------------------------
+
+def default_device() -> str | None:
+    """The device of the innermost ``with torch.device(...)`` / ``torch.set_default_device``, where
+    factory calls without ``device=`` allocate; None for none (or ``cpu``, which means the same).
+    Reads torch's function-mode stack directly: ``torch.get_default_device()`` costs ~10 us a call."""
+    for i in range(_len_modes() - 1, -1, -1):
+        mode = _mode_at(i)
+        if isinstance(mode, DeviceContext):
+            return None if mode.device.type == "cpu" else str(mode.device)
+    return None
+
+
+_len_modes = torch._C._len_torch_function_stack
+_mode_at = torch._C._get_function_stack_at
+
 
 def global_state() -> tuple[tuple[str, Any], ...]:
     """The global torch state a graph depends on, as a hashable snapshot."""
@@ -54,6 +70,7 @@ def global_state() -> tuple[tuple[str, Any], ...]:
         ("autocast_cuda_dtype", str(torch.get_autocast_dtype("cuda"))),
         ("default_dtype", str(torch.get_default_dtype())),
         ("deterministic", torch.are_deterministic_algorithms_enabled()),
+        ("default_device", default_device()),
     )
 
 
@@ -172,17 +189,19 @@ def _static(expected: tuple) -> bool:
 def _global_state_check(expected: tuple) -> Callable[[], bool]:
     want = dict(expected)
     keys = {"grad_enabled", "autocast_cpu", "autocast_cuda", "autocast_cpu_dtype",
-            "autocast_cuda_dtype", "default_dtype", "deterministic"}
+            "autocast_cuda_dtype", "default_dtype", "deterministic", "default_device"}
     any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
     if set(want) != keys or want["autocast_cpu"] or want["autocast_cuda"] or any_autocast is None:
         return lambda: global_state() == expected  # autocast dtypes matter: the full snapshot
     grad, det, dtype = bool(want["grad_enabled"]), bool(want["deterministic"]), want["default_dtype"]
     is_grad, default_dtype = torch.is_grad_enabled, torch.get_default_dtype
     deterministic = torch.are_deterministic_algorithms_enabled
+    device = want["default_device"]
 
     def check() -> bool:
         return (is_grad() is grad and any_autocast() is False and deterministic() is det
-                and str(default_dtype()) == dtype)
+                and str(default_dtype()) == dtype and (_len_modes() == 0 and device is None
+                                                       or default_device() == device))
     return check
 
 

@@ -83,6 +83,10 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
     ctx.origin = name.split(".")[1] if name.count(".") >= 2 else name
     rule = LOWERINGS.get(name)
     val = node.meta.get("val")
+    if isinstance(val, torch.Tensor) and val.device.type not in ("cpu", "cuda"):
+        # a factory under ``with torch.device("meta")`` beside CPU inputs: no kernel can write there
+        raise LoweringError(f"{name} at node {node.name} makes a tensor on {val.device}; kiln.inductor "
+                            "compiles CPU (C++) and CUDA (Triton) graphs")
     if isinstance(val, torch.SymFloat):  # float arithmetic on sizes (ir/scalars.py), or its constant value
         return sym_scalar(val) if is_symbolic(val) else float(val.node.expr)
     if is_symbolic(val):  # size arithmetic (sym_size, mul of sizes, ...): the value is its expression
