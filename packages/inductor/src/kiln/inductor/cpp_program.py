@@ -28,6 +28,7 @@ from .codegen.cpp import library_source
 from .codegen.cpp_wrapper import (
     ABI_VERSION,
     CppWrapperUnsupported,
+    CppWrapperWriter,
     CudaKernels,
     Slot,
     cpp_wrapper_source,
@@ -36,6 +37,7 @@ from .codegen.cpp_wrapper import (
 from .codegen.triton.backend import TritonBackend
 from .codegen.triton.cubins import Cubin, CubinUnsupported, compile_cubins
 from .codegen.triton.wrapper import module_source
+from .ir import ScheduledProgram
 from .options import DEFAULT_OPTIONS, InductorOptions
 from .passes import CompileState
 from .pipeline import choose_backend, stages_for, verify_state
@@ -61,6 +63,7 @@ class CppProgram:
     device: str = "cpu"
     cubins: tuple[Cubin, ...] = ()  # CUDA: the Triton kernels, compiled for ``cuda_arch``
     cuda_arch: int | None = None
+    scheduled: ScheduledProgram | None = None  # the program the wrapper runs (for in-process callers)
 
     @property
     def source_hash(self) -> str:
@@ -73,12 +76,13 @@ class CppProgram:
 
 def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mapping[int, Slot], *,
                 options: InductorOptions = DEFAULT_OPTIONS, name: str = "model",
-                cuda_arch: int | None = None) -> CppProgram:
+                cuda_arch: int | None = None, writer: type[CppWrapperWriter] | None = None) -> CppProgram:
     """Schedule a functional ATen inference graph and emit its C++ sources (CPU tensors: kiln's C++
     kernels; CUDA tensors, real or fake: Triton kernels compiled into cubins for ``sm_<cuda_arch>``).
 
     ``slots``: for each graph input position, whether the caller passes it as an input or a constant
-    (and which). Raises ``CppWrapperUnsupported`` for what cannot run without Python."""
+    (and which). ``writer``: the C++ wrapper's writer (a subclass of CppWrapperWriter; kiln.compile's
+    in-process wrapper). Raises ``CppWrapperUnsupported`` for what cannot run without Python."""
     devices = {x.device.type for x in example_inputs if isinstance(x, torch.Tensor)}
     if devices - {"cpu", "cuda"} or len(devices) > 1:
         raise CppWrapperUnsupported(f"the C++ wrapper runs graphs on one device, CPU or CUDA (inputs on {sorted(devices)})")
@@ -111,16 +115,17 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
             raise CppWrapperUnsupported(str(e)) from e
         by_kernel = {site.kernel: site for site in sites}
         launches = {k: [by_kernel[g.name] for g in generated[a:b] if g.name in by_kernel] for k, a, b in spans}
-        wrapper = cpp_wrapper_source(s.scheduled, {}, dict(slots), CudaKernels(cubins, launches, cuda_arch))
+        wrapper = cpp_wrapper_source(s.scheduled, {}, dict(slots), CudaKernels(cubins, launches, cuda_arch), writer)
         texts["triton_kernels"] = module_source(generated) if generated else ""
         texts["cpp_wrapper"] = wrapper
         return CppProgram(name, wrapper, "", (), (), outputs, len(generated), n_ext, texts, device="cuda",
-                          cubins=tuple(cubins), cuda_arch=cuda_arch)
+                          cubins=tuple(cubins), cuda_arch=cuda_arch, scheduled=s.scheduled)
     source, symbols = library_source(kernels, layouts, options) if kernels else ("", {})
-    wrapper = cpp_wrapper_source(s.scheduled, symbols, dict(slots))
+    wrapper = cpp_wrapper_source(s.scheduled, symbols, dict(slots), None, writer)
     flags = tuple(f for f in options.cpp_flags if f != "-shared")
     texts["cpp_wrapper"] = wrapper
-    return CppProgram(name, wrapper, source, flags, tuple(options.link_flags), outputs, len(kernels), n_ext, texts)
+    return CppProgram(name, wrapper, source, flags, tuple(options.link_flags), outputs, len(kernels), n_ext, texts,
+                      scheduled=s.scheduled)
 
 
 __all__ = ["CppProgram", "CppWrapperUnsupported", "Slot", "cpp_program"]

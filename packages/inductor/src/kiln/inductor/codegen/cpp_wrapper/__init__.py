@@ -8,6 +8,6 @@ allocations, kernels called by symbol (CPU) or launched as cubins through the CU
 
 from .aten_calls import CppWrapperUnsupported
 from .prelude import ABI_VERSION
-from .writer import CudaKernels, Slot, cpp_wrapper_source, output_specs
+from .writer import CppWrapperWriter, CudaKernels, Slot, cpp_wrapper_source, output_specs
 
-__all__ = ["ABI_VERSION", "CppWrapperUnsupported", "CudaKernels", "Slot", "cpp_wrapper_source", "output_specs"]
+__all__ = ["ABI_VERSION", "CppWrapperUnsupported", "CppWrapperWriter", "CudaKernels", "Slot", "cpp_wrapper_source", "output_specs"]

@@ -1,0 +1,141 @@
+"""kiln.compile's C++ wrapper: a package's wrapper (writer.py) for a graph called in-process, per call.
+
+What differs from a package's wrapper:
+
+- every graph input, module parameters and buffers too, is the caller's per call (no constants): they
+  may be updated in place or replaced between calls;
+- on CPU an input that only kernels read is passed as its bare data pointer (no ``at::Tensor`` per
+  call); CUDA wraps every input (``kiln_rt::wrap`` copies one that is not 16-byte aligned, as Triton's
+  kernels assume);
+- an output that is an input's own memory in the input's own layout (written in place: a KV cache by
+  ``index_put_``, a buffer a kernel updated over its input) is not copied: the caller returns that input,
+  as the Python wrapper does, and the write-back after the call finds nothing to copy;
+- an output the program does not compute in the caller's buffer is copied into one with the output's
+  own shape, strides and storage offset (the view the Python wrapper returns), not a dense copy.
+
+``output_plan(scheduled)`` says, per output, which of these the caller does (``OutputPlan``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...ir import ExternKernel, Layout, ScheduledProgram, TensorRef
+from .aten_calls import CppWrapperUnsupported, op_overload, scalar_type
+from .writer import CppWrapperWriter, Slot, _ints
+
+OUTPUT_KINDS = ("direct", "copy", "input")
+
+
+@dataclass(frozen=True, slots=True)
+class OutputPlan:
+    """How the caller makes output k: ``direct`` (it allocates ``shape``/``stride``; the program computes
+    there), ``copy`` (it allocates that view at ``offset``; the program copies into it) or ``input``
+    (it returns its input ``input``: the program wrote that input's memory)."""
+
+    kind: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    input: int = -1
+
+    def as_json(self) -> list:
+        return [self.kind, list(self.shape), list(self.stride), self.offset, str(self.dtype).removeprefix("torch."),
+                self.input]
+
+
+def _static(xs: tuple) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in xs)
+    except TypeError:
+        raise CppWrapperUnsupported("the graph has symbolic sizes") from None
+
+
+def _writes_first_argument(e: ExternKernel) -> bool:
+    """An in-place ATen op (``index_put_``): its result is its first argument, written."""
+    try:
+        returns = op_overload(e.target)._schema.returns
+    except (CppWrapperUnsupported, AttributeError):
+        return False
+    info = returns[0].alias_info if returns else None
+    return info is not None and bool(info.is_write)
+
+
+def input_aliases(s: ScheduledProgram) -> dict[str, int]:
+    """Buffers that are an input's memory in that input's layout: buffer -> input position."""
+    p = s.program
+    layouts = p.layouts()
+    alias: dict[str, int] = {b.name: b.position for b in p.inputs}
+    for st in s.steps:
+        for a in st.allocate:  # a buffer over its reused one's memory (an update in place)
+            if a.reuse in alias and layouts[a.reuse] == a.layout:
+                alias[a.buffer] = alias[a.reuse]
+        w = st.work
+        if isinstance(w, ExternKernel) and w.outputs and w.args and isinstance(w.args[0], TensorRef) \
+                and _writes_first_argument(w):
+            arg, out = w.args[0], w.outputs[0]
+            if arg.buffer in alias and _whole(arg, layouts[arg.buffer]) and out.layout == layouts[arg.buffer] \
+                    and not out.path:
+                alias[out.buffer] = alias[arg.buffer]
+    return alias
+
+
+def _whole(r: TensorRef, lay: Layout) -> bool:
+    return tuple(r.shape) == tuple(lay.shape) and tuple(r.stride) == tuple(lay.stride) and r.offset == lay.offset
+
+
+class GraphCallWriter(CppWrapperWriter):
+    def __init__(self, s: ScheduledProgram, symbols: dict[str, str], slots: dict[int, Slot],
+                 cuda: object = None) -> None:
+        super().__init__(s, symbols, slots, cuda)  # type: ignore[arg-type]
+        self.plan = self._plan()
+
+    def _plan(self) -> tuple[OutputPlan, ...]:
+        aliases = input_aliases(self.s)
+        inputs = {b.position: b for b in self.p.inputs}
+        out: list[OutputPlan] = []
+        for k, o in enumerate(self.p.outputs):
+            if not isinstance(o, TensorRef):
+                raise CppWrapperUnsupported(f"output {k} is the constant {o.as_text()}, not a tensor")
+            lay = self.layouts[o.buffer]
+            whole = _whole(o, lay)
+            shape, stride = _static(tuple(o.shape)), _static(tuple(o.stride))
+            offset = int(lay.offset if whole else o.offset)
+            pos = aliases.get(o.buffer)
+            if pos is not None and whole and lay == inputs[pos].layout and int(lay.offset) == 0:
+                out.append(OutputPlan("input", shape, stride, 0, o.dtype, pos))
+            elif self.direct.get(o.buffer) == k:
+                out.append(OutputPlan("direct", shape, stride, 0, o.dtype))
+            else:
+                out.append(OutputPlan("copy", shape, stride, offset, o.dtype))
+        return tuple(out)
+
+    def inputs(self) -> None:
+        if self.cuda is not None:
+            super().inputs()
+            return
+        users = self._tensor_users()
+        for b in sorted(self.p.inputs, key=lambda b: b.position):
+            if b.name in users:
+                lay = b.layout
+                self.assign(b.name, f"kiln_rt::wrap(dev, inputs[{b.position}], {_ints(lay.shape)}, "
+                                    f"{_ints(lay.stride)}, {scalar_type(lay.dtype)})", f"input {b.position}")
+            else:  # only kernels read it
+                self.raw.add(b.name)
+                self.lines.append(f"  void* const {b.name} = inputs[{b.position}];  // input {b.position}")
+
+    def outputs(self) -> None:
+        for k, (o, plan) in enumerate(zip(self.p.outputs, self.plan)):
+            if plan.kind != "copy":
+                continue
+            assert isinstance(o, TensorRef)
+            self.lines.append(f"  kiln_rt::copy_into(dev, outputs[{k}], {_ints(plan.shape)}, {_ints(plan.stride)}, "
+                              f"{scalar_type(o.dtype)}, {self.ref(o)});")
+
+
+def output_plan(s: ScheduledProgram) -> tuple[OutputPlan, ...]:
+    """Per output of ``s``, what the caller of its GraphCallWriter wrapper does."""
+    return GraphCallWriter(s, {}, {}).plan
