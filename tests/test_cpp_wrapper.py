@@ -8,6 +8,7 @@ the Python wrapper kept the graph).
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import shutil
@@ -273,6 +274,50 @@ def test_library_reused_from_the_cache_in_a_second_process(tmp_path: Path) -> No
                              capture_output=True, text=True, timeout=limit)
         assert run.returncode == 0, (mode, graph_cache, run.stderr[-3000:])
         assert run.stdout.startswith("ok")
+
+
+CUDA_BUILD = textwrap.dedent("""
+    import json, sys
+    sys.path.insert(0, {example!r})
+    import torch
+    import kiln
+    from kiln.deploy import _graph_for
+    from kiln.inductor import InductorOptions
+    from kiln.inductor.cpp_graph import build_cpp_graph
+    from models import example
+    model, inputs = example("transformer", small=True)
+    graph, fake_cuda_inputs = _graph_for(kiln.export(model, inputs), "cuda")
+    built = build_cpp_graph(graph, fake_cuda_inputs, options=InductorOptions(wrapper="cpp"), cuda_arch=90)
+    wrapper = built.program.wrapper_source
+    print(json.dumps({{"files": sorted(built.files), "cubins": [c.file_name for c in built.program.cubins],
+                      "plan": [p.as_json() for p in built.plan], "n_inputs": len(fake_cuda_inputs),
+                      "wraps": wrapper.count("kiln_rt::wrap(dev, inputs["), "launches": wrapper.count("  launch("),
+                      "constants": wrapper.count("constants["), "source": built.source}}))
+""")
+
+
+@pytest.mark.slow
+def test_cuda_library_builds_without_a_gpu(tmp_path: Path) -> None:
+    """A CUDA graph (fake CUDA tensors) builds into a library of sm_90 cubins on this CPU machine, every
+    input (the weights too) wrapped per call; run on a GPU by the gpu test below."""
+    try:
+        import kiln.runtime.cxx as cxx
+        cxx.cuda_include_dirs()
+        cxx.ldflags(cuda=True)
+    except Exception as e:  # noqa: BLE001 - a torch without CUDA headers or libraries
+        pytest.skip(f"CUDA libraries cannot be built with this torch: {e}")
+    example = Path(__file__).resolve().parents[1] / "examples" / "deploy_cpp"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # cubins need triton's compiler
+    env["KILN_CACHE_DIR"] = str(tmp_path / "cache")
+    r = subprocess.run([sys.executable, "-c", CUDA_BUILD.format(example=str(example))], env=env,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["cubins"] and got["files"] == sorted(["model.so", *(f"kernels/{c}" for c in got["cubins"])])
+    assert got["launches"] >= len(got["cubins"]) and got["constants"] == 0
+    assert got["wraps"] == got["n_inputs"]  # CUDA: every input wrapped (misaligned ones are copied)
+    assert all(kind in ("direct", "copy") for kind, *_ in got["plan"])
+    assert "'cuda:0'" in got["source"]
 
 
 @pytest.mark.gpu

@@ -17,7 +17,8 @@ The caller (kiln.compile's inductor backend) asks for it only for inference grap
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -27,9 +28,9 @@ from kiln.graph import CompiledGraph, PortableProgram, dump, new_graph_id
 from kiln.runtime.cxx import GraphLibrary, build_graph_library
 
 from .codegen.cpp_wrapper import CppWrapperUnsupported, Slot
-from .codegen.cpp_wrapper.graph_call import GraphCallWriter, output_plan
+from .codegen.cpp_wrapper.graph_call import GraphCallWriter, OutputPlan, output_plan
 from .codegen.wrapper import REQUIRES
-from .cpp_program import cpp_program
+from .cpp_program import CppProgram, cpp_program
 from .options import InductorOptions
 
 SOURCE = '''"""kiln.inductor C++ wrapper of graph {name!r}: model.so (FILES) called through its C ABI."""
@@ -69,14 +70,30 @@ def _cuda_arch(dev: torch.device) -> int | None:
     return major * 10 + minor
 
 
-def compile_cpp_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options: InductorOptions,
-                      name: str = "graph") -> CompiledGraph:
-    """``gm`` (a functional ATen inference graph, its constants lifted to inputs) as a C++ wrapper library
-    whose compiled graph takes the same inputs and returns the same outputs as the Python wrapper's."""
+@dataclass(frozen=True)
+class CppGraph:
+    """A graph's C++ wrapper library, built: its files, the Python source that loads and calls it (a
+    portable program's), the output plan, and what cpp_program made."""
+
+    source: str
+    files: Mapping[str, bytes]
+    plan: tuple[OutputPlan, ...]
+    program: CppProgram
+    seconds: tuple[float, float]  # codegen, build
+
+    def portable(self) -> PortableProgram:
+        return PortableProgram(self.source, dict(self.files), REQUIRES)
+
+
+def build_cpp_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options: InductorOptions,
+                    name: str = "graph", cuda_arch: int | None = None) -> CppGraph:
+    """Generate and build ``gm``'s C++ wrapper library (a CUDA graph's cubins for ``cuda_arch``, by default
+    the GPU's here); nothing is loaded, so a CUDA graph of fake tensors builds without a GPU."""
     t0 = time.perf_counter()
     dev = _device(example_inputs)
     slots = {k: Slot("input", k) for k in range(len(example_inputs))}
-    program = cpp_program(gm, example_inputs, slots, options=options, name=name, cuda_arch=_cuda_arch(dev),
+    arch = cuda_arch if cuda_arch is not None or dev.type != "cuda" else _cuda_arch(dev)
+    program = cpp_program(gm, example_inputs, slots, options=options, name=name, cuda_arch=arch,
                           writer=GraphCallWriter)
     assert program.scheduled is not None
     plan = output_plan(program.scheduled)
@@ -84,19 +101,30 @@ def compile_cpp_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, opti
     files = build_graph_library(program.wrapper_source, program.kernel_source, kernel_flags=program.kernel_flags,
                                 link_flags=program.link_flags, cxx=options.cxx,
                                 cubins={c.file_name: c.binary for c in program.cubins}, cuda=dev.type == "cuda")
-    t2 = time.perf_counter()
     source = SOURCE.format(name=name, plan=[p.as_json() for p in plan], n_inputs=len(example_inputs),
                            device=str(dev))
-    ns: dict[str, Any] = {"FILES": files, "FILES_DIR": None, "__name__": f"kiln_cpp_graph_{name}"}
-    exec(compile(source, f"<kiln-inductor cpp wrapper {name}>", "exec"), ns)  # noqa: S102 - generated here
+    return CppGraph(source, files, plan, program, (t1 - t0, time.perf_counter() - t1))
+
+
+def compile_cpp_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options: InductorOptions,
+                      name: str = "graph") -> CompiledGraph:
+    """``gm`` (a functional ATen inference graph, its constants lifted to inputs) as a C++ wrapper library
+    whose compiled graph takes the same inputs and returns the same outputs as the Python wrapper's."""
+    built = build_cpp_graph(gm, example_inputs, options=options, name=name)
+    t0 = time.perf_counter()
+    ns: dict[str, Any] = {"FILES": built.files, "FILES_DIR": None, "__name__": f"kiln_cpp_graph_{name}"}
+    exec(compile(built.source, f"<kiln-inductor cpp wrapper {name}>", "exec"), ns)  # noqa: S102 - generated here
     graph: GraphLibrary = ns["_GRAPH"]
-    texts = dict(program.texts)
-    texts["output_code"] = source
-    texts["timings"] = (f"codegen {1e3 * (t1 - t0):.1f} ms, build {1e3 * (t2 - t1):.1f} ms (or cached), "
-                        f"load {1e3 * (time.perf_counter() - t2):.1f} ms")
+    texts = dict(built.program.texts)
+    texts["output_code"] = built.source
+    codegen, build = built.seconds
+    texts["timings"] = (f"codegen {1e3 * codegen:.1f} ms, build {1e3 * build:.1f} ms (or cached), "
+                        f"load {1e3 * (time.perf_counter() - t0):.1f} ms")
     graph_id = new_graph_id(name)
     for stage, text in texts.items():
         dump(graph_id, stage, text)
-    return CompiledGraph(graph, "inductor(cpp wrapper)", texts, PortableProgram(source, files, REQUIRES),
-                         output_strides=tuple(p.stride for p in plan), loop_program=program.scheduled.program,
-                         scheduled=program.scheduled)
+    scheduled = built.program.scheduled
+    assert scheduled is not None
+    return CompiledGraph(graph, "inductor(cpp wrapper)", texts, built.portable(),
+                         output_strides=tuple(p.stride for p in built.plan), loop_program=scheduled.program,
+                         scheduled=scheduled)
