@@ -187,6 +187,23 @@ def test_output_views_of_an_input_alias_it() -> None:
     assert w.graphs == [True]
 
 
+def test_outputs_at_an_offset_keep_their_layout() -> None:
+    """Outputs that are views into the middle of a buffer the graph needs anyway: the caller lays each out
+    with the view's strides and storage offset, as the Python wrapper (and eager) return them."""
+    def f(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        y = x @ x.t()
+        return y[1:], y.sum(), y.t()[1:, 2:]
+
+    compiled = kiln.compile(f, options=CPP)
+    with Wrappers() as w, torch.no_grad():
+        for _ in range(3):
+            x = torch.randn(4, 5)
+            for g, e in zip(compiled(x), f(x)):
+                torch.testing.assert_close(g, e)
+                assert (g.stride(), g.storage_offset()) == (e.stride(), e.storage_offset())
+    assert w.graphs == [True]
+
+
 @torch.library.custom_op("kiln_test::cpp_wrapper_sin", mutates_args=())
 def python_sin(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(x)
