@@ -24,7 +24,7 @@ import torch
 
 from ...ir import ExternKernel, Layout, ScheduledProgram, TensorRef
 from .aten_calls import CppWrapperUnsupported, op_overload, scalar_type
-from .writer import CppWrapperWriter, Slot, _ints
+from .writer import CppWrapperWriter, CudaKernels, Slot, _ints
 
 OUTPUT_KINDS = ("direct", "copy", "input")
 
@@ -89,8 +89,8 @@ def _whole(r: TensorRef, lay: Layout) -> bool:
 
 class GraphCallWriter(CppWrapperWriter):
     def __init__(self, s: ScheduledProgram, symbols: dict[str, str], slots: dict[int, Slot],
-                 cuda: object = None) -> None:
-        super().__init__(s, symbols, slots, cuda)  # type: ignore[arg-type]
+                 cuda: CudaKernels | None = None) -> None:
+        super().__init__(s, symbols, slots, cuda)
         self.plan = self._plan()
 
     def _plan(self) -> tuple[OutputPlan, ...]:
@@ -119,13 +119,16 @@ class GraphCallWriter(CppWrapperWriter):
             return
         users = self._tensor_users()
         for b in sorted(self.p.inputs, key=lambda b: b.position):
+            slot = self.slots.get(b.position)
+            if slot is None or slot.kind != "input":
+                raise CppWrapperUnsupported(f"program input {b.position} ({b.name}) is not a per-call input")
             if b.name in users:
                 lay = b.layout
-                self.assign(b.name, f"kiln_rt::wrap(dev, inputs[{b.position}], {_ints(lay.shape)}, "
-                                    f"{_ints(lay.stride)}, {scalar_type(lay.dtype)})", f"input {b.position}")
+                self.assign(b.name, f"kiln_rt::wrap(dev, inputs[{slot.index}], {_ints(lay.shape)}, "
+                                    f"{_ints(lay.stride)}, {scalar_type(lay.dtype)})", f"input {slot.index}")
             else:  # only kernels read it
                 self.raw.add(b.name)
-                self.lines.append(f"  void* const {b.name} = inputs[{b.position}];  // input {b.position}")
+                self.lines.append(f"  void* const {b.name} = inputs[{slot.index}];  // input {slot.index}")
 
     def outputs(self) -> None:
         for k, (o, plan) in enumerate(zip(self.p.outputs, self.plan)):
