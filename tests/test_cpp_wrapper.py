@@ -351,5 +351,51 @@ def test_llama_bf16_on_cuda_matches_eager() -> None:
             ids = torch.randint(0, 512, (2, 32), device="cuda")
             got = compiled(input_ids=ids, use_cache=False).logits
             want = model(input_ids=ids, use_cache=False).logits
-            torch.testing.assert_close(got.float(), want.float(), atol=3e-2, rtol=3e-2)
+            scale = want.float().abs().max().item()
+            torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2 * max(scale, 1.0))
     assert w.graphs and all(w.graphs), w.graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_buffers_updated_in_place_and_batchnorm_statistics() -> None:
+    """On the GPU: a KV-cache-style buffer written in place (returned as the input, not copied; a
+    misaligned one is realigned first), and BatchNorm statistics updated under no_grad."""
+    torch.manual_seed(0)
+    model = Cache().cuda().eval()
+    reference = copy.deepcopy(model)
+    compiled = kiln.compile(model, options=CPP)
+    bn = ConvBN().cuda().train()
+    bn_reference = copy.deepcopy(bn)
+    bn_compiled = kiln.compile(bn, options=CPP)
+    with Wrappers() as w, torch.no_grad():
+        for step in range(4):
+            x, pos = torch.randn(1, 8, device="cuda"), torch.tensor([step], device="cuda")
+            torch.testing.assert_close(compiled(x, pos), reference(x, pos))
+            torch.testing.assert_close(model.cache, reference.cache)
+            y = torch.randn(4, 3, 6, 6, device="cuda")
+            torch.testing.assert_close(bn_compiled(y), bn_reference(y))
+            torch.testing.assert_close(bn.bn.running_var, bn_reference.bn.running_var)
+    assert w.graphs == [True, True], w.graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_misaligned_input_written_in_place() -> None:
+    """A cache that starts 4 bytes into its storage: the library's CUDA kernels want 16-byte aligned
+    memory, so it is written in an aligned copy and copied back; the caller's tensor holds the update."""
+    def f(cache: torch.Tensor, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        cache.index_copy_(0, pos, x * 2)
+        return cache.sum(0)
+
+    compiled = kiln.compile(f, options=CPP)
+    base = torch.zeros(6 * 8 + 1, device="cuda")
+    cache = base[1:].view(6, 8)
+    expect = cache.clone()
+    assert cache.data_ptr() % 16
+    with Wrappers() as w, torch.no_grad():
+        for step in range(4):
+            x, pos = torch.randn(1, 8, device="cuda"), torch.tensor([step], device="cuda")
+            torch.testing.assert_close(compiled(cache, x, pos), f(expect, x, pos))
+            torch.testing.assert_close(cache, expect)
+    assert w.graphs == [True], w.graphs
