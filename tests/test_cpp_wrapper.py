@@ -379,23 +379,26 @@ def test_cuda_buffers_updated_in_place_and_batchnorm_statistics() -> None:
     assert w.graphs == [True, True], w.graphs
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_misaligned_input_written_in_place() -> None:
-    """A cache that starts 4 bytes into its storage: the library's CUDA kernels want 16-byte aligned
-    memory, so it is written in an aligned copy and copied back; the caller's tensor holds the update."""
+ON_GPU = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=ON_GPU)])
+def test_misaligned_input_written_in_place(device: str) -> None:
+    """A cache that starts 4 bytes into its storage, written in place: on CUDA the library's kernels want
+    16-byte aligned memory, so it is written in an aligned copy and copied back; the caller's tensor
+    holds the update."""
     def f(cache: torch.Tensor, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         cache.index_copy_(0, pos, x * 2)
         return cache.sum(0)
 
     compiled = kiln.compile(f, options=CPP)
-    base = torch.zeros(6 * 8 + 1, device="cuda")
+    base = torch.zeros(6 * 8 + 1, device=device)
     cache = base[1:].view(6, 8)
     expect = cache.clone()
     assert cache.data_ptr() % 16
     with Wrappers() as w, torch.no_grad():
         for step in range(4):
-            x, pos = torch.randn(1, 8, device="cuda"), torch.tensor([step], device="cuda")
+            x, pos = torch.randn(1, 8, device=device), torch.tensor([step], device=device)
             torch.testing.assert_close(compiled(cache, x, pos), f(expect, x, pos))
             torch.testing.assert_close(cache, expect)
     assert w.graphs == [True], w.graphs
