@@ -51,7 +51,8 @@ def build(name: str, batch: int, seq: int, width: int) -> tuple[nn.Module, tuple
                                               max_position_embeddings=512)
             lm = transformers.LlamaForCausalLM(config)
         else:
-            config = transformers.GPT2Config(vocab_size=1024, n_embd=width, n_layer=4, n_head=4, n_positions=512)
+            config = transformers.GPT2Config(vocab_size=1024, n_embd=width, n_layer=4, n_head=4, n_positions=512,
+                                             bos_token_id=0, eos_token_id=0)
             lm = transformers.GPT2LMHeadModel(config)
         return LogitsOnly(lm).eval(), (torch.randint(0, 1024, (batch, seq)),)
     if name == "resnet18":
