@@ -95,7 +95,8 @@ def _inductor(opts: CompileOptions) -> Backend:
     def compiler(static: tuple[int, ...], inference: bool = False) -> Backend:
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
             options = inductor_options
-            if options.wrapper == "cpp" and (not inference or flags.cudagraphs):
+            on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
+            if options.wrapper == "cpp" and (not inference or (flags.cudagraphs and on_gpu)):
                 why = "CUDA graphs replay it" if inference else "it is a training forward or backward graph"
                 log("perf_hints").warning("graph keeps the Python wrapper (options wrapper='cpp' serves "
                                           "inference graphs in default mode): %s", why)
