@@ -74,6 +74,11 @@ Tensor wrap(Device dev, void* data, Ints size, Ints stride, int dtype) {
   }
   return make(t);
 }
+void* aligned_data(Device dev, void* data, Ints size, Ints stride, int dtype, Tensor& hold) {
+  if (!misaligned(dev, data)) return data;
+  hold = wrap(dev, data, size, stride, dtype);  // an aligned copy
+  return hold.data();
+}
 Tensor wrap_output(Device dev, void* data, Ints size, Ints stride, int dtype) {
   if (misaligned(dev, data)) throw std::runtime_error("an output buffer is not 16-byte aligned (allocate outputs with ATen)");
   return make(blob(dev, data, size, stride, dtype));

@@ -4,9 +4,8 @@ What differs from a package's wrapper:
 
 - every graph input, module parameters and buffers too, is the caller's per call (no constants): they
   may be updated in place or replaced between calls;
-- on CPU an input that only kernels read is passed as its bare data pointer (no ``at::Tensor`` per
-  call); CUDA wraps every input (``kiln_rt::wrap`` copies one that is not 16-byte aligned, as Triton's
-  kernels assume);
+- an input that only kernels read is passed as its bare data pointer (no ``at::Tensor`` per call; on
+  CUDA one that is not 16-byte aligned, as Triton's kernels assume, is copied first: ``aligned_data``);
 - an output that is an input's own memory in the input's own layout (written in place: a KV cache by
   ``index_put_``, a buffer a kernel updated over its input) is not copied: the caller returns that input,
   as the Python wrapper does, and the write-back after the call finds nothing to copy;
@@ -114,9 +113,6 @@ class GraphCallWriter(CppWrapperWriter):
         return tuple(out)
 
     def inputs(self) -> None:
-        if self.cuda is not None:
-            super().inputs()
-            return
         users = self._tensor_users()
         for b in sorted(self.p.inputs, key=lambda b: b.position):
             slot = self.slots.get(b.position)
@@ -126,6 +122,13 @@ class GraphCallWriter(CppWrapperWriter):
                 lay = b.layout
                 self.assign(b.name, f"kiln_rt::wrap(dev, inputs[{slot.index}], {_ints(lay.shape)}, "
                                     f"{_ints(lay.stride)}, {scalar_type(lay.dtype)})", f"input {slot.index}")
+            elif self.cuda is not None:  # only kernels read it; Triton's want it 16-byte aligned
+                self.raw.add(b.name)
+                lay = b.layout
+                self.lines.append(f"  Tensor {b.name}_hold;")
+                self.lines.append(f"  void* const {b.name} = kiln_rt::aligned_data(dev, inputs[{slot.index}], "
+                                  f"{_ints(lay.shape)}, {_ints(lay.stride)}, {scalar_type(lay.dtype)}, {b.name}_hold);"
+                                  f"  // input {slot.index}")
             else:  # only kernels read it
                 self.raw.add(b.name)
                 self.lines.append(f"  void* const {b.name} = inputs[{slot.index}];  // input {slot.index}")

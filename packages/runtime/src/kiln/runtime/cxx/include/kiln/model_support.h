@@ -43,6 +43,9 @@ class Tensor {
 
 // caller memory, not owned; on CUDA an input not 16-byte aligned (as triton's kernels assume) is copied
 Tensor wrap(Device dev, void* data, Ints size, Ints stride, int dtype);
+// caller memory only kernels read: ``data`` itself, or on CUDA when it is not 16-byte aligned an aligned copy,
+// kept alive by ``hold`` (no at::Tensor is made for an aligned input)
+void* aligned_data(Device dev, void* data, Ints size, Ints stride, int dtype, Tensor& hold);
 // an output buffer the caller allocated (computed in place): on CUDA it must be 16-byte aligned
 Tensor wrap_output(Device dev, void* data, Ints size, Ints stride, int dtype);
 Tensor empty_strided(Device dev, Ints size, Ints stride, int dtype);
