@@ -223,6 +223,20 @@ def test_outputs_at_an_offset_keep_their_layout() -> None:
     assert w.graphs == [True]
 
 
+def test_matmul_output_written_into_the_callers_buffer() -> None:
+    """A head's matmul whose result is the output (reshaped) computes into the output's memory."""
+    torch.manual_seed(0)
+    head = nn.Linear(16, 64, bias=False).eval()
+    compiled = kiln.compile(lambda h: head(h), options=CPP)
+    with Wrappers() as w, torch.no_grad():
+        for _ in range(3):
+            h = torch.randn(2, 5, 16)
+            got = compiled(h)
+            torch.testing.assert_close(got, head(h))
+            assert got.shape == (2, 5, 64) and got.is_contiguous()
+    assert w.graphs == [True]
+
+
 @torch.library.custom_op("kiln_test::cpp_wrapper_sin", mutates_args=())
 def python_sin(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(x)

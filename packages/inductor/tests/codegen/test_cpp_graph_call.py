@@ -49,3 +49,16 @@ def test_input_written_in_place_is_returned_not_copied() -> None:
     plan = output_plan(p.scheduled)
     assert [(q.kind, q.input) for q in plan] == [("input", 0)]
     assert "copy_into" not in p.wrapper_source and "wrap_output" not in p.wrapper_source
+
+
+def test_matmul_output_computed_in_the_callers_buffer() -> None:
+    """A matmul whose result (here through a reshape) is an output: its out= form writes the caller's
+    buffer (a language model's logits are not copied after the call)."""
+    x, w = torch.randn(4, 8), torch.randn(8, 16)
+    p = program(lambda x, w: ((x @ w).view(2, 2, 16), (x @ w).sum()), x, w)
+    src = p.wrapper_source
+    assert p.scheduled is not None
+    plan = output_plan(p.scheduled)
+    assert (plan[0].kind, plan[0].shape, plan[0].stride) == ("direct", (2, 2, 16), (32, 16, 1))
+    assert "= kiln_rt::wrap_output(dev, outputs[0], {4, 16}, {16, 1}, 6 /*float32*/);" in src
+    assert "kiln_rt::mm_out(" in src and "copy_into(dev, outputs[0]" not in src

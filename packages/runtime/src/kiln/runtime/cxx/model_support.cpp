@@ -113,6 +113,14 @@ Tensor mm(const Tensor& a, const Tensor& b) { return make(at::mm(T(a), T(b))); }
 Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b) { return make(at::addmm(T(c), T(a), T(b))); }
 Tensor bmm(const Tensor& a, const Tensor& b) { return make(at::bmm(T(a), T(b))); }
 Tensor baddbmm(const Tensor& c, const Tensor& a, const Tensor& b) { return make(at::baddbmm(T(c), T(a), T(b))); }
+void mm_out(const Tensor& out, const Tensor& a, const Tensor& b) { at::mm_out(T(out), T(a), T(b)); }
+void addmm_out(const Tensor& out, const Tensor& c, const Tensor& a, const Tensor& b) {
+  at::addmm_out(T(out), T(c), T(a), T(b));
+}
+void bmm_out(const Tensor& out, const Tensor& a, const Tensor& b) { at::bmm_out(T(out), T(a), T(b)); }
+void baddbmm_out(const Tensor& out, const Tensor& c, const Tensor& a, const Tensor& b) {
+  at::baddbmm_out(T(out), T(c), T(a), T(b));
+}
 Tensor convolution(const Tensor& x, const Tensor& w, const Tensor& bias, Ints stride, Ints padding, Ints dilation,
                    bool transposed, Ints output_padding, int64_t groups) {
   std::optional<at::Tensor> b = bias.impl() ? std::optional<at::Tensor>(T(bias)) : std::nullopt;

@@ -26,6 +26,9 @@ from .aten_calls import CppWrapperUnsupported, op_overload, scalar_type
 from .writer import CppWrapperWriter, CudaKernels, Slot, _ints
 
 OUTPUT_KINDS = ("direct", "copy", "input")
+# typed matmuls with an out= form: one whose result is a program output writes it into the caller's buffer
+OUT_VARIANTS = {"aten.mm.default": "kiln_rt::mm_out", "aten.addmm.default": "kiln_rt::addmm_out",
+                "aten.bmm.default": "kiln_rt::bmm_out", "aten.baddbmm.default": "kiln_rt::baddbmm_out"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,11 +89,71 @@ def _whole(r: TensorRef, lay: Layout) -> bool:
     return tuple(r.shape) == tuple(lay.shape) and tuple(r.stride) == tuple(lay.stride) and r.offset == lay.offset
 
 
+def _row_major(shape: tuple, stride: tuple) -> bool:
+    expect = 1
+    for n, st in reversed(list(zip(shape, stride))):
+        if int(n) != 1 and int(st) != expect:
+            return False
+        expect *= int(n)
+    return True
+
+
+def _same_memory(r: TensorRef, lay: Layout) -> bool:
+    """``r`` views exactly ``lay``'s elements in the same order (a reshape of a row-major buffer)."""
+    try:
+        numel = [1, 1]
+        for k, shape in enumerate((r.shape, lay.shape)):
+            for n in shape:
+                numel[k] *= int(n)
+        return (int(r.offset) == 0 and int(lay.offset) == 0 and numel[0] == numel[1]
+                and _row_major(tuple(r.shape), tuple(r.stride)) and _row_major(tuple(lay.shape), tuple(lay.stride)))
+    except TypeError:  # symbolic
+        return False
+
+
+def _out_variant(e: ExternKernel) -> bool:
+    return (e.target in OUT_VARIANTS and not e.kwargs and len(e.outputs) == 1 and not e.outputs[0].path
+            and all(isinstance(a, TensorRef) for a in e.args))
+
+
 class GraphCallWriter(CppWrapperWriter):
     def __init__(self, s: ScheduledProgram, symbols: dict[str, str], slots: dict[int, Slot],
                  cuda: CudaKernels | None = None) -> None:
+        self.extern_direct: dict[str, int] = {}  # set by _direct_outputs (called by the base class)
         super().__init__(s, symbols, slots, cuda)
         self.plan = self._plan()
+
+    def _direct_outputs(self) -> dict[str, int]:
+        """The base class's, and (``extern_direct``) outputs a matmul computes into the caller's buffer
+        through its out= form: the logits of a language model's head, not copied after the call."""
+        direct = super()._direct_outputs()
+        inputs = {b.name for b in self.p.inputs}
+        reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
+        for st in self.s.steps:
+            e = st.work
+            if not isinstance(e, ExternKernel) or not _out_variant(e):
+                continue
+            out = e.outputs[0]
+            uses = [k for k, o in enumerate(self.p.outputs) if isinstance(o, TensorRef) and o.buffer == out.buffer]
+            if len(uses) != 1 or out.buffer in inputs or out.buffer in reused or out.buffer in direct:
+                continue
+            o = self.p.outputs[uses[0]]
+            assert isinstance(o, TensorRef)
+            if _same_memory(o, self.layouts[out.buffer]) and o.dtype == out.layout.dtype:
+                self.extern_direct[out.buffer] = uses[0]
+        return direct
+
+    def extern(self, e: ExternKernel) -> None:
+        k = self.extern_direct.get(e.outputs[0].buffer) if e.outputs else None
+        if k is None:
+            super().extern(e)
+            return
+        lay = self.layouts[e.outputs[0].buffer]
+        name = e.outputs[0].buffer
+        self.assign(name, f"kiln_rt::wrap_output(dev, outputs[{k}], {_ints(lay.shape)}, {_ints(lay.stride)}, "
+                          f"{scalar_type(lay.dtype)})", f"output {k}, computed in place")
+        args = ", ".join(self.ref(a) for a in e.args)  # type: ignore[arg-type]
+        self.lines.append(f"  {OUT_VARIANTS[e.target]}({name}, {args});  // {e.kind} {e.target}")
 
     def _plan(self) -> tuple[OutputPlan, ...]:
         aliases = input_aliases(self.s)
@@ -106,7 +169,7 @@ class GraphCallWriter(CppWrapperWriter):
             pos = aliases.get(o.buffer)
             if pos is not None and whole and lay == inputs[pos].layout and int(lay.offset) == 0:
                 out.append(OutputPlan("input", shape, stride, 0, o.dtype, pos))
-            elif self.direct.get(o.buffer) == k:
+            elif self.direct.get(o.buffer) == k or self.extern_direct.get(o.buffer) == k:
                 out.append(OutputPlan("direct", shape, stride, 0, o.dtype))
             else:
                 out.append(OutputPlan("copy", shape, stride, offset, o.dtype))

@@ -61,6 +61,11 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 Tensor baddbmm(const Tensor& c, const Tensor& a, const Tensor& b);
 Tensor convolution(const Tensor& x, const Tensor& w, const Tensor& bias, Ints stride, Ints padding, Ints dilation,
                    bool transposed, Ints output_padding, int64_t groups);
+// the matmuls into ``out`` (a buffer of their result's size: the caller's output)
+void mm_out(const Tensor& out, const Tensor& a, const Tensor& b);
+void addmm_out(const Tensor& out, const Tensor& c, const Tensor& a, const Tensor& b);
+void bmm_out(const Tensor& out, const Tensor& a, const Tensor& b);
+void baddbmm_out(const Tensor& out, const Tensor& c, const Tensor& a, const Tensor& b);
 
 // The arguments of a boxed ATen call, pushed in schema order; call(op) runs OPS[op] (init_ops).
 class Stack {
