@@ -89,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info(args.device, module="benchmarks.run", threads=args.threads)
     settings = {"device": args.device, "small": args.small, "iters": args.iters,
                 "warmup": args.warmup, "kiln_backend": args.kiln_backend,
-                "tc_backend": args.tc_backend, "compile_mode": args.compile_mode, "dynamic": args.dynamic}
+                "tc_backend": args.tc_backend, "compile_mode": args.compile_mode, "dynamic": args.dynamic,
+                "kiln_options": args.kiln_options}
     print(f"suite: {len(args.models)} models x {args.modes} x {args.backends} on {args.device}"
           f" -> {args.out}", flush=True)
     rows: list[dict[str, Any]] = []
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = dict(model=model, mode=mode, backends=group, device=args.device,
                       small=args.small, iters=args.iters, warmup=args.warmup,
                       kiln_backend=args.kiln_backend, tc_backend=args.tc_backend,
-                      compile_mode=args.compile_mode, explain=args.explain, dynamic=dynamic)
+                      compile_mode=args.compile_mode, explain=args.explain, dynamic=dynamic,
+                      kiln_options=args.kiln_options)
         log = args.out / "logs" / f"{model}-{mode}-{'-'.join(group)}{'-dynamic' if dynamic else ''}.log"
         result = run_isolated("benchmarks.kiln_bench.suite_worker:measure_rows", kwargs,
                               timeout_s=timeout, log_path=log, env=cli.child_env(args))

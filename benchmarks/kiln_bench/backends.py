@@ -53,6 +53,7 @@ class CompileSpec:
     mode: str | None = None
     fullgraph: bool = False
     dynamic: bool | None = None
+    kiln_options: tuple[tuple[str, Any], ...] = ()  # kiln.compile(options=...), e.g. (("wrapper", "cpp"),)
 
 
 def compile_fn(backend: str, fn: Callable, spec: CompileSpec) -> Callable:
@@ -69,6 +70,8 @@ def compile_fn(backend: str, fn: Callable, spec: CompileSpec) -> Callable:
                                   "dynamic": spec.dynamic}
         if spec.mode is not None:
             kwargs["mode"] = spec.mode
+        if spec.kiln_options:
+            kwargs["options"] = dict(spec.kiln_options)
         try:
             return kiln.compile(fn, **kwargs)
         except Exception as exc:  # noqa: BLE001

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 from pathlib import Path
 
 from .backends import BACKENDS
@@ -35,6 +36,8 @@ def add_common(p: argparse.ArgumentParser, *, backends: bool = True) -> None:
                    help="output folder (default: benchmarks/out/<name>-<time>)")
     p.add_argument("--timeout", type=float, default=900.0,
                    help="seconds before one isolated child process is killed")
+    p.add_argument("--kiln-options", type=json.loads, default={},
+                   help='kiln.compile(options=...) as JSON, e.g. \'{"wrapper": "cpp"}\'')
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads of every child (OMP_NUM_THREADS); default: torch's default. "
                         "1 gives steadier numbers on a shared machine")

@@ -65,7 +65,8 @@ def _graph_info(backend: str, case: Any, explain: bool, dynamic: bool = False) -
 def measure_rows(*, model: str, mode: str, backends: list[str], device: str, small: bool,
                  iters: int, warmup: int, kiln_backend: str = "inductor",
                  tc_backend: str = "inductor", compile_mode: str | None = None,
-                 explain: bool = False, dynamic: bool = False) -> dict[str, Any]:
+                 explain: bool = False, dynamic: bool = False,
+                 kiln_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Rows for ``backends`` (in order) of one model and mode, built once in this process.
 
     When "eager" is among them it runs first and its last step is the accuracy reference;
@@ -84,7 +85,7 @@ def measure_rows(*, model: str, mode: str, backends: list[str], device: str, sma
         "build_s": round(time.perf_counter() - t_build, 2),
     }
     spec = B.CompileSpec(kiln_backend=kiln_backend, tc_backend=tc_backend, mode=compile_mode,
-                         dynamic=True if dynamic else None)
+                         dynamic=True if dynamic else None, kiln_options=tuple(sorted((kiln_options or {}).items())))
     reference = None
     if "eager" not in backends:
         out = _step_fn(case, case.model, training, dev)()

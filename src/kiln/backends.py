@@ -95,6 +95,12 @@ def _inductor(opts: CompileOptions) -> Backend:
     def compiler(static: tuple[int, ...], inference: bool = False) -> Backend:
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
             options = inductor_options
+            on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
+            if options.wrapper == "cpp" and (not inference or (flags.cudagraphs and on_gpu)):
+                why = "CUDA graphs replay it" if inference else "it is a training forward or backward graph"
+                log("perf_hints").warning("graph keeps the Python wrapper (options wrapper='cpp' serves "
+                                          "inference graphs in default mode): %s", why)
+                options = options.replace(wrapper="python")
             if inference and arena and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
                 options = options.replace(memory_arena=True)
             try:

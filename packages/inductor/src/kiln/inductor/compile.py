@@ -25,11 +25,15 @@ from kiln.graph import (
     new_graph_id,
     run_pipeline,
 )
+from kiln.runtime import KernelBuildError
+from kiln.runtime.cxx import PackageError
 
 from .codegen.cpp import CppBackend
+from .codegen.cpp_wrapper import CppWrapperUnsupported
 from .codegen.triton.ahead import warm_compile_pool
 from .codegen.triton.backend import TritonBackend
 from .codegen.wrapper import REQUIRES
+from .cpp_graph import compile_cpp_graph
 from .graph_passes.lift_constants import WithConstants, constants_epilogue, lift_constants
 from .ir import DynamicShapeUnsupported, TensorRef, is_static
 from .lowering.lower import LoweringError
@@ -112,6 +116,11 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     t0 = time.perf_counter()
     lifted, constants = lift_constants(gm)
     inputs = [*example_inputs, *constants]
+    if options.wrapper == "cpp":
+        in_cpp = _cpp_wrapper(lifted, inputs, options, name)
+        if in_cpp is not None:
+            return _bind_constants(in_cpp, constants, name) if constants else in_cpp
+        options = options.replace(wrapper="python")
     backend = choose_backend(inputs, options)  # once: it picks the stage list (pipeline.py)
     if isinstance(backend, TritonBackend) and backend.device == "cuda":
         warm_compile_pool("cuda")  # workers import while this graph is lowered
@@ -126,6 +135,17 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
     if constants:
         compiled = _bind_constants(compiled, constants, name)
     return compiled
+
+
+def _cpp_wrapper(gm: fx.GraphModule, inputs: Sequence[Any], options: InductorOptions,
+                 name: str) -> CompiledGraph | None:
+    """The graph behind the C++ wrapper (cpp_graph.py), or None when it cannot be (said in perf_hints:
+    the Python wrapper runs it)."""
+    try:
+        return compile_cpp_graph(gm, inputs, options=options, name=name)
+    except (CppWrapperUnsupported, LoweringError, KernelBuildError, PackageError) as e:
+        log("perf_hints").warning("graph %r keeps the Python wrapper (options wrapper='cpp'): %s", name, e)
+        return None
 
 
 def _bind_constants(compiled: CompiledGraph, constants: list[torch.Tensor], name: str) -> CompiledGraph:

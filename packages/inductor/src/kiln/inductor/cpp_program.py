@@ -35,6 +35,7 @@ from .codegen.cpp.exprs import cindex
 from .codegen.cpp_wrapper import (
     ABI_VERSION,
     CppWrapperUnsupported,
+    CppWrapperWriter,
     CudaKernels,
     SizeArgs,
     Slot,
@@ -45,7 +46,7 @@ from .codegen.triton.backend import TritonBackend
 from .codegen.triton.cubins import Cubin, CubinUnsupported, compile_cubins
 from .codegen.triton.printer import python_index
 from .codegen.triton.wrapper import module_source
-from .ir import DynamicShapeUnsupported, LoopProgram, SizeGuard, size_symbols_of
+from .ir import DynamicShapeUnsupported, LoopProgram, ScheduledProgram, SizeGuard, size_symbols_of
 from .options import DEFAULT_OPTIONS, InductorOptions
 from .passes import CompileState
 from .pipeline import choose_backend, stages_for, verify_state
@@ -75,6 +76,7 @@ class CppProgram:
     cuda_arch: int | None = None
     size_symbols: tuple[str, ...] = ()  # the model library's size arguments, in order
     size_guards: tuple[SizeGuard, ...] = ()  # relations between them that model.so checks per call
+    scheduled: ScheduledProgram | None = None  # the program the wrapper runs (for in-process callers)
 
     @property
     def source_hash(self) -> str:
@@ -87,14 +89,16 @@ class CppProgram:
 
 def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mapping[int, Slot], *,
                 options: InductorOptions = DEFAULT_OPTIONS, name: str = "model",
-                cuda_arch: int | None = None, size_symbols: Sequence[tuple[str, str]] = ()) -> CppProgram:
+                cuda_arch: int | None = None, size_symbols: Sequence[tuple[str, str]] = (),
+                writer: type[CppWrapperWriter] | None = None) -> CppProgram:
     """Schedule a functional ATen inference graph and emit its C++ sources (CPU tensors: kiln's C++
     kernels; CUDA tensors, real or fake: Triton kernels compiled into cubins for ``sm_<cuda_arch>``).
 
     ``slots``: for each graph input position, whether the caller passes it as an input or a constant
     (and which). ``size_symbols``: for symbolic example inputs, every size symbol as (name, what it is,
-    e.g. "input 'x' dim 0"), in the order model.so receives their values. Raises ``CppWrapperUnsupported``
-    for what cannot run without Python."""
+    e.g. "input 'x' dim 0"), in the order model.so receives their values. ``writer``: the C++ wrapper's
+    writer (a subclass of CppWrapperWriter; kiln.compile's in-process wrapper). Raises
+    ``CppWrapperUnsupported`` for what cannot run without Python."""
     devices = {x.device.type for x in example_inputs if isinstance(x, torch.Tensor)}
     if devices - {"cpu", "cuda"} or len(devices) > 1:
         raise CppWrapperUnsupported(f"the C++ wrapper runs graphs on one device, CPU or CUDA (inputs on {sorted(devices)})")
@@ -133,18 +137,19 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
         by_kernel = {site.kernel: site for site in sites}
         launches = {k: [by_kernel[g.name] for g in generated[a:b] if g.name in by_kernel] for k, a, b in spans}
         sizes = _size_args(s.program, example_inputs, size_symbols) if symbolic else SizeArgs()
-        wrapper = cpp_wrapper_source(s.scheduled, {}, dict(slots), CudaKernels(cubins, launches, cuda_arch), sizes)
+        wrapper = cpp_wrapper_source(s.scheduled, {}, dict(slots), CudaKernels(cubins, launches, cuda_arch), sizes,
+                                     writer)
         texts["triton_kernels"] = module_source(generated) if generated else ""
         texts["cpp_wrapper"] = wrapper
         return CppProgram(name, wrapper, "", (), (), outputs, len(generated), n_ext, texts, device="cuda",
-                          cubins=tuple(cubins), cuda_arch=cuda_arch, **_size_fields(sizes))
+                          cubins=tuple(cubins), cuda_arch=cuda_arch, scheduled=s.scheduled, **_size_fields(sizes))
     source, symbols = library_source(kernels, layouts, options) if kernels else ("", {})
     sizes = _size_args(s.program, example_inputs, size_symbols) if symbolic else SizeArgs()
-    wrapper = cpp_wrapper_source(s.scheduled, symbols, dict(slots), sizes=sizes)
+    wrapper = cpp_wrapper_source(s.scheduled, symbols, dict(slots), sizes=sizes, writer=writer)
     flags = tuple(f for f in options.cpp_flags if f != "-shared")
     texts["cpp_wrapper"] = wrapper
     return CppProgram(name, wrapper, source, flags, tuple(options.link_flags), outputs, len(kernels), n_ext, texts,
-                      **_size_fields(sizes))
+                      scheduled=s.scheduled, **_size_fields(sizes))
 
 
 def _size_fields(sizes: SizeArgs) -> dict[str, Any]:

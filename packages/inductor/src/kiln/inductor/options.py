@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from .autotune_options import AutotuneOptions
 from .knobs import KNOBS
 
+WRAPPERS = ("python", "cpp")
+
 
 @dataclass(frozen=True, slots=True)
 class InductorOptions:
@@ -66,12 +68,19 @@ class InductorOptions:
     cudagraph_sizes: tuple[int, ...] = ()
     # max-autotune's own options (configurations per kernel, matmul templates, cache, timer)
     autotune: AutotuneOptions = field(default_factory=AutotuneOptions)
+    # what runs a compiled inference graph's steps: "python" (the generated Python wrapper) or "cpp" (the
+    # same steps as generated C++ built into a library and called through its C ABI: a few us of host
+    # time per ATen call instead of 12-20; cpp_graph.py). "cpp" serves inference graphs with static
+    # shapes in default mode; any other graph keeps the Python wrapper and perf_hints says why
+    wrapper: str = "python"
 
     def __post_init__(self) -> None:
         if not isinstance(self.cudagraph_sizes, tuple):  # a list from kiln.compile(options={...})
             object.__setattr__(self, "cudagraph_sizes", tuple(int(x) for x in self.cudagraph_sizes))
         if any(x < 1 for x in self.cudagraph_sizes):
             raise ValueError(f"cudagraph_sizes={self.cudagraph_sizes!r}: buckets are sizes >= 1")
+        if self.wrapper not in WRAPPERS:
+            raise ValueError(f"wrapper={self.wrapper!r}: expected one of {', '.join(map(repr, WRAPPERS))}")
 
     def replace(self, **changes: object) -> InductorOptions:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

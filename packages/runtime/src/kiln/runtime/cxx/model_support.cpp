@@ -41,6 +41,12 @@ at::TensorOptions opts(Device d, int dtype) { return at::TensorOptions().dtype(a
 bool misaligned(Device d, const void* p) { return d.type != kDeviceCPU && (reinterpret_cast<uintptr_t>(p) & 15) != 0; }
 at::IntArrayRef ref(Ints v) { return at::IntArrayRef(v.begin(), v.size()); }
 Stack_& S(void* p) { return *static_cast<Stack_*>(p); }
+// caller memory on ``d``, named as on ``d``: from_blob without a target device asks the driver where a CUDA
+// pointer lives (cudaPointerGetAttributes) for every input of every call
+at::Tensor blob(Device d, void* data, Ints size, Ints stride, int dtype) {
+  return at::for_blob(data, ref(size)).strides(ref(stride)).options(opts(d, dtype)).target_device(device(d))
+      .make_tensor();
+}
 
 }  // namespace
 
@@ -60,7 +66,7 @@ void Tensor::reset() {
 void* Tensor::data() const { return T(*this).data_ptr(); }
 
 Tensor wrap(Device dev, void* data, Ints size, Ints stride, int dtype) {
-  at::Tensor t = at::from_blob(data, ref(size), ref(stride), opts(dev, dtype));
+  at::Tensor t = blob(dev, data, size, stride, dtype);
   if (misaligned(dev, data)) {  // triton's kernels were compiled for 16-byte aligned pointers
     at::Tensor copy = at::empty_strided(ref(size), ref(stride), t.options());
     copy.copy_(t);
@@ -68,9 +74,14 @@ Tensor wrap(Device dev, void* data, Ints size, Ints stride, int dtype) {
   }
   return make(t);
 }
+void* aligned_data(Device dev, void* data, Ints size, Ints stride, int dtype, Tensor& hold) {
+  if (!misaligned(dev, data)) return data;
+  hold = wrap(dev, data, size, stride, dtype);  // an aligned copy
+  return hold.data();
+}
 Tensor wrap_output(Device dev, void* data, Ints size, Ints stride, int dtype) {
   if (misaligned(dev, data)) throw std::runtime_error("an output buffer is not 16-byte aligned (allocate outputs with ATen)");
-  return make(at::from_blob(data, ref(size), ref(stride), opts(dev, dtype)));
+  return make(blob(dev, data, size, stride, dtype));
 }
 Tensor empty_strided(Device dev, Ints size, Ints stride, int dtype) {
   return make(at::empty_strided(ref(size), ref(stride), opts(dev, dtype)));
@@ -94,7 +105,7 @@ Tensor restride(Device dev, const Tensor& t, Ints size, Ints stride, int dtype) 
 }
 
 void copy_into(Device dev, void* dst, Ints size, Ints stride, int dtype, const Tensor& src) {
-  at::from_blob(dst, ref(size), ref(stride), opts(dev, dtype)).copy_(T(src));
+  blob(dev, dst, size, stride, dtype).copy_(T(src));
 }
 Tensor random_seed(Device dev) { return make(at::randint(0, int64_t(1) << 62, {1}, opts(dev, kI64))); }
 
@@ -102,6 +113,14 @@ Tensor mm(const Tensor& a, const Tensor& b) { return make(at::mm(T(a), T(b))); }
 Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b) { return make(at::addmm(T(c), T(a), T(b))); }
 Tensor bmm(const Tensor& a, const Tensor& b) { return make(at::bmm(T(a), T(b))); }
 Tensor baddbmm(const Tensor& c, const Tensor& a, const Tensor& b) { return make(at::baddbmm(T(c), T(a), T(b))); }
+void mm_out(const Tensor& out, const Tensor& a, const Tensor& b) { at::mm_out(T(out), T(a), T(b)); }
+void addmm_out(const Tensor& out, const Tensor& c, const Tensor& a, const Tensor& b) {
+  at::addmm_out(T(out), T(c), T(a), T(b));
+}
+void bmm_out(const Tensor& out, const Tensor& a, const Tensor& b) { at::bmm_out(T(out), T(a), T(b)); }
+void baddbmm_out(const Tensor& out, const Tensor& c, const Tensor& a, const Tensor& b) {
+  at::baddbmm_out(T(out), T(c), T(a), T(b));
+}
 Tensor convolution(const Tensor& x, const Tensor& w, const Tensor& bias, Ints stride, Ints padding, Ints dilation,
                    bool transposed, Ints output_padding, int64_t groups) {
   std::optional<at::Tensor> b = bias.impl() ? std::optional<at::Tensor>(T(bias)) : std::nullopt;

@@ -8,7 +8,7 @@ allocations, kernels called by symbol (CPU) or launched as cubins through the CU
 
 from .aten_calls import CppWrapperUnsupported
 from .prelude import ABI_VERSION
-from .writer import CudaKernels, SizeArgs, Slot, cpp_wrapper_source, output_specs
+from .writer import CppWrapperWriter, CudaKernels, SizeArgs, Slot, cpp_wrapper_source, output_specs
 
-__all__ = ["ABI_VERSION", "CppWrapperUnsupported", "CudaKernels", "SizeArgs", "Slot", "cpp_wrapper_source",
-           "output_specs"]
+__all__ = ["ABI_VERSION", "CppWrapperUnsupported", "CppWrapperWriter", "CudaKernels", "SizeArgs", "Slot",
+           "cpp_wrapper_source", "output_specs"]

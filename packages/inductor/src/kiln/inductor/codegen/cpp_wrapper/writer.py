@@ -351,8 +351,10 @@ class CppWrapperWriter:
 
 
 def cpp_wrapper_source(s: ScheduledProgram, symbols: dict[str, str], slots: dict[int, Slot],
-                       cuda: CudaKernels | None = None, sizes: SizeArgs = SizeArgs()) -> str:
-    return CppWrapperWriter(s, symbols, slots, cuda, sizes).write()
+                       cuda: CudaKernels | None = None, sizes: SizeArgs = SizeArgs(),
+                       writer: type[CppWrapperWriter] | None = None) -> str:
+    """``writer``: a CppWrapperWriter subclass (graph_call.py's, for kiln.compile's C++ wrapper)."""
+    return (writer or CppWrapperWriter)(s, symbols, slots, cuda, sizes).write()
 
 
 def output_specs(p: LoopProgram) -> list[tuple[tuple[Any, ...], tuple[Any, ...], torch.dtype]]:

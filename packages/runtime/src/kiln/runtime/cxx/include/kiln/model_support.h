@@ -43,6 +43,9 @@ class Tensor {
 
 // caller memory, not owned; on CUDA an input not 16-byte aligned (as triton's kernels assume) is copied
 Tensor wrap(Device dev, void* data, Ints size, Ints stride, int dtype);
+// caller memory only kernels read: ``data`` itself, or on CUDA when it is not 16-byte aligned an aligned copy,
+// kept alive by ``hold`` (no at::Tensor is made for an aligned input)
+void* aligned_data(Device dev, void* data, Ints size, Ints stride, int dtype, Tensor& hold);
 // an output buffer the caller allocated (computed in place): on CUDA it must be 16-byte aligned
 Tensor wrap_output(Device dev, void* data, Ints size, Ints stride, int dtype);
 Tensor empty_strided(Device dev, Ints size, Ints stride, int dtype);
@@ -58,6 +61,11 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 Tensor baddbmm(const Tensor& c, const Tensor& a, const Tensor& b);
 Tensor convolution(const Tensor& x, const Tensor& w, const Tensor& bias, Ints stride, Ints padding, Ints dilation,
                    bool transposed, Ints output_padding, int64_t groups);
+// the matmuls into ``out`` (a buffer of their result's size: the caller's output)
+void mm_out(const Tensor& out, const Tensor& a, const Tensor& b);
+void addmm_out(const Tensor& out, const Tensor& c, const Tensor& a, const Tensor& b);
+void bmm_out(const Tensor& out, const Tensor& a, const Tensor& b);
+void baddbmm_out(const Tensor& out, const Tensor& c, const Tensor& a, const Tensor& b);
 
 // The arguments of a boxed ATen call, pushed in schema order; call(op) runs OPS[op] (init_ops).
 class Stack {

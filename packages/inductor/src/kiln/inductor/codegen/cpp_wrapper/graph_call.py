@@ -1,0 +1,212 @@
+"""kiln.compile's C++ wrapper: a package's wrapper (writer.py) for a graph called in-process, per call.
+
+What differs from a package's wrapper:
+
+- every graph input, module parameters and buffers too, is the caller's per call (no constants): they
+  may be updated in place or replaced between calls;
+- an input that only kernels read is passed as its bare data pointer (no ``at::Tensor`` per call; on
+  CUDA one that is not 16-byte aligned, as Triton's kernels assume, is copied first: ``aligned_data``);
+- an output that is an input's own memory in the input's own layout (written in place: a KV cache by
+  ``index_put_``, a buffer a kernel updated over its input) is not copied: the caller returns that input,
+  as the Python wrapper does, and the write-back after the call finds nothing to copy;
+- an output the program does not compute in the caller's buffer is copied into one with the output's
+  own shape, strides and storage offset (the view the Python wrapper returns), not a dense copy.
+
+``output_plan(scheduled)`` says, per output, which of these the caller does (``OutputPlan``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ...ir import ExternKernel, Layout, ScheduledProgram, TensorRef
+from .aten_calls import CppWrapperUnsupported, op_overload, scalar_type
+from .writer import CppWrapperWriter, CudaKernels, Slot, _ints
+
+OUTPUT_KINDS = ("direct", "copy", "input")
+# typed matmuls with an out= form: one whose result is a program output writes it into the caller's buffer
+OUT_VARIANTS = {"aten.mm.default": "kiln_rt::mm_out", "aten.addmm.default": "kiln_rt::addmm_out",
+                "aten.bmm.default": "kiln_rt::bmm_out", "aten.baddbmm.default": "kiln_rt::baddbmm_out"}
+
+
+@dataclass(frozen=True, slots=True)
+class OutputPlan:
+    """How the caller makes output k: ``direct`` (it allocates ``shape``/``stride``; the program computes
+    there), ``copy`` (it allocates that view at ``offset``; the program copies into it) or ``input``
+    (it returns its input ``input``: the program wrote that input's memory)."""
+
+    kind: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    offset: int
+    dtype: torch.dtype
+    input: int = -1
+
+    def as_json(self) -> list:
+        return [self.kind, list(self.shape), list(self.stride), self.offset, str(self.dtype).removeprefix("torch."),
+                self.input]
+
+
+def _static(xs: tuple) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in xs)
+    except TypeError:
+        raise CppWrapperUnsupported("the graph has symbolic sizes") from None
+
+
+def _writes_first_argument(e: ExternKernel) -> bool:
+    """An in-place ATen op (``index_put_``): its result is its first argument, written."""
+    try:
+        returns = op_overload(e.target)._schema.returns
+    except (CppWrapperUnsupported, AttributeError):
+        return False
+    info = returns[0].alias_info if returns else None
+    return info is not None and bool(info.is_write)
+
+
+def input_aliases(s: ScheduledProgram) -> dict[str, int]:
+    """Buffers that are an input's memory in that input's layout: buffer -> input position."""
+    p = s.program
+    layouts = p.layouts()
+    alias: dict[str, int] = {b.name: b.position for b in p.inputs}
+    for st in s.steps:
+        for a in st.allocate:  # a buffer over its reused one's memory (an update in place)
+            if a.reuse in alias and layouts[a.reuse] == a.layout:
+                alias[a.buffer] = alias[a.reuse]
+        w = st.work
+        if isinstance(w, ExternKernel) and w.outputs and w.args and isinstance(w.args[0], TensorRef) \
+                and _writes_first_argument(w):
+            arg, out = w.args[0], w.outputs[0]
+            if arg.buffer in alias and _whole(arg, layouts[arg.buffer]) and out.layout == layouts[arg.buffer] \
+                    and not out.path:
+                alias[out.buffer] = alias[arg.buffer]
+    return alias
+
+
+def _whole(r: TensorRef, lay: Layout) -> bool:
+    return tuple(r.shape) == tuple(lay.shape) and tuple(r.stride) == tuple(lay.stride) and r.offset == lay.offset
+
+
+def _row_major(shape: tuple, stride: tuple) -> bool:
+    expect = 1
+    for n, st in reversed(list(zip(shape, stride))):
+        if int(n) != 1 and int(st) != expect:
+            return False
+        expect *= int(n)
+    return True
+
+
+def _same_memory(r: TensorRef, lay: Layout) -> bool:
+    """``r`` views exactly ``lay``'s elements in the same order (a reshape of a row-major buffer)."""
+    try:
+        numel = [1, 1]
+        for k, shape in enumerate((r.shape, lay.shape)):
+            for n in shape:
+                numel[k] *= int(n)
+        return (int(r.offset) == 0 and int(lay.offset) == 0 and numel[0] == numel[1]
+                and _row_major(tuple(r.shape), tuple(r.stride)) and _row_major(tuple(lay.shape), tuple(lay.stride)))
+    except TypeError:  # symbolic
+        return False
+
+
+def _out_variant(e: ExternKernel) -> bool:
+    return (e.target in OUT_VARIANTS and not e.kwargs and len(e.outputs) == 1 and not e.outputs[0].path
+            and all(isinstance(a, TensorRef) for a in e.args))
+
+
+class GraphCallWriter(CppWrapperWriter):
+    def __init__(self, s: ScheduledProgram, symbols: dict[str, str], slots: dict[int, Slot],
+                 cuda: CudaKernels | None = None, sizes: SizeArgs = SizeArgs()) -> None:
+        if sizes.symbols:  # kiln.compile keeps its Python wrapper for symbolic graphs (cpp_graph.py)
+            raise CppWrapperUnsupported("the graph has symbolic sizes")
+        self.extern_direct: dict[str, int] = {}  # set by _direct_outputs (called by the base class)
+        super().__init__(s, symbols, slots, cuda, sizes)
+        self.plan = self._plan()
+
+    def _direct_outputs(self) -> dict[str, int]:
+        """The base class's, and (``extern_direct``) outputs a matmul computes into the caller's buffer
+        through its out= form: the logits of a language model's head, not copied after the call."""
+        direct = super()._direct_outputs()
+        inputs = {b.name for b in self.p.inputs}
+        reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
+        for st in self.s.steps:
+            e = st.work
+            if not isinstance(e, ExternKernel) or not _out_variant(e):
+                continue
+            out = e.outputs[0]
+            uses = [k for k, o in enumerate(self.p.outputs) if isinstance(o, TensorRef) and o.buffer == out.buffer]
+            if len(uses) != 1 or out.buffer in inputs or out.buffer in reused or out.buffer in direct:
+                continue
+            o = self.p.outputs[uses[0]]
+            assert isinstance(o, TensorRef)
+            if _same_memory(o, self.layouts[out.buffer]) and o.dtype == out.layout.dtype:
+                self.extern_direct[out.buffer] = uses[0]
+        return direct
+
+    def extern(self, e: ExternKernel) -> None:
+        k = self.extern_direct.get(e.outputs[0].buffer) if e.outputs else None
+        if k is None:
+            super().extern(e)
+            return
+        lay = self.layouts[e.outputs[0].buffer]
+        name = e.outputs[0].buffer
+        self.assign(name, f"kiln_rt::wrap_output(dev, outputs[{k}], {_ints(lay.shape)}, {_ints(lay.stride)}, "
+                          f"{scalar_type(lay.dtype)})", f"output {k}, computed in place")
+        args = ", ".join(self.ref(a) for a in e.args)  # type: ignore[arg-type]
+        self.lines.append(f"  {OUT_VARIANTS[e.target]}({name}, {args});  // {e.kind} {e.target}")
+
+    def _plan(self) -> tuple[OutputPlan, ...]:
+        aliases = input_aliases(self.s)
+        inputs = {b.position: b for b in self.p.inputs}
+        out: list[OutputPlan] = []
+        for k, o in enumerate(self.p.outputs):
+            if not isinstance(o, TensorRef):
+                raise CppWrapperUnsupported(f"output {k} is the constant {o.as_text()}, not a tensor")
+            lay = self.layouts[o.buffer]
+            whole = _whole(o, lay)
+            shape, stride = _static(tuple(o.shape)), _static(tuple(o.stride))
+            offset = int(lay.offset if whole else o.offset)
+            pos = aliases.get(o.buffer)
+            if pos is not None and whole and lay == inputs[pos].layout and int(lay.offset) == 0:
+                out.append(OutputPlan("input", shape, stride, 0, o.dtype, pos))
+            elif self.direct.get(o.buffer) == k or self.extern_direct.get(o.buffer) == k:
+                out.append(OutputPlan("direct", shape, stride, 0, o.dtype))
+            else:
+                out.append(OutputPlan("copy", shape, stride, offset, o.dtype))
+        return tuple(out)
+
+    def inputs(self) -> None:
+        users = self._tensor_users()
+        for b in sorted(self.p.inputs, key=lambda b: b.position):
+            slot = self.slots.get(b.position)
+            if slot is None or slot.kind != "input":
+                raise CppWrapperUnsupported(f"program input {b.position} ({b.name}) is not a per-call input")
+            if b.name in users:
+                lay = b.layout
+                self.assign(b.name, f"kiln_rt::wrap(dev, inputs[{slot.index}], {_ints(lay.shape)}, "
+                                    f"{_ints(lay.stride)}, {scalar_type(lay.dtype)})", f"input {slot.index}")
+            elif self.cuda is not None:  # only kernels read it; Triton's want it 16-byte aligned
+                self.raw.add(b.name)
+                lay = b.layout
+                self.lines.append(f"  Tensor {b.name}_hold;")
+                self.lines.append(f"  void* const {b.name} = kiln_rt::aligned_data(dev, inputs[{slot.index}], "
+                                  f"{_ints(lay.shape)}, {_ints(lay.stride)}, {scalar_type(lay.dtype)}, {b.name}_hold);"
+                                  f"  // input {slot.index}")
+            else:  # only kernels read it
+                self.raw.add(b.name)
+                self.lines.append(f"  void* const {b.name} = inputs[{slot.index}];  // input {slot.index}")
+
+    def outputs(self) -> None:
+        for k, (o, plan) in enumerate(zip(self.p.outputs, self.plan)):
+            if plan.kind != "copy":
+                continue
+            assert isinstance(o, TensorRef)
+            self.lines.append(f"  kiln_rt::copy_into(dev, outputs[{k}], {_ints(plan.shape)}, {_ints(plan.stride)}, "
+                              f"{scalar_type(o.dtype)}, {self.ref(o)});")
+
+
+def output_plan(s: ScheduledProgram) -> tuple[OutputPlan, ...]:
+    """Per output of ``s``, what the caller of its GraphCallWriter wrapper does."""
+    return GraphCallWriter(s, {}, {}).plan

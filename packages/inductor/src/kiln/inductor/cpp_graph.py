@@ -1,0 +1,130 @@
+"""``InductorOptions(wrapper="cpp")``: an inference graph's steps as a C++ library called in-process.
+
+Note: why. A compiled language model is host-bound when its Python wrapper costs more than its kernels'
+device time: each Python->ATen call (a matmul, a view for it) costs 12-20 us of host time on an H200's
+host, the same call from C++ a few. kiln.package's C++ wrapper (codegen/cpp_wrapper) already runs a
+schedule's kernels and ATen calls from C++; here the same wrapper, with every graph input passed per call
+(parameters are not baked in: they may be updated in place or replaced between calls), is built into the
+compile cache (kiln.runtime.cxx.build_graph_library) and called through its C ABI by ctypes
+(kiln.runtime.cxx.GraphLibrary, which releases the GIL for the call).
+
+``compile_cpp_graph`` raises ``CppWrapperUnsupported`` for what this path cannot run (symbolic sizes,
+non-tensor inputs or outputs, an op with no libtorch form, more than one device, a GPU it cannot name the
+architecture of); compile_graph logs the reason in perf_hints and compiles the Python wrapper instead.
+The caller (kiln.compile's inductor backend) asks for it only for inference graphs in default mode.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import fx
+
+from kiln.graph import CompiledGraph, PortableProgram, dump, new_graph_id
+from kiln.runtime.cxx import GraphLibrary, build_graph_library
+
+from .codegen.cpp_wrapper import CppWrapperUnsupported, Slot
+from .codegen.cpp_wrapper.graph_call import GraphCallWriter, OutputPlan, output_plan
+from .codegen.wrapper import REQUIRES
+from .cpp_program import CppProgram, cpp_program
+from .options import InductorOptions
+
+SOURCE = '''"""kiln.inductor C++ wrapper of graph {name!r}: model.so (FILES) called through its C ABI."""
+from kiln.runtime.cxx import GraphLibrary as _GraphLibrary
+
+_GRAPH = _GraphLibrary(FILES, {plan!r}, {n_inputs}, {device!r})
+call_owned = _GRAPH.call_owned
+
+
+def call(args):
+    return call_owned(list(args))
+'''
+
+
+def _device(example_inputs: Sequence[Any]) -> torch.device:
+    devices = set()
+    for k, x in enumerate(example_inputs):
+        if not isinstance(x, torch.Tensor):
+            raise CppWrapperUnsupported(f"input {k} is a {type(x).__name__}, not a tensor")
+        if any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride(), x.storage_offset())):
+            raise CppWrapperUnsupported("the graph has symbolic sizes (the C++ wrapper is compiled for static shapes)")
+        devices.add(x.device)
+    if len(devices) != 1:
+        raise CppWrapperUnsupported(f"the C++ wrapper runs a graph on one device (inputs on {sorted(map(str, devices))})")
+    (dev,) = devices
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", 0)
+    return dev
+
+
+def _cuda_arch(dev: torch.device) -> int | None:
+    if dev.type != "cuda":
+        return None
+    if not torch.cuda.is_available():
+        raise CppWrapperUnsupported("a CUDA graph compiled without a GPU here: its cubins need the GPU's architecture")
+    major, minor = torch.cuda.get_device_capability(dev)
+    return major * 10 + minor
+
+
+@dataclass(frozen=True)
+class CppGraph:
+    """A graph's C++ wrapper library, built: its files, the Python source that loads and calls it (a
+    portable program's), the output plan, and what cpp_program made."""
+
+    source: str
+    files: Mapping[str, bytes]
+    plan: tuple[OutputPlan, ...]
+    program: CppProgram
+    seconds: tuple[float, float]  # codegen, build
+
+    def portable(self) -> PortableProgram:
+        return PortableProgram(self.source, dict(self.files), REQUIRES)
+
+
+def build_cpp_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options: InductorOptions,
+                    name: str = "graph", cuda_arch: int | None = None) -> CppGraph:
+    """Generate and build ``gm``'s C++ wrapper library (a CUDA graph's cubins for ``cuda_arch``, by default
+    the GPU's here); nothing is loaded, so a CUDA graph of fake tensors builds without a GPU."""
+    t0 = time.perf_counter()
+    dev = _device(example_inputs)
+    slots = {k: Slot("input", k) for k in range(len(example_inputs))}
+    arch = cuda_arch if cuda_arch is not None or dev.type != "cuda" else _cuda_arch(dev)
+    program = cpp_program(gm, example_inputs, slots, options=options, name=name, cuda_arch=arch,
+                          writer=GraphCallWriter)
+    assert program.scheduled is not None
+    plan = output_plan(program.scheduled)
+    t1 = time.perf_counter()
+    files = build_graph_library(program.wrapper_source, program.kernel_source, kernel_flags=program.kernel_flags,
+                                link_flags=program.link_flags, cxx=options.cxx,
+                                cubins={c.file_name: c.binary for c in program.cubins}, cuda=dev.type == "cuda")
+    source = SOURCE.format(name=name, plan=[p.as_json() for p in plan], n_inputs=len(example_inputs),
+                           device=str(dev))
+    return CppGraph(source, files, plan, program, (t1 - t0, time.perf_counter() - t1))
+
+
+def compile_cpp_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, options: InductorOptions,
+                      name: str = "graph") -> CompiledGraph:
+    """``gm`` (a functional ATen inference graph, its constants lifted to inputs) as a C++ wrapper library
+    whose compiled graph takes the same inputs and returns the same outputs as the Python wrapper's."""
+    built = build_cpp_graph(gm, example_inputs, options=options, name=name)
+    t0 = time.perf_counter()
+    ns: dict[str, Any] = {"FILES": built.files, "FILES_DIR": None, "__name__": f"kiln_cpp_graph_{name}"}
+    exec(compile(built.source, f"<kiln-inductor cpp wrapper {name}>", "exec"), ns)  # noqa: S102 - generated here
+    graph: GraphLibrary = ns["_GRAPH"]
+    texts = dict(built.program.texts)
+    texts["output_code"] = built.source
+    codegen, build = built.seconds
+    texts["timings"] = (f"codegen {1e3 * codegen:.1f} ms, build {1e3 * build:.1f} ms (or cached), "
+                        f"load {1e3 * (time.perf_counter() - t0):.1f} ms")
+    graph_id = new_graph_id(name)
+    for stage, text in texts.items():
+        dump(graph_id, stage, text)
+    scheduled = built.program.scheduled
+    assert scheduled is not None
+    return CompiledGraph(graph, "inductor(cpp wrapper)", texts, built.portable(),
+                         output_strides=tuple(p.stride for p in built.plan), loop_program=scheduled.program,
+                         scheduled=scheduled)

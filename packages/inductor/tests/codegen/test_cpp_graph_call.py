@@ -1,0 +1,64 @@
+"""kiln.compile's C++ wrapper text (codegen/cpp_wrapper/graph_call.py) for small graphs, no build here
+(tests/test_cpp_wrapper.py builds and runs it): per-call inputs, bare pointers for inputs only kernels
+read, and the output plan (computed in place, copied with the view's layout, or the input itself)."""
+
+from __future__ import annotations
+
+import torch
+from tracer import trace
+
+from kiln.inductor.codegen.cpp_wrapper.graph_call import GraphCallWriter, output_plan
+from kiln.inductor.cpp_program import Slot, cpp_program
+
+
+def program(fn, *args):  # type: ignore[no-untyped-def]
+    return cpp_program(trace(fn, *args), list(args), {k: Slot("input", k) for k in range(len(args))},
+                       writer=GraphCallWriter)
+
+
+def test_inputs_per_call_and_kernel_only_inputs_as_pointers() -> None:
+    w, b, x = torch.randn(16, 8), torch.randn(16), torch.randn(4, 8)
+    p = program(lambda x, w, b: (torch.relu(x @ w.t() + b), x.sum()), x, w, b)
+    src = p.wrapper_source
+    assert "constants[" not in src.split("static void run_graph", 1)[1].split("KILN_EXPORT", 1)[0]
+    assert "Tensor arg1 = kiln_rt::wrap(dev, inputs[1], {16, 8}, {8, 1}, 6 /*float32*/);  // input 1" in src
+    assert "void* const arg2 = inputs[2];  // input 2" in src and "arg2.data()" not in src
+    assert p.scheduled is not None
+    plan = output_plan(p.scheduled)
+    assert [(q.kind, q.shape, q.stride, q.offset) for q in plan] == [("copy", (4, 16), (16, 1), 0),
+                                                                     ("direct", (), (), 0)]
+    assert "kiln_rt::copy_into(dev, outputs[0], {4, 16}, {16, 1}, 6 /*float32*/, buf3);" in src
+
+
+def test_output_at_an_offset_is_copied_with_its_own_layout() -> None:
+    x = torch.randn(4, 5)
+    p = program(lambda x: ((x @ x.t())[1:], (x @ x.t()).sum()), x)
+    assert p.scheduled is not None
+    first = output_plan(p.scheduled)[0]
+    assert (first.kind, first.shape, first.stride, first.offset) == ("copy", (3, 4), (4, 1), 4)
+    assert "kiln_rt::copy_into(dev, outputs[0], {3, 4}, {4, 1}," in p.wrapper_source
+
+
+def test_input_written_in_place_is_returned_not_copied() -> None:
+    """An index_put_ into its input (a KV cache: reinplaced, kiln.inductor's graph_passes/reinplace.py)
+    makes an output that is the input's memory: the plan returns input 0 and the C++ copies nothing."""
+    cache, idx, rows = torch.zeros(6, 4), torch.tensor([2]), torch.randn(1, 4)
+    gm = trace(lambda c, i, r: torch.ops.aten.index_put_.default(c, [i], r), cache, idx, rows)
+    p = cpp_program(gm, [cache, idx, rows], {k: Slot("input", k) for k in range(3)}, writer=GraphCallWriter)
+    assert p.scheduled is not None
+    plan = output_plan(p.scheduled)
+    assert [(q.kind, q.input) for q in plan] == [("input", 0)]
+    assert "copy_into" not in p.wrapper_source and "wrap_output" not in p.wrapper_source
+
+
+def test_matmul_output_computed_in_the_callers_buffer() -> None:
+    """A matmul whose result (here through a reshape) is an output: its out= form writes the caller's
+    buffer (a language model's logits are not copied after the call)."""
+    x, w = torch.randn(4, 8), torch.randn(8, 16)
+    p = program(lambda x, w: ((x @ w).view(2, 2, 16), (x @ w).sum()), x, w)
+    src = p.wrapper_source
+    assert p.scheduled is not None
+    plan = output_plan(p.scheduled)
+    assert (plan[0].kind, plan[0].shape, plan[0].stride) == ("direct", (2, 2, 16), (32, 16, 1))
+    assert "= kiln_rt::wrap_output(dev, outputs[0], {4, 16}, {16, 1}, 6 /*float32*/);" in src
+    assert "kiln_rt::mm_out(" in src and "copy_into(dev, outputs[0]" not in src

@@ -1,0 +1,145 @@
+"""kiln.compile's C++ wrapper libraries: built once into the compile cache, called in-process.
+
+A graph compiled with ``options={"wrapper": "cpp"}`` is a package's model.so (the same build, build.py,
+the same C ABI, kiln.inductor's codegen/cpp_wrapper) without weights: every graph input, parameters
+included, is passed per call by data pointer. ``build_graph_library`` builds it (cached in the compile
+cache by its sources, compiler, torch and host: a second process, or a second graph with the same code,
+links nothing); ``GraphLibrary`` loads it from its files (model.so, a CUDA graph's cubins) and is the
+compiled graph's ``call_owned``.
+
+Each output follows the graph's output plan (kiln.inductor's ``OutputPlan``, as JSON rows ``[kind,
+shape, stride, offset, dtype, input]``): ``direct`` and ``copy`` outputs are allocated here and filled
+by the library, an ``input`` output is the caller's input (the library wrote it in place).
+"""
+
+from __future__ import annotations
+
+import array
+import ctypes
+import hashlib
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..cache import default_cache
+from ..cpp import cpp_cache_key
+from .build import build_model_library
+from .loader import ABI_VERSION, DEVICE_TYPES
+from .package import KERNELS, LIBRARY, PackageError
+
+NAMESPACE = "cxx_graph"  # built libraries (bytes) by source key
+TREES = "cxx_graph_files"  # their folders (model.so + kernels/), by content
+
+
+def build_graph_library(wrapper_source: str, kernel_source: str, *, kernel_flags: Sequence[str],
+                        link_flags: Sequence[str], cxx: str, cubins: Mapping[str, bytes] | None = None,
+                        cuda: bool = False) -> dict[str, bytes]:
+    """The library's files: ``model.so`` and, for CUDA, ``kernels/<name>`` per cubin (file name -> bytes).
+
+    model.so comes from the compile cache when a process built these sources before."""
+    key = cpp_cache_key("\0".join([wrapper_source, kernel_source, torch.__version__, f"cuda={cuda}"]),
+                        kernel_flags, cxx, link_flags)
+
+    def build() -> bytes:
+        with tempfile.TemporaryDirectory(prefix="kiln-graph-") as tmp:
+            out = Path(tmp) / LIBRARY
+            build_model_library(wrapper_source, kernel_source, out, kernel_flags=kernel_flags,
+                                link_flags=link_flags, cxx=cxx, cuda=cuda)
+            return out.read_bytes()
+    files = {LIBRARY: default_cache().get_or_build(NAMESPACE, key, build)}
+    files.update({f"{KERNELS}/{name}": data for name, data in (cubins or {}).items()})
+    return files
+
+
+def _tree_key(files: Mapping[str, bytes]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + hashlib.sha256(files[name]).digest())
+    return h.hexdigest()
+
+
+def _dtype(name: str) -> torch.dtype:
+    d = getattr(torch, name, None)
+    if not isinstance(d, torch.dtype):
+        raise PackageError(f"C++ wrapper library: unknown dtype {name!r} in its output plan")
+    return d
+
+
+def _extent(shape: Sequence[int], stride: Sequence[int]) -> int:
+    if any(n == 0 for n in shape):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+
+
+class GraphLibrary:
+    """A C++ wrapper library loaded for one device: ``call_owned(args)`` runs the graph on ``args``
+    (tensors, in the graph's input order; the list is emptied, as the Python wrapper's is) and returns
+    its outputs."""
+
+    def __init__(self, files: Mapping[str, bytes], plan: Sequence[Sequence[Any]], n_inputs: int,
+                 device: str | torch.device) -> None:
+        self.device = torch.device(device)
+        if self.device.type not in DEVICE_TYPES:
+            raise PackageError(f"a C++ wrapper library runs on cpu or cuda, not {self.device}")
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.folder = default_cache().materialize_tree(TREES, _tree_key(files), files)
+        self._lib = ctypes.CDLL(str(self.folder / LIBRARY), mode=ctypes.RTLD_LOCAL)
+        if self._lib.kiln_model_abi_version() != ABI_VERSION:
+            raise PackageError(f"C++ wrapper library {self.folder}: ABI {self._lib.kiln_model_abi_version()}, "
+                               f"this loader calls version {ABI_VERSION}")
+        self._where = (DEVICE_TYPES[self.device.type], self.device.index if self.device.index is not None else -1)
+        init = self._lib.kiln_model_init
+        init.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+        err = ctypes.create_string_buffer(2048)
+        if init(str(self.folder).encode(), *self._where, err, len(err)) != 0:
+            raise PackageError(f"C++ wrapper library {self.folder}: {err.value.decode()}")
+        self._run = self._lib.kiln_model_run
+        self._run.argtypes = [ctypes.c_int] * 2 + [ctypes.c_void_p] * 4 + [ctypes.c_char_p, ctypes.c_size_t]
+        self.n_inputs = n_inputs
+        self.plan = [(str(kind), tuple(shape), tuple(stride), int(offset), _dtype(dtype), int(inp))
+                     for kind, shape, stride, offset, dtype, inp in plan]
+        # CUDA: an input the library writes in place must be 16-byte aligned (wrap() would copy it and
+        # the write would land in the copy): such an input is first copied into aligned memory, which
+        # becomes the output (the caller's write-back copies it into the input)
+        self._realign = tuple(sorted({p[5] for p in self.plan if p[0] == "input"})) \
+            if self.device.type == "cuda" else ()
+
+    def _allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], offset: int,
+                  dtype: torch.dtype) -> torch.Tensor:
+        if offset == 0:
+            return torch.empty_strided(shape, stride, dtype=dtype, device=self.device)
+        base = torch.empty(offset + _extent(shape, stride), dtype=dtype, device=self.device)
+        return base.as_strided(shape, stride, offset)
+
+    def __call__(self, *args: Any) -> tuple:
+        return self.call_owned(list(args))
+
+    def call_owned(self, args: list) -> tuple:
+        if len(args) != self.n_inputs:
+            raise TypeError(f"C++ wrapper library {self.folder.name}: expected {self.n_inputs} inputs, got {len(args)}")
+        for k in self._realign:
+            a = args[k]
+            if a.data_ptr() % 16:
+                args[k] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
+        ins = array.array("Q", [a.data_ptr() for a in args])
+        result: list[torch.Tensor] = []
+        made: list[int] = []
+        for kind, shape, stride, offset, dtype, inp in self.plan:
+            if kind == "input":
+                result.append(args[inp])
+                made.append(0)
+                continue
+            t = self._allocate(shape, stride, offset, dtype)
+            result.append(t)
+            made.append(t.data_ptr())
+        outs = array.array("Q", made or [0])
+        err = ctypes.create_string_buffer(512)  # per call: calls may overlap in threads
+        args.clear()
+        # no size arguments: kiln.compile's C++ wrapper serves static graphs only (cpp_graph.py)
+        if self._run(*self._where, None, ins.buffer_info()[0], None, outs.buffer_info()[0], err, len(err)) != 0:
+            raise RuntimeError(f"kiln C++ wrapper ({self.folder.name}): {err.value.decode()}")
+        return tuple(result)
