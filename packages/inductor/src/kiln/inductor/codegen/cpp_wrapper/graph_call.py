@@ -23,7 +23,7 @@ import torch
 
 from ...ir import ExternKernel, Layout, ScheduledProgram, TensorRef
 from .aten_calls import CppWrapperUnsupported, op_overload, scalar_type
-from .writer import CppWrapperWriter, CudaKernels, Slot, _ints
+from .writer import CppWrapperWriter, CudaKernels, SizeArgs, Slot, _ints
 
 OUTPUT_KINDS = ("direct", "copy", "input")
 # typed matmuls with an out= form: one whose result is a program output writes it into the caller's buffer
