@@ -272,7 +272,8 @@ def _conv2d(args: tuple, kwargs: dict) -> Any:
         return None
     h_out = (h + 2 * p[0] - d[0] * (kh - 1) - 1) // s[0] + 1
     w_out = (wd + 2 * p[1] - d[1] * (kw - 1) - 1) // s[1] + 1
-    if min(n, c_out, h_out, w_out) < 1:
+    # each size alone: min() would compare a symbolic batch with the channels (a guard n <= c_out)
+    if any(v < 1 for v in (n, c_out, h_out, w_out)):
         return None
     return fresh_contiguous((n, c_out, h_out, w_out), x, (x, w, b))
 
