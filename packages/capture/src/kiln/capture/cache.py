@@ -108,10 +108,26 @@ class CodeCache:
             prev = self.seen_shapes.get(source)
             dims = self.dynamic.setdefault(source, set())
             if prev is not None and len(prev) == len(shape):
-                dims.update(i for i, (a, b) in enumerate(zip(prev, shape)) if a != b)
+                changed = {i for i, (a, b) in enumerate(zip(prev, shape)) if a != b}
+                if changed and not dims:
+                    changed |= _leading_dim(shape, changed, static)
+                dims.update(changed)
             self.seen_shapes[source] = shape
             return frozenset((dims | marked) - static)
         return policy
+
+
+def _leading_dim(shape: tuple[int, ...], changed: set[int], static: frozenset[int]) -> set[int]:
+    """The leading dim, made symbolic beside the first dims of an input that changed size.
+
+    Note: the leading dim of a batched input (token ids ``[batch, seq]``, activations ``[batch, seq,
+    hidden]``) usually varies too, a few calls later (a serving stream: sequence lengths, then
+    batch sizes); symbolic from the first recompile on, it costs no further graph when it does. An
+    input whose only change is its leading dim (a partial last batch) keeps its other dims static,
+    and a leading dim of 1 stays static (sizes 0 and 1 specialise)."""
+    if 0 in changed or len(shape) < 2 or shape[0] < 2 or 0 in static:
+        return set()
+    return {0}
 
 
 def _top_tensors(L: dict[str, Any]) -> list[torch.Tensor]:
