@@ -105,6 +105,14 @@ def test_expand_of_a_size_one_input_to_a_dynamic_batch():
     _check(f, lambda b: (torch.randn(b, 6), torch.randn(b, 6)), sizes=(5, 8, 1, 2, 1))
 
 
+def test_squeeze_of_a_batch_that_becomes_one():
+    """squeeze() drops a dim only where it is 1: a graph traced for b >= 2 keeps it, so b == 1
+    must not run that graph (torch's size-oblivious tracing would, and return [1, 6] for [6])."""
+    def f(x):
+        return x.squeeze() * 2
+    _check(f, lambda b: (torch.randn(b, 6),))
+
+
 def test_mlp_over_batches_1_to_20_compiles_at_most_twice():
     torch.manual_seed(0)
     m = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).eval()

@@ -3,6 +3,14 @@
 A ``CodeCache`` holds the compiled entries of one code object under one ``optimize`` call, in
 the order they were made; a call runs the first entry whose guards pass. Sizes seen at each
 capture feed ``dynamic_dims``: a dimension that changed between captures is made symbolic.
+
+Note: a dim made symbolic automatically is traced for sizes >= 2, as torch does, and a call with
+size 1 compiles one more graph. Tracing it for [1, inf) instead needs every choice the trace makes
+on ``s == 1`` to become a guard; torch's ``backed_size_oblivious`` does not do that (its
+``guard_or_false`` answers from ranges alone: ``x.squeeze()`` traced for a batch of 5 keeps the
+dim, and a batch of 1 would get ``[1, n]`` where eager gives ``[n]``), and with guards recorded
+instead, every broadcast against a literal 1 guards ``s != 1``. Models also branch on it
+themselves (HF's masking code expands position ids only when ``batch != 1``).
 """
 
 from __future__ import annotations
