@@ -199,3 +199,14 @@ def test_mark_static_keeps_the_leading_dim_static(recorder):
         kc.mark_static(x, 0)
         assert_same(g(x), f(x))
     assert _symbolic_dims(recorder.graphs[-1]) == [(False, True)]
+
+
+def test_a_marked_dim_that_varies_leaves_the_leading_dim_alone(recorder):
+    def f(x, k):
+        return x * k
+    g = kc.optimize(f, recorder)
+    for s, k in ((5, 2.0), (9, 3.0), (12, 4.0)):  # k changes: a recompile that reads x's sizes again
+        x = torch.randn(4, s)
+        kc.mark_dynamic(x, 1)
+        assert_same(g(x, k), f(x, k))
+    assert _symbolic_dims(recorder.graphs[-1]) == [(False, True)]

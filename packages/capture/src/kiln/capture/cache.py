@@ -117,7 +117,7 @@ class CodeCache:
             dims = self.dynamic.setdefault(source, set())
             if prev is not None and len(prev) == len(shape):
                 changed = {i for i, (a, b) in enumerate(zip(prev, shape)) if a != b}
-                if changed and not dims:
+                if changed - marked and not dims:  # a marked dim that varies says nothing new
                     changed |= _leading_dim(shape, changed, static)
                 dims.update(changed)
             self.seen_shapes[source] = shape
