@@ -154,3 +154,59 @@ def test_nested_tensor_that_changes_size_recompiles_once(recorder):
         h = Holder(torch.randn(n, 3))
         assert_same(g(h), f(h))
     assert recorder.count == 2  # the first size, then one symbolic graph (found while tracing)
+
+
+def _symbolic_dims(gm: torch.fx.GraphModule) -> list[tuple[bool, ...]]:
+    return [tuple(isinstance(s, torch.SymInt) for s in n.meta["val"].shape) for n in gm.graph.nodes
+            if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
+
+
+def test_leading_dim_turns_symbolic_with_the_first_change(recorder):
+    """[batch, seq] token ids: the first recompile (sequence changed) makes batch symbolic too, so a
+    later batch size takes no further graph."""
+    def f(ids):
+        return (ids * 3).sum(-1)
+    g = kc.optimize(f, recorder)
+    for b, s in ((7, 56), (7, 10), (5, 40), (8, 33), (2, 9)):
+        ids = torch.randint(0, 100, (b, s))
+        assert_same(g(ids), f(ids))
+    assert recorder.count == 2
+    assert _symbolic_dims(recorder.graphs[-1]) == [(True, True)]
+
+
+@pytest.mark.parametrize("shapes,expected", [
+    (((8, 3, 4), (3, 3, 4)), (True, False, False)),  # a partial last batch: only the batch
+    (((1, 6), (1, 9)), (False, True)),  # a leading 1 stays static (0/1 specialise)
+    (((6,), (9,)), (True,)),
+])
+def test_leading_dim_rule_leaves_other_dims_alone(recorder, shapes, expected):
+    def f(x):
+        return x.relu() + 1
+    g = kc.optimize(f, recorder)
+    for shape in shapes:
+        x = torch.randn(shape)
+        assert_same(g(x), f(x))
+    assert recorder.count == 2
+    assert _symbolic_dims(recorder.graphs[-1]) == [expected]
+
+
+def test_mark_static_keeps_the_leading_dim_static(recorder):
+    def f(x):
+        return x * 2
+    g = kc.optimize(f, recorder)
+    for s in (5, 9, 12):
+        x = torch.randn(4, s)
+        kc.mark_static(x, 0)
+        assert_same(g(x), f(x))
+    assert _symbolic_dims(recorder.graphs[-1]) == [(False, True)]
+
+
+def test_a_marked_dim_that_varies_leaves_the_leading_dim_alone(recorder):
+    def f(x, k):
+        return x * k
+    g = kc.optimize(f, recorder)
+    for s, k in ((5, 2.0), (9, 3.0), (12, 4.0)):  # k changes: a recompile that reads x's sizes again
+        x = torch.randn(4, s)
+        kc.mark_dynamic(x, 1)
+        assert_same(g(x, k), f(x, k))
+    assert _symbolic_dims(recorder.graphs[-1]) == [(False, True)]

@@ -70,12 +70,33 @@ def test_dynamic_dims_and_symbol_relations(tmp_path):
     for n in (2, 5, 7):  # any batch size that satisfies the constraints
         x = torch.randn(n, 8)
         torch.testing.assert_close(fn(w, x, torch.randn(n, 8))[0], x @ w)
-    with pytest.raises(GuardError, match=r"input 'y': expected size of dim 0 5 \(the same size s0 as an earlier input\), got 6"):
+    with pytest.raises(GuardError, match=r"input 'y': expected size of dim 0 5 \(the same value s0 as an earlier size\), got 6"):
         fn(w, torch.randn(5, 8), torch.randn(6, 8))
     with pytest.raises(GuardError, match=r"input 'x' dim 0: size 1 is outside the range \[2, inf\]"):
         fn(w, torch.randn(1, 8), torch.randn(1, 8))
     with pytest.raises(GuardError, match=r"input 'x': expected shape \(\*, 8\), got \(3, 9\)"):
         fn(w, torch.randn(3, 9), torch.randn(3, 9))
+
+
+def test_symbolic_strides_are_checked(tmp_path):
+    """A dynamic input's stride bound to a size symbol (a contiguous [s0, s1] has stride s1): a
+    transposed input of the same sizes is refused, not read as if contiguous."""
+    s0, s1 = sympy.Symbol("s0"), sympy.Symbol("s1")
+    w = torch.randn(8, 3)
+    x_spec = TensorSpec((s0, s1), torch.float32, torch.device("cpu"), (s1, 1))
+    guards = GuardSet((Guard("L['x'].size()[0]", "SYMBOL", "s0"), Guard("L['x'].size()[1]", "SYMBOL", "s1"),
+                       Guard("L['x'].stride()[0]", "SYMBOL", "s1"),
+                       Guard("L['x']", "TENSOR_MATCH", ("torch.float32", "cpu", (None, None), (None, 1), False))))
+    path = tmp_path / "dyn.kiln"
+    save_artifact(path, PortableProgram(MATMUL), input_names=["w", "x"], guards=guards,
+                  input_specs=[TensorSpec.from_tensor(w), x_spec])
+    fn = load_compiled_function(path)
+    x = torch.randn(4, 8)
+    torch.testing.assert_close(fn(w, x)[0], x @ w)
+    with pytest.raises(GuardError, match=r"input 'x': expected stride of dim 0 8 \(the same value s1"):
+        fn(w, torch.randn(4, 16)[:, :8])
+    with pytest.raises(GuardError):
+        fn(w, torch.randn(8, 4).t())
 
 
 def test_value_guards_on_python_arguments(tmp_path):

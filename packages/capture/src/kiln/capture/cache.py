@@ -3,6 +3,14 @@
 A ``CodeCache`` holds the compiled entries of one code object under one ``optimize`` call, in
 the order they were made; a call runs the first entry whose guards pass. Sizes seen at each
 capture feed ``dynamic_dims``: a dimension that changed between captures is made symbolic.
+
+Note: a dim made symbolic automatically is traced for sizes >= 2, as torch does, and a call with
+size 1 compiles one more graph. Tracing it for [1, inf) instead needs every choice the trace makes
+on ``s == 1`` to become a guard; torch's ``backed_size_oblivious`` does not do that (its
+``guard_or_false`` answers from ranges alone: ``x.squeeze()`` traced for a batch of 5 keeps the
+dim, and a batch of 1 would get ``[1, n]`` where eager gives ``[n]``), and with guards recorded
+instead, every broadcast against a literal 1 guards ``s != 1``. Models also branch on it
+themselves (HF's masking code expands position ids only when ``batch != 1``).
 """
 
 from __future__ import annotations
@@ -137,10 +145,26 @@ class CodeCache:
             prev = self.seen_shapes.get(source)
             dims = self.dynamic.setdefault(source, set())
             if prev is not None and len(prev) == len(shape):
-                dims.update(i for i, (a, b) in enumerate(zip(prev, shape)) if a != b)
+                changed = {i for i, (a, b) in enumerate(zip(prev, shape)) if a != b}
+                if changed - marked and not dims:  # a marked dim that varies says nothing new
+                    changed |= _leading_dim(shape, changed, static)
+                dims.update(changed)
             self.seen_shapes[source] = shape
             return frozenset((dims | marked) - static)
         return policy
+
+
+def _leading_dim(shape: tuple[int, ...], changed: set[int], static: frozenset[int]) -> set[int]:
+    """The leading dim, made symbolic beside the first dims of an input that changed size.
+
+    Note: the leading dim of a batched input (token ids ``[batch, seq]``, activations ``[batch, seq,
+    hidden]``) usually varies too, a few calls later (a serving stream: sequence lengths, then
+    batch sizes); symbolic from the first recompile on, it costs no further graph when it does. An
+    input whose only change is its leading dim (a partial last batch) keeps its other dims static,
+    and a leading dim of 1 stays static (sizes 0 and 1 specialise)."""
+    if 0 in changed or len(shape) < 2 or shape[0] < 2 or 0 in static:
+        return set()
+    return {0}
 
 
 def _top_tensors(L: dict[str, Any]) -> list[torch.Tensor]:

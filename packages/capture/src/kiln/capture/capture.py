@@ -21,7 +21,7 @@ from .frame import BreakAt, Context, Frame, FrameResult
 from .knobs import KNOBS, CaptureOptions
 from .numpy_random import flush_pending
 from .rebuild import Flattener, Plan
-from .shape_guards import shape_guards
+from .shape_guards import STRIDE_NOTE, shape_guards
 from .sources import local_source
 from .tracer import DELETED, DynamicPolicy, Tracer
 from .values import EMPTY, NULL, AutocastContext, Cell, ContextExit
@@ -137,7 +137,8 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
         root.add_module(name, sub)
     gm = fx.GraphModule(root, tracer.graph, class_name="KilnCaptured")
     _annotate(gm)
-    gs = _guard_set(list(tracer.guards.values()), tracer.shape_env, tracer.symbol_sources)
+    gs = _guard_set(list(tracer.guards.values()) + tracer.stride_relations, tracer.shape_env,
+                    tracer.symbol_sources)
     specs: list[TensorSpec | int | None] = [TensorSpec.from_tensor(i.fake) if isinstance(i.fake, torch.Tensor)
                                             else None for i in tracer.inputs]
     captured = CapturedGraph(gm, tuple(i.source for i in tracer.inputs), tuple(specs), gs)
@@ -177,7 +178,8 @@ def refresh_shape_guards(captured: CapturedGraph) -> CapturedGraph:
     for g in captured.guards:
         if g.kind == "SYMBOL":
             symbols.setdefault(str(g.expected), []).append(g.source)
-    rest = [g for g in captured.guards if g.kind not in ("SYMBOL", "SHAPE_EXPR")]
+    rest = [g for g in captured.guards
+            if g.kind not in ("SYMBOL", "SHAPE_EXPR") or g.kind == "SHAPE_EXPR" and g.note == STRIDE_NOTE]
     return dataclasses.replace(captured, guards=_guard_set(rest, env, symbols))
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from kiln.graph import Guard, py_expr
 
+STRIDE_NOTE = "input stride"  # the note of a relation pinning an input's symbolic stride (tracer.py)
+
 
 def shape_guards(shape_env, symbol_sources: dict[str, list[str]]) -> list[Guard]:
     """SYMBOL guards binding each symbol, then its range, then every guard ShapeEnv recorded."""

@@ -29,6 +29,7 @@ from kiln.graph import (
     Guard,
     TensorSpec,
     global_state,
+    py_expr,
     symbolic_dispatch,
     tensor_expectation,
     type_name,
@@ -39,6 +40,7 @@ from .errors import GraphBreak, Unsupported
 from .foreign import is_immutable_constant, is_numpy_scalar, state_in_c
 from .module_calls import CallPath, call_path, global_hook_keys
 from .numpy_trace import liftable
+from .shape_guards import STRIDE_NOTE
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
 from .values import ADVANCES, ContextExit, GradModeContext, ListIterator, NumpyArray, ResumeIterator
@@ -117,6 +119,7 @@ class Tracer:
         self.made: set[int] = set()  # objects made during the trace that must be rebuilt per call
         self.opaque: set[int] = set()  # ids of values from the frame guarded by type only (foreign.py)
         self.symbol_sources: dict[str, list[str]] = {}
+        self.stride_relations: list[Guard] = []  # symbolic strides of inputs as relations (_guard_strides)
         self.speculative: set[fx.Node] = set()
         self.param_fakes: set[int] = set()
         self.input_source_of_fake: dict[int, str] = {}
@@ -387,13 +390,15 @@ class Tracer:
             else:
                 fake = self.fake_mode.from_tensor(value, static_shapes=True)
             dyn = frozenset(i for i, s in enumerate(fake.shape) if isinstance(s, torch.SymInt))
-            self.add_guard(source, "TENSOR_MATCH", tensor_expectation(value, dyn))
         node = self._placeholder(source, fake)
         for i, s in enumerate(fake.shape):
             if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol):
                 self.symbol_sources.setdefault(str(s.node.expr), []).append(f"{source}.size()[{i}]")
                 if s.node.expr not in self.node_of_expr:
                     self.node_of_expr[s.node.expr] = self._size_node(node, i, s)
+        if not is_state:
+            strides = self._guard_strides(fake, source) if dyn else None
+            self.add_guard(source, "TENSOR_MATCH", tensor_expectation(value, dyn, strides))
         self.inputs.append(GraphInput(source, value, fake, node))
         self.input_source_of_fake[id(fake)] = source
         self.input_by_key[key] = fake
@@ -440,6 +445,27 @@ class Tracer:
                 prev = d.node.prev
                 self.last_placeholder = prev if prev.op == "placeholder" else None
             self.root_graph.erase_node(d.node)
+
+    def _guard_strides(self, fake: torch.Tensor, source: str) -> tuple[int | None, ...]:
+        """The strides of a tensor with symbolic sizes, guarded: the trace and its kernels assume the
+        fake tensor's stride expressions, so a call's stride must equal each one. A number is pinned
+        in TENSOR_MATCH (returned), a symbol is bound like a size, an expression (``64*s1``) is a
+        relation over a bound name; a call with another layout recompiles."""
+        pinned: list[int | None] = []
+        for i, st in enumerate(fake.stride()):
+            expr = st.node.expr if isinstance(st, torch.SymInt) else sympy.Integer(st)
+            if expr.is_number:
+                pinned.append(int(expr))
+                continue
+            pinned.append(None)
+            where = f"{source}.stride()[{i}]"
+            if isinstance(expr, sympy.Symbol):
+                self.symbol_sources.setdefault(str(expr), []).append(where)
+                continue
+            name = f"stride{len(self.stride_relations)}"
+            self.symbol_sources.setdefault(name, []).append(where)
+            self.stride_relations.append(Guard("", "SHAPE_EXPR", f"{name} == {py_expr(expr)}", STRIDE_NOTE))
+        return tuple(pinned)
 
     def _constrain_ranges(self, value: torch.Tensor, fake: torch.Tensor, source: str) -> None:
         """``mark_dynamic(t, dim, min=, max=)``: the symbol's range (guarded as ``s0 >= min``, ``s0 <= max``)."""

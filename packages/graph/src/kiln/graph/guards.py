@@ -64,11 +64,13 @@ class Guard:
         return f"{self.kind:<13} {self.source or '<global>'} == {self.expected!r}"
 
 
-def tensor_expectation(t: torch.Tensor, dynamic_dims: frozenset[int] = frozenset()) -> tuple:
-    """The TENSOR_MATCH payload for ``t``; dims in ``dynamic_dims`` are not pinned."""
+def tensor_expectation(t: torch.Tensor, dynamic_dims: frozenset[int] = frozenset(),
+                       strides: tuple[int | None, ...] | None = None) -> tuple:
+    """The TENSOR_MATCH payload for ``t``; dims in ``dynamic_dims`` are not pinned. ``strides``: a
+    tensor with dynamic dims pins these (None: a symbolic stride the caller guards otherwise)."""
     shape = tuple(None if i in dynamic_dims else int(s) for i, s in enumerate(t.shape))
     if dynamic_dims:
-        stride: tuple = tuple(None for _ in t.stride())
+        stride: tuple = strides if strides is not None else tuple(None for _ in t.stride())
     else:
         stride = tuple(int(s) for s in t.stride())
     return (str(t.dtype), str(t.device), shape, stride, bool(t.requires_grad))

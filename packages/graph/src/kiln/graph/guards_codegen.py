@@ -135,14 +135,15 @@ class _Compiler:
                         f"{t}.requires_grad is {bool(rg)!r} and {t}.shape == {self.const(tuple(shape))} and "
                         f"{t}.stride() == {self.const(tuple(stride))} and "
                         f"{self._device_check(t, torch.device(device))})")
-            if all(s is None for s in stride):  # dynamic dims (symbolic sizes): inline too
-                t = f"_t{next(self.counter)}"
-                sizes = "".join(f" and {t}.shape[{i}] == {int(n)}" for i, n in enumerate(shape) if n is not None)
-                return (f"(_plain({t} := {src}) and {t}.dtype is {self.const(dt)} and "
-                        f"{t}.requires_grad is {bool(rg)!r} and {t}.dim() == {len(shape)}{sizes} and "
-                        f"{self._device_check(t, torch.device(device))})")
-            return (f"_tensor_ok({src}, {self.const(dt)}, {self.const(torch.device(device))}, "
-                    f"{self.const(shape)}, {self.const(stride)}, {rg!r})")
+            # dynamic dims (symbolic sizes): inline too; the symbolic strides are SYMBOL/SHAPE_EXPR guards
+            t = f"_t{next(self.counter)}"
+            sizes = "".join(f" and {t}.shape[{i}] == {int(n)}" for i, n in enumerate(shape) if n is not None)
+            if any(s is not None for s in stride):
+                sizes += f" and ({t}_s := {t}.stride()) is not None" + "".join(
+                    f" and {t}_s[{i}] == {int(n)}" for i, n in enumerate(stride) if n is not None)
+            return (f"(_plain({t} := {src}) and {t}.dtype is {self.const(dt)} and "
+                    f"{t}.requires_grad is {bool(rg)!r} and {t}.dim() == {len(shape)}{sizes} and "
+                    f"{self._device_check(t, torch.device(device))})")
         if g.kind == "TYPE_MATCH":
             cls = resolve_type(str(g.expected))
             if cls is not None:

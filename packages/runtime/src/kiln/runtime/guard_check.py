@@ -19,6 +19,7 @@ from .errors import GuardError
 from .sources import display_name
 
 _SIZE_SITE = re.compile(r"^(.*)\.(?:size\(\)|shape)\[(\d+)\]$")
+_STRIDE_SITE = re.compile(r"^(.*)\.stride\(\)\[(\d+)\]$")
 _HINT = ("the artifact was compiled for other inputs: call it with matching inputs, recompile, "
          "or call disable_guard_check() if you know they are compatible")
 
@@ -122,13 +123,15 @@ def diagnose(guards: GuardSet, L: Mapping[str, Any], G: Mapping[str, Any],
             sym = str(g.expected)
             if sym in symbols and symbols[sym] != value:
                 site = _SIZE_SITE.match(g.source)
-                if site:
-                    label = names.get(site.group(1)) or display_name(site.group(1))
-                    what = f"size of dim {site.group(2)}"
+                stride = _STRIDE_SITE.match(g.source)
+                if site or stride:
+                    at = site or stride
+                    label = names.get(at.group(1)) or display_name(at.group(1))
+                    what = f"{'size' if site else 'stride'} of dim {at.group(2)}"
                 else:
                     what = "size"
-                return GuardError(f"input {label!r}: expected {what} {symbols[sym]} (the same size "
-                                  f"{sym} as an earlier input), got {value}", input_name=label,
+                return GuardError(f"input {label!r}: expected {what} {symbols[sym]} (the same value "
+                                  f"{sym} as an earlier size), got {value}", input_name=label,
                                   expected=symbols[sym], actual=value, guard=g)
             symbols.setdefault(sym, value)
             if sym not in sites:
