@@ -24,7 +24,7 @@ PATTERNS: dict[str, tuple[Callable, Callable[[int], torch.Tensor]]] = {
     "sum_over_batch": (lambda x: x.sum() / x.shape[0], lambda n: torch.randn(n, 5)),
     "loss_times_inverse": (lambda x: (x * x).sum() * (1.0 / x.shape[0]), lambda n: torch.randn(n, 5)),
     "divide_by_sqrt": (lambda x: x / math.sqrt(x.shape[-1]), lambda n: torch.randn(3, n)),
-    "full_of_inverse": (lambda x: x + torch.full((x.shape[0],), 1.0 / x.shape[0]).unsqueeze(-1),
+    "full_of_inverse": (lambda x: x + torch.full((x.shape[0],), 1.0 / x.shape[0], device=x.device).unsqueeze(-1),
                         lambda n: torch.randn(n, 5)),
     "mean_over_batch": (lambda x: x.mean(0) + x.sum(0) * (1.0 / float(x.shape[0])), lambda n: torch.randn(n, 5)),
     "interpolate_scale": (lambda x: F.interpolate(x, scale_factor=2.0, mode="linear"),
