@@ -9,7 +9,6 @@ import enum
 import functools
 import inspect
 import operator
-import os
 import sys
 import types
 from typing import TYPE_CHECKING, Any
@@ -23,6 +22,7 @@ from .controls import allowed_in_graph, disabled_reason, torch_disabled_wrapper
 from .deferred import defer, is_log_call
 from .errors import GraphBreak
 from .foreign import is_immutable_constant, is_mutable_c_value
+from .knobs import user_environment
 from .module_calls import runs_in_python
 from .numpy_random import is_python_draw, rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
@@ -176,7 +176,7 @@ def _unguarded_state(frame: Frame, v: Any) -> bool:
     """An object from outside the compiled code (it has a guard source) whose attributes are its
     state and are guarded only where the trace reads them: a real call given it would read the rest
     unguarded and bake this call's values into the entry."""
-    if id(v) not in frame.tracer.source_of or v is os.environ:  # os.environ: guarded whole (tracer.wrap)
+    if id(v) not in frame.tracer.source_of or v is user_environment():  # guarded whole (tracer.wrap)
         return False
     if isinstance(v, (type, types.ModuleType, types.FunctionType, types.MethodType, types.BuiltinFunctionType,
                       nn.Module, torch.Tensor, enum.Enum, list, tuple, dict, set, frozenset)):

@@ -30,3 +30,9 @@ class CaptureOptions:
     fullgraph: bool = False
     dynamic: bool | None = None  # None: automatic (second distinct size), True: all dims, False: none
     recompile_limit: int = 8
+
+
+def user_environment() -> os._Environ[str]:
+    """The process environment as the user's code sees it: not a kiln setting, but state a traced
+    program may read (guarded whole by the tracer when it does)."""
+    return os.environ

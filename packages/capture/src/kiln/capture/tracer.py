@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import enum
 import operator
-import os
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from kiln.graph import (
 from .deferred import is_random_target, seed_pending
 from .errors import GraphBreak, Unsupported
 from .foreign import is_immutable_constant, is_numpy_scalar, state_in_c
+from .knobs import user_environment
 from .module_calls import CallPath, call_path, global_hook_keys
 from .numpy_trace import liftable
 from .shape_guards import STRIDE_NOTE
@@ -277,8 +277,8 @@ class Tracer:
                 return out
         self.add_guard(source, "TYPE_MATCH", type_name(t))
         self._remember(value, source)
-        if value is os.environ:  # read through stdlib code run for real: its whole contents guarded
-            self.add_guard(f"tuple({source}.items())", "EQUALS_MATCH", tuple(os.environ.items()))
+        if value is user_environment():  # read through stdlib code run for real: its whole contents guarded
+            self.add_guard(f"tuple({source}.items())", "EQUALS_MATCH", tuple(user_environment().items()))
             return value
         if isinstance(value, dict) and all(type(k) in (str, int) for k in value):
             # a dict subclass of a library (a registry): the object itself is used (its methods see
