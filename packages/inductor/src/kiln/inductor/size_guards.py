@@ -40,15 +40,7 @@ def shape_env_of(example_inputs: Sequence[Any]) -> Any:
 
 def guard_text(e: sympy.Basic) -> str:
     """A ShapeEnv relation as Python over kiln's size symbols."""
-    if isinstance(e, (sympy.And, sympy.Or)):
-        op = " and " if isinstance(e, sympy.And) else " or "
-        return "(" + op.join(guard_text(a) for a in e.args) + ")"
-    if isinstance(e, sympy.Not):
-        return f"not ({guard_text(e.args[0])})"
-    for rel, op in _REL.items():
-        if isinstance(e, rel):
-            return f"{python_index(to_kiln(e.lhs))} {op} {python_index(to_kiln(e.rhs))}"
-    raise DynamicShapeUnsupported(f"a size guard {e} has no Python form here")
+    return relation_source(e, lambda x: python_index(to_kiln(x)))
 
 
 class GuardWatch:
