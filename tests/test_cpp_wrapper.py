@@ -24,7 +24,10 @@ from torch import nn
 import kiln
 from kiln.graph import EVENTS, GraphCompiled
 
-pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="the C++ wrapper is built with g++")
+# slow: each test builds C++ against libtorch's headers, and nothing here depends on the Python version's
+# bytecode (capture's part is tested on every version elsewhere): the default Python runs them
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("g++") is None, reason="the C++ wrapper is built with g++")]
 
 CPP = {"wrapper": "cpp"}
 

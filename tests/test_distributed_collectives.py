@@ -116,18 +116,21 @@ def results(run_ranks):
 NAMES = [fn.__name__ for fn in FUNCTIONS]
 
 
+@pytest.mark.slow  # one rank job compiles every function with kiln.inductor (C++): default Python only
 @pytest.mark.parametrize("name", NAMES)
 def test_collectives_match_eager_every_call(results, name):
     for by_fn in results:
         assert max(by_fn[name]["diffs"]) < 1e-5, by_fn[name]["diffs"]
 
 
+@pytest.mark.slow  # one rank job compiles every function with kiln.inductor (C++): default Python only
 @pytest.mark.parametrize("name", NAMES)
 def test_inductor_matches_eager_every_call(results, name):
     for by_fn in results:
         assert max(by_fn[name]["inductor"]) < 1e-5, by_fn[name]["inductor"]
 
 
+@pytest.mark.slow  # one rank job compiles every function with kiln.inductor (C++): default Python only
 @pytest.mark.parametrize("name", ["functional_collectives", "functional_ops", "in_flight", "coalesced"])
 def test_functional_collectives_run_inside_the_generated_wrapper(results, name):
     for by_fn in results:
@@ -137,6 +140,7 @@ def test_functional_collectives_run_inside_the_generated_wrapper(results, name):
         assert 1 <= issued <= wrapper.count("torch.ops._c10d_functional.wait_tensor.default(")
 
 
+@pytest.mark.slow  # one rank job compiles every function with kiln.inductor (C++): default Python only
 def test_functional_collectives_are_graph_nodes_in_order(results):
     graphs = results[0]["functional_collectives"]["graphs"]
     assert len(graphs) == 1  # one graph, no break
@@ -146,6 +150,7 @@ def test_functional_collectives_are_graph_nodes_in_order(results):
     assert ", sum," in text[first:text.index("sin")] and ", max," in text[second:]
 
 
+@pytest.mark.slow  # one rank job compiles every function with kiln.inductor (C++): default Python only
 def test_inplace_all_reduce_breaks_the_graph(results):
     graphs = results[0]["inplace_collectives"]["graphs"]
     assert len(graphs) >= 2 and not any("allreduce" in g for g in graphs)

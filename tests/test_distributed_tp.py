@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import logging
 
+import pytest
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
@@ -75,6 +76,7 @@ def tp_rank(rank: int, world: int, backend: str) -> dict:
     return {"out": out_diffs, "grads": grad_diffs, "hits": hits, "log": lines.lines}
 
 
+@pytest.mark.slow  # kiln.inductor compiles each rank's programs (C++): default Python only
 def test_tensor_parallel_matches_eager(run_ranks):
     for r in run_ranks(tp_rank, "inductor", timeout=420):
         assert max(r["out"]) < 1e-5 and max(r["grads"]) < 1e-5, (r["out"], r["grads"])
@@ -162,6 +164,7 @@ def _wrappers(progs: list) -> list[str]:
             for p in (prog.forward, prog.backward) if getattr(p, "portable", None) is not None]
 
 
+@pytest.mark.slow  # kiln.inductor compiles each rank's programs (C++): default Python only
 def test_collective_inside_a_dtensor_frame_is_a_graph_node(run_ranks):
     for r in run_ranks(collective_rank, "inductor", timeout=420):
         assert max(r["out"]) < 1e-5 and max(r["grads"]) < 1e-5, (r["out"], r["grads"])

@@ -109,10 +109,10 @@ def test_manifest_checks(tmp_path: Path) -> None:
     with pytest.raises(cxx.PackageError, match="model.so does not match its sha256"):
         cxx.read_manifest(pkg)
     pkg = _package(tmp_path)
-    _edit(pkg, schema_version=2)
-    with pytest.raises(cxx.PackageError, match="schema version 2"):
+    _edit(pkg, schema_version=cxx.SCHEMA_VERSION + 1)
+    with pytest.raises(cxx.PackageError, match=f"schema version {cxx.SCHEMA_VERSION + 1}"):
         cxx.read_manifest(pkg)
-    _edit(pkg, format="something-else", schema_version=1)
+    _edit(pkg, format="something-else", schema_version=cxx.SCHEMA_VERSION)
     with pytest.raises(cxx.PackageError, match="not a kiln package manifest"):
         cxx.read_manifest(pkg)
     (pkg / cxx.MANIFEST).unlink()
