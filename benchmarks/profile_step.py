@@ -3,8 +3,11 @@
 
     python -m benchmarks.profile_step --model resnet50 --backend kiln --out DIR [--mode reduce-overhead]
     python -m benchmarks.profile_step --model decode --backend kiln --mode reduce-overhead --out DIR
+    python -m benchmarks.profile_step --model stream --backend kiln --iters 40 --out DIR
 
-``--model decode`` is the bs=1 decode step of benchmarks.decode (full size on CUDA). Suite models run
+``--model decode`` is the bs=1 decode step of benchmarks.decode (full size on CUDA). ``--model stream``
+steps through benchmarks.dynamic_stream's requests (changing batch and length), one request per step,
+after one cold pass over the whole stream so that every compile is done. Suite models run
 inference as the suite does (bf16 on CUDA, ``no_grad``), or a training step with ``--training``.
 Writes ``<model>-<backend>.txt`` into ``--out``: wall ms per step, device busy ms per step, kernel
 launches per step, the top host functions by own time and the top device kernels.
@@ -51,6 +54,28 @@ def _decode_step(device: str, spec: B.CompileSpec, backend: str) -> Callable[[],
             state["i"] += 1
             return tok
     return run
+
+
+def _stream_step(device: str, spec: B.CompileSpec, backend: str, small: bool) -> Callable[[], Any]:
+    from benchmarks import dynamic_stream as S
+
+    small = small or not device.startswith("cuda")
+    model, vocab = S._build(small, device)
+    pairs = S.stream(40, 64 if small else 512)
+    gen = torch.Generator().manual_seed(1)
+    inputs = [torch.randint(0, vocab, (b, s), generator=gen).to(device) for b, s in pairs]
+    run = B.compile_fn(backend, model, spec)
+    state = {"i": 0}
+
+    def step() -> Any:
+        with torch.no_grad():
+            out = run(inputs[state["i"] % len(inputs)])
+        state["i"] += 1
+        return out
+
+    for _ in inputs:  # the cold pass: every compile happens here
+        step()
+    return step
 
 
 def _suite_step(name: str, device: str, spec: B.CompileSpec, backend: str, training: bool,
@@ -140,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     spec = B.CompileSpec(mode=args.mode)
     if args.model == "decode":
         step = _decode_step(args.device, spec, args.backend)
+    elif args.model == "stream":
+        step = _stream_step(args.device, spec, args.backend, args.small)
     else:
         step = _suite_step(args.model, args.device, spec, args.backend, args.training, args.small)
     text = profile(step, args.device, args.iters, args.top)
