@@ -1,6 +1,7 @@
 """Micro-benchmark: a serving stream of changing shapes (issue 20), kiln vs eager vs torch.compile.
 
     uv run python -m benchmarks.dynamic_stream [--requests 40] [--small] [--dynamic auto|true]
+        [--kiln-options '{"wrapper": "cpp"}']
 
 A Llama-style ``LlamaForCausalLM`` (the suite's 350M config in bf16 on the GPU; a tiny fp32 config on
 the CPU or with ``--small``) serves ``--requests`` forward calls whose batch is drawn from 1-8 and
@@ -98,7 +99,7 @@ def sync_device(device: str) -> None:
 
 
 def measure(*, backend: str, small: bool, device: str, requests: int, dynamic: str,
-            mode: str | None) -> dict[str, Any]:
+            mode: str | None, kiln_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Child: run the stream twice with ``backend``; times, compiles, fallbacks, max error."""
     model, vocab = _build(small, device)
     pairs = stream(requests, 512 if device.startswith("cuda") and not small else 64)
@@ -107,7 +108,8 @@ def measure(*, backend: str, small: bool, device: str, requests: int, dynamic: s
     with torch.no_grad():
         reference = [model(ids).logits.float().cpu() for ids in inputs[:8]]
     spec = B.CompileSpec(kiln_backend="inductor", tc_backend="inductor", mode=mode,
-                         dynamic={"auto": None, "true": True}[dynamic])
+                         dynamic={"auto": None, "true": True}[dynamic],
+                         kiln_options=tuple(sorted((kiln_options or {}).items())))
     counter = CompileCounter()
     logging.getLogger("kiln").addHandler(counter)
     result: dict[str, Any] = {"backend": backend, "pairs": pairs}
@@ -154,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     for backend in args.backends:
         res = run_isolated("benchmarks.dynamic_stream:measure",
                            dict(backend=backend, small=small, device=args.device,
-                                requests=args.requests, dynamic=args.dynamic, mode=args.mode),
+                                requests=args.requests, dynamic=args.dynamic, mode=args.mode,
+                                kiln_options=args.kiln_options),
                            timeout_s=args.timeout)
         payload[backend] = res
         print(backend, {k: v for k, v in res.items() if k != "pairs"}, flush=True)
@@ -171,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
                      fmt(ratio(res["cold_s"], tc.get("cold_s")))])
     body = (f"Stream: {args.requests} requests, batch 1-8 x seq 8-{512 if not small else 64}, "
             f"{'tiny fp32' if small else 'Llama-350M bf16'}, dynamic={args.dynamic}, "
-            f"mode={args.mode or 'default'}.\n\n"
+            f"mode={args.mode or 'default'}, kiln options={args.kiln_options or 'none'}.\n\n"
             + markdown_table(["backend", "compiles", "ran eagerly", "stream wall s (cold)",
                               "steady ms (stream)", "speed vs eager", "speed vs torch.compile",
                               "cold wall / torch.compile's"], rows))

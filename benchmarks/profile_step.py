@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
+import json
 import pstats
 import sys
 import time
@@ -122,6 +123,13 @@ def profile(step: Callable[[], Any], device: str, iters: int, top: int) -> str:
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(top)
     lines = [f"first call s: {first:.2f}", f"wall ms/step: {wall_ms:.3f}",
              f"host ms/step (3 steps enqueued without a sync): {host_ms:.3f}"]
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        held = torch.cuda.memory_allocated()
+        step()
+        _sync(device)
+        lines.append(f"memory MB: held between steps {held / 2**20:.1f}, peak of one step "
+                     f"{torch.cuda.max_memory_allocated() / 2**20:.1f}")
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device.startswith("cuda"):
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -161,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--kiln-options", type=json.loads, default={},
+                   help='kiln.compile(options=...) as JSON, e.g. \'{"wrapper": "cpp"}\'')
     args = p.parse_args(argv)
-    spec = B.CompileSpec(mode=args.mode)
+    spec = B.CompileSpec(mode=args.mode, kiln_options=tuple(sorted(args.kiln_options.items())))
     if args.model == "decode":
         step = _decode_step(args.device, spec, args.backend)
     elif args.model == "stream":
@@ -172,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     text = profile(step, args.device, args.iters, args.top)
     args.out.mkdir(parents=True, exist_ok=True)
     tag = f"{args.model}-{'train' if args.training else 'infer'}-{args.backend}-{args.mode or 'default'}"
+    tag += "".join(f"-{k}={v}" for k, v in sorted(args.kiln_options.items()))
     (args.out / f"{tag}.txt").write_text(text)
     print(f"== {tag} ==\n" + "\n".join(text.splitlines()[:4 + args.top // 2]))
     return 0
