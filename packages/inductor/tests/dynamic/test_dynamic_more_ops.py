@@ -8,6 +8,15 @@ import torch
 import torch.nn.functional as F
 from dynamic_helpers import BACKENDS, check_sizes, compile_symbolic
 
+from kiln.inductor.ir import ExternKernel
+
+
+def _pad_rows(x: torch.Tensor) -> torch.Tensor:
+    s = x.shape[-1]
+    rows = torch.zeros(*x.shape[:-1], (s + 15) // 16 * 16)
+    return torch.slice_scatter(rows, x, -1, 0, s)[..., :s] * 2
+
+
 CASES = {
     "arange": (lambda x: (torch.arange(x.shape[0]) * x.sum(1),), lambda n: (torch.randn(n, 4),)),
     "zeros": (lambda x: (torch.zeros(x.shape[0], 3) + x[:, :1],), lambda n: (torch.randn(n, 4),)),
@@ -31,6 +40,10 @@ CASES = {
     # arange's length is CeilToInt(IntTrueDiv(n, 32)) in the ShapeEnv: a size rounded from a true division
     "arange_step": (lambda x: (torch.arange(0, x.shape[0], 32) * 2, x[::32] + 1),
                     lambda n: (torch.randn(n, 4),)),
+    # symbolic attention's bias rows padded to 16 (kiln.autograd attention.py): zeros + slice_scatter
+    "slice_scatter_pad": (lambda x: (_pad_rows(x),), lambda n: (torch.randn(2, 3, n),)),
+    "slice_scatter_mid": (lambda x, y: (torch.slice_scatter(x, y, 1, 2, 2 + y.shape[1]),),
+                          lambda n: (torch.randn(3, n + 4), torch.randn(3, n))),
     "sdpa_causal": (lambda q, k, v: (F.scaled_dot_product_attention(q, k, v, is_causal=True),),
                     lambda n: tuple(torch.randn(2, 2, n, 8) for _ in range(3))),
 }
@@ -50,3 +63,13 @@ def test_op_over_sizes(name, options):
     p = cg.loop_program  # type: ignore[attr-defined]
     assert p.sizes and not p.size_guards, p.as_text()
     check_sizes(cg, fn, make_args, SIZES.get(name, (2, 3, 1, 0, 5, 11)), atol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["slice_scatter_pad", "slice_scatter_mid"])
+def test_slice_scatter_over_symbolic_ranges_is_generated_code(name):
+    """A slice_scatter whose range ends at a size expression is a kernel, not ATen's op (on the H200 the
+    serving stream ran it through ATen once per attention layer: a clone, a copy and a host call each)."""
+    fn, make_args = CASES[name]
+    cg = compile_symbolic(fn, *make_args(37))
+    externs = [k.target for k in cg.loop_program.nodes if isinstance(k, ExternKernel)]  # type: ignore[attr-defined]
+    assert not externs, externs

@@ -12,7 +12,18 @@ import sympy
 import torch
 from torch import fx
 
-from ..ir import Constant, Expr, IndexExpr, IndexValue, Load, cast, index_var, index_vars, op
+from ..ir import (
+    Constant,
+    Expr,
+    FloorDiv,
+    IndexExpr,
+    IndexValue,
+    Load,
+    cast,
+    index_var,
+    index_vars,
+    op,
+)
 from .common import Rule, out_dtype, out_shape, size_value
 from .context import LoweringContext, NotLowered
 from .values import Lazy, Strided, TensorValue, broadcast_at, value_at
@@ -166,25 +177,29 @@ RULES["aten.constant_pad_nd.default"] = _pad
 
 def _slice_scatter(ctx: LoweringContext, node: fx.Node, x: TensorValue, src: TensorValue, dim: int = 0,
                    start: int | None = None, end: int | None = None, step: int = 1) -> Lazy:
-    """x with x[..., start:end:step, ...] replaced by src: a where over the index range."""
+    """x with x[..., start:end:step, ...] replaced by src: a where over the index range (whose ends may
+    be size expressions: symbolic attention pads its bias rows this way)."""
     shape = out_shape(node)
     n = len(shape)
     dim = dim + n if dim < 0 else dim
-    size = int(shape[dim])
-    s = 0 if start is None else int(start)
-    s = max(0, min(size, s + size if s < 0 else s))
-    length = int(src.shape[dim])
+    s = 0 if start is None else start
+    if isinstance(shape[dim], (int, sympy.Integer)) and isinstance(s, int):
+        size = int(shape[dim])
+        s = max(0, min(size, s + size if s < 0 else s))
+    elif isinstance(s, int) and s < 0:
+        raise NotLowered("slice_scatter from the end of a symbolic dim")  # its clamp is a Max: through ATen
+    length = src.shape[dim]
     d = out_dtype(node)
     iv = list(index_vars("i", n))
     i = IndexValue(iv[dim], torch.int64)
-    cond = op("logical_and", op("ge", i, Constant(s, torch.int64), dtype=torch.bool),
-              op("lt", i, Constant(s + step * length, torch.int64), dtype=torch.bool), dtype=torch.bool)
+    cond = op("lt", i, size_value(s + step * length, torch.int64), dtype=torch.bool)
+    if s != 0:
+        cond = op("logical_and", op("ge", i, size_value(s, torch.int64), dtype=torch.bool), cond, dtype=torch.bool)
     if step != 1:
         off = IndexValue(iv[dim] - s, torch.int64)
         cond = op("logical_and", cond, op("eq", op("mod", off, Constant(step, torch.int64), dtype=torch.int64),
                                           Constant(0, torch.int64), dtype=torch.bool), dtype=torch.bool)
     sidx = list(iv)
-    from ..ir import FloorDiv
     sidx[dim] = FloorDiv(iv[dim] - s, step) if step != 1 else iv[dim] - s
     return Lazy(shape, d, op("where", cond, cast(value_at(src, sidx), d), cast(value_at(x, iv), d), dtype=d))
 
