@@ -28,7 +28,7 @@ from kiln.inductor.pipeline import (
     verify_state,
 )
 
-GRAPH = ["propagate_meta", "decompose"]
+GRAPH = ["propagate_meta", "decompose", "cse"]
 LOOPS = ["lower", "remove_dead_code"]
 CODE = ["generate_kernels", "generate_wrapper"]
 

@@ -24,6 +24,7 @@ from .graph_passes.conv_layout import (
     restore_output_strides,
     to_channels_last,
 )
+from .graph_passes.cse import eliminate_common_subexpressions
 from .graph_passes.gemv_as_reduction import rewrite_gemv
 from .graph_passes.pad_matmuls import pad_misaligned_matmuls
 from .graph_passes.reinplace import reinplace_input_mutations
@@ -89,6 +90,14 @@ def decompose(s: CompileState) -> CompileState:
     s = replace(s, gm=gm)
     if keeping_texts():  # the compile report and KILN_DEBUG_DIR show the program lowering starts from
         s = s.with_text("core_aten", print_graph(gm))
+    return s
+
+
+def common_subexpressions(s: CompileState) -> CompileState:
+    """Equal pure ATen calls on equal arguments computed once (graph_passes/cse.py says why)."""
+    removed = eliminate_common_subexpressions(s.gm)
+    if removed:
+        log("perf_hints").debug("graph %s: %d repeated computations merged", s.name, removed)
     return s
 
 

@@ -22,6 +22,7 @@ from .ir import verify_program, verify_schedule
 from .options import InductorOptions
 from .passes import (
     CompileState,
+    common_subexpressions,
     conv_layout,
     decompose,
     fuse_and_plan,
@@ -48,6 +49,7 @@ CPP_STAGES: tuple[Pass[CompileState], ...] = (
     # graph passes (torch.fx)
     Pass("propagate_meta", lambda s, _: propagate_meta(s), "fake-tensor meta['val'] for hand-built graphs"),
     Pass("decompose", lambda s, _: decompose(s), "kiln.decomp's inductor table, minus what inductor lowers"),
+    Pass("cse", lambda s, _: common_subexpressions(s), "equal pure calls on equal arguments computed once"),
     Pass("conv_layout", lambda s, _: conv_layout(s), "channels-last convolutions when options.conv_layout says"),
     Pass("reinplace", lambda s, _: reinplace(s), "mutated inputs' index_put written in place"),
     # loop IR
@@ -68,6 +70,7 @@ TRITON_STAGES: tuple[Pass[CompileState], ...] = (
     # graph passes (torch.fx)
     Pass("propagate_meta", lambda s, _: propagate_meta(s), "fake-tensor meta['val'] for hand-built graphs"),
     Pass("decompose", lambda s, _: decompose(s), "kiln.decomp's inductor table, minus what inductor lowers"),
+    Pass("cse", lambda s, _: common_subexpressions(s), "equal pure calls on equal arguments computed once"),
     Pass("patch_convs", lambda s, _: patch_convs(s), "CUDA patch-embedding stems as matmuls over the patches"),
     Pass("conv_layout", lambda s, _: conv_layout(s), "channels-last convolutions when options.conv_layout says"),
     Pass("pad_stems", lambda s, _: pad_stems(s), "CUDA half-precision 3-channel stems padded to 8 channels"),

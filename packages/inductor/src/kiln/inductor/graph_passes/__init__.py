@@ -3,6 +3,7 @@
 Each module is one rewrite over a ``torch.fx.GraphModule`` (``pipeline.py`` says in which order they
 run and on which backend):
 
+    cse                 equal pure calls on equal arguments computed once (each attention layer's mask)
     lift_constants      tensor constants (``get_attr``) become trailing graph inputs
     stems               CUDA image stems without cuDNN workspaces (patch convs as matmuls, padded channels)
     conv_layout         2-D convolutions and the work between them in channels-last memory
