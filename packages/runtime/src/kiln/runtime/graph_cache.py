@@ -172,8 +172,8 @@ def _symbolic_record(record: list[object], val: torch.Tensor) -> list[object]:
 
 
 def _shape_env_record(env: Any) -> list[object]:
-    return sorted({py_expr(g.expr) for g in env.guards}) + sorted(
-        f"{k}:{v.lower}..{v.upper}" for k, v in env.var_to_range.items())
+    return [*sorted({py_expr(g.expr) for g in env.guards}),
+            *sorted(f"{k}:{v.lower}..{v.upper}" for k, v in env.var_to_range.items())]
 
 
 def _input_records(example_inputs: Sequence[Any], vals: Sequence[Any] | None = None) -> list[object]:
