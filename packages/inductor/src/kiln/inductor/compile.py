@@ -14,6 +14,7 @@ from torch import fx
 from kiln.graph import KNOBS as GRAPH_KNOBS
 from kiln.graph import (
     CompiledGraph,
+    ExampleInput,
     GraphRunEagerly,
     PortableProgram,
     StageTime,
@@ -101,7 +102,7 @@ def _nothing() -> None:
     return None
 
 
-def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
+def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput], *,
                   options: InductorOptions = DEFAULT_OPTIONS, name: str = "graph") -> CompiledGraph:
     """Compile a functional ATen graph into C++/OpenMP kernels plus a Python wrapper.
 

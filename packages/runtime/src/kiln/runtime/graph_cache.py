@@ -46,7 +46,9 @@ from torch import fx
 from kiln.graph import (
     Backend,
     CacheLookup,
+    CompiledFn,
     CompiledGraph,
+    ExampleInput,
     PortableProgram,
     annotations_of,
     code_environment,
@@ -346,7 +348,7 @@ def cached_backend(fn: Backend, name: str, options: object, *, cache: CompileCac
     """
     graphs = GraphCache(cache)
 
-    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledFn:
         if not KNOBS.graph_cache or not graphs.store.enabled:
             return fn(gm, example_inputs)
         try:
