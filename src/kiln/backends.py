@@ -21,7 +21,9 @@ from torch import fx
 from kiln.graph import (
     Backend,
     BackendUnavailable,
+    CompiledFn,
     CompiledGraph,
+    ExampleInput,
     GraphCompiled,
     GraphRunEagerly,
     annotations_of,
@@ -57,7 +59,7 @@ def _stage(module: str, attr: str, backend: str) -> Any:
 
 
 def _eager(opts: CompileOptions) -> Backend:
-    def eager(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+    def eager(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledGraph:
         try:
             portable = _stage("kiln.autograd", "render_graph_module", "eager")(gm)
         except (ValueError, BackendUnavailable):
@@ -93,7 +95,7 @@ def _inductor(opts: CompileOptions) -> Backend:
     symbolic_refused = _stage("kiln.inductor", "DynamicShapeUnsupported", "inductor")
 
     def compiler(static: tuple[int, ...], inference: bool = False) -> Backend:
-        def compile_one(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> CompiledGraph:
+        def compile_one(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledGraph:
             options = inductor_options
             on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
             if options.wrapper == "cpp" and (not inference or (flags.cudagraphs and on_gpu)):
@@ -114,7 +116,7 @@ def _inductor(opts: CompileOptions) -> Backend:
             return replace(compiled, fn=wrap_reduce_overhead(compiled.fn, example_inputs, static))
         return compile_one
 
-    def inductor(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    def inductor(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledFn:
         # Reached only when the graph cache misses: the Triton compile workers start importing now,
         # while the joint trace, decompositions and lowering run (a warm start that compiles nothing
         # starts none: they took ~0.15 s of GPT-2's warm first call on the H200, 16 processes)
@@ -244,7 +246,7 @@ def _build_on_first_miss(entry: BackendEntry, opts: CompileOptions) -> Backend:
                 "kiln.list_backends().")
     built: list[Backend] = []
 
-    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledFn:
         if not built:
             built.append(entry.factory(opts))
         return built[0](gm, example_inputs)
@@ -268,7 +270,7 @@ def _with_graph_cache(fn: Backend, name: str, opts: CompileOptions) -> Backend:
 def _observed(fn: Backend, name: str) -> Backend:
     """Wraps a backend so every compiled graph's stages land in KILN_DEBUG_DIR (and the compile report),
     and each compile is one GraphCompiled event (kiln.stats(), the report)."""
-    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledFn:
         graph_id = new_graph_id(f"{name}_{gm.__class__.__name__}")
         if keeping_texts():  # printing a large graph costs ms even when nothing is written
             dump(graph_id, "00_captured_torch", print_graph(gm))

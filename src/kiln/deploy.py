@@ -44,7 +44,7 @@ import sympy
 import torch
 import torch.utils._pytree as pytree
 from torch import fx
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import kiln.capture as capture
 import kiln.runtime.cxx as cxx
@@ -378,7 +378,7 @@ def _graph_for(exported: ExportedGraph, device: str) -> tuple[fx.GraphModule, li
     graph.recompile()
     if exported.sizes:  # the trace's fake tensors moved to CUDA, in their mode (whose sizes are the symbols)
         vals = [n.meta["val"] for n in exported.graph.graph.nodes if n.op == "placeholder"]
-        mode = next(v.fake_mode for v in vals if isinstance(v, torch.Tensor))
+        mode = next(v.fake_mode for v in vals if isinstance(v, FakeTensor))
         with mode:
             return graph, [torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="cuda") for v in vals]
     names = list(exported.constants)

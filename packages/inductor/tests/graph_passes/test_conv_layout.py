@@ -329,12 +329,9 @@ def trace_fake(x: torch.Tensor, w: torch.Tensor, groups: int) -> torch.fx.GraphM
     return torch.fx.GraphModule(nn.Module(), g)
 
 
-def test_auto_is_off_on_cpu_and_on_for_cuda_convs(monkeypatch: pytest.MonkeyPatch) -> None:
-    import kiln.inductor.graph_passes.conv_layout as layout_mod
-
-    monkeypatch.setattr(layout_mod, "TRAINING_CHANNELS_LAST", True)  # the training rules themselves
+def test_auto_is_off_on_cpu_and_on_for_cuda_convs() -> None:
     gm, ex = _fake_graph("cpu", 128, 128)
-    assert not decide(gm, ex, "auto").channels_last
+    assert not decide(gm, ex, "auto", training_channels_last=True).channels_last
     assert decide(gm, ex, "channels_last").channels_last
     assert not decide(gm, ex, "keep").channels_last
     try:
@@ -347,7 +344,8 @@ def test_auto_is_off_on_cpu_and_on_for_cuda_convs(monkeypatch: pytest.MonkeyPatc
     for groups, want in ((1, True), (2, False), (128, True)):  # grouped (64 channels a group): off
         gm, ex = _fake_graph("cuda", 128, 128, groups=groups)
         annotate(gm, GraphAnnotations(layout_free_outputs=(0,)))  # a later graph takes it in any layout (a saved activation)
-        assert decide(gm, ex, "auto").channels_last is want, groups
+        # the training rules themselves (off by default)
+        assert decide(gm, ex, "auto", training_channels_last=True).channels_last is want, groups
 
 
 def test_auto_skips_graphs_mixing_nchw_inputs_into_nhwc_work() -> None:
@@ -378,11 +376,9 @@ def test_auto_skips_graphs_mixing_nchw_inputs_into_nhwc_work() -> None:
         assert d.channels_last is want, d.reason
 
 
-def test_auto_training_backward_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_auto_training_backward_graph() -> None:
     """convolution_backward's arguments sit elsewhere than convolution's (transposed at 7, groups at 9);
     by default training graphs keep NCHW (measured slower channels-last on the H200)."""
-    import kiln.inductor.graph_passes.conv_layout as layout_mod
-
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     try:
         with mode:
@@ -403,8 +399,7 @@ def test_auto_training_backward_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     gm = torch.fx.GraphModule(nn.Module(), g)
     d = decide(gm, [go, x, w], "auto")
     assert not d.channels_last and "training" in d.reason, d.reason
-    monkeypatch.setattr(layout_mod, "TRAINING_CHANNELS_LAST", True)
-    d = decide(gm, [go, x, w], "auto")
+    d = decide(gm, [go, x, w], "auto", training_channels_last=True)
     assert d.channels_last, d.reason
 
 

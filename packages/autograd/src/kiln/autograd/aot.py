@@ -12,6 +12,7 @@ from torch import fx
 
 from kiln.graph import (
     CompiledGraph,
+    ExampleInput,
     PortableProgram,
     StageTime,
     annotate,
@@ -69,7 +70,7 @@ def _log_graphs(gid: str, joint: JointGraph, parts: Partitioned | None) -> None:
         log("aot_graphs").info("%s", text)
 
 
-def aot(gm: fx.GraphModule, example_inputs: Sequence[Any], *, fw_compiler: Compiler,
+def aot(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput], *, fw_compiler: Compiler,
         bw_compiler: Compiler | None = None, inference_compiler: Compiler | None = None,
         decompositions: Decompositions | None = None,
         partitioner: PartitionerName = "min_cut", recompute_norms: bool = KNOBS.recompute_norms) -> CompiledGraph:
@@ -136,7 +137,7 @@ def run_graph_compiler(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Com
     return CompiledGraph(gm, "eager_aten", {"aten": print_graph(gm)}, portable)
 
 
-def aot_eager(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> CompiledGraph:
+def aot_eager(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput], **kwargs: Any) -> CompiledGraph:
     """A ready backend: ``aot`` whose compilers run the ATen graphs as they are."""
     kwargs.setdefault("fw_compiler", run_graph_compiler)
     kwargs.setdefault("partitioner", KNOBS.partitioner)

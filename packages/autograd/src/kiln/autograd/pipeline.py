@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from torch import fx
 
-from kiln.graph import KNOBS, verify
+from kiln.graph import KNOBS, ExampleInput, verify
 
 from .joint import (
     JointGraph,
@@ -52,7 +52,7 @@ def wants_grad(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
     return bool(module_state_names(gm)) and any(p.requires_grad for p in gm.parameters())
 
 
-def run_aot_pipeline(gm: fx.GraphModule, example_inputs: Sequence[Any],
+def run_aot_pipeline(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput],
                      opts: AotOptions) -> tuple[JointGraph, Partitioned | None]:
     if wants_grad(gm, example_inputs):
         joint = trace_joint(gm, example_inputs, decompositions=opts.decompositions)

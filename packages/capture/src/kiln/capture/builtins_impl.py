@@ -9,7 +9,7 @@ import math
 import operator
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -128,7 +128,7 @@ def _next(frame: Frame, args: list, kwargs: dict) -> Any:
 
 def _enumerate(frame: Frame, args: list, kwargs: dict) -> ListIterator:
     start = args[1] if len(args) > 1 else kwargs.get("start", 0)
-    return ListIterator([(start + i, v) for i, v in enumerate(_items(frame, args[0]))])
+    return ListIterator([(start + i, v) for i, v in enumerate(_items(frame, args[0]))], frame.tracer.advances)
 
 
 def _zip(frame: Frame, args: list, kwargs: dict) -> ListIterator:
@@ -136,7 +136,7 @@ def _zip(frame: Frame, args: list, kwargs: dict) -> ListIterator:
     lists = [_items(frame, a) for a in args]
     if strict and len({len(x) for x in lists}) > 1:
         raise ValueError("zip() arguments have different lengths")
-    return ListIterator([tuple(t) for t in zip(*lists)])
+    return ListIterator([tuple(t) for t in zip(*lists)], frame.tracer.advances)
 
 
 def _reversed(frame: Frame, args: list, kwargs: dict) -> ListIterator:
@@ -144,7 +144,7 @@ def _reversed(frame: Frame, args: list, kwargs: dict) -> ListIterator:
     fn = lookup_static(type(x), "__reversed__")
     if fn is not None and hasattr(fn, "__code__"):
         return get_iter(frame, frame.call(fn, [x], {}))
-    return ListIterator(list(reversed(_items(frame, x))))
+    return ListIterator(list(reversed(_items(frame, x))), frame.tracer.advances)
 
 
 def _container(kind: type) -> Handler:
@@ -193,7 +193,7 @@ def _super(frame: Frame, args: list, kwargs: dict) -> SuperProxy:
     return SuperProxy(cls, obj)
 
 
-def _scalar(kind: type) -> Handler:
+def _scalar(kind: Callable[..., Any]) -> Handler:
     def conv(frame: Frame, args: list, kwargs: dict) -> Any:
         if args and isinstance(args[0], (torch.Tensor, NumpyArray)):
             raise GraphBreak(f"data-dependent {kind.__name__}() of a tensor or numpy array",
@@ -275,7 +275,7 @@ def _module_members(kind: str) -> Handler:
             wrapped = frame.tracer.wrap(value, vsrc) if vsrc else (
                 value if isinstance(value, torch.nn.Module) else frame.tracer.wrap(value, None))
             out.append((name, wrapped) if named else wrapped)
-        return ListIterator(out)
+        return ListIterator(out, frame.tracer.advances)
     return call
 
 
@@ -407,7 +407,7 @@ def _register() -> None:
     SPECIAL[math.sqrt] = _sym_math(math.sqrt, torch.sym_sqrt)
     for text_fn in (str, repr):
         SPECIAL[text_fn] = _text(text_fn)
-    SPECIAL[functools.partial] = lambda frame, args, kwargs: functools.partial(*args, **kwargs)
+    SPECIAL[functools.partial] = lambda frame, args, kwargs: cast(Any, functools.partial)(*args, **kwargs)
     SPECIAL[functools.reduce] = lambda frame, args, kwargs: frame.call(polyfills.reduce_, list(args), kwargs)
     cond = getattr(torch, "cond", None)
     if cond is not None:

@@ -19,7 +19,7 @@ import re
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -135,6 +135,7 @@ class CodeCache:
                         options.dynamic is None and source in self.dynamic_ints:
                     return frozenset({0})
                 return frozenset()
+            t = cast(torch.Tensor, t)
             marked = set(getattr(t, "_kiln_dynamic_dims", ()))
             static = static_dims(t)  # kiln.mark_static
             if options.dynamic is True:

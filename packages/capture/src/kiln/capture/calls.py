@@ -11,7 +11,7 @@ import inspect
 import operator
 import sys
 import types
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -377,7 +377,7 @@ def inline(frame: Frame, code: types.CodeType, f_globals: dict, args: list, kwar
     child = frame.spawn(code, f_globals, bound, closure)
     result = child.run_inlined()
     if child.yields is not None:
-        return ListIterator(child.yields)
+        return ListIterator(child.yields, frame.tracer.advances)
     return result
 
 
@@ -391,7 +391,7 @@ def call_module(frame: Frame, module: nn.Module, args: list, kwargs: dict) -> An
                          "it runs in Python outside the graph, its frames not captured")
     _guard_call_path(frame, module)
     if _has_hooks(module):  # inlined itself: a call of _call_impl is a module call (call_function)
-        return inline_function(frame, nn.Module._call_impl, [module, *args], kwargs)
+        return inline_function(frame, cast(types.FunctionType, nn.Module._call_impl), [module, *args], kwargs)
     forward = type(module).forward
     if "forward" in module.__dict__:
         return call_function(frame, module.__dict__["forward"], list(args), kwargs)
@@ -498,4 +498,4 @@ def build_class(frame: Frame, args: list, kwargs: dict) -> type:
 
 
 def module_of(fn: Any) -> str:
-    return getattr(fn, "__module__", None) or getattr(sys.modules.get("builtins"), "__name__", "")
+    return cast(str, getattr(fn, "__module__", None) or getattr(sys.modules.get("builtins"), "__name__", ""))

@@ -17,7 +17,7 @@ import torch
 from torch import fx, nn
 from torch.fx.passes.split_module import split_module
 
-from kiln.graph import enabled, log
+from kiln.graph import CompiledFn, ExampleInput, enabled, log
 
 
 def bucket_plan(gm: fx.GraphModule, example_inputs: Sequence[Any], cap_bytes: int) -> dict[fx.Node, int]:
@@ -46,7 +46,7 @@ def bucket_plan(gm: fx.GraphModule, example_inputs: Sequence[Any], cap_bytes: in
 
 def bucket_split_backend(backend: Callable, cap_bytes: int, owner: str) -> Callable:
     """``backend`` applied to each bucket-sized piece of the graph (one piece: the graph as is)."""
-    def split_backend(gm: fx.GraphModule, example_inputs: list[Any]) -> Callable:
+    def split_backend(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledFn:
         plan = bucket_plan(gm, example_inputs, cap_bytes)
         pieces = len(set(plan.values()))
         if pieces <= 1 or not torch.is_grad_enabled():

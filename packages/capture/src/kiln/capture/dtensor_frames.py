@@ -8,8 +8,9 @@ backward (``torch.autograd.grad``) from tangents placed as torch places them (Pa
 every op DTensor runs on a local tensor is executed (the call's results are real) and recorded into
 one FX graph. The graph splits into a forward (local inputs -> local outputs + saved values) and a
 backward (saved values + local tangents -> local gradients), each compiled by the context's backend
-as an inference graph, and run by one ``autograd.Function`` at DTensor level that rewraps local
-results with the specs seen while recording. DTensor's dispatch depends only on specs, never on
+as an inference graph, and run at DTensor level by kiln.graph's compiled-training ``autograd.Function``
+(the one kiln.autograd and loaded programs use), whose forward and backward here unwrap the local
+tensors and rewrap the local results with the specs seen while recording. DTensor's dispatch depends only on specs, never on
 values, so the program is reused for calls whose key matches: the module (by identity) and its
 non-tensor attributes, every argument (DTensor spec, local metadata; plain values by value), grad and
 autocast state. A frame this cannot model runs eagerly, logged: a module outside ``torch.nn``
@@ -30,6 +31,8 @@ from torch.distributed.tensor._dtensor_spec import DTensorSpec
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 from torch.distributed.tensor.placement_types import Partial, Replicate
 from torch.utils import _pytree as pytree
+
+from kiln.graph import CallSignature, training_function
 
 _CONSTANTS = (int, float, bool, str, type(None), torch.dtype, torch.device)
 
@@ -192,6 +195,7 @@ class LocalProgram:
 
     forward: Any  # (locals) -> (outputs..., saved...)
     backward: Any  # (saved..., tangents...) -> (gradients of the differentiable inputs...)
+    function: type[torch.autograd.Function]  # runs both over DTensors (_local_function)
     input_specs: tuple[DTensorSpec | None, ...]
     output_specs: tuple[DTensorSpec, ...]
     tangent_specs: tuple[DTensorSpec, ...]
@@ -325,12 +329,14 @@ def build_program(module: nn.Module, forward: Any, args: tuple, kwargs: dict, ba
     named = info["named"]
     grads = [g for g in info["grads"]]
     diff = tuple(i for i, g in zip(info["diff"], grads) if g is not None)
+    output_specs = tuple(o._spec for o in info["outs"])
+    tangent_specs = tuple(t._spec for t in info["tangents"])
+    grad_specs = tuple(g._spec for g in grads if g is not None)
     return LocalProgram(
         forward=fwd, backward=bwd,
+        function=_local_function(fwd, bwd, len(named), output_specs, tangent_specs, grad_specs, diff),
         input_specs=tuple(t._spec if isinstance(t, DTensor) else None for _, t in named),
-        output_specs=tuple(o._spec for o in info["outs"]),
-        tangent_specs=tuple(t._spec for t in info["tangents"]),
-        grad_specs=tuple(g._spec for g in grads if g is not None),
+        output_specs=output_specs, tangent_specs=tangent_specs, grad_specs=grad_specs,
         differentiable=diff, n_outputs=len(info["outs"]), single=info["single"],
         op_count=len(ops), collectives=sum(_is_collective(n) for n in ops))
 
@@ -339,40 +345,45 @@ def _locals(values: Any) -> list[torch.Tensor]:
     return [v._local_tensor if isinstance(v, DTensor) else v for v in values]
 
 
-class _RunLocalProgram(torch.autograd.Function):
-    """Runs a LocalProgram between DTensors: local forward, then the local backward on the tangents."""
+_NO_TREE = pytree.tree_flatten(())[1]  # (the Function never rebuilds outputs: run_program does)
 
-    @staticmethod
-    def forward(ctx: Any, prog: LocalProgram, *inputs: torch.Tensor) -> Any:  # type: ignore[override]
-        res = list(prog.forward(*_locals(inputs)))
-        outs, saved = res[:prog.n_outputs], res[prog.n_outputs:]
-        ctx.prog = prog
-        ctx.n_inputs = len(inputs)
-        ctx.save_for_backward(*saved)
-        return tuple(DTensor(o, spec, requires_grad=False) for o, spec in zip(outs, prog.output_specs))
 
-    @staticmethod
-    def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
-        prog: LocalProgram = ctx.prog
-        tangents = []
-        for g, spec in zip(grads, prog.tangent_specs):
-            if g is None:
-                meta = spec.tensor_meta
-                assert meta is not None
-                local_shape, _ = _local_shape(spec)
-                tangents.append(torch.zeros(local_shape, dtype=meta.dtype, device=_device(spec)))
-                continue
-            if not isinstance(g, DTensor):
-                raise RuntimeError("kiln: a tensor-parallel layer's output got a gradient that is not a DTensor")
-            if tuple(g.placements) != tuple(spec.placements):
-                g = g.redistribute(spec.mesh, spec.placements)
-            tangents.append(g._local_tensor.contiguous())
-        local_grads = list(prog.backward(*ctx.saved_tensors, *tangents))
-        out: list[Any] = [None] * ctx.n_inputs
-        for j, i in enumerate(prog.differentiable):
-            spec = prog.grad_specs[j]
-            out[i] = DTensor(local_grads[j], spec, requires_grad=False)
-        return (None, *out)
+def _local_function(forward: Any, backward: Any, n_inputs: int, output_specs: tuple[DTensorSpec, ...],
+                    tangent_specs: tuple[DTensorSpec, ...], grad_specs: tuple[DTensorSpec, ...],
+                    differentiable: tuple[int, ...]) -> type[torch.autograd.Function]:
+    """kiln.graph's compiled-training Function over DTensors: its forward runs the local forward on
+    the inputs' local tensors and wraps the outputs as DTensors; its backward places each tangent as
+    recorded and runs the local backward on their local tensors, wrapping the gradients."""
+    n_outputs = len(output_specs)
+
+    def fw(args: list[Any]) -> list[Any]:
+        res = list(forward(*_locals(args)))
+        outs = [DTensor(o, spec, requires_grad=False) for o, spec in zip(res[:n_outputs], output_specs)]
+        return [*outs, *res[n_outputs:]]
+
+    def bw(args: list[Any]) -> list[Any]:
+        n_saved = len(args) - len(tangent_specs)
+        tangents = [_local_tangent(g, spec) for g, spec in zip(args[n_saved:], tangent_specs)]
+        local_grads = list(backward(*args[:n_saved], *tangents))
+        return [DTensor(g, spec, requires_grad=False) for g, spec in zip(local_grads, grad_specs)]
+
+    sig = CallSignature(n_inputs, n_outputs, (), (True,) * n_outputs, differentiable, (), _NO_TREE)
+    return training_function(sig, fw, bw)
+
+
+def _local_tangent(g: torch.Tensor, spec: DTensorSpec) -> torch.Tensor:
+    """The local tangent of an output recorded with ``spec``: the incoming gradient placed as recorded;
+    zeros for an output nobody differentiated (the Function passes plain zeros for those)."""
+    if not isinstance(g, DTensor):
+        if g.count_nonzero() != 0:
+            raise RuntimeError("kiln: a tensor-parallel layer's output got a gradient that is not a DTensor")
+        meta = spec.tensor_meta
+        assert meta is not None
+        local_shape, _ = _local_shape(spec)
+        return torch.zeros(local_shape, dtype=meta.dtype, device=_device(spec))
+    if tuple(g.placements) != tuple(spec.placements):
+        g = g.redistribute(spec.mesh, spec.placements)
+    return g._local_tensor.contiguous()
 
 
 def _local_shape(spec: DTensorSpec) -> tuple[list[int], list[int]]:
@@ -388,5 +399,5 @@ def _device(spec: DTensorSpec) -> torch.device:
 
 def run_program(prog: LocalProgram, module: nn.Module, args: tuple, kwargs: dict) -> Any:
     named = _inputs(module, args, kwargs)
-    outs = _RunLocalProgram.apply(prog, *[t for _, t in named])
+    outs = prog.function.apply(*[t for _, t in named])
     return outs[0] if prog.single else outs

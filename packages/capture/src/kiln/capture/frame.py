@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True)
 class Inst:
     opname: str
-    arg: int | None
+    arg: int  # 0 for an instruction without an argument (dis says None)
     argval: Any
     argrepr: str
     offset: int
@@ -76,7 +76,7 @@ def decode(code: types.CodeType) -> tuple[list[Inst], dict[int, int], list[ExcEn
         if texts is None:
             texts = lines[lineno] = (f"{code.co_filename}:{lineno}",
                                      f'  File "{code.co_filename}", line {lineno}, in {code.co_name}\n')
-        insts.append(Inst(ins.opname, ins.arg, ins.argval, ins.argrepr, ins.offset, lineno, len(insts), *texts))
+        insts.append(Inst(ins.opname, ins.arg or 0, ins.argval, ins.argrepr, ins.offset, lineno, len(insts), *texts))
     entries = [ExcEntry(e.start, e.end, e.target, e.depth, e.lasti)
                for e in getattr(dis.Bytecode(code), "exception_entries", [])]
     _DECODED[code] = (insts, index_of, entries)
@@ -136,7 +136,7 @@ class Frame:
         self.ip = 0
         self.kw_names: tuple | None = None
         self.parent = parent
-        self.depth = 0 if parent is None else parent.depth + 1
+        self.depth: int = 0 if parent is None else parent.depth + 1
         self.result = FrameResult()
         self.yields: list[Any] | None = [] if code.co_flags & inspect.CO_GENERATOR else None
         self.exc_stack: list[Any] = []

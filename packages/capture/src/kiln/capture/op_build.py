@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -225,12 +226,15 @@ def format_with_spec(f: Frame, i: Inst) -> None:
     f.push(_format(f, f.pop(), spec))
 
 
+_CONVERSIONS: dict[int, Callable[[object], str]] = {1: str, 2: repr, 3: ascii}  # CONVERT_VALUE's arg
+
+
 @op("CONVERT_VALUE")
 def convert_value(f: Frame, i: Inst) -> None:
     v = f.pop()
     if isinstance(v, torch.Tensor):
         raise GraphBreak("formatting a tensor into a string")
-    f.push({1: str, 2: repr, 3: ascii}[i.arg](_concrete(v)))
+    f.push(_CONVERSIONS[i.arg](_concrete(v)))
 
 
 @op("CALL_INTRINSIC_1")

@@ -12,7 +12,7 @@ import time
 import types
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -215,7 +215,7 @@ class Optimized:
                     cache.eager_reported = True
                     emit(FrameRunEagerly(frame_name(cache.code), cache.eager_reason or ""))
                 for hook in self.ctx.on_eager:
-                    hook(frame_name(cache.code), cache.eager_reason)
+                    hook(frame_name(cache.code), cache.eager_reason or "")
             return self.fn(*args, **kwargs)
         L = self.bind(args, kwargs)
         G = self.f_globals
@@ -433,10 +433,11 @@ class Optimized:
         if cap.global_hooks is not None:
             guards_hold, calls_same = check, call_path_check(cap.call_paths, cap.global_hooks)
 
-            def check(L: dict, G: dict) -> bool:
+            def guards_and_calls(L: Mapping[str, Any], G: Mapping[str, Any]) -> bool:
                 return guards_hold(L, G) and calls_same()
             if hasattr(guards_hold, "__kiln_source__"):  # the generated guard code, for inspection
-                check.__kiln_source__ = guards_hold.__kiln_source__  # type: ignore[attr-defined]
+                guards_and_calls.__kiln_source__ = guards_hold.__kiln_source__  # type: ignore[attr-defined]
+            check = guards_and_calls
         effects = cap.side_effects
         if cap.break_plan is None:
             plan = cap.result_plan

@@ -11,16 +11,24 @@
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
-from typing import Any
 
-from kiln.graph import KNOBS, Backend, dump, enabled, keeping_texts, log, new_graph_id, verify
+from kiln.graph import (
+    KNOBS,
+    Backend,
+    CompiledFn,
+    dump,
+    enabled,
+    keeping_texts,
+    log,
+    new_graph_id,
+    verify,
+)
 
 from .capture import Capture, refresh_shape_guards
 
 
 def compile_capture(cap: Capture, backend: Backend,
-                    code: types.CodeType | None) -> Callable[..., Any] | None:
+                    code: types.CodeType | None) -> CompiledFn | None:
     """Hand the captured graph to the backend (or nothing when the graph computes nothing)."""
     gm = cap.captured.gm
     if KNOBS.verify:

@@ -37,6 +37,14 @@ from .values import (
 Plan = Callable[[Any, dict, dict], Any]
 
 
+
+def _cell(real: types.CellType | None, plan: Plan | None, outs: Any, L: dict, G: dict) -> types.CellType:
+    """A rebuilt closure's cell: the real one the function had, or a new one holding ``plan``'s value."""
+    if real is not None:
+        return real
+    assert plan is not None  # (a plan is made for every cell that has no real one)
+    return types.CellType(plan(outs, L, G))
+
 class Flattener:
     def __init__(self, tracer: Tracer) -> None:
         self.tracer = tracer
@@ -246,8 +254,7 @@ class Flattener:
         defaults = [self.plan(d, depth + 1) for d in v.defaults]
 
         def make(outs: Any, L: dict, G: dict) -> Any:
-            cells = tuple(c.real if c.real is not None else types.CellType(p(outs, L, G))
-                          for c, p in zip(v.closure, cell_plans))
+            cells = tuple(_cell(c.real, p, outs, L, G) for c, p in zip(v.closure, cell_plans))
             fn = types.FunctionType(v.code, v.globals, v.name,
                                     tuple(p(outs, L, G) for p in defaults) or None, cells or None)
             fn.__kwdefaults__ = dict(v.kwdefaults) or None

@@ -28,11 +28,10 @@ def resume_code(code: types.CodeType, offset: int, null_mask: tuple[bool, ...],
         return hit
     insts, index_of, _ = decode(code)
     bc = bytecode.Bytecode.from_code(code)
-    positions = [k for k, x in enumerate(bc) if isinstance(x, Instr)]
-    if len(positions) != len(insts) or any(bc[p].name != i.opname for p, i in zip(positions, insts)):
+    instrs = [(k, x) for k, x in enumerate(bc) if isinstance(x, Instr)]
+    if len(instrs) != len(insts) or any(x.name != i.opname for (_, x), i in zip(instrs, insts)):
         raise SkipFrame(f"cannot map the bytecode of {code.co_name} for a resume function")
-    target_pos = positions[index_of[offset]]
-    target = bc[target_pos]
+    target_pos, target = instrs[index_of[offset]]
     label = Label()
     bc.insert(target_pos, label)
     resume_at = next((k for k, x in enumerate(bc) if isinstance(x, Instr) and x.name == "RESUME"), None)

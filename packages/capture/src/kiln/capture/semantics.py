@@ -440,26 +440,26 @@ def get_iter(frame: Frame, obj: Any) -> Any:
     if isinstance(obj, ListIterator):
         return obj
     if isinstance(obj, NumpyArray):
-        return ListIterator([array_getitem(frame, obj, i) for i in range(int(obj.t.shape[0]))])
+        return ListIterator([array_getitem(frame, obj, i) for i in range(int(obj.t.shape[0]))], frame.tracer.advances)
     if isinstance(obj, torch.Tensor):
         n = obj.shape[0]
         n = int(n)  # a symbolic length is specialised (ShapeEnv records the guard)
-        return ListIterator([getitem(frame, obj, i) for i in range(n)])
+        return ListIterator([getitem(frame, obj, i) for i in range(n)], frame.tracer.advances)
     if isinstance(obj, (list, tuple, range, torch.Size, str)):
-        return ListIterator(list(obj))
+        return ListIterator(list(obj), frame.tracer.advances)
     if isinstance(obj, dict):
-        return ListIterator(list(obj.keys()))
+        return ListIterator(list(obj.keys()), frame.tracer.advances)
     if isinstance(obj, (nn.ModuleList, nn.Sequential)):
-        return ListIterator([getitem(frame, obj, i) for i in range(len(obj))])
+        return ListIterator([getitem(frame, obj, i) for i in range(len(obj))], frame.tracer.advances)
     if isinstance(obj, nn.ModuleDict):
-        return ListIterator(list(obj.keys()))
+        return ListIterator(list(obj.keys()), frame.tracer.advances)
     if isinstance(obj, (set, frozenset)):
         refuse_foreign_values(frame, [obj], "iteration")
-        return ListIterator(list(obj))
+        return ListIterator(list(obj), frame.tracer.advances)
     if isinstance(obj, (type({}.keys()), type({}.values()), type({}.items()), enumerate, zip,
                         reversed, map, filter)) or type(obj).__name__ in ("list_iterator", "tuple_iterator",
                                                                            "range_iterator"):
-        return ListIterator(list(obj))
+        return ListIterator(list(obj), frame.tracer.advances)
     iter_fn = lookup_static(type(obj), "__iter__")
     if isinstance(iter_fn, types.FunctionType):
         return get_iter(frame, frame.call(iter_fn, [obj], {}))
@@ -468,7 +468,7 @@ def get_iter(frame: Frame, obj: Any) -> Any:
     refuse_foreign_values(frame, [obj], "iteration")
     items = list(obj)
     check_tracked(frame, items, "iteration")
-    return ListIterator(items)
+    return ListIterator(items, frame.tracer.advances)
 
 
 def check_tracked(frame: Frame, value: Any, what: str) -> None:

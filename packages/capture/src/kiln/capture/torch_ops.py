@@ -21,8 +21,9 @@ if TYPE_CHECKING:
     from .frame import Frame
 
 _TORCH_NAMESPACES = [torch, torch.nn.functional, torch.linalg, torch.fft, torch.special, torch.functional,
-                     torch._C._nn, torch._C._VariableFunctions, torch._C._linalg, torch._C._fft,
-                     torch._C._special, torch.nn.init]
+                     torch._C._nn, torch._C._VariableFunctions,
+                     torch._C._linalg, torch._C._fft, torch._C._special,  # type: ignore[attr-defined]
+                     torch.nn.init]
 
 
 def _collect() -> dict[int, Any]:

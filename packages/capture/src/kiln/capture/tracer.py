@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import operator
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import sympy
 import torch
@@ -43,7 +44,7 @@ from .numpy_trace import liftable
 from .shape_guards import STRIDE_NOTE
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
-from .values import ADVANCES, ContextExit, GradModeContext, ListIterator, NumpyArray, ResumeIterator
+from .values import ContextExit, GradModeContext, ListIterator, NumpyArray, ResumeIterator
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _UNSET = object()  # an attribute that did not exist before a write
@@ -148,7 +149,7 @@ class Tracer:
         self.numpy_device = torch.get_default_device()
         self.device_copies: dict[int, tuple[torch.Tensor, torch.Tensor, int, str | None]] = {}
         self.rng_pending: tuple[tuple[Any, list, dict, str], ...] = ()
-        ADVANCES.clear()  # interpreted iterators advanced by this capture
+        self.advances: list[tuple[ListIterator, int]] = []  # interpreted iterators advanced (ListIterator)
         self.last_placeholder: fx.Node | None = None
         self.fake_memo: dict[tuple, tuple] = {}  # shape_rules/functions.py: memoized results of repeated calls
         self.location = ""  # the traced instruction as a traceback line, for node metadata
@@ -189,9 +190,9 @@ class Tracer:
             return value
         if liftable(value):  # an ndarray: a graph input sharing its memory (numpy_trace.py)
             fake = self.lift_tensor(torch.from_numpy(value), f"__import__('torch').from_numpy({source})")
-            out = NumpyArray(self.on_numpy_device(fake, source), source=source)
-            self.keep.append(out)
-            return out
+            array = NumpyArray(self.on_numpy_device(fake, source), source=source)
+            self.keep.append(array)
+            return array
         if t in (set, frozenset) and all(type(v) in _CONSTANT_TYPES for v in value):
             # a set of constants: its contents guarded as one frozenset (a set has no item sources)
             self.add_guard(source, "TYPE_MATCH", type_name(t))
@@ -259,7 +260,7 @@ class Tracer:
         if t is ResumeIterator:
             self.add_guard(source, "TYPE_MATCH", type_name(t))
             self.add_guard(source, "LENGTH_MATCH", len(value))
-            return ListIterator([self.wrap(value.peek(i), f"{source}.peek({i})") for i in range(len(value))])
+            return ListIterator([self.wrap(value.peek(i), f"{source}.peek({i})") for i in range(len(value))], self.advances)
         if t is dict or (isinstance(value, dict) and _plain_dict_subclass(t)):
             self.add_guard(source, "TYPE_MATCH", type_name(t))
             keys = list(value.keys())
@@ -267,7 +268,7 @@ class Tracer:
                 self.add_guard(source, "DICT_KEYS", tuple(keys))
                 out = {k: self.wrap(value[k], item_source(source, k)) for k in keys}
                 if t is not dict:
-                    d = t.__new__(t)
+                    d = cast(Any, t).__new__(t)
                     d.update(out)
                     out = d
                 self._remember(out, source)
@@ -381,7 +382,7 @@ class Tracer:
             dims = frozenset(d for d in dims if d < value.dim()) if self.shape_env is not None else frozenset()
             if dims:
                 marked = getattr(value, "_kiln_dynamic_dims", ())
-                ctx = StatelessSymbolicContext(dynamic_sizes=[
+                ctx: StatelessSymbolicContext[..., Any] = StatelessSymbolicContext(dynamic_sizes=[
                     DimDynamic.STATIC if i not in dims else
                     DimDynamic.DUCK if self.duck and i not in marked else DimDynamic.DYNAMIC
                     for i in range(value.dim())])
@@ -434,7 +435,7 @@ class Tracer:
         """In-place writes to arrays moved to a device reach the CPU memory they came from."""
         for cpu, dev, version, _ in list(self.device_copies.values()):
             if dev._version != version:
-                self.record("call_method", "copy_", (cpu, dev), {}, lambda cpu=cpu, dev=dev: cpu.copy_(dev))
+                self.record("call_method", "copy_", (cpu, dev), {}, functools.partial(cpu.copy_, dev))
 
     def _drop_draws(self, keep: int) -> None:
         """Draws of an instruction rolled back: it runs in Python instead, so they must not run twice."""
@@ -671,7 +672,7 @@ class Tracer:
     # ---- checkpoints for rolling back an instruction that breaks -------------------------
     def checkpoint(self) -> tuple:
         return (self.graph._root.prev, torch.is_grad_enabled(), dict(self.attr_writes), len(self.mutation_log),
-                len(ADVANCES), len(self.rebinds), len(self.setattr_log), len(self.deferred), len(self.draws),
+                len(self.advances), len(self.rebinds), len(self.setattr_log), len(self.deferred), len(self.draws),
                 self.rng_pending)
 
     def rollback(self, cp: tuple) -> None:
@@ -689,8 +690,8 @@ class Tracer:
                     delattr(obj, name)
             else:
                 setattr(obj, name, before)
-        while len(ADVANCES) > n_advances:
-            it, index = ADVANCES.pop()
+        while len(self.advances) > n_advances:
+            it, index = self.advances.pop()
             it.index = index
         while len(self.mutation_log) > n_mutations:
             obj, before, first = self.mutation_log.pop()

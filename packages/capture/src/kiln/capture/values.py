@@ -125,21 +125,22 @@ class ContextExit:
     ctx: Any
 
 
-ADVANCES: list = []  # (iterator, index before) per next() in the current capture
-
-
 @dataclass(eq=False)
 class ListIterator:
-    """An iterator over a list of interpreted values (lists, tuples, dict keys, ranges, zips)."""
+    """An iterator over a list of interpreted values (lists, tuples, dict keys, ranges, zips).
+
+    ``advances`` is its capture's log (``Tracer.advances``): (iterator, index before) per ``next``,
+    so rolling back an instruction can undo what it advanced."""
 
     items: list
+    advances: list[tuple[ListIterator, int]]
     index: int = 0
 
     def next(self) -> Any:
         if self.index >= len(self.items):
             raise StopIteration
         v = self.items[self.index]
-        ADVANCES.append((self, self.index))  # so rolling back an instruction can undo it
+        self.advances.append((self, self.index))
         self.index += 1
         return v
 

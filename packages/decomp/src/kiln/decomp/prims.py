@@ -99,8 +99,8 @@ def _define_all() -> None:
         _define(name, "(Tensor a, Tensor b) -> Tensor", _binary(op))
     _define("div", "(Tensor a, Tensor b) -> Tensor", _div)
     _define("where", "(Tensor pred, Tensor a, Tensor b) -> Tensor", lambda p, a, b: aten.where.self(p, a, b))
-    for name, op in REDUCTIONS.items():
-        _define(name, "(Tensor a, int[] dims) -> Tensor", _reduction(op))
+    for name, reduce_op in REDUCTIONS.items():
+        _define(name, "(Tensor a, int[] dims) -> Tensor", _reduction(reduce_op))
     _define("argmax", "(Tensor a, int dim) -> Tensor", lambda a, dim: aten.argmax.default(a, dim))
     _define("argmin", "(Tensor a, int dim) -> Tensor", lambda a, dim: aten.argmin.default(a, dim))
     _define("convert_element_type", "(Tensor a, ScalarType dtype) -> Tensor",

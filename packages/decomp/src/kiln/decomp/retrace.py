@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import fx
@@ -122,6 +122,7 @@ class _Retracer(fx.Interpreter):
     def placeholder(self, target: Any, args: Any, kwargs: Any) -> Any:
         value = super().placeholder(target, args, kwargs)
         source = self._node
+        assert source is not None  # (run_node set it)
         node = self.recorder.graph.placeholder(source.name)
         node.meta.update(source.meta)
         node.meta["val"] = value
@@ -182,7 +183,7 @@ class _Retracer(fx.Interpreter):
         return args[0]
 
 
-def _same_metadata(a: torch.Tensor, b: torch.Tensor) -> bool:
+def _same_metadata(a: torch.Tensor, b: torch.Tensor) -> bool | torch.SymBool:
     return (a.dtype == b.dtype and a.device == b.device and a.shape == b.shape and a.stride() == b.stride()
             and a.storage_offset() == b.storage_offset())
 
@@ -268,7 +269,7 @@ def _copy(gm: fx.GraphModule) -> fx.GraphModule:
     the result in place, as they may a re-traced one."""
     graph = fx.Graph()
     out, out_node = graph.graph_copy(gm.graph, {}, return_output_node=True)  # type: ignore[misc]
-    graph.output(out).meta.update(out_node.meta)
+    graph.output(out).meta.update(cast(fx.Node, out_node).meta)
     result = lazy_graph_module(gm, graph)
     result.meta.update(gm.meta)
     return result

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 import sympy
 import torch
@@ -163,7 +163,7 @@ class GraphRecorder(TorchDispatchMode):
                 return acc
         name = type(expr).__name__
         # kiln.graph's table of size operations; CleanDiv and Python's max/min as decomp has always built them
-        named = {**{k: v for k, v in SIZE_OPS.items() if k not in ("Add", "Mul", "Pow")},
+        named: dict[str, Callable[..., Any]] = {**{k: v for k, v in SIZE_OPS.items() if k not in ("Add", "Mul", "Pow")},
                  "CleanDiv": operator.floordiv, "Max": max, "Min": min}
         if name in SIZE_UNARY_OPS:
             return self.graph.call_function(SIZE_UNARY_OPS[name], (self._expr_node(expr.args[0]),))
@@ -220,7 +220,7 @@ class GraphRecorder(TorchDispatchMode):
                 "(kiln.autograd does) or trace it without mutation")
         new = self._record(functional, args, kwargs)
         func(*tree_map(self.to_fake, args), **tree_map(self.to_fake, kwargs))  # keep the fake's metadata in step
-        self._tensors[id(target)] = (target, self._tensors[id(new)][1])
+        self._tensors[id(target)] = (cast(torch.Tensor, target), self._tensors[id(new)][1])
         return target
 
     def _record(self, func: OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -68,7 +68,9 @@ from .spec import Dim, TensorSpec
 from .stages import (
     Backend,
     CapturedGraph,
+    CompiledFn,
     CompiledGraph,
+    ExampleInput,
     PortableProgram,
     StageObject,
     example_specs,
@@ -99,7 +101,7 @@ __all__ = [
     "GraphCompiled", "GraphRunEagerly", "Recompile", "StageText", "StageTime", "emit", "keeping_texts",
     "GoldenFile", "add_update_golden_option", "check_golden", "read_golden",
     "ENVIRONMENT", "EnvVar", "code_environment",
-    "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable",
+    "CORE_ATEN_OPS", "GUARD_KINDS", "KNOBS", "LOG_NAMES", "Backend", "BackendUnavailable", "CompiledFn", "ExampleInput",
     "CapturedGraph", "CompiledGraph", "Dialect", "Dim", "Guard", "GuardSet", "GraphKnobs",
     "KeepText", "KilnError", "Pass", "PassRecord", "PipelineResult", "PortableProgram",
     "StageObject", "TensorSpec", "VerificationError", "VerifyAfterPass", "autocast_off", "default_device", "device_matches", "dump",

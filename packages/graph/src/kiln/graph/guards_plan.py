@@ -30,7 +30,7 @@ import operator
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
@@ -108,7 +108,7 @@ PLAIN_TENSOR_TYPES = frozenset({torch.Tensor, torch.nn.Parameter, torch.nn.param
 _NO_DISPATCH = torch.Tensor.__torch_dispatch__
 
 
-def plain_tensor(v: object) -> bool:
+def plain_tensor(v: object) -> TypeGuard[torch.Tensor]:
     """A tensor compiled code may take: not a subclass with a ``__torch_dispatch__`` of its own (a
     DTensor, an AsyncCollectiveTensor: a wrapper whose memory kernels cannot read), save fake
     tensors (traced as they are). TENSOR_MATCH holds only for these: a plain tensor's entry fed a
@@ -116,13 +116,13 @@ def plain_tensor(v: object) -> bool:
     cls = type(v)
     if cls in PLAIN_TENSOR_TYPES:
         return True
-    return isinstance(v, torch.Tensor) and (cls.__torch_dispatch__ is _NO_DISPATCH or isinstance(v, FakeTensor))
+    return isinstance(v, torch.Tensor) and (type(v).__torch_dispatch__ is _NO_DISPATCH or isinstance(v, FakeTensor))
 
 
 def tensor_ok(v: object, dtype: torch.dtype, device: torch.device, shape: tuple, stride: tuple,
               requires_grad: bool) -> bool:
     """TENSOR_MATCH with dynamic dims (None in ``shape``/``stride`` is not checked)."""
-    if not plain_tensor(v) or v.dtype is not dtype or v.requires_grad != requires_grad:  # type: ignore[attr-defined]
+    if not plain_tensor(v) or v.dtype is not dtype or v.requires_grad != requires_grad:
         return False
     if v.dim() != len(shape) or not device_matches(v.device, device):
         return False

@@ -19,8 +19,13 @@ from .guards import GuardSet
 from .printer import print_graph
 from .spec import TensorSpec
 
+# What a backend is handed beside the graph, one per placeholder: a tensor (fake or real), a size
+# (an int, or a SymInt when it varies) or another Python scalar
+ExampleInput = torch.Tensor | torch.SymInt | torch.SymFloat | torch.SymBool | int | float | bool
+# What a backend returns: called with one value per placeholder, it returns the graph's outputs
+CompiledFn = Callable[..., Any]
 # torch.compile's backend contract: backend(gm, example_inputs) -> callable
-Backend = Callable[[fx.GraphModule, Sequence[Any]], Callable[..., Any]]
+Backend = Callable[[fx.GraphModule, Sequence[ExampleInput]], CompiledFn]
 
 
 @runtime_checkable

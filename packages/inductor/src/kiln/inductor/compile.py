@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import linecache
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -14,6 +14,7 @@ from torch import fx
 from kiln.graph import KNOBS as GRAPH_KNOBS
 from kiln.graph import (
     CompiledGraph,
+    ExampleInput,
     GraphRunEagerly,
     PortableProgram,
     StageTime,
@@ -101,7 +102,7 @@ def _nothing() -> None:
     return None
 
 
-def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *,
+def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput], *,
                   options: InductorOptions = DEFAULT_OPTIONS, name: str = "graph") -> CompiledGraph:
     """Compile a functional ATen graph into C++/OpenMP kernels plus a Python wrapper.
 
@@ -189,7 +190,7 @@ def _compile(gm: fx.GraphModule, example_inputs: Sequence[Any], backend: CppBack
     filename = f"<kiln-inductor {graph_id}>"
     pending = s.kernels.pending
     call = load_wrapper(s.wrapper, s.kernels.local_dir, filename, precompiled=pending is not None)
-    fn = _FirstCallWaits(call, pending) if pending is not None else _Call(call)
+    fn: Callable[..., Any] = _FirstCallWaits(call, pending) if pending is not None else _Call(call)
     if options.cudagraph_sizes:
         fn = bucket_sizes(s.program, fn, options.cudagraph_sizes, name)
 

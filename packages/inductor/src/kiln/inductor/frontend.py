@@ -18,7 +18,7 @@ from torch import fx
 from torch.utils._pytree import tree_flatten
 
 from kiln.decomp import DecompositionError, trace
-from kiln.graph import Dialect, VerificationError, log, verify
+from kiln.graph import CompiledFn, Dialect, ExampleInput, VerificationError, log, verify
 
 from .compile import compile_graph
 from .options import DEFAULT_OPTIONS, InductorOptions
@@ -38,8 +38,8 @@ def to_aten(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule
         return trace(flat, example_inputs, functionalize=True, scalar_inputs=True)
 
 
-def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[Any],
-                     options: InductorOptions = DEFAULT_OPTIONS) -> Callable[..., Any]:
+def inductor_backend(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput],
+                     options: InductorOptions = DEFAULT_OPTIONS) -> CompiledFn:
     """``compile(f, backend=kiln.inductor.inductor_backend) in PyTorch``."""
     try:
         verify(gm, Dialect.ATEN)

@@ -49,12 +49,13 @@ from .autotune.matmul_template_kernel import (
     template_kernel,
 )
 from .codegen.triton.kernel import TritonKernel, generate_kernels
-from .codegen.triton.launcher import KilnLaunch, launch_context
+from .codegen.triton.launcher import KilnLaunch, Launch, launch_context
 from .codegen.triton.wrapper import load_triton_module, module_source
 from .ir import (
     ConstArg,
     ExternKernel,
     Kernel,
+    KernelGroup,
     KernelNode,
     Layout,
     Load,
@@ -196,6 +197,11 @@ def epilogue_nodes(k: Kernel, spec: MatmulSpec) -> tuple[KernelNode, ...] | None
     return tuple(nodes)
 
 
+def _bound_launch(run: Launch, grid: tuple[int, ...], args: list[torch.Tensor]) -> Callable[[], object]:
+    """``run`` launched on ``grid`` with ``args``, as a call of no arguments (a timed candidate)."""
+    return lambda: run(grid, launch_context(), *args)
+
+
 @dataclass
 class Site:
     step: int  # the extern's step
@@ -322,12 +328,12 @@ class _Bench:
     def _launchers(self, which: str) -> list[Callable[[], object]]:
         if which not in self._launches:
             ks, module = self._group(which)
-            out = []
+            out: list[Callable[[], object]] = []
             for k in ks:
                 run = KilnLaunch(getattr(module, k.name), self._consts(k), k.num_warps, None, getattr(k, "num_stages", 1))
                 grid = ast.literal_eval(k.grid)  # static sizes: a literal
                 args = [self.bufs[b] for b in k.pointer_args]
-                out.append(lambda run=run, grid=grid, args=args: run(grid, launch_context(), *args))
+                out.append(_bound_launch(run, grid, args))
             self._launches[which] = out
         return self._launches[which]
 
@@ -401,7 +407,7 @@ def select_templates(s: ScheduledProgram, options: InductorOptions, device: str,
     p = s.program
     assert isinstance(p, LoopProgram)
     layouts = p.layouts()
-    problems = []
+    problems: list[Problem | None] = []
     for site in sites:
         try:
             problems.append(session.add(site_problem(site, layouts, device, options)))
@@ -432,7 +438,7 @@ def select_templates(s: ScheduledProgram, options: InductorOptions, device: str,
                                f" with {site.epilogue.name} fused" if site.epilogue is not None else "", choice.ms)
     if not chosen:
         return s
-    works: list[Kernel | ExternKernel] = []
+    works: list[Kernel | KernelGroup | ExternKernel] = []
     for i, st in enumerate(s.steps):
         if i in chosen:
             works.append(chosen[i])

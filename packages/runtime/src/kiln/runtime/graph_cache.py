@@ -46,7 +46,9 @@ from torch import fx
 from kiln.graph import (
     Backend,
     CacheLookup,
+    CompiledFn,
     CompiledGraph,
+    ExampleInput,
     PortableProgram,
     annotations_of,
     code_environment,
@@ -172,8 +174,8 @@ def _symbolic_record(record: list[object], val: torch.Tensor) -> list[object]:
 
 
 def _shape_env_record(env: Any) -> list[object]:
-    return sorted({py_expr(g.expr) for g in env.guards}) + sorted(
-        f"{k}:{v.lower}..{v.upper}" for k, v in env.var_to_range.items())
+    return [*sorted({py_expr(g.expr) for g in env.guards}),
+            *sorted(f"{k}:{v.lower}..{v.upper}" for k, v in env.var_to_range.items())]
 
 
 def _input_records(example_inputs: Sequence[Any], vals: Sequence[Any] | None = None) -> list[object]:
@@ -346,7 +348,7 @@ def cached_backend(fn: Backend, name: str, options: object, *, cache: CompileCac
     """
     graphs = GraphCache(cache)
 
-    def backend(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledFn:
         if not KNOBS.graph_cache or not graphs.store.enabled:
             return fn(gm, example_inputs)
         try:

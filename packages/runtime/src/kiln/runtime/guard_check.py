@@ -8,8 +8,8 @@ walk the guards one by one and turn the first failure into a ``GuardError`` such
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, cast
 
 import torch
 
@@ -61,7 +61,7 @@ def _describe_failure(g: Guard, value: object) -> tuple[str, object, object]:
     if kind == "LENGTH_MATCH":
         return "length", g.expected, len(value) if hasattr(value, "__len__") else value  # type: ignore[arg-type]
     if kind == "DICT_KEYS":
-        return "keys", list(g.expected), list(value.keys()) if isinstance(value, Mapping) else value  # type: ignore[arg-type]
+        return "keys", list(cast(Iterable[Any], g.expected)), list(value.keys()) if isinstance(value, Mapping) else value
     if kind == "IS_NONE":
         return "value", None, type(value).__name__
     if kind == "NOT_NONE":
@@ -124,8 +124,8 @@ def diagnose(guards: GuardSet, L: Mapping[str, Any], G: Mapping[str, Any],
             if sym in symbols and symbols[sym] != value:
                 site = _SIZE_SITE.match(g.source)
                 stride = _STRIDE_SITE.match(g.source)
-                if site or stride:
-                    at = site or stride
+                at = site or stride
+                if at is not None:
                     label = names.get(at.group(1)) or display_name(at.group(1))
                     what = f"{'size' if site else 'stride'} of dim {at.group(2)}"
                 else:

@@ -85,11 +85,11 @@ class CallPlan:
     """How a call becomes the program's flat inputs: bind, check guards, gather (all compiled)."""
 
     params: tuple[Param, ...]
-    input_names: tuple[str, ...]
+    input_names: Sequence[str]
     input_sources: tuple[str, ...]  # as captured, for messages
     input_exprs: tuple[str, ...]  # expressions over L and G, one per graph input
     guards: GuardSet  # sources over L and G
-    names: dict[str, str]  # guard source -> what to call it in a GuardError
+    names: Mapping[str, str]  # guard source -> what to call it in a GuardError
     static: dict[str, object]  # entries of L that do not come from the call's arguments
     globals: Mapping[str, object]
     output_spec: str | None = None

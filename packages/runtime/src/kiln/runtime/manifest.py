@@ -10,7 +10,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -105,14 +105,14 @@ def spec_expectation(spec: TensorSpec) -> tuple:
 _INT = frozenset({int})
 
 
-def _spec_guards_left_out(guards: GuardSet, inputs: tuple[InputRecord, ...]) -> GuardSet:
+def _spec_guards_left_out(guards: GuardSet, inputs: Sequence[InputRecord]) -> GuardSet:
     """Schema 2's stored guards: without the TENSOR_MATCH guards ``_with_spec_guards`` rebuilds."""
     specs = {i.source: i.spec for i in inputs if isinstance(i.spec, TensorSpec)}
     return GuardSet(tuple(g for g in guards.guards if not (
         g.kind == "TENSOR_MATCH" and g.source in specs and g.expected == spec_expectation(specs[g.source]))))
 
 
-def _with_spec_guards(guards: GuardSet, inputs: tuple[InputRecord, ...]) -> GuardSet:
+def _with_spec_guards(guards: GuardSet, inputs: Sequence[InputRecord]) -> GuardSet:
     """A TENSOR_MATCH from its spec for each tensor input with none, after the others (as
     ``guards_with_specs`` adds them: a guard on a type is checked before reads through it)."""
     matched = {g.source for g in guards.guards if g.kind == "TENSOR_MATCH"}
@@ -163,7 +163,7 @@ class Manifest:
     host: HostInfo
     device: DeviceInfo
     params: tuple[Param, ...]
-    inputs: tuple[InputRecord, ...]
+    inputs: Sequence[InputRecord]
     bindings: tuple[Binding, ...]
     guards: GuardSet
     files: dict[str, FileRecord]

@@ -22,7 +22,7 @@ tree itself, which the loaded function's guard plan takes (no source splitting a
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from kiln.graph import (
     GUARD_KINDS,
@@ -60,7 +60,7 @@ def compact_sources(inputs: Sequence[Any], guards: GuardSet) -> dict[str, Any]:
     }
 
 
-def read_sources(d: Mapping[str, Any]) -> tuple[tuple[tuple[str, int, str], ...], tuple, GuardSet]:
+def read_sources(d: Mapping[str, Any]) -> tuple[tuple[tuple[str, int, str], ...], Sequence[Any], GuardSet]:
     """(tree, inputs, guards) of a schema-3 manifest; the guards include the TENSOR_MATCH guards
     schema 2 leaves to the input specs. Malformed rows raise KeyError, TypeError, ValueError or
     IndexError (the caller's "malformed manifest" error). Written for a new process's load (C-level
@@ -72,7 +72,7 @@ def read_sources(d: Mapping[str, Any]) -> tuple[tuple[tuple[str, int, str], ...]
         append(segment if parent < 0 else sources[parent] + segment)
     if not _STR.issuperset(map(type, sources)):
         raise ValueError("a source row's segment is not a string")
-    tree = tuple(zip(sources, *zip(*rows))) if rows else ()
+    tree = cast(tuple[tuple[str, int, str], ...], tuple(zip(sources, *zip(*rows))) if rows else ())
     notes = d["notes"]
     # records, not Guards: the check is built from them (GuardSet.compile_layout); Guards are made
     # when something else needs them (an error, as_text, a re-save)

@@ -43,7 +43,7 @@ def _conv_tf32() -> bool:
     """Whether ATen's convolution would let cuDNN use TF32 for fp32 now (the new precision API's
     effective value where torch has it, else the legacy flag)."""
     try:
-        return torch.backends.cudnn.conv.fp32_precision == "tf32"
+        return torch.backends.cudnn.conv.fp32_precision == "tf32"  # type: ignore[attr-defined]
     except AttributeError:
         return bool(torch.backends.cudnn.allow_tf32)
 
@@ -57,14 +57,14 @@ def conv_out(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride
     if x.is_cuda and not transposed and x.dim() == 4:
         backend = torch._C._select_conv_backend(x, w, bias, stride, padding, dilation, transposed,
                                                 output_padding, groups, None)
-        if backend == torch._C._ConvBackend.Cudnn:
+        if backend == torch._C._ConvBackend.Cudnn:  # type: ignore[attr-defined]
             deterministic = torch.backends.cudnn.deterministic or torch.are_deterministic_algorithms_enabled()
             torch.ops.aten.cudnn_convolution.out(x, w, padding, stride, dilation, groups, torch.backends.cudnn.benchmark,
                                                  deterministic, _conv_tf32(), out=out)
             if bias is not None:
                 out.add_(bias.view(1, -1, 1, 1))
             return out
-        if backend == torch._C._ConvBackend.CudaDepthwise2d and out.is_contiguous():
+        if backend == torch._C._ConvBackend.CudaDepthwise2d and out.is_contiguous():  # type: ignore[attr-defined]
             torch.ops.aten._conv_depthwise2d.out(x.contiguous(), w, w.shape[2:], bias, stride, padding, dilation, out=out)
             return out
     return restride(torch.convolution(x, w, bias, stride, padding, dilation, transposed, output_padding, groups),
@@ -92,7 +92,8 @@ def ext_callers(text: str) -> tuple[list[tuple], Callable[..., Any], Callable[..
     first, and the result is re-strided to the row's size/stride only if it differs. The callers are
     closures over the table (a cell read per call, as fast as the global read of the inline helpers
     they replace)."""
-    table = [(tuple(r[0]), tuple(r[1]), tuple(r[2]), *map(_view, r[3:])) for r in json.loads(text)]
+    table: list[tuple[Any, ...]] = [(tuple(r[0]), tuple(r[1]), tuple(r[2]), *map(_view, r[3:]))
+                                    for r in json.loads(text)]
 
     def ext(fn: Any, i: int, *args: Any) -> Any:
         consts, size, stride = table[i]
@@ -227,7 +228,7 @@ def load_part(namespace: MutableMapping[str, Any], source: str, prefix: str) -> 
 
 
 def autograd_program(namespace: MutableMapping[str, Any], fw_source: str, bw_source: str,
-                     sig: dict[str, Any]) -> Callable[[Sequence[Any]], Any]:
+                     sig: dict[str, Any]) -> Callable[[list[Any]], Any]:
     """The ``call(args)`` of a kiln.autograd program: its forward part, behind kiln.graph's
     compiled-training ``autograd.Function`` (the one kiln.autograd uses in-process) when it has a
     backward part, and the outputs rebuilt by ``sig`` (the graph signature: aliases of inputs and

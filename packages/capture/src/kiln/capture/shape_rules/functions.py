@@ -15,8 +15,8 @@ ordinary path.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Hashable
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -80,7 +80,7 @@ def new_fake(x: Any, shape: tuple[int, ...], stride: tuple[int, ...], dtype: tor
         return torch.empty_strided(shape, stride, dtype=dtype, device=x.device)
     with _NO_DISPATCH():
         meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-    return converter.from_meta_and_device(mode, meta, x.device)
+    return cast(Any, converter).from_meta_and_device(mode, meta, x.device)
 
 
 def contiguous_strides(sizes: tuple[int, ...] | list[int]) -> tuple[int, ...]:
@@ -369,7 +369,7 @@ def memo_key(fn: Any, args: tuple, kwargs: dict) -> MemoKey | None:
     key cannot describe, inference mode or autocast)."""
     if id(fn) not in MEMO_FUNCTIONS or torch.is_inference_mode_enabled() or _autocast_on():
         return None
-    key = [id(fn), torch.is_grad_enabled()]
+    key: list[Hashable] = [id(fn), torch.is_grad_enabled()]
     for a in args:
         k = _arg_key(a)
         if k is _NO:

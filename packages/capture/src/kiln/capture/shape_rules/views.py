@@ -28,7 +28,8 @@ from kiln.graph import view_strides
 
 from .functions import contiguous_strides
 
-Layout = tuple[list[int], list[int], int]  # sizes, strides, storage offset
+Dim = int | torch.SymInt  # a size, stride or offset (symbolic under dynamic shapes)
+Layout = tuple[Sequence[Dim], Sequence[Dim], Dim]  # sizes, strides, storage offset
 MethodRule = Callable[[Any, tuple, dict], Any]
 
 

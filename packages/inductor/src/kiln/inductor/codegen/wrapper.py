@@ -256,7 +256,7 @@ class WrapperWriter:
                 except _Symbolic:  # a symbolic view of an operand: the plain call below
                     views = None
             if views is not None:
-                row = [[_json_value(a) for a in e.args[cut:]],
+                row: list[list[Any] | None] = [[_json_value(a) for a in e.args[cut:]],
                        [int(x) for x in o.layout.shape], [int(x) for x in o.layout.stride]]
                 helper = "_ext"
                 if cut in (2, 3) and any(v is not None for v in views):
@@ -399,8 +399,10 @@ class WrapperWriter:
         for k, st in enumerate(self.s.steps):
             # outputs written over an input the launch still names (Triton takes the tensor as its input
             # and its output pointer; C++ takes it once): both names stay bound through the launch
-            launch = self.kernels.launches[st.work.name] if isinstance(st.work, (Kernel, KernelGroup)) else ""
-            over = {o: i for o, i in st.work.inplace if re.search(rf"\b{i}\b", launch)} if launch else {}
+            work = st.work
+            launch = self.kernels.launches[work.name] if isinstance(work, (Kernel, KernelGroup)) else ""
+            over = {o: i for o, i in work.inplace if re.search(rf"\b{i}\b", launch)} \
+                if launch and isinstance(work, (Kernel, KernelGroup)) else {}
             for a in st.allocate:
                 if over.get(a.buffer) == a.reuse and a.reuse is not None:
                     lay = a.layout  # the input may have another shape over the same memory (inplace.py)

@@ -122,9 +122,10 @@ class CudaGraphEngine:
     device_type = "cuda"
     donates = CAN_DONATE
 
-    def __init__(self, expandable: bool | None = None) -> None:
+    def __init__(self, expandable: bool | None = None, allocator: AllocatorSettings | None = None) -> None:
         self._streams: dict[int, torch.cuda.Stream] = {}
-        self.expandable = _expandable_default() if expandable is None else expandable
+        self.allocator = allocator if allocator is not None else AllocatorSettings()
+        self.expandable = self.allocator.expandable_default() if expandable is None else expandable
 
     def new_pool(self, device: torch.device) -> object:
         with torch.cuda.device(device):
@@ -146,7 +147,7 @@ class CudaGraphEngine:
             stream = self._stream(device)
             stream.wait_stream(torch.cuda.current_stream())
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.stream(stream), _expandable_segments(self.expandable and expandable):
+            with torch.cuda.stream(stream), self.allocator.expandable_segments(self.expandable and expandable):
                 graph.capture_begin(pool=pool, capture_error_mode=capture_error_mode)
                 try:
                     outputs = fn.call_owned(args) if owned else fn(*args)  # type: ignore[attr-defined]
@@ -193,37 +194,46 @@ class CudaGraphEngine:
 
 
 # the allocator's run-time settings entry: torch._C's (torch >= 2.9), else the older cuda.memory one
-_SET_ALLOCATOR = (getattr(torch._C, "_accelerator_setAllocatorSettings", None)
-                  or getattr(torch._C, "_cuda_cudaCachingAllocator_set_allocator_settings", None))
+_SET_ALLOCATOR: Callable[[str], None] | None = (
+    getattr(torch._C, "_accelerator_setAllocatorSettings", None)
+    or getattr(torch._C, "_cuda_cudaCachingAllocator_set_allocator_settings", None))
 
 
-def _expandable_default() -> bool:
-    """Expandable pool segments unless switched off (KILN_CUDAGRAPH_EXPANDABLE=0), the user already
-    has them everywhere or runs another allocator backend, or this torch cannot set them at run time."""
-    if not KNOBS.cudagraph_expandable:
-        return False
-    conf = KNOBS.alloc_conf.replace(" ", "").lower()
-    if "expandable_segments:true" in conf or "cudamallocasync" in conf:
-        return False
-    return _SET_ALLOCATOR is not None
+@dataclass(frozen=True)
+class AllocatorSettings:
+    """The CUDA caching allocator's settings as a recording sees them: the user's own
+    (``PYTORCH_CUDA_ALLOC_CONF``, or ``PYTORCH_ALLOC_CONF``), whether kiln may switch on expandable
+    segments (``KILN_CUDAGRAPH_EXPANDABLE``), and torch's run-time setter (None: this torch has none)."""
 
+    user_conf: str = KNOBS.alloc_conf
+    expandable_allowed: bool = KNOBS.cudagraph_expandable
+    setter: Callable[[str], None] | None = _SET_ALLOCATOR
 
-@contextlib.contextmanager
-def _expandable_segments(on: bool) -> Iterator[None]:
-    """Segments the allocator creates meanwhile (the recording's, in the tree's pool) are expandable.
-    The allocator reads its settings as one string (a parse may reset the keys it does not name), so
-    the user's own settings are passed along each time."""
-    if not on:
-        yield
-        return
-    user = KNOBS.alloc_conf
-    sep = "," if user else ""
-    assert _SET_ALLOCATOR is not None
-    _SET_ALLOCATOR(f"{user}{sep}expandable_segments:True")
-    try:
-        yield
-    finally:
-        _SET_ALLOCATOR(f"{user}{sep}expandable_segments:False")
+    def expandable_default(self) -> bool:
+        """Expandable pool segments unless switched off, the user already has them everywhere or runs
+        another allocator backend, or this torch cannot set them at run time."""
+        if not self.expandable_allowed:
+            return False
+        conf = self.user_conf.replace(" ", "").lower()
+        if "expandable_segments:true" in conf or "cudamallocasync" in conf:
+            return False
+        return self.setter is not None
+
+    @contextlib.contextmanager
+    def expandable_segments(self, on: bool) -> Iterator[None]:
+        """Segments the allocator creates meanwhile (the recording's, in the tree's pool) are
+        expandable. The allocator reads its settings as one string (a parse may reset the keys it
+        does not name), so the user's own settings are passed along each time."""
+        if not on:
+            yield
+            return
+        sep = "," if self.user_conf else ""
+        assert self.setter is not None
+        self.setter(f"{self.user_conf}{sep}expandable_segments:True")
+        try:
+            yield
+        finally:
+            self.setter(f"{self.user_conf}{sep}expandable_segments:False")
 
 
 class _EmulatedGraph:

@@ -168,7 +168,7 @@ def _extent(tensors: Sequence[torch.Tensor], nbytes: int) -> tuple[int, int]:
     lo, hi = nbytes, 0
     for t in tensors:
         item = t.element_size()
-        first = t.storage_offset() * item
+        first = int(t.storage_offset()) * item
         reach = 1 + sum((n - 1) * st for n, st in zip(t.size(), t.stride())) if t.numel() else 0
         lo, hi = min(lo, first), max(hi, first + reach * item)
     lo = lo // 16 * 16

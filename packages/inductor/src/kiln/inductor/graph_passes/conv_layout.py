@@ -93,8 +93,10 @@ def _kind(n: fx.Node) -> str:
     return "default"
 
 
-def decide(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str) -> LayoutDecision:
-    """Whether this graph's convolutions should run channels-last, and why (logged by the pass)."""
+def decide(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str, *,
+           training_channels_last: bool = TRAINING_CHANNELS_LAST) -> LayoutDecision:
+    """Whether this graph's convolutions should run channels-last, and why (logged by the pass).
+    ``training_channels_last``: whether "auto" applies its channels-last rules to training graphs."""
     if mode not in LAYOUT_MODES:
         raise ValueError(f"InductorOptions.conv_layout={mode!r}: use one of {', '.join(LAYOUT_MODES)}")
     if mode == "keep":
@@ -107,10 +109,10 @@ def decide(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str) -> Layo
         return LayoutDecision(False, "convolution with symbolic shapes")
     if mode == "channels_last":
         return LayoutDecision(True, "conv_layout='channels_last'")
-    return _auto(gm, convs)
+    return _auto(gm, convs, training_channels_last)
 
 
-def _auto(gm: fx.GraphModule, convs: list[fx.Node]) -> LayoutDecision:
+def _auto(gm: fx.GraphModule, convs: list[fx.Node], training_channels_last: bool) -> LayoutDecision:
     if any(_operands(n)[0].device.type != "cuda" for n in convs):
         # measured on the C++ path (benchmarks/results/layout.md): oneDNN convs did not get faster
         return LayoutDecision(False, "auto: convolutions on CPU keep NCHW (no measured gain)")
@@ -136,7 +138,7 @@ def _auto(gm: fx.GraphModule, convs: list[fx.Node]) -> LayoutDecision:
     # graphs ran slower than eager on the H200 where NCHW ones are faster (benchmarks/RESULTS.md):
     # BatchNorm's statistics become column reductions, which kiln's Triton reductions do not split yet
     if annotations_of(gm).layout_free_outputs is not None or any(n.target is CONV_BACKWARD for n in convs):
-        if not TRAINING_CHANNELS_LAST:
+        if not training_channels_last:
             return LayoutDecision(False, "auto: training graphs keep NCHW (BatchNorm statistics over NHWC "
                                          "are column reductions; slower on the H200)")
         if "grouped" in kinds:

@@ -130,12 +130,13 @@ def _transposed_source(x: Any) -> Any:
     """The 2-D node ``x`` transposes (``t``, ``permute [1, 0]``, ``transpose 0 1``), else None."""
     if not isinstance(x, fx.Node) or x.op != "call_function" or not x.args:
         return None
-    src = x.args[0]
+    args: tuple[Any, ...] = x.args
+    src = args[0]
     v = node_val(src)
     if v is None or v.dim() != 2:
         return None
-    if x.target is aten.t.default or (x.target is aten.permute.default and list(x.args[1]) == [1, 0]) or (
-            x.target is aten.transpose.int and sorted(int(d) % 2 for d in x.args[1:3]) == [0, 1]):
+    if x.target is aten.t.default or (x.target is aten.permute.default and list(args[1]) == [1, 0]) or (
+            x.target is aten.transpose.int and sorted(int(d) % 2 for d in args[1:3]) == [0, 1]):
         return src
     return None
 
@@ -163,7 +164,8 @@ def _same_value(x: Any) -> Any:
     3-D logits gradient as [B*L, V] once per matmul)."""
     if isinstance(x, fx.Node) and x.op == "call_function" and x.target in (aten.view.default, aten._unsafe_view.default,
                                                                             aten.reshape.default) and not x.kwargs:
-        return (x.target, _same_value(x.args[0]), tuple(x.args[1]))
+        args: tuple[Any, ...] = x.args
+        return (x.target, _same_value(args[0]), tuple(args[1]))
     return x
 
 

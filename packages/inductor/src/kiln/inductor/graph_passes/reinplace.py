@@ -31,8 +31,8 @@ def reinplace_input_mutations(gm: fx.GraphModule) -> int:
         if out_pos >= len(outs) or in_pos >= len(placeholders):
             continue
         value, inp = outs[out_pos], placeholders[in_pos]
-        if not isinstance(value, fx.Node) or value.op != "call_function" or \
-                value.target is not aten.index_put.default or value.args[0] is not inp or len(inp.users) != 1:
+        if len(inp.users) != 1 or not isinstance(value, fx.Node) or value.op != "call_function" or \
+                value.target is not aten.index_put.default or value.args[0] is not inp:
             continue
         value.target = aten.index_put_.default
         count += 1

@@ -20,6 +20,8 @@ allocated peak.
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import torch
 from torch import fx
 
@@ -31,7 +33,7 @@ aten = torch.ops.aten
 def _is_patch_conv(node: fx.Node, devices: tuple[str, ...]) -> bool:
     if node.target is not aten.convolution.default or len(node.args) != 9 or node.kwargs:
         return False
-    x, w, _b, stride, padding, dilation, transposed, _out_pad, groups = node.args
+    x, w, _b, stride, padding, dilation, transposed, _out_pad, groups = cast(tuple[Any, ...], node.args)
     vx, vw = node_val(x), node_val(w)
     if vx is None or vw is None or vx.dim() != 4 or vx.device.type not in devices:
         return False

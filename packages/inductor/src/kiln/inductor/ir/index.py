@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import sympy
 import torch
@@ -17,7 +18,7 @@ from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from kiln.graph import KilnError, SymbolicSizeError, py_expr
 
-IndexExpr = sympy.Expr
+IndexExpr: TypeAlias = sympy.Expr
 
 
 class DynamicShapeUnsupported(KilnError):

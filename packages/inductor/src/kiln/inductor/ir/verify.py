@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import sympy
 
 from kiln.graph import VerificationError
@@ -80,12 +82,12 @@ def verify_program(p: LoopProgram) -> None:
                     raise VerificationError(f"{n.name}: {n.target} reads {b!r} before it is defined")
             for o in n.outputs:
                 dtypes[o.buffer] = o.layout.dtype
-    for o in p.outputs:
-        if isinstance(o, TensorRef) and o.buffer not in dtypes:
-            raise VerificationError(f"output refers to undefined buffer {o.buffer!r}")
+    for ref in p.outputs:
+        if isinstance(ref, TensorRef) and ref.buffer not in dtypes:
+            raise VerificationError(f"output refers to undefined buffer {ref.buffer!r}")
 
 
-def verify_kernel(k: Kernel, dtypes: dict[str, object]) -> None:
+def verify_kernel(k: Kernel, dtypes: Mapping[str, object]) -> None:
     local = dict(dtypes)
     for kn in k.nodes:
         prefixes = ("x", "r", "d") if (kn.role == "full" or kn.kind != "pointwise") else ("x", "d")
@@ -97,7 +99,7 @@ def verify_kernel(k: Kernel, dtypes: dict[str, object]) -> None:
             raise VerificationError(f"{k.name}/{kn.buffer}: full-role {kn.kind} outside a row kernel")
 
 
-def verify_group(g: KernelGroup, dtypes: dict[str, object]) -> None:
+def verify_group(g: KernelGroup, dtypes: Mapping[str, object]) -> None:
     """Each part is a valid pointwise kernel, and no part touches what another part writes."""
     if len(g.parts) < 2:
         raise VerificationError(f"{g.name}: a kernel group has at least two parts")

@@ -15,7 +15,7 @@ from torch import fx
 from ..ir import Constant, Expr, cast, index_vars, op
 from .common import Rule, out_dtype, upcast
 from .context import LoweringContext, NotLowered
-from .reductions import keep_dims, norm_dims, reduce, variance
+from .reductions import Dims, keep_dims, norm_dims, reduce, variance
 from .values import Lazy, TensorValue, broadcast_at, value_at
 
 RULES: dict[str, Rule] = {}
@@ -82,7 +82,7 @@ RULES["aten.native_layer_norm.default"] = _layer_norm
 
 def _batch_norm_infer(ctx: LoweringContext, node: fx.Node, x: TensorValue, weight: TensorValue | None,
                       bias: TensorValue | None, running_mean: TensorValue, running_var: TensorValue,
-                      *rest: object) -> tuple:
+                      *rest: float | bool) -> tuple:
     """Inference batch norm (training=False): per-channel affine with the running statistics."""
     training = rest[0] if len(rest) == 3 else False
     if training:
@@ -107,7 +107,7 @@ RULES["aten._native_batch_norm_legit_no_training.default"] = lambda ctx, node, x
 RULES["aten.native_batch_norm.default"] = _batch_norm_infer
 
 
-def _logsumexp(ctx: LoweringContext, node: fx.Node, x: TensorValue, dims: object, keepdim: bool = False) -> Lazy:
+def _logsumexp(ctx: LoweringContext, node: fx.Node, x: TensorValue, dims: Dims, keepdim: bool = False) -> Lazy:
     d = out_dtype(node)
     cd = upcast(d) if d.is_floating_point else torch.float32
     nd = norm_dims(dims, len(x.shape))

@@ -133,7 +133,7 @@ def extern_call(ctx: LoweringContext, node: fx.Node, kind: str, args: tuple, kwa
                        tuple((k, to_arg(ctx, v, node.kwargs.get(k))) for k, v in kwargs.items()), tuple(outs), kind,
                        holds)
     ctx.add(ext)
-    by_path = {o.path: Strided(o.buffer, o.layout.shape, o.layout.stride, o.layout.offset, o.layout.dtype)
+    by_path: dict[tuple[int, ...], TensorValue] = {o.path: Strided(o.buffer, o.layout.shape, o.layout.stride, o.layout.offset, o.layout.dtype)
                for o in outs}
     return _rebuild(val, (), by_path)
 

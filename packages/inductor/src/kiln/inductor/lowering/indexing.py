@@ -249,7 +249,7 @@ def _to_r(e: Expr, n: int) -> Expr:
 
 def _scatter(mode: str):
     def rule(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int, index: TensorValue,
-             src: object, reduce: str | None = None, *, include_self: bool = True) -> TensorValue:
+             src: TensorValue | float | bool, reduce: str | None = None, *, include_self: bool = True) -> TensorValue:
         m = mode
         if reduce is not None:
             if reduce in ("sum", "add") and include_self:

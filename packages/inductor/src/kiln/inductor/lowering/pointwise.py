@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import sympy
 import torch
@@ -85,7 +87,7 @@ def _pow(ctx: LoweringContext, node: fx.Node, a: object, b: object) -> Lazy:
     d = out_dtype(node)
     cd = upcast(d)
     if is_tensor(a) and isinstance(b, (int, float)) and not isinstance(b, bool):
-        special = {2: lambda x: op("mul", x, x, dtype=cd), 1: lambda x: x,
+        special: dict[float, Callable[[Any], Any]] = {2: lambda x: op("mul", x, x, dtype=cd), 1: lambda x: x,
                    3: lambda x: op("mul", op("mul", x, x, dtype=cd), x, dtype=cd)}
         if cd.is_floating_point:
             special.update({0.5: lambda x: op("sqrt", x, dtype=cd), -0.5: lambda x: op("rsqrt", x, dtype=cd),

@@ -20,16 +20,17 @@ from .context import LoweringContext
 from .values import Lazy, Strided, TensorValue, value_at
 
 RULES: dict[str, Rule] = {}
+Dims = int | Sequence[int] | None  # a reduction's dim argument: one, several, or all (None)
 
 
-def norm_dims(dims: object, n: int) -> list[int]:
+def norm_dims(dims: Dims, n: int) -> list[int]:
     if n == 0:
         return []  # a 0-d tensor reduces over nothing (dim 0 / -1 name it)
     if dims is None:
         return list(range(n))
     if isinstance(dims, int):
         dims = [dims]
-    out = sorted({(d + n if d < 0 else d) for d in dims})  # type: ignore[union-attr]
+    out = sorted({(d + n if d < 0 else d) for d in dims})
     return out if out else list(range(n))
 
 
@@ -80,7 +81,7 @@ def keep_dims(v: TensorValue, n: int, dims: Sequence[int]) -> TensorValue:
     return Lazy(tuple(shape), v.dtype, value_at(v, [vs[k] for k in range(n) if k not in dims]))
 
 
-def _sum(ctx: LoweringContext, node: fx.Node, x: TensorValue, dims: object = None, keepdim: bool = False,
+def _sum(ctx: LoweringContext, node: fx.Node, x: TensorValue, dims: Dims = None, keepdim: bool = False,
          *, dtype: torch.dtype | None = None) -> TensorValue:
     d = out_dtype(node)
     return reduce(ctx, x, norm_dims(dims, len(x.shape)), "sum", d, upcast(d), keepdim)
@@ -94,7 +95,7 @@ def mean(ctx: LoweringContext, x: TensorValue, dims: list[int], keepdim: bool, d
                                     size_value(count, cd), dtype=cd), d))
 
 
-def _mean(ctx: LoweringContext, node: fx.Node, x: TensorValue, dims: object = None, keepdim: bool = False,
+def _mean(ctx: LoweringContext, node: fx.Node, x: TensorValue, dims: Dims = None, keepdim: bool = False,
           *, dtype: torch.dtype | None = None) -> TensorValue:
     return mean(ctx, x, norm_dims(dims, len(x.shape)), keepdim, out_dtype(node))
 
@@ -106,7 +107,7 @@ RULES["aten.mean.default"] = lambda ctx, node, x, *, dtype=None: _mean(ctx, node
 
 
 def _minmax(rtype: str):
-    def rule(ctx: LoweringContext, node: fx.Node, x: TensorValue, dims: object = None,
+    def rule(ctx: LoweringContext, node: fx.Node, x: TensorValue, dims: Dims = None,
              keepdim: bool = False) -> TensorValue:
         d = out_dtype(node)
         return reduce(ctx, x, norm_dims(dims if dims != [] else None, len(x.shape)), rtype, d, upcast(x.dtype),
@@ -162,7 +163,7 @@ RULES["aten.prod.dim_int"] = _prod
 
 
 def _bool_reduce(rtype: str):
-    def rule(ctx: LoweringContext, node: fx.Node, x: TensorValue, dims: object = None,
+    def rule(ctx: LoweringContext, node: fx.Node, x: TensorValue, dims: Dims = None,
              keepdim: bool = False) -> TensorValue:
         d = out_dtype(node)
         r = reduce(ctx, x, norm_dims(dims, len(x.shape)), rtype, torch.bool, torch.bool, keepdim)
@@ -202,7 +203,7 @@ def variance(ctx: LoweringContext, x: TensorValue, dims: list[int], correction: 
 
 
 def _var(kind: str):
-    def rule(ctx: LoweringContext, node: fx.Node, x: TensorValue, dims: object = None, *,
+    def rule(ctx: LoweringContext, node: fx.Node, x: TensorValue, dims: Dims = None, *,
              correction: float | None = None, keepdim: bool = False) -> object:
         d = out_dtype(node) if kind != "var_mean" else node.meta["val"][0].dtype
         corr = 1.0 if correction is None else float(correction)

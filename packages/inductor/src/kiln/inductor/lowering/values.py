@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 import sympy
 import torch
@@ -44,7 +45,7 @@ class Lazy:
 TensorValue = Strided | Lazy
 
 
-def is_tensor(v: object) -> bool:
+def is_tensor(v: object) -> TypeGuard[TensorValue]:
     return isinstance(v, (Strided, Lazy))
 
 

@@ -311,7 +311,7 @@ def _unbind(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int = 0) -
     n = len(x.shape)
     dim = _norm_dim(dim, n)
     outs = meta(node)
-    res = []
+    res: list[TensorValue] = []
     for k, o in enumerate(outs):
         shape = tuple(as_index(s) for s in o.shape)
         if isinstance(x, Strided):

@@ -22,6 +22,7 @@ from ..ir import (
     Node,
     Pointwise,
     Reduction,
+    Scatter,
     args_buffers,
     index_vars,
     node_reads,
@@ -92,7 +93,9 @@ def _reads_ok(g: Group, node: ComputedBuffer, role: str, outer: tuple, inner: tu
     # attention mask converted for the extern) read the same element
     unit = {v: sympy.Integer(0) for v, n in zip((*index_vars("x", n_outer), *index_vars("r", len(inner or ()))),
                                                 (*outer, *(inner or ()))) if n == 1}
-    for ld in reads(node.data.body):
+    data = node.data
+    assert not isinstance(data, Scatter)  # (fits() takes pointwise and reduction nodes only)
+    for ld in reads(data.body):
         prod_role = g.roles.get(ld.buffer)
         if prod_role is None:
             continue
@@ -167,7 +170,9 @@ def _reads_from(g: Group, node: ComputedBuffer) -> bool:
     buffer stays alive through the extern's output. In a backward graph the values recomputed from
     saved tensors (ReLU outputs of ResNet-50, GELU outputs of ViT) were pulled, several into one
     kernel, far ahead of the convolution/matmul gradients that read them, and all lived at once."""
-    return any(ld.buffer in g.roles for ld in reads(node.data.body))
+    data = node.data
+    assert not isinstance(data, Scatter)  # (only pointwise and reduction nodes are fusion candidates)
+    return any(ld.buffer in g.roles for ld in reads(data.body))
 
 
 # horizontal fusion may still hoist a small value across an extern call (a weight converted to

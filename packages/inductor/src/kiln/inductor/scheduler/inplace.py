@@ -29,6 +29,7 @@ from ..ir import (
     ExternKernel,
     FloorDiv,
     Kernel,
+    KernelGroup,
     Layout,
     LoopProgram,
     ModIndex,
@@ -42,8 +43,8 @@ from ..ir import (
 from .memory import storage_groups
 
 
-def _buffers_used(w: Kernel | ExternKernel) -> set[str]:
-    if isinstance(w, Kernel):
+def _buffers_used(w: Kernel | KernelGroup | ExternKernel) -> set[str]:
+    if isinstance(w, (Kernel, KernelGroup)):
         return set(w.inputs) | set(w.outputs)
     return set(work_buffers(w)) | {o.buffer for o in w.outputs}
 

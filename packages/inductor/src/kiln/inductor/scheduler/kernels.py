@@ -76,6 +76,7 @@ def build_kernel(g: Group, p: LoopProgram, deps: Dependencies, number: int) -> K
         assert isinstance(n, ComputedBuffer)
         role = g.roles[n.name]
         d = n.data
+        assert not isinstance(d, Scatter)  # (a scatter is a kernel of its own: _scatter_kernel)
         ren = var_renaming(n, role, n_outer)
         body = substitute_index(d.body, ren)
         store_index = sympy.expand(n.layout.store_index().xreplace(ren))
@@ -167,9 +168,9 @@ def _apply(nodes: list[KernelNode], mapping: dict) -> list[KernelNode]:
     return out
 
 
-def _merge_dims(prefix: str, ranges: tuple, nodes: list[KernelNode]) -> tuple[tuple, list[KernelNode]]:
+def _merge_dims(prefix: str, loop_ranges: tuple, nodes: list[KernelNode]) -> tuple[tuple, list[KernelNode]]:
     """Collapse adjacent loop dims (and drop size-1 dims) where every index is linear across them."""
-    ranges = list(ranges)
+    ranges = list(loop_ranges)
     vs = list(index_vars(prefix, len(ranges)))
     # drop size-1 dims
     keep = [k for k, s in enumerate(ranges) if s != 1]

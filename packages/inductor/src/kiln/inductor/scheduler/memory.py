@@ -82,7 +82,7 @@ def storage_groups(works: Sequence[Kernel | KernelGroup | ExternKernel]) -> list
     return list(groups.values())
 
 
-def plan_memory(p: LoopProgram, works: list[Kernel | ExternKernel]) -> list[Step]:
+def plan_memory(p: LoopProgram, works: Sequence[Kernel | KernelGroup | ExternKernel]) -> list[Step]:
     layouts = p.layouts()
     outputs = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
     inputs = {b.name for b in p.inputs} | ({p.seed_buffer} if p.seed_buffer else set())

@@ -548,9 +548,9 @@ def tile_split(k: Kernel) -> int | None:
     n = len(k.outer)
     if n < 2 or any(static(s) is None for s in k.outer):
         return None
-    store_dims = {_contiguous_var(nd.store_index, n) for nd in k.nodes if nd.store} - {None}
-    load_dims = {_contiguous_var(e.index, n) for nd in k.nodes for e in walk(nd.body)
-                 if isinstance(e, Load) and not e.indirect} - {None}
+    store_dims = {d for nd in k.nodes if nd.store if (d := _contiguous_var(nd.store_index, n)) is not None}
+    load_dims = {d for nd in k.nodes for e in walk(nd.body) if isinstance(e, Load) and not e.indirect
+                 if (d := _contiguous_var(e.index, n)) is not None}
     if len(store_dims) != 1 or not (load_dims - store_dims):
         return None
     s = next(iter(store_dims))

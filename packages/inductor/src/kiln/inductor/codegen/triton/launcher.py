@@ -31,6 +31,9 @@ to every launch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol, cast
+
 LAUNCHER = '''\
 def _kiln_make_launch_support():
     import torch
@@ -241,10 +244,17 @@ from kiln.runtime.triton_compile import precompile as _kiln_precompile
 _kiln_launch_context, _KilnLaunch, _kiln_hooks_installed = _kiln_make_launch_support()
 '''
 
+class Launch(Protocol):
+    """A ``KilnLaunch``: ``launch(grid, launch_context(), *args)`` runs the kernel."""
+
+    def __call__(self, grid: tuple[int, ...], ctx: object, *args: object) -> object: ...
+
+
 _ns: dict[str, object] = {}
 exec(compile(LAUNCHER, "<kiln triton launcher>", "exec"), _ns)  # noqa: S102 - our own constant text
-launch_context = _ns["_kiln_launch_context"]
-KilnLaunch = _ns["_KilnLaunch"]
+launch_context = cast(Callable[[], object], _ns["_kiln_launch_context"])
+# KilnLaunch(fn, consts, num_warps, check=None, num_stages=1, free=())
+KilnLaunch = cast(Callable[..., Launch], _ns["_KilnLaunch"])
 hooks_installed = _ns["_kiln_hooks_installed"]
 direct_launch = _ns["_kiln_direct_launch"]
 precompile = _ns["_kiln_precompile"]

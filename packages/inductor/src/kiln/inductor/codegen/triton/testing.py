@@ -25,7 +25,7 @@ def rs(n: int) -> tuple[sympy.Symbol, ...]:
     return index_vars("r", n)
 
 
-def strided(vars_: Sequence[IndexExpr], t: torch.Tensor | Sequence[int], offset: int = 0) -> IndexExpr:
+def strided(vars_: Sequence[IndexExpr], t: torch.Tensor | Sequence[int], offset: int | torch.SymInt = 0) -> IndexExpr:
     """The flat offset of ``vars_`` in ``t`` (a tensor's strides, or a contiguous shape)."""
     stride = t.stride() if isinstance(t, torch.Tensor) else contiguous_strides([as_index(s) for s in t])
     return strided_index(list(vars_), [as_index(s) for s in stride], as_index(offset))
