@@ -174,6 +174,45 @@ def test_aligned_or_switched_off_stays_an_extern():
     assert "_launch_tmpl_" not in call_code(padded) and "_mm_padded(" in call_code(padded)
 
 
+class _TinyLM(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = torch.nn.Linear(48, 48)
+        self.head = torch.nn.Linear(48, 101, bias=False)  # 101 words: misaligned result rows
+
+    def forward(self, h, target):
+        logits = self.head(F.gelu(self.body(h)))
+        return F.cross_entropy(logits.view(-1, 101), target.view(-1))
+
+
+@needs_triton
+def test_training_step_with_a_templated_head_matches_eager():
+    """kiln.compile on a small LM in training: the forward's head is the template (N = 101), the
+    backward's matmuls (K = 101, M = 101) run on padded operands; loss and gradients match eager
+    for fresh inputs at every step. fp32 with TF32 on (which the interpreter and CPU eager ignore).
+    (That such a head is the template: the compile_graph tests above; kiln.compile's graph cache may
+    serve this one without compiling.)"""
+    import kiln
+
+    torch.manual_seed(0)
+    model = _TinyLM().to(DEV)
+    ref = _TinyLM().to(DEV)
+    ref.load_state_dict(model.state_dict())
+    with tf32(True):
+        compiled = kiln.compile(
+            model, options={"cpu_backend": "triton", "misaligned_matmuls": SMALL}
+        )
+        for _ in range(3):
+            h, t = torch.randn(6, 12, 48, device=DEV), torch.randint(0, 101, (6, 12), device=DEV)
+            loss, want = compiled(h, t), ref(h, t)
+            loss.backward()
+            want.backward()
+            torch.testing.assert_close(loss, want, rtol=1e-4, atol=1e-5)
+            for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+                p.grad, q.grad = None, None
+
+
 def test_cross_compiled_gpt2_head_is_one_template_launch():
     """The CUDA path with the default thresholds (compiled for fake CUDA tensors on this host): GPT-2's
     head, a graph output, is the template in its untuned half-precision configuration, storing straight
