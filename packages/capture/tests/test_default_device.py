@@ -101,3 +101,31 @@ def test_default_device_reads_the_innermost_context():
             assert default_device() is None
         assert default_device() == "meta"
     assert default_device() is None
+
+
+class Tf32BakingBackend(Recorder):
+    """Like kiln's Triton matmul templates, which write TF32 or IEEE into their dot when compiled."""
+
+    def __call__(self, gm, example_inputs):
+        run = super().__call__(gm, example_inputs)
+        baked = torch.backends.cuda.matmul.allow_tf32
+
+        def call(*args):
+            assert torch.backends.cuda.matmul.allow_tf32 == baked, "graph compiled under another TF32 setting"
+            return run(*args)
+        return call
+
+
+def test_tf32_switch_recompiles():
+    kc.reset()
+    backend = Tf32BakingBackend()
+    opt = kc.optimize(lambda a, b: a @ b + 1, backend)
+    before = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for tf32 in [False, True, False, True, True]:
+            torch.backends.cuda.matmul.allow_tf32 = tf32
+            a, b = torch.randn(3, 4), torch.randn(4, 2)
+            torch.testing.assert_close(opt(a, b), a @ b + 1)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    assert backend.count == 2, backend.count

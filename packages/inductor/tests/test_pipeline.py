@@ -42,7 +42,7 @@ def test_each_backend_has_its_stage_list() -> None:
                                   "group_kernels", *CODE]
     assert _names(TRITON_STAGES) == [*GRAPH, "patch_convs", "conv_layout", "pad_stems", "small_matmuls",
                                      "pad_matmuls", "reinplace", *LOOPS, "split_reductions", "fuse_and_plan",
-                                     "matmul_templates", "inplace_updates", *CODE]
+                                     "misaligned_matmuls", "matmul_templates", "inplace_updates", *CODE]
     assert all(p.doc for p in (*CPP_STAGES, *TRITON_STAGES))  # every row says what it does
 
 

@@ -67,8 +67,10 @@ def test_aligned_small_or_cpu_matmuls_are_left_alone() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_gpt2_lm_head_on_cuda_is_padded_and_matches_eager() -> None:
-    x = torch.randn(4096, 768, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(50257, 768, device="cuda", dtype=torch.bfloat16) * 0.05
+    """fp32 without TF32 (half precision runs as the Triton template: tests/autotune/test_misaligned_matmuls.py)."""
+    assert not torch.backends.cuda.matmul.allow_tf32
+    x = torch.randn(4096, 768, device="cuda")
+    w = torch.randn(50257, 768, device="cuda") * 0.05
     fn = lambda x, w: (x @ w.t()).view(8, 512, 50257)  # noqa: E731
     cg = compile_graph(trace(fn, x, w), [x, w], options=OPTS)
     # a graph output: rows are computed in aligned chunks (a workspace of padded row length each)
@@ -76,7 +78,7 @@ def test_gpt2_lm_head_on_cuda_is_padded_and_matches_eager() -> None:
     got, want = cg.fn(x, w)[0], fn(x, w)
     exact = fn(x.double(), w.double())
     assert got.stride() == want.stride()
-    # bf16 products summed in another order: compare both with the fp64 product
+    # products summed in another order: compare both with the fp64 product
     err_kiln = (got.double() - exact).abs().max().item()
     err_eager = (want.double() - exact).abs().max().item()
     assert err_kiln <= 2 * err_eager + 1e-3, (err_kiln, err_eager)
@@ -118,21 +120,23 @@ def test_mm_padded_blocks_match_addmm(block: int, m: int, n: int) -> None:
 
 
 def test_cross_compiled_cuda_lm_head_output_uses_mm_padded() -> None:
-    """The CUDA path (compiled for fake CUDA tensors on this host): GPT-2's head, a graph output, runs
-    as the wrapper's own ``_mm_padded`` (no padded weight, no padded product, no clone)."""
+    """The CUDA path (compiled for fake CUDA tensors on this host): GPT-2's head in fp32 without TF32
+    (which the Triton template does not take), a graph output, runs as the wrapper's own
+    ``_mm_padded`` (no padded weight, no padded product, no clone)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     def head(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return (x @ w.t()).view(8, 512, 50257)
 
+    assert not torch.backends.cuda.matmul.allow_tf32
     with FakeTensorMode(allow_non_fake_inputs=True):
-        x = torch.empty(4096, 768, dtype=torch.bfloat16, device="cuda")
-        w = torch.empty(50257, 768, dtype=torch.bfloat16, device="cuda")
+        x = torch.empty(4096, 768, device="cuda")
+        w = torch.empty(50257, 768, device="cuda")
         gm = trace(head, x, w)
         cg = compile_graph(gm, [x, w], options=OPTS)
     code = cg.texts["output_code"]
-    assert "_mm_padded(" in code and "def _mm_padded" in cg.portable.source
-    assert "constant_pad_nd" not in code and "50264" not in code
+    assert "_mm_padded(" in code and "def _mm_padded" in cg.portable.source and "_launch_tmpl_" not in code
+    assert "constant_pad_nd" not in code and "50260" not in code
 
 
 def test_one_pad_of_a_gradient_serves_both_backward_matmuls() -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .guards_plan import (
+    GLOBAL_STATE_KEYS,
     default_device,
     flat_tuple,
     global_state,
@@ -53,8 +54,7 @@ def _prefixes(source: str) -> list[str]:
 def _global_state_check(expected: tuple) -> str | None:
     """A cheap expression for the common GLOBAL_STATE payload (autocast off)."""
     want = dict(expected)
-    if set(want) != {"grad_enabled", "autocast_cpu", "autocast_cuda", "autocast_cpu_dtype",
-                     "autocast_cuda_dtype", "default_dtype", "deterministic", "default_device"}:
+    if set(want) != GLOBAL_STATE_KEYS:
         return None
     if want["autocast_cpu"] or want["autocast_cuda"]:
         return None  # autocast dtypes matter: use the full snapshot
@@ -63,6 +63,7 @@ def _global_state_check(expected: tuple) -> str | None:
     return (f"(_is_grad() is {bool(want['grad_enabled'])!r} and {autocast_off} and "
             f"str(_default_dtype()) == {want['default_dtype']!r} and "
             f"_deterministic() is {bool(want['deterministic'])!r} and "
+            f"_allow_tf32() is {bool(want['matmul_tf32'])!r} and "
             f"({'_len_modes() == 0 or ' if want['default_device'] is None else ''}"
             f"_default_device() == {want['default_device']!r}))")
 
@@ -86,6 +87,7 @@ class _Compiler:
             "_is_grad": torch.is_grad_enabled, "_autocast": torch.is_autocast_enabled,
             "_default_dtype": torch.get_default_dtype,
             "_deterministic": torch.are_deterministic_algorithms_enabled,
+            "_allow_tf32": torch._C._get_cublas_allow_tf32,
             "_len_modes": torch._C._len_torch_function_stack, "_default_device": default_device,
             "_any_autocast": getattr(torch._C, "_is_any_autocast_enabled", None)}
         self.counter = itertools.count()

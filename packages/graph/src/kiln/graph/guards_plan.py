@@ -71,7 +71,12 @@ def global_state() -> tuple[tuple[str, Any], ...]:
         ("default_dtype", str(torch.get_default_dtype())),
         ("deterministic", torch.are_deterministic_algorithms_enabled()),
         ("default_device", default_device()),
+        # kiln's Triton matmul templates bake TF32 (or IEEE) into their dot: a switch must recompile
+        ("matmul_tf32", torch._C._get_cublas_allow_tf32()),
     )
+
+
+GLOBAL_STATE_KEYS = frozenset(k for k, _ in global_state())
 
 
 def device_matches(actual: torch.device, expected: torch.device) -> bool:
@@ -188,18 +193,17 @@ def _static(expected: tuple) -> bool:
 
 def _global_state_check(expected: tuple) -> Callable[[], bool]:
     want = dict(expected)
-    keys = {"grad_enabled", "autocast_cpu", "autocast_cuda", "autocast_cpu_dtype",
-            "autocast_cuda_dtype", "default_dtype", "deterministic", "default_device"}
     any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
-    if set(want) != keys or want["autocast_cpu"] or want["autocast_cuda"] or any_autocast is None:
+    if set(want) != GLOBAL_STATE_KEYS or want["autocast_cpu"] or want["autocast_cuda"] or any_autocast is None:
         return lambda: global_state() == expected  # autocast dtypes matter: the full snapshot
     grad, det, dtype = bool(want["grad_enabled"]), bool(want["deterministic"]), want["default_dtype"]
+    tf32, allow_tf32 = bool(want["matmul_tf32"]), torch._C._get_cublas_allow_tf32
     is_grad, default_dtype = torch.is_grad_enabled, torch.get_default_dtype
     deterministic = torch.are_deterministic_algorithms_enabled
     device = want["default_device"]
 
     def check() -> bool:
-        return (is_grad() is grad and any_autocast() is False and deterministic() is det
+        return (is_grad() is grad and any_autocast() is False and deterministic() is det and allow_tf32() is tf32
                 and str(default_dtype()) == dtype and (_len_modes() == 0 and device is None
                                                        or default_device() == device))
     return check

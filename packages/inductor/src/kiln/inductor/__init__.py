@@ -20,11 +20,11 @@ from .ir import (
 )
 from .lowering.lower import LoweringError
 from .lowering.registry import LOWERINGS, lowered_ops
-from .options import InductorOptions
+from .options import InductorOptions, MisalignedMatmuls
 from .scheduler import PlannedPeak, planned_peak
 
 __all__ = [
     "LOWERINGS", "CompiledKernels", "DynamicShapeUnsupported", "SizeGuard", "SizeSource", "CppBackend", "CppCompileError", "InductorOptions", "Kernel", "KernelBackend",
-    "KernelNode", "LoopProgram", "LoweringError", "PlannedPeak", "ScheduledProgram", "compile_graph", "inductor_backend",
+    "KernelNode", "LoopProgram", "LoweringError", "MisalignedMatmuls", "PlannedPeak", "ScheduledProgram", "compile_graph", "inductor_backend",
     "inductor_decompositions", "lowered_ops", "planned_peak", "to_aten", "warm_compile_pool",
 ]

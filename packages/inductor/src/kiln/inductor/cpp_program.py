@@ -8,7 +8,8 @@ kiln.runtime.cxx's job.
 CUDA (example inputs on a CUDA device, real or fake): the Triton backend generates the kernels, which
 are compiled ahead of time into cubins for ``cuda_arch`` (codegen/triton/cubins.py, no GPU needed), and
 the wrapper launches them through the CUDA driver API (kiln/model_support_cuda.h). Large misaligned
-matmuls are not padded (``pad_matmuls``: kiln's padded matmul is a Python-registered op).
+matmuls are not padded (``pad_matmuls``: kiln's padded matmul is a Python-registered op); those whose
+result rows are misaligned (an LM head) still run as the Triton matmul template (``misaligned_matmuls``).
 
 Symbolic sizes: example inputs whose FakeTensors have SymInt sizes compile once for every size. The
 caller names every size symbol in the order the model library receives their values (``size_symbols``);

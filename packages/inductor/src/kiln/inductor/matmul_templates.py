@@ -1,7 +1,11 @@
-"""max-autotune's matmul templates: each mm/addmm/bmm extern competes with a Triton template that has
-the pointwise kernel consuming the product fused into it (autotune/matmul_template_kernel.py).
+"""Triton matmul templates (autotune/matmul_template_kernel.py): a matmul with the pointwise kernel
+consuming its product fused into it.
 
-For every static mm/addmm/bmm of a scheduled program on the Triton backend:
+In every mode, a large mm/addmm whose result rows are misaligned (graph_passes/pad_matmuls.py
+``templated``: GPT-2's and BERT's LM heads) runs as the template in its untuned configuration, with
+its epilogue (``template_misaligned_matmuls``): cuBLAS is several times slower on such a result, and
+padding costs copies. Under max-autotune, every other static mm/addmm/bmm extern of a scheduled
+program on the Triton backend competes with the template:
 
 1. the epilogue: the first step reading the product, when it is a pointwise kernel over the
    product's elements (its loop space is the product's shape, maybe with dimensions merged) that
@@ -43,6 +47,7 @@ from .autotune.matmul_template_kernel import (
     MatmulTritonKernel,
     Operand,
     TemplateKernel,
+    default_config,
     render,
     smem_limit,
     template_configs,
@@ -51,6 +56,7 @@ from .autotune.matmul_template_kernel import (
 from .codegen.triton.kernel import TritonKernel, generate_kernels
 from .codegen.triton.launcher import KilnLaunch, Launch, launch_context
 from .codegen.triton.wrapper import load_triton_module, module_source
+from .graph_passes.pad_matmuls import templated
 from .ir import (
     ConstArg,
     ExternKernel,
@@ -67,7 +73,7 @@ from .ir import (
     substitute_index,
     walk,
 )
-from .options import InductorOptions
+from .options import InductorOptions, MisalignedMatmuls
 from .scheduler.memory import plan_memory
 
 TARGETS = {"aten.mm.default": "mm", "aten.addmm.default": "addmm", "aten.bmm.default": "bmm"}
@@ -222,7 +228,8 @@ def _readers(steps: Sequence[Any], buffer: str) -> list[int]:
     return out
 
 
-def find_sites(s: ScheduledProgram) -> list[Site]:
+def find_sites(s: ScheduledProgram, wanted: Callable[[MatmulSpec], bool] | None = None) -> list[Site]:
+    """The matmul externs the template can run (those ``wanted`` says, when given), each with its epilogue."""
     p = s.program
     assert isinstance(p, LoopProgram)
     outputs = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
@@ -232,7 +239,7 @@ def find_sites(s: ScheduledProgram) -> list[Site]:
         if not isinstance(st.work, ExternKernel):
             continue
         spec = matmul_spec(st.work)
-        if spec is None:
+        if spec is None or (wanted is not None and not wanted(spec)):
             continue
         readers = _readers(s.steps, spec.out.buffer)
         first = readers[0] if readers else None
@@ -436,8 +443,16 @@ def select_templates(s: ScheduledProgram, options: InductorOptions, device: str,
         log("perf_hints").info("max-autotune: %s (%s) runs as Triton template %s [%s]%s, %.4f ms",
                                site.extern.name, site.spec.op, tk.name, choice.config.label,
                                f" with {site.epilogue.name} fused" if site.epilogue is not None else "", choice.ms)
+    return _with_templates(s, chosen, dropped)
+
+
+def _with_templates(s: ScheduledProgram, chosen: dict[int, TemplateKernel], dropped: set[int]) -> ScheduledProgram:
+    """``s`` with each template at the step it takes and the externs it replaces ``dropped``, memory
+    planned again (the operands now live until the template runs)."""
     if not chosen:
         return s
+    p = s.program
+    assert isinstance(p, LoopProgram)
     works: list[Kernel | KernelGroup | ExternKernel] = []
     for i, st in enumerate(s.steps):
         if i in chosen:
@@ -445,6 +460,26 @@ def select_templates(s: ScheduledProgram, options: InductorOptions, device: str,
         elif i not in dropped:
             works.append(st.work)
     return ScheduledProgram(p, tuple(plan_memory(p, works)))
+
+
+def template_misaligned_matmuls(s: ScheduledProgram, rules: MisalignedMatmuls, smem: int) -> tuple[ScheduledProgram, int]:
+    """Default mode: every large matmul whose result rows are misaligned (graph_passes/pad_matmuls.py
+    ``templated``, which left it unpadded) runs as the template in its untuned configuration
+    (``default_config``), its pointwise consumer fused; nothing is measured. Returns the program and
+    how many."""
+    def wanted(spec: MatmulSpec) -> bool:
+        return spec.op != "bmm" and templated(spec.m, spec.n, spec.k, spec.dtype, rules.min_macs, rules.min_dim)
+    chosen: dict[int, TemplateKernel] = {}
+    dropped: set[int] = set()
+    for site in find_sites(s, wanted):
+        assert site.template is not None
+        tk = _with_config(site.template, default_config(site.spec, smem))
+        chosen[site.epilogue_step if site.epilogue_step is not None else site.step] = tk
+        dropped.add(site.step)
+        log("perf_hints").info("misaligned matmul %s (%s, N=%d) runs as Triton template %s [%s]%s", site.extern.name,
+                               site.spec.op, site.spec.n, tk.name, tk.config.label,
+                               f" with {site.epilogue.name} fused" if site.epilogue is not None else "")
+    return _with_templates(s, chosen, dropped), len(chosen)
 
 
 def _tuning_failed(site: Site, e: Exception) -> None:

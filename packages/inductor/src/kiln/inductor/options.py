@@ -12,6 +12,21 @@ WRAPPERS = ("python", "cpp")
 
 
 @dataclass(frozen=True, slots=True)
+class MisalignedMatmuls:
+    """Which matmuls count as large and misaligned (graph_passes/pad_matmuls.py says why they matter):
+    on ``devices``, a static mm/addmm of at least ``min_macs`` multiply-adds with a dimension of at least
+    ``min_dim`` elements that is not a multiple of 16 bytes. One whose result rows (N) are misaligned
+    runs as kiln's Triton matmul template writing the unaligned result directly when ``template`` is on
+    (matmul_templates.py ``template_misaligned_matmuls``); the others run on zero-padded operands
+    (``InductorOptions.pad_matmuls``)."""
+
+    devices: tuple[str, ...] = ("cuda",)
+    min_macs: int = 1 << 30  # smaller products lose less to misalignment than a pad copy costs
+    min_dim: int = 512  # a short misaligned dimension is cheap for cuBLAS
+    template: bool = True
+
+
+@dataclass(frozen=True, slots=True)
 class InductorOptions:
     mode: str = "default"  # "default" | "reduce-overhead" | "max-autotune" | "max-autotune-no-cudagraphs"
     max_autotune: bool = False
@@ -43,6 +58,9 @@ class InductorOptions:
     # a large CUDA matmul with a dimension that is not a multiple of 16 bytes runs on zero-padded
     # operands: cuBLAS's fast kernels need aligned leading dimensions (graph_passes/pad_matmuls.py)
     pad_matmuls: bool = True
+    # which matmuls that is, and whether those with misaligned result rows (N: GPT-2's 50257-word LM head)
+    # run as kiln's Triton matmul template instead (matmul_templates.py ``template_misaligned_matmuls``)
+    misaligned_matmuls: MisalignedMatmuls = field(default_factory=MisalignedMatmuls)
     # Triton backend: a reduction with few outputs over many elements (BatchNorm statistics, bias
     # gradients) runs as partial sums over chunks plus a small final pass (split_reductions.py)
     split_reductions: bool = KNOBS.split_reductions

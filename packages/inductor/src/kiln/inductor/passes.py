@@ -13,6 +13,7 @@ from kiln.graph import annotations_of, enabled, keeping_texts, log, print_graph
 
 from . import decomp_bridge
 from .autotune import GeneratedKernelTuner, kernel_problems, make_session
+from .autotune.matmul_template_kernel import smem_limit
 from .codegen.common import CompiledKernels
 from .codegen.cpp import CppBackend
 from .codegen.triton.backend import KernelTuner, TritonBackend
@@ -31,7 +32,7 @@ from .graph_passes.reinplace import reinplace_input_mutations
 from .graph_passes.stems import pad_stem_channels, rewrite_patch_convs
 from .ir import DynamicShapeUnsupported, LoopProgram, ScheduledProgram
 from .lowering.lower import lower_graph
-from .matmul_templates import count_matmul_sites, select_templates
+from .matmul_templates import count_matmul_sites, select_templates, template_misaligned_matmuls
 from .options import InductorOptions
 from .scheduler import eliminate_dead_code, schedule
 from .scheduler.horizontal import group_kernels
@@ -141,8 +142,10 @@ def small_matmuls(s: CompileState) -> CompileState:
 
 def pad_matmuls(s: CompileState) -> CompileState:
     """Large CUDA matmuls with a misaligned M, N or K run on zero-padded operands (graph_passes/pad_matmuls.py
-    says why)."""
-    return _fx_rewrite(s, s.options.pad_matmuls, pad_misaligned_matmuls)
+    says why), except those the Triton template takes after scheduling (``misaligned_matmuls``)."""
+    r = s.options.misaligned_matmuls
+    return _fx_rewrite(s, s.options.pad_matmuls, lambda gm: pad_misaligned_matmuls(
+        gm, devices=r.devices, min_macs=r.min_macs, min_dim=r.min_dim, template=r.template))
 
 
 def reinplace(s: CompileState) -> CompileState:
@@ -183,6 +186,22 @@ def fuse_and_plan(s: CompileState) -> CompileState:
     assert s.program is not None
     sched = schedule(s.program, s.options)
     if enabled("ir_post_fusion"):  # texts["ir_post_fusion"] is the final schedule's (inplace_updates)
+        log("ir_post_fusion").info("%s", sched.as_text())
+    return replace(s, scheduled=sched)
+
+
+def misaligned_matmuls(s: CompileState) -> CompileState:
+    """Large matmuls whose result rows are not 16-byte multiples (GPT-2's and BERT's LM heads) run as
+    kiln's Triton matmul template, untuned, with masked stores straight into the unaligned result and
+    their pointwise consumer fused (matmul_templates.py ``template_misaligned_matmuls``). In every mode:
+    max-autotune does not time them again (the untuned configuration is the fastest measured there)."""
+    r = s.options.misaligned_matmuls
+    backend = triton(s)
+    if s.scheduled is None or not r.template or backend.device not in r.devices:
+        return s
+    smem = smem_limit(backend.device, s.options.autotune.cross_target)
+    sched, n = template_misaligned_matmuls(s.scheduled, r, smem)
+    if n and enabled("ir_post_fusion"):
         log("ir_post_fusion").info("%s", sched.as_text())
     return replace(s, scheduled=sched)
 

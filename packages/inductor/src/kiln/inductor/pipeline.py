@@ -34,6 +34,7 @@ from .passes import (
     inplace_updates_triton,
     lower,
     matmul_templates,
+    misaligned_matmuls,
     pad_matmuls,
     pad_stems,
     patch_convs,
@@ -65,7 +66,8 @@ CPP_STAGES: tuple[Pass[CompileState], ...] = (
 )
 
 # Triton kernels: CUDA tensors, or CPU tensors under the Triton interpreter (cpu_backend="triton").
-# patch_convs, pad_stems and pad_matmuls rewrite CUDA nodes only (cuDNN workspaces, cuBLAS alignment).
+# patch_convs, pad_stems, pad_matmuls and misaligned_matmuls rewrite CUDA nodes only (cuDNN workspaces,
+# cuBLAS alignment).
 TRITON_STAGES: tuple[Pass[CompileState], ...] = (
     # graph passes (torch.fx)
     Pass("propagate_meta", lambda s, _: propagate_meta(s), "fake-tensor meta['val'] for hand-built graphs"),
@@ -82,6 +84,8 @@ TRITON_STAGES: tuple[Pass[CompileState], ...] = (
     Pass("remove_dead_code", lambda s, _: remove_dead_code(s), "drop nodes no output needs"),
     Pass("split_reductions", lambda s, _: split_long_reductions(s), "few-output long reductions in two passes"),
     Pass("fuse_and_plan", lambda s, _: fuse_and_plan(s), "fusion, loop order, memory plan -> ScheduledProgram"),
+    Pass("misaligned_matmuls", lambda s, _: misaligned_matmuls(s),
+         "large matmuls with misaligned result rows as Triton templates (untuned)"),
     Pass("matmul_templates", lambda s, _: matmul_templates(s), "max-autotune: Triton matmul templates vs cuBLAS"),
     Pass("inplace_updates", lambda s, _: inplace_updates_triton(s), "dying buffers of one-store kernels written over"),
     # code

@@ -8,7 +8,8 @@ run and on which backend):
     stems               CUDA image stems without cuDNN workspaces (patch convs as matmuls, padded channels)
     conv_layout         2-D convolutions and the work between them in channels-last memory
     gemv_as_reduction   one-row matmuls as fused multiply-reduce (Triton)
-    pad_matmuls         misaligned CUDA matmuls on zero-padded operands (``kiln_inductor::mm_padded``)
+    pad_matmuls         misaligned CUDA matmuls on zero-padded operands (``kiln_inductor::mm_padded``), except
+                        those with misaligned result rows, left to matmul_templates.py's Triton template
     reinplace           functional updates of mutated inputs (a KV cache) written in place
     rewrite             what the rewrites share: a node's example value, node-for-node replacement
     verify              the graph level's verifier, run after every graph pass under KILN_VERIFY=1

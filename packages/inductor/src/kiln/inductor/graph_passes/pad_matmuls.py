@@ -15,6 +15,16 @@ copying the whole padded product held both at once, plus the padded weight (GPT-
 rows and copies each block into place; those last rows (~4% for GPT-2) take the unaligned call.
 (Row chunks written through a padded leading dimension would take fewer launches, but cuBLAS is slow
 on such outputs.) Extra memory: none (the result, as eager); the weight is never padded.
+
+Note: a product whose result rows (N) are misaligned is better computed by kiln's Triton matmul template
+(autotune/matmul_template_kernel.py), which reads the operands as they are and stores straight into
+the unaligned contiguous result with masked stores: GPT-2's head (bf16, 4096 x 768 @ 768 x 50257) took
+0.62 ms on an H200 against mm_padded's 1.21 (cuBLAS unaligned: 3.36). With ``template=True`` this pass
+leaves such products alone (``templated``) and matmul_templates.py ``template_misaligned_matmuls`` turns
+them into the template after scheduling, its fused epilogue included. ``mm_padded`` stays for what the
+template does not take: fp32 without TF32 (the template's IEEE ``tl.dot`` runs on FMA units, where
+cuBLAS's SGEMM is expected to stay ahead), an addmm whose bias the template cannot read (a 0-d one),
+and graphs compiled with the template off.
 """
 
 from __future__ import annotations
@@ -24,14 +34,14 @@ from typing import Any
 import torch
 from torch import fx
 
+from ..options import MisalignedMatmuls
 from .rewrite import node_val, replace_nodes
 
 aten = torch.ops.aten
 
 _ALIGN_BYTES = 16
 BLOCK = 2048  # mm_padded's columns per aligned product (fewer, larger cuBLAS calls vs a smaller unaligned tail)
-_MIN_MACS = 1 << 30  # smaller products lose less to misalignment than the pad copies cost
-_MIN_DIM = 512  # a short misaligned dimension is cheap for cuBLAS
+_RULES = MisalignedMatmuls()  # the default thresholds (options.py)
 _VIEWS = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default,
           aten.permute.default, aten.t.default, aten.transpose.int, aten.as_strided.default,
           aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default}
@@ -104,8 +114,9 @@ def _mm_padded_fake(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor,
 MM_PADDED = torch.ops.kiln_inductor.mm_padded.default
 
 
-def _padding(node: fx.Node, devices: tuple[str, ...], min_macs: int, min_dim: int) -> tuple[int, int, int] | None:
-    """(M, N, K) padded sizes for a matmul worth padding, else None."""
+def _padding(node: fx.Node, devices: tuple[str, ...], min_macs: int, min_dim: int,
+             template: bool) -> tuple[int, int, int] | None:
+    """(M, N, K) padded sizes for a matmul worth padding, else None (also for one the template takes)."""
     if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default) or node.kwargs:
         return None
     if node.target is aten.addmm.default and len(node.args) > 3:
@@ -121,9 +132,29 @@ def _padding(node: fx.Node, devices: tuple[str, ...], min_macs: int, min_dim: in
     (m, k), n = va.shape, vb.shape[1]
     if m * n * k < min_macs:
         return None
+    if template and templated(m, n, k, out.dtype, min_macs, min_dim) and (
+            node.target is aten.mm.default or _template_bias(node_val(node.args[0]), m, n, out.dtype)):
+        return None  # matmul_templates.py's template_misaligned_matmuls computes it
     align = _ALIGN_BYTES // out.element_size()
     padded = tuple(d if d % align == 0 or d < min_dim else d + align - d % align for d in (m, n, k))
     return padded if padded != (m, n, k) else None  # type: ignore[return-value]
+
+
+def templated(m: int, n: int, k: int, dtype: torch.dtype, min_macs: int, min_dim: int) -> bool:
+    """Whether a static M x K @ K x N matmul runs as kiln's Triton template (module Note): a large one
+    whose result rows are misaligned and long, in half precision or fp32 with TF32 on (torch's setting,
+    which the template follows)."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return False
+    return m * n * k >= min_macs and n >= min_dim and n * dtype.itemsize % _ALIGN_BYTES != 0
+
+
+def _template_bias(v: Any, m: int, n: int, dtype: torch.dtype) -> bool:
+    """An addmm bias the template reads (matmul_templates.py ``_bias``): [n], [1|m, 1|n], of the product's dtype."""
+    if v is None or v.dtype != dtype or v.dim() not in (1, 2):
+        return False
+    rows, cols = (1, *v.shape) if v.dim() == 1 else tuple(v.shape)
+    return rows in (1, m) and cols in (1, n)
 
 
 def _transposed_source(x: Any) -> Any:
@@ -212,13 +243,15 @@ def _rewrite(g: fx.Graph, node: fx.Node, sizes: tuple[int, int, int], block: int
     return out
 
 
-def pad_misaligned_matmuls(gm: fx.GraphModule, *, devices: tuple[str, ...] = ("cuda",),
-                           min_macs: int = _MIN_MACS, min_dim: int = _MIN_DIM, block: int = BLOCK) -> int:
-    """Rewrite each large misaligned mm/addmm on ``devices``; returns how many. New nodes have no
-    ``meta['val']``: the caller re-propagates metadata."""
+def pad_misaligned_matmuls(gm: fx.GraphModule, *, devices: tuple[str, ...] = _RULES.devices,
+                           min_macs: int = _RULES.min_macs, min_dim: int = _RULES.min_dim, block: int = BLOCK,
+                           template: bool = False) -> int:
+    """Rewrite each large misaligned mm/addmm on ``devices``; returns how many. ``template``: leave
+    those the Triton template takes (``templated``) as they are. New nodes have no ``meta['val']``:
+    the caller re-propagates metadata."""
     made: dict[tuple, fx.Node] = {}  # pads shared between matmuls (``_pad``)
 
     def build(g: fx.Graph, node: fx.Node) -> fx.Node | None:
-        sizes = _padding(node, devices, min_macs, min_dim)
+        sizes = _padding(node, devices, min_macs, min_dim, template)
         return None if sizes is None else _rewrite(g, node, sizes, block, made)
     return replace_nodes(gm, build)
