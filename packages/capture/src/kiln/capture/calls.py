@@ -24,6 +24,7 @@ from .errors import GraphBreak
 from .foreign import is_immutable_constant, is_mutable_c_value
 from .knobs import user_environment
 from .module_calls import runs_in_python
+from .module_init import build_module
 from .numpy_random import is_python_draw, rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
@@ -459,21 +460,17 @@ def construct(frame: Frame, cls: type, args: list, kwargs: dict) -> Any:
 
 
 def construct_module(frame: Frame, cls: type, args: list, kwargs: dict) -> nn.Module:
-    """``nn.CrossEntropyLoss()`` in a forward: a torch.nn module without parameters or buffers
-    (losses, activations, containers of them) is built for real, once per capture, and rebuilt per
-    call if it outlives the graph. One with state (``nn.Linear``'s random weights) breaks the graph:
-    building it at capture would initialise its weights once instead of on every call."""
+    """``nn.CrossEntropyLoss()`` or ``nn.Linear(8, 4)`` in a forward: a torch.nn module is built for
+    real once per capture, on fake tensors, its initialisation (random weights included) recorded as
+    graph work (module_init.py); one without state is rebuilt per call if it outlives the graph.
+    Modules of other libraries and the user's own run their ``__init__`` in Python (a break)."""
     name = cls.__name__
     if not (cls.__module__ or "").startswith("torch.nn.") or \
             any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values()):
         raise GraphBreak(f"constructing module {name} inside compiled code",
                          "build the module outside the compiled function")
     refuse_foreign_values(frame, [*args, *kwargs.values()], f"{name}()")
-    with torch.random.fork_rng(devices=[]):  # a module that draws weights does not consume the RNG
-        module = cls(*args, **kwargs)
-    if any(True for _ in module.parameters()) or any(b is not None for b in module.buffers()):
-        raise GraphBreak(f"constructing module {name} (with parameters or buffers) inside compiled code",
-                         "build the module outside the compiled function")
+    module = build_module(frame, cls, args, kwargs)
     frame.tracer.note_made(module)
     return module
 
