@@ -6,6 +6,8 @@ from the capture. A module that outlives the graph is built in Python, with real
 user's own module classes run their ``__init__`` in Python (a break). Stateless modules, losses and
 activations: corpus_python2.py."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -394,3 +396,26 @@ def test_new_stateless_modules_with_and_without_hooks():
         x = torch.randn(5)
         torch.testing.assert_close(opt(m, x), f(m, x), rtol=0, atol=0)
         del m
+
+
+_COPIED = nn.Linear(4, 3)
+
+
+def test_deepcopy_of_a_module_reads_each_calls_weights():
+    """``copy.deepcopy(module)`` ran for real at capture time and baked that call's weights into the
+    entry (later calls returned stale values); now it runs in Python on every call."""
+    def f(x):
+        built = nn.Linear(4, 3)
+        return copy.deepcopy(_COPIED)(x) + copy.deepcopy(built)(x)
+    kc.reset()
+    opt = kc.optimize(f, Recorder())
+    for i in range(4):
+        with torch.no_grad():
+            _COPIED.weight.add_(1.0)
+        x = torch.randn(2, 4)
+        torch.manual_seed(i)
+        want = f(x)
+        torch.manual_seed(i)
+        torch.testing.assert_close(opt(x), want, rtol=0, atol=0)
+    ex = kc.explain(f)(torch.randn(2, 4))
+    assert "deepcopy() of a module holding parameters" in ex.as_text(), ex.as_text()

@@ -169,8 +169,23 @@ def _run_for_real(frame: Frame, fn: types.FunctionType, args: list, kwargs: dict
     # a library function given an object from the frame reads its state (copy.deepcopy(config),
     # dataclasses.asdict): run for real only once that whole state is guarded, else inlined so
     # what it reads is guarded (or breaks where it cannot be)
+    if mod == "copy" and any(_holds_module_state(a) for a in values):  # copy.deepcopy(self.fc): run for
+        # real, it bakes the capture's tensors into the entry; inlining the copy protocol is no better
+        raise GraphBreak(f"{mod}.{fn.__name__}() of a module holding parameters or buffers",
+                         "it runs in Python on every call")
     return not any(contains_traced(a) for a in values) and \
         all(_guard_whole_state(frame, a) for a in values if _unguarded_state(frame, a))
+
+
+def _holds_module_state(v: Any, depth: int = 0) -> bool:
+    """A module with parameters or buffers, or a list/tuple/dict of them."""
+    if isinstance(v, nn.Module):
+        return any(True for _ in v.parameters()) or any(b is not None for b in v.buffers())
+    if depth < 2 and type(v) in (list, tuple):
+        return any(_holds_module_state(x, depth + 1) for x in v)
+    if depth < 2 and type(v) is dict:
+        return any(_holds_module_state(x, depth + 1) for x in v.values())
+    return False
 
 
 def _unguarded_state(frame: Frame, v: Any) -> bool:
