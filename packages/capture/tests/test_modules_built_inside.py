@@ -106,6 +106,19 @@ def test_compiled_once_and_fresh_weights_without_reseeding(fn):
     assert not torch.allclose(a, b)
 
 
+def test_varying_batch_sizes_one_symbolic_graph():
+    kc.reset()
+    rec = Recorder()
+    opt = kc.optimize(mlp_in_forward, rec)
+    for i, n in enumerate([3, 5, 7, 2, 9]):
+        x = torch.randn(n, 4)
+        torch.manual_seed(i)
+        want = mlp_in_forward(x)
+        torch.manual_seed(i)
+        torch.testing.assert_close(opt(x), want, rtol=0, atol=0)
+    assert rec.count == 2, rec.count  # static, then symbolic on the second size
+
+
 def test_fullgraph_accepts_it():
     _compare_seeded(mlp_in_forward, calls=3, fullgraph=True)
 
