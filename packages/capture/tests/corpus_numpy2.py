@@ -265,6 +265,8 @@ def nprand_shuffle_breaks(a):
 
 
 # ---- modules with random weights built inside compiled code ---------------------------------------
+# a seed set in the same graph as the draws of a module's initialisation: the construction runs in
+# Python after the seed (deferred.py); unseeded constructions are graph work (test_modules_built_inside.py)
 @case(graphs=2, breaks=1, args=lambda: (torch.randn(3, 4),))
 def module_linear_built_seeded(x):
     torch.manual_seed(0)
@@ -272,7 +274,7 @@ def module_linear_built_seeded(x):
     return lin(x).relu()
 
 
-@case(graphs=2, breaks=3, args=lambda: (torch.randn(3, 4),))
+@case(graphs=2, breaks=1, args=lambda: (torch.randn(3, 4),))
 def module_sequential_built_seeded(x):
     torch.manual_seed(1)
     seq = nn.Sequential(nn.Linear(4, 8), nn.GELU(), nn.Linear(8, 2))
@@ -286,7 +288,53 @@ def module_conv_built_seeded(x):
     return conv(x.unsqueeze(0)).sum()
 
 
-@case(graphs=2, breaks=1, args=lambda: (torch.randn(3, 4),))
+@case(graphs=1, breaks=0, args=lambda: (torch.randn(3, 4),))
 def module_layernorm_built(x):
-    ln = nn.LayerNorm(4)  # ones/zeros, no RNG: still a module with parameters
+    ln = nn.LayerNorm(4)  # ones/zeros, no RNG: its initialisation is graph work
     return ln(x) * 2
+
+
+@case(graphs=1, breaks=0, args=lambda: (torch.randn(3, 4),))
+def module_batchnorm_built(x):
+    bn = nn.BatchNorm1d(4)  # buffers too (num_batches_tracked is a torch.tensor constant)
+    return bn(x) + bn.running_mean + bn.num_batches_tracked
+
+
+@case(graphs=1, breaks=0, args=lambda: (torch.randn(3, 4),))
+def module_linear_built_reinitialised(x):
+    lin = nn.Linear(4, 2)  # draws its weights (both sides consume the generator alike), then set
+    nn.init.constant_(lin.weight, 0.5)
+    nn.init.zeros_(lin.bias)
+    return lin(x), lin.weight.requires_grad
+
+
+_SOURCED_LIN = nn.Linear(4, 4)
+
+
+@case(graphs=1, breaks=0, args=lambda: (torch.randn(3, 4),))
+def module_container_of_sourced_module_built(x):
+    return nn.Sequential(_SOURCED_LIN, nn.ReLU(), nn.LayerNorm(4))(x)
+
+
+def _fixed_linear():
+    lin = nn.Linear(4, 2)
+    nn.init.ones_(lin.weight)
+    nn.init.zeros_(lin.bias)
+    return lin
+
+
+@case(graphs=2, breaks=1, args=lambda: (torch.randn(3, 4),))
+def module_built_returned_breaks(x):
+    lin = nn.Linear(4, 2)  # outlives the graph: built in Python, with real Parameters
+    nn.init.ones_(lin.weight)
+    nn.init.zeros_(lin.bias)
+    return lin(x), lin
+
+
+_BUILT: list = []
+
+
+@case(graphs=4, breaks=2, args=lambda: (torch.randn(3, 4),))
+def module_built_stored_breaks(x):  # the helper breaks at the construction, then runs as its own frame
+    _BUILT[:] = [_fixed_linear()]
+    return _BUILT[0](x) * 2

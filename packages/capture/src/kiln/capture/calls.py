@@ -24,6 +24,7 @@ from .errors import GraphBreak
 from .foreign import is_immutable_constant, is_mutable_c_value
 from .knobs import user_environment
 from .module_calls import runs_in_python
+from .module_init import build_module
 from .numpy_random import is_python_draw, rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
@@ -168,8 +169,23 @@ def _run_for_real(frame: Frame, fn: types.FunctionType, args: list, kwargs: dict
     # a library function given an object from the frame reads its state (copy.deepcopy(config),
     # dataclasses.asdict): run for real only once that whole state is guarded, else inlined so
     # what it reads is guarded (or breaks where it cannot be)
+    if mod == "copy" and any(_holds_module_state(a) for a in values):  # copy.deepcopy(self.fc): run for
+        # real, it bakes the capture's tensors into the entry; inlining the copy protocol is no better
+        raise GraphBreak(f"{mod}.{fn.__name__}() of a module holding parameters or buffers",
+                         "it runs in Python on every call")
     return not any(contains_traced(a) for a in values) and \
         all(_guard_whole_state(frame, a) for a in values if _unguarded_state(frame, a))
+
+
+def _holds_module_state(v: Any, depth: int = 0) -> bool:
+    """A module with parameters or buffers, or a list/tuple/dict of them."""
+    if isinstance(v, nn.Module):
+        return any(True for _ in v.parameters()) or any(b is not None for b in v.buffers())
+    if depth < 2 and type(v) in (list, tuple):
+        return any(_holds_module_state(x, depth + 1) for x in v)
+    if depth < 2 and type(v) is dict:
+        return any(_holds_module_state(x, depth + 1) for x in v.values())
+    return False
 
 
 def _unguarded_state(frame: Frame, v: Any) -> bool:
@@ -459,21 +475,17 @@ def construct(frame: Frame, cls: type, args: list, kwargs: dict) -> Any:
 
 
 def construct_module(frame: Frame, cls: type, args: list, kwargs: dict) -> nn.Module:
-    """``nn.CrossEntropyLoss()`` in a forward: a torch.nn module without parameters or buffers
-    (losses, activations, containers of them) is built for real, once per capture, and rebuilt per
-    call if it outlives the graph. One with state (``nn.Linear``'s random weights) breaks the graph:
-    building it at capture would initialise its weights once instead of on every call."""
+    """``nn.CrossEntropyLoss()`` or ``nn.Linear(8, 4)`` in a forward: a torch.nn module is built for
+    real once per capture, on fake tensors, its initialisation (random weights included) recorded as
+    graph work (module_init.py); one without state is rebuilt per call if it outlives the graph.
+    Modules of other libraries and the user's own run their ``__init__`` in Python (a break)."""
     name = cls.__name__
     if not (cls.__module__ or "").startswith("torch.nn.") or \
             any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values()):
         raise GraphBreak(f"constructing module {name} inside compiled code",
                          "build the module outside the compiled function")
     refuse_foreign_values(frame, [*args, *kwargs.values()], f"{name}()")
-    with torch.random.fork_rng(devices=[]):  # a module that draws weights does not consume the RNG
-        module = cls(*args, **kwargs)
-    if any(True for _ in module.parameters()) or any(b is not None for b in module.buffers()):
-        raise GraphBreak(f"constructing module {name} (with parameters or buffers) inside compiled code",
-                         "build the module outside the compiled function")
+    module = build_module(frame, cls, args, kwargs)
     frame.tracer.note_made(module)
     return module
 

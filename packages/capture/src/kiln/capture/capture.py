@@ -16,9 +16,10 @@ from torch import fx
 from kiln.graph import CapturedGraph, GraphAnnotations, GuardSet, TensorSpec, annotate, shape_env_of
 
 from .deferred import CALL
-from .errors import GraphBreak, Unsupported
+from .errors import GraphBreak, SkipFrame, Unsupported
 from .frame import BreakAt, Context, Frame, FrameResult
 from .knobs import KNOBS, CaptureOptions
+from .module_init import BuiltModuleEscapes
 from .numpy_random import flush_pending
 from .rebuild import Flattener, Plan
 from .shape_guards import STRIDE_NOTE, shape_guards
@@ -58,8 +59,23 @@ class Capture:
 def run_capture(code: types.CodeType, f_globals: dict[str, Any], closure: tuple | None,
                 L: dict[str, Any], options: CaptureOptions, policy: DynamicPolicy,
                 symbolic: bool = True, unspecialized: frozenset[str] = frozenset()) -> Capture:
+    escaping: frozenset = frozenset()
+    while True:
+        try:
+            return _capture_once(code, f_globals, closure, L, options, policy, symbolic, unspecialized, escaping)
+        except BuiltModuleEscapes as e:
+            # a torch.nn module built in the graph outlives it: capture again, building that one in
+            # Python (module_init.py); each attempt adds a site, so this ends
+            if e.site in escaping:
+                raise SkipFrame(f"{e} and kiln could not move its construction out of the graph") from e
+            escaping = escaping | {e.site}
+
+
+def _capture_once(code: types.CodeType, f_globals: dict[str, Any], closure: tuple | None,
+                  L: dict[str, Any], options: CaptureOptions, policy: DynamicPolicy, symbolic: bool,
+                  unspecialized: frozenset[str], escaping: frozenset) -> Capture:
     tracer = Tracer(policy, symbolic, duck=options.dynamic is True, unspecialized=unspecialized)
-    ctx = Context(tracer, options, KNOBS.inline_depth, code)
+    ctx = Context(tracer, options, KNOBS.inline_depth, code, escaping_builds=escaping)
     grad_before = torch.is_grad_enabled()
     try:
         locals_ = {}

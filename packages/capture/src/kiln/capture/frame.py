@@ -94,6 +94,9 @@ class Context:
     # torch.autocast blocks entered for real and not yet left: a capture that stops inside one (a graph
     # break there runs the frame eagerly) leaves them on exit, or autocast would stay on after the call
     open_autocasts: list = field(default_factory=list)
+    # constructions of torch.nn modules whose module outlived the graph in an earlier attempt at this
+    # capture: they break the graph (module_init.py)
+    escaping_builds: frozenset = frozenset()
 
 
 @dataclass

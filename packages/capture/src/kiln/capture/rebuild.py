@@ -17,6 +17,7 @@ import torch
 
 from .errors import GraphBreak, SkipFrame
 from .foreign import is_immutable_constant, state_in_c
+from .module_init import BuiltModuleEscapes
 from .numpy_table import BoundArrayMethod
 from .tracer import SYM_TYPES, Tracer
 from .values import (
@@ -77,6 +78,9 @@ class Flattener:
         if isinstance(v, torch.Tensor) and id(v) in self.tracer.input_source_of_fake and \
                 self.tracer.node_of.get(id(v)) is not None and self.tracer.node_of[id(v)].op == "placeholder":
             return eval(f"lambda outs, L, G: {self.tracer.input_source_of_fake[id(v)]}")  # noqa: S307
+        built = self.tracer.built_state.get(id(v)) if isinstance(v, torch.Tensor) else None
+        if built is not None:  # a module whose init is graph work outlives the graph (module_init.py)
+            raise BuiltModuleEscapes(*built)
         if isinstance(v, (torch.Tensor, *SYM_TYPES)):
             i = self.output_index(v)
             return lambda outs, L, G: outs[i]

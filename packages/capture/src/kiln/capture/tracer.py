@@ -118,6 +118,9 @@ class Tracer:
         self.global_hooks: tuple | None = None
         self.source_of: dict[int, str] = {}
         self.made: set[int] = set()  # objects made during the trace that must be rebuilt per call
+        # tensors a torch.nn module's initialisation made in the graph -> (its site, the module's
+        # class name): they cannot leave the graph (module_init.py)
+        self.built_state: dict[int, tuple[tuple[Any, int], str]] = {}
         self.opaque: set[int] = set()  # ids of values from the frame guarded by type only (foreign.py)
         self.symbol_sources: dict[str, list[str]] = {}
         self.stride_relations: list[Guard] = []  # symbolic strides of inputs as relations (_guard_strides)
@@ -518,9 +521,7 @@ class Tracer:
     def record(self, kind: str, target: Any, args: tuple, kwargs: dict, run: Callable[[], Any],
                pure: bool = False) -> Any:
         """Run ``run`` on fake values and record one node computing its result."""
-        if self.deferred and seed_pending(self.deferred) and is_random_target(target):
-            raise GraphBreak("a random op after torch.manual_seed in the same graph",
-                             "the seed is set after the graph, then this op runs in Python")
+        self.refuse_random_after_seed(target)
         node_args = self.to_arg(args)
         node_kwargs = self.to_arg(kwargs)
         try:
@@ -541,6 +542,11 @@ class Tracer:
             self.speculative.add(node)
         self.register(result, node)
         return result
+
+    def refuse_random_after_seed(self, target: Any) -> None:
+        if self.deferred and seed_pending(self.deferred) and is_random_target(target):
+            raise GraphBreak("a random op after torch.manual_seed in the same graph",
+                             "the seed is set after the graph, then this op runs in Python")
 
     def register(self, value: Any, node: fx.Node) -> None:
         before = self.node_of.get(id(value)) if isinstance(value, (torch.Tensor, *SYM_TYPES)) else None
