@@ -197,7 +197,7 @@ def test_export_refuses_a_range_end_a_derived_size_cannot_serve() -> None:
 
     x = torch.randn(1, 2, 16, 16)
     with pytest.raises(ExportError, match=r"input 'x' dim 2 was to vary in \[4, 64\], but the program was traced or "
-                                          r"compiled assuming Ne\(\(s\d+//4\), 1\), which fails at size 4"):
+                                          r"compiled assuming \(s\d+ // 4\) != 1, which fails at size 4"):
         kiln.export(pooled, (x,), dynamic_shapes={"x": {2: (4, 64)}})
     exported = kiln.export(pooled, (x,), dynamic_shapes={"x": {2: (8, 64)}})
     for h in (8, 13, 64):

@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 
 import kiln.capture as capture
 from kiln.graph import CapturedGraph, KilnError, TensorSpec
+from kiln.inductor import DynamicShapeUnsupported, guard_text
 
 
 class ExportError(KilnError):
@@ -154,7 +155,7 @@ def check_ranges(captured: CapturedGraph, sizes: Sequence[SizeSymbol], describe:
         if (lo, hi) == (z.min, z.max):
             _check_range_ends(z, relations, describe, where)
             continue
-        said = ", ".join(str(r) for r in relations if re.search(rf"\b{z.symbol}\b", str(r)))
+        said = ", ".join(_said(r) for r in relations if z.symbol in {str(x) for x in r.free_symbols})
         raise ExportError(f"{where}: {describe(z)} was to vary in [{z.min}, {z.max}], but the program was traced "
                           f"or compiled for [{lo}, {hi}] only (it assumed {said or 'a narrower range'}); export a "
                           "narrower range, or that dim static")
@@ -170,9 +171,17 @@ def _check_range_ends(z: SizeSymbol, relations: list[sympy.Basic], describe: Cal
         for end in (z.min, z.max):
             if r.subs(sym, end) is sympy.false:
                 raise ExportError(f"{where}: {describe(z)} was to vary in [{z.min}, {z.max}], but the program was "
-                                  f"traced or compiled assuming {r}, which fails at size {end} (a size computed from "
-                                  "it changes how the program runs there, e.g. becomes 1); export a range without "
-                                  f"{end}, or that dim static")
+                                  f"traced or compiled assuming {_said(r)}, which fails at size {end} (a size "
+                                  "computed from it changes how the program runs there, e.g. becomes 1); export a "
+                                  f"range without {end}, or that dim static")
+
+
+def _said(relation: sympy.Basic) -> str:
+    """A relation as the manifest and model.so's errors print it (kiln.inductor's printer)."""
+    try:
+        return guard_text(relation)
+    except DynamicShapeUnsupported:  # no form over kiln's sizes (kiln.package refuses it): torch's text
+        return str(relation)
 
 
 def _relations(captured: CapturedGraph) -> list[sympy.Basic]:
