@@ -2,6 +2,8 @@
 //
 //   main [--cuda] [--tol T] PACKAGE INPUTS.safetensors [EXPECTED.safetensors|- [ITERATIONS]]
 //   main [--cuda] PACKAGE --bad-inputs      (prints the runner's error for each kind of bad call)
+//   main [--cuda] PACKAGE --shapes 2x3x33x47 ...   (runs zeros of these shapes, one per input: prints the
+//                                                  output shapes, or the runner's error and exits 3)
 //
 // INPUTS holds input0, input1, ... and EXPECTED output0, output1, ... (export_models.py writes both); a
 // package exported with dynamic shapes is checked at more sizes: case1/input0, case1/output0, ... too.
@@ -127,6 +129,31 @@ static int bad_inputs(kiln::Runner& runner, c10::Device device) {
   return 0;
 }
 
+static std::vector<int64_t> parse_shape(const std::string& text) {  // "2x3x33x47"
+  std::vector<int64_t> shape;
+  size_t at = 0;
+  while (at <= text.size()) {
+    size_t x = text.find('x', at);
+    shape.push_back(std::stoll(text.substr(at, x == std::string::npos ? std::string::npos : x - at)));
+    if (x == std::string::npos) break;
+    at = x + 1;
+  }
+  return shape;
+}
+
+static int run_shapes(kiln::Runner& runner, c10::Device device, const std::vector<std::string>& shapes) {
+  std::vector<at::Tensor> inputs;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    at::ScalarType dtype = i < runner.input_specs().size() ? runner.input_specs()[i].dtype : at::kFloat;
+    inputs.push_back(at::zeros(parse_shape(shapes[i]), at::TensorOptions().dtype(dtype).device(device)));
+  }
+  std::vector<at::Tensor> outputs = runner.run(inputs);
+  synchronize(device);
+  for (size_t k = 0; k < outputs.size(); ++k)
+    std::printf("output%zu shape %s\n", k, kiln::detail::dims(outputs[k].sizes()).c_str());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   std::vector<std::string> args;
   c10::Device device = c10::kCPU;
@@ -148,6 +175,7 @@ int main(int argc, char** argv) {
     double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     device = runner.device();
     if (args[1] == "--bad-inputs") return bad_inputs(runner, device);
+    if (args[1] == "--shapes") return run_shapes(runner, device, std::vector<std::string>(args.begin() + 2, args.end()));
     auto named = kiln::read_safetensors(args[1]);
     auto case_inputs = [&](const std::string& prefix) {
       std::vector<at::Tensor> v;

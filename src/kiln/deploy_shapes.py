@@ -16,6 +16,7 @@ import torch.utils._pytree as pytree
 
 import kiln.capture as capture
 from kiln.graph import CapturedGraph, KilnError, TensorSpec
+from kiln.inductor import DynamicShapeUnsupported, guard_text
 
 
 class ExportError(KilnError):
@@ -84,6 +85,7 @@ def marked(args: tuple, kwargs: dict, leaves: list[tuple[str, str, torch.Tensor]
 
 
 _SIZE_SOURCE = re.compile(r"^(.*)\.size\(\)\[(\d+)\]$")
+_STRIDE_SOURCE = re.compile(r"^(.*)\.stride\(\)\[(\d+)\]$")
 
 
 def check_asked(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Tensor]],
@@ -96,7 +98,7 @@ def check_asked(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Tens
         if spec is None:
             continue  # the program does not read this input: any size does
         for d, rng in dims.items():
-            if not isinstance(spec.shape[d], sympy.Symbol):
+            if not getattr(spec.shape[d], "free_symbols", None):  # a symbol, or an expression over others
                 raise ExportError(f"kiln.export({name}): input {display!r} dim {d} was asked to vary in {rng}, but "
                                   f"the program fixes it to {spec.shape[d]} (it relates the size to a static one); "
                                   "leave it out of dynamic_shapes or change the program")
@@ -113,6 +115,8 @@ def size_symbols(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Ten
     for g in captured.guards:
         if g.kind != "SYMBOL" or str(g.expected) in out:
             continue
+        if _STRIDE_SOURCE.match(g.source):
+            continue  # a stride expression's name (``stride0 == 3*s1*s2``): inputs are contiguous here
         m = _SIZE_SOURCE.match(g.source)
         if m is None or m.group(1) not in position:
             raise ExportError(f"kiln.export({name}): size symbol {g.expected} comes from {g.source}, not a dim of an "
@@ -140,27 +144,60 @@ def size_symbols(captured: CapturedGraph, leaves: list[tuple[str, str, torch.Ten
 def check_ranges(captured: CapturedGraph, sizes: Sequence[SizeSymbol], describe: Callable[[SizeSymbol], str],
                  where: str) -> None:
     """Each size symbol still ranges over what was asked: a step that assumed a narrower range (a branch
-    on the size, a shape rule comparing it with a constant) is an error naming the relations, not a
-    package that serves fewer sizes than asked."""
+    on the size, a shape rule comparing it with a constant, or an inequality over a size derived from it:
+    a convolution's output size that must not be 1) is an error naming the relations, not a package that
+    serves fewer sizes than asked. (Equalities over one size, a reshape's divisibility, are relations
+    of the program that the runners check per call.)"""
     now = symbol_ranges(captured)
+    relations = _relations(captured)
     for z in sizes:
         lo, hi = now.get(z.symbol, (z.min, z.max))
         if (lo, hi) == (z.min, z.max):
+            _check_range_ends(z, relations, describe, where)
             continue
-        said = ", ".join(t for t in _relations_text(captured) if re.search(rf"\b{z.symbol}\b", t))
+        said = ", ".join(_said(r) for r in relations if z.symbol in {str(x) for x in r.free_symbols})
         raise ExportError(f"{where}: {describe(z)} was to vary in [{z.min}, {z.max}], but the program was traced "
                           f"or compiled for [{lo}, {hi}] only (it assumed {said or 'a narrower range'}); export a "
                           "narrower range, or that dim static")
 
 
-def _relations_text(captured: CapturedGraph) -> list[str]:
+def _check_range_ends(z: SizeSymbol, relations: list[sympy.Basic], describe: Callable[[SizeSymbol], str],
+                      where: str) -> None:
+    """The inequalities over ``z`` alone hold at both ends of its range."""
+    for r in relations:
+        if isinstance(r, sympy.Eq) or {str(x) for x in r.free_symbols} != {z.symbol}:
+            continue
+        (sym,) = r.free_symbols
+        for end in (z.min, z.max):
+            if r.subs(sym, end) is sympy.false:
+                raise ExportError(f"{where}: {describe(z)} was to vary in [{z.min}, {z.max}], but the program was "
+                                  f"traced or compiled assuming {_said(r)}, which fails at size {end} (a size "
+                                  "computed from it changes how the program runs there, e.g. becomes 1); export a "
+                                  f"range without {end}, or that dim static")
+
+
+def _said(relation: sympy.Basic) -> str:
+    """A relation as the manifest and model.so's errors print it (kiln.inductor's printer)."""
+    try:
+        return guard_text(relation)
+    except DynamicShapeUnsupported:  # no form over kiln's sizes (kiln.package refuses it): torch's text
+        return str(relation)
+
+
+def _relations(captured: CapturedGraph) -> list[sympy.Basic]:
+    """The relations the capture's ShapeEnv holds (its guards: capture's, the trace's, the compile's)."""
+    env = _shape_env(captured)
+    return list(dict.fromkeys(g.expr for g in env.guards)) if env is not None else []
+
+
+def _shape_env(captured: CapturedGraph) -> Any:
     for n in captured.gm.graph.nodes:
         v = n.meta.get("val") if n.op == "placeholder" else None
         sizes = [*v.shape, *v.stride()] if isinstance(v, torch.Tensor) else [v]
         env = next((s.node.shape_env for s in sizes if isinstance(s, torch.SymInt)), None)
         if env is not None:
-            return list(dict.fromkeys(str(g.expr) for g in env.guards))
-    return []
+            return env
+    return None
 
 
 def _contiguous(spec: TensorSpec) -> bool:
@@ -182,13 +219,10 @@ def traced_specs(captured: CapturedGraph) -> dict[str, TensorSpec]:
 
 def symbol_ranges(captured: CapturedGraph) -> dict[str, tuple[int | None, int | None]]:
     """The ShapeEnv's range of each size symbol, by name (None: unbounded)."""
-    for n in captured.gm.graph.nodes:
-        v = n.meta.get("val") if n.op == "placeholder" else None
-        sizes = [*v.shape, *v.stride()] if isinstance(v, torch.Tensor) else [v]
-        env = next((s.node.shape_env for s in sizes if isinstance(s, torch.SymInt)), None)
-        if env is not None:
-            return {str(k): (_bound(r.lower), _bound(r.upper)) for k, r in env.var_to_range.items()}
-    return {}
+    env = _shape_env(captured)
+    if env is None:
+        return {}
+    return {str(k): (_bound(r.lower), _bound(r.upper)) for k, r in env.var_to_range.items()}
 
 
 def _bound(b: Any) -> int | None:

@@ -73,3 +73,20 @@ def test_slice_scatter_over_symbolic_ranges_is_generated_code(name):
     cg = compile_symbolic(fn, *make_args(37))
     externs = [k.target for k in cg.loop_program.nodes if isinstance(k, ExternKernel)]  # type: ignore[attr-defined]
     assert not externs, externs
+
+
+def conv_stride_pool(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return (F.max_pool2d(F.conv2d(x, w, stride=2, padding=3).relu(), 3, 2, 1),
+            F.adaptive_avg_pool2d(F.avg_pool2d(x, 3, 2, 1), 1))
+
+
+@pytest.mark.parametrize("options", BACKENDS)
+def test_strided_convolution_and_pools_over_image_sizes(options):
+    """Height and width symbolic (the weight static): each output size ``(n + 2p - d*(k-1) - 1)//s + 1``
+    divides ``n - 1``, computed as ``(n + 1)//2 - 1`` so C's division agrees; odd and even sizes."""
+    def make_args(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.randn(2, 3, n, n + 4), torch.randn(4, 3, 7, 7)
+    cg = compile_symbolic(conv_stride_pool, *make_args(37), options=options, dynamic={0: (2, 3)})
+    p = cg.loop_program  # type: ignore[attr-defined]
+    assert len(p.sizes) == 2 and not p.size_guards, p.as_text()
+    check_sizes(cg, conv_stride_pool, make_args, (2, 3, 5, 11, 32, 33), atol=1e-4)

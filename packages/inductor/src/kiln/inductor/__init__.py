@@ -22,9 +22,10 @@ from .lowering.lower import LoweringError
 from .lowering.registry import LOWERINGS, lowered_ops
 from .options import InductorOptions, MisalignedMatmuls
 from .scheduler import PlannedPeak, planned_peak
+from .size_guards import guard_text
 
 __all__ = [
     "LOWERINGS", "CompiledKernels", "DynamicShapeUnsupported", "SizeGuard", "SizeSource", "CppBackend", "CppCompileError", "InductorOptions", "Kernel", "KernelBackend",
-    "KernelNode", "LoopProgram", "LoweringError", "MisalignedMatmuls", "PlannedPeak", "ScheduledProgram", "compile_graph", "inductor_backend",
+    "KernelNode", "LoopProgram", "LoweringError", "MisalignedMatmuls", "PlannedPeak", "ScheduledProgram", "compile_graph", "guard_text", "inductor_backend",
     "inductor_decompositions", "lowered_ops", "planned_peak", "to_aten", "warm_compile_pool",
 ]

@@ -239,6 +239,42 @@ def _check_nonnegative_division(e: sympy.Expr, args: list[sympy.Expr]) -> None:
                                       "non-negative (C and Python round negative operands differently)")
 
 
+def _dividend_shift(e: sympy.Expr, args: list[sympy.Expr]) -> int:
+    """0 where the dividend is provably non-negative; else ``c`` such that dividend + c*divisor is
+    non-negative for every size (sizes >= 0). A convolution's output size ``(H + 2p - d*(k-1) - 1)//s + 1``
+    divides ``H - 1`` (negative only for H = 0): ``(H - 1)//2`` is computed as ``(H + 1)//2 - 1``.
+    A dividend without a lower bound, or a divisor not provably positive, is refused."""
+    dividend, divisors = args[0], args[1:]
+    if any(d.is_positive is not True for d in divisors):
+        raise DynamicShapeUnsupported(f"size expression {e}: a division or remainder by a divisor kiln.inductor "
+                                      "cannot prove positive (C and Python round negative operands differently)")
+    if dividend.is_nonnegative is True:
+        return 0
+    try:  # on the ShapeEnv's form, which bound_sympy knows (sizes range over [0, oo)); -oo: unbounded
+        low = int(sympy.floor(bound_sympy(e.args[0], {x: ValueRanges(0, sympy.oo) for x in e.args[0].free_symbols})
+                              .lower))
+    except (TypeError, ValueError, OverflowError, AttributeError, NotImplementedError):
+        raise DynamicShapeUnsupported(f"size expression {e}: a division or remainder kiln.inductor cannot prove "
+                                      "non-negative (C and Python round negative operands differently)") from None
+    return max(0, -low)
+
+
+def _shifted_division(name: str, args: list[sympy.Expr], shift: int) -> sympy.Expr:
+    """``a // b`` as ``(a + c*b) // b - c`` and ``a % b`` as ``(a + c*b) % b`` (exact for integers), with
+    ``a + c*b >= 0``: ``c = shift`` covers every divisor >= 1."""
+    a, b = args[0], args[1]
+    if name == "CeilDiv":
+        a = a + b - 1
+    quotient = FloorDiv(a + shift * b, b) - shift
+    if name in ("FloorDiv", "CleanDiv", "CeilDiv"):
+        return quotient
+    if name in ("Mod", "PythonMod"):
+        return ModIndex(a + shift * b, b)
+    # ModularIndexing(a, b, m) = (a // b) % m; the quotient >= -shift, so shift it by m the same way
+    m = args[2]
+    return ModIndex(quotient + shift * m, m)
+
+
 def to_kiln(e: sympy.Expr) -> sympy.Expr:
     """A ShapeEnv expression in kiln's vocabulary (its symbols as size symbols, its FloorDiv and
     ModularIndexing as kiln's FloorDiv/ModIndex)."""
@@ -263,7 +299,9 @@ def to_kiln(e: sympy.Expr) -> sympy.Expr:
     if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and int(e.exp) > 0:
         return args[0] ** int(e.exp)
     if name in ("FloorDiv", "CleanDiv", "CeilDiv", "Mod", "PythonMod", "ModularIndexing"):
-        _check_nonnegative_division(e, args)
+        shift = _dividend_shift(e, args)
+        if shift:  # a dividend that may be negative, made non-negative (C's / and % then agree with Python's)
+            return _shifted_division(name, args, shift)
     if name in ("FloorDiv", "CleanDiv") and len(args) == 2:
         return FloorDiv(*args)
     if name == "CeilDiv" and len(args) == 2:
