@@ -37,11 +37,13 @@ class Wrappers:
 
     def __init__(self) -> None:
         self.graphs: list[bool] = []
+        self.sources: list[str] = []
 
     def __call__(self, event: object) -> None:
         if isinstance(event, GraphCompiled):
             portable = getattr(event.compiled, "portable", None)
             self.graphs.append(portable is not None and "_GraphLibrary(" in portable.source)
+            self.sources.append(portable.source if portable is not None else "")
 
     def __enter__(self) -> Wrappers:
         EVENTS.subscribe(self)
@@ -266,11 +268,10 @@ def test_graph_the_cpp_path_refuses_falls_back_logged(caplog: pytest.LogCaptureF
     assert any("keeps the Python wrapper" in m and "cpp_wrapper_sin" in m for m in hints), hints
 
 
-def test_training_and_symbolic_graphs_keep_the_python_wrapper(caplog: pytest.LogCaptureFixture) -> None:
+def test_training_graphs_keep_the_python_wrapper(caplog: pytest.LogCaptureFixture) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(6, 6), nn.Tanh())
     compiled = kiln.compile(model, options=CPP)
-    dynamic = kiln.compile(lambda x: (x.sin() * 2).sum(0), dynamic=True, options=CPP)
     with caplog.at_level(logging.WARNING, logger="kiln.perf_hints"), Wrappers() as w:
         x = torch.randn(3, 6)
         compiled(x).sum().backward()
@@ -279,14 +280,96 @@ def test_training_and_symbolic_graphs_keep_the_python_wrapper(caplog: pytest.Log
         model(x).sum().backward()
         for g, p in zip(grads, model.parameters()):
             torch.testing.assert_close(g, p.grad)
-        with torch.no_grad():
-            for n in (3, 5, 9):
-                y = torch.randn(n, 4)
-                torch.testing.assert_close(dynamic(y), (y.sin() * 2).sum(0))
     assert w.graphs and not any(w.graphs)
     hints = " ".join(r.getMessage() for r in caplog.records if r.name == "kiln.perf_hints")
     assert "training forward or backward" in hints
-    assert "symbolic sizes" in hints
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(24, 48), nn.Linear(48, 10)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        h = nn.functional.gelu(self.fc1(x))
+        return self.fc2(h), h[:, -1].sum(-1)  # the second: a reduction over a view at a symbolic offset
+
+
+# (batch, sequence): the first compiles static, the second symbolic (automatic dynamic), batch 1 its own
+# (a size of 1 is specialised, as torch.compile does); the symbolic one serves the other five
+SIZES = [(2, 8), (3, 16), (1, 5), (4, 33), (8, 64), (5, 13), (2, 9)]
+COMPILES = [True, False] * 3  # per size that compiles: the C++ wrapper's graph, then the Python wrapper's
+
+
+def test_symbolic_mlp_one_library_serves_every_size() -> None:
+    """Batch and sequence vary: one symbolic C++ library serves every size after the first, with outputs
+    equal to eager's and to the Python wrapper's."""
+    torch.manual_seed(0)
+    model = MLP().eval()
+    compiled, python = kiln.compile(model, options=CPP), kiln.compile(model)
+    with Wrappers() as w, torch.no_grad():
+        for b, t in SIZES:
+            x = torch.randn(b, t, 24)
+            got, want = compiled(x), model(x)
+            torch.testing.assert_close(got, want)
+            torch.testing.assert_close(got, python(x))
+            assert [st for n, st in zip(got[0].shape, got[0].stride()) if n > 1] == \
+                [st for n, st in zip(want[0].shape, want[0].stride()) if n > 1]
+    assert w.graphs == COMPILES, w.graphs
+
+
+@pytest.mark.slow
+def test_symbolic_hf_llama_one_library_serves_every_size() -> None:
+    """The dynamic serving stream's model (HF Llama, use_cache=False), tiny: batch 1-8, sequence 5-64."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = transformers.LlamaForCausalLM(config).eval()
+    compiled, python = kiln.compile(model, options=CPP), kiln.compile(model)
+    with Wrappers() as w, torch.no_grad():
+        for b, t in SIZES:
+            ids = torch.randint(0, 256, (b, t))
+            got = compiled(input_ids=ids, use_cache=False).logits
+            torch.testing.assert_close(got, model(input_ids=ids, use_cache=False).logits)
+            torch.testing.assert_close(got, python(input_ids=ids, use_cache=False).logits)
+    assert w.graphs == COMPILES, w.graphs
+
+
+def test_symbolic_int_input_is_a_size_argument() -> None:
+    """A graph that takes a SymInt (an int argument that varies): the library reads that size from it. At
+    n = 12 (the whole row) capture compiles a graph specialised to that int, which takes it unread."""
+    def f(x: torch.Tensor, n: int) -> torch.Tensor:
+        return (x[:, :n] * 2 + torch.arange(n)).cumsum(0)
+
+    compiled = kiln.compile(f, options=CPP)
+    with Wrappers() as w, torch.no_grad():
+        for b, n in [(2, 3), (3, 5), (4, 7), (5, 2), (6, 9), (8, 11), (7, 4), (8, 12), (3, 12)]:
+            x = torch.randn(b, 12)
+            torch.testing.assert_close(compiled(x, n), f(x, n))
+    assert w.graphs == [True, True, True], w.graphs
+    assert ", 1, -1]" in w.sources[1]  # the symbolic graph's size argument read from input 1, an int
+
+
+def test_inputs_live_until_the_library_returns() -> None:
+    """call_owned empties its argument list, and the library reads the inputs by pointer: an input whose
+    only reference was the list must outlive the call (else the matmul's result may be allocated over it)."""
+    from kiln.inductor import InductorOptions, compile_graph, to_aten
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.mm(x, x) + x
+
+    x = torch.randn(64, 64)
+    graph = compile_graph(to_aten(torch.fx.symbolic_trace(f), [x]), [x], options=InductorOptions(wrapper="cpp"))
+    assert "_GraphLibrary(" in graph.portable.source
+    for _ in range(5):
+        x = torch.randn(64, 64)
+        want = f(x)
+        args = [x]
+        del x
+        (got,) = graph.fn.call_owned(args)
+        assert args == []
+        torch.testing.assert_close(got, want)
 
 
 SECOND_PROCESS = textwrap.dedent("""
@@ -444,3 +527,39 @@ def test_misaligned_input_written_in_place(device: str) -> None:
             torch.testing.assert_close(compiled(cache, x, pos), f(expect, x, pos))
             torch.testing.assert_close(cache, expect)
     assert w.graphs == [True], w.graphs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_symbolic_llama_bf16_on_cuda_serves_every_size() -> None:
+    """On the GPU: one symbolic C++ library (Triton cubins compiled unspecialised) serves a bf16 HF Llama at
+    every batch and sequence length; an MLP with an output view at a symbolic offset, and a SymInt input."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    model = transformers.LlamaForCausalLM(config).to("cuda", torch.bfloat16).eval()
+    mlp = MLP().cuda().eval()
+
+    def f(x: torch.Tensor, n: int) -> torch.Tensor:
+        return (x[:, :n] * 2 + torch.arange(n, device=x.device)).cumsum(0)
+
+    compiled, python = kiln.compile(model, options=CPP), kiln.compile(model)
+    compiled_mlp, compiled_f = kiln.compile(mlp, options=CPP), kiln.compile(f, options=CPP)
+    sizes = [*SIZES, (7, 300), (1, 511), (6, 128)]
+    with Wrappers() as w, torch.no_grad():
+        for b, t in sizes:
+            ids = torch.randint(0, 512, (b, t), device="cuda")
+            got = compiled(input_ids=ids, use_cache=False).logits
+            want = model(input_ids=ids, use_cache=False).logits
+            scale = want.float().abs().max().item()
+            torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2 * max(scale, 1.0))
+            torch.testing.assert_close(got, python(input_ids=ids, use_cache=False).logits)
+    assert w.graphs == COMPILES, w.graphs
+    with Wrappers() as w, torch.no_grad():
+        for b, t in sizes:
+            x = torch.randn(b, t, 24, device="cuda")
+            torch.testing.assert_close(compiled_mlp(x), mlp(x))
+            y, n = torch.randn(b, 16, device="cuda"), 2 + t % 14
+            torch.testing.assert_close(compiled_f(y, n), f(y, n))
+    assert all(w.graphs) and len(w.graphs) <= 6, w.graphs  # each: static, symbolic, batch 1

@@ -5,6 +5,7 @@ read, and the output plan (computed in place, copied with the view's layout, or 
 from __future__ import annotations
 
 import torch
+from dynamic_helpers import symbolic_graph
 from tracer import trace
 
 from kiln.inductor.codegen.cpp_wrapper.graph_call import GraphCallWriter, output_plan
@@ -62,3 +63,21 @@ def test_matmul_output_computed_in_the_callers_buffer() -> None:
     assert (plan[0].kind, plan[0].shape, plan[0].stride) == ("direct", (2, 2, 16), (32, 16, 1))
     assert "= kiln_rt::wrap_output(dev, outputs[0], {4, 16}, {16, 1}, 6 /*float32*/);" in src
     assert "kiln_rt::mm_out(" in src and "copy_into(dev, outputs[0]" not in src
+
+
+def test_symbolic_output_plan_is_expressions_over_the_size_arguments() -> None:
+    """Symbolic sizes: the plan's sizes are expressions over the size symbols (as Python for the caller),
+    a matmul output is still computed in the caller's buffer, and a row view at a symbolic offset copied."""
+    x, w = torch.randn(6, 8), torch.randn(8, 16)
+    gm, examples = symbolic_graph(lambda x, w: ((x @ w).unsqueeze(0), (x @ w)[-1]), x, w, dynamic={0: (0,)})
+    n = str(examples[0].shape[0])
+    p = cpp_program(gm, examples, {0: Slot("input", 0), 1: Slot("input", 1)}, size_symbols=[(n, "input 0 dim 0")],
+                    writer=GraphCallWriter)
+    assert p.scheduled is not None
+    first, last = output_plan(p.scheduled)
+    assert first.kind == "direct" and not first.static
+    assert first.as_json()[1:4] == [[1, n, 16], [1, 16, 1], 0]
+    assert "kiln_rt::mm_out(" in p.wrapper_source
+    assert last.kind == "copy" and last.as_json()[1:3] == [[16], [1]]
+    assert eval(last.as_json()[3], {n: 5}) == 64  # noqa: S307 - the last row of a 5-row output
+    assert f"const int64_t {n} = sizes[0];" in p.wrapper_source

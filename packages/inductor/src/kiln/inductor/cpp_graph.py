@@ -8,8 +8,16 @@ schedule's kernels and ATen calls from C++; here the same wrapper, with every gr
 compile cache (kiln.runtime.cxx.build_graph_library) and called through its C ABI by ctypes
 (kiln.runtime.cxx.GraphLibrary, which releases the GIL for the call).
 
-``compile_cpp_graph`` raises ``CppWrapperUnsupported`` for what this path cannot run (symbolic sizes,
-non-tensor inputs or outputs, an op with no libtorch form, more than one device, a GPU it cannot name the
+Symbolic sizes: one library serves every size, as a dynamic package's model.so does (the same writer
+over ``SizeArgs``). Each size symbol is read per call from where the graph's inputs first have it, an input
+tensor's dim or a SymInt input (``size_arguments``); GraphLibrary passes their values, computes the
+outputs' layouts from the plan's expressions and allocates them. The relations the ShapeEnv holds are
+capture's guards (checked before the call) and this compile's; the library checks again those over the
+sizes it takes, a few integer comparisons (a failure is a GuardError, as the Python wrapper's size guards
+are), and leaves those over symbols no input holds any more (an int since specialised) to capture.
+
+``compile_cpp_graph`` raises ``CppWrapperUnsupported`` for what this path cannot run (a size symbol no
+input dim or SymInt input holds, non-tensor inputs or outputs, an op with no libtorch form, more than one device, a GPU it cannot name the
 architecture of); compile_graph logs the reason in perf_hints and compiles the Python wrapper instead.
 The caller (kiln.compile's inductor backend) asks for it only for inference graphs in default mode.
 """
@@ -21,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
 from torch import fx
 
@@ -36,7 +45,7 @@ from .options import InductorOptions
 SOURCE = '''"""kiln.inductor C++ wrapper of graph {name!r}: model.so (FILES) called through its C ABI."""
 from kiln.runtime.cxx import GraphLibrary as _GraphLibrary
 
-_GRAPH = _GraphLibrary(FILES, {plan!r}, {n_inputs}, {device!r})
+_GRAPH = _GraphLibrary(FILES, {plan!r}, {n_inputs}, {device!r}, {sizes!r}, {scalars!r})
 call_owned = _GRAPH.call_owned
 
 
@@ -48,10 +57,12 @@ def call(args):
 def _device(example_inputs: Sequence[Any]) -> torch.device:
     devices = set()
     for k, x in enumerate(example_inputs):
+        if isinstance(x, (torch.SymInt, int)) and not isinstance(x, bool):
+            continue  # a size argument (size_arguments), or an int the graph was specialised to (unread)
         if not isinstance(x, torch.Tensor):
             raise CppWrapperUnsupported(f"input {k} is a {type(x).__name__}, not a tensor")
-        if any(isinstance(s, torch.SymInt) for s in (*x.shape, *x.stride(), x.storage_offset())):
-            raise CppWrapperUnsupported("the graph has symbolic sizes (the C++ wrapper is compiled for static shapes)")
+        if isinstance(x.storage_offset(), torch.SymInt):
+            raise CppWrapperUnsupported(f"input {k} has a symbolic storage offset")
         devices.add(x.device)
     if len(devices) != 1:
         raise CppWrapperUnsupported(f"the C++ wrapper runs a graph on one device (inputs on {sorted(map(str, devices))})")
@@ -59,6 +70,34 @@ def _device(example_inputs: Sequence[Any]) -> torch.device:
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", 0)
     return dev
+
+
+def _symbols(v: torch.SymInt) -> list[str]:
+    """The size symbols ``v`` is exactly: its expression's, and the one it had before the ShapeEnv replaced
+    it (a relation may name that one: ``Eq(s1, s0)``), as kiln.inductor's SizeTable reads them."""
+    names: list[str] = []
+    for e in (v.node.expr, getattr(v.node, "_expr", None)):
+        if isinstance(e, sympy.Symbol) and e.name not in names:
+            names.append(e.name)
+    return names
+
+
+def size_arguments(example_inputs: Sequence[Any]) -> tuple[tuple[str, int, int], ...]:
+    """Every size symbol of the inputs with where the library's caller reads it per call, in the order
+    the library takes them: ``(symbol, input, dim)``, ``dim`` -1 for a SymInt input (the int itself).
+    The first input dim (or SymInt input) that is exactly the symbol is its source."""
+    out: dict[str, tuple[int, int]] = {}
+    for k, x in enumerate(example_inputs):
+        dims = list(enumerate(x.shape)) if isinstance(x, torch.Tensor) else [(-1, x)]
+        for d, n in dims:
+            if isinstance(n, torch.SymInt):
+                for name in _symbols(n):
+                    out.setdefault(name, (k, d))
+    return tuple((name, k, d) for name, (k, d) in out.items())
+
+
+def _what(k: int, d: int) -> str:
+    return f"input {k} (an int)" if d < 0 else f"input {k} dim {d}"
 
 
 def _cuda_arch(dev: torch.device) -> int | None:
@@ -93,8 +132,9 @@ def build_cpp_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, option
     dev = _device(example_inputs)
     slots = {k: Slot("input", k) for k in range(len(example_inputs))}
     arch = cuda_arch if cuda_arch is not None or dev.type != "cuda" else _cuda_arch(dev)
+    sizes = size_arguments(example_inputs)
     program = cpp_program(gm, example_inputs, slots, options=options, name=name, cuda_arch=arch,
-                          writer=GraphCallWriter)
+                          size_symbols=[(n, _what(k, d)) for n, k, d in sizes], writer=GraphCallWriter, guarded=True)
     assert program.scheduled is not None
     plan = output_plan(program.scheduled)
     t1 = time.perf_counter()
@@ -102,7 +142,8 @@ def build_cpp_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, option
                                 link_flags=program.link_flags, cxx=options.cxx,
                                 cubins={c.file_name: c.binary for c in program.cubins}, cuda=dev.type == "cuda")
     source = SOURCE.format(name=name, plan=[p.as_json() for p in plan], n_inputs=len(example_inputs),
-                           device=str(dev))
+                           device=str(dev), sizes=[list(z) for z in sizes],
+                           scalars=[k for k, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)])
     return CppGraph(source, files, plan, program, (t1 - t0, time.perf_counter() - t1))
 
 
@@ -126,5 +167,7 @@ def compile_cpp_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, opti
     scheduled = built.program.scheduled
     assert scheduled is not None
     return CompiledGraph(graph, "inductor(cpp wrapper)", texts, built.portable(),
-                         output_strides=tuple(p.stride for p in built.plan), loop_program=scheduled.program,
-                         scheduled=scheduled)
+                         # symbolic strides: None (the caller keeps the traced ones), as the Python wrapper's
+                         output_strides=tuple(p.stride if p.static else None for p in built.plan),
+                         loop_program=scheduled.program, scheduled=scheduled,
+                         size_sources={str(z.symbol): z.source for z in scheduled.program.sizes})

@@ -91,14 +91,16 @@ class CppProgram:
 def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mapping[int, Slot], *,
                 options: InductorOptions = DEFAULT_OPTIONS, name: str = "model",
                 cuda_arch: int | None = None, size_symbols: Sequence[tuple[str, str]] = (),
-                writer: type[CppWrapperWriter] | None = None) -> CppProgram:
+                writer: type[CppWrapperWriter] | None = None, guarded: bool = False) -> CppProgram:
     """Schedule a functional ATen inference graph and emit its C++ sources (CPU tensors: kiln's C++
     kernels; CUDA tensors, real or fake: Triton kernels compiled into cubins for ``sm_<cuda_arch>``).
 
     ``slots``: for each graph input position, whether the caller passes it as an input or a constant
     (and which). ``size_symbols``: for symbolic example inputs, every size symbol as (name, what it is,
     e.g. "input 'x' dim 0"), in the order model.so receives their values. ``writer``: the C++ wrapper's
-    writer (a subclass of CppWrapperWriter; kiln.compile's in-process wrapper). Raises
+    writer (a subclass of CppWrapperWriter; kiln.compile's in-process wrapper). ``guarded``: the caller
+    checks the ShapeEnv's relations before every call (kiln.compile's capture guards), so a relation over
+    a size symbol the program does not take (an int argument since specialised) is left to it. Raises
     ``CppWrapperUnsupported`` for what cannot run without Python."""
     devices = {x.device.type for x in example_inputs if isinstance(x, torch.Tensor)}
     if devices - {"cpu", "cuda"} or len(devices) > 1:
@@ -137,7 +139,7 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
             raise CppWrapperUnsupported(str(e)) from e
         by_kernel = {site.kernel: site for site in sites}
         launches = {k: [by_kernel[g.name] for g in generated[a:b] if g.name in by_kernel] for k, a, b in spans}
-        sizes = _size_args(s.program, example_inputs, size_symbols) if symbolic else SizeArgs()
+        sizes = _size_args(s.program, example_inputs, size_symbols, guarded) if symbolic else SizeArgs()
         wrapper = cpp_wrapper_source(s.scheduled, {}, dict(slots), CudaKernels(cubins, launches, cuda_arch), sizes,
                                      writer)
         texts["triton_kernels"] = module_source(generated) if generated else ""
@@ -145,7 +147,7 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
         return CppProgram(name, wrapper, "", (), (), outputs, len(generated), n_ext, texts, device="cuda",
                           cubins=tuple(cubins), cuda_arch=cuda_arch, scheduled=s.scheduled, **_size_fields(sizes))
     source, symbols = library_source(kernels, layouts, options) if kernels else ("", {})
-    sizes = _size_args(s.program, example_inputs, size_symbols) if symbolic else SizeArgs()
+    sizes = _size_args(s.program, example_inputs, size_symbols, guarded) if symbolic else SizeArgs()
     wrapper = cpp_wrapper_source(s.scheduled, symbols, dict(slots), sizes=sizes, writer=writer)
     flags = tuple(f for f in options.cpp_flags if f != "-shared")
     texts["cpp_wrapper"] = wrapper
@@ -159,8 +161,10 @@ def _size_fields(sizes: SizeArgs) -> dict[str, Any]:
                                  for _, text in sizes.relations)}
 
 
-def _size_args(p: LoopProgram, example_inputs: Sequence[Any], named: Sequence[tuple[str, str]]) -> SizeArgs:
-    """The size symbols model.so takes and the relations it checks, each over those symbols only."""
+def _size_args(p: LoopProgram, example_inputs: Sequence[Any], named: Sequence[tuple[str, str]],
+               guarded: bool = False) -> SizeArgs:
+    """The size symbols model.so takes and the relations it checks, each over those symbols only
+    (``guarded``: those over other symbols are the caller's to check)."""
     if not named:
         raise CppWrapperUnsupported("the graph has symbolic sizes; name its size symbols (size_symbols=...)")
     known = {n for n, _ in named}
@@ -169,6 +173,8 @@ def _size_args(p: LoopProgram, example_inputs: Sequence[Any], named: Sequence[tu
         relations = shape_relations(example_inputs)
     except DynamicShapeUnsupported as e:
         raise CppWrapperUnsupported(str(e)) from e
+    if guarded:
+        relations = tuple(r for r in relations if {x.name for x in size_symbols_of(r)} <= known)
     for r in relations:
         used |= {x.name for x in size_symbols_of(r)}
     missing = sorted(used - known)

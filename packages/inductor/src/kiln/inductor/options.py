@@ -88,8 +88,9 @@ class InductorOptions:
     autotune: AutotuneOptions = field(default_factory=AutotuneOptions)
     # what runs a compiled inference graph's steps: "python" (the generated Python wrapper) or "cpp" (the
     # same steps as generated C++ built into a library and called through its C ABI: a few us of host
-    # time per ATen call instead of 12-20; cpp_graph.py). "cpp" serves inference graphs with static
-    # shapes in default mode; any other graph keeps the Python wrapper and perf_hints says why
+    # time per ATen call instead of 12-20; cpp_graph.py). "cpp" serves inference graphs (static or
+    # symbolic sizes: one library for every size) in default mode; any other graph keeps the Python
+    # wrapper and perf_hints says why
     wrapper: str = "python"
 
     def __post_init__(self) -> None:

@@ -13,15 +13,21 @@ What differs from a package's wrapper:
   own shape, strides and storage offset (the view the Python wrapper returns), not a dense copy.
 
 ``output_plan(scheduled)`` says, per output, which of these the caller does (``OutputPlan``).
+
+Symbolic sizes: the same wrapper over ``SizeArgs`` (a package's: every size a C++ expression over the
+size symbols the caller passes per call); an output plan's sizes are then expressions over those symbols,
+which the caller evaluates per call (``OutputPlan.as_json`` writes them as Python).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import sympy
 import torch
 
 from ...ir import ExternKernel, Layout, ScheduledProgram, TensorRef
+from ..triton.printer import python_index
 from .aten_calls import CppWrapperUnsupported, op_overload, scalar_type
 from .writer import CppWrapperWriter, CudaKernels, SizeArgs, Slot, _ints
 
@@ -35,25 +41,38 @@ OUT_VARIANTS = {"aten.mm.default": "kiln_rt::mm_out", "aten.addmm.default": "kil
 class OutputPlan:
     """How the caller makes output k: ``direct`` (it allocates ``shape``/``stride``; the program computes
     there), ``copy`` (it allocates that view at ``offset``; the program copies into it) or ``input``
-    (it returns its input ``input``: the program wrote that input's memory)."""
+    (it returns its input ``input``: the program wrote that input's memory). Symbolic sizes: ``shape``,
+    ``stride`` and ``offset`` hold sympy expressions over the size symbols."""
 
     kind: str
-    shape: tuple[int, ...]
-    stride: tuple[int, ...]
-    offset: int
+    shape: tuple[int | sympy.Expr, ...]
+    stride: tuple[int | sympy.Expr, ...]
+    offset: int | sympy.Expr
     dtype: torch.dtype
     input: int = -1
 
+    @property
+    def static(self) -> bool:
+        return all(isinstance(x, int) for x in (*self.shape, *self.stride, self.offset))
+
     def as_json(self) -> list:
-        return [self.kind, list(self.shape), list(self.stride), self.offset, str(self.dtype).removeprefix("torch."),
-                self.input]
+        """``[kind, shape, stride, offset, dtype, input]``; a symbolic size as Python text over the symbols."""
+        return [self.kind, [_size_json(x) for x in self.shape], [_size_json(x) for x in self.stride],
+                _size_json(self.offset), str(self.dtype).removeprefix("torch."), self.input]
 
 
-def _static(xs: tuple) -> tuple[int, ...]:
-    try:
-        return tuple(int(x) for x in xs)
-    except TypeError:
-        raise CppWrapperUnsupported("the graph has symbolic sizes") from None
+def _size(x: object) -> int | sympy.Expr:
+    """A size as an int when it is one, else its sympy expression."""
+    return int(x) if isinstance(x, (int, sympy.Integer)) else sympy.sympify(x)
+
+
+def _size_json(x: int | sympy.Expr) -> int | str:
+    return x if isinstance(x, int) else python_index(x)
+
+
+def _equal(a: object, b: object) -> bool:
+    """Equal for every size (symbolic sizes compared as expressions)."""
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
 
 
 def _writes_first_argument(e: ExternKernel) -> bool:
@@ -90,25 +109,20 @@ def _whole(r: TensorRef, lay: Layout) -> bool:
 
 
 def _row_major(shape: tuple, stride: tuple) -> bool:
-    expect = 1
+    """Row-major for every size (a dim of static size 1 may have any stride)."""
+    expect: object = 1
     for n, st in reversed(list(zip(shape, stride))):
-        if int(n) != 1 and int(st) != expect:
+        if not _equal(n, 1) and not _equal(st, expect):
             return False
-        expect *= int(n)
+        expect = sympy.sympify(expect) * n
     return True
 
 
 def _same_memory(r: TensorRef, lay: Layout) -> bool:
     """``r`` views exactly ``lay``'s elements in the same order (a reshape of a row-major buffer)."""
-    try:
-        numel = [1, 1]
-        for k, shape in enumerate((r.shape, lay.shape)):
-            for n in shape:
-                numel[k] *= int(n)
-        return (int(r.offset) == 0 and int(lay.offset) == 0 and numel[0] == numel[1]
-                and _row_major(tuple(r.shape), tuple(r.stride)) and _row_major(tuple(lay.shape), tuple(lay.stride)))
-    except TypeError:  # symbolic
-        return False
+    numel = [sympy.Mul(*r.shape), sympy.Mul(*lay.shape)]
+    return (_equal(r.offset, 0) and _equal(lay.offset, 0) and _equal(*numel)
+            and _row_major(tuple(r.shape), tuple(r.stride)) and _row_major(tuple(lay.shape), tuple(lay.stride)))
 
 
 def _out_variant(e: ExternKernel) -> bool:
@@ -119,8 +133,6 @@ def _out_variant(e: ExternKernel) -> bool:
 class GraphCallWriter(CppWrapperWriter):
     def __init__(self, s: ScheduledProgram, symbols: dict[str, str], slots: dict[int, Slot],
                  cuda: CudaKernels | None = None, sizes: SizeArgs = SizeArgs()) -> None:
-        if sizes.symbols:  # kiln.compile keeps its Python wrapper for symbolic graphs (cpp_graph.py)
-            raise CppWrapperUnsupported("the graph has symbolic sizes")
         self.extern_direct: dict[str, int] = {}  # set by _direct_outputs (called by the base class)
         super().__init__(s, symbols, slots, cuda, sizes)
         self.plan = self._plan()
@@ -166,10 +178,10 @@ class GraphCallWriter(CppWrapperWriter):
                 raise CppWrapperUnsupported(f"output {k} is the constant {o.as_text()}, not a tensor")
             lay = self.layouts[o.buffer]
             whole = _whole(o, lay)
-            shape, stride = _static(tuple(o.shape)), _static(tuple(o.stride))
-            offset = int(lay.offset if whole else o.offset)
+            shape, stride = tuple(map(_size, o.shape)), tuple(map(_size, o.stride))
+            offset = _size(lay.offset if whole else o.offset)
             pos = aliases.get(o.buffer)
-            if pos is not None and whole and lay == inputs[pos].layout and int(lay.offset) == 0:
+            if pos is not None and whole and lay == inputs[pos].layout and _equal(lay.offset, 0):
                 out.append(OutputPlan("input", shape, stride, 0, o.dtype, pos))
             elif self.direct.get(o.buffer) == k or self.extern_direct.get(o.buffer) == k:
                 out.append(OutputPlan("direct", shape, stride, 0, o.dtype))
