@@ -5,7 +5,7 @@
 The overhead benchmark (benchmarks/overhead.py) measures compiled - direct through kiln.compile;
 for the 100-parameter module the graph itself (~250-600 us) dominates and the difference is noise on
 a loaded machine. Here the backend returns a function that does nothing, so the time per call is
-bind + guard check + argument extraction + output plan.
+bind + guard check (with the pinned parameters' layout check) + argument extraction + output plan.
 """
 
 import time
@@ -13,6 +13,7 @@ import time
 import torch
 
 import kiln.capture as kc
+from kiln.capture.pinned_layouts import EPOCH
 
 
 def bench(fn, n=5000):
@@ -28,14 +29,23 @@ def bench(fn, n=5000):
 def main() -> None:
     torch.set_num_threads(1)
     out = (torch.randn(2, 4),)
-    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(50)])
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(100)])
     x = torch.randn(2, 4)
     opt = kc.optimize(model, lambda gm, ex: (lambda *a: out))
     opt(x)
     entry = kc.cache_entries(opt)[0]
     L = opt._kiln_optimized.bind((x,), {})
-    print(f"module, 100 params: {bench(lambda: opt(x)):.2f} us per call "
-          f"(guard check {bench(lambda: entry.check(L, {})):.2f} us, {len(entry.guards.guards)} guards)")
+    guards_only = entry.guards.compile()
+    assert entry.layouts is not None
+    print(f"module, 200 params: {bench(lambda: opt(x)):.2f} us per call "
+          f"(entry check {bench(lambda: entry.check(L, {})):.2f} us: guards {bench(lambda: guards_only(L, {})):.2f} "
+          f"us, {len(entry.guards.guards)} guards; pinned layouts {bench(entry.layouts.same):.3f} us, "
+          f"{len(entry.layouts.tensors)} tensors)")
+
+    def after_relayout() -> bool:  # what the first call after any `.data = ...` in the process pays
+        EPOCH[0] += 1
+        return entry.layouts.same()
+    print(f"pinned layouts compared after a layout change: {bench(after_relayout, 200):.2f} us")
 
     def f(a, b):
         return a + b

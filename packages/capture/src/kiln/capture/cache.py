@@ -28,6 +28,7 @@ from kiln.graph import Guard, GuardSet, enabled, log
 from .capture import Capture
 from .controls import static_dims
 from .knobs import CaptureOptions
+from .pinned_layouts import PinnedLayouts
 from .sources import is_argument
 
 _MEMBER = re.compile(r"(.+)\._(parameters|buffers)\[('[^']*')\]")  # a module's parameter or buffer source
@@ -41,6 +42,7 @@ class CacheEntry:
     capture: Capture | None  # None for an entry that runs the frame eagerly
     compiled: Any = None
     hits: int = 0
+    layouts: PinnedLayouts | None = None  # the pinned parameters' and buffers' layouts, checked per call
 
 
 @dataclass
@@ -57,16 +59,27 @@ class CodeCache:
     dynamic: dict[str, set[int]] = field(default_factory=dict)
     seen_ints: dict[str, int] = field(default_factory=dict)
     dynamic_ints: set[str] = field(default_factory=set)
+    dynamic_floats: set[str] = field(default_factory=set)  # float sources that changed: graph inputs
+    static_floats: set[str] = field(default_factory=set)  # floats whose symbolic capture failed
     failures: dict[str, int] = field(default_factory=dict)  # recompile reason -> times seen
     new_modules: set[str] = field(default_factory=set)  # module sources guarded by type (note_new_modules)
 
-    def note_failed_guard(self, g: Guard) -> None:
+    def note_failed_guard(self, g: Guard, ints: bool = True) -> None:
         """Automatic dynamic for ints beyond arguments: an int guarded as a constant (an attribute,
-        an item of an argument) whose value changed becomes a symbolic int at the next capture."""
-        if g.kind == "EQUALS_MATCH" and type(g.expected) is int and g.source not in self.dynamic_ints:
+        an item of an argument) whose value changed becomes a symbolic int at the next capture
+        (``ints``: automatic dynamic, not dynamic=True); a float that changed, a symbolic float."""
+        if ints and g.kind == "EQUALS_MATCH" and type(g.expected) is int and g.source not in self.dynamic_ints:
             self.dynamic_ints.add(g.source)
             if enabled("recompiles"):
                 log("recompiles").info("%s changed from %s: it is a symbolic int from now on", g.source, g.expected)
+        # a float that changed (a resume function's ``loss.item()``, a learning rate) is a symbolic
+        # float from then on, as torch's specialize_float=False makes every float: no graph per value
+        if g.kind == "EQUALS_MATCH" and type(g.expected) is float and \
+                g.source not in self.dynamic_floats and g.source not in self.static_floats:
+            self.dynamic_floats.add(g.source)
+            if enabled("recompiles"):
+                log("recompiles").info("%s changed from %s: it is a symbolic float from now on", g.source,
+                                       g.expected)
 
     def note_new_modules(self, guards: GuardSet, L: dict, G: dict) -> None:
         """Automatic unspecialisation of modules: a module source whose object changed (an
@@ -99,7 +112,7 @@ class CodeCache:
     def may_be_dynamic(self, L: dict[str, Any], options: CaptureOptions) -> bool:
         """Whether this capture could make a size symbolic (so it needs a ShapeEnv)."""
         self._note_ints(L, options)
-        if options.dynamic is True or any(self.dynamic.values()) or self.dynamic_ints:
+        if options.dynamic is True or any(self.dynamic.values()) or self.dynamic_ints or self.dynamic_floats:
             return True
         if options.dynamic is False:
             return any(getattr(v, "_kiln_dynamic_dims", None) for v in _top_tensors(L))
@@ -130,6 +143,9 @@ class CodeCache:
 
     def dynamic_policy(self, options: CaptureOptions) -> Callable[[str, torch.Tensor], frozenset[int]]:
         def policy(source: str, t: torch.Tensor | int) -> frozenset[int]:
+            if type(t) is float:  # symbolic once it has changed (note_failed_guard)
+                return frozenset({0}) if options.dynamic is not False and source in self.dynamic_floats \
+                    else frozenset()
             if type(t) is int:  # symbolic once it has changed (_note_ints, note_failed_guard)
                 if options.dynamic is True and is_argument(source) or \
                         options.dynamic is None and source in self.dynamic_ints:

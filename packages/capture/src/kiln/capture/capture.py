@@ -52,6 +52,7 @@ class Capture:
     side_effects: list[tuple[Plan, str, Plan | None]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     pinned: list[Any] = field(default_factory=list)  # objects of ID_MATCH guards, alive with the entry
+    pinned_tensors: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # their layouts checked
     call_paths: tuple = ()  # module calls traced (module_calls.call_path_check)
     global_hooks: tuple | None = None  # the global module hooks when a module call was traced
 
@@ -162,6 +163,7 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
                    and n.target is not operator.getitem and n.target != "size")
     return Capture(captured, [i.value for i in tracer.inputs], [i.source for i in tracer.inputs],
                    result_plan, break_plan, op_count, side_effects, pinned=tracer.pinned,
+                   pinned_tensors=tracer.pinned_tensors,
                    call_paths=tuple(tracer.call_paths.values()), global_hooks=tracer.global_hooks)
 
 

@@ -12,7 +12,7 @@ import time
 import types
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -49,6 +49,7 @@ from .module_calls import (
     runs_in_python,
 )
 from .pending import wait_pending
+from .pinned_layouts import EPOCH, PinnedLayouts, pinned_layouts
 from .pipeline import compile_capture, frame_name, needs_backend
 from .python_step import CAN_RUN, NEXT, execute_in_python
 from .resume import make_resume_function
@@ -266,8 +267,8 @@ class Optimized:
                         emit(FrameRunEagerly(frame_name(self.code), message))
                 return self.fn(*args, **kwargs)
             cache.recompiles += 1
-            if failure is not None and options.dynamic is None:
-                cache.note_failed_guard(failure[0])
+            if failure is not None and options.dynamic is not False:
+                cache.note_failed_guard(failure[0], ints=options.dynamic is None)
             cache.note_new_modules(cache.entries[-1].guards, L, G)
             if enabled("recompiles"):
                 log("recompiles").info("recompiling %s: %s", frame_name(self.code), reason)
@@ -304,16 +305,21 @@ class Optimized:
         fallback: tuple[str, bool] | None = None
         t0 = time.perf_counter()
         try:
-            symbolic = cache.may_be_dynamic(L, options)
-            dims_before = cache.dynamic_dim_count()
-            new_modules = frozenset(cache.new_modules)
-            cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), symbolic,
-                              new_modules)
-            if not symbolic and cache.dynamic_dim_count() > dims_before:
-                # a tensor reached through an attribute or a nested container changed size (found while
-                # tracing): capture again with symbolic sizes instead of compiling one more static graph
-                cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), True,
-                                  new_modules)
+            try:
+                cap = self._capture(L, G, cache, options)
+            except Unsupported:
+                raise
+            except Exception:
+                if not cache.dynamic_floats:
+                    raise
+                # Note: a symbolic float met an operation with no graph form (``round(s * 100)``): its
+                # sources are constants again (a graph per value, as before they changed)
+                if enabled("recompiles"):
+                    log("recompiles").info("%s: capture with symbolic floats failed; they are constants again",
+                                           ", ".join(sorted(cache.dynamic_floats)))
+                cache.static_floats |= cache.dynamic_floats
+                cache.dynamic_floats.clear()
+                cap = self._capture(L, G, cache, options)
         except Unsupported:
             raise
         except SkipFrame as e:
@@ -338,6 +344,20 @@ class Optimized:
         for hook in self.ctx.on_capture:
             hook(cap, cache)
         return entry, None
+
+    def _capture(self, L: dict, G: dict, cache: CodeCache, options: CaptureOptions) -> Capture:
+        assert self.code is not None
+        symbolic = cache.may_be_dynamic(L, options)
+        dims_before = cache.dynamic_dim_count()
+        new_modules = frozenset(cache.new_modules)
+        cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), symbolic,
+                          new_modules)
+        if not symbolic and cache.dynamic_dim_count() > dims_before:
+            # a tensor reached through an attribute or a nested container changed size (found while
+            # tracing): capture again with symbolic sizes instead of compiling one more static graph
+            cap = run_capture(self.code, G, self.closure, L, options, cache.dynamic_policy(options), True,
+                              new_modules)
+        return cap
 
     def _subclass_call(self, what: str, L: dict, args: tuple, kwargs: dict) -> Any:
         """A frame with tensor-subclass inputs: a torch.nn module's forward over DTensors runs as a
@@ -397,6 +417,10 @@ class Optimized:
             failure = entry.guards.first_failure(L, G)
             if failure is not None:
                 return failure
+            changed = entry.layouts.failure() if entry.layouts is not None else None
+            if changed is not None:  # a parameter or buffer relaid out in place (pinned_layouts.py)
+                source, expected, actual = changed
+                return Guard(source, "TENSOR_MATCH", expected, _RELAID_OUT), repr(actual)
         return None
 
     def _limit_message(self, limit: int, reason: str) -> str:
@@ -429,15 +453,8 @@ class Optimized:
         compiled = compile_capture(cap, self.ctx.backend, self.code)
         identity = {g.source for g in cap.captured.guards if g.kind == "ID_MATCH"}
         extract = _extractor(cap.input_sources, cap.example_inputs, identity)
-        check = cap.captured.guards.compile()
-        if cap.global_hooks is not None:
-            guards_hold, calls_same = check, call_path_check(cap.call_paths, cap.global_hooks)
-
-            def guards_and_calls(L: Mapping[str, Any], G: Mapping[str, Any]) -> bool:
-                return guards_hold(L, G) and calls_same()
-            if hasattr(guards_hold, "__kiln_source__"):  # the generated guard code, for inspection
-                guards_and_calls.__kiln_source__ = guards_hold.__kiln_source__  # type: ignore[attr-defined]
-            check = guards_and_calls
+        layouts = pinned_layouts(cap.pinned_tensors)
+        check = _entry_check(cap, layouts)
         effects = cap.side_effects
         if cap.break_plan is None:
             plan = cap.result_plan
@@ -457,7 +474,7 @@ class Optimized:
                     return plan(compiled(*extract(L, G)), L, G)
         else:
             run = self._break_runner(cap.break_plan, compiled, extract, effects)
-        return CacheEntry(cap.captured.guards, check, run, cap, compiled)
+        return CacheEntry(cap.captured.guards, check, run, cap, compiled, layouts=layouts)
 
     def _break_runner(self, bp: BreakPlan, compiled: Any, extract: Callable, effects: list) -> Callable:
         assert self.code is not None
@@ -484,6 +501,32 @@ class Optimized:
                 resume = ctx.resumes[key] = Optimized(fn, ctx)
             return resume(*[v for v in stack if v is not NEXT], *values)
         return run
+
+
+_RELAID_OUT = "a parameter or buffer changed layout in place (p.data = ..., module.to(...), requires_grad_)"
+
+
+def _entry_check(cap: Capture, layouts: PinnedLayouts | None) -> Callable[[dict, dict], bool]:
+    """The entry's guards, then what guards as data do not cover: the traced module calls (hooks,
+    forwards; module_calls.py) and the layouts of the tensors pinned by identity."""
+    guards_hold = cap.captured.guards.compile()
+    calls_same = call_path_check(cap.call_paths, cap.global_hooks) if cap.global_hooks is not None else None
+    if layouts is not None:  # PinnedLayouts.same() inlined: one int comparison while nothing changed
+        epoch, seen, recheck = EPOCH, layouts.seen, layouts.recheck
+    if calls_same is not None and layouts is not None:
+        def check(L: dict, G: dict) -> bool:
+            return guards_hold(L, G) and (epoch[0] == seen[0] or recheck()) and calls_same()
+    elif calls_same is not None:
+        def check(L: dict, G: dict) -> bool:
+            return guards_hold(L, G) and calls_same()
+    elif layouts is not None:
+        def check(L: dict, G: dict) -> bool:
+            return guards_hold(L, G) and (epoch[0] == seen[0] or recheck())
+    else:
+        return guards_hold
+    if hasattr(guards_hold, "__kiln_source__"):  # the generated guard code, for inspection
+        check.__kiln_source__ = guards_hold.__kiln_source__  # type: ignore[attr-defined]
+    return check
 
 
 _PLAIN_TENSORS = (torch.Tensor, nn.Parameter, nn.parameter.Buffer, FakeTensor)  # fakes are traced as is
@@ -648,6 +691,8 @@ def reset() -> None:
             cache.seen_ints.clear()
             cache.failures.clear()
             cache.dynamic_ints.clear()
+            cache.dynamic_floats.clear()
+            cache.static_floats.clear()
             if cache.eager_reason != "generators and coroutines run eagerly":
                 cache.eager_reason = None
         ctx.reset()

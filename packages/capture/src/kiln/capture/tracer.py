@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import functools
+import math
 import operator
 import types
 from collections.abc import Callable
@@ -113,6 +114,8 @@ class Tracer:
         self.input_by_key: dict[Any, Any] = {}
         self.guards: dict[tuple[str, str], Guard] = {}
         self.pinned: list[Any] = []  # the objects ID_MATCH guards name (guard_identity)
+        # parameters and buffers pinned by identity, whose layouts the entry checks (pinned_layouts.py)
+        self.pinned_tensors: list[tuple[str, torch.Tensor]] = []
         # module calls traced, checked per call of the entry (module_calls.call_path_check)
         self.call_paths: dict[int, CallPath] = {}
         self.global_hooks: tuple | None = None
@@ -188,6 +191,9 @@ class Tracer:
             lifted = self.lift_int(value, source)
             if lifted is not None:
                 return lifted
+        if t is float and self.shape_env is not None and math.isfinite(value) and \
+                self.dynamic_policy(source, value):
+            return self.lift_float(value, source)
         if t in (bool, int, float, str, bytes) or is_numpy_scalar(value):
             self.add_guard(source, "EQUALS_MATCH", value)
             return value
@@ -348,6 +354,24 @@ class Tracer:
         self.input_by_key[source] = symint
         return symint
 
+    def lift_float(self, value: float, source: str) -> Any:
+        """A Python float that varies between calls as a symbolic float: a graph input bound by a
+        SYMBOL guard. What the trace decides on its value (a branch, ``int(s)``) is a guard."""
+        if source in self.input_by_key:
+            return self.input_by_key[source]
+        assert self.shape_env is not None
+        ksrc = KilnSource(source)
+        sym = self.shape_env.create_unspecified_symbol(value, ksrc, dynamic_dim=DimDynamic.DYNAMIC)
+        symfloat = self.shape_env.create_symfloatnode(sym, hint=value, source=ksrc)
+        self.add_guard(source, "TYPE_MATCH", type_name(float))
+        node = self._placeholder(source, symfloat)
+        self.symbol_sources.setdefault(str(sym), []).append(source)
+        self.node_of_expr.setdefault(sym, node)
+        self.register(symfloat, node)
+        self.inputs.append(GraphInput(source, value, symfloat, node))
+        self.input_by_key[source] = symfloat
+        return symfloat
+
     def _wrap_unsourced(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
             raise GraphBreak("a tensor without a guardable source (a constant or a value computed "
@@ -375,6 +399,7 @@ class Tracer:
         if is_state:
             if pinned:
                 self.guard_identity(source, value)
+                self.pinned_tensors.append((source, value))
             else:
                 self.add_guard(source, "TENSOR_MATCH", tensor_expectation(value))
             fake = self.fake_mode.from_tensor(value, static_shapes=True)
