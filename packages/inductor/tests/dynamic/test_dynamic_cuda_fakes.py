@@ -46,3 +46,24 @@ def test_flash_attention_forward_and_backward_lower_with_symbolic_lengths() -> N
     assert sym_args == [q_len, k_len], bwd.as_text()  # max_q, max_k: computed from the inputs' sizes
     assert not {str(s): str(e) for s, e in env.replacements.items() if e.is_number}
 
+
+
+def masked_efficient(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> tuple:
+    return (aten._scaled_dot_product_efficient_attention(q, k, v, bias * 2, False)[0],)
+
+
+def test_efficient_attention_bias_rows_are_aligned_for_a_symbolic_key_length() -> None:
+    """The kernel refuses a bias whose row stride is not a multiple of 16 elements ("attn_bias is not
+    correctly aligned (strideM)"); a bias computed in the graph over a symbolic key length s is stored
+    in rows of 16 * ((s + 15) // 16) (on the H200 the serving stream failed with stride 28 at s = 28)."""
+    shapes = [(2, 4, 37, 64)] * 3 + [(2, 4, 37, 37)]
+    gm, examples, _ = symbolic_fakes_graph(masked_efficient, shapes, {0: (2,), 1: (2,), 2: (2,), 3: (2, 3)},
+                                           device="cuda", dtype=torch.bfloat16)
+    program, fallbacks = lower_graph(gm, examples, InductorOptions(strict_lowering=True), "bias")
+    assert not fallbacks, fallbacks
+    (attn,) = [e for e in program.nodes if isinstance(e, ExternKernel)]
+    bias = attn.args[3]
+    rows = bias.stride[2]
+    for n in (1, 15, 16, 17, 28, 37, 512):
+        value = int(rows.subs({sym: n for sym in rows.free_symbols}))
+        assert value % 16 == 0 and value >= n, (n, value, attn.as_text())

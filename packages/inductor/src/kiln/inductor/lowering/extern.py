@@ -20,6 +20,7 @@ from ..ir import (
     ConstArg,
     ExternKernel,
     ExternOutput,
+    FloorDiv,
     IndexValue,
     Layout,
     ListArg,
@@ -185,29 +186,34 @@ def _attention(ctx: LoweringContext, node: fx.Node, *args: Any, **kwargs: Any) -
     return extern_call(ctx, node, "extern", args, kwargs)
 
 
+def _multiple_of_16(e: sympy.Expr) -> bool:
+    """``e`` is a multiple of 16 for every size (a number, or a sum of terms each a multiple of 16)."""
+    return all(sympy.Mod(term, 16) == 0 for term in sympy.Add.make_args(sympy.expand(e)))
+
+
 def aligned_bias(ctx: LoweringContext, v: Strided) -> Strided:
     """An attention bias whose rows start on 16-element boundaries, as torch's ``pad_bias`` leaves it:
     the kernels refuse another layout ("attn_bias is not correctly aligned"). The trace recorded the
     padded view, but storing the value densely dropped the padding (BEiT's 197-wide relative-position
-    bias: row stride 197). A bias already aligned is passed as it is; broadcast (stride-0) dims stay
-    broadcast, stored once."""
+    bias: row stride 197; a symbolic key length s: row stride s). A bias already aligned is passed as
+    it is; broadcast (stride-0) dims stay broadcast, stored once. Symbolic sizes pad to a size
+    expression, ``16 * ((s + 15) // 16)``."""
     shape = v.shape
-    if len(shape) < 2 or not all(isinstance(n, (int, sympy.Integer)) for n in shape) or \
-            not all(isinstance(st, (int, sympy.Integer)) for st in (*v.stride, v.offset)):
+    if len(shape) < 2:
         return v
-    if int(v.stride[-1]) == 1 and int(v.offset) % 16 == 0 and all(int(st) % 16 == 0 for st in v.stride[:-1]):
+    if v.stride[-1] == 1 and all(_multiple_of_16(sympy.sympify(x)) for x in (*v.stride[:-1], v.offset)):
         return v
-    flat = {k for k, (n, st) in enumerate(zip(shape, v.stride)) if int(st) == 0 and int(n) != 1}
-    small = [1 if k in flat else int(n) for k, n in enumerate(shape)]
-    strides = [-(-small[-1] // 16) * 16, 1]
+    flat = {k for k, (n, st) in enumerate(zip(shape, v.stride)) if st == 0 and n != 1}
+    small = [sympy.Integer(1) if k in flat else sympy.sympify(n) for k, n in enumerate(shape)]
+    strides = [FloorDiv(small[-1] + 15, 16) * 16, sympy.Integer(1)]
     for n in reversed(small[1:-1]):
         strides.insert(0, strides[0] * n)
     ivars = index_vars("i", len(shape))
     body = value_at(v, [sympy.Integer(0) if k in flat else ivars[k] for k in range(len(shape))])
-    layout = Layout(tuple(sympy.Integer(n) for n in small), tuple(sympy.Integer(st) for st in strides), v.dtype)
+    layout = Layout(tuple(small), tuple(strides), v.dtype)
     base = ctx.computed(layout, Pointwise(layout.shape, body))
-    return Strided(base.buffer, shape, tuple(sympy.Integer(0) if k in flat else sympy.Integer(st)
-                                             for k, st in enumerate(strides)), base.offset, v.dtype)
+    return Strided(base.buffer, shape, tuple(sympy.Integer(0) if k in flat else st for k, st in enumerate(strides)),
+                   base.offset, v.dtype)
 
 
 for _name in _BIAS_ARG:
