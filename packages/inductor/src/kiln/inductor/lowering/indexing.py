@@ -170,15 +170,18 @@ def _slice_scatter(ctx: LoweringContext, node: fx.Node, x: TensorValue, src: Ten
     shape = out_shape(node)
     n = len(shape)
     dim = dim + n if dim < 0 else dim
-    size = int(shape[dim])
-    s = 0 if start is None else int(start)
-    s = max(0, min(size, s + size if s < 0 else s))
-    length = int(src.shape[dim])
+    size = shape[dim]
+    s = 0 if start is None else start
+    if isinstance(size, (int, sympy.Integer)) and isinstance(s, int):
+        s = max(0, min(int(size), s + int(size) if s < 0 else s))
+    elif isinstance(s, int) and s < 0:
+        raise NotLowered("a slice_scatter from the end of a symbolic dim")  # its clamp is a Max: through ATen
+    length = src.shape[dim]  # the source's size says where the slice ends (symbolic sizes: no clamp to read)
     d = out_dtype(node)
     iv = list(index_vars("i", n))
     i = IndexValue(iv[dim], torch.int64)
-    cond = op("logical_and", op("ge", i, Constant(s, torch.int64), dtype=torch.bool),
-              op("lt", i, Constant(s + step * length, torch.int64), dtype=torch.bool), dtype=torch.bool)
+    cond = op("logical_and", op("ge", i, size_value(s, torch.int64), dtype=torch.bool),
+              op("lt", i, size_value(s + step * length, torch.int64), dtype=torch.bool), dtype=torch.bool)
     if step != 1:
         off = IndexValue(iv[dim] - s, torch.int64)
         cond = op("logical_and", cond, op("eq", op("mod", off, Constant(step, torch.int64), dtype=torch.int64),
