@@ -38,6 +38,8 @@ PATTERNS = {
     "arange_over_n": (lambda x: x + torch.arange(x.shape[0]) / x.shape[0], lambda n: torch.randn(n)),
     "new_full_inverse": (lambda x: x + x.new_full((x.shape[0],), 1.0 / x.shape[0]), lambda n: torch.randn(n)),
     "times_sqrt_of_size": (lambda x: x * math.sqrt(x.shape[-1]), lambda n: torch.randn(3, n)),
+    "slice_to_ceil": (lambda x: x[: math.ceil(x.shape[0] / 3)] * 2, lambda n: torch.randn(n)),
+    "slice_to_int_of_float": (lambda x: x[: int(x.shape[0] * 0.5)] * 2, lambda n: torch.randn(n)),
 }
 
 

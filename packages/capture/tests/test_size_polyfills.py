@@ -63,3 +63,25 @@ def test_constant_arguments_are_recorded_as_the_call(recorder):
     x = torch.randn(5)
     assert_same(g(x), f(x))
     assert [n.target for n in recorder.graphs[0].graph.nodes if n.op == "call_function"][0] is torch.linspace
+
+
+DERIVED = {
+    "ceil": lambda x: x[: math.ceil(x.shape[0] / 3)] * 2,
+    "floor": lambda x: x[: math.floor(x.shape[0] / 3)] * 2,
+    "round": lambda x: x[: round(x.shape[0] / 3)] * 2,
+    "int_of_float": lambda x: x[: int(x.shape[0] * 0.5)] * 2,
+    "min_of_sizes": lambda x: x[: min(x.shape[0] - 1, 2 * x.shape[0] // 3)] + 1,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DERIVED))
+def test_size_derived_through_python_math_slices_correctly(recorder, name):
+    """``x[:math.ceil(n / 3)]``: the bound is computed in the graph for every size (it was a graph break
+    whose slice kept the first symbolic size's bound: a wrong shape for every later size), and
+    ``int(n * 0.5)`` truncates symbolically instead of pinning the size."""
+    fn = DERIVED[name]
+    g = kc.optimize(fn, recorder)
+    for n in (8, 12, 16, 20, 23, 40, 12):
+        x = torch.randn(n)
+        assert_same(g(x), fn(x))
+    assert recorder.count == 2
