@@ -6,10 +6,10 @@ import pytest
 import sympy
 import torch
 import torch.nn.functional as F
-from dynamic_helpers import compile_symbolic, symbolic_graph
+from dynamic_helpers import BACKENDS, check_sizes, compile_symbolic, symbolic_graph
 
 from kiln.inductor import DynamicShapeUnsupported, compile_graph
-from kiln.inductor.ir import product
+from kiln.inductor.ir import ExternKernel, product
 
 W = [torch.randn(16, 16) * 0.3 for _ in range(4)]
 
@@ -74,3 +74,42 @@ def test_outputs_keep_traced_dense_strides_and_refuse_gapped_ones():
     gm, examples = symbolic_graph(lambda x: ((x * 2)[:, :3],), torch.randn(37, 5))
     with pytest.raises(DynamicShapeUnsupported, match="neither dense nor broadcast"):
         compile_graph(gm, examples)
+
+
+def _rotary(x, cos, w):
+    """Llama's attention prologue: a projected query viewed per head and transposed, rotated by a
+    position table; the result is attention's operand and a graph output (an activation the backward
+    reads) at once."""
+    q = (x @ w).view(x.shape[0], x.shape[1], 4, 8).transpose(1, 2)
+    c = cos.unsqueeze(1)
+    rotated = torch.cat((-q[..., 4:], q[..., :4]), dim=-1)
+    o = q * c.cos() + rotated * c.sin()
+    for _ in range(2):  # a body too large to recompute for each consumer: realized once
+        o = torch.tanh(o * c + q) - o.sin()
+    return o, F.scaled_dot_product_attention(o, o, o)
+
+
+def test_output_realized_early_keeps_its_traced_transposed_layout():
+    """A transposed output with an expensive body, realized for attention before the output is met, is
+    stored in its traced (dense, transposed) layout: returned with those strides for every size, not
+    refused (Llama's training step ran its forward graph through ATen)."""
+    def make(n):
+        return torch.randn(2, n, 32), torch.randn(1, n, 8), torch.randn(32, 32) * 0.2
+    cg = compile_symbolic(_rotary, *make(9), dynamic={0: (1,), 1: (1,)})
+    check_sizes(cg, _rotary, make, (1, 2, 5, 17))
+    for n in (3, 11):
+        args = make(n)
+        assert cg.fn(*args)[0].stride() == _rotary(*args)[0].stride()
+
+
+@pytest.mark.parametrize("options", BACKENDS)
+def test_slice_scatter_over_a_symbolic_dim(options):
+    """T5's shift_right and the backward of a slice (``x[:, 1:]``) over a symbolic length: generated,
+    not an ATen fallback."""
+    def fn(x, y):
+        shifted = torch.slice_scatter(torch.zeros_like(x), x[:, :-1] * 2, 1, 1)
+        return shifted, torch.slice_scatter(x, y.exp(), 1, 0, y.shape[1]), torch.slice_scatter(x, x[:, ::2], 1, 0,
+                                                                                                 None, 2)
+    cg = compile_symbolic(fn, torch.randn(3, 9), torch.randn(3, 9), options=options)
+    assert not [n.target for n in cg.loop_program.nodes if isinstance(n, ExternKernel)]
+    check_sizes(cg, fn, lambda n: (torch.randn(3, n), torch.randn(3, n)), (1, 2, 5, 8, 13))

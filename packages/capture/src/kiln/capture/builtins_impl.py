@@ -200,6 +200,11 @@ def _scalar(kind: Callable[..., Any]) -> Handler:
                              "keep the value as a tensor, or accept the graph break")
         if kind is float and len(args) == 1 and not kwargs and _symbolic_number(args[0]):
             return _record_sym(frame, torch.sym_float, args[0])
+        if kind is int and len(args) == 1 and not kwargs and _symbolic_number(args[0]):
+            # int(n * 0.5) truncates symbolically (torch.sym_int), as torch's compiler does: int() of the
+            # value would pin the graph to this size; int() of a SymInt is the SymInt itself
+            v = args[0]
+            return v if isinstance(v, torch.SymInt) else _record_sym(frame, torch.sym_int, v)
         return kind(*args, **kwargs)
     return conv
 

@@ -111,6 +111,9 @@ class Flattener:
         if isinstance(v, tuple):  # torch.return_types and other structseqs
             parts = [self.plan(x, depth + 1) for x in v]
             return lambda outs, L, G: t(tuple(p(outs, L, G) for p in parts))
+        if t is slice:  # ``x[:n]`` stopped at a break: a symbolic bound is read per call, never baked in
+            parts = [self.plan(x, depth + 1) for x in (v.start, v.stop, v.step)]
+            return lambda outs, L, G: slice(*(p(outs, L, G) for p in parts))
         if isinstance(v, (set, frozenset)):
             parts = [self.plan(x, depth + 1) for x in v]
             return lambda outs, L, G: t(p(outs, L, G) for p in parts)

@@ -15,6 +15,7 @@ from .semantics import contains_traced
 from .shape_rules.functions import FAST_META, fast_result, from_memo, memo_entry, memo_key
 from .shape_rules.pointwise import FAST_POINTWISE
 from .shape_rules.views import FAST_METHODS
+from .size_polyfills import size_polyfill
 from .tracer import _has_traced
 
 if TYPE_CHECKING:
@@ -79,6 +80,9 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     objclass = getattr(fn, "__objclass__", None)
     if objclass in (torch._C.TensorBase, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
         return tensor_method(frame, args[0], fn.__name__, list(args[1:]), kwargs)
+    polyfill = size_polyfill(fn, args, kwargs)
+    if polyfill is not None:  # a symbolic number the schema would specialise (size_polyfills.py)
+        return frame.call(polyfill, list(args), dict(kwargs))
     tracer = frame.tracer
     traced_in = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())
     if not traced_in:

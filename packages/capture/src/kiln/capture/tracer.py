@@ -27,6 +27,8 @@ from torch.fx.experimental import symbolic_shapes
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from kiln.graph import (
+    SIZE_OPS,
+    SIZE_UNARY_OPS,
     Guard,
     TensorSpec,
     global_state,
@@ -644,16 +646,20 @@ class Tracer:
             return self.lift(self.node_of_expr[expr])
         if isinstance(expr, sympy.Integer):
             return int(expr)
-        name = type(expr).__name__
-        ops = {"Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv,
-               "Mod": operator.mod, "PythonMod": operator.mod, "Pow": operator.pow}
-        if name not in ops:
-            raise GraphBreak(f"symbolic size {expr} has no graph value")
-        args = [self._expr_node(a) for a in expr.args]
-        acc = args[0]
-        for a in args[1:]:
-            acc = self.graph.call_function(ops[name], (acc, a))
+        if isinstance(expr, sympy.Float):
+            return float(expr)
+        name = type(expr).__name__  # a size the program derived (``math.ceil(n / 3)``, ``n * 0.5``)
+        if name in SIZE_UNARY_OPS and len(expr.args) == 1:
+            acc = self.graph.call_function(SIZE_UNARY_OPS[name], (self._expr_node(expr.args[0]),))
             self.speculative.add(acc)
+        elif name in SIZE_OPS:
+            args = [self._expr_node(a) for a in expr.args]
+            acc = args[0]
+            for a in args[1:]:
+                acc = self.graph.call_function(SIZE_OPS[name], (acc, a))
+                self.speculative.add(acc)
+        else:
+            raise GraphBreak(f"symbolic size {expr} has no graph value")
         self.node_of_expr[expr] = acc
         return acc
 

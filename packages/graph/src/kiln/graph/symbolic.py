@@ -89,6 +89,10 @@ def py_expr(e: Any) -> str:
         return f"(-((-{args[0]}) // 1))"
     if name in ("FloorToInt", "floor"):
         return f"({args[0]} // 1)"
+    if name == "RoundToInt":  # Python's round, half to even, as torch's RoundToInt
+        return f"round({args[0]})"
+    if name == "CleanDiv":  # an exact division
+        return f"({args[0]} // {args[1]})"
     raise SymbolicSizeError(f"cannot print size expression {e} ({name})")
 
 
@@ -170,11 +174,11 @@ SIZE_OPS: dict[str, Callable[..., Any]] = {
     "Add": operator.add, "Mul": operator.mul, "FloorDiv": operator.floordiv, "Mod": operator.mod,
     "PythonMod": operator.mod, "Pow": operator.pow, "PowByNatural": operator.pow, "FloatPow": operator.pow,
     "Max": torch.sym_max, "Min": torch.sym_min, "IntTrueDiv": operator.truediv,
-    "FloatTrueDiv": operator.truediv,
+    "FloatTrueDiv": operator.truediv, "CleanDiv": operator.floordiv,
 }
 SIZE_UNARY_OPS: dict[str, Callable[..., Any]] = {"ToFloat": torch.sym_float, "TruncToInt": torch.sym_int,
                                          "FloorToInt": math.floor, "CeilToInt": math.ceil,
-                                         "OpaqueUnaryFn_sqrt": torch.sym_sqrt}
+                                         "RoundToInt": round, "OpaqueUnaryFn_sqrt": torch.sym_sqrt}
 
 
 class SymbolNodes:

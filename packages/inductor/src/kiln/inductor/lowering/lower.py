@@ -189,9 +189,28 @@ def _share_stored(ctx: LoweringContext, node: fx.Node, val: Any) -> Any:
 
 
 def _layout_hint(node: fx.Node) -> tuple | None:
-    """Realized values keep a traced channels-last layout (graph_passes/conv_layout.py); others are stored contiguous."""
+    """Realized values keep a traced channels-last layout (graph_passes/conv_layout.py) and a graph
+    output its traced symbolic layout (``_output_layout``); others are stored contiguous."""
     st = channels_last_stride(node)
-    return tuple(as_index(s) for s in st) if st is not None else None
+    return tuple(as_index(s) for s in st) if st is not None else _output_layout(node)
+
+
+def _output_layout(node: fx.Node) -> tuple | None:
+    """The traced strides of a graph output with symbolic strides, when they lay it out densely.
+
+    Why: with symbolic sizes the caller reads an output with its traced strides (``_output``). A value
+    realized early for another consumer too (Llama's rotary-embedded query: attention's operand and a
+    saved activation, traced transposed) must be stored in that layout, or the output could not be
+    returned for every size."""
+    traced = node.meta.get("val")
+    if not isinstance(traced, torch.Tensor) or not any(u.op == "output" for u in node.users):
+        return None
+    stride = out_stride(node)
+    if all(is_static(x) for x in stride):
+        return None
+    stride = tuple(_size_one_floor_dropped(x) for x in stride)
+    shape = tuple(_size_one_floor_dropped(as_index(s)) for s in traced.shape)
+    return stride if is_dense(shape, stride) else None
 
 
 def _flat_outputs(out: Any) -> list[Any]:

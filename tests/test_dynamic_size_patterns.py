@@ -1,0 +1,94 @@
+"""Common ways programs turn a varying size into a number, through kiln.compile's automatic dynamic
+shapes and the inductor backend (C++, and Triton under TRITON_INTERPRET=1): ``torch.linspace(0, 1, n)``,
+``F.scaled_dot_product_attention(..., scale=1 / math.sqrt(d))``, ``torch.arange(n) / n``,
+``x.new_full((n,), 1.0 / n)``, ``torch.linspace(0, n, steps=n)``, ``x * math.sqrt(d)``. Called with many
+sizes: the first compile is static, the second symbolic and serves every later size (no recompile
+per size, no graph left to ATen), and every call equals eager with fresh inputs."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.graph import EVENTS, StageText
+
+torch.manual_seed(0)
+
+CPP = pytest.param({}, id="cpp")
+TRITON = pytest.param({"cpu_backend": "triton"}, id="triton", marks=pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton path on CPU tensors needs TRITON_INTERPRET=1"))
+
+SIZES = (4, 7, 9, 12, 33, 17, 64)
+
+PATTERNS = {
+    "linspace": (lambda x: x * torch.linspace(0, 1, x.shape[0]), lambda n: torch.randn(n)),
+    "linspace_to_n": (lambda x: x + torch.linspace(0, x.shape[0], steps=x.shape[0]), lambda n: torch.randn(n)),
+    "linspace_float64": (lambda x: x + torch.linspace(-2.5, 3.0, x.shape[-1], dtype=torch.float64),
+                         lambda n: torch.randn(3, n, dtype=torch.float64)),
+    "sdpa_scale_head_dim": (lambda q: F.scaled_dot_product_attention(q, q * 2, q + 1, scale=1 / math.sqrt(q.shape[-1])),
+                            lambda n: torch.randn(2, 3, 5, n)),
+    "sdpa_scale_seq_len": (lambda q: F.scaled_dot_product_attention(q, q.flip(2), q + 1, is_causal=True,
+                                                                     scale=0.5 / math.sqrt(q.shape[-2])),
+                           lambda n: torch.randn(2, 3, n, 8)),
+    "arange_over_n": (lambda x: x + torch.arange(x.shape[0]) / x.shape[0], lambda n: torch.randn(n)),
+    "new_full_inverse": (lambda x: x + x.new_full((x.shape[0],), 1.0 / x.shape[0]), lambda n: torch.randn(n)),
+    "times_sqrt_of_size": (lambda x: x * math.sqrt(x.shape[-1]), lambda n: torch.randn(3, n)),
+    "slice_to_ceil": (lambda x: x[: math.ceil(x.shape[0] / 3)] * 2, lambda n: torch.randn(n)),
+    "slice_to_int_of_float": (lambda x: x[: int(x.shape[0] * 0.5)] * 2, lambda n: torch.randn(n)),
+}
+
+
+def _generated(ids: list[str]):
+    def on_event(e: object) -> None:
+        if isinstance(e, StageText) and e.stage == "output_code":
+            ids.append(e.graph_id)
+    return on_event
+
+
+@pytest.mark.parametrize("options", [CPP, TRITON])
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_size_pattern_compiles_at_most_twice(name, options):
+    fn, make = PATTERNS[name]
+    kiln.reset()
+    kiln.stats_reset()
+    cf = kiln.compile(fn, options=options)
+    ids: list[str] = []
+    listener = _generated(ids)
+    EVENTS.subscribe(listener, texts=True)
+    try:
+        for n in SIZES:
+            x = make(n)
+            torch.testing.assert_close(cf(x), fn(x), atol=1e-5, rtol=1e-5, msg=lambda m, n=n: f"size {n}: {m}")
+    finally:
+        EVENTS.unsubscribe(listener)
+    s = kiln.stats()
+    assert s.graphs_compiled <= 2 and s.recompiles <= 1, s
+    assert (s.graphs_run_eagerly, s.frames_run_eagerly) == (0, 0), s
+    assert len(ids) + s.cache_hits >= s.graphs_compiled  # kiln.inductor generated (or cached) each graph
+
+
+def test_attention_with_a_symbolic_scale_trains():
+    """The scaled query's gradient flows through the symbolic scale: gradients equal eager's for every
+    head size, one symbolic graph for the forward and the backward."""
+    kiln.reset()
+    kiln.stats_reset()
+
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, scale=1 / math.sqrt(q.shape[-1])).square().sum()
+    cf = kiln.compile(f)
+    for d in (4, 8, 6, 16, 5):
+        q, k, v = (torch.randn(2, 2, 7, d, requires_grad=True) for _ in range(3))
+        q2, k2, v2 = (t.detach().clone().requires_grad_() for t in (q, k, v))
+        got, want = cf(q, k, v), f(q2, k2, v2)
+        got.backward()
+        want.backward()
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-5)
+        for a, b in ((q, q2), (k, k2), (v, v2)):
+            torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4, msg=lambda m, d=d: f"head {d}: {m}")
+    s = kiln.stats()
+    assert s.graphs_compiled <= 2 and (s.graphs_run_eagerly, s.frames_run_eagerly) == (0, 0), s
