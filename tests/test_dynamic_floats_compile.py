@@ -22,6 +22,7 @@ def step(x, lr: float):
 @pytest.mark.slow
 def test_float_streams_compile_at_most_twice() -> None:
     kiln.reset()
+    kiln.stats_reset()  # the counters are process-wide: other tests in this worker counted before
     f, g = kiln.compile(item_then_print), kiln.compile(step)
     for i in range(10):
         x = torch.randn(5, 3, requires_grad=True)
