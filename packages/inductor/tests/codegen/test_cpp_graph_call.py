@@ -69,7 +69,8 @@ def test_symbolic_output_plan_is_expressions_over_the_size_arguments() -> None:
     """Symbolic sizes: the plan's sizes are expressions over the size symbols (as Python for the caller),
     a matmul output is still computed in the caller's buffer, and a row view at a symbolic offset copied."""
     x, w = torch.randn(6, 8), torch.randn(8, 16)
-    gm, examples = symbolic_graph(lambda x, w: ((x @ w).unsqueeze(0), (x @ w)[-1]), x, w, dynamic={0: (0,)})
+    # two products (equal ones would be computed once: the cse pass), each output a view of its own
+    gm, examples = symbolic_graph(lambda x, w: ((x @ w).unsqueeze(0), (x @ (w + 1))[-1]), x, w, dynamic={0: (0,)})
     n = str(examples[0].shape[0])
     p = cpp_program(gm, examples, {0: Slot("input", 0), 1: Slot("input", 1)}, size_symbols=[(n, "input 0 dim 0")],
                     writer=GraphCallWriter)
