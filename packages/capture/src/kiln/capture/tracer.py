@@ -346,15 +346,7 @@ class Tracer:
         sym = self.shape_env.create_symbol(value, ksrc, dynamic_dim=DimDynamic.DYNAMIC)
         if not isinstance(sym, sympy.Symbol):
             return None
-        symint = self.shape_env.create_symintnode(sym, hint=value, source=ksrc)
-        self.add_guard(source, "TYPE_MATCH", type_name(int))
-        node = self._placeholder(source, symint)
-        self.symbol_sources.setdefault(str(sym), []).append(source)
-        self.node_of_expr.setdefault(sym, node)
-        self.register(symint, node)
-        self.inputs.append(GraphInput(source, value, symint, node))
-        self.input_by_key[source] = symint
-        return symint
+        return self._symbolic_input(source, value, sym, self.shape_env.create_symintnode(sym, hint=value, source=ksrc))
 
     def lift_float(self, value: float, source: str) -> Any:
         """A Python float that varies between calls as a symbolic float: a graph input bound by a
@@ -364,15 +356,18 @@ class Tracer:
         assert self.shape_env is not None
         ksrc = KilnSource(source)
         sym = self.shape_env.create_unspecified_symbol(value, ksrc, dynamic_dim=DimDynamic.DYNAMIC)
-        symfloat = self.shape_env.create_symfloatnode(sym, hint=value, source=ksrc)
-        self.add_guard(source, "TYPE_MATCH", type_name(float))
-        node = self._placeholder(source, symfloat)
+        return self._symbolic_input(source, value, sym, self.shape_env.create_symfloatnode(sym, hint=value, source=ksrc))
+
+    def _symbolic_input(self, source: str, value: int | float, sym: sympy.Symbol, symbolic: Any) -> Any:
+        """A Python scalar's symbol as a graph input: guarded by its type, bound by a SYMBOL guard."""
+        self.add_guard(source, "TYPE_MATCH", type_name(type(value)))
+        node = self._placeholder(source, symbolic)
         self.symbol_sources.setdefault(str(sym), []).append(source)
         self.node_of_expr.setdefault(sym, node)
-        self.register(symfloat, node)
-        self.inputs.append(GraphInput(source, value, symfloat, node))
-        self.input_by_key[source] = symfloat
-        return symfloat
+        self.register(symbolic, node)
+        self.inputs.append(GraphInput(source, value, symbolic, node))
+        self.input_by_key[source] = symbolic
+        return symbolic
 
     def _wrap_unsourced(self, value: Any) -> Any:
         if isinstance(value, torch.Tensor) and not isinstance(value, FakeTensor):
