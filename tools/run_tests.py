@@ -1,7 +1,9 @@
 """Run every test root (the meta-package's and each stage's) in its own pytest process.
 
 Each stage's tests are a package named ``tests``; one pytest process per root keeps them from
-shadowing each other. Prints one closing line with the totals: ``N passed, N failed, N skipped``.
+shadowing each other. ``KILN_TEST_ROOTS`` (comma-separated) runs only those roots. After each root it
+prints the root's slowest tests (from its junit report), and at the end one line with the totals:
+``N passed, N failed, N skipped``.
 """
 
 from __future__ import annotations
@@ -29,13 +31,27 @@ def _counts(junit: Path) -> tuple[int, int, int]:
     return total - failed - skipped, failed, skipped
 
 
+def _slowest(junit: Path, n: int = 8) -> list[tuple[float, str]]:
+    if not junit.exists():
+        return []
+    cases = ET.parse(junit).getroot().iter("testcase")
+    timed = [(float(c.get("time", 0)), f"{c.get('classname', '')}::{c.get('name', '')}") for c in cases]
+    return sorted(timed, reverse=True)[:n]
+
+
 def main(argv: list[str]) -> int:
     workers = os.environ.get("KILN_TEST_WORKERS", "2")
     markers = os.environ.get("KILN_TEST_MARKERS", "not gpu")
+    chosen = os.environ.get("KILN_TEST_ROOTS")
+    roots = [r.strip() for r in chosen.split(",") if r.strip()] if chosen else ROOTS
+    unknown = sorted(set(roots) - set(ROOTS))
+    if unknown:
+        print(f"KILN_TEST_ROOTS names no test root: {', '.join(unknown)} (roots: {', '.join(ROOTS)})")
+        return 2
     passed = failed = skipped = 0
     bad: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for i, root in enumerate(ROOTS):
+        for i, root in enumerate(roots):
             junit = Path(tmp) / f"{i}.xml"
             t0 = time.perf_counter()
             cmd = [sys.executable, "-m", "pytest", root, "-q", "-n", workers, "-m", markers,
@@ -49,6 +65,7 @@ def main(argv: list[str]) -> int:
                 bad.append(root)
             print(f"[{root}] {p} passed, {f} failed, {s} skipped in {time.perf_counter() - t0:.0f}s",
                   flush=True)
+            print("  slowest: " + "; ".join(f"{t:.0f}s {name}" for t, name in _slowest(junit)), flush=True)
     if bad:
         print("failing test roots: " + ", ".join(bad))
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
