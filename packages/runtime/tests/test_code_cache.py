@@ -115,15 +115,14 @@ def test_code_objects_are_written_off_the_loading_thread(tmp_path: Path, monkeyp
     import threading
 
     assert flush_code_writes(10)  # earlier tests' writes (the writer pauses before writing)
-    store = CompileCache(tmp_path)
     release, writers = threading.Event(), []
-    real_put = CompileCache.put
 
-    def slow_put(self, namespace, key, data):
-        writers.append(threading.current_thread() is threading.main_thread())
-        release.wait(10)
-        return real_put(self, namespace, key, data)
-    monkeypatch.setattr(CompileCache, "put", slow_put)
+    class SlowCache(CompileCache):
+        def put(self, namespace, key, data):
+            writers.append(threading.current_thread() is threading.main_thread())
+            release.wait(10)
+            return super().put(namespace, key, data)
+    store = SlowCache(tmp_path)
     src = "def f(a):\n    return a + 3\n"
     a = compile_cached(src, "<bg>", store)  # returns while the write waits
     assert compile_cached(src, "<bg>", store) is a  # pending in this process: not compiled again
