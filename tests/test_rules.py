@@ -262,8 +262,6 @@ _ALLOWED_PATCHES: dict[tuple[str, str], str] = {
         "simulates the GPU (capability, triton release) that built the artifact's binaries",
     ("packages/runtime/tests/test_triton_preload.py", "checks._triton_binaries_fit"):
         "simulates the GPU (capability, triton release) that built the artifact's binaries",
-    ("packages/inductor/tests/test_training_memory.py", "autograd_wrapper.owned_call"):
-        "switches the fix off, to show the peak-memory measurement sees what it fixed",
     # spies on kiln functions: cost tests (what was not run, not compiled, not looked up) with no seam yet
     ("tests/test_gpu_warm_pool.py", "kiln.inductor.warm_compile_pool"):
         "spy: the Triton compile workers start only on a CUDA graph-cache miss",
@@ -289,8 +287,6 @@ _ALLOWED_PATCHES: dict[tuple[str, str], str] = {
         "empties the guard plan's process-wide getter cache so the count above starts from nothing",
     ("packages/runtime/tests/test_graph_cache.py", "gc_mod.collect_triton_binaries"):
         "spy: which kernel modules a graph-cache entry collects binaries from",
-    ("packages/runtime/tests/test_code_cache.py", "code_cache.WRITER.delay_s"):
-        "lengthens the process's code writer pause so the paused state can be seen (loads use that writer)",
 }
 
 
