@@ -190,3 +190,164 @@ def test_every_environment_variable_is_declared() -> None:
             elif path.name == "knobs.py" and package not in declared.readers:
                 problems.append(f"{path.relative_to(ROOT)}: {name} is declared as read by {sorted(declared.readers)}")
     assert not problems, "\n".join(problems)
+
+
+# ---- tests do not patch module globals (STYLE.md "Avoid: global mutable config patched in tests") ----
+# A setting reaches the code as an option or a knob read on use (monkeypatch.setenv), and state a test
+# needs its own of is an object the test constructs and passes (a cache, a compile pool, a choices
+# table). What stays patched is listed here with the reason: the patch simulates what a test cannot
+# construct (a missing package or tool, a crash mid-write, hardware this host lacks), switches a global
+# that torch or triton keep themselves, or counts calls into code kiln does not own. A kiln function
+# replaced by a spy is listed as such: each is a place where the code has no seam yet.
+
+_PATCHERS = {"setattr", "delattr", "setitem", "delitem"}
+
+_ALLOWED_PATCHES: dict[tuple[str, str], str] = {
+    # simulating what a test cannot construct
+    ("tests/test_warm_start.py", "backends.importlib.util.find_spec"):
+        "simulates a stage package that is not installed (the meta-package's error for it)",
+    ("packages/autograd/tests/test_symbolic_cuda_fakes.py", "torch.cuda.is_available"):
+        "simulates a host with and without a CUDA device",
+    ("packages/runtime/tests/test_cache.py", "cache_mod.os.replace"):
+        "simulates a crash between writing an entry and renaming it into place",
+    ("packages/runtime/tests/test_container.py", "container.os.replace"):
+        "simulates a failing rename while an artifact is written",
+    ("packages/runtime/tests/test_graph_cache.py", "Path.read_bytes"):
+        "simulates an unreadable cache entry",
+    ("packages/inductor/tests/scheduler/test_memory_peak.py", "torch._C._select_conv_backend"):
+        "simulates the convolution algorithm cuDNN picks on a GPU host",
+    ("packages/inductor/tests/codegen/triton/test_preload_hook.py", "sys.modules['kiln.runtime.triton_preload']"):
+        "simulates a process where kiln.runtime is not loaded",
+    ("packages/runtime/tests/test_triton_preload.py", "knobs.build.impl"):
+        "triton's hook for its host compiler: a stand-in builds no C launcher on a host without CUDA",
+    ("packages/runtime/tests/test_triton_preload.py", "nvidia.library_dirs"):
+        "triton's CUDA library lookup, absent on a host without CUDA",
+    ("packages/runtime/tests/test_triton_preload.py", "build._load_module_from_path"):
+        "loads the stand-in launcher a host without CUDA cannot load",
+    ("packages/runtime/tests/test_triton_preload.py", "driver._active"):
+        "triton's active driver: the CUDA driver class a GPU host would have",
+    # switches torch and triton keep as their own globals
+    ("tests/test_deploy_cuda.py", "torch.backends.cudnn.allow_tf32"):
+        "torch's own switch; the comparison is in true fp32",
+    ("packages/runtime/tests/test_triton_first_launch.py", "knobs.runtime.debug"):
+        "triton reads TRITON_DEBUG once at import into this attribute (setenv would not reach it)",
+    # counting calls into torch, triton and the standard library (no counter of their own)
+    ("packages/capture/tests/test_capture_speed.py", "FakeTensorMode.__torch_dispatch__"):
+        "counts fake-tensor dispatches: the cost the fast paths avoid",
+    ("packages/capture/tests/shape_rules/test_pointwise.py", "FakeTensorMode.__torch_dispatch__"):
+        "counts fake-tensor dispatches: the cost the shape rules avoid",
+    ("packages/capture/tests/shape_rules/test_views.py", "FakeTensorMode.__torch_dispatch__"):
+        "counts fake-tensor dispatches: the cost the shape rules avoid",
+    ("packages/capture/tests/shape_rules/test_functions.py", "torch.batch_norm"):
+        "counts torch's slow path for F.batch_norm",
+    ("packages/inductor/tests/codegen/test_cpp_loops.py", "subprocess.run"):
+        "counts C++ compiler runs (kiln.runtime.compile_cpp runs g++ through it)",
+    ("packages/runtime/tests/test_code_cache.py", "threading.Thread.start"):
+        "proves the first call starts no threading.Thread (their start waits for the GIL)",
+    ("packages/runtime/tests/test_triton_first_launch.py", "CompiledKernel._init_handles"):
+        "counts triton's kernel loads",
+    ("packages/runtime/tests/test_triton_first_launch.py", "JITFunction.run"):
+        "counts launches that went through triton's own specialisation",
+    ("packages/runtime/tests/test_triton_preload.py", "type(saved)._init_handles"):
+        "counts triton's kernel loads",
+    ("packages/runtime/tests/test_load_speed.py", "guards_plan.eval"):
+        "proves the guard plan compiles no source (the builtin eval, seen from kiln.graph.guards_plan)",
+    ("packages/inductor/tests/autotune/test_matmul_templates.py", "mt.buffers_for"):
+        "simulates a failure while a tuning problem is built (the injected timer fails only later)",
+    ("packages/inductor/tests/codegen/triton/test_compile_pool.py", "ahead.compile_target"):
+        "simulates a GPU target for the CPU tensors of a host without one",
+    ("packages/inductor/tests/codegen/triton/test_dynamic_ahead.py", "ahead.compile_target"):
+        "simulates a GPU target for the CPU tensors of a host without one",
+    ("packages/runtime/tests/test_triton_binaries.py", "checks._triton_binaries_fit"):
+        "simulates the GPU (capability, triton release) that built the artifact's binaries",
+    ("packages/runtime/tests/test_triton_preload.py", "checks._triton_binaries_fit"):
+        "simulates the GPU (capability, triton release) that built the artifact's binaries",
+    # spies on kiln functions: cost tests (what was not run, not compiled, not looked up) with no seam yet
+    ("tests/test_gpu_warm_pool.py", "kiln.inductor.warm_compile_pool"):
+        "spy: the Triton compile workers start only on a CUDA graph-cache miss",
+    ("tests/test_warm_start.py", "backends.print_graph"):
+        "spy: the captured graph is not printed unless its text is kept",
+    ("packages/capture/tests/shape_rules/test_functions.py", "torch_ops.from_memo"):
+        "spy: repeated calls reuse capture's memoized fake result (the memo counts no hits)",
+    ("packages/inductor/tests/codegen/triton/test_dynamic_ahead.py", "backend.compile_ahead"):
+        "spy: the kernels handed to the compile pool (the batch keeps jobs, not kernels)",
+    ("packages/inductor/tests/codegen/triton/test_preload_hook.py", "tp.adopt_module"):
+        "spy: the kernel loader hands each new module to kiln.runtime's preload once",
+    ("packages/inductor/tests/graph_passes/test_conv_layout.py", "L._run"):
+        "spy: the layout pass re-propagates only the nodes its conversions changed",
+    ("packages/runtime/tests/test_bindings.py", "Resolver.guard_expr"):
+        "spy: a load resolves only the guard sources it needs",
+    ("packages/runtime/tests/test_schema3_load.py", "GuardSet.compile_gather"):
+        "spy: a load builds its guard check from the saved plan, without analysing the guards again",
+    ("packages/runtime/tests/test_load_speed.py", "manifest_mod.verify_integrity"):
+        "spy: a load does not re-encode the manifest to verify it",
+    ("packages/runtime/tests/test_load_speed.py", "guards_plan._SEGMENT"):
+        "spy: the guard plan runs its segment regex once per distinct segment",
+    ("packages/runtime/tests/test_load_speed.py", "guards_plan._GETTERS"):
+        "empties the guard plan's process-wide getter cache so the count above starts from nothing",
+    ("packages/runtime/tests/test_graph_cache.py", "gc_mod.collect_triton_binaries"):
+        "spy: which kernel modules a graph-cache entry collects binaries from",
+}
+
+
+def _patch_target(call: ast.Call) -> str | None:
+    """What a ``monkeypatch.setattr/delattr/setitem/delitem`` or ``mock.patch(.object)`` call patches, as
+    ``obj.name``, ``dotted.path`` (the string form) or ``mapping[key]``; None for other calls."""
+    func, args = call.func, call.args
+    if not isinstance(func, ast.Attribute) or not args:
+        return None
+    owner = _dotted(func.value) or ""
+    if func.attr in _PATCHERS and owner.split(".")[-1] == "monkeypatch":
+        first = args[0]
+        if isinstance(first, ast.Constant) and isinstance(first.value, str):
+            return first.value  # monkeypatch.setattr("pkg.mod.name", value)
+        if len(args) < 2:
+            return None
+        second = args[1]
+        if func.attr in ("setitem", "delitem"):
+            key = repr(second.value) if isinstance(second, ast.Constant) else ast.unparse(second)
+            return f"{ast.unparse(first)}[{key}]"
+        return f"{ast.unparse(first)}.{second.value if isinstance(second, ast.Constant) else ast.unparse(second)}"
+    if func.attr == "patch" and owner.endswith("mock") and isinstance(args[0], ast.Constant):
+        return str(args[0].value)
+    if func.attr == "object" and owner.endswith("mock.patch") and len(args) >= 2 \
+            and isinstance(args[1], ast.Constant):
+        return f"{ast.unparse(args[0])}.{args[1].value}"
+    return None
+
+
+def patches(source: str) -> list[tuple[int, str]]:
+    """(line, target) of every patch in a test module's source."""
+    return [(node.lineno, target) for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Call) and (target := _patch_target(node)) is not None]
+
+
+def _test_files() -> list[Path]:
+    files = list((ROOT / "tests").rglob("*.py"))
+    for pkg in (ROOT / "packages").glob("*/tests"):
+        files += pkg.rglob("*.py")
+    return sorted(files)
+
+
+def test_tests_patch_only_what_is_allowed() -> None:
+    found = {(str(path.relative_to(ROOT)), target): line
+             for path in _test_files() for line, target in patches(path.read_text())}
+    new = [f"{path}:{line}: {target}" for (path, target), line in sorted(found.items())
+           if (path, target) not in _ALLOWED_PATCHES]
+    assert not new, ("tests patch module globals; pass the setting as an option, set a knob's environment "
+                     "variable (read on use), or construct the object and pass it in -- or, where none of "
+                     "that can work, add the patch to _ALLOWED_PATCHES with the reason:\n" + "\n".join(new))
+    stale = sorted(set(_ALLOWED_PATCHES) - set(found))
+    assert not stale, f"_ALLOWED_PATCHES lists patches no test makes any more (remove them): {stale}"
+
+
+def test_the_patch_rule_sees_patches() -> None:
+    src = ("def test(monkeypatch):\n"
+           "    monkeypatch.setattr(mod, 'FLAG', True)\n"
+           "    monkeypatch.setattr('pkg.mod.fn', None)\n"
+           "    monkeypatch.setitem(mod.TABLE, 'k', 1)\n"
+           "    monkeypatch.setenv('KILN_X', '1')\n"
+           "    with mock.patch('pkg.mod.fn'), mock.patch.object(mod.Cls, 'method'):\n"
+           "        pass\n")
+    assert sorted(patches(src)) == [(2, "mod.FLAG"), (3, "pkg.mod.fn"), (4, "mod.TABLE['k']"),
+                                    (6, "mod.Cls.method"), (6, "pkg.mod.fn")]

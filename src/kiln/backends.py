@@ -118,8 +118,8 @@ def _inductor(opts: CompileOptions) -> Backend:
 
     def inductor(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledFn:
         # Reached only when the graph cache misses: the Triton compile workers start importing now,
-        # while the joint trace, decompositions and lowering run (a warm start that compiles nothing
-        # starts none: they took ~0.15 s of GPT-2's warm first call on the H200, 16 processes)
+        # while the joint trace, decompositions and lowering run. A warm start compiles nothing and
+        # starts none: starting them would cost its first call time for workers it never uses
         if any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
             warm_compile_pool("cuda")
         # the forward (and inference) graph takes the captured graph's inputs first, in order

@@ -76,28 +76,24 @@ def test_stride0_mask_takes_a_fused_kernel_and_keeps_maths_zero_rows() -> None:
     torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
 
 
-def test_the_choice_is_asked_once_per_layout_and_follows_the_backend_switches(monkeypatch) -> None:
+def test_the_choice_is_asked_once_per_layout_and_follows_the_backend_switches() -> None:
     """Real tensors are made once per (layouts, switches): a model's identical layers ask once, and an
     ``sdpa_kernel`` context changes the answer instead of hitting a stale entry."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from kiln.autograd import attention
+    from kiln.autograd.attention import KernelChoices
 
-    monkeypatch.setattr(attention, "_CHOICES", {})
-    made: list[tuple] = []
-    real_empty = torch.empty_strided
-
-    def counting(*a, **k):  # type: ignore[no-untyped-def]
-        made.append(a[0])
-        return real_empty(*a, **k)
-    monkeypatch.setattr(torch, "empty_strided", counting)
+    choices = KernelChoices()
     q = torch.randn(2, 4, 16, 8)
     a = {"query": q, "key": q, "value": q, "attn_mask": None, "dropout_p": 0.0, "is_causal": False,
          "scale": None}
-    first = attention._real_choice(a)
-    assert attention._real_choice(dict(a)) == first and len(made) == 3  # q, k, v once
+    first = choices.choice(a)
+    assert choices.choice(dict(a)) == first and choices.queries == 1
+    assert choices.choice(dict(a, query=q.transpose(1, 2).contiguous().transpose(1, 2))) is not None
+    assert choices.queries == 2  # another layout: asked again
     with sdpa_kernel(SDPBackend.MATH):
-        assert attention._real_choice(a) == int(SDPBackend.MATH) != first
+        assert choices.choice(a) == int(SDPBackend.MATH) != first
+    assert choices.queries == 3
 
 
 def _masked_cases(device: str, mask_dtype: torch.dtype, dims: str):

@@ -32,9 +32,9 @@ from kiln.inductor.autotune import (
     tune_kernel,
     tuned_mm,
 )
-from kiln.inductor.autotune.loader import load_source_module
 from kiln.inductor.codegen.triton import TritonKernel
 from kiln.inductor.cudagraphs import CUDAGraphOptions, CUDAGraphTree, cudagraphify
+from kiln.runtime import load_triton_module
 
 DEV = "cuda"
 
@@ -120,7 +120,7 @@ def check_graph_break_tree() -> str:
     return f"2 graphs, one pool; second reads first's output in place ({n2.stats.zero_copy_inputs} zero-copy calls)"
 
 
-def _two_layer_training(tree: CUDAGraphTree | None):
+def _two_layer_training(tree: CUDAGraphTree | None, device: str = DEV):
     """A training step whose forward and backward are separate graphed callables, as kiln.autograd runs them."""
 
     def fw(x, w1, w2):
@@ -134,10 +134,11 @@ def _two_layer_training(tree: CUDAGraphTree | None):
 
     fw_g = bw_g = None
     if tree is not None:
-        ex = [torch.randn(32, 64, device=DEV), torch.randn(64, 128, device=DEV), torch.randn(128, 16, device=DEV)]
+        ex = [torch.randn(32, 64, device=device), torch.randn(64, 128, device=device),
+              torch.randn(128, 16, device=device)]
         fw_g = cudagraphify(fw, ex, static_input_indices=(1, 2), tree=tree, name="forward")
-        bw_g = cudagraphify(bw, [ex[0], torch.randn(32, 128, device=DEV), ex[1], ex[2],
-                                 torch.randn(32, 16, device=DEV)], static_input_indices=(2, 3), tree=tree,
+        bw_g = cudagraphify(bw, [ex[0], torch.randn(32, 128, device=device), ex[1], ex[2],
+                                 torch.randn(32, 16, device=device)], static_input_indices=(2, 3), tree=tree,
                             name="backward")
     run_fw, run_bw = fw_g or fw, bw_g or bw
 
@@ -157,13 +158,14 @@ def _two_layer_training(tree: CUDAGraphTree | None):
     return Step, fw_g, bw_g
 
 
-def _train(tree: CUDAGraphTree | None, steps: int = 6) -> tuple[list[torch.Tensor], list[float], object, object]:
-    step, fw_g, bw_g = _two_layer_training(tree)
+def _train(tree: CUDAGraphTree | None, steps: int = 6,
+           device: str = DEV) -> tuple[list[torch.Tensor], list[float], object, object]:
+    step, fw_g, bw_g = _two_layer_training(tree, device)
     torch.manual_seed(0)
-    w1 = torch.nn.Parameter(torch.randn(64, 128, device=DEV) * 0.1)
-    w2 = torch.nn.Parameter(torch.randn(128, 16, device=DEV) * 0.1)
+    w1 = torch.nn.Parameter(torch.randn(64, 128, device=device) * 0.1)
+    w2 = torch.nn.Parameter(torch.randn(128, 16, device=device) * 0.1)
     opt = torch.optim.SGD([w1, w2], lr=0.1, momentum=0.9)
-    data = [(torch.randn(32, 64, device=DEV), torch.randn(32, 16, device=DEV)) for _ in range(steps)]
+    data = [(torch.randn(32, 64, device=device), torch.randn(32, 16, device=device)) for _ in range(steps)]
     losses = []
     for x, y in data:
         out = step.apply(x, w1, w2)
@@ -522,7 +524,7 @@ def kiln_softmax(in0, out0, xnumel, rnumel, XBLOCK: tl.constexpr, RBLOCK: tl.con
 def check_generated_kernels_tuned() -> str:
     import triton
 
-    mod = load_source_module(_KERNELS)
+    mod = load_triton_module(_KERNELS)
     timer = DeviceTimer(warmup_ms=2, rep_ms=10)
     lines = []
     x, y = (torch.randn(1 << 22, device=DEV, dtype=torch.bfloat16) for _ in range(2))

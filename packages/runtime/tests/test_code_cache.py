@@ -115,15 +115,14 @@ def test_code_objects_are_written_off_the_loading_thread(tmp_path: Path, monkeyp
     import threading
 
     assert flush_code_writes(10)  # earlier tests' writes (the writer pauses before writing)
-    store = CompileCache(tmp_path)
     release, writers = threading.Event(), []
-    real_put = CompileCache.put
 
-    def slow_put(self, namespace, key, data):
-        writers.append(threading.current_thread() is threading.main_thread())
-        release.wait(10)
-        return real_put(self, namespace, key, data)
-    monkeypatch.setattr(CompileCache, "put", slow_put)
+    class SlowCache(CompileCache):
+        def put(self, namespace, key, data):
+            writers.append(threading.current_thread() is threading.main_thread())
+            release.wait(10)
+            return super().put(namespace, key, data)
+    store = SlowCache(tmp_path)
     src = "def f(a):\n    return a + 3\n"
     a = compile_cached(src, "<bg>", store)  # returns while the write waits
     assert compile_cached(src, "<bg>", store) is a  # pending in this process: not compiled again
@@ -171,28 +170,34 @@ def test_writes_after_a_first_call_wait_a_moment_unless_flushed(tmp_path: Path, 
     import threading
     import time
 
-    from kiln.runtime import code_cache, load_compiled_function, save_artifact
+    from kiln.runtime import load_compiled_function, save_artifact
+    from kiln.runtime.code_cache import CodeWriter
 
     assert flush_code_writes(10)
-    monkeypatch.setattr(code_cache.WRITER, "delay_s", 60.0)
     started = []
     monkeypatch.setattr(threading.Thread, "start", lambda self: started.append(self))  # none used
-    store = default_store
     prog = PortableProgram("def call(args):\n    return (args[0] * 7,)\n", {})
     save_artifact(tmp_path / "a.kiln", prog, input_names=["x"],
                   input_specs=[TensorSpec.from_tensor(torch.ones(2))])
-    fn = load_compiled_function(str(tmp_path / "a.kiln"), cache=store)
+    fn = load_compiled_function(str(tmp_path / "a.kiln"), cache=default_store)
     torch.testing.assert_close(fn(torch.ones(2))[0], torch.full((2,), 7.0))
+    assert flush_code_writes(10) and _entries(tmp_path / "cache") and not started
+    # the pause, on a writer of the test's own with a long one: released, it waits; a flush writes at once
+    writer, own = CodeWriter(delay_s=60.0), CompileCache(tmp_path / "own")
+    writer.hold()
+    writer.write_later(own, "first", compile("x = 1\n", "<first>", "exec"))
+    assert writer.pending and not writer.running  # held until the first call returns
+    writer.release()
     time.sleep(0.3)
-    assert code_cache.WRITER.running and code_cache.WRITER.pending and not _entries(tmp_path / "cache")  # paused
+    assert writer.running and writer.pending and not _entries(tmp_path / "own")  # paused
     t0 = time.perf_counter()
-    assert flush_code_writes(10) and not code_cache.WRITER.pending
-    assert time.perf_counter() - t0 < 10 and _entries(tmp_path / "cache") and not started
+    assert writer.flush(10) and not writer.pending
+    assert time.perf_counter() - t0 < 10 and len(_entries(tmp_path / "own")) == 1
     # the next writer pauses again
-    compile_cached("y = 1\n", "<again>", store)
+    writer.write_later(own, "second", compile("y = 1\n", "<second>", "exec"))
     time.sleep(0.3)
-    assert code_cache.WRITER.pending
-    assert flush_code_writes(10) and len(_entries(tmp_path / "cache")) == 2
+    assert writer.pending and len(_entries(tmp_path / "own")) == 1
+    assert writer.flush(10) and len(_entries(tmp_path / "own")) == 2
 
 
 def test_a_process_that_exits_right_after_its_first_call_writes_its_code_objects(tmp_path: Path) -> None:

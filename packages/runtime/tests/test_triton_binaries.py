@@ -85,7 +85,7 @@ def _artifact_with_binaries(tmp_path: Path) -> Path:
 def test_load_installs_only_binaries_that_fit(tmp_path: Path, monkeypatch, caplog, fits: bool) -> None:
     path = _artifact_with_binaries(tmp_path)
     target = tmp_path / "triton-cache"
-    monkeypatch.setattr("kiln.runtime.triton_binaries.triton_cache_dir", lambda: target)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(target))  # read on use (triton's knobs, kiln.runtime.knobs)
     if fits:  # as on the GPU that built it: same capability and triton release
         monkeypatch.setattr(checks, "_triton_binaries_fit", lambda m: True)
     with caplog.at_level(logging.INFO, logger="kiln.runtime"):
@@ -155,7 +155,7 @@ def test_launcher_modules_triton_built_are_shipped_and_installed(tmp_path, monke
     so = cache / "abc123" / "__triton_launcher.cpython-3x.so"
     so.parent.mkdir(parents=True)
     so.write_bytes(b"\x7fELF launcher")
-    monkeypatch.setattr(tb, "triton_cache_dir", lambda: cache)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
     module = types.SimpleNamespace(__file__=str(so))
     launch = types.SimpleNamespace(__self__=module)  # a builtin's __self__ is its module
     owner = types.SimpleNamespace(launch=launch)

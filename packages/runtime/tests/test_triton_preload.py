@@ -229,7 +229,6 @@ def test_layer_norm_kernel_ships_the_launcher_a_load_builds(target_driver, launc
     sys.modules.pop(LN_MODULE)  # the saving process is gone
     fresh = tmp_path / "fresh"
     install_triton_binaries(files, "test artifact", cache_dir=fresh)
-    monkeypatch.setattr(triton.knobs.cache, "dir", str(fresh))
     monkeypatch.setenv("TRITON_CACHE_DIR", str(fresh))
     builds.clear()
     module = _import_ln(tmp_path / "src-load")
@@ -259,7 +258,7 @@ def test_save_builds_the_launcher_nobody_built(target_driver, launcher_builds, t
     sys.modules.pop(LN_MODULE)
     fresh = tmp_path / "fresh"
     install_triton_binaries(files, "test artifact", cache_dir=fresh)
-    monkeypatch.setattr(triton.knobs.cache, "dir", str(fresh))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(fresh))
     builds.clear()
     (loaded,) = _import_ln(tmp_path / "src-load").k18_native_layer_norm_addmm.device_caches[0][0].values()
     nvidia.CudaLauncher(loaded.src, loaded.metadata)
@@ -342,7 +341,7 @@ def test_artifact_load_preloads_through_the_wrapper_loader(target_driver, tmp_pa
     save_artifact(path, PortableProgram(program, files), input_names=["x"],
                   input_specs=[TensorSpec.from_tensor(torch.zeros(3))])
     monkeypatch.setattr(checks, "_triton_binaries_fit", lambda m: True)  # as on the GPU that built it
-    monkeypatch.setattr("kiln.runtime.triton_binaries.triton_cache_dir", lambda: tmp_path / "fresh")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "fresh"))
     with tp.count_triton_work() as work:
         fn = load_compiled_function(path)
         out = fn(torch.zeros(3))[0]

@@ -20,8 +20,8 @@ from kiln.inductor.autotune import (
     DeviceTimer,
     PoolCompiler,
 )
-from kiln.inductor.autotune.loader import load_source_module
 from kiln.inductor.compile_pool import device_target
+from kiln.runtime import load_triton_module
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -104,7 +104,7 @@ def add(X, Y, Z, XBLOCK: tl.constexpr):
 @pytest.mark.parametrize("compiler", ["threads", "processes"])
 def test_compilers_make_launches_find_the_binary(compiler, tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))  # a cold cache: nothing compiled before
-    add = load_source_module(ADD + f"# {compiler}\n", prefix="kiln_test_add_").add
+    add = load_triton_module(ADD + f"# {compiler}\n").add
     jobs = [CompileJob(add, (torch.float32,) * 3, (("XBLOCK", xb),), 4, 1, f"add {xb}") for xb in (128, 256, 512)]
     threads = DeviceCompiler(workers=4)
     pool = threads if compiler == "threads" else PoolCompiler(device_target(), threads)

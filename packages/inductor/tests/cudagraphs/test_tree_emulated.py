@@ -277,14 +277,12 @@ def test_limit_counts_recordings_per_function(limit):
     assert len(f.nodes) == limit
 
 
-def test_training_step_forward_backward_one_tree(monkeypatch):
+def test_training_step_forward_backward_one_tree():
     import gpu_modes_check as chk
 
-    monkeypatch.setattr(chk, "DEV", "cpu")
     tree = make_tree()
-    monkeypatch.setattr(chk, "cudagraphify", lambda fn, ex, **kw: cudagraphify(fn, ex, **{**kw, "tree": tree}))
-    ref_w, ref_losses, _, _ = chk._train(None)
-    got_w, got_losses, fw_g, bw_g = chk._train(tree)
+    ref_w, ref_losses, _, _ = chk._train(None, device="cpu")
+    got_w, got_losses, fw_g, bw_g = chk._train(tree, device="cpu")
     for a, b in zip(got_w, ref_w):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
     assert fw_g.skip_reason is None and bw_g.skip_reason is None

@@ -37,9 +37,6 @@ def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | Non
     return bound
 
 
-_CHOICES: dict[tuple[Any, ...], int] = {}  # layouts -> the kernel eager picks (one query per layout)
-
-
 def _layout(t: Any) -> Any:
     if not isinstance(t, torch.Tensor):
         return t
@@ -54,35 +51,47 @@ def _backend_flags() -> tuple[Any, ...]:
             b.cudnn_sdp_enabled(), tuple(order()) if order is not None else ())
 
 
-def _real_choice(a: dict[str, Any], dense_mask: bool = False) -> int:
-    """The kernel eager picks for tensors of these layouts; ``dense_mask``: for the mask as kiln would
-    pass it (an additive mask of the query's dtype, contiguous). Asked once per layout, on real
-    tensors allocated outside every tracing mode (on the H200, tracing modes kept the real q/k/v of
-    each ViT layer alive: 1 GB held after compiling)."""
-    key = (tuple(_layout(a[k]) for k in ("query", "key", "value", "attn_mask")), dense_mask,
-           a["dropout_p"], a["is_causal"], a["scale"], _backend_flags())
-    hit = _CHOICES.get(key)
-    if hit is not None:
-        return hit
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.utils._python_dispatch import _disable_current_modes
+class KernelChoices:
+    """The kernel eager picks for tensors of given layouts, asked once per (layouts, backend switches) on
+    real tensors. ``EAGER_CHOICES`` is the process's; a test constructs its own and reads ``queries``."""
 
-    def real(t: Any) -> Any:
-        if not isinstance(t, torch.Tensor):
-            return t
-        return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+    def __init__(self) -> None:
+        self.known: dict[tuple[Any, ...], int] = {}
+        self.queries = 0  # how many times real tensors were made to ask eager
 
-    with unset_fake_temporarily(), _disable_current_modes():
-        q, k, v, mask = real(a["query"]), real(a["key"]), real(a["value"]), real(a["attn_mask"])
-        if dense_mask and mask is not None:
-            mask = torch.empty(tuple(mask.shape), dtype=q.dtype, device=q.device)
-        choice = int(torch._fused_sdp_choice(q, k, v, mask, a["dropout_p"], a["is_causal"], scale=a["scale"]))
-        del q, k, v, mask
-    _CHOICES[key] = choice
-    return choice
+    def choice(self, a: dict[str, Any], dense_mask: bool = False) -> int:
+        """The kernel eager picks for these arguments' layouts; ``dense_mask``: for the mask as kiln would
+        pass it (an additive mask of the query's dtype, contiguous). The real tensors are allocated
+        outside every tracing mode (inside them, the real q/k/v of each layer stayed alive after the
+        compile)."""
+        key = (tuple(_layout(a[k]) for k in ("query", "key", "value", "attn_mask")), dense_mask,
+               a["dropout_p"], a["is_causal"], a["scale"], _backend_flags())
+        hit = self.known.get(key)
+        if hit is not None:
+            return hit
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        def real(t: Any) -> Any:
+            if not isinstance(t, torch.Tensor):
+                return t
+            return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+
+        self.queries += 1
+        with unset_fake_temporarily(), _disable_current_modes():
+            q, k, v, mask = real(a["query"]), real(a["key"]), real(a["value"]), real(a["attn_mask"])
+            if dense_mask and mask is not None:
+                mask = torch.empty(tuple(mask.shape), dtype=q.dtype, device=q.device)
+            choice = int(torch._fused_sdp_choice(q, k, v, mask, a["dropout_p"], a["is_causal"], scale=a["scale"]))
+            del q, k, v, mask
+        self.known[key] = choice
+        return choice
 
 
-def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+EAGER_CHOICES = KernelChoices()
+
+
+def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any], choices: KernelChoices = EAGER_CHOICES) -> Any:
     """The fused kernel's output for this call, or None to let the composite run."""
     from torch.nn.attention import SDPBackend
 
@@ -98,13 +107,13 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
             (mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype not in (q.dtype, torch.bool))):
         return None
     fake = int(torch._fused_sdp_choice(q, k, v, mask, 0.0, a["is_causal"], scale=a["scale"]))
-    choice = _real_choice(a)
+    choice = choices.choice(a)
     dense = False
     if choice == SDPBackend.MATH.value and mask is not None:
         # eager would run MATH (fp32 bmm-softmax-bmm) only because of the mask's layout (HF BERT's is a
         # stride-0 expanded bool view, which the fused kernels do not take): a dense copy of the mask,
         # a few MB, makes the fused kernel usable, same function in the query's precision
-        dense_choice = _real_choice(a, dense_mask=True)
+        dense_choice = choices.choice(a, dense_mask=True)
         if dense_choice != SDPBackend.MATH.value:
             choice, dense = dense_choice, True
             log("perf_hints").info("attention: a dense copy of the %s mask %s lets a fused kernel run where "

@@ -269,21 +269,21 @@ def test_gpu_first_launches_compile_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     p = CompilePool(2, gpu=True)
     assert p.start()
-    monkeypatch.setattr(cp.PROCESS_POOL, "pool", p)  # compile_graph's kernels go to the process's pool
-    deadline = time.monotonic() + 120  # a graph compiled before a worker is ready compiles in-process
-    while p.ready == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    g = torch.Generator().manual_seed(1)
-    args = [torch.randn(64, 96, generator=g).cuda()] + [torch.randn(96, 96, generator=g).cuda() * 0.1
-                                                         for _ in range(3)]
-    try:
-        cg = compile_graph(trace(_layers, *args), args)
-        report = cg.wait_kernels()
-        before = _kernel_dirs(str(tmp_path / "cache"))
-        out = cg.fn(*args)[0]
-        torch.cuda.synchronize()
-    finally:
-        p.close()
+    with cp.PROCESS_POOL.using(p):  # compile_graph's kernels go to the process's pool
+        deadline = time.monotonic() + 120  # a graph compiled before a worker is ready compiles in-process
+        while p.ready == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        g = torch.Generator().manual_seed(1)
+        args = [torch.randn(64, 96, generator=g).cuda()] + [torch.randn(96, 96, generator=g).cuda() * 0.1
+                                                             for _ in range(3)]
+        try:
+            cg = compile_graph(trace(_layers, *args), args)
+            report = cg.wait_kernels()
+            before = _kernel_dirs(str(tmp_path / "cache"))
+            out = cg.fn(*args)[0]
+            torch.cuda.synchronize()
+        finally:
+            p.close()
     assert report.jobs > 0 and report.compiled == report.jobs, report.errors
     assert _kernel_dirs(str(tmp_path / "cache")) == before  # the launches loaded what the workers built
     torch.testing.assert_close(out, _layers(*args)[0], rtol=1e-3, atol=1e-3)
@@ -317,9 +317,9 @@ def test_autotune_candidates_compile_on_the_same_pool(pool, tmp_path):
     compiles a graph's kernels (autotune/compilers.py PoolCompiler), into triton's cache; candidates
     whose turn comes after the tuning deadline are skipped, not compiled."""
     from kiln.inductor.autotune.compilers import CompileJob, PoolCompiler, TargetCompiler
-    from kiln.inductor.autotune.loader import load_source_module
+    from kiln.runtime import load_triton_module
 
-    add = load_source_module(ADD + "# autotune on the pool\n", prefix="kiln_test_pool_tune_").add
+    add = load_triton_module(ADD + "# autotune on the pool\n").add
     jobs = [CompileJob(add, (torch.float32,) * 3, (("XBLOCK", xb),), 4, 1, f"add {xb}") for xb in (64, 128)]
     served: list[CompileBatch] = []
     submit = pool.submit

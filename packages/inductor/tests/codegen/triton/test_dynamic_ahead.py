@@ -190,26 +190,26 @@ def test_gpu_symbolic_graph_first_launches_compile_nothing_at_any_size(tmp_path,
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "cache"))
     p = CompilePool(2, gpu=True)
     assert p.start()
-    monkeypatch.setattr(cp.PROCESS_POOL, "pool", p)
-    deadline = time.monotonic() + 120
-    while p.ready == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    with cp.PROCESS_POOL.using(p):  # compile_graph's kernels go to the process's pool
+        deadline = time.monotonic() + 120
+        while p.ready == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
 
-    def cuda_args(n: int, rows: int = 2) -> tuple[torch.Tensor, ...]:
-        return tuple(a.cuda() for a in _block_args(n, rows))
+        def cuda_args(n: int, rows: int = 2) -> tuple[torch.Tensor, ...]:
+            return tuple(a.cuda() for a in _block_args(n, rows))
 
-    try:
-        gm, examples = symbolic_graph(_block, *cuda_args(37, rows=3), dynamic={0: (0, 1)})
-        cg = compile_graph(gm, examples)
-        report = cg.wait_kernels()
-        before = _kernel_dirs(str(tmp_path / "cache"))
-        for n in (1, 7, 16, 33, 512):
-            args = cuda_args(n)
-            for got, want in zip(cg.fn(*args), _block(*args)):
-                torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
-        torch.cuda.synchronize()
-    finally:
-        p.close()
+        try:
+            gm, examples = symbolic_graph(_block, *cuda_args(37, rows=3), dynamic={0: (0, 1)})
+            cg = compile_graph(gm, examples)
+            report = cg.wait_kernels()
+            before = _kernel_dirs(str(tmp_path / "cache"))
+            for n in (1, 7, 16, 33, 512):
+                args = cuda_args(n)
+                for got, want in zip(cg.fn(*args), _block(*args)):
+                    torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+            torch.cuda.synchronize()
+        finally:
+            p.close()
     assert report.jobs > 0 and report.compiled == report.jobs and report.in_process == 0, report.errors
     assert _kernel_dirs(str(tmp_path / "cache")) == before  # the launches loaded what the workers built
     launchers = [v for v in _wrapper_globals(cg.fn).values() if type(v).__name__ == "KilnLaunch" and v.free]

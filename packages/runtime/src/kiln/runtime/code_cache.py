@@ -35,8 +35,8 @@ def compile_cached(source: str, filename: str, cache: CompileCache | None = None
     """``compile(source, filename, 'exec')``, reusing a marshalled code object from the cache.
 
     A new code object is written to the cache by a background thread (``flush_code_writes`` waits
-    for it; so does interpreter exit): the write (marshal, checksum, mkdir, temp file, rename) was
-    ~1 ms of a new machine's load + first call, which needs the code but not its cache entry."""
+    for it; so does interpreter exit): the write (marshal, checksum, mkdir, temp file, rename) would
+    lengthen a new machine's load + first call, which needs the code but not its cache entry."""
     store = cache or default_cache()
     key = f"{_MAGIC}\0{filename}\0{hashlib.sha256(source.encode()).hexdigest()}"
     if not store.enabled:

@@ -43,8 +43,8 @@ def choose_format(path: PathLike | BinaryIO, fmt: str) -> str:
 
 
 def zip_bytes(manifest: bytes, files: Mapping[str, bytes]) -> bytes:
-    """The zip form. Entries are stored, not deflated (as torch.save's zip files): inflating them
-    was ~0.2-0.5 ms of a load (a mobilenet's 270 KB manifest), which a new machine waits on.
+    """The zip form. Entries are stored, not deflated (as torch.save's zip files): a load would
+    inflate them (a mobilenet's manifest is 270 KB) while a new machine waits for its first call.
     Older, deflated artifacts read as before."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", compression=zipfile.ZIP_STORED) as z:

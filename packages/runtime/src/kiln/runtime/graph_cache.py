@@ -120,7 +120,7 @@ def _source_files(roots: Sequence[str]) -> list[tuple[str, str, os.stat_result]]
 def source_hash(roots: Sequence[str], cache: CompileCache) -> str:
     """sha256 over the contents of every ``*.py`` file under ``roots``.
 
-    Why a stamp: reading and hashing kiln's ~200 files took 12-22 ms of every warm start. The
+    Why a stamp: reading and hashing kiln's ~200 files would cost every warm start tens of ms. The
     content hash is kept in the compile cache under a stamp of each file's path, size and mtime
     (ns), so a process reads the files again only after one of them changed.
     """

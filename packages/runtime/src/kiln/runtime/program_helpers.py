@@ -1,8 +1,8 @@
 """The constant code of generated programs, imported instead of compiled with every artifact.
 
-kiln.inductor's wrappers and kiln.autograd's programs used to carry these helpers as source: each
-load of an artifact in a new process compiled them again (~1-1.4 ms of a new machine's load + first
-call, as much as the program's own body for a small model). As a module of kiln-runtime its
+Carried as source in kiln.inductor's wrappers and kiln.autograd's programs, these helpers would be
+compiled again by each load of an artifact in a new process (as much as the program's own body for a
+small model, on a new machine's load + first call). As a module of kiln-runtime its
 bytecode is cached by Python (``.pyc``), so a load only imports it, once per process. Programs that
 use it list ``kiln.runtime`` in their ``requires``. The names and behaviour here are part of the
 artifact format: programs saved by this version call them, so change them only compatibly.
@@ -154,7 +154,7 @@ def load_library_from(files: Mapping[str, bytes] | None, files_dir: str | None, 
                       flags: Sequence[str], link: Sequence[str]) -> ctypes.CDLL:
     """``load_library``, from the library's bytes in the program's ``FILES`` when it has them: on
     Linux through a memfd, so a new machine's load writes no folder for it (creating the cache's
-    folders and files was ~0.7 ms of a mobilenet's load). Else from ``files_dir``; with no folder,
+    folders and files is a visible part of a small model's load). Else from ``files_dir``; with no folder,
     the library and its source are written to a temporary one first (load_library's rebuild reads
     the ``.cpp`` there)."""
     files = files or {}

@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from kiln.runtime import load_triton_module
+
 from .cache import tune_key
 from .config import Candidate, Choice, Config
-from .loader import load_source_module
 from .tuner import Autotuner
 
 
@@ -121,7 +122,7 @@ class TunedMatmul:
         self.epilogue = epilogue
         self.config = config
         self.choice = choice
-        self._kernel = None if config.extern else load_source_module(template_source(epilogue, dtype)).kiln_mm
+        self._kernel = None if config.extern else load_triton_module(template_source(epilogue, dtype)).kiln_mm
 
     @property
     def uses_template(self) -> bool:
@@ -167,7 +168,7 @@ def mm_candidates(a: torch.Tensor, b: torch.Tensor, epilogue: Epilogue, args: Se
                   out: torch.Tensor, configs: Sequence[Config]) -> list[Candidate]:
     extern = Config(extern="cublas")
     cands = [Candidate(extern, lambda: _extern(epilogue, a, b, args, out), is_default=True)]
-    kernel = load_source_module(template_source(epilogue, a.dtype)).kiln_mm
+    kernel = load_triton_module(template_source(epilogue, a.dtype)).kiln_mm
     def launcher(c: Config) -> Callable[[], object]:
         return lambda: _launch_template(kernel, c, a, b, args, out)
 

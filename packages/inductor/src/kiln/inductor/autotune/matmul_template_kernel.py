@@ -146,9 +146,9 @@ def template_configs(spec: MatmulSpec, limit: int | None = None, smem: int | Non
 
 
 # The untuned configuration (default mode: nothing is timed), the first that fits shared memory. Half
-# precision: (128, 256, 64) with 8 warps and 3 stages was the fastest of those measured for GPT-2's
-# LM head on an H200 (bf16 4096 x 768 @ 768 x 50257: 0.62 ms; (128, 128, 64): 0.65). fp32 tiles hold
-# twice the bytes: BLOCK_K 32 keeps 3 stages at 96 KiB, within every architecture's limit (unmeasured).
+# precision: (128, 256, 64) with 8 warps and 3 stages, the fastest tried on GPT-2's LM head, a
+# misaligned bf16 4096 x 768 @ 768 x 50257 (benchmarks/RESULTS.md). fp32 tiles hold twice the bytes:
+# BLOCK_K 32 keeps 3 stages at 96 KiB, within every architecture's shared memory (not timed).
 _DEFAULT_CONFIGS = {
     2: ((128, 256, 64, 8, 3), (128, 128, 64, 8, 3), (64, 64, 32, 4, 4)),
     4: ((128, 128, 32, 8, 3), (64, 64, 32, 4, 4)),

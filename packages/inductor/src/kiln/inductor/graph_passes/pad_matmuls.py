@@ -18,10 +18,10 @@ on such outputs.) Extra memory: none (the result, as eager); the weight is never
 
 Note: a product whose result rows (N) are misaligned is better computed by kiln's Triton matmul template
 (autotune/matmul_template_kernel.py), which reads the operands as they are and stores straight into
-the unaligned contiguous result with masked stores: GPT-2's head (bf16, 4096 x 768 @ 768 x 50257) took
-0.62 ms on an H200 against mm_padded's 1.21 (cuBLAS unaligned: 3.36). With ``template=True`` this pass
-leaves such products alone (``templated``) and matmul_templates.py ``template_misaligned_matmuls`` turns
-them into the template after scheduling, its fused epilogue included. ``mm_padded`` stays for what the
+the unaligned contiguous result with masked stores (on GPT-2's head, bf16 4096 x 768 @ 768 x 50257,
+about twice as fast as mm_padded, which beats cuBLAS's unaligned call: benchmarks/RESULTS.md). With
+``template=True`` this pass leaves such products alone (``templated``) and matmul_templates.py
+``template_misaligned_matmuls`` turns them into the template after scheduling, its fused epilogue included. ``mm_padded`` stays for what the
 template does not take: fp32 without TF32 (the template's IEEE ``tl.dot`` runs on FMA units, where
 cuBLAS's SGEMM is expected to stay ahead), an addmm whose bias the template cannot read (a 0-d one),
 and graphs compiled with the template off.
