@@ -48,7 +48,7 @@ MODULE = triton_module_name(KERNELS)
 FREE_KERNELS = KERNELS.replace("@triton.jit", '@triton.jit(do_not_specialize=["xnumel"])').replace(
     "xnumel, XBLOCK", 'xnumel: "i64", XBLOCK')
 FREE_MODULE = triton_module_name(FREE_KERNELS)
-CTX = (0, 7)  # (device, stream) as the wrapper's _kiln_launch_context() gives them
+CTX = (0, 7, False)  # (device, stream, inputs aligned) as the wrapper's _kiln_launch_context() gives them
 
 
 @pytest.fixture
@@ -196,6 +196,36 @@ def test_free_sizes_run_one_binary_for_every_size_cold_and_warm(cross, tmp_path:
         launch = KilnLaunch(module.scale_add, {"XBLOCK": 128}, 4, (0,), free=(2,))
         launch((1, 1, 1), CTX, x, y, 97)  # not the size the cold process launched first
         assert jit_runs == [] and launched[0][4] == f"function:{binary.hash}"
+    finally:
+        sys.modules.pop(FREE_MODULE, None)
+
+
+def test_aligned_call_context_skips_the_per_launch_check_and_a_misaligned_input_does_not(cross, tmp_path: Path
+                                                                                        ) -> None:
+    """The wrapper tells its launches whether all its graph inputs are 16-byte aligned this call (ctx[2]);
+    a launcher adopted with only aligned input tensors checked then skips its own per-launch check. A
+    misaligned input (ctx[2] False) is checked again and goes back through triton's path."""
+    from kiln.inductor.codegen.triton import launcher as L
+
+    launched, jit_runs = cross
+    module = _import_kernels(tmp_path / "src", FREE_KERNELS)
+    try:
+        launch = KilnLaunch(module.scale_add, {"XBLOCK": 128}, 4, (0,), free=(2,))
+        x, y = torch.zeros(301), torch.zeros(300)
+        launch((3, 1, 1), CTX, x[:300], y, 300)  # adopted: the checked input is an aligned tensor
+        assert launch.run is not None and launch.aligned
+        keyed = []
+
+        class Spy(tuple):  # counts the per-launch alignment keys (they iterate the checked positions)
+            def __iter__(self):
+                keyed.append(1)
+                return super().__iter__()
+        launch.check = Spy(launch.check)
+        launch((3, 1, 1), (0, 7, True), x[:300], y, 300)
+        assert keyed == [] and len(launched) == 2 and jit_runs == ["scale_add"]  # fast path, no key
+        launch((3, 1, 1), (0, 7, False), x[1:], y, 300)  # misaligned: keyed, then triton's path
+        assert keyed and jit_runs == ["scale_add", "scale_add"] and launched[-1][-4].data_ptr() == x[1:].data_ptr()
+        assert L.launch_context(x[1:]) == (-1, 0, False)  # the interpreter / no CUDA: the slow-path marker
     finally:
         sys.modules.pop(FREE_MODULE, None)
 

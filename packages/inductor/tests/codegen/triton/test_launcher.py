@@ -16,7 +16,7 @@ from kiln.inductor.codegen.triton.launcher import KilnLaunch, launch_context
 def test_launch_context_without_cuda_initialised_is_the_slow_path_marker() -> None:
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         pytest.skip("CUDA already initialised in this process")
-    assert launch_context() == (-1, 0)
+    assert launch_context() == (-1, 0, False)
 
 
 def test_launcher_without_a_binary_stays_on_triton_path() -> None:

@@ -105,9 +105,11 @@ def ext_callers(text: str) -> tuple[list[tuple], Callable[..., Any], Callable[..
     def ext2(fn: Any, i: int, a: Any, b: Any) -> Any:
         consts, size, stride, va, vb = table[i]
         if va is not None:
-            a = a.as_strided(va[0], va[1], a.storage_offset() + va[2])
+            a = (a.as_strided(va[0], va[1], a.storage_offset() + va[2]) if va[2]
+                 else a.as_strided(va[0], va[1]))  # as_strided keeps the storage offset
         if vb is not None:
-            b = b.as_strided(vb[0], vb[1], b.storage_offset() + vb[2])
+            b = (b.as_strided(vb[0], vb[1], b.storage_offset() + vb[2]) if vb[2]
+                 else b.as_strided(vb[0], vb[1]))  # as_strided keeps the storage offset
         t = fn(a, b, *consts)
         if t is not None and t.stride() == stride:
             return t
@@ -116,11 +118,14 @@ def ext_callers(text: str) -> tuple[list[tuple], Callable[..., Any], Callable[..
     def ext3(fn: Any, i: int, a: Any, b: Any, c: Any) -> Any:
         consts, size, stride, va, vb, vc = table[i]
         if va is not None:
-            a = a.as_strided(va[0], va[1], a.storage_offset() + va[2])
+            a = (a.as_strided(va[0], va[1], a.storage_offset() + va[2]) if va[2]
+                 else a.as_strided(va[0], va[1]))  # as_strided keeps the storage offset
         if vb is not None:
-            b = b.as_strided(vb[0], vb[1], b.storage_offset() + vb[2])
+            b = (b.as_strided(vb[0], vb[1], b.storage_offset() + vb[2]) if vb[2]
+                 else b.as_strided(vb[0], vb[1]))  # as_strided keeps the storage offset
         if vc is not None:
-            c = c.as_strided(vc[0], vc[1], c.storage_offset() + vc[2])
+            c = (c.as_strided(vc[0], vc[1], c.storage_offset() + vc[2]) if vc[2]
+                 else c.as_strided(vc[0], vc[1]))  # as_strided keeps the storage offset
         t = fn(a, b, c, *consts)
         if t is not None and t.stride() == stride:
             return t

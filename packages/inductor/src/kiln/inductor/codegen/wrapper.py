@@ -28,7 +28,9 @@ from ..ir import (
     ScheduledProgram,
     SymScalar,
     TensorRef,
+    contiguous_strides,
     issues_collective,
+    product,
     python_scalar,
     work_buffers,
 )
@@ -73,6 +75,9 @@ _DIRECT = {f"aten.{op}.default": f"torch.{op}" for op in ("mm", "addmm", "bmm", 
 # kiln's own ops run as functions the module defines: a saved program needs no kiln import
 _HELPERS = {"kiln_inductor.mm_padded.default": "_mm_padded"}
 _DIRECT.update(_HELPERS)
+# ATen's matmuls return fresh contiguous tensors (a dense strided result of the output's shape): a
+# planned contiguous layout needs no re-striding check after them (one Python call less per matmul)
+_CONTIGUOUS_RESULT = frozenset(f"aten.{op}.default" for op in ("mm", "addmm", "bmm", "baddbmm"))
 
 
 # the helpers an arena program calls (kiln.runtime.program_helpers), imported only where used
@@ -176,6 +181,16 @@ class WrapperWriter:
         # may allocate (not before a kernel launch, which allocates nothing), so the memory is free
         # for it as before, with fewer statements to compile at load and to run per call
         self.pending_dels: list[str] = []
+        # Note: kernels take their buffers by pointer (C++: ``data_ptr()``; Triton: the tensor, of which
+        # it reads the pointer and dtype), never by shape. So the tensor a name is bound to need not
+        # have the buffer's planned shape: a buffer that takes over another's memory is that tensor
+        # (no ``as_strided`` per call), and a fresh buffer whose only extern use is one dense view of
+        # it (a matmul's 2-D view of a 3-D activation) is allocated in that view's shape. ``bound``
+        # records the (shape, stride) of the tensor behind each name where it differs from the planned
+        # layout (always at the buffer's own storage offset); externs and outputs get a view only
+        # where that differs from what they need.
+        self.bound: dict[str, tuple[tuple, tuple]] = {}
+        self.extern_views = _extern_views(s)
 
     def free(self, names: list[str]) -> None:
         self.pending_dels += names
@@ -192,13 +207,23 @@ class WrapperWriter:
             self.note = ""
         self.lines.append(line)
 
+    def shape_of(self, buffer: str) -> tuple[tuple, tuple]:
+        """(shape, stride) of the tensor ``buffer``'s name is bound to (through aliases)."""
+        name = self.alias.get(buffer, buffer)
+        got = self.bound.get(name)
+        if got is not None:
+            return got
+        lay = self.layouts[name]
+        return tuple(lay.shape), tuple(lay.stride)
+
     def ref(self, r: TensorRef) -> str:
         lay = self.layouts[r.buffer]
-        if tuple(r.shape) == tuple(lay.shape) and tuple(r.stride) == tuple(lay.stride) and r.offset == lay.offset:
+        if (tuple(r.shape), tuple(r.stride)) == self.shape_of(r.buffer) and r.offset == lay.offset:
             return r.buffer
         off = _int(r.offset)
-        offset = f"{r.buffer}.storage_offset() + {off}" if off != "0" else f"{r.buffer}.storage_offset()"
-        return f"{r.buffer}.as_strided({_ints(r.shape)}, {_ints(r.stride)}, {offset})"
+        # as_strided keeps the tensor's storage offset when given none (one call less)
+        offset = f", {r.buffer}.storage_offset() + {off}" if off != "0" else ""
+        return f"{r.buffer}.as_strided({_ints(r.shape)}, {_ints(r.stride)}{offset})"
 
     def view(self, a: Arg) -> list | None:
         """A tensor argument's view of its buffer as a table entry ``[shape, stride, offset]``
@@ -268,6 +293,9 @@ class WrapperWriter:
                 lead = "".join(f", {a}" for a in call_args[:cut])
                 self.emit(f"    {res} = {helper}({target}, {len(self.ext_rows) - 1}{lead})  # {note}")
                 return
+            if e.target in _CONTIGUOUS_RESULT and _dense(tuple(o.layout.shape), tuple(o.layout.stride)):
+                self.emit(f"    {res} = {call}  # {note}")
+                return
             self.emit(f"    {res} = _restride({call}, {_ints(o.layout.shape)}, {_ints(o.layout.stride)})"
                       f"  # {note}")
             return
@@ -322,6 +350,7 @@ class WrapperWriter:
         return f"_arena_{str(dtype).removeprefix('torch.')}"
 
     def alloc(self, buffer: str, layout: Layout, reuse: str | None) -> None:
+        self.bound.pop(buffer, None)
         if self.arena and buffer in self.arena.offsets:
             if reuse:  # the memory plan's hand-over, planned anew in the arena
                 self.free([reuse])
@@ -330,15 +359,28 @@ class WrapperWriter:
         if self.arena and reuse and reuse in self.arena.roots and buffer not in self.arena.roots:
             self.free([reuse])  # an escaping buffer (an output) never takes arena memory
             reuse = None
-        if reuse and self.layouts[reuse] == layout:  # same layout (an input updated in place): no view
+        if reuse:  # the same tensor under a second name: no statement (kernels take its pointer)
             self.alias[buffer] = self.alias.get(reuse, reuse)
             self.note = (f"{self.note}, " if self.note else "") + f"reuse: {buffer} is {self.alias[buffer]}"
-        elif reuse:
-            self.emit(f"    {buffer} = {reuse}.as_strided({_ints(layout.shape)}, {_ints(layout.stride)})"
-                      f"; del {reuse}  # reuse")
-        else:
-            self.emit(f"    {buffer} = torch.empty_strided({_ints(layout.shape)}, "
-                      f"{_ints(layout.stride)}, dtype={layout.dtype}{self.device_kw})")
+            return
+        shape, stride = self.alloc_shape(buffer, layout)
+        if (shape, stride) != (tuple(layout.shape), tuple(layout.stride)):
+            self.bound[buffer] = (shape, stride)
+        self.emit(f"    {buffer} = torch.empty_strided({_ints(shape)}, {_ints(stride)}, dtype={layout.dtype}"
+                  f"{self.device_kw})")
+
+    def alloc_shape(self, buffer: str, layout: Layout) -> tuple[tuple, tuple]:
+        """The shape to allocate ``buffer`` in: its externs' one view of it when that view is dense over
+        the same elements as the planned (dense) layout, so no extern needs a view of it; else planned."""
+        planned = (tuple(layout.shape), tuple(layout.stride))
+        views = self.extern_views.get(buffer)
+        if not views or len(views) != 1:
+            return planned
+        (shape, stride, offset, dtype), = views
+        if (offset != 0 or dtype != layout.dtype or layout.offset != 0 or not _dense(*planned)
+                or not _dense(shape, stride) or sympy.expand(product(shape) - product(planned[0])) != 0):
+            return planned
+        return shape, stride
 
     def size_prologue(self) -> None:
         """Symbolic sizes: every size symbol read from the inputs, then the relations the compile
@@ -405,9 +447,10 @@ class WrapperWriter:
                 if launch and isinstance(work, (Kernel, KernelGroup)) else {}
             for a in st.allocate:
                 if over.get(a.buffer) == a.reuse and a.reuse is not None:
-                    lay = a.layout  # the input may have another shape over the same memory (inplace.py)
-                    view = "" if self.layouts[a.reuse] == lay else f".as_strided({_ints(lay.shape)}, {_ints(lay.stride)})"
-                    self.emit(f"    {a.buffer} = {a.reuse}{view}  # written in place")
+                    # the input may have another shape over the same memory (inplace.py): the kernel
+                    # takes its pointer, externs and outputs view it as they need (``ref``)
+                    self.bound[a.buffer] = self.shape_of(a.reuse)
+                    self.emit(f"    {a.buffer} = {a.reuse}  # written in place")
                 else:
                     self.alloc(a.buffer, a.layout, a.reuse)
             dead: frozenset[str] = frozenset()
@@ -430,6 +473,39 @@ class WrapperWriter:
             self.imports.append(EXT_TABLE.format(table=json.dumps(self.ext_rows, separators=(",", ":"))))
         self.lines[tables:tables] = self.imports
         return "\n".join(self.lines) + "\n"
+
+
+def _dense(shape: tuple, stride: tuple) -> bool:
+    """Whether a layout is the row-major contiguous one of its shape (exactly, as expressions)."""
+    return all(sympy.expand(a - b) == 0 for a, b in zip(stride, contiguous_strides(shape)))
+
+
+def _tensor_refs(a: Arg) -> list[TensorRef]:
+    if isinstance(a, TensorRef):
+        return [a]
+    if isinstance(a, ListArg):
+        return [r for x in a.items for r in _tensor_refs(x)]
+    return []
+
+
+def _extern_views(s: ScheduledProgram) -> dict[str, set[tuple]]:
+    """Buffer -> the views ``(shape, stride, offset, dtype)`` extern calls take of it; graph outputs and
+    buffers a collective or wait holds are left out (they keep their planned shape)."""
+    p = s.program
+    views: dict[str, set[tuple]] = {}
+    pinned = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
+    for st in s.steps:
+        if not isinstance(st.work, ExternKernel):
+            continue
+        e = st.work
+        if issues_collective(e.target) or e.target == WAIT_TENSOR:
+            pinned.update(r.buffer for a in (*e.args, *(v for _, v in e.kwargs)) for r in _tensor_refs(a))
+            pinned.update(e.holds)
+            continue
+        for a in (*e.args, *(v for _, v in e.kwargs)):
+            for r in _tensor_refs(a):
+                views.setdefault(r.buffer, set()).add((tuple(r.shape), tuple(r.stride), r.offset, r.dtype))
+    return {b: v for b, v in views.items() if b not in pinned}
 
 
 def wrapper_source(s: ScheduledProgram, kernels: CompiledKernels, arena: bool = False) -> str:

@@ -114,9 +114,11 @@ class TritonBackend:
         launches = {name: "; ".join(_launch_line(g) for g in generated[a:b]) for name, a, b in spans}
         source = module_source(generated) if generated else ""
         inputs = frozenset(b.name for b in scheduled.program.inputs)
+        # the graph inputs the kernels take: their alignment is read once per call (launcher.py)
+        taken = sorted({b for g in generated for b in g.pointer_args if b in inputs})
         return CompiledKernels(files={}, prelude=wrapper_prologue(generated, inputs=inputs, dtypes={
                                    b: layouts[b].dtype for g in generated for b in g.pointer_args if b in layouts}), launches=launches,
                                source_text=source, local_dir="", compile_seconds=time.perf_counter() - t0,
                                requires=("torch", "triton"), device=self.device,
-                               call_prologue=f"{CTX_VAR} = _kiln_launch_context()" if generated else "",
+                               call_prologue=f"{CTX_VAR} = _kiln_launch_context({', '.join(taken)})" if generated else "",
                                pending=pending, triton_modules=(triton_module_name(source),) if generated else ())

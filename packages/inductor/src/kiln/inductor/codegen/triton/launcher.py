@@ -25,8 +25,11 @@ so binds that binary directly: no ``JITFunction.run``, whose first specialisatio
 imports triton's gluon packages (0.1 s). Any difference (or no description) takes triton's path,
 which finds or compiles the binary as before.
 
-The wrapper reads the CUDA device and stream once per call (``_kiln_launch_context()``) and passes them
-to every launch.
+The wrapper reads the CUDA device and stream once per call (``_kiln_launch_context(*inputs)``) and passes
+them to every launch, with whether all the graph inputs its kernels take are 16-byte aligned (they do
+not change within a call): a launcher adopted with its checked inputs aligned then skips its own
+per-launch alignment check while they stay so. The binary's C ``launch`` is called with triton's fixed
+arguments prepended once (``head``), no Python frame in between.
 """
 
 from __future__ import annotations
@@ -56,12 +59,16 @@ def _kiln_make_launch_support():
             from triton.compiler import CompiledKernel
             return active(getattr(CompiledKernel, "launch_enter_hook", None))
 
-    def launch_context():
-        """(device index, raw stream) for this call's launches; (-1, 0) under the interpreter."""
+    def launch_context(*inputs):
+        """(device index, raw stream, whether every tensor of ``inputs`` is 16-byte aligned: False with
+        none) for this call's launches; (-1, 0, False) under the interpreter."""
         if interpret or raw_stream is None or not torch.cuda.is_initialized():
-            return (-1, 0)
+            return (-1, 0, False)
         device = torch.cuda.current_device()
-        return (device, raw_stream(device))
+        bits = 0
+        for t in inputs:
+            bits |= t.data_ptr()
+        return (device, raw_stream(device), bool(inputs) and not bits & 15)
 
     def spec_key(args, check):
         """What triton specialised on, for the arguments that can change between calls (graph inputs
@@ -112,7 +119,7 @@ def _kiln_make_launch_support():
     class KilnLaunch:
         """One kernel's launcher: triton's path first, then its binary directly (module docstring)."""
         __slots__ = ("fn", "consts", "num_warps", "check", "num_stages", "run", "function", "meta", "key", "device",
-                     "tail", "bound_preloaded", "free")
+                     "tail", "bound_preloaded", "free", "head", "aligned")
 
         def __init__(self, fn, consts, num_warps, check=None, num_stages=1, free=()):
             self.fn, self.consts, self.num_warps = fn, consts, num_warps
@@ -126,13 +133,16 @@ def _kiln_make_launch_support():
             self.num_stages = num_stages  # software pipelining depth (matmul templates use 3-5)
             self.run = None
             self.bound_preloaded = None  # None: not tried yet; then whether a preloaded binary was bound
+            self.aligned = False  # adopted with every checked argument an aligned tensor (see __call__)
 
         def __call__(self, grid, ctx, *args):
             run = self.run
-            if run is not None and ctx[0] == self.device and (not self.check or spec_key(args, self.check) == self.key):
+            # ctx[2]: the wrapper found all its kernels' graph inputs aligned this call, which is this
+            # launcher's key when it was adopted with only aligned input tensors checked
+            if run is not None and ctx[0] == self.device and (
+                    not self.check or (self.aligned and ctx[2]) or spec_key(args, self.check) == self.key):
                 try:
-                    run(grid[0], grid[1], grid[2], ctx[1], self.function, self.meta, None, None, None,
-                        *args, *self.tail)
+                    run(grid[0], grid[1], grid[2], ctx[1], self.function, *self.head, *args, *self.tail)
                     return
                 except TypeError:  # a triton whose launcher takes other arguments: use triton's path
                     self.run = None
@@ -190,7 +200,12 @@ def _kiln_make_launch_support():
                 return
             self.tail = tuple(self.consts[n] for n in names[len(args):])
             self.key, self.device = spec_key(args, self.check), device
-            self.run = _kiln_direct_launch(run) or run
+            self.aligned = bool(self.check) and all(
+                isinstance(args[i], torch.Tensor) and k is True for i, k in zip(self.check, self.key))
+            direct = _kiln_direct_launch(run)
+            # triton's launcher (or its C launch, with the arguments triton's __call__ puts first)
+            self.head = (self.meta, None, None, None) if direct is None else (*direct.head, self.meta, None, None, None)
+            self.run = run if direct is None else direct.launch
 
     return launch_context, KilnLaunch, hooks_installed
 
