@@ -2,10 +2,13 @@
 ``model_support.cpp`` (kiln/model_support.h's libtorch side).
 
 Why three: the wrapper includes no torch header, so it compiles in a fraction of a second; the one
-translation unit that includes ATen (slow: ~4-7 s of g++ on this host) is the support file, compiled once
+translation unit that includes ATen (slow: ~22 CPU-s of g++ 12, three quarters of it parsing and
+instantiating ATen/core/dispatch/Dispatcher.h and ATen/core/Tensor.h) is the support file, compiled once
 per (source, torch release, compiler, flags) and kept in the compile cache (``cxx_support``). The
 kernels keep their own flags (``-O3 -march=native -fopenmp ...``: the same code the Python wrapper
-loads). Kernels and wrapper compile in parallel, then the support object (when not cached).
+loads) and their prelude's precompiled header (kiln.runtime.cpp). Kernels and wrapper compile in
+parallel, then the support object (when not cached). The objects cached are copied into the build's own
+folder before the link: another process may clear the cache meanwhile.
 
 A CUDA package has no kernel object (its kernels are cubins beside model.so) and links a second support
 object, ``model_support_cuda.cpp`` (the driver API and torch's CUDA streams; cached the same way).
