@@ -18,13 +18,16 @@ from kiln.runtime import PCH_END, CompileCache, KernelBuildError, compile_cpp, l
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
 
+# each test's header is its own (a process keeps the precompiled headers it used, by their text)
+TAG = secrets.token_hex(8)
 HEADER = "#include <cmath>\n#include <algorithm>\n" \
          "template <typename T> static inline T twice(T x) { return std::max(x, x) * T(2); }\n" + PCH_END
 FLAGS = ("-O2", "-shared", "-fPIC")
 
 
-def _source(value: int) -> str:
-    return HEADER + f'extern "C" double kiln_value(double x) {{ return twice(x) + std::sqrt({value}.0); }}\n'
+def _source(value: int, test: str) -> str:
+    return f"// {TAG} {test}\n" + HEADER + \
+        f'extern "C" double kiln_value(double x) {{ return twice(x) + std::sqrt({value}.0); }}\n'
 
 
 def _call(data: bytes, cache: CompileCache, x: float) -> float:
@@ -40,12 +43,12 @@ def _entries(cache: CompileCache, namespace: str) -> int:
 def test_precompiled_header_gives_the_same_library_bytes(tmp_path) -> None:
     value = secrets.randbelow(10**6)
     with_pch, whole = CompileCache(tmp_path / "a"), CompileCache(tmp_path / "b")
-    data = compile_cpp(_source(value), flags=FLAGS, cache=with_pch, pch=True)
-    assert data == compile_cpp(_source(value), flags=FLAGS, cache=whole, pch=False)
+    data = compile_cpp(_source(value, "bytes"), flags=FLAGS, cache=with_pch, pch=True)
+    assert data == compile_cpp(_source(value, "bytes"), flags=FLAGS, cache=whole, pch=False)
     assert _entries(with_pch, "cpp_pch") == 1 and _entries(whole, "cpp_pch") == 0
     assert _call(data, with_pch, 3.0) == 6.0 + value ** 0.5
     # another library with the same header reuses its precompiled header
-    other = compile_cpp(_source(value + 1), flags=FLAGS, cache=with_pch, pch=True)
+    other = compile_cpp(_source(value + 1, "bytes"), flags=FLAGS, cache=with_pch, pch=True)
     assert _entries(with_pch, "cpp_pch") == 1 and _entries(with_pch, "cpp_so") == 2
     assert _call(other, with_pch, 1.5) == 3.0 + (value + 1) ** 0.5
 
@@ -63,10 +66,10 @@ def test_header_the_compiler_cannot_precompile_builds_the_whole_source(tmp_path,
     cache = CompileCache(tmp_path / "cache")
     value = secrets.randbelow(10**6)
     with caplog.at_level(logging.INFO, logger="kiln.runtime"):
-        data = compile_cpp(_source(value), flags=FLAGS, cxx=cxx, cache=cache, pch=True)
+        data = compile_cpp(_source(value, "cannot"), flags=FLAGS, cxx=cxx, cache=cache, pch=True)
     assert "without a precompiled header" in caplog.text and "no headers here" in caplog.text
     assert _entries(cache, "cpp_pch") == 0
-    assert data == compile_cpp(_source(value), flags=FLAGS, cache=CompileCache(tmp_path / "whole"), cxx=cxx,
+    assert data == compile_cpp(_source(value, "cannot"), flags=FLAGS, cache=CompileCache(tmp_path / "whole"), cxx=cxx,
                                pch=False)
     assert _call(data, cache, 2.0) == 4.0 + value ** 0.5
 
@@ -84,9 +87,9 @@ def test_refused_precompiled_header_is_logged_and_the_header_text_used(tmp_path,
     value = secrets.randbelow(10**6)
     cache = CorruptPch(tmp_path / "cache")
     with caplog.at_level(logging.INFO, logger="kiln.runtime"):
-        data = compile_cpp(_source(value), flags=FLAGS, cache=cache, pch=True)
+        data = compile_cpp(_source(value, "refused"), flags=FLAGS, cache=cache, pch=True)
     assert "built without their precompiled header" in caplog.text
-    assert data == compile_cpp(_source(value), flags=FLAGS, cache=CompileCache(tmp_path / "whole"), pch=False)
+    assert data == compile_cpp(_source(value, "refused"), flags=FLAGS, cache=CompileCache(tmp_path / "whole"), pch=False)
     assert _call(data, cache, 1.0) == 2.0 + value ** 0.5
 
 

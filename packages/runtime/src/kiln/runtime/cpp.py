@@ -15,17 +15,19 @@ cannot precompile, or a .gch it refuses (``-Winvalid-pch``), is logged and the s
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import functools
 import hashlib
 import logging
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from .cache import CompileCache, default_cache
+from .cache import CompileCache, default_cache, key_hash
 from .environment import current_host
 from .errors import KernelBuildError
 from .knobs import KNOBS
@@ -37,6 +39,17 @@ PCH_END = "// kiln: the precompiled header ends here\n"  # a source's leading pa
 PCH_NAME = "kiln_header.h"
 _LOADED: dict[str, ctypes.CDLL] = {}  # sha256 of the binary -> handle (dlopen is once per file)
 _PCH_REFUSED: set[str] = set()  # headers (by key) the compiler could not precompile in this process
+_PCH_FILES: dict[str, Path] = {}  # header key -> this process's copy of its .gch
+
+
+class _PchDir:
+    """The folder of this process's copies of precompiled headers (made on first use, removed at exit):
+    its own, so a concurrent ``kiln cache clear`` cannot take a .gch from under a running g++."""
+
+    path: Path | None = None
+
+
+_PCH_DIR = _PchDir()
 
 
 @functools.cache
@@ -76,20 +89,31 @@ def compile_cpp(source: str, *, flags: Sequence[str] = CXX_FLAGS, extra_flags: S
                                                                    cache if use_pch else None))
 
 
-def precompiled_header(header: str, flags: Sequence[str], cxx: str, cache: CompileCache) -> bytes | None:
+def precompiled_header(header: str, flags: Sequence[str], cxx: str, cache: CompileCache) -> Path | None:
     """``header`` precompiled by ``cxx`` with ``flags`` (those of the translation units that include it;
-    link-only flags dropped), from the compile cache when built before; None, logged once per process,
-    when the compiler cannot precompile it."""
+    link-only flags dropped): a file of this process's own (the compile cache's entry, read and verified
+    once per process, ~20 MB: not once per library), built into the cache when it has none; None, logged
+    once per process, when the compiler cannot precompile it."""
     pch_flags = tuple(dict.fromkeys(f for f in flags if f not in ("-shared", "-c")))  # a repeated flag is one
     key = cpp_cache_key(header, pch_flags, cxx) + ":pch"
     if key in _PCH_REFUSED:
         return None
+    path = _PCH_FILES.get(key)
+    if path is not None and path.is_file():
+        return path
     try:
-        return cache.get_or_build("cpp_pch", key, lambda: _build_pch(header, pch_flags, cxx))
+        data = cache.get_or_build("cpp_pch", key, lambda: _build_pch(header, pch_flags, cxx))
     except KernelBuildError as e:
         _PCH_REFUSED.add(key)
         logger.info("C++ kernels build without a precompiled header: %s", e)
         return None
+    if _PCH_DIR.path is None or not _PCH_DIR.path.is_dir():
+        _PCH_DIR.path = Path(tempfile.mkdtemp(prefix="kiln-pch-"))
+        atexit.register(shutil.rmtree, _PCH_DIR.path, True)
+    path = _PCH_DIR.path / f"{key_hash(key)}.gch"
+    path.write_bytes(data)
+    _PCH_FILES[key] = path
+    return path
 
 
 def _build_pch(header: str, flags: Sequence[str], cxx: str) -> bytes:
@@ -116,7 +140,10 @@ def translation_unit(source: str, folder: Path, name: str, flags: Sequence[str],
         return path, []
     header = source[:end + len(PCH_END)]
     (folder / PCH_NAME).write_text(header)
-    (folder / f"{PCH_NAME}.gch").write_bytes(gch)
+    try:
+        (folder / f"{PCH_NAME}.gch").symlink_to(gch)
+    except OSError:  # no symlinks here: a copy
+        shutil.copyfile(gch, folder / f"{PCH_NAME}.gch")
     path.write_text(f'#include "{PCH_NAME}"\n#line {header.count(chr(10)) + 1} "{name}"\n' + source[len(header):])
     return path, ["-Winvalid-pch"]
 
