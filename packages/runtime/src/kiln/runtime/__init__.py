@@ -18,7 +18,7 @@ from .bindings import Binding
 from .cache import CacheInfo, CompileCache, cache_key, default_cache
 from .cli import artifact_text, cache_clear, cache_info, cache_info_text
 from .code_cache import flush_code_writes
-from .cpp import CXX_FLAGS, compile_cpp, cpp_cache_key, load_cpp_library
+from .cpp import CXX_FLAGS, PCH_END, compile_cpp, cpp_cache_key, load_cpp_library
 from .environment import DeviceInfo, HostInfo
 from .errors import ArtifactError, GuardError, KernelBuildError
 from .graph_cache import CachedGraph, GraphCache, Uncacheable, cached_backend, graph_key
@@ -37,7 +37,7 @@ __all__ = [
     "CXX_FLAGS", "FILE_KINDS", "SCHEMA_VERSION", "Artifact", "ArtifactError", "Binding", "CacheInfo",
     "CachedGraph", "CallFrame", "CompileCache", "GraphCache", "Uncacheable", "cached_backend", "graph_key", "DeviceInfo", "GuardError", "HostInfo", "InputRecord",
     "KernelBuildError", "LoadedFunction", "Manifest", "Param", "artifact_text", "build_artifact",
-    "cache_clear", "cache_info", "flush_code_writes", "collect_triton_binaries", "install_triton_binaries", "cache_key", "cache_info_text", "compile_cpp", "cpp_cache_key", "default_cache", "graph_module_source", "load_artifact",
+    "PCH_END", "cache_clear", "cache_info", "flush_code_writes", "collect_triton_binaries", "install_triton_binaries", "cache_key", "cache_info_text", "compile_cpp", "cpp_cache_key", "default_cache", "graph_module_source", "load_artifact",
     "load_compiled_function", "load_cpp_library", "load_triton_kernel", "load_triton_module", "triton_module_name",
     "program_from_graph_module", "save_artifact",
 ]

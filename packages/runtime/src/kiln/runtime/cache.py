@@ -11,6 +11,11 @@ truncated, corrupt or foreign entry (another key's data, another user's file) is
 and reported as a miss, so it is rebuilt — never trusted, never a crash. Writes go to a temporary
 file in the same directory and are published with ``os.replace``, so readers see a whole entry or
 none, whichever process wins a race.
+
+Another process may clear the cache (``kiln cache clear``, a test's fixture) at any moment, also
+between a build and its use: builders keep the bytes they built (never re-read them from the cache),
+writes recreate the folders a clear removed, and ``with_file`` / ``with_tree`` write a file again
+when it vanished before its user opened it. An entry that vanished is rebuilt, never an error.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 from .environment import current_host, environment_record
 from .knobs import KNOBS
@@ -40,6 +46,8 @@ LAYOUT = "v1"
 MAGIC = b"KILNCACHE1\n"
 _NAMESPACE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
 _MAX_HEADER = 4096
+_ATTEMPTS = 3  # writes and uses of a file that a concurrent clear removed meanwhile are tried again
+T = TypeVar("T")
 
 try:
     import fcntl
@@ -223,8 +231,13 @@ class CompileCache:
         if not self.enabled or fcntl is None:
             yield
             return
+        name = f"{key_hash(key)}.lock"
         try:
-            fd = os.open(self._dir("locks") / f"{key_hash(key)}.lock", os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fd = os.open(self._dir("locks") / name, os.O_CREAT | os.O_RDWR, 0o600)
+            except FileNotFoundError:  # another process cleared the cache: make the folder again
+                self._made.discard(self.root / LAYOUT / "locks")
+                fd = os.open(self._dir("locks") / name, os.O_CREAT | os.O_RDWR, 0o600)
         except OSError:
             yield
             return
@@ -254,24 +267,40 @@ class CompileCache:
         target = folder / key_hash(key)[:32]
         if target.is_dir() and _tree_matches(target, files):
             return target
-        tmp = _new_temp_dir(folder)
-        made = {tmp}
-        for name, data in files.items():
-            path = tmp / name
-            if path.parent not in made:
-                _makedirs(path.parent)
-                made.add(path.parent)
-            path.write_bytes(data)
-        if target.exists():
-            logger.warning("compile cache: %s does not match its key; replacing it", target)
-            shutil.rmtree(target, ignore_errors=True)
-        try:
-            os.replace(tmp, target)
-        except OSError:  # another process published it first: use theirs if it is whole
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not _tree_matches(target, files):
-                raise
-        return target
+        for attempt in range(_ATTEMPTS):
+            try:
+                return _publish_tree(folder, target, files)
+            except FileNotFoundError as e:  # a concurrent clear removed the folder while we wrote it
+                if attempt == _ATTEMPTS - 1:
+                    raise
+                logger.info("compile cache: %s vanished while it was written (%s); writing it again", target, e)
+        raise AssertionError("unreachable")
+
+    def with_file(self, namespace: str, data: bytes, suffix: str, use: Callable[[Path], T]) -> T:
+        """``use(path)`` of ``materialize(namespace, data, suffix)``: when ``use`` fails (OSError, or
+        any error) because the file is gone (another process cleared the cache between the write and
+        ``use``), the file is written again and ``use`` retried; other failures are ``use``'s own."""
+        return self._retry_vanished(lambda: self.materialize(namespace, data, suffix),
+                                    lambda p: p.is_file(), use)
+
+    def with_tree(self, namespace: str, key: str, files: Mapping[str, bytes], use: Callable[[Path], T]) -> T:
+        """``use(folder)`` of ``materialize_tree(namespace, key, files)``, written again and retried
+        when the folder was removed (or emptied) before ``use`` had opened what it needs."""
+        return self._retry_vanished(lambda: self.materialize_tree(namespace, key, files),
+                                    lambda p: _tree_matches(p, files), use)
+
+    def _retry_vanished(self, make: Callable[[], Path], whole: Callable[[Path], bool],
+                        use: Callable[[Path], T]) -> T:
+        for attempt in range(_ATTEMPTS):
+            path = make()
+            try:
+                return use(path)
+            except Exception as e:
+                if whole(path) or attempt == _ATTEMPTS - 1:
+                    raise
+                logger.warning("compile cache: %s vanished before it was used (another process cleared "
+                               "the cache?): %s; writing it again", path, e)
+        raise AssertionError("unreachable")
 
     def _scratch_dir(self, namespace: str) -> Path:
         if self._scratch is None:
@@ -338,6 +367,29 @@ def _decode(raw: bytes, namespace: str, key: str) -> tuple[bytes, str | None]:
     return data, None
 
 
+def _publish_tree(folder: Path, target: Path, files: Mapping[str, bytes]) -> Path:
+    tmp = _new_temp_dir(folder)
+    made = {tmp}
+    for name, data in files.items():
+        path = tmp / name
+        if path.parent not in made:
+            _makedirs(path.parent)
+            made.add(path.parent)
+        path.write_bytes(data)
+    if target.exists():
+        logger.warning("compile cache: %s does not match its key; replacing it", target)
+        shutil.rmtree(target, ignore_errors=True)
+    try:
+        os.replace(tmp, target)
+    except FileNotFoundError:  # tmp itself was removed by a concurrent clear: the caller writes it again
+        raise
+    except OSError:  # another process published it first: use theirs if it is whole
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not _tree_matches(target, files):
+            raise
+    return target
+
+
 def _tree_matches(target: Path, files: Mapping[str, bytes]) -> bool:
     try:
         return all(hashlib.sha256((target / n).read_bytes()).digest() == hashlib.sha256(d).digest()
@@ -379,13 +431,29 @@ def _new_temp_dir(folder: Path) -> Path:
     first use seeds a random generator: ~0.1-0.3 ms of a new process's load); mkdtemp if taken."""
     tmp = folder / f".tmp-{os.getpid()}-{threading.get_ident()}-{next(_TEMP_SEQ)}"
     try:
-        os.mkdir(tmp, 0o700)
+        try:
+            os.mkdir(tmp, 0o700)
+        except FileNotFoundError:  # another process cleared the cache: make the folder again
+            _makedirs(folder)
+            os.mkdir(tmp, 0o700)
         return tmp
     except FileExistsError:  # a leftover of a crashed process with the same pid
         return Path(tempfile.mkdtemp(prefix=".tmp-", dir=folder))
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
+    """``data`` at ``path``, whole or not at all. A folder removed meanwhile (another process cleared
+    the cache between the mkdir and the rename) is made again and the write repeated."""
+    for attempt in range(_ATTEMPTS):
+        try:
+            _write_and_rename(path, data)
+            return
+        except FileNotFoundError:
+            if attempt == _ATTEMPTS - 1:
+                raise
+
+
+def _write_and_rename(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)  # mkstemp files are 0600
     try:

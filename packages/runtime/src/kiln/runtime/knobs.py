@@ -4,6 +4,7 @@ KILN_CACHE_DIR   root of the compile cache (default: $XDG_CACHE_HOME/kiln or ~/.
 KILN_CACHE=0     disable the on-disk compile cache (everything is rebuilt, nothing written)
 KILN_GRAPH_CACHE=0  skip the graph-level cache (captured graph -> compiled program)
 KILN_CXX         the C++ compiler for CPU kernels (default: g++)
+KILN_CPP_PCH=0   build C++ kernels without their precompiled header (kiln.runtime.cpp; same binaries, slower)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ class RuntimeKnobs:
     cache_enabled: bool
     cxx: str
     graph_cache: bool = True
+    cpp_pch: bool = True
 
 
 def default_cache_dir(env: Mapping[str, str]) -> Path:
@@ -38,6 +40,7 @@ def read_knobs(env: Mapping[str, str] | None = None) -> RuntimeKnobs:
         cache_enabled=e.get("KILN_CACHE", "1") not in ("0", "false", "False", "off"),
         cxx=e.get("KILN_CXX", "g++"),
         graph_cache=e.get("KILN_GRAPH_CACHE", "1") not in ("0", "false", "False", "off"),
+        cpp_pch=e.get("KILN_CPP_PCH", "1") not in ("0", "false", "False", "off"),
     )
 
 

@@ -111,17 +111,9 @@ class GraphLibrary:
             raise PackageError(f"a C++ wrapper library runs on cpu or cuda, not {self.device}")
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
-        self.folder = default_cache().materialize_tree(TREES, _tree_key(files), files)
-        self._lib = ctypes.CDLL(str(self.folder / LIBRARY), mode=ctypes.RTLD_LOCAL)
-        if self._lib.kiln_model_abi_version() != ABI_VERSION:
-            raise PackageError(f"C++ wrapper library {self.folder}: ABI {self._lib.kiln_model_abi_version()}, "
-                               f"this loader calls version {ABI_VERSION}")
         self._where = (DEVICE_TYPES[self.device.type], self.device.index if self.device.index is not None else -1)
-        init = self._lib.kiln_model_init
-        init.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
-        err = ctypes.create_string_buffer(2048)
-        if init(str(self.folder).encode(), *self._where, err, len(err)) != 0:
-            raise PackageError(f"C++ wrapper library {self.folder}: {err.value.decode()}")
+        # the folder is written again if another process clears the cache before init has read it
+        self.folder, self._lib = default_cache().with_tree(TREES, _tree_key(files), files, self._open)
         self._run = self._lib.kiln_model_run
         self._run.argtypes = [ctypes.c_int] * 2 + [ctypes.c_void_p] * 4 + [ctypes.c_char_p, ctypes.c_size_t]
         self.n_inputs = n_inputs
@@ -136,6 +128,18 @@ class GraphLibrary:
         # becomes the output (the caller's write-back copies it into the input)
         self._realign = tuple(sorted({p[5] for p in self.plan if p[0] == "input"})) \
             if self.device.type == "cuda" else ()
+
+    def _open(self, folder: Path) -> tuple[Path, ctypes.CDLL]:
+        lib = ctypes.CDLL(str(folder / LIBRARY), mode=ctypes.RTLD_LOCAL)
+        if lib.kiln_model_abi_version() != ABI_VERSION:
+            raise PackageError(f"C++ wrapper library {folder}: ABI {lib.kiln_model_abi_version()}, "
+                               f"this loader calls version {ABI_VERSION}")
+        init = lib.kiln_model_init
+        init.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+        err = ctypes.create_string_buffer(2048)
+        if init(str(folder).encode(), *self._where, err, len(err)) != 0:
+            raise PackageError(f"C++ wrapper library {folder}: {err.value.decode()}")
+        return folder, lib
 
     def _allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], offset: int,
                   dtype: torch.dtype) -> torch.Tensor:

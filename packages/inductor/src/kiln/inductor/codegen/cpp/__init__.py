@@ -31,7 +31,7 @@ class CppBackend:
         if not kernels:
             return CompiledKernels({}, "", {}, "", "")
         source, symbol = library_source(kernels, layouts, options)
-        so, seconds = build_shared_library(source, options)
+        data, so, seconds = build_shared_library(source, options)
         lib_name = so.name
         flags = [options.cxx, *options.cpp_flags]
         prelude = [LOADER.format(name=lib_name, flags=flags, link=list(options.link_flags))]
@@ -51,7 +51,7 @@ class CppBackend:
                              f"[ctypes.c_int64] * {len(sizes)}")
         prelude.append('_bind_kernels(globals(), _lib, """\n' + "\n".join(table) + '\n""")')
         prelude += sized
-        files = {lib_name: so.read_bytes(), lib_name.replace(".so", ".cpp"): source.encode()}
+        files = {lib_name: data, lib_name.replace(".so", ".cpp"): source.encode()}
         return CompiledKernels(files, "\n".join(prelude), launches, source, str(so.parent), seconds)
 
 

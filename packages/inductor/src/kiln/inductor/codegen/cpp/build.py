@@ -21,8 +21,10 @@ class CppCompileError(KilnError):
     """g++ rejected generated code: a kiln bug; the message holds the compiler's output and the source."""
 
 
-def build_shared_library(source: str, options: InductorOptions) -> tuple[Path, float]:
-    """Return (path of the .so, seconds spent building or loading it from the cache)."""
+def build_shared_library(source: str, options: InductorOptions) -> tuple[bytes, Path, float]:
+    """Return (the .so's bytes, the cache folder holding it and its .cpp, seconds spent building or
+    loading it from the cache). The bytes are the build's own: another process may clear the cache
+    folder at any time (the wrapper loads the bytes, the folder is its fallback)."""
     t0 = time.perf_counter()
     try:
         data = runtime.compile_cpp(source, flags=options.cpp_flags, link_flags=options.link_flags,
@@ -34,4 +36,4 @@ def build_shared_library(source: str, options: InductorOptions) -> tuple[Path, f
     name = f"k_{key[:32]}"
     folder = runtime.default_cache().materialize_tree(
         "cpp_build", key, {f"{name}.so": data, f"{name}.cpp": source.encode()})
-    return folder / f"{name}.so", time.perf_counter() - t0
+    return data, folder / f"{name}.so", time.perf_counter() - t0

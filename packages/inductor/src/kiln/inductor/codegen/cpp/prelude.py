@@ -1,7 +1,11 @@
 """The C++ header every generated translation unit starts with: types, conversions, op helpers, RNG.
+It ends with kiln.runtime's ``PCH_END`` line: g++ parses it once per compiler and flags (a precompiled
+header in the compile cache), not once per library.
 
 No torch headers: kernels see raw pointers; bf16 is carried as its 16 bits, fp16 as _Float16.
 """
+
+from kiln.runtime import PCH_END
 
 # Note: glibc declares SIMD variants of expf/logf/erff/tanhf/... (libmvec) only under __FAST_MATH__.
 # Defining the macro (without -ffast-math's finite-math assumptions) lets g++ vectorise loops that call
@@ -81,4 +85,4 @@ static inline float kiln_randn(int64_t seed, int64_t offset) {
   float u2 = (float)(r[1] >> 8) * (1.0f / 16777216.0f);
   return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.283185307179586f * u2);
 }
-"""
+""" + PCH_END
