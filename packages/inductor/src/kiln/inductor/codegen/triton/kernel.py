@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sympy
 import torch
@@ -74,9 +75,9 @@ def size_arg_type(name: str) -> str:
     return FLOAT_ARG_TYPE if is_float_symbol(name) else SIZE_ARG_TYPE
 
 
-def size_arg_value(name: str, value: object) -> int | float:
+def size_arg_value(name: str, value: Any) -> int | float:
     """A size argument's value as the kernel takes it (a Python int, or a float for a float argument)."""
-    return float(value) if is_float_symbol(name) else int(value)  # type: ignore[call-overload]
+    return float(value) if is_float_symbol(name) else int(value)
 
 
 def jit_decorator(size_args: Sequence[str]) -> str:
