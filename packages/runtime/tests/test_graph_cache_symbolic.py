@@ -56,3 +56,22 @@ def test_a_compile_that_adds_guards_is_not_stored(tmp_path: Path) -> None:
             gm, x = _graph(n)
             torch.testing.assert_close(wrapped(gm, [x])(x)[0], x * 2)
         assert len(calls) == expected_calls, backend.__name__
+
+
+def _float_graph(value: float) -> tuple[fx.GraphModule, list[object]]:
+    gm = fx.symbolic_trace(lambda x, f: x * f)
+    env = ShapeEnv()
+    sym = env.create_unspecified_symbol(value, ConstantSource("f"), dynamic_dim=DimDynamic.DYNAMIC)
+    mode = FakeTensorMode(shape_env=env)
+    x = torch.randn(4, 3)
+    ph = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    ph[0].meta["val"] = mode.from_tensor(x, static_shapes=True)
+    ph[1].meta["val"] = env.create_symfloatnode(sym, hint=value, source=ConstantSource("f"))
+    return gm, [x, value]
+
+
+def test_a_float_argument_is_keyed_by_its_symbol_not_its_value() -> None:
+    """A float lifted to a graph input (a learning rate) compiles once for every value: its value is not
+    in the key (a different value would miss and compile again)."""
+    (a, ia), (b, ib) = _float_graph(0.5), _float_graph(0.125)
+    assert graph_key(a, ia, backend="b", options=()) == graph_key(b, ib, backend="b", options=())

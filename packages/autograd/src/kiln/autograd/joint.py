@@ -64,10 +64,10 @@ class JointGraph:
 
 def fake_input(mode: FakeTensorMode, x: Any, where: str) -> Any:
     """A fresh fake leaf with ``x``'s metadata (a real or fake tensor, its sizes symbolic or not), a
-    SymInt of ``mode``'s ShapeEnv as it is, or ``x`` itself otherwise."""
-    if isinstance(x, torch.SymInt):
+    SymInt or SymFloat of ``mode``'s ShapeEnv as it is, or ``x`` itself otherwise."""
+    if isinstance(x, (torch.SymInt, torch.SymFloat)):
         if is_symbolic(x) and x.node.shape_env is not mode.shape_env:
-            raise AutogradTraceError(f"{where} is a symbolic int of another ShapeEnv than the graph's")
+            raise AutogradTraceError(f"{where} is a symbolic scalar of another ShapeEnv than the graph's")
         return x
     if not isinstance(x, torch.Tensor):
         return x
@@ -210,7 +210,7 @@ def _symbol_bindings(primals: Sequence[Any]) -> tuple[tuple[str, int, int], ...]
             for d, s in enumerate(p.shape):
                 if isinstance(s, torch.SymInt) and s.node.expr.is_Symbol:
                     out.setdefault(str(s.node.expr), (str(s.node.expr), i, d))
-        elif isinstance(p, torch.SymInt) and p.node.expr.is_Symbol:
+        elif isinstance(p, (torch.SymInt, torch.SymFloat)) and p.node.expr.is_Symbol:
             out.setdefault(str(p.node.expr), (str(p.node.expr), i, -1))
     return tuple(out.values())
 

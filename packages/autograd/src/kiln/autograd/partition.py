@@ -9,7 +9,7 @@
 
 Forward graph: ``(*primals) -> (*fw_outputs, *mutated_inputs, *saved, *saved_sizes)``.
 Backward graph: ``(*saved, *saved_sizes, *tangents) -> (*grads)`` (one per ``signature.grad_inputs``);
-``saved_sizes`` are symbolic sizes (SymInt placeholders; plain ints at run time).
+``saved_sizes`` are symbolic scalars (SymInt or SymFloat placeholders; plain ints and floats at run time).
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ def tensor_bytes(val: Any) -> int:
 
 
 def _is_size(n: fx.Node) -> bool:
-    return isinstance(n.meta.get("val"), torch.SymInt)
+    """A symbolic scalar: a size (SymInt), or a float argument or float math on sizes (SymFloat)."""
+    return isinstance(n.meta.get("val"), (torch.SymInt, torch.SymFloat))
 
 
 def _ancestors(roots: Iterable[fx.Node], stop: set[fx.Node] | None = None) -> set[fx.Node]:
@@ -162,8 +163,8 @@ def _min_cut(s: _Split) -> list[fx.Node]:
             # the backward then recomputes each weight's bf16 cast instead of keeping it from the
             # forward (ResNet-50, batch 32: 54 casts, 54 MB less at the backward's start)
             net.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=0)
-        elif isinstance(val, torch.SymInt):
-            net.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=1)  # an int: about free to save
+        elif isinstance(val, (torch.SymInt, torch.SymFloat)):
+            net.add_edge(f"{n.name}_in", f"{n.name}_out", capacity=1)  # a scalar: about free to save
         elif isinstance(val, torch.Tensor):
             # bytes first; among equal-byte cuts prefer saving inputs (alive anyway) over new values
             tie = 0 if n.op == "placeholder" else 1

@@ -116,8 +116,8 @@ class TracingMode(GraphRecorder):
             self._new_root(value, node, input_index)
             if input_index is not None:  # sizes come from the inputs, never from the tangents
                 self.syms.bind_tensor(node, value)
-        elif isinstance(value, torch.SymInt) and value.node.expr.is_Symbol:
-            self.syms.bind_node(value.node.expr, node)
+        elif isinstance(value, (torch.SymInt, torch.SymFloat)) and value.node.expr.is_Symbol:
+            self.syms.bind_node(value.node.expr, node)  # a symbolic int or float argument
         return node
 
     def _new_root(self, t: torch.Tensor, node: fx.Node, input_index: int | None = None) -> Alias:

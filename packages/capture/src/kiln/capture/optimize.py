@@ -269,6 +269,8 @@ class Optimized:
             cache.recompiles += 1
             if failure is not None and options.dynamic is not False:
                 cache.note_failed_guard(failure[0], ints=options.dynamic is None)
+                for g in cache.entries[-1].guards.changed_floats(L, G):  # every changed float at once
+                    cache.note_failed_guard(g, ints=False)
             cache.note_new_modules(cache.entries[-1].guards, L, G)
             if enabled("recompiles"):
                 log("recompiles").info("recompiling %s: %s", frame_name(self.code), reason)

@@ -65,12 +65,12 @@ class GraphRecorder(TorchDispatchMode):
 
     # -- binding values to nodes ---------------------------------------------------------------
     def bind(self, value: Any, node: fx.Node) -> None:
-        """Tie a fake tensor (or a SymInt input) to the node that produces it."""
+        """Tie a fake tensor (or a SymInt or SymFloat input) to the node that produces it."""
         if isinstance(value, torch.Tensor):
             self._tensors[id(value)] = (value, node)
             self._inputs.add(id(value))
             self._bind_shape_symbols(value, node)
-        elif isinstance(value, torch.SymInt):
+        elif isinstance(value, (torch.SymInt, torch.SymFloat)):
             expr = value.node.expr
             if isinstance(expr, sympy.Symbol):
                 self._symbols.setdefault(expr, node)
@@ -170,6 +170,14 @@ class GraphRecorder(TorchDispatchMode):
         if name in named:
             a, b = (self._expr_node(x) for x in expr.args[:2])
             return self.graph.call_function(named[name], (a, b))
+        if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and 2 <= int(expr.exp) <= 8:
+            # ``f * f`` (sympy's f**2) as the products the program computed: a SymFloat's ``** 2``
+            # checks f >= 0 (kiln.graph's SymbolNodes builds powers the same way)
+            base = self._expr_node(expr.base)
+            acc = base
+            for _ in range(int(expr.exp) - 1):
+                acc = self.graph.call_function(operator.mul, (acc, base))
+            return acc
         if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and int(expr.exp) > 0:
             return self.graph.call_function(operator.pow, (self._expr_node(expr.base), int(expr.exp)))
         raise DecompositionError(f"cannot rebuild the symbolic size expression {expr} as graph nodes")

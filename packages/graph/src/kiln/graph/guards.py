@@ -157,6 +157,21 @@ class GuardSet:
                 return g, actual
         return None
 
+    def changed_floats(self, L: Mapping[str, Any], G: Mapping[str, Any]) -> list[Guard]:
+        """The float constants (``EQUALS_MATCH`` on a float) whose value differs on (L, G): automatic
+        dynamic makes them all symbolic at once (an optimizer step's lr and bias corrections)."""
+        out = []
+        for g in self.guards:
+            if g.kind != "EQUALS_MATCH" or type(g.expected) is not float:
+                continue
+            try:
+                ok, _ = _check_one(g, L, G, {})
+            except Exception:  # noqa: BLE001 - a source that no longer resolves: not a changed float
+                continue
+            if not ok:
+                out.append(g)
+        return out
+
 
 def _describe(v: object) -> str:
     if isinstance(v, torch.Tensor):

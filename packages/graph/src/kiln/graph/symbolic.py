@@ -257,6 +257,10 @@ class SymbolNodes:
         if op is None:
             raise SymbolicSizeError(f"size expression {expr} ({type(expr).__name__}) has no graph form")
         args = [self.node(a) for a in expr.args]
+        if type(expr).__name__ == "Pow" and expr.exp.is_Integer and 2 <= int(expr.exp) <= 8:
+            # ``f * f`` of a float (sympy's f**2) as the products the program computed: a float's
+            # ``** 2`` would check f >= 0, and an int's products are its power
+            op, args = operator.mul, [args[0]] * int(expr.exp)
         acc = args[0]
         for a in args[1:]:
             acc_val = _val(acc)

@@ -34,7 +34,7 @@ import torch
 from torch import fx
 
 from kiln.graph import CompiledGraph, PortableProgram, dump, new_graph_id
-from kiln.runtime.cxx import GraphLibrary, build_graph_library
+from kiln.runtime.cxx import FLOAT_ARGUMENT, GraphLibrary, build_graph_library
 
 from .codegen.cpp_wrapper import CppWrapperUnsupported, Slot
 from .codegen.cpp_wrapper.graph_call import GraphCallWriter, OutputPlan, output_plan
@@ -57,8 +57,8 @@ def call(args):
 def _device(example_inputs: Sequence[Any]) -> torch.device:
     devices = set()
     for k, x in enumerate(example_inputs):
-        if isinstance(x, (torch.SymInt, int)) and not isinstance(x, bool):
-            continue  # a size argument (size_arguments), or an int the graph was specialised to (unread)
+        if isinstance(x, (torch.SymInt, torch.SymFloat, int, float)) and not isinstance(x, bool):
+            continue  # a size or float argument (size_arguments), or a number the graph was specialised to
         if not isinstance(x, torch.Tensor):
             raise CppWrapperUnsupported(f"input {k} is a {type(x).__name__}, not a tensor")
         if isinstance(x.storage_offset(), torch.SymInt):
@@ -84,10 +84,14 @@ def _symbols(v: torch.SymInt) -> list[str]:
 
 def size_arguments(example_inputs: Sequence[Any]) -> tuple[tuple[str, int, int], ...]:
     """Every size symbol of the inputs with where the library's caller reads it per call, in the order
-    the library takes them: ``(symbol, input, dim)``, ``dim`` -1 for a SymInt input (the int itself).
-    The first input dim (or SymInt input) that is exactly the symbol is its source."""
+    the library takes them: ``(symbol, input, dim)``, ``dim`` -1 for a SymInt input (the int itself), -2
+    for a SymFloat input (a float argument: kiln.runtime's GraphLibrary passes its IEEE bits). The first
+    input dim (or SymInt input) that is exactly the symbol is its source."""
     out: dict[str, tuple[int, int]] = {}
     for k, x in enumerate(example_inputs):
+        if isinstance(x, torch.SymFloat) and isinstance(x.node.expr, sympy.Symbol):
+            out.setdefault(x.node.expr.name, (k, FLOAT_ARGUMENT))
+            continue
         dims = list(enumerate(x.shape)) if isinstance(x, torch.Tensor) else [(-1, x)]
         for d, n in dims:
             if isinstance(n, torch.SymInt):
@@ -97,6 +101,8 @@ def size_arguments(example_inputs: Sequence[Any]) -> tuple[tuple[str, int, int],
 
 
 def _what(k: int, d: int) -> str:
+    if d == FLOAT_ARGUMENT:
+        return f"input {k} (a float)"
     return f"input {k} (an int)" if d < 0 else f"input {k} dim {d}"
 
 

@@ -170,10 +170,10 @@ def _size_args(p: LoopProgram, example_inputs: Sequence[Any], named: Sequence[tu
     known = {n for n, _ in named}
     used = {z.symbol for z in p.sizes}
     try:
-        relations = shape_relations(example_inputs)
+        relations = shape_relations(example_inputs, skip_floats=guarded)
     except DynamicShapeUnsupported as e:
         raise CppWrapperUnsupported(str(e)) from e
-    if guarded:
+    if guarded:  # the caller checks the others
         relations = tuple(r for r in relations if {x.name for x in size_symbols_of(r)} <= known)
     for r in relations:
         used |= {x.name for x in size_symbols_of(r)}

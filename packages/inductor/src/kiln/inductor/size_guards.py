@@ -20,7 +20,7 @@ import torch
 from kiln.graph import log
 
 from .codegen.triton.printer import python_index
-from .ir import DynamicShapeUnsupported, SizeGuard
+from .ir import DynamicShapeUnsupported, SizeGuard, is_float_symbol
 from .ir.index import to_kiln
 
 _REL = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}
@@ -28,10 +28,10 @@ _REL = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt:
 
 def shape_env_of(example_inputs: Sequence[Any]) -> Any:
     for x in example_inputs:
-        vals = [x] if isinstance(x, torch.SymInt) else (
+        vals = [x] if isinstance(x, (torch.SymInt, torch.SymFloat)) else (
             [*x.shape, *x.stride()] if isinstance(x, torch.Tensor) else [])
         for v in vals:
-            if isinstance(v, torch.SymInt):
+            if isinstance(v, (torch.SymInt, torch.SymFloat)):
                 env = getattr(v.node, "shape_env", None)
                 if env is not None:
                     return env
@@ -70,11 +70,12 @@ class GuardWatch:
         return tuple(dict.fromkeys(out))
 
 
-def shape_relations(example_inputs: Sequence[Any]) -> tuple[sympy.Basic, ...]:
+def shape_relations(example_inputs: Sequence[Any], skip_floats: bool = False) -> tuple[sympy.Basic, ...]:
     """Every relation the ShapeEnv of ``example_inputs`` holds so far, in kiln's vocabulary: the guards
     it recorded (capture's, the trace's and this compile's) and its replacements (``s2 -> s0`` as
     ``Eq(s2, s0)``). A program run without the capture's guard check (a package's C++ wrapper) checks
-    them all; ``()`` for static inputs."""
+    them all; ``()`` for static inputs. ``skip_floats``: leave out those over a float argument
+    (``Ne(zf0**2 + 1, 0)``), which the caller's guard check holds."""
     env = shape_env_of(example_inputs)
     if env is None:
         return ()
@@ -83,6 +84,8 @@ def shape_relations(example_inputs: Sequence[Any]) -> tuple[sympy.Basic, ...]:
         if sym != e:
             out[_relation(sympy.Eq(sym, e, evaluate=False))] = None
     for g in env.guards:
+        if skip_floats and any(is_float_symbol(str(x)) for x in g.expr.free_symbols):
+            continue
         if g.expr.free_symbols:
             out[_relation(g.expr)] = None
     return tuple(out)

@@ -186,6 +186,8 @@ def _input_records(example_inputs: Sequence[Any], vals: Sequence[Any] | None = N
         val = vals[i] if vals is not None else None
         if isinstance(val, torch.SymInt) and is_symbolic(val):
             out.append(["symint", str(val.node.expr)])
+        elif isinstance(val, torch.SymFloat) and is_symbolic(val):  # a float argument: keyed by symbol, never value
+            out.append(["symfloat", str(val.node.expr)])
         elif isinstance(x, torch.Tensor) and isinstance(val, torch.Tensor) and has_symbolic_sizes(val):
             out.append(_symbolic_record(_tensor_record(x, storages, i, symbolic_ok=True), val))
         elif isinstance(x, torch.Tensor):

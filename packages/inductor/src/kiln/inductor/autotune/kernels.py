@@ -21,6 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
+from ..codegen.triton.kernel import size_arg_value
 from ..codegen.triton.launcher import KilnLaunch, launch_context
 from .cache import tune_key
 from .compilers import CompileJob
@@ -150,7 +151,7 @@ def tune_program(kernels: Any, buffers: Mapping[str, torch.Tensor], sizes: Mappi
     tuned = []
     for k in kernels.generated:
         fn = getattr(kernels.module, k.name)
-        args = [buffers[b] for b in k.pointer_args] + [int(env[s]) for s in k.size_args]
+        args = [buffers[b] for b in k.pointer_args] + [size_arg_value(s, env[s]) for s in k.size_args]
         new_k, _ = tune_kernel(k, fn, args, tuner=tuner, sizes=env)
         tuned.append(new_k)
     return tuned

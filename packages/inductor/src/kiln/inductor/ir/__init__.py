@@ -76,7 +76,10 @@ from .scalars import SymScalar, python_scalar, sym_scalar
 from .sizes import (
                    SizeGuard,
                    SizeSource,
+                   float_symbol,
+                   is_float_symbol,
                    is_size_symbol,
+                   size_param_ctype,
                    size_symbols_of,
                    substitute_hints,
 )
@@ -93,6 +96,7 @@ __all__ = [
     "is_static", "map_expr", "node_outputs", "node_reads", "op", "product", "reads", "size",
     "strided_index", "substitute_index", "verify_kernel", "verify_program", "verify_schedule", "walk",
     "work_buffers", "DynamicShapeUnsupported", "SizeGuard", "SizeSource", "is_size_symbol", "kernel_size_symbols",
+    "float_symbol", "is_float_symbol", "size_param_ctype",
     "is_symbolic", "size_symbol", "size_symbols_of", "substitute_hints", "sym_expr",
     "COLLECTIVES", "WAIT_TENSOR", "WRAP_TENSOR", "issues_collective",
     "SymScalar", "python_scalar", "sym_scalar", "DerivedSize",

@@ -8,8 +8,12 @@ Python program computed — true division, ``+ - *`` and square roots are correc
 double on every backend — and then casts it to the op's compute dtype, as ATen casts a double
 scalar. The body is loop-invariant: C++ compilers hoist it, Triton computes it on scalars once per
 program. An extern (ATen) call that takes the scalar gets it computed by the wrapper in Python
-(``python_scalar``) from the same expression. Expressions outside this vocabulary (a float symbol
-of its own, ``exp`` of a size...) raise DynamicShapeUnsupported: the graph runs as ATen.
+(``python_scalar``) from the same expression. Expressions outside this vocabulary (``exp`` of a size,
+an unbacked float...) raise DynamicShapeUnsupported: the graph runs as ATen.
+
+A float argument that varies (a learning rate: capture's float symbol ``zf0``) is a leaf of the same
+expressions: ``IndexValue(zf0, float64)``, the kernel's double argument (ir/sizes.py), so ``-lr``,
+``lr / (1 - beta ** 2)`` and ``lr * x`` compute in the kernel from the value of each call.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 
 from .expr import Cast, Constant, Expr, IndexValue, Op, cast, format_expr, op
 from .index import DynamicShapeUnsupported, to_kiln
+from .sizes import float_symbol, is_float_symbol
 
 F64 = torch.float64
 
@@ -51,8 +56,8 @@ def sym_scalar(v: torch.SymFloat) -> SymScalar:
 
 def _is_int(e: sympy.Expr) -> bool:
     """An integer size expression (no float function or float number inside it)."""
-    return not e.has(sympy.Float) and not any(type(a).__name__ in _FLOAT_FUNCTIONS
-                                              for a in sympy.preorder_traversal(e))
+    return not e.has(sympy.Float) and not any(is_float_symbol(x.name) for x in e.free_symbols) \
+        and not any(type(a).__name__ in _FLOAT_FUNCTIONS for a in sympy.preorder_traversal(e))
 
 
 def _size(e: sympy.Expr) -> Expr:
@@ -64,6 +69,8 @@ def _float(e: sympy.Expr) -> Expr:
         if not e.is_real:
             raise DynamicShapeUnsupported(f"symbolic float {e} is not a real number")
         return Constant(float(e), F64)
+    if isinstance(e, sympy.Symbol) and is_float_symbol(e.name):  # a float argument: the kernel's double
+        return IndexValue(float_symbol(e.name), F64)
     name = type(e).__name__
     if _is_int(e) or name in _TO_INT:  # an int size expression, floor(1.5 * s0) included (DerivedSize)
         return _size(e)
@@ -71,6 +78,12 @@ def _float(e: sympy.Expr) -> Expr:
         return _size(e.args[0])
     if name in _UNARY:
         return op(_UNARY[name], _float(e.args[0]), dtype=F64)
+    if isinstance(e, sympy.Pow) and e.exp.is_Integer and 2 <= int(e.exp) <= 8:  # ``f * f``: sympy's f**2
+        base = _float(e.base)
+        acc = base
+        for _ in range(int(e.exp) - 1):
+            acc = op("mul", acc, base, dtype=F64)
+        return acc
     if name in _BINARY and len(e.args) == 2:
         return op(_BINARY[name], _float(e.args[0]), _float(e.args[1]), dtype=F64)
     if isinstance(e, (sympy.Add, sympy.Mul)):  # left to right over sympy's (canonical) argument order
@@ -98,6 +111,8 @@ def python_scalar(s: SymScalar, size: Callable[[sympy.Expr], str]) -> str:
             return repr(float(e.value))
         if isinstance(e, Cast) and isinstance(e.x, IndexValue) and e.dtype == F64:
             return f"float({size(e.x.index)})"
+        if isinstance(e, IndexValue) and e.dtype == F64:  # a float argument
+            return f"float({size(e.index)})"
         if isinstance(e, Op) and e.name in _PYTHON:
             return _PYTHON[e.name](*(go(a) for a in e.args))
         raise DynamicShapeUnsupported(f"symbolic float {format_expr(s.value)} has no Python form here")

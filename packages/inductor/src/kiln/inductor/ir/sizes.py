@@ -5,6 +5,12 @@ loop range and index of the IR. Size symbols are integer and non-negative (a siz
 time: torch's own symbols are ``positive``, which would let sympy fold ``Max(1, s0)`` to ``s0``).
 The loop variables ``i*``, ``r*``, ``x*``, ``d*`` are never size symbols (``is_size_symbol``).
 
+A float argument that varies between calls (a learning rate; kiln.capture's ``zf0``, ``zf1``...) is a
+symbol too: a float symbol (``is_float_symbol``), real-valued and never a size. It appears only as
+a float64 value in loop bodies (``IndexValue(zf0, float64)``: ir/scalars.py) and is passed to
+kernels as a double argument beside the int64 sizes (``size_param_ctype``), so one binary serves
+every value.
+
 ``SizeSource`` says where the generated wrapper reads a symbol at call time (an input tensor's size or
 stride, or a symbolic int input); ``SizeGuard`` is a relation a size-dependent choice assumed, which
 the wrapper checks on every call (kiln.runtime.GuardError) and the caller may check before (``CompiledGraph.size_guards``).
@@ -12,6 +18,7 @@ the wrapper checks on every call (kiln.runtime.GuardError) and the caller may ch
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import sympy
@@ -32,6 +39,24 @@ class SizeGuard:
 
 
 _KERNEL_PREFIXES = ("i", "r", "x", "d")
+
+
+_FLOAT_PREFIX = "zf"  # torch's ShapeEnv names float symbols zf0, zf1... ("zuf": unbacked, never lowered)
+
+
+def is_float_symbol(name: str) -> bool:
+    """A float argument's symbol (a double kernel parameter), not a size."""
+    return name.startswith(_FLOAT_PREFIX)
+
+
+@functools.cache
+def float_symbol(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, real=True)
+
+
+def size_param_ctype(name: str) -> str:
+    """The C type of a kernel's size parameter ``name``: int64_t, or double for a float argument."""
+    return "double" if is_float_symbol(name) else "int64_t"
 
 
 def is_size_symbol(s: sympy.Symbol) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import sympy
+import torch
 
 from kiln.graph import VerificationError
 
@@ -21,11 +22,18 @@ from .nodes import (
     TensorRef,
 )
 from .program import LoopProgram, node_reads
+from .sizes import is_float_symbol
 
 
 def _allowed(sym: sympy.Symbol, prefixes: tuple[str, ...]) -> bool:
     name = sym.name
     return name.startswith("s") or any(name.startswith(p) and name[len(p):].isdigit() for p in prefixes)
+
+
+def _float_argument(n: IndexValue) -> bool:
+    """A float argument's value (ir/sizes.py): a float64 IndexValue of exactly its float symbol; a float
+    symbol anywhere else in an index is an error."""
+    return n.dtype == torch.float64 and isinstance(n.index, sympy.Symbol) and is_float_symbol(n.index.name)
 
 
 def verify_expr(e: Expr, where: str, prefixes: tuple[str, ...], dtypes: dict[str, object]) -> None:
@@ -36,6 +44,8 @@ def verify_expr(e: Expr, where: str, prefixes: tuple[str, ...], dtypes: dict[str
                 raise VerificationError(f"{where}: unknown op {n.name!r}")
             if len(n.args) != info.arity:
                 raise VerificationError(f"{where}: {n.name} takes {info.arity} operands, got {len(n.args)}")
+        elif isinstance(n, IndexValue) and _float_argument(n):
+            continue
         elif isinstance(n, (Load, IndexValue)):
             bad = [s for s in n.index.free_symbols if not _allowed(s, prefixes)]  # type: ignore[arg-type]
             if bad:

@@ -57,6 +57,8 @@ def _input(ctx: LoweringContext, node: fx.Node, position: int, example: Any, siz
     if not isinstance(val, torch.Tensor):
         if isinstance(val, torch.SymInt) and is_symbolic(val):
             return sizes.scalar(val, position)  # a symbolic int input: its size symbol
+        if isinstance(val, torch.SymFloat) and is_symbolic(val):
+            return sizes.float_scalar(val, position)  # a float argument that varies: a double kernel argument
         return val
     if val.device.type not in ("cpu", "cuda"):
         raise LoweringError(f"input {node.name} is on {val.device}; kiln.inductor compiles CPU (C++) and CUDA "

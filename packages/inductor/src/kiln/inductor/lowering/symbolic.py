@@ -15,9 +15,11 @@ from ..ir import (
     Layout,
     LoopProgram,
     SizeSource,
+    SymScalar,
     loop_bodies,
     size_symbols_of,
     sym_expr,
+    sym_scalar,
     walk,
 )
 from ..ir.expr import IndexValue, Load
@@ -48,6 +50,15 @@ class SizeTable:
     def scalar(self, v: torch.SymInt, position: int) -> sympy.Expr:
         self.scalars.append(position)
         return self._note(v, f"arg{position}")
+
+    def float_scalar(self, v: torch.SymFloat, position: int) -> SymScalar:
+        """A float argument that varies (its float symbol): a float64 value the kernels take as a double."""
+        self.scalars.append(position)
+        value = sym_scalar(v)
+        if not (isinstance(value.value, IndexValue) and isinstance(value.value.index, sympy.Symbol)):
+            raise DynamicShapeUnsupported(f"float input {v.node.expr} is not a float symbol of its own")
+        self.sources.setdefault(value.value.index.name, f"arg{position}")
+        return value
 
     def tensor(self, val: torch.Tensor, name: str) -> Layout:
         shape = tuple(self._note(s, f"{name}.size({d})") for d, s in enumerate(val.shape))

@@ -5,7 +5,7 @@ C++ runner's headers (``include/kiln/runner.h``) and their build flags (flags.py
 
 from .build import BuildReport, build_model_library
 from .flags import INCLUDE_DIR, cflags, cuda_include_dirs, ldflags, torch_dir
-from .graph_library import GraphLibrary, build_graph_library
+from .graph_library import FLOAT_ARGUMENT, GraphLibrary, build_graph_library
 from .loader import PackagedModel, load_package
 from .package import (
     KERNELS,
@@ -24,7 +24,7 @@ from .package import (
 )
 
 __all__ = [
-    "INCLUDE_DIR", "KERNELS", "GraphLibrary", "build_graph_library", "LIBRARY", "MANIFEST", "SCHEMA_VERSION", "WEIGHTS", "BuildReport", "PackageError",
+    "FLOAT_ARGUMENT", "INCLUDE_DIR", "KERNELS", "GraphLibrary", "build_graph_library", "LIBRARY", "MANIFEST", "SCHEMA_VERSION", "WEIGHTS", "BuildReport", "PackageError",
     "PackagedModel", "build_model_library", "built_for", "cflags", "cuda_include_dirs", "dtype_name", "ldflags", "load_package", "read_manifest",
     "tensor_spec", "torch_dir", "write_cubins", "write_manifest", "write_safetensors",
 ]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import array
 import ctypes
 import hashlib
+import struct
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -39,6 +40,14 @@ from .package import KERNELS, LIBRARY, PackageError
 NAMESPACE = "cxx_graph"  # built libraries (bytes) by source key
 TREES = "cxx_graph_files"  # their folders (model.so + kernels/), by content
 SIZE_RELATION_BROKEN = "the input sizes break a relation"  # how the library's check_sizes says it (writer.py)
+# a size source's "dim" for a float argument: the library takes its IEEE bits in the int64 slot (a double
+# in the C++ wrapper: kiln.inductor's codegen/cpp_wrapper/writer.py size_binding)
+FLOAT_ARGUMENT = -2
+
+
+def _bits(v: float) -> int:
+    """A float's IEEE double bits as a signed int64."""
+    return int(struct.unpack("<q", struct.pack("<d", float(v)))[0])
 
 
 def build_graph_library(wrapper_source: str, kernel_source: str, *, kernel_flags: Sequence[str],
@@ -162,7 +171,7 @@ class GraphLibrary:
         plan: Sequence[tuple] = self.plan
         if self._layouts is not None:
             values = [args[k] if d < 0 else args[k].shape[d] for k, d in self._sources]
-            sizes = array.array("q", values)
+            sizes = array.array("q", [_bits(v) if d == FLOAT_ARGUMENT else v for v, (_, d) in zip(values, self._sources)])
             plan = [(p[0], *layout, *p[4:]) for p, layout in zip(self.plan, self._layouts(*values))]
         if self._scalars:  # no pointer for an int: the library takes its value in sizes, or not at all
             ins = array.array("Q", [0 if k in self._scalars else a.data_ptr() for k, a in enumerate(args)])

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from ...ir import Kernel, KernelGroup, Layout, ScheduledProgram, kernel_size_symbols
+from ...ir import (
+    Kernel,
+    KernelGroup,
+    Layout,
+    ScheduledProgram,
+    is_float_symbol,
+    kernel_size_symbols,
+)
 from ...options import InductorOptions
 from ..common import CompiledKernels
 from .build import CppCompileError, build_shared_library
@@ -39,7 +46,7 @@ class CppBackend:
         # one string table instead of three statements per kernel: the wrapper's compile() at load
         # time grows with its statements, and a string constant costs next to nothing to compile
         table = []
-        sized = []  # kernels with symbolic sizes: their int64 size parameters follow the pointers
+        sized = []  # kernels with symbolic sizes: their int64 sizes (double floats) follow the pointers
         for k in kernels:
             ins, outs = kernel_params(k)
             sizes = kernel_size_symbols(k)
@@ -47,8 +54,8 @@ class CppBackend:
             args = ", ".join([f"{b}.data_ptr()" for b in (*ins, *outs)] + sizes)
             launches[k.name] = f"_{k.name}({args})"
             if sizes:
-                sized.append(f"_{k.name}.argtypes = [ctypes.c_void_p] * {len(ins) + len(outs)} + "
-                             f"[ctypes.c_int64] * {len(sizes)}")
+                types = ", ".join("ctypes.c_double" if is_float_symbol(s) else "ctypes.c_int64" for s in sizes)
+                sized.append(f"_{k.name}.argtypes = [ctypes.c_void_p] * {len(ins) + len(outs)} + [{types}]")
         prelude.append('_bind_kernels(globals(), _lib, """\n' + "\n".join(table) + '\n""")')
         prelude += sized
         files = {lib_name: data, lib_name.replace(".so", ".cpp"): source.encode()}

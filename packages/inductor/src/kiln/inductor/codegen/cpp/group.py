@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 import sympy
 
-from ...ir import Kernel, KernelGroup, Layout, kernel_size_symbols, product
+from ...ir import Kernel, KernelGroup, Layout, kernel_size_symbols, product, size_param_ctype
 from ...options import InductorOptions
 from .dedup import kernel_key
 from .exprs import cindex
@@ -55,7 +55,7 @@ def _signature(g: KernelGroup, layouts: dict[str, Layout]) -> str:
     ins, outs = kernel_params(g)
     params = [f"const {ctype(layouts[b].dtype)}* __restrict__ p_{b}" for b in ins]
     params += [f"{ctype(layouts[b].dtype)}* __restrict__ p_{b}" for b in outs]
-    params += [f"const int64_t {s}" for s in kernel_size_symbols(g)]
+    params += [f"const {size_param_ctype(s)} {s}" for s in kernel_size_symbols(g)]
     return f'extern "C" void {g.name}({", ".join(params)})'
 
 

@@ -18,6 +18,7 @@ from ...ir import (
     children,
     kernel_size_symbols,
     product,
+    size_param_ctype,
     walk,
 )
 from ...options import InductorOptions
@@ -62,7 +63,7 @@ class CppKernelWriter:
         params = [f"const {ctype(self.layouts[b].dtype)}* __restrict__ {self.ptr(b)}"
                   for b in kernel_params(self.k)[0]]
         params += [f"{ctype(self.layouts[b].dtype)}* __restrict__ {self.ptr(b)}" for b in self.k.outputs]
-        return params + [f"const int64_t {s}" for s in kernel_size_symbols(self.k)]  # symbolic sizes, per call
+        return params + [f"const {size_param_ctype(s)} {s}" for s in kernel_size_symbols(self.k)]  # sizes, floats
 
     def signature(self) -> str:
         return f'extern "C" void {self.k.name}({", ".join(self.params())})'

@@ -27,11 +27,19 @@ HEAD = """// kiln generated C++ wrapper for graph {name!r} ({device}): allocates
 #include <kiln/model_support.h>
 {includes}
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
 
 using kiln_rt::Tensor;
+
+// a float argument's value, passed as its IEEE bits in the int64 array of sizes
+static inline double kiln_double_of_bits(int64_t bits) {{
+  double v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}}
 
 """
 

@@ -36,7 +36,9 @@ from ...ir import (
     LoopProgram,
     ScheduledProgram,
     TensorRef,
+    is_float_symbol,
     kernel_size_symbols,
+    size_param_ctype,
     work_buffers,
 )
 from ..cpp.exprs import cindex
@@ -52,6 +54,14 @@ from .aten_calls import (
     typed_call,
 )
 from .prelude import ABI, ABI_VERSION, CUDA_INCLUDE, CUDA_PROGRAM, HEAD, LOAD_CUDA
+
+
+def size_binding(i: int, name: str, what: str) -> str:
+    """The C++ local of size symbol ``name`` from ``sizes[i]``: an int64, or a float argument's double
+    (its IEEE bits travel in the int64 slot: the library's ABI takes one array of sizes)."""
+    if is_float_symbol(name):
+        return f"  const double {name} = kiln_double_of_bits(sizes[{i}]);  // {what}"
+    return f"  const int64_t {name} = sizes[{i}];  // {what}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -303,14 +313,14 @@ class CppWrapperWriter:
         for sym in dict.fromkeys(self.symbols[k.name] for k in kernels):
             k = next(k for k in kernels if self.symbols[k.name] == sym)
             n = sum(len(x) for x in kernel_params(k))
-            params = ["void*"] * n + ["int64_t"] * len(kernel_size_symbols(k))
+            params = ["void*"] * n + [size_param_ctype(s) for s in kernel_size_symbols(k)]
             decls.append(f'extern "C" void {sym}({", ".join(params)});')
         return "\n".join(decls) + "\n\n"
 
     def size_functions(self) -> str:
         """``check_sizes`` (every relation the program assumed, over the symbols' values) and
         ``output_layouts`` (each output's shape then stride, for the caller to allocate)."""
-        bind = [f"  const int64_t {n} = sizes[{i}];  // {what}" for i, (n, what) in enumerate(self.sizes.symbols)]
+        bind = [size_binding(i, n, what) for i, (n, what) in enumerate(self.sizes.symbols)]
         bind += [f"  (void){n};" for n, _ in self.sizes.symbols]
         check = ["static void check_sizes(const int64_t* sizes) {", "  (void)sizes;", *bind]
         if self.sizes.relations:
@@ -338,7 +348,7 @@ class CppWrapperWriter:
               "void* const* constants, void* const* outputs) {",
               "  (void)dev; (void)inputs; (void)constants; (void)outputs;",
               "  check_sizes(sizes);"]
-        fn += [f"  const int64_t {n} = sizes[{i}];  // {what}" for i, (n, what) in enumerate(self.sizes.symbols)]
+        fn += [size_binding(i, n, what) for i, (n, what) in enumerate(self.sizes.symbols)]
         if self.cuda is not None:  # this call's stream and the device's kernels
             fn.append("  const kiln_rt::cuda::Launcher launch = PROGRAM.launcher(dev.index);")
         fn += [*self.lines, "}"]

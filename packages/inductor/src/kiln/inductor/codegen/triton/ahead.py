@@ -26,7 +26,7 @@ from ...compile_pool import (
 )
 from ...ir import Layout
 from ...knobs import KNOBS, triton_interpret
-from .kernel import TritonKernel
+from .kernel import TritonKernel, size_arg_type
 from .wrapper import load_triton_module, module_source
 
 
@@ -52,7 +52,9 @@ def kernel_jobs(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout], 
                         int(getattr(k, "num_stages", 1)), sizes=len(k.size_args))
         if job in jobs:
             continue
-        signature = (dtypes, len(k.size_args), tuple(c for c, _ in consts), k.kind == "mm_template")
+        # size arguments by declared type (i64 sizes, fp64 float arguments): C launchers differ per type
+        arg_types = tuple(size_arg_type(s) for s in k.size_args)
+        signature = (dtypes, arg_types, tuple(c for c, _ in consts), k.kind == "mm_template")
         jobs[job] = dataclasses.replace(job, builds_launcher=signature not in signatures)
         size[jobs[job]] = len(k.source) * int(getattr(k, "num_stages", 1))
         signatures.add(signature)

@@ -29,7 +29,7 @@ from typing import Any
 
 from ...compile_pool import PROCESS_POOL, TritonJob
 from ...compile_worker import compile_kernel
-from ...ir import Layout
+from ...ir import Layout, is_float_symbol
 from ...knobs import triton_interpret
 from .ahead import launch_constants
 from .kernel import TritonKernel
@@ -186,6 +186,9 @@ def static_grid(k: TritonKernel) -> tuple[int, int, int]:
 
 
 def _site(k: TritonKernel, cubin: int) -> CubinSite:
+    floats = [s for s in k.size_args if is_float_symbol(s)]
+    if floats:  # model_support_cuda.h passes size arguments as int64 only
+        raise CubinUnsupported(f"triton kernel {k.name} takes float arguments ({', '.join(floats)})")
     if not k.size_args:
         return CubinSite(k.name, cubin, tuple(str(g) for g in static_grid(k)), k.pointer_args)  # type: ignore[arg-type]
     x, y = cpp_size(k.xnumel), cpp_size(k.ynumel)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import sympy
 import torch
@@ -30,6 +31,7 @@ from ...ir import (
     Load,
     Op,
     index_var,
+    is_float_symbol,
     kernel_size_symbols,
     reads,
     substitute_hints,
@@ -62,6 +64,20 @@ INT32_LIMIT = 2**31 - 1
 # symbolic bound is unbounded), so the declared type costs nothing; what is given up is triton's
 # divisibility hint on sizes. Kernels without size arguments keep ``@triton.jit`` as it was.
 SIZE_ARG_TYPE = "i64"
+# A float argument that varies (a learning rate: ir/sizes.py's float symbols) is declared ``fp64``:
+# triton never specialises a float, so one binary serves every value, and the kernel reads the double
+# the program passed (``tl.full([], zf0, tl.float64)``: under the interpreter the argument stays a
+# Python float, which ``tl.full`` makes a float64 scalar without a float32 rounding on the way).
+FLOAT_ARG_TYPE = "fp64"
+
+
+def size_arg_type(name: str) -> str:
+    return FLOAT_ARG_TYPE if is_float_symbol(name) else SIZE_ARG_TYPE
+
+
+def size_arg_value(name: str, value: Any) -> int | float:
+    """A size argument's value as the kernel takes it (a Python int, or a float for a float argument)."""
+    return float(value) if is_float_symbol(name) else int(value)
 
 
 def jit_decorator(size_args: Sequence[str]) -> str:
@@ -171,7 +187,9 @@ def needs_int64(k: Kernel) -> bool:
         sizes[sympy.Symbol(f"r{i}", integer=True, nonnegative=True)] = s
     bound = _bound(product(k.outer), {}) + _bound(product(k.inner), {}) + 4096
     for n in k.nodes:
-        for e in [n.store_index, *(x.index for x in walk(n.body) if isinstance(x, (Load, IndexValue)))]:
+        values = [x.index for x in walk(n.body) if isinstance(x, Load) or (isinstance(x, IndexValue)
+                                                                           and not x.dtype.is_floating_point)]
+        for e in [n.store_index, *values]:
             bound = max(bound, _bound(sympy.expand(e), sizes))
     return bound > INT32_LIMIT
 
@@ -283,6 +301,8 @@ class KernelWriter:
             idx = sympy.expand(e.index)
             if idx.is_number:
                 return literal(int(idx), e.dtype), frozenset()
+            if isinstance(idx, sympy.Symbol) and is_float_symbol(idx.name):  # a float argument (fp64)
+                return self.assign(convert(f"tl.full([], {idx.name}, tl.float64)", torch.float64, e.dtype)), frozenset()
             code = self.index_code(idx)
             return self.assign(convert(f"({code}).to(tl.int64)", torch.int64, e.dtype)), self.classes(idx)
         if isinstance(e, CastExpr):
@@ -409,7 +429,7 @@ class KernelWriter:
         consts = "XBLOCK: tl.constexpr" + (", RBLOCK: tl.constexpr" if self.row else "") + (
             ", YBLOCK: tl.constexpr" if self.split is not None else "")
         sizes = size_symbols(self.k)
-        params = [self.ptrs[b] for b in self.ptr_order()] + [f'{s}: "{SIZE_ARG_TYPE}"' for s in sizes] + [consts]
+        params = [self.ptrs[b] for b in self.ptr_order()] + [f'{s}: "{size_arg_type(s)}"' for s in sizes] + [consts]
         return [jit_decorator(sizes), f"def {name}({', '.join(params)}):"]
 
     def ptr_order(self) -> list[str]:

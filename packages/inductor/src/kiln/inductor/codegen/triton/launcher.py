@@ -161,7 +161,7 @@ def _kiln_make_launch_support():
 
         def describe(self, args):
             """This launch as triton would key it, as JSON data (None when an argument is not known here)."""
-            specs = [["n", self.free[i]] if i in self.free and type(a) is int else arg_spec(a)
+            specs = [["n", self.free[i]] if i in self.free and type(a) in (int, float) else arg_spec(a)
                      for i, a in enumerate(args)]
             if any(s is None for s in specs):
                 return None

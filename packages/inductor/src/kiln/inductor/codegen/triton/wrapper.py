@@ -28,7 +28,7 @@ from kiln.runtime import load_triton_module
 
 from ...ir import Kernel
 from .heuristics import DEFAULT_CONFIG, TritonConfig
-from .kernel import TritonKernel, generate_kernels
+from .kernel import TritonKernel, generate_kernels, size_arg_value
 from .launcher import LAUNCHER
 from .prelude import PRELUDE
 
@@ -100,7 +100,7 @@ class TritonKernels:
         if xnumel == 0:
             return
         fn = getattr(self.module, k.name)
-        args = [buffers[b] for b in k.pointer_args] + [int(env[s]) for s in k.size_args]
+        args = [buffers[b] for b in k.pointer_args] + [size_arg_value(s, env[s]) for s in k.size_args]
         consts = {"XBLOCK": k.xblock, **({"RBLOCK": k.rblock} if k.rblock else {}),
                   **({"YBLOCK": k.yblock} if k.yblock else {})}
         ygrid = triton.cdiv(eval(k.ynumel, {}, env), k.yblock) if k.yblock else 1  # noqa: S307
