@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -228,8 +229,8 @@ def test_outputs_at_an_offset_keep_their_layout() -> None:
     assert w.graphs == [True]
 
 
-def test_matmul_output_written_into_the_callers_buffer() -> None:
-    """A head's matmul whose result is the output (reshaped) computes into the output's memory."""
+def test_matmul_output_is_the_matmuls_result() -> None:
+    """A head's matmul whose result is the output (reshaped): the library hands over ATen's result."""
     torch.manual_seed(0)
     head = nn.Linear(16, 64, bias=False).eval()
     compiled = kiln.compile(lambda h: head(h), options=CPP)
@@ -571,3 +572,37 @@ def test_symbolic_llama_bf16_on_cuda_serves_every_size() -> None:
             y, n = torch.randn(b, 16, device="cuda"), 2 + t % 14
             torch.testing.assert_close(compiled_f(y, n), f(y, n))
     assert all(w.graphs) and len(w.graphs) <= 6, w.graphs  # each: static, symbolic, batch 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_gpt2_like_peak_memory_is_the_python_wrappers() -> None:
+    """A GPT-2-shaped model with GPT-2's 50257-wide head, bf16: the library allocates the logits when the
+    head computes them (no output is live through the forward, none held twice), so the call's peak GPU
+    memory is the Python wrapper's, not one logits tensor more."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=256, n_embd=256, n_layer=2, n_head=4)
+    model = transformers.GPT2LMHeadModel(config).to("cuda", torch.bfloat16).eval()
+    compiled, python = kiln.compile(model, options=CPP), kiln.compile(model)
+
+    def peak(fn: Any, ids: torch.Tensor) -> tuple[int, torch.Tensor]:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        logits = fn(input_ids=ids, use_cache=False).logits
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before, logits
+
+    with Wrappers() as w, torch.no_grad():
+        for _ in range(3):  # fresh inputs; the first call compiles
+            ids = torch.randint(0, 50257, (8, 256), device="cuda")
+            (cpp, got), (py, ref) = peak(compiled, ids), peak(python, ids)
+            want = model(input_ids=ids, use_cache=False).logits
+            scale = want.float().abs().max().item()
+            torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2 * max(scale, 1.0))
+            del got, ref, want
+    assert True in w.graphs and False in w.graphs, w.graphs  # each wrapper compiled its graph
+    logits = 8 * 256 * 50257 * 2
+    assert cpp <= 1.05 * py, f"peak MiB: C++ wrapper {cpp / 2**20:.0f}, Python wrapper {py / 2**20:.0f}"
+    assert cpp < py + logits / 2, (cpp, py)

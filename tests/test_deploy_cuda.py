@@ -140,7 +140,8 @@ def test_package_holds_sm90_cubins_and_a_cuda_wrapper(work: dict, name: str) -> 
 def test_model_library_links_libtorch_cuda_and_exports_the_abi(work: dict) -> None:
     so = work["dir"] / "resnet18" / cxx.LIBRARY
     symbols = subprocess.run(["nm", "-D", "--defined-only", str(so)], capture_output=True, text=True).stdout
-    for sym in ("kiln_model_abi_version", "kiln_model_device", "kiln_model_init", "kiln_model_run"):
+    for sym in ("kiln_model_abi_version", "kiln_model_device", "kiln_model_init", "kiln_model_run",
+                "kiln_model_release_outputs"):
         assert re.search(rf"\bT {sym}$", symbols, re.M), sym
     ldd = subprocess.run(["ldd", str(so)], capture_output=True, text=True).stdout
     assert "libtorch_cuda" in ldd and "libc10_cuda" in ldd and "libpython" not in ldd
@@ -152,7 +153,7 @@ def test_model_library_refuses_the_wrong_device_type_and_a_missing_driver(work: 
     pkg = work["dir"] / "transformer"
     lib = ctypes.CDLL(str(pkg / cxx.LIBRARY), mode=ctypes.RTLD_LOCAL)
     lib.kiln_model_device.restype = ctypes.c_char_p
-    assert lib.kiln_model_abi_version() == 3 and lib.kiln_model_device() == b"cuda"
+    assert lib.kiln_model_abi_version() == 4 and lib.kiln_model_device() == b"cuda"
     init = lib.kiln_model_init
     init.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
     err = ctypes.create_string_buffer(2048)

@@ -60,7 +60,7 @@ def test_manifest_records_symbols_ranges_and_relations(work: dict) -> None:
     assert m["outputs"][0]["shape"][:2] == ids["shape"] and m["outputs"][0]["shape"][2] == 256
     kinds = [g["kind"] for g in m["guards"]]
     assert kinds.count("size_range") == 4 and kinds.count("size_relation") == 2
-    assert "model.so" in m["files"] and m["abi_version"] == 3
+    assert "model.so" in m["files"] and m["abi_version"] == 4
 
 
 def test_cpp_runner_matches_eager_at_every_size(work: dict) -> None:

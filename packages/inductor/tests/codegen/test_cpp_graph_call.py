@@ -1,8 +1,11 @@
 """kiln.compile's C++ wrapper text (codegen/cpp_wrapper/graph_call.py) for small graphs, no build here
 (tests/test_cpp_wrapper.py builds and runs it): per-call inputs, bare pointers for inputs only kernels
-read, and the output plan (computed in place, copied with the view's layout, or the input itself)."""
+read, and the output plan: the library hands over the program's own buffer (or a view of it), a copy laid out
+as the view (the caller's memory), or nothing (the input itself); the caller allocates no output."""
 
 from __future__ import annotations
+
+import re
 
 import torch
 from dynamic_helpers import symbolic_graph
@@ -26,18 +29,37 @@ def test_inputs_per_call_and_kernel_only_inputs_as_pointers() -> None:
     assert "void* const arg2 = inputs[2];  // input 2" in src and "arg2.data()" not in src
     assert p.scheduled is not None
     plan = output_plan(p.scheduled)
-    assert [(q.kind, q.shape, q.stride, q.offset) for q in plan] == [("copy", (4, 16), (16, 1), 0),
+    assert [(q.kind, q.shape, q.stride, q.offset) for q in plan] == [("direct", (4, 16), (16, 1), 0),
                                                                      ("direct", (), (), 0)]
-    assert "kiln_rt::copy_into(dev, outputs[0], {4, 16}, {16, 1}, 6 /*float32*/, buf3);" in src
+    # both are buffers the program allocated as it computed them (no caller buffer, no copy), handed over
+    assert "outputs[" not in src.split("kiln_rt::hand_over(outputs", 1)[0].split("static void run_graph", 1)[1]
+    assert re.search(r"kiln_rt::hand_over\(outputs, \{\n      (buf\d+),  // output 0\n      (buf\d+),  // output 1\n  \}\);",
+                     src)
+    assert "copy_as" not in src
 
 
-def test_output_at_an_offset_is_copied_with_its_own_layout() -> None:
+def test_output_at_an_offset_is_a_view_of_the_programs_buffer() -> None:
     x = torch.randn(4, 5)
     p = program(lambda x: ((x @ x.t())[1:], (x @ x.t()).sum()), x)
     assert p.scheduled is not None
     first = output_plan(p.scheduled)[0]
-    assert (first.kind, first.shape, first.stride, first.offset) == ("copy", (3, 4), (4, 1), 4)
-    assert "kiln_rt::copy_into(dev, outputs[0], {3, 4}, {4, 1}," in p.wrapper_source
+    assert (first.kind, first.shape, first.stride, first.offset) == ("direct", (3, 4), (4, 1), 4)
+    assert re.search(r"kiln_rt::as_strided\(buf\d+, \{3, 4\}, \{4, 1\}, 4\),  // output 0", p.wrapper_source)
+
+
+def test_views_of_an_input_are_copied_in_their_layout() -> None:
+    """An output over the caller's memory (a view of an input, not the whole input) is copied at the end
+    into fresh memory laid out as the view, at its storage offset; the whole input is not handed over."""
+    x = torch.randn(4, 5)
+    p = program(lambda x: (x.view(-1)[3:9], x, x.t()), x)
+    assert p.scheduled is not None
+    plan = output_plan(p.scheduled)
+    assert [(q.kind, q.shape, q.stride, q.offset, q.input) for q in plan] == [
+        ("copy", (6,), (1,), 3, -1), ("input", (4, 5), (5, 1), 0, 0), ("copy", (5, 4), (1, 5), 0, -1)]
+    src = p.wrapper_source
+    assert "kiln_rt::copy_as(dev, kiln_rt::as_strided(arg0, {6}, {1}, 3), {6}, {1}, 3, 6 /*float32*/),  // output 0" \
+        in src
+    assert "      Tensor(),  // output 1" in src
 
 
 def test_input_written_in_place_is_returned_not_copied() -> None:
@@ -49,25 +71,39 @@ def test_input_written_in_place_is_returned_not_copied() -> None:
     assert p.scheduled is not None
     plan = output_plan(p.scheduled)
     assert [(q.kind, q.input) for q in plan] == [("input", 0)]
-    assert "copy_into" not in p.wrapper_source and "wrap_output" not in p.wrapper_source
+    assert "copy_as" not in p.wrapper_source and "kiln_rt::hand_over(outputs, {Tensor()});" in p.wrapper_source
 
 
-def test_matmul_output_computed_in_the_callers_buffer() -> None:
-    """A matmul whose result (here through a reshape) is an output: its out= form writes the caller's
-    buffer (a language model's logits are not copied after the call)."""
+def test_matmul_output_is_the_matmuls_result() -> None:
+    """A matmul whose result (here through a reshape) is an output: ATen's result, allocated when the
+    matmul runs, is handed over as a view (a language model's logits: not allocated before the call, not
+    copied after it)."""
     x, w = torch.randn(4, 8), torch.randn(8, 16)
     p = program(lambda x, w: ((x @ w).view(2, 2, 16), (x @ w).sum()), x, w)
     src = p.wrapper_source
     assert p.scheduled is not None
     plan = output_plan(p.scheduled)
     assert (plan[0].kind, plan[0].shape, plan[0].stride) == ("direct", (2, 2, 16), (32, 16, 1))
-    assert "= kiln_rt::wrap_output(dev, outputs[0], {4, 16}, {16, 1}, 6 /*float32*/);" in src
-    assert "kiln_rt::mm_out(" in src and "copy_into(dev, outputs[0]" not in src
+    mm = re.search(r"Tensor (buf\d+) = kiln_rt::restride\(dev, kiln_rt::mm\(", src)
+    assert mm and f"kiln_rt::as_strided({mm.group(1)}, {{2, 2, 16}}, {{32, 16, 1}}, 0),  // output 0" in src
+    assert "copy_as" not in src
+
+
+def test_same_buffer_twice_and_views_of_one_output_are_handed_over_as_views() -> None:
+    """An output returned twice, and an output that views another: each the program's one buffer (so they
+    share memory, as in eager), never copied."""
+    x = torch.randn(4, 5)
+    p = program(lambda x: (x * 2, x * 2, (x * 2).t(), (x * 2).view(-1)[5:]), x)
+    assert p.scheduled is not None
+    plan = output_plan(p.scheduled)
+    assert [q.kind for q in plan] == ["direct"] * 4
+    assert [q.offset for q in plan] == [0, 0, 0, 5]
+    assert "copy_as" not in p.wrapper_source
 
 
 def test_symbolic_output_plan_is_expressions_over_the_size_arguments() -> None:
-    """Symbolic sizes: the plan's sizes are expressions over the size symbols (as Python for the caller),
-    a matmul output is still computed in the caller's buffer, and a row view at a symbolic offset copied."""
+    """Symbolic sizes: the plan's sizes are expressions over the size symbols (as Python), a matmul output is
+    the matmul's result, and a row view at a symbolic offset a view of the program's buffer there."""
     x, w = torch.randn(6, 8), torch.randn(8, 16)
     # two products (equal ones would be computed once: the cse pass), each output a view of its own
     gm, examples = symbolic_graph(lambda x, w: ((x @ w).unsqueeze(0), (x @ (w + 1))[-1]), x, w, dynamic={0: (0,)})
@@ -78,7 +114,7 @@ def test_symbolic_output_plan_is_expressions_over_the_size_arguments() -> None:
     first, last = output_plan(p.scheduled)
     assert first.kind == "direct" and not first.static
     assert first.as_json()[1:4] == [[1, n, 16], [1, 16, 1], 0]
-    assert "kiln_rt::mm_out(" in p.wrapper_source
-    assert last.kind == "copy" and last.as_json()[1:3] == [[16], [1]]
+    assert last.kind == "direct" and last.as_json()[1:3] == [[16], [1]]
     assert eval(last.as_json()[3], {n: 5}) == 64  # noqa: S307 - the last row of a 5-row output
     assert f"const int64_t {n} = sizes[0];" in p.wrapper_source
+    assert "copy_as" not in p.wrapper_source

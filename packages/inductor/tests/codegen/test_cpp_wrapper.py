@@ -1,6 +1,6 @@
 """The C++ wrapper's text for small graphs (no C++ build here: tests/test_deploy_cpp.py builds and runs
 packages): typed matmul and convolution calls, boxed dispatcher calls with the schema's defaults for
-other ATen ops, kernels by symbol, outputs written into the caller's buffers, and clear refusals."""
+other ATen ops, kernels by symbol, outputs allocated by the program and handed over, and clear refusals."""
 
 from __future__ import annotations
 
@@ -31,9 +31,10 @@ def test_linear_relu_sum() -> None:
     assert "void* const arg2 = constants[1];  // constant 1" in src and "arg2.data()" not in src
     assert "Tensor arg1 = kiln_rt::wrap(dev, constants[0], {16, 8}, {8, 1}, 6 /*float32*/);  // constant 0" in src
     assert "kiln_rt::mm(arg0, kiln_rt::as_strided(arg1, {8, 16}, {1, 8}, 0))" in src
-    assert "Tensor buf2 = kiln_rt::wrap_output(dev, outputs[1], {}, {}, 6 /*float32*/);  // output 1, computed in place" in src
-    # output 0 is written over the matmul's result (ATen's memory): copied into the caller's buffer
-    assert "kiln_rt::copy_into(dev, outputs[0], {4, 16}, {16, 1}, 6 /*float32*/, buf3);" in src
+    # every output is the program's own buffer, allocated when computed and handed over at the end (no copy)
+    assert "Tensor buf2 = kiln_rt::empty_strided(dev, {}, {}, 6 /*float32*/);" in src
+    assert "kiln_rt::hand_over(outputs, {\n      buf3,  // output 0\n      buf2,  // output 1\n  });" in src
+    assert "copy_as" not in src
     # no torch header: the wrapper builds in well under a second (kiln/model_support.h)
     includes = [line for line in src.splitlines() if line.startswith("#include")]
     assert includes == ["#include <kiln/model_support.h>", "#include <cstdint>", "#include <limits>",
@@ -58,12 +59,28 @@ def test_symbolic_sizes_are_arguments_and_relations_are_checked() -> None:
     assert f"Tensor arg0 = kiln_rt::wrap(dev, inputs[0], {{{n}, 8}}, {{8, 1}}, 6 /*float32*/);  // input 0" in src
     assert re.search(rf"  k\w+\(.*, {n}\);", src)  # a kernel's size argument
     assert re.search(r'extern "C" void k\w+\((void\*, )+int64_t\);', src)
-    assert f"layouts[0] = {n};" in src and "layouts[1] = 16;" in src  # output 0: [n, 16]
     assert f"({n} % 2) == 0" in [g.expr for g in p.size_guards]
     assert f'if (!(({n} % 2) == 0)) throw std::runtime_error(' in src
-    assert "check_sizes(sizes);" in src and "kiln_model_output_layouts" in src
+    assert "check_sizes(sizes);" in src
     with pytest.raises(CppWrapperUnsupported, match="name its size symbols"):
         cpp_program(gm, examples, slots)
+
+
+def test_outputs_over_the_callers_memory_are_copied() -> None:
+    """A package's output that is an input, a constant or a view of one is the caller's memory (a runner's
+    input may be a temporary; the weights are mapped read-only): copied, laid out as the manifest says (a
+    view that is not dense: contiguous); the program's own buffer is handed over as it is."""
+    x, c = torch.randn(4, 6), torch.randn(6, 4)
+    p = program(lambda x, c: (x, c.t(), x[:, ::2], (x * 2)[1:]), x, c, constants=1)
+    src = p.wrapper_source
+    assert "      kiln_rt::copy_as(dev, arg0, {4, 6}, {6, 1}, 0, 6 /*float32*/),  // output 0" in src
+    assert "      kiln_rt::copy_as(dev, kiln_rt::as_strided(arg1, {4, 6}, {1, 4}, 0), {4, 6}, {1, 4}, 0, " \
+           "6 /*float32*/),  // output 1" in src
+    assert "      kiln_rt::copy_as(dev, kiln_rt::as_strided(arg0, {4, 3}, {6, 2}, 0), {4, 3}, {3, 1}, 0, " \
+           "6 /*float32*/),  // output 2" in src
+    assert re.search(r"\n      buf\d+,  // output 3\n", src)  # (only the rows it returns computed)
+    assert [(o[0], o[1]) for o in p.outputs] == [((4, 6), (6, 1)), ((4, 6), (1, 4)), ((4, 3), (3, 1)),
+                                                 ((3, 6), (6, 1))]
 
 
 def test_multi_output_fallback_is_a_boxed_call_with_defaults() -> None:

@@ -10,11 +10,11 @@ compile cache (kiln.runtime.cxx.build_graph_library) and called through its C AB
 
 Symbolic sizes: one library serves every size, as a dynamic package's model.so does (the same writer
 over ``SizeArgs``). Each size symbol is read per call from where the graph's inputs first have it, an input
-tensor's dim or a SymInt input (``size_arguments``); GraphLibrary passes their values, computes the
-outputs' layouts from the plan's expressions and allocates them. The relations the ShapeEnv holds are
-capture's guards (checked before the call) and this compile's; the library checks again those over the
-sizes it takes, a few integer comparisons (a failure is a GuardError, as the Python wrapper's size guards
-are), and leaves those over symbols no input holds any more (an int since specialised) to capture.
+tensor's dim or a SymInt input (``size_arguments``); GraphLibrary passes their values, from which the
+library lays out and allocates the outputs (each when its program computes it). The relations the
+ShapeEnv holds are capture's guards (checked before the call) and this compile's; the library checks again
+those over the sizes it takes, a few integer comparisons (a failure is a GuardError, as the Python
+wrapper's size guards are), and leaves those over symbols no input holds any more (an int since specialised) to capture.
 
 ``compile_cpp_graph`` raises ``CppWrapperUnsupported`` for what this path cannot run (a size symbol no
 input dim or SymInt input holds, non-tensor inputs or outputs, an op with no libtorch form, more than one device, a GPU it cannot name the

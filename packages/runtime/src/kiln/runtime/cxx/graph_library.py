@@ -8,13 +8,15 @@ links nothing); ``GraphLibrary`` loads it from its files (model.so, a CUDA graph
 compiled graph's ``call_owned``.
 
 Each output follows the graph's output plan (kiln.inductor's ``OutputPlan``, as JSON rows ``[kind,
-shape, stride, offset, dtype, input]``): ``direct`` and ``copy`` outputs are allocated here and filled
-by the library, an ``input`` output is the caller's input (the library wrote it in place).
+shape, stride, offset, dtype, input]``): an ``input`` output is the caller's input (the library wrote it in
+place); every other one the library allocates when its program computes it and hands over
+(handover.py), so no output is allocated before the call nor held twice.
 
 Symbolic sizes (``sizes``: each size symbol as ``[name, input, dim]``, dim -1 for an int input, in the
-order the library takes them; ``scalars``: the inputs that are ints, passed as no pointer): per call, each symbol's value is read from its input, the plan's sizes
-(Python expressions over the symbols, compiled once into one function) give the outputs' layouts, and
-the values go to ``kiln_model_run``, which checks the relations the program assumed (a GuardError).
+order the library takes them; dim -2 (``FLOAT_ARGUMENT``) for a float input, passed as its IEEE bits;
+``scalars``: the inputs that are ints or floats, passed as no pointer): per call, each
+symbol's value is read from its input and goes to ``kiln_model_run``, which checks the relations the
+program assumed (a GuardError) and lays out the outputs from them.
 """
 
 from __future__ import annotations
@@ -32,14 +34,13 @@ import torch
 
 from ..cache import default_cache
 from ..cpp import cpp_cache_key
-from ..errors import GuardError
 from .build import build_model_library
+from .handover import OutputHandover, run_error
 from .loader import ABI_VERSION, DEVICE_TYPES
 from .package import KERNELS, LIBRARY, PackageError
 
 NAMESPACE = "cxx_graph"  # built libraries (bytes) by source key
 TREES = "cxx_graph_files"  # their folders (model.so + kernels/), by content
-SIZE_RELATION_BROKEN = "the input sizes break a relation"  # how the library's check_sizes says it (writer.py)
 # a size source's "dim" for a float argument: the library takes its IEEE bits in the int64 slot (a double
 # in the C++ wrapper: kiln.inductor's codegen/cpp_wrapper/writer.py size_binding)
 FLOAT_ARGUMENT = -2
@@ -84,29 +85,6 @@ def _dtype(name: str) -> torch.dtype:
     return d
 
 
-def _extent(shape: Sequence[int], stride: Sequence[int]) -> int:
-    if any(n == 0 for n in shape):
-        return 0
-    return 1 + sum((n - 1) * st for n, st in zip(shape, stride))
-
-
-def _python(x: int | str) -> str:
-    return str(x) if isinstance(x, int) else f"({x})"
-
-
-def _layout_function(symbols: Sequence[str], plan: Sequence[Sequence[Any]]) -> Any:
-    """``f(*values)``: each output's (shape, stride, offset) at those sizes, from the plan's expressions
-    (Python over the symbols, kiln.inductor's printer's: integers, + - * // %, min, max)."""
-    rows = []
-    for _, shape, stride, offset, _, _ in plan:
-        rows.append(f"(({''.join(_python(x) + ', ' for x in shape)}), ({''.join(_python(x) + ', ' for x in stride)}), "
-                    f"{_python(offset)})")
-    if not all(n.isidentifier() for n in symbols):
-        raise PackageError(f"C++ wrapper library: size symbols {list(symbols)} are not names")
-    source = f"lambda {', '.join(symbols)}: ({''.join(r + ', ' for r in rows)})"
-    return eval(source, {"__builtins__": {}, "min": min, "max": max, "abs": abs})  # noqa: S307 - kiln's printer wrote it
-
-
 class GraphLibrary:
     """A C++ wrapper library loaded for one device: ``call_owned(args)`` runs the graph on ``args``
     (tensors, in the graph's input order; the list is emptied, as the Python wrapper's is) and returns
@@ -126,12 +104,12 @@ class GraphLibrary:
         self._run = self._lib.kiln_model_run
         self._run.argtypes = [ctypes.c_int] * 2 + [ctypes.c_void_p] * 4 + [ctypes.c_char_p, ctypes.c_size_t]
         self.n_inputs = n_inputs
-        # symbolic sizes: (input, dim) per size symbol, and the outputs' layouts as one function of them
-        self._sources = tuple((int(k), int(d)) for _, k, d in sizes)
+        self._sources = tuple((int(k), int(d)) for _, k, d in sizes)  # symbolic sizes: (input, dim) per symbol
         self._scalars = frozenset(scalars)  # inputs that are ints (a size, or a value the graph was compiled for)
-        self._layouts = _layout_function([str(n) for n, _, _ in sizes], plan) if self._sources else None
         self.plan = [(str(kind), tuple(shape), tuple(stride), offset, _dtype(dtype), int(inp))
                      for kind, shape, stride, offset, dtype, inp in plan]
+        self._outputs = OutputHandover(self._lib, len(self.plan))
+        self._returned_inputs = tuple((k, p[5]) for k, p in enumerate(self.plan) if p[0] == "input")
         # CUDA: an input the library writes in place must be 16-byte aligned (wrap() would copy it and
         # the write would land in the copy): such an input is first copied into aligned memory, which
         # becomes the output (the caller's write-back copies it into the input)
@@ -150,13 +128,6 @@ class GraphLibrary:
             raise PackageError(f"C++ wrapper library {folder}: {err.value.decode()}")
         return folder, lib
 
-    def _allocate(self, shape: tuple[int, ...], stride: tuple[int, ...], offset: int,
-                  dtype: torch.dtype) -> torch.Tensor:
-        if offset == 0:
-            return torch.empty_strided(shape, stride, dtype=dtype, device=self.device)
-        base = torch.empty(offset + _extent(shape, stride), dtype=dtype, device=self.device)
-        return base.as_strided(shape, stride, offset)
-
     def __call__(self, *args: Any) -> tuple:
         return self.call_owned(list(args))
 
@@ -167,38 +138,23 @@ class GraphLibrary:
             a = args[k]
             if a.data_ptr() % 16:
                 args[k] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
-        sizes = None
-        plan: Sequence[tuple] = self.plan
-        if self._layouts is not None:
-            values = [args[k] if d < 0 else args[k].shape[d] for k, d in self._sources]
-            sizes = array.array("q", [_bits(v) if d == FLOAT_ARGUMENT else v for v, (_, d) in zip(values, self._sources)])
-            plan = [(p[0], *layout, *p[4:]) for p, layout in zip(self.plan, self._layouts(*values))]
+        sizes = array.array("q", [_bits(args[k]) if d == FLOAT_ARGUMENT else args[k] if d < 0 else args[k].shape[d]
+                                  for k, d in self._sources]) if self._sources else None
         if self._scalars:  # no pointer for an int: the library takes its value in sizes, or not at all
             ins = array.array("Q", [0 if k in self._scalars else a.data_ptr() for k, a in enumerate(args)])
         else:
             ins = array.array("Q", [a.data_ptr() for a in args])
-        result: list[torch.Tensor] = []
-        made: list[int] = []
-        for kind, shape, stride, offset, dtype, inp in plan:
-            if kind == "input":
-                result.append(args[inp])
-                made.append(0)
-                continue
-            t = self._allocate(shape, stride, offset, dtype)
-            result.append(t)
-            made.append(t.data_ptr())
-        outs = array.array("Q", made or [0])
+        slots = self._outputs.slots()
         err = ctypes.create_string_buffer(512)  # per call: calls may overlap in threads
         # the library reads the inputs through their pointers: ``held`` keeps them alive until it returns
         # (were args the last reference, the allocator could hand their memory to an allocation in the call)
         held = args.copy()
         args.clear()
         rc = self._run(*self._where, sizes.buffer_info()[0] if sizes is not None else None, ins.buffer_info()[0],
-                       None, outs.buffer_info()[0], err, len(err))
-        del held
+                       None, slots.buffer_info()[0], err, len(err))
         if rc != 0:
-            message = err.value.decode()
-            if message.startswith(SIZE_RELATION_BROKEN):
-                raise GuardError(f"kiln C++ wrapper ({self.folder.name}): {message}")
-            raise RuntimeError(f"kiln C++ wrapper ({self.folder.name}): {message}")
+            raise run_error(err.value.decode(), f"kiln C++ wrapper ({self.folder.name})")
+        result = self._outputs.take(slots)
+        for k, inp in self._returned_inputs:
+            result[k] = held[inp]
         return tuple(result)

@@ -7,7 +7,9 @@ that device's current stream, as a torch operator would.
 
 Dynamic shapes: each size symbol is read from the input dim the manifest's ``sizes`` name and checked
 against its range, every input dim named by a symbol against its value, and model.so checks the other
-relations and gives the outputs' layouts at those sizes (as kiln/runner.h does).
+relations (as kiln/runner.h does).
+
+Outputs: model.so allocates each when its program computes it and hands it over (handover.py).
 """
 
 from __future__ import annotations
@@ -24,9 +26,10 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..errors import GuardError
+from .handover import OutputHandover, run_error
 from .package import DTYPES, PackageError, read_manifest
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 DEVICE_TYPES = {"cpu": 0, "cuda": 1}  # c10::DeviceType's codes
 
 
@@ -99,9 +102,7 @@ class PackagedModel:
         self._where = (DEVICE_TYPES[self.device.type], self.device.index if self.device.index is not None else -1)
         self._run = self._lib.kiln_model_run
         self._run.argtypes = [ctypes.c_int] * 2 + [ctypes.c_void_p] * 4 + [ctypes.c_char_p, ctypes.c_size_t]
-        self._layouts = self._lib.kiln_model_output_layouts
-        self._layouts.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_char_p, ctypes.c_size_t]
-        self._layout_len = sum(2 * len(s.shape) for s in self.outputs)
+        self._outputs = OutputHandover(self._lib, len(self.outputs))
         init = self._lib.kiln_model_init
         init.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
         if init(str(self.path).encode(), *self._where, self._err, len(self._err)) != 0:
@@ -159,21 +160,16 @@ class PackagedModel:
                              f"got {len(inputs)}")
         ins = [self._checked(k, t) for k, t in enumerate(inputs)]
         sizes = (ctypes.c_int64 * max(len(self.sizes), 1))(*self._sizes(ins))
-        layouts = (ctypes.c_int64 * max(self._layout_len, 1))()
         err = ctypes.create_string_buffer(1024)  # per call: runs may overlap in threads
-        if self._layouts(sizes, layouts, err, len(err)) != 0:
-            raise GuardError(f"kiln package {self.path.name}: {err.value.decode()}")
-        outs, at = [], 0
-        for s in self.outputs:
-            n = len(s.shape)
-            shape, stride = tuple(layouts[at:at + n]), tuple(layouts[at + n:at + 2 * n])
-            at += 2 * n
-            outs.append(torch.empty_strided(shape, stride, dtype=s.dtype, device=self.device))
         in_ptrs = (ctypes.c_void_p * max(len(ins), 1))(*[t.data_ptr() for t in ins])
-        out_ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[t.data_ptr() for t in outs])
-        if self._run(*self._where, sizes, in_ptrs, self._constants, out_ptrs, err, len(err)) != 0:
-            raise RuntimeError(f"kiln package {self.path.name}: {err.value.decode()}")
-        return outs
+        slots = self._outputs.slots()
+        if self._run(*self._where, sizes, in_ptrs, self._constants, slots.buffer_info()[0], err, len(err)) != 0:
+            raise run_error(err.value.decode(), f"kiln package {self.path.name}")
+        outs = self._outputs.take(slots)
+        missing = [k for k, t in enumerate(outs) if t is None]
+        if missing:
+            raise PackageError(f"kiln package {self.path.name}: model.so handed over no tensor for outputs {missing}")
+        return outs  # type: ignore[return-value]
 
     def _sizes(self, ins: list[torch.Tensor]) -> list[int]:
         """Each size symbol's value, read from its input dim and checked against its range; then the input

@@ -2,18 +2,21 @@
 // linked into every package's model.so.
 #include "kiln/model_support.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/baddbmm.h>
 #include <ATen/ops/bmm.h>
 #include <ATen/ops/convolution.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/empty_strided.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/randint.h>
 #include <c10/core/DeviceGuard.h>
-#include <c10/core/InferenceMode.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/UndefinedTensorImpl.h>
 
 #include <cstdint>
 #include <cstdio>
@@ -79,10 +82,6 @@ void* aligned_data(Device dev, void* data, Ints size, Ints stride, int dtype, Te
   hold = wrap(dev, data, size, stride, dtype);  // an aligned copy
   return hold.data();
 }
-Tensor wrap_output(Device dev, void* data, Ints size, Ints stride, int dtype) {
-  if (misaligned(dev, data)) throw std::runtime_error("an output buffer is not 16-byte aligned (allocate outputs with ATen)");
-  return make(blob(dev, data, size, stride, dtype));
-}
 Tensor empty_strided(Device dev, Ints size, Ints stride, int dtype) {
   return make(at::empty_strided(ref(size), ref(stride), opts(dev, dtype)));
 }
@@ -104,8 +103,20 @@ Tensor restride(Device dev, const Tensor& t, Ints size, Ints stride, int dtype) 
   return make(out);
 }
 
-void copy_into(Device dev, void* dst, Ints size, Ints stride, int dtype, const Tensor& src) {
-  blob(dev, dst, size, stride, dtype).copy_(T(src));
+Tensor copy_as(Device dev, const Tensor& src, Ints size, Ints stride, int64_t offset, int dtype) {
+  if (offset == 0) {
+    at::Tensor out = at::empty_strided(ref(size), ref(stride), opts(dev, dtype));
+    out.copy_(T(src));
+    return make(out);
+  }
+  int64_t extent = 1;  // elements from the view's first to its last, plus one
+  for (size_t d = 0; d < size.size(); ++d) {
+    if (ref(size)[d] == 0) extent = 0;
+    if (extent) extent += (ref(size)[d] - 1) * ref(stride)[d];
+  }
+  at::Tensor out = at::empty({offset + extent}, opts(dev, dtype)).as_strided(ref(size), ref(stride), offset);
+  out.copy_(T(src));
+  return make(out);
 }
 Tensor random_seed(Device dev) { return make(at::randint(0, int64_t(1) << 62, {1}, opts(dev, kI64))); }
 
@@ -113,14 +124,6 @@ Tensor mm(const Tensor& a, const Tensor& b) { return make(at::mm(T(a), T(b))); }
 Tensor addmm(const Tensor& c, const Tensor& a, const Tensor& b) { return make(at::addmm(T(c), T(a), T(b))); }
 Tensor bmm(const Tensor& a, const Tensor& b) { return make(at::bmm(T(a), T(b))); }
 Tensor baddbmm(const Tensor& c, const Tensor& a, const Tensor& b) { return make(at::baddbmm(T(c), T(a), T(b))); }
-void mm_out(const Tensor& out, const Tensor& a, const Tensor& b) { at::mm_out(T(out), T(a), T(b)); }
-void addmm_out(const Tensor& out, const Tensor& c, const Tensor& a, const Tensor& b) {
-  at::addmm_out(T(out), T(c), T(a), T(b));
-}
-void bmm_out(const Tensor& out, const Tensor& a, const Tensor& b) { at::bmm_out(T(out), T(a), T(b)); }
-void baddbmm_out(const Tensor& out, const Tensor& c, const Tensor& a, const Tensor& b) {
-  at::baddbmm_out(T(out), T(c), T(a), T(b));
-}
 Tensor convolution(const Tensor& x, const Tensor& w, const Tensor& bias, Ints stride, Ints padding, Ints dilation,
                    bool transposed, Ints output_padding, int64_t groups) {
   std::optional<at::Tensor> b = bias.impl() ? std::optional<at::Tensor>(T(bias)) : std::nullopt;
@@ -193,10 +196,26 @@ int report(const char* what, char* err, size_t err_len) {
   return 1;
 }
 
-int run(Graph graph, Device dev, const int64_t* sizes, void* const* inputs, void* const* constants,
-        void* const* outputs, char* err, size_t err_len) {
+using ImplPtr = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+void hand_over(void** slots, std::initializer_list<Tensor> outputs) noexcept {
+  size_t k = 0;
+  for (const Tensor& t : outputs)
+    slots[k++] = t.impl() && T(t).defined() ? ImplPtr(T(t).getIntrusivePtr()).release() : nullptr;
+}
+
+void release_outputs(void* const* slots, size_t n) noexcept {
+  for (size_t k = 0; k < n; ++k)
+    if (slots[k]) ImplPtr::reclaim(static_cast<c10::TensorImpl*>(slots[k]));  // dropped here
+}
+
+int run(Graph graph, Device dev, const int64_t* sizes, void* const* inputs, void* const* constants, void** outputs,
+        char* err, size_t err_len) {
   try {
-    c10::InferenceMode guard;
+    // below autograd, as inference mode dispatches, but making ordinary tensors: an output may be used
+    // anywhere afterwards (an inference tensor could not be updated in place or saved for backward)
+    at::AutoDispatchBelowADInplaceOrView below_autograd;
+    c10::NoGradGuard no_grad;
     c10::OptionalDeviceGuard on_device;  // CUDA: the package's device is current (streams, allocations)
     if (dev.type != kDeviceCPU) on_device.reset_device(device(dev));
     graph(dev, sizes, inputs, constants, outputs);

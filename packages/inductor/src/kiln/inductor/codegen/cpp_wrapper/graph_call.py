@@ -7,16 +7,20 @@ What differs from a package's wrapper:
 - an input that only kernels read is passed as its bare data pointer (no ``at::Tensor`` per call; on
   CUDA one that is not 16-byte aligned, as Triton's kernels assume, is copied first: ``aligned_data``);
 - an output that is an input's own memory in the input's own layout (written in place: a KV cache by
-  ``index_put_``, a buffer a kernel updated over its input) is not copied: the caller returns that input,
-  as the Python wrapper does, and the write-back after the call finds nothing to copy;
-- an output the program does not compute in the caller's buffer is copied into one with the output's
-  own shape, strides and storage offset (the view the Python wrapper returns), not a dense copy.
+  ``index_put_``, a buffer a kernel updated over its input) is not handed over: the caller returns that
+  input, as the Python wrapper does, and the write-back after the call finds nothing to copy;
+- every other output is the library's, handed over as the package's are (writer.py) but always in the
+  view's own layout: the program's buffer or a view of it (strides and storage offset as the Python
+  wrapper returns them), or, where the memory may be the caller's (a view of an input), a copy laid out
+  as that view, at its storage offset.
 
-``output_plan(scheduled)`` says, per output, which of these the caller does (``OutputPlan``).
+``output_plan(scheduled)`` says, per output, which of these happens (``OutputPlan``). The caller allocates
+nothing: an output's memory is allocated when the program computes it, from the same memory plan as the
+intermediates, so it is not live through the whole call (a language model's logits) nor held twice.
 
 Symbolic sizes: the same wrapper over ``SizeArgs`` (a package's: every size a C++ expression over the
-size symbols the caller passes per call); an output plan's sizes are then expressions over those symbols,
-which the caller evaluates per call (``OutputPlan.as_json`` writes them as Python).
+size symbols the caller passes per call); an output plan's sizes are then expressions over those symbols
+(``OutputPlan.as_json`` writes them as Python).
 """
 
 from __future__ import annotations
@@ -29,20 +33,18 @@ import torch
 from ...ir import ExternKernel, Layout, ScheduledProgram, TensorRef
 from ..triton.printer import python_index
 from .aten_calls import CppWrapperUnsupported, op_overload, scalar_type
-from .writer import CppWrapperWriter, CudaKernels, SizeArgs, Slot, _ints
+from .writer import CppWrapperWriter, CudaKernels, SizeArgs, Slot, _ints, size_cpp
 
 OUTPUT_KINDS = ("direct", "copy", "input")
-# typed matmuls with an out= form: one whose result is a program output writes it into the caller's buffer
-OUT_VARIANTS = {"aten.mm.default": "kiln_rt::mm_out", "aten.addmm.default": "kiln_rt::addmm_out",
-                "aten.bmm.default": "kiln_rt::bmm_out", "aten.baddbmm.default": "kiln_rt::baddbmm_out"}
 
 
 @dataclass(frozen=True, slots=True)
 class OutputPlan:
-    """How the caller makes output k: ``direct`` (it allocates ``shape``/``stride``; the program computes
-    there), ``copy`` (it allocates that view at ``offset``; the program copies into it) or ``input``
-    (it returns its input ``input``: the program wrote that input's memory). Symbolic sizes: ``shape``,
-    ``stride`` and ``offset`` hold sympy expressions over the size symbols."""
+    """How output k is made: ``direct`` (the library hands over the program's buffer, or a view of it,
+    laid out as ``shape``/``stride``), ``copy`` (the library copies it into fresh memory laid out as that
+    view at storage offset ``offset``) or ``input`` (the caller returns its input ``input``: the program
+    wrote that input's memory). Symbolic sizes: ``shape``, ``stride`` and ``offset`` hold sympy expressions
+    over the size symbols."""
 
     kind: str
     shape: tuple[int | sympy.Expr, ...]
@@ -108,66 +110,11 @@ def _whole(r: TensorRef, lay: Layout) -> bool:
     return tuple(r.shape) == tuple(lay.shape) and tuple(r.stride) == tuple(lay.stride) and r.offset == lay.offset
 
 
-def _row_major(shape: tuple, stride: tuple) -> bool:
-    """Row-major for every size (a dim of static size 1 may have any stride)."""
-    expect: object = 1
-    for n, st in reversed(list(zip(shape, stride))):
-        if not _equal(n, 1) and not _equal(st, expect):
-            return False
-        expect = sympy.sympify(expect) * n
-    return True
-
-
-def _same_memory(r: TensorRef, lay: Layout) -> bool:
-    """``r`` views exactly ``lay``'s elements in the same order (a reshape of a row-major buffer)."""
-    numel = [sympy.Mul(*r.shape), sympy.Mul(*lay.shape)]
-    return (_equal(r.offset, 0) and _equal(lay.offset, 0) and _equal(*numel)
-            and _row_major(tuple(r.shape), tuple(r.stride)) and _row_major(tuple(lay.shape), tuple(lay.stride)))
-
-
-def _out_variant(e: ExternKernel) -> bool:
-    return (e.target in OUT_VARIANTS and not e.kwargs and len(e.outputs) == 1 and not e.outputs[0].path
-            and all(isinstance(a, TensorRef) for a in e.args))
-
-
 class GraphCallWriter(CppWrapperWriter):
     def __init__(self, s: ScheduledProgram, symbols: dict[str, str], slots: dict[int, Slot],
                  cuda: CudaKernels | None = None, sizes: SizeArgs = SizeArgs()) -> None:
-        self.extern_direct: dict[str, int] = {}  # set by _direct_outputs (called by the base class)
         super().__init__(s, symbols, slots, cuda, sizes)
         self.plan = self._plan()
-
-    def _direct_outputs(self) -> dict[str, int]:
-        """The base class's, and (``extern_direct``) outputs a matmul computes into the caller's buffer
-        through its out= form: the logits of a language model's head, not copied after the call."""
-        direct = super()._direct_outputs()
-        inputs = {b.name for b in self.p.inputs}
-        reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
-        for st in self.s.steps:
-            e = st.work
-            if not isinstance(e, ExternKernel) or not _out_variant(e):
-                continue
-            out = e.outputs[0]
-            uses = [k for k, o in enumerate(self.p.outputs) if isinstance(o, TensorRef) and o.buffer == out.buffer]
-            if len(uses) != 1 or out.buffer in inputs or out.buffer in reused or out.buffer in direct:
-                continue
-            o = self.p.outputs[uses[0]]
-            assert isinstance(o, TensorRef)
-            if _same_memory(o, self.layouts[out.buffer]) and o.dtype == out.layout.dtype:
-                self.extern_direct[out.buffer] = uses[0]
-        return direct
-
-    def extern(self, e: ExternKernel) -> None:
-        k = self.extern_direct.get(e.outputs[0].buffer) if e.outputs else None
-        if k is None:
-            super().extern(e)
-            return
-        lay = self.layouts[e.outputs[0].buffer]
-        name = e.outputs[0].buffer
-        self.assign(name, f"kiln_rt::wrap_output(dev, outputs[{k}], {_ints(lay.shape)}, {_ints(lay.stride)}, "
-                          f"{scalar_type(lay.dtype)})", f"output {k}, computed in place")
-        args = ", ".join(self.ref(a) for a in e.args)  # type: ignore[arg-type]
-        self.lines.append(f"  {OUT_VARIANTS[e.target]}({name}, {args});  // {e.kind} {e.target}")
 
     def _plan(self) -> tuple[OutputPlan, ...]:
         aliases = input_aliases(self.s)
@@ -183,8 +130,8 @@ class GraphCallWriter(CppWrapperWriter):
             pos = aliases.get(o.buffer)
             if pos is not None and whole and lay == inputs[pos].layout and _equal(lay.offset, 0):
                 out.append(OutputPlan("input", shape, stride, 0, o.dtype, pos))
-            elif self.direct.get(o.buffer) == k or self.extern_direct.get(o.buffer) == k:
-                out.append(OutputPlan("direct", shape, stride, 0, o.dtype))
+            elif o.buffer not in self.caller_memory:
+                out.append(OutputPlan("direct", shape, stride, offset, o.dtype))
             else:
                 out.append(OutputPlan("copy", shape, stride, offset, o.dtype))
         return tuple(out)
@@ -210,15 +157,16 @@ class GraphCallWriter(CppWrapperWriter):
                 self.raw.add(b.name)
                 self.lines.append(f"  void* const {b.name} = inputs[{slot.index}];  // input {slot.index}")
 
-    def outputs(self) -> None:
-        for k, (o, plan) in enumerate(zip(self.p.outputs, self.plan)):
-            if plan.kind != "copy":
-                continue
-            assert isinstance(o, TensorRef)
-            self.lines.append(f"  kiln_rt::copy_into(dev, outputs[{k}], {_ints(plan.shape)}, {_ints(plan.stride)}, "
-                              f"{scalar_type(o.dtype)}, {self.ref(o)});")
+    def output(self, k: int, o: TensorRef) -> str:
+        plan = self.plan[k]
+        if plan.kind == "input":
+            return "Tensor()"  # none: the caller returns its input
+        if plan.kind == "direct":
+            return self.ref(o)
+        return (f"kiln_rt::copy_as(dev, {self.ref(o)}, {_ints(plan.shape)}, {_ints(plan.stride)}, "
+                f"{size_cpp(plan.offset)}, {scalar_type(o.dtype)})")
 
 
 def output_plan(s: ScheduledProgram) -> tuple[OutputPlan, ...]:
-    """Per output of ``s``, what the caller of its GraphCallWriter wrapper does."""
+    """Per output of ``s``, how its GraphCallWriter wrapper makes it."""
     return GraphCallWriter(s, {}, {}).plan

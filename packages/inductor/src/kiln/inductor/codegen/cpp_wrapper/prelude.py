@@ -5,22 +5,23 @@ package's cubins through ``kiln/model_support_cuda.h``; kiln.runtime.cxx compile
 once per torch release and links them into each model.so), so a package's own C++ builds in well under
 a second.
 
-The ABI (version 3) is plain C so that any loader can call it (``kiln/runner.h`` through dlopen, the
-Python loader through ctypes): ``kiln_model_init(package_dir, device_type, device_index, err, err_len)``
+The ABI (version 4) is plain C so that any loader can call it (``kiln/runner.h`` through dlopen, the
+Python loaders through ctypes): ``kiln_model_init(package_dir, device_type, device_index, err, err_len)``
 once per device (c10::DeviceType's code: 0 CPU, 1 CUDA; it refuses a device type the library was not
-built for, and on CUDA loads the cubins onto that device). Per call, ``sizes`` holds the values of the
-manifest's size symbols in its order (read from the inputs; none for static shapes):
-``kiln_model_output_layouts(sizes, layouts, err, err_len)`` checks the relations between them the
-program assumed and writes each output's shape then stride into ``layouts``; then
-``kiln_model_run(device_type, device_index, sizes, inputs, constants, outputs, err, err_len)`` takes the
-data pointers of the inputs and constants, on that device and laid out as the manifest says (the
-caller checked them), and of output buffers the caller allocated there in those layouts; each returns
-0, or 1 with a message.
+built for, and on CUDA loads the cubins onto that device). Per call,
+``kiln_model_run(device_type, device_index, sizes, inputs, constants, outputs, err, err_len)``: ``sizes``
+holds the values of the manifest's size symbols in its order (read from the inputs; none for static
+shapes), whose relations it checks first; ``inputs`` and ``constants`` the data pointers of the inputs and
+constants, on that device and laid out as the manifest says (the caller checked them). It returns 0 with
+``outputs[k]`` an owned reference to output k's ``at::TensorImpl`` (allocated by the program when it
+computed it; the C++ runner adopts it with ``intrusive_ptr::reclaim``), or 1 with a message and no output.
+``kiln_model_release_outputs(outputs, n)`` drops such references, for a caller that took its own
+(Python's ``torch._C._wrap_tensor_impl``).
 """
 
 from __future__ import annotations
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 
 HEAD = """// kiln generated C++ wrapper for graph {name!r} ({device}): allocates buffers, calls kiln's kernels and
 // ATen (through kiln/model_support.h) in the planned order. Built into model.so by kiln.package.
@@ -79,20 +80,15 @@ KILN_EXPORT int kiln_model_init(const char* package_dir, int device_type, int de
   return rc != 0 ? rc : {load};
 }}
 
-// every output's shape then stride at these sizes, after checking the relations the program assumed
-KILN_EXPORT int kiln_model_output_layouts(const int64_t* sizes, int64_t* layouts, char* err, unsigned long err_len) {{
-  try {{
-    check_sizes(sizes);
-    output_layouts(sizes, layouts);
-    return 0;
-  }} catch (const std::exception& e) {{
-    return kiln_rt::report(e.what(), err, err_len);
-  }}
-}}
-
+// outputs[k]: an owned reference to output k's at::TensorImpl (null: an output the caller makes itself)
 KILN_EXPORT int kiln_model_run(int device_type, int device_index, const int64_t* sizes, void* const* inputs,
-                               void* const* constants, void* const* outputs, char* err, unsigned long err_len) {{
+                               void* const* constants, void** outputs, char* err, unsigned long err_len) {{
   return kiln_rt::run(run_graph, kiln_rt::Device{{device_type, device_index}}, sizes, inputs, constants, outputs,
                       err, err_len);
+}}
+
+// drops the references kiln_model_run handed over, for a caller that took its own
+KILN_EXPORT void kiln_model_release_outputs(void* const* outputs, unsigned long n) {{
+  kiln_rt::release_outputs(outputs, n);
 }}
 """

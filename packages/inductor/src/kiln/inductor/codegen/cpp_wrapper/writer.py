@@ -6,10 +6,13 @@ extern calls (ATen, through the dispatcher: aten_calls.py), the same re-striding
 Buffers are reference-counted ``at::Tensor`` handles: a free is ``reset()``, a hand-over a view of
 the dead buffer's storage.
 
-Inputs and constants arrive as data pointers in the layouts the manifest declares; outputs are written
-into buffers the caller allocated in the layouts ``kiln_model_output_layouts`` gives: an output the
-program allocates itself with exactly that layout is computed there directly (no copy), others are
-copied in at the end.
+Inputs and constants arrive as data pointers in the layouts the manifest declares. Outputs are the
+program's own: each is allocated where the memory plan allocates it (when the program computes it, as
+every intermediate) and handed to the caller at the end (``kiln_rt::hand_over``: owned references to
+at::TensorImpls) as the buffer itself or a view of it, when the program owns that memory and the view has
+the output's declared layout (``output_layout``); otherwise (the caller's memory: an input, a constant, a
+buffer written over one; or a view that is not dense) as a copy in the declared layout
+(``CppWrapperWriter.output``). No output memory is live before the program computes it.
 
 Symbolic sizes (``SizeArgs``): the caller passes every size symbol's value (read from the inputs, in
 the order ``SizeArgs.symbols`` names them); every size the wrapper computes (layouts, views, kernel size
@@ -49,6 +52,7 @@ from .aten_calls import (
     boxed_arguments,
     cstr,
     n_returns,
+    op_overload,
     scalar_type,
     schema_name,
     typed_call,
@@ -115,7 +119,7 @@ def contiguous_stride(shape: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def output_layout(o: TensorRef) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
-    """The layout the caller allocates for an output: the program's view when it is dense, else contiguous.
+    """The layout an output is handed over in: the program's view when it is dense, else contiguous.
     Symbolic sizes: the view when it is contiguous for every size (with any stride on a dim of size 1)."""
     if all(_static(x) for x in (*o.shape, *o.stride)):
         shape = tuple(int(x) for x in o.shape)
@@ -125,6 +129,28 @@ def output_layout(o: TensorRef) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     same = all((_static(n) and int(n) == 1) or sympy.expand(sympy.sympify(a) - b) == 0
                for n, a, b in zip(shape, o.stride, want))
     return shape, tuple(o.stride) if same else want
+
+
+def _may_alias_an_argument(e: ExternKernel) -> bool:
+    """An ATen op whose schema lets a return alias an argument (a view op, an in-place op)."""
+    try:
+        returns = op_overload(e.target)._schema.returns
+    except (CppWrapperUnsupported, AttributeError):
+        return True
+    return any(r.alias_info is not None for r in returns)
+
+
+def caller_memory(s: ScheduledProgram) -> set[str]:
+    """Buffers whose memory may be the caller's (an input's or a constant's): the program inputs, buffers
+    planned over one (an update in place), and what an ATen op returns as a view of one (or written in
+    place). The rest is memory the program allocated: an output there is handed over as it is."""
+    out = {b.name for b in s.program.inputs}
+    for st in s.steps:
+        out |= {a.buffer for a in st.allocate if a.reuse in out}
+        w = st.work
+        if isinstance(w, ExternKernel) and _may_alias_an_argument(w) and set(work_buffers(w)) & out:
+            out |= {o.buffer for o in w.outputs}
+    return out
 
 
 @dataclass(frozen=True)
@@ -147,7 +173,7 @@ class CppWrapperWriter:
         self.lines: list[str] = []
         self.declared: set[str] = set()
         self.ops: list[tuple[str, str]] = []  # dispatcher (name, overload) per kiln_rt::init_ops index
-        self.direct = self._direct_outputs()
+        self.caller_memory = caller_memory(s)
         self.raw: set[str] = set()  # constants only kernels read: their data pointer, no at::Tensor per call
 
     def _tensor_users(self) -> set[str]:
@@ -155,24 +181,6 @@ class CppWrapperWriter:
         used = {b for st in self.s.steps if not isinstance(st.work, Kernel) for b in work_buffers(st.work)}
         used |= {o.buffer for o in self.p.outputs if isinstance(o, TensorRef)}
         return used | {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
-
-    def _direct_outputs(self) -> dict[str, int]:
-        """Program outputs that a step allocates fresh in exactly the caller's layout: buffer -> output index."""
-        fresh = {a.buffer for st in self.s.steps for a in st.allocate if a.reuse is None}
-        inputs = {b.name for b in self.p.inputs}
-        seen: dict[str, int] = {}
-        twice: set[str] = set()
-        for k, o in enumerate(self.p.outputs):
-            if not isinstance(o, TensorRef):
-                continue
-            if o.buffer in seen:
-                twice.add(o.buffer)
-            lay = self.layouts[o.buffer]
-            exact = (self.ref(o) == o.buffer and lay.offset == 0
-                     and output_layout(o) == (tuple(o.shape), tuple(o.stride)))
-            if exact and o.buffer in fresh and o.buffer not in inputs:
-                seen.setdefault(o.buffer, k)
-        return {b: k for b, k in seen.items() if b not in twice}
 
     def assign(self, name: str, expr: str, note: str = "") -> None:
         decl = "" if name in self.declared else "Tensor "
@@ -208,11 +216,7 @@ class CppWrapperWriter:
 
     def alloc(self, buffer: str, layout: Layout, reuse: str | None) -> None:
         shape, stride = _ints(layout.shape), _ints(layout.stride)
-        if buffer in self.direct:
-            k = self.direct[buffer]
-            self.assign(buffer, f"kiln_rt::wrap_output(dev, outputs[{k}], {shape}, {stride}, {scalar_type(layout.dtype)})",
-                        f"output {k}, computed in place")
-        elif reuse and self.layouts[reuse] == layout:
+        if reuse and self.layouts[reuse] == layout:
             self.assign(buffer, reuse, f"reuse: {buffer} is {reuse}")
         elif reuse:
             self.assign(buffer, f"kiln_rt::reshaped_storage({reuse}, {shape}, {stride})", "reuse")
@@ -273,15 +277,25 @@ class CppWrapperWriter:
             if n in self.declared:
                 self.lines.append(f"  {n}.reset();")
 
+    def output(self, k: int, o: TensorRef) -> str:
+        """Output ``k`` as a C++ Tensor expression (the package's: see the module docstring)."""
+        shape, stride = output_layout(o)
+        if o.buffer not in self.caller_memory and (tuple(o.shape), tuple(o.stride)) == (shape, stride):
+            return self.ref(o)
+        return f"kiln_rt::copy_as(dev, {self.ref(o)}, {_ints(shape)}, {_ints(stride)}, 0, {scalar_type(o.dtype)})"
+
     def outputs(self) -> None:
+        refs = []
         for k, o in enumerate(self.p.outputs):
             if not isinstance(o, TensorRef):
                 raise CppWrapperUnsupported(f"output {k} is the constant {o.as_text()}, not a tensor")
-            if self.direct.get(o.buffer) == k:
-                continue
-            shape, stride = output_layout(o)
-            self.lines.append(f"  kiln_rt::copy_into(dev, outputs[{k}], {_ints(shape)}, {_ints(stride)}, "
-                              f"{scalar_type(o.dtype)}, {self.ref(o)});")
+            refs.append(self.output(k, o))
+        if len(refs) == 1:
+            self.lines.append(f"  kiln_rt::hand_over(outputs, {{{refs[0]}}});")
+            return
+        self.lines.append("  kiln_rt::hand_over(outputs, {")
+        self.lines += [f"      {r},  // output {k}" for k, r in enumerate(refs)]
+        self.lines.append("  });")
 
     def body(self) -> None:
         reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
@@ -318,8 +332,7 @@ class CppWrapperWriter:
         return "\n".join(decls) + "\n\n"
 
     def size_functions(self) -> str:
-        """``check_sizes`` (every relation the program assumed, over the symbols' values) and
-        ``output_layouts`` (each output's shape then stride, for the caller to allocate)."""
+        """``check_sizes``: every relation the program assumed, over the symbols' values."""
         bind = [size_binding(i, n, what) for i, (n, what) in enumerate(self.sizes.symbols)]
         bind += [f"  (void){n};" for n, _ in self.sizes.symbols]
         check = ["static void check_sizes(const int64_t* sizes) {", "  (void)sizes;", *bind]
@@ -331,21 +344,14 @@ class CppWrapperWriter:
             msg = cstr(f"the input sizes break a relation the program was exported for: {text}; sizes: ")
             check.append(f"  if (!({cpp})) throw std::runtime_error(std::string({msg}) + sizes_said());")
         check.append("}")
-        layouts = ["static void output_layouts(const int64_t* sizes, int64_t* layouts) {", "  (void)sizes;", *bind]
-        at = 0
-        for shape, stride, _ in output_specs(self.p):
-            for x in (*shape, *stride):
-                layouts.append(f"  layouts[{at}] = {size_cpp(x)};")
-                at += 1
-        layouts.append("}")
-        return "\n".join(check + [""] + layouts) + "\n\n"
+        return "\n".join(check) + "\n\n"
 
     def write(self) -> str:
         self.body()
         device = "cuda" if self.cuda is not None else "cpu"
         head = HEAD.format(name=self.p.name, device=device, includes=CUDA_INCLUDE if self.cuda is not None else "")
         fn = ["static void run_graph(kiln_rt::Device dev, const int64_t* sizes, void* const* inputs, "
-              "void* const* constants, void* const* outputs) {",
+              "void* const* constants, void** outputs) {",
               "  (void)dev; (void)inputs; (void)constants; (void)outputs;",
               "  check_sizes(sizes);"]
         fn += [size_binding(i, n, what) for i, (n, what) in enumerate(self.sizes.symbols)]
@@ -368,7 +374,7 @@ def cpp_wrapper_source(s: ScheduledProgram, symbols: dict[str, str], slots: dict
 
 
 def output_specs(p: LoopProgram) -> list[tuple[tuple[Any, ...], tuple[Any, ...], torch.dtype]]:
-    """(shape, stride, dtype) the caller allocates for each output (sympy expressions for symbolic sizes)."""
+    """(shape, stride, dtype) of each output as a package hands it over (sympy expressions for symbolic sizes)."""
     out = []
     for k, o in enumerate(p.outputs):
         if isinstance(o, ConstArg) or not isinstance(o, TensorRef):

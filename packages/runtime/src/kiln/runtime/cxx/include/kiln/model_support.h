@@ -46,13 +46,12 @@ Tensor wrap(Device dev, void* data, Ints size, Ints stride, int dtype);
 // caller memory only kernels read: ``data`` itself, or on CUDA when it is not 16-byte aligned an aligned copy,
 // kept alive by ``hold`` (no at::Tensor is made for an aligned input)
 void* aligned_data(Device dev, void* data, Ints size, Ints stride, int dtype, Tensor& hold);
-// an output buffer the caller allocated (computed in place): on CUDA it must be 16-byte aligned
-Tensor wrap_output(Device dev, void* data, Ints size, Ints stride, int dtype);
 Tensor empty_strided(Device dev, Ints size, Ints stride, int dtype);
 Tensor as_strided(const Tensor& t, Ints size, Ints stride, int64_t offset);  // offset added to t's own
 Tensor reshaped_storage(const Tensor& t, Ints size, Ints stride);  // t's memory (and offset) in another layout
 Tensor restride(Device dev, const Tensor& t, Ints size, Ints stride, int dtype);  // ATen's result, planned strides
-void copy_into(Device dev, void* dst, Ints size, Ints stride, int dtype, const Tensor& src);
+// a copy of ``src`` in fresh memory laid out as (size, stride) at storage offset ``offset``
+Tensor copy_as(Device dev, const Tensor& src, Ints size, Ints stride, int64_t offset, int dtype);
 Tensor random_seed(Device dev);  // int64[1] in [0, 2^62)
 
 Tensor mm(const Tensor& a, const Tensor& b);
@@ -61,11 +60,6 @@ Tensor bmm(const Tensor& a, const Tensor& b);
 Tensor baddbmm(const Tensor& c, const Tensor& a, const Tensor& b);
 Tensor convolution(const Tensor& x, const Tensor& w, const Tensor& bias, Ints stride, Ints padding, Ints dilation,
                    bool transposed, Ints output_padding, int64_t groups);
-// the matmuls into ``out`` (a buffer of their result's size: the caller's output)
-void mm_out(const Tensor& out, const Tensor& a, const Tensor& b);
-void addmm_out(const Tensor& out, const Tensor& c, const Tensor& a, const Tensor& b);
-void bmm_out(const Tensor& out, const Tensor& a, const Tensor& b);
-void baddbmm_out(const Tensor& out, const Tensor& c, const Tensor& a, const Tensor& b);
 
 // The arguments of a boxed ATen call, pushed in schema order; call(op) runs OPS[op] (init_ops).
 class Stack {
@@ -99,11 +93,21 @@ class Stack {
 
 // Look up the graph's ATen ops by (name, overload) into the table Stack::call indexes.
 int init_ops(const char* const* names, const char* const* overloads, int n, char* err, size_t err_len);
-// Run ``graph`` in inference mode on ``dev`` (its device current); 0, or 1 with the exception's message in ``err``.
-// ``sizes``: the size symbols' values (symbolic shapes), passed through.
-using Graph = void (*)(Device, const int64_t*, void* const*, void* const*, void* const*);
-int run(Graph graph, Device dev, const int64_t* sizes, void* const* inputs, void* const* constants,
-        void* const* outputs, char* err, size_t err_len);
+// The handover of a program's outputs: slot k gets an owned reference to output k's at::TensorImpl (c10's
+// intrusive_ptr::release(): the caller adopts it with reclaim(), or wraps it and drops this reference with
+// release_outputs), null for an undefined tensor (an output the caller makes itself: an input it returns).
+// The generated wrapper calls it once, after every output is computed: a call that throws hands over nothing.
+void hand_over(void** slots, std::initializer_list<Tensor> outputs) noexcept;
+// Drop references hand_over gave (after the caller took its own: Python's torch._C._wrap_tensor_impl);
+// null slots are skipped.
+void release_outputs(void* const* slots, size_t n) noexcept;
+
+// Run ``graph`` on ``dev`` (its device current) below autograd (no autograd graph is recorded; the outputs
+// are ordinary tensors, not inference tensors, so a caller may use them in any mode); 0, or 1 with the
+// exception's message in ``err``. ``sizes``: the size symbols' values (symbolic shapes), passed through.
+using Graph = void (*)(Device, const int64_t*, void* const*, void* const*, void**);
+int run(Graph graph, Device dev, const int64_t* sizes, void* const* inputs, void* const* constants, void** outputs,
+        char* err, size_t err_len);
 // Write the current exception's message into ``err`` (inside a catch block); returns 1.
 int report(const char* what, char* err, size_t err_len);
 

@@ -18,7 +18,10 @@
 // Dynamic shapes: a dim the manifest names by a size symbol varies. run() reads each symbol from the
 // input dim the manifest's "sizes" say, checks it against its range, checks every input dim named by a
 // symbol against its value (two inputs sharing a dim), and has model.so check the other relations the
-// program assumed and give the outputs' layouts at those sizes.
+// program assumed.
+//
+// Outputs: model.so allocates each when its program computes it (an output is not live before that) and
+// hands it over as an owned at::TensorImpl reference, which run() adopts.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,6 +29,7 @@
 #include <ATen/ops/from_blob.h>
 #include <c10/core/Device.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/UndefinedTensorImpl.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/version.h>
 
@@ -51,7 +55,7 @@
 namespace kiln {
 
 constexpr int kPackageSchemaVersion = 2;
-constexpr int kModelAbiVersion = 3;
+constexpr int kModelAbiVersion = 4;
 
 struct TensorSpec {
   std::string name;
@@ -200,35 +204,26 @@ class Runner {
     for (size_t i = 0; i < inputs.size(); ++i) in[i] = checked(i, inputs[i], held);
     std::vector<int64_t> sizes = checked_sizes(inputs);
     char err[2048] = {0};
-    std::vector<int64_t> layouts(layout_len_);
-    if (layouts_(sizes.data(), layouts.data(), err, sizeof(err)) != 0)
-      throw std::runtime_error(std::string("kiln::Runner::run: ") + err);
-    std::vector<at::Tensor> outs;
-    std::vector<void*> out;
-    size_t pos = 0;
-    for (const auto& s : outputs_) {
-      at::IntArrayRef shape(layouts.data() + pos, s.shape.size());
-      at::IntArrayRef stride(layouts.data() + pos + s.shape.size(), s.shape.size());
-      pos += 2 * s.shape.size();
-      outs.push_back(at::empty_strided(shape, stride, at::TensorOptions().dtype(s.dtype).device(device_)));
-      out.push_back(outs.back().data_ptr());
-    }
+    std::vector<void*> out(outputs_.size(), nullptr);
     if (run_(int(device_.type()), device_.index(), sizes.data(), in.data(), constants_.data(), out.data(), err,
              sizeof(err)) != 0)
       throw std::runtime_error(std::string("kiln::Runner::run: ") + err);
+    using Impl = c10::intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+    std::vector<at::Tensor> outs;  // each output's reference, handed over by model.so, adopted (all: none leaks)
+    for (void* p : out) outs.push_back(p ? at::Tensor(Impl::reclaim(static_cast<c10::TensorImpl*>(p))) : at::Tensor());
+    for (size_t k = 0; k < outs.size(); ++k)
+      if (!outs[k].defined())
+        throw std::runtime_error("kiln::Runner::run: model.so handed over no tensor for output " + std::to_string(k));
     return outs;
   }
 
  private:
   using InitFn = int (*)(const char*, int, int, char*, size_t);
-  using LayoutsFn = int (*)(const int64_t*, int64_t*, char*, size_t);
-  using RunFn = int (*)(int, int, const int64_t*, void* const*, void* const*, void* const*, char*, size_t);
+  using RunFn = int (*)(int, int, const int64_t*, void* const*, void* const*, void**, char*, size_t);
   std::string path_;
   c10::Device device_ = c10::kCPU;
   std::vector<TensorSpec> inputs_, outputs_;
   std::vector<SizeSpec> sizes_;
-  size_t layout_len_ = 0;  // every output's shape and stride
-  LayoutsFn layouts_ = nullptr;
   std::vector<void*> constants_;
   std::vector<at::Tensor> device_constants_;  // a CUDA package's weights, copied onto its device
   std::unique_ptr<detail::MappedFile> weights_;
@@ -369,10 +364,7 @@ class Runner {
                                  "); rebuild the package on this machine");
     }
     for (const auto& j : m.at("inputs").array()) inputs_.push_back(detail::spec_of(j));
-    for (const auto& j : m.at("outputs").array()) {
-      outputs_.push_back(detail::spec_of(j));
-      layout_len_ += 2 * outputs_.back().shape.size();
-    }
+    for (const auto& j : m.at("outputs").array()) outputs_.push_back(detail::spec_of(j));
     for (const auto& j : m.at("sizes").array()) {
       SizeSpec z{j.at("symbol").str(), size_t(j.at("input").integer()), j.at("dim").integer(), j.at("min").integer(),
                  j.at("max").integer()};
@@ -428,9 +420,8 @@ class Runner {
     auto abi = reinterpret_cast<int (*)()>(::dlsym(lib_, "kiln_model_abi_version"));
     auto init = reinterpret_cast<InitFn>(::dlsym(lib_, "kiln_model_init"));
     run_ = reinterpret_cast<RunFn>(::dlsym(lib_, "kiln_model_run"));
-    layouts_ = reinterpret_cast<LayoutsFn>(::dlsym(lib_, "kiln_model_output_layouts"));
     if (!abi || !init || !run_) throw std::runtime_error(name + " is not a kiln model library");
-    if (abi() != kModelAbiVersion || abi() != m.at("abi_version").integer() || !layouts_)
+    if (abi() != kModelAbiVersion || abi() != m.at("abi_version").integer())
       throw std::runtime_error(name + " has model ABI version " + std::to_string(abi()) + ", this runner calls version " +
                                std::to_string(kModelAbiVersion));
     char err[2048] = {0};
@@ -441,7 +432,6 @@ class Runner {
   void close() {
     lib_ = nullptr;
     run_ = nullptr;
-    layouts_ = nullptr;
   }
 };
 
