@@ -59,3 +59,78 @@ def test_mlp_built_per_call_matches_eager_under_the_same_seed():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.rand(4), want_next, rtol=0, atol=0)
+
+
+# ---- outputs that require grad only through leaves the graph made (no input requires grad) -----------
+
+def linear_loss(x):
+    lin = nn.Linear(4, 3)
+    return (lin(x) ** 2).sum(), x * 2  # the second output does not require grad in eager
+
+
+def leaf_in_graph(x):
+    w = torch.ones(4).requires_grad_()  # dies in the graph: its gradient is nobody's
+    return (x * w).sum()
+
+
+def leaf_returned(x):
+    w = torch.randn(4).requires_grad_()  # returned: eager's w.grad is the user's (built in Python)
+    return w, (w * x).sum()
+
+
+def factory_leaf_returned(x):
+    w = torch.zeros(4, requires_grad=True)
+    return (w * x + 1).sum(), w
+
+
+def under_no_grad_and_detached(x):
+    lin = nn.Linear(4, 3)
+    with torch.no_grad():
+        y = lin(x)
+    return y, lin(x).detach(), lin(x)
+
+
+LEAF_PROGRAMS = [linear_loss, leaf_in_graph, leaf_returned, factory_leaf_returned, under_no_grad_and_detached]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("fn", LEAF_PROGRAMS, ids=lambda f: f.__name__)
+def test_outputs_require_grad_as_eager_and_backward_runs(fn, backend):
+    """No input requires grad, yet eager's outputs that depend on a module's parameters (or any leaf)
+    made in the function require grad and ``backward()`` runs; a returned leaf is a leaf whose ``.grad``
+    the backward fills. Same seed, fresh inputs, four calls: values (aot_eager: bitwise), requires_grad,
+    is_leaf, the leaves' gradients and the generator's next draw equal eager's."""
+    kiln.reset()
+    f = kiln.compile(fn, backend=backend)
+    for i in range(4):
+        x = torch.randn(2, 4)
+        torch.manual_seed(i)
+        want = fn(x)
+        want_next = torch.rand(3)
+        torch.manual_seed(i)
+        got = f(x)
+        if backend == "aot_eager" or fn is not leaf_returned:  # inductor's randn is its own generator's
+            torch.testing.assert_close(torch.rand(3), want_next, rtol=0, atol=0)
+        want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+        for w, g in zip(want, got):
+            assert (g.requires_grad, g.is_leaf) == (w.requires_grad, w.is_leaf), fn.__name__
+            if backend == "aot_eager" or fn is not leaf_returned:
+                torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+        for outs in (want, got):
+            loss = sum(o.float().square().sum() for o in outs if o.grad_fn is not None)
+            if isinstance(loss, torch.Tensor):
+                loss.backward()
+        for w, g in zip(want, got):
+            if w.is_leaf:
+                assert (g.grad is None) == (w.grad is None), fn.__name__
+                if w.grad is not None and backend == "aot_eager":
+                    torch.testing.assert_close(g.grad, w.grad, rtol=0, atol=0)
+
+
+def test_a_returned_leaf_is_made_in_python():
+    ex = kiln.explain(leaf_returned)(torch.randn(2, 4))
+    assert ex.graph_count == 2 and ex.break_count == 1 and "outlives the graph" in ex.as_text(), ex.as_text()
+    for fn in (linear_loss, leaf_in_graph, under_no_grad_and_detached):
+        ex = kiln.explain(fn)(torch.randn(2, 4))
+        assert ex.graph_count == 1 and ex.break_count == 0, ex.as_text()

@@ -188,3 +188,40 @@ def test_recompile_reason_names_the_parameter(strict):
     with kc.set_stance("fail_on_recompile"), \
             pytest.raises(RuntimeError, match=r"TENSOR_MATCH L\['self'\]._parameters\['weight'\].*float16"):
         opt(torch.randn(2, 4))
+
+
+@pytest.mark.parametrize("layout", ["same", "transposed", "shape", "dtype"])
+def test_swap_tensors_on_a_pinned_parameter(strict, layout):
+    """``torch.utils.swap_tensors(p, new)`` keeps ``p``'s identity and gives it ``new``'s tensor: the
+    compiled entry must see the new values (one entry while the layout is the same) and recompile
+    when the layout changed. It refused before (the capture's fake mode kept a weak reference to p)."""
+    m = Scale()
+    opt = kc.optimize(m, strict)
+    _same_as_eager(opt, m, lambda: torch.randn(3, 6))
+    for _ in range(2):  # twice: the swapped-in tensor can be swapped again
+        new = {"same": lambda: torch.randn(4, 4), "transposed": lambda: torch.randn(4, 4).t(),
+               "shape": lambda: torch.randn(2, 4), "dtype": lambda: torch.randn(4, 4, dtype=torch.float64)}[layout]()
+        torch.utils.swap_tensors(m.w, nn.Parameter(new))
+        assert torch.equal(m.w, new)
+        _same_as_eager(opt, m, lambda: torch.randn(3, 6))
+    assert strict.count == (1 if layout == "same" else 2)
+
+
+def test_module_to_with_swap_module_params_on_conversion(strict):
+    """``module.to(dtype)`` swaps the parameters' tensors in place under
+    ``torch.__future__.set_swap_module_params_on_conversion(True)``."""
+    m = Scale(shift=False)
+    opt = kc.optimize(m, strict)
+    _same_as_eager(opt, m, lambda: torch.randn(3, 6))
+    before = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        w = m.w
+        m.double()
+        assert m.w is w and m.w.dtype == torch.float64
+        _same_as_eager(opt, m, lambda: torch.randn(3, 6))
+        m.float()
+        _same_as_eager(opt, m, lambda: torch.randn(3, 6))
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(before)
+    assert strict.count == 2

@@ -100,3 +100,35 @@ def test_a_value_updated_through_a_view_is_not_shared() -> None:
     assert eliminate_common_subexpressions(gm) == 0
     z1, z2 = gm(torch.ones(3))
     assert torch.equal(z2, torch.zeros(2, 3)) and float(z1.sum()) == 3.0
+
+
+def _equal_outputs_graph() -> fx.GraphModule:
+    """Four outputs that are four tensors in eager: two equal adds (merged by the cse pass), and a clone
+    and a clone of a detach of one product (different graph values, one equal loop for the lowering)."""
+    g = fx.Graph()
+    x = g.placeholder("x")
+    a = g.call_function(aten.add.Tensor, (x, 1))
+    b = g.call_function(aten.add.Tensor, (x, 1))
+    m = g.call_function(aten.mul.Tensor, (x, x))
+    c = g.call_function(aten.clone.default, (m,))
+    d = g.call_function(aten.clone.default, (g.call_function(aten.detach.default, (m,)),))
+    g.output((a, b, c, d))
+    return fx.GraphModule({}, g)
+
+
+def test_outputs_merged_into_one_value_keep_their_own_memory() -> None:
+    """Merging must not make two outputs one tensor: writing into one would change the other (eager's
+    are distinct). Compiled on fresh inputs each call; each output written and the others compared."""
+    gm = _equal_outputs_graph()
+    assert eliminate_common_subexpressions(gm) == 1
+    cg = compile_graph(_equal_outputs_graph(), [torch.randn(5)])
+    for _ in range(3):
+        x = torch.randn(5)
+        outs = list(cg.fn(x))
+        want = [x + 1, x + 1, x * x, x * x]
+        assert len({o.untyped_storage().data_ptr() for o in outs}) == 4
+        for k, o in enumerate(outs):
+            o.add_(10)
+            want[k] = want[k] + 10
+            for got, w in zip(outs, want):
+                torch.testing.assert_close(got, w, rtol=0, atol=0)

@@ -270,8 +270,10 @@ def _trace(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: De
         grads: Sequence[Any] = ()
         if joint and any(diff) and grad_inputs:
             grads = _trace_backward(rec, graph_outs, diff, [primals[i] for i in grad_inputs])
-        else:
+        elif not (joint and any(diff)):
             diff, grad_inputs = tuple(False for _ in graph_outs), ()
+        # else: outputs differentiable only through leaves the graph made (a module built inside
+        # compiled code): a forward graph whose ``diff`` outputs require grad (compiled_call.py)
         mutated = _mutated_inputs(rec, primals, names)
         with torch.no_grad():
             outs: list[fx.Node | None] = [rec.node_of(o) for o in graph_outs]

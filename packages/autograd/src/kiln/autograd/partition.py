@@ -15,7 +15,7 @@ Backward graph: ``(*saved, *saved_sizes, *tangents) -> (*grads)`` (one per ``sig
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -97,6 +97,7 @@ class _Split:
     fw_nodes: set[fx.Node]  # what the forward computes anyway (ancestors of its outputs and primals)
     bw_nodes: set[fx.Node]  # what only the backward needs
     mutated_inputs: tuple[int, ...]
+    effects: list[fx.Node]  # random ops no output reads: they run in the forward all the same
 
 
 def _split(joint: JointGraph) -> _Split:
@@ -108,7 +109,11 @@ def _split(joint: JointGraph) -> _Split:
     primals = [n for n in ph if str(n.target).startswith("primals_")]
     tangents = [n for n in ph if str(n.target).startswith("tangents_")]
     fw_outputs, grads = results[:nfw], results[nfw:]
-    fw_nodes = _ancestors(fw_outputs) | set(primals)
+    # a random op whose result nobody reads (``torch.randperm(8)`` unused, ``uniform_`` then ``fill_``)
+    # still advances the generator in eager, and later draws depend on it: the forward runs it
+    read = _ancestors([*fw_outputs, *grads]) | _descendants(tangents, set(g.nodes))
+    effects = [n for n in g.nodes if n.op == "call_function" and ops.is_random(n.target) and n not in read]
+    fw_nodes = _ancestors([*fw_outputs, *effects]) | set(primals)
     # The other results of a multi-output forward op (dropout's mask, norm statistics) are forward values
     # too: the op will not run again in the backward.
     fw_nodes |= {u for n in list(fw_nodes) for u in n.users if u.target is operator.getitem}
@@ -118,7 +123,8 @@ def _split(joint: JointGraph) -> _Split:
         if _is_size(n) and n not in fw_nodes and all(i in fw_nodes for i in n.all_input_nodes):
             fw_nodes.add(n)
     bw_nodes = _ancestors([x for x in grads if x is not None], stop=fw_nodes) - fw_nodes
-    return _Split(primals, tangents, fw_outputs, grads, fw_nodes, bw_nodes, joint.signature.mutated_inputs)
+    return _Split(primals, tangents, fw_outputs, grads, fw_nodes, bw_nodes, joint.signature.mutated_inputs,
+                  effects)
 
 
 def _needed_by_backward(s: _Split) -> set[fx.Node]:
@@ -195,15 +201,17 @@ def _descendants(roots: Iterable[fx.Node], within: set[fx.Node]) -> set[fx.Node]
 
 
 def _copy_graph(joint: fx.GraphModule, inputs: list[tuple[fx.Node, str]], outputs: list[fx.Node | None],
-                where: str, lazy_after: list[fx.Node] | None = None) -> fx.GraphModule:
-    """A new graph computing ``outputs`` from ``inputs`` (joint nodes that become placeholders)."""
+                where: str, lazy_after: list[fx.Node] | None = None,
+                effects: Sequence[fx.Node] = ()) -> fx.GraphModule:
+    """A new graph computing ``outputs`` from ``inputs`` (joint nodes that become placeholders), and
+    running ``effects`` (random ops nothing reads: fx's dead-code elimination keeps them)."""
     g = fx.Graph()
     env: dict[fx.Node, fx.Node] = {}
     for node, name in inputs:
         p = g.placeholder(name)
         p.meta.update(node.meta)
         env[node] = p
-    need = _ancestors([o for o in outputs if o is not None], stop=set(env))
+    need = _ancestors([*(o for o in outputs if o is not None), *effects], stop=set(env))
 
     def emit(root: fx.Node) -> None:
         """Copy ``root`` after whatever it needs that is not copied yet (iterative post-order)."""
@@ -253,7 +261,7 @@ def partition(joint: JointGraph, partitioner: PartitionerName = "min_cut") -> Pa
         if not isinstance(n.meta.get("val"), torch.Tensor):
             raise AutogradTraceError(f"partitioner {partitioner} chose to save non-tensor {n.name}")
     fw = _copy_graph(joint.gm, [(p, str(p.target)) for p in s.primals], [*s.fw_outputs, *saved, *sizes],
-                     "forward")
+                     "forward", effects=s.effects)
     bw_inputs = [(n, f"saved_{n.name}") for n in (*saved, *sizes)] + [(t, str(t.target)) for t in s.tangents]
     bw = _copy_graph(joint.gm, bw_inputs, s.grads, "backward", lazy_after=s.tangents)
     return Partitioned(fw, bw, joint.signature, tuple(n.name for n in saved),

@@ -44,12 +44,28 @@ class AotOptions:
 
 
 def wants_grad(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
-    """Training when grad mode is on and an input or a parameter of ``gm`` requires grad."""
+    """Traced with grad when grad mode is on and an input or a parameter of ``gm`` requires grad, or
+    ``gm`` makes a leaf that requires grad itself (``makes_grad_leaves``)."""
     if not torch.is_grad_enabled():
         return False
     if any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs):
         return True
+    if makes_grad_leaves(gm):
+        return True
     return bool(module_state_names(gm)) and any(p.requires_grad for p in gm.parameters())
+
+
+def makes_grad_leaves(gm: fx.GraphModule) -> bool:
+    """Whether ``gm`` makes tensors that require grad out of none that do: ``t.requires_grad_()`` (the
+    parameters of a module built inside compiled code) or a factory called with ``requires_grad=True``."""
+    for n in gm.graph.nodes:
+        if n.op == "call_method" and n.target == "requires_grad_":
+            flag = n.args[1] if len(n.args) > 1 else n.kwargs.get("requires_grad", True)
+            if flag is not False:
+                return True
+        elif n.op == "call_function" and n.kwargs.get("requires_grad") is True:
+            return True
+    return False
 
 
 def run_aot_pipeline(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput],

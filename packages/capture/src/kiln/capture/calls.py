@@ -24,7 +24,7 @@ from .errors import GraphBreak
 from .foreign import is_immutable_constant, is_mutable_c_value
 from .knobs import user_environment
 from .module_calls import runs_in_python
-from .module_init import build_module
+from .module_init import build_module, grad_leaf_call
 from .numpy_random import is_python_draw, rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
@@ -56,7 +56,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if fn is NULL:
         raise GraphBreak("calling NULL (interpreter stack mismatch)")
     if isinstance(fn, TensorMethod):
-        return torch_ops.tensor_method(frame, fn.tensor, fn.name, args, kwargs)
+        return grad_leaf_call(frame, f"Tensor.{fn.name}",
+                              lambda: torch_ops.tensor_method(frame, fn.tensor, fn.name, args, kwargs))
     if isinstance(fn, TracedFunction):
         return inline(frame, fn.code, fn.globals, args, kwargs, fn.defaults, fn.kwdefaults, fn.closure)
     if isinstance(fn, TracedMethod):
@@ -102,7 +103,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if isinstance(fn, nn.Module):
         return call_module(frame, fn, args, kwargs)
     if torch_ops.is_torch_function(fn):
-        return torch_ops.call_torch(frame, fn, args, kwargs)
+        return grad_leaf_call(frame, f"torch.{getattr(fn, '__name__', fn)}",
+                              lambda: torch_ops.call_torch(frame, fn, args, kwargs))
     if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):  # not functional_op
         raise GraphBreak(f"torch.ops.{fn} is not recorded: it writes its arguments, returns an alias of one, "
                          "or is a packet of several overloads", "call one overload (op.default), or accept the break")

@@ -20,6 +20,7 @@ that construction, which then runs in Python on every call (``capture.run_captur
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,12 +39,13 @@ _BUILD_HINT = "build the module outside the compiled function"
 
 
 class BuiltModuleEscapes(Exception):
-    """Internal: a module whose initialisation is graph work outlives the graph (see the note)."""
+    """Internal: a module whose initialisation is graph work, or a leaf tensor made in the graph
+    (``grad_leaf_call``), outlives the graph (see the note). ``what`` names it (``module Linear``)."""
 
-    def __init__(self, site: Site, name: str) -> None:
-        super().__init__(f"module {name} built inside compiled code outlives the graph")
+    def __init__(self, site: Site, what: str) -> None:
+        super().__init__(f"{what} built inside compiled code outlives the graph")
         self.site = site
-        self.name = name
+        self.what = what
 
 
 class _InitRecorder(TorchDispatchMode):
@@ -129,7 +131,7 @@ def _record_init(frame: Frame, name: str, ops: list[tuple[Any, tuple, dict, Any]
             # ``nn.Parameter(t)`` on a fake detaches it: a tensor with no autograd history and no
             # other user, so the parameter is the same graph value
             tracer.register(out, tracer.node_of[id(args[0])])
-            tracer.built_state[id(out)] = (site, name)
+            tracer.built_state[id(out)] = (site, f"module {name}")
             continue
         if (
             func in _LIFTS
@@ -155,7 +157,28 @@ def _record_init(frame: Frame, name: str, ops: list[tuple[Any, tuple, dict, Any]
         tracer.register(out, node)
         for t in out if isinstance(out, (tuple, list)) else (out,):
             if isinstance(t, torch.Tensor):
-                tracer.built_state[id(t)] = (site, name)
+                tracer.built_state[id(t)] = (site, f"module {name}")
 
 
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
+
+
+def grad_leaf_call(frame: Frame, what: str, run: Callable[[], Any]) -> Any:
+    """``run()`` (a torch function or tensor method call, ``what``); a tensor it makes that requires
+    grad with no history (``torch.ones(3).requires_grad_()``, ``torch.zeros(3, requires_grad=True)``)
+    is built state like a module's parameters: inside the graph the gradients that reach it go nowhere
+    anyone can see (kiln.autograd's outputs still require grad, as eager's), but once it leaves the
+    graph its ``.grad`` is the user's, so there the call runs in Python (the capture is run again with a
+    break at it, as for an escaping module)."""
+    if frame.ctx.escaping_builds and site_of(frame) in frame.ctx.escaping_builds:
+        raise GraphBreak(
+            f"{what} inside compiled code makes a tensor that requires grad, and it outlives the graph "
+            "(returned, stored, or live at a graph break): its gradient is read outside",
+            "it runs in Python on every call; make the tensor outside the compiled function to keep one graph",
+        )
+    result = run()
+    if isinstance(result, torch.Tensor) and result.requires_grad and result.grad_fn is None:
+        tracer = frame.tracer
+        if id(result) not in tracer.input_source_of_fake and id(result) not in tracer.built_state:
+            tracer.built_state[id(result)] = (site_of(frame), f"a tensor requiring grad made by {what}")
+    return result

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import types
 
+from torch import fx
+from torch._subclasses.fake_tensor import FakeTensor
+
 from kiln.graph import (
     KNOBS,
     Backend,
@@ -39,11 +42,28 @@ def compile_capture(cap: Capture, backend: Backend,
     if keeping_texts():
         dump(new_graph_id(name), "capture", cap.captured.as_text())
     compiled = backend(gm, list(cap.example_inputs)) if needs_backend(cap) else None
+    forget_real_tensors(gm)
     # the backend traced with the capture's ShapeEnv: what it assumed about sizes is guarded too
     cap.captured = refresh_shape_guards(cap.captured)
     if enabled("guards"):
         log("guards").info("guards for %s:\n%s", name, cap.captured.guards.as_text())
     return compiled
+
+
+def forget_real_tensors(gm: fx.GraphModule) -> None:
+    """Note: the fake mode a capture traced with remembers each real tensor it made a fake of, by weak
+    reference (its MetaTensorDescriber's memo), for as long as the graph's fake values live. Nothing
+    converts real tensors with it once the graph is compiled, and a weak reference to a tensor makes
+    ``torch.utils.swap_tensors`` refuse it ("has weakref associated with it"): a compiled model's
+    parameters could not be swapped. So the memos are cleared here."""
+    modes = {id(v.fake_mode): v.fake_mode for n in gm.graph.nodes
+             if isinstance(v := n.meta.get("val"), FakeTensor)}
+    for mode in modes.values():
+        meta = mode.fake_tensor_converter.meta_converter
+        meta.describer.lookup_tensor.clear()
+        meta.describer.lookup_storage.clear()
+        meta.tensor_memo.clear()
+        meta.storage_memo.clear()
 
 
 def frame_name(code: types.CodeType) -> str:

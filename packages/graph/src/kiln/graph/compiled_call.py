@@ -113,6 +113,8 @@ def finish_outputs(sig: CallSignature, args: Sequence[Any], graph_outs: Sequence
         k = rule.kind
         if k == "graph":
             v = graph_outs[rule.index]
+            if rule.requires_grad and not v.requires_grad:  # a leaf the graph made (``torch.ones(3).requires_grad_()``)
+                v.requires_grad_()
         elif k == "input":
             v = args[rule.index]
         elif k == "same":
@@ -173,13 +175,53 @@ DOUBLE_BACKWARD = (
 
 
 def inference_call(sig: CallSignature, fw: ListCall) -> Callable[[list[Any]], Any]:
-    """``call(args)``: the forward graph, then write-back and output rebuilding."""
+    """``call(args)``: the forward graph, then write-back and output rebuilding. ``sig.diff`` outputs
+    (a forward graph has them when they depend on leaves the graph made) require grad."""
     n_out = sig.n_out
     views = view_evaluators(sig)
+    if any(sig.diff):
+        return _in_graph_leaves_call(sig, fw, views)
 
     def call(args: list[Any]) -> Any:
         with autocast_off():
             outs = list(fw(list(args)))
+        return finish_outputs(sig, args, outs[:n_out], outs[n_out:], views)
+    return call
+
+
+def _in_graph_leaves_call(sig: CallSignature, fw: ListCall,
+                          views: Sequence[ViewMeta | None]) -> Callable[[list[Any]], Any]:
+    """Note: outputs that depend on leaves made inside the graph (the parameters of a module built in
+    compiled code, ``torch.ones(3, requires_grad=True)``) while no input requires grad. In eager they
+    require grad, and ``backward()`` through them accumulates gradients into those leaves only, which
+    nothing outside the graph can reach (a module that outlives the graph is built in Python by
+    kiln.capture): there is nothing for a backward to compute. So the forward graph runs inside an
+    ``autograd.Function`` whose backward returns no gradients, given one throwaway leaf that requires
+    grad (autograd makes a Function's outputs require grad only when one of its inputs does); the
+    other outputs are marked non-differentiable, as eager's do not require grad."""
+    n_out, n_mut, diff, n_inputs = sig.n_out, len(sig.mutated), sig.diff, sig.n_inputs
+
+    class InGraphLeaves(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, anchor: torch.Tensor, *args: Any) -> Any:  # type: ignore[override]
+            with autocast_off():
+                outs = list(fw(list(args)))
+            nondiff = [o for o, d in zip(outs[:n_out], diff) if not d and isinstance(o, torch.Tensor)]
+            nondiff += outs[n_out:n_out + n_mut]
+            if nondiff:
+                ctx.mark_non_differentiable(*nondiff)
+            return tuple(outs)
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
+            return (None,) * (1 + n_inputs)
+
+    def call(args: list[Any]) -> Any:
+        if not torch.is_grad_enabled():  # eager's ops under no_grad record nothing
+            with autocast_off():
+                outs = list(fw(list(args)))
+        else:
+            outs = list(InGraphLeaves.apply(torch.empty(0, requires_grad=True), *args))
         return finish_outputs(sig, args, outs[:n_out], outs[n_out:], views)
     return call
 

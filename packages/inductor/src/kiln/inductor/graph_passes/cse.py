@@ -11,6 +11,10 @@ Only what is safe to share: ATen/prims overloads whose schema mutates nothing; n
 (``nondeterministic_seeded``: two draws must differ), an uninitialised factory (``empty``), a
 collective (its calls are communication) or a value some mutating op takes (an in-place update must
 not land in a value another node reads).
+
+Two outputs that were different values and become one (``return x + 1, x + 1``, or a value and a view
+of its copy) would share memory where eager's do not: writing into one would change the other. The later
+of them is returned as a copy (``_unshare_outputs``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import Hashable
 
 import torch
 from torch import fx
+from torch._subclasses.fake_tensor import FakeTensor
 
 _NAMESPACES = {"aten", "prims"}
 _UNINITIALISED = {"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted"}
@@ -74,9 +79,51 @@ def _key(value: object) -> Hashable:
     return (type(value).__name__, value)
 
 
+def storage_root(node: fx.Node) -> fx.Node:
+    while node.op == "call_function" and _is_view(node) and node.args and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def _flat_outputs(graph: fx.Graph) -> list[fx.node.Argument]:
+    flat: list[fx.node.Argument] = []
+    fx.node.map_aggregate(graph.output_node().args[0], flat.append)  # type: ignore[arg-type]
+    return flat
+
+
+def _unshare_outputs(graph: fx.Graph, before: list[fx.Node | None]) -> None:
+    """Outputs whose memory the merges made one: each one after the first becomes a copy."""
+    after = [storage_root(v) if isinstance(v, fx.Node) else None for v in _flat_outputs(graph)]
+    first: dict[fx.Node, int] = {}
+    copies: dict[int, fx.Node] = {}
+    for j, root in enumerate(after):
+        if root is None:
+            continue
+        i = first.setdefault(root, j)
+        if i != j and before[i] is not before[j]:
+            copies[j] = root
+    if not copies:
+        return
+    out = graph.output_node()
+    flat = _flat_outputs(graph)
+    with graph.inserting_before(out):
+        for j in copies:
+            value = flat[j]
+            assert isinstance(value, fx.Node)
+            clone = graph.call_function(torch.ops.aten.clone.default, (value,))
+            val = value.meta.get("val")
+            if isinstance(val, FakeTensor):
+                with val.fake_mode:
+                    clone.meta["val"] = torch.ops.aten.clone.default(val)
+            flat[j] = clone
+    positions = iter(range(len(flat)))
+    out.args = (fx.node.map_aggregate(out.args[0], lambda v: flat[next(positions)]),)
+
+
 def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
     """Merge equal pure calls in ``gm`` (in place); returns how many nodes were removed."""
     seen: dict[Hashable, fx.Node] = {}
+    before = [storage_root(v) if isinstance(v, fx.Node) else None for v in _flat_outputs(gm.graph)]
     updated = _updated(gm.graph)
     removed = 0
     for node in list(gm.graph.nodes):
@@ -93,5 +140,6 @@ def eliminate_common_subexpressions(gm: fx.GraphModule) -> int:
         gm.graph.erase_node(node)
         removed += 1
     if removed:
+        _unshare_outputs(gm.graph, before)
         gm.recompile()
     return removed

@@ -24,7 +24,7 @@ from ..ir import (
     size,
 )
 from ..options import InductorOptions
-from .values import Lazy, Strided, TensorValue
+from .values import Lazy, Strided, TensorValue, as_lazy
 
 
 class NotLowered(Exception):
@@ -67,6 +67,16 @@ class LoweringContext:
         value = Strided(name, layout.shape, layout.stride, layout.offset, layout.dtype)
         self._cse[key] = value
         return value
+
+    def copy(self, v: Strided) -> Strided:
+        """``v`` stored into a buffer of its own (never one ``computed`` already made: a graph output
+        that must not share memory with another), with its strides when they are dense."""
+        st = v.stride if is_dense(v.shape, v.stride) else contiguous_strides(v.shape)
+        layout = Layout(v.shape, tuple(st), v.dtype)
+        name = self.new_name()
+        self.add(ComputedBuffer(name, layout, Pointwise(v.shape, as_lazy(v).body),
+                                (self.origin,) if self.origin else ()))  # type: ignore[arg-type]
+        return Strided(name, layout.shape, layout.stride, layout.offset, layout.dtype)
 
     def realize(self, v: TensorValue, stride: tuple[sympy.Expr, ...] | None = None) -> Strided:
         """Store a lazy value into a new buffer (with ``stride`` when given, else contiguous)."""

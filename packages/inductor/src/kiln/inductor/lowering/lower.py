@@ -13,6 +13,7 @@ from torch import fx
 from kiln.graph import target_name
 
 from ..graph_passes.conv_layout import channels_last_stride
+from ..graph_passes.cse import storage_root
 from ..ir import (
     ConstArg,
     DynamicShapeUnsupported,
@@ -21,6 +22,7 @@ from ..ir import (
     LoopProgram,
     Output,
     SymScalar,
+    TensorRef,
     as_index,
     is_dense,
     is_static,
@@ -159,7 +161,7 @@ def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Indu
                 val = _share_stored(ctx, node, val)
             env[node] = val
         elif node.op == "output":
-            outputs = [_output(ctx, a, env) for a in _flat_outputs(node.args[0])]
+            outputs = _distinct_outputs(ctx, _flat_outputs(node.args[0]), env)
         else:
             raise LoweringError(f"{node.op} node {node.name} ({node.target}) is not supported by kiln.inductor; "
                                 "lift constants and submodules into graph inputs")
@@ -219,6 +221,24 @@ def _flat_outputs(out: Any) -> list[Any]:
     if isinstance(out, (list, tuple)):
         return list(out)
     return [out]
+
+
+def _distinct_outputs(ctx: LoweringContext, args: Sequence[Any], env: dict[fx.Node, Any]) -> list[Output]:
+    """The graph's outputs, different values in different memory: the lowering merges equal loops
+    (``LoweringContext.computed``), and two outputs it made one buffer (``clone(a)`` twice) would share
+    memory that eager's do not (writing into one would change the other). Outputs that are one value
+    or views of one value in the graph keep sharing it."""
+    outputs: list[Output] = []
+    owner: dict[str, fx.Node] = {}  # buffer -> the graph value (after views) whose memory it is
+    for a in args:
+        ref = _output(ctx, a, env)
+        if isinstance(a, fx.Node) and isinstance(ref, TensorRef):
+            root = storage_root(a)
+            if owner.setdefault(ref.buffer, root) is not root:
+                ref = ctx.copy(Strided(ref.buffer, ref.shape, ref.stride, ref.offset, ref.dtype)).ref()
+                owner[ref.buffer] = root
+        outputs.append(ref)
+    return outputs
 
 
 def _output(ctx: LoweringContext, a: Any, env: dict[fx.Node, Any]) -> Output:
