@@ -7,16 +7,20 @@ against eager; kiln.compile's automatic dynamic shapes serve a stream of image s
 A package whose inputs must satisfy relations (``s0 == 2*s1``; ``s1 <= s0``) refuses a call that breaks
 one, from Python and from C++, naming the relation, the inputs and their dims; a range whose end a
 derived size cannot serve (a pooled size that becomes 1) is refused at export.
+Under torch 2.11's pooled-size division (whose ``x % stride != 0`` test guarded the parity of the image
+size on the H200) the CNN still exports over the whole range and packages for CUDA without a GPU.
 On a GPU (``-m gpu``): the same CNN packaged for CUDA with dynamic batch, height and width.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,7 @@ import kiln
 import kiln.capture as kc
 import kiln.runtime.cxx as cxx
 from kiln.deploy import ExportError
-from kiln.runtime import GuardError
+from kiln.runtime import GuardError, KernelBuildError
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "deploy_cpp"
 sys.path.insert(0, str(EXAMPLE))
@@ -218,15 +222,74 @@ def test_compile_serves_a_stream_of_image_sizes_with_two_graphs() -> None:
     assert len(kc.cache_entries(cf._compiled_forward)) == 2
 
 
+# torch 2.11's torch._meta_registrations.div_rtn, which the pooling meta kernels divide with: on SymInts
+# its ``r != 0`` guards the parity of the pooled size (the H200 runs torch 2.11)
+TORCH_2_11_POOLING = textwrap.dedent("""
+    import torch._meta_registrations as torch_meta
+    def div_rtn(x, y):
+        q = x // y
+        r = x % y
+        if r != 0 and (bool(r < 0) != bool(y < 0)):
+            q -= 1
+        return q
+    torch_meta.div_rtn = div_rtn
+""")
+
+PARITY_EXPORT = TORCH_2_11_POOLING + textwrap.dedent("""
+    import json, sys
+    import torch
+    sys.path.insert(0, {example!r})
+    import kiln
+    from models import example
+    model, _ = example("resnet18", small=True)
+    x = torch.randn(3, 3, 64, 64)
+    exported = kiln.export(model, (x,), dynamic_shapes={dynamic!r})
+    for k, (b, h, w) in enumerate({sizes!r}):  # fresh inputs, both parities of each pooled size
+        y = torch.randn(b, 3, h, w, generator=torch.Generator().manual_seed(500 + k))
+        with torch.no_grad():
+            torch.testing.assert_close(exported(y), model(y), rtol={tol}, atol={tol})
+    print(kiln.package(exported, {out!r}, device="cuda", options={{"cuda_arch": 90}}).as_text())
+""")
+
+
+def _no_cuda_build() -> str:
+    """Why CUDA packages cannot be built here ("" when they can)."""
+    try:
+        cxx.cuda_include_dirs()
+        cxx.ldflags(cuda=True)
+    except KernelBuildError as e:
+        return f"CUDA packages cannot be built with this torch: {e}"
+    return ""
+
+
+@pytest.mark.slow
+@NEEDS_GXX
+@pytest.mark.skipif(bool(_no_cuda_build()), reason=_no_cuda_build() or "-")
+def test_cnn_exports_and_packages_for_cuda_over_both_parities_with_torch_2_11_pooling(tmp_path: Path) -> None:
+    """The H200's failure without a GPU: torch 2.11's pooling meta kernels recorded
+    ``(((H + 1) // 2) + 1) % 2 != 0`` (the max pool after the stride-2 stem), and kiln.export refused the
+    range; the CUDA package's schedule ran the same kernels again. Exported on CPU and packaged for sm_90
+    in a process running torch 2.11's helper: no relation over the sizes, and the exported graph matches
+    eager at odd and even sizes."""
+    sizes = ((2, 33, 47), (5, 97, 64), (8, 256, 255), (3, 34, 35))
+    script = PARITY_EXPORT.format(example=str(EXAMPLE), dynamic=CNN_DYNAMIC, sizes=sizes, tol=TOL,
+                                  out=str(tmp_path / "cnn"))
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # cubins by triton's compiler
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    m = json.loads((tmp_path / "cnn" / cxx.MANIFEST).read_text())
+    assert m["device"] == "cuda" and m["kernels"]
+    assert [g["expr"] for g in m["guards"] if g["kind"] == "size_relation"] == []
+    assert {(s["name"], s["dim"]): (s["min"], s["max"]) for s in m["sizes"]} == {
+        ("x", 0): (2, 8), ("x", 2): (33, 256), ("x", 3): (33, 256)}
+
+
 # ---- on a GPU -------------------------------------------------------------------------------------
 
 @pytest.mark.gpu
 @pytest.mark.slow
 @NEEDS_GXX
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.xfail(reason="on the H200 (2026-12-02) the CUDA trace assumed ((((s53 + 1) // 2) + 1) % 2) != 0, a parity "
-                          "of the image size that no range avoids; kiln.export refuses the range, naming it",
-                   raises=Exception, strict=False)
 def test_gpu_cnn_with_dynamic_height_and_width(tmp_path: Path) -> None:
     """The CNN exported on the GPU with batch, height and width dynamic, packaged for it: from Python and
     from C++ at every size against eager."""

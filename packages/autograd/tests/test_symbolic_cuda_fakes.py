@@ -98,3 +98,35 @@ def test_linear_without_bias_on_fake_cuda_3d() -> None:
         traced = ka.trace_inference(gm, vals)
     assert_nothing_pinned(env)
     assert not traced.joint
+
+
+def div_rtn_2_11(x, y):  # type: ignore[no-untyped-def]
+    """torch 2.11's pooled-size division (``torch._meta_registrations.div_rtn``): ``r != 0`` guards a parity."""
+    q = x // y
+    r = x % y
+    if r != 0 and (bool(r < 0) != bool(y < 0)):
+        q -= 1
+    return q
+
+
+def test_resnet_stem_on_fake_cuda_keeps_image_sizes_free_of_parity(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard the H200 (torch 2.11) recorded for a ResNet exported with dynamic height and width,
+    ``(((H + 1) // 2) + 1) % 2 != 0`` from its max pool, reproduced with torch 2.11's ``div_rtn``: the
+    trace records no relation over the image sizes."""
+    monkeypatch.setattr(torch._meta_registrations, "div_rtn", div_rtn_2_11)
+
+    def stem(x: torch.Tensor, w: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> torch.Tensor:
+        y = F.relu(F.batch_norm(F.conv2d(x, w, stride=2, padding=3), mean, var))
+        return F.adaptive_avg_pool2d(F.max_pool2d(y, 3, 2, 1), 1).flatten(1)
+
+    gm, vals, env = fake_cuda_graph(stem, [(3, 3, 64, 64), (16, 3, 7, 7), (16,), (16,)], [(0, 2, 3), (), (), ()],
+                                    torch.float32)
+    with torch.no_grad():
+        traced = ka.trace_inference(gm, vals)
+    assert_nothing_pinned(env)
+    assert not [str(g.expr) for g in env.guards if "Mod" in str(g.expr)]
+    pool = next(n for n in traced.gm.graph.nodes if "max_pool2d" in str(n.target))
+    assert pool.meta["val"][0].device.type == "cuda"
+    h, w = vals[0].shape[2:]
+    assert [{str(x) for x in s.node.expr.free_symbols} for s in pool.meta["val"][0].shape[2:]] == [
+        {str(h.node.expr)}, {str(w.node.expr)}]

@@ -282,7 +282,7 @@ def _retrace(gm: fx.GraphModule, table: Table, example_inputs: Sequence[Any] | N
     recorder = GraphRecorder(graph, table, mode, root)
     interp = _Retracer(gm, recorder, reuse=example_inputs is None and _reusable_values(gm, mode))
     out_source = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    with mode, torch.no_grad():
+    with mode, torch.no_grad(), symbolic_dispatch(shape_env_of(fakes) is not None):
         out = interp.run(*fakes)
     return _finish(graph, root, recorder, out, dict(out_source.meta))
 

@@ -27,10 +27,12 @@ from __future__ import annotations
 import contextlib
 import math
 import operator
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch._meta_registrations as torch_meta  # its pooling size helper, swapped while tracing (Note below)
 from torch import fx
 from torch._dispatch.python import enable_python_dispatcher
 
@@ -129,8 +131,55 @@ def symbolic_dispatch(symbolic: bool) -> contextlib.AbstractContextManager[Any]:
     handler, turns each size into an int and specialises it (a guard ``s0 == 3`` that makes the
     graph serve one size). Their Python implementations, which the Python dispatcher reaches, keep
     SymInts, as do the meta rules of ops whose C++ kernels refuse SymInt lists (``constant_pad_nd``).
-    Static traces keep the C++ path (faster, and nothing to specialise)."""
-    return enable_python_dispatcher() if symbolic else contextlib.nullcontext()
+    Static traces keep the C++ path (faster, and nothing to specialise); symbolic ones also compute
+    pooled sizes without a parity guard (``floored_pooling_sizes``)."""
+    if not symbolic:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(enable_python_dispatcher())
+    stack.enter_context(floored_pooling_sizes())
+    return stack
+
+
+_pooling_lock = threading.Lock()
+_pooling_depth = 0
+_torch_div_rtn: Any = None
+
+
+def _floor_div(x: Any, y: Any) -> Any:
+    return x // y
+
+
+@contextlib.contextmanager
+def floored_pooling_sizes() -> Iterator[None]:
+    """Within: torch's pooling meta kernels compute an output size as ``x // stride``, without the
+    ``x % stride != 0`` guard some torch releases add.
+
+    Note: torch 2.11's meta kernels (``max_pool2d_with_indices``, ``avg_pool2d``, the 3-D pools) compute
+    a pooled size with ``div_rtn(x, y)``: ``q = x // y; r = x % y; if r != 0 and (r < 0) != (y < 0): q -= 1``,
+    a port of C++'s round-toward-negative division. On SymInts ``r != 0`` is a guard on the parity of
+    the size: a ResNet's max pool after its stride-2 stem recorded ``(((H + 1) // 2) + 1) % 2 != 0``,
+    so an export over a range of image sizes was refused and kiln.compile recompiled per parity. The
+    adjustment never fires: Python's (and sympy's) ``%`` has the sign of ``y``, so ``(r < 0) == (y < 0)``
+    whenever ``r != 0``, and ``div_rtn(x, y) == x // y`` for every ``x`` and ``y != 0`` -- the guard
+    protects nothing (torch 2.15's ``div_rtn`` is ``x // y``). Swapping the module's helper for the
+    duration of a symbolic trace (counted, so nested and concurrent traces share one swap) keeps the
+    meta kernels' every other check, ``ceil_mode``'s included."""
+    global _pooling_depth, _torch_div_rtn
+    if not hasattr(torch_meta, "div_rtn"):  # a torch without the helper: nothing to swap
+        yield
+        return
+    with _pooling_lock:
+        if _pooling_depth == 0:
+            _torch_div_rtn, torch_meta.div_rtn = torch_meta.div_rtn, _floor_div
+        _pooling_depth += 1
+    try:
+        yield
+    finally:
+        with _pooling_lock:
+            _pooling_depth -= 1
+            if _pooling_depth == 0:
+                torch_meta.div_rtn, _torch_div_rtn = _torch_div_rtn, None
 
 
 def size_hint(v: Any) -> int:

@@ -20,7 +20,7 @@ from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 import kiln.decomp as _decomp
-from kiln.graph import autocast_off, target_name
+from kiln.graph import autocast_off, shape_env_of, symbolic_dispatch, target_name
 
 from .lowering.registry import LOWERINGS
 
@@ -82,7 +82,8 @@ def _propagate(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: FakeTens
             return mode.from_tensor(x)
         return x
 
-    with mode, autocast_off():
+    placeholders = [n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"]
+    with mode, autocast_off(), symbolic_dispatch(shape_env_of([*placeholders, *example_inputs]) is not None):
         for n in gm.graph.nodes:
             if n.op == "placeholder":
                 v, ex = n.meta.get("val"), next(it, None)

@@ -27,7 +27,14 @@ import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from kiln.graph import annotations_of, autocast_off, log, target_name
+from kiln.graph import (
+    annotations_of,
+    autocast_off,
+    log,
+    shape_env_of,
+    symbolic_dispatch,
+    target_name,
+)
 
 from ..ir import is_dense
 
@@ -390,7 +397,8 @@ def repropagate(gm: fx.GraphModule, example_inputs: Sequence[Any], ran: Propagat
             return mode.from_tensor(x)
         return x
 
-    with mode, autocast_off():
+    symbolic = shape_env_of([*(n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"), *example_inputs])
+    with mode, autocast_off(), symbolic_dispatch(symbolic is not None):
         for n in gm.graph.nodes:
             if n.op == "placeholder":
                 v, ex = n.meta.get("val"), next(it, None)
