@@ -208,6 +208,10 @@ _ALLOWED_PATCHES: dict[tuple[str, str], str] = {
         "simulates a stage package that is not installed (the meta-package's error for it)",
     ("packages/autograd/tests/test_symbolic_cuda_fakes.py", "torch.cuda.is_available"):
         "simulates a host with and without a CUDA device",
+    ("packages/autograd/tests/test_symbolic_cuda_fakes.py", "torch._meta_registrations.div_rtn"):
+        "installs torch 2.11's pooling rounding helper (the H200's torch) on a newer torch",
+    ("packages/graph/tests/test_symbolic_pooling.py", "torch_meta.div_rtn"):
+        "installs torch 2.11's pooling rounding helper (the H200's torch) on a newer torch",
     ("packages/runtime/tests/test_cache.py", "cache_mod.os.replace"):
         "simulates a crash between writing an entry and renaming it into place",
     ("packages/runtime/tests/test_container.py", "container.os.replace"):

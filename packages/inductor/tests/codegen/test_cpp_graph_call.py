@@ -90,10 +90,15 @@ def test_matmul_output_is_the_matmuls_result() -> None:
 
 
 def test_same_buffer_twice_and_views_of_one_output_are_handed_over_as_views() -> None:
-    """An output returned twice, and an output that views another: each the program's one buffer (so they
-    share memory, as in eager), never copied."""
+    """One value returned twice, and outputs that view it: each the program's one buffer (so they share
+    memory, as in eager), never copied. (Equal values computed twice, ``(x * 2, x * 2)``, are two tensors in
+    eager and stay two: the cse pass does not merge outputs.)"""
     x = torch.randn(4, 5)
-    p = program(lambda x: (x * 2, x * 2, (x * 2).t(), (x * 2).view(-1)[5:]), x)
+
+    def shared(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = x * 2
+        return y, y, y.t(), y.view(-1)[5:]
+    p = program(shared, x)
     assert p.scheduled is not None
     plan = output_plan(p.scheduled)
     assert [q.kind for q in plan] == ["direct"] * 4

@@ -37,7 +37,7 @@ def test_linear_relu_sum() -> None:
     assert "copy_as" not in src
     # no torch header: the wrapper builds in well under a second (kiln/model_support.h)
     includes = [line for line in src.splitlines() if line.startswith("#include")]
-    assert includes == ["#include <kiln/model_support.h>", "#include <cstdint>", "#include <limits>",
+    assert includes == ["#include <kiln/model_support.h>", "#include <cstdint>", "#include <cstring>", "#include <limits>",
                         "#include <stdexcept>", "#include <string>"]
     assert "kiln_model_run" in src and 'kiln_model_device() { return "cpu"; }' in src
     assert p.n_kernels >= 1 and p.kernel_source.count('extern "C" void') >= 1
