@@ -12,7 +12,8 @@ from kiln.cli import app
 runner = CliRunner()
 
 
-@pytest.mark.parametrize("verbose", [False, True])
+# the verbose run repeats the whole demo: model-scale, so the default Python only (noxfile.py)
+@pytest.mark.parametrize("verbose", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_demo_prints_one_summary_table(verbose: bool) -> None:
     args = ["demo", "--device", "cpu", "--backend", "aot_eager"] + (["--verbose"] if verbose else [])
     result = runner.invoke(app, args, env={"COLUMNS": "100"})
