@@ -103,6 +103,44 @@ def test_hf_llama_with_kv_cache_matches_eager() -> None:
     assert w.graphs and all(w.graphs), w.graphs
 
 
+def _call_peak(fn: Any, *args: torch.Tensor) -> tuple[int, Any]:
+    """The most bytes the CPU allocator held at once during ``fn(*args)`` beyond what it held before (every
+    allocation, in Python or in the library's C++, as the profiler records it), and the result."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn(*args)
+    now = top = 0
+    for e in sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                    key=lambda e: e.start_ns()):
+        now += e.nbytes()
+        top = max(top, now)
+    return top, out
+
+
+def test_hf_gpt2_peak_memory_is_the_python_wrappers() -> None:
+    """Issue #24: a multi-layer GPT-2's C++ wrapper held buffers the memory plan had handed over (written in
+    place) until the call returned, several activations above the Python wrapper's peak; now the same."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=6, n_embd=128, n_head=4, vocab_size=64, n_positions=256,
+                                     attn_implementation="eager")
+    model = transformers.GPT2Model(config).eval()
+
+    def hidden(ids: torch.Tensor) -> torch.Tensor:
+        return model(ids).last_hidden_state
+
+    cpp, python = kiln.compile(hidden, options=CPP), kiln.compile(hidden)
+    with Wrappers() as w, torch.no_grad():
+        for _ in range(3):
+            ids = torch.randint(0, 64, (2, 256))
+            want = hidden(ids)
+            peak, got = _call_peak(cpp, ids)
+            reference, from_python = _call_peak(python, ids)
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(from_python, want, rtol=1e-4, atol=1e-4)
+            assert peak <= reference + 64 * 1024, (peak, reference)
+    assert w.graphs.count(True) == 1, w.graphs
+
 def test_parameters_updated_in_place_or_replaced_are_seen() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 4)).eval()

@@ -4,7 +4,8 @@ It follows the Python wrapper (codegen/wrapper.py) step by step: the same alloca
 of the memory plan, the same kernel launches (kiln's C++ kernels, called by symbol) and the same
 extern calls (ATen, through the dispatcher: aten_calls.py), the same re-striding of what ATen returns.
 Buffers are reference-counted ``at::Tensor`` handles: a free is ``reset()``, a hand-over a view of
-the dead buffer's storage.
+the dead buffer's storage (whose own handle is reset after the step, so the memory dies with its last
+holder, as the Python wrapper's buffers do).
 
 Inputs and constants arrive as data pointers in the layouts the manifest declares. Outputs are the
 program's own: each is allocated where the memory plan allocates it (when the program computes it, as
@@ -299,17 +300,24 @@ class CppWrapperWriter:
 
     def body(self) -> None:
         reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
+        outputs = {o.buffer for o in self.p.outputs if isinstance(o, TensorRef)}
+        last = {b: k for k, st in enumerate(self.s.steps) for b in work_buffers(st.work)}
         self.inputs()
         if self.p.seed_buffer:
             self.assign(self.p.seed_buffer, "kiln_rt::random_seed(dev)")
-        for st in self.s.steps:
+        for k, st in enumerate(self.s.steps):
             for a in st.allocate:
                 self.alloc(a.buffer, a.layout, a.reuse)
             if isinstance(st.work, (Kernel, KernelGroup)):
                 self.kernel(st.work)
             else:
                 self.extern(st.work)
-            self.free([b for b in st.free if b not in reused])
+            # a buffer that took over a dead one's memory holds a second handle to it: the dead one's is
+            # dropped after the step (its last reader when the work is written over it in place), or the
+            # memory would stay held through the call once the new buffer is freed
+            taken = [a.reuse for a in st.allocate
+                     if a.reuse and a.reuse != a.buffer and a.reuse not in outputs and last.get(a.reuse, -1) <= k]
+            self.free([b for b in st.free if b not in reused] + taken)
         self.outputs()
 
     def declarations(self) -> str:
