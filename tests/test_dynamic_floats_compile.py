@@ -60,7 +60,9 @@ def test_float_argument_compiles_once_for_every_value(name, options, caplog):
     with torch.no_grad():  # wrapper='cpp' serves inference graphs
         for k, f in enumerate(VALUES):
             x = torch.randn(3, 5, dtype=torch.bfloat16 if k == len(VALUES) - 1 else torch.float32)
-            torch.testing.assert_close(cf(x, f), fn(x, f), msg=lambda m, f=f: f"value {f}: {m}")
+            # bfloat16: the fused kernel rounds once where eager rounds after every op (one bf16 ulp apart)
+            tol = {"rtol": 1.6e-2, "atol": 1e-2} if x.dtype == torch.bfloat16 else {}
+            torch.testing.assert_close(cf(x, f), fn(x, f), **tol, msg=lambda m, f=f: f"value {f}: {m}")
     s = kiln.stats()
     # the first value's constant, the symbolic float, and the bfloat16 input (a dtype recompile)
     assert s.graphs_compiled <= 3 and s.recompiles <= 2, s
