@@ -186,3 +186,41 @@ def test_adamw_step_with_a_scheduled_learning_rate(options):
             torch.testing.assert_close(a, b, msg=lambda m, i=i: f"step {i}: {m}")
     s = kiln.stats()
     assert s.graphs_compiled <= 2 and (s.graphs_run_eagerly, s.frames_run_eagerly) == (0, 0), s
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("options", [pytest.param({}, id="python_wrapper"),
+                                     pytest.param({"wrapper": "cpp"}, id="cpp_wrapper")])
+@pytest.mark.parametrize("name", sorted(PATTERNS))
+def test_float_argument_on_the_gpu(name, options, caplog):
+    """The same float streams on CUDA tensors: real Triton kernels with an fp64 scalar argument."""
+    fn = PATTERNS[name]
+    kiln.reset()
+    kiln.stats_reset()
+    cf = kiln.compile(fn, options=options)
+    caplog.set_level(logging.WARNING, logger="kiln.perf_hints")
+    with torch.device("cuda"), torch.no_grad():
+        for f in VALUES:
+            x = torch.randn(3, 5)
+            torch.testing.assert_close(cf(x, f), fn(x, f), msg=lambda m, f=f: f"value {f}: {m}")
+    s = kiln.stats()
+    assert s.graphs_compiled <= 2 and s.recompiles <= 1, s
+    assert (s.graphs_run_eagerly, s.frames_run_eagerly) == (0, 0), s
+    print(name, options, "hints:", _wrapper_hints(caplog))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_learning_rate_argument_trains_on_the_gpu():
+    kiln.reset()
+    kiln.stats_reset()
+    g = kiln.compile(step)
+    for i in range(8):
+        x = torch.randn(5, 3, device="cuda", requires_grad=True)
+        lr = 0.01 * (i + 1) + 1 / 3
+        torch.testing.assert_close(g(x, lr), step(x, lr))
+        got = torch.autograd.grad(g(x, lr).sum(), x)[0]
+        torch.testing.assert_close(got, torch.autograd.grad(step(x, lr).sum(), x)[0])
+    s = kiln.stats()
+    assert s.graphs_compiled <= 2 and (s.graphs_run_eagerly, s.frames_run_eagerly) == (0, 0), s
