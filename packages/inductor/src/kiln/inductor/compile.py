@@ -122,7 +122,7 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput], *,
         if in_cpp is not None:
             return _bind_constants(in_cpp, constants, name) if constants else in_cpp
         options = options.replace(wrapper="python")
-    backend = choose_backend(inputs, options)  # once: it picks the stage list (pipeline.py)
+    backend = choose_backend(inputs, options, lifted)  # once: it picks the stage list (pipeline.py)
     if isinstance(backend, TritonBackend) and backend.device == "cuda":
         warm_compile_pool("cuda")  # workers import while this graph is lowered
     try:

@@ -112,7 +112,7 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
     if not cuda and options.cpu_backend != "cpp":
         raise CppWrapperUnsupported("the C++ wrapper needs cpu_backend='cpp'")
     options = options.replace(memory_arena=False, **({"pad_matmuls": False} if cuda else {}))
-    backend = choose_backend(example_inputs, options)
+    backend = choose_backend(example_inputs, options, gm)
     state = CompileState(gm, tuple(example_inputs), options, name, backend)
     verify = options.verify if options.verify is not None else GRAPH_KNOBS.verify
     stages = stages_for(backend)

@@ -159,7 +159,8 @@ def reinplace(s: CompileState) -> CompileState:
 
 def lower(s: CompileState) -> CompileState:
     """The graph as a ``LoopProgram`` (lowering/, one module per op family)."""
-    program, fallbacks = lower_graph(s.gm, list(s.example_inputs), s.options, s.name)
+    device = s.backend.device if isinstance(s.backend, TritonBackend) else "cpu"
+    program, fallbacks = lower_graph(s.gm, list(s.example_inputs), s.options, s.name, device)
     text = program.as_text()
     log("ir_pre_fusion").info("%s", text)
     return replace(s, program=program, fallbacks=tuple(fallbacks)).with_text("ir_pre_fusion", text)

@@ -9,9 +9,10 @@ after it (ir/verify.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
+from torch import fx
 
 from kiln.graph import Pass
 
@@ -94,9 +95,20 @@ TRITON_STAGES: tuple[Pass[CompileState], ...] = (
 )
 
 
-def choose_backend(example_inputs: Sequence[object], options: InductorOptions) -> CppBackend | TritonBackend:
-    """Triton for CUDA inputs (real or fake: sources are generated, not run), else the CPU choice."""
-    if any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs):
+def _graph_tensors(gm: fx.GraphModule | None) -> Iterator[torch.Tensor]:
+    for node in gm.graph.nodes if gm is not None else ():
+        val = node.meta.get("val")
+        yield from (v for v in (val if isinstance(val, (list, tuple)) else (val,)) if isinstance(v, torch.Tensor))
+
+
+def choose_backend(example_inputs: Sequence[object], options: InductorOptions,
+                   gm: fx.GraphModule | None = None) -> CppBackend | TritonBackend:
+    """Triton for a graph that computes on CUDA tensors (real or fake: sources are generated, not run),
+    else the CPU choice. The graph's values count, not only its inputs: CPU inputs moved to the GPU
+    inside the graph (``x.cuda()``, NumPy under ``torch.device("cuda")``) compute there; the graph's
+    CPU-side nodes then run through ATen (lowering/lower.py)."""
+    tensors = [*(x for x in example_inputs if isinstance(x, torch.Tensor)), *_graph_tensors(gm)]
+    if any(t.device.type == "cuda" for t in tensors):
         return TritonBackend("cuda")
     if options.cpu_backend == "triton":
         return TritonBackend("cpu")

@@ -34,6 +34,7 @@ class NotLowered(Exception):
 @dataclass
 class LoweringContext:
     options: InductorOptions
+    device: str = "cpu"  # where the generated kernels run (the backend's device); other nodes run in ATen
     inputs: list[InputBuffer] = field(default_factory=list)
     nodes: list[Node] = field(default_factory=list)
     layouts: dict[str, Layout] = field(default_factory=dict)

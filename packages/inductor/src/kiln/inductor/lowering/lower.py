@@ -103,6 +103,9 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
     reason = "no lowering"
     if rule is not None and _touches_complex(node):
         rule, reason = None, "complex dtypes have no generated kernels"
+    other = _other_device(node, ctx.device) if rule is not None else None
+    if other is not None:  # a CPU node of a CUDA graph: no generated kernel may read or write its memory
+        rule, reason = None, f"it reads or makes a {other} tensor and the graph's kernels run on {ctx.device}"
     if rule is not None and name not in TAKES_SYMBOLIC_FLOATS and _has_sym_scalar((args, kwargs)):
         rule, reason = None, "its rule takes no symbolic float argument (the wrapper computes it)"
     if rule is not None:
@@ -142,9 +145,20 @@ def _touches_complex(node: fx.Node) -> bool:
                for v in vals for t in (v if isinstance(v, (list, tuple)) else (v,)))
 
 
+def _other_device(node: fx.Node, device: str) -> str | None:
+    """The device type, other than ``device``, of a tensor ``node`` reads or makes (None when none is)."""
+    vals = [node.meta.get("val")] + [a.meta.get("val") for a in node.all_input_nodes]
+    for t in (t for v in vals for t in (v if isinstance(v, (list, tuple)) else (v,))):
+        if isinstance(t, torch.Tensor) and t.device.type != device:
+            return t.device.type
+    return None
+
+
 def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: InductorOptions,
-                name: str = "graph") -> tuple[LoopProgram, list[str]]:
-    ctx = LoweringContext(options)
+                name: str = "graph", device: str = "cpu") -> tuple[LoopProgram, list[str]]:
+    """``device``: where the backend's kernels run; a node that reads or makes a tensor on another
+    device runs through ATen."""
+    ctx = LoweringContext(options, device)
     sizes = SizeTable()
     env: dict[fx.Node, Any] = {}
     outputs: list[Output] = []
