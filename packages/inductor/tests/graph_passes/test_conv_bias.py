@@ -1,7 +1,7 @@
 """Convolution bias added by the consumer's generated kernel (graph_passes/conv_bias.py).
 
 On CPU tensors the rewrite runs with ``conv_bias_devices=("cpu",)`` and the Triton backend (the
-interpreter: conftest-free, TRITON_INTERPRET=1 when there is no GPU); fake CUDA tensors show what a GPU
+interpreter: run with TRITON_INTERPRET=1 where there is no GPU); fake CUDA tensors show what a GPU
 compile generates. Each compiled program is called with fresh inputs and compared with eager; the
 structural checks read the schedule: the convolution extern gets no bias, and the program has no
 more kernels than without the rewrite. GPU tests (``-m gpu``) count ATen ``add_`` calls in the profiler.
@@ -245,3 +245,41 @@ def test_gpu_convnext_block_module_matches_eager() -> None:
             x = torch.randn(4, 3, 64, 64, device="cuda", dtype=torch.bfloat16)
             torch.testing.assert_close(compiled(x), model(x), rtol=5e-2, atol=5e-2)
         assert _aten_adds(lambda: compiled(x)) == 0
+
+
+# cubins come from triton's compiler: in a process without TRITON_INTERPRET (conftest may have set it)
+CPP_PROGRAM = """
+import sys
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+sys.path.insert(0, {tests!r})
+from tracer import trace
+from graph_passes.test_conv_bias import block_ln
+from kiln.inductor import InductorOptions
+from kiln.inductor.cpp_graph import build_cpp_graph
+with FakeTensorMode(allow_non_fake_inputs=True):
+    x = torch.empty(8, 96, 14, 14, dtype=torch.bfloat16, device="cuda").contiguous(memory_format=torch.channels_last)
+    args = [x, *(torch.empty(*s, dtype=torch.bfloat16, device="cuda") for s in ((96, 1, 7, 7), (96,), (96,), (96,)))]
+    built = build_cpp_graph(trace(block_ln, *args), args, options=InductorOptions(wrapper="cpp"), cuda_arch=90)
+print(len(built.program.cubins))
+print(built.program.wrapper_source)
+"""
+
+
+@pytest.mark.slow
+def test_cpp_wrapper_calls_the_convolution_without_bias() -> None:
+    """kiln.package / wrapper="cpp" on CUDA (built here for sm_90 from fake tensors): libtorch's convolution
+    gets an undefined bias, and the one cubin, the LayerNorm, reads the bias (input 2)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = CPP_PROGRAM.format(tests=str(Path(__file__).resolve().parents[1]))
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
+    assert r.returncode == 0, r.stderr[-4000:]
+    n_cubins, source = r.stdout.split("\n", 1)
+    assert n_cubins == "1"
+    assert "kiln_rt::convolution(arg0, arg1, kiln_rt::Tensor(), {1, 1}, {3, 3}, {1, 1}, false, {0, 0}, 96)" in source
+    (launch,) = [line for line in source.splitlines() if "launch(" in line and "k1_native_layer_norm" in line]
+    assert "arg2" in launch, launch
