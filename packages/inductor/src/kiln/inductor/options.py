@@ -74,9 +74,9 @@ class InductorOptions:
     # channels: ViT, ConvNeXt) as a matmul over the cut-out patches; channels-last half-precision stems
     # (ResNet) with input and weight zero-padded to 8 channels
     rewrite_stems: bool = True
-    # Triton backend: on these devices a convolution whose consumers are all generated kernels runs without
-    # its bias, and the bias add fuses into them (graph_passes/conv_bias.py: cuDNN adds it in a kernel of
-    # its own); ("cpu",) tests the rewrite under the Triton interpreter, () turns it off
+    # Triton backend: on these devices a convolution read by a generated kernel (and no extern) runs without
+    # its bias, and the bias add fuses into that kernel (graph_passes/conv_bias.py: cuDNN adds it in a
+    # kernel of its own); ("cpu",) tests the rewrite under the Triton interpreter, () turns it off
     conv_bias_devices: tuple[str, ...] = ("cuda",)
     # the program's intermediate buffers at planned offsets of one allocation per call
     # (scheduler/arena.py) instead of one allocator block each: kiln.compile turns it on for inference
