@@ -74,6 +74,10 @@ class InductorOptions:
     # channels: ViT, ConvNeXt) as a matmul over the cut-out patches; channels-last half-precision stems
     # (ResNet) with input and weight zero-padded to 8 channels
     rewrite_stems: bool = True
+    # Triton backend: on these devices a convolution read by a generated kernel (and no extern) runs without
+    # its bias, and the bias add fuses into that kernel (graph_passes/conv_bias.py: cuDNN adds it in a
+    # kernel of its own); ("cpu",) tests the rewrite under the Triton interpreter, () turns it off
+    conv_bias_devices: tuple[str, ...] = ("cuda",)
     # the program's intermediate buffers at planned offsets of one allocation per call
     # (scheduler/arena.py) instead of one allocator block each: kiln.compile turns it on for inference
     # graphs recorded into CUDA graphs (KILN_MEMORY_ARENA=0: off), where the pool's segment rounding
@@ -96,6 +100,8 @@ class InductorOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.cudagraph_sizes, tuple):  # a list from kiln.compile(options={...})
             object.__setattr__(self, "cudagraph_sizes", tuple(int(x) for x in self.cudagraph_sizes))
+        if not isinstance(self.conv_bias_devices, tuple):
+            object.__setattr__(self, "conv_bias_devices", tuple(self.conv_bias_devices))
         if any(x < 1 for x in self.cudagraph_sizes):
             raise ValueError(f"cudagraph_sizes={self.cudagraph_sizes!r}: buckets are sizes >= 1")
         if self.wrapper not in WRAPPERS:

@@ -19,6 +19,7 @@ from .codegen.cpp import CppBackend
 from .codegen.triton.backend import KernelTuner, TritonBackend
 from .codegen.triton.kernel import generate_kernels as triton_kernels_for
 from .codegen.wrapper import wrapper_source
+from .graph_passes.conv_bias import split_conv_bias
 from .graph_passes.conv_layout import (
     decide,
     output_strides,
@@ -133,6 +134,12 @@ def patch_convs(s: CompileState) -> CompileState:
 def pad_stems(s: CompileState) -> CompileState:
     """Channels-last half-precision stems on CUDA get 8 zero-padded channels (graph_passes/stems.py says why)."""
     return _fx_rewrite(s, s.options.rewrite_stems, pad_stem_channels)
+
+
+def conv_bias(s: CompileState) -> CompileState:
+    """Convolutions' bias adds fused into their consumers' kernels (graph_passes/conv_bias.py says why)."""
+    devices = s.options.conv_bias_devices
+    return _fx_rewrite(s, bool(devices), lambda gm: split_conv_bias(gm, devices))
 
 
 def small_matmuls(s: CompileState) -> CompileState:

@@ -24,6 +24,7 @@ from .options import InductorOptions
 from .passes import (
     CompileState,
     common_subexpressions,
+    conv_bias,
     conv_layout,
     decompose,
     fuse_and_plan,
@@ -67,8 +68,8 @@ CPP_STAGES: tuple[Pass[CompileState], ...] = (
 )
 
 # Triton kernels: CUDA tensors, or CPU tensors under the Triton interpreter (cpu_backend="triton").
-# patch_convs, pad_stems, pad_matmuls and misaligned_matmuls rewrite CUDA nodes only (cuDNN workspaces,
-# cuBLAS alignment).
+# patch_convs, pad_stems, conv_bias, pad_matmuls and misaligned_matmuls rewrite CUDA nodes only (cuDNN
+# workspaces and bias kernels, cuBLAS alignment).
 TRITON_STAGES: tuple[Pass[CompileState], ...] = (
     # graph passes (torch.fx)
     Pass("propagate_meta", lambda s, _: propagate_meta(s), "fake-tensor meta['val'] for hand-built graphs"),
@@ -77,6 +78,7 @@ TRITON_STAGES: tuple[Pass[CompileState], ...] = (
     Pass("patch_convs", lambda s, _: patch_convs(s), "CUDA patch-embedding stems as matmuls over the patches"),
     Pass("conv_layout", lambda s, _: conv_layout(s), "channels-last convolutions when options.conv_layout says"),
     Pass("pad_stems", lambda s, _: pad_stems(s), "CUDA half-precision 3-channel stems padded to 8 channels"),
+    Pass("conv_bias", lambda s, _: conv_bias(s), "CUDA convolution biases added in their consumers' kernels"),
     Pass("small_matmuls", lambda s, _: small_matmuls(s), "one-row matmuls as fused reductions"),
     Pass("pad_matmuls", lambda s, _: pad_matmuls(s), "misaligned CUDA matmuls on zero-padded operands"),
     Pass("reinplace", lambda s, _: reinplace(s), "mutated inputs' index_put written in place"),

@@ -7,6 +7,7 @@ run and on which backend):
     lift_constants      tensor constants (``get_attr``) become trailing graph inputs
     stems               CUDA image stems without cuDNN workspaces (patch convs as matmuls, padded channels)
     conv_layout         2-D convolutions and the work between them in channels-last memory
+    conv_bias           convolution biases added by the generated kernels that consume the convolution (CUDA)
     gemv_as_reduction   one-row matmuls as fused multiply-reduce (Triton)
     pad_matmuls         misaligned CUDA matmuls on zero-padded operands (``kiln_inductor::mm_padded``), except
                         those with misaligned result rows, left to matmul_templates.py's Triton template
