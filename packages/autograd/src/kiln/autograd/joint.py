@@ -215,11 +215,15 @@ def _symbol_bindings(primals: Sequence[Any]) -> tuple[tuple[str, int, int], ...]
     return tuple(out.values())
 
 
-def _mutated_inputs(rec: TracingMode, primals: list[Any], names: Sequence[str]) -> list[int]:
+def _mutated_inputs(rec: TracingMode, primals: list[Any], names: Sequence[str], differentiable: bool) -> list[int]:
+    """The inputs the graph writes. A leaf that requires grad can only have been written under no_grad (the
+    fake trace refuses it otherwise, as eager does): an optimizer's update of its parameters. That is
+    written back (under no_grad) when no gradient is traced through the graph; a graph that also has a
+    backward is refused (eager would see the write in the saved tensors' versions)."""
     out = []
     for r in rec.roots:
         if r.input_index is not None and r.mutated:
-            if primals[r.input_index].requires_grad:
+            if primals[r.input_index].requires_grad and differentiable:
                 raise AutogradTraceError(
                     f"input {names[r.input_index]!r} requires grad and is mutated in place inside the "
                     "graph; kiln.autograd does not support that yet (mutate it outside the compiled "
@@ -274,7 +278,7 @@ def _trace(gm: fx.GraphModule, example_inputs: Sequence[Any], decompositions: De
             diff, grad_inputs = tuple(False for _ in graph_outs), ()
         # else: outputs differentiable only through leaves the graph made (a module built inside
         # compiled code): a forward graph whose ``diff`` outputs require grad (compiled_call.py)
-        mutated = _mutated_inputs(rec, primals, names)
+        mutated = _mutated_inputs(rec, primals, names, differentiable=bool(grads) or any(diff))
         with torch.no_grad():
             outs: list[fx.Node | None] = [rec.node_of(o) for o in graph_outs]
             outs += [rec.aliases[id(primals[i])].root.node for i in mutated]

@@ -143,8 +143,9 @@ class CodeCache:
 
     def dynamic_policy(self, options: CaptureOptions) -> Callable[[str, torch.Tensor], frozenset[int]]:
         def policy(source: str, t: torch.Tensor | int) -> frozenset[int]:
-            if type(t) is float:  # symbolic once it has changed (note_failed_guard)
-                return frozenset({0}) if options.dynamic is not False and source in self.dynamic_floats \
+            if type(t) is float:  # symbolic once it has changed (note_failed_guard), or dynamic=True's arguments
+                return frozenset({0}) if options.dynamic is not False and source in self.dynamic_floats or \
+                    options.dynamic is True and is_argument(source) and source not in self.static_floats \
                     else frozenset()
             if type(t) is int:  # symbolic once it has changed (_note_ints, note_failed_guard)
                 if options.dynamic is True and is_argument(source) or \

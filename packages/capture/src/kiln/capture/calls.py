@@ -118,6 +118,11 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         return inline_function(frame, fn, args, kwargs)
     if isinstance(fn, types.BuiltinMethodType) and type(fn.__self__) is list and fn.__name__ == "sort":
         return frame.call(polyfills.list_sort_, [fn.__self__, *args], kwargs)  # key= may be traced
+    if isinstance(fn, types.MethodWrapperType) and fn.__name__ == "__get__" and \
+            isinstance(fn.__self__, types.FunctionType) and args and args[0] is not None:
+        # func.__get__(obj, cls): binding a Python function (an lr scheduler's wrapper of optimizer.step)
+        # reads nothing from obj; the bound method is inlined when called
+        return types.MethodType(fn.__self__, args[0])
     if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
                        types.WrapperDescriptorType, types.MethodDescriptorType,
                        types.ClassMethodDescriptorType)):

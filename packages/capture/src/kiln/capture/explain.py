@@ -111,6 +111,16 @@ def capture_graph(fn: Callable, args: tuple | list, kwargs: dict | None = None, 
         raise Unsupported(f"capture_graph needs a Python function, method or module; got {fn!r}")
     L = opt.bind(tuple(args), dict(kwargs or {}))
     cache = ctx.cache_for(opt.code)
-    cap = run_capture(opt.code, opt.f_globals, opt.closure, L, ctx.options, cache.dynamic_policy(ctx.options),
-                      cache.may_be_dynamic(L, ctx.options))
+    try:
+        cap = run_capture(opt.code, opt.f_globals, opt.closure, L, ctx.options, cache.dynamic_policy(ctx.options),
+                          cache.may_be_dynamic(L, ctx.options))
+    except Exception:
+        floats = {f"L[{n!r}]" for n, v in L.items() if type(v) is float}
+        if dynamic is not True or not floats:
+            raise
+        # dynamic=True made the float arguments symbolic and one met an operation with no graph form
+        # (``round(s * 100)``): they are constants of the capture, as kiln.compile does (optimize.py)
+        cache.static_floats |= floats
+        cap = run_capture(opt.code, opt.f_globals, opt.closure, L, ctx.options, cache.dynamic_policy(ctx.options),
+                          cache.may_be_dynamic(L, ctx.options))
     return cap.captured

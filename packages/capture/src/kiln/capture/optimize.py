@@ -53,6 +53,7 @@ from .pinned_layouts import EPOCH, PinnedLayouts, pinned_layouts
 from .pipeline import compile_capture, frame_name, needs_backend
 from .python_step import CAN_RUN, NEXT, execute_in_python
 from .resume import make_resume_function
+from .sources import local_source
 
 _ALL_CONTEXTS: weakref.WeakSet = weakref.WeakSet()
 
@@ -312,14 +313,16 @@ class Optimized:
             except Unsupported:
                 raise
             except Exception:
-                if not cache.dynamic_floats:
+                symbolic = cache.dynamic_floats | ({local_source(n) for n, v in L.items() if type(v) is float}
+                                                   - cache.static_floats if options.dynamic is True else set())
+                if not symbolic:
                     raise
                 # Note: a symbolic float met an operation with no graph form (``round(s * 100)``): its
                 # sources are constants again (a graph per value, as before they changed)
                 if enabled("recompiles"):
                     log("recompiles").info("%s: capture with symbolic floats failed; they are constants again",
-                                           ", ".join(sorted(cache.dynamic_floats)))
-                cache.static_floats |= cache.dynamic_floats
+                                           ", ".join(sorted(symbolic)))
+                cache.static_floats |= symbolic
                 cache.dynamic_floats.clear()
                 cap = self._capture(L, G, cache, options)
         except Unsupported:

@@ -95,3 +95,21 @@ def reduce_(fn, iterable, *initial):
     for x in it:
         acc = fn(acc, x)
     return acc
+
+
+def add_quotient_(self, tensor1, tensor2, value, inplace):
+    """``self.addcdiv(_)(tensor1, tensor2, value=t)`` with a tensor ``t`` (Adam's step size when the step
+    count is a tensor): the op's Scalar ``value`` would read ``t`` into Python; as tensor ops it stays
+    in the graph (what PyTorch's compiler does too)."""
+    import torch
+
+    update = torch.div(tensor1, tensor2) * value
+    return self.add_(update) if inplace else torch.add(self, update)
+
+
+def add_product_(self, tensor1, tensor2, value, inplace):
+    """``self.addcmul(_)(tensor1, tensor2, value=t)`` with a tensor ``t``, as tensor ops (add_quotient_)."""
+    import torch
+
+    update = torch.mul(tensor1, tensor2) * value
+    return self.add_(update) if inplace else torch.add(self, update)

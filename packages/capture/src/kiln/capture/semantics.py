@@ -96,9 +96,9 @@ def load_attr(frame: Frame, obj: Any, name: str) -> Any:
         if isinstance(static, types.FunctionType) and name not in getattr(obj, "__dict__", {}):
             return types.MethodType(static, obj)
         value = getattr(obj, name)
-        if isinstance(value, (types.MethodType, types.BuiltinMethodType)) and \
+        if isinstance(value, (types.MethodType, types.BuiltinMethodType, types.MethodWrapperType)) and \
                 getattr(value, "__self__", None) is obj:
-            return value  # a method bound to a guarded object: nothing more to guard
+            return value  # a method bound to a guarded object (``func.__get__`` too): nothing more to guard
         if isinstance(obj, type) and isinstance(value, (types.FunctionType, types.MethodType, type)):
             return value
         return tracer.wrap(value, attr_source(src, name) if src else None)
@@ -164,6 +164,10 @@ def tensor_attr(frame: Frame, t: torch.Tensor, name: str) -> Any:
         return tracer.record("call_function", getattr, (t, name), {}, lambda: getattr(t, name))
     if name == "data":
         return tracer.record("call_method", "detach", (t,), {}, lambda: t.detach())
+    if name == "grad":
+        grad = input_grad(tracer, t)
+        if grad is not NOT_AN_INPUT:
+            return grad
     if name in ("grad", "grad_fn", "_base"):
         raise GraphBreak(f"Tensor.{name} is not supported inside a graph")
     static = lookup_static(type(t), name)
@@ -172,6 +176,23 @@ def tensor_attr(frame: Frame, t: torch.Tensor, name: str) -> Any:
     if not hasattr(torch.Tensor, name):
         raise AttributeError(f"'Tensor' object has no attribute {name!r}")
     raise GraphBreak(f"unsupported tensor attribute {name!r}")
+
+
+NOT_AN_INPUT = object()
+
+
+def input_grad(tracer: Any, t: torch.Tensor) -> Any:
+    """``p.grad`` of a graph input (a parameter an optimizer updates): the real tensor's ``.grad`` read
+    through its source (``L['p'].grad``), a graph input of its own, or None (guarded). Nothing inside a
+    graph writes ``.grad`` (``backward()`` breaks the graph, assigning ``.grad`` breaks it), so the value
+    read when the graph starts is the value at this point. NOT_AN_INPUT for a tensor computed in the graph."""
+    source = tracer.input_source_of_fake.get(id(t))
+    if source is None:
+        return NOT_AN_INPUT
+    real = next((i.value for i in tracer.inputs if i.fake is t), None)
+    if not isinstance(real, torch.Tensor):
+        return NOT_AN_INPUT
+    return tracer.wrap(real.grad, attr_source(source, "grad"))
 
 
 def store_attr(frame: Frame, obj: Any, name: str, value: Any) -> None:
@@ -220,6 +241,8 @@ def getitem(frame: Frame, obj: Any, key: Any) -> Any:
             fast = fast_getitem(obj, key)  # basic indexing: one as_strided instead of a chain of views
             return obj[key] if fast is None else fast
         return tracer.record("call_function", operator.getitem, (obj, key), {}, index)
+    if isinstance(key, torch.Tensor) and isinstance(obj, dict) and tracer.source_of.get(id(obj)) is not None:
+        return tensor_keyed_item(frame, obj, key)
     if is_traced(key) and not isinstance(key, torch.SymInt):
         raise GraphBreak("indexing a Python container with a tensor")
     if isinstance(obj, (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)):
@@ -254,6 +277,24 @@ def getitem(frame: Frame, obj: Any, key: Any) -> Any:
     value = obj[key]
     check_tracked(frame, value, "item")
     return value
+
+
+def tensor_keyed_item(frame: Frame, obj: dict, key: torch.Tensor) -> Any:
+    """``d[p]`` where ``d`` comes from outside the compiled code and ``p`` is a graph input (an optimizer's
+    ``state[p]``): the value read through ``d.get(<p's source>)``, guarded like any other read (a missing
+    key is guarded as None; ``get`` never runs a defaultdict's factory while checking guards)."""
+    tracer = frame.tracer
+    key_source = tracer.input_source_of_fake.get(id(key))
+    real = next((i.value for i in tracer.inputs if i.fake is key), None) if key_source is not None else None
+    if real is None:
+        raise GraphBreak("indexing a Python container with a tensor computed in the graph")
+    source = f"{tracer.source_of[id(obj)]}.get({key_source})"
+    value = dict.get(obj, real)
+    if value is None:
+        tracer.wrap(None, source)  # this entry serves calls where the key is still missing
+        raise GraphBreak(f"{type(obj).__name__}[tensor] creates the entry of a tensor not in it yet (an optimizer's "
+                         "state on its first step)", "that call runs in Python; later ones are captured")
+    return tracer.wrap(value, source)
 
 
 def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:

@@ -3,6 +3,8 @@ printed as Python expressions over symbol names (GuardSet's SHAPE_EXPR kind eval
 
 from __future__ import annotations
 
+import math
+
 from kiln.graph import Guard, py_expr
 
 STRIDE_NOTE = "input stride"  # the note of a relation pinning an input's symbolic stride (tracer.py)
@@ -19,12 +21,15 @@ def shape_guards(shape_env, symbol_sources: dict[str, list[str]]) -> list[Guard]
     for sym, vr in shape_env.var_to_range.items():
         if str(sym) not in symbol_sources:
             continue
+        is_float = bool(getattr(vr, "is_float", False))  # a float argument's symbol: bounds are floats
         for bound, op in ((vr.lower, ">="), (vr.upper, "<=")):
             try:
-                value = int(bound)
+                value: int | float = float(bound) if is_float else int(bound)
             except Exception:  # infinite bounds (int_oo) have no integer value
                 continue
-            out.append(Guard("", "SHAPE_EXPR", f"{sym} {op} {value}", "size range"))
+            if is_float and not math.isfinite(value):
+                continue
+            out.append(Guard("", "SHAPE_EXPR", f"{sym} {op} {value!r}", "size range"))
     seen: set[str] = set()
     for g in shape_env.guards:
         text = py_expr(g.expr)

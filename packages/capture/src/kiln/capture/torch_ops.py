@@ -9,6 +9,7 @@ import torch
 
 from kiln.graph import is_pure_op
 
+from . import polyfills
 from .errors import GraphBreak
 from .numpy_trace import tensor_to_numpy
 from .semantics import contains_traced
@@ -121,6 +122,22 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     return tracer.record("call_function", fn, tuple(args), dict(kwargs), lambda: fn(*args, **kwargs))
 
 
+_TENSOR_VALUE_POLYFILLS = {"addcdiv": polyfills.add_quotient_, "addcdiv_": polyfills.add_quotient_,
+                           "addcmul": polyfills.add_product_, "addcmul_": polyfills.add_product_}
+
+
+def _tensor_value_polyfill(name: str, args: list, kwargs: dict) -> tuple[Any, list] | None:
+    """addcdiv/addcmul given a tensor ``value``: (the polyfill, [tensor1, tensor2, value]), else None."""
+    polyfill = _TENSOR_VALUE_POLYFILLS.get(name)
+    if polyfill is None:
+        return None
+    operands = [*args, *(kwargs[k] for k in ("tensor1", "tensor2", "value") if k in kwargs)]
+    if len(operands) != 3 or len(kwargs) > 3 or not isinstance(operands[2], torch.Tensor) or \
+            any(k not in ("tensor1", "tensor2", "value") for k in kwargs):
+        return None
+    return polyfill, operands
+
+
 def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: dict) -> Any:
     tracer = frame.tracer
     if name == "numpy" and not kwargs.get("force", False):
@@ -128,6 +145,10 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
     if name in DATA_DEPENDENT_METHODS:
         raise GraphBreak(f"data-dependent operation Tensor.{name}()",
                          "move it out of the compiled region, or accept the graph break")
+    tensor_value = _tensor_value_polyfill(name, args, kwargs)
+    if tensor_value is not None:
+        polyfill, operands = tensor_value
+        return frame.call(polyfill, [t, *operands, name.endswith("_")], {})
     method = getattr(t, name)
     if name in META_METHODS:
         with tracer.fake_mode:

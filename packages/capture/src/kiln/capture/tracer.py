@@ -250,7 +250,7 @@ class Tracer:
             copy, real = self.copies_by_id[id(value)]
             if real is value:  # Note: aliasing is assumed, not guarded (as PyTorch's compiler does)
                 return copy
-        if t is tuple and _constant_tuple(value):
+        if t is tuple and _constant_tuple(value) and not self._has_dynamic_float(value, source):
             # one guard for a constant tuple (a conv's stride): EQUALS_MATCH compares every item's
             # type too, so it stands for TYPE_MATCH + LENGTH_MATCH + a guard per item
             self.add_guard(source, "EQUALS_MATCH", value)
@@ -307,6 +307,13 @@ class Tracer:
         if state_in_c(value):
             self.opaque.add(id(value))  # only its type is guarded: no computing on it (foreign.py)
         return value
+
+    def _has_dynamic_float(self, value: tuple, source: str) -> bool:
+        """A float item of a constant tuple that changed between calls (Adam's ``betas`` under OneCycleLR):
+        the tuple is guarded item by item, so that item is a symbolic float (automatic dynamic)."""
+        return self.shape_env is not None and any(
+            type(v) is float and math.isfinite(v) and self.dynamic_policy(item_source(source, i), v)
+            for i, v in enumerate(value))
 
     def note_module_call(self, module: nn.Module) -> None:
         self.call_paths.setdefault(id(module), call_path(module))

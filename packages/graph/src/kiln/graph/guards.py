@@ -162,14 +162,22 @@ class GuardSet:
         dynamic makes them all symbolic at once (an optimizer step's lr and bias corrections)."""
         out = []
         for g in self.guards:
-            if g.kind != "EQUALS_MATCH" or type(g.expected) is not float:
+            if g.kind != "EQUALS_MATCH" or not (type(g.expected) is float or _float_tuple(g.expected)):
                 continue
             try:
                 ok, _ = _check_one(g, L, G, {})
+                now = eval(g.source, {"L": L, "G": G}) if not ok and type(g.expected) is tuple else None  # noqa: S307
             except Exception:  # noqa: BLE001 - a source that no longer resolves: not a changed float
                 continue
-            if not ok:
+            if ok:
+                continue
+            if type(g.expected) is float:
                 out.append(g)
+            elif isinstance(g.expected, tuple) and type(now) is tuple and len(now) == len(g.expected):
+                # a float in a tuple (Adam's betas under OneCycleLR): the items that changed
+                out += [Guard(f"{g.source}[{i}]", "EQUALS_MATCH", was, g.note)
+                        for i, (was, v) in enumerate(zip(g.expected, now))
+                        if type(was) is float and type(v) is float and v != was]
         return out
 
 
@@ -178,6 +186,10 @@ def _describe(v: object) -> str:
         kind = "" if plain_tensor(v) else f"a {type(v).__name__} (a tensor subclass) "
         return kind + repr(tensor_expectation(v))
     return repr(v)
+
+
+def _float_tuple(value: Any) -> bool:
+    return type(value) is tuple and any(type(v) is float for v in value)
 
 
 def _check_one(g: Guard, L: Mapping[str, Any], G: Mapping[str, Any],
