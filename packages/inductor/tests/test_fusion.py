@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
-from helpers import check, n_kernels
+from helpers import assert_close, check, compile_fn, n_kernels
 
 from kiln.inductor import InductorOptions
 
@@ -123,3 +124,40 @@ def test_residual_stream_is_stored_not_resummed() -> None:
     assert kernel_lines
     most = max(ln.count("data_ptr") + ln.count("arg") for ln in kernel_lines)
     assert most <= 8, max(kernel_lines, key=len)
+
+
+def _rotary_attention_prep(inv_freq, positions, q, k):
+    """Llama's rotary embedding as transformers computed it (position x inverse frequency as a bmm with an
+    inner size of 1), applied to q and k viewed [B, H, S, D] from [B, S, H * D]."""
+    b, s, _ = q.shape
+    freqs = (inv_freq[None, :, None].float().expand(b, -1, 1) @ positions[:, None, :].float()).transpose(1, 2)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos().to(q.dtype)[:, None], emb.sin().to(q.dtype)[:, None]
+
+    def rotate_half(x):
+        return torch.cat((-x[..., x.shape[-1] // 2:], x[..., : x.shape[-1] // 2]), dim=-1)
+    q, k = (t.view(b, s, -1, inv_freq.shape[0] * 2).transpose(1, 2) for t in (q, k))
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_rotary_outer_product_bmm_fuses_into_one_pointwise_kernel(backend: str) -> None:
+    # the [B, D/2, 1] @ [B, 1, S] bmm is a broadcast multiply: no extern, no transposed read of its result,
+    # so q and k are one 1-D kernel (as an extern, each layer's kernel read it transposed as a 2-D tile)
+    b, s, h, d = 2, 16, 2, 8
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, d, 2).float() / d))
+    positions = torch.arange(s).repeat(b, 1)
+    q, k = torch.randn(b, s, h * d), torch.randn(b, s, h * d)
+    options = InductorOptions(strict_lowering=True, cpu_backend=backend)
+    cg = compile_fn(_rotary_attention_prep, inv_freq, positions, q, k, options=options)
+    assert "bmm" not in _call_body(cg)
+    assert n_kernels(cg) == 1
+    if backend == "triton":
+        assert "YBLOCK" not in cg.texts["output_code"]
+    for _ in range(3):  # fresh inputs each call
+        q, k = torch.randn(b, s, h * d), torch.randn(b, s, h * d)
+        positions = torch.randint(0, 100, (b, s))
+        got = cg.fn(inv_freq, positions, q, k)
+        want = _rotary_attention_prep(inv_freq, positions, q, k)
+        for g, w in zip(got, want):
+            assert_close(g, w, atol=1e-4, rtol=1e-4)

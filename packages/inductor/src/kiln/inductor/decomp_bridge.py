@@ -32,8 +32,16 @@ def inductor_decompositions() -> _decomp.DecompTable:
     meta-package's backend hands kiln.autograd to apply while tracing (the graphs it traces then say
     so, and ``decompose`` below does not re-run the table on them)."""
     table = _decomp.table("inductor")
-    return _decomp.DecompTable(TABLE_NAME, [e for e in table.entries() if target_name(e.op) not in LOWERINGS],
-                               None)
+    return _decomp.DecompTable(TABLE_NAME, [e for e in table.entries() if target_name(e.op) not in LOWERINGS
+                                            or target_name(e.op) in _REWRITES_BEFORE_LOWERING], None)
+
+
+# Ops inductor lowers (as an extern call) whose ``inductor`` table rule is a performance rewrite that applies
+# in a narrow case and otherwise leaves the op to its lowering: bmm with an inner size of 1 is an outer
+# product, a broadcast multiply that fuses into its consumers (Llama's rotary frequencies, position x
+# inverse frequency: as an extern its [B, D/2, S] result was read transposed by every layer's q/k
+# kernel, which then ran as a 2-D tile, 2.6x torch.compile's time on an H200).
+_REWRITES_BEFORE_LOWERING = frozenset({"aten.bmm.default"})
 
 
 def decompose(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
