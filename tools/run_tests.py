@@ -5,9 +5,10 @@ shadowing each other. ``KILN_TEST_ROOTS`` (comma-separated) runs only those root
 prints the root's slowest tests (from its junit report), and at the end one line with the totals:
 ``N passed, N failed, N skipped``.
 
-The workers get whole files (``--dist loadfile``), longest first (tools/pytest_order.py, from the seconds
-per file in tools/test_durations.json): a file's module-scoped fixtures are built once, and no long file
-is left running alone at the end of a root. ``--record-durations`` (before any pytest arguments)
+The workers get the longest files first (tools/pytest_order.py, from the seconds per file in
+tools/test_durations.json), and a file with a module-scoped fixture goes whole to one worker
+(``--dist loadgroup``): that fixture is built once, and no long file is left running alone at the end
+of a root. ``--record-durations`` (before any pytest arguments)
 rewrites that table's entries for the roots run.
 """
 
@@ -89,7 +90,7 @@ def main(argv: list[str]) -> int:
             junit = Path(tmp) / f"{i}.xml"
             t0 = time.perf_counter()
             cmd = [sys.executable, "-m", "pytest", root, "-q", "-n", workers, "-m", markers,
-                   "--dist", "loadfile", "--no-loadscope-reorder", "-p", "pytest_order",
+                   "--dist", "loadgroup", "--no-loadscope-reorder", "-p", "pytest_order",
                    "-p", "no:cacheprovider", f"--junitxml={junit}", "-o", "junit_family=xunit1", *argv]
             rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
             seconds.update(_file_seconds(junit))
