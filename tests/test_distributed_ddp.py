@@ -119,9 +119,20 @@ def ddp_scenarios(rank: int, world: int, backend: str, scenarios: tuple[str, ...
     return {s: ddp_scenario(rank, world, s, backend) for s in scenarios}
 
 
+def file_rank(rank: int, world: int) -> dict:
+    """Every aot_eager scenario, and the plain one with kiln.inductor (``"inductor"``): one rank job."""
+    return {"aot_eager": ddp_scenarios(rank, world, "aot_eager", SCENARIOS),
+            "inductor": ddp_scenarios(rank, world, "inductor", ("plain",))}
+
+
 @pytest.fixture(scope="module")
-def aot_eager_results(run_ranks):
-    return run_ranks(ddp_scenarios, "aot_eager", SCENARIOS)  # one spawn for all scenarios
+def results(run_ranks):
+    return run_ranks(file_rank, timeout=600)  # one spawn for all scenarios; inductor compiles C++
+
+
+@pytest.fixture(scope="module")
+def aot_eager_results(results):
+    return [by_backend["aot_eager"] for by_backend in results]
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -137,9 +148,8 @@ def test_ddp_matches_eager_ddp_every_step(aot_eager_results, scenario):
             assert r["early"] and all(r["early"]), r["early"]  # all-reduced) before the first's exists
 
 
-def test_ddp_inductor_matches_eager_ddp(run_ranks):
-    results = run_ranks(ddp_scenarios, "inductor", ("plain",), timeout=420)
-    for by_scenario in results:
+def test_ddp_inductor_matches_eager_ddp(results):
+    for by_scenario in (by_backend["inductor"] for by_backend in results):
         r = by_scenario["plain"]
         assert max(r["diffs"]) < 1e-4, r["diffs"]
         assert min(r["local_diffs"]) > 1e-3

@@ -6,8 +6,10 @@ compiled; a module outside torch.nn with DTensor parameters runs eagerly, logged
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -46,6 +48,22 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+@contextlib.contextmanager
+def _logs() -> Iterator[list[str]]:
+    """The graph_breaks and distributed log lines written inside the block (each scenario its own: the
+    scenarios share one rank job)."""
+    lines = _Lines()
+    kiln.set_logs("graph_breaks", "distributed")
+    loggers = [logging.getLogger("kiln.graph_breaks"), logging.getLogger("kiln.distributed")]
+    for logger in loggers:
+        logger.addHandler(lines)
+    try:
+        yield lines.lines
+    finally:
+        for logger in loggers:
+            logger.removeHandler(lines)
+
+
 def tp_rank(rank: int, world: int, backend: str) -> dict:
     mesh = init_device_mesh("cpu", (world,))
     torch.manual_seed(0)
@@ -54,31 +72,39 @@ def tp_rank(rank: int, world: int, backend: str) -> dict:
     plan = {"up": ColwiseParallel(), "down": RowwiseParallel()}
     parallelize_module(model, mesh, plan)
     parallelize_module(twin, mesh, plan)
-    lines = _Lines()
-    kiln.set_logs("graph_breaks", "distributed")
-    logging.getLogger("kiln.graph_breaks").addHandler(lines)
-    logging.getLogger("kiln.distributed").addHandler(lines)
-    compiled = kiln.compile(model, backend=backend)
-    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin)]
-    out_diffs, grad_diffs = [], []
-    for step in range(STEPS):
-        x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))  # the same on both ranks
-        a, b = compiled(x), twin(x)
-        out_diffs.append((_full(a) - _full(b)).abs().max().item())
-        a.square().mean().backward()
-        b.square().mean().backward()
-        grad_diffs.append(max((_full(p.grad) - _full(q.grad)).abs().max().item()
-                              for p, q in zip(model.parameters(), twin.parameters())))
-        for opt in opts:
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+    with _logs() as lines:
+        compiled = kiln.compile(model, backend=backend)
+        opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, twin)]
+        out_diffs, grad_diffs = [], []
+        for step in range(STEPS):
+            x = torch.randn(4, 8, generator=torch.Generator().manual_seed(step))  # the same on both ranks
+            a, b = compiled(x), twin(x)
+            out_diffs.append((_full(a) - _full(b)).abs().max().item())
+            a.square().mean().backward()
+            b.square().mean().backward()
+            grad_diffs.append(max((_full(p.grad) - _full(q.grad)).abs().max().item()
+                                  for p, q in zip(model.parameters(), twin.parameters())))
+            for opt in opts:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
     hits = sum(e.hits for cache in compiled._compiled_forward._kiln_context.caches.values() for e in cache.entries)
-    return {"out": out_diffs, "grads": grad_diffs, "hits": hits, "log": lines.lines}
+    return {"out": out_diffs, "grads": grad_diffs, "hits": hits, "log": lines}
+
+
+def scenarios_rank(rank: int, world: int) -> dict:
+    """Every scenario of this file in one rank job (one spawn of the ranks, not one per test)."""
+    return {"tp": tp_rank(rank, world, "inductor"), "user_module": user_module_rank(rank, world),
+            "collective": collective_rank(rank, world, "inductor")}
+
+
+@pytest.fixture(scope="module")
+def results(run_ranks):
+    return run_ranks(scenarios_rank, timeout=900)  # kiln.inductor compiles (C++) on a shared host
 
 
 @pytest.mark.slow  # kiln.inductor compiles each rank's programs (C++): default Python only
-def test_tensor_parallel_matches_eager(run_ranks):
-    for r in run_ranks(tp_rank, "inductor", timeout=420):
+def test_tensor_parallel_matches_eager(results):
+    for r in (by_scenario["tp"] for by_scenario in results):
         assert max(r["out"]) < 1e-5 and max(r["grads"]) < 1e-5, (r["out"], r["grads"])
         assert r["hits"] >= STEPS - 1  # the plain part (LayerNorm, relu, scale) ran compiled
         local = [m for m in r["log"] if "compiled as a local program" in m]
@@ -108,20 +134,19 @@ def user_module_rank(rank: int, world: int) -> dict:
     twin = Scale()
     for m in (model, twin):
         m.w = nn.Parameter(DTensor.from_local(torch.ones(8), mesh, [Replicate()]))
-    lines = _Lines()
-    kiln.set_logs("graph_breaks", "distributed")
-    logging.getLogger("kiln.graph_breaks").addHandler(lines)
-    logging.getLogger("kiln.distributed").addHandler(lines)
-    compiled = kiln.compile(model, backend="aot_eager")
-    diffs = []
-    for step in range(3):
-        x = DTensor.from_local(torch.randn(4, 8, generator=torch.Generator().manual_seed(step)), mesh, [Replicate()])
-        diffs.append((compiled(x) - twin(x)).full_tensor().abs().max().item())
-    return {"diffs": diffs, "log": lines.lines}
+    with _logs() as lines:
+        compiled = kiln.compile(model, backend="aot_eager")
+        diffs = []
+        for step in range(3):
+            x = DTensor.from_local(torch.randn(4, 8, generator=torch.Generator().manual_seed(step)), mesh,
+                                   [Replicate()])
+            diffs.append((compiled(x) - twin(x)).full_tensor().abs().max().item())
+    return {"diffs": diffs, "log": lines}
 
 
-def test_user_module_over_dtensors_runs_eagerly(run_ranks):
-    for r in run_ranks(user_module_rank):
+@pytest.mark.slow  # shares the rank job of this file's inductor scenarios: default Python only
+def test_user_module_over_dtensors_runs_eagerly(results):
+    for r in (by_scenario["user_module"] for by_scenario in results):
         assert max(r["diffs"]) == 0.0, r["diffs"]
         assert not any("local program" in m for m in r["log"])
         assert any("tensor subclasses" in m and "DTensor" in m for m in r["log"]), r["log"]
@@ -137,25 +162,22 @@ def collective_rank(rank: int, world: int, backend: str) -> dict:
     for m in (model, twin):
         m.weight = nn.Parameter(distribute_tensor(m.weight.detach(), mesh, [Shard(0)]))
         m.bias = nn.Parameter(distribute_tensor(m.bias.detach(), mesh, [Replicate()]))
-    lines = _Lines()
-    kiln.set_logs("graph_breaks", "distributed")
-    logging.getLogger("kiln.graph_breaks").addHandler(lines)
-    logging.getLogger("kiln.distributed").addHandler(lines)
-    compiled = kiln.compile(model, backend=backend)
-    out_diffs, grad_diffs = [], []
-    for step in range(STEPS):
-        full = torch.randn(4, 8, generator=torch.Generator().manual_seed(step)) * (rank + 1)
-        x = distribute_tensor(full, mesh, [Shard(1)])
-        a, b = compiled(x), twin(x)
-        out_diffs.append((a.full_tensor() - b.full_tensor()).abs().max().item())
-        (a.full_tensor() * full.sum()).square().mean().backward()
-        (b.full_tensor() * full.sum()).square().mean().backward()
-        grad_diffs.append(max((p.grad.full_tensor() - q.grad.full_tensor()).abs().max().item()
-                              for p, q in zip(model.parameters(), twin.parameters())))
-        for m in (model, twin):
-            m.zero_grad(set_to_none=True)
+    with _logs() as lines:
+        compiled = kiln.compile(model, backend=backend)
+        out_diffs, grad_diffs = [], []
+        for step in range(STEPS):
+            full = torch.randn(4, 8, generator=torch.Generator().manual_seed(step)) * (rank + 1)
+            x = distribute_tensor(full, mesh, [Shard(1)])
+            a, b = compiled(x), twin(x)
+            out_diffs.append((a.full_tensor() - b.full_tensor()).abs().max().item())
+            (a.full_tensor() * full.sum()).square().mean().backward()
+            (b.full_tensor() * full.sum()).square().mean().backward()
+            grad_diffs.append(max((p.grad.full_tensor() - q.grad.full_tensor()).abs().max().item()
+                                  for p, q in zip(model.parameters(), twin.parameters())))
+            for m in (model, twin):
+                m.zero_grad(set_to_none=True)
     progs = list(compiled._compiled_forward._kiln_context.dtensor_programs.values())
-    return {"out": out_diffs, "grads": grad_diffs, "log": lines.lines, "wrappers": _wrappers(progs)}
+    return {"out": out_diffs, "grads": grad_diffs, "log": lines, "wrappers": _wrappers(progs)}
 
 
 def _wrappers(progs: list) -> list[str]:
@@ -165,8 +187,8 @@ def _wrappers(progs: list) -> list[str]:
 
 
 @pytest.mark.slow  # kiln.inductor compiles each rank's programs (C++): default Python only
-def test_collective_inside_a_dtensor_frame_is_a_graph_node(run_ranks):
-    for r in run_ranks(collective_rank, "inductor", timeout=420):
+def test_collective_inside_a_dtensor_frame_is_a_graph_node(results):
+    for r in (by_scenario["collective"] for by_scenario in results):
         assert max(r["out"]) < 1e-5 and max(r["grads"]) < 1e-5, (r["out"], r["grads"])
         local = [m for m in r["log"] if "compiled as a local program" in m]
         assert len(local) == 1 and "(0 collectives)" not in local[0], r["log"]
