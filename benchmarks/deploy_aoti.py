@@ -20,6 +20,7 @@ Model, weights and inputs come from :func:`load_model` with the same seeds as in
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import importlib
 import json
 import statistics
@@ -134,6 +135,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--iters", type=int, default=10)
     args = ap.parse_args()
+    faulthandler.enable()  # a crash in torch's loader leaves its trace in the log the parent quotes
     if any(m == "kiln" or m.startswith("kiln.") for m in sys.modules):  # the point of this process
         raise SystemExit("deploy_aoti: kiln is imported in AOTInductor's process")
     if args.threads:
