@@ -15,13 +15,17 @@ Each workload runs in its own process with the three backends side by side, time
 (``--rounds`` rounds; each round times a few back-to-back calls of eager, then kiln, then
 torch.compile) so that load from other processes on a shared machine hits all three alike. Reported:
 us per call (median over rounds, and the minimum), speedup over eager, kiln's speed relative to
-torch.compile (the ratio of medians), compile seconds and the max error against eager.
+torch.compile (the ratio of medians), the CPU time per call (the process's, all threads; median over
+rounds) and its ratio torch.compile / kiln (on a shared machine the steadier figure: wall time follows how
+much of the cores other processes leave), compile seconds and the max error against eager.
 Targets (CPU, default threads): kiln >= torch.compile on every workload.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import resource
 import statistics
 import sys
 import time
@@ -81,7 +85,7 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
 
 def _sizes(n: int, seed: int) -> list[tuple[int, ...]]:
     g = torch.Generator().manual_seed(seed)
-    shapes = []
+    shapes: list[tuple[int, ...]] = []
     for i in range(n):  # a mix of matrices, vectors and scalars-ish, as in a real model
         a = int(torch.randint(16, 512, (1,), generator=g))
         shapes.append((a,) if i % 3 == 0 else (a, int(torch.randint(8, 256, (1,), generator=g))))
@@ -134,6 +138,13 @@ def _compile_one(backend: str, fn: Callable, args: list[Any], mutates: bool, exp
                  "mismatch": err.count_mismatch}
 
 
+def _cpu_s() -> float:
+    """CPU seconds of this process, every thread (OpenMP's too): on a shared machine wall time depends on
+    how much of the cores the other processes leave; the CPU a call burns much less."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def measure(*, backends: list[str], workload: str, small: bool, device: str, calls: int,
             rounds: int, kiln_backend: str, tc_backend: str) -> dict[str, Any]:
     """Child process: one workload under every backend, timed interleaved round by round."""
@@ -148,12 +159,15 @@ def measure(*, backends: list[str], workload: str, small: bool, device: str, cal
         if run is not None:
             runs[backend] = (run, own)
     times: dict[str, list[float]] = {b: [] for b in runs}
+    cpu: dict[str, list[float]] = {b: [] for b in runs}
     for _ in range(rounds):
         for backend, (run, own) in runs.items():
-            times[backend].append(M.us_per_call(lambda r=run, a=own: r(*a), calls=calls, repeats=1))
+            c0 = _cpu_s()
+            times[backend].append(M.us_per_call(functools.partial(run, *own), calls=calls, repeats=1))
+            cpu[backend].append((_cpu_s() - c0) / calls * 1e6)
     for backend, ts in times.items():
         us = statistics.median(ts)
-        rows[backend].update(us=us, us_min=min(ts), rounds=len(ts),
+        rows[backend].update(us=us, us_min=min(ts), rounds=len(ts), cpu_us=statistics.median(cpu[backend]),
                              compile_s=max(0.0, rows[backend]["first_call_s"] - us * 1e-6))
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -187,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                                                     f"{fmt(row['us'], 1)} us"))
         sp = _speedups(results, workload)
         print(f"{workload:<16} " + " | ".join(cells)
-              + f" | kiln / torch.compile speed {fmt(sp['kiln_vs_tc'])}", flush=True)
+              + f" | kiln / torch.compile speed {fmt(sp['kiln_vs_tc'])}, CPU {fmt(sp['kiln_vs_tc_cpu'])}", flush=True)
     body = _table(results, args.workloads)
     why = _chart(args.out / "cpu_fused.png", results, args.workloads, info)
     md = write_micro(args.out, "cpu_fused", "Fused workloads: us per call and speedup over eager",
@@ -202,13 +216,14 @@ def _speedups(results: list[dict], workload: str) -> dict[str, float | None]:
     eager = rows.get("eager", {}).get("us")
     out = {b: ratio(eager, rows.get(b, {}).get("us")) for b in ("kiln", "torch_compile")}
     out["kiln_vs_tc"] = ratio(rows.get("torch_compile", {}).get("us"), rows.get("kiln", {}).get("us"))
+    out["kiln_vs_tc_cpu"] = ratio(rows.get("torch_compile", {}).get("cpu_us"), rows.get("kiln", {}).get("cpu_us"))
     return out
 
 
 def _table(results: list[dict], workloads: list[str]) -> str:
     headers = ["workload", "eager us", "kiln us", "torch.compile us", "kiln x", "torch.compile x",
-               "kiln / tc speed", "min us (eager / kiln / tc)", "compile s (kiln / tc)",
-               "max rel err (kiln / tc)"]
+               "kiln / tc speed", "min us (eager / kiln / tc)", "CPU us per call (kiln / tc)", "kiln / tc CPU",
+               "compile s (kiln / tc)", "max rel err (kiln / tc)"]
     body: list[list[Any]] = []
     for w in workloads:
         rows = {r["backend"]: r for r in results if r["workload"] == w}
@@ -221,12 +236,14 @@ def _table(results: list[dict], workloads: list[str]) -> str:
         body.append([w, cell(e, "us"), cell(k, "us"), cell(t, "us"), fmt(sp["kiln"]),
                      fmt(sp["torch_compile"]), fmt(sp["kiln_vs_tc"]),
                      " / ".join(fmt(r.get("us_min"), 1) for r in (e, k, t)),
+                     f"{fmt(k.get('cpu_us'), 1)} / {fmt(t.get('cpu_us'), 1)}", fmt(sp["kiln_vs_tc_cpu"]),
                      f"{fmt(k.get('compile_s'))} / {fmt(t.get('compile_s'))}",
                      f"{fmt(k.get('max_rel'))} / {fmt(t.get('max_rel'))}"])
     sps = [_speedups(results, w) for w in workloads]
     body.append(["**geomean**", "", "", "", geomean_cell([s["kiln"] for s in sps]),
                  geomean_cell([s["torch_compile"] for s in sps]),
-                 geomean_cell([s["kiln_vs_tc"] for s in sps]), "", "", ""])
+                 geomean_cell([s["kiln_vs_tc"] for s in sps]), "", "", geomean_cell([s["kiln_vs_tc_cpu"] for s in sps]),
+                 "", ""])
     return markdown_table(headers, body)
 
 
