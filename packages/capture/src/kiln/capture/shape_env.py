@@ -169,7 +169,7 @@ class CaptureShapeEnv(ShapeEnv):
         # returned with no guard: the trace takes the path it would have taken with the guard
         hint = sym_node.hint
         if (type(hint) is bool and self.may_be_one and expr.free_symbols and expr.free_symbols <= self.may_be_one
-                and _answer_is_free(self)):
+                and _answer_is_free(self, fallback_value is not None)):
             return sympy.true if hint else sympy.false
         return super().evaluate_sym_node(sym_node, size_oblivious, fallback_value)
 
@@ -180,16 +180,23 @@ def _is_size_source(source: Any) -> bool:
     return prop is not None and getattr(prop, "name", None) == "SIZE"
 
 
-def _answer_is_free(env: ShapeEnv) -> bool:
+def _answer_is_free(env: ShapeEnv, guard_or: bool) -> bool:
     """Whether the size question being evaluated comes from a rule of ``_SIZE_ONE_RULES`` whose result
-    the answer cannot change."""
+    the answer cannot change. ``guard_or``: asked by ``guard_or_false``/``guard_or_true``; the rules
+    without a check answer only those (their ``torch._check`` relations are guarded). A question a
+    ``torch._check`` asks is always guarded: it is the relation the rule's path relies on."""
     frame: Any = sys._getframe(2)  # above evaluate_sym_node
     while frame is not None and frame.f_code.co_filename.replace("\\", "/").endswith(_SHAPE_ENV_FILES):
+        if frame.f_code.co_name in _CHECKS:
+            return False
         frame = frame.f_back
     if frame is None:
         return False
     path, name = frame.f_code.co_filename.replace("\\", "/"), frame.f_code.co_name
     for (suffix, rule_name), check in _SIZE_ONE_RULES.items():
         if name == rule_name and path.endswith(suffix):
-            return check is None or check(env, frame)
+            return guard_or if check is None else check(env, frame)
     return False
+
+
+_CHECKS = frozenset({"_check", "_check_with", "_check_is_size", "expect_true", "guard_or_defer_runtime_assert"})
