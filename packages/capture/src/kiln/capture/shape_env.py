@@ -169,7 +169,7 @@ class CaptureShapeEnv(ShapeEnv):
         # returned with no guard: the trace takes the path it would have taken with the guard
         hint = sym_node.hint
         if (type(hint) is bool and self.may_be_one and expr.free_symbols and expr.free_symbols <= self.may_be_one
-                and _answer_is_free(self, fallback_value is not None)):
+                and _answer_is_free(self, expr, fallback_value is not None)):
             return sympy.true if hint else sympy.false
         return super().evaluate_sym_node(sym_node, size_oblivious, fallback_value)
 
@@ -180,7 +180,7 @@ def _is_size_source(source: Any) -> bool:
     return prop is not None and getattr(prop, "name", None) == "SIZE"
 
 
-def _answer_is_free(env: ShapeEnv, guard_or: bool) -> bool:
+def _answer_is_free(env: ShapeEnv, expr: sympy.Basic, guard_or: bool) -> bool:
     """Whether the size question being evaluated comes from a rule of ``_SIZE_ONE_RULES`` whose result
     the answer cannot change. ``guard_or``: asked by ``guard_or_false``/``guard_or_true``; the rules
     without a check answer only those (their ``torch._check`` relations are guarded). A question a
@@ -195,8 +195,20 @@ def _answer_is_free(env: ShapeEnv, guard_or: bool) -> bool:
     path, name = frame.f_code.co_filename.replace("\\", "/"), frame.f_code.co_name
     for (suffix, rule_name), check in _SIZE_ONE_RULES.items():
         if name == rule_name and path.endswith(suffix):
+            if rule_name not in _RESHAPES and not _about_one(expr):
+                return False  # a relation between sizes (s0 == s1): its answer may change the result
             return guard_or if check is None else check(env, frame)
     return False
+
+
+_RESHAPES = frozenset({"_reshape_view_helper_core_alg", "_collapse_view_helper", "matmul"})
+
+
+def _about_one(expr: sympy.Basic) -> bool:
+    """Whether ``expr`` compares sizes with 1 (``Eq(s0, 1)``, ``s0*s1 < 2``), alone or combined."""
+    rels = [expr] if isinstance(expr, sympy.core.relational.Relational) else \
+        list(expr.atoms(sympy.core.relational.Relational))
+    return bool(rels) and all(r.lhs in (1, 2) or r.rhs in (1, 2) for r in rels)
 
 
 _CHECKS = frozenset({"_check", "_check_with", "_check_is_size", "expect_true", "guard_or_defer_runtime_assert"})
