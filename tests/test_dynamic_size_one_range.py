@@ -78,6 +78,7 @@ class _Block(nn.Module):
 STREAM = [(3, 12), (5, 20), (1, 9), (7, 31), (1, 17), (2, 8), (8, 40), (1, 12), (4, 25)]
 
 
+@pytest.mark.slow
 def test_llama_block_stream_with_batch_one_compiles_twice():
     """Batch and sequence change together: one static graph, then one symbolic graph serves every
     later request, batch 1 included (before: a third graph for batch 1)."""
