@@ -15,7 +15,7 @@ from torch import fx
 
 from kiln.graph import CapturedGraph, GraphAnnotations, GuardSet, TensorSpec, annotate, shape_env_of
 
-from .deferred import CALL
+from .deferred import CALL, EXIT_CALL
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .frame import BreakAt, Context, Frame, FrameResult
 from .knobs import KNOBS, CaptureOptions
@@ -93,7 +93,7 @@ def _capture_once(code: types.CodeType, f_globals: dict[str, Any], closure: tupl
         outcome = frame.run_top()
         if isinstance(outcome, BreakAt) and options.fullgraph:
             raise Unsupported(_unsupported_message(outcome))
-        return _package(tracer, frame, outcome)
+        return _package(tracer, frame, outcome, grad_before)
     finally:
         torch._C._set_grad_enabled(grad_before)
         for block in reversed(ctx.open_autocasts):  # stopped inside `with torch.autocast(...)`
@@ -119,13 +119,16 @@ def _unsupported_message(b: BreakAt) -> str:
             "hint: remove fullgraph=True to allow a graph break here, or rewrite the construct")
 
 
-def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Capture:
+def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt, grad_before: bool) -> Capture:
     tracer.write_back_device_copies()  # NumPy arrays moved to a torch.device context's device
     flat = Flattener(tracer)
     result_plan: Plan | None = None
     break_plan: BreakPlan | None = None
     if isinstance(outcome, BreakAt):
         _close_autocast_blocks(tracer, outcome.stack)
+    for node, _ in reversed(tracer.resumed_autocasts):  # the states entered where resumed blocks ended
+        tracer.root_graph.call_function(torch.amp.autocast_mode._exit_autocast, (node,))
+    if isinstance(outcome, BreakAt):
         stack_plans = [None if v is NULL else flat.plan(v) for v in outcome.stack]
         names = [n for n, v in outcome.locals.items() if v is not NULL and not n.startswith("__kiln_stack")]
         cell_names = [n for n, c in outcome.cells.items() if c.real is None and n not in outcome.locals
@@ -144,8 +147,15 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt) -> Ca
     for fn, args, kwargs in [*tracer.deferred, *flush_pending(tracer)]:  # print, logging, warnings,
         # manual_seed (deferred.py); NumPy seeds no draw of this graph followed (numpy_random.py)
         side_effects.append((flat.plan(fn), CALL, flat.plan((list(args), dict(kwargs)))))
-    # Note: grad-mode changes stay in effect after the graph, as in eager; a break inside a
-    # grad-mode block re-enters a real context object for the resume function (rebuild.py).
+    # Note: grad-mode changes stay in effect after the graph, as in eager: the mode the trace ends in is
+    # set after the graph (the graph's own _set_grad_enabled nodes only act inside the backend's trace);
+    # a break inside a grad-mode block re-enters a real context object for the resume function (rebuild.py)
+    grad_after = torch.is_grad_enabled()
+    if grad_after != grad_before:
+        side_effects.append((_SET_GRAD, CALL, lambda outs, L, G: ([grad_after], {})))
+    for _, src in tracer.resumed_autocasts:  # blocks entered before a break, left in this graph
+        side_effects.append((eval(f"lambda outs, L, G: {src}"), EXIT_CALL,  # noqa: S307 (a source we made)
+                             lambda outs, L, G: ([None, None, None], {})))
     out_nodes = tuple(tracer.to_arg(v) for v in flat.outputs)
     tracer.graph.output(out_nodes)
     _dead_code(tracer)
@@ -199,6 +209,10 @@ def refresh_shape_guards(captured: CapturedGraph) -> CapturedGraph:
     rest = [g for g in captured.guards
             if g.kind not in ("SYMBOL", "SHAPE_EXPR") or g.kind == "SHAPE_EXPR" and g.note == STRIDE_NOTE]
     return dataclasses.replace(captured, guards=_guard_set(rest, env, symbols))
+
+
+def _SET_GRAD(outs: Any, L: dict, G: dict) -> Any:  # noqa: N802 (a plan: the function to call)
+    return torch._C._set_grad_enabled
 
 
 def _close_autocast_blocks(tracer: Tracer, stack: list) -> None:

@@ -23,6 +23,9 @@ if TYPE_CHECKING:
     from .frame import Frame
 
 CALL = "()"  # the side-effect kind of a deferred call (capture.py / optimize.py)
+# the real ``__exit__`` of a torch.autocast block entered before a graph break and left in the graph:
+# called before the breaking instruction's stack is rebuilt (which may enter another block)
+EXIT_CALL = "__exit__()"
 
 # logging.Logger methods and module functions that only emit ("exception" reads sys.exc_info: not here)
 _LOG_NAMES = frozenset({"debug", "info", "warning", "warn", "error", "critical", "log"})

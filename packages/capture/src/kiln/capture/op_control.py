@@ -18,6 +18,7 @@ from .values import (
     GradModeContext,
     ListIterator,
     NullContext,
+    ResumedAutocast,
 )
 from .version import PY
 
@@ -165,6 +166,18 @@ def exit_context(f: Frame, ctx: Any, exc: Any = None) -> Any:
         return False
     if isinstance(ctx, NullContext):
         return ctx.real.__exit__(None, None, None)
+    if isinstance(ctx, ResumedAutocast):
+        # the graph goes on in the state from before the block, entered as a block of its own that the
+        # graph closes at its end (capture.py); the real block is left after the graph
+        real = torch.autocast(ctx.device_type, dtype=ctx.prev_dtype, enabled=ctx.prev_enabled,
+                              cache_enabled=ctx.prev_cache_enabled)
+        real.__enter__()
+        f.ctx.open_autocasts.append(real)
+        node = f.tracer.graph.call_function(
+            torch.amp.autocast_mode._enter_autocast,
+            (ctx.device_type, ctx.prev_dtype, ctx.prev_enabled, ctx.prev_cache_enabled))
+        f.tracer.resumed_autocasts.append((node, ctx.source))
+        return False
     if isinstance(ctx, AutocastContext):
         ctx.real.__exit__(None, None, None)
         if ctx.real in f.ctx.open_autocasts:

@@ -38,7 +38,7 @@ from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
 from .controls import active_mode_reason, current_stance, disabled_reason
 from .ddp_buckets import bucket_split_backend
-from .deferred import CALL
+from .deferred import CALL, EXIT_CALL
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .knobs import CaptureOptions
 from .module_calls import (
@@ -493,6 +493,9 @@ class Optimized:
         def run(L: dict, G: dict) -> Any:
             outs = compiled(*extract(L, G)) if compiled is not None else ()
             pending = _effect_values(effects, outs, L, G) if effects else ()
+            if pending and any(e[1] == EXIT_CALL for e in pending):
+                _apply([e for e in pending if e[1] == EXIT_CALL])
+                pending = [e for e in pending if e[1] != EXIT_CALL]
             stack = [NEXT if p is None else p(outs, L, G) for p in bp.stack_plans]
             values = [p(outs, L, G) for p in bp.local_plans]
             if pending:
@@ -603,7 +606,7 @@ def _effect_values(effects: list, outs: Any, L: dict, G: dict) -> list:
 
 def _apply(pending: list) -> None:
     for obj, name, value in pending:
-        if name == CALL:  # a call replayed after the graph (deferred.py)
+        if name in (CALL, EXIT_CALL):  # a call replayed after the graph (deferred.py)
             obj(*value[0], **value[1])
         elif name == CONTENTS:  # an input list/dict changed in place by the traced code
             if isinstance(obj, list):

@@ -145,6 +145,8 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
     if name in DATA_DEPENDENT_METHODS:
         raise GraphBreak(f"data-dependent operation Tensor.{name}()",
                          "move it out of the compiled region, or accept the graph break")
+    if name == "set_":  # rebinds the tensor to another storage and shape: input write-back cannot model it
+        raise GraphBreak("Tensor.set_() swaps the tensor's storage and metadata", "it runs in Python between graphs")
     tensor_value = _tensor_value_polyfill(name, args, kwargs)
     if tensor_value is not None:
         polyfill, operands = tensor_value

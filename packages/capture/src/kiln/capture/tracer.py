@@ -48,7 +48,14 @@ from .shape_env import CaptureShapeEnv
 from .shape_guards import STRIDE_NOTE
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
-from .values import ContextExit, GradModeContext, ListIterator, NumpyArray, ResumeIterator
+from .values import (
+    ContextExit,
+    GradModeContext,
+    ListIterator,
+    NumpyArray,
+    ResumedAutocast,
+    ResumeIterator,
+)
 
 SYM_TYPES = (torch.SymInt, torch.SymFloat, torch.SymBool)
 _UNSET = object()  # an attribute that did not exist before a write
@@ -150,6 +157,9 @@ class Tracer:
         # (an HF cache's ``self.keys = torch.cat(...)``), undone with the instruction that breaks
         self.setattr_log: list[tuple[Any, str, Any]] = []
         self.deferred: list[tuple[Any, list, dict]] = []  # calls replayed after the graph (deferred.py)
+        # autocast blocks entered before a graph break and left in this trace (op_control.exit_context):
+        # the node that enters their previous state, and where the real block's ``__exit__`` is read
+        self.resumed_autocasts: list[tuple[fx.Node, str]] = []
         # NumPy RNG calls (numpy_random.py): draws are graph inputs computed on each call, before the
         # graph, in program order; seeds not yet followed by a draw wait in ``rng_pending``
         self.draws: list[GraphInput] = []
@@ -224,6 +234,9 @@ class Tracer:
                 self.add_guard(f"{source}.__self__", "TYPE_MATCH", type_name(type(value.__self__)))
                 self.add_guard(f"{source}.__self__.prev", "EQUALS_MATCH", prev)
                 return ContextExit(GradModeContext(torch.is_grad_enabled(), prev=prev))
+            if value.__name__ == "__exit__" and value.__func__ is torch.autocast.__exit__ and \
+                    hasattr(value.__self__, "prev_fastdtype"):
+                return self._resumed_autocast(value.__self__, source)
             self.guard_identity(f"{source}.__func__", value.__func__)
             self.wrap(value.__self__, f"{source}.__self__")
             return value
@@ -322,6 +335,17 @@ class Tracer:
     def note_global_hooks(self) -> None:
         if self.global_hooks is None:
             self.global_hooks = global_hook_keys()
+
+    def _resumed_autocast(self, block: Any, source: str) -> ContextExit:
+        """The bound ``__exit__`` of a torch.autocast block entered in Python before a graph break (a
+        resume function's stack): modelled, so the block's end is not a second break. The state it
+        restores is guarded."""
+        self.add_guard(f"{source}.__self__", "TYPE_MATCH", type_name(type(block)))
+        for attr in ("device", "prev", "prev_cache_enabled"):
+            self.add_guard(f"{source}.__self__.{attr}", "EQUALS_MATCH", getattr(block, attr))
+        self.add_guard(f"str({source}.__self__.prev_fastdtype)", "EQUALS_MATCH", str(block.prev_fastdtype))
+        return ContextExit(ResumedAutocast(block.device, block.prev_fastdtype, block.prev, block.prev_cache_enabled,
+                                           source))
 
     def is_unspecialized(self, source: str) -> bool:
         """Whether ``source`` is, or lies below, a module source guarded by type (see __init__)."""

@@ -109,6 +109,19 @@ class AutocastContext:
 
 
 @dataclass(eq=False)
+class ResumedAutocast:
+    """A torch.autocast block entered in Python before a graph break, whose end a resume function's
+    trace reaches: the rest of the graph runs in the state from before the block (``prev_*``, guarded)
+    and the real block's ``__exit__`` (read from ``source``) runs after the graph."""
+
+    device_type: str
+    prev_dtype: Any
+    prev_enabled: bool
+    prev_cache_enabled: bool
+    source: str
+
+
+@dataclass(eq=False)
 class NullContext:
     """A context manager with no effect on the graph (contextlib.nullcontext and friends)."""
 

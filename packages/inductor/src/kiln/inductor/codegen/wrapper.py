@@ -36,6 +36,7 @@ from ..ir import (
 )
 from ..scheduler.arena import CONVOLUTION, OUT_FORMS, ArenaPlan, plan_arena
 from .common import CompiledKernels
+from .empty_attention import EMPTY_ATTENTION, empty_check, fill_value
 from .triton.printer import python_index
 
 # The constant helpers (``_restride``, the extern-call table's callers, the C++ library loader) live in
@@ -243,6 +244,30 @@ class WrapperWriter:
         return _value(a.value)
 
     def extern(self, e: ExternKernel, dead: frozenset[str] = frozenset()) -> None:
+        """The call (``call_extern``); for an attention kernel that may see an empty sequence, behind a
+        branch that makes its outputs instead (empty_attention.py)."""
+        check = empty_check(e)
+        if check is None:
+            self.call_extern(e, dead)
+            return
+        if not check.always:
+            cond = " or ".join(f"{_int(s)} == 0" for s in check.sizes)
+            self.emit(f"    if not ({cond}):")
+            start = len(self.lines)
+            self.call_extern(e, dead)
+            self.lines[start:] = ["    " + line for line in self.lines[start:]]
+            self.emit("    else:  # an empty query or key sequence: the kernel is not called", allocates=False)
+        q = e.args[EMPTY_ATTENTION[e.target].query]
+        assert isinstance(q, TensorRef)
+        pad = "        " if not check.always else "    "
+        for o in e.outputs:
+            if o.buffer in dead:
+                continue
+            lay = o.layout
+            self.emit(f"{pad}{o.buffer} = torch.empty_strided({_ints(lay.shape)}, {_ints(lay.stride)}, "
+                      f"dtype={lay.dtype}, device={q.buffer}.device).fill_({fill_value(e, o)!r})", allocates=False)
+
+    def call_extern(self, e: ExternKernel, dead: frozenset[str] = frozenset()) -> None:
         """The call, then each used output re-strided to its planned layout (one statement for a call
         with one plain output, the common case: fewer statements to compile at load). ``dead`` outputs (freed in
         the same step: cuDNN attention's logsumexp and philox state in inference) are never bound:

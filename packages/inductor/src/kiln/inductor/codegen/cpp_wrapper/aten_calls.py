@@ -43,7 +43,8 @@ def scalar_type(d: torch.dtype) -> str:
         raise CppWrapperUnsupported(f"dtype {d} has no C++ spelling in the C++ wrapper") from None
 
 
-def _double(v: float) -> str:
+def cdouble(v: float) -> str:
+    """A double as a C++ literal (inf and nan spelled through numeric_limits)."""
     if math.isnan(v):
         return "std::numeric_limits<double>::quiet_NaN()"
     if math.isinf(v):
@@ -64,7 +65,7 @@ def _scalar(v: Any) -> str:
     if isinstance(v, int):
         return f".i({v}LL)"
     if isinstance(v, float):
-        return f".d({_double(v)})"
+        return f".d({cdouble(v)})"
     if isinstance(v, str):
         return f".str({cstr(v)})"
     if isinstance(v, torch.dtype):
@@ -102,7 +103,7 @@ def push(a: Arg | Any, typ: str, tensor: Callable[[TensorRef], str]) -> str:
         if inner in ("int", "SymInt"):
             return f".ints({{{', '.join(_int(_v(x)) for x in items)}}})"
         if inner == "float":
-            return f".doubles({{{', '.join(_double(float(_v(x))) for x in items)}}})"
+            return f".doubles({{{', '.join(cdouble(float(_v(x))) for x in items)}}})"
         if inner == "bool":
             return f".bools({{{', '.join('true' if _v(x) else 'false' for x in items)}}})"
         raise CppWrapperUnsupported(f"list argument of schema type {typ} has no C++ form")

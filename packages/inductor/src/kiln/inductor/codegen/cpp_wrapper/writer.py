@@ -47,10 +47,12 @@ from ...ir import (
 )
 from ..cpp.exprs import cindex
 from ..cpp.kernel import kernel_params
+from ..empty_attention import empty_check, fill_value
 from ..triton.cubins import Cubin, CubinSite
 from .aten_calls import (
     CppWrapperUnsupported,
     boxed_arguments,
+    cdouble,
     cstr,
     n_returns,
     op_overload,
@@ -244,6 +246,36 @@ class CppWrapperWriter:
         return buffer if buffer in self.raw else f"{buffer}.data()"
 
     def extern(self, e: ExternKernel) -> None:
+        """The call (``call_extern``); for an attention kernel that may see an empty sequence, behind a
+        branch that makes its outputs instead (empty_attention.py)."""
+        check = empty_check(e)
+        if check is None:
+            self.call_extern(e)
+            return
+        for o in e.outputs:  # bound inside the branches, used after them
+            if o.buffer not in self.declared:
+                self.lines.append(f"  Tensor {o.buffer};")
+                self.declared.add(o.buffer)
+        pad = "  "
+        if not check.always:
+            cond = " || ".join(f"{size_cpp(s)} == 0" for s in check.sizes)
+            self.lines.append(f"  if (!({cond})) {{")
+            start = len(self.lines)
+            self.call_extern(e)
+            self.lines[start:] = ["  " + line for line in self.lines[start:]]
+            self.lines.append("  } else {  // an empty query or key sequence: the kernel is not called")
+            pad = "    "
+        fill = self.op_index("aten.fill_.Scalar")
+        for o in e.outputs:
+            lay = o.layout
+            self.lines.append(f"{pad}{o.buffer} = kiln_rt::empty_strided(dev, {_ints(lay.shape)}, {_ints(lay.stride)}, "
+                              f"{scalar_type(lay.dtype)});")
+            self.lines.append(f"{pad}{{ kiln_rt::Stack s; s.tensor({o.buffer}).d({cdouble(fill_value(e, o))}); "
+                              f"s.call({fill}); }}")
+        if not check.always:
+            self.lines.append("  }")
+
+    def call_extern(self, e: ExternKernel) -> None:
         typed = typed_call(e, self.ref)
         if typed is not None and len(e.outputs) == 1 and not e.outputs[0].path:
             o = e.outputs[0]
