@@ -119,6 +119,14 @@ def _unsupported_message(b: BreakAt) -> str:
             "hint: remove fullgraph=True to allow a graph break here, or rewrite the construct")
 
 
+def _enables_grad_over_grad_inputs(tracer: Tracer) -> bool:
+    nodes = tracer.root_graph.nodes
+    enables = any(n.op == "call_function" and n.target is torch._C._set_grad_enabled and n.args[0] is True
+                  for n in nodes)
+    return enables and any(n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)
+                           and n.meta["val"].requires_grad for n in nodes)
+
+
 def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt, grad_before: bool) -> Capture:
     tracer.write_back_device_copies()  # NumPy arrays moved to a torch.device context's device
     flat = Flattener(tracer)
@@ -151,6 +159,11 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt, grad_
     # set after the graph (the graph's own _set_grad_enabled nodes only act inside the backend's trace);
     # a break inside a grad-mode block re-enters a real context object for the resume function (rebuild.py)
     grad_after = torch.is_grad_enabled()
+    if not grad_before and _enables_grad_over_grad_inputs(tracer):
+        # kiln.autograd picks the inference path for a graph entered with grad off, so outputs computed
+        # after the graph turns grad on would carry requires_grad without a grad_fn: run it in Python
+        raise SkipFrame("the frame is entered with grad disabled and enables it (e.g. the resumed end of a "
+                        "torch.no_grad block) over inputs that require grad; it runs in Python")
     if grad_after != grad_before:
         side_effects.append((_SET_GRAD, CALL, lambda outs, L, G: ([grad_after], {})))
     for _, src in tracer.resumed_autocasts:  # blocks entered before a break, left in this graph
