@@ -131,4 +131,6 @@ def test_first_step_break_is_named_by_explain():
         opt.step()
 
     out = kiln.explain(step)()
-    assert any("first step" in b.reason for b in out.break_reasons), out
+    # named as the first step's state creation, or (as CI's run saw) as the call of Adam._init_group, which
+    # torch marks to run outside compiled code: either way the break says where the state is made
+    assert any("first step" in b.reason or "_init_group" in b.reason for b in out.break_reasons), out
