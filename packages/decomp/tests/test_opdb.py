@@ -17,6 +17,10 @@ from kiln.decomp.registry import op_name
 
 from .hand_samples import HAND_SAMPLES
 
+# The per-rule and count tests read REPORTS, which the op_db tests fill in this process: the whole file
+# runs on one xdist worker, in collection order (tools/pytest_order.py keeps it).
+pytestmark = pytest.mark.xdist_group("packages/decomp/tests/test_opdb.py")
+
 TABLES = ("core_aten", "prims")
 REPORTS = {name: CrossRefReport() for name in TABLES}
 MIN_CHECKED_OPS = 150

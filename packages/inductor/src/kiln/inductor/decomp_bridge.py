@@ -56,6 +56,9 @@ def ensure_meta(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
     nodes a rewrite such as pad_matmuls added): only the missing nodes run when the others carry
     fake values of one mode; otherwise the whole graph runs in a fresh mode."""
     nodes = [n for n in gm.graph.nodes if n.op not in ("output",)]
+    if stale_devices(gm, example_inputs):  # traced on one device, compiled for another (cross-compiling)
+        for n in nodes:
+            n.meta.pop("val", None)
     if all("val" in n.meta for n in nodes):
         return
     mode = _mode_of_existing(nodes)
@@ -63,6 +66,18 @@ def ensure_meta(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> None:
         _propagate(gm, example_inputs, FakeTensorMode(allow_non_fake_inputs=True), reuse=False)
     else:
         _propagate(gm, example_inputs, mode, reuse=True)
+
+
+def stale_devices(gm: fx.GraphModule, example_inputs: Sequence[Any]) -> bool:
+    """Whether a placeholder's value sits on another device than its example input: the values then
+    describe another compile (a graph traced on CPU compiled for CUDA) and the backend, lowering and
+    wrapper would read the wrong devices from them."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for n, ex in zip(placeholders, example_inputs):
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor) and isinstance(ex, torch.Tensor) and v.device != ex.device:
+            return True
+    return False
 
 
 def _mode_of_existing(nodes: list[fx.Node]) -> FakeTensorMode | None:

@@ -18,6 +18,7 @@ from kiln.graph import Pass
 
 from .codegen.cpp import CppBackend
 from .codegen.triton.backend import TritonBackend
+from .decomp_bridge import stale_devices
 from .graph_passes.verify import verify_graph
 from .ir import verify_program, verify_schedule
 from .options import InductorOptions
@@ -109,7 +110,8 @@ def choose_backend(example_inputs: Sequence[object], options: InductorOptions,
     else the CPU choice. The graph's values count, not only its inputs: CPU inputs moved to the GPU
     inside the graph (``x.cuda()``, NumPy under ``torch.device("cuda")``) compute there; the graph's
     CPU-side nodes then run through ATen (lowering/lower.py)."""
-    tensors = [*(x for x in example_inputs if isinstance(x, torch.Tensor)), *_graph_tensors(gm)]
+    in_graph = _graph_tensors(gm) if gm is not None and not stale_devices(gm, example_inputs) else iter(())
+    tensors = [*(x for x in example_inputs if isinstance(x, torch.Tensor)), *in_graph]
     if any(t.device.type == "cuda" for t in tensors):
         return TritonBackend("cuda")
     if options.cpu_backend == "triton":

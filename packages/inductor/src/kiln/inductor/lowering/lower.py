@@ -155,9 +155,12 @@ def _other_device(node: fx.Node, device: str) -> str | None:
 
 
 def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: InductorOptions,
-                name: str = "graph", device: str = "cpu") -> tuple[LoopProgram, list[str]]:
-    """``device``: where the backend's kernels run; a node that reads or makes a tensor on another
-    device runs through ATen."""
+                name: str = "graph", device: str | None = None) -> tuple[LoopProgram, list[str]]:
+    """``device``: where the backend's kernels run (default: CUDA when an example input is there, else
+    CPU); a node that reads or makes a tensor on another device runs through ATen."""
+    if device is None:
+        cuda = any(isinstance(x, torch.Tensor) and x.device.type == "cuda" for x in example_inputs)
+        device = "cuda" if cuda else "cpu"
     ctx = LoweringContext(options, device)
     sizes = SizeTable()
     env: dict[fx.Node, Any] = {}
