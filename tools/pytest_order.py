@@ -51,6 +51,25 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     for it in items:
         if it.nodeid.split("::")[0] in grouped:
             it.add_marker(pytest.mark.xdist_group(it.nodeid.split("::")[0]))
+    if config.getoption("dist", "no") == "loadgroup" or getattr(config.option, "loadgroup", False):
+        for it in items:
+            _group_in_nodeid(it)
     durations = load_durations()
     if durations:
         items[:] = [items[i] for i in order([it.nodeid for it in items], durations)]
+
+
+def _group_in_nodeid(item: pytest.Item) -> None:
+    """Append ``@group`` to the node id of an item in an ``xdist_group``, as xdist does.
+
+    xdist 3.8 writes the suffix to ``item._nodeid``, which pytest 9.2 no longer reads (node ids are a
+    structured ``_id`` there): the groups were silently ignored and a file's shared setup was split
+    between the workers (the op_db count test saw 117 of its ops). Where ``_id`` exists the suffix goes
+    there; xdist's own hook then finds the id already suffixed and changes nothing that is read.
+    """
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    if not names or not hasattr(item, "_id"):
+        return
+    node_id = type(item._id)  # _pytest.nodeid.NodeId
+    item._id = node_id.parse(f"{item.nodeid}@{'_'.join(names)}")
