@@ -10,7 +10,6 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
 
 import kiln.capture as kc
 
@@ -133,4 +132,3 @@ def test_torch_compile_breaks_where_kiln_does():
         dynamo.reset()
         out = dynamo.explain(P[name][0])(np.random.default_rng(0).standard_normal((4, 4)))
         assert len(out.break_reasons) >= 1, name
-    assert torch.compiler.is_compiling() is False
