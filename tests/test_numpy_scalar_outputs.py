@@ -85,15 +85,15 @@ def test_torch_quantile_of_everything_through_inductor():
             torch.testing.assert_close(g, w)
 
 
-@pytest.mark.xfail(strict=True, reason="open: kiln.inductor lowers torch.quantile(x, q, dim=0) to a kernel that "
-                                       "reads the wrong elements (the lerp after the decomposition's transposes); "
-                                       "np.percentile does not use torch.quantile for this reason")
 def test_torch_quantile_over_an_axis_through_inductor():
+    """torch.quantile's lerp_ then unsqueeze_/transpose_/squeeze_ on the gather's own tensor left the gather node
+    with the final (2, 4) value instead of its (4, 2): kiln.inductor read the wrong elements."""
     q = torch.tensor([0.1, 0.9], dtype=torch.float64)
 
     def f(x):
         return torch.quantile(x, q, dim=0)
     kiln.reset()
     compiled = kiln.compile(f, backend="inductor")
-    x = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
-    torch.testing.assert_close(compiled(x), f(x))
+    for i in range(3):
+        x = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(i))
+        torch.testing.assert_close(compiled(x), f(x))

@@ -8,8 +8,8 @@ gives NaN, as NumPy's. ``np.median`` is the linear 0.5 quantile (the mean of the
 ``torch.median`` gives the lower one). Integer arrays give float64 (an element for "lower"/"higher"),
 float32 stays float32, a scalar ``q`` gives a NumPy scalar or an array over the other axes, a list of
 ``q`` a leading axis. Several axes, ``out=``, other methods, an array ``q``, a ``q`` outside its range
-(NumPy raises) and the ``nan`` forms break the graph and run in NumPy. (Not ``torch.quantile``:
-kiln.inductor compiled its decomposition wrongly at the time of writing, see the capture README.)
+(NumPy raises) and the ``nan`` forms break the graph and run in NumPy. (Not ``torch.quantile``: its
+interpolation differs from NumPy's in the last bits, and it needs ``q`` as a tensor of the input's dtype.)
 """
 
 from __future__ import annotations
