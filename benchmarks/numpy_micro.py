@@ -55,6 +55,16 @@ def kmeans_step(points: np.ndarray, centers: np.ndarray) -> tuple:
     return (onehot.T @ points) / np.maximum(counts, 1.0), d.min(axis=1).sum()
 
 
+def quantiles(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    x = a.reshape(-1, 1000)
+    return np.percentile(x, [5, 50, 95], axis=1) - np.median(b)
+
+
+def ridge_solve(points: np.ndarray, centers: np.ndarray) -> np.ndarray:
+    gram = points.T @ points + 0.1 * np.eye(points.shape[1])
+    return np.linalg.solve(gram, points.T @ np.tanh(points[:, 0] * 2.0))
+
+
 def _pointwise_args(n: int, rng: np.random.Generator) -> tuple:
     return rng.standard_normal(n), rng.standard_normal(n)
 
@@ -69,6 +79,8 @@ CASES: dict[str, tuple[Callable, Callable[[int, np.random.Generator], tuple]]] =
     "reductions": (reductions, _pointwise_args),
     "softmax_rows": (softmax_rows, _pointwise_args),
     "kmeans_step": (kmeans_step, _kmeans_args),
+    "quantiles": (quantiles, _pointwise_args),
+    "ridge_solve": (ridge_solve, _kmeans_args),
 }
 
 

@@ -470,8 +470,15 @@ def np_truth_breaks(a):
 @case(graphs=2, breaks=1, args=f64)
 def np_untraced_function_breaks(a):
     b = a * 2
-    c = np.median(b, axis=0)
+    c = np.nanmedian(b, axis=0)
     return c + 1
+
+
+@case(graphs=1, breaks=0, args=f64)
+def np_median_traced(a):
+    b = a * 2
+    c = np.median(b, axis=0)
+    return c + np.percentile(b, [25, 75]).sum()
 
 
 @case(graphs=1, breaks=1, args=f64)

@@ -169,7 +169,7 @@ def _classify(rec: TracingMode, flat: list[Any], primals: list[Any]) -> tuple[li
     graph_roots: dict[int, int] = {}  # id(root tensor) -> user output index of a graph output
     for i, o in enumerate(flat):
         if not isinstance(o, torch.Tensor):
-            infos.append(OutputInfo(OutputKind.CONSTANT, value=o))
+            infos.append(_scalar_output(o))
             continue
         a = rec.alias_of(o)
         def view(kind: OutputKind, index: int, o: torch.Tensor = o) -> OutputInfo:
@@ -192,6 +192,21 @@ def _classify(rec: TracingMode, flat: list[Any], primals: list[Any]) -> tuple[li
                 graph_roots[id(o)] = i
         seen.setdefault(id(o), i)
     return infos, graph_outs
+
+
+_PY_TYPE = {torch.SymInt: "int", torch.SymFloat: "float", torch.SymBool: "bool"}
+
+
+def _scalar_output(o: Any) -> OutputInfo:
+    """A non-tensor output: a constant, or a symbolic number (``float(t.sum()) + t.mean().item()`` after
+    its breaks: the sum of two float arguments), computed again from each call's arguments."""
+    if type(o) not in _PY_TYPE:
+        return OutputInfo(OutputKind.CONSTANT, value=o)
+    py = _PY_TYPE[type(o)]
+    expr = o.node.expr
+    if expr.is_number or py == "bool" and expr in (True, False):
+        return OutputInfo(OutputKind.CONSTANT, value={"int": int, "float": float, "bool": bool}[py](o))
+    return OutputInfo(OutputKind.SYMBOLIC, value=f"{py}({py_expr(expr)})")
 
 
 def _size(s: Any) -> int | str:

@@ -16,6 +16,9 @@ class OutputKind(StrEnum):
     ALIAS_OUTPUT = "alias_output"  # a view of an earlier graph output
     SAME = "same"  # the very same tensor as an earlier output
     CONSTANT = "constant"  # a non-tensor value (int, None, ...)
+    # a Python number computed from symbolic inputs (a float argument, a size): ``value`` is its Python
+    # expression over GraphSignature.symbols, evaluated on each call's arguments
+    SYMBOLIC = "symbolic"
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +30,7 @@ class OutputInfo:
     stride: tuple[int | str, ...] = ()
     storage_offset: int | str = 0
     requires_grad: bool = False
-    value: Any = None  # for CONSTANT
+    value: Any = None  # for CONSTANT; for SYMBOLIC the expression (a str)
 
     @property
     def symbolic(self) -> bool:
@@ -36,6 +39,8 @@ class OutputInfo:
     def as_text(self) -> str:
         if self.kind is OutputKind.CONSTANT:
             return f"constant {self.value!r}"
+        if self.kind is OutputKind.SYMBOLIC:
+            return f"symbolic {self.value}"
         view = f" view{list(self.size)} stride{list(self.stride)} +{self.storage_offset}" \
             if self.kind in (OutputKind.ALIAS_INPUT, OutputKind.ALIAS_OUTPUT) else ""
         return f"{self.kind.value}[{self.index}]{view}{' (requires_grad)' if self.requires_grad else ''}"

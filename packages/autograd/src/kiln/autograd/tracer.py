@@ -292,6 +292,12 @@ class TracingMode(GraphRecorder):
                                      "kiln.autograd does not support that (use the out-of-place view)")
         view_op = ops.INPLACE_VIEWS[func]
         before = self.node_of(t)
+        # the op changes ``t``'s own sizes and strides: nodes holding ``t`` as their value keep what it was
+        # (torch.quantile's lerp_ then unsqueeze_ left a gather node (4, 2) with the final (2, 4) value, and
+        # kiln.inductor lowered that gather over the wrong shape)
+        for n in self.graph.nodes:
+            if n.meta.get("val") is t:
+                n.meta["val"] = aten.alias.default(t)
         out = func(*args, **kwargs)
         step = ViewStep(view_op, tuple(args[1:]), tuple(kwargs.items()))
         node, _ = replay(self.emit_on_nodes, step, before, a.tensor)

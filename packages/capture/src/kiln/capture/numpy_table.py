@@ -12,6 +12,9 @@ import torch
 from . import numpy_trace as nt
 from .errors import GraphBreak
 from .numpy_fft import FFT_FUNCTIONS
+from .numpy_linalg import LINALG_FUNCTIONS
+from .numpy_shapes import SCALAR_TYPES, SHAPE_FUNCTIONS
+from .numpy_stats import STATS_FUNCTIONS
 from .values import NumpyArray
 
 if TYPE_CHECKING:
@@ -112,25 +115,6 @@ def _einsum(frame: Frame, args: list, kwargs: dict) -> Any:
     return nt.wrap_result(nt._fn(frame, torch.einsum, eq, *[nt.cast(frame, a.t, dt) for a in arrays]))
 
 
-def _norm(frame: Frame, args: list, kwargs: dict) -> Any:
-    a = nt.to_array(frame, args[0])
-    if len(args) > 1 or kwargs.get("ord") is not None:
-        raise GraphBreak("np.linalg.norm with ord")
-    t = a.t if a.t.dtype.is_floating_point else nt.cast(frame, a.t, np.dtype("float64"))
-    axis = nt._axis(kwargs.get("axis"))
-    out = nt._fn(frame, torch.linalg.vector_norm, t, dim=axis, keepdim=bool(kwargs.get("keepdims", False))) \
-        if axis is not None or a.t.dim() == 1 else nt._fn(frame, torch.linalg.vector_norm, t)
-    return nt.wrap_result(out)
-
-
-def _linalg(fn: Any) -> nt.Handler:
-    def call(frame: Frame, args: list, kwargs: dict) -> Any:
-        a = nt.to_array(frame, args[0])
-        t = a.t if a.t.dtype.is_floating_point else nt.cast(frame, a.t, np.dtype("float64"))
-        return nt.wrap_result(nt._fn(frame, fn, t))
-    return call
-
-
 def _axis_arg(args: list, kwargs: dict) -> int:
     axis = args[1] if len(args) > 1 else kwargs.get("axis", -1)
     if axis is None or kwargs.get("kind") not in (None, "stable", "quicksort", "mergesort"):
@@ -178,17 +162,18 @@ def _build() -> dict[int, tuple[Any, nt.Handler]]:
         "copy": lambda f, a, k: nt.asarray(f, a, k, copy=True), "shape": _like_shape,
         "sort": _sort, "argsort": _argsort,
         "triu": nt.simple(torch.triu), "tril": nt.simple(torch.tril), "diag": nt.simple(torch.diag),
-        "trace": _trace, "cross": nt.simple(torch.linalg.cross),
+        "trace": _trace, "cross": nt.simple(torch.linalg.cross), **STATS_FUNCTIONS, **SHAPE_FUNCTIONS,
     })
     out: dict[int, tuple[Any, nt.Handler]] = {}
     for name, handler in table.items():
         fn = getattr(np, name, None)
         if fn is not None:
             out[id(fn)] = (fn, handler)
-    for name, handler in {"norm": _norm, "inv": _linalg(torch.linalg.inv), "det": _linalg(torch.linalg.det),
-                          "pinv": _linalg(torch.linalg.pinv)}.items():
+    for name, handler in LINALG_FUNCTIONS.items():
         fn = getattr(np.linalg, name)
         out[id(fn)] = (fn, handler)
+    for entry in SCALAR_TYPES.values():
+        out[id(entry[0])] = entry
     for name, handler in FFT_FUNCTIONS.items():
         fn = getattr(np.fft, name)
         out[id(fn)] = (fn, handler)
@@ -233,6 +218,24 @@ def _method_transpose(frame: Frame, args: list, kwargs: dict) -> Any:
     return nt.transpose(frame, [args[0], *([nt._shape_args(list(args[1:]))] if len(args) > 1 else [])], kwargs)
 
 
+_DUNDER_OPS = {
+    "add": operator.add, "sub": operator.sub, "mul": operator.mul, "truediv": operator.truediv,
+    "floordiv": operator.floordiv, "mod": operator.mod, "pow": operator.pow, "matmul": operator.matmul,
+    "and": operator.and_, "or": operator.or_, "xor": operator.xor, "iadd": operator.iadd, "isub": operator.isub,
+    "imul": operator.imul, "itruediv": operator.itruediv, "ifloordiv": operator.ifloordiv, "imod": operator.imod,
+    "ipow": operator.ipow, "iand": operator.iand, "ior": operator.ior, "ixor": operator.ixor,
+    "lt": operator.lt, "le": operator.le, "gt": operator.gt, "ge": operator.ge, "eq": operator.eq,
+    "ne": operator.ne,
+}
+
+
+def _dunder(op: Any, reflected: bool = False) -> nt.Handler:
+    def call(frame: Frame, args: list, kwargs: dict) -> Any:
+        a, b = args[0], args[1]
+        return nt.binary(frame, op, b, a) if reflected else nt.binary(frame, op, a, b)
+    return call
+
+
 ARRAY_METHODS: dict[str, nt.Handler] = {
     **{n: nt.reduction(k) for n, k in _REDUCTIONS.items() if n not in ("amax", "amin")},
     "reshape": _method_reshape, "transpose": _method_transpose, "astype": _astype, "copy": _copy,
@@ -241,6 +244,11 @@ ARRAY_METHODS: dict[str, nt.Handler] = {
     "squeeze": _squeeze, "clip": nt.clip, "round": nt._round, "dot": nt.dot, "fill": _fill,
     "swapaxes": _swapaxes, "repeat": _repeat, "item": nt.item_break, "tolist": nt.item_break,
     "__array__": nt.item_break,
+    # operators called by name (``b.__imul__(2)``, ``b.__setitem__(k, v)``), as the operators themselves
+    "__getitem__": lambda f, a, k: array_getitem(f, a[0], a[1]),
+    "__setitem__": lambda f, a, k: array_setitem(f, a[0], a[1], a[2]),
+    **{f"__{n}__": _dunder(op) for n, op in _DUNDER_OPS.items()},
+    **{f"__r{n}__": _dunder(op, reflected=True) for n, op in _DUNDER_OPS.items() if not n.startswith("i")},
 }
 
 
@@ -289,8 +297,12 @@ def array_getitem(frame: Frame, a: NumpyArray, key: Any) -> Any:
     if a.python is not None:
         raise GraphBreak("indexing a number drawn by numpy random", "it runs in Python (and raises, as eager)")
     key = _index(frame, key)
-    out = frame.tracer.record("call_function", operator.getitem, (a.t, key), {}, lambda: a.t[key])
     keys = key if isinstance(key, tuple) else (key,)
+    if any(isinstance(k, torch.Tensor) and k.dtype == torch.bool and k.dim() > 0 for k in keys):
+        raise GraphBreak("boolean-mask indexing of a numpy array (a[a > 0]): the result's size depends on the data",
+                         "it runs in NumPy between graphs, as torch.compile does; np.where(mask, a, 0) or "
+                         "a masked write (a[a > 0] = 0) stays in the graph")
+    out = frame.tracer.record("call_function", operator.getitem, (a.t, key), {}, lambda: a.t[key])
     # integers only (0-d integer arrays too: ``a[np.random.choice(3)]``) down to 0-d: a NumPy scalar
     full = out.dim() == 0 and all(type(k) is int or isinstance(k, torch.Tensor) and k.dim() == 0 and
                                   not k.dtype.is_floating_point and k.dtype != torch.bool for k in keys)
@@ -312,7 +324,9 @@ def _index(frame: Frame, key: Any) -> Any:
     if isinstance(key, np.generic):
         return key.item()
     if isinstance(key, list):
-        raise GraphBreak("indexing a numpy array with a list")
+        if not all(type(k) is int for k in key):  # lists of bools are masks (NumPy checks their length)
+            raise GraphBreak("indexing a numpy array with a list that is not a list of ints")
+        return nt._fn(frame, torch.tensor, key, dtype=torch.int64, **nt.device_kw(frame))
     return key
 
 

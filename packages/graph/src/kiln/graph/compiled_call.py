@@ -26,7 +26,7 @@ from .symbolic import size_evaluator
 
 ListCall = Callable[[list[Any]], Sequence[Any]]
 
-OUTPUT_KINDS = ("graph", "input", "alias_input", "alias_output", "same", "constant")
+OUTPUT_KINDS = ("graph", "input", "alias_input", "alias_output", "same", "constant", "symbolic")
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ class OutputRule:
     stride: tuple[int | str, ...] = ()
     storage_offset: int | str = 0
     requires_grad: bool = False
-    value: Any = None  # a constant output (int, None, ...)
+    value: Any = None  # a constant output (int, None, ...); a "symbolic" output's Python expression
 
     @property
     def symbolic(self) -> bool:
@@ -82,13 +82,14 @@ class CallSignature:
             sig.get("n_saved_sizes", 0), tuple((n, i, d) for n, i, d in sig.get("symbols", ())))
 
 
-ViewMeta = Callable[[Sequence[Any]], tuple[Any, Any, Any]]
+ViewMeta = Callable[[Sequence[Any]], Any]  # (size, stride, offset) of a view, or a symbolic number
 
 
 def view_evaluators(sig: CallSignature) -> tuple[ViewMeta | None, ...]:
     """Per output, a function of the call's arguments giving a view's (size, stride, offset) when they
-    were symbolic at trace time (None otherwise)."""
-    return tuple(size_evaluator((r.size, r.stride, r.storage_offset), sig.symbols) if r.symbolic else None
+    were symbolic at trace time, or a "symbolic" output's number (None otherwise)."""
+    return tuple(size_evaluator(r.value, sig.symbols) if r.kind == "symbolic" else
+                 size_evaluator((r.size, r.stride, r.storage_offset), sig.symbols) if r.symbolic else None
                  for r in sig.outputs)
 
 
@@ -121,6 +122,8 @@ def finish_outputs(sig: CallSignature, args: Sequence[Any], graph_outs: Sequence
             v = result[rule.index]
         elif k == "constant":
             v = rule.value
+        elif k == "symbolic":
+            v = views[i](args)  # type: ignore[misc]  # view_evaluators made one for every "symbolic" rule
         else:
             base = args[rule.index] if k == "alias_input" else result[rule.index]
             meta = views[i] if i < len(views) else None

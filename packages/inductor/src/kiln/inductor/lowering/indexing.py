@@ -80,8 +80,11 @@ def _gather(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int, index
             sparse_grad: bool = False) -> Lazy:
     shape = out_shape(node)
     n = len(shape)
-    if n == 0:
-        return Lazy(shape, x.dtype, gather_load(ctx, x, []))
+    if n == 0:  # a 0-d result still reads x at the index's value (the lerp of torch.quantile's two gathers)
+        full0: list = [sympy.Integer(0)] * len(x.shape)
+        if full0:
+            full0[dim % len(x.shape)] = value_at(index, [sympy.Integer(0)] * len(index.shape))
+        return Lazy(shape, x.dtype, gather_load(ctx, x, full0))
     dim = dim + n if dim < 0 else dim
     iv: list = list(index_vars("i", n))
     full = list(iv)
