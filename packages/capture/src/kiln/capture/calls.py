@@ -24,7 +24,7 @@ from .errors import GraphBreak
 from .foreign import is_immutable_constant, is_mutable_c_value
 from .knobs import user_environment
 from .module_calls import runs_in_python
-from .module_init import build_module, grad_leaf_call
+from .module_init import build_module, grad_leaf_call, make_parameter, mark_built_state, site_of
 from .numpy_random import is_python_draw, rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
@@ -111,6 +111,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if isinstance(fn, type):
         return construct(frame, fn, args, kwargs)
     if isinstance(fn, types.FunctionType):
+        if fn is nn.Module.__init__ and args and id(args[0]) in frame.tracer.made:  # super().__init__()
+            return real_call(frame, fn, args, kwargs)  # of a module built in the trace: its empty tables
         if is_log_call(fn):  # logging: replayed after the graph (deferred.py)
             return defer(frame, fn, args, kwargs)
         if _run_for_real(frame, fn, args, kwargs):
@@ -458,6 +460,8 @@ def construct(frame: Frame, cls: type, args: list, kwargs: dict) -> Any:
     """Calling a class: user classes are built with their __init__ inlined; C classes for real."""
     if issubclass(cls, nn.Module):
         return construct_module(frame, cls, args, kwargs)
+    if cls is nn.Parameter:
+        return make_parameter(frame, cls, args, kwargs)
     if issubclass(cls, torch.Tensor):
         raise GraphBreak(f"constructing {cls.__name__} inside compiled code")
     new = lookup_static(cls, "__new__")
@@ -487,6 +491,8 @@ def construct_module(frame: Frame, cls: type, args: list, kwargs: dict) -> nn.Mo
     graph work (module_init.py); one without state is rebuilt per call if it outlives the graph.
     Modules of other libraries and the user's own run their ``__init__`` in Python (a break)."""
     name = cls.__name__
+    if not (cls.__module__ or "").startswith("torch."):
+        return construct_user_module(frame, cls, args, kwargs)
     if not (cls.__module__ or "").startswith("torch.nn.") or \
             any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values()):
         raise GraphBreak(f"constructing module {name} inside compiled code",
@@ -495,6 +501,33 @@ def construct_module(frame: Frame, cls: type, args: list, kwargs: dict) -> nn.Mo
     module = build_module(frame, cls, args, kwargs)
     frame.tracer.note_made(module)
     return module
+
+
+def construct_user_module(frame: Frame, cls: type, args: list, kwargs: dict) -> nn.Module:
+    """``Block(16)`` in a forward: a user module class built in the trace. Its ``__init__`` is inlined
+    (so what it reads is guarded and its tensor work is graph work, random initialisation in eager's
+    order); ``nn.Module.__init__``, attribute writes through ``nn.Module.__setattr__`` and the torch.nn
+    submodules it builds (module_init.py) run for real on the new object, which exists only in the
+    trace. One that outlives the graph is built in Python instead (``BuiltModuleEscapes``)."""
+    site = site_of(frame)
+    if site in frame.ctx.escaping_builds:
+        raise GraphBreak(f"constructing module {cls.__name__} inside compiled code: the module outlives the "
+                         "graph (returned, stored, or live at a graph break) and needs real nn.Parameters",
+                         "it is built in Python on every call; build it outside the compiled function to "
+                         "keep one graph")
+    new = lookup_static(cls, "__new__")
+    if new is not object.__new__ and not (isinstance(new, staticmethod) and
+                                          isinstance(new.__func__, types.FunctionType)):
+        raise GraphBreak(f"constructing module {cls.__name__} inside compiled code: its __new__ is not Python")
+    obj = call_function(frame, new.__func__, [cls, *args], kwargs) if new is not object.__new__ \
+        else cls.__new__(cls)
+    if not isinstance(obj, cls):
+        return obj
+    frame.tracer.note_made(obj)
+    before = len(frame.tracer.built_state)
+    call_function(frame, lookup_static(cls, "__init__"), [obj, *args], kwargs)
+    mark_built_state(frame, obj, site, before)
+    return obj
 
 
 def build_class(frame: Frame, args: list, kwargs: dict) -> type:

@@ -201,6 +201,17 @@ def store_attr(frame: Frame, obj: Any, name: str, value: Any) -> None:
     if frame.tracer.source_of.get(id(obj)) is not None:
         record_attr_write(frame, obj, name, value)
         return
+    if isinstance(obj, nn.Module) and id(obj) in frame.tracer.made:  # a module built in the trace
+        setter = lookup_static(type(obj), "__setattr__")
+        static = lookup_static(type(obj), name)
+        if isinstance(static, property) and isinstance(static.fset, types.FunctionType):
+            frame.call(static.fset, [obj, value], {})
+        elif setter is not nn.Module.__setattr__ and isinstance(setter, types.FunctionType):
+            frame.call(setter, [obj, name, value], {})
+        else:  # registers submodules, parameters and buffers on the trace's own object
+            frame.tracer.note_setattr(obj, name)
+            setattr(obj, name, value)
+        return
     if isinstance(obj, (nn.Module, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)):
         raise GraphBreak(f"mutation of attribute {name!r} on an object from outside the compiled code",
                          "attribute writes on inputs run in Python")
