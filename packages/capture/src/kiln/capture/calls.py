@@ -21,6 +21,7 @@ from .builtins_impl import SPECIAL
 from .controls import allowed_in_graph, disabled_reason, torch_disabled_wrapper
 from .deferred import defer, is_log_call
 from .errors import GraphBreak
+from .generators import GeneratorMethod, make_generator
 from .foreign import is_immutable_constant, is_mutable_c_value
 from .knobs import user_environment
 from .module_calls import runs_in_python
@@ -59,7 +60,9 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         return grad_leaf_call(frame, f"Tensor.{fn.name}",
                               lambda: torch_ops.tensor_method(frame, fn.tensor, fn.name, args, kwargs))
     if isinstance(fn, TracedFunction):
-        return inline(frame, fn.code, fn.globals, args, kwargs, fn.defaults, fn.kwdefaults, fn.closure)
+        return inline(frame, fn.code, fn.globals, args, kwargs, fn.defaults, fn.kwdefaults, fn.closure, fn)
+    if isinstance(fn, GeneratorMethod):
+        return fn.call(list(args), kwargs)
     if isinstance(fn, TracedMethod):
         return call_function(frame, fn.fn, [fn.self_obj, *args], kwargs)
     if fn is builtins.__build_class__:
@@ -389,21 +392,22 @@ def inline_function(frame: Frame, fn: types.FunctionType, args: list, kwargs: di
     if src is not None:  # the guard is on the code object: defaults are guarded one by one
         defaults = tuple(frame.tracer.wrap(d, f"{src}.__defaults__[{i}]") for i, d in enumerate(defaults))
         kwdefaults = {k: frame.tracer.wrap(v, f"{src}.__kwdefaults__[{k!r}]") for k, v in kwdefaults.items()}
-    return inline(frame, fn.__code__, fn.__globals__, args, kwargs, defaults, kwdefaults, closure)
+    return inline(frame, fn.__code__, fn.__globals__, args, kwargs, defaults, kwdefaults, closure, fn)
 
 
 def inline(frame: Frame, code: types.CodeType, f_globals: dict, args: list, kwargs: dict,
-           defaults: tuple, kwdefaults: dict, closure: tuple[Cell, ...]) -> Any:
+           defaults: tuple, kwdefaults: dict, closure: tuple[Cell, ...], callee: Any = None) -> Any:
+    """Run ``code`` as a call inside the trace; a generator function's call makes a generator of the
+    trace whose body runs as it is advanced (generators.py); ``callee`` remakes it after the graph."""
     if frame.depth >= frame.ctx.depth_limit:
         raise GraphBreak(f"call depth over {frame.ctx.depth_limit} while inlining {code.co_name}")
     if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
         raise GraphBreak(f"coroutine {code.co_name}")
     bound = bind_arguments(code, args, kwargs, defaults, kwdefaults, code.co_name)
     child = frame.spawn(code, f_globals, bound, closure)
-    result = child.run_inlined()
-    if child.yields is not None:
-        return ListIterator(child.yields, frame.tracer.advances)
-    return result
+    if child.is_generator:
+        return make_generator(frame, child, callee, args, kwargs)
+    return child.run_inlined()
 
 
 def call_module(frame: Frame, module: nn.Module, args: list, kwargs: dict) -> Any:

@@ -141,7 +141,9 @@ class Frame:
         self.parent = parent
         self.depth: int = 0 if parent is None else parent.depth + 1
         self.result = FrameResult()
-        self.yields: list[Any] | None = [] if code.co_flags & inspect.CO_GENERATOR else None
+        self.is_generator = bool(code.co_flags & inspect.CO_GENERATOR)
+        self.suspended = False  # a generator's frame stopped at a yield (generators.py)
+        self.yielded: Any = None
         self.exc_stack: list[Any] = []
         self.current: Inst | None = None
 
@@ -181,8 +183,9 @@ class Frame:
         handler(self, inst)
 
     def run_inlined(self) -> Any:
-        """Run to RETURN; a graph break propagates with this frame's location on its stack."""
-        while not self.result.returned:
+        """Run to RETURN (or, in a generator's frame, to its next yield); a graph break propagates
+        with this frame's location on its stack."""
+        while not self.result.returned and not self.suspended:
             inst = self.insts[self.ip]
             try:
                 self.step(inst)

@@ -1,0 +1,190 @@
+"""Generators inside compiled code, run lazily as CPython runs them.
+
+Note: calling a generator function (or a generator expression) inside the trace makes a
+``TracedGenerator`` holding the callee's suspended frame; nothing of its body runs until it is
+advanced (``next``, a ``for`` loop, ``send``, ``yield from``, a consumer such as ``sum``/``list``/
+``zip``). Each advance runs the frame to its next ``YIELD_VALUE`` (``Frame.run_inlined`` stops
+there), so the body's tensor work, side effects and exceptions interleave with the consumer's in
+eager's order, and an infinite generator (``while True: yield i``) zipped with a list stops where
+eager stops. ``zip``/``enumerate``/``map`` over one are lazy (``LazyIterator``).
+
+A generator cannot leave the graph as a traced frame: returned, stored, or live at a graph break
+(a break inside its body makes it live at the breaking instruction) it must be a real generator.
+One not started yet is rebuilt by calling the function again after the graph (its body has not
+run); a started one raises ``BuiltModuleEscapes`` and the capture runs again with a break at its
+creation, so it is made and run in Python on every call (``capture.run_capture``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import GraphBreak
+from .module_init import BuiltModuleEscapes, Site, site_of
+from .values import InterpIterator
+
+if TYPE_CHECKING:
+    from .frame import Frame
+
+
+@dataclass(eq=False)
+class TracedGenerator(InterpIterator):
+    """A generator made in the trace: its suspended frame, and how to make it again (``callee`` called
+    with ``args``/``kwargs``) while it has not started."""
+
+    frame: Frame
+    site: Site
+    callee: Any
+    args: list
+    kwargs: dict
+    started: bool = False
+    running: bool = False
+    done: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.frame.code.co_name
+
+    def send(self, value: Any) -> Any:
+        if self.running:
+            raise ValueError("generator already executing")
+        if self.done:
+            raise StopIteration
+        frame = self.frame
+        if not self.started:
+            if value is not None:
+                raise TypeError("can't send non-None value to a just-started generator")
+            self.started = True
+        else:
+            frame.suspended = False
+            frame.push(value)  # the value of the ``yield`` expression
+        self.running = True
+        try:
+            frame.run_inlined()
+        except StopIteration as e:  # PEP 479 (3.12+ does this in bytecode, 3.11 in C)
+            self.done = True
+            raise RuntimeError("generator raised StopIteration") from e
+        except BaseException:
+            self.done = True
+            raise
+        finally:
+            self.running = False
+        if frame.suspended:
+            return frame.yielded
+        self.done = True
+        raise StopIteration(frame.result.value)
+
+    def next(self) -> Any:
+        return self.send(None)
+
+    def close(self) -> None:
+        """``close()``: a generator suspended inside a ``try``/``with`` would run its handlers on
+        ``GeneratorExit``; kiln does not model that (a break: the generator runs in Python)."""
+        if not self.started or self.done:
+            self.done = True
+            return
+        raise GraphBreak(f"close() of the suspended generator {self.name}",
+                         "the generator runs in Python")
+
+    def escapes(self) -> BuiltModuleEscapes:
+        return BuiltModuleEscapes(self.site, f"generator {self.name}")
+
+
+@dataclass(eq=False)
+class LazyIterator(InterpIterator):
+    """``zip``/``enumerate``/``map`` over a generator of the trace: each ``next`` pulls its items then,
+    as CPython's lazy builtins do. ``sources`` are the iterators it reads (for rebuilding)."""
+
+    pull: Callable[[], Any]
+    sources: list = field(default_factory=list)
+
+    def next(self) -> Any:
+        return self.pull()
+
+    def escapes(self) -> BuiltModuleEscapes | None:
+        for s in self.sources:
+            if isinstance(s, (TracedGenerator, LazyIterator)):
+                found = s.escapes()
+                if found is not None:
+                    return found
+        return None
+
+
+@dataclass(eq=False)
+class GeneratorMethod:
+    """``gen.send`` / ``gen.__next__`` / ``gen.close`` bound to a generator of the trace."""
+
+    gen: TracedGenerator
+    name: str
+
+    def call(self, args: list, kwargs: dict) -> Any:
+        if kwargs:
+            raise TypeError(f"generator.{self.name}() takes no keyword arguments")
+        if self.name == "send":
+            (value,) = args
+            return self.gen.send(value)
+        if self.name == "__next__":
+            return self.gen.next()
+        if self.name == "close":
+            return self.gen.close()
+        raise GraphBreak(f"generator.{self.name}() inside compiled code", "the generator runs in Python")
+
+
+GENERATOR_METHODS = ("send", "__next__", "close", "throw")
+
+
+def make_generator(frame: Frame, child: Frame, callee: Any, args: list, kwargs: dict) -> TracedGenerator:
+    """A call of a generator function inside the trace (``child`` is its frame, not yet run)."""
+    site = site_of(frame)
+    if site in frame.ctx.escaping_builds:
+        raise GraphBreak(f"generator {child.code.co_name} made in compiled code outlives the graph (returned, "
+                         "stored, or live at a graph break once started)",
+                         "it is made and run in Python on every call")
+    child.suspended = False
+    return TracedGenerator(child, site, callee, list(args), dict(kwargs))
+
+
+def lazy_zip(iterators: list[InterpIterator], strict: bool) -> LazyIterator:
+    def pull() -> tuple:
+        out = []
+        for k, it in enumerate(iterators):
+            try:
+                out.append(it.next())
+            except StopIteration:
+                if strict and (k > 0 or _not_exhausted(iterators[1:])):
+                    raise ValueError("zip() arguments have different lengths") from None
+                raise
+        return tuple(out)
+    return LazyIterator(pull, list(iterators))
+
+
+def _not_exhausted(iterators: list[InterpIterator]) -> bool:
+    for it in iterators:
+        try:
+            it.next()
+            return True
+        except StopIteration:
+            continue
+    return False
+
+
+def lazy_enumerate(it: InterpIterator, start: Any) -> LazyIterator:
+    count = [start]
+
+    def pull() -> tuple:
+        v = it.next()
+        i = count[0]
+        count[0] = i + 1
+        return (i, v)
+    return LazyIterator(pull, [it])
+
+
+def lazy_map(frame: Frame, fn: Any, iterators: list[InterpIterator]) -> LazyIterator:
+    inner = lazy_zip(iterators, strict=False)
+    return LazyIterator(lambda: frame.call(fn, list(inner.next()), {}), [inner])
+
+
+def is_lazy(v: Any) -> bool:
+    return isinstance(v, (TracedGenerator, LazyIterator))
