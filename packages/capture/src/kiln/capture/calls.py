@@ -497,6 +497,9 @@ def construct_module(frame: Frame, cls: type, args: list, kwargs: dict) -> nn.Mo
     name = cls.__name__
     if not (cls.__module__ or "").startswith("torch."):
         return construct_user_module(frame, cls, args, kwargs)
+    # a symbolic size as a layer's width (``nn.Linear(x.shape[-1], 4)``): specialised, a shape guard
+    args = [int(a) if isinstance(a, torch.SymInt) else a for a in args]
+    kwargs = {k: int(v) if isinstance(v, torch.SymInt) else v for k, v in kwargs.items()}
     if not (cls.__module__ or "").startswith("torch.nn.") or \
             any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values()):
         raise GraphBreak(f"constructing module {name} inside compiled code",

@@ -97,6 +97,8 @@ class Context:
     # constructions of torch.nn modules whose module outlived the graph in an earlier attempt at this
     # capture: they break the graph (module_init.py)
     escaping_builds: frozenset = frozenset()
+    # generators made in the trace (generators.py), checked for cleanup a dropped one would run
+    generators: list = field(default_factory=list)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .errors import GraphBreak
+from .errors import GraphBreak, SkipFrame
 from .module_init import BuiltModuleEscapes, Site, site_of
 from .values import InterpIterator
 
@@ -82,14 +82,24 @@ class TracedGenerator(InterpIterator):
     def close(self) -> None:
         """``close()``: a generator suspended inside a ``try``/``with`` would run its handlers on
         ``GeneratorExit``; kiln does not model that (a break: the generator runs in Python)."""
-        if not self.started or self.done:
-            self.done = True
-            return
-        raise GraphBreak(f"close() of the suspended generator {self.name}",
-                         "the generator runs in Python")
+        if self.cleanup_pending():
+            raise GraphBreak(f"close() of the generator {self.name} suspended inside try/with",
+                             "the generator runs in Python")
+        self.done = True
 
     def escapes(self) -> BuiltModuleEscapes:
         return BuiltModuleEscapes(self.site, f"generator {self.name}")
+
+    def cleanup_pending(self) -> bool:
+        """Suspended at a yield covered by a handler of its own (``try``/``finally``, ``with``): not
+        3.12+'s whole-body handler that turns StopIteration into RuntimeError."""
+        if not self.started or self.done or self.frame.current is None:
+            return False
+        offset = self.frame.current.offset
+        for entry in self.frame.exc_table:
+            if entry.start <= offset < entry.end:
+                return self.frame.insts[self.frame.index_of[entry.target]].opname != "CALL_INTRINSIC_1"
+        return False
 
 
 @dataclass(eq=False)
@@ -142,8 +152,19 @@ def make_generator(frame: Frame, child: Frame, callee: Any, args: list, kwargs: 
         raise GraphBreak(f"generator {child.code.co_name} made in compiled code outlives the graph (returned, "
                          "stored, or live at a graph break once started)",
                          "it is made and run in Python on every call")
-    child.suspended = False
-    return TracedGenerator(child, site, callee, list(args), dict(kwargs))
+    gen = TracedGenerator(child, site, callee, list(args), dict(kwargs))
+    frame.ctx.generators.append(gen)
+    return gen
+
+
+def refuse_dropped_cleanup(generators: list[TracedGenerator]) -> None:
+    """A generator left suspended inside ``try``/``with`` runs its handlers when eager drops it
+    (``GeneratorExit``, at a moment set by reference counting): kiln does not model that, so the
+    frame runs eagerly (as torch.compile runs frames with generators it cannot trace)."""
+    for gen in generators:
+        if gen.cleanup_pending():
+            raise SkipFrame(f"the generator {gen.name} is left suspended inside try/finally or with, and eager "
+                            "runs its cleanup when the generator is dropped")
 
 
 def lazy_zip(iterators: list[InterpIterator], strict: bool) -> LazyIterator:
