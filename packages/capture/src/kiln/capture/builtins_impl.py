@@ -31,10 +31,10 @@ from .semantics import (
     truth,
 )
 from .values import (
-    InterpIterator,
     EMPTY,
     AutocastContext,
     GradModeContext,
+    InterpIterator,
     ListIterator,
     NullContext,
     NumpyArray,

@@ -21,8 +21,8 @@ from .builtins_impl import SPECIAL
 from .controls import allowed_in_graph, disabled_reason, torch_disabled_wrapper
 from .deferred import defer, is_log_call
 from .errors import GraphBreak
-from .generators import GeneratorMethod, make_generator
 from .foreign import is_immutable_constant, is_mutable_c_value
+from .generators import GeneratorMethod, make_generator
 from .knobs import user_environment
 from .module_calls import runs_in_python
 from .module_init import build_module, grad_leaf_call, make_parameter, mark_built_state, site_of
@@ -33,7 +33,6 @@ from .values import (
     EMPTY,
     NULL,
     Cell,
-    ListIterator,
     NumpyArray,
     TensorMethod,
     TracedFunction,
@@ -522,14 +521,10 @@ def construct_user_module(frame: Frame, cls: type, args: list, kwargs: dict) -> 
                          "graph (returned, stored, or live at a graph break) and needs real nn.Parameters",
                          "it is built in Python on every call; build it outside the compiled function to "
                          "keep one graph")
-    new = lookup_static(cls, "__new__")
-    if new is not object.__new__ and not (isinstance(new, staticmethod) and
-                                          isinstance(new.__func__, types.FunctionType)):
-        raise GraphBreak(f"constructing module {cls.__name__} inside compiled code: its __new__ is not Python")
-    obj = call_function(frame, new.__func__, [cls, *args], kwargs) if new is not object.__new__ \
-        else cls.__new__(cls)
-    if not isinstance(obj, cls):
-        return obj
+    if lookup_static(cls, "__new__") is not object.__new__:
+        raise GraphBreak(f"constructing module {cls.__name__} inside compiled code: it defines __new__",
+                         "build the module outside the compiled function")
+    obj = cast(nn.Module, object.__new__(cls))
     frame.tracer.note_made(obj)
     before = len(frame.tracer.built_state)
     call_function(frame, lookup_static(cls, "__init__"), [obj, *args], kwargs)

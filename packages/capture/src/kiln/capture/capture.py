@@ -18,8 +18,8 @@ from kiln.graph import CapturedGraph, GraphAnnotations, GuardSet, TensorSpec, an
 from .deferred import CALL, EXIT_CALL
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .frame import BreakAt, Context, Frame, FrameResult
-from .knobs import KNOBS, CaptureOptions
 from .generators import refuse_dropped_cleanup
+from .knobs import KNOBS, CaptureOptions
 from .module_init import BuiltModuleEscapes
 from .numpy_random import flush_pending
 from .rebuild import Flattener, Plan

@@ -18,7 +18,6 @@ from .values import (
     ExceptionValue,
     GradModeContext,
     InterpIterator,
-    ListIterator,
     NullContext,
     ResumedAutocast,
 )
