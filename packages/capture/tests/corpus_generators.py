@@ -4,6 +4,8 @@ unpacking, ``next``/``send``, ``yield from``; side effects interleaved with the 
 A generator that outlives the graph is a real one (remade after the graph when it has not started,
 else made in Python); torch.compile runs such frames eagerly."""
 
+import itertools
+
 import torch
 
 from .corpus_registry import case, graph_break
@@ -206,3 +208,17 @@ def gen_live_at_break_unstarted(x, y):
 @case(graphs=3, breaks=2)
 def gen_break_in_body(x, y):
     return sum(_item_of_each([x, y + 1])) * x
+
+
+@case(graphs=1, breaks=0)
+def gen_itertools_islice_chain(x, y):
+    log, out = [], []
+    for t in itertools.islice(itertools.chain(_logged([x, y], log), _gen([x])), 1, 3):
+        log.append("body")
+        out.append(t)
+    return out, log
+
+
+@case(graphs=1, breaks=0)
+def gen_itertools_islice_endless(x, y):
+    return [x * i + y for i in itertools.islice(_count(), 2, 8, 3)]

@@ -22,7 +22,7 @@ from .controls import allowed_in_graph, disabled_reason, torch_disabled_wrapper
 from .deferred import defer, is_log_call
 from .errors import GraphBreak
 from .foreign import is_immutable_constant, is_mutable_c_value
-from .generators import GeneratorMethod, make_generator
+from .generators import GeneratorMethod, is_lazy, lazy_polyfill, make_generator
 from .knobs import user_environment
 from .module_calls import runs_in_python
 from .module_init import build_module, grad_leaf_call, make_parameter, mark_built_state, site_of
@@ -66,6 +66,9 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         return call_function(frame, fn.fn, [fn.self_obj, *args], kwargs)
     if fn is builtins.__build_class__:
         return build_class(frame, args, kwargs)
+    poly = lazy_polyfill(fn, args, kwargs)
+    if poly is not None:
+        return call_function(frame, poly, list(args), kwargs)
     special = _special(fn)
     if special is not None:
         return special(frame, args, kwargs)
@@ -298,7 +301,13 @@ def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         raise GraphBreak(f"{getattr(fn, '__module__', None) or 'numpy'}.{name} is not traced on numpy arrays",
                          "it runs in Python between graphs")
     traced_args = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())
-    if not traced_args:
+    lazy = [a for a in [*args, *kwargs.values()] if is_lazy(a)]
+    if lazy and not traced_args:
+        result = fn(*args, **kwargs)
+        if hasattr(type(result), "__next__"):  # a lazy C wrapper (itertools...): it would advance the
+            # generator later, outside the interpreter's order
+            raise GraphBreak(f"{name}() over a generator made in compiled code", "the generator runs in Python")
+    elif not traced_args:
         result = fn(*args, **kwargs)
     else:
         versions = _versions([*args, *kwargs.values()])

@@ -17,10 +17,12 @@ creation, so it is made and run in Python on every call (``capture.run_capture``
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from . import polyfills
 from .errors import GraphBreak, SkipFrame
 from .module_init import BuiltModuleEscapes, Site, site_of
 from .values import InterpIterator
@@ -209,3 +211,18 @@ def lazy_map(frame: Frame, fn: Any, iterators: list[InterpIterator]) -> LazyIter
 
 def is_lazy(v: Any) -> bool:
     return isinstance(v, (TracedGenerator, LazyIterator))
+
+
+# itertools functions given a generator of the trace: their Python versions, generators themselves, so
+# the generator is advanced when eager's would be (other C callables that wrap one break: calls.py)
+LAZY_POLYFILLS: dict[Any, Callable] = {itertools.chain: polyfills.chain_, itertools.islice: polyfills.islice_}
+
+
+def lazy_polyfill(fn: Any, args: list, kwargs: dict) -> Callable | None:
+    try:
+        poly = LAZY_POLYFILLS.get(fn)
+    except TypeError:  # unhashable callable
+        return None
+    if poly is not None and any(is_lazy(a) for a in [*args, *kwargs.values()]):
+        return poly
+    return None
