@@ -118,3 +118,25 @@ def test_fullgraph_names_the_break_inside_the_generator():
         assert "item" in str(e) and "in items" in str(e), str(e)
     else:
         raise AssertionError("fullgraph=True accepted a break inside a generator")
+
+
+def _delegating(xs, log):
+    yield from _guarded(xs, log)  # closing it closes the sub-generator, which runs its finally
+
+
+def test_dropped_generator_inside_yield_from_runs_the_inner_finally():
+    def f(x, log):
+        g = _delegating([x, x * 2], log)
+        first = next(g)
+        del g  # eager: closed here, the inner finally runs
+        log.append("after")
+        return first
+    for got, want in _compare(f, lambda: (torch.randn(3), [])):
+        assert_same(got, want)
+    kc.reset()
+    opt = kc.optimize(f, Recorder())
+    log_eager, log_kiln = [], []
+    x = torch.randn(3)
+    f(x, log_eager)
+    opt(x, log_kiln)
+    assert log_kiln == log_eager == ["closed", "after"]

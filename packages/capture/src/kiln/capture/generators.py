@@ -94,11 +94,21 @@ class TracedGenerator(InterpIterator):
 
     def cleanup_pending(self) -> bool:
         """Suspended at a yield covered by a handler of its own (``try``/``finally``, ``with``): not
-        3.12+'s whole-body handler that turns StopIteration into RuntimeError."""
-        if not self.started or self.done or self.frame.current is None:
+        3.12+'s whole-body handler that turns StopIteration into RuntimeError. Inside ``yield from``
+        (the yield right after SEND), closing it closes the sub-generator first: its cleanup counts,
+        and the handlers around the SEND are the ones that matter (3.12+ covers the yield itself
+        with CLEANUP_THROW, for ``throw``)."""
+        frame = self.frame
+        if not self.started or self.done or frame.current is None:
             return False
-        offset = self.frame.current.offset
-        for entry in self.frame.exc_table:
+        offset = frame.current.offset
+        before = frame.insts[frame.current.index - 1] if frame.current.index else None
+        if before is not None and before.opname == "SEND":
+            sub = frame.stack[-1] if frame.stack else None
+            if isinstance(sub, TracedGenerator) and sub.cleanup_pending():
+                return True
+            offset = before.offset
+        for entry in frame.exc_table:
             if entry.start <= offset < entry.end:
                 return self.frame.insts[self.frame.index_of[entry.target]].opname != "CALL_INTRINSIC_1"
         return False
