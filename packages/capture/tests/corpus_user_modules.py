@@ -235,3 +235,84 @@ def umod_live_at_break(x):
     m = Block(4)
     graph_break()
     return m(x)
+
+
+# ---- what the inlined __init__ meets: exceptions, a user __setattr__, classes defined inside, breaks ----
+class _Raiser(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        if d < 0:
+            raise ValueError("kiln-corpus")
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class _Tracked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+        self.fc = nn.Linear(4, 4)
+
+    def __setattr__(self, name, value):
+        if name != "names" and "names" in self.__dict__:
+            self.names.append(name)
+        super().__setattr__(name, value)
+
+    def forward(self, x):
+        return self.fc(x), self.names
+
+
+class _ItemInInit(nn.Module):
+    def __init__(self, t):
+        super().__init__()
+        self.k = int(t.sum().item() > 0) + 1  # a break inside __init__: the construction runs in Python
+        self.fc = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) * self.k
+
+
+class _WithNew(nn.Module):
+    def __new__(cls, *args):
+        return super().__new__(cls)
+
+    def forward(self, x):
+        return x + 1
+
+
+@case(graphs=1, breaks=0, args=_x, seeded=True)
+def umod_init_raises_caught(x):
+    try:
+        _Raiser(-1)
+    except ValueError:
+        pass
+    return _Raiser(4)(x)
+
+
+@case(graphs=1, breaks=0, args=_x, seeded=True)
+def umod_user_setattr(x):
+    return _Tracked()(x)
+
+
+@case(graphs=1, breaks=0, args=_x)
+def umod_class_defined_inside(x):
+    class Local(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.ones(4))
+
+        def forward(self, y):
+            return y * self.w
+    return Local()(x)
+
+
+@case(graphs=2, breaks=1, args=_x, seeded=True)
+def umod_break_inside_init(x):
+    return _ItemInInit(x)(x)
+
+
+@case(graphs=2, breaks=1, args=_x)
+def umod_with_new_breaks(x):
+    return _WithNew()(x) * 2
