@@ -134,3 +134,60 @@ def test_a_returned_leaf_is_made_in_python():
     for fn in (linear_loss, leaf_in_graph, under_no_grad_and_detached):
         ex = kiln.explain(fn)(torch.randn(2, 4))
         assert ex.graph_count == 1 and ex.break_count == 0, ex.as_text()
+
+
+# ---- the user's own module classes built inside (their __init__ inlined: capture's module_init) ------
+
+class Block(nn.Module):
+    def __init__(self, d):
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+        self.ln = nn.LayerNorm(d)
+        self.scale = 0.5
+
+    def forward(self, x):
+        return self.ln(self.fc(x)) * self.scale + x
+
+
+class Tower(nn.Module):
+    def __init__(self, d, n):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(d) for _ in range(n)])
+        self.head = nn.Linear(d, 2)
+        self.apply(self._init_weights)  # transformers' pattern
+
+    def _init_weights(self, m):
+        if isinstance(m, nn.Linear):
+            m.weight.data.normal_(mean=0.0, std=0.2)
+            m.bias.data.zero_()
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return self.head(x)
+
+
+def user_tower(x):
+    return Tower(8, 2)(x).log_softmax(-1)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_user_module_built_per_call_matches_eager(backend):
+    kiln.reset()
+    f = kiln.compile(user_tower, backend=backend)
+    for i in range(3):
+        x = torch.randn(5, 8, requires_grad=True)
+        x2 = x.detach().clone().requires_grad_()
+        torch.manual_seed(i)
+        want = user_tower(x)
+        want.square().sum().backward()
+        want_next = torch.rand(4)
+        torch.manual_seed(i)
+        got = f(x2)
+        got.square().sum().backward()
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(torch.rand(4), want_next, rtol=0, atol=0)
+    ex = kiln.explain(user_tower)(torch.randn(5, 8))
+    assert ex.graph_count == 1 and ex.break_count == 0, repr(ex)

@@ -6,6 +6,7 @@ from . import (  # noqa: F401 (imported for their registrations)
     corpus_cond_dynamic,
     corpus_containers,
     corpus_functions,
+    corpus_generators,
     corpus_guards,
     corpus_modules,
     corpus_mutation,
@@ -16,6 +17,7 @@ from . import (  # noqa: F401 (imported for their registrations)
     corpus_python2,
     corpus_stale,
     corpus_tensors,
+    corpus_user_modules,
 )
 from .corpus_registry import CASES, Case, one, two
 

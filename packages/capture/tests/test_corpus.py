@@ -7,12 +7,13 @@ import kiln.capture as kc
 
 from .conftest import Recorder, assert_same
 from .corpus import CASES
+from .corpus_registry import run_side
 
 
-def _run_pair(case, opt, args, kwargs):
+def _run_pair(case, opt, args, kwargs, seed):
     eager_args, eager_kwargs = copy.deepcopy((args, kwargs))
-    want = case.fn(*eager_args, **eager_kwargs)
-    got = opt(*args, **kwargs)
+    want = run_side(case, case.fn, eager_args, eager_kwargs, seed)
+    got = run_side(case, opt, args, kwargs, seed)
     assert_same(got, want)
     # mutation of inputs is replayed: the inputs end up as eager left them
     assert_same((args, kwargs), (eager_args, eager_kwargs))
@@ -26,7 +27,7 @@ def test_program(case):
     factories = case.calls if case.calls is not None else (case.args, case.args)
     for seed, factory in enumerate(factories):
         torch.manual_seed(seed)
-        _run_pair(case, opt, factory(), case.kwargs())
+        _run_pair(case, opt, factory(), case.kwargs(), seed)
     assert rec.count == case.graphs, f"expected {case.graphs} graphs, got {rec.count}"
     if case.recompiles is not None:
         assert kc.recompile_count(opt) == case.recompiles

@@ -9,6 +9,7 @@ import kiln.capture as kc
 
 from .conftest import Recorder, assert_same
 from .corpus import CASES, two
+from .corpus_registry import run_side
 
 STRAIGHT = [c for c in CASES if c.breaks == 0 and c.calls is None and c.dynamic is None]
 # float64 inputs: programs over plain input tensors (modules hold float32 parameters)
@@ -27,8 +28,8 @@ def test_program_dynamic(case):
     for seed in (0, 1):
         torch.manual_seed(seed)
         args = case.args()
-        want = case.fn(*copy.deepcopy(args))
-        assert_same(opt(*args), want)
+        want = run_side(case, case.fn, copy.deepcopy(args), {}, seed)
+        assert_same(run_side(case, opt, args, {}, seed), want)
     assert rec.count == case.graphs
 
 
@@ -39,6 +40,6 @@ def test_program_float64(case):
     opt = kc.optimize(case.fn, rec)
     torch.manual_seed(0)
     args = _double(case.args())
-    want = case.fn(*copy.deepcopy(args))
-    assert_same(opt(*args), want)
+    want = run_side(case, case.fn, copy.deepcopy(args), {}, 0)
+    assert_same(run_side(case, opt, args, {}, 0), want)
     assert rec.count == case.graphs

@@ -14,6 +14,7 @@ import kiln.capture as kc
 
 from .conftest import Recorder, assert_same
 from .corpus import CASES
+from .corpus_registry import run_side
 
 _FRESH_SEEDS = (1000, 1001, 1002)
 
@@ -28,8 +29,8 @@ def test_fresh_inputs(case):
             torch.manual_seed(seed)
             args, kwargs = factory(), case.kwargs()
             eager_args, eager_kwargs = copy.deepcopy((args, kwargs))
-            want = case.fn(*eager_args, **eager_kwargs)
-            got = opt(*args, **kwargs)
+            want = run_side(case, case.fn, eager_args, eager_kwargs, seed)
+            got = run_side(case, opt, args, kwargs, seed)
             assert_same(got, want)
             assert_same((args, kwargs), (eager_args, eager_kwargs))
 

@@ -15,6 +15,7 @@ import torch
 
 from . import controls, deferred, polyfills
 from .errors import GraphBreak
+from .generators import is_lazy, lazy_enumerate, lazy_map, lazy_zip
 from .semantics import (
     apply_operator,
     contains,
@@ -33,6 +34,7 @@ from .values import (
     EMPTY,
     AutocastContext,
     GradModeContext,
+    InterpIterator,
     ListIterator,
     NullContext,
     NumpyArray,
@@ -116,7 +118,7 @@ def _iter(frame: Frame, args: list, kwargs: dict) -> Any:
 
 def _next(frame: Frame, args: list, kwargs: dict) -> Any:
     it = args[0]
-    if not isinstance(it, ListIterator):
+    if not isinstance(it, InterpIterator):
         raise GraphBreak(f"next() on {type(it).__name__}")
     try:
         return it.next()
@@ -126,13 +128,17 @@ def _next(frame: Frame, args: list, kwargs: dict) -> Any:
         raise
 
 
-def _enumerate(frame: Frame, args: list, kwargs: dict) -> ListIterator:
+def _enumerate(frame: Frame, args: list, kwargs: dict) -> InterpIterator:
     start = args[1] if len(args) > 1 else kwargs.get("start", 0)
+    if is_lazy(args[0]):  # over a generator: pulled one item at a time (generators.py)
+        return lazy_enumerate(args[0], start)
     return ListIterator([(start + i, v) for i, v in enumerate(_items(frame, args[0]))], frame.tracer.advances)
 
 
-def _zip(frame: Frame, args: list, kwargs: dict) -> ListIterator:
+def _zip(frame: Frame, args: list, kwargs: dict) -> InterpIterator:
     strict = kwargs.get("strict", False)
+    if any(is_lazy(a) for a in args):
+        return lazy_zip([get_iter(frame, a) for a in args], strict)
     lists = [_items(frame, a) for a in args]
     if strict and len({len(x) for x in lists}) > 1:
         raise ValueError("zip() arguments have different lengths")
@@ -166,7 +172,9 @@ def _container(kind: type) -> Handler:
 def _polyfill(real: Callable, poly: Callable) -> Handler:
     def call(frame: Frame, args: list, kwargs: dict) -> Any:
         flat = [a for a in args]
-        if any(isinstance(a, ListIterator) or contains_traced(a) for a in flat) or \
+        if real is map and len(args) > 1 and any(is_lazy(a) for a in args[1:]):
+            return lazy_map(frame, args[0], [get_iter(frame, a) for a in args[1:]])
+        if any(isinstance(a, InterpIterator) or contains_traced(a) for a in flat) or \
                 any(isinstance(v, (TracedFunction, TracedMethod)) or callable(v) and hasattr(v, "__code__")
                     for v in [*args, *kwargs.values()]) or \
                 any(not isinstance(a, (list, tuple, range, set, dict, int, float, str, bool)) for a in flat):

@@ -22,9 +22,10 @@ from .controls import allowed_in_graph, disabled_reason, torch_disabled_wrapper
 from .deferred import defer, is_log_call
 from .errors import GraphBreak
 from .foreign import is_immutable_constant, is_mutable_c_value
+from .generators import GeneratorMethod, is_lazy, lazy_polyfill, make_generator
 from .knobs import user_environment
 from .module_calls import runs_in_python
-from .module_init import build_module, grad_leaf_call
+from .module_init import build_module, grad_leaf_call, make_parameter, mark_built_state, site_of
 from .numpy_random import is_python_draw, rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
@@ -32,7 +33,6 @@ from .values import (
     EMPTY,
     NULL,
     Cell,
-    ListIterator,
     NumpyArray,
     TensorMethod,
     TracedFunction,
@@ -59,11 +59,16 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         return grad_leaf_call(frame, f"Tensor.{fn.name}",
                               lambda: torch_ops.tensor_method(frame, fn.tensor, fn.name, args, kwargs))
     if isinstance(fn, TracedFunction):
-        return inline(frame, fn.code, fn.globals, args, kwargs, fn.defaults, fn.kwdefaults, fn.closure)
+        return inline(frame, fn.code, fn.globals, args, kwargs, fn.defaults, fn.kwdefaults, fn.closure, fn)
+    if isinstance(fn, GeneratorMethod):
+        return fn.call(list(args), kwargs)
     if isinstance(fn, TracedMethod):
         return call_function(frame, fn.fn, [fn.self_obj, *args], kwargs)
     if fn is builtins.__build_class__:
         return build_class(frame, args, kwargs)
+    poly = lazy_polyfill(fn, args, kwargs)
+    if poly is not None:
+        return call_function(frame, poly, list(args), kwargs)
     special = _special(fn)
     if special is not None:
         return special(frame, args, kwargs)
@@ -111,6 +116,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if isinstance(fn, type):
         return construct(frame, fn, args, kwargs)
     if isinstance(fn, types.FunctionType):
+        if fn is nn.Module.__init__ and args and id(args[0]) in frame.tracer.made:  # super().__init__()
+            return real_call(frame, fn, args, kwargs)  # of a module built in the trace: its empty tables
         if is_log_call(fn):  # logging: replayed after the graph (deferred.py)
             return defer(frame, fn, args, kwargs)
         if _run_for_real(frame, fn, args, kwargs):
@@ -294,7 +301,13 @@ def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         raise GraphBreak(f"{getattr(fn, '__module__', None) or 'numpy'}.{name} is not traced on numpy arrays",
                          "it runs in Python between graphs")
     traced_args = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())
-    if not traced_args:
+    lazy = [a for a in [*args, *kwargs.values()] if is_lazy(a)]
+    if lazy and not traced_args:
+        result = fn(*args, **kwargs)
+        if hasattr(type(result), "__next__"):  # a lazy C wrapper (itertools...): it would advance the
+            # generator later, outside the interpreter's order
+            raise GraphBreak(f"{name}() over a generator made in compiled code", "the generator runs in Python")
+    elif not traced_args:
         result = fn(*args, **kwargs)
     else:
         versions = _versions([*args, *kwargs.values()])
@@ -387,21 +400,22 @@ def inline_function(frame: Frame, fn: types.FunctionType, args: list, kwargs: di
     if src is not None:  # the guard is on the code object: defaults are guarded one by one
         defaults = tuple(frame.tracer.wrap(d, f"{src}.__defaults__[{i}]") for i, d in enumerate(defaults))
         kwdefaults = {k: frame.tracer.wrap(v, f"{src}.__kwdefaults__[{k!r}]") for k, v in kwdefaults.items()}
-    return inline(frame, fn.__code__, fn.__globals__, args, kwargs, defaults, kwdefaults, closure)
+    return inline(frame, fn.__code__, fn.__globals__, args, kwargs, defaults, kwdefaults, closure, fn)
 
 
 def inline(frame: Frame, code: types.CodeType, f_globals: dict, args: list, kwargs: dict,
-           defaults: tuple, kwdefaults: dict, closure: tuple[Cell, ...]) -> Any:
+           defaults: tuple, kwdefaults: dict, closure: tuple[Cell, ...], callee: Any = None) -> Any:
+    """Run ``code`` as a call inside the trace; a generator function's call makes a generator of the
+    trace whose body runs as it is advanced (generators.py); ``callee`` remakes it after the graph."""
     if frame.depth >= frame.ctx.depth_limit:
         raise GraphBreak(f"call depth over {frame.ctx.depth_limit} while inlining {code.co_name}")
     if code.co_flags & (inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE):
         raise GraphBreak(f"coroutine {code.co_name}")
     bound = bind_arguments(code, args, kwargs, defaults, kwdefaults, code.co_name)
     child = frame.spawn(code, f_globals, bound, closure)
-    result = child.run_inlined()
-    if child.yields is not None:
-        return ListIterator(child.yields, frame.tracer.advances)
-    return result
+    if child.is_generator:
+        return make_generator(frame, child, callee, args, kwargs)
+    return child.run_inlined()
 
 
 def call_module(frame: Frame, module: nn.Module, args: list, kwargs: dict) -> Any:
@@ -458,6 +472,8 @@ def construct(frame: Frame, cls: type, args: list, kwargs: dict) -> Any:
     """Calling a class: user classes are built with their __init__ inlined; C classes for real."""
     if issubclass(cls, nn.Module):
         return construct_module(frame, cls, args, kwargs)
+    if cls is nn.Parameter:
+        return make_parameter(frame, cls, args, kwargs)
     if issubclass(cls, torch.Tensor):
         raise GraphBreak(f"constructing {cls.__name__} inside compiled code")
     new = lookup_static(cls, "__new__")
@@ -487,6 +503,11 @@ def construct_module(frame: Frame, cls: type, args: list, kwargs: dict) -> nn.Mo
     graph work (module_init.py); one without state is rebuilt per call if it outlives the graph.
     Modules of other libraries and the user's own run their ``__init__`` in Python (a break)."""
     name = cls.__name__
+    if not (cls.__module__ or "").startswith("torch."):
+        return construct_user_module(frame, cls, args, kwargs)
+    # a symbolic size as a layer's width (``nn.Linear(x.shape[-1], 4)``): specialised, a shape guard
+    args = [int(a) if isinstance(a, torch.SymInt) else a for a in args]
+    kwargs = {k: int(v) if isinstance(v, torch.SymInt) else v for k, v in kwargs.items()}
     if not (cls.__module__ or "").startswith("torch.nn.") or \
             any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values()):
         raise GraphBreak(f"constructing module {name} inside compiled code",
@@ -495,6 +516,29 @@ def construct_module(frame: Frame, cls: type, args: list, kwargs: dict) -> nn.Mo
     module = build_module(frame, cls, args, kwargs)
     frame.tracer.note_made(module)
     return module
+
+
+def construct_user_module(frame: Frame, cls: type, args: list, kwargs: dict) -> nn.Module:
+    """``Block(16)`` in a forward: a user module class built in the trace. Its ``__init__`` is inlined
+    (so what it reads is guarded and its tensor work is graph work, random initialisation in eager's
+    order); ``nn.Module.__init__``, attribute writes through ``nn.Module.__setattr__`` and the torch.nn
+    submodules it builds (module_init.py) run for real on the new object, which exists only in the
+    trace. One that outlives the graph is built in Python instead (``BuiltModuleEscapes``)."""
+    site = site_of(frame)
+    if site in frame.ctx.escaping_builds:
+        raise GraphBreak(f"constructing module {cls.__name__} inside compiled code: the module outlives the "
+                         "graph (returned, stored, or live at a graph break) and needs real nn.Parameters",
+                         "it is built in Python on every call; build it outside the compiled function to "
+                         "keep one graph")
+    if lookup_static(cls, "__new__") is not object.__new__:
+        raise GraphBreak(f"constructing module {cls.__name__} inside compiled code: it defines __new__",
+                         "build the module outside the compiled function")
+    obj = cast(nn.Module, object.__new__(cls))
+    frame.tracer.note_made(obj)
+    before = len(frame.tracer.built_state)
+    call_function(frame, lookup_static(cls, "__init__"), [obj, *args], kwargs)
+    mark_built_state(frame, obj, site, before)
+    return obj
 
 
 def build_class(frame: Frame, args: list, kwargs: dict) -> type:

@@ -18,6 +18,7 @@ from kiln.graph import CapturedGraph, GraphAnnotations, GuardSet, TensorSpec, an
 from .deferred import CALL, EXIT_CALL
 from .errors import GraphBreak, SkipFrame, Unsupported
 from .frame import BreakAt, Context, Frame, FrameResult
+from .generators import refuse_dropped_cleanup
 from .knobs import KNOBS, CaptureOptions
 from .module_init import BuiltModuleEscapes
 from .numpy_random import flush_pending
@@ -91,6 +92,7 @@ def _capture_once(code: types.CodeType, f_globals: dict[str, Any], closure: tupl
                       for i, c in enumerate(closure or ()))
         frame = Frame(ctx, code, f_globals, locals_, cells, parent=None)
         outcome = frame.run_top()
+        refuse_dropped_cleanup(ctx.generators)
         if isinstance(outcome, BreakAt) and options.fullgraph:
             raise Unsupported(_unsupported_message(outcome))
         return _package(tracer, frame, outcome, grad_before)

@@ -97,6 +97,8 @@ class Context:
     # constructions of torch.nn modules whose module outlived the graph in an earlier attempt at this
     # capture: they break the graph (module_init.py)
     escaping_builds: frozenset = frozenset()
+    # generators made in the trace (generators.py), checked for cleanup a dropped one would run
+    generators: list = field(default_factory=list)
 
 
 @dataclass
@@ -141,7 +143,9 @@ class Frame:
         self.parent = parent
         self.depth: int = 0 if parent is None else parent.depth + 1
         self.result = FrameResult()
-        self.yields: list[Any] | None = [] if code.co_flags & inspect.CO_GENERATOR else None
+        self.is_generator = bool(code.co_flags & inspect.CO_GENERATOR)
+        self.suspended = False  # a generator's frame stopped at a yield (generators.py)
+        self.yielded: Any = None
         self.exc_stack: list[Any] = []
         self.current: Inst | None = None
 
@@ -181,8 +185,9 @@ class Frame:
         handler(self, inst)
 
     def run_inlined(self) -> Any:
-        """Run to RETURN; a graph break propagates with this frame's location on its stack."""
-        while not self.result.returned:
+        """Run to RETURN (or, in a generator's frame, to its next yield); a graph break propagates
+        with this frame's location on its stack."""
+        while not self.result.returned and not self.suspended:
             inst = self.insts[self.ip]
             try:
                 self.step(inst)

@@ -163,6 +163,45 @@ def _record_init(frame: Frame, name: str, ops: list[tuple[Any, tuple, dict, Any]
 _LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default)
 
 
+def make_parameter(frame: Frame, cls: type, args: list, kwargs: dict) -> nn.Parameter:
+    """``nn.Parameter(torch.randn(4, 4))`` in a user module's ``__init__`` built in the trace: the
+    data's graph value detached, then made a leaf that requires grad, as eager's ``Parameter``. It is
+    built state: it cannot leave the graph (a module holding it is built in Python instead)."""
+    tracer = frame.tracer
+    names = ("data", "requires_grad")
+    bound = dict(zip(names, args)) | kwargs
+    data, requires_grad = bound.get("data"), bound.get("requires_grad", True)
+    if len(args) > 2 or set(bound) - set(names) or not isinstance(requires_grad, bool) or \
+            not isinstance(data, FakeTensor) or tracer.node_of.get(id(data)) is None:
+        raise GraphBreak(f"{cls.__name__}(...) inside compiled code on a value that is not a tensor of the graph",
+                         _BUILD_HINT)
+    with tracer.fake_mode:
+        param = cls(data, requires_grad)
+    node = tracer.graph.call_method("detach", (tracer.node_of[id(data)],))
+    if requires_grad:
+        node.meta["stack_trace"] = tracer.location
+        node = tracer.graph.call_method("requires_grad_", (node,))
+    node.meta["stack_trace"] = tracer.location
+    tracer.register(param, node)
+    tracer.built_state[id(param)] = (site_of(frame), f"{cls.__name__}")
+    return param
+
+
+def mark_built_state(frame: Frame, module: nn.Module, site: Site, before: int) -> None:
+    """The state a user module's inlined ``__init__`` made (``built_state`` entries from ``before`` on:
+    its torch.nn submodules' and ``nn.Parameter``s) and the graph tensors it holds as parameters or
+    buffers: built state of its own construction (``site``), so the module cannot leave the graph
+    unnoticed and, if it does, the break is at the user's construction of it."""
+    tracer = frame.tracer
+    what = (site, f"module {type(module).__name__}")
+    for key in list(tracer.built_state)[before:]:
+        tracer.built_state[key] = what
+    for t in (*module.parameters(), *module.buffers()):
+        if isinstance(t, torch.Tensor) and id(t) in tracer.node_of and id(t) not in tracer.input_source_of_fake \
+                and id(t) not in tracer.built_state:
+            tracer.built_state[id(t)] = what
+
+
 def grad_leaf_call(frame: Frame, what: str, run: Callable[[], Any]) -> Any:
     """``run()`` (a torch function or tensor method call, ``what``); a tensor it makes that requires
     grad with no history (``torch.ones(3).requires_grad_()``, ``torch.zeros(3, requires_grad=True)``)

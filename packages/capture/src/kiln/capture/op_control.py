@@ -8,6 +8,7 @@ import torch
 
 from .builtins_impl import set_grad_mode
 from .errors import GraphBreak
+from .generators import TracedGenerator
 from .op_registry import handler_table
 from .semantics import get_iter, truth
 from .values import (
@@ -16,7 +17,7 @@ from .values import (
     ContextExit,
     ExceptionValue,
     GradModeContext,
-    ListIterator,
+    InterpIterator,
     NullContext,
     ResumedAutocast,
 )
@@ -81,7 +82,7 @@ def get_iter_op(f: Frame, i: Inst) -> None:
 @op("FOR_ITER")
 def for_iter(f: Frame, i: Inst) -> None:
     it = f.stack[-1]
-    if not isinstance(it, ListIterator):
+    if not isinstance(it, InterpIterator):
         raise GraphBreak(f"iterating {type(it).__name__}")
     try:
         f.push(it.next())
@@ -114,20 +115,56 @@ def return_const(f: Frame, i: Inst) -> None:
     f.result.returned = True
 
 
-# ---- generators (run eagerly to completion; yields are collected) ---------------------------
+# ---- generators (generators.py: a generator's frame runs from yield to yield) ----------------
 @op("RETURN_GENERATOR")
 def return_generator(f: Frame, i: Inst) -> None:
-    if f.yields is None:
+    if not f.is_generator or f.is_top():
         raise GraphBreak("generator in an unexpected place")
-    f.push(None)
+    f.push(None)  # the value the first ``next`` sends, popped by the POP_TOP that follows
 
 
 @op("YIELD_VALUE")
 def yield_value(f: Frame, i: Inst) -> None:
-    if f.yields is None:
+    if not f.is_generator or f.is_top():
         raise GraphBreak("yield outside a generator")
-    f.yields.append(f.pop())
-    f.push(None)
+    f.yielded = f.pop()
+    f.suspended = True  # resumed by TracedGenerator.send, which pushes the sent value
+
+
+@op("GET_YIELD_FROM_ITER")
+def get_yield_from_iter(f: Frame, i: Inst) -> None:
+    if not isinstance(f.stack[-1], InterpIterator):
+        f.push(get_iter(f, f.pop()))
+
+
+@op("SEND")
+def send(f: Frame, i: Inst) -> None:
+    """``yield from``: advance the sub-iterator; when it ends, its return value replaces it (3.11)
+    or is pushed above it for END_SEND (3.12+), and the loop is left."""
+    value = f.pop()
+    receiver = f.stack[-1]
+    try:
+        if isinstance(receiver, TracedGenerator):
+            out = receiver.send(value)
+        elif value is None and isinstance(receiver, InterpIterator):
+            out = receiver.next()
+        else:
+            raise GraphBreak(f"yield from / send into {type(receiver).__name__}")
+    except StopIteration as e:
+        if PY < (3, 12):
+            f.stack[-1] = e.value
+        else:
+            f.push(e.value)
+        f.jump(i.argval)
+        return
+    f.push(out)
+
+
+@op("END_SEND")
+def end_send(f: Frame, i: Inst) -> None:
+    value = f.pop()
+    f.pop()  # the finished sub-iterator
+    f.push(value)
 
 
 @op("GEN_START")
@@ -270,10 +307,9 @@ def pseudo(f: Frame, i: Inst) -> None:
     pass
 
 
-@op("CLEANUP_THROW", "SEND", "GET_AWAITABLE", "GET_AITER", "GET_ANEXT", "END_ASYNC_FOR",
-    "GET_YIELD_FROM_ITER", "ASYNC_GEN_WRAP", "END_SEND")
+@op("CLEANUP_THROW", "GET_AWAITABLE", "GET_AITER", "GET_ANEXT", "END_ASYNC_FOR", "ASYNC_GEN_WRAP")
 def unsupported_generator(f: Frame, i: Inst) -> None:
-    raise GraphBreak(f"{i.opname} (coroutines / yield from)")
+    raise GraphBreak(f"{i.opname} (coroutines, generator.throw)")
 
 
 __all__ = ["HANDLERS", "NULL"]

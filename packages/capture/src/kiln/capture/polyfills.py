@@ -86,6 +86,39 @@ def list_sort_(items, key=None, reverse=False):
     items[:] = sorted_(items, key=key, reverse=reverse)
 
 
+def chain_(*iterables):
+    """itertools.chain over a generator of the trace: lazy, so the generator runs as eager's would."""
+    for it in iterables:
+        yield from it
+
+
+def islice_(iterable, *args):
+    """itertools.islice over a generator of the trace, consuming exactly what CPython's does."""
+    s = slice(*args)
+    start = 0 if s.start is None else s.start
+    step = 1 if s.step is None else s.step
+    it = iter(iterable)
+    count, upcoming = 0, start
+    while True:
+        while count < upcoming:
+            try:
+                next(it)
+            except StopIteration:
+                return
+            count += 1
+        if s.stop is not None and count >= s.stop:
+            return
+        try:
+            item = next(it)
+        except StopIteration:
+            return
+        count += 1
+        upcoming += step
+        if s.stop is not None and upcoming > s.stop:
+            upcoming = s.stop
+        yield item
+
+
 def reduce_(fn, iterable, *initial):
     it = list(iterable)
     if initial:

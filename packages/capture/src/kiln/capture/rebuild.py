@@ -17,6 +17,7 @@ import torch
 
 from .errors import GraphBreak, SkipFrame
 from .foreign import is_immutable_constant, state_in_c
+from .generators import LazyIterator, TracedGenerator
 from .module_init import BuiltModuleEscapes
 from .numpy_table import BoundArrayMethod
 from .tracer import SYM_TYPES, Tracer
@@ -117,6 +118,13 @@ class Flattener:
         if isinstance(v, (set, frozenset)):
             parts = [self.plan(x, depth + 1) for x in v]
             return lambda outs, L, G: t(p(outs, L, G) for p in parts)
+        if isinstance(v, TracedGenerator):
+            return self._generator_plan(v, depth)
+        if isinstance(v, LazyIterator):
+            found = v.escapes()
+            if found is not None:
+                raise found
+            raise GraphBreak("a lazy zip/enumerate/map of the trace cannot be rebuilt after the graph")
         if isinstance(v, ListIterator):
             parts = [self.plan(x, depth + 1) for x in v.remaining()]
             return lambda outs, L, G: ResumeIterator([p(outs, L, G) for p in parts])
@@ -166,6 +174,17 @@ class Flattener:
             raise SkipFrame(f"a {type(v).__name__} made at capture time is live after the graph and kiln "
                             "cannot rebuild it per call (its state would be shared across calls)")
         return lambda outs, L, G: v
+
+    def _generator_plan(self, v: TracedGenerator, depth: int) -> Plan:
+        """A generator of the trace live after the graph: one that has not started is made again by
+        calling its function (its body has not run); a started one is made in Python (generators.py)."""
+        if v.started or v.callee is None:
+            raise v.escapes()
+        fn_plan = self.plan(v.callee, depth + 1)
+        arg_plans = [self.plan(a, depth + 1) for a in v.args]
+        kw_plans = {k: self.plan(a, depth + 1) for k, a in v.kwargs.items()}
+        return lambda outs, L, G: fn_plan(outs, L, G)(*(p(outs, L, G) for p in arg_plans),
+                                                     **{k: p(outs, L, G) for k, p in kw_plans.items()})
 
     def _numpy_plan(self, v: NumpyArray) -> Plan:
         """An array of the trace as an ndarray: the caller's own object when it is an input returned

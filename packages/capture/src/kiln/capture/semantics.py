@@ -17,6 +17,7 @@ from torch import nn
 
 from .errors import GraphBreak
 from .foreign import is_ndarray
+from .generators import GENERATOR_METHODS, GeneratorMethod, TracedGenerator
 from .numpy_random import is_python_draw, python_operator
 from .numpy_table import array_attr, array_getitem, array_setitem
 from .numpy_trace import binary, unary
@@ -24,7 +25,7 @@ from .shape_rules.pointwise import FAST_POINTWISE
 from .shape_rules.views import fast_getitem
 from .sources import attr_source, item_source, module_member_source
 from .tracer import DELETED, SYM_TYPES
-from .values import ListIterator, NumpyArray, SuperProxy, TensorMethod
+from .values import InterpIterator, ListIterator, NumpyArray, SuperProxy, TensorMethod
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -71,6 +72,10 @@ def load_attr(frame: Frame, obj: Any, name: str) -> Any:
         return super_attr(frame, obj, name)
     if isinstance(obj, NumpyArray):
         return array_attr(frame, obj, name)
+    if isinstance(obj, TracedGenerator):
+        if name in GENERATOR_METHODS:
+            return GeneratorMethod(obj, name)
+        raise GraphBreak(f"attribute {name!r} of a generator inside compiled code", "the generator runs in Python")
     written = tracer.attr_writes.get((id(obj), name))
     if written is not None:
         if written[2] is DELETED:
@@ -200,6 +205,17 @@ def store_attr(frame: Frame, obj: Any, name: str, value: Any) -> None:
         raise GraphBreak(f"setting tensor attribute {name!r}")
     if frame.tracer.source_of.get(id(obj)) is not None:
         record_attr_write(frame, obj, name, value)
+        return
+    if isinstance(obj, nn.Module) and id(obj) in frame.tracer.made:  # a module built in the trace
+        setter = lookup_static(type(obj), "__setattr__")
+        static = lookup_static(type(obj), name)
+        if isinstance(static, property) and isinstance(static.fset, types.FunctionType):
+            frame.call(static.fset, [obj, value], {})
+        elif setter is not nn.Module.__setattr__ and isinstance(setter, types.FunctionType):
+            frame.call(setter, [obj, name, value], {})
+        else:  # registers submodules, parameters and buffers on the trace's own object
+            frame.tracer.note_setattr(obj, name)
+            setattr(obj, name, value)
         return
     if isinstance(obj, (nn.Module, type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)):
         raise GraphBreak(f"mutation of attribute {name!r} on an object from outside the compiled code",
@@ -478,7 +494,7 @@ def contains(frame: Frame, item: Any, container: Any) -> bool:
 
 # ---- iteration ------------------------------------------------------------------------------
 def get_iter(frame: Frame, obj: Any) -> Any:
-    if isinstance(obj, ListIterator):
+    if isinstance(obj, InterpIterator):
         return obj
     if isinstance(obj, NumpyArray):
         return ListIterator([array_getitem(frame, obj, i) for i in range(int(obj.t.shape[0]))], frame.tracer.advances)

@@ -138,8 +138,31 @@ class ContextExit:
     ctx: Any
 
 
+class InterpIterator:
+    """An iterator of the trace: ``next()`` raises StopIteration at its end, ``remaining()`` drains it."""
+
+    def next(self) -> Any:
+        raise NotImplementedError
+
+    def remaining(self) -> list:
+        out = []
+        while True:
+            try:
+                out.append(self.next())
+            except StopIteration:
+                return out
+
+    def __iter__(self) -> Any:  # so real Python calls (list.extend, str.join) can consume it
+        while True:
+            try:
+                v = self.next()
+            except StopIteration:
+                return
+            yield v
+
+
 @dataclass(eq=False)
-class ListIterator:
+class ListIterator(InterpIterator):
     """An iterator over a list of interpreted values (lists, tuples, dict keys, ranges, zips).
 
     ``advances`` is its capture's log (``Tracer.advances``): (iterator, index before) per ``next``,
@@ -159,10 +182,6 @@ class ListIterator:
 
     def remaining(self) -> list:
         return self.items[self.index:]
-
-    def __iter__(self) -> Any:  # so real Python calls (list.extend, str.join) can consume it
-        while self.index < len(self.items):
-            yield self.next()
 
 
 @dataclass(eq=False)
