@@ -1,0 +1,257 @@
+"""A dim made symbolic (automatically, by ``mark_dynamic`` or ``dynamic=True``) at a size >= 2 has the
+range [1, inf): a later call with size 1 runs the same graph unless the trace decided something on
+the size being 1, which is then a guard that the call fails (and compiles its own graph).
+
+Each case compiles at 2+ first, then calls with 1 among other sizes, fresh inputs every call,
+compared with eager; the graph counts say whether size 1 shared the symbolic graph
+(``kiln.stats_reset()`` first: the counters are process-wide). Size 0 stays outside the range.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kiln
+
+
+def _run(f, make, sizes) -> int:
+    """``f`` compiled and called with ``make(n)`` for each size, equal to eager (inputs and outputs: each
+    runs on its own copy of the inputs); the graphs compiled."""
+    kiln.reset()
+    kiln.stats_reset()
+    g = kiln.compile(f)
+    with torch.no_grad():
+        for n in sizes:
+            args = make(n)
+            copies = tuple(a.clone() if isinstance(a, torch.Tensor) else a for a in args)
+            out, ref = (g(*args), *args), (f(*copies), *copies)
+            torch.testing.assert_close(out, ref, msg=lambda m, n=n: f"size {n}: {m}")
+    return kiln.stats().graphs_compiled
+
+
+def _guards_of_last_entry(g) -> str:
+    entries = kiln.capture.cache_entries(g._optimized)
+    return entries[-1].guards.as_text()
+
+
+class _Block(nn.Module):
+    """A Llama-style decoder: RMSNorm, rotary attention (SDPA, causal), SiLU-gated MLP, LM head."""
+
+    def __init__(self, vocab: int = 64, dim: int = 32, heads: int = 2) -> None:
+        super().__init__()
+        self.heads, self.hd = heads, dim // heads
+        self.emb = nn.Embedding(vocab, dim)
+        self.n1, self.n2 = nn.Parameter(torch.ones(dim)), nn.Parameter(torch.ones(dim))
+        self.qkv, self.o = nn.Linear(dim, 3 * dim, bias=False), nn.Linear(dim, dim, bias=False)
+        self.up, self.gate, self.down = nn.Linear(dim, 64, bias=False), nn.Linear(dim, 64, bias=False), \
+            nn.Linear(64, dim, bias=False)
+        self.head = nn.Linear(dim, vocab, bias=False)
+
+    @staticmethod
+    def _norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+
+    def _rotary(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.shape[2]
+        pos = torch.arange(s, dtype=torch.float32)[None, :, None]  # [1, s, 1]: broadcast over the batch
+        freqs = pos / (10000 ** (torch.arange(0, self.hd, 2, dtype=torch.float32) / self.hd))
+        cos, sin = freqs.cos()[:, None], freqs.sin()[:, None]  # [1, 1, s, hd/2]
+        x1, x2 = x[..., ::2], x[..., 1::2]
+        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], -1)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        b, s = ids.shape
+        h = self.emb(ids)
+        q, k, v = self.qkv(self._norm(h, self.n1)).view(b, s, 3, self.heads, self.hd).permute(2, 0, 3, 1, 4)
+        a = F.scaled_dot_product_attention(self._rotary(q), self._rotary(k), v, is_causal=True)
+        h = h + self.o(a.transpose(1, 2).reshape(b, s, -1))
+        x = self._norm(h, self.n2)
+        h = h + self.down(F.silu(self.gate(x)) * self.up(x))
+        return self.head(h)
+
+
+STREAM = [(3, 12), (5, 20), (1, 9), (7, 31), (1, 17), (2, 8), (8, 40), (1, 12), (4, 25)]
+
+
+@pytest.mark.slow
+def test_llama_block_stream_with_batch_one_compiles_twice():
+    """Batch and sequence change together: one static graph, then one symbolic graph serves every
+    later request, batch 1 included (before: a third graph for batch 1)."""
+    torch.manual_seed(0)
+    model = _Block().eval()
+    gen = torch.Generator().manual_seed(1)
+    graphs = _run(model, lambda bs: (torch.randint(0, 64, bs, generator=gen),), STREAM)
+    assert graphs == 2
+
+
+def test_mlp_with_batch_one_after_a_symbolic_graph_compiles_twice():
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 8), nn.LayerNorm(8)).eval()
+    graphs = _run(m, lambda b: (torch.randn(b, 16),), (3, 5, 1, 7, 1, 2, 1, 6))
+    assert graphs == 2
+
+
+def test_batch_zero_stays_outside_the_range():
+    """Size 0 is not in [1, inf): it compiles a graph of its own, equal to eager."""
+    m = nn.Linear(4, 3)
+    graphs = _run(m, lambda b: (torch.randn(b, 4),), (3, 5, 1, 0, 2, 0))
+    assert graphs == 3
+
+
+def test_symbolic_range_includes_one_and_size_one_hits_the_entry():
+    def f(x):
+        return torch.relu(x) + x.mean(0)
+    kiln.reset()
+    kiln.stats_reset()
+    g = kiln.compile(f)
+    for b in (3, 5):
+        g(torch.randn(b, 6))
+    text = _guards_of_last_entry(g)
+    assert re.search(r"SHAPE_EXPR +s\d+ >= 1  # size range", text), text
+    assert "!= 1" not in text, text
+    x = torch.randn(1, 6)
+    torch.testing.assert_close(g(x), f(x))
+    assert kiln.stats().graphs_compiled == 2
+
+
+# ---- programs that really depend on a size being 1: the guard fails, the call recompiles ----------
+
+def _one_after_symbolic(f, make, sizes=(3, 5, 1, 4, 1, 2)) -> int:
+    return _run(f, make, sizes)
+
+
+def test_squeeze_of_dim_zero_recompiles_for_one():
+    def f(x):
+        return x.squeeze(0) * 2
+    assert _one_after_symbolic(f, lambda b: (torch.randn(b, 6),)) == 3
+
+
+def test_squeeze_all_recompiles_for_one():
+    def f(x):
+        return x.squeeze() + 1
+    assert _one_after_symbolic(f, lambda b: (torch.randn(b, 6),)) == 3
+
+
+def test_python_branch_on_size_one_recompiles():
+    def f(x):
+        if x.shape[0] == 1:
+            return x * 2
+        return x * 3
+    assert _one_after_symbolic(f, lambda b: (torch.randn(b, 6),)) == 3
+
+
+def test_broadcast_of_two_symbolic_dims_where_one_becomes_one():
+    """x[b, n] + y[c, n] traced with b == c: a call with c == 1 broadcasts, another graph."""
+    def f(x, y):
+        return (x + y) * 2
+    sizes = ((3, 3), (5, 5), (4, 1), (1, 4), (1, 1), (6, 6), (2, 1))
+    graphs = _run(f, lambda bc: (torch.randn(bc[0], 6), torch.randn(bc[1], 6)), sizes)
+    assert graphs >= 3  # (4, 1) and (1, 4) are broadcasts the symbolic graph did not trace
+
+
+def test_expand_of_a_symbolic_dim_that_becomes_one():
+    """x[b, 1, n].expand(b, 3, n) and y[c, n].expand(3, c, n): fine for 1 as for any size."""
+    def f(x, y):
+        return x.expand(-1, 3, -1).sum(1) + y.expand(3, -1, -1).mean(0)
+    graphs = _run(f, lambda b: (torch.randn(b, 1, 6), torch.randn(b, 6)), (3, 5, 1, 4, 1))
+    assert graphs == 2
+
+
+def test_expand_of_a_dim_traced_at_one_to_a_symbolic_size():
+    def f(x, y):
+        return y.expand(x.shape[0], -1) * x
+    graphs = _run(f, lambda b: (torch.randn(b, 6), torch.randn(1, 6)), (3, 5, 1, 4, 1))
+    assert graphs == 2
+
+
+def test_view_flat_of_a_size_one_strided_input():
+    """x.view(-1) of [b, 7]; a [1, 7] input with the stride (20, 1) of a slice is a layout a size-1
+    dim allows eager to view; the graph guarded stride 7, so that call recompiles, equal to eager."""
+    def f(x):
+        return x.view(-1) * 3
+    make = {False: lambda b: torch.randn(b, 7), True: lambda b: torch.randn(b, 20)[:, :7]}
+    kiln.reset()
+    kiln.stats_reset()
+    g = kiln.compile(f)
+    for b, sliced in ((3, False), (5, False), (1, False), (1, True), (4, False), (1, True), (1, False)):
+        x = make[sliced](b)
+        torch.testing.assert_close(g(x), f(x), msg=lambda m, b=b, s=sliced: f"b={b} sliced={s}: {m}")
+    assert kiln.stats().graphs_compiled == 3  # static 3, symbolic (b=1 contiguous too), b=1 sliced
+
+
+def test_one_row_input_with_row_stride_hits_the_symbolic_graph():
+    """A [1, s] input with strides (s, 1) has the layout of every [b, s] one: the same graph."""
+    def f(x):
+        return (x * x).sum(-1)
+    graphs = _run(f, lambda bs: (torch.randn(*bs),), ((3, 10), (5, 12), (1, 12), (1, 30), (4, 7)))
+    assert graphs == 2
+
+
+def test_reduction_over_a_dim_that_becomes_one():
+    def f(x):
+        return x.sum(0), x.amax(0, keepdim=True) - x, x.softmax(0)
+    assert _one_after_symbolic(f, lambda b: (torch.randn(b, 6),)) == 2
+
+
+def test_contiguous_after_transpose_of_a_dynamic_batch_is_equal_to_eager():
+    """``.contiguous()`` returns its input or a copy depending on sizes: whatever the trace asked
+    about the batch being 1 is guarded, so every call matches eager (values and aliasing)."""
+    def f(x):
+        y = x.transpose(0, 1).contiguous()
+        y.add_(1)
+        return x * 2, y
+    _run(f, lambda b: (torch.randn(b, 1, 6),), (3, 5, 1, 4, 1))
+
+
+# ---- how the range meets mark_dynamic and dynamic=True -------------------------------------------
+
+def test_mark_dynamic_min_two_keeps_one_out():
+    def f(x):
+        return x * 2
+    kiln.reset()
+    kiln.stats_reset()
+    g = kiln.compile(f)
+    x = torch.randn(4, 3)
+    kiln.mark_dynamic(x, 0, min=2)
+    g(x)
+    text = _guards_of_last_entry(g)
+    assert re.search(r"SHAPE_EXPR +s\d+ >= 2  # size range", text), text
+    for b in (5, 1, 3):
+        x = torch.randn(b, 3)
+        torch.testing.assert_close(g(x), f(x))
+    assert kiln.stats().graphs_compiled == 2  # size 1 is outside [2, inf)
+
+
+def test_mark_dynamic_without_min_serves_one():
+    def f(x):
+        return torch.tanh(x) + 1
+    kiln.reset()
+    kiln.stats_reset()
+    g = kiln.compile(f)
+    x = torch.randn(4, 3)
+    kiln.mark_dynamic(x, 0)
+    g(x)
+    for b in (5, 1, 3, 1):
+        x = torch.randn(b, 3)
+        torch.testing.assert_close(g(x), f(x))
+    assert kiln.stats().graphs_compiled == 1
+
+
+@pytest.mark.parametrize("first", [4, 1])
+def test_dynamic_true_serves_one_after_a_larger_size(first):
+    """dynamic=True: a size seen as 1 at the first call specialises (as in torch), one seen at 4
+    gets the range [1, inf) and serves later 1s."""
+    def f(x):
+        return x.relu() * 2
+    kiln.reset()
+    kiln.stats_reset()
+    g = kiln.compile(f, dynamic=True)
+    for b in (first, 3, 1, 6, 1):
+        x = torch.randn(b, 5)
+        torch.testing.assert_close(g(x), f(x))
+    assert kiln.stats().graphs_compiled == (1 if first == 4 else 2)
