@@ -255,3 +255,47 @@ def test_dynamic_true_serves_one_after_a_larger_size(first):
         x = torch.randn(b, 5)
         torch.testing.assert_close(g(x), f(x))
     assert kiln.stats().graphs_compiled == (1 if first == 4 else 2)
+
+
+# ---- reshapes and layouts asked from C++ or a backend's re-trace -----------------------------------
+
+def test_reshape_of_attention_output_serves_batch_one():
+    """HF's attention: SDPA's output reshaped to its own shape (a view at every batch), then
+    transposed and made contiguous; ATen's reshape asks ``batch != 1`` from C++ (and again when the
+    backend traces the graph), answered without a guard because the result is a view."""
+    def f(q, k, v):
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        a = a.reshape(a.shape[0], -1, q.shape[2], v.shape[-1])
+        return a.transpose(1, 2).contiguous().reshape(q.shape[0], q.shape[2], -1)
+    gen = torch.Generator().manual_seed(0)
+
+    def make(bs):
+        return tuple(torch.randn(bs[0], 2, bs[1], 8, generator=gen) for _ in range(3))
+    graphs = _run(f, make, ((3, 12), (5, 20), (1, 9), (7, 31), (1, 17), (2, 8)))
+    assert graphs == 2
+
+
+def test_reshape_that_copies_keeps_eager_aliasing_at_batch_one():
+    """``x.t().reshape(-1)`` of [b, 3] copies for b >= 2 but is a view of x for b == 1, where the
+    in-place add then writes into x: the batch-1 question stays a guard and batch 1 compiles its own
+    graph, equal to eager (inputs compared too)."""
+    def f(x):
+        y = x.t().reshape(-1)
+        y.add_(1)
+        return y * 2
+    graphs = _run(f, lambda b: (torch.randn(b, 3),), (3, 5, 1, 4, 1))
+    assert graphs == 3
+
+
+def test_packed_sequence_mask_serves_length_one():
+    """HF's packed-sequence mask over expanded position ids (stride 0 on the batch):
+    ``(diff(p) != 1).cumsum(-1)`` converts a bool [b, s] to int64, whose layout asks whether the
+    length is 1 only to order strides; a later length 1 runs the symbolic graph."""
+    def f(x):
+        p = torch.arange(x.shape[1])[None].expand(x.shape[0], -1)
+        d = torch.diff(p, prepend=p[:, :1] - 1, dim=-1)
+        return (d != 1).cumsum(-1) + x
+    gen = torch.Generator().manual_seed(0)
+    graphs = _run(f, lambda bs: (torch.randint(0, 3, bs, generator=gen),),
+                  ((3, 12), (5, 20), (4, 1), (7, 31), (2, 1)))
+    assert graphs == 2

@@ -32,6 +32,7 @@ torch release that renames a rule costs recompiles, never a wrong result.
 from __future__ import annotations
 
 import linecache
+import math
 import re
 import sys
 from collections.abc import Callable
@@ -40,6 +41,8 @@ from typing import Any
 import sympy
 import torch
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+from kiln.graph import view_strides
 
 _FAKE_IMPLS, _REFS = "torch/_subclasses/fake_impls.py", "torch/_refs/__init__.py"
 
@@ -83,6 +86,12 @@ def _known_contiguous(env: ShapeEnv, t: Any) -> bool:
             return False
         expected = expected * size
     return True
+
+
+def _sorting_for_new_layout(frame: Any) -> bool:
+    caller = frame.f_back
+    return caller is not None and caller.f_code.co_name == "_is_non_overlapping_and_dense_or_false" and \
+        _asked_for_new_layout(caller)
 
 
 def _asked_for_new_layout(frame: Any) -> bool:
@@ -129,12 +138,17 @@ _SIZE_ONE_RULES: dict[tuple[str, str], Callable[[ShapeEnv, Any], bool] | None] =
         lambda env, frame: _asked_for_new_layout(frame),
     # the order of an elementwise output's dims, from its operands' strides
     ("torch/_prims_common/__init__.py", "should_swap"): None,
+    # the stride order ``_is_non_overlapping_and_dense_or_false`` sorts dims by (its ``K.__lt__``),
+    # where it picks the layout of a new tensor: strides tie only beside a size-1 dim, as above
+    ("torch/_prims_common/__init__.py", "__lt__"): lambda env, frame: _sorting_for_new_layout(frame),
     # how reshape splits and merges the dims of a tensor that is contiguous for every size: the
     # result is the contiguous view of the (already checked) new shape whatever path it takes
     (_REFS, "_reshape_view_helper_core_alg"): lambda env, frame: _reshaping_contiguous(env, frame),
     ("torch/_prims/__init__.py", "_collapse_view_helper"): lambda env, frame: _reshaping_contiguous(env, frame),
     # matmul folds the batch dims of its operand with ``t1.reshape(...)`` (a C++ call that asks)
     ("torch/_decomp/decompositions.py", "matmul"): lambda env, frame: _reshape_line_of_contiguous(env, frame),
+    # a backend's FX interpreter running a captured reshape or view (see view_at_example)
+    ("torch/fx/interpreter.py", "call_method"): lambda env, frame: _fx_reshape_is_view(env, frame),
 }
 _RESHAPE_CALL = re.compile(r"(\w+)\.(?:reshape|view)\(")
 _SHAPE_ENV_FILES = ("torch/fx/experimental/symbolic_shapes.py", "torch/fx/experimental/sym_node.py",
@@ -147,6 +161,8 @@ class CaptureShapeEnv(ShapeEnv):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.may_be_one: set[sympy.Symbol] = set()  # size symbols with the range [1, inf)
+        # a reshape or view in progress that is a view at the example's sizes (reshape_or_view)
+        self._view_answers_free = False
 
     def create_symbol(self, val: Any, source: Any, dynamic_dim: DimDynamic = DimDynamic.DUCK,
                       constraint_dim: Any = None, positive: bool | None = True,
@@ -168,10 +184,74 @@ class CaptureShapeEnv(ShapeEnv):
         # where the answer cannot change what the asking rule computes, the example's answer is
         # returned with no guard: the trace takes the path it would have taken with the guard
         hint = sym_node.hint
-        if (type(hint) is bool and self.may_be_one and expr.free_symbols and expr.free_symbols <= self.may_be_one
-                and _answer_is_free(self, expr, fallback_value is not None)):
-            return sympy.true if hint else sympy.false
+        if type(hint) is bool and self.may_be_one and expr.free_symbols and expr.free_symbols <= self.may_be_one:
+            if _answer_is_free(self, expr, fallback_value is not None):
+                return sympy.true if hint else sympy.false
+            if self._view_answers_free and _about_one(expr) and not _asked_by_check():
+                return sympy.true if hint else sympy.false
         return super().evaluate_sym_node(sym_node, size_oblivious, fallback_value)
+
+    def reshape_or_view(self, t: torch.Tensor, shape: tuple, run: Callable[[], Any]) -> Any:
+        """``run()``, the reshape or view of ``t`` to ``shape``, with its questions on sizes being 1
+        answered from the example with no guard when it is a view at the example's sizes
+        (``_reshape_is_view``); otherwise they are guarded as usual."""
+        outer, self._view_answers_free = self._view_answers_free, view_at_example(t, shape)
+        try:
+            return run()
+        finally:
+            self._view_answers_free = outer
+
+
+def view_at_example(t: Any, shape: tuple) -> bool:
+    """Whether ``t.view(*shape)`` exists at the sizes the trace was made with.
+
+    Note: ATen's reshape and view ask whether a size is 1 to skip its stride (``computeStride``
+    chunks dims by ``guard_or_true(size != 1)``; contiguity checks skip size-1 dims), from C++,
+    where no rule frame says who asks. At the example's sizes (>= 2 for every size symbol that may
+    be 1) the answer is "not 1", the stricter path: every stride is checked. A result that is a view
+    on it is a view for a size-1 call too, with the same strides on every dim but the size-1 one
+    (which no index reads), so the answers need no guard; where it is a copy (or ``view`` raises),
+    a size-1 call may get a view, and aliasing would differ, so they are guarded."""
+    if not isinstance(t, torch.Tensor):
+        return False
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        shape = tuple(shape[0])
+    sizes, strides, new = ([_example_int(v) for v in vs] for vs in (t.shape, t.stride(), shape))
+    if not new or None in sizes or None in strides or None in new:
+        return False
+    numel = math.prod(sizes)  # type: ignore[arg-type]
+    known = math.prod(s for s in new if s != -1)  # type: ignore[misc]
+    if new.count(-1) > 1 or numel == 0 or known == 0:
+        return False
+    new = [numel // known if s == -1 else s for s in new]
+    if math.prod(new) != numel:  # type: ignore[arg-type]
+        return False
+    return view_strides(sizes, strides, new) is not None
+
+
+def _example_int(v: Any) -> int | None:
+    if isinstance(v, torch.SymInt):
+        hint = v.node.hint
+        return int(hint) if hint is not None else None
+    return v if type(v) is int else None
+
+
+def _fx_reshape_is_view(env: ShapeEnv, frame: Any) -> bool:
+    """An FX interpreter (a backend tracing the captured graph again) running ``t.reshape(...)`` or
+    ``t.view(...)``: as in ``CaptureShapeEnv.reshape_or_view``."""
+    args = frame.f_locals.get("args")
+    return frame.f_locals.get("target") in ("reshape", "view") and isinstance(args, tuple) and len(args) > 1 \
+        and view_at_example(args[0], args[1:])
+
+
+def _asked_by_check() -> bool:
+    """Whether a ``torch._check`` (a relation the caller's path relies on) asks the question."""
+    frame: Any = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.replace("\\", "/").endswith(_SHAPE_ENV_FILES):
+        if frame.f_code.co_name in _CHECKS:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _is_size_source(source: Any) -> bool:
