@@ -4,17 +4,24 @@ every size from it."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sympy
 import torch
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 import kiln
 import kiln.capture as kc
 import kiln.runtime.cache as runtime_cache
+from kiln.capture.shape_source import KilnSource
 from kiln.runtime import CompileCache
+from kiln.runtime import graph_cache as gc
 
 
 @pytest.fixture
@@ -82,9 +89,6 @@ print(json.dumps({"compiles": compiles, "guards": guards}))
 
 
 def _child(cache_dir: Path, sizes: str) -> dict:
-    import json
-    import subprocess
-    import sys
     run = subprocess.run([sys.executable, "-c", _CHILD, str(cache_dir), sizes], capture_output=True,
                          text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
@@ -109,14 +113,8 @@ def test_compile_guard_on_size_one_travels_with_the_entry(tmp_path: Path) -> Non
 def test_recorded_guard_the_caller_fails_is_a_miss() -> None:
     """An entry compiled under ``s0 > 4`` does not serve a graph captured at size 3: nothing is
     added to the caller's ShapeEnv and the reason names the guard."""
-    import sympy
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
-
-    from kiln.runtime import graph_cache as gc
-
     def env_at(n: int) -> tuple[ShapeEnv, sympy.Symbol]:
         env = ShapeEnv()
-        from kiln.capture.shape_source import KilnSource
         sym = env.create_symbol(n, KilnSource("L['x'].size()[0]"), dynamic_dim=DimDynamic.DYNAMIC)
         return env, sym
     env, s = env_at(7)

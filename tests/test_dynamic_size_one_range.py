@@ -299,3 +299,71 @@ def test_packed_sequence_mask_serves_length_one():
     graphs = _run(f, lambda bs: (torch.randint(0, 3, bs, generator=gen),),
                   ((3, 12), (5, 20), (4, 1), (7, 31), (2, 1)))
     assert graphs == 2
+
+
+# ---- a Python branch on a size being 1 whose arm is neutral at 1 (size_one_branch.py) ------------
+
+def test_branch_expanding_position_ids_serves_batch_one():
+    """HF's masking code: ``if batch != pos.shape[0]: pos = pos.expand(batch, -1)`` with position
+    ids of batch 1; at batch 1 the arm expands [1, n] to [1, n], so one symbolic graph serves it."""
+    def f(x):
+        pos = torch.arange(x.shape[1])[None]
+        if x.shape[0] != pos.shape[0]:
+            pos = pos.expand(x.shape[0], -1)
+        return (torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1) != 1).cumsum(-1) + x * pos
+    gen = torch.Generator().manual_seed(0)
+    graphs = _run(f, lambda bs: (torch.randint(0, 5, bs, generator=gen),),
+                  ((3, 12), (5, 20), (1, 9), (7, 31), (1, 17), (2, 8)))
+    assert graphs == 2
+
+
+def _helper(t):
+    return t.view(t.shape)
+
+
+def _arm_compute(x, y):
+    pos = y
+    if x.shape[0] != 1:
+        pos = pos * 2
+    return x + pos
+
+
+def _arm_append(x, y):
+    seen = []
+    if x.shape[0] != 1:
+        seen.append(1)
+    return x + y + len(seen)
+
+
+def _arm_other_shape(x, y):
+    z = y
+    if x.shape[0] != 1:
+        z = x.reshape(x.shape[0], -1)
+    return x + y + z.sum()
+
+
+def _arm_from_none(x, y):
+    w = None
+    if x.shape[0] != 1:
+        w = y.expand(x.shape[0], -1)
+    return x + y + (w is not None)
+
+
+def _arm_call(x, y):
+    pos = y
+    if x.shape[0] != 1:
+        pos = _helper(pos)
+    return x + pos * (pos is y)
+
+
+@pytest.mark.parametrize("f", [_arm_compute, _arm_append, _arm_other_shape, _arm_from_none, _arm_call],
+                         ids=lambda f: f.__name__)
+def test_branch_on_batch_one_whose_arm_is_not_neutral_recompiles(f):
+    """Arms that change something at batch 1 keep the guard: batch 1 compiles its own graph, and
+    every call equals eager (a value computed, a list appended to, a view of another shape, a name
+    bound to a tensor only in the arm, a function called)."""
+    gen = torch.Generator().manual_seed(0)
+
+    def make(b):
+        return torch.randn(b, 6, generator=gen), torch.randn(1, 6, generator=gen)
+    assert _run(f, make, (3, 5, 1, 4, 1)) == 3

@@ -97,6 +97,7 @@ class Context:
     # constructions of torch.nn modules whose module outlived the graph in an earlier attempt at this
     # capture: they break the graph (module_init.py)
     escaping_builds: frozenset = frozenset()
+    spawned: int = 0  # frames inlined so far (size_one_branch.py: an arm that inlines a call is not neutral)
 
 
 @dataclass
@@ -233,6 +234,7 @@ class Frame:
 
     def spawn(self, code: types.CodeType, f_globals: dict[str, Any], bound: dict[str, Any],
               closure: tuple[Cell, ...]) -> Frame:
+        self.ctx.spawned += 1
         return Frame(self.ctx, code, f_globals, bound, closure, parent=self)
 
     # ---- names --------------------------------------------------------------------------

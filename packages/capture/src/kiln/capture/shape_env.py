@@ -138,6 +138,12 @@ _SIZE_ONE_RULES: dict[tuple[str, str], Callable[[ShapeEnv, Any], bool] | None] =
         lambda env, frame: _asked_for_new_layout(frame),
     # the order of an elementwise output's dims, from its operands' strides
     ("torch/_prims_common/__init__.py", "should_swap"): None,
+    # channels-last or not, where a pointwise rule picks its fast path (the slow one orders the
+    # output's dims from the same strides: the same layout) or a converted tensor's layout: as above
+    ("torch/_prims_common/__init__.py", "is_channels_last_contiguous_2d"):
+        lambda env, frame: _asked_for_new_layout(frame),
+    ("torch/_prims_common/__init__.py", "is_channels_last_contiguous_3d"):
+        lambda env, frame: _asked_for_new_layout(frame),
     # the stride order ``_is_non_overlapping_and_dense_or_false`` sorts dims by (its ``K.__lt__``),
     # where it picks the layout of a new tensor: strides tie only beside a size-1 dim, as above
     ("torch/_prims_common/__init__.py", "__lt__"): lambda env, frame: _sorting_for_new_layout(frame),
@@ -147,8 +153,8 @@ _SIZE_ONE_RULES: dict[tuple[str, str], Callable[[ShapeEnv, Any], bool] | None] =
     ("torch/_prims/__init__.py", "_collapse_view_helper"): lambda env, frame: _reshaping_contiguous(env, frame),
     # matmul folds the batch dims of its operand with ``t1.reshape(...)`` (a C++ call that asks)
     ("torch/_decomp/decompositions.py", "matmul"): lambda env, frame: _reshape_line_of_contiguous(env, frame),
-    # a backend's FX interpreter running a captured reshape or view (see view_at_example)
-    ("torch/fx/interpreter.py", "call_method"): lambda env, frame: _fx_reshape_is_view(env, frame),
+    # a backend's FX interpreter running a captured reshape, view or contiguous (see aliases_at_example)
+    ("torch/fx/interpreter.py", "call_method"): lambda env, frame: _fx_view_or_copy(env, frame),
 }
 _RESHAPE_CALL = re.compile(r"(\w+)\.(?:reshape|view)\(")
 _SHAPE_ENV_FILES = ("torch/fx/experimental/symbolic_shapes.py", "torch/fx/experimental/sym_node.py",
@@ -161,7 +167,7 @@ class CaptureShapeEnv(ShapeEnv):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.may_be_one: set[sympy.Symbol] = set()  # size symbols with the range [1, inf)
-        # a reshape or view in progress that is a view at the example's sizes (reshape_or_view)
+        # a reshape, view or contiguous in progress that aliases its tensor at the example's sizes (view_or_copy)
         self._view_answers_free = False
 
     def create_symbol(self, val: Any, source: Any, dynamic_dim: DimDynamic = DimDynamic.DUCK,
@@ -187,31 +193,55 @@ class CaptureShapeEnv(ShapeEnv):
         if type(hint) is bool and self.may_be_one and expr.free_symbols and expr.free_symbols <= self.may_be_one:
             if _answer_is_free(self, expr, fallback_value is not None):
                 return sympy.true if hint else sympy.false
-            if self._view_answers_free and _about_one(expr) and not _asked_by_check():
+            if self._view_answers_free and about_one(expr) and not _asked_by_check():
                 return sympy.true if hint else sympy.false
         return super().evaluate_sym_node(sym_node, size_oblivious, fallback_value)
 
-    def reshape_or_view(self, t: torch.Tensor, shape: tuple, run: Callable[[], Any]) -> Any:
-        """``run()``, the reshape or view of ``t`` to ``shape``, with its questions on sizes being 1
-        answered from the example with no guard when it is a view at the example's sizes
-        (``_reshape_is_view``); otherwise they are guarded as usual."""
-        outer, self._view_answers_free = self._view_answers_free, view_at_example(t, shape)
+    def view_or_copy(self, t: torch.Tensor, name: str, args: tuple, run: Callable[[], Any]) -> Any:
+        """``run()``, ``t.<name>(*args)`` (a reshape, view or contiguous: ``t`` itself or a view of it
+        where it can be, else a copy), with its questions on sizes being 1 answered from the example
+        with no guard when it gives a view at the example's sizes (``aliases_at_example``)."""
+        outer, self._view_answers_free = self._view_answers_free, aliases_at_example(t, name, args)
         try:
             return run()
         finally:
             self._view_answers_free = outer
 
 
-def view_at_example(t: Any, shape: tuple) -> bool:
-    """Whether ``t.view(*shape)`` exists at the sizes the trace was made with.
+VIEW_OR_COPY = frozenset({"reshape", "view", "contiguous"})  # methods view_or_copy serves
 
-    Note: ATen's reshape and view ask whether a size is 1 to skip its stride (``computeStride``
-    chunks dims by ``guard_or_true(size != 1)``; contiguity checks skip size-1 dims), from C++,
-    where no rule frame says who asks. At the example's sizes (>= 2 for every size symbol that may
-    be 1) the answer is "not 1", the stricter path: every stride is checked. A result that is a view
-    on it is a view for a size-1 call too, with the same strides on every dim but the size-1 one
-    (which no index reads), so the answers need no guard; where it is a copy (or ``view`` raises),
-    a size-1 call may get a view, and aliasing would differ, so they are guarded."""
+
+def aliases_at_example(t: Any, name: str, args: tuple) -> bool:
+    """Whether ``t.<name>(*args)`` returns ``t`` or a view of it at the sizes the trace was made with.
+
+    Note: ATen's reshape, view and contiguous ask whether a size is 1 to skip its stride
+    (``computeStride`` chunks dims by ``guard_or_true(size != 1)``; contiguity checks skip size-1
+    dims), from C++, where no rule frame says who asks. At the example's sizes (>= 2 for every size
+    symbol that may be 1) the answer is "not 1", the stricter path: every stride is checked. A result
+    that aliases ``t`` on it aliases it for a size-1 call too, with the same strides on every dim but
+    the size-1 one (which no index reads), so the answers need no guard; where it is a copy (or
+    ``view`` raises), a size-1 call may get a view, and aliasing would differ, so they are guarded."""
+    if name == "contiguous":
+        return not args and _contiguous_at_example(t)
+    return name in ("reshape", "view") and _view_at_example(t, args)
+
+
+def _contiguous_at_example(t: Any) -> bool:
+    if not isinstance(t, torch.Tensor):
+        return False
+    sizes, strides = [_example_int(v) for v in t.shape], [_example_int(v) for v in t.stride()]
+    if None in sizes or None in strides:
+        return False
+    expected = 1
+    for size, stride in zip(reversed(sizes), reversed(strides), strict=True):
+        if size != 1 and stride != expected:
+            return False
+        expected *= size  # type: ignore[operator]
+    return True
+
+
+def _view_at_example(t: Any, shape: tuple) -> bool:
+    """Whether ``t.view(*shape)`` exists at the example's sizes."""
     if not isinstance(t, torch.Tensor):
         return False
     if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
@@ -236,12 +266,12 @@ def _example_int(v: Any) -> int | None:
     return v if type(v) is int else None
 
 
-def _fx_reshape_is_view(env: ShapeEnv, frame: Any) -> bool:
-    """An FX interpreter (a backend tracing the captured graph again) running ``t.reshape(...)`` or
-    ``t.view(...)``: as in ``CaptureShapeEnv.reshape_or_view``."""
-    args = frame.f_locals.get("args")
-    return frame.f_locals.get("target") in ("reshape", "view") and isinstance(args, tuple) and len(args) > 1 \
-        and view_at_example(args[0], args[1:])
+def _fx_view_or_copy(env: ShapeEnv, frame: Any) -> bool:
+    """An FX interpreter (a backend tracing the captured graph again) running ``t.reshape(...)``,
+    ``t.view(...)`` or ``t.contiguous()``: as in ``CaptureShapeEnv.view_or_copy``."""
+    args, kwargs = frame.f_locals.get("args"), frame.f_locals.get("kwargs")
+    return frame.f_locals.get("target") in VIEW_OR_COPY and isinstance(args, tuple) and len(args) >= 1 \
+        and not kwargs and aliases_at_example(args[0], frame.f_locals["target"], args[1:])
 
 
 def _asked_by_check() -> bool:
@@ -275,7 +305,7 @@ def _answer_is_free(env: ShapeEnv, expr: sympy.Basic, guard_or: bool) -> bool:
     path, name = frame.f_code.co_filename.replace("\\", "/"), frame.f_code.co_name
     for (suffix, rule_name), check in _SIZE_ONE_RULES.items():
         if name == rule_name and path.endswith(suffix):
-            if rule_name not in _RESHAPES and not _about_one(expr):
+            if rule_name not in _RESHAPES and not about_one(expr):
                 return False  # a relation between sizes (s0 == s1): its answer may change the result
             return guard_or if check is None else check(env, frame)
     return False
@@ -284,7 +314,7 @@ def _answer_is_free(env: ShapeEnv, expr: sympy.Basic, guard_or: bool) -> bool:
 _RESHAPES = frozenset({"_reshape_view_helper_core_alg", "_collapse_view_helper", "matmul"})
 
 
-def _about_one(expr: sympy.Basic) -> bool:
+def about_one(expr: sympy.Basic) -> bool:
     """Whether ``expr`` compares sizes with 1 (``Eq(s0, 1)``, ``s0*s1 < 2``), alone or combined."""
     rels = [expr] if isinstance(expr, sympy.core.relational.Relational) else \
         list(expr.atoms(sympy.core.relational.Relational))

@@ -13,7 +13,7 @@ from . import polyfills
 from .errors import GraphBreak
 from .numpy_trace import tensor_to_numpy
 from .semantics import contains_traced
-from .shape_env import CaptureShapeEnv
+from .shape_env import VIEW_OR_COPY, CaptureShapeEnv
 from .shape_rules.functions import FAST_META, fast_result, from_memo, memo_entry, memo_key
 from .shape_rules.pointwise import FAST_POINTWISE
 from .shape_rules.views import FAST_METHODS
@@ -153,13 +153,9 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
         polyfill, operands = tensor_value
         return frame.call(polyfill, [t, *operands, name.endswith("_")], {})
     env = tracer.shape_env
-    if name in _RESHAPES and not kwargs and isinstance(env, CaptureShapeEnv) and env.may_be_one:
-        return env.reshape_or_view(t, tuple(args), lambda: _traced_method(tracer, t, name, args, kwargs))
+    if name in VIEW_OR_COPY and not kwargs and isinstance(env, CaptureShapeEnv) and env.may_be_one:
+        return env.view_or_copy(t, name, tuple(args), lambda: _traced_method(tracer, t, name, args, kwargs))
     return _traced_method(tracer, t, name, args, kwargs)
-
-
-# methods whose result is a view of their tensor or a copy (CaptureShapeEnv.reshape_or_view)
-_RESHAPES = frozenset({"reshape", "view"})
 
 
 def _traced_method(tracer: Tracer, t: torch.Tensor, name: str, args: list, kwargs: dict) -> Any:
