@@ -6,8 +6,9 @@ capture feed ``dynamic_dims``: a dimension that changed between captures is made
 
 Note: a dim made symbolic at a size >= 2 has the range [1, inf) (``shape_env.py``): a later call
 with size 1 runs the same graph unless the trace decided something on the size being 1, which is a
-guard (``x.squeeze()``, ``if x.shape[0] == 1``; HF's masking code expands position ids only when
-``batch != 1``), and the size-1 call then compiles a graph where 1 is a constant.
+guard (``x.squeeze()``, ``if x.shape[0] == 1: return x * 2``), and the size-1 call then compiles a
+graph where 1 is a constant. A branch whose arm changes nothing at size 1 (HF's masking code expands
+position ids only when ``batch != 1``) is traced without the guard (``size_one_branch.py``).
 """
 
 from __future__ import annotations

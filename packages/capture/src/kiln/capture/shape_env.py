@@ -25,8 +25,9 @@ Every other question is guarded, ``guard_or_false`` ones included: torch's ``squ
 it cannot prove is 1, which for a size-1 call gives ``[1, n]`` where eager gives ``[n]`` (why
 torch's ``backed_size_oblivious``, which answers all of them by default, is not used);
 ``.contiguous()`` of a tensor that is contiguous only when the batch is 1 is its input or a copy.
-Questions asked from C++ (``.contiguous()``, SDPA's checks) have no rule frame and are guarded. A
-torch release that renames a rule costs recompiles, never a wrong result.
+Questions asked from C++ (SDPA's checks) have no rule frame and are guarded, except inside a
+``reshape``, ``view`` or ``.contiguous()`` that aliases its tensor at the example's sizes
+(``aliases_at_example``). A torch release that renames a rule costs recompiles, never a wrong result.
 """
 
 from __future__ import annotations
