@@ -4,17 +4,24 @@ every size from it."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import sympy
 import torch
 from torch import nn
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
 
 import kiln
 import kiln.capture as kc
 import kiln.runtime.cache as runtime_cache
+from kiln.capture.shape_source import KilnSource
 from kiln.runtime import CompileCache
+from kiln.runtime import graph_cache as gc
 
 
 @pytest.fixture
@@ -45,3 +52,78 @@ def test_symbolic_graph_hit_at_another_size(local_cache: CompileCache) -> None:
     loaded = kiln.stats() - before
     assert (loaded.cache_misses, loaded.cache_hits) == (1, 1), "the symbolic graph was compiled again instead of loaded"
     assert len(kc.cache_entries(second._compiled_forward)) == 1
+
+
+# ---- guards a compile adds travel with the entry ---------------------------------------------------
+
+_CHILD = r'''
+import json, sys
+import torch
+from torch import nn
+import kiln
+import kiln.capture as kc
+import kiln.runtime.cache as runtime_cache
+from kiln.runtime import CompileCache
+
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+with runtime_cache.using_cache(CompileCache(sys.argv[1])):
+    f = kiln.compile(net, backend="aot_eager", dynamic=True)
+    sizes = [int(n) for n in sys.argv[2].split(",")]
+    compiles = []
+    for n in sizes:
+        before = kiln.stats()
+        x = torch.randn(n, 8, requires_grad=True)
+        y = x.detach().clone().requires_grad_()
+        out, ref = f(x), net(y)
+        torch.testing.assert_close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        torch.testing.assert_close(x.grad, y.grad)
+        d = kiln.stats() - before
+        compiles.append([d.cache_hits, d.cache_misses])
+    guards = [[g.as_text() for g in e.guards if g.kind == "SHAPE_EXPR"]
+              for e in kc.cache_entries(f._compiled_forward)]
+print(json.dumps({"compiles": compiles, "guards": guards}))
+'''
+
+
+def _child(cache_dir: Path, sizes: str) -> dict:
+    run = subprocess.run([sys.executable, "-c", _CHILD, str(cache_dir), sizes], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_compile_guard_on_size_one_travels_with_the_entry(tmp_path: Path) -> None:
+    """Compiling the symbolic training graph adds ``s != 1`` (autograd): the entry records it, a
+    second process loads the entry instead of compiling, its capture entry guards ``!= 1``, and a
+    batch of 1 compiles a graph of its own (the entry was built for sizes other than 1); every call
+    matches eager's outputs and gradients."""
+    first = _child(tmp_path, "5,7")
+    assert first["compiles"] == [[0, 1], [0, 0]]
+    assert any("!= 1)" in g for g in first["guards"][0]), first["guards"]
+    second = _child(tmp_path, "9,1,3,1")
+    # 9: the stored symbolic entry, loaded; 1: fails its 's != 1', compiles; 3 and 1: served
+    assert second["compiles"] == [[1, 0], [0, 1], [0, 0], [0, 0]], second
+    assert any("!= 1)" in g for g in second["guards"][0]), second["guards"]
+    assert len(second["guards"]) == 2
+
+
+def test_recorded_guard_the_caller_fails_is_a_miss() -> None:
+    """An entry compiled under ``s0 > 4`` does not serve a graph captured at size 3: nothing is
+    added to the caller's ShapeEnv and the reason names the guard."""
+    def env_at(n: int) -> tuple[ShapeEnv, sympy.Symbol]:
+        env = ShapeEnv()
+        sym = env.create_symbol(n, KilnSource("L['x'].size()[0]"), dynamic_dim=DimDynamic.DYNAMIC)
+        return env, sym
+    env, s = env_at(7)
+    text = sympy.srepr(sympy.Gt(s, 4))
+    assert gc.replay_guards(env, [text], None) is None
+    assert [str(g.expr) for g in env.guards] == [str(sympy.Gt(s, 4))]
+    other, _ = env_at(3)
+    why = gc.replay_guards(other, [text], None)
+    assert why is not None and "> 4" in why, why
+    assert not other.guards
+    unknown = sympy.srepr(sympy.Gt(sympy.Symbol("s99", integer=True, positive=True), 4))
+    assert "s99" in (gc.replay_guards(other, [unknown], None) or "")

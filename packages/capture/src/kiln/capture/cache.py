@@ -4,13 +4,11 @@ A ``CodeCache`` holds the compiled entries of one code object under one ``optimi
 the order they were made; a call runs the first entry whose guards pass. Sizes seen at each
 capture feed ``dynamic_dims``: a dimension that changed between captures is made symbolic.
 
-Note: a dim made symbolic automatically is traced for sizes >= 2, as torch does, and a call with
-size 1 compiles one more graph. Tracing it for [1, inf) instead needs every choice the trace makes
-on ``s == 1`` to become a guard; torch's ``backed_size_oblivious`` does not do that (its
-``guard_or_false`` answers from ranges alone: ``x.squeeze()`` traced for a batch of 5 keeps the
-dim, and a batch of 1 would get ``[1, n]`` where eager gives ``[n]``), and with guards recorded
-instead, every broadcast against a literal 1 guards ``s != 1``. Models also branch on it
-themselves (HF's masking code expands position ids only when ``batch != 1``).
+Note: a dim made symbolic at a size >= 2 has the range [1, inf) (``shape_env.py``): a later call
+with size 1 runs the same graph unless the trace decided something on the size being 1, which is a
+guard (``x.squeeze()``, ``if x.shape[0] == 1: return x * 2``), and the size-1 call then compiles a
+graph where 1 is a constant. A branch whose arm changes nothing at size 1 (HF's masking code expands
+position ids only when ``batch != 1``) is traced without the guard (``size_one_branch.py``).
 """
 
 from __future__ import annotations

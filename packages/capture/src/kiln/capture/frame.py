@@ -99,6 +99,7 @@ class Context:
     escaping_builds: frozenset = frozenset()
     # generators made in the trace (generators.py), checked for cleanup a dropped one would run
     generators: list = field(default_factory=list)
+    spawned: int = 0  # frames inlined so far (size_one_branch.py: an arm that inlines a call is not neutral)
 
 
 @dataclass
@@ -238,6 +239,7 @@ class Frame:
 
     def spawn(self, code: types.CodeType, f_globals: dict[str, Any], bound: dict[str, Any],
               closure: tuple[Cell, ...]) -> Frame:
+        self.ctx.spawned += 1
         return Frame(self.ctx, code, f_globals, bound, closure, parent=self)
 
     # ---- names --------------------------------------------------------------------------

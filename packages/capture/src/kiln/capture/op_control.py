@@ -11,6 +11,7 @@ from .errors import GraphBreak
 from .generators import TracedGenerator
 from .op_registry import handler_table
 from .semantics import get_iter, truth
+from .size_one_branch import run_neutral_arm
 from .values import (
     NULL,
     AutocastContext,
@@ -38,6 +39,8 @@ def jump(f: Frame, i: Inst) -> None:
 def _cond_jump(when: bool):
     def handler(f: Frame, i: Inst) -> None:
         v = f.stack[-1]
+        if isinstance(v, torch.SymBool) and run_neutral_arm(f, i, v, when):
+            return
         taken = truth(f, v) == when
         f.pop()
         if taken:

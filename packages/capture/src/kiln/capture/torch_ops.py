@@ -13,11 +13,12 @@ from . import polyfills
 from .errors import GraphBreak
 from .numpy_trace import tensor_to_numpy
 from .semantics import contains_traced
+from .shape_env import VIEW_OR_COPY, CaptureShapeEnv
 from .shape_rules.functions import FAST_META, fast_result, from_memo, memo_entry, memo_key
 from .shape_rules.pointwise import FAST_POINTWISE
 from .shape_rules.views import FAST_METHODS
 from .size_polyfills import size_polyfill
-from .tracer import _has_traced
+from .tracer import Tracer, _has_traced
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -151,6 +152,13 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
     if tensor_value is not None:
         polyfill, operands = tensor_value
         return frame.call(polyfill, [t, *operands, name.endswith("_")], {})
+    env = tracer.shape_env
+    if name in VIEW_OR_COPY and not kwargs and isinstance(env, CaptureShapeEnv) and env.may_be_one:
+        return env.view_or_copy(t, name, tuple(args), lambda: _traced_method(tracer, t, name, args, kwargs))
+    return _traced_method(tracer, t, name, args, kwargs)
+
+
+def _traced_method(tracer: Tracer, t: torch.Tensor, name: str, args: list, kwargs: dict) -> Any:
     method = getattr(t, name)
     if name in META_METHODS:
         with tracer.fake_mode:

@@ -24,7 +24,7 @@ from torch import fx, nn
 from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx.experimental import symbolic_shapes
-from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
 from kiln.graph import (
     SIZE_OPS,
@@ -44,6 +44,7 @@ from .foreign import is_immutable_constant, is_numpy_scalar, state_in_c
 from .knobs import user_environment
 from .module_calls import CallPath, call_path, global_hook_keys
 from .numpy_trace import liftable
+from .shape_env import CaptureShapeEnv
 from .shape_guards import STRIDE_NOTE
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
@@ -103,7 +104,7 @@ class Tracer:
                  unspecialized: frozenset[str] = frozenset()) -> None:
         # Note: ShapeEnv is only built when a size may be symbolic; creating the first one imports a
         # large part of torch, which static captures do not need.
-        self.shape_env = ShapeEnv() if symbolic else None
+        self.shape_env = CaptureShapeEnv() if symbolic else None
         self.fake_mode = FakeTensorMode(shape_env=self.shape_env, allow_non_fake_inputs=False)
         self.graph = fx.Graph()  # the graph being recorded: the root, or a torch.cond branch
         self.root_graph = self.graph

@@ -19,9 +19,13 @@ A graph with symbolic sizes (placeholders whose ``meta["val"]`` has SymInt sizes
 symbolic signature instead of the example inputs' sizes: each input's sizes and strides as size
 expressions (``s77``, ``4*s77``: ShapeEnv names a symbol after its source, so the names agree across
 processes), and the ShapeEnv's guards on those symbols so far; one entry then serves every size.
-Such an entry is stored only when compiling it added no guard to the ShapeEnv: a hit does not
-compile, so an assumption the compile made (``s0 % 4 == 0``) would not become a guard of the
-caller's cache entry (the ``cache`` log says so when it is not stored).
+Compiling a symbolic graph may add guards to the ShapeEnv (autograd's ``s0 != 1`` where a gradient
+is summed over a broadcast batch, inductor's ``s0 % 4 == 0``): the entry records them as data, with
+the ShapeEnv's ranges and replacements after the compile. A hit checks each recorded guard against
+the caller's sizes (a guard they fail makes the hit a miss: the compiled program was built under an
+assumption these sizes break), adds them to the caller's ShapeEnv (so they become guards of its
+capture entry, as after a compile: a program compiled under ``s0 != 1`` never serves size 1), and
+loads the program only when the ShapeEnv then reads as it did after the compile.
 Fake or meta tensors with no data to hash, and anything else the key cannot describe make the graph
 uncacheable: it compiles as usual and the ``cache`` log says why.
 """
@@ -86,6 +90,8 @@ class CachedGraph:
     program: PortableProgram
     texts: Mapping[str, str]
     backend: str
+    shape_guards: tuple[str, ...] = ()  # guards its compile added to the ShapeEnv (srepr text)
+    shape_state: tuple[str, ...] | None = None  # the ShapeEnv's ranges and replacements after it
 
 
 # ---- the key -------------------------------------------------------------------------------------
@@ -261,18 +267,91 @@ def graph_key(gm: fx.GraphModule, example_inputs: Sequence[Any], *, backend: str
     return cache_key(json.dumps(parts, sort_keys=True, default=repr))
 
 
-def _guard_count(gm: fx.GraphModule) -> tuple[Any, int]:
-    """The graph's ShapeEnv (None for a static graph) and how many guards it holds now."""
-    env = shape_env_of([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
-    return env, (len(env.guards) + len(env.replacements) if env is not None else 0)
+def _shape_env(gm: fx.GraphModule) -> Any:
+    """The graph's ShapeEnv (None for a static graph)."""
+    return shape_env_of([n.meta.get("val") for n in gm.graph.nodes if n.op == "placeholder"])
+
+
+def _env_state(env: Any) -> list[str]:
+    """What a compile's guards leave in a ShapeEnv: the symbols' ranges and replacements."""
+    return [*(f"{k}:{v.lower}..{v.upper}" for k, v in sorted(env.var_to_range.items(), key=lambda kv: str(kv[0]))),
+            *sorted(f"{k}->{v}" for k, v in env.replacements.items())]
+
+
+# ---- guards a compile added, as data -------------------------------------------------------------
+# Each is stored as ``sympy.srepr`` text and read back over the caller's own symbols (looked up by
+# name: ShapeEnv names a symbol after its source, so names agree across processes, as the key relies on).
+
+def _guard_text(expr: Any) -> str:
+    import sympy  # only for symbolic graphs (torch imported it for their ShapeEnv): static ones do not pay it
+    return str(sympy.srepr(expr))
+
+
+@functools.cache
+def _expr_namespace() -> dict[str, Any]:
+    import sympy  # as in _guard_text
+    from torch.utils._sympy import functions as size_functions
+    ns = {k: v for k, v in vars(sympy).items() if not k.startswith("_")}
+    ns.update({k: v for k, v in vars(size_functions).items() if not k.startswith("_")})
+    return ns
+
+
+def parse_guard(text: str, env: Any) -> Any:
+    """A recorded guard's sympy expression over ``env``'s symbols; raises ValueError."""
+    symbols = {str(s): s for s in (*_hints(env), *env.var_to_range)}
+
+    def symbol(name: str, **_: Any) -> Any:
+        if name not in symbols:
+            raise ValueError(f"symbol {name} is not in this graph's ShapeEnv")
+        return symbols[name]
+    try:
+        return eval(text, {"__builtins__": {}}, {**_expr_namespace(), "Symbol": symbol})  # noqa: S307 - srepr text we wrote
+    except ValueError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an unreadable record is a miss, never trusted
+        raise ValueError(f"guard {text!r} is not readable ({type(e).__name__}: {e})") from e
+
+
+def _hints(env: Any) -> Mapping[Any, Any]:
+    """The ShapeEnv's symbol -> example value (``backed_var_to_val`` in newer torch)."""
+    return getattr(env, "backed_var_to_val", None) or getattr(env, "var_to_val", None) or {}
+
+
+def _holds_for_example(env: Any, expr: Any) -> bool:
+    """Whether ``expr`` is true at the sizes this graph was captured with (ShapeEnv's hints)."""
+    try:
+        return bool(expr.xreplace(_hints(env))) is True
+    except TypeError:  # a symbol without a value (unbacked): not known to hold
+        return False
+
+
+def replay_guards(env: Any, texts: Sequence[str], state: Sequence[str] | None) -> str | None:
+    """Add the recorded guards ``texts`` to ``env``; None when done, else why the entry does not
+    serve these sizes (nothing is added then, unless the ShapeEnv ends up unlike ``state``)."""
+    exprs = []
+    for text in texts:
+        try:
+            expr = parse_guard(text, env)
+        except ValueError as e:
+            return str(e)
+        if not _holds_for_example(env, expr):
+            return f"it was compiled under {py_expr(expr)}, which these sizes fail"
+        exprs.append(expr)
+    for expr in exprs:
+        env.evaluate_expr(expr)
+    if state is not None and _env_state(env) != list(state):
+        return "its guards leave the shape environment unlike after its compile"
+    return None
 
 
 # ---- the value -----------------------------------------------------------------------------------
 
-def encode_entry(program: PortableProgram, texts: Mapping[str, str], backend: str) -> bytes:
+def encode_entry(program: PortableProgram, texts: Mapping[str, str], backend: str,
+                 shape_guards: Sequence[str] = (), shape_state: Sequence[str] | None = None) -> bytes:
     names = sorted(program.files)
     header = {"format": FORMAT, "backend": backend, "source": program.source,
               "requires": list(program.requires), "texts": dict(texts),
+              "shape_guards": list(shape_guards), "shape_state": shape_state,
               "files": [[n, len(program.files[n])] for n in names]}
     return b"".join([json.dumps(header).encode(), b"\n", *(bytes(program.files[n]) for n in names)])
 
@@ -290,7 +369,10 @@ def decode_entry(data: bytes) -> CachedGraph:
     if pos != len(data):
         raise ValueError("file sizes do not add up to the entry's length")
     program = PortableProgram(header["source"], files, tuple(header["requires"]))
-    return CachedGraph(program, dict(header["texts"]), str(header["backend"]))
+    state = header.get("shape_state")
+    return CachedGraph(program, dict(header["texts"]), str(header["backend"]),
+                       tuple(str(g) for g in header.get("shape_guards", ())),
+                       None if state is None else tuple(str(x) for x in state))
 
 
 def program_callable(program: PortableProgram, cache: CompileCache | None = None,
@@ -337,8 +419,9 @@ class GraphCache:
                                  key_hash(key)[:16], e)
             return None
 
-    def save(self, key: str, program: PortableProgram, texts: Mapping[str, str], backend: str) -> bool:
-        return self.store.put(NAMESPACE, key, encode_entry(program, texts, backend))
+    def save(self, key: str, program: PortableProgram, texts: Mapping[str, str], backend: str,
+             shape_guards: Sequence[str] = (), shape_state: Sequence[str] | None = None) -> bool:
+        return self.store.put(NAMESPACE, key, encode_entry(program, texts, backend, shape_guards, shape_state))
 
 
 def cached_backend(fn: Backend, name: str, options: object, *, cache: CompileCache | None = None) -> Backend:
@@ -383,7 +466,17 @@ def cached_backend(fn: Backend, name: str, options: object, *, cache: CompileCac
 
 def _from_hit(hit: CachedGraph, gm: fx.GraphModule, graphs: GraphCache, name: str, short: str,
               note: str) -> CompiledGraph | None:
-    """The compiled graph of a cache entry, or None (logged) when it fails to load."""
+    """The compiled graph of a cache entry, or None (logged) when it fails to load or does not serve
+    these sizes (its compile's guards are added to the graph's ShapeEnv when it does)."""
+    env = _shape_env(gm)
+    if env is not None:
+        why = replay_guards(env, hit.shape_guards, hit.shape_state)
+        if why is not None:
+            log("cache").info("graph cache entry %s (%s) not used: %s; recompiling", short, name, why)
+            return None
+    elif hit.shape_guards:
+        log("cache").warning("graph cache: entry %s has shape guards but the graph is static; recompiling", short)
+        return None
     try:
         program, kernels = _install_kernels(hit.program, short)
         call = program_callable(program, graphs.store)
@@ -399,22 +492,23 @@ def _from_hit(hit: CachedGraph, gm: fx.GraphModule, graphs: GraphCache, name: st
 def _compile_and_store(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], gm: fx.GraphModule,
                        example_inputs: Sequence[Any], graphs: GraphCache, key: str, name: str, short: str) -> Any:
     emit(CacheLookup(name, False, short))
-    env, guards_before = _guard_count(gm)
+    env = _shape_env(gm)
+    guards_before = len(env.guards) if env is not None else 0
     compiled = fn(gm, example_inputs)
-    if env is not None and _guard_count(gm)[1] != guards_before:
-        log("cache").info("graph cache miss %s (%s): not stored, compiling it added shape guards "
-                          "(a hit would not add them)", short, name)
-        return compiled
+    added = [_guard_text(g.expr) for g in env.guards[guards_before:]] if env is not None else []
+    state = _env_state(env) if env is not None else None
     if not isinstance(compiled, CompiledGraph) or compiled.portable is None:
         log("cache").info("graph cache miss %s (%s): not stored, the backend gave no portable "
                           "program", short, name)
         return compiled
     texts = dict(compiled.texts)
-    stored = graphs.save(key, compiled.portable, texts, compiled.backend)
-    log("cache").info("graph cache miss %s (%s): compiled%s", short, name,
-                      " and stored" if stored else ", not stored (cache not writable)")
+    stored = graphs.save(key, compiled.portable, texts, compiled.backend, added, state)
+    log("cache").info("graph cache miss %s (%s): compiled%s%s", short, name,
+                      " and stored" if stored else ", not stored (cache not writable)",
+                      f" with the {len(added)} shape guard(s) its compile added" if added else "")
     if stored and compiled.portable.triton_modules:
-        return _store_kernels_after_first_call(compiled, graphs, key, compiled.portable, texts, short)
+        return _store_kernels_after_first_call(compiled, graphs, key, compiled.portable, texts, short,
+                                               added, state)
     return compiled
 
 
@@ -436,7 +530,8 @@ def _install_kernels(program: PortableProgram, short: str) -> tuple[PortableProg
 
 def _store_kernels_after_first_call(compiled: CompiledGraph, graphs: GraphCache, key: str,
                                     program: PortableProgram, texts: Mapping[str, str],
-                                    short: str) -> CompiledGraph:
+                                    short: str, shape_guards: Sequence[str],
+                                    shape_state: Sequence[str] | None) -> CompiledGraph:
     run = compiled.fn
     pending = True
 
@@ -454,7 +549,7 @@ def _store_kernels_after_first_call(compiled: CompiledGraph, graphs: GraphCache,
             if binaries:
                 files = {**program.files, **binaries}
                 graphs.save(key, replace(program, files=files), texts,
-                            compiled.backend)
+                            compiled.backend, shape_guards, shape_state)
                 log("cache").info("graph cache %s: stored %d Triton binary file(s) after the first "
                                   "call; a warm process will not compile these kernels", short,
                                   len(binaries))
