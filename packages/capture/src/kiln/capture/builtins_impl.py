@@ -5,8 +5,11 @@ from __future__ import annotations
 import builtins
 import contextlib
 import functools
+import inspect
 import math
 import operator
+import sys
+import traceback
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
@@ -14,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 
 from . import controls, deferred, polyfills
-from .errors import GraphBreak
+from .errors import GraphBreak, SkipFrame
 from .generators import is_lazy, lazy_enumerate, lazy_map, lazy_zip
 from .semantics import (
     apply_operator,
@@ -321,6 +324,69 @@ def _refuse(what: str, hint: str) -> Handler:
     return refuse
 
 
+def _frame_locals(frame: Frame) -> dict[str, Any]:
+    """``locals()`` of the interpreted frame, as CPython builds it: the bound fast locals, then the
+    bound cell and free variables (names in the code's order). A builtin called for real would return
+    the dict of kiln's own frame that called it."""
+    code, out = frame.code, {}
+    for name in (*code.co_varnames, *code.co_cellvars, *code.co_freevars):
+        if name in out:
+            continue
+        cell = frame.cells.get(name)
+        if cell is None:
+            value = frame.locals.get(name, EMPTY)
+        else:
+            try:
+                value = _read_cell(frame, cell, name)  # a real cell's contents wrapped and guarded
+            except NameError:  # unbound: not in locals()
+                value = EMPTY
+        if value is not EMPTY:
+            out[name] = value
+    return out
+
+
+def _read_cell(frame: Frame, cell: Any, name: str) -> Any:
+    from .op_names import read_cell as read
+
+    return read(frame, cell, name)
+
+
+def _locals(frame: Frame, args: list, kwargs: dict) -> Any:
+    if args or kwargs:
+        raise TypeError(f"locals() takes no arguments ({len(args) + len(kwargs)} given)")
+    return _frame_locals(frame)
+
+
+def _vars(frame: Frame, args: list, kwargs: dict) -> Any:
+    if not args and not kwargs:
+        return _frame_locals(frame)
+    if len(args) != 1 or kwargs:
+        raise TypeError(f"vars expected at most 1 argument, got {len(args) + len(kwargs)}")
+    return load_attr(frame, args[0], "__dict__")  # as obj.__dict__: what is read through it is guarded
+
+
+def _dir(frame: Frame, args: list, kwargs: dict) -> Any:
+    if not args and not kwargs:
+        return sorted(_frame_locals(frame))
+    (obj,) = args
+    if hasattr(obj, "__dict__") and not isinstance(obj, type):
+        load_attr(frame, obj, "__dict__")  # the instance's names are read: guarded as obj.__dict__ is
+    return dir(obj)
+
+
+def _frame_object(what: str) -> Handler:
+    """A call that returns or walks the Python frames (``sys._getframe``, ``inspect.currentframe``):
+    the interpreted frame has no frame object, and the real call would see kiln's. The top frame runs
+    in Python (SkipFrame); an inlined function breaks the graph, so its call runs in Python with its
+    own frame."""
+    def handler(frame: Frame, args: list, kwargs: dict) -> Any:
+        reason = f"{what} reads the Python frame, which the capture does not model"
+        if frame.is_top():  # a break would run the call from kiln's interpreter (python_step.py)
+            raise SkipFrame(f"{frame.code.co_name} calls {what}, which reads its Python frame")
+        raise GraphBreak(reason, "the call of the function that uses it runs in Python")
+    return handler
+
+
 def _constant(value: Any) -> Handler:
     return lambda frame, args, kwargs: value
 
@@ -443,6 +509,23 @@ def _register() -> None:
                                   "set the stance around the call of the compiled function")
     if hasattr(torch._utils, "is_compiling"):
         SPECIAL[torch._utils.is_compiling] = _constant(True)
+    # builtins that read the calling frame: a real call would read kiln's interpreter, not the user's
+    SPECIAL[builtins.locals] = _locals
+    SPECIAL[builtins.vars] = _vars
+    SPECIAL[builtins.dir] = _dir
+    SPECIAL[builtins.globals] = _frame_object("globals()")  # what is read through the dict is not guarded
+    frame_readers: list[tuple[Any, str]] = [(sys._getframe, "sys._getframe"),
+                                            (inspect.currentframe, "inspect.currentframe"),
+                                            (inspect.stack, "inspect.stack"), (inspect.trace, "inspect.trace"),
+                                            (traceback.extract_stack, "traceback.extract_stack"),
+                                            (traceback.format_stack, "traceback.format_stack"),
+                                            (traceback.print_stack, "traceback.print_stack"),
+                                            (traceback.walk_stack, "traceback.walk_stack")]
+    for name in ("_getframemodulename",):
+        if hasattr(sys, name):
+            frame_readers.append((getattr(sys, name), f"sys.{name}"))
+    for fn, what in frame_readers:
+        SPECIAL[fn] = _frame_object(what)
 
 
 _register()
