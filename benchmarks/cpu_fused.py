@@ -9,6 +9,8 @@ Workloads (fp32):
 * ``rms_norm``: x * rsqrt(mean(x^2) + eps) * w on (rows, 1024);
 * ``adam_update``: an Adam step written with torch in-place ops under ``no_grad`` over many
   parameters of assorted sizes (the ``foreach``-free loop users write; mutates its inputs);
+* ``optim_adam``: ``torch.optim.Adam(foreach=True).step()`` over the same parameters (torch.optim's
+  multi-tensor update, step counts as tensors; mutates its parameters and state);
 * ``softmax``: ``torch.softmax(x, -1)`` on (rows, 1024), a single-kernel op.
 
 Each workload runs in its own process with the three backends side by side, timed interleaved
@@ -24,6 +26,7 @@ Targets (CPU, default threads): kiln >= torch.compile on every workload.
 from __future__ import annotations
 
 import argparse
+import copy
 import functools
 import resource
 import statistics
@@ -54,7 +57,7 @@ from benchmarks.kiln_bench.report import (
     write_micro,
 )
 
-WORKLOADS = ("layer_norm+gelu", "rms_norm", "adam_update", "softmax")
+WORKLOADS = ("layer_norm+gelu", "rms_norm", "adam_update", "optim_adam", "softmax")
 
 
 def layer_norm_gelu(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor,
@@ -77,6 +80,28 @@ def adam_update(params: list[torch.Tensor], grads: list[torch.Tensor], exp_avgs:
             v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
             denom = (v / bias2).sqrt().add_(eps)
             p.addcdiv_(m, denom, value=-lr / bias1)
+
+
+class AdamState:
+    """``torch.optim.Adam(foreach=True)`` over parameters with gradients, its state made by one eager step
+    (the compiled steps are the steady ones). ``clone()`` copies parameters, gradients and state."""
+
+    def __init__(self, params: list[torch.Tensor], grads: list[torch.Tensor]) -> None:
+        self.params = [p.detach().clone().requires_grad_() for p in params]
+        for p, g in zip(self.params, grads):
+            p.grad = g.clone()
+        self.opt = torch.optim.Adam(self.params, lr=1e-3, foreach=True)
+        self.opt.step()
+
+    def clone(self) -> AdamState:
+        return copy.deepcopy(self)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t.detach() for p in self.params for t in (p, *self.opt.state[p].values())]
+
+
+def optim_adam(state: AdamState) -> None:
+    state.opt.step()
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
@@ -107,6 +132,8 @@ def make_inputs(workload: str, small: bool, device: str) -> tuple[Callable, list
     shapes = _sizes(50 if small else 200, seed=1)
     lists = [[torch.randn(s, device=device) for s in shapes] for _ in range(3)]
     lists.append([torch.rand(s, device=device) for s in shapes])  # exp_avg_sq >= 0
+    if workload == "optim_adam":
+        return optim_adam, [AdamState(lists[0], lists[1])], True
     return adam_update, lists, True
 
 
@@ -117,7 +144,8 @@ def _clone(args: list[Any]) -> list[Any]:
 def _result_tensors(fn: Callable, args: list[Any], mutates: bool) -> list[torch.Tensor]:
     out = fn(*args)
     if mutates:
-        return [t for a in args for t in (a if isinstance(a, list) else [a])]
+        return [t for a in args for t in (a if isinstance(a, list) else a.tensors() if isinstance(a, AdamState)
+                                          else [a])]
     return M.flatten_tensors(out)
 
 

@@ -23,6 +23,7 @@ from ..ir import (
     index_var,
     index_vars,
     op,
+    product,
 )
 from .common import Rule, out_dtype, out_shape, size_value
 from .context import LoweringContext, NotLowered
@@ -118,12 +119,23 @@ RULES["aten.index.Tensor"] = _index
 RULES["aten._unsafe_index.Tensor"] = _index
 
 
-def _cat(ctx: LoweringContext, node: fx.Node, tensors: Sequence[TensorValue], dim: int = 0) -> Lazy:
+# a cat of more parts than this is a where-chain slower than ATen's copy, unless its result is small
+CAT_MAX_CHAIN = 16
+# ... at most this many elements: then the parts are a balanced tree of selects (log2(parts) compares
+# an element) stored once. torch.optim's foreach Adam under a compiler stacks one step size per parameter
+# (``torch.stack`` of 0-d tensors) for ``_foreach_addcdiv.Tensor``: through ATen, every part was a buffer
+# of its own, allocated per call (200 parameters: 200 allocations and 200 pointers a step)
+CAT_SMALL_NUMEL = 4096
+
+
+def _cat(ctx: LoweringContext, node: fx.Node, tensors: Sequence[TensorValue], dim: int = 0) -> TensorValue:
     shape = out_shape(node)
     n = len(shape)
     dim = dim + n if dim < 0 else dim
     parts = [t for t in tensors if not (len(t.shape) == 1 and t.shape[0] == 0)]
-    if len(parts) > 16:
+    numel = product(list(shape))
+    small = isinstance(numel, (int, sympy.Integer)) and int(numel) <= CAT_SMALL_NUMEL
+    if len(parts) > CAT_MAX_CHAIN and not small:
         raise NotLowered(f"cat of {len(parts)} tensors (a where-chain this long is slower than a copy)")
     d = out_dtype(node)
     iv = list(index_vars("i", n))
@@ -131,19 +143,27 @@ def _cat(ctx: LoweringContext, node: fx.Node, tensors: Sequence[TensorValue], di
     for t in parts:
         starts.append(pos)
         pos = pos + t.shape[dim]
-    body: Expr | None = None
-    for t, s in reversed(list(zip(parts, starts))):
+
+    def part(k: int) -> Expr:
         idx = list(iv)
-        idx[dim] = iv[dim] - s
-        val = cast(value_at(t, idx), d)
-        if body is None:
-            body = val
-        else:
-            cond = op("lt", IndexValue(iv[dim], torch.int64), size_value(s + t.shape[dim], torch.int64),
-                      dtype=torch.bool)
-            body = op("where", cond, val, body, dtype=d)
-    assert body is not None
-    return Lazy(shape, d, body)
+        idx[dim] = iv[dim] - starts[k]
+        return cast(value_at(parts[k], idx), d)
+
+    def before(k: int) -> Expr:  # the index is in a part before part k
+        return op("lt", IndexValue(iv[dim], torch.int64), size_value(starts[k], torch.int64), dtype=torch.bool)
+
+    if len(parts) <= CAT_MAX_CHAIN:
+        body = part(len(parts) - 1)
+        for k in range(len(parts) - 2, -1, -1):
+            body = op("where", before(k + 1), part(k), body, dtype=d)
+        return Lazy(shape, d, body)
+
+    def tree(lo: int, hi: int) -> Expr:  # parts lo..hi-1
+        if hi - lo == 1:
+            return part(lo)
+        mid = (lo + hi) // 2
+        return op("where", before(mid), tree(lo, mid), tree(mid, hi), dtype=d)
+    return ctx.realize(Lazy(shape, d, tree(0, len(parts))))
 
 
 RULES["aten.cat.default"] = _cat
