@@ -16,6 +16,11 @@ A step is forward (the loss computed inside HF's forward from ``labels``), backw
 Each row runs the stream once (compiles included: wall time, compiles, graph breaks, eager fallbacks,
 the losses), then times steps at each probe size (``--probe-sizes``; median of ``--iters``). Losses of
 the stream are compared with eager's (the same weights and data in every process).
+
+``--pair`` adds one more process holding both kiln models (the same weights): the dynamic one runs the
+stream, then at each probe size the two take alternating timed steps, so the dynamic/static ratio is
+measured side by side under the same load (CPU seconds of the process per step, and wall time); its
+table is the one the issue's 10% criterion reads on a shared machine.
 """
 
 from __future__ import annotations
@@ -161,6 +166,57 @@ def measure(*, backend: str, tiny: bool, device: str, steps: int, batch: int, mi
     return result
 
 
+def measure_pair(*, tiny: bool, device: str, steps: int, batch: int, min_seq: int, max_seq: int,
+                 probe_sizes: list[int], iters: int, compile_optimizer: bool) -> dict[str, Any]:
+    """Child: kiln dynamic (``dynamic=None``, after the stream) and kiln static (``dynamic=False``) in
+    one process, alternating timed steps at each probe size: medians of CPU and wall ms per step."""
+    amp = device.startswith("cuda")
+    rows: dict[str, Trainer] = {}
+    for backend in ("kiln", "kiln_static"):
+        model = build(tiny, device)
+        run, opt_compiler = _compiled(backend, model)
+        rows[backend] = Trainer(model, run, device, amp, opt_compiler if compile_optimizer else None)
+    try:
+        dyn = rows["kiln"]
+        for i, seq in enumerate(seq_stream(steps, min_seq, max_seq)):
+            dyn.step(dyn.batch(batch, seq, seed=i))
+        after_stream = counters("kiln")
+        per_size: dict[str, dict[str, float]] = {}
+        for seq in probe_sizes:
+            ids = dyn.batch(batch, seq, seed=10_000 + seq)
+            for trainer in rows.values():  # warm-up (the static model compiles here)
+                for _ in range(2):
+                    timed_step(trainer, ids)
+            cpu: dict[str, list[float]] = {b: [] for b in rows}
+            wall: dict[str, list[float]] = {b: [] for b in rows}
+            for _ in range(iters):
+                for backend, trainer in rows.items():
+                    c0 = time.process_time()
+                    wall[backend].append(timed_step(trainer, ids)[0])
+                    cpu[backend].append(time.process_time() - c0)
+            per_size[str(seq)] = {f"{b}_{kind}": statistics.median(v) * 1e3
+                                  for kind, table in (("cpu_ms", cpu), ("wall_ms", wall)) for b, v in table.items()}
+    except Exception as exc:  # noqa: BLE001 - the row records the failure
+        print(B.error_details(exc))
+        return {"error": B.short_error(exc)}
+    return {"per_size": per_size, "dynamic_compiles": after_stream["compiles"],
+            "all_compiles": counters("kiln")["compiles"]}
+
+
+def pair_table(res: dict[str, Any]) -> str:
+    if "error" in res:
+        return f"side by side: {na(res['error'])}"
+    rows = []
+    for seq, t in res["per_size"].items():
+        rows.append([seq, fmt(t["kiln_cpu_ms"]), fmt(t["kiln_static_cpu_ms"]),
+                     fmt(t["kiln_cpu_ms"] / t["kiln_static_cpu_ms"]), fmt(t["kiln_wall_ms"]),
+                     fmt(t["kiln_static_wall_ms"]), fmt(t["kiln_wall_ms"] / t["kiln_static_wall_ms"])])
+    return (f"Side by side in one process (kiln dynamic: {res['dynamic_compiles']} compiles over the stream; "
+            f"{res['all_compiles']} with the static model's):\n\n"
+            + markdown_table(["seq", "dynamic CPU ms", "static CPU ms", "dynamic / static (CPU)",
+                              "dynamic wall ms", "static wall ms", "dynamic / static (wall)"], rows))
+
+
 def _loss_diff(res: dict[str, Any], eager: dict[str, Any]) -> float | None:
     a, b = res.get("losses") or [], eager.get("losses") or []
     if not a or len(a) != len(b):
@@ -209,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=None, help="timed steps per probe size (default 10 CUDA, 5 CPU)")
     p.add_argument("--compile-optimizer", action="store_true",
                    help="compile the optimizer's step too (same compiler and dynamic setting)")
+    p.add_argument("--pair", action="store_true",
+                   help="also time kiln dynamic against kiln static side by side in one process")
     args = cli.finish(p.parse_args(argv), "dynamic_train")
     cuda = args.device.startswith("cuda")
     tiny = args.tiny or args.small or not cuda
@@ -225,11 +283,18 @@ def main(argv: list[str] | None = None) -> int:
                            timeout_s=args.timeout, env=cli.child_env(args))
         payload[backend] = res
         print(backend, {k: v for k, v in res.items() if k != "losses"}, flush=True)
+    if args.pair:
+        pair = run_isolated("benchmarks.dynamic_train:measure_pair", kwargs, timeout_s=args.timeout,
+                            env=cli.child_env(args))
+        payload["pair"] = pair
+        print("pair", pair, flush=True)
     body = (f"{'tiny GPT-2 fp32' if tiny else 'GPT-2 124M, AMP bf16'}, batch {kwargs['batch']}, "
             f"seq {lo}-{hi} drawn per step, {kwargs['steps']} steps, AdamW"
             f"{' (its step compiled too)' if args.compile_optimizer else ''}; step ms = median of "
             f"{kwargs['iters']} steps at that size after the stream (kiln_static: compiled with "
-            "dynamic=False for each probe size).\n\n" + table(payload, probes))
+            "dynamic=False for each probe size).\n\n"
+            + table({k: v for k, v in payload.items() if k != "pair"}, probes)
+            + (f"\n\n{pair_table(payload['pair'])}" if "pair" in payload else ""))
     print(write_micro(args.out, "dynamic_train", "Training with a different sequence length every step",
                       info, body, payload))
     return 0

@@ -8,12 +8,17 @@ length differs (the KV cache grows), so a compiler that specialises on sizes rec
 Each backend runs in its own process: the first ``generate`` (compiles included), then the best of
 ``--runs`` timed ones; compiles counted as in ``benchmarks.dynamic_stream``; tokens compared with
 eager's (identical prefix length).
+
+``--together`` instead holds the three models (the same weights) in one process and alternates their
+timed ``generate`` rounds, so per-token times are compared under the same load: the median wall and
+CPU (process) ms per token. On a shared machine this is the table to read.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import statistics
 import sys
 import time
 import warnings
@@ -100,6 +105,74 @@ def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, r
     return result
 
 
+def measure_together(*, backends: list[str], name: str, small: bool, device: str, tokens: int, runs: int,
+                     mode: str | None, bf16: bool = False) -> dict[str, Any]:
+    """Child: every backend's model in this process; first generates (compiles included), then
+    ``runs`` rounds alternating between the backends; median wall and CPU ms per token."""
+    spec = B.CompileSpec(kiln_backend="inductor", tc_backend="inductor", mode=mode)
+    models: dict[str, torch.nn.Module] = {}
+    result: dict[str, Any] = {}
+    for backend in backends:
+        model = _build(name, small, device, bf16)
+        try:
+            model.forward = B.compile_fn(backend, model.forward, spec)
+        except Exception as exc:  # noqa: BLE001
+            result[backend] = {"error": B.short_error(exc)}
+            continue
+        models[backend] = model
+    vocab = next(iter(models.values())).config.vocab_size if models else 2
+    prompt = torch.randint(1, vocab, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
+    reference = _generate(_build(name, small, device, bf16), prompt, tokens).cpu()
+    counter = CompileCounter()
+    logging.getLogger("kiln").addHandler(counter)
+    wall: dict[str, list[float]] = {b: [] for b in models}
+    cpu: dict[str, list[float]] = {b: [] for b in models}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for backend, model in list(models.items()):
+            try:
+                t0 = time.perf_counter()
+                got = _generate(model, prompt, tokens)
+                sync_device(device)
+            except Exception as exc:  # noqa: BLE001
+                print(B.error_details(exc))
+                result[backend] = {"error": B.short_error(exc)}
+                del models[backend]
+                continue
+            same = int((got.cpu() == reference).all(0).cumprod(0).sum()) - prompt.shape[1]
+            result[backend] = {"first_s": time.perf_counter() - t0, "compiles": count_compiles(backend, counter),
+                               "same_tokens": same, "tokens": tokens}
+        for _ in range(runs):
+            for backend, model in models.items():
+                c0, t0 = time.process_time(), time.perf_counter()
+                _generate(model, prompt, tokens)
+                sync_device(device)
+                wall[backend].append((time.perf_counter() - t0) / tokens * 1e3)
+                cpu[backend].append((time.process_time() - c0) / tokens * 1e3)
+    eager_msgs = [str(w.message) for w in caught if "eager" in str(w.message).lower()]
+    for backend in models:
+        result[backend].update(ms_per_token=statistics.median(wall[backend]),
+                               cpu_ms_per_token=statistics.median(cpu[backend]),
+                               compiles_after=count_compiles(backend, counter))
+        if backend == "kiln":
+            result[backend]["ran_eagerly"] = eager_msgs[0][:200] if eager_msgs else None
+    return result
+
+
+def _together_rows(name: str, results: dict[str, Any]) -> list[list[Any]]:
+    tc, eager = results.get("torch_compile", {}), results.get("eager", {})
+    rows = []
+    for backend, res in results.items():
+        if "error" in res:
+            rows.append([name, backend, na(res["error"])] + ["n/a"] * 7)
+            continue
+        rows.append([name, backend, res["compiles_after"], "yes" if res.get("ran_eagerly") else "no",
+                     f"{res['same_tokens']}/{res['tokens']}", fmt(res["ms_per_token"], 3),
+                     fmt(res["cpu_ms_per_token"], 3), fmt(ratio(eager.get("cpu_ms_per_token"), res["cpu_ms_per_token"])),
+                     fmt(ratio(tc.get("cpu_ms_per_token"), res["cpu_ms_per_token"])), fmt(res["first_s"])])
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     cli.add_common(p)
@@ -110,11 +183,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bf16", action="store_true",
                    help="bf16 weights (greedy tokens then differ from eager's by rounding, for every "
                         "compiler); the default fp32 makes the token comparison exact")
+    p.add_argument("--together", action="store_true",
+                   help="all backends in one process, timed rounds alternating (CPU and wall ms per token)")
     args = cli.finish(p.parse_args(argv), "generate")
     small = args.small or not args.device.startswith("cuda")
     info = machine_info(args.device, module="benchmarks.generate", threads=args.threads)
     rows = []
     payload: dict[str, Any] = {}
+    if args.together:
+        return _main_together(args, small, info)
     for name in args.models:
         results = {}
         for backend in args.backends:
@@ -122,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                                dict(backend=backend, name=name, small=small, device=args.device,
                                     tokens=args.tokens, runs=args.runs, mode=args.mode,
                                     bf16=args.bf16),
-                               timeout_s=args.timeout)
+                               timeout_s=args.timeout, env=cli.child_env(args))
             results[backend] = res
             print(name, res, flush=True)
         payload[name] = results
@@ -141,6 +218,31 @@ def main(argv: list[str] | None = None) -> int:
             + markdown_table(["model", "backend", "compiles", "ran eagerly", "tokens = eager's",
                               "ms/token", "speed vs eager", "speed vs torch.compile"], rows))
     print(write_micro(args.out, "generate", "HF generate() with a growing cache", info, body, payload))
+    return 0
+
+
+def _main_together(args: argparse.Namespace, small: bool, info: Any) -> int:
+    rows, payload = [], {}
+    for name in args.models:
+        res = run_isolated("benchmarks.generate:measure_together",
+                           dict(backends=args.backends, name=name, small=small, device=args.device,
+                                tokens=args.tokens, runs=args.runs, mode=args.mode, bf16=args.bf16),
+                           timeout_s=args.timeout, env=cli.child_env(args))
+        print(name, res, flush=True)
+        payload[name] = res
+        if "error" in res:
+            rows.append([name, "all", na(res["error"])] + ["n/a"] * 7)
+            continue
+        rows += _together_rows(name, {k: v for k, v in res.items() if isinstance(v, dict)})
+    dtype = "bf16" if args.bf16 else "fp32"
+    body = (f"{args.tokens} new tokens, batch 2, greedy, {'tiny' if small else 'full'} configs, {dtype}, "
+            f"mode={args.mode or 'default'}; all backends in one process, {args.runs} alternating rounds "
+            "(medians).\n\n"
+            + markdown_table(["model", "backend", "compiles", "ran eagerly", "tokens = eager's", "ms/token (wall)",
+                              "CPU ms/token", "CPU speed vs eager", "CPU speed vs torch.compile",
+                              "first generate s (compiles)"], rows))
+    print(write_micro(args.out, "generate", "HF generate() with a growing cache (one process)", info, body,
+                      payload))
     return 0
 
 

@@ -323,3 +323,58 @@ def test_tensor_match_rejects_a_wrapper_subclass_and_accepts_plain_kinds(dynamic
                      "m": types.SimpleNamespace(t0=x.clone(), t1=value if where == "m" else x.clone(), t2=x.clone())}
             for check in checks[2:] if where == "m" else checks:  # (the one-guard checks read only L['x'])
                 assert check(frame, {}) is ok, (type(value).__name__, where, check)
+
+
+def test_plan_checks_a_kv_cache_of_symbolic_tensors_as_the_generated_chain_does() -> None:
+    """Tensors with symbolic dims read through attributes (a decoder's KV cache: grouped and compared
+    as tuples by the plan), beside a static one, their sizes and strides bound through ``.size()[i]`` /
+    ``.stride()[i]`` chains, one symbol read at two places and relations over them: the plan answers
+    as the generated chain on passing and failing frames."""
+    from kiln.graph.guards_codegen import generated_check
+    from kiln.graph.guards_plan import plan_check
+
+    def cache(seq: int, batch: int = 2, **kw) -> types.SimpleNamespace:
+        keys, values = torch.randn(batch, 2, seq, 8), torch.randn(batch, 2, seq, 8)
+        return types.SimpleNamespace(layers=[types.SimpleNamespace(keys=keys, values=values)],
+                                     pos=torch.zeros(4, 3), **kw)
+
+    good = cache(5)
+    kv = tensor_expectation(good.layers[0].keys, frozenset({0, 2}), strides=(None, None, 8, 1))
+    guards = (
+        Guard("L['c'].layers[0].keys", "TENSOR_MATCH", kv),
+        Guard("L['c'].layers[0].values", "TENSOR_MATCH", kv),
+        Guard("L['c'].pos", "TENSOR_MATCH", tensor_expectation(good.pos)),
+        Guard("L['c'].layers[0].keys.size()[0]", "SYMBOL", "s0"),
+        Guard("L['c'].layers[0].keys.size()[2]", "SYMBOL", "s1"),
+        Guard("L['c'].layers[0].keys.stride()[0]", "SYMBOL", "st0"),
+        Guard("L['c'].layers[0].values.size()[0]", "SYMBOL", "s0"),
+        Guard("L['c'].layers[0].values.size()[2]", "SYMBOL", "s2"),
+        Guard("", "SHAPE_EXPR", "st0 == 16 * s1"),
+        Guard("", "SHAPE_EXPR", "s1 >= 2"),
+        Guard("", "SHAPE_EXPR", "(s1 == s2)"),
+    )
+
+    def swap(c, **kw):
+        layer = types.SimpleNamespace(**{**vars(c.layers[0]), **kw})
+        return types.SimpleNamespace(**{**vars(c), "layers": [layer]})
+
+    other = cache(9, batch=3)
+    frames = [good, other, cache(1), swap(good, values=torch.randn(3, 2, 5, 8)),
+              swap(good, values=torch.randn(2, 2, 6, 8)), swap(good, keys=torch.randn(2, 3, 5, 8)),
+              swap(good, keys=torch.randn(2, 2, 5, 8, 1)), swap(good, keys=torch.randn(2, 2, 5, 8).double()),
+              swap(good, keys=torch.randn(2, 2, 5, 8, requires_grad=True)),
+              swap(good, keys=torch.randn(2, 2, 8, 5).transpose(2, 3)), swap(good, keys=3),
+              types.SimpleNamespace(**{**vars(good), "pos": torch.zeros(4, 4)})]
+    plan, generated = plan_check(guards), generated_check(guards)
+    answers = []
+    for frame in frames:
+        try:
+            want = generated({"c": frame}, {})
+        except Exception:  # noqa: BLE001 - the generated chain raises where a source cannot be read
+            want = False
+        assert plan({"c": frame}, {}) is want, frame
+        answers.append(want)
+    assert answers[:2] == [True, True] and not any(answers[2:]), repr(answers)
+    cuda_kv = ("torch.float32", "cuda", *kv[2:])  # an index-free device: any cuda:N, never the CPU
+    cuda_plan = plan_check((Guard("L['c'].layers[0].keys", "TENSOR_MATCH", cuda_kv), *guards[1:]))
+    assert cuda_plan({"c": good}, {}) is False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,9 +30,20 @@ from .guards_plan import (
 if TYPE_CHECKING:  # guards.py imports this module
     from .guards import Guard
 
-GENERATED_MAX_GUARDS = 256
+# Note: 512, not 256: a tiny HF decoder's symbolic decode entry has ~270 guards, checked on every
+# token; the chain checks them in ~65 us where the plan takes ~88 (and fails a miss in 34 vs 66), for
+# ~9 ms of compile() once per capture (which itself takes seconds). Artifact loads use the plan.
+GENERATED_MAX_GUARDS = 512
 
-_BASE = re.compile(r"""^[LG]\[(?:'[^']*'|"[^"]*"|-?\d+)\]""")
+_BASE = re.compile(r"""^(?:[LG]|_M)\[(?:'[^']*'|"[^"]*"|-?\d+)\]""")
+_SYS_MODULES = "__import__('sys').modules"  # how capture roots sources in other modules' globals
+
+
+def _rooted(source: str) -> str:
+    """``source`` with ``__import__('sys').modules`` read as the hoisted ``_M`` (``sys.modules``, as the
+    plan reads it): one import call per such guard on every check cost ~1 us each (a Llama decoder's
+    guards: ~50 per call), and prefixes under it are now shared like those under ``L`` and ``G``."""
+    return source.replace(_SYS_MODULES, "_M") if _SYS_MODULES in source else source
 _SEGMENT = re.compile(r"""\.[A-Za-z_]\w*|\[(?:'[^']*'|"[^"]*"|-?\d+)\]""")
 
 
@@ -80,7 +92,6 @@ class _Compiler:
     """
 
     def __init__(self, guards: tuple[Guard, ...] = ()) -> None:
-        self.symbols = {str(g.expected) for g in guards if g.kind == "SYMBOL"}
         self.consts: dict[str, object] = {
             "_tensor_ok": tensor_ok, "_global_state": global_state, "_plain": plain_tensor,
             "_typed_equal": typed_equal,
@@ -89,11 +100,12 @@ class _Compiler:
             "_deterministic": torch.are_deterministic_algorithms_enabled,
             "_allow_tf32": torch._C._get_cublas_allow_tf32,
             "_len_modes": torch._C._len_torch_function_stack, "_default_device": default_device,
-            "_any_autocast": getattr(torch._C, "_is_any_autocast_enabled", None)}
+            "_any_autocast": getattr(torch._C, "_is_any_autocast_enabled", None), "_M": sys.modules}
         self.counter = itertools.count()
+        self.bound_symbols: set[str] = set()
         counts: dict[str, int] = {}
         for g in guards:
-            for p in set(_prefixes(g.source)):
+            for p in set(_prefixes(_rooted(g.source))):
                 counts[p] = counts.get(p, 0) + 1
         self.shared = {p for p, n in counts.items() if n > 1}
         self.bound: dict[str, str] = {}
@@ -126,7 +138,7 @@ class _Compiler:
         return f"{t}.device == {self.const(device)}"
 
     def condition(self, g: Guard) -> str:
-        src = self.src(g.source) if g.source else g.source
+        src = self.src(_rooted(g.source)) if g.source else g.source
         if g.kind == "TENSOR_MATCH":
             expected: tuple[Any, ...] = g.expected  # type: ignore[assignment]
             dtype, device, shape, stride, rg = expected
@@ -171,21 +183,31 @@ class _Compiler:
             fast = _global_state_check(g.expected)  # type: ignore[arg-type]
             return fast if fast is not None else f"_global_state() == {self.const(g.expected)}"
         if g.kind == "SYMBOL":
-            return f"_bind({g.expected!r}, {src})"
+            # a local of the check (``_y_s0``): bound at the symbol's first read, compared at the others
+            name = str(g.expected)
+            if name in self.bound_symbols:
+                return f"({src} == _y_{name})"
+            self.bound_symbols.add(name)
+            return f"((_y_{name} := {src}) is not None)"
         if g.kind == "SHAPE_EXPR":
-            # inline Python over the bound sizes (S['s0']): evaluating the text per call would parse
-            # and compile it on every hit (~90 us per relation)
+            # inline Python over the bound sizes: evaluating the text per call would parse and compile
+            # it on every hit (~90 us per relation)
             expr = str(g.expected)
             names = set(_IDENT.findall(expr))
-            if names <= self.symbols | _SHAPE_FUNCTIONS:
-                return "(" + _IDENT.sub(lambda m: f"S[{m.group(0)!r}]" if m.group(0) in self.symbols
+            if names <= self.bound_symbols | _SHAPE_FUNCTIONS:
+                return "(" + _IDENT.sub(lambda m: f"_y_{m.group(0)}" if m.group(0) in self.bound_symbols
                                         else m.group(0), expr) + ")"
-            return f"_eval_shape({g.expected!r})"
+            return f"_eval_shape({g.expected!r}, {self._symbol_dict()})"
         if g.kind == "NOT_NONE":
             return f"{src} is not None"
         if g.kind == "IS_NONE":
             return f"{src} is None"
         raise AssertionError(g.kind)
+
+
+    def _symbol_dict(self) -> str:
+        """The symbols bound so far, as a dict expression (for a relation evaluated from its text)."""
+        return "{" + ", ".join(f"{n!r}: _y_{n}" for n in sorted(self.bound_symbols)) + "}"
 
 
 def _last_segment(prefix: str) -> str:
@@ -202,13 +224,9 @@ def generated_check(guards: tuple) -> Callable[[Mapping[str, Any], Mapping[str, 
     comp = _Compiler(guards)
     conds = [comp.condition(g) for g in guards]
     body = " and\n        ".join(conds) or "True"
-    uses_symbols = any(g.kind in ("SYMBOL", "SHAPE_EXPR") for g in guards)
-    prologue = "    S = {}\n" if uses_symbols else ""
-    helpers = ("    def _bind(name, value):\n"
-               "        if name in S: return S[name] == value\n"
-               "        S[name] = value; return True\n"
-               "    def _eval_shape(expr): return bool(eval(expr, {}, S))\n") if uses_symbols else ""
-    src = f"def check(L, G):\n{prologue}{helpers}    return bool(\n        {body})\n"
+    uses_eval = any(g.kind == "SHAPE_EXPR" for g in guards)
+    helpers = "    def _eval_shape(expr, S): return bool(eval(expr, {}, S))\n" if uses_eval else ""
+    src = f"def check(L, G):\n{helpers}    return bool(\n        {body})\n"
     ns: dict[str, Any] = dict(comp.consts)
     exec(compile(src, "<kiln guards>", "exec"), ns)  # noqa: S102 - our generated check
     fn = ns["check"]

@@ -24,6 +24,7 @@ plan is linear in the guards (~3 ms for 1,400); a call costs about what the gene
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import itertools
 import operator
@@ -211,7 +212,12 @@ def _global_state_check(expected: tuple) -> Callable[[], bool]:
 
 # ---- reads ---------------------------------------------------------------------------------------
 
-_GETTERS: dict[str, Callable[[Any], Any]] = {}  # ``._modules``, ``['0']``... recur in every model
+_GETTERS: dict[str, Callable[[Any], Any]] = {  # ``._modules``, ``['0']``... recur in every model
+    # a size symbol's source (``L['x'].size()[0]``): read as a chain like any other, not as a whole
+    # source evaluated from ``L`` (one Python-level read per symbol)
+    ".size()": operator.methodcaller("size"),
+    ".stride()": operator.methodcaller("stride"),
+}
 
 
 def _getter(segment: str) -> Callable[[Any], Any]:
@@ -392,6 +398,8 @@ _PLAIN_TYPE = PLAIN_TENSOR_TYPES.__contains__  # the exact types first: a C-leve
 
 
 def _group_check(kind: str, members: list, take: Callable[[list], tuple]) -> Callable[[list], bool]:
+    if kind == "TENSOR_MATCH" and not all(_static(g.expected) for g in members):
+        return _mixed_tensors_check(members, take)
     if kind == "TENSOR_MATCH":
         payloads = tuple(_tensor_payload(g.expected) for g in members)
         if any(isinstance(p[1], str) for p in payloads):  # an index-free device: the loop
@@ -418,6 +426,62 @@ def _group_check(kind: str, members: list, take: Callable[[list], tuple]) -> Cal
     if kind == "IS_NONE":
         return lambda vals: all(v is None for v in take(vals))
     return lambda vals: all(v is not None for v in take(vals))  # NOT_NONE
+
+
+_DYNAMIC_META = operator.attrgetter("dtype", "requires_grad", "device")
+_SHAPE = operator.attrgetter("shape")
+
+
+def _mixed_tensors_check(members: list, take: Callable[[list], tuple]) -> Callable[[list], bool]:
+    """TENSOR_MATCH over tensors some of whose dims are symbolic (None, checked by SYMBOL guards):
+    the static members as ``_group_check`` does; the others' metadata, ranks, and known sizes and
+    strides as a few tuple comparisons over all of them (a decoder's KV cache: 2 per layer), where one
+    ``tensor_ok`` each cost ~2.5 us."""
+    static = [i for i, g in enumerate(members) if _static(g.expected)]
+    dynamic = [i for i, g in enumerate(members) if not _static(g.expected)]
+    static_ok = None
+    if static:
+        pick_static = _take(static)
+        static_ok = _group_check("TENSOR_MATCH", [members[i] for i in static],
+                                 lambda vals: pick_static(take(vals)))
+    pick = _take(dynamic)
+    payloads = tuple(_tensor_payload(members[i].expected) for i in dynamic)
+    if any(isinstance(p[1], str) for p in payloads):  # an index-free device: one by one
+        expected = tuple((dt, torch.device(dev) if isinstance(dev, str) else dev, shape, stride, rg)
+                         for dt, dev, shape, stride, rg in payloads)
+
+        def each(vals: list) -> bool:
+            return all(tensor_ok(v, *e) for v, e in zip(pick(take(vals)), expected))
+        dynamic_ok: Callable[[list], bool] = each
+    else:
+        metas = tuple((p[0], p[4], p[1]) for p in payloads)
+        ranks = tuple(len(p[2]) for p in payloads)
+        flat_sizes = [n for p in payloads for n in p[2]]
+        flat_strides = [n for p in payloads for n in p[3]]
+        size_at = [i for i, n in enumerate(flat_sizes) if n is not None]
+        stride_at = [i for i, n in enumerate(flat_strides) if n is not None]
+        sizes = tuple(flat_sizes[i] for i in size_at)
+        strides = tuple(flat_strides[i] for i in stride_at)
+        pick_sizes = _take(size_at) if size_at else None
+        pick_strides = _take(stride_at) if stride_at else None
+        chain = itertools.chain.from_iterable
+
+        def vectorised(vals: list) -> bool:
+            got = pick(take(vals))
+            if not (all(map(_PLAIN_TYPE, map(type, got))) or all(map(plain_tensor, got))):
+                return False
+            if tuple(map(_DYNAMIC_META, got)) != metas:
+                return False
+            shapes = tuple(map(_SHAPE, got))
+            if tuple(map(len, shapes)) != ranks:
+                return False
+            if pick_sizes is not None and pick_sizes(tuple(chain(shapes))) != sizes:
+                return False
+            return pick_strides is None or pick_strides(tuple(chain(map(_STRIDE, got)))) == strides
+        dynamic_ok = vectorised
+    if static_ok is None:
+        return dynamic_ok
+    return lambda vals: static_ok(vals) and dynamic_ok(vals)
 
 
 def _equals_check(members: list, take: Callable[[list], tuple]) -> Callable[[list], bool]:
@@ -447,7 +511,7 @@ _GROUPED = ("TYPE_MATCH", "ID_MATCH", "LENGTH_MATCH", "IS_NONE", "NOT_NONE", "EQ
 
 def _groupable(g: Any) -> bool:
     if g.kind == "TENSOR_MATCH":
-        return _static(g.expected)
+        return True
     if g.kind == "TYPE_MATCH":
         return resolve_type(str(g.expected)) is not None
     return g.kind in _GROUPED
@@ -464,19 +528,40 @@ def _first_check(g: Any) -> Callable[[Mapping, Mapping], bool]:
     return (lambda L, G: ok(key(L))) if root == 0 else (lambda L, G: ok(key(G)))
 
 
-def _symbol_check(g: Any, node: int | None) -> Callable[[list, dict], bool]:
-    if g.kind == "SHAPE_EXPR":
-        code = compile(str(g.expected), "<kiln shape guard>", "eval")
-        return lambda vals, S: bool(eval(code, {}, S))  # noqa: S307 - a guard we saved
-    assert node is not None
-    i, name = node, str(g.expected)
+_SHAPE_GLOBALS = {"__builtins__": builtins}  # what ``eval(code, {}, S)`` would make per call
 
-    def bind(vals: list, S: dict) -> bool:
-        if name in S:
-            return S[name] == vals[i]
-        S[name] = vals[i]
-        return True
-    return bind
+
+def _sizes_check(guards: Sequence[Any], symbols: Sequence[Sequence[Any]]) -> Callable[[list], bool] | None:
+    """The SYMBOL and SHAPE_EXPR guards (``symbols``: [guard index, read position or None]) as one
+    check of ``vals``: a symbol read at several places (duck sizing) the same everywhere, as two
+    tuples; then every relation over the symbols as one compiled ``and`` expression (one eval per
+    call, where one per relation and a Python step per symbol cost ~10 us for a decoder's 40)."""
+    first: dict[str, int] = {}
+    again: list[tuple[int, int]] = []
+    relations: list[str] = []
+    for i, pos in symbols:
+        g = guards[i]
+        if g.kind == "SHAPE_EXPR":
+            relations.append(f"({g.expected})")
+            continue
+        name = str(g.expected)
+        if name in first:
+            again.append((pos, first[name]))
+        else:
+            first[name] = pos
+    if not first and not relations:
+        return None
+    names = tuple(first)
+    read = _take(list(first.values())) if names else (lambda vals: ())
+    seen, once = (_take([a for a, _ in again]), _take([b for _, b in again])) if again else (None, None)
+    code = compile(" and ".join(relations), "<kiln shape guard>", "eval") if relations else None
+    shape_globals = _SHAPE_GLOBALS
+
+    def check(vals: list) -> bool:
+        if seen is not None and seen(vals) != once(vals):  # type: ignore[misc]
+            return False
+        return code is None or bool(eval(code, shape_globals, dict(zip(names, read(vals)))))  # noqa: S307 - guards we saved
+    return check
 
 
 def split_source(source: str) -> tuple[str, str] | None:
@@ -615,7 +700,7 @@ def build_plan(layout: Mapping[str, Any], guards: Sequence[Any],
         for kind, members, positions in layout["groups"]]
     for i, p in layout["single"]:
         checks.append(lambda vals, i=p, ok=_value_check(guards[i]): ok(vals[i]))  # type: ignore[misc]
-    binds = [_symbol_check(guards[i], p) for i, p in layout["symbols"]]
+    sizes_hold = _sizes_check(guards, layout["symbols"])
     outputs = layout["outputs"]
     gather: Callable[[list[Any]], list[Any]] | None = (
         None if outputs is None else (lambda vals: []) if not outputs
@@ -635,11 +720,8 @@ def build_plan(layout: Mapping[str, Any], guards: Sequence[Any],
             for vc in checks:
                 if not vc(vals):
                     return fail
-            if binds:
-                S: dict = {}
-                for b in binds:
-                    if not b(vals, S):
-                        return fail
+            if sizes_hold is not None and not sizes_hold(vals):
+                return fail
             return True if gather is None else gather(vals)
         except Exception:  # a source that no longer resolves: the guard fails
             return fail
