@@ -26,6 +26,7 @@ from ..ir import (
     ListArg,
     Load,
     Pointwise,
+    TensorRef,
     as_index,
     index_vars,
     substitute_index,
@@ -129,14 +130,41 @@ def extern_call(ctx: LoweringContext, node: fx.Node, kind: str, args: tuple, kwa
     if val is None:
         raise NotLowered(f"node {node.name} has no meta['val']")
     outs = _outputs(ctx, val)
+    arg_refs = tuple(to_arg(ctx, a, like) for a, like in zip(args, _node_args(node, len(args))))
+    if target_name(node.target) in _CUDA_ATTENTION:
+        arg_refs = tuple(_aligned_unit_strides(a) for a in arg_refs)
     ext = ExternKernel(ctx.new_name("extern" if kind == "extern" else "fallback"), target_name(node.target),
-                       tuple(to_arg(ctx, a, like) for a, like in zip(args, _node_args(node, len(args)))),
+                       arg_refs,
                        tuple((k, to_arg(ctx, v, node.kwargs.get(k))) for k, v in kwargs.items()), tuple(outs), kind,
                        holds)
     ctx.add(ext)
     by_path: dict[tuple[int, ...], TensorValue] = {o.path: Strided(o.buffer, o.layout.shape, o.layout.stride, o.layout.offset, o.layout.dtype)
                for o in outs}
     return _rebuild(val, (), by_path)
+
+
+# CUDA attention kernels check the alignment of every stride of q/k/v/out, also of a dim of size 1,
+# whose stride addresses nothing ("query is not correctly aligned (strideM)": a decode step's
+# (B, H, 1, D) query that the symbolic trace gave stride 1 on its length dim)
+_CUDA_ATTENTION = frozenset(f"aten.{n}" for n in (
+    "_scaled_dot_product_efficient_attention.default", "_scaled_dot_product_flash_attention.default",
+    "_scaled_dot_product_cudnn_attention.default", "_scaled_dot_product_efficient_attention_backward.default",
+    "_scaled_dot_product_flash_attention_backward.default", "_scaled_dot_product_cudnn_attention_backward.default"))
+
+
+def _aligned_unit_strides(a: Any) -> Any:
+    """A 4-D tensor argument whose dims of size 1 get the stride a contiguous tensor would give them
+    (the next dim's extent): the same elements, since a dim of size 1 is never stepped along. Other
+    arguments unchanged. The kernels' outputs do not depend on it: a dim of size 1 placed anywhere in a
+    stride order leaves the other dims' strides as they were."""
+    if not isinstance(a, TensorRef) or len(a.shape) != 4:
+        return a
+    stride = list(a.stride)
+    for d in range(len(stride) - 2, -1, -1):
+        if a.shape[d] == 1:
+            stride[d] = a.shape[d + 1] * stride[d + 1] if a.shape[d + 1] != 1 else stride[d + 1]
+    stride[-1] = stride[-1] if a.shape[-1] != 1 else sympy.Integer(1)
+    return a if tuple(stride) == tuple(a.stride) else TensorRef(a.buffer, a.shape, tuple(stride), a.offset, a.dtype)
 
 
 def _node_args(node: fx.Node, n: int) -> list[Any]:
