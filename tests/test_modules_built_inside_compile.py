@@ -42,15 +42,13 @@ def test_weights_drawn_per_call_within_bounds_and_seeded():
     assert ex.graph_count == 1 and ex.break_count == 0, repr(ex)
 
 
-@pytest.mark.slow
-def test_mlp_built_per_call_matches_eager_under_the_same_seed():
-    kiln.reset()
-    f = kiln.compile(mlp, backend="inductor")
+def _matches_eager_under_the_same_seed(fn, f, shape) -> None:
+    """Three calls with fresh inputs: outputs, input gradients and the generator's next draw as eager's."""
     for i in range(3):
-        x = torch.randn(6, 8, requires_grad=True)
+        x = torch.randn(*shape, requires_grad=True)
         x2 = x.detach().clone().requires_grad_()
         torch.manual_seed(i)
-        want = mlp(x)
+        want = fn(x)
         want.square().sum().backward()
         want_next = torch.rand(4)
         torch.manual_seed(i)
@@ -59,6 +57,12 @@ def test_mlp_built_per_call_matches_eager_under_the_same_seed():
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(torch.rand(4), want_next, rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_mlp_built_per_call_matches_eager_under_the_same_seed():
+    kiln.reset()
+    _matches_eager_under_the_same_seed(mlp, kiln.compile(mlp, backend="inductor"), (6, 8))
 
 
 # ---- outputs that require grad only through leaves the graph made (no input requires grad) -----------
@@ -175,19 +179,6 @@ def user_tower(x):
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
 def test_user_module_built_per_call_matches_eager(backend):
     kiln.reset()
-    f = kiln.compile(user_tower, backend=backend)
-    for i in range(3):
-        x = torch.randn(5, 8, requires_grad=True)
-        x2 = x.detach().clone().requires_grad_()
-        torch.manual_seed(i)
-        want = user_tower(x)
-        want.square().sum().backward()
-        want_next = torch.rand(4)
-        torch.manual_seed(i)
-        got = f(x2)
-        got.square().sum().backward()
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(x2.grad, x.grad, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(torch.rand(4), want_next, rtol=0, atol=0)
+    _matches_eager_under_the_same_seed(user_tower, kiln.compile(user_tower, backend=backend), (5, 8))
     ex = kiln.explain(user_tower)(torch.randn(5, 8))
     assert ex.graph_count == 1 and ex.break_count == 0, repr(ex)
