@@ -378,3 +378,35 @@ def test_plan_checks_a_kv_cache_of_symbolic_tensors_as_the_generated_chain_does(
     cuda_kv = ("torch.float32", "cuda", *kv[2:])  # an index-free device: any cuda:N, never the CPU
     cuda_plan = plan_check((Guard("L['c'].layers[0].keys", "TENSOR_MATCH", cuda_kv), *guards[1:]))
     assert cuda_plan({"c": good}, {}) is False
+
+
+def test_state_get_entries_are_read_once_and_checked_as_the_plan_does() -> None:
+    """An optimizer's ``state.get(param)`` entry, read by several guards per parameter (its type, keys and
+    tensors), is bound once in the generated chain; the chain and the plan answer alike on frames that
+    pass and on frames whose entry changed (a tensor's shape, a missing key, no entry at all)."""
+    from kiln.graph.guards_codegen import generated_check
+    from kiln.graph.guards_plan import plan_check
+
+    params = [torch.randn(3), torch.randn(3)]
+
+    def frame(state: dict) -> dict:
+        return {"opt": types.SimpleNamespace(state=state, params=params)}
+
+    def entry() -> dict:
+        return {"step": torch.zeros(()), "exp_avg": torch.zeros(3)}
+    good = {p: entry() for p in params}
+    guards = []
+    for i in range(2):
+        src = f"L['opt'].state.get(L['opt'].params[{i}])"
+        guards += [Guard(src, "TYPE_MATCH", type_name(dict)), Guard(src, "DICT_KEYS", ("step", "exp_avg")),
+                   Guard(f"{src}['step']", "TENSOR_MATCH", tensor_expectation(torch.zeros(()))),
+                   Guard(f"{src}['exp_avg']", "TENSOR_MATCH", tensor_expectation(torch.zeros(3)))]
+    chain, plan = generated_check(tuple(guards)), plan_check(tuple(guards))
+    for i in range(2):  # one read of each entry, bound and reused
+        assert chain.__kiln_source__.count(f".get(L['opt'].params[{i}])") == 1, chain.__kiln_source__
+    shape = {p: entry() for p in params}
+    shape[params[1]]["exp_avg"] = torch.zeros(4)
+    key = {p: entry() for p in params}
+    del key[params[0]]["step"]
+    for state, ok in ((good, True), (shape, False), (key, False), ({params[0]: entry()}, False)):
+        assert chain(frame(state), {}) is ok and plan(frame(state), {}) is ok, state

@@ -44,7 +44,9 @@ def _rooted(source: str) -> str:
     plan reads it): one import call per such guard on every check cost ~1 us each (a Llama decoder's
     guards: ~50 per call), and prefixes under it are now shared like those under ``L`` and ``G``."""
     return source.replace(_SYS_MODULES, "_M") if _SYS_MODULES in source else source
-_SEGMENT = re.compile(r"""\.[A-Za-z_]\w*|\[(?:'[^']*'|"[^"]*"|-?\d+)\]""")
+# a segment: ``.get(<source>)`` (an optimizer's ``state.get(param)``: several guards per parameter read the
+# same entry, shared like any prefix), ``.name``, or ``[constant]``
+_SEGMENT = re.compile(r"""\.get\((?:[^()'"]|'[^']*'|"[^"]*"|\([^()]*\))*\)|\.[A-Za-z_]\w*|\[(?:'[^']*'|"[^"]*"|-?\d+)\]""")
 
 
 def _prefixes(source: str) -> list[str]:
