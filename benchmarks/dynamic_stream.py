@@ -112,6 +112,7 @@ def measure(*, backend: str, small: bool, device: str, requests: int, dynamic: s
                          kiln_options=tuple(sorted((kiln_options or {}).items())))
     counter = CompileCounter()
     logging.getLogger("kiln").addHandler(counter)
+    logging.getLogger("kiln.recompiles").setLevel(logging.INFO)  # each recompile's failing guard, reported
     result: dict[str, Any] = {"backend": backend, "pairs": pairs}
     try:
         step = B.compile_fn(backend, model, spec)
@@ -137,8 +138,9 @@ def measure(*, backend: str, small: bool, device: str, requests: int, dynamic: s
     eager_msgs = [str(w.message) for w in caught if "eager" in str(w.message).lower()]
     err = max(float((o.float().cpu() - r).abs().max() / r.abs().max().clamp_min(1e-6))
               for o, r in zip(outs, reference, strict=False))
+    recompiles = [r[:300] for r in counter.records if r.startswith("recompiling")]
     result.update(cold_s=cold_s, steady_s=steady, compiles=compiles, rel_err=err,
-                  ran_eagerly=eager_msgs[0][:200] if eager_msgs else None)
+                  ran_eagerly=eager_msgs[0][:200] if eager_msgs else None, recompiles=recompiles)
     return result
 
 
