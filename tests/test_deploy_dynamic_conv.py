@@ -192,21 +192,32 @@ def test_inequality_between_inputs_checked_by_both_runners(work: dict[str, Any])
     assert r.returncode == 3 and re.search(broken, r.stderr), r.stdout + r.stderr
 
 
-def test_export_refuses_a_range_end_a_derived_size_cannot_serve() -> None:
-    """Pooled by 4, heights 4..7 give a 1-row map, which the graph traced at 16 does not serve (a size-1
-    dim broadcasts): the range's end is refused at export, naming the relation; from 8 it exports."""
+def test_export_serves_a_derived_size_of_one_unless_the_program_asks_for_it() -> None:
+    """Pooled by 4, heights 4..7 give a 1-row map. ``p * p`` means the same at one row (a size-1 question
+    of a broadcast between equal sizes needs no guard), so the range [4, 64] exports and serves it; a
+    program that branches on the row count is refused at export, naming the relation; from 8 it exports."""
     def pooled(x: torch.Tensor) -> torch.Tensor:
         p = F.max_pool2d(x, 4)
         return p * p
 
+    def branchy(x: torch.Tensor) -> torch.Tensor:
+        p = F.max_pool2d(x, 4)
+        if p.shape[2] == 1:
+            return p * 2
+        return p * p
+
     x = torch.randn(1, 2, 16, 16)
-    with pytest.raises(ExportError, match=r"input 'x' dim 2 was to vary in \[4, 64\], but the program was traced or "
-                                          r"compiled assuming \(s\d+ // 4\) != 1, which fails at size 4"):
-        kiln.export(pooled, (x,), dynamic_shapes={"x": {2: (4, 64)}})
-    exported = kiln.export(pooled, (x,), dynamic_shapes={"x": {2: (8, 64)}})
-    for h in (8, 13, 64):
+    exported = kiln.export(pooled, (x,), dynamic_shapes={"x": {2: (4, 64)}})
+    for h in (4, 5, 8, 13, 64):
         y = torch.randn(1, 2, h, 16)
         torch.testing.assert_close(exported(y), pooled(y))
+    with pytest.raises(ExportError, match=r"input 'x' dim 2 was to vary in \[4, 64\], but the program was traced or "
+                                          r"compiled assuming \(s\d+ // 4\) != 1, which fails at size 4"):
+        kiln.export(branchy, (x,), dynamic_shapes={"x": {2: (4, 64)}})
+    exported = kiln.export(branchy, (x,), dynamic_shapes={"x": {2: (8, 64)}})
+    for h in (8, 13, 64):
+        y = torch.randn(1, 2, h, 16)
+        torch.testing.assert_close(exported(y), branchy(y))
 
 
 @pytest.mark.slow
