@@ -14,6 +14,9 @@ from .corpus_registry import run_side
 STRAIGHT = [c for c in CASES if c.breaks == 0 and c.calls is None and c.dynamic is None]
 # float64 inputs: programs over plain input tensors (modules hold float32 parameters)
 FLOAT64 = [c for c in STRAIGHT if c.args is two and c.name not in ("chained_compare_tensor_meta",)]
+# programs whose graph count differs when every size is symbolic: np.median/np.percentile pick their
+# positions from the axis length, so over a symbolic axis they run in NumPy (a break each)
+DYNAMIC_GRAPHS = {"np_median_traced": 2}
 
 
 def _double(args):
@@ -30,7 +33,7 @@ def test_program_dynamic(case):
         args = case.args()
         want = run_side(case, case.fn, copy.deepcopy(args), {}, seed)
         assert_same(run_side(case, opt, args, {}, seed), want)
-    assert rec.count == case.graphs
+    assert rec.count == DYNAMIC_GRAPHS.get(case.name, case.graphs)
 
 
 @pytest.mark.parametrize("case", FLOAT64, ids=[c.name for c in FLOAT64])
