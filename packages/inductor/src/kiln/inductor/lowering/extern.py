@@ -130,10 +130,11 @@ def extern_call(ctx: LoweringContext, node: fx.Node, kind: str, args: tuple, kwa
     if val is None:
         raise NotLowered(f"node {node.name} has no meta['val']")
     outs = _outputs(ctx, val)
+    name = ctx.new_name("extern" if kind == "extern" else "fallback")  # before the arguments' buffers
     arg_refs = tuple(to_arg(ctx, a, like) for a, like in zip(args, _node_args(node, len(args))))
     if target_name(node.target) in _CUDA_ATTENTION:
         arg_refs = tuple(_aligned_unit_strides(a) for a in arg_refs)
-    ext = ExternKernel(ctx.new_name("extern" if kind == "extern" else "fallback"), target_name(node.target),
+    ext = ExternKernel(name, target_name(node.target),
                        arg_refs,
                        tuple((k, to_arg(ctx, v, node.kwargs.get(k))) for k, v in kwargs.items()), tuple(outs), kind,
                        holds)
