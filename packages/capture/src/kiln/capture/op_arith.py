@@ -44,7 +44,9 @@ def unary_not(f: Frame, i: Inst) -> None:
 
 @op("TO_BOOL")
 def to_bool(f: Frame, i: Inst) -> None:
-    f.push(truth(f, f.pop()))
+    v = f.pop()
+    # a SymBool stays symbolic for the jump that reads it (size_one_branch.py may hold its guard back)
+    f.push(v if isinstance(v, torch.SymBool) else truth(f, v))
 
 
 def compare_operator(i: Inst) -> str:
@@ -59,8 +61,8 @@ def compare_op(f: Frame, i: Inst) -> None:
     b = f.pop()
     a = f.pop()
     result = apply_operator(f, COMPARE_OPS[compare_operator(i)], [a, b])
-    if PY >= (3, 13) and i.arg & 16:
-        result = truth(f, result)
+    if PY >= (3, 13) and i.arg & 16 and not isinstance(result, torch.SymBool):
+        result = truth(f, result)  # 3.13's bool(...) compare; a SymBool is left to the jump, as in 3.11
     f.push(result)
 
 
