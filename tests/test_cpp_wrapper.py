@@ -337,7 +337,8 @@ class MLP(nn.Module):
 # (batch, sequence): the first compiles static, the second symbolic (automatic dynamic), batch 1 its own
 # (a size of 1 is specialised, as torch.compile does); the symbolic one serves the other five
 SIZES = [(2, 8), (3, 16), (1, 5), (4, 33), (8, 64), (5, 13), (2, 9)]
-COMPILES = [True, False] * 3  # per size that compiles: the C++ wrapper's graph, then the Python wrapper's
+COMPILES = [True, False] * 2  # per size that compiles (the first, then the second: symbolic, batch 1 included): the
+# C++ wrapper's graph, then the Python wrapper's
 
 
 def test_symbolic_mlp_one_library_serves_every_size() -> None:

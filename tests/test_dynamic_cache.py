@@ -65,8 +65,17 @@ import kiln.capture as kc
 import kiln.runtime.cache as runtime_cache
 from kiln.runtime import CompileCache
 
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.b(torch.cumprod(torch.tanh(self.a(x)), dim=0))
+
+
 torch.manual_seed(0)
-net = nn.Sequential(nn.Linear(8, 16), nn.GELU(), nn.Linear(16, 4))
+net = Net()
 with runtime_cache.using_cache(CompileCache(sys.argv[1])):
     f = kiln.compile(net, backend="aot_eager", dynamic=True)
     sizes = [int(n) for n in sys.argv[2].split(",")]
@@ -95,19 +104,21 @@ def _child(cache_dir: Path, sizes: str) -> dict:
     return json.loads(run.stdout.strip().splitlines()[-1])
 
 
-def test_compile_guard_on_size_one_travels_with_the_entry(tmp_path: Path) -> None:
-    """Compiling the symbolic training graph adds ``s != 1`` (autograd): the entry records it, a
-    second process loads the entry instead of compiling, its capture entry guards ``!= 1``, and a
-    batch of 1 compiles a graph of its own (the entry was built for sizes other than 1); every call
-    matches eager's outputs and gradients."""
+def test_compile_guard_travels_with_the_entry(tmp_path: Path) -> None:
+    """Compiling the symbolic training graph adds a guard: cumprod's backward formula (ATen's C++)
+    reads the length as an int, so each graph is compiled for one length (``s == 5``). The entry
+    records it; a second process loads the entry when its call passes that guard instead of
+    compiling, and compiles a length it fails; every call matches eager's outputs and gradients.
+    (torch.compile's AOTAutograd runs the same C++ formula.)"""
     first = _child(tmp_path, "5,7")
-    assert first["compiles"] == [[0, 1], [0, 0]]
-    assert any("!= 1)" in g for g in first["guards"][0]), first["guards"]
-    second = _child(tmp_path, "9,1,3,1")
-    # 9: the stored symbolic entry, loaded; 1: fails its 's != 1', compiles; 3 and 1: served
-    assert second["compiles"] == [[1, 0], [0, 1], [0, 0], [0, 0]], second
-    assert any("!= 1)" in g for g in second["guards"][0]), second["guards"]
-    assert len(second["guards"]) == 2
+    assert first["compiles"] == [[0, 1], [0, 1]]
+    assert [any(f"== {n})" in g for g in guards) for n, guards in zip((5, 7), first["guards"], strict=True)] \
+        == [True, True], first["guards"]
+    second = _child(tmp_path, "7,6")
+    # 7: the stored entry (the last one compiled), loaded, its recorded guard passed and added to the
+    # capture entry; 6: the same symbolic graph, but the entry's guard fails: compiled
+    assert second["compiles"] == [[1, 0], [0, 1]], second
+    assert any("== 7)" in g for g in second["guards"][0]), second["guards"]
 
 
 def test_recorded_guard_the_caller_fails_is_a_miss() -> None:

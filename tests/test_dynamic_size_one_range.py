@@ -9,6 +9,7 @@ compared with eager; the graph counts say whether size 1 shared the symbolic gra
 
 from __future__ import annotations
 
+import copy
 import re
 
 import pytest
@@ -273,6 +274,64 @@ def test_reshape_of_attention_output_serves_batch_one():
         return tuple(torch.randn(bs[0], 2, bs[1], 8, generator=gen) for _ in range(3))
     graphs = _run(f, make, ((3, 12), (5, 20), (1, 9), (7, 31), (1, 17), (2, 8)))
     assert graphs == 2
+
+
+def test_linear_over_a_batch_of_fixed_length_rows_serves_batch_one():
+    """``nn.Linear`` on [b, 7, 16]: ATen's linear asks from C++ whether the input is contiguous (skipping
+    a size-1 dim) to fold the batch into one addmm; the input is contiguous for every b, so the
+    answer is the same at 1 and needs no guard."""
+    torch.manual_seed(0)
+    m = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4)).eval()
+    gen = torch.Generator().manual_seed(1)
+    assert _run(m, lambda b: (torch.randn(b, 7, 16, generator=gen),), (4, 6, 1, 3, 1)) == 2
+
+
+def test_linear_over_a_transposed_input_is_equal_to_eager_at_batch_one():
+    """A transposed input is contiguous only when the batch is 1 (then ATen's linear takes its addmm
+    path): that question stays a guard, and every call equals eager."""
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 8)
+
+    def f(x):
+        return lin(x.transpose(0, 1)) * 2
+    gen = torch.Generator().manual_seed(1)
+    _run(f, lambda b: (torch.randn(7, b, 16, generator=gen),), (4, 6, 1, 3, 1))
+
+
+@pytest.mark.parametrize("layers", ["mlp", "llama"])
+def test_training_serves_batch_one(layers):
+    """Training over a dynamic batch: the autograd engine asks, between backward nodes, whether each
+    gradient's expected size is 1 (to sum a broadcast gradient down to it). Every gradient the joint
+    trace sees has its expected size, so batch 1 runs the symbolic training graph; outputs, the
+    input's gradient and every parameter's gradient equal eager's, fresh inputs every call."""
+    torch.manual_seed(0)
+    if layers == "mlp":
+        ref = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.LayerNorm(32), nn.Linear(32, 4))
+    else:
+        ref = _Block(dim=16)
+    model = copy.deepcopy(ref)
+    kiln.reset()
+    kiln.stats_reset()
+    g = kiln.compile(model)
+    gen = torch.Generator().manual_seed(1)
+    for b in (4, 6, 1, 3, 1):
+        if layers == "mlp":
+            x = torch.randn(b, 7, 16, generator=gen, requires_grad=True)
+        else:
+            x = torch.randint(0, 64, (b, 9), generator=gen)
+        x_ref = x.detach().clone().requires_grad_(x.requires_grad)
+        out, out_ref = g(x), ref(x_ref)
+        torch.testing.assert_close(out, out_ref, msg=lambda m, b=b: f"batch {b}: {m}")
+        w = torch.randn(out.shape, generator=gen)
+        (out * w).sum().backward()
+        (out_ref * w).sum().backward()
+        if x.requires_grad:
+            torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-4, atol=1e-4, msg=lambda m, b=b: f"batch {b}, input grad: {m}")
+        for (name, p), p_ref in zip(model.named_parameters(), ref.parameters(), strict=True):
+            torch.testing.assert_close(p.grad, p_ref.grad, rtol=1e-4, atol=1e-4,
+                                       msg=lambda m, b=b, n=name: f"batch {b}, grad of {n}: {m}")
+            p.grad, p_ref.grad = None, None
+    assert kiln.stats().graphs_compiled == 2
 
 
 def test_reshape_that_copies_keeps_eager_aliasing_at_batch_one():

@@ -27,11 +27,13 @@ torch's ``backed_size_oblivious``, which answers all of them by default, is not 
 ``.contiguous()`` of a tensor that is contiguous only when the batch is 1 is its input or a copy.
 Questions asked from C++ (SDPA's checks) have no rule frame and are guarded, except inside a
 ``reshape``, ``view`` or ``.contiguous()`` that aliases its tensor at the example's sizes
-(``aliases_at_example``). A torch release that renames a rule costs recompiles, never a wrong result.
+(``aliases_at_example``), and the ``guard_or_false`` ones of the C++ in ``_CPP_SIZE_ONE_RULES`` (c10's
+symbolic contiguity, the autograd engine's gradient-size check), which name their source file. A torch release that renames a rule costs recompiles, never a wrong result.
 """
 
 from __future__ import annotations
 
+import itertools
 import linecache
 import math
 import re
@@ -156,7 +158,23 @@ _SIZE_ONE_RULES: dict[tuple[str, str], Callable[[ShapeEnv, Any], bool] | None] =
     ("torch/_decomp/decompositions.py", "matmul"): lambda env, frame: _reshape_line_of_contiguous(env, frame),
     # a backend's FX interpreter running a captured reshape, view or contiguous (see aliases_at_example)
     ("torch/fx/interpreter.py", "call_method"): lambda env, frame: _fx_view_or_copy(env, frame),
+    # ... or a captured FRESH_RESULT call (F.linear)
+    ("torch/fx/interpreter.py", "call_function"): lambda env, frame: _fx_fresh_result(frame),
 }
+# torch's C++ whose ``TORCH_GUARD_OR_FALSE``/``TORCH_GUARD_OR_TRUE`` questions on a size being 1 are
+# answered from the example with no guard (SymNode.guard_or_false gets the asking source file):
+# - c10's symbolic contiguity (``_compute_contiguous_sym`` and its channels-last and dense kin) asks
+#   them only in a quick check that, where it cannot say "contiguous", returns the exact symbolic
+#   condition instead (``Eq(s0, 1) | Eq(stride, expected)``), which the caller evaluates (a guard);
+# - the autograd engine's ``InputMetadata::maybe_reduce`` asks whether a gradient's expected size is
+#   1 to sum a broadcast gradient down to it, and on "not 1" requires ``size == grad's size`` (a
+#   guard where it is not provable): where the gradient has the expected size (every gradient the
+#   joint trace sees of a symbolic dim) a size-1 call sums nothing either;
+# - ATen's ExpandUtils.h: ``sum_to`` (a backward formula's reduction of a broadcast gradient) asks the
+#   same and checks the same (``TORCH_MAYBE_SYM_CHECK``), and ``expand_inplace``/``expand_outplace``
+#   borrow a tensor or expand it to sizes equal to its own: the same values either way.
+_CPP_SIZE_ONE_RULES = ("c10/core/Contiguity.h", "torch/csrc/autograd/input_metadata.cpp", "aten/src/ATen/ExpandUtils.h")
+_GUARD_OR = frozenset({"guard_or_false", "guard_or_true"})
 _RESHAPE_CALL = re.compile(r"(\w+)\.(?:reshape|view)\(")
 _SHAPE_ENV_FILES = ("torch/fx/experimental/symbolic_shapes.py", "torch/fx/experimental/sym_node.py",
                     "torch/fx/experimental/recording.py", "torch/__init__.py")  # SymBool.__bool__
@@ -168,8 +186,9 @@ class CaptureShapeEnv(ShapeEnv):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.may_be_one: set[sympy.Symbol] = set()  # size symbols with the range [1, inf)
-        # a reshape, view or contiguous in progress that aliases its tensor at the example's sizes (view_or_copy)
-        self._view_answers_free = False
+        # a reshape, view or contiguous in progress whose size-1 questions are answered without a guard
+        # (view_or_copy): True, or a test of the question's symbols; a FRESH_RESULT call: True
+        self._view_answers_free: bool | Callable[[frozenset], bool] = False
 
     def create_symbol(self, val: Any, source: Any, dynamic_dim: DimDynamic = DimDynamic.DUCK,
                       constraint_dim: Any = None, positive: bool | None = True,
@@ -194,7 +213,9 @@ class CaptureShapeEnv(ShapeEnv):
         if type(hint) is bool and self.may_be_one and expr.free_symbols and expr.free_symbols <= self.may_be_one:
             if _answer_is_free(self, expr, fallback_value is not None):
                 return sympy.true if hint else sympy.false
-            if self._view_answers_free and about_one(expr) and not _asked_by_check():
+            free = self._view_answers_free
+            if free and about_one(expr) and not _asked_by_check() and \
+                    (free is True or free(frozenset(expr.free_symbols))):
                 return sympy.true if hint else sympy.false
         return super().evaluate_sym_node(sym_node, size_oblivious, fallback_value)
 
@@ -202,7 +223,18 @@ class CaptureShapeEnv(ShapeEnv):
         """``run()``, ``t.<name>(*args)`` (a reshape, view or contiguous: ``t`` itself or a view of it
         where it can be, else a copy), with its questions on sizes being 1 answered from the example
         with no guard when it gives a view at the example's sizes (``aliases_at_example``)."""
-        outer, self._view_answers_free = self._view_answers_free, aliases_at_example(t, name, args)
+        outer, self._view_answers_free = self._view_answers_free, \
+            aliases_at_example(t, name, args) or _copy_test(t, name, args)
+        try:
+            return run()
+        finally:
+            self._view_answers_free = outer
+
+
+    def fresh_result(self, run: Callable[[], Any]) -> Any:
+        """``run()``, a call of a ``FRESH_RESULT`` function, with its questions on sizes being 1 answered
+        from the example with no guard (``torch._check`` relations stay guards): see FRESH_RESULT."""
+        outer, self._view_answers_free = self._view_answers_free, True
         try:
             return run()
         finally:
@@ -210,6 +242,13 @@ class CaptureShapeEnv(ShapeEnv):
 
 
 VIEW_OR_COPY = frozenset({"reshape", "view", "contiguous"})  # methods view_or_copy serves
+# Functions whose result is a new contiguous tensor of sizes given by their inputs' and whose paths
+# compute the same values: ATen's linear asks from C++ whether its input is contiguous and how to
+# flatten its batch dims into one matrix (addmm over a view or a copy, or matmul; for a weight without
+# bias on CUDA ``Ne(s0, 1)`` and ``1024 < 1024*s0*s1``, a third compile of an H200 serving stream at
+# batch 1). The flattened input never leaves the call, so view or copy does not matter; the relations
+# its path relies on are ``torch._check``s.
+FRESH_RESULT = frozenset({id(torch.nn.functional.linear)})
 
 
 def aliases_at_example(t: Any, name: str, args: tuple) -> bool:
@@ -227,12 +266,55 @@ def aliases_at_example(t: Any, name: str, args: tuple) -> bool:
     return name in ("reshape", "view") and _view_at_example(t, args)
 
 
+def _copy_test(t: Any, name: str, args: tuple) -> Callable[[frozenset], bool] | bool:
+    """For a reshape or contiguous that copies at the example's sizes: a test of a question's symbols,
+    ``copies_at_one`` with them (answers cached); False where it does not apply."""
+    if name not in ("reshape", "contiguous") or not isinstance(t, torch.Tensor) or (name == "contiguous") == bool(args):
+        return False
+    known: dict[frozenset, bool] = {}
+
+    def test(symbols: frozenset) -> bool:
+        if symbols not in known:
+            known[symbols] = copies_at_one(t, name, args, symbols)
+        return known[symbols]
+    return test
+
+
+def copies_at_one(t: Any, name: str, args: tuple, symbols: frozenset) -> bool:
+    """Whether ``t.reshape(...)`` or ``t.contiguous()`` copies at the example's sizes and for every choice
+    of ``symbols`` (those a question asks about) being 1, the other sizes at the example's: then a call
+    where they are 1 copies as the trace does, and the size-1 question picks nothing (HF attention's
+    ``attn_output.transpose(1, 2).reshape(b, s, -1)`` copies at every batch; at length 1 it is a view,
+    so a question on the length stays a guard, which a call of length 1 fails)."""
+    ones = sorted(symbols, key=str)
+    if not ones or len(ones) > 6:
+        return False
+    for k in range(len(ones) + 1):
+        for subset in itertools.combinations(ones, k):
+            at = {sym: 1 for sym in subset}
+
+            def value(v: Any, at: dict = at) -> int | None:
+                return _int_at(v, at)
+            if (_contiguous_at(t, value) if name == "contiguous" else _view_at(t, args, value)) is not False:
+                return False
+    return True
+
+
+def _shape_arg(args: tuple) -> tuple:
+    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)) else tuple(args)
+
+
 def _contiguous_at_example(t: Any) -> bool:
+    return _contiguous_at(t, _example_int) is True
+
+
+def _contiguous_at(t: Any, value: Callable[[Any], int | None]) -> bool | None:
+    """Whether ``t`` is contiguous with its sizes and strides valued by ``value`` (None: unknown)."""
     if not isinstance(t, torch.Tensor):
-        return False
-    sizes, strides = [_example_int(v) for v in t.shape], [_example_int(v) for v in t.stride()]
+        return None
+    sizes, strides = [value(v) for v in t.shape], [value(v) for v in t.stride()]
     if None in sizes or None in strides:
-        return False
+        return None
     expected = 1
     for size, stride in zip(reversed(sizes), reversed(strides), strict=True):
         if size != 1 and stride != expected:
@@ -243,21 +325,40 @@ def _contiguous_at_example(t: Any) -> bool:
 
 def _view_at_example(t: Any, shape: tuple) -> bool:
     """Whether ``t.view(*shape)`` exists at the example's sizes."""
+    return _view_at(t, shape, _example_int) is True
+
+
+def _view_at(t: Any, shape: tuple, value: Callable[[Any], int | None]) -> bool | None:
+    """Whether ``t.view(*shape)`` exists with sizes valued by ``value`` (None: unknown or invalid)."""
     if not isinstance(t, torch.Tensor):
-        return False
-    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
-        shape = tuple(shape[0])
-    sizes, strides, new = ([_example_int(v) for v in vs] for vs in (t.shape, t.stride(), shape))
+        return None
+    sizes, strides, new = ([value(v) for v in vs] for vs in (t.shape, t.stride(), _shape_arg(shape)))
     if not new or None in sizes or None in strides or None in new:
-        return False
+        return None
     numel = math.prod(sizes)  # type: ignore[arg-type]
     known = math.prod(s for s in new if s != -1)  # type: ignore[misc]
     if new.count(-1) > 1 or numel == 0 or known == 0:
-        return False
+        return None
     new = [numel // known if s == -1 else s for s in new]
     if math.prod(new) != numel:  # type: ignore[arg-type]
-        return False
+        return None
     return view_strides(sizes, strides, new) is not None
+
+
+def _int_at(v: Any, at: dict) -> int | None:
+    """``v``'s value with the symbols of ``at`` set to their values there, the others at the example's."""
+    if not isinstance(v, torch.SymInt):
+        return v if type(v) is int else None
+    expr = v.node.expr
+    if not expr.free_symbols & at.keys():
+        return _example_int(v)
+    env = v.node.shape_env
+    known = getattr(env, "backed_var_to_val", None) or env.var_to_val  # renamed after torch 2.11
+    hints = {sym: at.get(sym, known.get(sym)) for sym in expr.free_symbols}
+    if any(h is None for h in hints.values()):
+        return None
+    out = sympy.sympify(expr.xreplace({sym: sympy.Integer(h) for sym, h in hints.items()}))
+    return int(out) if out.is_Integer else None
 
 
 def _example_int(v: Any) -> int | None:
@@ -272,7 +373,26 @@ def _fx_view_or_copy(env: ShapeEnv, frame: Any) -> bool:
     ``t.view(...)`` or ``t.contiguous()``: as in ``CaptureShapeEnv.view_or_copy``."""
     args, kwargs = frame.f_locals.get("args"), frame.f_locals.get("kwargs")
     return frame.f_locals.get("target") in VIEW_OR_COPY and isinstance(args, tuple) and len(args) >= 1 \
-        and not kwargs and aliases_at_example(args[0], frame.f_locals["target"], args[1:])
+        and not kwargs and (aliases_at_example(args[0], frame.f_locals["target"], args[1:]) or
+                            _fx_copies(env, frame, args))
+
+
+def _fx_fresh_result(frame: Any) -> bool:
+    """An FX interpreter (a backend tracing the captured graph again) running a ``FRESH_RESULT`` call:
+    as in ``CaptureShapeEnv.fresh_result``."""
+    return id(frame.f_locals.get("target")) in FRESH_RESULT
+
+
+def _fx_copies(env: ShapeEnv, frame: Any, args: tuple) -> bool:
+    """The FX-interpreter form of ``_copy_test``, for the question being asked (in the frame below)."""
+    test = _copy_test(args[0], frame.f_locals["target"], args[1:])
+    if test is False:
+        return False
+    asking = sys._getframe(1)
+    while asking is not None and asking.f_code.co_name != "evaluate_sym_node":
+        asking = asking.f_back
+    node = asking.f_locals.get("sym_node") if asking is not None else None
+    return node is not None and test(frozenset(node.expr.free_symbols))
 
 
 def _asked_by_check() -> bool:
@@ -300,6 +420,9 @@ def _answer_is_free(env: ShapeEnv, expr: sympy.Basic, guard_or: bool) -> bool:
     while frame is not None and frame.f_code.co_filename.replace("\\", "/").endswith(_SHAPE_ENV_FILES):
         if frame.f_code.co_name in _CHECKS:
             return False
+        if guard_or and frame.f_code.co_name in _GUARD_OR and about_one(expr) and \
+                str(frame.f_locals.get("file", "")).replace("\\", "/").endswith(_CPP_SIZE_ONE_RULES):
+            return True  # asked from C++ (which passes its source file): see _CPP_SIZE_ONE_RULES
         frame = frame.f_back
     if frame is None:
         return False
@@ -316,10 +439,22 @@ _RESHAPES = frozenset({"_reshape_view_helper_core_alg", "_collapse_view_helper",
 
 
 def about_one(expr: sympy.Basic) -> bool:
-    """Whether ``expr`` compares sizes with 1 (``Eq(s0, 1)``, ``s0*s1 < 2``), alone or combined."""
+    """Whether ``expr`` compares sizes with 1 (``Eq(s0, 1)``, ``s0*s1 < 2``), alone or combined, also
+    scaled (``Ne(1024*s0, 1024)``: a stride compared with one row's; ``1024 < 1024*s0*s1``: an element
+    count with one row's)."""
     rels = [expr] if isinstance(expr, sympy.core.relational.Relational) else \
         list(expr.atoms(sympy.core.relational.Relational))
-    return bool(rels) and all(r.lhs in (1, 2) or r.rhs in (1, 2) for r in rels)
+    return bool(rels) and all(_compares_with_one(r) for r in rels)
+
+
+def _compares_with_one(r: sympy.Basic) -> bool:
+    if r.lhs in (1, 2) or r.rhs in (1, 2):
+        return True
+    _, primitive = sympy.expand(r.lhs - r.rhs).as_content_primitive()
+    const, rest = primitive.as_coeff_Add()
+    sign, product = rest.as_coeff_Mul()
+    return const in (1, -1, 2, -2) and sign in (1, -1) and bool(product.free_symbols) and \
+        all(f.is_Symbol or f.is_Pow and f.base.is_Symbol and f.exp.is_Integer for f in sympy.Mul.make_args(product))
 
 
 _CHECKS = frozenset({"_check", "_check_with", "_check_is_size", "expect_true", "guard_or_defer_runtime_assert"})

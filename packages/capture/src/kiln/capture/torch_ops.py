@@ -13,7 +13,7 @@ from . import polyfills
 from .errors import GraphBreak
 from .numpy_trace import tensor_to_numpy
 from .semantics import contains_traced
-from .shape_env import VIEW_OR_COPY, CaptureShapeEnv
+from .shape_env import FRESH_RESULT, VIEW_OR_COPY, CaptureShapeEnv
 from .shape_rules.functions import FAST_META, fast_result, from_memo, memo_entry, memo_key
 from .shape_rules.pointwise import FAST_POINTWISE
 from .shape_rules.views import FAST_METHODS
@@ -100,6 +100,15 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         # a factory (torch.arange, torch.zeros...): record the probe's result instead of running the
         # function on fake tensors a second time (each run of a fake constructor is 0.1-7 ms)
         return tracer.record("call_function", fn, tuple(args), dict(kwargs), lambda: probe)
+    env = tracer.shape_env
+    if id(fn) in FRESH_RESULT and isinstance(env, CaptureShapeEnv) and env.may_be_one:
+        return env.fresh_result(lambda: _record_traced(tracer, fn, args, kwargs))
+    return _record_traced(tracer, fn, args, kwargs)
+
+
+def _record_traced(tracer: Tracer, fn: Any, args: list, kwargs: dict) -> Any:
+    """A torch function over traced values, recorded as one node: its result from a shape rule, the
+    capture's memo of an equal call, or the function itself on fake tensors."""
     rule = FAST_META.get(id(fn)) or FAST_POINTWISE.get(id(fn))
     if rule is not None:  # a shape rule instead of the function's meta kernel (None: no shortcut)
         def run() -> Any:

@@ -1,0 +1,135 @@
+"""Which questions about a size being 1 the capture's ShapeEnv answers without a guard (shape_env.py).
+
+Each case makes fake tensors over size symbols of the range [1, inf) (traced at sizes >= 2) and runs
+one of torch's rules; a question that would change what the rule computes at size 1 must stay a guard
+(``Ne(s0, 1)`` in ``env.guards``), one that cannot must add none. Fake CUDA tensors need no GPU; the
+cases that use them are skipped on a build of torch without CUDA.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode  # tests only: fake tensors over the ShapeEnv
+from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+from kiln.capture.shape_env import CaptureShapeEnv, about_one
+
+
+def _fakes(*shapes: tuple[int, ...], dynamic: tuple[bool, ...]) -> tuple[CaptureShapeEnv, FakeTensorMode, list]:
+    """A CaptureShapeEnv, its fake mode, and one fake tensor per shape whose dims marked in
+    ``dynamic`` are size symbols (equal sizes share a symbol)."""
+    env = CaptureShapeEnv()
+    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+    out = []
+    for shape in shapes:
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DUCK if d else DimDynamic.STATIC
+                                                      for d in dynamic[:len(shape)]])
+        out.append(mode.from_tensor(torch.randn(shape), symbolic_context=ctx))
+    return env, mode, out
+
+
+def _added(env: CaptureShapeEnv, run) -> list[str]:
+    n = len(env.guards)
+    run()
+    return [str(g.expr) for g in env.guards[n:]]
+
+
+def _cuda(mode: FakeTensorMode, *shape, dtype=torch.bfloat16):
+    try:
+        with mode:
+            return torch.empty(*shape, device="cuda", dtype=dtype)
+    except (RuntimeError, AssertionError) as e:
+        pytest.skip(f"fake CUDA tensors need a CUDA build of torch: {e}")
+
+
+def test_about_one_sees_scaled_comparisons():
+    s0, s1 = sympy.symbols("s0 s1", positive=True, integer=True)
+    for e in (sympy.Eq(s0, 1), s0 * s1 < 2, sympy.Ne(1024 * s0, 1024), sympy.Lt(1024, 1024 * s0 * s1),
+              sympy.Eq(64 * s0 + 64, 128)):
+        assert about_one(e), e
+    for e in (sympy.Eq(s0, s1), sympy.Eq(2 * s0, 6), sympy.Ne(s0, 3), sympy.Lt(s0, 8)):
+        assert not about_one(e), e
+
+
+def test_contiguity_asked_from_cpp_is_free_for_a_contiguous_tensor():
+    """c10's symbolic contiguity asks ``guard_or_false(size == 1)`` in a quick check only: a tensor
+    contiguous for every size adds no guard; one contiguous only at size 1 gets the exact condition,
+    which is guarded."""
+    env, mode, (x,) = _fakes((4, 7, 16), dynamic=(True, False, False))
+    with mode:
+        assert _added(env, lambda: x.is_contiguous()) == []
+        t = torch.empty(7, x.shape[0], 16).transpose(0, 1)
+        guards = _added(env, lambda: t.is_contiguous())
+    assert guards and all("s" in g for g in guards), guards
+
+
+def test_broadcast_gradient_size_check_of_the_engine_is_free():
+    """The autograd engine asks whether a gradient's expected size is 1 (to sum a broadcast gradient);
+    a gradient of the expected size needs no guard, and the input's gradient is still exact."""
+    env, mode, (x, y) = _fakes((4, 16), (1, 16), dynamic=(True, False))
+    with mode:
+        x.requires_grad_(True)
+        y.requires_grad_(True)
+        out = F.gelu(x * y)
+        grads = _added(env, lambda: torch.autograd.grad(out.sum(), [x, y]))
+    assert not any("Ne(s" in g and ", 1)" in g for g in grads), grads
+
+
+def test_linear_without_bias_on_cuda_asks_about_batch_one_only_outside_fresh_result():
+    """ATen's linear over a [b, s, d] CUDA input without bias flattens the batch dims through a
+    view or a copy, asking ``Ne(b, 1)`` and ``1024 < 1024*b*s`` from C++ (an H200 serving stream
+    compiled a third graph for batch 1). Run as a FRESH_RESULT call it adds no guard."""
+    env, mode, (x,) = _fakes((4, 128, 1024), dynamic=(True, True, False))
+    b, s = x.shape[0], x.shape[1]
+    h = _cuda(mode, b, s, 1024)
+    w = _cuda(mode, 1024, 1024)
+    with mode:
+        assert _added(env, lambda: env.fresh_result(lambda: F.linear(h, w))) == []
+        plain = _added(env, lambda: F.linear(h, w))
+    assert any(g.startswith("Ne(s") and g.endswith(", 1)") for g in plain), plain  # the guard the rule removes
+
+
+def test_flash_attention_output_layout_is_free():
+    """Flash attention's meta allocates its output in the query's dim order, comparing the strides
+    ``1024*s`` and ``1024`` (equal only when the length is 1): it picks a layout that differs at
+    length 1 only in the stride of that dim, so it adds no guard."""
+    env, mode, (x,) = _fakes((4, 128, 1024), dynamic=(True, True, False))
+    b, s = x.shape[0], x.shape[1]
+    h = _cuda(mode, b, s, 1024)
+    with mode:
+        q = h.view(b, s, 16, 64).transpose(1, 2)
+        added = _added(env, lambda: torch.ops.aten._scaled_dot_product_flash_attention(q, q, q, 0.0, True, False))
+    assert added == [], added
+
+
+def test_reshape_that_copies_stays_guarded():
+    """Outside those rules a size-1 question that decides aliasing stays a guard: ``t.reshape(-1)`` of
+    a transposed [b, 3] copies for b >= 2 and is a view for b == 1."""
+    env, mode, (x,) = _fakes((4, 3), dynamic=(True, False))
+    with mode:
+        added = _added(env, lambda: x.t().reshape(-1))
+    assert any("Ne(s" in g and ", 1)" in g or "Eq(s" in g for g in added), added
+
+
+def test_reshape_that_copies_at_every_size_is_free():
+    """HF attention's ``attn_output.transpose(1, 2).reshape(b, s, -1)``: a copy at every batch and length
+    (1 included), so the size-1 questions ATen's reshape asks pick nothing; through the capture's
+    ``view_or_copy`` it adds no guard. ``x.t().reshape(-1)`` of a [b, 3] copies at b >= 2 and is a view at
+    b == 1: guarded (the in-place write of a later ``add_`` would reach ``x`` only at 1)."""
+    for dynamic_length in (False, True):
+        env, mode, (x,) = _fakes((4, 2, 8, 16), dynamic=(True, False, dynamic_length, False))
+        b, s = x.shape[0], x.shape[2]
+        with mode:
+            t = x.transpose(1, 2)
+            args = (b, s, -1)
+            added = _added(env, lambda: env.view_or_copy(t, "reshape", args, lambda: t.reshape(*args)))
+        # at length 1 the reshape is a view: that question stays a guard, the batch's adds none
+        assert set(added) == ({f"Ne(16*{s}, 16)"} if dynamic_length else set()), added
+    env, mode, (y,) = _fakes((4, 3), dynamic=(True, False))
+    with mode:
+        u = y.t()
+        added = _added(env, lambda: env.view_or_copy(u, "reshape", (-1,), lambda: u.reshape(-1)))
+    assert added, "the copy-or-view question at batch 1 must stay a guard"
