@@ -48,3 +48,27 @@ def test_a_capture_that_fails_every_call_stops_retrying() -> None:
     assert rec.count == 0
     assert len(seen) == 3, [e.reason for e in seen]  # three tries, then eager for good (counted once)
     assert "3 calls in a row" in seen[-1].reason and "fake tensors" in seen[-1].reason
+
+
+def test_a_tracing_error_eager_does_not_raise_is_warned_once() -> None:
+    """Tracing raised (here: an op whose fake kernel fails) where eager did not: the frame ran uncompiled,
+    which a user must not learn only from an INFO log. One UserWarning per frame names the error and
+    where it was raised; every call returns eager's values."""
+    import warnings
+
+    kc.reset()
+
+    def f(x):
+        return torch.ops.kiln_capture_test.no_fake(x.cos()) * 2
+
+    opt = kc.optimize(f, Recorder())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(4):
+            x = torch.randn(3, 4)
+            torch.testing.assert_close(opt(x), f(x))
+    ours = [w for w in caught if "kiln.capture: tracing" in str(w.message)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    text = str(ours[0].message)
+    assert "RuntimeError" in text and "fake tensors" in text and "EAGERLY" in text, text
+    assert "test_failed_captures.py" in text, text  # where it was raised: the fake kernel above

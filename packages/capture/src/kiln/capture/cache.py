@@ -51,6 +51,7 @@ class CodeCache:
     eager_reason: str | None = None  # set when the frame cannot be captured at all
     eager_reported: bool = False  # its FrameRunEagerly event was emitted (once per frame)
     failed_captures: int = 0  # captures in a row that fell back to eager (reset by a successful one)
+    trace_error_warned: bool = False  # a tracing error eager did not raise was warned about (once per frame)
     limit_warned: bool = False
     ran_eagerly: bool = False  # set_stance('eager_then_compile'): the first call ran in Python
     seen_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)

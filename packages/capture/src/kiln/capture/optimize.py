@@ -8,6 +8,7 @@ import importlib
 import inspect
 import re
 import sys
+import sysconfig
 import time
 import types
 import warnings
@@ -291,13 +292,13 @@ class Optimized:
         subclass = _subclass_input(L, self.self_obj)
         if subclass is not None:  # e.g. DTensor parameters/activations of tensor parallelism
             return self._subclass_call(subclass, L, args, kwargs)
-        fallback: tuple[str, bool] | None = None
+        fallback: tuple[str, bool, BaseException | None] | None = None
         # Note: a capture met under a caller's saved-tensor hooks (torch.utils.checkpoint's recording)
         # must not feed them the tensors its own tracing saves: identity hooks sit on top meanwhile.
         with gc_paused(), torch.autograd.graph.saved_tensors_hooks(_same, _same):
             entry, fallback = self._compile(L, G, cache, options)
         if fallback is not None:  # outside the except blocks: eager errors carry no capture context
-            reason, permanent = fallback
+            reason, permanent, error = fallback
             cache.failed_captures += 1
             if not permanent and cache.failed_captures >= _FAILED_CAPTURES_LIMIT:
                 # Note: a capture that fails the same frame call after call (a tracing error the next call
@@ -305,18 +306,22 @@ class Optimized:
                 reason = (f"capture failed {cache.failed_captures} calls in a row, the frame runs eagerly from "
                           f"now on (kiln.reset() tries again); last: {reason}")
                 permanent = True
-            return self._eager(reason, args, kwargs, permanent=permanent)
+            out = self._eager(reason, args, kwargs, permanent=permanent)
+            if error is not None and not cache.trace_error_warned and not _in_stdlib(self.code):
+                cache.trace_error_warned = True
+                warnings.warn(_trace_error_message(frame_name(self.code), error), UserWarning, stacklevel=3)
+            return out
         cache.failed_captures = 0
         assert entry is not None
         cache.entries.append(entry)
         return entry.run(L, G)
 
     def _compile(self, L: dict, G: dict, cache: CodeCache,
-                 options: CaptureOptions) -> tuple[CacheEntry | None, tuple[str, bool] | None]:
-        """Capture the frame and compile it: (the new cache entry, None) or (None, (reason, permanent))
-        when it runs eagerly instead."""
+                 options: CaptureOptions) -> tuple[CacheEntry | None, tuple[str, bool, BaseException | None] | None]:
+        """Capture the frame and compile it: (the new cache entry, None) or (None, (reason, permanent,
+        the exception tracing raised or None)) when it runs eagerly instead."""
         assert self.code is not None
-        fallback: tuple[str, bool] | None = None
+        fallback: tuple[str, bool, BaseException | None] | None = None
         t0 = time.perf_counter()
         try:
             try:
@@ -339,19 +344,19 @@ class Optimized:
         except Unsupported:
             raise
         except SkipFrame as e:
-            fallback = (f"{e}", True)
+            fallback = (f"{e}", True, None)
         except GraphBreak as e:
             if options.fullgraph:
                 raise Unsupported(f"{e.reason} (hint: {e.hint})") from e
-            fallback = (e.reason, False)
+            fallback = (e.reason, False, None)
         except Exception as e:  # a user error during tracing: eager raises it with the real traceback
             if options.fullgraph and not isinstance(e, (TypeError, ValueError, AssertionError, RuntimeError,
                                                         KeyError, IndexError, AttributeError, NameError)):
                 raise
-            fallback = (f"{type(e).__name__} while tracing: {e}", False)
+            fallback = (f"{type(e).__name__} while tracing: {e}", False, e)
         if fallback is None and cap.break_plan is not None and cap.break_plan.inst.opname not in CAN_RUN:
             fallback = (f"graph break at {cap.break_plan.inst.opname}, which cannot run in Python between "
-                        f"graphs: {cap.break_plan.reason}", True)
+                        f"graphs: {cap.break_plan.reason}", True, None)
         if self.ctx.observed:
             emit(StageTime("capture", time.perf_counter() - t0, graph=frame_name(self.code)))
         if fallback is not None:
@@ -761,3 +766,26 @@ def mark_dynamic(t: torch.Tensor, dim: int | list[int], *, min: int | None = Non
 
 
 __all__ = ["GuardSet", "optimize", "reset", "cache_entries", "mark_dynamic"]
+
+
+def _trace_error_message(frame: str, error: BaseException) -> str:
+    """The warning for a frame whose tracing raised where eager did not: kiln could not trace it, so it
+    ran uncompiled (a user error would have been raised again by eager)."""
+    where = ""
+    tb = error.__traceback__
+    while tb is not None:
+        where = f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return (f"kiln.capture: tracing {frame} raised {type(error).__name__}: {error} (at {where}), where eager "
+            f"ran without error: the frame runs EAGERLY (not compiled), for good after {_FAILED_CAPTURES_LIMIT} "
+            "such calls in a row. This is a limitation of kiln's tracer; please report it (KILN_LOGS=graph_breaks "
+            "logs every such fallback)")
+
+
+_STDLIB = sysconfig.get_paths()["stdlib"]
+
+
+def _in_stdlib(code: types.CodeType) -> bool:
+    """A frame of Python's own library (``copy.deepcopy``'s helpers, reached from a graph break): its
+    tracing errors are logged, not warned about (nothing in it is the user's to change)."""
+    return code.co_filename.startswith(_STDLIB)
