@@ -12,7 +12,7 @@ import pytest
 import sympy
 import torch
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensorMode  # tests only: fake tensors over the ShapeEnv
+from torch._subclasses.fake_tensor import FakeTensorMode  # tests only: fakes over the ShapeEnv
 from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
 from kiln.capture.shape_env import CaptureShapeEnv, about_one
@@ -114,20 +114,19 @@ def test_reshape_that_copies_stays_guarded():
     assert any("Ne(s" in g and ", 1)" in g or "Eq(s" in g for g in added), added
 
 
-def test_reshape_that_copies_at_every_size_is_free():
-    """HF attention's ``attn_output.transpose(1, 2).reshape(b, s, -1)``: a copy at every batch and length
-    (1 included), so the size-1 questions ATen's reshape asks pick nothing; through the capture's
-    ``view_or_copy`` it adds no guard. ``x.t().reshape(-1)`` of a [b, 3] copies at b >= 2 and is a view at
-    b == 1: guarded (the in-place write of a later ``add_`` would reach ``x`` only at 1)."""
-    for dynamic_length in (False, True):
-        env, mode, (x,) = _fakes((4, 2, 8, 16), dynamic=(True, False, dynamic_length, False))
-        b, s = x.shape[0], x.shape[2]
-        with mode:
-            t = x.transpose(1, 2)
-            args = (b, s, -1)
-            added = _added(env, lambda: env.view_or_copy(t, "reshape", args, lambda: t.reshape(*args)))
-        # at length 1 the reshape is a view: that question stays a guard, the batch's adds none
-        assert set(added) == ({f"Ne(16*{s}, 16)"} if dynamic_length else set()), added
+@pytest.mark.parametrize("dynamic_length", [False, True], ids=["static-length", "dynamic-length"])
+def test_reshape_that_copies_at_size_one_too_is_free(dynamic_length):
+    """HF attention's ``attn_output.transpose(1, 2).reshape(b, s, -1)``: a copy at every batch (1 included),
+    so the batch's size-1 question picks nothing; through the capture's ``view_or_copy`` it adds no
+    guard. At length 1 the reshape is a view: the length's question stays a guard. ``x.t().reshape(-1)``
+    of a [b, 3] copies at b >= 2 and is a view at b == 1: guarded (the in-place write of a later
+    ``add_`` would reach ``x`` only at 1)."""
+    env, mode, (x,) = _fakes((4, 2, 8, 16), dynamic=(True, False, dynamic_length, False))
+    b, s = x.shape[0], x.shape[2]
+    with mode:
+        t = x.transpose(1, 2)
+        added = _added(env, lambda: env.view_or_copy(t, "reshape", (b, s, -1), lambda: t.reshape(b, s, -1)))
+    assert set(added) == ({f"Ne(16*{s}, 16)"} if dynamic_length else set()), added
     env, mode, (y,) = _fakes((4, 3), dynamic=(True, False))
     with mode:
         u = y.t()
