@@ -352,7 +352,7 @@ def _int_at(v: Any, at: dict) -> int | None:
     expr = v.node.expr
     if not expr.free_symbols & at.keys():
         return _example_int(v)
-    env = v.node.shape_env
+    env: Any = v.node.shape_env
     known = getattr(env, "backed_var_to_val", None) or env.var_to_val  # renamed after torch 2.11
     hints = {sym: at.get(sym, known.get(sym)) for sym in expr.free_symbols}
     if any(h is None for h in hints.values()):
@@ -386,9 +386,9 @@ def _fx_fresh_result(frame: Any) -> bool:
 def _fx_copies(env: ShapeEnv, frame: Any, args: tuple) -> bool:
     """The FX-interpreter form of ``_copy_test``, for the question being asked (in the frame below)."""
     test = _copy_test(args[0], frame.f_locals["target"], args[1:])
-    if test is False:
-        return False
-    asking = sys._getframe(1)
+    if test is False or test is True:
+        return bool(test)
+    asking: Any = sys._getframe(1)
     while asking is not None and asking.f_code.co_name != "evaluate_sym_node":
         asking = asking.f_back
     node = asking.f_locals.get("sym_node") if asking is not None else None
