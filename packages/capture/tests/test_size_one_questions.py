@@ -48,9 +48,9 @@ def _cuda(mode: FakeTensorMode, *shape, dtype=torch.bfloat16):
 def test_about_one_sees_scaled_comparisons():
     s0, s1 = sympy.symbols("s0 s1", positive=True, integer=True)
     for e in (sympy.Eq(s0, 1), s0 * s1 < 2, sympy.Ne(1024 * s0, 1024), sympy.Lt(1024, 1024 * s0 * s1),
-              sympy.Eq(64 * s0 + 64, 128)):
+              sympy.Eq(64 * s0 + 64, 128), s0 < s0**2):
         assert about_one(e), e
-    for e in (sympy.Eq(s0, s1), sympy.Eq(2 * s0, 6), sympy.Ne(s0, 3), sympy.Lt(s0, 8)):
+    for e in (sympy.Eq(s0, s1), sympy.Eq(2 * s0, 6), sympy.Ne(s0, 3), sympy.Lt(s0, 8), s0 < s0**2 - 5):
         assert not about_one(e), e
 
 
@@ -90,6 +90,21 @@ def test_linear_without_bias_on_cuda_asks_about_batch_one_only_outside_fresh_res
         assert _added(env, lambda: env.fresh_result(lambda: F.linear(h, w))) == []
         plain = _added(env, lambda: F.linear(h, w))
     assert any(g.startswith("Ne(s") and g.endswith(", 1)") for g in plain), plain  # the guard the rule removes
+
+
+def test_attention_on_cuda_asks_about_batch_one_only_outside_fresh_result():
+    """``F.scaled_dot_product_attention`` on CUDA picks its kernel from sizes (``Ne(b, 1)`` while
+    broadcasting batch dims, length questions in the kernels' checks): as a FRESH_RESULT call it adds
+    no guard, and its output is the same function of q, k and v."""
+    env, mode, (x,) = _fakes((4, 128, 1024), dynamic=(True, True, False))
+    b, s = x.shape[0], x.shape[1]
+    h = _cuda(mode, b, s, 1024)
+    with mode:
+        q = h.view(b, s, 16, 64).transpose(1, 2)
+        fresh = _added(env, lambda: env.fresh_result(lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True)))
+        plain = _added(env, lambda: F.scaled_dot_product_attention(q, q, q, is_causal=True))
+    assert fresh == [], fresh
+    assert plain, "the composite asks about the batch or the length being 1 when not run as a fresh result"
 
 
 def test_flash_attention_output_layout_is_free():

@@ -33,6 +33,7 @@ symbolic contiguity, the autograd engine's gradient-size check), which name thei
 
 from __future__ import annotations
 
+import functools
 import itertools
 import linecache
 import math
@@ -242,13 +243,17 @@ class CaptureShapeEnv(ShapeEnv):
 
 
 VIEW_OR_COPY = frozenset({"reshape", "view", "contiguous"})  # methods view_or_copy serves
-# Functions whose result is a new contiguous tensor of sizes given by their inputs' and whose paths
-# compute the same values: ATen's linear asks from C++ whether its input is contiguous and how to
-# flatten its batch dims into one matrix (addmm over a view or a copy, or matmul; for a weight without
-# bias on CUDA ``Ne(s0, 1)`` and ``1024 < 1024*s0*s1``, a third compile of an H200 serving stream at
-# batch 1). The flattened input never leaves the call, so view or copy does not matter; the relations
-# its path relies on are ``torch._check``s.
-FRESH_RESULT = frozenset({id(torch.nn.functional.linear)})
+# Functions whose result is a new tensor (never a view of an argument) of sizes given by their inputs'
+# and whose paths compute the same values: ATen's linear asks from C++ whether its input is contiguous
+# and how to flatten its batch dims into one matrix (addmm over a view or a copy, or matmul; for a
+# weight without bias on CUDA ``Ne(s0, 1)`` and ``1024 < 1024*s0*s1``, a third compile of an H200
+# serving stream at batch 1). The flattened input never leaves the call, so view or copy does not
+# matter. Scaled dot-product attention picks its kernel from sizes (on CUDA ``Ne(b, 1)`` while
+# broadcasting batch dims, ``Ne(s, 1)`` where a kernel's checks read the length): the same function of
+# q, k, v and the mask, in an output whose layout differs at most in a size-1 dim's stride. The
+# relations the paths rely on (equal head dims, broadcastable batches) are ``torch._check``s or
+# relations between sizes, which stay guards.
+FRESH_RESULT = frozenset({id(torch.nn.functional.linear), id(torch.nn.functional.scaled_dot_product_attention)})
 
 
 def aliases_at_example(t: Any, name: str, args: tuple) -> bool:
@@ -453,8 +458,25 @@ def _compares_with_one(r: sympy.Basic) -> bool:
     _, primitive = sympy.expand(r.lhs - r.rhs).as_content_primitive()
     const, rest = primitive.as_coeff_Add()
     sign, product = rest.as_coeff_Mul()
-    return const in (1, -1, 2, -2) and sign in (1, -1) and bool(product.free_symbols) and \
-        all(f.is_Symbol or f.is_Pow and f.base.is_Symbol and f.exp.is_Integer for f in sympy.Mul.make_args(product))
+    if const in (1, -1, 2, -2) and sign in (1, -1) and bool(product.free_symbols) and \
+            all(f.is_Symbol or f.is_Pow and f.base.is_Symbol and f.exp.is_Integer for f in sympy.Mul.make_args(product)):
+        return True
+    return _one_against_the_rest(r)
+
+
+@functools.lru_cache(maxsize=4096)
+def _one_against_the_rest(r: sympy.Basic) -> bool:
+    """A relation over one size symbol that holds at 1 and at no size >= 2, or the other way round
+    (``s < s**2``: a stride order asked by a layout rule): a question whether the size is 1."""
+    if len(r.free_symbols) != 1:
+        return False
+    (sym,) = r.free_symbols
+    try:
+        holds = sympy.solveset(r, sym, domain=sympy.S.Reals).intersect(sympy.Interval(1, sympy.oo))
+    except (NotImplementedError, TypeError, ValueError):
+        return False
+    return holds in (sympy.FiniteSet(1), sympy.Interval.Lopen(1, sympy.oo), sympy.Interval(2, sympy.oo)) or \
+        holds == sympy.Union(sympy.Interval.Lopen(1, sympy.oo))
 
 
 _CHECKS = frozenset({"_check", "_check_with", "_check_is_size", "expect_true", "guard_or_defer_runtime_assert"})
