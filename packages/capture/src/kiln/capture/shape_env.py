@@ -468,12 +468,15 @@ def _compares_with_one(r: sympy.Basic) -> bool:
 def _one_against_the_rest(r: sympy.Basic) -> bool:
     """A relation over one size symbol that holds at 1 and at no size >= 2, or the other way round
     (``s < s**2``: a stride order asked by a layout rule): a question whether the size is 1."""
-    if len(r.free_symbols) != 1:
+    if len(r.free_symbols) != 1 or not isinstance(r, (sympy.Eq, sympy.Ne, sympy.Lt, sympy.Le, sympy.Gt, sympy.Ge)):
         return False
     (sym,) = r.free_symbols
+    diff = sympy.expand(r.lhs - r.rhs)
+    if not diff.is_polynomial(sym) or sympy.degree(diff, sym) > 4:
+        return False  # solveset of floor/Mod expressions can recurse without end
     try:
         holds = sympy.solveset(r, sym, domain=sympy.S.Reals).intersect(sympy.Interval(1, sympy.oo))
-    except (NotImplementedError, TypeError, ValueError):
+    except Exception:  # noqa: BLE001 - sympy could not decide: not recognised, so guarded
         return False
     return holds in (sympy.FiniteSet(1), sympy.Interval.Lopen(1, sympy.oo), sympy.Interval(2, sympy.oo)) or \
         holds == sympy.Union(sympy.Interval.Lopen(1, sympy.oo))
