@@ -27,8 +27,10 @@ torch's ``backed_size_oblivious``, which answers all of them by default, is not 
 ``.contiguous()`` of a tensor that is contiguous only when the batch is 1 is its input or a copy.
 Questions asked from C++ (SDPA's checks) have no rule frame and are guarded, except inside a
 ``reshape``, ``view`` or ``.contiguous()`` that aliases its tensor at the example's sizes
-(``aliases_at_example``), and the ``guard_or_false`` ones of the C++ in ``_CPP_SIZE_ONE_RULES`` (c10's
-symbolic contiguity, the autograd engine's gradient-size check), which name their source file. A torch release that renames a rule costs recompiles, never a wrong result.
+(``aliases_at_example``) or copies at every size the question could be 1 (``copies_at_one``), inside a
+``FRESH_RESULT`` call, and the ``guard_or_false`` ones of the C++ in ``_CPP_SIZE_ONE_RULES`` (c10's
+symbolic contiguity, the autograd engine's gradient-size check), which name their source file. A torch
+release that renames a rule costs recompiles, never a wrong result.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ import math
 import re
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import sympy
 import torch
@@ -159,7 +161,7 @@ _SIZE_ONE_RULES: dict[tuple[str, str], Callable[[ShapeEnv, Any], bool] | None] =
     ("torch/_decomp/decompositions.py", "matmul"): lambda env, frame: _reshape_line_of_contiguous(env, frame),
     # a backend's FX interpreter running a captured reshape, view or contiguous (see aliases_at_example)
     ("torch/fx/interpreter.py", "call_method"): lambda env, frame: _fx_view_or_copy(env, frame),
-    # ... or a captured FRESH_RESULT call (F.linear)
+    # ... or a captured FRESH_RESULT call (F.linear, F.scaled_dot_product_attention)
     ("torch/fx/interpreter.py", "call_function"): lambda env, frame: _fx_fresh_result(frame),
 }
 # torch's C++ whose ``TORCH_GUARD_OR_FALSE``/``TORCH_GUARD_OR_TRUE`` questions on a size being 1 are
@@ -224,18 +226,15 @@ class CaptureShapeEnv(ShapeEnv):
         """``run()``, ``t.<name>(*args)`` (a reshape, view or contiguous: ``t`` itself or a view of it
         where it can be, else a copy), with its questions on sizes being 1 answered from the example
         with no guard when it gives a view at the example's sizes (``aliases_at_example``)."""
-        outer, self._view_answers_free = self._view_answers_free, \
-            aliases_at_example(t, name, args) or _copy_test(t, name, args)
-        try:
-            return run()
-        finally:
-            self._view_answers_free = outer
-
+        return self._answering(aliases_at_example(t, name, args) or _copy_test(t, name, args), run)
 
     def fresh_result(self, run: Callable[[], Any]) -> Any:
         """``run()``, a call of a ``FRESH_RESULT`` function, with its questions on sizes being 1 answered
         from the example with no guard (``torch._check`` relations stay guards): see FRESH_RESULT."""
-        outer, self._view_answers_free = self._view_answers_free, True
+        return self._answering(True, run)
+
+    def _answering(self, free: bool | Callable[[frozenset], bool], run: Callable[[], Any]) -> Any:
+        outer, self._view_answers_free = self._view_answers_free, free
         try:
             return run()
         finally:
@@ -271,7 +270,7 @@ def aliases_at_example(t: Any, name: str, args: tuple) -> bool:
     return name in ("reshape", "view") and _view_at_example(t, args)
 
 
-def _copy_test(t: Any, name: str, args: tuple) -> Callable[[frozenset], bool] | bool:
+def _copy_test(t: Any, name: str, args: tuple) -> Callable[[frozenset], bool] | Literal[False]:
     """For a reshape or contiguous that copies at the example's sizes: a test of a question's symbols,
     ``copies_at_one`` with them (answers cached); False where it does not apply."""
     if name not in ("reshape", "contiguous") or not isinstance(t, torch.Tensor) or (name == "contiguous") == bool(args):
@@ -391,8 +390,8 @@ def _fx_fresh_result(frame: Any) -> bool:
 def _fx_copies(env: ShapeEnv, frame: Any, args: tuple) -> bool:
     """The FX-interpreter form of ``_copy_test``, for the question being asked (in the frame below)."""
     test = _copy_test(args[0], frame.f_locals["target"], args[1:])
-    if test is False or test is True:
-        return bool(test)
+    if test is False:
+        return False
     asking: Any = sys._getframe(1)
     while asking is not None and asking.f_code.co_name != "evaluate_sym_node":
         asking = asking.f_back
@@ -478,8 +477,7 @@ def _one_against_the_rest(r: sympy.Basic) -> bool:
         holds = sympy.solveset(r, sym, domain=sympy.S.Reals).intersect(sympy.Interval(1, sympy.oo))
     except Exception:  # noqa: BLE001 - sympy could not decide: not recognised, so guarded
         return False
-    return holds in (sympy.FiniteSet(1), sympy.Interval.Lopen(1, sympy.oo), sympy.Interval(2, sympy.oo)) or \
-        holds == sympy.Union(sympy.Interval.Lopen(1, sympy.oo))
+    return holds in (sympy.FiniteSet(1), sympy.Interval.Lopen(1, sympy.oo), sympy.Interval(2, sympy.oo))
 
 
 _CHECKS = frozenset({"_check", "_check_with", "_check_is_size", "expect_true", "guard_or_defer_runtime_assert"})
