@@ -292,7 +292,14 @@ class CompileCache:
     def _retry_vanished(self, make: Callable[[], Path], whole: Callable[[Path], bool],
                         use: Callable[[Path], T]) -> T:
         for attempt in range(_ATTEMPTS):
-            path = make()
+            try:
+                path = make()
+            except FileNotFoundError as e:  # its folder was removed between the write and the rename
+                if attempt == _ATTEMPTS - 1:
+                    raise
+                logger.warning("compile cache: a folder vanished while writing (another process cleared the "
+                               "cache?): %s; writing it again", e)
+                continue
             try:
                 return use(path)
             except Exception as e:
