@@ -15,6 +15,11 @@ Compiles are the graphs each compiler built (kiln: ``kiln.stats()`` where presen
 ``recompiles`` log; torch.compile: dynamo's ``unique_graphs``). A backend that gave up and ran
 eagerly shows ``ran eagerly`` with the warning's text. Outputs of every request are compared with
 eager's logits in the same process (max |diff| relative to the logits' max).
+
+``--together`` keeps every backend's model in one process instead: each runs its cold pass, then
+``--runs`` steady passes alternate between the backends (medians of wall and CPU time per pass), so a
+shared or loaded machine moves every backend's time alike. Use it on the CPU, where separate processes
+run minutes apart under different load.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import logging
 import random
+import statistics
 import sys
 import time
 import warnings
@@ -144,6 +150,112 @@ def measure(*, backend: str, small: bool, device: str, requests: int, dynamic: s
     return result
 
 
+def _timed_pass(step: Any, inputs: list[torch.Tensor], device: str) -> tuple[float, float]:
+    """(wall s, CPU s) of one pass over the stream, each request synchronised."""
+    wall = 0.0
+    c0 = time.process_time()
+    for ids in inputs:
+        sync_device(device)
+        t1 = time.perf_counter()
+        step(ids)
+        sync_device(device)
+        wall += time.perf_counter() - t1
+    return wall, time.process_time() - c0
+
+
+def measure_together(*, backends: list[str], small: bool, device: str, requests: int, dynamic: str,
+                     mode: str | None, runs: int, kiln_options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Child: every backend's model in this process; cold passes one after another, then ``runs``
+    steady passes alternating between the backends (medians)."""
+    pairs = stream(requests, 512 if device.startswith("cuda") and not small else 64)
+    spec = B.CompileSpec(kiln_backend="inductor", tc_backend="inductor", mode=mode,
+                         dynamic={"auto": None, "true": True}[dynamic],
+                         kiln_options=tuple(sorted((kiln_options or {}).items())))
+    counter = CompileCounter()
+    logging.getLogger("kiln").addHandler(counter)
+    logging.getLogger("kiln.recompiles").setLevel(logging.INFO)
+    steps: dict[str, Any] = {}
+    result: dict[str, Any] = {"pairs": pairs}
+    inputs: list[torch.Tensor] = []
+    reference: list[torch.Tensor] = []
+    for backend in backends:
+        model, vocab = _build(small, device)
+        if not inputs:
+            gen = torch.Generator().manual_seed(1)
+            inputs = [torch.randint(0, vocab, (b, s), generator=gen).to(device) for b, s in pairs]
+            with torch.no_grad():
+                reference = [model(ids).logits.float().cpu() for ids in inputs[:8]]
+        try:
+            steps[backend] = B.compile_fn(backend, model, spec)
+        except Exception as exc:  # noqa: BLE001
+            result[backend] = {"error": B.short_error(exc)}
+    wall: dict[str, list[float]] = {b: [] for b in steps}
+    cpu: dict[str, list[float]] = {b: [] for b in steps}
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for backend, step in list(steps.items()):
+            try:
+                t0 = time.perf_counter()
+                outs = [step(ids).logits for ids in inputs]
+                sync_device(device)
+            except Exception as exc:  # noqa: BLE001
+                print(B.error_details(exc))
+                result[backend] = {"error": B.short_error(exc)}
+                del steps[backend]
+                continue
+            err = max(float((o.float().cpu() - r).abs().max() / r.abs().max().clamp_min(1e-6))
+                      for o, r in zip(outs, reference, strict=False))
+            result[backend] = {"cold_s": time.perf_counter() - t0, "compiles": count_compiles(backend, counter),
+                               "rel_err": err}
+        for _ in range(runs):
+            for backend, step in steps.items():
+                w, c = _timed_pass(step, inputs, device)
+                wall[backend].append(w)
+                cpu[backend].append(c)
+    eager_msgs = [str(w.message) for w in caught if "eager" in str(w.message).lower()]
+    for backend in steps:
+        result[backend].update(steady_s=statistics.median(wall[backend]), cpu_s=statistics.median(cpu[backend]),
+                               compiles=count_compiles(backend, counter))
+        if backend == "kiln":
+            result[backend]["ran_eagerly"] = eager_msgs[0][:200] if eager_msgs else None
+            result[backend]["recompiles"] = [r[:300] for r in counter.records if r.startswith("recompiling")]
+    return result
+
+
+def _main_together(args: argparse.Namespace, small: bool, info: Any) -> int:
+    res = run_isolated("benchmarks.dynamic_stream:measure_together",
+                       dict(backends=args.backends, small=small, device=args.device, requests=args.requests,
+                            dynamic=args.dynamic, mode=args.mode, runs=args.runs,
+                            kiln_options=args.kiln_options),
+                       timeout_s=args.timeout, env=cli.child_env(args))
+    print({k: v for k, v in res.items() if k != "pairs"}, flush=True)
+    results = {k: v for k, v in res.items() if isinstance(v, dict)}
+    eager, tc = results.get("eager", {}), results.get("torch_compile", {})
+    rows = []
+    for backend, r in results.items():
+        if "error" in r:
+            rows.append([backend, na(r["error"])] + ["n/a"] * 8)
+            continue
+        rows.append([backend, r["compiles"], "yes" if r.get("ran_eagerly") else "no", fmt(r["cold_s"]),
+                     fmt(r["steady_s"] * 1e3), fmt(r["cpu_s"] * 1e3),
+                     fmt(ratio(eager.get("steady_s"), r["steady_s"])),
+                     fmt(ratio(tc.get("steady_s"), r["steady_s"])),
+                     fmt(ratio(tc.get("cpu_s"), r["cpu_s"])),
+                     fmt(ratio(r["cold_s"], tc.get("cold_s")))])
+    if "error" in res:
+        rows.append(["all", na(res["error"])] + ["n/a"] * 8)
+    body = (f"Stream: {args.requests} requests, batch 1-8 x seq 8-{512 if not small else 64}, "
+            f"{'tiny fp32' if small else 'Llama-350M bf16'}, dynamic={args.dynamic}, "
+            f"mode={args.mode or 'default'}, kiln options={args.kiln_options or 'none'}; all backends in one "
+            f"process, cold passes in turn, then {args.runs} steady passes alternating (medians).\n\n"
+            + markdown_table(["backend", "compiles", "ran eagerly", "stream wall s (cold)", "steady ms (stream)",
+                              "steady CPU ms", "speed vs eager", "speed vs torch.compile",
+                              "CPU speed vs torch.compile", "cold wall / torch.compile's"], rows))
+    print(write_micro(args.out, "dynamic_stream", "Serving stream of changing shapes (one process)", info, body,
+                      res))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     cli.add_common(p)
@@ -151,9 +263,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dynamic", choices=["auto", "true"], default="auto",
                    help="dynamic=None (automatic, the default) or dynamic=True for both compilers")
     p.add_argument("--mode", default=None, help="compile mode for both compilers")
+    p.add_argument("--together", action="store_true",
+                   help="all backends in one process, steady passes alternating (wall and CPU time)")
+    p.add_argument("--runs", type=int, default=3, help="steady passes per backend with --together")
     args = cli.finish(p.parse_args(argv), "dynamic_stream")
     small = args.small or not args.device.startswith("cuda")
     info = machine_info(args.device, module="benchmarks.dynamic_stream", threads=args.threads)
+    if args.together:
+        return _main_together(args, small, info)
     rows, payload = [], {}
     for backend in args.backends:
         res = run_isolated("benchmarks.dynamic_stream:measure",

@@ -20,6 +20,7 @@ from ..ir import (
     InputBuffer,
     Layout,
     LoopProgram,
+    Op,
     Output,
     SymScalar,
     TensorRef,
@@ -29,6 +30,7 @@ from ..ir import (
     is_symbolic,
     sym_expr,
     sym_scalar,
+    walk,
 )
 from ..options import InductorOptions
 from .common import out_stride
@@ -176,6 +178,7 @@ def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Indu
             if is_tensor(val):
                 val = ctx.maybe_realize(val, len(node.users), _layout_hint(node))
                 val = _share_stored(ctx, node, val)
+                val = _store_broadcast_transcendental(ctx, node, val)
             env[node] = val
         elif node.op == "output":
             outputs = _distinct_outputs(ctx, _flat_outputs(node.args[0]), env)
@@ -207,6 +210,51 @@ def _share_stored(ctx: LoweringContext, node: fx.Node, val: Any) -> Any:
     if not is_dense(val.shape, stride):
         return val  # an expanded value: the extern stores it once with stride-0 dims (extern.py)
     return ctx.realize(val, stride)
+
+
+# Ops that cost a libm call per element on the CPU (tens of cycles scalar, several even vectorised).
+_TRANSCENDENTAL = frozenset({"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "tanh", "erf", "erfc",
+                             "sigmoid", "pow", "sin", "cos", "tan", "atan", "asin", "acos", "sinh", "cosh"})
+
+
+def _store_broadcast_transcendental(ctx: LoweringContext, node: fx.Node, val: Any) -> Any:
+    """On the CPU, a lazy value that computes a transcendental and that a consumer reads broadcast is
+    stored once instead of recomputed per element that reads it.
+
+    Why: a Llama's rotary ``cos``/``sin`` (batch, 1, seq, head_dim) is read by the query's and the key's
+    rotation over every head: left lazy, each rotated element evaluated its own ``cos`` and ``sin``
+    (4 libm calls per query/key element instead of 2 per position), which made the tiny Llama
+    serving stream ~12% slower than torch.compile on the CPU (perf: ``__sincosf_fma`` and the rotation
+    kernels). On the GPU these ops are cheap and fusing saves memory traffic, so this is for the C++
+    kernels only (Triton on CPU tensors stands for the GPU's code); a
+    value read at its own size (softmax's ``exp``, read by its sum and its division) stays lazy: the
+    C++ kernel caches it per row."""
+    if ctx.device != "cpu" or ctx.options.cpu_backend != "cpp" or not isinstance(val, Lazy):
+        return val
+    if not any(type(e) is Op and e.name in _TRANSCENDENTAL for e in walk(val.body)):
+        return val
+    if not any(_reads_broadcast(node, u) for u in node.users):
+        return val
+    return ctx.realize(val, _layout_hint(node))
+
+
+def _reads_broadcast(node: fx.Node, user: fx.Node) -> bool:
+    """Whether ``user`` is elementwise and its result has a dim where ``node``'s (right-aligned) has size
+    1 or none: each of ``node``'s elements is read for several of the user's."""
+    mine, theirs = node.meta.get("val"), user.meta.get("val")
+    if not isinstance(mine, torch.Tensor) or not isinstance(theirs, torch.Tensor):
+        return False
+    if user.op != "call_function" or torch.Tag.pointwise not in getattr(user.target, "tags", ()):
+        return False  # a stack or a gather reads each element once whatever the shapes
+    if theirs.dim() > mine.dim():
+        return any(not _is_one(s) for s in theirs.shape[:theirs.dim() - mine.dim()])
+    if theirs.dim() < mine.dim():
+        return False
+    return any(_is_one(a) and not _is_one(b) for a, b in zip(mine.shape, theirs.shape))
+
+
+def _is_one(s: object) -> bool:
+    return isinstance(s, int) and s == 1
 
 
 def _layout_hint(node: fx.Node) -> tuple | None:
