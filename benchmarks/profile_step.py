@@ -169,10 +169,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--top", type=int, default=40)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--dynamic", action="store_true", help="compile with dynamic=True (every input dim symbolic)")
     p.add_argument("--kiln-options", type=json.loads, default={},
                    help='kiln.compile(options=...) as JSON, e.g. \'{"wrapper": "cpp"}\'')
     args = p.parse_args(argv)
-    spec = B.CompileSpec(mode=args.mode, kiln_options=tuple(sorted(args.kiln_options.items())))
+    spec = B.CompileSpec(mode=args.mode, kiln_options=tuple(sorted(args.kiln_options.items())),
+                         dynamic=True if args.dynamic else None)
     if args.model == "decode":
         step = _decode_step(args.device, spec, args.backend)
     elif args.model == "stream":
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     text = profile(step, args.device, args.iters, args.top)
     args.out.mkdir(parents=True, exist_ok=True)
     tag = f"{args.model}-{'train' if args.training else 'infer'}-{args.backend}-{args.mode or 'default'}"
-    tag += "".join(f"-{k}={v}" for k, v in sorted(args.kiln_options.items()))
+    tag += "".join(f"-{k}={v}" for k, v in sorted(args.kiln_options.items())) + ("-dynamic" if args.dynamic else "")
     (args.out / f"{tag}.txt").write_text(text)
     print(f"== {tag} ==\n" + "\n".join(text.splitlines()[:4 + args.top // 2]))
     return 0
