@@ -101,7 +101,7 @@ mm_padded_blocks = _ns["_mm_padded"]
 
 # an explicit schema: inferring it from (string) annotations differs between torch versions
 @torch.library.custom_op("kiln_inductor::mm_padded", mutates_args=(),
-                         schema="(Tensor? bias, Tensor a, Tensor b, int m, int block) -> Tensor")
+                         schema="(Tensor? bias, Tensor a, Tensor b, SymInt m, int block) -> Tensor")
 def mm_padded(bias: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor, m: int, block: int) -> torch.Tensor:
     return mm_padded_blocks(bias, a, b, m, block)  # type: ignore[no-any-return]
 
@@ -127,9 +127,11 @@ def _padding(node: fx.Node, devices: tuple[str, ...], min_macs: int, min_dim: in
         return None
     if out.dtype not in (torch.float16, torch.bfloat16, torch.float32) or va.dtype != out.dtype:
         return None
-    if not all(isinstance(s, int) for s in (*va.shape, *vb.shape)):
-        return None  # symbolic sizes
+    if not all(isinstance(s, int) for s in (va.shape[1], *vb.shape)):
+        return None  # a symbolic K or N
     (m, k), n = va.shape, vb.shape[1]
+    if not isinstance(m, int):
+        return _symbolic_rows_padding(m, n, k, out.dtype, min_macs, min_dim)
     if m * n * k < min_macs:
         return None
     if template and templated(m, n, k, out.dtype, min_macs, min_dim) and (
@@ -170,6 +172,26 @@ def _transposed_source(x: Any) -> Any:
             x.target is aten.transpose.int and sorted(int(d) % 2 for d in args[1:3]) == [0, 1]):
         return src
     return None
+
+
+def _symbolic_rows_padding(m: torch.SymInt, n: int, k: int, dtype: torch.dtype, min_macs: int,
+                           min_dim: int) -> tuple[Any, int, int] | None:
+    """(M, N, K) for a matmul of symbolic M whose static N is misaligned: ``mm_padded`` with M as it is.
+
+    Why: a token count (batch x length) is symbolic in every dynamic language model, and its LM head
+    (GPT-2: 50257 words) then ran as cuBLAS's unaligned call, 3.35 ms against mm_padded's 1.21 for
+    bf16 4096 x 768 @ 768 x 50257 on an H200 (benchmarks/RESULTS.md): GPT-2 under ``dynamic=True`` took
+    twice its static time. mm_padded is correct for every M: below about ``N / BLOCK`` rows (a decode
+    step) its workspace has no room and it makes exactly the unaligned call, so only the size of the
+    example (the hint) decides whether the rewrite is worth it. The Triton template, which static
+    shapes get, takes static sizes only."""
+    hint = getattr(m.node, "hint", None)
+    if not isinstance(hint, int) or hint * n * k < min_macs:
+        return None
+    align = _ALIGN_BYTES // torch.empty((), dtype=dtype).element_size()
+    if n % align == 0 or n < min_dim or k % align != 0:
+        return None  # aligned result rows, or an unaligned K: left to cuBLAS here
+    return m, n + align - n % align, k
 
 
 def _pad(g: fx.Graph, x: Any, rows: int, cols: int, made: dict[tuple, fx.Node]) -> Any:
@@ -225,6 +247,9 @@ def _rewrite(g: fx.Graph, node: fx.Node, sizes: tuple[int, int, int], block: int
     a, b = node.args[-2], node.args[-1]
     (m, k), n = node_val(a).shape, node_val(b).shape[1]  # type: ignore[union-attr]
     addmm = node.target is aten.addmm.default
+    if not isinstance(m, int):  # symbolic rows: mm_padded takes its row count from the operand
+        rows = g.call_function(aten.sym_size.int, (a, 0))
+        return g.call_function(MM_PADDED, (node.args[0] if addmm else None, a, b, rows, block))
     ap = _pad(g, a, mp - m, kp - k, made)
     if any(u.op == "output" or u.target in _VIEWS for u in node.users):
         # eager's contiguous layout without whole padded copies (the module doc says why): the rows

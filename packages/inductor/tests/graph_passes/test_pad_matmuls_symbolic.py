@@ -1,0 +1,66 @@
+"""A misaligned matmul over a symbolic row count (a dynamic language model's LM head: batch x length
+tokens by a vocabulary of 50257) runs as ``mm_padded`` with the row count read per call; one compiled
+graph serves every row count, decode-sized ones included (mm_padded then makes the plain call)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from dynamic_helpers import CPP, check_sizes, symbolic_graph
+
+from kiln.inductor import compile_graph
+from kiln.inductor.decomp_bridge import ensure_meta
+from kiln.inductor.graph_passes.pad_matmuls import pad_misaligned_matmuls
+
+
+def _head(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return x @ w.t()
+
+
+def _head_bias(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.relu(torch.addmm(b, x, w.t()))
+
+
+@pytest.mark.parametrize("fn,extra", [(_head, ()), (_head_bias, (torch.randn(37),))], ids=["mm", "addmm_relu"])
+def test_symbolic_rows_run_as_mm_padded_for_every_row_count(fn, extra) -> None:
+    w = torch.randn(37, 32)
+    gm, examples = symbolic_graph(fn, torch.randn(40, 32), w, *extra, dynamic={0: (0,)})
+    ensure_meta(gm, examples)
+    assert pad_misaligned_matmuls(gm, devices=("cpu",), min_macs=0, min_dim=1, block=8) == 1
+    ensure_meta(gm, examples)
+    assert "mm_padded" in gm.code and "sym_size" in gm.code
+    cg = compile_graph(gm, examples, options=CPP)
+    # fresh inputs of every row count: 0 and decode sizes (no workspace room) up to many blocks
+    check_sizes(cg, fn, lambda n: (torch.randn(n, 32), w, *extra), (40, 1, 2, 0, 7, 13, 97, 300))
+
+
+def test_symbolic_rows_with_an_unaligned_k_are_left_alone() -> None:
+    gm, examples = symbolic_graph(_head, torch.randn(40, 33), torch.randn(37, 33), dynamic={0: (0,)})
+    ensure_meta(gm, examples)
+    assert pad_misaligned_matmuls(gm, devices=("cpu",), min_macs=0, min_dim=1) == 0
+
+
+def test_small_example_row_counts_are_left_alone() -> None:
+    gm, examples = symbolic_graph(_head, torch.randn(4, 32), torch.randn(37, 32), dynamic={0: (0,)})
+    ensure_meta(gm, examples)
+    assert pad_misaligned_matmuls(gm, devices=("cpu",), min_macs=10**9, min_dim=1) == 0
+
+
+def test_cross_compiled_cuda_lm_head_over_symbolic_tokens_uses_mm_padded() -> None:
+    """The CUDA path (fake CUDA tensors on this host): GPT-2's bf16 head over a symbolic token count
+    (``dynamic=True``) runs as the wrapper's ``_mm_padded`` with the row count read per call, not as
+    cuBLAS's unaligned call (``torch.mm``) nor the static-size Triton template."""
+    from dynamic_helpers import symbolic_fakes_graph
+
+    def head(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x @ w.t()
+
+    try:
+        gm, examples, _ = symbolic_fakes_graph(head, [(4096, 768), (50257, 768)], {0: (0,)}, "cuda", torch.bfloat16)
+    except (RuntimeError, AssertionError) as e:  # a CPU-only build of torch has no fake CUDA
+        pytest.skip(f"fake CUDA tensors need a CUDA build of torch: {e}")
+    cg = compile_graph(gm, examples, options=CPP)
+    code = cg.texts["output_code"]
+    body = code[code.index("def call_owned"):]
+    assert "_mm_padded" in body and "torch.mm(" not in body and "_launch_tmpl_" not in body, body[:800]
+    assert cg.loop_program.sizes  # type: ignore[attr-defined]  # the row count stays symbolic
