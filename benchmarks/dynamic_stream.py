@@ -131,23 +131,22 @@ def measure(*, backend: str, small: bool, device: str, requests: int, dynamic: s
             sync_device(device)
             cold_s = time.perf_counter() - t0
             compiles = count_compiles(backend, counter)
-            steady = 0.0
-            for ids in inputs:
-                sync_device(device)
-                t1 = time.perf_counter()
-                step(ids)
-                sync_device(device)
-                steady += time.perf_counter() - t1
+            steady = _timed_pass(step, inputs, device)[0]
     except Exception as exc:  # noqa: BLE001
         print(B.error_details(exc))
         return dict(result, error=B.short_error(exc))
     eager_msgs = [str(w.message) for w in caught if "eager" in str(w.message).lower()]
-    err = max(float((o.float().cpu() - r).abs().max() / r.abs().max().clamp_min(1e-6))
-              for o, r in zip(outs, reference, strict=False))
+    err = _max_rel_err(outs, reference)
     recompiles = [r[:300] for r in counter.records if r.startswith("recompiling")]
     result.update(cold_s=cold_s, steady_s=steady, compiles=compiles, rel_err=err,
                   ran_eagerly=eager_msgs[0][:200] if eager_msgs else None, recompiles=recompiles)
     return result
+
+
+def _max_rel_err(outs: list[torch.Tensor], reference: list[torch.Tensor]) -> float:
+    """Largest |output - eager's| relative to eager's largest logit, over the requests compared."""
+    return max(float((o.float().cpu() - r).abs().max() / r.abs().max().clamp_min(1e-6))
+               for o, r in zip(outs, reference, strict=False))
 
 
 def _timed_pass(step: Any, inputs: list[torch.Tensor], device: str) -> tuple[float, float]:
@@ -203,8 +202,7 @@ def measure_together(*, backends: list[str], small: bool, device: str, requests:
                 result[backend] = {"error": B.short_error(exc)}
                 del steps[backend]
                 continue
-            err = max(float((o.float().cpu() - r).abs().max() / r.abs().max().clamp_min(1e-6))
-                      for o, r in zip(outs, reference, strict=False))
+            err = _max_rel_err(outs, reference)
             result[backend] = {"cold_s": time.perf_counter() - t0, "compiles": count_compiles(backend, counter),
                                "rel_err": err}
         for _ in range(runs):
