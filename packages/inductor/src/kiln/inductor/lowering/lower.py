@@ -226,9 +226,8 @@ def _store_broadcast_transcendental(ctx: LoweringContext, node: fx.Node, val: An
     (4 libm calls per query/key element instead of 2 per position), which made the tiny Llama
     serving stream ~12% slower than torch.compile on the CPU (perf: ``__sincosf_fma`` and the rotation
     kernels). On the GPU these ops are cheap and fusing saves memory traffic, so this is for the C++
-    kernels only (Triton on CPU tensors stands for the GPU's code); a
-    value read at its own size (softmax's ``exp``, read by its sum and its division) stays lazy: the
-    C++ kernel caches it per row."""
+    kernels only (Triton on CPU tensors stands for the GPU's code). A value read at its own size
+    (softmax's ``exp``, read by its sum and its division) stays lazy: the C++ kernel caches it per row."""
     if ctx.device != "cpu" or ctx.options.cpu_backend != "cpp" or not isinstance(val, Lazy):
         return val
     if not any(type(e) is Op and e.name in _TRANSCENDENTAL for e in walk(val.body)):
