@@ -188,7 +188,7 @@ def _symbolic_rows_padding(m: torch.SymInt, n: int, k: int, dtype: torch.dtype, 
     hint = getattr(m.node, "hint", None)
     if not isinstance(hint, int) or hint * n * k < min_macs:
         return None
-    align = _ALIGN_BYTES // torch.empty((), dtype=dtype).element_size()
+    align = _ALIGN_BYTES // dtype.itemsize
     if n % align == 0 or n < min_dim or k % align != 0:
         return None  # aligned result rows, or an unaligned K: left to cuBLAS here
     return m, n + align - n % align, k

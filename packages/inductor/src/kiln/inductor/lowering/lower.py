@@ -230,9 +230,9 @@ def _store_broadcast_transcendental(ctx: LoweringContext, node: fx.Node, val: An
     (softmax's ``exp``, read by its sum and its division) stays lazy: the C++ kernel caches it per row."""
     if ctx.device != "cpu" or ctx.options.cpu_backend != "cpp" or not isinstance(val, Lazy):
         return val
-    if not any(type(e) is Op and e.name in _TRANSCENDENTAL for e in walk(val.body)):
-        return val
     if not any(_reads_broadcast(node, u) for u in node.users):
+        return val
+    if not any(type(e) is Op and e.name in _TRANSCENDENTAL for e in walk(val.body)):
         return val
     return ctx.realize(val, _layout_hint(node))
 
