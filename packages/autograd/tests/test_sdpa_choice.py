@@ -123,11 +123,14 @@ def _attn(q, k, v, m):  # type: ignore[no-untyped-def]
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mask_dtype", [torch.bool, torch.bfloat16])
 @pytest.mark.parametrize("dims", ["seq", "all"])
-def test_masked_attention_with_symbolic_sizes_matches_eager(mask_dtype: torch.dtype, dims: str, caplog) -> None:
-    """A padding mask over symbolic lengths: with a static head dim, memory-efficient attention with
-    the bias rows padded to 16 (not MATH's fp32 bmm-softmax-bmm); with every dim symbolic, the MATH
-    form with a bool mask converted as the composite does (it once added the bool as 0/1). Equal to
-    eager for every length, fresh inputs each call."""
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_masked_attention_with_symbolic_sizes_matches_eager(mask_dtype: torch.dtype, dims: str, training: bool,
+                                                            caplog) -> None:
+    """A padding mask over symbolic lengths. Inference: ``kiln_graph::attention``, eager's kernel per
+    call. Training: with a static head dim, memory-efficient attention with the bias rows padded to 16
+    (not MATH's fp32 bmm-softmax-bmm); with every dim symbolic, the MATH form with a bool mask
+    converted as the composite does (it once added the bool as 0/1). Equal to eager for every length,
+    gradients too, fresh inputs each call."""
     import logging
 
     import kiln
@@ -138,11 +141,19 @@ def test_masked_attention_with_symbolic_sizes_matches_eager(mask_dtype: torch.dt
     try:
         with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
             for q, k, v, m in _masked_cases("cuda", mask_dtype, dims):
-                torch.testing.assert_close(compiled(q, k, v, m), _attn(q, k, v, m), atol=2e-2, rtol=2e-2)
+                for t in (q, k, v):
+                    t.requires_grad_(training)
+                got, want = compiled(q, k, v, m), _attn(q, k, v, m)
+                torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+                if training:
+                    g = torch.randn_like(want)
+                    for a, b in zip(torch.autograd.grad(got, (q, k, v), g), torch.autograd.grad(want, (q, k, v), g)):
+                        torch.testing.assert_close(a, b, atol=3e-2, rtol=3e-2)
     finally:
         kiln.set_logs()
     assert kiln.stats().graphs_compiled <= 2
-    assert ("MATH form" in caplog.text) == (dims == "all")
+    assert ("eager picks the kernel per call" in caplog.text) == (not training)
+    assert ("MATH form" in caplog.text) == (training and dims == "all")
 
 
 def test_math_form_with_a_bool_mask_matches_the_composite_on_cpu() -> None:
@@ -156,3 +167,43 @@ def test_math_form_with_a_bool_mask_matches_the_composite_on_cpu() -> None:
         q, k, v = (t.float() for t in (q, k, v))
         got = aten._scaled_dot_product_attention_math(q, k, v, _additive(m, q), 0.0, False, None)[0]
         torch.testing.assert_close(got, _attn(q, k, v, m), atol=1e-5, rtol=1e-5)
+
+
+def _symbolic_cuda_trace(fn, shapes, dynamic, requires_grad: bool):  # type: ignore[no-untyped-def]
+    """``fn`` traced on fake CUDA bf16 tensors (no GPU needed; a CUDA build of torch) whose ``dynamic``
+    dims are symbolic; the graph's text."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+
+    mode = FakeTensorMode(shape_env=ShapeEnv())
+    fakes = []
+    for k, shape in enumerate(shapes):
+        ctx = StatelessSymbolicContext(dynamic_sizes=[DimDynamic.DYNAMIC if d in dynamic.get(k, ()) else
+                                                      DimDynamic.STATIC for d in range(len(shape))])
+        meta = mode.from_tensor(torch.empty(shape, device="meta"), symbolic_context=ctx)
+        with mode:
+            fakes.append(torch.empty(meta.shape, device="cuda", dtype=torch.bfloat16).requires_grad_(
+                requires_grad and k < 3))
+    with mode, torch.set_grad_enabled(requires_grad):
+        return make_fx(fn, tracing_mode="real")(*fakes).code
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+def test_masked_attention_over_symbolic_sizes_defers_the_kernel_choice_in_inference(training: bool) -> None:
+    """GPT-2's masked attention over a symbolic batch and length: inference calls kiln_graph::attention
+    (eager's kernel per call: cuDNN on an H200, 2.7x faster than the size-independent choice); a training
+    trace keeps memory-efficient attention over the padded bias, whose backward the joint graph holds."""
+    from kiln.autograd.attention import _bind, _symbolic_attention
+
+    def attn(q, k, v, m):  # type: ignore[no-untyped-def]
+        return _symbolic_attention(q, k, v, m, _bind((q, k, v), {"attn_mask": m}))
+
+    shape = (8, 12, 512, 64)
+    try:
+        code = _symbolic_cuda_trace(attn, [shape, shape, shape, (8, 1, 512, 512)],
+                                    {0: (0, 2), 1: (0, 2), 2: (0, 2), 3: (0, 2, 3)}, training)
+    except (RuntimeError, AssertionError) as e:  # a CPU-only build of torch has no fake CUDA
+        pytest.skip(f"fake CUDA tensors need a CUDA build of torch: {e}")
+    assert ("kiln_graph.attention" in code) == (not training), code
+    assert ("_scaled_dot_product_efficient_attention" in code) == training, code

@@ -164,9 +164,10 @@ def test_aligned_or_switched_off_stays_an_extern():
     fn = lambda x, w: (x @ w.t(),)  # noqa: E731
     aligned = _check_repeatedly(fn, lambda: (_rand(72, 48), _rand(104, 48)))
     assert "_launch_tmpl_" not in call_code(aligned) and "aten.mm" in call_code(aligned)
-    # M misaligned: padded, as before
+    # M misaligned: padded rows, the result a prefix of the padded product (contiguous: no mm_padded)
     odd_m = _check_repeatedly(fn, lambda: (_rand(70, 48), _rand(104, 48)))
-    assert "_launch_tmpl_" not in call_code(odd_m) and "_mm_padded(" in call_code(odd_m)
+    assert "_launch_tmpl_" not in call_code(odd_m) and "_mm_padded(" not in call_code(odd_m)
+    assert "as_strided((70, 104), (104, 1))" in call_code(odd_m), call_code(odd_m)
     off = OPTS.replace(
         misaligned_matmuls=MisalignedMatmuls(devices=(DEV,), min_macs=0, min_dim=1, template=False)
     )

@@ -4,6 +4,8 @@ graph serves every row count, decode-sized ones included (mm_padded then makes t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from dynamic_helpers import CPP, check_sizes, symbolic_graph
@@ -34,8 +36,45 @@ def test_symbolic_rows_run_as_mm_padded_for_every_row_count(fn, extra) -> None:
     check_sizes(cg, fn, lambda n: (torch.randn(n, 32), w, *extra), (40, 1, 2, 0, 7, 13, 97, 300))
 
 
-def test_symbolic_rows_with_an_unaligned_k_are_left_alone() -> None:
-    gm, examples = symbolic_graph(_head, torch.randn(40, 33), torch.randn(37, 33), dynamic={0: (0,)})
+def test_symbolic_rows_with_an_unaligned_k_pad_k_too() -> None:
+    fn = _head
+    w = torch.randn(37, 33)
+    gm, examples = symbolic_graph(fn, torch.randn(40, 33), w, dynamic={0: (0,)})
+    ensure_meta(gm, examples)
+    assert pad_misaligned_matmuls(gm, devices=("cpu",), min_macs=0, min_dim=1, block=8) == 1
+    ensure_meta(gm, examples)
+    assert "mm_padded" in gm.code and "constant_pad_nd" in gm.code
+    cg = compile_graph(gm, examples, options=CPP)
+    check_sizes(cg, fn, lambda n: (torch.randn(n, 33), w), (40, 1, 0, 7, 13, 97))
+
+
+def _head_backward(g: torch.Tensor, w: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """An LM head's backward: the logits gradient ``g`` [tokens, words] times the weight (K = words) and,
+    transposed, times the hidden states (M = words, K = tokens)."""
+    return g @ w, g.t() @ h
+
+
+def test_head_backward_over_symbolic_tokens_pads_the_word_dim_once() -> None:
+    """Both products of the backward pad the logits gradient's misaligned word dim; the symbolic token
+    count (a K of the second product) is never padded nor compared: one pad, every token count right."""
+    w = torch.randn(37, 16)
+    gm, examples = symbolic_graph(_head_backward, torch.randn(40, 37), w, torch.randn(40, 16),
+                                  dynamic={0: (0,), 2: (0,)})
+    ensure_meta(gm, examples)
+    assert pad_misaligned_matmuls(gm, devices=("cpu",), min_macs=0, min_dim=1) == 2
+    ensure_meta(gm, examples)
+    assert gm.code.count("aten.constant_pad_nd") == 2, gm.code  # the gradient's columns (shared), the weight's rows
+    assert "mm_padded" not in gm.code
+    cg = compile_graph(gm, examples, options=CPP)
+    assert not cg.loop_program.size_guards  # type: ignore[attr-defined]
+    check_sizes(cg, _head_backward, lambda n: (torch.randn(n, 37), w, torch.randn(n, 16)), (40, 1, 0, 7, 13, 97))
+
+
+def test_a_symbolic_leading_dimension_is_left_alone() -> None:
+    """x [40, K] @ w [K, 37] with K symbolic: x's rows are K long in memory, aligned for some K and not
+    for others; padding the static N would not make the call aligned."""
+    gm, examples = symbolic_graph(lambda x, w: x @ w, torch.randn(40, 32), torch.randn(32, 37),
+                                  dynamic={0: (1,), 1: (0,)})
     ensure_meta(gm, examples)
     assert pad_misaligned_matmuls(gm, devices=("cpu",), min_macs=0, min_dim=1) == 0
 
@@ -64,3 +103,22 @@ def test_cross_compiled_cuda_lm_head_over_symbolic_tokens_uses_mm_padded() -> No
     body = code[code.index("def call_owned"):]
     assert "_mm_padded" in body and "torch.mm(" not in body and "_launch_tmpl_" not in body, body[:800]
     assert cg.loop_program.sizes  # type: ignore[attr-defined]  # the row count stays symbolic
+
+
+def test_cross_compiled_cuda_head_backward_over_symbolic_tokens_is_padded() -> None:
+    """The CUDA path (fake CUDA tensors on this host): GPT-2's bf16 head backward over a symbolic token
+    count runs both products on the padded gradient (cuBLAS's aligned kernels), not unaligned."""
+    from dynamic_helpers import symbolic_fakes_graph
+
+    try:
+        gm, examples, _ = symbolic_fakes_graph(_head_backward, [(4096, 50257), (50257, 768), (4096, 768)],
+                                               {0: (0,), 2: (0,)}, "cuda", torch.bfloat16)
+    except (RuntimeError, AssertionError) as e:  # a CPU-only build of torch has no fake CUDA
+        pytest.skip(f"fake CUDA tensors need a CUDA build of torch: {e}")
+    cg = compile_graph(gm, examples, options=CPP)
+    code = cg.texts["output_code"]
+    body = code[code.index("def call_owned"):]
+    # the gradient padded to 50264 words once, read by both products (the second through its transpose)
+    assert len(re.findall(r"_launch_k\d+_constant_pad_nd\(", body)) == 1 and ", 50264), (50264, 1)" in body, body[:1500]
+    assert body.count("torch.mm(") == 2 and "as_strided((50264, " in body, body[:1500]
+    assert not cg.loop_program.size_guards  # type: ignore[attr-defined]

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from kiln.graph import has_symbolic_sizes, log
+from kiln.graph import ATTENTION, has_symbolic_sizes, log
 
 aten = torch.ops.aten
 
@@ -136,7 +136,9 @@ def _symbolic_attention(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any]) ->
     sizes as ints, which pins every symbolic size of the graph (an H200 serving stream recompiled per
     request). So the choice is made here from what does not depend on sizes: flash attention (half
     precision, no mask, head dim a multiple of 8 up to 256) or memory-efficient attention (no mask, or
-    a non-causal call with a mask: ``_masked_efficient``), and the MATH form otherwise. A causal call uses them only when queries and keys have the same
+    a non-causal call with a mask: ``_masked_efficient``), and the MATH form otherwise; inference (no
+    logsumexp kept for a backward) outside flash's envelope calls ``kiln_graph::attention``, which runs
+    eager's choice per call. A causal call uses the fused kernels only when queries and keys have the same
     length symbol (the kernels' causal alignment for L != S differs from the composite's)."""
     from torch.nn.attention import SDPBackend
 
@@ -155,6 +157,11 @@ def _symbolic_attention(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any]) ->
         choice = SDPBackend.FLASH_ATTENTION.value
     elif fused and b.mem_efficient_sdp_enabled():
         choice = SDPBackend.EFFICIENT_ATTENTION.value
+    elif not need_lse and a["dropout_p"] == 0.0 and (mask is None or isinstance(mask, torch.Tensor)):
+        # inference: eager's own choice on every call (kiln.graph attention_op.py says why)
+        log("perf_hints").info("attention with symbolic sizes (a mask, GQA or unequal causal lengths): "
+                               "eager picks the kernel per call")
+        return ATTENTION(q, k, v, mask, a["is_causal"], a["scale"], a["enable_gqa"])
     elif masked and b.mem_efficient_sdp_enabled():
         return _masked_efficient(q, k, v, mask, need_lse, a)
     else:

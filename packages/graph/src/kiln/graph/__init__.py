@@ -24,6 +24,7 @@ from .compiled_call import (
     training_call,
     training_function,
 )
+from .attention_op import ATTENTION, ATTENTION_SOURCE, ATTENTION_TARGET
 from .core_ops import CORE_ATEN_OPS
 from .debug import dump, new_graph_id
 from .dialects import Dialect
@@ -93,6 +94,9 @@ from .trees import map_leaves
 from .verify import is_pure_op, is_size_arithmetic, verify
 
 __all__ = [
+    "ATTENTION",
+    "ATTENTION_SOURCE",
+    "ATTENTION_TARGET",
     "GRAPH_META_KEYS", "NODE_META_KEYS", "NO_ANNOTATIONS", "DistributedState", "GraphAnnotations",
     "SymbolicSize", "annotate", "annotations_of",
     "CallSignature", "DoubleBackwardError", "ListCall", "OutputRule", "finish_outputs", "inference_call",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from torch import fx
 
@@ -56,7 +57,7 @@ class CompileState:
     name: str
     backend: CppBackend | TritonBackend  # chosen once, when the compile starts (pipeline.choose_backend)
     guards: GuardWatch | None = None  # symbolic sizes: what this compile added to the ShapeEnv (size_guards.py)
-    traced_output_strides: Mapping[int, tuple[int, ...]] = field(default_factory=dict)  # the caller's contract
+    traced_output_strides: Mapping[int, tuple[Any, ...]] = field(default_factory=dict)  # the caller's contract
     program: LoopProgram | None = None
     scheduled: ScheduledProgram | None = None
     tuner: KernelTuner | None = None  # max-autotune's tuner for this compile (matmul_templates)

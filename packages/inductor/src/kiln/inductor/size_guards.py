@@ -23,6 +23,7 @@ from .codegen.triton.printer import python_index
 from .ir import DynamicShapeUnsupported, SizeGuard, is_float_symbol
 from .ir.index import to_kiln
 
+_SHOWN = 4  # size guards a compile's log line spells out
 _REL = {sympy.Eq: "==", sympy.Ne: "!=", sympy.Lt: "<", sympy.Le: "<=", sympy.Gt: ">", sympy.Ge: ">="}
 
 
@@ -64,10 +65,13 @@ class GuardWatch:
                 out.append(SizeGuard(guard_text(sympy.Eq(sym, e)), "a compile step specialised this size"))
         for g in self.env.guards[self.n_guards:]:
             out.append(SizeGuard(guard_text(g.expr), "a compile step assumed this relation"))
-        for g in out:
-            log("perf_hints").warning("graph %s: compiled for sizes with %s (%s); the wrapper checks it per call",
-                                      name, g.expr, g.reason)
-        return tuple(dict.fromkeys(out))
+        out = list(dict.fromkeys(out))
+        if out:  # one line per compile: channels-last convolutions over symbolic images add ~20 at once
+            shown = "; ".join(f"{g.expr} ({g.reason})" for g in out[:_SHOWN])
+            more = f"; and {len(out) - _SHOWN} more (CompiledGraph.size_guards)" if len(out) > _SHOWN else ""
+            log("perf_hints").warning("graph %s: compiled for sizes with %s%s; the wrapper checks %s per call",
+                                      name, shown, more, "it" if len(out) == 1 else "them")
+        return tuple(out)
 
 
 def shape_relations(example_inputs: Sequence[Any], skip_floats: bool = False) -> tuple[sympy.Basic, ...]:

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import sympy
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -37,6 +38,7 @@ from kiln.graph import (
 )
 
 from ..ir import is_dense
+from ..ir.index import as_index
 
 aten = torch.ops.aten
 CONV = aten.convolution.default
@@ -86,7 +88,7 @@ def _flops(n: fx.Node) -> float:
     out = _val(n) if n.target is CONV else _val(n.args[0])  # backward: grad_output has the output's shape
     if isinstance(out, (tuple, list)) or not isinstance(out, torch.Tensor):
         return 0.0
-    return 2.0 * out.numel() * w.shape[1] * w.shape[2] * w.shape[3]
+    return 2.0 * _numel(out) * w.shape[1] * w.shape[2] * w.shape[3]
 
 
 def _kind(n: fx.Node) -> str:
@@ -111,9 +113,8 @@ def decide(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str, *,
     convs = conv_nodes(gm)
     if not convs:
         return LayoutDecision(False, "no 2-D convolution")
-    if any(not isinstance(v, torch.Tensor) or any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride()))
-           for n in convs for v in _operands(n)[:2]):
-        return LayoutDecision(False, "convolution with symbolic shapes")
+    if any(not isinstance(v, torch.Tensor) for n in convs for v in _operands(n)[:2]):
+        return LayoutDecision(False, "a convolution operand without a traced value")
     if mode == "channels_last":
         return LayoutDecision(True, "conv_layout='channels_last'")
     return _auto(gm, convs, training_channels_last)
@@ -129,7 +130,7 @@ def _auto(gm: fx.GraphModule, convs: list[fx.Node], training_channels_last: bool
         return LayoutDecision(False, f"auto: only {len(convs)} convolutions in {len(gm.graph.nodes)} nodes")
     kinds = [_kind(n) for n in convs]
     restored, copied = _activation_outputs(gm, convs)
-    conv_elems = sum(_operands(n)[0].numel() for n in convs)
+    conv_elems = sum(_numel(_operands(n)[0]) for n in convs)
     if copied > MAX_RESTORED_FRACTION * conv_elems:
         # a training forward whose saved activations must come back NCHW (nobody marked them
         # layout-free in GraphAnnotations): one transpose copy per saved activation eats the gain
@@ -211,7 +212,7 @@ def _activation_outputs(gm: fx.GraphModule, convs: list[fx.Node]) -> tuple[int, 
         v = _val(a)
         if (k not in free and a in downstream and isinstance(v, torch.Tensor) and v.dim() == 4
                 and v.is_floating_point() and not _is_channels_last(v)):
-            count, elems = count + 1, elems + v.numel()
+            count, elems = count + 1, elems + _numel(v)
     return count, elems
 
 
@@ -225,25 +226,62 @@ def _activation_inputs(gm: fx.GraphModule) -> tuple[int, int]:
             continue
         if all(u.target in (CONV, CONV_BACKWARD) for u in n.users):
             continue
-        count, elems = count + 1, elems + v.numel()
+        count, elems = count + 1, elems + _numel(v)
     return count, elems
 
 
 def _is_channels_last(v: torch.Tensor) -> bool:
-    return v.is_contiguous(memory_format=torch.channels_last)
+    """Whether a 4-D value is laid out channels-last; with symbolic sizes, for every size (compared as
+    expressions: asking the SymInts would add guards)."""
+    if not _symbolic(v):
+        return v.is_contiguous(memory_format=torch.channels_last)
+    return _strides_match(v, (1, 3, 2, 0))
 
 
-def channels_last_stride(node: fx.Node) -> tuple[int, ...] | None:
+def _is_contiguous(v: torch.Tensor) -> bool:
+    return v.is_contiguous() if not _symbolic(v) else _strides_match(v, (3, 2, 1, 0))
+
+
+def _strides_match(v: torch.Tensor, order: tuple[int, ...]) -> bool:
+    """Whether ``v``'s strides are the dense strides of its shape with dims ``order`` innermost first
+    (a dim of static size 1 may have any stride)."""
+    shape, stride = [as_index(x) for x in v.shape], [as_index(x) for x in v.stride()]
+    expect: sympy.Expr = sympy.Integer(1)
+    for d in order:
+        if shape[d] != 1 and sympy.expand(stride[d] - expect) != 0:
+            return False
+        expect = sympy.expand(expect * shape[d])
+    return True
+
+
+def _symbolic(v: torch.Tensor) -> bool:
+    return any(isinstance(x, torch.SymInt) for x in (*v.shape, *v.stride()))
+
+
+def _numel(v: torch.Tensor) -> int:
+    """Elements of ``v``, symbolic sizes at their traced example values (for cost estimates only)."""
+    n = 1
+    for x in v.shape:
+        n *= _hint(x)
+    return n
+
+
+def _hint(x: Any) -> int:
+    if isinstance(x, torch.SymInt):
+        hint = getattr(x.node, "hint", None)
+        return hint if isinstance(hint, int) else 1
+    return int(x)
+
+
+def channels_last_stride(node: fx.Node) -> tuple[Any, ...] | None:
     """The traced stride of a 4-D value laid out channels-last (and not also contiguous), else None:
-    what the lowering gives the buffer when it realizes this node's value."""
+    what the lowering gives the buffer when it realizes this node's value (ints or SymInts)."""
     v = node.meta.get("val")
     if not isinstance(v, torch.Tensor) or v.dim() != 4 or v.layout != torch.strided:
         return None
-    if any(isinstance(s, torch.SymInt) for s in (*v.shape, *v.stride())):
+    if _is_contiguous(v) or not _is_channels_last(v):
         return None
-    if v.is_contiguous() or not _is_channels_last(v):
-        return None
-    return tuple(int(s) for s in v.stride())
+    return tuple(v.stride())
 
 
 def _to_channels_last(gm: fx.GraphModule, conv: fx.Node, position: int) -> bool:
@@ -287,7 +325,7 @@ def _replace_arg(n: fx.Node, position: int, new: fx.Node) -> None:
     n.args = tuple(args)
 
 
-def _restore_output_strides(gm: fx.GraphModule, before: dict[int, tuple[int, ...]]) -> int:
+def _restore_output_strides(gm: fx.GraphModule, before: dict[int, tuple[Any, ...]]) -> int:
     """Copy outputs whose traced stride changed back to eager's (dense) stride; returns the count.
 
     Outputs listed in ``GraphAnnotations.layout_free_outputs`` are exempt: only a later compiled graph reads them
@@ -300,9 +338,9 @@ def _restore_output_strides(gm: fx.GraphModule, before: dict[int, tuple[int, ...
     for k, a in enumerate(flat):
         v = _val(a)
         old = before.get(k)
-        if k in free or old is None or not isinstance(v, torch.Tensor) or tuple(v.stride()) == old:
+        if k in free or old is None or not isinstance(v, torch.Tensor) or _stride_key(v) == old:
             continue
-        order = sorted(range(v.dim()), key=lambda d: (-old[d], d))  # eager's dims, outermost first
+        order = sorted(range(v.dim()), key=lambda d: (-_expr_hint(old[d], v), d))  # eager's dims, outermost first
         inverse = [order.index(d) for d in range(v.dim())]
         with gm.graph.inserting_before(out):
             x = a
@@ -317,16 +355,37 @@ def _restore_output_strides(gm: fx.GraphModule, before: dict[int, tuple[int, ...
     return fixed
 
 
-def output_strides(gm: fx.GraphModule) -> dict[int, tuple[int, ...]]:
-    """Strides of the graph's dense tensor outputs by flat output position (from ``meta['val']``)."""
+def output_strides(gm: fx.GraphModule) -> dict[int, tuple[Any, ...]]:
+    """Strides of the graph's dense tensor outputs by flat output position (from ``meta['val']``):
+    ints, or sympy expressions where sizes are symbolic."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
     flat, _ = torch.utils._pytree.tree_flatten(out.args[0])
     strides = {}
     for k, a in enumerate(flat):
         v = _val(a)
-        if isinstance(v, torch.Tensor) and v.layout == torch.strided and is_dense(v.shape, v.stride()):
-            strides[k] = tuple(int(s) for s in v.stride())
+        if isinstance(v, torch.Tensor) and v.layout == torch.strided:
+            key = _stride_key(v)
+            if is_dense(tuple(as_index(x) for x in v.shape) if _symbolic(v) else v.shape, key):
+                strides[k] = key
     return strides
+
+
+def _stride_key(v: torch.Tensor) -> tuple[Any, ...]:
+    """``v``'s strides as ints, or as sympy expressions where symbolic (equal exactly when they are the
+    same expressions: no guard)."""
+    return tuple(as_index(x) if isinstance(x, torch.SymInt) else int(x) for x in v.stride())
+
+
+def _expr_hint(e: Any, v: torch.Tensor) -> int:
+    """A stride expression's value at the traced example sizes (for ordering dims only)."""
+    if isinstance(e, int):
+        return e
+    env = next((x.node.shape_env for x in (*v.shape, *v.stride()) if isinstance(x, torch.SymInt)), None)
+    if env is None:
+        return int(e)
+    values = {str(sym): int(val) for sym, val in env.var_to_val.items()}  # kiln's size symbols keep torch's names
+    expr = sympy.sympify(e)
+    return int(expr.xreplace({sym: values[str(sym)] for sym in expr.free_symbols}))
 
 
 def to_channels_last(gm: fx.GraphModule, example_inputs: Sequence[Any],

@@ -29,7 +29,7 @@ and graphs compiled with the template off.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import fx
@@ -115,8 +115,9 @@ MM_PADDED = torch.ops.kiln_inductor.mm_padded.default
 
 
 def _padding(node: fx.Node, devices: tuple[str, ...], min_macs: int, min_dim: int,
-             template: bool) -> tuple[int, int, int] | None:
-    """(M, N, K) padded sizes for a matmul worth padding, else None (also for one the template takes)."""
+             template: bool) -> tuple[Any, Any, Any] | None:
+    """(M, N, K) padded sizes for a matmul worth padding, else None (also for one the template takes).
+    A symbolic size is returned as it is (``_symbolic_padding``)."""
     if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default) or node.kwargs:
         return None
     if node.target is aten.addmm.default and len(node.args) > 3:
@@ -127,11 +128,9 @@ def _padding(node: fx.Node, devices: tuple[str, ...], min_macs: int, min_dim: in
         return None
     if out.dtype not in (torch.float16, torch.bfloat16, torch.float32) or va.dtype != out.dtype:
         return None
-    if not all(isinstance(s, int) for s in (va.shape[1], *vb.shape)):
-        return None  # a symbolic K or N
     (m, k), n = va.shape, vb.shape[1]
-    if not isinstance(m, int):
-        return _symbolic_rows_padding(m, n, k, out.dtype, min_macs, min_dim)
+    if not all(isinstance(d, int) for d in (m, n, k)):
+        return _symbolic_padding(va, vb, (m, n, k), out.dtype, min_macs, min_dim)
     if m * n * k < min_macs:
         return None
     if template and templated(m, n, k, out.dtype, min_macs, min_dim) and (
@@ -174,24 +173,53 @@ def _transposed_source(x: Any) -> Any:
     return None
 
 
-def _symbolic_rows_padding(m: torch.SymInt, n: int, k: int, dtype: torch.dtype, min_macs: int,
-                           min_dim: int) -> tuple[Any, int, int] | None:
-    """(M, N, K) for a matmul of symbolic M whose static N is misaligned: ``mm_padded`` with M as it is.
+def _symbolic_padding(va: Any, vb: Any, mnk: tuple[Any, Any, Any], dtype: torch.dtype, min_macs: int,
+                      min_dim: int) -> tuple[Any, Any, Any] | None:
+    """(M, N, K) for a matmul with a symbolic size: its static misaligned sizes padded, the symbolic
+    ones as they are; None when that leaves a leading dimension (an operand's or the result's row
+    length in memory) symbolic, as its alignment then changes from call to call, or pads nothing.
 
-    Why: a token count (batch x length) is symbolic in every dynamic language model, and its LM head
-    (GPT-2: 50257 words) then ran as cuBLAS's unaligned call, 3.35 ms against mm_padded's 1.21 for
-    bf16 4096 x 768 @ 768 x 50257 on an H200 (benchmarks/RESULTS.md): GPT-2 under ``dynamic=True`` took
-    twice its static time. mm_padded is correct for every M: below about ``N / BLOCK`` rows (a decode
-    step) its workspace has no room and it makes exactly the unaligned call, so only the size of the
-    example (the hint) decides whether the rewrite is worth it. The Triton template, which static
-    shapes get, takes static sizes only."""
-    hint = getattr(m.node, "hint", None)
-    if not isinstance(hint, int) or hint * n * k < min_macs:
+    Why: a token count (batch x length) is symbolic in every dynamic language model. Its LM head
+    (GPT-2: 50257 words) ran as cuBLAS's unaligned call, 3.35 ms against mm_padded's 1.21 for bf16
+    4096 x 768 @ 768 x 50257 on an H200 (benchmarks/RESULTS.md), and the head's backward products
+    (``g @ W``: K = 50257; ``g.t() @ h``: M = 50257 over a symbolic K) took 4.6 ms per step of
+    unaligned calls against the static graph's 0.6 ms of padded ones. A symbolic M with misaligned
+    result rows runs as ``mm_padded``, correct for every M (below about ``N / BLOCK`` rows, a decode
+    step, its workspace has no room and it makes exactly the unaligned call); the Triton template,
+    which static shapes get, takes static sizes only. The size hints (the example's sizes) decide
+    whether the rewrite is worth it; no size is compared, so no guard is added."""
+    hints = tuple(_hint(d) for d in mnk)
+    if any(h is None for h in hints) or hints[0] * hints[1] * hints[2] < min_macs:  # type: ignore[operator]
         return None
     align = _ALIGN_BYTES // dtype.itemsize
-    if n % align == 0 or n < min_dim or k % align != 0:
-        return None  # aligned result rows, or an unaligned K: left to cuBLAS here
-    return m, n + align - n % align, k
+    m, n, k = padded = cast(tuple[Any, Any, Any], tuple(
+        d if not isinstance(d, int) or d % align == 0 or d < min_dim else d + align - d % align for d in mnk))
+    # the leading dimension of a row-major operand is its column count, of a transposed one its row count
+    rows_a, rows_b = _row_major(va), _row_major(vb)
+    if rows_a is None or rows_b is None:
+        return None
+    if not all(isinstance(d, int) for d in (k if rows_a else m, n if rows_b else k, n)):
+        return None
+    return padded if any(p is not d for p, d in zip(padded, mnk)) else None
+
+
+def _hint(d: Any) -> int | None:
+    """A size's value in the example the graph was traced with."""
+    if isinstance(d, int):
+        return d
+    hint = getattr(d.node, "hint", None)
+    return hint if isinstance(hint, int) else None
+
+
+def _row_major(v: Any) -> bool | None:
+    """Whether a 2-D operand is row-major (True) or transposed (False) in memory; None when its strides
+    do not say so statically."""
+    s0, s1 = v.stride()
+    if isinstance(s1, int) and s1 == 1:
+        return True
+    if isinstance(s0, int) and s0 == 1:
+        return False
+    return None
 
 
 def _pad(g: fx.Graph, x: Any, rows: int, cols: int, made: dict[tuple, fx.Node]) -> Any:
@@ -202,7 +230,7 @@ def _pad(g: fx.Graph, x: Any, rows: int, cols: int, made: dict[tuple, fx.Node]) 
     if not rows and not cols:
         return x
     v = node_val(x)
-    if v is not None and v.stride(0) == 1 and v.shape[0] > 1:
+    if v is not None and _row_major(v) is False:
         src = _transposed_source(x)
         key = ("t", _same_value(src if src is not None else x), rows, cols)
         if key not in made:
@@ -229,41 +257,43 @@ def _padded(g: fx.Graph, x: Any, rows: int, cols: int, made: dict[tuple, fx.Node
     return made[key]
 
 
-def _pad_bias(g: fx.Graph, bias: Any, m: int, n: int, mp: int, np_: int) -> Any:
+def _pad_bias(g: fx.Graph, bias: Any, rows: int, cols: int) -> Any:
+    """An addmm bias padded by ``rows``/``cols`` along the dims it does not broadcast (a padded size
+    is static, so a dim it pads is too)."""
     v = node_val(bias)
     if v is None or v.dim() == 0:
         return bias
-    cols = np_ - n if v.shape[-1] == n and n > 1 else 0
-    rows = mp - m if v.dim() == 2 and v.shape[0] == m and m > 1 else 0
+    cols = cols if isinstance(v.shape[-1], int) and v.shape[-1] > 1 else 0
+    rows = rows if v.dim() == 2 and isinstance(v.shape[0], int) and v.shape[0] > 1 else 0
     if v.dim() == 1:
         return g.call_function(aten.constant_pad_nd.default, (bias, [0, cols])) if cols else bias
     return g.call_function(aten.constant_pad_nd.default, (bias, [0, cols, 0, rows])) if cols or rows else bias
 
 
-def _rewrite(g: fx.Graph, node: fx.Node, sizes: tuple[int, int, int], block: int,
+def _rewrite(g: fx.Graph, node: fx.Node, sizes: tuple[Any, Any, Any], block: int,
              made: dict[tuple, fx.Node]) -> fx.Node:
     """The nodes computing ``node`` on padded operands (inserted before it); returns the result."""
-    mp, np_, kp = sizes
     a, b = node.args[-2], node.args[-1]
     (m, k), n = node_val(a).shape, node_val(b).shape[1]  # type: ignore[union-attr]
+    # how much each size grows: a symbolic size is never padded
+    dm, dn, dk = (p - d if isinstance(d, int) else 0 for p, d in zip(sizes, (m, n, k)))
     addmm = node.target is aten.addmm.default
-    if not isinstance(m, int):  # symbolic rows: mm_padded takes its row count from the operand
-        rows = g.call_function(aten.sym_size.int, (a, 0))
-        return g.call_function(MM_PADDED, (node.args[0] if addmm else None, a, b, rows, block))
-    ap = _pad(g, a, mp - m, kp - k, made)
-    if any(u.op == "output" or u.target in _VIEWS for u in node.users):
+    ap = _pad(g, a, dm, dk, made)
+    if dn and (not isinstance(m, int) or any(u.op == "output" or u.target in _VIEWS for u in node.users)):
         # eager's contiguous layout without whole padded copies (the module doc says why): the rows
-        # are aligned chunk by chunk inside mm_padded, so only M and K are padded here
-        bias = _pad_bias(g, node.args[0], m, n, mp, n) if addmm else None
-        return g.call_function(MM_PADDED, (bias, ap, _pad(g, b, kp - k, 0, made), m, block))
-    bp = _pad(g, b, kp - k, np_ - n, made)
+        # are aligned chunk by chunk inside mm_padded, so only M and K are padded here; a symbolic
+        # row count is read from the operand per call
+        rows = m if isinstance(m, int) else g.call_function(aten.sym_size.int, (a, 0))
+        bias = _pad_bias(g, node.args[0], dm, 0) if addmm else None
+        return g.call_function(MM_PADDED, (bias, ap, _pad(g, b, dk, 0, made), rows, block))
+    bp = _pad(g, b, dk, dn, made)
     if addmm:
-        out = g.call_function(aten.addmm.default, (_pad_bias(g, node.args[0], m, n, mp, np_), ap, bp))
+        out = g.call_function(aten.addmm.default, (_pad_bias(g, node.args[0], dm, dn), ap, bp))
     else:
         out = g.call_function(aten.mm.default, (ap, bp))
-    if np_ != n:
+    if dn:
         out = g.call_function(aten.slice.Tensor, (out, 1, 0, n))
-    if mp != m:
+    if dm:
         out = g.call_function(aten.slice.Tensor, (out, 0, 0, m))
     return out
 
