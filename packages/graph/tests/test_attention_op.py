@@ -56,3 +56,23 @@ def test_fake_result_over_symbolic_sizes() -> None:
 def test_opcheck() -> None:
     q, k, v = _qkv(2, 4, 6, 6, 8)
     torch.library.opcheck(ATTENTION, (q, k, v, None, False, None, False), test_utils=("test_schema", "test_faketensor"))
+
+
+def test_gradients_equal_the_composites() -> None:
+    """The op's backward (kiln_graph::attention_backward: the forward recomputed, eager's gradients)."""
+    q, k, v = (t.requires_grad_(True) for t in _qkv(2, 4, 7, 9, 16))
+    keep = torch.rand(2, 1, 7, 9) > 0.3
+    keep[..., 0] = True
+    g = torch.randn(2, 4, 7, 16)
+    got = torch.autograd.grad(ATTENTION(q, k, v, keep, False, None, False), (q, k, v), g)
+    want = torch.autograd.grad(F.scaled_dot_product_attention(q, k, v, attn_mask=keep), (q, k, v), g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_mask_that_needs_a_gradient_is_refused() -> None:
+    q, k, v = _qkv(1, 2, 3, 3, 8)
+    bias = torch.zeros(1, 2, 3, 3, requires_grad=True)
+    out = ATTENTION(q, k, v, bias, False, None, False)
+    with pytest.raises(RuntimeError, match="the mask needs a gradient"):
+        out.sum().backward()

@@ -605,6 +605,10 @@ def test_symbolic_conv_graph_runs_channels_last_for_every_size(model, channels) 
     convs = _convs(cg)
     assert convs and all(c.args[0].stride[1] == 1 for c in convs), [c.args[0].stride for c in convs]
     assert any(not is_static(s) for c in convs for s in c.args[0].stride)  # NHWC strides of symbolic sizes
+    steps = [s.work for s in cg.scheduled.steps]
+    between = [k for k in steps[steps.index(convs[0]) + 1: steps.index(convs[1])] if isinstance(k, Kernel)]
+    # loops walk NHWC memory in order, the strides ranked at the example sizes (not NCHW order: strided stores)
+    assert between and all(_row_major_store(k) for k in between), [k.as_text() for k in between]
     # torch's stride rules (its dtype conversions' density check) assume each downsampled image side is
     # not 1: guards the wrapper checks, and a degenerate image is refused, never computed wrongly
     guards = cg.loop_program.size_guards  # type: ignore[attr-defined]

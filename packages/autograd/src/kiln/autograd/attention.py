@@ -40,7 +40,12 @@ def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | Non
 def _layout(t: Any) -> Any:
     if not isinstance(t, torch.Tensor):
         return t
-    return (tuple(t.shape), tuple(t.stride()), t.dtype, str(t.device))
+    return (_at_hints(t.shape), _at_hints(t.stride()), t.dtype, str(t.device))
+
+
+def _at_hints(xs: Any) -> tuple[int, ...]:
+    """Sizes or strides with each symbolic one at its example value (read without adding a guard)."""
+    return tuple(int(x.node.hint) if isinstance(x, torch.SymInt) else int(x) for x in xs)  # type: ignore[arg-type]
 
 
 def _backend_flags() -> tuple[Any, ...]:
@@ -75,13 +80,13 @@ class KernelChoices:
         def real(t: Any) -> Any:
             if not isinstance(t, torch.Tensor):
                 return t
-            return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=t.device)
+            return torch.empty_strided(_at_hints(t.shape), _at_hints(t.stride()), dtype=t.dtype, device=t.device)
 
         self.queries += 1
         with unset_fake_temporarily(), _disable_current_modes():
             q, k, v, mask = real(a["query"]), real(a["key"]), real(a["value"]), real(a["attn_mask"])
             if dense_mask and mask is not None:
-                mask = torch.empty(tuple(mask.shape), dtype=q.dtype, device=q.device)
+                mask = torch.empty(tuple(mask.shape), dtype=q.dtype, device=q.device)  # (real: sizes are ints)
             choice = int(torch._fused_sdp_choice(q, k, v, mask, a["dropout_p"], a["is_causal"], scale=a["scale"]))
             del q, k, v, mask
         self.known[key] = choice
@@ -136,9 +141,9 @@ def _symbolic_attention(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any]) ->
     sizes as ints, which pins every symbolic size of the graph (an H200 serving stream recompiled per
     request). So the choice is made here from what does not depend on sizes: flash attention (half
     precision, no mask, head dim a multiple of 8 up to 256) or memory-efficient attention (no mask, or
-    a non-causal call with a mask: ``_masked_efficient``), and the MATH form otherwise; inference (no
-    logsumexp kept for a backward) outside flash's envelope calls ``kiln_graph::attention``, which runs
-    eager's choice per call. A causal call uses the fused kernels only when queries and keys have the same
+    a non-causal call with a mask: ``_masked_efficient``), and the MATH form otherwise. Outside
+    flash's envelope, a call for which eager picks a fused kernel at the example sizes calls
+    ``kiln_graph::attention`` instead, which runs eager's choice per call (``_eager_fused_at_hints``). A causal call uses the fused kernels only when queries and keys have the same
     length symbol (the kernels' causal alignment for L != S differs from the composite's)."""
     from torch.nn.attention import SDPBackend
 
@@ -157,8 +162,9 @@ def _symbolic_attention(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any]) ->
         choice = SDPBackend.FLASH_ATTENTION.value
     elif fused and b.mem_efficient_sdp_enabled():
         choice = SDPBackend.EFFICIENT_ATTENTION.value
-    elif not need_lse and a["dropout_p"] == 0.0 and (mask is None or isinstance(mask, torch.Tensor)):
-        # inference: eager's own choice on every call (kiln.graph attention_op.py says why)
+    elif _eager_fused_at_hints(a, mask):
+        # eager runs a fused kernel at the example sizes: its own choice on every call (kiln.graph
+        # attention_op.py says why), the backward from eager's kernels too
         log("perf_hints").info("attention with symbolic sizes (a mask, GQA or unequal causal lengths): "
                                "eager picks the kernel per call")
         return ATTENTION(q, k, v, mask, a["is_causal"], a["scale"], a["enable_gqa"])
@@ -174,6 +180,17 @@ def _symbolic_attention(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any]) ->
         return aten._scaled_dot_product_attention_math(q, k, v, mask, a["dropout_p"], a["is_causal"], None,
                                                        scale=a["scale"], enable_gqa=a["enable_gqa"])[0]
     return _fused_call(choice, q, k, v, None, False, need_lse, a)
+
+
+def _eager_fused_at_hints(a: dict[str, Any], mask: Any, choices: KernelChoices | None = None) -> bool:
+    """Whether ``kiln_graph::attention`` should run this call: no dropout, no mask needing a gradient
+    (the op's backward computes none), and eager picks a fused kernel at the example sizes. Where eager
+    would run MATH there (HF BERT's stride-0 bool mask), the traced forms below are faster."""
+    from torch.nn.attention import SDPBackend
+
+    if a["dropout_p"] != 0.0 or (mask is not None and (not isinstance(mask, torch.Tensor) or mask.requires_grad)):
+        return False
+    return (choices or EAGER_CHOICES).choice(a) != SDPBackend.MATH.value
 
 
 def _masked_efficient(q: Any, k: Any, v: Any, mask: Any, need_lse: bool, a: dict[str, Any]) -> Any:

@@ -14,6 +14,7 @@ from .annotations import (
     annotate,
     annotations_of,
 )
+from .attention_op import ATTENTION, ATTENTION_BACKWARD_TARGET, ATTENTION_SOURCE, ATTENTION_TARGET
 from .compiled_call import (
     CallSignature,
     ListCall,
@@ -24,7 +25,6 @@ from .compiled_call import (
     training_call,
     training_function,
 )
-from .attention_op import ATTENTION, ATTENTION_SOURCE, ATTENTION_TARGET
 from .core_ops import CORE_ATEN_OPS
 from .debug import dump, new_graph_id
 from .dialects import Dialect
@@ -95,6 +95,7 @@ from .verify import is_pure_op, is_size_arithmetic, verify
 
 __all__ = [
     "ATTENTION",
+    "ATTENTION_BACKWARD_TARGET",
     "ATTENTION_SOURCE",
     "ATTENTION_TARGET",
     "GRAPH_META_KEYS", "NODE_META_KEYS", "NO_ANNOTATIONS", "DistributedState", "GraphAnnotations",

@@ -14,7 +14,7 @@ from typing import Any
 import sympy
 import torch
 
-from kiln.graph import ATTENTION_SOURCE, ATTENTION_TARGET
+from kiln.graph import ATTENTION_BACKWARD_TARGET, ATTENTION_SOURCE, ATTENTION_TARGET
 
 from ..graph_passes.pad_matmuls import MM_PADDED_SOURCE
 from ..ir import (
@@ -76,8 +76,10 @@ REQUIRES = ("torch", "kiln.runtime")
 # (benchmarks/host_probe.py); a step of a transformer makes ~60 such calls
 _DIRECT = {f"aten.{op}.default": f"torch.{op}" for op in ("mm", "addmm", "bmm", "baddbmm", "convolution")}
 # kiln's own ops run as functions the module defines: a saved program needs no kiln import
-_HELPERS = {"kiln_inductor.mm_padded.default": "_mm_padded", ATTENTION_TARGET: "_kiln_attention"}
-_HELPER_SOURCES = {"kiln_inductor.mm_padded.default": MM_PADDED_SOURCE, ATTENTION_TARGET: ATTENTION_SOURCE}
+_HELPERS = {"kiln_inductor.mm_padded.default": "_mm_padded", ATTENTION_TARGET: "_kiln_attention",
+            ATTENTION_BACKWARD_TARGET: "_kiln_attention_backward"}
+_HELPER_SOURCES = {"kiln_inductor.mm_padded.default": MM_PADDED_SOURCE, ATTENTION_TARGET: ATTENTION_SOURCE,
+                   ATTENTION_BACKWARD_TARGET: ATTENTION_SOURCE}
 _DIRECT.update(_HELPERS)
 # ATen's matmuls return fresh contiguous tensors (a dense strided result of the output's shape): a
 # planned contiguous layout needs no re-striding check after them (one Python call less per matmul)
@@ -446,7 +448,7 @@ class WrapperWriter:
         reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
         self.lines.append(HEADER.format(name=p.name))
         used = {st.work.target for st in self.s.steps if isinstance(st.work, ExternKernel)}
-        self.lines.extend(src for target, src in _HELPER_SOURCES.items() if target in used)
+        self.lines.extend(dict.fromkeys(src for target, src in _HELPER_SOURCES.items() if target in used))
         if self.kernels.prelude:
             self.lines.append(self.kernels.prelude)
         tables = len(self.lines)  # the imports and the extern table go here once the steps are written

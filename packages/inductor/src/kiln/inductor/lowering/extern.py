@@ -13,7 +13,7 @@ import torch
 from torch import fx
 from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 
-from kiln.graph import ATTENTION_TARGET, is_symbolic, target_name
+from kiln.graph import ATTENTION_BACKWARD_TARGET, ATTENTION_TARGET, is_symbolic, target_name
 
 from ..ir import (
     Arg,
@@ -201,6 +201,7 @@ for _name in ("mm.default", "bmm.default", "addmm.default", "baddbmm.default", "
     RULES[f"aten.{_name}"] = _extern
 RULES["kiln_inductor.mm_padded.default"] = _extern  # graph_passes/pad_matmuls.py: a misaligned matmul's output
 RULES[ATTENTION_TARGET] = _extern  # kiln.graph attention_op.py: attention whose kernel eager picks per call
+RULES[ATTENTION_BACKWARD_TARGET] = _extern
 
 # the attention kernels that take an additive bias, and its position among their arguments
 _BIAS_ARG = {"aten._scaled_dot_product_efficient_attention.default": 3,

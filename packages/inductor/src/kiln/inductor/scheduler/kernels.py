@@ -105,7 +105,7 @@ def build_kernel(g: Group, p: LoopProgram, deps: Dependencies, number: int) -> K
         outside = any(p.nodes[k] not in nodes for k in deps.readers.get(kn.buffer, []))
         store = outside or kn.buffer in deps.outputs or kn.buffer in later_reads or not g.inner and False
         final.append(_replace_store(kn, store))
-    outer, final = order_outer_loops(tuple(g.outer), final)  # channels-last stores walk memory in order
+    outer, final = order_outer_loops(tuple(g.outer), final, p.hints)  # channels-last stores walk memory in order
     outer, inner, final = merge_loops(outer, tuple(g.inner or ()), final)
     ext_inputs = list(dict.fromkeys(ld.buffer for kn in final for ld in reads(kn.body) if ld.buffer not in names))
     outputs = tuple(kn.buffer for kn in final if kn.store)
