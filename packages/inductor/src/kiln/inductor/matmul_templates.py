@@ -70,6 +70,7 @@ from .ir import (
     TensorRef,
     args_buffers,
     index_vars,
+    substitute_hints,
     substitute_index,
     walk,
 )
@@ -92,11 +93,15 @@ def _ints(xs: Sequence[Any]) -> tuple[int, ...] | None:
     return None if any(x is None for x in out) else out  # type: ignore[return-value]
 
 
-def _operand(r: Any, rank: int) -> tuple[Operand, tuple[int, ...]] | None:
-    """A TensorRef of ``rank`` dims as an Operand (batch, row, col strides) and its shape."""
+def _operand(r: Any, rank: int, rows: bool = False) -> tuple[Operand, tuple[Any, ...]] | None:
+    """A TensorRef of ``rank`` dims as an Operand (batch, row, col strides) and its shape; ``rows``:
+    its first dim may be symbolic (then a sympy expression in the shape; strides stay static)."""
     if not isinstance(r, TensorRef) or len(r.shape) != rank:
         return None
-    shape, stride, off = _ints(r.shape), _ints(r.stride), _int(r.offset)
+    shape: Any = _ints(r.shape)
+    if shape is None and rows and rank == 2 and _ints(r.shape[1:]) is not None:
+        shape = (sympy.sympify(r.shape[0]), *_ints(r.shape[1:]))  # type: ignore[misc]
+    stride, off = _ints(r.stride), _int(r.offset)
     if shape is None or stride is None or off is None:
         return None
     st = stride if rank == 3 else (0, *stride)
@@ -116,9 +121,10 @@ def _bias(r: Any, m: int, n: int) -> Operand | None:
     return Operand(r.buffer, off, (0, stride[0] if shape[0] != 1 else 0, stride[1] if shape[1] != 1 else 0))
 
 
-def matmul_spec(e: ExternKernel) -> MatmulSpec | None:
+def matmul_spec(e: ExternKernel, hints: dict[str, int] | None = None) -> MatmulSpec | None:
     """The template's view of an mm/addmm/bmm extern, or None when the template cannot run it (symbolic
-    sizes, other dtypes, addmm's beta/alpha)."""
+    sizes other than an mm/addmm's row count M, symbolic strides, other dtypes, addmm's beta/alpha).
+    A symbolic M is ``m_expr``, with ``m`` its value at ``hints`` (the example sizes)."""
     op = TARGETS.get(e.target)
     if op is None or len(e.outputs) != 1 or e.outputs[0].path:
         return None
@@ -131,9 +137,10 @@ def matmul_spec(e: ExternKernel) -> MatmulSpec | None:
     elif e.kwargs or len(args) != 2:
         return None
     rank = 3 if op == "bmm" else 2
-    pa, pb = _operand(args[0], rank), _operand(args[1], rank)
+    pa, pb = _operand(args[0], rank, rows=True), _operand(args[1], rank)
     out = e.outputs[0]
-    po = _operand(TensorRef(out.buffer, out.layout.shape, out.layout.stride, out.layout.offset, out.layout.dtype), rank)
+    po = _operand(TensorRef(out.buffer, out.layout.shape, out.layout.stride, out.layout.offset, out.layout.dtype), rank,
+                  rows=True)
     if pa is None or pb is None or po is None:
         return None
     (a, ash), (b, bsh), (o, osh) = pa, pb, po
@@ -141,6 +148,11 @@ def matmul_spec(e: ExternKernel) -> MatmulSpec | None:
     n = bsh[-1]
     if osh != ((batch, m, n) if rank == 3 else (m, n)) or bsh[-2] != k or (rank == 3 and bsh[0] != batch):
         return None
+    m_expr = None
+    if not isinstance(m, int):  # a symbolic row count: the kernel takes it, choices use its example value
+        m_expr, m = m, _int(substitute_hints(m, hints or {}))
+        if m is None:
+            return None
     dtypes = {args[0].dtype, args[1].dtype, out.layout.dtype}  # type: ignore[union-attr]
     if len(dtypes) != 1 or out.layout.dtype not in DTYPES or min(batch, m, n, k) < 1 or batch > 65535:
         return None
@@ -149,7 +161,7 @@ def matmul_spec(e: ExternKernel) -> MatmulSpec | None:
         bias = _bias(bias_ref, m, n)
         if bias is None or bias_ref.dtype != out.layout.dtype:  # type: ignore[union-attr]
             return None
-    return MatmulSpec(op, batch, m, n, k, a, b, bias, o, out.layout.dtype)
+    return MatmulSpec(op, batch, m, n, k, a, b, bias, o, out.layout.dtype, m_expr)
 
 
 def _groups(logical: tuple[int, ...], outer: tuple[int, ...]) -> list[list[int]] | None:
@@ -238,13 +250,15 @@ def find_sites(s: ScheduledProgram, wanted: Callable[[MatmulSpec], bool] | None 
     for i, st in enumerate(s.steps):
         if not isinstance(st.work, ExternKernel):
             continue
-        spec = matmul_spec(st.work)
+        spec = matmul_spec(st.work, p.hints)
         if spec is None or (wanted is not None and not wanted(spec)):
             continue
         readers = _readers(s.steps, spec.out.buffer)
         first = readers[0] if readers else None
         w = s.steps[first].work if first is not None else None
-        nodes = epilogue_nodes(w, spec) if isinstance(w, Kernel) and first not in absorbed else None
+        # (a symbolic M: no epilogue yet, its loops would be over the symbolic rows too)
+        nodes = epilogue_nodes(w, spec) if isinstance(w, Kernel) and first not in absorbed \
+            and spec.m_expr is None else None
         if nodes is None:
             tk = TemplateKernel(f"tmpl_{spec.op}_{st.work.name}", _shape(spec), (), (), _inputs(spec, ()),
                                 (spec.out.buffer,), spec=spec, config=Config(), store_product=True)
@@ -261,7 +275,9 @@ def find_sites(s: ScheduledProgram, wanted: Callable[[MatmulSpec], bool] | None 
     return sites
 
 
-def _shape(spec: MatmulSpec) -> tuple[sympy.Integer, ...]:
+def _shape(spec: MatmulSpec) -> tuple[sympy.Expr, ...]:
+    if spec.m_expr is not None:
+        return (spec.m_expr, sympy.Integer(spec.n))
     return tuple(sympy.Integer(v) for v in spec.logical_shape)
 
 
@@ -408,7 +424,7 @@ def select_templates(s: ScheduledProgram, options: InductorOptions, device: str,
                      session: TuningSession) -> ScheduledProgram:
     """Tune every matmul site of ``s`` in ``session`` (identical sites once; all candidates compiled
     before any is timed); the program with the winning templates in place."""
-    sites = find_sites(s)
+    sites = find_sites(s, lambda spec: spec.m_expr is None)  # (timing needs static sizes)
     if not sites:
         return s
     p = s.program

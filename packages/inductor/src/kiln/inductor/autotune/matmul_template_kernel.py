@@ -1,7 +1,9 @@
 """The pipeline's Triton matmul template: ``epilogue(A @ B (+ bias))`` as one kernel.
 
-One kernel per (problem, configuration): sizes, strides and block sizes are literals (the matmul
-templates are only used for static shapes), so the launch passes nothing but pointers. Each program
+One kernel per (problem, configuration): sizes, strides and block sizes are literals, so the launch
+passes nothing but pointers -- except a symbolic row count M (a dynamic language model's tokens: its
+LM head in default mode), which the kernel takes as the size arguments of ``MatmulSpec.m_expr``
+(declared i64, unspecialised: one binary for every M) and the grid computes per call. Each program
 computes a ``[BLOCK_M, BLOCK_N]`` tile of one batch's product in fp32 (``tl.dot`` of bf16/fp16/fp32
 operands; fp32 follows torch's tf32 setting), with grouped ordering so GROUP_M row-blocks share B tiles
 in L2, masks for sizes that are not multiples of the blocks, and then runs the fused epilogue: the
@@ -19,8 +21,15 @@ import sympy
 import torch
 
 from ..codegen.triton.heuristics import DEFAULT_CONFIG
-from ..codegen.triton.kernel import INT32_LIMIT, KernelWriter, TritonKernel
+from ..codegen.triton.kernel import (
+    INT32_LIMIT,
+    KernelWriter,
+    TritonKernel,
+    jit_decorator,
+    size_arg_type,
+)
 from ..codegen.triton.ops import convert, tl_dtype
+from ..codegen.triton.printer import python_index
 from ..ir import Kernel, KernelNode, Load, index_vars
 from ..knobs import triton_interpret
 from .config import Config
@@ -59,6 +68,19 @@ class MatmulSpec:
     bias: Operand | None
     out: Operand  # where the product lives (its buffer is the extern's output)
     dtype: torch.dtype  # operands and product
+    # a symbolic row count (mm/addmm only): M as an expression of size symbols, ``m`` its example value
+    m_expr: sympy.Expr | None = None
+
+    @property
+    def size_args(self) -> tuple[str, ...]:
+        """The size symbols the kernel takes (those of ``m_expr``), by name."""
+        if self.m_expr is None:
+            return ()
+        return tuple(sorted(str(x) for x in self.m_expr.free_symbols))
+
+    def rows_text(self) -> str:
+        """M as Python/Triton source over the size arguments (a literal when static)."""
+        return str(self.m) if self.m_expr is None else python_index(self.m_expr)
 
     @property
     def batched(self) -> bool:
@@ -80,7 +102,7 @@ class MatmulSpec:
     def key(self) -> str:
         return repr((self.op, self.batch, self.m, self.n, self.k, self.a.offset, self.a.strides, self.b.offset,
                      self.b.strides, self.bias and (self.bias.offset, self.bias.strides), self.out.offset,
-                     self.out.strides, str(self.dtype)))
+                     self.out.strides, str(self.dtype), str(self.m_expr)))
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -199,18 +221,23 @@ def render(name: str, spec: MatmulSpec, cfg: Config, epilogue: Epilogue) -> tupl
     w = _EpilogueWriter(k, bm, bn)
     pa, pb = w.ptr(spec.a.buffer), w.ptr(spec.b.buffer)
     sizes = (spec.batch, spec.m, spec.k)
-    big = max(spec.a.extent(sizes), spec.b.extent((spec.batch, spec.k, spec.n)),
-              spec.out.extent((spec.batch, spec.m, spec.n))) > INT32_LIMIT or w.int64
+    big = spec.m_expr is not None or max(spec.a.extent(sizes), spec.b.extent((spec.batch, spec.k, spec.n)),
+                                         spec.out.extent((spec.batch, spec.m, spec.n))) > INT32_LIMIT or w.int64
     i64 = ".to(tl.int64)" if big else ""
-    mp, np_ = _cdiv(spec.m, bm), _cdiv(spec.n, bn)
+    np_ = _cdiv(spec.n, bn)
+    # static: M's literal; symbolic: ``M`` computed from the size arguments (``rm % M`` never runs with
+    # M = 0: the wrapper launches no program then)
+    m_txt = str(spec.m) if spec.m_expr is None else "M"
+    mp = str(_cdiv(spec.m, bm)) if spec.m_expr is None else f"((M + {bm - 1}) // {bm})"
     dot = ""
     if spec.dtype == torch.float32:
         dot = ', input_precision="tf32"' if torch.backends.cuda.matmul.allow_tf32 else ', input_precision="ieee"'
     bvar = "pid_b" if spec.batched else ""
     ep_text = ", ".join(n.buffer for n in nodes) or "none"
     head = [
-        f"# {spec.op} [{spec.batch}x]{spec.m}x{spec.k} @ {spec.k}x{spec.n} {spec.dtype}, fp32 accumulation; "
+        f"# {spec.op} [{spec.batch}x]{spec.rows_text()}x{spec.k} @ {spec.k}x{spec.n} {spec.dtype}, fp32 accumulation; "
         f"{cfg.label}; fused epilogue: {ep_text}",
+        *([f"M = {spec.rows_text()}"] if spec.m_expr is not None else []),
         f"pid = tl.program_id(0){i64}",
         *([f"pid_b = tl.program_id(1){i64}"] if spec.batched else []),
         f"group_id = pid // {gm * np_}",  # grouped ordering: GROUP_M row-blocks share B tiles in L2
@@ -223,7 +250,7 @@ def render(name: str, spec: MatmulSpec, cfg: Config, epilogue: Epilogue) -> tupl
         f"rk = tl.arange(0, {bk})",
         # rows/columns past the edge wrap around (their results are masked at the end), so operand
         # loads need no row/column mask; the K tail is masked only when K is not a multiple of BLOCK_K
-        f"ram = rm % {spec.m}",
+        f"ram = rm % {m_txt}",
         f"rbn = rn % {spec.n}",
         f"a_ptrs = {pa} + ({spec.a.index(bvar, 'ram[:, None]', 'rk[None, :]')})",
         f"b_ptrs = {pb} + ({spec.b.index(bvar, 'rk[:, None]', 'rbn[None, :]')})",
@@ -236,7 +263,7 @@ def render(name: str, spec: MatmulSpec, cfg: Config, epilogue: Epilogue) -> tupl
         f"    acc += tl.dot({_operands(spec.dtype)}{dot})",
         f"    a_ptrs += {bk * spec.a.strides[2]}",
         f"    b_ptrs += {bk * spec.b.strides[1]}",
-        f"ymask = rm[:, None] < {spec.m}",
+        f"ymask = rm[:, None] < {m_txt}",
         f"xmask = rn[None, :] < {spec.n}",
     ]
     xs = [v.name for v in spec.logical_vars()]
@@ -262,7 +289,8 @@ def render(name: str, spec: MatmulSpec, cfg: Config, epilogue: Epilogue) -> tupl
     for n in nodes:
         w.emit_elementwise(n, "point")
     order = list(w.ptrs)
-    lines = ["@triton.jit", f"def {name}({', '.join(w.ptrs[b] for b in order)}):"]
+    params = [w.ptrs[b] for b in order] + [f'{x}: "{size_arg_type(x)}"' for x in spec.size_args]
+    lines = [jit_decorator(spec.size_args), f"def {name}({', '.join(params)}):"]
     lines += ["    " + x for x in head] + w.lines
     return "\n".join(lines), tuple(order)
 
@@ -276,18 +304,27 @@ class MatmulTritonKernel(TritonKernel):
 
     @property
     def grid(self) -> str:
-        return repr(self.grid_dims)
+        # symbolic M: ``xnumel`` is M rounded up to whole row blocks times the column blocks' width,
+        # so the parent's ceil(xnumel / xblock) is the program count (C++ launch sites use the same)
+        return repr(self.grid_dims) if not self.size_args else TritonKernel.grid.fget(self)  # type: ignore[attr-defined]
 
     def launcher_definition(self, module: str, inputs: frozenset[str] | None = None) -> str:
         check = None if inputs is None else tuple(i for i, b in enumerate(self.pointer_args) if b in inputs)
+        free = tuple(range(len(self.pointer_args), len(self.pointer_args) + len(self.size_args)))
         return (f"{self.launcher_var} = _KilnLaunch({module}.{self.function or self.name}, {{}}, {self.num_warps}, "
                 f"{check!r}, "
-                f"{self.num_stages})")
+                f"{self.num_stages}{f', free={free!r}' if free else ''})")
 
 
 def template_kernel(name: str, spec: MatmulSpec, cfg: Config, epilogue: Epilogue) -> MatmulTritonKernel:
     source, ptrs = render(name, spec, cfg, epilogue)
-    grid = (_cdiv(spec.m, cfg.get("BLOCK_M")) * _cdiv(spec.n, cfg.get("BLOCK_N")), spec.batch, 1)
+    bm, bn = cfg.get("BLOCK_M"), cfg.get("BLOCK_N")
+    grid = (_cdiv(spec.m, bm) * _cdiv(spec.n, bn), spec.batch, 1)
+    if spec.m_expr is not None:  # mm/addmm (batch 1): programs = ceil(M / BLOCK_M) x column blocks
+        xnumel = f"((({spec.rows_text()}) + {bm - 1}) // {bm}) * {bm * _cdiv(spec.n, bn)}"
+        return MatmulTritonKernel(name=name, source=source, pointer_args=ptrs, size_args=spec.size_args,
+                                  xnumel=xnumel, xblock=bm, rblock=0, num_warps=cfg.num_warps, kind="mm_template",
+                                  num_stages=cfg.num_stages, grid_dims=grid)
     return MatmulTritonKernel(name=name, source=source, pointer_args=ptrs, size_args=(),
                               xnumel=str(spec.batch * spec.m * spec.n), xblock=cfg.get("BLOCK_N"), rblock=0,
                               num_warps=cfg.num_warps, kind="mm_template", num_stages=cfg.num_stages,
@@ -309,7 +346,8 @@ class TemplateKernel(Kernel):
 
     def as_text(self) -> str:
         s = self.spec
-        head = (f"template {self.name}: {s.op} {s.out.buffer}[{', '.join(map(str, s.logical_shape))}] = "
+        shape = (s.rows_text(), s.n) if s.m_expr is not None else s.logical_shape
+        head = (f"template {self.name}: {s.op} {s.out.buffer}[{', '.join(map(str, shape))}] = "
                 f"{s.a.buffer} @ {s.b.buffer}" + (f" + {s.bias.buffer}" if s.bias else "")
                 + f" ({self.config.label}) {'stored' if self.store_product else 'in registers'}"
                 + f" reads ({', '.join(self.inputs)}) writes ({', '.join(self.outputs)})")

@@ -130,6 +130,8 @@ def _padding(node: fx.Node, devices: tuple[str, ...], min_macs: int, min_dim: in
         return None
     (m, k), n = va.shape, vb.shape[1]
     if not all(isinstance(d, int) for d in (m, n, k)):
+        if template and _templated_rows(node, va, vb, out.dtype, min_macs, min_dim):
+            return None  # matmul_templates.py's template_misaligned_matmuls computes it, M read per call
         return _symbolic_padding(va, vb, (m, n, k), out.dtype, min_macs, min_dim)
     if m * n * k < min_macs:
         return None
@@ -148,6 +150,24 @@ def templated(m: int, n: int, k: int, dtype: torch.dtype, min_macs: int, min_dim
     if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
         return False
     return m * n * k >= min_macs and n >= min_dim and n * dtype.itemsize % _ALIGN_BYTES != 0
+
+
+def _templated_rows(node: fx.Node, va: Any, vb: Any, dtype: torch.dtype, min_macs: int, min_dim: int) -> bool:
+    """Whether the template takes a matmul whose only symbolic size is its row count M (a dynamic
+    language model's tokens times the LM head): ``templated`` at the example's M, static strides, and a
+    bias (addmm) of one row. The template then reads M per call, as it reads static sizes as literals."""
+    (m, k), n = va.shape, vb.shape[1]
+    hint = _hint(m)
+    if isinstance(m, int) or hint is None or not isinstance(k, int) or not isinstance(n, int):
+        return False
+    if not all(isinstance(x, int) for x in (*va.stride(), *vb.stride())):
+        return False
+    if not templated(hint, n, k, dtype, min_macs, min_dim):
+        return False
+    if node.target is aten.addmm.default:
+        v = node_val(node.args[0])
+        return v is not None and v.dtype == dtype and tuple(v.shape) in ((n,), (1, n))
+    return True
 
 
 def _template_bias(v: Any, m: int, n: int, dtype: torch.dtype) -> bool:
