@@ -190,20 +190,23 @@ def _symbolic_cuda_trace(fn, shapes, dynamic, requires_grad: bool):  # type: ign
 
 
 @pytest.mark.parametrize("eager_fused", [True, False], ids=["eager_fused", "eager_math"])
-def test_masked_attention_over_symbolic_sizes_defers_the_kernel_choice_to_eager(eager_fused: bool,
-                                                                                monkeypatch) -> None:
+def test_masked_attention_over_symbolic_sizes_defers_the_kernel_choice_to_eager(eager_fused: bool) -> None:
     """GPT-2's masked attention over a symbolic batch and length, where eager runs a fused kernel at the
     example sizes (cuDNN on an H200): kiln_graph::attention, eager's kernel per call (2.7x faster than
-    the size-independent choice). Where eager would run MATH (asked on real CUDA tensors, replaced
+    the size-independent choice). Where eager would run MATH (asked on real CUDA tensors, answered
     here): memory-efficient attention over the padded bias. (Training traces need a GPU: autograd's
     engine runs fake CUDA tensors on a device queue; the op's backward: test_training_through_the_
     attention_op_matches_eager.)"""
+    from torch.nn.attention import SDPBackend
+
     from kiln.autograd import attention as A
 
-    monkeypatch.setattr(A, "_eager_fused_at_hints", lambda a, mask, choices=None: eager_fused)
+    class Answer(A.KernelChoices):  # eager's answer at the example sizes, without a GPU to ask
+        def choice(self, a, dense_mask=False):  # type: ignore[no-untyped-def]
+            return int(SDPBackend.CUDNN_ATTENTION if eager_fused else SDPBackend.MATH)
 
     def attn(q, k, v, m):  # type: ignore[no-untyped-def]
-        return A._symbolic_attention(q, k, v, m, A._bind((q, k, v), {"attn_mask": m}))
+        return A._symbolic_attention(q, k, v, m, A._bind((q, k, v), {"attn_mask": m}), Answer())
 
     shape = (8, 12, 512, 64)
     try:

@@ -107,7 +107,7 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any], choices: Kern
     if not all(isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.dim() == 4 for t in (q, k, v)):
         return None
     if any(has_symbolic_sizes(t) for t in (q, k, v, mask) if isinstance(t, torch.Tensor)):
-        return _symbolic_attention(q, k, v, mask, a)
+        return _symbolic_attention(q, k, v, mask, a, choices)
     if a["dropout_p"] != 0.0 or a["enable_gqa"] or k.shape[1] != q.shape[1] or \
             (mask is not None and (not isinstance(mask, torch.Tensor) or mask.dtype not in (q.dtype, torch.bool))):
         return None
@@ -134,7 +134,8 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any], choices: Kern
     return out
 
 
-def _symbolic_attention(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any]) -> Any:
+def _symbolic_attention(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any],
+                        choices: KernelChoices = EAGER_CHOICES) -> Any:
     """Attention over symbolic sizes: a kernel valid for every size, chosen without reading a size.
 
     Note: the composite asks ``_fused_sdp_choice`` on the fake tensors, and its cuDNN checks read the
@@ -162,7 +163,7 @@ def _symbolic_attention(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any]) ->
         choice = SDPBackend.FLASH_ATTENTION.value
     elif fused and b.mem_efficient_sdp_enabled():
         choice = SDPBackend.EFFICIENT_ATTENTION.value
-    elif _eager_fused_at_hints(a, mask):
+    elif _eager_fused_at_hints(a, mask, choices):
         # eager runs a fused kernel at the example sizes: its own choice on every call (kiln.graph
         # attention_op.py says why), the backward from eager's kernels too
         log("perf_hints").info("attention with symbolic sizes (a mask, GQA or unequal causal lengths): "
