@@ -39,6 +39,7 @@ from kiln.graph import (
 
 from ..ir import is_dense
 from ..ir.index import as_index
+from ..ir.sizes import hint_of, substitute_hints
 
 aten = torch.ops.aten
 CONV = aten.convolution.default
@@ -380,12 +381,8 @@ def _expr_hint(e: Any, v: torch.Tensor) -> int:
     """A stride expression's value at the traced example sizes (for ordering dims only)."""
     if isinstance(e, int):
         return e
-    env = next((x.node.shape_env for x in (*v.shape, *v.stride()) if isinstance(x, torch.SymInt)), None)
-    if env is None:
-        return int(e)
-    values = {str(sym): int(val) for sym, val in env.var_to_val.items()}  # kiln's size symbols keep torch's names
-    expr = sympy.sympify(e)
-    return int(expr.xreplace({sym: values[str(sym)] for sym in expr.free_symbols}))
+    sym = next((x for x in (*v.shape, *v.stride()) if isinstance(x, torch.SymInt)), None)
+    return int(substitute_hints(sympy.sympify(e), hint_of(sym)))  # kiln's size symbols keep torch's names
 
 
 def to_channels_last(gm: fx.GraphModule, example_inputs: Sequence[Any],

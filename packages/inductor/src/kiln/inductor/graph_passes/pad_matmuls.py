@@ -204,9 +204,9 @@ def _symbolic_padding(va: Any, vb: Any, mnk: tuple[Any, Any, Any], dtype: torch.
     4096 x 768 @ 768 x 50257 on an H200 (benchmarks/RESULTS.md), and the head's backward products
     (``g @ W``: K = 50257; ``g.t() @ h``: M = 50257 over a symbolic K) took 4.6 ms per step of
     unaligned calls against the static graph's 0.6 ms of padded ones. A symbolic M with misaligned
-    result rows runs as ``mm_padded``, correct for every M (below about ``N / BLOCK`` rows, a decode
-    step, its workspace has no room and it makes exactly the unaligned call); the Triton template,
-    which static shapes get, takes static sizes only. The size hints (the example's sizes) decide
+    result rows runs as the Triton template where it takes the product (``_templated_rows``), else as
+    ``mm_padded``, correct for every M (below about ``N / BLOCK`` rows, a decode step, its workspace has
+    no room and it makes exactly the unaligned call). The size hints (the example's sizes) decide
     whether the rewrite is worth it; no size is compared, so no guard is added."""
     hints = tuple(_hint(d) for d in mnk)
     if any(h is None for h in hints) or hints[0] * hints[1] * hints[2] < min_macs:  # type: ignore[operator]
