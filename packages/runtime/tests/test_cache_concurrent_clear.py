@@ -146,3 +146,17 @@ def test_builds_and_loads_survive_another_process_clearing_the_cache(tmp_path) -
         stop.touch()
         out, _ = clearer.communicate(timeout=60)
     assert clearer.returncode == 0 and int(out.split()[-1]) > 0  # it did clear meanwhile
+
+
+def test_a_write_the_clears_defeat_every_time_is_used_from_a_private_folder(tmp_path) -> None:
+    """When every attempt to write a file into the cache loses to a clear (here: always), ``with_file``
+    still hands ``use`` a whole file, from a private temporary folder, not an error."""
+
+    class AlwaysCleared(CompileCache):
+        def materialize(self, namespace, data, suffix=""):  # type: ignore[no-untyped-def]
+            raise FileNotFoundError("the cache folder vanished (cleared by another process)")
+
+    data = b"\x7fELF a library"
+    seen = AlwaysCleared(tmp_path / "cache").with_file("cpp_lib", data, ".so", lambda p: (p, p.read_bytes()))
+    path, got = seen
+    assert got == data and path.suffix == ".so" and (tmp_path / "cache") not in path.parents

@@ -279,9 +279,21 @@ class CompileCache:
     def with_file(self, namespace: str, data: bytes, suffix: str, use: Callable[[Path], T]) -> T:
         """``use(path)`` of ``materialize(namespace, data, suffix)``: when ``use`` fails (OSError, or
         any error) because the file is gone (another process cleared the cache between the write and
-        ``use``), the file is written again and ``use`` retried; other failures are ``use``'s own."""
-        return self._retry_vanished(lambda: self.materialize(namespace, data, suffix),
-                                    lambda p: p.is_file(), use)
+        ``use``), the file is written again and ``use`` retried; other failures are ``use``'s own. A
+        write that the clears defeat every time falls back to a private temporary folder (kept: a
+        library loaded from it stays mapped)."""
+        try:
+            return self._retry_vanished(lambda: self.materialize(namespace, data, suffix),
+                                        lambda p: p.is_file(), use)
+        except FileNotFoundError as e:
+            # the cache was cleared under every attempt (a loop clearing it, or a loaded machine): the
+            # file is used from a private folder of its own instead, which no clear of the cache touches
+            logger.warning("compile cache: cleared while %s was written, %d times; using it from a private "
+                           "temporary folder (%s)", namespace, _ATTEMPTS, e)
+            folder = Path(tempfile.mkdtemp(prefix="kiln-uncached-"))
+            path = folder / f"{hashlib.sha256(data).hexdigest()}{suffix}"
+            _write_and_rename(path, data)
+            return use(path)
 
     def with_tree(self, namespace: str, key: str, files: Mapping[str, bytes], use: Callable[[Path], T]) -> T:
         """``use(folder)`` of ``materialize_tree(namespace, key, files)``, written again and retried
@@ -303,8 +315,10 @@ class CompileCache:
             try:
                 return use(path)
             except Exception as e:
-                if whole(path) or attempt == _ATTEMPTS - 1:
+                if whole(path):
                     raise
+                if attempt == _ATTEMPTS - 1:
+                    raise FileNotFoundError(f"{path} vanished before it was used, {_ATTEMPTS} times") from e
                 logger.warning("compile cache: %s vanished before it was used (another process cleared "
                                "the cache?): %s; writing it again", path, e)
         raise AssertionError("unreachable")
