@@ -7,10 +7,12 @@ import logging
 
 import pytest
 import torch
+from dynamic_helpers import TRITON, symbolic_graph
 from tracer import flat_outputs, trace
 
 from kiln.inductor import InductorOptions, compile_graph
 from kiln.inductor.codegen.triton.testing import device
+from kiln.inductor.knobs import triton_interpret
 from kiln.inductor.split_reductions import chunks_for
 
 OPTIONS = InductorOptions(cpu_backend="triton")
@@ -76,3 +78,37 @@ def test_row_reductions_and_short_columns_stay_one_pass():
     assert chunks_for(64, (32, 112, 112)) == (0, 32)  # ResNet stem BatchNorm: split over the batch
     assert chunks_for(256, (32, 56, 56)) == (0, 8)  # ResNet stage 1, 256 channels
     assert chunks_for(10, (16411,)) is None  # a prime length: no whole-dimension chunking
+
+
+SYMBOLIC_CASES = {
+    # BatchNorm's statistics and backward sums over symbolic batch and image sizes (dynamic=True training)
+    "bn_stats": (_bn_stats, lambda n: (_x(n, 3, n + 5, 37),)),
+    "bn_backward": (_bn_backward_sums, lambda n: (_x(n, 3, 33, n + 2), _x(n, 3, 33, n + 2))),
+    # small images: chunks of the flattened (batch, image) range, divided back into the two
+    "bn_small_images": (_bn_stats, lambda n: (_x(n * 30, 3, 5, n % 5 + 3),)),
+    "column_max_min": (lambda x, y: (x.amax(0), x.amin(0), (x > 1.5).any(0), (x > -1.5).all(0), y.amax(0), y.sum(0)),
+                       lambda n: (_x(n * 700, 2), (_x(n * 700, 1) * 100).to(torch.int32))),
+}
+
+
+@pytest.mark.skipif(device() == "cpu" and not triton_interpret(),
+                    reason="the Triton path on CPU tensors needs TRITON_INTERPRET=1")
+@pytest.mark.parametrize("case", list(SYMBOLIC_CASES))
+def test_symbolic_split_reductions_match_eager_at_every_size(case, caplog):
+    """Chunks counted at the size hints, masked tails: one compiled graph, right at sizes whose
+    reduced range does not divide into the chunks, and at sizes much smaller than the hints."""
+    fn, make = SYMBOLIC_CASES[case]
+    dev = device()
+    gm, examples = symbolic_graph(fn, *[t.to(dev) for t in make(24)])
+    with caplog.at_level(logging.INFO, logger="kiln.perf_hints"):
+        cg = compile_graph(gm, examples, options=TRITON)
+    assert cg.backend == "inductor"
+    assert "long reduction(s) split" in caplog.text
+    assert "_part" in cg.texts["ir_post_fusion"]
+    for n in (24, 17, 1):
+        ins = [t.to(dev) for t in make(n)]
+        got = flat_outputs(cg.fn(*ins))
+        want = flat_outputs(fn(*ins))
+        for g, w in zip(got, want, strict=True):
+            assert g.shape == w.shape and g.dtype == w.dtype, (n, g.shape, w.shape)
+            torch.testing.assert_close(g.cpu(), w.cpu(), rtol=1e-4, atol=1e-4, msg=lambda m, n=n: f"size {n}: {m}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
-from dynamic_helpers import BACKENDS, check_sizes, compile_symbolic, symbolic_fakes_graph
+from dynamic_helpers import BACKENDS, assumed, check_sizes, compile_symbolic, symbolic_fakes_graph
 
 from kiln.inductor import InductorOptions
 from kiln.inductor.lowering.lower import lower_graph
@@ -49,7 +49,7 @@ def _attn_args(n):
 @pytest.mark.parametrize("options", BACKENDS)
 def test_mlp_one_compile_all_batch_sizes(options):
     cg = compile_symbolic(mlp, *_mlp_args(37), options=options, dynamic={0: (0,)})
-    assert cg.loop_program.sizes and not cg.loop_program.size_guards  # type: ignore[attr-defined]
+    assert cg.loop_program.sizes and not assumed(cg.loop_program)  # type: ignore[attr-defined]
     check_sizes(cg, mlp, _mlp_args, (1, 2, 3, 0, 5, 17, 64, 101), atol=1e-4)
 
 
@@ -58,7 +58,7 @@ def test_attention_block_batch_and_sequence(options):
     cg = compile_symbolic(attention_block, torch.randn(3, 37, D), *WEIGHTS, options=options,
                           dynamic={0: (0, 1)})
     p = cg.loop_program  # type: ignore[attr-defined]
-    assert len(p.sizes) == 2 and not p.size_guards, p.as_text()
+    assert len(p.sizes) == 2 and not assumed(p), p.as_text()
     check_sizes(cg, attention_block, _attn_args, (1, 2, 3, 7, 13, 31), atol=1e-4)
 
 
@@ -95,7 +95,7 @@ def test_gpu_test_graphs_lower_for_cuda_with_symbolic_sizes(dtype: torch.dtype) 
                                 (mlp, [tuple(t.shape) for t in _mlp_args(37)], {0: (0,)})):
         gm, examples, env = symbolic_fakes_graph(fn, shapes, dynamic, device="cuda", dtype=dtype)
         program, fallbacks = lower_graph(gm, examples, InductorOptions(strict_lowering=True), fn.__name__)
-        assert not fallbacks and not program.size_guards, (fallbacks, program.size_guards)
+        assert not fallbacks and not assumed(program), (fallbacks, assumed(program))
         assert len(program.sizes) == len(dynamic[0])
         assert not env.replacements, env.replacements
 
@@ -113,5 +113,5 @@ def test_forward_backward_graph_symbolic_batch(options):
     def args(n):
         return (torch.randn(n, 8), torch.randn(8, 6), torch.randn(6), torch.randn(6))
     cg = compile_symbolic(fwd_bwd, *args(37), options=options, dynamic={0: (0,)})
-    assert not cg.loop_program.size_guards  # type: ignore[attr-defined]
+    assert not assumed(cg.loop_program)  # type: ignore[attr-defined]
     check_sizes(cg, fwd_bwd, args, (1, 2, 3, 0, 17, 64), atol=1e-4)

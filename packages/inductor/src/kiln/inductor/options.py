@@ -64,6 +64,10 @@ class InductorOptions:
     # Triton backend: a reduction with few outputs over many elements (BatchNorm statistics, bias
     # gradients) runs as partial sums over chunks plus a small final pass (split_reductions.py)
     split_reductions: bool = KNOBS.split_reductions
+    # Triton backend, symbolic sizes: kernels index in 32 bits under a guard that every tensor's extent
+    # is at most this many elements (index_width.py: a 64-bit division by a run-time size costs more than
+    # the memory access it indexes); 0 keeps 64-bit indices
+    index32_limit: int = 2**30
     # an input the graph mutates by index_put (a KV cache) is updated in place, not copied (graph_passes/reinplace.py)
     reinplace_mutations: bool = True
     # 2-D convolutions and the work between them in channels-last (NHWC) memory (graph_passes/conv_layout.py): "auto"

@@ -32,6 +32,7 @@ from .graph_passes.gemv_as_reduction import rewrite_gemv
 from .graph_passes.pad_matmuls import pad_misaligned_matmuls
 from .graph_passes.reinplace import reinplace_input_mutations
 from .graph_passes.stems import pad_stem_channels, rewrite_patch_convs
+from .index_width import INDEX32_REASON, index_guard
 from .ir import DynamicShapeUnsupported, LoopProgram, ScheduledProgram
 from .lowering.lower import lower_graph
 from .matmul_templates import count_matmul_sites, select_templates, template_misaligned_matmuls
@@ -172,6 +173,21 @@ def lower(s: CompileState) -> CompileState:
     text = program.as_text()
     log("ir_pre_fusion").info("%s", text)
     return replace(s, program=program, fallbacks=tuple(fallbacks)).with_text("ir_pre_fusion", text)
+
+
+def index_width(s: CompileState) -> CompileState:
+    """Symbolic Triton kernels index in 32 bits where range guards on the sizes allow it (index_width.py)."""
+    assert s.program is not None
+    if not s.program.sizes or not s.options.index32_limit:
+        return s
+    mark = s.guards.mark() if s.guards is not None else 0
+    guard = index_guard(s.gm, s.example_inputs, s.options.index32_limit)
+    if guard is None:
+        log("perf_hints").info("graph %s: symbolic sizes without a 32-bit guard: kernels index in 64 bits", s.name)
+        return s
+    log("perf_hints").info("graph %s: kernels index in 32 bits under the guard %s", s.name, guard)
+    made = s.guards.since(mark, INDEX32_REASON) if s.guards is not None else ()
+    return replace(s, program=replace(s.program, index_bits=32, size_guards=(*s.program.size_guards, *made)))
 
 
 def remove_dead_code(s: CompileState) -> CompileState:

@@ -33,6 +33,7 @@ from .passes import (
     generate_triton_kernels,
     generate_wrapper,
     group_independent_kernels,
+    index_width,
     inplace_updates_cpp,
     inplace_updates_triton,
     lower,
@@ -85,6 +86,7 @@ TRITON_STAGES: tuple[Pass[CompileState], ...] = (
     Pass("reinplace", lambda s, _: reinplace(s), "mutated inputs' index_put written in place"),
     # loop IR
     Pass("lower", lambda s, _: lower(s), "graph -> LoopProgram (ir_pre_fusion)"),
+    Pass("index_width", lambda s, _: index_width(s), "symbolic sizes guarded into a 32-bit index range"),
     Pass("remove_dead_code", lambda s, _: remove_dead_code(s), "drop nodes no output needs"),
     Pass("split_reductions", lambda s, _: split_long_reductions(s), "few-output long reductions in two passes"),
     Pass("fuse_and_plan", lambda s, _: fuse_and_plan(s), "fusion, loop order, memory plan -> ScheduledProgram"),

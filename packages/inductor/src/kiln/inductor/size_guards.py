@@ -51,10 +51,23 @@ class GuardWatch:
         self.env = shape_env_of(example_inputs)
         self.n_guards = len(self.env.guards) if self.env is not None else 0
         self.replacements = dict(self.env.replacements) if self.env is not None else {}
+        self.explained: set[str] = set()  # guards a step added with its own reason (``since``)
 
     @property
     def symbolic(self) -> bool:
         return self.env is not None
+
+    def mark(self) -> int:
+        return len(self.env.guards) if self.env is not None else 0
+
+    def since(self, mark: int, reason: str) -> tuple[SizeGuard, ...]:
+        """The guards added since ``mark`` by a step that says why (``reason``): they are the program's
+        size guards with that reason, and ``added`` leaves them out."""
+        if self.env is None:
+            return ()
+        out = tuple(dict.fromkeys(SizeGuard(guard_text(g.expr), reason) for g in self.env.guards[mark:]))
+        self.explained.update(g.expr for g in out)
+        return out
 
     def added(self, name: str) -> tuple[SizeGuard, ...]:
         if self.env is None:
@@ -64,7 +77,9 @@ class GuardWatch:
             if self.replacements.get(sym) != e:
                 out.append(SizeGuard(guard_text(sympy.Eq(sym, e)), "a compile step specialised this size"))
         for g in self.env.guards[self.n_guards:]:
-            out.append(SizeGuard(guard_text(g.expr), "a compile step assumed this relation"))
+            text = guard_text(g.expr)
+            if text not in self.explained:
+                out.append(SizeGuard(text, "a compile step assumed this relation"))
         out = list(dict.fromkeys(out))
         if out:  # one line per compile: channels-last convolutions over symbolic images add ~20 at once
             shown = "; ".join(f"{g.expr} ({g.reason})" for g in out[:_SHOWN])

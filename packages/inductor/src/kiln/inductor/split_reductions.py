@@ -10,6 +10,12 @@ writes the original buffer, so consumers are unchanged. Sums are re-associated (
 reduction is); max/min/any/all are exact. argmax/argmin keep one pass (the index would need carrying).
 The chunk boundary is a whole reduced dimension (the outermost one whose size has a fitting divisor),
 so indices stay affine: ``r_k -> s * (d_k / S) + r_k``.
+
+Symbolic sizes: the number of chunks S is chosen from the size hints (a constant of the kernel), and
+each chunk is ``ceil(total / S)`` elements of the flattened reduced range, the reduced indices
+recovered by division and modulo (as the one-pass kernel computes them anyway) and the tail masked
+with the reduction's identity. Correct for every size (an empty chunk contributes the identity); only
+the speed was chosen at the hints.
 """
 
 from __future__ import annotations
@@ -17,8 +23,11 @@ from __future__ import annotations
 import dataclasses
 
 import sympy
+import torch
 
 from .ir import ComputedBuffer, Layout, Load, LoopProgram, Reduction, index_vars, substitute_index
+from .ir.expr import Constant, Expr, IndexValue, op
+from .ir.index import FloorDiv, ModIndex, product
 
 SPLITTABLE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "any": "any", "all": "all"}
 # Each split adds a kernel launch, and a host-bound training step (ResNet-50 with AMP on the H200) pays
@@ -33,10 +42,11 @@ MIN_CHUNK = 2048  # elements per partial: fewer and the second pass plus the ext
 def split_reductions(program: LoopProgram) -> tuple[LoopProgram, int]:
     """``program`` with its long few-output reductions split, and how many were split."""
     taken = {b.name for b in program.inputs} | {n.name for n in program.nodes if isinstance(n, ComputedBuffer)}
+    hints = program.hints
     nodes: list = []
     count = 0
     for n in program.nodes:
-        parts = _split(n, taken) if isinstance(n, ComputedBuffer) and isinstance(n.data, Reduction) else None
+        parts = _split(n, taken, hints) if isinstance(n, ComputedBuffer) and isinstance(n.data, Reduction) else None
         if parts is None:
             nodes.append(n)
         else:
@@ -65,12 +75,22 @@ def chunks_for(outputs: int, reduced: tuple[int, ...]) -> tuple[int, int] | None
     return None
 
 
-def _split(n: ComputedBuffer, taken: set[str]) -> tuple[ComputedBuffer, ComputedBuffer] | None:
+def flat_chunks_for(outputs: int, total: int) -> int | None:
+    """Number of chunks S of the flattened reduced range (sizes at their hints), or None."""
+    if total < MIN_REDUCED or outputs >= MAX_OUTPUTS:
+        return None
+    want = min(-(-TARGET_PARTIALS // outputs), total // MIN_CHUNK)
+    return want if want >= 2 else None
+
+
+def _split(n: ComputedBuffer, taken: set[str], hints: dict[str, int]) -> tuple[ComputedBuffer, ComputedBuffer] | None:
     d = n.data
     assert isinstance(d, Reduction)
     final_type = SPLITTABLE.get(d.reduction_type)
-    if final_type is None or not all(isinstance(s, sympy.Integer) for s in (*d.ranges, *d.reduction_ranges)):
+    if final_type is None:
         return None
+    if not all(isinstance(s, sympy.Integer) for s in (*d.ranges, *d.reduction_ranges)):
+        return _split_symbolic(n, d, final_type, taken, hints)
     outputs = 1
     for s in d.ranges:
         outputs *= int(s)
@@ -93,6 +113,87 @@ def _split(n: ComputedBuffer, taken: set[str]) -> tuple[ComputedBuffer, Computed
     final = ComputedBuffer(n.name, n.layout, Reduction(d.ranges, (sympy.Integer(chunks),), final_type, load),
                            n.origins)
     return partial, final
+
+
+def _at_hints(e: sympy.Expr, hints: dict[str, int]) -> int | None:
+    v = e.subs({s: hints[s.name] for s in e.free_symbols if s.name in hints})
+    return int(v) if isinstance(v, sympy.Integer) else None
+
+
+def _split_symbolic(n: ComputedBuffer, d: Reduction, final_type: str, taken: set[str],
+                    hints: dict[str, int]) -> tuple[ComputedBuffer, ComputedBuffer] | None:
+    """The split of a reduction over symbolic sizes, chosen at the size hints and correct for every size.
+    Several reduced ranges (NCHW BatchNorm: batch, then the merged image): the partial reduces the
+    innermost range for every outer position, the final pass the outer positions, so no index is divided
+    by a symbolic size per element (a 64-bit division by a run-time value costs more than the load).
+    One reduced range (NHWC, or a long flat range): S chunks of ``ceil(total / S)`` elements each, the
+    tail masked with the reduction's identity."""
+    outputs, total = _at_hints(product(d.ranges), hints), _at_hints(product(d.reduction_ranges), hints)
+    if outputs is None or total is None or flat_chunks_for(outputs, total) is None:
+        return None
+    name = _fresh(f"{n.name}_part", taken)
+    acc = d.body.dtype
+    *outer, last = d.reduction_ranges
+    inner = _at_hints(last, hints)
+    if outer and inner is not None and inner >= MIN_CHUNK // 4:
+        ivars = index_vars("i", len(d.ranges) + len(outer))
+        rvars = index_vars("r", len(d.reduction_ranges))
+        mapping = {rvars[j]: ivars[len(d.ranges) + j] for j in range(len(outer))}
+        mapping[rvars[-1]] = rvars[0]
+        body = substitute_index(d.body, mapping)
+        part_shape = (*d.ranges, *outer)
+        part_layout = Layout.contiguous(part_shape, acc, n.layout.device)
+        partial = Reduction(part_shape, (last,), d.reduction_type, body)
+        load = Load(name, part_layout.index((*ivars[:len(d.ranges)], *rvars[:len(outer)])), acc)
+        final = Reduction(d.ranges, tuple(outer), final_type, load)
+    else:
+        chunks = flat_chunks_for(outputs, total)
+        assert chunks is not None
+        partial, final, part_layout = _flat_split(n, d, chunks, name)
+    return (ComputedBuffer(name, part_layout, partial, n.origins),
+            ComputedBuffer(n.name, n.layout, final, n.origins))
+
+
+def _flat_split(n: ComputedBuffer, d: Reduction, chunks: int, name: str) -> tuple[Reduction, Reduction, Layout]:
+    total = product(d.reduction_ranges)
+    chunk = FloorDiv(total + chunks - 1, chunks)
+    ivars = index_vars("i", len(d.ranges) + 1)
+    r0 = index_vars("r", 1)[0]
+    flat = ivars[-1] * chunk + r0
+    rvars = index_vars("r", len(d.reduction_ranges))
+    mapping: dict[sympy.Symbol, sympy.Expr] = {}
+    inner: sympy.Expr = sympy.Integer(1)
+    for k in reversed(range(len(d.reduction_ranges))):
+        q = FloorDiv(flat, inner) if inner != 1 else flat
+        mapping[rvars[k]] = q if k == 0 else ModIndex(q, d.reduction_ranges[k])
+        inner = inner * d.reduction_ranges[k]
+    acc = d.body.dtype
+    inside = op("lt", IndexValue(flat, torch.int64), IndexValue(total, torch.int64), dtype=torch.bool)
+    body = op("where", inside, substitute_index(d.body, mapping), _identity(d.reduction_type, acc), dtype=acc)
+    part_shape = (*d.ranges, sympy.Integer(chunks))
+    part_layout = Layout.contiguous(part_shape, acc, n.layout.device)
+    load = Load(name, part_layout.index((*ivars[:-1], r0)), acc)
+    final_type = SPLITTABLE[d.reduction_type]
+    return (Reduction(part_shape, (chunk,), d.reduction_type, body),
+            Reduction(d.ranges, (sympy.Integer(chunks),), final_type, load), part_layout)
+
+
+def _identity(reduction_type: str, dtype: torch.dtype) -> Expr:
+    """The value a masked element contributes: 0 to a sum, 1 to a product, the far end of the dtype's
+    range to max / min, False to any, True to all."""
+    if reduction_type in ("sum", "prod"):
+        return Constant(0 if reduction_type == "sum" else 1, dtype) if not dtype.is_floating_point \
+            else Constant(0.0 if reduction_type == "sum" else 1.0, dtype)
+    if reduction_type in ("any", "all"):
+        return Constant(reduction_type == "all", dtype) if dtype == torch.bool \
+            else Constant(int(reduction_type == "all"), dtype)
+    low = reduction_type == "max"
+    if dtype.is_floating_point:
+        return Constant(float("-inf") if low else float("inf"), dtype)
+    if dtype == torch.bool:
+        return Constant(not low, dtype)
+    info = torch.iinfo(dtype)
+    return Constant(info.min if low else info.max, dtype)
 
 
 def _fresh(base: str, taken: set[str]) -> str:

@@ -35,6 +35,8 @@ class LoopProgram:
     sizes: tuple[SizeSource, ...] = ()
     size_guards: tuple[SizeGuard, ...] = ()
     scalar_inputs: tuple[int, ...] = ()
+    # 32: every size symbol is guarded into a range where each buffer fits 32-bit indexing (index_width.py)
+    index_bits: int = 64
 
     @property
     def hints(self) -> dict[str, int]:

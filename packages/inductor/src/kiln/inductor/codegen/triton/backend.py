@@ -82,11 +82,12 @@ class TritonBackend:
                 "TRITON_INTERPRET=1 in the environment (before the first compile), or use cpu_backend='cpp'")
         kernels = scheduled.kernels()
         hints = getattr(scheduled.program, "hints", None)  # symbolic sizes' example values (block sizes)
+        index32 = getattr(scheduled.program, "index_bits", 64) == 32
         generated: list[TritonKernel] = []
         spans: list[tuple[str, int, int]] = []  # (scheduled kernel, its generated kernels' [start, end))
         for k in kernels:
             # a matmul template chosen by max-autotune (matmul_templates.py) brings its own kernel
-            parts = [k.triton_kernel()] if isinstance(k, PrebuiltKernel) else generate_kernels(k, self.cfg, hints)
+            parts = [k.triton_kernel()] if isinstance(k, PrebuiltKernel) else generate_kernels(k, self.cfg, hints, index32)
             spans.append((k.name, len(generated), len(generated) + len(parts)))
             generated += parts
         if tuner is not None:  # the compile's max-autotune session (pipeline.py: matmul_templates)

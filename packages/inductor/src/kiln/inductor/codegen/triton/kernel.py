@@ -210,7 +210,7 @@ def _paren(code: str) -> str:
 class KernelWriter:
     """Writes one kernel function; values are named temporaries, common subexpressions shared."""
 
-    def __init__(self, k: Kernel, cfg: TritonConfig, split: int | None = None) -> None:
+    def __init__(self, k: Kernel, cfg: TritonConfig, split: int | None = None, index32: bool = False) -> None:
         self.k = k
         self.split = split  # 2-D tiling: outer dims [0, split) on the y axis, the rest on x
         self.cfg = cfg
@@ -228,7 +228,9 @@ class KernelWriter:
         self.barrier_emitted_at: set[int] = set()
         self.idx = IndexPrinter()
         self.red = ReductionEmitter(self)
-        self.int64 = needs_int64(k)
+        # index32: the program's sizes are guarded into a 32-bit index range (index_width.py)
+        self.index32 = index32 and bool(size_symbols(k))
+        self.int64 = needs_int64(k) and not self.index32
 
     # -- plumbing -------------------------------------------------------------------------------------
     def line(self, text: str) -> None:
@@ -454,6 +456,10 @@ class KernelWriter:
         k = self.k
         if self.split is not None:
             return self.prologue_2d()
+        if self.index32:  # size arguments arrive as i64 (SIZE_ARG_TYPE): index arithmetic in i32 from here
+            for name in size_symbols(k):
+                if not is_float_symbol(name):
+                    self.line(f"{name} = {name}.to(tl.int32)")
         self.line(f"xnumel = {self.index_code(product(list(k.outer)))}")
         pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
         self.line(f"xoffset = {pid} * XBLOCK")
@@ -505,23 +511,24 @@ def split_scatter(k: Kernel) -> list[Kernel]:
 
 
 def generate_kernels(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG,
-                     hints: dict[str, int] | None = None) -> list[TritonKernel]:
+                     hints: dict[str, int] | None = None, index32: bool = False) -> list[TritonKernel]:
     """The launches of one scheduled kernel (one, or two for scatter kernels); ``hints``: the example
-    inputs' values of size symbols (block sizes only)."""
+    inputs' values of size symbols (block sizes only); ``index32``: the sizes are guarded into a 32-bit
+    index range (LoopProgram.index_bits)."""
     if any(n.kind == "scatter" for n in k.nodes):
-        return [generate_kernel(part, cfg, hints) for part in split_scatter(k)]
-    return [generate_kernel(k, cfg, hints)]
+        return [generate_kernel(part, cfg, hints, index32) for part in split_scatter(k)]
+    return [generate_kernel(k, cfg, hints, index32)]
 
 
 def generate_kernel(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG,
-                    hints: dict[str, int] | None = None) -> TritonKernel:
+                    hints: dict[str, int] | None = None, index32: bool = False) -> TritonKernel:
     """Triton source and launch description for one scheduled kernel."""
     simple = simplify_kernel(k)
     xnumel = product(list(simple.outer))
     split = None if simple.is_row_kernel else tile_split(simple)
     if split is not None:
         return _generate_2d(simple, cfg, split)
-    writer = KernelWriter(simple, cfg)
+    writer = KernelWriter(simple, cfg, index32=index32)
     if simple.is_row_kernel:
         rnumel = product(list(simple.inner))
         rhint = static(substitute_hints(rnumel, hints)) if hints else None
