@@ -382,7 +382,7 @@ def test_plan_checks_a_kv_cache_of_symbolic_tensors_as_the_generated_chain_does(
 
 def test_state_get_entries_are_read_once_and_checked_as_the_plan_does() -> None:
     """An optimizer's ``state.get(param)`` entry, read by several guards per parameter (its type, keys and
-    tensors), is bound once in the generated chain; the chain and the plan answer alike on frames that
+    tensors), is bound once in the generated chain, its key read through names bound before; the chain and the plan answer alike on frames that
     pass and on frames whose entry changed (a tensor's shape, a missing key, no entry at all)."""
     from kiln.graph.guards_codegen import generated_check
     from kiln.graph.guards_plan import plan_check
@@ -402,8 +402,10 @@ def test_state_get_entries_are_read_once_and_checked_as_the_plan_does() -> None:
                    Guard(f"{src}['step']", "TENSOR_MATCH", tensor_expectation(torch.zeros(()))),
                    Guard(f"{src}['exp_avg']", "TENSOR_MATCH", tensor_expectation(torch.zeros(3)))]
     chain, plan = generated_check(tuple(guards)), plan_check(tuple(guards))
-    for i in range(2):  # one read of each entry, bound and reused
-        assert chain.__kiln_source__.count(f".get(L['opt'].params[{i}])") == 1, chain.__kiln_source__
+    text = chain.__kiln_source__
+    for i in range(2):  # one read of each entry, bound and reused, its key read through the bound prefix
+        assert text.count(f".get(_p0.params[{i}])") == 1, text
+    assert text.count("L['opt']") == 1, text
     shape = {p: entry() for p in params}
     shape[params[1]]["exp_avg"] = torch.zeros(4)
     key = {p: entry() for p in params}

@@ -41,6 +41,7 @@ from .controls import active_mode_reason, current_stance, disabled_reason
 from .ddp_buckets import bucket_split_backend
 from .deferred import CALL, EXIT_CALL
 from .errors import GraphBreak, SkipFrame, Unsupported
+from .extract import extractor
 from .knobs import CaptureOptions
 from .module_calls import (
     PythonModuleCall,
@@ -473,7 +474,7 @@ class Optimized:
             emit(GraphCaptured(frame_name(self.code), cap.captured))
         compiled = compile_capture(cap, self.ctx.backend, self.code)
         identity = {g.source for g in cap.captured.guards if g.kind == "ID_MATCH"}
-        extract = _extractor(cap.input_sources, cap.example_inputs, identity)
+        extract = extractor(cap.input_sources, cap.example_inputs, identity)
         layouts = pinned_layouts(cap.pinned_tensors)
         check = _entry_check(cap, layouts)
         effects = cap.side_effects
@@ -635,21 +636,6 @@ def _apply(pending: list) -> None:
                 delattr(obj, name)
         else:
             setattr(obj, name, value)
-
-
-def _extractor(sources: list[str], values: list[Any] | None = None,
-               identity: set[str] | None = None) -> Callable[[dict, dict], list]:
-    """``lambda L, G: [inputs...]``; sources pinned by an ID_MATCH guard are the very objects
-    seen at capture (the entry keeps them alive), so they are not looked up again."""
-    ns: dict[str, Any] = {}
-    parts = []
-    for i, src in enumerate(sources):
-        if identity and values is not None and src in identity:
-            ns[f"_v{i}"] = values[i]
-            parts.append(f"_v{i}")
-        else:
-            parts.append(src)
-    return eval(f"lambda L, G: [{', '.join(parts)}]", ns)  # noqa: S307 (sources we generated)
 
 
 def _star_names(code: types.CodeType, func: Any) -> tuple[str, str] | None:

@@ -123,8 +123,11 @@ class _Compiler:
         rest = source[len(best):]
         if best in self.bound:
             return self.bound[best] + rest
-        inner = self.src(best[:len(best) - len(_last_segment(best))]) + _last_segment(best) \
-            if _last_segment(best) else best
+        last = _last_segment(best)
+        if last.startswith(".get("):  # the key is a source too (a parameter): its bound name, not its path
+            inner = self.src(best[:len(best) - len(last)]) + f".get({self.src(last[5:-1])})"
+        else:
+            inner = self.src(best[:len(best) - len(last)]) + last if last else best
         name = f"_p{len(self.bound)}"
         self.bound[best] = name
         return f"({name} := {inner}){rest}"

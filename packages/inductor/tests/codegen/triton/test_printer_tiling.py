@@ -68,3 +68,8 @@ def test_block_heuristics():
     assert col.xblock >= 8 and 4096 // col.xblock >= 256
     sym = row_blocks(s0, s0, True, cfg)
     assert not sym.persistent
+    # a symbolic column (LayerNorm's weight gradient over the tokens) is looped, its RBLOCK sized from
+    # the example length as the static kernel's is
+    static_col = row_blocks(sympy.Integer(768), sympy.Integer(4096), False, cfg)
+    sym_col = row_blocks(sympy.Integer(768), s0, False, cfg, rhint=4096)
+    assert not sym_col.persistent and (sym_col.xblock, sym_col.rblock) == (static_col.xblock, static_col.rblock)

@@ -72,7 +72,7 @@ def row_blocks(xnumel: sympy.Expr, rnumel: sympy.Expr, r_contiguous: bool, cfg: 
     xn, rn = static(xnumel), static(rnumel)
     xcap = next_pow2(xn) if xn is not None else cfg.max_xblock_rows
     if not r_contiguous:
-        return _column_blocks(xn, rn, xcap, cfg)
+        return _column_blocks(xn, rn, xcap, cfg, rhint)
     if rn is not None and rn <= cfg.persistent_max:
         rblock = next_pow2(rn)
         xblock = max(1, min(xcap, cfg.max_xblock_rows, cfg.row_block_elems // rblock))
@@ -83,14 +83,17 @@ def row_blocks(xnumel: sympy.Expr, rnumel: sympy.Expr, r_contiguous: bool, cfg: 
     return BlockChoice(xblock, rblock, _warps(xblock * rblock), False)
 
 
-def _column_blocks(xn: int | None, rn: int | None, xcap: int, cfg: TritonConfig) -> BlockChoice:
-    """Reduce across rows of a contiguous x: wide-enough x for coalescing, enough programs to fill SMs."""
+def _column_blocks(xn: int | None, rn: int | None, xcap: int, cfg: TritonConfig,
+                   rhint: int | None = None) -> BlockChoice:
+    """Reduce across rows of a contiguous x: wide-enough x for coalescing, enough programs to fill SMs.
+    A symbolic column's example length sizes RBLOCK as a static one would (looped: right for every length)."""
     want = prev_pow2(max(1, xn // cfg.target_programs)) if xn is not None else cfg.max_xblock_rows
     xblock = max(1, min(xcap, cfg.max_xblock_rows, max(cfg.col_min_xblock, want)))
     if rn is not None and next_pow2(rn) * xblock <= cfg.col_tile:
         rblock = next_pow2(rn)
         return BlockChoice(xblock, rblock, _warps(xblock * rblock), True)
-    rblock = max(8, min(next_pow2(rn) if rn is not None else 64, cfg.col_tile // xblock))
+    rsize = rn if rn is not None else rhint
+    rblock = max(8, min(next_pow2(rsize) if rsize is not None else 64, cfg.col_tile // xblock))
     return BlockChoice(xblock, rblock, _warps(xblock * rblock), False)
 
 
