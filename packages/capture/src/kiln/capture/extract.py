@@ -1,10 +1,10 @@
 """The function that reads a compiled entry's graph inputs out of a frame (``L``, ``G``) on every call.
 
 Input sources are Python expressions that repeat their prefixes: an optimizer step's inputs are
-``L['args'][0].state[L['args'][0].param_groups[0]['params'][i]]['exp_avg']`` and two siblings per
-parameter. Evaluated one by one, each re-reads its whole path, and each ``state[p]`` hashes the
-parameter again in Python (``Tensor.__hash__``). The extractor is generated with every attribute
-and subscript read that occurs more than once bound to a local first (reads the guards already
+``L['args'][0].state.get(L['args'][0].param_groups[0]['params'][i])['exp_avg']`` and two siblings per
+parameter. Evaluated one by one, each re-reads its whole path, and each ``state.get(p)`` hashes the
+parameter again in Python (``Tensor.__hash__``). The extractor is generated with every attribute,
+subscript and ``.get(key)`` read that occurs more than once bound to a local first (reads the guards already
 treat as pure: the entry's guards pinned each of them), so a step over 32 parameters reads each
 path, and hashes each parameter, once.
 """
@@ -31,7 +31,7 @@ def extractor(sources: list[str], values: list[Any] | None = None,
     counts: dict[str, int] = {}
     for t in trees:
         for node in ast.walk(t):
-            if isinstance(node, (ast.Attribute, ast.Subscript)):
+            if _read(node):
                 key = ast.dump(node)
                 counts[key] = counts.get(key, 0) + 1
     lines: list[str] = []
@@ -39,7 +39,7 @@ def extractor(sources: list[str], values: list[Any] | None = None,
 
     class Bind(ast.NodeTransformer):
         def generic_visit(self, node: ast.AST) -> ast.AST:
-            key = ast.dump(node) if isinstance(node, (ast.Attribute, ast.Subscript)) else None
+            key = ast.dump(node) if _read(node) else None
             node = super().generic_visit(node)  # children first: a bound prefix is read before its use
             if key is None or counts.get(key, 0) < 2:
                 return node
@@ -55,3 +55,11 @@ def extractor(sources: list[str], values: list[Any] | None = None,
     fn = ns["extract"]
     fn.__kiln_source__ = src
     return fn
+
+
+def _read(node: ast.AST) -> bool:
+    """An attribute, a subscript, or a ``.get(key)`` (how capture reads an optimizer's state entries)."""
+    if isinstance(node, (ast.Attribute, ast.Subscript)):
+        return True
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            and len(node.args) == 1 and not node.keywords)

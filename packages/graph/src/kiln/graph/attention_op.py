@@ -7,9 +7,11 @@ over a bias padded to 16 keys) ran 2.7x slower on an H200 (1.13 + 0.24 ms of bia
 against cuDNN's 0.42 ms, bf16 8 x 512 tokens). This op defers the choice to run time: its kernel is
 ``F.scaled_dot_product_attention`` itself, so every call runs what eager runs for those sizes, masks
 (bool or additive), alignment padding and empty sequences included. Its backward,
-``kiln_graph::attention_backward``, recomputes the forward with autograd on and takes eager's
-gradients (one extra forward: for GPT-2 on an H200 cuDNN's forward + recomputed forward + backward,
-1.8 ms per step, against 4 ms for memory-efficient attention over the padded bias). A mask that
+``kiln_graph::attention_backward``, recomputes the forward and takes eager's gradients (one extra
+forward: for GPT-2 on an H200 cuDNN's forward + recomputed forward + backward, 1.8 ms per step, against
+4 ms for memory-efficient attention over the padded bias): where eager picks cuDNN it calls cuDNN's
+forward and backward ops itself, as eager's autograd does, else it recomputes under autograd (whose
+nested backward cost GPT-2's training step ~2 ms of host time on the H200). A mask that
 needs a gradient (a learned position bias) is not supported here: the tracer keeps such calls.
 
 Its fake result is laid out (batch, length, heads, head dim) in memory, as the fused CUDA kernels
@@ -34,7 +36,19 @@ def _kiln_attention(q, k, v, mask, is_causal, scale, enable_gqa):
 
 def _kiln_attention_backward(grad, q, k, v, mask, is_causal, scale, enable_gqa):
     """kiln_graph::attention_backward: the gradients of q, k and v, from eager's kernels (forward recomputed).
-    An op's kernel runs with autograd's dispatch keys excluded: they are let back in for the recompute."""
+    Where eager picks cuDNN's kernel, its forward (for the log-sum-exp) and backward are called directly,
+    as eager's autograd would call them; otherwise the forward is recomputed under autograd. An op's
+    kernel runs with autograd's dispatch keys excluded: they are let back in for the recompute."""
+    if q.is_cuda and not enable_gqa and (mask is None or mask.dtype in (q.dtype, torch.bool)) and \
+            int(torch._fused_sdp_choice(q, k, v, mask, 0.0, is_causal, scale=scale)) == 3:  # CUDNN_ATTENTION
+        bias = mask
+        if mask is not None and mask.dtype == torch.bool:  # as eager converts it before the kernel
+            bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(~mask, float("-inf"))
+        out, lse, cum_q, cum_k, max_q, max_k, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, bias, True, 0.0, is_causal, False, scale=scale)
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            grad, q, k, v, out, lse, seed, offset, bias, cum_q, cum_k, max_q, max_k, 0.0, is_causal, scale=scale)
+        return dq, dk, dv
     key = torch._C.DispatchKey.AutogradFunctionality
     excluded = torch._C._dispatch_tls_is_dispatch_key_excluded(key)
     torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)

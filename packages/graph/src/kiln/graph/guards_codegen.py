@@ -18,6 +18,7 @@ import torch
 
 from .guards_plan import (
     GLOBAL_STATE_KEYS,
+    PLAIN_TENSOR_TYPES,
     default_device,
     flat_tuple,
     global_state,
@@ -96,6 +97,7 @@ class _Compiler:
     def __init__(self, guards: tuple[Guard, ...] = ()) -> None:
         self.consts: dict[str, object] = {
             "_tensor_ok": tensor_ok, "_global_state": global_state, "_plain": plain_tensor,
+            "_PLAIN_TYPES": PLAIN_TENSOR_TYPES,  # the common case inline, without a Python call
             "_typed_equal": typed_equal,
             "_is_grad": torch.is_grad_enabled, "_autocast": torch.is_autocast_enabled,
             "_default_dtype": torch.get_default_dtype,
@@ -150,7 +152,7 @@ class _Compiler:
             dt = getattr(torch, str(dtype).removeprefix("torch."))
             if None not in shape and None not in stride:
                 t = f"_t{next(self.counter)}"
-                return (f"(_plain({t} := {src}) and {t}.dtype is {self.const(dt)} and "
+                return (f"((type({t} := {src}) in _PLAIN_TYPES or _plain({t})) and {t}.dtype is {self.const(dt)} and "
                         f"{t}.requires_grad is {bool(rg)!r} and {t}.shape == {self.const(tuple(shape))} and "
                         f"{t}.stride() == {self.const(tuple(stride))} and "
                         f"{self._device_check(t, torch.device(device))})")
@@ -160,7 +162,7 @@ class _Compiler:
             if any(s is not None for s in stride):
                 sizes += f" and ({t}_s := {t}.stride()) is not None" + "".join(
                     f" and {t}_s[{i}] == {int(n)}" for i, n in enumerate(stride) if n is not None)
-            return (f"(_plain({t} := {src}) and {t}.dtype is {self.const(dt)} and "
+            return (f"((type({t} := {src}) in _PLAIN_TYPES or _plain({t})) and {t}.dtype is {self.const(dt)} and "
                     f"{t}.requires_grad is {bool(rg)!r} and {t}.dim() == {len(shape)}{sizes} and "
                     f"{self._device_check(t, torch.device(device))})")
         if g.kind == "TYPE_MATCH":
