@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from dynamic_helpers import CPP, check_sizes, symbolic_graph
+from dynamic_helpers import CPP, assumed, check_sizes, symbolic_graph
 
 from kiln.inductor import compile_graph
 from kiln.inductor.decomp_bridge import ensure_meta
@@ -66,7 +66,7 @@ def test_head_backward_over_symbolic_tokens_pads_the_word_dim_once() -> None:
     assert gm.code.count("aten.constant_pad_nd") == 2, gm.code  # the gradient's columns (shared), the weight's rows
     assert "mm_padded" not in gm.code
     cg = compile_graph(gm, examples, options=CPP)
-    assert not cg.loop_program.size_guards  # type: ignore[attr-defined]
+    assert not assumed(cg.loop_program)  # type: ignore[attr-defined]
     check_sizes(cg, _head_backward, lambda n: (torch.randn(n, 37), w, torch.randn(n, 16)), (40, 1, 0, 7, 13, 97))
 
 
@@ -103,7 +103,7 @@ def test_cross_compiled_cuda_lm_head_over_symbolic_tokens_uses_the_template() ->
     body = code[code.index("def call_owned"):]
     assert "_launch_tmpl_" in body and "_mm_padded" not in body and "torch.mm(" not in body, body[:800]
     assert cg.loop_program.sizes  # type: ignore[attr-defined]  # the row count stays symbolic
-    assert not cg.loop_program.size_guards  # type: ignore[attr-defined]
+    assert not assumed(cg.loop_program)  # type: ignore[attr-defined]
 
 
 def test_cross_compiled_cuda_head_backward_over_symbolic_tokens_is_padded() -> None:
@@ -122,7 +122,7 @@ def test_cross_compiled_cuda_head_backward_over_symbolic_tokens_is_padded() -> N
     # the gradient padded to 50264 words once, read by both products (the second through its transpose)
     assert len(re.findall(r"_launch_k\d+_constant_pad_nd\(", body)) == 1 and ", 50264), (50264, 1)" in body, body[:1500]
     assert body.count("torch.mm(") == 2 and "as_strided((50264, " in body, body[:1500]
-    assert not cg.loop_program.size_guards  # type: ignore[attr-defined]
+    assert not assumed(cg.loop_program)  # type: ignore[attr-defined]
 
 
 def test_symbolic_rows_run_as_the_template_for_every_row_count() -> None:

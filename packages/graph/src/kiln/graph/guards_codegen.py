@@ -140,7 +140,9 @@ class _Compiler:
         return name
 
     def _device_check(self, t: str, device: torch.device) -> str:
-        if device.index is None and device.type != "cpu":  # e.g. "cuda": any cuda:N (see device_matches)
+        if device.type == "cpu":  # a bool attribute: no torch.device object made per check
+            return f"{t}.is_cpu"
+        if device.index is None:  # e.g. "cuda": any cuda:N (see device_matches)
             return f"{t}.device.type == {device.type!r}"
         return f"{t}.device == {self.const(device)}"
 
