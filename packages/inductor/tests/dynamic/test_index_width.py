@@ -81,3 +81,17 @@ def _perf_hints_propagate():
     logger.propagate = True
     yield
     logger.propagate = old
+
+
+def test_a_declared_maximum_is_served_whole():
+    """A size range the caller declared (mark_dynamic's max, kiln.export's dynamic_shapes): 32-bit indices
+    only when the whole range fits, never a guard that cuts the range short."""
+    x = torch.randn(8, 3)
+    for top, fits in ((1000, True), (10**9, False)):
+        gm, examples = symbolic_graph(lambda x: (x * 2,), x, dynamic={0: (0,)})
+        env = _env(examples)
+        sym = examples[0].shape[0].node.expr
+        env.constrain_symbol_range(sym, compiler_min=2, compiler_max=top)
+        before = len(env.guards)
+        assert (index_guard(gm, examples, 2**30) is not None) is fits
+        assert all("1073741824" not in str(g.expr) for g in env.guards[before:])  # implied by the range, or none

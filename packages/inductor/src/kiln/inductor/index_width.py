@@ -16,7 +16,9 @@ with one relation:
   the end and one stride of slack below 2**31.
 
 A graph whose largest tensor is already past half the limit at its example sizes keeps 64-bit indices
-(no guard): its next larger call would fail the guard at once.
+(no guard): its next larger call would fail the guard at once. So does one whose sizes have a declared
+maximum (``mark_dynamic(..., max=)``, ``kiln.export``'s ``dynamic_shapes``) that the guard would cut
+short: a range the caller asked for is served whole.
 """
 
 from __future__ import annotations
@@ -56,9 +58,11 @@ def index_guard(gm: fx.GraphModule, example_inputs: Sequence[Any], limit: int) -
                 largest[rest] = (int(coeff), t)
     if not largest:
         return None
+    declared = _declared_maxima(example_inputs)
+    reach = {**symbols, **declared}  # a size the caller declared a maximum for must keep its whole range
     for rest, (coeff, _) in largest.items():
-        value = _at(coeff * rest, symbols)
-        if value is None or 2 * value > limit:
+        value, edge = _at(coeff * rest, symbols), _at(coeff * rest, reach)
+        if value is None or edge is None or 2 * value > limit or (edge != value and edge > limit):
             return None
     bound: Any = None
     for _, t in largest.values():
@@ -67,6 +71,17 @@ def index_guard(gm: fx.GraphModule, example_inputs: Sequence[Any], limit: int) -
     if not bool(bound <= limit):  # records the guard in the ShapeEnv
         return None
     return f"max of {len(largest)} extent(s) <= {limit}"
+
+
+def _declared_maxima(example_inputs: Sequence[Any]) -> dict[str, int]:
+    """The finite upper ends of the size symbols' ranges in the ShapeEnv (declared by the caller)."""
+    for x in example_inputs:
+        vals = [x] if isinstance(x, torch.SymInt) else [*x.shape, *x.stride()] if isinstance(x, torch.Tensor) else []
+        for v in vals:
+            if isinstance(v, torch.SymInt):
+                ranges = getattr(v.node.shape_env, "var_to_range", {})
+                return {str(k): int(r.upper) for k, r in ranges.items() if getattr(r.upper, "is_Integer", False)}
+    return {}
 
 
 def _symbol_values(example_inputs: Sequence[Any]) -> dict[str, int] | None:
