@@ -11,11 +11,12 @@ reduction is); max/min/any/all are exact. argmax/argmin keep one pass (the index
 The chunk boundary is a whole reduced dimension (the outermost one whose size has a fitting divisor),
 so indices stay affine: ``r_k -> s * (d_k / S) + r_k``.
 
-Symbolic sizes: the number of chunks S is chosen from the size hints (a constant of the kernel), and
-each chunk is ``ceil(total / S)`` elements of the flattened reduced range, the reduced indices
-recovered by division and modulo (as the one-pass kernel computes them anyway) and the tail masked
-with the reduction's identity. Correct for every size (an empty chunk contributes the identity); only
-the speed was chosen at the hints.
+Symbolic sizes: whether to split is decided at the size hints; the split is correct for every size.
+With several reduced ranges (NCHW BatchNorm: batch, then the merged image) the partial pass reduces the
+innermost range at every outer position and the final pass the outer positions. With one (or an
+innermost range too short to be worth a program), S chunks (a constant from the hints) of
+``ceil(total / S)`` elements of the flattened reduced range, the reduced indices recovered by division
+and modulo and the tail masked with the reduction's identity (an empty chunk contributes the identity).
 """
 
 from __future__ import annotations
