@@ -176,7 +176,7 @@ def lower(s: CompileState) -> CompileState:
 
 
 def index_width(s: CompileState) -> CompileState:
-    """Symbolic Triton kernels index in 32 bits where range guards on the sizes allow it (index_width.py)."""
+    """Symbolic Triton kernels index in 32 bits under one guard on the tensors' extents (index_width.py)."""
     assert s.program is not None
     if not s.program.sizes or not s.options.index32_limit:
         return s

@@ -35,7 +35,7 @@ class LoopProgram:
     sizes: tuple[SizeSource, ...] = ()
     size_guards: tuple[SizeGuard, ...] = ()
     scalar_inputs: tuple[int, ...] = ()
-    # 32: every size symbol is guarded into a range where each buffer fits 32-bit indexing (index_width.py)
+    # 32: a guard keeps every tensor's extent within 32-bit indexing (index_width.py)
     index_bits: int = 64
 
     @property
