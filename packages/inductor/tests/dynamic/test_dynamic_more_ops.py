@@ -90,3 +90,30 @@ def test_strided_convolution_and_pools_over_image_sizes(options):
     p = cg.loop_program  # type: ignore[attr-defined]
     assert len(p.sizes) == 2 and not assumed(p), p.as_text()
     check_sizes(cg, conv_stride_pool, make_args, (2, 3, 5, 11, 32, 33), atol=1e-4)
+
+
+def two_dropouts(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    a = F.dropout(x, 0.5, training=True)
+    return a, F.dropout(x * 3, 0.25, training=True)
+
+
+@pytest.mark.parametrize("options", BACKENDS)
+def test_dropout_over_sizes_is_generated_code(options):
+    """Dropout with a symbolic size is lowered (strict lowering: an ATen fallback fails the compile; it
+    did fall back, "Cannot convert symbols to int", when the generator's offsets were Python ints): one
+    graph serves every size, each call draws fresh masks, kept elements are scaled, the two dropouts draw
+    from disjoint offset ranges (their masks differ), and the dropped fraction is about p."""
+    cg = compile_symbolic(two_dropouts, torch.randn(37, 64), options=options)
+    assert not assumed(cg.loop_program)  # type: ignore[attr-defined]
+    for n in (37, 5, 200, 1):
+        x = torch.randn(n, 64)
+        a, b = cg.fn(x)
+        a2, _ = cg.fn(x)
+        assert a.shape == b.shape == (n, 64)
+        torch.testing.assert_close(a[a != 0], (x * 2)[a != 0])
+        torch.testing.assert_close(b[b != 0], (x * 4)[b != 0])
+        if n >= 200:
+            assert 0.45 < (a == 0).float().mean().item() < 0.55
+            assert 0.2 < (b == 0).float().mean().item() < 0.3
+            assert not torch.equal(a != 0, a2 != 0)  # a fresh seed per call
+            assert (((a != 0) != (b != 0)).float().mean().item()) > 0.3  # independent streams

@@ -40,7 +40,8 @@ class LoweringContext:
     layouts: dict[str, Layout] = field(default_factory=dict)
     fallbacks: list[str] = field(default_factory=list)
     seed_buffer: str | None = None
-    rng_offset: int = 0  # next unused offset of the counter-based generator
+    # next unused offset of the counter-based generator: a sum of element counts, symbolic when sizes are
+    rng_offset: sympy.Expr = sympy.Integer(0)
     storage_offsets: dict[str, int] = field(default_factory=dict)  # input buffer -> its storage_offset
     origin: str = ""  # the ATen op being lowered, recorded on the buffers it makes
     _names: itertools.count = field(default_factory=itertools.count)

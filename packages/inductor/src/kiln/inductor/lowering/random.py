@@ -25,7 +25,7 @@ def random_values(ctx: LoweringContext, shape: tuple, kind: str) -> Expr:
     iv = index_vars("i", len(shape))
     flat = sum((v * s for v, s in zip(iv, contiguous_strides(shape))), sympy.Integer(0))
     base = ctx.rng_offset
-    ctx.rng_offset += int(product(list(shape))) if shape else 1
+    ctx.rng_offset = sympy.expand(base + (product(list(shape)) if shape else 1))
     return op(kind, seed, IndexValue(sympy.expand(flat + base), torch.int64), dtype=torch.float32)
 
 
