@@ -97,3 +97,41 @@ def test_training_with_a_new_sequence_length_every_step_compiles_at_most_two_gra
     assert after.graphs_compiled - before.graphs_compiled <= 2
     assert after.frames_run_eagerly == before.frames_run_eagerly
     assert after.graphs_run_eagerly == before.graphs_run_eagerly
+
+
+def test_training_step_with_backward_inside_the_compiled_function() -> None:
+    """The whole step compiled with ``dynamic=True``, ``loss.backward()`` inside it: the graph breaks at
+    backward and the resume function receives HF's ModelOutput (each field an item and an attribute;
+    the logits a strided view of the LM head's output, with a fake base of its own sizes). That resume
+    used to fail capture (a duplicate placeholder name, then a guard naming the base's unbound size)
+    and run eagerly. Loss and gradients equal eager's for every length; nothing runs eagerly."""
+    def build() -> torch.nn.Module:
+        torch.manual_seed(0)
+        config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=128,
+                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                                         attn_implementation="sdpa")
+        return transformers.GPT2LMHeadModel(config).train()
+
+    eager, model = build(), build()
+
+    def step(m: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+        out = m(input_ids=ids, labels=ids)
+        out.loss.backward()
+        return out.loss
+
+    compiled = kiln.compile(step, dynamic=True)
+    kiln.reset()
+    before = kiln.stats()
+    gen = torch.Generator().manual_seed(3)
+    for seq in (16, 24, 9, 31):
+        ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
+        want = step(eager, ids)
+        got = compiled(model, ids)
+        torch.testing.assert_close(got, want, msg=lambda m, seq=seq: f"seq {seq}: {m}")
+        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5,
+                                       msg=lambda m, name=name, seq=seq: f"seq {seq}, {name}: {m}")
+            p.grad, q.grad = None, None
+    after = kiln.stats()
+    assert after.frames_run_eagerly == before.frames_run_eagerly
+    assert after.graphs_run_eagerly == before.graphs_run_eagerly

@@ -309,3 +309,28 @@ def test_linear_without_bias_stays_symbolic_in_training(backend: str) -> None:
         torch.testing.assert_close(gw, ew)
     s = kiln.stats()
     assert (s.graphs_compiled, s.frames_run_eagerly, s.graphs_run_eagerly) == (1, 0, 0), s
+
+
+def test_size_saved_for_backward_with_backward_inside_the_step() -> None:
+    """``(linear(x) ** 2).mean()`` over a symbolic batch saves ``8 * s0`` (a size expression) for the
+    backward; the forward's last lowered node is that ``operator.mul``, and a kernel realized for an
+    output once took its name ("k2_operator.mul": a C++ build error). Gradients equal eager's."""
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        loss = (lin(x) ** 2).mean()
+        loss.backward()
+        return loss
+
+    compiled = kiln.compile(step, dynamic=True)
+    for n in (4, 6, 9, 2):
+        x = torch.randn(n, 8)
+        lin.zero_grad()
+        got = compiled(x)
+        got_grads = [p.grad.clone() for p in lin.parameters()]
+        lin.zero_grad()
+        want = step(x)
+        torch.testing.assert_close(got, want)
+        for g, p in zip(got_grads, lin.parameters()):
+            torch.testing.assert_close(g, p.grad)

@@ -281,12 +281,18 @@ def getitem(frame: Frame, obj: Any, key: Any) -> Any:
         return tracer.wrap(value, item_source(src, key) if src else None)
     if isinstance(key, torch.SymInt):
         key = int(key)  # specialise (guarded by the shape env)
-    if type(obj) in (list, tuple, dict) or isinstance(obj, (str, range, torch.Size, tuple, list, dict)):
+    if type(obj) in (list, tuple, dict) or isinstance(obj, (str, range, torch.Size)):
         return obj[key]
     getitem_fn = lookup_static(type(obj), "__getitem__")
     if isinstance(getitem_fn, types.FunctionType):
         return frame.call(getitem_fn, [obj, key], {})
     src = tracer.source_of.get(id(obj))
+    if isinstance(obj, (tuple, list, dict)):
+        if src is None or tracer.owns_copy(obj) or type(key) not in (int, str):
+            return obj[key]  # a traced copy (its items are traced values) or a container built in the trace
+        # a list/dict subclass from outside used as itself (a library's registry, a dict subclass whose
+        # __getattr__ reads ``self[name]``): the item read through its source, not the real value
+        return tracer.wrap(obj[key], item_source(src, key))
     if src is not None and type(key) in (int, str):
         return tracer.wrap(obj[key], item_source(src, key))
     refuse_foreign_values(frame, [obj], "indexing")

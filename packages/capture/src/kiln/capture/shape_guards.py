@@ -18,8 +18,12 @@ def shape_guards(shape_env, symbol_sources: dict[str, list[str]]) -> list[Guard]
     for name, sources in symbol_sources.items():
         for src in sources:
             out.append(Guard(src, "SYMBOL", name, "dynamic size"))
+    named = set(symbol_sources)
+    for name, src in _unbound_sources(shape_env, named):
+        out.append(Guard(src, "SYMBOL", name, "dynamic size (of a view input's base)"))
+        named.add(name)
     for sym, vr in shape_env.var_to_range.items():
-        if str(sym) not in symbol_sources:
+        if str(sym) not in named:
             continue
         is_float = bool(getattr(vr, "is_float", False))  # a float argument's symbol: bounds are floats
         for bound, op in ((vr.lower, ">="), (vr.upper, "<=")):
@@ -37,4 +41,19 @@ def shape_guards(shape_env, symbol_sources: dict[str, list[str]]) -> list[Guard]
             continue
         seen.add(text)
         out.append(Guard("", "SHAPE_EXPR", text, "shape assumption"))
+    return out
+
+
+def _unbound_sources(shape_env, bound: set[str]) -> list[tuple[str, str]]:
+    """Symbols the capture did not bind but the fake tensors made, with their source (the base of an
+    input that is a view, ``L['out']['logits']._base.size()[0]``: the fake view is made over a fake
+    base with sizes of its own); a relation over them would otherwise name an unknown symbol."""
+    out = []
+    for sym, sources in getattr(shape_env, "var_to_sources", {}).items():
+        if str(sym) in bound or not sources:
+            continue
+        name = sources[0].name
+        text = name() if callable(name) else name
+        if isinstance(text, str) and text.startswith(("L[", "G[")):
+            out.append((str(sym), text))
     return out

@@ -549,6 +549,9 @@ class Tracer:
             ctx = self.root_graph.inserting_after(self.last_placeholder)
         with ctx:
             node = self.root_graph.placeholder(name or placeholder_name(source))
+        # fx writes a placeholder's target as the parameter name of the graph's forward; node names are
+        # unique, targets are not (``out["loss"]`` and ``out.loss`` of a ModelOutput both read l_out_loss)
+        node.target = node.name
         self.last_placeholder = node
         node.meta["val"] = fake
         node.meta["spec"] = TensorSpec.from_tensor(fake) if isinstance(fake, torch.Tensor) else None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -85,8 +86,7 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
     if node.target is operator.getitem:
         return args[0][args[1]]
     name = target_name(node.target)
-    # kernel names are C identifiers: "aten.add.Tensor" -> add, "kiln_inductor.mm_padded.default" -> mm_padded
-    ctx.origin = name.split(".")[1] if name.count(".") >= 2 else name
+    ctx.origin = _origin(name)
     rule = LOWERINGS.get(name)
     val = node.meta.get("val")
     if isinstance(val, torch.Tensor) and val.device.type not in ("cpu", "cuda"):
@@ -128,6 +128,13 @@ def lower_node(ctx: LoweringContext, node: fx.Node, env: dict[fx.Node, Any]) -> 
         return extern_call(ctx, node, "fallback", args, kwargs)
     except NotLowered as e:
         raise LoweringError(f"{name} at node {node.name}: cannot lower or fall back: {e}") from e
+
+
+def _origin(name: str) -> str:
+    """The op's short name as a C identifier, for kernel names: "aten.add.Tensor" -> add,
+    "kiln_inductor.mm_padded.default" -> mm_padded, "operator.mul" (size arithmetic) -> mul."""
+    parts = name.split(".")
+    return re.sub(r"\W", "_", parts[1] if len(parts) >= 3 else parts[-1])
 
 
 def _has_sym_scalar(a: Any) -> bool:
@@ -181,6 +188,7 @@ def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Indu
                 val = _store_broadcast_transcendental(ctx, node, val)
             env[node] = val
         elif node.op == "output":
+            ctx.origin = "output"  # values left lazy until now are stored for the graph's outputs
             outputs = _distinct_outputs(ctx, _flat_outputs(node.args[0]), env)
         else:
             raise LoweringError(f"{node.op} node {node.name} ({node.target}) is not supported by kiln.inductor; "
