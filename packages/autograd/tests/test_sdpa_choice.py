@@ -169,9 +169,9 @@ def test_math_form_with_a_bool_mask_matches_the_composite_on_cpu() -> None:
         torch.testing.assert_close(got, _attn(q, k, v, m), atol=1e-5, rtol=1e-5)
 
 
-def _symbolic_cuda_trace(fn, shapes, dynamic, requires_grad: bool):  # type: ignore[no-untyped-def]
+def _symbolic_cuda_trace(fn, shapes, dynamic, requires_grad: bool, bool_mask: bool = False):  # type: ignore[no-untyped-def]
     """``fn`` traced on fake CUDA bf16 tensors (no GPU needed; a CUDA build of torch) whose ``dynamic``
-    dims are symbolic; the graph's text."""
+    dims are symbolic (the fourth a bool tensor with ``bool_mask``); the graph's text."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
@@ -183,7 +183,8 @@ def _symbolic_cuda_trace(fn, shapes, dynamic, requires_grad: bool):  # type: ign
                                                       DimDynamic.STATIC for d in range(len(shape))])
         meta = mode.from_tensor(torch.empty(shape, device="meta"), symbolic_context=ctx)
         with mode:
-            fakes.append(torch.empty(meta.shape, device="cuda", dtype=torch.bfloat16).requires_grad_(
+            dtype = torch.bool if bool_mask and k == 3 else torch.bfloat16
+            fakes.append(torch.empty(meta.shape, device="cuda", dtype=dtype).requires_grad_(
                 requires_grad and k < 3))
     with mode, torch.set_grad_enabled(requires_grad):
         return make_fx(fn, tracing_mode="real")(*fakes).code
@@ -216,6 +217,31 @@ def test_masked_attention_over_symbolic_sizes_defers_the_kernel_choice_to_eager(
         pytest.skip(f"fake CUDA tensors need a CUDA build of torch: {e}")
     assert ("kiln_graph.attention.default" in code) == eager_fused, code
     assert ("_scaled_dot_product_efficient_attention" in code) == (not eager_fused), code
+
+
+def test_bool_mask_of_deferred_attention_is_converted_once_in_the_graph() -> None:
+    """A bool mask reaches kiln_graph::attention as the additive mask in the query's dtype, made by a
+    traced kernel (one per graph once CSE merges the layers' copies), not converted by eager inside
+    every call and every backward."""
+    from torch.nn.attention import SDPBackend
+
+    from kiln.autograd import attention as A
+
+    class Answer(A.KernelChoices):
+        def choice(self, a, dense_mask=False):  # type: ignore[no-untyped-def]
+            return int(SDPBackend.CUDNN_ATTENTION)
+
+    def attn(q, k, v, m):  # type: ignore[no-untyped-def]
+        return A._symbolic_attention(q, k, v, m, A._bind((q, k, v), {"attn_mask": m}), Answer())
+
+    shape = (8, 12, 512, 64)
+    try:
+        code = _symbolic_cuda_trace(attn, [shape, shape, shape, (8, 1, 512, 512)],
+                                    {0: (0, 2), 1: (0, 2), 2: (0, 2), 3: (0, 2, 3)}, False, bool_mask=True)
+    except (RuntimeError, AssertionError) as e:  # a CPU-only build of torch has no fake CUDA
+        pytest.skip(f"fake CUDA tensors need a CUDA build of torch: {e}")
+    assert "kiln_graph.attention.default" in code and "masked_fill" in code, code
+    assert code.index("masked_fill") < code.index("kiln_graph.attention.default"), code
 
 
 def test_training_through_the_attention_op_matches_eager() -> None:
