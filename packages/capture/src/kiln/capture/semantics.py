@@ -230,6 +230,9 @@ def store_attr(frame: Frame, obj: Any, name: str, value: Any) -> None:
 
 def record_attr_write(frame: Frame, obj: Any, name: str, value: Any) -> None:
     """Defer a write to an object the trace does not own: reads see it, the graph's caller replays it."""
+    if isinstance(obj, nn.Module) and isinstance(value, torch.Tensor) and name in obj._buffers and \
+            obj._buffers[name] is not None and load_attr(frame, obj, name) is value:
+        return  # ``self.count += 1`` on a buffer: updated in place (the graph writes it back), the same object
     if isinstance(obj, nn.Module) and isinstance(value, (torch.Tensor, nn.Module)) or \
             isinstance(obj, nn.Module) and name in ("training",):
         raise GraphBreak(f"assigning {name!r} on module {type(obj).__name__}")
