@@ -117,3 +117,22 @@ def test_dropout_over_sizes_is_generated_code(options):
             assert 0.2 < (b == 0).float().mean().item() < 0.3
             assert not torch.equal(a != 0, a2 != 0)  # a fresh seed per call
             assert (((a != 0) != (b != 0)).float().mean().item()) > 0.3  # independent streams
+
+
+def batch_statistics(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    m = x.mean((0, 2, 3))
+    return m, ((x - m[None, :, None, None]) ** 2).mean((0, 2, 3))
+
+
+def test_reduction_over_two_ranges_vectorises_the_innermost_loop():
+    """BatchNorm statistics over a symbolic batch reduce [s0, H*W] per channel: two reduction loops that
+    cannot merge. ``omp simd`` sits on the innermost one; on the outer one g++ unrolled the inner
+    1024-step loop whole and took minutes for one kernel file (a ResNet-18 training graph)."""
+    cg = compile_symbolic(batch_statistics, torch.randn(4, 8, 32, 32), dynamic={0: (0,)})
+    src = cg.texts["output_code"].split("# ---- kernels")[1]
+    lines = [ln.strip() for ln in src.splitlines()]
+    simd = [i for i, ln in enumerate(lines) if ln.startswith("#pragma omp simd reduction")]
+    assert simd, src
+    for i in simd:
+        assert lines[i + 1].startswith("for (") and not lines[i + 2].startswith("for ("), "\n".join(lines[i - 2:i + 4])
+    check_sizes(cg, batch_statistics, lambda n: (torch.randn(n, 8, 32, 32),), (4, 1, 3, 6), atol=1e-5)
