@@ -21,6 +21,7 @@ from torch.utils._pytree import tree_flatten
 
 from kiln.decomp import decompose
 from kiln.graph import (
+    CHECKPOINT_TAG,
     SymbolicSizeError,
     annotate,
     annotations_of,
@@ -145,7 +146,20 @@ class _FakeInterpreter(fx.Interpreter):
 
     def run_node(self, n: fx.Node) -> Any:
         self._node_name = n.name
-        return super().run_node(n)
+        region = n.meta.get(CHECKPOINT_TAG)
+        if region is None:
+            return super().run_node(n)
+        graph = self.rec.graph
+        last = next(iter(reversed(graph.nodes)), None)
+        out = super().run_node(n)
+        # the ATen nodes this torch node recorded belong to its torch.utils.checkpoint region: the
+        # partitioner recomputes them in the backward (partition.py)
+        node = last.next if last is not None else next(iter(graph.nodes), None)
+        while node is not None and node.op != "root":
+            if node.op == "call_function":
+                node.meta[CHECKPOINT_TAG] = region
+            node = node.next
+        return out
 
     def call_function(self, target: Any, args: Any, kwargs: Any) -> Any:
         if is_cond(target):

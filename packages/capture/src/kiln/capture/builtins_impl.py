@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
+import torch.utils.checkpoint as torch_checkpoint
 
 from . import controls, deferred, polyfills
 from .errors import GraphBreak, SkipFrame
@@ -483,6 +484,9 @@ def _register() -> None:
                  "named_children", "modules", "named_modules"):
         SPECIAL[getattr(torch.nn.Module, kind)] = _module_members(kind)
     SPECIAL[functools.wraps] = _wraps
+    from .checkpoint import activation_checkpoint  # torch.utils.checkpoint: traced as a region
+
+    SPECIAL[getattr(torch_checkpoint.checkpoint, "__wrapped__", torch_checkpoint.checkpoint)] = activation_checkpoint
     SPECIAL[math.sqrt] = _sym_math(math.sqrt, torch.sym_sqrt)
     for text_fn in (str, repr):
         SPECIAL[text_fn] = _text(text_fn)

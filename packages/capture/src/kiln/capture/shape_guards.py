@@ -19,9 +19,11 @@ def shape_guards(shape_env, symbol_sources: dict[str, list[str]]) -> list[Guard]
         for src in sources:
             out.append(Guard(src, "SYMBOL", name, "dynamic size"))
     named = set(symbol_sources)
+    referenced = {str(x) for g in shape_env.guards for x in g.expr.free_symbols}
     for name, src in _unbound_sources(shape_env, named):
-        out.append(Guard(src, "SYMBOL", name, "dynamic size (of a view input's base)"))
-        named.add(name)
+        if name in referenced:  # only symbols a recorded relation names (kiln.export refuses others)
+            out.append(Guard(src, "SYMBOL", name, "dynamic size (of a view input's base)"))
+            named.add(name)
     for sym, vr in shape_env.var_to_range.items():
         if str(sym) not in named:
             continue

@@ -27,6 +27,7 @@ from torch.fx.experimental import symbolic_shapes
 from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
 from kiln.graph import (
+    CHECKPOINT_TAG,
     SIZE_OPS,
     SIZE_UNARY_OPS,
     Guard,
@@ -136,6 +137,9 @@ class Tracer:
         self.built_state: dict[int, tuple[tuple[Any, int], str]] = {}
         self.opaque: set[int] = set()  # ids of values from the frame guarded by type only (foreign.py)
         self.symbol_sources: dict[str, list[str]] = {}
+        # torch.utils.checkpoint regions (checkpoint.py): the one being traced, and how many were entered
+        self.checkpoint_region: int | None = None
+        self.checkpoint_regions = 0
         self.stride_relations: list[Guard] = []  # symbolic strides of inputs as relations (_guard_strides)
         self.speculative: set[fx.Node] = set()
         self.param_fakes: set[int] = set()
@@ -595,6 +599,8 @@ class Tracer:
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         if self.location:
             node.meta["stack_trace"] = self.location
+        if self.checkpoint_region is not None:
+            node.meta[CHECKPOINT_TAG] = self.checkpoint_region
         if pure:
             self.speculative.add(node)
         self.register(result, node)

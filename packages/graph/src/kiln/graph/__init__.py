@@ -5,6 +5,7 @@ graph printer, named logs, a pass driver with instruments, and debug dumps. Impo
 """
 
 from .annotations import (
+    CHECKPOINT_TAG,
     GRAPH_META_KEYS,
     NO_ANNOTATIONS,
     NODE_META_KEYS,
@@ -98,7 +99,7 @@ __all__ = [
     "ATTENTION_BACKWARD_TARGET",
     "ATTENTION_SOURCE",
     "ATTENTION_TARGET",
-    "GRAPH_META_KEYS", "NODE_META_KEYS", "NO_ANNOTATIONS", "DistributedState", "GraphAnnotations",
+    "CHECKPOINT_TAG", "GRAPH_META_KEYS", "NODE_META_KEYS", "NO_ANNOTATIONS", "DistributedState", "GraphAnnotations",
     "SymbolicSize", "annotate", "annotations_of",
     "CallSignature", "DoubleBackwardError", "ListCall", "OutputRule", "finish_outputs", "inference_call",
     "release_saved", "training_call", "training_function",

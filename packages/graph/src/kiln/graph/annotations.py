@@ -62,7 +62,10 @@ _KEY = "kiln_annotations"  # the one gm.meta entry kiln's stages share
 
 # node.meta keys more than one stage reads: torch's fake value and capture's TensorSpec (printer.py)
 # "stack_trace" is FX's own: the user source line a node came from (capture writes it, reports read it)
-NODE_META_KEYS = frozenset({"val", "spec", "stack_trace"})
+# "kiln_checkpoint": the torch.utils.checkpoint region a node was traced in (capture writes it on torch
+# nodes, kiln.autograd copies it to their ATen nodes and recomputes them in the backward)
+CHECKPOINT_TAG = "kiln_checkpoint"
+NODE_META_KEYS = frozenset({"val", "spec", "stack_trace", CHECKPOINT_TAG})
 GRAPH_META_KEYS = frozenset({_KEY})
 
 
