@@ -67,17 +67,28 @@ def test_generate_with_a_growing_cache_compiles_at_most_three_graphs(kind: str, 
     assert after.graphs_run_eagerly == before.graphs_run_eagerly
 
 
+def _train_gpt2(layers: int) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=layers, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=128,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                                     attn_implementation="sdpa")
+    return transformers.GPT2LMHeadModel(config).train()
+
+
+def _same_loss_and_grads(seq: int, got: torch.Tensor, want: torch.Tensor, model: torch.nn.Module,
+                         eager: torch.nn.Module) -> None:
+    """The compiled step's loss and every parameter's gradient equal eager's (then cleared)."""
+    torch.testing.assert_close(got, want, msg=lambda m: f"seq {seq}: {m}")
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5,
+                                   msg=lambda m, name=name: f"seq {seq}, {name}: {m}")
+        p.grad, q.grad = None, None
+
+
 def test_training_with_a_new_sequence_length_every_step_compiles_at_most_two_graphs() -> None:
     """GPT-2 (loss from ``labels`` inside HF's forward) over sequence lengths that change every step:
     each step's loss and every parameter's gradient equal eager's, with at most 2 graphs."""
-    def build() -> torch.nn.Module:
-        torch.manual_seed(0)
-        config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=128,
-                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
-                                         attn_implementation="sdpa")
-        return transformers.GPT2LMHeadModel(config).train()
-
-    eager, model = build(), build()
+    eager, model = _train_gpt2(2), _train_gpt2(2)
     compiled = kiln.compile(model)
     kiln.reset()
     before = kiln.stats()
@@ -88,11 +99,7 @@ def test_training_with_a_new_sequence_length_every_step_compiles_at_most_two_gra
         got = compiled(ids, labels=ids).loss
         want.backward()
         got.backward()
-        torch.testing.assert_close(got, want, msg=lambda m, seq=seq: f"seq {seq}: {m}")
-        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5,
-                                       msg=lambda m, name=name, seq=seq: f"seq {seq}, {name}: {m}")
-            p.grad, q.grad = None, None
+        _same_loss_and_grads(seq, got, want, model, eager)
     after = kiln.stats()
     assert after.graphs_compiled - before.graphs_compiled <= 2
     assert after.frames_run_eagerly == before.frames_run_eagerly
@@ -105,14 +112,7 @@ def test_training_step_with_backward_inside_the_compiled_function() -> None:
     the logits a strided view of the LM head's output, with a fake base of its own sizes). That resume
     used to fail capture (a duplicate placeholder name, then a guard naming the base's unbound size)
     and run eagerly. Loss and gradients equal eager's for every length; nothing runs eagerly."""
-    def build() -> torch.nn.Module:
-        torch.manual_seed(0)
-        config = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=128,
-                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
-                                         attn_implementation="sdpa")
-        return transformers.GPT2LMHeadModel(config).train()
-
-    eager, model = build(), build()
+    eager, model = _train_gpt2(1), _train_gpt2(1)
 
     def step(m: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
         out = m(input_ids=ids, labels=ids)
@@ -127,11 +127,7 @@ def test_training_step_with_backward_inside_the_compiled_function() -> None:
         ids = torch.randint(0, VOCAB, (2, seq), generator=gen)
         want = step(eager, ids)
         got = compiled(model, ids)
-        torch.testing.assert_close(got, want, msg=lambda m, seq=seq: f"seq {seq}: {m}")
-        for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5,
-                                       msg=lambda m, name=name, seq=seq: f"seq {seq}, {name}: {m}")
-            p.grad, q.grad = None, None
+        _same_loss_and_grads(seq, got, want, model, eager)
     after = kiln.stats()
     assert after.frames_run_eagerly == before.frames_run_eagerly
     assert after.graphs_run_eagerly == before.graphs_run_eagerly
