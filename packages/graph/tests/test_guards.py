@@ -72,6 +72,15 @@ def test_first_failure_names_guard_and_actual_value() -> None:
     assert guard.source == "L['x']" and "(4,)" in actual
 
 
+def test_relation_over_an_unbound_symbol_fails_instead_of_crashing() -> None:
+    """A shape relation naming a symbol no SYMBOL guard binds (a view input's base size, before capture
+    bound those) is reported as the failing guard, not a NameError out of the recompile path."""
+    gs = GuardSet((Guard("L['x'].size()[0]", "SYMBOL", "s0", "dynamic size"),
+                   Guard("", "SHAPE_EXPR", "s17*s0 >= 2", "shape assumption")))
+    failed = gs.first_failure({"x": torch.ones(3)}, {})
+    assert failed is not None and failed[0].expected == "s17*s0 >= 2" and "no source" in failed[1]
+
+
 def test_missing_source_fails_instead_of_crashing() -> None:
     gs = GuardSet((Guard("L['gone'].weight", "NOT_NONE", None),))
     failed = gs.first_failure({}, {})

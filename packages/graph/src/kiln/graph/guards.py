@@ -200,7 +200,10 @@ def _check_one(g: Guard, L: Mapping[str, Any], G: Mapping[str, Any],
         changed = [f"{k} is {v!r}, was {was.get(k)!r}" for k, v in now if was.get(k) != v]
         return now == g.expected, "; ".join(changed) or repr(now)
     if g.kind == "SHAPE_EXPR":
-        return bool(eval(str(g.expected), {}, symbols)), repr(symbols)
+        try:
+            return bool(eval(str(g.expected), {}, symbols)), repr(symbols)
+        except NameError as e:  # a relation over a symbol no SYMBOL guard bound: it cannot hold
+            return False, f"<{e}: a size symbol with no source>"
     try:
         value = eval(g.source, {"L": L, "G": G})
     except Exception as e:  # the source no longer resolves: that is a failure, not a crash
