@@ -33,20 +33,19 @@ from kiln.graph import (
     Guard,
     TensorSpec,
     global_state,
-    py_expr,
     symbolic_dispatch,
     tensor_expectation,
     type_name,
 )
 
 from .deferred import is_random_target, seed_pending
-from .errors import GraphBreak, Unsupported
+from .errors import GraphBreak
 from .foreign import is_immutable_constant, is_numpy_scalar, state_in_c
+from .input_shapes import constrain_ranges, guard_strides
 from .knobs import user_environment
 from .module_calls import CallPath, call_path, global_hook_keys
 from .numpy_trace import liftable
 from .shape_env import CaptureShapeEnv
-from .shape_guards import STRIDE_NOTE
 from .shape_source import KilnSource
 from .sources import item_source, placeholder_name, pretty
 from .values import (
@@ -140,7 +139,7 @@ class Tracer:
         # torch.utils.checkpoint regions (checkpoint.py): the one being traced, and how many were entered
         self.checkpoint_region: int | None = None
         self.checkpoint_regions = 0
-        self.stride_relations: list[Guard] = []  # symbolic strides of inputs as relations (_guard_strides)
+        self.stride_relations: list[Guard] = []  # symbolic strides of inputs as relations (input_shapes.guard_strides)
         self.speculative: set[fx.Node] = set()
         self.param_fakes: set[int] = set()
         self.input_source_of_fake: dict[int, str] = {}
@@ -448,7 +447,7 @@ class Tracer:
                     DimDynamic.DUCK if self.duck and i not in marked else DimDynamic.DYNAMIC
                     for i in range(value.dim())])
                 fake = self.fake_mode.from_tensor(value, source=KilnSource(source), symbolic_context=ctx)
-                self._constrain_ranges(value, fake, source)
+                constrain_ranges(self.shape_env, value, fake, source)
             else:
                 fake = self.fake_mode.from_tensor(value, static_shapes=True)
             dyn = frozenset(i for i, s in enumerate(fake.shape) if isinstance(s, torch.SymInt))
@@ -459,7 +458,7 @@ class Tracer:
                 if s.node.expr not in self.node_of_expr:
                     self.node_of_expr[s.node.expr] = self._size_node(node, i, s)
         if not is_state:
-            strides = self._guard_strides(fake, source) if dyn else None
+            strides = guard_strides(fake, source, self.symbol_sources, self.stride_relations) if dyn else None
             self.add_guard(source, "TENSOR_MATCH", tensor_expectation(value, dyn, strides))
         self.inputs.append(GraphInput(source, value, fake, node))
         self.input_source_of_fake[id(fake)] = source
@@ -507,42 +506,6 @@ class Tracer:
                 prev = d.node.prev
                 self.last_placeholder = prev if prev.op == "placeholder" else None
             self.root_graph.erase_node(d.node)
-
-    def _guard_strides(self, fake: torch.Tensor, source: str) -> tuple[int | None, ...]:
-        """The strides of a tensor with symbolic sizes, guarded: the trace and its kernels assume the
-        fake tensor's stride expressions, so a call's stride must equal each one. A number is pinned
-        in TENSOR_MATCH (returned), a symbol is bound like a size, an expression (``64*s1``) is a
-        relation over a bound name; a call with another layout recompiles."""
-        pinned: list[int | None] = []
-        for i, st in enumerate(fake.stride()):
-            expr = st.node.expr if isinstance(st, torch.SymInt) else sympy.Integer(st)
-            if expr.is_number:
-                pinned.append(int(expr))
-                continue
-            pinned.append(None)
-            where = f"{source}.stride()[{i}]"
-            if isinstance(expr, sympy.Symbol):
-                self.symbol_sources.setdefault(str(expr), []).append(where)
-                continue
-            name = f"stride{len(self.stride_relations)}"
-            self.symbol_sources.setdefault(name, []).append(where)
-            self.stride_relations.append(Guard("", "SHAPE_EXPR", f"{name} == {py_expr(expr)}", STRIDE_NOTE))
-        return tuple(pinned)
-
-    def _constrain_ranges(self, value: torch.Tensor, fake: torch.Tensor, source: str) -> None:
-        """``mark_dynamic(t, dim, min=, max=)``: the symbol's range (guarded as ``s0 >= min``, ``s0 <= max``)."""
-        assert self.shape_env is not None
-        for d, (lo, hi) in getattr(value, "_kiln_dynamic_ranges", {}).items():
-            size = int(value.shape[d])
-            if (lo is not None and size < lo) or (hi is not None and size > hi):
-                raise Unsupported(f"{source}.size()[{d}] is {size}, outside the range [{lo}, {hi}] given to "
-                                  "mark_dynamic; widen the range or call with a size inside it")
-            s = fake.shape[d]
-            if isinstance(s, torch.SymInt) and isinstance(s.node.expr, sympy.Symbol):
-                vr = self.shape_env.var_to_range[s.node.expr]
-                self.shape_env.constrain_symbol_range(
-                    s.node.expr, compiler_min=int(vr.lower) if lo is None else max(lo, int(vr.lower)),
-                    compiler_max=vr.upper if hi is None else hi)
 
     def _placeholder(self, source: str, fake: Any, name: str | None = None) -> fx.Node:
         if self.last_placeholder is None:
