@@ -4,10 +4,13 @@
     python -m benchmarks.profile_step --model resnet50 --backend kiln --out DIR [--mode reduce-overhead]
     python -m benchmarks.profile_step --model decode --backend kiln --mode reduce-overhead --out DIR
     python -m benchmarks.profile_step --model stream --backend kiln --iters 40 --out DIR
+    python -m benchmarks.profile_step --model generate-llama --backend kiln --iters 3 --out DIR
 
 ``--model decode`` is the bs=1 decode step of benchmarks.decode (full size on CUDA). ``--model stream``
 steps through benchmarks.dynamic_stream's requests (changing batch and length), one request per step,
-after one cold pass over the whole stream so that every compile is done. Suite models run
+after one cold pass over the whole stream so that every compile is done. ``--model generate-llama``
+(or ``generate-gpt2``) is one HF ``generate()`` of 32 greedy tokens per step as benchmarks.generate runs
+it (fp32, batch 2, a growing DynamicCache; a 64-token generate first so that every compile is done). Suite models run
 inference as the suite does (bf16 on CUDA, ``no_grad``), or a training step with ``--training``.
 Writes ``<model>-<backend>.txt`` into ``--out``: wall ms per step, device busy ms per step, kernel
 launches per step, the top host functions by own time and the top device kernels.
@@ -77,6 +80,17 @@ def _stream_step(device: str, spec: B.CompileSpec, backend: str, small: bool) ->
     for _ in inputs:  # the cold pass: every compile happens here
         step()
     return step
+
+
+def _generate_step(name: str, device: str, spec: B.CompileSpec, backend: str, small: bool) -> Callable[[], Any]:
+    from benchmarks import generate as G
+
+    model = G._build(name, small or not device.startswith("cuda"), device, bf16=False)
+    prompt = torch.randint(1, model.config.vocab_size, (2, 16), generator=torch.Generator().manual_seed(1))
+    prompt = prompt.to(device)
+    model.forward = B.compile_fn(backend, model.forward, spec)
+    G._generate(model, prompt, 64)  # every compile happens here
+    return lambda: G._generate(model, prompt, 32)
 
 
 def _suite_step(name: str, device: str, spec: B.CompileSpec, backend: str, training: bool,
@@ -179,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         step = _decode_step(args.device, spec, args.backend)
     elif args.model == "stream":
         step = _stream_step(args.device, spec, args.backend, args.small)
+    elif args.model.startswith("generate-"):
+        step = _generate_step(args.model.removeprefix("generate-"), args.device, spec, args.backend, args.small)
     else:
         step = _suite_step(args.model, args.device, spec, args.backend, args.training, args.small)
     text = profile(step, args.device, args.iters, args.top)

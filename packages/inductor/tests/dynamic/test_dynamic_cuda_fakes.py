@@ -13,6 +13,8 @@ import torch
 from dynamic_helpers import symbolic_fakes_graph
 from torch import fx
 
+from kiln.graph import ATTENTION, ATTENTION_TARGET
+from kiln.graph.attention_op import ATTENTION_BACKWARD
 from kiln.inductor import InductorOptions
 from kiln.inductor.ir import ExternKernel
 from kiln.inductor.lowering.lower import lower_graph
@@ -67,3 +69,42 @@ def test_efficient_attention_bias_rows_are_aligned_for_a_symbolic_key_length() -
     for n in (1, 15, 16, 17, 28, 37, 512):
         value = int(rows.subs({sym: n for sym in rows.free_symbols}))
         assert value % 16 == 0 and value >= n, (n, value, attn.as_text())
+
+
+def deferred_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,
+                       g: torch.Tensor) -> tuple:
+    mask = bias * 2
+    out = ATTENTION(q, k, v, mask, False, None, False)
+    out = ATTENTION(out, k, v, mask, False, None, False)
+    grads = ATTENTION_BACKWARD(g, q, k, v, mask, False, None, False)
+    return (out, *grads)
+
+
+def test_deferred_attention_mask_is_stored_aligned_once_per_graph() -> None:
+    """kiln_graph::attention runs eager's SDPA, which pads an unaligned mask for memory-efficient
+    attention inside every call (a fill and a copy kernel per layer per token in an H200 Llama
+    generate()). On CUDA the lowering stores the mask in rows of 16 * ((s + 15) // 16) instead, once
+    for every call that reads it (forward and backward)."""
+    shapes = [(2, 4, 37, 64)] * 3 + [(2, 1, 37, 37), (2, 4, 37, 64)]
+    gm, examples, _ = symbolic_fakes_graph(deferred_attention, shapes, {0: (2,), 1: (2,), 2: (2,), 3: (2, 3), 4: (2,)},
+                                           device="cuda", dtype=torch.float32)
+    program, fallbacks = lower_graph(gm, examples, InductorOptions(strict_lowering=True), "deferred")
+    assert not fallbacks, fallbacks
+    calls = [e for e in program.nodes if isinstance(e, ExternKernel)]
+    masks = [e.args[3] if e.target == ATTENTION_TARGET else e.args[4] for e in calls]
+    assert len(calls) == 3 and len({m.buffer for m in masks}) == 1, [e.as_text() for e in calls]
+    rows = masks[0].stride[2]
+    for n in (1, 15, 16, 17, 28, 37, 512):
+        value = int(rows.subs({sym: n for sym in rows.free_symbols}))
+        assert value % 16 == 0 and value >= n, (n, value)
+
+
+def test_deferred_attention_mask_on_the_cpu_is_passed_as_computed() -> None:
+    """On the CPU eager's kernels take any mask layout: no padded copy."""
+    shapes = [(2, 4, 37, 64)] * 3 + [(2, 1, 37, 37), (2, 4, 37, 64)]
+    gm, examples, _ = symbolic_fakes_graph(deferred_attention, shapes, {0: (2,), 1: (2,), 2: (2,), 3: (2, 3), 4: (2,)},
+                                           device="cpu", dtype=torch.float32)
+    program, _ = lower_graph(gm, examples, InductorOptions(strict_lowering=True), "deferred")
+    calls = [e for e in program.nodes if isinstance(e, ExternKernel)]
+    rows = calls[0].args[3].stride[2]
+    assert str(rows) == str(examples[3].shape[3]), calls[0].as_text()

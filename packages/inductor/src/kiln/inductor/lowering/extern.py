@@ -200,19 +200,27 @@ for _name in ("mm.default", "bmm.default", "addmm.default", "baddbmm.default", "
               "_linalg_svd.default", "linalg_vector_norm.default"):
     RULES[f"aten.{_name}"] = _extern
 RULES["kiln_inductor.mm_padded.default"] = _extern  # graph_passes/pad_matmuls.py: a misaligned matmul's output
-RULES[ATTENTION_TARGET] = _extern  # kiln.graph attention_op.py: attention whose kernel eager picks per call
-RULES[ATTENTION_BACKWARD_TARGET] = _extern
 
 # the attention kernels that take an additive bias, and its position among their arguments
 _BIAS_ARG = {"aten._scaled_dot_product_efficient_attention.default": 3,
              "aten._scaled_dot_product_efficient_attention_backward.default": 4,
              "aten._scaled_dot_product_cudnn_attention.default": 3,
-             "aten._scaled_dot_product_cudnn_attention_backward.default": 8}
+             "aten._scaled_dot_product_cudnn_attention_backward.default": 8,
+             # kiln.graph attention_op.py: attention whose kernel eager picks per call. On CUDA its mask
+             # is stored aligned too: eager pads an unaligned one inside every call (Llama-350M
+             # generate() on an H200: a fill and a copy kernel per layer per token, ~1.3 ms of host time
+             # per token), where the aligned copy here is made once per graph (the layers share it)
+             ATTENTION_TARGET: 3, ATTENTION_BACKWARD_TARGET: 4}
+_CUDA_ONLY = frozenset((ATTENTION_TARGET, ATTENTION_BACKWARD_TARGET))
 
 
 def _attention(ctx: LoweringContext, node: fx.Node, *args: Any, **kwargs: Any) -> Any:
-    i = _BIAS_ARG[target_name(node.target)]
-    if i < len(args) and is_tensor(args[i]):
+    target = target_name(node.target)
+    i = _BIAS_ARG[target]
+    like = node.args[i] if i < len(node.args) else None
+    val = like.meta.get("val") if isinstance(like, fx.Node) else None
+    on_cuda = isinstance(val, torch.Tensor) and val.device.type == "cuda"
+    if i < len(args) and is_tensor(args[i]) and (target not in _CUDA_ONLY or on_cuda):
         args = (*args[:i], aligned_bias(ctx, stored(ctx, args[i], node.args[i])), *args[i + 1:])
     return extern_call(ctx, node, "extern", args, kwargs)
 
