@@ -259,6 +259,27 @@ def _dividend_shift(e: sympy.Expr, args: list[sympy.Expr]) -> int:
     return max(0, -low)
 
 
+def _exact_quotient(a: sympy.Expr, b: sympy.Expr) -> tuple[sympy.Expr, sympy.Integer] | None:
+    """``(p, c)`` with ``a / b == p / c`` as rational functions, ``p`` a polynomial with integer
+    coefficients and ``c`` a positive integer, where the symbolic divisor ``b`` cancels (``(h*h) //
+    (2*h)`` is ``h // 2``: ConvNeXt's reshapes of an (h, h) feature map, h = H // 4); else None. Then
+    ``a // b == p // c`` for every ``b != 0`` whatever its sign; at ``b == 0`` torch's own size
+    computation divides by zero, so no call reaches the graph there."""
+    if isinstance(b, sympy.Integer) or not b.free_symbols:
+        return None
+    num, den = sympy.fraction(sympy.cancel(a / b))
+    if not isinstance(den, sympy.Integer) or den <= 0:
+        return None
+    if not isinstance(num, sympy.Integer):
+        try:
+            poly = sympy.Poly(num)  # generators: the size symbols and integer functions of them
+        except sympy.PolynomialError:
+            return None
+        if not all(g.is_integer for g in poly.gens) or not all(c.is_integer for c in poly.coeffs()):
+            return None
+    return sympy.expand(num), den
+
+
 def _shifted_division(name: str, args: list[sympy.Expr], shift: int) -> sympy.Expr:
     """``a // b`` as ``(a + c*b) // b - c`` and ``a % b`` as ``(a + c*b) % b`` (exact for integers), with
     ``a + c*b >= 0``: ``c = shift`` covers every divisor >= 1."""
@@ -298,6 +319,17 @@ def to_kiln(e: sympy.Expr) -> sympy.Expr:
         return e.func(*args)
     if isinstance(e, sympy.Pow) and isinstance(e.exp, sympy.Integer) and int(e.exp) > 0:
         return args[0] ** int(e.exp)
+    if name in ("FloorDiv", "CleanDiv", "CeilDiv", "Mod", "PythonMod") and len(args) == 2:
+        exact = _exact_quotient(*args)
+        if exact is not None and name in ("Mod", "PythonMod"):
+            if exact[1] == 1:
+                return sympy.Integer(0)
+        elif exact is not None:
+            num, den = exact
+            if name == "CeilDiv" and den != 1:
+                num = num + den - 1
+            if den == 1 or num.is_nonnegative:
+                return FloorDiv(num, den)
     if name in ("FloorDiv", "CleanDiv", "CeilDiv", "Mod", "PythonMod", "ModularIndexing"):
         shift = _dividend_shift(e, args)
         if shift:  # a dividend that may be negative, made non-negative (C's / and % then agree with Python's)

@@ -1,0 +1,39 @@
+"""ShapeEnv size expressions whose symbolic divisor cancels (``h**2 // (2*h)``) become kiln index
+expressions without a division by a symbol: kiln.inductor refused such a divisor, which it cannot
+prove positive (ConvNeXt with dynamic=True then ran its ATen graph op by op)."""
+
+from __future__ import annotations
+
+import pytest
+import sympy
+from torch.utils._sympy.functions import FloorDiv as TorchFloorDiv
+from torch.utils._sympy.functions import PythonMod
+
+from kiln.inductor.ir.index import DynamicShapeUnsupported, FloorDiv, size_symbol, to_kiln
+
+s, t = sympy.symbols("s53 s2", integer=True, positive=True)
+h = TorchFloorDiv(s, 4)
+
+
+def _value(e: sympy.Expr, **sizes: int) -> int:
+    return int(e.subs({size_symbol(k): v for k, v in sizes.items()}))
+
+
+@pytest.mark.parametrize("expr, python", [
+    (TorchFloorDiv(h ** 2, h), lambda S, T: (S // 4) ** 2 // (S // 4)),
+    (TorchFloorDiv(h ** 2, 2 * h), lambda S, T: (S // 4) ** 2 // (2 * (S // 4))),
+    (TorchFloorDiv(6 * s * t, 4 * t), lambda S, T: 6 * S * T // (4 * T)),
+    (PythonMod(3 * s * t, t), lambda S, T: 3 * S * T % T),
+])
+def test_a_cancelling_divisor_leaves_no_symbolic_division(expr, python) -> None:
+    got = to_kiln(expr)
+    divisors = [a.args[1] for a in got.atoms(FloorDiv)]
+    assert all(d.is_Integer for d in divisors), got
+    for S in (4, 5, 7, 8, 31, 64, 224):
+        for T in (1, 3, 16):
+            assert _value(got, s53=S, s2=T) == python(S, T), (S, T, got)
+
+
+def test_a_divisor_that_does_not_cancel_is_still_refused() -> None:
+    with pytest.raises(DynamicShapeUnsupported, match="cannot prove positive"):
+        to_kiln(TorchFloorDiv(s + 1, h))
