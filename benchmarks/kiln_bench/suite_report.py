@@ -70,7 +70,8 @@ def _graphs(row: dict | None) -> str:
     gi = row.get("graph_info") or {}
     if gi.get("error"):
         return "?"
-    return f"{gi.get('graphs', '?')}/{gi.get('breaks', '?')}"
+    op_by_op = f" ({gi['op_by_op']} op by op)" if gi.get("op_by_op") else ""
+    return f"{gi.get('graphs', '?')}/{gi.get('breaks', '?')}{op_by_op}"
 
 
 def _err(row: dict | None, key: str) -> str:
@@ -180,6 +181,10 @@ def notes(rows: Sequence[dict[str, Any]]) -> str:
         elif gi.get("breaks"):
             lines.append(f"- {r['model']} {r['mode']} {LABELS.get(r['backend'])}: "
                          f"{gi['breaks']} graph breaks: {'; '.join(gi.get('reasons', []))}")
+        if gi.get("op_by_op"):
+            lines.append(f"- {r['model']} {r['mode']} {LABELS.get(r['backend'], r['backend'])}: {gi['op_by_op']} "
+                         "graph(s) not compiled by kiln.inductor, run op by op through ATen (the log's perf_hints "
+                         "say why)")
     return "\n".join(lines)
 
 

@@ -49,14 +49,17 @@ def _graph_info(backend: str, case: Any, explain: bool, dynamic: bool = False) -
     try:
         if backend == "kiln" and dynamic:  # kiln.explain would capture again with the default setting
             s = B.import_kiln().stats()
-            return {"graphs": int(s.graphs_compiled), "breaks": int(s.graph_breaks)}
+            return {"graphs": int(s.graphs_compiled), "breaks": int(s.graph_breaks),
+                    "op_by_op": int(s.graphs_run_eagerly)}
         if backend == "torch_compile":
             if explain:
                 torch._dynamo.reset()
                 return B.torch_explain(case.model, case.args, case.kwargs)
             return B.torch_compile_counters()
         if backend == "kiln":
-            return B.kiln_explain(case.model, case.args, case.kwargs)
+            # graphs kiln.inductor did not compile (their ATen graph ran op by op) in this process
+            op_by_op = int(B.import_kiln().stats().graphs_run_eagerly)
+            return {**B.kiln_explain(case.model, case.args, case.kwargs), "op_by_op": op_by_op}
     except Exception as exc:  # noqa: BLE001 - graph counts are secondary; keep the row
         return {"error": B.short_error(exc, 200)}
     return {}
