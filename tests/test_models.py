@@ -48,3 +48,20 @@ def test_convnext_with_dynamic_sizes_compiles_one_graph_of_kernels() -> None:
     # batch 1 recompiles once (0/1 specialisation of the batch symbol, as torch.compile does)
     assert s.graphs_compiled <= 2 and s.recompiles <= 1, s
     assert (s.graphs_run_eagerly, s.frames_run_eagerly) == (0, 0), s  # the ATen fallback counts here
+
+
+def test_roll_by_a_size_dependent_shift_compiles_for_every_size() -> None:
+    """``torch.roll`` over a symbolic dim (a shifted-window model's cyclic shift at a dynamic image size)
+    normalises its shift as ``shift % s``; kiln.inductor refused that divisor and ran the graph op by op.
+    Fresh inputs per call, sizes 1 and primes included."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.roll(x, shifts=(x.shape[1] // 3, -2), dims=(1, 2)) * 2 + 1
+
+    kiln.reset()
+    kiln.stats_reset()
+    compiled = kiln.compile(f, dynamic=True)
+    for n in (6, 7, 1, 13, 32):
+        x = torch.randn(2, n, n + 3)
+        torch.testing.assert_close(compiled(x), f(x))
+    s = kiln.stats()
+    assert s.graphs_compiled <= 2 and (s.graphs_run_eagerly, s.frames_run_eagerly) == (0, 0), s

@@ -37,3 +37,28 @@ def test_a_cancelling_divisor_leaves_no_symbolic_division(expr, python) -> None:
 def test_a_divisor_that_does_not_cancel_is_still_refused() -> None:
     with pytest.raises(DynamicShapeUnsupported, match="cannot prove positive"):
         to_kiln(TorchFloorDiv(s + 1, h))
+
+
+def test_a_size_symbol_of_range_one_and_up_is_a_positive_divisor() -> None:
+    """``torch.roll`` over a symbolic dim normalises its shift as ``shift % s``: a divisor kiln.inductor
+    refused (its size symbols are only known non-negative) until the compile takes the ShapeEnv's
+    ranges, where the capture's guards keep every size symbol at >= 1 (0 specialises)."""
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    from kiln.inductor.ir.index import positive_sizes
+
+    expr = PythonMod(TorchFloorDiv(s, 3), s)
+    with pytest.raises(DynamicShapeUnsupported, match="cannot prove positive"):
+        to_kiln(expr)
+    env = ShapeEnv()
+    env.var_to_range[s] = ValueRanges(1, sympy.oo)
+    with positive_sizes(env):
+        got = to_kiln(expr)
+        for S in (1, 2, 3, 7, 64):
+            assert _value(got, s53=S) == (S // 3) % S, (S, got)
+        with pytest.raises(DynamicShapeUnsupported):  # h = s // 4 may still be 0
+            to_kiln(TorchFloorDiv(s + 1, h))
+    env.var_to_range[s] = ValueRanges(0, sympy.oo)  # a range that holds 0: no claim
+    with positive_sizes(env), pytest.raises(DynamicShapeUnsupported):
+        to_kiln(expr)

@@ -37,6 +37,7 @@ from .codegen.wrapper import REQUIRES
 from .cpp_graph import compile_cpp_graph
 from .graph_passes.lift_constants import WithConstants, constants_epilogue, lift_constants
 from .ir import DynamicShapeUnsupported, TensorRef, is_static
+from .ir.index import positive_sizes
 from .lowering.lower import LoweringError
 from .options import DEFAULT_OPTIONS, InductorOptions
 from .passes import CompileState
@@ -114,6 +115,12 @@ def compile_graph(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput], *,
     wrapper reads it; ``size_guards`` lists the relations the compile assumed (Python over the symbols,
     checked per call: kiln.runtime.GuardError). ``DynamicShapeUnsupported``: compile static sizes instead.
     """
+    with positive_sizes(shape_env_of(example_inputs)):
+        return _compile_graph(gm, example_inputs, options, name)
+
+
+def _compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: InductorOptions,
+                   name: str) -> CompiledGraph:
     t0 = time.perf_counter()
     lifted, constants = lift_constants(gm)
     inputs = [*example_inputs, *constants]

@@ -7,10 +7,12 @@ dynamic shapes (``s0``) appear alongside them.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import hashlib
-from collections.abc import Sequence
-from typing import TypeAlias
+from collections.abc import Iterator, Sequence
+from typing import Any, TypeAlias
 
 import sympy
 import torch
@@ -229,12 +231,51 @@ def sym_expr(v: object) -> sympy.Expr:
     return sympy.Integer(int(v))  # type: ignore[call-overload]
 
 
+# Names of the size symbols of the graph being compiled whose ShapeEnv range starts at 1 or above
+# (``positive_sizes``): a divisor over them alone is never 0.
+_POSITIVE_SIZES: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("kiln_positive_sizes",
+                                                                                  default=frozenset())
+
+
+@contextlib.contextmanager
+def positive_sizes(shape_env: Any) -> Iterator[None]:
+    """While compiling a graph over ``shape_env``: its size symbols whose range the capture's guards
+    keep at >= 1 (0 specialises; a dim that may be 1 has [1, inf)) count as positive divisors
+    (``shift % s`` of ``torch.roll`` over a symbolic dim). Nothing changes without a ShapeEnv."""
+    ranges = getattr(shape_env, "var_to_range", None) or {}
+    names = frozenset(str(k) for k, r in ranges.items() if _lower_at_least_one(r))
+    token = _POSITIVE_SIZES.set(names)
+    try:
+        yield
+    finally:
+        _POSITIVE_SIZES.reset(token)
+
+
+def _lower_at_least_one(r: Any) -> bool:
+    try:
+        return bool(r.lower >= 1)
+    except TypeError:
+        return False
+
+
+def _positive(d: sympy.Expr) -> bool:
+    """``d`` is >= 1 for every size the compiled graph is called with: provably positive, or
+    positive once the graph's size symbols of range [1, inf) are taken as positive."""
+    if d.is_positive is True:
+        return True
+    known = _POSITIVE_SIZES.get()
+    syms = [x for x in d.free_symbols if x.name in known]
+    if not syms:
+        return False
+    return d.xreplace({x: sympy.Dummy(x.name, integer=True, positive=True) for x in syms}).is_positive is True
+
+
 def _check_nonnegative_division(e: sympy.Expr, args: list[sympy.Expr]) -> None:
     """kiln's FloorDiv and ModIndex are C's ``/`` and ``%``, which agree with Python's ``//`` and ``%`` only
     for a non-negative dividend and a positive divisor; anything else (``(-s0) % 8``, a pad to a multiple)
     is refused rather than computed with C's truncating rounding."""
     dividend, divisors = args[0], args[1:]
-    if dividend.is_nonnegative is not True or any(d.is_positive is not True for d in divisors):
+    if dividend.is_nonnegative is not True or not all(map(_positive, divisors)):
         raise DynamicShapeUnsupported(f"size expression {e}: a division or remainder kiln.inductor cannot prove "
                                       "non-negative (C and Python round negative operands differently)")
 
@@ -245,7 +286,7 @@ def _dividend_shift(e: sympy.Expr, args: list[sympy.Expr]) -> int:
     divides ``H - 1`` (negative only for H = 0): ``(H - 1)//2`` is computed as ``(H + 1)//2 - 1``.
     A dividend without a lower bound, or a divisor not provably positive, is refused."""
     dividend, divisors = args[0], args[1:]
-    if any(d.is_positive is not True for d in divisors):
+    if not all(map(_positive, divisors)):
         raise DynamicShapeUnsupported(f"size expression {e}: a division or remainder by a divisor kiln.inductor "
                                       "cannot prove positive (C and Python round negative operands differently)")
     if dividend.is_nonnegative is True:
