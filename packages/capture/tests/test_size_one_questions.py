@@ -151,3 +151,26 @@ def test_reshape_that_copies_at_size_one_too_is_free(dynamic_length):
         u = y.t()
         added = _added(env, lambda: env.view_or_copy(u, "reshape", (-1,), lambda: u.reshape(-1)))
     assert added, "the copy-or-view question at batch 1 must stay a guard"
+
+
+def test_a_reshape_whose_sizes_divide_by_zero_at_size_one_is_traced() -> None:
+    """Swin's window partition, ``x.view(b, h // 4, 4, w // 4, 4, c)...reshape(-1, 16, c)``, over
+    symbolic h and w: asking whether the reshape copies with h or w at 1 valued ``s // (s // 4)`` there,
+    which raised ZeroDivisionError inside the capture, so the frame ran eagerly on every call. A size
+    that does not exist at 1 is an unknown answer: the question stays a guard, the frame compiles, and
+    every call matches eager with fresh inputs."""
+    import kiln
+
+    def windows(x: torch.Tensor) -> torch.Tensor:
+        b, h, w, c = x.shape
+        x = x.view(b, h // 4, 4, w // 4, 4, c).permute(0, 1, 3, 2, 4, 5)
+        return x.reshape(-1, 16, c).mean(1)
+
+    kiln.reset()
+    kiln.stats_reset()
+    compiled = kiln.compile(windows, dynamic=True)
+    for n in (2, 3, 5, 8):
+        x = torch.randn(2, 4 * n, 4 * (n + 1), 3)
+        torch.testing.assert_close(compiled(x), windows(x))
+    s = kiln.stats()
+    assert s.frames_run_eagerly == 0 and s.graphs_compiled == 1, s

@@ -361,7 +361,10 @@ def _int_at(v: Any, at: dict) -> int | None:
     hints = {sym: at.get(sym, known.get(sym)) for sym in expr.free_symbols}
     if any(h is None for h in hints.values()):
         return None
-    out = sympy.sympify(expr.xreplace({sym: sympy.Integer(h) for sym, h in hints.items()}))
+    try:
+        out = sympy.sympify(expr.xreplace({sym: sympy.Integer(h) for sym, h in hints.items()}))
+    except ZeroDivisionError:  # ``s // (h // 4)`` at h = 1: no such size there (the caller's "unknown")
+        return None
     return int(out) if out.is_Integer else None
 
 
