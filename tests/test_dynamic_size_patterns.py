@@ -40,6 +40,11 @@ PATTERNS = {
     "times_sqrt_of_size": (lambda x: x * math.sqrt(x.shape[-1]), lambda n: torch.randn(3, n)),
     "slice_to_ceil": (lambda x: x[: math.ceil(x.shape[0] / 3)] * 2, lambda n: torch.randn(n)),
     "slice_to_int_of_float": (lambda x: x[: int(x.shape[0] * 0.5)] * 2, lambda n: torch.randn(n)),
+    # (8 - n % 8) % 8 once became (-(n % 8)) % 8 in the kernels, negative in C: every size not a multiple
+    # of 8 read the padded rows from the wrong place, silently
+    "pad_to_multiple_of_8": (lambda x: F.pad(x, (0, (8 - x.shape[-1] % 8) % 8)) * 2, lambda n: torch.randn(3, n)),
+    "pad_to_multiple_then_sum": (lambda x: F.pad(x, (0, (8 - x.shape[-1] % 8) % 8)).sum(-1, keepdim=True) + x[:, :1],
+                                 lambda n: torch.randn(3, n)),
 }
 
 

@@ -20,6 +20,8 @@ from torch.utils._sympy.value_ranges import ValueRanges, bound_sympy
 
 from kiln.graph import KilnError, SymbolicSizeError, py_expr
 
+from .sizes import size_symbols_of
+
 IndexExpr: TypeAlias = sympy.Expr
 
 
@@ -102,8 +104,11 @@ def _rest_ok(rest: sympy.Expr, divisor: sympy.Expr) -> bool:
     """Whether the part left after pulling exact multiples out of a floor division / modulo stays a
     non-negative operand (printed as C's truncating ``/`` and ``%``). A symbolic divisor needs it proven:
     ``(s*s - 1 - i) // s`` must not become ``s + (-1 - i) // s``, which truncates to ``s`` in C
-    (a flip over a symbolic size). Static divisors keep the rule they always had."""
-    if isinstance(divisor, sympy.Integer):
+    (a flip over a symbolic size). A static divisor too where the rest holds a size symbol:
+    ``(8 - n % 8) % 8`` (a pad to a multiple of 8) became ``(-(n % 8)) % 8``, negative in C, and every
+    padded row was read from the wrong place. Rests over loop indices and constants alone keep the
+    rule they always had (their negative values are the masked-out reads of padding and pooling)."""
+    if isinstance(divisor, sympy.Integer) and not size_symbols_of(rest):
         return True
     return rest == 0 or bool(rest.is_nonnegative)
 
