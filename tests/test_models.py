@@ -65,3 +65,20 @@ def test_roll_by_a_size_dependent_shift_compiles_for_every_size() -> None:
         torch.testing.assert_close(compiled(x), f(x))
     s = kiln.stats()
     assert s.graphs_compiled <= 2 and (s.graphs_run_eagerly, s.frames_run_eagerly) == (0, 0), s
+
+
+def test_a_divisor_assumed_positive_is_a_size_guard_that_recompiles() -> None:
+    """``torch.roll`` over ``x[: n // 4]`` divides by ``n // 4``, 0 for n < 4: the compile assumes it >= 1
+    as a size guard checked per call, so a call with n < 4 recompiles instead of dividing by zero in a
+    kernel; every call matches eager with fresh inputs."""
+    def f(x: torch.Tensor) -> torch.Tensor:
+        return torch.roll(x[: x.shape[0] // 4], 1, 0) * 2
+
+    kiln.reset()
+    kiln.stats_reset()
+    compiled = kiln.compile(f, dynamic=True)
+    for n in (8, 12, 9, 3, 2, 16, 13):
+        x = torch.randn(n, 3)
+        torch.testing.assert_close(compiled(x), f(x))
+    s = kiln.stats()
+    assert (s.graphs_run_eagerly, s.frames_run_eagerly) == (0, 0), s

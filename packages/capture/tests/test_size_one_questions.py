@@ -173,4 +173,6 @@ def test_a_reshape_whose_sizes_divide_by_zero_at_size_one_is_traced() -> None:
         x = torch.randn(2, 4 * n, 4 * (n + 1), 3)
         torch.testing.assert_close(compiled(x), windows(x))
     s = kiln.stats()
-    assert s.frames_run_eagerly == 0 and s.graphs_compiled == 1, s
+    # and kiln.inductor generates its kernels: ``h // (h // 4)`` divides by ``h // 4``, which the compile
+    # assumes >= 1 as a size guard (it was refused: the graph ran op by op through ATen)
+    assert s.frames_run_eagerly == 0 and s.graphs_run_eagerly == 0 and s.graphs_compiled == 1, s

@@ -48,17 +48,41 @@ def test_a_size_symbol_of_range_one_and_up_is_a_positive_divisor() -> None:
 
     from kiln.inductor.ir.index import positive_sizes
 
-    expr = PythonMod(TorchFloorDiv(s, 3), s)
+    n = sympy.Symbol("s9", integer=True, nonnegative=True)  # no positive assumption of its own
+    expr = PythonMod(TorchFloorDiv(n, 3), n)
     with pytest.raises(DynamicShapeUnsupported, match="cannot prove positive"):
         to_kiln(expr)
     env = ShapeEnv()
-    env.var_to_range[s] = ValueRanges(1, sympy.oo)
+    env.var_to_range[n] = ValueRanges(1, sympy.oo)
     with positive_sizes(env):
         got = to_kiln(expr)
         for S in (1, 2, 3, 7, 64):
-            assert _value(got, s53=S) == (S // 3) % S, (S, got)
-        with pytest.raises(DynamicShapeUnsupported):  # h = s // 4 may still be 0
-            to_kiln(TorchFloorDiv(s + 1, h))
-    env.var_to_range[s] = ValueRanges(0, sympy.oo)  # a range that holds 0: no claim
+            assert _value(got, s9=S) == (S // 3) % S, (S, got)
+    env.var_to_range[n] = ValueRanges(0, sympy.oo)  # a range that holds 0, no example size: no claim
     with positive_sizes(env), pytest.raises(DynamicShapeUnsupported):
         to_kiln(expr)
+
+
+def test_a_divisor_positive_at_the_example_becomes_a_size_guard() -> None:
+    """``x // (s // 4)``: positive at the example (s = 8), so the compile assumes ``s // 4 >= 1`` as a
+    guard of the ShapeEnv (checked per call); at an example where it is 0 (s = 2) it is refused and no
+    guard is recorded."""
+    # tests only: a source for the ShapeEnv's symbol
+    from torch._dynamo.source import ConstantSource
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+
+    from kiln.inductor.ir.index import positive_sizes
+
+    for example, ok in ((8, True), (2, False)):
+        env = ShapeEnv()
+        sym = env.create_symbol(example, ConstantSource("n"), dynamic_dim=DimDynamic.DYNAMIC)
+        expr = TorchFloorDiv(sym + 1, TorchFloorDiv(sym, 4))
+        with positive_sizes(env):
+            if ok:
+                got = to_kiln(expr)
+                assert _value(got, **{sym.name: example}) == (example + 1) // (example // 4), got
+                assert [str(g.expr) for g in env.guards] == [f"(({sym.name}//4)) >= 1"], env.guards
+            else:
+                with pytest.raises(DynamicShapeUnsupported):
+                    to_kiln(expr)
+                assert not env.guards

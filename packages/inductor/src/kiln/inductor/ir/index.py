@@ -238,8 +238,8 @@ def sym_expr(v: object) -> sympy.Expr:
 
 # Names of the size symbols of the graph being compiled whose ShapeEnv range starts at 1 or above
 # (``positive_sizes``): a divisor over them alone is never 0.
-_POSITIVE_SIZES: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("kiln_positive_sizes",
-                                                                                  default=frozenset())
+_POSITIVE_SIZES: contextvars.ContextVar[tuple[frozenset[str], Any]] = contextvars.ContextVar(
+    "kiln_positive_sizes", default=(frozenset(), None))
 
 
 @contextlib.contextmanager
@@ -249,7 +249,7 @@ def positive_sizes(shape_env: Any) -> Iterator[None]:
     (``shift % s`` of ``torch.roll`` over a symbolic dim). Nothing changes without a ShapeEnv."""
     ranges = getattr(shape_env, "var_to_range", None) or {}
     names = frozenset(str(k) for k, r in ranges.items() if _lower_at_least_one(r))
-    token = _POSITIVE_SIZES.set(names)
+    token = _POSITIVE_SIZES.set((names, shape_env))
     try:
         yield
     finally:
@@ -263,16 +263,29 @@ def _lower_at_least_one(r: Any) -> bool:
         return False
 
 
-def _positive(d: sympy.Expr) -> bool:
-    """``d`` is >= 1 for every size the compiled graph is called with: provably positive, or
-    positive once the graph's size symbols of range [1, inf) are taken as positive."""
+def _positive(d: sympy.Expr, shape_env_form: sympy.Expr | None = None) -> bool:
+    """``d`` is >= 1 for every size the compiled graph is called with: provably positive, positive
+    once the graph's size symbols of range [1, inf) are taken as positive, or (``shape_env_form``: the
+    divisor as the ShapeEnv spells it) >= 1 at the example's sizes, which the compile then assumes as
+    a size guard (``s // 4 >= 1`` for a window partition's ``h // (h // 4)``): a call outside it fails
+    the guard and recompiles, it never divides by zero."""
     if d.is_positive is True:
         return True
-    known = _POSITIVE_SIZES.get()
+    known, env = _POSITIVE_SIZES.get()
     syms = [x for x in d.free_symbols if x.name in known]
-    if not syms:
+    if syms and d.xreplace({x: sympy.Dummy(x.name, integer=True, positive=True)
+                            for x in syms}).is_positive is True:
+        return True
+    if env is None or shape_env_form is None or not d.is_nonnegative:
         return False
-    return d.xreplace({x: sympy.Dummy(x.name, integer=True, positive=True) for x in syms}).is_positive is True
+    hints = getattr(env, "backed_var_to_val", None) or getattr(env, "var_to_val", {})  # renamed after torch 2.11
+    try:
+        at_example = shape_env_form.xreplace(hints)
+        if not (at_example.is_Integer and at_example >= 1):
+            return False  # no guard recorded for a divisor that is 0 at the example
+        return bool(env.evaluate_expr(sympy.Ge(shape_env_form, 1)))
+    except Exception:  # noqa: BLE001 - a form the ShapeEnv cannot evaluate: not provable
+        return False
 
 
 def _check_nonnegative_division(e: sympy.Expr, args: list[sympy.Expr]) -> None:
@@ -280,7 +293,7 @@ def _check_nonnegative_division(e: sympy.Expr, args: list[sympy.Expr]) -> None:
     for a non-negative dividend and a positive divisor; anything else (``(-s0) % 8``, a pad to a multiple)
     is refused rather than computed with C's truncating rounding."""
     dividend, divisors = args[0], args[1:]
-    if dividend.is_nonnegative is not True or not all(map(_positive, divisors)):
+    if dividend.is_nonnegative is not True or not all(_positive(d) for d in divisors):
         raise DynamicShapeUnsupported(f"size expression {e}: a division or remainder kiln.inductor cannot prove "
                                       "non-negative (C and Python round negative operands differently)")
 
@@ -291,7 +304,8 @@ def _dividend_shift(e: sympy.Expr, args: list[sympy.Expr]) -> int:
     divides ``H - 1`` (negative only for H = 0): ``(H - 1)//2`` is computed as ``(H + 1)//2 - 1``.
     A dividend without a lower bound, or a divisor not provably positive, is refused."""
     dividend, divisors = args[0], args[1:]
-    if not all(map(_positive, divisors)):
+    forms = e.args[1:] if len(e.args) == len(args) else [None] * len(divisors)
+    if not all(_positive(d, form) for d, form in zip(divisors, forms, strict=True)):
         raise DynamicShapeUnsupported(f"size expression {e}: a division or remainder by a divisor kiln.inductor "
                                       "cannot prove positive (C and Python round negative operands differently)")
     if dividend.is_nonnegative is True:
