@@ -136,12 +136,17 @@ def test_ext2_ext3_take_argument_views_from_the_table():
 
 
 def test_mm_of_a_transposed_weight_is_one_statement_without_views():
-    # a linear layer: mm(x, w.t()): the view of w rides in the table row, not in the statement
+    # a linear layer: mm(x, w.t()) is called as linear(x, w): no view of w, in the statement or in the
+    # table row (the transpose is taken in C++)
     cg = check(lambda x, w: (F.linear(x, w) + 1).relu(), _g(4, 6), _g(5, 6))
     code = cg.texts["output_code"]
     body = code.split("def call_owned")[1]
-    assert re.search(r"^    buf\d+ = _ext[23]\(torch\.(mm|addmm), \d+(, \w+)+\)  # ", body, re.M), body
+    assert re.search(r"^    buf\d+ = _ext\(_linear, \d+, \w+, arg1\)  # extern aten.mm.default", body, re.M), body
     assert ".as_strided(" not in body.split("return")[0], body
+    assert '[[],[4,5],[5,1]]' in code, code  # the table row: no constants, the output's size and stride, no views
+    for _ in range(3):  # fresh inputs
+        x, w = torch.randn(4, 6), torch.randn(5, 6)
+        torch.testing.assert_close(cg.fn(x, w)[0], (F.linear(x, w) + 1).relu())
 
 
 def test_wrapper_imports_its_constant_helpers():
