@@ -69,6 +69,10 @@ def test_efficient_attention_bias_rows_are_aligned_for_a_symbolic_key_length() -
     for n in (1, 15, 16, 17, 28, 37, 512):
         value = int(rows.subs({sym: n for sym in rows.free_symbols}))
         assert value % 16 == 0 and value >= n, (n, value, attn.as_text())
+    # the stored buffer spans the padded rows: the padding is written (zeros, as torch's pad_bias), not
+    # left with what a recycled block held
+    stored = program.layouts()[bias.buffer]
+    assert sympy.expand(stored.shape[-1] - rows) == 0 and stored.stride[-2] == rows, (stored, attn.as_text())
 
 
 def deferred_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor,

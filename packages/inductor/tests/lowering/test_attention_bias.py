@@ -29,10 +29,19 @@ def test_efficient_attention_bias_rows_are_16_aligned() -> None:
         bias = torch.empty(1, 2, 197, 197, dtype=torch.bfloat16, device="cuda")
         cg = compile_graph(_graph(), [*qkv, bias])  # cross-compiled: sources only, nothing runs
     source = cg.portable.source
-    allocs = re.findall(r"empty_strided\(\(1, 2, 197, 197\), \(([0-9, ]+)\)", source)
+    # stored in rows of 208 (the padding included), passed to the kernel as its 197-wide view
+    allocs = re.findall(r"(buf\d+) = torch\.empty_strided\(\(1, 2, 197, 208\), \(([0-9, ]+)\)", source)
     assert allocs, source
-    strides = [int(s) for s in allocs[0].split(",")]
-    assert strides[-1] == 1 and all(s % 16 == 0 for s in strides[:-1]), strides  # 197 -> 208 per row
+    name, text = allocs[0]
+    strides = [int(s) for s in text.split(",")]
+    assert strides == [81952, 40976, 208, 1], strides  # 197 -> 208 per row
+    assert f"{name}.as_strided((1, 2, 197, 197), (81952, 40976, 208, 1))" in source, source
+    # the padding is written, with zeros (as torch's pad_bias): the kernels read it, and a recycled
+    # block's NaNs there made a later call's attention NaN (Llama training on the H200)
+    kernel = re.search(rf"def (k\d+)\w*\(ptr_\w+, ptr_{name}\b.*?(?=\n\n)", source, re.S)
+    assert kernel, source
+    body = kernel.group(0)
+    assert "xnumel = 81952" in body and "< tl.full([], 197, tl.int64)" in body and "0.0" in body, body
 
 
 def test_broadcast_bias_stays_broadcast_with_aligned_rows() -> None:
@@ -46,7 +55,7 @@ def test_broadcast_bias_stays_broadcast_with_aligned_rows() -> None:
         one = torch.empty(2, 1, 197, 197, dtype=torch.bfloat16, device="cuda")  # one bias for all heads
         cg = compile_graph(fx.GraphModule(torch.nn.Module(), g), [*qkv, one])
     source = cg.portable.source
-    allocs = re.findall(r"empty_strided\(\(2, 1, 197, 197\), \(([0-9, ]+)\)", source)
+    allocs = re.findall(r"empty_strided\(\(2, 1, 197, 208\), \(([0-9, ]+)\)", source)
     assert allocs, source  # stored once, not once per head
     strides = [int(s) for s in allocs[0].split(",")]
     assert strides[-1] == 1 and all(s % 16 == 0 for s in strides[:-1]), strides

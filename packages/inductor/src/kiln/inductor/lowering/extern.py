@@ -17,6 +17,7 @@ from kiln.graph import ATTENTION_BACKWARD_TARGET, ATTENTION_TARGET, is_symbolic,
 
 from ..ir import (
     Arg,
+    Constant,
     ConstArg,
     ExternKernel,
     ExternOutput,
@@ -28,12 +29,14 @@ from ..ir import (
     Pointwise,
     TensorRef,
     as_index,
+    cast,
     index_vars,
+    op,
     substitute_index,
     sym_expr,
     walk,
 )
-from .common import Rule
+from .common import Rule, size_value
 from .context import LoweringContext, NotLowered
 from .values import Lazy, Strided, TensorValue, is_tensor, value_at
 
@@ -249,7 +252,12 @@ def aligned_bias(ctx: LoweringContext, v: Strided) -> Strided:
         strides.insert(0, strides[0] * n)
     ivars = index_vars("i", len(shape))
     body = value_at(v, [sympy.Integer(0) if k in flat else ivars[k] for k in range(len(shape))])
-    layout = Layout(tuple(small), tuple(strides), v.dtype)
+    row = strides[-2]
+    if sympy.expand(row - small[-1]) != 0:  # the padding holds zeros, as pad_bias's: the kernels read it
+        # (left unwritten, a recycled block's NaNs there made a later call's attention NaN)
+        inside = op("lt", IndexValue(ivars[-1], torch.int64), size_value(small[-1], torch.int64), dtype=torch.bool)
+        body = op("where", inside, body, cast(Constant(0.0, torch.float64), v.dtype), dtype=v.dtype)
+    layout = Layout((*small[:-1], row), tuple(strides), v.dtype)
     base = ctx.computed(layout, Pointwise(layout.shape, body))
     return Strided(base.buffer, shape, tuple(sympy.Integer(0) if k in flat else st for k, st in enumerate(strides)),
                    base.offset, v.dtype)
