@@ -77,3 +77,43 @@ def test_hf_llama_bf16_stream_stays_symbolic_and_generated(training: bool) -> No
             model.zero_grad(set_to_none=True)
     s = kiln.stats()
     assert s.graphs_compiled <= 2 and s.frames_run_eagerly == 0 and s.graphs_run_eagerly == 0, s
+
+
+class RotaryBlock(nn.Module):
+    """HF Llama's dtypes under bf16 autocast: q and k leave the rotary embedding (``q * cos``, cos in
+    fp32) in fp32, v stays bf16, and a bool mask; eager's autocast casts all three to bf16 inside SDPA."""
+
+    def __init__(self, d: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
+        self.heads = heads
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        pos = torch.arange(t, device=x.device, dtype=torch.float32)[:, None] / 10
+        cos = torch.cos(pos + torch.arange(d // self.heads, device=x.device)).to(x.dtype)  # x: fp32
+        q, k, v = (p(x).view(b, t, self.heads, d // self.heads).transpose(1, 2) for p in (self.q, self.k, self.v))
+        q, k = q * cos, k * cos
+        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()[None, None].expand(b, 1, t, t)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return x + self.o(y.transpose(1, 2).reshape(b, t, d))
+
+
+def test_autocast_attention_with_fp32_query_and_bf16_value_matches_eager_every_call() -> None:
+    torch.manual_seed(0)
+    ref = RotaryBlock().cuda()
+    m = RotaryBlock().cuda()
+    m.load_state_dict(ref.state_dict())
+    cf = kiln.compile(m, dynamic=True)
+    for b, t in [(4, 512), (4, 512), (2, 300), (4, 512), (3, 37)]:  # repeated sizes: recycled memory
+        x = torch.randn(b, t, 64, device="cuda")
+        outs = []
+        for f, mod in ((ref, ref), (cf, m)):
+            mod.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = f(x).float().square().mean()
+            loss.backward()
+            outs.append([loss.detach(), *(p.grad for p in mod.parameters())])
+        for got, want in zip(outs[1], outs[0]):
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)

@@ -268,3 +268,34 @@ def test_training_through_the_attention_op_matches_eager() -> None:
         for a, b in zip(grads, torch.autograd.grad(want, (q, k, v))):
             torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     assert kiln.stats().graphs_compiled == 1
+
+
+def test_autocast_casts_the_attention_arguments_as_eager_composite_gets_them() -> None:
+    """Under CUDA autocast the tracer calls the fused kernels itself, past autocast's dispatch: it casts
+    the arguments as autocast's lower-precision policy would (every floating CUDA tensor but float64,
+    the mask included; bool masks and CPU tensors kept). HF Llama's rotary embedding leaves q and k in
+    fp32 beside a bf16 v; passed on as traced, memory-efficient attention read them as one dtype (NaN
+    losses, then illegal memory accesses, in Llama-350M training with dynamic=True on the H200)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kiln.autograd.attention import _bind, autocast_arguments
+
+    try:
+        with FakeTensorMode():
+            q, k = (torch.empty(2, 4, 16, 8, device="cuda") for _ in range(2))
+            v = torch.empty(2, 4, 16, 8, device="cuda", dtype=torch.bfloat16)
+            for mask, want in ((torch.empty(2, 1, 16, 16, device="cuda"), torch.bfloat16),
+                               (torch.empty(2, 1, 16, 16, device="cuda", dtype=torch.bool), torch.bool),
+                               (torch.empty(2, 1, 16, 16, device="cuda", dtype=torch.float64), torch.float64),
+                               (None, None)):
+                a = autocast_arguments(_bind((q, k, v), {"attn_mask": mask, "is_causal": False}), torch.bfloat16)
+                assert [a[n].dtype for n in ("query", "key", "value")] == [torch.bfloat16] * 3, a
+                assert (a["attn_mask"].dtype if mask is not None else None) == want, a
+                assert a["value"] is v  # already the autocast dtype: no copy
+            cpu = torch.empty(2, 4, 16, 8)
+            a = autocast_arguments(_bind((cpu, cpu, cpu), {}), torch.bfloat16)
+            assert a["query"] is cpu  # CUDA autocast leaves CPU tensors alone
+    except (RuntimeError, AssertionError) as e:
+        if "CUDA" in str(e) and not torch.backends.cuda.is_built():
+            pytest.skip(f"fake CUDA tensors need a CUDA build of torch: {e}")
+        raise

@@ -103,6 +103,8 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any], choices: Kern
     a = _bind(args, kwargs)
     if a is None or not torch.cuda.is_available():
         return None
+    if torch.is_autocast_enabled("cuda"):
+        a = autocast_arguments(a, torch.get_autocast_dtype("cuda"))
     q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
     if not all(isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.dim() == 4 for t in (q, k, v)):
         return None
@@ -131,6 +133,22 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any], choices: Kern
         # MATH's safe softmax gives 0 for a query that may attend to nothing; the fused kernels need not
         allowed = mask if mask.dtype == torch.bool else aten.ne.Scalar(mask, float("-inf"))
         out = aten.where.ScalarOther(aten.any.dim(allowed, -1, True), out, 0.0)
+    return out
+
+
+def autocast_arguments(a: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """SDPA's arguments as CUDA autocast gives them to eager's composite (its lower-precision policy:
+    every floating CUDA tensor but float64 cast to ``dtype``, the mask included). The kernels this module
+    calls are not on autocast's lists, so they would get the arguments as traced: HF Llama's rotary
+    embedding (``q * cos``, cos in fp32) promotes q and k to fp32 while v stays bf16, and
+    memory-efficient attention read the mixed-dtype tensors as one dtype (Llama-350M training with
+    dynamic=True on the H200: NaN losses and illegal memory accesses)."""
+    out = dict(a)
+    for key in ("query", "key", "value", "attn_mask"):
+        t = a[key]
+        if (isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.is_floating_point()
+                and t.dtype not in (torch.float64, dtype)):
+            out[key] = aten._to_copy.default(t, dtype=dtype)
     return out
 
 
