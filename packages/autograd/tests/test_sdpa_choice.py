@@ -274,8 +274,8 @@ def test_autocast_casts_the_attention_arguments_as_eager_composite_gets_them() -
     """Under CUDA autocast the tracer calls the fused kernels itself, past autocast's dispatch: it casts
     the arguments as autocast's lower-precision policy would (every floating CUDA tensor but float64,
     the mask included; bool masks and CPU tensors kept). HF Llama's rotary embedding leaves q and k in
-    fp32 beside a bf16 v; passed on as traced, memory-efficient attention read them as one dtype (NaN
-    losses, then illegal memory accesses, in Llama-350M training with dynamic=True on the H200)."""
+    fp32 beside a bf16 v; kiln's Llama-350M training graph with dynamic=True passed them so to
+    memory-efficient attention (on the H200: an illegal memory access; a NaN loss on a repeated call)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from kiln.autograd.attention import _bind, autocast_arguments

@@ -36,8 +36,8 @@ def test_efficient_attention_bias_rows_are_16_aligned() -> None:
     strides = [int(s) for s in text.split(",")]
     assert strides == [81952, 40976, 208, 1], strides  # 197 -> 208 per row
     assert f"{name}.as_strided((1, 2, 197, 197), (81952, 40976, 208, 1))" in source, source
-    # the padding is written, with zeros (as torch's pad_bias): the kernels read it, and a recycled
-    # block's NaNs there made a later call's attention NaN (Llama training on the H200)
+    # the padding is written, with zeros (as torch's pad_bias writes it), not left with what a recycled
+    # block held
     kernel = re.search(rf"def (k\d+)\w*\(ptr_\w+, ptr_{name}\b.*?(?=\n\n)", source, re.S)
     assert kernel, source
     body = kernel.group(0)

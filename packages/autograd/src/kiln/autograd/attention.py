@@ -140,9 +140,10 @@ def autocast_arguments(a: dict[str, Any], dtype: torch.dtype) -> dict[str, Any]:
     """SDPA's arguments as CUDA autocast gives them to eager's composite (its lower-precision policy:
     every floating CUDA tensor but float64 cast to ``dtype``, the mask included). The kernels this module
     calls are not on autocast's lists, so they would get the arguments as traced: HF Llama's rotary
-    embedding (``q * cos``, cos in fp32) promotes q and k to fp32 while v stays bf16, and
-    memory-efficient attention read the mixed-dtype tensors as one dtype (Llama-350M training with
-    dynamic=True on the H200: NaN losses and illegal memory accesses)."""
+    embedding (``q * cos``, cos in fp32) promotes q and k to fp32 while v stays bf16, and kiln's
+    Llama-350M training graph with dynamic=True passed them so to memory-efficient attention, which
+    checks no dtypes (on the H200: an illegal memory access, and on a 2-layer model a NaN loss on a
+    repeated call)."""
     out = dict(a)
     for key in ("query", "key", "value", "attn_mask"):
         t = a[key]

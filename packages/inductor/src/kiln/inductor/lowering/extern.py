@@ -253,8 +253,8 @@ def aligned_bias(ctx: LoweringContext, v: Strided) -> Strided:
     ivars = index_vars("i", len(shape))
     body = value_at(v, [sympy.Integer(0) if k in flat else ivars[k] for k in range(len(shape))])
     row = strides[-2]
-    if sympy.expand(row - small[-1]) != 0:  # the padding holds zeros, as pad_bias's: the kernels read it
-        # (left unwritten, a recycled block's NaNs there made a later call's attention NaN)
+    if sympy.expand(row - small[-1]) != 0:  # the padding holds zeros, as torch's pad_bias writes it (left
+        # unwritten it held whatever a recycled block held, NaNs included, for a kernel reading past the keys)
         inside = op("lt", IndexValue(ivars[-1], torch.int64), size_value(small[-1], torch.int64), dtype=torch.bool)
         body = op("where", inside, body, cast(Constant(0.0, torch.float64), v.dtype), dtype=v.dtype)
     layout = Layout((*small[:-1], row), tuple(strides), v.dtype)
