@@ -117,3 +117,18 @@ def test_autocast_attention_with_fp32_query_and_bf16_value_matches_eager_every_c
         for got, want in zip(outs[1], outs[0]):
             assert torch.isfinite(got).all()
             torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_attention_over_mixed_dtypes_outside_autocast_raises_as_eager(dynamic: bool) -> None:
+    # no autocast: fp32 q/k beside a bf16 v is the caller's error, which eager's composite reports; the fused
+    # kernels kiln calls itself check no dtypes and would read v as fp32
+    def f(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    q, k = (torch.randn(2, 4, 64, 32, device="cuda") for _ in range(2))
+    v = torch.randn(2, 4, 64, 32, device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="dtype"):
+        f(q, k, v)
+    with pytest.raises(Exception, match="dtype"):
+        kiln.compile(f, dynamic=dynamic)(q, k, v)

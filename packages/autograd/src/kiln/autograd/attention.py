@@ -108,6 +108,8 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any], choices: Kern
     q, k, v, mask = a["query"], a["key"], a["value"], a["attn_mask"]
     if not all(isinstance(t, torch.Tensor) and t.device.type == "cuda" and t.dim() == 4 for t in (q, k, v)):
         return None
+    if not q.dtype == k.dtype == v.dtype:  # the composite raises, as in eager; the kernels would read garbage
+        return None
     if any(has_symbolic_sizes(t) for t in (q, k, v, mask) if isinstance(t, torch.Tensor)):
         return _symbolic_attention(q, k, v, mask, a, choices)
     if a["dropout_p"] != 0.0 or a["enable_gqa"] or k.shape[1] != q.shape[1] or \
