@@ -214,7 +214,6 @@ class WrapperWriter:
         self.view_uses: Counter[tuple] = Counter()
         self.view_names: dict[tuple, str] = {}  # (tensor name, shape, stride, offset) -> bound name
         self.views_of: dict[str, list[str]] = {}  # tensor name -> the names of its bound views
-        self.bound_views: set[str] = set()
         self.bind_views = True  # False while statements go inside a branch (a name bound there may be unset)
 
     def free(self, names: list[str]) -> None:
@@ -253,19 +252,22 @@ class WrapperWriter:
         # as_strided keeps the tensor's storage offset when given none (one call less)
         offset = f", {r.buffer}.storage_offset() + {off}" if off != "0" else ""
         view = f"{r.buffer}.as_strided({_ints(r.shape)}, {_ints(r.stride)}{offset})"
-        base = self.alias.get(r.buffer, r.buffer)
-        key = (base, tuple(r.shape), tuple(r.stride), r.offset)
+        key = self.view_key(r)
         if not shared or key not in self.shared_views:
             return view
         name = self.view_names.get(key)
         if name is None:
             if not self.bind_views:
                 return view
+            base = key[0]
             name = self.view_names[key] = f"{base}_v{len(self.views_of.get(base, []))}"
             self.views_of.setdefault(base, []).append(name)
-            self.bound_views.add(name)
             self.emit(f"    {name} = {view}")
         return name
+
+    def view_key(self, r: TensorRef) -> tuple:
+        """``r``'s view as (the name of the tensor it views, through the aliases, shape, stride, offset)."""
+        return (self.alias.get(r.buffer, r.buffer), tuple(r.shape), tuple(r.stride), r.offset)
 
     def view(self, a: Arg) -> list | None:
         """A tensor argument's view of its buffer as a table entry ``[shape, stride, offset]``
@@ -274,7 +276,7 @@ class WrapperWriter:
         if not isinstance(a, TensorRef):
             return None
         expr = self.ref(a)
-        if expr == a.buffer or expr in self.bound_views:
+        if expr in (a.buffer, self.view_names.get(self.view_key(a))):
             return None
         if not _static(*a.shape, *a.stride, a.offset):
             raise _Symbolic
@@ -282,7 +284,7 @@ class WrapperWriter:
 
     def arg(self, a: Arg) -> str:
         if isinstance(a, TensorRef):
-            self.view_uses[(self.alias.get(a.buffer, a.buffer), tuple(a.shape), tuple(a.stride), a.offset)] += 1
+            self.view_uses[self.view_key(a)] += 1
             return self.ref(a)
         if isinstance(a, ListArg):
             return "[" + ", ".join(self.arg(x) for x in a.items) + "]"
