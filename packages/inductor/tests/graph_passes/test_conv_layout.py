@@ -278,15 +278,17 @@ def _call_graph(f: Any, n: int) -> torch.fx.GraphModule:
     return torch.fx.GraphModule(nn.Module(), g)
 
 
+@pytest.mark.parametrize("options", [CL, STRICT], ids=["channels_last", "auto"])
 @pytest.mark.parametrize("model,shape", [(BasicBlock(8), (2, 8, 6, 6)), (InvertedResidual(), (2, 8, 6, 6)),
                                          (ConvNeXtBlock(8), (2, 8, 6, 6))])
-def test_training_gradients_match_eager(model: nn.Module, shape: tuple) -> None:
+def test_training_gradients_match_eager(model: nn.Module, shape: tuple, options: InductorOptions) -> None:
+    """Forced channels-last, and "auto" (which turns CPU training graphs channels-last)."""
     torch.manual_seed(0)
     model = model.train()
     x = torch.randn(*shape)
     ref_model = model
     seen: dict = {}
-    compiled, ps = _aot_compile(model, x.clone(), CL, seen)
+    compiled, ps = _aot_compile(model, x.clone(), options, seen)
     params = [p.detach().clone().requires_grad_(p.requires_grad) for p in ps]
     xc = x.clone().requires_grad_(True)
     out = compiled.fn(xc, *params)[0]
@@ -349,6 +351,31 @@ def test_auto_is_off_on_cpu_and_on_for_cuda_convs() -> None:
         annotate(gm, GraphAnnotations(layout_free_outputs=(0,)))  # a later graph takes it in any layout (a saved activation)
         # the training rules themselves (off by default)
         assert decide(gm, ex, "auto", training_channels_last=True).channels_last is want, groups
+
+
+def test_auto_turns_cpu_training_graphs_channels_last() -> None:
+    """On CPU, inference graphs keep NCHW and training graphs go channels-last (oneDNN's convolution
+    backward is NHWC): a forward whose saved outputs are marked layout-free, and a backward. A forward
+    that returns its image and weights (saved for the backward) reads them only in its convolution:
+    passing a placeholder to the output is no NCHW read."""
+    gm, ex = _fake_graph("cpu", 16, 16)
+    x, w = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    detached = gm.graph.call_function(torch.ops.aten.detach.default, (w,))
+    detached.meta["val"] = w.meta["val"]
+    out.args = ((*out.args[0], x, detached),)
+    d = decide(gm, ex, "auto")
+    assert not d.channels_last and "inference" in d.reason, d.reason
+    annotate(gm, GraphAnnotations(layout_free_outputs=(0, 1, 2)))
+    d = decide(gm, ex, "auto")
+    assert d.channels_last and "CPU training" in d.reason, d.reason
+    # a pointwise read of the NCHW image would mix layouts: that graph keeps NCHW
+    relu = gm.graph.call_function(torch.ops.aten.relu.default, (x,))
+    relu.meta["val"] = x.meta["val"]
+    out.args = ((*out.args[0], relu),)
+    annotate(gm, GraphAnnotations(layout_free_outputs=(0, 1, 2, 3)))
+    d = decide(gm, ex, "auto")
+    assert not d.channels_last and "NCHW activation inputs" in d.reason, d.reason
 
 
 def test_auto_skips_graphs_mixing_nchw_inputs_into_nhwc_work() -> None:

@@ -122,31 +122,39 @@ def decide(gm: fx.GraphModule, example_inputs: Sequence[Any], mode: str, *,
 
 
 def _auto(gm: fx.GraphModule, convs: list[fx.Node], training_channels_last: bool) -> LayoutDecision:
-    if any(_operands(n)[0].device.type != "cuda" for n in convs):
-        # measured on the C++ path (benchmarks/results/layout.md): oneDNN convs did not get faster
-        return LayoutDecision(False, "auto: convolutions on CPU keep NCHW (no measured gain)")
+    training = annotations_of(gm).layout_free_outputs is not None or any(n.target is CONV_BACKWARD for n in convs)
+    on_cpu = any(_operands(n)[0].device.type != "cuda" for n in convs)
+    if on_cpu and not training:
+        # measured on the C++ path (benchmarks/results/layout.md): oneDNN inference convs did not get faster
+        return LayoutDecision(False, "auto: inference convolutions on CPU keep NCHW (no measured gain)")
     if any(_operands(n)[3] for n in convs):
         return LayoutDecision(False, "auto: transposed convolution")
     if len(gm.graph.nodes) >= 300 * len(convs):
         return LayoutDecision(False, f"auto: only {len(convs)} convolutions in {len(gm.graph.nodes)} nodes")
     kinds = [_kind(n) for n in convs]
-    restored, copied = _activation_outputs(gm, convs)
     conv_elems = sum(_numel(_operands(n)[0]) for n in convs)
+    n_in, in_elems = _activation_inputs(gm)
+    if in_elems > MAX_RESTORED_FRACTION * conv_elems:
+        # a backward graph fed NCHW saved activations would mix layouts in every
+        # BatchNorm/ReLU backward kernel (strided reads), where cuDNN transposes with tiled kernels
+        return LayoutDecision(False, f"auto: {n_in} NCHW activation inputs feed pointwise work (saved "
+                                     "activations of a forward kept NCHW)")
+    if training and on_cpu:
+        # oneDNN's convolution backward runs NHWC natively and reorders NCHW operands on every call:
+        # HF ResNet's CPU training step 6.2 -> 4.9 ms (benchmarks/RESULTS.md), as torch inductor's CPU
+        # rule has it. The forward's saved outputs are layout-free; the backward's weight gradients are
+        # copied back to NCHW (small beside the activations)
+        return LayoutDecision(True, "auto: CPU training convolutions (oneDNN's backward is NHWC)")
+    restored, copied = _activation_outputs(gm, convs)
     if copied > MAX_RESTORED_FRACTION * conv_elems:
         # a training forward whose saved activations must come back NCHW (nobody marked them
         # layout-free in GraphAnnotations): one transpose copy per saved activation eats the gain
         return LayoutDecision(False, f"auto: {restored} conv activations are graph outputs that would be "
                                      "copied back to NCHW (mark saved outputs in GraphAnnotations.layout_free_outputs)")
-    n_in, in_elems = _activation_inputs(gm)
-    if in_elems > MAX_RESTORED_FRACTION * conv_elems:
-        # its mirror image: a backward graph fed NCHW saved activations would mix layouts in every
-        # BatchNorm/ReLU backward kernel (strided reads), where cuDNN transposes with tiled kernels
-        return LayoutDecision(False, f"auto: {n_in} NCHW activation inputs feed pointwise work (saved "
-                                     "activations of a forward kept NCHW)")
     # training (a backward graph, or a forward whose saved outputs are marked): channels-last training
     # graphs ran slower than eager on the H200 where NCHW ones are faster (benchmarks/RESULTS.md):
     # BatchNorm's statistics become column reductions, which kiln's Triton reductions do not split yet
-    if annotations_of(gm).layout_free_outputs is not None or any(n.target is CONV_BACKWARD for n in convs):
+    if training:
         if not training_channels_last:
             return LayoutDecision(False, "auto: training graphs keep NCHW (BatchNorm statistics over NHWC "
                                          "are column reductions; slower on the H200)")
@@ -219,16 +227,28 @@ def _activation_outputs(gm: fx.GraphModule, convs: list[fx.Node]) -> tuple[int, 
 
 def _activation_inputs(gm: fx.GraphModule) -> tuple[int, int]:
     """4-D NCHW floating-point placeholders read by more than convolutions (which convert their
-    operands once), and their elements: pointwise kernels would read them across the NHWC loops."""
+    operands once), and their elements: pointwise kernels would read them across the NHWC loops.
+    Returning a placeholder (a training forward saves its image and weights) reads nothing."""
     count = elems = 0
     for n in gm.graph.nodes:
         v = n.meta.get("val") if n.op == "placeholder" else None
         if not isinstance(v, torch.Tensor) or v.dim() != 4 or not v.is_floating_point() or _is_channels_last(v):
             continue
-        if all(u.target in (CONV, CONV_BACKWARD) for u in n.users):
+        if _read_only_by_convolutions(n):
             continue
         count, elems = count + 1, elems + _numel(v)
     return count, elems
+
+
+_ALIASES = (aten.detach.default, aten.alias.default)
+_METADATA = (aten.sym_size.int, aten.sym_stride.int, aten.sym_numel.default, aten.sym_storage_offset.default)
+
+
+def _read_only_by_convolutions(n: fx.Node) -> bool:
+    """Whether every use of ``n`` is a convolution, the graph's output, a size query (symbolic
+    shapes), or an alias of ``n`` (detach) used only so."""
+    return all(u.op == "output" or u.target in (CONV, CONV_BACKWARD) or u.target in _METADATA
+               or (u.target in _ALIASES and _read_only_by_convolutions(u)) for u in n.users)
 
 
 def _is_channels_last(v: torch.Tensor) -> bool:
