@@ -132,3 +132,48 @@ def test_attention_over_mixed_dtypes_outside_autocast_raises_as_eager(dynamic: b
         f(q, k, v)
     with pytest.raises(Exception, match="dtype"):
         kiln.compile(f, dynamic=dynamic)(q, k, v)
+
+
+class LearnedBiasBlock(nn.Module):
+    """T5-style attention: an additive position bias computed from a learned table (it needs a gradient),
+    fp32 under autocast until the attention call casts it."""
+
+    def __init__(self, d: int = 64, heads: int = 4, buckets: int = 32) -> None:
+        super().__init__()
+        self.h, self.buckets = heads, buckets
+        self.qkv, self.o = nn.Linear(d, 3 * d, bias=False), nn.Linear(d, d, bias=False)
+        self.table = nn.Embedding(buckets, heads)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.h, d // self.h).permute(2, 0, 3, 1, 4)
+        pos = torch.arange(t, device=x.device)
+        rel = (pos[None, :] - pos[:, None]).clamp(-self.buckets // 2, self.buckets // 2 - 1) + self.buckets // 2
+        bias = self.table(rel).permute(2, 0, 1)[None].expand(b, self.h, t, t)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, scale=1.0)
+        return x + self.o(y.transpose(1, 2).reshape(b, t, d))
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_autocast_attention_with_a_learned_bias_trains_as_eager_every_call(dynamic: bool) -> None:
+    # the bias needs a gradient: eager's kernel choice (asked on real tensors) must know it, since cuDNN
+    # attention takes no such mask (T5-small's AMP training step raised "not differentiable with respect
+    # to argument 'attn_bias'" once the bias reached the fused-kernel choice in bf16)
+    torch.manual_seed(0)
+    ref = LearnedBiasBlock().cuda()
+    m = LearnedBiasBlock().cuda()
+    m.load_state_dict(ref.state_dict())
+    cf = kiln.compile(m, dynamic=dynamic)
+    for b, t in [(16, 128), (16, 128), (8, 96), (16, 128)]:
+        x = torch.randn(b, t, 64, device="cuda")
+        outs = []
+        for f, mod in ((ref, ref), (cf, m)):
+            mod.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                loss = f(x).float().square().mean()
+            loss.backward()
+            outs.append([loss.detach(), *(p.grad for p in mod.parameters())])
+        assert outs[1][-1] is not None  # the bias table got its gradient
+        for got, want in zip(outs[1], outs[0]):
+            assert torch.isfinite(got).all()
+            torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)

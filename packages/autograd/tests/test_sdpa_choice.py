@@ -96,6 +96,26 @@ def test_the_choice_is_asked_once_per_layout_and_follows_the_backend_switches() 
     assert choices.queries == 3
 
 
+def test_the_choice_is_asked_for_the_arguments_that_need_a_gradient() -> None:
+    """Eager's choice depends on which arguments autograd differentiates (cuDNN attention takes no mask
+    that needs a gradient: T5's learned position bias): the real tensors asked carry requires_grad, and
+    an answer for a mask without a gradient is not reused for one with (or under no_grad)."""
+    from kiln.autograd.attention import KernelChoices
+
+    choices = KernelChoices()
+    q = torch.randn(2, 4, 16, 8)
+    a = {"query": q, "key": q, "value": q, "attn_mask": torch.zeros(2, 4, 16, 16), "dropout_p": 0.0,
+         "is_causal": False, "scale": None}
+    choices.choice(a)
+    learned = torch.zeros(2, 4, 16, 16, requires_grad=True)
+    choices.choice(dict(a, attn_mask=learned))
+    assert choices.queries == 2
+    with torch.no_grad():
+        choices.choice(dict(a, attn_mask=learned))  # no gradient here: the first answer holds
+    assert choices.queries == 2
+    assert len({key[0][3][-1] for key in choices.known}) == 2  # the mask's requires_grad is in the key
+
+
 def _masked_cases(device: str, mask_dtype: torch.dtype, dims: str):
     """(q, k, v, mask) over several sequence lengths, the lengths marked dynamic (``dims="seq"``) or
     every dim symbolic (``dims="all"``, compiled with dynamic=True)."""

@@ -40,7 +40,13 @@ def _bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any] | Non
 def _layout(t: Any) -> Any:
     if not isinstance(t, torch.Tensor):
         return t
-    return (_at_hints(t.shape), _at_hints(t.stride()), t.dtype, str(t.device))
+    return (_at_hints(t.shape), _at_hints(t.stride()), t.dtype, str(t.device), _needs_grad(t))
+
+
+def _needs_grad(t: Any) -> bool:
+    """Whether autograd will differentiate through ``t`` here: eager's kernel choice depends on it (cuDNN
+    attention takes no mask that needs a gradient)."""
+    return isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled()
 
 
 def _at_hints(xs: Any) -> tuple[int, ...]:
@@ -80,13 +86,15 @@ class KernelChoices:
         def real(t: Any) -> Any:
             if not isinstance(t, torch.Tensor):
                 return t
-            return torch.empty_strided(_at_hints(t.shape), _at_hints(t.stride()), dtype=t.dtype, device=t.device)
+            return torch.empty_strided(_at_hints(t.shape), _at_hints(t.stride()), dtype=t.dtype, device=t.device,
+                                       requires_grad=_needs_grad(t))
 
         self.queries += 1
         with unset_fake_temporarily(), _disable_current_modes():
             q, k, v, mask = real(a["query"]), real(a["key"]), real(a["value"]), real(a["attn_mask"])
             if dense_mask and mask is not None:
-                mask = torch.empty(tuple(mask.shape), dtype=q.dtype, device=q.device)  # (real: sizes are ints)
+                mask = torch.empty(tuple(mask.shape), dtype=q.dtype, device=q.device,  # (real: sizes are ints)
+                                   requires_grad=_needs_grad(a["attn_mask"]))
             choice = int(torch._fused_sdp_choice(q, k, v, mask, a["dropout_p"], a["is_causal"], scale=a["scale"]))
             del q, k, v, mask
         self.known[key] = choice
@@ -129,7 +137,7 @@ def fused_attention(args: tuple[Any, ...], kwargs: dict[str, Any], choices: Kern
                                    "eager runs MATH", mask.dtype, tuple(mask.shape))
     if choice == fake or (choice == SDPBackend.EFFICIENT_ATTENTION.value and mask is not None and mask.shape[-1] % 16):
         return None  # an unaligned efficient-attention mask: the composite pads it
-    need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    need_lse = any(_needs_grad(t) for t in (q, k, v, mask))
     out = _fused_call(choice, q, k, v, mask, dense, need_lse, a)
     if out is not None and dense:
         # MATH's safe softmax gives 0 for a query that may attend to nothing; the fused kernels need not
@@ -174,7 +182,7 @@ def _symbolic_attention(q: Any, k: Any, v: Any, mask: Any, a: dict[str, Any],
     fused = (a["dropout_p"] == 0.0 and not a["enable_gqa"] and mask is None and isinstance(head, int)
              and head % 8 == 0 and _same_size(q.shape[1], k.shape[1]) and (same_len or not a["is_causal"])
              and all(isinstance(t.stride(-1), int) and t.stride(-1) == 1 for t in (q, k, v)))
-    need_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    need_lse = any(_needs_grad(t) for t in (q, k, v, mask))
     b = torch.backends.cuda
     masked = (mask is not None and isinstance(mask, torch.Tensor) and mask.dtype in (q.dtype, torch.bool)
               and mask.dim() == 4 and a["dropout_p"] == 0.0 and not a["enable_gqa"] and isinstance(head, int)
