@@ -149,11 +149,13 @@ def extern_call(ctx: LoweringContext, node: fx.Node, kind: str, args: tuple, kwa
 
 # CUDA attention kernels check the alignment of every stride of q/k/v/out, also of a dim of size 1,
 # whose stride addresses nothing ("query is not correctly aligned (strideM)": a decode step's
-# (B, H, 1, D) query that the symbolic trace gave stride 1 on its length dim)
+# (B, H, 1, D) query that the symbolic trace gave stride 1 on its length dim). kiln_graph's attention
+# ops (symbolic sizes with a mask: eager's composite picks the kernel per call) reach the same kernels
 _CUDA_ATTENTION = frozenset(f"aten.{n}" for n in (
     "_scaled_dot_product_efficient_attention.default", "_scaled_dot_product_flash_attention.default",
     "_scaled_dot_product_cudnn_attention.default", "_scaled_dot_product_efficient_attention_backward.default",
-    "_scaled_dot_product_flash_attention_backward.default", "_scaled_dot_product_cudnn_attention_backward.default"))
+    "_scaled_dot_product_flash_attention_backward.default", "_scaled_dot_product_cudnn_attention_backward.default"
+)) | {"kiln_graph.attention.default", "kiln_graph.attention_backward.default"}
 
 
 def _aligned_unit_strides(a: Any) -> Any:
