@@ -378,6 +378,19 @@ def test_auto_turns_cpu_training_graphs_channels_last() -> None:
     assert not d.channels_last and "NCHW activation inputs" in d.reason, d.reason
 
 
+@pytest.mark.parametrize("cin,groups,k,want", [(16, 1, 3, True), (128, 1, 3, False), (128, 1, 1, True),
+                                               (128, 128, 3, True), (128, 8, 3, True)])
+def test_auto_cpu_training_keeps_nchw_for_dense_wide_convolutions(cin: int, groups: int, k: int, want: bool) -> None:
+    """oneDNN's NCHW training convolutions are faster for dense spatial convolutions over many channels
+    (ResNet-18's 0.81x channels-last); narrow, 1x1, depthwise and grouped ones go channels-last."""
+    gm, ex = _fake_graph("cpu", cin, cin, groups=groups, k=k)
+    annotate(gm, GraphAnnotations(layout_free_outputs=(0,)))
+    d = decide(gm, ex, "auto")
+    assert d.channels_last is want, d.reason
+    if not want:
+        assert "dense spatial convolutions" in d.reason, d.reason
+
+
 def test_auto_skips_graphs_mixing_nchw_inputs_into_nhwc_work() -> None:
     """A graph whose NCHW activation input meets the conv output in pointwise work (a backward fed
     NCHW saved activations) stays as traced; the same input channels-last goes channels-last."""

@@ -52,6 +52,9 @@ GROUPED, SMALL, IN_OUT, DEFAULT = 1.358, 0.783, 0.725, 0.823
 MAX_RESTORED_FRACTION = 0.25
 # auto for training graphs: off until BatchNorm's NHWC column reductions are split (see _auto)
 TRAINING_CHANNELS_LAST = False
+# CPU training graphs stay NCHW when more than this share of their convolution FLOPs is in dense spatial
+# convolutions over more than CPU_WIDE_CHANNELS input channels (_auto says why)
+CPU_DENSE_WIDE_SHARE, CPU_WIDE_CHANNELS = 0.5, 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,19 @@ def _flops(n: fx.Node) -> float:
     if isinstance(out, (tuple, list)) or not isinstance(out, torch.Tensor):
         return 0.0
     return 2.0 * _numel(out) * w.shape[1] * w.shape[2] * w.shape[3]
+
+
+def _dense_wide_share(convs: list[fx.Node]) -> float:
+    """The share of the convolution FLOPs in dense (ungrouped) convolutions with a spatial kernel over
+    more than ``CPU_WIDE_CHANNELS`` input channels."""
+    total = wide = 0.0
+    for n in convs:
+        _, w, groups, _ = _operands(n)
+        f = _flops(n)
+        total += f
+        if groups == 1 and w.shape[1] > CPU_WIDE_CHANNELS and (w.shape[2] > 1 or w.shape[3] > 1):
+            wide += f
+    return wide / total if total > 0 else 0.0
 
 
 def _kind(n: fx.Node) -> str:
@@ -140,11 +156,20 @@ def _auto(gm: fx.GraphModule, convs: list[fx.Node], training_channels_last: bool
         return LayoutDecision(False, f"auto: {n_in} NCHW activation inputs feed pointwise work (saved "
                                      "activations of a forward kept NCHW)")
     if training and on_cpu:
-        # oneDNN's convolution backward runs NHWC natively and reorders NCHW operands on every call:
-        # HF ResNet's CPU training step 6.2 -> 4.9 ms (benchmarks/RESULTS.md), as torch inductor's CPU
-        # rule has it. The forward's saved outputs are layout-free; the backward's weight gradients are
-        # copied back to NCHW (small beside the activations)
-        return LayoutDecision(True, "auto: CPU training convolutions (oneDNN's backward is NHWC)")
+        # oneDNN's NHWC training convolutions beat its NCHW ones on depthwise/grouped and narrow
+        # convolutions (CPU training steps, benchmarks/RESULTS.md: HF ResNet with 16-128 channels 1.25x,
+        # SqueezeNet 1.31x, MobileNetV2 1.14x, ShuffleNetV2 1.11x, EfficientNet-B0 1.07x), not on dense
+        # spatial convolutions over many channels (ResNet-18 0.81x, ResNet-50 level). The share is the
+        # same in the forward and the backward graph (FLOPs from the weights and the output's shape), so
+        # both decide alike: the forward's saved outputs are layout-free, and the backward's weight
+        # gradients are copied back to NCHW (small beside the activations)
+        wide = _dense_wide_share(convs)
+        if wide > CPU_DENSE_WIDE_SHARE:
+            return LayoutDecision(False, f"auto: CPU training, {wide:.0%} of the convolution FLOPs in dense "
+                                         f"spatial convolutions over > {CPU_WIDE_CHANNELS} channels "
+                                         "(oneDNN's NCHW path is faster there)")
+        return LayoutDecision(True, f"auto: CPU training convolutions (oneDNN's NHWC path; {wide:.0%} of the "
+                                    "FLOPs in dense wide convolutions)")
     restored, copied = _activation_outputs(gm, convs)
     if copied > MAX_RESTORED_FRACTION * conv_elems:
         # a training forward whose saved activations must come back NCHW (nobody marked them
