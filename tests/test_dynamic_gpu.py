@@ -99,13 +99,15 @@ class RotaryBlock(nn.Module):
         return x + self.o(y.transpose(1, 2).reshape(b, t, d))
 
 
-def test_autocast_attention_with_fp32_query_and_bf16_value_matches_eager_every_call() -> None:
+def _amp_steps_match_eager(block: type[nn.Module], dynamic: bool, sizes: list[tuple[int, int]]) -> None:
+    """AMP (bf16) training steps of ``block`` compiled and eager at ``sizes`` (fresh inputs each; repeated
+    sizes recycle memory): loss and every gradient finite and equal to eager's."""
     torch.manual_seed(0)
-    ref = RotaryBlock().cuda()
-    m = RotaryBlock().cuda()
+    ref = block().cuda()
+    m = block().cuda()
     m.load_state_dict(ref.state_dict())
-    cf = kiln.compile(m, dynamic=True)
-    for b, t in [(4, 512), (4, 512), (2, 300), (4, 512), (3, 37)]:  # repeated sizes: recycled memory
+    cf = kiln.compile(m, dynamic=dynamic)
+    for b, t in sizes:
         x = torch.randn(b, t, 64, device="cuda")
         outs = []
         for f, mod in ((ref, ref), (cf, m)):
@@ -115,8 +117,13 @@ def test_autocast_attention_with_fp32_query_and_bf16_value_matches_eager_every_c
             loss.backward()
             outs.append([loss.detach(), *(p.grad for p in mod.parameters())])
         for got, want in zip(outs[1], outs[0]):
+            assert got is not None, "a parameter got no gradient"
             assert torch.isfinite(got).all()
             torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_autocast_attention_with_fp32_query_and_bf16_value_matches_eager_every_call() -> None:
+    _amp_steps_match_eager(RotaryBlock, True, [(4, 512), (4, 512), (2, 300), (4, 512), (3, 37)])
 
 
 @pytest.mark.parametrize("dynamic", [False, True])
@@ -159,21 +166,4 @@ def test_autocast_attention_with_a_learned_bias_trains_as_eager_every_call(dynam
     # the bias needs a gradient: eager's kernel choice (asked on real tensors) must know it, since cuDNN
     # attention takes no such mask (T5-small's AMP training step raised "not differentiable with respect
     # to argument 'attn_bias'" once the bias reached the fused-kernel choice in bf16)
-    torch.manual_seed(0)
-    ref = LearnedBiasBlock().cuda()
-    m = LearnedBiasBlock().cuda()
-    m.load_state_dict(ref.state_dict())
-    cf = kiln.compile(m, dynamic=dynamic)
-    for b, t in [(16, 128), (16, 128), (8, 96), (16, 128)]:
-        x = torch.randn(b, t, 64, device="cuda")
-        outs = []
-        for f, mod in ((ref, ref), (cf, m)):
-            mod.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = f(x).float().square().mean()
-            loss.backward()
-            outs.append([loss.detach(), *(p.grad for p in mod.parameters())])
-        assert outs[1][-1] is not None  # the bias table got its gradient
-        for got, want in zip(outs[1], outs[0]):
-            assert torch.isfinite(got).all()
-            torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+    _amp_steps_match_eager(LearnedBiasBlock, dynamic, [(16, 128), (16, 128), (8, 96), (16, 128)])  # the table's gradient too
