@@ -13,7 +13,9 @@ them): a copy is inserted only where the traced stride of an output changed.
 
 ``decide`` follows the spirit of torch inductor's ``decide_layout_opt``: channels-last pays on CUDA
 for ordinary and depthwise convolutions, not for grouped convolutions with several input channels
-per group, nor for graphs whose convolutions all have few channels or shrink channels.
+per group, nor for graphs whose convolutions all have few channels or shrink channels. On the CPU it
+pays in training graphs (oneDNN's NHWC convolutions and their backward) unless dense spatial
+convolutions over many channels carry most of the FLOPs; CPU inference keeps NCHW.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ GROUPED, SMALL, IN_OUT, DEFAULT = 1.358, 0.783, 0.725, 0.823
 # "auto" skips graphs whose NCHW conv-derived outputs hold more elements than this fraction of all
 # convolution inputs (a training forward returning its saved activations; weight gradients are small)
 MAX_RESTORED_FRACTION = 0.25
-# auto for training graphs: off until BatchNorm's NHWC column reductions are split (see _auto)
+# auto for CUDA training graphs: off until BatchNorm's NHWC column reductions are split (see _auto)
 TRAINING_CHANNELS_LAST = False
 # CPU training graphs stay NCHW when more than this share of their convolution FLOPs is in dense spatial
 # convolutions over more than CPU_WIDE_CHANNELS input channels (_auto says why)
