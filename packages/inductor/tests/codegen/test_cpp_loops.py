@@ -166,3 +166,36 @@ def test_one_compiler_call_per_graph_and_a_cache_hit_after(monkeypatch) -> None:
     assert len(libs) == 1
     check(f, x, w)
     assert len(calls) == 1  # same source: the cached library is loaded
+
+
+def test_column_reduction_with_few_tiles_splits_its_rows_between_threads() -> None:
+    """BatchNorm statistics over a channels-last map with 16 channels: one tile of outer points, which a
+    parallel loop over tiles would leave to one thread. The rows are split between the threads and the
+    partial sums combined (two stages: the variance reads the combined mean); values match eager for
+    every thread count, and the outputs are stored once."""
+    x = torch.randn(8, 16, 24, 24).to(memory_format=torch.channels_last)
+
+    def f(x):
+        mean = x.mean((0, 2, 3))
+        var = (x - mean[None, :, None, None]).square().mean((0, 2, 3))
+        return mean, var, (x * 2).sum((0, 2, 3))
+
+    before = torch.get_num_threads()
+    try:
+        for threads in (3, 2, 1):
+            torch.set_num_threads(threads)
+            cg = check(f, x, atol=1e-4)
+    finally:
+        torch.set_num_threads(before)
+    (k,) = [k for k in _kernels(cg) if "acc_" in k]
+    assert "#pragma omp barrier" in k and "kiln_r0_lo" in k, k
+    assert "if (kiln_tid == 0)" in k
+    (serial,) = [k for k in _kernels(cg, "serial") if "acc_" in k]
+    assert "barrier" not in serial
+
+
+def test_column_reduction_with_many_tiles_stays_a_loop_over_tiles() -> None:
+    x = torch.randn(64, 160)  # 10 tiles of 16 columns
+    cg = check(lambda x: x.sum(0), x)
+    (k,) = [k for k in _kernels(cg) if "acc_" in k]
+    assert "xt += " in k and "barrier" not in k

@@ -125,14 +125,16 @@ class CppKernelWriter:
             self.deferred.clear()
 
     def loops(self, ranges: tuple, prefix: str, indent: str, pragma: str | None,
-              innermost: str | None = None) -> str:
-        """Nested loops over ``ranges``: ``pragma`` before the outermost, ``innermost`` before the last."""
+              innermost: str | None = None, first: tuple[str, str] | None = None) -> str:
+        """Nested loops over ``ranges``: ``pragma`` before the outermost, ``innermost`` before the last;
+        ``first``: the outermost loop's (start, end) instead of (0, its range)."""
         for j, r in enumerate(ranges):
             if j == 0 and pragma:
                 self.lines.append(f"{indent}{pragma}")
             if j == len(ranges) - 1 and innermost:
                 self.lines.append(f"{indent}{innermost}")
-            self.lines.append(f"{indent}for (int64_t {prefix}{j} = 0; {prefix}{j} < {cindex(r)}; ++{prefix}{j}) {{")
+            lo, hi = first if j == 0 and first is not None else ("0", cindex(r))
+            self.lines.append(f"{indent}for (int64_t {prefix}{j} = {lo}; {prefix}{j} < {hi}; ++{prefix}{j}) {{")
             indent += "  "
         return indent
 
@@ -438,17 +440,27 @@ def _unit_stride(index: sympy.Expr, v: sympy.Symbol) -> bool:
     return bool(index.coeff(v) == 1)
 
 
+# Column reductions with few tiles of outer points (the BatchNorm statistics of a channels-last layer with
+# <= 16 channels: one tile) would leave all but a few threads idle in the parallel loop over tiles: such
+# kernels split their rows between the threads instead, each summing its share into a slot of a shared
+# array (SPLIT_MAX_THREADS slots), combined in thread order after a barrier (deterministic per thread count)
+SPLIT_MAX_TILES, SPLIT_MIN_ROWS, SPLIT_MAX_THREADS = 4, 64, 64
+
+
 class _Tiled:
     """Row kernels tiled over the last outer loop: locals of outer values become TILE-wide arrays."""
 
     @staticmethod
     def rows(w: CppKernelWriter, parallel: str | None) -> None:
         k = w.k
+        split = parallel is not None and _Tiled.splits_rows(k)
         n = len(k.outer)
         last = f"x{n - 1}"
         coll = f" collapse({n})" if n > 1 else ""
         indent = "  "
-        if parallel is not None:
+        if split:
+            indent = _Tiled.open_split(w, indent)
+        elif parallel is not None:
             w.lines.append(f"{indent}#pragma omp parallel for{coll} {parallel}")
         for j, r in enumerate(k.outer[:-1]):
             w.lines.append(f"{indent}for (int64_t x{j} = 0; x{j} < {cindex(r)}; ++x{j}) {{")
@@ -458,12 +470,43 @@ class _Tiled:
         indent += "  "
         w.lines.append(f"{indent}const int64_t xn = std::min<int64_t>({TILE}, {size} - xt);")
         stages = max(kn.stage for kn in k.nodes)
+        guard = "if (kiln_tid == 0) " if split else ""
         for s in range(stages + 2):
             _Tiled.outer_values(w, [kn for kn in k.nodes if kn.role == "outer" and kn.kind != "reduction"
-                                    and kn.stage == s], indent, last)
+                                    and kn.stage == s], indent, last, guard)
             if s <= stages:
-                _Tiled.stage(w, s, indent, last)
-        w.close(n, indent)
+                _Tiled.stage(w, s, indent, last, split)
+        indent = w.close(n, indent)
+        if split:
+            w.close(2, indent)
+
+    @staticmethod
+    def splits_rows(k: Kernel) -> bool:
+        """Whether this tiled kernel's rows are split between the threads (static sizes, sums only,
+        few tiles, enough rows to share; the first reduction dim is the one divided)."""
+        if not all(isinstance(x, sympy.Integer) for x in (*k.outer, *k.inner)):
+            return False
+        if any(kn.kind == "reduction" and kn.reduction_type != "sum" for kn in k.nodes):
+            return False
+        tiles = int(product(list(k.outer[:-1]))) * -(-int(k.outer[-1]) // TILE)
+        return tiles <= SPLIT_MAX_TILES and int(k.inner[0]) >= 2 and int(product(list(k.inner))) >= SPLIT_MIN_ROWS
+
+    @staticmethod
+    def open_split(w: CppKernelWriter, indent: str) -> str:
+        """The shared partial sums and the parallel region every thread runs the whole tile loop in."""
+        w.lines.append(f"{indent}{{")
+        for r in w.k.nodes:
+            if r.kind == "reduction":
+                w.lines.append(f"{indent}  {_acc_type(r.reduction_type, r.body.dtype)} "
+                               f"part_{r.buffer}[{SPLIT_MAX_THREADS * TILE}];")
+        rows = cindex(w.k.inner[0])
+        w.lines += [f"{indent}  #pragma omp parallel num_threads(std::min<int>(omp_get_max_threads(), "
+                    f"{SPLIT_MAX_THREADS}))",
+                    f"{indent}  {{",
+                    f"{indent}    const int64_t kiln_tid = omp_get_thread_num(), kiln_nth = omp_get_num_threads();",
+                    f"{indent}    const int64_t kiln_r0_lo = {rows} * kiln_tid / kiln_nth;",
+                    f"{indent}    const int64_t kiln_r0_hi = {rows} * (kiln_tid + 1) / kiln_nth;"]
+        return indent + "    "
 
     @staticmethod
     def j_loop(w: CppKernelWriter, indent: str, last: str) -> str:
@@ -473,7 +516,8 @@ class _Tiled:
         return indent + "  "
 
     @staticmethod
-    def outer_values(w: CppKernelWriter, nodes: list[KernelNode], indent: str, last: str) -> None:
+    def outer_values(w: CppKernelWriter, nodes: list[KernelNode], indent: str, last: str, guard: str = "") -> None:
+        """Values per outer point (``guard``: the condition under which a thread stores them)."""
         if not nodes:
             return
         for kn in nodes:
@@ -485,11 +529,12 @@ class _Tiled:
             w.lines.append(f"{inner}{name} = {cast_call(val, kn.body.dtype, kn.dtype)};")
             w.locals[kn.buffer] = (name, kn.store_index)
             if kn.store:
-                w.lines.append(f"{inner}{w.ptr(kn.buffer)}[{cindex(kn.store_index)}] = {name};")
+                w.lines.append(f"{inner}{guard}{w.ptr(kn.buffer)}[{cindex(kn.store_index)}] = {name};")
         w.lines.append(f"{indent}}}")
 
     @staticmethod
-    def stage(w: CppKernelWriter, s: int, indent: str, last: str) -> None:
+    def stage(w: CppKernelWriter, s: int, indent: str, last: str, split: bool = False) -> None:
+        """One stage's row loop; ``split``: over this thread's rows, the sums then combined across threads."""
         k = w.k
         full = [kn for kn in k.nodes if kn.stage == s and (kn.role == "full" or kn.kind == "reduction")]
         if not full:
@@ -502,7 +547,7 @@ class _Tiled:
             w.lines.append(f"{indent}for (int64_t j = 0; j < {TILE}; ++j) {{ acc_{r.buffer}[j] = "
                            f"{_init(r.reduction_type, r.body.dtype)}; nan_{r.buffer}[j] = 0; }}")
         saved = dict(w.locals)
-        body_indent = w.loops(k.inner, "r", indent, None)
+        body_indent = w.loops(k.inner, "r", indent, None, first=("kiln_r0_lo", "kiln_r0_hi") if split else None)
         inner = _Tiled.j_loop(w, body_indent, last)
         for kn in full:
             if kn.kind == "pointwise":
@@ -514,6 +559,19 @@ class _Tiled:
         w.locals = saved
         if not reds:
             return
+        if split:
+            # every thread's sums into its slot; after the barrier each thread adds the slots in thread
+            # order (the same values everywhere); the second barrier keeps the slots until all have read
+            for r in reds:
+                w.lines.append(f"{indent}for (int64_t j = 0; j < {TILE}; ++j) "
+                               f"part_{r.buffer}[kiln_tid * {TILE} + j] = acc_{r.buffer}[j];")
+            w.lines.append(f"{indent}#pragma omp barrier")
+            for r in reds:
+                w.lines.append(f"{indent}for (int64_t j = 0; j < {TILE}; ++j) {{ acc_{r.buffer}[j] = "
+                               f"{_init(r.reduction_type, r.body.dtype)}; for (int64_t t = 0; t < kiln_nth; ++t) "
+                               f"acc_{r.buffer}[j] += part_{r.buffer}[t * {TILE} + j]; }}")
+            w.lines.append(f"{indent}#pragma omp barrier")
+        guard = "if (kiln_tid == 0) " if split else ""
         for r in reds:
             w.lines.append(f"{indent}{ctype(r.dtype)} v_{r.buffer}[{TILE}];")
         inner = _Tiled.j_loop(w, indent, last)
@@ -528,7 +586,7 @@ class _Tiled:
             w.lines.append(f"{inner}{name} = {cast_call(val, src, r.dtype)};")
             w.locals[r.buffer] = (name, r.store_index)
             if r.store:
-                w.lines.append(f"{inner}{w.ptr(r.buffer)}[{cindex(r.store_index)}] = {name};")
+                w.lines.append(f"{inner}{guard}{w.ptr(r.buffer)}[{cindex(r.store_index)}] = {name};")
         w.lines.append(f"{indent}}}")
 
 
