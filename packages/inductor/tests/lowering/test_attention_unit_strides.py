@@ -9,12 +9,14 @@ from __future__ import annotations
 import operator
 
 import pytest
+import sympy
 import torch
 from torch import fx
 from torch._subclasses.fake_tensor import FakeTensorMode  # tests only: fake CUDA without a GPU
 
 from kiln.inductor import InductorOptions
 from kiln.inductor.ir import ExternKernel, TensorRef
+from kiln.inductor.ir.index import FloorDiv
 from kiln.inductor.lowering.extern import _aligned_unit_strides
 from kiln.inductor.lowering.lower import lower_graph
 
@@ -27,6 +29,25 @@ def test_unit_dims_get_the_contiguous_stride_and_address_the_same_elements():
     assert torch.equal(base.as_strided(ref.shape, ref.stride), base.as_strided(got.shape, tuple(got.stride)))
     assert _aligned_unit_strides(TensorRef("b", (2, 12, 3, 64), (2304, 64, 768, 1), 0, torch.float32)).stride \
         == (2304, 64, 768, 1)  # no dim of size 1: unchanged
+
+
+def test_unit_dims_keep_a_stride_already_aligned():
+    # an aligned mask (kiln's aligned_bias: rows padded to 16 elements) keeps its rows' stride on its
+    # dims of size 1; the contiguous stride (the key length) made eager pad it again on every call
+    # whose length was not a multiple of 8 (Llama-350M generate() on the H200, 2026-12-04)
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    row = FloorDiv(s + 15, 16) * 16
+    mask = TensorRef("m", (2, 1, 1, s), (row, row, row, 1), 0, torch.bool)
+    assert _aligned_unit_strides(mask) is mask
+    single = TensorRef("m", (1, 1, 1, 9), (16, 16, 16, 1), 0, torch.bool)
+    assert _aligned_unit_strides(single) is single
+    # an unaligned stride on a dim of size 1 whose contiguous stride is unaligned too takes the
+    # stride of the nearest outer dim stepped along
+    odd = TensorRef("m", (2, 1, 1, 9), (16, 9, 1, 1), 0, torch.float32)
+    got = _aligned_unit_strides(odd)
+    assert tuple(got.stride) == (16, 16, 16, 1)
+    base = torch.randn(64)
+    assert torch.equal(base.as_strided(odd.shape, odd.stride), base.as_strided(got.shape, tuple(got.stride)))
 
 
 def _efficient(q, k, v):  # type: ignore[no-untyped-def]

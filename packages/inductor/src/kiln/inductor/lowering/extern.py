@@ -159,17 +159,24 @@ _CUDA_ATTENTION = frozenset(f"aten.{n}" for n in (
 
 
 def _aligned_unit_strides(a: Any) -> Any:
-    """A 4-D tensor argument whose dims of size 1 get the stride a contiguous tensor would give them
-    (the next dim's extent): the same elements, since a dim of size 1 is never stepped along. Other
-    arguments unchanged. The kernels' outputs do not depend on it: a dim of size 1 placed anywhere in a
-    stride order leaves the other dims' strides as they were."""
+    """A 4-D tensor argument whose dims of size 1 carry an aligned stride: the same elements, since a
+    dim of size 1 is never stepped along, and the kernels' outputs do not depend on it. A dim of size 1
+    keeps a stride that is a multiple of 16 for every size (an aligned bias's ``16 * ((s + 15) // 16)``
+    rows: replacing it by the contiguous ``s`` made eager's composite pad the mask again in 7 of 8
+    decode steps), else takes the stride a contiguous tensor would give it (the next dim's extent),
+    else, when that is not a multiple of 16, the stride of the nearest outer dim stepped along if that
+    one is. Other arguments unchanged."""
     if not isinstance(a, TensorRef) or len(a.shape) != 4:
         return a
-    stride = list(a.stride)
+    shape, stride = a.shape, list(a.stride)
     for d in range(len(stride) - 2, -1, -1):
-        if a.shape[d] == 1:
-            stride[d] = a.shape[d + 1] * stride[d + 1] if a.shape[d + 1] != 1 else stride[d + 1]
-    stride[-1] = stride[-1] if a.shape[-1] != 1 else sympy.Integer(1)
+        if shape[d] != 1 or _multiple_of_16(sympy.sympify(stride[d])):
+            continue
+        contiguous = shape[d + 1] * stride[d + 1] if shape[d + 1] != 1 else stride[d + 1]
+        outer = [stride[e] for e in range(d - 1, -1, -1) if shape[e] != 1][:1]
+        stride[d] = outer[0] if not _multiple_of_16(sympy.sympify(contiguous)) and outer \
+            and _multiple_of_16(sympy.sympify(outer[0])) else contiguous
+    stride[-1] = stride[-1] if shape[-1] != 1 else sympy.Integer(1)
     return a if tuple(stride) == tuple(a.stride) else TensorRef(a.buffer, a.shape, tuple(stride), a.offset, a.dtype)
 
 
