@@ -98,10 +98,10 @@ def _inductor(opts: CompileOptions) -> Backend:
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledGraph:
             options = inductor_options
             on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
-            if options.wrapper == "cpp" and (not inference or (flags.cudagraphs and on_gpu)):
+            if options.wrapper in ("cpp", "tiered") and (not inference or (flags.cudagraphs and on_gpu)):
                 why = "CUDA graphs replay it" if inference else "it is a training forward or backward graph"
-                log("perf_hints").warning("graph keeps the Python wrapper (options wrapper='cpp' serves "
-                                          "inference graphs in default mode): %s", why)
+                log("perf_hints").warning("graph keeps the Python wrapper (options wrapper=%r serves "
+                                          "inference graphs in default mode): %s", options.wrapper, why)
                 options = options.replace(wrapper="python")
             if inference and arena and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
                 options = options.replace(memory_arena=True)

@@ -31,6 +31,7 @@ from .knobs import KNOBS
 from .partition import Partitioned, PartitionerName, tangent_dependencies
 from .pipeline import AotOptions, run_aot_pipeline
 from .portable import render_graph_module, training_program
+from .signature import GraphSignature
 from .tracer import Decompositions
 from .wrapper import make_inference_callable, make_training_callable
 
@@ -101,18 +102,32 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput], *, fw_compil
         texts["aot_inference"] = print_graph(joint.gm)
         p = _portable_of(compiled)
         portable = training_program(sig, p, None) if p and sig.n_lifted == 0 else None
+        later = _later(compiled, sig) if portable is not None else None
     else:
         fw, bw = _compile_pair(parts, fw_compiler, bw_compiler or fw_compiler)
         grad_deps = tangent_dependencies(parts.bw_gm, parts.n_saved + parts.n_saved_sizes)
         fn = make_training_callable(sig, fw, bw, parts.n_saved, grad_deps, parts.n_saved_sizes)
         texts["aot_forward"] = print_graph(parts.fw_gm)
         texts["aot_backward"] = print_graph(parts.bw_gm)
+        later = None
         pf, pb = _portable_of(fw), _portable_of(bw)
         portable = training_program(sig, pf, pb, grad_deps, parts.n_saved_sizes) \
             if pf and pb and sig.n_lifted == 0 else None
     if sig.n_lifted:
         fn = _with_module_state(gm, fn)
-    return CompiledGraph(fn, "aot", texts, portable, aot=AotResult(joint, parts, time.perf_counter() - t0))
+    return CompiledGraph(fn, "aot", texts, portable, aot=AotResult(joint, parts, time.perf_counter() - t0),
+                         later=later)
+
+
+def _later(compiled: Callable[..., Any], sig: GraphSignature) -> Any:
+    """The inference program around the inner compiler's later portable form (CompiledGraph.later)."""
+    inner = compiled.later if isinstance(compiled, CompiledGraph) else None
+    if inner is None:
+        return None
+
+    def later(callback: Callable[[PortableProgram], None]) -> None:
+        inner(lambda p: callback(training_program(sig, p, None)))
+    return later
 
 
 def _with_module_state(gm: fx.GraphModule, fn: Callable[..., Any]) -> Callable[..., Any]:

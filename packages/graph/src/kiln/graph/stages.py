@@ -91,6 +91,10 @@ class CompiledGraph:
     # call and raises GuardError), and where each size symbol is read from ("L['x'].size()[0]"-style)
     size_guards: tuple[str, ...] = ()
     size_sources: Mapping[str, str] = field(default_factory=dict)
+    # a better portable form that becomes ready after the backend returned (kiln.inductor's tiered
+    # wrapper: the C++ wrapper built in the background): ``later(callback)`` calls ``callback(program)``
+    # once, from whatever thread finished it, if it ever is (the graph cache stores it for later processes)
+    later: Callable[[Callable[[PortableProgram], None]], None] | None = None
 
     def __call__(self, *args: Any) -> Any:
         return self.fn(*args)

@@ -44,6 +44,7 @@ from .passes import CompileState
 from .pipeline import choose_backend, stages_for, verify_state
 from .size_buckets import bucket_sizes
 from .size_guards import GuardWatch, shape_env_of
+from .tiered import tier_up
 
 
 def load_wrapper(source: str, files_dir: str, filename: str, precompiled: bool = False) -> Any:
@@ -129,6 +130,9 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: I
         if in_cpp is not None:
             return _bind_constants(in_cpp, constants, name) if constants else in_cpp
         options = options.replace(wrapper="python")
+    tiered = options.wrapper == "tiered"
+    if tiered:
+        options = options.replace(wrapper="python")
     backend = choose_backend(inputs, options, lifted)  # once: it picks the stage list (pipeline.py)
     if isinstance(backend, TritonBackend) and backend.device == "cuda":
         warm_compile_pool("cuda")  # workers import while this graph is lowered
@@ -140,6 +144,8 @@ def _compile_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: I
         if not options.fallback_unknown_ops:
             raise
         return _eager_graph(gm, name, str(e))
+    if tiered and compiled.portable is not None:
+        compiled = tier_up(compiled, lifted, inputs, options, name)
     if constants:
         compiled = _bind_constants(compiled, constants, name)
     return compiled
@@ -158,7 +164,7 @@ def _cpp_wrapper(gm: fx.GraphModule, inputs: Sequence[Any], options: InductorOpt
 
 def _bind_constants(compiled: CompiledGraph, constants: list[torch.Tensor], name: str) -> CompiledGraph:
     """The compiled graph with its lifted constants appended to every call; its saved program loads them."""
-    portable = compiled.portable
+    portable, later, inner = compiled.portable, None, compiled.later
     if portable is not None:
         try:
             epilogue, files = constants_epilogue(constants)
@@ -166,7 +172,10 @@ def _bind_constants(compiled: CompiledGraph, constants: list[torch.Tensor], name
         except (ValueError, RuntimeError) as e:  # the graph still runs; only saving it is refused
             log("perf_hints").warning("graph %s cannot be saved: %s", name, e)
             portable = None
-    return replace(compiled, fn=WithConstants(compiled.fn, constants), portable=portable)
+    if portable is not None and inner is not None:
+        def later(callback: Callable[[PortableProgram], None]) -> None:
+            inner(lambda p: callback(replace(p, source=p.source + epilogue, files={**p.files, **files})))
+    return replace(compiled, fn=WithConstants(compiled.fn, constants), portable=portable, later=later)
 
 
 def _eager_graph(gm: fx.GraphModule, name: str, reason: str) -> CompiledGraph:

@@ -157,7 +157,11 @@ def compile_cpp_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, opti
                       name: str = "graph") -> CompiledGraph:
     """``gm`` (a functional ATen inference graph, its constants lifted to inputs) as a C++ wrapper library
     whose compiled graph takes the same inputs and returns the same outputs as the Python wrapper's."""
-    built = build_cpp_graph(gm, example_inputs, options=options, name=name)
+    return load_cpp_graph(build_cpp_graph(gm, example_inputs, options=options, name=name), name)
+
+
+def load_cpp_graph(built: CppGraph, name: str) -> CompiledGraph:
+    """The compiled graph calling ``built``'s library (loaded here)."""
     t0 = time.perf_counter()
     ns: dict[str, Any] = {"FILES": built.files, "FILES_DIR": None, "__name__": f"kiln_cpp_graph_{name}"}
     exec(compile(built.source, f"<kiln-inductor cpp wrapper {name}>", "exec"), ns)  # noqa: S102 - generated here

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from .autotune_options import AutotuneOptions
 from .knobs import KNOBS
 
-WRAPPERS = ("python", "cpp")
+WRAPPERS = ("python", "cpp", "tiered")
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +98,8 @@ class InductorOptions:
     # same steps as generated C++ built into a library and called through its C ABI: a few us of host
     # time per ATen call instead of 12-20; cpp_graph.py). "cpp" serves inference graphs (static or
     # symbolic sizes: one library for every size) in default mode; any other graph keeps the Python
-    # wrapper and perf_hints says why
+    # wrapper and perf_hints says why. "tiered": the Python wrapper at once, calls moved to the C++
+    # wrapper when a background thread has built it (tiered.py: no g++ build in the compile time)
     wrapper: str = "python"
 
     def __post_init__(self) -> None:

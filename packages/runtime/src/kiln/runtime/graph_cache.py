@@ -506,6 +506,13 @@ def _compile_and_store(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], gm: f
     log("cache").info("graph cache miss %s (%s): compiled%s%s", short, name,
                       " and stored" if stored else ", not stored (cache not writable)",
                       f" with the {len(added)} shape guard(s) its compile added" if added else "")
+    if stored and compiled.later is not None:
+        # a better program ready later (a C++ wrapper built in the background): later processes load it
+        def store_later(program: PortableProgram) -> None:
+            if graphs.save(key, program, texts, compiled.backend, added, state):
+                log("cache").info("graph cache entry %s (%s): replaced by the program built after the compile",
+                                  short, name)
+        compiled.later(store_later)
     if stored and compiled.portable.triton_modules:
         return _store_kernels_after_first_call(compiled, graphs, key, compiled.portable, texts, short,
                                                added, state)

@@ -1,0 +1,197 @@
+"""``InductorOptions(wrapper="tiered")``: the Python wrapper at once, the C++ wrapper once it is built.
+
+Note: why. The C++ wrapper (cpp_graph.py) takes a compiled graph's host work out of Python (a few us per
+ATen call instead of 12-20: a host-bound language model's steady time), but building it runs g++ over
+libtorch's headers, seconds per graph, which ``wrapper="cpp"`` adds to every compile (the serving stream's
+cold wall on the CPU: 8.6 s against the Python wrapper's 2.8 s). Tiered compiles as ``wrapper="python"``
+does and returns that graph; the C++ wrapper of the same graph is generated and built on one background
+thread (the compiler runs in a subprocess, without the GIL), and when its library is loaded the graph's
+calls go to it: one attribute store, nothing checked on the call path. A program that exits before then
+ran the Python wrapper throughout.
+
+Never silently different: the calls move only when the library lays out every output as the Python
+wrapper does (shape, stride, offset, dtype; symbolic sizes compared as expressions). A graph the C++
+wrapper cannot run, a failed build or a differing layout keeps the Python wrapper, and perf_hints says
+why. ``wait_tiered()`` blocks until every queued build has finished (benchmarks, tests).
+
+The caller (kiln.compile's inductor backend) asks for it only where ``wrapper="cpp"`` serves: inference
+graphs in default mode.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import Any
+
+import sympy
+from torch import fx
+
+from kiln.graph import CompiledGraph, PortableProgram, log
+from kiln.runtime import KernelBuildError
+from kiln.runtime.cxx import GraphLibrary, PackageError
+
+from .codegen.cpp_wrapper import CppWrapperUnsupported
+from .codegen.cpp_wrapper.graph_call import OutputPlan
+from .cpp_graph import build_cpp_graph, load_cpp_graph
+from .ir import DynamicShapeUnsupported, TensorRef
+from .ir.index import positive_sizes
+from .lowering.lower import LoweringError
+from .options import InductorOptions
+from .size_guards import shape_env_of
+
+
+class TieredCall:
+    """A compiled graph whose calls go to ``call``: the Python wrapper's until the C++ wrapper's library
+    is loaded (``tier`` says which; ``ready`` is set when the background build has finished, either way)."""
+
+    __slots__ = ("call", "name", "tier", "ready", "program", "_callbacks", "__weakref__")
+
+    def __init__(self, first: Any, name: str) -> None:
+        self.call: Callable[[list], tuple] = first.call_owned
+        self.name = name
+        self.tier = "python"
+        self.ready = threading.Event()
+        self.program: PortableProgram | None = None  # the C++ wrapper's, once its calls go there
+        self._callbacks: list[Callable[[PortableProgram], None]] = []
+        _LIVE.add(self)
+
+    def later(self, callback: Callable[[PortableProgram], None]) -> None:
+        """``callback(program)`` with the C++ wrapper's portable program once the calls moved to it
+        (CompiledGraph.later); never called when the Python wrapper stays."""
+        with _BUILDS.cond:
+            if self.program is None:
+                if not self.ready.is_set():
+                    self._callbacks.append(callback)
+                return
+        callback(self.program)
+
+    def _moved(self, library: GraphLibrary, program: PortableProgram) -> None:
+        with _BUILDS.cond:
+            self.call, self.tier, self.program = library.call_owned, "cpp", program
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            try:
+                callback(program)
+            except Exception as e:  # noqa: BLE001 - storing it elsewhere must not undo the move
+                log("perf_hints").warning("graph %r: handing its C++ wrapper program on failed (%s: %s)",
+                                          self.name, type(e).__name__, e)
+
+    def __call__(self, *args: Any) -> tuple:
+        return self.call(list(args))
+
+    def call_owned(self, args: list) -> tuple:
+        return self.call(args)
+
+
+class _Builds:
+    """One daemon thread running queued builds in order (one g++ at a time beside the program), and a
+    count of those not finished. Daemon: a program does not wait at exit for builds it will not use."""
+
+    def __init__(self) -> None:
+        self.jobs: deque[Callable[[], None]] = deque()
+        self.cond = threading.Condition()
+        self.pending = 0
+        self.thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self.cond:
+            self.jobs.append(job)
+            self.pending += 1
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._run, name="kiln-cpp-wrapper-builds", daemon=True)
+                self.thread.start()
+            self.cond.notify_all()
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.jobs:
+                    self.cond.wait()
+                job = self.jobs.popleft()
+            try:
+                job()
+            finally:
+                with self.cond:
+                    self.pending -= 1
+                    self.cond.notify_all()
+
+    def wait(self, timeout: float | None) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.pending == 0, timeout)
+
+
+_BUILDS = _Builds()
+_LIVE: weakref.WeakSet[TieredCall] = weakref.WeakSet()
+
+
+def live_tiered() -> list[TieredCall]:
+    """The tiered graphs still alive in this process (``tier``: the wrapper their calls go to now)."""
+    return list(_LIVE)
+
+
+def wait_tiered(timeout: float | None = None) -> bool:
+    """Block until every queued C++ wrapper build has finished (loaded, or given up: perf_hints says
+    which); False if ``timeout`` seconds passed first."""
+    return _BUILDS.wait(timeout)
+
+
+def tier_up(compiled: CompiledGraph, gm: fx.GraphModule, inputs: Sequence[Any], options: InductorOptions,
+            name: str) -> CompiledGraph:
+    """``compiled`` (the Python wrapper's graph over ``gm``'s lifted inputs) with its calls moving to the
+    C++ wrapper's library when the background thread has built it."""
+    fn = TieredCall(compiled.fn, name)
+    outputs = compiled.loop_program.outputs if compiled.loop_program is not None else None  # type: ignore[attr-defined]
+    cpp_options = options.replace(wrapper="cpp")
+    _BUILDS.submit(lambda: _build(fn, gm, inputs, cpp_options, name, outputs))
+    return replace(compiled, fn=fn, backend="inductor(tiered wrapper)", later=fn.later)
+
+
+def _build(fn: TieredCall, gm: fx.GraphModule, inputs: Sequence[Any], options: InductorOptions, name: str,
+           outputs: Sequence[Any] | None) -> None:
+    t0 = time.perf_counter()
+    try:
+        with positive_sizes(shape_env_of(inputs)):
+            built = build_cpp_graph(gm, inputs, options=options, name=name)
+        why = "the Python wrapper's outputs are unknown" if outputs is None else _differs(outputs, built.plan)
+        if why is not None:
+            log("perf_hints").warning("graph %r keeps the Python wrapper (wrapper='tiered'): the C++ wrapper %s",
+                                      name, why)
+            return
+        loaded = load_cpp_graph(built, name)
+        assert isinstance(loaded.fn, GraphLibrary) and loaded.portable is not None
+        fn._moved(loaded.fn, loaded.portable)
+        log("perf_hints").info("graph %r: its C++ wrapper built in %.1f s in the background; calls go to it now",
+                               name, time.perf_counter() - t0)
+    except (CppWrapperUnsupported, LoweringError, KernelBuildError, PackageError, DynamicShapeUnsupported) as e:
+        log("perf_hints").warning("graph %r keeps the Python wrapper (wrapper='tiered'): %s", name, e)
+    except Exception as e:  # noqa: BLE001 - a background build must never break the graph that runs
+        log("perf_hints").warning("graph %r keeps the Python wrapper (wrapper='tiered'): building its C++ wrapper "
+                                  "failed in kiln (%s: %s); please report this", name, type(e).__name__, e)
+    finally:
+        fn.ready.set()
+
+
+def _same(a: Any, b: Any) -> bool:
+    return bool(sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0)
+
+
+def _differs(outputs: Sequence[Any], plan: Sequence[OutputPlan]) -> str | None:
+    """Why the library's outputs would differ from the Python wrapper's (``outputs``: its program's),
+    or None when every output has the same shape, strides, offset and dtype."""
+    if len(outputs) != len(plan):
+        return f"returns {len(plan)} outputs, the Python wrapper {len(outputs)}"
+    for k, (o, p) in enumerate(zip(outputs, plan)):
+        if not isinstance(o, TensorRef):
+            return f"cannot return output {k} (a {type(o).__name__})"
+        if o.dtype != p.dtype or len(o.shape) != len(p.shape) or not all(
+                _same(a, b) for a, b in zip((*o.shape, *o.stride), (*p.shape, *p.stride))):
+            return (f"lays output {k} out as {p.dtype} {tuple(p.shape)} strided {tuple(p.stride)}, the Python "
+                    f"wrapper as {o.dtype} {tuple(o.shape)} strided {tuple(o.stride)}")
+        if p.kind != "input" and not _same(o.offset, p.offset):
+            return f"puts output {k} at storage offset {p.offset}, the Python wrapper at {o.offset}"
+    return None

@@ -1,0 +1,184 @@
+"""kiln.compile(options={"wrapper": "tiered"}): inference graphs start on the Python wrapper and move to
+the C++ wrapper once a background thread has built it.
+
+Every test calls the compiled program repeatedly with fresh inputs, before and after the move, and
+compares with eager; each checks which wrapper the graph's calls go to (``TieredCall.tier``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sympy
+import torch
+from torch import nn
+
+import kiln
+from kiln.inductor import wait_tiered
+from kiln.inductor.codegen.cpp_wrapper.graph_call import OutputPlan
+from kiln.inductor.ir import TensorRef
+from kiln.inductor.tiered import TieredCall, _differs, live_tiered
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("g++") is None, reason="the C++ wrapper is built with g++")]
+
+TIERED = {"wrapper": "tiered"}
+
+
+class Tiers:
+    """The tiered graphs compiled inside the block (``TieredCall.tier``: where their calls go)."""
+
+    def __enter__(self) -> Tiers:
+        self.before = {id(c) for c in live_tiered()}
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    @property
+    def calls(self) -> list[TieredCall]:
+        return [c for c in live_tiered() if id(c) not in self.before]
+
+
+class MLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2, self.norm = nn.Linear(16, 64), nn.Linear(64, 16), nn.LayerNorm(16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.fc2(torch.nn.functional.gelu(self.fc1(x))))
+
+
+def test_graph_moves_to_the_cpp_wrapper_and_matches_eager_before_and_after() -> None:
+    torch.manual_seed(0)
+    model = MLP().eval()
+    compiled = kiln.compile(model, dynamic=True, options=TIERED)
+    with Tiers() as t, torch.no_grad():
+        for n in (3, 7, 1):
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+        assert wait_tiered(300)
+        assert len(t.calls) == 1
+        assert t.calls[0].ready.is_set() and t.calls[0].tier == "cpp"
+        for n in (5, 3, 11, 1):  # sizes seen and new, through the C++ library now
+            x = torch.randn(n, 16)
+            torch.testing.assert_close(compiled(x), model(x))
+        model.fc2.weight.mul_(-1.5)  # the library reads the weights per call: none is baked in
+        x = torch.randn(4, 16)
+        torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_hf_llama_logits_and_cache_match_eager_on_both_wrappers() -> None:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    model = transformers.LlamaForCausalLM(config).eval()
+    compiled = kiln.compile(model, dynamic=True, options=TIERED)
+
+    def check(b: int, s: int) -> None:
+        ids = torch.randint(0, 256, (b, s))
+        got, want = compiled(input_ids=ids, use_cache=True), model(input_ids=ids, use_cache=True)
+        torch.testing.assert_close(got.logits, want.logits)
+        for g, e in zip(got.past_key_values.layers, want.past_key_values.layers):
+            torch.testing.assert_close((g.keys, g.values), (e.keys, e.values))
+
+    with Tiers() as t, torch.no_grad():
+        check(2, 16)
+        check(3, 9)
+        assert wait_tiered(300)
+        assert t.calls and all(c.tier == "cpp" for c in t.calls), [c.tier for c in t.calls]
+        for b, s in ((2, 16), (1, 33), (4, 5)):
+            check(b, s)
+
+
+def test_training_graphs_keep_the_python_wrapper_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
+    torch.manual_seed(0)
+    model, reference = MLP(), MLP()
+    reference.load_state_dict(model.state_dict())
+    compiled = kiln.compile(model, options=TIERED)
+    hints = logging.getLogger("kiln.perf_hints")
+    hints.propagate = True
+    try:
+        with Tiers() as t, caplog.at_level(logging.WARNING, logger="kiln.perf_hints"):
+            for _ in range(3):
+                x = torch.randn(4, 16)
+                compiled(x).square().sum().backward()
+                reference(x).square().sum().backward()
+                for p, q in zip(model.parameters(), reference.parameters()):
+                    torch.testing.assert_close(p.grad, q.grad)
+                    p.grad, q.grad = None, None
+    finally:
+        hints.propagate = False
+    assert not t.calls
+    assert "training forward or backward graph" in caplog.text
+
+
+def _plan(shape: tuple, stride: tuple, offset: Any = 0, kind: str = "direct") -> OutputPlan:
+    return OutputPlan(kind, shape, stride, offset, torch.float32)
+
+
+def test_layouts_are_compared_as_expressions() -> None:
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    out = TensorRef("buf0", (s, 16), (16, 1), 0, torch.float32)
+    assert _differs([out], [_plan((s, 16), (sympy.Integer(16), 1))]) is None
+    assert "strided" in str(_differs([out], [_plan((s, 16), (1, s))]))
+    assert "offset" in str(_differs([TensorRef("buf0", (s, 16), (16, 1), 16, torch.float32)], [_plan((s, 16), (16, 1))]))
+    assert "returns 2 outputs" in str(_differs([out], [_plan((s, 16), (16, 1))] * 2))
+    assert "cannot return output 0" in str(_differs([s], [_plan((s, 16), (16, 1))]))
+
+
+SECOND_PROCESS = textwrap.dedent("""
+    import sys
+    import torch
+    import kiln
+    import kiln.runtime.cxx.graph_library as graph_library
+    from kiln.graph import EVENTS, GraphCompiled
+    from kiln.inductor import wait_tiered
+    from kiln.inductor.tiered import live_tiered
+
+    if sys.argv[1] == "load":  # the graph cache's entry is the C++ wrapper's program now: nothing to build
+        def refuse(*args, **kwargs):
+            raise AssertionError("the C++ wrapper library was built again")
+        graph_library.build_model_library = refuse
+    seen = []
+    EVENTS.subscribe(lambda e: seen.append("_GraphLibrary(" in e.compiled.portable.source)
+                     if isinstance(e, GraphCompiled) else None)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.GELU(), torch.nn.Linear(24, 3)).eval()
+    compiled = kiln.compile(model, dynamic=True, options={"wrapper": "tiered"})
+    with torch.no_grad():
+        for n in (4, 7, 1):
+            x = torch.randn(n, 12)
+            torch.testing.assert_close(compiled(x), model(x))
+        assert wait_tiered(300)
+        for n in (5, 2):
+            x = torch.randn(n, 12)
+            torch.testing.assert_close(compiled(x), model(x))
+    tiers = [c.tier for c in live_tiered()]
+    print("ok", seen, tiers)
+""")
+
+
+def test_later_processes_load_the_cpp_wrapper_from_the_graph_cache(tmp_path: Path) -> None:
+    """The first process compiles the Python wrapper and moves to the C++ one; the graph cache's entry is then
+    replaced by the C++ wrapper's program, which a second process loads without building anything."""
+    script = tmp_path / "second.py"
+    script.write_text(SECOND_PROCESS)
+    env = {**os.environ, "KILN_CACHE_DIR": str(tmp_path / "cache"), "KILN_GRAPH_CACHE": "1"}
+    outs = []
+    for mode, limit in (("build", 600), ("load", 300)):
+        run = subprocess.run([sys.executable, str(script), mode], env=env, capture_output=True, text=True,
+                             timeout=limit)
+        assert run.returncode == 0, (mode, run.stderr[-3000:])
+        outs.append(run.stdout.strip())
+    # first: compiled as the Python wrapper, then moved; second: the C++ wrapper from the cache, no tier-up
+    assert outs == ["ok [False] ['cpp']", "ok [True] []"], outs
