@@ -1,6 +1,7 @@
 """Micro-benchmark: HF ``generate()`` with a growing DynamicCache (issue 20), kiln vs eager vs torch.compile.
 
     uv run python -m benchmarks.generate [--models gpt2,llama] [--tokens 64] [--mode reduce-overhead]
+        [--kiln-options '{"wrapper": "tiered"}']
 
 Weights are fp32 unless ``--bf16``. ``model.forward`` is replaced by the compiled forward, as users do, and ``generate`` runs greedy
 decoding of ``--tokens`` new tokens from a batch of 2 prompts of 16 tokens. Every step's sequence
@@ -8,6 +9,9 @@ length differs (the KV cache grows), so a compiler that specialises on sizes rec
 Each backend runs in its own process: the first ``generate`` (compiles included), then the best of
 ``--runs`` timed ones; compiles counted as in ``benchmarks.dynamic_stream``; tokens compared with
 eager's (identical prefix length).
+
+With ``--kiln-options '{"wrapper": "tiered"}'`` kiln's timed rounds start after ``kiln.inductor.wait_tiered()``
+(its C++ wrappers built in the background; the wait is reported).
 
 ``--together`` instead holds the three models (the same weights) in one process and alternates their
 timed ``generate`` rounds, so per-token times are compared under the same load: the median wall and
@@ -67,14 +71,31 @@ def _generate(model: torch.nn.Module, prompt: torch.Tensor, tokens: int) -> torc
                               pad_token_id=0, use_cache=True)
 
 
+def _spec(mode: str | None, kiln_options: dict[str, Any] | None) -> B.CompileSpec:
+    return B.CompileSpec(kiln_backend="inductor", tc_backend="inductor", mode=mode,
+                         kiln_options=tuple(sorted((kiln_options or {}).items())))
+
+
+def _wait_tiered(backend: str, kiln_options: dict[str, Any] | None) -> float | None:
+    """With kiln's tiered wrapper, wait for its background C++ wrapper builds (the timed rounds then run
+    the upgraded graphs); the seconds waited, else None."""
+    if backend != "kiln" or (kiln_options or {}).get("wrapper") != "tiered":
+        return None
+    from kiln.inductor import wait_tiered
+
+    t0 = time.perf_counter()
+    wait_tiered(600)
+    return time.perf_counter() - t0
+
+
 def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, runs: int,
-            mode: str | None, bf16: bool = False) -> dict[str, Any]:
+            mode: str | None, bf16: bool = False, kiln_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Child: first generate (compiles included), best of ``runs`` timed ones, tokens vs eager."""
     model = _build(name, small, device, bf16)
     vocab = model.config.vocab_size
     prompt = torch.randint(1, vocab, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
     reference = _generate(model, prompt, tokens).cpu()
-    spec = B.CompileSpec(kiln_backend="inductor", tc_backend="inductor", mode=mode)
+    spec = _spec(mode, kiln_options)
     counter = CompileCounter()
     logging.getLogger("kiln").addHandler(counter)
     result: dict[str, Any] = {"backend": backend, "model": name}
@@ -87,6 +108,7 @@ def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, r
             sync_device(device)
             first_s = time.perf_counter() - t0
             compiles = count_compiles(backend, counter)
+            waited = _wait_tiered(backend, kiln_options)
             best = float("inf")
             for _ in range(runs):
                 t0 = time.perf_counter()
@@ -101,15 +123,16 @@ def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, r
     eager_msgs = [str(w.message) for w in caught if "eager" in str(w.message).lower()]
     result.update(first_s=first_s, ms_per_token=best / tokens * 1e3, compiles=compiles,
                   same_tokens=same, tokens=tokens,
-                  ran_eagerly=eager_msgs[0][:200] if eager_msgs else None)
+                  ran_eagerly=eager_msgs[0][:200] if eager_msgs else None, tier_wait_s=waited)
     return result
 
 
 def measure_together(*, backends: list[str], name: str, small: bool, device: str, tokens: int, runs: int,
-                     mode: str | None, bf16: bool = False) -> dict[str, Any]:
+                     mode: str | None, bf16: bool = False,
+                     kiln_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Child: every backend's model in this process; first generates (compiles included), then
     ``runs`` rounds alternating between the backends; median wall and CPU ms per token."""
-    spec = B.CompileSpec(kiln_backend="inductor", tc_backend="inductor", mode=mode)
+    spec = _spec(mode, kiln_options)
     models: dict[str, torch.nn.Module] = {}
     result: dict[str, Any] = {}
     for backend in backends:
@@ -142,6 +165,8 @@ def measure_together(*, backends: list[str], name: str, small: bool, device: str
             same = int((got.cpu() == reference).all(0).cumprod(0).sum()) - prompt.shape[1]
             result[backend] = {"first_s": time.perf_counter() - t0, "compiles": count_compiles(backend, counter),
                                "same_tokens": same, "tokens": tokens}
+        if "kiln" in models:
+            result["kiln"]["tier_wait_s"] = _wait_tiered("kiln", kiln_options)
         for _ in range(runs):
             for backend, model in models.items():
                 c0, t0 = time.process_time(), time.perf_counter()
@@ -198,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             res = run_isolated("benchmarks.generate:measure",
                                dict(backend=backend, name=name, small=small, device=args.device,
                                     tokens=args.tokens, runs=args.runs, mode=args.mode,
-                                    bf16=args.bf16),
+                                    bf16=args.bf16, kiln_options=args.kiln_options),
                                timeout_s=args.timeout, env=cli.child_env(args))
             results[backend] = res
             print(name, res, flush=True)
@@ -214,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
                          fmt(ratio(tc.get("ms_per_token"), res["ms_per_token"]))])
     dtype = "bf16" if args.bf16 else "fp32"
     body = (f"{args.tokens} new tokens, batch 2, greedy, {'tiny' if small else 'full'} configs, {dtype}, "
-            f"mode={args.mode or 'default'}.\n\n"
+            f"mode={args.mode or 'default'}, kiln options={args.kiln_options or 'none'}.\n\n"
             + markdown_table(["model", "backend", "compiles", "ran eagerly", "tokens = eager's",
                               "ms/token", "speed vs eager", "speed vs torch.compile"], rows))
     print(write_micro(args.out, "generate", "HF generate() with a growing cache", info, body, payload))
@@ -226,7 +251,8 @@ def _main_together(args: argparse.Namespace, small: bool, info: Any) -> int:
     for name in args.models:
         res = run_isolated("benchmarks.generate:measure_together",
                            dict(backends=args.backends, name=name, small=small, device=args.device,
-                                tokens=args.tokens, runs=args.runs, mode=args.mode, bf16=args.bf16),
+                                tokens=args.tokens, runs=args.runs, mode=args.mode, bf16=args.bf16,
+                                kiln_options=args.kiln_options),
                            timeout_s=args.timeout, env=cli.child_env(args))
         print(name, res, flush=True)
         payload[name] = res
@@ -236,7 +262,8 @@ def _main_together(args: argparse.Namespace, small: bool, info: Any) -> int:
         rows += _together_rows(name, {k: v for k, v in res.items() if isinstance(v, dict)})
     dtype = "bf16" if args.bf16 else "fp32"
     body = (f"{args.tokens} new tokens, batch 2, greedy, {'tiny' if small else 'full'} configs, {dtype}, "
-            f"mode={args.mode or 'default'}; all backends in one process, {args.runs} alternating rounds "
+            f"mode={args.mode or 'default'}, kiln options={args.kiln_options or 'none'}; all backends in one process, "
+            f"{args.runs} alternating rounds "
             "(medians).\n\n"
             + markdown_table(["model", "backend", "compiles", "ran eagerly", "tokens = eager's", "ms/token (wall)",
                               "CPU ms/token", "CPU speed vs eager", "CPU speed vs torch.compile",

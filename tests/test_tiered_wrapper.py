@@ -182,3 +182,30 @@ def test_later_processes_load_the_cpp_wrapper_from_the_graph_cache(tmp_path: Pat
         outs.append(run.stdout.strip())
     # first: compiled as the Python wrapper, then moved; second: the C++ wrapper from the cache, no tier-up
     assert outs == ["ok [False] ['cpp']", "ok [True] []"], outs
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_hf_gpt2_generate_on_cuda_moves_to_the_cpp_wrapper_with_eager_tokens() -> None:
+    """On the GPU: HF GPT-2's generate() (three graphs, the decode ones symbolic in the cache length) gives
+    eager's tokens before and after its graphs move to the C++ wrapper (built on the background thread,
+    its kernels' cubins and model.so loaded there while the main thread runs)."""
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=512, n_positions=256,
+                                     attn_implementation="sdpa", bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(config).cuda().eval()
+
+    def generate(ids: torch.Tensor) -> torch.Tensor:
+        return model.generate(ids, max_new_tokens=24, min_new_tokens=24, do_sample=False, pad_token_id=0)
+
+    prompts = [torch.randint(1, 512, (2, 16), device="cuda") for _ in range(3)]
+    with torch.no_grad():
+        want = [generate(p) for p in prompts]
+        model.forward = kiln.compile(model.forward, options=TIERED)
+        with Tiers() as t:
+            assert torch.equal(generate(prompts[0]), want[0])
+            assert wait_tiered(600)
+            assert t.calls and all(c.tier == "cpp" for c in t.calls), [c.tier for c in t.calls]
+            for p, w in zip(prompts, want):
+                assert torch.equal(generate(p), w)

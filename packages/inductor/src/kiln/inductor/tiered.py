@@ -147,12 +147,16 @@ def tier_up(compiled: CompiledGraph, gm: fx.GraphModule, inputs: Sequence[Any], 
     fn = TieredCall(compiled.fn, name)
     outputs = compiled.loop_program.outputs if compiled.loop_program is not None else None  # type: ignore[attr-defined]
     cpp_options = options.replace(wrapper="cpp")
-    _BUILDS.submit(lambda: _build(fn, gm, inputs, cpp_options, name, outputs))
+    ref = weakref.ref(fn)  # a graph dropped before its turn (a recompile replaced it) is not built
+    _BUILDS.submit(lambda: _build(ref, gm, inputs, cpp_options, name, outputs))
     return replace(compiled, fn=fn, backend="inductor(tiered wrapper)", later=fn.later)
 
 
-def _build(fn: TieredCall, gm: fx.GraphModule, inputs: Sequence[Any], options: InductorOptions, name: str,
-           outputs: Sequence[Any] | None) -> None:
+def _build(ref: weakref.ref[TieredCall], gm: fx.GraphModule, inputs: Sequence[Any], options: InductorOptions,
+           name: str, outputs: Sequence[Any] | None) -> None:
+    fn = ref()
+    if fn is None:
+        return
     t0 = time.perf_counter()
     try:
         with positive_sizes(shape_env_of(inputs)):
