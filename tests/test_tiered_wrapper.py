@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,15 +23,25 @@ import torch
 from torch import nn
 
 import kiln
+from kiln.graph import PortableProgram
 from kiln.inductor import wait_tiered
 from kiln.inductor.codegen.cpp_wrapper.graph_call import OutputPlan
 from kiln.inductor.ir import TensorRef
-from kiln.inductor.tiered import TieredCall, _differs, live_tiered
+from kiln.inductor.tiered import KEEP_CPP_WITHIN, TieredCall, _differs, live_tiered
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("g++") is None, reason="the C++ wrapper is built with g++")]
 
 TIERED = {"wrapper": "tiered"}
+TRIAL = 8  # InductorOptions.tiered_trial_calls' default
+MOVE = {"wrapper": "tiered", "tiered_trial_calls": 0}  # no timed trial: the calls move when the library is loaded
+
+
+def assert_settled(call: TieredCall) -> None:
+    """The trial ran both wrappers and the calls stay on the one it measured faster."""
+    assert call.measured is not None, call.tier
+    python_us, cpp_us = call.measured
+    assert call.tier == ("cpp" if cpp_us <= python_us * KEEP_CPP_WITHIN else "python"), (call.tier, call.measured)
 
 
 class Tiers:
@@ -66,11 +77,11 @@ def test_graph_moves_to_the_cpp_wrapper_and_matches_eager_before_and_after() -> 
             x = torch.randn(n, 16)
             torch.testing.assert_close(compiled(x), model(x))
         assert wait_tiered(300)
-        assert len(t.calls) == 1
-        assert t.calls[0].ready.is_set() and t.calls[0].tier == "cpp"
-        for n in (5, 3, 11, 1):  # sizes seen and new, through the C++ library now
-            x = torch.randn(n, 16)
+        assert len(t.calls) == 1 and t.calls[0].ready.is_set() and t.calls[0].tier == "trial"
+        for k in range(2 * t.calls[0].trial_calls + 3):  # the trial alternates the wrappers, then the faster
+            x = torch.randn((5, 3, 11, 1)[k % 4], 16)
             torch.testing.assert_close(compiled(x), model(x))
+        assert_settled(t.calls[0])
         model.fc2.weight.mul_(-1.5)  # the library reads the weights per call: none is baked in
         x = torch.randn(4, 16)
         torch.testing.assert_close(compiled(x), model(x))
@@ -95,9 +106,11 @@ def test_hf_llama_logits_and_cache_match_eager_on_both_wrappers() -> None:
         check(2, 16)
         check(3, 9)
         assert wait_tiered(300)
-        assert t.calls and all(c.tier == "cpp" for c in t.calls), [c.tier for c in t.calls]
-        for b, s in ((2, 16), (1, 33), (4, 5)):
-            check(b, s)
+        assert t.calls and all(c.tier == "trial" for c in t.calls), [c.tier for c in t.calls]
+        for k in range(2 * TRIAL + 1):
+            check(*((2, 16), (1, 33), (4, 5))[k % 3])
+        for c in t.calls:
+            assert_settled(c)
 
 
 def test_training_graphs_keep_the_python_wrapper_and_say_so(caplog: pytest.LogCaptureFixture) -> None:
@@ -154,7 +167,7 @@ SECOND_PROCESS = textwrap.dedent("""
                      if isinstance(e, GraphCompiled) else None)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.GELU(), torch.nn.Linear(24, 3)).eval()
-    compiled = kiln.compile(model, dynamic=True, options={"wrapper": "tiered"})
+    compiled = kiln.compile(model, dynamic=True, options={"wrapper": "tiered", "tiered_trial_calls": 0})
     with torch.no_grad():
         for n in (4, 7, 1):
             x = torch.randn(n, 12)
@@ -202,10 +215,41 @@ def test_hf_gpt2_generate_on_cuda_moves_to_the_cpp_wrapper_with_eager_tokens() -
     prompts = [torch.randint(1, 512, (2, 16), device="cuda") for _ in range(3)]
     with torch.no_grad():
         want = [generate(p) for p in prompts]
-        model.forward = kiln.compile(model.forward, options=TIERED)
+        model.forward = kiln.compile(model.forward, options=MOVE)
         with Tiers() as t:
             assert torch.equal(generate(prompts[0]), want[0])
             assert wait_tiered(600)
             assert t.calls and all(c.tier == "cpp" for c in t.calls), [c.tier for c in t.calls]
             for p, w in zip(prompts, want):
                 assert torch.equal(generate(p), w)
+
+
+class _Wrapper:
+    """A stand-in wrapper that takes ``seconds`` a call and counts its calls."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.calls = seconds, 0
+
+    def call_owned(self, args: list) -> tuple:
+        self.calls += 1
+        time.sleep(self.seconds)
+        return (len(args),)
+
+
+@pytest.mark.parametrize("python_s, cpp_s, kept", [(0.004, 0.0, "cpp"), (0.0, 0.004, "python")])
+def test_the_trial_keeps_the_wrapper_measured_faster(python_s: float, cpp_s: float, kept: str) -> None:
+    python, cpp = _Wrapper(python_s), _Wrapper(cpp_s)
+    call = TieredCall(python, "g", trial_calls=3)
+    handed: list[object] = []
+    call.later(handed.append)
+    call._built(cpp, PortableProgram("cpp program"))  # type: ignore[arg-type]
+    assert call.tier == "trial"
+    for k in range(6):
+        assert call(1, 2, k) == (3,)  # each call runs once, on one wrapper
+    assert (python.calls, cpp.calls) == (3, 3)
+    assert call.tier == kept and call.measured is not None
+    for _ in range(4):
+        call(1)
+    assert (python.calls, cpp.calls) == ((7, 3) if kept == "python" else (3, 7))
+    wait_tiered(30)  # the program is handed on on the build thread
+    assert handed == ([PortableProgram("cpp program")] if kept == "cpp" else [])

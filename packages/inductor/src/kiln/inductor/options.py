@@ -101,6 +101,10 @@ class InductorOptions:
     # wrapper and perf_hints says why. "tiered": the Python wrapper at once, calls moved to the C++
     # wrapper when a background thread has built it (tiered.py: no g++ build in the compile time)
     wrapper: str = "python"
+    # wrapper="tiered": once the C++ wrapper is built, this many calls on each wrapper (alternating) are timed
+    # and the calls stay on the faster (the C++ one unless more than 5% slower: a graph with many inputs
+    # and little work, an optimizer step over small tensors, runs faster from Python); 0: move untimed
+    tiered_trial_calls: int = 8
 
     def __post_init__(self) -> None:
         if not isinstance(self.cudagraph_sizes, tuple):  # a list from kiln.compile(options={...})

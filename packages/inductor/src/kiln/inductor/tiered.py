@@ -5,9 +5,11 @@ ATen call instead of 12-20: a host-bound language model's steady time), but buil
 libtorch's headers, seconds per graph, which ``wrapper="cpp"`` adds to every compile (the serving stream's
 cold wall on the CPU: 8.6 s against the Python wrapper's 2.8 s). Tiered compiles as ``wrapper="python"``
 does and returns that graph; the C++ wrapper of the same graph is generated and built on one background
-thread (the compiler runs in a subprocess, without the GIL), and when its library is loaded the graph's
-calls go to it: one attribute store, nothing checked on the call path. A program that exits before then
-ran the Python wrapper throughout.
+thread (the compiler runs in a subprocess, without the GIL). Once its library is loaded, the next calls
+alternate between the two wrappers and are timed, and the calls stay on the faster: the C++ wrapper is not
+faster everywhere (an Adam step over 32 tensors of 16 elements: 120 us a call against the Python wrapper's
+62 on the CPU; a tiny Llama's forward: 343 against 573). After that, one attribute store: nothing checked on
+the call path. A program that exits before then ran the Python wrapper throughout.
 
 Never silently different: the calls move only when the library lays out every output as the Python
 wrapper does (shape, stride, offset, dtype; symbolic sizes compared as expressions). A graph the C++
@@ -20,6 +22,7 @@ graphs in default mode.
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 import weakref
@@ -46,46 +49,101 @@ from .size_guards import shape_env_of
 
 
 class TieredCall:
-    """A compiled graph whose calls go to ``call``: the Python wrapper's until the C++ wrapper's library
-    is loaded (``tier`` says which; ``ready`` is set when the background build has finished, either way)."""
+    """A compiled graph whose calls go to ``call``: the Python wrapper's until the C++ wrapper's library is
+    loaded, then both in turn for a trial of ``trial_calls`` calls each (every call still runs once, on one
+    of them), then the one measured faster (``tier``: "python", "trial", "cpp"; ``ready`` is set when the
+    background build has finished, either way; ``measured``: the trial's median microseconds per call,
+    Python then C++)."""
 
-    __slots__ = ("call", "name", "tier", "ready", "program", "_callbacks", "__weakref__")
+    __slots__ = ("call", "name", "tier", "ready", "program", "measured", "trial_calls", "_python", "_cpp",
+                 "_times", "_callbacks", "__weakref__")
 
-    def __init__(self, first: Any, name: str) -> None:
-        self.call: Callable[[list], tuple] = first.call_owned
+    def __init__(self, first: Any, name: str, trial_calls: int) -> None:
+        self._python: Callable[[list], tuple] = first.call_owned
+        self.call = self._python
         self.name = name
         self.tier = "python"
+        self.trial_calls = trial_calls
         self.ready = threading.Event()
-        self.program: PortableProgram | None = None  # the C++ wrapper's, once its calls go there
+        self.program: PortableProgram | None = None  # the C++ wrapper's, once its calls go there for good
+        self.measured: tuple[float, float] | None = None
+        self._cpp: Callable[[list], tuple] | None = None
+        self._times: tuple[list[float], list[float]] = ([], [])
         self._callbacks: list[Callable[[PortableProgram], None]] = []
         _LIVE.add(self)
 
     def later(self, callback: Callable[[PortableProgram], None]) -> None:
-        """``callback(program)`` with the C++ wrapper's portable program once the calls moved to it
-        (CompiledGraph.later); never called when the Python wrapper stays."""
+        """``callback(program)`` with the C++ wrapper's portable program once the calls moved to it for
+        good (CompiledGraph.later), on the build thread; never called when the Python wrapper stays."""
         with _BUILDS.cond:
-            if self.program is None:
-                if not self.ready.is_set():
+            program = self.program if self.tier == "cpp" else None
+            if program is None:
+                if self.tier == "trial" or not self.ready.is_set():  # not decided yet
                     self._callbacks.append(callback)
                 return
-        callback(self.program)
+        callback(program)
 
-    def _moved(self, library: GraphLibrary, program: PortableProgram) -> None:
+    def _built(self, library: GraphLibrary, program: PortableProgram) -> None:
+        """The library is loaded: the trial starts with the next call (or the move, without a trial)."""
+        self._cpp, self.program = library.call_owned, program
+        if self.trial_calls <= 0:
+            self._settle(True)
+            return
+        self.tier, self.call = "trial", self._try
+
+    def _try(self, args: list) -> tuple:
+        """One trial call: the wrapper with fewer timed calls so far (Python first), timed (host time:
+        a GPU's kernels run on after the call returns)."""
+        py, cc = self._times
+        on_cpp = len(cc) < len(py)
+        run = self._cpp if on_cpp else self._python
+        assert run is not None
+        t0 = time.perf_counter()
+        out = run(args)
+        (cc if on_cpp else py).append(time.perf_counter() - t0)
+        if len(cc) >= self.trial_calls:
+            py_us, cc_us = (1e6 * statistics.median(t[1:] or t) for t in (py, cc))  # the first of each: warm-up
+            self.measured = (py_us, cc_us)
+            self._settle(cc_us <= py_us * KEEP_CPP_WITHIN)
+        return out
+
+    def _settle(self, cpp: bool) -> None:
+        program = self.program
+        if not cpp or program is None or self._cpp is None:
+            self.call, self.tier, self.program, self._cpp = self._python, "python", None, None
+            with _BUILDS.cond:
+                self._callbacks.clear()
+            log("perf_hints").info("graph %r keeps the Python wrapper (wrapper='tiered'): its C++ wrapper measured "
+                                   "%.1f us a call against %.1f", self.name, *reversed(self.measured or (0, 0)))
+            return
+        self.call, self.tier = self._cpp, "cpp"
         with _BUILDS.cond:
-            self.call, self.tier, self.program = library.call_owned, "cpp", program
             callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            try:
-                callback(program)
-            except Exception as e:  # noqa: BLE001 - storing it elsewhere must not undo the move
-                log("perf_hints").warning("graph %r: handing its C++ wrapper program on failed (%s: %s)",
-                                          self.name, type(e).__name__, e)
+        if self.measured is not None:
+            log("perf_hints").info("graph %r: calls go to its C++ wrapper (measured %.1f us a call against the Python "
+                                   "wrapper's %.1f)", self.name, self.measured[1], self.measured[0])
+        if callbacks:  # the graph cache's store writes the library's bytes: not on the caller's call
+            _BUILDS.submit(lambda: _hand_on(self.name, program, callbacks))
 
     def __call__(self, *args: Any) -> tuple:
         return self.call(list(args))
 
     def call_owned(self, args: list) -> tuple:
         return self.call(args)
+
+
+def _hand_on(name: str, program: PortableProgram, callbacks: list[Callable[[PortableProgram], None]]) -> None:
+    for callback in callbacks:
+        try:
+            callback(program)
+        except Exception as e:  # noqa: BLE001 - storing it elsewhere must not undo the move
+            log("perf_hints").warning("graph %r: handing its C++ wrapper program on failed (%s: %s)",
+                                      name, type(e).__name__, e)
+
+
+# the C++ wrapper keeps the calls unless the trial measured it this much slower than the Python one
+# (equal within noise: a GPU-bound graph's calls wait for the same kernels; the C++ one frees the host)
+KEEP_CPP_WITHIN = 1.05
 
 
 class _Builds:
@@ -144,7 +202,7 @@ def tier_up(compiled: CompiledGraph, gm: fx.GraphModule, inputs: Sequence[Any], 
             name: str) -> CompiledGraph:
     """``compiled`` (the Python wrapper's graph over ``gm``'s lifted inputs) with its calls moving to the
     C++ wrapper's library when the background thread has built it."""
-    fn = TieredCall(compiled.fn, name)
+    fn = TieredCall(compiled.fn, name, options.tiered_trial_calls)
     outputs = compiled.loop_program.outputs if compiled.loop_program is not None else None  # type: ignore[attr-defined]
     cpp_options = options.replace(wrapper="cpp")
     ref = weakref.ref(fn)  # a graph dropped before its turn (a recompile replaced it) is not built
@@ -168,9 +226,10 @@ def _build(ref: weakref.ref[TieredCall], gm: fx.GraphModule, inputs: Sequence[An
             return
         loaded = load_cpp_graph(built, name)
         assert isinstance(loaded.fn, GraphLibrary) and loaded.portable is not None
-        fn._moved(loaded.fn, loaded.portable)
-        log("perf_hints").info("graph %r: its C++ wrapper built in %.1f s in the background; calls go to it now",
-                               name, time.perf_counter() - t0)
+        log("perf_hints").info("graph %r: its C++ wrapper built in %.1f s in the background; %s", name,
+                               time.perf_counter() - t0, f"the next {2 * fn.trial_calls} calls time both wrappers"
+                               if fn.trial_calls > 0 else "calls go to it now")
+        fn._built(loaded.fn, loaded.portable)
     except (CppWrapperUnsupported, LoweringError, KernelBuildError, PackageError, DynamicShapeUnsupported) as e:
         log("perf_hints").warning("graph %r keeps the Python wrapper (wrapper='tiered'): %s", name, e)
     except Exception as e:  # noqa: BLE001 - a background build must never break the graph that runs
