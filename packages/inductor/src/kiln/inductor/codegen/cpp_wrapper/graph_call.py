@@ -30,7 +30,15 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from ...ir import ExternKernel, Layout, ScheduledProgram, TensorRef
+from ...ir import (
+    ExternKernel,
+    Kernel,
+    KernelGroup,
+    Layout,
+    ScheduledProgram,
+    TensorRef,
+    work_buffers,
+)
 from ..triton.printer import python_index
 from .aten_calls import CppWrapperUnsupported, op_overload, scalar_type
 from .writer import CppWrapperWriter, CudaKernels, SizeArgs, Slot, _ints, size_cpp
@@ -115,6 +123,7 @@ class GraphCallWriter(CppWrapperWriter):
                  cuda: CudaKernels | None = None, sizes: SizeArgs = SizeArgs()) -> None:
         super().__init__(s, symbols, slots, cuda, sizes)
         self.plan = self._plan()
+        self._users: set[str] = set()
 
     def _plan(self) -> tuple[OutputPlan, ...]:
         aliases = input_aliases(self.s)
@@ -136,8 +145,43 @@ class GraphCallWriter(CppWrapperWriter):
                 out.append(OutputPlan("copy", shape, stride, offset, o.dtype))
         return tuple(out)
 
+    def _tensor_users(self) -> set[str]:
+        """The base writer's, but on the CPU a buffer over a reused block of the same layout (an update in
+        place: an optimizer's parameters and moments) needs no at::Tensor when nothing else does, nor does
+        the block it reuses, and an output the caller returns as its own input is no user: such chains stay
+        bare pointers (an Adam step over 32 tensors wrapped all its 160 inputs, twice the Python
+        wrapper's host time)."""
+        if self.cuda is not None:  # an input written in place must be the caller's memory, not an aligned copy
+            return super()._tensor_users()
+        need = {b for st in self.s.steps if not isinstance(st.work, (Kernel, KernelGroup))
+                for b in work_buffers(st.work)}
+        need |= {o.buffer for o, plan in zip(self.p.outputs, self.plan)
+                 if isinstance(o, TensorRef) and plan.kind != "input"}
+        same: list[tuple[str, str]] = []
+        for st in self.s.steps:
+            for a in st.allocate:
+                if a.reuse and self.layouts[a.reuse] == a.layout:
+                    same.append((a.buffer, a.reuse))
+                elif a.reuse:
+                    need.add(a.reuse)  # kiln_rt::reshaped_storage takes the block as a Tensor
+        grown = True
+        while grown:  # a buffer that needs a Tensor is its reused block: so is the block
+            grown = False
+            for buffer, reuse in same:
+                if buffer in need and reuse not in need:
+                    need.add(reuse)
+                    grown = True
+        return need
+
+    def alloc(self, buffer: str, layout: Layout, reuse: str | None) -> None:
+        if reuse in self.raw and self.layouts[reuse] == layout and buffer not in self._users:
+            self.raw.add(buffer)
+            self.lines.append(f"  void* const {buffer} = {reuse};  // reuse: {buffer} is {reuse}")
+            return
+        super().alloc(buffer, layout, reuse)
+
     def inputs(self) -> None:
-        users = self._tensor_users()
+        users = self._users = self._tensor_users()
         for b in sorted(self.p.inputs, key=lambda b: b.position):
             slot = self.slots.get(b.position)
             if slot is None or slot.kind != "input":

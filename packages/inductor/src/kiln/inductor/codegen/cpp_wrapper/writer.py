@@ -181,7 +181,8 @@ class CppWrapperWriter:
 
     def _tensor_users(self) -> set[str]:
         """Buffers some step needs as an at::Tensor: an extern's arguments, a program output, a reused block."""
-        used = {b for st in self.s.steps if not isinstance(st.work, Kernel) for b in work_buffers(st.work)}
+        used = {b for st in self.s.steps if not isinstance(st.work, (Kernel, KernelGroup))
+                for b in work_buffers(st.work)}
         used |= {o.buffer for o in self.p.outputs if isinstance(o, TensorRef)}
         return used | {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
 
