@@ -102,8 +102,8 @@ class InductorOptions:
     # wrapper when a background thread has built it (tiered.py: no g++ build in the compile time)
     wrapper: str = "python"
     # wrapper="tiered": once the C++ wrapper is built, this many calls on each wrapper (alternating) are timed
-    # and the calls stay on the faster (the C++ one unless more than 5% slower: a graph with many inputs
-    # and little work, an optimizer step over small tensors, runs faster from Python); 0: move untimed
+    # and the calls stay on the faster (the C++ one unless more than 5% slower: it need not be faster for a
+    # graph of many inputs and little work); 0: move untimed
     tiered_trial_calls: int = 8
 
     def __post_init__(self) -> None:

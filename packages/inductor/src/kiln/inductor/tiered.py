@@ -6,10 +6,10 @@ libtorch's headers, seconds per graph, which ``wrapper="cpp"`` adds to every com
 cold wall on the CPU: 8.6 s against the Python wrapper's 2.8 s). Tiered compiles as ``wrapper="python"``
 does and returns that graph; the C++ wrapper of the same graph is generated and built on one background
 thread (the compiler runs in a subprocess, without the GIL). Once its library is loaded, the next calls
-alternate between the two wrappers and are timed, and the calls stay on the faster: the C++ wrapper is not
-faster everywhere (an Adam step over 32 tensors of 16 elements: 120 us a call against the Python wrapper's
-62 on the CPU; a tiny Llama's forward: 343 against 573). After that, one attribute store: nothing checked on
-the call path. A program that exits before then ran the Python wrapper throughout.
+alternate between the two wrappers and are timed, and the calls stay on the faster: the C++ wrapper need
+not be faster (its per-input cost once made an Adam step over 32 tensors of 16 elements 120 us a call against
+the Python wrapper's 62 on the CPU; 31 against 42 since its inputs stay bare pointers; a tiny Llama's forward:
+343 against 573). After that, one attribute store: nothing checked on the call path. A program that exits before then ran the Python wrapper throughout.
 
 Never silently different: the calls move only when the library lays out every output as the Python
 wrapper does (shape, stride, offset, dtype; symbolic sizes compared as expressions). A graph the C++
