@@ -684,3 +684,28 @@ def test_updates_in_place_pass_bare_pointers() -> None:
     body = texts[0].split("static void run_graph", 1)[1].split("KILN_EXPORT", 1)[0]
     assert "kiln_rt::wrap(" not in body, body[:2000]
     assert body.count("void* const arg") == 36
+
+
+def test_kiln_graph_attention_runs_as_the_aten_composite() -> None:
+    """kiln_graph::attention (symbolic masked attention whose kernel eager picks per call: HF decode steps on
+    CUDA) is a torch.library op the C++ wrapper cannot call; it runs there as the ATen composite its kernel
+    is, so such graphs get the C++ wrapper too, with eager's results over changing sizes."""
+    import kiln.graph  # noqa: F401 - registers kiln_graph's ops
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.kiln_graph.attention.default(q, k, v, mask, False, 0.2, False)
+        return out.transpose(1, 2).flatten(2) * 2
+
+    def eager(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.2)
+        return out.transpose(1, 2).flatten(2) * 2
+
+    compiled = kiln.compile(attend, dynamic=True, options=CPP)
+    with Wrappers() as w, torch.no_grad():
+        for b, length, keys in ((2, 1, 9), (3, 1, 17), (2, 4, 12)):
+            q = torch.randn(b, 4, length, 8)
+            k, v = torch.randn(b, 4, keys, 8), torch.randn(b, 4, keys, 8)
+            mask = torch.rand(b, 1, length, keys) > 0.3
+            mask[..., 0] = True
+            torch.testing.assert_close(compiled(q, k, v, mask), eager(q, k, v, mask))
+    assert w.graphs and all(w.graphs), w.graphs

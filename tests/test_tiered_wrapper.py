@@ -202,8 +202,9 @@ def test_later_processes_load_the_cpp_wrapper_from_the_graph_cache(tmp_path: Pat
 def test_hf_gpt2_generate_on_cuda_gives_eager_tokens_on_every_wrapper(caplog: pytest.LogCaptureFixture) -> None:
     """On the GPU: HF GPT-2's generate() (three graphs, the decode ones symbolic in the cache length) gives
     eager's tokens before and after its graphs moved (their C++ wrappers built on the background thread, cubins
-    and model.so loaded there while the main thread runs). A graph the C++ wrapper cannot run (kiln_graph's
-    attention op, a torch.library op, on symbolic masked attention) keeps the Python wrapper and says why."""
+    and model.so loaded there while the main thread runs; kiln_graph's attention op of the symbolic decode
+    graphs runs there as the ATen composite). A graph the C++ wrapper cannot run keeps the Python wrapper and
+    says why."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=512, n_positions=256,

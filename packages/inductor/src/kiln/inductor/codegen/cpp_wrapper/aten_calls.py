@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import sympy
 import torch
+
+from kiln.graph import ATTENTION, ATTENTION_TARGET
 
 from ...ir import Arg, ConstArg, ExternKernel, ListArg, TensorRef
 from ..cpp.exprs import cindex
@@ -133,7 +136,26 @@ def _bad(x: Any) -> str:
     raise CppWrapperUnsupported(f"tensor list item {x!r} is not a tensor")
 
 
+# kiln_graph::attention (kiln.graph attention_op.py: symbolic masked attention whose kernel eager picks per
+# call) is a torch.library op whose kernel is F.scaled_dot_product_attention: from C++ it is that ATen
+# composite, which picks the same kernel per call (its arguments: ``sdpa_form``)
+_SDPA = "aten.scaled_dot_product_attention.default"
+
+
+def sdpa_form(e: ExternKernel) -> ExternKernel:
+    """``e`` with a kiln_graph::attention call as the ATen composite it runs; any other call as it is."""
+    if e.target != ATTENTION_TARGET:
+        return e
+    names = [a.name for a in ATTENTION._schema.arguments]
+    given = {**dict(zip(names, e.args)), **dict(e.kwargs)}
+    q, k, v, mask = (given[n] for n in ("q", "k", "v", "mask"))
+    return replace(e, target=_SDPA, args=(q, k, v, mask, ConstArg(0.0), given["is_causal"]),
+                   kwargs=(("scale", given["scale"]), ("enable_gqa", given["enable_gqa"])))
+
+
 def op_overload(target: str) -> torch._ops.OpOverload:
+    if target == ATTENTION_TARGET:
+        target = _SDPA
     ns, op, overload = target.split(".", 2)
     if ns not in ("aten", "prims"):
         raise CppWrapperUnsupported(
@@ -150,6 +172,7 @@ def schema_name(target: str) -> tuple[str, str]:
 
 def boxed_arguments(e: ExternKernel, tensor: Callable[[TensorRef], str]) -> list[str]:
     """Every schema argument of ``e``'s op in order, as pushes onto a ``kiln_rt::Stack`` (defaults filled in)."""
+    e = sdpa_form(e)
     schema = op_overload(e.target)._schema
     kwargs = dict(e.kwargs)
     out: list[str] = []
