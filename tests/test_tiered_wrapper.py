@@ -264,3 +264,27 @@ def test_the_trial_keeps_the_wrapper_measured_faster(python_s: float, cpp_s: flo
     assert (python.calls, cpp.calls) == ((7, 3) if kept == "python" else (3, 7))
     wait_tiered(30)  # the program is handed on on the build thread
     assert handed == ([PortableProgram("cpp program")] if kept == "cpp" else [])
+
+
+def test_calls_from_several_threads_through_the_trial() -> None:
+    """Threads calling while the trial settles: every call runs once on one wrapper, none fails."""
+    import threading
+
+    python, cpp = _Wrapper(0.001), _Wrapper(0.0)
+    call = TieredCall(python, "g", trial_calls=3)
+    call._built(cpp, PortableProgram("cpp program"))  # type: ignore[arg-type]
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            for k in range(10):
+                assert call(k) == (1,)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=run) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert python.calls + cpp.calls == 40 and call.tier in ("cpp", "python")

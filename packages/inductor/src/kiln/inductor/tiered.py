@@ -95,13 +95,12 @@ class TieredCall:
         """One trial call: the wrapper with fewer timed calls so far (Python first), timed (host time:
         a GPU's kernels run on after the call returns)."""
         py, cc = self._times
-        on_cpp = len(cc) < len(py)
-        run = self._cpp if on_cpp else self._python
-        assert run is not None
+        on_cpp = len(cc) < len(py) and self._cpp is not None
+        run = self._cpp if on_cpp and self._cpp is not None else self._python
         t0 = time.perf_counter()
         out = run(args)
         (cc if on_cpp else py).append(time.perf_counter() - t0)
-        if len(cc) >= self.trial_calls:
+        if len(cc) >= self.trial_calls and self.tier == "trial":  # (a call in another thread may have settled it)
             py_us, cc_us = (1e6 * statistics.median(t[1:] or t) for t in (py, cc))  # the first of each: warm-up
             self.measured = (py_us, cc_us)
             self._settle(cc_us <= py_us * KEEP_CPP_WITHIN)
@@ -110,7 +109,8 @@ class TieredCall:
     def _settle(self, cpp: bool) -> None:
         program = self.program
         if not cpp or program is None or self._cpp is None:
-            self.call, self.tier, self.program, self._cpp = self._python, "python", None, None
+            # (``_cpp`` stays: a call in another thread may be inside ``_try`` still)
+            self.call, self.tier, self.program = self._python, "python", None
             with _BUILDS.cond:
                 self._callbacks.clear()
             log("perf_hints").info("graph %r keeps the Python wrapper (wrapper='tiered'): its C++ wrapper measured "
