@@ -9,7 +9,8 @@ thread (the compiler runs in a subprocess, without the GIL). Once its library is
 alternate between the two wrappers and are timed, and the calls stay on the faster: the C++ wrapper need
 not be faster (its per-input cost once made an Adam step over 32 tensors of 16 elements 120 us a call against
 the Python wrapper's 62 on the CPU; 31 against 42 since its inputs stay bare pointers; a tiny Llama's forward:
-343 against 573). After that, one attribute store: nothing checked on the call path. A program that exits before then ran the Python wrapper throughout.
+343 against 573). After that, one attribute store: nothing checked on the call path. A program that exits
+before then ran the Python wrapper throughout.
 
 Never silently different: the calls move only when the library lays out every output as the Python
 wrapper does (shape, stride, offset, dtype; symbolic sizes compared as expressions). A graph the C++
