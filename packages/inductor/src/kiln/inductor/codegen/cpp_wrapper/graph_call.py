@@ -30,15 +30,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from ...ir import (
-    ExternKernel,
-    Kernel,
-    KernelGroup,
-    Layout,
-    ScheduledProgram,
-    TensorRef,
-    work_buffers,
-)
+from ...ir import ExternKernel, Layout, ScheduledProgram, TensorRef
 from ..triton.printer import python_index
 from .aten_calls import CppWrapperUnsupported, op_overload, scalar_type
 from .writer import CppWrapperWriter, CudaKernels, SizeArgs, Slot, _ints, size_cpp
@@ -153,8 +145,7 @@ class GraphCallWriter(CppWrapperWriter):
         wrapper's host time)."""
         if self.cuda is not None:  # an input written in place must be the caller's memory, not an aligned copy
             return super()._tensor_users()
-        need = {b for st in self.s.steps if not isinstance(st.work, (Kernel, KernelGroup))
-                for b in work_buffers(st.work)}
+        need = self._extern_buffers()
         need |= {o.buffer for o, plan in zip(self.p.outputs, self.plan)
                  if isinstance(o, TensorRef) and plan.kind != "input"}
         same: list[tuple[str, str]] = []
@@ -164,13 +155,9 @@ class GraphCallWriter(CppWrapperWriter):
                     same.append((a.buffer, a.reuse))
                 elif a.reuse:
                     need.add(a.reuse)  # kiln_rt::reshaped_storage takes the block as a Tensor
-        grown = True
-        while grown:  # a buffer that needs a Tensor is its reused block: so is the block
-            grown = False
-            for buffer, reuse in same:
-                if buffer in need and reuse not in need:
-                    need.add(reuse)
-                    grown = True
+        for buffer, reuse in reversed(same):  # a block is reused after it was allocated: latest first
+            if buffer in need:  # a buffer that needs a Tensor is its reused block: so is the block
+                need.add(reuse)
         return need
 
     def alloc(self, buffer: str, layout: Layout, reuse: str | None) -> None:

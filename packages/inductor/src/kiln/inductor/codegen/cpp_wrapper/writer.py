@@ -179,10 +179,14 @@ class CppWrapperWriter:
         self.caller_memory = caller_memory(s)
         self.raw: set[str] = set()  # constants only kernels read: their data pointer, no at::Tensor per call
 
+    def _extern_buffers(self) -> set[str]:
+        """Buffers an ATen call takes or makes (kernels take bare pointers)."""
+        return {b for st in self.s.steps if not isinstance(st.work, (Kernel, KernelGroup))
+                for b in work_buffers(st.work)}
+
     def _tensor_users(self) -> set[str]:
         """Buffers some step needs as an at::Tensor: an extern's arguments, a program output, a reused block."""
-        used = {b for st in self.s.steps if not isinstance(st.work, (Kernel, KernelGroup))
-                for b in work_buffers(st.work)}
+        used = self._extern_buffers()
         used |= {o.buffer for o in self.p.outputs if isinstance(o, TensorRef)}
         return used | {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
 
