@@ -76,18 +76,6 @@ def _spec(mode: str | None, kiln_options: dict[str, Any] | None) -> B.CompileSpe
                          kiln_options=tuple(sorted((kiln_options or {}).items())))
 
 
-def _wait_tiered(backend: str, kiln_options: dict[str, Any] | None) -> float | None:
-    """With kiln's tiered wrapper, wait for its background C++ wrapper builds (the timed rounds then run
-    the upgraded graphs); the seconds waited, else None."""
-    if backend != "kiln" or (kiln_options or {}).get("wrapper") != "tiered":
-        return None
-    from kiln.inductor import wait_tiered
-
-    t0 = time.perf_counter()
-    wait_tiered(600)
-    return time.perf_counter() - t0
-
-
 def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, runs: int,
             mode: str | None, bf16: bool = False, kiln_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Child: first generate (compiles included), best of ``runs`` timed ones, tokens vs eager."""
@@ -108,7 +96,7 @@ def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, r
             sync_device(device)
             first_s = time.perf_counter() - t0
             compiles = count_compiles(backend, counter)
-            waited = _wait_tiered(backend, kiln_options)
+            waited = B.wait_tiered(backend, kiln_options)
             best = float("inf")
             for _ in range(runs):
                 t0 = time.perf_counter()
@@ -166,7 +154,7 @@ def measure_together(*, backends: list[str], name: str, small: bool, device: str
             result[backend] = {"first_s": time.perf_counter() - t0, "compiles": count_compiles(backend, counter),
                                "same_tokens": same, "tokens": tokens}
         if "kiln" in models:
-            result["kiln"]["tier_wait_s"] = _wait_tiered("kiln", kiln_options)
+            result["kiln"]["tier_wait_s"] = B.wait_tiered("kiln", kiln_options)
         for _ in range(runs):
             for backend, model in models.items():
                 c0, t0 = time.process_time(), time.perf_counter()

@@ -6,6 +6,7 @@ kiln is imported lazily, per row. If ``import kiln`` or ``kiln.compile`` fails t
 
 from __future__ import annotations
 
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -168,3 +169,15 @@ def kiln_explain(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
     if "breaks" not in result:
         result["note"] = f"could not read a break count from {type(out).__name__}"
     return result
+
+
+def wait_tiered(backend: str, kiln_options: Any) -> float | None:
+    """With kiln's tiered wrapper (``options={"wrapper": "tiered"}``), wait for its background C++ wrapper
+    builds, so that timed calls run the upgraded graphs; the seconds waited, else None."""
+    if backend != "kiln" or dict(kiln_options or {}).get("wrapper") != "tiered":
+        return None
+    from kiln.inductor import wait_tiered as wait
+
+    t0 = time.perf_counter()
+    wait(600)
+    return time.perf_counter() - t0

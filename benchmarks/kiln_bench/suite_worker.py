@@ -161,14 +161,9 @@ def _measure_backend(row: dict[str, Any], case: Any, backend: str, spec: B.Compi
     try:
         for _ in range(max(0, warmup - 1)):
             step()
-        if backend == "kiln" and dict(spec.kiln_options).get("wrapper") == "tiered":
-            # kiln's C++ wrappers build in the background: the timed calls run the upgraded graphs, and the
-            # seconds still waited after the warm-up calls are recorded
-            from kiln.inductor import wait_tiered
-
-            t0 = time.perf_counter()
-            wait_tiered(600)
-            row["tier_wait_s"] = time.perf_counter() - t0
+        waited = B.wait_tiered(backend, spec.kiln_options)  # seconds still waited after the warm-up calls
+        if waited is not None:
+            row["tier_wait_s"] = waited
             step()
         with M.PeakMemory(dev) as mem:
             median = M.median_seconds(step, dev, iters)
