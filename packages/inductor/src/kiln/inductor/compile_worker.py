@@ -41,53 +41,79 @@ _MODULES: dict[str, types.ModuleType] = {}
 
 
 class TargetOnlyDriver:
-    """Stands in for triton's active driver while compiling for ``target`` without using a device:
-    what ``JITFunction.warmup`` and ``triton.compile`` ask of a driver, and nothing else."""
+    """Stands in for triton's active driver while threads compile for a target without using a device:
+    a compiling thread gets what ``JITFunction.warmup`` and ``triton.compile`` ask of a driver for its
+    target, and nothing else; any other thread gets the driver that was active before (``previous``,
+    or triton's default made when first asked), so a kernel launch in another thread of the parent
+    (a model running while a tiered wrapper's C++ program is built in the background) is not
+    answered by a driver that cannot launch."""
 
-    def __init__(self, target: Any) -> None:
-        self.target = target
+    def __init__(self, previous: Any = None) -> None:
+        self.previous = previous
+        self.targets: dict[int, Any] = {}  # compiling thread id -> its GPUTarget
+
+    def _target(self) -> Any:
+        return self.targets.get(threading.get_ident())
 
     def get_current_device(self) -> int:
-        return 0
+        return 0 if self._target() is not None else self._real().get_current_device()
 
     def get_current_stream(self, device: int | None = None) -> int:
-        return 0
+        return 0 if self._target() is not None else self._real().get_current_stream(device)
 
     def get_current_target(self) -> Any:
-        return self.target
+        target = self._target()
+        return target if target is not None else self._real().get_current_target()
+
+    def _real(self) -> Any:
+        if self.previous is None:
+            from triton.runtime import driver
+
+            self.previous = driver.default
+        return self.previous
 
     def __getattr__(self, name: str) -> Any:
+        if self._target() is None:
+            return getattr(self._real(), name)
         raise AttributeError(f"kiln compile worker: triton asked the target-only driver for {name!r} "
                              "(only compiling is possible here)")
 
 
-# In the parent, several threads compile at once (compile_pool's helpers): the driver swap below is
-# process-global, so the first thread in sets it and the last one out restores it; a module is
+# In the parent, several threads compile at once (compile_pool's helpers, a tiered wrapper's build)
+# while others launch kernels: the driver is process-global, so one TargetOnlyDriver is active while
+# any thread compiles for a target, answers each compiling thread with its own target and every other
+# thread with the driver it replaced; the last compiling thread out restores that driver. A module is
 # imported by one thread while the others wait (a half-executed module has no kernels yet).
 _LOCK = threading.Lock()
-_DRIVER_USERS: list[Any] = []  # [previous driver, users] while a target driver is active
+_ACTIVE: list[TargetOnlyDriver] = []  # the one installed while some thread compiles for a target
 
 
 @contextlib.contextmanager
 def target_driver(target: tuple[str, Any, int]) -> Iterator[None]:
-    """triton's active driver is a ``TargetOnlyDriver`` for ``target`` (backend, arch, warp size) inside."""
+    """triton's active driver answers this thread as a ``TargetOnlyDriver`` for ``target`` (backend,
+    arch, warp size) inside; other threads keep the real driver."""
     from triton.backends.compiler import GPUTarget
     from triton.runtime import driver
 
+    me = threading.get_ident()
     with _LOCK:
-        if _DRIVER_USERS:
-            _DRIVER_USERS[1] += 1
-        else:
-            _DRIVER_USERS[:] = [getattr(driver, "_active", None), 1]
-            driver.set_active(TargetOnlyDriver(GPUTarget(*target)))
+        if not _ACTIVE:
+            _ACTIVE.append(TargetOnlyDriver(getattr(driver, "_active", None)))
+            driver.set_active(_ACTIVE[0])
+        stand_in = _ACTIVE[0]
+        outer = stand_in.targets.get(me)
+        stand_in.targets[me] = GPUTarget(*target)
     try:
         yield
     finally:
         with _LOCK:
-            _DRIVER_USERS[1] -= 1
-            if _DRIVER_USERS[1] == 0:
-                driver._active = _DRIVER_USERS[0]  # None: the default driver is made again when next asked for
-                _DRIVER_USERS.clear()
+            if outer is None:
+                del stand_in.targets[me]
+            else:
+                stand_in.targets[me] = outer
+            if not stand_in.targets:
+                driver._active = stand_in.previous  # None: the default driver is made again when next asked for
+                _ACTIVE.clear()
 
 
 def load_module(path: str, name: str) -> types.ModuleType:

@@ -333,3 +333,50 @@ def test_autotune_candidates_compile_on_the_same_pool(pool, tmp_path):
                     deadline=time.perf_counter() - 1)
     assert (late.jobs, late.compiled, late.skipped) == (1, 0, 1)
     assert len(_kernel_dirs(os.environ["TRITON_CACHE_DIR"])) == 2  # nothing compiled after the deadline
+
+
+def test_a_thread_compiling_for_a_target_leaves_other_threads_the_real_driver():
+    """A tiered wrapper builds its C++ program (cubins compiled in this process for the device's target)
+    on a background thread while the model keeps launching kernels on the main thread: the launches must
+    still reach the driver that can launch (they got the target-only driver once: 'launcher_cls')."""
+    import threading
+
+    from triton.runtime import driver
+
+    from kiln.inductor.compile_worker import target_driver
+
+    class Launching:  # stands in for triton's CUDA driver
+        launcher_cls = "the real launcher"
+
+        def get_current_target(self):
+            return "the device's target"
+
+    before = driver._active
+    real = Launching()
+    driver.set_active(real)
+    inside, leave, seen = threading.Event(), threading.Event(), {}
+
+    def compiling():
+        with target_driver(TARGET):
+            seen["target"] = driver.active.get_current_target()
+            with pytest.raises(AttributeError, match="launcher_cls"):
+                driver.active.launcher_cls  # noqa: B018
+            inside.set()
+            leave.wait(10)
+
+    try:
+        t = threading.Thread(target=compiling)
+        t.start()
+        assert inside.wait(10)
+        assert driver.active.launcher_cls == "the real launcher"
+        assert driver.active.get_current_target() == "the device's target"
+        with target_driver(("cuda", 80, 32)):  # a second compiling thread has its own target
+            assert driver.active.get_current_target().arch == 80
+        assert driver.active.launcher_cls == "the real launcher"
+        leave.set()
+        t.join(10)
+        assert seen["target"].arch == 90
+        assert driver.active is real  # the last compiling thread out put the real driver back
+    finally:
+        leave.set()
+        driver._active = before
