@@ -235,6 +235,29 @@ def test_hf_gpt2_generate_on_cuda_gives_eager_tokens_on_every_wrapper(caplog: py
     assert caplog.text.count("keeps the Python wrapper (wrapper='tiered')") >= kept, (tiers, caplog.text[-3000:])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_inference_graphs_are_tiered_by_default_and_match_eager() -> None:
+    """kiln.compile gives a CUDA inference graph in default mode the tiered wrapper unless its options name
+    a wrapper; a training graph and a reduce-overhead graph keep the Python wrapper."""
+    torch.manual_seed(0)
+    model = MLP().cuda()
+    xs = [torch.randn(8, 16, device="cuda") for _ in range(4)]
+    with Tiers() as default, torch.no_grad():
+        f = kiln.compile(model)
+        assert torch.allclose(f(xs[0]), model(xs[0]), atol=1e-5)
+        assert wait_tiered(300)
+        for x in xs:
+            assert torch.allclose(f(x), model(x), atol=1e-5)
+    assert len(default.calls) == 1 and default.calls[0].ready.is_set()
+    with Tiers() as named, torch.no_grad():
+        kiln.compile(model, options={"wrapper": "python"})(xs[0])
+        kiln.compile(model, mode="reduce-overhead")(xs[0])
+    with Tiers() as training:
+        kiln.compile(model)(xs[0].requires_grad_()).sum().backward()
+    assert named.calls == [] and training.calls == []
+
+
 class _Wrapper:
     """A stand-in wrapper that takes ``seconds`` a call and counts its calls."""
 

@@ -88,9 +88,14 @@ def _inductor(opts: CompileOptions) -> Backend:
 
     # reduce-overhead inference graphs on the GPU: intermediates in one planned arena per call, so the
     # CUDA graph pool holds about the graph's allocated peak (kiln.inductor's InductorOptions.memory_arena)
-    arena = (flags.cudagraphs and "memory_arena" not in dict(opts.options)
+    user_options = dict(opts.options)
+    arena = (flags.cudagraphs and "memory_arena" not in user_options
              and _stage("kiln.inductor.knobs", "KNOBS", "inductor").memory_arena)
 
+    # a CUDA inference graph in default mode gets the C++ wrapper built in the background unless the
+    # options name a wrapper: the Python wrapper's host time (12-20 us an ATen call, 5-10 a launch) is
+    # what a host-bound GPU step waits for
+    gpu_wrapper = _stage("kiln.inductor.knobs", "KNOBS", "inductor").gpu_wrapper
     run_aten = _stage("kiln.autograd", "run_graph_compiler", "inductor")
     symbolic_refused = _stage("kiln.inductor", "DynamicShapeUnsupported", "inductor")
 
@@ -98,6 +103,8 @@ def _inductor(opts: CompileOptions) -> Backend:
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledGraph:
             options = inductor_options
             on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
+            if inference and on_gpu and not flags.cudagraphs and "wrapper" not in user_options:
+                options = options.replace(wrapper=gpu_wrapper)  # KILN_GPU_WRAPPER, tiered by default
             if options.wrapper in ("cpp", "tiered") and (not inference or (flags.cudagraphs and on_gpu)):
                 why = "CUDA graphs replay it" if inference else "it is a training forward or backward graph"
                 log("perf_hints").warning("graph keeps the Python wrapper (options wrapper=%r serves "

@@ -39,6 +39,10 @@ class InductorKnobs:
     # KILN_MEMORY_ARENA=0: kiln.compile's reduce-overhead inference graphs allocate one block per buffer
     # as before, not one arena (InductorOptions.memory_arena)
     memory_arena: bool = True
+    # KILN_GPU_WRAPPER (python|cpp|tiered): the wrapper kiln.compile gives a CUDA inference graph in default
+    # mode when options do not name one ("wrapper"); tiered: the Python wrapper at once, the C++ one built
+    # in the background (tiered.py)
+    gpu_wrapper: str = "tiered"
     alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF (else PYTORCH_ALLOC_CONF): the user's allocator settings
 
 
@@ -62,6 +66,8 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
                          triton_worker_torch=e.get("KILN_TRITON_WORKER_TORCH", "0") == "1",
                          cudagraph_expandable=e.get("KILN_CUDAGRAPH_EXPANDABLE", "1") != "0",
                          memory_arena=e.get("KILN_MEMORY_ARENA", "1") != "0",
+                         gpu_wrapper=_choice(e.get("KILN_GPU_WRAPPER"), "tiered", "KILN_GPU_WRAPPER",
+                                             ("python", "cpp", "tiered")),
                          alloc_conf=e.get("PYTORCH_CUDA_ALLOC_CONF") or e.get("PYTORCH_ALLOC_CONF") or "")
 
 
@@ -80,6 +86,14 @@ def _float(text: str | None, default: float, name: str) -> float:
         return float(text)
     except ValueError:
         raise ValueError(f"{name}={text!r} is not a number") from None
+
+
+def _choice(text: str | None, default: str, name: str, choices: tuple[str, ...]) -> str:
+    if not text:
+        return default
+    if text not in choices:
+        raise ValueError(f"{name}={text!r}: expected one of {', '.join(choices)}")
+    return text
 
 
 KNOBS = read_knobs()
