@@ -1,7 +1,10 @@
 """Micro-benchmark: HF ``generate()`` with a growing DynamicCache (issue 20), kiln vs eager vs torch.compile.
 
     uv run python -m benchmarks.generate [--models gpt2,llama] [--tokens 64] [--mode reduce-overhead]
-        [--kiln-options '{"wrapper": "tiered"}']
+        [--kiln-options '{"wrapper": "tiered"}'] [--cache static]
+
+``--cache static`` runs HF's recipe for compiled decoding instead, ``generate(cache_implementation="static")``:
+a StaticCache written in place, one shape for every decode step (the graph CUDA graphs replay per token).
 
 Weights are fp32 unless ``--bf16``. ``model.forward`` is replaced by the compiled forward, as users do, and ``generate`` runs greedy
 decoding of ``--tokens`` new tokens from a batch of 2 prompts of 16 tokens. Every step's sequence
@@ -65,10 +68,11 @@ def _build(name: str, small: bool, device: str, bf16: bool) -> torch.nn.Module:
     return model
 
 
-def _generate(model: torch.nn.Module, prompt: torch.Tensor, tokens: int) -> torch.Tensor:
+def _generate(model: torch.nn.Module, prompt: torch.Tensor, tokens: int, cache: str = "dynamic") -> torch.Tensor:
+    extra = {"cache_implementation": "static"} if cache == "static" else {}
     with torch.no_grad():
         return model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
-                              pad_token_id=0, use_cache=True)
+                              pad_token_id=0, use_cache=True, **extra)
 
 
 def _spec(mode: str | None, kiln_options: dict[str, Any] | None) -> B.CompileSpec:
@@ -77,12 +81,13 @@ def _spec(mode: str | None, kiln_options: dict[str, Any] | None) -> B.CompileSpe
 
 
 def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, runs: int,
-            mode: str | None, bf16: bool = False, kiln_options: dict[str, Any] | None = None) -> dict[str, Any]:
+            mode: str | None, bf16: bool = False, kiln_options: dict[str, Any] | None = None,
+            cache: str = "dynamic") -> dict[str, Any]:
     """Child: first generate (compiles included), best of ``runs`` timed ones, tokens vs eager."""
     model = _build(name, small, device, bf16)
     vocab = model.config.vocab_size
     prompt = torch.randint(1, vocab, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
-    reference = _generate(model, prompt, tokens).cpu()
+    reference = _generate(model, prompt, tokens, cache).cpu()
     spec = _spec(mode, kiln_options)
     counter = CompileCounter()
     logging.getLogger("kiln").addHandler(counter)
@@ -92,7 +97,7 @@ def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, r
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             t0 = time.perf_counter()
-            got = _generate(model, prompt, tokens)
+            got = _generate(model, prompt, tokens, cache)
             sync_device(device)
             first_s = time.perf_counter() - t0
             compiles = count_compiles(backend, counter)
@@ -100,7 +105,7 @@ def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, r
             best = float("inf")
             for _ in range(runs):
                 t0 = time.perf_counter()
-                got = _generate(model, prompt, tokens)
+                got = _generate(model, prompt, tokens, cache)
                 sync_device(device)
                 best = min(best, time.perf_counter() - t0)
     except Exception as exc:  # noqa: BLE001
@@ -117,7 +122,7 @@ def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, r
 
 def measure_together(*, backends: list[str], name: str, small: bool, device: str, tokens: int, runs: int,
                      mode: str | None, bf16: bool = False,
-                     kiln_options: dict[str, Any] | None = None) -> dict[str, Any]:
+                     kiln_options: dict[str, Any] | None = None, cache: str = "dynamic") -> dict[str, Any]:
     """Child: every backend's model in this process; first generates (compiles included), then
     ``runs`` rounds alternating between the backends; median wall and CPU ms per token."""
     spec = _spec(mode, kiln_options)
@@ -133,7 +138,7 @@ def measure_together(*, backends: list[str], name: str, small: bool, device: str
         models[backend] = model
     vocab = next(iter(models.values())).config.vocab_size if models else 2
     prompt = torch.randint(1, vocab, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
-    reference = _generate(_build(name, small, device, bf16), prompt, tokens).cpu()
+    reference = _generate(_build(name, small, device, bf16), prompt, tokens, cache).cpu()
     counter = CompileCounter()
     logging.getLogger("kiln").addHandler(counter)
     wall: dict[str, list[float]] = {b: [] for b in models}
@@ -143,7 +148,7 @@ def measure_together(*, backends: list[str], name: str, small: bool, device: str
         for backend, model in list(models.items()):
             try:
                 t0 = time.perf_counter()
-                got = _generate(model, prompt, tokens)
+                got = _generate(model, prompt, tokens, cache)
                 sync_device(device)
             except Exception as exc:  # noqa: BLE001
                 print(B.error_details(exc))
@@ -158,7 +163,7 @@ def measure_together(*, backends: list[str], name: str, small: bool, device: str
         for _ in range(runs):
             for backend, model in models.items():
                 c0, t0 = time.process_time(), time.perf_counter()
-                _generate(model, prompt, tokens)
+                _generate(model, prompt, tokens, cache)
                 sync_device(device)
                 wall[backend].append((time.perf_counter() - t0) / tokens * 1e3)
                 cpu[backend].append((time.process_time() - c0) / tokens * 1e3)
@@ -198,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                         "compiler); the default fp32 makes the token comparison exact")
     p.add_argument("--together", action="store_true",
                    help="all backends in one process, timed rounds alternating (CPU and wall ms per token)")
+    p.add_argument("--cache", choices=["dynamic", "static"], default="dynamic",
+                   help="HF's KV cache: a DynamicCache that grows (a new length every token) or a StaticCache "
+                        "(generate(cache_implementation='static'): fixed shapes, positions as tensors)")
     args = cli.finish(p.parse_args(argv), "generate")
     small = args.small or not args.device.startswith("cuda")
     info = machine_info(args.device, module="benchmarks.generate", threads=args.threads)
@@ -211,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
             res = run_isolated("benchmarks.generate:measure",
                                dict(backend=backend, name=name, small=small, device=args.device,
                                     tokens=args.tokens, runs=args.runs, mode=args.mode,
-                                    bf16=args.bf16, kiln_options=args.kiln_options),
+                                    bf16=args.bf16, kiln_options=args.kiln_options, cache=args.cache),
                                timeout_s=args.timeout, env=cli.child_env(args))
             results[backend] = res
             print(name, res, flush=True)
@@ -227,10 +235,10 @@ def main(argv: list[str] | None = None) -> int:
                          fmt(ratio(tc.get("ms_per_token"), res["ms_per_token"]))])
     dtype = "bf16" if args.bf16 else "fp32"
     body = (f"{args.tokens} new tokens, batch 2, greedy, {'tiny' if small else 'full'} configs, {dtype}, "
-            f"mode={args.mode or 'default'}, kiln options={args.kiln_options or 'none'}.\n\n"
+            f"mode={args.mode or 'default'}, {args.cache} cache, kiln options={args.kiln_options or 'none'}.\n\n"
             + markdown_table(["model", "backend", "compiles", "ran eagerly", "tokens = eager's",
                               "ms/token", "speed vs eager", "speed vs torch.compile"], rows))
-    print(write_micro(args.out, "generate", "HF generate() with a growing cache", info, body, payload))
+    print(write_micro(args.out, "generate", f"HF generate() with a {args.cache} cache", info, body, payload))
     return 0
 
 
@@ -240,7 +248,7 @@ def _main_together(args: argparse.Namespace, small: bool, info: Any) -> int:
         res = run_isolated("benchmarks.generate:measure_together",
                            dict(backends=args.backends, name=name, small=small, device=args.device,
                                 tokens=args.tokens, runs=args.runs, mode=args.mode, bf16=args.bf16,
-                                kiln_options=args.kiln_options),
+                                kiln_options=args.kiln_options, cache=args.cache),
                            timeout_s=args.timeout, env=cli.child_env(args))
         print(name, res, flush=True)
         payload[name] = res
@@ -250,13 +258,14 @@ def _main_together(args: argparse.Namespace, small: bool, info: Any) -> int:
         rows += _together_rows(name, {k: v for k, v in res.items() if isinstance(v, dict)})
     dtype = "bf16" if args.bf16 else "fp32"
     body = (f"{args.tokens} new tokens, batch 2, greedy, {'tiny' if small else 'full'} configs, {dtype}, "
-            f"mode={args.mode or 'default'}, kiln options={args.kiln_options or 'none'}; all backends in one process, "
+            f"mode={args.mode or 'default'}, {args.cache} cache, kiln options={args.kiln_options or 'none'}; all "
+            "backends in one process, "
             f"{args.runs} alternating rounds "
             "(medians).\n\n"
             + markdown_table(["model", "backend", "compiles", "ran eagerly", "tokens = eager's", "ms/token (wall)",
                               "CPU ms/token", "CPU speed vs eager", "CPU speed vs torch.compile",
                               "first generate s (compiles)"], rows))
-    print(write_micro(args.out, "generate", "HF generate() with a growing cache (one process)", info, body,
+    print(write_micro(args.out, "generate", f"HF generate() with a {args.cache} cache (one process)", info, body,
                       payload))
     return 0
 

@@ -67,6 +67,36 @@ def test_generate_with_a_growing_cache_compiles_at_most_three_graphs(kind: str, 
     assert after.graphs_run_eagerly == before.graphs_run_eagerly
 
 
+@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+def test_generate_with_a_static_cache_compiles_two_graphs_and_updates_the_cache_in_place(kind: str) -> None:
+    """HF's recipe for compiled decoding, ``generate(cache_implementation="static")``: the StaticCache's
+    tensors are written in place at the step's ``cache_position`` (a tensor that changes every step), so
+    the decode graph has one shape for every step -- the graph CUDA graphs replay for every token. Eager's
+    tokens for fresh prompts and prompt lengths, two graphs (prompt, decode), none eager."""
+    eager = _decoder(kind)
+    compiled = _decoder(kind)
+    compiled.forward = kiln.compile(compiled.forward)
+    kiln.reset()
+    before = kiln.stats()
+
+    def greedy(model: torch.nn.Module, prompt: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6,
+                                  min_new_tokens=6, do_sample=False, pad_token_id=0,
+                                  cache_implementation="static")
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for prompt in _prompts(3):
+            got, want = greedy(compiled, prompt), greedy(eager, prompt)
+            assert torch.equal(got, want), (got, want)
+    assert not [w for w in caught if "EAGERLY" in str(w.message)]
+    after = kiln.stats()
+    assert after.graphs_compiled - before.graphs_compiled == 2
+    assert after.frames_run_eagerly == before.frames_run_eagerly
+    assert after.graphs_run_eagerly == before.graphs_run_eagerly
+
+
 def _train_gpt2(layers: int) -> torch.nn.Module:
     torch.manual_seed(0)
     config = transformers.GPT2Config(n_layer=layers, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=128,
