@@ -36,6 +36,13 @@ def test_unknown_mode_is_a_clear_error() -> None:
         CompileOptions(mode="fastest")
 
 
+@pytest.mark.parametrize(("options", "named"), [({"cudagraph_max_recordings": -1}, "cudagraph_max_recordings"),
+                                              ({"wrapper": "rust"}, "wrapper")])
+def test_bad_inductor_options_are_a_clear_error(options: dict, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        resolve_backend("inductor", CompileOptions(mode="reduce-overhead", options=options))
+
+
 def test_builtin_names_cannot_be_replaced() -> None:
     with pytest.raises(ValueError, match="built-in"):
         kiln.register_backend(lambda gm, ex: gm.forward, name="eager")

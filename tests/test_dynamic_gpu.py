@@ -167,3 +167,24 @@ def test_autocast_attention_with_a_learned_bias_trains_as_eager_every_call(dynam
     # attention takes no such mask (T5-small's AMP training step raised "not differentiable with respect
     # to argument 'attn_bias'" once the bias reached the fused-kernel choice in bf16)
     _amp_steps_match_eager(LearnedBiasBlock, dynamic, [(16, 128), (16, 128), (8, 96), (16, 128)])  # the table's gradient too
+
+
+def test_reduce_overhead_records_up_to_the_cap_the_options_name() -> None:
+    """kiln.compile(mode="reduce-overhead", options={"cudagraph_max_recordings": n}): one symbolic graph,
+    a CUDA graph recorded for each of the first n sizes; every later call of those sizes replays, later
+    sizes run without graphs; every output equals eager's."""
+    kiln.reset()  # a fresh default tree
+    torch.manual_seed(0)
+    m = Block().cuda().eval()
+    cf = kiln.compile(m, mode="reduce-overhead", dynamic=True, options={"cudagraph_max_recordings": 12})
+    with torch.no_grad():
+        for _ in range(3):
+            for t in range(3, 19):  # 16 lengths: 12 graphed, 4 over the cap
+                x = torch.randn(2, t, 64, device="cuda")
+                torch.testing.assert_close(cf(x), m(x), rtol=1e-3, atol=1e-3)
+    entries = kc.cache_entries(cf._compiled_forward)
+    assert len(entries) == 1
+    from kiln.inductor.cudagraphs import default_tree
+
+    tree = default_tree(torch.device("cuda", 0))
+    assert len(tree.nodes) == 12, tree.as_text()

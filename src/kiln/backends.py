@@ -79,6 +79,7 @@ def _inductor(opts: CompileOptions) -> Backend:
     table = _stage("kiln.inductor", "inductor_decompositions", "inductor")()
     flags = _stage("kiln.inductor.autotune", "mode_flags", "inductor")(opts.mode)
     wrap_reduce_overhead = _stage("kiln.inductor.cudagraphs", "wrap_reduce_overhead", opts.mode)
+    graph_options_cls = _stage("kiln.inductor.cudagraphs", "CUDAGraphOptions", opts.mode)
     warm_compile_pool = _stage("kiln.inductor", "warm_compile_pool", "inductor")
     trace_error = _stage("kiln.autograd", "AutogradTraceError", "inductor")
     try:
@@ -120,7 +121,8 @@ def _inductor(opts: CompileOptions) -> Backend:
                 return compiled
             # reduce-overhead: parameters/buffers are static inputs, the rest get static slots
             # (output_strides travel: the backward follows the strides the forward really returns)
-            return replace(compiled, fn=wrap_reduce_overhead(compiled.fn, example_inputs, static))
+            graph_options = graph_options_cls(max_recordings=options.cudagraph_max_recordings)
+            return replace(compiled, fn=wrap_reduce_overhead(compiled.fn, example_inputs, static, options=graph_options))
         return compile_one
 
     def inductor(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledFn:

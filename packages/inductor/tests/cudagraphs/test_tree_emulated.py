@@ -147,7 +147,7 @@ def test_rerecord_limit_then_eager(caplog):
                 x = torch.randn(n)
                 torch.testing.assert_close(f(x)[0], x.cumsum(0))
     assert len(f.nodes) == 2 and len(tree.nodes) == 2
-    assert f.stats.eager_calls == 2 + 2  # shapes 4 and 5 after warm-up, over the limit
+    assert f.stats.eager_calls == 3 + 3  # shapes 4 and 5, over the limit (no warm-up run counted for them)
     assert any("the limit" in r.getMessage() for r in caplog.records)
 
 
@@ -367,3 +367,20 @@ def test_new_tensor_requiring_grad_still_skips():
     f, _ = graphed(lambda x, w: ((x @ w).relu(),), [torch.randn(4, 8), w], static=(1,))
     f(torch.randn(4, 8), w)
     assert f.skip_reason and "require grad" in f.skip_reason
+
+
+def test_many_sizes_each_replay_their_own_recording():
+    """A decode loop over a growing cache: every length seen before replays its recording (found by its
+    input shapes, not by asking every node); warm-up counts are dropped once recorded and stop growing at
+    the cap, where new sizes run without graphs."""
+    f, tree = graphed(lambda x: (x.cumsum(0),), [torch.randn(1)], max_recordings=40)
+    for _ in range(3):
+        for n in range(1, 41):
+            x = torch.randn(n)
+            torch.testing.assert_close(f(x)[0], x.cumsum(0))
+    assert (f.stats.warmups, f.stats.recordings, f.stats.replays, f.stats.eager_calls) == (40, 40, 80, 0)
+    for n in range(41, 61):
+        x = torch.randn(n)
+        torch.testing.assert_close(f(x)[0], x.cumsum(0))
+    assert (f.stats.recordings, f.stats.eager_calls) == (40, 20)
+    assert f._warm == {}

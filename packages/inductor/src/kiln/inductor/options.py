@@ -92,6 +92,11 @@ class InductorOptions:
     # of these sizes and the outputs sliced back, so CUDA graphs are recorded per bucket, not per size
     # (size_buckets.py; refused, logged, when rows of that dim meet in the graph)
     cudagraph_sizes: tuple[int, ...] = ()
+    # reduce-overhead: CUDA graphs recorded per compiled graph (one per input signature: a size, a static
+    # input's address), logged each; calls with a new signature beyond it run without CUDA graphs (said
+    # once). Raise it for a decode loop whose growing cache gives every step a new length, when the same
+    # lengths come back (a server's next generate()): each recording keeps a graph's memory in the pool
+    cudagraph_max_recordings: int = 8
     # max-autotune's own options (configurations per kernel, matmul templates, cache, timer)
     autotune: AutotuneOptions = field(default_factory=AutotuneOptions)
     # what runs a compiled inference graph's steps: "python" (the generated Python wrapper) or "cpp" (the
@@ -113,6 +118,8 @@ class InductorOptions:
             object.__setattr__(self, "conv_bias_devices", tuple(self.conv_bias_devices))
         if any(x < 1 for x in self.cudagraph_sizes):
             raise ValueError(f"cudagraph_sizes={self.cudagraph_sizes!r}: buckets are sizes >= 1")
+        if self.cudagraph_max_recordings < 0:
+            raise ValueError(f"cudagraph_max_recordings={self.cudagraph_max_recordings!r}: expected a count >= 0")
         if self.wrapper not in WRAPPERS:
             raise ValueError(f"wrapper={self.wrapper!r}: expected one of {', '.join(map(repr, WRAPPERS))}")
 

@@ -45,6 +45,11 @@ class CUDAGraphFunction:
         self.tree = tree
         self.options = options or CUDAGraphOptions()
         self.nodes: list[GraphNode] = []
+        # the nodes by the shapes of the non-static tensor inputs: a call whose sizes changed (a decode
+        # step, a new batch) finds its recording without asking every node (each compares the static
+        # inputs' addresses first: hundreds of parameters)
+        self._by_shapes: dict[tuple[Any, ...], list[GraphNode]] = {}
+        self._dynamic: tuple[tuple[int, frozenset[int]], list[int]] | None = None  # see _shapes
         self.stats = FunctionStats()
         self.skip_reason: str | None = None
         self._last: GraphNode | None = None
@@ -55,6 +60,7 @@ class CUDAGraphFunction:
 
     def _forget(self) -> None:
         self.nodes.clear()
+        self._by_shapes.clear()
         self._warm.clear()
         self._last = None
         self._limit_logged = False
@@ -80,7 +86,7 @@ class CUDAGraphFunction:
             self._forget()
         node = self._last
         if node is None or not node.accepts(args):
-            node = next((n for n in self.nodes if n.accepts(args)), None)
+            node = next((n for n in self._by_shapes.get(self._shapes(args), ()) if n.accepts(args)), None)
         if node is None:
             return self._miss(args, owned)
         ok, out = self.tree.run(node, args, self.options, owned=owned)
@@ -108,10 +114,7 @@ class CUDAGraphFunction:
             return self._eager(args, owned)
         if not self._statics_noted:
             self._note_statics(args)
-        key = self._signature(args)
-        if self._warm.get(key, 0) < self.options.warmup_runs:
-            return self._warm_up(key, args)
-        if len(self.nodes) >= self.options.max_recordings:
+        if len(self.nodes) >= self.options.max_recordings:  # before the warm-up count: it stops growing here
             self.stats.eager_calls += 1
             if not self._limit_logged:
                 self._limit_logged = True
@@ -120,6 +123,9 @@ class CUDAGraphFunction:
                     "shapes run without CUDA graphs (mark dimensions dynamic or pad inputs to fewer "
                     "shapes)", self.name, len(self.nodes))
             return self._eager(args, owned)
+        key = self._signature(args)
+        if self._warm.get(key, 0) < self.options.warmup_runs:
+            return self._warm_up(key, args)
         hand_over = owned and isinstance(args, list) and hasattr(self.fn, "call_owned")
         try:
             node = self.tree.record(self.fn, args, name=self.name, static_indices=sorted(self.static_input_indices),
@@ -131,6 +137,8 @@ class CUDAGraphFunction:
             self.skip(f"recording failed in kiln ({type(e).__name__}: {e}); please report this")
             return self._eager(args, owned)
         self.nodes.append(node)
+        self._by_shapes.setdefault(self._shapes(args), []).append(node)
+        self._warm.pop(key, None)  # recorded: its warm-up count is not asked again
         self.stats.recordings += 1
         log("cudagraphs").info("%s: CUDA graph %d (of at most %d) recorded for input sizes %s", self.name,
                                len(self.nodes), self.options.max_recordings,
@@ -196,6 +204,14 @@ class CUDAGraphFunction:
             elif not isinstance(o, (int, float, bool, type(None))):
                 self.skip(f"it returns a {type(o).__name__}; graphed functions return tensors and numbers")
                 return
+
+    def _shapes(self, args: Sequence[Any]) -> tuple[Any, ...]:
+        """The shapes of the non-static tensor inputs (the index of ``_by_shapes``); the positions to look
+        at are found once per static set (a graph's inputs are hundreds of parameters and a few others)."""
+        if self._dynamic is None or self._dynamic[0] != (len(args), self.static_input_indices):
+            statics = self.static_input_indices
+            self._dynamic = ((len(args), statics), [i for i in range(len(args)) if i not in statics])
+        return tuple(a.shape if isinstance(a, torch.Tensor) else None for a in map(args.__getitem__, self._dynamic[1]))
 
     def _signature(self, args: Sequence[Any]) -> tuple[Any, ...]:
         sig: list[Any] = []
