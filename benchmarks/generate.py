@@ -69,7 +69,9 @@ def _build(name: str, small: bool, device: str, bf16: bool) -> torch.nn.Module:
 
 
 def _generate(model: torch.nn.Module, prompt: torch.Tensor, tokens: int, cache: str = "dynamic") -> torch.Tensor:
-    extra = {"cache_implementation": "static"} if cache == "static" else {}
+    # static: HF would wrap the forward in torch.compile itself on CUDA (its auto-compile of compileable
+    # caches); off, so that each row runs its own backend's forward
+    extra = {"cache_implementation": "static", "disable_compile": True} if cache == "static" else {}
     with torch.no_grad():
         return model.generate(prompt, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False,
                               pad_token_id=0, use_cache=True, **extra)

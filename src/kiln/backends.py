@@ -184,8 +184,11 @@ _BUILTIN: dict[str, BackendEntry] = {
 _USER: dict[str, BackendEntry] = {}
 
 
-def register_backend(fn: Backend | None = None, *, name: str | None = None) -> Any:
-    """Register a torch.compile-style backend ``fn(gm, example_inputs)``; usable as a decorator."""
+def register_backend(fn: Backend | str | None = None, *, name: str | None = None) -> Any:
+    """Register a torch.compile-style backend ``fn(gm, example_inputs)``; usable as a decorator, bare
+    (the function's name) or named (``@register_backend("mine")`` or ``name="mine"``)."""
+    if isinstance(fn, str):
+        fn, name = None, fn
     def add(f: Backend) -> Backend:
         key = name or getattr(f, "__name__", None)
         if not key:

@@ -188,7 +188,7 @@ def test_skip_mutated_non_static_input(caplog):
         return (x * 2,)
 
     with caplog.at_level(logging.INFO, logger="kiln.cudagraphs"):
-        f, tree = graphed(bump, [torch.zeros(3)])
+        f, tree = graphed(bump, [torch.zeros(3)], graph_written_inputs=False)
         x = torch.zeros(3)
         for i in range(3):
             torch.testing.assert_close(f(x)[0], torch.full((3,), 2.0 * (i + 1)))
@@ -298,7 +298,7 @@ def test_skip_mutated_input_under_inference_mode():
         return (x * 2,)
 
     with torch.inference_mode():
-        f, tree = graphed(bump, [torch.zeros(3)])
+        f, tree = graphed(bump, [torch.zeros(3)], graph_written_inputs=False)
         x = torch.zeros(3)
         for i in range(3):
             torch.testing.assert_close(f(x)[0], torch.full((3,), 2.0 * (i + 1)))
@@ -310,7 +310,7 @@ def test_out_variant_write_to_input_is_a_mutation():
         torch.mul(y, 2, out=x)
         return (x + 1,)
 
-    f, _ = graphed(write, [torch.zeros(3), torch.ones(3)])
+    f, _ = graphed(write, [torch.zeros(3), torch.ones(3)], graph_written_inputs=False)
     f(torch.zeros(3), torch.ones(3))
     assert f.skip_reason and "mutates input(s) [0]" in f.skip_reason
 
@@ -384,3 +384,40 @@ def test_many_sizes_each_replay_their_own_recording():
         torch.testing.assert_close(f(x)[0], x.cumsum(0))
     assert (f.stats.recordings, f.stats.eager_calls) == (40, 20)
     assert f._warm == {}
+
+
+@pytest.mark.parametrize("inference", [False, True])
+def test_input_written_in_place_is_graphed_at_its_own_address(inference, caplog):
+    """A StaticCache-style update (the cache written at the step's position, a fresh position tensor
+    every call): the input written in place is graphed at its own address, so every replay writes the
+    caller's cache itself; the same cache replays, another cache (or another layout at that address)
+    is a new signature, never a replay into the wrong memory."""
+    def step(cache, pos, new):
+        cache.index_copy_(0, pos, new)
+        return (cache.sum(0),)
+
+    ctx = torch.inference_mode() if inference else torch.no_grad()
+    with ctx, caplog.at_level(logging.INFO, logger="kiln.cudagraphs"):
+        cache, want = torch.zeros(8, 4), torch.zeros(8, 4)
+        f, tree = graphed(step, [cache, torch.tensor([0]), torch.randn(1, 4)])
+        for i in range(8):
+            pos, new = torch.tensor([i]), torch.randn(1, 4)
+            want[i] = new[0]
+            (out,) = f(cache, pos, new)
+            torch.testing.assert_close(cache, want)  # the caller's tensor, not a copy
+            torch.testing.assert_close(out, want.sum(0))
+        assert f.skip_reason is None and f.written_in_place == {0}
+        assert (f.stats.recordings, f.stats.eager_calls) == (1, 0) and f.stats.replays == 7 - 1
+        other, other_want = torch.zeros(8, 4), torch.zeros(8, 4)
+        for i in range(3):
+            new = torch.randn(1, 4)
+            other_want[i] = new[0]
+            f(other, torch.tensor([i]), new)
+        torch.testing.assert_close(other, other_want)
+        torch.testing.assert_close(cache, want)  # untouched by the other cache's calls
+        assert f.stats.recordings == 2
+        flat = cache.view(32)[:16].view(4, 4)  # the same address, another layout
+        (out,) = f(flat, torch.tensor([1]), torch.ones(1, 4))
+        torch.testing.assert_close(flat[1], torch.ones(4))
+        assert f.stats.recordings == 2  # a warm-up run of the new signature, not a replay of the old one
+    assert any("written in place" in r.getMessage() for r in caplog.records)

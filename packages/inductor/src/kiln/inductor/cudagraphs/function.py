@@ -3,9 +3,11 @@
 Per input signature (shapes, strides, dtypes of the non-static tensors; addresses of the static ones;
 values of non-tensors): the first call is a warm-up run (lazy initialisation, autotuning, and the checks
 that decide whether graphs are safe), the second records a graph and replays it, later calls replay.
-After ``max_recordings`` signatures, new ones run without graphs (logged once). A function is not
-graphed at all, with its reason logged, when it takes or returns CPU tensors, mutates an input that is
-not static, synchronises with the host, or its capture fails.
+After ``max_recordings`` signatures, new ones run without graphs (logged once); a call finds its
+recording by the shapes of its non-static inputs. An input the first warm-up sees written in place
+becomes static (graphed at its own address, its layout checked per call: a replay writes the caller's
+tensor). A function is not graphed at all, with its reason logged, when it takes or returns CPU
+tensors, synchronises with the host, or its capture fails.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class CUDAGraphFunction:
         self.fn = fn
         self.name: str = str(name or getattr(fn, "__name__", type(fn).__name__))
         self.static_input_indices = frozenset(static_input_indices)
+        self.written_in_place: frozenset[int] = frozenset()  # static because written in place (_graph_in_place)
         self.tree = tree
         self.options = options or CUDAGraphOptions()
         self.nodes: list[GraphNode] = []
@@ -129,7 +132,7 @@ class CUDAGraphFunction:
         hand_over = owned and isinstance(args, list) and hasattr(self.fn, "call_owned")
         try:
             node = self.tree.record(self.fn, args, name=self.name, static_indices=sorted(self.static_input_indices),
-                                    options=self.options, owned=hand_over)
+                                    options=self.options, owned=hand_over, checked=sorted(self.written_in_place))
         except CaptureFailed as e:
             self.skip(f"recording failed ({e}); the function cannot be captured into a CUDA graph")
             return self._eager(args, owned)
@@ -174,7 +177,9 @@ class CUDAGraphFunction:
             out = self.fn(*args)
         syncs = report.syncs if self.options.detect_syncs else []
         mutated = sorted(report.mutated | {i for i, v in versions if args[i]._version != v})
-        if mutated:
+        if mutated and self.options.graph_written_inputs and not self.nodes:
+            self._graph_in_place(args, mutated)
+        elif mutated:
             self.skip(f"it mutates input(s) {mutated} that are not static (parameters/buffers); a replay "
                       "would update kiln's copy, not your tensor. Register the tensor as a buffer, or "
                       "return the new value instead of updating it in place")
@@ -184,6 +189,17 @@ class CUDAGraphFunction:
         else:
             self._check_outputs(out, args)
         return out
+
+    def _graph_in_place(self, args: Sequence[Any], written: list[int]) -> None:
+        """Inputs the function writes in place (a StaticCache's key/value tensors, updated at the step's
+        position) are graphed at their own address, as parameters are: the replay writes the caller's
+        tensor itself, not a copy. A call with such an input elsewhere, or of another layout there, is a
+        new signature (recorded again up to the cap, else run without graphs)."""
+        self.written_in_place = self.written_in_place | frozenset(written)
+        self.static_input_indices = self.static_input_indices | frozenset(written)
+        self.tree.note_static(args, written)
+        log("cudagraphs").info("%s: input(s) %s are written in place: graphed at their own address (a call "
+                               "with them at another address is recorded again)", self.name, written)
 
     def _check_outputs(self, out: Any, args: Sequence[Any]) -> None:
         seq = out if isinstance(out, (tuple, list)) else (out,)

@@ -64,6 +64,9 @@ class GraphNode:
     slots: list[Slot]
     full_ptrs: list[int | None]  # static_ptrs by argument position (for the one-call address check)
     values: list[tuple[int, Any]]
+    # static inputs whose layout is checked too (inputs the function writes in place, graphed at their own
+    # address): (position, shape, stride, dtype); a parameter's layout never changes under its address
+    layouts: list[tuple[int, torch.Size, tuple[int, ...], torch.dtype]] = field(default_factory=list)
     graph: object = None
     outputs: list[OutputPlan] = field(default_factory=list)
     container: type = tuple  # tuple, list, or torch.Tensor for a bare tensor result
@@ -76,7 +79,8 @@ class GraphNode:
     @staticmethod
     def plan_inputs(name: str, order: int, parent: GraphNode | None, args: Sequence[Any],
                     static_indices: Sequence[int],
-                    owner_of: Callable[[torch.Tensor], PoolStorage | None]) -> GraphNode:
+                    owner_of: Callable[[torch.Tensor], PoolStorage | None],
+                    checked: Sequence[int] = ()) -> GraphNode:
         static = set(static_indices)
         static_idx: list[int] = []
         slots: list[Slot] = []
@@ -92,9 +96,10 @@ class GraphNode:
         full: list[int | None] = [None] * len(args)
         for i, p in zip(static_idx, ptrs):
             full[i] = p
+        layouts = [(i, args[i].shape, args[i].stride(), args[i].dtype) for i in checked if i in static]
         return GraphNode(name=name, order=order, parent=parent, nargs=len(args),
                          static_indices=tuple(static_idx), static_ptrs=ptrs, slots=slots,
-                         full_ptrs=full, values=values)
+                         full_ptrs=full, values=values, layouts=layouts)
 
     def graph_args(self, args: Sequence[Any]) -> list[Any]:
         out = list(args)
@@ -143,6 +148,10 @@ class GraphNode:
             return False
         if self.static_indices and not self._static_match(args):
             return False
+        for i, shape, stride, dtype in self.layouts:
+            a = args[i]
+            if a.shape != shape or a.stride() != stride or a.dtype != dtype:
+                return False
         for s in self.slots:
             a = args[s.index]
             if (not isinstance(a, torch.Tensor) or a.dtype != s.dtype or a.shape != s.shape

@@ -99,15 +99,17 @@ class CUDAGraphTree:
         return out
 
     def record(self, fn: Callable[..., Any], args: Sequence[Any], *, name: str,
-               static_indices: Sequence[int], options: CUDAGraphOptions, owned: bool = False) -> GraphNode:
+               static_indices: Sequence[int], options: CUDAGraphOptions, owned: bool = False,
+               checked: Sequence[int] = ()) -> GraphNode:
         """Record ``fn`` into a new graph of this tree (raises CaptureFailed). Does not run it.
 
         ``owned``: ``args`` is the caller's list, handed over (``fn.call_owned`` drops each input after
         its last read); earlier graphs' outputs it borrows that nothing else holds are donated to this
-        recording, and their places in ``args`` are taken by kiln's (non-owning) views at the same address."""
+        recording, and their places in ``args`` are taken by kiln's (non-owning) views at the same address.
+        ``checked``: static inputs whose shape, stride and dtype a replay checks besides their address."""
         order = len(self.nodes)
         node = GraphNode.plan_inputs(f"{name}#{order}", order, self.last_run, args, static_indices,
-                                     self.owner_of)
+                                     self.owner_of, checked)
         graph_args = node.graph_args(args)
         with torch.no_grad():
             for s in node.slots:
