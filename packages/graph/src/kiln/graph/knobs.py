@@ -42,7 +42,7 @@ ENVIRONMENT: Mapping[str, EnvVar] = {v.name: v for v in (
            "KILN_TRITON_WORKER_TORCH", "USER"),
     *_vars("inductor", True, "KILN_INDUCTOR_KEEP_SOURCES", "KILN_CONV_LAYOUT", "KILN_SPLIT_REDUCTIONS",
            "KILN_AUTOTUNE_BUDGET_S", "KILN_AUTOTUNE_CROSS_TARGET", "KILN_TRITON_CROSS_TARGET",
-           "KILN_CUDAGRAPH_EXPANDABLE", "KILN_MEMORY_ARENA"),
+           "KILN_CUDAGRAPH_EXPANDABLE", "KILN_MEMORY_ARENA", "KILN_GPU_WRAPPER"),
     *_vars("inductor", False, "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"),
     *_vars("runtime inductor", False, "KILN_CACHE_DIR"),
     *_vars("runtime", False, "KILN_CACHE", "KILN_GRAPH_CACHE", "XDG_CACHE_HOME", "TRITON_CACHE_DIR",
