@@ -207,6 +207,8 @@ def measure_together(*, backends: list[str], small: bool, device: str, requests:
                                "rel_err": err}
         if "kiln" in steps:  # tiered: how long after the cold pass the C++ wrappers were still building
             result["kiln"]["tier_wait_s"] = B.wait_tiered("kiln", kiln_options)
+            kiln_step = steps["kiln"]
+            result["kiln"]["tiers"] = B.settle_tiered("kiln", lambda: [kiln_step(ids) for ids in inputs], limit=20)
         for _ in range(runs):
             for backend, step in steps.items():
                 w, c = _timed_pass(step, inputs, device)
@@ -245,8 +247,10 @@ def _main_together(args: argparse.Namespace, small: bool, info: Any) -> int:
     if "error" in res:
         rows.append(["all", na(res["error"])] + ["n/a"] * 8)
     waited = results.get("kiln", {}).get("tier_wait_s")
+    tiers = results.get("kiln", {}).get("tiers")
     note = (f" kiln's background C++ wrapper builds (wrapper='tiered') finished {waited:.2f} s after its cold "
-            "pass; its steady passes ran after them." if waited is not None else "")
+            f"pass; its steady passes ran after them and after the wrappers' trial (graphs per wrapper: {tiers})."
+            if waited is not None else "")
     body = (f"Stream: {args.requests} requests, batch 1-8 x seq 8-{512 if not small else 64}, "
             f"{'tiny fp32' if small else 'Llama-350M bf16'}, dynamic={args.dynamic}, "
             f"mode={args.mode or 'default'}, kiln options={args.kiln_options or 'none'}; all backends in one "

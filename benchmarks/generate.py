@@ -13,8 +13,9 @@ Each backend runs in its own process: the first ``generate`` (compiles included)
 ``--runs`` timed ones; compiles counted as in ``benchmarks.dynamic_stream``; tokens compared with
 eager's (identical prefix length).
 
-With ``--kiln-options '{"wrapper": "tiered"}'`` kiln's timed rounds start after ``kiln.inductor.wait_tiered()``
-(its C++ wrappers built in the background; the wait is reported).
+With tiered graphs (``--kiln-options '{"wrapper": "tiered"}'``, and kiln's default for CUDA inference graphs)
+kiln's timed rounds start after ``kiln.inductor.wait_tiered()`` (its C++ wrappers built in the background; the
+wait is reported) and after the trial that alternates the two wrappers (the wrappers chosen are reported).
 
 ``--together`` instead holds the three models (the same weights) in one process and alternates their
 timed ``generate`` rounds, so per-token times are compared under the same load: the median wall and
@@ -104,6 +105,7 @@ def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, r
             first_s = time.perf_counter() - t0
             compiles = count_compiles(backend, counter)
             waited = B.wait_tiered(backend, kiln_options)
+            tiers = B.settle_tiered(backend, lambda: _generate(model, prompt, tokens, cache), limit=20)
             best = float("inf")
             for _ in range(runs):
                 t0 = time.perf_counter()
@@ -118,7 +120,7 @@ def measure(*, backend: str, name: str, small: bool, device: str, tokens: int, r
     eager_msgs = [str(w.message) for w in caught if "eager" in str(w.message).lower()]
     result.update(first_s=first_s, ms_per_token=best / tokens * 1e3, compiles=compiles,
                   same_tokens=same, tokens=tokens,
-                  ran_eagerly=eager_msgs[0][:200] if eager_msgs else None, tier_wait_s=waited)
+                  ran_eagerly=eager_msgs[0][:200] if eager_msgs else None, tier_wait_s=waited, tiers=tiers)
     return result
 
 
@@ -162,6 +164,9 @@ def measure_together(*, backends: list[str], name: str, small: bool, device: str
                                "same_tokens": same, "tokens": tokens}
         if "kiln" in models:
             result["kiln"]["tier_wait_s"] = B.wait_tiered("kiln", kiln_options)
+            kiln_model = models["kiln"]
+            result["kiln"]["tiers"] = B.settle_tiered("kiln", lambda: _generate(kiln_model, prompt, tokens, cache),
+                                                      limit=20)
         for _ in range(runs):
             for backend, model in models.items():
                 c0, t0 = time.process_time(), time.perf_counter()

@@ -171,13 +171,36 @@ def kiln_explain(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
     return result
 
 
-def wait_tiered(backend: str, kiln_options: Any) -> float | None:
-    """With kiln's tiered wrapper (``options={"wrapper": "tiered"}``), wait for its background C++ wrapper
-    builds, so that timed calls run the upgraded graphs; the seconds waited, else None."""
-    if backend != "kiln" or dict(kiln_options or {}).get("wrapper") != "tiered":
+def wait_tiered(backend: str, kiln_options: Any = None) -> float | None:
+    """With kiln's tiered wrapper (``options={"wrapper": "tiered"}``, and kiln.compile's default for CUDA
+    inference graphs), wait for its background C++ wrapper builds, so that timed calls run the upgraded
+    graphs; the seconds waited, else None (no tiered graph). ``settle_tiered`` then runs the trial."""
+    if backend != "kiln":
         return None
     from kiln.inductor import wait_tiered as wait
+    from kiln.inductor.tiered import live_tiered
 
+    if not live_tiered():
+        return None
     t0 = time.perf_counter()
     wait(600)
     return time.perf_counter() - t0
+
+
+def settle_tiered(backend: str, step: Callable[[], Any], limit: int = 200) -> dict[str, int] | None:
+    """Call ``step`` until no tiered graph is still in its trial (the calls that alternate between the
+    Python and the C++ wrapper once the library is loaded: timing them would mix both); how many graphs
+    settled on each wrapper ("cpp", "python"), else None (no tiered graph)."""
+    if backend != "kiln":
+        return None
+    from kiln.inductor.tiered import live_tiered
+
+    calls = live_tiered()
+    if not calls:
+        return None
+    for _ in range(limit):
+        if all(c.ready.is_set() and c.tier != "trial" for c in calls):
+            break
+        step()
+    tiers = [c.tier for c in calls]
+    return {t: tiers.count(t) for t in sorted(set(tiers))}

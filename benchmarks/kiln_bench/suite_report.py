@@ -185,6 +185,10 @@ def notes(rows: Sequence[dict[str, Any]]) -> str:
             lines.append(f"- {r['model']} {r['mode']} {LABELS.get(r['backend'], r['backend'])}: {gi['op_by_op']} "
                          "graph(s) not compiled by kiln.inductor, run op by op through ATen (the log's perf_hints "
                          "say why)")
+        if r.get("tiers"):
+            lines.append(f"- {r['model']} {r['mode']} {LABELS.get(r['backend'], r['backend'])}: tiered graphs timed "
+                         f"{r.get('tier_wait_s', 0):.1f} s after compiling, past the wrappers' trial; graphs per "
+                         f"wrapper: {r['tiers']}")
     return "\n".join(lines)
 
 

@@ -164,7 +164,7 @@ def _measure_backend(row: dict[str, Any], case: Any, backend: str, spec: B.Compi
         waited = B.wait_tiered(backend, spec.kiln_options)  # seconds still waited after the warm-up calls
         if waited is not None:
             row["tier_wait_s"] = waited
-            step()
+            row["tiers"] = B.settle_tiered(backend, step)  # past the trial, which alternates the two wrappers
         with M.PeakMemory(dev) as mem:
             median = M.median_seconds(step, dev, iters)
             out = step()
