@@ -119,10 +119,13 @@ def _inductor(opts: CompileOptions) -> Backend:
                 return _symbolic_fallback(run_aten, gm, example_inputs, str(e))
             if not flags.cudagraphs:
                 return compiled
-            # reduce-overhead: parameters/buffers are static inputs, the rest get static slots
+            # reduce-overhead: parameters/buffers are static inputs, and so are the inputs the graph
+            # mutates (a StaticCache: written at their own address); the rest get static slots
             # (output_strides travel: the backward follows the strides the forward really returns)
             graph_options = graph_options_cls(max_recordings=options.cudagraph_max_recordings)
-            return replace(compiled, fn=wrap_reduce_overhead(compiled.fn, example_inputs, static, options=graph_options))
+            written = sorted({i for _, i in annotations_of(gm).input_mutations})
+            return replace(compiled, fn=wrap_reduce_overhead(compiled.fn, example_inputs, static, options=graph_options,
+                                                             written_inputs=written))
         return compile_one
 
     def inductor(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledFn:

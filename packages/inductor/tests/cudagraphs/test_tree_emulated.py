@@ -20,10 +20,10 @@ def make_tree() -> CUDAGraphTree:
     return CUDAGraphTree("cpu", engine=EmulatedGraphEngine(), name="test")
 
 
-def graphed(fn, args, static=(), tree=None, **opts):
+def graphed(fn, args, static=(), tree=None, written_inputs=(), **opts):
     tree = tree or make_tree()
     return cudagraphify(fn, args, static_input_indices=static, tree=tree,
-                        options=CUDAGraphOptions(**opts)), tree
+                        options=CUDAGraphOptions(**opts), written_inputs=written_inputs), tree
 
 
 def mlp(x, w):
@@ -421,3 +421,22 @@ def test_input_written_in_place_is_graphed_at_its_own_address(inference, caplog)
         torch.testing.assert_close(flat[1], torch.ones(4))
         assert f.stats.recordings == 2  # a warm-up run of the new signature, not a replay of the old one
     assert any("written in place" in r.getMessage() for r in caplog.records)
+
+
+def test_inputs_the_compiler_says_it_writes_are_graphed_in_place_unseen_by_the_warm_up():
+    """A generated kernel writes an input's memory without an ATen op (no dispatcher event, no version
+    bump: here a NumPy view stands in for it), which the warm-up cannot see. The inputs the compiled graph
+    declares it writes (``written_inputs``: kiln.autograd's input mutations) are graphed at their own
+    address from the start, so each replay writes the caller's tensor."""
+    def bump(x, y):
+        x.numpy()[:] += 1.0  # invisible to the warm-up's watcher
+        return (x + y,)
+
+    y = torch.ones(3)
+    x = torch.zeros(3)
+    f, tree = graphed(bump, [x, y], written_inputs=[0])
+    for i in range(1, 5):
+        (out,) = f(x, y)
+        torch.testing.assert_close(x, torch.full((3,), float(i)))  # the caller's tensor, every call
+        torch.testing.assert_close(out, torch.full((3,), i + 1.0))
+    assert f.written_in_place == {0} and f.stats.recordings == 1 and f.stats.replays >= 2

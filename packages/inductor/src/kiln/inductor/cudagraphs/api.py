@@ -15,7 +15,8 @@ from .tree import CUDAGraphTree
 
 def cudagraphify(fn: Callable[..., Any], example_inputs: Sequence[Any], *,
                  static_input_indices: Sequence[int] = (), tree: CUDAGraphTree | None = None,
-                 options: CUDAGraphOptions | None = None, name: str | None = None) -> CUDAGraphFunction:
+                 options: CUDAGraphOptions | None = None, name: str | None = None,
+                 written_inputs: Sequence[int] = ()) -> CUDAGraphFunction:
     """Wrap ``fn`` (called as ``fn(*flat_args)``) so its calls replay CUDA graphs in ``tree``.
 
     ``static_input_indices`` are the arguments read in place (parameters, buffers): they are not
@@ -28,7 +29,7 @@ def cudagraphify(fn: Callable[..., Any], example_inputs: Sequence[Any], *,
     if tree is None:
         tree = default_tree(device) if device.type == "cuda" else CUDAGraphTree(device)
     func = CUDAGraphFunction(fn, static_input_indices=static_input_indices, tree=tree, options=options,
-                             name=name)
+                             name=name, written_inputs=written_inputs)
     if device.type != tree.engine.device_type:
         func.skip(f"its inputs are on {device}; CUDA graphs need {tree.engine.device_type} tensors")
     elif device.type == "cuda" and not torch.cuda.is_available():
@@ -38,17 +39,20 @@ def cudagraphify(fn: Callable[..., Any], example_inputs: Sequence[Any], *,
 
 def wrap_reduce_overhead(compiled_fn: Callable[..., Any], example_inputs: Sequence[Any],
                          static_input_indices: Sequence[int], *, tree: CUDAGraphTree | None = None,
-                         options: CUDAGraphOptions | None = None) -> Callable[..., Any]:
+                         options: CUDAGraphOptions | None = None,
+                         written_inputs: Sequence[int] = ()) -> Callable[..., Any]:
     """How a backend applies mode="reduce-overhead" to one compiled graph (forward, backward, or a piece
     of a graph break): the result has the compiled graph's calling convention. A graph with size buckets
     (``InductorOptions.cudagraph_sizes``, size_buckets.py) pads before the CUDA graphs see its inputs, so
-    they are recorded per bucket."""
+    they are recorded per bucket. ``written_inputs``: the inputs the compiled graph writes in place (graphed
+    at their own address, as parameters are)."""
     if isinstance(compiled_fn, BucketedCall):
         inner = cudagraphify(compiled_fn.fn, example_inputs, static_input_indices=static_input_indices, tree=tree,
-                             options=options, name=getattr(compiled_fn.fn, "__name__", None))
+                             options=options, name=getattr(compiled_fn.fn, "__name__", None),
+                             written_inputs=written_inputs)
         return BucketedCall(inner, compiled_fn.plan)
     return cudagraphify(compiled_fn, example_inputs, static_input_indices=static_input_indices, tree=tree,
-                        options=options, name=getattr(compiled_fn, "__name__", None))
+                        options=options, name=getattr(compiled_fn, "__name__", None), written_inputs=written_inputs)
 
 
 def _device_of(example_inputs: Sequence[Any], tree: CUDAGraphTree | None) -> torch.device:

@@ -40,13 +40,18 @@ class CUDAGraphFunction:
 
     def __init__(self, fn: Callable[..., Any], *, static_input_indices: Sequence[int] = (),
                  tree: CUDAGraphTree, options: CUDAGraphOptions | None = None,
-                 name: str | None = None) -> None:
+                 name: str | None = None, written_inputs: Sequence[int] = ()) -> None:
         self.fn = fn
         self.name: str = str(name or getattr(fn, "__name__", type(fn).__name__))
         self.static_input_indices = frozenset(static_input_indices)
-        self.written_in_place: frozenset[int] = frozenset()  # static because written in place (_graph_in_place)
         self.tree = tree
         self.options = options or CUDAGraphOptions()
+        # static because written in place (_graph_in_place): those the compiler says it writes
+        # (``written_inputs``), and any other a warm-up sees written
+        self.written_in_place: frozenset[int] = frozenset()
+        if written_inputs and self.options.graph_written_inputs:
+            self.written_in_place = frozenset(written_inputs)
+            self.static_input_indices = self.static_input_indices | self.written_in_place
         self.nodes: list[GraphNode] = []
         # the nodes by the shapes of the non-static tensor inputs: a call whose sizes changed (a decode
         # step, a new batch) finds its recording without asking every node (each compares the static
