@@ -43,6 +43,23 @@ def test_bad_inductor_options_are_a_clear_error(options: dict, named: str) -> No
         resolve_backend("inductor", CompileOptions(mode="reduce-overhead", options=options))
 
 
+@pytest.mark.parametrize(("named", "inference", "on_gpu", "cudagraphs", "wrapper", "refused"), [
+    (None, True, True, False, "tiered", False),  # a CUDA inference graph in default mode: tiered by default
+    (None, True, False, False, "python", False),  # CPU graphs keep the Python wrapper unless asked
+    (None, False, True, False, "python", False),  # training graphs too
+    (None, True, True, True, "python", False),  # CUDA graphs replay reduce-overhead graphs
+    ("python", True, True, False, "python", False),  # the options' choice wins
+    ("cpp", True, False, False, "cpp", False),
+    ("tiered", False, True, False, "python", True),  # asked for a training graph: refused, said why
+    ("cpp", True, True, True, "python", True),
+])
+def test_the_wrapper_of_each_graph(named, inference, on_gpu, cudagraphs, wrapper, refused) -> None:
+    from kiln.backends import graph_wrapper
+
+    got, why = graph_wrapper(named, "tiered", inference=inference, on_gpu=on_gpu, cudagraphs=cudagraphs)
+    assert got == wrapper and (why is not None) == refused
+
+
 def test_builtin_names_cannot_be_replaced() -> None:
     with pytest.raises(ValueError, match="built-in"):
         kiln.register_backend(lambda gm, ex: gm.forward, name="eager")

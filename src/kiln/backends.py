@@ -68,6 +68,19 @@ def _eager(opts: CompileOptions) -> Backend:
     return eager
 
 
+def graph_wrapper(named: str | None, gpu_default: str, *, inference: bool, on_gpu: bool,
+                  cudagraphs: bool) -> tuple[str, str | None]:
+    """The wrapper that runs one compiled graph, and why the one ``options`` named is not used (None if
+    it is). The C++ and tiered wrappers serve inference graphs in default mode; a CUDA inference graph
+    gets ``gpu_default`` (KILN_GPU_WRAPPER: tiered) unless the options name a wrapper; every other graph
+    has the Python wrapper."""
+    if named is None:
+        return (gpu_default if inference and on_gpu and not cudagraphs else "python"), None
+    if named in ("cpp", "tiered") and (not inference or (cudagraphs and on_gpu)):
+        return "python", "CUDA graphs replay it" if inference else "it is a training forward or backward graph"
+    return named, None
+
+
 def _aot_eager(opts: CompileOptions) -> Backend:
     return _stage("kiln.autograd", "aot_eager", "aot_eager")
 
@@ -102,15 +115,13 @@ def _inductor(opts: CompileOptions) -> Backend:
 
     def compiler(static: tuple[int, ...], inference: bool = False) -> Backend:
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledGraph:
-            options = inductor_options
             on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
-            if inference and on_gpu and not flags.cudagraphs and "wrapper" not in user_options:
-                options = options.replace(wrapper=gpu_wrapper)  # KILN_GPU_WRAPPER, tiered by default
-            if options.wrapper in ("cpp", "tiered") and (not inference or (flags.cudagraphs and on_gpu)):
-                why = "CUDA graphs replay it" if inference else "it is a training forward or backward graph"
+            wrapper, why = graph_wrapper(user_options.get("wrapper"), gpu_wrapper, inference=inference,
+                                         on_gpu=on_gpu, cudagraphs=flags.cudagraphs)
+            if why:
                 log("perf_hints").warning("graph keeps the Python wrapper (options wrapper=%r serves "
-                                          "inference graphs in default mode): %s", options.wrapper, why)
-                options = options.replace(wrapper="python")
+                                          "inference graphs in default mode): %s", user_options["wrapper"], why)
+            options = inductor_options.replace(wrapper=wrapper)
             if inference and arena and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
                 options = options.replace(memory_arena=True)
             try:
