@@ -125,6 +125,33 @@ def test_recompiles_log_names_the_failing_size_guard(recorder, caplog):
     assert re.search(r"size guard \(s\d+ > 5\)|size guard \(5 < s\d+\)|size guard s\d+ >= 6", caplog.text), caplog.text
 
 
+def test_recompile_reason_shows_what_the_guard_compares_in_a_line(recorder, caplog):
+    """An optimizer's state dict gained its 32 entries after the first step: the reason says how many keys
+    and what they are, not the whole state printed (it was pages of tensor values)."""
+    params = [torch.randn(16, requires_grad=True) for _ in range(32)]
+    state: dict = {}
+
+    def step(state, params):
+        for p in params:
+            if p not in state:
+                state[p] = torch.zeros_like(p)
+        return sum(s.sum() for s in state.values())
+
+    set_logs("recompiles")
+    try:
+        logging.getLogger("kiln.recompiles").propagate = True
+        with caplog.at_level(logging.INFO, logger="kiln.recompiles"):
+            g = kc.optimize(step, recorder)
+            g(state, params)
+            g(state, params)
+    finally:
+        set_logs()
+    reasons = [r.getMessage() for r in caplog.records if "guard failed" in r.getMessage()]
+    assert reasons, caplog.text
+    assert all(len(r) < 700 for r in reasons), reasons
+    assert any("32 key(s) (tensor(float32, (16,), cpu)" in r for r in reasons), reasons
+
+
 @pytest.mark.parametrize("dynamic", [None, True])
 def test_marked_range_bounds_the_symbolic_entry(recorder, dynamic):
     def f(x):

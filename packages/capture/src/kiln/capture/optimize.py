@@ -608,7 +608,10 @@ def _failure_text(failure: tuple[Guard, str] | None) -> str:
         return f"size guard {g.expected} failed ({g.note}) with {actual}{pinned}"
     if g.kind == "GLOBAL_STATE":  # the global torch state: only what changed
         return f"guard failed: GLOBAL_STATE: {actual}"
-    return f"guard failed: {g.kind} {g.source or '<global>'}: expected {g.expected!r}, got {actual}"
+    expected = " ".join(repr(g.expected).split())
+    if len(expected) > 160:  # a module's keys, a long tuple: the kind and source say which guard
+        expected = f"{expected[:160]}... ({len(expected)} characters)"
+    return f"guard failed: {g.kind} {g.source or '<global>'}: expected {expected}, got {actual}"
 
 
 _DELETE = object()  # an attribute deletion (it has no value plan)

@@ -181,11 +181,43 @@ class GuardSet:
         return out
 
 
-def _describe(v: object) -> str:
+_SHOWN = 160  # characters of a value a recompile reason shows (an optimizer's state printed whole was pages)
+
+
+def _describe(v: object, kind: str = "") -> str:
+    """The value a failed guard saw, as a recompile reason shows it: what the guard compares (a dict's
+    keys, a length, a type), a tensor as its (dtype, device, shape, stride, requires_grad), and any
+    other value's repr cut to a line."""
     if isinstance(v, torch.Tensor):
-        kind = "" if plain_tensor(v) else f"a {type(v).__name__} (a tensor subclass) "
-        return kind + repr(tensor_expectation(v))
-    return repr(v)
+        prefix = "" if plain_tensor(v) else f"a {type(v).__name__} (a tensor subclass) "
+        return prefix + repr(tensor_expectation(v))
+    try:
+        if kind == "DICT_KEYS" and hasattr(v, "keys"):
+            keys = list(v.keys())  # type: ignore[attr-defined]
+            shown = ", ".join(_short(k) for k in keys[:4]) + (", ..." if len(keys) > 4 else "")
+            return f"{len(keys)} key(s) ({_cut(shown)})"
+        if kind == "LENGTH_MATCH" and hasattr(v, "__len__"):
+            return f"length {len(v)}"  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001, S110 - a value that cannot be described so is shown as itself
+        pass
+    if kind == "TYPE_MATCH":
+        return f"{type(v).__module__}:{type(v).__qualname__}"
+    return _short(v)
+
+
+def _short(v: object) -> str:
+    if isinstance(v, torch.Tensor):
+        return f"tensor({str(v.dtype).removeprefix('torch.')}, {tuple(v.shape)}, {v.device})"
+    try:
+        text = repr(v)
+    except Exception as e:  # noqa: BLE001 - a broken __repr__ must not hide the recompile reason
+        text = f"<{type(v).__name__}: repr failed: {type(e).__name__}>"
+    return _cut(text)
+
+
+def _cut(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text)} characters)"
 
 
 def _float_tuple(value: Any) -> bool:
@@ -215,7 +247,7 @@ def _check_one(g: Guard, L: Mapping[str, Any], G: Mapping[str, Any],
         symbols[name] = value
         return True, repr(value)
     single = GuardSet((g,)).compile()
-    return single(L, G), _describe(value)
+    return single(L, G), _describe(value, g.kind)
 
 
 def expected_to_json(v: Any) -> Any:
