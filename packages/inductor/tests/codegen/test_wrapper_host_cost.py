@@ -159,3 +159,24 @@ def test_a_view_taken_by_several_externs_is_made_once_and_unbound_with_its_tenso
     for b, t in ([(2, 5)] * 3 if not symbolic else [(2, 5), (4, 3), (1, 1), (3, 7)]):  # fresh inputs
         x = _x(b, t)
         torch.testing.assert_close(cg.fn(x, *ws)[0], three_projections(x, *ws), atol=1e-4, rtol=1e-4)
+
+
+def test_a_pointer_several_c_kernels_take_is_read_once_per_call() -> None:
+    """C++ kernels take their buffers by pointer: a tensor two launches take (a softmax's max and sum
+    feeding the next kernel, an input both read) has its ``data_ptr()`` read once per call, bound before
+    its first launch, and every call still equals eager on fresh inputs."""
+    def f(x, y):
+        a = torch.relu(x) * 2  # a kernel writes a; the matmul (an extern) reads it; the next kernel reads both
+        return (a @ y).exp() + a[:, :1] + x[:, :1]
+
+    x, y = torch.randn(7, 33), torch.randn(33, 33)
+    cg = check(f, x, y)
+    body = _body(cg)
+    reads = re.findall(r"\b(\w+)\.data_ptr\(\)", body)
+    bound = re.findall(r"_p(\w+) = \1\.data_ptr\(\)", body)
+    assert bound, body
+    assert len(reads) == len(set(reads)), body  # no tensor's pointer read twice
+    for _ in range(3):
+        x, y = torch.randn(7, 33), torch.randn(33, 33)
+        for got, want in zip(cg.fn(x, y), (f(x, y),)):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
