@@ -75,13 +75,7 @@ def measure(*, name: str, variants: list[str], device: str, small: bool, iters: 
                 step()
             if v == "tiered":
                 result[v]["tier_wait_s"] = B.wait_tiered("kiln")
-                mine = [c for c in live_tiered() if id(c) not in before]
-                for _ in range(200):  # run the trial out (settle_tiered, for this variant's graphs only)
-                    if all(c.ready.is_set() and c.tier != "trial" for c in mine):
-                        break
-                    step()
-                tiers = [c.tier for c in mine]
-                result[v]["tiers"] = {t: tiers.count(t) for t in sorted(set(tiers))}
+                result[v]["tiers"] = B.settle_tiered("kiln", step, exclude=frozenset(before))
         except Exception as exc:  # noqa: BLE001 - the row records the failure
             print(B.error_details(exc))
             result[v] = {"error": B.short_error(exc)}

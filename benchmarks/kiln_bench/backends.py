@@ -187,15 +187,17 @@ def wait_tiered(backend: str, kiln_options: Any = None) -> float | None:
     return time.perf_counter() - t0
 
 
-def settle_tiered(backend: str, step: Callable[[], Any], limit: int = 200) -> dict[str, int] | None:
+def settle_tiered(backend: str, step: Callable[[], Any], limit: int = 200,
+                  exclude: frozenset[int] = frozenset()) -> dict[str, int] | None:
     """Call ``step`` until no tiered graph is still in its trial (the calls that alternate between the
     Python and the C++ wrapper once the library is loaded: timing them would mix both); how many graphs
-    settled on each wrapper ("cpp", "python"), else None (no tiered graph)."""
+    settled on each wrapper ("cpp", "python"), else None (no tiered graph). ``exclude``: ids of graphs
+    that are not ``step``'s (another model's in the same process)."""
     if backend != "kiln":
         return None
     from kiln.inductor.tiered import live_tiered
 
-    calls = live_tiered()
+    calls = [c for c in live_tiered() if id(c) not in exclude]
     if not calls:
         return None
     for _ in range(limit):
