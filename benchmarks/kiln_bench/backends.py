@@ -191,8 +191,9 @@ def settle_tiered(backend: str, step: Callable[[], Any], limit: int = 200,
                   exclude: frozenset[int] = frozenset()) -> dict[str, int] | None:
     """Call ``step`` until no tiered graph is still in its trial (the calls that alternate between the
     Python and the C++ wrapper once the library is loaded: timing them would mix both); how many graphs
-    settled on each wrapper ("cpp", "python"), else None (no tiered graph). ``exclude``: ids of graphs
-    that are not ``step``'s (another model's in the same process)."""
+    settled on each wrapper ("cpp", "python"; "trial": built but not called by ``step`` since, such as a
+    static graph a symbolic one replaced), else None (no tiered graph). ``exclude``: ids of graphs that are
+    not ``step``'s (another model's in the same process)."""
     if backend != "kiln":
         return None
     from kiln.inductor.tiered import live_tiered
@@ -200,9 +201,16 @@ def settle_tiered(backend: str, step: Callable[[], Any], limit: int = 200,
     calls = [c for c in live_tiered() if id(c) not in exclude]
     if not calls:
         return None
+
+    def trial_calls() -> int:  # calls the trials have timed so far (a graph ``step`` no longer calls stays put)
+        return sum(len(t) for c in calls if c.tier == "trial" for t in c._times)  # noqa: SLF001
+
     for _ in range(limit):
         if all(c.ready.is_set() and c.tier != "trial" for c in calls):
             break
+        before = trial_calls()
         step()
+        if all(c.ready.is_set() for c in calls) and trial_calls() == before:
+            break  # the graphs still in their trial are not called by ``step`` (superseded by a symbolic one)
     tiers = [c.tier for c in calls]
     return {t: tiers.count(t) for t in sorted(set(tiers))}
