@@ -96,8 +96,9 @@ class TieredCall:
         """One trial call: the wrapper with fewer timed calls so far (Python first), timed (host time:
         a GPU's kernels run on after the call returns)."""
         py, cc = self._times
-        on_cpp = len(cc) < len(py) and self._cpp is not None
-        run = self._cpp if on_cpp and self._cpp is not None else self._python
+        cpp = self._cpp
+        run = cpp if cpp is not None and len(cc) < len(py) else self._python
+        on_cpp = run is cpp
         t0 = time.perf_counter()
         out = run(args)
         (cc if on_cpp else py).append(time.perf_counter() - t0)

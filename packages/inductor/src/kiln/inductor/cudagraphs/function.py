@@ -57,7 +57,7 @@ class CUDAGraphFunction:
         # step, a new batch) finds its recording without asking every node (each compares the static
         # inputs' addresses first: hundreds of parameters)
         self._by_shapes: dict[tuple[Any, ...], list[GraphNode]] = {}
-        self._dynamic: tuple[tuple[int, frozenset[int]], list[int]] | None = None  # see _shapes
+        self._dynamic: tuple[frozenset[int], int, list[int]] | None = None  # see _shapes
         self.stats = FunctionStats()
         self.skip_reason: str | None = None
         self._last: GraphNode | None = None
@@ -229,10 +229,10 @@ class CUDAGraphFunction:
     def _shapes(self, args: Sequence[Any]) -> tuple[Any, ...]:
         """The shapes of the non-static tensor inputs (the index of ``_by_shapes``); the positions to look
         at are found once per static set (a graph's inputs are hundreds of parameters and a few others)."""
-        if self._dynamic is None or self._dynamic[0] != (len(args), self.static_input_indices):
-            statics = self.static_input_indices
-            self._dynamic = ((len(args), statics), [i for i in range(len(args)) if i not in statics])
-        return tuple(a.shape if isinstance(a, torch.Tensor) else None for a in map(args.__getitem__, self._dynamic[1]))
+        statics, d = self.static_input_indices, self._dynamic
+        if d is None or d[0] is not statics or d[1] != len(args):  # the set is replaced, never changed in place
+            d = self._dynamic = (statics, len(args), [i for i in range(len(args)) if i not in statics])
+        return tuple(a.shape if isinstance(a, torch.Tensor) else None for a in map(args.__getitem__, d[2]))
 
     def _signature(self, args: Sequence[Any]) -> tuple[Any, ...]:
         sig: list[Any] = []
