@@ -16,6 +16,7 @@ from kiln import aot
 from kiln.backends import resolve_backend
 from kiln.graph import Backend
 from kiln.report import report_from_env
+from kiln.runtime import native_guards
 from kiln.settings import CompileOptions
 
 report_from_env()  # KILN_REPORT=dir: this process's compile report, written at exit
@@ -40,6 +41,7 @@ def compile(
         return lambda f: compile(f, backend=backend, mode=mode, fullgraph=fullgraph,
                                  dynamic=dynamic, options=options)
     compiled_backend = resolve_backend(backend, opts)
+    native_guards.install()  # once per process: guard checks in C (~1 s of g++ the first time on a machine)
     if isinstance(fn_or_module, nn.Module):
         return OptimizedModule(fn_or_module, opts, compiled_backend)
     if not callable(fn_or_module):

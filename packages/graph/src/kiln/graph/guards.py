@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from .guards_codegen import GENERATED_MAX_GUARDS, generated_check
+from .guards_native import native_check
 from .guards_plan import build_plan, global_state, plain_tensor, plan_check, plan_layout
 from .guards_plan import default_device as default_device  # re-exported (kiln.graph API)
 from .guards_plan import device_matches as device_matches  # re-exported (kiln.graph API)
@@ -118,12 +119,7 @@ class GuardSet:
         """One function ``check(L, G) -> bool``; cached on the set."""
         if self._check:
             return self._check[0]
-        # small sets: the generated and-chain (fastest per call, cheap to compile); large ones: the
-        # plan, which needs no compile() (~80 ms for 1,400 guards) and costs about as much per call
-        if len(self.guards) <= GENERATED_MAX_GUARDS:
-            fn = generated_check(self.guards)
-        else:
-            fn = plan_check(self.guards)
+        fn = native_check(self.guards, _python_check) or _python_check(self.guards)
         self._check.append(fn)
         return fn
 
@@ -182,6 +178,14 @@ class GuardSet:
 
 
 _SHOWN = 160  # characters of a value a recompile reason shows (an optimizer's state printed whole was pages)
+
+
+def _python_check(guards: tuple[Guard, ...]) -> Callable[[Mapping[str, Any], Mapping[str, Any]], bool]:
+    """Small sets: the generated and-chain (fastest per call, cheap to compile); large ones: the plan,
+    which needs no compile() (~80 ms for 1,400 guards) and costs about as much per call."""
+    if len(guards) <= GENERATED_MAX_GUARDS:
+        return generated_check(guards)
+    return plan_check(guards)
 
 
 def _describe(v: object, kind: str = "") -> str:

@@ -50,6 +50,7 @@ ENVIRONMENT: Mapping[str, EnvVar] = {v.name: v for v in (
     *_vars("runtime", True, "KILN_CXX"),
     *_vars("runtime", False, "KILN_TRITON_PRECOMPILE"),  # read when a generated wrapper loads
     *_vars("runtime", False, "KILN_CPP_PCH"),  # the same binaries with or without the precompiled header
+    *_vars("runtime", False, "KILN_NATIVE_GUARDS"),  # the same answers, checked in C or in Python
     *_vars("runtime generated", True, "TRITON_INTERPRET"),  # generated: Triton kernel modules
     *_vars("kiln", False, "KILN_REPORT"),  # the meta-package: where compile reports go
 )}

@@ -5,6 +5,7 @@ KILN_CACHE=0     disable the on-disk compile cache (everything is rebuilt, nothi
 KILN_GRAPH_CACHE=0  skip the graph-level cache (captured graph -> compiled program)
 KILN_CXX         the C++ compiler for CPU kernels (default: g++)
 KILN_CPP_PCH=0   build C++ kernels without their precompiled header (kiln.runtime.cpp; same binaries, slower)
+KILN_NATIVE_GUARDS=0  check guards in Python, not with the native checker (kiln.runtime.native_guards)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ class RuntimeKnobs:
     cxx: str
     graph_cache: bool = True
     cpp_pch: bool = True
+    native_guards: bool = True
 
 
 def default_cache_dir(env: Mapping[str, str]) -> Path:
@@ -41,6 +43,7 @@ def read_knobs(env: Mapping[str, str] | None = None) -> RuntimeKnobs:
         cxx=e.get("KILN_CXX", "g++"),
         graph_cache=e.get("KILN_GRAPH_CACHE", "1") not in ("0", "false", "False", "off"),
         cpp_pch=e.get("KILN_CPP_PCH", "1") not in ("0", "false", "False", "off"),
+        native_guards=e.get("KILN_NATIVE_GUARDS", "1") not in ("0", "false", "False", "off"),
     )
 
 
