@@ -4,6 +4,7 @@ a compiler keeps the Python checks."""
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import subprocess
@@ -102,10 +103,18 @@ def _answer(check, frame) -> bool:
         return False
 
 
+def _moved() -> collections.OrderedDict:
+    """An OrderedDict whose key order (``move_to_end``) differs from its dict storage's."""
+    d = collections.OrderedDict([("a", 1), (2, "b")])
+    d.move_to_end("a")
+    d.move_to_end(2)
+    return d
+
+
 REPLACEMENTS = [None, 0, 1, True, 2.0, float("nan"), "relu", (1, (2, 3.0), "x"), (1, (2, 3), "x"), [1, 2], {},
                 {"a": 1, 2: "b"}, {2: "b", "a": 1}, torch.zeros(2, 3), torch.zeros(5, 3), torch.zeros(2, 3).t(),
                 torch.zeros(2, 3, dtype=torch.float64), torch.zeros(4, requires_grad=True), torch.nn.Parameter(torch.ones(4)),
-                torch.zeros(2, 3).as_subclass(Sub)]
+                torch.zeros(2, 3).as_subclass(Sub), collections.defaultdict(int, {"a": 1, 2: "b"}), _moved()]
 def _set_on_box(name: str):
     return lambda f, v: setattr(f["box"], name, v)
 

@@ -55,6 +55,7 @@ PyObject* g_get = nullptr;
 PyObject* g_getattribute = nullptr;  // "__getattribute__"
 PyObject* g_getattr = nullptr;  // "__getattr__"
 PyObject* g_object_getattribute = nullptr;  // object.__getattribute__
+PyObject* g_dict_keys = nullptr;  // dict.keys
 PyTypeObject* g_plain[3] = {nullptr, nullptr, nullptr};  // torch.Tensor, nn.Parameter, nn.Buffer
 
 struct Program {
@@ -151,23 +152,19 @@ int typed_equal(PyObject* v, PyObject* e) {
   return 1;
 }
 
-// ``list(v.keys()) == keys``: 1, 0 or -1.
+// ``list(v.keys()) == keys``: 1, 0 or -1. A dict, or a subclass that keeps dict's ``keys`` (an
+// optimizer's ``state``, a defaultdict), lists its keys without calling into Python.
 int keys_equal(PyObject* v, PyObject* keys) {
-  if (PyDict_CheckExact(v)) {
-    Py_ssize_t n = PyList_GET_SIZE(keys);
-    if (PyDict_GET_SIZE(v) != n) return 0;
-    Py_ssize_t pos = 0, k = 0;
-    PyObject *key, *item;
-    while (PyDict_Next(v, &pos, &key, &item)) {
-      int r = PyObject_RichCompareBool(key, PyList_GET_ITEM(keys, k++), Py_EQ);
-      if (r != 1) return r;
-    }
-    return 1;
+  PyObject* listed;
+  if (PyDict_Check(v) && (PyDict_CheckExact(v) || _PyType_Lookup(Py_TYPE(v), g_keys) == g_dict_keys)) {
+    if (PyDict_GET_SIZE(v) != PyList_GET_SIZE(keys)) return 0;
+    listed = PyDict_Keys(v);
+  } else {
+    PyObject* view = PyObject_CallMethodNoArgs(v, g_keys);
+    if (view == nullptr) return -1;
+    listed = PySequence_List(view);
+    Py_DECREF(view);
   }
-  PyObject* view = PyObject_CallMethodNoArgs(v, g_keys);
-  if (view == nullptr) return -1;
-  PyObject* listed = PySequence_List(view);
-  Py_DECREF(view);
   if (listed == nullptr) return -1;
   int r = PyObject_RichCompareBool(listed, keys, Py_EQ);
   Py_DECREF(listed);
@@ -478,6 +475,9 @@ PyMODINIT_FUNC PyInit_kiln_native_guards() {
   g_object_getattribute = PyDict_GetItemWithError(PyBaseObject_Type.tp_dict, g_getattribute);
   if (g_object_getattribute == nullptr) return nullptr;
   Py_INCREF(g_object_getattribute);
+  g_dict_keys = PyDict_GetItemWithError(PyDict_Type.tp_dict, g_keys);
+  if (g_dict_keys == nullptr) return nullptr;
+  Py_INCREF(g_dict_keys);
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
   Py_INCREF(&ProgramType);
