@@ -164,7 +164,7 @@ def gpu_attention(backend: str) -> Any:
 
     wanted = {"efficient": SDPBackend.EFFICIENT_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION,
               "cudnn": SDPBackend.CUDNN_ATTENTION}[backend]
-    real_choice, fused, available = A._real_choice, A.fused_attention, torch.cuda.is_available
+    fused, available = A.fused_attention, torch.cuda.is_available
 
     def choice(a: dict[str, Any], dense_mask: bool = False) -> int:
         mask = a["attn_mask"]
@@ -188,11 +188,21 @@ def gpu_attention(backend: str) -> Any:
             return fused(args, kwargs)
         finally:
             torch.cuda.is_available = available
-    A._real_choice, J.fused_attention = choice, fused_attention
+    A.EAGER_CHOICES.choice, J.fused_attention = choice, fused_attention  # type: ignore[method-assign]
     try:
         yield
     finally:
-        A._real_choice, J.fused_attention = real_choice, fused
+        del A.EAGER_CHOICES.choice
+        J.fused_attention = fused
+
+
+def _decode_case(small: bool) -> Any:
+    """``benchmarks.decode``'s model and one step's inputs (the previous token, its position)."""
+    from types import SimpleNamespace
+
+    from benchmarks.kiln_bench.llama_decode import TINY, DecodeConfig, build_decoder
+    model = build_decoder(TINY if small else DecodeConfig(), "cpu", torch.bfloat16)
+    return SimpleNamespace(model=model, args=(torch.zeros(1, 1, dtype=torch.long), torch.tensor([5])), kwargs={})
 
 
 def compile_model(model: str, mode: str, small: bool, gpu_shapes: bool, sdpa: str = "efficient") -> list[Any]:
@@ -208,13 +218,16 @@ def compile_model(model: str, mode: str, small: bool, gpu_shapes: bool, sdpa: st
     from kiln.settings import CompileOptions
 
     training = mode == "training"
-    saved = dict(M.SHAPES[("cpu", small)])
-    if gpu_shapes:
-        M.SHAPES[("cpu", small)] = dict(M.SHAPES[("cuda", small)])
-    try:
-        case = M.build_for_mode(model, small=small, device=torch.device("cpu"), training=training)
-    finally:
-        M.SHAPES[("cpu", small)] = saved
+    if model == "decode":  # benchmarks.decode's bs=1 step (static KV cache, bf16), inference only
+        case = _decode_case(small)
+    else:
+        saved = dict(M.SHAPES[("cpu", small)])
+        if gpu_shapes:
+            M.SHAPES[("cpu", small)] = dict(M.SHAPES[("cuda", small)])
+        try:
+            case = M.build_for_mode(model, small=small, device=torch.device("cpu"), training=training)
+        finally:
+            M.SHAPES[("cpu", small)] = saved
     if not training:
         case.model.to(torch.bfloat16)
         M.cast_inputs(case, torch.bfloat16)
@@ -253,7 +266,7 @@ def report(model: str, mode: str, graphs: list[Any], listing: bool) -> tuple[str
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default="gpt2")
+    p.add_argument("--models", default="gpt2", help="suite models, or decode (benchmarks.decode's step)")
     p.add_argument("--modes", default="inference")
     p.add_argument("--small", action="store_true", help="tiny configs of the same architectures")
     p.add_argument("--cpu-shapes", action="store_true", help="the CPU suite's batch/sequence (default: the GPU's)")
