@@ -195,3 +195,12 @@ def test_knob_off_keeps_python_checks(tmp_path):
     env = {**os.environ, "KILN_NATIVE_GUARDS": "0"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "False KILN_NATIVE_GUARDS=0", out.stderr
+
+
+def test_calibration_finds_the_tensor_pointer_or_refuses_clearly(native):
+    from kiln.graph.guards_native import _probe_tensors
+    offset = native.calibrate(_probe_tensors())
+    assert offset in (16, 24)  # at::Tensor after the object head (torch >= 2.12), or inside MaybeOwned (older)
+    with pytest.raises(TypeError, match="plain tensors"):
+        native.calibrate([torch.zeros(1), torch.zeros(1), torch.zeros(1).as_subclass(Sub)])
+    assert native.calibrate(_probe_tensors()) == offset  # a refused probe list leaves the reads as they were

@@ -51,6 +51,7 @@ _NATIVE = _Native()
 def install(module: Any) -> None:
     """Use ``module`` (kiln.runtime's built ``kiln_native_guards``) for guard sets compiled from now on."""
     module.set_plain_types(*_plain_types())
+    module.calibrate(_probe_tensors())
     _NATIVE.module = module
 
 
@@ -71,6 +72,14 @@ def _plain_types() -> tuple[type, type, type]:
     types = (torch.Tensor, torch.nn.Parameter, torch.nn.parameter.Buffer)
     assert set(types) == PLAIN_TENSOR_TYPES  # the types plain_tensor takes without asking further
     return types
+
+
+def _probe_tensors() -> list[torch.Tensor]:
+    """Tensors of each plain type, leaf and not, views and not: where ``calibrate`` looks for the pointer."""
+    base = torch.arange(6.0)
+    grad = torch.ones(3, requires_grad=True)
+    return [torch.zeros(2), base[2:].view(2, 2), grad, grad * 2, torch.nn.Parameter(torch.ones(2)),
+            torch.nn.parameter.Buffer(torch.zeros(3)), torch.empty(0, dtype=torch.int64)]
 
 
 class _Program:

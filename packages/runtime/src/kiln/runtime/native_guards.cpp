@@ -57,6 +57,10 @@ PyObject* g_getattr = nullptr;  // "__getattr__"
 PyObject* g_object_getattribute = nullptr;  // object.__getattribute__
 PyObject* g_dict_keys = nullptr;  // dict.keys
 PyTypeObject* g_plain[3] = {nullptr, nullptr, nullptr};  // torch.Tensor, nn.Parameter, nn.Buffer
+// Where a tensor object holds its TensorImpl pointer (torch's THPVariable: the head, then ``at::Tensor
+// cdata``, or in older releases a ``c10::MaybeOwned<at::Tensor>`` whose pointer sits one word further), as
+// ``calibrate`` found it on probe tensors; -1: read ``_cdata`` (a Python attribute, ~40 ns a tensor).
+Py_ssize_t g_cdata_offset = -1;
 
 struct Program {
   PyObject_HEAD
@@ -183,10 +187,15 @@ int call_fallback(PyObject* fallback, PyObject* v) {
 int tensor_matches(const TensorWant& w, PyObject* v) {
   PyTypeObject* t = Py_TYPE(v);
   if (t != g_plain[0] && t != g_plain[1] && t != g_plain[2]) return call_fallback(w.fallback, v);
-  PyObject* cdata = PyObject_GetAttr(v, g_cdata);
-  if (cdata == nullptr) return -1;
-  auto* impl = static_cast<c10::TensorImpl*>(PyLong_AsVoidPtr(cdata));
-  Py_DECREF(cdata);
+  c10::TensorImpl* impl;
+  if (g_cdata_offset >= 0) {
+    impl = *reinterpret_cast<c10::TensorImpl**>(reinterpret_cast<char*>(v) + g_cdata_offset);
+  } else {
+    PyObject* cdata = PyObject_GetAttr(v, g_cdata);
+    if (cdata == nullptr) return -1;
+    impl = static_cast<c10::TensorImpl*>(PyLong_AsVoidPtr(cdata));
+    Py_DECREF(cdata);
+  }
   if (impl == nullptr) return PyErr_Occurred() ? -1 : 0;
   if (impl->has_symbolic_sizes_strides()) return call_fallback(w.fallback, v);
   if (static_cast<int>(impl->dtype().toScalarType()) != w.scalar_type) return 0;
@@ -447,7 +456,44 @@ PyObject* set_plain_types(PyObject*, PyObject* args) {
   Py_RETURN_NONE;
 }
 
+// calibrate([tensors of the plain types]) -> the offset of the TensorImpl pointer in a tensor object, found
+// where it equals ``_cdata`` for every probe, or -1 (and ``_cdata`` is read per check)
+PyObject* calibrate(PyObject*, PyObject* probes) {
+  if (!PyList_CheckExact(probes) || PyList_GET_SIZE(probes) < 3) {
+    PyErr_SetString(PyExc_TypeError, "kiln native guards: calibrate takes a list of at least 3 tensors");
+    return nullptr;
+  }
+  std::vector<void*> impls;
+  for (Py_ssize_t k = 0; k < PyList_GET_SIZE(probes); ++k) {
+    PyObject* t = PyList_GET_ITEM(probes, k);
+    PyTypeObject* tp = Py_TYPE(t);
+    if (tp != g_plain[0] && tp != g_plain[1] && tp != g_plain[2]) {
+      PyErr_SetString(PyExc_TypeError, "kiln native guards: calibrate's probes are plain tensors (set_plain_types first)");
+      return nullptr;
+    }
+    PyObject* cdata = PyObject_GetAttr(t, g_cdata);
+    if (cdata == nullptr) return nullptr;
+    impls.push_back(PyLong_AsVoidPtr(cdata));
+    Py_DECREF(cdata);
+    if (PyErr_Occurred()) return nullptr;
+  }
+  g_cdata_offset = -1;
+  for (Py_ssize_t offset : {static_cast<Py_ssize_t>(sizeof(PyObject)), static_cast<Py_ssize_t>(sizeof(PyObject) + sizeof(void*))}) {
+    bool all = true;
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(probes) && all; ++k) {
+      char* obj = reinterpret_cast<char*>(PyList_GET_ITEM(probes, k));
+      all = *reinterpret_cast<void**>(obj + offset) == impls[k];
+    }
+    if (all) {
+      g_cdata_offset = offset;
+      break;
+    }
+  }
+  return PyLong_FromSsize_t(g_cdata_offset);
+}
+
 PyMethodDef methods[] = {
+    {"calibrate", calibrate, METH_O, "find where tensor objects hold their TensorImpl pointer"},
     {"scalar_type", scalar_type, METH_O, "the c10::ScalarType of a tensor, as an int"},
     {"device_type", device_type, METH_O, "the c10::DeviceType of a device string, as an int"},
     {"set_plain_types", set_plain_types, METH_VARARGS, "the tensor types checked without Python"},
@@ -472,11 +518,15 @@ PyMODINIT_FUNC PyInit_kiln_native_guards() {
   g_get = PyUnicode_InternFromString("get");
   g_getattribute = PyUnicode_InternFromString("__getattribute__");
   g_getattr = PyUnicode_InternFromString("__getattr__");
-  g_object_getattribute = PyDict_GetItemWithError(PyBaseObject_Type.tp_dict, g_getattribute);
-  if (g_object_getattribute == nullptr) return nullptr;
+  // what _PyType_Lookup finds for classes that inherit them (not through tp_dict: from Python 3.12 a
+  // static builtin type's tp_dict is NULL, its dict kept per interpreter)
+  g_object_getattribute = _PyType_Lookup(&PyBaseObject_Type, g_getattribute);
+  g_dict_keys = _PyType_Lookup(&PyDict_Type, g_keys);
+  if (g_object_getattribute == nullptr || g_dict_keys == nullptr) {
+    PyErr_SetString(PyExc_ImportError, "kiln native guards: object.__getattribute__ or dict.keys not found");
+    return nullptr;
+  }
   Py_INCREF(g_object_getattribute);
-  g_dict_keys = PyDict_GetItemWithError(PyDict_Type.tp_dict, g_keys);
-  if (g_dict_keys == nullptr) return nullptr;
   Py_INCREF(g_dict_keys);
   PyObject* m = PyModule_Create(&module_def);
   if (m == nullptr) return nullptr;
