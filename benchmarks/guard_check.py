@@ -58,25 +58,31 @@ def _entries(compiled: Any) -> list[Any]:
     return [e for cc in ctx.caches.values() for e in cc.entries]
 
 
+def _guard_cost(name: str, repeats: int, calls: int) -> tuple[int, dict[str, float]]:
+    """(guards, {"python": us, "native": us}) of the entry kiln compiles for ``name``'s forward."""
+    model, x = _model(name)
+    compiled = kiln.compile(model)
+    with torch.no_grad():
+        compiled(x)
+        entry = _entries(compiled)[0]
+        arg = list(inspect.signature(type(model).forward).parameters)[1]
+        frame, g = {"self": model, arg: x}, type(model).forward.__globals__
+        guards = entry.guards.guards
+        python = _python_check(guards)
+        native = guards_native.native_check(guards, _python_check)
+        if native is None or not python(frame, g) or not native(frame, g):
+            raise SystemExit(f"guard_check: {name}'s entry does not pass on its own frame (or no native checker)")
+        t = _median_us({"python": lambda: python(frame, g), "native": lambda: native(frame, g)}, repeats, calls)
+    kiln.reset()
+    return len(guards), t
+
+
 def guard_costs(models: list[str], repeats: int, calls: int) -> None:
     print("| model | guards | Python check us | native check us | Python / native |")
     print("|---|---|---|---|---|")
     for name in models:
-        model, x = _model(name)
-        compiled = kiln.compile(model)
-        with torch.no_grad():
-            compiled(x)
-            entry = _entries(compiled)[0]
-            arg = list(inspect.signature(type(model).forward).parameters)[1]
-            frame, g = {"self": model, arg: x}, type(model).forward.__globals__
-            guards = entry.guards.guards
-            python = _python_check(guards)
-            native = guards_native.native_check(guards, _python_check)
-            if native is None or not python(frame, g) or not native(frame, g):
-                raise SystemExit(f"guard_check: {name}'s entry does not pass on its own frame (or no native checker)")
-            t = _median_us({"python": lambda: python(frame, g), "native": lambda: native(frame, g)}, repeats, calls)
-        print(f"| {name} | {len(guards)} | {t['python']:.1f} | {t['native']:.1f} | {t['python'] / t['native']:.2f} |")
-        kiln.reset()
+        n, t = _guard_cost(name, repeats, calls)
+        print(f"| {name} | {n} | {t['python']:.1f} | {t['native']:.1f} | {t['python'] / t['native']:.2f} |")
 
 
 def _adam(seed: int) -> torch.optim.Optimizer:

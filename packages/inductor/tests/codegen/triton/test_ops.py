@@ -82,6 +82,9 @@ CASES.update({
     "lshift": (I64, I64, [_i(), _i(0, 8)], torch.bitwise_left_shift),
     "rshift": (I64, I64, [_i(-1000, 1000), _i(0, 8)], torch.bitwise_right_shift),
     "bitwise_not": (I64, I64, [_i()], torch.bitwise_not),
+    # an index in range of a dim of size 7, negative ones from the end (out of range: the C++ tests)
+    "check_index": (I64, I64, [_i(-7, 7), lambda g: torch.full((N,), 7)], lambda i, n: torch.where(i < 0, i + n, i)),
+    "check_index_nonneg": (I64, I64, [_i(0, 7), lambda g: torch.full((N,), 7)], lambda i, n: i),
 })
 
 

@@ -14,7 +14,7 @@ import ctypes
 import json
 import os
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 from torch.utils._pytree import treespec_loads
@@ -258,3 +258,21 @@ def load_constant(files: MutableMapping[str, bytes], key: str, size: Sequence[in
     if out.numel():
         out.copy_(flat.reshape(tuple(size)))
     return out
+
+
+# ---- indices out of range in C++ kernels ---------------------------------------------------------
+
+
+def index_errors(lib: ctypes.CDLL) -> ctypes.Array:
+    """A kernel library's record of indices found out of range (count, last index, its dim's size):
+    kiln.inductor's C++ prelude (``kiln_check_index``) keeps it; a wrapper compares the count around
+    each kernel that checks indices."""
+    fn = lib.kiln_index_errors
+    fn.restype, fn.argtypes = ctypes.c_void_p, []
+    return (ctypes.c_int64 * 3).from_address(fn())
+
+
+def index_error(state: ctypes.Array, kernel: str) -> NoReturn:
+    """Eager's IndexError for an index a kernel found out of range."""
+    raise IndexError(f"index {state[1]} is out of bounds for a dimension of size {state[2]} "
+                     f"(kiln kernel {kernel}; eager raises IndexError here too)")

@@ -46,6 +46,7 @@ from .kernel import (
                    KernelNode,
                    ScheduledProgram,
                    Step,
+                   checks_indices,
                    kernel_size_symbols,
                    work_buffers,
 )
@@ -96,6 +97,7 @@ __all__ = [
     "is_static", "map_expr", "node_outputs", "node_reads", "op", "product", "reads", "size",
     "strided_index", "substitute_index", "verify_kernel", "verify_program", "verify_schedule", "walk",
     "work_buffers", "DynamicShapeUnsupported", "SizeGuard", "SizeSource", "is_size_symbol", "kernel_size_symbols",
+    "checks_indices",
     "float_symbol", "is_float_symbol", "size_param_ctype",
     "is_symbolic", "size_symbol", "size_symbols_of", "substitute_hints", "sym_expr",
     "COLLECTIVES", "WAIT_TENSOR", "WRAP_TENSOR", "issues_collective",

@@ -45,6 +45,12 @@ OPS: dict[str, OpInfo] = {
     **_ops("select", 3, "where"),
     # counter-based random numbers: args are (seed, offset); offset is an int64 IndexValue
     **_ops("random", 2, "rand randn"),
+    # check_index(i, n): a loaded index into a dim of size n, negative ones counted from the end; out of
+    # range (eager's IndexError) is reported and the access made at 0, never outside the tensor
+    "check_index": OpInfo(2, "arith", "an index value checked against its dim's size"),
+    # check_index_nonneg(i, n): the same for ops whose eager form rejects negative indices (embedding,
+    # gather, scatter, index_select)
+    "check_index_nonneg": OpInfo(2, "arith", "a non-negative index value checked against its dim's size"),
 }
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from .expr import Expr, IndexValue, Load, format_expr, walk
+from .expr import Expr, IndexValue, Load, Op, format_expr, walk
 from .index import IndexExpr, index_str
 from .nodes import ExternKernel, Layout, args_buffers, dims_str
 from .program import LoopProgram
@@ -157,6 +157,15 @@ class ScheduledProgram:
 
     def as_text(self) -> str:
         return "\n".join(s.as_text() for s in self.steps)
+
+
+def checks_indices(k: Kernel | KernelGroup) -> bool:
+    """Whether the kernel checks loaded indices against their dims (``check_index``): its caller raises
+    eager's IndexError when one was out of range."""
+    if isinstance(k, KernelGroup):
+        return any(checks_indices(part) for part in k.parts)
+    return any(isinstance(x, Op) and x.name in ("check_index", "check_index_nonneg")
+               for n in k.nodes for r in (n.body, *n.store_indirect) for x in walk(r))
 
 
 def kernel_size_symbols(k: Kernel | KernelGroup) -> list[str]:

@@ -32,11 +32,26 @@ from .values import Lazy, Strided, TensorValue, broadcast_at, value_at
 RULES: dict[str, Rule] = {}
 
 
-def _wrap(idx: Expr, size: IndexExpr) -> Expr:
-    """Negative indices count from the end."""
+def _wrap(idx: Expr, size: IndexExpr, checked: str = "check_index") -> Expr:
+    """Negative indices count from the end. ``checked``: the op checking the index against the dim as
+    the eager op does (``_checked``), or "" for none."""
     i = cast(idx, torch.int64)
+    if checked:
+        return op(checked, i, size_value(size, torch.int64), dtype=torch.int64)
     return op("where", op("lt", i, Constant(0, torch.int64), dtype=torch.bool),
               op("add", i, size_value(size, torch.int64), dtype=torch.int64), i, dtype=torch.int64)
+
+
+_NON_NEGATIVE = ("embedding", "index_select", "gather", "scatter", "scatter_add", "scatter_reduce")
+
+
+def _checked(ctx: LoweringContext) -> str:
+    """How the op being lowered checks its indices in eager: ``check_index`` (negative ones from the end:
+    ``x[idx]``, ``index_put``), ``check_index_nonneg`` (negative ones are errors too), or "" (the
+    ``_unsafe_`` ops, for indices a decomposition computed: eager does not check them either)."""
+    if "_unsafe_" in ctx.origin:
+        return ""
+    return "check_index_nonneg" if ctx.origin in _NON_NEGATIVE else "check_index"
 
 
 def gather_load(ctx: LoweringContext, x: TensorValue, idx: list[IndexExpr | Expr]) -> Expr:
@@ -49,7 +64,7 @@ def gather_load(ctx: LoweringContext, x: TensorValue, idx: list[IndexExpr | Expr
             flat = flat + i * st
         else:
             flat = flat + index_var("d", len(indirect)) * st
-            indirect.append(_wrap(i, xs.shape[k]))
+            indirect.append(_wrap(i, xs.shape[k], _checked(ctx)))
     return Load(xs.buffer, sympy.expand(flat), xs.dtype, tuple(indirect))
 
 
@@ -258,7 +273,7 @@ def _scatter_node(ctx: LoweringContext, node: fx.Node, x: TensorValue, src_shape
             flat = flat + i * st
         else:
             flat = flat + index_var("d", len(indirect)) * st
-            indirect.append(_wrap(i, shape[k]))
+            indirect.append(_wrap(i, shape[k], _checked(ctx)))
     base = cast(value_at(x, list(index_vars("i", len(shape)))), d)
     data = Scatter(shape, base, tuple(src_shape), sympy.expand(flat), tuple(indirect), value, mode)
     return ctx.computed(layout, data)

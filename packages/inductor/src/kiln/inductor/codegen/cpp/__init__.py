@@ -7,6 +7,7 @@ from ...ir import (
     KernelGroup,
     Layout,
     ScheduledProgram,
+    checks_indices,
     is_float_symbol,
     kernel_size_symbols,
 )
@@ -29,6 +30,11 @@ from kiln.runtime.program_helpers import load_library_from as _load_library_from
 _lib = _load_library_from(FILES, FILES_DIR, {name!r}, {flags!r}, {link!r})"""
 
 
+INDEX_CHECKS = """from kiln.runtime.program_helpers import index_error as _index_error
+from kiln.runtime.program_helpers import index_errors as _index_errors
+_ierr = _index_errors(_lib)"""
+
+
 class CppBackend:
     name = "cpp"
 
@@ -47,16 +53,23 @@ class CppBackend:
         # time grows with its statements, and a string constant costs next to nothing to compile
         table = []
         sized = []  # kernels with symbolic sizes: their int64 sizes (double floats) follow the pointers
+        checked = False
         for k in kernels:
             ins, outs = kernel_params(k)
             sizes = kernel_size_symbols(k)
             table.append(f"_{k.name} {symbol[k.name]} {len(ins) + len(outs)}")
             args = ", ".join([f"{b}.data_ptr()" for b in (*ins, *outs)] + sizes)
             launches[k.name] = f"_{k.name}({args})"
+            if checks_indices(k):  # an index out of range raises after the kernel (prelude: kiln_check_index)
+                checked = True
+                launches[k.name] = (f"_b = _ierr[0]; _{k.name}({args}) or _ierr[0] == _b or "
+                                    f"_index_error(_ierr, {k.name!r})")
             if sizes:
                 types = ", ".join("ctypes.c_double" if is_float_symbol(s) else "ctypes.c_int64" for s in sizes)
                 sized.append(f"_{k.name}.argtypes = [ctypes.c_void_p] * {len(ins) + len(outs)} + [{types}]")
         prelude.append('_bind_kernels(globals(), _lib, """\n' + "\n".join(table) + '\n""")')
+        if checked:
+            prelude.append(INDEX_CHECKS)
         prelude += sized
         files = {lib_name: data, lib_name.replace(".so", ".cpp"): source.encode()}
         return CompiledKernels(files, "\n".join(prelude), launches, source, str(so.parent), seconds)

@@ -84,6 +84,8 @@ def op_call(e: Op, a: list[str]) -> str:
         return simple[n]
     if n == "where":
         return f"({a[0]} ? {a[1]} : {a[2]})"
+    if n in ("check_index", "check_index_nonneg"):
+        return f"kiln_{n}({a[0]}, {a[1]})"
     if n == "rand":
         return f"kiln_rand({a[0]}, {a[1]})"
     if n == "randn":
@@ -215,7 +217,7 @@ def _eager_branches_ok(e: Op) -> bool:
     if len(nodes) > EAGER_WHERE_MAX_NODES or sum(isinstance(n, Load) for n in nodes) > EAGER_WHERE_MAX_LOADS:
         return False
     for n in nodes:
-        if isinstance(n, Op) and (n.name in ("rand", "randn") or (
+        if isinstance(n, Op) and (n.name in ("rand", "randn", "check_index", "check_index_nonneg") or (
                 n.name in _TRAPPING and not all(a.dtype.is_floating_point for a in n.args))):
             return False
     return True

@@ -85,4 +85,25 @@ static inline float kiln_randn(int64_t seed, int64_t offset) {
   float u2 = (float)(r[1] >> 8) * (1.0f / 16777216.0f);
   return std::sqrt(-2.0f * std::log(u1)) * std::cos(6.283185307179586f * u2);
 }
+// Indices loaded from tensors (check_index): negative ones count from the end; one outside the dim is
+// eager's IndexError. The kernel counts it here, keeps the last one, and reads or writes index 0 instead
+// (never memory outside the tensor); whoever called the kernel compares the count before and after the
+// call (kiln_index_errors: count, index, size) and raises.
+// (exported under its C name by an asm label: only kernels are declared with C linkage in this file)
+static int64_t kiln_index_state[3] = {0, 0, 0};
+__attribute__((visibility("default"), used)) int64_t* kiln_index_errors_() __asm__("kiln_index_errors");
+int64_t* kiln_index_errors_() { return kiln_index_state; }
+static inline int64_t kiln_index_out_of_range(int64_t i, int64_t n) {
+  __atomic_fetch_add(&kiln_index_state[0], 1, __ATOMIC_RELAXED);
+  kiln_index_state[1] = i;
+  kiln_index_state[2] = n;
+  return 0;
+}
+static inline int64_t kiln_check_index(int64_t i, int64_t n) {
+  const int64_t w = i < 0 ? i + n : i;
+  return __builtin_expect(w < 0 || w >= n, 0) ? kiln_index_out_of_range(i, n) : w;
+}
+static inline int64_t kiln_check_index_nonneg(int64_t i, int64_t n) {  // embedding, gather, scatter
+  return __builtin_expect(i < 0 || i >= n, 0) ? kiln_index_out_of_range(i, n) : i;
+}
 """ + PCH_END

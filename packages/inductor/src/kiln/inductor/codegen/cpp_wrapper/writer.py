@@ -40,6 +40,7 @@ from ...ir import (
     LoopProgram,
     ScheduledProgram,
     TensorRef,
+    checks_indices,
     is_float_symbol,
     kernel_size_symbols,
     size_param_ctype,
@@ -245,7 +246,16 @@ class CppWrapperWriter:
             return
         ins, outs = kernel_params(k)
         args = ", ".join([self.pointer(b) for b in (*ins, *outs)] + kernel_size_symbols(k))
-        self.lines.append(f"  {self.symbols[k.name]}({args});")
+        if not checks_indices(k):
+            self.lines.append(f"  {self.symbols[k.name]}({args});")
+            return
+        # an index out of range (the kernels' prelude: kiln_check_index) is eager's IndexError
+        self.lines += ["  {", "    const int64_t* ierr = kiln_index_errors();", "    const int64_t before = ierr[0];",
+                       f"    {self.symbols[k.name]}({args});",
+                       "    if (ierr[0] != before)",
+                       f"      throw std::out_of_range(\"IndexError: index \" + std::to_string(ierr[1]) + "
+                       f"\" is out of bounds for a dimension of size \" + std::to_string(ierr[2]) + "
+                       f"\" (kiln kernel {k.name})\");", "  }"]
 
     def pointer(self, buffer: str) -> str:
         return buffer if buffer in self.raw else f"{buffer}.data()"
@@ -374,6 +384,8 @@ class CppWrapperWriter:
             n = sum(len(x) for x in kernel_params(k))
             params = ["void*"] * n + [size_param_ctype(s) for s in kernel_size_symbols(k)]
             decls.append(f'extern "C" void {sym}({", ".join(params)});')
+        if any(checks_indices(k) for k in kernels):
+            decls.append('extern "C" int64_t* kiln_index_errors();')
         return "\n".join(decls) + "\n\n"
 
     def size_functions(self) -> str:

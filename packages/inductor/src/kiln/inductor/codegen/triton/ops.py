@@ -190,6 +190,10 @@ EMITTERS: dict[str, Emitter] = {
     "lshift": _binop("<<"), "rshift": _binop(">>"), "bitwise_not": _bitwise_not,
     # select: (bool, value, value)
     "where": lambda a, d: f"tl.where({a[0]}, {a[1]}, {a[2]})",
+    # an index loaded from a tensor: negative ones count from the end. Not checked against the size here
+    # (the C++ backend raises eager's IndexError; a device assert compiles only in Triton's debug mode)
+    "check_index": lambda a, d: f"tl.where({a[0]} < 0, {a[0]} + {a[1]}, {a[0]})",
+    "check_index_nonneg": lambda a, d: a[0],
     # counter-based random numbers: (seed scalar, int offset) -> float32 in [0, 1) / standard normal
     "rand": lambda a, d: f"tl.rand({a[0]}, ({a[1]}).to(tl.uint32))",
     "randn": lambda a, d: f"tl.randn({a[0]}, ({a[1]}).to(tl.uint32))",
