@@ -18,7 +18,7 @@ from torch import nn
 
 from . import numpy_random, polyfills, torch_ops
 from .builtins_impl import SPECIAL
-from .controls import allowed_in_graph, disabled_reason, torch_disabled_wrapper
+from .controls import allowed_in_graph, disabled_reason, dynamo_patched_original, torch_disabled_wrapper
 from .deferred import defer, is_log_call
 from .errors import GraphBreak
 from .foreign import is_immutable_constant, is_mutable_c_value
@@ -83,6 +83,9 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if numpy_fn is not None and not constant_ufunc_call(fn, args, kwargs):  # np.* as tensor code
         return numpy_fn(frame, list(args), dict(kwargs))
     if isinstance(fn, (types.FunctionType, types.MethodType)):
+        original = dynamo_patched_original(fn)
+        if original is not None:  # torch.compile's own mark on torch.optim internals: traced as before it
+            return call_function(frame, original, list(args), kwargs)
         reason = disabled_reason(fn)
         if reason is not None:
             raise GraphBreak(f"call to {getattr(fn, '__qualname__', fn)}, {reason}",
