@@ -18,7 +18,12 @@ from torch import nn
 
 from . import numpy_random, polyfills, torch_ops
 from .builtins_impl import SPECIAL
-from .controls import allowed_in_graph, disabled_reason, dynamo_patched_original, torch_disabled_wrapper
+from .controls import (
+    allowed_in_graph,
+    disabled_reason,
+    dynamo_patched_original,
+    torch_disabled_wrapper,
+)
 from .deferred import defer, is_log_call
 from .errors import GraphBreak
 from .foreign import is_immutable_constant, is_mutable_c_value
