@@ -39,7 +39,7 @@ from .matmul_templates import count_matmul_sites, select_templates, template_mis
 from .options import InductorOptions
 from .scheduler import eliminate_dead_code, schedule
 from .scheduler.horizontal import group_kernels
-from .scheduler.inplace import plan_inplace_reuse, plan_inplace_updates
+from .scheduler.inplace import plan_inplace_reuse, plan_inplace_scatters, plan_inplace_updates
 from .size_guards import GuardWatch
 from .split_reductions import split_reductions
 
@@ -263,7 +263,8 @@ def inplace_updates_cpp(s: CompileState) -> CompileState:
     assert s.scheduled is not None
     sched = s.scheduled
     if s.options.reinplace_mutations:
-        sched = plan_inplace_updates(sched, annotations_of(s.gm).input_mutations)
+        mutations = annotations_of(s.gm).input_mutations
+        sched = plan_inplace_updates(plan_inplace_scatters(sched, mutations), mutations)
     return replace(s, scheduled=plan_inplace_reuse(sched))  # group_independent_kernels finishes it
 
 
@@ -281,7 +282,10 @@ def inplace_updates_triton(s: CompileState) -> CompileState:
     """Intermediates dying in a pointwise kernel written over by the kernel computing their successor,
     for kernels with one store only (scheduler/inplace.py)."""
     assert s.scheduled is not None
-    return _final_schedule(s, plan_inplace_reuse(s.scheduled, single_store=True))
+    sched = s.scheduled
+    if s.options.reinplace_mutations:
+        sched = plan_inplace_scatters(sched, annotations_of(s.gm).input_mutations)
+    return _final_schedule(s, plan_inplace_reuse(sched, single_store=True))
 
 
 def _final_schedule(s: CompileState, sched: ScheduledProgram) -> CompileState:

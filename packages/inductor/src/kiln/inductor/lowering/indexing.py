@@ -20,10 +20,12 @@ from ..ir import (
     IndexValue,
     Load,
     cast,
+    contiguous_strides,
     index_var,
     index_vars,
     op,
     product,
+    reads,
 )
 from .common import Rule, out_dtype, out_shape, size_value
 from .context import LoweringContext, NotLowered
@@ -345,3 +347,42 @@ def _index_put(ctx: LoweringContext, node: fx.Node, x: TensorValue, indices: Seq
 
 RULES["aten.index_put.default"] = _index_put
 RULES["aten._unsafe_index_put.default"] = _index_put
+
+
+def _index_put_inplace(ctx: LoweringContext, node: fx.Node, x: TensorValue, indices: Sequence[TensorValue | None],
+                       values: TensorValue, accumulate: bool = False) -> TensorValue:
+    """``index_put_`` on a graph input (graph_passes/reinplace.py makes it: a KV cache's ``index_copy_``,
+    ``cache[:, :, pos] = kv``) as a scatter whose base is the input itself; ``plan_inplace_scatters``
+    (scheduler/inplace.py) then writes it into the input's memory, storing only the indexed elements.
+    Indices may start at any dim; without ``accumulate`` a repeated index keeps one of its values (as
+    eager on CUDA; the C++ kernels keep the last). Refused (ATen's in-place op runs): a non-contiguous or
+    offset input, mask indices, values or indices that read the input (the stores would race the reads)."""
+    inputs = {b.name for b in ctx.inputs}
+    if not (isinstance(x, Strided) and x.buffer in inputs and x.offset == 0
+            and tuple(x.stride) == tuple(contiguous_strides(x.shape))):
+        raise NotLowered("index_put_ on a value that is not a contiguous graph input")
+    idx_pos = [k for k, t in enumerate(indices) if t is not None]
+    if not idx_pos or any(indices[k].dtype in (torch.bool, torch.uint8) for k in idx_pos):  # type: ignore[union-attr]
+        raise NotLowered("index_put_ with a boolean mask or no index")
+    if idx_pos != list(range(idx_pos[0], idx_pos[-1] + 1)):
+        raise NotLowered("index_put_ with indices at dims that are not adjacent")
+    shapes = [tuple(indices[k].shape) for k in idx_pos]  # type: ignore[union-attr]
+    if not all(isinstance(n, sympy.Integer) for sh in shapes for n in sh) and any(sh != shapes[0] for sh in shapes):
+        raise NotLowered("index_put_ with symbolic index shapes that broadcast")
+    b_shape: tuple = shapes[0] if all(sh == shapes[0] for sh in shapes) else tuple(
+        sympy.Integer(n) for n in torch.broadcast_shapes(*(tuple(int(n) for n in sh) for sh in shapes)))
+    k0, k1 = idx_pos[0], idx_pos[-1] + 1
+    src_shape = tuple(x.shape[:k0]) + tuple(b_shape) + tuple(x.shape[k1:])
+    iv = list(index_vars("i", len(src_shape)))
+    rv = list(index_vars("r", len(src_shape)))
+    bvars = iv[k0:k0 + len(b_shape)]
+    dest: list = rv[:k0] + [_to_r(broadcast_at(indices[k], bvars), len(iv)) for k in idx_pos]  # type: ignore[arg-type]
+    dest += rv[k0 + len(b_shape):]
+    value = _to_r(broadcast_at(values, iv, out_dtype(node)), len(iv))
+    if any(ld.buffer == x.buffer for e in (value, *(d for d in dest if not isinstance(d, sympy.Expr)))
+           for ld in reads(e)):
+        raise NotLowered("index_put_ whose values or indices read the tensor it writes")
+    return _scatter_node(ctx, node, x, src_shape, dest, value, "add" if accumulate else "store")
+
+
+RULES["aten.index_put_.default"] = _index_put_inplace

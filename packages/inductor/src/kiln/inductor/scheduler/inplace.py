@@ -31,6 +31,7 @@ from ..ir import (
     Kernel,
     KernelGroup,
     Layout,
+    Load,
     LoopProgram,
     ModIndex,
     ScheduledProgram,
@@ -117,6 +118,62 @@ def plan_inplace_updates(s: ScheduledProgram, mutations: Sequence[tuple[int, int
         steps[k] = Step(allocs, replace(work, inplace=(*work.inplace, (out, inp))), steps[k].free)
         taken.add(inp)
     return ScheduledProgram(p, tuple(steps)) if taken else s
+
+
+def plan_inplace_scatters(s: ScheduledProgram, mutations: Sequence[tuple[int, int]]) -> ScheduledProgram:
+    """``s`` with each mutated input that a scatter over itself computes (an in-place ``index_put_``: a KV
+    cache's new positions, lowering/indexing.py) written in place: the output takes the input's memory and
+    the kernel keeps only its scatter, so the elements it does not index are neither copied nor touched.
+    Both backends (the scatter reads nothing it writes: the lowering refused values or indices reading the
+    input). Same conditions as ``plan_inplace_updates`` otherwise: the input's layout, nothing after the
+    kernel reads the input, and the input itself is not a graph output."""
+    p = s.program
+    assert isinstance(p, LoopProgram)
+    if not mutations:
+        return s
+    layouts = p.layouts()
+    by_position = {b.position: b.name for b in p.inputs}
+    returned = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
+    steps = list(s.steps)
+    changed = False
+    for out_pos, in_pos in mutations:
+        if out_pos >= len(p.outputs) or in_pos not in by_position:
+            continue
+        ref, inp = p.outputs[out_pos], by_position[in_pos]
+        if not isinstance(ref, TensorRef) or inp in returned:
+            continue
+        out = ref.buffer
+        lay_o, lay_i = layouts[out], layouts[inp]
+        # (not the device field: a kernel output's is not always the program's, _same_memory_layout)
+        if (tuple(ref.shape), tuple(ref.stride), ref.offset) != (lay_o.shape, lay_o.stride, lay_o.offset) \
+                or (lay_o.shape, lay_o.stride, lay_o.offset, lay_o.dtype) != (lay_i.shape, lay_i.stride, lay_i.offset,
+                                                                          lay_i.dtype):
+            continue
+        k = next((j for j, st in enumerate(steps) if isinstance(st.work, Kernel) and out in st.work.outputs), None)
+        if k is None:
+            continue
+        work = steps[k].work
+        assert isinstance(work, Kernel)
+        if len(work.nodes) != 2 or work.outputs != (out,):
+            continue
+        init, sc = work.nodes
+        base = init.body
+        if sc.kind != "scatter" or init.kind != "pointwise" or not (
+                isinstance(base, Load) and base.buffer == inp and not base.indirect
+                and sympy.expand(base.index - init.store_index) == 0):
+            continue
+        if any(ld.buffer == inp for e in (sc.body, *sc.store_indirect) for ld in reads(e)):
+            continue
+        if any(inp in _buffers_used(st.work) for st in steps[k + 1:]):
+            continue
+        allocs = tuple(Allocation(a.buffer, a.layout, inp) if a.buffer == out else a for a in steps[k].allocate)
+        if not any(a.buffer == out and a.reuse == inp for a in allocs):
+            continue
+        inputs = tuple(dict.fromkeys(ld.buffer for e in (sc.body, *sc.store_indirect) for ld in reads(e)))
+        scatter_only = replace(work, nodes=(sc,), inputs=inputs, inplace=(*work.inplace, (out, inp)))
+        steps[k] = Step(allocs, scatter_only, steps[k].free)
+        changed = True
+    return ScheduledProgram(p, tuple(steps)) if changed else s
 
 
 def _same_memory_layout(a: Layout, b: Layout) -> bool:

@@ -54,7 +54,9 @@ class CppKernelWriter:
         # an input overwritten in place is read through its output's pointer (one restrict pointer per
         # memory); stores of such a kernel wait until every load of the loop point is done
         self.over = {i: o for o, i in k.inplace}
-        self.deferred: list[str] | None = [] if k.inplace else None
+        # a scatter written in place over its base (plan_inplace_scatters) reads nothing it writes
+        scatter_only = len(k.nodes) == 1 and k.nodes[0].kind == "scatter"
+        self.deferred: list[str] | None = [] if k.inplace and not scatter_only else None
 
     def ptr(self, buffer: str) -> str:
         return f"p_{self.over.get(buffer, buffer)}"
@@ -146,7 +148,8 @@ class CppKernelWriter:
 
     def write(self) -> str:
         k = self.k
-        if k.inplace and (k.inner or any(kn.kind != "pointwise" for kn in k.nodes)):
+        scatter_only = len(k.nodes) == 1 and k.nodes[0].kind == "scatter"
+        if k.inplace and not scatter_only and (k.inner or any(kn.kind != "pointwise" for kn in k.nodes)):
             raise ValueError(f"{k.name}: in-place outputs are planned for pointwise kernels only")
         self.lines.append(self.signature() + " {")
         total = product(list(k.outer) + list(k.inner))
@@ -260,13 +263,15 @@ class CppKernelWriter:
         _Tiled.rows(self, parallel)
 
     def _scatter(self, parallel: str | None) -> None:
-        """Copy the base in parallel, then scatter sequentially (deterministic: last write wins)."""
-        init, sc = self.k.nodes
+        """Copy the base in parallel, then scatter sequentially (deterministic: last write wins). A scatter
+        written in place over its base (scheduler/inplace.py: plan_inplace_scatters) has no copy."""
         k = self.k
-        outer_k = Kernel(k.name, k.outer, (), (init,), k.inputs, k.outputs)
-        saved, self.k = self.k, outer_k
-        self._pointwise(None if parallel is None else self.parallel_clause(product(list(k.outer))))
-        self.k = saved
+        sc = k.nodes[-1]
+        if len(k.nodes) == 2:
+            outer_k = Kernel(k.name, k.outer, (), (k.nodes[0],), k.inputs, k.outputs)
+            saved, self.k = self.k, outer_k
+            self._pointwise(None if parallel is None else self.parallel_clause(product(list(k.outer))))
+            self.k = saved
         self.locals = {}
         indent = self.loops(k.inner, "r", "  ", None)
         em = self.emitter(indent)

@@ -506,8 +506,10 @@ def split_scatter(k: Kernel) -> list[Kernel]:
                                  store_indirect=tuple(substitute_index(e, ren) for e in n.store_indirect),
                                  stage=0) for n in scat]
     inputs = tuple(dict.fromkeys(ld.buffer for n in moved for e in (n.body, *n.store_indirect) for ld in reads(e)))
-    return [dataclasses.replace(k, name=f"{k.name}_init", inner=(), nodes=tuple(init)),
-            Kernel(f"{k.name}_scatter", k.inner, (), tuple(moved), inputs, k.outputs)]
+    scatter = Kernel(f"{k.name}_scatter", k.inner, (), tuple(moved), inputs, k.outputs)
+    if not init:  # written in place over its base (scheduler/inplace.py: plan_inplace_scatters)
+        return [scatter]
+    return [dataclasses.replace(k, name=f"{k.name}_init", inner=(), nodes=tuple(init)), scatter]
 
 
 def generate_kernels(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG,

@@ -1,0 +1,86 @@
+"""A KV cache written with ``index_copy_`` (HF's StaticCache, a decode step) runs as one generated kernel that
+stores the new positions straight into the caller's cache: no copy of the cache, no ATen ``index_put_``, the
+new values computed inside the same kernel. Checked over many calls with fresh positions and values
+against eager (the caller's cache equal to eager's after every call), on the C++ backend and on the Triton
+path (interpreter); a position out of range raises as eager does (C++)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kiln
+from kiln.graph import EVENTS, StageText
+
+
+class Cache(nn.Module):
+    def __init__(self, length: int = 16) -> None:
+        super().__init__()
+        self.register_buffer("k", torch.zeros(1, 4, length, 8))
+        self.register_buffer("v", torch.zeros(1, 4, length, 8))
+
+    def forward(self, kv: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        self.k.index_copy_(2, pos, kv * 2)
+        self.v.index_copy_(2, pos, kv.sin())
+        return F.scaled_dot_product_attention(kv, self.k, self.v)
+
+
+@contextmanager
+def generated_code() -> Iterator[list[str]]:
+    texts: list[str] = []
+
+    def on_event(e: object) -> None:
+        if isinstance(e, StageText) and e.stage == "output_code":
+            texts.append(e.text)
+    EVENTS.subscribe(on_event, texts=True)
+    try:
+        yield texts
+    finally:
+        EVENTS.unsubscribe(on_event)
+
+
+TRITON = pytest.param({"cpu_backend": "triton"}, id="triton", marks=pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton path on CPU tensors needs TRITON_INTERPRET=1"))
+
+
+@pytest.mark.parametrize("options", [pytest.param({}, id="cpp"), TRITON])
+def test_cache_positions_are_stored_in_place_by_one_kernel(options):
+    kiln.reset()
+    torch.manual_seed(0)
+    model, ref = Cache(), Cache()
+    compiled = kiln.compile(model, options=options)
+    with generated_code() as texts:
+        for p in torch.randperm(16)[:10].tolist():  # fresh positions and values every call
+            kv, pos = torch.randn(1, 4, 1, 8), torch.tensor([p])
+            torch.testing.assert_close(compiled(kv, pos), ref(kv, pos))
+            torch.testing.assert_close(model.k, ref.k)
+            torch.testing.assert_close(model.v, ref.v)
+    (code,) = texts
+    assert "index_put_.default" not in code  # no ATen fallback
+    assert "_init(" not in code and "_init =" not in code  # (Triton: a scatter's copy of its base is a launch, ``k*_init``)
+    assert code.count("# reuse: ") >= 2, code  # both caches' new values bound to the caller's tensors
+
+
+def test_a_position_out_of_range_raises_and_writes_nothing_outside_the_cache():
+    """Eager checks before it writes; a kernel finds the bad index while it stores, so the failed call may
+    have written its values at position 0 (never outside the tensor); every other position is as it was."""
+    kiln.reset()
+    model, ref = Cache(12), Cache(12)  # (another graph than the test above: its generated code is not cached)
+    compiled = kiln.compile(model)
+    kv = torch.randn(1, 4, 1, 8)
+    compiled(kv, torch.tensor([3]))
+    ref(kv, torch.tensor([3]))
+    with pytest.raises(IndexError):
+        ref(kv, torch.tensor([12]))
+    with pytest.raises(IndexError, match="index 12 is out of bounds"):
+        compiled(kv, torch.tensor([12]))
+    torch.testing.assert_close(model.k[:, :, 1:], ref.k[:, :, 1:])  # (an out-of-range store goes to row 0)
+    compiled(kv, torch.tensor([5]))
+    ref(kv, torch.tensor([5]))
+    torch.testing.assert_close(model.k[:, :, 1:], ref.k[:, :, 1:])
