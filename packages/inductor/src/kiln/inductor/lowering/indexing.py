@@ -12,6 +12,8 @@ import sympy
 import torch
 from torch import fx
 
+from kiln.graph import annotations_of
+
 from ..ir import (
     Constant,
     Expr,
@@ -357,6 +359,8 @@ def _index_put_inplace(ctx: LoweringContext, node: fx.Node, x: TensorValue, indi
     Indices may start at any dim; without ``accumulate`` a repeated index keeps one of its values (as
     eager on CUDA; the C++ kernels keep the last). Refused (ATen's in-place op runs): a non-contiguous or
     offset input, mask indices, values or indices that read the input (the stores would race the reads)."""
+    if not _new_value_of_its_input(node):
+        raise NotLowered("index_put_ that is not a graph input's new value (its in-place write stays ATen's)")
     inputs = {b.name for b in ctx.inputs}
     if not (isinstance(x, Strided) and x.buffer in inputs and x.offset == 0
             and tuple(x.stride) == tuple(contiguous_strides(x.shape))):
@@ -383,6 +387,23 @@ def _index_put_inplace(ctx: LoweringContext, node: fx.Node, x: TensorValue, indi
            for ld in reads(e)):
         raise NotLowered("index_put_ whose values or indices read the tensor it writes")
     return _scatter_node(ctx, node, x, src_shape, dest, value, "add" if accumulate else "store")
+
+
+def _new_value_of_its_input(node: fx.Node) -> bool:
+    """Whether ``node`` (an ``index_put_``) is what graph_passes/reinplace.py makes: the new value of the
+    graph input it writes, returned as that input's mutation (``GraphAnnotations.input_mutations``), the
+    input read by nothing else. Then the scatter may compute it as a value (written in place by
+    ``plan_inplace_scatters``); any other in-place write (a graph traced with one, read again after it)
+    stays ATen's, whose write the later reads see."""
+    target = node.args[0]
+    gm = node.graph.owning_module
+    if not isinstance(target, fx.Node) or target.op != "placeholder" or len(target.users) != 1 or gm is None:
+        return False
+    placeholders = [n for n in node.graph.nodes if n.op == "placeholder"]
+    result = node.graph.output_node().args[0]
+    outs = result if isinstance(result, (tuple, list)) else (result,)
+    return any(o < len(outs) and outs[o] is node and i < len(placeholders) and placeholders[i] is target
+               for o, i in annotations_of(gm).input_mutations)
 
 
 RULES["aten.index_put_.default"] = _index_put_inplace
