@@ -19,7 +19,7 @@ memory and copies nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import sympy
@@ -81,61 +81,18 @@ def _eligible_kernel(k: Kernel, out: str) -> bool:
             and all(kn.kind == "pointwise" for kn in k.nodes))
 
 
-def plan_inplace_updates(s: ScheduledProgram, mutations: Sequence[tuple[int, int]]) -> ScheduledProgram:
-    """``s`` with each eligible mutated-input output written over its input (see the module doc)."""
+def _mutation_sites(s: ScheduledProgram, mutations: Sequence[tuple[int, int]],
+                    steps: list[Step]) -> Iterator[tuple[str, str, int, Kernel]]:
+    """(output, input, step, kernel) for each mutated input whose new value is a graph output that one
+    kernel of ``steps`` computes in exactly the input's layout (shape, strides, offset, dtype: not the
+    device field, which a kernel output's does not always carry), the input not returned itself, nothing
+    after that kernel reading the input, and the kernel's allocation of the output free to take the
+    input's memory. ``steps`` is the caller's list, which it may change between sites."""
     p = s.program
     assert isinstance(p, LoopProgram)
-    if not mutations:
-        return s
     layouts = p.layouts()
     by_position = {b.position: b.name for b in p.inputs}
     returned = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
-    steps = list(s.steps)
-    taken: set[str] = set()
-    for out_pos, in_pos in mutations:
-        if out_pos >= len(p.outputs) or in_pos not in by_position:
-            continue
-        ref, inp = p.outputs[out_pos], by_position[in_pos]
-        if not isinstance(ref, TensorRef) or inp in returned or inp in taken:
-            continue
-        out = ref.buffer
-        lay_o, lay_i = layouts[out], layouts[inp]
-        if (tuple(ref.shape), tuple(ref.stride), ref.offset) != (lay_o.shape, lay_o.stride, lay_o.offset) \
-                or lay_o != lay_i:
-            continue
-        k = next((j for j, st in enumerate(steps) if isinstance(st.work, Kernel) and out in st.work.outputs), None)
-        if k is None:
-            continue
-        work = steps[k].work
-        assert isinstance(work, Kernel)
-        if not _eligible_kernel(work, out) or not _reads_only_at(work, inp, out):
-            continue
-        if any(inp in _buffers_used(st.work) for st in steps[k + 1:]):
-            continue
-        allocs = tuple(Allocation(a.buffer, a.layout, inp) if a.buffer == out else a for a in steps[k].allocate)
-        if not any(a.buffer == out and a.reuse == inp for a in allocs):
-            continue
-        steps[k] = Step(allocs, replace(work, inplace=(*work.inplace, (out, inp))), steps[k].free)
-        taken.add(inp)
-    return ScheduledProgram(p, tuple(steps)) if taken else s
-
-
-def plan_inplace_scatters(s: ScheduledProgram, mutations: Sequence[tuple[int, int]]) -> ScheduledProgram:
-    """``s`` with each mutated input that a scatter over itself computes (an in-place ``index_put_``: a KV
-    cache's new positions, lowering/indexing.py) written in place: the output takes the input's memory and
-    the kernel keeps only its scatter, so the elements it does not index are neither copied nor touched.
-    Both backends (the scatter reads nothing it writes: the lowering refused values or indices reading the
-    input). Same conditions as ``plan_inplace_updates`` otherwise: the input's layout, nothing after the
-    kernel reads the input, and the input itself is not a graph output."""
-    p = s.program
-    assert isinstance(p, LoopProgram)
-    if not mutations:
-        return s
-    layouts = p.layouts()
-    by_position = {b.position: b.name for b in p.inputs}
-    returned = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
-    steps = list(s.steps)
-    changed = False
     for out_pos, in_pos in mutations:
         if out_pos >= len(p.outputs) or in_pos not in by_position:
             continue
@@ -144,16 +101,46 @@ def plan_inplace_scatters(s: ScheduledProgram, mutations: Sequence[tuple[int, in
             continue
         out = ref.buffer
         lay_o, lay_i = layouts[out], layouts[inp]
-        # (not the device field: a kernel output's is not always the program's, _same_memory_layout)
         if (tuple(ref.shape), tuple(ref.stride), ref.offset) != (lay_o.shape, lay_o.stride, lay_o.offset) \
-                or (lay_o.shape, lay_o.stride, lay_o.offset, lay_o.dtype) != (lay_i.shape, lay_i.stride, lay_i.offset,
-                                                                          lay_i.dtype):
+                or (lay_o.shape, lay_o.stride, lay_o.offset, lay_o.dtype) != (lay_i.shape, lay_i.stride,
+                                                                          lay_i.offset, lay_i.dtype):
             continue
         k = next((j for j, st in enumerate(steps) if isinstance(st.work, Kernel) and out in st.work.outputs), None)
-        if k is None:
+        if k is None or any(inp in _buffers_used(st.work) for st in steps[k + 1:]):
             continue
-        work = steps[k].work
-        assert isinstance(work, Kernel)
+        if any(a.buffer == out for a in steps[k].allocate):
+            work = steps[k].work
+            assert isinstance(work, Kernel)
+            yield out, inp, k, work
+
+
+def _written_over(step: Step, work: Kernel, out: str, inp: str) -> Step:
+    """``step`` running ``work`` with ``out`` allocated over ``inp``'s memory."""
+    allocs = tuple(Allocation(a.buffer, a.layout, inp) if a.buffer == out else a for a in step.allocate)
+    return Step(allocs, replace(work, inplace=(*work.inplace, (out, inp))), step.free)
+
+
+def plan_inplace_updates(s: ScheduledProgram, mutations: Sequence[tuple[int, int]]) -> ScheduledProgram:
+    """``s`` with each eligible mutated-input output written over its input (see the module doc)."""
+    steps = list(s.steps)
+    taken: set[str] = set()
+    for out, inp, k, work in _mutation_sites(s, mutations, steps):
+        if inp in taken or not _eligible_kernel(work, out) or not _reads_only_at(work, inp, out):
+            continue
+        steps[k] = _written_over(steps[k], work, out, inp)
+        taken.add(inp)
+    return ScheduledProgram(s.program, tuple(steps)) if taken else s
+
+
+def plan_inplace_scatters(s: ScheduledProgram, mutations: Sequence[tuple[int, int]]) -> ScheduledProgram:
+    """``s`` with each mutated input that a scatter over itself computes (an in-place ``index_put_``: a KV
+    cache's new positions, lowering/indexing.py) written in place: the output takes the input's memory and
+    the kernel keeps only its scatter, so the elements it does not index are neither copied nor touched.
+    Both backends (the scatter reads nothing it writes: the lowering refused values or indices reading the
+    input); otherwise the conditions of ``plan_inplace_updates`` (``_mutation_sites``)."""
+    steps = list(s.steps)
+    changed = False
+    for out, inp, k, work in _mutation_sites(s, mutations, steps):
         if len(work.nodes) != 2 or work.outputs != (out,):
             continue
         init, sc = work.nodes
@@ -164,16 +151,10 @@ def plan_inplace_scatters(s: ScheduledProgram, mutations: Sequence[tuple[int, in
             continue
         if any(ld.buffer == inp for e in (sc.body, *sc.store_indirect) for ld in reads(e)):
             continue
-        if any(inp in _buffers_used(st.work) for st in steps[k + 1:]):
-            continue
-        allocs = tuple(Allocation(a.buffer, a.layout, inp) if a.buffer == out else a for a in steps[k].allocate)
-        if not any(a.buffer == out and a.reuse == inp for a in allocs):
-            continue
         inputs = tuple(dict.fromkeys(ld.buffer for e in (sc.body, *sc.store_indirect) for ld in reads(e)))
-        scatter_only = replace(work, nodes=(sc,), inputs=inputs, inplace=(*work.inplace, (out, inp)))
-        steps[k] = Step(allocs, scatter_only, steps[k].free)
+        steps[k] = _written_over(steps[k], replace(work, nodes=(sc,), inputs=inputs), out, inp)
         changed = True
-    return ScheduledProgram(p, tuple(steps)) if changed else s
+    return ScheduledProgram(s.program, tuple(steps)) if changed else s
 
 
 def _same_memory_layout(a: Layout, b: Layout) -> bool:
