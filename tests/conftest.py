@@ -3,6 +3,8 @@ them entries from other runs (or from the user's own ~/.cache/kiln)."""
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -25,3 +27,25 @@ def run_ranks():
     """``run_ranks(rank_fn, *args, world=2, timeout=240)``: rank_fn on spawned gloo ranks
     (distributed_helpers.py); the results by rank."""
     return _load_distributed_helpers().run_ranks
+
+
+@contextmanager
+def _stage_texts(stage: str) -> Iterator[list]:
+    from kiln.graph import EVENTS, StageText
+    got: list = []
+
+    def keep(event: object) -> None:
+        if isinstance(event, StageText) and event.stage == stage:
+            got.append(event)
+    EVENTS.subscribe(keep, texts=True)
+    try:
+        yield got
+    finally:
+        EVENTS.unsubscribe(keep)
+
+
+@pytest.fixture
+def stage_texts():
+    """``with stage_texts("output_code") as texts:`` the StageText events (``graph_id``, ``stage``,
+    ``text``) of that stage kiln emits inside the block: the generated code of the graphs it compiled."""
+    return _stage_texts

@@ -647,12 +647,10 @@ def test_gpt2_like_peak_memory_is_the_python_wrappers() -> None:
     assert cpp < py + logits / 2, (cpp, py)
 
 
-def test_updates_in_place_pass_bare_pointers() -> None:
+def test_updates_in_place_pass_bare_pointers(stage_texts) -> None:
     """An optimizer-style step (in-place updates of many tensors by grouped kernels): the C++ wrapper hands the
     kernels the inputs' data pointers, with no at::Tensor per input (an Adam step over 32 tensors wrapped all 160,
     twice the Python wrapper's host time), and the updates land in the caller's tensors on every call."""
-    from kiln.graph import StageText
-
     torch.manual_seed(0)
     params = [torch.randn(16) for _ in range(12)]
     moments = [torch.zeros(16) for _ in range(12)]
@@ -664,24 +662,15 @@ def test_updates_in_place_pass_bare_pointers() -> None:
 
     ref_params, ref_moments = [p.clone() for p in params], [m.clone() for m in moments]
     compiled = kiln.compile(step, options=CPP)
-    texts: list[str] = []
-
-    def keep(event: object) -> None:
-        if isinstance(event, StageText) and event.stage == "cpp_wrapper":
-            texts.append(event.text)
-    EVENTS.subscribe(keep, texts=True)
-    try:
-        with Wrappers() as w, torch.no_grad():
-            for _ in range(3):
-                grads = [torch.randn(16) for _ in range(12)]
-                compiled(params, moments, grads)
-                step(ref_params, ref_moments, grads)
-                torch.testing.assert_close(params, ref_params)
-                torch.testing.assert_close(moments, ref_moments)
-    finally:
-        EVENTS.unsubscribe(keep)
+    with stage_texts("cpp_wrapper") as texts, Wrappers() as w, torch.no_grad():
+        for _ in range(3):
+            grads = [torch.randn(16) for _ in range(12)]
+            compiled(params, moments, grads)
+            step(ref_params, ref_moments, grads)
+            torch.testing.assert_close(params, ref_params)
+            torch.testing.assert_close(moments, ref_moments)
     assert w.graphs == [True] and len(texts) == 1
-    body = texts[0].split("static void run_graph", 1)[1].split("KILN_EXPORT", 1)[0]
+    body = texts[0].text.split("static void run_graph", 1)[1].split("KILN_EXPORT", 1)[0]
     assert "kiln_rt::wrap(" not in body, body[:2000]
     assert body.count("void* const arg") == 36
 

@@ -15,7 +15,6 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.graph import EVENTS, StageText
 
 torch.manual_seed(0)
 
@@ -48,29 +47,17 @@ PATTERNS = {
 }
 
 
-def _generated(ids: list[str]):
-    def on_event(e: object) -> None:
-        if isinstance(e, StageText) and e.stage == "output_code":
-            ids.append(e.graph_id)
-    return on_event
-
-
 @pytest.mark.parametrize("options", [CPP, TRITON])
 @pytest.mark.parametrize("name", sorted(PATTERNS))
-def test_size_pattern_compiles_at_most_twice(name, options):
+def test_size_pattern_compiles_at_most_twice(name, options, stage_texts):
     fn, make = PATTERNS[name]
     kiln.reset()
     kiln.stats_reset()
     cf = kiln.compile(fn, options=options)
-    ids: list[str] = []
-    listener = _generated(ids)
-    EVENTS.subscribe(listener, texts=True)
-    try:
+    with stage_texts("output_code") as ids:
         for n in SIZES:
             x = make(n)
             torch.testing.assert_close(cf(x), fn(x), atol=1e-5, rtol=1e-5, msg=lambda m, n=n: f"size {n}: {m}")
-    finally:
-        EVENTS.unsubscribe(listener)
     s = kiln.stats()
     assert s.graphs_compiled <= 2 and s.recompiles <= 1, s
     assert (s.graphs_run_eagerly, s.frames_run_eagerly) == (0, 0), s

@@ -7,8 +7,6 @@ path (interpreter); a position out of range raises as eager does (C++)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import pytest
 import torch
@@ -16,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import kiln
-from kiln.graph import EVENTS, StageText
 
 
 class Cache(nn.Module):
@@ -31,37 +28,23 @@ class Cache(nn.Module):
         return F.scaled_dot_product_attention(kv, self.k, self.v)
 
 
-@contextmanager
-def generated_code() -> Iterator[list[str]]:
-    texts: list[str] = []
-
-    def on_event(e: object) -> None:
-        if isinstance(e, StageText) and e.stage == "output_code":
-            texts.append(e.text)
-    EVENTS.subscribe(on_event, texts=True)
-    try:
-        yield texts
-    finally:
-        EVENTS.unsubscribe(on_event)
-
-
 TRITON = pytest.param({"cpu_backend": "triton"}, id="triton", marks=pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton path on CPU tensors needs TRITON_INTERPRET=1"))
 
 
 @pytest.mark.parametrize("options", [pytest.param({}, id="cpp"), TRITON])
-def test_cache_positions_are_stored_in_place_by_one_kernel(options):
+def test_cache_positions_are_stored_in_place_by_one_kernel(options, stage_texts):
     kiln.reset()
     torch.manual_seed(0)
     model, ref = Cache(), Cache()
     compiled = kiln.compile(model, options=options)
-    with generated_code() as texts:
+    with stage_texts("output_code") as texts:
         for p in torch.randperm(16)[:10].tolist():  # fresh positions and values every call
             kv, pos = torch.randn(1, 4, 1, 8), torch.tensor([p])
             torch.testing.assert_close(compiled(kv, pos), ref(kv, pos))
             torch.testing.assert_close(model.k, ref.k)
             torch.testing.assert_close(model.v, ref.v)
-    (code,) = texts
+    (code,) = (t.text for t in texts)
     assert "index_put_.default" not in code  # no ATen fallback
     assert "_init(" not in code and "_init =" not in code  # (Triton: a scatter's copy of its base is a launch, ``k*_init``)
     assert code.count("# reuse: ") >= 2, code  # both caches' new values bound to the caller's tensors
