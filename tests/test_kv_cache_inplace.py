@@ -67,3 +67,22 @@ def test_a_position_out_of_range_raises_and_writes_nothing_outside_the_cache():
     compiled(kv, torch.tensor([5]))
     ref(kv, torch.tensor([5]))
     torch.testing.assert_close(model.k[:, :, 1:], ref.k[:, :, 1:])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_cache_positions_are_stored_in_place_on_the_gpu(mode, stage_texts):
+    """The same on CUDA tensors (Triton), in default mode and under CUDA graphs (the cache an input the
+    graph writes: recorded at the caller's own address)."""
+    kiln.reset()
+    torch.manual_seed(0)
+    model, ref = Cache().cuda(), Cache().cuda()
+    compiled = kiln.compile(model, mode=mode)
+    with stage_texts("output_code") as texts:
+        for p in torch.randperm(16)[:10].tolist():
+            kv, pos = torch.randn(1, 4, 1, 8, device="cuda"), torch.tensor([p], device="cuda")
+            torch.testing.assert_close(compiled(kv, pos), ref(kv, pos))
+            torch.testing.assert_close(model.k, ref.k)
+            torch.testing.assert_close(model.v, ref.v)
+    assert texts and all("index_put_.default" not in t.text for t in texts)
