@@ -47,7 +47,7 @@ AFTER_CAPTURE_ONLY = [
     "tests/test_distributed_shared_compile.py", "tests/test_distributed_tp.py",
     "tests/test_dynamic_aot.py", "tests/test_warm_start.py", "tests/test_report.py",
     "tests/test_dynamic_opdb.py", "tests/test_dynamic_size_patterns.py", "tests/test_dynamic_symfloat.py",
-    "tests/test_dynamic_size_one.py", "tests/test_rules.py",
+    "tests/test_dynamic_size_one.py", "tests/test_rules.py", "tests/test_native_guards_capture_suite.py",
 ]
 
 
