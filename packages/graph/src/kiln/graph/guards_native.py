@@ -6,7 +6,8 @@ Why: a compiled call checks its entry's guards first, and in Python that costs a
 (kiln.runtime's ``native_guards.cpp``) runs the same reads and checks as one C loop: reads of source
 chains (``L['self']._modules['fc'].weight``, ``.get(<source>)``) each made once, at the first check that
 needs it; ID/TYPE/EQUALS/LENGTH/DICT_KEYS/IS_NONE/NOT_NONE and TENSOR_MATCH checks with their Python
-meaning (a tensor of an unusual type or with symbolic sizes goes to the Python ``tensor_ok``).
+meaning; a tensor of an unusual type (a subclass, a non-tensor) or with symbolic sizes makes the native
+check answer None, and that call is checked by the Python check of the whole set.
 
 The guards it does not take (GLOBAL_STATE, size symbols and relations, a source that is not a chain of
 attributes and subscripts) stay with the Python check (``guards_codegen``/``guards_plan``), which runs
@@ -24,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .guards_plan import PLAIN_TENSOR_TYPES, resolve_type, tensor_ok
+from .guards_plan import PLAIN_TENSOR_TYPES, resolve_type
 
 Check = Callable[[Mapping[str, Any], Mapping[str, Any]], Any]
 
@@ -169,14 +170,8 @@ class _Program:
         dtype, device, shape, stride, rg = expected
         dt = getattr(torch, str(dtype).removeprefix("torch."))
         dev = torch.device(device)
-        fallback = _tensor_fallback(dt, dev, tuple(shape), tuple(stride), bool(rg))
         return (_scalar_type(self.native, dt), _device_type(self.native, dev.type),
-                -1 if dev.index is None else dev.index, tuple(shape), tuple(stride), bool(rg), fallback)
-
-
-def _tensor_fallback(dt: torch.dtype, dev: torch.device, shape: tuple, stride: tuple,
-                     rg: bool) -> Callable[[object], bool]:
-    return lambda v: tensor_ok(v, dt, dev, shape, stride, rg)
+                -1 if dev.index is None else dev.index, tuple(shape), tuple(stride), bool(rg))
 
 
 _SCALAR_TYPES: dict[torch.dtype, int] = {}
@@ -243,12 +238,18 @@ def native_check(guards: Sequence[Any], python_check: Callable[[tuple], Check]) 
     if not program.checks:
         return None
     run = native.Program(program.nodes, program.checks)
-    if not rest:
-        return run
-    python = python_check(tuple(guards[i] for i in sorted(rest)))
+    python = python_check(tuple(guards[i] for i in sorted(rest))) if rest else None
+    whole: list[Check] = []  # the Python check of every guard, made when a call first needs it
 
     def check(L: Mapping[str, Any], G: Mapping[str, Any]) -> bool:
-        return python(L, G) and run(L, G)
+        if python is not None and not python(L, G):
+            return False
+        answer = run(L, G)
+        if answer is None:  # a value the native loop leaves to Python (a tensor subclass, symbolic sizes)
+            if not whole:
+                whole.append(python_check(tuple(guards)))
+            return bool(whole[0](L, G))
+        return answer
     check.__kiln_native__ = (len(program.checks), len(rest))  # type: ignore[attr-defined]
     return check
 

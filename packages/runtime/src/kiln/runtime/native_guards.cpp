@@ -7,7 +7,8 @@
 // Calling it with (L, G) reads each node at most once, when a check first needs it, and answers True or
 // False. Every check means exactly what its Python form in kiln.graph does (guards_codegen, guards_plan);
 // a read that raises an Exception fails the check, as there. A tensor of a type other than torch.Tensor,
-// nn.Parameter and nn.Buffer, or one with symbolic sizes, is checked by the Python function given for it.
+// nn.Parameter and nn.Buffer, or one with symbolic sizes, ends the call with None: the caller checks that
+// call in Python (no Python code runs inside this loop but the reads' own).
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
@@ -37,8 +38,9 @@ struct TensorWant {
   int device_index;  // -1: any index of device_type
   bool requires_grad;
   std::vector<int64_t> sizes, strides;  // kAny where free
-  PyObject* fallback;  // owned: fallback(value) -> bool, for tensors this file does not read
 };
+
+constexpr int kAskPython = 2;  // a check's answer: this value is for the Python check to judge
 
 struct Check {
   int kind;
@@ -175,18 +177,10 @@ int keys_equal(PyObject* v, PyObject* keys) {
   return r;
 }
 
-int call_fallback(PyObject* fallback, PyObject* v) {
-  PyObject* r = PyObject_CallOneArg(fallback, v);
-  if (r == nullptr) return -1;
-  int ok = PyObject_IsTrue(r);
-  Py_DECREF(r);
-  return ok;
-}
-
-// TENSOR_MATCH: 1, 0 or -1.
+// TENSOR_MATCH: 1, 0, -1, or kAskPython (a tensor subclass, a non-tensor, symbolic sizes).
 int tensor_matches(const TensorWant& w, PyObject* v) {
   PyTypeObject* t = Py_TYPE(v);
-  if (t != g_plain[0] && t != g_plain[1] && t != g_plain[2]) return call_fallback(w.fallback, v);
+  if (t != g_plain[0] && t != g_plain[1] && t != g_plain[2]) return kAskPython;
   c10::TensorImpl* impl;
   if (g_cdata_offset >= 0) {
     impl = *reinterpret_cast<c10::TensorImpl**>(reinterpret_cast<char*>(v) + g_cdata_offset);
@@ -197,7 +191,7 @@ int tensor_matches(const TensorWant& w, PyObject* v) {
     Py_DECREF(cdata);
   }
   if (impl == nullptr) return PyErr_Occurred() ? -1 : 0;
-  if (impl->has_symbolic_sizes_strides()) return call_fallback(w.fallback, v);
+  if (impl->has_symbolic_sizes_strides()) return kAskPython;
   if (static_cast<int>(impl->dtype().toScalarType()) != w.scalar_type) return 0;
   if (impl->requires_grad() != w.requires_grad) return 0;
   c10::Device dev = impl->device();
@@ -235,7 +229,7 @@ int run_check(Program* self, const Check& c, PyObject* v) {
       try {
         return tensor_matches((*self->tensors)[c.tensor], v);
       } catch (const std::exception& e) {  // sizes of a tensor kind c10 cannot give: let Python check it
-        return call_fallback((*self->tensors)[c.tensor].fallback, v);
+        return kAskPython;
       }
     default:
       PyErr_SetString(PyExc_AssertionError, "kiln native guards: unknown check kind");
@@ -261,12 +255,13 @@ PyObject* program_vectorcall(PyObject* callable, PyObject* const* args, size_t n
     PyObject* v = value(nodes, vals, c.node);
     ok = v == nullptr ? failed_read() : run_check(self, c, v);
     if (ok == -1) ok = failed_read();
-    if (ok != 1) break;
+    if (ok != 1) break;  // (kAskPython too: the rest is the Python check's)
   }
   for (size_t i = 2; i < nodes.size(); ++i) {
     if (nodes[i].op != OP_CONST) Py_XDECREF(vals[i]);
   }
   if (ok == -1) return nullptr;
+  if (ok == kAskPython) Py_RETURN_NONE;
   return PyBool_FromLong(ok);
 }
 
@@ -280,10 +275,7 @@ void program_dealloc(PyObject* obj) {
     for (Check& c : *self->checks) Py_XDECREF(c.arg);
     delete self->checks;
   }
-  if (self->tensors) {
-    for (TensorWant& w : *self->tensors) Py_XDECREF(w.fallback);
-    delete self->tensors;
-  }
+  delete self->tensors;
   Py_TYPE(obj)->tp_free(obj);
 }
 
@@ -384,11 +376,11 @@ PyObject* program_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
     } else if (kind == K_KEYS && !PyList_CheckExact(arg)) {
       PyErr_Format(PyExc_TypeError, "kiln native guards: check %zd's keys are not a list", i);
     } else if (kind == K_TENSOR) {
-      // (scalar type, device type, device index or -1, sizes, strides, requires_grad, fallback)
-      TensorWant w{0, 0, -1, false, {}, {}, nullptr};
+      // (scalar type, device type, device index or -1, sizes, strides, requires_grad)
+      TensorWant w{0, 0, -1, false, {}, {}};
       long long st, dt, di;
-      if (!PyTuple_Check(arg) || PyTuple_GET_SIZE(arg) != 7) {
-        PyErr_Format(PyExc_TypeError, "kiln native guards: check %zd's tensor is not a 7-tuple", i);
+      if (!PyTuple_Check(arg) || PyTuple_GET_SIZE(arg) != 6) {
+        PyErr_Format(PyExc_TypeError, "kiln native guards: check %zd's tensor is not a 6-tuple", i);
       } else if (int_item(arg, 0, &st) && int_item(arg, 1, &dt) && int_item(arg, 2, &di)
                  && dims(PyTuple_GET_ITEM(arg, 3), &w.sizes) && dims(PyTuple_GET_ITEM(arg, 4), &w.strides)) {
         if (w.sizes.size() != w.strides.size()) {
@@ -399,8 +391,6 @@ PyObject* program_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
           w.device_type = static_cast<int>(dt);
           w.device_index = static_cast<int>(di);
           w.requires_grad = PyObject_IsTrue(PyTuple_GET_ITEM(arg, 5)) == 1;
-          w.fallback = PyTuple_GET_ITEM(arg, 6);
-          Py_INCREF(w.fallback);
           c.tensor = static_cast<int>(self->tensors->size());
           self->tensors->push_back(w);
         }
