@@ -57,9 +57,9 @@ _TORCH_DISABLED_CODE = torch._disable_dynamo(lambda: None).__code__ if hasattr(t
 
 
 def dynamo_patched_original(fn: Any) -> Any | None:
-    """The torch.optim function under a ``torch._dynamo.disable`` that torch.compile's first use put there
-    for its own tracer (``TorchPatcher``: every optimizer class's ``_init_group``, the ``_fused_*``
-    functions), or None. That mark is a limit of dynamo's, not the user's wish: kiln traces the original,
+    """The torch.optim function under the never-compile mark (``_torchdynamo_disable``) that torch.compile's
+    first use put there for its own tracer (``TorchPatcher``: every optimizer class's ``_init_group``, the
+    ``_fused_*`` functions), or None. That mark is a limit of dynamo's, not the user's wish: kiln traces the original,
     as it does in a process where torch.compile never ran (an optimizer step compiled after torch.compile
     was used ran its whole step in Python, 408 us against 57)."""
     target = fn.__func__ if isinstance(fn, types.MethodType) else fn

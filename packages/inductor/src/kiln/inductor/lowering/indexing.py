@@ -319,31 +319,41 @@ RULES["aten.scatter_add.default"] = _scatter("add")
 RULES["aten.scatter_reduce.two"] = _scatter("store")
 
 
-def _index_put(ctx: LoweringContext, node: fx.Node, x: TensorValue, indices: Sequence[TensorValue | None],
-               values: TensorValue, accumulate: bool = False) -> TensorValue:
+def _index_put_scatter(node: fx.Node, x: TensorValue, indices: Sequence[TensorValue | None],
+                       values: TensorValue) -> tuple[int, tuple, list, Expr]:
+    """(first indexed dim, source shape, destination per dim, value) of an ``index_put`` whose tensor
+    indices sit at adjacent dims (the dims before and after them: slices ``:``), for ``_scatter_node``.
+    Raises NotLowered for mask indices, gaps between indexed dims, and symbolic index shapes that broadcast."""
     idx_pos = [k for k, t in enumerate(indices) if t is not None]
-    if any(indices[k].dtype in (torch.bool, torch.uint8) for k in idx_pos):  # type: ignore[union-attr]
-        raise NotLowered("boolean mask index_put")
-    if idx_pos != list(range(idx_pos[0], idx_pos[-1] + 1)) or idx_pos[0] != 0:
-        raise NotLowered("index_put with indices that do not start at dim 0")
-    if not accumulate:
-        raise NotLowered("index_put without accumulate (duplicate indices make the result order-dependent)")
+    if not idx_pos or any(indices[k].dtype in (torch.bool, torch.uint8) for k in idx_pos):  # type: ignore[union-attr]
+        raise NotLowered("index_put with a boolean mask or no index")
+    if idx_pos != list(range(idx_pos[0], idx_pos[-1] + 1)):
+        raise NotLowered("index_put with indices at dims that are not adjacent")
     shapes = [tuple(indices[k].shape) for k in idx_pos]  # type: ignore[union-attr]
-    if all(isinstance(s, sympy.Integer) for sh in shapes for s in sh):
-        b_shape: tuple = tuple(sympy.Integer(s) for s in torch.broadcast_shapes(*(tuple(int(s) for s in sh)
-                                                                                  for sh in shapes)))
-    elif all(sh == shapes[0] for sh in shapes):
-        b_shape = shapes[0]  # symbolic: indices of one shape need no broadcast
+    if all(sh == shapes[0] for sh in shapes):
+        b_shape: tuple = shapes[0]  # (symbolic too: indices of one shape need no broadcast)
+    elif all(isinstance(n, sympy.Integer) for sh in shapes for n in sh):
+        b_shape = tuple(sympy.Integer(n) for n in torch.broadcast_shapes(*(tuple(int(n) for n in sh)
+                                                                          for sh in shapes)))
     else:
         raise NotLowered("index_put with symbolic index shapes that broadcast")
-    rest = [x.shape[k] for k in range(len(idx_pos), len(x.shape))]
-    src_shape = tuple(b_shape) + tuple(rest)
+    k0, k1 = idx_pos[0], idx_pos[-1] + 1
+    src_shape = tuple(x.shape[:k0]) + tuple(b_shape) + tuple(x.shape[k1:])
     iv = list(index_vars("i", len(src_shape)))
-    bvars = iv[:len(b_shape)]
-    dest: list = [_to_r(broadcast_at(indices[k], bvars), len(iv)) for k in idx_pos]  # type: ignore[arg-type]
-    dest += list(index_vars("r", len(src_shape)))[len(b_shape):]
-    d = out_dtype(node)
-    value = _to_r(broadcast_at(values, iv, d), len(iv))
+    rv = list(index_vars("r", len(src_shape)))
+    bvars = iv[k0:k0 + len(b_shape)]
+    dest: list = rv[:k0] + [_to_r(broadcast_at(indices[k], bvars), len(iv)) for k in idx_pos]  # type: ignore[arg-type]
+    dest += rv[k0 + len(b_shape):]
+    return k0, src_shape, dest, _to_r(broadcast_at(values, iv, out_dtype(node)), len(iv))
+
+
+def _index_put(ctx: LoweringContext, node: fx.Node, x: TensorValue, indices: Sequence[TensorValue | None],
+               values: TensorValue, accumulate: bool = False) -> TensorValue:
+    if not accumulate:
+        raise NotLowered("index_put without accumulate (duplicate indices make the result order-dependent)")
+    k0, src_shape, dest, value = _index_put_scatter(node, x, indices, values)
+    if k0 != 0:
+        raise NotLowered("index_put with indices that do not start at dim 0")
     return _scatter_node(ctx, node, x, src_shape, dest, value, "add")
 
 
@@ -365,24 +375,7 @@ def _index_put_inplace(ctx: LoweringContext, node: fx.Node, x: TensorValue, indi
     if not (isinstance(x, Strided) and x.buffer in inputs and x.offset == 0
             and tuple(x.stride) == tuple(contiguous_strides(x.shape))):
         raise NotLowered("index_put_ on a value that is not a contiguous graph input")
-    idx_pos = [k for k, t in enumerate(indices) if t is not None]
-    if not idx_pos or any(indices[k].dtype in (torch.bool, torch.uint8) for k in idx_pos):  # type: ignore[union-attr]
-        raise NotLowered("index_put_ with a boolean mask or no index")
-    if idx_pos != list(range(idx_pos[0], idx_pos[-1] + 1)):
-        raise NotLowered("index_put_ with indices at dims that are not adjacent")
-    shapes = [tuple(indices[k].shape) for k in idx_pos]  # type: ignore[union-attr]
-    if not all(isinstance(n, sympy.Integer) for sh in shapes for n in sh) and any(sh != shapes[0] for sh in shapes):
-        raise NotLowered("index_put_ with symbolic index shapes that broadcast")
-    b_shape: tuple = shapes[0] if all(sh == shapes[0] for sh in shapes) else tuple(
-        sympy.Integer(n) for n in torch.broadcast_shapes(*(tuple(int(n) for n in sh) for sh in shapes)))
-    k0, k1 = idx_pos[0], idx_pos[-1] + 1
-    src_shape = tuple(x.shape[:k0]) + tuple(b_shape) + tuple(x.shape[k1:])
-    iv = list(index_vars("i", len(src_shape)))
-    rv = list(index_vars("r", len(src_shape)))
-    bvars = iv[k0:k0 + len(b_shape)]
-    dest: list = rv[:k0] + [_to_r(broadcast_at(indices[k], bvars), len(iv)) for k in idx_pos]  # type: ignore[arg-type]
-    dest += rv[k0 + len(b_shape):]
-    value = _to_r(broadcast_at(values, iv, out_dtype(node)), len(iv))
+    _, src_shape, dest, value = _index_put_scatter(node, x, indices, values)
     if any(ld.buffer == x.buffer for e in (value, *(d for d in dest if not isinstance(d, sympy.Expr)))
            for ld in reads(e)):
         raise NotLowered("index_put_ whose values or indices read the tensor it writes")

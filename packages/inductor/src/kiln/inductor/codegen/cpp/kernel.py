@@ -55,8 +55,8 @@ class CppKernelWriter:
         # memory); stores of such a kernel wait until every load of the loop point is done
         self.over = {i: o for o, i in k.inplace}
         # a scatter written in place over its base (plan_inplace_scatters) reads nothing it writes
-        scatter_only = len(k.nodes) == 1 and k.nodes[0].kind == "scatter"
-        self.deferred: list[str] | None = [] if k.inplace and not scatter_only else None
+        self.scatter_only = len(k.nodes) == 1 and k.nodes[0].kind == "scatter"
+        self.deferred: list[str] | None = [] if k.inplace and not self.scatter_only else None
 
     def ptr(self, buffer: str) -> str:
         return f"p_{self.over.get(buffer, buffer)}"
@@ -148,8 +148,7 @@ class CppKernelWriter:
 
     def write(self) -> str:
         k = self.k
-        scatter_only = len(k.nodes) == 1 and k.nodes[0].kind == "scatter"
-        if k.inplace and not scatter_only and (k.inner or any(kn.kind != "pointwise" for kn in k.nodes)):
+        if k.inplace and not self.scatter_only and (k.inner or any(kn.kind != "pointwise" for kn in k.nodes)):
             raise ValueError(f"{k.name}: in-place outputs are planned for pointwise kernels only")
         self.lines.append(self.signature() + " {")
         total = product(list(k.outer) + list(k.inner))
