@@ -439,6 +439,10 @@ class Optimized:
             failure = entry.guards.first_failure(L, G)
             if failure is not None:
                 return failure
+            aliased = entry.capture.aliasing.failure(L, G) if entry.capture is not None and \
+                entry.capture.aliasing is not None else None
+            if aliased is not None:
+                return Guard("", "GLOBAL_STATE", _ALIASING), aliased
             changed = entry.layouts.failure() if entry.layouts is not None else None
             if changed is not None:  # a parameter or buffer relaid out in place (pinned_layouts.py)
                 source, expected, actual = changed
@@ -534,7 +538,15 @@ _RELAID_OUT = "a parameter or buffer changed layout in place (p.data = ..., modu
 def _entry_check(cap: Capture, layouts: PinnedLayouts | None) -> Callable[[dict, dict], bool]:
     """The entry's guards, then what guards as data do not cover: the traced module calls (hooks,
     forwards; module_calls.py) and the layouts of the tensors pinned by identity."""
-    guards_hold = cap.captured.guards.compile()
+    guards_hold: Callable[[Any, Any], bool] = cap.captured.guards.compile()
+    if cap.aliasing is not None:  # tensor arguments passed twice, or written (aliasing.py)
+        guards_only, aliasing_ok = guards_hold, cap.aliasing.check()
+
+        def guards_and_aliasing(L: dict, G: dict) -> bool:
+            return guards_only(L, G) and aliasing_ok(L, G)
+        if hasattr(guards_only, "__kiln_source__"):
+            guards_and_aliasing.__kiln_source__ = guards_only.__kiln_source__  # type: ignore[attr-defined]
+        guards_hold = guards_and_aliasing
     calls_same = call_path_check(cap.call_paths, cap.global_hooks) if cap.global_hooks is not None else None
     if layouts is not None:  # PinnedLayouts.same() inlined: one int comparison while nothing changed
         epoch, seen, recheck = EPOCH, layouts.seen, layouts.recheck
@@ -584,6 +596,9 @@ def _checkpoint_compiled(ctx: CompileContext, function: Any, *args: Any, **kwarg
     return _CHECKPOINT(ctx.wrap_callee(function), *args, **kwargs)
 
 
+_ALIASING = "argument aliasing"  # a failure of the entry's aliasing check (aliasing.py), reported as a guard
+
+
 def _failure_key(failure: tuple[Guard, str] | None, guards: GuardSet | None = None) -> str:
     """The failing guard without the values seen, so repeated failures of one guard count together:
     a size guard counts by the sizes it reads (``s0 <= 5`` then ``s0 <= 6`` are one size that keeps
@@ -606,6 +621,8 @@ def _failure_text(failure: tuple[Guard, str] | None) -> str:
         pinned = " (a graph specialised to one size: the backend or the code read it as an int)" \
             if re.fullmatch(r"\(?\w+ (==|<=) \d+\)?", str(g.expected)) else ""
         return f"size guard {g.expected} failed ({g.note}) with {actual}{pinned}"
+    if g.kind == "GLOBAL_STATE" and g.expected == _ALIASING:  # not a guard: the entry's aliasing check
+        return actual
     if g.kind == "GLOBAL_STATE":  # the global torch state: only what changed
         return f"guard failed: GLOBAL_STATE: {actual}"
     expected = " ".join(repr(g.expected).split())

@@ -38,6 +38,7 @@ from kiln.graph import (
     type_name,
 )
 
+from .aliasing import ArgumentTensors
 from .deferred import is_random_target, seed_pending
 from .errors import GraphBreak
 from .foreign import is_immutable_constant, is_numpy_scalar, state_in_c
@@ -126,6 +127,7 @@ class Tracer:
         self.pinned: list[Any] = []  # the objects ID_MATCH guards name (guard_identity)
         # parameters and buffers pinned by identity, whose layouts the entry checks (pinned_layouts.py)
         self.pinned_tensors: list[tuple[str, torch.Tensor]] = []
+        self.argument_tensors = ArgumentTensors()  # how the argument tensors alias (aliasing.py)
         # module calls traced, checked per call of the entry (module_calls.call_path_check)
         self.call_paths: dict[int, CallPath] = {}
         self.global_hooks: tuple | None = None
@@ -256,6 +258,14 @@ class Tracer:
         if isinstance(value, nn.Module) and self.is_unspecialized(source):
             self._wrap_unspecialized_module(value, source)
             return value
+        if isinstance(value, types.BuiltinMethodType) and type(value.__self__) in (list, dict):
+            # ``log.append`` reached as a value (a resume function's stack, a closure): a new object per
+            # call, bound to a list from outside. Its list is traced as the frame's lists are (a copy whose
+            # writes are replayed after the graph); called for real on the real list at trace time it kept
+            # traced values (symbolic floats) in the caller's list and recompiled on every call
+            self.add_guard(source, "TYPE_MATCH", type_name(t))
+            self.add_guard(f"{source}.__name__", "EQUALS_MATCH", value.__name__)
+            return getattr(self.wrap(value.__self__, f"{source}.__self__"), value.__name__)
         if isinstance(value, (types.BuiltinFunctionType, type, nn.Module,
                               types.MethodWrapperType)) or callable(value) and t.__module__ == "builtins":
             self.guard_identity(source, value)
@@ -420,6 +430,8 @@ class Tracer:
         # parameters of a module built anew on each call are new tensors each call: read by source
         pinned = is_state and not self.is_unspecialized(source)
         key: Any = id(value) if pinned else source
+        if not is_state:
+            self.argument_tensors.again(value, source)
         if key in self.input_by_key:
             if pinned:
                 self.guard_identity(source, value)
@@ -461,6 +473,8 @@ class Tracer:
             strides = guard_strides(fake, source, self.symbol_sources, self.stride_relations) if dyn else None
             self.add_guard(source, "TENSOR_MATCH", tensor_expectation(value, dyn, strides))
         self.inputs.append(GraphInput(source, value, fake, node))
+        if not is_state:
+            self.argument_tensors.lifted(value, source, fake)
         self.input_source_of_fake[id(fake)] = source
         self.input_by_key[key] = fake
         self.node_of[id(fake)] = node

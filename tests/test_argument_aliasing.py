@@ -1,0 +1,116 @@
+"""Tensor arguments that alias each other (kiln.capture's aliasing.py), called again and again with fresh
+inputs in both patterns, against eager: the outputs and every argument after the call.
+
+Before: compiled for ``f(x, x)``, a call ``f(x, y)`` wrote ``y`` and left ``x`` alone (no recompile);
+compiled for two tensors, ``f(x, x)`` read the value from before the write; two views of one memory,
+one written, gave the other's stale values. And a list's bound ``append`` reached as a value (the
+resume function after an ``.item()`` break) was called for real at trace time: the caller's list got
+symbolic floats (``zf14``) instead of numbers."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import pytest
+import torch
+
+import kiln
+
+BACKENDS = ["inductor", "eager"]
+
+
+def _write_then_read(a, b):
+    a.add_(1)
+    return b * 2 + a
+
+
+def _same_or_two(i: int, pattern: str) -> list[torch.Tensor]:
+    x = torch.randn(4)
+    same = pattern[i % len(pattern)] == "s"
+    return [x, x] if same else [x, torch.randn(4)]
+
+
+def _agree(fn, compiled, args: list) -> None:
+    ref_args = copy.deepcopy(args)  # deepcopy keeps the aliasing between the arguments
+    want = fn(*ref_args)
+    got = compiled(*args)
+    torch.testing.assert_close(got, want)
+    for a, r in zip(args, ref_args):
+        torch.testing.assert_close(a, r)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("pattern", ["sdsd", "dsds", "ssdd"])
+def test_a_tensor_passed_twice_and_written_agrees_with_eager_in_either_order(backend, pattern):
+    kiln.reset()
+    kiln.stats_reset()
+    compiled = kiln.compile(_write_then_read, backend=backend)
+    for i in range(6):
+        _agree(_write_then_read, compiled, _same_or_two(i, pattern))
+    stats = kiln.stats()
+    assert stats.graphs_compiled == 2 and stats.frames_run_eagerly == 0, stats  # one graph per pattern
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_tensor_passed_twice_and_only_read_stays_correct(backend):
+    def add(a, b):
+        return a * 3 + b
+
+    kiln.reset()
+    kiln.stats_reset()
+    compiled = kiln.compile(add, backend=backend)
+    for i in range(6):
+        _agree(add, compiled, _same_or_two(i, "sd"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_written_views_of_one_memory_run_in_python_and_say_why(backend, caplog):
+    def scale_then_shift(a, b):
+        a.mul_(2)
+        return b + 1
+
+    kiln.reset()
+    kiln.stats_reset()
+    compiled = kiln.compile(scale_then_shift, backend=backend)
+    with caplog.at_level(logging.INFO, logger="kiln.graph_breaks"):
+        for _ in range(3):
+            base = torch.randn(8)
+            _agree(scale_then_shift, compiled, [base[:6], base[2:]])  # overlapping views
+            x = torch.randn(8)
+            _agree(scale_then_shift, compiled, [x[:6].clone(), x[2:].clone()])  # separate memory: compiled
+            y = torch.randn(3, 4)
+            _agree(scale_then_shift, compiled, [y, y[0]])  # a tensor and a view of it
+    assert any("share memory" in r.getMessage() for r in caplog.records)
+    assert kiln.stats().graphs_compiled >= 1
+    out = kiln.explain(scale_then_shift)(*(lambda t: [t[:6], t[2:]])(torch.randn(8)))
+    assert any("share memory" in f.reason for f in out.eager_frames), out
+
+
+def test_written_views_of_one_memory_are_refused_under_fullgraph():
+    def scale_then_shift(a, b):
+        a.mul_(2)
+        return b + 1
+
+    kiln.reset()
+    kiln.stats_reset()
+    base = torch.randn(8)
+    with pytest.raises(Exception, match="share memory"):
+        kiln.compile(scale_then_shift, fullgraph=True)(base[:6], base[2:])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_list_append_resumed_after_an_item_break_gets_the_numbers(backend):
+    def log_sum(x, log):
+        log.append(x.sum().item())  # a graph break; ``log.append`` is on the resume function's stack
+        return x * 2
+
+    kiln.reset()
+    kiln.stats_reset()
+    compiled = kiln.compile(log_sum, backend=backend)
+    want, got = [], []
+    for _ in range(4):
+        x = torch.randn(5)
+        torch.testing.assert_close(compiled(x, got), log_sum(x, want))
+    assert [type(v) for v in got] == [float] * 4, got
+    assert got == pytest.approx(want, rel=1e-5)
