@@ -57,10 +57,22 @@ _REAL_MODULE_PREFIXES = ("typing", "inspect", "enum", "abc", "functools", "colle
                          "contextlib", "importlib", "packaging", "weakref")
 
 
+def _refuse_input_flag_change(frame: Frame, t: Any, flag: Any) -> None:
+    """``requires_grad_()`` that changes a tensor from outside the compiled code: its flag, and the
+    ``.grad`` a later backward gives it, are the caller's (the graph's copy of the flag never reached
+    the caller's tensor, whose gradient then stayed None): the call runs in Python."""
+    source = frame.tracer.input_source_of_fake.get(id(t))
+    if source is not None and isinstance(flag, bool) and flag != t.requires_grad:
+        raise GraphBreak(f"requires_grad_({flag}) on {source}, a tensor from outside the compiled code",
+                         "its flag and gradient are the caller's; set requires_grad before the call")
+
+
 def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if fn is NULL:
         raise GraphBreak("calling NULL (interpreter stack mismatch)")
     if isinstance(fn, TensorMethod):
+        if fn.name == "requires_grad_":
+            _refuse_input_flag_change(frame, fn.tensor, args[0] if args else kwargs.get("requires_grad", True))
         return grad_leaf_call(frame, f"Tensor.{fn.name}",
                               lambda: torch_ops.tensor_method(frame, fn.tensor, fn.name, args, kwargs))
     if isinstance(fn, TracedFunction):
