@@ -157,6 +157,10 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
                          "move it out of the compiled region, or accept the graph break")
     if name == "set_":  # rebinds the tensor to another storage and shape: input write-back cannot model it
         raise GraphBreak("Tensor.set_() swaps the tensor's storage and metadata", "it runs in Python between graphs")
+    if name in ("resize_", "resize_as_"):  # a caller's tensor resized in the graph came back unresized
+        # (its new value could not be copied into the old shape: an error where eager ran)
+        raise GraphBreak(f"Tensor.{name}() changes the tensor's shape and may reallocate its storage",
+                         "it runs in Python between graphs")
     tensor_value = _tensor_value_polyfill(name, args, kwargs)
     if tensor_value is not None:
         polyfill, operands = tensor_value

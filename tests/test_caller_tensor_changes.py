@@ -1,7 +1,10 @@
-"""``x.requires_grad_()`` inside compiled code on a tensor the caller passed: the caller's tensor gets
-the flag and, after backward, its gradient, as in eager, call after call with fresh inputs. Before, the
+"""Compiled code that changes what a caller's tensor *is*, not only its values, called again and again
+with fresh inputs against eager.
+
+``x.requires_grad_()``: the caller's tensor gets the flag and, after backward, its gradient. Before, the
 flag changed only on the graph's copy: the output required grad, the caller's tensor did not, and its
-``.grad`` stayed None after backward."""
+``.grad`` stayed None after backward. ``x.resize_(...)``: the caller's tensor has the new shape. Before,
+the graph's new value could not be copied back into the old shape (an error where eager ran)."""
 
 from __future__ import annotations
 
@@ -40,3 +43,21 @@ def test_requires_grad_already_set_keeps_one_graph():
     compiled(x).backward()
     torch.testing.assert_close(x.grad, 8 * x.detach())
     assert kiln.stats().graph_breaks == 0
+
+
+def _resize_then_use(x):
+    x.resize_(2, 3)
+    return x * 2
+
+
+@pytest.mark.parametrize("backend", ["inductor", "eager"])
+def test_resize_inside_reaches_the_callers_tensor(backend):
+    kiln.reset()
+    compiled = kiln.compile(_resize_then_use, backend=backend)
+    for n in (6, 6, 8):
+        x = torch.randn(n)
+        ref = x.clone()
+        got, want = compiled(x), _resize_then_use(ref)
+        assert x.shape == ref.shape == (2, 3)
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(x, ref)
