@@ -16,6 +16,9 @@ import pytest
 import torch
 
 import kiln
+from kiln.capture.aliasing import written_overlap_python
+from kiln.graph import guards_native
+from kiln.runtime import native_guards
 
 BACKENDS = ["inductor", "eager"]
 
@@ -114,3 +117,25 @@ def test_a_list_append_resumed_after_an_item_break_gets_the_numbers(backend):
         torch.testing.assert_close(compiled(x, got), log_sum(x, want))
     assert [type(v) for v in got] == [float] * 4, got
     assert got == pytest.approx(want, rel=1e-5)
+
+
+def test_the_native_overlap_test_agrees_with_python():
+    kiln.compile(lambda t: t + 1)(torch.ones(2))  # installs the native checker where it builds
+    native = guards_native.current()
+    if native is None:
+        pytest.skip(f"no native guard checker here: {native_guards.reason()}")
+    a, c = torch.randn(6), torch.randn(3)
+    b = torch.empty(0)
+    cases = [
+        ([a, a[1:], c], (0, 1, 2), (0,)),  # a view of a written tensor
+        ([a, a[1:], c], (0, 1, 2), (2,)),  # views of one memory, neither written
+        ([a, c], (0, 1), (0,)),
+        ([c, a, c], (0, 1, 2), (1,)),  # one object twice, not written
+        ([c, a, c], (0, 1, 2), (0,)),  # one object twice, written
+        ([b, b, a], (0, 1, 2), (0, 1)),  # no elements: no memory to share
+        ([a.view(2, 3).t(), a.view(torch.int32), c], (0, 1, 2), (1,)),  # a transposed view, another dtype
+        ([c, a, a[::2]], (1, 2), (0,)),  # positions pick the tensors out of the inputs
+    ]
+    for values, positions, written in cases:
+        assert native.written_overlap(values, positions, written) == \
+            written_overlap_python(values, positions, written), (positions, written)

@@ -19,11 +19,12 @@ and only entries that write an argument or took one tensor twice check at all.
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+
+from kiln.graph import guards_native
 
 from .errors import GraphBreak
 
@@ -34,9 +35,34 @@ def argument_source(source: str) -> bool:
 
 
 def storage_key(t: torch.Tensor) -> int:
-    """The address of ``t``'s memory allocation (0 when it holds no bytes)."""
-    s = t.untyped_storage()
-    return s.data_ptr() if s.nbytes() else 0
+    """The address of ``t``'s memory allocation (0 when it holds no elements)."""
+    return t.data_ptr() - int(t.storage_offset()) * t.element_size() if t.numel() else 0
+
+
+def written_overlap(values: list, positions: tuple[int, ...], written: tuple[int, ...]) -> bool:
+    """Whether a written tensor shares its memory with another tensor (or is another of them): the
+    tensors are ``values[p]`` for ``p`` in ``positions``, ``written`` indexes ``positions``. In native code
+    when kiln.runtime's guard checker is installed."""
+    native = guards_native.current()
+    if native is not None:
+        answer = native.written_overlap(values, positions, written)
+        if answer is not None:
+            return bool(answer)
+    return written_overlap_python(values, positions, written)
+
+
+def written_overlap_python(values: list, positions: tuple[int, ...], written: tuple[int, ...]) -> bool:
+    """``written_overlap`` without the native checker (and for what it does not read: tensor subclasses)."""
+    tensors = [values[p] for p in positions]
+    if not all(isinstance(t, torch.Tensor) for t in tensors):
+        return True  # not a tensor where the trace had one: the entry does not hold
+    keys = [storage_key(t) for t in tensors]
+    return any(keys[w] and keys.count(keys[w]) > 1 for w in written)
+
+
+class AliasMismatch(Exception):
+    """Internal: an entry's inputs alias differently from its trace (raised before the graph runs; the
+    frame looks for another entry)."""
 
 
 @dataclass
@@ -84,44 +110,29 @@ class AliasPlan:
     written: tuple[str, ...]  # argument tensors the graph writes
     arguments: tuple[str, ...]  # every argument tensor (first sources), distinct objects at trace time
 
-    def check(self) -> Callable[[dict, dict], bool]:
-        """``ok(L, G)``: the call's argument tensors alias as they did at trace time. A call with the
-        very objects and data pointers of the last call that held (a decode loop's cache tensors) is
-        answered from it: one identity and one ``data_ptr`` test per tensor."""
-        sources = list(dict.fromkeys([*self.arguments, *(s for pair in self.same for s in pair)]))
-        at = {s: i for i, s in enumerate(sources)}
-        read = eval(f"lambda L, G: ({', '.join(sources)},)")  # noqa: S307 (sources the tracer wrote)
+    def input_check(self, input_sources: list[str]) -> Callable[[list], bool]:
+        """``ok(inputs)`` over the graph's inputs as the entry extracts them (every source here is one):
+        the pairs are one object, and no written tensor shares memory with another argument tensor."""
+        at = {s: i for i, s in enumerate(input_sources)}
         same = [(at[a], at[b]) for a, b in self.same]
-        n_args = len(self.arguments)  # the first n values: distinct objects at trace time
-        written = [at[s] for s in self.written]
-        last: list = []  # [weak references to the values, their data pointers] of the last call that held
+        args = tuple(at[s] for s in self.arguments)
+        written = tuple(self.arguments.index(s) for s in self.written)
 
-        def ok(L: dict, G: dict) -> bool:
-            try:
-                vals = read(L, G)
-            except Exception:  # noqa: BLE001 - a source that no longer resolves: the entry does not hold
-                return False
+        def ok(inputs: list) -> bool:
             for i, j in same:
-                if vals[i] is not vals[j]:
+                if inputs[i] is not inputs[j]:
                     return False
-            if not written:
-                return True
-            if last and all(v is w() for v, w in zip(vals, last[0])) and \
-                    [v.data_ptr() for v in vals[:n_args]] == last[1]:
-                return True
-            if not all(isinstance(v, torch.Tensor) for v in vals[:n_args]):
-                return False
-            keys = [storage_key(v) for v in vals[:n_args]]  # one object twice: its storage twice
-            for w in written:
-                if keys[w] and keys.count(keys[w]) > 1:
-                    return False
-            last[:] = [[weakref.ref(v) for v in vals], [v.data_ptr() for v in vals[:n_args]]]
-            return True
+            return not written or not written_overlap(inputs, args, written)
         return ok
 
     def failure(self, L: dict, G: dict) -> str | None:
         """Why a call does not match (for the recompile reason), or None."""
-        if self.check()(L, G):
+        sources = list(dict.fromkeys([*self.arguments, *(s for pair in self.same for s in pair)]))
+        try:
+            values = [eval(s, {"L": L, "G": G}) for s in sources]  # noqa: S307 (sources the tracer wrote)
+        except Exception:  # noqa: BLE001 - a source that no longer resolves
+            return "a tensor argument's source no longer resolves"
+        if self.input_check(sources)(values):
             return None
         return (f"tensor arguments alias differently from the trace (traced: "
                 f"{', '.join(f'{a} is {b}' for a, b in self.same) or 'no argument passed twice'}; "

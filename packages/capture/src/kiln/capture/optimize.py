@@ -35,6 +35,7 @@ from kiln.graph import (
     log,
 )
 
+from .aliasing import AliasMismatch
 from .cache import CacheEntry, CodeCache
 from .capture import CONTENTS, BreakPlan, Capture, run_capture
 from .controls import active_mode_reason, current_stance, disabled_reason
@@ -240,8 +241,12 @@ class Optimized:
             except Exception:
                 ok = False
             if ok:
+                try:
+                    out = entry.run(L, G)
+                except AliasMismatch:  # raised before the graph ran: another entry, or a new one
+                    continue
                 entry.hits += 1
-                return entry.run(L, G)
+                return out
         return self.miss(L, G, args, kwargs)
 
     # ---- a cache miss ------------------------------------------------------------------
@@ -315,7 +320,11 @@ class Optimized:
         cache.failed_captures = 0
         assert entry is not None
         cache.entries.append(entry)
-        return entry.run(L, G)
+        try:
+            return entry.run(L, G)
+        except AliasMismatch:  # the capture saw these very inputs: not expected, but never run wrongly
+            return self._eager("tensor arguments alias differently from the capture of this call", args,
+                               kwargs, permanent=False)
 
     def _compile(self, L: dict, G: dict, cache: CodeCache,
                  options: CaptureOptions) -> tuple[CacheEntry | None, tuple[str, bool, BaseException | None] | None]:
@@ -479,6 +488,8 @@ class Optimized:
         compiled = compile_capture(cap, self.ctx.backend, self.code)
         identity = {g.source for g in cap.captured.guards if g.kind == "ID_MATCH"}
         extract = extractor(cap.input_sources, cap.example_inputs, identity)
+        if cap.aliasing is not None:  # tensor arguments passed twice, or written (aliasing.py)
+            extract = _checking_aliasing(extract, cap.aliasing.input_check(cap.input_sources))
         layouts = pinned_layouts(cap.pinned_tensors)
         check = _entry_check(cap, layouts)
         effects = cap.side_effects
@@ -532,21 +543,24 @@ class Optimized:
         return run
 
 
+def _checking_aliasing(extract: Callable[[dict, dict], list], ok: Callable[[list], bool]) -> Callable[[dict, dict], list]:
+    """``extract`` that raises AliasMismatch when the inputs it read alias differently from the trace:
+    checked on the values the graph is about to take, each read once."""
+    def checked(L: dict, G: dict) -> list:
+        inputs = extract(L, G)
+        if not ok(inputs):
+            raise AliasMismatch
+        return inputs
+    return checked
+
+
 _RELAID_OUT = "a parameter or buffer changed layout in place (p.data = ..., module.to(...), requires_grad_)"
 
 
 def _entry_check(cap: Capture, layouts: PinnedLayouts | None) -> Callable[[dict, dict], bool]:
     """The entry's guards, then what guards as data do not cover: the traced module calls (hooks,
     forwards; module_calls.py) and the layouts of the tensors pinned by identity."""
-    guards_hold: Callable[[Any, Any], bool] = cap.captured.guards.compile()
-    if cap.aliasing is not None:  # tensor arguments passed twice, or written (aliasing.py)
-        guards_only, aliasing_ok = guards_hold, cap.aliasing.check()
-
-        def guards_and_aliasing(L: dict, G: dict) -> bool:
-            return guards_only(L, G) and aliasing_ok(L, G)
-        if hasattr(guards_only, "__kiln_source__"):
-            guards_and_aliasing.__kiln_source__ = guards_only.__kiln_source__  # type: ignore[attr-defined]
-        guards_hold = guards_and_aliasing
+    guards_hold = cap.captured.guards.compile()
     calls_same = call_path_check(cap.call_paths, cap.global_hooks) if cap.global_hooks is not None else None
     if layouts is not None:  # PinnedLayouts.same() inlined: one int comparison while nothing changed
         epoch, seen, recheck = EPOCH, layouts.seen, layouts.recheck
@@ -695,8 +709,12 @@ def optimize(fn: Callable, backend: Callable, *, fullgraph: bool = False, dynami
                 except Exception:
                     ok = False
                 if ok:
+                    try:
+                        out = entry.run(L, G)
+                    except AliasMismatch:  # raised before the graph ran: another entry, or a new one
+                        continue
                     entry.hits += 1
-                    return entry.run(L, G)
+                    return out
             return opt.miss(L, G, args, kwargs)
         return opt(*args, **kwargs)
     return _mark(wrapper, opt, ctx)

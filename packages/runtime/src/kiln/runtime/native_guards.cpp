@@ -14,6 +14,7 @@
 
 #include <c10/core/TensorImpl.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -482,8 +483,54 @@ PyObject* calibrate(PyObject*, PyObject* probes) {
   return PyLong_FromSsize_t(g_cdata_offset);
 }
 
+// written_overlap(values, (positions...), (written...)) -> whether a written tensor shares its storage (the
+// same StorageImpl, holding bytes) with another tensor: ``values[positions[k]]`` are the tensors, written
+// are indices into positions. None when one is not a plain tensor with storage (the caller asks Python).
+// kiln.capture's aliasing check of tensor arguments (keys sorted: n log n, not written x n).
+PyObject* written_overlap(PyObject*, PyObject* args) {
+  PyObject* values;
+  PyObject* positions;
+  PyObject* written;
+  if (!PyArg_ParseTuple(args, "O!O!O!", &PyList_Type, &values, &PyTuple_Type, &positions, &PyTuple_Type, &written))
+    return nullptr;
+  const Py_ssize_t n = PyTuple_GET_SIZE(positions);
+  std::vector<std::pair<const void*, bool>> keys(static_cast<size_t>(n), {nullptr, false});
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    const Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(positions, k));
+    if (at < 0 || at >= PyList_GET_SIZE(values)) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "kiln native guards: position out of range");
+      return nullptr;
+    }
+    PyObject* v = PyList_GET_ITEM(values, at);
+    PyTypeObject* t = Py_TYPE(v);
+    if ((t != g_plain[0] && t != g_plain[1] && t != g_plain[2]) || g_cdata_offset < 0) Py_RETURN_NONE;
+    c10::TensorImpl* impl = *reinterpret_cast<c10::TensorImpl**>(reinterpret_cast<char*>(v) + g_cdata_offset);
+    if (impl == nullptr || !impl->has_storage()) Py_RETURN_NONE;
+    const c10::Storage& st = impl->unsafe_storage();
+    keys[static_cast<size_t>(k)].first = st.nbytes() > 0 ? static_cast<const void*>(st.unsafeGetStorageImpl()) : nullptr;
+  }
+  for (Py_ssize_t w = 0; w < PyTuple_GET_SIZE(written); ++w) {
+    const Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(written, w));
+    if (i < 0 || i >= n) {
+      if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "kiln native guards: written index out of range");
+      return nullptr;
+    }
+    keys[static_cast<size_t>(i)].second = true;
+  }
+  std::sort(keys.begin(), keys.end());
+  for (size_t k = 0; k + 1 < keys.size(); ++k) {
+    size_t e = k + 1;
+    bool any_written = keys[k].second;
+    for (; e < keys.size() && keys[e].first == keys[k].first; ++e) any_written = any_written || keys[e].second;
+    if (keys[k].first != nullptr && e > k + 1 && any_written) Py_RETURN_TRUE;
+    k = e - 1;
+  }
+  Py_RETURN_FALSE;
+}
+
 PyMethodDef methods[] = {
     {"calibrate", calibrate, METH_O, "find where tensor objects hold their TensorImpl pointer"},
+    {"written_overlap", written_overlap, METH_VARARGS, "whether a written tensor shares storage with another"},
     {"scalar_type", scalar_type, METH_O, "the c10::ScalarType of a tensor, as an int"},
     {"device_type", device_type, METH_O, "the c10::DeviceType of a device string, as an int"},
     {"set_plain_types", set_plain_types, METH_VARARGS, "the tensor types checked without Python"},
