@@ -13,8 +13,10 @@ as separate inputs (the write would not be seen through the other view): such a 
 said in the graph-break log and ``explain()`` (``fullgraph=True`` refuses it).
 
 Only tensors reached through the frame's arguments are checked (not a module's ``self`` state, which
-the entry pins by identity, nor an optimizer's state): a checked tensor costs one source read per call,
-and only entries that write an argument or took one tensor twice check at all.
+the entry pins by identity, nor an optimizer's state), and only by entries that write an argument or
+took one tensor twice. The check runs on the inputs the entry extracts for its graph (no source is read
+twice); a written argument's storage is compared with the others' in kiln.runtime's native checker when
+it is installed (~1 us for a 24-layer KV cache's 75 tensors).
 """
 
 from __future__ import annotations
@@ -75,18 +77,18 @@ class ArgumentTensors:
     storages: dict[int, list[str]] = field(default_factory=dict)  # storage_key -> first sources sharing it
 
     def lifted(self, value: torch.Tensor, source: str, fake: torch.Tensor) -> None:
-        if not argument_source(source) or id(value) in self.seen:
+        """``value`` became a graph input read from ``source``; lifted before through another source, it
+        is one tensor twice, and the entry requires the same object there again."""
+        if not argument_source(source):
+            return
+        first = self.seen.get(id(value))
+        if first is not None:
+            self.same.append((first[0], source))
             return
         self.seen[id(value)] = (source, fake, fake._version)
         key = storage_key(value)
         if key:
             self.storages.setdefault(key, []).append(source)
-
-    def again(self, value: torch.Tensor, source: str) -> None:
-        """``value`` was lifted before through another source: the entry requires the same object."""
-        first = self.seen.get(id(value))
-        if first is not None and first[0] != source and argument_source(source):
-            self.same.append((first[0], source))
 
     def plan(self) -> AliasPlan | None:
         """What each call must match, after the trace; raises GraphBreak for two tensors over one memory

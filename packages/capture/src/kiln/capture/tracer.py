@@ -430,8 +430,6 @@ class Tracer:
         # parameters of a module built anew on each call are new tensors each call: read by source
         pinned = is_state and not self.is_unspecialized(source)
         key: Any = id(value) if pinned else source
-        if not is_state:
-            self.argument_tensors.again(value, source)
         if key in self.input_by_key:
             if pinned:
                 self.guard_identity(source, value)
