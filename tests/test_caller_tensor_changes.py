@@ -4,9 +4,13 @@ with fresh inputs against eager.
 ``x.requires_grad_()``: the caller's tensor gets the flag and, after backward, its gradient. Before, the
 flag changed only on the graph's copy: the output required grad, the caller's tensor did not, and its
 ``.grad`` stayed None after backward. ``x.resize_(...)``: the caller's tensor has the new shape. Before,
-the graph's new value could not be copied back into the old shape (an error where eager ran)."""
+the graph's new value could not be copied back into the old shape (an error where eager ran). And a
+clock read inside compiled code is read on every call."""
 
 from __future__ import annotations
+
+import datetime
+import time
 
 import pytest
 import torch
@@ -61,3 +65,31 @@ def test_resize_inside_reaches_the_callers_tensor(backend):
         assert x.shape == ref.shape == (2, 3)
         torch.testing.assert_close(got, want)
         torch.testing.assert_close(x, ref)
+
+
+def _stamped(x):
+    return x + time.time()
+
+
+def _dated(x):
+    return x * datetime.datetime.now().microsecond
+
+
+def test_a_clock_read_inside_compiled_code_is_read_on_every_call():
+    """``time.time()`` ran once at capture and its value was a constant of the graph: every later call
+    returned the capture's time."""
+    kiln.reset()
+    compiled = kiln.compile(_stamped)
+    seen = []
+    for _ in range(3):
+        before = time.time()
+        seen.append(compiled(torch.zeros(1, dtype=torch.float64)).item())
+        assert before <= seen[-1] <= time.time()
+        time.sleep(0.01)
+    assert seen == sorted(seen) and len(set(seen)) == 3
+    days = kiln.compile(_dated)
+    got = set()
+    for _ in range(3):
+        got.add(days(torch.ones(1, dtype=torch.float64)).item())
+        time.sleep(0.002)
+    assert len(got) > 1

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import builtins
 import collections
+import datetime
 import enum
 import functools
 import inspect
 import operator
+import os
 import sys
+import time
 import types
 from typing import TYPE_CHECKING, Any, cast
 
@@ -153,6 +156,11 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
                        types.WrapperDescriptorType, types.MethodDescriptorType,
                        types.ClassMethodDescriptorType)):
+        if _per_call_value(fn):
+            bound = getattr(fn, "__self__", None)
+            owner = getattr(fn, "__module__", None) or getattr(bound, "__name__", type(bound).__name__)
+            raise GraphBreak(f"{owner}.{fn.__name__}() gives a new value on every call (a clock, the OS's randomness)",
+                             "it runs in Python between graphs; pass its value in to keep one graph")
         return real_call(frame, fn, args, kwargs)
     call = getattr(type(fn), "__call__", None)  # noqa: B004 (the type's __call__, to inline it)
     if isinstance(call, types.FunctionType):
@@ -355,6 +363,23 @@ def _versions(values: list) -> list[int]:
         out += [t._version for t in items if isinstance(t, torch.Tensor)]
     return out
 
+
+def _per_call_value(fn: Any) -> bool:
+    """Whether ``fn`` is a C function whose result differs between calls with the same arguments (clocks,
+    the OS's random bytes): run once at capture, its value would be a constant of the graph (a
+    ``time.time()`` inside compiled code returned the capture's time on every call)."""
+    try:
+        return fn in _PER_CALL_VALUES
+    except TypeError:  # an unhashable callable
+        return False
+
+
+_PER_CALL_VALUES = frozenset(
+    [getattr(time, n) for n in ("time", "time_ns", "perf_counter", "perf_counter_ns", "monotonic", "monotonic_ns",
+                                "process_time", "process_time_ns", "thread_time", "thread_time_ns", "ctime",
+                                "asctime", "localtime", "gmtime", "strftime") if hasattr(time, n)]
+    + [getattr(os, n) for n in ("urandom", "getrandom", "times") if hasattr(os, n)]
+    + [datetime.datetime.now, datetime.datetime.utcnow, datetime.datetime.today, datetime.date.today])
 
 _TYPE_ONLY = frozenset({callable, id, type, isinstance, issubclass, hasattr})  # read no object state
 _MUTATING = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault",
