@@ -93,3 +93,15 @@ def test_a_clock_read_inside_compiled_code_is_read_on_every_call():
         got.add(days(torch.ones(1, dtype=torch.float64)).item())
         time.sleep(0.002)
     assert len(got) > 1
+
+
+def _seeded(x):
+    return x + torch.initial_seed()
+
+
+def test_the_seed_read_inside_compiled_code_follows_manual_seed():
+    kiln.reset()
+    compiled = kiln.compile(_seeded)
+    for seed in (1, 2, 7):
+        torch.manual_seed(seed)
+        assert compiled(torch.zeros(1, dtype=torch.float64)).item() == seed

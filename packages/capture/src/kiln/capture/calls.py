@@ -131,6 +131,7 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if isinstance(fn, nn.Module):
         return call_module(frame, fn, args, kwargs)
     if torch_ops.is_torch_function(fn):
+        _refuse_per_call_value(fn)
         return grad_leaf_call(frame, f"torch.{getattr(fn, '__name__', fn)}",
                               lambda: torch_ops.call_torch(frame, fn, args, kwargs))
     if isinstance(fn, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):  # not functional_op
@@ -156,11 +157,7 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType, types.MethodWrapperType,
                        types.WrapperDescriptorType, types.MethodDescriptorType,
                        types.ClassMethodDescriptorType)):
-        if _per_call_value(fn):
-            bound = getattr(fn, "__self__", None)
-            owner = getattr(fn, "__module__", None) or getattr(bound, "__name__", type(bound).__name__)
-            raise GraphBreak(f"{owner}.{fn.__name__}() gives a new value on every call (a clock, the OS's randomness)",
-                             "it runs in Python between graphs; pass its value in to keep one graph")
+        _refuse_per_call_value(fn)
         return real_call(frame, fn, args, kwargs)
     call = getattr(type(fn), "__call__", None)  # noqa: B004 (the type's __call__, to inline it)
     if isinstance(call, types.FunctionType):
@@ -364,10 +361,20 @@ def _versions(values: list) -> list[int]:
     return out
 
 
+def _refuse_per_call_value(fn: Any) -> None:
+    if _per_call_value(fn):
+        bound = getattr(fn, "__self__", None)
+        owner = getattr(fn, "__module__", None) or getattr(bound, "__name__", type(bound).__name__)
+        raise GraphBreak(f"{owner}.{fn.__name__}() gives a new value on every call (a clock, the OS's randomness, "
+                         "a seed)", "it runs in Python between graphs; pass its value in to keep one graph")
+
+
 def _per_call_value(fn: Any) -> bool:
     """Whether ``fn`` is a C function whose result differs between calls with the same arguments (clocks,
-    the OS's random bytes): run once at capture, its value would be a constant of the graph (a
-    ``time.time()`` inside compiled code returned the capture's time on every call)."""
+    the OS's random bytes, a generator's seed): run once at capture, its value would be a constant of the
+    graph (a ``time.time()`` inside compiled code returned the capture's time on every call)."""
+    if isinstance(getattr(fn, "__self__", None), torch.Generator) and fn.__name__ in ("initial_seed", "seed"):
+        return True  # the seed a manual_seed between calls changed (torch.initial_seed()), or a fresh one
     try:
         return fn in _PER_CALL_VALUES
     except TypeError:  # an unhashable callable
@@ -379,7 +386,8 @@ _PER_CALL_VALUES = frozenset(
                                 "process_time", "process_time_ns", "thread_time", "thread_time_ns", "ctime",
                                 "asctime", "localtime", "gmtime", "strftime") if hasattr(time, n)]
     + [getattr(os, n) for n in ("urandom", "getrandom", "times") if hasattr(os, n)]
-    + [datetime.datetime.now, datetime.datetime.utcnow, datetime.datetime.today, datetime.date.today])
+    + [datetime.datetime.now, datetime.datetime.utcnow, datetime.datetime.today, datetime.date.today]
+    + [torch.initial_seed, torch.seed])
 
 _TYPE_ONLY = frozenset({callable, id, type, isinstance, issubclass, hasattr})  # read no object state
 _MUTATING = frozenset({"append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault",
