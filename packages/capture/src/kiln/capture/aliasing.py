@@ -127,6 +127,18 @@ class AliasPlan:
             return not written or not written_overlap(inputs, args, written)
         return ok
 
+    def checking(self, extract: Callable[[dict, dict], list], input_sources: list[str]) -> Callable[[dict, dict], list]:
+        """``extract`` that raises AliasMismatch when the inputs it read alias differently from the trace:
+        checked on the values the graph is about to take, each read once."""
+        ok = self.input_check(input_sources)
+
+        def checked(L: dict, G: dict) -> list:
+            inputs = extract(L, G)
+            if not ok(inputs):
+                raise AliasMismatch
+            return inputs
+        return checked
+
     def failure(self, L: dict, G: dict) -> str | None:
         """Why a call does not match (for the recompile reason), or None."""
         sources = list(dict.fromkeys([*self.arguments, *(s for pair in self.same for s in pair)]))

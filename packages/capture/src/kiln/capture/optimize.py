@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
-import re
 import sys
 import sysconfig
 import time
@@ -55,6 +54,7 @@ from .pending import wait_pending
 from .pinned_layouts import EPOCH, PinnedLayouts, pinned_layouts
 from .pipeline import compile_capture, frame_name, needs_backend
 from .python_step import CAN_RUN, NEXT, execute_in_python
+from .reasons import ALIASING, RELAID_OUT, failure_key, failure_text
 from .resume import make_resume_function
 from .sources import local_source
 
@@ -266,15 +266,15 @@ class Optimized:
         stance = current_stance()
         if cache.entries and stance == "fail_on_recompile":
             raise RuntimeError(f"kiln: {self.code.co_name} ({self.code.co_filename}:{self.code.co_firstlineno}) "
-                               f"would recompile under set_stance('fail_on_recompile'): {_failure_text(self._latest_failure(L, G))}")
+                               f"would recompile under set_stance('fail_on_recompile'): {failure_text(self._latest_failure(L, G))}")
         if cache.entries and stance == "eager_on_recompile" or stance == "eager_then_compile" and \
                 not cache.ran_eagerly:
             cache.ran_eagerly = True
             return self._eager(f"set_stance({stance!r})", args, kwargs, permanent=False)
         if cache.entries:
             failure = self._latest_failure(L, G)
-            reason = _failure_text(failure)
-            key = _failure_key(failure, cache.entries[-1].guards)
+            reason = failure_text(failure)
+            key = failure_key(failure, cache.entries[-1].guards)
             cache.failures[key] = cache.failures.get(key, 0) + 1
             if len(cache.entries) >= options.recompile_limit:
                 if not cache.limit_warned:
@@ -451,11 +451,11 @@ class Optimized:
             aliased = entry.capture.aliasing.failure(L, G) if entry.capture is not None and \
                 entry.capture.aliasing is not None else None
             if aliased is not None:
-                return Guard("", "GLOBAL_STATE", _ALIASING), aliased
+                return Guard("", "GLOBAL_STATE", ALIASING), aliased
             changed = entry.layouts.failure() if entry.layouts is not None else None
             if changed is not None:  # a parameter or buffer relaid out in place (pinned_layouts.py)
                 source, expected, actual = changed
-                return Guard(source, "TENSOR_MATCH", expected, _RELAID_OUT), repr(actual)
+                return Guard(source, "TENSOR_MATCH", expected, RELAID_OUT), repr(actual)
         return None
 
     def _limit_message(self, limit: int, reason: str) -> str:
@@ -489,7 +489,7 @@ class Optimized:
         identity = {g.source for g in cap.captured.guards if g.kind == "ID_MATCH"}
         extract = extractor(cap.input_sources, cap.example_inputs, identity)
         if cap.aliasing is not None:  # tensor arguments passed twice, or written (aliasing.py)
-            extract = _checking_aliasing(extract, cap.aliasing.input_check(cap.input_sources))
+            extract = cap.aliasing.checking(extract, cap.input_sources)
         layouts = pinned_layouts(cap.pinned_tensors)
         check = _entry_check(cap, layouts)
         effects = cap.side_effects
@@ -543,18 +543,6 @@ class Optimized:
         return run
 
 
-def _checking_aliasing(extract: Callable[[dict, dict], list], ok: Callable[[list], bool]) -> Callable[[dict, dict], list]:
-    """``extract`` that raises AliasMismatch when the inputs it read alias differently from the trace:
-    checked on the values the graph is about to take, each read once."""
-    def checked(L: dict, G: dict) -> list:
-        inputs = extract(L, G)
-        if not ok(inputs):
-            raise AliasMismatch
-        return inputs
-    return checked
-
-
-_RELAID_OUT = "a parameter or buffer changed layout in place (p.data = ..., module.to(...), requires_grad_)"
 
 
 def _entry_check(cap: Capture, layouts: PinnedLayouts | None) -> Callable[[dict, dict], bool]:
@@ -608,41 +596,6 @@ def _checkpoint_compiled(ctx: CompileContext, function: Any, *args: Any, **kwarg
     """``torch.utils.checkpoint.checkpoint`` met at a graph break: it runs in Python (its saved-tensor
     hooks and recomputation), calling ``function`` compiled; the recomputation hits the same entry."""
     return _CHECKPOINT(ctx.wrap_callee(function), *args, **kwargs)
-
-
-_ALIASING = "argument aliasing"  # a failure of the entry's aliasing check (aliasing.py), reported as a guard
-
-
-def _failure_key(failure: tuple[Guard, str] | None, guards: GuardSet | None = None) -> str:
-    """The failing guard without the values seen, so repeated failures of one guard count together:
-    a size guard counts by the sizes it reads (``s0 <= 5`` then ``s0 <= 6`` are one size that keeps
-    failing)."""
-    if failure is None:
-        return "no entry matched"
-    g = failure[0]
-    if g.kind == "SHAPE_EXPR":
-        names = set(re.findall(r"[a-z]+\d+", str(g.expected)))
-        sources = sorted({s.source for s in guards or () if s.kind == "SYMBOL" and str(s.expected) in names})
-        return f"size guards on {', '.join(sources) or str(g.expected)}"
-    return f"{g.kind} on {g.source or '<global>'}"
-
-
-def _failure_text(failure: tuple[Guard, str] | None) -> str:
-    if failure is None:  # guards held: the entry's module-call check failed (module_calls.py)
-        return "no entry matched: a module's hooks or forward, or the global module hooks, changed"
-    g, actual = failure
-    if g.kind == "SHAPE_EXPR":
-        pinned = " (a graph specialised to one size: the backend or the code read it as an int)" \
-            if re.fullmatch(r"\(?\w+ (==|<=) \d+\)?", str(g.expected)) else ""
-        return f"size guard {g.expected} failed ({g.note}) with {actual}{pinned}"
-    if g.kind == "GLOBAL_STATE" and g.expected == _ALIASING:  # not a guard: the entry's aliasing check
-        return actual
-    if g.kind == "GLOBAL_STATE":  # the global torch state: only what changed
-        return f"guard failed: GLOBAL_STATE: {actual}"
-    expected = " ".join(repr(g.expected).split())
-    if len(expected) > 160:  # a module's keys, a long tuple: the kind and source say which guard
-        expected = f"{expected[:160]}... ({len(expected)} characters)"
-    return f"guard failed: {g.kind} {g.source or '<global>'}: expected {expected}, got {actual}"
 
 
 _DELETE = object()  # an attribute deletion (it has no value plan)

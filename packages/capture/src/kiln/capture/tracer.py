@@ -259,10 +259,8 @@ class Tracer:
             self._wrap_unspecialized_module(value, source)
             return value
         if isinstance(value, types.BuiltinMethodType) and type(value.__self__) in (list, dict):
-            # ``log.append`` reached as a value (a resume function's stack, a closure): a new object per
-            # call, bound to a list from outside. Its list is traced as the frame's lists are (a copy whose
-            # writes are replayed after the graph); called for real on the real list at trace time it kept
-            # traced values (symbolic floats) in the caller's list and recompiled on every call
+            # ``log.append`` reached as a value (a resume function's stack): its list is traced as the frame's
+            # are; called for real at trace time it put traced values (symbolic floats) in the caller's list
             self.add_guard(source, "TYPE_MATCH", type_name(t))
             self.add_guard(f"{source}.__name__", "EQUALS_MATCH", value.__name__)
             return getattr(self.wrap(value.__self__, f"{source}.__self__"), value.__name__)
