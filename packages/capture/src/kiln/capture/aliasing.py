@@ -1,22 +1,25 @@
-"""Tensor arguments that alias each other: traced as they are, and checked on every call.
+"""Graph input tensors that alias each other: traced as they are, and checked on every call.
 
-A graph is traced for one pattern of aliasing between the tensors a frame receives. Passing the same
+A graph is traced for one pattern of aliasing between the tensors a frame reads. Passing the same
 tensor twice (``f(x, x)``) gives both parameters one traced tensor, so a write through one is seen
 through the other; passing two tensors gives two. Either graph is wrong for the other pattern when it
 writes one of them: compiled for ``f(x, x)``, ``f(x, y)`` wrote ``y`` and left ``x`` alone; compiled
-for ``f(x, y)``, ``f(x, x)`` read the value from before the write. So an entry holds only for its own
-pattern: the sources that were one tensor are one tensor again, and a tensor the graph writes is
-neither another argument nor a view of another argument's memory.
+for ``f(x, y)``, ``f(x, x)`` read the value from before the write. The same holds between an argument
+and a tensor reached another way: a module's buffer the forward updates, called with that buffer as
+its argument (``m(m.buf)``), a global tensor, an attribute. So an entry holds only for its own pattern:
+the sources that were one tensor are one tensor again, and a tensor the graph writes is no other input
+tensor and shares no memory with one.
 
 Two *different* tensors over one memory (``f(x[:6], x[2:])``) with a write to either cannot be traced
 as separate inputs (the write would not be seen through the other view): such a call runs in Python,
 said in the graph-break log and ``explain()`` (``fullgraph=True`` refuses it).
 
-Only tensors reached through the frame's arguments are checked (not a module's ``self`` state, which
-the entry pins by identity, nor an optimizer's state), and only by entries that write an argument or
-took one tensor twice. The check runs on the inputs the entry extracts for its graph (no source is read
-twice); a written argument's storage is compared with the others' in kiln.runtime's native checker when
-it is installed (~1 us for a 24-layer KV cache's 75 tensors).
+Parameters and buffers pinned by identity (the entry's guards hold the very objects) keep their
+sharing from call to call: two of them are never compared (the flattened weights of an RNN are views
+of one memory). Every other input tensor is, when the graph writes a tensor or took one tensor twice;
+an entry that writes nothing and took no tensor twice checks nothing. The check runs on the inputs the
+entry extracts for its graph (no source is read twice); the storages are compared in kiln.runtime's
+native checker when it is installed (~1 us for a 24-layer KV cache's 75 tensors).
 """
 
 from __future__ import annotations
@@ -30,36 +33,54 @@ from kiln.graph import guards_native
 
 from .errors import GraphBreak
 
-
-def argument_source(source: str) -> bool:
-    """Whether ``source`` reaches its tensor through a frame argument other than ``self``."""
-    return source.startswith("L[") and not source.startswith("L['self']")
+Extent = tuple[int, int, int]  # (the memory allocation's address, first byte, one past the last byte read)
 
 
-def storage_key(t: torch.Tensor) -> int:
-    """The address of ``t``'s memory allocation (0 when it holds no elements)."""
-    return t.data_ptr() - int(t.storage_offset()) * t.element_size() if t.numel() else 0
+def extent(t: torch.Tensor) -> Extent | None:
+    """The bytes ``t`` can reach in its memory allocation (None when it holds no elements). Strided views
+    that interleave (``a[::2]``, ``a[1::2]``) count as overlapping."""
+    if not t.numel():
+        return None
+    size = t.element_size()
+    start = int(t.storage_offset()) * size
+    span = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True)) + 1
+    return t.data_ptr() - start, start, start + span * size
 
 
-def written_overlap(values: list, positions: tuple[int, ...], written: tuple[int, ...]) -> bool:
-    """Whether a written tensor shares its memory with another tensor (or is another of them): the
-    tensors are ``values[p]`` for ``p`` in ``positions``, ``written`` indexes ``positions``. In native code
-    when kiln.runtime's guard checker is installed."""
+def overlap(extents: list[Extent | None], written: set[int], fixed: int) -> tuple[int, int] | None:
+    """A pair (i, j) of tensors whose bytes overlap where one is written and not both are pinned (the
+    first ``fixed``), or None."""
+    spans = sorted((e, i) for i, e in enumerate(extents) if e is not None)
+    active: list[tuple[Extent, int]] = []
+    for e, i in spans:
+        active = [(f, j) for f, j in active if f[0] == e[0] and f[2] > e[1]]
+        for _, j in active:
+            if (i in written or j in written) and (i >= fixed or j >= fixed):
+                return j, i
+        active.append((e, i))
+    return None
+
+
+def written_overlap(values: list, positions: tuple[int, ...], written: tuple[int, ...], fixed: int = 0) -> bool:
+    """Whether a written tensor shares memory with another tensor (or is another of them): the tensors
+    are ``values[p]`` for ``p`` in ``positions``, ``written`` indexes ``positions``, and the first ``fixed``
+    positions are pinned tensors whose sharing among themselves is not asked. In native code when
+    kiln.runtime's guard checker is installed."""
     native = guards_native.current()
     if native is not None:
-        answer = native.written_overlap(values, positions, written)
+        answer = native.written_overlap(values, positions, written, fixed)
         if answer is not None:
             return bool(answer)
-    return written_overlap_python(values, positions, written)
+    return written_overlap_python(values, positions, written, fixed)
 
 
-def written_overlap_python(values: list, positions: tuple[int, ...], written: tuple[int, ...]) -> bool:
+def written_overlap_python(values: list, positions: tuple[int, ...], written: tuple[int, ...],
+                           fixed: int = 0) -> bool:
     """``written_overlap`` without the native checker (and for what it does not read: tensor subclasses)."""
     tensors = [values[p] for p in positions]
     if not all(isinstance(t, torch.Tensor) for t in tensors):
         return True  # not a tensor where the trace had one: the entry does not hold
-    keys = [storage_key(t) for t in tensors]
-    return any(keys[w] and keys.count(keys[w]) > 1 for w in written)
+    return overlap([extent(t) for t in tensors], set(written), fixed) is not None
 
 
 class AliasMismatch(Exception):
@@ -68,63 +89,76 @@ class AliasMismatch(Exception):
 
 
 @dataclass
-class ArgumentTensors:
-    """The tracer's record of the argument tensors it lifted (``Tracer.lift_tensor``)."""
+class InputTensors:
+    """The tracer's record of the tensors it lifted as graph inputs (``Tracer.lift_tensor``)."""
 
     # id(real tensor) -> (first source, its traced tensor, the traced tensor's version when lifted)
     seen: dict[int, tuple[str, torch.Tensor, int]] = field(default_factory=dict)
     same: list[tuple[str, str]] = field(default_factory=list)  # (first source, another source of that tensor)
-    storages: dict[int, list[str]] = field(default_factory=dict)  # storage_key -> first sources sharing it
+    extents: dict[str, Extent | None] = field(default_factory=dict)  # first source -> its bytes
+    pinned: set[str] = field(default_factory=set)  # sources of tensors pinned by identity
 
-    def lifted(self, value: torch.Tensor, source: str, fake: torch.Tensor) -> None:
+    def fake_of(self, value: torch.Tensor) -> torch.Tensor | None:
+        """The traced tensor of ``value`` when it was lifted before (through another source)."""
+        first = self.seen.get(id(value))
+        return first[1] if first is not None else None
+
+    def lifted(self, value: torch.Tensor, source: str, fake: torch.Tensor, pinned: bool) -> None:
         """``value`` became a graph input read from ``source``; lifted before through another source, it
         is one tensor twice, and the entry requires the same object there again."""
-        if not argument_source(source):
-            return
         first = self.seen.get(id(value))
         if first is not None:
             self.same.append((first[0], source))
             return
         self.seen[id(value)] = (source, fake, fake._version)
-        key = storage_key(value)
-        if key:
-            self.storages.setdefault(key, []).append(source)
+        if pinned:
+            self.pinned.add(source)
+        self.extents[source] = extent(value)
 
     def plan(self) -> AliasPlan | None:
         """What each call must match, after the trace; raises GraphBreak for two tensors over one memory
-        one of which the graph writes."""
+        one of which the graph writes (unless both are pinned: their sharing does not change)."""
         written = {src for src, fake, version in self.seen.values() if fake._version != version}
-        for sources in self.storages.values():
-            hit = [s for s in sources if s in written]
-            if len(sources) > 1 and hit:
-                other = next(s for s in sources if s != hit[0])
-                raise GraphBreak(f"tensor arguments {hit[0]} and {other} share memory and the graph writes "
-                                 f"{hit[0]}: the write would not be seen through the other",
-                                 "pass tensors that do not overlap, or run this call without kiln")
+        firsts = [s for s, _, _ in self.seen.values()]
+        pinned = [s for s in firsts if s in self.pinned]
+        order = [*pinned, *(s for s in firsts if s not in self.pinned)]
+        hit = overlap([self.extents[s] for s in order], {i for i, s in enumerate(order) if s in written}, len(pinned))
+        if hit is not None:
+            first, second = (order[i] for i in hit)
+            raise GraphBreak(f"tensors {first} and {second} share memory and the graph writes "
+                             f"{first if first in written else second}: the write would not be seen "
+                             "through the other", "pass tensors that do not overlap, or run this call without kiln")
         if not self.same and not written:
             return None
-        return AliasPlan(tuple(self.same), tuple(sorted(written)), tuple(s for s, _, _ in self.seen.values()))
+        loose_written = any(s not in self.pinned for s in written)
+        # pinned tensors first (``fixed`` of them): all of them when a loose tensor is written (it must
+        # not be one of them), else the written ones (they must not be a loose tensor)
+        fixed = [s for s in firsts if s in self.pinned and (loose_written or s in written)]
+        ordered = (*fixed, *(s for s in firsts if s not in self.pinned))
+        return AliasPlan(tuple(self.same), tuple(sorted(written)), ordered, len(fixed))
 
 
 @dataclass(frozen=True)
 class AliasPlan:
     same: tuple[tuple[str, str], ...]  # pairs of sources that must be one tensor
-    written: tuple[str, ...]  # argument tensors the graph writes
-    arguments: tuple[str, ...]  # every argument tensor (first sources), distinct objects at trace time
+    written: tuple[str, ...]  # input tensors the graph writes
+    tensors: tuple[str, ...]  # the input tensors compared (first sources), distinct objects at trace time
+    fixed: int  # tensors[:fixed] are pinned: never compared with each other
 
     def input_check(self, input_sources: list[str]) -> Callable[[list], bool]:
         """``ok(inputs)`` over the graph's inputs as the entry extracts them (every source here is one):
-        the pairs are one object, and no written tensor shares memory with another argument tensor."""
+        the pairs are one object, and no written tensor shares memory with another input tensor."""
         at = {s: i for i, s in enumerate(input_sources)}
         same = [(at[a], at[b]) for a, b in self.same]
-        args = tuple(at[s] for s in self.arguments)
-        written = tuple(self.arguments.index(s) for s in self.written)
+        positions = tuple(at[s] for s in self.tensors)
+        written = tuple(self.tensors.index(s) for s in self.written)
+        fixed = self.fixed
 
         def ok(inputs: list) -> bool:
             for i, j in same:
                 if inputs[i] is not inputs[j]:
                     return False
-            return not written or not written_overlap(inputs, args, written)
+            return not written or not written_overlap(inputs, positions, written, fixed)
         return ok
 
     def checking(self, extract: Callable[[dict, dict], list], input_sources: list[str]) -> Callable[[dict, dict], list]:
@@ -141,13 +175,13 @@ class AliasPlan:
 
     def failure(self, L: dict, G: dict) -> str | None:
         """Why a call does not match (for the recompile reason), or None."""
-        sources = list(dict.fromkeys([*self.arguments, *(s for pair in self.same for s in pair)]))
+        sources = list(dict.fromkeys([*self.tensors, *(s for pair in self.same for s in pair)]))
         try:
             values = [eval(s, {"L": L, "G": G}) for s in sources]  # noqa: S307 (sources the tracer wrote)
         except Exception:  # noqa: BLE001 - a source that no longer resolves
-            return "a tensor argument's source no longer resolves"
+            return "an input tensor's source no longer resolves"
         if self.input_check(sources)(values):
             return None
-        return (f"tensor arguments alias differently from the trace (traced: "
-                f"{', '.join(f'{a} is {b}' for a, b in self.same) or 'no argument passed twice'}; "
+        return (f"input tensors alias differently from the trace (traced: "
+                f"{', '.join(f'{a} is {b}' for a, b in self.same) or 'no tensor read twice'}; "
                 f"written: {', '.join(self.written) or 'none'})")

@@ -57,7 +57,7 @@ class Capture:
     pinned_tensors: list[tuple[str, torch.Tensor]] = field(default_factory=list)  # their layouts checked
     call_paths: tuple = ()  # module calls traced (module_calls.call_path_check)
     global_hooks: tuple | None = None  # the global module hooks when a module call was traced
-    aliasing: AliasPlan | None = None  # how the argument tensors must alias on each call (aliasing.py)
+    aliasing: AliasPlan | None = None  # how the input tensors must alias on each call (aliasing.py)
 
 
 def run_capture(code: types.CodeType, f_globals: dict[str, Any], closure: tuple | None,
@@ -173,7 +173,7 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt, grad_
     for _, src in tracer.resumed_autocasts:  # blocks entered before a break, left in this graph
         side_effects.append((eval(f"lambda outs, L, G: {src}"), EXIT_CALL,  # noqa: S307 (a source we made)
                              lambda outs, L, G: ([None, None, None], {})))
-    aliasing = tracer.argument_tensors.plan()  # raises GraphBreak for written overlapping arguments
+    aliasing = tracer.input_tensors.plan()  # raises GraphBreak for written overlapping inputs
     out_nodes = tuple(tracer.to_arg(v) for v in flat.outputs)
     tracer.graph.output(out_nodes)
     _dead_code(tracer)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from torch._subclasses import fake_tensor
+from torch.fx.experimental import symbolic_shapes
+
 from kiln.graph import KilnError
 
 
@@ -20,6 +23,19 @@ class GraphBreak(Exception):
         self.reason = reason
         self.hint = hint
         self.user_stack: list[str] = []  # "file:line in fn" from the innermost inlined frame out
+
+
+def _breaking_errors() -> tuple[type[BaseException], ...]:
+    ft, ss = fake_tensor, symbolic_shapes
+    names = [(ft, "DataDependentOutputException"), (ft, "DynamicOutputShapeException"),
+             (ft, "UnsupportedOperatorException"), (ft, "UnsupportedFakeTensorException"),
+             (ss, "GuardOnDataDependentSymNode")]
+    found = [getattr(m, n) for m, n in names if isinstance(getattr(m, n, None), type)]
+    return (*found, NotImplementedError)
+
+
+# fake-tensor failures that mean 'cannot trace this', not 'the user's code is wrong'
+BREAKING_ERRORS = _breaking_errors()
 
 
 class SkipFrame(Exception):

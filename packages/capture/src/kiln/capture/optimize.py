@@ -323,7 +323,7 @@ class Optimized:
         try:
             return entry.run(L, G)
         except AliasMismatch:  # the capture saw these very inputs: not expected, but never run wrongly
-            return self._eager("tensor arguments alias differently from the capture of this call", args,
+            return self._eager("input tensors alias differently from the capture of this call", args,
                                kwargs, permanent=False)
 
     def _compile(self, L: dict, G: dict, cache: CodeCache,

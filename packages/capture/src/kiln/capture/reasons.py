@@ -10,7 +10,7 @@ from kiln.graph import Guard, GuardSet
 
 RELAID_OUT = "a parameter or buffer changed layout in place (p.data = ..., module.to(...), requires_grad_)"
 
-ALIASING = "argument aliasing"  # a failure of the entry's aliasing check (aliasing.py), reported as a guard
+ALIASING = "input aliasing"  # a failure of the entry's aliasing check (aliasing.py), reported as a guard
 
 
 def failure_key(failure: tuple[Guard, str] | None, guards: GuardSet | None = None) -> str:

@@ -103,7 +103,42 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     env = tracer.shape_env
     if id(fn) in FRESH_RESULT and isinstance(env, CaptureShapeEnv) and env.may_be_one:
         return env.fresh_result(lambda: _record_traced(tracer, fn, args, kwargs))
-    return _record_traced(tracer, fn, args, kwargs)
+    written = _multi_tensor_writes(fn)
+    versions = [[t._version for t in _tensors_of(args, kwargs, at)] for at in written]
+    result = _record_traced(tracer, fn, args, kwargs)
+    for at, before in zip(written, versions, strict=True):  # fake tensors do not count the writes of
+        # foreach and fused in-place ops (torch._foreach_add_, torch._fused_adam_): counted here, as eager
+        # counts them, so the capture knows which inputs the graph writes (aliasing.py)
+        for t, version in zip(_tensors_of(args, kwargs, at), before, strict=True):
+            if t._version == version:
+                torch.autograd.graph.increment_version(t)
+    return result
+
+
+_MULTI_TENSOR_WRITES: dict[str, tuple[tuple[int, str], ...]] = {}
+
+
+def _multi_tensor_writes(fn: Any) -> tuple[tuple[int, str], ...]:
+    """(position, name) of the tensor-list arguments a foreach or fused in-place op writes (its schema's
+    ``!`` annotations); () for any other function."""
+    name = getattr(fn, "__name__", "")
+    if not (name.startswith(("_foreach_", "_fused_")) and name.endswith("_")):
+        return ()
+    if name not in _MULTI_TENSOR_WRITES:
+        packet = getattr(torch.ops.aten, name, None)
+        found: dict[str, int] = {}
+        for overload in packet.overloads() if packet is not None else ():
+            for i, arg in enumerate(getattr(packet, overload)._schema.arguments):
+                if arg.alias_info is not None and arg.alias_info.is_write:
+                    found.setdefault(arg.name, i)
+        _MULTI_TENSOR_WRITES[name] = tuple((i, n) for n, i in found.items())
+    return _MULTI_TENSOR_WRITES[name]
+
+
+def _tensors_of(args: list, kwargs: dict, at: tuple[int, str]) -> list[torch.Tensor]:
+    value = args[at[0]] if at[0] < len(args) else kwargs.get(at[1])
+    items = value if isinstance(value, (list, tuple)) else [value]
+    return [t for t in items if isinstance(t, torch.Tensor)]
 
 
 def _record_traced(tracer: Tracer, fn: Any, args: list, kwargs: dict) -> Any:

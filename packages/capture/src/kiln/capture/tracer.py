@@ -21,9 +21,7 @@ from typing import Any, cast
 import sympy
 import torch
 from torch import fx, nn
-from torch._subclasses import fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
-from torch.fx.experimental import symbolic_shapes
 from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
 
 from kiln.graph import (
@@ -38,9 +36,9 @@ from kiln.graph import (
     type_name,
 )
 
-from .aliasing import ArgumentTensors
+from .aliasing import InputTensors
 from .deferred import is_random_target, seed_pending
-from .errors import GraphBreak
+from .errors import BREAKING_ERRORS, GraphBreak
 from .foreign import is_immutable_constant, is_numpy_scalar, state_in_c
 from .input_shapes import constrain_ranges, guard_strides
 from .knobs import user_environment
@@ -127,7 +125,7 @@ class Tracer:
         self.pinned: list[Any] = []  # the objects ID_MATCH guards name (guard_identity)
         # parameters and buffers pinned by identity, whose layouts the entry checks (pinned_layouts.py)
         self.pinned_tensors: list[tuple[str, torch.Tensor]] = []
-        self.argument_tensors = ArgumentTensors()  # how the argument tensors alias (aliasing.py)
+        self.input_tensors = InputTensors()  # how the input tensors alias (aliasing.py)
         # module calls traced, checked per call of the entry (module_calls.call_path_check)
         self.call_paths: dict[int, CallPath] = {}
         self.global_hooks: tuple | None = None
@@ -428,17 +426,22 @@ class Tracer:
         # parameters of a module built anew on each call are new tensors each call: read by source
         pinned = is_state and not self.is_unspecialized(source)
         key: Any = id(value) if pinned else source
+        if pinned:
+            self.guard_identity(source, value)
         if key in self.input_by_key:
-            if pinned:
-                self.guard_identity(source, value)
             return self.input_by_key[key]
         if type(value) not in (torch.Tensor, nn.Parameter, nn.parameter.Buffer):
             if isinstance(value, FakeTensor):
                 return value
             raise GraphBreak(f"tensor subclass {type(value).__name__}")
+        earlier = self.input_tensors.fake_of(value)
+        if earlier is not None:  # a second source of one tensor: an input checked to be that tensor (aliasing.py)
+            self.inputs.append(GraphInput(source, value, earlier, self._placeholder(source, earlier)))
+            self.input_tensors.lifted(value, source, earlier, pinned)
+            self.input_by_key[key] = earlier
+            return earlier  # the ops keep using the first input's node
         if is_state:
             if pinned:
-                self.guard_identity(source, value)
                 self.pinned_tensors.append((source, value))
             else:
                 self.add_guard(source, "TENSOR_MATCH", tensor_expectation(value))
@@ -469,8 +472,7 @@ class Tracer:
             strides = guard_strides(fake, source, self.symbol_sources, self.stride_relations) if dyn else None
             self.add_guard(source, "TENSOR_MATCH", tensor_expectation(value, dyn, strides))
         self.inputs.append(GraphInput(source, value, fake, node))
-        if not is_state:
-            self.argument_tensors.lifted(value, source, fake)
+        self.input_tensors.lifted(value, source, fake, pinned)
         self.input_source_of_fake[id(fake)] = source
         self.input_by_key[key] = fake
         self.node_of[id(fake)] = node
@@ -565,7 +567,7 @@ class Tracer:
         except GraphBreak:
             raise
         except Exception as e:
-            if not isinstance(e, _BREAKING_ERRORS):
+            if not isinstance(e, BREAKING_ERRORS):
                 raise  # a genuine user error: the frame runs eagerly and raises it from user code
             raise GraphBreak(f"{_describe_target(target)} failed on fake tensors: "
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
@@ -757,19 +759,6 @@ class Tracer:
             self.graph.erase_node(node)
         self._drop_draws(n_draws)
         torch.set_grad_enabled(grad)
-
-
-def _breaking_errors() -> tuple[type[BaseException], ...]:
-    """Fake-tensor failures that mean 'cannot trace this', not 'the user's code is wrong'."""
-    ft, ss = fake_tensor, symbolic_shapes
-    names = [(ft, "DataDependentOutputException"), (ft, "DynamicOutputShapeException"),
-             (ft, "UnsupportedOperatorException"), (ft, "UnsupportedFakeTensorException"),
-             (ss, "GuardOnDataDependentSymNode")]
-    found = [getattr(m, n) for m, n in names if isinstance(getattr(m, n, None), type)]
-    return (*found, NotImplementedError)
-
-
-_BREAKING_ERRORS = _breaking_errors()
 
 
 _CONSTANT_TYPES = frozenset({bool, int, float, str, type(None)})

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace {
@@ -483,18 +484,31 @@ PyObject* calibrate(PyObject*, PyObject* probes) {
   return PyLong_FromSsize_t(g_cdata_offset);
 }
 
-// written_overlap(values, (positions...), (written...)) -> whether a written tensor shares its storage (the
-// same StorageImpl, holding bytes) with another tensor: ``values[positions[k]]`` are the tensors, written
-// are indices into positions. None when one is not a plain tensor with storage (the caller asks Python).
-// kiln.capture's aliasing check of tensor arguments (keys sorted: n log n, not written x n).
+// written_overlap(values, (positions...), (written...), fixed=0) -> whether a written tensor shares memory
+// with another tensor (their bytes in one StorageImpl overlap; strided views that interleave count as
+// overlapping): ``values[positions[k]]`` are the tensors, written are indices into positions, and the first
+// ``fixed`` positions are pinned tensors whose sharing among themselves is not asked. None when one is not a
+// plain tensor with storage (the caller asks Python). kiln.capture's aliasing check of input tensors
+// (aliasing.py's ``overlap``, the same sweep over spans sorted by storage and first byte).
 PyObject* written_overlap(PyObject*, PyObject* args) {
   PyObject* values;
   PyObject* positions;
   PyObject* written;
-  if (!PyArg_ParseTuple(args, "O!O!O!", &PyList_Type, &values, &PyTuple_Type, &positions, &PyTuple_Type, &written))
+  Py_ssize_t fixed = 0;
+  if (!PyArg_ParseTuple(args, "O!O!O!|n", &PyList_Type, &values, &PyTuple_Type, &positions, &PyTuple_Type, &written,
+                        &fixed))
     return nullptr;
+  struct Span {
+    const void* storage;
+    int64_t start;
+    int64_t end;
+    bool written;
+    bool loose;  // not one of the first ``fixed``
+  };
   const Py_ssize_t n = PyTuple_GET_SIZE(positions);
-  std::vector<std::pair<const void*, bool>> keys(static_cast<size_t>(n), {nullptr, false});
+  std::vector<Span> spans;
+  spans.reserve(static_cast<size_t>(n));
+  std::vector<int> index(static_cast<size_t>(n), -1);  // position -> its span, -1 when it holds nothing
   for (Py_ssize_t k = 0; k < n; ++k) {
     const Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(positions, k));
     if (at < 0 || at >= PyList_GET_SIZE(values)) {
@@ -505,9 +519,17 @@ PyObject* written_overlap(PyObject*, PyObject* args) {
     PyTypeObject* t = Py_TYPE(v);
     if ((t != g_plain[0] && t != g_plain[1] && t != g_plain[2]) || g_cdata_offset < 0) Py_RETURN_NONE;
     c10::TensorImpl* impl = *reinterpret_cast<c10::TensorImpl**>(reinterpret_cast<char*>(v) + g_cdata_offset);
-    if (impl == nullptr || !impl->has_storage()) Py_RETURN_NONE;
-    const c10::Storage& st = impl->unsafe_storage();
-    keys[static_cast<size_t>(k)].first = st.nbytes() > 0 ? static_cast<const void*>(st.unsafeGetStorageImpl()) : nullptr;
+    if (impl == nullptr || !impl->has_storage() || impl->has_symbolic_sizes_strides()) Py_RETURN_NONE;
+    if (impl->numel() == 0) continue;
+    const int64_t item = static_cast<int64_t>(impl->dtype().itemsize());
+    int64_t last = 0;
+    const auto sizes = impl->sizes();
+    const auto strides = impl->strides();
+    for (size_t d = 0; d < sizes.size(); ++d) last += (sizes[d] - 1) * (strides[d] < 0 ? -strides[d] : strides[d]);
+    const int64_t start = impl->storage_offset() * item;
+    index[static_cast<size_t>(k)] = static_cast<int>(spans.size());
+    spans.push_back(Span{impl->unsafe_storage().unsafeGetStorageImpl(), start, start + (last + 1) * item, false,
+                         k >= fixed});
   }
   for (Py_ssize_t w = 0; w < PyTuple_GET_SIZE(written); ++w) {
     const Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(written, w));
@@ -515,15 +537,20 @@ PyObject* written_overlap(PyObject*, PyObject* args) {
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "kiln native guards: written index out of range");
       return nullptr;
     }
-    keys[static_cast<size_t>(i)].second = true;
+    if (index[static_cast<size_t>(i)] >= 0) spans[static_cast<size_t>(index[static_cast<size_t>(i)])].written = true;
   }
-  std::sort(keys.begin(), keys.end());
-  for (size_t k = 0; k + 1 < keys.size(); ++k) {
-    size_t e = k + 1;
-    bool any_written = keys[k].second;
-    for (; e < keys.size() && keys[e].first == keys[k].first; ++e) any_written = any_written || keys[e].second;
-    if (keys[k].first != nullptr && e > k + 1 && any_written) Py_RETURN_TRUE;
-    k = e - 1;
+  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
+    return a.storage != b.storage ? std::less<const void*>()(a.storage, b.storage) : a.start < b.start;
+  });
+  std::vector<const Span*> active;  // spans of the current storage that reach past the next one's start
+  for (const Span& s : spans) {
+    size_t kept = 0;
+    for (const Span* a : active)
+      if (a->storage == s.storage && a->end > s.start) active[kept++] = a;
+    active.resize(kept);
+    for (const Span* a : active)
+      if ((a->written || s.written) && (a->loose || s.loose)) Py_RETURN_TRUE;
+    active.push_back(&s);
   }
   Py_RETURN_FALSE;
 }
