@@ -499,16 +499,13 @@ PyObject* written_overlap(PyObject*, PyObject* args) {
                         &fixed))
     return nullptr;
   struct Span {
-    const void* storage;
     int64_t start;
     int64_t end;
     bool written;
     bool loose;  // not one of the first ``fixed``
   };
   const Py_ssize_t n = PyTuple_GET_SIZE(positions);
-  std::vector<Span> spans;
-  spans.reserve(static_cast<size_t>(n));
-  std::vector<int> index(static_cast<size_t>(n), -1);  // position -> its span, -1 when it holds nothing
+  std::vector<c10::TensorImpl*> impls(static_cast<size_t>(n), nullptr);
   for (Py_ssize_t k = 0; k < n; ++k) {
     const Py_ssize_t at = PyLong_AsSsize_t(PyTuple_GET_ITEM(positions, k));
     if (at < 0 || at >= PyList_GET_SIZE(values)) {
@@ -520,37 +517,59 @@ PyObject* written_overlap(PyObject*, PyObject* args) {
     if ((t != g_plain[0] && t != g_plain[1] && t != g_plain[2]) || g_cdata_offset < 0) Py_RETURN_NONE;
     c10::TensorImpl* impl = *reinterpret_cast<c10::TensorImpl**>(reinterpret_cast<char*>(v) + g_cdata_offset);
     if (impl == nullptr || !impl->has_storage() || impl->has_symbolic_sizes_strides()) Py_RETURN_NONE;
-    if (impl->numel() == 0) continue;
-    const int64_t item = static_cast<int64_t>(impl->dtype().itemsize());
-    int64_t last = 0;
-    const auto sizes = impl->sizes();
-    const auto strides = impl->strides();
-    for (size_t d = 0; d < sizes.size(); ++d) last += (sizes[d] - 1) * (strides[d] < 0 ? -strides[d] : strides[d]);
-    const int64_t start = impl->storage_offset() * item;
-    index[static_cast<size_t>(k)] = static_cast<int>(spans.size());
-    spans.push_back(Span{impl->unsafe_storage().unsafeGetStorageImpl(), start, start + (last + 1) * item, false,
-                         k >= fixed});
+    impls[static_cast<size_t>(k)] = impl;
   }
+  std::vector<char> written_at(static_cast<size_t>(n), 0);
   for (Py_ssize_t w = 0; w < PyTuple_GET_SIZE(written); ++w) {
     const Py_ssize_t i = PyLong_AsSsize_t(PyTuple_GET_ITEM(written, w));
     if (i < 0 || i >= n) {
       if (!PyErr_Occurred()) PyErr_SetString(PyExc_IndexError, "kiln native guards: written index out of range");
       return nullptr;
     }
-    if (index[static_cast<size_t>(i)] >= 0) spans[static_cast<size_t>(index[static_cast<size_t>(i)])].written = true;
+    written_at[static_cast<size_t>(i)] = 1;
   }
-  std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) {
-    return a.storage != b.storage ? std::less<const void*>()(a.storage, b.storage) : a.start < b.start;
+  // tensors by storage (pointers sorted: the usual call has no storage twice and stops there); the bytes
+  // of each are compared only within a storage that several tensors hold
+  std::vector<std::pair<const void*, Py_ssize_t>> by_storage;
+  by_storage.reserve(static_cast<size_t>(n));
+  for (Py_ssize_t k = 0; k < n; ++k) {
+    c10::TensorImpl* impl = impls[static_cast<size_t>(k)];
+    if (impl->numel() > 0) by_storage.emplace_back(impl->unsafe_storage().unsafeGetStorageImpl(), k);
+  }
+  std::sort(by_storage.begin(), by_storage.end(), [](const auto& a, const auto& b) {
+    return std::less<const void*>()(a.first, b.first);
   });
-  std::vector<const Span*> active;  // spans of the current storage that reach past the next one's start
-  for (const Span& s : spans) {
-    size_t kept = 0;
-    for (const Span* a : active)
-      if (a->storage == s.storage && a->end > s.start) active[kept++] = a;
-    active.resize(kept);
-    for (const Span* a : active)
-      if ((a->written || s.written) && (a->loose || s.loose)) Py_RETURN_TRUE;
-    active.push_back(&s);
+  std::vector<Span> spans;
+  for (size_t r = 0; r < by_storage.size();) {
+    size_t e = r + 1;
+    while (e < by_storage.size() && by_storage[e].first == by_storage[r].first) ++e;
+    if (e - r > 1) {
+      spans.clear();
+      for (size_t j = r; j < e; ++j) {
+        const Py_ssize_t k = by_storage[j].second;
+        c10::TensorImpl* impl = impls[static_cast<size_t>(k)];
+        const int64_t item = static_cast<int64_t>(impl->dtype().itemsize());
+        int64_t last = 0;
+        const auto sizes = impl->sizes();
+        const auto strides = impl->strides();
+        for (size_t d = 0; d < sizes.size(); ++d) last += (sizes[d] - 1) * (strides[d] < 0 ? -strides[d] : strides[d]);
+        const int64_t start = impl->storage_offset() * item;
+        spans.push_back(Span{start, start + (last + 1) * item, written_at[static_cast<size_t>(k)] != 0, k >= fixed});
+      }
+      std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.start < b.start; });
+      // a pair overlaps when one is written and not both are pinned; spans still reaching past each start
+      std::vector<const Span*> active;
+      for (const Span& sp : spans) {
+        size_t kept = 0;
+        for (const Span* o : active)
+          if (o->end > sp.start) active[kept++] = o;
+        active.resize(kept);
+        for (const Span* o : active)
+          if ((o->written || sp.written) && (o->loose || sp.loose)) Py_RETURN_TRUE;
+        active.push_back(&sp);
+      }
+    }
+    r = e;
   }
   Py_RETURN_FALSE;
 }
