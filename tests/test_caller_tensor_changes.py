@@ -4,8 +4,10 @@ with fresh inputs against eager.
 ``x.requires_grad_()``: the caller's tensor gets the flag and, after backward, its gradient. Before, the
 flag changed only on the graph's copy: the output required grad, the caller's tensor did not, and its
 ``.grad`` stayed None after backward. ``x.resize_(...)``: the caller's tensor has the new shape. Before,
-the graph's new value could not be copied back into the old shape (an error where eager ran). And a
-clock read inside compiled code is read on every call."""
+the graph's new value could not be copied back into the old shape (an error where eager ran).
+``x.t_()``, ``x.unsqueeze_(0)`` and the other in-place views of a caller's tensor: its new shape. Before,
+the aot_eager backend raised where eager ran, and the inductor backend ran the whole graph op by op. And
+a clock read inside compiled code is read on every call."""
 
 from __future__ import annotations
 
@@ -105,3 +107,35 @@ def test_the_seed_read_inside_compiled_code_follows_manual_seed():
     for seed in (1, 2, 7):
         torch.manual_seed(seed)
         assert compiled(torch.zeros(1, dtype=torch.float64)).item() == seed
+
+
+INPLACE_VIEWS = {
+    "t_": (lambda x: x.t_(), (2, 3)),
+    "transpose_": (lambda x: x.transpose_(0, 1), (2, 3)),
+    "unsqueeze_": (lambda x: x.unsqueeze_(0), (3,)),
+    "squeeze_": (lambda x: x.squeeze_(), (1, 3)),
+    "as_strided_": (lambda x: x.as_strided_((2,), (2,)), (4,)),
+}
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+@pytest.mark.parametrize("name", sorted(INPLACE_VIEWS))
+def test_an_inplace_view_of_a_callers_tensor_runs_in_python_and_the_rest_compiles(backend, name):
+    change, shape = INPLACE_VIEWS[name]
+
+    def reshape_then_use(x):
+        y = x * 3  # a graph before the break
+        change(x)
+        return x + 1, y
+
+    kiln.reset()
+    kiln.stats_reset()
+    compiled = kiln.compile(reshape_then_use, backend=backend)
+    for _ in range(3):
+        x = torch.randn(shape)
+        ref = x.clone()
+        got, want = compiled(x), reshape_then_use(ref)
+        assert x.shape == ref.shape and x.stride() == ref.stride()
+        torch.testing.assert_close(got, want)
+    stats = kiln.stats()
+    assert stats.graph_breaks >= 1 and stats.graphs_run_eagerly == 0 and stats.frames_run_eagerly == 0, stats

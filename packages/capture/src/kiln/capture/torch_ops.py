@@ -167,6 +167,7 @@ def _record_traced(tracer: Tracer, fn: Any, args: list, kwargs: dict) -> Any:
     return tracer.record("call_function", fn, tuple(args), dict(kwargs), lambda: fn(*args, **kwargs))
 
 
+_INPLACE_VIEWS = frozenset({"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_", "squeeze_", "as_strided_"})
 _TENSOR_VALUE_POLYFILLS = {"addcdiv": polyfills.add_quotient_, "addcdiv_": polyfills.add_quotient_,
                            "addcmul": polyfills.add_product_, "addcmul_": polyfills.add_product_}
 
@@ -196,6 +197,10 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
         # (its new value could not be copied into the old shape: an error where eager ran)
         raise GraphBreak(f"Tensor.{name}() changes the tensor's shape and may reallocate its storage",
                          "it runs in Python between graphs")
+    if name in _INPLACE_VIEWS and id(t) in tracer.input_source_of_fake:  # the caller's tensor changes
+        # shape: graphs write back values, not sizes and strides (kiln.autograd refuses it)
+        raise GraphBreak(f"Tensor.{name}() changes the sizes or strides of the tensor "
+                         f"{tracer.input_source_of_fake[id(t)]} in place", "it runs in Python between graphs")
     tensor_value = _tensor_value_polyfill(name, args, kwargs)
     if tensor_value is not None:
         polyfill, operands = tensor_value
