@@ -37,6 +37,7 @@ from .module_init import build_module, grad_leaf_call, make_parameter, mark_buil
 from .numpy_random import is_python_draw, rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
+from .sources import attr_source
 from .values import (
     EMPTY,
     NULL,
@@ -123,6 +124,11 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
             raise _opaque_break(fn.__self__, fn.__func__)  # a pybind11 method (process group, reducer)
         return call_function(frame, fn.__func__, [fn.__self__, *args], kwargs)
     if isinstance(fn, functools.partial):
+        src = frame.tracer.source_of.get(id(fn))
+        if src is not None:  # the caller's partial: its function, arguments and keywords are guarded
+            func, pargs, keywords = (frame.tracer.wrap(getattr(fn, a), attr_source(src, a))
+                                     for a in ("func", "args", "keywords"))
+            return call_function(frame, func, [*pargs, *args], {**keywords, **kwargs})
         return call_function(frame, fn.func, [*fn.args, *args], {**fn.keywords, **kwargs})
     if isinstance(fn, (operator.attrgetter, operator.itemgetter, operator.methodcaller)):
         return _call_getter(frame, fn, args)

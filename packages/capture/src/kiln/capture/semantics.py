@@ -179,8 +179,22 @@ def tensor_attr(frame: Frame, t: torch.Tensor, name: str) -> Any:
     if static is not None and callable(static) or hasattr(torch.Tensor, name) and callable(getattr(torch.Tensor, name)):
         return TensorMethod(t, name)
     if not hasattr(torch.Tensor, name):
-        raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+        return python_attr(tracer, t, name)
     raise GraphBreak(f"unsupported tensor attribute {name!r}")
+
+
+def python_attr(tracer: Any, t: torch.Tensor, name: str) -> Any:
+    """An attribute a program set on a caller's tensor (``x.gain = 2.0``): read from the real tensor's
+    ``__dict__``, whose keys and values are guarded (so its absence too); a tensor made in the graph
+    has none (setting one breaks the graph)."""
+    source = tracer.input_source_of_fake.get(id(t))
+    real = next((i.value for i in tracer.inputs if i.fake is t), None) if source is not None else None
+    if not isinstance(real, torch.Tensor):
+        raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+    attrs = tracer.wrap(real.__dict__, attr_source(source, "__dict__"))
+    if name not in attrs:
+        raise AttributeError(f"'Tensor' object has no attribute {name!r}")
+    return tracer.wrap(attrs[name], item_source(attr_source(source, "__dict__"), name))
 
 
 NOT_AN_INPUT = object()
@@ -525,6 +539,7 @@ def get_iter(frame: Frame, obj: Any) -> Any:
     if isinstance(obj, (type({}.keys()), type({}.values()), type({}.items()), enumerate, zip,
                         reversed, map, filter)) or type(obj).__name__ in ("list_iterator", "tuple_iterator",
                                                                            "range_iterator"):
+        refuse_foreign_values(frame, [obj], "iteration")  # the caller's iterator: consumed here for real
         return ListIterator(list(obj), frame.tracer.advances)
     iter_fn = lookup_static(type(obj), "__iter__")
     if isinstance(iter_fn, types.FunctionType):
