@@ -6,11 +6,16 @@ that then broke or fell back ran on an exhausted iterator (``sum(x * 2 for x in 
 ``[x + 1 for x in it]`` returned ``[]``); a ``functools.partial``'s arguments and keywords were read
 once (``f(x, partial(torch.mul, other=a))`` used the first call's ``a`` on every call); a Python
 attribute set on a caller's tensor (``x.gain = 2.0``, read by ``getattr(x, "gain", 1.0)``) was never
-seen (the traced tensor has none) nor guarded."""
+seen (the traced tensor has none) nor guarded; a slice, range, complex number or torch.Size argument,
+and an ``operator.itemgetter``/``attrgetter``/``methodcaller``, was guarded by its type only (``x[s]``
+sliced with the first call's slice on every call); and a function's ``__defaults__`` replaced after
+``kiln.compile`` kept the old defaults."""
 
 from __future__ import annotations
 
 import functools
+import operator
+import types
 
 import pytest
 import torch
@@ -102,3 +107,44 @@ def test_a_python_attribute_on_a_callers_tensor_is_read_on_every_call(backend):
         if bias_on:
             x.bias_on = True
         torch.testing.assert_close(compiled(x), _gain(x))
+
+
+VALUES = {
+    "slice": (lambda x, s: x[s], [slice(0, 2), slice(1, 3), slice(0, 6, 2), slice(0, 2)]),
+    "range": (lambda x, r: [x[i] for i in r], [range(0, 2), range(1, 4), range(0, 6, 2)]),
+    "complex": (lambda x, c: (x * c).real, [1 + 2j, 3 - 1j, 1 + 2j]),
+    "torch.Size": (lambda x, s: x.reshape(s), [torch.Size([2, 3]), torch.Size([3, 2]), torch.Size([6])]),
+    "itemgetter": (lambda x, g: g([x, x * 2, x * 3]), [operator.itemgetter(0), operator.itemgetter(1),
+                                                         operator.itemgetter(2, 0)]),
+    "attrgetter": (lambda x, g: g(types.SimpleNamespace(a=x, b=x * 2)), [operator.attrgetter("a"),
+                                                                           operator.attrgetter("b")]),
+    "methodcaller": (lambda x, g: g(x), [operator.methodcaller("mul", 2), operator.methodcaller("mul", 3),
+                                          operator.methodcaller("add", 1, alpha=2)]),
+}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", sorted(VALUES))
+def test_an_immutable_value_argument_is_guarded_by_its_value(backend, kind):
+    fn, values = VALUES[kind]
+    kiln.reset()
+    compiled = kiln.compile(fn, backend=backend)
+    for v in values:
+        x = torch.randn(6)
+        torch.testing.assert_close(compiled(x, v), fn(x, v))
+
+
+def _scaled(x, k=2.0):
+    return x * k
+
+
+def test_defaults_replaced_after_compile_are_used():
+    kiln.reset()
+    compiled = kiln.compile(_scaled)
+    try:
+        for k in (2.0, 5.0, 7.0):
+            _scaled.__defaults__ = (k,)
+            x = torch.randn(3)
+            torch.testing.assert_close(compiled(x), x * k)
+    finally:
+        _scaled.__defaults__ = (2.0,)

@@ -37,7 +37,7 @@ from .module_init import build_module, grad_leaf_call, make_parameter, mark_buil
 from .numpy_random import is_python_draw, rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
 from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
-from .sources import attr_source
+from .sources import attr_source, item_source
 from .values import (
     EMPTY,
     NULL,
@@ -177,6 +177,14 @@ def _call_getter(frame: Frame, fn: Any, args: list) -> Any:
 
     (obj,) = args
     ctor, params = fn.__reduce__()[:2]
+    src = frame.tracer.source_of.get(id(fn))
+    if src is not None:  # the caller's getter: what it names (and a methodcaller's arguments) is guarded
+        wrap, state = frame.tracer.wrap, f"{src}.__reduce__()"
+        params = wrap(params, item_source(state, 1))
+        if isinstance(ctor, functools.partial):
+            ctor = functools.partial(wrap(ctor.func, attr_source(item_source(state, 0), "func")),
+                                     *wrap(ctor.args, attr_source(item_source(state, 0), "args")),
+                                     **wrap(ctor.keywords, attr_source(item_source(state, 0), "keywords")))
     if isinstance(fn, operator.methodcaller):  # (methodcaller, (name, *args)) or (partial(..), args)
         if isinstance(ctor, functools.partial):
             name, call_args, call_kwargs = ctor.args[0], list(params), dict(ctor.keywords)

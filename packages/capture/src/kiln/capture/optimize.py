@@ -180,7 +180,7 @@ class Optimized:
         self.code: types.CodeType | None = getattr(func, "__code__", None)
         self.f_globals: dict = getattr(func, "__globals__", {})
         self.closure = getattr(func, "__closure__", None)
-        self.sig = inspect.signature(func, follow_wrapped=False) if func is not None else None
+        self._read_signature()
         self.simple = self.code is not None and not (self.code.co_flags & (inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)) \
             and not self.code.co_kwonlyargcount and not func.__defaults__
         self.names = self.code.co_varnames[:self.code.co_argcount] if self.code else ()
@@ -192,6 +192,11 @@ class Optimized:
             cache.eager_reason = "generators and coroutines run eagerly"
         self.cache = ctx.cache_for(self.code) if self.code is not None else None
         self.disabled = disabled_reason(fn if not isinstance(fn, nn.Module) else type(fn).forward)
+
+    def _read_signature(self) -> None:
+        func = self.func
+        self.sig = inspect.signature(func, follow_wrapped=False) if func is not None else None
+        self.defaults = (getattr(func, "__defaults__", None), getattr(func, "__kwdefaults__", None))
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         if self.self_obj is not None:
@@ -211,6 +216,8 @@ class Optimized:
                 L["__closure__"] = self.closure
             return L
         else:
+            if self.func.__defaults__ is not self.defaults[0] or self.func.__kwdefaults__ is not self.defaults[1]:
+                self._read_signature()  # defaults replaced since (``f.__defaults__ = ...``)
             ba = self.sig.bind(*args, **kwargs)  # type: ignore[union-attr]
             ba.apply_defaults()
             L = dict(ba.arguments)

@@ -210,7 +210,7 @@ class Tracer:
         if t is float and self.shape_env is not None and math.isfinite(value) and \
                 self.dynamic_policy(source, value):
             return self.lift_float(value, source)
-        if t in (bool, int, float, str, bytes) or is_numpy_scalar(value):
+        if t in (bool, int, float, str, bytes, complex, slice, range, torch.Size) or is_numpy_scalar(value):
             self.add_guard(source, "EQUALS_MATCH", value)
             return value
         if liftable(value):  # an ndarray: a graph input sharing its memory (numpy_trace.py)
