@@ -9,7 +9,9 @@ attribute set on a caller's tensor (``x.gain = 2.0``, read by ``getattr(x, "gain
 seen (the traced tensor has none) nor guarded; a slice, range, complex number or torch.Size argument,
 and an ``operator.itemgetter``/``attrgetter``/``methodcaller``, was guarded by its type only (``x[s]``
 sliced with the first call's slice on every call); and a function's ``__defaults__`` replaced after
-``kiln.compile`` kept the old defaults."""
+``kiln.compile`` kept the old defaults. And ``torch.func.vmap(lambda t: ...)(x)`` inside compiled code
+raised "a traced function was called outside the interpreter" (vmap ran at capture time and kept the
+trace's own function object)."""
 
 from __future__ import annotations
 
@@ -148,3 +150,21 @@ def test_defaults_replaced_after_compile_are_used():
             torch.testing.assert_close(compiled(x), x * k)
     finally:
         _scaled.__defaults__ = (2.0,)
+
+
+def _vmapped(x):
+    return torch.func.vmap(lambda t: t.sin() * 2 + t.sum())(x)
+
+
+def _grad_of(x):
+    return torch.func.grad(lambda t: (t ** 3).sum())(x) + 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [_vmapped, _grad_of], ids=["vmap", "grad"])
+def test_torch_func_transforms_of_a_lambda_run_as_in_eager(backend, fn):
+    kiln.reset()
+    compiled = kiln.compile(fn, backend=backend)
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        torch.testing.assert_close(compiled(x), fn(x))

@@ -19,6 +19,7 @@ from .shape_rules.pointwise import FAST_POINTWISE
 from .shape_rules.views import FAST_METHODS
 from .size_polyfills import size_polyfill
 from .tracer import Tracer, _has_traced
+from .values import TracedFunction, TracedMethod
 
 if TYPE_CHECKING:
     from .frame import Frame
@@ -79,6 +80,11 @@ def functional_op(fn: Any) -> bool:
 def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if id(fn) in _SIDE_EFFECTS:
         raise GraphBreak(f"torch.{getattr(fn, '__name__', fn)} changes global state")
+    if any(isinstance(a, (TracedFunction, TracedMethod)) for a in [*args, *kwargs.values()]):
+        # run for real it would keep the trace's own function object (torch.vmap(lambda t: ...)
+        # returned a wrapper that failed when called)
+        raise GraphBreak(f"torch.{getattr(fn, '__name__', fn)}() given a function defined in compiled code",
+                         "it runs in Python between graphs (torch.func transforms are not traced)")
     objclass = getattr(fn, "__objclass__", None)
     if objclass in (torch._C.TensorBase, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
         return tensor_method(frame, args[0], fn.__name__, list(args[1:]), kwargs)
