@@ -197,3 +197,20 @@ def test_llama_serving_stream_compiles():
             torch.testing.assert_close(step(ids).logits, model(ids).logits, rtol=1e-4, atol=1e-4)
     assert 1 in {b for b, _ in pairs}
     assert _graphs(start) == 2
+
+
+@pytest.mark.parametrize("backend", ["inductor", "aot_eager"])
+@pytest.mark.parametrize("case", ["slice", "split", "narrow"])
+def test_an_expression_of_sizes_that_is_1_at_the_trace_is_guarded(backend, case):
+    """``x[4:] * 3`` traced at ``s0 = 5``: the slice's size ``s0 - 4`` is 1 there. torch's broadcast rule
+    asked whether it is 1, kiln answered from the example with no guard, and the product came out of
+    size 1 for every later size (inductor). The answer is guarded now (the trace is for ``s0 = 5``)."""
+    fns = {"slice": lambda x: x[4:] * 3,
+           "split": lambda x: torch.split(x, 2)[-1] * len(torch.split(x, 2)),
+           "narrow": lambda x: x.narrow(0, 4, x.shape[0] - 4) + 1}
+    f = fns[case]
+    kiln.reset()
+    g = kiln.compile(f, dynamic=True, backend=backend)
+    for n in (5, 6, 9, 5, 7, 6):
+        x = torch.randn(n)
+        torch.testing.assert_close(g(x), f(x), msg=lambda m, n=n: f"size {n}: {m}")

@@ -178,6 +178,7 @@ _SIZE_ONE_RULES: dict[tuple[str, str], Callable[[ShapeEnv, Any], bool] | None] =
 #   borrow a tensor or expand it to sizes equal to its own: the same values either way.
 _CPP_SIZE_ONE_RULES = ("c10/core/Contiguity.h", "torch/csrc/autograd/input_metadata.cpp", "aten/src/ATen/ExpandUtils.h")
 _GUARD_OR = frozenset({"guard_or_false", "guard_or_true"})
+_FAR = 2**20 + 7  # added to each size for "far larger sizes" (odd: no small divisor hides a Mod or //)
 _RESHAPE_CALL = re.compile(r"(\w+)\.(?:reshape|view)\(")
 _SHAPE_ENV_FILES = ("torch/fx/experimental/symbolic_shapes.py", "torch/fx/experimental/sym_node.py",
                     "torch/fx/experimental/recording.py", "torch/__init__.py")  # SymBool.__bool__
@@ -213,7 +214,8 @@ class CaptureShapeEnv(ShapeEnv):
         # where the answer cannot change what the asking rule computes, the example's answer is
         # returned with no guard: the trace takes the path it would have taken with the guard
         hint = sym_node.hint
-        if type(hint) is bool and self.may_be_one and expr.free_symbols and expr.free_symbols <= self.may_be_one:
+        if type(hint) is bool and self.may_be_one and expr.free_symbols and expr.free_symbols <= self.may_be_one \
+                and self._generic_answer(expr, hint):
             if _answer_is_free(self, expr, fallback_value is not None):
                 return sympy.true if hint else sympy.false
             free = self._view_answers_free
@@ -221,6 +223,18 @@ class CaptureShapeEnv(ShapeEnv):
                     (free is True or free(frozenset(expr.free_symbols))):
                 return sympy.true if hint else sympy.false
         return super().evaluate_sym_node(sym_node, size_oblivious, fallback_value)
+
+    def _generic_answer(self, expr: sympy.Basic, hint: bool) -> bool:
+        """Whether the example answers as far larger sizes do: the sizes compared with 1 are not 1 at
+        the example. A size symbol is never 1 at the example (it was traced at >= 2), but an expression
+        of them can be (``s0 - 4`` at ``s0 = 5``): there a broadcast rule told "it is 1" takes the other
+        operand's size (``x[4:] * 3`` came out of size 1 for every size), so the answer is guarded."""
+        known = self.backed_var_to_val if hasattr(self, "backed_var_to_val") else self.var_to_val  # torch > 2.11
+        far = {sym: known[sym] + _FAR for sym in expr.free_symbols if sym in known}
+        try:
+            return bool(expr.xreplace(far)) == hint
+        except TypeError:  # not decidable from the values: guarded
+            return False
 
     def view_or_copy(self, t: torch.Tensor, name: str, args: tuple, run: Callable[[], Any]) -> Any:
         """``run()``, ``t.<name>(*args)`` (a reshape, view or contiguous: ``t`` itself or a view of it
