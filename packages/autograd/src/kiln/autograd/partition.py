@@ -22,7 +22,14 @@ from typing import Any, Literal
 import torch
 from torch import fx
 
-from kiln.graph import CHECKPOINT_TAG, is_pure_op, lazy_graph_module, print_graph, size_hint
+from kiln.graph import (
+    CHECKPOINT_TAG,
+    NO_GRADIENT,
+    is_pure_op,
+    lazy_graph_module,
+    print_graph,
+    size_hint,
+)
 
 from . import ops
 from .errors import AutogradTraceError
@@ -290,7 +297,8 @@ def tangent_dependencies(bw_gm: fx.GraphModule, n_saved: int) -> tuple[tuple[int
     The backward is linear in the tangents, so a gradient that reads none of the tangents autograd left
     undefined (outputs the loss did not use) is zero, and eager autograd never reaches its input at
     all: the caller returns None for it, as eager does (an optimizer skips a None gradient, but
-    applies momentum and weight decay to a zero one)."""
+    applies momentum and weight decay to a zero one). ``NO_GRADIENT`` for a gradient the backward does
+    not compute (None: no output depends on that input)."""
     deps: dict[fx.Node, frozenset[int]] = {}
     position = 0
     for node in bw_gm.graph.nodes:
@@ -299,7 +307,7 @@ def tangent_dependencies(bw_gm: fx.GraphModule, n_saved: int) -> tuple[tuple[int
             position += 1
         elif node.op == "output":
             outs = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
-            return tuple(tuple(sorted(deps.get(o, frozenset()))) if isinstance(o, fx.Node) else ()
+            return tuple(tuple(sorted(deps.get(o, frozenset()))) if isinstance(o, fx.Node) else NO_GRADIENT
                          for o in outs)
         else:
             found: set[int] = set()

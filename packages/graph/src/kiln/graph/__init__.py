@@ -17,6 +17,7 @@ from .annotations import (
 )
 from .attention_op import ATTENTION, ATTENTION_BACKWARD_TARGET, ATTENTION_SOURCE, ATTENTION_TARGET
 from .compiled_call import (
+    NO_GRADIENT,
     CallSignature,
     ListCall,
     OutputRule,
@@ -101,7 +102,7 @@ __all__ = [
     "ATTENTION_TARGET",
     "CHECKPOINT_TAG", "GRAPH_META_KEYS", "NODE_META_KEYS", "NO_ANNOTATIONS", "DistributedState", "GraphAnnotations",
     "SymbolicSize", "annotate", "annotations_of",
-    "CallSignature", "DoubleBackwardError", "ListCall", "OutputRule", "finish_outputs", "inference_call",
+    "NO_GRADIENT", "CallSignature", "DoubleBackwardError", "ListCall", "OutputRule", "finish_outputs", "inference_call",
     "release_saved", "training_call", "training_function",
     "EVENTS", "CacheLookup", "Event", "EventLog", "FrameRunEagerly", "GraphBreakEvent", "GraphCaptured",
     "GraphCompiled", "GraphRunEagerly", "Recompile", "StageText", "StageTime", "emit", "keeping_texts",

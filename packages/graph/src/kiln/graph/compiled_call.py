@@ -54,7 +54,8 @@ class CallSignature:
     the new values of the ``mutated`` inputs, then (training) the tensors saved for the backward;
     the backward takes the saved tensors and one tangent per ``diff`` output and returns one
     gradient per ``grad_inputs`` entry. ``grad_deps``: per gradient, the tangents it reads (a
-    gradient whose tangents were all undefined is None, as in eager). Symbolic graphs: the forward's
+    gradient whose tangents were all undefined is None, as in eager), ``NO_GRADIENT`` where no
+    output depends on the input. Symbolic graphs: the forward's
     last ``n_saved_sizes`` outputs are ints (sizes the backward needs, passed after the saved
     tensors), and ``symbols`` says where each size symbol is read at run time: (name, input index,
     dim, or -1 for an int input)."""
@@ -162,6 +163,9 @@ def release_saved(ctx: Any) -> bool:
     except RuntimeError:
         return True
     return False
+
+
+NO_GRADIENT = (-1,)  # the ``grad_deps`` of a gradient the backward never computes (no output depends on its input)
 
 
 def undefined_gradients(grad_deps: Sequence[Sequence[int]], missing: set[int]) -> list[int]:
@@ -303,8 +307,19 @@ def training_call(sig: CallSignature, fw: ListCall, bw: ListCall,
     function = training_function(sig, fw, bw, bw_owned)
     n_out = sig.n_out
     views = view_evaluators(sig)
+    # inputs that require grad but no output depends on (a dead local a resume function takes, an unused
+    # argument): given to the Function detached, so its backward does not reach their own autograd graph
+    # (eager's never does: after that graph's backward, ours raised "backward through the graph a second
+    # time"; before, it kept that graph alive)
+    loose = tuple(i for i, deps in zip(sig.grad_inputs, sig.grad_deps or ()) if tuple(deps) == NO_GRADIENT)
 
     def call(args: list[Any]) -> Any:
-        outs = function.apply(*args)
+        given = args
+        if loose:
+            given = list(args)
+            for i in loose:
+                if given[i].requires_grad:
+                    given[i] = given[i].detach()
+        outs = function.apply(*given)
         return finish_outputs(sig, args, outs[:n_out], outs[n_out:], views)
     return call, function
