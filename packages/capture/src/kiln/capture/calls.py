@@ -14,6 +14,7 @@ import os
 import sys
 import time
 import types
+import weakref
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -165,6 +166,10 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
                        types.ClassMethodDescriptorType)):
         _refuse_per_call_value(fn)
         return real_call(frame, fn, args, kwargs)
+    if isinstance(fn, weakref.ReferenceType) and not args and not kwargs:
+        src = frame.tracer.source_of.get(id(fn))
+        if src is not None:  # the caller's weak reference (an RNN's to its weights): what it refers to now,
+            return frame.tracer.wrap(fn(), f"{src}()")  # read and guarded through it
     call = getattr(type(fn), "__call__", None)  # noqa: B004 (the type's __call__, to inline it)
     if isinstance(call, types.FunctionType):
         return call_function(frame, call, [fn, *args], kwargs)

@@ -280,6 +280,8 @@ def getitem(frame: Frame, obj: Any, key: Any) -> Any:
         raise GraphBreak("indexing a Python container with a tensor")
     if isinstance(obj, (nn.ModuleList, nn.Sequential, nn.ModuleDict, nn.ParameterList, nn.ParameterDict)):
         src = tracer.source_of.get(id(obj))
+        if isinstance(key, slice) or not isinstance(key, int) or key < 0:
+            guard_members(tracer, obj)  # a slice or a negative index reads how many members there are
         if isinstance(key, slice) and isinstance(obj, nn.ModuleList):
             names = list(obj._modules.keys())[key]  # a plain list of the submodules, with their sources
             return [tracer.wrap(obj._modules[n], module_member_source(src, "_modules", n) if src else None)
@@ -530,8 +532,10 @@ def get_iter(frame: Frame, obj: Any) -> Any:
     if isinstance(obj, dict):
         return ListIterator(list(obj.keys()), frame.tracer.advances)
     if isinstance(obj, (nn.ModuleList, nn.Sequential)):
+        guard_members(frame.tracer, obj)  # a member appended later is iterated too
         return ListIterator([getitem(frame, obj, i) for i in range(len(obj))], frame.tracer.advances)
     if isinstance(obj, nn.ModuleDict):
+        guard_members(frame.tracer, obj)
         return ListIterator(list(obj.keys()), frame.tracer.advances)
     if isinstance(obj, (set, frozenset)):
         refuse_foreign_values(frame, [obj], "iteration")
@@ -550,6 +554,15 @@ def get_iter(frame: Frame, obj: Any) -> Any:
     items = list(obj)
     check_tracked(frame, items, "iteration")
     return ListIterator(items, frame.tracer.advances)
+
+
+def guard_members(tracer: Any, obj: nn.Module) -> None:
+    """The names and order of a module container's members, guarded (what iterating it, slicing it or a
+    negative index reads; ``layers.append(...)`` after a call was not seen before)."""
+    src = tracer.source_of.get(id(obj))
+    if src is not None:
+        table = "_parameters" if isinstance(obj, (nn.ParameterList, nn.ParameterDict)) else "_modules"
+        tracer.add_guard(attr_source(src, table), "DICT_KEYS", tuple(getattr(obj, table).keys()))
 
 
 def check_tracked(frame: Frame, value: Any, what: str) -> None:

@@ -80,6 +80,12 @@ def functional_op(fn: Any) -> bool:
 def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if id(fn) in _SIDE_EFFECTS:
         raise GraphBreak(f"torch.{getattr(fn, '__name__', fn)} changes global state")
+    if getattr(fn, "__name__", "") in _RNN_OPS and torch.is_grad_enabled() and any(
+            isinstance(t, torch.Tensor) and t.requires_grad for a in args for t in (a if isinstance(a, (list, tuple)) else [a])):
+        # their backward on the CPU (mkldnn's, with a workspace the joint trace does not keep) failed or
+        # crashed; torch's compiler leaves RNNs to Python too (allow_rnn)
+        raise GraphBreak(f"torch.{fn.__name__}() (nn.{fn.__name__.upper()}) with gradients is not compiled",
+                         "it runs in Python between graphs; in inference (no_grad or eval without grads) it is compiled")
     if any(isinstance(a, (TracedFunction, TracedMethod)) for a in [*args, *kwargs.values()]):
         # run for real it would keep the trace's own function object (torch.vmap(lambda t: ...)
         # returned a wrapper that failed when called)
@@ -173,6 +179,7 @@ def _record_traced(tracer: Tracer, fn: Any, args: list, kwargs: dict) -> Any:
     return tracer.record("call_function", fn, tuple(args), dict(kwargs), lambda: fn(*args, **kwargs))
 
 
+_RNN_OPS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
 _INPLACE_VIEWS = frozenset({"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_", "squeeze_", "as_strided_"})
 _TENSOR_VALUE_POLYFILLS = {"addcdiv": polyfills.add_quotient_, "addcdiv_": polyfills.add_quotient_,
                            "addcmul": polyfills.add_product_, "addcmul_": polyfills.add_product_}
