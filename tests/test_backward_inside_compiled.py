@@ -5,7 +5,9 @@ eager, with fresh inputs.
 Before: the graph after a ``backward()`` break took the dead ``loss`` local as an input, and its
 ``autograd.Function`` linked its output to that loss's graph (already freed by the first backward): the
 second ``backward()`` raised "Trying to backward through the graph a second time" where eager ran. The
-same for an unused argument that requires grad (and the link kept the old graph alive)."""
+same for an unused argument that requires grad (and the link kept the old graph alive). And a matmul or
+convolution made under ``torch.no_grad()`` from an input that requires grad came out requiring grad
+(the graph's ATen calls recorded autograd history), where eager's does not."""
 
 from __future__ import annotations
 
@@ -92,3 +94,31 @@ def test_an_unused_argument_that_requires_grad_is_not_linked(backend):
             torch.testing.assert_close(a.grad, b.grad)
         ref.zero_grad()
         m.zero_grad()
+
+
+_W = torch.randn(3, 3)
+
+
+def _no_grad_matmul(x):
+    with torch.no_grad():
+        y = x @ _W
+    return y, y * 2
+
+
+def _no_grad_conv(x):
+    with torch.no_grad():
+        y = torch.nn.functional.conv1d(x.view(1, 1, 3), torch.ones(1, 1, 2))
+    return y
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fn", [_no_grad_matmul, _no_grad_conv], ids=["matmul", "conv"])
+def test_outputs_made_under_no_grad_do_not_require_grad(backend, fn):
+    kiln.reset()
+    compiled = kiln.compile(fn, backend=backend)
+    for _ in range(3):
+        x = torch.randn(3, requires_grad=True)
+        got, want = compiled(x), fn(x)
+        torch.testing.assert_close(got, want)
+        for g, w in zip(torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)):
+            assert g.requires_grad == w.requires_grad is False and g.grad_fn is None

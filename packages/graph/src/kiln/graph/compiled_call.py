@@ -190,8 +190,18 @@ def inference_call(sig: CallSignature, fw: ListCall) -> Callable[[list[Any]], An
         return _in_graph_leaves_call(sig, fw, views)
 
     def call(args: list[Any]) -> Any:
-        with autocast_off():
-            outs = list(fw(list(args)))
+        # no output is differentiable: an ATen call of the graph (mm, conv) given an input that requires
+        # grad must not record autograd history (its output required grad where eager's, made under
+        # no_grad, did not, and it kept the saved tensors alive)
+        grad = torch.is_grad_enabled()
+        if grad:
+            torch._C._set_grad_enabled(False)
+        try:
+            with autocast_off():
+                outs = list(fw(list(args)))
+        finally:
+            if grad:
+                torch._C._set_grad_enabled(True)
         return finish_outputs(sig, args, outs[:n_out], outs[n_out:], views)
     return call
 
