@@ -84,7 +84,7 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
             isinstance(t, torch.Tensor) and t.requires_grad for a in args for t in (a if isinstance(a, (list, tuple)) else [a])):
         # their backward on the CPU (mkldnn's, with a workspace the joint trace does not keep) failed or
         # crashed; torch's compiler leaves RNNs to Python too (allow_rnn)
-        raise GraphBreak(f"torch.{fn.__name__}() (nn.{fn.__name__.upper()}) with gradients is not compiled",
+        raise GraphBreak(f"torch.{fn.__name__}() (nn.{_RNN_OPS[fn.__name__]}) with gradients is not compiled",
                          "it runs in Python between graphs; in inference (no_grad or eval without grads) it is compiled")
     if any(isinstance(a, (TracedFunction, TracedMethod)) for a in [*args, *kwargs.values()]):
         # run for real it would keep the trace's own function object (torch.vmap(lambda t: ...)
@@ -179,7 +179,7 @@ def _record_traced(tracer: Tracer, fn: Any, args: list, kwargs: dict) -> Any:
     return tracer.record("call_function", fn, tuple(args), dict(kwargs), lambda: fn(*args, **kwargs))
 
 
-_RNN_OPS = frozenset({"lstm", "gru", "rnn_tanh", "rnn_relu"})
+_RNN_OPS = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "RNN", "rnn_relu": "RNN"}
 _INPLACE_VIEWS = frozenset({"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_", "squeeze_", "as_strided_"})
 _TENSOR_VALUE_POLYFILLS = {"addcdiv": polyfills.add_quotient_, "addcdiv_": polyfills.add_quotient_,
                            "addcmul": polyfills.add_product_, "addcmul_": polyfills.add_product_}
