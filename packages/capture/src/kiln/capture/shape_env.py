@@ -214,13 +214,11 @@ class CaptureShapeEnv(ShapeEnv):
         # where the answer cannot change what the asking rule computes, the example's answer is
         # returned with no guard: the trace takes the path it would have taken with the guard
         hint = sym_node.hint
-        if type(hint) is bool and self.may_be_one and expr.free_symbols and expr.free_symbols <= self.may_be_one \
-                and self._generic_answer(expr, hint):
-            if _answer_is_free(self, expr, fallback_value is not None):
-                return sympy.true if hint else sympy.false
+        if type(hint) is bool and self.may_be_one and expr.free_symbols and expr.free_symbols <= self.may_be_one:
             free = self._view_answers_free
-            if free and about_one(expr) and not _asked_by_check() and \
-                    (free is True or free(frozenset(expr.free_symbols))):
+            if (_answer_is_free(self, expr, fallback_value is not None) or
+                    free and about_one(expr) and not _asked_by_check() and
+                    (free is True or free(frozenset(expr.free_symbols)))) and self._generic_answer(expr, hint):
                 return sympy.true if hint else sympy.false
         return super().evaluate_sym_node(sym_node, size_oblivious, fallback_value)
 
