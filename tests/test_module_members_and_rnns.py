@@ -4,7 +4,9 @@ called again and again against eager.
 Before: a layer appended to an ``nn.ModuleList`` after the first call was never run (iterating the list
 read its length once, unguarded), and the training step of an ``nn.LSTM``/``nn.GRU`` on the CPU failed
 in its backward (aot_eager: "Expected a proper Tensor but got None for argument 'workspace'") or crashed
-the process (inductor: a segmentation fault in the compiled backward)."""
+the process (inductor: a segmentation fault in the compiled backward). And a module's backward hooks
+(``register_full_backward_hook``, its pre-hook form, the global one) never fired: traced into a graph,
+or run around the compiled module's forward without nn.Module's own call."""
 
 from __future__ import annotations
 
@@ -89,3 +91,72 @@ def test_a_recurrent_module_in_inference_is_compiled():
             x = torch.randn(2, 3, 4)
             torch.testing.assert_close(compiled(x)[0], m(x)[0])
     assert kiln.stats().graphs_compiled >= 1 and kiln.stats().graph_breaks == 0, kiln.stats()
+
+
+def _seq() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("kind", ["full", "pre", "global"])
+def test_backward_hooks_of_a_submodule_fire_as_in_eager(backend, kind):
+    """A backward hook hangs on autograd nodes of the call's tensors, which a graph does not make:
+    traced, the hook never fired (silently). The hooked call runs in Python now (its forward compiled)."""
+    seen: dict[str, list[torch.Tensor]] = {"ref": [], "mine": []}
+
+    def hook_for(key):
+        if kind == "pre":
+            return lambda mod, grad_out: seen[key].append(grad_out[0].clone())
+        return lambda mod, grad_in, grad_out: seen[key].append(grad_out[0].clone())
+
+    kiln.reset()
+    ref, mine = _seq(), _seq()
+    compiled = kiln.compile(mine, backend=backend)
+    handles = []
+    try:
+        for i in range(3):
+            if i == 1:  # registered after the first call: seen on the next one
+                for key, m in (("ref", ref), ("mine", mine)):
+                    if kind == "full":
+                        handles.append(m[2].register_full_backward_hook(hook_for(key)))
+                    elif kind == "pre":
+                        handles.append(m[2].register_full_backward_pre_hook(hook_for(key)))
+                if kind == "global":
+                    handles.append(nn.modules.module.register_module_full_backward_hook(
+                        lambda mod, gi, go: seen["ref" if any(mod is s for s in ref.modules()) else "mine"].append(
+                            go[0].clone())))
+            x = torch.randn(5, 4)
+            compiled(x).square().sum().backward()
+            ref(x).square().sum().backward()
+            assert len(seen["mine"]) == len(seen["ref"]) > 0 or i == 0
+            for a, b in zip(seen["mine"], seen["ref"]):
+                torch.testing.assert_close(a, b)
+            for a, b in zip(mine.parameters(), ref.parameters()):
+                torch.testing.assert_close(a.grad, b.grad)
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_backward_hook_of_the_compiled_module_itself_fires(backend):
+    kiln.reset()
+    ref, mine = _seq(), _seq()
+    compiled = kiln.compile(mine, backend=backend)
+    seen: dict[str, list[torch.Tensor]] = {"ref": [], "mine": []}
+    x = torch.randn(5, 4)
+    compiled(x).sum().backward()  # compiled before the hook exists
+    handles = [m.register_full_backward_hook(lambda mod, gi, go, k=k: seen[k].append(go[0].clone()))
+               for k, m in (("ref", ref), ("mine", mine))]
+    try:
+        for _ in range(2):
+            x = torch.randn(5, 4, requires_grad=True)
+            compiled(x).square().sum().backward()
+            ref(x.detach().requires_grad_()).square().sum().backward()
+        assert len(seen["mine"]) == len(seen["ref"]) == 2
+        for a, b in zip(seen["mine"], seen["ref"]):
+            torch.testing.assert_close(a, b)
+    finally:
+        for h in handles:
+            h.remove()

@@ -33,7 +33,7 @@ from .errors import GraphBreak
 from .foreign import is_immutable_constant, is_mutable_c_value
 from .generators import GeneratorMethod, is_lazy, lazy_polyfill, make_generator
 from .knobs import user_environment
-from .module_calls import runs_in_python
+from .module_calls import backward_hooks_reason, runs_in_python
 from .module_init import build_module, grad_leaf_call, make_parameter, mark_built_state, site_of
 from .numpy_random import is_python_draw, rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
@@ -499,6 +499,10 @@ def call_module(frame: Frame, module: nn.Module, args: list, kwargs: dict) -> An
         raise GraphBreak(f"call to {type(module).__name__}.forward, {reason}",
                          "it runs in Python outside the graph, its frames not captured")
     _guard_call_path(frame, module)
+    hooked = backward_hooks_reason(module)
+    if hooked is not None:
+        raise GraphBreak(hooked, "the call runs in Python, its hooks fire in the backward as in eager, its "
+                                 "forward is compiled as its own frame")
     if _has_hooks(module):  # inlined itself: a call of _call_impl is a module call (call_function)
         return inline_function(frame, cast(types.FunctionType, nn.Module._call_impl), [module, *args], kwargs)
     forward = type(module).forward

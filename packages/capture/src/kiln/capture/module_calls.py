@@ -67,6 +67,17 @@ def runs_in_python(module: Any) -> str | None:
     return None
 
 
+def backward_hooks_reason(module: nn.Module) -> str | None:
+    """Why a call of ``module`` runs in Python for its backward hooks (its own, or global ones), or
+    None: they hang on autograd nodes of the call's tensors, which a graph does not make (traced, they
+    never fired)."""
+    g = nn.modules.module
+    if module._backward_hooks or getattr(module, "_backward_pre_hooks", None) or g._global_backward_hooks or \
+            getattr(g, "_global_backward_pre_hooks", None):
+        return f"call to {type(module).__name__} with backward hooks"
+    return None
+
+
 def plain_forward(module: nn.Module) -> Callable:
     """``module.forward`` as the class (or instance) defines it, bound to ``module``."""
     own = module.__dict__.get("forward")
@@ -117,7 +128,7 @@ class PythonModuleCall:
                 d.pop("forward", None)
 
 
-__all__ = ["PythonModuleCall", "has_python_hooks", "plain_forward", "python_wrapper_child", "runs_in_python"]
+__all__ = ["PythonModuleCall", "backward_hooks_reason", "has_python_hooks", "plain_forward", "python_wrapper_child", "runs_in_python"]
 
 
 # ---- what decided how a module call was traced ----------------------------------------------------

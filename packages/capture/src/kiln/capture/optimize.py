@@ -45,6 +45,7 @@ from .extract import extractor
 from .knobs import CaptureOptions
 from .module_calls import (
     PythonModuleCall,
+    backward_hooks_reason,
     call_path_check,
     plain_forward,
     python_wrapper_child,
@@ -119,8 +120,8 @@ class CompileContext:
         if disabled_reason(type(fn).forward if isinstance(fn, nn.Module) else fn) is not None:
             return fn
         if isinstance(fn, nn.Module):
-            reason = runs_in_python(fn)
-            if reason is not None:
+            reason = runs_in_python(fn) or backward_hooks_reason(fn)
+            if reason is not None:  # called in Python (its hooks), its forward compiled as its own frame
                 return self.python_module_call(fn, reason)
             if fn._forward_hooks or fn._forward_pre_hooks or not isinstance(type(fn).forward, types.FunctionType) \
                     or type(fn).__call__ is not nn.Module.__call__:

@@ -214,6 +214,10 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
         # shape: graphs write back values, not sizes and strides (kiln.autograd refuses it)
         raise GraphBreak(f"Tensor.{name}() changes the sizes or strides of the tensor "
                          f"{tracer.input_source_of_fake[id(t)]} in place", "it runs in Python between graphs")
+    if name == "detach_" and id(t) in tracer.input_source_of_fake and t.requires_grad:  # the caller's tensor
+        # stops requiring grad (the graph's copy did, the caller's kept its history)
+        raise GraphBreak(f"Tensor.detach_() of the tensor {tracer.input_source_of_fake[id(t)]}",
+                         "it runs in Python between graphs")
     tensor_value = _tensor_value_polyfill(name, args, kwargs)
     if tensor_value is not None:
         polyfill, operands = tensor_value
