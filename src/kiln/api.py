@@ -130,7 +130,7 @@ def _has_own_hooks(m: nn.Module) -> bool:
 def _call_with_hooks(mod: nn.Module, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """Run ``mod``'s forward pre-hooks and hooks around the compiled forward, as nn.Module does."""
     if mod._backward_hooks or mod._backward_pre_hooks:  # they hang on autograd nodes nn.Module's call
-        return _module_call(mod, forward, args, kwargs)  # makes around its forward (were never run here)
+        return capture.call_with_forward(mod, forward, mod, args, kwargs)  # makes around its forward (never run here)
     for hook_id, hook in list(mod._forward_pre_hooks.items()):
         if hook_id in mod._forward_pre_hooks_with_kwargs:
             res = hook(mod, args, kwargs)
@@ -149,20 +149,6 @@ def _call_with_hooks(mod: nn.Module, forward: Callable[..., Any], args: tuple, k
         if res is not None:
             out = res
     return out
-
-
-def _module_call(mod: nn.Module, forward: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-    """``mod(*args, **kwargs)`` by nn.Module's own call (every hook of ``mod``), ``forward`` as its forward."""
-    d = mod.__dict__
-    had, previous = "forward" in d, d.get("forward")
-    d["forward"] = forward
-    try:
-        return mod(*args, **kwargs)
-    finally:
-        if had:
-            d["forward"] = previous
-        else:
-            d.pop("forward", None)
 
 
 def explain(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -113,22 +113,29 @@ class PythonModuleCall:
                                     type(target).__name__)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        d = self.target.__dict__
-        had = "forward" in d
-        previous = d.get("forward")
-        d["forward"] = self.routed
-        try:
-            if self.call_forward:
-                return type(self.outer).forward(self.outer, *args, **kwargs)
-            return self.outer(*args, **kwargs)
-        finally:
-            if had:
-                d["forward"] = previous
-            else:
-                d.pop("forward", None)
+        outer = self.outer
+        call = (lambda *a, **k: type(outer).forward(outer, *a, **k)) if self.call_forward else outer
+        return call_with_forward(self.target, self.routed, call, args, kwargs)
 
 
-__all__ = ["PythonModuleCall", "backward_hooks_reason", "has_python_hooks", "plain_forward", "python_wrapper_child", "runs_in_python"]
+def call_with_forward(target: nn.Module, forward: Callable, call: Callable, args: tuple, kwargs: dict) -> Any:
+    """``call(*args, **kwargs)`` while ``forward`` is ``target``'s forward (nn.Module's own call of a
+    module, its hooks included, running a compiled forward)."""
+    d = target.__dict__
+    had = "forward" in d
+    previous = d.get("forward")
+    d["forward"] = forward
+    try:
+        return call(*args, **kwargs)
+    finally:
+        if had:
+            d["forward"] = previous
+        else:
+            d.pop("forward", None)
+
+
+__all__ = ["PythonModuleCall", "backward_hooks_reason", "call_with_forward", "has_python_hooks", "plain_forward",
+           "python_wrapper_child", "runs_in_python"]
 
 
 # ---- what decided how a module call was traced ----------------------------------------------------
