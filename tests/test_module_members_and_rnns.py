@@ -160,3 +160,27 @@ def test_backward_hook_of_the_compiled_module_itself_fires(backend):
     finally:
         for h in handles:
             h.remove()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_graph_kiln_autograd_cannot_trace_runs_op_by_op_on_every_backend(backend):
+    """``nn.Embedding(max_norm=...)`` renormalises its weight in place inside the forward, which
+    kiln.autograd does not trace for a weight that requires grad: both backends run that graph op by op
+    with torch's autograd and count it (aot_eager raised where eager ran)."""
+    def make():
+        torch.manual_seed(0)
+        return nn.Embedding(10, 4, max_norm=1.0)
+
+    kiln.reset()
+    kiln.stats_reset()
+    ref, mine = make(), make()
+    compiled = kiln.compile(mine, backend=backend)
+    for _ in range(3):
+        idx = torch.randint(0, 10, (6,))
+        got, want = compiled(idx), ref(idx)
+        got.square().sum().backward()
+        want.square().sum().backward()
+        torch.testing.assert_close(got, want)
+        torch.testing.assert_close(mine.weight, ref.weight)
+        torch.testing.assert_close(mine.weight.grad, ref.weight.grad)
+    assert kiln.stats().graphs_run_eagerly >= 1, kiln.stats()

@@ -82,7 +82,26 @@ def graph_wrapper(named: str | None, gpu_default: str, *, inference: bool, on_gp
 
 
 def _aot_eager(opts: CompileOptions) -> Backend:
-    return _stage("kiln.autograd", "aot_eager", "aot_eager")
+    aot_eager = _stage("kiln.autograd", "aot_eager", "aot_eager")
+    trace_error = _stage("kiln.autograd", "AutogradTraceError", "aot_eager")
+
+    def backend(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledFn:
+        try:
+            return aot_eager(gm, example_inputs)
+        except trace_error as e:  # as the inductor backend: run op by op, and say so
+            return _op_by_op(gm, e, "aot_eager")
+    return backend
+
+
+def _op_by_op(gm: fx.GraphModule, error: BaseException, backend: str) -> CompiledGraph:
+    """The graph run op by op with torch's autograd where kiln.autograd cannot trace it (e.g. a backward a
+    library registered reads a value with .item(), HF Mixtral's grouped matmul on the GPU), logged and
+    counted as a graph run eagerly (``explain()``)."""
+    msg = f"graph is not compiled, it runs op by op with torch's autograd: {error}"
+    log("perf_hints").warning(msg)
+    log("graph_breaks").info(msg)
+    emit(GraphRunEagerly(gm.__class__.__name__, msg))
+    return CompiledGraph(gm.forward, f"{backend}(eager fallback)", {"fallbacks": msg}, None)
 
 
 def _inductor(opts: CompileOptions) -> Backend:
@@ -151,13 +170,7 @@ def _inductor(opts: CompileOptions) -> Backend:
             return aot(gm, example_inputs, fw_compiler=compiler(static), bw_compiler=compiler(()),
                        inference_compiler=compiler(static, inference=True), decompositions=table)
         except trace_error as e:
-            # e.g. a backward a library registered reads a value with .item() (HF Mixtral's grouped
-            # matmul on the GPU): torch's own autograd runs this graph, and the log says so
-            msg = f"graph is not compiled, it runs op by op with torch's autograd: {e}"
-            log("perf_hints").warning(msg)
-            log("graph_breaks").info(msg)
-            emit(GraphRunEagerly(gm.__class__.__name__, msg))
-            return CompiledGraph(gm.forward, "inductor(eager fallback)", {"fallbacks": msg}, None)
+            return _op_by_op(gm, e, "inductor")
     return inductor
 
 
