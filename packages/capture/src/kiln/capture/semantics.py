@@ -187,9 +187,8 @@ def python_attr(tracer: Any, t: torch.Tensor, name: str) -> Any:
     """An attribute a program set on a caller's tensor (``x.gain = 2.0``): read from the real tensor's
     ``__dict__``, whose keys and values are guarded (so its absence too); a tensor made in the graph
     has none (setting one breaks the graph)."""
-    source = tracer.input_source_of_fake.get(id(t))
-    real = next((i.value for i in tracer.inputs if i.fake is t), None) if source is not None else None
-    if not isinstance(real, torch.Tensor):
+    source, real = input_value(tracer, t)
+    if real is None:
         raise AttributeError(f"'Tensor' object has no attribute {name!r}")
     attrs = tracer.wrap(real.__dict__, attr_source(source, "__dict__"))
     if name not in attrs:
@@ -205,13 +204,17 @@ def input_grad(tracer: Any, t: torch.Tensor) -> Any:
     through its source (``L['p'].grad``), a graph input of its own, or None (guarded). Nothing inside a
     graph writes ``.grad`` (``backward()`` breaks the graph, assigning ``.grad`` breaks it), so the value
     read when the graph starts is the value at this point. NOT_AN_INPUT for a tensor computed in the graph."""
-    source = tracer.input_source_of_fake.get(id(t))
-    if source is None:
-        return NOT_AN_INPUT
-    real = next((i.value for i in tracer.inputs if i.fake is t), None)
-    if not isinstance(real, torch.Tensor):
+    source, real = input_value(tracer, t)
+    if real is None:
         return NOT_AN_INPUT
     return tracer.wrap(real.grad, attr_source(source, "grad"))
+
+
+def input_value(tracer: Any, t: torch.Tensor) -> tuple[str, torch.Tensor | None]:
+    """(source, the caller's tensor) of the graph input ``t``; ("", None) for a tensor computed in the graph."""
+    source = tracer.input_source_of_fake.get(id(t))
+    real = next((i.value for i in tracer.inputs if i.fake is t), None) if source is not None else None
+    return (source, real) if isinstance(real, torch.Tensor) else ("", None)
 
 
 def store_attr(frame: Frame, obj: Any, name: str, value: Any) -> None:
@@ -325,8 +328,7 @@ def tensor_keyed_item(frame: Frame, obj: dict, key: torch.Tensor) -> Any:
     ``state[p]``): the value read through ``d.get(<p's source>)``, guarded like any other read (a missing
     key is guarded as None; ``get`` never runs a defaultdict's factory while checking guards)."""
     tracer = frame.tracer
-    key_source = tracer.input_source_of_fake.get(id(key))
-    real = next((i.value for i in tracer.inputs if i.fake is key), None) if key_source is not None else None
+    key_source, real = input_value(tracer, key)
     if real is None:
         raise GraphBreak("indexing a Python container with a tensor computed in the graph")
     source = f"{tracer.source_of[id(obj)]}.get({key_source})"
