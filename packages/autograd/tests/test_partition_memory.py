@@ -95,3 +95,18 @@ def test_batch_norm_rewrite_gradients_and_running_stats_equal_eager() -> None:
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-9, atol=1e-12, msg=name)
     for (name, b), c in zip(model.named_buffers(), eager.buffers()):
         torch.testing.assert_close(b, c, msg=name)
+
+
+def test_max_pool_backward_is_sized_by_a_saved_tensor_not_a_recomputed_one() -> None:
+    """ATen's max-pool backward reads its input argument for its sizes and layout only: the backward
+    takes the convolution output BatchNorm's backward saves anyway, instead of rebuilding
+    relu(batch_norm(conv)) over the whole activation just to pass it (recompute.shape_only_arguments)."""
+    from torch import fx
+
+    from kiln.autograd import AotOptions
+    from kiln.autograd.pipeline import run_aot_pipeline
+    x = torch.randn(4, 3, 16, 16)
+    _, parts = run_aot_pipeline(fx.symbolic_trace(_conv_bn_net()), [x], AotOptions())
+    assert parts is not None
+    pool = next(n for n in parts.bw_gm.graph.nodes if n.target is aten.max_pool2d_with_indices_backward.default)
+    assert pool.args[1].op == "placeholder", parts.bw_gm.code

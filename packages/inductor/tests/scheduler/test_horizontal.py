@@ -6,6 +6,7 @@ checked in the schedule and in the generated code (launches, exported functions,
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 import pytest
@@ -160,6 +161,29 @@ def test_multi_dim_parts_split_at_any_point(n_threads: int, m: int, n: int) -> N
     if m > 1 and n > 1:
         parts = [k for g in _groups(cg) for k in g.parts]
         assert any(len(k.outer) >= 2 for k in parts), cg.texts["ir_post_fusion"]
+
+
+def _to_channels_last(x: torch.Tensor, w: torch.Tensor):
+    """A CNN stem's layout copies: an image and a weight, NCHW -> NHWC (3 channels innermost)."""
+    cl = torch.channels_last
+    return x.contiguous(memory_format=cl) * 1.0, w.contiguous(memory_format=cl) * 1.0
+
+
+@pytest.mark.parametrize("n_threads", [1, 2])
+def test_whole_rows_run_at_the_rows_static_extent(n_threads: int) -> None:
+    """A part's whole rows loop with the row's static extent and no division per row; the blocks of a
+    parallel run (4096 elements and more) start and end inside rows of 3, which take the other path."""
+    args = [torch.randn(5, 3, 67, 41), torch.randn(16, 3, 7, 7)]
+    cg = compile_graph(trace(_to_channels_last, *args), args)
+    assert len(_groups(cg)) == 1, cg.texts["ir_post_fusion"]
+    assert re.search(r"for \(int64_t (x\d) = 0; \1 < 3; \+\+\1\)", _code(cg)), _code(cg)
+    with threads(n_threads):
+        for seed in range(3):
+            torch.manual_seed(seed)
+            fresh = [torch.randn_like(t) for t in args]
+            for a, b in zip(cg.fn(*fresh), _to_channels_last(*fresh)):
+                assert a.stride() == b.stride()
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_dependent_kernels_are_not_grouped() -> None:

@@ -31,7 +31,7 @@ from .joint import (
     trace_joint,
 )
 from .partition import Partitioned, PartitionerName, partition
-from .recompute import expose_batch_norm_outputs
+from .recompute import expose_batch_norm_outputs, shape_only_arguments
 from .tracer import Decompositions
 
 
@@ -80,6 +80,7 @@ def run_aot_pipeline(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput],
         return joint, None
     if opts.recompute_norms and opts.partitioner == "min_cut":
         expose_batch_norm_outputs(joint.gm)
+        shape_only_arguments(joint.gm)
         if opts.verify:
             verify(joint.gm, "aten")
     parts = partition(joint, opts.partitioner)

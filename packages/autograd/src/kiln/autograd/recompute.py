@@ -93,3 +93,60 @@ def _normalize(gm: fx.GraphModule, x: fx.Node, xv: FakeTensor, mean: fx.Node, in
     if y.meta["val"].dtype != xv.dtype:
         y = _call(gm, aten._to_copy.default, (y,), {"dtype": xv.dtype})
     return y
+
+
+# backward ops that read one tensor argument only for its sizes and memory format (ATen's CPU and CUDA
+# kernels size and lay out the gradient from it, and read the indices and the incoming gradient), at
+# that argument's position
+_SHAPE_ONLY: dict[Any, int] = {
+    aten.max_pool2d_with_indices_backward.default: 1,
+    aten.max_pool3d_with_indices_backward.default: 1,
+}
+
+
+def _same_layout(a: FakeTensor, b: FakeTensor) -> bool:
+    return (a.shape == b.shape and a.dtype == b.dtype and a.device == b.device
+            and a.stride() == b.stride())
+
+
+_SAME_VALUES = (aten.detach.default, aten.alias.default, aten.clone.default)
+
+
+def shape_donor(n: fx.Node) -> fx.Node:
+    """The farthest ancestor of ``n`` through pointwise ops (and detach/alias/clone) that has ``n``'s
+    sizes, dtype and strides (``n`` itself when none has)."""
+    val = n.meta.get("val")
+    cur = n
+    while (cur.op == "call_function" and isinstance(cur.target, torch._ops.OpOverload)
+           and (torch.Tag.pointwise in cur.target.tags or cur.target in _SAME_VALUES)):
+        same = [a for a in cur.all_input_nodes
+                if isinstance(a.meta.get("val"), FakeTensor) and _same_layout(a.meta["val"], val)]
+        if not same:
+            break
+        cur = same[0]
+    return cur
+
+
+def shape_only_arguments(gm: fx.GraphModule) -> int:
+    """Rewrite ``gm`` in place: a max-pool backward's input argument (read for its sizes and layout
+    only) taken from the farthest pointwise ancestor with the same layout. The pooled tensor of a CNN's
+    stem is ``relu(batch_norm(conv))``; passing it made the backward recompute it (a full pass over the
+    largest activation, recompute.py's normalisation) or the forward save it, only to be sized. The
+    convolution's output, which BatchNorm's backward reads anyway, serves as well. Returns how many
+    arguments were replaced."""
+    replaced = 0
+    for n in gm.graph.nodes:
+        pos = _SHAPE_ONLY.get(n.target) if n.op == "call_function" else None
+        if pos is None or len(n.args) <= pos or not isinstance(n.args[pos], fx.Node):
+            continue
+        arg = n.args[pos]
+        if not isinstance(arg.meta.get("val"), FakeTensor):
+            continue
+        donor = shape_donor(arg)
+        if donor is not arg:
+            n.update_arg(pos, donor)
+            replaced += 1
+    if replaced:
+        gm.graph.lint()
+        gm.recompile()
+    return replaced
