@@ -92,11 +92,12 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput], *, fw_compil
     _log_graphs(gid, joint, parts)
     sig = joint.signature
     texts: dict[str, str] = {}
+    # which outputs are new values of which inputs (written back after the call): a compiler may update
+    # those inputs in place instead (kiln.inductor does for a KV-cache index_put, an optimizer step, a
+    # training BatchNorm's running statistics)
+    mutations = tuple((sig.n_graph_outputs + j, idx) for j, idx in enumerate(sig.mutated_inputs))
     if parts is None:
-        # which outputs are new values of which inputs (written back after the call): a compiler may
-        # update those inputs in place instead (kiln.inductor does for a KV-cache index_put)
-        annotate(joint.gm, replace(annotations_of(joint.gm), input_mutations=tuple(
-            (sig.n_graph_outputs + j, idx) for j, idx in enumerate(sig.mutated_inputs))))
+        annotate(joint.gm, replace(annotations_of(joint.gm), input_mutations=mutations))
         compiled = (inference_compiler or fw_compiler)(joint.gm, _example_vals(joint.gm))
         fn = make_inference_callable(sig, compiled)
         texts["aot_inference"] = print_graph(joint.gm)
@@ -104,7 +105,7 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput], *, fw_compil
         portable = training_program(sig, p, None) if p and sig.n_lifted == 0 else None
         later = _later(compiled, sig) if portable is not None else None
     else:
-        fw, bw = _compile_pair(parts, fw_compiler, bw_compiler or fw_compiler)
+        fw, bw = _compile_pair(parts, fw_compiler, bw_compiler or fw_compiler, mutations)
         grad_deps = tangent_dependencies(parts.bw_gm, parts.n_saved + parts.n_saved_sizes)
         fn = make_training_callable(sig, fw, bw, parts.n_saved, grad_deps, parts.n_saved_sizes)
         texts["aot_forward"] = print_graph(parts.fw_gm)
@@ -162,8 +163,11 @@ def aot_eager(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput], **kwar
     return aot(gm, example_inputs, **kwargs)
 
 
-def _compile_pair(parts: Any, fw_compiler: Compiler, bw_compiler: Compiler) -> tuple[Any, Any]:
-    """Compile the forward, then the backward for the strides the forward really returns.
+def _compile_pair(parts: Any, fw_compiler: Compiler, bw_compiler: Compiler,
+                  mutations: tuple[tuple[int, int], ...]) -> tuple[Any, Any]:
+    """Compile the forward, then the backward for the strides the forward really returns. The forward
+    returns the new values of the inputs it mutates after its outputs, as an inference graph does
+    (``mutations``: GraphAnnotations.input_mutations).
 
     The saved activations only travel from the forward to the backward, so the forward's compiler may
     choose their layout (``GraphAnnotations.layout_free_outputs``: kiln.inductor keeps convolution
@@ -171,7 +175,7 @@ def _compile_pair(parts: Any, fw_compiler: Compiler, bw_compiler: Compiler) -> t
     ``output_strides`` has the backward's saved placeholders retyped to match, before it is compiled."""
     fw_out = next(n for n in parts.fw_gm.graph.nodes if n.op == "output").args[0]
     n_out = len(fw_out) - parts.n_saved_sizes  # the saved sizes (ints) come last
-    annotate(parts.fw_gm, replace(annotations_of(parts.fw_gm),
+    annotate(parts.fw_gm, replace(annotations_of(parts.fw_gm), input_mutations=mutations,
                                   layout_free_outputs=tuple(range(n_out - parts.n_saved, n_out))))
     fw = fw_compiler(parts.fw_gm, _example_vals(parts.fw_gm))
     strides = fw.output_strides if isinstance(fw, CompiledGraph) else None

@@ -99,7 +99,7 @@ def finish_outputs(sig: CallSignature, args: Sequence[Any], graph_outs: Sequence
     """Write mutated inputs back, then assemble the user's outputs (regenerating aliases; ``views``
     from ``view_evaluators`` for aliases with symbolic sizes)."""
     if mutated:
-        dsts, news = [], []
+        dsts, news, written = [], [], []
         for idx, new in zip(sig.mutated, mutated):
             dst = args[idx]
             # a compiler that updated the input in place (kiln.inductor's reinplacing) returns it,
@@ -108,8 +108,14 @@ def finish_outputs(sig: CallSignature, args: Sequence[Any], graph_outs: Sequence
                                    or new.shape != dst.shape):
                 dsts.append(dst)
                 news.append(new)
+            else:
+                written.append(dst)
         if dsts:
             _write_back(dsts, news)
+        if written:
+            # a kernel wrote them through their pointers: their version counters move as eager's
+            # in-place ops move them, so a backward that saved the old values refuses to run
+            _increment_version(written)
     result: list[Any] = []
     for i, rule in enumerate(sig.outputs):
         k = rule.kind
@@ -137,6 +143,7 @@ def finish_outputs(sig: CallSignature, args: Sequence[Any], graph_outs: Sequence
 
 
 _FOREACH_COPY = getattr(torch, "_foreach_copy_", None)
+_increment_version = torch.autograd.graph.increment_version
 
 
 def _write_back(dsts: list[torch.Tensor], news: list[torch.Tensor]) -> None:

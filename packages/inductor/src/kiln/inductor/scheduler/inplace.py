@@ -8,10 +8,13 @@ plus one full copy per state tensor per step: the adam_update benchmark spent mo
 
 Here the output buffer takes the input's memory when that is safe:
 
-- a pointwise kernel (no row loops, no scatter) computes it, with exactly the input's layout;
+- a pointwise kernel (no row loops, no scatter) computes it, with exactly the input's layout; or a row
+  kernel computes it as one value per outer point that only its own node reads the input for
+  (``_row_kernel_site``: a training BatchNorm's running statistics, beside its batch statistics);
 - every read of the input in that kernel is at the output's store index (each loop point reads the old
   value only where it writes the new one; the C++ writer stores after all loads of a point);
-- nothing after that kernel reads the input, and no graph output is the input itself or a view of it.
+- nothing after that kernel reads the input, and no graph output is the input itself or a view of it,
+  nor the new value a second time (a forward's saved tensor: the input's next update would change it).
 
 The wrapper then binds the output to the input tensor (no allocation) and the write-back finds the same
 memory and copies nothing.
@@ -81,6 +84,19 @@ def _eligible_kernel(k: Kernel, out: str) -> bool:
             and all(kn.kind == "pointwise" for kn in k.nodes))
 
 
+def _row_kernel_site(k: Kernel, out: str, inp: str) -> bool:
+    """A row kernel (reductions, row loops) may write ``out`` over ``inp`` when ``out`` is one value per
+    outer point (a BatchNorm's running-statistic update beside the batch statistics it is computed
+    from), computed by the only node that reads ``inp`` and read by no node: at every point that node
+    loads the old value before it stores the new one, in whichever order the writer emits the nodes
+    (where the tiled writer splits rows between threads, one thread computes it)."""
+    node = next((kn for kn in k.nodes if kn.buffer == out), None)
+    if node is None or node.kind != "pointwise" or node.role != "outer" or not node.store:
+        return False
+    readers = [kn for kn in k.nodes if any(ld.buffer == inp for ld in reads(kn.body))]
+    return readers == [node] and not any(ld.buffer == out for kn in k.nodes for ld in reads(kn.body))
+
+
 def _mutation_sites(s: ScheduledProgram, mutations: Sequence[tuple[int, int]],
                     steps: list[Step]) -> Iterator[tuple[str, str, int, Kernel]]:
     """(output, input, step, kernel) for each mutated input whose new value is a graph output that one
@@ -100,6 +116,8 @@ def _mutation_sites(s: ScheduledProgram, mutations: Sequence[tuple[int, int]],
         if not isinstance(ref, TensorRef) or inp in returned:
             continue
         out = ref.buffer
+        if sum(isinstance(o, TensorRef) and o.buffer == out for o in p.outputs) != 1:
+            continue  # also returned otherwise (saved for a backward): a later write of the input would change it
         lay_o, lay_i = layouts[out], layouts[inp]
         if (tuple(ref.shape), tuple(ref.stride), ref.offset) != (lay_o.shape, lay_o.stride, lay_o.offset) \
                 or (lay_o.shape, lay_o.stride, lay_o.offset, lay_o.dtype) != (lay_i.shape, lay_i.stride,
@@ -125,7 +143,8 @@ def plan_inplace_updates(s: ScheduledProgram, mutations: Sequence[tuple[int, int
     steps = list(s.steps)
     taken: set[str] = set()
     for out, inp, k, work in _mutation_sites(s, mutations, steps):
-        if inp in taken or not _eligible_kernel(work, out) or not _reads_only_at(work, inp, out):
+        eligible = _eligible_kernel(work, out) if not work.inner else _row_kernel_site(work, out, inp)
+        if inp in taken or not eligible or not _reads_only_at(work, inp, out):
             continue
         steps[k] = _written_over(steps[k], work, out, inp)
         taken.add(inp)

@@ -52,11 +52,13 @@ class CppKernelWriter:
         self.row_cache: dict = {}  # Expr -> (stage computing it, C++ slot)
         self.stage_now: int | None = None
         # an input overwritten in place is read through its output's pointer (one restrict pointer per
-        # memory); stores of such a kernel wait until every load of the loop point is done
+        # memory); stores of such a pointwise kernel wait until every load of the loop point is done (a
+        # row kernel's in-place output is computed by the only node reading its input: _row_kernel_site)
         self.over = {i: o for o, i in k.inplace}
         # a scatter written in place over its base (plan_inplace_scatters) reads nothing it writes
         self.scatter_only = len(k.nodes) == 1 and k.nodes[0].kind == "scatter"
-        self.deferred: list[str] | None = [] if k.inplace and not self.scatter_only else None
+        self.defers = bool(k.inplace) and not self.scatter_only and not k.inner
+        self.deferred: list[str] | None = [] if self.defers else None
 
     def ptr(self, buffer: str) -> str:
         return f"p_{self.over.get(buffer, buffer)}"
@@ -66,6 +68,12 @@ class CppKernelWriter:
                   for b in kernel_params(self.k)[0]]
         params += [f"{ctype(self.layouts[b].dtype)}* __restrict__ {self.ptr(b)}" for b in self.k.outputs]
         return params + [f"const {size_param_ctype(s)} {s}" for s in kernel_size_symbols(self.k)]  # sizes, floats
+
+    def _inplace_ok(self) -> bool:
+        k = self.k
+        if not k.inner:
+            return all(kn.kind == "pointwise" for kn in k.nodes)
+        return all(self.by_name[o].kind == "pointwise" and self.by_name[o].role == "outer" for o, _ in k.inplace)
 
     def signature(self) -> str:
         return f'extern "C" void {self.k.name}({", ".join(self.params())})'
@@ -148,8 +156,9 @@ class CppKernelWriter:
 
     def write(self) -> str:
         k = self.k
-        if k.inplace and not self.scatter_only and (k.inner or any(kn.kind != "pointwise" for kn in k.nodes)):
-            raise ValueError(f"{k.name}: in-place outputs are planned for pointwise kernels only")
+        if k.inplace and not self.scatter_only and not self._inplace_ok():
+            raise ValueError(f"{k.name}: in-place outputs are planned for pointwise kernels and per-point "
+                             "values of row kernels only")
         self.lines.append(self.signature() + " {")
         total = product(list(k.outer) + list(k.inner))
         parallel = self.parallel_clause(total)
@@ -246,7 +255,7 @@ class CppKernelWriter:
     def _reset(self) -> None:
         """Forget what the first variant of the body computed (the second starts from scratch)."""
         self.locals, self.row_cache, self.stage_now = {}, {}, None
-        self.deferred = [] if self.k.inplace else None
+        self.deferred = [] if self.defers else None
 
     def parallel_clause(self, total: sympy.Expr) -> str | None:
         """None: run serially; else the clause after ``omp parallel for``. Not ``if(...)``: g++ runs an
@@ -498,9 +507,19 @@ class _Tiled:
         w.lines.append(f"{indent}const int64_t xn = std::min<int64_t>({TILE}, {size} - xt);")
         stages = max(kn.stage for kn in k.nodes)
         guard = "if (kiln_tid == 0) " if split else ""
+        over = {o for o, _ in k.inplace}
         for s in range(stages + 2):
-            _Tiled.outer_values(w, [kn for kn in k.nodes if kn.role == "outer" and kn.kind != "reduction"
-                                    and kn.stage == s], indent, last, guard)
+            nodes = [kn for kn in k.nodes if kn.role == "outer" and kn.kind != "reduction" and kn.stage == s]
+            _Tiled.outer_values(w, [kn for kn in nodes if kn.buffer not in over], indent, last, guard)
+            mine = [kn for kn in nodes if kn.buffer in over]
+            if mine and split:
+                # an output written over its input (scheduler/inplace.py: _row_kernel_site) is computed
+                # by one thread, so that no other loads the input after it was overwritten
+                w.lines.append(f"{indent}if (kiln_tid == 0) {{")
+                _Tiled.outer_values(w, mine, indent + "  ", last)
+                w.lines.append(f"{indent}}}")
+            else:
+                _Tiled.outer_values(w, mine, indent, last, guard)
             if s <= stages:
                 _Tiled.stage(w, s, indent, last, split)
         indent = w.close(n, indent)
