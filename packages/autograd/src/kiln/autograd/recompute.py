@@ -116,6 +116,8 @@ def shape_donor(n: fx.Node) -> fx.Node:
     """The farthest ancestor of ``n`` through pointwise ops (and detach/alias/clone) that has ``n``'s
     sizes, dtype and strides (``n`` itself when none has)."""
     val = n.meta.get("val")
+    if not isinstance(val, FakeTensor):
+        return n
     cur = n
     while (cur.op == "call_function" and isinstance(cur.target, torch._ops.OpOverload)
            and (torch.Tag.pointwise in cur.target.tags or cur.target in _SAME_VALUES)):
@@ -140,8 +142,6 @@ def shape_only_arguments(gm: fx.GraphModule) -> int:
         if pos is None or len(n.args) <= pos or not isinstance(n.args[pos], fx.Node):
             continue
         arg = n.args[pos]
-        if not isinstance(arg.meta.get("val"), FakeTensor):
-            continue
         donor = shape_donor(arg)
         if donor is not arg:
             n.update_arg(pos, donor)
