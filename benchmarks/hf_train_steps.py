@@ -5,7 +5,8 @@ called with its labels so that the model computes its own loss inside ``forward`
 ``nn.CrossEntropyLoss()`` there). A step is ``model(**inputs).loss.backward()`` with the gradients
 cleared first. Per model and compiler, one fresh reset: the graph and break counts (``kiln.explain``,
 ``torch._dynamo.explain``), the first step's seconds (compile included), and the median of
-``--steps`` later steps (after two warm-up steps), timed interleaved across the three so that
+``--steps`` later steps (after two warm-up steps; kiln's after its C++ wrappers, which a training loop
+gets once a graph is hot, are built and chosen: ``tiers``), timed interleaved across the three so that
 load from other processes on a shared machine falls on all of them alike. The loss of the compiled step is compared with eager's on the same inputs.
 
     python -m benchmarks.hf_train_steps                      # all six, 10 timed steps each
@@ -29,7 +30,7 @@ if __package__ in (None, ""):
 import torch
 from torch import nn
 
-from benchmarks.kiln_bench.backends import short_error
+from benchmarks.kiln_bench.backends import settle_tiered, short_error, wait_tiered
 
 _TEXT = dict(vocab_size=1000)
 _LAYERS = dict(num_hidden_layers=2, num_attention_heads=4, intermediate_size=256, hidden_size=128)
@@ -141,6 +142,9 @@ def _measure(name: str, steps: int) -> dict[str, dict[str, Any]]:
                                  loss_err=abs(got - want), times=[])
             for _ in range(2):  # warm-up (allocator, oneDNN primitive caches)
                 _step(fn, inputs)
+            if compiler == "kiln":  # the steady state of a training loop: its C++ wrappers (tiered)
+                row[compiler]["tier_wait_s"] = wait_tiered("kiln")
+                row[compiler]["tiers"] = settle_tiered("kiln", lambda fn=fn: _step(fn, inputs), limit=40)
             fast[compiler] = fn
         except Exception as e:  # noqa: BLE001 - a failing compiler is a cell that says why
             row[compiler] = dict(error=short_error(e, 160))
@@ -163,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     print("| model | kiln graphs/breaks | torch.compile graphs/breaks | eager ms | kiln ms | torch.compile ms "
-          "| kiln/tc | kiln first s | tc first s | kiln loss err |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| kiln/tc | kiln first s | tc first s | kiln loss err | kiln graphs' wrappers |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in a.models.split(","):
         print(_format(name, _measure(name, a.steps)), flush=True)
     return 0
@@ -176,10 +180,12 @@ def _format(name: str, row: dict[str, dict[str, Any]]) -> str:
         return row[c]["error"] if v is None and "error" in row[c] else (format(v, fmt) if v is not None else "-")
     k, t = row["kiln"], row["torch.compile"]
     ratio = f"{k['step_ms'] / t['step_ms']:.2f}" if "step_ms" in k and "step_ms" in t else "-"
+    tiers = k.get("tiers")
+    wrappers = ", ".join(f"{n} {w}" for w, n in tiers.items()) if tiers else "python"
     return (f"| {name} | {k.get('graphs', '-')}/{k.get('breaks', '-')} | {t.get('graphs', '-')}/{t.get('breaks', '-')} "
             f"| {cell('eager', 'step_ms', '.1f')} | {cell('kiln', 'step_ms', '.1f')} | "
             f"{cell('torch.compile', 'step_ms', '.1f')} | {ratio} | {cell('kiln', 'first_s', '.1f')} | "
-            f"{cell('torch.compile', 'first_s', '.1f')} | {cell('kiln', 'loss_err', '.1e')} |")
+            f"{cell('torch.compile', 'first_s', '.1f')} | {cell('kiln', 'loss_err', '.1e')} | {wrappers} |")
 
 
 if __name__ == "__main__":

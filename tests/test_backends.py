@@ -45,18 +45,20 @@ def test_bad_inductor_options_are_a_clear_error(options: dict, named: str) -> No
 
 @pytest.mark.parametrize(("named", "inference", "on_gpu", "cudagraphs", "wrapper", "refused"), [
     (None, True, True, False, "tiered", False),  # a CUDA inference graph in default mode: tiered by default
-    (None, True, False, False, "python", False),  # CPU graphs keep the Python wrapper unless asked
-    (None, False, True, False, "python", False),  # training graphs too
+    (None, True, False, False, "tiered", False),  # CPU graphs, inference and training: tiered by default
+    (None, False, False, False, "tiered", False),
+    (None, False, True, False, "python", False),  # CUDA training graphs: the Python wrapper unless asked
     (None, True, True, True, "python", False),  # CUDA graphs replay reduce-overhead graphs
     ("python", True, True, False, "python", False),  # the options' choice wins
     ("cpp", True, False, False, "cpp", False),
-    ("tiered", False, True, False, "python", True),  # asked for a training graph: refused, said why
-    ("cpp", True, True, True, "python", True),
+    ("tiered", False, True, False, "tiered", False),  # asked for a training graph: given
+    ("cpp", True, True, True, "python", True),  # refused where CUDA graphs replay it, said why
 ])
 def test_the_wrapper_of_each_graph(named, inference, on_gpu, cudagraphs, wrapper, refused) -> None:
     from kiln.backends import graph_wrapper
 
-    got, why = graph_wrapper(named, "tiered", inference=inference, on_gpu=on_gpu, cudagraphs=cudagraphs)
+    got, why = graph_wrapper(named, "tiered", inference=inference, on_gpu=on_gpu, cudagraphs=cudagraphs,
+                             cpu_default="tiered")
     assert got == wrapper and (why is not None) == refused
 
 

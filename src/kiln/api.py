@@ -170,6 +170,7 @@ def reset() -> None:
     """Forget every compiled entry (and recompile counts) of every function, and free the memory
     pools of reduce-overhead's CUDA graph trees."""
     capture.reset()
+    runtime.graph_cache.forget_live_graphs()
     try:
         trees = importlib.import_module("kiln.inductor.cudagraphs")
     except ImportError:

@@ -69,15 +69,18 @@ def _eager(opts: CompileOptions) -> Backend:
 
 
 def graph_wrapper(named: str | None, gpu_default: str, *, inference: bool, on_gpu: bool,
-                  cudagraphs: bool) -> tuple[str, str | None]:
+                  cudagraphs: bool, cpu_default: str = "python") -> tuple[str, str | None]:
     """The wrapper that runs one compiled graph, and why the one ``options`` named is not used (None if
-    it is). The C++ and tiered wrappers serve inference graphs in default mode; a CUDA inference graph
-    gets ``gpu_default`` (KILN_GPU_WRAPPER: tiered) unless the options name a wrapper; every other graph
-    has the Python wrapper."""
+    it is). The C++ and tiered wrappers serve every graph but those CUDA graphs replay. Unless the options
+    name a wrapper, a CUDA inference graph gets ``gpu_default`` (KILN_GPU_WRAPPER: tiered), a CPU graph,
+    inference or training, ``cpu_default`` (KILN_CPU_WRAPPER: tiered, after KILN_TIER_AFTER_CALLS calls),
+    and a CUDA training graph the Python wrapper (the C++ one not yet measured on a GPU for training)."""
     if named is None:
-        return (gpu_default if inference and on_gpu and not cudagraphs else "python"), None
-    if named in ("cpp", "tiered") and (not inference or (cudagraphs and on_gpu)):
-        return "python", "CUDA graphs replay it" if inference else "it is a training forward or backward graph"
+        if not on_gpu:
+            return cpu_default, None
+        return (gpu_default if inference and not cudagraphs else "python"), None
+    if named in ("cpp", "tiered") and cudagraphs and on_gpu:
+        return "python", "CUDA graphs replay it"
     return named, None
 
 
@@ -128,7 +131,8 @@ def _inductor(opts: CompileOptions) -> Backend:
     # a CUDA inference graph in default mode gets the C++ wrapper built in the background unless the
     # options name a wrapper: the Python wrapper's host time (12-20 us an ATen call, 5-10 a launch) is
     # what a host-bound GPU step waits for
-    gpu_wrapper = _stage("kiln.inductor.knobs", "KNOBS", "inductor").gpu_wrapper
+    knobs = _stage("kiln.inductor.knobs", "KNOBS", "inductor")
+    gpu_wrapper, cpu_wrapper, tier_after = knobs.gpu_wrapper, knobs.cpu_wrapper, knobs.tier_after_calls
     run_aten = _stage("kiln.autograd", "run_graph_compiler", "inductor")
     symbolic_refused = _stage("kiln.inductor", "DynamicShapeUnsupported", "inductor")
 
@@ -136,11 +140,14 @@ def _inductor(opts: CompileOptions) -> Backend:
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledGraph:
             on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
             wrapper, why = graph_wrapper(user_options.get("wrapper"), gpu_wrapper, inference=inference,
-                                         on_gpu=on_gpu, cudagraphs=flags.cudagraphs)
+                                         on_gpu=on_gpu, cudagraphs=flags.cudagraphs, cpu_default=cpu_wrapper)
             if why:
-                log("perf_hints").warning("graph keeps the Python wrapper (options wrapper=%r serves "
-                                          "inference graphs in default mode): %s", user_options["wrapper"], why)
+                log("perf_hints").warning("graph keeps the Python wrapper (options wrapper=%r): %s",
+                                          user_options["wrapper"], why)
             options = inductor_options.replace(wrapper=wrapper)
+            if wrapper == "tiered" and not on_gpu and "tiered_after_calls" not in user_options and \
+                    "wrapper" not in user_options:
+                options = options.replace(tiered_after_calls=tier_after)
             if inference and arena and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
                 options = options.replace(memory_arena=True)
             try:

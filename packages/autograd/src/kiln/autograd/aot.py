@@ -116,8 +116,11 @@ def aot(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput], *, fw_compil
             if pf and pb and sig.n_lifted == 0 else None
     if sig.n_lifted:
         fn = _with_module_state(gm, fn)
+    # (not one reading this module's own tensors: a graph cache hit may hand it to another module)
+    improves = not sig.n_lifted and any(isinstance(c, CompiledGraph) and c.improves
+                                        for c in ((compiled,) if parts is None else (fw, bw)))
     return CompiledGraph(fn, "aot", texts, portable, aot=AotResult(joint, parts, time.perf_counter() - t0),
-                         later=later)
+                         later=later, improves=improves)
 
 
 def _later(compiled: Callable[..., Any], sig: GraphSignature) -> Any:

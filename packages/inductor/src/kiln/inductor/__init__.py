@@ -23,10 +23,10 @@ from .lowering.registry import LOWERINGS, lowered_ops
 from .options import InductorOptions, MisalignedMatmuls
 from .scheduler import PlannedPeak, planned_peak
 from .size_guards import guard_text
-from .tiered import wait_tiered
+from .tiered import build_tiered_now, wait_tiered
 
 __all__ = [
     "LOWERINGS", "CompiledKernels", "DynamicShapeUnsupported", "SizeGuard", "SizeSource", "CppBackend", "CppCompileError", "InductorOptions", "Kernel", "KernelBackend",
     "KernelNode", "LoopProgram", "LoweringError", "MisalignedMatmuls", "PlannedPeak", "ScheduledProgram", "compile_graph", "guard_text", "inductor_backend",
-    "inductor_decompositions", "lowered_ops", "planned_peak", "to_aten", "wait_tiered", "warm_compile_pool",
+    "inductor_decompositions", "lowered_ops", "planned_peak", "to_aten", "wait_tiered", "build_tiered_now", "warm_compile_pool",
 ]

@@ -175,7 +175,9 @@ def _bind_constants(compiled: CompiledGraph, constants: list[torch.Tensor], name
     if portable is not None and inner is not None:
         def later(callback: Callable[[PortableProgram], None]) -> None:
             inner(lambda p: callback(replace(p, source=p.source + epilogue, files={**p.files, **files})))
-    return replace(compiled, fn=WithConstants(compiled.fn, constants), portable=portable, later=later)
+    # improves=False: bound to this graph's tensors, not shared with another graph's cache hit
+    return replace(compiled, fn=WithConstants(compiled.fn, constants), portable=portable, later=later,
+                   improves=False)
 
 
 def _eager_graph(gm: fx.GraphModule, name: str, reason: str) -> CompiledGraph:

@@ -43,6 +43,10 @@ class InductorKnobs:
     # mode when options do not name one ("wrapper"); tiered: the Python wrapper at once, the C++ one built
     # in the background (tiered.py)
     gpu_wrapper: str = "tiered"
+    # KILN_CPU_WRAPPER (python|cpp|tiered): the same for a CPU graph (inference or training) in default mode;
+    # tiered there starts the C++ wrapper's build after KILN_TIER_AFTER_CALLS calls of the graph
+    cpu_wrapper: str = "tiered"
+    tier_after_calls: int = 50
     alloc_conf: str = ""  # PYTORCH_CUDA_ALLOC_CONF (else PYTORCH_ALLOC_CONF): the user's allocator settings
 
 
@@ -68,6 +72,9 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
                          memory_arena=e.get("KILN_MEMORY_ARENA", "1") != "0",
                          gpu_wrapper=_choice(e.get("KILN_GPU_WRAPPER"), "tiered", "KILN_GPU_WRAPPER",
                                              ("python", "cpp", "tiered")),
+                         cpu_wrapper=_choice(e.get("KILN_CPU_WRAPPER"), "tiered", "KILN_CPU_WRAPPER",
+                                             ("python", "cpp", "tiered")),
+                         tier_after_calls=int(_float(e.get("KILN_TIER_AFTER_CALLS"), 50, "KILN_TIER_AFTER_CALLS")),
                          alloc_conf=e.get("PYTORCH_CUDA_ALLOC_CONF") or e.get("PYTORCH_ALLOC_CONF") or "")
 
 

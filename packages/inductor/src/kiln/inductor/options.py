@@ -99,13 +99,16 @@ class InductorOptions:
     cudagraph_max_recordings: int = 8
     # max-autotune's own options (configurations per kernel, matmul templates, cache, timer)
     autotune: AutotuneOptions = field(default_factory=AutotuneOptions)
-    # what runs a compiled inference graph's steps: "python" (the generated Python wrapper) or "cpp" (the
-    # same steps as generated C++ built into a library and called through its C ABI: a few us of host
-    # time per ATen call instead of 12-20; cpp_graph.py). "cpp" serves inference graphs (static or
-    # symbolic sizes: one library for every size) in default mode; any other graph keeps the Python
-    # wrapper and perf_hints says why. "tiered": the Python wrapper at once, calls moved to the C++
-    # wrapper when a background thread has built it (tiered.py: no g++ build in the compile time)
+    # what runs a compiled graph's steps: "python" (the generated Python wrapper) or "cpp" (the same steps
+    # as generated C++ built into a library and called through its C ABI: a few us of host time per ATen
+    # call instead of 12-20; cpp_graph.py), for static or symbolic sizes (one library for every size);
+    # kiln.compile keeps the Python wrapper for graphs CUDA graphs replay. "tiered": the Python wrapper at
+    # once, calls moved to the C++ wrapper when a background thread has built it (tiered.py: no g++ build
+    # in the compile time)
     wrapper: str = "python"
+    # wrapper="tiered": the C++ wrapper's build starts once the graph has been called this many times (0: at
+    # compile time), so graphs called a few times (a test, a script's one call) never build one
+    tiered_after_calls: int = 0
     # wrapper="tiered": once the C++ wrapper is built, this many calls on each wrapper (alternating) are timed
     # and the calls stay on the faster (the C++ one unless more than 5% slower: it need not be faster for a
     # graph of many inputs and little work); 0: move untimed

@@ -57,11 +57,14 @@ class TieredCall:
     Python then C++)."""
 
     __slots__ = ("call", "name", "tier", "ready", "program", "measured", "trial_calls", "_python", "_cpp",
-                 "_times", "_callbacks", "__weakref__")
+                 "_times", "_callbacks", "_calls", "_after", "_start", "__weakref__")
 
-    def __init__(self, first: Any, name: str, trial_calls: int) -> None:
+    def __init__(self, first: Any, name: str, trial_calls: int, after_calls: int = 0) -> None:
         self._python: Callable[[list], tuple] = first.call_owned
-        self.call = self._python
+        # after_calls > 0: calls are counted and the build starts at that count (``start``)
+        self.call = self._count if after_calls > 0 else self._python
+        self._calls, self._after = 0, after_calls
+        self._start: Callable[[], None] | None = None
         self.name = name
         self.tier = "python"
         self.trial_calls = trial_calls
@@ -72,6 +75,16 @@ class TieredCall:
         self._times: tuple[list[float], list[float]] = ([], [])
         self._callbacks: list[Callable[[PortableProgram], None]] = []
         _LIVE.add(self)
+
+    def _count(self, args: list) -> tuple:
+        """A call before the build: counted; the one reaching ``after_calls`` queues the build."""
+        self._calls += 1
+        if self._calls >= self._after:
+            start, self._start = self._start, None
+            if start is not None:
+                self.call = self._python
+                start()
+        return self._python(args)
 
     def later(self, callback: Callable[[PortableProgram], None]) -> None:
         """``callback(program)`` with the C++ wrapper's portable program once the calls moved to it for
@@ -194,6 +207,20 @@ def live_tiered() -> list[TieredCall]:
     return list(_LIVE)
 
 
+def build_tiered_now() -> int:
+    """Queue the C++ wrapper builds of the live tiered graphs still counting calls toward
+    ``tiered_after_calls`` (a benchmark measuring the steady state; ``wait_tiered`` then waits for them);
+    how many were queued."""
+    queued = 0
+    for fn in live_tiered():
+        start, fn._start = fn._start, None
+        if start is not None:
+            fn.call = fn._python
+            start()
+            queued += 1
+    return queued
+
+
 def wait_tiered(timeout: float | None = None) -> bool:
     """Block until every queued C++ wrapper build has finished (loaded, or given up: perf_hints says
     which); False if ``timeout`` seconds passed first."""
@@ -204,12 +231,18 @@ def tier_up(compiled: CompiledGraph, gm: fx.GraphModule, inputs: Sequence[Any], 
             name: str) -> CompiledGraph:
     """``compiled`` (the Python wrapper's graph over ``gm``'s lifted inputs) with its calls moving to the
     C++ wrapper's library when the background thread has built it."""
-    fn = TieredCall(compiled.fn, name, options.tiered_trial_calls)
+    fn = TieredCall(compiled.fn, name, options.tiered_trial_calls, options.tiered_after_calls)
     outputs = compiled.loop_program.outputs if compiled.loop_program is not None else None  # type: ignore[attr-defined]
     cpp_options = options.replace(wrapper="cpp")
     ref = weakref.ref(fn)  # a graph dropped before its turn (a recompile replaced it) is not built
-    _BUILDS.submit(lambda: _build(ref, gm, inputs, cpp_options, name, outputs))
-    return replace(compiled, fn=fn, backend="inductor(tiered wrapper)", later=fn.later)
+
+    def start() -> None:
+        _BUILDS.submit(lambda: _build(ref, gm, inputs, cpp_options, name, outputs))
+    if options.tiered_after_calls > 0:
+        fn._start = start
+    else:
+        start()
+    return replace(compiled, fn=fn, backend="inductor(tiered wrapper)", later=fn.later, improves=True)
 
 
 def _build(ref: weakref.ref[TieredCall], gm: fx.GraphModule, inputs: Sequence[Any], options: InductorOptions,

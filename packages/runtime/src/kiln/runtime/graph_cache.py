@@ -39,6 +39,7 @@ import os
 import sys
 import time
 import types
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -444,7 +445,7 @@ def cached_backend(fn: Backend, name: str, options: object, *, cache: CompileCac
         short = key_hash(key)[:16]
         hit = graphs.load(key)
         if hit is not None:
-            loaded = _from_hit(hit, gm, graphs, name, short, "")
+            loaded = _from_hit(hit, gm, graphs, name, short, "", key)
             if loaded is not None:
                 return loaded
         # Note: processes sharing the cache (the ranks of a distributed job) compile each graph
@@ -455,7 +456,7 @@ def cached_backend(fn: Backend, name: str, options: object, *, cache: CompileCac
             hit = graphs.load(key) if hit is None else None
             if hit is not None:
                 loaded = _from_hit(hit, gm, graphs, name, short,
-                                   f"; compiled by another process while this one waited {waited:.1f} s")
+                                   f"; compiled by another process while this one waited {waited:.1f} s", key)
                 if loaded is not None:
                     return loaded
             return _compile_and_store(fn, gm, example_inputs, graphs, key, name, short)
@@ -464,8 +465,20 @@ def cached_backend(fn: Backend, name: str, options: object, *, cache: CompileCac
     return backend
 
 
+# graphs compiled in this process whose program improves as they run (a tiered wrapper: the C++ one built
+# once the graph is hot), by key: a hit on the same key (a frame recompiled into the same graph, a second
+# model of the same architecture) shares that graph, its call count and its C++ wrapper, instead of
+# loading the Python program of the entry, which would never move
+_IMPROVING: dict[str, weakref.ref] = {}
+
+
+def forget_live_graphs() -> None:
+    """Later hits load their entries instead of sharing graphs compiled before (``kiln.reset()``)."""
+    _IMPROVING.clear()
+
+
 def _from_hit(hit: CachedGraph, gm: fx.GraphModule, graphs: GraphCache, name: str, short: str,
-              note: str) -> CompiledGraph | None:
+              note: str, key: str = "") -> CompiledGraph | None:
     """The compiled graph of a cache entry, or None (logged) when it fails to load or does not serve
     these sizes (its compile's guards are added to the graph's ShapeEnv when it does)."""
     env = _shape_env(gm)
@@ -477,6 +490,13 @@ def _from_hit(hit: CachedGraph, gm: fx.GraphModule, graphs: GraphCache, name: st
     elif hit.shape_guards:
         log("cache").warning("graph cache: entry %s has shape guards but the graph is static; recompiling", short)
         return None
+    live = _IMPROVING.get(key)
+    fn = live() if live is not None else None
+    if fn is not None:
+        log("cache").info("graph cache hit %s (%s, %d nodes): the graph compiled in this process%s", short, name,
+                          len(gm.graph.nodes), note)
+        emit(CacheLookup(name, True, short))
+        return CompiledGraph(fn, hit.backend, dict(hit.texts), hit.program)
     try:
         program, kernels = _install_kernels(hit.program, short)
         call = program_callable(program, graphs.store)
@@ -506,6 +526,11 @@ def _compile_and_store(fn: Callable[[fx.GraphModule, Sequence[Any]], Any], gm: f
     log("cache").info("graph cache miss %s (%s): compiled%s%s", short, name,
                       " and stored" if stored else ", not stored (cache not writable)",
                       f" with the {len(added)} shape guard(s) its compile added" if added else "")
+    if stored and compiled.improves:
+        try:
+            _IMPROVING[key] = weakref.ref(compiled.fn)
+        except TypeError:  # a callable without weak references: hits load the entry
+            pass
     if stored and compiled.later is not None:
         # a better program ready later (a C++ wrapper built in the background): later processes load it
         def store_later(program: PortableProgram) -> None:
