@@ -191,6 +191,11 @@ def _classify(rec: TracingMode, flat: list[Any], primals: list[Any]) -> tuple[li
                               _size(o.storage_offset()), o.requires_grad)
         if id(o) in seen:
             infos.append(OutputInfo(OutputKind.SAME, seen[id(o)]))
+        elif (a.chain or a.root.input_index is not None) and o.dtype != a.root.tensor.dtype:
+            # rebuilt with as_strided on its base, a view of another dtype would be read as the base's
+            raise AutogradTraceError(f"output {i} is a {o.dtype} view of a {a.root.tensor.dtype} tensor "
+                                     "(view_as_real, view(dtype)): outputs that are views of another dtype "
+                                     "are not rebuilt")
         elif a.root.input_index is not None:
             idx = a.root.input_index
             if not a.chain and primals[idx] is o:

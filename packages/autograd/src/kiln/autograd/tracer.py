@@ -23,12 +23,12 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from kiln.decomp import GraphRecorder
-from kiln.graph import SymbolNodes, is_pure_op, lazy_graph_module, map_leaves
+from kiln.graph import SymbolNodes, is_pure_op, lazy_graph_module, map_leaves, may_overlap_itself
 
 from . import ops
 from .errors import AutogradTraceError
 from .rewrites import VENDOR_REWRITES
-from .views import Alias, Root, ViewStep, inverse, replay
+from .views import Alias, Root, ViewStep, _dense, inverse, replay
 
 aten = torch.ops.aten
 Decompositions = Mapping[torch._ops.OpOverload, Callable[..., Any]]
@@ -37,6 +37,10 @@ _CONSTANT_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
 
 
 _INTERNAL_NAMESPACES = frozenset({"prim", "prims", "profiler", "debugprims"})
+# view ops whose decomposition computes a copy (unfold: an index_select of the windows): decomposed while
+# tracing, a write through the view reached the copy, never its base (the caller's tensor kept its old
+# values). The trace records them as views; finish_decomposition decomposes them in the functional graph.
+_COPYING_VIEWS = frozenset({aten.unfold.default})
 
 
 def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -211,6 +215,21 @@ class TracingMode(GraphRecorder):
             n, v = replay(self.emit_on_nodes, step, nodes[-1], vals[-1])
             nodes.append(n)
             vals.append(v)
+        final = vals[-1]
+        if may_overlap_itself(final.shape, final.stride()):
+            raise AutogradTraceError(f"cannot functionalize an in-place write into a view whose elements share "
+                                     f"memory ({tuple(final.shape)} strided {tuple(final.stride())}): the order "
+                                     "of the writes decides the values")
+        if any(may_overlap_itself(v.shape, v.stride()) for v in vals[1:-1]):
+            # a view on the way overlaps itself (unfold windows, expand): undoing it step by step would write
+            # its shared elements in some order, stale ones included. The written view is a plain window of
+            # the root: scattered into it directly.
+            if not all(v.dtype == root.tensor.dtype for v in vals) or not _dense(root.tensor):
+                raise AutogradTraceError("cannot functionalize an in-place write through a view whose elements "
+                                         "share memory, of a tensor that is not dense or through a dtype view")
+            offset = final.storage_offset() - root.tensor.storage_offset()
+            return self.emit_on_nodes(aten.as_strided_scatter.default,
+                                      (root.node, src, list(final.shape), list(final.stride()), offset), {})[0]
         for j in reversed(range(len(chain))):
             try:
                 src = inverse(self.emit_on_nodes, chain[j], nodes[j], vals[j], vals[j + 1], src, src_val)
@@ -228,6 +247,11 @@ class TracingMode(GraphRecorder):
         return lazy_graph_module(root, self.graph)  # code made if it is ever run
 
     # ---- dispatch: what is not decomposed (GraphRecorder.dispatch applies the table first) ----
+    def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        if func in _COPYING_VIEWS:  # recorded as the view it is (see _COPYING_VIEWS)
+            return self.record(func, args, kwargs)
+        return super().dispatch(func, args, kwargs)
+
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if func in VENDOR_REWRITES:  # cuDNN/MIOpen batch norm: traced as the native ops
             with self:

@@ -132,9 +132,15 @@ def inverse(emit: EmitFn, step: ViewStep, base: fx.Node, base_val: torch.Tensor,
         return emit(aten.t.default, (src,), {})[0]
     if op is aten.view.dtype:
         return emit(aten.view.dtype, (src, base_val.dtype), {})[0]
+    if op is aten.view_as_real.default:
+        return emit(aten.view_as_complex.default, (src,), {})[0]
+    if op is aten.view_as_complex.default:
+        return emit(aten.view_as_real.default, (src,), {})[0]
     # Anything else: write through the view's strides on a dense copy of the base.
     if not _dense(base_val):
         raise NotImplementedError(f"mutation through view op {op} of a non-dense tensor")
+    if view_val.dtype != base_val.dtype:  # strides and offsets count other elements
+        raise NotImplementedError(f"mutation through view op {op} from {base_val.dtype} to {view_val.dtype}")
     offset = view_val.storage_offset() - base_val.storage_offset()
     return emit(aten.as_strided_scatter.default,
                 (base, src, list(view_val.shape), list(view_val.stride()), offset), {})[0]

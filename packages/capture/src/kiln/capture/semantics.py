@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from kiln.graph import may_overlap_itself
+
 from .errors import GraphBreak
 from .foreign import is_ndarray
 from .generators import GENERATOR_METHODS, GeneratorMethod, TracedGenerator
@@ -346,6 +348,10 @@ def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:
         array_setitem(frame, obj, key, value)
         return
     if isinstance(obj, torch.Tensor):
+        if contains_traced(obj) and may_overlap_itself(obj.shape, obj.stride()):
+            raise GraphBreak(f"item write into a view whose elements share memory ({tuple(obj.shape)} strided "
+                             f"{tuple(obj.stride())}: expand, overlapping unfold windows)",
+                             "it runs in Python between graphs (the order of the writes decides the values)")
         tracer.record("call_function", operator.setitem, (obj, key, value), {},
                       lambda: obj.__setitem__(key, value))
         return

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.graph import is_pure_op
+from kiln.graph import is_pure_op, may_overlap_itself
 
 from . import polyfills
 from .errors import GraphBreak
@@ -181,6 +181,14 @@ def _record_traced(tracer: Tracer, fn: Any, args: list, kwargs: dict) -> Any:
 
 _RNN_OPS = {"lstm": "LSTM", "gru": "GRU", "rnn_tanh": "RNN", "rnn_relu": "RNN"}
 _INPLACE_VIEWS = frozenset({"t_", "transpose_", "swapdims_", "swapaxes_", "unsqueeze_", "squeeze_", "as_strided_"})
+# methods ending in "_" that write no element
+_NOT_WRITES = _INPLACE_VIEWS | {"requires_grad_", "share_memory_", "detach_", "rename_", "refine_names_"}
+
+
+def overlaps_itself(t: Any) -> bool:
+    """A traced tensor of static layout two of whose elements share memory (written in place, the order
+    of the writes decides the values: eager's element order)."""
+    return isinstance(t, torch.Tensor) and contains_traced(t) and may_overlap_itself(t.shape, t.stride())
 _TENSOR_VALUE_POLYFILLS = {"addcdiv": polyfills.add_quotient_, "addcdiv_": polyfills.add_quotient_,
                            "addcmul": polyfills.add_product_, "addcmul_": polyfills.add_product_}
 
@@ -214,6 +222,10 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
         # shape: graphs write back values, not sizes and strides (kiln.autograd refuses it)
         raise GraphBreak(f"Tensor.{name}() changes the sizes or strides of the tensor "
                          f"{tracer.input_source_of_fake[id(t)]} in place", "it runs in Python between graphs")
+    if name.endswith("_") and name not in _NOT_WRITES and overlaps_itself(t):
+        raise GraphBreak(f"Tensor.{name}() writes a view whose elements share memory "
+                         f"({tuple(t.shape)} strided {tuple(t.stride())}: expand, overlapping unfold windows)",
+                         "it runs in Python between graphs (the order of the writes decides the values)")
     if name == "detach_" and id(t) in tracer.input_source_of_fake and t.requires_grad:  # the caller's tensor
         # stops requiring grad (the graph's copy did, the caller's kept its history)
         raise GraphBreak(f"Tensor.detach_() of the tensor {tracer.input_source_of_fake[id(t)]}",

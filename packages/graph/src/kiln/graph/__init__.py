@@ -78,7 +78,7 @@ from .stages import (
     StageObject,
     example_specs,
 )
-from .strides import view_strides
+from .strides import may_overlap_itself, view_strides
 from .symbolic import (
     SIZE_OPS,
     SIZE_UNARY_OPS,
@@ -116,7 +116,7 @@ __all__ = [
     "enabled",
     "example_specs", "global_state", "lazy_graph_module", "log", "new_graph_id", "print_graph", "run_pipeline",
     "is_pure_op", "is_size_arithmetic", "set_logs", "SIZE_OPS", "SIZE_UNARY_OPS", "SymbolNodes", "SymbolicSizeError", "has_symbolic_sizes", "is_symbolic",
-    "py_expr", "shape_env_of", "size_evaluator", "size_hint", "symbolic_dispatch", "target_name", "tensor_expectation", "type_name", "verify", "view_strides",
+    "py_expr", "shape_env_of", "size_evaluator", "size_hint", "symbolic_dispatch", "target_name", "tensor_expectation", "type_name", "verify", "view_strides", "may_overlap_itself",
 ]
 
 apply_env_logs(KNOBS.logs)  # every stage honours KILN_LOGS, installed alone or together

@@ -43,3 +43,22 @@ def view_strides(shape: Sequence[Any], strides: Sequence[Any], new_shape: Sequen
                 chunk_base = strides[d - 1]
                 tensor_numel = view_numel = 1
     return new_strides if view_d == -1 else None
+
+
+def may_overlap_itself(shape: Sequence[Any], strides: Sequence[Any]) -> bool:
+    """Whether two elements of a strided tensor of static layout may share memory (an expanded dim,
+    overlapping ``unfold`` windows, an ``as_strided`` view): False when, dims sorted by stride, each stride
+    reaches past everything the smaller ones span (ATen's ``has_internal_overlap`` calls the rest "too
+    hard" and refuses writes only where a stride is 0; a write's element order then decides the values).
+    A symbolic size or stride of a dim with more than one element: False (not decided here)."""
+    dims = [(st, n) for n, st in zip(shape, strides) if not (isinstance(n, int) and n == 1)]
+    if any(not isinstance(x, int) for d in dims for x in d):
+        return False
+    if any(n == 0 for _, n in dims):
+        return False  # no elements
+    span = 0  # the furthest element reached by the dims so far (in elements, from the first)
+    for st, n in sorted((abs(st), n) for st, n in dims):
+        if st <= span:
+            return True
+        span += st * (n - 1)
+    return False
