@@ -4,10 +4,12 @@ and its inputs after the call are compared with eager's.
 
 Found by probing: a write through ``x.unfold(...)`` never reached ``x`` (the trace decomposed the view into
 a gather, a copy); a write into a window of overlapping ``unfold`` windows was undone by the windows'
-stale copies; a write through ``view_as_real`` failed at run time where eager runs."""
+stale copies; a write through ``view_as_real`` failed at run time where eager runs; an ``out=`` tensor that
+eager resizes had the result written past its end (a crash)."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -122,3 +124,24 @@ def test_a_write_into_a_view_sharing_its_elements_runs_in_python(write: Callable
             continue
         _same(want, compiled(x))
         _same(y, x)
+
+
+def _add_into(x, out):
+    return torch.add(x, 1, out=out)
+
+
+@pytest.mark.parametrize("out_shape", [(0,), (2, 2), (5,)], ids=["empty", "other_shape", "same_shape"])
+def test_an_out_tensor_eager_resizes(out_shape: tuple) -> None:
+    """``out=`` of other sizes than the result: eager resizes it (the graph, which writes values into an
+    input's memory, wrote 5 elements into 0 and crashed). Such a call runs in Python."""
+    compiled = kiln.compile(_add_into)
+    for seed in range(3):
+        x = _rand(5)(seed)[0]
+        out, theirs = torch.zeros(out_shape), torch.zeros(out_shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # eager's "an output with one or more elements was resized"
+            want = _add_into(x, theirs)
+            got = compiled(x, out)
+        _same(want, got)
+        _same(theirs, out)
+        assert got.data_ptr() == out.data_ptr()

@@ -115,6 +115,8 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     env = tracer.shape_env
     if id(fn) in FRESH_RESULT and isinstance(env, CaptureShapeEnv) and env.may_be_one:
         return env.fresh_result(lambda: _record_traced(tracer, fn, args, kwargs))
+    if kwargs.get("out") is not None:
+        _refuse_resizing_out(tracer, fn, args, kwargs)
     written = _multi_tensor_writes(fn)
     versions = [[t._version for t in _tensors_of(args, kwargs, at)] for at in written]
     result = _record_traced(tracer, fn, args, kwargs)
@@ -125,6 +127,23 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
             if t._version == version:
                 torch.autograd.graph.increment_version(t)
     return result
+
+
+def _refuse_resizing_out(tracer: Tracer, fn: Any, args: tuple, kwargs: dict) -> None:
+    """A call whose ``out=`` tensors have other sizes than its result breaks the graph: eager resizes
+    them, and a graph writes values into the memory an input has, not sizes (a resized input came back
+    with its old sizes, its new values written past its end)."""
+    outs = kwargs["out"] if isinstance(kwargs["out"], (tuple, list)) else (kwargs["out"],)
+    try:
+        with tracer.fake_mode:
+            result = fn(*args, **{k: v for k, v in kwargs.items() if k != "out"})
+    except Exception:  # noqa: BLE001 - the call itself is traced (and fails) as before
+        return
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    for o, r in zip(outs, results):
+        if isinstance(o, torch.Tensor) and isinstance(r, torch.Tensor) and tuple(o.shape) != tuple(r.shape):
+            raise GraphBreak(f"torch.{getattr(fn, '__name__', fn)}(out=...) resizes its out tensor from "
+                             f"{tuple(o.shape)} to {tuple(r.shape)}", "it runs in Python between graphs")
 
 
 _MULTI_TENSOR_WRITES: dict[str, tuple[tuple[int, str], ...]] = {}
