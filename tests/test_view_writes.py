@@ -145,3 +145,37 @@ def test_an_out_tensor_eager_resizes(out_shape: tuple) -> None:
         _same(want, got)
         _same(theirs, out)
         assert got.data_ptr() == out.data_ptr()
+
+
+def _mul_by_transpose(x):
+    return x.mul_(x.t())
+
+
+def _add_shifted(x):
+    return x[1:].add_(x[:-1])
+
+
+def _mul_by_itself(x):
+    return x.mul_(x)
+
+
+@pytest.mark.parametrize("fn", [_mul_by_transpose, _add_shifted, _mul_by_itself], ids=lambda f: f.__name__)
+def test_an_in_place_op_reading_another_view_of_what_it_writes_runs_as_eager(fn: Callable) -> None:
+    """Eager refuses a partial overlap of an in-place op's input and output; a graph read the old values
+    and returned a result. Such a write runs in Python (eager's error); reading exactly what it writes
+    (``x.mul_(x)``) stays in the graph."""
+    compiled = kiln.compile(fn)
+    for seed in range(3):
+        x = torch.randn(3, 3, generator=torch.Generator().manual_seed(seed))
+        y = x.clone()
+        try:
+            want = fn(y)
+        except RuntimeError as e:
+            with pytest.raises(RuntimeError, match="single memory location"):
+                compiled(x)
+            assert "single memory location" in str(e)
+            continue
+        _same(want, compiled(x))
+        _same(y, x)
+    explained = kiln.explain(_mul_by_itself)(torch.randn(3, 3))
+    assert explained.graph_count == 1 and explained.break_count == 0

@@ -204,10 +204,32 @@ _INPLACE_VIEWS = frozenset({"t_", "transpose_", "swapdims_", "swapaxes_", "unsqu
 _NOT_WRITES = _INPLACE_VIEWS | {"requires_grad_", "share_memory_", "detach_", "rename_", "refine_names_"}
 
 
-def overlaps_itself(t: Any) -> bool:
-    """A traced tensor of static layout two of whose elements share memory (written in place, the order
-    of the writes decides the values: eager's element order)."""
-    return isinstance(t, torch.Tensor) and contains_traced(t) and may_overlap_itself(t.shape, t.stride())
+def _extent(t: torch.Tensor) -> tuple[int, int] | None:
+    """[first, last] element offsets a static-layout tensor touches in its storage, None if symbolic."""
+    parts = (t.storage_offset(), *t.shape, *t.stride())
+    if not all(isinstance(p, int) for p in parts) or t.numel() == 0:
+        return None
+    lo = hi = t.storage_offset()
+    for n, st in zip(t.shape, t.stride()):
+        (lo, hi) = (lo + st * (n - 1), hi) if st < 0 else (lo, hi + st * (n - 1))
+    return lo, hi
+
+
+def _partly_overlap(t: torch.Tensor, u: Any) -> bool:
+    """Whether ``u`` is another view of memory ``t`` (written in place) also holds: same storage,
+    another layout, intersecting extents. ``x.mul_(x)`` reads exactly what it writes; ``x.mul_(x.t())``
+    and ``x[1:].add_(x[:-1])`` do not (eager raises)."""
+    if not isinstance(u, torch.Tensor) or u is t or not contains_traced(u):
+        return False
+    try:
+        if t.untyped_storage()._cdata != u.untyped_storage()._cdata:
+            return False
+    except Exception:  # noqa: BLE001 - a tensor without a plain storage: not decided here
+        return False
+    if (tuple(t.shape), tuple(t.stride()), t.storage_offset()) == (tuple(u.shape), tuple(u.stride()), u.storage_offset()):
+        return False
+    a, b = _extent(t), _extent(u)
+    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
 _TENSOR_VALUE_POLYFILLS = {"addcdiv": polyfills.add_quotient_, "addcdiv_": polyfills.add_quotient_,
                            "addcmul": polyfills.add_product_, "addcmul_": polyfills.add_product_}
 
@@ -241,10 +263,15 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
         # shape: graphs write back values, not sizes and strides (kiln.autograd refuses it)
         raise GraphBreak(f"Tensor.{name}() changes the sizes or strides of the tensor "
                          f"{tracer.input_source_of_fake[id(t)]} in place", "it runs in Python between graphs")
-    if name.endswith("_") and name not in _NOT_WRITES and overlaps_itself(t):
-        raise GraphBreak(f"Tensor.{name}() writes a view whose elements share memory "
-                         f"({tuple(t.shape)} strided {tuple(t.stride())}: expand, overlapping unfold windows)",
-                         "it runs in Python between graphs (the order of the writes decides the values)")
+    if name.endswith("_") and name not in _NOT_WRITES and contains_traced(t):
+        if may_overlap_itself(t.shape, t.stride()):
+            raise GraphBreak(f"Tensor.{name}() writes a view whose elements share memory "
+                             f"({tuple(t.shape)} strided {tuple(t.stride())}: expand, overlapping unfold windows)",
+                             "it runs in Python between graphs (the order of the writes decides the values)")
+        if any(_partly_overlap(t, u) for u in (*args, *kwargs.values())):
+            raise GraphBreak(f"Tensor.{name}() reads another view of the memory it writes",
+                             "it runs in Python between graphs (eager refuses a partial overlap; a graph read "
+                             "the old values)")
     if name == "detach_" and id(t) in tracer.input_source_of_fake and t.requires_grad:  # the caller's tensor
         # stops requiring grad (the graph's copy did, the caller's kept its history)
         raise GraphBreak(f"Tensor.detach_() of the tensor {tracer.input_source_of_fake[id(t)]}",
