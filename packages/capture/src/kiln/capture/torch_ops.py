@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import types
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -129,7 +130,7 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     return result
 
 
-def _refuse_resizing_out(tracer: Tracer, fn: Any, args: tuple, kwargs: dict) -> None:
+def _refuse_resizing_out(tracer: Tracer, fn: Any, args: Sequence[Any], kwargs: dict) -> None:
     """A call whose ``out=`` tensors have other sizes than its result breaks the graph: eager resizes
     them, and a graph writes values into the memory an input has, not sizes (a resized input came back
     with its old sizes, its new values written past its end)."""
@@ -209,9 +210,9 @@ def _extent(t: torch.Tensor) -> tuple[int, int] | None:
     parts = (t.storage_offset(), *t.shape, *t.stride())
     if not all(isinstance(p, int) for p in parts) or t.numel() == 0:
         return None
-    lo = hi = t.storage_offset()
+    lo = hi = int(t.storage_offset())
     for n, st in zip(t.shape, t.stride()):
-        (lo, hi) = (lo + st * (n - 1), hi) if st < 0 else (lo, hi + st * (n - 1))
+        (lo, hi) = (lo + int(st) * (int(n) - 1), hi) if st < 0 else (lo, hi + int(st) * (int(n) - 1))
     return lo, hi
 
 
