@@ -28,7 +28,7 @@ from kiln.graph import SymbolNodes, is_pure_op, lazy_graph_module, map_leaves, m
 from . import ops
 from .errors import AutogradTraceError
 from .rewrites import VENDOR_REWRITES
-from .views import Alias, Root, ViewStep, _dense, inverse, replay
+from .views import Alias, Root, ViewStep, inverse, is_dense, replay
 
 aten = torch.ops.aten
 Decompositions = Mapping[torch._ops.OpOverload, Callable[..., Any]]
@@ -224,7 +224,7 @@ class TracingMode(GraphRecorder):
             # a view on the way overlaps itself (unfold windows, expand): undoing it step by step would write
             # its shared elements in some order, stale ones included. The written view is a plain window of
             # the root: scattered into it directly.
-            if not all(v.dtype == root.tensor.dtype for v in vals) or not _dense(root.tensor):
+            if not all(v.dtype == root.tensor.dtype for v in vals) or not is_dense(root.tensor):
                 raise AutogradTraceError("cannot functionalize an in-place write through a view whose elements "
                                          "share memory, of a tensor that is not dense or through a dtype view")
             offset = final.storage_offset() - root.tensor.storage_offset()

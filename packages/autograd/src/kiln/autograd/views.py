@@ -89,7 +89,7 @@ def _split_start(step: ViewStep, base_val: torch.Tensor) -> tuple[int, int, int]
     return dim, start, end
 
 
-def _dense(t: torch.Tensor) -> bool:
+def is_dense(t: torch.Tensor) -> bool:
     """Non-overlapping and dense: a clone keeps its strides, so storage offsets carry over."""
     expected = 1
     for size, stride in sorted(zip(t.shape, t.stride()), key=lambda p: p[1]):
@@ -137,7 +137,7 @@ def inverse(emit: EmitFn, step: ViewStep, base: fx.Node, base_val: torch.Tensor,
     if op is aten.view_as_complex.default:
         return emit(aten.view_as_real.default, (src,), {})[0]
     # Anything else: write through the view's strides on a dense copy of the base.
-    if not _dense(base_val):
+    if not is_dense(base_val):
         raise NotImplementedError(f"mutation through view op {op} of a non-dense tensor")
     if view_val.dtype != base_val.dtype:  # strides and offsets count other elements
         raise NotImplementedError(f"mutation through view op {op} from {base_val.dtype} to {view_val.dtype}")
