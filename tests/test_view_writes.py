@@ -4,7 +4,8 @@ and its inputs after the call are compared with eager's.
 
 Found by probing: a write through ``x.unfold(...)`` never reached ``x`` (the trace decomposed the view into
 a gather, a copy); a write into a window of overlapping ``unfold`` windows was undone by the windows'
-stale copies; a write through ``view_as_real`` failed at run time where eager runs; an ``out=`` tensor that
+stale copies; a write through ``view_as_real`` failed at run time where eager runs, one through ``conj()``
+reached its base unconjugated; an ``out=`` tensor that
 eager resizes had the result written past its end (a crash)."""
 
 from __future__ import annotations
@@ -72,6 +73,19 @@ def _rand(n: int, dtype: torch.dtype = torch.float32) -> Callable[[int], list[to
     return lambda seed: [torch.randn(n, dtype=dtype, generator=torch.Generator().manual_seed(seed))]
 
 
+def _conj_then_read(x):
+    x.conj().mul_(2)  # a conjugate view: x becomes the conjugate of the view's new values
+    return x * 1
+
+
+def _conj_view(x):
+    return x.conj().mul_(2)  # the output is the conjugate view itself
+
+
+def _int_view(x):
+    return x.view(torch.int32).add_(1)
+
+
 PROGRAMS: list[tuple[Callable, Callable[[int], list[torch.Tensor]]]] = [
     (_unfold_add, _rand(6)),
     (_unfold_window_add, _rand(5)),
@@ -80,6 +94,9 @@ PROGRAMS: list[tuple[Callable, Callable[[int], list[torch.Tensor]]]] = [
     (_expand_row, _rand(3)),
     (_real_view, _rand(3, torch.complex64)),
     (_real_slice, _rand(4, torch.complex64)),
+    (_conj_then_read, _rand(3, torch.complex64)),
+    (_conj_view, _rand(3, torch.complex64)),
+    (_int_view, _rand(4)),
 ]
 
 

@@ -191,11 +191,14 @@ def _classify(rec: TracingMode, flat: list[Any], primals: list[Any]) -> tuple[li
                               _size(o.storage_offset()), o.requires_grad)
         if id(o) in seen:
             infos.append(OutputInfo(OutputKind.SAME, seen[id(o)]))
-        elif (a.chain or a.root.input_index is not None) and o.dtype != a.root.tensor.dtype:
-            # rebuilt with as_strided on its base, a view of another dtype would be read as the base's
+        elif (a.chain or a.root.input_index is not None) and (
+                o.dtype != a.root.tensor.dtype or (o.is_conj(), o.is_neg()) != (a.root.tensor.is_conj(),
+                                                                                 a.root.tensor.is_neg())):
+            # rebuilt with as_strided on its base, a view of another dtype (or a conjugate or negative view)
+            # would be read as the base's values
             raise AutogradTraceError(f"output {i} is a {o.dtype} view of a {a.root.tensor.dtype} tensor "
-                                     "(view_as_real, view(dtype)): outputs that are views of another dtype "
-                                     "are not rebuilt")
+                                     "(view_as_real, view(dtype), conj()): outputs that are views of another "
+                                     "dtype or conjugate/negative views are not rebuilt")
         elif a.root.input_index is not None:
             idx = a.root.input_index
             if not a.chain and primals[idx] is o:

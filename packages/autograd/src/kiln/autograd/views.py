@@ -132,6 +132,10 @@ def inverse(emit: EmitFn, step: ViewStep, base: fx.Node, base_val: torch.Tensor,
         return emit(aten.t.default, (src,), {})[0]
     if op is aten.view.dtype:
         return emit(aten.view.dtype, (src, base_val.dtype), {})[0]
+    if op is aten._conj.default:  # the conjugate bit: the base holds the conjugate of what the view shows
+        return emit(aten.conj_physical.default, (src,), {})[0]
+    if op is aten._neg_view.default:
+        return emit(aten.neg.default, (src,), {})[0]
     if op is aten.view_as_real.default:
         return emit(aten.view_as_complex.default, (src,), {})[0]
     if op is aten.view_as_complex.default:
