@@ -114,3 +114,23 @@ def test_a_running_mean_written_by_its_reduction_kernel(stage_texts, threads: in
     assert re.search(r"reuse: buf\d+ is arg1", code), code
     if threads == 2 and shape[1] == 8:
         assert "if (kiln_tid == 0) {" in code, code
+
+
+def _cache_write(cache: torch.Tensor, pos: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    cache.index_copy_(1, pos, k)
+    return cache.sum(1) * 2
+
+
+def test_inference_mode_tensors_written_in_place_are_compiled() -> None:
+    """A cache made under ``torch.inference_mode()`` and written by the compiled step (a serving loop): its
+    fake tensors count no writes, which the capture read and failed on, so the frame ran eagerly."""
+    kiln.stats_reset()
+    f = kiln.compile(_cache_write)
+    with torch.inference_mode():
+        ours, theirs = torch.zeros(2, 8, 4), torch.zeros(2, 8, 4)
+        for step in range(4):
+            pos, k = torch.tensor([step]), torch.randn(2, 1, 4)
+            torch.testing.assert_close(f(ours, pos, k), _cache_write(theirs, pos, k))
+            torch.testing.assert_close(ours, theirs)
+    stats = kiln.stats()
+    assert stats.graphs_compiled >= 1 and stats.frames_run_eagerly == 0, stats

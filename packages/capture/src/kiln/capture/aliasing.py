@@ -36,6 +36,12 @@ from .errors import GraphBreak
 Extent = tuple[int, int, int]  # (the memory allocation's address, first byte, one past the last byte read)
 
 
+def version(t: torch.Tensor) -> int | None:
+    """``t``'s version counter, or None for an inference tensor (made under ``torch.inference_mode()``, as
+    its fake tensors are: they count no writes, so a write to one cannot be told from none)."""
+    return None if t.is_inference() else t._version
+
+
 def extent(t: torch.Tensor) -> Extent | None:
     """The bytes ``t`` can reach in its memory allocation (None when it holds no elements). Strided views
     that interleave (``a[::2]``, ``a[1::2]``) count as overlapping."""
@@ -93,7 +99,7 @@ class InputTensors:
     """The tracer's record of the tensors it lifted as graph inputs (``Tracer.lift_tensor``)."""
 
     # id(real tensor) -> (first source, its traced tensor, the traced tensor's version when lifted)
-    seen: dict[int, tuple[str, torch.Tensor, int]] = field(default_factory=dict)
+    seen: dict[int, tuple[str, torch.Tensor, int | None]] = field(default_factory=dict)
     same: list[tuple[str, str]] = field(default_factory=list)  # (first source, another source of that tensor)
     extents: dict[str, Extent | None] = field(default_factory=dict)  # first source -> its bytes
     pinned: set[str] = field(default_factory=set)  # sources of tensors pinned by identity
@@ -110,7 +116,7 @@ class InputTensors:
         if first is not None:
             self.same.append((first[0], source))
             return
-        self.seen[id(value)] = (source, fake, fake._version)
+        self.seen[id(value)] = (source, fake, version(fake))
         if pinned:
             self.pinned.add(source)
         self.extents[source] = extent(value)
@@ -118,7 +124,8 @@ class InputTensors:
     def plan(self) -> AliasPlan | None:
         """What each call must match, after the trace; raises GraphBreak for two tensors over one memory
         one of which the graph writes (unless both are pinned: their sharing does not change)."""
-        written = {src for src, fake, version in self.seen.values() if fake._version != version}
+        # an inference tensor counts as written (its writes are not counted)
+        written = {src for src, fake, v in self.seen.values() if v is None or fake._version != v}
         firsts = [s for s, _, _ in self.seen.values()]
         pinned = [s for s in firsts if s in self.pinned]
         order = [*pinned, *(s for s in firsts if s not in self.pinned)]

@@ -371,12 +371,13 @@ def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     return result
 
 
-def _versions(values: list) -> list[int]:
-    """Version counters of the tensors in ``values`` (and one level of lists/tuples/dicts in them)."""
-    out: list[int] = []
+def _versions(values: list) -> list[object]:
+    """Version counters of the tensors in ``values`` (and one level of lists/tuples/dicts in them); an
+    inference tensor's, which counts no writes, as a new object (never equal: a call given one breaks)."""
+    out: list[object] = []
     for v in values:
         items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else (v,)
-        out += [t._version for t in items if isinstance(t, torch.Tensor)]
+        out += [object() if t.is_inference() else t._version for t in items if isinstance(t, torch.Tensor)]
     return out
 
 

@@ -11,6 +11,7 @@ import torch
 from kiln.graph import is_pure_op, may_overlap_itself
 
 from . import polyfills
+from .aliasing import version
 from .errors import GraphBreak
 from .numpy_trace import tensor_to_numpy
 from .semantics import contains_traced
@@ -119,13 +120,13 @@ def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if kwargs.get("out") is not None:
         _refuse_resizing_out(tracer, fn, args, kwargs)
     written = _multi_tensor_writes(fn)
-    versions = [[t._version for t in _tensors_of(args, kwargs, at)] for at in written]
+    versions = [[version(t) for t in _tensors_of(args, kwargs, at)] for at in written]
     result = _record_traced(tracer, fn, args, kwargs)
     for at, before in zip(written, versions, strict=True):  # fake tensors do not count the writes of
         # foreach and fused in-place ops (torch._foreach_add_, torch._fused_adam_): counted here, as eager
         # counts them, so the capture knows which inputs the graph writes (aliasing.py)
-        for t, version in zip(_tensors_of(args, kwargs, at), before, strict=True):
-            if t._version == version:
+        for t, before_t in zip(_tensors_of(args, kwargs, at), before, strict=True):
+            if before_t is not None and t._version == before_t:
                 torch.autograd.graph.increment_version(t)
     return result
 

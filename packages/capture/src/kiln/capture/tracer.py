@@ -169,7 +169,7 @@ class Tracer:
         # NumPy under ``with torch.device(d)``: arrays live on d (numpy_trace.on_device); each CPU
         # array moved there is (cpu tensor, device copy, the copy's version when made, array source)
         self.numpy_device = torch.get_default_device()
-        self.device_copies: dict[int, tuple[torch.Tensor, torch.Tensor, int, str | None]] = {}
+        self.device_copies: dict[int, tuple[torch.Tensor, torch.Tensor, int | None, str | None]] = {}
         self.rng_pending: tuple[tuple[Any, list, dict, str], ...] = ()
         self.advances: list[tuple[ListIterator, int]] = []  # interpreted iterators advanced (ListIterator)
         self.last_placeholder: fx.Node | None = None
@@ -500,13 +500,13 @@ class Tracer:
         if d.type == "cpu" or t.device == d:
             return t
         dev = self.record("call_method", "to", (t, d), {}, lambda: t.to(d))
-        self.device_copies[id(dev)] = (t, dev, dev._version, source)
+        self.device_copies[id(dev)] = (t, dev, None if dev.is_inference() else dev._version, source)
         return dev
 
     def write_back_device_copies(self) -> None:
         """In-place writes to arrays moved to a device reach the CPU memory they came from."""
         for cpu, dev, version, _ in list(self.device_copies.values()):
-            if dev._version != version:
+            if version is None or dev._version != version:  # (an inference tensor's writes are not counted)
                 self.record("call_method", "copy_", (cpu, dev), {}, functools.partial(cpu.copy_, dev))
 
     def _drop_draws(self, keep: int) -> None:
