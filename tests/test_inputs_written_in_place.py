@@ -56,9 +56,10 @@ def _block(channels: int) -> nn.Module:
 @pytest.mark.parametrize("channels,size", [(8, 48), (40, 9)])
 def test_batch_norm_running_statistics_are_written_in_place(stage_texts, threads: int, channels: int,
                                                             size: int) -> None:
-    """Few channels over many rows (the statistics' rows split between threads) and more channels
-    than a tile over few rows: the running statistics equal eager's after each of four steps, no
-    separate copy writes them back, and their version counters move as eager's."""
+    """Few channels over many rows and more channels than a tile over few rows, on one and two threads:
+    the running statistics equal eager's after each of four steps, the forward writes them over the
+    module's buffers (no separate copy back), and their version counters move as eager's. (The update
+    computed by a kernel whose rows are split between threads: the next test.)"""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
