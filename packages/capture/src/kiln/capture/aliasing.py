@@ -42,15 +42,23 @@ def version(t: torch.Tensor) -> int | None:
     return None if t.is_inference() else t._version
 
 
-def extent(t: torch.Tensor) -> Extent | None:
-    """The bytes ``t`` can reach in its memory allocation (None when it holds no elements). Strided views
-    that interleave (``a[::2]``, ``a[1::2]``) count as overlapping."""
-    if not t.numel():
+def byte_span(t: torch.Tensor) -> tuple[int, int] | None:
+    """(first byte, one past the last byte) ``t`` can reach from its storage's start; None when it holds no
+    elements or a size, stride or offset is symbolic. Strided views that interleave (``a[::2]``,
+    ``a[1::2]``) count as overlapping."""
+    parts = (t.storage_offset(), *t.shape, *t.stride())
+    if not all(type(p) is int for p in parts) or 0 in t.shape:
         return None
     size = t.element_size()
     start = int(t.storage_offset()) * size
-    span = sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride(), strict=True)) + 1
-    return t.data_ptr() - start, start, start + span * size
+    span = sum((int(n) - 1) * abs(int(st)) for n, st in zip(t.shape, t.stride(), strict=True)) + 1
+    return start, start + span * size
+
+
+def extent(t: torch.Tensor) -> Extent | None:
+    """The bytes ``t`` can reach in its memory allocation (None when it holds no elements)."""
+    span = byte_span(t)
+    return None if span is None else (t.data_ptr() - span[0], *span)
 
 
 def overlap(extents: list[Extent | None], written: set[int], fixed: int) -> tuple[int, int] | None:

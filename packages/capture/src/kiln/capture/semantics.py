@@ -342,16 +342,23 @@ def tensor_keyed_item(frame: Frame, obj: dict, key: torch.Tensor) -> Any:
     return tracer.wrap(value, source)
 
 
+def refuse_self_overlapping_write(t: torch.Tensor, what: str) -> None:
+    """Break the graph before ``what`` writes into a traced view whose elements share memory (expand,
+    overlapping unfold windows): the order of eager's writes decides the values, or eager refuses."""
+    if may_overlap_itself(t.shape, t.stride()):
+        raise GraphBreak(f"{what} writes a view whose elements share memory ({tuple(t.shape)} strided "
+                         f"{tuple(t.stride())}: expand, overlapping unfold windows)",
+                         "it runs in Python between graphs (the order of the writes decides the values)")
+
+
 def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:
     tracer = frame.tracer
     if isinstance(obj, NumpyArray):
         array_setitem(frame, obj, key, value)
         return
     if isinstance(obj, torch.Tensor):
-        if contains_traced(obj) and may_overlap_itself(obj.shape, obj.stride()):
-            raise GraphBreak(f"item write into a view whose elements share memory ({tuple(obj.shape)} strided "
-                             f"{tuple(obj.stride())}: expand, overlapping unfold windows)",
-                             "it runs in Python between graphs (the order of the writes decides the values)")
+        if contains_traced(obj):
+            refuse_self_overlapping_write(obj, "an item write")
         tracer.record("call_function", operator.setitem, (obj, key, value), {},
                       lambda: obj.__setitem__(key, value))
         return

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.graph import is_pure_op, may_overlap_itself
+from kiln.graph import is_pure_op
 
 from . import polyfills
-from .aliasing import version
+from .aliasing import byte_span, version
 from .errors import GraphBreak
 from .numpy_trace import tensor_to_numpy
-from .semantics import contains_traced
+from .semantics import contains_traced, refuse_self_overlapping_write
 from .shape_env import FRESH_RESULT, VIEW_OR_COPY, CaptureShapeEnv
 from .shape_rules.functions import FAST_META, fast_result, from_memo, memo_entry, memo_key
 from .shape_rules.pointwise import FAST_POINTWISE
@@ -206,17 +206,6 @@ _INPLACE_VIEWS = frozenset({"t_", "transpose_", "swapdims_", "swapaxes_", "unsqu
 _NOT_WRITES = _INPLACE_VIEWS | {"requires_grad_", "share_memory_", "detach_", "rename_", "refine_names_"}
 
 
-def _extent(t: torch.Tensor) -> tuple[int, int] | None:
-    """[first, last] element offsets a static-layout tensor touches in its storage, None if symbolic."""
-    parts = (t.storage_offset(), *t.shape, *t.stride())
-    if not all(isinstance(p, int) for p in parts) or t.numel() == 0:
-        return None
-    lo = hi = int(t.storage_offset())
-    for n, st in zip(t.shape, t.stride()):
-        (lo, hi) = (lo + int(st) * (int(n) - 1), hi) if st < 0 else (lo, hi + int(st) * (int(n) - 1))
-    return lo, hi
-
-
 def _partly_overlap(t: torch.Tensor, u: Any) -> bool:
     """Whether ``u`` is another view of memory ``t`` (written in place) also holds: same storage,
     another layout, intersecting extents. ``x.mul_(x)`` reads exactly what it writes; ``x.mul_(x.t())``
@@ -230,8 +219,8 @@ def _partly_overlap(t: torch.Tensor, u: Any) -> bool:
         return False
     if (tuple(t.shape), tuple(t.stride()), t.storage_offset()) == (tuple(u.shape), tuple(u.stride()), u.storage_offset()):
         return False
-    a, b = _extent(t), _extent(u)
-    return a is not None and b is not None and a[0] <= b[1] and b[0] <= a[1]
+    a, b = byte_span(t), byte_span(u)
+    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
 _TENSOR_VALUE_POLYFILLS = {"addcdiv": polyfills.add_quotient_, "addcdiv_": polyfills.add_quotient_,
                            "addcmul": polyfills.add_product_, "addcmul_": polyfills.add_product_}
 
@@ -266,10 +255,7 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
         raise GraphBreak(f"Tensor.{name}() changes the sizes or strides of the tensor "
                          f"{tracer.input_source_of_fake[id(t)]} in place", "it runs in Python between graphs")
     if name.endswith("_") and name not in _NOT_WRITES and contains_traced(t):
-        if may_overlap_itself(t.shape, t.stride()):
-            raise GraphBreak(f"Tensor.{name}() writes a view whose elements share memory "
-                             f"({tuple(t.shape)} strided {tuple(t.stride())}: expand, overlapping unfold windows)",
-                             "it runs in Python between graphs (the order of the writes decides the values)")
+        refuse_self_overlapping_write(t, f"Tensor.{name}()")
         if any(_partly_overlap(t, u) for u in (*args, *kwargs.values())):
             raise GraphBreak(f"Tensor.{name}() reads another view of the memory it writes",
                              "it runs in Python between graphs (eager refuses a partial overlap; a graph read "
