@@ -2,9 +2,11 @@
 torch.compile beside them, on suite models: one process per model, interleaved timed rounds.
 
     python -m benchmarks.wrapper_ab --device cuda --models resnet50,llama_350m [--variants python,tiered,torch_compile]
+    python -m benchmarks.wrapper_ab --device cuda --training --models gpt2,llama_350m
 
 Each variant compiles its own copy of the model (same weights; inference as the suite runs it: bf16 on CUDA,
-fp32 on CPU, ``no_grad``). Before timing: every variant warms up, kiln's tiered graphs are waited for
+fp32 on CPU, ``no_grad``; with ``--training``, the suite's training step: AMP bf16 on CUDA, forward, loss,
+backward, and each variant's peak memory over one step above what was allocated before it). Before timing: every variant warms up, kiln's tiered graphs are waited for
 (``kiln.inductor.wait_tiered``) and their trial is run out (the calls that alternate the two wrappers once
 the library is loaded), so the tiered column times the wrapper each graph settled on, reported beside it.
 Then ``--rounds`` rounds, each timing ``--iters`` steps of every variant in turn (synchronised per step
@@ -52,7 +54,20 @@ def _median_step_s(step: Any, device: torch.device, iters: int) -> float:
     return statistics.median(times)
 
 
-def measure(*, name: str, variants: list[str], device: str, small: bool, iters: int, rounds: int) -> dict[str, Any]:
+def _step_peak_bytes(step: Any, device: torch.device) -> int | None:
+    """Bytes allocated at the peak of one step above those allocated before it (CUDA only)."""
+    if device.type != "cuda":
+        return None
+    _sync(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device)
+    step()
+    _sync(device)
+    return torch.cuda.max_memory_allocated(device) - before
+
+
+def measure(*, name: str, variants: list[str], device: str, small: bool, iters: int, rounds: int,
+            training: bool = False) -> dict[str, Any]:
     """Child: every variant of one model in this process, interleaved rounds."""
     from kiln.inductor.tiered import live_tiered
 
@@ -62,11 +77,11 @@ def measure(*, name: str, variants: list[str], device: str, small: bool, iters: 
     for v in variants:
         backend, options = VARIANTS[v]
         torch.manual_seed(0)
-        case = build_for_mode(name, small=small, device=dev, training=False)
+        case = build_for_mode(name, small=small, device=dev, training=training)
         before = {id(c) for c in live_tiered()}
         try:
             spec = B.CompileSpec(kiln_options=tuple(sorted(options.items())))
-            step = _step_fn(case, B.compile_fn(backend, case.model, spec), False, dev)
+            step = _step_fn(case, B.compile_fn(backend, case.model, spec), training, dev)
             t0 = time.perf_counter()
             step()
             _sync(dev)
@@ -76,6 +91,7 @@ def measure(*, name: str, variants: list[str], device: str, small: bool, iters: 
             if v == "tiered":
                 result[v]["tier_wait_s"] = B.wait_tiered("kiln")
                 result[v]["tiers"] = B.settle_tiered("kiln", step, exclude=frozenset(before))
+            result[v]["peak_bytes"] = _step_peak_bytes(step, dev)
         except Exception as exc:  # noqa: BLE001 - the row records the failure
             print(B.error_details(exc))
             result[v] = {"error": B.short_error(exc)}
@@ -99,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"of {', '.join(VARIANTS)}")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--training", action="store_true", help="time the suite's training step instead of inference")
     args = cli.finish(p.parse_args(argv), "wrapper_ab")
     unknown = [v for v in args.variants if v not in VARIANTS]
     if unknown:
@@ -109,27 +126,28 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models:
         res = run_isolated("benchmarks.wrapper_ab:measure",
                            dict(name=name, variants=args.variants, device=args.device, small=small,
-                                iters=args.iters, rounds=args.rounds),
+                                iters=args.iters, rounds=args.rounds, training=args.training),
                            timeout_s=args.timeout, env=cli.child_env(args))
         print(name, res, flush=True)
         payload[name] = res
         if "error" in res and not isinstance(res.get("error"), dict):
-            rows.append([name, "all", na(res["error"])] + ["n/a"] * 4)
+            rows.append([name, "all", na(res["error"])] + ["n/a"] * 5)
             continue
         base, tc = res.get("python", {}).get("ms"), res.get("torch_compile", {}).get("ms")
         for v in args.variants:
             r = res.get(v, {})
             if "error" in r:
-                rows.append([name, v, na(r["error"])] + ["n/a"] * 4)
+                rows.append([name, v, na(r["error"])] + ["n/a"] * 5)
                 continue
             settled = r.get("tiers")
             rows.append([name, v, fmt(r.get("ms"), 3), fmt(ratio(base, r.get("ms"))), fmt(ratio(tc, r.get("ms"))),
-                         f"{r['tier_wait_s']:.1f} s, {settled}" if settled is not None else "-", fmt(r.get("first_s"))])
-    body = (f"Inference, {'tiny' if small else 'suite'} configs, one process per model, variants interleaved "
+                         f"{r['tier_wait_s']:.1f} s, {settled}" if settled is not None else "-", fmt(r.get("first_s")),
+                         fmt(r["peak_bytes"] / 2**20, 1) if r.get("peak_bytes") is not None else "-"])
+    body = (f"{'Training (AMP bf16 on CUDA)' if args.training else 'Inference'}, {'tiny' if small else 'suite'} configs, one process per model, variants interleaved "
             f"({args.rounds} rounds of {args.iters} steps; median of the round medians).\n\n"
             + markdown_table(["model", "variant", "ms", "speed vs python wrapper", "speed vs torch.compile",
-                              "tiered: built after, graphs per wrapper", "first call s"], rows))
-    print(write_micro(args.out, "wrapper_ab", "kiln's Python wrapper vs its tiered wrapper", info, body, payload))
+                              "tiered: built after, graphs per wrapper", "first call s", "step peak MiB"], rows))
+    print(write_micro(args.out, "wrapper_ab_train" if args.training else "wrapper_ab", "kiln's Python wrapper vs its tiered wrapper", info, body, payload))
     return 0
 
 
