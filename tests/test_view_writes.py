@@ -196,3 +196,27 @@ def test_an_in_place_op_reading_another_view_of_what_it_writes_runs_as_eager(fn:
         _same(y, x)
     explained = kiln.explain(_mul_by_itself)(torch.randn(3, 3))
     assert explained.graph_count == 1 and explained.break_count == 0
+
+
+def _swap_column_halves(x):
+    x[:, :2].add_(x[:, 2:])
+    x[:, 2:].mul_(x[:, :2])
+    return x * 2
+
+
+def _odd_times_even(x):
+    return x[:, 1::2].mul_(x[:, ::2])
+
+
+@pytest.mark.parametrize("fn", [_swap_column_halves, _odd_times_even], ids=lambda f: f.__name__)
+def test_in_place_ops_between_interleaved_disjoint_views_stay_in_the_graph(fn: Callable) -> None:
+    """Views of one memory whose byte spans meet but that share no element (column halves, odd and even
+    columns) are read and written in one graph with eager's values (they broke the graph)."""
+    compiled = kiln.compile(fn)
+    for seed in range(3):
+        x = torch.randn(5, 4, generator=torch.Generator().manual_seed(seed))
+        y = x.clone()
+        _same(fn(y), compiled(x))
+        _same(y, x)
+    explained = kiln.explain(fn)(torch.randn(5, 4))
+    assert explained.graph_count == 1 and explained.break_count == 0

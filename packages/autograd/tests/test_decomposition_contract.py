@@ -1,4 +1,5 @@
-"""kiln.decomp's contract: a decomposition that returns NotImplemented keeps the op as it is."""
+"""kiln.decomp's contract: a decomposition that returns NotImplemented keeps the op as it is; a view op's
+decomposition that copies is traced as the view."""
 
 from __future__ import annotations
 
@@ -33,3 +34,28 @@ def test_real_decomposition_replaces_the_op() -> None:
     x = torch.randn(4)
     out = compiled(x)
     torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, x.sin())
+
+
+def _transpose_as_copy(x, dim0, dim1):
+    perm = list(range(x.dim()))
+    perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+    return aten.clone.default(aten.permute.default(x, perm))
+
+
+def _write_through_transpose(x):
+    x.transpose(0, 1)[0].mul_(10)
+    return x + 1
+
+
+def test_a_view_decomposed_into_a_copy_still_writes_its_base() -> None:
+    """A table entry that computes a view op as a copy (as unfold's gather does): a write through the view
+    reaches the caller's tensor, on every call with fresh inputs (it reached the copy: ``x`` kept its values)."""
+    gm = fx.symbolic_trace(_write_through_transpose)
+    compiled = autograd.aot_eager(gm, [torch.randn(3, 4)], decompositions={aten.transpose.int: _transpose_as_copy})
+    for _ in range(3):
+        x = torch.randn(3, 4)
+        expected_x = x.clone()
+        expected = _write_through_transpose(expected_x)
+        out = compiled(x)
+        torch.testing.assert_close(out[0] if isinstance(out, (tuple, list)) else out, expected)
+        torch.testing.assert_close(x, expected_x)

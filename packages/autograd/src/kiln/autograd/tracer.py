@@ -37,10 +37,18 @@ _CONSTANT_OPS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
 
 
 _INTERNAL_NAMESPACES = frozenset({"prim", "prims", "profiler", "debugprims"})
-# view ops whose decomposition computes a copy (unfold: an index_select of the windows): decomposed while
-# tracing, a write through the view reached the copy, never its base (the caller's tensor kept its old
-# values). The trace records them as views; finish_decomposition decomposes them in the functional graph.
-_COPYING_VIEWS = frozenset({aten.unfold.default})
+
+
+def _is_view_op(func: Any) -> bool:
+    """``func``'s schema says its outputs alias its input without writing it (view, unfold, split...)."""
+    returns = getattr(getattr(func, "_schema", None), "returns", ())
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+def _aliases(out: Any, base: Any) -> bool:
+    """Every tensor ``out`` holds shares ``base``'s memory (fake tensors compare their storages)."""
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+    return isinstance(base, torch.Tensor) and bool(outs) and all(torch._C._is_alias_of(t, base) for t in outs)
 
 
 def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -248,9 +256,13 @@ class TracingMode(GraphRecorder):
 
     # ---- dispatch: what is not decomposed (GraphRecorder.dispatch applies the table first) ----
     def dispatch(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        if func in _COPYING_VIEWS:  # recorded as the view it is (see _COPYING_VIEWS)
+        out = super().dispatch(func, args, kwargs)
+        if self.table.get(func) is not None and _is_view_op(func) and not _aliases(out, args[0] if args else None):
+            # the table's decomposition of a view computes a copy (unfold: a gather of its windows): a write
+            # through the view would reach the copy, never its base. Recorded as the view it is (the copy's
+            # nodes are dead); finish_decomposition decomposes it in the functional graph.
             return self.record(func, args, kwargs)
-        return super().dispatch(func, args, kwargs)
+        return out
 
     def record(self, func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         if func in VENDOR_REWRITES:  # cuDNN/MIOpen batch norm: traced as the native ops

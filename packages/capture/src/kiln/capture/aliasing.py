@@ -55,6 +55,33 @@ def byte_span(t: torch.Tensor) -> tuple[int, int] | None:
     return start, start + span * size
 
 
+def _residues(t: torch.Tensor, m: int) -> tuple[int, int] | None:
+    """The elements of ``t`` (static layout) as offsets modulo ``m``: (first residue, how many consecutive
+    residues they may take), None when they may take every one. Dims whose stride ``m`` divides add
+    nothing; the others span ``width`` consecutive element offsets."""
+    low, width = int(t.storage_offset()), 1
+    for n, st in zip(t.shape, t.stride(), strict=True):
+        if n > 1 and st % m:
+            width += (n - 1) * abs(st)
+            low += (n - 1) * min(st, 0)
+    return (low % m, width) if width < m else None
+
+
+def share_no_element(t: torch.Tensor, u: torch.Tensor) -> bool:
+    """Whether two strided views of one storage provably hold no element in common although their byte
+    spans meet: modulo some stride ``m``, their elements' offsets lie in disjoint runs (``x[:, :2]`` and
+    ``x[:, 2:]`` of a 4x4 ``x``: 0-1 and 2-3 modulo 4; ``a[::2]`` and ``a[1::2]``: 0 and 1 modulo 2).
+    False when unsure (symbolic layouts, other element sizes)."""
+    parts = (t.storage_offset(), u.storage_offset(), *t.shape, *t.stride(), *u.shape, *u.stride())
+    if t.element_size() != u.element_size() or not all(type(p) is int for p in parts):
+        return False
+    for m in {abs(int(st)) for st in (*t.stride(), *u.stride())} - {0, 1}:
+        a, b = _residues(t, m), _residues(u, m)
+        if a is not None and b is not None and (b[0] - a[0]) % m >= a[1] and (a[0] - b[0]) % m >= b[1]:
+            return True
+    return False
+
+
 def extent(t: torch.Tensor) -> Extent | None:
     """The bytes ``t`` can reach in its memory allocation (None when it holds no elements)."""
     span = byte_span(t)

@@ -11,7 +11,7 @@ import torch
 from kiln.graph import is_pure_op
 
 from . import polyfills
-from .aliasing import byte_span, version
+from .aliasing import byte_span, share_no_element, version
 from .errors import GraphBreak
 from .numpy_trace import tensor_to_numpy
 from .semantics import contains_traced, refuse_self_overlapping_write
@@ -208,7 +208,7 @@ _NOT_WRITES = _INPLACE_VIEWS | {"requires_grad_", "share_memory_", "detach_", "r
 
 def _partly_overlap(t: torch.Tensor, u: Any) -> bool:
     """Whether ``u`` is another view of memory ``t`` (written in place) also holds: same storage,
-    another layout, intersecting extents. ``x.mul_(x)`` reads exactly what it writes; ``x.mul_(x.t())``
+    another layout, elements in common. ``x.mul_(x)`` reads exactly what it writes; ``x.mul_(x.t())``
     and ``x[1:].add_(x[:-1])`` do not (eager raises)."""
     if not isinstance(u, torch.Tensor) or u is t or not contains_traced(u):
         return False
@@ -220,7 +220,9 @@ def _partly_overlap(t: torch.Tensor, u: Any) -> bool:
     if (tuple(t.shape), tuple(t.stride()), t.storage_offset()) == (tuple(u.shape), tuple(u.stride()), u.storage_offset()):
         return False
     a, b = byte_span(t), byte_span(u)
-    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1]
+    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1] and not share_no_element(t, u)
+
+
 _TENSOR_VALUE_POLYFILLS = {"addcdiv": polyfills.add_quotient_, "addcdiv_": polyfills.add_quotient_,
                            "addcmul": polyfills.add_product_, "addcmul_": polyfills.add_product_}
 
