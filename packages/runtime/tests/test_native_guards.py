@@ -221,3 +221,24 @@ def test_calibration_finds_the_tensor_pointer_or_refuses_clearly(native):
     with pytest.raises(TypeError, match="plain tensors"):
         native.calibrate([torch.zeros(1), torch.zeros(1), torch.zeros(1).as_subclass(Sub)])
     assert native.calibrate(_probe_tensors()) == offset  # a refused probe list leaves the reads as they were
+
+
+class _Marked(torch.Tensor):
+    """A tensor subclass: its pointer is left to Python."""
+
+
+def test_data_ptrs_answer_as_tensor_data_ptr(installed):
+    """The pointers the C++ wrapper call hands its library: each tensor's ``data_ptr()`` (views at an
+    offset, transposes, empty tensors, parameters), 0 for skipped positions; None for a subclass."""
+    import array
+
+    base = torch.arange(24.0).view(4, 6)
+    values = [base, base[1:, 2:], base.t(), torch.empty(0), torch.nn.Parameter(torch.ones(3)), 7,
+              torch.zeros(2, dtype=torch.int8)[1:]]
+    out = array.array("Q", bytes(8 * len(values)))
+    skip = bytes(not isinstance(v, torch.Tensor) for v in values)
+    assert installed.data_ptrs(values, out, skip) is True
+    assert list(out) == [0 if not isinstance(v, torch.Tensor) else v.data_ptr() for v in values]
+    assert installed.data_ptrs([base, base.as_subclass(_Marked)], array.array("Q", bytes(16)), None) is None
+    with pytest.raises(ValueError, match="one uint64 per value"):
+        installed.data_ptrs([base], array.array("Q", bytes(16)), None)

@@ -13,6 +13,7 @@ takes the list's references over and frees saved activations after their last us
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -99,19 +100,22 @@ def finish_outputs(sig: CallSignature, args: Sequence[Any], graph_outs: Sequence
     """Write mutated inputs back, then assemble the user's outputs (regenerating aliases; ``views``
     from ``view_evaluators`` for aliases with symbolic sizes)."""
     if mutated:
-        dsts, news, written = [], [], []
-        for idx, new in zip(sig.mutated, mutated):
-            dst = args[idx]
-            # a compiler that updated the input in place (kiln.inductor's reinplacing) returns it,
-            # or a view of the same memory from a CUDA graph: nothing to copy
-            if new is not dst and (new.data_ptr() != dst.data_ptr() or new.stride() != dst.stride()
-                                   or new.shape != dst.shape):
-                dsts.append(dst)
-                news.append(new)
-            else:
-                written.append(dst)
-        if dsts:
-            _write_back(dsts, news)
+        targets = [args[idx] for idx in sig.mutated]
+        if all(map(operator.is_, mutated, targets)):  # the usual case: kiln.inductor wrote each in place
+            written = targets
+        else:
+            dsts, news, written = [], [], []
+            for dst, new in zip(targets, mutated):
+                # a compiler that updated the input in place (kiln.inductor's reinplacing) returns it,
+                # or a view of the same memory from a CUDA graph: nothing to copy
+                if new is not dst and (new.data_ptr() != dst.data_ptr() or new.stride() != dst.stride()
+                                       or new.shape != dst.shape):
+                    dsts.append(dst)
+                    news.append(new)
+                else:
+                    written.append(dst)
+            if dsts:
+                _write_back(dsts, news)
         if written:
             # a kernel wrote them through their pointers: their version counters move as eager's
             # in-place ops move them, so a backward that saved the old values refuses to run

@@ -574,12 +574,66 @@ PyObject* written_overlap(PyObject*, PyObject* args) {
   Py_RETURN_FALSE;
 }
 
+// data_ptrs(values, out, skip) -> True once ``out`` (a writable buffer of len(values) uint64s) holds each
+// value's ``Tensor.data_ptr()``, 0 where ``skip`` (bytes, one per value, or None) is nonzero; None when a value
+// is not a plain tensor with an initialised storage (the caller reads them in Python). kiln.runtime's C++
+// wrapper call hands its library the inputs' pointers with it (~10 ns a tensor against ~70 in Python).
+PyObject* data_ptrs(PyObject*, PyObject* args) {
+  PyObject* values;
+  Py_buffer out;
+  PyObject* skip;
+  if (!PyArg_ParseTuple(args, "O!w*O", &PyList_Type, &values, &out, &skip)) return nullptr;
+  const Py_ssize_t n = PyList_GET_SIZE(values);
+  const char* skipped = nullptr;
+  if (skip != Py_None) {
+    if (!PyBytes_Check(skip) || PyBytes_GET_SIZE(skip) != n) {
+      PyBuffer_Release(&out);
+      PyErr_SetString(PyExc_ValueError, "kiln native guards: data_ptrs' skip is bytes, one per value");
+      return nullptr;
+    }
+    skipped = PyBytes_AS_STRING(skip);
+  }
+  if (out.len != n * static_cast<Py_ssize_t>(sizeof(uint64_t))) {
+    PyBuffer_Release(&out);
+    PyErr_SetString(PyExc_ValueError, "kiln native guards: data_ptrs' out holds one uint64 per value");
+    return nullptr;
+  }
+  auto* dst = static_cast<uint64_t*>(out.buf);
+  PyObject* answer = g_cdata_offset >= 0 ? Py_True : Py_None;
+  for (Py_ssize_t k = 0; k < n && answer == Py_True; ++k) {
+    if (skipped != nullptr && skipped[k]) {
+      dst[k] = 0;
+      continue;
+    }
+    PyObject* v = PyList_GET_ITEM(values, k);
+    PyTypeObject* t = Py_TYPE(v);
+    if (t != g_plain[0] && t != g_plain[1] && t != g_plain[2]) {
+      answer = Py_None;
+      break;
+    }
+    c10::TensorImpl* impl = *reinterpret_cast<c10::TensorImpl**>(reinterpret_cast<char*>(v) + g_cdata_offset);
+    if (impl == nullptr || !impl->has_storage() || !impl->dtype_initialized()) {
+      answer = Py_None;
+      break;
+    }
+    try {
+      dst[k] = reinterpret_cast<uintptr_t>(impl->mutable_data());  // what Tensor.data_ptr() answers
+    } catch (const std::exception&) {
+      answer = Py_None;
+    }
+  }
+  PyBuffer_Release(&out);
+  Py_INCREF(answer);
+  return answer;
+}
+
 PyMethodDef methods[] = {
     {"calibrate", calibrate, METH_O, "find where tensor objects hold their TensorImpl pointer"},
     {"written_overlap", written_overlap, METH_VARARGS, "whether a written tensor shares storage with another"},
     {"scalar_type", scalar_type, METH_O, "the c10::ScalarType of a tensor, as an int"},
     {"device_type", device_type, METH_O, "the c10::DeviceType of a device string, as an int"},
     {"set_plain_types", set_plain_types, METH_VARARGS, "the tensor types checked without Python"},
+    {"data_ptrs", data_ptrs, METH_VARARGS, "the data pointers of a list of tensors, into a uint64 buffer"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "kiln_native_guards", "kiln's native guard check", -1, methods};

@@ -32,6 +32,8 @@ from typing import Any
 
 import torch
 
+from kiln.graph import guards_native
+
 from ..cache import default_cache
 from ..cpp import cpp_cache_key
 from .build import build_model_library
@@ -106,6 +108,8 @@ class GraphLibrary:
         self.n_inputs = n_inputs
         self._sources = tuple((int(k), int(d)) for _, k, d in sizes)  # symbolic sizes: (input, dim) per symbol
         self._scalars = frozenset(scalars)  # inputs that are ints (a size, or a value the graph was compiled for)
+        self._skip = bytes(k in self._scalars for k in range(n_inputs)) if self._scalars else None
+        self._no_pointers = bytes(8 * n_inputs)
         self.plan = [(str(kind), tuple(shape), tuple(stride), offset, _dtype(dtype), int(inp))
                      for kind, shape, stride, offset, dtype, inp in plan]
         self._outputs = OutputHandover(self._lib, len(self.plan))
@@ -140,10 +144,11 @@ class GraphLibrary:
                 args[k] = torch.empty_strided(a.shape, a.stride(), dtype=a.dtype, device=a.device).copy_(a)
         sizes = array.array("q", [_bits(args[k]) if d == FLOAT_ARGUMENT else args[k] if d < 0 else args[k].shape[d]
                                   for k, d in self._sources]) if self._sources else None
-        if self._scalars:  # no pointer for an int: the library takes its value in sizes, or not at all
+        ins = array.array("Q", self._no_pointers)
+        native = guards_native.current()
+        if native is None or native.data_ptrs(args, ins, self._skip) is not True:
+            # no pointer for an int: the library takes its value in sizes, or not at all
             ins = array.array("Q", [0 if k in self._scalars else a.data_ptr() for k, a in enumerate(args)])
-        else:
-            ins = array.array("Q", [a.data_ptr() for a in args])
         slots = self._outputs.slots()
         err = ctypes.create_string_buffer(512)  # per call: calls may overlap in threads
         # the library reads the inputs through their pointers: ``held`` keeps them alive until it returns
