@@ -46,3 +46,17 @@ def test_strided_reduction_is_tiled_over_the_contiguous_dim() -> None:
     cg = check(lambda x: (x.sum(0), x.amax(0), x.var(0)), x, atol=1e-4)
     code = cg.texts["output_code"]
     assert "xt += 16" in code  # vectorised across a tile of columns, not along the strided rows
+
+
+def test_an_epilogue_over_the_reduction_rows_with_size_one_dims_joins_its_kernel() -> None:
+    """A pointwise over [4, 1, 8] reading a reduction over [4, 8 | 16] (the same rows up to a size-1 dim: a
+    model's [batch, seq=1, features] around a one-row matmul's [1, features]) is the reduction kernel's
+    epilogue: one kernel, and only the epilogue's result stored."""
+    from helpers import check
+
+    def fn(x, y):
+        s = x.sum(-1)  # [4, 8]
+        return (torch.sigmoid(s.view(4, 1, 8)) * y,)
+    cg = check(fn, torch.randn(4, 8, 16), torch.randn(4, 1, 8))
+    (k,) = _kernels(cg)
+    assert [kn.store for kn in k.nodes].count(True) == 1

@@ -48,7 +48,7 @@ def _is_view_op(func: Any) -> bool:
 def _aliases(out: Any, base: Any) -> bool:
     """Every tensor ``out`` holds shares ``base``'s memory (fake tensors compare their storages)."""
     outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-    return isinstance(base, torch.Tensor) and bool(outs) and all(torch._C._is_alias_of(t, base) for t in outs)
+    return isinstance(base, torch.Tensor) and bool(outs) and all(torch._C._is_alias_of(t, base) for t in outs)  # type: ignore[attr-defined]
 
 
 def _bind(func: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from ..ir import (
     is_dense,
     is_static,
     is_symbolic,
+    reads,
     sym_expr,
     sym_scalar,
     walk,
@@ -186,6 +187,7 @@ def lower_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], options: Indu
                 val = ctx.maybe_realize(val, len(node.users), _layout_hint(node))
                 val = _share_stored(ctx, node, val)
                 val = _store_broadcast_transcendental(ctx, node, val)
+                val = _store_amplified_reads(ctx, node, val)
             env[node] = val
         elif node.op == "output":
             ctx.origin = "output"  # values left lazy until now are stored for the graph's outputs
@@ -243,6 +245,55 @@ def _store_broadcast_transcendental(ctx: LoweringContext, node: fx.Node, val: An
     if not any(type(e) is Op and e.name in _TRANSCENDENTAL for e in walk(val.body)):
         return val
     return ctx.realize(val, _layout_hint(node))
+
+
+# A lazy value a consumer reads this many times per element (or more) is stored once when its body does more
+# than read one buffer. Each use of a lazy value evaluates its body again: a one-row matmul rewritten as a
+# reduction (gemv_as_reduction.py) reads its vector once per output column, so a vector left lazy (decode's
+# RMSNorm before q/k/v, the SwiGLU product before the down projection) was recomputed -- its inputs re-read,
+# its sigmoid evaluated -- by every program of the reduction: 1024 programs x 6144 elements x two fp32 loads
+# (50 MB from L2) around 12.6 MB of weights. Stored, each program reads the bf16 vector. Broadcasts of a few
+# dozen reads (a rotary table over the heads) stay lazy: there, recomputing is cheaper than storing.
+AMPLIFIED_READS = 512
+_PASS_THROUGH = frozenset({"aten.unsqueeze.default", "aten.view.default", "aten.reshape.default", "aten.expand.default",
+                           "aten.squeeze.dim", "aten.squeeze.dims", "aten.permute.default", "aten.transpose.int",
+                           "aten.t.default", "aten._to_copy.default", "prims.convert_element_type.default"})
+
+
+def _store_amplified_reads(ctx: LoweringContext, node: fx.Node, val: Any) -> Any:
+    if not isinstance(val, Lazy):
+        return val
+    base = _static_numel(node)
+    if not base or _read_factor(node, node, base) < AMPLIFIED_READS:
+        return val
+    if len({ld.buffer for ld in reads(val.body)}) < 2 and \
+            not any(type(e) is Op and e.name in _TRANSCENDENTAL for e in walk(val.body)):
+        return val  # a cast of one load: its stored read would cost the same
+    return ctx.realize(val, _layout_hint(node))
+
+
+def _read_factor(node: fx.Node, via: fx.Node, base: int, depth: int = 0) -> float:
+    """How many times the consumers of ``via`` (``node`` itself, or a view or cast of it) read each of
+    ``node``'s ``base`` elements, at most: a pointwise consumer over more elements broadcasts it; another
+    consumer reads each element of ``via`` once (more than ``base`` when ``via`` expands it)."""
+    best = 1.0
+    for u in via.users:
+        if u.op != "call_function":
+            continue
+        if target_name(u.target) in _PASS_THROUGH and depth < 4:
+            best = max(best, _read_factor(node, u, base, depth + 1))
+            continue
+        pointwise = torch.Tag.pointwise in getattr(u.target, "tags", ())
+        n = _static_numel(u) if pointwise else _static_numel(via)
+        best = max(best, (n or 0) / base)
+    return best
+
+
+def _static_numel(node: fx.Node) -> int | None:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor) or not all(isinstance(s, int) for s in val.shape):
+        return None
+    return val.numel()
 
 
 def _reads_broadcast(node: fx.Node, user: fx.Node) -> bool:

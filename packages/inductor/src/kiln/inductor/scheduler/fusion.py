@@ -44,17 +44,28 @@ class Group:
     extern: bool = False  # a group of one node nothing fuses with (extern call, scan)
 
     def renaming(self, node: ComputedBuffer, role: str) -> dict[sympy.Symbol, IndexExpr]:
-        return var_renaming(node, role, len(self.outer))
+        return var_renaming(node, role, tuple(self.outer))
 
 
-def var_renaming(node: ComputedBuffer, role: str, n_outer: int) -> dict[sympy.Symbol, IndexExpr]:
-    """Node loop variables (i*, r*) -> kernel variables (x*, r*) for a node playing ``role``."""
+def var_renaming(node: ComputedBuffer, role: str, outer: tuple[IndexExpr, ...]) -> dict[sympy.Symbol, IndexExpr]:
+    """Node loop variables (i*, r*) -> kernel variables (x*, r*) for a node playing ``role`` in a kernel
+    whose outer loops are ``outer``."""
     d = node.data
+    n_outer = len(outer)
     iv = index_vars("i", len(d.ranges))
     xv, rv = index_vars("x", n_outer), index_vars("r", len(d.ranges))
+    if role == "outer" and not isinstance(d, Reduction) and tuple(d.ranges) != tuple(outer):
+        # the same space up to size-1 dims (_role: an epilogue over [1, 1, N] of a reduction over [1, N])
+        ren: dict[sympy.Symbol, IndexExpr] = {v: sympy.Integer(0) for v, n in zip(iv, d.ranges) if n == 1}
+        ren.update(zip((v for v, n in zip(iv, d.ranges) if n != 1), (x for x, n in zip(xv, outer) if n != 1)))
+        return ren
     if isinstance(d, Reduction) or role == "outer":
         return dict(zip(iv, xv))
     return {**dict(zip(iv[:n_outer], xv)), **dict(zip(iv[n_outer:], rv))}
+
+
+def _without_ones(ranges: tuple) -> tuple:
+    return tuple(n for n in ranges if n != 1)
 
 
 def _role(g: Group, node: ComputedBuffer) -> tuple[str, tuple, tuple | None] | None:
@@ -78,8 +89,8 @@ def _role(g: Group, node: ComputedBuffer) -> tuple[str, tuple, tuple | None] | N
         if not g.outer:  # an epilogue over a whole-tensor reduction: its own parallel kernel is faster
             return None
         return "full", tuple(g.outer), tuple(g.inner)
-    if p == tuple(g.outer):
-        return "outer", tuple(g.outer), tuple(g.inner)
+    if p == tuple(g.outer) or _without_ones(p) == _without_ones(tuple(g.outer)):
+        return "outer", tuple(g.outer), tuple(g.inner)  # a row kernel's outer loops stay as they are
     return None
 
 
@@ -87,7 +98,7 @@ def _reads_ok(g: Group, node: ComputedBuffer, role: str, outer: tuple, inner: tu
               program: LoopProgram) -> bool:
     """Every load of a group buffer must read exactly what the group computes at this point."""
     n_outer = len(outer)
-    ren = var_renaming(node, role, n_outer)
+    ren = var_renaming(node, role, outer)
     nodes = program.nodes
     # a size-1 dim's variable is 0: a store over [B, 1, L, S] and a load that skips that dim (the
     # attention mask converted for the extern) read the same element
@@ -106,7 +117,7 @@ def _reads_ok(g: Group, node: ComputedBuffer, role: str, outer: tuple, inner: tu
             prod_role = "full"
         if prod_role == "full" and role == "outer" and not isinstance(node.data, Reduction):
             return False
-        want = prod.layout.store_index().xreplace(var_renaming(prod, prod_role, n_outer))
+        want = prod.layout.store_index().xreplace(var_renaming(prod, prod_role, outer))
         got = ld.index.xreplace(ren)
         if unit:
             want, got = want.xreplace(unit), got.xreplace(unit)

@@ -67,7 +67,6 @@ def build_kernel(g: Group, p: LoopProgram, deps: Dependencies, number: int) -> K
         return _scatter_kernel(nodes[0], number)
     if len(nodes) == 1 and isinstance(nodes[0], ComputedBuffer) and isinstance(nodes[0].data, Scan):
         return _scan_kernel(nodes[0], number)
-    n_outer = len(g.outer)
     names = {n.name for n in nodes}  # type: ignore[union-attr]
     stage: dict[str, int] = {}
     avail: dict[str, int] = {}  # outer values: after which loop they are ready (-1: before the first)
@@ -77,7 +76,7 @@ def build_kernel(g: Group, p: LoopProgram, deps: Dependencies, number: int) -> K
         role = g.roles[n.name]
         d = n.data
         assert not isinstance(d, Scatter)  # (a scatter is a kernel of its own: _scatter_kernel)
-        ren = var_renaming(n, role, n_outer)
+        ren = var_renaming(n, role, tuple(g.outer))
         body = substitute_index(d.body, ren)
         store_index = sympy.expand(n.layout.store_index().xreplace(ren))
         in_group = [ld.buffer for ld in reads(d.body) if ld.buffer in names]
