@@ -77,3 +77,28 @@ def test_unread_random_ops_advance_the_generator_as_eager(fn, grad, options):
         if grad:
             got.sum().backward()
             assert x.grad is not None
+
+
+def restores_the_rng_state(x):
+    state = torch.get_rng_state()
+    a = torch.randn(8)
+    torch.set_rng_state(state)
+    return x + a - torch.randn(8)  # eager: x, the same draw twice
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_the_rng_state_read_and_restored_inside_is_eagers(backend):
+    """``torch.get_rng_state()``/``set_rng_state()`` run in Python (graph breaks): recorded, the ATen
+    trace ran them at trace time, and the second draw was a fresh one (``x + a - b`` with ``a != b``).
+    kiln.inductor's own generator draws one seed per graph, so only aot_eager leaves eager's next draw."""
+    kiln.reset()
+    f = kiln.compile(restores_the_rng_state, backend=backend)
+    for i in range(3):
+        x = torch.randn(8)
+        torch.manual_seed(i)
+        want, want_next = restores_the_rng_state(x), torch.rand(5)
+        torch.manual_seed(i)
+        got, got_next = f(x), torch.rand(5)
+        torch.testing.assert_close(got, want)
+        if backend == "aot_eager":
+            torch.testing.assert_close(got_next, want_next, rtol=0, atol=0)

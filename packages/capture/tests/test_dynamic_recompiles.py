@@ -237,3 +237,19 @@ def test_a_marked_dim_that_varies_leaves_the_leading_dim_alone(recorder):
         kc.mark_dynamic(x, 1)
         assert_same(g(x, k), f(x, k))
     assert _symbolic_dims(recorder.graphs[-1]) == [(False, True)]
+
+
+def _by_number_type(x, n, s):
+    a = x + n if isinstance(n, int) else x - 100
+    b = x * s if isinstance(s, float) and not isinstance(s, int) else x - 100
+    return a, b, type(n) is int, type(s).__name__
+
+
+def test_a_dynamic_number_is_still_an_int_or_a_float(recorder):
+    """isinstance/type of an int or float argument that became a symbol (its second value) answer as
+    for the caller's number. Before, ``isinstance(n, int)`` on the SymInt was False: from the second
+    call on, the graph took the other branch."""
+    g = kc.optimize(_by_number_type, recorder)
+    for n, s in [(1, 0.5), (2, 1.5), (3, 2.5), (7, 3.5)]:
+        x = torch.randn(3)
+        assert_same(g(x, n, s), _by_number_type(x, n, s))

@@ -1,6 +1,7 @@
 """Generators inside compiled code (generators.py): traced lazily, and real generators wherever one
 leaves the graph. Programs over tensors: corpus_generators.py."""
 
+import contextlib
 import copy
 import inspect
 
@@ -140,3 +141,37 @@ def test_dropped_generator_inside_yield_from_runs_the_inner_finally():
     f(x, log_eager)
     opt(x, log_kiln)
     assert log_kiln == log_eager == ["closed", "after"]
+
+
+LOG: list = []
+SCALE = [2.0]
+
+
+@contextlib.contextmanager
+def _logged_scale(name):
+    LOG.append(("enter", name))
+    try:
+        yield SCALE[0]
+    finally:
+        LOG.append(("exit", name))
+
+
+def test_contextmanager_body_runs_on_every_call():
+    """A ``contextlib.contextmanager``'s generator is the user's code: contextlib's helpers are
+    inlined so its body is traced. Before, they ran for real at capture (contextlib is a library run
+    for real without tensors): the global log was appended to on the first call only and the scale
+    it yields stayed the first call's."""
+    def f(x):
+        with _logged_scale("a") as s:
+            y = x * s
+        return y + 1
+    kc.reset()
+    opt = kc.optimize(f, Recorder())
+    for scale in (2.0, 3.0, 3.0, 4.0):
+        SCALE[0] = scale
+        x = torch.randn(3)
+        LOG.clear()
+        want, want_log = f(x), list(LOG)
+        LOG.clear()
+        assert_same(opt(x), want)
+        assert LOG == want_log == [("enter", "a"), ("exit", "a")]

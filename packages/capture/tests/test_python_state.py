@@ -4,6 +4,7 @@ call, never cached away: each program is called several times with fresh inputs 
 
 from __future__ import annotations
 
+import collections
 import copy
 
 import torch
@@ -157,3 +158,26 @@ def test_pybind_method_runs_every_call(recorder):
         x = torch.randn(3)
         torch.testing.assert_close(f(x), x + 1)
         assert store.add("calls", 0) == i + 1
+
+
+def test_defaultdict_factory_runs_every_call(recorder):
+    """A ``defaultdict`` made in compiled code calls its factory (the user's function) for a missing
+    key: traced, not run for real. Before, the factory ran once at capture, so the counter it bumps
+    moved only on the first call and the values it returned were constants of the graph."""
+    made = [0]
+
+    def factory():
+        made[0] += 1
+        return made[0]
+
+    def f(x):
+        d = collections.defaultdict(factory)
+        return x * d["a"] + d["b"] + d["a"]
+    opt = kc.optimize(f, recorder)
+    for start in (0, 5, 9):
+        x = torch.randn(3)
+        made[0] = start
+        want = f(x)
+        made[0] = start
+        torch.testing.assert_close(opt(x), want)
+        assert made[0] == start + 2

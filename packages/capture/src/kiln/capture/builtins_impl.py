@@ -76,11 +76,19 @@ def _len(frame: Frame, args: list, kwargs: dict) -> Any:
     return len(x)
 
 
+# A dynamic number stands for the caller's int/float/bool: isinstance and type answer as for it
+# (``isinstance(n, int)`` was False once n became a symbol on its second value, taking another branch).
+_SYMBOLIC_NUMBER_TYPE: dict[type, type] = {torch.SymInt: int, torch.SymFloat: float, torch.SymBool: bool}
+
+
 def _isinstance(frame: Frame, args: list, kwargs: dict) -> bool:
     obj, cls = args
     if isinstance(obj, torch.Tensor) and id(obj) in frame.tracer.param_fakes:
         classes = cls if isinstance(cls, tuple) else (cls,)
         return any(issubclass(torch.nn.Parameter, c) for c in classes)
+    number_type = _SYMBOLIC_NUMBER_TYPE.get(type(obj))
+    if number_type is not None:
+        return issubclass(number_type, cls)
     return isinstance(obj, cls)
 
 
@@ -89,7 +97,7 @@ def _type(frame: Frame, args: list, kwargs: dict) -> Any:
         obj = args[0]
         if isinstance(obj, torch.Tensor):
             return torch.nn.Parameter if id(obj) in frame.tracer.param_fakes else torch.Tensor
-        return type(obj)
+        return _SYMBOLIC_NUMBER_TYPE.get(type(obj), type(obj))
     return type(*args, **kwargs)
 
 

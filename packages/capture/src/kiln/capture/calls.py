@@ -43,6 +43,7 @@ from .values import (
     EMPTY,
     NULL,
     Cell,
+    InterpIterator,
     NumpyArray,
     TensorMethod,
     TracedFunction,
@@ -231,8 +232,44 @@ def _run_for_real(frame: Frame, fn: types.FunctionType, args: list, kwargs: dict
         # real, it bakes the capture's tensors into the entry; inlining the copy protocol is no better
         raise GraphBreak(f"{mod}.{fn.__name__}() of a module holding parameters or buffers",
                          "it runs in Python on every call")
+    if _calls_user_code([*_closure_values(fn), *values]):
+        return False
     return not any(contains_traced(a) for a in values) and \
         all(_guard_whole_state(frame, a) for a in values if _unguarded_state(frame, a))
+
+
+def _closure_values(fn: types.FunctionType) -> list[Any]:
+    out = []
+    for cell in fn.__closure__ or ():
+        try:
+            out.append(cell.cell_contents)
+        except ValueError:  # an empty cell
+            pass
+    return out
+
+
+def _calls_user_code(values: list[Any], depth: int = 0) -> bool:
+    """Whether a library function given ``values`` could call the user's Python code (a generator
+    function behind ``contextlib.contextmanager``, the generator it made): run for real, that code
+    ran once at capture, its side effects missing from every later call and its values constants."""
+    for v in values:
+        if isinstance(v, types.MethodType):
+            v = v.__func__
+        if isinstance(v, (TracedFunction, TracedMethod, InterpIterator)):
+            return True
+        if isinstance(v, types.FunctionType) and not (v.__module__ or "").startswith(_REAL_MODULE_PREFIXES) \
+                and not (v.__module__ or "").startswith(("torch", "kiln")):
+            return True
+        if depth >= 2:
+            continue
+        if type(v) in (list, tuple) and _calls_user_code(list(v), depth + 1):
+            return True
+        if type(v) is dict and _calls_user_code(list(v.values()), depth + 1):
+            return True
+        if type(v).__module__.startswith(_REAL_MODULE_PREFIXES) and isinstance(getattr(v, "__dict__", None), dict) \
+                and _calls_user_code(list(vars(v).values()), depth + 1):
+            return True
+    return False
 
 
 def _holds_module_state(v: Any, depth: int = 0) -> bool:

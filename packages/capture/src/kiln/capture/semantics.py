@@ -7,6 +7,7 @@ from the frame's inputs) breaks the graph so it runs in Python.
 
 from __future__ import annotations
 
+import collections
 import operator
 import sys
 import types
@@ -307,6 +308,12 @@ def getitem(frame: Frame, obj: Any, key: Any) -> Any:
         key = int(key)  # specialise (guarded by the shape env)
     if type(obj) in (list, tuple, dict) or isinstance(obj, (str, range, torch.Size)):
         return obj[key]
+    if isinstance(obj, collections.defaultdict) and obj.default_factory is not None and key not in obj:
+        # eager calls the factory (the user's code: a counter, a log) and stores its value; run for real
+        # here, it ran once at capture and its value was a constant of the graph
+        value = frame.call(obj.default_factory, [], {})
+        setitem(frame, obj, key, value)
+        return value
     getitem_fn = lookup_static(type(obj), "__getitem__")
     if isinstance(getitem_fn, types.FunctionType):
         return frame.call(getitem_fn, [obj, key], {})

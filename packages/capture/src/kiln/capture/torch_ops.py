@@ -43,9 +43,21 @@ def _collect() -> dict[int, Any]:
 
 
 TORCH_FUNCTIONS = _collect()
-# Functions with global side effects: never recorded, always a graph break.
-_SIDE_EFFECTS = {id(f) for f in (torch.manual_seed, torch.seed, torch.set_default_dtype,
-                                 torch.use_deterministic_algorithms, torch.set_printoptions)}
+# Functions with global side effects: never recorded, always a graph break. Every ``torch.set_*``
+# (set_num_threads, set_autocast_enabled, set_default_device, set_rng_state...) is one: run once at
+# capture, its effect was missing from every later call.
+_SIDE_EFFECTS = {id(f) for f in (torch.manual_seed, torch.seed, torch.use_deterministic_algorithms,
+                                 torch.set_printoptions, torch.random.set_rng_state)} | {
+    i for i, f in TORCH_FUNCTIONS.items() if getattr(f, "__name__", "").startswith("set_")}
+# Readers of global state no guard covers (guards cover grad mode, autocast, the default dtype and
+# device, deterministic algorithms, TF32): run at capture, their value was a constant of the graph
+# (``torch.get_num_threads()`` kept the capture's count after ``torch.set_num_threads``). They run in
+# Python on every call instead.
+_STATE_READS = {id(f) for f in (getattr(torch, n, None) for n in (
+    "get_rng_state", "get_num_threads", "get_num_interop_threads", "is_anomaly_enabled",
+    "is_anomaly_check_nan_enabled", "is_warn_always_enabled", "is_deterministic_algorithms_warn_only_enabled",
+    "get_deterministic_debug_mode", "is_autocast_cache_enabled", "get_float32_matmul_precision",
+    "is_inference_mode_enabled")) if f is not None}
 DATA_DEPENDENT_METHODS = frozenset({"item", "tolist", "numpy", "__bool__", "__int__", "__float__",
                                     "__index__", "__len__", "__iter__", "__repr__", "__str__",
                                     "__format__", "backward", "register_hook", "data_ptr",
@@ -82,6 +94,9 @@ def functional_op(fn: Any) -> bool:
 def call_torch(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if id(fn) in _SIDE_EFFECTS:
         raise GraphBreak(f"torch.{getattr(fn, '__name__', fn)} changes global state")
+    if id(fn) in _STATE_READS:
+        raise GraphBreak(f"torch.{getattr(fn, '__name__', fn)}() reads global state no guard covers",
+                         "it runs in Python on every call")
     if getattr(fn, "__name__", "") in _RNN_OPS and torch.is_grad_enabled() and any(
             isinstance(t, torch.Tensor) and t.requires_grad for a in args for t in (a if isinstance(a, (list, tuple)) else [a])):
         # their backward on the CPU (mkldnn's, with a workspace the joint trace does not keep) failed or
