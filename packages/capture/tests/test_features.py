@@ -317,6 +317,47 @@ def test_user_exception_surfaces_with_user_traceback(recorder):
     assert any(tb.name == "f" for tb in e.traceback)
 
 
+_SUPPRESSED_AFTER_A_BREAK = """
+import torch
+import kiln.capture as kc
+
+class Suppress:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        return kind is ValueError
+
+def f(x):
+    with Suppress():
+        y = x + 1
+        if x.sum() > 0:  # data-dependent: a graph break inside the with block
+            raise ValueError
+        y = y * 2
+    return y
+
+g = kc.optimize(f, lambda gm, inputs: gm)
+for sign in (-1.0, 1.0, 1.0, -1.0):
+    x = torch.full((3,), sign)
+    got, want = g(x), f(x)
+    assert torch.equal(got, want), (sign, got, want)
+print("same as eager")
+"""
+
+
+def test_an_exception_a_with_block_suppresses_after_a_graph_break():
+    """The resume function after a break inside a ``with`` block: an exception the context manager suppresses
+    unwinds to the handler's stack depth and returns eager's value (its handlers got the stack analysis's
+    "unreachable" depth and the frame too small a stack: the process crashed). In a subprocess, so that a
+    crash fails this test only."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-X", "faulthandler", "-c", _SUPPRESSED_AFTER_A_BREAK],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip().endswith("same as eager"), run.stderr[-3000:]
+
+
 def test_runtime_shape_error_surfaces(recorder):
     def f(x, y):
         return x @ y

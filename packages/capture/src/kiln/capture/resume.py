@@ -31,6 +31,16 @@ def resume_code(code: types.CodeType, offset: int, null_mask: tuple[bool, ...],
     instrs = [(k, x) for k, x in enumerate(bc) if isinstance(x, Instr)]
     if len(instrs) != len(insts) or any(x.name != i.opname for (_, x), i in zip(instrs, insts)):
         raise SkipFrame(f"cannot map the bytecode of {code.co_name} for a resume function")
+    # the handlers keep the original code's stack depths (bytecode.from_code leaves them 0): the prologue
+    # rebuilds the very stack the target had. Computed again from the new code, a handler whose try block
+    # starts in the code the prologue jumps over (a ``with`` entered before the break) got the analysis's
+    # "unreachable" depth 32768, and an exception the ``with`` suppressed corrupted the frame (a segfault)
+    tries = [x for x in bc if isinstance(x, bytecode.TryBegin)]
+    table = bytecode.ConcreteBytecode.from_code(code).exception_table
+    if len(tries) != len(table):
+        raise SkipFrame(f"cannot map the exception table of {code.co_name} for a resume function")
+    for t, entry in zip(tries, table, strict=True):
+        t.stack_depth = entry.stack_depth
     target_pos, target = instrs[index_of[offset]]
     label = Label()
     bc.insert(target_pos, label)
@@ -55,7 +65,9 @@ def resume_code(code: types.CodeType, offset: int, null_mask: tuple[bool, ...],
     if hasattr(bc, "qualname"):
         bc.qualname = f"{code.co_qualname}__kiln_resume_at_{offset}"
     try:
-        new = bc.to_code()
+        # the original's stack size too: every instruction runs on the stack it had there (the analysis
+        # of the new code skips the handlers' pushes, and a suppressed exception overflowed the stack)
+        new = bc.to_code(stacksize=code.co_stacksize, compute_exception_stack_depths=False)
     except Exception as e:  # the assembler refused: run the frame without capture instead
         raise SkipFrame(f"could not assemble a resume function for {code.co_name}: {e}") from e
     _CACHE[key] = new
