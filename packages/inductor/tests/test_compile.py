@@ -41,6 +41,8 @@ CASES = {
     "clamp_pow": (lambda x: (x.clamp(-0.5, 0.5) ** 2, x.abs() ** 0.5, x.clamp(min=0)), (X,)),
     "nan_propagation": (lambda x: (x.amax(-1), torch.maximum(x, torch.zeros_like(x)), x.argmax(-1)),
                         (torch.where(torch.rand(4, 6, 8) < 0.1, float("nan"), X),)),
+    # sign(NaN) is 0 in torch, not NaN
+    "sign_nan": (lambda x: (torch.sign(x), torch.sgn(x) * 2), (torch.tensor([float("nan"), -0.0, 0.0, 2.0, -3.0]),)),
     "non_contiguous_input": (lambda x: x * 2 + 1, (X.transpose(1, 2),)),
     "strided_input_view": (lambda x: x.sum(0), (X[:, 1:4],)),
     "scalar_output": (lambda x: x.sum() * 2, (X,)),

@@ -55,10 +55,8 @@ template <typename T> static inline T kiln_pow(T a, T b) {
   else { if (b < 0) return a == 1 ? 1 : (a == -1 ? ((b & 1) ? -1 : 1) : 0);
          T r = 1; while (b) { if (b & 1) r *= a; a *= a; b >>= 1; } return r; }
 }
-template <typename T> static inline T kiln_sign(T a) {
-  if constexpr (std::is_floating_point<T>::value) { return (a != a) ? a : (T)((T(0) < a) - (a < T(0))); }
-  else { return (T)((T(0) < a) - (a < T(0))); }
-}
+// sign(NaN) is 0 in torch (both comparisons are false), not NaN
+template <typename T> static inline T kiln_sign(T a) { return (T)((T(0) < a) - (a < T(0))); }
 template <typename T> static inline T kiln_sigmoid(T a) { return T(1) / (T(1) + std::exp(-a)); }
 template <typename T> static inline T kiln_relu(T a) { T m = (a > T(0)) ? a : T(0); return (a != a) ? a : m; }
 template <typename T> static inline bool kiln_isnan(T a) { return a != a; }
