@@ -43,6 +43,10 @@ CASES = {
                         (torch.where(torch.rand(4, 6, 8) < 0.1, float("nan"), X),)),
     # sign(NaN) is 0 in torch, not NaN
     "sign_nan": (lambda x: (torch.sign(x), torch.sgn(x) * 2), (torch.tensor([float("nan"), -0.0, 0.0, 2.0, -3.0]),)),
+    # floor division of floats is torch's div_floor (from fmod): 1.0 // 0.1 is 9, inf // 2 is NaN, -1 // inf is -1
+    "float_floordiv": (lambda a, b: (a // b, torch.div(a, b, rounding_mode="floor"), a // 0.1),
+                       (torch.tensor([1.0, 7.0, -1.0, float("inf"), -1.0, 5.0, -0.0, 3.0, -3.0, 0.3]),
+                        torch.tensor([0.1, 0.7, 0.1, 2.0, float("inf"), -float("inf"), 2.0, 0.0, 0.0, -0.1]))),
     "non_contiguous_input": (lambda x: x * 2 + 1, (X.transpose(1, 2),)),
     "strided_input_view": (lambda x: x.sum(0), (X[:, 1:4],)),
     "scalar_output": (lambda x: x.sum() * 2, (X,)),

@@ -149,3 +149,18 @@ def test_integer_casts_truncate_like_torch():
     run([kernel("k_cast", [5], [], [node("out", cast(load("a", [x0], a), torch.int32), x0)])], {"a": a, "out": out})
     assert torch.equal(out, a.to(torch.int32))
     assert math.isfinite(float(a.sum()))
+
+
+def test_float_floordiv_is_torchs_div_floor():
+    # torch floors from fmod, not from the rounded quotient: 1.0 // 0.1 is 9 (floor(1.0 / 0.1) is 10),
+    # inf // 2 is NaN, -1 // inf is -1, and a zero quotient keeps its sign
+    dev = device()
+    a = torch.tensor([1.0, 7.0, -1.0, float("inf"), -1.0, 5.0, -0.0, 0.0, 3.0, -3.0, 0.3], device=dev)
+    b = torch.tensor([0.1, 0.7, 0.1, 2.0, float("inf"), -float("inf"), 2.0, -2.0, 0.0, 0.0, -0.1], device=dev)
+    (x0,) = xs(1)
+    body = op("floordiv", load("a", [x0], a), load("b", [x0], b), dtype=F32)
+    out = torch.empty(a.numel(), device=dev)
+    run([kernel("k_floordiv", [a.numel()], [], [node("out", body, x0)])], {"a": a, "b": b, "out": out})
+    expected = torch.div(a, b, rounding_mode="floor")
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(out.signbit(), expected.signbit())

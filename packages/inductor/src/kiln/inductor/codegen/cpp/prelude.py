@@ -35,9 +35,17 @@ static inline kiln_bf16 kiln_f32_to_bf16(float f) {
 // vectorise (a BN+ReLU+max-pool kernel: 4.2 ms on random data, 0.3 ms with these forms)
 template <typename T> static inline T kiln_max(T a, T b) { T m = (a > b) ? a : b; return (a != a) ? a : m; }
 template <typename T> static inline T kiln_min(T a, T b) { T m = (a < b) ? a : b; return (a != a) ? a : m; }
+// floats: torch's div_floor, from the same fmod as a % b; floor(a / b) rounds the quotient first
+// (1.0 // 0.1 is 9 in torch, floor(1.0f / 0.1f) is 10) and gives inf // 2 = inf, -1 // inf = -0
 template <typename T> static inline T kiln_floordiv(T a, T b) {
-  if constexpr (std::is_floating_point<T>::value) { return std::floor(a / b); }
-  else { T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q; }
+  if constexpr (std::is_floating_point<T>::value) {
+    if (b == 0) return a / b;
+    T m = std::fmod(a, b), d = (a - m) / b;
+    if (m != 0 && ((b < 0) != (m < 0))) d -= 1;
+    if (d == 0) return std::copysign(T(0), a / b);
+    T f = std::floor(d);
+    return (d - f > T(0.5)) ? f + 1 : f;
+  } else { T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q; }
 }
 template <typename T> static inline T kiln_truncdiv(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { return std::trunc(a / b); } else { return a / b; }

@@ -76,7 +76,7 @@ def _fn(name: str) -> Emitter:
 def _floordiv(a: list[str], d: torch.dtype) -> str:
     x, y = a
     if d.is_floating_point:
-        return f"tl.floor({x} / {y})"
+        return f"_kiln_floordiv_float({x}, {y})"
     # Triton's // and % truncate toward zero; torch floors
     return f"({x} // {y} - (({x} % {y} != 0) & (({x} < 0) != ({y} < 0))).to({tl_dtype(d)}))"
 

@@ -80,6 +80,20 @@ def _kiln_python_mod(r, y):
 
 
 @triton.jit
+def _kiln_floordiv_float(a, b):
+    # torch's div_floor, from the same fmod as a % b: floor(a / b) rounds the quotient first
+    # (1.0 // 0.1 is 9 in torch, floor(1.0 / 0.1) is 10) and gives inf // 2 = inf, -1 // inf = -0
+    q = a / b
+    m = libdevice.fmod(a, b)
+    d = (a - m) / b
+    d = tl.where((m != 0) & ((b < 0) != (m < 0)), d - 1, d)
+    f = tl.floor(d)
+    f = tl.where(d - f > 0.5, f + 1, f)
+    f = tl.where(d == 0, libdevice.copysign(tl.zeros_like(q), q), f)
+    return tl.where(b == 0, q, f)
+
+
+@triton.jit
 def _kiln_max_combine(a, b):
     return tl.where((a > b) | (a != a), a, b)
 
