@@ -164,3 +164,15 @@ def test_float_floordiv_is_torchs_div_floor():
     expected = torch.div(a, b, rounding_mode="floor")
     torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
     assert torch.equal(out.signbit(), expected.signbit())
+
+
+def test_bool_add_is_logical_or():
+    # torch: True + True is True; Triton's int1 add wraps to False
+    dev = device()
+    a = torch.tensor([True, True, False, False], device=dev)
+    b = torch.tensor([True, False, True, False], device=dev)
+    (x0,) = xs(1)
+    body = op("add", load("a", [x0], a), load("b", [x0], b), dtype=B)
+    out = torch.empty(4, dtype=B, device=dev)
+    run([kernel("k_bool_add", [4], [], [node("out", body, x0)])], {"a": a, "b": b, "out": out})
+    assert torch.equal(out, a + b), out

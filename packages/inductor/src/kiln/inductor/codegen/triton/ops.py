@@ -106,6 +106,11 @@ def _extremum(cmp: str, fallback: str) -> Emitter:
     return emit
 
 
+def _add(a: list[str], d: torch.dtype) -> str:
+    # bool + bool is logical or in torch; Triton's int1 add wraps (True + True is False)
+    return f"({a[0]} | {a[1]})" if d == torch.bool else f"({a[0]} + {a[1]})"
+
+
 def _sign(a: list[str], d: torch.dtype) -> str:
     x = a[0]
     if d == torch.bool:
@@ -175,7 +180,7 @@ EMITTERS: dict[str, Emitter] = {
     # arithmetic
     "neg": _neg, "abs": _abs, "sign": _sign, "square": lambda a, d: f"({a[0]} * {a[0]})",
     "relu": lambda a, d: f"tl.where({a[0]} < 0, 0, {a[0]})",
-    "add": _binop("+"), "sub": _binop("-"), "mul": _binop("*"), "truediv": _binop("/"),
+    "add": _add, "sub": _binop("-"), "mul": _binop("*"), "truediv": _binop("/"),
     "floordiv": _floordiv, "truncdiv": _truncdiv, "mod": _mod, "fmod": _fmod,
     "maximum": _extremum(">", "tl.maximum"), "minimum": _extremum("<", "tl.minimum"),
     # comparisons (operands share one dtype) -> bool
