@@ -47,6 +47,9 @@ CASES = {
     "float_floordiv": (lambda a, b: (a // b, torch.div(a, b, rounding_mode="floor"), a // 0.1),
                        (torch.tensor([1.0, 7.0, -1.0, float("inf"), -1.0, 5.0, -0.0, 3.0, -3.0, 0.3]),
                         torch.tensor([0.1, 0.7, 0.1, 2.0, float("inf"), -float("inf"), 2.0, 0.0, 0.0, -0.1]))),
+    # hypot does not square its operands: sqrt(x * x + y * y) overflows to inf for 1e30
+    "hypot": (lambda x, y: torch.hypot(x, y) * 2, (torch.tensor([1e30, -3e25, 3.0, float("inf"), 0.0]),
+                                                   torch.tensor([1e30, 4e25, -4.0, float("nan"), -0.0]))),
     "non_contiguous_input": (lambda x: x * 2 + 1, (X.transpose(1, 2),)),
     "strided_input_view": (lambda x: x.sum(0), (X[:, 1:4],)),
     "scalar_output": (lambda x: x.sum() * 2, (X,)),

@@ -59,7 +59,7 @@ CASES.update({
     "asin": (F32, F32, [_f(-0.99, 0.99)], torch.asin), "acos": (F32, F32, [_f(-0.99, 0.99)], torch.acos),
     "atanh": (F32, F32, [_f(-0.95, 0.95)], torch.atanh), "acosh": (F32, F32, [_f(1.0, 5.0)], torch.acosh),
     "pow": (F32, F32, [_f(0.1, 3.0), _f(-2.0, 2.0)], torch.pow),
-    "atan2": (F32, F32, [_f(), _f()], torch.atan2), "copysign": (F32, F32, [_f(), _f()], torch.copysign),
+    "atan2": (F32, F32, [_f(), _f()], torch.atan2), "hypot": (F32, F32, [_f(), _f()], torch.hypot), "copysign": (F32, F32, [_f(), _f()], torch.copysign),
     "neg": (F32, F32, [_f()], torch.neg), "abs": (I64, I64, [_i()], torch.abs),
     "sign": (F32, F32, [_specials], torch.sign), "square": (I32, I32, [_i()], torch.square),
     "relu": (F32, F32, [_specials], torch.relu),

@@ -47,7 +47,7 @@ _STD1["round"] = "std::nearbyint"
 _HELPER1 = {"sigmoid": "kiln_sigmoid", "sign": "kiln_sign", "relu": "kiln_relu"}
 _HELPER2 = {"maximum": "kiln_max", "minimum": "kiln_min", "floordiv": "kiln_floordiv",
             "truncdiv": "kiln_truncdiv", "mod": "kiln_mod", "fmod": "kiln_fmod", "pow": "kiln_pow",
-            "atan2": "std::atan2", "copysign": "std::copysign"}
+            "atan2": "std::atan2", "copysign": "std::copysign", "hypot": "std::hypot"}
 
 
 def _calc_type(d: torch.dtype) -> str:
@@ -68,7 +68,7 @@ def op_call(e: Op, a: list[str]) -> str:
     if n in _HELPER1:
         return f"{_HELPER1[n]}<{t}>({a[0]})"
     if n in _HELPER2:
-        if n in ("atan2", "copysign"):
+        if n in ("atan2", "copysign", "hypot"):
             return f"{_HELPER2[n]}({a[0]}, {a[1]})"
         return f"{_HELPER2[n]}<{t}>({a[0]}, {a[1]})"
     simple = {

@@ -177,6 +177,7 @@ EMITTERS: dict[str, Emitter] = {
     "ceil": _fn("tl.ceil"), "trunc": _fn("libdevice.trunc"), "round": _fn("libdevice.nearbyint"),
     "frac": lambda a, d: f"({a[0]} - libdevice.trunc({a[0]}))", "lgamma": _fn("libdevice.lgamma"),
     "pow": _pow, "atan2": _fn("libdevice.atan2"), "copysign": _fn("libdevice.copysign"),
+    "hypot": _fn("libdevice.hypot"),
     # arithmetic
     "neg": _neg, "abs": _abs, "sign": _sign, "square": lambda a, d: f"({a[0]} * {a[0]})",
     "relu": lambda a, d: f"tl.where({a[0]} < 0, 0, {a[0]})",

@@ -58,6 +58,7 @@ if _triton_knobs.runtime.interpret:  # triton's own reading of TRITON_INTERPRET,
         pow = staticmethod(_interp(_np.power))
         atan2 = staticmethod(_interp(_np.arctan2))
         copysign = staticmethod(_interp(_np.copysign))
+        hypot = staticmethod(_interp(_np.hypot))
 
     @triton.jit
     def _kiln_round_bf16(x):
