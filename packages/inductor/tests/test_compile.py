@@ -50,6 +50,9 @@ CASES = {
     # hypot does not square its operands: sqrt(x * x + y * y) overflows to inf for 1e30
     "hypot": (lambda x, y: torch.hypot(x, y) * 2, (torch.tensor([1e30, -3e25, 3.0, float("inf"), 0.0]),
                                                    torch.tensor([1e30, 4e25, -4.0, float("nan"), -0.0]))),
+    # signed overflow wraps as in eager (g++ folds (x + 1) > x to true unless told it wraps)
+    "int_overflow_wraps": (lambda x, y: ((x + 1) > x, (x * 2) // 2, (y - 1) < y, (y + y) >> 1),
+                           (torch.tensor([2**31 - 1, -2**31, 5], dtype=torch.int32), torch.tensor([2**63 - 1, -2**63, -5]))),
     "non_contiguous_input": (lambda x: x * 2 + 1, (X.transpose(1, 2),)),
     "strided_input_view": (lambda x: x.sum(0), (X[:, 1:4],)),
     "scalar_output": (lambda x: x.sum() * 2, (X,)),
