@@ -176,3 +176,18 @@ def test_bool_add_is_logical_or():
     out = torch.empty(4, dtype=B, device=dev)
     run([kernel("k_bool_add", [4], [], [node("out", body, x0)])], {"a": a, "b": b, "out": out})
     assert torch.equal(out, a + b), out
+
+
+@pytest.mark.parametrize("dt", [torch.int64, torch.int32, torch.int8, torch.uint8])
+def test_integer_pow_is_exact_and_wraps(dt):
+    # by squaring in the integer type, as eager: through float, 3 ** 39 was inexact and overflow saturated
+    dev = device()
+    g = torch.Generator().manual_seed(0)
+    lo = 0 if dt == torch.uint8 else -9
+    a = torch.randint(lo, 9, (N,), generator=g).to(dt).to(dev)
+    b = torch.randint(0, 64, (N,), generator=g).to(dt).to(dev)
+    (x0,) = xs(1)
+    body = op("pow", load("a", [x0], a), load("b", [x0], b), dtype=dt)
+    out = torch.empty(N, dtype=dt, device=dev)
+    run([kernel("k_ipow", [N], [], [node("out", body, x0)])], {"a": a, "b": b, "out": out})
+    assert torch.equal(out, a ** b), (out, a ** b)

@@ -123,7 +123,9 @@ def _pow(a: list[str], d: torch.dtype) -> str:
     x, y = a
     if d.is_floating_point:
         return f"libdevice.pow({x}, {y})"
-    return f"libdevice.pow({x}.to(tl.float64), {y}.to(tl.float64)).to({tl_dtype(d)})"
+    if d == torch.bool:
+        return f"libdevice.pow({x}.to(tl.float64), {y}.to(tl.float64)).to({tl_dtype(d)})"
+    return f"_kiln_ipow({x}, {y}, {d.itemsize * 8})"
 
 
 def _isinf(a: list[str], d: torch.dtype) -> str:
@@ -206,9 +208,15 @@ EMITTERS: dict[str, Emitter] = {
 }
 
 
+def _kind(name: str, out: torch.dtype) -> str:
+    # an integer pow is integer arithmetic (_kiln_ipow), not float math: through float it was inexact past 2**24
+    # and saturated where eager wraps
+    return "arith" if name == "pow" and not out.is_floating_point else OPS[name].kind
+
+
 def operand_dtypes(name: str, arg_dtypes: list[torch.dtype], out: torch.dtype) -> list[torch.dtype]:
     """The IR dtype each operand is converted to before the op is applied."""
-    kind = OPS[name].kind
+    kind = _kind(name, out)
     if kind == "math":
         t = out if out.is_floating_point else torch.float32
         return [t] * len(arg_dtypes)
@@ -234,7 +242,7 @@ def emit_op(name: str, args: list[str], operand_dtype: torch.dtype, out: torch.d
     if emitter is None:
         raise NotImplementedError(f"the Triton backend has no emitter for op {name!r}")
     code = emitter(args, operand_dtype)
-    kind = OPS[name].kind
+    kind = _kind(name, out)
     if kind == "math" and not out.is_floating_point:
         code = f"{code}.to({tl_dtype(out)})"
     elif kind == "random" and out != torch.float32:

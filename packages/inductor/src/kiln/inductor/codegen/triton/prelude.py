@@ -95,6 +95,21 @@ def _kiln_floordiv_float(a, b):
 
 
 @triton.jit
+def _kiln_ipow(a, b, BITS: tl.constexpr):
+    # integer pow by squaring in the integer type, wrapping on overflow as eager does (through float64
+    # it was inexact past 2**53 and saturated on overflow); a negative exponent gives 1, -1 or 0 as in C
+    r = tl.zeros_like(a) + 1
+    base = a
+    e = b
+    for _ in tl.static_range(BITS):
+        r = tl.where((e & 1) != 0, r * base, r)
+        base = base * base
+        e = e >> 1
+    neg = tl.where(a == 1, 1, tl.where(a + 1 == 0, 1 - 2 * (b & 1), 0))  # a + 1 == 0: no negative literal for uint8
+    return tl.where(b < 0, neg.to(r.dtype), r)
+
+
+@triton.jit
 def _kiln_max_combine(a, b):
     return tl.where((a > b) | (a != a), a, b)
 
