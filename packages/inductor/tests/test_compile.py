@@ -53,6 +53,9 @@ CASES = {
     # signed overflow wraps as in eager (g++ folds (x + 1) > x to true unless told it wraps)
     "int_overflow_wraps": (lambda x, y: ((x + 1) > x, (x * 2) // 2, (y - 1) < y, (y + y) >> 1),
                            (torch.tensor([2**31 - 1, -2**31, 5], dtype=torch.int32), torch.tensor([2**63 - 1, -2**63, -5]))),
+    # a shift count of the width or more shifts everything out as in torch (<< gives 0, >> the sign)
+    "shift_out_of_range": (lambda x: (x << 64, x >> 70, x.int() >> 40, x.int() << 33, x.to(torch.int8) >> 40),
+                           (torch.arange(-18, 19) * 1001,)),  # 37: vector loop and scalar tail
     "non_contiguous_input": (lambda x: x * 2 + 1, (X.transpose(1, 2),)),
     "strided_input_view": (lambda x: x.sum(0), (X[:, 1:4],)),
     "scalar_output": (lambda x: x.sum() * 2, (X,)),

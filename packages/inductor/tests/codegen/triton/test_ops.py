@@ -191,3 +191,20 @@ def test_integer_pow_is_exact_and_wraps(dt):
     out = torch.empty(N, dtype=dt, device=dev)
     run([kernel("k_ipow", [N], [], [node("out", body, x0)])], {"a": a, "b": b, "out": out})
     assert torch.equal(out, a ** b), (out, a ** b)
+
+
+@pytest.mark.parametrize("dt", [torch.int64, torch.int32, torch.int8, torch.uint8])
+@pytest.mark.parametrize("name", ["lshift", "rshift"])
+def test_shift_counts_out_of_range_shift_everything_out(name, dt):
+    # torch: a count outside [0, bits) gives 0 for << and the sign for >> (undefined in LLVM)
+    dev = device()
+    g = torch.Generator().manual_seed(0)
+    lo = 0 if dt == torch.uint8 else -100
+    a = torch.randint(lo, 100, (N,), generator=g).to(dt).to(dev)
+    b = torch.randint(lo // 50, 72 if dt != torch.int8 else 100, (N,), generator=g).to(dt).to(dev)
+    (x0,) = xs(1)
+    body = op(name, load("a", [x0], a), load("b", [x0], b), dtype=dt)
+    out = torch.empty(N, dtype=dt, device=dev)
+    run([kernel(f"k_{name}", [N], [], [node("out", body, x0)])], {"a": a, "b": b, "out": out})
+    expected = a << b if name == "lshift" else a >> b
+    assert torch.equal(out, expected), (out, expected)

@@ -47,6 +47,15 @@ template <typename T> static inline T kiln_floordiv(T a, T b) {
     return (d - f > T(0.5)) ? f + 1 : f;
   } else { T q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q -= 1; return q; }
 }
+// shifts by any count as torch defines them (C++ leaves a count of the width or more undefined): a count
+// outside [0, bits) shifts everything out, << gives 0 and >> the sign
+template <typename T> static inline T kiln_shl(T a, T b) {
+  using U = std::make_unsigned_t<T>;
+  return (b < 0 || b >= T(sizeof(T) * 8)) ? T(0) : (T)((U)a << b);
+}
+template <typename T> static inline T kiln_shr(T a, T b) {
+  return (b < 0 || b >= T(sizeof(T) * 8)) ? (a < 0 ? T(-1) : T(0)) : (T)(a >> b);
+}
 template <typename T> static inline T kiln_truncdiv(T a, T b) {
   if constexpr (std::is_floating_point<T>::value) { return std::trunc(a / b); } else { return a / b; }
 }

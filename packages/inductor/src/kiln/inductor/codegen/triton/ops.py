@@ -106,6 +106,18 @@ def _extremum(cmp: str, fallback: str) -> Emitter:
     return emit
 
 
+def _shift(sym: str) -> Emitter:
+    # a count outside [0, bits) shifts everything out as in torch (<< gives 0, >> the sign); LLVM leaves it undefined
+    def emit(a: Sequence[str], d: torch.dtype) -> str:
+        x, y = a
+        bits = d.itemsize * 8
+        ok = f"(({y} >= 0) & ({y} < {bits}))"
+        shifted = f"({x} {sym} tl.where({ok}, {y}, 0))"
+        out = f"({x} >> {bits - 1})" if sym == ">>" and d.is_signed else "0"
+        return f"tl.where({ok}, {shifted}, {out})"
+    return emit
+
+
 def _add(a: list[str], d: torch.dtype) -> str:
     # bool + bool is logical or in torch; Triton's int1 add wraps (True + True is False)
     return f"({a[0]} | {a[1]})" if d == torch.bool else f"({a[0]} + {a[1]})"
@@ -195,7 +207,7 @@ EMITTERS: dict[str, Emitter] = {
     "logical_not": lambda a, d: f"({a[0]} == 0)",
     # bitwise
     "bitwise_and": _binop("&"), "bitwise_or": _binop("|"), "bitwise_xor": _binop("^"),
-    "lshift": _binop("<<"), "rshift": _binop(">>"), "bitwise_not": _bitwise_not,
+    "lshift": _shift("<<"), "rshift": _shift(">>"), "bitwise_not": _bitwise_not,
     # select: (bool, value, value)
     "where": lambda a, d: f"tl.where({a[0]}, {a[1]}, {a[2]})",
     # an index loaded from a tensor: negative ones count from the end. Not checked against the size here
