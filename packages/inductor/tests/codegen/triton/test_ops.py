@@ -208,3 +208,15 @@ def test_shift_counts_out_of_range_shift_everything_out(name, dt):
     run([kernel(f"k_{name}", [N], [], [node("out", body, x0)])], {"a": a, "b": b, "out": out})
     expected = a << b if name == "lshift" else a >> b
     assert torch.equal(out, expected), (out, expected)
+
+
+def test_integer_constants_wrap_into_their_dtype():
+    # eager converts a scalar by wrapping: uint8 x + -3 adds 253 (Triton rejected -3 as a uint8 constant)
+    dev = device()
+    a = torch.arange(0, 250, 5, dtype=torch.uint8, device=dev)
+    (x0,) = xs(1)
+    u8 = torch.uint8
+    body = op("add", load("a", [x0], a), Constant(-3, u8), dtype=u8)
+    out = torch.empty(a.numel(), dtype=u8, device=dev)
+    run([kernel("k_wrap", [a.numel()], [], [node("out", body, x0)])], {"a": a, "out": out})
+    assert torch.equal(out, a + (-3)), out

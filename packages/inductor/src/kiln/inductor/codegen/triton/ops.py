@@ -63,7 +63,12 @@ def literal(value: bool | int | float, dtype: torch.dtype) -> str:
         v = float(value)
         text = repr(v) if v == v and v not in (float("inf"), float("-inf")) else f'float("{v}")'
         return f"tl.full([], {text}, {tl_dtype(compute_dtype(dtype))})"
-    return f"tl.full([], {int(value)}, {tl_dtype(dtype)})"
+    # wrapped into the dtype's range as eager converts a scalar (uint8 x + -3 adds 253); Triton rejects -3 as uint8
+    bits = dtype.itemsize * 8
+    v = int(value) % (1 << bits)
+    if dtype.is_signed and v >= 1 << (bits - 1):
+        v -= 1 << bits
+    return f"tl.full([], {v}, {tl_dtype(dtype)})"
 
 
 Emitter = Callable[[list[str], torch.dtype], str]  # (operand code, operand dtype) -> code
