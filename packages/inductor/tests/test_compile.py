@@ -41,6 +41,21 @@ CASES = {
     "clamp_pow": (lambda x: (x.clamp(-0.5, 0.5) ** 2, x.abs() ** 0.5, x.clamp(min=0)), (X,)),
     "nan_propagation": (lambda x: (x.amax(-1), torch.maximum(x, torch.zeros_like(x)), x.argmax(-1)),
                         (torch.where(torch.rand(4, 6, 8) < 0.1, float("nan"), X),)),
+    # sign(NaN) is 0 in torch, not NaN
+    "sign_nan": (lambda x: (torch.sign(x), torch.sgn(x) * 2), (torch.tensor([float("nan"), -0.0, 0.0, 2.0, -3.0]),)),
+    # floor division of floats is torch's div_floor (from fmod): 1.0 // 0.1 is 9, inf // 2 is NaN, -1 // inf is -1
+    "float_floordiv": (lambda a, b: (a // b, torch.div(a, b, rounding_mode="floor"), a // 0.1),
+                       (torch.tensor([1.0, 7.0, -1.0, float("inf"), -1.0, 5.0, -0.0, 3.0, -3.0, 0.3]),
+                        torch.tensor([0.1, 0.7, 0.1, 2.0, float("inf"), -float("inf"), 2.0, 0.0, 0.0, -0.1]))),
+    # hypot does not square its operands: sqrt(x * x + y * y) overflows to inf for 1e30
+    "hypot": (lambda x, y: torch.hypot(x, y) * 2, (torch.tensor([1e30, -3e25, 3.0, float("inf"), 0.0]),
+                                                   torch.tensor([1e30, 4e25, -4.0, float("nan"), -0.0]))),
+    # signed overflow wraps as in eager (g++ folds (x + 1) > x to true unless told it wraps)
+    "int_overflow_wraps": (lambda x, y: ((x + 1) > x, (x * 2) // 2, (y - 1) < y, (y + y) >> 1),
+                           (torch.tensor([2**31 - 1, -2**31, 5], dtype=torch.int32), torch.tensor([2**63 - 1, -2**63, -5]))),
+    # a shift count of the width or more shifts everything out as in torch (<< gives 0, >> the sign)
+    "shift_out_of_range": (lambda x: (x << 64, x >> 70, x.int() >> 40, x.int() << 33, x.to(torch.int8) >> 40),
+                           (torch.arange(-18, 19) * 1001,)),  # 37: vector loop and scalar tail
     "non_contiguous_input": (lambda x: x * 2 + 1, (X.transpose(1, 2),)),
     "strided_input_view": (lambda x: x.sum(0), (X[:, 1:4],)),
     "scalar_output": (lambda x: x.sum() * 2, (X,)),

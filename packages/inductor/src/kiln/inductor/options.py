@@ -32,9 +32,11 @@ class InductorOptions:
     max_autotune: bool = False
     cxx: str = "g++"
     # -ffp-contract=off: g++ would fuse x * c - m into one fma, skipping the rounding eager does after
-    # the multiply (softmax(x * 9000) was off by 1e-3); torch.compile's C++ defaults to off too
+    # the multiply (softmax(x * 9000) was off by 1e-3); torch.compile's C++ defaults to off too.
+    # -fwrapv: int32/int64 overflow wraps as in eager; without it g++ assumes it never happens and folds
+    # (x + 1) > x to true and (x * 2) // 2 to x
     cpp_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
-                                  "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off")
+                                  "-fno-math-errno", "-fno-trapping-math", "-ffp-contract=off", "-fwrapv")
     link_flags: tuple[str, ...] = ("-lmvec", "-lm")
     vectorize_math: bool = True  # use glibc's vector math (libmvec) for exp/log/tanh/... in simd loops
     parallel_threshold: int = 32768  # fewer elements than this run on one thread (OpenMP start-up costs)

@@ -59,7 +59,7 @@ CASES.update({
     "asin": (F32, F32, [_f(-0.99, 0.99)], torch.asin), "acos": (F32, F32, [_f(-0.99, 0.99)], torch.acos),
     "atanh": (F32, F32, [_f(-0.95, 0.95)], torch.atanh), "acosh": (F32, F32, [_f(1.0, 5.0)], torch.acosh),
     "pow": (F32, F32, [_f(0.1, 3.0), _f(-2.0, 2.0)], torch.pow),
-    "atan2": (F32, F32, [_f(), _f()], torch.atan2), "copysign": (F32, F32, [_f(), _f()], torch.copysign),
+    "atan2": (F32, F32, [_f(), _f()], torch.atan2), "hypot": (F32, F32, [_f(), _f()], torch.hypot), "copysign": (F32, F32, [_f(), _f()], torch.copysign),
     "neg": (F32, F32, [_f()], torch.neg), "abs": (I64, I64, [_i()], torch.abs),
     "sign": (F32, F32, [_specials], torch.sign), "square": (I32, I32, [_i()], torch.square),
     "relu": (F32, F32, [_specials], torch.relu),
@@ -149,3 +149,74 @@ def test_integer_casts_truncate_like_torch():
     run([kernel("k_cast", [5], [], [node("out", cast(load("a", [x0], a), torch.int32), x0)])], {"a": a, "out": out})
     assert torch.equal(out, a.to(torch.int32))
     assert math.isfinite(float(a.sum()))
+
+
+def test_float_floordiv_is_torchs_div_floor():
+    # torch floors from fmod, not from the rounded quotient: 1.0 // 0.1 is 9 (floor(1.0 / 0.1) is 10),
+    # inf // 2 is NaN, -1 // inf is -1, and a zero quotient keeps its sign
+    dev = device()
+    a = torch.tensor([1.0, 7.0, -1.0, float("inf"), -1.0, 5.0, -0.0, 0.0, 3.0, -3.0, 0.3], device=dev)
+    b = torch.tensor([0.1, 0.7, 0.1, 2.0, float("inf"), -float("inf"), 2.0, -2.0, 0.0, 0.0, -0.1], device=dev)
+    (x0,) = xs(1)
+    body = op("floordiv", load("a", [x0], a), load("b", [x0], b), dtype=F32)
+    out = torch.empty(a.numel(), device=dev)
+    run([kernel("k_floordiv", [a.numel()], [], [node("out", body, x0)])], {"a": a, "b": b, "out": out})
+    expected = torch.div(a, b, rounding_mode="floor")
+    torch.testing.assert_close(out, expected, rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(out.signbit(), expected.signbit())
+
+
+def test_bool_add_is_logical_or():
+    # torch: True + True is True; Triton's int1 add wraps to False
+    dev = device()
+    a = torch.tensor([True, True, False, False], device=dev)
+    b = torch.tensor([True, False, True, False], device=dev)
+    (x0,) = xs(1)
+    body = op("add", load("a", [x0], a), load("b", [x0], b), dtype=B)
+    out = torch.empty(4, dtype=B, device=dev)
+    run([kernel("k_bool_add", [4], [], [node("out", body, x0)])], {"a": a, "b": b, "out": out})
+    assert torch.equal(out, a + b), out
+
+
+@pytest.mark.parametrize("dt", [torch.int64, torch.int32, torch.int8, torch.uint8])
+def test_integer_pow_is_exact_and_wraps(dt):
+    # by squaring in the integer type, as eager: through float, 3 ** 39 was inexact and overflow saturated
+    dev = device()
+    g = torch.Generator().manual_seed(0)
+    lo = 0 if dt == torch.uint8 else -9
+    a = torch.randint(lo, 9, (N,), generator=g).to(dt).to(dev)
+    b = torch.randint(0, 64, (N,), generator=g).to(dt).to(dev)
+    (x0,) = xs(1)
+    body = op("pow", load("a", [x0], a), load("b", [x0], b), dtype=dt)
+    out = torch.empty(N, dtype=dt, device=dev)
+    run([kernel("k_ipow", [N], [], [node("out", body, x0)])], {"a": a, "b": b, "out": out})
+    assert torch.equal(out, a ** b), (out, a ** b)
+
+
+@pytest.mark.parametrize("dt", [torch.int64, torch.int32, torch.int8, torch.uint8])
+@pytest.mark.parametrize("name", ["lshift", "rshift"])
+def test_shift_counts_out_of_range_shift_everything_out(name, dt):
+    # torch: a count outside [0, bits) gives 0 for << and the sign for >> (undefined in LLVM)
+    dev = device()
+    g = torch.Generator().manual_seed(0)
+    lo = 0 if dt == torch.uint8 else -100
+    a = torch.randint(lo, 100, (N,), generator=g).to(dt).to(dev)
+    b = torch.randint(lo // 50, 72 if dt != torch.int8 else 100, (N,), generator=g).to(dt).to(dev)
+    (x0,) = xs(1)
+    body = op(name, load("a", [x0], a), load("b", [x0], b), dtype=dt)
+    out = torch.empty(N, dtype=dt, device=dev)
+    run([kernel(f"k_{name}", [N], [], [node("out", body, x0)])], {"a": a, "b": b, "out": out})
+    expected = a << b if name == "lshift" else a >> b
+    assert torch.equal(out, expected), (out, expected)
+
+
+def test_integer_constants_wrap_into_their_dtype():
+    # eager converts a scalar by wrapping: uint8 x + -3 adds 253 (Triton rejected -3 as a uint8 constant)
+    dev = device()
+    a = torch.arange(0, 250, 5, dtype=torch.uint8, device=dev)
+    (x0,) = xs(1)
+    u8 = torch.uint8
+    body = op("add", load("a", [x0], a), Constant(-3, u8), dtype=u8)
+    out = torch.empty(a.numel(), dtype=u8, device=dev)
+    run([kernel("k_wrap", [a.numel()], [], [node("out", body, x0)])], {"a": a, "out": out})
+    assert torch.equal(out, a + (-3)), out

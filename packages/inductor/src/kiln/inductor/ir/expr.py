@@ -35,7 +35,7 @@ OPS: dict[str, OpInfo] = {
                       "trunc round frac lgamma"),
     **_ops("arith", 1, "neg abs sign square relu"),
     **_ops("arith", 2, "add sub mul truediv floordiv truncdiv mod fmod maximum minimum"),
-    **_ops("math", 2, "pow atan2 copysign"),
+    **_ops("math", 2, "pow atan2 copysign hypot"),
     **_ops("compare", 2, "eq ne lt le gt ge"),
     **_ops("compare", 1, "isnan isinf isfinite"),
     **_ops("logical", 2, "logical_and logical_or logical_xor"),

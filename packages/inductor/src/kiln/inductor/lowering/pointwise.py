@@ -68,7 +68,8 @@ for _ov in ("Tensor", "Scalar"):
     RULES[f"aten.fmod.{_ov}"] = _binary("fmod")
 RULES["aten.rsub.Scalar"] = lambda ctx, node, a, b, alpha=1: _binary("sub", alpha=True)(ctx, node, b, a, alpha)
 RULES["aten.rsub.Tensor"] = RULES["aten.rsub.Scalar"]
-for _name in ("maximum", "minimum", "atan2", "copysign"):
+# hypot as one op: sqrt(x * x + y * y) overflows for |x| > 1.8e19 in float32 (hypot(1e30, 1e30) gave inf)
+for _name in ("maximum", "minimum", "atan2", "copysign", "hypot"):
     RULES[f"aten.{_name}.default"] = _binary(_name)
 RULES["aten.atan2.default"] = _binary("atan2")
 

@@ -40,14 +40,14 @@ def cindex(e: sympy.Expr) -> str:
 
 _INFIX = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "eq": "==", "ne": "!=", "lt": "<", "le": "<=",
           "gt": ">", "ge": ">=", "logical_and": "&&", "logical_or": "||", "logical_xor": "!=",
-          "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^", "lshift": "<<", "rshift": ">>"}
+          "bitwise_and": "&", "bitwise_or": "|", "bitwise_xor": "^"}
 _STD1 = {n: f"std::{n}" for n in ("exp exp2 expm1 log log2 log10 log1p sqrt sin cos tan asin acos atan sinh "
                                    "cosh tanh asinh acosh atanh erf erfc floor ceil trunc lgamma abs").split()}
 _STD1["round"] = "std::nearbyint"
 _HELPER1 = {"sigmoid": "kiln_sigmoid", "sign": "kiln_sign", "relu": "kiln_relu"}
 _HELPER2 = {"maximum": "kiln_max", "minimum": "kiln_min", "floordiv": "kiln_floordiv",
             "truncdiv": "kiln_truncdiv", "mod": "kiln_mod", "fmod": "kiln_fmod", "pow": "kiln_pow",
-            "atan2": "std::atan2", "copysign": "std::copysign"}
+            "lshift": "kiln_shl", "rshift": "kiln_shr", "atan2": "std::atan2", "copysign": "std::copysign", "hypot": "std::hypot"}
 
 
 def _calc_type(d: torch.dtype) -> str:
@@ -68,7 +68,7 @@ def op_call(e: Op, a: list[str]) -> str:
     if n in _HELPER1:
         return f"{_HELPER1[n]}<{t}>({a[0]})"
     if n in _HELPER2:
-        if n in ("atan2", "copysign"):
+        if n in ("atan2", "copysign", "hypot"):
             return f"{_HELPER2[n]}({a[0]}, {a[1]})"
         return f"{_HELPER2[n]}<{t}>({a[0]}, {a[1]})"
     simple = {

@@ -63,7 +63,12 @@ def literal(value: bool | int | float, dtype: torch.dtype) -> str:
         v = float(value)
         text = repr(v) if v == v and v not in (float("inf"), float("-inf")) else f'float("{v}")'
         return f"tl.full([], {text}, {tl_dtype(compute_dtype(dtype))})"
-    return f"tl.full([], {int(value)}, {tl_dtype(dtype)})"
+    # wrapped into the dtype's range as eager converts a scalar (uint8 x + -3 adds 253); Triton rejects -3 as uint8
+    bits = dtype.itemsize * 8
+    v = int(value) % (1 << bits)
+    if dtype.is_signed and v >= 1 << (bits - 1):
+        v -= 1 << bits
+    return f"tl.full([], {v}, {tl_dtype(dtype)})"
 
 
 Emitter = Callable[[list[str], torch.dtype], str]  # (operand code, operand dtype) -> code
@@ -76,7 +81,7 @@ def _fn(name: str) -> Emitter:
 def _floordiv(a: list[str], d: torch.dtype) -> str:
     x, y = a
     if d.is_floating_point:
-        return f"tl.floor({x} / {y})"
+        return f"_kiln_floordiv_float({x}, {y})"
     # Triton's // and % truncate toward zero; torch floors
     return f"({x} // {y} - (({x} % {y} != 0) & (({x} < 0) != ({y} < 0))).to({tl_dtype(d)}))"
 
@@ -106,6 +111,23 @@ def _extremum(cmp: str, fallback: str) -> Emitter:
     return emit
 
 
+def _shift(sym: str) -> Emitter:
+    # a count outside [0, bits) shifts everything out as in torch (<< gives 0, >> the sign); LLVM leaves it undefined
+    def emit(a: Sequence[str], d: torch.dtype) -> str:
+        x, y = a
+        bits = d.itemsize * 8
+        ok = f"(({y} >= 0) & ({y} < {bits}))"
+        shifted = f"({x} {sym} tl.where({ok}, {y}, 0))"
+        out = f"({x} >> {bits - 1})" if sym == ">>" and d.is_signed else "0"
+        return f"tl.where({ok}, {shifted}, {out})"
+    return emit
+
+
+def _add(a: list[str], d: torch.dtype) -> str:
+    # bool + bool is logical or in torch; Triton's int1 add wraps (True + True is False)
+    return f"({a[0]} | {a[1]})" if d == torch.bool else f"({a[0]} + {a[1]})"
+
+
 def _sign(a: list[str], d: torch.dtype) -> str:
     x = a[0]
     if d == torch.bool:
@@ -118,7 +140,9 @@ def _pow(a: list[str], d: torch.dtype) -> str:
     x, y = a
     if d.is_floating_point:
         return f"libdevice.pow({x}, {y})"
-    return f"libdevice.pow({x}.to(tl.float64), {y}.to(tl.float64)).to({tl_dtype(d)})"
+    if d == torch.bool:
+        return f"libdevice.pow({x}.to(tl.float64), {y}.to(tl.float64)).to({tl_dtype(d)})"
+    return f"_kiln_ipow({x}, {y}, {d.itemsize * 8})"
 
 
 def _isinf(a: list[str], d: torch.dtype) -> str:
@@ -172,10 +196,11 @@ EMITTERS: dict[str, Emitter] = {
     "ceil": _fn("tl.ceil"), "trunc": _fn("libdevice.trunc"), "round": _fn("libdevice.nearbyint"),
     "frac": lambda a, d: f"({a[0]} - libdevice.trunc({a[0]}))", "lgamma": _fn("libdevice.lgamma"),
     "pow": _pow, "atan2": _fn("libdevice.atan2"), "copysign": _fn("libdevice.copysign"),
+    "hypot": _fn("libdevice.hypot"),
     # arithmetic
     "neg": _neg, "abs": _abs, "sign": _sign, "square": lambda a, d: f"({a[0]} * {a[0]})",
     "relu": lambda a, d: f"tl.where({a[0]} < 0, 0, {a[0]})",
-    "add": _binop("+"), "sub": _binop("-"), "mul": _binop("*"), "truediv": _binop("/"),
+    "add": _add, "sub": _binop("-"), "mul": _binop("*"), "truediv": _binop("/"),
     "floordiv": _floordiv, "truncdiv": _truncdiv, "mod": _mod, "fmod": _fmod,
     "maximum": _extremum(">", "tl.maximum"), "minimum": _extremum("<", "tl.minimum"),
     # comparisons (operands share one dtype) -> bool
@@ -187,7 +212,7 @@ EMITTERS: dict[str, Emitter] = {
     "logical_not": lambda a, d: f"({a[0]} == 0)",
     # bitwise
     "bitwise_and": _binop("&"), "bitwise_or": _binop("|"), "bitwise_xor": _binop("^"),
-    "lshift": _binop("<<"), "rshift": _binop(">>"), "bitwise_not": _bitwise_not,
+    "lshift": _shift("<<"), "rshift": _shift(">>"), "bitwise_not": _bitwise_not,
     # select: (bool, value, value)
     "where": lambda a, d: f"tl.where({a[0]}, {a[1]}, {a[2]})",
     # an index loaded from a tensor: negative ones count from the end. Not checked against the size here
@@ -200,9 +225,15 @@ EMITTERS: dict[str, Emitter] = {
 }
 
 
+def _kind(name: str, out: torch.dtype) -> str:
+    # an integer pow is integer arithmetic (_kiln_ipow), not float math: through float it was inexact past 2**24
+    # and saturated where eager wraps
+    return "arith" if name == "pow" and not out.is_floating_point else OPS[name].kind
+
+
 def operand_dtypes(name: str, arg_dtypes: list[torch.dtype], out: torch.dtype) -> list[torch.dtype]:
     """The IR dtype each operand is converted to before the op is applied."""
-    kind = OPS[name].kind
+    kind = _kind(name, out)
     if kind == "math":
         t = out if out.is_floating_point else torch.float32
         return [t] * len(arg_dtypes)
@@ -228,7 +259,7 @@ def emit_op(name: str, args: list[str], operand_dtype: torch.dtype, out: torch.d
     if emitter is None:
         raise NotImplementedError(f"the Triton backend has no emitter for op {name!r}")
     code = emitter(args, operand_dtype)
-    kind = OPS[name].kind
+    kind = _kind(name, out)
     if kind == "math" and not out.is_floating_point:
         code = f"{code}.to({tl_dtype(out)})"
     elif kind == "random" and out != torch.float32:

@@ -58,6 +58,7 @@ if _triton_knobs.runtime.interpret:  # triton's own reading of TRITON_INTERPRET,
         pow = staticmethod(_interp(_np.power))
         atan2 = staticmethod(_interp(_np.arctan2))
         copysign = staticmethod(_interp(_np.copysign))
+        hypot = staticmethod(_interp(_np.hypot))
 
     @triton.jit
     def _kiln_round_bf16(x):
@@ -77,6 +78,35 @@ else:
 def _kiln_python_mod(r, y):
     # C remainder -> Python/torch remainder (takes the divisor's sign)
     return tl.where((r != 0) & ((r < 0) != (y < 0)), r + y, r)
+
+
+@triton.jit
+def _kiln_floordiv_float(a, b):
+    # torch's div_floor, from the same fmod as a % b: floor(a / b) rounds the quotient first
+    # (1.0 // 0.1 is 9 in torch, floor(1.0 / 0.1) is 10) and gives inf // 2 = inf, -1 // inf = -0
+    q = a / b
+    m = libdevice.fmod(a, b)
+    d = (a - m) / b
+    d = tl.where((m != 0) & ((b < 0) != (m < 0)), d - 1, d)
+    f = tl.floor(d)
+    f = tl.where(d - f > 0.5, f + 1, f)
+    f = tl.where(d == 0, libdevice.copysign(tl.zeros_like(q), q), f)
+    return tl.where(b == 0, q, f)
+
+
+@triton.jit
+def _kiln_ipow(a, b, BITS: tl.constexpr):
+    # integer pow by squaring in the integer type, wrapping on overflow as eager does (through float64
+    # it was inexact past 2**53 and saturated on overflow); a negative exponent gives 1, -1 or 0 as in C
+    r = tl.zeros_like(a) + 1
+    base = a
+    e = b
+    for _ in tl.static_range(BITS):
+        r = tl.where((e & 1) != 0, r * base, r)
+        base = base * base
+        e = e >> 1
+    neg = tl.where(a == 1, 1, tl.where(a + 1 == 0, 1 - 2 * (b & 1), 0))  # a + 1 == 0: no negative literal for uint8
+    return tl.where(b < 0, neg.to(r.dtype), r)
 
 
 @triton.jit
