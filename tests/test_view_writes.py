@@ -176,7 +176,18 @@ def _mul_by_itself(x):
     return x.mul_(x)
 
 
-@pytest.mark.parametrize("fn", [_mul_by_transpose, _add_shifted, _mul_by_itself], ids=lambda f: f.__name__)
+def _iadd_shifted_columns(x):
+    x[:, 1:] += x[:, :-1]  # eager adds column by column, each reading the one it just wrote
+    return x
+
+
+def _assign_shifted_columns(x):
+    x[:, 1:] = x[:, :-1]
+    return x * 2
+
+
+@pytest.mark.parametrize("fn", [_mul_by_transpose, _add_shifted, _mul_by_itself, _iadd_shifted_columns,
+                                _assign_shifted_columns], ids=lambda f: f.__name__)
 def test_an_in_place_op_reading_another_view_of_what_it_writes_runs_as_eager(fn: Callable) -> None:
     """Eager refuses a partial overlap of an in-place op's input and output; a graph read the old values
     and returned a result. Such a write runs in Python (eager's error); reading exactly what it writes

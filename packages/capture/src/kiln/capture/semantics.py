@@ -18,6 +18,7 @@ from torch import nn
 
 from kiln.graph import may_overlap_itself
 
+from .aliasing import byte_span, share_no_element
 from .errors import GraphBreak
 from .foreign import is_ndarray
 from .generators import GENERATOR_METHODS, GeneratorMethod, TracedGenerator
@@ -358,6 +359,32 @@ def refuse_self_overlapping_write(t: torch.Tensor, what: str) -> None:
                          "it runs in Python between graphs (the order of the writes decides the values)")
 
 
+def partly_overlaps(t: torch.Tensor, u: Any) -> bool:
+    """Whether ``u`` is another view of memory ``t`` (written in place) also holds: same storage,
+    another layout, elements in common. ``x.mul_(x)`` reads exactly what it writes; ``x.mul_(x.t())``
+    and ``x[1:].add_(x[:-1])`` do not (eager raises)."""
+    if not isinstance(u, torch.Tensor) or u is t or not contains_traced(u):
+        return False
+    try:
+        if t.untyped_storage()._cdata != u.untyped_storage()._cdata:
+            return False
+    except Exception:  # noqa: BLE001 - a tensor without a plain storage: not decided here
+        return False
+    if (tuple(t.shape), tuple(t.stride()), t.storage_offset()) == (tuple(u.shape), tuple(u.stride()), u.storage_offset()):
+        return False
+    a, b = byte_span(t), byte_span(u)
+    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1] and not share_no_element(t, u)
+
+
+def _written_view(tracer: Any, obj: torch.Tensor, key: Any) -> Any:
+    """``obj[key]`` on the fake tensors (None when it cannot be computed so: a copy's overlap is moot)."""
+    try:
+        with tracer.fake_mode:
+            return obj[key]
+    except Exception:  # noqa: BLE001 - advanced indexing with traced values etc.: no view to compare
+        return None
+
+
 def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:
     tracer = frame.tracer
     if isinstance(obj, NumpyArray):
@@ -366,6 +393,9 @@ def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:
     if isinstance(obj, torch.Tensor):
         if contains_traced(obj):
             refuse_self_overlapping_write(obj, "an item write")
+            if isinstance(value, torch.Tensor) and partly_overlaps(_written_view(tracer, obj, key), value):
+                raise GraphBreak("an item write reads another view of the memory it writes",
+                                 "it runs in Python between graphs (eager's element order decides the values)")
         tracer.record("call_function", operator.setitem, (obj, key, value), {},
                       lambda: obj.__setitem__(key, value))
         return
@@ -413,6 +443,12 @@ def apply_operator(frame: Frame, op: Any, args: list) -> Any:
     if any(is_traced(a) for a in args):
         inplace_on_python = op in _INPLACE and not isinstance(args[0], torch.Tensor)
         target = _NOT_INPLACE.get(op, op) if inplace_on_python else op
+        if op in _INPLACE and isinstance(args[0], torch.Tensor) and contains_traced(args[0]):
+            refuse_self_overlapping_write(args[0], "an in-place operator")
+            if len(args) > 1 and partly_overlaps(args[0], args[1]):
+                raise GraphBreak("an in-place operator reads another view of the memory it writes",
+                                 "it runs in Python between graphs (eager's element order decides the values, "
+                                 "or eager refuses a partial overlap)")
         if any(isinstance(a, torch.Tensor) for a in args) or any(contains_traced(a) for a in args):
             rule = FAST_POINTWISE.get(id(target))
 

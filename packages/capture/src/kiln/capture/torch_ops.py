@@ -11,10 +11,10 @@ import torch
 from kiln.graph import is_pure_op
 
 from . import polyfills
-from .aliasing import byte_span, share_no_element, version
+from .aliasing import version
 from .errors import GraphBreak
 from .numpy_trace import tensor_to_numpy
-from .semantics import contains_traced, refuse_self_overlapping_write
+from .semantics import contains_traced, partly_overlaps, refuse_self_overlapping_write
 from .shape_env import FRESH_RESULT, VIEW_OR_COPY, CaptureShapeEnv
 from .shape_rules.functions import FAST_META, fast_result, from_memo, memo_entry, memo_key
 from .shape_rules.pointwise import FAST_POINTWISE
@@ -221,23 +221,6 @@ _INPLACE_VIEWS = frozenset({"t_", "transpose_", "swapdims_", "swapaxes_", "unsqu
 _NOT_WRITES = _INPLACE_VIEWS | {"requires_grad_", "share_memory_", "detach_", "rename_", "refine_names_"}
 
 
-def _partly_overlap(t: torch.Tensor, u: Any) -> bool:
-    """Whether ``u`` is another view of memory ``t`` (written in place) also holds: same storage,
-    another layout, elements in common. ``x.mul_(x)`` reads exactly what it writes; ``x.mul_(x.t())``
-    and ``x[1:].add_(x[:-1])`` do not (eager raises)."""
-    if not isinstance(u, torch.Tensor) or u is t or not contains_traced(u):
-        return False
-    try:
-        if t.untyped_storage()._cdata != u.untyped_storage()._cdata:
-            return False
-    except Exception:  # noqa: BLE001 - a tensor without a plain storage: not decided here
-        return False
-    if (tuple(t.shape), tuple(t.stride()), t.storage_offset()) == (tuple(u.shape), tuple(u.stride()), u.storage_offset()):
-        return False
-    a, b = byte_span(t), byte_span(u)
-    return a is not None and b is not None and a[0] < b[1] and b[0] < a[1] and not share_no_element(t, u)
-
-
 _TENSOR_VALUE_POLYFILLS = {"addcdiv": polyfills.add_quotient_, "addcdiv_": polyfills.add_quotient_,
                            "addcmul": polyfills.add_product_, "addcmul_": polyfills.add_product_}
 
@@ -273,7 +256,7 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
                          f"{tracer.input_source_of_fake[id(t)]} in place", "it runs in Python between graphs")
     if name.endswith("_") and name not in _NOT_WRITES and contains_traced(t):
         refuse_self_overlapping_write(t, f"Tensor.{name}()")
-        if any(_partly_overlap(t, u) for u in (*args, *kwargs.values())):
+        if any(partly_overlaps(t, u) for u in (*args, *kwargs.values())):
             raise GraphBreak(f"Tensor.{name}() reads another view of the memory it writes",
                              "it runs in Python between graphs (eager refuses a partial overlap; a graph read "
                              "the old values)")
