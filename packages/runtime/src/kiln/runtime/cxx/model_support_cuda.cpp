@@ -171,7 +171,9 @@ Launcher Program::launcher(int device) {
 void Launcher::operator()(int k, unsigned gx, unsigned gy, unsigned gz, std::initializer_list<void*> args,
                           std::initializer_list<int64_t> sizes) const {
   const KernelInfo& info = k_->info[size_t(k)];
-  constexpr size_t kMax = 128;  // kiln's kernels take a few pointers and sizes each
+  // most kernels take a few pointers and sizes; a horizontally fused kernel takes two per member (an AMP
+  // step's bf16 casts of every weight in one launch: Llama-350M's forward passed 128, and the call failed)
+  constexpr size_t kMax = 1024;
   if (args.size() + sizes.size() > kMax) throw std::runtime_error(std::string(info.symbol) + ": too many arguments");
   void* values[kMax + 2];
   void* params[kMax + 2];
