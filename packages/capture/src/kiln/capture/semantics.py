@@ -350,20 +350,27 @@ def tensor_keyed_item(frame: Frame, obj: dict, key: torch.Tensor) -> Any:
     return tracer.wrap(value, source)
 
 
-def refuse_self_overlapping_write(t: torch.Tensor, what: str) -> None:
-    """Break the graph before ``what`` writes into a traced view whose elements share memory (expand,
-    overlapping unfold windows): the order of eager's writes decides the values, or eager refuses."""
+def refuse_overlapping_write(t: torch.Tensor, reads: Any, what: str, written: torch.Tensor | None = None) -> None:
+    """Break the graph before ``what`` writes ``written`` (a view of ``t``; ``t`` itself when not given) where
+    eager's order of element writes decides the values, or eager refuses: ``t``'s elements share memory
+    (expand, overlapping unfold windows), or a tensor among ``reads`` is another view partly over the memory
+    written (``x.mul_(x.t())``, ``x[:, 1:] += x[:, :-1]``; a graph read the old values)."""
     if may_overlap_itself(t.shape, t.stride()):
         raise GraphBreak(f"{what} writes a view whose elements share memory ({tuple(t.shape)} strided "
                          f"{tuple(t.stride())}: expand, overlapping unfold windows)",
                          "it runs in Python between graphs (the order of the writes decides the values)")
+    dst = t if written is None else written
+    if any(partly_overlaps(dst, u) for u in reads):
+        raise GraphBreak(f"{what} reads another view of the memory it writes",
+                         "it runs in Python between graphs (eager's element order decides the values, or eager "
+                         "refuses a partial overlap)")
 
 
-def partly_overlaps(t: torch.Tensor, u: Any) -> bool:
+def partly_overlaps(t: torch.Tensor | None, u: Any) -> bool:
     """Whether ``u`` is another view of memory ``t`` (written in place) also holds: same storage,
     another layout, elements in common. ``x.mul_(x)`` reads exactly what it writes; ``x.mul_(x.t())``
     and ``x[1:].add_(x[:-1])`` do not (eager raises)."""
-    if not isinstance(u, torch.Tensor) or u is t or not contains_traced(u):
+    if t is None or not isinstance(u, torch.Tensor) or u is t or not contains_traced(u):
         return False
     try:
         if t.untyped_storage()._cdata != u.untyped_storage()._cdata:
@@ -392,10 +399,8 @@ def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:
         return
     if isinstance(obj, torch.Tensor):
         if contains_traced(obj):
-            refuse_self_overlapping_write(obj, "an item write")
-            if isinstance(value, torch.Tensor) and partly_overlaps(_written_view(tracer, obj, key), value):
-                raise GraphBreak("an item write reads another view of the memory it writes",
-                                 "it runs in Python between graphs (eager's element order decides the values)")
+            reads = (value,) if isinstance(value, torch.Tensor) else ()
+            refuse_overlapping_write(obj, reads, "an item write", _written_view(tracer, obj, key) if reads else None)
         tracer.record("call_function", operator.setitem, (obj, key, value), {},
                       lambda: obj.__setitem__(key, value))
         return
@@ -444,11 +449,7 @@ def apply_operator(frame: Frame, op: Any, args: list) -> Any:
         inplace_on_python = op in _INPLACE and not isinstance(args[0], torch.Tensor)
         target = _NOT_INPLACE.get(op, op) if inplace_on_python else op
         if op in _INPLACE and isinstance(args[0], torch.Tensor) and contains_traced(args[0]):
-            refuse_self_overlapping_write(args[0], "an in-place operator")
-            if len(args) > 1 and partly_overlaps(args[0], args[1]):
-                raise GraphBreak("an in-place operator reads another view of the memory it writes",
-                                 "it runs in Python between graphs (eager's element order decides the values, "
-                                 "or eager refuses a partial overlap)")
+            refuse_overlapping_write(args[0], args[1:], "an in-place operator")
         if any(isinstance(a, torch.Tensor) for a in args) or any(contains_traced(a) for a in args):
             rule = FAST_POINTWISE.get(id(target))
 

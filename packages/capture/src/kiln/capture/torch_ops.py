@@ -14,7 +14,7 @@ from . import polyfills
 from .aliasing import version
 from .errors import GraphBreak
 from .numpy_trace import tensor_to_numpy
-from .semantics import contains_traced, partly_overlaps, refuse_self_overlapping_write
+from .semantics import contains_traced, refuse_overlapping_write
 from .shape_env import FRESH_RESULT, VIEW_OR_COPY, CaptureShapeEnv
 from .shape_rules.functions import FAST_META, fast_result, from_memo, memo_entry, memo_key
 from .shape_rules.pointwise import FAST_POINTWISE
@@ -255,11 +255,7 @@ def tensor_method(frame: Frame, t: torch.Tensor, name: str, args: list, kwargs: 
         raise GraphBreak(f"Tensor.{name}() changes the sizes or strides of the tensor "
                          f"{tracer.input_source_of_fake[id(t)]} in place", "it runs in Python between graphs")
     if name.endswith("_") and name not in _NOT_WRITES and contains_traced(t):
-        refuse_self_overlapping_write(t, f"Tensor.{name}()")
-        if any(partly_overlaps(t, u) for u in (*args, *kwargs.values())):
-            raise GraphBreak(f"Tensor.{name}() reads another view of the memory it writes",
-                             "it runs in Python between graphs (eager refuses a partial overlap; a graph read "
-                             "the old values)")
+        refuse_overlapping_write(t, (*args, *kwargs.values()), f"Tensor.{name}()")
     if name == "detach_" and id(t) in tracer.input_source_of_fake and t.requires_grad:  # the caller's tensor
         # stops requiring grad (the graph's copy did, the caller's kept its history)
         raise GraphBreak(f"Tensor.detach_() of the tensor {tracer.input_source_of_fake[id(t)]}",
