@@ -1,6 +1,6 @@
 """Micro-benchmark (e): bs=1 autoregressive decode, ms/token (issue 8). GPU only.
 
-    uv run python -m benchmarks.decode [--tokens 256] [--out DIR]
+    uv run python -m benchmarks.decode [--tokens 256] [--out DIR] [--kiln-options '{"decode_attention": false}']
 
 The model is ``kiln_bench.llama_decode.Decoder`` (12 layers, d=1024, 16 heads, static KV cache of
 512, ~342M parameters, bf16); each step is fed its own output token. Compared, each in its own
@@ -82,7 +82,7 @@ def _bandwidth_gbs(device: str) -> float | None:
 
 
 def measure(*, backend: str, small: bool, device: str, tokens: int, runs: int,
-            kiln_clone: bool, mode: str | None) -> dict[str, Any]:
+            kiln_clone: bool, mode: str | None, kiln_options: dict[str, Any] | None = None) -> dict[str, Any]:
     """Child: ms/token over ``runs`` timed decodes of ``tokens`` tokens, after one warm-up decode."""
     cfg = TINY if small else DecodeConfig()
     tokens = min(tokens, cfg.max_seq)
@@ -92,7 +92,8 @@ def measure(*, backend: str, small: bool, device: str, tokens: int, runs: int,
                               "param_bytes": sum(p.numel() * p.element_size()
                                                  for p in model.parameters())}
     reference = _decode(model, model, tokens, device, mark_step=False, clone=False).cpu()
-    spec = B.CompileSpec(kiln_backend="inductor", tc_backend="inductor", mode=mode)
+    spec = B.CompileSpec(kiln_backend="inductor", tc_backend="inductor", mode=mode,
+                         kiln_options=tuple(sorted((kiln_options or {}).items())))
     is_tc = backend == "torch_compile"
     clone = is_tc or (backend == "kiln" and kiln_clone)
     mark = is_tc and device.startswith("cuda") and mode == "reduce-overhead"
@@ -142,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         r = run_isolated("benchmarks.decode:measure",
                          dict(backend=backend, small=args.small, device=args.device,
                               tokens=args.tokens, runs=args.runs, kiln_clone=args.kiln_clone,
-                              mode=args.mode if args.device.startswith("cuda") else None),
+                              mode=args.mode if args.device.startswith("cuda") else None,
+                              kiln_options=args.kiln_options),
                          timeout_s=args.timeout, env=cli.child_env(args))
         r["backend"] = backend
         print(f"decode {B.LABELS[backend]:<13} " + (

@@ -126,15 +126,25 @@ def classify_extern(e: Any) -> list[Launch]:
     return out
 
 
+def classify_group(g: Any, layouts: dict[str, Any]) -> Launch:
+    """A kernel group (independent kernels launched as one): a ``triton`` launch naming its parts."""
+    parts = [classify_kernel(k, layouts) for k in g.parts]
+    what = "; ".join(f"{p.name} {p.what}" for p in parts)
+    return Launch("triton", g.name, f"group of {len(parts)}: {what}", sum(p.elements for p in parts))
+
+
 def launches_of(compiled: Any) -> list[Launch]:
-    from kiln.inductor.ir import Kernel
+    from kiln.inductor.ir import Kernel, KernelGroup
 
     sched = compiled.scheduled
     layouts = sched.program.layouts()
     out = []
     for step in sched.steps:
         w = step.work
-        out += [classify_kernel(w, layouts)] if isinstance(w, Kernel) else classify_extern(w)
+        if isinstance(w, KernelGroup):
+            out.append(classify_group(w, layouts))
+        else:
+            out += [classify_kernel(w, layouts)] if isinstance(w, Kernel) else classify_extern(w)
     return out
 
 

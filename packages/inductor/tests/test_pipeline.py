@@ -42,8 +42,9 @@ def test_each_backend_has_its_stage_list() -> None:
                                   "group_kernels", *CODE]
     assert _names(TRITON_STAGES) == [*GRAPH, "patch_convs", "conv_layout", "pad_stems", "conv_bias", "small_matmuls",
                                      "pad_matmuls", "reinplace", "lower", "index_width", "remove_dead_code",
-                                     "split_reductions", "fuse_and_plan",
-                                     "misaligned_matmuls", "matmul_templates", "inplace_updates", *CODE]
+                                     "split_reductions", "fuse_and_plan", "decode_attention",
+                                     "misaligned_matmuls", "matmul_templates", "inplace_updates", "group_kernels",
+                                     *CODE]
     assert all(p.doc for p in (*CPP_STAGES, *TRITON_STAGES))  # every row says what it does
 
 

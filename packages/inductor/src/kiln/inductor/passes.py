@@ -18,8 +18,10 @@ from .autotune.matmul_template_kernel import smem_limit
 from .codegen.common import CompiledKernels
 from .codegen.cpp import CppBackend
 from .codegen.triton.backend import KernelTuner, TritonBackend
+from .codegen.triton.group import TRITON_GROUP_PARAMS, groupable_triton
 from .codegen.triton.kernel import generate_kernels as triton_kernels_for
 from .codegen.wrapper import wrapper_source
+from .decode_attention import template_decode_attention
 from .graph_passes.conv_bias import split_conv_bias
 from .graph_passes.conv_layout import (
     decide,
@@ -215,6 +217,19 @@ def fuse_and_plan(s: CompileState) -> CompileState:
     return replace(s, scheduled=sched)
 
 
+def decode_attention(s: CompileState) -> CompileState:
+    """Attention of one query row per head (a decode step) as kiln's Triton kernel: one program per
+    (batch, head) streams the cache, skipping positions the mask removes (decode_attention.py)."""
+    if s.scheduled is None or not s.options.decode_attention:
+        return s
+    sched, n = template_decode_attention(s.scheduled)
+    if n:
+        log("perf_hints").info("decode attention: %d attention call(s) as kiln's one-query Triton kernel", n)
+        if enabled("ir_post_fusion"):
+            log("ir_post_fusion").info("%s", sched.as_text())
+    return replace(s, scheduled=sched)
+
+
 def misaligned_matmuls(s: CompileState) -> CompileState:
     """Large matmuls whose result rows are not 16-byte multiples (GPT-2's and BERT's LM heads) run as
     kiln's Triton matmul template, untuned, with masked stores straight into the unaligned result and
@@ -285,7 +300,17 @@ def inplace_updates_triton(s: CompileState) -> CompileState:
     sched = s.scheduled
     if s.options.reinplace_mutations:
         sched = plan_inplace_scatters(sched, annotations_of(s.gm).input_mutations)
-    return _final_schedule(s, plan_inplace_reuse(sched, single_store=True))
+    return replace(s, scheduled=plan_inplace_reuse(sched, single_store=True))  # group_triton_kernels finishes it
+
+
+def group_triton_kernels(s: CompileState) -> CompileState:
+    """Triton: runs of independent flat kernels (pointwise, in-place scatters) launched as one kernel whose
+    programs are split between them (codegen/triton/group.py)."""
+    assert s.scheduled is not None
+    sched = s.scheduled
+    if s.options.group_kernels and s.options.fuse:
+        sched = group_kernels(sched, groupable_triton, TRITON_GROUP_PARAMS)
+    return _final_schedule(s, sched)
 
 
 def _final_schedule(s: CompileState, sched: ScheduledProgram) -> CompileState:

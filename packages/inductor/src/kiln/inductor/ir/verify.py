@@ -110,14 +110,16 @@ def verify_kernel(k: Kernel, dtypes: Mapping[str, object]) -> None:
 
 
 def verify_group(g: KernelGroup, dtypes: Mapping[str, object]) -> None:
-    """Each part is a valid pointwise kernel, and no part touches what another part writes."""
+    """Each part is a valid pointwise kernel (or, for Triton, a scatter written in place: one flat launch
+    over its source space), and no part touches what another part writes."""
     if len(g.parts) < 2:
         raise VerificationError(f"{g.name}: a kernel group has at least two parts")
     written: dict[str, str] = {}
     for k in g.parts:
         verify_kernel(k, dtypes)
-        if k.inner or any(kn.kind != "pointwise" for kn in k.nodes):
-            raise VerificationError(f"{g.name}/{k.name}: only pointwise kernels are grouped")
+        flat = not k.inner and all(kn.kind == "pointwise" for kn in k.nodes)
+        if not flat and not all(kn.kind == "scatter" for kn in k.nodes):
+            raise VerificationError(f"{g.name}/{k.name}: only pointwise kernels and in-place scatters are grouped")
         for b in k.outputs:
             written[b] = k.name
     for k in g.parts:

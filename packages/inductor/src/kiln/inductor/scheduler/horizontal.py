@@ -1,4 +1,4 @@
-"""Horizontal fusion of independent pointwise kernels into one launch (C++ backend).
+"""Horizontal fusion of independent pointwise kernels into one launch (C++ and Triton backends).
 
 An optimizer step written as a Python loop over a model's parameters (``p.addcdiv_(m, denom)`` per
 tensor) schedules one pointwise kernel per parameter: hundreds of launches, each entering its own
@@ -20,10 +20,17 @@ group while
 The group's allocations move to its start and its frees to its end (the parts run at once); members
 are small, so the memory plan grows by little. The parts keep their own kernels: ``kernels()`` still
 lists every loop nest.
+
+Triton (codegen/triton/group.py) launches a group as one kernel whose programs are split between the
+parts, each part keeping its own block size: a decode step's key-cache write, value-cache write and
+query rotation were three launches of a few microseconds each per layer. There a part may also be a
+scatter written in place (one launch over its source space), and ``max_params`` is lower: a kernel's
+argument list is its compile cost.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..ir import (
@@ -83,6 +90,12 @@ def groupable(k: object) -> bool:
     return isinstance(k, Kernel) and not k.inner and all(kn.kind == "pointwise" for kn in k.nodes)
 
 
+def is_inplace_scatter(k: Kernel) -> bool:
+    """A scatter with no initial copy (written over its base: scheduler/inplace.py): one flat launch over
+    its source space."""
+    return bool(k.nodes) and all(kn.kind == "scatter" for kn in k.nodes)
+
+
 def _params(k: Kernel) -> set[str]:
     over = {i for _, i in k.inplace}
     return {b for b in k.inputs if b not in over} | set(k.outputs) | set(kernel_size_symbols(k))
@@ -95,11 +108,11 @@ class _Run:
     writes: set[str] = field(default_factory=set)  # ... and write
     params: set[str] = field(default_factory=set)
 
-    def admits(self, k: Kernel, al: _Aliases) -> bool:
+    def admits(self, k: Kernel, al: _Aliases, max_params: int) -> bool:
         r = {al.find(b) for b in k.inputs}
         w = {al.find(b) for b in k.outputs}
         return (not (r & self.writes) and not (w & self.writes) and not (w & self.reads)
-                and len(self.params | _params(k)) <= MAX_PARAMS)
+                and len(self.params | _params(k)) <= max_params)
 
     def add(self, st: Step, k: Kernel, al: _Aliases) -> None:
         self.steps.append(st)
@@ -116,9 +129,10 @@ def _merged(run: _Run, index: int) -> Step:
     return Step(allocate, KernelGroup(f"group{index}", parts), free)  # type: ignore[arg-type]
 
 
-def group_kernels(s: ScheduledProgram) -> ScheduledProgram:
-    """``s`` with every run of two or more independent consecutive pointwise kernels launched as one
-    ``KernelGroup`` (see the module doc)."""
+def group_kernels(s: ScheduledProgram, can_group: Callable[[object], bool] = groupable,
+                  max_params: int = MAX_PARAMS) -> ScheduledProgram:
+    """``s`` with every run of two or more independent consecutive kernels that ``can_group`` admits
+    launched as one ``KernelGroup`` (see the module doc)."""
     al = _aliases(s)
     out: list[Step] = []
     run = _Run()
@@ -135,12 +149,12 @@ def group_kernels(s: ScheduledProgram) -> ScheduledProgram:
 
     for st in s.steps:
         k = st.work
-        if not groupable(k):
+        if not can_group(k):
             flush()
             out.append(st)
             continue
         assert isinstance(k, Kernel)
-        if not run.admits(k, al):
+        if not run.admits(k, al, max_params):
             flush()
         run.add(st, k, al)
     flush()

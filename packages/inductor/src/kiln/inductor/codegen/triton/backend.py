@@ -17,12 +17,13 @@ from kiln.graph import log
 from kiln.runtime import triton_module_name
 
 from ...compile_pool import PROCESS_POOL, TritonCompilePool
-from ...ir import Layout, ScheduledProgram
+from ...ir import KernelGroup, Layout, ScheduledProgram
 from ...knobs import triton_interpret
 from ...options import InductorOptions
 from ..common import CompiledKernels
 from .ahead import compile_ahead
 from .dedup import share_identical_kernels
+from .group import generate_group
 from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .kernel import TritonKernel, generate_kernels
 from .wrapper import MODULE_VAR, module_source, wrapper_prologue
@@ -80,14 +81,19 @@ class TritonBackend:
             raise TritonBackendError(
                 "cpu_backend='triton' runs Triton kernels on CPU tensors through the Triton interpreter: set "
                 "TRITON_INTERPRET=1 in the environment (before the first compile), or use cpu_backend='cpp'")
-        kernels = scheduled.kernels()
+        kernels = scheduled.launched()  # a kernel group is one launch (group.py)
         hints = getattr(scheduled.program, "hints", None)  # symbolic sizes' example values (block sizes)
         index32 = getattr(scheduled.program, "index_bits", 64) == 32
         generated: list[TritonKernel] = []
         spans: list[tuple[str, int, int]] = []  # (scheduled kernel, its generated kernels' [start, end))
         for k in kernels:
             # a matmul template chosen by max-autotune (matmul_templates.py) brings its own kernel
-            parts = [k.triton_kernel()] if isinstance(k, PrebuiltKernel) else generate_kernels(k, self.cfg, hints, index32)
+            if isinstance(k, KernelGroup):
+                parts = generate_group(k, self.cfg, hints, index32)
+            elif isinstance(k, PrebuiltKernel):
+                parts = [k.triton_kernel()]
+            else:
+                parts = generate_kernels(k, self.cfg, hints, index32)
             spans.append((k.name, len(generated), len(generated) + len(parts)))
             generated += parts
         if tuner is not None:  # the compile's max-autotune session (pipeline.py: matmul_templates)

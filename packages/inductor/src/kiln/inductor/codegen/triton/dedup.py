@@ -14,12 +14,13 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from .kernel import TritonKernel
+from .kernel import TritonKernel, ptr_name
 
 
 def normalized_source(k: TritonKernel) -> str:
     """``k.source`` with its name, pointer and size parameter names replaced by positional ones."""
-    names = {k.name: "KERNEL", **{f"ptr_{b}": f"ptr_P{i}" for i, b in enumerate(k.pointer_args)},
+    names = {k.name: "KERNEL", **{h: f"KERNEL_H{i}" for i, h in enumerate(k.helpers)},
+             **{ptr_name(b): f"ptr_P{i}" for i, b in enumerate(k.pointer_args)},
              **{s: f"kiln_size_S{i}" for i, s in enumerate(k.size_args)}}
     pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in sorted(names, key=len, reverse=True)) + r")\b")
     return pattern.sub(lambda m: names[m.group(1)], k.source)

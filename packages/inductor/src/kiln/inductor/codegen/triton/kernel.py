@@ -108,6 +108,8 @@ class TritonKernel:
     # the module function this kernel launches when another kernel's source is the same up to names
     # ("" = its own, ``name``): identical layers compile one Triton function (share_identical_kernels)
     function: str = ""
+    # other functions ``source`` defines, which the kernel calls (a kernel group's parts: group.py)
+    helpers: tuple[str, ...] = ()
 
     @property
     def grid(self) -> str:
@@ -203,6 +205,11 @@ def _var_classes(e: IndexExpr, split: int | None = None) -> frozenset[str]:
     return frozenset(out)
 
 
+def ptr_name(buffer: str) -> str:
+    """The kernel parameter holding ``buffer``'s pointer."""
+    return "ptr_" + "".join(c if c.isalnum() or c == "_" else "_" for c in buffer)
+
+
 def _paren(code: str) -> str:
     return code if code.isidentifier() or code.isdigit() else f"({code})"
 
@@ -210,8 +217,10 @@ def _paren(code: str) -> str:
 class KernelWriter:
     """Writes one kernel function; values are named temporaries, common subexpressions shared."""
 
-    def __init__(self, k: Kernel, cfg: TritonConfig, split: int | None = None, index32: bool = False) -> None:
+    def __init__(self, k: Kernel, cfg: TritonConfig, split: int | None = None, index32: bool = False,
+                 part: bool = False) -> None:
         self.k = k
+        self.part = part  # a part of a kernel group (group.py): its program index arrives as ``pid``
         self.split = split  # 2-D tiling: outer dims [0, split) on the y axis, the rest on x
         self.cfg = cfg
         self.row = k.is_row_kernel
@@ -259,7 +268,7 @@ class KernelWriter:
 
     def ptr(self, buffer: str) -> str:
         if buffer not in self.ptrs:
-            self.ptrs[buffer] = "ptr_" + "".join(c if c.isalnum() or c == "_" else "_" for c in buffer)
+            self.ptrs[buffer] = ptr_name(buffer)
         return self.ptrs[buffer]
 
     def shape(self, ctx: str) -> str:
@@ -431,7 +440,8 @@ class KernelWriter:
         consts = "XBLOCK: tl.constexpr" + (", RBLOCK: tl.constexpr" if self.row else "") + (
             ", YBLOCK: tl.constexpr" if self.split is not None else "")
         sizes = size_symbols(self.k)
-        params = [self.ptrs[b] for b in self.ptr_order()] + [f'{s}: "{size_arg_type(s)}"' for s in sizes] + [consts]
+        params = [self.ptrs[b] for b in self.ptr_order()] + [f'{s}: "{size_arg_type(s)}"' for s in sizes]
+        params += ["pid", consts] if self.part else [consts]
         return [jit_decorator(sizes), f"def {name}({', '.join(params)}):"]
 
     def ptr_order(self) -> list[str]:
@@ -461,7 +471,8 @@ class KernelWriter:
                 if not is_float_symbol(name):
                     self.line(f"{name} = {name}.to(tl.int32)")
         self.line(f"xnumel = {self.index_code(product(list(k.outer)))}")
-        pid = "tl.program_id(0).to(tl.int64)" if self.int64 else "tl.program_id(0)"
+        first = "pid" if self.part else "tl.program_id(0)"
+        pid = f"{first}.to(tl.int64)" if self.int64 else first
         self.line(f"xoffset = {pid} * XBLOCK")
         if self.row:
             self.line(f"rnumel = {self.index_code(product(list(k.inner)))}")
@@ -523,14 +534,16 @@ def generate_kernels(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG,
 
 
 def generate_kernel(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG,
-                    hints: dict[str, int] | None = None, index32: bool = False) -> TritonKernel:
-    """Triton source and launch description for one scheduled kernel."""
+                    hints: dict[str, int] | None = None, index32: bool = False, part: bool = False) -> TritonKernel:
+    """Triton source and launch description for one scheduled kernel; ``part``: a 1-D pointwise kernel
+    written as a function a kernel group calls with its program index (group.py)."""
     simple = simplify_kernel(k)
     xnumel = product(list(simple.outer))
     split = None if simple.is_row_kernel else tile_split(simple)
     if split is not None:
+        assert not part, f"{k.name}: a 2-D tiled kernel is not a group part"
         return _generate_2d(simple, cfg, split)
-    writer = KernelWriter(simple, cfg, index32=index32)
+    writer = KernelWriter(simple, cfg, index32=index32, part=part)
     if simple.is_row_kernel:
         rnumel = product(list(simple.inner))
         rhint = static(substitute_hints(rnumel, hints)) if hints else None

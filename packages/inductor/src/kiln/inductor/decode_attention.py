@@ -1,0 +1,234 @@
+"""Decode attention: scaled dot-product attention of one query row per head as a Triton kernel.
+
+A decode step attends one new query per head over the whole KV cache. The library kernels are built for
+many query rows: on an H200 cuDNN's took ~7.7 us per layer for 16 heads over 512 cached positions (2 MB
+of keys and values, under a microsecond of memory traffic), efficient attention 27 us, flash 15
+(2026-12-02 profile). Here each program takes one (batch, head): it holds the query in registers and
+streams the keys and values in blocks of ``BLOCK_N`` positions with an online softmax (running max,
+sum and weighted values in float32), and a block whose mask is -inf everywhere (the cache positions
+not written yet) is skipped without reading its keys or values.
+
+Which calls (``decode_sites``): a forward SDPA extern (cuDNN, efficient, flash or the CPU flash op) of a
+static query length 1, no dropout, not causal, static shapes, head dim <= 256, at most
+``MAX_POSITIONS`` keys, whose other results (log-sum-exp, seeds) nothing reads -- inference. The mask
+may be additive (float) or boolean, broadcast by strides. Where a query row's keys are all masked the
+result is 0 (torch's math path since 2.5; the fused kernels differ among themselves there).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import sympy
+import torch
+
+from kiln.graph import log
+
+from .codegen.triton.kernel import TritonKernel, ptr_name
+from .codegen.triton.ops import tl_dtype
+from .ir import (
+    ConstArg,
+    ExternKernel,
+    ExternOutput,
+    Kernel,
+    LoopProgram,
+    ScheduledProgram,
+    TensorRef,
+    args_buffers,
+)
+from .scheduler.memory import plan_memory
+
+# keys per (batch, head) program: one program streams them all (a long cache wants a split over
+# programs and a combining pass: not written; such calls keep the library kernel)
+MAX_POSITIONS = 8192
+BLOCK_N = 64
+
+# target -> (argument positions of q, k, v, the mask or None, dropout, is_causal, scale keyword or position)
+_FORWARD: dict[str, dict[str, Any]] = {
+    "aten._scaled_dot_product_cudnn_attention.default": {"mask": 3, "dropout": 5, "causal": 6, "scale": 8},
+    "aten._scaled_dot_product_efficient_attention.default": {"mask": 3, "dropout": 5, "causal": 6, "scale": 7},
+    "aten._scaled_dot_product_flash_attention.default": {"mask": None, "dropout": 3, "causal": 4, "scale": 6},
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": {"mask": "attn_mask", "dropout": 3, "causal": 4,
+                                                                 "scale": "scale"},
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeSpec:
+    q: TensorRef
+    k: TensorRef
+    v: TensorRef
+    mask: TensorRef | None
+    out: ExternOutput
+    scale: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodeAttentionKernel(Kernel):
+    """A scheduled kernel that is the decode attention template over ``spec``."""
+
+    spec: DecodeSpec
+
+    def triton_kernel(self) -> TritonKernel:
+        return decode_kernel(self.name, self.spec)
+
+    def as_text(self) -> str:
+        s = self.spec
+        mask = f" mask {s.mask.as_text()}" if s.mask is not None else ""
+        return (f"template {self.name}: decode attention {s.out.buffer} = softmax({s.q.as_text()} . "
+                f"{s.k.as_text()} * {s.scale:g}{mask}) @ {s.v.as_text()}")
+
+
+def _arg(e: ExternKernel, where: int | str | None) -> Any:
+    if where is None:
+        return None
+    if isinstance(where, str):
+        return dict(e.kwargs).get(where)
+    return e.args[where] if where < len(e.args) else None
+
+
+def _value(a: Any, default: Any) -> Any:
+    return default if a is None else (a.value if isinstance(a, ConstArg) else a)
+
+
+def _static(xs: tuple[Any, ...]) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(x) for x in xs)
+    except TypeError:
+        return None
+
+
+def decode_spec(e: ExternKernel) -> DecodeSpec | str | None:
+    """The call's spec; why the template does not take a one-query call; None for other calls."""
+    how = _FORWARD.get(e.target)
+    if how is None:
+        return None
+    q, k, v = e.args[:3]
+    mask = _arg(e, how["mask"])
+    mask = mask if isinstance(mask, TensorRef) else None
+    if not (isinstance(q, TensorRef) and isinstance(k, TensorRef) and isinstance(v, TensorRef)):
+        return "operands are not tensors"
+    shapes = [_static(t.shape) for t in (q, k, v)] + [_static(t.stride) for t in (q, k, v)]
+    if any(s is None for s in shapes) or (mask is not None and (_static(mask.shape) is None
+                                                               or _static(mask.stride) is None)):
+        return None if _static(q.shape[2:3]) != (1,) else "symbolic sizes"
+    qs, ks, vs = shapes[0], shapes[1], shapes[2]
+    assert qs is not None and ks is not None and vs is not None
+    if len(qs) != 4 or qs[2] != 1:
+        return None  # not a decode step
+    if ks[:2] != qs[:2] or vs[:3] != ks[:3] or ks[3] != qs[3]:
+        return f"keys and values do not match the query's heads (q {qs}, k {ks}, v {vs})"
+    if qs[3] > 256 or vs[3] > 256 or ks[2] > MAX_POSITIONS or ks[2] == 0 or qs[0] * qs[1] == 0:
+        return "head dim above 256 or key count out of range"
+    if _value(_arg(e, how["dropout"]), 0.0) != 0.0 or _value(_arg(e, how["causal"]), False):
+        return "dropout or causal"
+    if mask is not None and (len(mask.shape) != 4 or mask.dtype not in (torch.bool, torch.float16, torch.bfloat16,
+                                                                         torch.float32)):
+        return "mask layout"
+    scale = _value(_arg(e, how["scale"]), None)
+    return DecodeSpec(q, k, v, mask, e.outputs[0], float(scale) if scale is not None else 1.0 / math.sqrt(qs[3]))
+
+
+def _readers(s: ScheduledProgram, buffer: str) -> bool:
+    for st in s.steps:
+        w = st.work
+        reads = args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs)) if isinstance(w, ExternKernel) \
+            else w.inputs
+        if buffer in reads:
+            return True
+    return any(isinstance(o, TensorRef) and o.buffer == buffer for o in s.program.outputs)
+
+
+def template_decode_attention(s: ScheduledProgram) -> tuple[ScheduledProgram, int]:
+    """``s`` with every attention call ``decode_spec`` takes run as the decode template; how many."""
+    works: list[Any] = []
+    n = 0
+    for st in s.steps:
+        w = st.work
+        if not isinstance(w, ExternKernel):
+            works.append(w)
+            continue
+        spec = decode_spec(w)
+        if isinstance(spec, DecodeSpec) and any(_readers(s, o.buffer) for o in w.outputs[1:]):
+            spec = "its log-sum-exp is read (training)"
+        if isinstance(spec, str):
+            log("perf_hints").info("attention %s keeps %s: %s", w.name, w.target, spec)
+        if not isinstance(spec, DecodeSpec):
+            works.append(w)
+            continue
+        ins = tuple(dict.fromkeys(t.buffer for t in (spec.q, spec.k, spec.v, spec.mask) if t is not None))
+        works.append(DecodeAttentionKernel(f"attn_{w.name}", (sympy.Integer(spec.q.shape[0] * spec.q.shape[1]),), (),
+                                           (), ins, (spec.out.buffer,), spec=spec))
+        n += 1
+    if not n:
+        return s, 0
+    p = s.program
+    assert isinstance(p, LoopProgram)
+    return ScheduledProgram(p, tuple(plan_memory(p, works))), n
+
+
+def _offset(t: TensorRef | ExternOutput, index: list[str]) -> str:
+    """The element offset of ``t[index]`` (a size-1 dim broadcasts: its index is 0 whatever its stride)."""
+    if isinstance(t, ExternOutput):
+        shape, stride, base = _static(t.layout.shape), _static(t.layout.stride), int(t.layout.offset)
+    else:
+        shape, stride, base = _static(t.shape), _static(t.stride), int(t.offset)
+    assert shape is not None and stride is not None
+    terms = [str(base)] + [f"{s} * {i}" for n, s, i in zip(shape, stride, index) if n != 1 and s != 0 and i != "0"]
+    return " + ".join(terms)
+
+
+def decode_kernel(name: str, spec: DecodeSpec) -> TritonKernel:
+    b, h, _, d = (int(x) for x in spec.q.shape)
+    n_keys, dv = int(spec.k.shape[2]), int(spec.v.shape[3])
+    bd, bdv = max(16, 1 << (d - 1).bit_length()), max(16, 1 << (dv - 1).bit_length())
+    ptrs = [spec.q.buffer, spec.k.buffer, spec.v.buffer] + ([spec.mask.buffer] if spec.mask is not None else [])
+    ptrs = list(dict.fromkeys(ptrs)) + [spec.out.buffer]
+    p = {x: ptr_name(x) for x in ptrs}
+    lines = [
+        "@triton.jit",
+        f"def {name}({', '.join(p[x] for x in ptrs)}, XBLOCK: tl.constexpr):",
+        "    pid = tl.program_id(0).to(tl.int64)",
+        f"    b = pid // {h}",
+        f"    h = pid % {h}",
+        f"    d = tl.arange(0, {bd})",
+        f"    dv = tl.arange(0, {bdv})",
+        f"    q = tl.load({p[spec.q.buffer]} + ({_offset(spec.q, ['b', 'h', '0', 'd'])}), d < {d}, other=0.0)",
+        f"    q = q.to(tl.float32) * {spec.scale!r}",
+        "    m_i = tl.full([], float('-inf'), tl.float32)",
+        "    l_i = tl.zeros([], tl.float32)",
+        f"    acc = tl.zeros([{bdv}], tl.float32)",
+        f"    for start in range(0, {n_keys}, {BLOCK_N}):",
+        f"        n = start + tl.arange(0, {BLOCK_N})",
+        f"        nmask = n < {n_keys}",
+    ]
+    if spec.mask is None:
+        lines.append("        bias = tl.where(nmask, 0.0, float('-inf'))")
+    else:
+        m = spec.mask
+        load = f"tl.load({p[m.buffer]} + ({_offset(m, ['b', 'h', '0', 'n'])}), nmask, other=0)"
+        if m.dtype == torch.bool:
+            lines.append(f"        bias = tl.where(({load}) != 0, 0.0, float('-inf'))")
+        else:
+            lines.append(f"        bias = tl.where(nmask, ({load}).to(tl.float32), float('-inf'))")
+    lines += [
+        "        if tl.max(bias, 0) > float('-inf'):  # a block of positions all masked out is not read",
+        f"            kk = tl.load({p[spec.k.buffer]} + ({_offset(spec.k, ['b', 'h', 'n[:, None]', 'd[None, :]'])}),"
+        f" nmask[:, None] & (d[None, :] < {d}), other=0.0).to(tl.float32)",
+        "            s = tl.sum(kk * q[None, :], 1) + bias",
+        "            m_new = tl.maximum(m_i, tl.max(s, 0))",
+        "            alpha = tl.exp(m_i - m_new)",
+        "            pr = tl.exp(s - m_new)",
+        "            l_i = l_i * alpha + tl.sum(pr, 0)",
+        f"            vv = tl.load({p[spec.v.buffer]} + ({_offset(spec.v, ['b', 'h', 'n[:, None]', 'dv[None, :]'])}),"
+        f" nmask[:, None] & (dv[None, :] < {dv}), other=0.0).to(tl.float32)",
+        "            acc = acc * alpha + tl.sum(pr[:, None] * vv, 0)",
+        "            m_i = m_new",
+        "    out = tl.where(l_i > 0, acc / l_i, 0.0)",
+        f"    tl.store({p[spec.out.buffer]} + ({_offset(spec.out, ['b', 'h', '0', 'dv'])}), "
+        f"out.to({tl_dtype(spec.out.layout.dtype)}), dv < {dv})",
+    ]
+    return TritonKernel(name=name, source="\n".join(lines), pointer_args=tuple(ptrs), size_args=(), xnumel=str(b * h),
+                        xblock=1, rblock=0, num_warps=4 if bd * BLOCK_N >= 4096 else 2, kind="decode_attention")
