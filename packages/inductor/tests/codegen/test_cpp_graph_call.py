@@ -123,3 +123,27 @@ def test_symbolic_output_plan_is_expressions_over_the_size_arguments() -> None:
     assert eval(last.as_json()[3], {n: 5}) == 64  # noqa: S307 - the last row of a 5-row output
     assert f"const int64_t {n} = sizes[0];" in p.wrapper_source
     assert "copy_as" not in p.wrapper_source
+
+
+def test_a_cuda_launch_over_the_launchers_argument_limit_is_refused_when_written() -> None:
+    # refused while the wrapper is written (the graph keeps its Python wrapper), not in the middle of a call
+    # after earlier kernels ran (model_support_cuda.cpp's launcher takes at most CUDA_LAUNCH_ARGS)
+    import pytest
+
+    from kiln.inductor.codegen.cpp_wrapper.writer import (
+        CUDA_LAUNCH_ARGS,
+        CudaKernels,
+        cpp_wrapper_source,
+    )
+    from kiln.inductor.codegen.triton.cubins import CubinSite
+    from kiln.inductor.cpp_program import CppWrapperUnsupported
+
+    x = torch.randn(4)
+    p = program(lambda x: (x.sin(),), x)
+    assert p.scheduled is not None
+    (k,) = p.scheduled.launched()
+    many = CubinSite(k.name, 0, ("1", "1", "1"), ("arg0",) * (CUDA_LAUNCH_ARGS + 1))
+    with pytest.raises(CppWrapperUnsupported, match=f"at most {CUDA_LAUNCH_ARGS} arguments"):
+        cpp_wrapper_source(p.scheduled, {}, {0: Slot("input", 0)}, CudaKernels([], {k.name: [many]}, 90))
+    fits = CubinSite(k.name, 0, ("1", "1", "1"), ("arg0",) * CUDA_LAUNCH_ARGS)
+    assert "launch(" in cpp_wrapper_source(p.scheduled, {}, {0: Slot("input", 0)}, CudaKernels([], {k.name: [fits]}, 90))

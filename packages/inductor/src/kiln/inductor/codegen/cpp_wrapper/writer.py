@@ -63,6 +63,9 @@ from .aten_calls import (
 )
 from .prelude import ABI, ABI_VERSION, CUDA_INCLUDE, CUDA_PROGRAM, HEAD, LOAD_CUDA
 
+# the most arguments a kernel launch takes (kiln.runtime's model_support_cuda.cpp, kMax)
+CUDA_LAUNCH_ARGS = 1024
+
 
 def size_binding(i: int, name: str, what: str) -> str:
     """The C++ local of size symbol ``name`` from ``sizes[i]``: an int64, or a float argument's double
@@ -235,6 +238,10 @@ class CppWrapperWriter:
     def kernel(self, k: Kernel | KernelGroup) -> None:
         if self.cuda is not None:
             for site in self.cuda.sites.get(k.name, ()):
+                if len(site.pointer_args) + len(site.size_args) > CUDA_LAUNCH_ARGS:  # refused here, not mid-call
+                    raise CppWrapperUnsupported(f"kernel {site.kernel} takes {len(site.pointer_args)} pointers and "
+                                                f"{len(site.size_args)} sizes: the CUDA launcher takes at most "
+                                                f"{CUDA_LAUNCH_ARGS} arguments")
                 gx, gy, gz = site.grid
                 args = ", ".join(self.pointer(b) for b in site.pointer_args)
                 if not site.size_args:
