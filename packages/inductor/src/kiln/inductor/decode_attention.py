@@ -4,7 +4,7 @@ A decode step attends one new query per head over the whole KV cache. The librar
 many query rows: on an H200 cuDNN's took ~7.7 us per layer for 16 heads over 512 cached positions (2 MB
 of keys and values, under a microsecond of memory traffic), efficient attention 27 us, flash 15
 (2026-12-02 profile). Here each program takes one (batch, head): it holds the query in registers and
-streams the keys and values in blocks of ``BLOCK_N`` positions with an online softmax (running max,
+streams the keys and values in blocks of positions with an online softmax (running max,
 sum and weighted values in float32), and a block whose mask is -inf everywhere (the cache positions
 not written yet) is skipped without reading its keys or values.
 
@@ -43,7 +43,9 @@ from .scheduler.memory import plan_memory
 # keys per (batch, head) program: one program streams them all (a long cache wants a split over
 # programs and a combining pass: not written; such calls keep the library kernel)
 MAX_POSITIONS = 8192
-BLOCK_N = 64
+# positions per block: a (BLOCK_N, head dim) tile of keys and one of values in registers, 8192 elements
+# each (64 float32 per thread at 4 warps); fewer, larger blocks mean fewer dependent rounds to memory
+TILE_ELEMENTS = 8192
 
 # target -> (argument positions of q, k, v, the mask or None, dropout, is_causal, scale keyword or position)
 _FORWARD: dict[str, dict[str, Any]] = {
@@ -184,6 +186,7 @@ def decode_kernel(name: str, spec: DecodeSpec) -> TritonKernel:
     b, h, _, d = (int(x) for x in spec.q.shape)
     n_keys, dv = int(spec.k.shape[2]), int(spec.v.shape[3])
     bd, bdv = max(16, 1 << (d - 1).bit_length()), max(16, 1 << (dv - 1).bit_length())
+    block_n = max(16, min(128, TILE_ELEMENTS // max(bd, bdv)))
     ptrs = [spec.q.buffer, spec.k.buffer, spec.v.buffer] + ([spec.mask.buffer] if spec.mask is not None else [])
     ptrs = list(dict.fromkeys(ptrs)) + [spec.out.buffer]
     p = {x: ptr_name(x) for x in ptrs}
@@ -200,8 +203,8 @@ def decode_kernel(name: str, spec: DecodeSpec) -> TritonKernel:
         "    m_i = tl.full([], float('-inf'), tl.float32)",
         "    l_i = tl.zeros([], tl.float32)",
         f"    acc = tl.zeros([{bdv}], tl.float32)",
-        f"    for start in range(0, {n_keys}, {BLOCK_N}):",
-        f"        n = start + tl.arange(0, {BLOCK_N})",
+        f"    for start in range(0, {n_keys}, {block_n}):",
+        f"        n = start + tl.arange(0, {block_n})",
         f"        nmask = n < {n_keys}",
     ]
     if spec.mask is None:
@@ -231,4 +234,4 @@ def decode_kernel(name: str, spec: DecodeSpec) -> TritonKernel:
         f"out.to({tl_dtype(spec.out.layout.dtype)}), dv < {dv})",
     ]
     return TritonKernel(name=name, source="\n".join(lines), pointer_args=tuple(ptrs), size_args=(), xnumel=str(b * h),
-                        xblock=1, rblock=0, num_warps=4 if bd * BLOCK_N >= 4096 else 2, kind="decode_attention")
+                        xblock=1, rblock=0, num_warps=4, kind="decode_attention")

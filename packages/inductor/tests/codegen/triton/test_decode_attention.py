@@ -41,11 +41,11 @@ def _mask(kind: str, pos: int, s: int) -> torch.Tensor:
 @pytest.mark.parametrize("kind", ["bool", "additive"])
 @pytest.mark.parametrize("d", [16, 40])
 def test_one_query_over_a_masked_cache_matches_eager(kind: str, d: int) -> None:
-    b, h, s = 2, 3, 100  # 100 positions: a partial last block of 64
+    b, h, s = 2, 3, 300  # 300 positions: three blocks of 128, the last one partial
     args = [_rand(0, b, h, 1, d), _rand(1, b, h, s, d), _rand(2, b, h, s, d), _mask(kind, 10, s)]
     cg = compile_graph(trace(_attend, *args), args, options=OPTIONS)
     assert len(_templates(cg)) == 1, cg.texts["ir_post_fusion"]
-    for call, pos in enumerate([0, 5, 63, 64, 99, -1]):  # -1: every position masked (eager gives zeros)
+    for call, pos in enumerate([0, 5, 127, 128, 200, 299, -1]):  # -1: every position masked (eager gives zeros)
         q, k, v = _rand(10 + call, b, h, 1, d), _rand(20 + call, b, h, s, d), _rand(30 + call, b, h, s, d)
         m = _mask(kind, pos, s)
         torch.testing.assert_close(cg.fn(q, k, v, m)[0], _attend(q, k, v, m)[0], atol=1e-5, rtol=1e-4)
@@ -56,7 +56,7 @@ def test_no_mask_half_precision_and_a_scale() -> None:
         return (F.scaled_dot_product_attention(q, k, v, scale=0.3),)
 
     dt = torch.bfloat16
-    args = [_rand(0, 1, 4, 1, 32, dtype=dt), _rand(1, 1, 4, 70, 32, dtype=dt), _rand(2, 1, 4, 70, 32, dtype=dt)]
+    args = [_rand(0, 1, 4, 1, 32, dtype=dt), _rand(1, 1, 4, 270, 32, dtype=dt), _rand(2, 1, 4, 270, 32, dtype=dt)]
     cg = compile_graph(trace(f, *args), args, options=OPTIONS)
     assert len(_templates(cg)) == 1
     for call in range(3):
