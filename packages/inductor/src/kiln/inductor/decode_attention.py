@@ -8,10 +8,11 @@ streams the keys and values in blocks of positions with an online softmax (runni
 sum and weighted values in float32), and a block whose mask is -inf everywhere (the cache positions
 not written yet) is skipped without reading its keys or values.
 
-Which calls (``decode_sites``): a forward SDPA extern (cuDNN, efficient, flash or the CPU flash op) of a
-static query length 1, no dropout, not causal, static shapes, head dim <= 256, at most
-``MAX_POSITIONS`` keys, whose other results (log-sum-exp, seeds) nothing reads -- inference. The mask
-may be additive (float) or boolean, broadcast by strides. Where a query row's keys are all masked the
+Which calls (``decode_spec``): a forward SDPA extern (cuDNN, efficient, flash or the CPU flash op) of a
+static query length 1, no dropout, not causal, static heads and head dim <= 256, at most
+``MAX_POSITIONS`` keys (the example's, when the key count is symbolic: a growing cache), whose other
+results (log-sum-exp, seeds) nothing reads -- inference. The mask may be additive (float) or boolean,
+broadcast by strides. Symbolic sizes (batch, keys, strides) are the kernel's size arguments. Where a query row's keys are all masked the
 result is 0 (torch's math path since 2.5; the fused kernels differ among themselves there).
 """
 
@@ -26,8 +27,9 @@ import torch
 
 from kiln.graph import log
 
-from .codegen.triton.kernel import TritonKernel, ptr_name
+from .codegen.triton.kernel import TritonKernel, jit_decorator, ptr_name, size_arg_type
 from .codegen.triton.ops import tl_dtype
+from .codegen.triton.printer import IndexPrinter, python_index
 from .ir import (
     ConstArg,
     ExternKernel,
@@ -37,6 +39,8 @@ from .ir import (
     ScheduledProgram,
     TensorRef,
     args_buffers,
+    size_symbols_of,
+    substitute_hints,
 )
 from .scheduler.memory import plan_memory
 
@@ -102,8 +106,14 @@ def _static(xs: tuple[Any, ...]) -> tuple[int, ...] | None:
         return None
 
 
-def decode_spec(e: ExternKernel) -> DecodeSpec | str | None:
-    """The call's spec; why the template does not take a one-query call; None for other calls."""
+def _refs(spec: DecodeSpec) -> list[TensorRef]:
+    return [t for t in (spec.q, spec.k, spec.v, spec.mask) if t is not None]
+
+
+def decode_spec(e: ExternKernel, hints: dict[str, int] | None = None) -> DecodeSpec | str | None:
+    """The call's spec; why the template does not take a one-query call; None for other calls. The batch
+    and the key count may be symbolic (a growing cache), the heads and head dims are static; ``hints``
+    (the example inputs' sizes) bound a symbolic key count."""
     how = _FORWARD.get(e.target)
     if how is None:
         return None
@@ -112,17 +122,17 @@ def decode_spec(e: ExternKernel) -> DecodeSpec | str | None:
     mask = mask if isinstance(mask, TensorRef) else None
     if not (isinstance(q, TensorRef) and isinstance(k, TensorRef) and isinstance(v, TensorRef)):
         return "operands are not tensors"
-    shapes = [_static(t.shape) for t in (q, k, v)] + [_static(t.stride) for t in (q, k, v)]
-    if any(s is None for s in shapes) or (mask is not None and (_static(mask.shape) is None
-                                                               or _static(mask.stride) is None)):
-        return None if _static(q.shape[2:3]) != (1,) else "symbolic sizes"
-    qs, ks, vs = shapes[0], shapes[1], shapes[2]
-    assert qs is not None and ks is not None and vs is not None
-    if len(qs) != 4 or qs[2] != 1:
+    if len(q.shape) != 4 or _static(q.shape[2:3]) != (1,):
         return None  # not a decode step
-    if ks[:2] != qs[:2] or vs[:3] != ks[:3] or ks[3] != qs[3]:
-        return f"keys and values do not match the query's heads (q {qs}, k {ks}, v {vs})"
-    if qs[3] > 256 or vs[3] > 256 or ks[2] > MAX_POSITIONS or ks[2] == 0 or qs[0] * qs[1] == 0:
+    if len(k.shape) != 4 or len(v.shape) != 4 or tuple(k.shape[:2]) != tuple(q.shape[:2]) \
+            or tuple(v.shape[:3]) != tuple(k.shape[:3]) or k.shape[3] != q.shape[3]:
+        return f"keys and values do not match the query's heads (q {q.shape}, k {k.shape}, v {v.shape})"
+    dims = _static((q.shape[1], q.shape[3], v.shape[3]))
+    if dims is None:
+        return "symbolic heads or head dim"
+    n_keys = sympy.sympify(k.shape[2])
+    n_hint = int(substitute_hints(n_keys, hints or {})) if (n_keys.is_number or hints) else None
+    if max(dims[1:]) > 256 or n_hint is None or n_hint > MAX_POSITIONS or n_keys == 0:
         return "head dim above 256 or key count out of range"
     if _value(_arg(e, how["dropout"]), 0.0) != 0.0 or _value(_arg(e, how["causal"]), False):
         return "dropout or causal"
@@ -130,7 +140,7 @@ def decode_spec(e: ExternKernel) -> DecodeSpec | str | None:
                                                                          torch.float32)):
         return "mask layout"
     scale = _value(_arg(e, how["scale"]), None)
-    return DecodeSpec(q, k, v, mask, e.outputs[0], float(scale) if scale is not None else 1.0 / math.sqrt(qs[3]))
+    return DecodeSpec(q, k, v, mask, e.outputs[0], float(scale) if scale is not None else 1.0 / math.sqrt(dims[1]))
 
 
 def _readers(s: ScheduledProgram, buffer: str) -> bool:
@@ -152,7 +162,7 @@ def template_decode_attention(s: ScheduledProgram) -> tuple[ScheduledProgram, in
         if not isinstance(w, ExternKernel):
             works.append(w)
             continue
-        spec = decode_spec(w)
+        spec = decode_spec(w, getattr(s.program, "hints", None))
         if isinstance(spec, DecodeSpec) and any(_readers(s, o.buffer) for o in w.outputs[1:]):
             spec = "its log-sum-exp is read (training)"
         if isinstance(spec, str):
@@ -161,7 +171,7 @@ def template_decode_attention(s: ScheduledProgram) -> tuple[ScheduledProgram, in
             works.append(w)
             continue
         ins = tuple(dict.fromkeys(t.buffer for t in (spec.q, spec.k, spec.v, spec.mask) if t is not None))
-        works.append(DecodeAttentionKernel(f"attn_{w.name}", (sympy.Integer(spec.q.shape[0] * spec.q.shape[1]),), (),
+        works.append(DecodeAttentionKernel(f"attn_{w.name}", (sympy.sympify(spec.q.shape[0] * spec.q.shape[1]),), (),
                                            (), ins, (spec.out.buffer,), spec=spec))
         n += 1
     if not n:
@@ -173,26 +183,32 @@ def template_decode_attention(s: ScheduledProgram) -> tuple[ScheduledProgram, in
 
 def _offset(t: TensorRef | ExternOutput, index: list[str]) -> str:
     """The element offset of ``t[index]`` (a size-1 dim broadcasts: its index is 0 whatever its stride)."""
-    if isinstance(t, ExternOutput):
-        shape, stride, base = _static(t.layout.shape), _static(t.layout.stride), int(t.layout.offset)
-    else:
-        shape, stride, base = _static(t.shape), _static(t.stride), int(t.offset)
-    assert shape is not None and stride is not None
-    terms = [str(base)] + [f"{s} * {i}" for n, s, i in zip(shape, stride, index) if n != 1 and s != 0 and i != "0"]
+    shape, stride, base = (t.layout.shape, t.layout.stride, t.layout.offset) if isinstance(t, ExternOutput) \
+        else (t.shape, t.stride, t.offset)
+    terms = [_code(base)] + [f"({_code(s)}) * {i}" for n, s, i in zip(shape, stride, index)
+                             if n != 1 and s != 0 and i != "0"]
     return " + ".join(terms)
 
 
+def _code(e: Any) -> str:
+    return IndexPrinter()(sympy.expand(sympy.sympify(e)))
+
+
 def decode_kernel(name: str, spec: DecodeSpec) -> TritonKernel:
-    b, h, _, d = (int(x) for x in spec.q.shape)
-    n_keys, dv = int(spec.k.shape[2]), int(spec.v.shape[3])
+    b, h, d, dv = spec.q.shape[0], int(spec.q.shape[1]), int(spec.q.shape[3]), int(spec.v.shape[3])
+    n_keys = _code(spec.k.shape[2])
     bd, bdv = max(16, 1 << (d - 1).bit_length()), max(16, 1 << (dv - 1).bit_length())
     block_n = max(16, min(128, TILE_ELEMENTS // max(bd, bdv)))
     ptrs = [spec.q.buffer, spec.k.buffer, spec.v.buffer] + ([spec.mask.buffer] if spec.mask is not None else [])
     ptrs = list(dict.fromkeys(ptrs)) + [spec.out.buffer]
     p = {x: ptr_name(x) for x in ptrs}
+    exprs = [e for t in _refs(spec) for e in (*t.shape, *t.stride, t.offset)]
+    exprs += [*spec.out.layout.shape, *spec.out.layout.stride, spec.out.layout.offset]
+    sizes = sorted({sym.name for e in exprs for sym in size_symbols_of(sympy.sympify(e))})
+    params = [p[x] for x in ptrs] + [f'{z}: "{size_arg_type(z)}"' for z in sizes] + ["XBLOCK: tl.constexpr"]
     lines = [
-        "@triton.jit",
-        f"def {name}({', '.join(p[x] for x in ptrs)}, XBLOCK: tl.constexpr):",
+        jit_decorator(sizes),
+        f"def {name}({', '.join(params)}):",
         "    pid = tl.program_id(0).to(tl.int64)",
         f"    b = pid // {h}",
         f"    h = pid % {h}",
@@ -233,5 +249,6 @@ def decode_kernel(name: str, spec: DecodeSpec) -> TritonKernel:
         f"    tl.store({p[spec.out.buffer]} + ({_offset(spec.out, ['b', 'h', '0', 'dv'])}), "
         f"out.to({tl_dtype(spec.out.layout.dtype)}), dv < {dv})",
     ]
-    return TritonKernel(name=name, source="\n".join(lines), pointer_args=tuple(ptrs), size_args=(), xnumel=str(b * h),
+    return TritonKernel(name=name, source="\n".join(lines), pointer_args=tuple(ptrs), size_args=tuple(sizes),
+                        xnumel=python_index(sympy.sympify(b * h)),
                         xblock=1, rblock=0, num_warps=4, kind="decode_attention")

@@ -58,7 +58,7 @@ class InductorOptions:
     # neighbours instead of a cuBLAS call (graph_passes/gemv_as_reduction.py)
     gemv_as_reduction: bool = True
     # Triton backend: attention of one query row per head (decoding) as kiln's Triton kernel instead of the
-    # library call, static shapes only (decode_attention.py)
+    # library call (decode_attention.py)
     decode_attention: bool = True
     # a large CUDA matmul with a dimension that is not a multiple of 16 bytes runs on zero-padded
     # operands: cuBLAS's fast kernels need aligned leading dimensions (graph_passes/pad_matmuls.py)

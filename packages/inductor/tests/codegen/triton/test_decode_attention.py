@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from dynamic_helpers import compile_symbolic
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
@@ -88,3 +89,20 @@ def test_two_query_rows_and_the_option_off_keep_the_library_call() -> None:
     off = compile_graph(trace(_attend, *one), one, options=InductorOptions(cpu_backend="triton",
                                                                             decode_attention=False))
     assert not _templates(off)
+
+
+def test_a_growing_cache_over_symbolic_key_counts() -> None:
+    # HF's DynamicCache: the key count (and the batch) symbolic, one compiled graph for every length
+    def f(q: torch.Tensor, k: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor]:
+        v = k.flip(-1) * 0.5 + 1  # values of the keys' length (one size symbol for both)
+        return (F.scaled_dot_product_attention(q, k, v, attn_mask=m),)
+
+    b, h, d = 2, 3, 16
+    args = [_rand(0, b, h, 1, d), _rand(1, b, h, 37, d), torch.zeros(b, 1, 1, 37, device=device())]
+    cg = compile_symbolic(f, *args, options=OPTIONS, dynamic={0: (0,), 1: (0, 2), 2: (0, 3)})
+    assert len(_templates(cg)) == 1 and cg.loop_program.sizes  # type: ignore[attr-defined]
+    for call, (bb, s) in enumerate([(2, 37), (2, 38), (3, 129), (1, 2), (2, 300)]):
+        q, k = _rand(10 + call, bb, h, 1, d), _rand(20 + call, bb, h, s, d)
+        m = torch.where(torch.rand(bb, 1, 1, s, generator=torch.Generator().manual_seed(call)) < 0.8, 0.0,
+                        float("-inf")).to(device())
+        torch.testing.assert_close(cg.fn(q, k, m)[0], f(q, k, m)[0], atol=1e-5, rtol=1e-4)
