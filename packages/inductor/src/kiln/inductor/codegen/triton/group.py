@@ -71,7 +71,7 @@ def generate_group(g: KernelGroup, cfg: TritonConfig = DEFAULT_CONFIG, hints: di
             alone += generate_kernels(k, cfg, hints, index32)
             continue
         (target,) = split_scatter(k) if k.inner else (k,)
-        numel = sympy.sympify(product(list(simplify_kernel(target).outer)))
+        numel = sympy.sympify(product(list(target.outer)))
         if numel != 0:  # an empty part runs nothing
             flat.append((k, target, numel))
     if len(flat) < 2:
@@ -91,8 +91,10 @@ def _group_kernel(name: str, parts: list[tuple[TritonKernel, sympy.Expr]]) -> Tr
         args = [ptr_name(b) for b in p.pointer_args] + list(p.size_args)
         local = "pid" if i == 0 else f"pid - ({start_tl})"
         call = f"{p.name}({', '.join(args + [local, str(p.xblock)])})"
-        end_tl = n_tl if i == 0 else (str(int(start_tl) + int(n_tl)) if (start_tl + n_tl).isdigit()
-                                      else f"{start_tl} + {n_tl}")
+        if i == 0:
+            end_tl = n_tl
+        else:
+            end_tl = str(int(start_tl) + int(n_tl)) if start_tl.isdigit() and n_tl.isdigit() else f"{start_tl} + {n_tl}"
         if i == len(parts) - 1:
             body += ["    else:", f"        {call}"]
         else:
