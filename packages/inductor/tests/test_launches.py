@@ -167,3 +167,39 @@ def test_autocast_layer_norm_feeding_a_matmul_is_one_kernel() -> None:
     ln = next(k for k in row_kernels if "native_layer_norm" in k.name)
     assert any(n.dtype == torch.bfloat16 and n.store for n in ln.nodes), cg.texts["ir_post_fusion"]
     assert len(cg.scheduled.kernels()) == 4, cg.texts["ir_post_fusion"]  # LN+cast, bias, weight, sum
+
+
+def _decode_layer(x, w_qkv, w_o, cos, pos, mask, k_cache, v_cache):
+    """One layer of a bs=1 decode step as kiln.autograd traces it for an H200: q/k/v projection, the new
+    key (rotated) and value written into the caches at ``pos``, one-query efficient attention over them."""
+    heads, d = 4, x.shape[-1] // 4
+    q, k, v = torch.mm(x, w_qkv).view(1, 3, heads, d).unbind(1)
+    k_new = k_cache.index_put((pos,), k * cos)
+    v_new = v_cache.index_put((pos,), v)
+    bias = torch.where(mask, 0.0, float("-inf")).to(x.dtype).expand(1, heads, 1, mask.shape[-1])
+    a = aten._scaled_dot_product_efficient_attention((q * cos).unsqueeze(0).transpose(1, 2),
+                                                      k_new.unsqueeze(0).transpose(1, 2),
+                                                      v_new.unsqueeze(0).transpose(1, 2), bias, False)[0]
+    return torch.mm(a.transpose(1, 2).reshape(1, heads * d), w_o), k_new, v_new
+
+
+def test_decode_layer_on_cuda_writes_both_caches_and_the_query_in_one_launch() -> None:
+    """The key-cache write, the value-cache write and the query's rotation are one kernel group (three
+    launches before, codegen/triton/group.py); the one-query attention is kiln's Triton kernel, not the
+    library's (decode_attention.py); the one-row projections are generated reductions (gemv_as_reduction):
+    4 launches, none a library call (6 before: three writes and the mask's additive form, the attention)."""
+    from kiln.graph import GraphAnnotations, annotate
+
+    bf16 = torch.bfloat16
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        c, s = 64, 128
+        args = _fake_cuda(((1, c), bf16), ((c, 3 * c), bf16), ((c, c), bf16), ((c // 4,), torch.float32),
+                          ((1,), torch.int64), ((1, 1, 1, s), torch.bool), ((s, 4, c // 4), bf16),
+                          ((s, 4, c // 4), bf16))
+        gm = trace(_decode_layer, *args)
+        annotate(gm, GraphAnnotations(input_mutations=((1, 6), (2, 7))))
+        cg = compile_graph(gm, args, options=STRICT)
+    launches = wrapper_launches(cg)
+    assert not [x for x in launches if x.startswith("extern")], launches
+    assert sum(x.startswith("group") for x in launches) == 1 and sum(x.startswith("attn_") for x in launches) == 1
+    assert len(launches) == 4, launches
