@@ -86,7 +86,7 @@ def load_attr(frame: Frame, obj: Any, name: str) -> Any:
             raise AttributeError(name)
         return written[2]
     if isinstance(obj, types.ModuleType):
-        value = getattr(obj, name)
+        value = _read_attr(tracer, obj, name, _module_source(tracer, obj))
         src = module_attr_source(tracer, obj, name, value)
         return value if src is None else tracer.wrap(value, src)
     src = tracer.source_of.get(id(obj))
@@ -104,7 +104,7 @@ def load_attr(frame: Frame, obj: Any, name: str) -> Any:
         static = lookup_static(type(obj), name) if not isinstance(obj, type) else None
         if isinstance(static, types.FunctionType) and name not in getattr(obj, "__dict__", {}):
             return types.MethodType(static, obj)
-        value = getattr(obj, name)
+        value = _read_attr(tracer, obj, name, src)
         if isinstance(value, (types.MethodType, types.BuiltinMethodType, types.MethodWrapperType)) and \
                 getattr(value, "__self__", None) is obj:
             return value  # a method bound to a guarded object (``func.__get__`` too): nothing more to guard
@@ -134,12 +134,30 @@ def module_attr_source(tracer: Any, module: types.ModuleType, name: str, value: 
     root = (module.__name__ or "").partition(".")[0]
     if not isinstance(value, torch.Tensor) and (root in _STABLE_MODULES or isinstance(value, types.ModuleType)):
         return None
+    src = _module_source(tracer, module)
+    return None if src is None else attr_source(src, name)
+
+
+def _module_source(tracer: Any, module: types.ModuleType) -> str | None:
     src = tracer.source_of.get(id(module))
     if src is not None:
-        return attr_source(src, name)
+        return src
     if sys.modules.get(module.__name__) is module:
-        return attr_source(f"__import__('sys').modules[{module.__name__!r}]", name)
+        return f"__import__('sys').modules[{module.__name__!r}]"
     return None
+
+
+def _read_attr(tracer: Any, obj: Any, name: str, src: str | None) -> Any:
+    """``getattr(obj, name)``; when it raises AttributeError on a guarded object, the absence is
+    guarded too: ``getattr(o, 'x', 0)``, ``hasattr`` and ``try: o.x`` branch on it, and an object
+    that gains the attribute later must not rerun a trace that took the default."""
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        stable = isinstance(obj, types.ModuleType) and (obj.__name__ or "").partition(".")[0] in _STABLE_MODULES
+        if src is not None and not stable:
+            tracer.add_guard(f"hasattr({src}, {name!r})", "EQUALS_MATCH", False)
+        raise
 
 
 def super_attr(frame: Frame, sp: SuperProxy, name: str) -> Any:
