@@ -152,8 +152,12 @@ def is_dense(shape: Sequence[object], stride: Sequence[object]) -> bool:
 
 
 def _dense_symbolic(shape: Sequence[object], stride: Sequence[object]) -> bool:
-    """Each next stride is the product of the sizes before it, in some order of the dims."""
-    left = [(sympy.sympify(st), sympy.sympify(sz)) for sz, st in zip(shape, stride) if sz != 1]
+    """Each next stride is the product of the sizes before it, in some order of the dims.
+
+    A stride's ``Max(1, e)`` reads as ``e``: torch lays out contiguous strides over ``max(size, 1)``
+    (a convolution's output, sized ``H - k + 1 + 2p``, has stride ``Max(1, H - k + 1 + 2p)``), and
+    the two differ only when a size is 0, where the tensor has no element to lay out."""
+    left = [(_without_max_one(sympy.sympify(st)), sympy.sympify(sz)) for sz, st in zip(shape, stride) if sz != 1]
     expect: sympy.Expr = sympy.Integer(1)
     while left:
         hit = next((p for p in left if sympy.expand(p[0] - expect) == 0), None)
@@ -448,3 +452,10 @@ def derived_size(e: sympy.Expr) -> DerivedSize:
     low = bound_sympy(e, {x: ValueRanges(0, sympy.oo) for x in e.free_symbols}).lower
     name = "s_" + hashlib.sha1(source.encode()).hexdigest()[:12]
     return DerivedSize(name, source, tuple(sorted(str(x) for x in e.free_symbols)), bool(low >= 0))
+
+
+def _without_max_one(e: sympy.Expr) -> sympy.Expr:
+    if not e.has(sympy.Max):
+        return e
+    return e.replace(lambda a: isinstance(a, sympy.Max) and len(a.args) == 2 and sympy.Integer(1) in a.args,
+                     lambda a: next(x for x in a.args if x != 1))
