@@ -239,3 +239,17 @@ def test_size_rounded_from_a_negative_float(options) -> None:
     for f in (2.5, 3.5, -1.5, -2.5, 4.5, -7.25):
         x = torch.randn(5)
         torch.testing.assert_close(g(x, f), _roll_by_float(x, f))
+
+
+def _slice_from_float(x, f):
+    return x[int(f):] * 2 + x.view(2, -1)[:, int(f):].sum()
+
+
+@pytest.mark.parametrize("options", [CPP, CPP_WRAPPER])
+def test_slice_from_a_negative_rounded_float(options) -> None:
+    """``x[int(f):]`` with ``f = -1.5`` counts from the end (the trace guards the sign); the lowering
+    took the symbolic start as an offset from the front and read before the tensor's first element."""
+    g = kiln.compile(_slice_from_float, options=options)
+    for f in (2.5, 3.5, -1.5, -2.5, 1.2, -3.5):
+        x = torch.randn(8)
+        torch.testing.assert_close(g(x, f), _slice_from_float(x, f))

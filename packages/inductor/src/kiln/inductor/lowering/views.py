@@ -203,6 +203,8 @@ def _slice(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int = 0, st
         s = max(0, min(size, s + size if s < 0 else s))
     elif isinstance(s, int) and s < 0:
         raise NotLowered("a slice from the end of a symbolic dim")  # its clamp is a Max: through ATen
+    elif not isinstance(s, int) and _negative_at_example(node, 2, s):
+        s = s + x.shape[dim]  # x[int(f):] with f = -1.5: counts from the end, as the trace guarded
     shape = out_shape(node)
     if isinstance(x, Strided):
         st = list(x.stride)
@@ -216,10 +218,25 @@ def _slice(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int = 0, st
 RULES["aten.slice.Tensor"] = _slice
 
 
+def _negative_at_example(node: fx.Node, position: int, value: object) -> bool:
+    """Whether a symbolic start or index (argument ``position`` of ``node``) counts from the end: sizes
+    never do, but a size rounded from a float argument (``x[int(f):]``) may be negative. The trace
+    guarded its sign (torch's slice and select ask ``start < 0``), so the example's sign holds for
+    every call of this graph."""
+    if not isinstance(value, sympy.Expr) or value.is_nonnegative is True:
+        return False
+    arg = node.args[position] if len(node.args) > position else None
+    v = arg.meta.get("val") if isinstance(arg, fx.Node) else arg
+    hint = getattr(getattr(v, "node", None), "hint", None) if isinstance(v, torch.SymInt) else None
+    if hint is None:
+        raise NotLowered(f"a symbolic start or index ({value}) of unknown sign")
+    return int(hint) < 0
+
+
 def _select(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int, index: int) -> TensorValue:
     n = len(x.shape)
     dim = _norm_dim(dim, n)
-    if isinstance(index, int) and index < 0:
+    if isinstance(index, int) and index < 0 or not isinstance(index, int) and _negative_at_example(node, 2, index):
         index = index + x.shape[dim]
         index = int(index) if isinstance(index, (int, sympy.Integer)) else index
     shape = out_shape(node)
