@@ -84,3 +84,16 @@ def test_attention_with_a_symbolic_scale_trains():
             torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4, msg=lambda m, d=d: f"head {d}: {m}")
     s = kiln.stats()
     assert s.graphs_compiled <= 2 and (s.graphs_run_eagerly, s.frames_run_eagerly) == (0, 0), s
+
+
+def _tail_of_six(x):
+    return x[x.shape[0] - 6:] * 2 + x[x.shape[0] - 6: x.shape[0] - 2].sum()
+
+
+def test_slice_start_from_a_size_expression_that_goes_negative() -> None:
+    """``x[n - 6:]``: for n < 6 the start counts from the end (and clamps to 0 below -n), as eager and
+    the trace's guards say; the lowering took the symbolic start as an offset from the front."""
+    g = kiln.compile(_tail_of_six, dynamic=True)
+    for n in (8, 9, 10, 4, 3, 5, 7, 12, 2):
+        x = torch.randn(n)
+        torch.testing.assert_close(g(x), _tail_of_six(x))

@@ -204,7 +204,10 @@ def _slice(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int = 0, st
     elif isinstance(s, int) and s < 0:
         raise NotLowered("a slice from the end of a symbolic dim")  # its clamp is a Max: through ATen
     elif not isinstance(s, int) and _negative_at_example(node, 2, s):
-        s = s + x.shape[dim]  # x[int(f):] with f = -1.5: counts from the end, as the trace guarded
+        # x[int(f):] with f = -1.5 counts from the end, and x[n - 6:] at n = 2 clamps to 0, as the
+        # trace guarded
+        s = sympy.Integer(0) if _negative_at_example(node, 2, s, _hint(meta(node.args[0]).shape[dim])) \
+            else s + x.shape[dim]
     shape = out_shape(node)
     if isinstance(x, Strided):
         st = list(x.stride)
@@ -218,19 +221,26 @@ def _slice(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int = 0, st
 RULES["aten.slice.Tensor"] = _slice
 
 
-def _negative_at_example(node: fx.Node, position: int, value: object) -> bool:
-    """Whether a symbolic start or index (argument ``position`` of ``node``) counts from the end: sizes
-    never do, but a size rounded from a float argument (``x[int(f):]``) may be negative. The trace
-    guarded its sign (torch's slice and select ask ``start < 0``), so the example's sign holds for
-    every call of this graph."""
+def _negative_at_example(node: fx.Node, position: int, value: object, plus: int | None = 0) -> bool:
+    """Whether a symbolic start or index (argument ``position`` of ``node``), plus ``plus``, is negative:
+    sizes never are, but ``n - 6`` or a size rounded from a float argument (``int(f)``) may be. The
+    trace guarded the sign (torch's slice and select ask ``start < 0``, then ``start + size < 0``), so
+    the example's sign holds for every call of this graph."""
     if not isinstance(value, sympy.Expr) or value.is_nonnegative is True:
         return False
     arg = node.args[position] if len(node.args) > position else None
-    v = arg.meta.get("val") if isinstance(arg, fx.Node) else arg
-    hint = getattr(getattr(v, "node", None), "hint", None) if isinstance(v, torch.SymInt) else None
-    if hint is None:
+    hint = _hint(arg.meta.get("val") if isinstance(arg, fx.Node) else arg)
+    if hint is None or plus is None:
         raise NotLowered(f"a symbolic start or index ({value}) of unknown sign")
-    return int(hint) < 0
+    return hint + plus < 0
+
+
+def _hint(v: object) -> int | None:
+    """An int or SymInt at the example inputs (None: no example value)."""
+    if isinstance(v, torch.SymInt):
+        hint = getattr(v.node, "hint", None)
+        return None if hint is None else int(hint)
+    return v if isinstance(v, int) else None
 
 
 def _select(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int, index: int) -> TensorValue:
