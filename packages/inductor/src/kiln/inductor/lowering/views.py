@@ -11,7 +11,7 @@ from torch import fx
 from kiln.graph import view_strides as aten_view_strides
 
 from ..ir import FloorDiv, IndexExpr, ModIndex, as_index, contiguous_strides, index_vars
-from .common import Rule, meta, out_shape
+from .common import Rule, meta, negative_at_example, out_shape, symbolic_start
 from .context import LoweringContext, NotLowered
 from .values import Lazy, Strided, TensorValue, broadcast_at, value_at
 
@@ -203,11 +203,8 @@ def _slice(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int = 0, st
         s = max(0, min(size, s + size if s < 0 else s))
     elif isinstance(s, int) and s < 0:
         raise NotLowered("a slice from the end of a symbolic dim")  # its clamp is a Max: through ATen
-    elif not isinstance(s, int) and _negative_at_example(node, 2, s):
-        # x[int(f):] with f = -1.5 counts from the end, and x[n - 6:] at n = 2 clamps to 0, as the
-        # trace guarded
-        s = sympy.Integer(0) if _negative_at_example(node, 2, s, _hint(meta(node.args[0]).shape[dim])) \
-            else s + x.shape[dim]
+    elif not isinstance(s, int):
+        s = symbolic_start(node, 2, s, dim)
     shape = out_shape(node)
     if isinstance(x, Strided):
         st = list(x.stride)
@@ -221,32 +218,10 @@ def _slice(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int = 0, st
 RULES["aten.slice.Tensor"] = _slice
 
 
-def _negative_at_example(node: fx.Node, position: int, value: object, plus: int | None = 0) -> bool:
-    """Whether a symbolic start or index (argument ``position`` of ``node``), plus ``plus``, is negative:
-    sizes never are, but ``n - 6`` or a size rounded from a float argument (``int(f)``) may be. The
-    trace guarded the sign (torch's slice and select ask ``start < 0``, then ``start + size < 0``), so
-    the example's sign holds for every call of this graph."""
-    if not isinstance(value, sympy.Expr) or value.is_nonnegative is True:
-        return False
-    arg = node.args[position] if len(node.args) > position else None
-    hint = _hint(arg.meta.get("val") if isinstance(arg, fx.Node) else arg)
-    if hint is None or plus is None:
-        raise NotLowered(f"a symbolic start or index ({value}) of unknown sign")
-    return hint + plus < 0
-
-
-def _hint(v: object) -> int | None:
-    """An int or SymInt at the example inputs (None: no example value)."""
-    if isinstance(v, torch.SymInt):
-        hint = getattr(v.node, "hint", None)
-        return None if hint is None else int(hint)
-    return v if isinstance(v, int) else None
-
-
 def _select(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int, index: int) -> TensorValue:
     n = len(x.shape)
     dim = _norm_dim(dim, n)
-    if isinstance(index, int) and index < 0 or not isinstance(index, int) and _negative_at_example(node, 2, index):
+    if isinstance(index, int) and index < 0 or not isinstance(index, int) and negative_at_example(node, 2, index):
         index = index + x.shape[dim]
         index = int(index) if isinstance(index, (int, sympy.Integer)) else index
     shape = out_shape(node)
