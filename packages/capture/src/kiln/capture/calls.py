@@ -37,7 +37,13 @@ from .module_calls import backward_hooks_reason, runs_in_python
 from .module_init import build_module, grad_leaf_call, make_parameter, mark_built_state, site_of
 from .numpy_random import is_python_draw, rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
-from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
+from .semantics import (
+    check_tracked,
+    concrete_key,
+    contains_traced,
+    lookup_static,
+    refuse_foreign_values,
+)
 from .sources import attr_source, item_source
 from .values import (
     EMPTY,
@@ -166,6 +172,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
                        types.WrapperDescriptorType, types.MethodDescriptorType,
                        types.ClassMethodDescriptorType)):
         _refuse_per_call_value(fn)
+        if args and isinstance(getattr(fn, "__self__", None), (dict, set, frozenset)) and fn.__name__ in _KEYED:
+            args = [concrete_key(args[0]), *args[1:]]  # seen.add(n), cache.get(n): a symbolic key hashes as its value
         return real_call(frame, fn, args, kwargs)
     if isinstance(fn, weakref.ReferenceType) and not args and not kwargs:
         src = frame.tracer.source_of.get(id(fn))
@@ -175,6 +183,11 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if isinstance(call, types.FunctionType):
         return call_function(frame, call, [fn, *args], kwargs)
     return real_call(frame, fn, args, kwargs)
+
+
+# methods of dicts and sets whose first argument is a key
+_KEYED = frozenset({"get", "setdefault", "pop", "add", "discard", "remove", "__contains__", "__getitem__",
+                    "__setitem__", "__delitem__", "fromkeys"})
 
 
 def _call_getter(frame: Frame, fn: Any, args: list) -> Any:

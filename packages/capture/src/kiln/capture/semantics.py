@@ -323,8 +323,7 @@ def getitem(frame: Frame, obj: Any, key: Any) -> Any:
             return tracer.wrap(obj._modules[key], module_member_source(src, "_modules", key) if src else None)
         value = obj[key]
         return tracer.wrap(value, item_source(src, key) if src else None)
-    if isinstance(key, torch.SymInt):
-        key = int(key)  # specialise (guarded by the shape env)
+    key = concrete_key(key)
     if type(obj) in (list, tuple, dict) or isinstance(obj, (str, range, torch.Size)):
         return obj[key]
     if isinstance(obj, collections.defaultdict) and obj.default_factory is not None and key not in obj:
@@ -427,11 +426,28 @@ def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:
             raise GraphBreak(f"item write on a {type(obj).__name__} from outside the compiled code",
                              "item writes on input lists and dicts are replayed; other containers break")
         tracer.note_container_write(obj)
+    if isinstance(obj, dict):
+        key = concrete_key(key)
     setitem_fn = lookup_static(type(obj), "__setitem__")
     if isinstance(setitem_fn, types.FunctionType):
         frame.call(setitem_fn, [obj, key, value], {})
         return
     obj[key] = value
+
+
+def concrete_key(key: Any) -> Any:
+    """A symbolic number (or a tuple of them) used as a key, specialised to its value (a guard of the
+    shape env): SymInts do not hash, and a dict or set lookup by one (``cache[x.shape[0]]``,
+    ``n in seen``) answers for this value only."""
+    if isinstance(key, tuple) and any(isinstance(k, SYM_TYPES) for k in key):
+        return tuple(concrete_key(k) for k in key)
+    if isinstance(key, torch.SymInt):
+        return int(key)
+    if isinstance(key, torch.SymFloat):
+        return float(key)
+    if isinstance(key, torch.SymBool):
+        return bool(key)
+    return key
 
 
 def delitem(frame: Frame, obj: Any, key: Any) -> None:
@@ -591,6 +607,8 @@ def contains(frame: Frame, item: Any, container: Any) -> bool:
     if isinstance(container, (list, tuple)) and isinstance(item, torch.Tensor):
         return any(x is item for x in container)
     refuse_foreign_values(frame, [container], "`in`")
+    if isinstance(container, (dict, set, frozenset, collections.abc.KeysView)):
+        item = concrete_key(item)
     return item in container
 
 
