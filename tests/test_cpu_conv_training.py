@@ -66,3 +66,43 @@ def _train_steps() -> None:
             opt.step()
         for (name, be), bk in zip(eager.named_buffers(), model.buffers()):
             torch.testing.assert_close(bk, be, rtol=1e-4, atol=1e-5, msg=f"buffer {name}, step {step}")
+
+
+class ConvReLU(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.conv(x))
+
+
+def _sin_conv(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return torch.sin(nn.functional.conv2d(x, w, padding=1))
+
+
+def test_conv_training_with_dynamic_image_sizes_matches_eager() -> None:
+    """Symbolic image sizes: a convolution output's stride holds ``Max(1, H - k + 1 + 2p)``, which kept
+    it from counting as dense, so the channels-last rewrite neither restored the user's output to NCHW
+    nor the saved activation the backward graph (compiled for NCHW) read: every gradient came out wrong.
+    A weight passed as a dynamic input made the layout heuristic format a SymFloat (TypeError)."""
+    torch.manual_seed(0)
+    eager = ConvReLU().train()
+    model = copy.deepcopy(eager)
+    cases = ((eager, kiln.compile(model, dynamic=True), None),
+             (_sin_conv, kiln.compile(_sin_conv, dynamic=True), torch.randn(4, 3, 3, 3)))
+    for fn, compiled, w in cases:
+        for shape in ((2, 3, 8, 8), (2, 3, 9, 11), (1, 3, 5, 4)):
+            x = torch.randn(shape)
+            args = [[x.clone().requires_grad_()] + ([] if w is None else [w.clone().requires_grad_()])
+                    for _ in range(2)]
+            want, got = fn(*args[0]), compiled(*args[1])
+            torch.testing.assert_close(got, want)
+            assert got.stride() == want.stride(), (got.stride(), want.stride())
+            g = torch.randn_like(want)
+            want.backward(g)
+            got.backward(g)
+            for a, b in zip(args[1], args[0]):
+                torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4, msg=f"input grad, {shape}")
+        for (name, pe), pk in zip(eager.named_parameters(), model.parameters()):
+            torch.testing.assert_close(pk.grad, pe.grad, rtol=1e-4, atol=1e-4, msg=f"grad {name}")

@@ -224,3 +224,32 @@ def test_learning_rate_argument_trains_on_the_gpu():
         torch.testing.assert_close(got, torch.autograd.grad(step(x, lr).sum(), x)[0])
     s = kiln.stats()
     assert s.graphs_compiled <= 2 and (s.graphs_run_eagerly, s.frames_run_eagerly) == (0, 0), s
+
+
+def _roll_by_float(x, f):
+    return x.roll(int(f), 0) * f + torch.arange(x.shape[0]) % max(int(f), 1)
+
+
+@pytest.mark.parametrize("options", [CPP, CPP_WRAPPER])
+def test_size_rounded_from_a_negative_float(options) -> None:
+    """``int(f)`` of a float argument is a derived size, but not a non-negative one: ``f`` may be -1.5.
+    ``x.roll(int(f))``'s ``int(f) % n`` was taken as non-negative and compiled as C's ``%``, which
+    rounds a negative dividend the other way: negative shifts rolled the wrong elements."""
+    g = kiln.compile(_roll_by_float, options=options)
+    for f in (2.5, 3.5, -1.5, -2.5, 4.5, -7.25):
+        x = torch.randn(5)
+        torch.testing.assert_close(g(x, f), _roll_by_float(x, f))
+
+
+def _slice_from_float(x, f):
+    return x[int(f):] * 2 + x.view(2, -1)[:, int(f):].sum()
+
+
+@pytest.mark.parametrize("options", [CPP, CPP_WRAPPER])
+def test_slice_from_a_negative_rounded_float(options) -> None:
+    """``x[int(f):]`` with ``f = -1.5`` counts from the end (the trace guards the sign); the lowering
+    took the symbolic start as an offset from the front and read before the tensor's first element."""
+    g = kiln.compile(_slice_from_float, options=options)
+    for f in (2.5, 3.5, -1.5, -2.5, 1.2, -3.5):
+        x = torch.randn(8)
+        torch.testing.assert_close(g(x, f), _slice_from_float(x, f))

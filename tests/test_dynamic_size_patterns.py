@@ -84,3 +84,32 @@ def test_attention_with_a_symbolic_scale_trains():
             torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-4, msg=lambda m, d=d: f"head {d}: {m}")
     s = kiln.stats()
     assert s.graphs_compiled <= 2 and (s.graphs_run_eagerly, s.frames_run_eagerly) == (0, 0), s
+
+
+def _tail_of_six(x):
+    return x[x.shape[0] - 6:] * 2 + x[x.shape[0] - 6: x.shape[0] - 2].sum()
+
+
+def _zero_tail_of_six(x):
+    y = x.clone()
+    y[y.shape[0] - 6:] = 0
+    return y
+
+
+def _scatter_two(x):
+    return torch.slice_scatter(x, torch.zeros(2), 0, x.shape[0] - 6, x.shape[0] - 4)
+
+
+@pytest.mark.parametrize("fn", [_tail_of_six, _zero_tail_of_six, _scatter_two])
+def test_slice_start_from_a_size_expression_that_goes_negative(fn) -> None:
+    """``x[n - 6:]``: for n < 6 the start counts from the end (and clamps to 0 below -n), as eager
+    says; the lowering took the symbolic start as an offset from the front (read before the tensor).
+    slice_scatter's start is not guarded by the trace: its sign is a size guard of the compile."""
+    g = kiln.compile(fn, dynamic=True)
+    for n in (8, 9, 10, 4, 3, 5, 7, 12, 2, 6):
+        x = torch.randn(n)
+        try:
+            want = fn(x)
+        except RuntimeError:  # slice_scatter's two elements do not fit the slice at this size
+            continue
+        torch.testing.assert_close(g(x), want)

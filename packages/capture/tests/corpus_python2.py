@@ -275,6 +275,19 @@ def py_itertools_islice_chain_skip(x, y):
     return parts[0] + parts[1]
 
 
+# accumulate and starmap call add/mul on the items from C, outside the trace: the break comes at the
+# call making the iterator (found while iterating, it left the iterator consumed: an empty list); the
+# resumed frame breaks again at iterating it
+@case(graphs=2, breaks=2)
+def py_itertools_accumulate_tensors(x, y):
+    return torch.stack(list(itertools.accumulate([x, y, x * y]))) + len(list(itertools.accumulate([1, 2])))
+
+
+@case(graphs=2, breaks=2)
+def py_itertools_starmap_over_zip(x, y):
+    return torch.stack(list(itertools.starmap(torch.mul, zip([x, y], [y, x + 1]))))
+
+
 class _TwoLinears(nn.Module):
     def __init__(self):
         super().__init__()

@@ -253,3 +253,45 @@ def test_a_dynamic_number_is_still_an_int_or_a_float(recorder):
     for n, s in [(1, 0.5), (2, 1.5), (3, 2.5), (7, 3.5)]:
         x = torch.randn(3)
         assert_same(g(x, n, s), _by_number_type(x, n, s))
+
+
+def _shifted(x, n):
+    return x.roll(n, 0) * n + (x[:n].sum() if n > 0 else x.sum())
+
+
+@pytest.mark.parametrize("dynamic", [True, None])
+def test_negative_int_argument_is_a_constant(recorder, dynamic):
+    """An int argument that becomes a (positive) size symbol, then comes negative: ShapeEnv refused a
+    positive symbol for -1 (AssertionError, the frame ran eagerly for good); a negative int is now a
+    constant of its own entry, and the non-negative ones keep the symbolic graph."""
+    g = kc.optimize(_shifted, recorder, dynamic=dynamic)
+    for n in [2, 3, -1, -2, 4, 0, -5, 1, 5]:
+        x = torch.randn(5)
+        assert_same(g(x, n), _shifted(x, n))
+    assert recorder.count >= 4  # the symbolic graph, and a constant one per negative value
+
+
+def _size_keyed_cache():
+    cache, seen = {}, set()
+
+    def f(x):
+        n = x.shape[0]
+        if n not in cache:
+            cache[n] = torch.arange(n).float()
+        seen.add(n)
+        return x + cache[n] + len(seen) + cache.get(n + 100, 0) + {(n, 1): 5}.get((n, 1), 0)
+    return f
+
+
+def test_symbolic_size_as_a_dict_or_set_key(recorder):
+    """A symbolic size used as a key (``n in cache``, ``cache[n] = ...``, ``seen.add(n)``, a dict
+    display) is specialised to its value: a SymInt does not hash (TypeError, and the frame ran eagerly
+    for good)."""
+    eager, traced = _size_keyed_cache(), _size_keyed_cache()
+    g = kc.optimize(traced, recorder, dynamic=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an eager fallback warns
+        for n in [3, 4, 3, 5, 6, 4, 7]:
+            x = torch.randn(n)
+            assert_same(g(x), eager(x))
+    assert recorder.count >= 1

@@ -78,3 +78,56 @@ def test_library_attributes_are_not_guarded():
     text = kc.capture_graph(f, (torch.randn(3),), {}).as_text()
     guards = text.split("# guards:")[1].splitlines()
     assert not [g for g in guards if "G['torch']" in g], guards
+
+
+class Options:
+    pass
+
+
+class MaybeScaled(torch.nn.Module):
+    def forward(self, x):
+        s = getattr(self, "scale", None)
+        return x if s is None else x * s
+
+
+def reads_absent(x, opts):
+    y = x + getattr(opts, "bias", 0.0)
+    if hasattr(cfg, "SHIFT"):
+        y = y - cfg.SHIFT
+    try:
+        return y * opts.gain
+    except AttributeError:
+        return y
+
+
+def test_absent_attribute_gained_and_lost_between_calls():
+    """``getattr(o, name, default)``, ``hasattr`` and ``try: o.name`` took the absent branch: an
+    object or module that gains the attribute later must not rerun that trace (it returned the
+    default's result once, silently)."""
+    kc.reset()
+    opt = kc.optimize(reads_absent, Recorder(), recompile_limit=40)
+    try:
+        for i in range(6):
+            opts = Options()
+            if i % 2:
+                opts.bias = float(i)
+            if i % 3 == 1:
+                opts.gain = 2.0 + i
+            if i in (2, 3):
+                cfg.SHIFT = float(i)
+            elif hasattr(cfg, "SHIFT"):
+                del cfg.SHIFT
+            x = torch.randn(3)
+            torch.testing.assert_close(opt(x, opts), reads_absent(x, opts))
+    finally:
+        if hasattr(cfg, "SHIFT"):
+            del cfg.SHIFT
+    m = MaybeScaled()
+    opt_m = kc.optimize(m, Recorder())
+    for scale in [None, 3.0, torch.tensor(2.0), None]:
+        if scale is None:
+            m.__dict__.pop("scale", None)
+        else:
+            m.scale = scale
+        x = torch.randn(3)
+        torch.testing.assert_close(opt_m(x), m(x))

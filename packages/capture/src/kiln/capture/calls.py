@@ -9,6 +9,7 @@ import datetime
 import enum
 import functools
 import inspect
+import itertools
 import operator
 import os
 import sys
@@ -37,7 +38,14 @@ from .module_calls import backward_hooks_reason, runs_in_python
 from .module_init import build_module, grad_leaf_call, make_parameter, mark_built_state, site_of
 from .numpy_random import is_python_draw, rng_call
 from .numpy_table import BoundArrayMethod, call_array_method, constant_ufunc_call, numpy_handler
-from .semantics import check_tracked, contains_traced, lookup_static, refuse_foreign_values
+from .semantics import (
+    check_tracked,
+    concrete_key,
+    contains_traced,
+    is_traced,
+    lookup_static,
+    refuse_foreign_values,
+)
 from .sources import attr_source, item_source
 from .values import (
     EMPTY,
@@ -166,6 +174,8 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
                        types.WrapperDescriptorType, types.MethodDescriptorType,
                        types.ClassMethodDescriptorType)):
         _refuse_per_call_value(fn)
+        if args and isinstance(getattr(fn, "__self__", None), (dict, set, frozenset)) and fn.__name__ in _KEYED:
+            args = [concrete_key(args[0]), *args[1:]]  # seen.add(n), cache.get(n): a symbolic key hashes as its value
         return real_call(frame, fn, args, kwargs)
     if isinstance(fn, weakref.ReferenceType) and not args and not kwargs:
         src = frame.tracer.source_of.get(id(fn))
@@ -175,6 +185,23 @@ def call_function(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
     if isinstance(call, types.FunctionType):
         return call_function(frame, call, [fn, *args], kwargs)
     return real_call(frame, fn, args, kwargs)
+
+
+# lazy itertools that call a function (operator.add by default) on the items from C
+_CALLS_FROM_C = frozenset({itertools.accumulate, itertools.starmap, itertools.filterfalse, itertools.takewhile,
+                           itertools.dropwhile, itertools.groupby})
+
+def _no_tensors(v: Any) -> bool:
+    """Plain numbers, strings, functions, and lists/tuples/ranges of them (not an iterator, which may
+    yield tensors)."""
+    if isinstance(v, (list, tuple)):
+        return all(_no_tensors(x) for x in v)
+    return isinstance(v, (int, float, str, bool, range, type(None))) or callable(v) and not is_traced(v)
+
+
+# methods of dicts and sets whose first argument is a key
+_KEYED = frozenset({"get", "setdefault", "pop", "add", "discard", "remove", "__contains__", "__getitem__",
+                    "__setitem__", "__delitem__", "fromkeys"})
 
 
 def _call_getter(frame: Frame, fn: Any, args: list) -> Any:
@@ -382,6 +409,11 @@ def real_call_unchecked(frame: Frame, fn: Any, args: list, kwargs: dict) -> Any:
         raise GraphBreak(f"{getattr(fn, '__module__', None) or 'numpy'}.{name} is not traced on numpy arrays",
                          "it runs in Python between graphs")
     traced_args = any(contains_traced(a) for a in args) or any(contains_traced(v) for v in kwargs.values())
+    if fn in _CALLS_FROM_C and not all(_no_tensors(a) for a in [*args, *kwargs.values()]):
+        # its iterator would call add (or the given function) on fake tensors from C, unrecorded; the
+        # break must come here: one found while iterating leaves the iterator consumed for the resume
+        raise GraphBreak(f"itertools.{name}() over tensors (or an iterator) calls its function outside the trace",
+                         "it runs in Python between graphs")
     lazy = [a for a in [*args, *kwargs.values()] if is_lazy(a)]
     if lazy and not traced_args:
         result = fn(*args, **kwargs)

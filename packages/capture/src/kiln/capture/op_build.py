@@ -10,7 +10,7 @@ import torch
 
 from .errors import GraphBreak
 from .op_registry import handler_table
-from .semantics import apply_operator, delitem, get_iter, getitem, setitem
+from .semantics import apply_operator, concrete_key, delitem, get_iter, getitem, setitem
 from .values import ListIterator
 
 if TYPE_CHECKING:
@@ -31,13 +31,13 @@ def build_list(f: Frame, i: Inst) -> None:
 
 @op("BUILD_SET")
 def build_set(f: Frame, i: Inst) -> None:
-    f.push(set(f.popn(i.arg)))
+    f.push({concrete_key(v) for v in f.popn(i.arg)})
 
 
 @op("BUILD_MAP")
 def build_map(f: Frame, i: Inst) -> None:
     items = f.popn(2 * i.arg)
-    f.push({items[k]: items[k + 1] for k in range(0, len(items), 2)})
+    f.push({concrete_key(items[k]): items[k + 1] for k in range(0, len(items), 2)})
 
 
 @op("BUILD_CONST_KEY_MAP")

@@ -86,7 +86,7 @@ def load_attr(frame: Frame, obj: Any, name: str) -> Any:
             raise AttributeError(name)
         return written[2]
     if isinstance(obj, types.ModuleType):
-        value = getattr(obj, name)
+        value = _read_attr(tracer, obj, name, _module_source(tracer, obj))
         src = module_attr_source(tracer, obj, name, value)
         return value if src is None else tracer.wrap(value, src)
     src = tracer.source_of.get(id(obj))
@@ -104,7 +104,7 @@ def load_attr(frame: Frame, obj: Any, name: str) -> Any:
         static = lookup_static(type(obj), name) if not isinstance(obj, type) else None
         if isinstance(static, types.FunctionType) and name not in getattr(obj, "__dict__", {}):
             return types.MethodType(static, obj)
-        value = getattr(obj, name)
+        value = _read_attr(tracer, obj, name, src)
         if isinstance(value, (types.MethodType, types.BuiltinMethodType, types.MethodWrapperType)) and \
                 getattr(value, "__self__", None) is obj:
             return value  # a method bound to a guarded object (``func.__get__`` too): nothing more to guard
@@ -134,12 +134,30 @@ def module_attr_source(tracer: Any, module: types.ModuleType, name: str, value: 
     root = (module.__name__ or "").partition(".")[0]
     if not isinstance(value, torch.Tensor) and (root in _STABLE_MODULES or isinstance(value, types.ModuleType)):
         return None
+    src = _module_source(tracer, module)
+    return None if src is None else attr_source(src, name)
+
+
+def _module_source(tracer: Any, module: types.ModuleType) -> str | None:
     src = tracer.source_of.get(id(module))
     if src is not None:
-        return attr_source(src, name)
+        return src
     if sys.modules.get(module.__name__) is module:
-        return attr_source(f"__import__('sys').modules[{module.__name__!r}]", name)
+        return f"__import__('sys').modules[{module.__name__!r}]"
     return None
+
+
+def _read_attr(tracer: Any, obj: Any, name: str, src: str | None) -> Any:
+    """``getattr(obj, name)``; when it raises AttributeError on a guarded object, the absence is
+    guarded too: ``getattr(o, 'x', 0)``, ``hasattr`` and ``try: o.x`` branch on it, and an object
+    that gains the attribute later must not rerun a trace that took the default."""
+    try:
+        return getattr(obj, name)
+    except AttributeError:
+        stable = isinstance(obj, types.ModuleType) and (obj.__name__ or "").partition(".")[0] in _STABLE_MODULES
+        if src is not None and not stable:
+            tracer.add_guard(f"hasattr({src}, {name!r})", "EQUALS_MATCH", False)
+        raise
 
 
 def super_attr(frame: Frame, sp: SuperProxy, name: str) -> Any:
@@ -305,8 +323,7 @@ def getitem(frame: Frame, obj: Any, key: Any) -> Any:
             return tracer.wrap(obj._modules[key], module_member_source(src, "_modules", key) if src else None)
         value = obj[key]
         return tracer.wrap(value, item_source(src, key) if src else None)
-    if isinstance(key, torch.SymInt):
-        key = int(key)  # specialise (guarded by the shape env)
+    key = concrete_key(key)
     if type(obj) in (list, tuple, dict) or isinstance(obj, (str, range, torch.Size)):
         return obj[key]
     if isinstance(obj, collections.defaultdict) and obj.default_factory is not None and key not in obj:
@@ -409,11 +426,28 @@ def setitem(frame: Frame, obj: Any, key: Any, value: Any) -> None:
             raise GraphBreak(f"item write on a {type(obj).__name__} from outside the compiled code",
                              "item writes on input lists and dicts are replayed; other containers break")
         tracer.note_container_write(obj)
+    if isinstance(obj, dict):
+        key = concrete_key(key)
     setitem_fn = lookup_static(type(obj), "__setitem__")
     if isinstance(setitem_fn, types.FunctionType):
         frame.call(setitem_fn, [obj, key, value], {})
         return
     obj[key] = value
+
+
+def concrete_key(key: Any) -> Any:
+    """A symbolic number (or a tuple of them) used as a key, specialised to its value (a guard of the
+    shape env): SymInts do not hash, and a dict or set lookup by one (``cache[x.shape[0]]``,
+    ``n in seen``) answers for this value only."""
+    if isinstance(key, tuple) and any(isinstance(k, SYM_TYPES) for k in key):
+        return tuple(concrete_key(k) for k in key)
+    if isinstance(key, torch.SymInt):
+        return int(key)
+    if isinstance(key, torch.SymFloat):
+        return float(key)
+    if isinstance(key, torch.SymBool):
+        return bool(key)
+    return key
 
 
 def delitem(frame: Frame, obj: Any, key: Any) -> None:
@@ -573,6 +607,8 @@ def contains(frame: Frame, item: Any, container: Any) -> bool:
     if isinstance(container, (list, tuple)) and isinstance(item, torch.Tensor):
         return any(x is item for x in container)
     refuse_foreign_values(frame, [container], "`in`")
+    if isinstance(container, (dict, set, frozenset, collections.abc.KeysView)):
+        item = concrete_key(item)
     return item in container
 
 

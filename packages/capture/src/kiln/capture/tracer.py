@@ -379,10 +379,15 @@ class Tracer:
 
     def lift_int(self, value: int, source: str) -> Any:
         """A Python int argument as a symbolic int: a graph input bound by a SYMBOL guard.
-        0 and 1 stay constants (ShapeEnv specialises them, as PyTorch's compiler does)."""
+        0 and 1 stay constants (ShapeEnv specialises them, as PyTorch's compiler does), and so do
+        negative ints (None: the caller guards the value)."""
         if source in self.input_by_key:
             return self.input_by_key[source]
         assert self.shape_env is not None
+        if value < 0:
+            # a negative int stays a constant: size symbols are positive (ShapeEnv refuses a positive
+            # symbol for it, and kiln.inductor's index algebra takes every symbol as non-negative)
+            return None
         ksrc = KilnSource(source)
         sym = self.shape_env.create_symbol(value, ksrc, dynamic_dim=DimDynamic.DYNAMIC)
         if not isinstance(sym, sympy.Symbol):

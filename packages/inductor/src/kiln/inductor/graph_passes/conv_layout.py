@@ -94,7 +94,14 @@ def _flops(n: fx.Node) -> float:
     out = _val(n) if n.target is CONV else _val(n.args[0])  # backward: grad_output has the output's shape
     if isinstance(out, (tuple, list)) or not isinstance(out, torch.Tensor):
         return 0.0
-    return 2.0 * _numel(out) * w.shape[1] * w.shape[2] * w.shape[3]
+    _, c_in, kh, kw = _weight_shape(w)
+    return 2.0 * _numel(out) * c_in * kh * kw
+
+
+def _weight_shape(w: torch.Tensor) -> tuple[int, ...]:
+    """A weight's shape, symbolic sizes (a weight passed as a dynamic input) at their traced example
+    values: the layout choice is a cost estimate, and comparing symbols would need guards."""
+    return tuple(_hint(s) for s in w.shape)
 
 
 def _dense_wide_share(convs: list[fx.Node]) -> float:
@@ -105,18 +112,20 @@ def _dense_wide_share(convs: list[fx.Node]) -> float:
         _, w, groups, _ = _operands(n)
         f = _flops(n)
         total += f
-        if groups == 1 and w.shape[1] > CPU_WIDE_CHANNELS and (w.shape[2] > 1 or w.shape[3] > 1):
+        _, c_in, kh, kw = _weight_shape(w)
+        if groups == 1 and c_in > CPU_WIDE_CHANNELS and (kh > 1 or kw > 1):
             wide += f
     return wide / total if total > 0 else 0.0
 
 
 def _kind(n: fx.Node) -> str:
     _, w, groups, _ = _operands(n)
-    if groups > 1 and w.shape[1] > 1:
+    c_out, c_in, kh, _ = _weight_shape(w)
+    if groups > 1 and c_in > 1:
         return "grouped"
-    if w.shape[0] <= 64 and w.shape[1] <= 64:
+    if c_out <= 64 and c_in <= 64:
         return "small"
-    if w.shape[0] * 2 <= w.shape[1] and w.shape[2] > 1:
+    if c_out * 2 <= c_in and kh > 1:
         return "in_out"
     return "default"
 
@@ -246,7 +255,7 @@ def _activation_outputs(gm: fx.GraphModule, convs: list[fx.Node]) -> tuple[int, 
     count = elems = 0
     for k, a in enumerate(flat):
         v = _val(a)
-        if (k not in free and a in downstream and isinstance(v, torch.Tensor) and v.dim() == 4
+        if (not _layout_free(k, v, free) and a in downstream and isinstance(v, torch.Tensor) and v.dim() == 4
                 and v.is_floating_point() and not _is_channels_last(v)):
             count, elems = count + 1, elems + _numel(v)
     return count, elems
@@ -376,9 +385,9 @@ def _replace_arg(n: fx.Node, position: int, new: fx.Node) -> None:
 def _restore_output_strides(gm: fx.GraphModule, before: dict[int, tuple[Any, ...]]) -> int:
     """Copy outputs whose traced stride changed back to eager's (dense) stride; returns the count.
 
-    Outputs listed in ``GraphAnnotations.layout_free_outputs`` are exempt: only a later compiled graph reads them
-    (saved activations), and whoever set the mark reads ``CompiledGraph.output_strides`` to compile
-    that graph for the layout they really have."""
+    Outputs listed in ``GraphAnnotations.layout_free_outputs`` with static strides are exempt: only a
+    later compiled graph reads them (saved activations), and whoever set the mark reads
+    ``CompiledGraph.output_strides`` to compile that graph for the layout they really have."""
     out = next(n for n in gm.graph.nodes if n.op == "output")
     flat, spec = torch.utils._pytree.tree_flatten(out.args[0])
     free = frozenset(annotations_of(gm).layout_free_outputs or ())
@@ -386,7 +395,7 @@ def _restore_output_strides(gm: fx.GraphModule, before: dict[int, tuple[Any, ...
     for k, a in enumerate(flat):
         v = _val(a)
         old = before.get(k)
-        if k in free or old is None or not isinstance(v, torch.Tensor) or _stride_key(v) == old:
+        if _layout_free(k, v, free) or old is None or not isinstance(v, torch.Tensor) or _stride_key(v) == old:
             continue
         order = sorted(range(v.dim()), key=lambda d: (-_expr_hint(old[d], v), d))  # eager's dims, outermost first
         inverse = [order.index(d) for d in range(v.dim())]
@@ -401,6 +410,14 @@ def _restore_output_strides(gm: fx.GraphModule, before: dict[int, tuple[Any, ...
         fixed += 1
     out.args = (torch.utils._pytree.tree_unflatten(flat, spec),)
     return fixed
+
+
+def _layout_free(k: int, v: Any, free: frozenset[int]) -> bool:
+    """Whether output ``k`` (value ``v``) may keep the layout the rewrite gave it: it is marked
+    layout-free and its strides are ints (a symbolic batch alone leaves them so). ``CompiledGraph.output_strides`` reports symbolic strides
+    as None, so the graph reading a symbolic-size output would be compiled for the traced (NCHW)
+    strides while it gets channels-last ones: its backward read every saved activation transposed."""
+    return k in free and isinstance(v, torch.Tensor) and not any(isinstance(x, torch.SymInt) for x in v.stride())
 
 
 def output_strides(gm: fx.GraphModule) -> dict[int, tuple[Any, ...]]:

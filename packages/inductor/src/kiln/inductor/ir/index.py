@@ -152,8 +152,12 @@ def is_dense(shape: Sequence[object], stride: Sequence[object]) -> bool:
 
 
 def _dense_symbolic(shape: Sequence[object], stride: Sequence[object]) -> bool:
-    """Each next stride is the product of the sizes before it, in some order of the dims."""
-    left = [(sympy.sympify(st), sympy.sympify(sz)) for sz, st in zip(shape, stride) if sz != 1]
+    """Each next stride is the product of the sizes before it, in some order of the dims.
+
+    A stride's ``Max(1, e)`` reads as ``e``: torch lays out contiguous strides over ``max(size, 1)``
+    (a convolution's output, sized ``H - k + 1 + 2p``, has stride ``Max(1, H - k + 1 + 2p)``), and
+    the two differ only when a size is 0, where the tensor has no element to lay out."""
+    left = [(_without_max_one(sympy.sympify(st)), sympy.sympify(sz)) for sz, st in zip(shape, stride) if sz != 1]
     expect: sympy.Expr = sympy.Integer(1)
     while left:
         hit = next((p for p in left if sympy.expand(p[0] - expect) == 0), None)
@@ -300,7 +304,7 @@ def _check_nonnegative_division(e: sympy.Expr, args: list[sympy.Expr]) -> None:
 
 def _dividend_shift(e: sympy.Expr, args: list[sympy.Expr]) -> int:
     """0 where the dividend is provably non-negative; else ``c`` such that dividend + c*divisor is
-    non-negative for every size (sizes >= 0). A convolution's output size ``(H + 2p - d*(k-1) - 1)//s + 1``
+    non-negative for every size (sizes >= 0) and float argument (any sign: ``int(s) % n``). A convolution's output size ``(H + 2p - d*(k-1) - 1)//s + 1``
     divides ``H - 1`` (negative only for H = 0): ``(H - 1)//2`` is computed as ``(H + 1)//2 - 1``.
     A dividend without a lower bound, or a divisor not provably positive, is refused."""
     dividend, divisors = args[0], args[1:]
@@ -311,8 +315,7 @@ def _dividend_shift(e: sympy.Expr, args: list[sympy.Expr]) -> int:
     if dividend.is_nonnegative is True:
         return 0
     try:  # on the ShapeEnv's form, which bound_sympy knows (sizes range over [0, oo)); -oo: unbounded
-        low = int(sympy.floor(bound_sympy(e.args[0], {x: ValueRanges(0, sympy.oo) for x in e.args[0].free_symbols})
-                              .lower))
+        low = int(sympy.floor(bound_sympy(e.args[0], {x: _value_range(x) for x in e.args[0].free_symbols}).lower))
     except (TypeError, ValueError, OverflowError, AttributeError, NotImplementedError):
         raise DynamicShapeUnsupported(f"size expression {e}: a division or remainder kiln.inductor cannot prove "
                                       "non-negative (C and Python round negative operands differently)") from None
@@ -443,8 +446,26 @@ def derived_size(e: sympy.Expr) -> DerivedSize:
         source = text if text.startswith("int(") else f"int({text})"
     except SymbolicSizeError as err:
         raise DynamicShapeUnsupported(f"size expression {e} has no Python form: {err}") from err
-    # non-negative only where that holds for every size (kiln's sizes may be 0): a division or
-    # remainder over it relies on that (_check_nonnegative_division)
-    low = bound_sympy(e, {x: ValueRanges(0, sympy.oo) for x in e.free_symbols}).lower
+    # non-negative only where that holds for every size (kiln's sizes may be 0) and every value of a
+    # float argument (``int(s)`` of ``s = -1.5``): a division or remainder over it relies on that
+    # (_check_nonnegative_division)
+    low = bound_sympy(e, {x: _value_range(x) for x in e.free_symbols}).lower
     name = "s_" + hashlib.sha1(source.encode()).hexdigest()[:12]
     return DerivedSize(name, source, tuple(sorted(str(x) for x in e.free_symbols)), bool(low >= 0))
+
+
+def _value_range(x: sympy.Symbol) -> ValueRanges:
+    """What the compiled graph may see for ShapeEnv symbol ``x``: its range there, else [0, oo) for an
+    integer (a size) and any real for a float argument's symbol."""
+    env = _POSITIVE_SIZES.get()[1]
+    known = getattr(env, "var_to_range", None) or {}
+    if x in known:
+        return known[x]
+    return ValueRanges(0, sympy.oo) if x.is_integer else ValueRanges(-sympy.oo, sympy.oo)
+
+
+def _without_max_one(e: sympy.Expr) -> sympy.Expr:
+    if not e.has(sympy.Max):
+        return e
+    return e.replace(lambda a: isinstance(a, sympy.Max) and len(a.args) == 2 and sympy.Integer(1) in a.args,
+                     lambda a: next(x for x in a.args if x != 1))

@@ -146,3 +146,30 @@ def size_value(n: IndexExpr, dtype: torch.dtype) -> Expr:
 
 def zero() -> sympy.Expr:
     return sympy.Integer(0)
+
+
+def symbolic_start(node: fx.Node, position: int, start: IndexExpr, dim: int) -> IndexExpr:
+    """A symbolic slice start (argument ``position`` of ``node``, over dim ``dim`` of its first argument)
+    as torch normalizes it: ``x[int(f):]`` with f = -1.5 counts from the end, and ``x[n - 6:]`` at n = 2
+    clamps to 0 (see ``negative_at_example``)."""
+    if not negative_at_example(node, position, start):
+        return start
+    size = meta(node.args[0]).shape[dim]  # type: ignore[arg-type]
+    if negative_at_example(node, position, start, size):
+        return sympy.Integer(0)
+    return start + _dim(size)
+
+
+def negative_at_example(node: fx.Node, position: int, value: object, plus: Any = 0) -> bool:
+    """Whether a symbolic start or index (argument ``position`` of ``node``), plus ``plus`` (an int or
+    SymInt), is negative: sizes never are, but ``n - 6`` or a size rounded from a float argument
+    (``int(f)``) may be. Asked of the ShapeEnv: the example's answer, as a size guard where the trace
+    had not guarded it already (torch's slice asks, its slice_scatter does not), which the wrapper
+    checks per call."""
+    if not isinstance(value, sympy.Expr) or value.is_nonnegative is True:
+        return False
+    arg = node.args[position] if len(node.args) > position else None
+    v = arg.meta.get("val") if isinstance(arg, fx.Node) else arg
+    if not isinstance(v, torch.SymInt):
+        raise NotLowered(f"a symbolic start or index ({value}) without a SymInt to ask its sign")
+    return bool(v + plus < 0)

@@ -29,7 +29,7 @@ from ..ir import (
     product,
     reads,
 )
-from .common import Rule, out_dtype, out_shape, size_value
+from .common import Rule, out_dtype, out_shape, size_value, symbolic_start
 from .context import LoweringContext, NotLowered
 from .values import Lazy, Strided, TensorValue, broadcast_at, value_at
 
@@ -230,6 +230,8 @@ def _slice_scatter(ctx: LoweringContext, node: fx.Node, x: TensorValue, src: Ten
         s = max(0, min(size, s + size if s < 0 else s))
     elif isinstance(s, int) and s < 0:
         raise NotLowered("slice_scatter from the end of a symbolic dim")  # its clamp is a Max: through ATen
+    elif not isinstance(s, int):
+        s = symbolic_start(node, 3, s, dim)
     length = src.shape[dim]
     d = out_dtype(node)
     iv = list(index_vars("i", n))

@@ -11,7 +11,7 @@ from torch import fx
 from kiln.graph import view_strides as aten_view_strides
 
 from ..ir import FloorDiv, IndexExpr, ModIndex, as_index, contiguous_strides, index_vars
-from .common import Rule, meta, out_shape
+from .common import Rule, meta, negative_at_example, out_shape, symbolic_start
 from .context import LoweringContext, NotLowered
 from .values import Lazy, Strided, TensorValue, broadcast_at, value_at
 
@@ -203,6 +203,8 @@ def _slice(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int = 0, st
         s = max(0, min(size, s + size if s < 0 else s))
     elif isinstance(s, int) and s < 0:
         raise NotLowered("a slice from the end of a symbolic dim")  # its clamp is a Max: through ATen
+    elif not isinstance(s, int):
+        s = symbolic_start(node, 2, s, dim)
     shape = out_shape(node)
     if isinstance(x, Strided):
         st = list(x.stride)
@@ -219,7 +221,7 @@ RULES["aten.slice.Tensor"] = _slice
 def _select(ctx: LoweringContext, node: fx.Node, x: TensorValue, dim: int, index: int) -> TensorValue:
     n = len(x.shape)
     dim = _norm_dim(dim, n)
-    if isinstance(index, int) and index < 0:
+    if isinstance(index, int) and index < 0 or not isinstance(index, int) and negative_at_example(node, 2, index):
         index = index + x.shape[dim]
         index = int(index) if isinstance(index, (int, sympy.Integer)) else index
     shape = out_shape(node)
