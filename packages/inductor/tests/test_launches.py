@@ -198,7 +198,7 @@ def test_decode_layer_on_cuda_writes_both_caches_and_the_query_in_one_launch() -
                           ((s, 4, c // 4), bf16))
         gm = trace(_decode_layer, *args)
         annotate(gm, GraphAnnotations(input_mutations=((1, 6), (2, 7))))
-        cg = compile_graph(gm, args, options=STRICT)
+        cg = compile_graph(gm, args, options=InductorOptions(strict_lowering=True, decode_attention=True))
     launches = wrapper_launches(cg)
     assert not [x for x in launches if x.startswith("extern")], launches
     assert sum(x.startswith("group") for x in launches) == 1 and sum(x.startswith("attn_") for x in launches) == 1
