@@ -203,3 +203,23 @@ def test_decode_layer_on_cuda_writes_both_caches_and_the_query_in_one_launch() -
     assert not [x for x in launches if x.startswith("extern")], launches
     assert sum(x.startswith("group") for x in launches) == 1 and sum(x.startswith("attn_") for x in launches) == 1
     assert len(launches) == 4, launches
+
+
+@pytest.mark.parametrize("kwargs", [{"scale": 0.3}, {"dropout_p": 0.0, "is_causal": True, "scale": 0.3}])
+def test_decode_attention_reads_the_cuda_ops_keyword_arguments(kwargs) -> None:
+    """ATen's CUDA attention ops take ``scale`` by keyword only (and dropout/is_causal either way): the
+    template read positions only, so a CUDA call's scale was dropped (found by the GPU test: results off
+    by 0.4); a causal call by keyword keeps the library kernel."""
+    bf16 = torch.bfloat16
+
+    def f(q, k, v, bias):
+        return (aten._scaled_dot_product_efficient_attention(q, k, v, bias, False, **kwargs)[0],)
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        args = _fake_cuda(((1, 4, 1, 32), bf16), ((1, 4, 64, 32), bf16), ((1, 4, 64, 32), bf16), ((1, 4, 1, 64), bf16))
+        cg = compile_graph(trace(f, *args), args, options=InductorOptions(strict_lowering=True, decode_attention=True))
+    code = cg.texts["output_code"]
+    if kwargs.get("is_causal"):
+        assert "_launch_attn_" not in code and "_scaled_dot_product_efficient_attention" in code
+    else:
+        assert "_launch_attn_" in code and "* 0.3" in code, code

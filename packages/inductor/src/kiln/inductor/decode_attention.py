@@ -51,13 +51,17 @@ MAX_POSITIONS = 8192
 # each (64 float32 per thread at 4 warps); fewer, larger blocks mean fewer dependent rounds to memory
 TILE_ELEMENTS = 8192
 
-# target -> (argument positions of q, k, v, the mask or None, dropout, is_causal, scale keyword or position)
-_FORWARD: dict[str, dict[str, Any]] = {
-    "aten._scaled_dot_product_cudnn_attention.default": {"mask": 3, "dropout": 5, "causal": 6, "scale": 8},
-    "aten._scaled_dot_product_efficient_attention.default": {"mask": 3, "dropout": 5, "causal": 6, "scale": 7},
-    "aten._scaled_dot_product_flash_attention.default": {"mask": None, "dropout": 3, "causal": 4, "scale": 6},
-    "aten._scaled_dot_product_flash_attention_for_cpu.default": {"mask": "attn_mask", "dropout": 3, "causal": 4,
-                                                                 "scale": "scale"},
+# target -> where each argument is: (position or None, keyword). ATen's CUDA attention ops take ``scale``
+# by keyword only; dropout and is_causal come either way (reading a position only missed a keyword's value)
+_FORWARD: dict[str, dict[str, tuple[int | None, str]]] = {
+    "aten._scaled_dot_product_cudnn_attention.default": {
+        "mask": (3, "attn_bias"), "dropout": (5, "dropout_p"), "causal": (6, "is_causal"), "scale": (None, "scale")},
+    "aten._scaled_dot_product_efficient_attention.default": {
+        "mask": (3, "attn_bias"), "dropout": (5, "dropout_p"), "causal": (6, "is_causal"), "scale": (None, "scale")},
+    "aten._scaled_dot_product_flash_attention.default": {
+        "mask": (None, ""), "dropout": (3, "dropout_p"), "causal": (4, "is_causal"), "scale": (None, "scale")},
+    "aten._scaled_dot_product_flash_attention_for_cpu.default": {
+        "mask": (None, "attn_mask"), "dropout": (3, "dropout_p"), "causal": (4, "is_causal"), "scale": (None, "scale")},
 }
 
 
@@ -87,12 +91,12 @@ class DecodeAttentionKernel(Kernel):
                 f"{s.k.as_text()} * {s.scale:g}{mask}) @ {s.v.as_text()}")
 
 
-def _arg(e: ExternKernel, where: int | str | None) -> Any:
-    if where is None:
-        return None
-    if isinstance(where, str):
-        return dict(e.kwargs).get(where)
-    return e.args[where] if where < len(e.args) else None
+def _arg(e: ExternKernel, where: tuple[int | None, str]) -> Any:
+    """The call's argument at position ``where[0]`` or by keyword ``where[1]`` (None when absent)."""
+    position, keyword = where
+    if position is not None and position < len(e.args):
+        return e.args[position]
+    return dict(e.kwargs).get(keyword) if keyword else None
 
 
 def _value(a: Any, default: Any) -> Any:
