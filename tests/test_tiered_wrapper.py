@@ -167,6 +167,44 @@ def test_layouts_are_compared_as_expressions() -> None:
     assert "cannot return output 0" in str(_differs([s], [_plan((s, 16), (16, 1))]))
 
 
+class _Doubling:
+    """A wrapper's ``call_owned``: empties its argument list as the real ones do, counts its calls."""
+
+    def __init__(self, fail: bool) -> None:
+        self.fail, self.calls = fail, 0
+
+    def call_owned(self, args: list) -> tuple:
+        x = args[0]
+        args.clear()
+        self.calls += 1
+        if self.fail:
+            raise RuntimeError("kiln C++ wrapper: Expected Tensor but got None")
+        return (x * 2,)
+
+
+def test_a_cpp_wrapper_failing_in_its_trial_leaves_the_graph_on_the_python_wrapper(
+        caplog: pytest.LogCaptureFixture) -> None:
+    python, cpp = _Doubling(False), _Doubling(True)
+    call = TieredCall(python, "g", trial_calls=2, retry_safe=True)
+    call._built(cpp, PortableProgram(""))  # type: ignore[arg-type]
+    with caplog.at_level(logging.WARNING, logger="kiln.perf_hints"):
+        for _ in range(4):  # every call answers, the first C++ one included (run again on Python)
+            x = torch.randn(3)
+            torch.testing.assert_close(call(x)[0], x * 2)
+    assert call.tier == "python" and cpp.calls == 1 and python.calls == 4  # 3 calls + the failed one again
+    assert "failed in its trial (RuntimeError: kiln C++ wrapper: Expected Tensor but got None)" in caplog.text
+
+
+def test_a_failing_cpp_call_of_a_graph_writing_its_inputs_reaches_the_caller() -> None:
+    # it may have written some inputs before it failed: running the call again would write them twice
+    python, cpp = _Doubling(False), _Doubling(True)
+    call = TieredCall(python, "g", trial_calls=2, retry_safe=False)
+    call._built(cpp, PortableProgram(""))  # type: ignore[arg-type]
+    call(torch.randn(3))  # the trial's first call is the Python wrapper's
+    with pytest.raises(RuntimeError, match="Expected Tensor but got None"):
+        call(torch.randn(3))
+
+
 SECOND_PROCESS = textwrap.dedent("""
     import sys
     import torch

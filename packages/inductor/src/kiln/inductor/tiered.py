@@ -15,7 +15,9 @@ before then ran the Python wrapper throughout.
 Never silently different: the calls move only when the library lays out every output as the Python
 wrapper does (shape, stride, offset, dtype; symbolic sizes compared as expressions). A graph the C++
 wrapper cannot run, a failed build or a differing layout keeps the Python wrapper, and perf_hints says
-why. ``wait_tiered()`` blocks until every queued build has finished (benchmarks, tests).
+why. A C++ call that raises during the trial does too; the call runs again on the Python wrapper when the
+graph writes none of its inputs (else the error reaches the caller: the failed call may have written some).
+``wait_tiered()`` blocks until every queued build has finished (benchmarks, tests).
 
 The caller (kiln.compile's inductor backend) asks for it only where ``wrapper="cpp"`` serves: inference
 graphs in default mode.
@@ -35,7 +37,7 @@ from typing import Any
 import sympy
 from torch import fx
 
-from kiln.graph import CompiledGraph, PortableProgram, log
+from kiln.graph import CompiledGraph, PortableProgram, annotations_of, log
 from kiln.runtime import KernelBuildError
 from kiln.runtime.cxx import GraphLibrary, PackageError
 
@@ -56,11 +58,14 @@ class TieredCall:
     background build has finished, either way; ``measured``: the trial's median microseconds per call,
     Python then C++)."""
 
-    __slots__ = ("call", "name", "tier", "ready", "program", "measured", "trial_calls", "_python", "_cpp",
-                 "_times", "_callbacks", "_calls", "_after", "_start", "__weakref__")
+    __slots__ = ("call", "name", "tier", "ready", "program", "measured", "trial_calls", "retry_safe", "_python",
+                 "_cpp", "_times", "_callbacks", "_calls", "_after", "_start", "__weakref__")
 
-    def __init__(self, first: Any, name: str, trial_calls: int, after_calls: int = 0) -> None:
+    def __init__(self, first: Any, name: str, trial_calls: int, after_calls: int = 0, retry_safe: bool = False) -> None:
         self._python: Callable[[list], tuple] = first.call_owned
+        # the graph writes none of its inputs: a C++ call that fails partway left nothing the caller sees, so
+        # the Python wrapper may run the same call again (``_try``)
+        self.retry_safe = retry_safe
         # after_calls > 0: calls are counted and the build starts at that count (``start``)
         self.call = self._count if after_calls > 0 else self._python
         self._calls, self._after = 0, after_calls
@@ -112,14 +117,30 @@ class TieredCall:
         cpp = self._cpp
         run = cpp if cpp is not None and len(cc) < len(py) else self._python
         on_cpp = run is cpp
+        again = list(args) if on_cpp and self.retry_safe else None  # (the call empties ``args``)
         t0 = time.perf_counter()
-        out = run(args)
+        try:
+            out = run(args)
+        except Exception as e:
+            if again is None:
+                raise  # on the Python wrapper, or inputs the failed call may have written: the caller sees it
+            self._failed(e)
+            return self._python(again)
         (cc if on_cpp else py).append(time.perf_counter() - t0)
         if len(cc) >= self.trial_calls and self.tier == "trial":  # (a call in another thread may have settled it)
             py_us, cc_us = (1e6 * statistics.median(t[1:] or t) for t in (py, cc))  # the first of each: warm-up
             self.measured = (py_us, cc_us)
             self._settle(cc_us <= py_us * KEEP_CPP_WITHIN)
         return out
+
+    def _failed(self, e: Exception) -> None:
+        """The C++ wrapper raised in its trial: the graph stays on the Python wrapper for good."""
+        self.call, self.tier, self.program, self._cpp = self._python, "python", None, None
+        with _BUILDS.cond:
+            self._callbacks.clear()
+        log("perf_hints").warning("graph %r keeps the Python wrapper (wrapper='tiered'): its C++ wrapper failed in "
+                                  "its trial (%s: %s); the call ran again on the Python wrapper", self.name,
+                                  type(e).__name__, str(e)[:300])
 
     def _settle(self, cpp: bool) -> None:
         program = self.program
@@ -231,7 +252,8 @@ def tier_up(compiled: CompiledGraph, gm: fx.GraphModule, inputs: Sequence[Any], 
             name: str) -> CompiledGraph:
     """``compiled`` (the Python wrapper's graph over ``gm``'s lifted inputs) with its calls moving to the
     C++ wrapper's library when the background thread has built it."""
-    fn = TieredCall(compiled.fn, name, options.tiered_trial_calls, options.tiered_after_calls)
+    fn = TieredCall(compiled.fn, name, options.tiered_trial_calls, options.tiered_after_calls,
+                    retry_safe=not annotations_of(gm).input_mutations)
     outputs = compiled.loop_program.outputs if compiled.loop_program is not None else None  # type: ignore[attr-defined]
     cpp_options = options.replace(wrapper="cpp")
     ref = weakref.ref(fn)  # a graph dropped before its turn (a recompile replaced it) is not built
