@@ -160,11 +160,18 @@ def _recomputable(n: fx.Node) -> bool:
 def _checkpointed(n: fx.Node) -> bool:
     """A tensor value traced inside ``torch.utils.checkpoint`` (capture's region tag) that the backward
     may compute again: anything but random draws (a recompute would draw new values) and ops with
-    effects. The min-cut never saves it, as eager's checkpoint saves only the region's inputs."""
-    if n.meta.get(CHECKPOINT_TAG) is None or not isinstance(n.meta.get("val"), torch.Tensor):
+    effects. The min-cut never saves it, as eager's checkpoint saves only the region's inputs. A
+    multi-output op (an eval-mode BatchNorm, ``var_mean``) counts as its tuple, and one of its results as
+    the op: they are recomputed together, or the result is saved."""
+    if n.meta.get(CHECKPOINT_TAG) is None:
         return False
+    val = n.meta.get("val")
     if n.target is operator.getitem:
-        return True
+        parent = n.args[0]
+        return isinstance(val, torch.Tensor) and isinstance(parent, fx.Node) and _checkpointed(parent)
+    if not (isinstance(val, torch.Tensor) or isinstance(val, (tuple, list)) and val
+            and all(v is None or isinstance(v, torch.Tensor) for v in val)):
+        return False
     if not isinstance(n.target, torch._ops.OpOverload):
         return False
     return torch.Tag.nondeterministic_seeded not in n.target.tags and is_pure_op(n.target)
