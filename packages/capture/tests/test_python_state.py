@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import warnings
 
 import torch
 from torch import nn
@@ -181,3 +182,26 @@ def test_defaultdict_factory_runs_every_call(recorder):
         made[0] = start
         torch.testing.assert_close(opt(x), want)
         assert made[0] == start + 2
+
+
+def test_defaultdict_from_outside_reads_a_missing_key(recorder):
+    """A ``defaultdict`` passed in (GradScaler's ``_per_optimizer_states``, keyed by ``id(optimizer)``) and
+    read at a key it lacks: the traced copy lost its factory, so the read raised KeyError and the frame ran
+    eagerly for good. Its factory now runs, and the new key is written back to the caller's dict."""
+    def f(x, d, k):
+        entry = d[k]
+        entry["seen"] += 1
+        return x * entry["scale"] + entry["seen"]
+
+    def fresh() -> dict:
+        return {"scale": 2.0, "seen": 0}
+    opt = kc.optimize(f, recorder)
+    ours, theirs = collections.defaultdict(fresh), collections.defaultdict(fresh)
+    for k in (1, 2, 1, 3):
+        x = torch.randn(3)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = opt(x, ours, k)
+        assert not [w for w in caught if "EAGERLY" in str(w.message)], [str(w.message) for w in caught]
+        torch.testing.assert_close(got, f(x, theirs, k))
+        assert ours == theirs and ours.default_factory is fresh

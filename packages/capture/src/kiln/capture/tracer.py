@@ -16,7 +16,7 @@ import operator
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import sympy
 import torch
@@ -303,7 +303,8 @@ class Tracer:
                 self.add_guard(source, "DICT_KEYS", tuple(keys))
                 out = {k: self.wrap(value[k], item_source(source, k)) for k in keys}
                 if t is not dict:
-                    d = cast(Any, t).__new__(t)
+                    d = value.copy()  # of its type, a defaultdict's factory kept (read for a missing key)
+                    d.clear()
                     d.update(out)
                     out = d
                 self._remember(out, source)
