@@ -205,3 +205,42 @@ def test_defaultdict_from_outside_reads_a_missing_key(recorder):
         assert not [w for w in caught if "EAGERLY" in str(w.message)], [str(w.message) for w in caught]
         torch.testing.assert_close(got, f(x, theirs, k))
         assert ours == theirs and ours.default_factory is fresh
+
+
+class _CountingProperty(nn.Module):
+    """A property whose getter has effects: it counts its reads and steps a buffer in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("steps", torch.zeros(()))
+        self.reads = 0
+
+    @property
+    def scaled(self) -> torch.Tensor:
+        self.reads += 1
+        self.steps.add_(1)
+        return self.lin.weight * self.steps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.scaled
+
+
+def test_module_property_getter_runs_once_per_call(recorder):
+    """``self.scaled`` on a module was read for real, once for the guards and once for the graph's
+    inputs (and once more by the capture): its effects ran two or three times a call. A spectral-norm
+    parametrization's power iteration (``self.weight``) ran that many times per training step. The getter
+    is traced now, its effects part of the graph."""
+    from torch.nn.utils import parametrizations
+
+    torch.manual_seed(0)
+    for make in (_CountingProperty, lambda: parametrizations.spectral_norm(nn.Linear(6, 3))):
+        model = make()
+        eager = copy.deepcopy(model)
+        opt = kc.optimize(model, recorder)
+        for _ in range(4):
+            x = torch.randn(2, 3 if isinstance(model, _CountingProperty) else 6)
+            torch.testing.assert_close(opt(x), eager(x))
+            for (name, b), c in zip(model.named_buffers(), eager.buffers()):
+                torch.testing.assert_close(b, c, msg=name)
+        assert getattr(model, "reads", 0) == getattr(eager, "reads", 0)
