@@ -244,3 +244,29 @@ def test_module_property_getter_runs_once_per_call(recorder):
             for (name, b), c in zip(model.named_buffers(), eager.buffers()):
                 torch.testing.assert_close(b, c, msg=name)
         assert getattr(model, "reads", 0) == getattr(eager, "reads", 0)
+
+
+class _Settings:
+    """A plain object whose property counts its reads and computes with the count."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        self.w, self.n = w, 0
+
+    @property
+    def weight(self) -> torch.Tensor:
+        self.n += 1
+        return self.w * self.n
+
+
+def test_object_property_getter_runs_once_per_call(recorder):
+    """The same for any object from outside: the getter ran twice a call, and the graph computed with the
+    value of the second read (the output used ``n`` one ahead of eager's)."""
+    def f(x, settings):
+        return x * settings.weight
+    opt = kc.optimize(f, recorder)
+    w = torch.randn(3)
+    ours, theirs = _Settings(w), _Settings(w.clone())
+    for _ in range(4):
+        x = torch.randn(3)
+        torch.testing.assert_close(opt(x, ours), f(x, theirs))
+        assert ours.n == theirs.n
