@@ -105,3 +105,92 @@ def test_reentrant_checkpoint_without_grad_inputs_runs_as_eager() -> None:
         if out.requires_grad:
             out.backward()
         assert lin.weight.grad is None
+
+
+class _NormBlock(nn.Module):
+    """A checkpointed region updating BatchNorm's running statistics (through the module, which also
+    adds to ``num_batches_tracked``, or ``F.batch_norm`` alone) and a buffer of its own."""
+
+    def __init__(self, how: str, reentrant: bool) -> None:
+        super().__init__()
+        self.how, self.reentrant = how, reentrant
+        self.lin, self.bn, self.head = nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Linear(8, 2)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def region(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        if self.how == "module":
+            h = self.bn(h)
+        elif self.how == "functional":
+            h = F.batch_norm(h, self.bn.running_mean, self.bn.running_var, self.bn.weight, self.bn.bias,
+                             training=True, momentum=0.2)
+        else:
+            self.calls.add_(1)
+        return torch.relu(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(checkpoint(self.region, x, use_reentrant=self.reentrant)).sum()
+
+
+def test_checkpointed_writes_to_buffers_repeat_as_eager() -> None:
+    """Eager's checkpoint runs the region again in the backward, and its in-place writes to tensors
+    from outside the region with it: BatchNorm's running statistics are updated twice per step. Traced
+    inline, the writes happened once (and BatchNorm's made the partitioner fail); now such a region breaks
+    the graph and the checkpoint runs in Python, its function compiled, as eager."""
+    for how in ("module", "functional", "buffer"):
+        for reentrant in (False, True):
+            torch.manual_seed(0)
+            model, eager = _NormBlock(how, reentrant), _NormBlock(how, reentrant)
+            eager.load_state_dict(model.state_dict())
+            compiled = kiln.compile(model, backend="aot_eager")
+            for n in (4, 4, 6):
+                x = torch.randn(n, 8, requires_grad=True)
+                got, want = compiled(x), eager(x)
+                torch.testing.assert_close(got, want)
+                got.backward()
+                gx, x.grad = x.grad, None
+                want.backward()
+                torch.testing.assert_close(gx, x.grad)
+                for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+                    torch.testing.assert_close(p.grad, q.grad, msg=name)
+                for (name, b), c in zip(model.named_buffers(), eager.buffers()):
+                    torch.testing.assert_close(b, c, msg=f"{how} reentrant={reentrant}: {name}")
+
+
+class _MultiOutputRegion(nn.Module):
+    """Ops with several results inside the region: LayerNorm, ``var_mean``, ``max`` with indices and an
+    eval-mode BatchNorm (which writes nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin, self.ln, self.bn = nn.Linear(6, 6), nn.LayerNorm(6), nn.BatchNorm1d(6)
+
+    def region(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.ln(self.lin(x))
+        var, mean = torch.var_mean(h, dim=0)
+        top, _ = h.max(dim=1, keepdim=True)
+        return self.bn((h - mean) / (var + 1).sqrt() + top).tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return checkpoint(self.region, x, use_reentrant=False).pow(2).sum()
+
+
+def test_multi_output_ops_inside_a_checkpoint() -> None:
+    """A multi-output op in the region (eval-mode BatchNorm's is banned from recomputation elsewhere) left
+    its result recomputable but the op itself not: the partitioner found no cut and raised."""
+    for backend in ("aot_eager", "inductor"):
+        torch.manual_seed(0)
+        model, eager = _MultiOutputRegion().eval(), _MultiOutputRegion().eval()
+        eager.load_state_dict(model.state_dict())
+        compiled = kiln.compile(model, backend=backend)
+        for n in (5, 5, 7):
+            x = torch.randn(n, 6, requires_grad=True)
+            got, want = compiled(x), eager(x)
+            torch.testing.assert_close(got, want)
+            got.backward()
+            gx, x.grad = x.grad, None
+            want.backward()
+            torch.testing.assert_close(gx, x.grad)
+            for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+                torch.testing.assert_close(p.grad, q.grad, msg=name)
+                p.grad, q.grad = None, None

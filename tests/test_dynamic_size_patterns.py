@@ -113,3 +113,27 @@ def test_slice_start_from_a_size_expression_that_goes_negative(fn) -> None:
         except RuntimeError:  # slice_scatter's two elements do not fit the slice at this size
             continue
         torch.testing.assert_close(g(x), want)
+
+
+def test_backward_of_a_chunk_reads_the_whole_size():
+    """``x.chunk(3)[0]`` trained: the cut saved the chunk (``(n + 2) // 3`` rows) and that size itself,
+    but the backward's buffers are written in ``n``, which no input of the backward was: its kernels
+    raised NameError. The forward now also returns ``n`` for it. Fresh inputs, sizes changing, the
+    gradients equal eager's."""
+    kiln.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    eager = torch.nn.Linear(6, 3)
+    eager.load_state_dict(model.state_dict())
+
+    def step(m, x, y):
+        loss = F.mse_loss(m(x.chunk(3)[0]), y.chunk(3)[0])
+        loss.backward()
+        return loss.detach()
+    cf = kiln.compile(step)
+    for n in (8, 6, 9, 7, 12, 10):
+        x, y = torch.randn(n, 6), torch.randn(n, 3)
+        torch.testing.assert_close(cf(model, x, y), step(eager, x, y))
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, msg=lambda m, n=n: f"size {n}: {m}")
+            p.grad = q.grad = None

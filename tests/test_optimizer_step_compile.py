@@ -134,3 +134,37 @@ def test_first_step_break_is_named_by_explain():
     # named as the first step's state creation, or (as CI's run saw) as the call of Adam._init_group, which
     # torch marks to run outside compiled code: either way the break says where the state is made
     assert any("first step" in b.reason or "_init_group" in b.reason for b in out.break_reasons), out
+
+
+def test_grad_scaler_step_is_traced_not_run_eagerly():
+    """A train step with ``torch.amp.GradScaler("cpu")``: ``scaler.step`` reads the scaler's
+    ``_per_optimizer_states[id(optimizer)]``, a defaultdict, at a key it lacks. The traced copy had lost the
+    factory, so tracing raised KeyError and the frame ran eagerly for good (with a warning). Parameters
+    and the scale equal eager's every step, a step with an inf gradient skipped by both."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    eager = copy.deepcopy(model)
+    opt, eager_opt = (torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, eager))
+    scaler, eager_scaler = (torch.amp.GradScaler("cpu", init_scale=2.0 ** 8, growth_interval=2) for _ in range(2))
+
+    def step(m, o, s, x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = m(x).float().pow(2).mean()
+        s.scale(loss).backward()
+        s.step(o)
+        s.update()
+        o.zero_grad()
+        return loss.detach()
+    compiled = kiln.compile(step, backend="aot_eager")
+    for i in range(5):
+        x = torch.randn(4, 6)
+        if i == 2:
+            x[0, 0] = float("inf")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compiled(model, opt, scaler, x)
+        assert not [w for w in caught if "EAGERLY" in str(w.message)], [str(w.message) for w in caught]
+        step(eager, eager_opt, eager_scaler, x)
+        for p, q in zip(model.parameters(), eager.parameters()):
+            torch.testing.assert_close(p, q, msg=lambda m, i=i: f"step {i}: {m}")
+        assert scaler.get_scale() == eager_scaler.get_scale()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import warnings
 
 import torch
 from torch import nn
@@ -181,3 +182,91 @@ def test_defaultdict_factory_runs_every_call(recorder):
         made[0] = start
         torch.testing.assert_close(opt(x), want)
         assert made[0] == start + 2
+
+
+def test_defaultdict_from_outside_reads_a_missing_key(recorder):
+    """A ``defaultdict`` passed in (GradScaler's ``_per_optimizer_states``, keyed by ``id(optimizer)``) and
+    read at a key it lacks: the traced copy lost its factory, so the read raised KeyError and the frame ran
+    eagerly for good. Its factory now runs, and the new key is written back to the caller's dict."""
+    def f(x, d, k):
+        entry = d[k]
+        entry["seen"] += 1
+        return x * entry["scale"] + entry["seen"]
+
+    def fresh() -> dict:
+        return {"scale": 2.0, "seen": 0}
+    opt = kc.optimize(f, recorder)
+    ours, theirs = collections.defaultdict(fresh), collections.defaultdict(fresh)
+    for k in (1, 2, 1, 3):
+        x = torch.randn(3)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            got = opt(x, ours, k)
+        assert not [w for w in caught if "EAGERLY" in str(w.message)], [str(w.message) for w in caught]
+        torch.testing.assert_close(got, f(x, theirs, k))
+        assert ours == theirs and ours.default_factory is fresh
+
+
+class _CountingProperty(nn.Module):
+    """A property whose getter has effects: it counts its reads and steps a buffer in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.register_buffer("steps", torch.zeros(()))
+        self.reads = 0
+
+    @property
+    def scaled(self) -> torch.Tensor:
+        self.reads += 1
+        self.steps.add_(1)
+        return self.lin.weight * self.steps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x @ self.scaled
+
+
+def test_module_property_getter_runs_once_per_call(recorder):
+    """``self.scaled`` on a module was read for real, once for the guards and once for the graph's
+    inputs (and once more by the capture): its effects ran two or three times a call. A spectral-norm
+    parametrization's power iteration (``self.weight``) ran that many times per training step. The getter
+    is traced now, its effects part of the graph."""
+    from torch.nn.utils import parametrizations
+
+    torch.manual_seed(0)
+    for make in (_CountingProperty, lambda: parametrizations.spectral_norm(nn.Linear(6, 3))):
+        model = make()
+        eager = copy.deepcopy(model)
+        opt = kc.optimize(model, recorder)
+        for _ in range(4):
+            x = torch.randn(2, 3 if isinstance(model, _CountingProperty) else 6)
+            torch.testing.assert_close(opt(x), eager(x))
+            for (name, b), c in zip(model.named_buffers(), eager.buffers()):
+                torch.testing.assert_close(b, c, msg=name)
+        assert getattr(model, "reads", 0) == getattr(eager, "reads", 0)
+
+
+class _Settings:
+    """A plain object whose property counts its reads and computes with the count."""
+
+    def __init__(self, w: torch.Tensor) -> None:
+        self.w, self.n = w, 0
+
+    @property
+    def weight(self) -> torch.Tensor:
+        self.n += 1
+        return self.w * self.n
+
+
+def test_object_property_getter_runs_once_per_call(recorder):
+    """The same for any object from outside: the getter ran twice a call, and the graph computed with the
+    value of the second read (the output used ``n`` one ahead of eager's)."""
+    def f(x, settings):
+        return x * settings.weight
+    opt = kc.optimize(f, recorder)
+    w = torch.randn(3)
+    ours, theirs = _Settings(w), _Settings(w.clone())
+    for _ in range(4):
+        x = torch.randn(3)
+        torch.testing.assert_close(opt(x, ours), f(x, theirs))
+        assert ours.n == theirs.n

@@ -160,11 +160,18 @@ def _recomputable(n: fx.Node) -> bool:
 def _checkpointed(n: fx.Node) -> bool:
     """A tensor value traced inside ``torch.utils.checkpoint`` (capture's region tag) that the backward
     may compute again: anything but random draws (a recompute would draw new values) and ops with
-    effects. The min-cut never saves it, as eager's checkpoint saves only the region's inputs."""
-    if n.meta.get(CHECKPOINT_TAG) is None or not isinstance(n.meta.get("val"), torch.Tensor):
+    effects. The min-cut never saves it, as eager's checkpoint saves only the region's inputs. A
+    multi-output op (an eval-mode BatchNorm, ``var_mean``) counts as its tuple, and one of its results as
+    the op: they are recomputed together, or the result is saved."""
+    if n.meta.get(CHECKPOINT_TAG) is None:
         return False
+    val = n.meta.get("val")
     if n.target is operator.getitem:
-        return True
+        parent = n.args[0]
+        return isinstance(val, torch.Tensor) and isinstance(parent, fx.Node) and _checkpointed(parent)
+    if not (isinstance(val, torch.Tensor) or isinstance(val, (tuple, list)) and val
+            and all(v is None or isinstance(v, torch.Tensor) for v in val)):
+        return False
     if not isinstance(n.target, torch._ops.OpOverload):
         return False
     return torch.Tag.nondeterministic_seeded not in n.target.tags and is_pure_op(n.target)
@@ -208,6 +215,50 @@ def _min_cut(s: _Split) -> list[fx.Node]:
         net.add_edge(f"{n.name}_out", "sink")
     reachable = net.source_side("source", "sink")
     return [n for n in _order(s) if f"{n.name}_in" in reachable and f"{n.name}_out" not in reachable]
+
+
+def _size_exprs(val: Any) -> list[Any]:
+    """The sympy expressions of a value's sizes: a SymInt's own, a tensor's sizes, strides and offset."""
+    if isinstance(val, torch.SymInt):
+        return [val.node.expr]
+    if isinstance(val, torch.Tensor):
+        return [x.node.expr for x in (*val.shape, *val.stride(), val.storage_offset())
+                if isinstance(x, torch.SymInt)]
+    return []
+
+
+def _symbol_sizes(g: fx.Graph, s: _Split, bw_inputs: list[fx.Node]) -> list[fx.Node]:
+    """Sizes the backward also takes so that every size symbol its inputs use is one of them whole.
+
+    Note: a compiler reads each symbol from an input that is exactly it (a size, a stride, a SymInt).
+    The cut may leave only compound values: ``x.chunk(3)[0]`` saved, its rows ``(s0 + 2) // 3``, says
+    nothing of ``s0`` itself (which its output shapes are written in). The forward then also returns
+    ``s0``: a size node of the forward that is exactly it, or one made from an input it is a size of."""
+    bound: set[Any] = set()
+    used: set[Any] = set()
+    for n in bw_inputs:
+        for e in _size_exprs(n.meta.get("val")):
+            if e.is_Symbol:
+                bound.add(e)
+            used |= e.free_symbols
+    missing = used - bound
+    if not missing:
+        return []
+    found: dict[Any, fx.Node] = {}
+    for n in [*s.primals, *sorted(s.fw_nodes, key=lambda n: n.name)]:
+        val = n.meta.get("val")
+        if isinstance(val, torch.SymInt) and val.node.expr in missing:
+            found.setdefault(val.node.expr, n)
+    last = [n for n in g.nodes if n.op == "placeholder"][-1]  # new size nodes go after the inputs
+    for p in s.primals:
+        val = p.meta.get("val")
+        for d, size in enumerate(val.shape if isinstance(val, torch.Tensor) else ()):
+            sym = size.node.expr if isinstance(size, torch.SymInt) else None
+            if sym in missing and sym not in found:
+                with g.inserting_after(last):
+                    found[sym] = last = g.call_function(torch.ops.aten.sym_size.int, (p, d))
+                found[sym].meta["val"] = size
+    return [found[sym] for sym in sorted(found, key=str)]
 
 
 def _descendants(roots: Iterable[fx.Node], within: set[fx.Node]) -> set[fx.Node]:
@@ -279,6 +330,7 @@ def partition(joint: JointGraph, partitioner: PartitionerName = "min_cut") -> Pa
         raise ValueError(f"unknown partitioner {partitioner!r}; use 'min_cut' or 'save_all'")
     sizes = [n for n in saved if _is_size(n)]
     saved = [n for n in saved if not _is_size(n)]
+    sizes += _symbol_sizes(joint.gm.graph, s, [*saved, *sizes, *s.tangents])
     for n in saved:
         if not isinstance(n.meta.get("val"), torch.Tensor):
             raise AutogradTraceError(f"partitioner {partitioner} chose to save non-tensor {n.name}")

@@ -602,7 +602,14 @@ def _same(t: Any) -> Any:
 
 def _checkpoint_compiled(ctx: CompileContext, function: Any, *args: Any, **kwargs: Any) -> Any:
     """``torch.utils.checkpoint.checkpoint`` met at a graph break: it runs in Python (its saved-tensor
-    hooks and recomputation), calling ``function`` compiled; the recomputation hits the same entry."""
+    hooks and recomputation), calling ``function`` compiled; the recomputation hits the same entry.
+
+    Note: eager's non-reentrant recompute stops once every saved tensor is back (``early_stop``), after
+    the op that saved the last one ran, its in-place writes included (a BatchNorm's running statistics
+    are updated again). A compiled graph saves all its tensors at once, before its writes to inputs are
+    applied, so stopping there would drop those writes: the recompute runs to the end."""
+    if kwargs.get("use_reentrant") is False:
+        kwargs = {**kwargs, "early_stop": False}
     return _CHECKPOINT(ctx.wrap_callee(function), *args, **kwargs)
 
 

@@ -104,6 +104,11 @@ def load_attr(frame: Frame, obj: Any, name: str) -> Any:
         static = lookup_static(type(obj), name) if not isinstance(obj, type) else None
         if isinstance(static, types.FunctionType) and name not in getattr(obj, "__dict__", {}):
             return types.MethodType(static, obj)
+        if isinstance(static, property) and isinstance(static.fget, types.FunctionType) \
+                and name not in getattr(obj, "__dict__", {}):
+            # traced, not read for real: the getter may have effects (a parametrization's power iteration
+            # updates buffers), which a read for the guards and another for the inputs ran twice a call
+            return frame.call(static.fget, [obj], {})
         value = _read_attr(tracer, obj, name, src)
         if isinstance(value, (types.MethodType, types.BuiltinMethodType, types.MethodWrapperType)) and \
                 getattr(value, "__self__", None) is obj:

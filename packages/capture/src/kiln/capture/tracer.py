@@ -16,7 +16,7 @@ import operator
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import sympy
 import torch
@@ -37,6 +37,7 @@ from kiln.graph import (
 )
 
 from .aliasing import InputTensors
+from .checkpoint import guard_region_writes
 from .deferred import is_random_target, seed_pending
 from .errors import BREAKING_ERRORS, GraphBreak
 from .foreign import is_immutable_constant, is_numpy_scalar, state_in_c
@@ -302,7 +303,8 @@ class Tracer:
                 self.add_guard(source, "DICT_KEYS", tuple(keys))
                 out = {k: self.wrap(value[k], item_source(source, k)) for k in keys}
                 if t is not dict:
-                    d = cast(Any, t).__new__(t)
+                    d = value.copy()  # of its type, a defaultdict's factory kept (read for a missing key)
+                    d.clear()
                     d.update(out)
                     out = d
                 self._remember(out, source)
@@ -565,6 +567,8 @@ class Tracer:
         self.refuse_random_after_seed(target)
         node_args = self.to_arg(args)
         node_kwargs = self.to_arg(kwargs)
+        region = self.checkpoint_region
+        check_writes = None if region is None else guard_region_writes(region, self.node_of, target, args, kwargs)
         try:
             with self.fake_mode:
                 with symbolic_dispatch(self._symbolic()):
@@ -576,6 +580,8 @@ class Tracer:
                 raise  # a genuine user error: the frame runs eagerly and raises it from user code
             raise GraphBreak(f"{_describe_target(target)} failed on fake tensors: "
                              f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+        if check_writes is not None:
+            check_writes()
         node = self.graph.create_node(kind, target, node_args, node_kwargs)
         if self.location:
             node.meta["stack_trace"] = self.location
