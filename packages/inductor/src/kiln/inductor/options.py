@@ -58,7 +58,7 @@ class InductorOptions:
     # neighbours instead of a cuBLAS call (graph_passes/gemv_as_reduction.py)
     gemv_as_reduction: bool = True
     # Triton backend: attention of one query row per head (decoding) as kiln's Triton kernel instead of the
-    # library call (decode_attention.py); off until it is timed against cuDNN's on a GPU
+    # library call (decode_attention.py); off: no faster than cuDNN's on an H100 (bs=1 decode, 2026-12-05)
     decode_attention: bool = False
     # a large CUDA matmul with a dimension that is not a multiple of 16 bytes runs on zero-padded
     # operands: cuBLAS's fast kernels need aligned leading dimensions (graph_passes/pad_matmuls.py)
