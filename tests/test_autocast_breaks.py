@@ -140,3 +140,30 @@ def test_gradient_after_a_resumed_no_grad_block(backend):
         torch.testing.assert_close(gx, torch.ones_like(x))
     ex = kiln.explain(no_grad_only)(torch.randn(4, 4, requires_grad=True))
     assert "enables it" in ex.as_text(), ex.as_text()
+
+
+def _autocast_nesting() -> int:
+    level = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return level - 1
+
+
+@pytest.mark.parametrize("fn", [inside, returns_inside])
+def test_a_break_inside_autocast_leaves_torchs_autocast_nesting_balanced(fn) -> None:
+    """The capture exited the block's real autocast state twice (at the break, then in its cleanup):
+    torch's nesting count went to -1, so leaving the outermost autocast block never cleared its cast cache
+    again, and later autocast code -- eager code too -- multiplied by stale bf16 casts of weights updated
+    since (a GradScaler training step diverged from eager's from its second step)."""
+    kiln.reset()
+    compiled = kiln.compile(fn, backend="aot_eager")
+    linear = torch.nn.Linear(3, 3)
+    for step in range(3):
+        compiled(torch.randn(4, 3))
+        assert _autocast_nesting() == 0
+        with torch.no_grad():
+            linear.weight.add_(1.0)  # an optimizer step: the next autocast block must cast the new weight
+        x = torch.randn(2, 3)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = linear(x)
+        want = torch.nn.functional.linear(x.bfloat16(), linear.weight.bfloat16(), linear.bias.bfloat16())
+        torch.testing.assert_close(got, want, msg=f"step {step}")

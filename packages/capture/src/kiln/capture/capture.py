@@ -137,7 +137,7 @@ def _package(tracer: Tracer, frame: Frame, outcome: FrameResult | BreakAt, grad_
     result_plan: Plan | None = None
     break_plan: BreakPlan | None = None
     if isinstance(outcome, BreakAt):
-        _close_autocast_blocks(tracer, outcome.stack)
+        _close_autocast_blocks(tracer, outcome.stack, frame.ctx.open_autocasts)
     for node, _ in reversed(tracer.resumed_autocasts):  # the states entered where resumed blocks ended
         tracer.root_graph.call_function(torch.amp.autocast_mode._exit_autocast, (node,))
     if isinstance(outcome, BreakAt):
@@ -234,13 +234,18 @@ def _SET_GRAD(outs: Any, L: dict, G: dict) -> Any:  # noqa: N802 (a plan: the fu
     return torch._C._set_grad_enabled
 
 
-def _close_autocast_blocks(tracer: Tracer, stack: list) -> None:
+def _close_autocast_blocks(tracer: Tracer, stack: list, open_autocasts: list) -> None:
     """A break inside ``torch.autocast``: the graph leaves the block (innermost first) and so does
-    the real state the trace entered; the rebuild plan enters it again for the resume function."""
+    the real state the trace entered (taken off ``open_autocasts``, which the capture's cleanup exits:
+    exited twice, torch's autocast nesting count went to -1, so its cast cache was never cleared again
+    and later autocast code, eager included, computed with stale casts of updated weights); the rebuild
+    plan enters it again for the resume function."""
     for v in reversed(stack):
         if isinstance(v, ContextExit) and isinstance(v.ctx, AutocastContext) and v.ctx.node is not None:
             tracer.root_graph.call_function(torch.amp.autocast_mode._exit_autocast, (v.ctx.node,))
             v.ctx.real.__exit__(None, None, None)
+            if v.ctx.real in open_autocasts:
+                open_autocasts.remove(v.ctx.real)
             v.ctx.node = None
 
 
