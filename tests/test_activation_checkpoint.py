@@ -132,6 +132,19 @@ class _NormBlock(nn.Module):
         return self.head(checkpoint(self.region, x, use_reentrant=self.reentrant)).sum()
 
 
+def _step_like_eager(compiled: nn.Module, model: nn.Module, eager: nn.Module, x: torch.Tensor) -> None:
+    """One forward and backward of the compiled model and of eager's copy: outputs, the input's gradient
+    and every parameter's gradient equal."""
+    got, want = compiled(x), eager(x)
+    torch.testing.assert_close(got, want)
+    got.backward()
+    gx, x.grad = x.grad, None
+    want.backward()
+    torch.testing.assert_close(gx, x.grad)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, msg=name)
+
+
 def test_checkpointed_writes_to_buffers_repeat_as_eager() -> None:
     """Eager's checkpoint runs the region again in the backward, and its in-place writes to tensors
     from outside the region with it: BatchNorm's running statistics are updated twice per step. Traced
@@ -144,15 +157,7 @@ def test_checkpointed_writes_to_buffers_repeat_as_eager() -> None:
             eager.load_state_dict(model.state_dict())
             compiled = kiln.compile(model, backend="aot_eager")
             for n in (4, 4, 6):
-                x = torch.randn(n, 8, requires_grad=True)
-                got, want = compiled(x), eager(x)
-                torch.testing.assert_close(got, want)
-                got.backward()
-                gx, x.grad = x.grad, None
-                want.backward()
-                torch.testing.assert_close(gx, x.grad)
-                for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-                    torch.testing.assert_close(p.grad, q.grad, msg=name)
+                _step_like_eager(compiled, model, eager, torch.randn(n, 8, requires_grad=True))
                 for (name, b), c in zip(model.named_buffers(), eager.buffers()):
                     torch.testing.assert_close(b, c, msg=f"{how} reentrant={reentrant}: {name}")
 
@@ -184,13 +189,6 @@ def test_multi_output_ops_inside_a_checkpoint() -> None:
         eager.load_state_dict(model.state_dict())
         compiled = kiln.compile(model, backend=backend)
         for n in (5, 5, 7):
-            x = torch.randn(n, 6, requires_grad=True)
-            got, want = compiled(x), eager(x)
-            torch.testing.assert_close(got, want)
-            got.backward()
-            gx, x.grad = x.grad, None
-            want.backward()
-            torch.testing.assert_close(gx, x.grad)
-            for (name, p), q in zip(model.named_parameters(), eager.parameters()):
-                torch.testing.assert_close(p.grad, q.grad, msg=name)
+            _step_like_eager(compiled, model, eager, torch.randn(n, 6, requires_grad=True))
+            for p, q in zip(model.parameters(), eager.parameters()):
                 p.grad, q.grad = None, None
