@@ -43,9 +43,9 @@ from .ir import (
     LoopProgram,
     ScheduledProgram,
     TensorRef,
-    args_buffers,
     size_symbols_of,
     substitute_hints,
+    work_buffers,
 )
 from .scheduler.memory import plan_memory
 
@@ -152,14 +152,10 @@ def decode_spec(e: ExternKernel, hints: dict[str, int] | None = None) -> DecodeS
     return DecodeSpec(q, k, v, mask, e.outputs[0], float(scale) if scale is not None else 1.0 / math.sqrt(dims[1]))
 
 
-def _readers(s: ScheduledProgram, buffer: str) -> bool:
-    for st in s.steps:
-        w = st.work
-        reads = args_buffers(w.args) + args_buffers(tuple(v for _, v in w.kwargs)) if isinstance(w, ExternKernel) \
-            else w.inputs
-        if buffer in reads:
-            return True
-    return any(isinstance(o, TensorRef) and o.buffer == buffer for o in s.program.outputs)
+def _read(s: ScheduledProgram, buffer: str) -> bool:
+    """Whether any step or the program's outputs read ``buffer`` (an extern's result)."""
+    return any(buffer in work_buffers(st.work) for st in s.steps) or \
+        any(isinstance(o, TensorRef) and o.buffer == buffer for o in s.program.outputs)
 
 
 def template_decode_attention(s: ScheduledProgram) -> tuple[ScheduledProgram, int]:
@@ -172,7 +168,7 @@ def template_decode_attention(s: ScheduledProgram) -> tuple[ScheduledProgram, in
             works.append(w)
             continue
         spec = decode_spec(w, getattr(s.program, "hints", None))
-        if isinstance(spec, DecodeSpec) and any(_readers(s, o.buffer) for o in w.outputs[1:]):
+        if isinstance(spec, DecodeSpec) and any(_read(s, o.buffer) for o in w.outputs[1:]):
             spec = "its log-sum-exp is read (training)"
         if isinstance(spec, str):
             log("perf_hints").info("attention %s keeps %s: %s", w.name, w.target, spec)
