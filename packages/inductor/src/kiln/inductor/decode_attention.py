@@ -16,15 +16,19 @@ broadcast by strides. Symbolic sizes (batch, keys, strides) are the kernel's siz
 query row's keys are all masked the result is 0 (torch's math path since 2.5; the fused kernels differ
 among themselves there).
 
-Measured (H100, 2026-12-05, the 350M decoder at bs=1): no faster than cuDNN's kernel (0.542 against 0.537
-ms/token), so ``InductorOptions.decode_attention`` is off by default. What would make it pay: folding the
-cache writes that precede it into it (one launch fewer per layer) and splitting long caches over programs.
+A single program per (batch, head) is slow for few heads: 16 programs on 16 of the GPU's 132 SMs, each
+walking its cache in dependent rounds to memory (H100, 2026-12-05: 0.542 against cuDNN's 0.537 ms/token).
+So the cache is split over programs as well (split-KV, "flash decoding"): ``splits`` programs per (batch,
+head) each take one stretch of positions and write their running max, sum and weighted values to a
+float32 workspace, and a second kernel (one program per (batch, head)) rescales and adds the stretches.
+The split count comes from the example sizes (about ``TARGET_PROGRAMS`` programs, stretches of at least
+``MIN_SPLIT`` positions); a symbolic key count is divided among the same number of splits at run time.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import sympy
@@ -40,6 +44,7 @@ from .ir import (
     ExternKernel,
     ExternOutput,
     Kernel,
+    Layout,
     LoopProgram,
     ScheduledProgram,
     TensorRef,
@@ -49,9 +54,11 @@ from .ir import (
 )
 from .scheduler.memory import plan_memory
 
-# keys per (batch, head) program: one program streams them all (a long cache wants a split over
-# programs and a combining pass: not written; such calls keep the library kernel)
+# keys per (batch, head): its programs stream them all (a longer cache keeps the library kernel)
 MAX_POSITIONS = 8192
+# programs the split aims at (two per SM of an H100/H200), and the fewest positions one split takes
+TARGET_PROGRAMS = 256
+MIN_SPLIT = 64
 # positions per block: a (BLOCK_N, head dim) tile of keys and one of values in registers, 8192 elements
 # each (64 float32 per thread at 4 warps); fewer, larger blocks mean fewer dependent rounds to memory
 TILE_ELEMENTS = 8192
@@ -85,15 +92,21 @@ class DecodeAttentionKernel(Kernel):
     """A scheduled kernel that is the decode attention template over ``spec``."""
 
     spec: DecodeSpec
+    splits: int = 1  # programs per (batch, head); above 1 they write ``workspace`` and a second kernel adds
+    workspace: str | None = None
 
-    def triton_kernel(self) -> TritonKernel:
-        return decode_kernel(self.name, self.spec)
+    def triton_kernels(self) -> list[TritonKernel]:
+        if self.workspace is None:
+            return [decode_kernel(self.name, self.spec)]
+        return [decode_kernel(f"{self.name}_split", self.spec, self.splits, self.workspace),
+                combine_kernel(self.name, self.spec, self.splits, self.workspace)]
 
     def as_text(self) -> str:
         s = self.spec
         mask = f" mask {s.mask.as_text()}" if s.mask is not None else ""
+        split = f" in {self.splits} splits over {self.workspace}" if self.workspace else ""
         return (f"template {self.name}: decode attention {s.out.buffer} = softmax({s.q.as_text()} . "
-                f"{s.k.as_text()} * {s.scale:g}{mask}) @ {s.v.as_text()}")
+                f"{s.k.as_text()} * {s.scale:g}{mask}) @ {s.v.as_text()}{split}")
 
 
 def _arg(e: ExternKernel, where: tuple[int | None, str]) -> Any:
@@ -158,16 +171,25 @@ def _read(s: ScheduledProgram, buffer: str) -> bool:
         any(isinstance(o, TensorRef) and o.buffer == buffer for o in s.program.outputs)
 
 
+def _splits(spec: DecodeSpec, hints: dict[str, int]) -> int:
+    """Programs per (batch, head): about ``TARGET_PROGRAMS`` in all, each over ``MIN_SPLIT`` positions or more
+    (at the example sizes)."""
+    heads = int(substitute_hints(sympy.sympify(spec.q.shape[0] * spec.q.shape[1]), hints))
+    n_keys = int(substitute_hints(sympy.sympify(spec.k.shape[2]), hints))
+    return max(1, min(-(-TARGET_PROGRAMS // max(heads, 1)), n_keys // MIN_SPLIT))
+
+
 def template_decode_attention(s: ScheduledProgram) -> tuple[ScheduledProgram, int]:
     """``s`` with every attention call ``decode_spec`` takes run as the decode template; how many."""
     works: list[Any] = []
-    n = 0
+    workspaces: dict[str, ExternOutput] = {}  # extern call -> its template's workspace (a new buffer)
+    hints = getattr(s.program, "hints", None) or {}
     for st in s.steps:
         w = st.work
         if not isinstance(w, ExternKernel):
             works.append(w)
             continue
-        spec = decode_spec(w, getattr(s.program, "hints", None))
+        spec = decode_spec(w, hints)
         if isinstance(spec, DecodeSpec) and any(_read(s, o.buffer) for o in w.outputs[1:]):
             spec = "its log-sum-exp is read (training)"
         if isinstance(spec, str):
@@ -176,13 +198,26 @@ def template_decode_attention(s: ScheduledProgram) -> tuple[ScheduledProgram, in
             works.append(w)
             continue
         ins = tuple(dict.fromkeys(t.buffer for t in (spec.q, spec.k, spec.v, spec.mask) if t is not None))
-        works.append(DecodeAttentionKernel(f"attn_{w.name}", (sympy.sympify(spec.q.shape[0] * spec.q.shape[1]),), (),
-                                           (), ins, (spec.out.buffer,), spec=spec))
-        n += 1
+        heads = sympy.sympify(spec.q.shape[0] * spec.q.shape[1])
+        splits = _splits(spec, hints)
+        ws = None
+        if splits > 1:  # per split program: running max, sum, then the weighted values
+            ws = ExternOutput(f"ws_{w.name}", Layout.contiguous((heads * splits * (int(spec.v.shape[3]) + 2),),
+                                                               torch.float32), (-1,))
+            workspaces[w.name] = ws
+        outs = ((ws.buffer,) if ws else ()) + (spec.out.buffer,)
+        works.append(DecodeAttentionKernel(f"attn_{w.name}", (heads,), (), (), ins, outs, spec=spec, splits=splits,
+                                           workspace=ws.buffer if ws else None))
+    n = sum(isinstance(x, DecodeAttentionKernel) for x in works)
     if not n:
         return s, 0
     p = s.program
     assert isinstance(p, LoopProgram)
+    # the workspace is an extra result of the call it replaces (the call itself never runs): that is how
+    # the program's layouts, and so memory planning and the wrappers, know the buffer
+    nodes = tuple(replace(n, outputs=(*n.outputs, workspaces[n.name])) if isinstance(n, ExternKernel)
+                  and n.name in workspaces else n for n in p.nodes)
+    p = replace(p, nodes=nodes)
     return ScheduledProgram(p, tuple(plan_memory(p, works))), n
 
 
@@ -199,24 +234,43 @@ def _code(e: Any) -> str:
     return IndexPrinter()(sympy.expand(sympy.sympify(e)))
 
 
-def decode_kernel(name: str, spec: DecodeSpec) -> TritonKernel:
-    b, h, d, dv = spec.q.shape[0], int(spec.q.shape[1]), int(spec.q.shape[3]), int(spec.v.shape[3])
-    n_keys = _code(spec.k.shape[2])
-    bd, bdv = max(16, 1 << (d - 1).bit_length()), max(16, 1 << (dv - 1).bit_length())
-    block_n = max(16, min(128, TILE_ELEMENTS // max(bd, bdv)))
-    ptrs = [spec.q.buffer, spec.k.buffer, spec.v.buffer] + ([spec.mask.buffer] if spec.mask is not None else [])
-    ptrs = list(dict.fromkeys(ptrs)) + [spec.out.buffer]
-    p = {x: ptr_name(x) for x in ptrs}
+def _sizes(spec: DecodeSpec) -> list[str]:
     exprs = [e for t in _refs(spec) for e in (*t.shape, *t.stride, t.offset)]
     exprs += [*spec.out.layout.shape, *spec.out.layout.stride, spec.out.layout.offset]
-    sizes = sorted({sym.name for e in exprs for sym in size_symbols_of(sympy.sympify(e))})
+    return sorted({sym.name for e in exprs for sym in size_symbols_of(sympy.sympify(e))})
+
+
+def _pow2(n: int) -> int:
+    return max(16, 1 << (n - 1).bit_length())
+
+
+def decode_kernel(name: str, spec: DecodeSpec, splits: int = 1, workspace: str | None = None) -> TritonKernel:
+    """One program per (batch, head) -- or per (batch, head, split) writing ``workspace`` -- streaming its
+    positions with an online softmax."""
+    b, h, d, dv = spec.q.shape[0], int(spec.q.shape[1]), int(spec.q.shape[3]), int(spec.v.shape[3])
+    n_keys = _code(spec.k.shape[2])
+    bd, bdv = _pow2(d), _pow2(dv)
+    block_n = max(16, min(128, TILE_ELEMENTS // max(bd, bdv)))
+    if splits > 1:  # one block per split at the example's sizes where it fits
+        n_static = spec.k.shape[2]
+        per_split = -(-int(n_static) // splits) if sympy.sympify(n_static).is_number else MIN_SPLIT
+        block_n = max(16, min(block_n, _pow2(per_split)))
+    ptrs = [spec.q.buffer, spec.k.buffer, spec.v.buffer] + ([spec.mask.buffer] if spec.mask is not None else [])
+    ptrs = list(dict.fromkeys(ptrs)) + [workspace if workspace else spec.out.buffer]
+    p = {x: ptr_name(x) for x in ptrs}
+    sizes = _sizes(spec)
     params = [p[x] for x in ptrs] + [f'{z}: "{size_arg_type(z)}"' for z in sizes] + ["XBLOCK: tl.constexpr"]
-    lines = [
-        jit_decorator(sizes),
-        f"def {name}({', '.join(params)}):",
-        "    pid = tl.program_id(0).to(tl.int64)",
-        f"    b = pid // {h}",
-        f"    h = pid % {h}",
+    lines = [jit_decorator(sizes), f"def {name}({', '.join(params)}):", "    pid = tl.program_id(0).to(tl.int64)"]
+    if workspace is None:
+        lines += ["    bh = pid", "    lo = 0", f"    hi = {n_keys}"]
+    else:  # this split's stretch of positions: a whole number of blocks
+        lines += [f"    bh = pid // {splits}",
+                  f"    chunk = ((({n_keys}) + {splits - 1}) // {splits} + {block_n - 1}) // {block_n} * {block_n}",
+                  f"    lo = (pid % {splits}) * chunk",
+                  f"    hi = tl.minimum(lo + chunk, {n_keys})"]
+    lines += [
+        f"    b = bh // {h}",
+        f"    h = bh % {h}",
         f"    d = tl.arange(0, {bd})",
         f"    dv = tl.arange(0, {bdv})",
         f"    q = tl.load({p[spec.q.buffer]} + ({_offset(spec.q, ['b', 'h', '0', 'd'])}), d < {d}, other=0.0)",
@@ -224,9 +278,9 @@ def decode_kernel(name: str, spec: DecodeSpec) -> TritonKernel:
         "    m_i = tl.full([], float('-inf'), tl.float32)",
         "    l_i = tl.zeros([], tl.float32)",
         f"    acc = tl.zeros([{bdv}], tl.float32)",
-        f"    for start in range(0, {n_keys}, {block_n}):",
+        f"    for start in range(lo, hi, {block_n}):",
         f"        n = start + tl.arange(0, {block_n})",
-        f"        nmask = n < {n_keys}",
+        "        nmask = n < hi",
     ]
     if spec.mask is None:
         lines.append("        bias = tl.where(nmask, 0.0, float('-inf'))")
@@ -241,19 +295,62 @@ def decode_kernel(name: str, spec: DecodeSpec) -> TritonKernel:
         "        if tl.max(bias, 0) > float('-inf'):  # a block of positions all masked out is not read",
         f"            kk = tl.load({p[spec.k.buffer]} + ({_offset(spec.k, ['b', 'h', 'n[:, None]', 'd[None, :]'])}),"
         f" nmask[:, None] & (d[None, :] < {d}), other=0.0).to(tl.float32)",
+        f"            vv = tl.load({p[spec.v.buffer]} + ({_offset(spec.v, ['b', 'h', 'n[:, None]', 'dv[None, :]'])}),"
+        f" nmask[:, None] & (dv[None, :] < {dv}), other=0.0).to(tl.float32)",
         "            s = tl.sum(kk * q[None, :], 1) + bias",
         "            m_new = tl.maximum(m_i, tl.max(s, 0))",
         "            alpha = tl.exp(m_i - m_new)",
         "            pr = tl.exp(s - m_new)",
         "            l_i = l_i * alpha + tl.sum(pr, 0)",
-        f"            vv = tl.load({p[spec.v.buffer]} + ({_offset(spec.v, ['b', 'h', 'n[:, None]', 'dv[None, :]'])}),"
-        f" nmask[:, None] & (dv[None, :] < {dv}), other=0.0).to(tl.float32)",
         "            acc = acc * alpha + tl.sum(pr[:, None] * vv, 0)",
         "            m_i = m_new",
-        "    out = tl.where(l_i > 0, acc / l_i, 0.0)",
+    ]
+    if workspace is None:
+        lines += [
+            "    out = tl.where(l_i > 0, acc / l_i, 0.0)",
+            f"    tl.store({p[spec.out.buffer]} + ({_offset(spec.out, ['b', 'h', '0', 'dv'])}), "
+            f"out.to({tl_dtype(spec.out.layout.dtype)}), dv < {dv})"]
+    else:
+        w = p[workspace]
+        lines += [
+            f"    tl.store({w} + pid * {dv + 2}, m_i)",
+            f"    tl.store({w} + pid * {dv + 2} + 1, l_i)",
+            f"    tl.store({w} + pid * {dv + 2} + 2 + dv, acc, dv < {dv})"]
+    return TritonKernel(name=name, source="\n".join(lines), pointer_args=tuple(ptrs), size_args=tuple(sizes),
+                        xnumel=python_index(sympy.sympify(b * h * splits)),
+                        xblock=1, rblock=0, num_warps=4, kind="decode_attention")
+
+
+def combine_kernel(name: str, spec: DecodeSpec, splits: int, workspace: str) -> TritonKernel:
+    """One program per (batch, head): its splits' results rescaled to the largest running max and added."""
+    b, h, dv = spec.q.shape[0], int(spec.q.shape[1]), int(spec.v.shape[3])
+    bs, bdv = _pow2(splits), _pow2(dv)
+    ptrs = [workspace, spec.out.buffer]
+    p = {x: ptr_name(x) for x in ptrs}
+    sizes = _sizes(spec)
+    params = [p[x] for x in ptrs] + [f'{z}: "{size_arg_type(z)}"' for z in sizes] + ["XBLOCK: tl.constexpr"]
+    w = p[workspace]
+    lines = [
+        jit_decorator(sizes),
+        f"def {name}({', '.join(params)}):",
+        "    pid = tl.program_id(0).to(tl.int64)",
+        f"    b = pid // {h}",
+        f"    h = pid % {h}",
+        f"    sp = tl.arange(0, {bs})",
+        f"    dv = tl.arange(0, {bdv})",
+        f"    row = (pid * {splits} + sp) * {dv + 2}",
+        f"    m = tl.load({w} + row, sp < {splits}, other=float('-inf'))",
+        f"    l_s = tl.load({w} + row + 1, sp < {splits}, other=0.0)",
+        f"    acc = tl.load({w} + row[:, None] + 2 + dv[None, :], (sp[:, None] < {splits}) & (dv[None, :] < {dv}),"
+        " other=0.0)",
+        "    m_max = tl.max(m, 0)",
+        "    scale = tl.where(m > float('-inf'), tl.exp(m - m_max), 0.0)  # a split with nothing unmasked adds 0",
+        "    l_i = tl.sum(scale * l_s, 0)",
+        "    out = tl.sum(scale[:, None] * acc, 0)",
+        "    out = tl.where(l_i > 0, out / l_i, 0.0)",
         f"    tl.store({p[spec.out.buffer]} + ({_offset(spec.out, ['b', 'h', '0', 'dv'])}), "
         f"out.to({tl_dtype(spec.out.layout.dtype)}), dv < {dv})",
     ]
     return TritonKernel(name=name, source="\n".join(lines), pointer_args=tuple(ptrs), size_args=tuple(sizes),
-                        xnumel=python_index(sympy.sympify(b * h)),
-                        xblock=1, rblock=0, num_warps=4, kind="decode_attention")
+                        xnumel=python_index(sympy.sympify(b * h)), xblock=1, rblock=0, num_warps=4,
+                        kind="decode_attention")

@@ -45,7 +45,7 @@ def test_one_query_over_a_masked_cache_matches_eager(kind: str, d: int) -> None:
     b, h, s = 2, 3, 300  # 300 positions: three blocks of 128, the last one partial
     args = [_rand(0, b, h, 1, d), _rand(1, b, h, s, d), _rand(2, b, h, s, d), _mask(kind, 10, s)]
     cg = compile_graph(trace(_attend, *args), args, options=OPTIONS)
-    assert len(_templates(cg)) == 1, cg.texts["ir_post_fusion"]
+    assert [t.splits for t in _templates(cg)] == [4], cg.texts["ir_post_fusion"]  # 4 programs per head, then a sum
     for call, pos in enumerate([0, 5, 127, 128, 200, 299, -1]):  # -1: every position masked (eager gives zeros)
         q, k, v = _rand(10 + call, b, h, 1, d), _rand(20 + call, b, h, s, d), _rand(30 + call, b, h, s, d)
         m = _mask(kind, pos, s)
@@ -74,7 +74,7 @@ def test_a_transposed_cache_layout_matches_eager() -> None:
 
     args = [_rand(0, 2, 3, 1, 16), _rand(1, 2, 50, 3, 16), _rand(2, 2, 50, 3, 16)]
     cg = compile_graph(trace(f, *args), args, options=OPTIONS)
-    assert len(_templates(cg)) == 1
+    assert [t.splits for t in _templates(cg)] == [1]  # 50 positions: one program per head, no workspace
     for call in range(2):
         fresh = [_rand(5 * call + i, *a.shape) for i, a in enumerate(args)]
         torch.testing.assert_close(cg.fn(*fresh)[0], f(*fresh)[0], atol=1e-5, rtol=1e-4)
@@ -105,3 +105,21 @@ def test_a_growing_cache_over_symbolic_key_counts() -> None:
         m = torch.where(torch.rand(bb, 1, 1, s, generator=torch.Generator().manual_seed(call)) < 0.8, 0.0,
                         float("-inf")).to(device())
         torch.testing.assert_close(cg.fn(q, k, m)[0], f(q, k, m)[0], atol=1e-5, rtol=1e-4)
+
+
+def test_a_growing_cache_split_over_programs() -> None:
+    # a symbolic key count divided among the splits chosen from the example's 200 positions at run time:
+    # more positions than the example (whole splits' work grows), fewer (the last splits get none)
+    def f(q: torch.Tensor, kv: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor]:
+        return (F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=m),)
+
+    h, d = 2, 16
+    args = [_rand(0, 1, h, 1, d), _rand(1, 2, 1, h, 200, d), torch.zeros(1, 1, 1, 200, device=device())]
+    cg = compile_symbolic(f, *args, options=OPTIONS, dynamic={1: (3,), 2: (3,)})
+    assert [t.splits for t in _templates(cg)] == [3] and cg.loop_program.sizes  # type: ignore[attr-defined]
+    for call, s in enumerate([200, 201, 64, 1, 65, 700, 129]):
+        q, kv = _rand(10 + call, 1, h, 1, d), _rand(20 + call, 2, 1, h, s, d)
+        keep = torch.rand(1, 1, 1, s, generator=torch.Generator().manual_seed(call)) < 0.7
+        keep[..., -1] = True
+        m = torch.where(keep, 0.0, float("-inf")).to(device())
+        torch.testing.assert_close(cg.fn(q, kv, m)[0], f(q, kv, m)[0], atol=1e-5, rtol=1e-4)

@@ -341,8 +341,8 @@ class TemplateKernel(Kernel):
     config: Config
     store_product: bool
 
-    def triton_kernel(self) -> MatmulTritonKernel:
-        return template_kernel(self.name, self.spec, self.config, Epilogue(self, self.store_product))
+    def triton_kernels(self) -> list[TritonKernel]:
+        return [template_kernel(self.name, self.spec, self.config, Epilogue(self, self.store_product))]
 
     def as_text(self) -> str:
         s = self.spec

@@ -51,9 +51,10 @@ class KernelTuner(Protocol):
 
 @runtime_checkable
 class PrebuiltKernel(Protocol):
-    """A scheduled kernel that brings its own Triton kernel (max-autotune's matmul templates)."""
+    """A scheduled kernel that brings its own Triton kernels (max-autotune's matmul templates, decode
+    attention), launched one after the other."""
 
-    def triton_kernel(self) -> TritonKernel: ...
+    def triton_kernels(self) -> list[TritonKernel]: ...
 
 
 class TritonBackendError(RuntimeError):
@@ -91,7 +92,7 @@ class TritonBackend:
             if isinstance(k, KernelGroup):
                 parts = generate_group(k, self.cfg, hints, index32)
             elif isinstance(k, PrebuiltKernel):
-                parts = [k.triton_kernel()]
+                parts = k.triton_kernels()
             else:
                 parts = generate_kernels(k, self.cfg, hints, index32)
             spans.append((k.name, len(generated), len(generated) + len(parts)))
