@@ -39,6 +39,7 @@ from .ir import DynamicShapeUnsupported, LoopProgram, ScheduledProgram
 from .lowering.lower import lower_graph
 from .matmul_templates import count_matmul_sites, select_templates, template_misaligned_matmuls
 from .options import InductorOptions
+from .recompute_scalars import recompute_scalar_reductions
 from .scheduler import eliminate_dead_code, schedule
 from .scheduler.horizontal import group_kernels
 from .scheduler.inplace import plan_inplace_reuse, plan_inplace_scatters, plan_inplace_updates
@@ -195,6 +196,19 @@ def index_width(s: CompileState) -> CompileState:
 def remove_dead_code(s: CompileState) -> CompileState:
     assert s.program is not None
     return replace(s, program=eliminate_dead_code(s.program))
+
+
+def recompute_scalars(s: CompileState) -> CompileState:
+    """Scalar reductions (an RMSNorm's statistic) computed again by the reductions over the same range that
+    read them, in their kernel (recompute_scalars.py)."""
+    assert s.program is not None
+    if not s.options.recompute_scalars:
+        return s
+    program, count = recompute_scalar_reductions(s.program)
+    if count:
+        log("perf_hints").info("graph %s: %d scalar reduction(s) recomputed in the reductions that read them",
+                               s.name, count)
+    return replace(s, program=program)
 
 
 def split_long_reductions(s: CompileState) -> CompileState:

@@ -45,6 +45,7 @@ from .passes import (
     pad_stems,
     patch_convs,
     propagate_meta,
+    recompute_scalars,
     reinplace,
     remove_dead_code,
     small_matmuls,
@@ -89,6 +90,8 @@ TRITON_STAGES: tuple[Pass[CompileState], ...] = (
     # loop IR
     Pass("lower", lambda s, _: lower(s), "graph -> LoopProgram (ir_pre_fusion)"),
     Pass("index_width", lambda s, _: index_width(s), "symbolic sizes guarded into a 32-bit index range"),
+    Pass("recompute_scalars", lambda s, _: recompute_scalars(s),
+         "a scalar reduction (RMSNorm's statistic) computed again in the reductions over its range that read it"),
     Pass("remove_dead_code", lambda s, _: remove_dead_code(s), "drop nodes no output needs"),
     Pass("split_reductions", lambda s, _: split_long_reductions(s), "few-output long reductions in two passes"),
     Pass("fuse_and_plan", lambda s, _: fuse_and_plan(s), "fusion, loop order, memory plan -> ScheduledProgram"),
