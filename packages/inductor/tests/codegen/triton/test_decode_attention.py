@@ -86,8 +86,10 @@ def test_two_query_rows_and_the_option_off_keep_the_library_call() -> None:
     assert not _templates(cg)
     torch.testing.assert_close(cg.fn(*args)[0], _attend(*args)[0], atol=1e-5, rtol=1e-4)
     one = [_rand(0, 1, 2, 1, 16), *args[1:]]
-    off = compile_graph(trace(_attend, *one), one, options=InductorOptions(cpu_backend="triton"))
-    assert not _templates(off)  # off by default
+    off = compile_graph(trace(_attend, *one), one, options=InductorOptions(cpu_backend="triton", decode_attention=False))
+    assert not _templates(off)
+    on = compile_graph(trace(_attend, *one), one, options=InductorOptions(cpu_backend="triton"))
+    assert len(_templates(on)) == 1  # on by default
 
 
 def test_a_growing_cache_over_symbolic_key_counts() -> None:
