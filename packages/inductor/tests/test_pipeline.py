@@ -41,7 +41,7 @@ def test_each_backend_has_its_stage_list() -> None:
     assert _names(CPP_STAGES) == [*GRAPH, "conv_layout", "reinplace", *LOOPS, "fuse_and_plan", "inplace_updates",
                                   "group_kernels", *CODE]
     assert _names(TRITON_STAGES) == [*GRAPH, "patch_convs", "conv_layout", "pad_stems", "conv_bias", "small_matmuls",
-                                     "pad_matmuls", "reinplace", "lower", "index_width", "remove_dead_code",
+                                     "pad_matmuls", "reinplace", "lower", "index_width", "recompute_scalars", "remove_dead_code",
                                      "split_reductions", "fuse_and_plan", "decode_attention",
                                      "misaligned_matmuls", "matmul_templates", "inplace_updates", "group_kernels",
                                      *CODE]
