@@ -1,4 +1,6 @@
-"""Mutated inputs written in place by the pointwise kernel computing them (scheduler/inplace.py)."""
+"""Mutated inputs written in place by the pointwise kernel computing them (scheduler/inplace.py), on the C++
+backend and on Triton (the interpreter here), where only the kernel's node computing the new value may read
+the input."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from tracer import trace
 
 import kiln
 from kiln.graph import GraphAnnotations, annotate
-from kiln.inductor import compile_graph
+from kiln.inductor import InductorOptions, compile_graph
 
 aten = torch.ops.aten
 
@@ -147,3 +149,40 @@ def test_the_update_kernel_of_each_tensor_writes_all_three_states_in_place() -> 
         torch.testing.assert_close(a, b)
     assert cg.texts["ir_post_fusion"].count(" over arg") == 3  # one kernel writes p, m and v in place
     assert [o.data_ptr() for o in got] == [t.data_ptr() for t in (p, m, v)]
+
+
+TRITON = InductorOptions(cpu_backend="triton")
+
+
+def test_triton_update_kernel_writes_all_three_states_in_place_over_repeated_steps() -> None:
+    # the fused p/m/v kernel reads the new m and v in registers: each input has one reader, its own update
+    torch.manual_seed(0)
+    p, g, m, v = torch.randn(16, 9), torch.randn(16, 9), torch.randn(16, 9), torch.rand(16, 9)
+    gm = trace(_functional_adam, p, g, m, v)
+    annotate(gm, GraphAnnotations(input_mutations=((0, 0), (1, 2), (2, 3))))
+    cg = compile_graph(gm, [p, g, m, v], options=TRITON)
+    assert cg.texts["ir_post_fusion"].count(" over arg") == 3
+    for step in range(3):  # fresh gradients; the states carried over in their own memory, as eager's loop
+        g = torch.randn(16, 9)
+        want = _functional_adam(p, g, m, v)
+        got = cg.fn(p, g, m, v)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+        assert [o.data_ptr() for o in got] == [t.data_ptr() for t in (p, m, v)], step
+
+
+def test_triton_input_read_by_another_node_of_its_kernel_is_not_overwritten() -> None:
+    # new = p * 2 is written where p is; another output of the same kernel reads the old p at that element
+    def f(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return p * 2, p + q
+
+    p, q = torch.randn(64), torch.randn(64)
+    gm = trace(f, p, q)
+    annotate(gm, GraphAnnotations(input_mutations=((0, 0),)))
+    cg = compile_graph(gm, [p, q], options=TRITON)
+    assert " over arg" not in cg.texts["ir_post_fusion"]
+    for _ in range(2):
+        p, q = torch.randn(64), torch.randn(64)
+        want = f(p, q)
+        for a, b in zip(cg.fn(p, q), want):
+            torch.testing.assert_close(a, b)

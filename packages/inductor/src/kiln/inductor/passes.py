@@ -308,12 +308,15 @@ def group_independent_kernels(s: CompileState) -> CompileState:
 
 
 def inplace_updates_triton(s: CompileState) -> CompileState:
-    """Intermediates dying in a pointwise kernel written over by the kernel computing their successor,
-    for kernels with one store only (scheduler/inplace.py)."""
+    """Mutated inputs written over by the kernel computing their new value where it is their only reader
+    (BatchNorm's running statistics, an optimizer's states), and intermediates dying in a pointwise kernel
+    written over by the kernel computing their successor, for kernels with one store only
+    (scheduler/inplace.py)."""
     assert s.scheduled is not None
     sched = s.scheduled
     if s.options.reinplace_mutations:
-        sched = plan_inplace_scatters(sched, annotations_of(s.gm).input_mutations)
+        mutations = annotations_of(s.gm).input_mutations
+        sched = plan_inplace_updates(plan_inplace_scatters(sched, mutations), mutations, sole_reader=True)
     return replace(s, scheduled=plan_inplace_reuse(sched, single_store=True))  # group_triton_kernels finishes it
 
 

@@ -99,7 +99,8 @@ TRITON_STAGES: tuple[Pass[CompileState], ...] = (
     Pass("misaligned_matmuls", lambda s, _: misaligned_matmuls(s),
          "large matmuls with misaligned result rows as Triton templates (untuned)"),
     Pass("matmul_templates", lambda s, _: matmul_templates(s), "max-autotune: Triton matmul templates vs cuBLAS"),
-    Pass("inplace_updates", lambda s, _: inplace_updates_triton(s), "dying buffers of one-store kernels written over"),
+    Pass("inplace_updates", lambda s, _: inplace_updates_triton(s),
+         "mutated inputs their kernel alone reads, and dying buffers of one-store kernels, written over"),
     Pass("group_kernels", lambda s, _: group_triton_kernels(s),
          "runs of independent flat kernels as one launch, its programs split between them"),
     # code

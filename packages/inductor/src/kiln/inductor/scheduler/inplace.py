@@ -1,4 +1,4 @@
-"""Input mutations written in place by the kernel that computes them (C++ backend).
+"""Input mutations written in place by the kernel that computes them.
 
 A functional graph returns the new value of every input it mutated; kiln.autograd copies it back after
 the call (``GraphAnnotations.input_mutations``: (output position, input position) pairs). For an
@@ -138,12 +138,26 @@ def _written_over(step: Step, work: Kernel, out: str, inp: str) -> Step:
     return Step(allocs, replace(work, inplace=(*work.inplace, (out, inp))), step.free)
 
 
-def plan_inplace_updates(s: ScheduledProgram, mutations: Sequence[tuple[int, int]]) -> ScheduledProgram:
-    """``s`` with each eligible mutated-input output written over its input (see the module doc)."""
+def _sole_reader(k: Kernel, out: str, inp: str) -> bool:
+    """A pointwise kernel in which only ``out``'s node reads ``inp``: each element's new value is computed from
+    its old one (``_reads_only_at``), so the load precedes the store whatever order the writer emits the nodes
+    in and however a Triton program spreads a tile over its threads. (Other nodes may read ``out``: at its
+    store index that is the value in registers, elsewhere the new value, after a barrier.)"""
+    node = next((kn for kn in k.nodes if kn.buffer == out), None)
+    readers = [kn for kn in k.nodes if any(ld.buffer == inp for ld in reads(kn.body))]
+    return node is not None and readers == [node]
+
+
+def plan_inplace_updates(s: ScheduledProgram, mutations: Sequence[tuple[int, int]], *,
+                         sole_reader: bool = False) -> ScheduledProgram:
+    """``s`` with each eligible mutated-input output written over its input (see the module doc).
+    ``sole_reader`` (the Triton writer, which emits a node's store where the node is): a pointwise kernel
+    qualifies only when the output's own node is the input's only reader (``_sole_reader``)."""
     steps = list(s.steps)
     taken: set[str] = set()
     for out, inp, k, work in _mutation_sites(s, mutations, steps):
-        eligible = _eligible_kernel(work, out) if not work.inner else _row_kernel_site(work, out, inp)
+        eligible = _eligible_kernel(work, out) and (not sole_reader or _sole_reader(work, out, inp)) \
+            if not work.inner else _row_kernel_site(work, out, inp)
         if inp in taken or not eligible or not _reads_only_at(work, inp, out):
             continue
         steps[k] = _written_over(steps[k], work, out, inp)
