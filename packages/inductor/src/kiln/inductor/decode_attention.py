@@ -172,11 +172,14 @@ def _read(s: ScheduledProgram, buffer: str) -> bool:
 
 
 def _splits(spec: DecodeSpec, hints: dict[str, int]) -> int:
-    """Programs per (batch, head): about ``TARGET_PROGRAMS`` in all, each over ``MIN_SPLIT`` positions or more
-    (at the example sizes)."""
+    """Programs per (batch, head): about ``TARGET_PROGRAMS`` in all (at the example's batch), each over
+    ``MIN_SPLIT`` positions or more -- of the example's key count when it is static; a symbolic one (a growing
+    cache, first compiled at a short prompt) may reach ``MAX_POSITIONS``, and splits left without positions
+    exit at once."""
     heads = int(substitute_hints(sympy.sympify(spec.q.shape[0] * spec.q.shape[1]), hints))
-    n_keys = int(substitute_hints(sympy.sympify(spec.k.shape[2]), hints))
-    return max(1, min(-(-TARGET_PROGRAMS // max(heads, 1)), n_keys // MIN_SPLIT))
+    n_keys = sympy.sympify(spec.k.shape[2])
+    most = int(n_keys) if n_keys.is_number else MAX_POSITIONS
+    return max(1, min(-(-TARGET_PROGRAMS // max(heads, 1)), most // MIN_SPLIT))
 
 
 def template_decode_attention(s: ScheduledProgram) -> tuple[ScheduledProgram, int]:

@@ -14,7 +14,7 @@ from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
 from kiln.inductor.codegen.triton.testing import device
-from kiln.inductor.decode_attention import DecodeAttentionKernel
+from kiln.inductor.decode_attention import TARGET_PROGRAMS, DecodeAttentionKernel
 
 OPTIONS = InductorOptions(cpu_backend="triton", decode_attention=True)
 
@@ -110,16 +110,17 @@ def test_a_growing_cache_over_symbolic_key_counts() -> None:
 
 
 def test_a_growing_cache_split_over_programs() -> None:
-    # a symbolic key count divided among the splits chosen from the example's 200 positions at run time:
-    # more positions than the example (whole splits' work grows), fewer (the last splits get none)
+    # a symbolic key count divided among the splits at run time: one split's stretch grows with the count, and
+    # splits past the last position write nothing but their empty state
     def f(q: torch.Tensor, kv: torch.Tensor, m: torch.Tensor) -> tuple[torch.Tensor]:
         return (F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=m),)
 
     h, d = 2, 16
     args = [_rand(0, 1, h, 1, d), _rand(1, 2, 1, h, 200, d), torch.zeros(1, 1, 1, 200, device=device())]
     cg = compile_symbolic(f, *args, options=OPTIONS, dynamic={1: (3,), 2: (3,)})
-    assert [t.splits for t in _templates(cg)] == [3] and cg.loop_program.sizes  # type: ignore[attr-defined]
-    for call, s in enumerate([200, 201, 64, 1, 65, 700, 129]):
+    # a symbolic key count: about TARGET_PROGRAMS programs (2 heads: 128 splits), most of them empty here
+    assert [t.splits for t in _templates(cg)] == [TARGET_PROGRAMS // h] and cg.loop_program.sizes  # type: ignore[attr-defined]
+    for call, s in enumerate([200, 201, 64, 1, 65, 700, 129, 3000]):
         q, kv = _rand(10 + call, 1, h, 1, d), _rand(20 + call, 2, 1, h, s, d)
         keep = torch.rand(1, 1, 1, s, generator=torch.Generator().manual_seed(call)) < 0.7
         keep[..., -1] = True
