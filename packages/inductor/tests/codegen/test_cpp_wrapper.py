@@ -101,6 +101,9 @@ def test_convolution_is_typed() -> None:
 
 def test_push_forms() -> None:
     assert push(ConstArg(None), "Optional[Tensor]", str) == ".none()"
+    # None for a Tensor that is not optional (cuDNN attention backward's cum_seq_q, None in the traced graph): an
+    # undefined tensor, as Python's binding passes; an IValue None fails the op's unboxing
+    assert push(ConstArg(None), "Tensor", str) == ".tensor(kiln_rt::Tensor())"
     assert push(ConstArg(torch.float16), "Optional[ScalarType]", str) == ".scalar_type(5 /*float16*/)"
     assert push(ConstArg(float("inf")), "float", str) == ".d(std::numeric_limits<double>::infinity())"
     assert push(ConstArg(2), "float", str) == ".d(2.0)"

@@ -91,7 +91,11 @@ def push(a: Arg | Any, typ: str, tensor: Callable[[TensorRef], str]) -> str:
     if isinstance(a, ConstArg):
         a = a.value
     if a is None:
-        return ".none()"
+        # a Tensor (not optional) the traced graph holds as None: torch's meta of cuDNN attention returns None for
+        # its cumulative sequence lengths, which its backward takes as ``Tensor``. Python's binding passes an
+        # undefined tensor for None there; an IValue None failed the op's unboxing ("Expected Tensor but got
+        # None": the C++ wrapper of every CUDA training graph with cuDNN attention, found on an H100)
+        return ".tensor(kiln_rt::Tensor())" if typ == "Tensor" else ".none()"
     typ = _strip_optional(typ)
     if isinstance(a, TensorRef):
         return f".tensor({tensor(a)})"
