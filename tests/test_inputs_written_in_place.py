@@ -53,6 +53,19 @@ def _block(channels: int) -> nn.Module:
                          nn.Conv2d(channels, 4, 1), nn.BatchNorm2d(4))
 
 
+def _train_step_as_eager(eager: nn.Module, model: nn.Module, compiled, x: torch.Tensor, step: int) -> None:
+    """One backward step of ``eager`` and of ``compiled`` (over ``model``) on ``x``: the buffers equal eager's
+    after it, their version counters moved, and the gradients equal eager's (accumulated over the steps)."""
+    eager(x).square().mean().backward()
+    versions = [b._version for b in model.buffers()]
+    compiled(x).square().mean().backward()
+    assert all(b._version > v for b, v in zip(model.buffers(), versions))
+    for (name, a), b in zip(eager.named_buffers(), model.buffers()):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=f"step {step}: {name}")
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("channels,size", [(8, 48), (40, 9)])
 def test_batch_norm_running_statistics_are_written_in_place(stage_texts, threads: int, channels: int,
@@ -70,15 +83,8 @@ def test_batch_norm_running_statistics_are_written_in_place(stage_texts, threads
         with stage_texts("output_code") as texts:
             for step in range(4):
                 torch.manual_seed(step)
-                x = torch.randn(4, 3, size, size).to(memory_format=torch.channels_last)
-                eager(x).square().mean().backward()
-                versions = [b._version for b in model.buffers()]
-                compiled(x).square().mean().backward()
-                assert all(b._version > v for b, v in zip(model.buffers(), versions))
-                for (name, a), b in zip(eager.named_buffers(), model.buffers()):
-                    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=f"step {step}: {name}")
-                for (name, p), q in zip(eager.named_parameters(), model.parameters()):
-                    torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+                _train_step_as_eager(eager, model, compiled, torch.randn(4, 3, size, size).to(
+                    memory_format=torch.channels_last), step)
     finally:
         torch.set_num_threads(before)
     forward = texts[0].text
@@ -97,15 +103,7 @@ def test_batch_norm_running_statistics_written_in_place_by_triton_kernels(stage_
     with stage_texts("output_code") as texts:
         for step in range(3):
             torch.manual_seed(step)
-            x = torch.randn(4, 3, 12, 12)
-            eager(x).square().mean().backward()
-            versions = [b._version for b in model.buffers()]
-            compiled(x).square().mean().backward()
-            assert all(b._version > v for b, v in zip(model.buffers(), versions))
-            for (name, a), b in zip(eager.named_buffers(), model.buffers()):
-                torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=f"step {step}: {name}")
-            for (name, p), q in zip(eager.named_parameters(), model.parameters()):
-                torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-5, msg=name)
+            _train_step_as_eager(eager, model, compiled, torch.randn(4, 3, 12, 12), step)
     forward = texts[0].text
     # both BatchNorms' mean, var and batch count bound to the module's buffers
     assert len(re.findall(r"buf\d+ = arg\d+  # written in place", forward)) == 6, forward
