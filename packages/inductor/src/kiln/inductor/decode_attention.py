@@ -21,8 +21,10 @@ walking its cache in dependent rounds to memory (H100, 2026-12-05: 0.542 against
 So the cache is split over programs as well (split-KV, "flash decoding"): ``splits`` programs per (batch,
 head) each take one stretch of positions and write their running max, sum and weighted values to a
 float32 workspace, and a second kernel (one program per (batch, head)) rescales and adds the stretches.
-The split count comes from the example sizes (about ``TARGET_PROGRAMS`` programs, stretches of at least
-``MIN_SPLIT`` positions); a symbolic key count is divided among the same number of splits at run time.
+The split count (``_splits``) aims at about ``TARGET_PROGRAMS`` programs with stretches of at least
+``MIN_SPLIT`` positions; a symbolic key count is split as for ``MAX_POSITIONS`` and divided among the splits
+at run time (those past the last position exit at once). H100, 2026-12-05: 0.497 against cuDNN's 0.518
+ms/token, so ``InductorOptions.decode_attention`` is on by default.
 """
 
 from __future__ import annotations
@@ -218,8 +220,8 @@ def template_decode_attention(s: ScheduledProgram) -> tuple[ScheduledProgram, in
     assert isinstance(p, LoopProgram)
     # the workspace is an extra result of the call it replaces (the call itself never runs): that is how
     # the program's layouts, and so memory planning and the wrappers, know the buffer
-    nodes = tuple(replace(n, outputs=(*n.outputs, workspaces[n.name])) if isinstance(n, ExternKernel)
-                  and n.name in workspaces else n for n in p.nodes)
+    nodes = tuple(replace(node, outputs=(*node.outputs, workspaces[node.name])) if isinstance(node, ExternKernel)
+                  and node.name in workspaces else node for node in p.nodes)
     p = replace(p, nodes=nodes)
     return ScheduledProgram(p, tuple(plan_memory(p, works))), n
 

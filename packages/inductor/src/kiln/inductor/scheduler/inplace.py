@@ -141,8 +141,8 @@ def _written_over(step: Step, work: Kernel, out: str, inp: str) -> Step:
 def _sole_reader(k: Kernel, out: str, inp: str) -> bool:
     """A pointwise kernel in which only ``out``'s node reads ``inp``: each element's new value is computed from
     its old one (``_reads_only_at``), so the load precedes the store whatever order the writer emits the nodes
-    in and however a Triton program spreads a tile over its threads. (Other nodes may read ``out``: at its
-    store index that is the value in registers, elsewhere the new value, after a barrier.)"""
+    in and however a Triton program spreads a tile over its threads. (Other nodes may read ``out``: fusion puts
+    a reader in its producer's kernel only at the element the producer computes, so they read registers.)"""
     node = next((kn for kn in k.nodes if kn.buffer == out), None)
     readers = [kn for kn in k.nodes if any(ld.buffer == inp for ld in reads(kn.body))]
     return node is not None and readers == [node]
