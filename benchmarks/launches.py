@@ -143,8 +143,13 @@ def launches_of(compiled: Any) -> list[Launch]:
         w = step.work
         if isinstance(w, KernelGroup):
             out.append(classify_group(w, layouts))
+        elif isinstance(w, Kernel):
+            # a template bringing several kernels (split-KV decode attention: the splits, then their sum)
+            # launches each of them
+            n = len(w.triton_kernels()) if hasattr(w, "triton_kernels") else 1
+            out += [classify_kernel(w, layouts)] * n
         else:
-            out += [classify_kernel(w, layouts)] if isinstance(w, Kernel) else classify_extern(w)
+            out += classify_extern(w)
     return out
 
 
