@@ -226,12 +226,22 @@ def template_decode_attention(s: ScheduledProgram) -> tuple[ScheduledProgram, in
     return ScheduledProgram(p, tuple(plan_memory(p, works))), n
 
 
+# the program's own indices, one value each; the others (positions, head dims) are blocks
+_SCALAR_INDICES = ("0", "b", "h")
+
+
 def _offset(t: TensorRef | ExternOutput, index: list[str]) -> str:
-    """The element offset of ``t[index]`` (a size-1 dim broadcasts: its index is 0 whatever its stride)."""
+    """The element offset of ``t[index]`` (a size-1 dim broadcasts: its index is 0 whatever its stride). A
+    block index under such a dim stays as ``0 * index``: the offset keeps the block's shape, as the load's
+    or store's mask has it (a mask of one value per batch row, one cached key, a head dim of 1)."""
     shape, stride, base = (t.layout.shape, t.layout.stride, t.layout.offset) if isinstance(t, ExternOutput) \
         else (t.shape, t.stride, t.offset)
-    terms = [_code(base)] + [f"({_code(s)}) * {i}" for n, s, i in zip(shape, stride, index)
-                             if n != 1 and s != 0 and i != "0"]
+    terms = [_code(base)]
+    for n, s, i in zip(shape, stride, index):
+        if n != 1 and s != 0 and i != "0":
+            terms.append(f"({_code(s)}) * {i}")
+        elif i not in _SCALAR_INDICES:
+            terms.append(f"0 * {i}")
     return " + ".join(terms)
 
 

@@ -126,3 +126,19 @@ def test_a_growing_cache_split_over_programs() -> None:
         keep[..., -1] = True
         m = torch.where(keep, 0.0, float("-inf")).to(device())
         torch.testing.assert_close(cg.fn(q, kv, m)[0], f(q, kv, m)[0], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(("s", "d", "mask_shape"), [(100, 16, (2, 1, 1, 1)), (1, 16, (2, 1, 1, 1)), (50, 1, None)])
+def test_a_dim_of_one_under_a_block_index_matches_eager(s: int, d: int, mask_shape: tuple | None) -> None:
+    # a mask of one value per batch row (broadcast over the positions), one cached key (a one-token prompt),
+    # a head dim of 1: the load's offset has no term for the block index, its pointer must still be a block
+    def f(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *m: torch.Tensor) -> tuple[torch.Tensor]:
+        return (F.scaled_dot_product_attention(q, k, v, attn_mask=m[0] if m else None),)
+
+    shapes = [(2, 3, 1, d), (2, 3, s, d), (2, 3, s, d)] + ([mask_shape] if mask_shape else [])
+    args = [_rand(i, *sh) for i, sh in enumerate(shapes)]
+    cg = compile_graph(trace(f, *args), args, options=OPTIONS)
+    assert len(_templates(cg)) == 1
+    for call in range(3):
+        fresh = [_rand(10 * call + i, *sh) for i, sh in enumerate(shapes)]
+        torch.testing.assert_close(cg.fn(*fresh)[0], f(*fresh)[0], atol=1e-5, rtol=1e-4)
