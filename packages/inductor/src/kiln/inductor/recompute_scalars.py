@@ -10,10 +10,10 @@ the same for all), fusion puts the copy into the consumer's kernel, and its load
 consumer makes.
 
 Which reads: a reduction C over ``[O | K]`` (O more than one element) loading one element of a buffer R
-that is a reduction to one element over the same reduced range K (sum, max or min); or loading a
-pointwise buffer B over K (up to size-1 dims, contiguous) whose body reads such an R -- B was stored
-because several reductions read it (the MLP's gate and up projections) -- whose body is then inlined
-into C first. K is one static range of at most ``MAX_REDUCED`` elements: every program of C computes
+that is a reduction to one element over the same reduced range K, up to size-1 dims (sum, max or min:
+an RMSNorm's mean, ``x.abs().max()``); or loading a pointwise buffer B over K (up to size-1 dims,
+contiguous) whose body reads such an R -- B was stored because several reductions read it (the MLP's
+gate and up projections) -- whose body is then inlined into C first. K is one static range of at most ``MAX_REDUCED`` elements: every program of C computes
 the statistic again, so a long one would cost more than the launch it saves. R and B themselves go
 when nothing else reads them (dead code).
 """
@@ -74,7 +74,7 @@ def _scalar_reduction(n: ComputedBuffer | None, k_ranges: tuple) -> bool:
     if n is None or not isinstance(n.data, Reduction):
         return False
     d = n.data
-    return d.reduction_type in _TYPES and tuple(d.reduction_ranges) == tuple(k_ranges) and \
+    return d.reduction_type in _TYPES and tuple(r for r in d.reduction_ranges if r != 1) == tuple(k_ranges) and \
         all(r == 1 for r in d.ranges) and all(s == 1 for s in n.layout.shape)
 
 
@@ -123,9 +123,13 @@ def _rewrite(c: ComputedBuffer, by_name: dict[str, ComputedBuffer], copies: dict
             rd = r.data
             assert isinstance(rd, Reduction)
             name = _fresh(f"{r.name}_{c.name}", taken)
-            ones = {v: sympy.Integer(0) for v in index_vars("i", len(rd.ranges))}
+            # R's own loop variables in the consumer's: its outputs (all size 1) at 0, its reduced dims of size 1 at 0
+            # (``x.abs().max()`` over a [1, K] vector reduces [1, K]), the one of size K as r0
+            to = {v: sympy.Integer(0) for v in index_vars("i", len(rd.ranges))}
+            for v, size in zip(index_vars("r", len(rd.reduction_ranges)), rd.reduction_ranges):
+                to[v] = sympy.Integer(0) if size == 1 else index_vars("r", 1)[0]
             copies[key] = ComputedBuffer(name, Layout.contiguous(out, r.layout.dtype, r.layout.device),
-                                         Reduction(out, k_ranges, rd.reduction_type, substitute_index(rd.body, ones)),
+                                         Reduction(out, k_ranges, rd.reduction_type, substitute_index(rd.body, to)),
                                          r.origins)
             made.append(copies[key])
         copy = copies[key]

@@ -72,3 +72,19 @@ def test_a_statistic_over_another_range_keeps_its_kernel() -> None:
     cg = compile_graph(trace(f, *args), args, options=ON)
     assert _one_element_kernels(cg) == 1
     torch.testing.assert_close(cg.fn(*args)[0], f(*args)[0], atol=1e-4, rtol=1e-4)
+
+
+def test_an_abs_max_scale_over_a_vector_is_computed_in_the_matmul() -> None:
+    # ``x.abs().max()`` of a [1, K] vector reduces [1, K] (a size-1 dim besides K): computed in the matmul's kernel
+    def f(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor]:
+        return (F.linear(x / x.abs().max(), w),)
+
+    shapes = [(1, 96), (40, 96)]
+    args = [_rand(i, *s, dtype=torch.float32) for i, s in enumerate(shapes)]
+    on = compile_graph(trace(f, *args), args, options=ON)
+    off = compile_graph(trace(f, *args), args, options=OFF)
+    assert _one_element_kernels(on) == 0 and len(on.scheduled.launched()) < len(off.scheduled.launched())
+    for call in range(3):
+        fresh = [_rand(20 + 2 * call + i, *s, dtype=torch.float32) for i, s in enumerate(shapes)]
+        fresh[0][0, call] = 50.0 * (-1) ** call  # the largest magnitude moves, with either sign
+        torch.testing.assert_close(on.fn(*fresh)[0], f(*fresh)[0], atol=1e-5, rtol=1e-5)
