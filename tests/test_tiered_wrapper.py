@@ -203,6 +203,9 @@ def test_a_failing_cpp_call_of_a_graph_writing_its_inputs_reaches_the_caller() -
     call(torch.randn(3))  # the trial's first call is the Python wrapper's
     with pytest.raises(RuntimeError, match="Expected Tensor but got None"):
         call(torch.randn(3))
+    x = torch.randn(3)  # later calls run on the Python wrapper, not on the failing C++ one again
+    torch.testing.assert_close(call(x)[0], x * 2)
+    assert call.tier == "python" and cpp.calls == 1
 
 
 SECOND_PROCESS = textwrap.dedent("""

@@ -122,9 +122,11 @@ class TieredCall:
         try:
             out = run(args)
         except Exception as e:
+            if not on_cpp:
+                raise
+            self._failed(e, again is not None)
             if again is None:
-                raise  # on the Python wrapper, or inputs the failed call may have written: the caller sees it
-            self._failed(e)
+                raise  # inputs the failed call may have written: the caller sees it (later calls run on Python)
             return self._python(again)
         (cc if on_cpp else py).append(time.perf_counter() - t0)
         if len(cc) >= self.trial_calls and self.tier == "trial":  # (a call in another thread may have settled it)
@@ -133,14 +135,15 @@ class TieredCall:
             self._settle(cc_us <= py_us * KEEP_CPP_WITHIN)
         return out
 
-    def _failed(self, e: Exception) -> None:
+    def _failed(self, e: Exception, retried: bool) -> None:
         """The C++ wrapper raised in its trial: the graph stays on the Python wrapper for good."""
         self.call, self.tier, self.program, self._cpp = self._python, "python", None, None
         with _BUILDS.cond:
             self._callbacks.clear()
         log("perf_hints").warning("graph %r keeps the Python wrapper (wrapper='tiered'): its C++ wrapper failed in "
-                                  "its trial (%s: %s); the call ran again on the Python wrapper", self.name,
-                                  type(e).__name__, str(e)[:300])
+                                  "its trial (%s: %s); %s", self.name, type(e).__name__, str(e)[:300],
+                                  "the call ran again on the Python wrapper" if retried else
+                                  "the error reached the caller (the graph writes its inputs)")
 
     def _settle(self, cpp: bool) -> None:
         program = self.program
