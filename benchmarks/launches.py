@@ -134,6 +134,7 @@ def classify_group(g: Any, layouts: dict[str, Any]) -> Launch:
 
 
 def launches_of(compiled: Any) -> list[Launch]:
+    from kiln.inductor.codegen.triton.backend import PrebuiltKernel
     from kiln.inductor.ir import Kernel, KernelGroup
 
     sched = compiled.scheduled
@@ -146,7 +147,7 @@ def launches_of(compiled: Any) -> list[Launch]:
         elif isinstance(w, Kernel):
             # a template bringing several kernels (split-KV decode attention: the splits, then their sum)
             # launches each of them
-            n = len(w.triton_kernels()) if hasattr(w, "triton_kernels") else 1
+            n = len(w.triton_kernels()) if isinstance(w, PrebuiltKernel) else 1
             out += [classify_kernel(w, layouts)] * n
         else:
             out += classify_extern(w)

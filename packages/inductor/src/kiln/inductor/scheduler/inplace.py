@@ -93,8 +93,7 @@ def _row_kernel_site(k: Kernel, out: str, inp: str) -> bool:
     node = next((kn for kn in k.nodes if kn.buffer == out), None)
     if node is None or node.kind != "pointwise" or node.role != "outer" or not node.store:
         return False
-    readers = [kn for kn in k.nodes if any(ld.buffer == inp for ld in reads(kn.body))]
-    return readers == [node] and not any(ld.buffer == out for kn in k.nodes for ld in reads(kn.body))
+    return _sole_reader(k, out, inp) and not any(ld.buffer == out for kn in k.nodes for ld in reads(kn.body))
 
 
 def _mutation_sites(s: ScheduledProgram, mutations: Sequence[tuple[int, int]],
