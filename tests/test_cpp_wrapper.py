@@ -654,6 +654,42 @@ def test_gpt2_like_peak_memory_is_the_python_wrappers() -> None:
     assert cpp < py + logits / 2, (cpp, py)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("wrapper", ["python", "cpp"])
+def test_cuda_amp_training_on_each_wrapper(wrapper: str) -> None:
+    """Training steps on the GPU through either wrapper: a conv/BatchNorm block (running statistics written
+    over the module's buffers by the forward's kernels) and an attention block under autocast whose bf16
+    SDPA runs one of the library's fused kernels (cuDNN's backward takes the forward's undefined
+    ``cum_seq_q``/``cum_seq_k``: the C++ wrapper raised "Expected Tensor but got None" on it). Outputs,
+    gradients and buffers equal eager's over four steps with fresh inputs."""
+    torch.manual_seed(0)
+    conv = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 8, 1),
+                         nn.BatchNorm2d(8)).cuda()
+    block = Block(d=256, heads=4).cuda()
+    with Wrappers() as w:
+        for eager, shape, amp in ((conv, (8, 3, 16, 16), False), (block, (2, 128, 256), True)):
+            model = copy.deepcopy(eager)
+            compiled = kiln.compile(model, options={"wrapper": wrapper})
+            for step in range(4):
+                x = torch.randn(shape, device="cuda")
+                with torch.autocast("cuda", torch.bfloat16, enabled=amp):
+                    want, got = eager(x).float(), compiled(x).float()
+                scale = want.abs().max().item()
+                torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * scale, msg=f"step {step}")
+                r = torch.randn_like(want)  # a loss BatchNorm's output does not make constant
+                (want * r).mean().backward()
+                (got * r).mean().backward()
+                # at the largest gradient's scale: a bias before a BatchNorm has a gradient of rounding noise
+                tol = 3e-2 * max(p.grad.abs().max().item() for p in eager.parameters())
+                for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+                    torch.testing.assert_close(q.grad, p.grad, rtol=3e-2, atol=tol, msg=f"step {step}: {name}")
+                eager.zero_grad(), model.zero_grad()
+                for (name, b), c in zip(eager.named_buffers(), model.buffers()):
+                    torch.testing.assert_close(c.float(), b.float(), rtol=1e-2, atol=1e-3, msg=f"step {step}: {name}")
+    assert w.graphs == [wrapper == "cpp"] * 2, w.graphs
+
+
 def test_updates_in_place_pass_bare_pointers(stage_texts) -> None:
     """An optimizer-style step (in-place updates of many tensors by grouped kernels): the C++ wrapper hands the
     kernels the inputs' data pointers, with no at::Tensor per input (an Adam step over 32 tensors wrapped all 160,
