@@ -43,22 +43,18 @@ def test_bad_inductor_options_are_a_clear_error(options: dict, named: str) -> No
         resolve_backend("inductor", CompileOptions(mode="reduce-overhead", options=options))
 
 
-@pytest.mark.parametrize(("named", "inference", "on_gpu", "cudagraphs", "wrapper", "refused"), [
-    (None, True, True, False, "tiered", False),  # a CUDA inference graph in default mode: tiered by default
-    (None, True, False, False, "tiered", False),  # CPU graphs, inference and training: tiered by default
-    (None, False, False, False, "tiered", False),
-    (None, False, True, False, "python", False),  # CUDA training graphs: the Python wrapper unless asked
-    (None, True, True, True, "python", False),  # CUDA graphs replay reduce-overhead graphs
-    ("python", True, True, False, "python", False),  # the options' choice wins
-    ("cpp", True, False, False, "cpp", False),
-    ("tiered", False, True, False, "tiered", False),  # asked for a training graph: given
-    ("cpp", True, True, True, "python", True),  # refused where CUDA graphs replay it, said why
+@pytest.mark.parametrize(("named", "on_gpu", "cudagraphs", "wrapper", "refused"), [
+    (None, True, False, "tiered", False),  # a CUDA graph in default mode, inference or training: tiered
+    (None, False, False, "tiered", False),  # CPU graphs, inference and training: tiered by default
+    (None, True, True, "python", False),  # CUDA graphs replay reduce-overhead graphs
+    ("python", True, False, "python", False),  # the options' choice wins
+    ("cpp", False, False, "cpp", False),
+    ("cpp", True, True, "python", True),  # refused where CUDA graphs replay it, said why
 ])
-def test_the_wrapper_of_each_graph(named, inference, on_gpu, cudagraphs, wrapper, refused) -> None:
+def test_the_wrapper_of_each_graph(named, on_gpu, cudagraphs, wrapper, refused) -> None:
     from kiln.backends import graph_wrapper
 
-    got, why = graph_wrapper(named, "tiered", inference=inference, on_gpu=on_gpu, cudagraphs=cudagraphs,
-                             cpu_default="tiered")
+    got, why = graph_wrapper(named, "tiered", on_gpu=on_gpu, cudagraphs=cudagraphs, cpu_default="tiered")
     assert got == wrapper and (why is not None) == refused
 
 

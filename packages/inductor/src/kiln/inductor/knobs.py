@@ -39,9 +39,9 @@ class InductorKnobs:
     # KILN_MEMORY_ARENA=0: kiln.compile's reduce-overhead inference graphs allocate one block per buffer
     # as before, not one arena (InductorOptions.memory_arena)
     memory_arena: bool = True
-    # KILN_GPU_WRAPPER (python|cpp|tiered): the wrapper kiln.compile gives a CUDA inference graph in default
-    # mode when options do not name one ("wrapper"); tiered: the Python wrapper at once, the C++ one built
-    # in the background (tiered.py)
+    # KILN_GPU_WRAPPER (python|cpp|tiered): the wrapper kiln.compile gives a CUDA graph (inference or
+    # training) in default mode when options do not name one ("wrapper"); tiered: the Python wrapper at
+    # once, the C++ one built in the background (tiered.py)
     gpu_wrapper: str = "tiered"
     # KILN_CPU_WRAPPER (python|cpp|tiered): the same for a CPU graph (inference or training) in default mode;
     # tiered there starts the C++ wrapper's build after KILN_TIER_AFTER_CALLS calls of the graph

@@ -19,8 +19,8 @@ why. A C++ call that raises during the trial does too; the call runs again on th
 graph writes none of its inputs (else the error reaches the caller: the failed call may have written some).
 ``wait_tiered()`` blocks until every queued build has finished (benchmarks, tests).
 
-The caller (kiln.compile's inductor backend) asks for it only where ``wrapper="cpp"`` serves: inference
-graphs in default mode.
+The caller (kiln.compile's inductor backend) asks for it for every graph in default mode (a training
+graph's forward and backward are tiered apart), not where CUDA graphs replay the graph.
 """
 
 from __future__ import annotations
