@@ -137,7 +137,7 @@ def _inductor(opts: CompileOptions) -> Backend:
     run_aten = _stage("kiln.autograd", "run_graph_compiler", "inductor")
     symbolic_refused = _stage("kiln.inductor", "DynamicShapeUnsupported", "inductor")
 
-    def compiler(static: tuple[int, ...], inference: bool = False) -> Backend:
+    def compiler(static: tuple[int, ...], inference: bool = False, backward: bool = False) -> Backend:
         def compile_one(gm: fx.GraphModule, example_inputs: Sequence[ExampleInput]) -> CompiledGraph:
             on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
             wrapper, why = graph_wrapper(user_options.get("wrapper"), gpu_wrapper, on_gpu=on_gpu,
@@ -145,7 +145,9 @@ def _inductor(opts: CompileOptions) -> Backend:
             if why:
                 log("perf_hints").warning("graph keeps the Python wrapper (options wrapper=%r): %s",
                                           user_options["wrapper"], why)
-            options = inductor_options.replace(wrapper=wrapper)
+            # a backward's inputs are its saved activations, handed over (kiln.autograd's call_owned): the
+            # C++ wrapper drops each after its last use, as the Python wrapper does
+            options = inductor_options.replace(wrapper=wrapper, drop_inputs=backward)
             if wrapper == "tiered" and not on_gpu and "tiered_after_calls" not in user_options and \
                     "wrapper" not in user_options:
                 options = options.replace(tiered_after_calls=tier_after)
@@ -175,7 +177,7 @@ def _inductor(opts: CompileOptions) -> Backend:
         # the forward (and inference) graph takes the captured graph's inputs first, in order
         static = annotations_of(gm).module_state  # kiln.capture marks parameters and buffers
         try:
-            return aot(gm, example_inputs, fw_compiler=compiler(static), bw_compiler=compiler(()),
+            return aot(gm, example_inputs, fw_compiler=compiler(static), bw_compiler=compiler((), backward=True),
                        inference_compiler=compiler(static, inference=True), decompositions=table)
         except trace_error as e:
             return _op_by_op(gm, e, "inductor")

@@ -37,7 +37,13 @@ from kiln.graph import CompiledGraph, PortableProgram, dump, new_graph_id
 from kiln.runtime.cxx import FLOAT_ARGUMENT, GraphLibrary, build_graph_library
 
 from .codegen.cpp_wrapper import CppWrapperUnsupported, Slot
-from .codegen.cpp_wrapper.graph_call import GraphCallWriter, OutputPlan, output_plan
+from .codegen.cpp_wrapper.graph_call import (
+    GraphCallWriter,
+    HandedOverInputsWriter,
+    OutputPlan,
+    held_inputs,
+    output_plan,
+)
 from .codegen.wrapper import REQUIRES
 from .cpp_program import CppProgram, cpp_program
 from .options import InductorOptions
@@ -45,7 +51,7 @@ from .options import InductorOptions
 SOURCE = '''"""kiln.inductor C++ wrapper of graph {name!r}: model.so (FILES) called through its C ABI."""
 from kiln.runtime.cxx import GraphLibrary as _GraphLibrary
 
-_GRAPH = _GraphLibrary(FILES, {plan!r}, {n_inputs}, {device!r}, {sizes!r}, {scalars!r})
+_GRAPH = _GraphLibrary(FILES, {plan!r}, {n_inputs}, {device!r}, {sizes!r}, {scalars!r}, {held!r})
 call_owned = _GRAPH.call_owned
 
 
@@ -140,7 +146,8 @@ def build_cpp_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, option
     arch = cuda_arch if cuda_arch is not None or dev.type != "cuda" else _cuda_arch(dev)
     sizes = size_arguments(example_inputs)
     program = cpp_program(gm, example_inputs, slots, options=options, name=name, cuda_arch=arch,
-                          size_symbols=[(n, _what(k, d)) for n, k, d in sizes], writer=GraphCallWriter, guarded=True)
+                          size_symbols=[(n, _what(k, d)) for n, k, d in sizes], guarded=True,
+                          writer=HandedOverInputsWriter if options.drop_inputs else GraphCallWriter)
     assert program.scheduled is not None
     plan = output_plan(program.scheduled)
     t1 = time.perf_counter()
@@ -149,7 +156,8 @@ def build_cpp_graph(gm: fx.GraphModule, example_inputs: Sequence[Any], *, option
                                 cubins={c.file_name: c.binary for c in program.cubins}, cuda=dev.type == "cuda")
     source = SOURCE.format(name=name, plan=[p.as_json() for p in plan], n_inputs=len(example_inputs),
                            device=str(dev), sizes=[list(z) for z in sizes],
-                           scalars=[k for k, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)])
+                           scalars=[k for k, x in enumerate(example_inputs) if not isinstance(x, torch.Tensor)],
+                           held=list(held_inputs(program.scheduled)) if options.drop_inputs else [])
     return CppGraph(source, files, plan, program, (t1 - t0, time.perf_counter() - t1))
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from ..ir import Layout, ScheduledProgram
+from ..ir import Layout, ScheduledProgram, TensorRef, work_buffers
 from ..options import InductorOptions
 
 
@@ -43,3 +43,21 @@ class KernelBackend(Protocol):
 
     def compile(self, scheduled: ScheduledProgram, layouts: dict[str, Layout],
                 options: InductorOptions) -> CompiledKernels: ...
+
+
+def input_last_uses(s: ScheduledProgram, reused: set[str]) -> dict[int, list[str]]:
+    """Step index -> graph inputs last read there (-1: never read), which a wrapper may drop after that
+    step. Only ``call_owned`` callers gain from it: they handed over their references (a backward's saved
+    activations die as it goes, as in eager's autograd engine). Outputs and ``reused`` buffers (updated in
+    place) stay bound."""
+    p = s.program
+    kept = {o.buffer for o in p.outputs if isinstance(o, TensorRef)} | reused
+    last: dict[str, int] = {b.name: -1 for b in p.inputs if b.name not in kept}
+    for k, st in enumerate(s.steps):
+        for b in work_buffers(st.work):
+            if b in last:
+                last[b] = k
+    by_step: dict[int, list[str]] = {}
+    for b, k in last.items():
+        by_step.setdefault(k, []).append(b)
+    return by_step

@@ -35,10 +35,9 @@ from ..ir import (
     issues_collective,
     product,
     python_scalar,
-    work_buffers,
 )
 from ..scheduler.arena import CONVOLUTION, OUT_FORMS, ArenaPlan, plan_arena
-from .common import CompiledKernels
+from .common import CompiledKernels, input_last_uses
 from .empty_attention import EMPTY_ATTENTION, empty_check, fill_value
 from .triton.printer import python_index
 
@@ -494,23 +493,6 @@ class WrapperWriter:
                 self.lines.append(f"    if not ({g.expr}):")
                 self.lines.append(f"        raise _GuardError(f{msg!r})")
 
-    def input_last_uses(self, reused: set[str]) -> dict[int, list[str]]:
-        """Step index -> graph inputs last read there (-1: never read), which the wrapper unbinds
-        after that step. Only ``call_owned`` callers gain from it: they handed over their references
-        (a backward's saved activations die as it goes, as in eager's autograd engine). ``reused``
-        buffers are updated in place and stay bound."""
-        p = self.p
-        kept = {o.buffer for o in p.outputs if isinstance(o, TensorRef)} | reused
-        last: dict[str, int] = {b.name: -1 for b in p.inputs if b.name not in kept}
-        for k, st in enumerate(self.s.steps):
-            for b in work_buffers(st.work):
-                if b in last:
-                    last[b] = k
-        by_step: dict[int, list[str]] = {}
-        for b, k in last.items():
-            by_step.setdefault(k, []).append(b)
-        return by_step
-
     def write(self) -> str:
         p = self.p
         reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
@@ -527,7 +509,7 @@ class WrapperWriter:
             self.lines.append(f"    {', '.join(unpack)}{',' if len(unpack) == 1 else ''} = args[:{len(unpack)}]")
         self.lines.append("    args.clear()")
         self.size_prologue()
-        input_dels = self.input_last_uses(reused)
+        input_dels = input_last_uses(self.s, reused)
         if input_dels.get(-1):
             self.lines.append(f"    del {', '.join(input_dels[-1])}")
         if self.kernels.call_prologue:

@@ -90,11 +90,13 @@ def _dtype(name: str) -> torch.dtype:
 class GraphLibrary:
     """A C++ wrapper library loaded for one device: ``call_owned(args)`` runs the graph on ``args``
     (tensors, in the graph's input order; the list is emptied, as the Python wrapper's is) and returns
-    its outputs."""
+    its outputs. ``held``: inputs the library drops after their last use (a backward's saved activations):
+    ``call_owned`` hands it references to them and keeps none itself, so their memory is free for the
+    rest of the call when the caller's list held the last references."""
 
     def __init__(self, files: Mapping[str, bytes], plan: Sequence[Sequence[Any]], n_inputs: int,
                  device: str | torch.device, sizes: Sequence[Sequence[Any]] = (),
-                 scalars: Sequence[int] = ()) -> None:
+                 scalars: Sequence[int] = (), held: Sequence[int] = ()) -> None:
         self.device = torch.device(device)
         if self.device.type not in DEVICE_TYPES:
             raise PackageError(f"a C++ wrapper library runs on cpu or cuda, not {self.device}")
@@ -119,6 +121,12 @@ class GraphLibrary:
         # becomes the output (the caller's write-back copies it into the input)
         self._realign = tuple(sorted({p[5] for p in self.plan if p[0] == "input"})) \
             if self.device.type == "cuda" else ()
+        self._held = tuple(int(k) for k in held)
+        self._held_index = array.array("q", self._held)
+        if self._held:
+            self._hold = self._lib.kiln_model_hold_inputs
+            self._hold.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+            self._hold.restype = None
 
     def _open(self, folder: Path) -> tuple[Path, ctypes.CDLL]:
         lib = ctypes.CDLL(str(folder / LIBRARY), mode=ctypes.RTLD_LOCAL)
@@ -155,6 +163,11 @@ class GraphLibrary:
         # (were args the last reference, the allocator could hand their memory to an allocation in the call)
         held = args.copy()
         args.clear()
+        if self._held:  # the library's references instead of ours: each goes at its input's last use
+            impls = array.array("Q", [held[k]._cdata for k in self._held])
+            self._hold(self._held_index.buffer_info()[0], impls.buffer_info()[0], len(impls))
+            for k in self._held:
+                held[k] = None
         rc = self._run(*self._where, sizes.buffer_info()[0] if sizes is not None else None, ins.buffer_info()[0],
                        None, slots.buffer_info()[0], err, len(err))
         if rc != 0:

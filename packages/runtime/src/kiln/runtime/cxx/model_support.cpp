@@ -209,8 +209,28 @@ void release_outputs(void* const* slots, size_t n) noexcept {
     if (slots[k]) ImplPtr::reclaim(static_cast<c10::TensorImpl*>(slots[k]));  // dropped here
 }
 
+namespace {
+// the inputs this thread's next run holds (hold_inputs), by input index; empty unless a caller handed some over
+thread_local std::vector<ImplPtr> HELD;
+}  // namespace
+
+void hold_inputs(const int64_t* index, void* const* impls, size_t n) noexcept {
+  HELD.clear();
+  for (size_t k = 0; k < n; ++k) {
+    if (static_cast<size_t>(index[k]) >= HELD.size()) HELD.resize(static_cast<size_t>(index[k]) + 1);
+    HELD[static_cast<size_t>(index[k])] = ImplPtr::reclaim_copy(static_cast<c10::TensorImpl*>(impls[k]));
+  }
+}
+
+void drop_input(size_t k) noexcept {
+  if (k < HELD.size()) HELD[k].reset();
+}
+
 int run(Graph graph, Device dev, const int64_t* sizes, void* const* inputs, void* const* constants, void** outputs,
         char* err, size_t err_len) {
+  struct Release {  // what the run still holds goes when it ends, returned or thrown
+    ~Release() { HELD.clear(); }
+  } release;
   try {
     // below autograd, as inference mode dispatches, but making ordinary tensors: an output may be used
     // anywhere afterwards (an inference tensor could not be updated in place or saved for backward)

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 import sympy
 import torch
 
-from ...ir import ExternKernel, Layout, ScheduledProgram, TensorRef
+from ...ir import ExternKernel, Layout, ScheduledProgram, TensorRef, work_buffers
+from ..common import input_last_uses
 from ..triton.printer import python_index
 from .aten_calls import CppWrapperUnsupported, op_overload, scalar_type
 from .writer import CppWrapperWriter, CudaKernels, SizeArgs, Slot, _ints, size_cpp
@@ -198,6 +199,37 @@ class GraphCallWriter(CppWrapperWriter):
                 f"{size_cpp(plan.offset)}, {scalar_type(o.dtype)})")
 
 
+class HandedOverInputsWriter(GraphCallWriter):
+    """The wrapper of a graph whose caller hands over its inputs (``InductorOptions.drop_inputs``: a
+    backward's saved activations): those read before the last step are dropped after their last use."""
+
+    def dropped_inputs(self) -> dict[int, list[int]]:
+        """The inputs a ``call_owned`` caller hands over that die before the last step, by the step after
+        which each is dropped (``held_inputs``). Conservative where an input's memory may live on in another
+        buffer (an ATen view of it, a buffer planned over it: ``caller_memory``): every input then lives
+        until the last read of any such buffer, and none is dropped when one is an output."""
+        reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
+        by_step = input_last_uses(self.s, reused)
+        names = {b.name for b in self.p.inputs}
+        derived = self.caller_memory - names
+        if derived & {o.buffer for o in self.p.outputs if isinstance(o, TensorRef)}:
+            return {}
+        floor = max((k for k, st in enumerate(self.s.steps) if set(work_buffers(st.work)) & derived), default=-1)
+        slot = {b.name: self.slots[b.position].index if b.position in self.slots else b.position for b in self.p.inputs}
+        out: dict[int, list[int]] = {}
+        for k, dying in by_step.items():
+            at = max(k, floor)
+            if at < len(self.s.steps) - 1:
+                out.setdefault(at, []).extend(slot[b] for b in dying)
+        return out
+
+
 def output_plan(s: ScheduledProgram) -> tuple[OutputPlan, ...]:
     """Per output of ``s``, how its GraphCallWriter wrapper makes it."""
     return GraphCallWriter(s, {}, {}).plan
+
+
+def held_inputs(s: ScheduledProgram) -> tuple[int, ...]:
+    """The inputs (by position) that ``s``'s GraphCallWriter wrapper drops before it returns, when the
+    caller hands them over (kiln.runtime's GraphLibrary ``held``)."""
+    return tuple(sorted(k for ks in HandedOverInputsWriter(s, {}, {}).dropped_inputs().values() for k in ks))

@@ -16,7 +16,9 @@ constants, on that device and laid out as the manifest says (the caller checked 
 ``outputs[k]`` an owned reference to output k's ``at::TensorImpl`` (allocated by the program when it
 computed it; the C++ runner adopts it with ``intrusive_ptr::reclaim``), or 1 with a message and no output.
 ``kiln_model_release_outputs(outputs, n)`` drops such references, for a caller that took its own
-(Python's ``torch._C._wrap_tensor_impl``).
+(Python's ``torch._C._wrap_tensor_impl``). ``kiln_model_hold_inputs(index, impls, n)`` (optional, before a
+run on the same thread): owned references to inputs the caller no longer holds, which the run drops after
+each one's last use.
 """
 
 from __future__ import annotations
@@ -85,6 +87,12 @@ KILN_EXPORT int kiln_model_run(int device_type, int device_index, const int64_t*
                                void* const* constants, void** outputs, char* err, unsigned long err_len) {{
   return kiln_rt::run(run_graph, kiln_rt::Device{{device_type, device_index}}, sizes, inputs, constants, outputs,
                       err, err_len);
+}}
+
+// owned references to inputs the caller hands over for this thread's next kiln_model_run, which drops each
+// after the input's last use (kiln_rt::hold_inputs)
+KILN_EXPORT void kiln_model_hold_inputs(const int64_t* index, void* const* impls, unsigned long n) {{
+  kiln_rt::hold_inputs(index, impls, n);
 }}
 
 // drops the references kiln_model_run handed over, for a caller that took its own

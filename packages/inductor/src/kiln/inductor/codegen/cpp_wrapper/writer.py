@@ -352,11 +352,21 @@ class CppWrapperWriter:
         self.lines += [f"      {r},  // output {k}" for k, r in enumerate(refs)]
         self.lines.append("  });")
 
+    def dropped_inputs(self) -> dict[int, list[int]]:
+        """Step index -> the input slots whose held reference the wrapper drops after that step (-1: before
+        the first); a package's wrapper holds none."""
+        return {}
+
+    def drop_inputs(self, slots: list[int]) -> None:
+        self.lines += [f"  kiln_rt::drop_input({k});  // input {k}: last read above" for k in slots]
+
     def body(self) -> None:
         reused = {a.reuse for st in self.s.steps for a in st.allocate if a.reuse}
         outputs = {o.buffer for o in self.p.outputs if isinstance(o, TensorRef)}
         last = {b: k for k, st in enumerate(self.s.steps) for b in work_buffers(st.work)}
         self.inputs()
+        dropped = self.dropped_inputs()
+        self.drop_inputs(dropped.get(-1, []))
         if self.p.seed_buffer:
             self.assign(self.p.seed_buffer, "kiln_rt::random_seed(dev)")
         for k, st in enumerate(self.s.steps):
@@ -372,6 +382,7 @@ class CppWrapperWriter:
             taken = [a.reuse for a in st.allocate
                      if a.reuse and a.reuse != a.buffer and a.reuse not in outputs and last.get(a.reuse, -1) <= k]
             self.free([b for b in st.free if b not in reused] + taken)
+            self.drop_inputs(dropped.get(k, []))
         self.outputs()
 
     def declarations(self) -> str:

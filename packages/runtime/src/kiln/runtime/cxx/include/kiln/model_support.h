@@ -102,6 +102,13 @@ void hand_over(void** slots, std::initializer_list<Tensor> outputs) noexcept;
 // null slots are skipped.
 void release_outputs(void* const* slots, size_t n) noexcept;
 
+// Inputs a caller hands over (kiln.compile's C++ wrapper of a backward: its saved activations, whose
+// Python references the caller drops before the run): an owned reference to input ``index[k]``'s
+// at::TensorImpl for each k, held on this thread until the run drops it after that input's last use
+// (drop_input: its memory is free for the rest of the run, as the Python wrapper's ``del``) or ends.
+void hold_inputs(const int64_t* index, void* const* impls, size_t n) noexcept;
+void drop_input(size_t k) noexcept;  // no-op for an input not held
+
 // Run ``graph`` on ``dev`` (its device current) below autograd (no autograd graph is recorded; the outputs
 // are ordinary tensors, not inference tensors, so a caller may use them in any mode); 0, or 1 with the
 // exception's message in ``err``. ``sizes``: the size symbols' values (symbolic shapes), passed through.
