@@ -42,6 +42,29 @@ def _acc_type(rtype: str, d: torch.dtype) -> str:
     return "int" if rtype in ("any", "all") else ctype(d)
 
 
+# a float32 sum over more values than this accumulates in double: each partial sum is a running sum over its
+# share, whose rounding error grows with the count (16M values: 1.7e-6 of the sum, eager's cascade sum 2.5e-8;
+# a column mean over 4k rows 2.7e-6 against 2.4e-7, past assert_close's float32 rtol). A row's values are
+# shared among a vector's lanes (and threads); a tile's columns each sum their rows alone, so those go wide
+# sooner. Shorter sums (a row of a norm, a softmax) stay float
+WIDE_ROW_SUM = 16384
+WIDE_COLUMN_SUM = 1024
+
+
+def _wide_sum(k: Kernel, r: KernelNode, limit: int = WIDE_ROW_SUM) -> bool:
+    """Whether ``r`` (a reduction of ``k``) is a float32 sum of more than ``limit`` values: accumulated in
+    double."""
+    if r.reduction_type != "sum" or r.body.dtype != torch.float32:
+        return False
+    n = product(list(k.inner))
+    return not n.is_number or int(n) > limit
+
+
+def _sum_read(acc: str, wide: bool) -> str:
+    """The accumulator ``acc`` as a value of the body's dtype (a double one rounded once)."""
+    return f"static_cast<float>({acc})" if wide else acc
+
+
 class CppKernelWriter:
     def __init__(self, k: Kernel, layouts: dict[str, Layout], options: InductorOptions) -> None:
         self.k, self.layouts, self.options = k, layouts, options
@@ -362,8 +385,8 @@ class CppKernelWriter:
         clauses = []
         for r in reds:
             acc = f"acc_{r.buffer}"
-            self.lines.append(f"{indent}{_acc_type(r.reduction_type, r.body.dtype)} {acc} = "
-                              f"{_init(r.reduction_type, r.body.dtype)};")
+            t = "double" if _wide_sum(k, r) else _acc_type(r.reduction_type, r.body.dtype)
+            self.lines.append(f"{indent}{t} {acc} = {_init(r.reduction_type, r.body.dtype)};")
             if r.reduction_type.startswith("arg"):
                 self.lines.append(f"{indent}int64_t idx_{r.buffer} = 0;")
             elif r.reduction_type in ("max", "min"):
@@ -404,7 +427,7 @@ class CppKernelWriter:
             elif r.reduction_type in ("any", "all"):
                 val, src = f"({acc} != 0)", torch.bool
             else:
-                val, src = acc, r.body.dtype
+                val, src = _sum_read(acc, _wide_sum(k, r)), r.body.dtype
             name = f"v_{r.buffer}"
             self.lines.append(f"{indent}auto {name} = {cast_call(val, src, r.dtype)};")
             self.locals[r.buffer] = (name, r.store_index)
@@ -543,8 +566,8 @@ class _Tiled:
         w.lines.append(f"{indent}{{")
         for r in w.k.nodes:
             if r.kind == "reduction":
-                w.lines.append(f"{indent}  {_acc_type(r.reduction_type, r.body.dtype)} "
-                               f"part_{r.buffer}[{SPLIT_MAX_THREADS * TILE}];")
+                t = "double" if _wide_sum(w.k, r, WIDE_COLUMN_SUM) else _acc_type(r.reduction_type, r.body.dtype)
+                w.lines.append(f"{indent}  {t} part_{r.buffer}[{SPLIT_MAX_THREADS * TILE}];")
         rows = cindex(w.k.inner[0])
         w.lines += [f"{indent}  #pragma omp parallel num_threads(std::min<int>(omp_get_max_threads(), "
                     f"{SPLIT_MAX_THREADS}))",
@@ -587,7 +610,7 @@ class _Tiled:
             return
         reds = [kn for kn in full if kn.kind == "reduction"]
         for r in reds:
-            t = _acc_type(r.reduction_type, r.body.dtype)
+            t = "double" if _wide_sum(k, r, WIDE_COLUMN_SUM) else _acc_type(r.reduction_type, r.body.dtype)
             w.lines.append(f"{indent}{t} acc_{r.buffer}[{TILE}];")
             w.lines.append(f"{indent}int nan_{r.buffer}[{TILE}];")
             w.lines.append(f"{indent}for (int64_t j = 0; j < {TILE}; ++j) {{ acc_{r.buffer}[j] = "
@@ -623,7 +646,7 @@ class _Tiled:
         inner = _Tiled.j_loop(w, indent, last)
         for r in reds:
             acc = f"acc_{r.buffer}[j]"
-            val, src = acc, r.body.dtype
+            val, src = _sum_read(acc, _wide_sum(k, r, WIDE_COLUMN_SUM)), r.body.dtype
             if r.reduction_type in ("any", "all"):
                 val, src = f"({acc} != 0)", torch.bool
             if r.reduction_type in ("max", "min") and r.body.dtype.is_floating_point:
