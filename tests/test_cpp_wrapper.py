@@ -360,6 +360,65 @@ def test_backward_drops_saved_activations_as_it_goes(stage_texts) -> None:
         f"step peak MiB: C++ wrapper {peaks['cpp'] / 2**20:.1f}, Python {peaks['python'] / 2**20:.1f}"
 
 
+class SavedViews(nn.Module):
+    """Saved activations a backward reads in many forms: chunks, a transpose and a narrow (storage offset)
+    of one tensor, argmax indices and a bool mask, a causal attention's, a layer norm's statistics."""
+
+    def __init__(self, d: int = 32) -> None:
+        super().__init__()
+        self.ln, self.qkv, self.fc = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.w = nn.Parameter(torch.randn(d, d) * 0.2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = torch.tanh(self.ln(x) @ self.w)
+        a, g = h.chunk(2, dim=-1)
+        q, k, v = (y.view(b, t, 4, d // 4).transpose(1, 2) for y in self.qkv(h).split(d, dim=-1))
+        att = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
+        picked = torch.gather(h, -1, h.argmax(-1, keepdim=True))
+        gram = a.transpose(1, 2) @ torch.sigmoid(g)
+        tail = h.narrow(1, 2, t - 2).square().mean()
+        return self.fc(att * (h > 0)) + picked + gram.mean() + tail
+
+
+def test_backward_reads_no_dropped_activation(stage_texts) -> None:
+    """The C++ wrapper drops each saved activation after its last use: none is read after that. glibc fills
+    freed memory (M_PERTURB), so a read of a dropped activation's memory would give garbage instead of the
+    values it still held (these activations are small: freed, they stay in the heap, unchanged until
+    reused). Gradients of the parameters and of the input equal eager's over calls with fresh inputs."""
+    import ctypes
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        pytest.skip("glibc's mallopt is needed to fill freed memory")
+    torch.manual_seed(0)
+    eager = nn.Sequential(*[SavedViews() for _ in range(3)])
+    model = copy.deepcopy(eager)
+    compiled = kiln.compile(model, options=CPP)
+    m_perturb = -6
+    mallopt(m_perturb, 0xA5)
+    try:
+        with Wrappers() as w, stage_texts("cpp_wrapper") as texts:
+            for step in range(3):
+                x = torch.randn(4, 24, 32)
+                xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
+                got, want = compiled(xc), eager(xe)
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"step {step}: output")
+                got.square().mean().backward()
+                want.square().mean().backward()
+                grads = [("x", xc.grad, xe.grad)] + [(name, q.grad, p.grad) for (name, p), q in
+                                                     zip(eager.named_parameters(), model.parameters())]
+                for name, g, e in grads:
+                    torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4 * e.abs().max().item(),
+                                               msg=f"step {step}: {name}")
+                eager.zero_grad(), model.zero_grad()
+    finally:
+        mallopt(m_perturb, 0)
+    assert w.graphs == [True], w.graphs
+    forward, backward = (t.text for t in texts)
+    assert backward.count("kiln_rt::drop_input(") >= 12, backward
+
+
 class MLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()
