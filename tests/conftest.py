@@ -2,13 +2,16 @@
 them entries from other runs (or from the user's own ~/.cache/kiln)."""
 
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-tests-cache-"))
+sys.path.insert(0, str(Path(__file__).parent))  # the tests' shared helpers (cpp_wrapper_helpers.py)
 
 
 def _load_distributed_helpers():

@@ -20,58 +20,15 @@ from typing import Any
 
 import pytest
 import torch
+from cpp_wrapper_helpers import CPP, Block, Wrappers, _call_peak
 from torch import nn
 
 import kiln
-from kiln.graph import EVENTS, GraphCompiled
 
 # slow: each test builds C++ against libtorch's headers, and nothing here depends on the Python version's
 # bytecode (capture's part is tested on every version elsewhere): the default Python runs them
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("g++") is None, reason="the C++ wrapper is built with g++")]
-
-CPP = {"wrapper": "cpp"}
-
-
-class Wrappers:
-    """Which wrapper each graph compiled in the block got: True for the C++ one."""
-
-    def __init__(self) -> None:
-        self.graphs: list[bool] = []
-        self.sources: list[str] = []
-
-    def __call__(self, event: object) -> None:
-        if isinstance(event, GraphCompiled):
-            portable = getattr(event.compiled, "portable", None)
-            self.graphs.append(portable is not None and "_GraphLibrary(" in portable.source)
-            self.sources.append(portable.source if portable is not None else "")
-
-    def __enter__(self) -> Wrappers:
-        EVENTS.subscribe(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        EVENTS.unsubscribe(self)
-
-
-class Block(nn.Module):
-    """A small pre-norm transformer block: layer norm, causal attention (SDPA), GELU MLP."""
-
-    def __init__(self, d: int = 32, heads: int = 4) -> None:
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.fc1, self.fc2 = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in (q, k, v))
-        a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        return x + self.fc2(nn.functional.gelu(self.fc1(self.ln2(x))))
-
 
 def test_transformer_block_matches_eager_over_fresh_inputs() -> None:
     torch.manual_seed(0)
@@ -101,20 +58,6 @@ def test_hf_llama_with_kv_cache_matches_eager() -> None:
             for g, e in zip(got.past_key_values.layers, want.past_key_values.layers):
                 torch.testing.assert_close((g.keys, g.values), (e.keys, e.values))
     assert w.graphs and all(w.graphs), w.graphs
-
-
-def _call_peak(fn: Any, *args: torch.Tensor) -> tuple[int, Any]:
-    """The most bytes the CPU allocator held at once during ``fn(*args)`` beyond what it held before (every
-    allocation, in Python or in the library's C++, as the profiler records it), and the result."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        out = fn(*args)
-    now = top = 0
-    for e in sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns()):
-        now += e.nbytes()
-        top = max(top, now)
-    return top, out
 
 
 def test_hf_gpt2_peak_memory_is_the_python_wrappers() -> None:
@@ -305,118 +248,6 @@ def test_graph_the_cpp_path_refuses_falls_back_logged(caplog: pytest.LogCaptureF
     assert w.graphs == [False]
     hints = [r.getMessage() for r in caplog.records if r.name == "kiln.perf_hints"]
     assert any("keeps the Python wrapper" in m and "cpp_wrapper_sin" in m for m in hints), hints
-
-
-def test_training_graphs_run_through_the_cpp_wrapper() -> None:
-    """The forward and the backward of a training graph: C++ wrappers, with gradients, outputs and a
-    BatchNorm's running statistics (written in place by the forward) equal eager's over calls with
-    fresh inputs."""
-    import copy
-    torch.manual_seed(0)
-    eager = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3))
-    model = copy.deepcopy(eager)
-    compiled = kiln.compile(model, options=CPP)
-    with Wrappers() as w:
-        for step in range(3):
-            x = torch.randn(5, 6)
-            got, want = compiled(x), eager(x)
-            torch.testing.assert_close(got, want)
-            got.square().sum().backward()
-            want.square().sum().backward()
-            for (name, p), q in zip(eager.named_parameters(), model.parameters()):
-                torch.testing.assert_close(q.grad, p.grad, msg=f"step {step}: {name}")
-            for (name, b), c in zip(eager.named_buffers(), model.buffers()):
-                torch.testing.assert_close(c, b, msg=f"step {step}: {name}")
-    assert w.graphs == [True]  # one training program: its forward and its backward libraries
-    assert w.sources[0].count("_GraphLibrary(") == 2, w.sources[0]
-
-
-def test_backward_drops_saved_activations_as_it_goes(stage_texts) -> None:
-    """A backward's saved activations, handed over by kiln.autograd: the C++ wrapper drops each after its
-    last use, so a training step's peak is the Python wrapper's (holding all of them until the backward
-    returned, with the weight gradients allocated beside them, it was 19 MB against 12 here; an AMP
-    Llama-350M step's 2.5x the Python wrapper's on an H100). Gradients equal eager's over fresh inputs."""
-    torch.manual_seed(0)
-    eager = nn.Sequential(*[m for _ in range(8) for m in (nn.Linear(512, 512), nn.Tanh())])
-    peaks = {}
-    for wrapper in ("python", "cpp"):
-        model = copy.deepcopy(eager)
-        compiled = kiln.compile(model, options={"wrapper": wrapper})
-        with Wrappers() as w, stage_texts("cpp_wrapper") as texts:
-            for step in range(3):
-                x = torch.randn(512, 512, requires_grad=True)
-                peaks[wrapper], _ = _call_peak(lambda: compiled(x).square().mean().backward())  # noqa: B023
-                eager(x).square().mean().backward()
-                for (name, p), q in zip(eager.named_parameters(), model.parameters()):
-                    torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-4 * p.grad.abs().max().item(),
-                                               msg=f"{wrapper} step {step}: {name}")
-                eager.zero_grad(), model.zero_grad()
-        assert w.graphs == [wrapper == "cpp"], w.graphs
-        if wrapper == "cpp":  # the forward's inputs are the caller's too (parameters): only the backward drops
-            forward, backward = (t.text for t in texts)
-            assert "drop_input" not in forward and backward.count("kiln_rt::drop_input(") >= 8, backward
-    activation = 512 * 512 * 4
-    assert peaks["cpp"] <= peaks["python"] + activation, \
-        f"step peak MiB: C++ wrapper {peaks['cpp'] / 2**20:.1f}, Python {peaks['python'] / 2**20:.1f}"
-
-
-class SavedViews(nn.Module):
-    """Saved activations a backward reads in many forms: chunks, a transpose and a narrow (storage offset)
-    of one tensor, argmax indices and a bool mask, a causal attention's, a layer norm's statistics."""
-
-    def __init__(self, d: int = 32) -> None:
-        super().__init__()
-        self.ln, self.qkv, self.fc = nn.LayerNorm(d), nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.w = nn.Parameter(torch.randn(d, d) * 0.2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, t, d = x.shape
-        h = torch.tanh(self.ln(x) @ self.w)
-        a, g = h.chunk(2, dim=-1)
-        q, k, v = (y.view(b, t, 4, d // 4).transpose(1, 2) for y in self.qkv(h).split(d, dim=-1))
-        att = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
-        picked = torch.gather(h, -1, h.argmax(-1, keepdim=True))
-        gram = a.transpose(1, 2) @ torch.sigmoid(g)
-        tail = h.narrow(1, 2, t - 2).square().mean()
-        return self.fc(att * (h > 0)) + picked + gram.mean() + tail
-
-
-def test_backward_reads_no_dropped_activation(stage_texts) -> None:
-    """The C++ wrapper drops each saved activation after its last use: none is read after that. glibc fills
-    freed memory (M_PERTURB), so a read of a dropped activation's memory would give garbage instead of the
-    values it still held (these activations are small: freed, they stay in the heap, unchanged until
-    reused). Gradients of the parameters and of the input equal eager's over calls with fresh inputs."""
-    import ctypes
-    try:
-        mallopt = ctypes.CDLL("libc.so.6").mallopt
-    except (OSError, AttributeError):
-        pytest.skip("glibc's mallopt is needed to fill freed memory")
-    torch.manual_seed(0)
-    eager = nn.Sequential(*[SavedViews() for _ in range(3)])
-    model = copy.deepcopy(eager)
-    compiled = kiln.compile(model, options=CPP)
-    m_perturb = -6
-    mallopt(m_perturb, 0xA5)
-    try:
-        with Wrappers() as w, stage_texts("cpp_wrapper") as texts:
-            for step in range(3):
-                x = torch.randn(4, 24, 32)
-                xe, xc = x.clone().requires_grad_(), x.clone().requires_grad_()
-                got, want = compiled(xc), eager(xe)
-                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4, msg=f"step {step}: output")
-                got.square().mean().backward()
-                want.square().mean().backward()
-                grads = [("x", xc.grad, xe.grad)] + [(name, q.grad, p.grad) for (name, p), q in
-                                                     zip(eager.named_parameters(), model.parameters())]
-                for name, g, e in grads:
-                    torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4 * e.abs().max().item(),
-                                               msg=f"step {step}: {name}")
-                eager.zero_grad(), model.zero_grad()
-    finally:
-        mallopt(m_perturb, 0)
-    assert w.graphs == [True], w.graphs
-    forward, backward = (t.text for t in texts)
-    assert backward.count("kiln_rt::drop_input(") >= 12, backward
 
 
 class MLP(nn.Module):
@@ -740,42 +571,6 @@ def test_gpt2_like_peak_memory_is_the_python_wrappers() -> None:
     logits = 8 * 256 * 50257 * 2
     assert cpp <= 1.05 * py, f"peak MiB: C++ wrapper {cpp / 2**20:.0f}, Python wrapper {py / 2**20:.0f}"
     assert cpp < py + logits / 2, (cpp, py)
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("wrapper", ["python", "cpp"])
-def test_cuda_amp_training_on_each_wrapper(wrapper: str) -> None:
-    """Training steps on the GPU through either wrapper: a conv/BatchNorm block (running statistics written
-    over the module's buffers by the forward's kernels) and an attention block under autocast whose bf16
-    SDPA runs one of the library's fused kernels (cuDNN's backward takes the forward's undefined
-    ``cum_seq_q``/``cum_seq_k``: the C++ wrapper raised "Expected Tensor but got None" on it). Outputs,
-    gradients and buffers equal eager's over four steps with fresh inputs."""
-    torch.manual_seed(0)
-    conv = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 8, 1),
-                         nn.BatchNorm2d(8)).cuda()
-    block = Block(d=256, heads=4).cuda()
-    with Wrappers() as w:
-        for eager, shape, amp in ((conv, (8, 3, 16, 16), False), (block, (2, 128, 256), True)):
-            model = copy.deepcopy(eager)
-            compiled = kiln.compile(model, options={"wrapper": wrapper})
-            for step in range(4):
-                x = torch.randn(shape, device="cuda")
-                with torch.autocast("cuda", torch.bfloat16, enabled=amp):
-                    want, got = eager(x).float(), compiled(x).float()
-                scale = want.abs().max().item()
-                torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2 * scale, msg=f"step {step}")
-                r = torch.randn_like(want)  # a loss BatchNorm's output does not make constant
-                (want * r).mean().backward()
-                (got * r).mean().backward()
-                # at the largest gradient's scale: a bias before a BatchNorm has a gradient of rounding noise
-                tol = 3e-2 * max(p.grad.abs().max().item() for p in eager.parameters())
-                for (name, p), q in zip(eager.named_parameters(), model.parameters()):
-                    torch.testing.assert_close(q.grad, p.grad, rtol=3e-2, atol=tol, msg=f"step {step}: {name}")
-                eager.zero_grad(), model.zero_grad()
-                for (name, b), c in zip(eager.named_buffers(), model.buffers()):
-                    torch.testing.assert_close(c.float(), b.float(), rtol=1e-2, atol=1e-3, msg=f"step {step}: {name}")
-    assert w.graphs == [wrapper == "cpp"] * 2, w.graphs
 
 
 def test_updates_in_place_pass_bare_pointers(stage_texts) -> None:
