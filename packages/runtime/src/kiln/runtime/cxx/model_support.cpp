@@ -210,27 +210,33 @@ void release_outputs(void* const* slots, size_t n) noexcept {
 }
 
 namespace {
-// the inputs this thread's next run holds (hold_inputs), by input index; empty unless a caller handed some over
-thread_local std::vector<ImplPtr> HELD;
+// the inputs this thread's next run takes over (hold_inputs), by input index; empty unless a caller handed
+// some over. A run moves them into its own frame (RUNNING points there while it runs), so a run entered
+// from inside another (an ATen op calling back into Python) neither takes nor drops the outer run's
+thread_local std::vector<ImplPtr> PENDING;
+thread_local std::vector<ImplPtr>* RUNNING = nullptr;
 }  // namespace
 
 void hold_inputs(const int64_t* index, void* const* impls, size_t n) noexcept {
-  HELD.clear();
+  PENDING.clear();
   for (size_t k = 0; k < n; ++k) {
-    if (static_cast<size_t>(index[k]) >= HELD.size()) HELD.resize(static_cast<size_t>(index[k]) + 1);
-    HELD[static_cast<size_t>(index[k])] = ImplPtr::reclaim_copy(static_cast<c10::TensorImpl*>(impls[k]));
+    if (static_cast<size_t>(index[k]) >= PENDING.size()) PENDING.resize(static_cast<size_t>(index[k]) + 1);
+    PENDING[static_cast<size_t>(index[k])] = ImplPtr::reclaim_copy(static_cast<c10::TensorImpl*>(impls[k]));
   }
 }
 
 void drop_input(size_t k) noexcept {
-  if (k < HELD.size()) HELD[k].reset();
+  if (RUNNING != nullptr && k < RUNNING->size()) (*RUNNING)[k].reset();
 }
 
 int run(Graph graph, Device dev, const int64_t* sizes, void* const* inputs, void* const* constants, void** outputs,
         char* err, size_t err_len) {
-  struct Release {  // what the run still holds goes when it ends, returned or thrown
-    ~Release() { HELD.clear(); }
-  } release;
+  struct Held {  // this run's held inputs; what it still holds goes when it ends, returned or thrown
+    std::vector<ImplPtr> inputs = std::move(PENDING);
+    std::vector<ImplPtr>* outer = RUNNING;
+    Held() { PENDING.clear(); RUNNING = &inputs; }
+    ~Held() { RUNNING = outer; }
+  } held;
   try {
     // below autograd, as inference mode dispatches, but making ordinary tensors: an output may be used
     // anywhere afterwards (an inference tensor could not be updated in place or saved for backward)
