@@ -16,6 +16,8 @@ from cpp_wrapper_helpers import CPP, Block, Wrappers, _call_peak
 from torch import nn
 
 import kiln
+from kiln.inductor import wait_tiered
+from kiln.inductor.tiered import live_tiered
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(shutil.which("g++") is None, reason="the C++ wrapper is built with g++")]
@@ -135,13 +137,14 @@ def test_backward_reads_no_dropped_activation(stage_texts) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("wrapper", ["python", "cpp"])
+@pytest.mark.parametrize("wrapper", ["python", "cpp", "tiered"])
 def test_cuda_amp_training_on_each_wrapper(wrapper: str) -> None:
     """Training steps on the GPU through either wrapper: a conv/BatchNorm block (running statistics written
     over the module's buffers by the forward's kernels) and an attention block under autocast whose bf16
     SDPA runs one of the library's fused kernels (cuDNN's backward takes the forward's undefined
     ``cum_seq_q``/``cum_seq_k``: the C++ wrapper raised "Expected Tensor but got None" on it). Outputs,
-    gradients and buffers equal eager's over four steps with fresh inputs."""
+    gradients and buffers equal eager's over every step with fresh inputs; tiered (kiln.compile's default
+    for CUDA training graphs): through the Python wrapper, the trial alternating both, and the one settled."""
     torch.manual_seed(0)
     conv = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.Conv2d(16, 8, 1),
                          nn.BatchNorm2d(8)).cuda()
@@ -149,8 +152,12 @@ def test_cuda_amp_training_on_each_wrapper(wrapper: str) -> None:
     with Wrappers() as w:
         for eager, shape, amp in ((conv, (8, 3, 16, 16), False), (block, (2, 128, 256), True)):
             model = copy.deepcopy(eager)
-            compiled = kiln.compile(model, options={"wrapper": wrapper})
-            for step in range(4):
+            before = {id(c) for c in live_tiered()}
+            options = {"wrapper": wrapper, **({"tiered_trial_calls": 2} if wrapper == "tiered" else {})}
+            compiled = kiln.compile(model, options=options)
+            for step in range(10 if wrapper == "tiered" else 4):
+                if step == 1 and wrapper == "tiered":
+                    assert wait_tiered(600)  # the forward's and backward's C++ wrappers built
                 x = torch.randn(shape, device="cuda")
                 with torch.autocast("cuda", torch.bfloat16, enabled=amp):
                     want, got = eager(x).float(), compiled(x).float()
@@ -166,4 +173,7 @@ def test_cuda_amp_training_on_each_wrapper(wrapper: str) -> None:
                 eager.zero_grad(), model.zero_grad()
                 for (name, b), c in zip(eager.named_buffers(), model.buffers()):
                     torch.testing.assert_close(c.float(), b.float(), rtol=1e-2, atol=1e-3, msg=f"step {step}: {name}")
+            if wrapper == "tiered":  # both graphs of each model past their trial, on either wrapper
+                tiers = [c.tier for c in live_tiered() if id(c) not in before]
+                assert len(tiers) == 2 and all(t in ("cpp", "python") for t in tiers), tiers
     assert w.graphs == [wrapper == "cpp"] * 2, w.graphs

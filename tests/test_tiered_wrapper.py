@@ -370,3 +370,42 @@ def test_calls_from_several_threads_through_the_trial() -> None:
         t.join()
     assert not errors, errors
     assert python.calls + cpp.calls == 40 and call.tier in ("cpp", "python")
+
+
+def test_no_build_runs_while_the_program_still_compiles() -> None:
+    """A training program's forward is compiled before its backward, both over the joint trace's fake tensor
+    mode, which is not thread-safe: a build of the forward's C++ wrapper started at its compile ran passes in
+    that mode beside the backward's compile ("AssertionError: False, True" in one thread, now and then).
+    Builds start at a graph's first call, when the whole program is compiled; the steps still match eager
+    and both graphs settle on a wrapper."""
+    from kiln.graph import EVENTS, GraphCompiled
+    from kiln.inductor.tiered import _BUILDS
+
+    pending: list[int] = []
+
+    def at_compile(event: object) -> None:
+        if isinstance(event, GraphCompiled):
+            pending.append(_BUILDS.pending)
+
+    torch.manual_seed(0)
+    eager = MLP()
+    model = MLP()
+    model.load_state_dict(eager.state_dict())
+    compiled = kiln.compile(model, options={"wrapper": "tiered", "tiered_trial_calls": 2})
+    EVENTS.subscribe(at_compile)
+    try:
+        with Tiers() as t:
+            for step in range(8):
+                x = torch.randn(5, 16)
+                got, want = compiled(x), eager(x)
+                torch.testing.assert_close(got, want)
+                got.square().sum().backward()
+                want.square().sum().backward()
+                for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+                    torch.testing.assert_close(q.grad, p.grad, msg=f"step {step}: {name}")
+                if step == 0:
+                    assert wait_tiered(300)
+    finally:
+        EVENTS.unsubscribe(at_compile)
+    assert pending == [0], pending  # nothing queued while the program compiled
+    assert len(t.calls) == 2 and all(c.tier in ("cpp", "python") for c in t.calls), [c.tier for c in t.calls]

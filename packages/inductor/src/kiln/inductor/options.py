@@ -120,8 +120,8 @@ class InductorOptions:
     # last use, as the Python wrapper's ``del`` does (a backward's peak memory held every saved activation
     # until the call returned: Llama-350M's AMP step peak 1,541 MB against the Python wrapper's 612)
     drop_inputs: bool = False
-    # wrapper="tiered": the C++ wrapper's build starts once the graph has been called this many times (0: at
-    # compile time), so graphs called a few times (a test, a script's one call) never build one
+    # wrapper="tiered": the C++ wrapper's build starts once the graph has been called this many times (0 or
+    # 1: at its first call), so graphs called a few times (a test, a script's one call) never build one
     tiered_after_calls: int = 0
     # wrapper="tiered": once the C++ wrapper is built, this many calls on each wrapper (alternating) are timed
     # and the calls stay on the faster (the C++ one unless more than 5% slower: it need not be faster for a

@@ -255,7 +255,12 @@ def tier_up(compiled: CompiledGraph, gm: fx.GraphModule, inputs: Sequence[Any], 
             name: str) -> CompiledGraph:
     """``compiled`` (the Python wrapper's graph over ``gm``'s lifted inputs) with its calls moving to the
     C++ wrapper's library when the background thread has built it."""
-    fn = TieredCall(compiled.fn, name, options.tiered_trial_calls, options.tiered_after_calls,
+    # the build starts at the graph's first call at the earliest: by then this thread has compiled the
+    # program's other graphs (a training step's backward, after its forward) over the same FakeTensorMode and
+    # ShapeEnv, which the build runs passes in too and which are not thread-safe (two threads in one fake
+    # mode raise "AssertionError: False, True" in one of them: a failed build, or a failed compile)
+    after = max(options.tiered_after_calls, 1)
+    fn = TieredCall(compiled.fn, name, options.tiered_trial_calls, after,
                     retry_safe=not annotations_of(gm).input_mutations)
     outputs = compiled.loop_program.outputs if compiled.loop_program is not None else None  # type: ignore[attr-defined]
     cpp_options = options.replace(wrapper="cpp")
@@ -263,10 +268,7 @@ def tier_up(compiled: CompiledGraph, gm: fx.GraphModule, inputs: Sequence[Any], 
 
     def start() -> None:
         _BUILDS.submit(lambda: _build(ref, gm, inputs, cpp_options, name, outputs))
-    if options.tiered_after_calls > 0:
-        fn._start = start
-    else:
-        start()
+    fn._start = start
     return replace(compiled, fn=fn, backend="inductor(tiered wrapper)", later=fn.later, improves=True)
 
 
