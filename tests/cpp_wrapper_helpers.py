@@ -1,5 +1,6 @@
-"""What the C++ wrapper tests share (test_cpp_wrapper.py, test_cpp_wrapper_training.py): the options asking
-for it, which wrapper each compiled graph got, a small transformer block, a call's peak CPU memory."""
+"""What the C++ wrapper tests share (test_cpp_wrapper.py, test_cpp_wrapper_training.py, test_tiered_wrapper.py):
+the options asking for it, which wrapper each compiled graph got, a small transformer block, a call's peak CPU
+memory, a training step compared with eager's."""
 
 from __future__ import annotations
 
@@ -65,3 +66,14 @@ def _call_peak(fn: Any, *args: torch.Tensor) -> tuple[int, Any]:
         now += e.nbytes()
         top = max(top, now)
     return top, out
+
+
+def step_as_eager(eager: nn.Module, model: nn.Module, compiled: Any, x: torch.Tensor, step: int) -> None:
+    """One training step of ``eager`` and of ``compiled`` (over ``model``, eager's copy) on ``x``: outputs,
+    then the gradients of the sum of squares (accumulated over the steps) equal eager's."""
+    got, want = compiled(x), eager(x)
+    torch.testing.assert_close(got, want, msg=f"step {step}: output")
+    got.square().sum().backward()
+    want.square().sum().backward()
+    for (name, p), q in zip(eager.named_parameters(), model.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=f"step {step}: {name}")

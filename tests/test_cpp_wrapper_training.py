@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 import torch
-from cpp_wrapper_helpers import CPP, Block, Wrappers, _call_peak
+from cpp_wrapper_helpers import CPP, Block, Wrappers, _call_peak, step_as_eager
 from torch import nn
 
 import kiln
@@ -34,13 +34,7 @@ def test_training_graphs_run_through_the_cpp_wrapper() -> None:
     compiled = kiln.compile(model, options=CPP)
     with Wrappers() as w:
         for step in range(3):
-            x = torch.randn(5, 6)
-            got, want = compiled(x), eager(x)
-            torch.testing.assert_close(got, want)
-            got.square().sum().backward()
-            want.square().sum().backward()
-            for (name, p), q in zip(eager.named_parameters(), model.parameters()):
-                torch.testing.assert_close(q.grad, p.grad, msg=f"step {step}: {name}")
+            step_as_eager(eager, model, compiled, torch.randn(5, 6), step)
             for (name, b), c in zip(eager.named_buffers(), model.buffers()):
                 torch.testing.assert_close(c, b, msg=f"step {step}: {name}")
     assert w.graphs == [True]  # one training program: its forward and its backward libraries

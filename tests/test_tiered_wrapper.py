@@ -378,6 +378,8 @@ def test_no_build_runs_while_the_program_still_compiles() -> None:
     that mode beside the backward's compile ("AssertionError: False, True" in one thread, now and then).
     Builds start at a graph's first call, when the whole program is compiled; the steps still match eager
     and both graphs settle on a wrapper."""
+    from cpp_wrapper_helpers import step_as_eager
+
     from kiln.graph import EVENTS, GraphCompiled
     from kiln.inductor.tiered import _BUILDS
 
@@ -396,13 +398,7 @@ def test_no_build_runs_while_the_program_still_compiles() -> None:
     try:
         with Tiers() as t:
             for step in range(8):
-                x = torch.randn(5, 16)
-                got, want = compiled(x), eager(x)
-                torch.testing.assert_close(got, want)
-                got.square().sum().backward()
-                want.square().sum().backward()
-                for (name, p), q in zip(eager.named_parameters(), model.parameters()):
-                    torch.testing.assert_close(q.grad, p.grad, msg=f"step {step}: {name}")
+                step_as_eager(eager, model, compiled, torch.randn(5, 16), step)
                 if step == 0:
                     assert wait_tiered(300)
     finally:
