@@ -348,6 +348,42 @@ def test_the_trial_keeps_the_wrapper_measured_faster(python_s: float, cpp_s: flo
     assert handed == ([PortableProgram("cpp program")] if kept == "cpp" else [])
 
 
+class _Device:
+    """A stand-in GPU: work queued by a call runs on after it returns, until ``sync`` waits for it."""
+
+    def __init__(self) -> None:
+        self.pending = 0.0
+
+    def sync(self) -> None:
+        time.sleep(self.pending)
+        self.pending = 0.0
+
+
+class _Launcher(_Wrapper):
+    """A wrapper spending ``seconds`` of host time and queueing ``device_s`` of kernels a call."""
+
+    def __init__(self, seconds: float, device_s: float, device: _Device) -> None:
+        super().__init__(seconds)
+        self.device_s, self.device = device_s, device
+
+    def call_owned(self, args: list) -> tuple:
+        self.device.pending += self.device_s
+        return super().call_owned(args)
+
+
+@pytest.mark.parametrize("synced, kept", [(True, "python"), (False, "cpp")])
+def test_a_gpu_graphs_trial_times_its_kernels(synced: bool, kept: str) -> None:
+    """A GPU graph whose C++ wrapper spends less host time but queues slower kernels: timed from an idle device
+    to its kernels' end, the trial keeps the Python wrapper (on host time alone it moved to the slower one)."""
+    device = _Device()
+    python, cpp = _Launcher(0.001, 0.002, device), _Launcher(0.0, 0.008, device)
+    call = TieredCall(python, "g", trial_calls=3, sync=device.sync if synced else None)
+    call._built(cpp, PortableProgram("cpp program"))  # type: ignore[arg-type]
+    for k in range(6):
+        assert call(k) == (1,)
+    assert call.tier == kept, call.measured
+
+
 def test_calls_from_several_threads_through_the_trial() -> None:
     """Threads calling while the trial settles: every call runs once on one wrapper, none fails."""
     import threading

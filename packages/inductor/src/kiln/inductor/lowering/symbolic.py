@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import sympy
 import torch
 
 from ..ir import (
     ComputedBuffer,
+    ConstArg,
     DerivedSize,
     DynamicShapeUnsupported,
     ExternKernel,
     Layout,
+    ListArg,
     LoopProgram,
     SizeSource,
     SymScalar,
+    TensorRef,
     loop_bodies,
     size_symbols_of,
     sym_expr,
@@ -91,6 +95,20 @@ def _derived_hint(s: DerivedSize, hints: dict[str, int]) -> int:
         return 8
 
 
+def _arg_exprs(args: list[Any]) -> list[object]:
+    """The sizes an extern call's arguments name: views' shapes, strides and offsets, int arguments (a
+    symbolic one is a sympy expression)."""
+    out: list[object] = []
+    for a in args:
+        if isinstance(a, TensorRef):
+            out += [*a.shape, *a.stride, a.offset]
+        elif isinstance(a, ListArg):
+            out += _arg_exprs(list(a.items))
+        elif isinstance(a, ConstArg) and isinstance(a.value, sympy.Expr):
+            out.append(a.value)
+    return out
+
+
 def _used_symbols(p: LoopProgram) -> set[sympy.Symbol]:
     exprs: list[object] = []
     for lay in p.layouts().values():
@@ -104,6 +122,7 @@ def _used_symbols(p: LoopProgram) -> set[sympy.Symbol]:
                 exprs += [e.index for e in walk(body) if isinstance(e, (Load, IndexValue))]
         elif isinstance(n, ExternKernel):
             exprs += [x for o in n.outputs for x in (*o.layout.shape, *o.layout.stride)]
+            exprs += _arg_exprs([*n.args, *(v for _, v in n.kwargs)])
     out: set[sympy.Symbol] = set()
     for e in exprs:
         out |= size_symbols_of(e)
