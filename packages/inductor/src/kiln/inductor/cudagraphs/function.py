@@ -148,10 +148,15 @@ class CUDAGraphFunction:
         self._by_shapes.setdefault(self._shapes(args), []).append(node)
         self._warm.pop(key, None)  # recorded: its warm-up count is not asked again
         self.stats.recordings += 1
-        log("cudagraphs").info("%s: CUDA graph %d (of at most %d) recorded for input sizes %s", self.name,
+        # the device's reserved bytes after each recording: what raising max_recordings would cost (the
+        # tree's graphs share one pool, so a recording adds what its outputs and the pool's growth hold)
+        dev = self.tree.device
+        log("cudagraphs").info("%s: CUDA graph %d (of at most %d) recorded for input sizes %s%s", self.name,
                                len(self.nodes), self.options.max_recordings,
                                [tuple(a.shape) for i, a in enumerate(args) if isinstance(a, torch.Tensor)
-                                and i not in self.static_input_indices])
+                                and i not in self.static_input_indices],
+                               f"; {torch.cuda.memory_reserved(dev) / 2**20:.1f} MiB reserved on {dev}"
+                               if dev.type == "cuda" else "")
         ok, out = self.tree.run(node, args, self.options, owned=hand_over)
         if not ok:  # cannot happen on a fresh recording, but stay correct if it does
             self.stats.eager_calls += 1
