@@ -1,5 +1,6 @@
 """kiln.compile's C++ wrapper for training graphs: the forward's and the backward's libraries, the
-backward dropping its saved activations after their last use, CUDA AMP training on either wrapper.
+backward dropping its saved activations after their last use, CUDA training on the Python, C++ and tiered
+wrappers.
 
 Every test trains the compiled program over several steps with fresh inputs and compares outputs,
 gradients and buffers with eager, and checks which wrapper ran.
@@ -27,7 +28,6 @@ def test_training_graphs_run_through_the_cpp_wrapper() -> None:
     """The forward and the backward of a training graph: C++ wrappers, with gradients, outputs and a
     BatchNorm's running statistics (written in place by the forward) equal eager's over calls with
     fresh inputs."""
-    import copy
     torch.manual_seed(0)
     eager = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 3))
     model = copy.deepcopy(eager)
