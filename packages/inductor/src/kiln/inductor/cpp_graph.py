@@ -19,7 +19,8 @@ wrapper's size guards are), and leaves those over symbols no input holds any mor
 ``compile_cpp_graph`` raises ``CppWrapperUnsupported`` for what this path cannot run (a size symbol no
 input dim or SymInt input holds, non-tensor inputs or outputs, an op with no libtorch form, more than one device, a GPU it cannot name the
 architecture of); compile_graph logs the reason in perf_hints and compiles the Python wrapper instead.
-The caller (kiln.compile's inductor backend) asks for it only for inference graphs in default mode.
+kiln.compile asks for it (through the tiered wrapper, tiered.py) for graphs in default mode, inference and
+training; a backward's library drops its saved activations after their last use (``InductorOptions.drop_inputs``).
 """
 
 from __future__ import annotations

@@ -13,8 +13,9 @@ Which reads: a reduction C over ``[O | K]`` (O more than one element) loading on
 that is a reduction to one element over the same reduced range K, up to size-1 dims (sum, max or min:
 an RMSNorm's mean, ``x.abs().max()``); or loading a pointwise buffer B over K (up to size-1 dims,
 contiguous) whose body reads such an R -- B was stored because several reductions read it (the MLP's
-gate and up projections) -- whose body is then inlined into C first. K is one static range of at most ``MAX_REDUCED`` elements: every program of C computes
-the statistic again, so a long one would cost more than the launch it saves. R and B themselves go
+gate and up projections) -- whose body is then inlined into C first. K is one static range of at most
+``MAX_REDUCED`` elements: every program of C computes the statistic again, so a long one would cost more than
+the launch it saves. R and B themselves go
 when nothing else reads them (dead code).
 """
 
