@@ -1,4 +1,4 @@
-"""``InductorOptions(wrapper="cpp")``: an inference graph's steps as a C++ library called in-process.
+"""``InductorOptions(wrapper="cpp")``: a graph's steps as a C++ library called in-process.
 
 Note: why. A compiled language model is host-bound when its Python wrapper costs more than its kernels'
 device time: each Python->ATen call (a matmul, a view for it) costs 12-20 us of host time on an H200's
