@@ -106,6 +106,10 @@ class InductorOptions:
     # once). Raise it for a decode loop whose growing cache gives every step a new length, when the same
     # lengths come back (a server's next generate()): each recording keeps a graph's memory in the pool
     cudagraph_max_recordings: int = 8
+    # programmatic dependent launch (codegen/triton/pdl.py): on an sm_90+ GPU each generated Triton kernel
+    # the Python wrapper launches may start while the kernel before it finishes, and waits for it before it
+    # touches memory; hides the gap between dependent kernels (a decode step's 86 launches). KILN_PDL=0: off
+    pdl: bool = KNOBS.pdl
     # max-autotune's own options (configurations per kernel, matmul templates, cache, timer)
     autotune: AutotuneOptions = field(default_factory=AutotuneOptions)
     # what runs a compiled graph's steps: "python" (the generated Python wrapper) or "cpp" (the same steps

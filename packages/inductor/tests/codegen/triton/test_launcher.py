@@ -114,6 +114,20 @@ def test_direct_launch_passes_what_triton_would_pass() -> None:
     assert run.calls[0] == run.calls[1]
 
 
+def test_direct_launch_sets_the_pdl_attribute_a_launcher_asks_for() -> None:
+    """codegen/triton/pdl.py: a kernel that waits for the previous one is launched with the attribute even
+    though triton compiled it without (the attribute is the launch's, not the binary's)."""
+    from kiln.inductor.codegen.triton.launcher import direct_launch
+
+    run = _Launcher36()
+    run.launch_pdl = False
+    for pdl in (False, True):
+        direct = direct_launch(run, pdl)
+        assert direct is not None
+        direct(4, 1, 1, 7, "fn", "meta", None, None, None, "a0")
+    assert [c[6] for c in run.calls] == [False, True]
+
+
 def test_direct_launch_declines_scratch_and_other_launcher_shapes() -> None:
     from kiln.inductor.codegen.triton.launcher import direct_launch
 

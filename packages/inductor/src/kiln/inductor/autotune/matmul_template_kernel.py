@@ -313,7 +313,7 @@ class MatmulTritonKernel(TritonKernel):
         free = tuple(range(len(self.pointer_args), len(self.pointer_args) + len(self.size_args)))
         return (f"{self.launcher_var} = _KilnLaunch({module}.{self.function or self.name}, {{}}, {self.num_warps}, "
                 f"{check!r}, "
-                f"{self.num_stages}{f', free={free!r}' if free else ''})")
+                f"{self.num_stages}{f', free={free!r}' if free else ''}{', pdl=True' if self.pdl else ''})")
 
 
 def template_kernel(name: str, spec: MatmulSpec, cfg: Config, epilogue: Epilogue) -> MatmulTritonKernel:

@@ -26,6 +26,7 @@ from .dedup import share_identical_kernels
 from .group import generate_group
 from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .kernel import TritonKernel, generate_kernels
+from .pdl import pdl_supported, with_pdl
 from .wrapper import MODULE_VAR, module_source, wrapper_prologue
 
 CTX_VAR = "_kctx"  # (device, stream), read once per wrapper call
@@ -106,6 +107,8 @@ class TritonBackend:
                                    "interpreter): kernels keep their heuristic configurations")
         # launch lines only after this: a tuned XBLOCK changes the grid (it was written from the heuristic
         # config before, so a tuned kernel ran on too few or too many programs: wrong results).
+        if options.pdl and pdl_supported(self.device):
+            generated = [with_pdl(g) for g in generated]
         generated, shared = share_identical_kernels(generated)
         if shared:
             log("perf_hints").info("triton: %d of %d kernels launch an identical kernel's function (compiled once)",

@@ -110,6 +110,8 @@ class TritonKernel:
     function: str = ""
     # other functions ``source`` defines, which the kernel calls (a kernel group's parts: group.py)
     helpers: tuple[str, ...] = ()
+    # launched with programmatic dependent launch (pdl.py: the source starts with its wait)
+    pdl: bool = False
 
     @property
     def grid(self) -> str:
@@ -138,7 +140,7 @@ class TritonKernel:
         check = None if inputs is None else tuple(i for i, b in enumerate(self.pointer_args) if b in inputs)
         free = tuple(range(len(self.pointer_args), len(self.pointer_args) + len(self.size_args)))
         fn = self.function or self.name
-        tail = f", free={free!r}" if free else ""
+        tail = (f", free={free!r}" if free else "") + (", pdl=True" if self.pdl else "")
         return f"{self.launcher_var} = _KilnLaunch({module}.{fn}, {consts!r}, {self.num_warps}, {check!r}{tail})"
 
     def launch_code(self, module: str = "", args: Sequence[str] | None = None,

@@ -119,10 +119,11 @@ def _kiln_make_launch_support():
     class KilnLaunch:
         """One kernel's launcher: triton's path first, then its binary directly (module docstring)."""
         __slots__ = ("fn", "consts", "num_warps", "check", "num_stages", "run", "function", "meta", "key", "device",
-                     "tail", "bound_preloaded", "free", "head", "aligned")
+                     "tail", "bound_preloaded", "free", "head", "aligned", "pdl")
 
-        def __init__(self, fn, consts, num_warps, check=None, num_stages=1, free=()):
+        def __init__(self, fn, consts, num_warps, check=None, num_stages=1, free=(), pdl=False):
             self.fn, self.consts, self.num_warps = fn, consts, num_warps
+            self.pdl = pdl  # launched directly with programmatic dependent launch (codegen/triton/pdl.py)
             self.free = declared_free(fn, free) if free else {}
             if free and not self.free:  # triton specialises them after all: key them per launch
                 check = None if check is None else tuple(check) + tuple(free)
@@ -202,7 +203,7 @@ def _kiln_make_launch_support():
             self.key, self.device = spec_key(args, self.check), device
             self.aligned = bool(self.check) and all(
                 isinstance(args[i], torch.Tensor) and k is True for i, k in zip(self.check, self.key))
-            direct = _kiln_direct_launch(run)
+            direct = _kiln_direct_launch(run, self.pdl)
             # triton's launcher (or its C launch, with the arguments triton's __call__ puts first)
             self.head = (self.meta, None, None, None) if direct is None else (*direct.head, self.meta, None, None, None)
             self.run = run if direct is None else direct.launch
@@ -239,12 +240,12 @@ def _kiln_make_direct_launch():
         def __call__(self, gx, gy, gz, stream, function, *rest):
             self.launch(gx, gy, gz, stream, function, *self.head, *rest)
 
-    def direct_launch(run):
+    def direct_launch(run, pdl=False):
         try:
             if (run.global_scratch_size or run.profile_scratch_size or getattr(run, "gsan_enabled", False)
                     or not matches(type(run))):
                 return None
-            return Direct(run.launch, (run.launch_cooperative_grid, run.launch_pdl, None, None))
+            return Direct(run.launch, (run.launch_cooperative_grid, bool(run.launch_pdl or pdl), None, None))
         except AttributeError:
             return None
     return direct_launch
@@ -268,7 +269,7 @@ class Launch(Protocol):
 _ns: dict[str, object] = {}
 exec(compile(LAUNCHER, "<kiln triton launcher>", "exec"), _ns)  # noqa: S102 - our own constant text
 launch_context = cast(Callable[[], object], _ns["_kiln_launch_context"])
-# KilnLaunch(fn, consts, num_warps, check=None, num_stages=1, free=())
+# KilnLaunch(fn, consts, num_warps, check=None, num_stages=1, free=(), pdl=False)
 KilnLaunch = cast(Callable[..., Launch], _ns["_KilnLaunch"])
 hooks_installed = _ns["_kiln_hooks_installed"]
 direct_launch = _ns["_kiln_direct_launch"]
