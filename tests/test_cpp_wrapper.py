@@ -404,6 +404,7 @@ CUDA_BUILD = textwrap.dedent("""
     built = build_cpp_graph(graph, fake_cuda_inputs, options=InductorOptions(wrapper="cpp"), cuda_arch=90)
     wrapper = built.program.wrapper_source
     print(json.dumps({{"files": sorted(built.files), "cubins": [c.file_name for c in built.program.cubins],
+                      "pdl": [c.pdl for c in built.program.cubins], "pdl_rows": wrapper.count(", 1}},  // "),
                       "plan": [p.as_json() for p in built.plan], "n_inputs": len(fake_cuda_inputs),
                       "wraps": wrapper.count("kiln_rt::wrap(dev, inputs["),
                       "pointers": wrapper.count("kiln_rt::aligned_data(dev, inputs["), "launches": wrapper.count("  launch("),
@@ -430,6 +431,9 @@ def test_cuda_library_builds_without_a_gpu(tmp_path: Path) -> None:
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["cubins"] and got["files"] == sorted(["model.so", *(f"kernels/{c}" for c in got["cubins"])])
     assert got["launches"] >= len(got["cubins"]) and got["constants"] == 0
+    # launched with programmatic dependent launch (each kernel waits for the one before it: pdl.py)
+    assert got["pdl"] == [True] * len(got["cubins"])
+    assert got["pdl_rows"] == len(got["cubins"])  # KernelInfo::pdl in the C++ table
     # every input wrapped, or (read by kernels only) its pointer, checked for alignment per call
     assert got["wraps"] + got["pointers"] == got["n_inputs"] and got["pointers"] >= 1
     assert all(kind in ("direct", "copy") for kind, *_ in got["plan"])

@@ -103,6 +103,7 @@ COMPILE = textwrap.dedent("""
     import json, sys, torch
     from kiln.inductor.codegen.triton.cubins import compile_cubins, kernel_param_count
     from kiln.inductor.codegen.triton.kernel import TritonKernel
+    from kiln.inductor.codegen.triton.pdl import with_pdl
     from kiln.inductor.ir import Layout
     src = '''
     @triton.jit
@@ -131,8 +132,11 @@ COMPILE = textwrap.dedent("""
             refused = str(e)
         return [kernel_param_count(c.binary, c.launch.symbol) - c.launch.scratch_params, list(site.grid),
                 list(site.size_args), site.numel, refused]
-    # the second launches the first's function with the same specialisation: one cubin, two launches
-    cubins, sites = compile_cubins([k("k0", ("a", "b", "c")), k("k1", ("d", "e", "f"), "k0")], layouts, 90)
+    # the second launches the first's function with the same specialisation: one cubin, two launches; both
+    # wait for the kernel before them (programmatic dependent launch, pdl.py)
+    pdl = [with_pdl(k("k0", ("a", "b", "c"))), with_pdl(k("k1", ("d", "e", "f"), "k0"))]
+    cubins, sites = compile_cubins(pdl, layouts, 90)
+    old_gpu, _ = compile_cubins(pdl[:1], layouts, 80)  # no grid dependency control: compiled without it
     print(json.dumps({"cubins": [[c.function, c.binary[:4].hex(), int.from_bytes(c.binary[18:20], "little"),
                                   int.from_bytes(c.binary[48:52], "little"), c.launch.as_json(),
                                   kernel_param_count(c.binary, c.launch.symbol)]
@@ -140,6 +144,7 @@ COMPILE = textwrap.dedent("""
                       "sites": [[s.kernel, s.cubin, list(s.grid), list(s.pointer_args)] for s in sites],
                       # the same kernels for another GPU in the same process (triton's JIT kept sm_90 for them)
                       "again": [c.launch.arch for c in compile_cubins([k("k0", ("a", "b", "c"))], layouts, 80)[0]],
+                      "pdl": [c.pdl for c in cubins] + [c.pdl for c in old_gpu],
                       "symbolic": symbolic(layouts)}))
 """)
 
@@ -158,6 +163,7 @@ def test_compile_for_sm90_without_a_gpu() -> None:
     assert launch["symbol"] == "k0" and launch["num_warps"] == 4 and launch["arch"] == 90
     assert out["sites"] == [["k0", 0, ["8", "1", "1"], ["a", "b", "c"]], ["k1", 0, ["8", "1", "1"], ["d", "e", "f"]]]
     assert out["again"] == [80]
+    assert out["pdl"] == [True, False]  # the C++ wrapper launches the sm_90 cubin with the attribute
     assert out["symbolic"][:4] == [4, ["(s0 + 127) / 128", "1", "1"], ["s0"], "(s0) * (int64_t(1))"]
     assert "size parameters of [4] bytes" in out["symbolic"][4]
 

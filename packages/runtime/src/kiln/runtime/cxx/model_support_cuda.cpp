@@ -35,6 +35,7 @@ struct Driver {
   decltype(&::cuModuleGetFunction) get_function;
   decltype(&::cuFuncSetAttribute) set_function_attribute;
   decltype(&::cuLaunchKernel) launch;
+  decltype(&::cuLaunchKernelEx) launch_ex;  // null on a driver without it (before CUDA 12): no PDL
   decltype(&::cuGetErrorString) error_string;
 };
 
@@ -62,6 +63,7 @@ const Driver& driver() {
     bind(lib, "cuModuleGetFunction", x.get_function);
     bind(lib, "cuFuncSetAttribute", x.set_function_attribute);
     bind(lib, "cuLaunchKernel", x.launch);
+    x.launch_ex = reinterpret_cast<decltype(&::cuLaunchKernelEx)>(::dlsym(lib, "cuLaunchKernelEx"));
     bind(lib, "cuGetErrorString", x.error_string);
     return x;
   }();
@@ -199,8 +201,28 @@ void Launcher::operator()(int k, unsigned gx, unsigned gy, unsigned gz, std::ini
   }
   values[n + 1] = nullptr;  // a profiler's scratch: none
   for (int s = 0; s < info.scratch_params; ++s, ++n) params[n] = &values[n];
-  CUresult r = driver().launch(k_->functions[size_t(k)], gx, gy, gz, unsigned(32 * info.num_warps), 1, 1,
-                               unsigned(info.shared_bytes), static_cast<CUstream>(stream_), params, nullptr);
+  const Driver& d = driver();
+  CUresult r;
+  if (info.pdl && d.launch_ex) {  // may start while the kernel before it finishes (its first act is to wait)
+    CUlaunchAttribute attr{};
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig config{};
+    config.gridDimX = gx;
+    config.gridDimY = gy;
+    config.gridDimZ = gz;
+    config.blockDimX = unsigned(32 * info.num_warps);
+    config.blockDimY = 1;
+    config.blockDimZ = 1;
+    config.sharedMemBytes = unsigned(info.shared_bytes);
+    config.hStream = static_cast<CUstream>(stream_);
+    config.attrs = &attr;
+    config.numAttrs = 1;
+    r = d.launch_ex(&config, k_->functions[size_t(k)], params, nullptr);
+  } else {
+    r = d.launch(k_->functions[size_t(k)], gx, gy, gz, unsigned(32 * info.num_warps), 1, 1,
+                 unsigned(info.shared_bytes), static_cast<CUstream>(stream_), params, nullptr);
+  }
   if (r != CUDA_SUCCESS) fail(r, std::string("launching ") + info.symbol);  // (no string built per launch)
 }
 

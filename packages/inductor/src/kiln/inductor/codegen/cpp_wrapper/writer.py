@@ -390,7 +390,7 @@ class CppWrapperWriter:
         if self.cuda is not None:
             rows = [f"    {{{json.dumps(f'{self.cuda.folder}/{c.file_name}')}, {json.dumps(c.sha256)}, "
                     f"{json.dumps(c.launch.symbol)}, {c.launch.num_warps}, {c.launch.shared_bytes}, "
-                    f"{c.launch.scratch_params}, {c.launch.global_scratch_bytes}}},  // {c.function}"
+                    f"{c.launch.scratch_params}, {c.launch.global_scratch_bytes}, {int(c.pdl)}}},  // {c.function}"
                     for c in self.cuda.cubins]
             if not rows:
                 return f"static kiln_rt::cuda::Program PROGRAM(nullptr, 0, {self.cuda.arch});\n\n"

@@ -20,6 +20,8 @@ each is then read back from triton's cache in this process.
 
 from __future__ import annotations
 
+import dataclasses
+
 import ast
 import hashlib
 import struct
@@ -33,6 +35,7 @@ from ...ir import Layout, is_float_symbol
 from ...knobs import triton_interpret
 from .ahead import launch_constants
 from .kernel import TritonKernel
+from .pdl import without_pdl
 from .wrapper import load_triton_module, module_source
 
 
@@ -154,6 +157,7 @@ class Cubin:
     function: str  # the Triton function it was compiled from
     binary: bytes
     launch: CubinLaunch
+    pdl: bool = False  # launched with programmatic dependent launch (the function waits first: pdl.py)
 
     @property
     def sha256(self) -> str:
@@ -240,21 +244,25 @@ def compile_cubins(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout
                                "CUDA in a process without it")
     if not kernels:
         return [], []
+    if arch < 90:  # no grid dependency control before sm_90
+        kernels = [without_pdl(k) for k in kernels]
     module = load_triton_module(module_source(kernels))
     path, name = str(module.__file__), module.__name__
     target = ("cuda", int(arch), 32)
     jobs: dict[TritonJob, int] = {}
+    pdl: dict[TritonJob, bool] = {}  # a function's sites all have its prologue, or none does
     sites: list[tuple[TritonKernel, TritonJob]] = []
     for k in kernels:
         if not k.size_args and 0 in static_grid(k):
             continue
         job = _job(k, layouts, path, name)
         jobs.setdefault(job, len(jobs))
+        pdl[job] = k.pdl
         sites.append((k, job))
     batch = PROCESS_POOL.submit(list(jobs), target, f"a package's {len(jobs)} cubins for sm_{arch}")
     if batch is not None:  # the pool fills triton's cache; each is read back below
         batch.wait()
-    cubins = [_cubin(job, target) for job in jobs]
+    cubins = [dataclasses.replace(_cubin(job, target), pdl=pdl[job]) for job in jobs]
     return cubins, [_site(k, jobs[job]) for k, job in sites]
 
 

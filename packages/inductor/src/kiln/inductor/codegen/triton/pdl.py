@@ -15,9 +15,11 @@ without PDL -- and what overlaps is only the next kernel's launch and start-up. 
 attribute (triton's own launch path, the C++ wrapper's launcher, an older GPU) both instructions do
 nothing.
 
-The Python wrapper's launcher (launcher.py) sets the attribute on the kernels it launches directly.
+The Python wrapper's launcher (launcher.py) sets the attribute on the kernels it launches directly, and
+the C++ wrapper's (kiln/model_support_cuda.h, ``KernelInfo::pdl``) on the cubins compiled from them.
 A kernel launched with it after a library call (cuBLAS, attention) or a copy just waits for it;
-library work launched after one of these kernels is ordered by the stream as usual.
+library work launched after one of these kernels is ordered by the stream as usual. Cubins for a GPU
+older than sm_90 are compiled from the kernels without the two instructions (``without_pdl``).
 """
 
 from __future__ import annotations
@@ -58,3 +60,10 @@ def with_pdl(k: TritonKernel) -> TritonKernel:
     end = next(i for i in range(at, len(lines)) if lines[i].rstrip().endswith(":"))  # a signature may wrap
     source = "\n".join([*lines[:end + 1], PROLOGUE.rstrip("\n"), *lines[end + 1:]])
     return dataclasses.replace(k, source=source, pdl=True)
+
+
+def without_pdl(k: TritonKernel) -> TritonKernel:
+    """``k`` as it was before ``with_pdl`` (for a GPU without grid dependency control)."""
+    if not k.pdl:
+        return k
+    return dataclasses.replace(k, source=k.source.replace(PROLOGUE, "", 1), pdl=False)

@@ -28,6 +28,7 @@ struct KernelInfo {
   int shared_bytes;  // dynamic shared memory per block
   int scratch_params;  // null scratch pointers appended after the kernel's arguments (triton's ABI)
   int64_t global_scratch_bytes;  // per program; allocated per launch when > 0
+  int pdl;  // launched with programmatic dependent launch (sm_90+: the kernel waits for the previous one first)
 };
 
 struct DeviceKernels;  // the cubins loaded onto one device (model_support_cuda.cpp)
