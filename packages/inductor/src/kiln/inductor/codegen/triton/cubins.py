@@ -20,9 +20,8 @@ each is then read back from triton's cache in this process.
 
 from __future__ import annotations
 
-import dataclasses
-
 import ast
+import dataclasses
 import hashlib
 import struct
 from collections.abc import Mapping, Sequence
