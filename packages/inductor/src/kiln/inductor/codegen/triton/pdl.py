@@ -12,8 +12,7 @@ running, and waits for the previous kernel before it reads or writes anything. S
 moves across a kernel boundary -- a kernel that reads what the previous one wrote, or overwrites a
 buffer the previous one still reads (the memory planner reuses buffers), sees the same order as
 without PDL -- and what overlaps is only the next kernel's launch and start-up. Without the launch
-attribute (triton's own launch path, the C++ wrapper's launcher, an older GPU) both instructions do
-nothing.
+attribute (triton's own launch path, which a kernel's first launch takes) both instructions do nothing.
 
 The Python wrapper's launcher (launcher.py) sets the attribute on the kernels it launches directly, and
 the C++ wrapper's (kiln/model_support_cuda.h, ``KernelInfo::pdl``) on the cubins compiled from them.
