@@ -42,6 +42,18 @@ def _key(gm, inputs, **kw) -> str:
     return graph_key(gm, inputs, backend=kw.pop("backend", "b"), options=kw.pop("options", ()))
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_key_names_the_gpus_compute_capability() -> None:
+    """Kernels for sm_90 wait with griddepcontrol, which an sm_80 GPU sharing the cache cannot compile."""
+    from kiln.runtime.graph_cache import _gpus
+
+    xs = [t.cuda() for t in _inputs()]
+    major, minor = torch.cuda.get_device_capability(0)
+    assert _gpus(xs) == [f"cuda:0 sm_{major}{minor}"] and _gpus(_inputs()) == []
+    assert _key(_gm(), xs) != _key(_gm(), _inputs())
+
+
 def test_key_is_stable_and_sees_what_changes_the_result() -> None:
     gm, xs = _gm(), _inputs()
     base = _key(gm, xs)

@@ -37,29 +37,37 @@ def _chain(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Ten
 PROGRAM = textwrap.dedent("""
     import json, sys, torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    sys.path[:0] = sys.argv[1:]
+    sys.path[:0] = sys.argv[2:]
     from tracer import trace
     from test_pdl import OPTS, _chain
     from kiln.inductor import compile_graph
     codes = []
-    for pdl in (True, False):
+    for pdl in json.loads(sys.argv[1]):
         with FakeTensorMode(allow_non_fake_inputs=True):
             args = [torch.empty(64, 96, device="cuda"), torch.empty(96, 96, device="cuda"),
                     torch.empty(96, device="cuda")]
-            codes.append(compile_graph(trace(_chain, *args), args, options=OPTS.replace(pdl=pdl)).texts["output_code"])
+            graph = compile_graph(trace(_chain, *args), args, options=OPTS.replace(pdl=pdl))
+        codes.append(graph.texts["output_code"])
     print(json.dumps(codes))
 """)
 
 
-@pytest.fixture(scope="module")
-def cuda_programs() -> tuple[str, str]:
-    """The wrapper of _chain compiled for CUDA, with PDL and with ``pdl=False``."""
-    env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "KILN_TRITON_CROSS_TARGET")}
+def _compile_for(target: str, pdl: list[bool]) -> list[str]:
+    """The wrapper of _chain compiled for CUDA ``target`` (its kernels compiled for it too), per option."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["KILN_TRITON_CROSS_TARGET"] = target
     here = os.path.dirname(__file__)
     paths = [here, *(p for p in sys.path if p.endswith("tests") and os.path.isdir(p))]
-    r = subprocess.run([sys.executable, "-c", PROGRAM, *paths], capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-c", PROGRAM, json.dumps(pdl), *paths], capture_output=True, text=True,
+                       env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
-    on, off = json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def cuda_programs() -> tuple[str, str]:
+    """The wrapper of _chain compiled for sm_90, with PDL and with ``pdl=False``."""
+    on, off = _compile_for("cuda:90", [True, False])
     return on, off
 
 
@@ -90,6 +98,13 @@ def test_off_by_option_and_on_the_cpu(cuda_programs: tuple[str, str]) -> None:
     assert _launched(cg.texts["output_code"]) and "gdc_" not in cg.texts["output_code"]
     for got, want in zip(cg.fn(x, w, b), _chain(x, w, b)):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+def test_no_pdl_for_a_gpu_before_sm90() -> None:
+    """ptxas refuses griddepcontrol for sm_80: kernels for such a target are written (and compile) without."""
+    (older,) = _compile_for("cuda:80", [True])
+    assert _launched(older) and "gdc_" not in older and "pdl=True" not in older
 
 
 def test_a_kernel_groups_helpers_and_a_shared_function_are_left_alone() -> None:

@@ -13,6 +13,7 @@ Note (soundness): the key holds everything that can change the compiled result â
   * the backend name and its options, torch's global state (grad mode, autocast, default dtype,
     deterministic algorithms, matmul precision), the number of threads, the ``KILN_*`` and
     ``TRITON_*`` environment variables that are not just logging or cache locations,
+  * the compute capability of the CUDA devices the inputs are on,
   * the versions of kiln, torch (with its build tag), triton and Python, the host CPU, and a hash of
     kiln's own source files (so editing the compiler invalidates entries, as in a development tree).
 A graph with symbolic sizes (placeholders whose ``meta["val"]`` has SymInt sizes) is keyed on its
@@ -156,6 +157,16 @@ def _state() -> list[object]:
 
 
 
+def _gpus(example_inputs: Sequence[Any]) -> list[str]:
+    """The compute capability of each CUDA device the inputs are on: generated kernels may use what it has
+    (programmatic dependent launch from sm_90), so a cache shared with an older GPU must not serve them."""
+    devices = sorted({t.device.index or 0 for t in example_inputs
+                      if isinstance(t, torch.Tensor) and t.device.type == "cuda"})
+    if not devices or not torch.cuda.is_available():
+        return []
+    return [f"cuda:{d} sm_{''.join(map(str, torch.cuda.get_device_capability(d)))}" for d in devices]
+
+
 def _tensor_record(t: torch.Tensor, storages: dict[object, int], index: int,
                    symbolic_ok: bool = False) -> list[object]:
     if not symbolic_ok and any(isinstance(s, torch.SymInt) for s in (*t.shape, *t.stride())):
@@ -262,7 +273,8 @@ def graph_key(gm: fx.GraphModule, example_inputs: Sequence[Any], *, backend: str
     parts = {"format": FORMAT, "backend": backend, "options": repr(options),
              "graph": _graph_records(gm), "inputs": _input_records(example_inputs, vals if symbolic else None),
              # the environment variables declared to change code (kiln.graph.knobs.ENVIRONMENT)
-             "state": _state(), "env": code_environment(), "kiln_sources": kiln_source_hash()}
+             "state": _state(), "env": code_environment(), "kiln_sources": kiln_source_hash(),
+             "gpus": _gpus(example_inputs)}
     if symbolic:
         parts["shape_env"] = _shape_env_record(shape_env)
     return cache_key(json.dumps(parts, sort_keys=True, default=repr))

@@ -34,13 +34,14 @@ PROLOGUE = ("    tl.extra.cuda.gdc_launch_dependents()  # the next kernel may la
 
 
 def pdl_supported(device: str) -> bool:
-    """Whether kernels compiled for ``device`` take PDL: this process's GPU (or the cross-compile
-    target) is sm_90 or newer. Without either, kernels are written for sm_90 (the H100/H200 the
-    cross-compiling tools stand in for); never on the CPU or under the interpreter."""
+    """Whether kernels compiled for ``device`` take PDL: this process's GPU (or, without one, the
+    cross-compile target ``KILN_TRITON_CROSS_TARGET``) is sm_90 or newer -- ptxas refuses
+    ``griddepcontrol`` for older targets, so without a known target kernels are written without it.
+    Never on the CPU or under the interpreter."""
     if device != "cuda" or triton_interpret():
         return False
     target, _ = compile_target(device)
-    return target is None or target[1] >= 90
+    return target is not None and target[1] >= 90
 
 
 def with_pdl(k: TritonKernel) -> TritonKernel:
