@@ -107,6 +107,53 @@ def test_no_pdl_for_a_gpu_before_sm90() -> None:
     assert _launched(older) and "gdc_" not in older and "pdl=True" not in older
 
 
+SASS = textwrap.dedent("""
+    import json, os, re, subprocess, sys, torch, triton
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    sys.path[:0] = sys.argv[1:]
+    from tracer import trace
+    from test_pdl import OPTS, _chain
+    from kiln.inductor import compile_graph
+    from kiln.inductor.codegen.triton.backend import TritonBackend
+    from kiln.inductor.codegen.triton.cubins import compile_cubins
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        args = [torch.empty(64, 96, device="cuda"), torch.empty(96, 96, device="cuda"),
+                torch.empty(96, device="cuda")]
+        s = compile_graph(trace(_chain, *args), args, options=OPTS).scheduled
+    layouts = s.program.layouts()
+    kernels, _ = TritonBackend("cuda").generate(s, layouts, OPTS)
+    cubins, _ = compile_cubins(kernels, layouts, 90)
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    out = {}
+    for c in cubins:
+        path = f"{sys.argv[1]}/{c.file_name}"
+        open(path, "wb").write(c.binary)
+        sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
+        ops = re.findall(r"/\\*[0-9a-f]{4,}\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]*)", sass)
+        out[c.function] = ops
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.slow
+def test_the_wait_precedes_every_memory_access_in_the_machine_code(tmp_path) -> None:
+    """What the GPU runs: in each kernel's sm_90 SASS (triton's own ptxas and cuobjdump), the grid dependency
+    wait (ACQBULK) comes before the first global load, store or atomic, and the early launch (PREEXIT) before it:
+    no compiler pass moved a memory access above the wait."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["KILN_TRITON_CROSS_TARGET"] = "cuda:90"
+    paths = [os.path.dirname(__file__), *(p for p in sys.path if p.endswith("tests") and os.path.isdir(p))]
+    r = subprocess.run([sys.executable, "-c", SASS, str(tmp_path), *paths], capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    kernels = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(kernels) >= 3
+    for name, ops in kernels.items():
+        memory = [i for i, op in enumerate(ops) if op.split(".")[0] in ("LDG", "STG", "ATOMG", "RED", "LD", "ST")]
+        assert memory and "ACQBULK" in ops, (name, ops[:40])
+        assert ops.index("PREEXIT") < ops.index("ACQBULK") < memory[0], (name, ops[:40])
+
+
 def test_a_kernel_groups_helpers_and_a_shared_function_are_left_alone() -> None:
     part = "@triton.jit\ndef part0(ptr_a, pid):\n    tl.store(ptr_a + pid, 1.0)\n"
     group = ("@triton.jit\ndef group0(ptr_a,\n           ptr_b, XBLOCK: tl.constexpr):\n"
