@@ -176,12 +176,16 @@ def test_a_kernel_groups_helpers_and_a_shared_function_are_left_alone() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0),
                     reason="needs an sm_90+ GPU")
-def test_dependent_kernels_in_a_cuda_graph_match_eager_over_fresh_inputs() -> None:
+@pytest.mark.parametrize(("mode", "wrapper"), [("reduce-overhead", None), ("default", "python"), ("default", "cpp")])
+def test_dependent_kernels_match_eager_over_fresh_inputs(mode: str, wrapper: str | None) -> None:
+    """Replayed in a CUDA graph (programmatic edges between its kernel nodes) and launched one by one by
+    each wrapper (the C++ one through cuLaunchKernelEx)."""
     import kiln
 
     model = torch.nn.Sequential(torch.nn.Linear(96, 384), torch.nn.GELU(), torch.nn.LayerNorm(384),
                                 torch.nn.Linear(384, 96), torch.nn.Softmax(-1)).cuda()
-    step = kiln.compile(lambda x: model(x).cumsum(-1) + x.mean(), mode="reduce-overhead")
+    step = kiln.compile(lambda x: model(x).cumsum(-1) + x.mean(), mode=mode,
+                        options={"wrapper": wrapper} if wrapper else None)
     with torch.no_grad():
         for i in range(12):
             x = torch.randn(33, 96, device="cuda") * (1 + i)
