@@ -134,7 +134,7 @@ def cpp_program(gm: fx.GraphModule, example_inputs: Sequence[Any], slots: Mappin
         assert isinstance(s.backend, TritonBackend) and cuda_arch is not None
         generated, spans = s.backend.generate(s.scheduled, layouts, options, s.tuner)
         try:
-            cubins, sites = compile_cubins(generated, layouts, cuda_arch)
+            cubins, sites = compile_cubins(generated, layouts, cuda_arch, pdl=options.pdl)
         except CubinUnsupported as e:
             raise CppWrapperUnsupported(str(e)) from e
         by_kernel = {site.kernel: site for site in sites}

@@ -34,7 +34,7 @@ from ...ir import Layout, is_float_symbol
 from ...knobs import triton_interpret
 from .ahead import launch_constants
 from .kernel import TritonKernel
-from .pdl import without_pdl
+from .pdl import with_pdl, without_pdl
 from .wrapper import load_triton_module, module_source
 
 
@@ -235,33 +235,38 @@ def _job(k: TritonKernel, layouts: Mapping[str, Layout], path: str, module: str)
 
 
 def compile_cubins(kernels: Sequence[TritonKernel], layouts: Mapping[str, Layout],
-                   arch: int) -> tuple[list[Cubin], list[CubinSite]]:
+                   arch: int, pdl: bool | None = None) -> tuple[list[Cubin], list[CubinSite]]:
     """Each distinct specialisation of ``kernels`` compiled for ``sm_<arch>``, and each kernel's launch
-    (kernels with an empty iteration space are never launched: no site)."""
+    (kernels with an empty iteration space are never launched: no site). ``pdl``: whether the kernels wait
+    for the previous one and are launched with programmatic dependent launch (pdl.py) -- for ``arch``, not
+    for whatever GPU (or none) the kernels were generated on; None keeps them as generated. Never before
+    sm_90."""
     if triton_interpret():
         raise CubinUnsupported("TRITON_INTERPRET=1 is set: triton's interpreter compiles no cubins; package for "
                                "CUDA in a process without it")
     if not kernels:
         return [], []
-    if arch < 90:  # no grid dependency control before sm_90
+    if arch < 90 or pdl is False:  # no grid dependency control before sm_90
         kernels = [without_pdl(k) for k in kernels]
+    elif pdl:
+        kernels = [with_pdl(k) for k in kernels]
     module = load_triton_module(module_source(kernels))
     path, name = str(module.__file__), module.__name__
     target = ("cuda", int(arch), 32)
     jobs: dict[TritonJob, int] = {}
-    pdl: dict[TritonJob, bool] = {}  # a function's sites all have its prologue, or none does
+    waits: dict[TritonJob, bool] = {}  # a function's sites all have its prologue, or none does
     sites: list[tuple[TritonKernel, TritonJob]] = []
     for k in kernels:
         if not k.size_args and 0 in static_grid(k):
             continue
         job = _job(k, layouts, path, name)
         jobs.setdefault(job, len(jobs))
-        pdl[job] = k.pdl
+        waits[job] = k.pdl
         sites.append((k, job))
     batch = PROCESS_POOL.submit(list(jobs), target, f"a package's {len(jobs)} cubins for sm_{arch}")
     if batch is not None:  # the pool fills triton's cache; each is read back below
         batch.wait()
-    cubins = [dataclasses.replace(_cubin(job, target), pdl=pdl[job]) for job in jobs]
+    cubins = [dataclasses.replace(_cubin(job, target), pdl=waits[job]) for job in jobs]
     return cubins, [_site(k, jobs[job]) for k, job in sites]
 
 
