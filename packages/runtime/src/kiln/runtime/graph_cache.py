@@ -156,7 +156,6 @@ def _state() -> list[object]:
             str(torch.__version__)]
 
 
-
 def _gpus(example_inputs: Sequence[Any]) -> list[str]:
     """The compute capability of each CUDA device the inputs are on: generated kernels may use what it has
     (programmatic dependent launch from sm_90), so a cache shared with an older GPU must not serve them."""
