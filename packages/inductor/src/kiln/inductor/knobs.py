@@ -19,6 +19,7 @@ class InductorKnobs:
     conv_layout: str  # KILN_CONV_LAYOUT: InductorOptions.conv_layout's default (auto|channels_last|keep)
     split_reductions: bool = True  # KILN_SPLIT_REDUCTIONS=0: InductorOptions.split_reductions's default
     pdl: bool = True  # KILN_PDL=0: InductorOptions.pdl's default (programmatic dependent launch)
+    pdl_prefetch: bool = False  # KILN_PDL_PREFETCH=1: InductorOptions.pdl_prefetch's default (weights into L2)
     # max-autotune: seconds one compile may spend tuning, after which choices keep their defaults
     autotune_budget_s: float = 60.0  # KILN_AUTOTUNE_BUDGET_S
     # KILN_AUTOTUNE_CROSS_TARGET=cuda:90: without a device, compile every candidate for that target
@@ -64,6 +65,7 @@ def read_knobs(env: dict[str, str] | None = None) -> InductorKnobs:
                          conv_layout=e.get("KILN_CONV_LAYOUT", "auto"),
                          split_reductions=e.get("KILN_SPLIT_REDUCTIONS", "1") != "0",
                          pdl=e.get("KILN_PDL", "1") != "0",
+                         pdl_prefetch=e.get("KILN_PDL_PREFETCH", "0") == "1",
                          autotune_budget_s=_float(e.get("KILN_AUTOTUNE_BUDGET_S"), 60.0, "KILN_AUTOTUNE_BUDGET_S"),
                          autotune_cross_target=e.get("KILN_AUTOTUNE_CROSS_TARGET", ""),
                          triton_compile_workers=int(_float(e.get("KILN_TRITON_COMPILE_WORKERS"), -1,

@@ -110,6 +110,9 @@ class InductorOptions:
     # the Python wrapper launches may start while the kernel before it finishes, and waits for it before it
     # touches memory; hides the gap between dependent kernels (a decode step's 86 launches). KILN_PDL=0: off
     pdl: bool = KNOBS.pdl
+    # with PDL, a row kernel reading whole rows of a weight (a one-row matmul: decode) prefetches its rows
+    # into L2 before it waits for the kernel before it (codegen/triton/prefetch.py). KILN_PDL_PREFETCH=1
+    pdl_prefetch: bool = KNOBS.pdl_prefetch
     # max-autotune's own options (configurations per kernel, matmul templates, cache, timer)
     autotune: AutotuneOptions = field(default_factory=AutotuneOptions)
     # what runs a compiled graph's steps: "python" (the generated Python wrapper) or "cpp" (the same steps

@@ -10,14 +10,15 @@ graphs compile on a machine without a GPU (cross-compilation with fake tensors).
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from kiln.graph import log
 from kiln.runtime import triton_module_name
 
 from ...compile_pool import PROCESS_POOL, TritonCompilePool
-from ...ir import KernelGroup, Layout, ScheduledProgram
+from ...ir import Kernel, KernelGroup, Layout, ScheduledProgram
 from ...knobs import triton_interpret
 from ...options import InductorOptions
 from ..common import CompiledKernels
@@ -27,6 +28,7 @@ from .group import generate_group
 from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .kernel import TritonKernel, generate_kernels
 from .pdl import pdl_supported, with_pdl
+from .prefetch import read_only_streams
 from .wrapper import MODULE_VAR, module_source, wrapper_prologue
 
 CTX_VAR = "_kctx"  # (device, stream), read once per wrapper call
@@ -64,6 +66,14 @@ class TritonBackendError(RuntimeError):
 
 def interpreter_enabled() -> bool:
     return triton_interpret()
+
+
+def _unwritten_inputs(scheduled: ScheduledProgram, kernels: list[Any]) -> frozenset[str]:
+    """The graph's inputs no generated kernel writes (its weights, in a forward). An extern call writing one
+    in place is not looked for: a prefetch is a hint that cannot change a result (prefetch.py), and this
+    set only picks which reads are worth one."""
+    written = {b for k in kernels if isinstance(k, (Kernel, KernelGroup)) for b in k.outputs}
+    return frozenset(b.name for b in scheduled.program.inputs) - written
 
 
 class TritonBackend:
@@ -107,6 +117,10 @@ class TritonBackend:
                                    "interpreter): kernels keep their heuristic configurations")
         # launch lines only after this: a tuned XBLOCK changes the grid (it was written from the heuristic
         # config before, so a tuned kernel ran on too few or too many programs: wrong results).
+        # weights a kernel's programs fetch into L2 before they wait for the kernel before (prefetch.py)
+        read_only = _unwritten_inputs(scheduled, kernels) if options.pdl_prefetch else frozenset()
+        generated = [dataclasses.replace(g, streams=read_only_streams(g.streams, read_only)) if g.streams else g
+                     for g in generated]
         if options.pdl and pdl_supported(self.device):
             generated = [with_pdl(g) for g in generated]
         generated, shared = share_identical_kernels(generated)

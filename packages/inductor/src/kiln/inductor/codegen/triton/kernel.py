@@ -50,6 +50,7 @@ from .heuristics import (
     static,
 )
 from .ops import compute_dtype, convert, emit_op, literal, operand_dtypes, tl_dtype
+from .prefetch import Stream, find_streams
 from .printer import IndexPrinter, python_index
 from .reductions import ReductionEmitter
 from .tiling import simplify_kernel
@@ -112,6 +113,9 @@ class TritonKernel:
     helpers: tuple[str, ...] = ()
     # launched with programmatic dependent launch (pdl.py: the source starts with its wait)
     pdl: bool = False
+    # whole-row reads of graph inputs nothing writes (weights) its programs prefetch into L2 before that
+    # wait (prefetch.py); the backend keeps only those
+    streams: tuple[Stream, ...] = ()
 
     @property
     def grid(self) -> str:
@@ -557,7 +561,8 @@ def generate_kernel(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG,
     source = writer.write(blocks)
     return TritonKernel(name=k.name, source=source, pointer_args=tuple(writer.ptr_order()),
                         size_args=tuple(size_symbols(simple)), xnumel=python_index(xnumel),
-                        xblock=blocks.xblock, rblock=blocks.rblock, num_warps=blocks.num_warps, kind=kind)
+                        xblock=blocks.xblock, rblock=blocks.rblock, num_warps=blocks.num_warps, kind=kind,
+                        streams=() if part else find_streams(simple))
 
 
 def _r_contiguous(k: Kernel) -> bool:

@@ -27,10 +27,23 @@ import dataclasses
 
 from ...knobs import triton_interpret
 from .ahead import compile_target
-from .kernel import TritonKernel
+from .kernel import TritonKernel, ptr_name
+from .prefetch import prefetch_lines
 
 PROLOGUE = ("    tl.extra.cuda.gdc_launch_dependents()  # the next kernel may launch (pdl.py)\n"
             "    tl.extra.cuda.gdc_wait()  # the previous kernel has finished: its writes are visible\n")
+# a kernel prefetching its weights (prefetch.py) lets the next one launch only once it has waited itself:
+# one kernel ahead prefetches while another runs, not every kernel that fits beside it
+AFTER_PREFETCH = ("    tl.extra.cuda.gdc_wait()  # the previous kernel has finished: its writes are visible\n"
+                  "    tl.extra.cuda.gdc_launch_dependents()  # the next kernel may launch (pdl.py)\n")
+
+
+def prologue(k: TritonKernel) -> str:
+    """The lines ``with_pdl`` puts first in ``k``'s kernel function."""
+    lines = prefetch_lines(k.streams, {b: ptr_name(b) for b in k.pointer_args}, k.xblock)
+    if not lines:
+        return PROLOGUE
+    return "".join(f"    {line}\n" for line in lines) + AFTER_PREFETCH
 
 
 def pdl_supported(device: str) -> bool:
@@ -58,7 +71,7 @@ def with_pdl(k: TritonKernel) -> TritonKernel:
     if at is None:
         raise ValueError(f"triton kernel {k.name}: no line starting {head!r} in its source")
     end = next(i for i in range(at, len(lines)) if lines[i].rstrip().endswith(":"))  # a signature may wrap
-    source = "\n".join([*lines[:end + 1], PROLOGUE.rstrip("\n"), *lines[end + 1:]])
+    source = "\n".join([*lines[:end + 1], prologue(k).rstrip("\n"), *lines[end + 1:]])
     return dataclasses.replace(k, source=source, pdl=True)
 
 
@@ -66,4 +79,4 @@ def without_pdl(k: TritonKernel) -> TritonKernel:
     """``k`` as it was before ``with_pdl`` (for a GPU without grid dependency control)."""
     if not k.pdl:
         return k
-    return dataclasses.replace(k, source=k.source.replace(PROLOGUE, "", 1), pdl=False)
+    return dataclasses.replace(k, source=k.source.replace(prologue(k), "", 1), pdl=False)
