@@ -37,6 +37,14 @@ from .node import GraphNode
 from .options import CUDAGraphOptions
 
 
+def _reserved(device: Any) -> int | None:
+    """Bytes the caching allocator holds on ``device`` (None off a GPU): a recording's growth of it is the
+    memory that recording keeps (``cudagraph_max_recordings`` weighs it)."""
+    if not isinstance(device, torch.device) or device.type != "cuda" or not torch.cuda.is_initialized():
+        return None
+    return int(torch.cuda.memory_reserved(device))
+
+
 @dataclass(slots=True)
 class TreeStats:
     recordings: int = 0
@@ -116,6 +124,7 @@ class CUDAGraphTree:
                 if s.tensor.data_ptr() != args[s.index].data_ptr():
                     s.tensor.copy_(args[s.index])
         watched: list[tuple[PoolStorage, StorageWeakRef]] = []
+        reserved = _reserved(self.device)
         if owned and options.donate_saved and getattr(self.engine, "donates", False) and isinstance(args, list):
             watched = self._donate_inputs(node, args, graph_args, order)
         node.graph, outputs = self.engine.capture(fn, graph_args, pool=self.pool, device=self.device,
@@ -134,8 +143,11 @@ class CUDAGraphTree:
         if node.parent is not None:
             node.parent.children.append(node)
         self.stats.recordings += 1
-        log("cudagraphs").info("recorded %s (%s) after %s", node.name, node.describe(),
-                               node.parent.name if node.parent is not None else "nothing")
+        after = _reserved(self.device)
+        grew = after - reserved if after is not None and reserved is not None else None
+        log("cudagraphs").info("recorded %s (%s) after %s%s", node.name, node.describe(),
+                               node.parent.name if node.parent is not None else "nothing",
+                               f"; the process's reserved CUDA memory grew {grew / 2**20:.1f} MiB" if grew is not None else "")
         return node
 
     def _donate_inputs(self, node: GraphNode, args: list[Any], graph_args: list[Any],
