@@ -224,12 +224,14 @@ class CompilePool:
         self.pid = os.getpid()
         self.helpers = 0  # threads of this process taking jobs while no worker is ready
 
-    def start(self) -> bool:
-        """Start the workers (non-blocking: they import in the background); False if none could."""
+    def start(self, target: tuple[str, Any, int] | None = None) -> bool:
+        """Start the workers (non-blocking: they import in the background, then compile a kernel for
+        ``target`` to pay triton's first-compile costs: compile_warmup.py); False if none could."""
         env = worker_environment()
+        warm = ("--warm=" + json.dumps(list(target)),) if target is not None else ()
         for i in range(self.size):
             try:
-                flags = ("--driver-utils",) if self.gpu and i == 0 else ()
+                flags = (("--driver-utils",) if self.gpu and i == 0 else ()) + warm
                 w = _Worker(env, flags + (("--with-torch",) if KNOBS.triton_worker_torch else ()))
             except OSError as e:
                 self.error = f"{type(e).__name__}: {e}"
@@ -389,8 +391,9 @@ class TritonCompilePool:
             with self.lock:
                 self.pool = before
 
-    def get(self) -> CompilePool | None:
-        """The pool, started on first use; None where worker processes are not used (logged once)."""
+    def get(self, target: tuple[str, Any, int] | None = None) -> CompilePool | None:
+        """The pool, started on first use (its workers warmed up for ``target`` when given); None where
+        worker processes are not used (logged once)."""
         with self.lock:
             pool = self.pool
             if pool is not None and pool.pid != os.getpid():  # a forked child: its parent's workers are not its own
@@ -405,7 +408,7 @@ class TritonCompilePool:
             if workers == 0:
                 log("perf_hints").info("triton: KILN_TRITON_COMPILE_WORKERS=0: kernels compile in this process")
                 return None
-            if not pool.start():
+            if not pool.start(target):
                 log("perf_hints").warning("triton: compile worker processes could not start (%s); kernels compile "
                                           "in this process", pool.error)
                 return None
@@ -414,15 +417,16 @@ class TritonCompilePool:
                 threading.Thread(target=_prime_triton_key, name="kiln-triton-key", daemon=True).start()
             return pool
 
-    def warm(self) -> bool:
-        """Start the worker processes now, in the background; True when there is a pool."""
-        return self.get() is not None
+    def warm(self, target: tuple[str, Any, int] | None = None) -> bool:
+        """Start the worker processes now, in the background (warmed up for ``target``); True when there
+        is a pool."""
+        return self.get(target) is not None
 
     def submit(self, jobs: Sequence[TritonJob], target: tuple[str, Any, int], label: str,
                deadline: float | None = None) -> CompileBatch | None:
         """Compile ``jobs`` for ``target`` on the pool (returns at once); None when there is no pool.
         Jobs whose turn comes after ``deadline`` (a ``time.perf_counter()``) are skipped."""
-        pool = self.get()
+        pool = self.get(target)
         if pool is None:
             return None
         batch = CompileBatch(jobs, target, label, launchers=pool.gpu, deadline=deadline)

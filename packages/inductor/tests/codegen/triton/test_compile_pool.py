@@ -380,3 +380,27 @@ def test_a_thread_compiling_for_a_target_leaves_other_threads_the_real_driver():
     finally:
         leave.set()
         driver._active = before
+
+
+def test_workers_started_for_a_target_compile_the_warm_up_kernel_before_any_job(tmp_path, monkeypatch):
+    """A pool started for a target (warm_compile_pool: the first CUDA graph's compile) has each worker
+    compile compile_warmup.py's kernel right after its imports -- triton's first-compile costs (its cache
+    key's hash of its library, its code generator's imports, ptxas's first run) paid while the parent
+    captures and lowers, not on the first job -- and the jobs still compile into the cache."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    p = CompilePool(1)
+    assert p.start(TARGET)
+    try:
+        deadline = time.monotonic() + 120
+        while not _kernel_dirs(str(cache)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(_kernel_dirs(str(cache))) == 1  # the warm-up kernel, with no job submitted
+        path = _module_file(tmp_path, ADD, "kiln_test_pool_warm")
+        batch = CompileBatch(_jobs(path, "kiln_test_pool_warm", (128,)), TARGET, "warm")
+        assert p.submit(batch)
+        report = batch.wait()
+        assert report.compiled == 1 and report.in_process == 0
+        assert len(_kernel_dirs(str(cache))) == 2
+    finally:
+        p.close()

@@ -99,4 +99,4 @@ def warm_compile_pool(device: str = "cuda", pool: TritonCompilePool = PROCESS_PO
     Triton kernels here (a GPU, or ``KILN_TRITON_CROSS_TARGET``); True when there is a pool. kiln.compile
     may call this before capture so the workers' imports overlap it; compile_graph calls it on entry."""
     target, _ = compile_target(device)
-    return target is not None and pool.warm()
+    return target is not None and pool.warm(target)
