@@ -115,12 +115,12 @@ class TritonBackend:
         elif options.max_autotune and generated:
             log("perf_hints").info("max-autotune: no CUDA device here (cross-compiling or the "
                                    "interpreter): kernels keep their heuristic configurations")
-        # launch lines only after this: a tuned XBLOCK changes the grid (it was written from the heuristic
-        # config before, so a tuned kernel ran on too few or too many programs: wrong results).
         # weights a kernel's programs fetch into L2 before they wait for the kernel before (prefetch.py)
         read_only = _unwritten_inputs(scheduled, kernels) if options.pdl_prefetch else frozenset()
         generated = [dataclasses.replace(g, streams=read_only_streams(g.streams, read_only)) if g.streams else g
                      for g in generated]
+        # launch lines only after this: a tuned XBLOCK changes the grid (it was written from the heuristic
+        # config before, so a tuned kernel ran on too few or too many programs: wrong results).
         if options.pdl and pdl_supported(self.device):
             generated = [with_pdl(g) for g in generated]
         generated, shared = share_identical_kernels(generated)

@@ -13,6 +13,8 @@ moves across a kernel boundary -- a kernel that reads what the previous one wrot
 buffer the previous one still reads (the memory planner reuses buffers), sees the same order as
 without PDL -- and what overlaps is only the next kernel's launch and start-up. Without the launch
 attribute (triton's own launch path, which a kernel's first launch takes) both instructions do nothing.
+A kernel that prefetches its weights into L2 (prefetch.py, ``pdl_prefetch``) issues the prefetches first,
+then waits, and only then lets the next kernel launch.
 
 The Python wrapper's launcher (launcher.py) sets the attribute on the kernels it launches directly, and
 the C++ wrapper's (kiln/model_support_cuda.h, ``KernelInfo::pdl``) on the cubins compiled from them.
