@@ -7,7 +7,6 @@ over fresh inputs."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import textwrap
 
 import pytest
 import torch
+from codegen.triton.sm90 import cross_env, sass_ops, subprocess_paths
 from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
@@ -54,12 +54,8 @@ PROGRAM = textwrap.dedent("""
 
 def _compile_for(target: str, pdl: list[bool]) -> list[str]:
     """The wrapper of _chain compiled for CUDA ``target`` (its kernels compiled for it too), per option."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["KILN_TRITON_CROSS_TARGET"] = target
-    here = os.path.dirname(__file__)
-    paths = [here, *(p for p in sys.path if p.endswith("tests") and os.path.isdir(p))]
-    r = subprocess.run([sys.executable, "-c", PROGRAM, json.dumps(pdl), *paths], capture_output=True, text=True,
-                       env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-c", PROGRAM, json.dumps(pdl), *subprocess_paths()], capture_output=True,
+                       text=True, env=cross_env(target), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -107,46 +103,13 @@ def test_no_pdl_for_a_gpu_before_sm90() -> None:
     assert _launched(older) and "gdc_" not in older and "pdl=True" not in older
 
 
-SASS = textwrap.dedent("""
-    import json, os, re, subprocess, sys, torch, triton
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    sys.path[:0] = sys.argv[1:]
-    from tracer import trace
-    from test_pdl import OPTS, _chain
-    from kiln.inductor import compile_graph
-    from kiln.inductor.codegen.triton.backend import TritonBackend
-    from kiln.inductor.codegen.triton.cubins import compile_cubins
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        args = [torch.empty(64, 96, device="cuda"), torch.empty(96, 96, device="cuda"),
-                torch.empty(96, device="cuda")]
-        s = compile_graph(trace(_chain, *args), args, options=OPTS).scheduled
-    layouts = s.program.layouts()
-    kernels, _ = TritonBackend("cuda").generate(s, layouts, OPTS)
-    cubins, _ = compile_cubins(kernels, layouts, 90)
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    out = {}
-    for c in cubins:
-        path = f"{sys.argv[1]}/{c.file_name}"
-        open(path, "wb").write(c.binary)
-        sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
-        ops = re.findall(r"/\\*[0-9a-f]{4,}\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]*)", sass)
-        out[c.function] = ops
-    print(json.dumps(out))
-""")
-
-
 @pytest.mark.slow
 def test_the_wait_precedes_every_memory_access_in_the_machine_code(tmp_path) -> None:
     """What the GPU runs: in each kernel's sm_90 SASS (triton's own ptxas and cuobjdump), the grid dependency
     wait (ACQBULK) comes before the first global load, store or atomic, and the early launch (PREEXIT) before it:
     no compiler pass moved a memory access above the wait."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["KILN_TRITON_CROSS_TARGET"] = "cuda:90"
-    paths = [os.path.dirname(__file__), *(p for p in sys.path if p.endswith("tests") and os.path.isdir(p))]
-    r = subprocess.run([sys.executable, "-c", SASS, str(tmp_path), *paths], capture_output=True, text=True,
-                       env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    kernels = json.loads(r.stdout.strip().splitlines()[-1])
+    f32 = "float32"
+    kernels = sass_ops(tmp_path, "test_pdl", "_chain", [([64, 96], f32), ([96, 96], f32), ([96], f32)], {})
     assert len(kernels) >= 3
     for name, ops in kernels.items():
         memory = [i for i, op in enumerate(ops) if op.split(".")[0] in ("LDG", "STG", "ATOMG", "RED", "LD", "ST")]

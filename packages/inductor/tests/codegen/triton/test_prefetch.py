@@ -7,7 +7,6 @@ the compiled chain equals eager over fresh inputs and weights updated in place b
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import textwrap
 
 import pytest
 import torch
+from codegen.triton.sm90 import cross_env, sass_ops, subprocess_paths
 
 from kiln.inductor.codegen.triton.kernel import TritonKernel
 from kiln.inductor.codegen.triton.pdl import AFTER_PREFETCH, PROLOGUE, with_pdl, without_pdl
@@ -60,11 +60,8 @@ PROGRAM = textwrap.dedent("""
 
 
 def _compile(cases: list[tuple[str, dict]]) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["KILN_TRITON_CROSS_TARGET"] = "cuda:90"
-    paths = [os.path.dirname(__file__), *(p for p in sys.path if p.endswith("tests") and os.path.isdir(p))]
-    r = subprocess.run([sys.executable, "-c", PROGRAM, json.dumps(cases), *paths], capture_output=True, text=True,
-                       env=env, timeout=300)
+    r = subprocess.run([sys.executable, "-c", PROGRAM, json.dumps(cases), *subprocess_paths()], capture_output=True,
+                       text=True, env=cross_env(), timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
@@ -134,46 +131,13 @@ def test_without_pdl_restores_the_kernel() -> None:
     assert PROLOGUE in with_pdl(wide).source and without_pdl(with_pdl(wide)) == wide
 
 
-SASS = textwrap.dedent("""
-    import json, os, re, subprocess, sys, torch, triton
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    sys.path[:0] = sys.argv[2:]
-    from tracer import trace
-    import test_prefetch as t
-    from kiln.inductor import InductorOptions, compile_graph
-    from kiln.inductor.codegen.triton.backend import TritonBackend
-    from kiln.inductor.codegen.triton.cubins import compile_cubins
-    opts = InductorOptions(strict_lowering=True, pdl_prefetch=True)
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        bf = dict(device="cuda", dtype=torch.bfloat16)
-        args = [torch.empty(1, 256, **bf), torch.empty(512, 256, **bf), torch.empty(256, 512, **bf),
-                torch.empty(256, **bf)]
-        s = compile_graph(trace(t._mlp, *args), args, options=opts).scheduled
-    layouts = s.program.layouts()
-    kernels, _ = TritonBackend("cuda").generate(s, layouts, opts)
-    cubins, _ = compile_cubins(kernels, layouts, 90)
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    out = {}
-    for c in cubins:
-        path = f"{sys.argv[1]}/{c.file_name}"
-        open(path, "wb").write(c.binary)
-        sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
-        out[c.function] = re.findall(r"/\\*[0-9a-f]{4,}\\*/\\s+(?:@!?U?P\\w+\\s+)?([A-Z][A-Z0-9_.]*)", sass)
-    print(json.dumps(out))
-""")
-
-
 @pytest.mark.slow
 def test_machine_code_prefetches_before_the_wait_and_loads_after(tmp_path) -> None:
     """sm_90 SASS (triton's ptxas): the prefetches (CCTL) come before the grid dependency wait (ACQBULK),
     every global load and store after it, and the early launch (PREEXIT) after it too."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["KILN_TRITON_CROSS_TARGET"] = "cuda:90"
-    paths = [os.path.dirname(__file__), *(p for p in sys.path if p.endswith("tests") and os.path.isdir(p))]
-    r = subprocess.run([sys.executable, "-c", SASS, str(tmp_path), *paths], capture_output=True, text=True,
-                       env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
-    kernels = json.loads(r.stdout.strip().splitlines()[-1])
+    bf16 = "bfloat16"
+    kernels = sass_ops(tmp_path, "test_prefetch", "_mlp", [([1, 256], bf16), ([512, 256], bf16), ([256, 512], bf16),
+                                                           ([256], bf16)], ON)
     prefetching = [name for name, ops in kernels.items() if any(op.startswith("CCTL") for op in ops)]
     assert len(prefetching) == 2, kernels.keys()
     for name in prefetching:
