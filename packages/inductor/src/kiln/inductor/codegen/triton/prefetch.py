@@ -12,10 +12,11 @@ A prefetch only moves a line into L2, the GPU's point of coherence for global me
 yields a value to the program and cannot make one stale (a store by another kernel updates the
 line in L2). So no ordering is loosened -- loads and stores still come after the wait. Which loads
 qualify (``find_streams``): in a row kernel over one outer and one reduced dim with static sizes, a
-read ``buffer[offset + stride * x0 + r0]`` (whole rows, contiguous along the reduced dim) made at every
-point (not under a ``where`` branch) of a buffer the kernel does not produce; the backend keeps those of graph inputs that no kernel
-of the graph writes (``read_only_streams``), at most ``MAX_BYTES`` per kernel (a weight larger than a
-good share of L2 would evict its own first lines: the LM head).
+read ``buffer[offset + stride * x0 + r0]`` (whole rows, contiguous along the reduced dim) made at
+every point (not under a ``where`` branch) of a buffer the kernel does not produce; the backend keeps
+those of graph inputs that no kernel of the graph writes (``read_only_streams``), at most
+``MAX_BYTES`` per kernel (a weight larger than a good share of L2 would evict its own first lines:
+the LM head).
 
 A prefetching kernel lets the next kernel launch only after its own wait (pdl.py), so at most one
 kernel ahead prefetches while another runs: the lines in flight are one kernel's weights, not every
