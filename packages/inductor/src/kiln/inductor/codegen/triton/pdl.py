@@ -32,12 +32,12 @@ from .ahead import compile_target
 from .kernel import TritonKernel, ptr_name
 from .prefetch import prefetch_lines
 
-PROLOGUE = ("    tl.extra.cuda.gdc_launch_dependents()  # the next kernel may launch (pdl.py)\n"
-            "    tl.extra.cuda.gdc_wait()  # the previous kernel has finished: its writes are visible\n")
+_LAUNCH = "    tl.extra.cuda.gdc_launch_dependents()  # the next kernel may launch (pdl.py)\n"
+_WAIT = "    tl.extra.cuda.gdc_wait()  # the previous kernel has finished: its writes are visible\n"
+PROLOGUE = _LAUNCH + _WAIT
 # a kernel prefetching its weights (prefetch.py) lets the next one launch only once it has waited itself:
 # one kernel ahead prefetches while another runs, not every kernel that fits beside it
-AFTER_PREFETCH = ("    tl.extra.cuda.gdc_wait()  # the previous kernel has finished: its writes are visible\n"
-                  "    tl.extra.cuda.gdc_launch_dependents()  # the next kernel may launch (pdl.py)\n")
+AFTER_PREFETCH = _WAIT + _LAUNCH
 
 
 def prologue(k: TritonKernel) -> str:
