@@ -328,7 +328,7 @@ class KernelWriter:
                 return code, uses
             return self.assign(convert(code, e.x.dtype, e.dtype)), uses
         assert isinstance(e, Op), e
-        if e.name == "where" and any(isinstance(n, Load) for a in e.args[1:] for n in walk(a)):
+        if _guards_loads(e):
             return self.predicated_where(e, ctx)
         vals = [self.value(a, ctx) for a in e.args]
         want = operand_dtypes(e.name, [a.dtype for a in e.args], e.dtype)
@@ -494,7 +494,18 @@ class KernelWriter:
         self.line("rmask = rindex < rnumel")
         self.define_vars("r", self.k.inner, "rindex")
 
-    def write(self, blocks: BlockChoice) -> str:
+    def issue_row_loads(self) -> None:
+        """Emit first the loads of whole rows (indexed by x and r) that no predicate guards, so their
+        memory latency overlaps what the kernel computes before it uses them (a one-row matmul recomputing
+        the RMSNorm statistic of its vector reduces that vector first)."""
+        for n in self.k.nodes:
+            for ld in _unguarded_loads(n.body):
+                if ld.buffer not in self.produced and not ld.indirect and self.classes(ld.index) >= {"x", "r"}:
+                    self.value(ld, "full")
+
+    def write(self, blocks: BlockChoice, streaming: bool = False) -> str:
+        """``streaming``: the row kernel stores per-row results only; a persistent one issues its row
+        loads first."""
         self.prologue()
         if not self.row:
             for n in self.k.nodes:
@@ -506,6 +517,8 @@ class KernelWriter:
                 self.emit_elementwise(n, "point")
         elif blocks.persistent:
             self.r_setup("")
+            if streaming:
+                self.issue_row_loads()
             self.red.persistent_body(self.k.nodes)
         else:
             self.red.looped_body(self.k.nodes)
@@ -550,19 +563,40 @@ def generate_kernel(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG,
         assert not part, f"{k.name}: a 2-D tiled kernel is not a group part"
         return _generate_2d(simple, cfg, split)
     writer = KernelWriter(simple, cfg, index32=index32, part=part)
+    streaming = False
     if simple.is_row_kernel:
         rnumel = product(list(simple.inner))
         rhint = static(substitute_hints(rnumel, hints)) if hints else None
-        blocks = row_blocks(xnumel, rnumel, _r_contiguous(simple), cfg, rhint)
+        streaming = all(n.role != "full" for n in simple.nodes if n.store)
+        blocks = row_blocks(xnumel, rnumel, _r_contiguous(simple), cfg, rhint, streaming)
         kind = "persistent_reduction" if blocks.persistent else "looped_reduction"
     else:
         blocks = pointwise_blocks(xnumel, cfg)
         kind = "pointwise"
-    source = writer.write(blocks)
+    source = writer.write(blocks, streaming)
     return TritonKernel(name=k.name, source=source, pointer_args=tuple(writer.ptr_order()),
                         size_args=tuple(size_symbols(simple)), xnumel=python_index(xnumel),
                         xblock=blocks.xblock, rblock=blocks.rblock, num_warps=blocks.num_warps, kind=kind,
                         streams=() if part else find_streams(simple))
+
+
+def _guards_loads(e: Op) -> bool:
+    """A ``where`` whose branches load: each branch's loads run under its predicate."""
+    return e.name == "where" and any(isinstance(n, Load) for a in e.args[1:] for n in walk(a))
+
+
+def _unguarded_loads(e: Expr) -> list[Load]:
+    """The loads of ``e`` outside the branches of a predicated ``where`` (not the loads of an index)."""
+    out, stack = [], [e]
+    while stack:
+        n = stack.pop()
+        if isinstance(n, Load):
+            out.append(n)
+        elif isinstance(n, Op):
+            stack.extend(reversed(n.args[:1] if _guards_loads(n) else n.args))
+        elif isinstance(n, CastExpr):
+            stack.append(n.x)
+    return out
 
 
 def _r_contiguous(k: Kernel) -> bool:
