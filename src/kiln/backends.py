@@ -162,7 +162,8 @@ def _inductor(opts: CompileOptions) -> Backend:
             # reduce-overhead: parameters/buffers are static inputs, and so are the inputs the graph
             # mutates (a StaticCache: written at their own address); the rest get static slots
             # (output_strides travel: the backward follows the strides the forward really returns)
-            graph_options = graph_options_cls(max_recordings=options.cudagraph_max_recordings)
+            graph_options = graph_options_cls(max_recordings=options.cudagraph_max_recordings,
+                                              memory_fraction=options.cudagraph_memory_fraction)
             written = sorted({i for _, i in annotations_of(gm).input_mutations})
             return replace(compiled, fn=wrap_reduce_overhead(compiled.fn, example_inputs, static, options=graph_options,
                                                              written_inputs=written))

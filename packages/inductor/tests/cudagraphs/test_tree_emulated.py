@@ -386,6 +386,26 @@ def test_many_sizes_each_replay_their_own_recording():
     assert f._warm == {}
 
 
+def test_recording_stops_once_the_recordings_keep_their_share_of_the_device(caplog):
+    """Each length of a growing cache keeps its outputs in the pool: past ``memory_fraction`` of the
+    device's memory (4 KiB of 40 here; the emulated engine counts captured outputs as held), new lengths
+    run without graphs, said once; lengths recorded before still replay. Fresh values every call."""
+    tree = CUDAGraphTree("cpu", engine=EmulatedGraphEngine(total_bytes=40 * 1024), name="test")
+    f, _ = graphed(lambda x: (x * 2,), [torch.zeros(1)], tree=tree, memory_fraction=0.1)
+    with caplog.at_level(logging.INFO, logger="kiln.cudagraphs"):
+        for n in (256, 512, 768, 1024, 1280):  # 1, 2, 3 KiB of float32 outputs: 6 KiB kept after the third
+            for _ in range(3):
+                x = torch.randn(n)
+                torch.testing.assert_close(f(x)[0], x * 2)
+    assert (f.stats.recordings, tree.kept_bytes) == (3, 6 * 1024)
+    assert f.stats.eager_calls == 6
+    assert sum("CUDAGraphOptions.memory_fraction" in r.getMessage() for r in caplog.records) == 1
+    replays = f.stats.replays
+    x = torch.randn(512)
+    torch.testing.assert_close(f(x)[0], x * 2)
+    assert f.stats.replays == replays + 1
+
+
 @pytest.mark.parametrize("inference", [False, True])
 def test_input_written_in_place_is_graphed_at_its_own_address(inference, caplog):
     """A StaticCache-style update (the cache written at the step's position, a fresh position tensor

@@ -103,6 +103,10 @@ class GraphEngine(Protocol):
 
     def replay(self, graph: object) -> None: ...
 
+    def memory(self, device: torch.device) -> tuple[int, int] | None:
+        """(bytes the allocator holds, the device's bytes); None where unknown."""
+        ...
+
     def watch_warmup(self, watch: dict[int, int],
                      device: torch.device) -> contextlib.AbstractContextManager[WarmupReport]: ...
 
@@ -164,6 +168,11 @@ class CudaGraphEngine:
 
     def replay(self, graph: object) -> None:
         graph.replay()  # type: ignore[attr-defined]
+
+    def memory(self, device: torch.device) -> tuple[int, int] | None:
+        if not torch.cuda.is_initialized():
+            return None
+        return int(torch.cuda.memory_reserved(device)), int(torch.cuda.get_device_properties(device).total_memory)
 
     @contextlib.contextmanager
     def watch_warmup(self, watch: dict[int, int], device: torch.device) -> Iterator[WarmupReport]:
@@ -244,10 +253,19 @@ class _EmulatedGraph:
 
 
 class EmulatedGraphEngine:
-    """CPU stand-in with CUDA graph semantics, for testing the tree's bookkeeping without a GPU."""
+    """CPU stand-in with CUDA graph semantics, for testing the tree's bookkeeping without a GPU. Its
+    ``memory()`` counts the bytes of every captured output as held, of a device of ``total_bytes``."""
 
     device_type = "cpu"
     donates = False  # a CPU stand-in has no allocator pool to hand memory back to
+    total_bytes = 1 << 34
+    held_bytes = 0
+
+    def __init__(self, total_bytes: int = 1 << 34) -> None:
+        self.total_bytes = total_bytes
+
+    def memory(self, device: torch.device) -> tuple[int, int] | None:
+        return self.held_bytes, self.total_bytes
 
     def new_pool(self, device: torch.device) -> object:
         return object()
@@ -264,6 +282,8 @@ class EmulatedGraphEngine:
                 raise CaptureFailed(f"{type(e).__name__}: {e}") from e
         if watcher.report.syncs:
             raise CaptureFailed(f"operation not permitted when stream is capturing: {watcher.report.syncs[0]}")
+        flat = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        self.held_bytes += sum(o.untyped_storage().nbytes() for o in flat if isinstance(o, torch.Tensor))
         return _EmulatedGraph(fn, list(args), outputs), outputs
 
     def replay(self, graph: object) -> None:

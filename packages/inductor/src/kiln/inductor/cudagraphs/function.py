@@ -122,14 +122,17 @@ class CUDAGraphFunction:
             return self._eager(args, owned)
         if not self._statics_noted:
             self._note_statics(args)
-        if len(self.nodes) >= self.options.max_recordings:  # before the warm-up count: it stops growing here
+        # before the warm-up count: recording stops here
+        full = self.tree.budget_spent(self.options.memory_fraction)
+        if len(self.nodes) >= self.options.max_recordings or full is not None:
             self.stats.eager_calls += 1
             if not self._limit_logged:
                 self._limit_logged = True
-                log("cudagraphs").info(
-                    "%s: %d input signatures recorded (the limit, CUDAGraphOptions.max_recordings); new "
-                    "shapes run without CUDA graphs (mark dimensions dynamic or pad inputs to fewer "
-                    "shapes)", self.name, len(self.nodes))
+                limit = (f"{len(self.nodes)} input signatures recorded (the limit, CUDAGraphOptions.max_recordings)"
+                         if full is None else f"the tree's recordings keep {full[0]:.0f} MiB of the "
+                         f"{full[1]:.0f} MiB they may (CUDAGraphOptions.memory_fraction)")
+                log("cudagraphs").info("%s: %s; new shapes run without CUDA graphs (mark dimensions dynamic or "
+                                       "pad inputs to fewer shapes)", self.name, limit)
             return self._eager(args, owned)
         key = self._signature(args)
         if self._warm.get(key, 0) < self.options.warmup_runs:
@@ -148,15 +151,10 @@ class CUDAGraphFunction:
         self._by_shapes.setdefault(self._shapes(args), []).append(node)
         self._warm.pop(key, None)  # recorded: its warm-up count is not asked again
         self.stats.recordings += 1
-        # the device's reserved bytes after each recording: what raising max_recordings would cost (the
-        # tree's graphs share one pool, so a recording adds what its outputs and the pool's growth hold)
-        dev = self.tree.device
-        log("cudagraphs").info("%s: CUDA graph %d (of at most %d) recorded for input sizes %s%s", self.name,
-                               len(self.nodes), self.options.max_recordings,
+        log("cudagraphs").info("%s: CUDA graph %d (of at most %d) recorded for input sizes %s; the tree's "
+                               "recordings keep %.1f MiB", self.name, len(self.nodes), self.options.max_recordings,
                                [tuple(a.shape) for i, a in enumerate(args) if isinstance(a, torch.Tensor)
-                                and i not in self.static_input_indices],
-                               f"; {torch.cuda.memory_reserved(dev) / 2**20:.1f} MiB reserved on {dev}"
-                               if dev.type == "cuda" else "")
+                                and i not in self.static_input_indices], self.tree.kept_bytes / 2**20)
         ok, out = self.tree.run(node, args, self.options, owned=hand_over)
         if not ok:  # cannot happen on a fresh recording, but stay correct if it does
             self.stats.eager_calls += 1

@@ -37,14 +37,6 @@ from .node import GraphNode
 from .options import CUDAGraphOptions
 
 
-def _reserved(device: Any) -> int | None:
-    """Bytes the caching allocator holds on ``device`` (None off a GPU): a recording's growth of it is the
-    memory that recording keeps (``cudagraph_max_recordings`` weighs it)."""
-    if not isinstance(device, torch.device) or device.type != "cuda" or not torch.cuda.is_initialized():
-        return None
-    return int(torch.cuda.memory_reserved(device))
-
-
 @dataclass(slots=True)
 class TreeStats:
     recordings: int = 0
@@ -63,6 +55,9 @@ class CUDAGraphTree:
         self.nodes: list[GraphNode] = []
         self.last_run: GraphNode | None = None
         self.stats = TreeStats()
+        # what the recordings grew the allocator's reserved memory by, and the device's memory (engine.memory)
+        self.kept_bytes = 0
+        self.device_bytes: int | None = None
         self.liveness = LivenessStats()
         self._pool: object | None = None
         # output storage (its StorageImpl, not its address: donated memory can hold a later graph's
@@ -124,7 +119,7 @@ class CUDAGraphTree:
                 if s.tensor.data_ptr() != args[s.index].data_ptr():
                     s.tensor.copy_(args[s.index])
         watched: list[tuple[PoolStorage, StorageWeakRef]] = []
-        reserved = _reserved(self.device)
+        before = self.engine.memory(self.device)
         if owned and options.donate_saved and getattr(self.engine, "donates", False) and isinstance(args, list):
             watched = self._donate_inputs(node, args, graph_args, order)
         node.graph, outputs = self.engine.capture(fn, graph_args, pool=self.pool, device=self.device,
@@ -143,12 +138,23 @@ class CUDAGraphTree:
         if node.parent is not None:
             node.parent.children.append(node)
         self.stats.recordings += 1
-        after = _reserved(self.device)
-        grew = after - reserved if after is not None and reserved is not None else None
+        after = self.engine.memory(self.device)
+        grew = after[0] - before[0] if after is not None and before is not None else None
+        if grew is not None and after is not None:
+            self.kept_bytes += max(0, grew)
+            self.device_bytes = after[1]
         log("cudagraphs").info("recorded %s (%s) after %s%s", node.name, node.describe(),
                                node.parent.name if node.parent is not None else "nothing",
-                               f"; the process's reserved CUDA memory grew {grew / 2**20:.1f} MiB" if grew is not None else "")
+                               "" if grew is None else f"; reserved memory grew {grew / 2**20:.1f} MiB, the "
+                               f"tree's recordings keep {self.kept_bytes / 2**20:.1f} MiB")
         return node
+
+    def budget_spent(self, fraction: float) -> tuple[float, float] | None:
+        """(MiB kept, MiB allowed) once this tree's recordings keep ``fraction`` of the device's memory or
+        more (CUDAGraphOptions.memory_fraction); None below it, or where the engine cannot tell."""
+        if self.device_bytes is None or self.kept_bytes < fraction * self.device_bytes:
+            return None
+        return self.kept_bytes / 2**20, fraction * self.device_bytes / 2**20
 
     def _donate_inputs(self, node: GraphNode, args: list[Any], graph_args: list[Any],
                        order: int) -> list[tuple[PoolStorage, StorageWeakRef]]:
