@@ -70,6 +70,35 @@ def test_split_adds_a_partial_kernel_and_the_option_turns_it_off():
     assert "_part" not in whole.texts["ir_post_fusion"]
 
 
+def _greedy(logits, scores):  # decode's greedy pick over a vocabulary, and arg-reductions over a whole tensor
+    return logits.argmax(-1), logits.argmin(-1), scores.view(-1).argmax(), scores.argmin()
+
+
+def test_argmax_over_a_vocabulary_is_split_and_keeps_the_first_extremum():
+    """Each chunk's extremum and index, then the winning chunk: the first index of the extremum overall,
+    NaN counted as the largest (argmax) and smallest (argmin) as in torch. Fresh values every call."""
+    cg, _ = _compile(_greedy, (_x(2, 32000), _x(4, 9000)))
+    assert "_pidx" in cg.texts["ir_post_fusion"]
+    dev = device()
+    for call in range(4):
+        g = torch.Generator().manual_seed(call + 1)
+        logits, scores = torch.randn(2, 32000, generator=g), torch.randn(4, 9000, generator=g)
+        if call == 1:  # ties across chunks: the first one wins
+            logits[0, [5, 3201, 31999]] = 9.0
+            logits[1, [25000, 6400]] = -9.0
+            scores[3, 10] = scores[0, 8999] = 9.0
+        if call == 2:  # NaN in a late chunk, a tie before it
+            logits[0, 20000] = float("nan")
+            logits[0, 7] = 9.0
+            scores[2, 4] = float("nan")
+        if call == 3:  # every value equal
+            logits.fill_(1.0)
+            scores.fill_(-2.0)
+        got = flat_outputs(cg.fn(logits.to(dev), scores.to(dev)))
+        for a, b in zip(got, flat_outputs(_greedy(logits, scores)), strict=True):
+            assert torch.equal(a.cpu(), b), (call, a, b)
+
+
 def test_row_reductions_and_short_columns_stay_one_pass():
     assert chunks_for(100352, (768,)) is None  # LayerNorm rows: many outputs
     assert chunks_for(64, (32, 7, 7)) is None  # 1,568 elements per output: one pass is fine
