@@ -11,8 +11,10 @@ from tracer import trace
 
 from kiln.inductor import InductorOptions, compile_graph
 from kiln.inductor.codegen.triton.dedup import normalized_source, share_identical_kernels
-from kiln.inductor.codegen.triton.kernel import TritonKernel
+from kiln.inductor.codegen.triton.kernel import TritonKernel, generate_kernels
+from kiln.inductor.codegen.triton.memo import KernelMemo
 from kiln.inductor.codegen.triton.testing import device
+from kiln.inductor.ir import Kernel
 
 OPTIONS = InductorOptions(cpu_backend="triton")
 
@@ -87,3 +89,25 @@ def test_identical_symbolic_layers_share_functions_and_match_eager_over_sizes():
     launchers = re.findall(r"^(_launch_k\w+) = _KilnLaunch\(triton_kernels\.(\w+),", src, re.M)
     assert "do_not_specialize" in src and len(functions) < len(launchers), (functions, launchers)
     check_sizes(cg, _layers, lambda n: (torch.randn(n, 32), *ws), (0, 1, 7, 16, 33, 512), atol=1e-4)
+
+
+def _chain(x, *ws):  # each layer's kernel reads the matmul before it: one form per layer
+    for w in ws:
+        x = F.gelu(F.layer_norm(x @ w, x.shape[-1:]))
+    return (x,)
+
+
+def test_kernels_of_one_form_are_generated_once_with_their_own_names():
+    """memo.py: the later layers' kernels come from the first layer's with their buffers and names put
+    back, the same kernels as generating each one (names, sources, pointers, blocks); values as eager's."""
+    dev = device()
+    g = torch.Generator().manual_seed(1)
+    args = [torch.randn(8, 32, generator=g).to(dev)] + [torch.randn(32, 32, generator=g).to(dev) for _ in range(4)]
+    cg = compile_graph(trace(_chain, *args), args, options=OPTIONS)
+    kernels = [k for k in cg.scheduled.launched() if isinstance(k, Kernel)]
+    memo = KernelMemo()
+    for k in kernels:
+        assert memo.generate(k, generate_kernels) == generate_kernels(k)
+    assert (len(kernels), len(memo.forms), memo.hits) == (4, 1, 3)
+    fresh = [a * 1.5 for a in args]
+    torch.testing.assert_close(cg.fn(*fresh)[0], _chain(*fresh)[0], rtol=1e-4, atol=1e-5)

@@ -27,6 +27,7 @@ from .dedup import share_identical_kernels
 from .group import generate_group
 from .heuristics import DEFAULT_CONFIG, TritonConfig
 from .kernel import TritonKernel, generate_kernels
+from .memo import KernelMemo
 from .pdl import pdl_supported, with_pdl
 from .prefetch import read_only_streams
 from .wrapper import MODULE_VAR, module_source, wrapper_prologue
@@ -98,6 +99,7 @@ class TritonBackend:
         index32 = getattr(scheduled.program, "index_bits", 64) == 32
         generated: list[TritonKernel] = []
         spans: list[tuple[str, int, int]] = []  # (scheduled kernel, its generated kernels' [start, end))
+        memo = KernelMemo()  # identical layers' kernels generated once (memo.py)
         for k in kernels:
             # a matmul template chosen by max-autotune (matmul_templates.py) brings its own kernel
             if isinstance(k, KernelGroup):
@@ -105,7 +107,7 @@ class TritonBackend:
             elif isinstance(k, PrebuiltKernel):
                 parts = k.triton_kernels()
             else:
-                parts = generate_kernels(k, self.cfg, hints, index32)
+                parts = memo.generate(k, lambda k: generate_kernels(k, self.cfg, hints, index32))
             spans.append((k.name, len(generated), len(generated) + len(parts)))
             generated += parts
         if tuner is not None:  # the compile's max-autotune session (pipeline.py: matmul_templates)
