@@ -11,8 +11,8 @@ reduction is); max/min/any/all are exact. argmax/argmin over static sizes split 
 dim: the partial pass writes each chunk's extremum and its index (one kernel), the final pass picks the
 chunk whose extremum wins and reads its index back (the first chunk on ties and NaN, as the first index
 wins inside a chunk: torch's answer); decode's greedy argmax over a 32,000-word vocabulary ran in one
-program for 13 us a token on an H100. The chunk boundary is a whole reduced dimension (the outermost one whose size has a fitting divisor),
-so indices stay affine: ``r_k -> s * (d_k / S) + r_k``.
+program for 13 us a token on an H100. The chunk boundary is a whole reduced dimension (the outermost one
+whose size has a fitting divisor), so indices stay affine: ``r_k -> s * (d_k / S) + r_k``.
 
 Symbolic sizes: whether to split is decided at the size hints; the split is correct for every size.
 With several reduced ranges (NCHW BatchNorm: batch, then the merged image) the partial pass reduces the
@@ -25,6 +25,7 @@ and modulo and the tail masked with the reduction's identity (an empty chunk con
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import sympy
 import torch
@@ -146,7 +147,7 @@ def _split_arg(n: ComputedBuffer, d: Reduction, taken: set[str]) -> tuple[Comput
         return None
     chunks = choice[1]
     inner = reduced[0] // chunks
-    span = inner * (product(list(d.reduction_ranges[1:])) if len(reduced) > 1 else 1)  # flat indices a chunk covers
+    span = inner * math.prod(reduced[1:])  # the flat indices a chunk covers
     ivars = index_vars("i", len(d.ranges) + 1)
     rk = index_vars("r", len(reduced))[0]
     body = substitute_index(d.body, {rk: ivars[-1] * inner + rk})
@@ -163,7 +164,7 @@ def _split_arg(n: ComputedBuffer, d: Reduction, taken: set[str]) -> tuple[Comput
                                       Load(vals.name, vals.layout.index((*outer, r0)), d.body.dtype)), n.origins)
     chunk = Load(winner.name, winner.layout.index(tuple(outer)), torch.int64)
     local = Load(idxs.name, idxs.layout.index((*outer, index_var("d", 0))), torch.int64, (chunk,))
-    index = op("add", local, op("mul", chunk, Constant(int(span), torch.int64), dtype=torch.int64), dtype=torch.int64)
+    index = op("add", local, op("mul", chunk, Constant(span, torch.int64), dtype=torch.int64), dtype=torch.int64)
     final = ComputedBuffer(n.name, n.layout, Pointwise(d.ranges, cast(index, n.layout.dtype)), n.origins)
     return vals, idxs, winner, final
 
