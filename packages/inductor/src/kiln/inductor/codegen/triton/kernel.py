@@ -567,8 +567,9 @@ def generate_kernel(k: Kernel, cfg: TritonConfig = DEFAULT_CONFIG,
     if simple.is_row_kernel:
         rnumel = product(list(simple.inner))
         rhint = static(substitute_hints(rnumel, hints)) if hints else None
-        streaming = all(n.role != "full" for n in simple.nodes if n.store)
-        blocks = row_blocks(xnumel, rnumel, _r_contiguous(simple), cfg, rhint, streaming)
+        rows = _r_contiguous(simple)  # a column reduction keeps its own blocks and order
+        streaming = rows and all(n.role != "full" for n in simple.nodes if n.store)
+        blocks = row_blocks(xnumel, rnumel, rows, cfg, rhint, streaming)
         kind = "persistent_reduction" if blocks.persistent else "looped_reduction"
     else:
         blocks = pointwise_blocks(xnumel, cfg)
