@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import sympy
 import torch
@@ -99,19 +100,21 @@ def flat_chunks_for(outputs: int, total: int) -> int | None:
     return want if want >= 2 else None
 
 
-def _split(n: ComputedBuffer, taken: set[str], hints: dict[str, int]) -> tuple[ComputedBuffer, ...] | None:
-    d = n.data
-    assert isinstance(d, Reduction)
-    if d.reduction_type in EXTREMUM:
-        return _split_arg(n, d, taken)
-    final_type = SPLITTABLE.get(d.reduction_type)
-    if final_type is None:
-        return None
-    if not all(isinstance(s, sympy.Integer) for s in (*d.ranges, *d.reduction_ranges)):
-        return _split_symbolic(n, d, final_type, taken, hints)
-    outputs = 1
-    for s in d.ranges:
-        outputs *= int(s)
+class _Chunks(NamedTuple):
+    """A static reduction cut into ``chunks`` of its reduced dim ``k``: the partial pass's body (the
+    chunk index is the last of ``ivars``), output shape and reduced ranges."""
+
+    k: int
+    chunks: int
+    ivars: tuple[sympy.Symbol, ...]
+    body: Expr
+    part_shape: tuple[sympy.Expr, ...]
+    rranges: tuple[sympy.Expr, ...]
+
+
+def _static_chunks(d: Reduction) -> _Chunks | None:
+    """How to split ``d`` (static sizes; chunks_for decides), or None."""
+    outputs = math.prod(int(s) for s in d.ranges)
     choice = chunks_for(outputs, tuple(int(s) for s in d.reduction_ranges))
     if choice is None:
         return None
@@ -120,15 +123,31 @@ def _split(n: ComputedBuffer, taken: set[str], hints: dict[str, int]) -> tuple[C
     ivars = index_vars("i", len(d.ranges) + 1)
     rk = index_vars("r", len(d.reduction_ranges))[k]
     body = substitute_index(d.body, {rk: ivars[-1] * inner + rk})
+    rranges = tuple(sympy.Integer(inner) if j == k else s for j, s in enumerate(d.reduction_ranges))
+    return _Chunks(k, chunks, ivars, body, (*d.ranges, sympy.Integer(chunks)), rranges)
+
+
+def _split(n: ComputedBuffer, taken: set[str], hints: dict[str, int]) -> tuple[ComputedBuffer, ...] | None:
+    d = n.data
+    assert isinstance(d, Reduction)
+    static = all(isinstance(s, sympy.Integer) for s in (*d.ranges, *d.reduction_ranges))
+    if d.reduction_type in EXTREMUM:
+        return _split_arg(n, d, taken) if static else None
+    final_type = SPLITTABLE.get(d.reduction_type)
+    if final_type is None:
+        return None
+    if not static:
+        return _split_symbolic(n, d, final_type, taken, hints)
+    c = _static_chunks(d)
+    if c is None:
+        return None
     acc = d.body.dtype
     name = _fresh(f"{n.name}_part", taken)
-    part_shape = (*d.ranges, sympy.Integer(chunks))
-    part_layout = Layout.contiguous(part_shape, acc, n.layout.device)
-    rranges = tuple(sympy.Integer(inner) if j == k else s for j, s in enumerate(d.reduction_ranges))
-    partial = ComputedBuffer(name, part_layout, Reduction(part_shape, rranges, d.reduction_type, body), n.origins)
+    part_layout = Layout.contiguous(c.part_shape, acc, n.layout.device)
+    partial = ComputedBuffer(name, part_layout, Reduction(c.part_shape, c.rranges, d.reduction_type, c.body), n.origins)
     r0 = index_vars("r", 1)[0]
-    load = Load(name, part_layout.index((*ivars[:-1], r0)), acc)
-    final = ComputedBuffer(n.name, n.layout, Reduction(d.ranges, (sympy.Integer(chunks),), final_type, load),
+    load = Load(name, part_layout.index((*c.ivars[:-1], r0)), acc)
+    final = ComputedBuffer(n.name, n.layout, Reduction(d.ranges, (sympy.Integer(c.chunks),), final_type, load),
                            n.origins)
     return partial, final
 
@@ -136,31 +155,18 @@ def _split(n: ComputedBuffer, taken: set[str], hints: dict[str, int]) -> tuple[C
 def _split_arg(n: ComputedBuffer, d: Reduction, taken: set[str]) -> tuple[ComputedBuffer, ...] | None:
     """argmax/argmin over static sizes in chunks of its outermost reduced dim: each chunk's extremum and
     index (one partial kernel), then the winning chunk and its index plus the chunk's offset."""
-    if not all(isinstance(s, sympy.Integer) for s in (*d.ranges, *d.reduction_ranges)):
+    c = _static_chunks(d)
+    if c is None or c.k != 0:  # a chunk of the outermost dim: its flat indices are contiguous
         return None
-    outputs = 1
-    for s in d.ranges:
-        outputs *= int(s)
-    reduced = tuple(int(s) for s in d.reduction_ranges)
-    choice = chunks_for(outputs, reduced)
-    if choice is None or choice[0] != 0:  # a chunk of the outermost dim: its flat indices are contiguous
-        return None
-    chunks = choice[1]
-    inner = reduced[0] // chunks
-    span = inner * math.prod(reduced[1:])  # the flat indices a chunk covers
-    ivars = index_vars("i", len(d.ranges) + 1)
-    rk = index_vars("r", len(reduced))[0]
-    body = substitute_index(d.body, {rk: ivars[-1] * inner + rk})
+    span = math.prod(int(s) for s in c.rranges)  # the flat indices a chunk covers
     dev = n.layout.device
-    part_shape = (*d.ranges, sympy.Integer(chunks))
-    rranges = (sympy.Integer(inner), *d.reduction_ranges[1:])
-    vals = ComputedBuffer(_fresh(f"{n.name}_pval", taken), Layout.contiguous(part_shape, d.body.dtype, dev),
-                          Reduction(part_shape, rranges, EXTREMUM[d.reduction_type], body), n.origins)
-    idxs = ComputedBuffer(_fresh(f"{n.name}_pidx", taken), Layout.contiguous(part_shape, torch.int64, dev),
-                          Reduction(part_shape, rranges, d.reduction_type, body), n.origins)
-    outer, r0 = ivars[:-1], index_vars("r", 1)[0]
+    vals = ComputedBuffer(_fresh(f"{n.name}_pval", taken), Layout.contiguous(c.part_shape, d.body.dtype, dev),
+                          Reduction(c.part_shape, c.rranges, EXTREMUM[d.reduction_type], c.body), n.origins)
+    idxs = ComputedBuffer(_fresh(f"{n.name}_pidx", taken), Layout.contiguous(c.part_shape, torch.int64, dev),
+                          Reduction(c.part_shape, c.rranges, d.reduction_type, c.body), n.origins)
+    outer, r0 = c.ivars[:-1], index_vars("r", 1)[0]
     winner = ComputedBuffer(_fresh(f"{n.name}_chunk", taken), Layout.contiguous(d.ranges, torch.int64, dev),
-                            Reduction(d.ranges, (sympy.Integer(chunks),), d.reduction_type,
+                            Reduction(d.ranges, (sympy.Integer(c.chunks),), d.reduction_type,
                                       Load(vals.name, vals.layout.index((*outer, r0)), d.body.dtype)), n.origins)
     chunk = Load(winner.name, winner.layout.index(tuple(outer)), torch.int64)
     local = Load(idxs.name, idxs.layout.index((*outer, index_var("d", 0))), torch.int64, (chunk,))
