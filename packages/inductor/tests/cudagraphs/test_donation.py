@@ -25,6 +25,7 @@ class ClobberingEngine(EmulatedGraphEngine):
     donates = liveness.CAN_DONATE
 
     def __init__(self) -> None:
+        super().__init__()
         self.tree: CUDAGraphTree | None = None
         self.order: dict[int, int] = {}  # id(graph) -> its recording order
 

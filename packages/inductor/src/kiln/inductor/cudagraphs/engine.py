@@ -258,11 +258,10 @@ class EmulatedGraphEngine:
 
     device_type = "cpu"
     donates = False  # a CPU stand-in has no allocator pool to hand memory back to
-    total_bytes = 1 << 34
-    held_bytes = 0
 
     def __init__(self, total_bytes: int = 1 << 34) -> None:
         self.total_bytes = total_bytes
+        self.held_bytes = 0
 
     def memory(self, device: torch.device) -> tuple[int, int] | None:
         return self.held_bytes, self.total_bytes
