@@ -4,6 +4,7 @@ and still match eager (Triton interpreter on CPU, CUDA on a GPU machine)."""
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
@@ -13,7 +14,7 @@ from tracer import flat_outputs, trace
 from kiln.inductor import InductorOptions, compile_graph
 from kiln.inductor.codegen.triton.testing import device
 from kiln.inductor.knobs import triton_interpret
-from kiln.inductor.split_reductions import chunks_for
+from kiln.inductor.split_reductions import chunks_for, column_plan
 
 OPTIONS = InductorOptions(cpu_backend="triton")
 
@@ -39,6 +40,10 @@ CASES = {
     "bf16_column_sum": (lambda x: x.sum(0), (_x(20000, 3, dtype=torch.bfloat16),)),
     "whole_tensor": (lambda x: (x.sum(), x.amax(), x.mean()), (_x(20000),)),
     "channels_last_mean": (lambda x: x.mean((0, 2, 3)), (_x(8, 5, 64, 64).to(memory_format=torch.channels_last),)),
+    # LayerNorm's weight and bias gradients and a bf16 bias gradient over a transformer's tokens: column
+    # reductions of 256 outputs, chunked over the rows with the chunk index outermost
+    "token_columns": (lambda dy, xhat, g: ((dy * xhat).sum((0, 1)), dy.sum((0, 1)), g.sum((0, 1))),
+                      (_x(16, 256, 256), _x(16, 256, 256), _x(16, 256, 256, dtype=torch.bfloat16))),
 }
 
 
@@ -99,6 +104,35 @@ def test_argmax_over_a_vocabulary_is_split_and_keeps_the_first_extremum():
             assert torch.equal(a.cpu(), b), (call, a, b)
 
 
+def test_column_reductions_keep_their_outputs_contiguous_in_the_partial():
+    """The partial of a column reduction is [chunks, outputs]: its kernel is again a column kernel whose
+    programs read 32 adjacent outputs a row (not 8 as the one-pass kernel: a sector of bf16), and many of
+    them. Fresh values every call."""
+    fn, inputs = CASES["token_columns"]
+    cg, _ = _compile(fn, inputs)
+    src = cg.texts["output_code"]
+    launches = re.findall(r"_KilnLaunch\(triton_kernels\.(\w+), \{'XBLOCK': (\d+), 'RBLOCK': (\d+)\}", src)
+    assert len(launches) == 2, launches  # one partial kernel for the three sums, one final
+    assert int(launches[0][1]) >= 32, launches
+    assert re.search(r"_launch_\w+\(\((\d{3,}), ", src), "the partial pass runs on hundreds of programs"
+    for seed in range(2):
+        g = torch.Generator().manual_seed(seed + 1)
+        ins = [torch.randn(t.shape, generator=g).to(t.dtype).to(device()) for t in inputs]
+        got, want = flat_outputs(cg.fn(*ins)), flat_outputs(fn(*ins))
+        for a, b in zip(got, want, strict=True):
+            tol = dict(rtol=2e-2, atol=2e-1) if b.dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-3)
+            torch.testing.assert_close(a.cpu(), b.cpu(), **tol)
+
+
+def test_column_plans():
+    assert column_plan(768, (32, 197)) == (1, 1)  # ViT-B/16 bias gradient: one chunk per image
+    assert column_plan(768, (6304,)) == (0, 32)  # the same over flattened tokens
+    assert column_plan(96, (32, 56, 56)) == (1, 8)  # ConvNeXt-T's channels-last LayerNorm weight gradient
+    assert column_plan(768, (8, 64)) is None  # 393K elements: one pass
+    assert column_plan(16384, (4096,)) is None  # enough programs of wide columns already
+    assert column_plan(8, (100000,)) is None  # too narrow for column programs (split as rows)
+
+
 def test_row_reductions_and_short_columns_stay_one_pass():
     assert chunks_for(100352, (768,)) is None  # LayerNorm rows: many outputs
     assert chunks_for(64, (32, 7, 7)) is None  # 1,568 elements per output: one pass is fine
@@ -117,6 +151,8 @@ SYMBOLIC_CASES = {
     "bn_small_images": (_bn_stats, lambda n: (_x(n * 30, 3, 5, n % 5 + 3),)),
     "column_max_min": (lambda x, y: (x.amax(0), x.amin(0), (x > 1.5).any(0), (x > -1.5).all(0), y.amax(0), y.sum(0)),
                        lambda n: (_x(n * 700, 2), (_x(n * 700, 1) * 100).to(torch.int32))),
+    # a bias gradient over a symbolic number of tokens: chunk-outermost partials of the flattened rows
+    "token_columns": (lambda x, y: (x.sum(0), y.sum((0, 1))), lambda n: (_x(n * 700, 64), _x(n, 700, 64))),
 }
 
 

@@ -14,6 +14,13 @@ wins inside a chunk: torch's answer); decode's greedy argmax over a 32,000-word 
 program for 13 us a token on an H100. The chunk boundary is a whole reduced dimension (the outermost one
 whose size has a fitting divisor), so indices stay affine: ``r_k -> s * (d_k / S) + r_k``.
 
+Column reductions (the reduced dim is not the contiguous one: bias and norm-weight gradients over a
+transformer's tokens, channels-last statistics) are split whenever their one-pass kernel would leave the
+GPU idle, whatever their number of outputs: its programs each take a few adjacent outputs (8 by default)
+and loop over every row, so ViT-B/16's bias gradients (768 outputs over 6,304 tokens) ran on 96 programs
+for 22-100 us on an H100. Their partial puts the chunk index outermost (``[S, outputs]``), so the partial
+pass is again a column reduction whose programs read wide runs of adjacent outputs of S row blocks.
+
 Symbolic sizes: whether to split is decided at the size hints; the split is correct for every size.
 With several reduced ranges (NCHW BatchNorm: batch, then the merged image) the partial pass reduces the
 innermost range at every outer position and the final pass the outer positions. With one (or an
@@ -42,7 +49,7 @@ from .ir import (
     index_vars,
     substitute_index,
 )
-from .ir.expr import Constant, Expr, IndexValue, cast, op
+from .ir.expr import Constant, Expr, IndexValue, cast, op, walk
 from .ir.index import FloorDiv, ModIndex, product
 
 SPLITTABLE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "any": "any", "all": "all"}
@@ -54,6 +61,15 @@ MIN_REDUCED = 16384  # elements per output below which one pass is fine
 MAX_OUTPUTS = 512  # with this many outputs (programs) or more the one-pass kernel already fills the GPU
 TARGET_PARTIALS = 2048  # outputs x chunks to aim for
 MIN_CHUNK = 2048  # elements per partial: fewer and the second pass plus the extra kernel dominate
+# Column reductions: a program reads COL_WIDTH adjacent outputs per row at least (fewer and the reads are
+# narrower than a 32-byte sector); split when the one-pass kernel has fewer than COL_MAX_OUTPUTS outputs and
+# reads at least COL_MIN_ELEMENTS, into chunks of at least COL_MIN_ROWS rows, aiming at COL_TARGET
+# partial outputs (the partial pass then takes 32-64 adjacent outputs a program over some 500 programs)
+COL_WIDTH = 32
+COL_MAX_OUTPUTS = 16384
+COL_MIN_ELEMENTS = 1 << 20
+COL_MIN_ROWS = 32
+COL_TARGET = 32768
 
 
 def split_reductions(program: LoopProgram) -> tuple[LoopProgram, int]:
@@ -77,13 +93,8 @@ def split_reductions(program: LoopProgram) -> tuple[LoopProgram, int]:
 def chunks_for(outputs: int, reduced: tuple[int, ...]) -> tuple[int, int] | None:
     """(reduced dim to split, number of chunks S) for a reduction of ``outputs`` values each over
     ``reduced`` (sizes, outermost first), or None when one pass is the better kernel."""
-    total = 1
-    for d in reduced:
-        total *= d
-    if total < MIN_REDUCED or outputs >= MAX_OUTPUTS:
-        return None
-    want = min(-(-TARGET_PARTIALS // outputs), total // MIN_CHUNK)
-    if want < 2:
+    want = _row_chunks(outputs, math.prod(reduced))
+    if want is None:
         return None
     for k, d in enumerate(reduced):
         best = max((s for s in range(2, min(d, want) + 1) if d % s == 0), default=0)
@@ -92,12 +103,56 @@ def chunks_for(outputs: int, reduced: tuple[int, ...]) -> tuple[int, int] | None
     return None
 
 
-def flat_chunks_for(outputs: int, total: int) -> int | None:
-    """Number of chunks S of the flattened reduced range (sizes at their hints), or None."""
+def column_plan(outputs: int, reduced: tuple[int, ...]) -> tuple[int, int] | None:
+    """How to chunk a column reduction of ``outputs`` adjacent values over ``reduced`` rows (sizes,
+    outermost first): (k, s) = the k outermost reduced dims whole and dim k in s chunks (s may be 1),
+    as many chunks as column_chunks wants at most; None: one pass."""
+    want = column_chunks(outputs, math.prod(reduced)) if outputs >= COL_WIDTH else None
+    if want is None:
+        return None
+    k, taken = 0, 1
+    while k < len(reduced) and taken * reduced[k] <= want:
+        taken *= reduced[k]
+        k += 1
+    s = max((c for c in range(1, want // taken + 1) if reduced[k] % c == 0), default=1) if k < len(reduced) else 1
+    return (k, s) if taken * s >= 2 else None
+
+
+def _row_chunks(outputs: int, total: int) -> int | None:
     if total < MIN_REDUCED or outputs >= MAX_OUTPUTS:
         return None
     want = min(-(-TARGET_PARTIALS // outputs), total // MIN_CHUNK)
     return want if want >= 2 else None
+
+
+def column_chunks(outputs: int, total: int) -> int | None:
+    """Chunks S wanted for a column reduction of ``outputs`` adjacent values each over ``total`` rows."""
+    if outputs >= COL_MAX_OUTPUTS or (outputs * total < COL_MIN_ELEMENTS and total < MIN_REDUCED):
+        return None
+    want = min(-(-COL_TARGET // outputs), total // COL_MIN_ROWS)
+    return want if want >= 2 else None
+
+
+def flat_chunks_for(outputs: int, total: int, column: bool = False) -> int | None:
+    """Number of chunks S of the flattened reduced range (sizes at their hints), or None."""
+    return column_chunks(outputs, total) if column and outputs >= COL_WIDTH else _row_chunks(outputs, total)
+
+
+def walks_columns(d: Reduction) -> bool:
+    """Whether ``d``'s loads walk memory along its outputs rather than its reduced range (a column
+    reduction): a vote over the loads that use the innermost reduced index, as the Triton kernel's own."""
+    if not d.ranges or not d.reduction_ranges:
+        return False
+    i_last, r_last = index_var("i", len(d.ranges) - 1), index_var("r", len(d.reduction_ranges) - 1)
+    votes = 0
+    for e in walk(d.body):
+        if isinstance(e, Load) and r_last in e.index.free_symbols:
+            ex = sympy.expand(e.index)
+            if ex.coeff(r_last) == 1:
+                votes += 1
+            elif ex.coeff(i_last) == 1:
+                votes -= 1
+    return votes < 0
 
 
 class _Chunks(NamedTuple):
@@ -127,6 +182,10 @@ def _static_chunks(d: Reduction) -> _Chunks | None:
     return _Chunks(k, chunks, ivars, body, (*d.ranges, sympy.Integer(chunks)), rranges)
 
 
+def _partial_index(layout: Layout, outer: tuple[sympy.Symbol, ...], chunk: sympy.Expr, column: bool) -> sympy.Expr:
+    return layout.index((chunk, *outer) if column else (*outer, chunk))
+
+
 def _split(n: ComputedBuffer, taken: set[str], hints: dict[str, int]) -> tuple[ComputedBuffer, ...] | None:
     d = n.data
     assert isinstance(d, Reduction)
@@ -136,8 +195,11 @@ def _split(n: ComputedBuffer, taken: set[str], hints: dict[str, int]) -> tuple[C
     final_type = SPLITTABLE.get(d.reduction_type)
     if final_type is None:
         return None
+    column = walks_columns(d)
     if not static:
-        return _split_symbolic(n, d, final_type, taken, hints)
+        return _split_symbolic(n, d, final_type, taken, hints, column)
+    if column and math.prod(int(s) for s in d.ranges) >= COL_WIDTH:  # narrower: split as rows
+        return _split_columns(n, d, final_type, taken)
     c = _static_chunks(d)
     if c is None:
         return None
@@ -150,6 +212,36 @@ def _split(n: ComputedBuffer, taken: set[str], hints: dict[str, int]) -> tuple[C
     final = ComputedBuffer(n.name, n.layout, Reduction(d.ranges, (sympy.Integer(c.chunks),), final_type, load),
                            n.origins)
     return partial, final
+
+
+def _split_columns(n: ComputedBuffer, d: Reduction, final_type: str,
+                   taken: set[str]) -> tuple[ComputedBuffer, ComputedBuffer] | None:
+    """A static column reduction in chunks (column_plan): the partial's outputs are [chunk dims...,
+    outputs] (the outputs stay innermost, so contiguous), the final reduces the chunk dims."""
+    rdims = tuple(int(s) for s in d.reduction_ranges)
+    plan = column_plan(math.prod(int(s) for s in d.ranges), rdims)
+    if plan is None:
+        return None
+    k, s = plan
+    chunk_shape = rdims[:k] + ((s,) if s > 1 else ())
+    c = len(chunk_shape)
+    ivars, rv = index_vars("i", c + len(d.ranges)), index_vars("r", len(rdims))
+    mapping: dict[sympy.Symbol, sympy.Expr] = {index_var("i", j): ivars[c + j] for j in range(len(d.ranges))}
+    mapping.update({rv[j]: ivars[j] for j in range(k)})
+    rest = [sympy.Integer(x) for x in rdims[k:]]
+    for t in range(len(rest)):
+        mapping[rv[k + t]] = rv[t]
+    if s > 1:
+        mapping[rv[k]] = ivars[c - 1] * (rdims[k] // s) + rv[0]
+        rest[0] = sympy.Integer(rdims[k] // s)
+    acc = d.body.dtype
+    part_shape = (*(sympy.Integer(x) for x in chunk_shape), *d.ranges)
+    name = _fresh(f"{n.name}_part", taken)
+    part_layout = Layout.contiguous(part_shape, acc, n.layout.device)
+    partial = Reduction(part_shape, tuple(rest), d.reduction_type, substitute_index(d.body, mapping))
+    load = Load(name, part_layout.index((*rv[:c], *index_vars("i", len(d.ranges)))), acc)
+    final = Reduction(d.ranges, part_shape[:c], final_type, load)
+    return ComputedBuffer(name, part_layout, partial, n.origins), ComputedBuffer(n.name, n.layout, final, n.origins)
 
 
 def _split_arg(n: ComputedBuffer, d: Reduction, taken: set[str]) -> tuple[ComputedBuffer, ...] | None:
@@ -181,21 +273,22 @@ def _at_hints(e: sympy.Expr, hints: dict[str, int]) -> int | None:
 
 
 def _split_symbolic(n: ComputedBuffer, d: Reduction, final_type: str, taken: set[str],
-                    hints: dict[str, int]) -> tuple[ComputedBuffer, ComputedBuffer] | None:
+                    hints: dict[str, int], column: bool) -> tuple[ComputedBuffer, ComputedBuffer] | None:
     """The split of a reduction over symbolic sizes, chosen at the size hints and correct for every size.
     Several reduced ranges (NCHW BatchNorm: batch, then the merged image): the partial reduces the
     innermost range for every outer position, the final pass the outer positions, so no index is divided
     by a symbolic size per element (a 64-bit division by a run-time value costs more than the load).
-    One reduced range (NHWC, or a long flat range): S chunks of ``ceil(total / S)`` elements each, the
-    tail masked with the reduction's identity."""
+    One reduced range (NHWC, or a long flat range) or a column reduction: S chunks of ``ceil(total / S)``
+    elements each, the tail masked with the reduction's identity."""
     outputs, total = _at_hints(product(d.ranges), hints), _at_hints(product(d.reduction_ranges), hints)
-    if outputs is None or total is None or flat_chunks_for(outputs, total) is None:
+    chunks = None if outputs is None or total is None else flat_chunks_for(outputs, total, column)
+    if chunks is None:
         return None
     name = _fresh(f"{n.name}_part", taken)
     acc = d.body.dtype
     *outer, last = d.reduction_ranges
     inner = _at_hints(last, hints)
-    if outer and inner is not None and inner >= MIN_CHUNK // 4:
+    if outer and inner is not None and inner >= MIN_CHUNK // 4 and not column:
         ivars = index_vars("i", len(d.ranges) + len(outer))
         rvars = index_vars("r", len(d.reduction_ranges))
         mapping = {rvars[j]: ivars[len(d.ranges) + j] for j in range(len(outer))}
@@ -207,21 +300,21 @@ def _split_symbolic(n: ComputedBuffer, d: Reduction, final_type: str, taken: set
         load = Load(name, part_layout.index((*ivars[:len(d.ranges)], *rvars[:len(outer)])), acc)
         final = Reduction(d.ranges, tuple(outer), final_type, load)
     else:
-        chunks = flat_chunks_for(outputs, total)
-        assert chunks is not None
-        partial, final, part_layout = _flat_split(n, d, chunks, name)
+        partial, final, part_layout = _flat_split(n, d, chunks, name, column)
     return (ComputedBuffer(name, part_layout, partial, n.origins),
             ComputedBuffer(n.name, n.layout, final, n.origins))
 
 
-def _flat_split(n: ComputedBuffer, d: Reduction, chunks: int, name: str) -> tuple[Reduction, Reduction, Layout]:
+def _flat_split(n: ComputedBuffer, d: Reduction, chunks: int, name: str,
+                column: bool) -> tuple[Reduction, Reduction, Layout]:
     total = product(d.reduction_ranges)
     chunk = FloorDiv(total + chunks - 1, chunks)
     ivars = index_vars("i", len(d.ranges) + 1)
     r0 = index_vars("r", 1)[0]
-    flat = ivars[-1] * chunk + r0
+    s, outer = (ivars[0], ivars[1:]) if column else (ivars[-1], ivars[:-1])
+    flat = s * chunk + r0
     rvars = index_vars("r", len(d.reduction_ranges))
-    mapping: dict[sympy.Symbol, sympy.Expr] = {}
+    mapping: dict[sympy.Symbol, sympy.Expr] = dict(zip(ivars[:-1], outer, strict=True)) if column else {}
     inner: sympy.Expr = sympy.Integer(1)
     for k in reversed(range(len(d.reduction_ranges))):
         q = FloorDiv(flat, inner) if inner != 1 else flat
@@ -230,9 +323,9 @@ def _flat_split(n: ComputedBuffer, d: Reduction, chunks: int, name: str) -> tupl
     acc = d.body.dtype
     inside = op("lt", IndexValue(flat, torch.int64), IndexValue(total, torch.int64), dtype=torch.bool)
     body = op("where", inside, substitute_index(d.body, mapping), _identity(d.reduction_type, acc), dtype=acc)
-    part_shape = (*d.ranges, sympy.Integer(chunks))
+    part_shape = (sympy.Integer(chunks), *d.ranges) if column else (*d.ranges, sympy.Integer(chunks))
     part_layout = Layout.contiguous(part_shape, acc, n.layout.device)
-    load = Load(name, part_layout.index((*ivars[:-1], r0)), acc)
+    load = Load(name, _partial_index(part_layout, ivars[:-1], r0, column), acc)
     final_type = SPLITTABLE[d.reduction_type]
     return (Reduction(part_shape, (chunk,), d.reduction_type, body),
             Reduction(d.ranges, (sympy.Integer(chunks),), final_type, load), part_layout)
