@@ -44,6 +44,11 @@ CASES = {
     # reductions of 256 outputs, chunked over the rows with the chunk index outermost
     "token_columns": (lambda dy, xhat, g: ((dy * xhat).sum((0, 1)), dy.sum((0, 1)), g.sum((0, 1))),
                       (_x(16, 256, 256), _x(16, 256, 256), _x(16, 256, 256, dtype=torch.bfloat16))),
+    # ... with the per-token mean and rstd read in the loop (vectors along the rows: they do not make it a row
+    # reduction)
+    "norm_weight_grad": (lambda dy, x, mean, rstd: ((dy * (x - mean[..., None]) * rstd[..., None]).sum((0, 1)),
+                                                    dy.sum((0, 1))),
+                         (_x(16, 256, 256), _x(16, 256, 256), _x(16, 256), _x(16, 256).abs())),
 }
 
 
@@ -104,15 +109,16 @@ def test_argmax_over_a_vocabulary_is_split_and_keeps_the_first_extremum():
             assert torch.equal(a.cpu(), b), (call, a, b)
 
 
-def test_column_reductions_keep_their_outputs_contiguous_in_the_partial():
+@pytest.mark.parametrize("case", ["token_columns", "norm_weight_grad"])
+def test_column_reductions_keep_their_outputs_contiguous_in_the_partial(case):
     """The partial of a column reduction is [chunks, outputs]: its kernel is again a column kernel whose
     programs read 32 adjacent outputs a row (not 8 as the one-pass kernel: a sector of bf16), and many of
     them. Fresh values every call."""
-    fn, inputs = CASES["token_columns"]
+    fn, inputs = CASES[case]
     cg, _ = _compile(fn, inputs)
     src = cg.texts["output_code"]
     launches = re.findall(r"_KilnLaunch\(triton_kernels\.(\w+), \{'XBLOCK': (\d+), 'RBLOCK': (\d+)\}", src)
-    assert len(launches) == 2, launches  # one partial kernel for the three sums, one final
+    assert len(launches) == 2, launches  # one partial kernel for all the sums, one final
     assert int(launches[0][1]) >= 32, launches
     assert re.search(r"_launch_\w+\(\((\d{3,}), ", src), "the partial pass runs on hundreds of programs"
     for seed in range(2):

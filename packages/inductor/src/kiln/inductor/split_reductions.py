@@ -50,7 +50,7 @@ from .ir import (
     substitute_index,
 )
 from .ir.expr import Constant, Expr, IndexValue, cast, op, walk
-from .ir.index import FloorDiv, ModIndex, product
+from .ir.index import FloorDiv, ModIndex, product, walks_rows
 
 SPLITTABLE = {"sum": "sum", "prod": "prod", "max": "max", "min": "min", "any": "any", "all": "all"}
 EXTREMUM = {"argmax": "max", "argmin": "min"}  # the value an arg-reduction's chunks are compared by
@@ -140,19 +140,11 @@ def flat_chunks_for(outputs: int, total: int, column: bool = False) -> int | Non
 
 def walks_columns(d: Reduction) -> bool:
     """Whether ``d``'s loads walk memory along its outputs rather than its reduced range (a column
-    reduction): a vote over the loads that use the innermost reduced index, as the Triton kernel's own."""
+    reduction), by the rule the Triton kernel's blocks follow."""
     if not d.ranges or not d.reduction_ranges:
         return False
-    i_last, r_last = index_var("i", len(d.ranges) - 1), index_var("r", len(d.reduction_ranges) - 1)
-    votes = 0
-    for e in walk(d.body):
-        if isinstance(e, Load) and r_last in e.index.free_symbols:
-            ex = sympy.expand(e.index)
-            if ex.coeff(r_last) == 1:
-                votes += 1
-            elif ex.coeff(i_last) == 1:
-                votes -= 1
-    return votes < 0
+    loads = (e.index for e in walk(d.body) if isinstance(e, Load))
+    return not walks_rows(loads, index_var("i", len(d.ranges) - 1), index_var("r", len(d.reduction_ranges) - 1))
 
 
 class _Chunks(NamedTuple):

@@ -127,6 +127,25 @@ def index_vars(prefix: str, n: int) -> tuple[sympy.Symbol, ...]:
     return tuple(index_var(prefix, i) for i in range(n))
 
 
+def walks_rows(indices: Iterator[IndexExpr], out_last: sympy.Symbol | None, red_last: sympy.Symbol) -> bool:
+    """Whether a reduction's loads (``indices``) walk memory along its reduced range rather than across
+    its outputs (a column reduction). Each load of a 2-D block (it uses the innermost output and the
+    innermost reduced index) votes for the one of the two that has stride 1; loads of one row's or one
+    column's vector broadcast over the other dim (LayerNorm's per-token mean and rstd in its weight
+    gradient) do not vote; a tie counts as rows."""
+    votes = 0
+    for index in indices:
+        free = index.free_symbols
+        if red_last not in free or (out_last is not None and out_last not in free):
+            continue
+        ex = sympy.expand(index)
+        if ex.coeff(red_last) == 1:
+            votes += 1
+        elif out_last is not None and ex.coeff(out_last) == 1:
+            votes -= 1
+    return votes >= 0
+
+
 def as_index(v: object) -> sympy.Expr:
     if isinstance(v, sympy.Expr):
         return v

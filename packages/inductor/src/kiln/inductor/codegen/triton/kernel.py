@@ -38,7 +38,7 @@ from ...ir import (
     substitute_index,
     walk,
 )
-from ...ir.index import product
+from ...ir.index import product, walks_rows
 from .heuristics import (
     DEFAULT_CONFIG,
     BlockChoice,
@@ -606,16 +606,7 @@ def _r_contiguous(k: Kernel) -> bool:
         return True
     r_last = sympy.Symbol(f"r{len(k.inner) - 1}", integer=True, nonnegative=True)
     x_last = sympy.Symbol(f"x{len(k.outer) - 1}", integer=True, nonnegative=True) if k.outer else None
-    votes = 0
-    for n in k.nodes:
-        for e in walk(n.body):
-            if isinstance(e, Load) and r_last in e.index.free_symbols:
-                ex = sympy.expand(e.index)
-                if ex.coeff(r_last) == 1:
-                    votes += 1
-                elif x_last is not None and ex.coeff(x_last) == 1:
-                    votes -= 1
-    return votes >= 0
+    return walks_rows((e.index for n in k.nodes for e in walk(n.body) if isinstance(e, Load)), x_last, r_last)
 
 
 def _contiguous_var(e: IndexExpr, n_outer: int) -> int | None:
