@@ -64,7 +64,7 @@ MIN_CHUNK = 2048  # elements per partial: fewer and the second pass plus the ext
 # Column reductions: a program reads COL_WIDTH adjacent outputs per row at least (fewer and the reads are
 # narrower than a 32-byte sector); split when the one-pass kernel has fewer than COL_MAX_OUTPUTS outputs and
 # reads at least COL_MIN_ELEMENTS, into chunks of at least COL_MIN_ROWS rows, aiming at COL_TARGET
-# partial outputs (the partial pass then takes 32-64 adjacent outputs a program over some 500 programs)
+# partial outputs (the partial pass then takes 32-64 adjacent outputs a program over 500-800 programs)
 COL_WIDTH = 32
 COL_MAX_OUTPUTS = 16384
 COL_MIN_ELEMENTS = 1 << 20
