@@ -49,6 +49,8 @@ CASES = {
     "norm_weight_grad": (lambda dy, x, mean, rstd: ((dy * (x - mean[..., None]) * rstd[..., None]).sum((0, 1)),
                                                     dy.sum((0, 1))),
                          (_x(16, 256, 256), _x(16, 256, 256), _x(16, 256), _x(16, 256).abs())),
+    # sequence-first tokens (nn.Transformer's default layout) over a prime sequence length: chunks of the batch
+    "seq_first_columns": (lambda dy: (dy.sum((0, 1)), dy.amax((0, 1))), (_x(197, 8, 768),)),
 }
 
 
@@ -109,18 +111,20 @@ def test_argmax_over_a_vocabulary_is_split_and_keeps_the_first_extremum():
             assert torch.equal(a.cpu(), b), (call, a, b)
 
 
-@pytest.mark.parametrize("case", ["token_columns", "norm_weight_grad"])
-def test_column_reductions_keep_their_outputs_contiguous_in_the_partial(case):
+@pytest.mark.parametrize(("case", "width"), [("token_columns", 32), ("norm_weight_grad", 32), ("seq_first_columns", 8)])
+def test_column_reductions_keep_their_outputs_contiguous_in_the_partial(case, width):
     """The partial of a column reduction is [chunks, outputs]: its kernel is again a column kernel whose
-    programs read 32 adjacent outputs a row (not 8 as the one-pass kernel: a sector of bf16), and many of
-    them. Fresh values every call."""
+    programs read ``width`` adjacent outputs a row (32: more than a 32-byte sector of bf16; 8 where the
+    rows allow only 8 chunks, sequence-first over a prime length) over hundreds of programs (the one-pass
+    kernel had outputs / 8). Fresh values every call."""
     fn, inputs = CASES[case]
     cg, _ = _compile(fn, inputs)
     src = cg.texts["output_code"]
     launches = re.findall(r"_KilnLaunch\(triton_kernels\.(\w+), \{'XBLOCK': (\d+), 'RBLOCK': (\d+)\}", src)
     assert len(launches) == 2, launches  # one partial kernel for all the sums, one final
-    assert int(launches[0][1]) >= 32, launches
-    assert re.search(r"_launch_\w+\(\((\d{3,}), ", src), "the partial pass runs on hundreds of programs"
+    assert int(launches[0][1]) >= width, launches
+    grids = re.findall(r"_launch_\w+\(\((\d+), ", src)
+    assert int(grids[0]) >= 512, grids
     for seed in range(2):
         g = torch.Generator().manual_seed(seed + 1)
         ins = [torch.randn(t.shape, generator=g).to(t.dtype).to(device()) for t in inputs]
@@ -131,9 +135,10 @@ def test_column_reductions_keep_their_outputs_contiguous_in_the_partial(case):
 
 
 def test_column_plans():
-    assert column_plan(768, (32, 197)) == (1, 1)  # ViT-B/16 bias gradient: one chunk per image
-    assert column_plan(768, (6304,)) == (0, 32)  # the same over flattened tokens
-    assert column_plan(96, (32, 56, 56)) == (1, 8)  # ConvNeXt-T's channels-last LayerNorm weight gradient
+    assert column_plan(768, (32, 197)) == (32, 1)  # ViT-B/16 bias gradient: one chunk per image
+    assert column_plan(768, (6304,)) == (32,)  # the same over flattened tokens
+    assert column_plan(768, (197, 8)) == (1, 8)  # sequence-first tokens: a prime outer dim, chunks of the inner
+    assert column_plan(96, (32, 56, 56)) == (32, 8, 1)  # ConvNeXt-T's channels-last LayerNorm weight gradient
     assert column_plan(768, (8, 64)) is None  # 393K elements: one pass
     assert column_plan(16384, (4096,)) is None  # enough programs of wide columns already
     assert column_plan(8, (100000,)) is None  # too narrow for column programs (split as rows)

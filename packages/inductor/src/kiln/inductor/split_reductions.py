@@ -103,19 +103,20 @@ def chunks_for(outputs: int, reduced: tuple[int, ...]) -> tuple[int, int] | None
     return None
 
 
-def column_plan(outputs: int, reduced: tuple[int, ...]) -> tuple[int, int] | None:
+def column_plan(outputs: int, reduced: tuple[int, ...]) -> tuple[int, ...] | None:
     """How to chunk a column reduction of ``outputs`` adjacent values over ``reduced`` rows (sizes,
-    outermost first): (k, s) = the k outermost reduced dims whole and dim k in s chunks (s may be 1),
-    as many chunks as column_chunks wants at most; None: one pass."""
+    outermost first): a number of chunks per reduced dim, each a divisor of its dim, taken from the
+    outermost dim in (a whole dim where it fits), at most as many in all as column_chunks wants; None:
+    one pass. ``(197, 8)`` rows (sequence-first) chunk the inner dim: ``(1, 8)``."""
     want = column_chunks(outputs, math.prod(reduced)) if outputs >= COL_WIDTH else None
     if want is None:
         return None
-    k, taken = 0, 1
-    while k < len(reduced) and taken * reduced[k] <= want:
-        taken *= reduced[k]
-        k += 1
-    s = max((c for c in range(1, want // taken + 1) if reduced[k] % c == 0), default=1) if k < len(reduced) else 1
-    return (k, s) if taken * s >= 2 else None
+    plan, taken = [], 1
+    for d in reduced:
+        c = max(c for c in range(1, want // taken + 1) if d % c == 0)
+        plan.append(c)
+        taken *= c
+    return tuple(plan) if taken >= 2 else None
 
 
 def _row_chunks(outputs: int, total: int) -> int | None:
@@ -214,25 +215,23 @@ def _split_columns(n: ComputedBuffer, d: Reduction, final_type: str,
     plan = column_plan(math.prod(int(s) for s in d.ranges), rdims)
     if plan is None:
         return None
-    k, s = plan
-    chunk_shape = rdims[:k] + ((s,) if s > 1 else ())
-    c = len(chunk_shape)
-    ivars, rv = index_vars("i", c + len(d.ranges)), index_vars("r", len(rdims))
-    mapping: dict[sympy.Symbol, sympy.Expr] = {index_var("i", j): ivars[c + j] for j in range(len(d.ranges))}
-    mapping.update({rv[j]: ivars[j] for j in range(k)})
-    rest = [sympy.Integer(x) for x in rdims[k:]]
-    for t in range(len(rest)):
-        mapping[rv[k + t]] = rv[t]
-    if s > 1:
-        mapping[rv[k]] = ivars[c - 1] * (rdims[k] // s) + rv[0]
-        rest[0] = sympy.Integer(rdims[k] // s)
+    chunked = [j for j, c in enumerate(plan) if c > 1]
+    kept = [j for j, c in enumerate(plan) if c < rdims[j]]  # dims the partial still reduces (in part)
+    nc = len(chunked)
+    ivars, rv = index_vars("i", nc + len(d.ranges)), index_vars("r", len(rdims))
+    mapping: dict[sympy.Symbol, sympy.Expr] = {index_var("i", j): ivars[nc + j] for j in range(len(d.ranges))}
+    for j in range(len(rdims)):
+        inner = rdims[j] // plan[j]
+        own = rv[kept.index(j)] if j in kept else sympy.Integer(0)
+        mapping[rv[j]] = ivars[chunked.index(j)] * inner + own if j in chunked else own
     acc = d.body.dtype
-    part_shape = (*(sympy.Integer(x) for x in chunk_shape), *d.ranges)
+    part_shape = (*(sympy.Integer(plan[j]) for j in chunked), *d.ranges)
+    rest = tuple(sympy.Integer(rdims[j] // plan[j]) for j in kept)
     name = _fresh(f"{n.name}_part", taken)
     part_layout = Layout.contiguous(part_shape, acc, n.layout.device)
-    partial = Reduction(part_shape, tuple(rest), d.reduction_type, substitute_index(d.body, mapping))
-    load = Load(name, part_layout.index((*rv[:c], *index_vars("i", len(d.ranges)))), acc)
-    final = Reduction(d.ranges, part_shape[:c], final_type, load)
+    partial = Reduction(part_shape, rest, d.reduction_type, substitute_index(d.body, mapping))
+    load = Load(name, part_layout.index((*rv[:nc], *index_vars("i", len(d.ranges)))), acc)
+    final = Reduction(d.ranges, part_shape[:nc], final_type, load)
     return ComputedBuffer(name, part_layout, partial, n.origins), ComputedBuffer(n.name, n.layout, final, n.origins)
 
 
