@@ -175,10 +175,6 @@ def _static_chunks(d: Reduction) -> _Chunks | None:
     return _Chunks(k, chunks, ivars, body, (*d.ranges, sympy.Integer(chunks)), rranges)
 
 
-def _partial_index(layout: Layout, outer: tuple[sympy.Symbol, ...], chunk: sympy.Expr, column: bool) -> sympy.Expr:
-    return layout.index((chunk, *outer) if column else (*outer, chunk))
-
-
 def _split(n: ComputedBuffer, taken: set[str], hints: dict[str, int]) -> tuple[ComputedBuffer, ...] | None:
     d = n.data
     assert isinstance(d, Reduction)
@@ -316,7 +312,7 @@ def _flat_split(n: ComputedBuffer, d: Reduction, chunks: int, name: str,
     body = op("where", inside, substitute_index(d.body, mapping), _identity(d.reduction_type, acc), dtype=acc)
     part_shape = (sympy.Integer(chunks), *d.ranges) if column else (*d.ranges, sympy.Integer(chunks))
     part_layout = Layout.contiguous(part_shape, acc, n.layout.device)
-    load = Load(name, _partial_index(part_layout, ivars[:-1], r0, column), acc)
+    load = Load(name, part_layout.index((r0, *ivars[:-1]) if column else (*ivars[:-1], r0)), acc)
     final_type = SPLITTABLE[d.reduction_type]
     return (Reduction(part_shape, (chunk,), d.reduction_type, body),
             Reduction(d.ranges, (sympy.Integer(chunks),), final_type, load), part_layout)
