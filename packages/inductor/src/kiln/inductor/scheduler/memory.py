@@ -1,10 +1,12 @@
 """Memory planning: allocate each stored buffer just before its first writer, free it after its last
-reader, and hand a dead buffer's storage to a new buffer of the same size and dtype. A view an extern
-call returns and the buffer it views are one storage (``shared_storage``): dead after both names."""
+reader, and hand a dead buffer's storage to a new buffer of the same size and dtype where keeping it
+until then does not raise the program's peak. A view an extern call returns and the buffer it views are
+one storage (``shared_storage``): dead after both names."""
 
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -98,7 +100,8 @@ def plan_memory(p: LoopProgram, works: Sequence[Kernel | KernelGroup | ExternKer
     # a view returned by an extern call (a fallback view_as_complex; a wait_tensor returns a
     # collective's output itself) and the buffer it views are one storage: alive until the last
     # name's last use, and its memory handed on once, under the owner's name
-    for members in storage_groups(works):
+    groups = storage_groups(works)
+    for members in groups:
         last = max(last_use[b] for b in members)
         for b in members:
             last_use[b] = last
@@ -107,22 +110,66 @@ def plan_memory(p: LoopProgram, works: Sequence[Kernel | KernelGroup | ExternKer
     dying: dict[int, list[str]] = {}  # step -> buffers last used there (in last_use's order)
     for b, last in last_use.items():
         dying.setdefault(last, []).append(b)
-    pool: dict[object, list[str]] = {}
+    # the bytes each step holds without reuse (a view's storage counted once, under its owner)
+    live = _live_bytes(works, layouts, last_use, inputs | {b for m in groups for b in m[1:]}, outputs)
+    ceiling = max(live, default=0)
+    pool: dict[object, list[tuple[str, int]]] = {}  # (bytes, dtype) -> (dead buffer, step it died in)
     steps: list[Step] = []
     for k, w in enumerate(works):
         allocs: list[Allocation] = []
         if isinstance(w, Kernel):
             for b in w.outputs:
                 key = _nbytes(layouts[b])
-                reuse = pool.get(key, []).pop() if key is not None and pool.get(key) else None
-                allocs.append(Allocation(b, layouts[b], reuse))
+                allocs.append(Allocation(b, layouts[b], _take(pool, key, k, live, ceiling, layouts)))
         free = tuple(b for b in dying.get(k, ()) if b not in outputs and b not in inputs)
         for b in free:
             key = _nbytes(layouts[b])
             if key is not None and b not in aliased:
-                pool.setdefault(key, []).append(b)
+                pool.setdefault(key, []).append((b, k))
         steps.append(Step(tuple(allocs), w, free))
     return steps
+
+
+def _live_bytes(works: Sequence[Kernel | KernelGroup | ExternKernel], layouts: dict[str, Layout],
+                last_use: dict[str, int], uncounted: set[str], outputs: set[str]) -> list[int]:
+    """Bytes of the program's own buffers (all but ``uncounted``) alive in each step when every buffer is
+    allocated by its first writer and freed after its last use, outputs kept to the end (no storage
+    handed on); empty where a size is symbolic."""
+    change = [0] * (len(works) + 1)
+    seen = set(uncounted)
+    for k, w in enumerate(works):
+        for b in work_buffers(w) + ([o.buffer for o in w.outputs] if isinstance(w, ExternKernel) else []):
+            if b in seen or b not in layouts:
+                continue
+            seen.add(b)
+            try:
+                n = layout_bytes(layouts[b])
+            except TypeError:  # a symbolic size: the plan cannot compare peaks
+                return []
+            change[k] += n
+            change[len(works) if b in outputs else last_use.get(b, k) + 1] -= n
+    return list(itertools.accumulate(change[:-1]))
+
+
+def _take(pool: dict[object, list[tuple[str, int]]], key: object, k: int, live: list[int], ceiling: int,
+          layouts: dict[str, Layout]) -> str | None:
+    """A dead buffer of the same size for the allocation in step ``k``, if holding it from its death until
+    then keeps every step in between under the program's unavoidable peak (``ceiling``): a stage-1
+    im2col buffer handed to a stage-2 activation would otherwise sit through stage 1's larger peak.
+    The most recently dead is tried (the shortest hold); if it does not fit, no older one does, now or
+    later (their holds span its, and ``live`` only grows). ``live`` then counts the hold."""
+    dead = pool.get(key) if key is not None else None
+    if not dead:
+        return None
+    b, died = dead.pop()
+    if not live:  # symbolic sizes: every dead buffer of the same size is taken, as before
+        return b
+    n = layout_bytes(layouts[b])
+    if k - died > 1 and max(live[died + 1:k]) + n > ceiling:
+        dead.clear()
+        return None
+    live[died + 1:k] = [x + n for x in live[died + 1:k]]
+    return b
 
 
 @dataclass(frozen=True, slots=True)
