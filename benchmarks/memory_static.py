@@ -120,12 +120,17 @@ def _retarget_devices(gm: torch.fx.GraphModule) -> None:
 
 def cross_compile(case: Any, dtype: torch.dtype = torch.bfloat16) -> list[Any]:
     """kiln's inductor backend on ``case``'s captured graph for fake CUDA inputs; the compiled
-    graphs (each with ``scheduled`` and ``loop_program``)."""
+    graphs (each with ``scheduled`` and ``loop_program``). The model and its inputs are cast to ``dtype``
+    before capture (in place), as the GPU suite runs them: a model that branches on its weights' dtype (T5's
+    norm casting back to half precision) is captured as it runs there."""
     import kiln.inductor as KI
+    from benchmarks.kiln_bench.models import cast_inputs
     from kiln import aot, capture
     from kiln.backends import _inductor
     from kiln.settings import CompileOptions
 
+    case.model.to(dtype)
+    cast_inputs(case, dtype)
     mod = case.model
     fn = type(mod).forward
     args, kwargs = (mod, *case.args), dict(case.kwargs)
