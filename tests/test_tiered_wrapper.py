@@ -208,6 +208,28 @@ def test_a_failing_cpp_call_of_a_graph_writing_its_inputs_reaches_the_caller() -
     assert call.tier == "python" and cpp.calls == 1
 
 
+def test_the_build_is_queued_after_the_call_that_makes_the_graph_hot_has_run() -> None:
+    # the first call of a GPU graph must not share the GIL with the build (it is the compile time users see)
+    events: list[str] = []
+
+    class Recording(_Doubling):
+        def call_owned(self, args: list) -> tuple:
+            events.append("call")
+            return super().call_owned(args)
+
+    call = TieredCall(Recording(False), "g", trial_calls=2, after_calls=2)
+    call._start = lambda: events.append("build")
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(call(x)[0], x * 2)
+    assert events == ["call", "call", "build", "call"]
+    failing = TieredCall(_Doubling(True), "g", trial_calls=2, after_calls=1)
+    failing._start = lambda: events.append("queued anyway")
+    with pytest.raises(RuntimeError, match="Expected Tensor"):  # a call that raises still queues it
+        failing(torch.randn(3))
+    assert events[-1] == "queued anyway"
+
+
 SECOND_PROCESS = textwrap.dedent("""
     import sys
     import torch

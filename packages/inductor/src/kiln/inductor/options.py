@@ -132,7 +132,7 @@ class InductorOptions:
     # until the call returned: Llama-350M's AMP step peak 1,541 MB against the Python wrapper's 612)
     drop_inputs: bool = False
     # wrapper="tiered": the C++ wrapper's build starts once the graph has been called this many times (0 or
-    # 1: at its first call), so graphs called a few times (a test, a script's one call) never build one
+    # 1: when its first call returns), so graphs called a few times (a test, a script's one call) never build one
     tiered_after_calls: int = 0
     # wrapper="tiered": once the C++ wrapper is built, this many calls on each wrapper (alternating) are timed
     # and the calls stay on the faster (the C++ one unless more than 5% slower: it need not be faster for a

@@ -86,14 +86,21 @@ class TieredCall:
         _LIVE.add(self)
 
     def _count(self, args: list) -> tuple:
-        """A call before the build: counted; the one reaching ``after_calls`` queues the build."""
+        """A call before the build: counted; the one reaching ``after_calls`` queues the build once it has
+        run. Not before: the build lowers and generates the graph again in Python on its thread, and the
+        first call of a GPU graph (``after_calls`` 1) is itself mostly Python -- waiting for its kernels,
+        then their first launches -- so the two would share the GIL and the first call, the latency a user
+        sees as compile time, would wait for the build's turns."""
         self._calls += 1
-        if self._calls >= self._after:
-            start, self._start = self._start, None
+        if self._calls < self._after:
+            return self._python(args)
+        start, self._start = self._start, None
+        self.call = self._python
+        try:
+            return self._python(args)
+        finally:
             if start is not None:
-                self.call = self._python
                 start()
-        return self._python(args)
 
     def later(self, callback: Callable[[PortableProgram], None]) -> None:
         """``callback(program)`` with the C++ wrapper's portable program once the calls moved to it for
@@ -273,7 +280,7 @@ def tier_up(compiled: CompiledGraph, gm: fx.GraphModule, inputs: Sequence[Any], 
             name: str) -> CompiledGraph:
     """``compiled`` (the Python wrapper's graph over ``gm``'s lifted inputs) with its calls moving to the
     C++ wrapper's library when the background thread has built it."""
-    # the build starts at the graph's first call at the earliest: by then this thread has compiled the
+    # the build starts after the graph's first call at the earliest: by then this thread has compiled the
     # program's other graphs (a training step's backward, after its forward) over the same FakeTensorMode and
     # ShapeEnv, which the build runs passes in too and which are not thread-safe (two threads in one fake
     # mode raise "AssertionError: False, True" in one of them: a failed build, or a failed compile)
