@@ -88,11 +88,9 @@ def plan_memory(p: LoopProgram, works: Sequence[Kernel | KernelGroup | ExternKer
     layouts = p.layouts()
     outputs = {o.buffer for o in p.outputs if isinstance(o, TensorRef)}
     inputs = {b.name for b in p.inputs} | ({p.seed_buffer} if p.seed_buffer else set())
-    last_use: dict[str, int] = {}
-    for k, w in enumerate(works):
-        used = work_buffers(w) + ([o.buffer for o in w.outputs] if isinstance(w, ExternKernel) else [])
-        for b in used:
-            last_use[b] = k
+    # every buffer each step names, an extern call's new outputs included
+    used = [work_buffers(w) + ([o.buffer for o in w.outputs] if isinstance(w, ExternKernel) else []) for w in works]
+    last_use = {b: k for k, names in enumerate(used) for b in names}
     # an in-place ATen fallback (bernoulli_, div_) returns its argument's storage under a new name:
     # the argument's name dies there, its memory does not, so it must never be handed on for reuse
     aliased = {b for w in works if isinstance(w, ExternKernel) and _in_place(w.target)
@@ -111,7 +109,7 @@ def plan_memory(p: LoopProgram, works: Sequence[Kernel | KernelGroup | ExternKer
     for b, last in last_use.items():
         dying.setdefault(last, []).append(b)
     # the bytes each step holds without reuse (a view's storage counted once, under its owner)
-    live = _live_bytes(works, layouts, last_use, inputs | {b for m in groups for b in m[1:]}, outputs)
+    live = _live_bytes(used, layouts, last_use, inputs | {b for m in groups for b in m[1:]}, outputs)
     ceiling = max(live, default=0)
     pool: dict[object, list[tuple[str, int]]] = {}  # (bytes, dtype) -> (dead buffer, step it died in)
     steps: list[Step] = []
@@ -130,15 +128,15 @@ def plan_memory(p: LoopProgram, works: Sequence[Kernel | KernelGroup | ExternKer
     return steps
 
 
-def _live_bytes(works: Sequence[Kernel | KernelGroup | ExternKernel], layouts: dict[str, Layout],
-                last_use: dict[str, int], uncounted: set[str], outputs: set[str]) -> list[int]:
+def _live_bytes(used: Sequence[Sequence[str]], layouts: dict[str, Layout], last_use: dict[str, int],
+                uncounted: set[str], outputs: set[str]) -> list[int]:
     """Bytes of the program's own buffers (all but ``uncounted``) alive in each step when every buffer is
     allocated by its first writer and freed after its last use, outputs kept to the end (no storage
     handed on); empty where a size is symbolic."""
-    change = [0] * (len(works) + 1)
+    change = [0] * (len(used) + 1)
     seen = set(uncounted)
-    for k, w in enumerate(works):
-        for b in work_buffers(w) + ([o.buffer for o in w.outputs] if isinstance(w, ExternKernel) else []):
+    for k, names in enumerate(used):
+        for b in names:
             if b in seen or b not in layouts:
                 continue
             seen.add(b)
@@ -147,7 +145,7 @@ def _live_bytes(works: Sequence[Kernel | KernelGroup | ExternKernel], layouts: d
             except TypeError:  # a symbolic size: the plan cannot compare peaks
                 return []
             change[k] += n
-            change[len(works) if b in outputs else last_use.get(b, k) + 1] -= n
+            change[len(used) if b in outputs else last_use.get(b, k) + 1] -= n
     return list(itertools.accumulate(change[:-1]))
 
 
